@@ -1,0 +1,262 @@
+"""The contract between the pure quorum core and whoever drives it.
+
+The core (``broker.quorum.core.QuorumCore``) is a state machine in the manner
+of etcd's raft: ``core.step(event) -> list[Action]``. It never touches sockets,
+clocks, randomness or files. Two drivers exist and both obey the same rules:
+
+* ``broker.runtime`` (asyncio, real files, real TCP), and
+* ``tests/sim`` (seeded scheduler, fake clock, simulated network and disk).
+
+Rules for a driver
+------------------
+1. Execute the returned actions **in order**, before feeding the next event.
+   ``PersistQuorumState``, ``AppendBatches``, ``TruncateLog``,
+   ``WriteEpochCheckpoint``, ``AdvanceLogStart`` and the snapshot actions are
+   applied synchronously, so that a later ``SendRequest``/``Respond`` in the
+   same list never goes out before the state it depends on is written.
+   ``PersistQuorumState`` must be durable (fsync) before the next action.
+2. ``FlushLog`` may complete asynchronously (group commit); the driver feeds
+   ``FlushCompleted(flushed_end_offset)`` when the data is durable. The core
+   never counts unflushed data toward the high watermark (KAFKA-10533) and a
+   follower never reports an unflushed offset in Fetch.
+3. Reads are synchronous through the ``LogReader`` the core was built with
+   (like etcd's Storage interface): the core reads records to answer a Fetch
+   and snapshot chunks to answer FetchSnapshot. Reads never change state.
+4. Every ``SendRequest`` ends in exactly one ``ResponseReceived`` or
+   ``RequestFailed`` with the same ``request_id`` (the driver enforces the
+   timeout). Every inbound request fed as ``RequestReceived`` ends in exactly
+   one ``Respond`` with the same ``token`` (possibly later: parked fetches and
+   produce requests waiting for commit).
+5. Time only moves through ``Tick(now_ms)`` (and the ``now_ms`` on events);
+   ``QuorumCore.next_deadline_ms`` tells the driver when to tick next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from protocol import messages as m
+
+# --------------------------------------------------------------------------
+# Events (driver -> core). Each carries the current time.
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestReceived:
+    """An inbound request. `token` is opaque to the core; echo it in Respond."""
+
+    now_ms: int
+    token: Any
+    request: m.Body
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseReceived:
+    now_ms: int
+    request_id: int
+    destination: int
+    response: m.Body
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFailed:
+    """Timeout, connection refused or reset: no response will come."""
+
+    now_ms: int
+    request_id: int
+    destination: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class FlushCompleted:
+    now_ms: int
+    flushed_end_offset: int  # every offset < this is durable
+
+
+@dataclass(frozen=True, slots=True)
+class ClientAppend:
+    """Records from one or more Produce requests, to become ONE batch (group
+    commit). Each waiter is answered with a ProduceResponse once its records
+    are committed, or with an error if leadership is lost first."""
+
+    now_ms: int
+    waiters: list[tuple[Any, int]]  # (token, number of records) in order
+    records: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotCreated:
+    """The driver finished writing a snapshot of the committed state."""
+
+    now_ms: int
+    snapshot_id: m.SnapshotId
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """Graceful stop: a leader resigns with EndQuorumEpoch."""
+
+    now_ms: int
+
+
+Event = (Tick | RequestReceived | ResponseReceived | RequestFailed | FlushCompleted
+         | ClientAppend | SnapshotCreated | Shutdown)
+
+# --------------------------------------------------------------------------
+# Actions (core -> driver), executed in order.
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumStateData:
+    """What must survive a restart to keep votes and epochs safe."""
+
+    leader_epoch: int
+    leader_id: int  # NO_LEADER if unknown
+    voted_id: int  # -1 if none this epoch
+    voters: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PersistQuorumState:
+    state: QuorumStateData
+
+
+@dataclass(frozen=True, slots=True)
+class AppendBatches:
+    """Append whole, already-encoded batches at the log end (offsets contiguous
+    from `base_offset` to `next_offset`)."""
+
+    data: bytes
+    base_offset: int
+    next_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class TruncateLog:
+    """Remove every record with offset >= end_offset."""
+
+    end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteEpochCheckpoint:
+    entries: tuple[tuple[int, int], ...]  # (epoch, start_offset)
+
+
+@dataclass(frozen=True, slots=True)
+class FlushLog:
+    """Make everything appended so far durable, then feed FlushCompleted."""
+
+
+@dataclass(frozen=True, slots=True)
+class SendRequest:
+    destination: int
+    request_id: int
+    request: m.Body
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Respond:
+    token: Any
+    response: m.Body
+
+
+@dataclass(frozen=True, slots=True)
+class WriteSnapshotChunk:
+    """Follower downloading a snapshot: write `data` at `position` of the
+    snapshot's `.part` file (position 0 starts a fresh file)."""
+
+    snapshot_id: m.SnapshotId
+    position: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class InstallSnapshot:
+    """The download is complete (`size` bytes): verify, fsync, rename to
+    `.checkpoint`, drop the whole log and older snapshots; the log now starts
+    and ends at snapshot_id.end_offset. If verification fails the driver feeds
+    nothing special: the core re-fetches on its next fetch timeout."""
+
+    snapshot_id: m.SnapshotId
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdvanceLogStart:
+    """Delete whole segments below `log_start_offset` and snapshots older than
+    the newest one covering it."""
+
+    log_start_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fatal:
+    """An invariant breach (e.g. a divergence below our own high watermark).
+    The driver logs it loudly and stops the node; never papered over."""
+
+    reason: str
+
+
+Action = (PersistQuorumState | AppendBatches | TruncateLog | WriteEpochCheckpoint | FlushLog
+          | SendRequest | Respond | WriteSnapshotChunk | InstallSnapshot | AdvanceLogStart | Fatal)
+
+# --------------------------------------------------------------------------
+# Read-only access to the local log (etcd's Storage idea).
+
+
+class LogReader(Protocol):
+    def read(self, start_offset: int, end_offset: int, max_bytes: int) -> bytes:
+        """Whole batches starting with the one that contains `start_offset`,
+        none with records at or past `end_offset` (batch boundaries align with
+        the bounds the core passes), stopping before `max_bytes` would be
+        exceeded -- but always at least one batch if one is available."""
+        ...
+
+    def snapshot_size(self, snapshot_id: m.SnapshotId) -> int | None:
+        """Size of a complete local snapshot, None if we do not have it."""
+        ...
+
+    def read_snapshot(self, snapshot_id: m.SnapshotId, position: int, max_bytes: int) -> bytes:
+        ...
+
+
+@dataclass
+class LogView:
+    """What the core knows of its local log at construction (read at boot)."""
+
+    log_start_offset: int = 0
+    log_end_offset: int = 0  # after recovery everything on disk counts as flushed
+    epochs: list[tuple[int, int]] = field(default_factory=list)
+    snapshots: list[m.SnapshotId] = field(default_factory=list)  # complete, ascending
+
+
+@dataclass
+class QuorumConfig:
+    node_id: int
+    voters: tuple[int, ...]
+    cluster_id: str
+    election_timeout_ms: int = 1000
+    fetch_timeout_ms: int = 2000
+    election_backoff_max_ms: int = 1000
+    request_timeout_ms: int = 2000
+    fetch_max_wait_ms: int = 500
+    fetch_max_bytes: int = 1 << 20
+    replica_lag_time_max_ms: int = 30000
+    # KIP-501: a follower with a pending fetch at or past the previous LEO stays in sync.
+    follower_fetch_pending_reads_insync_enable: bool = True
+    # KIP-630: max.replication.lag.ms before the LBO may pass a lagging replica.
+    max_replication_lag_ms: int = 60000
+    snapshot_chunk_bytes: int = 1 << 20
+
+    @property
+    def is_voter(self) -> bool:
+        return self.node_id in self.voters

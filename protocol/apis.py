@@ -1,0 +1,39 @@
+"""Api keys (Kafka numbering) and which body types travel under each."""
+
+from __future__ import annotations
+
+import enum
+
+from protocol import messages as m
+
+
+class ApiKey(enum.IntEnum):
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    API_VERSIONS = 18
+    OFFSET_FOR_LEADER_EPOCH = 23
+    VOTE = 52
+    BEGIN_QUORUM_EPOCH = 53
+    END_QUORUM_EPOCH = 54
+    DESCRIBE_QUORUM = 55
+    FETCH_SNAPSHOT = 59
+
+
+# api key -> (request type, response type, min version, max version)
+APIS: dict[ApiKey, tuple[type[m.Body], type[m.Body], int, int]] = {
+    ApiKey.PRODUCE: (m.ProduceRequest, m.ProduceResponse, 0, 0),
+    ApiKey.FETCH: (m.FetchRequest, m.FetchResponse, 0, 0),
+    ApiKey.LIST_OFFSETS: (m.ListOffsetsRequest, m.ListOffsetsResponse, 0, 0),
+    ApiKey.METADATA: (m.MetadataRequest, m.MetadataResponse, 0, 0),
+    ApiKey.API_VERSIONS: (m.ApiVersionsRequest, m.ApiVersionsResponse, 0, 0),
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: (m.OffsetsForLeaderEpochRequest, m.OffsetsForLeaderEpochResponse, 0, 0),
+    ApiKey.VOTE: (m.VoteRequest, m.VoteResponse, 0, 0),
+    ApiKey.BEGIN_QUORUM_EPOCH: (m.BeginQuorumEpochRequest, m.BeginQuorumEpochResponse, 0, 0),
+    ApiKey.END_QUORUM_EPOCH: (m.EndQuorumEpochRequest, m.EndQuorumEpochResponse, 0, 0),
+    ApiKey.DESCRIBE_QUORUM: (m.DescribeQuorumRequest, m.DescribeQuorumResponse, 0, 0),
+    ApiKey.FETCH_SNAPSHOT: (m.FetchSnapshotRequest, m.FetchSnapshotResponse, 0, 0),
+}
+
+REQUEST_API_KEY: dict[type[m.Body], ApiKey] = {req: key for key, (req, _, _, _) in APIS.items()}

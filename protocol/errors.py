@@ -1,0 +1,34 @@
+"""Kafka's error codes, reused as-is on the metalog wire (see kraft-facts)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Errors(enum.IntEnum):
+    UNKNOWN_SERVER_ERROR = -1
+    NONE = 0
+    OFFSET_OUT_OF_RANGE = 1
+    CORRUPT_MESSAGE = 2
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    LEADER_NOT_AVAILABLE = 5
+    NOT_LEADER_OR_FOLLOWER = 6
+    REQUEST_TIMED_OUT = 7
+    BROKER_NOT_AVAILABLE = 8
+    MESSAGE_TOO_LARGE = 10
+    UNSUPPORTED_VERSION = 35
+    INVALID_REQUEST = 42
+    KAFKA_STORAGE_ERROR = 56
+    FENCED_LEADER_EPOCH = 74  # the request's epoch is older than ours
+    UNKNOWN_LEADER_EPOCH = 75  # the request's epoch is newer than ours
+    INCONSISTENT_VOTER_SET = 94
+    SNAPSHOT_NOT_FOUND = 98
+    POSITION_OUT_OF_RANGE = 99
+    INCONSISTENT_CLUSTER_ID = 104
+
+
+def error_name(code: int) -> str:
+    try:
+        return Errors(code).name
+    except ValueError:
+        return f"UNKNOWN_ERROR_CODE({code})"

@@ -1,0 +1,274 @@
+"""Request and response bodies of the metalog wire protocol.
+
+Every body is a msgspec Struct, encoded as a msgpack array (``array_like``) so
+that field names never travel on the wire. The api key in the frame header says
+which body follows (see ``protocol.apis``), so bodies carry no type tag.
+
+The field names follow Kafka's message schemas (KIP-320, KIP-595, KIP-630) in
+snake_case; the single replicated log (``__cluster_metadata``) means there are
+no topic/partition arrays. Sentinels follow Kafka: ``-1`` means "unknown" for
+ids, epochs and offsets (``NO_EPOCH``, ``NO_LEADER``, ``NO_OFFSET``).
+
+These types are shared by the pure quorum core (which consumes and produces
+them as events and actions), the broker runtime, the client library and the
+deterministic simulator.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+NO_EPOCH = -1
+NO_LEADER = -1
+NO_OFFSET = -1
+NO_REPLICA = -1
+# replica_id of a consumer (not a replica) in Fetch, as in Kafka.
+CONSUMER_REPLICA_ID = -1
+
+
+class Body(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
+    """Base of every request and response body."""
+
+
+# --------------------------------------------------------------------------
+# Shared sub-structures
+
+
+class SnapshotId(msgspec.Struct, array_like=True, frozen=True, order=True):
+    """A snapshot holds every record with offset < end_offset (KIP-630)."""
+
+    end_offset: int
+    epoch: int
+
+
+class EpochEndOffset(msgspec.Struct, array_like=True, frozen=True):
+    epoch: int
+    end_offset: int
+
+
+class LeaderIdAndEpoch(msgspec.Struct, array_like=True, frozen=True):
+    leader_id: int
+    leader_epoch: int
+
+
+class ReplicaState(msgspec.Struct, array_like=True, frozen=True):
+    replica_id: int
+    log_end_offset: int
+    last_fetch_timestamp_ms: int = -1
+    last_caught_up_timestamp_ms: int = -1
+    in_sync: bool = False
+
+
+class ApiVersionRange(msgspec.Struct, array_like=True, frozen=True):
+    api_key: int
+    min_version: int
+    max_version: int
+
+
+class NodeEndpoint(msgspec.Struct, array_like=True, frozen=True):
+    node_id: int
+    host: str
+    port: int
+
+
+# --------------------------------------------------------------------------
+# ApiVersions (18)
+
+
+class ApiVersionsRequest(Body):
+    client_software_name: str = "metalog"
+
+
+class ApiVersionsResponse(Body):
+    error_code: int = 0
+    api_keys: list[ApiVersionRange] = []
+
+
+# --------------------------------------------------------------------------
+# Vote (52), BeginQuorumEpoch (53), EndQuorumEpoch (54)
+
+
+class VoteRequest(Body):
+    cluster_id: str
+    candidate_epoch: int
+    candidate_id: int
+    last_offset_epoch: int
+    last_offset: int  # the candidate's log end offset
+
+
+class VoteResponse(Body):
+    error_code: int = 0
+    leader_id: int = NO_LEADER
+    leader_epoch: int = NO_EPOCH
+    vote_granted: bool = False
+
+
+class BeginQuorumEpochRequest(Body):
+    cluster_id: str
+    leader_id: int
+    leader_epoch: int
+
+
+class BeginQuorumEpochResponse(Body):
+    error_code: int = 0
+    leader_id: int = NO_LEADER
+    leader_epoch: int = NO_EPOCH
+
+
+class EndQuorumEpochRequest(Body):
+    cluster_id: str
+    leader_id: int
+    leader_epoch: int
+    # Voters ordered most caught up first; the first gets the shortest backoff.
+    preferred_successors: list[int] = []
+
+
+class EndQuorumEpochResponse(Body):
+    error_code: int = 0
+    leader_id: int = NO_LEADER
+    leader_epoch: int = NO_EPOCH
+
+
+# --------------------------------------------------------------------------
+# Fetch (1): followers, observers and consumers
+
+
+class FetchRequest(Body):
+    cluster_id: str
+    replica_id: int  # CONSUMER_REPLICA_ID for a consumer
+    max_wait_ms: int
+    current_leader_epoch: int  # NO_EPOCH: the caller does not know (KIP-320 sentinel)
+    fetch_offset: int
+    last_fetched_epoch: int
+    log_start_offset: int = NO_OFFSET
+    max_bytes: int = 1 << 20
+
+
+class FetchResponse(Body):
+    error_code: int = 0
+    high_watermark: int = NO_OFFSET
+    log_start_offset: int = NO_OFFSET
+    records: bytes = b""  # whole encoded record batches (storage.batch format)
+    diverging_epoch: EpochEndOffset | None = None
+    current_leader: LeaderIdAndEpoch | None = None
+    snapshot_id: SnapshotId | None = None
+    error_message: str | None = None
+
+
+# --------------------------------------------------------------------------
+# OffsetForLeaderEpoch (23)
+
+
+class OffsetsForLeaderEpochRequest(Body):
+    cluster_id: str
+    replica_id: int  # CONSUMER_REPLICA_ID for a consumer
+    current_leader_epoch: int  # fenced like Fetch; NO_EPOCH skips the check
+    leader_epoch: int  # the epoch whose end offset is asked for
+
+
+class OffsetsForLeaderEpochResponse(Body):
+    error_code: int = 0
+    # The largest epoch <= the requested one, and its end offset (KIP-320).
+    leader_epoch: int = NO_EPOCH
+    end_offset: int = NO_OFFSET
+    current_leader: LeaderIdAndEpoch | None = None
+
+
+# --------------------------------------------------------------------------
+# FetchSnapshot (59)
+
+
+class FetchSnapshotRequest(Body):
+    cluster_id: str
+    replica_id: int
+    current_leader_epoch: int
+    snapshot_id: SnapshotId
+    position: int
+    max_bytes: int = 1 << 20
+
+
+class FetchSnapshotResponse(Body):
+    error_code: int = 0
+    snapshot_id: SnapshotId | None = None
+    size: int = -1  # total size of the snapshot file in bytes
+    position: int = -1
+    unaligned_records: bytes = b""
+    current_leader: LeaderIdAndEpoch | None = None
+
+
+# --------------------------------------------------------------------------
+# DescribeQuorum (55)
+
+
+class DescribeQuorumRequest(Body):
+    pass
+
+
+class DescribeQuorumResponse(Body):
+    error_code: int = 0
+    leader_id: int = NO_LEADER
+    leader_epoch: int = NO_EPOCH
+    high_watermark: int = NO_OFFSET
+    voters: list[ReplicaState] = []
+    observers: list[ReplicaState] = []
+
+
+# --------------------------------------------------------------------------
+# Client calls: Produce (0), ListOffsets (2), Metadata (3).
+# Consumers read with Fetch and replica_id = CONSUMER_REPLICA_ID.
+
+
+class ProduceRequest(Body):
+    cluster_id: str
+    records: list[bytes]
+    timeout_ms: int = 5000
+
+
+class ProduceResponse(Body):
+    error_code: int = 0
+    base_offset: int = NO_OFFSET  # offset of the first record written
+    leader_epoch: int = NO_EPOCH  # epoch the records were written under
+    current_leader: LeaderIdAndEpoch | None = None
+    error_message: str | None = None
+
+
+LIST_OFFSETS_EARLIEST = -2
+LIST_OFFSETS_LATEST = -1
+
+
+class ListOffsetsRequest(Body):
+    cluster_id: str
+    current_leader_epoch: int  # NO_EPOCH skips the fence (KIP-320)
+    # LIST_OFFSETS_EARLIEST, LIST_OFFSETS_LATEST (the HW) or a timestamp in ms.
+    timestamp_ms: int
+
+
+class ListOffsetsResponse(Body):
+    error_code: int = 0
+    offset: int = NO_OFFSET
+    timestamp_ms: int = -1
+    leader_epoch: int = NO_EPOCH  # epoch of the record at `offset` (KIP-320)
+    current_leader: LeaderIdAndEpoch | None = None
+
+
+class MetadataRequest(Body):
+    pass
+
+
+class MetadataResponse(Body):
+    error_code: int = 0
+    cluster_id: str = ""
+    node_id: int = NO_REPLICA  # the answering node
+    leader_id: int = NO_LEADER
+    leader_epoch: int = NO_EPOCH
+    high_watermark: int = NO_OFFSET
+    log_start_offset: int = NO_OFFSET
+    voters: list[NodeEndpoint] = []
+    observers: list[NodeEndpoint] = []
+
+
+class ErrorResponse(Body):
+    """Sent when a request's header was readable but its body was not."""
+
+    error_code: int
+    error_message: str = ""

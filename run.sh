@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The README's two commands live here.
+#   bash run.sh cluster   set up, then start a local multi-broker cluster (3 voters + 1 observer)
+#   bash run.sh test      set up, then run the whole test suite
+#   bash run.sh setup     only set up (virtualenv, dependencies, Java for Spark)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+setup() {
+  if ! command -v java >/dev/null 2>&1; then
+    echo "run.sh: Java not found; installing a JRE for Spark" >&2
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+  fi
+  if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+  fi
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e '.[test]'
+}
+
+cmd="${1:-}"
+shift || true
+case "$cmd" in
+  setup)
+    setup
+    ;;
+  test)
+    setup
+    # pytest exits 5 when it collected no test: for us that is always a mistake.
+    set +e
+    .venv/bin/python -m pytest "$@"
+    rc=$?
+    set -e
+    if [ "$rc" = 5 ]; then echo "run.sh: pytest collected no tests" >&2; exit 1; fi
+    exit "$rc"
+    ;;
+  cluster)
+    setup
+    exec .venv/bin/metalog cluster up "$@"
+    ;;
+  *)
+    echo "usage: bash run.sh {cluster|test|setup} [args...]" >&2
+    exit 2
+    ;;
+esac

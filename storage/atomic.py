@@ -1,0 +1,33 @@
+"""Atomic replacement of small state files: temp file, fsync, rename, fsync dir.
+
+After a crash at any point the file holds either the old or the new content,
+never a mix; leftover ``*.tmp`` files are harmless and ignored by readers.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+    path = os.fspath(path)
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path) or ".")
