@@ -1,0 +1,91 @@
+"""HTTP admin API of a broker (aiohttp): read-only views for people and drills.
+
+    GET /health    200 while serving, 503 after a fatal invariant breach
+    GET /quorum    role, epoch, leader, HW, LEO, log start, snapshots, replicas
+    GET /metadata  the controller state (brokers, topics, partitions, configs)
+                   with the offset it reflects
+    GET /metrics   Prometheus text format
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+if TYPE_CHECKING:
+    from broker.config import Endpoint
+    from broker.runtime import Broker
+
+
+def quorum_view(broker: "Broker") -> dict:
+    core = broker.core
+    view = {
+        "node_id": broker.cfg.node_id,
+        "cluster_id": broker.cfg.cluster_id,
+        "role": str(core.role),
+        "epoch": core.epoch,
+        "leader_id": core.leader_id,
+        "voted_id": getattr(core, "voted_id", None),
+        "high_watermark": core.high_watermark,
+        "log_end_offset": core.log_end_offset,
+        "flushed_end_offset": core.flushed_end_offset,
+        "log_start_offset": core.log_start_offset,
+        "snapshots": [[s.end_offset, s.epoch] for s in broker.snapshots.list()],
+        "voters": sorted(broker.voters),
+        "applied_offset": broker.controller.applied_offset,
+        "fatal": broker.fatal,
+    }
+    describe = getattr(core, "describe_quorum", None)
+    if describe is not None and str(core.role) == "leader":
+        resp = describe(_now_ms())
+        view["replicas"] = {
+            "voters": [_replica(r) for r in resp.voters],
+            "observers": [_replica(r) for r in resp.observers],
+        }
+    return view
+
+
+def _replica(r) -> dict:
+    return {
+        "replica_id": r.replica_id,
+        "log_end_offset": r.log_end_offset,
+        "last_fetch_timestamp_ms": r.last_fetch_timestamp_ms,
+        "last_caught_up_timestamp_ms": r.last_caught_up_timestamp_ms,
+        "in_sync": r.in_sync,
+    }
+
+
+def _now_ms() -> int:
+    from broker.runtime import now_ms
+
+    return now_ms()
+
+
+async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
+    async def health(_request: web.Request) -> web.Response:
+        if broker.fatal is not None:
+            return web.json_response({"status": "fatal", "reason": broker.fatal}, status=503)
+        return web.json_response({"status": "ok", "role": str(broker.core.role), "epoch": broker.core.epoch})
+
+    async def quorum(_request: web.Request) -> web.Response:
+        return web.json_response(quorum_view(broker))
+
+    async def metadata(_request: web.Request) -> web.Response:
+        return web.json_response(broker.controller.to_json())
+
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(broker.metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/quorum", quorum)
+    app.router.add_get("/metadata", metadata)
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, endpoint.host, endpoint.port, reuse_address=True)
+    await site.start()
+    return runner

@@ -1,0 +1,38 @@
+"""Structured logging for brokers and tools: one JSON object per line.
+
+Drills read these lines back (role changes, recoveries), so the event names
+and fields are an interface: ``role_changed`` carries node, role, epoch,
+leader_id; every line carries ``ts`` (wall clock, seconds) and ``node``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import TextIO
+
+import structlog
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def _add_ts(_logger, _name, event_dict):
+    event_dict.setdefault("ts", round(time.time(), 6))
+    return event_dict
+
+
+def configure_logging(level: str = "info", stream: TextIO | None = None, **bound) -> structlog.BoundLogger:
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            _add_ts,
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
+        logger_factory=structlog.WriteLoggerFactory(file=stream or sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    return structlog.get_logger().bind(**bound)

@@ -1,0 +1,66 @@
+"""Run one broker process: ``python -m broker.main --config broker.yaml``.
+
+Exit codes: 0 after a graceful stop (SIGTERM/SIGINT), 2 for a bad config,
+3 when the broker refuses to start (wrong cluster id, corrupt log...), 4 after
+a fatal invariant breach.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+import uvloop
+
+from broker.config import ConfigError, load_config
+from broker.logs import configure_logging
+
+
+def parse_overrides(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected key=value")
+        out[key] = value
+    return out
+
+
+async def run(cfg) -> int:
+    from broker.runtime import Broker, StartupError
+    from storage.batch import CorruptBatchError
+
+    stream = open(cfg.log_file, "a", buffering=1) if cfg.log_file else None
+    logger = configure_logging(cfg.log_level, stream)
+    broker = Broker(cfg, logger)
+    try:
+        await broker.start()
+    except (StartupError, CorruptBatchError, OSError, ValueError) as exc:
+        logger.error("broker_refused_to_start", error=str(exc), error_type=type(exc).__name__)
+        print(f"metalog broker {cfg.node_id}: refusing to start: {exc}", file=sys.stderr)
+        return 3
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: loop.create_task(broker.stop(graceful=True)))
+    await broker.stopped.wait()
+    return 4 if broker.fatal else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="metalog broker", description="Run one metalog broker.")
+    parser.add_argument("--config", required=True, help="YAML or JSON broker config file")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key (repeatable)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, parse_overrides(args.set))
+    except ConfigError as exc:
+        print(f"metalog: config error: {exc}", file=sys.stderr)
+        return 2
+    return uvloop.run(run(cfg))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

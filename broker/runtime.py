@@ -1,0 +1,501 @@
+"""The asyncio broker: a thin driver around the pure quorum core.
+
+Everything that decides anything lives in ``broker.quorum.core``. This module
+only moves bytes and time: it feeds the core events (requests from the wire,
+responses from peers, ticks, flush completions, client appends) and executes
+the actions the core returns, in order, following the rules in
+``broker.quorum.api``:
+
+    persist (quorum-state fsync, append, truncate)  ->  flush (async, group
+    commit)  ->  send / respond  ->  apply committed records to the controller
+
+so nothing is acknowledged before it is durable. Flushes run in a worker
+thread while the loop keeps appending; one fdatasync covers every append
+that happened before it started (group commit). Client Produce requests that
+arrive within ``append_linger_ms`` become one batch.
+
+The binary protocol is served by ``broker.net``; the HTTP admin API by
+``broker.admin``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from typing import Any
+
+import msgspec
+
+from broker.config import BrokerConfig
+from broker.controller import Controller
+from broker.metrics import BrokerMetrics
+from broker.net import Connection, PeerPool, serve
+from broker.quorum import api as qa
+from broker.quorum.core import QuorumCore
+from protocol import messages as m
+from protocol.apis import APIS, REQUEST_API_KEY, ApiKey
+from protocol.errors import Errors
+from storage.epochs import EpochHistory, read_checkpoint, write_checkpoint
+from storage.log import SegmentedLog
+from storage.quorum_state import QuorumStateFile
+from storage.snapshot import PartialSnapshot, SnapshotStore
+
+PARTITION_DIR = "__cluster_metadata-0"
+META_FILE = "meta.properties"
+APPLY_BYTES_PER_STEP = 4 << 20  # bound the committed bytes applied per loop turn
+
+
+class StartupError(Exception):
+    """The broker refuses to start; the message says why and what to do."""
+
+
+def now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class _Reader:
+    """The core's read-only view of the local log and snapshots (api.LogReader)."""
+
+    def __init__(self, log: SegmentedLog, snapshots: SnapshotStore):
+        self.log = log
+        self.snapshots = snapshots
+
+    def read(self, start_offset: int, end_offset: int, max_bytes: int) -> bytes:
+        return self.log.read(start_offset, end_offset, max_bytes)
+
+    def snapshot_size(self, snapshot_id: m.SnapshotId) -> int | None:
+        return self.snapshots.size(snapshot_id)
+
+    def read_snapshot(self, snapshot_id: m.SnapshotId, position: int, max_bytes: int) -> bytes:
+        return self.snapshots.read_chunk(snapshot_id, position, max_bytes)
+
+
+def check_meta(data_dir: str, cluster_id: str, node_id: int) -> None:
+    """Bind a data dir to one cluster and node: refuse a mismatch at boot."""
+    path = os.path.join(data_dir, META_FILE)
+    if os.path.exists(path):
+        props = dict(
+            line.split("=", 1) for line in open(path).read().splitlines() if "=" in line and not line.startswith("#")
+        )
+        if props.get("cluster.id") != cluster_id:
+            raise StartupError(
+                f"data dir {data_dir} belongs to cluster {props.get('cluster.id')!r} but the config says "
+                f"{cluster_id!r}: refusing to start (point data_dir elsewhere or fix cluster_id)"
+            )
+        if props.get("node.id") != str(node_id):
+            raise StartupError(
+                f"data dir {data_dir} belongs to node {props.get('node.id')} but the config says node {node_id}"
+            )
+        return
+    from storage.atomic import atomic_write
+
+    atomic_write(path, f"version=1\ncluster.id={cluster_id}\nnode.id={node_id}\n".encode())
+
+
+class Broker:
+    def __init__(self, cfg: BrokerConfig, logger):
+        self.cfg = cfg
+        self.log = logger.bind(node=cfg.node_id)
+        self.metrics = BrokerMetrics(cfg.node_id)
+        self.part_dir = os.path.join(cfg.data_dir, PARTITION_DIR)
+        self.voters = cfg.voter_endpoints()
+        self.core: QuorumCore | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_deadline: int | None = None
+        self._flush_running = False
+        self._flush_wanted = False
+        self._pending_produce: list[tuple[Any, list[bytes]]] = []
+        self._pending_records = 0
+        self._linger_handle: asyncio.TimerHandle | None = None
+        self._partials: dict[m.SnapshotId, PartialSnapshot] = {}
+        self._snapshot_task: asyncio.Task | None = None
+        self._bg_tasks: set[asyncio.Task] = set()
+        self._last_exposed: tuple | None = None
+        self._stopping = False
+        self.fatal: str | None = None
+        self.stopped = asyncio.Event()
+        self.server: asyncio.AbstractServer | None = None
+        self.admin_runner = None
+
+    # ------------------------------------------------------------------ boot
+    async def start(self) -> None:
+        cfg = self.cfg
+        os.makedirs(self.part_dir, exist_ok=True)
+        check_meta(cfg.data_dir, cfg.cluster_id, cfg.node_id)
+        self.seg_log = SegmentedLog.open(self.part_dir, segment_bytes_max=cfg.segment_bytes_max, logger=self.log)
+        self.snapshots = SnapshotStore(self.part_dir, logger=self.log)
+        boot = self.snapshots.boot_cleanup(self.seg_log.log_start_offset)
+        self.controller = Controller()
+        t0 = time.perf_counter()
+        loaded = self.snapshots.load_latest_controller()
+        if loaded is not None:
+            state, snap_id = loaded
+            self.controller.load_snapshot(state, snap_id.end_offset)
+            self.metrics.snapshot_load_seconds.observe(time.perf_counter() - t0)
+            self.log.info("snapshot_loaded", snapshot=list(snap_id), seconds=round(time.perf_counter() - t0, 4))
+        if boot.log_is_empty:
+            # The seed's boot invariant failed: no snapshot covers the log start.
+            # Treat the log as empty and bootstrap from the leader.
+            self.log.warning("log_reset_no_covering_snapshot", log_start_offset=self.seg_log.log_start_offset)
+            self.seg_log.truncate_fully(0)
+        if loaded is not None and self.seg_log.log_end_offset < loaded[1].end_offset:
+            # The snapshot is ahead of the log (e.g. installed, then crashed): the log starts there.
+            self.seg_log.truncate_fully(loaded[1].end_offset)
+        epochs = read_checkpoint(os.path.join(self.part_dir, "leader-epoch-checkpoint"))
+        if not epochs.entries and self.seg_log.log_end_offset > self.seg_log.log_start_offset:
+            epochs = EpochHistory(self.seg_log.batch_epochs())
+        epochs.truncate_from_end(self.seg_log.log_end_offset)
+        if loaded is not None and not epochs.entries:
+            epochs.assign(loaded[1].epoch, loaded[1].end_offset)
+        self.qs_file = QuorumStateFile(os.path.join(self.part_dir, "quorum-state"))
+        qs_raw = self.qs_file.read()
+        qs = None
+        if qs_raw is not None:
+            qs = qa.QuorumStateData(
+                leader_epoch=qs_raw["leader_epoch"], leader_id=qs_raw["leader_id"],
+                voted_id=qs_raw["voted_id"], voters=tuple(qs_raw.get("voters", ())),
+            )
+        view = qa.LogView(
+            log_start_offset=self.seg_log.log_start_offset,
+            log_end_offset=self.seg_log.log_end_offset,
+            epochs=[tuple(e) for e in epochs.entries],
+            snapshots=self.snapshots.list(),
+        )
+        self.core = QuorumCore(cfg.quorum_config(), view, _Reader(self.seg_log, self.snapshots), qs, random.Random())
+        self.peers = PeerPool(
+            {nid: (ep.host, ep.port) for nid, ep in self.voters.items() if nid != cfg.node_id},
+            client_id=f"metalog-{cfg.node_id}",
+            max_frame_bytes=cfg.max_frame_bytes,
+            connect_timeout_ms=cfg.connect_timeout_ms,
+            reconnect_backoff_max_ms=cfg.reconnect_backoff_max_ms,
+        )
+        ep = cfg.listen_endpoint()
+        self.server = await serve(ep.host, ep.port, self._on_request, max_frame_bytes=cfg.max_frame_bytes,
+                                  logger=self.log)
+        if cfg.admin_endpoint() is not None:
+            from broker.admin import start_admin
+
+            self.admin_runner = await start_admin(self, cfg.admin_endpoint())
+        self.log.info(
+            "broker_started", listen=str(ep), voters={k: str(v) for k, v in self.voters.items()},
+            log_start_offset=self.seg_log.log_start_offset, log_end_offset=self.seg_log.log_end_offset,
+            epoch=self.core.epoch, role=str(self.core.role),
+        )
+        self._step(qa.Tick(now_ms()))
+
+    async def stop(self, graceful: bool = True) -> None:
+        """Graceful: resign leadership (EndQuorumEpoch), flush, close."""
+        if self._stopping:
+            return
+        self._stopping = True
+        if graceful and self.core is not None and self.fatal is None:
+            self._step(qa.Shutdown(now_ms()))
+            # Give the EndQuorumEpoch requests a moment to leave, bounded.
+            await self._drain_background(timeout_s=min(1.0, self.cfg.request_timeout_ms / 1000))
+        if self._timer:
+            self._timer.cancel()
+        if self.server is not None:
+            self.server.close()
+        if self.admin_runner is not None:
+            await self.admin_runner.cleanup()
+        for task in list(self._bg_tasks):
+            task.cancel()
+        if self._snapshot_task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._snapshot_task), 10)
+            except (asyncio.TimeoutError, Exception):
+                pass
+        await self.peers.close()
+        if graceful:
+            await asyncio.to_thread(self.seg_log.flush)
+            self.seg_log.close()
+        self.log.info("broker_stopped", graceful=graceful)
+        self.stopped.set()
+
+    async def _drain_background(self, timeout_s: float) -> None:
+        if self._bg_tasks:
+            await asyncio.wait(list(self._bg_tasks), timeout=timeout_s)
+
+    # ------------------------------------------------------------- the step
+    def _step(self, event: qa.Event) -> None:
+        if self.fatal is not None or self.core is None:
+            return
+        actions = self.core.step(event)
+        for action in actions:
+            self._execute(action)
+            if self.fatal is not None:
+                return
+        self._after_step()
+
+    def _execute(self, a: qa.Action) -> None:
+        t = type(a)
+        if t is qa.SendRequest:
+            self._spawn(self._send(a))
+        elif t is qa.Respond:
+            conn, correlation_id = a.token
+            conn.send_response(correlation_id, a.response)
+        elif t is qa.AppendBatches:
+            self.seg_log.append(a.data)
+            self.metrics.appended_bytes.inc(len(a.data))
+        elif t is qa.FlushLog:
+            self._request_flush()
+        elif t is qa.PersistQuorumState:
+            s = a.state
+            self.qs_file.write(leader_epoch=s.leader_epoch, leader_id=s.leader_id, voted_id=s.voted_id,
+                               voters=list(s.voters))
+        elif t is qa.TruncateLog:
+            self.log.warning("log_truncated", end_offset=a.end_offset, log_end_offset=self.seg_log.log_end_offset)
+            self.seg_log.truncate_to(a.end_offset)
+            self.controller.on_truncate(a.end_offset)
+        elif t is qa.WriteEpochCheckpoint:
+            write_checkpoint(os.path.join(self.part_dir, "leader-epoch-checkpoint"), EpochHistory(a.entries))
+        elif t is qa.WriteSnapshotChunk:
+            part = self._partials.get(a.snapshot_id)
+            if part is None or a.position == 0:
+                if part is not None:
+                    part.abort()
+                part = self._partials[a.snapshot_id] = PartialSnapshot(self.part_dir, a.snapshot_id)
+            part.write_at(a.position, a.data)
+        elif t is qa.InstallSnapshot:
+            self._install_snapshot(a)
+        elif t is qa.AdvanceLogStart:
+            self.seg_log.advance_log_start(a.log_start_offset)
+            self.snapshots.delete_before_covering(a.log_start_offset)
+            self.log.info("log_start_advanced", log_start_offset=a.log_start_offset)
+        elif t is qa.Fatal:
+            self.fatal = a.reason
+            self.log.critical("fatal_invariant_breach", reason=a.reason)
+            self._spawn(self.stop(graceful=False))
+        else:  # pragma: no cover - the contract is closed
+            raise AssertionError(f"unknown action {a!r}")
+
+    def _after_step(self) -> None:
+        core = self.core
+        exposed = (str(core.role), core.epoch, core.leader_id)
+        if exposed != self._last_exposed:
+            self._last_exposed = exposed
+            self.log.info("role_changed", role=exposed[0], epoch=core.epoch, leader_id=core.leader_id,
+                          high_watermark=core.high_watermark)
+            self.metrics.set_role(exposed[0], core.epoch)
+        hw = core.high_watermark
+        if hw is not None and hw > self.controller.applied_offset:
+            self._apply_committed(hw)
+        self._schedule_timer()
+
+    def _apply_committed(self, hw: int) -> None:
+        start = max(self.controller.applied_offset, self.seg_log.log_start_offset)
+        data = self.seg_log.read(start, hw, APPLY_BYTES_PER_STEP)
+        if data:
+            self.controller.apply_batches(data, upto=hw)
+        self.metrics.high_watermark.set(hw)
+        if self.controller.applied_offset < hw:
+            # More than one step's worth: continue on the next loop turn.
+            asyncio.get_running_loop().call_soon(self._after_step)
+        self._maybe_snapshot()
+
+    # ------------------------------------------------------------ timers
+    def _schedule_timer(self) -> None:
+        deadline = self.core.next_deadline_ms
+        if deadline is None or self._stopping:
+            return
+        if self._timer is not None and self._timer_deadline == deadline:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        loop = asyncio.get_running_loop()
+        delay_s = max(0.0, (deadline - now_ms()) / 1000)
+        self._timer_deadline = deadline
+        self._timer = loop.call_later(delay_s, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_deadline = None
+        self._step(qa.Tick(now_ms()))
+
+    # ------------------------------------------------------------ flushing
+    def _request_flush(self) -> None:
+        if self._flush_running:
+            self._flush_wanted = True
+            return
+        self._flush_running = True
+        self._spawn(self._flush_loop())
+
+    async def _flush_loop(self) -> None:
+        try:
+            while True:
+                self._flush_wanted = False
+                t0 = time.perf_counter()
+                try:
+                    flushed = await asyncio.to_thread(self.seg_log.flush)
+                except OSError as exc:
+                    self.fatal = f"flush failed: {exc}"
+                    self.log.critical("flush_failed", error=str(exc))
+                    self._spawn(self.stop(graceful=False))
+                    return
+                self.metrics.flush_seconds.observe(time.perf_counter() - t0)
+                self._step(qa.FlushCompleted(now_ms(), flushed))
+                if not self._flush_wanted:
+                    return
+        finally:
+            self._flush_running = False
+
+    # ------------------------------------------------------------ outbound
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._bg_tasks.add(task)
+        task.add_done_callback(self._bg_tasks.discard)
+
+    async def _send(self, a: qa.SendRequest) -> None:
+        api_key = REQUEST_API_KEY[type(a.request)]
+        try:
+            channel = self.peers.channel(a.destination)
+            response = await channel.request(api_key, a.request, a.timeout_ms)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # timeouts, refused connections, resets
+            self._step(qa.RequestFailed(now_ms(), a.request_id, a.destination, f"{type(exc).__name__}: {exc}"))
+            return
+        if isinstance(response, m.ErrorResponse):
+            self._step(qa.RequestFailed(now_ms(), a.request_id, a.destination,
+                                        f"peer answered error {response.error_code}: {response.error_message}"))
+            return
+        self._step(qa.ResponseReceived(now_ms(), a.request_id, a.destination, response))
+
+    # ------------------------------------------------------------ inbound
+    def _on_request(self, conn: Connection, header, body: m.Body) -> None:
+        api_key = ApiKey(header.api_key)
+        self.metrics.requests.labels(api=api_key.name).inc()
+        token = (conn, header.correlation_id)
+        if self.fatal is not None or self.core is None:
+            conn.send_response(header.correlation_id, APIS[api_key][1](error_code=Errors.BROKER_NOT_AVAILABLE))
+            return
+        cluster_id = getattr(body, "cluster_id", None)
+        if cluster_id is not None and cluster_id != self.cfg.cluster_id:
+            self.log.warning("inconsistent_cluster_id", api=api_key.name, got=cluster_id, peer=conn.peer)
+            conn.send_response(header.correlation_id, APIS[api_key][1](error_code=Errors.INCONSISTENT_CLUSTER_ID))
+            return
+        sender = _sender_voter_id(body)
+        if sender is not None and sender not in self.voters:
+            self.log.warning("request_from_non_voter_refused", api=api_key.name, sender=sender, peer=conn.peer)
+            conn.send_response(header.correlation_id, APIS[api_key][1](error_code=Errors.INCONSISTENT_VOTER_SET))
+            return
+        if api_key is ApiKey.API_VERSIONS:
+            conn.send_response(header.correlation_id, m.ApiVersionsResponse(
+                api_keys=[m.ApiVersionRange(int(k), lo, hi) for k, (_, _, lo, hi) in APIS.items()]))
+        elif api_key is ApiKey.METADATA:
+            conn.send_response(header.correlation_id, self.metadata_response())
+        elif api_key is ApiKey.PRODUCE:
+            self._enqueue_produce(token, body)
+        else:
+            self._step(qa.RequestReceived(now_ms(), token, body))
+
+    def metadata_response(self) -> m.MetadataResponse:
+        core = self.core
+        observers = []
+        for rid in getattr(core, "observer_ids", lambda: [])():
+            observers.append(m.NodeEndpoint(rid, "", 0))
+        return m.MetadataResponse(
+            cluster_id=self.cfg.cluster_id,
+            node_id=self.cfg.node_id,
+            leader_id=core.leader_id if core.leader_id is not None else m.NO_LEADER,
+            leader_epoch=core.epoch,
+            high_watermark=core.high_watermark if core.high_watermark is not None else m.NO_OFFSET,
+            log_start_offset=core.log_start_offset,
+            voters=[m.NodeEndpoint(nid, ep.host, ep.port) for nid, ep in sorted(self.voters.items())],
+            observers=observers,
+        )
+
+    # ------------------------------------------------ group commit of writes
+    def _enqueue_produce(self, token, body: m.ProduceRequest) -> None:
+        if not body.records:
+            conn, cid = token
+            conn.send_response(cid, m.ProduceResponse(error_code=Errors.INVALID_REQUEST,
+                                                      error_message="a produce request needs at least one record"))
+            return
+        self._pending_produce.append((token, body.records))
+        self._pending_records += len(body.records)
+        if self._pending_records >= self.cfg.append_batch_records_max or self.cfg.append_linger_ms == 0:
+            self._flush_produce()
+        elif self._linger_handle is None:
+            self._linger_handle = asyncio.get_running_loop().call_later(
+                self.cfg.append_linger_ms / 1000, self._flush_produce)
+
+    def _flush_produce(self) -> None:
+        if self._linger_handle is not None:
+            self._linger_handle.cancel()
+            self._linger_handle = None
+        if not self._pending_produce:
+            return
+        pending, self._pending_produce = self._pending_produce, []
+        self._pending_records = 0
+        records: list[bytes] = []
+        waiters = []
+        for token, recs in pending:
+            waiters.append((token, len(recs)))
+            records.extend(recs)
+        self.metrics.appended_records.inc(len(records))
+        self._step(qa.ClientAppend(now_ms(), waiters, records))
+
+    # ------------------------------------------------------------ snapshots
+    def _install_snapshot(self, a: qa.InstallSnapshot) -> None:
+        part = self._partials.pop(a.snapshot_id, None)
+        if part is None:
+            self.log.error("snapshot_install_without_download", snapshot=list(a.snapshot_id))
+            return
+        t0 = time.perf_counter()
+        try:
+            part.complete(a.size)
+        except Exception as exc:
+            self.log.error("snapshot_download_rejected", snapshot=list(a.snapshot_id), error=str(exc))
+            return
+        self.seg_log.truncate_fully(a.snapshot_id.end_offset)
+        self.snapshots.delete_before(a.snapshot_id)
+        loaded = self.snapshots.load_controller(a.snapshot_id)
+        self.controller.load_snapshot(loaded, a.snapshot_id.end_offset)
+        self.metrics.snapshot_load_seconds.observe(time.perf_counter() - t0)
+        self.log.info("snapshot_installed", snapshot=list(a.snapshot_id), size=a.size,
+                      seconds=round(time.perf_counter() - t0, 4))
+
+    def _maybe_snapshot(self) -> None:
+        if self._snapshot_task is not None or self._stopping:
+            return
+        if self.controller.records_since_snapshot < self.cfg.snapshot_min_records:
+            return
+        end_offset = self.controller.applied_offset
+        epoch = self.core.epochs.epoch_for_offset(end_offset - 1)
+        snap_id = m.SnapshotId(end_offset, epoch)
+        if self.snapshots.size(snap_id) is not None:
+            return
+        frozen = self.controller.freeze()  # an immutable copy taken on the loop
+        self.controller.records_since_snapshot = 0
+        self._snapshot_task = asyncio.get_running_loop().create_task(self._write_snapshot(snap_id, frozen))
+
+    async def _write_snapshot(self, snap_id: m.SnapshotId, frozen) -> None:
+        t0 = time.perf_counter()
+        try:
+            size = await asyncio.to_thread(self.snapshots.write_controller, snap_id, frozen, self.cfg.cluster_id)
+        except Exception as exc:
+            self.log.error("snapshot_write_failed", snapshot=list(snap_id), error=str(exc))
+            return
+        finally:
+            self._snapshot_task = None
+        seconds = time.perf_counter() - t0
+        self.metrics.snapshot_generation_seconds.observe(seconds)
+        self.metrics.snapshot_bytes.set(size)
+        self.log.info("snapshot_created", snapshot=list(snap_id), size=size, seconds=round(seconds, 4))
+        self._step(qa.SnapshotCreated(now_ms(), snap_id))
+
+
+def _sender_voter_id(body: m.Body) -> int | None:
+    """The node id a voter-only request claims to come from."""
+    if isinstance(body, m.VoteRequest):
+        return body.candidate_id
+    if isinstance(body, (m.BeginQuorumEpochRequest, m.EndQuorumEpochRequest)):
+        return body.leader_id
+    return None
+
+
+def encode_json(obj) -> bytes:
+    return msgspec.json.encode(obj)

@@ -1,0 +1,268 @@
+"""The ``metalog`` command line.
+
+    metalog cluster up          start a local cluster (3 voters + 1 observer)
+    metalog broker --config F   run one broker
+    metalog produce VALUE...    write records (answers offset and epoch once committed)
+    metalog consume             read committed records, with KIP-320 truncation detection
+    metalog quorum              DescribeQuorum from the leader
+    metalog metadata            leader, epoch, HW and endpoints from any broker
+
+Later issues add subcommands in the same table (`COMMANDS`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+
+
+def _endpoints(text: str) -> list[tuple[str, int]]:
+    out = []
+    for item in text.split(","):
+        host, _, port = item.strip().rpartition(":")
+        out.append((host or "127.0.0.1", int(port)))
+    return out
+
+
+DEFAULT_BOOTSTRAP = os.environ.get("METALOG_BOOTSTRAP", "127.0.0.1:9091,127.0.0.1:9092,127.0.0.1:9093")
+DEFAULT_CLUSTER_ID = os.environ.get("METALOG_CLUSTER_ID", "metalog-local")
+
+
+def _client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP, help="host:port,... of any brokers")
+    p.add_argument("--cluster-id", default=DEFAULT_CLUSTER_ID)
+    p.add_argument("--timeout-ms", type=int, default=10000)
+
+
+# ------------------------------------------------------------------ cluster
+def cmd_cluster_up(args) -> int:
+    from tools.launcher import LocalCluster
+
+    if args.compose:
+        from tools.compose import cluster_from_compose
+
+        cluster = cluster_from_compose(args.compose, args.dir)
+    else:
+        cluster = LocalCluster.create(args.dir, voters=args.voters, observers=args.observers,
+                                      base_port=args.base_port, cluster_id=args.cluster_id)
+    stop = {"now": False}
+
+    def on_signal(signum, _frame):
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    cluster.start()
+    try:
+        leader, epoch = cluster.wait_for_leader(timeout_s=args.ready_timeout_s)
+    except TimeoutError as exc:
+        print(f"metalog: cluster did not elect a leader: {exc}; see {cluster.root}/node-*/broker.log",
+              file=sys.stderr)
+        cluster.stop()
+        return 1
+    print(f"metalog cluster {cluster.cluster_id!r} is up: leader {leader}, epoch {epoch}")
+    print(f"{'node':>4}  {'role':10} {'listen':22} {'admin':22} data")
+    for nid, spec in sorted(cluster.nodes.items()):
+        q = cluster.quorum(nid) or {}
+        print(f"{nid:>4}  {q.get('role', '?'):10} {cluster.host + ':' + str(spec.port):22} "
+              f"{'http://' + cluster.host + ':' + str(spec.admin_port):22} {cluster.data_dir(nid)}")
+    bootstrap = ",".join(f"{h}:{p}" for h, p in cluster.bootstrap())
+    print(f"\ntry:  metalog produce --bootstrap {bootstrap} hello")
+    print(f"      metalog consume --bootstrap {bootstrap} --from earliest")
+    sys.stdout.flush()
+    if args.exit_when_ready:
+        cluster.stop()
+        return 0
+    print("Ctrl-C stops the cluster.")
+    sys.stdout.flush()
+    while not stop["now"]:
+        time.sleep(0.2)
+        dead = [nid for nid in cluster.nodes if not cluster.alive(nid)]
+        if dead and len(dead) == len(cluster.nodes):
+            print("metalog: every broker exited; see the logs", file=sys.stderr)
+            return 1
+    cluster.stop()
+    return 0
+
+
+# ------------------------------------------------------------------ client
+async def _with_client(args, fn):
+    from broker.client import MetalogClient
+
+    client = MetalogClient(_endpoints(args.bootstrap), args.cluster_id, request_timeout_ms=args.timeout_ms)
+    try:
+        return await fn(client)
+    finally:
+        await client.close()
+
+
+def cmd_produce(args) -> int:
+    values = [v.encode() for v in args.values] or [line.rstrip("\n").encode() for line in sys.stdin]
+
+    async def go(client):
+        offset, epoch = await client.produce(values)
+        print(json.dumps({"base_offset": offset, "leader_epoch": epoch, "records": len(values)}))
+        return 0
+
+    return asyncio.run(_with_client(args, go))
+
+
+def cmd_consume(args) -> int:
+    from broker.client import LogTruncationError
+
+    async def go(client):
+        consumer = client.consumer(reset_policy=args.reset)
+        if args.offset is not None:
+            consumer.seek(args.offset, args.epoch)
+        elif args.start == "latest":
+            await consumer.seek_to_latest()
+        got = 0
+        deadline = time.monotonic() + args.idle_exit_s if args.idle_exit_s else None
+        while args.max_records is None or got < args.max_records:
+            try:
+                records = await consumer.poll(max_wait_ms=500)
+            except LogTruncationError as exc:
+                print(f"metalog: log truncated under us: {exc}", file=sys.stderr)
+                return 5
+            for rec in records:
+                print(json.dumps({"offset": rec.offset, "leader_epoch": rec.leader_epoch,
+                                  "value": rec.value.decode(errors="replace")}))
+                got += 1
+            if records and args.idle_exit_s:
+                deadline = time.monotonic() + args.idle_exit_s
+            if deadline is not None and time.monotonic() > deadline:
+                break
+        return 0
+
+    return asyncio.run(_with_client(args, go))
+
+
+def cmd_quorum(args) -> int:
+    async def go(client):
+        resp = await client.describe_quorum()
+        print(json.dumps({
+            "leader_id": resp.leader_id, "leader_epoch": resp.leader_epoch,
+            "high_watermark": resp.high_watermark,
+            "voters": [_replica(r) for r in resp.voters],
+            "observers": [_replica(r) for r in resp.observers],
+        }, indent=2))
+        return 0
+
+    return asyncio.run(_with_client(args, go))
+
+
+def _replica(r) -> dict:
+    return {"replica_id": r.replica_id, "log_end_offset": r.log_end_offset, "in_sync": r.in_sync,
+            "last_fetch_timestamp_ms": r.last_fetch_timestamp_ms,
+            "last_caught_up_timestamp_ms": r.last_caught_up_timestamp_ms}
+
+
+def cmd_metadata(args) -> int:
+    async def go(client):
+        resp = await client.metadata()
+        print(json.dumps({
+            "cluster_id": resp.cluster_id, "leader_id": resp.leader_id, "leader_epoch": resp.leader_epoch,
+            "high_watermark": resp.high_watermark, "log_start_offset": resp.log_start_offset,
+            "voters": [[v.node_id, f"{v.host}:{v.port}"] for v in resp.voters],
+        }, indent=2))
+        return 0
+
+    return asyncio.run(_with_client(args, go))
+
+
+def cmd_broker(args) -> int:
+    from broker.main import main as broker_main
+
+    return broker_main(args.rest)
+
+
+# ------------------------------------------------------------------ parser
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="metalog", description="metalog: a replicated metadata log")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("broker", help="run one broker (see --config)", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_broker)
+
+    p = sub.add_parser("cluster", help="local multi-broker cluster")
+    csub = p.add_subparsers(dest="cluster_command", required=True)
+    up = csub.add_parser("up", help="start a local cluster in the foreground (Ctrl-C stops it)")
+    up.add_argument("--dir", default="run/cluster", help="where node dirs, configs and logs go")
+    up.add_argument("--voters", type=int, default=3)
+    up.add_argument("--observers", type=int, default=1)
+    up.add_argument("--base-port", type=int, default=9091,
+                    help="node i listens on base+i-1, its admin API on base+1000+i-1 (0 = any free ports)")
+    up.add_argument("--cluster-id", default=DEFAULT_CLUSTER_ID)
+    up.add_argument("--compose", help="run the broker services of this docker-compose file as local processes")
+    up.add_argument("--ready-timeout-s", type=float, default=30.0)
+    up.add_argument("--exit-when-ready", action="store_true", help="stop again once a leader is elected")
+    up.set_defaults(func=cmd_cluster_up)
+
+    p = sub.add_parser("produce", help="write records; prints base offset and epoch once committed")
+    _client_args(p)
+    p.add_argument("values", nargs="*", help="record values (default: one per stdin line)")
+    p.set_defaults(func=cmd_produce)
+
+    p = sub.add_parser("consume", help="read committed records")
+    _client_args(p)
+    p.add_argument("--from", dest="start", choices=["earliest", "latest"], default="earliest")
+    p.add_argument("--offset", type=int, help="start at this offset")
+    p.add_argument("--epoch", type=int, default=-1, help="leader epoch of the record before --offset")
+    p.add_argument("--reset", choices=["earliest", "latest", "none"], default="none",
+                   help="what to do when the log was truncated under us (KIP-320)")
+    p.add_argument("--max-records", type=int)
+    p.add_argument("--idle-exit-s", type=float, default=0, help="exit after this long without records")
+    p.set_defaults(func=cmd_consume)
+
+    p = sub.add_parser("quorum", help="DescribeQuorum from the leader")
+    _client_args(p)
+    p.set_defaults(func=cmd_quorum)
+
+    p = sub.add_parser("metadata", help="leader, epoch, HW and endpoints")
+    _client_args(p)
+    p.set_defaults(func=cmd_metadata)
+
+    for register in EXTRA_COMMANDS:
+        register(sub)
+    return parser
+
+
+# Subcommands contributed by other modules: each is f(subparsers) -> None.
+EXTRA_COMMANDS: list = []
+
+
+def _load_extra_commands() -> None:
+    import importlib
+
+    for module in ("tools.admin_cli", "tools.dump", "tools.spark_job", "tools.drill", "tools.bench"):
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name == module:
+                continue  # not written yet
+            raise
+        register = getattr(mod, "register_cli", None)
+        if register is not None:
+            EXTRA_COMMANDS.append(register)
+
+
+def main(argv: list[str] | None = None) -> int:
+    _load_extra_commands()
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except KeyboardInterrupt:
+        return 130
+    except (OSError, TimeoutError) as exc:
+        print(f"metalog: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
