@@ -1,0 +1,668 @@
+"""The controller: the metadata log materialized into cluster state.
+
+``ControllerState`` is a deterministic state machine over the metadata records
+of ``storage.metadata_records``: every replica that applies the same committed
+records in the same order ends in the same state. It is pure (no asyncio, no
+I/O) so the Spark job can reuse ``apply`` as is. ``Controller`` wraps it for
+the broker: it decodes committed batches, counts records since the last
+snapshot, and builds validated commands for clients.
+
+Apply rules (the Spark job must reproduce them exactly)
+-------------------------------------------------------
+A record that breaks a rule below is *invalid*: it is ignored (state
+unchanged) and ``invalid_records`` is incremented -- never an exception, since
+a committed record can never be taken back and every replica must skip it the
+same way. A record value that does not decode counts as invalid too.
+
+* RegisterBroker: inserts or replaces the broker. Invalid if a registration
+  with a higher broker_epoch exists.
+* UnregisterBroker: removes the broker. Invalid if unknown or the epoch differs.
+  Partitions are not touched (the command builder fences first).
+* FenceBroker(id, epoch): invalid if unknown or the epoch differs. Marks the
+  broker fenced, then, as an *event* record, changes every partition whose ISR
+  holds the broker or whose leader it is, independently of each other:
+
+  1. ``isr' = isr`` without the broker; if that leaves the ISR empty the ISR is
+     kept as it was (Kafka never shrinks an ISR to nothing: the last in-sync
+     replica must stay known for a clean recovery).
+  2. if the broker was the leader: the new leader is the first broker in
+     ``replicas`` order that is in ``isr'``, is registered and is not fenced
+     (the fenced broker itself is fenced by now); if none, -1.
+  3. ``leader_epoch += 1`` if the leader changed; ``partition_epoch += 1``
+     if the ISR or the leader changed.
+* UnfenceBroker(id, epoch): invalid if unknown or the epoch differs. Marks the
+  broker unfenced; partitions are not touched (the command builder adds
+  PartitionChange records to bring offline partitions back).
+* Topic: invalid if the name or the id exists.
+* Partition: inserts or replaces. Invalid if the topic id is unknown, or the
+  partition is malformed (see ``_partition_problem``).
+* PartitionChange: invalid if the partition is unknown. Applies the non-null
+  fields (leader -2 = no change); invalid if the result is malformed.
+  ``leader_epoch += 1`` if the leader changed, ``partition_epoch += 1`` always.
+* Config: resource type 2 (topic, which must exist by name) or 4 (broker);
+  value None deletes the key (deleting a missing key is valid and a no-op).
+* RemoveTopic: invalid if unknown; removes the topic, its partitions and its
+  topic configs.
+* FeatureLevel: sets the level; level 0 removes the feature.
+* NoOp: nothing.
+
+A partition is malformed when: replicas is empty or has duplicates or a
+negative id, the ISR is empty, has duplicates or holds a non-replica, or the
+leader is neither -1 nor in the ISR, or a partition id is negative.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
+
+import msgspec
+import structlog
+
+from protocol import messages as m
+from protocol.errors import Errors as ErrorCode
+from storage import batch as b
+from storage import metadata_records as r
+
+log = structlog.get_logger(__name__)
+
+PartitionKey = tuple[str, int]  # (topic_id, partition_id)
+ConfigKey = tuple[int, str, str]  # (resource_type, resource_name, name)
+
+_replace = msgspec.structs.replace
+
+
+def _partition_problem(p: r.Partition) -> str | None:
+    """Why a partition is malformed, or None."""
+    if p.partition_id < 0:
+        return f"negative partition id {p.partition_id}"
+    if not p.replicas:
+        return "empty replica list"
+    if len(set(p.replicas)) != len(p.replicas) or min(p.replicas) < 0:
+        return f"bad replica list {list(p.replicas)}"
+    if not p.isr or len(set(p.isr)) != len(p.isr):
+        return f"bad ISR {list(p.isr)}"
+    if not set(p.isr) <= set(p.replicas):
+        return f"ISR {list(p.isr)} is not a subset of replicas {list(p.replicas)}"
+    if p.leader != r.NO_LEADER and p.leader not in p.isr:
+        return f"leader {p.leader} is not in the ISR {list(p.isr)}"
+    return None
+
+
+class ControllerState:
+    """Brokers, topics, partitions, configs and features at `offset`.
+
+    ``offset`` is the next offset: every record < offset is reflected. Values in
+    the dicts are frozen records and never mutated in place, so ``copy()`` (a
+    shallow copy of each dict) is a consistent, independent snapshot of the
+    state that another thread may serialize while this one keeps applying.
+    """
+
+    __slots__ = ("offset", "brokers", "topics", "topic_ids", "partitions", "configs",
+                 "features", "invalid_records", "last_invalid")
+
+    def __init__(self, offset: int = 0) -> None:
+        self.offset = offset
+        self.brokers: dict[int, r.RegisterBroker] = {}
+        self.topics: dict[str, r.Topic] = {}  # by topic id
+        self.topic_ids: dict[str, str] = {}  # name -> topic id
+        self.partitions: dict[PartitionKey, r.Partition] = {}
+        self.configs: dict[ConfigKey, str] = {}
+        self.features: dict[str, int] = {}
+        # Diagnostic only: not part of equality (a replica that loaded a
+        # snapshot never saw the invalid records that preceded it).
+        self.invalid_records = 0
+        self.last_invalid: str | None = None
+
+    # ---------------------------------------------------------------- apply
+
+    def apply(self, offset: int, record: r.MetadataRecord) -> bool:
+        """Apply the record at `offset`; False if it was invalid and ignored."""
+        assert offset >= self.offset, (
+            f"records must be applied in offset order: got {offset}, next is {self.offset}")
+        ok = self._apply(record)
+        self.offset = offset + 1
+        return ok
+
+    def apply_value(self, offset: int, value: bytes) -> bool:
+        """Decode then apply; an undecodable value counts as invalid."""
+        try:
+            record = r.decode_record(value)
+        except r.MetadataRecordError as exc:
+            assert offset >= self.offset
+            self.offset = offset + 1
+            self._invalid(f"offset {offset}: {exc}")
+            return False
+        return self.apply(offset, record)
+
+    def skip_to(self, next_offset: int) -> None:
+        """Offsets that hold no metadata record (control batches)."""
+        assert next_offset >= self.offset
+        self.offset = next_offset
+
+    def _invalid(self, why: str) -> bool:
+        self.invalid_records += 1
+        self.last_invalid = why
+        return False
+
+    def _apply(self, rec: r.MetadataRecord) -> bool:
+        handler = _HANDLERS.get(type(rec))
+        if handler is None:
+            return self._invalid(f"no handler for {type(rec).__name__}")
+        return handler(self, rec)
+
+    def _register_broker(self, rec: r.RegisterBroker) -> bool:
+        old = self.brokers.get(rec.broker_id)
+        if old is not None and old.broker_epoch > rec.broker_epoch:
+            return self._invalid(f"RegisterBroker {rec.broker_id} epoch {rec.broker_epoch} "
+                                 f"older than registered epoch {old.broker_epoch}")
+        self.brokers[rec.broker_id] = rec
+        return True
+
+    def _unregister_broker(self, rec: r.UnregisterBroker) -> bool:
+        old = self.brokers.get(rec.broker_id)
+        if old is None or old.broker_epoch != rec.broker_epoch:
+            return self._invalid(f"UnregisterBroker of unknown broker {rec.broker_id} "
+                                 f"epoch {rec.broker_epoch}")
+        del self.brokers[rec.broker_id]
+        return True
+
+    def _fence_broker(self, rec: r.FenceBroker) -> bool:
+        old = self.brokers.get(rec.id)
+        if old is None or old.broker_epoch != rec.epoch:
+            return self._invalid(f"FenceBroker of unknown broker {rec.id} epoch {rec.epoch}")
+        self.brokers[rec.id] = _replace(old, fenced=True)
+        bid = rec.id
+        changed: list[tuple[PartitionKey, r.Partition]] = []
+        for key, p in self.partitions.items():
+            if bid not in p.isr and p.leader != bid:
+                continue
+            isr = tuple(x for x in p.isr if x != bid) or p.isr
+            leader = p.leader
+            if leader == bid:
+                leader = self._elect(p.replicas, isr)
+            if isr == p.isr and leader == p.leader:
+                continue
+            changed.append((key, _replace(
+                p, isr=isr, leader=leader,
+                leader_epoch=p.leader_epoch + (leader != p.leader),
+                partition_epoch=p.partition_epoch + 1)))
+        self.partitions.update(changed)
+        return True
+
+    def _elect(self, replicas: Sequence[int], isr: Sequence[int]) -> int:
+        for x in replicas:
+            if x in isr:
+                br = self.brokers.get(x)
+                if br is not None and not br.fenced:
+                    return x
+        return r.NO_LEADER
+
+    def _unfence_broker(self, rec: r.UnfenceBroker) -> bool:
+        old = self.brokers.get(rec.id)
+        if old is None or old.broker_epoch != rec.epoch:
+            return self._invalid(f"UnfenceBroker of unknown broker {rec.id} epoch {rec.epoch}")
+        self.brokers[rec.id] = _replace(old, fenced=False)
+        return True
+
+    def _topic(self, rec: r.Topic) -> bool:
+        if rec.name in self.topic_ids or rec.topic_id in self.topics:
+            return self._invalid(f"Topic {rec.name!r} / {rec.topic_id} already exists")
+        self.topics[rec.topic_id] = rec
+        self.topic_ids[rec.name] = rec.topic_id
+        return True
+
+    def _partition(self, rec: r.Partition) -> bool:
+        if rec.topic_id not in self.topics:
+            return self._invalid(f"Partition {rec.partition_id} of unknown topic {rec.topic_id}")
+        problem = _partition_problem(rec)
+        if problem:
+            return self._invalid(f"Partition {rec.topic_id}/{rec.partition_id}: {problem}")
+        self.partitions[(rec.topic_id, rec.partition_id)] = rec
+        return True
+
+    def _partition_change(self, rec: r.PartitionChange) -> bool:
+        key = (rec.topic_id, rec.partition_id)
+        p = self.partitions.get(key)
+        if p is None:
+            return self._invalid(f"PartitionChange of unknown partition {key}")
+        leader = p.leader if rec.leader == r.LEADER_NO_CHANGE else rec.leader
+        new = _replace(
+            p,
+            isr=p.isr if rec.isr is None else tuple(rec.isr),
+            replicas=p.replicas if rec.replicas is None else tuple(rec.replicas),
+            leader=leader,
+            leader_epoch=p.leader_epoch + (leader != p.leader),
+            partition_epoch=p.partition_epoch + 1,
+        )
+        problem = _partition_problem(new)
+        if problem:
+            return self._invalid(f"PartitionChange {key}: {problem}")
+        self.partitions[key] = new
+        return True
+
+    def _config(self, rec: r.Config) -> bool:
+        if rec.resource_type == r.RESOURCE_TOPIC:
+            if rec.resource_name not in self.topic_ids:
+                return self._invalid(f"Config for unknown topic {rec.resource_name!r}")
+        elif rec.resource_type != r.RESOURCE_BROKER:
+            return self._invalid(f"Config with unknown resource type {rec.resource_type}")
+        key = (rec.resource_type, rec.resource_name, rec.name)
+        if rec.value is None:
+            self.configs.pop(key, None)
+        else:
+            self.configs[key] = rec.value
+        return True
+
+    def _remove_topic(self, rec: r.RemoveTopic) -> bool:
+        topic = self.topics.pop(rec.topic_id, None)
+        if topic is None:
+            return self._invalid(f"RemoveTopic of unknown topic id {rec.topic_id}")
+        del self.topic_ids[topic.name]
+        for key in [k for k in self.partitions if k[0] == rec.topic_id]:
+            del self.partitions[key]
+        for key in [k for k in self.configs
+                    if k[0] == r.RESOURCE_TOPIC and k[1] == topic.name]:
+            del self.configs[key]
+        return True
+
+    def _feature_level(self, rec: r.FeatureLevel) -> bool:
+        if rec.feature_level < 0:
+            return self._invalid(f"FeatureLevel {rec.name!r} with negative level")
+        if rec.feature_level == 0:
+            self.features.pop(rec.name, None)
+        else:
+            self.features[rec.name] = rec.feature_level
+        return True
+
+    def _no_op(self, rec: r.NoOp) -> bool:
+        return True
+
+    # ---------------------------------------------------------- views, copies
+
+    def copy(self) -> "ControllerState":
+        """An independent copy: O(size) dict copies, no record is copied (they are frozen)."""
+        c = ControllerState(self.offset)
+        c.brokers = dict(self.brokers)
+        c.topics = dict(self.topics)
+        c.topic_ids = dict(self.topic_ids)
+        c.partitions = dict(self.partitions)
+        c.configs = dict(self.configs)
+        c.features = dict(self.features)
+        c.invalid_records = self.invalid_records
+        c.last_invalid = self.last_invalid
+        return c
+
+    def to_records(self) -> Iterator[r.MetadataRecord]:
+        """The state as records that rebuild it exactly (in dependency order:
+        features, brokers, topics, partitions, configs), sorted for determinism."""
+        for name in sorted(self.features):
+            yield r.FeatureLevel(name, self.features[name])
+        for bid in sorted(self.brokers):
+            yield self.brokers[bid]
+        for tid in sorted(self.topics):
+            yield self.topics[tid]
+        for key in sorted(self.partitions):
+            yield self.partitions[key]
+        for (rtype, rname, name) in sorted(self.configs):
+            yield r.Config(rtype, rname, name, self.configs[(rtype, rname, name)])
+
+    @classmethod
+    def from_records(cls, records: Iterable[r.MetadataRecord], offset: int) -> "ControllerState":
+        """Rebuild from ``to_records()`` output (e.g. a snapshot ending at `offset`)."""
+        state = cls()
+        for rec in records:
+            state._apply(rec)
+        state.offset = offset
+        return state
+
+    def _key(self) -> tuple:
+        return (self.offset, self.brokers, self.topics, self.partitions, self.configs,
+                self.features)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ControllerState):
+            return NotImplemented
+        return self._key() == other._key()
+
+    __hash__ = None  # mutable
+
+    def __repr__(self) -> str:
+        return (f"ControllerState(offset={self.offset}, brokers={len(self.brokers)}, "
+                f"topics={len(self.topics)}, partitions={len(self.partitions)}, "
+                f"configs={len(self.configs)}, invalid={self.invalid_records})")
+
+    def topic_by_name(self, name: str) -> r.Topic | None:
+        tid = self.topic_ids.get(name)
+        return None if tid is None else self.topics[tid]
+
+    def to_json(self) -> dict:
+        """What /metadata serves; `offset` is the next offset reflected."""
+        brokers = []
+        for bid in sorted(self.brokers):
+            br = self.brokers[bid]
+            brokers.append({
+                "broker_id": br.broker_id, "incarnation_id": br.incarnation_id,
+                "broker_epoch": br.broker_epoch, "rack": br.rack, "fenced": br.fenced,
+                "endpoints": [{"name": e.name, "host": e.host, "port": e.port}
+                              for e in br.endpoints],
+            })
+        topics = [{"name": name, "topic_id": self.topic_ids[name],
+                   "partitions": sum(1 for k in self.partitions if k[0] == self.topic_ids[name])}
+                  for name in sorted(self.topic_ids)]
+        partitions = []
+        for (tid, pid) in sorted(self.partitions, key=lambda k: (self.topics[k[0]].name, k[1])):
+            p = self.partitions[(tid, pid)]
+            partitions.append({
+                "topic": self.topics[tid].name, "topic_id": tid, "partition": pid,
+                "replicas": list(p.replicas), "isr": list(p.isr), "leader": p.leader,
+                "leader_epoch": p.leader_epoch, "partition_epoch": p.partition_epoch,
+            })
+        configs = [{"resource_type": rt, "resource_name": rn, "name": n,
+                    "value": self.configs[(rt, rn, n)]}
+                   for (rt, rn, n) in sorted(self.configs)]
+        return {"offset": self.offset, "brokers": brokers, "topics": topics,
+                "partitions": partitions, "configs": configs,
+                "features": dict(sorted(self.features.items()))}
+
+
+_HANDLERS = {
+    r.RegisterBroker: ControllerState._register_broker,
+    r.UnregisterBroker: ControllerState._unregister_broker,
+    r.FenceBroker: ControllerState._fence_broker,
+    r.UnfenceBroker: ControllerState._unfence_broker,
+    r.Topic: ControllerState._topic,
+    r.Partition: ControllerState._partition,
+    r.PartitionChange: ControllerState._partition_change,
+    r.Config: ControllerState._config,
+    r.RemoveTopic: ControllerState._remove_topic,
+    r.FeatureLevel: ControllerState._feature_level,
+    r.NoOp: ControllerState._no_op,
+}
+
+
+# ------------------------------------------------------------------ commands
+
+
+class CommandError(ValueError):
+    """A client command refused against the current state; the message is what
+    the client sees, `error_code` the Kafka error code to answer with."""
+
+    def __init__(self, message: str, error_code: int = ErrorCode.INVALID_REQUEST):
+        super().__init__(message)
+        self.error_code = int(error_code)
+
+
+class LogGapError(ValueError):
+    """Batches handed to the controller skip offsets: a driver bug."""
+
+
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
+
+class Controller:
+    """The state machine fed with committed batches, plus command builders.
+
+    Command builders validate against the *applied* (committed) state; two
+    concurrent commands may both pass and the later record then fails the
+    apply rules and is ignored deterministically. The runtime serializes
+    commands on the leader to keep that rare.
+    """
+
+    def __init__(self, state: ControllerState | None = None) -> None:
+        self.state = state or ControllerState()
+        self.records_since_snapshot = 0
+
+    @property
+    def applied_offset(self) -> int:
+        """Next offset to apply: every record < applied_offset is reflected."""
+        return self.state.offset
+
+    def load(self, state: ControllerState) -> None:
+        """Replace the state (snapshot loaded or installed)."""
+        self.state = state
+        self.records_since_snapshot = 0
+
+    def snapshot_taken(self, end_offset: int) -> None:
+        """A snapshot ending at `end_offset` exists: recount from there."""
+        self.records_since_snapshot = max(0, self.state.offset - end_offset)
+
+    def apply_batches(self, data: bytes | memoryview, end_offset: int | None = None) -> int:
+        """Apply the committed records in `data` (whole batches, as the log
+        reader returns them), skipping records below applied_offset (a batch
+        re-read) and stopping at `end_offset` (the HW) if given. Control batches
+        only advance the offset. Returns the number of records applied."""
+        state = self.state
+        applied = 0
+        pos = 0
+        for pos, h in b.iter_batches(data):
+            if h.base_offset > state.offset:
+                raise LogGapError(
+                    f"gap in the metadata log: expected offset {state.offset}, "
+                    f"got a batch starting at {h.base_offset}")
+            if end_offset is not None and h.base_offset >= end_offset:
+                break
+            if h.next_offset <= state.offset:
+                continue
+            if h.is_control:
+                stop = h.next_offset if end_offset is None else min(h.next_offset, end_offset)
+                state.skip_to(stop)
+                continue
+            values = b.decode_records(memoryview(data)[pos:pos + h.size], h)
+            for i, value in enumerate(values):
+                offset = h.base_offset + i
+                if offset < state.offset:
+                    continue
+                if end_offset is not None and offset >= end_offset:
+                    break
+                state.apply_value(offset, value)
+                applied += 1
+        self.records_since_snapshot += applied
+        return applied
+
+    # -- builders: each returns encoded record values to append as one batch
+
+    def create_topic(self, name: str, partitions: int, replication_factor: int,
+                     live_brokers: Sequence[int] | None = None,
+                     topic_id: str | None = None) -> list[bytes]:
+        st = self.state
+        if not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
+            raise CommandError(
+                f"invalid topic name {name!r}: use 1-249 of [a-zA-Z0-9._-], not '.' or '..'")
+        if name in st.topic_ids:
+            raise CommandError(f"topic {name!r} already exists")
+        if partitions < 1:
+            raise CommandError(f"number of partitions must be at least 1, got {partitions}")
+        if replication_factor < 1:
+            raise CommandError(f"replication factor must be at least 1, got {replication_factor}")
+        if live_brokers is None:
+            live = sorted(bid for bid, br in st.brokers.items() if not br.fenced)
+        else:
+            for bid in live_brokers:
+                br = st.brokers.get(bid)
+                if br is None or br.fenced:
+                    raise CommandError(f"broker {bid} is not registered and unfenced",
+                                       ErrorCode.BROKER_NOT_AVAILABLE)
+            live = sorted(set(live_brokers))
+        if replication_factor > len(live):
+            raise CommandError(
+                f"replication factor {replication_factor} is larger than the "
+                f"{len(live)} live broker(s) {live}", ErrorCode.BROKER_NOT_AVAILABLE)
+        tid = topic_id or str(uuid.uuid4())
+        if tid in st.topics:
+            raise CommandError(f"topic id {tid} already exists")
+        out = [r.encode_record(r.Topic(name, tid))]
+        n = len(live)
+        for pid in range(partitions):
+            # Round robin, shifted per partition so leaders spread over brokers.
+            replicas = tuple(live[(pid + i) % n] for i in range(replication_factor))
+            out.append(r.encode_record(r.Partition(tid, pid, replicas, replicas, replicas[0])))
+        return out
+
+    def delete_topic(self, name: str) -> list[bytes]:
+        topic = self.state.topic_by_name(name)
+        if topic is None:
+            raise CommandError(f"unknown topic {name!r}", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        return [r.encode_record(r.RemoveTopic(topic.topic_id))]
+
+    def register_broker(self, broker_id: int, endpoints: Sequence[tuple[str, str, int]] = (),
+                        rack: str | None = None, fenced: bool = False,
+                        incarnation_id: str | None = None) -> list[bytes]:
+        """Register (or re-register with a new epoch). Unfenced by default so a
+        CLI user can create topics right away; Kafka registers fenced and
+        unfences on the first heartbeat."""
+        if broker_id < 0:
+            raise CommandError(f"broker id must be >= 0, got {broker_id}")
+        eps = []
+        for ep in endpoints:
+            name, host, port = ep
+            if not (0 < int(port) < 65536):
+                raise CommandError(f"endpoint {name!r}: port {port} out of range 1..65535")
+            eps.append(r.Endpoint(str(name), str(host), int(port)))
+        old = self.state.brokers.get(broker_id)
+        epoch = old.broker_epoch + 1 if old else 1
+        rec = r.RegisterBroker(broker_id, incarnation_id or str(uuid.uuid4()), epoch,
+                               tuple(eps), rack, fenced)
+        return [r.encode_record(rec)]
+
+    def _broker(self, broker_id: int) -> r.RegisterBroker:
+        br = self.state.brokers.get(broker_id)
+        if br is None:
+            raise CommandError(f"unknown broker {broker_id}", ErrorCode.BROKER_NOT_AVAILABLE)
+        return br
+
+    def unregister_broker(self, broker_id: int) -> list[bytes]:
+        """Fence first (moving leadership away), then unregister."""
+        br = self._broker(broker_id)
+        out = [] if br.fenced else [r.encode_record(r.FenceBroker(broker_id, br.broker_epoch))]
+        out.append(r.encode_record(r.UnregisterBroker(broker_id, br.broker_epoch)))
+        return out
+
+    def fence_broker(self, broker_id: int) -> list[bytes]:
+        br = self._broker(broker_id)
+        if br.fenced:
+            raise CommandError(f"broker {broker_id} is already fenced")
+        return [r.encode_record(r.FenceBroker(broker_id, br.broker_epoch))]
+
+    def unfence_broker(self, broker_id: int) -> list[bytes]:
+        """Unfence, and bring back every offline partition whose ISR holds the
+        broker (it becomes leader there), as Kafka's controller does."""
+        br = self._broker(broker_id)
+        if not br.fenced:
+            raise CommandError(f"broker {broker_id} is not fenced")
+        out = [r.encode_record(r.UnfenceBroker(broker_id, br.broker_epoch))]
+        for (tid, pid) in sorted(self.state.partitions):
+            p = self.state.partitions[(tid, pid)]
+            if p.leader == r.NO_LEADER and broker_id in p.isr:
+                out.append(r.encode_record(r.PartitionChange(tid, pid, leader=broker_id)))
+        return out
+
+    def set_config(self, resource_type: int, resource_name: str, name: str,
+                   value: str | None) -> list[bytes]:
+        if resource_type == r.RESOURCE_TOPIC:
+            if resource_name not in self.state.topic_ids:
+                raise CommandError(f"unknown topic {resource_name!r}",
+                                   ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        elif resource_type == r.RESOURCE_BROKER:
+            if resource_name and not resource_name.isdigit():
+                raise CommandError(
+                    f"broker config resource must be a broker id or '' (cluster default), "
+                    f"got {resource_name!r}")
+        else:
+            raise CommandError(
+                f"unknown config resource type {resource_type} (2 = topic, 4 = broker)")
+        if not name:
+            raise CommandError("config name must not be empty")
+        return [r.encode_record(r.Config(resource_type, resource_name, name, value))]
+
+
+# ------------------------------------------------------------------ snapshots
+
+
+@dataclass(frozen=True)
+class SnapshotResult:
+    snapshot_id: m.SnapshotId
+    path: str
+    size_bytes: int
+    records: int
+    elapsed_ms: float
+
+
+def write_controller_snapshot(store, state: ControllerState, snapshot_id: m.SnapshotId,
+                              last_contained_log_timestamp_ms: int, cluster_id: str = "",
+                              batch_bytes_max: int = 1 << 20) -> SnapshotResult:
+    """Serialize `state` into the snapshot `snapshot_id` of `store`.
+
+    Made to run in a worker thread: pass ``controller.state.copy()`` taken on
+    the event loop at the moment state.offset == snapshot_id.end_offset. The
+    copy shares only frozen records with the live state, so the loop keeps
+    applying (and the log keeps appending) while this encodes and fsyncs.
+    """
+    from storage.snapshot import SnapshotWriter  # storage must not import broker
+
+    assert state.offset == snapshot_id.end_offset, (
+        f"state reflects offset {state.offset}, snapshot id says {snapshot_id.end_offset}")
+    start = time.perf_counter()
+    enc = r.encode_record
+    count = 0
+    writer = SnapshotWriter(store.directory, snapshot_id, last_contained_log_timestamp_ms,
+                            cluster_id, batch_bytes_max=batch_bytes_max)
+    try:
+        chunk: list[bytes] = []
+        for rec in state.to_records():
+            chunk.append(enc(rec))
+            if len(chunk) >= 4096:
+                writer.append(chunk)
+                count += len(chunk)
+                chunk = []
+        if chunk:
+            writer.append(chunk)
+            count += len(chunk)
+        path, size = writer.freeze()
+    except BaseException:
+        writer.abort()
+        raise
+    return SnapshotResult(snapshot_id, path, size, count,
+                          (time.perf_counter() - start) * 1000.0)
+
+
+class SnapshotLoadError(ValueError):
+    """A snapshot whose bytes are whole but whose records do not rebuild a state."""
+
+
+def load_snapshot(store, snapshot_id: m.SnapshotId) -> ControllerState:
+    """Load one snapshot; raises CorruptSnapshotError or SnapshotLoadError."""
+    from storage.snapshot import read_snapshot
+
+    sid, _header, values = read_snapshot(store.path(snapshot_id))
+    state = ControllerState()
+    dec = r.decode_record
+    for i, value in enumerate(values):
+        try:
+            rec = dec(value)
+        except r.MetadataRecordError as exc:
+            raise SnapshotLoadError(f"snapshot {sid}: record {i}: {exc}") from exc
+        state._apply(rec)
+    if state.invalid_records:
+        raise SnapshotLoadError(
+            f"snapshot {sid}: {state.invalid_records} record(s) rejected by the state "
+            f"machine (last: {state.last_invalid})")
+    state.offset = sid.end_offset
+    return state
+
+
+def load_latest(store) -> tuple[ControllerState, m.SnapshotId] | None:
+    """Load the newest snapshot that loads; a bad one is quarantined
+    (renamed ``.corrupt``, never loaded again) and the next older one tried."""
+    from storage.snapshot import CorruptSnapshotError
+
+    for sid in reversed(store.list()):
+        try:
+            return load_snapshot(store, sid), sid
+        except (CorruptSnapshotError, SnapshotLoadError) as exc:
+            log.error("snapshot_refused", snapshot=str(sid), error=str(exc))
+            store.quarantine(sid)
+    return None

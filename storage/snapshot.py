@@ -1,0 +1,464 @@
+"""KIP-630 snapshot files: write, verify, read, serve by chunks, download, clean up.
+
+A snapshot ``<20-digit end offset>-<10-digit epoch>.checkpoint`` holds the
+controller state reflecting every record with offset < end_offset. Its bytes
+are record batches (``storage.batch``), all with leader epoch = snapshot
+epoch and offsets counting from 0 within the file::
+
+    control batch  SnapshotHeader   (offset 0)
+    data batches   metadata records (offsets 1..)
+    control batch  SnapshotFooter   (last)
+
+Every batch carries a CRC. A file is trusted only when every CRC matches, the
+header comes first, the footer last and nothing follows it.
+
+Life cycle of files in the directory (names as in Kafka's raft module):
+
+* ``<name>-<random>.checkpoint.part``: being written (generation) or
+  ``<name>-fetch.checkpoint.part``: being downloaded (FetchSnapshot). Renamed
+  to ``<name>.checkpoint`` after fsync; leftovers are deleted at boot.
+* ``<name>.checkpoint.deleted``: marked for deletion (rename then unlink, so
+  a crash in between never leaves a half-deleted file looking valid).
+* ``<name>.checkpoint.corrupt``: refused at boot or load; kept for forensics,
+  never listed and never loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import structlog
+
+from protocol.messages import SnapshotId
+from storage import batch as b
+from storage import control_records as cr
+from storage.atomic import fsync_dir
+from storage.errors import StorageError
+
+log = structlog.get_logger(__name__)
+
+SUFFIX = ".checkpoint"
+PART_SUFFIX = ".checkpoint.part"
+DELETED_SUFFIX = ".checkpoint.deleted"
+CORRUPT_SUFFIX = ".checkpoint.corrupt"
+_NAME = re.compile(r"(\d{20})-(\d{10})\.checkpoint")
+
+
+class CorruptSnapshotError(StorageError):
+    """A snapshot file that must not be loaded; says which file and where."""
+
+    def __init__(self, path: str, position: int, reason: str):
+        super().__init__(f"{path}: corrupt snapshot at byte {position}: {reason}")
+        self.path = path
+        self.position = position
+        self.reason = reason
+
+
+class SnapshotNotFoundError(StorageError):
+    pass
+
+
+class PositionOutOfRangeError(StorageError):
+    pass
+
+
+class SnapshotInvariantError(StorageError):
+    """The log cannot be used: it starts past 0 but no snapshot covers its start
+    (KIP-630: treat the log as empty and bootstrap from the leader)."""
+
+
+def snapshot_filename(snapshot_id: SnapshotId) -> str:
+    assert 0 <= snapshot_id.end_offset < 10**20 and 0 <= snapshot_id.epoch < 10**10
+    return f"{snapshot_id.end_offset:020d}-{snapshot_id.epoch:010d}{SUFFIX}"
+
+
+def parse_snapshot_filename(name: str) -> SnapshotId | None:
+    """The id of a complete snapshot's file name, None for any other name."""
+    mt = _NAME.fullmatch(name)
+    if mt is None:
+        return None
+    return SnapshotId(int(mt.group(1)), int(mt.group(2)))
+
+
+# ------------------------------------------------------------------ writing
+
+
+class SnapshotWriter:
+    """Writes one snapshot: header, data batches of at most ~batch_bytes_max,
+    footer; ``freeze()`` makes it durable and visible atomically."""
+
+    def __init__(self, directory: str, snapshot_id: SnapshotId,
+                 last_contained_log_timestamp_ms: int, cluster_id: str = "",
+                 batch_bytes_max: int = 1 << 20, timestamp_ms: int | None = None) -> None:
+        assert batch_bytes_max > 0
+        self.directory = os.fspath(directory)
+        self.snapshot_id = snapshot_id
+        self.final_path = os.path.join(self.directory, snapshot_filename(snapshot_id))
+        stem = snapshot_filename(snapshot_id)[: -len(SUFFIX)]
+        self.part_path = os.path.join(self.directory, f"{stem}-{uuid.uuid4().hex}{PART_SUFFIX}")
+        self.batch_bytes_max = batch_bytes_max
+        self._timestamp_ms = (last_contained_log_timestamp_ms if timestamp_ms is None
+                              else timestamp_ms)
+        self._file = open(self.part_path, "xb", buffering=1 << 20)
+        self._next_offset = 0
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._closed = False
+        self._write_batch([cr.encode_control(cr.SnapshotHeader(
+            last_contained_log_timestamp_ms, cluster_id))], control=True)
+
+    def _write_batch(self, records: list[bytes], control: bool = False) -> None:
+        data = b.encode_batch(self._next_offset, self.snapshot_id.epoch, records,
+                              self._timestamp_ms, is_control=control)
+        self._file.write(data)
+        self._next_offset += len(records)
+
+    def _flush_pending(self) -> None:
+        if self._pending:
+            self._write_batch(self._pending)
+            self._pending = []
+            self._pending_bytes = 0
+
+    def append(self, records: list[bytes]) -> None:
+        assert not self._closed, "snapshot writer already frozen or aborted"
+        for value in records:
+            self._pending.append(value)
+            self._pending_bytes += len(value) + 4
+            if self._pending_bytes >= self.batch_bytes_max:
+                self._flush_pending()
+
+    def freeze(self) -> tuple[str, int]:
+        """Footer, fsync, close, rename to .checkpoint, fsync the directory.
+        Returns (path, size in bytes)."""
+        assert not self._closed, "snapshot writer already frozen or aborted"
+        self._flush_pending()
+        self._write_batch([cr.encode_control(cr.SnapshotFooter())], control=True)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        size = self._file.tell()
+        self._file.close()
+        self._closed = True
+        if os.path.exists(self.final_path):
+            os.unlink(self.part_path)
+            raise FileExistsError(f"snapshot {self.final_path} already exists")
+        os.rename(self.part_path, self.final_path)
+        fsync_dir(self.directory)
+        return self.final_path, size
+
+    def abort(self) -> None:
+        if not self._closed:
+            self._file.close()
+            self._closed = True
+        try:
+            os.unlink(self.part_path)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> "SnapshotWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None or not self._closed:
+            self.abort()
+
+
+# ------------------------------------------------------------------ reading
+
+
+@dataclass
+class SnapshotLayout:
+    """Where the data batches of a verified snapshot file are."""
+
+    header: cr.SnapshotHeader
+    data_batches: list[tuple[int, b.BatchHeader]]  # (position, header)
+    size: int
+    records: int
+
+
+def verify_snapshot_bytes(data: bytes | memoryview, snapshot_id: SnapshotId,
+                          path: str) -> SnapshotLayout:
+    """Check every CRC and the header/data/footer structure; raise
+    CorruptSnapshotError naming `path` and the byte position otherwise."""
+    view = memoryview(data)
+    size = len(view)
+    if size == 0:
+        raise CorruptSnapshotError(path, 0, "empty file")
+    batches: list[tuple[int, b.BatchHeader]] = []
+    expected_offset = 0
+    end = 0
+    footer_seen = False
+    header = None
+    try:
+        for pos, h in b.iter_batches(view):
+            end = pos + h.size
+            if footer_seen:
+                raise CorruptSnapshotError(path, pos, "batch after the SnapshotFooter")
+            if h.base_offset != expected_offset:
+                raise CorruptSnapshotError(
+                    path, pos, f"batch offset {h.base_offset}, expected {expected_offset}")
+            if h.leader_epoch != snapshot_id.epoch:
+                raise CorruptSnapshotError(
+                    path, pos, f"batch epoch {h.leader_epoch}, snapshot epoch {snapshot_id.epoch}")
+            expected_offset = h.next_offset
+            if h.is_control:
+                values = b.decode_records(view[pos:end], h)
+                try:
+                    recs = [cr.decode_control(v) for v in values]
+                except cr.ControlRecordError as exc:
+                    raise CorruptSnapshotError(path, pos, str(exc)) from exc
+                if pos == 0:
+                    if len(recs) != 1 or not isinstance(recs[0], cr.SnapshotHeader):
+                        raise CorruptSnapshotError(path, 0, "first batch is not a SnapshotHeader")
+                    header = recs[0]
+                elif len(recs) == 1 and isinstance(recs[0], cr.SnapshotFooter):
+                    footer_seen = True
+                else:
+                    raise CorruptSnapshotError(path, pos, "unexpected control batch")
+            elif pos == 0:
+                raise CorruptSnapshotError(path, 0, "first batch is not a SnapshotHeader")
+            else:
+                batches.append((pos, h))
+    except b.CorruptBatchError as exc:
+        raise CorruptSnapshotError(path, exc.position, str(exc)) from exc
+    if end != size:
+        raise CorruptSnapshotError(
+            path, end, f"truncated: {size - end} byte(s) after the last whole batch")
+    if header is None:
+        raise CorruptSnapshotError(path, 0, "no SnapshotHeader (file shorter than one batch)")
+    if not footer_seen:
+        raise CorruptSnapshotError(path, end, "truncated: no SnapshotFooter")
+    return SnapshotLayout(header, batches, size, sum(h.records_count for _, h in batches))
+
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def verify_snapshot(path: str) -> tuple[SnapshotId, SnapshotLayout]:
+    name = os.path.basename(path)
+    sid = parse_snapshot_filename(name)
+    if sid is None:
+        raise CorruptSnapshotError(path, 0, f"{name!r} is not a snapshot file name "
+                                            "(<20-digit offset>-<10-digit epoch>.checkpoint)")
+    return sid, verify_snapshot_bytes(_read_file(path), sid, path)
+
+
+def read_snapshot(path: str) -> tuple[SnapshotId, cr.SnapshotHeader, Iterator[bytes]]:
+    """Verify the whole file first (so a bad file never yields a record), then
+    return its id, header and an iterator over the data record values."""
+    name = os.path.basename(path)
+    sid = parse_snapshot_filename(name)
+    if sid is None:
+        raise CorruptSnapshotError(path, 0, f"{name!r} is not a snapshot file name")
+    data = _read_file(path)
+    layout = verify_snapshot_bytes(data, sid, path)
+
+    def values() -> Iterator[bytes]:
+        view = memoryview(data)
+        for pos, h in layout.data_batches:
+            yield from b.decode_records(view[pos:pos + h.size], h)
+
+    return sid, layout.header, values()
+
+
+# ------------------------------------------------------------------ download
+
+
+class PartialSnapshot:
+    """A snapshot being downloaded chunk by chunk (FetchSnapshot follower side).
+
+    The file name is fixed per id so a driver can recreate this object for each
+    chunk. A download cut off by a crash leaves the `.part` that boot deletes.
+    """
+
+    def __init__(self, directory: str, snapshot_id: SnapshotId) -> None:
+        self.directory = os.fspath(directory)
+        self.snapshot_id = snapshot_id
+        stem = snapshot_filename(snapshot_id)[: -len(SUFFIX)]
+        self.part_path = os.path.join(self.directory, f"{stem}-fetch{PART_SUFFIX}")
+        self.final_path = os.path.join(self.directory, snapshot_filename(snapshot_id))
+
+    def size(self) -> int:
+        try:
+            return os.path.getsize(self.part_path)
+        except FileNotFoundError:
+            return 0
+
+    def write_at(self, position: int, data: bytes) -> None:
+        """Position 0 starts afresh; otherwise position must not leave a hole."""
+        if position == 0:
+            fd = os.open(self.part_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        else:
+            have = self.size()
+            if position < 0 or position > have:
+                raise PositionOutOfRangeError(
+                    f"{self.part_path}: chunk at position {position} but only {have} "
+                    "byte(s) downloaded")
+            fd = os.open(self.part_path, os.O_WRONLY)
+        try:
+            view = memoryview(data)
+            pos = position
+            while view:
+                n = os.pwrite(fd, view, pos)
+                view = view[n:]
+                pos += n
+        finally:
+            os.close(fd)
+
+    def complete(self, size: int) -> str:
+        """Verify size and every CRC, fsync, rename to .checkpoint, fsync dir.
+        A bad download is deleted and CorruptSnapshotError raised."""
+        try:
+            have = self.size()
+            if have != size:
+                raise CorruptSnapshotError(
+                    self.part_path, have, f"download has {have} byte(s), leader said {size}")
+            verify_snapshot_bytes(_read_file(self.part_path), self.snapshot_id, self.part_path)
+        except CorruptSnapshotError:
+            self.abort()
+            raise
+        fd = os.open(self.part_path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(self.part_path, self.final_path)
+        fsync_dir(self.directory)
+        return self.final_path
+
+    def abort(self) -> None:
+        try:
+            os.unlink(self.part_path)
+        except FileNotFoundError:
+            pass
+
+
+# ------------------------------------------------------------------ the directory
+
+
+@dataclass
+class BootReport:
+    removed_leftovers: list[str] = field(default_factory=list)  # .part / .deleted
+    removed_below_start: list[SnapshotId] = field(default_factory=list)
+    corrupt: list[tuple[str, str]] = field(default_factory=list)  # (file name, reason)
+    snapshots: list[SnapshotId] = field(default_factory=list)  # valid, ascending
+
+
+class SnapshotStore:
+    """The snapshot files of one log directory."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = os.fspath(directory)
+        os.makedirs(self.directory, exist_ok=True)
+
+    def path(self, snapshot_id: SnapshotId) -> str:
+        return os.path.join(self.directory, snapshot_filename(snapshot_id))
+
+    def list(self) -> list[SnapshotId]:
+        """Complete snapshots (by file name), ascending."""
+        ids = [sid for sid in map(parse_snapshot_filename, os.listdir(self.directory))
+               if sid is not None]
+        return sorted(ids)
+
+    def latest(self) -> SnapshotId | None:
+        ids = self.list()
+        return ids[-1] if ids else None
+
+    def size(self, snapshot_id: SnapshotId) -> int | None:
+        try:
+            return os.path.getsize(self.path(snapshot_id))
+        except FileNotFoundError:
+            return None
+
+    def read_chunk(self, snapshot_id: SnapshotId, position: int, max_bytes: int) -> bytes:
+        """Bytes [position, position + max_bytes) for FetchSnapshot."""
+        try:
+            fd = os.open(self.path(snapshot_id), os.O_RDONLY)
+        except FileNotFoundError:
+            raise SnapshotNotFoundError(f"no snapshot {snapshot_filename(snapshot_id)}") from None
+        try:
+            size = os.fstat(fd).st_size
+            if position < 0 or position >= size:
+                raise PositionOutOfRangeError(
+                    f"position {position} outside snapshot "
+                    f"{snapshot_filename(snapshot_id)} of {size} byte(s)")
+            return os.pread(fd, max(0, min(max_bytes, size - position)), position)
+        finally:
+            os.close(fd)
+
+    def partial(self, snapshot_id: SnapshotId) -> PartialSnapshot:
+        return PartialSnapshot(self.directory, snapshot_id)
+
+    def delete(self, snapshot_id: SnapshotId) -> None:
+        """Rename to .deleted, then unlink: a crash in between leaves a file
+        that boot deletes, never a half-deleted .checkpoint."""
+        path = self.path(snapshot_id)
+        marked = path[: -len(SUFFIX)] + DELETED_SUFFIX
+        try:
+            os.rename(path, marked)
+        except FileNotFoundError:
+            return
+        os.unlink(marked)
+
+    def delete_before(self, snapshot_id: SnapshotId) -> list[SnapshotId]:
+        """Delete every snapshot older than `snapshot_id`."""
+        gone = [sid for sid in self.list() if sid < snapshot_id]
+        for sid in gone:
+            self.delete(sid)
+        if gone:
+            fsync_dir(self.directory)
+        return gone
+
+    def quarantine(self, snapshot_id: SnapshotId) -> None:
+        """Rename a refused snapshot to .corrupt (kept for forensics, never loaded)."""
+        path = self.path(snapshot_id)
+        try:
+            os.replace(path, path[: -len(SUFFIX)] + CORRUPT_SUFFIX)
+        except FileNotFoundError:
+            return
+        fsync_dir(self.directory)
+
+    def boot_cleanup(self, log_start_offset: int) -> BootReport:
+        """Boot-time validation (KIP-630 + Kafka's raft module):
+
+        1. delete `.part` (cut-off writes and downloads) and `.deleted` files;
+        2. delete snapshots ending below the log start offset (they cannot be
+           followed by the log);
+        3. verify every remaining snapshot; a bad one is quarantined as
+           `.corrupt` with a logged error;
+        4. if log_start_offset > 0 and no valid snapshot ends at or past it,
+           raise SnapshotInvariantError: the caller treats the log as empty
+           and bootstraps from the leader.
+        """
+        report = BootReport()
+        for name in sorted(os.listdir(self.directory)):
+            if name.endswith(PART_SUFFIX) or name.endswith(DELETED_SUFFIX):
+                os.unlink(os.path.join(self.directory, name))
+                report.removed_leftovers.append(name)
+        for sid in self.list():
+            if sid.end_offset < log_start_offset:
+                self.delete(sid)
+                report.removed_below_start.append(sid)
+                continue
+            path = self.path(sid)
+            try:
+                verify_snapshot(path)
+            except CorruptSnapshotError as exc:
+                log.error("snapshot_corrupt", file=path, position=exc.position, reason=exc.reason)
+                self.quarantine(sid)
+                report.corrupt.append((os.path.basename(path), str(exc)))
+                continue
+            report.snapshots.append(sid)
+        fsync_dir(self.directory)
+        if log_start_offset > 0 and not report.snapshots:
+            bad = ", ".join(name for name, _ in report.corrupt) or "none"
+            raise SnapshotInvariantError(
+                f"{self.directory}: the log starts at offset {log_start_offset} but no valid "
+                f"snapshot ends at or past it (refused: {bad}); treat the log as empty "
+                "and bootstrap from the leader")
+        return report
