@@ -1,0 +1,294 @@
+"""serve() and PeerChannel over real TCP on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import pytest
+import uvloop
+
+from broker.net import ConnectionLost, Overloaded, PeerChannel, PeerPool, RequestTimeout, serve
+from protocol import codec
+from protocol import messages as m
+from protocol.apis import ApiKey
+from protocol.errors import Errors
+from tests.net.helpers import ListLogger, start_server_process, wait_for_condition
+
+
+class ParkingHandler:
+    """Records requests and lets the test answer them whenever and in any order."""
+
+    def __init__(self) -> None:
+        self.parked: list[tuple] = []  # (conn, header, body)
+        self.connections: set = set()
+
+    def __call__(self, conn, header, body):
+        self.connections.add(conn)
+        self.parked.append((conn, header, body))
+
+
+def port_of(server) -> int:
+    return server.sockets[0].getsockname()[1]
+
+
+def produce(i: int) -> m.ProduceRequest:
+    return m.ProduceRequest(cluster_id="c", records=[str(i).encode()])
+
+
+async def open_raw(port: int):
+    return await asyncio.open_connection("127.0.0.1", port)
+
+
+async def read_eof(reader: asyncio.StreamReader, timeout_s: float = 5.0) -> bytes:
+    """Everything until the server closes the connection (fails if it never does)."""
+    async with asyncio.timeout(timeout_s):
+        return await reader.read()
+
+
+@pytest.fixture
+async def parking_server():
+    handler = ParkingHandler()
+    log = ListLogger()
+    server = await serve("127.0.0.1", 0, handler, max_inflight_per_conn=64, logger=log)
+    yield server, handler, log
+    server.close()
+
+
+async def test_concurrent_requests_answered_out_of_order_on_one_connection(parking_server):
+    server, handler, _ = parking_server
+    ch = PeerChannel("127.0.0.1", port_of(server), client_id="t")
+    tasks = [asyncio.ensure_future(ch.request(ApiKey.PRODUCE, produce(i), 5000)) for i in range(20)]
+    await wait_for_condition(lambda: len(handler.parked) == 20, what="20 parked requests")
+    assert len(handler.connections) == 1
+    # Answer in reverse arrival order; each requester must still get its own answer.
+    for conn, header, body in reversed(handler.parked):
+        assert header.client_id == "t"
+        conn.send_response(header.correlation_id, m.ProduceResponse(base_offset=int(body.records[0])))
+    results = await asyncio.gather(*tasks)
+    assert [r.base_offset for r in results] == list(range(20))
+    await ch.close()
+
+
+async def test_timeout_fails_only_that_request(parking_server):
+    server, handler, _ = parking_server
+    ch = PeerChannel("127.0.0.1", port_of(server))
+    slow = asyncio.ensure_future(ch.request(ApiKey.PRODUCE, produce(-1), 100))
+    fast = asyncio.ensure_future(ch.request(ApiKey.PRODUCE, produce(1), 5000))
+    await wait_for_condition(lambda: len(handler.parked) == 2)
+    with pytest.raises(RequestTimeout, match="api key 0 to 127.0.0.1:.*no answer within timeout_ms=100"):
+        await slow
+    assert not fast.done()
+    # The late answer to the timed-out request is ignored; the other one still lands.
+    for conn, header, body in handler.parked:
+        conn.send_response(header.correlation_id, m.ProduceResponse(base_offset=int(body.records[0])))
+    assert (await fast).base_offset == 1
+    assert len(handler.connections) == 1 and ch.connected
+    await ch.close()
+
+
+async def test_overloaded_when_queue_is_full(parking_server):
+    server, handler, _ = parking_server
+    ch = PeerChannel("127.0.0.1", port_of(server), max_queued_requests=2)
+    tasks = [asyncio.ensure_future(ch.request(ApiKey.PRODUCE, produce(i), 5000)) for i in range(2)]
+    await wait_for_condition(lambda: len(handler.parked) == 2)
+    with pytest.raises(Overloaded, match="2 requests outstanding to .* \\(max_queued_requests=2\\)"):
+        await ch.request(ApiKey.PRODUCE, produce(3), 5000)
+    for conn, header, _ in handler.parked:
+        conn.send_response(header.correlation_id, m.ProduceResponse())
+    await asyncio.gather(*tasks)
+    # Room again once answered.
+    t = asyncio.ensure_future(ch.request(ApiKey.PRODUCE, produce(4), 5000))
+    await wait_for_condition(lambda: len(handler.parked) == 3)
+    conn, header, _ = handler.parked[2]
+    conn.send_response(header.correlation_id, m.ProduceResponse(base_offset=4))
+    assert (await t).base_offset == 4
+    await ch.close()
+
+
+async def test_inflight_bound_pauses_reading():
+    handler = ParkingHandler()
+    server = await serve("127.0.0.1", 0, handler, max_inflight_per_conn=3, logger=ListLogger())
+    ch = PeerChannel("127.0.0.1", port_of(server))
+    tasks = [asyncio.ensure_future(ch.request(ApiKey.PRODUCE, produce(i), 5000)) for i in range(8)]
+    await wait_for_condition(lambda: len(handler.parked) == 3)
+    await asyncio.sleep(0.05)  # give a wrongly unbounded server time to dispatch more
+    assert len(handler.parked) == 3
+    answered = 0
+    while answered < 8:
+        await wait_for_condition(lambda: len(handler.parked) > answered)
+        conn, header, body = handler.parked[answered]
+        assert conn.inflight <= 3
+        conn.send_response(header.correlation_id, m.ProduceResponse(base_offset=int(body.records[0])))
+        answered += 1
+    assert [r.base_offset for r in await asyncio.gather(*tasks)] == list(range(8))
+    await ch.close()
+    server.close()
+
+
+async def test_handler_exception_answers_unknown_server_error():
+    log = ListLogger()
+
+    def handler(conn, header, body):
+        raise RuntimeError("boom")
+
+    server = await serve("127.0.0.1", 0, handler, logger=log)
+    ch = PeerChannel("127.0.0.1", port_of(server))
+    resp = await ch.request(ApiKey.DESCRIBE_QUORUM, m.DescribeQuorumRequest(), 5000)
+    assert resp == m.ErrorResponse(error_code=Errors.UNKNOWN_SERVER_ERROR, error_message="RuntimeError('boom')")
+    assert log.named("handler_failed")[0]["error"] == "RuntimeError('boom')"
+    await ch.close()
+    server.close()
+
+
+async def test_async_handler_is_run_as_task():
+    async def handler(conn, header, body):
+        await asyncio.sleep(0)
+        conn.send_response(header.correlation_id, m.MetadataResponse(node_id=header.correlation_id))
+
+    server = await serve("127.0.0.1", 0, handler, logger=ListLogger())
+    ch = PeerChannel("127.0.0.1", port_of(server))
+    results = await asyncio.gather(*(ch.request(ApiKey.METADATA, m.MetadataRequest(), 5000) for _ in range(5)))
+    assert sorted(r.node_id for r in results) == [1, 2, 3, 4, 5]
+    await ch.close()
+    server.close()
+
+
+async def test_server_killed_then_restarted():
+    proc, port = await start_server_process()
+    ch = PeerChannel("127.0.0.1", port, reconnect_backoff_ms=20, reconnect_backoff_max_ms=100)
+    try:
+        first = await ch.request(ApiKey.METADATA, m.MetadataRequest(), 5000)
+        assert first.node_id == proc.pid
+        parked = [asyncio.ensure_future(ch.request(ApiKey.DESCRIBE_QUORUM, m.DescribeQuorumRequest(), 10_000))
+                  for _ in range(3)]
+        await asyncio.sleep(0)
+        proc.kill()
+        await proc.wait()
+        for t in parked:
+            with pytest.raises(ConnectionLost, match="connection to 127.0.0.1:.* lost"):
+                await t
+        # Nothing listens now: connecting fails fast with ConnectionLost.
+        with pytest.raises(ConnectionLost, match="cannot connect to 127.0.0.1"):
+            await ch.request(ApiKey.METADATA, m.MetadataRequest(), 5000)
+        proc, port2 = await start_server_process(port)
+        assert port2 == port
+        again = await ch.request(ApiKey.METADATA, m.MetadataRequest(), 5000)
+        assert again.node_id == proc.pid
+    finally:
+        await ch.close()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_peer_pool():
+    handler = ParkingHandler()
+    s1 = await serve("127.0.0.1", 0, lambda c, h, b: c.send_response(h.correlation_id, m.MetadataResponse(node_id=1)))
+    s2 = await serve("127.0.0.1", 0, lambda c, h, b: c.send_response(h.correlation_id, m.MetadataResponse(node_id=2)))
+    pool = PeerPool({1: ("127.0.0.1", port_of(s1)), 2: ("127.0.0.1", port_of(s2))}, client_id="pool")
+    assert pool.channel(1) is pool.channel(1)
+    for node in (1, 2):
+        resp = await pool.channel(node).request(ApiKey.METADATA, m.MetadataRequest(), 5000)
+        assert resp.node_id == node
+    with pytest.raises(KeyError, match=r"unknown node id 3 \(known: \[1, 2\]\)"):
+        pool.channel(3)
+    await pool.close()
+    s1.close()
+    s2.close()
+    del handler
+
+
+# --------------------------------------------------------------------------
+# Bad input on a live server
+
+
+@pytest.fixture
+async def answering_server():
+    log = ListLogger()
+
+    def handler(conn, header, body):
+        conn.send_response(header.correlation_id, m.MetadataResponse(node_id=7))
+
+    server = await serve("127.0.0.1", 0, handler, max_frame_bytes=1024, logger=log)
+    yield server, log
+    server.close()
+
+
+@pytest.mark.parametrize(
+    "garbage, event, detail",
+    [
+        (b"\xff\xff\xff\xf0junk", "bad_frame", "negative frame length -16"),
+        (struct.pack(">i", 5000), "bad_frame", "peer announced a frame of 5000 bytes, above max_frame_bytes=1024"),
+        (struct.pack(">i", 3) + b"abc", "bad_header", "request of 3 bytes is shorter than the 10-byte fixed header"),
+    ],
+)
+async def test_garbage_peer_is_closed_and_others_unaffected(answering_server, garbage, event, detail):
+    server, log = answering_server
+    good = PeerChannel("127.0.0.1", port_of(server))
+    assert (await good.request(ApiKey.METADATA, m.MetadataRequest(), 5000)).node_id == 7
+    reader, writer = await open_raw(port_of(server))
+    writer.write(garbage)
+    assert await read_eof(reader) == b""  # closed without an answer
+    writer.close()
+    assert log.named(event)[0]["detail"] == detail
+    assert log.named(event)[0]["action"] == "close"
+    assert (await good.request(ApiKey.METADATA, m.MetadataRequest(), 5000)).node_id == 7
+    assert good.connected
+    await good.close()
+
+
+@pytest.mark.parametrize(
+    "frame, code, message",
+    [
+        (struct.pack(">hhih", 999, 0, 41, -1) + b"\x90", Errors.UNSUPPORTED_VERSION, "unknown api key 999"),
+        (struct.pack(">hhih", 3, 9, 41, -1) + b"\x90", Errors.UNSUPPORTED_VERSION,
+         "api key 3 version 9 is not supported (supported 0..0)"),
+        (struct.pack(">hhih", 0, 0, 41, -1) + b"\xc1", Errors.INVALID_REQUEST,
+         "undecodable PRODUCE request body: MessagePack data is malformed: invalid opcode '\\xc1' (byte 0)"),
+    ],
+)
+async def test_readable_header_gets_error_answer_and_connection_stays(answering_server, frame, code, message):
+    server, log = answering_server
+    reader, writer = await open_raw(port_of(server))
+    writer.write(struct.pack(">i", len(frame)) + frame)
+    # then a good request on the same connection
+    writer.write(codec.encode_request(ApiKey.METADATA, 42, None, m.MetadataRequest()))
+    dec = codec.FrameDecoder(1 << 20)
+    frames = []
+    async with asyncio.timeout(5):
+        while len(frames) < 2:
+            dec.feed(await reader.read(4096))
+            while (f := dec.next_frame()) is not codec.NEED_DATA:
+                frames.append(f)
+    assert codec.response_correlation_id(frames[0]) == 41
+    err = codec.decode_response(frames[0], m.FetchResponse)
+    assert isinstance(err, m.ErrorResponse)
+    assert (err.error_code, err.error_message) == (code, message)
+    assert codec.response_correlation_id(frames[1]) == 42
+    assert codec.decode_response(frames[1], m.MetadataResponse).node_id == 7
+    assert log.named("bad_request")[0]["correlation_id"] == 41
+    writer.close()
+
+
+def test_works_on_uvloop():
+    async def main():
+        handler = ParkingHandler()
+        server = await serve("127.0.0.1", 0, handler, logger=ListLogger())
+        ch = PeerChannel("127.0.0.1", port_of(server))
+        tasks = [asyncio.ensure_future(ch.request(ApiKey.PRODUCE, produce(i), 5000)) for i in range(10)]
+        await wait_for_condition(lambda: len(handler.parked) == 10)
+        for conn, header, body in reversed(handler.parked):
+            conn.send_response(header.correlation_id, m.ProduceResponse(base_offset=int(body.records[0])))
+        results = await asyncio.gather(*tasks)
+        slow = ch.request(ApiKey.PRODUCE, produce(99), 50)
+        with pytest.raises(RequestTimeout):
+            await slow
+        await ch.close()
+        server.close()
+        return [r.base_offset for r in results], type(asyncio.get_running_loop())
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        offsets, loop_type = runner.run(main())
+    assert loop_type is uvloop.Loop
+    assert offsets == list(range(10))
