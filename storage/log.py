@@ -1,0 +1,893 @@
+"""The segmented log: the on-disk, append-only home of the replicated log.
+
+One directory holds the log as a run of segments. Each segment is a pair
+
+* ``<base offset, 20 digits>.log``   -- whole record batches (storage.batch format)
+  back to back, the first one starting at the base offset;
+* ``<base offset, 20 digits>.index`` -- a sparse offset index: 8-byte entries
+  ``relative offset u32 | file position u32`` (big-endian), one for a batch
+  roughly every ``index_interval_bytes`` of log data. A batch is found by
+  bisecting the index and scanning headers forward from the entry.
+
+Two small files sit next to them: ``log-start-offset`` (JSON, written with
+storage.atomic) and ``.clean-shutdown`` (written by ``close()``, removed on
+open). ``.lock`` holds an flock so two processes never open one directory.
+
+Crash recovery (``SegmentedLog.open``)
+--------------------------------------
+Without the clean-shutdown marker the last segment is scanned from its start,
+verifying every batch's length, offsets and CRC-32C. A damaged *tail* (a torn
+write of unflushed data: a partial batch, zeros, garbage with no valid batch
+after it) is cut off at the last whole batch and reported with one structured
+log line (``event="log_recovered"``). Damage *followed by* a valid batch, or
+damage in any segment but the last, is not a torn tail: ``CorruptLogError``
+names the file, byte position and base offset, and nothing is repaired.
+Every other segment gets a cheap check (its index is sane and the batches
+after its last index entry end exactly at the file end, at the next segment's
+base offset); a missing or broken index is rebuilt by a full verified scan.
+Trailing empty segments left by a crash right after a roll are removed.
+After recovery everything on disk counts as flushed.
+
+Known limit: with no recovery-point checkpoint (Kafka has one), a file system
+that persists a later segment while losing the unflushed end of an earlier one
+makes open() raise CorruptLogError rather than guess.
+
+CRC coverage: as in Kafka, the CRC covers ``attributes .. end``; the base
+offset is checked by offset continuity, the length by the CRC range and the
+magic byte directly. A flipped leader-epoch bit is caught only when it breaks
+the epochs' monotonic order.
+
+Threading contract
+------------------
+All methods except ``flush()`` belong to one owner thread (the event loop).
+``flush()`` may run at the same time on one other thread (``asyncio.to_thread``):
+it captures ``(file descriptors, end offset)`` atomically under a lock, syncs
+outside it, and reports exactly the offset captured (lowered if the owner
+truncated meanwhile). Concurrent flushes are serialised by a second lock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import fcntl
+import json
+import mmap
+import os
+import re
+import struct
+import threading
+from array import array
+from typing import Any, Iterator, NamedTuple
+
+import structlog
+
+from storage import batch as B
+from storage.atomic import atomic_write, fsync_dir
+from storage.errors import CorruptLogError, LogWriteError
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
+LOG_START_FILE = "log-start-offset"
+LOCK_FILE = ".lock"
+DEFAULT_SEGMENT_BYTES_MAX = 64 << 20
+DEFAULT_INDEX_INTERVAL_BYTES = 4096
+SCAN_CHUNK_BYTES = 64 << 10  # one pread while walking headers
+U32_MAX = (1 << 32) - 1
+# A segment's relative offsets must fit the u32 index field; roll well before.
+RELATIVE_OFFSET_ROLL = 1 << 31
+
+_SEGMENT_RE = re.compile(r"^(\d{20})\.(log|index)$")
+_INDEX_ENTRY = struct.Struct(">II")
+_HDR_PREFIX = struct.Struct(">qii")  # base_offset, length, leader_epoch
+_LAST_DELTA = struct.Struct(">i")
+_LAST_DELTA_POS = 23
+_MAGIC_POS = 16
+_MAGIC_BYTE = bytes([B.MAGIC])
+
+
+def segment_file_name(base_offset: int, suffix: str = LOG_SUFFIX) -> str:
+    return f"{base_offset:020d}{suffix}"
+
+
+class BatchInfo(NamedTuple):
+    """Where one batch sits and what its header says (no payload)."""
+
+    base_offset: int
+    next_offset: int  # last offset + 1
+    leader_epoch: int
+    size: int  # bytes on disk
+    segment_base_offset: int
+    position: int  # byte position inside the segment file
+
+
+class _ScanResult(NamedTuple):
+    end_pos: int  # position after the last good batch
+    next_offset: int
+    last_epoch: int
+    index_rel: list[int]
+    index_pos: list[int]
+    last_index_pos: int
+    error_pos: int | None  # where the first bad byte run starts, None if clean
+    error: str | None
+
+
+class _Segment:
+    """One .log/.index pair. Mutated by the owner thread under SegmentedLog._lock."""
+
+    __slots__ = ("base_offset", "log_path", "index_path", "fd", "index_fd", "size",
+                 "next_offset", "last_epoch", "index_rel", "index_pos", "last_index_pos")
+
+    def __init__(self, directory: str, base_offset: int):
+        self.base_offset = base_offset
+        self.log_path = os.path.join(directory, segment_file_name(base_offset, LOG_SUFFIX))
+        self.index_path = os.path.join(directory, segment_file_name(base_offset, INDEX_SUFFIX))
+        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+        self.fd = os.open(self.log_path, flags, 0o644)
+        try:
+            self.index_fd = os.open(self.index_path, flags, 0o644)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.size = os.fstat(self.fd).st_size
+        self.next_offset = base_offset
+        self.last_epoch = -1
+        self.index_rel = array("I")
+        self.index_pos = array("I")
+        self.last_index_pos = 0
+
+    def set_index(self, rel: list[int] | array, pos: list[int] | array) -> None:
+        self.index_rel = array("I", rel)
+        self.index_pos = array("I", pos)
+        self.last_index_pos = self.index_pos[-1] if self.index_pos else 0
+
+    def write_index_file(self) -> None:
+        """Replace the .index content with the in-memory entries."""
+        data = b"".join(_INDEX_ENTRY.pack(r, p) for r, p in zip(self.index_rel, self.index_pos))
+        os.ftruncate(self.index_fd, 0)
+        _write_all(self.index_fd, data)
+
+    def close(self) -> None:
+        for fd in (self.fd, self.index_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def delete(self) -> None:
+        self.close()
+        for path in (self.log_path, self.index_path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    written = os.write(fd, view)
+    while written < len(view):  # short writes happen near a size limit
+        written += os.write(fd, view[written:])
+
+
+class SegmentedLog:
+    """Append-only log of record batches in segment files (see module docstring)."""
+
+    def __init__(self, directory: str, segment_bytes_max: int, index_interval_bytes: int,
+                 logger: Any, lock_fd: int, verify_appends: bool):
+        # Use SegmentedLog.open(); the constructor only sets fields.
+        self._dir = directory
+        self._segment_bytes_max = segment_bytes_max
+        self._index_interval_bytes = index_interval_bytes
+        self._log = logger
+        self._lock_fd = lock_fd
+        self._verify_appends = verify_appends
+        self._segments: list[_Segment] = []
+        self._bases: list[int] = []
+        self._log_start_offset = 0
+        self._end_offset = 0
+        self._flushed_end_offset = 0
+        self._last_epoch = -1
+        self._lock = threading.Lock()  # guards the fields flush() reads
+        self._flush_lock = threading.Lock()  # one flush at a time
+        self._flush_cap: int | None = None  # end offset the running flush will report
+        self._unsynced_rolled: list[_Segment] = []
+        self._dir_dirty = False
+        self._failed: str | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ open
+    @classmethod
+    def open(cls, directory: str | os.PathLike, *,
+             segment_bytes_max: int = DEFAULT_SEGMENT_BYTES_MAX,
+             index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
+             logger: Any = None, verify_appends: bool = True) -> "SegmentedLog":
+        """Open (creating if needed) the log in `directory`, recovering after a crash.
+
+        `verify_appends` checks each appended batch's CRC (a follower appends
+        bytes that came over the network); a leader appending batches it just
+        encoded may turn it off.
+        """
+        if not 0 < segment_bytes_max <= U32_MAX:
+            raise ValueError(f"segment_bytes_max must be in 1..{U32_MAX}, got {segment_bytes_max}")
+        if index_interval_bytes <= 0:
+            raise ValueError(f"index_interval_bytes must be positive, got {index_interval_bytes}")
+        directory = os.fspath(directory)
+        os.makedirs(directory, exist_ok=True)
+        lock_fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock_fd)
+            raise RuntimeError(f"log directory {directory} is already open (another process or log object holds {LOCK_FILE})") from None
+        log = cls(directory, segment_bytes_max, index_interval_bytes,
+                  logger if logger is not None else structlog.get_logger("storage.log"),
+                  lock_fd, verify_appends)
+        try:
+            log._load()
+        except BaseException:
+            for seg in log._segments:
+                seg.close()
+            os.close(lock_fd)
+            raise
+        return log
+
+    def _load(self) -> None:
+        d = self._dir
+        bases: set[int] = set()
+        index_only: set[int] = set()
+        clean = False
+        for name in sorted(os.listdir(d)):
+            m = _SEGMENT_RE.match(name)
+            if m:
+                (bases if m.group(2) == "log" else index_only).add(int(m.group(1)))
+            elif name == CLEAN_SHUTDOWN_FILE:
+                clean = True
+            elif name in (LOG_START_FILE, LOCK_FILE, LOG_START_FILE + ".tmp", CLEAN_SHUTDOWN_FILE + ".tmp"):
+                pass
+            else:
+                self._log.warning("unknown_file_ignored", path=os.path.join(d, name))
+        for base in sorted(index_only - bases):  # left by a crash while deleting a segment
+            os.unlink(os.path.join(d, segment_file_name(base, INDEX_SUFFIX)))
+            self._log.info("orphan_index_removed", segment=segment_file_name(base, INDEX_SUFFIX))
+
+        start_state = self._read_log_start_file()
+        log_start = start_state["log_start_offset"] if start_state else None
+        if start_state and start_state.get("truncate_fully_pending"):
+            # A truncate_fully() was interrupted: finish it.
+            for base in sorted(bases):
+                _Segment(d, base).delete()
+            bases = set()
+            self._log.warning("truncate_fully_completed_on_open", log_start_offset=log_start)
+        if not bases:
+            bases = {log_start or 0}
+        ordered = sorted(bases)
+        if log_start is not None:
+            # Finish an interrupted advance_log_start(): whole segments below it go.
+            while len(ordered) >= 2 and ordered[1] <= log_start:
+                _Segment(d, ordered.pop(0)).delete()
+        self._segments = [_Segment(d, base) for base in ordered]
+        if not clean:
+            # A segment created by a roll just before a crash may hold nothing.
+            while len(self._segments) >= 2 and self._segments[-1].size == 0:
+                seg = self._segments.pop()
+                seg.delete()
+                self._log.warning("empty_segment_removed", segment=seg.log_path)
+        self._bases = [s.base_offset for s in self._segments]
+        for i, seg in enumerate(self._segments):
+            is_last = i == len(self._segments) - 1
+            next_base = None if is_last else self._segments[i + 1].base_offset
+            prev_epoch = self._segments[i - 1].last_epoch if i else -1
+            if is_last and not clean:
+                self._recover_last(seg, prev_epoch)
+            elif not self._quick_check(seg, next_base, prev_epoch):
+                if is_last:  # clean marker but the tail disagrees: recover anyway
+                    self._recover_last(seg, prev_epoch)
+                else:
+                    self._rebuild_index(seg, next_base, prev_epoch)
+        last = self._segments[-1]
+        self._end_offset = last.next_offset
+        self._last_epoch = next((s.last_epoch for s in reversed(self._segments) if s.size), -1)
+        first_base = self._segments[0].base_offset
+        self._log_start_offset = max(log_start if log_start is not None else first_base, first_base)
+        if self._log_start_offset > self._end_offset:
+            # Records below the log start are covered by a snapshot, so the
+            # unflushed ones lost in the crash do not matter: restart empty there.
+            self._log.warning("log_start_past_end", log_start_offset=self._log_start_offset,
+                              log_end_offset=self._end_offset)
+            self.truncate_fully(self._log_start_offset)
+        self._flushed_end_offset = self._end_offset
+        if clean:
+            # Durably gone before any append, or a later crash would skip recovery.
+            os.unlink(os.path.join(d, CLEAN_SHUTDOWN_FILE))
+        fsync_dir(d)
+
+    def _read_log_start_file(self) -> dict | None:
+        path = os.path.join(self._dir, LOG_START_FILE)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return None
+        try:
+            state = json.loads(raw)
+            if not isinstance(state, dict) or not isinstance(state.get("log_start_offset"), int) \
+                    or state["log_start_offset"] < 0:
+                raise ValueError("log_start_offset must be a non-negative integer")
+        except ValueError as exc:
+            raise CorruptLogError(f"{path}: malformed log-start-offset file: {exc}", path, 0, None) from exc
+        return state
+
+    def _write_log_start_file(self, offset: int, truncate_fully_pending: bool = False) -> None:
+        state = {"data_version": 1, "log_start_offset": offset,
+                 "truncate_fully_pending": truncate_fully_pending}
+        atomic_write(os.path.join(self._dir, LOG_START_FILE), json.dumps(state).encode())
+
+    # -------------------------------------------------------------- scanning
+    def _scan(self, view: memoryview | bytes, start_offset: int, prev_epoch: int,
+              seg_base: int) -> _ScanResult:
+        """Verify batches (length, offsets, epoch order, CRC) from start_pos to
+        the end of `view`; stop at the first problem and say where."""
+        size = len(view)
+        interval = self._index_interval_bytes
+        pos, expected, epoch = 0, start_offset, prev_epoch
+        last_index_pos = 0
+        rel: list[int] = []
+        positions: list[int] = []
+        error = None
+        while pos < size:
+            if size - pos < B.HEADER_SIZE:
+                error = f"{size - pos} trailing bytes, fewer than a batch header"
+                break
+            try:
+                h = B.decode_header(view, pos)
+            except B.CorruptBatchError as exc:
+                error = str(exc)
+                break
+            if pos + h.size > size:
+                error = f"batch of {h.size} bytes runs past the file end"
+                break
+            if h.base_offset != expected:
+                error = f"base offset {h.base_offset}, expected {expected}"
+                break
+            if h.leader_epoch < epoch:
+                error = f"leader epoch {h.leader_epoch} after epoch {epoch}"
+                break
+            try:
+                B.verify_crc(view, pos, h)
+            except B.CorruptBatchError as exc:
+                error = str(exc)
+                break
+            if pos - last_index_pos >= interval:
+                rel.append(h.base_offset - seg_base)
+                positions.append(pos)
+                last_index_pos = pos
+            expected = h.next_offset
+            epoch = h.leader_epoch
+            pos += h.size
+        return _ScanResult(pos, expected, epoch, rel, positions, last_index_pos,
+                           pos if error else None, error)
+
+    def _valid_batch_after(self, view: memoryview | mmap.mmap, pos: int, expected: int) -> int | None:
+        """Position of a whole, CRC-valid batch with base offset >= expected
+        somewhere after `pos`, else None. Candidates are found by the magic
+        byte, so a zero-filled torn tail costs one C-level search."""
+        size = len(view)
+        search = pos + 1 + _MAGIC_POS
+        while True:
+            i = view.find(_MAGIC_BYTE, search)
+            if i < 0:
+                return None
+            search = i + 1
+            q = i - _MAGIC_POS
+            if q + B.HEADER_SIZE > size:
+                return None
+            try:
+                h = B.decode_header(view, q)
+                if h.base_offset < expected or q + h.size > size:
+                    continue
+                B.verify_crc(view, q, h)
+            except B.CorruptBatchError:
+                continue
+            return q
+
+    def _map(self, seg: _Segment) -> mmap.mmap | bytes:
+        if seg.size == 0:
+            return b""
+        return mmap.mmap(seg.fd, seg.size, access=mmap.ACCESS_READ)
+
+    def _recover_last(self, seg: _Segment, prev_epoch: int) -> None:
+        """Full verified scan of the last segment; cut a torn tail."""
+        mm = self._map(seg)
+        res = self._scan(memoryview(mm) if mm else b"", seg.base_offset, prev_epoch, seg.base_offset)
+        if res.error_pos is not None:
+            later = self._valid_batch_after(mm, res.error_pos, res.next_offset)
+            if later is not None:
+                raise CorruptLogError(
+                    f"corrupt batch in {seg.log_path} at byte {res.error_pos} (base offset "
+                    f"{res.next_offset}): {res.error}; a valid batch follows at byte {later}, "
+                    "so this is not a torn tail", seg.log_path, res.error_pos, res.next_offset)
+        del mm
+        seg.set_index(res.index_rel, res.index_pos)
+        seg.next_offset = res.next_offset
+        seg.last_epoch = res.last_epoch if res.end_pos else -1
+        if res.error_pos is not None:
+            truncated = seg.size - res.end_pos
+            os.ftruncate(seg.fd, res.end_pos)
+            os.fsync(seg.fd)
+            seg.size = res.end_pos
+            self._log.warning("log_recovered", segment=seg.log_path, truncated_bytes=truncated,
+                              from_offset=res.next_offset, position=res.end_pos, reason=res.error)
+        seg.write_index_file()
+        os.fsync(seg.index_fd)
+
+    def _load_index(self, seg: _Segment) -> bool:
+        """Read the .index file; False if it is missing, torn or inconsistent."""
+        raw = os.pread(seg.index_fd, os.fstat(seg.index_fd).st_size, 0)
+        if len(raw) % _INDEX_ENTRY.size:
+            return False
+        rel = array("I")
+        pos = array("I")
+        prev_r, prev_p = -1, 0
+        for r, p in _INDEX_ENTRY.iter_unpack(raw):
+            if r <= prev_r or p <= prev_p or p >= seg.size:
+                return False
+            rel.append(r)
+            pos.append(p)
+            prev_r, prev_p = r, p
+        seg.set_index(rel, pos)
+        return True
+
+    def _quick_check(self, seg: _Segment, next_base: int | None, prev_epoch: int) -> bool:
+        """Trust the index, verify only the batches after its last entry: they
+        must end exactly at the file end (and at the next segment's base)."""
+        if not self._load_index(seg):
+            return False
+        start_pos = seg.last_index_pos
+        start_offset = seg.base_offset + (seg.index_rel[-1] if seg.index_rel else 0)
+        tail = os.pread(seg.fd, seg.size - start_pos, start_pos)
+        res = self._scan(tail, start_offset, -1, seg.base_offset)
+        if res.error is not None or (seg.size and res.end_pos == 0):
+            return False
+        if next_base is not None and res.next_offset != next_base:
+            return False
+        seg.next_offset = res.next_offset
+        seg.last_epoch = res.last_epoch if seg.size else -1
+        if seg.last_epoch >= 0 and seg.last_epoch < prev_epoch:
+            return False
+        return True
+
+    def _rebuild_index(self, seg: _Segment, next_base: int, prev_epoch: int) -> None:
+        """A non-last segment failed the quick check: a full verified scan must
+        come out whole, or the log is corrupt."""
+        mm = self._map(seg)
+        res = self._scan(memoryview(mm) if mm else b"", seg.base_offset, prev_epoch, seg.base_offset)
+        del mm
+        if res.error_pos is not None:
+            raise CorruptLogError(
+                f"corrupt batch in {seg.log_path} at byte {res.error_pos} (base offset "
+                f"{res.next_offset}): {res.error}; it is not the last segment, so this is "
+                "not a torn tail", seg.log_path, res.error_pos, res.next_offset)
+        if res.next_offset != next_base:
+            raise CorruptLogError(
+                f"{seg.log_path} ends at offset {res.next_offset} (byte {res.end_pos}) but the "
+                f"next segment starts at offset {next_base}", seg.log_path, res.end_pos, res.next_offset)
+        seg.set_index(res.index_rel, res.index_pos)
+        seg.next_offset = res.next_offset
+        seg.last_epoch = res.last_epoch if seg.size else -1
+        seg.write_index_file()
+        os.fsync(seg.index_fd)
+        self._log.warning("index_rebuilt", segment=seg.index_path, entries=len(seg.index_rel))
+
+    # ------------------------------------------------------------- properties
+    @property
+    def directory(self) -> str:
+        return self._dir
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._end_offset
+
+    @property
+    def flushed_end_offset(self) -> int:
+        """Every offset below this has been fdatasync'ed."""
+        return self._flushed_end_offset
+
+    @property
+    def last_batch_epoch(self) -> int:
+        """Leader epoch of the last batch in the log, -1 if the log is empty."""
+        return self._last_epoch
+
+    @property
+    def segment_base_offsets(self) -> list[int]:
+        return list(self._bases)
+
+    # ---------------------------------------------------------------- append
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"log {self._dir} is closed")
+        if self._failed:
+            raise LogWriteError(f"log {self._dir} is unusable: {self._failed}")
+
+    def append(self, data: bytes) -> None:
+        """Append whole batches starting exactly at the log end offset.
+
+        One write syscall (more only after a short write). On an OSError the
+        file is cut back to its size before the call and LogWriteError is
+        raised: no partial batch is visible and the end offset does not move.
+        """
+        self._check_usable()
+        n = len(data)
+        if n == 0:
+            raise ValueError("append of an empty buffer: expected at least one batch")
+        view = memoryview(data)
+        active = self._segments[-1]
+        roll = active.size > 0 and (
+            active.size + n > self._segment_bytes_max
+            or self._end_offset - active.base_offset >= RELATIVE_OFFSET_ROLL)
+        seg_base = self._end_offset if roll else active.base_offset
+        file_start = 0 if roll else active.size
+        last_index_pos = 0 if roll else active.last_index_pos
+        interval = self._index_interval_bytes
+        expected, epoch = self._end_offset, self._last_epoch
+        new_index: list[bytes] = []
+        new_rel: list[int] = []
+        new_pos: list[int] = []
+        pos = 0
+        verify = self._verify_appends
+        while pos < n:  # per batch, never per record
+            if n - pos < B.HEADER_SIZE:
+                raise ValueError(f"append: {n - pos} trailing bytes at byte {pos} are not a whole batch")
+            try:
+                h = B.decode_header(view, pos)
+                if pos + h.size > n:
+                    raise ValueError(f"append: batch at byte {pos} needs {h.size} bytes, only {n - pos} given")
+                if verify:
+                    B.verify_crc(view, pos, h)
+            except B.CorruptBatchError as exc:
+                raise ValueError(f"append: invalid batch at byte {pos}: {exc}") from None
+            if h.base_offset != expected:
+                kind = "gap" if h.base_offset > expected else "overlap"
+                raise ValueError(f"append: batch at byte {pos} has base offset {h.base_offset} but "
+                                 f"the log end offset is {expected} ({kind})")
+            if h.leader_epoch < epoch:
+                raise ValueError(f"append: batch at offset {h.base_offset} has leader epoch "
+                                 f"{h.leader_epoch}, older than the log's last epoch {epoch}")
+            file_pos = file_start + pos
+            if file_pos - last_index_pos >= interval:
+                rel = h.base_offset - seg_base
+                new_index.append(_INDEX_ENTRY.pack(rel, file_pos))
+                new_rel.append(rel)
+                new_pos.append(file_pos)
+                last_index_pos = file_pos
+            expected = h.next_offset
+            epoch = h.leader_epoch
+            pos += h.size
+        assert file_start + n <= U32_MAX, "segment positions must fit the u32 index"
+
+        if roll:
+            self._roll(seg_base)
+            active = self._segments[-1]
+        pre_size = active.size
+        pre_index_bytes = len(active.index_rel) * _INDEX_ENTRY.size
+        try:
+            _write_all(active.fd, view)
+            if new_index:
+                _write_all(active.index_fd, b"".join(new_index))
+        except OSError as exc:
+            try:
+                os.ftruncate(active.fd, pre_size)
+                os.ftruncate(active.index_fd, pre_index_bytes)
+            except OSError as exc2:
+                self._failed = f"rollback after a failed append failed: {exc2.strerror}"
+            raise LogWriteError(f"append of {n} bytes at offset {self._end_offset} failed: "
+                                f"{exc.strerror}") from exc
+        with self._lock:
+            active.size = pre_size + n
+            active.next_offset = expected
+            active.last_epoch = epoch
+            if new_rel:
+                active.index_rel.extend(new_rel)
+                active.index_pos.extend(new_pos)
+                active.last_index_pos = last_index_pos
+            self._end_offset = expected
+            self._last_epoch = epoch
+
+    def _roll(self, base_offset: int) -> None:
+        seg = _Segment(self._dir, base_offset)
+        assert seg.size == 0, f"{seg.log_path} already exists with {seg.size} bytes"
+        with self._lock:
+            self._unsynced_rolled.append(self._segments[-1])
+            self._segments.append(seg)
+            self._bases.append(base_offset)
+            self._dir_dirty = True
+
+    # ----------------------------------------------------------------- flush
+    def flush(self) -> int:
+        """fdatasync everything appended before the call; return the flushed
+        end offset. Safe on a worker thread while the owner keeps appending."""
+        with self._flush_lock:
+            with self._lock:
+                self._check_usable()
+                target = self._end_offset
+                rolled = list(self._unsynced_rolled)
+                if target <= self._flushed_end_offset and not rolled and not self._dir_dirty:
+                    return self._flushed_end_offset
+                # dup: the owner may close a segment (truncation) while we sync.
+                fds = [os.dup(s.fd) for s in rolled] + [os.dup(s.index_fd) for s in rolled]
+                fds.append(os.dup(self._segments[-1].fd))
+                dir_dirty, self._dir_dirty = self._dir_dirty, False
+                self._flush_cap = target
+            try:
+                for fd in fds:
+                    os.fdatasync(fd)
+                if dir_dirty:
+                    fsync_dir(self._dir)
+            except OSError as exc:
+                with self._lock:
+                    self._flush_cap = None
+                    # After a failed fsync the page cache may have dropped the
+                    # data; a retry could "succeed" falsely. Stop here.
+                    self._failed = f"fdatasync failed: {exc.strerror}"
+                raise LogWriteError(f"flush of {self._dir} up to offset {target} failed: "
+                                    f"{exc.strerror}") from exc
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            with self._lock:
+                cap = self._flush_cap
+                self._flush_cap = None
+                assert cap is not None
+                if cap > self._flushed_end_offset:
+                    self._flushed_end_offset = cap
+                synced = {id(s) for s in rolled}
+                self._unsynced_rolled = [s for s in self._unsynced_rolled if id(s) not in synced]
+                return self._flushed_end_offset
+
+    # ------------------------------------------------------------------ read
+    def _segment_index_for(self, offset: int) -> int:
+        return bisect.bisect_right(self._bases, offset) - 1
+
+    def _walk(self, seg: _Segment, pos: int, limit: int) -> Iterator[tuple[int, int, int, int, int]]:
+        """(position, base offset, size, epoch, next offset) of each batch from
+        `pos` to `limit`, reading headers in SCAN_CHUNK_BYTES preads."""
+        buf = b""
+        buf_start = pos
+        while pos < limit:
+            rel = pos - buf_start
+            if rel + B.HEADER_SIZE > len(buf):
+                buf = os.pread(seg.fd, min(SCAN_CHUNK_BYTES, limit - pos), pos)
+                buf_start, rel = pos, 0
+                if len(buf) < B.HEADER_SIZE:
+                    raise CorruptLogError(f"{seg.log_path}: short read of a batch header at byte {pos}",
+                                          seg.log_path, pos, None)
+            base, length, epoch = _HDR_PREFIX.unpack_from(buf, rel)
+            (delta,) = _LAST_DELTA.unpack_from(buf, rel + _LAST_DELTA_POS)
+            size = B.LOG_OVERHEAD + length
+            if length < B.HEADER_SIZE - B.LOG_OVERHEAD or pos + size > limit:
+                raise CorruptLogError(f"{seg.log_path}: bad batch length {length} at byte {pos}",
+                                      seg.log_path, pos, base)
+            yield pos, base, size, epoch, base + delta + 1
+            pos += size
+
+    def _locate(self, seg: _Segment, offset: int) -> tuple[int, int, int, int, int] | None:
+        """The batch of `seg` containing `offset` (None if past the segment end)."""
+        i = bisect.bisect_right(seg.index_rel, offset - seg.base_offset) - 1
+        if i >= 0:
+            pos, expect = seg.index_pos[i], seg.base_offset + seg.index_rel[i]
+        else:
+            pos, expect = 0, seg.base_offset
+        first = True
+        for item in self._walk(seg, pos, seg.size):
+            if first and item[1] != expect:
+                raise CorruptLogError(f"{seg.index_path}: entry points at byte {pos} holding base "
+                                      f"offset {item[1]}, expected {expect}", seg.log_path, pos, item[1])
+            first = False
+            if item[4] > offset:
+                return item
+        return None
+
+    def read(self, start_offset: int, end_offset: int, max_bytes: int) -> bytes:
+        """Whole batches from the one containing start_offset, none with an
+        offset >= end_offset, at most max_bytes but always at least one batch
+        when one qualifies; b"" when none does. Crosses segment boundaries."""
+        if start_offset < self._log_start_offset:
+            raise ValueError(f"read at offset {start_offset} below the log start offset "
+                             f"{self._log_start_offset}")
+        end_offset = min(end_offset, self._end_offset)
+        if start_offset >= end_offset:
+            return b""
+        k = self._segment_index_for(start_offset)
+        parts: list[bytes] = []
+        total = 0
+        offset = start_offset
+        while k < len(self._segments):
+            seg = self._segments[k]
+            found = self._locate(seg, offset)
+            if found is None:
+                k += 1
+                continue
+            first_pos = found[0]
+            end_pos = first_pos
+            stop = False
+            for pos, _base, size, _epoch, nxt in self._walk(seg, first_pos, seg.size):
+                if nxt > end_offset or (total + size > max_bytes and total):
+                    stop = True
+                    break
+                total += size
+                end_pos = pos + size
+                offset = nxt
+            if end_pos > first_pos:
+                parts.append(os.pread(seg.fd, end_pos - first_pos, first_pos))
+            if stop or offset >= end_offset:
+                break
+            k += 1
+        if len(parts) == 1:
+            return parts[0]
+        return b"".join(parts)
+
+    def iter_batch_headers(self, start_offset: int | None = None) -> Iterator[BatchInfo]:
+        """Header of every batch from the one containing start_offset (default:
+        the log start) to the log end. Reads headers only."""
+        offset = self._log_start_offset if start_offset is None else start_offset
+        if offset >= self._end_offset:
+            return
+        k = self._segment_index_for(offset)
+        for seg in self._segments[k:]:
+            found = self._locate(seg, offset) if seg.base_offset <= offset else None
+            pos = found[0] if found else 0
+            for p, base, size, epoch, nxt in self._walk(seg, pos, seg.size):
+                yield BatchInfo(base, nxt, epoch, size, seg.base_offset, p)
+
+    def batch_epochs(self) -> list[tuple[int, int]]:
+        """(epoch, start offset) at each epoch change from the log start, to
+        rebuild a missing leader-epoch-checkpoint. The first entry starts at
+        the log start offset even if its batch starts earlier."""
+        out: list[tuple[int, int]] = []
+        for info in self.iter_batch_headers():
+            if not out or info.leader_epoch != out[-1][0]:
+                out.append((info.leader_epoch, max(info.base_offset, self._log_start_offset)))
+        return out
+
+    # -------------------------------------------------------------- truncate
+    def truncate_to(self, end_offset: int) -> None:
+        """Remove every record with offset >= end_offset, in every segment.
+
+        The core truncates at batch boundaries; if end_offset falls inside a
+        batch, that whole batch goes too and the log ends at its base offset
+        (check log_end_offset). A no-op when end_offset >= log_end_offset.
+        """
+        self._check_usable()
+        if end_offset >= self._end_offset:
+            return
+        if end_offset < self._log_start_offset:
+            raise ValueError(f"truncate_to({end_offset}) below the log start offset "
+                             f"{self._log_start_offset}; use truncate_fully")
+        k = self._segment_index_for(end_offset)
+        seg = self._segments[k]
+        if seg.base_offset == end_offset and k > 0:
+            doomed, keep = self._segments[k:], k
+            new_end = end_offset
+            cut = None
+        else:
+            found = self._locate(seg, end_offset)
+            assert found is not None, f"offset {end_offset} below the end must be in {seg.log_path}"
+            cut, new_end = found[0], found[1]
+            doomed, keep = self._segments[k + 1:], k + 1
+        if cut is not None:
+            n_keep = bisect.bisect_left(seg.index_pos, cut)
+            os.ftruncate(seg.fd, cut)
+            os.ftruncate(seg.index_fd, n_keep * _INDEX_ENTRY.size)
+            os.fdatasync(seg.fd)
+        with self._lock:
+            if cut is not None:
+                seg.size = cut
+                del seg.index_rel[n_keep:]
+                del seg.index_pos[n_keep:]
+                seg.last_index_pos = seg.index_pos[-1] if seg.index_pos else 0
+                seg.next_offset = new_end
+            del self._segments[keep:]
+            del self._bases[keep:]
+            gone = {id(s) for s in doomed}
+            self._unsynced_rolled = [s for s in self._unsynced_rolled if id(s) not in gone]
+            self._end_offset = new_end
+            self._flushed_end_offset = min(self._flushed_end_offset, new_end)
+            if self._flush_cap is not None:
+                self._flush_cap = min(self._flush_cap, new_end)
+        for s in doomed:
+            s.delete()
+        active = self._segments[-1]
+        if cut is not None:
+            active.last_epoch = self._last_epoch_of(active)
+        self._last_epoch = next((s.last_epoch for s in reversed(self._segments) if s.size), -1)
+        if doomed:
+            fsync_dir(self._dir)
+
+    def _last_epoch_of(self, seg: _Segment) -> int:
+        epoch = -1
+        for _pos, _base, _size, e, _nxt in self._walk(seg, seg.last_index_pos, seg.size):
+            epoch = e
+        return epoch
+
+    def truncate_fully(self, new_start_offset: int) -> None:
+        """Delete every segment and restart the log empty at new_start_offset
+        (after installing a snapshot). Crash-safe: an interrupted call is
+        finished by the next open()."""
+        self._check_usable()
+        if new_start_offset < 0:
+            raise ValueError(f"truncate_fully({new_start_offset}): offset must be >= 0")
+        self._write_log_start_file(new_start_offset, truncate_fully_pending=True)
+        with self._lock:
+            doomed = self._segments
+            self._segments, self._bases = [], []
+            self._unsynced_rolled = []
+        for s in doomed:
+            s.delete()
+        seg = _Segment(self._dir, new_start_offset)
+        assert seg.size == 0
+        fsync_dir(self._dir)
+        with self._lock:
+            self._segments, self._bases = [seg], [new_start_offset]
+            self._end_offset = new_start_offset
+            self._flushed_end_offset = new_start_offset
+            if self._flush_cap is not None:
+                self._flush_cap = min(self._flush_cap, new_start_offset)
+            self._log_start_offset = new_start_offset
+            self._last_epoch = -1
+        self._write_log_start_file(new_start_offset)
+
+    def advance_log_start(self, offset: int) -> None:
+        """Move the log start offset forward (durably) and delete whole
+        segments all of whose records are below it. Never moves backwards."""
+        self._check_usable()
+        if offset > self._end_offset:
+            raise ValueError(f"advance_log_start({offset}) past the log end offset {self._end_offset}")
+        if offset <= self._log_start_offset:
+            return
+        self._write_log_start_file(offset)
+        with self._lock:
+            self._log_start_offset = offset
+            n = 0
+            while n + 1 < len(self._segments) and self._segments[n + 1].base_offset <= offset:
+                n += 1
+            doomed = self._segments[:n]
+            del self._segments[:n]
+            del self._bases[:n]
+            gone = {id(s) for s in doomed}
+            self._unsynced_rolled = [s for s in self._unsynced_rolled if id(s) not in gone]
+        for s in doomed:
+            s.delete()
+        if doomed:
+            fsync_dir(self._dir)
+
+    # ----------------------------------------------------------------- close
+    def close(self) -> None:
+        """Flush everything and leave a clean-shutdown marker (skips the scan
+        on the next open). Idempotent."""
+        if self._closed:
+            return
+        try:
+            if not self._failed:
+                self.flush()
+                os.fsync(self._segments[-1].index_fd)
+                atomic_write(os.path.join(self._dir, CLEAN_SHUTDOWN_FILE), b"")
+        finally:
+            self._closed = True
+            for seg in self._segments:
+                seg.close()
+            os.close(self._lock_fd)
+
+    def __enter__(self) -> "SegmentedLog":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"SegmentedLog({self._dir!r}, start={self._log_start_offset}, "
+                f"end={self._end_offset}, flushed={self._flushed_end_offset}, "
+                f"segments={len(self._segments)})")
