@@ -443,6 +443,21 @@ class SegmentedLog:
         must end exactly at the file end (and at the next segment's base)."""
         if not self._load_index(seg):
             return False
+        if not seg.index_rel and seg.size > self._index_interval_bytes:
+            # An empty index on a big segment: probably lost. The scan below
+            # covers the whole segment anyway, so rebuild it from that scan.
+            tail = os.pread(seg.fd, seg.size, 0)
+            res = self._scan(tail, seg.base_offset, prev_epoch, seg.base_offset)
+            if res.error is not None or (next_base is not None and res.next_offset != next_base):
+                return False
+            if res.index_rel:
+                seg.set_index(res.index_rel, res.index_pos)
+                seg.write_index_file()
+                os.fsync(seg.index_fd)
+                self._log.warning("index_rebuilt", segment=seg.index_path, entries=len(seg.index_rel))
+            seg.next_offset = res.next_offset
+            seg.last_epoch = res.last_epoch
+            return True
         start_pos = seg.last_index_pos
         start_offset = seg.base_offset + (seg.index_rel[-1] if seg.index_rel else 0)
         tail = os.pread(seg.fd, seg.size - start_pos, start_pos)

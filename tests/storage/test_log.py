@@ -1,0 +1,313 @@
+"""SegmentedLog operations: append, read, roll, index, flush, truncate, log start."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from storage.batch import HEADER_SIZE, encode_batch
+from storage.log import SegmentedLog, segment_file_name
+from tests.storage.helpers import RecordingLogger, append_batches, base_offsets, batch
+
+BATCH_BYTES = len(batch(0))  # 133: 3 records of 20 bytes
+SEG_MAX = 1000  # 7 batches per segment
+INTERVAL = 300
+
+
+def open_log(path, **kw):
+    kw.setdefault("segment_bytes_max", SEG_MAX)
+    kw.setdefault("index_interval_bytes", INTERVAL)
+    kw.setdefault("logger", RecordingLogger())
+    return SegmentedLog.open(path, **kw)
+
+
+def expected_read(batches: list[bytes], start: int, end: int, max_bytes: int) -> bytes:
+    """The LogReader.read contract computed from the list of appended batches."""
+    out, total = [], 0
+    offset = 0
+    started = False
+    for b in batches:
+        n = int.from_bytes(b[57:61], "big")  # records_count
+        base, nxt = offset, offset + n
+        offset = nxt
+        if not started:
+            if nxt <= start:
+                continue
+            started = True
+        if nxt > end or (total and total + len(b) > max_bytes):
+            break
+        out.append(b)
+        total += len(b)
+    return b"".join(out)
+
+
+def test_append_rolls_segments_and_reads_back_everything(tmp_path):
+    log = open_log(tmp_path)
+    batches = append_batches(log, 30)
+    assert log.log_end_offset == 90
+    assert log.read(0, 90, 1 << 20) == b"".join(batches)
+    names = sorted(n for n in os.listdir(tmp_path) if n.endswith(".log"))
+    assert names[0] == "00000000000000000000.log"
+    assert names == [segment_file_name(b) for b in log.segment_base_offsets]
+    assert len(names) == 5  # 7 batches (931 bytes) fit in 1000
+    for name in names[:-1]:
+        assert os.path.getsize(tmp_path / name) == 7 * BATCH_BYTES
+    assert log.segment_base_offsets == [0, 21, 42, 63, 84]
+    log.close()
+
+
+def test_read_matches_the_contract_for_every_start_end_and_budget(tmp_path):
+    log = open_log(tmp_path)
+    batches = append_batches(log, 20)
+    leo = log.log_end_offset
+    for start in range(leo + 1):
+        for end in (start, start + 1, start + 4, 30, leo, leo + 5):
+            for max_bytes in (1, BATCH_BYTES, 3 * BATCH_BYTES + 1, 1 << 20):
+                got = log.read(start, end, max_bytes)
+                assert got == expected_read(batches, start, min(end, leo), max_bytes), (start, end, max_bytes)
+    log.close()
+
+
+def test_read_examples(tmp_path):
+    log = open_log(tmp_path)
+    append_batches(log, 10)
+    assert base_offsets(log.read(4, 30, 1 << 20))[0] == 3  # batch containing 4
+    assert base_offsets(log.read(0, 9, 1 << 20)) == [0, 3, 6]  # 6..8 < 9
+    assert base_offsets(log.read(0, 8, 1 << 20)) == [0, 3]  # 6..8 reaches 8
+    assert base_offsets(log.read(0, 30, 1)) == [0]  # at least one batch
+    assert base_offsets(log.read(15, 30, 10 * BATCH_BYTES)) == [15, 18, 21, 24, 27]  # crosses a roll
+    assert log.read(30, 40, 1 << 20) == b""
+    assert log.read(5, 5, 1 << 20) == b""
+    log.close()
+
+
+def test_append_refuses_bad_input_and_leaves_the_log_unchanged(tmp_path):
+    log = open_log(tmp_path)
+    append_batches(log, 2)
+    size_before = os.path.getsize(tmp_path / segment_file_name(0))
+    with pytest.raises(ValueError, match=r"base offset 9 but the log end offset is 6 \(gap\)"):
+        log.append(batch(9))
+    with pytest.raises(ValueError, match=r"base offset 3 but the log end offset is 6 \(overlap\)"):
+        log.append(batch(3))
+    with pytest.raises(ValueError, match="10 trailing bytes at byte 133 are not a whole batch"):
+        log.append(batch(6) + b"\0" * 10)
+    with pytest.raises(ValueError, match="needs 133 bytes, only 100 given"):
+        log.append(batch(6)[:100])
+    bad = bytearray(batch(6))
+    bad[-1] ^= 1
+    with pytest.raises(ValueError, match="invalid batch at byte 0: CRC mismatch"):
+        log.append(bytes(bad))
+    with pytest.raises(ValueError, match="leader epoch 0, older than the log's last epoch 1"):
+        log.append(batch(6, epoch=0))
+    with pytest.raises(ValueError, match="empty buffer"):
+        log.append(b"")
+    # a bad second batch refuses the whole call, including the good first one
+    with pytest.raises(ValueError, match="batch at byte 133 has base offset 10"):
+        log.append(batch(6) + batch(10))
+    assert log.log_end_offset == 6
+    assert os.path.getsize(tmp_path / segment_file_name(0)) == size_before
+    log.append(batch(6) + batch(9))  # several batches in one call
+    assert log.log_end_offset == 12
+    log.close()
+
+
+def test_index_is_sparse_and_points_at_batch_starts(tmp_path):
+    log = open_log(tmp_path, segment_bytes_max=1 << 20)
+    append_batches(log, 50)
+    raw = (tmp_path / segment_file_name(0, ".index")).read_bytes()
+    entries = [(int.from_bytes(raw[i:i + 4], "big"), int.from_bytes(raw[i + 4:i + 8], "big"))
+               for i in range(0, len(raw), 8)]
+    # one entry every ceil(300 / 133) = 3 batches
+    assert entries == [(3 * k * 3, 3 * k * BATCH_BYTES) for k in range(1, 17)]
+    log.close()
+
+
+def test_flush_reports_flushed_offset(tmp_path):
+    log = open_log(tmp_path)
+    append_batches(log, 10)
+    assert log.flushed_end_offset == 0
+    assert log.flush() == 30
+    assert log.flushed_end_offset == 30
+    append_batches(log, 1)
+    assert log.flushed_end_offset == 30
+    assert log.flush() == 33
+    log.close()
+
+
+def test_flush_from_a_thread_while_appending_reports_what_it_covered(tmp_path):
+    log = open_log(tmp_path, segment_bytes_max=4000)
+    stop = threading.Event()
+    results: list[tuple[int, int, int]] = []
+    errors: list[BaseException] = []
+
+    def flusher():
+        try:
+            while not stop.is_set() and len(results) < 10_000:
+                before = log.log_end_offset
+                got = log.flush()
+                results.append((before, got, log.log_end_offset))
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    t = threading.Thread(target=flusher)
+    t.start()
+    try:
+        append_batches(log, 300)
+    finally:
+        stop.set()
+        t.join(timeout=30)
+    assert not errors
+    assert results
+    for before, got, after in results:
+        assert before <= got <= after
+    flushed = [got for _b, got, _a in results]
+    assert flushed == sorted(flushed)
+    assert log.flush() == log.log_end_offset == 900
+    log.close()
+
+
+def test_truncate_at_batch_boundary_then_append_and_reopen(tmp_path):
+    log = open_log(tmp_path)
+    append_batches(log, 10)
+    log.flush()
+    log.truncate_to(12)
+    assert log.log_end_offset == 12
+    assert log.flushed_end_offset == 12
+    assert base_offsets(log.read(0, 100, 1 << 20)) == [0, 3, 6, 9]
+    new = batch(12, epoch=2)
+    log.append(new)
+    log.close()
+    log = open_log(tmp_path)
+    assert log.log_end_offset == 15
+    assert log.read(12, 15, 1 << 20) == new
+    assert log.last_batch_epoch == 2
+    log.close()
+
+
+def test_truncate_inside_a_batch_drops_the_whole_batch(tmp_path):
+    log = open_log(tmp_path)
+    append_batches(log, 10)
+    log.truncate_to(13)
+    assert log.log_end_offset == 12
+    log.close()
+
+
+def test_truncate_across_segments_deletes_later_segments(tmp_path):
+    log = open_log(tmp_path)
+    append_batches(log, 30)
+    assert log.segment_base_offsets == [0, 21, 42, 63, 84]
+    log.truncate_to(42)  # exactly a segment base
+    assert log.segment_base_offsets == [0, 21]
+    assert not (tmp_path / segment_file_name(42)).exists()
+    assert not (tmp_path / segment_file_name(63, ".index")).exists()
+    assert log.log_end_offset == 42
+    log.truncate_to(3)
+    assert log.segment_base_offsets == [0]
+    assert log.log_end_offset == 3
+    assert os.path.getsize(tmp_path / segment_file_name(0)) == BATCH_BYTES
+    log.truncate_to(0)
+    assert log.log_end_offset == 0 and log.read(0, 10, 100) == b""
+    log.truncate_to(50)  # past the end: nothing to do
+    assert log.log_end_offset == 0
+    batches = append_batches(log, 12, epoch=3)
+    assert log.read(0, 36, 1 << 20) == b"".join(batches)
+    log.close()
+
+
+def test_truncate_fully_restarts_empty_at_new_offset(tmp_path):
+    log = open_log(tmp_path)
+    append_batches(log, 20)
+    log.truncate_fully(1000)
+    assert (log.log_start_offset, log.log_end_offset, log.flushed_end_offset) == (1000, 1000, 1000)
+    assert sorted(n for n in os.listdir(tmp_path) if n.endswith(".log")) == [segment_file_name(1000)]
+    log.append(batch(1000, epoch=4))
+    log.close()
+    log = open_log(tmp_path)
+    assert (log.log_start_offset, log.log_end_offset) == (1000, 1003)
+    assert base_offsets(log.read(1000, 2000, 1 << 20)) == [1000]
+    log.close()
+
+
+def test_interrupted_truncate_fully_is_finished_on_open(tmp_path):
+    log = open_log(tmp_path)
+    append_batches(log, 20)
+    log.close()
+    (tmp_path / "log-start-offset").write_text(
+        '{"data_version": 1, "log_start_offset": 500, "truncate_fully_pending": true}')
+    log = open_log(tmp_path)
+    assert (log.log_start_offset, log.log_end_offset) == (500, 500)
+    assert log.segment_base_offsets == [500]
+    log.close()
+
+
+def test_advance_log_start_deletes_whole_segments_and_persists(tmp_path):
+    log = open_log(tmp_path)
+    append_batches(log, 30)
+    log.advance_log_start(30)  # inside segment 21..41
+    assert log.log_start_offset == 30
+    assert log.segment_base_offsets == [21, 42, 63, 84]
+    assert not (tmp_path / segment_file_name(0)).exists()
+    with pytest.raises(ValueError, match="read at offset 21 below the log start offset 30"):
+        log.read(21, 90, 100)
+    assert base_offsets(log.read(30, 36, 1 << 20)) == [30, 33]
+    log.advance_log_start(10)  # backwards: ignored
+    assert log.log_start_offset == 30
+    with pytest.raises(ValueError, match=r"advance_log_start\(91\) past the log end offset 90"):
+        log.advance_log_start(91)
+    with pytest.raises(ValueError, match="below the log start offset 30; use truncate_fully"):
+        log.truncate_to(20)
+    log.advance_log_start(90)  # everything: the active segment stays
+    assert log.segment_base_offsets == [84]
+    log.close()
+    log = open_log(tmp_path)
+    assert (log.log_start_offset, log.log_end_offset) == (90, 90)
+    log.close()
+
+
+def test_batch_epochs_rebuild_the_epoch_history(tmp_path):
+    log = open_log(tmp_path)
+    append_batches(log, 2, epoch=1)
+    append_batches(log, 5, epoch=2)
+    append_batches(log, 9, epoch=5)
+    assert log.batch_epochs() == [(1, 0), (2, 6), (5, 21)]
+    infos = list(log.iter_batch_headers(20))
+    assert infos[0].base_offset == 18 and infos[0].leader_epoch == 2
+    assert [i.base_offset for i in infos] == list(range(18, 48, 3))
+    log.advance_log_start(22)
+    assert log.batch_epochs() == [(5, 22)]
+    log.close()
+
+
+def test_second_open_of_the_same_directory_is_refused(tmp_path):
+    log = open_log(tmp_path)
+    with pytest.raises(RuntimeError, match="is already open"):
+        open_log(tmp_path)
+    log.close()
+    open_log(tmp_path).close()
+
+
+def test_closed_log_refuses_work(tmp_path):
+    log = open_log(tmp_path)
+    log.close()
+    with pytest.raises(RuntimeError, match="is closed"):
+        log.append(batch(0))
+
+
+def test_bad_configuration_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="segment_bytes_max must be in"):
+        SegmentedLog.open(tmp_path, segment_bytes_max=0)
+    with pytest.raises(ValueError, match="index_interval_bytes must be positive"):
+        SegmentedLog.open(tmp_path, index_interval_bytes=0)
+
+
+def test_a_batch_bigger_than_a_segment_gets_its_own_segment(tmp_path):
+    log = open_log(tmp_path, segment_bytes_max=200)
+    big = encode_batch(0, 1, [b"y" * 500], 0)
+    log.append(big)
+    log.append(batch(1))
+    assert log.segment_base_offsets == [0, 1]
+    assert log.read(0, 10, 1) == big
+    assert len(big) > HEADER_SIZE
+    log.close()
