@@ -1,0 +1,460 @@
+"""The async Python client of a metalog cluster: produce, consume, metadata.
+
+``MetalogClient`` finds the cluster from a bootstrap list (MetadataRequest to
+any reachable node), tracks the leader (from Metadata answers and from the
+``current_leader`` hint carried by NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH
+/ UNKNOWN_LEADER_EPOCH answers) and retries retriable failures with
+exponential backoff, at most ``max_retries`` times.
+
+``Consumer`` (``client.consumer(reset_policy)``) reads committed records with
+Fetch (replica_id = CONSUMER_REPLICA_ID) and detects log truncation as KIP-320
+asks of consumers:
+
+* it remembers the leader epoch of the last record it consumed;
+* after a leader change (a new leader epoch seen in metadata or in a hint, a
+  FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH answer) or after ``seek(offset,
+  epoch)``, it asks the leader OffsetsForLeaderEpoch(last consumed epoch)
+  before fetching again; a Fetch answer carrying ``diverging_epoch`` is the
+  same answer delivered early;
+* if the leader's end offset for that epoch is below the consumer's position,
+  the records from that end offset on were truncated: with reset_policy
+  "none" ``poll`` raises ``LogTruncationError(first_diverging_offset, epoch)``
+  (and keeps raising until the user seeks); with "earliest" or "latest" the
+  consumer resets precisely to that end offset (KIP-320's precise auto-reset;
+  the policy name only matters when there is no position at all).
+* an undefined answer (the leader knows no epoch <= ours) or
+  OFFSET_OUT_OF_RANGE is out of range: "none" raises OffsetOutOfRangeError,
+  the others reset to the earliest / latest offset via ListOffsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import structlog
+
+from broker.net import ConnectionLost, NetError, Overloaded, PeerChannel, RequestTimeout
+from protocol import messages as m
+from protocol.apis import ApiKey
+from protocol.errors import Errors, error_name
+from storage.batch import decode_records, iter_batches
+
+NO_EPOCH = m.NO_EPOCH
+# Slack on top of a server-side wait (produce commit timeout, fetch long poll)
+# before the client gives up on the answer.
+NETWORK_SLACK_MS = 1000
+RETRY_BACKOFF_MAX_MS = 2000
+
+# Answers that mean "ask again, maybe elsewhere".
+LEADER_ERRORS = frozenset({
+    Errors.NOT_LEADER_OR_FOLLOWER, Errors.FENCED_LEADER_EPOCH, Errors.UNKNOWN_LEADER_EPOCH,
+    Errors.LEADER_NOT_AVAILABLE, Errors.BROKER_NOT_AVAILABLE,
+})
+RETRIABLE = LEADER_ERRORS | {Errors.REQUEST_TIMED_OUT, Errors.KAFKA_STORAGE_ERROR}
+
+
+class MetalogError(Exception):
+    """An error answer from the cluster, with its Kafka error code."""
+
+    def __init__(self, error_code: int, message: str = ""):
+        self.error_code = error_code
+        self.error_name = error_name(error_code)
+        super().__init__(f"{self.error_name}: {message}" if message else self.error_name)
+
+
+class ClusterUnavailable(Exception):
+    """No node answered Metadata (or every retry failed)."""
+
+
+class LogTruncationError(Exception):
+    """The leader's log no longer holds records this consumer returned (KIP-320)."""
+
+    def __init__(self, first_diverging_offset: int, epoch: int, position: int):
+        self.first_diverging_offset = first_diverging_offset
+        self.epoch = epoch
+        self.position = position
+        super().__init__(
+            f"log truncated: the leader's log ends epoch {epoch} at offset {first_diverging_offset}, "
+            f"below the consumer position {position}; records from offset {first_diverging_offset} "
+            f"on were not kept. seek() to resume."
+        )
+
+
+class OffsetOutOfRangeError(Exception):
+    def __init__(self, position: int | None, reason: str):
+        self.position = position
+        super().__init__(f"consumer position {position} is out of range: {reason}")
+
+
+class NoOffsetError(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumedRecord:
+    offset: int
+    leader_epoch: int
+    value: bytes
+
+
+# The consumer handles fencing and range errors itself (they trigger validation or reset).
+_FETCH_PASSTHROUGH = frozenset({Errors.FENCED_LEADER_EPOCH, Errors.UNKNOWN_LEADER_EPOCH, Errors.OFFSET_OUT_OF_RANGE})
+_FETCH_RETRIABLE = RETRIABLE - _FETCH_PASSTHROUGH
+
+
+class _Revalidate(Exception):
+    """The leader epoch changed under a pending fetch: validate the position first."""
+
+
+class MetalogClient:
+    def __init__(
+        self,
+        bootstrap: Iterable[tuple[str, int]],
+        cluster_id: str,
+        *,
+        request_timeout_ms: int = 5000,
+        retry_backoff_ms: int = 100,
+        max_retries: int = 10,
+        connect_timeout_ms: int = 1000,
+        client_id: str = "metalog-client",
+        logger: Any = None,
+    ):
+        self.bootstrap = [(h, int(p)) for h, p in bootstrap]
+        if not self.bootstrap:
+            raise ValueError("bootstrap must name at least one host:port")
+        self.cluster_id = cluster_id
+        self.request_timeout_ms = request_timeout_ms
+        self.retry_backoff_ms = retry_backoff_ms
+        self.max_retries = max_retries
+        self.connect_timeout_ms = connect_timeout_ms
+        self.client_id = client_id
+        self._log = logger if logger is not None else structlog.get_logger("metalog.client")
+        self._channels: dict[tuple[str, int], PeerChannel] = {}
+        self._endpoints: dict[int, tuple[str, int]] = {}
+        self.leader_id = m.NO_LEADER
+        self.leader_epoch = NO_EPOCH
+
+    # -- public calls ------------------------------------------------------
+
+    async def metadata(self) -> m.MetadataResponse:
+        """Fresh metadata from the first node that answers (the leader first if known)."""
+        return await self._refresh_metadata()
+
+    async def describe_quorum(self) -> m.DescribeQuorumResponse:
+        return await self._leader_request(
+            ApiKey.DESCRIBE_QUORUM, lambda: m.DescribeQuorumRequest(), self.request_timeout_ms
+        )
+
+    async def list_offsets(self, timestamp_ms: int, current_leader_epoch: int = NO_EPOCH) -> m.ListOffsetsResponse:
+        """Offset for LIST_OFFSETS_EARLIEST, LIST_OFFSETS_LATEST or a timestamp, with its epoch.
+
+        With an explicit current_leader_epoch the answer is fenced (KIP-320): a
+        FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH answer is raised as
+        MetalogError instead of retried, since retrying cannot change it.
+        """
+        retriable = RETRIABLE
+        if current_leader_epoch != NO_EPOCH:
+            retriable = RETRIABLE - {Errors.FENCED_LEADER_EPOCH, Errors.UNKNOWN_LEADER_EPOCH}
+        return await self._leader_request(
+            ApiKey.LIST_OFFSETS,
+            lambda: m.ListOffsetsRequest(cluster_id=self.cluster_id, current_leader_epoch=current_leader_epoch,
+                                         timestamp_ms=timestamp_ms),
+            self.request_timeout_ms, retriable=retriable,
+        )
+
+    async def produce(self, records: list[bytes]) -> tuple[int, int]:
+        """Append `records` and wait for commit; returns (base_offset, leader_epoch).
+
+        Retried on leader changes and timeouts. Not idempotent: if an attempt
+        timed out (or the connection broke) after the leader appended the
+        records, the retry appends them again, so a record can appear twice.
+        """
+        if not records:
+            raise ValueError("produce needs at least one record")
+        resp = await self._leader_request(
+            ApiKey.PRODUCE,
+            lambda: m.ProduceRequest(cluster_id=self.cluster_id, records=records,
+                                     timeout_ms=self.request_timeout_ms),
+            self.request_timeout_ms + NETWORK_SLACK_MS,
+        )
+        return resp.base_offset, resp.leader_epoch
+
+    def consumer(self, reset_policy: str = "earliest") -> Consumer:
+        return Consumer(self, reset_policy)
+
+    async def close(self) -> None:
+        channels, self._channels = self._channels, {}
+        for ch in channels.values():
+            await ch.close()
+
+    # -- leader tracking -----------------------------------------------------
+
+    def _channel(self, addr: tuple[str, int]) -> PeerChannel:
+        ch = self._channels.get(addr)
+        if ch is None:
+            ch = self._channels[addr] = PeerChannel(
+                addr[0], addr[1], client_id=self.client_id, connect_timeout_ms=self.connect_timeout_ms,
+                reconnect_backoff_ms=self.retry_backoff_ms, logger=self._log,
+            )
+        return ch
+
+    def _set_leader(self, leader_id: int, leader_epoch: int) -> None:
+        if leader_epoch < self.leader_epoch:
+            return  # stale news
+        if (leader_id, leader_epoch) != (self.leader_id, self.leader_epoch):
+            self._log.info("leader_changed", leader_id=leader_id, leader_epoch=leader_epoch,
+                           previous_leader_id=self.leader_id, previous_epoch=self.leader_epoch)
+        self.leader_id = leader_id
+        self.leader_epoch = leader_epoch
+
+    def _apply_hint(self, hint: m.LeaderIdAndEpoch | None) -> bool:
+        """Take a current_leader hint; True if it names a leader we can reach now."""
+        if hint is None or hint.leader_epoch < self.leader_epoch:
+            return False
+        self._set_leader(hint.leader_id, hint.leader_epoch)
+        return hint.leader_id != m.NO_LEADER and hint.leader_id in self._endpoints
+
+    async def _refresh_metadata(self) -> m.MetadataResponse:
+        candidates: list[tuple[str, int]] = []
+        if self.leader_id in self._endpoints:
+            candidates.append(self._endpoints[self.leader_id])
+        candidates += [a for a in self._endpoints.values() if a not in candidates]
+        candidates += [a for a in self.bootstrap if a not in candidates]
+        failures = []
+        for addr in candidates:
+            try:
+                resp = await self._channel(addr).request(ApiKey.METADATA, m.MetadataRequest(), self.request_timeout_ms)
+            except NetError as exc:
+                failures.append(f"{addr[0]}:{addr[1]}: {exc}")
+                continue
+            if resp.error_code != Errors.NONE:
+                failures.append(f"{addr[0]}:{addr[1]}: {error_name(resp.error_code)}")
+                continue
+            if resp.cluster_id != self.cluster_id:
+                failures.append(
+                    f"{addr[0]}:{addr[1]}: cluster id {resp.cluster_id!r}, expected {self.cluster_id!r}"
+                )
+                continue
+            for node in [*resp.voters, *resp.observers]:
+                self._endpoints[node.node_id] = (node.host, node.port)
+            self._set_leader(resp.leader_id, resp.leader_epoch)
+            return resp
+        raise ClusterUnavailable("no node answered Metadata: " + "; ".join(failures))
+
+    async def _backoff(self, attempt: int) -> None:
+        backoff_ms = min(self.retry_backoff_ms * 2 ** min(attempt - 1, 20), RETRY_BACKOFF_MAX_MS)
+        await asyncio.sleep(backoff_ms * random.uniform(0.8, 1.2) / 1000)
+
+    async def _leader_request(
+        self,
+        api_key: ApiKey,
+        make_body: Callable[[], m.Body],
+        timeout_ms: int,
+        retriable: frozenset[int] = RETRIABLE,
+        passthrough: frozenset[int] = frozenset(),
+    ) -> Any:
+        """Send to the leader, retrying per `retriable`; answers with a code in
+        `passthrough` are returned; any other error code is raised as MetalogError.
+
+        `make_body` is called per attempt, so bodies pick up the latest leader
+        epoch. Exceptions it raises propagate (the consumer uses that).
+        """
+        last_error: Exception | None = None
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                await self._backoff(attempt)
+            if self.leader_id not in self._endpoints:
+                try:
+                    await self._refresh_metadata()
+                except ClusterUnavailable as exc:
+                    last_error = exc
+                    continue
+                if self.leader_id not in self._endpoints:
+                    last_error = MetalogError(Errors.LEADER_NOT_AVAILABLE, "metadata names no reachable leader")
+                    continue
+            ch = self._channel(self._endpoints[self.leader_id])
+            try:
+                resp = await ch.request(api_key, make_body(), timeout_ms)
+            except Overloaded as exc:
+                last_error = exc
+                continue
+            except (RequestTimeout, ConnectionLost) as exc:
+                last_error = exc
+                self.leader_id = m.NO_LEADER  # maybe dead: rediscover
+                continue
+            code = resp.error_code
+            if code == Errors.NONE or code in passthrough:
+                return resp
+            message = getattr(resp, "error_message", None) or ""
+            if code not in retriable:
+                raise MetalogError(code, message)
+            last_error = MetalogError(code, message)
+            if code in LEADER_ERRORS and not self._apply_hint(getattr(resp, "current_leader", None)):
+                if code != Errors.UNKNOWN_LEADER_EPOCH:  # that one: the leader just lags; ask it again
+                    self.leader_id = m.NO_LEADER
+            self._log.info("retrying", api_key=api_key.name, error=error_name(code), attempt=attempt + 1,
+                           leader_id=self.leader_id, leader_epoch=self.leader_epoch)
+        raise ClusterUnavailable(
+            f"{api_key.name} failed after {self.max_retries + 1} attempts: {last_error}"
+        ) from last_error
+
+
+class Consumer:
+    """Reads committed records in order; see the module docstring for truncation handling."""
+
+    def __init__(self, client: MetalogClient, reset_policy: str = "earliest"):
+        if reset_policy not in ("earliest", "latest", "none"):
+            raise ValueError(f"reset_policy must be 'earliest', 'latest' or 'none', not {reset_policy!r}")
+        self._client = client
+        self.reset_policy = reset_policy
+        self.position: int | None = None  # next offset to return
+        self.last_epoch = NO_EPOCH  # leader epoch of the last consumed record (or of the seek)
+        self._validated_leader_epoch = NO_EPOCH  # leader epoch the position was last checked under
+        self._needs_validation = False
+        self._max_wait_ms = 500  # of the poll in progress, read by _fetch_body
+
+    def seek(self, offset: int, epoch: int = NO_EPOCH) -> None:
+        """Continue at `offset`; with the `epoch` of the record before it, the position is validated first."""
+        if offset < 0:
+            raise ValueError(f"seek offset must be >= 0, not {offset}")
+        self.position = offset
+        self.last_epoch = epoch
+        self._needs_validation = epoch != NO_EPOCH
+
+    async def poll(self, max_wait_ms: int = 500) -> list[ConsumedRecord]:
+        """Records from the position on (possibly none after max_wait_ms); advances the position."""
+        c = self._client
+        for attempt in range(c.max_retries + 1):
+            if attempt:
+                await c._backoff(attempt)
+            if self.position is None:
+                await self._reset()
+            # Validate after every leader change; bounded, each round follows a newer epoch.
+            for _ in range(c.max_retries + 1):
+                if self.last_epoch == NO_EPOCH or not (
+                    self._needs_validation or c.leader_epoch != self._validated_leader_epoch
+                ):
+                    break
+                await self._validate()
+            if self.position is None:
+                continue  # validation found us out of range: reset first
+            resp = await self._fetch_checked(max_wait_ms)
+            if resp is None:
+                continue  # the leader epoch moved while fetching: validate again
+            code = resp.error_code
+            if code in (Errors.FENCED_LEADER_EPOCH, Errors.UNKNOWN_LEADER_EPOCH):
+                if not c._apply_hint(resp.current_leader) and code == Errors.FENCED_LEADER_EPOCH:
+                    c.leader_id = m.NO_LEADER
+                self._needs_validation = True
+                continue
+            if code == Errors.OFFSET_OUT_OF_RANGE:
+                self._out_of_range("the leader answered OFFSET_OUT_OF_RANGE")
+                continue
+            if code != Errors.NONE:
+                raise MetalogError(code, resp.error_message or "")
+            if resp.diverging_epoch is not None:
+                d = resp.diverging_epoch
+                if d.end_offset < self.position:
+                    self._truncated(d.end_offset, d.epoch)
+                else:
+                    self._needs_validation = True
+                continue
+            if resp.snapshot_id is not None:
+                self._out_of_range(f"offset below the log start (snapshot {resp.snapshot_id})")
+                continue
+            return self._take(resp)
+        raise ClusterUnavailable(f"poll gave up after {c.max_retries + 1} attempts")
+
+    # -- internals -----------------------------------------------------------
+
+    def _fetch_body(self) -> m.FetchRequest:
+        c = self._client
+        if self.last_epoch != NO_EPOCH and c.leader_epoch != self._validated_leader_epoch:
+            raise _Revalidate()
+        assert self.position is not None
+        return m.FetchRequest(
+            cluster_id=c.cluster_id, replica_id=m.CONSUMER_REPLICA_ID, max_wait_ms=self._max_wait_ms,
+            current_leader_epoch=c.leader_epoch, fetch_offset=self.position,
+            last_fetched_epoch=self.last_epoch,
+        )
+
+    async def _fetch_checked(self, max_wait_ms: int) -> m.FetchResponse | None:
+        self._max_wait_ms = max_wait_ms
+        try:
+            return await self._client._leader_request(
+                ApiKey.FETCH, self._fetch_body, max_wait_ms + self._client.request_timeout_ms,
+                retriable=_FETCH_RETRIABLE, passthrough=_FETCH_PASSTHROUGH,
+            )
+        except _Revalidate:
+            return None
+
+    def _take(self, resp: m.FetchResponse) -> list[ConsumedRecord]:
+        assert self.position is not None
+        hw = resp.high_watermark
+        out: list[ConsumedRecord] = []
+        records = resp.records
+        for pos, h in iter_batches(records):
+            if h.next_offset <= self.position:
+                continue
+            if hw != m.NO_OFFSET and h.base_offset >= hw:
+                break  # never hand out an uncommitted record, whatever the server sent
+            end = h.next_offset if hw == m.NO_OFFSET else min(h.next_offset, hw)
+            if not h.is_control:
+                values = decode_records(memoryview(records)[pos:pos + h.size], h)
+                for off in range(max(self.position, h.base_offset), end):
+                    out.append(ConsumedRecord(off, h.leader_epoch, values[off - h.base_offset]))
+            self.position = end
+            self.last_epoch = h.leader_epoch
+        return out
+
+    async def _reset(self) -> None:
+        if self.reset_policy == "none":
+            raise NoOffsetError("consumer has no position and reset_policy='none': call seek() first")
+        ts = m.LIST_OFFSETS_EARLIEST if self.reset_policy == "earliest" else m.LIST_OFFSETS_LATEST
+        resp = await self._client.list_offsets(ts)
+        self.position = resp.offset
+        self.last_epoch = resp.leader_epoch
+        self._validated_leader_epoch = self._client.leader_epoch
+        self._needs_validation = False
+
+    async def _validate(self) -> None:
+        c = self._client
+        used_epoch = NO_EPOCH
+
+        def body() -> m.OffsetsForLeaderEpochRequest:
+            nonlocal used_epoch
+            used_epoch = c.leader_epoch
+            return m.OffsetsForLeaderEpochRequest(
+                cluster_id=c.cluster_id, replica_id=m.CONSUMER_REPLICA_ID,
+                current_leader_epoch=used_epoch, leader_epoch=self.last_epoch,
+            )
+
+        resp = await c._leader_request(ApiKey.OFFSET_FOR_LEADER_EPOCH, body, c.request_timeout_ms)
+        assert self.position is not None
+        if resp.end_offset == m.NO_OFFSET or resp.leader_epoch == NO_EPOCH:
+            self._out_of_range(f"the leader knows no epoch <= {self.last_epoch}")
+        elif resp.end_offset < self.position:
+            self._truncated(resp.end_offset, resp.leader_epoch)
+        self._validated_leader_epoch = used_epoch
+        self._needs_validation = False
+
+    def _truncated(self, end_offset: int, epoch: int) -> None:
+        assert self.position is not None
+        self._client._log.warning("log_truncation_detected", position=self.position,
+                                  diverging_offset=end_offset, epoch=epoch, reset_policy=self.reset_policy)
+        if self.reset_policy == "none":
+            self._needs_validation = True  # keep raising until the user seeks
+            raise LogTruncationError(end_offset, epoch, self.position)
+        self.position = end_offset
+        self.last_epoch = epoch
+
+    def _out_of_range(self, reason: str) -> None:
+        if self.reset_policy == "none":
+            raise OffsetOutOfRangeError(self.position, reason)
+        self._client._log.warning("offset_out_of_range", position=self.position, reason=reason,
+                                  reset_policy=self.reset_policy)
+        self.position = None
+        self.last_epoch = NO_EPOCH
