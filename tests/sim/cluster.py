@@ -1,0 +1,563 @@
+"""The deterministic cluster simulator: real QuorumCore instances, fake everything below.
+
+A ``SimCluster`` runs N nodes (voters + observers), each a ``QuorumCore`` on a
+``SimDisk``, connected by a ``SimNetwork``, driven by one seeded scheduler: a
+heap of ``(time_ms, seq, event)`` with a fake clock. All randomness comes from
+``random.Random(seed)``, split into sub-streams (network, disk crashes,
+faults, client, one per core incarnation) so that e.g. a change in client
+timing does not reshuffle the network's dice.
+
+The driver obeys ``broker/quorum/api.py``: actions run in order before the next
+event; FlushLog completes later with FlushCompleted; every SendRequest ends in
+exactly one ResponseReceived or RequestFailed (timeout, or connection refused
+when the peer is down); every RequestReceived ends in one Respond.
+
+After EVERY event ``InvariantChecker`` runs (see invariants.py); a breach
+raises ``Violation`` carrying the seed and the last events of the trace. The
+trace is hashed so that a test can prove that replaying a seed is exact.
+
+Two ways to use it:
+
+* ``run_random_seed(seed)``: mixed faults and a client workload, then heal,
+  settle and check final consistency (tests/sim/test_random.py, tools/simulate.py);
+* by hand in scenario tests: ``intercept`` decides per message whether it is
+  delivered, held (``release`` later) or dropped; ``run_until`` moves time.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import heapq
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from broker.quorum import api
+from protocol import messages as m
+from tests.sim.disk import SimDisk
+from tests.sim.invariants import InvariantChecker, Violation, is_leader
+from tests.sim.network import NetworkConfig, SimNetwork
+
+TRACE_TAIL = 60
+MAX_EVENTS_PER_RUN = 3_000_000
+MAX_SAME_TIME_TICKS = 200
+INBOX_MAX = 100_000  # events held for a paused node
+
+
+def default_core_factory():
+    from broker.quorum.core import QuorumCore
+
+    return QuorumCore
+
+
+@dataclass
+class SimConfig:
+    voters: tuple[int, ...] = (1, 2, 3)
+    observers: tuple[int, ...] = (4,)
+    cluster_id: str = "sim-cluster"
+    quorum: dict[str, Any] = field(default_factory=dict)  # QuorumConfig overrides
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    flush_latency_ms: tuple[int, int] = (1, 8)
+    # Client workload
+    client_interval_ms: tuple[int, int] = (30, 150)
+    records_per_append_max: int = 3
+    # Snapshots: every interval, a node whose HW is this many records past its
+    # newest snapshot writes one (0 = never).
+    snapshot_interval_ms: int = 0
+    snapshot_min_records: int = 50
+
+
+@dataclass
+class Message:
+    kind: str  # "request" | "response" | "refused"
+    src: int
+    dst: int
+    src_incarnation: int  # incarnation of the requester (responses must match it)
+    request_id: int
+    body: m.Body | None
+
+    def __repr__(self) -> str:
+        return f"{self.kind} {self.src}->{self.dst} #{self.request_id} {brief(self.body)}"
+
+
+def brief(body: Any) -> str:
+    if body is None:
+        return "-"
+    parts = [type(body).__name__]
+    for name in ("error_code", "candidate_epoch", "leader_epoch", "current_leader_epoch", "fetch_offset",
+                 "last_fetched_epoch", "vote_granted", "high_watermark", "end_offset", "base_offset",
+                 "leader_id", "position"):
+        v = getattr(body, name, None)
+        if v is not None and v is not False:
+            parts.append(f"{name}={v}")
+    recs = getattr(body, "records", None)
+    if isinstance(recs, bytes) and recs:
+        parts.append(f"records={len(recs)}B")
+    for name in ("diverging_epoch", "snapshot_id", "current_leader"):
+        v = getattr(body, name, None)
+        if v is not None:
+            parts.append(f"{name}={v}")
+    return " ".join(parts)
+
+
+class SimNode:
+    def __init__(self, node_id: int, is_voter: bool):
+        self.node_id = node_id
+        self.is_voter = is_voter
+        self.disk = SimDisk()
+        self.core: Any = None
+        self.alive = False
+        self.paused = False
+        self.incarnation = 0
+        self.pending_requests: dict[int, int] = {}  # request_id -> destination
+        self.open_tokens: set[Any] = set()
+        self.next_tick_ms: int | None = None
+        self.same_time_ticks = 0
+        self.last_tick_ms = -1
+        self.inbox: collections.deque = collections.deque()
+        self.last_flush_done_ms = 0
+
+    def __repr__(self) -> str:
+        if not self.alive:
+            return f"n{self.node_id}(down)"
+        c = self.core
+        return (f"n{self.node_id}({role_name(c)} e{c.epoch} leader={c.leader_id} hw={c.high_watermark} "
+                f"leo={c.log_end_offset}{' paused' if self.paused else ''})")
+
+
+def role_name(core: Any) -> str:
+    r = core.role
+    return str(getattr(r, "name", getattr(r, "value", r))).lower()
+
+
+@dataclass
+class ClientAck:
+    offset: int
+    epoch: int
+    value: bytes
+
+
+class SimCluster:
+    def __init__(self, seed: int, config: SimConfig | None = None, core_factory: Callable | None = None):
+        self.seed = seed
+        self.config = config or SimConfig()
+        root = random.Random(seed)
+        self.rng_net = random.Random(root.getrandbits(64))
+        self.rng_disk = random.Random(root.getrandbits(64))
+        self.rng_faults = random.Random(root.getrandbits(64))
+        self.rng_client = random.Random(root.getrandbits(64))
+        self.rng_flush = random.Random(root.getrandbits(64))
+        self.rng_cores = random.Random(root.getrandbits(64))
+        self.core_cls = (core_factory or default_core_factory)()
+        self.network = SimNetwork(self.rng_net, self.config.network)
+        self.now_ms = 0
+        self._heap: list[tuple[int, int, str, tuple]] = []
+        self._seq = 0
+        self.nodes: dict[int, SimNode] = {}
+        for v in self.config.voters:
+            self.nodes[v] = SimNode(v, True)
+        for o in self.config.observers:
+            self.nodes[o] = SimNode(o, False)
+        self.trace_tail: collections.deque[str] = collections.deque(maxlen=TRACE_TAIL)
+        self._trace_hash = hashlib.sha256()
+        self.events_processed = 0
+        self.checker = InvariantChecker(self)
+        # Scenario control: decide per message "deliver" | "hold" | "drop".
+        self.intercept: Callable[[Message], str] | None = None
+        self.held: list[Message] = []
+        # Client bookkeeping
+        self._client_seq = 0
+        self.client_pending: dict[Any, tuple[int, list[bytes]]] = {}
+        self.client_results: list[tuple[Any, m.Body]] = []
+        self.acks: dict[int, ClientAck] = {}
+        # Failover latency: (crash time, epoch of the crashed leader, clean?)
+        self.failover_pending: tuple[int, int, bool] | None = None
+        self.failover_samples: list[tuple[int, bool]] = []
+        self.listeners: list[Callable[[SimNode], None]] = []  # called after every step
+
+    # ------------------------------------------------------------------ time
+    def schedule(self, at_ms: int, kind: str, *args: Any) -> None:
+        assert at_ms >= self.now_ms, f"scheduling {kind} in the past ({at_ms} < {self.now_ms})"
+        self._seq += 1
+        heapq.heappush(self._heap, (at_ms, self._seq, kind, args))
+
+    def run_until(self, until_ms: int, stop: Callable[[], bool] | None = None) -> bool:
+        """Process events up to `until_ms` (inclusive). With `stop`, return True as
+        soon as it holds (checked after every event), False if time ran out."""
+        if stop is not None and stop():
+            return True
+        while self._heap and self._heap[0][0] <= until_ms:
+            at, _, kind, args = heapq.heappop(self._heap)
+            self.now_ms = at
+            self._dispatch(kind, args)
+            self.events_processed += 1
+            if self.events_processed > MAX_EVENTS_PER_RUN:
+                self.fail(f"event budget of {MAX_EVENTS_PER_RUN} exceeded (livelock?)")
+            if stop is not None and stop():
+                return True
+        self.now_ms = max(self.now_ms, until_ms)
+        return stop() if stop is not None else True
+
+    def advance(self, ms: int) -> None:
+        self.run_until(self.now_ms + ms)
+
+    def run_until_true(self, cond: Callable[[], bool], within_ms: int, what: str) -> None:
+        if not self.run_until(self.now_ms + within_ms, cond):
+            raise AssertionError(f"within {within_ms} ms: {what} never happened; nodes: {self.describe()}")
+
+    # ----------------------------------------------------------------- trace
+    def trace(self, line: str) -> None:
+        entry = f"{self.now_ms} {line}"
+        self.trace_tail.append(entry)
+        self._trace_hash.update(entry.encode())
+        self._trace_hash.update(b"\n")
+
+    @property
+    def trace_hash(self) -> str:
+        return self._trace_hash.hexdigest()
+
+    def describe(self) -> str:
+        return " ".join(repr(n) for n in self.nodes.values())
+
+    def fail(self, reason: str) -> None:
+        tail = "\n    ".join(self.trace_tail)
+        raise Violation(
+            f"SIM_SEED={self.seed} violation at t={self.now_ms} ms: {reason}\n"
+            f"  nodes: {self.describe()}\n  last events:\n    {tail}",
+            seed=self.seed, reason=reason,
+        )
+
+    # ------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        for n in self.nodes.values():
+            self.boot(n.node_id)
+
+    def quorum_config(self, node_id: int) -> api.QuorumConfig:
+        return api.QuorumConfig(node_id=node_id, voters=tuple(self.config.voters),
+                                cluster_id=self.config.cluster_id, **self.config.quorum)
+
+    def boot(self, node_id: int) -> None:
+        n = self.nodes[node_id]
+        assert not n.alive
+        n.incarnation += 1
+        core_rng = random.Random(self.rng_cores.getrandbits(64))
+        n.core = self.core_cls(self.quorum_config(node_id), n.disk.log_view(), n.disk, n.disk.quorum_state, core_rng)
+        n.alive = True
+        n.paused = False
+        n.pending_requests.clear()
+        n.open_tokens.clear()
+        n.inbox.clear()
+        n.next_tick_ms = None
+        n.last_flush_done_ms = self.now_ms
+        self.trace(f"n{node_id} boot inc={n.incarnation} leo={n.disk.log_end_offset} qs={n.disk.quorum_state}")
+        self.checker.on_boot(n)
+        self.step(n, api.Tick(self.now_ms))
+
+    def crash(self, node_id: int, wipe: str | None = None) -> None:
+        """Hard kill: unflushed data may be lost. wipe: None | "log" | "all"."""
+        n = self.nodes[node_id]
+        if not n.alive:
+            return
+        self._note_leader_crash(n)
+        n.alive = False
+        n.paused = False
+        n.core = None
+        n.incarnation += 1  # responses and timers of the dead incarnation are void
+        n.disk.crash(self.rng_disk)
+        if wipe == "log":
+            n.disk.wipe_log()
+        elif wipe == "all":
+            n.disk.wipe_all()
+        n.pending_requests.clear()
+        n.open_tokens.clear()
+        n.inbox.clear()
+        n.next_tick_ms = None
+        self.trace(f"n{node_id} crash wipe={wipe} durable_leo={n.disk.log_end_offset}")
+        self.checker.on_crash(n, wiped=wipe)
+
+    def pause(self, node_id: int) -> None:
+        n = self.nodes[node_id]
+        if n.alive:
+            n.paused = True
+            self.trace(f"n{node_id} pause")
+
+    def resume(self, node_id: int) -> None:
+        n = self.nodes[node_id]
+        if not (n.alive and n.paused):
+            return
+        n.paused = False
+        self.trace(f"n{node_id} resume inbox={len(n.inbox)}")
+        held = list(n.inbox)
+        n.inbox.clear()
+        for kind, args in held:
+            if not n.alive or n.paused:
+                break
+            self._dispatch(kind, args)
+        if n.alive and not n.paused:
+            self.step(n, api.Tick(self.now_ms))
+
+    # ------------------------------------------------------------ dispatching
+    def _dispatch(self, kind: str, args: tuple) -> None:
+        getattr(self, "_on_" + kind)(*args)
+
+    def _for_node(self, node_id: int, incarnation: int | None, kind: str, args: tuple) -> SimNode | None:
+        """The node if it should process this event now; defers events of a paused node."""
+        n = self.nodes[node_id]
+        if not n.alive or (incarnation is not None and incarnation != n.incarnation):
+            return None
+        if n.paused:
+            if kind != "tick" and len(n.inbox) < INBOX_MAX:
+                n.inbox.append((kind, args))
+            return None
+        return n
+
+    def _on_tick(self, node_id: int, incarnation: int, at_ms: int) -> None:
+        n = self._for_node(node_id, incarnation, "tick", ())
+        if n is None or n.next_tick_ms != at_ms:
+            return
+        n.next_tick_ms = None
+        if at_ms == n.last_tick_ms:
+            n.same_time_ticks += 1
+            if n.same_time_ticks > MAX_SAME_TIME_TICKS:
+                self.fail(f"n{node_id} asked for more than {MAX_SAME_TIME_TICKS} ticks at t={at_ms} (livelock)")
+        else:
+            n.same_time_ticks = 0
+            n.last_tick_ms = at_ms
+        self.step(n, api.Tick(self.now_ms))
+
+    def _on_deliver(self, msg: Message) -> None:
+        if msg.kind == "request":
+            self._deliver_request(msg)
+        else:
+            self._deliver_response(msg)
+
+    def _deliver_request(self, msg: Message) -> None:
+        dst = self.nodes[msg.dst]
+        if not self.network.reachable(msg.src, msg.dst):
+            self.trace(f"lost {msg!r}")
+            return
+        if not dst.alive:
+            # Connection refused travels back if the path back is open.
+            back = self.network.transit_ms(msg.dst, msg.src)
+            if back is not None:
+                self.schedule(self.now_ms + back, "deliver",
+                              Message("refused", msg.dst, msg.src, msg.src_incarnation, msg.request_id, None))
+            return
+        n = self._for_node(msg.dst, None, "deliver", (msg,))
+        if n is None:
+            return
+        token = ("net", msg.src, msg.src_incarnation, msg.request_id)
+        n.open_tokens.add(token)
+        self.trace(f"n{n.node_id} <= {msg!r}")
+        self.step(n, api.RequestReceived(self.now_ms, token, msg.body))
+
+    def _deliver_response(self, msg: Message) -> None:
+        if msg.kind == "response" and not self.network.reachable(msg.src, msg.dst):
+            self.trace(f"lost {msg!r}")
+            return
+        n = self._for_node(msg.dst, msg.src_incarnation, "deliver", (msg,))
+        if n is None or msg.request_id not in n.pending_requests:
+            return  # the requester died, or gave up on this request already
+        del n.pending_requests[msg.request_id]
+        self.trace(f"n{n.node_id} <= {msg!r}")
+        if msg.kind == "refused":
+            self.step(n, api.RequestFailed(self.now_ms, msg.request_id, msg.src, "connection refused"))
+        else:
+            self.step(n, api.ResponseReceived(self.now_ms, msg.request_id, msg.src, msg.body))
+
+    def _on_timeout(self, node_id: int, incarnation: int, request_id: int) -> None:
+        n = self._for_node(node_id, incarnation, "timeout", (node_id, incarnation, request_id))
+        if n is None or request_id not in n.pending_requests:
+            return
+        dest = n.pending_requests.pop(request_id)
+        self.trace(f"n{node_id} request #{request_id} to n{dest} timed out")
+        self.step(n, api.RequestFailed(self.now_ms, request_id, dest, "timeout"))
+
+    def _on_flush(self, node_id: int, incarnation: int, target: int) -> None:
+        n = self._for_node(node_id, incarnation, "flush", (node_id, incarnation, target))
+        if n is None:
+            return
+        flushed = n.disk.flush(target)
+        self.trace(f"n{node_id} flushed to {flushed}")
+        self.step(n, api.FlushCompleted(self.now_ms, flushed))
+
+    def _on_call(self, fn: Callable[[], None]) -> None:
+        fn()
+
+    # -------------------------------------------------------------- the step
+    def step(self, n: SimNode, event: Any) -> list:
+        assert n.alive and not n.paused
+        actions = n.core.step(event)
+        self.trace(f"n{n.node_id} {type(event).__name__} -> {','.join(type(a).__name__ for a in actions)}")
+        for a in actions:
+            self._execute(n, a)
+            if not n.alive:
+                return actions  # a Fatal stopped the node
+        self.checker.after_step(n)
+        self.check_failover(n)
+        for listener in self.listeners:
+            listener(n)
+        self._schedule_tick(n)
+        return actions
+
+    def _schedule_tick(self, n: SimNode) -> None:
+        d = n.core.next_deadline_ms
+        if callable(d):
+            d = d()
+        if d is None:
+            return
+        d = max(int(d), self.now_ms)
+        if n.next_tick_ms is None or d < n.next_tick_ms:
+            n.next_tick_ms = d
+            self.schedule(d, "tick", n.node_id, n.incarnation, d)
+
+    def _execute(self, n: SimNode, a: Any) -> None:
+        disk = n.disk
+        if isinstance(a, api.PersistQuorumState):
+            disk.persist_quorum_state(a.state)
+        elif isinstance(a, api.AppendBatches):
+            disk.append(a.data, a.base_offset, a.next_offset)
+        elif isinstance(a, api.TruncateLog):
+            self.checker.on_truncate(n, a.end_offset)
+            disk.truncate(a.end_offset)
+        elif isinstance(a, api.WriteEpochCheckpoint):
+            disk.write_epoch_checkpoint(a.entries)
+        elif isinstance(a, api.FlushLog):
+            lo, hi = self.config.flush_latency_ms
+            done = max(self.now_ms + self.rng_flush.randint(lo, hi), n.last_flush_done_ms)
+            n.last_flush_done_ms = done
+            self.schedule(done, "flush", n.node_id, n.incarnation, disk.log_end_offset)
+        elif isinstance(a, api.SendRequest):
+            if a.request_id in n.pending_requests:
+                self.fail(f"n{n.node_id} reused request id {a.request_id} while it is outstanding")
+            n.pending_requests[a.request_id] = a.destination
+            self.schedule(self.now_ms + a.timeout_ms, "timeout", n.node_id, n.incarnation, a.request_id)
+            self._send(Message("request", n.node_id, a.destination, n.incarnation, a.request_id, a.request))
+        elif isinstance(a, api.Respond):
+            self._respond(n, a)
+        elif isinstance(a, api.WriteSnapshotChunk):
+            disk.write_snapshot_chunk(a.snapshot_id, a.position, a.data)
+        elif isinstance(a, api.InstallSnapshot):
+            ok = disk.install_snapshot(a.snapshot_id, a.size)
+            self.trace(f"n{n.node_id} install snapshot {a.snapshot_id} ok={ok}")
+        elif isinstance(a, api.AdvanceLogStart):
+            disk.advance_log_start(a.log_start_offset)
+        elif isinstance(a, api.Fatal):
+            self.fail(f"n{n.node_id} raised Fatal: {a.reason}")
+        else:
+            self.fail(f"n{n.node_id} returned an unknown action {a!r}")
+
+    def _send(self, msg: Message) -> None:
+        decision = self.intercept(msg) if self.intercept is not None else "deliver"
+        if decision == "hold":
+            self.held.append(msg)
+            self.trace(f"held {msg!r}")
+            return
+        if decision == "drop":
+            self.trace(f"dropped {msg!r}")
+            return
+        assert decision == "deliver", decision
+        transit = self.network.transit_ms(msg.src, msg.dst)
+        if transit is None:
+            self.trace(f"lost {msg!r}")
+            return
+        self.schedule(self.now_ms + transit, "deliver", msg)
+
+    def release(self, msg: Message, delay_ms: int = 0) -> None:
+        """Deliver a held message `delay_ms` from now (scenario tests)."""
+        self.held.remove(msg)
+        self.schedule(self.now_ms + delay_ms, "deliver", msg)
+
+    def held_where(self, pred: Callable[[Message], bool]) -> list[Message]:
+        return [msg for msg in self.held if pred(msg)]
+
+    def _respond(self, n: SimNode, a: api.Respond) -> None:
+        if a.token not in n.open_tokens:
+            self.fail(f"n{n.node_id} answered token {a.token!r} that is unknown or already answered")
+        n.open_tokens.discard(a.token)
+        if a.token[0] == "net":
+            _, src, src_inc, rid = a.token
+            self._send(Message("response", n.node_id, src, src_inc, rid, a.response))
+        else:
+            self._client_response(n, a.token, a.response)
+
+    # ---------------------------------------------------------------- client
+    def current_leader(self) -> SimNode | None:
+        """The live, unpaused node that leads the highest epoch (an oracle)."""
+        best = None
+        for n in self.nodes.values():
+            if n.alive and not n.paused and is_leader(n.core):
+                if best is None or n.core.epoch > best.core.epoch:
+                    best = n
+        return best
+
+    def client_append(self, node_id: int, values: list[bytes]) -> Any:
+        n = self.nodes[node_id]
+        self._client_seq += 1
+        token = ("client", self._client_seq)
+        self.client_pending[token] = (node_id, values)
+        n.open_tokens.add(token)
+        self.trace(f"n{node_id} client append {len(values)} records token={self._client_seq}")
+        self.step(n, api.ClientAppend(self.now_ms, [(token, len(values))], list(values)))
+        return token
+
+    def _client_response(self, n: SimNode, token: Any, response: m.Body) -> None:
+        _, values = self.client_pending.pop(token, (None, []))
+        self.client_results.append((token, response))
+        self.trace(f"n{n.node_id} client response {brief(response)}")
+        if isinstance(response, m.ProduceResponse) and response.error_code == 0:
+            for i, value in enumerate(values):
+                self.checker.on_ack(ClientAck(response.base_offset + i, response.leader_epoch, value))
+
+    def _note_leader_crash(self, n: SimNode) -> None:
+        leader = self.current_leader()
+        if leader is n and n.is_voter:
+            clean = all(o.alive and not o.paused and o.node_id not in self.network.isolated
+                        for o in self.nodes.values() if o.is_voter and o is not n) and not self.network.cuts
+            self.failover_pending = (self.now_ms, n.core.epoch, clean)
+
+    def note_fault(self) -> None:
+        """A new fault began: an ongoing failover measurement is no longer clean."""
+        if self.failover_pending is not None:
+            t, e, _ = self.failover_pending
+            self.failover_pending = (t, e, False)
+
+    def check_failover(self, n: SimNode) -> None:
+        if self.failover_pending is None:
+            return
+        t, epoch, clean = self.failover_pending
+        core = n.core
+        if is_leader(core) and core.epoch > epoch and core.high_watermark > self.checker.epoch_start(n, core.epoch):
+            self.failover_samples.append((self.now_ms - t, clean))
+            self.failover_pending = None
+
+    # -------------------------------------------------------------- snapshots
+    def start_snapshots(self) -> None:
+        if self.config.snapshot_interval_ms > 0:
+            self.schedule(self.now_ms + self.config.snapshot_interval_ms, "snapshot_round")
+
+    def _on_snapshot_round(self) -> None:
+        for n in self.nodes.values():
+            if n.alive and not n.paused:
+                self.maybe_snapshot(n)
+        self.schedule(self.now_ms + self.config.snapshot_interval_ms, "snapshot_round")
+
+    def maybe_snapshot(self, n: SimNode, min_records: int | None = None) -> m.SnapshotId | None:
+        """Write a snapshot of the committed log at the last batch boundary <= HW."""
+        need = self.config.snapshot_min_records if min_records is None else min_records
+        d = n.disk
+        hw = n.core.high_watermark or 0
+        latest = max([s.end_offset for s in d.snapshots] + [d.log_start_offset])
+        if hw - latest < need or hw <= d.log_start_offset:
+            return None
+        b = d.batch_at(hw - 1)
+        if b is None:
+            return None
+        end = hw if b.next_offset == hw else b.base_offset
+        sid = d.create_snapshot(end)
+        if sid is None:
+            return None
+        self.trace(f"n{n.node_id} snapshot {sid}")
+        self.step(n, api.SnapshotCreated(self.now_ms, sid))
+        return sid

@@ -1,0 +1,250 @@
+"""Safety invariants checked after every simulated event, and the final check.
+
+After every event (the reference's RaftEventSimulationTest list, plus ours):
+
+* SingleLeader: at most one node is ever leader of a given epoch.
+* MonotonicEpoch: a node's epoch never goes down (across restarts too: the
+  quorum state is durable; only a node wiped whole starts over).
+* MonotonicHighWatermark: a node's HW never goes down within one incarnation
+  (the HW is not persisted), and the HW of the newest leader, once it has
+  committed its own epoch's first record, never goes down cluster-wide.
+* MajorityReachedHighWatermark: the record below a leader's HW is durable
+  (flushed, same epoch at that offset) on a majority of voters -- so a leader
+  that counted unflushed data (KAFKA-10533) is caught at the next crash.
+* NoAcknowledgedAppendLost: every acknowledged record sits at its offset, with
+  its value and epoch, in every node's log below that node's HW.
+* NoTruncationBelowHighWatermark: TruncateLog never cuts under the node's HW.
+* SnapshotAtLogStart: a log that starts past 0 has a snapshot ending there.
+* The core's view of its log (start, end) matches the disk the driver wrote.
+
+At the end, ``check_final``: ConsistentCommittedData (all nodes agree on every
+offset below their HW, snapshots included), every acknowledged record is
+committed, and every node has caught up to the leader's HW.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.sim.cluster import ClientAck, SimCluster, SimNode
+
+
+class Violation(AssertionError):
+    def __init__(self, message: str, seed: int | None = None, reason: str = ""):
+        super().__init__(message)
+        self.seed = seed
+        self.reason = reason
+
+
+def is_leader(core: Any) -> bool:
+    r = core.role
+    return str(getattr(r, "name", getattr(r, "value", r))).lower() == "leader"
+
+
+def epoch_entries(core: Any) -> list[tuple[int, int]]:
+    out = []
+    for e in core.epochs or ():
+        out.append((int(e[0]), int(e[1])))
+    return out
+
+
+class InvariantChecker:
+    def __init__(self, cluster: "SimCluster"):
+        self.cluster = cluster
+        self.leaders_by_epoch: dict[int, int] = {}
+        self.epoch_floor: dict[int, int] = {}
+        self.hw_floor: dict[int, int] = {}
+        self.leader_hw_floor = (-1, 0)  # (epoch, hw) of the newest committed leader seen
+        self.acked_offsets: list[int] = []
+        self.checked: dict[int, tuple[int, int]] = {}  # node -> (disk version, offsets verified below)
+
+    def fail(self, reason: str) -> None:
+        self.cluster.fail(reason)
+
+    # ------------------------------------------------------------- helpers
+    def epoch_start(self, n: "SimNode", epoch: int) -> int:
+        for e, start in epoch_entries(n.core):
+            if e == epoch:
+                return start
+        return 1 << 62  # the epoch has no record yet: nothing of it is committed
+
+    def majority(self) -> int:
+        return len(self.cluster.config.voters) // 2 + 1
+
+    @staticmethod
+    def holds_durably(v: "SimNode", offset: int, epoch: int) -> bool:
+        d = v.disk
+        if offset < d.log_start_offset:
+            return any(s.end_offset > offset for s in d.snapshots)
+        if offset >= d.flushed_end_offset:
+            return False
+        return d.epoch_at(offset) == epoch
+
+    # ------------------------------------------------------------- hooks
+    def on_boot(self, n: "SimNode") -> None:
+        self.hw_floor.pop(n.node_id, None)
+        self.checked.pop(n.node_id, None)
+
+    def on_crash(self, n: "SimNode", wiped: str | None) -> None:
+        if wiped == "all":
+            self.epoch_floor.pop(n.node_id, None)
+        # Data lost in the crash must not be data some leader counted as committed.
+        for other in self.cluster.nodes.values():
+            if other.alive and is_leader(other.core):
+                self.check_majority(other)
+
+    def on_truncate(self, n: "SimNode", end_offset: int) -> None:
+        hw = self.hw_floor.get(n.node_id, 0)
+        if end_offset < hw:
+            self.fail(f"n{n.node_id} truncates its log to {end_offset}, below its high watermark {hw}")
+
+    def on_ack(self, ack: "ClientAck") -> None:
+        acks = self.cluster.acks
+        prev = acks.get(ack.offset)
+        if prev is not None and (prev.value, prev.epoch) != (ack.value, ack.epoch):
+            self.fail(f"offset {ack.offset} acknowledged twice: {prev} then {ack}")
+        if prev is None:
+            acks[ack.offset] = ack
+            bisect.insort(self.acked_offsets, ack.offset)
+        for n in self.cluster.nodes.values():
+            if n.alive and n.core.high_watermark is not None:
+                self._check_ack_on(n, ack)
+
+    def _check_ack_on(self, n: "SimNode", ack: "ClientAck") -> None:
+        if not (n.disk.log_start_offset <= ack.offset < n.core.high_watermark):
+            return
+        got = n.disk.record_at(ack.offset)
+        if got != (ack.epoch, ack.value):
+            self.fail(f"acknowledged record lost: offset {ack.offset} was acked as epoch {ack.epoch} "
+                      f"value {ack.value!r}, n{n.node_id} holds {got} below its HW {n.core.high_watermark}")
+
+    # ------------------------------------------------------------- after every step
+    def after_step(self, n: "SimNode") -> None:
+        core = n.core
+        nid = n.node_id
+        epoch = core.epoch
+        if epoch < self.epoch_floor.get(nid, -1):
+            self.fail(f"n{nid} epoch went down from {self.epoch_floor[nid]} to {epoch}")
+        self.epoch_floor[nid] = epoch
+        leader = is_leader(core)
+        if leader:
+            prev = self.leaders_by_epoch.setdefault(epoch, nid)
+            if prev != nid:
+                self.fail(f"two leaders in epoch {epoch}: n{prev} and n{nid}")
+            if not n.is_voter:
+                self.fail(f"observer n{nid} became leader of epoch {epoch}")
+        hw = core.high_watermark
+        if hw is None or hw < 0:
+            hw = 0
+        floor = self.hw_floor.get(nid, 0)
+        if hw < floor:
+            self.fail(f"n{nid} high watermark went down from {floor} to {hw}")
+        self.hw_floor[nid] = hw
+        d = n.disk
+        if core.log_end_offset != d.log_end_offset:
+            self.fail(f"n{nid} core thinks its log ends at {core.log_end_offset}, the disk ends at {d.log_end_offset}")
+        if core.log_start_offset != d.log_start_offset:
+            self.fail(f"n{nid} core thinks its log starts at {core.log_start_offset}, "
+                      f"the disk starts at {d.log_start_offset}")
+        if hw > d.log_end_offset:
+            self.fail(f"n{nid} high watermark {hw} is past its log end {d.log_end_offset}")
+        if d.log_start_offset > 0 and not any(s.end_offset == d.log_start_offset for s in d.snapshots):
+            self.fail(f"n{nid} log starts at {d.log_start_offset} with no snapshot ending there "
+                      f"(snapshots {sorted(d.snapshots)})")
+        if leader:
+            self.check_majority(n)
+            if hw > self.epoch_start(n, epoch):
+                last_epoch, last_hw = self.leader_hw_floor
+                if epoch >= last_epoch:
+                    if hw < last_hw:
+                        self.fail(f"leader n{nid} of epoch {epoch} has HW {hw}, below {last_hw} "
+                                  f"reached by the leader of epoch {last_epoch}")
+                    self.leader_hw_floor = (epoch, hw)
+        self._check_acks_below_hw(n, hw)
+
+    def check_majority(self, n: "SimNode") -> None:
+        hw = n.core.high_watermark or 0
+        if hw <= 0:
+            return
+        offset = hw - 1
+        if offset < n.disk.log_start_offset:
+            return  # covered by the snapshot the log starts at
+        epoch = n.disk.epoch_at(offset)
+        if epoch is None:
+            self.fail(f"leader n{n.node_id} has HW {hw} but no record at {offset}")
+        holders = [v.node_id for v in self.cluster.nodes.values()
+                   if v.is_voter and self.holds_durably(v, offset, epoch)]
+        if len(holders) < self.majority():
+            self.fail(f"leader n{n.node_id} (epoch {n.core.epoch}) has HW {hw} but only voters {holders} "
+                      f"hold offset {offset} (epoch {epoch}) durably; a majority is {self.majority()}")
+
+    def _check_acks_below_hw(self, n: "SimNode", hw: int) -> None:
+        version, upto = self.checked.get(n.node_id, (-1, 0))
+        if version != n.disk.version:
+            upto = 0
+        lo = max(upto, n.disk.log_start_offset)
+        if hw > lo and self.acked_offsets:
+            acks = self.cluster.acks
+            i = bisect.bisect_left(self.acked_offsets, lo)
+            while i < len(self.acked_offsets) and self.acked_offsets[i] < hw:
+                self._check_ack_on(n, acks[self.acked_offsets[i]])
+                i += 1
+        self.checked[n.node_id] = (n.disk.version, max(upto, hw))
+
+
+def committed_records(n: "SimNode") -> dict[int, tuple[int, bytes]]:
+    """offset -> (epoch, value) for every offset below the node's HW, snapshot included."""
+    from storage.batch import decode_records
+    from tests.sim.disk import split_batches
+
+    hw = n.core.high_watermark or 0
+    d = n.disk
+    out: dict[int, tuple[int, bytes]] = {}
+    if d.log_start_offset > 0:
+        sid = max(s for s in d.snapshots if s.end_offset == d.log_start_offset)
+        for b in split_batches(d.snapshots[sid]):
+            for i, v in enumerate(decode_records(b.data)):
+                if b.base_offset + i < hw:
+                    out[b.base_offset + i] = (b.epoch, v)
+    for b in d.batches:
+        if b.base_offset >= hw:
+            break
+        for i, v in enumerate(decode_records(b.data)):
+            o = b.base_offset + i
+            if d.log_start_offset <= o < hw:
+                out[o] = (b.epoch, v)
+    return out
+
+
+def check_final(cluster: "SimCluster") -> None:
+    """ConsistentCommittedData + everything acknowledged committed + all caught up."""
+    leader = cluster.current_leader()
+    if leader is None:
+        cluster.fail("no leader after healing and settling")
+    for n in cluster.nodes.values():
+        if not n.alive:
+            cluster.fail(f"n{n.node_id} is not running at the end")
+    ref = committed_records(leader)
+    ref_hw = leader.core.high_watermark
+    for o in range(ref_hw):
+        if o not in ref:
+            cluster.fail(f"leader n{leader.node_id} has no record at committed offset {o}")
+    for n in cluster.nodes.values():
+        if n is leader:
+            continue
+        mine = committed_records(n)
+        for o, rec in mine.items():
+            theirs = ref.get(o)
+            if theirs is not None and theirs != rec:
+                cluster.fail(f"ConsistentCommittedData: offset {o} is {rec} on n{n.node_id} "
+                             f"but {theirs} on leader n{leader.node_id}")
+            if theirs is None and o < ref_hw:
+                cluster.fail(f"n{n.node_id} has committed offset {o} the leader lacks")
+        if n.core.high_watermark != ref_hw:
+            cluster.fail(f"n{n.node_id} has not caught up: HW {n.core.high_watermark}, leader HW {ref_hw}")
+    for o, ack in cluster.acks.items():
+        if ref.get(o) != (ack.epoch, ack.value):
+            cluster.fail(f"acknowledged record at {o} ({ack.value!r}, epoch {ack.epoch}) is "
+                         f"{ref.get(o)} in the leader's committed log")
