@@ -117,6 +117,7 @@ class SimNode:
         self.last_tick_ms = -1
         self.inbox: collections.deque = collections.deque()
         self.last_flush_done_ms = 0
+        self.last_event: Any = None  # the event of the latest step (for listeners)
 
     def __repr__(self) -> str:
         if not self.alive:
@@ -175,6 +176,7 @@ class SimCluster:
         self.failover_pending: tuple[int, int, bool] | None = None
         self.failover_samples: list[tuple[int, bool]] = []
         self.listeners: list[Callable[[SimNode], None]] = []  # called after every step
+        self.injected: dict[int, m.Body] = {}  # responses to inject_request, by its number
 
     # ------------------------------------------------------------------ time
     def schedule(self, at_ms: int, kind: str, *args: Any) -> None:
@@ -388,6 +390,7 @@ class SimCluster:
     # -------------------------------------------------------------- the step
     def step(self, n: SimNode, event: Any) -> list:
         assert n.alive and not n.paused
+        n.last_event = event
         actions = n.core.step(event)
         self.trace(f"n{n.node_id} {type(event).__name__} -> {','.join(type(a).__name__ for a in actions)}")
         for a in actions:
@@ -479,8 +482,22 @@ class SimCluster:
         if a.token[0] == "net":
             _, src, src_inc, rid = a.token
             self._send(Message("response", n.node_id, src, src_inc, rid, a.response))
+        elif a.token[0] == "inject":
+            self.trace(f"n{n.node_id} answered injected #{a.token[1]}: {brief(a.response)}")
+            self.injected[a.token[1]] = a.response
         else:
             self._client_response(n, a.token, a.response)
+
+    def inject_request(self, node_id: int, request: m.Body) -> int:
+        """Feed `request` to a node as if a peer sent it (scenario tests forge stale
+        requests this way); its answer lands in ``self.injected[number]``."""
+        n = self.nodes[node_id]
+        self._client_seq += 1
+        token = ("inject", self._client_seq)
+        n.open_tokens.add(token)
+        self.trace(f"n{node_id} <= injected #{self._client_seq} {brief(request)}")
+        self.step(n, api.RequestReceived(self.now_ms, token, request))
+        return self._client_seq
 
     # ---------------------------------------------------------------- client
     def current_leader(self) -> SimNode | None:
