@@ -1,0 +1,490 @@
+"""The distributed replay of the metadata log, as pure per-key folds.
+
+``broker.controller.ControllerState`` applies records one by one over the
+whole state. The Spark job cannot hold the whole state in one place, so it
+splits the replay into folds that each see one *entity* (its key), with its
+records in offset order, plus a few small side tables that carry the
+cross-entity facts exactly:
+
+1. **topic directory** (one key, ``T``): Topic and RemoveTopic. Names and ids
+   form one namespace (a Topic is invalid if its name *or* its id is live), so
+   these few records fold together. Output: the live intervals
+   ``[created_at, removed_at)`` of every topic id (and so of every name).
+2. **brokers** (key ``B``/broker id): Register/Unregister/Fence/Unfence.
+   Output: the broker's status timeline ``(offset, registered, fenced)`` after
+   each valid record, and the offsets of its *valid* FenceBroker records.
+3. **partitions** (key ``P``/(topic id, partition id)): Partition and
+   PartitionChange, plus *derived events* taken from the side tables: the
+   removal of its topic (interval end), and every valid fence of a broker that
+   ever appears in one of its replica lists (the ISR is a subset of the
+   replicas and the leader is in the ISR or -1, so no other fence can touch
+   it). The fence is applied with controller.py's FenceBroker expansion rule;
+   the election asks the broker timeline for each candidate's status *as of
+   that offset*.
+4. **configs** (key ``C``/(type, name, key)): validity of a topic config needs
+   the name to be live at that offset; the topic's removal deletes the key.
+5. **features** (key ``F``/name).
+
+Side tables hold one row per topic lifecycle record / broker record, which in
+any metadata log are few next to partition and config records; the Spark job
+broadcasts them (exactly what a broadcast hash join does).
+
+Every fold emits the entity's state at each requested *cut* offset (the state
+reflecting records < cut), so one pass yields both the output snapshot and the
+states to compare with the brokers' own snapshots at their offsets.
+
+``replay_sequential`` runs the same folds with a plain dict standing in for the
+shuffle; tests compare it (and the Spark job) with ControllerState.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, NamedTuple, Sequence
+
+import msgspec
+
+from broker.controller import ControllerState, _partition_problem
+from storage import metadata_records as r
+
+_replace = msgspec.structs.replace
+
+# Key kinds (first element of a record's key).
+K_TOPICS = "T"
+K_BROKER = "B"
+K_PARTITION = "P"
+K_CONFIG = "C"
+K_FEATURE = "F"
+K_NOOP = "N"
+K_INVALID = "X"  # undecodable value: invalid by the controller's rules
+
+# Snapshot sections, in to_records() order.
+SEC_FEATURE, SEC_BROKER, SEC_TOPIC, SEC_PARTITION, SEC_CONFIG = range(5)
+
+_SEP = "\x00"
+
+
+def key_of(value: bytes) -> tuple[str, str]:
+    """(kind, key) of one record value; the key names the entity it changes."""
+    try:
+        rec = r.decode_record(value)
+    except r.MetadataRecordError:
+        return K_INVALID, ""
+    t = type(rec)
+    if t in (r.RegisterBroker, r.UnregisterBroker):
+        return K_BROKER, str(rec.broker_id)
+    if t in (r.FenceBroker, r.UnfenceBroker):
+        return K_BROKER, str(rec.id)
+    if t in (r.Topic, r.RemoveTopic):
+        return K_TOPICS, ""
+    if t in (r.Partition, r.PartitionChange):
+        return K_PARTITION, f"{rec.topic_id}{_SEP}{rec.partition_id}"
+    if t is r.Config:
+        return K_CONFIG, f"{rec.resource_type}{_SEP}{rec.resource_name}{_SEP}{rec.name}"
+    if t is r.FeatureLevel:
+        return K_FEATURE, rec.name
+    return K_NOOP, ""
+
+
+class StateRow(NamedTuple):
+    """One entity of the state at `cut`, with its sort key in to_records() order."""
+
+    cut: int
+    sec: int
+    s1: str
+    n1: int
+    s2: str
+    s3: str
+    value: bytes  # the encoded record that rebuilds the entity
+
+
+def _emit_cuts(cuts: Sequence[int], ci: int, upto: int, emit) -> int:
+    """Emit for every cut <= upto (state reflects records < cut); return next cut index."""
+    while ci < len(cuts) and cuts[ci] <= upto:
+        emit(cuts[ci])
+        ci += 1
+    return ci
+
+
+# ------------------------------------------------------------------ topic directory
+
+
+@dataclass
+class TopicTable:
+    """Live intervals of topic ids and names: [start, end), end None = still live."""
+
+    by_id: dict[str, list[tuple[int, int | None]]] = field(default_factory=dict)
+    by_name: dict[str, list[tuple[int, int | None]]] = field(default_factory=dict)
+    names: dict[tuple[str, int], str] = field(default_factory=dict)  # (id, start) -> name
+
+    def add(self, tid: str, name: str, start: int, end: int | None) -> None:
+        self.by_id.setdefault(tid, []).append((start, end))
+        self.by_name.setdefault(name, []).append((start, end))
+        self.names[(tid, start)] = name
+
+    def finish(self) -> "TopicTable":
+        for d in (self.by_id, self.by_name):
+            for v in d.values():
+                v.sort()
+        return self
+
+    @staticmethod
+    def _live(intervals: list[tuple[int, int | None]] | None, offset: int) -> bool:
+        for start, end in intervals or ():
+            if start < offset and (end is None or offset < end):
+                return True
+        return False
+
+    def id_live(self, tid: str, offset: int) -> bool:
+        return self._live(self.by_id.get(tid), offset)
+
+    def name_live(self, name: str, offset: int) -> bool:
+        return self._live(self.by_name.get(name), offset)
+
+    def id_removals(self, tid: str) -> list[int]:
+        return [end for _, end in self.by_id.get(tid, ()) if end is not None]
+
+    def name_removals(self, name: str) -> list[int]:
+        return [end for _, end in self.by_name.get(name, ()) if end is not None]
+
+
+class TopicInterval(NamedTuple):
+    topic_id: str
+    name: str
+    start: int
+    end: int  # -1: live at the end of the replayed range
+
+
+def fold_topics(records: Iterable[tuple[int, bytes]], cuts: Sequence[int]
+                ) -> tuple[list[TopicInterval], list[StateRow], int]:
+    """Fold Topic/RemoveTopic in offset order; return intervals, state rows, invalid count."""
+    live: dict[str, r.Topic] = {}  # id -> record
+    names: dict[str, str] = {}  # name -> id
+    started: dict[str, int] = {}
+    intervals: list[TopicInterval] = []
+    states: list[StateRow] = []
+    invalid = 0
+
+    def emit(cut: int) -> None:
+        for tid, rec in live.items():
+            states.append(StateRow(cut, SEC_TOPIC, tid, 0, "", "", r.encode_record(rec)))
+
+    ci = 0
+    for offset, value in sorted(records, key=lambda x: x[0]):
+        ci = _emit_cuts(cuts, ci, offset, emit)
+        rec = r.decode_record(value)
+        if type(rec) is r.Topic:
+            if rec.name in names or rec.topic_id in live:
+                invalid += 1
+                continue
+            live[rec.topic_id] = rec
+            names[rec.name] = rec.topic_id
+            started[rec.topic_id] = offset
+        else:
+            assert type(rec) is r.RemoveTopic, type(rec)
+            old = live.pop(rec.topic_id, None)
+            if old is None:
+                invalid += 1
+                continue
+            del names[old.name]
+            intervals.append(TopicInterval(rec.topic_id, old.name, started.pop(rec.topic_id), offset))
+    _emit_cuts(cuts, ci, 1 << 62, emit)
+    for tid, rec in live.items():
+        intervals.append(TopicInterval(tid, rec.name, started[tid], -1))
+    return intervals, states, invalid
+
+
+def topic_table(intervals: Iterable[TopicInterval]) -> TopicTable:
+    t = TopicTable()
+    for iv in intervals:
+        t.add(iv.topic_id, iv.name, iv.start, None if iv.end < 0 else iv.end)
+    return t.finish()
+
+
+# ------------------------------------------------------------------ brokers
+
+
+class BrokerChange(NamedTuple):
+    broker_id: int
+    offset: int
+    registered: bool
+    fenced: bool
+    is_fence: bool  # this change is a valid FenceBroker (a partition event)
+
+
+@dataclass
+class BrokerTable:
+    """Per broker: change offsets (sorted) and the status after each."""
+
+    offsets: dict[int, list[int]] = field(default_factory=dict)
+    status: dict[int, list[tuple[bool, bool]]] = field(default_factory=dict)
+    fences: dict[int, list[int]] = field(default_factory=dict)
+
+    def usable(self, bid: int, offset: int) -> bool:
+        """Registered and unfenced after applying every record <= offset."""
+        offs = self.offsets.get(bid)
+        if not offs:
+            return False
+        i = bisect.bisect_right(offs, offset) - 1
+        if i < 0:
+            return False
+        registered, fenced = self.status[bid][i]
+        return registered and not fenced
+
+
+def broker_table(changes: Iterable[BrokerChange]) -> BrokerTable:
+    t = BrokerTable()
+    for c in sorted(changes, key=lambda c: (c.broker_id, c.offset)):
+        t.offsets.setdefault(c.broker_id, []).append(c.offset)
+        t.status.setdefault(c.broker_id, []).append((c.registered, c.fenced))
+        if c.is_fence:
+            t.fences.setdefault(c.broker_id, []).append(c.offset)
+    return t
+
+
+def fold_broker(records: Iterable[tuple[int, bytes]], cuts: Sequence[int]
+                ) -> tuple[list[BrokerChange], list[StateRow], int]:
+    cur: r.RegisterBroker | None = None
+    changes: list[BrokerChange] = []
+    states: list[StateRow] = []
+    invalid = 0
+
+    def emit(cut: int) -> None:
+        if cur is not None:
+            states.append(StateRow(cut, SEC_BROKER, "", cur.broker_id, "", "", r.encode_record(cur)))
+
+    ci = 0
+    for offset, value in sorted(records, key=lambda x: x[0]):
+        ci = _emit_cuts(cuts, ci, offset, emit)
+        rec = r.decode_record(value)
+        t = type(rec)
+        is_fence = False
+        if t is r.RegisterBroker:
+            if cur is not None and cur.broker_epoch > rec.broker_epoch:
+                invalid += 1
+                continue
+            cur = rec
+            bid = rec.broker_id
+        elif t is r.UnregisterBroker:
+            if cur is None or cur.broker_epoch != rec.broker_epoch:
+                invalid += 1
+                continue
+            bid = cur.broker_id
+            cur = None
+        else:
+            assert t in (r.FenceBroker, r.UnfenceBroker), t
+            if cur is None or cur.broker_epoch != rec.epoch:
+                invalid += 1
+                continue
+            cur = _replace(cur, fenced=t is r.FenceBroker)
+            bid = rec.id
+            is_fence = t is r.FenceBroker
+        changes.append(BrokerChange(bid, offset, cur is not None,
+                                    cur is not None and cur.fenced, is_fence))
+    _emit_cuts(cuts, ci, 1 << 62, emit)
+    return changes, states, invalid
+
+
+# ------------------------------------------------------------------ partitions
+
+# Event kinds in a partition's merged stream; the offset orders them (every
+# offset holds one record, so no two events of one stream share an offset
+# except a record and nothing else).
+_EV_RECORD, _EV_REMOVE, _EV_FENCE = 0, 1, 2
+
+
+def fold_partition(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequence[int],
+                   topics: TopicTable, brokers: BrokerTable) -> tuple[list[StateRow], int]:
+    tid, _, pid_text = key.partition(_SEP)
+    pid = int(pid_text)
+    decoded = [(offset, r.decode_record(value)) for offset, value in records]
+    limit = cuts[-1] if cuts else 1 << 62
+    universe: set[int] = set()
+    for _, rec in decoded:
+        if rec.replicas is not None:
+            universe.update(rec.replicas)
+    events: list[tuple[int, int, object]] = [(o, _EV_RECORD, rec) for o, rec in decoded]
+    events.extend((o, _EV_REMOVE, None) for o in topics.id_removals(tid) if o < limit)
+    for bid in universe:
+        events.extend((o, _EV_FENCE, bid) for o in brokers.fences.get(bid, ()) if o < limit)
+    events.sort(key=lambda e: (e[0], e[1]))
+
+    cur: r.Partition | None = None
+    states: list[StateRow] = []
+    invalid = 0
+
+    def emit(cut: int) -> None:
+        if cur is not None:
+            states.append(StateRow(cut, SEC_PARTITION, tid, pid, "", "", r.encode_record(cur)))
+
+    ci = 0
+    for offset, kind, payload in events:
+        ci = _emit_cuts(cuts, ci, offset, emit)
+        if kind == _EV_REMOVE:
+            cur = None
+        elif kind == _EV_FENCE:
+            bid = payload
+            if cur is None or (bid not in cur.isr and cur.leader != bid):
+                continue
+            isr = tuple(x for x in cur.isr if x != bid) or cur.isr
+            leader = cur.leader
+            if leader == bid:
+                leader = r.NO_LEADER
+                for x in cur.replicas:
+                    if x in isr and brokers.usable(x, offset):
+                        leader = x
+                        break
+            if isr == cur.isr and leader == cur.leader:
+                continue
+            cur = _replace(cur, isr=isr, leader=leader,
+                           leader_epoch=cur.leader_epoch + (leader != cur.leader),
+                           partition_epoch=cur.partition_epoch + 1)
+        elif type(payload) is r.Partition:
+            if not topics.id_live(tid, offset) or _partition_problem(payload):
+                invalid += 1
+                continue
+            cur = payload
+        else:
+            rec = payload
+            assert type(rec) is r.PartitionChange, type(rec)
+            if cur is None:
+                invalid += 1
+                continue
+            leader = cur.leader if rec.leader == r.LEADER_NO_CHANGE else rec.leader
+            new = _replace(
+                cur,
+                isr=cur.isr if rec.isr is None else tuple(rec.isr),
+                replicas=cur.replicas if rec.replicas is None else tuple(rec.replicas),
+                leader=leader,
+                leader_epoch=cur.leader_epoch + (leader != cur.leader),
+                partition_epoch=cur.partition_epoch + 1)
+            if _partition_problem(new):
+                invalid += 1
+                continue
+            cur = new
+    _emit_cuts(cuts, ci, 1 << 62, emit)
+    return states, invalid
+
+
+# ------------------------------------------------------------------ configs, features
+
+
+def fold_config(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequence[int],
+                topics: TopicTable) -> tuple[list[StateRow], int]:
+    rt_text, rname, name = key.split(_SEP, 2)
+    rtype = int(rt_text)
+    limit = cuts[-1] if cuts else 1 << 62
+    events: list[tuple[int, int, object]] = [
+        (o, _EV_RECORD, r.decode_record(v)) for o, v in records]
+    if rtype == r.RESOURCE_TOPIC:
+        events.extend((o, _EV_REMOVE, None) for o in topics.name_removals(rname) if o < limit)
+    events.sort(key=lambda e: (e[0], e[1]))
+    value: str | None = None
+    states: list[StateRow] = []
+    invalid = 0
+
+    def emit(cut: int) -> None:
+        if value is not None:
+            states.append(StateRow(cut, SEC_CONFIG, "", rtype, rname, name,
+                                   r.encode_record(r.Config(rtype, rname, name, value))))
+
+    ci = 0
+    for offset, kind, rec in events:
+        ci = _emit_cuts(cuts, ci, offset, emit)
+        if kind == _EV_REMOVE:
+            value = None
+            continue
+        if rtype == r.RESOURCE_TOPIC:
+            if not topics.name_live(rname, offset):
+                invalid += 1
+                continue
+        elif rtype != r.RESOURCE_BROKER:
+            invalid += 1
+            continue
+        value = rec.value
+    _emit_cuts(cuts, ci, 1 << 62, emit)
+    return states, invalid
+
+
+def fold_feature(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequence[int]
+                 ) -> tuple[list[StateRow], int]:
+    level = 0
+    states: list[StateRow] = []
+    invalid = 0
+
+    def emit(cut: int) -> None:
+        if level:
+            states.append(StateRow(cut, SEC_FEATURE, key, 0, "", "",
+                                   r.encode_record(r.FeatureLevel(key, level))))
+
+    ci = 0
+    for offset, value in sorted(records, key=lambda x: x[0]):
+        ci = _emit_cuts(cuts, ci, offset, emit)
+        rec = r.decode_record(value)
+        if rec.feature_level < 0:
+            invalid += 1
+            continue
+        level = rec.feature_level
+    _emit_cuts(cuts, ci, 1 << 62, emit)
+    return states, invalid
+
+
+# ------------------------------------------------------------------ assembling
+
+
+def sort_key(row: StateRow) -> tuple:
+    return (row.sec, row.s1, row.n1, row.s2, row.s3)
+
+
+def state_from_rows(rows: Iterable[StateRow], offset: int) -> tuple[ControllerState, int]:
+    """Rebuild a ControllerState as a broker loading the snapshot would (rows
+    sorted in to_records() order); returns (state, records the load rejected)."""
+    st = ControllerState.from_records(
+        (r.decode_record(row.value) for row in sorted(rows, key=sort_key)), offset)
+    return st, st.invalid_records
+
+
+def replay_sequential(records: Iterable[tuple[int, bytes]], cuts: Sequence[int]
+                      ) -> tuple[dict[int, list[StateRow]], int]:
+    """The distributed plan with a dict for the shuffle: records (offset, value)
+    of the committed prefix, data records only. Returns state rows per cut and
+    the invalid record count."""
+    cuts = sorted(set(cuts))
+    groups: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
+    for offset, value in records:
+        if offset >= cuts[-1]:
+            continue
+        groups.setdefault(key_of(value), []).append((offset, value))
+    rows: list[StateRow] = []
+    invalid = sum(len(v) for (k, _), v in groups.items() if k == K_INVALID)
+    intervals, st, inv = fold_topics(groups.get((K_TOPICS, ""), []), cuts)
+    rows += st
+    invalid += inv
+    changes: list[BrokerChange] = []
+    for (kind, key), recs in groups.items():
+        if kind == K_BROKER:
+            ch, st, inv = fold_broker(recs, cuts)
+            changes += ch
+            rows += st
+            invalid += inv
+    topics, brokers = topic_table(intervals), broker_table(changes)
+    for (kind, key), recs in groups.items():
+        if kind == K_PARTITION:
+            st, inv = fold_partition(key, recs, cuts, topics, brokers)
+        elif kind == K_CONFIG:
+            st, inv = fold_config(key, recs, cuts, topics)
+        elif kind == K_FEATURE:
+            st, inv = fold_feature(key, recs, cuts)
+        else:
+            continue
+        rows += st
+        invalid += inv
+    by_cut: dict[int, list[StateRow]] = {c: [] for c in cuts}
+    for row in rows:
+        by_cut[row.cut].append(row)
+    return by_cut, invalid
+
+
+def iter_sorted(rows: Iterable[StateRow]) -> Iterator[StateRow]:
+    return iter(sorted(rows, key=sort_key))
