@@ -1,0 +1,43 @@
+# metalog images.
+#   docker build --target broker -t metalog:latest .        brokers, CLI, drills (no Java)
+#   docker build --target spark  -t metalog-spark:latest .  adds a Java runtime for the Spark job
+# docker-compose.yml builds both.
+
+# ---- build: install the package into a virtualenv we can copy --------------
+FROM python:3.11-slim AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/metalog
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY broker ./broker
+COPY protocol ./protocol
+COPY storage ./storage
+COPY tools ./tools
+RUN /opt/metalog/bin/pip install .
+
+# ---- broker: the runtime image (non-root) ----------------------------------
+FROM python:3.11-slim AS broker
+RUN groupadd --system --gid 10001 metalog \
+ && useradd --system --uid 10001 --gid metalog --home-dir /var/lib/metalog --shell /usr/sbin/nologin metalog \
+ && mkdir -p /var/lib/metalog /var/lib/metalog-drill /etc/metalog \
+ && chown -R metalog:metalog /var/lib/metalog /var/lib/metalog-drill
+COPY --from=build /opt/metalog /opt/metalog
+# The compose file is in the image so `metalog cluster up --compose` works inside it too.
+COPY docker-compose.yml /opt/metalog/share/docker-compose.yml
+ENV PATH=/opt/metalog/bin:$PATH PYTHONUNBUFFERED=1
+USER metalog
+WORKDIR /var/lib/metalog
+# Named volumes are created from these paths and inherit the owner.
+VOLUME ["/var/lib/metalog"]
+EXPOSE 9091 8091
+ENTRYPOINT []
+CMD ["metalog", "--help"]
+
+# ---- spark: the broker image plus a Java runtime, for `metalog spark ...` ---
+FROM broker AS spark
+USER root
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+ && rm -rf /var/lib/apt/lists/* \
+ && mkdir -p /out && chown metalog:metalog /out
+USER metalog
