@@ -182,6 +182,22 @@ class MetalogClient:
         )
         return resp.base_offset, resp.leader_epoch
 
+    async def command(self, command: str, **args: Any) -> tuple[int, int]:
+        """Run a controller command on the leader (create_topic, delete_topic,
+        register_broker, unregister_broker, fence_broker, unfence_broker,
+        set_config); returns (base_offset, leader_epoch) once its records are
+        committed. A refused command raises MetalogError with the controller's
+        message (e.g. "topic 'x' already exists"). Like produce, a retry after
+        a timeout may run the command twice; the second run is then refused or
+        a no-op by the controller's validation."""
+        resp = await self._leader_request(
+            ApiKey.CONTROLLER_COMMAND,
+            lambda: m.ControllerCommandRequest(cluster_id=self.cluster_id, command=command, args=args,
+                                               timeout_ms=self.request_timeout_ms),
+            self.request_timeout_ms + NETWORK_SLACK_MS,
+        )
+        return resp.base_offset, resp.leader_epoch
+
     def consumer(self, reset_policy: str = "earliest") -> Consumer:
         return Consumer(self, reset_policy)
 

@@ -21,6 +21,7 @@ The binary protocol is served by ``broker.net``; the HTTP admin API by
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import random
 import time
@@ -29,7 +30,7 @@ from typing import Any
 import msgspec
 
 from broker.config import BrokerConfig
-from broker.controller import Controller
+from broker.controller import CommandError, Controller, load_latest, load_snapshot, write_controller_snapshot
 from broker.metrics import BrokerMetrics
 from broker.net import Connection, PeerPool, serve
 from broker.quorum import api as qa
@@ -40,11 +41,12 @@ from protocol.errors import Errors
 from storage.epochs import EpochHistory, read_checkpoint, write_checkpoint
 from storage.log import SegmentedLog
 from storage.quorum_state import QuorumStateFile
-from storage.snapshot import PartialSnapshot, SnapshotStore
+from storage.snapshot import PartialSnapshot, SnapshotInvariantError, SnapshotStore
 
 PARTITION_DIR = "__cluster_metadata-0"
 META_FILE = "meta.properties"
 APPLY_BYTES_PER_STEP = 4 << 20  # bound the committed bytes applied per loop turn
+MAX_QUEUED_COMMANDS = 1024
 
 
 class StartupError(Exception):
@@ -114,6 +116,8 @@ class Broker:
         self._bg_tasks: set[asyncio.Task] = set()
         self._last_exposed: tuple | None = None
         self._stopping = False
+        self._commands: collections.deque = collections.deque()
+        self._command_in_flight: _CommandToken | None = None
         self.fatal: str | None = None
         self.stopped = asyncio.Event()
         self.server: asyncio.AbstractServer | None = None
@@ -125,28 +129,41 @@ class Broker:
         os.makedirs(self.part_dir, exist_ok=True)
         check_meta(cfg.data_dir, cfg.cluster_id, cfg.node_id)
         self.seg_log = SegmentedLog.open(self.part_dir, segment_bytes_max=cfg.segment_bytes_max, logger=self.log)
-        self.snapshots = SnapshotStore(self.part_dir, logger=self.log)
-        boot = self.snapshots.boot_cleanup(self.seg_log.log_start_offset)
+        self.snapshots = SnapshotStore(self.part_dir)
+        try:
+            boot = self.snapshots.boot_cleanup(self.seg_log.log_start_offset)
+            if boot is not None:
+                self.log.info("snapshot_boot_cleanup", **{k: v for k, v in vars(boot).items() if v})
+        except SnapshotInvariantError as exc:
+            # KIP-630's boot invariant failed: no snapshot covers the log start.
+            # Treat the log as empty and bootstrap from the leader.
+            self.log.warning("log_reset_no_covering_snapshot", error=str(exc),
+                             log_start_offset=self.seg_log.log_start_offset)
+            self.seg_log.truncate_fully(0)
+            for sid in self.snapshots.list():
+                self.snapshots.delete(sid)
         self.controller = Controller()
         t0 = time.perf_counter()
-        loaded = self.snapshots.load_latest_controller()
+        loaded = load_latest(self.snapshots)
         if loaded is not None:
             state, snap_id = loaded
-            self.controller.load_snapshot(state, snap_id.end_offset)
+            self.controller.load(state)
+            self.controller.snapshot_taken(snap_id.end_offset)
             self.metrics.snapshot_load_seconds.observe(time.perf_counter() - t0)
-            self.log.info("snapshot_loaded", snapshot=list(snap_id), seconds=round(time.perf_counter() - t0, 4))
-        if boot.log_is_empty:
-            # The seed's boot invariant failed: no snapshot covers the log start.
-            # Treat the log as empty and bootstrap from the leader.
-            self.log.warning("log_reset_no_covering_snapshot", log_start_offset=self.seg_log.log_start_offset)
+            self.log.info("snapshot_loaded", snapshot=[snap_id.end_offset, snap_id.epoch],
+                          seconds=round(time.perf_counter() - t0, 4))
+            if self.seg_log.log_end_offset < snap_id.end_offset or self.seg_log.log_start_offset > snap_id.end_offset:
+                # The snapshot is ahead of the log (installed, then crashed before
+                # the log was reset) or the log starts past it: restart the log there.
+                self.seg_log.truncate_fully(snap_id.end_offset)
+        elif self.seg_log.log_start_offset > 0:
+            self.log.warning("log_reset_no_loadable_snapshot", log_start_offset=self.seg_log.log_start_offset)
             self.seg_log.truncate_fully(0)
-        if loaded is not None and self.seg_log.log_end_offset < loaded[1].end_offset:
-            # The snapshot is ahead of the log (e.g. installed, then crashed): the log starts there.
-            self.seg_log.truncate_fully(loaded[1].end_offset)
         epochs = read_checkpoint(os.path.join(self.part_dir, "leader-epoch-checkpoint"))
         if not epochs.entries and self.seg_log.log_end_offset > self.seg_log.log_start_offset:
             epochs = EpochHistory(self.seg_log.batch_epochs())
         epochs.truncate_from_end(self.seg_log.log_end_offset)
+        epochs.truncate_from_start(self.seg_log.log_start_offset)
         if loaded is not None and not epochs.entries:
             epochs.assign(loaded[1].epoch, loaded[1].end_offset)
         self.qs_file = QuorumStateFile(os.path.join(self.part_dir, "quorum-state"))
@@ -234,8 +251,12 @@ class Broker:
         if t is qa.SendRequest:
             self._spawn(self._send(a))
         elif t is qa.Respond:
-            conn, correlation_id = a.token
-            conn.send_response(correlation_id, a.response)
+            token = a.token
+            if type(token) is _CommandToken:
+                self._command_done(token, a.response)
+            else:
+                conn, correlation_id = token
+                conn.send_response(correlation_id, a.response)
         elif t is qa.AppendBatches:
             self.seg_log.append(a.data)
             self.metrics.appended_bytes.inc(len(a.data))
@@ -247,8 +268,8 @@ class Broker:
                                voters=list(s.voters))
         elif t is qa.TruncateLog:
             self.log.warning("log_truncated", end_offset=a.end_offset, log_end_offset=self.seg_log.log_end_offset)
+            assert a.end_offset >= self.controller.applied_offset, "truncating below applied (committed) records"
             self.seg_log.truncate_to(a.end_offset)
-            self.controller.on_truncate(a.end_offset)
         elif t is qa.WriteEpochCheckpoint:
             write_checkpoint(os.path.join(self.part_dir, "leader-epoch-checkpoint"), EpochHistory(a.entries))
         elif t is qa.WriteSnapshotChunk:
@@ -256,13 +277,15 @@ class Broker:
             if part is None or a.position == 0:
                 if part is not None:
                     part.abort()
-                part = self._partials[a.snapshot_id] = PartialSnapshot(self.part_dir, a.snapshot_id)
+                part = self._partials[a.snapshot_id] = self.snapshots.partial(a.snapshot_id)
             part.write_at(a.position, a.data)
         elif t is qa.InstallSnapshot:
             self._install_snapshot(a)
         elif t is qa.AdvanceLogStart:
             self.seg_log.advance_log_start(a.log_start_offset)
-            self.snapshots.delete_before_covering(a.log_start_offset)
+            covering = [sid for sid in self.snapshots.list() if sid.end_offset <= a.log_start_offset]
+            if covering:
+                self.snapshots.delete_before(covering[-1])
             self.log.info("log_start_advanced", log_start_offset=a.log_start_offset)
         elif t is qa.Fatal:
             self.fatal = a.reason
@@ -282,13 +305,15 @@ class Broker:
         hw = core.high_watermark
         if hw is not None and hw > self.controller.applied_offset:
             self._apply_committed(hw)
+        if self._commands and self._command_in_flight is None:
+            self._pump_commands()
         self._schedule_timer()
 
     def _apply_committed(self, hw: int) -> None:
         start = max(self.controller.applied_offset, self.seg_log.log_start_offset)
         data = self.seg_log.read(start, hw, APPLY_BYTES_PER_STEP)
         if data:
-            self.controller.apply_batches(data, upto=hw)
+            self.controller.apply_batches(data, end_offset=hw)
         self.metrics.high_watermark.set(hw)
         if self.controller.applied_offset < hw:
             # More than one step's worth: continue on the next loop turn.
@@ -388,6 +413,8 @@ class Broker:
             conn.send_response(header.correlation_id, self.metadata_response())
         elif api_key is ApiKey.PRODUCE:
             self._enqueue_produce(token, body)
+        elif api_key is ApiKey.CONTROLLER_COMMAND:
+            self._enqueue_command(token, body)
         else:
             self._step(qa.RequestReceived(now_ms(), token, body))
 
@@ -438,24 +465,77 @@ class Broker:
         self.metrics.appended_records.inc(len(records))
         self._step(qa.ClientAppend(now_ms(), waiters, records))
 
+    # ------------------------------------------------- controller commands
+    def _enqueue_command(self, token, body: m.ControllerCommandRequest) -> None:
+        conn, cid = token
+        if len(self._commands) >= MAX_QUEUED_COMMANDS:
+            conn.send_response(cid, m.ControllerCommandResponse(
+                error_code=Errors.REQUEST_TIMED_OUT, error_message="controller command queue is full"))
+            return
+        self._commands.append((_CommandToken(conn, cid), body))
+        if self._command_in_flight is None:
+            self._pump_commands()
+
+    def _pump_commands(self) -> None:
+        """Run queued commands one at a time, each validated against a state
+        that reflects every record in the log (so two commands never both pass
+        against the same stale state)."""
+        core = self.core
+        while self._commands and self._command_in_flight is None:
+            if str(core.role) != "leader":
+                leader = m.LeaderIdAndEpoch(core.leader_id if core.leader_id is not None else m.NO_LEADER,
+                                            core.epoch)
+                while self._commands:
+                    token, _ = self._commands.popleft()
+                    token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
+                        error_code=Errors.NOT_LEADER_OR_FOLLOWER, current_leader=leader))
+                return
+            if self.controller.applied_offset < core.log_end_offset:
+                return  # earlier records not applied yet: retried after the next step
+            token, body = self._commands.popleft()
+            try:
+                records = build_command(self.controller, body.command, body.args)
+            except CommandError as exc:
+                token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
+                    error_code=exc.error_code, error_message=str(exc)))
+                continue
+            except (KeyError, TypeError, ValueError) as exc:
+                token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
+                    error_code=Errors.INVALID_REQUEST,
+                    error_message=f"bad arguments for {body.command!r}: {type(exc).__name__}: {exc}"))
+                continue
+            if not records:
+                token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
+                    base_offset=core.log_end_offset, leader_epoch=core.epoch))
+                continue
+            self._command_in_flight = token
+            self._step(qa.ClientAppend(now_ms(), [(token, len(records))], records))
+
+    def _command_done(self, token: "_CommandToken", response: m.ProduceResponse) -> None:
+        assert token is self._command_in_flight
+        self._command_in_flight = None
+        token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
+            error_code=response.error_code, error_message=response.error_message,
+            base_offset=response.base_offset, leader_epoch=response.leader_epoch,
+            current_leader=response.current_leader))
+
     # ------------------------------------------------------------ snapshots
     def _install_snapshot(self, a: qa.InstallSnapshot) -> None:
         part = self._partials.pop(a.snapshot_id, None)
         if part is None:
-            self.log.error("snapshot_install_without_download", snapshot=list(a.snapshot_id))
+            self.log.error("snapshot_install_without_download", snapshot=[a.snapshot_id.end_offset, a.snapshot_id.epoch])
             return
         t0 = time.perf_counter()
         try:
             part.complete(a.size)
         except Exception as exc:
-            self.log.error("snapshot_download_rejected", snapshot=list(a.snapshot_id), error=str(exc))
+            self.log.error("snapshot_download_rejected", snapshot=[a.snapshot_id.end_offset, a.snapshot_id.epoch], error=str(exc))
             return
         self.seg_log.truncate_fully(a.snapshot_id.end_offset)
         self.snapshots.delete_before(a.snapshot_id)
-        loaded = self.snapshots.load_controller(a.snapshot_id)
-        self.controller.load_snapshot(loaded, a.snapshot_id.end_offset)
+        self.controller.load(load_snapshot(self.snapshots, a.snapshot_id))
         self.metrics.snapshot_load_seconds.observe(time.perf_counter() - t0)
-        self.log.info("snapshot_installed", snapshot=list(a.snapshot_id), size=a.size,
+        self.log.info("snapshot_installed", snapshot=[a.snapshot_id.end_offset, a.snapshot_id.epoch], size=a.size,
                       seconds=round(time.perf_counter() - t0, 4))
 
     def _maybe_snapshot(self) -> None:
@@ -468,24 +548,56 @@ class Broker:
         snap_id = m.SnapshotId(end_offset, epoch)
         if self.snapshots.size(snap_id) is not None:
             return
-        frozen = self.controller.freeze()  # an immutable copy taken on the loop
-        self.controller.records_since_snapshot = 0
+        frozen = self.controller.state.copy()  # taken on the loop; records inside are immutable
+        self.controller.snapshot_taken(end_offset)
         self._snapshot_task = asyncio.get_running_loop().create_task(self._write_snapshot(snap_id, frozen))
 
     async def _write_snapshot(self, snap_id: m.SnapshotId, frozen) -> None:
         t0 = time.perf_counter()
         try:
-            size = await asyncio.to_thread(self.snapshots.write_controller, snap_id, frozen, self.cfg.cluster_id)
+            result = await asyncio.to_thread(write_controller_snapshot, self.snapshots, frozen, snap_id,
+                                             int(time.time() * 1000), self.cfg.cluster_id)
+            size = result.size_bytes
         except Exception as exc:
-            self.log.error("snapshot_write_failed", snapshot=list(snap_id), error=str(exc))
+            self.log.error("snapshot_write_failed", snapshot=[snap_id.end_offset, snap_id.epoch], error=str(exc))
             return
         finally:
             self._snapshot_task = None
         seconds = time.perf_counter() - t0
         self.metrics.snapshot_generation_seconds.observe(seconds)
         self.metrics.snapshot_bytes.set(size)
-        self.log.info("snapshot_created", snapshot=list(snap_id), size=size, seconds=round(seconds, 4))
+        self.log.info("snapshot_created", snapshot=[snap_id.end_offset, snap_id.epoch], size=size, seconds=round(seconds, 4))
         self._step(qa.SnapshotCreated(now_ms(), snap_id))
+
+
+class _CommandToken:
+    __slots__ = ("conn", "correlation_id")
+
+    def __init__(self, conn, correlation_id: int):
+        self.conn = conn
+        self.correlation_id = correlation_id
+
+
+def build_command(controller: Controller, command: str, args: dict) -> list[bytes]:
+    """Records for one controller command; CommandError if the state refuses it."""
+    if command == "create_topic":
+        return controller.create_topic(str(args["name"]), int(args["partitions"]), int(args["replication_factor"]))
+    if command == "delete_topic":
+        return controller.delete_topic(str(args["name"]))
+    if command == "register_broker":
+        endpoints = [(str(n), str(h), int(p)) for n, h, p in args.get("endpoints", [])]
+        return controller.register_broker(int(args["broker_id"]), endpoints, args.get("rack"))
+    if command == "unregister_broker":
+        return controller.unregister_broker(int(args["broker_id"]))
+    if command == "fence_broker":
+        return controller.fence_broker(int(args["broker_id"]))
+    if command == "unfence_broker":
+        return controller.unfence_broker(int(args["broker_id"]))
+    if command == "set_config":
+        value = args.get("value")
+        return controller.set_config(int(args["resource_type"]), str(args["resource_name"]), str(args["name"]),
+                                     None if value is None else str(value))
+    raise CommandError(f"unknown controller command {command!r}")
 
 
 def _sender_voter_id(body: m.Body) -> int | None:

@@ -19,6 +19,7 @@ class ApiKey(enum.IntEnum):
     END_QUORUM_EPOCH = 54
     DESCRIBE_QUORUM = 55
     FETCH_SNAPSHOT = 59
+    CONTROLLER_COMMAND = 1000  # metalog's own, outside Kafka's range
 
 
 # api key -> (request type, response type, min version, max version)
@@ -34,6 +35,7 @@ APIS: dict[ApiKey, tuple[type[m.Body], type[m.Body], int, int]] = {
     ApiKey.END_QUORUM_EPOCH: (m.EndQuorumEpochRequest, m.EndQuorumEpochResponse, 0, 0),
     ApiKey.DESCRIBE_QUORUM: (m.DescribeQuorumRequest, m.DescribeQuorumResponse, 0, 0),
     ApiKey.FETCH_SNAPSHOT: (m.FetchSnapshotRequest, m.FetchSnapshotResponse, 0, 0),
+    ApiKey.CONTROLLER_COMMAND: (m.ControllerCommandRequest, m.ControllerCommandResponse, 0, 0),
 }
 
 REQUEST_API_KEY: dict[type[m.Body], ApiKey] = {req: key for key, (req, _, _, _) in APIS.items()}

@@ -16,6 +16,8 @@ deterministic simulator.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 NO_EPOCH = -1
@@ -272,3 +274,28 @@ class ErrorResponse(Body):
 
     error_code: int
     error_message: str = ""
+
+
+# --------------------------------------------------------------------------
+# ControllerCommand (1000, metalog's own): create/delete topics, register,
+# fence and unfence brokers, set configs. Kafka spreads these over several
+# apis (CreateTopics, DeleteTopics, IncrementalAlterConfigs, BrokerRegistration,
+# ...); one api with a command name keeps our single-log controller simple.
+# The leader validates against its committed state and answers once the
+# resulting records are committed.
+
+
+class ControllerCommandRequest(Body):
+    cluster_id: str
+    command: str  # create_topic, delete_topic, register_broker, unregister_broker,
+    #               fence_broker, unfence_broker, set_config
+    args: dict[str, Any] = {}  # validated by the leader's controller
+    timeout_ms: int = 5000
+
+
+class ControllerCommandResponse(Body):
+    error_code: int = 0
+    error_message: str | None = None
+    base_offset: int = NO_OFFSET  # offset of the first record the command wrote
+    leader_epoch: int = NO_EPOCH
+    current_leader: LeaderIdAndEpoch | None = None

@@ -1,0 +1,28 @@
+"""Fixtures for real-process tests: brokers are separate OS processes talking
+TCP on loopback, with real files and fsync."""
+
+from __future__ import annotations
+
+import pytest
+
+from tools.launcher import LocalCluster
+
+
+@pytest.fixture
+def make_cluster(tmp_path):
+    """make_cluster(voters=3, observers=0, **config) -> a started LocalCluster;
+    every cluster is stopped at the end of the test, and its broker logs are
+    printed on failure by pytest's captured output."""
+    clusters: list[LocalCluster] = []
+
+    def make(voters: int = 3, observers: int = 0, start: bool = True, **common) -> LocalCluster:
+        cluster = LocalCluster.create(str(tmp_path / f"cluster{len(clusters)}"), voters=voters,
+                                      observers=observers, common=common)
+        clusters.append(cluster)
+        if start:
+            cluster.start()
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        cluster.stop()
