@@ -106,8 +106,19 @@ class Shutdown:
     now_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class StallReads:
+    """Fault injection for KIP-501's example (a leader whose log read takes 25 s):
+    until `until_ms` the leader's reads are slow, so every Fetch it receives
+    stays pending and is answered no earlier than `until_ms`. Production drivers
+    never feed it; the simulator and tests do."""
+
+    now_ms: int
+    until_ms: int
+
+
 Event = (Tick | RequestReceived | ResponseReceived | RequestFailed | FlushCompleted
-         | ClientAppend | SnapshotCreated | Shutdown)
+         | ClientAppend | SnapshotCreated | Shutdown | StallReads)
 
 # --------------------------------------------------------------------------
 # Actions (core -> driver), executed in order.
