@@ -133,6 +133,7 @@ async def test_consumer_never_sees_uncommitted_records_and_detects_planted_trunc
     await asyncio.to_thread(cluster.wait_for_leader, 20)
     client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=3000, max_retries=50)
     consumer = client.consumer(reset_policy="none")
+    consumer.seek(0)
     seen = []
     try:
         acked = await produce_all(client, [f"v{i}".encode() for i in range(300)], concurrency=8)
