@@ -126,8 +126,9 @@ class Broker:
     # ------------------------------------------------------------------ boot
     async def start(self) -> None:
         cfg = self.cfg
+        os.makedirs(cfg.data_dir, exist_ok=True)
+        check_meta(cfg.data_dir, cfg.cluster_id, cfg.node_id)  # before writing anything there
         os.makedirs(self.part_dir, exist_ok=True)
-        check_meta(cfg.data_dir, cfg.cluster_id, cfg.node_id)
         self.seg_log = SegmentedLog.open(self.part_dir, segment_bytes_max=cfg.segment_bytes_max, logger=self.log)
         self.snapshots = SnapshotStore(self.part_dir)
         try:

@@ -1,0 +1,159 @@
+"""What a user sees when they give a real broker bad input: bad config values,
+a data dir from another cluster, a wrong cluster id or a non-voter on the wire,
+and random or mutated frames (the broker keeps serving everyone else)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+import subprocess
+import sys
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from broker.client import MetalogClient
+from broker.net import PeerChannel
+from protocol import codec
+from protocol import messages as m
+from protocol.apis import ApiKey
+from protocol.errors import Errors
+from tools.launcher import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+FAST = dict(election_timeout_ms=300, fetch_timeout_ms=800, request_timeout_ms=800, fetch_max_wait_ms=100)
+
+
+def run_broker(config: dict, tmp_path) -> subprocess.CompletedProcess:
+    path = tmp_path / "broker.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return subprocess.run([sys.executable, "-m", "broker.main", "--config", str(path)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def base_config(tmp_path) -> dict:
+    return {"node_id": 1, "cluster_id": "c1", "data_dir": str(tmp_path / "data"),
+            "listen": "127.0.0.1:0", "voters": "1@127.0.0.1:1"}
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("node_id", "one", "node_id: Expected `int`, got `str`"),
+    ("voters", "1@nohost", "voters: expected host:port, got 'nohost'"),
+    ("election_timeout_ms", -5, "election_timeout_ms: must be > 0, got -5"),
+    ("fetch_max_wait_ms", 5000, "fetch_max_wait_ms: must be below fetch_timeout_ms (2000), got 5000"),
+    ("no_such_key", 1, "Object contains unknown field `no_such_key`"),
+])
+def test_bad_config_value_fails_at_start_naming_the_key(tmp_path, key, value, expected):
+    cfg = base_config(tmp_path)
+    cfg[key] = value
+    result = run_broker(cfg, tmp_path)
+    assert result.returncode == 2
+    assert "metalog: config error:" in result.stderr
+    assert expected in result.stderr
+
+
+def test_data_dir_of_another_cluster_is_refused_at_boot(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "meta.properties").write_text("version=1\ncluster.id=other\nnode.id=1\n")
+    result = run_broker(base_config(tmp_path), tmp_path)
+    assert result.returncode == 3
+    assert "belongs to cluster 'other' but the config says 'c1'" in result.stderr
+    # Nothing was written into the foreign data dir.
+    assert sorted(os.listdir(data)) == ["meta.properties"]
+
+
+async def test_wrong_cluster_id_and_non_voter_requests_are_refused_on_the_wire(make_cluster):
+    cluster = make_cluster(voters=1, **FAST)
+    await asyncio.to_thread(cluster.wait_for_leader, 20)
+    host, port = cluster.bootstrap()[0]
+    ch = PeerChannel(host, port)
+    try:
+        resp = await ch.request(ApiKey.PRODUCE, m.ProduceRequest(cluster_id="wrong", records=[b"x"]), 5000)
+        assert resp.error_code == Errors.INCONSISTENT_CLUSTER_ID
+        vote = m.VoteRequest(cluster_id=cluster.cluster_id, candidate_epoch=99, candidate_id=42,
+                             last_offset_epoch=99, last_offset=10**9)
+        resp = await ch.request(ApiKey.VOTE, vote, 5000)
+        assert resp.error_code == Errors.INCONSISTENT_VOTER_SET
+        assert not resp.vote_granted
+    finally:
+        await ch.close()
+    # The refused vote did not disturb the quorum: same leader, same epoch.
+    q = cluster.quorum(1)
+    assert q["role"] == "leader" and q["epoch"] < 99
+
+
+def _valid_frames(cluster_id: str) -> list[bytes]:
+    bodies = [
+        (ApiKey.API_VERSIONS, m.ApiVersionsRequest()),
+        (ApiKey.METADATA, m.MetadataRequest()),
+        (ApiKey.FETCH, m.FetchRequest(cluster_id=cluster_id, replica_id=-1, max_wait_ms=0,
+                                      current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1)),
+        (ApiKey.DESCRIBE_QUORUM, m.DescribeQuorumRequest()),
+    ]
+    return [codec.encode_request(k, 7, "fuzz", b) for k, b in bodies]
+
+
+@pytest.fixture(scope="module")
+def live_broker(tmp_path_factory):
+    from tools.launcher import LocalCluster
+
+    cluster = LocalCluster.create(str(tmp_path_factory.mktemp("fuzz")), voters=1, observers=0, common=FAST)
+    cluster.start()
+    cluster.wait_for_leader(20)
+    yield cluster
+    cluster.stop()
+
+
+def _send_raw(host: str, port: int, data: bytes) -> None:
+    """Send bytes, then read whatever comes back until the broker answers or
+    closes, within a deadline (a hang fails the test through the timeout)."""
+    with socket.create_connection((host, port), timeout=5) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        s.settimeout(5)
+        try:
+            while s.recv(65536):
+                pass
+        except (ConnectionResetError, socket.timeout):
+            pass
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzzed_frames_never_crash_or_stall_a_live_broker(live_broker, data):
+    host, port = live_broker.bootstrap()[0]
+    frames = _valid_frames(live_broker.cluster_id)
+    kind = data.draw(st.sampled_from(["garbage", "mutated", "huge_length", "truncated", "unknown_api"]))
+    if kind == "garbage":
+        payload = data.draw(st.binary(min_size=1, max_size=300))
+    elif kind == "mutated":
+        frame = bytearray(data.draw(st.sampled_from(frames)))
+        for _ in range(data.draw(st.integers(1, 8))):
+            i = data.draw(st.integers(0, len(frame) - 1))
+            frame[i] = data.draw(st.integers(0, 255))
+        payload = bytes(frame)
+    elif kind == "huge_length":
+        payload = struct.pack(">i", data.draw(st.integers(64 << 20, 2**31 - 1))) + b"x" * 10
+    elif kind == "truncated":
+        frame = data.draw(st.sampled_from(frames))
+        payload = frame[: data.draw(st.integers(1, len(frame) - 1))]
+    else:
+        payload = codec.encode_request(data.draw(st.integers(100, 999)), 1, "fuzz", m.MetadataRequest())
+    _send_raw(host, port, payload)
+
+    # Another, well-behaved client is still served, promptly.
+    async def healthy() -> m.MetadataResponse:
+        client = MetalogClient([(host, port)], live_broker.cluster_id, request_timeout_ms=3000, max_retries=2)
+        try:
+            return await client.metadata()
+        finally:
+            await client.close()
+
+    meta = asyncio.run(healthy())
+    assert meta.leader_id == 1
+    assert live_broker.alive(1), "the broker process died"
