@@ -66,6 +66,10 @@ class SimConfig:
     # newest snapshot writes one (0 = never).
     snapshot_interval_ms: int = 0
     snapshot_min_records: int = 50
+    # A core asking for a tick at the same ms over and over is a busy loop: a
+    # violation by default. False only to explore past a known spin (the tick
+    # is then deferred 1 ms and counted in SimCluster.spin_ticks).
+    spin_is_violation: bool = True
 
 
 @dataclass
@@ -163,6 +167,8 @@ class SimCluster:
         self.trace_tail: collections.deque[str] = collections.deque(maxlen=TRACE_TAIL)
         self._trace_hash = hashlib.sha256()
         self.events_processed = 0
+        self.spin_ticks = 0
+        self.truncations: list[tuple[int, int, int]] = []  # (time, node, end offset)
         self.checker = InvariantChecker(self)
         # Scenario control: decide per message "deliver" | "hold" | "drop".
         self.intercept: Callable[[Message], str] | None = None
@@ -322,7 +328,13 @@ class SimCluster:
         if at_ms == n.last_tick_ms:
             n.same_time_ticks += 1
             if n.same_time_ticks > MAX_SAME_TIME_TICKS:
-                self.fail(f"n{node_id} asked for more than {MAX_SAME_TIME_TICKS} ticks at t={at_ms} (livelock)")
+                if self.config.spin_is_violation:
+                    self.fail(f"n{node_id} asked for more than {MAX_SAME_TIME_TICKS} ticks at t={at_ms} "
+                              f"(busy loop: next_deadline_ms stays in the past while nothing happens)")
+                self.spin_ticks += 1
+                n.next_tick_ms = at_ms + 1
+                self.schedule(at_ms + 1, "tick", node_id, incarnation, at_ms + 1)
+                return
         else:
             n.same_time_ticks = 0
             n.last_tick_ms = at_ms
@@ -422,6 +434,7 @@ class SimCluster:
         elif isinstance(a, api.AppendBatches):
             disk.append(a.data, a.base_offset, a.next_offset)
         elif isinstance(a, api.TruncateLog):
+            self.truncations.append((self.now_ms, n.node_id, a.end_offset))
             self.checker.on_truncate(n, a.end_offset)
             disk.truncate(a.end_offset)
         elif isinstance(a, api.WriteEpochCheckpoint):

@@ -44,10 +44,9 @@ def is_leader(core: Any) -> bool:
 
 
 def epoch_entries(core: Any) -> list[tuple[int, int]]:
-    out = []
-    for e in core.epochs or ():
-        out.append((int(e[0]), int(e[1])))
-    return out
+    epochs = core.epochs
+    entries = getattr(epochs, "entries", epochs) or ()  # an EpochHistory or a list of pairs
+    return [(int(e[0]), int(e[1])) for e in entries]
 
 
 class InvariantChecker:

@@ -51,7 +51,10 @@ def config_for_seed(rng_seed: int, snapshots: bool) -> SimConfig:
     r = random.Random(rng_seed ^ 0x5EED)
     net = NetworkConfig(delay_ms=r.randint(1, 5), jitter_ms=r.randint(0, 20),
                         drop_probability=r.choice([0.0, 0.0, 0.005, 0.02]))
-    return SimConfig(network=net, snapshot_interval_ms=2500 if snapshots else 0, snapshot_min_records=40)
+    import os
+
+    return SimConfig(network=net, snapshot_interval_ms=2500 if snapshots else 0, snapshot_min_records=40,
+                     spin_is_violation=os.environ.get("SIM_ALLOW_SPIN", "0") != "1")
 
 
 class RandomRun:

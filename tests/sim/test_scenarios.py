@@ -1,0 +1,189 @@
+"""Scenario tests: the seeds' stories replayed step by step on the real core.
+
+Each test drives a SimCluster by hand (hold / drop / forge messages, move
+time) and is named after what it proves. Flushes complete in the same
+millisecond here so that the story is not blurred by group-commit timing.
+"""
+
+from __future__ import annotations
+
+from broker.quorum import api
+from protocol import messages as m
+from protocol.errors import Errors
+from tests.sim.cluster import SimCluster, SimConfig
+from tests.sim.network import NetworkConfig
+
+
+def make(seed: int, voters=(1, 2, 3), observers=(), **quorum) -> SimCluster:
+    c = SimCluster(seed, SimConfig(voters=voters, observers=observers, quorum=quorum, flush_latency_ms=(0, 0),
+                                   network=NetworkConfig(delay_ms=1, jitter_ms=0)))
+    c.start()
+    return c
+
+
+def settled(c: SimCluster) -> bool:
+    lead = c.current_leader()
+    if lead is None:
+        return False
+    hw = lead.core.high_watermark
+    return hw == lead.core.log_end_offset and all(
+        n.core.high_watermark == hw for n in c.nodes.values() if n.alive and not n.paused)
+
+
+def wait_settled(c: SimCluster, within_ms: int = 10000):
+    c.run_until_true(lambda: settled(c), within_ms, "a leader with every node caught up")
+    return c.current_leader()
+
+
+def test_blog_two_replica_walkthrough_hw_reaches_follower_one_fetch_round_later():
+    c = make(2, voters=(1, 2))
+    leader = wait_settled(c)
+    follower = next(n for n in c.nodes.values() if n is not leader)
+    end = leader.core.log_end_offset
+    seen = []  # per fetch response the follower handles: (leader HW in it, had records, follower LEO, follower HW)
+
+    def listen(n):
+        ev = n.last_event
+        if n is follower and isinstance(ev, api.ResponseReceived) and isinstance(ev.response, m.FetchResponse):
+            seen.append((ev.response.high_watermark, bool(ev.response.records),
+                         n.core.log_end_offset, n.core.high_watermark))
+    c.listeners.append(listen)
+    c.client_append(leader.node_id, [b"message-0"])
+    c.run_until_true(lambda: follower.core.high_watermark == end + 1, 5000, "the follower's HW covering the record")
+    first = next(i for i, s in enumerate(seen) if s[1])
+    # Round 1: the record arrives with the leader's old HW; follower HW = min(LEO, leader HW).
+    assert seen[first] == (end, True, end + 1, end)
+    # Round 2: the next fetch told the leader our LEO; its answer carries the new HW.
+    assert seen[first + 1] == (end + 1, False, end + 1, end + 1)
+    assert leader.core.high_watermark == end + 1
+
+
+def test_kip320_zombie_former_leader_is_fenced_and_cannot_count():
+    c = make(5)
+    old = wait_settled(c)
+    old_epoch = old.core.epoch
+    c.pause(old.node_id)  # the zombie: frozen with its stale view of the world
+    c.run_until_true(lambda: c.current_leader() is not None and c.current_leader().core.epoch > old_epoch,
+                     10000, "a new leader")
+    new = c.current_leader()
+    wait_settled(c)
+    third = next(n for n in c.nodes.values() if n not in (old, new))
+    c.network.isolate(third.node_id)  # now only the zombie could complete a majority
+    c.client_append(new.node_id, [b"needs-a-second-voter"])
+    c.advance(50)
+    hw_before = new.core.high_watermark
+    assert hw_before < new.core.log_end_offset
+    # The zombie keeps fetching with its stale epoch and claims to hold everything.
+    k = c.inject_request(new.node_id, m.FetchRequest(
+        cluster_id=c.config.cluster_id, replica_id=old.node_id, max_wait_ms=0,
+        current_leader_epoch=old_epoch, fetch_offset=new.core.log_end_offset,
+        last_fetched_epoch=old_epoch))
+    answer = c.injected[k]
+    assert answer.error_code == Errors.FENCED_LEADER_EPOCH
+    assert answer.current_leader == m.LeaderIdAndEpoch(new.node_id, new.core.epoch)
+    assert answer.records == b""
+    c.advance(50)
+    assert new.core.high_watermark == hw_before, "a fenced fetch must not count toward the HW"
+    # The zombie resumes; it rejoins only as a follower of the new epoch, and then counts.
+    c.resume(old.node_id)
+    c.run_until_true(lambda: new.core.high_watermark == new.core.log_end_offset, 10000, "commit with the rejoined voter")
+    assert old.core.epoch == new.core.epoch and old.core.leader_id == new.node_id
+    assert c.checker.leaders_by_epoch[old_epoch] == old.node_id
+
+
+def test_kafka7786_fast_epoch_bumps_with_inflight_offsets_for_leader_epoch_do_not_stall_fetching():
+    c = make(7)
+    lead = wait_settled(c)
+    others = [n for n in c.nodes.values() if n is not lead]
+    victim, helper = others
+    # Only `lead` may win elections (two bumps, same leader, as in the ticket's steps 2 and 6).
+    hold_epoch_check = {"on": True}
+
+    def intercept(msg):
+        if isinstance(msg.body, m.VoteRequest) and msg.src != lead.node_id:
+            return "drop"
+        if (hold_epoch_check["on"] and msg.src == victim.node_id
+                and isinstance(msg.body, m.OffsetsForLeaderEpochRequest)):
+            hold_epoch_check["on"] = False  # hold exactly one: the request of the first bump
+            return "hold"
+        return "deliver"
+    c.intercept = intercept
+    epochs = []
+    for _ in range(2):
+        e = lead.core.epoch
+        c.crash(lead.node_id)
+        c.boot(lead.node_id)  # a restarted leader resigns and stands again (KAFKA-10527)
+        c.run_until_true(lambda: lead.alive and lead.core.role == "leader" and lead.core.epoch > e, 10000,
+                         "the same node leading a new epoch")
+        epochs.append(lead.core.epoch)
+        if len(epochs) == 1:
+            c.run_until_true(lambda: bool(c.held), 5000, "the victim's OffsetsForLeaderEpoch in flight")
+    stale = c.held[0]
+    assert stale.body.current_leader_epoch == epochs[0] < epochs[1]
+    c.run_until_true(lambda: victim.core.epoch == epochs[1], 5000, "the victim seeing the second bump")
+    # Step 10: the old request reaches the leader now and is answered FENCED_LEADER_EPOCH.
+    answers = []
+    c.listeners.append(lambda n: n is victim and isinstance(n.last_event, api.ResponseReceived)
+                       and answers.append(n.last_event.response))
+    c.release(stale)
+    c.run_until_true(lambda: any(getattr(a, "error_code", 0) == Errors.FENCED_LEADER_EPOCH for a in answers),
+                     1000, "the stale answer delivered")
+    t_stale = c.now_ms
+    c.client_append(lead.node_id, [b"after-the-race"])
+    c.run_until_true(lambda: victim.core.high_watermark == lead.core.log_end_offset, 1000,
+                     "the victim fetching and committing without another epoch change")
+    assert c.now_ms - t_stale < 1000
+    assert lead.core.epoch == epochs[1] and victim.core.epoch == epochs[1]
+    assert helper.core.epoch == epochs[1]
+
+
+def kip501_in_sync_at_15s(flag: bool) -> tuple[bool, bool]:
+    c = make(1, replica_lag_time_max_ms=10000, follower_fetch_pending_reads_insync_enable=flag,
+             fetch_timeout_ms=60000, request_timeout_ms=60000)
+    lead = wait_settled(c)
+    follower = next(n for n in c.nodes.values() if n is not lead)
+    c.client_append(lead.node_id, [b"950"])
+    wait_settled(c)
+    t0 = c.now_ms
+    # From now on the leader's reads take 25 s (KIP-501's ty).
+    c.step(lead, api.StallReads(t0, t0 + 25000))
+    c.client_append(lead.node_id, [b"1002..1100"])  # the leader's LEO moves past the follower's
+    c.run_until(t0 + 15000)  # past tx + replica.lag.time.max.ms
+    during = lead.core.is_in_sync(follower.node_id, c.now_ms)
+    c.run_until(t0 + 26000)
+    after = lead.core.is_in_sync(follower.node_id, c.now_ms)
+    return during, after
+
+
+def test_kip501_pending_fetch_keeps_follower_in_sync_only_with_flag_on():
+    assert kip501_in_sync_at_15s(True) == (True, True)
+    during_off, _ = kip501_in_sync_at_15s(False)
+    assert during_off is False
+
+
+def test_unclean_tail_truncated_to_exactly_the_leaders_epoch_end_offset():
+    c = make(3)
+    old = wait_settled(c)
+    c.client_append(old.node_id, [b"committed-1", b"committed-2"])
+    wait_settled(c)
+    committed_end = old.core.high_watermark
+    c.network.isolate(old.node_id)
+    c.client_append(old.node_id, [b"unclean-1", b"unclean-2", b"unclean-3"])  # never replicated
+    c.advance(20)
+    assert old.core.log_end_offset == committed_end + 3
+    c.run_until_true(lambda: c.current_leader() not in (None, old), 10000, "a new leader")
+    new = c.current_leader()
+    c.client_append(new.node_id, [b"new-epoch-1"])
+    c.run_until_true(lambda: new.core.high_watermark == new.core.log_end_offset, 5000, "the new leader committing")
+    new_epoch_start = dict((e, s) for e, s in new.core.epochs.entries)[new.core.epoch]
+    assert new_epoch_start == committed_end  # the old epoch ended where the commit ended
+    n_before = len(c.truncations)
+    c.network.heal(old.node_id)
+    c.run_until_true(lambda: settled(c) and old.core.epoch == new.core.epoch, 10000, "the old leader rejoining")
+    cuts = [end for (_, node, end) in c.truncations[n_before:] if node == old.node_id]
+    assert cuts and cuts[0] == committed_end, f"truncated to {cuts}, expected exactly {committed_end}"
+    for o in range(new.core.high_watermark):
+        assert old.disk.any_record_at(o) == new.disk.any_record_at(o)
+    refused = [r for t, r in c.client_results if isinstance(r, m.ProduceResponse) and r.error_code != 0]
+    assert refused, "the unclean append's client got an error, never an acknowledgement"
+    assert all(a.value not in (b"unclean-1", b"unclean-2", b"unclean-3") for a in c.acks.values())
