@@ -119,6 +119,7 @@ class _Parked:
     arrival_ms: int
     deadline_ms: int
     not_before_ms: int  # a stalled read (StallReads) is never answered earlier
+    woken: bool = False  # data arrived in a step the driver had not applied yet
 
 
 @dataclass(slots=True)
@@ -234,6 +235,7 @@ class QuorumCore:
         self._check_quorum_deadline_ms: int | None = None
         self._lbo_wait: tuple[int, int] | None = None  # (candidate LBO, since ms)
         self._read_stall_until_ms = 0
+        self._appended_this_step = False
 
     # ------------------------------------------------------------------
     # read-only exposure
@@ -347,18 +349,18 @@ class QuorumCore:
             return 0
         ds: list[int] = []
         role = self._role
+        now = self._now_ms
         if role == Role.LEADER:
             if self._check_quorum_deadline_ms is not None:
                 ds.append(self._check_quorum_deadline_ms)
             for p in self._parked:
-                ds.append(p.deadline_ms)
+                ds.append(max(p.not_before_ms, now) if p.woken else p.deadline_ms)
             if self._lbo_wait is not None:
                 ds.append(self._lbo_wait[1] + self.config.max_replication_lag_ms)
         elif self._election_deadline_ms is not None and role in (
             Role.UNATTACHED, Role.VOTED, Role.CANDIDATE, Role.RESIGNED
         ):
             ds.append(self._election_deadline_ms)
-        now = self._now_ms
         # Retries already due were sent by the last step; only future ones count.
         if role in (Role.LEADER, Role.RESIGNED):
             for v in self._notify_unacked:
@@ -383,8 +385,12 @@ class QuorumCore:
             now = self._now_ms  # time never runs backwards inside the core
         self._now_ms = now
         self._out = []
+        self._appended_this_step = False
         if not self._booted:
             self._boot(now)
+        if self._parked and self._role == Role.LEADER:
+            # The driver has applied the appends that woke these: read them now.
+            self._complete_parked(now, lambda p: p.woken)
         t = type(event)
         if t is RequestReceived:
             self._on_request(event.token, event.request, now)
@@ -894,6 +900,7 @@ class QuorumCore:
 
         # A valid fetch: it updates the replica's state and may move the HW.
         st = None
+        hw_before = self._high_watermark
         if not consumer:
             st = self._progress_for(req.replica_id, now)
             if not completing:
@@ -911,7 +918,10 @@ class QuorumCore:
 
         has_data = fetch_offset < upper
         stalled = now < self._read_stall_until_ms
-        if not completing and (stalled or (not has_data and req.max_wait_ms > 0)):
+        # Park an empty fetch -- unless it just moved the HW, which the
+        # follower should learn now rather than max_wait_ms later.
+        if not completing and (stalled or (not has_data and req.max_wait_ms > 0
+                                           and self._high_watermark == hw_before)):
             if len(self._parked) < MAX_PARKED_FETCHES:
                 self._park(token, req, now, has_data, st)
                 return
@@ -971,6 +981,13 @@ class QuorumCore:
         self._parked.append(_Parked(token, req, now, max(deadline, stall), stall))
 
     def _complete_parked(self, now: int, which) -> None:
+        if self._appended_this_step:
+            # Reads go through the LogReader, which will not see this step's
+            # AppendBatches until the driver executes them: answer next step.
+            for p in self._parked:
+                if which(p):
+                    p.woken = True
+            return
         keep: list[_Parked] = []
         done: list[_Parked] = []
         for p in self._parked:
@@ -1137,6 +1154,7 @@ class QuorumCore:
         """Leader append at the log end under the current epoch."""
         base = self._log_end_offset
         self._out.append(AppendBatches(batch, base, base + count))
+        self._appended_this_step = True
         self._log_end_offset = base + count
         if self._epochs.assign(self._epoch, base):
             self._out.append(WriteEpochCheckpoint(tuple(self._epochs.entries)))

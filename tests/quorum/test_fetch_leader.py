@@ -1,0 +1,209 @@
+"""Leader-side Fetch / OffsetsForLeaderEpoch / FetchSnapshot validation (kraft-facts table)."""
+
+import pytest
+
+from broker.quorum import api as a
+from protocol import messages as m
+from protocol.errors import Errors
+from storage.batch import iter_batches
+
+from tests.quorum.harness import CLUSTER, Node, append, fetch, make_leader, of, one_response
+
+
+@pytest.fixture
+def leader():
+    n = Node(1)
+    now = make_leader(n)  # epoch 1, LeaderChange at offset 0
+    append(n, now, 4)  # offsets 1..4
+    n.step(a.FlushCompleted(now, 5))
+    n.now = now
+    return n
+
+
+def req(**kw) -> m.FetchRequest:
+    base = dict(cluster_id=CLUSTER, replica_id=2, max_wait_ms=0, current_leader_epoch=1,
+                fetch_offset=0, last_fetched_epoch=0)
+    base.update(kw)
+    return m.FetchRequest(**base)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(max_wait_ms=-1), "max_wait_ms -1 is negative"),
+    (dict(fetch_offset=-5), "fetch_offset -5 is negative"),
+    (dict(last_fetched_epoch=-1), "last_fetched_epoch -1 is negative"),
+    (dict(last_fetched_epoch=2), "last_fetched_epoch 2 is newer than current_leader_epoch 1"),
+])
+def test_invalid_requests(leader, kw, message):
+    r = one_response(leader.step(a.RequestReceived(10, "t", req(**kw))), "t")
+    assert r.error_code == Errors.INVALID_REQUEST
+    assert r.error_message == message
+    assert r.current_leader == m.LeaderIdAndEpoch(1, 1)
+
+
+@pytest.mark.parametrize("epoch, code", [
+    (0, Errors.FENCED_LEADER_EPOCH),
+    (2, Errors.UNKNOWN_LEADER_EPOCH),
+])
+def test_epoch_fencing(leader, epoch, code):
+    r = one_response(leader.step(a.RequestReceived(10, "t", req(current_leader_epoch=epoch,
+                                                                last_fetched_epoch=0))), "t")
+    assert r.error_code == code and r.current_leader == m.LeaderIdAndEpoch(1, 1)
+    assert r.records == b""
+
+
+def test_non_leader_answers_not_leader_with_the_leader_it_knows():
+    f = Node(2, state=a.QuorumStateData(1, 1, -1, (1, 2, 3)))
+    r = one_response(f.step(a.RequestReceived(0, "t", req(replica_id=3))), "t")
+    assert r.error_code == Errors.NOT_LEADER_OR_FOLLOWER
+    assert r.current_leader == m.LeaderIdAndEpoch(1, 1)
+
+
+def test_fenced_fetch_does_not_count_toward_the_hw(leader):
+    leader.step(a.RequestReceived(10, "t", req(current_leader_epoch=0, fetch_offset=5, last_fetched_epoch=0)))
+    assert leader.core.high_watermark == -1
+    assert leader.core.replica_states[2].log_end_offset == -1
+
+
+def test_valid_fetch_returns_records_hw_and_log_start(leader):
+    r = one_response(leader.step(a.RequestReceived(10, "t", req())), "t")
+    assert r.error_code == Errors.NONE
+    assert [h.base_offset for _, h in iter_batches(r.records)] == [0, 1]
+    assert r.log_start_offset == 0 and r.high_watermark == -1
+
+
+def test_diverging_epoch(leader):
+    # Follower claims epoch 1 data up to offset 9; the leader's epoch 1 ends at 5.
+    r = one_response(leader.step(a.RequestReceived(10, "t", req(fetch_offset=9, last_fetched_epoch=1))), "t")
+    assert r.diverging_epoch == m.EpochEndOffset(1, 5) and r.records == b""
+    # Follower whose last epoch (0) the leader never had: largest epoch <= 0 ends at 0.
+    r = one_response(leader.step(a.RequestReceived(10, "u", req(fetch_offset=3, last_fetched_epoch=0))), "u")
+    assert r.diverging_epoch == m.EpochEndOffset(0, 0)
+    # The diverging fetch did not move the replica's LEO.
+    assert leader.core.replica_states[2].log_end_offset == -1
+
+
+def test_consumer_skips_fencing_with_no_epoch_and_reads_only_below_hw(leader):
+    creq = req(replica_id=-1, current_leader_epoch=-1, last_fetched_epoch=-1)
+    r = one_response(leader.step(a.RequestReceived(10, "c", creq)), "c")
+    assert r.error_code == Errors.NONE and r.records == b""  # HW unknown: nothing committed
+    fetch(leader, 11, 2, 5, 1)  # voter 2 has everything: HW = 5
+    assert leader.core.high_watermark == 5
+    r = one_response(leader.step(a.RequestReceived(12, "c2", creq)), "c2")
+    assert [h.base_offset for _, h in iter_batches(r.records)] == [0, 1]
+    # The consumer's fetches never count toward the HW or show up as replicas.
+    assert -1 not in leader.core.replica_states
+
+
+def test_empty_fetch_is_parked_until_data_arrives(leader):
+    t = leader.now
+    acts = fetch(leader, t + 10, 2, 5, 1, max_wait_ms=500, token="first")
+    assert one_response(acts, "first").high_watermark == 5  # it moved the HW: answered now
+    acts = fetch(leader, t + 10, 2, 5, 1, max_wait_ms=500, token="park")
+    assert not of(acts, a.Respond)
+    assert leader.core.next_deadline_ms == t + 510
+    acts = append(leader, t + 20, 2)
+    # The driver applies the append before the next event; the core reads then.
+    assert not of(acts, a.Respond) or "park" not in [x.token for x in of(acts, a.Respond)]
+    assert leader.core.next_deadline_ms == t + 20
+    r = one_response(leader.step(a.Tick(t + 20)), "park")
+    assert [h.base_offset for _, h in iter_batches(r.records)] == [5]
+
+
+def test_parked_fetch_is_answered_empty_when_max_wait_passes(leader):
+    t = leader.now
+    fetch(leader, t + 10, 3, 5, 1)
+    fetch(leader, t + 10, 2, 5, 1, max_wait_ms=500, token="park")
+    assert not of(leader.step(a.Tick(t + 509)), a.Respond)
+    r = one_response(leader.step(a.Tick(t + 510)), "park")
+    assert r.error_code == Errors.NONE and r.records == b"" and r.high_watermark == 5
+
+
+def test_parked_fetch_is_answered_with_an_error_when_leadership_is_lost(leader):
+    t = leader.now
+    fetch(leader, t + 10, 2, 5, 1, max_wait_ms=500, token="first")
+    fetch(leader, t + 10, 2, 5, 1, max_wait_ms=500, token="park")
+    acts = leader.step(a.RequestReceived(t + 11, "v", m.VoteRequest(
+        cluster_id=CLUSTER, candidate_epoch=2, candidate_id=3, last_offset_epoch=1, last_offset=5)))
+    r = one_response(acts, "park")
+    assert r.error_code == Errors.FENCED_LEADER_EPOCH and r.current_leader.leader_epoch == 2
+
+
+def test_offsets_for_leader_epoch_is_fenced_and_answers_the_epoch_end(leader):
+    def ofle(cur, ep, rid=2):
+        return one_response(leader.step(a.RequestReceived(0, "o", m.OffsetsForLeaderEpochRequest(
+            cluster_id=CLUSTER, replica_id=rid, current_leader_epoch=cur, leader_epoch=ep))), "o")
+    assert ofle(0, 0).error_code == Errors.FENCED_LEADER_EPOCH
+    assert ofle(3, 0).error_code == Errors.UNKNOWN_LEADER_EPOCH
+    r = ofle(1, 1)
+    assert (r.error_code, r.leader_epoch, r.end_offset) == (0, 1, 5)
+    r = ofle(1, 0)
+    assert (r.leader_epoch, r.end_offset) == (0, 0)
+    # A consumer with NO_EPOCH skips the fence and sees committed data only.
+    r = ofle(-1, 1, rid=-1)
+    assert r.error_code == Errors.NONE and r.end_offset == 0
+
+
+def test_snapshot_redirect_and_fetch_snapshot(leader):
+    fetch(leader, 10, 2, 5, 1)
+    fetch(leader, 10, 3, 5, 1)
+    assert leader.core.high_watermark == 5
+    sid = m.SnapshotId(5, 1)
+    leader.log.snapshots[sid] = b"S" * 10
+    leader.step(a.SnapshotCreated(11, sid))
+    # KAFKA-15078: a fetch at 0 goes to the snapshot even before the log start moves.
+    r = one_response(fetch(leader, 12, 2, 0, 0, token="z"), "z")
+    assert r.snapshot_id == sid and r.records == b""
+    # Every live replica has 5: the leader advances its log start to the snapshot.
+    assert leader.core.log_start_offset == 5
+    assert any(isinstance(x, a.AdvanceLogStart) for x in leader.step(a.Tick(13))) or leader.core.log_start_offset == 5
+    r = one_response(fetch(leader, 14, 3, 3, 1, token="below"), "below")
+    assert r.snapshot_id == sid
+
+    def fs(pos, snap=sid, cur=1):
+        return one_response(leader.step(a.RequestReceived(15, "s", m.FetchSnapshotRequest(
+            cluster_id=CLUSTER, replica_id=2, current_leader_epoch=cur, snapshot_id=snap,
+            position=pos, max_bytes=4))), "s")
+    r = fs(0)
+    assert (r.size, r.position, r.unaligned_records) == (10, 0, b"SSSS")
+    assert fs(10).error_code == Errors.POSITION_OUT_OF_RANGE
+    assert fs(-1).error_code == Errors.POSITION_OUT_OF_RANGE
+    assert fs(0, m.SnapshotId(4, 1)).error_code == Errors.SNAPSHOT_NOT_FOUND
+    assert fs(0, cur=0).error_code == Errors.FENCED_LEADER_EPOCH
+
+
+def test_log_start_waits_for_a_lagging_live_replica_up_to_max_replication_lag():
+    n = Node(1, max_replication_lag_ms=5000)
+    now = make_leader(n)
+    append(n, now, 4)
+    n.step(a.FlushCompleted(now, 5))
+    fetch(n, now, 2, 5, 1)
+    fetch(n, now, 3, 1, 1)  # voter 3 lags at 1
+    assert n.core.high_watermark == 5
+    n.log.snapshots[m.SnapshotId(5, 1)] = b"x"
+    n.step(a.SnapshotCreated(now + 1, m.SnapshotId(5, 1)))
+    assert n.core.log_start_offset == 0
+    fetch(n, now + 4000, 3, 1, 1)
+    fetch(n, now + 4000, 2, 5, 1)
+    assert n.core.log_start_offset == 0
+    acts = n.step(a.Tick(now + 5001))
+    assert a.AdvanceLogStart(5) in acts and n.core.log_start_offset == 5
+
+
+def test_describe_quorum_and_list_offsets(leader):
+    fetch(leader, 100, 2, 5, 1)
+    fetch(leader, 100, 7, 2, 1)  # an observer
+    d = one_response(leader.step(a.RequestReceived(101, "d", m.DescribeQuorumRequest())), "d")
+    assert d.leader_id == 1 and d.high_watermark == 5
+    assert [(v.replica_id, v.log_end_offset) for v in d.voters] == [(1, 5), (2, 5), (3, -1)]
+    assert [(o.replica_id, o.log_end_offset) for o in d.observers] == [(7, 2)]
+    assert d.voters[1].in_sync and not d.voters[2].in_sync
+
+    def lo(ts, cur=1):
+        return one_response(leader.step(a.RequestReceived(102, "l", m.ListOffsetsRequest(
+            cluster_id=CLUSTER, current_leader_epoch=cur, timestamp_ms=ts))), "l")
+    r = lo(m.LIST_OFFSETS_LATEST)
+    assert (r.offset, r.leader_epoch) == (5, 1)
+    r = lo(m.LIST_OFFSETS_EARLIEST)
+    assert r.offset == 0
+    assert lo(m.LIST_OFFSETS_LATEST, cur=0).error_code == Errors.FENCED_LEADER_EPOCH
+    assert lo(m.LIST_OFFSETS_LATEST, cur=-1).error_code == Errors.NONE
