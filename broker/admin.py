@@ -73,7 +73,7 @@ async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
         return web.json_response(quorum_view(broker))
 
     async def metadata(_request: web.Request) -> web.Response:
-        return web.json_response(broker.controller.to_json())
+        return web.json_response(broker.controller.state.to_json())
 
     async def metrics(_request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(broker.metrics.registry),

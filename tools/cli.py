@@ -117,10 +117,14 @@ def cmd_consume(args) -> int:
 
     async def go(client):
         consumer = client.consumer(reset_policy=args.reset)
+        from protocol.messages import LIST_OFFSETS_EARLIEST, LIST_OFFSETS_LATEST
+
         if args.offset is not None:
             consumer.seek(args.offset, args.epoch)
-        elif args.start == "latest":
-            await consumer.seek_to_latest()
+        else:
+            where = LIST_OFFSETS_EARLIEST if args.start == "earliest" else LIST_OFFSETS_LATEST
+            resp = await client.list_offsets(where)
+            consumer.seek(resp.offset, resp.leader_epoch if args.start == "latest" else -1)
         got = 0
         deadline = time.monotonic() + args.idle_exit_s if args.idle_exit_s else None
         while args.max_records is None or got < args.max_records:
@@ -255,6 +259,11 @@ def _load_extra_commands() -> None:
 def main(argv: list[str] | None = None) -> int:
     _load_extra_commands()
     args = build_parser().parse_args(argv)
+    if args.command != "broker":
+        from broker.logs import configure_logging
+
+        # Client-side logs go to stderr so stdout stays machine-readable.
+        configure_logging(os.environ.get("METALOG_LOG_LEVEL", "warning"), sys.stderr)
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:
