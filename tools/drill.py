@@ -1,0 +1,474 @@
+"""``metalog drill``: kill, pause, partition and wipe a real cluster under load, then check it.
+
+The drill starts a local cluster (``LocalCluster``: 3 voters + 1 observer by
+default, or the broker services of a compose file with ``--compose``), puts
+a ``FaultProxy`` between every pair of brokers, and runs for ``--duration-s``:
+
+* writers produce unique values (``d<writer>-<seq>``); every acknowledged
+  write is recorded with its offset and epoch. Each produce is ONE attempt
+  (``max_retries=0``): a retried produce may be appended twice (the client is
+  not idempotent), so a failed attempt's value is abandoned, never resent;
+* consumers tail the log from offset 0 with KIP-320 truncation detection
+  (reset policy "none": a truncation is recorded, then the consumer seeks on);
+* a monitor polls every broker's admin ``/quorum`` (role, epoch, HW) per
+  broker process (incarnation);
+* faults come from ``--schedule kill_leader,pause_leader,...`` (cycled) or are
+  drawn from ``--seed``; see ``FAULTS``. Each fault is held ``--hold-s``, then
+  repaired, and the next one waits until writes are being acknowledged again.
+
+At the end every fault is repaired, writers stop, the cluster is left to
+converge (every broker at the leader's HW), stopped gracefully, and each
+broker's log is read back from its data dir for ``tools.drill_checker``.
+``tools.drill_report`` writes ``<report>.json`` and ``<report>.png``.
+Exit code 0 = clean, 1 = a checker breach (printed with evidence), 2 = the
+drill itself could not run (e.g. no leader ever elected).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from tools.drill_checker import Ack, History, HwSample, RoleEvent, Seen, Truncation, check, read_replica
+from tools.faultproxy import FaultProxy
+from tools.launcher import LocalCluster
+
+FAULTS = {
+    "kill_leader": "kill -9 the leader, restart it after the hold",
+    "kill_follower": "kill -9 a voter that is not the leader, restart it after the hold",
+    "kill_observer": "kill -9 an observer, restart it after the hold",
+    "term_restart": "SIGTERM a random voter (graceful stop), restart it",
+    "pause_leader": "SIGSTOP the leader (a zombie leader, KAFKA-6880), SIGCONT after the hold",
+    "isolate_leader": "cut the leader off from every broker, both directions, then heal",
+    "cut_one_way": "drop what the leader sends to one follower (one direction), then heal",
+    "split_majority": "partition {leader, observer} | {other voters}: the leader is in the minority",
+    "wipe_follower": "kill -9 a follower, delete its data dir, restart it: it must rejoin by snapshot",
+}
+# Settings every drill broker gets: fast elections, and small snapshots/segments so that a
+# wiped follower has to rejoin by snapshot (the leader's log start moves past 0).
+DRILL_BROKER_SETTINGS = {
+    "election_timeout_ms": 600,
+    "fetch_timeout_ms": 1200,
+    "fetch_max_wait_ms": 200,
+    "election_backoff_max_ms": 400,
+    "request_timeout_ms": 800,
+    "snapshot_min_records": 1000,
+    "segment_bytes_max": 16384,
+}
+MONITOR_INTERVAL_S = 0.1
+WRITE_TIMEOUT_MS = 1500
+MAX_WRITERS = 32
+
+
+@dataclass
+class FaultRecord:
+    kind: str
+    node: int | None
+    ts_start: float
+    ts_end: float | None = None
+    leader_before: int | None = None
+    epoch_before: int | None = None
+    detail: dict = field(default_factory=dict)
+
+
+@dataclass
+class Sample:
+    ts: float
+    node: int
+    incarnation: int
+    role: str | None  # None: no answer (down or paused)
+    epoch: int | None = None
+    leader_id: int | None = None
+    hw: int | None = None
+    log_start: int | None = None
+    snapshots: int = 0
+
+
+class Drill:
+    def __init__(self, cluster: LocalCluster, *, duration_s: float, seed: int, schedule: list[str] | None,
+                 writers: int = 3, consumers: int = 2, hold_s: float = 2.0, settle_timeout_s: float = 20.0,
+                 log=print):
+        assert 1 <= writers <= MAX_WRITERS
+        for kind in schedule or []:
+            if kind not in FAULTS:
+                raise ValueError(f"unknown fault {kind!r}; choose from {', '.join(FAULTS)}")
+        self.cluster = cluster
+        self.duration_s = duration_s
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.schedule = schedule
+        self.n_writers = writers
+        self.n_consumers = consumers
+        self.hold_s = hold_s
+        self.settle_timeout_s = settle_timeout_s
+        self.log = log
+        self.history = History()
+        self.faults: list[FaultRecord] = []
+        self.samples: list[Sample] = []
+        self.write_errors = 0
+        self.incarnation = {nid: 0 for nid in cluster.nodes}
+        self.proxy: FaultProxy | None = None
+        self._stop_monitor = threading.Event()
+        self._stop_load = asyncio.Event()
+        self.t0 = time.time()
+
+    # ---------------------------------------------------------- set up
+    def wire_proxy(self) -> None:
+        c = self.cluster
+        voters = {nid: (c.host, s.port) for nid, s in c.nodes.items() if s.voter}
+        self.proxy = FaultProxy(voters, sources=list(c.nodes)).start()
+        for nid, spec in c.nodes.items():
+            value = self.proxy.voters_for(nid)
+            if spec.command:  # a compose service: its own command line, plus overrides
+                spec.command = spec.command + ["--set", f"voters={value}"] + [
+                    a for k, v in DRILL_BROKER_SETTINGS.items() for a in ("--set", f"{k}={v}")]
+            else:
+                spec.extra["voters"] = value
+        # Clients must not ride a broker's proxy listener (Metadata names the addresses
+        # the answering broker dials): map every listener back to its real broker.
+        self.addr_map = {self.proxy.addr(s, d): voters[d] for s, d in self.proxy.pairs()}
+
+    def start_node(self, nid: int) -> None:
+        self.incarnation[nid] += 1
+        self.cluster.start_node(nid)
+
+    # ---------------------------------------------------------- monitor
+    def _monitor(self) -> None:
+        c = self.cluster
+        while not self._stop_monitor.is_set():
+            for nid in sorted(c.nodes):
+                inc = self.incarnation[nid]
+                q = c.admin(nid, "/quorum", timeout_s=0.3) if c.alive(nid) else None
+                if inc != self.incarnation[nid]:
+                    continue  # restarted under us: the answer may belong to either process
+                ts = time.time()
+                if q is None:
+                    self.samples.append(Sample(ts, nid, inc, None))
+                    continue
+                self.samples.append(Sample(ts, nid, inc, q.get("role"), q.get("epoch"), q.get("leader_id"),
+                                           q.get("high_watermark"), q.get("log_start_offset"),
+                                           len(q.get("snapshots") or [])))
+                if q.get("high_watermark") is not None:
+                    self.history.hw.append(HwSample(nid, inc, ts, q["high_watermark"]))
+            self._stop_monitor.wait(MONITOR_INTERVAL_S)
+
+    # ---------------------------------------------------------- workload
+    def _client(self, **kw):
+        from broker.client import MetalogClient
+
+        addr_map = self.addr_map
+
+        class DirectClient(MetalogClient):
+            async def _refresh_metadata(self):
+                resp = await super()._refresh_metadata()
+                self._endpoints = {n: addr_map.get(a, a) for n, a in self._endpoints.items()}
+                return resp
+
+        return DirectClient(self.cluster.bootstrap(), self.cluster.cluster_id, **kw)
+
+    async def _writer(self, wid: int) -> None:
+        client = self._client(request_timeout_ms=WRITE_TIMEOUT_MS, max_retries=0)
+        seq = 0
+        try:
+            while not self._stop_load.is_set():
+                n = 1 + seq % 3  # batches of 1-3 records
+                values = [f"d{wid}-{seq + i}".encode() for i in range(n)]
+                seq += n
+                self.history.attempted.update(values)
+                try:
+                    base, epoch = await client.produce(values)
+                except Exception:  # any failure: outcome unknown, never resent
+                    self.write_errors += 1
+                    await asyncio.sleep(0.05)  # pace retries against a leaderless cluster
+                    continue
+                ts = time.time()
+                for i, v in enumerate(values):
+                    self.history.acks.append(Ack(v, base + i, epoch, ts, wid))
+        finally:
+            await client.close()
+
+    async def _consumer(self, cid: int) -> None:
+        from broker.client import LogTruncationError, OffsetOutOfRangeError
+
+        client = self._client(request_timeout_ms=800, retry_backoff_ms=50)
+        consumer = client.consumer(reset_policy="none")
+        consumer.seek(0)
+        try:
+            while not self._stop_load.is_set():
+                try:
+                    records = await consumer.poll(max_wait_ms=300)
+                except LogTruncationError as exc:
+                    self.history.truncations.append(Truncation(cid, time.time(), exc.first_diverging_offset))
+                    consumer.seek(exc.first_diverging_offset, exc.epoch)
+                    continue
+                except OffsetOutOfRangeError:
+                    consumer = client.consumer(reset_policy="earliest")  # the prefix went into a snapshot
+                    continue
+                except Exception:
+                    await asyncio.sleep(0.05)
+                    continue
+                ts = time.time()
+                for r in records:
+                    self.history.seen.append(Seen(cid, r.offset, r.leader_epoch, r.value, ts))
+        finally:
+            await client.close()
+
+    # ---------------------------------------------------------- faults
+    async def _leader(self, timeout_s: float = 20.0, exclude: set[int] = frozenset()) -> tuple[int, int]:
+        """(leader id, epoch)."""
+        return await asyncio.to_thread(self.cluster.wait_for_leader, timeout_s, exclude)
+
+    async def _wait_progress(self, after_ts: float, timeout_s: float) -> float | None:
+        """Wait until some write is acknowledged after `after_ts`; its ts, or None on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            acks = self.history.acks
+            if acks and acks[-1].ts > after_ts:
+                return next(a.ts for a in reversed(acks) if a.ts > after_ts)
+            await asyncio.sleep(0.05)
+        return None
+
+    def _pick_kind(self, i: int) -> str:
+        if self.schedule:
+            return self.schedule[i % len(self.schedule)]
+        return self.rng.choice(list(FAULTS))
+
+    async def inject(self, kind: str) -> FaultRecord:
+        c = self.cluster
+        leader, epoch = await self._leader()
+        voters = [n for n, s in c.nodes.items() if s.voter]
+        followers = [n for n in voters if n != leader]
+        observers = [n for n, s in c.nodes.items() if not s.voter]
+        rec = FaultRecord(kind, None, time.time(), leader_before=leader, epoch_before=epoch)
+        self.faults.append(rec)
+        p = self.proxy
+        if kind == "kill_leader":
+            rec.node = leader
+            await asyncio.to_thread(c.kill, leader)
+            rec.detail["killed_at"] = time.time()
+            await asyncio.sleep(self.hold_s)
+            self.start_node(leader)
+        elif kind in ("kill_follower", "kill_observer"):
+            pool = followers if kind == "kill_follower" else (observers or followers)
+            rec.node = self.rng.choice(pool)
+            await asyncio.to_thread(c.kill, rec.node)
+            await asyncio.sleep(self.hold_s)
+            self.start_node(rec.node)
+        elif kind == "term_restart":
+            rec.node = self.rng.choice(voters)
+            rec.detail["exit_code"] = await asyncio.to_thread(c.stop_node, rec.node)
+            self.start_node(rec.node)
+        elif kind == "pause_leader":
+            rec.node = leader
+            c.signal(leader, signal.SIGSTOP)
+            await asyncio.sleep(self.hold_s * 1.5)
+            c.signal(leader, signal.SIGCONT)
+        elif kind == "isolate_leader":
+            rec.node = leader
+            p.isolate(leader)
+            await asyncio.sleep(self.hold_s * 1.5)
+            p.heal()
+        elif kind == "cut_one_way":
+            rec.node = leader
+            other = self.rng.choice(followers)
+            rec.detail["to"] = other
+            p.block(leader, other)
+            await asyncio.sleep(self.hold_s * 1.5)
+            p.heal()
+        elif kind == "split_majority":
+            rec.node = leader
+            minority = {leader, *observers}
+            rec.detail["groups"] = [sorted(minority), sorted(followers)]
+            p.partition([minority, set(followers)])
+            await asyncio.sleep(self.hold_s * 1.5)
+            p.heal()
+        elif kind == "wipe_follower":
+            rec.node = self.rng.choice(followers)
+            await asyncio.to_thread(c.kill, rec.node)
+            shutil.rmtree(c.data_dir(rec.node), ignore_errors=True)
+            self.start_node(rec.node)
+        else:
+            raise AssertionError(kind)
+        rec.ts_end = time.time()
+        return rec
+
+    # ---------------------------------------------------------- run
+    async def run(self) -> dict:
+        c = self.cluster
+        self.t0 = time.time()
+        for nid in sorted(c.nodes):
+            self.start_node(nid)
+        await self._leader(timeout_s=30)
+        monitor = threading.Thread(target=self._monitor, name="drill-monitor", daemon=True)
+        monitor.start()
+        tasks = [asyncio.create_task(self._writer(w)) for w in range(self.n_writers)]
+        tasks += [asyncio.create_task(self._consumer(k)) for k in range(self.n_consumers)]
+        problems: list[str] = []
+        try:
+            if await self._wait_progress(0, self.settle_timeout_s) is None:
+                raise DrillAborted("no write was acknowledged after the cluster came up")
+            end = time.monotonic() + self.duration_s
+            i = 0
+            while time.monotonic() < end:
+                kind = self._pick_kind(i)
+                i += 1
+                rec = await self.inject(kind)
+                self.log(f"[{rec.ts_start - self.t0:7.2f}s] {kind} node {rec.node} "
+                         f"(leader was {rec.leader_before}) {rec.detail or ''}")
+                if await self._wait_progress(rec.ts_end, self.settle_timeout_s) is None:
+                    problems.append(f"no write acknowledged within {self.settle_timeout_s}s after {kind} "
+                                    f"of node {rec.node}")
+                    self.log(f"  !! {problems[-1]}")
+                    break
+        finally:
+            self._stop_load.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        converged = await asyncio.to_thread(self._converge)
+        self._stop_monitor.set()
+        monitor.join(5)
+        commit_end = converged.get("high_watermark") or 0
+        c.stop()
+        if self.proxy:
+            self.proxy.stop()
+        self._collect_roles()
+        replicas = [read_replica(nid, c.data_dir(nid)) for nid in sorted(c.nodes)]
+        result = check(self.history, replicas, commit_end)
+        if not converged.get("ok"):
+            problems.append(f"cluster did not converge: {converged.get('why')}")
+        return {"result": result, "problems": problems, "commit_end": commit_end, "converged": converged,
+                "replicas": {r.node: {"log_start": r.log_start, "log_end": r.log_end} for r in replicas}}
+
+    def _converge(self) -> dict:
+        """Repair everything and wait until every broker is at the leader's HW."""
+        c = self.cluster
+        if self.proxy:
+            self.proxy.heal()
+        for nid in c.nodes:
+            c.signal(nid, signal.SIGCONT)
+            if not c.alive(nid):
+                self.start_node(nid)
+        state: dict = {"ok": False, "why": "no leader"}
+
+        def converged():
+            found = c.leader()
+            if not found:
+                return False
+            views = {nid: c.quorum(nid) for nid in c.nodes}
+            lq = views[found[0]]
+            if not lq or lq.get("high_watermark") is None:
+                state["why"] = "leader has no HW yet"
+                return False
+            hw, leo = lq["high_watermark"], lq["log_end_offset"]
+            lagging = {nid: (v or {}).get("high_watermark") for nid, v in views.items()
+                       if not v or v.get("high_watermark") != hw or v.get("log_end_offset") != leo}
+            if hw != leo or lagging:
+                state["why"] = f"leader {found[0]} hw {hw} leo {leo}; lagging {lagging}"
+                return False
+            state.update(ok=True, why="", leader=found[0], epoch=found[1], high_watermark=hw)
+            return True
+
+        try:
+            c.wait_for(converged, self.settle_timeout_s * 2, "convergence", poll_s=0.2)
+        except TimeoutError:
+            pass
+        return state
+
+    def _collect_roles(self) -> None:
+        for nid in sorted(self.cluster.nodes):
+            for i, line in enumerate(self.cluster.read_log_lines(nid)):
+                if line.get("event") == "role_changed":
+                    self.history.roles.append(RoleEvent(
+                        nid, float(line.get("ts", 0)), str(line.get("role")), int(line.get("epoch", -1)),
+                        line.get("leader_id"), source=f"node-{nid}/broker.log:{i + 1}"))
+
+
+class DrillAborted(Exception):
+    pass
+
+
+# ------------------------------------------------------------------ CLI
+def build_cluster(args) -> LocalCluster:
+    if args.compose:
+        from tools.compose import cluster_from_compose
+
+        return cluster_from_compose(args.compose, args.dir, port_offset=args.port_offset)
+    return LocalCluster.create(args.dir, voters=args.voters, observers=args.observers,
+                               common=dict(DRILL_BROKER_SETTINGS), cluster_id="metalog-drill")
+
+
+def run_drill(args) -> tuple[int, dict]:
+    if os.path.exists(args.dir):
+        shutil.rmtree(args.dir)
+    os.makedirs(args.dir, exist_ok=True)
+    from broker.logs import configure_logging
+
+    # Client and storage-reader log lines go to a file, not over the drill's output.
+    configure_logging("info", open(os.path.join(args.dir, "drill-clients.log"), "a", buffering=1))
+    cluster = build_cluster(args)
+    schedule = [s.strip() for s in args.schedule.split(",") if s.strip()] if args.schedule else None
+    drill = Drill(cluster, duration_s=args.duration_s, seed=args.seed, schedule=schedule,
+                  writers=args.writers, consumers=args.consumers, hold_s=args.hold_s,
+                  log=(lambda *_: None) if args.quiet else print)
+    drill.wire_proxy()
+    try:
+        out = asyncio.run(drill.run())
+    except (DrillAborted, TimeoutError) as exc:
+        cluster.stop()
+        if drill.proxy:
+            drill.proxy.stop()
+        print(f"metalog drill: could not run: {exc}; see {cluster.root}/node-*/broker.log", file=sys.stderr)
+        return 2, {}
+    from tools.drill_report import build_report, write_report
+
+    report = build_report(drill, out)
+    paths = write_report(report, drill, args.report)
+    res = out["result"]
+    print(res.summary())
+    for p in out["problems"]:
+        print(f"problem: {p}")
+    s = report["summary"]
+    print(f"writes acknowledged {s['writes_acknowledged']}, lost {s['writes_lost']}, faults {s['faults']}, "
+          f"failover p50 {s['failover_ms_p50']} ms, p99 {s['failover_ms_p99']} ms")
+    print(f"report: {paths['json']}  timeline: {paths['png']}")
+    return (0 if res.ok and not out["problems"] else 1), report
+
+
+def cmd_drill(args) -> int:
+    try:
+        rc, _ = run_drill(args)
+    except ValueError as exc:
+        print(f"metalog drill: {exc}", file=sys.stderr)
+        return 2
+    return rc
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--duration-s", type=float, default=60.0, help="how long to inject faults")
+    p.add_argument("--seed", type=int, default=1, help="seeds the fault choice when no --schedule is given")
+    p.add_argument("--schedule", help="comma-separated faults, cycled: " + ", ".join(FAULTS))
+    p.add_argument("--hold-s", type=float, default=2.0, help="how long a fault lasts before it is repaired")
+    p.add_argument("--writers", type=int, default=3)
+    p.add_argument("--consumers", type=int, default=2)
+    p.add_argument("--voters", type=int, default=3)
+    p.add_argument("--observers", type=int, default=1)
+    p.add_argument("--compose", help="run this compose file's broker services instead of a default cluster")
+    p.add_argument("--port-offset", type=int, default=None, help="with --compose: local port = container port + this")
+    p.add_argument("--dir", default="run/drill", help="node dirs (wiped at start)")
+    p.add_argument("--report", default="run/drill-report", help="writes REPORT.json and REPORT.png")
+    p.add_argument("--quiet", action="store_true")
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser("drill", help="fault drill: kill/pause/partition/wipe brokers under load, then check",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=cmd_drill)
