@@ -1,0 +1,131 @@
+"""KIP-630 on real processes: snapshots are generated, the log start moves
+past 0, a wiped broker rejoins through FetchSnapshot (also when killed in
+the middle of the download), and a restarted broker boots from snapshot +
+log tail into identical controller state."""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import os
+import shutil
+
+import pytest
+
+from broker.client import MetalogClient
+
+pytestmark = pytest.mark.slow
+
+SNAPSHOTTING = dict(election_timeout_ms=400, fetch_timeout_ms=1000, request_timeout_ms=1000,
+                    fetch_max_wait_ms=100, snapshot_min_records=150, max_replication_lag_ms=500)
+
+
+async def write_metadata(cluster, brokers: int, topics: int, filler: int) -> None:
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=3000, max_retries=50)
+    try:
+        for b in range(1, brokers + 1):
+            await client.command("register_broker", broker_id=b, endpoints=[["PLAINTEXT", "127.0.0.1", 9000 + b]])
+        for t in range(topics):
+            await client.command("create_topic", name=f"topic-{t}", partitions=4, replication_factor=min(3, brokers))
+            await client.command("set_config", resource_type=2, resource_name=f"topic-{t}",
+                                 name="retention.ms", value=str(1000 * t))
+        await client.command("fence_broker", broker_id=1)
+        for i in range(0, filler, 50):
+            await client.produce([f"filler-{j}".encode() for j in range(i, min(filler, i + 50))])
+    finally:
+        await client.close()
+
+
+def part_dir(cluster, node_id: int) -> str:
+    return os.path.join(cluster.data_dir(node_id), "__cluster_metadata-0")
+
+
+def log_start_past_zero_everywhere(cluster, nodes):
+    views = [cluster.quorum(n) for n in nodes]
+    return all(v and v["log_start_offset"] > 0 and v["snapshots"] for v in views)
+
+
+def identical_metadata(cluster, nodes):
+    views = [cluster.admin(n, "/metadata") for n in nodes]
+    return views if all(v and v == views[0] for v in views) else None
+
+
+async def test_wiped_broker_rejoins_through_fetch_snapshot_when_log_start_is_past_zero(make_cluster):
+    cluster = make_cluster(voters=3, **SNAPSHOTTING)
+    await asyncio.to_thread(cluster.wait_for_leader, 20)
+    await write_metadata(cluster, brokers=5, topics=10, filler=600)
+    await asyncio.to_thread(cluster.wait_for, lambda: log_start_past_zero_everywhere(cluster, cluster.nodes),
+                            30, "snapshots and a log start offset past 0 on every broker")
+    leader, _ = cluster.leader()
+    follower = next(n for n in cluster.nodes if n != leader)
+    cluster.kill(follower)
+    shutil.rmtree(cluster.data_dir(follower))
+    cluster.start_node(follower)
+
+    def rejoined():
+        q, lq = cluster.quorum(follower), cluster.quorum(leader)
+        return q and lq and q["snapshots"] and q["log_end_offset"] >= lq["high_watermark"] \
+            and q["high_watermark"] == lq["high_watermark"]
+
+    await asyncio.to_thread(cluster.wait_for, rejoined, 30, "the wiped broker to catch up")
+    installed = [line for line in cluster.read_log_lines(follower) if line.get("event") == "snapshot_installed"]
+    assert installed, "the wiped broker caught up without installing a snapshot"
+    views = await asyncio.to_thread(cluster.wait_for, lambda: identical_metadata(cluster, cluster.nodes),
+                                    15, "identical /metadata")
+    assert len(views[0]["topics"]) == 10
+
+
+async def test_broker_killed_during_snapshot_download_recovers(make_cluster):
+    cluster = make_cluster(voters=3, snapshot_chunk_bytes=64, **SNAPSHOTTING)
+    await asyncio.to_thread(cluster.wait_for_leader, 20)
+    await write_metadata(cluster, brokers=5, topics=30, filler=400)
+    await asyncio.to_thread(cluster.wait_for, lambda: log_start_past_zero_everywhere(cluster, cluster.nodes),
+                            30, "snapshots and a log start offset past 0")
+    leader, _ = cluster.leader()
+    follower = next(n for n in cluster.nodes if n != leader)
+    cluster.kill(follower)
+    shutil.rmtree(cluster.data_dir(follower))
+    cluster.start_node(follower)
+    partials = lambda: glob.glob(os.path.join(part_dir(cluster, follower), "*.part"))  # noqa: E731
+    await asyncio.to_thread(cluster.wait_for, partials, 30, "a snapshot download in progress", 0.005)
+    cluster.kill(follower)
+    assert partials(), "the .part file of the cut-off download should be on disk"
+    cluster.start_node(follower)
+
+    def recovered():
+        q, lq = cluster.quorum(follower), cluster.quorum(leader)
+        return q and lq and q["log_end_offset"] >= lq["high_watermark"] and q["snapshots"]
+
+    await asyncio.to_thread(cluster.wait_for, recovered, 30, "the broker to finish a fresh download")
+    assert not partials(), "a finished download left its .part file behind"
+    boot_lines = [line for line in cluster.read_log_lines(follower) if line.get("event") == "snapshot_boot_cleanup"]
+    assert any(line.get("removed_leftovers") for line in boot_lines), "the .part leftover was not deleted on boot"
+    await asyncio.to_thread(cluster.wait_for, lambda: identical_metadata(cluster, cluster.nodes),
+                            15, "identical /metadata")
+
+
+async def test_restarted_broker_boots_from_snapshot_and_tail_with_identical_metadata(make_cluster):
+    cluster = make_cluster(voters=3, **SNAPSHOTTING)
+    await asyncio.to_thread(cluster.wait_for_leader, 20)
+    await write_metadata(cluster, brokers=4, topics=8, filler=500)
+    await asyncio.to_thread(cluster.wait_for, lambda: log_start_past_zero_everywhere(cluster, cluster.nodes),
+                            30, "snapshots on every broker")
+    # A tail after the latest snapshot.
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=3000, max_retries=50)
+    try:
+        await client.command("create_topic", name="after-snapshot", partitions=2, replication_factor=2)
+    finally:
+        await client.close()
+    before = await asyncio.to_thread(cluster.wait_for, lambda: identical_metadata(cluster, cluster.nodes),
+                                     15, "identical /metadata")
+    node = 1
+    cluster.stop_node(node)
+    cluster.start_node(node)
+    lines = []
+
+    def booted():
+        lines[:] = [line for line in cluster.read_log_lines(node) if line.get("event") == "snapshot_loaded"]
+        return lines and cluster.admin(node, "/metadata") == before[0]
+
+    await asyncio.to_thread(cluster.wait_for, booted, 20, "the restarted broker to load its snapshot")
+    assert "after-snapshot" in str(cluster.admin(node, "/metadata")["topics"])
