@@ -60,6 +60,10 @@ SAMPLES: dict[type, m.Body] = {
                                            voters=[m.NodeEndpoint(1, "127.0.0.1", 9001)],
                                            observers=[m.NodeEndpoint(4, "::1", 9004)]),
     m.ErrorResponse: m.ErrorResponse(error_code=42, error_message="bad"),
+    m.ControllerCommandRequest: m.ControllerCommandRequest(
+        cluster_id="c1", command="create_topic", args={"name": "t", "partitions": 3, "replication_factor": 2}),
+    m.ControllerCommandResponse: m.ControllerCommandResponse(error_code=42, error_message="topic 't' already exists",
+                                                             current_leader=LEADER),
 }
 
 
