@@ -17,7 +17,8 @@ ways without one:
   ``LocalCluster`` that runs the services' own command lines as local
   processes. The mapping is deterministic:
 
-  - ``metalog ARGS`` -> ``<python> -m tools.cli ARGS`` (the console script);
+  - ``metalog broker ARGS`` -> ``<python> -m broker.main ARGS`` (what the
+    console script's ``broker`` subcommand runs);
   - a service hostname (or ``0.0.0.0``) -> ``127.0.0.1``;
   - container port P -> local port ``P + port_offset`` (container ports are
     distinct across brokers, checked above, so this never collides);
@@ -337,8 +338,9 @@ class LocalMapping:
         return self._addr.sub(addr, content)
 
     def command(self, b: BrokerService) -> list[str]:
-        args = [self.rewrite(a, b.mounts) for a in b.command[1:]]
-        return [sys.executable, "-m", "tools.cli", *args]
+        args = [self.rewrite(a, b.mounts) for a in b.command[2:]]
+        # `metalog broker ARGS` hands ARGS to broker.main; run that module directly.
+        return [sys.executable, "-m", "broker.main", *args]
 
 
 def cluster_from_compose(path: str, root_dir: str, port_offset: int | None = None):

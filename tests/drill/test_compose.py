@@ -1,0 +1,144 @@
+"""docker-compose.yml checked against BrokerConfig, and run as local processes."""
+
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from broker.config import parse_voters
+from tools.compose import ComposeError, cluster_from_compose, load_topology, parse_topology
+from tools.launcher import REPO_ROOT, free_ports
+
+COMPOSE = os.path.join(REPO_ROOT, "docker-compose.yml")
+
+
+def doc():
+    with open(COMPOSE) as f:
+        return yaml.safe_load(f)
+
+
+def test_shipped_compose_is_three_voters_one_observer():
+    topo = load_topology(COMPOSE)
+    nodes = topo.by_node()
+    assert sorted(nodes) == [1, 2, 3, 4]
+    assert topo.voter_ids == {1, 2, 3}
+    ports = topo.container_ports()
+    assert len(ports) == len(set(ports)) == 8
+    for b in topo.brokers:
+        assert b.health_url[1] == b.config.admin_endpoint().port
+        assert b.config.data_dir.startswith("/var/lib/metalog/")
+    vols = [v for b in topo.brokers for v in b.mounts.values()]
+    assert len(vols) == len(set(vols)) == 4 and set(vols) <= topo.volumes
+    d = doc()
+    assert {"spark", "drill"} <= set(d["services"])
+    assert d["services"]["spark"]["build"]["target"] == "spark"  # Java only in the Spark image
+    assert d["services"]["broker1"]["build"]["target"] == "broker"
+
+
+def test_dockerfile_has_nonroot_user_and_java_only_in_spark_stage():
+    text = open(os.path.join(REPO_ROOT, "Dockerfile")).read()
+    stages = text.split("\nFROM ")
+    broker = next(s for s in stages if s.startswith("python:3.11-slim AS broker"))
+    spark = next(s for s in stages if s.startswith("broker AS spark"))
+    assert "USER metalog" in broker and "jre" not in broker
+    assert "openjdk-17-jre-headless" in spark and spark.rstrip().endswith("USER metalog")
+
+
+def _svc_cmd(d, name):
+    return d["services"][name]["command"]
+
+
+def _set(cmd, key, value):
+    i = next(i for i, a in enumerate(cmd) if isinstance(a, str) and a.startswith(key + "="))
+    cmd[i] = f"{key}={value}"
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: _set(_svc_cmd(d, "broker2"), "listen", "0.0.0.0:9091"),
+     "service broker2: listen port 9091 is also used by service broker1"),
+    (lambda d: _set(_svc_cmd(d, "broker3"), "admin_listen", "0.0.0.0:8091"),
+     "service broker3: admin_listen port 8091 is also used by service broker1"),
+    (lambda d: _set(_svc_cmd(d, "broker2"), "node_id", "1"),
+     "service broker2: node_id 1 is also used by service broker1"),
+    (lambda d: _svc_cmd(d, "broker3").extend(["--set", "voters=1@broker1:9091,2@broker2:9092"]),
+     "service broker3: voters '1@broker1:9091,2@broker2:9092' differ from service broker1's"),
+    (lambda d: d["services"]["broker2"].update(volumes=["broker1-data:/var/lib/metalog"]),
+     "service broker2: volume 'broker1-data' is also used by service broker1; each broker needs its own"),
+    (lambda d: d["services"]["broker2"].pop("volumes"),
+     "service broker2: data_dir /var/lib/metalog/data is not on a named volume"),
+    (lambda d: d["volumes"].pop("broker3-data"),
+     "service broker3: volume 'broker3-data' is not declared under top-level volumes"),
+    (lambda d: d["services"]["observer4"]["healthcheck"].update(
+        test=["CMD", "python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9094/health')"]),
+     "service observer4: healthcheck hits 127.0.0.1:9094 but the admin API listens on port 8094"),
+    (lambda d: d["services"]["broker1"].pop("healthcheck"),
+     "service broker1: healthcheck must request http://127.0.0.1:<admin port>/health"),
+    (lambda d: _svc_cmd(d, "broker1").extend(["--set", "election_timeout_ms=-5"]),
+     "service broker1: election_timeout_ms: must be > 0, got -5"),
+    (lambda d: d["configs"]["broker-config"].update(
+        content="cluster_id: x\nvoters: \"1@broker1:9091,2@broker2:9092,3@nobody:9093\"\n"),
+     "voter 3@nobody:9093 names host 'nobody', which is no broker service"),
+    (lambda d: d["configs"]["broker-config"].update(
+        content="cluster_id: x\nvoters: \"1@broker1:9091,2@broker2:9092,3@broker3:9999\"\n"),
+     "voter 3@broker3:9999: service broker3 listens on port 9093"),
+])
+def test_broken_compose_files_are_refused_with_the_reason(mutate, message):
+    d = copy.deepcopy(doc())
+    mutate(d)
+    with pytest.raises(ComposeError) as err:
+        parse_topology(d, "docker-compose.yml")
+    assert message in str(err.value)
+
+
+def test_local_mapping_is_deterministic(tmp_path):
+    c = cluster_from_compose(COMPOSE, str(tmp_path), port_offset=1000)
+    assert {n: (s.port, s.admin_port, s.voter) for n, s in c.nodes.items()} == {
+        1: (10091, 9091, True), 2: (10092, 9092, True), 3: (10093, 9093, True), 4: (10094, 9094, False)}
+    cmd = c.nodes[2].command
+    assert cmd[:3] == [sys.executable, "-m", "broker.main"]
+    assert f"data_dir={tmp_path}/node-2/data" in cmd and f"log_file={tmp_path}/node-2/broker.log" in cmd
+    assert "listen=127.0.0.1:10092" in cmd
+    cfg = yaml.safe_load(open(cmd[cmd.index("--config") + 1]))
+    assert {k: str(v) for k, v in parse_voters(cfg["voters"]).items()} == {
+        1: "127.0.0.1:10091", 2: "127.0.0.1:10092", 3: "127.0.0.1:10093"}
+
+
+def _free_offset() -> int:
+    """An offset that puts all 8 container ports (8091-8094, 9091-9094) on free local ports."""
+    for base in free_ports(20):
+        offset = base - 8091
+        if offset < 1000 or base + 1010 > 65000:
+            continue
+        probe = [p + offset for p in (8091, 8092, 8093, 8094, 9091, 9092, 9093, 9094)]
+        import socket
+        ok = True
+        for p in probe:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return offset
+    raise RuntimeError("no free port range")
+
+
+@pytest.mark.slow
+def test_cluster_up_from_compose_elects_a_leader(tmp_path):
+    env = dict(os.environ, METALOG_COMPOSE_PORT_OFFSET=str(_free_offset()))
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.cli", "cluster", "up", "--compose", COMPOSE, "--dir", str(tmp_path),
+         "--exit-when-ready", "--ready-timeout-s", "30"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "metalog cluster 'metalog-compose' is up: leader" in proc.stdout
+    roles = [line.split()[1] for line in proc.stdout.splitlines() if line.strip()[:1] in "1234" and "http://" in line]
+    assert sorted(roles) == ["follower", "follower", "leader", "observer"], proc.stdout
+    # the brokers really ran with the compose settings: logs on the mapped volume dirs
+    for n in (1, 2, 3, 4):
+        assert os.path.getsize(tmp_path / f"node-{n}" / "broker.log") > 0
+        assert (tmp_path / f"node-{n}" / "data").is_dir()
