@@ -20,6 +20,7 @@ from collections import deque
 from broker.quorum import api as a
 from broker.quorum.core import QuorumCore
 from protocol import messages as m
+from storage.batch import iter_batches
 
 
 class FastLog:
@@ -48,9 +49,11 @@ class FastLog:
 
     def apply(self, act) -> None:
         if isinstance(act, a.AppendBatches):
-            self.bases.append(act.base_offset)
-            self.data.append(act.data)
-            self.nexts.append(act.next_offset)
+            # Index every batch: a later read may start at any batch boundary.
+            for pos, h in iter_batches(act.data, verify=False):
+                self.bases.append(h.base_offset)
+                self.data.append(act.data[pos:pos + h.size])
+                self.nexts.append(h.next_offset)
         elif isinstance(act, a.TruncateLog):
             i = bisect.bisect_left(self.bases, act.end_offset)
             del self.bases[i:], self.data[i:], self.nexts[i:]
