@@ -1,0 +1,219 @@
+"""Decoding of log segments and snapshot files inside Spark executors.
+
+``decode_file(path, content)`` turns one file's bytes (a row of Spark's
+binaryFile source) into rows of one flat schema, ``DECODED_FIELDS``, told
+apart by ``kind``:
+
+* ``rec``   one record of a segment: replica, offset, epoch, control bit,
+            64-bit digest of the value (for the byte-for-byte audit), value,
+            batch timestamp;
+* ``err``   a problem, with file, byte position, offset and epoch when known
+            and the message in ``info``;
+* ``file``  one per segment: JSON summary (base, end offset, epochs, counts)
+            the driver uses to check continuity *across* segments;
+* ``snap``  one per valid snapshot: JSON (id, cluster id, records);
+* ``snaprec`` one record of a snapshot with its entity sort key (for the
+            distributed comparison with the rebuilt state);
+* ``meta``  the text of a small file (meta.properties, log-start-offset).
+
+Everything is decoded with the broker's own code (storage.batch,
+storage.snapshot, storage.metadata_records). Pure Python; no Spark import,
+so it is testable alone and cheap to ship to executors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Iterator
+
+from storage import batch as b
+from storage import metadata_records as r
+from storage.snapshot import CorruptSnapshotError, parse_snapshot_filename, verify_snapshot_bytes
+from tools.spark import fold
+
+PARTITION_DIR = "__cluster_metadata-0"
+SEGMENT_RE = re.compile(r"(\d{20})\.log")
+META_FILES = ("meta.properties", "log-start-offset")
+ERRORS_PER_FILE_MAX = 50  # more are counted, not listed
+
+# (name, arrow type name) -- spark_job builds both the Spark and Arrow schema from this.
+DECODED_FIELDS = [
+    ("kind", "string"), ("replica", "string"), ("file", "string"),
+    ("offset", "long"), ("epoch", "int"), ("position", "long"), ("control", "bool"),
+    ("digest", "long"), ("ts", "long"), ("value", "binary"), ("info", "string"),
+    ("sec", "int"), ("s1", "string"), ("n1", "long"), ("s2", "string"), ("s3", "string"),
+]
+FIELD_NAMES = [n for n, _ in DECODED_FIELDS]
+
+
+def split_path(path: str) -> tuple[str, str, str]:
+    """(replica dir, log dir name, file name) of a file path or URI."""
+    head, _, name = path.rstrip("/").rpartition("/")
+    parent, _, dirname = head.rpartition("/")
+    if dirname == PARTITION_DIR:
+        return parent, dirname, name
+    return head, dirname, name
+
+
+def classify(path: str) -> str:
+    """'segment', 'snapshot', 'meta', 'ignored' or 'bad' (a .log/.checkpoint
+    inside the partition dir whose name is not a segment/snapshot name)."""
+    _replica, dirname, name = split_path(path)
+    if name in META_FILES:
+        return "meta"
+    if SEGMENT_RE.fullmatch(name):
+        return "segment"
+    if parse_snapshot_filename(name) is not None:
+        return "snapshot"
+    return "bad" if dirname == PARTITION_DIR else "ignored"
+
+
+def digest64(value: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(value, digest_size=8).digest(), "big", signed=True)
+
+
+def _row(kind: str, replica: str, file: str, **kw) -> dict:
+    row = dict.fromkeys(FIELD_NAMES)
+    row.update(kind=kind, replica=replica, file=file, **kw)
+    return row
+
+
+def decode_file(path: str, content: bytes) -> Iterator[dict]:
+    replica, _dirname, name = split_path(path)
+    what = classify(path)
+    if what == "meta":
+        yield _row("meta", replica, name, info=content.decode("utf-8", "replace"))
+    elif what == "segment":
+        yield from _decode_segment(replica, name, content)
+    elif what == "snapshot":
+        yield from _decode_snapshot(replica, name, content)
+    elif what == "bad":
+        yield _row("err", replica, name, position=0, info=(
+            f"{name!r} is not a segment or snapshot file (expected <20-digit base offset>.log "
+            "or <20-digit offset>-<10-digit epoch>.checkpoint)"))
+    else:
+        yield _row("ignored", replica, name, info=f"ignored {name!r}: not a metadata log file")
+
+
+def _decode_segment(replica: str, name: str, data: bytes) -> Iterator[dict]:
+    base = int(name[:20])
+    view = memoryview(data)
+    n = len(view)
+    pos = 0
+    expected = base
+    first_epoch = last_epoch = -1
+    batches = records = errors = 0
+    digest = digest64
+
+    def err(message: str, position: int, offset: int | None, epoch: int | None = None):
+        nonlocal errors
+        errors += 1
+        if errors <= ERRORS_PER_FILE_MAX:
+            return _row("err", replica, name, position=position, offset=offset, epoch=epoch,
+                        info=message)
+        return None
+
+    if n == 0:
+        e = err("empty segment file (0 bytes)", 0, base)
+        if e:
+            yield e
+    while pos < n:
+        if n - pos < b.HEADER_SIZE:
+            e = err(f"truncated batch: {n - pos} trailing byte(s), less than a header", pos, expected)
+            if e:
+                yield e
+            break
+        try:
+            h = b.decode_header(view, pos)
+        except b.CorruptBatchError as exc:
+            # The length cannot be trusted, so the rest of the file cannot be walked.
+            e = err(f"corrupt batch header: {exc}; {n - pos} byte(s) from here unreadable",
+                    pos, exc.base_offset)
+            if e:
+                yield e
+            break
+        if pos + h.size > n:
+            e = err(f"truncated batch: needs {h.size} bytes, {n - pos} left", pos, h.base_offset,
+                    h.leader_epoch)
+            if e:
+                yield e
+            break
+        batches += 1
+        if h.base_offset != expected:
+            e = err(f"offsets not contiguous: batch starts at {h.base_offset}, expected {expected}",
+                    pos, h.base_offset, h.leader_epoch)
+            if e:
+                yield e
+        if h.leader_epoch < last_epoch:
+            e = err(f"epoch went backwards: {h.leader_epoch} after {last_epoch}", pos,
+                    h.base_offset, h.leader_epoch)
+            if e:
+                yield e
+        if first_epoch < 0:
+            first_epoch = h.leader_epoch
+        last_epoch = max(last_epoch, h.leader_epoch)
+        expected = h.next_offset
+        try:
+            b.verify_crc(view, pos, h)
+            values = b.decode_records(view[pos:pos + h.size], h)
+        except b.CorruptBatchError as exc:
+            e = err(f"corrupt batch: {exc}", pos, h.base_offset, h.leader_epoch)
+            if e:
+                yield e
+            pos += h.size
+            continue
+        ctl = h.is_control
+        for i, value in enumerate(values):
+            yield _row("rec", replica, name, offset=h.base_offset + i, epoch=h.leader_epoch,
+                       position=pos, control=ctl, digest=digest(value), ts=h.max_timestamp_ms,
+                       value=value)
+        records += len(values)
+        pos += h.size
+    yield _row("file", replica, name, info=json.dumps({
+        "base_offset": base, "end_offset": expected, "first_epoch": first_epoch,
+        "last_epoch": last_epoch, "batches": batches, "records": records, "bytes": n,
+        "errors": errors}))
+
+
+def _decode_snapshot(replica: str, name: str, data: bytes) -> Iterator[dict]:
+    sid = parse_snapshot_filename(name)
+    assert sid is not None
+    try:
+        layout = verify_snapshot_bytes(data, sid, name)
+    except CorruptSnapshotError as exc:
+        yield _row("err", replica, name, position=exc.position, offset=sid.end_offset,
+                   epoch=sid.epoch, info=f"corrupt snapshot: {exc.reason}")
+        return
+    view = memoryview(data)
+    count = 0
+    for pos, h in layout.data_batches:
+        for value in b.decode_records(view[pos:pos + h.size], h):
+            sec, s1, n1, s2, s3 = entity_key(value)
+            yield _row("snaprec", replica, name, offset=sid.end_offset, epoch=sid.epoch, position=count,
+                       value=value, sec=sec, s1=s1, n1=n1, s2=s2, s3=s3)
+            count += 1
+    yield _row("snap", replica, name, offset=sid.end_offset, epoch=sid.epoch, info=json.dumps({
+        "end_offset": sid.end_offset, "epoch": sid.epoch, "cluster_id": layout.header.cluster_id,
+        "records": count, "bytes": len(data)}))
+
+
+def entity_key(value: bytes) -> tuple[int, str, int, str, str]:
+    """Sort key (section, s1, n1, s2, s3) of a state record, as fold.StateRow."""
+    try:
+        rec = r.decode_record(value)
+    except r.MetadataRecordError:
+        return -1, "", 0, "", ""
+    t = type(rec)
+    if t is r.FeatureLevel:
+        return fold.SEC_FEATURE, rec.name, 0, "", ""
+    if t is r.RegisterBroker:
+        return fold.SEC_BROKER, "", rec.broker_id, "", ""
+    if t is r.Topic:
+        return fold.SEC_TOPIC, rec.topic_id, 0, "", ""
+    if t is r.Partition:
+        return fold.SEC_PARTITION, rec.topic_id, rec.partition_id, "", ""
+    if t is r.Config:
+        return fold.SEC_CONFIG, "", rec.resource_type, rec.resource_name, rec.name
+    return -1, type(rec).__name__, 0, "", ""
