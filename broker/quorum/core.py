@@ -370,7 +370,9 @@ class QuorumCore:
         if role in (Role.FOLLOWER, Role.OBSERVER):
             if self._fetch_deadline_ms is not None and self._leader_id >= 0:
                 ds.append(self._fetch_deadline_ms)
-            if self._fetch_inflight is None and self._fetch_retry_at_ms > now:
+            # While our appended data is unflushed, FlushCompleted wakes us: no tick.
+            if (self._fetch_inflight is None and self._fetch_retry_at_ms > now
+                    and self._flushed_end_offset >= self._log_end_offset):
                 ds.append(self._fetch_retry_at_ms)
         return min(ds) if ds else None
 
@@ -523,7 +525,7 @@ class QuorumCore:
         if len(self._granted) > len(self._voters) // 2:
             self._become_leader(now)
             return
-        last_epoch = self._epochs.latest_epoch
+        last_epoch = self._last_epoch()
         for v in self._others:
             self._send(v, m.VoteRequest(
                 cluster_id=self.config.cluster_id, candidate_epoch=self._epoch,
@@ -787,14 +789,23 @@ class QuorumCore:
         if req.candidate_epoch < self._epoch:
             self._respond(token, self._error_response(req, Errors.FENCED_LEADER_EPOCH))
             return
+        # The timer that would make us stand ourselves: an election timer, or a
+        # follower's fetch timeout.
+        running_deadline = self._election_deadline_ms if self._election_deadline_ms is not None \
+            else self._fetch_deadline_ms
         if req.candidate_epoch > self._epoch:
             self._become_unattached(req.candidate_epoch, now)
         granted = False
         if self._role == Role.UNATTACHED:
-            ours = (self._epochs.latest_epoch, self._log_end_offset)
+            ours = (self._last_epoch(), self._log_end_offset)
             if (req.last_offset_epoch, req.last_offset) >= ours:
                 self._become_voted(req.candidate_id, now)  # persisted before the answer
                 granted = True
+            elif running_deadline is not None and self._election_deadline_ms is not None:
+                # Refused for a stale log: keep the timer that was already running,
+                # else a lagging voter that keeps standing (its lost-election
+                # backoff is shorter than our fresh timeout) blocks every election.
+                self._election_deadline_ms = min(self._election_deadline_ms, running_deadline)
         elif self._role == Role.VOTED:
             granted = self._voted_id == req.candidate_id
         self._respond(token, m.VoteResponse(
@@ -1253,17 +1264,26 @@ class QuorumCore:
         elif self._need_epoch_check:
             self._fetch_inflight = self._send(leader, m.OffsetsForLeaderEpochRequest(
                 cluster_id=cid, replica_id=self._node_id, current_leader_epoch=self._epoch,
-                leader_epoch=self._epochs.latest_epoch,
+                leader_epoch=self._last_epoch(),
             ), "epoch_check")
         else:
             self._fetch_inflight = self._send(leader, self._fetch_request(), "fetch")
+
+    def _last_epoch(self) -> int:
+        """Epoch of the last record we hold: from the epoch history, or, when
+        the log is empty past a snapshot, the snapshot's epoch (as Kafka's
+        lastFetchedEpoch). Fetch, OffsetsForLeaderEpoch and Vote all use it."""
+        epoch = self._epochs.latest_epoch
+        if epoch < 0 and self._snapshots and self._snapshots[-1].end_offset == self._log_end_offset:
+            return self._snapshots[-1].epoch
+        return epoch
 
     def _fetch_request(self) -> m.FetchRequest:
         return m.FetchRequest(
             cluster_id=self.config.cluster_id, replica_id=self._node_id,
             max_wait_ms=self.config.fetch_max_wait_ms, current_leader_epoch=self._epoch,
             fetch_offset=self._flushed_end_offset,
-            last_fetched_epoch=max(self._epochs.latest_epoch, 0),
+            last_fetched_epoch=max(self._last_epoch(), 0),
             log_start_offset=self._log_start_offset, max_bytes=self.config.fetch_max_bytes,
         )
 
@@ -1447,13 +1467,13 @@ class QuorumCore:
             self._retry_fetch_later(now)
             return
         self._fetch_deadline_ms = now + self.config.fetch_timeout_ms
-        asked = self._epochs.latest_epoch
+        asked = self._last_epoch()
         self._truncate_to_leader(resp.leader_epoch, resp.end_offset, "OffsetsForLeaderEpoch")
         if self._fatal is not None:
             return
         # Done unless the leader answered an older epoch we also hold and our log
         # still ends in a later epoch of our own (Kafka asks again then).
-        local_epoch = self._epochs.latest_epoch
+        local_epoch = self._last_epoch()
         self._need_epoch_check = (
             resp.leader_epoch >= 0 and local_epoch != resp.leader_epoch and local_epoch != asked
             and self._log_end_offset > self._log_start_offset
