@@ -1,0 +1,580 @@
+"""``metalog bench``: throughput, commit latency, failover and catch-up of a
+real local cluster, optionally side by side with a 3-member etcd cluster.
+
+Sections (``--only`` picks some):
+
+* throughput -- 3 voters on loopback, fsync on, ``--clients`` logical clients
+  (default 1000) each appending one ``--value-bytes`` record and awaiting its
+  commit in a loop. The load runs in ``--load-procs`` separate processes
+  (default 2), each with one client connection multiplexing its share of the
+  logical clients, on uvloop (as the brokers). records/s and commit latency
+  p50/p99/p99.9 over a measured window after a warm-up.
+* light -- one logical client, commit latency percentiles.
+* failover -- repeated kill -9 of the leader under load (``--failover-clients``
+  in-process clients); time from the kill to the first commit acknowledged in
+  a newer epoch; p50/p99. The killed broker is restarted and rejoins before
+  the next kill, so every kill leaves a majority.
+* catchup -- a fresh observer started against a log of ``--catchup-records``
+  metadata records (Config updates over ``--catchup-keys`` distinct keys, so
+  the state is much smaller than the log, as metadata usually is): once with
+  the whole log retained (catch-up by log), once after the leader snapshotted
+  and moved its log start (catch-up by snapshot).
+
+``--vs etcd`` runs the throughput and light sections against etcd too,
+interleaved round by round (``--rounds``), and prints metalog/etcd ratios.
+See tools/bench_etcd.py and docs/bench.md for how the comparison is fair and
+where it is not. ``--smoke`` shrinks everything for CI: it must work, not be
+fast. The report is printed as a table and written as JSON (``--json``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from tools.launcher import REPO_ROOT, LocalCluster
+
+CLUSTER_ID = "metalog-bench"
+
+
+# ------------------------------------------------------------------ stats
+def percentile(sorted_values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile of an ascending list (q in 0..100)."""
+    if not sorted_values:
+        return None
+    rank = max(1, -(-len(sorted_values) * q // 100))  # ceil
+    return sorted_values[int(min(rank, len(sorted_values))) - 1]
+
+
+def latency_summary_ms(latencies_us: list[int]) -> dict[str, Any]:
+    vals = sorted(latencies_us)
+    out: dict[str, Any] = {"samples": len(vals)}
+    for name, q in (("p50_ms", 50), ("p99_ms", 99), ("p99_9_ms", 99.9), ("max_ms", 100)):
+        v = percentile(vals, q)
+        out[name] = None if v is None else round(v / 1000, 3)
+    return out
+
+
+# ------------------------------------------------------------------ load worker (a separate process)
+async def _metalog_load(endpoints: list[tuple[str, int]], clients: int, start_at: float, warmup_s: float,
+                        duration_s: float, value_bytes: int, tag: str) -> dict:
+    from broker.client import MetalogClient
+
+    client = MetalogClient(endpoints, CLUSTER_ID, request_timeout_ms=10000, max_retries=20)
+    await client.metadata()
+    measure_from = start_at + warmup_s
+    stop_at = measure_from + duration_s
+    lat_us: list[int] = []
+    errors = 0
+
+    async def one(i: int) -> None:
+        nonlocal errors
+        seq = 0
+        pad = b"x" * value_bytes
+        while True:
+            now = time.monotonic()
+            if now >= stop_at:
+                return
+            value = (f"{tag}-{i}-{seq}-".encode() + pad)[:value_bytes]
+            seq += 1
+            try:
+                await client.produce([value])
+            except Exception:
+                errors += 1
+                await asyncio.sleep(0.01)
+                continue
+            done = time.monotonic()
+            if done >= measure_from and done < stop_at:
+                lat_us.append(int((done - now) * 1e6))
+
+    await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+    await asyncio.gather(*(one(i) for i in range(clients)))
+    await client.close()
+    return {"ops": len(lat_us), "errors": errors, "latencies_us": lat_us}
+
+
+async def _etcd_load(url: str, clients: int, start_at: float, warmup_s: float, duration_s: float,
+                     value_bytes: int, tag: str) -> dict:
+    from tools.bench_etcd import EtcdPutter
+
+    putter = EtcdPutter(url, clients)
+    await putter.open()
+    await putter.put(b"bench-warm-" + tag.encode(), b"1")
+    measure_from = start_at + warmup_s
+    stop_at = measure_from + duration_s
+    lat_us: list[int] = []
+    errors = 0
+
+    async def one(i: int) -> None:
+        nonlocal errors
+        seq = 0
+        pad = b"x" * value_bytes
+        while True:
+            now = time.monotonic()
+            if now >= stop_at:
+                return
+            key = f"bench/{tag}/{i}/{seq}".encode()  # distinct keys, as the metalog records are distinct
+            value = (key + b"-" + pad)[:value_bytes]
+            seq += 1
+            try:
+                await putter.put(key, value)
+            except Exception:
+                errors += 1
+                await asyncio.sleep(0.01)
+                continue
+            done = time.monotonic()
+            if done >= measure_from and done < stop_at:
+                lat_us.append(int((done - now) * 1e6))
+
+    await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+    await asyncio.gather(*(one(i) for i in range(clients)))
+    await putter.close()
+    return {"ops": len(lat_us), "errors": errors, "latencies_us": lat_us, "transport": putter.transport}
+
+
+def worker_main(argv: list[str]) -> int:
+    """python -m tools.bench worker '<json spec>': run a load share, print JSON."""
+    import uvloop
+
+    from broker.logs import configure_logging
+
+    configure_logging("warning", sys.stderr)  # stdout carries only the result line
+    spec = json.loads(argv[0])
+    if spec["system"] == "metalog":
+        coro = _metalog_load([tuple(e) for e in spec["endpoints"]], spec["clients"], spec["start_at"],
+                             spec["warmup_s"], spec["duration_s"], spec["value_bytes"], spec["tag"])
+    else:
+        coro = _etcd_load(spec["url"], spec["clients"], spec["start_at"], spec["warmup_s"],
+                          spec["duration_s"], spec["value_bytes"], spec["tag"])
+    result = uvloop.run(coro)
+    sys.stdout.write("\n" + json.dumps(result) + "\n")
+    return 0
+
+
+def run_load(target: dict, clients: int, procs: int, warmup_s: float, duration_s: float,
+             value_bytes: int, tag: str) -> dict:
+    """Split `clients` over `procs` worker processes; merge their results."""
+    procs = max(1, min(procs, clients))
+    shares = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
+    start_at = time.monotonic() + 1.5  # time for the workers to import and connect
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    children = []
+    for i, share in enumerate(shares):
+        spec = dict(target, clients=share, start_at=start_at, warmup_s=warmup_s, duration_s=duration_s,
+                    value_bytes=value_bytes, tag=f"{tag}-p{i}")
+        children.append(subprocess.Popen([sys.executable, "-m", "tools.bench", "worker", json.dumps(spec)],
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT))
+    lat: list[int] = []
+    ops = errors = 0
+    transport = None
+    for child in children:
+        out, err = child.communicate(timeout=warmup_s + duration_s + 120)
+        if child.returncode != 0:
+            raise RuntimeError(f"load worker failed ({child.returncode}): {err.decode()[-2000:]}")
+        res = json.loads(out.decode().strip().splitlines()[-1])
+        lat += res["latencies_us"]
+        ops += res["ops"]
+        errors += res["errors"]
+        transport = res.get("transport", transport)
+    out = {"clients": clients, "load_procs": procs, "duration_s": duration_s, "ops": ops, "errors": errors,
+           "records_per_s": round(ops / duration_s, 1), **latency_summary_ms(lat)}
+    if transport:
+        out["transport"] = transport
+    return out
+
+
+# ------------------------------------------------------------------ clusters
+def metalog_cluster(root: str, voters: int = 3, observers: int = 0, **common) -> LocalCluster:
+    cluster = LocalCluster.create(root, voters=voters, observers=observers, cluster_id=CLUSTER_ID,
+                                  common={"log_level": "warning", **common})
+    return cluster
+
+
+def _start(cluster: LocalCluster, nodes: list[int] | None = None) -> None:
+    cluster.start(nodes)
+    cluster.wait_for_leader(timeout_s=30)
+
+
+def _metalog_target(cluster: LocalCluster) -> dict:
+    return {"system": "metalog", "endpoints": [list(e) for e in cluster.bootstrap()]}
+
+
+# ------------------------------------------------------------------ sections
+def bench_load(args, root: str, clients: int, rounds: int, label: str, report: dict) -> None:
+    """Throughput/latency rounds for metalog and (with --vs etcd) etcd, interleaved."""
+    from tools import bench_etcd
+
+    runs: dict[str, list[dict]] = {"metalog": [], "etcd": []}
+    for r in range(rounds):
+        cluster = metalog_cluster(os.path.join(root, f"{label}-metalog-{r}"))
+        try:
+            _start(cluster)
+            res = run_load(_metalog_target(cluster), clients, args.load_procs, args.warmup_s, args.duration_s,
+                           args.value_bytes, f"{label}{r}")
+        finally:
+            cluster.stop()
+        runs["metalog"].append(res)
+        _progress(f"{label} round {r + 1}/{rounds} metalog: {res['records_per_s']} rec/s p99 {res['p99_ms']} ms")
+        if args.vs == "etcd" and report["etcd"]["available"]:
+            etcd = bench_etcd.EtcdCluster(os.path.join(root, f"{label}-etcd-{r}"))
+            try:
+                etcd.start()
+                leader = etcd.wait_ready()
+                res = run_load({"system": "etcd", "url": etcd.client_url(leader)}, clients, args.load_procs,
+                               args.warmup_s, args.duration_s, args.value_bytes, f"{label}{r}")
+            finally:
+                etcd.stop()
+            runs["etcd"].append(res)
+            _progress(f"{label} round {r + 1}/{rounds} etcd: {res['records_per_s']} rec/s p99 {res['p99_ms']} ms")
+    report[label] = {"rounds": runs["metalog"], "best": _best(runs["metalog"])}
+    if runs["etcd"]:
+        report[label]["etcd_rounds"] = runs["etcd"]
+        report[label]["etcd_best"] = _best(runs["etcd"])
+
+
+def _best(rounds: list[dict]) -> dict:
+    """The round with the median throughput (robust against one noisy round)."""
+    ordered = sorted(rounds, key=lambda r: r["records_per_s"])
+    return ordered[(len(ordered) - 1) // 2]
+
+
+async def _failover_async(args, cluster: LocalCluster) -> dict:
+    from broker.client import MetalogClient
+
+    client = MetalogClient(cluster.bootstrap(), CLUSTER_ID, request_timeout_ms=2000, retry_backoff_ms=20,
+                           max_retries=2, connect_timeout_ms=500)
+    await client.metadata()
+    commits: list[tuple[float, int]] = []  # (monotonic time acknowledged, leader epoch)
+    stop = asyncio.Event()
+    pad = b"f" * args.value_bytes
+
+    async def one(i: int) -> None:
+        seq = 0
+        while not stop.is_set():
+            seq += 1
+            try:
+                _, epoch = await client.produce([(f"fo-{i}-{seq}-".encode() + pad)[:args.value_bytes]])
+            except Exception:
+                await asyncio.sleep(0.02)  # poll granularity of the measurement
+                continue
+            commits.append((time.monotonic(), epoch))
+            if len(commits) > 100_000:
+                del commits[:50_000]
+
+    tasks = [asyncio.create_task(one(i)) for i in range(args.failover_clients)]
+    gaps_s: list[float] = []
+    try:
+        for k in range(args.failovers):
+            leader, epoch = await asyncio.to_thread(cluster.wait_for_leader, 30)
+            # Load flows in this epoch before the kill.
+            deadline = time.monotonic() + 30
+            while not any(e == epoch for _, e in commits[-50:]):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no commit in epoch {epoch} before kill {k + 1}")
+                await asyncio.sleep(0.01)
+            t_kill = time.monotonic()
+            await asyncio.to_thread(cluster.kill, leader)
+            deadline = t_kill + 60
+            while True:
+                after = [t for t, e in commits[-2000:] if e > epoch and t >= t_kill]
+                if after:
+                    gaps_s.append(min(after) - t_kill)
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no commit within 60s after killing leader {leader} (epoch {epoch})")
+                await asyncio.sleep(0.005)
+            _progress(f"failover {k + 1}/{args.failovers}: killed {leader} (epoch {epoch}), "
+                      f"next commit after {gaps_s[-1] * 1000:.0f} ms")
+            await asyncio.to_thread(cluster.start_node, leader)
+            await asyncio.to_thread(_wait_rejoined, cluster, leader)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await client.close()
+    vals = sorted(gaps_s)
+    return {"kills": len(vals), "clients": args.failover_clients,
+            "election_timeout_ms": args.election_timeout_ms, "fetch_timeout_ms": args.fetch_timeout_ms,
+            "p50_ms": round(percentile(vals, 50) * 1000), "p99_ms": round(percentile(vals, 99) * 1000),
+            "min_ms": round(vals[0] * 1000), "max_ms": round(vals[-1] * 1000),
+            "all_ms": [round(v * 1000) for v in gaps_s]}
+
+
+def _wait_rejoined(cluster: LocalCluster, node: int) -> None:
+    def ok():
+        q = cluster.quorum(node)
+        lead = cluster.leader()
+        if not q or not lead or q.get("role") != "follower" or q.get("epoch") != lead[1]:
+            return False
+        lq = cluster.quorum(lead[0])
+        return bool(lq) and q["log_end_offset"] >= (lq.get("high_watermark") or 0)
+
+    cluster.wait_for(ok, 60, f"node {node} to rejoin as a caught-up follower")
+
+
+def bench_failover(args, root: str, report: dict) -> None:
+    import uvloop
+
+    cluster = metalog_cluster(os.path.join(root, "failover"), election_timeout_ms=args.election_timeout_ms,
+                              fetch_timeout_ms=args.fetch_timeout_ms)
+    try:
+        _start(cluster)
+        report["failover"] = uvloop.run(_failover_async(args, cluster))
+    finally:
+        cluster.stop()
+
+
+async def _load_metadata(cluster: LocalCluster, records: int, keys: int, value_bytes: int) -> None:
+    from broker.client import MetalogClient
+    from storage import metadata_records as r
+
+    client = MetalogClient(cluster.bootstrap(), CLUSTER_ID, request_timeout_ms=30000, max_retries=20)
+    batch = 2000
+    starts = iter(range(0, records, batch))
+
+    async def loader() -> None:
+        for s in starts:
+            values = [r.encode_record(r.Config(2, "bench-topic", f"key-{i % keys}",
+                                               f"{i:012d}".ljust(max(12, value_bytes - 40), "v")))
+                      for i in range(s, min(records, s + batch))]
+            await client.produce(values)
+
+    try:
+        await asyncio.gather(*(loader() for _ in range(8)))
+    finally:
+        await client.close()
+
+
+def _catchup_once(args, root: str, by_snapshot: bool) -> dict:
+    import uvloop
+
+    n = args.catchup_records
+    common: dict[str, Any] = {"max_replication_lag_ms": 1000}
+    # By snapshot: one snapshot once every record is applied, then the log start moves past it.
+    # By log: never snapshot, the whole log stays.
+    common["snapshot_min_records"] = n if by_snapshot else 1 << 40
+    cluster = metalog_cluster(os.path.join(root, "catchup-snapshot" if by_snapshot else "catchup-log"),
+                              voters=3, observers=1, **common)
+    observer = 4
+    try:
+        _start(cluster, [1, 2, 3])
+        t0 = time.perf_counter()
+        uvloop.run(_load_metadata(cluster, n, args.catchup_keys, args.value_bytes))
+        load_s = time.perf_counter() - t0
+        leader, _ = cluster.wait_for_leader()
+        if by_snapshot:
+            cluster.wait_for(lambda: (cluster.quorum(leader) or {}).get("log_start_offset", 0) >= n, 120,
+                             "the leader to snapshot and move its log start", poll_s=0.1)
+        lq = cluster.quorum(leader)
+        target_hw = lq["high_watermark"]
+        t_spawn = time.monotonic()
+        cluster.start_node(observer)
+        cluster.wait_for(lambda: (cluster.quorum(observer) or {}).get("log_end_offset", -1) >= target_hw, 600,
+                         "the observer to reach the high watermark", poll_s=0.01)
+        wall_s = time.monotonic() - t_spawn
+        obs = cluster.quorum(observer)
+        started = [line for line in cluster.read_log_lines(observer) if line.get("event") == "broker_started"]
+        installed = [line for line in cluster.read_log_lines(observer) if line.get("event") == "snapshot_installed"]
+        boot_s = _boot_seconds(cluster, observer)
+    finally:
+        cluster.stop()
+    if by_snapshot and not installed:
+        raise RuntimeError("catch-up by snapshot finished without installing a snapshot")
+    return {"records": n, "distinct_keys": args.catchup_keys, "high_watermark": target_hw,
+            "load_seconds": round(load_s, 2), "wall_seconds_from_spawn": round(wall_s, 3),
+            "process_boot_seconds": boot_s,
+            "catchup_seconds": round(wall_s - (boot_s or 0), 3),
+            "log_start_offset": lq["log_start_offset"], "snapshot_installed": bool(installed),
+            "observer_applied_offset": obs.get("applied_offset"), "broker_started_logged": bool(started)}
+
+
+def _boot_seconds(cluster: LocalCluster, node: int) -> float | None:
+    """Seconds from spawning the process to its broker_started log line."""
+    try:
+        st = os.stat(cluster.node_dir(node) + "/broker.yaml")  # written just before the spawn
+    except OSError:
+        return None
+    for line in cluster.read_log_lines(node):
+        if line.get("event") == "broker_started":
+            ts = line.get("timestamp") or line.get("ts")
+            if isinstance(ts, (int, float)):
+                return round(max(0.0, ts - st.st_mtime), 3)
+            if isinstance(ts, str):
+                from datetime import datetime
+
+                try:
+                    return round(max(0.0, datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+                                     - st.st_mtime), 3)
+                except ValueError:
+                    return None
+    return None
+
+
+def bench_catchup(args, root: str, report: dict) -> None:
+    by_log = _catchup_once(args, root, by_snapshot=False)
+    _progress(f"catch-up by log: {by_log['catchup_seconds']} s")
+    by_snap = _catchup_once(args, root, by_snapshot=True)
+    _progress(f"catch-up by snapshot: {by_snap['catchup_seconds']} s")
+    ratio = by_log["catchup_seconds"] / by_snap["catchup_seconds"] if by_snap["catchup_seconds"] > 0 else None
+    report["catchup"] = {"by_log": by_log, "by_snapshot": by_snap,
+                         "snapshot_speedup": None if ratio is None else round(ratio, 1)}
+
+
+# ------------------------------------------------------------------ report
+def machine() -> dict:
+    info = {"nproc": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+    try:
+        info["lscpu"] = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout.splitlines()[:10]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
+def _progress(text: str) -> None:
+    print(f"[bench] {text}", file=sys.stderr, flush=True)
+
+
+def format_table(report: dict) -> str:
+    lines = []
+    etcd_on = report.get("etcd", {}).get("available") and report.get("vs") == "etcd"
+
+    def row(name, res, other=None):
+        cells = [f"{name:28}", f"{res['records_per_s']:>10}", f"{res['p50_ms']!s:>8}", f"{res['p99_ms']!s:>8}",
+                 f"{res['p99_9_ms']!s:>8}", f"{res['errors']:>6}"]
+        lines.append("  ".join(cells))
+
+    lines.append(f"{'load':28}  {'rec/s':>10}  {'p50 ms':>8}  {'p99 ms':>8}  {'p99.9 ms':>8}  {'errors':>6}")
+    for label in ("throughput", "light"):
+        if label not in report:
+            continue
+        sec = report[label]
+        clients = sec["best"]["clients"]
+        row(f"metalog {label} ({clients} cl)", sec["best"])
+        if "etcd_best" in sec:
+            row(f"etcd {label} ({clients} cl)", sec["etcd_best"])
+            m, e = sec["best"], sec["etcd_best"]
+            ratio = round(m["records_per_s"] / e["records_per_s"], 2) if e["records_per_s"] else None
+            p99 = round(e["p99_ms"] / m["p99_ms"], 2) if m["p99_ms"] else None
+            lines.append(f"{'  ratio metalog/etcd':28}  {ratio!s:>10}  (etcd p99 / metalog p99: {p99})")
+    if "failover" in report:
+        f = report["failover"]
+        lines.append(f"failover: {f['kills']} kill -9 of the leader, next commit after p50 {f['p50_ms']} ms, "
+                     f"p99 {f['p99_ms']} ms (min {f['min_ms']}, max {f['max_ms']})")
+    if "catchup" in report:
+        c = report["catchup"]
+        lines.append(f"catch-up of {c['by_log']['records']} records: by log {c['by_log']['catchup_seconds']} s, "
+                     f"by snapshot {c['by_snapshot']['catchup_seconds']} s, speed-up {c['snapshot_speedup']}x "
+                     f"(process boot excluded: {c['by_log']['process_boot_seconds']} / "
+                     f"{c['by_snapshot']['process_boot_seconds']} s)")
+    if report.get("vs") == "etcd" and not etcd_on:
+        lines.append("etcd comparison skipped: " + report["etcd"].get("why", ""))
+    return "\n".join(lines)
+
+
+SMOKE = dict(clients=50, duration_s=2.0, warmup_s=0.5, light_duration_s=1.0, failovers=2, failover_clients=10,
+             catchup_records=2000, catchup_keys=50, rounds=1)
+
+
+def cmd_bench(args) -> int:
+    if args.smoke:
+        for k, v in SMOKE.items():
+            if getattr(args, k) == _DEFAULTS[k]:
+                setattr(args, k, v)
+    sections = [s.strip() for s in args.only.split(",")] if args.only else ["throughput", "light", "failover",
+                                                                           "catchup"]
+    unknown = set(sections) - {"throughput", "light", "failover", "catchup"}
+    if unknown:
+        print(f"metalog bench: unknown section(s) {sorted(unknown)}; choose from throughput, light, failover, "
+              f"catchup", file=sys.stderr)
+        return 2
+    from tools import bench_etcd
+
+    report: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(),
+                              "vs": args.vs, "argv": sys.argv[1:],
+                              "settings": {k: getattr(args, k) for k in _DEFAULTS}}
+    report["etcd"] = {"available": False}
+    if args.vs == "etcd":
+        if bench_etcd.etcd_binary() is None:
+            print(bench_etcd.etcd_missing_message(), file=sys.stderr)
+            report["etcd"]["why"] = "no etcd binary on PATH"
+        else:
+            report["etcd"] = {"available": True, "version": bench_etcd.etcd_version(),
+                              "client": "grpc" if bench_etcd.grpc_available() else "http-json-gateway"}
+    root = args.dir or tempfile.mkdtemp(prefix="metalog-bench-")
+    os.makedirs(root, exist_ok=True)
+    try:
+        light_args = argparse_copy(args, duration_s=args.light_duration_s, load_procs=1)
+        if "throughput" in sections:
+            bench_load(args, root, args.clients, args.rounds, "throughput", report)
+        if "light" in sections:
+            bench_load(light_args, root, 1, args.rounds, "light", report)
+        if "failover" in sections:
+            bench_failover(args, root, report)
+        if "catchup" in sections:
+            bench_catchup(args, root, report)
+    finally:
+        if not args.keep and not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+    report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    print(format_table(report))
+    if args.json:
+        print(f"JSON report: {args.json}")
+    return 0
+
+
+def argparse_copy(args, **changes):
+    import argparse
+
+    ns = argparse.Namespace(**vars(args))
+    for k, v in changes.items():
+        setattr(ns, k, v)
+    return ns
+
+
+_DEFAULTS = dict(clients=1000, duration_s=10.0, warmup_s=2.0, light_duration_s=5.0, value_bytes=100, load_procs=2,
+                 rounds=2, failovers=20, failover_clients=50, election_timeout_ms=1000, fetch_timeout_ms=2000,
+                 catchup_records=1_000_000, catchup_keys=10_000)
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="throughput, latency, failover and catch-up benchmarks "
+                                            "(optionally against etcd)")
+    d = _DEFAULTS
+    p.add_argument("--only", help="comma list of sections: throughput,light,failover,catchup (default all)")
+    p.add_argument("--vs", choices=["etcd"], help="also run the load sections against a 3-member etcd cluster")
+    p.add_argument("--clients", type=int, default=d["clients"], help="concurrent logical clients (throughput)")
+    p.add_argument("--duration-s", type=float, default=d["duration_s"], help="measured window per run")
+    p.add_argument("--warmup-s", type=float, default=d["warmup_s"], help="unmeasured warm-up per run")
+    p.add_argument("--light-duration-s", type=float, default=d["light_duration_s"])
+    p.add_argument("--value-bytes", type=int, default=d["value_bytes"])
+    p.add_argument("--load-procs", type=int, default=d["load_procs"], help="load generator processes")
+    p.add_argument("--rounds", type=int, default=d["rounds"], help="interleaved rounds per system")
+    p.add_argument("--failovers", type=int, default=d["failovers"], help="leader kills")
+    p.add_argument("--failover-clients", type=int, default=d["failover_clients"])
+    p.add_argument("--election-timeout-ms", type=int, default=d["election_timeout_ms"])
+    p.add_argument("--fetch-timeout-ms", type=int, default=d["fetch_timeout_ms"])
+    p.add_argument("--catchup-records", type=int, default=d["catchup_records"])
+    p.add_argument("--catchup-keys", type=int, default=d["catchup_keys"])
+    p.add_argument("--smoke", action="store_true", help="tiny CI mode: must work, not be fast")
+    p.add_argument("--json", help="write the JSON report here")
+    p.add_argument("--dir", help="where clusters live (default: a temp dir, removed afterwards)")
+    p.add_argument("--keep", action="store_true", help="keep the temp dir (logs) afterwards")
+    p.set_defaults(func=cmd_bench)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "worker":
+        sys.exit(worker_main(sys.argv[2:]))
+    from tools.cli import main
+
+    sys.exit(main(["bench", *sys.argv[1:]]))
