@@ -440,7 +440,10 @@ class Analysis:
                                    "offset": nxt["base_offset"], "epoch": nxt["first_epoch"],
                                    "error": f"epoch went backwards across segments: "
                                             f"{nxt['first_epoch']} after {prev['last_epoch']}"})
-            rp["log_start"] = segs[0]["base_offset"] if segs else None
+            # The log-start-offset file may be past the first segment's base
+            # (whole segments are deleted lazily): records below it do not count.
+            rp["log_start"] = (max(segs[0]["base_offset"], rp.get("log_start_file", 0))
+                               if segs else None)
             rp["log_end"] = segs[-1]["end_offset"] if segs else None
             for s in rp["snapshots"]:
                 if self.cluster_id and s["cluster_id"] and s["cluster_id"] != self.cluster_id:
@@ -474,6 +477,10 @@ class Analysis:
         quorum = n // 2 + 1
         self.start = min(v["log_start"] for v in with_log.values())
         recs = self.decoded.filter(f.col("kind") == "rec")
+        for name, rp in with_log.items():
+            if rp["log_start"] > rp["segments"][0]["base_offset"]:
+                recs = recs.filter(~((f.col("replica") == name) & (f.col("offset") < rp["log_start"])))
+        self.recs = recs
         abstain = f.lit(0)
         for rp in with_log.values():
             if rp["log_start"] > self.start:
@@ -572,7 +579,7 @@ class Replay:
         an = self.an
         spark = an.spark
         self.cuts = cuts = sorted(set(cuts))
-        recs = an.decoded.filter(f.col("kind") == "rec")
+        recs = an.recs
         start = an.start
         self.base = None
         if start > 0:

@@ -115,10 +115,7 @@ def _decode_segment(replica: str, name: str, data: bytes) -> Iterator[dict]:
                         info=message)
         return None
 
-    if n == 0:
-        e = err("empty segment file (0 bytes)", 0, base)
-        if e:
-            yield e
+    # An empty segment is normal: a fresh log, a roll, or a log restarted at a snapshot.
     while pos < n:
         if n - pos < b.HEADER_SIZE:
             e = err(f"truncated batch: {n - pos} trailing byte(s), less than a header", pos, expected)
