@@ -56,10 +56,13 @@ FAULTS = {
 # Settings every drill broker gets: fast elections, and small snapshots/segments so that a
 # wiped follower has to rejoin by snapshot (the leader's log start moves past 0).
 DRILL_BROKER_SETTINGS = {
-    "election_timeout_ms": 600,
-    "fetch_timeout_ms": 1200,
+    "election_timeout_ms": 800,
+    "fetch_timeout_ms": 1600,
     "fetch_max_wait_ms": 200,
-    "election_backoff_max_ms": 400,
+    # Not below the election timeout: a candidate whose log is behind re-runs its election
+    # every backoff, and each higher-epoch Vote resets the others' election timers, so a
+    # backoff shorter than the timeout livelocks the quorum (seen in drills; no pre-vote yet).
+    "election_backoff_max_ms": 1000,
     "request_timeout_ms": 800,
     "snapshot_min_records": 1000,
     "segment_bytes_max": 16384,
@@ -335,7 +338,9 @@ class Drill:
         converged = await asyncio.to_thread(self._converge)
         self._stop_monitor.set()
         monitor.join(5)
-        commit_end = converged.get("high_watermark") or 0
+        commit_end = converged.get("high_watermark")
+        if commit_end is None:  # no converged leader: the best known committed offset
+            commit_end = max((h.hw for h in self.history.hw), default=0)
         c.stop()
         if self.proxy:
             self.proxy.stop()
