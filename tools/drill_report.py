@@ -167,13 +167,13 @@ def render_png(report: dict, drill, path: str) -> None:
                 ax1.text((start + end) / 2, i, f"e{epoch}", ha="center", va="center", fontsize=8, color="white",
                          fontweight="bold")
     ax1.set_yticks(range(len(nodes)), [f"node {n}" + ("" if n in voters else " (obs)") for n in nodes])
-    ax1.set_ylim(len(nodes) - 0.5, -1.3)  # room above lane 0 for the fault labels
+    ax1.set_ylim(len(nodes) - 0.5, -1.5)  # room above lane 0 for the fault labels
     for j, f in enumerate(report["faults"]):
         ax1.axvline(f["t_s"], color="#555555", lw=0.8, ls="--")
         ax2.axvline(f["t_s"], color="#555555", lw=0.6, ls="--")
         ax3.axvline(f["t_s"], color="#555555", lw=0.6, ls="--")
         label = f["kind"].replace("_", " ") + (f" n{f['node']}" if f["node"] is not None else "")
-        ax1.text(f["t_s"] + 0.05, -0.75 - 0.35 * (j % 2), label, rotation=0, fontsize=7, ha="left", va="center",
+        ax1.text(f["t_s"] + 0.05, -0.6 - 0.3 * (j % 3), label, rotation=0, fontsize=7, ha="left", va="center",
                  color="#333333", clip_on=True)
     legend = [Patch(facecolor=c, label=r) for r, c in ROLE_COLORS.items() if r != "prospective"]
     legend.append(Patch(facecolor=DOWN_COLOR, hatch="////", label="no answer (down / paused)"))
