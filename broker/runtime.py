@@ -39,6 +39,7 @@ from protocol import messages as m
 from protocol.apis import APIS, REQUEST_API_KEY, ApiKey
 from protocol.errors import Errors
 from storage.epochs import EpochHistory, read_checkpoint, write_checkpoint
+from storage.errors import LogWriteError, StorageError
 from storage.log import SegmentedLog
 from storage.quorum_state import QuorumStateFile
 from storage.snapshot import PartialSnapshot, SnapshotInvariantError, SnapshotStore
@@ -259,7 +260,14 @@ class Broker:
                 conn, correlation_id = token
                 conn.send_response(correlation_id, a.response)
         elif t is qa.AppendBatches:
-            self.seg_log.append(a.data)
+            try:
+                self.seg_log.append(a.data)
+            except LogWriteError as exc:
+                # The core already counts these records: we cannot go on with a
+                # log that disagrees with it. Fail-stop (Kafka takes the log dir
+                # offline); the log itself holds no partial batch.
+                self._storage_failed(f"append failed: {exc}")
+                return
             self.metrics.appended_bytes.inc(len(a.data))
         elif t is qa.FlushLog:
             self._request_flush()
@@ -321,6 +329,11 @@ class Broker:
             asyncio.get_running_loop().call_soon(self._after_step)
         self._maybe_snapshot()
 
+    def _storage_failed(self, reason: str) -> None:
+        self.fatal = reason
+        self.log.critical("storage_failed", reason=reason, data_dir=self.cfg.data_dir)
+        self._spawn(self.stop(graceful=False))
+
     # ------------------------------------------------------------ timers
     def _schedule_timer(self) -> None:
         deadline = self.core.next_deadline_ms
@@ -355,10 +368,8 @@ class Broker:
                 t0 = time.perf_counter()
                 try:
                     flushed = await asyncio.to_thread(self.seg_log.flush)
-                except OSError as exc:
-                    self.fatal = f"flush failed: {exc}"
-                    self.log.critical("flush_failed", error=str(exc))
-                    self._spawn(self.stop(graceful=False))
+                except (OSError, StorageError) as exc:
+                    self._storage_failed(f"flush failed: {exc}")
                     return
                 self.metrics.flush_seconds.observe(time.perf_counter() - t0)
                 self._step(qa.FlushCompleted(now_ms(), flushed))
@@ -422,8 +433,9 @@ class Broker:
     def metadata_response(self) -> m.MetadataResponse:
         core = self.core
         observers = []
-        for rid in getattr(core, "observer_ids", lambda: [])():
-            observers.append(m.NodeEndpoint(rid, "", 0))
+        if str(core.role) == "leader":
+            # Observers are known to the leader only, by their fetches (no endpoints).
+            observers = [m.NodeEndpoint(r.replica_id, "", 0) for r in core.describe_quorum(now_ms()).observers]
         return m.MetadataResponse(
             cluster_id=self.cfg.cluster_id,
             node_id=self.cfg.node_id,

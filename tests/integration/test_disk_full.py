@@ -1,0 +1,78 @@
+"""A broker whose disk fills up fail-stops with a clear error and loses no
+acknowledged record: after a restart with space again, every record it
+acknowledged is there and no partial batch is visible.
+
+The "full disk" is a real file-size limit (RLIMIT_FSIZE) on the broker
+process: its write() fails with EFBIG exactly as it would with ENOSPC."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import pytest
+
+from broker.client import ClusterUnavailable, MetalogClient, MetalogError
+from storage.batch import iter_batches
+from storage.log import SegmentedLog
+
+pytestmark = pytest.mark.slow
+
+LIMIT_BYTES = 256 * 1024
+
+
+async def test_full_disk_stops_the_broker_with_a_clear_error_and_keeps_acked_records(make_cluster):
+    cluster = make_cluster(voters=1, start=False, election_timeout_ms=300, fetch_timeout_ms=800,
+                           request_timeout_ms=800, fetch_max_wait_ms=100)
+    path = cluster.write_config(1)
+    cluster.nodes[1].command = [
+        sys.executable, "-c",
+        "import resource, sys; "
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({LIMIT_BYTES}, {LIMIT_BYTES})); "
+        "from broker.main import main; "
+        f"sys.exit(main(['--config', {path!r}]))",
+    ]
+    cluster.start()
+    await asyncio.to_thread(cluster.wait_for_leader, 20)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=2000, max_retries=1)
+    acked: dict[bytes, int] = {}
+    try:
+        with pytest.raises((ClusterUnavailable, MetalogError)):
+            for i in range(100_000):
+                value = f"{i:08d}".encode() * 64  # 512 bytes: the limit is hit after ~500 records
+                offset, _ = await client.produce([value])
+                acked[value] = offset
+    finally:
+        await client.close()
+    assert 100 < len(acked) < 1000
+    proc = cluster.procs[1]
+    assert await asyncio.to_thread(proc.wait, 30) == 4  # fail-stop after a storage error
+    failures = [line for line in cluster.read_log_lines(1) if line.get("event") == "storage_failed"]
+    assert failures and "File too large" in failures[0]["reason"]
+    assert "append failed" in failures[0]["reason"]
+
+    # With space again the broker recovers: whole batches only, nothing acked lost.
+    part = os.path.join(cluster.data_dir(1), "__cluster_metadata-0")
+    log = SegmentedLog.open(part)
+    data = log.read(0, log.log_end_offset, 1 << 30)
+    end = log.log_end_offset
+    log.close()
+    positions = list(iter_batches(data))
+    assert positions and positions[-1][1].next_offset == end
+    cluster.nodes[1].command = None
+    cluster.start_node(1)
+    await asyncio.to_thread(cluster.wait_for_leader, 20)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=3000)
+    consumer = client.consumer(reset_policy="none")
+    consumer.seek(0)
+    seen: dict[bytes, int] = {}
+    try:
+        while len(seen) < len(acked):
+            records = await consumer.poll(max_wait_ms=200)
+            if not records:
+                break
+            seen.update((r.value, r.offset) for r in records)
+    finally:
+        await client.close()
+    assert all(seen.get(v) == off for v, off in acked.items()), "an acknowledged record was lost"
