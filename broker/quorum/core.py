@@ -897,7 +897,7 @@ class QuorumCore:
             if lfe == self._epochs.latest_epoch:
                 end_epoch, end_offset = lfe, leo
             else:
-                end_epoch, end_offset = self._epochs.end_offset_for_epoch(lfe, leo)
+                end_epoch, end_offset = self._end_offset_for_epoch(lfe)
             if end_epoch != lfe or end_offset < fetch_offset:
                 self._respond(token, m.FetchResponse(
                     high_watermark=hw, log_start_offset=lso, current_leader=cl,
@@ -944,6 +944,25 @@ class QuorumCore:
         self._respond(token, m.FetchResponse(
             high_watermark=self._high_watermark, log_start_offset=self._log_start_offset,
             records=records, current_leader=cl))
+
+    def _end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """Kafka's endOffsetForEpoch with KRaft's override (KafkaMetadataLog): an
+        epoch older than our whole history, when the log starts at a snapshot,
+        is answered with that snapshot's id. The history was cut at the log start
+        (truncate_from_start), so we do not know where such an epoch really ended:
+        the plain answer (epoch, log start) would claim the asker's records of
+        that epoch up to our log start match ours -- untrue, and not even a batch
+        boundary of the asker's log (sim finding 4). The answer's epoch is then
+        newer than the one asked, which tells the asker to fetch and be sent the
+        snapshot."""
+        e, end = self._epochs.end_offset_for_epoch(epoch, self._log_end_offset)
+        lso = self._log_start_offset
+        if lso > 0 and e == epoch and end == lso and epoch != self._epochs.latest_epoch:
+            base = self._snapshot_at(lso)
+            first = self._epochs.entries[0] if self._epochs.entries else None
+            if base is not None and (first is None or epoch < first.epoch):
+                return base.epoch, base.end_offset
+        return e, end
 
     def _snapshot_redirect(self, fetch_offset: int, lfe: int) -> m.SnapshotId | None:
         if not self._snapshots:
@@ -1055,7 +1074,7 @@ class QuorumCore:
         if code != Errors.NONE:
             self._respond(token, self._error_response(req, code))
             return
-        epoch, end = self._epochs.end_offset_for_epoch(req.leader_epoch, self._log_end_offset)
+        epoch, end = self._end_offset_for_epoch(req.leader_epoch)
         if req.replica_id < 0 and end > self._high_watermark:
             end = max(self._high_watermark, self._log_start_offset)  # consumers see committed data only
         self._respond(token, m.OffsetsForLeaderEpochResponse(
@@ -1468,6 +1487,12 @@ class QuorumCore:
             return
         self._fetch_deadline_ms = now + self.config.fetch_timeout_ms
         asked = self._last_epoch()
+        if resp.leader_epoch > asked:
+            # The leader's history starts past our last epoch (it answered with the
+            # snapshot its log starts at): it cannot say where our log diverges.
+            # Fetch; the leader's fetch validation sends us that snapshot.
+            self._need_epoch_check = False
+            return
         self._truncate_to_leader(resp.leader_epoch, resp.end_offset, "OffsetsForLeaderEpoch")
         if self._fatal is not None:
             return

@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 from broker.quorum import api
 from protocol import messages as m
-from tests.sim.disk import SimDisk
+from tests.sim.disk import SimDisk, SimDiskError
 from tests.sim.invariants import InvariantChecker, Violation, is_leader
 from tests.sim.network import NetworkConfig, SimNetwork
 
@@ -406,7 +406,10 @@ class SimCluster:
         actions = n.core.step(event)
         self.trace(f"n{n.node_id} {type(event).__name__} -> {','.join(type(a).__name__ for a in actions)}")
         for a in actions:
-            self._execute(n, a)
+            try:
+                self._execute(n, a)
+            except SimDiskError as exc:
+                self.fail(f"n{n.node_id} {type(a).__name__} broke the storage contract: {exc}")
             if not n.alive:
                 return actions  # a Fatal stopped the node
         self.checker.after_step(n)

@@ -1,0 +1,62 @@
+"""Regression tests for core bugs the deterministic simulator found (docs/sim-findings.md).
+
+Each test replays, by hand, the smallest situation of one finding.
+"""
+
+from broker.quorum import api as a
+from protocol import messages as m
+
+from tests.quorum.harness import CLUSTER, Node, append, make_leader, of, one_response, sent
+
+
+def snapshot_started_leader() -> Node:
+    """Voter 1 whose log starts at snapshot 50-8 (history cut to [(8, 50)]),
+    elected leader of epoch 9: LeaderChange at 50."""
+    sid = m.SnapshotId(50, 8)
+    n = Node(1, view=a.LogView(log_start_offset=50, log_end_offset=50, epochs=[(8, 50)], snapshots=[sid]),
+             state=a.QuorumStateData(8, -1, -1, (1, 2, 3)))
+    n.log.snapshots[sid] = b"snapshot"
+    n.log.start = 50
+    now = make_leader(n)
+    assert (n.core.epoch, n.core.log_end_offset) == (9, 51)
+    return n
+
+
+def test_finding4_epoch_older_than_the_history_is_answered_with_the_log_start_snapshot():
+    """SIM_SEED=4: the leader answered (11, 169) for an epoch its history had
+    lost below the log start; the follower cut its log inside a batch."""
+    n = snapshot_started_leader()
+    resp = one_response(n.step(a.RequestReceived(5, "o", m.OffsetsForLeaderEpochRequest(
+        cluster_id=CLUSTER, replica_id=2, current_leader_epoch=9, leader_epoch=6))), "o")
+    assert (resp.leader_epoch, resp.end_offset) == (8, 50)
+    # Epochs the history does know keep Kafka's answers.
+    for asked, want in ((8, (8, 50)), (9, (9, 51))):
+        resp = one_response(n.step(a.RequestReceived(5, "o", m.OffsetsForLeaderEpochRequest(
+            cluster_id=CLUSTER, replica_id=2, current_leader_epoch=9, leader_epoch=asked))), "o")
+        assert (resp.leader_epoch, resp.end_offset) == want
+
+
+def test_finding4_follower_does_not_truncate_on_an_answer_newer_than_it_asked():
+    """The follower holds epoch 6 up to 60 with HW 40; the leader's history starts
+    at its snapshot 50-8. No truncation: the next Fetch (last epoch 6) is what
+    gets the follower redirected to the snapshot."""
+    n = Node(3, view=a.LogView(log_end_offset=60, epochs=[(1, 0), (6, 30)]),
+             state=a.QuorumStateData(9, 1, -1, (1, 2, 3)))
+    (req,) = sent(n.step(a.Tick(0)))
+    assert isinstance(req.request, m.OffsetsForLeaderEpochRequest) and req.request.leader_epoch == 6
+    acts = n.step(a.ResponseReceived(1, req.request_id, 1, m.OffsetsForLeaderEpochResponse(
+        leader_epoch=8, end_offset=50, current_leader=m.LeaderIdAndEpoch(1, 9))))
+    assert not of(acts, a.TruncateLog) and not of(acts, a.Fatal)
+    assert n.core.log_end_offset == 60
+    (f,) = sent(acts)
+    assert isinstance(f.request, m.FetchRequest)
+    assert (f.request.fetch_offset, f.request.last_fetched_epoch) == (60, 6)
+
+
+def test_finding4_leader_redirects_that_fetch_to_its_snapshot():
+    n = snapshot_started_leader()
+    append(n, 5, 2)
+    resp = one_response(n.step(a.RequestReceived(6, "f", m.FetchRequest(
+        cluster_id=CLUSTER, replica_id=3, max_wait_ms=0, current_leader_epoch=9,
+        fetch_offset=60, last_fetched_epoch=6))), "f")
+    assert resp.snapshot_id == m.SnapshotId(50, 8) and resp.diverging_epoch is None
