@@ -319,12 +319,13 @@ def discover(spark, inputs: list[str]) -> list[str]:
             exists = fs.exists(path)
         except Exception as exc:
             raise InputError(f"cannot open input {p!r}: {str(exc).splitlines()[0]}") from None
-        if not exists:
+        matches = list(fs.globStatus(path) or []) if exists or any(c in p for c in "*?[{") else []
+        if not matches:
             raise InputError(f"input {p!r} does not exist")
-        if not fs.getFileStatus(path).isDirectory():
+        if not all(st.isDirectory() for st in matches):
             raise InputError(f"input {p!r} is not a directory (give broker data dirs)")
         found_logs = False
-        stack = [(path, 0)]
+        stack = [(st.getPath(), 0) for st in matches]
         while stack:
             d, depth = stack.pop()
             has = False
@@ -708,8 +709,12 @@ def _summary_lines(report: dict) -> list[str]:
                  f" at offset {a['first_diff_offset']} epoch {a.get('first_diff_epoch')}")
         lines.append(f"  replica {name} (node {a.get('node_id')}): {a['status']}{where}")
     for e in report.get("errors", [])[:10]:
-        lines.append(f"  error: {e.get('replica')}/{e.get('file')} at byte {e.get('position')} "
-                     f"offset {e.get('offset')}: {e['error']}")
+        where = "/".join(str(e[k]) for k in ("replica", "file") if e.get(k) is not None)
+        if e.get("position") is not None:
+            where += f" at byte {e['position']}"
+        if e.get("offset") is not None:
+            where += f" offset {e['offset']}"
+        lines.append(f"  error: {where + ': ' if where else ''}{e['error']}")
     if len(report.get("errors", [])) > 10:
         lines.append(f"  ... {len(report['errors']) - 10} more error(s) in the report")
     if "snapshot" in report:
