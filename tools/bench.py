@@ -155,7 +155,8 @@ def worker_main(argv: list[str]) -> int:
         coro = _etcd_load(spec["url"], spec["clients"], spec["start_at"], spec["warmup_s"],
                           spec["duration_s"], spec["value_bytes"], spec["tag"])
     result = uvloop.run(coro)
-    sys.stdout.write("\n" + json.dumps(result) + "\n")
+    with open(spec["out"], "w") as f:
+        json.dump(result, f)
     return 0
 
 
@@ -165,25 +166,31 @@ def run_load(target: dict, clients: int, procs: int, warmup_s: float, duration_s
     procs = max(1, min(procs, clients))
     shares = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
     start_at = time.monotonic() + 1.5  # time for the workers to import and connect
+    out_dir = tempfile.mkdtemp(prefix="metalog-bench-load-")
     env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     children = []
     for i, share in enumerate(shares):
         spec = dict(target, clients=share, start_at=start_at, warmup_s=warmup_s, duration_s=duration_s,
-                    value_bytes=value_bytes, tag=f"{tag}-p{i}")
-        children.append(subprocess.Popen([sys.executable, "-m", "tools.bench", "worker", json.dumps(spec)],
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT))
+                    value_bytes=value_bytes, tag=f"{tag}-p{i}", out=os.path.join(out_dir, f"load-{i}.json"))
+        with open(os.path.join(out_dir, f"load-{i}.stderr"), "wb") as err:
+            children.append(subprocess.Popen([sys.executable, "-m", "tools.bench", "worker", json.dumps(spec)],
+                                             stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=REPO_ROOT))
     lat: list[int] = []
     ops = errors = 0
     transport = None
-    for child in children:
-        out, err = child.communicate(timeout=warmup_s + duration_s + 120)
-        if child.returncode != 0:
-            raise RuntimeError(f"load worker failed ({child.returncode}): {err.decode()[-2000:]}")
-        res = json.loads(out.decode().strip().splitlines()[-1])
+    for i, child in enumerate(children):
+        if child.wait(timeout=warmup_s + duration_s + 120) != 0:
+            with open(os.path.join(out_dir, f"load-{i}.stderr"), "rb") as f:
+                err = f.read().decode(errors="replace")
+            raise RuntimeError(f"load worker failed ({child.returncode}): {err[-2000:]}")
+    for i in range(len(children)):
+        with open(os.path.join(out_dir, f"load-{i}.json")) as f:
+            res = json.load(f)
         lat += res["latencies_us"]
         ops += res["ops"]
         errors += res["errors"]
         transport = res.get("transport", transport)
+    shutil.rmtree(out_dir, ignore_errors=True)
     out = {"clients": clients, "load_procs": procs, "duration_s": duration_s, "ops": ops, "errors": errors,
            "records_per_s": round(ops / duration_s, 1), **latency_summary_ms(lat)}
     if transport:
@@ -374,46 +381,33 @@ def _catchup_once(args, root: str, by_snapshot: bool) -> dict:
                              "the leader to snapshot and move its log start", poll_s=0.1)
         lq = cluster.quorum(leader)
         target_hw = lq["high_watermark"]
-        t_spawn = time.monotonic()
+        cluster.nodes[observer].extra["log_level"] = "info"  # for broker_started / snapshot_installed
+        t_spawn = time.time()
         cluster.start_node(observer)
         cluster.wait_for(lambda: (cluster.quorum(observer) or {}).get("log_end_offset", -1) >= target_hw, 600,
                          "the observer to reach the high watermark", poll_s=0.01)
-        wall_s = time.monotonic() - t_spawn
+        t_done = time.time()
         obs = cluster.quorum(observer)
-        started = [line for line in cluster.read_log_lines(observer) if line.get("event") == "broker_started"]
+        started_ts = _started_ts(cluster, observer)
         installed = [line for line in cluster.read_log_lines(observer) if line.get("event") == "snapshot_installed"]
-        boot_s = _boot_seconds(cluster, observer)
     finally:
         cluster.stop()
     if by_snapshot and not installed:
         raise RuntimeError("catch-up by snapshot finished without installing a snapshot")
     return {"records": n, "distinct_keys": args.catchup_keys, "high_watermark": target_hw,
-            "load_seconds": round(load_s, 2), "wall_seconds_from_spawn": round(wall_s, 3),
-            "process_boot_seconds": boot_s,
-            "catchup_seconds": round(wall_s - (boot_s or 0), 3),
+            "load_seconds": round(load_s, 2), "wall_seconds_from_spawn": round(t_done - t_spawn, 3),
+            "process_boot_seconds": None if started_ts is None else round(started_ts - t_spawn, 3),
+            # From the broker being up (listening, log opened) to its log end at the HW.
+            "catchup_seconds": round(t_done - (started_ts or t_spawn), 3),
             "log_start_offset": lq["log_start_offset"], "snapshot_installed": bool(installed),
-            "observer_applied_offset": obs.get("applied_offset"), "broker_started_logged": bool(started)}
+            "observer_applied_offset": obs.get("applied_offset")}
 
 
-def _boot_seconds(cluster: LocalCluster, node: int) -> float | None:
-    """Seconds from spawning the process to its broker_started log line."""
-    try:
-        st = os.stat(cluster.node_dir(node) + "/broker.yaml")  # written just before the spawn
-    except OSError:
-        return None
+def _started_ts(cluster: LocalCluster, node: int) -> float | None:
+    """Wall-clock time of the node's broker_started log line (its boot is done)."""
     for line in cluster.read_log_lines(node):
-        if line.get("event") == "broker_started":
-            ts = line.get("timestamp") or line.get("ts")
-            if isinstance(ts, (int, float)):
-                return round(max(0.0, ts - st.st_mtime), 3)
-            if isinstance(ts, str):
-                from datetime import datetime
-
-                try:
-                    return round(max(0.0, datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-                                     - st.st_mtime), 3)
-                except ValueError:
-                    return None
+        if line.get("event") == "broker_started" and isinstance(line.get("ts"), (int, float)):
+            return float(line["ts"])
     return None
 
 

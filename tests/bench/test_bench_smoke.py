@@ -1,0 +1,79 @@
+"""`metalog bench --smoke`: every section runs end to end against real
+processes and reports sane figures. It must work, not be fast -- no speed is
+asserted here (speed is measured by the bench itself, see docs/bench.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from tools import bench, bench_etcd
+
+
+def main(argv: list[str]) -> int:
+    """`metalog <argv>` with only the bench subcommand registered (tools.cli.main
+    registers extra subcommands once per call, so it cannot run twice in one process)."""
+    parser = argparse.ArgumentParser(prog="metalog")
+    bench.register_cli(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def run_bench(tmp_path, *extra: str) -> dict:
+    out = tmp_path / "report.json"
+    rc = main(["bench", "--smoke", "--dir", str(tmp_path / "clusters"), "--json", str(out), *extra])
+    assert rc == 0
+    return json.loads(out.read_text())
+
+
+def test_smoke_all_sections(tmp_path, capsys):
+    report = run_bench(tmp_path, "--only", "throughput,light,failover,catchup", "--duration-s", "1",
+                       "--light-duration-s", "1")
+    thr = report["throughput"]["best"]
+    assert thr["clients"] == 50 and thr["ops"] > 0 and thr["errors"] == 0
+    assert thr["p50_ms"] <= thr["p99_ms"] <= thr["p99_9_ms"] <= thr["max_ms"]
+    light = report["light"]["best"]
+    assert light["clients"] == 1 and light["ops"] > 0
+    fo = report["failover"]
+    assert fo["kills"] == 2 and all(ms > 0 for ms in fo["all_ms"])
+    cu = report["catchup"]
+    assert cu["by_snapshot"]["snapshot_installed"] and not cu["by_log"]["snapshot_installed"]
+    assert cu["by_snapshot"]["log_start_offset"] >= cu["by_snapshot"]["records"]  # the log really was cut
+    assert cu["by_log"]["log_start_offset"] == 0
+    for way in ("by_log", "by_snapshot"):
+        # The observer applied everything up to the HW it caught up to.
+        assert cu[way]["observer_applied_offset"] >= cu[way]["high_watermark"] - 1
+    table = capsys.readouterr().out
+    assert "metalog throughput (50 cl)" in table and "catch-up of 2000 records" in table
+
+
+def test_smoke_vs_etcd(tmp_path, capsys):
+    report = run_bench(tmp_path, "--only", "throughput", "--vs", "etcd", "--duration-s", "1")
+    table = capsys.readouterr()
+    if bench_etcd.etcd_binary() is None:
+        assert report["etcd"] == {"available": False, "why": "no etcd binary on PATH"}
+        assert "apt-get install -y etcd-server" in table.err
+        assert "etcd comparison skipped" in table.out
+        return
+    etcd = report["throughput"]["etcd_best"]
+    assert etcd["ops"] > 0 and etcd["errors"] == 0 and etcd["clients"] == 50
+    assert "ratio metalog/etcd" in table.out
+
+
+def test_unknown_section_is_refused(capsys):
+    assert main(["bench", "--only", "throughput,speed"]) == 2
+    assert "unknown section(s) ['speed']" in capsys.readouterr().err
+
+
+def test_percentiles_nearest_rank():
+    vals = list(range(1, 1001))  # 1..1000
+    assert bench.percentile(vals, 50) == 500
+    assert bench.percentile(vals, 99) == 990
+    assert bench.percentile(vals, 99.9) == 999
+    assert bench.percentile(vals, 100) == 1000
+    assert bench.percentile([], 50) is None
+    assert bench_etcd.encode_put_request(b"k", b"v" * 200) == b"\x0a\x01k\x12\xc8\x01" + b"v" * 200
