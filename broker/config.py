@@ -38,6 +38,9 @@ class Endpoint(msgspec.Struct, frozen=True):
         return f"{self.host}:{self.port}"
 
 
+_Q = QuorumConfig(node_id=0, voters=(0,), cluster_id="")  # the quorum defaults, stated once
+
+
 class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     node_id: int
     cluster_id: str
@@ -46,20 +49,20 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     voters: str  # "id@host:port,..." (Kafka's controller.quorum.voters)
     admin_listen: str | None = None  # host:port of the HTTP admin API
     advertised: str | None = None  # host:port peers should dial (default: listen)
-    election_timeout_ms: int = 1000
-    fetch_timeout_ms: int = 2000
-    election_backoff_max_ms: int = 1000
-    request_timeout_ms: int = 2000
-    fetch_max_wait_ms: int = 500
-    fetch_max_bytes: int = 1 << 20
-    replica_lag_time_max_ms: int = 30000
-    follower_fetch_pending_reads_insync_enable: bool = True
-    max_replication_lag_ms: int = 60000
+    election_timeout_ms: int = _Q.election_timeout_ms
+    fetch_timeout_ms: int = _Q.fetch_timeout_ms
+    election_backoff_max_ms: int = _Q.election_backoff_max_ms
+    request_timeout_ms: int = _Q.request_timeout_ms
+    fetch_max_wait_ms: int = _Q.fetch_max_wait_ms
+    fetch_max_bytes: int = _Q.fetch_max_bytes
+    replica_lag_time_max_ms: int = _Q.replica_lag_time_max_ms
+    follower_fetch_pending_reads_insync_enable: bool = _Q.follower_fetch_pending_reads_insync_enable
+    max_replication_lag_ms: int = _Q.max_replication_lag_ms
     append_linger_ms: float = 1.0  # group commit window for client writes
     append_batch_records_max: int = 4096
     segment_bytes_max: int = 64 << 20
     snapshot_min_records: int = 20000  # controller.snapshot.minimum.records
-    snapshot_chunk_bytes: int = 1 << 20
+    snapshot_chunk_bytes: int = _Q.snapshot_chunk_bytes
     max_frame_bytes: int = 8 << 20
     connect_timeout_ms: int = 1000
     reconnect_backoff_max_ms: int = 1000

@@ -607,25 +607,9 @@ def write_controller_snapshot(store, state: ControllerState, snapshot_id: m.Snap
     assert state.offset == snapshot_id.end_offset, (
         f"state reflects offset {state.offset}, snapshot id says {snapshot_id.end_offset}")
     start = time.perf_counter()
-    enc = r.encode_record
-    count = 0
     writer = SnapshotWriter(store.directory, snapshot_id, last_contained_log_timestamp_ms,
                             cluster_id, batch_bytes_max=batch_bytes_max)
-    try:
-        chunk: list[bytes] = []
-        for rec in state.to_records():
-            chunk.append(enc(rec))
-            if len(chunk) >= 4096:
-                writer.append(chunk)
-                count += len(chunk)
-                chunk = []
-        if chunk:
-            writer.append(chunk)
-            count += len(chunk)
-        path, size = writer.freeze()
-    except BaseException:
-        writer.abort()
-        raise
+    path, size, count = writer.write_all(r.encode_record(rec) for rec in state.to_records())
     return SnapshotResult(snapshot_id, path, size, count,
                           (time.perf_counter() - start) * 1000.0)
 

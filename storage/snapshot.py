@@ -29,7 +29,7 @@ import os
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import structlog
 
@@ -130,6 +130,20 @@ class SnapshotWriter:
             self._pending_bytes += len(value) + 4
             if self._pending_bytes >= self.batch_bytes_max:
                 self._flush_pending()
+
+    def write_all(self, values: Iterable[bytes]) -> tuple[str, int, int]:
+        """Append every value, then freeze; abort (no .part left) on any error.
+        Returns (path, size in bytes, number of records)."""
+        count = 0
+        try:
+            for value in values:
+                self.append((value,))
+                count += 1
+            path, size = self.freeze()
+        except BaseException:
+            self.abort()
+            raise
+        return path, size, count
 
     def freeze(self) -> tuple[str, int]:
         """Footer, fsync, close, rename to .checkpoint, fsync the directory.

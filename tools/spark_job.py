@@ -800,22 +800,7 @@ def _snapshot(args, an: Analysis, report: dict, progress: Progress) -> int:
         os.unlink(final)  # a rerun replaces its own output
     progress.set_phase(f"writing {snapshot_filename(sid)}")
     writer = SnapshotWriter(args.out, sid, ts, an.cluster_id or "")
-    count = 0
-    try:
-        chunk = []
-        for value in replay.state_rows(target):
-            chunk.append(value)
-            if len(chunk) >= 4096:
-                writer.append(chunk)
-                count += len(chunk)
-                chunk = []
-        if chunk:
-            writer.append(chunk)
-            count += len(chunk)
-        path, size = writer.freeze()
-    except BaseException:
-        writer.abort()
-        raise
+    path, size, count = writer.write_all(replay.state_rows(target))
     elapsed = time.monotonic() - t0
     report["replay"] = {"source": replay.source, "records": replay.records_replayed,
                         "invalid_records": replay.invalid, "start_offset": an.start,
