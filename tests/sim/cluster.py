@@ -295,6 +295,9 @@ class SimCluster:
         if not (n.alive and n.paused):
             return
         n.paused = False
+        # Ticks that fell due during the pause were dropped: forget the one we
+        # remembered, or _schedule_tick never arms an earlier one again.
+        n.next_tick_ms = None
         self.trace(f"n{node_id} resume inbox={len(n.inbox)}")
         held = list(n.inbox)
         n.inbox.clear()
