@@ -60,3 +60,32 @@ def test_finding4_leader_redirects_that_fetch_to_its_snapshot():
         cluster_id=CLUSTER, replica_id=3, max_wait_ms=0, current_leader_epoch=9,
         fetch_offset=60, last_fetched_epoch=6))), "f")
     assert resp.snapshot_id == m.SnapshotId(50, 8) and resp.diverging_epoch is None
+
+
+def test_lost_fetch_is_retried_before_the_fetch_timeout():
+    """SIM_SEED=174 (2 % loss): the fetch request timeout was the 2 s request
+    timeout, equal to the fetch timeout, so one lost Fetch or answer made the
+    follower stand for election. A Fetch now gives up after max wait (500) +
+    fetch timeout / 4 (500); the retry lands inside the 2 s fetch timeout."""
+    n = Node(3, view=a.LogView(log_end_offset=0), state=a.QuorumStateData(4, 1, -1, (1, 2, 3)))
+    (f,) = sent(n.step(a.Tick(0)))
+    assert isinstance(f.request, m.FetchRequest) and f.timeout_ms == 1000
+    # The driver reports the timeout; the core retries 50 ms later, still following.
+    assert sent(n.step(a.RequestFailed(1000, f.request_id, 1, "timeout"))) == []
+    (retry,) = sent(n.step(a.Tick(n.core.next_deadline_ms)))
+    assert isinstance(retry.request, m.FetchRequest) and retry.destination == 1
+    acts = n.step(a.ResponseReceived(1100, retry.request_id, 1, m.FetchResponse(
+        high_watermark=0, current_leader=m.LeaderIdAndEpoch(1, 4))))
+    assert n.core.role == "follower" and not sent(acts, m.VoteRequest)
+    n.step(a.Tick(2500))
+    assert n.core.role == "follower"  # the fetch timeout counts from the retry's answer
+
+
+def test_request_timeouts_by_kind():
+    """Epoch checks and snapshot chunks get fetch timeout / 4; votes keep the
+    request timeout (a vote is not retried, the election timer covers it)."""
+    n = Node(3, view=a.LogView(log_end_offset=5, epochs=[(1, 0)]), state=a.QuorumStateData(4, 1, -1, (1, 2, 3)))
+    (check,) = sent(n.step(a.Tick(0)))
+    assert isinstance(check.request, m.OffsetsForLeaderEpochRequest) and check.timeout_ms == 500
+    votes = sent(n.step(a.Tick(5000)), m.VoteRequest)
+    assert votes and all(v.timeout_ms == 2000 for v in votes)
