@@ -7,8 +7,10 @@ with ``SIM_SEED=n .venv/bin/python -m pytest tests/sim -k random``), and the
 simulated time from a leader crash to the next commit (the first record a
 new leader commits in its epoch), p50/p99 over "clean" crashes: the other
 voters were up and reachable and no other fault started in between. All
-samples (including overlapped faults) are reported too. Default timeouts:
-election 1000 ms, fetch 2000 ms.
+samples (including overlapped faults) are reported too, and clean crashes
+split by kind: a killed process (its host resets the connections: followers
+notice at once) or a lost host (silence: followers wait out the fetch
+timeout). Default timeouts: election 1000 ms, fetch 2000 ms.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 import time
 
 
-def _one(args: tuple[int, int, bool]) -> tuple[int, str | None, list[tuple[int, bool]], int]:
+def _one(args: tuple[int, int, bool]) -> tuple[int, str | None, list[tuple[int, bool, bool]], int]:
     seed, duration_ms, snapshots = args
     from tests.sim.invariants import Violation
     from tests.sim.random_run import run_seed
@@ -55,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     failures: list[tuple[int, str]] = []
     clean: list[int] = []
+    clean_kill: list[int] = []
+    clean_silent: list[int] = []
     every: list[int] = []
     events = 0
     with multiprocessing.Pool(args.workers) as pool:
@@ -63,10 +67,11 @@ def main(argv: list[str] | None = None) -> int:
             if err is not None:
                 failures.append((seed, err))
                 print(err.splitlines()[0], file=sys.stderr, flush=True)
-            for ms, is_clean in samples:
+            for ms, is_clean, silent in samples:
                 every.append(ms)
                 if is_clean:
                     clean.append(ms)
+                    (clean_silent if silent else clean_kill).append(ms)
             if i % 500 == 0:
                 print(f"... {i}/{len(jobs)} seeds, {len(failures)} violations, "
                       f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
@@ -78,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     if failures:
         print("failing seeds: " + " ".join(str(s) for s, _ in sorted(failures)))
         print("first failure:\n" + sorted(failures)[0][1])
-    for name, xs in (("clean leader crashes", clean), ("all leader crashes", every)):
+    for name, xs in (("clean leader crashes", clean),
+                     ("clean, process killed (connections reset)", clean_kill),
+                     ("clean, host lost (silent)", clean_silent),
+                     ("all leader crashes", every)):
         if xs:
             print(f"failover (leader crash -> next commit), {name}: n={len(xs)} "
                   f"p50={percentile(xs, 50)} ms p99={percentile(xs, 99)} ms max={max(xs)} ms")

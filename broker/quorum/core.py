@@ -80,11 +80,20 @@ NO_OFFSET = m.NO_OFFSET
 RETRY_BACKOFF_BASE_MS = 100
 # Pause before re-sending a failed Fetch / BeginQuorumEpoch / EndQuorumEpoch.
 FETCH_RETRY_BACKOFF_MS = 50
+# A connection-level failure of a request to the leader (refused, reset: the
+# driver's reason names it) means its process is gone, not slow -- what TCP
+# reports after kill -9 while the host is up. Reasons that contain one of these.
+CONNECTION_FAILURE_MARKERS = ("connectionlost", "refused", "reset")
 # Bounds on what a leader keeps for others.
 MAX_OBSERVERS = 1024
 MAX_PARKED_FETCHES = 4096
 # ListOffsets-by-timestamp reads the log in chunks of this size.
 SCAN_CHUNK_BYTES = 1 << 20
+
+
+def _is_connection_failure(reason: str) -> bool:
+    low = reason.lower()
+    return any(mark in low for mark in CONNECTION_FAILURE_MARKERS)
 
 
 class Role(enum.StrEnum):
@@ -1327,11 +1336,29 @@ class QuorumCore:
             if self._fetch_inflight == ev.request_id:
                 self._fetch_inflight = None
                 self._fetch_retry_at_ms = now + FETCH_RETRY_BACKOFF_MS
+                if (req.epoch == self._epoch and ev.destination == self._leader_id >= 0
+                        and self._fetch_deadline_ms is not None
+                        and _is_connection_failure(ev.reason)):
+                    self._on_leader_unreachable(now)
         elif req.kind in ("begin", "end"):
             if self._notify_inflight.get(req.destination) == ev.request_id:
                 del self._notify_inflight[req.destination]
                 self._notify_retry_at[req.destination] = now + FETCH_RETRY_BACKOFF_MS
         # "vote": the candidate keeps waiting for its election timeout.
+
+    def _on_leader_unreachable(self, now: int) -> None:
+        """The leader's process refused or reset our connection: it has crashed
+        (a slow or partitioned leader times out instead). Rather than wait out the
+        whole fetch timeout, give up on it after a short randomized delay,
+        uniform in [election_timeout_ms / 10, election_timeout_ms / 2]: the
+        followers that notice together rarely stand together (split vote), and a
+        transient reset costs nothing -- the retried fetches keep going every
+        FETCH_RETRY_BACKOFF_MS and the first answer restores the full timeout.
+        Safety does not depend on it: an election is only an election."""
+        t = self.config.election_timeout_ms
+        lo = t // 10
+        delay = lo + (self._random.randrange(t // 2 - lo + 1) if t // 2 > lo else 0)
+        self._fetch_deadline_ms = min(self._fetch_deadline_ms, now + delay)
 
     def _on_response(self, ev: ResponseReceived, now: int) -> None:
         req = self._outstanding.pop(ev.request_id, None)

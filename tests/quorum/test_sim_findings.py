@@ -89,3 +89,50 @@ def test_request_timeouts_by_kind():
     assert isinstance(check.request, m.OffsetsForLeaderEpochRequest) and check.timeout_ms == 500
     votes = sent(n.step(a.Tick(5000)), m.VoteRequest)
     assert votes and all(v.timeout_ms == 2000 for v in votes)
+
+
+def following_node(seed: int = 0) -> tuple[Node, a.SendRequest]:
+    n = Node(3, view=a.LogView(log_end_offset=0), state=a.QuorumStateData(4, 1, -1, (1, 2, 3)), seed=seed)
+    (f,) = sent(n.step(a.Tick(0)))
+    return n, f
+
+
+def test_leader_connection_refused_starts_an_election_after_a_short_random_delay():
+    """Failover: a refused or reset connection means the leader's process is
+    gone. The follower stands 100-500 ms later (election timeout / 10 .. / 2)
+    instead of after the 2 s fetch timeout."""
+    waits = set()
+    for seed in range(20):
+        n, f = following_node(seed)
+        n.step(a.RequestFailed(10, f.request_id, 1, "ConnectionLost: cannot connect to 1: "
+                                                   "ConnectionRefusedError(111, 'Connect call failed')"))
+        now = 10
+        while n.core.role == "follower":
+            now = n.core.next_deadline_ms
+            acts = n.step(a.Tick(now))
+            for s in sent(acts, m.FetchRequest):  # retries keep being refused
+                n.step(a.RequestFailed(now, s.request_id, 1, "connection refused"))
+        assert n.core.role == "candidate" and n.core.epoch == 5
+        waits.add(now)
+    assert min(waits) >= 10 + 100 and max(waits) <= 10 + 500
+    assert len(waits) > 5  # randomized: followers that notice together rarely stand together
+
+
+def test_a_timeout_is_not_proof_of_a_crash_and_keeps_the_fetch_timeout():
+    n, f = following_node()
+    n.step(a.RequestFailed(1000, f.request_id, 1, "timeout"))
+    n.step(a.Tick(1999))
+    assert n.core.role == "follower"
+    n.step(a.Tick(2000))
+    assert n.core.role == "candidate"
+
+
+def test_a_transient_reset_is_forgotten_once_the_leader_answers():
+    n, f = following_node()
+    n.step(a.RequestFailed(10, f.request_id, 1, "connection reset by peer"))
+    (retry,) = sent(n.step(a.Tick(60)))
+    n.step(a.ResponseReceived(70, retry.request_id, 1, m.FetchResponse(
+        high_watermark=0, current_leader=m.LeaderIdAndEpoch(1, 4))))
+    n.step(a.Tick(1500))
+    assert n.core.role == "follower"
+    assert n.core.next_deadline_ms == 70 + 2000  # the full fetch timeout again

@@ -74,12 +74,18 @@ class SimConfig:
 
 @dataclass
 class Message:
-    kind: str  # "request" | "response" | "refused"
+    kind: str  # "request" | "response" | "refused" | "reset"
     src: int
     dst: int
     src_incarnation: int  # incarnation of the requester (responses must match it)
     request_id: int
     body: m.Body | None
+
+    def src_incarnation_void(self, cluster: "SimCluster") -> bool:
+        """A request sent by a life of its sender whose disk was wiped since."""
+        if self.kind != "request":
+            return False
+        return self.src_incarnation < cluster.nodes[self.src].void_before_incarnation
 
     def __repr__(self) -> str:
         return f"{self.kind} {self.src}->{self.dst} #{self.request_id} {brief(self.body)}"
@@ -122,6 +128,9 @@ class SimNode:
         self.inbox: collections.deque = collections.deque()
         self.last_flush_done_ms = 0
         self.last_event: Any = None  # the event of the latest step (for listeners)
+        self.silent_down = False  # down by host loss: nothing answers, not even a refusal
+        # Messages sent by incarnations below this one are void: that life's disk was wiped.
+        self.void_before_incarnation = 0
 
     def __repr__(self) -> str:
         if not self.alive:
@@ -178,9 +187,9 @@ class SimCluster:
         self.client_pending: dict[Any, tuple[int, list[bytes]]] = {}
         self.client_results: list[tuple[Any, m.Body]] = []
         self.acks: dict[int, ClientAck] = {}
-        # Failover latency: (crash time, epoch of the crashed leader, clean?)
-        self.failover_pending: tuple[int, int, bool] | None = None
-        self.failover_samples: list[tuple[int, bool]] = []
+        # Failover latency: (crash time, epoch of the crashed leader, clean?, silent crash?)
+        self.failover_pending: tuple[int, int, bool, bool] | None = None
+        self.failover_samples: list[tuple[int, bool, bool]] = []  # (ms, clean?, silent crash?)
         self.listeners: list[Callable[[SimNode], None]] = []  # called after every step
         self.injected: dict[int, m.Body] = {}  # responses to inject_request, by its number
 
@@ -262,12 +271,30 @@ class SimCluster:
         self.checker.on_boot(n)
         self.step(n, api.Tick(self.now_ms))
 
-    def crash(self, node_id: int, wipe: str | None = None) -> None:
-        """Hard kill: unflushed data may be lost. wipe: None | "log" | "all"."""
+    def crash(self, node_id: int, wipe: str | None = None, silent: bool = False) -> None:
+        """Hard kill: unflushed data may be lost. wipe: None | "log" | "all".
+
+        By default the process dies and its host stays up (kill -9): the kernel
+        resets the node's connections, so every request another node has
+        outstanding at it fails with "connection reset" one hop later, and new
+        ones are refused until it restarts. ``silent`` is the loss of the whole
+        host (power, kernel panic): no reset, no refusal, requests just time out."""
         n = self.nodes[node_id]
         if not n.alive:
             return
-        self._note_leader_crash(n)
+        self._note_leader_crash(n, silent)
+        n.silent_down = silent
+        if not silent:
+            for o in self.nodes.values():
+                if o is n or not o.alive:
+                    continue
+                for rid, dest in o.pending_requests.items():
+                    if dest != node_id:
+                        continue
+                    back = self.network.transit_ms(node_id, o.node_id)
+                    if back is not None:
+                        self.schedule(self.now_ms + back, "deliver",
+                                      Message("reset", node_id, o.node_id, o.incarnation, rid, None))
         n.alive = False
         n.paused = False
         n.core = None
@@ -277,6 +304,12 @@ class SimCluster:
             n.disk.wipe_log()
         elif wipe == "all":
             n.disk.wipe_all()
+        if wipe is not None:
+            # A replaced disk takes longer than any message is in flight: what the
+            # wiped life still had on the wire (a Fetch claiming records it no
+            # longer holds) must not arrive after the wipe -- that would be the
+            # disk-loss unsafety that Raft has by design, not a bug to find.
+            n.void_before_incarnation = n.incarnation
         n.pending_requests.clear()
         n.open_tokens.clear()
         n.inbox.clear()
@@ -344,6 +377,9 @@ class SimCluster:
         self.step(n, api.Tick(self.now_ms))
 
     def _on_deliver(self, msg: Message) -> None:
+        if msg.src_incarnation_void(self):
+            self.trace(f"void {msg!r} (sent before its sender's disk was wiped)")
+            return
         if msg.kind == "request":
             self._deliver_request(msg)
         else:
@@ -355,6 +391,9 @@ class SimCluster:
             self.trace(f"lost {msg!r}")
             return
         if not dst.alive:
+            if dst.silent_down:
+                self.trace(f"lost {msg!r} (host down)")
+                return
             # Connection refused travels back if the path back is open.
             back = self.network.transit_ms(msg.dst, msg.src)
             if back is not None:
@@ -380,6 +419,8 @@ class SimCluster:
         self.trace(f"n{n.node_id} <= {msg!r}")
         if msg.kind == "refused":
             self.step(n, api.RequestFailed(self.now_ms, msg.request_id, msg.src, "connection refused"))
+        elif msg.kind == "reset":
+            self.step(n, api.RequestFailed(self.now_ms, msg.request_id, msg.src, "connection reset by peer"))
         else:
             self.step(n, api.ResponseReceived(self.now_ms, msg.request_id, msg.src, msg.body))
 
@@ -546,26 +587,26 @@ class SimCluster:
             for i, value in enumerate(values):
                 self.checker.on_ack(ClientAck(response.base_offset + i, response.leader_epoch, value))
 
-    def _note_leader_crash(self, n: SimNode) -> None:
+    def _note_leader_crash(self, n: SimNode, silent: bool) -> None:
         leader = self.current_leader()
         if leader is n and n.is_voter:
             clean = all(o.alive and not o.paused and o.node_id not in self.network.isolated
                         for o in self.nodes.values() if o.is_voter and o is not n) and not self.network.cuts
-            self.failover_pending = (self.now_ms, n.core.epoch, clean)
+            self.failover_pending = (self.now_ms, n.core.epoch, clean, silent)
 
     def note_fault(self) -> None:
         """A new fault began: an ongoing failover measurement is no longer clean."""
         if self.failover_pending is not None:
-            t, e, _ = self.failover_pending
-            self.failover_pending = (t, e, False)
+            t, e, _, silent = self.failover_pending
+            self.failover_pending = (t, e, False, silent)
 
     def check_failover(self, n: SimNode) -> None:
         if self.failover_pending is None:
             return
-        t, epoch, clean = self.failover_pending
+        t, epoch, clean, silent = self.failover_pending
         core = n.core
         if is_leader(core) and core.epoch > epoch and core.high_watermark > self.checker.epoch_start(n, core.epoch):
-            self.failover_samples.append((self.now_ms - t, clean))
+            self.failover_samples.append((self.now_ms - t, clean, silent))
             self.failover_pending = None
 
     # -------------------------------------------------------------- snapshots
