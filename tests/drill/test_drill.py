@@ -8,7 +8,7 @@ import pytest
 
 from tools.drill import add_arguments, run_drill
 
-SCHEDULE = "kill_leader,isolate_leader,kill_leader,pause_leader,wipe_follower,kill_leader,split_majority,cut_one_way"
+SCHEDULE = "kill_leader,isolate_leader,kill_leader,pause_leader,split_majority,kill_leader,cut_one_way,wipe_follower"
 
 
 @pytest.mark.slow
