@@ -58,7 +58,7 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     replica_lag_time_max_ms: int = _Q.replica_lag_time_max_ms
     follower_fetch_pending_reads_insync_enable: bool = _Q.follower_fetch_pending_reads_insync_enable
     max_replication_lag_ms: int = _Q.max_replication_lag_ms
-    append_linger_ms: float = 1.0  # group commit window for client writes
+    append_linger_ms: float = 0.0  # fixed group-commit window; 0 = adaptive (batch while the disk is busy)
     append_batch_records_max: int = 4096
     segment_bytes_max: int = 64 << 20
     snapshot_min_records: int = 20000  # controller.snapshot.minimum.records

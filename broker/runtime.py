@@ -11,8 +11,10 @@ the actions the core returns, in order, following the rules in
 
 so nothing is acknowledged before it is durable. Flushes run in a worker
 thread while the loop keeps appending; one fdatasync covers every append
-that happened before it started (group commit). Client Produce requests that
-arrive within ``append_linger_ms`` become one batch.
+that happened before it started (group commit). Client Produce requests are
+batched adaptively: when the disk is idle they are appended at the end of the
+loop turn they arrived in; while a flush runs they wait and become one batch
+when it completes (or after ``append_linger_ms`` if that is set above 0).
 
 The binary protocol is served by ``broker.net``; the HTTP admin API by
 ``broker.admin``.
@@ -373,6 +375,8 @@ class Broker:
                     return
                 self.metrics.flush_seconds.observe(time.perf_counter() - t0)
                 self._step(qa.FlushCompleted(now_ms(), flushed))
+                if self._pending_produce and self._linger_handle is None:
+                    self._flush_produce()  # writes that waited for this flush: one batch
                 if not self._flush_wanted:
                     return
         finally:
@@ -456,14 +460,22 @@ class Broker:
             return
         self._pending_produce.append((token, body.records))
         self._pending_records += len(body.records)
-        if self._pending_records >= self.cfg.append_batch_records_max or self.cfg.append_linger_ms == 0:
+        if self._pending_records >= self.cfg.append_batch_records_max:
             self._flush_produce()
-        elif self._linger_handle is None:
+        elif self._linger_handle is not None:
+            return
+        elif self.cfg.append_linger_ms > 0:
             self._linger_handle = asyncio.get_running_loop().call_later(
                 self.cfg.append_linger_ms / 1000, self._flush_produce)
+        elif not self._flush_running:
+            # Adaptive group commit: the disk is idle, so append at the end of
+            # this loop turn (everything read in this turn joins the batch).
+            # While a flush runs, writes wait for it and go out as one batch
+            # when it completes (see _flush_loop): no fixed linger.
+            self._linger_handle = asyncio.get_running_loop().call_soon(self._flush_produce)
 
     def _flush_produce(self) -> None:
-        if self._linger_handle is not None:
+        if self._linger_handle is not None:  # a TimerHandle or a call_soon Handle
             self._linger_handle.cancel()
             self._linger_handle = None
         if not self._pending_produce:

@@ -7,7 +7,8 @@
     metalog quorum              DescribeQuorum from the leader
     metalog metadata            leader, epoch, HW and endpoints from any broker
 
-Later issues add subcommands in the same table (`COMMANDS`).
+    metalog topics|brokers|configs ...   controller commands (tools/admin_cli.py)
+    metalog dump | spark | drill | bench      (their own modules register them)
 """
 
 from __future__ import annotations
@@ -232,32 +233,15 @@ def build_parser() -> argparse.ArgumentParser:
     _client_args(p)
     p.set_defaults(func=cmd_metadata)
 
-    for register in EXTRA_COMMANDS:
-        register(sub)
+    from tools import admin_cli, bench, drill, dump, spark_job
+
+    # Subcommands that live with their tools: each module adds its own parsers.
+    for module in (admin_cli, dump, spark_job, drill, bench):
+        module.register_cli(sub)
     return parser
 
 
-# Subcommands contributed by other modules: each is f(subparsers) -> None.
-EXTRA_COMMANDS: list = []
-
-
-def _load_extra_commands() -> None:
-    import importlib
-
-    for module in ("tools.admin_cli", "tools.dump", "tools.spark_job", "tools.drill", "tools.bench"):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name == module:
-                continue  # not written yet
-            raise
-        register = getattr(mod, "register_cli", None)
-        if register is not None:
-            EXTRA_COMMANDS.append(register)
-
-
 def main(argv: list[str] | None = None) -> int:
-    _load_extra_commands()
     args = build_parser().parse_args(argv)
     if args.command != "broker":
         from broker.logs import configure_logging

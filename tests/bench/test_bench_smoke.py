@@ -4,21 +4,16 @@ asserted here (speed is measured by the bench itself, see docs/bench.md)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 
-from tools import bench, bench_etcd
+from tools import bench, bench_etcd, cli
 
 
 def main(argv: list[str]) -> int:
-    """`metalog <argv>` with only the bench subcommand registered (tools.cli.main
-    registers extra subcommands once per call, so it cannot run twice in one process)."""
-    parser = argparse.ArgumentParser(prog="metalog")
-    bench.register_cli(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    """`metalog <argv>` run in this process."""
+    return cli.main(argv)
 
 pytestmark = pytest.mark.timeout(240)
 
