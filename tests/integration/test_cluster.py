@@ -173,3 +173,32 @@ async def test_consumer_never_sees_uncommitted_records_and_detects_planted_trunc
         assert info.value.first_diverging_offset <= cut_at
     finally:
         await client.close()
+
+
+async def test_sigterm_leader_hands_over_quickly_and_exits_cleanly(make_cluster):
+    # A long fetch timeout: followers must not wait it out. (That the successor
+    # acts on EndQuorumEpoch at once is proven in tests/quorum; here the whole
+    # path: signal, resign, flush, clean-shutdown marker, exit 0.)
+    cluster = make_cluster(voters=3, election_timeout_ms=500, fetch_timeout_ms=10_000, request_timeout_ms=1000,
+                           fetch_max_wait_ms=200)
+    leader, epoch = await asyncio.to_thread(cluster.wait_for_leader, 30)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=3000, max_retries=50)
+    try:
+        acked = await produce_all(client, [f"x{i}".encode() for i in range(200)], concurrency=8)
+        stopped_at = time.monotonic()
+        rc = await asyncio.to_thread(cluster.stop_node, leader)
+        new_leader, new_epoch = await asyncio.to_thread(cluster.wait_for_leader, 8, {leader})
+        handover_s = time.monotonic() - stopped_at
+        assert rc == 0, "a graceful stop exits 0"
+        assert new_epoch > epoch
+        assert handover_s < 5.0, f"handover took {handover_s:.1f}s: the followers waited for the fetch timeout"
+        await client.produce([b"after-handover"])
+    finally:
+        await client.close()
+    part = os.path.join(cluster.data_dir(leader), "__cluster_metadata-0")
+    assert os.path.exists(os.path.join(part, ".clean-shutdown")), "no clean-shutdown marker after SIGTERM"
+    lines = cluster.read_log_lines(leader)
+    assert any(line.get("event") == "broker_stopped" and line.get("graceful") for line in lines)
+    cluster.stop()
+    records = {v: (off, ep) for off, ep, v in committed_values(cluster.data_dir(new_leader), 1 << 40)}
+    assert all(records.get(v) == acked[v] for v in acked)
