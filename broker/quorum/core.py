@@ -27,6 +27,27 @@ What it implements, and where the rule comes from:
   ``follower_fetch_pending_reads_insync_enable``.
 * KAFKA-7786: every response is judged against the epoch its request was sent
   under; stale answers are dropped and fetching continues in the new epoch.
+
+Where we depart from Kafka's timing, and why (measured in tests/sim, figures
+in docs/simulation.md):
+
+* Fetch-loop requests time out before the fetch timeout: a Fetch after
+  fetch_max_wait_ms + fetch_timeout_ms / 4, an OffsetsForLeaderEpoch or
+  FetchSnapshot after fetch_timeout_ms / 4 (never above request_timeout_ms).
+  With Kafka's equal 2 s request and fetch timeouts one lost message made a
+  follower stand for election; now it is retried inside the fetch timeout.
+* Fast failover on a dead process: when a Fetch to the leader fails at
+  connection level (the driver's reason says refused / reset /
+  ConnectionLost -- what TCP reports after kill -9 while the host is up), the
+  follower stands after a random 100-500 ms (election_timeout_ms / 10 .. / 2)
+  instead of waiting out fetch_timeout_ms. A slow, paused or partitioned
+  leader times out instead and keeps the full fetch timeout, so this never
+  disrupts a live leader; a transient reset is forgotten at the next answer.
+  Safety never depends on timing. A leader whose host vanishes silently is
+  still noticed only after fetch_timeout_ms (p50 about 2 s).
+* An epoch older than the leader's history (cut at its log-start snapshot) is
+  answered with that snapshot's id, as KRaft's KafkaMetadataLog does; the
+  follower then fetches and is sent the snapshot instead of truncating.
 """
 
 from __future__ import annotations
