@@ -180,20 +180,14 @@ def cmd_metadata(args) -> int:
     return asyncio.run(_with_client(args, go))
 
 
-def cmd_broker(args) -> int:
-    from broker.main import main as broker_main
-
-    return broker_main(args.rest)
-
-
 # ------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="metalog", description="metalog: a replicated metadata log")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("broker", help="run one broker (see --config)", add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_broker)
+    # Parsed by broker.main (see main()); listed here for --help.
+    sub.add_parser("broker", help="run one broker: metalog broker --config FILE [--set key=value ...]",
+                   add_help=False)
 
     p = sub.add_parser("cluster", help="local multi-broker cluster")
     csub = p.add_subparsers(dest="cluster_command", required=True)
@@ -242,6 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["broker"]:
+        # Hand every argument (--config, --set ...) to the broker's own parser.
+        from broker.main import main as broker_main
+
+        return broker_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command != "broker":
         from broker.logs import configure_logging

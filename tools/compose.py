@@ -17,8 +17,8 @@ ways without one:
   ``LocalCluster`` that runs the services' own command lines as local
   processes. The mapping is deterministic:
 
-  - ``metalog broker ARGS`` -> ``<python> -m broker.main ARGS`` (what the
-    console script's ``broker`` subcommand runs);
+  - ``metalog broker ARGS`` -> ``<python> -m tools.cli broker ARGS`` (the
+    console script's own entry point);
   - a service hostname (or ``0.0.0.0``) -> ``127.0.0.1``;
   - container port P -> local port ``P + port_offset`` (container ports are
     distinct across brokers, checked above, so this never collides);
@@ -339,8 +339,9 @@ class LocalMapping:
 
     def command(self, b: BrokerService) -> list[str]:
         args = [self.rewrite(a, b.mounts) for a in b.command[2:]]
-        # `metalog broker ARGS` hands ARGS to broker.main; run that module directly.
-        return [sys.executable, "-m", "broker.main", *args]
+        # The service's own command line, through the same CLI entry point the
+        # console script runs (`metalog` -> tools.cli:main).
+        return [sys.executable, "-m", "tools.cli", "broker", *args]
 
 
 def cluster_from_compose(path: str, root_dir: str, port_offset: int | None = None):

@@ -98,7 +98,7 @@ def test_local_mapping_is_deterministic(tmp_path):
     assert {n: (s.port, s.admin_port, s.voter) for n, s in c.nodes.items()} == {
         1: (10091, 9091, True), 2: (10092, 9092, True), 3: (10093, 9093, True), 4: (10094, 9094, False)}
     cmd = c.nodes[2].command
-    assert cmd[:3] == [sys.executable, "-m", "broker.main"]
+    assert cmd[:4] == [sys.executable, "-m", "tools.cli", "broker"]
     assert f"data_dir={tmp_path}/node-2/data" in cmd and f"log_file={tmp_path}/node-2/broker.log" in cmd
     assert "listen=127.0.0.1:10092" in cmd
     cfg = yaml.safe_load(open(cmd[cmd.index("--config") + 1]))
