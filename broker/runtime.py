@@ -57,7 +57,13 @@ class StartupError(Exception):
 
 
 def now_ms() -> int:
+    """The core's clock: monotonic, so timers survive wall-clock jumps."""
     return int(time.monotonic() * 1000)
+
+
+def wall_clock_ms() -> int:
+    """What record batches are stamped with (ListOffsets by timestamp)."""
+    return int(time.time() * 1000)
 
 
 class _Reader:
@@ -204,7 +210,7 @@ class Broker:
             log_start_offset=self.seg_log.log_start_offset, log_end_offset=self.seg_log.log_end_offset,
             epoch=self.core.epoch, role=str(self.core.role),
         )
-        self._step(qa.Tick(now_ms()))
+        self._step(qa.Tick(now_ms(), wall_clock_ms()))
 
     async def stop(self, graceful: bool = True) -> None:
         """Graceful: resign leadership (EndQuorumEpoch), flush, close."""
@@ -353,7 +359,7 @@ class Broker:
     def _on_timer(self) -> None:
         self._timer = None
         self._timer_deadline = None
-        self._step(qa.Tick(now_ms()))
+        self._step(qa.Tick(now_ms(), wall_clock_ms()))
 
     # ------------------------------------------------------------ flushing
     def _request_flush(self) -> None:
@@ -488,7 +494,7 @@ class Broker:
             waiters.append((token, len(recs)))
             records.extend(recs)
         self.metrics.appended_records.inc(len(records))
-        self._step(qa.ClientAppend(now_ms(), waiters, records))
+        self._step(qa.ClientAppend(now_ms(), waiters, records, wall_clock_ms()))
 
     # ------------------------------------------------- controller commands
     def _enqueue_command(self, token, body: m.ControllerCommandRequest) -> None:
@@ -534,7 +540,7 @@ class Broker:
                     base_offset=core.log_end_offset, leader_epoch=core.epoch))
                 continue
             self._command_in_flight = token
-            self._step(qa.ClientAppend(now_ms(), [(token, len(records))], records))
+            self._step(qa.ClientAppend(now_ms(), [(token, len(records))], records, wall_clock_ms()))
 
     def _command_done(self, token: "_CommandToken", response: m.ProduceResponse) -> None:
         assert token is self._command_in_flight

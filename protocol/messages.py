@@ -249,7 +249,9 @@ class ListOffsetsResponse(Body):
     error_code: int = 0
     offset: int = NO_OFFSET
     timestamp_ms: int = -1
-    leader_epoch: int = NO_EPOCH  # epoch of the record at `offset` (KIP-320)
+    # Epoch of the last record before `offset` (KIP-320): what a consumer that
+    # seeks to `offset` validates its position against.
+    leader_epoch: int = NO_EPOCH
     current_leader: LeaderIdAndEpoch | None = None
 
 

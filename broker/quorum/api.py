@@ -45,6 +45,10 @@ from protocol import messages as m
 @dataclass(frozen=True, slots=True)
 class Tick:
     now_ms: int
+    # The wall clock (ms since the epoch) at this moment, if the driver has one:
+    # record batches are stamped with it (ListOffsets by timestamp), while
+    # timers keep running on the monotonic now_ms. -1: stamp with now_ms.
+    wall_clock_ms: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +93,7 @@ class ClientAppend:
     now_ms: int
     waiters: list[tuple[Any, int]]  # (token, number of records) in order
     records: list[bytes]
+    wall_clock_ms: int = -1  # see Tick
 
 
 @dataclass(frozen=True, slots=True)

@@ -200,6 +200,7 @@ class QuorumCore:
         self._epochs = EpochHistory(log_view.epochs)
         self._snapshots: list[m.SnapshotId] = sorted(log_view.snapshots)
         self._high_watermark = NO_OFFSET
+        self._wall_minus_now_ms = 0  # wall clock - now_ms, from Tick/ClientAppend
 
         qs = quorum_state
         self._epoch = qs.leader_epoch if qs else 0
@@ -407,6 +408,17 @@ class QuorumCore:
         return min(ds) if ds else None
 
     # ------------------------------------------------------------------
+    # record timestamps
+
+    def _learn_wall_clock(self, wall_clock_ms: int, now: int) -> None:
+        if wall_clock_ms >= 0:
+            self._wall_minus_now_ms = wall_clock_ms - now
+
+    def _timestamp(self, now: int) -> int:
+        """Batch timestamp: the driver's wall clock, as of its last report."""
+        return max(0, now + self._wall_minus_now_ms)
+
+    # ------------------------------------------------------------------
     # the one entry point
 
     def step(self, event: Event) -> list[Action]:
@@ -429,10 +441,11 @@ class QuorumCore:
         elif t is ResponseReceived:
             self._on_response(event, now)
         elif t is Tick:
-            pass
+            self._learn_wall_clock(event.wall_clock_ms, now)
         elif t is FlushCompleted:
             self._on_flush(event.flushed_end_offset, now)
         elif t is ClientAppend:
+            self._learn_wall_clock(event.wall_clock_ms, now)
             self._client_append(now, event.waiters, event.records)
         elif t is RequestFailed:
             self._on_request_failed(event, now)
@@ -580,7 +593,7 @@ class QuorumCore:
         # The epoch's first record: LeaderChange. The HW may not move until it is
         # committed (KAFKA-12619), which is what makes the HW safe to expose.
         value = encode_control(LeaderChange(self._node_id, list(self._voters), granted))
-        self._append_local(encode_batch(self._log_end_offset, self._epoch, [value], now,
+        self._append_local(encode_batch(self._log_end_offset, self._epoch, [value], self._timestamp(now),
                                         is_control=True), 1)
 
     def _become_follower(self, epoch: int, leader_id: int, now: int) -> None:
@@ -1216,7 +1229,7 @@ class QuorumCore:
                     error_message=f"node {self._node_id} is not the leader"))
             return
         base = self._log_end_offset
-        batch = encode_batch(base, self._epoch, records, now)
+        batch = encode_batch(base, self._epoch, records, self._timestamp(now))
         offset = base
         for token, n in waiters:
             self._waiters.append((offset + n, token, offset, self._epoch))

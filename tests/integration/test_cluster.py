@@ -38,6 +38,13 @@ def committed_values(data_dir: str, end_offset: int) -> list[tuple[int, int, byt
     return out
 
 
+async def wall_clock_after(ms: int) -> int:
+    """Wait until the wall clock reads past `ms`; returns the reading."""
+    while (now := int(time.time() * 1000)) <= ms:
+        await asyncio.sleep(0.001)
+    return now
+
+
 async def produce_all(client: MetalogClient, values: list[bytes], concurrency: int) -> dict[bytes, tuple[int, int]]:
     acked: dict[bytes, tuple[int, int]] = {}
     queue = list(reversed(values))
@@ -202,3 +209,35 @@ async def test_sigterm_leader_hands_over_quickly_and_exits_cleanly(make_cluster)
     cluster.stop()
     records = {v: (off, ep) for off, ep, v in committed_values(cluster.data_dir(new_leader), 1 << 40)}
     assert all(records.get(v) == acked[v] for v in acked)
+
+
+async def test_list_offsets_earliest_latest_by_timestamp_and_fenced_by_epoch(make_cluster):
+    from broker.client import MetalogError
+    from protocol import messages as m
+    from protocol.errors import Errors
+
+    cluster = make_cluster(voters=3, **FAST)
+    await asyncio.to_thread(cluster.wait_for_leader, 20)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=3000, max_retries=20)
+    try:
+        first_offset, epoch = await client.produce([b"early"])
+        cut_ms = await wall_clock_after(int(time.time() * 1000) + 2)  # strictly after the early batch
+        await wall_clock_after(cut_ms + 2)
+        late_offset, _ = await client.produce([b"late"])
+        earliest = await client.list_offsets(m.LIST_OFFSETS_EARLIEST)
+        latest = await client.list_offsets(m.LIST_OFFSETS_LATEST)
+        by_time = await client.list_offsets(cut_ms)
+        assert earliest.offset == 0
+        assert latest.offset == late_offset + 1 and latest.leader_epoch == epoch
+        assert by_time.offset == late_offset and by_time.timestamp_ms >= cut_ms
+        future = await client.list_offsets(int(time.time() * 1000) + 3_600_000)
+        assert future.offset == m.NO_OFFSET
+        assert epoch >= 1
+        with pytest.raises(MetalogError) as stale:
+            await client.list_offsets(m.LIST_OFFSETS_LATEST, current_leader_epoch=epoch - 1)
+        assert stale.value.error_code == Errors.FENCED_LEADER_EPOCH
+        with pytest.raises(MetalogError) as ahead:
+            await client.list_offsets(m.LIST_OFFSETS_LATEST, current_leader_epoch=epoch + 1)
+        assert ahead.value.error_code == Errors.UNKNOWN_LEADER_EPOCH
+    finally:
+        await client.close()
