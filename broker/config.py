@@ -48,7 +48,6 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     listen: str  # host:port of the binary protocol
     voters: str  # "id@host:port,..." (Kafka's controller.quorum.voters)
     admin_listen: str | None = None  # host:port of the HTTP admin API
-    advertised: str | None = None  # host:port peers should dial (default: listen)
     election_timeout_ms: int = _Q.election_timeout_ms
     fetch_timeout_ms: int = _Q.fetch_timeout_ms
     election_backoff_max_ms: int = _Q.election_backoff_max_ms
@@ -79,9 +78,6 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def admin_endpoint(self) -> Endpoint | None:
         return parse_endpoint("admin_listen", self.admin_listen) if self.admin_listen else None
 
-    def advertised_endpoint(self) -> Endpoint:
-        return parse_endpoint("advertised", self.advertised) if self.advertised else self.listen_endpoint()
-
     def quorum_config(self) -> QuorumConfig:
         return QuorumConfig(
             node_id=self.node_id,
@@ -109,7 +105,6 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         need(bool(self.data_dir), "data_dir", "must not be empty")
         self.listen_endpoint()
         self.admin_endpoint()
-        self.advertised_endpoint()
         voters = self.voter_endpoints()
         need(len(voters) >= 1, "voters", "at least one voter is required")
         for key in ("election_timeout_ms", "fetch_timeout_ms", "request_timeout_ms",
