@@ -249,7 +249,15 @@ class Broker:
     def _step(self, event: qa.Event) -> None:
         if self.fatal is not None or self.core is None:
             return
-        actions = self.core.step(event)
+        try:
+            actions = self.core.step(event)
+        except Exception as exc:
+            # A driver bug the core refused (it validates its inputs): stop
+            # rather than run on with a core and a disk that may disagree.
+            self.fatal = f"core refused {type(event).__name__}: {exc}"
+            self.log.critical("core_step_failed", event=type(event).__name__, error=str(exc), exc_info=True)
+            self._spawn(self.stop(graceful=False))
+            return
         for action in actions:
             self._execute(action)
             if self.fatal is not None:
