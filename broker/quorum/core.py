@@ -745,6 +745,11 @@ class QuorumCore:
             return min(cfg.request_timeout_ms, cfg.fetch_max_wait_ms + cfg.fetch_timeout_ms // 4)
         if kind in ("epoch_check", "fetch_snapshot"):
             return min(cfg.request_timeout_ms, cfg.fetch_timeout_ms // 4)
+        if kind in ("begin", "end"):
+            # A voter learns the new leader only from BeginQuorumEpoch: a lost one
+            # must be re-sent before the voter's election timer (>= the election
+            # timeout) makes it stand and depose the leader (sim seed 6059).
+            return min(cfg.request_timeout_ms, cfg.election_timeout_ms // 2)
         return cfg.request_timeout_ms
 
     def _respond(self, token: Any, body: m.Body) -> None:

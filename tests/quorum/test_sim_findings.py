@@ -136,3 +136,20 @@ def test_a_transient_reset_is_forgotten_once_the_leader_answers():
     n.step(a.Tick(1500))
     assert n.core.role == "follower"
     assert n.core.next_deadline_ms == 70 + 2000  # the full fetch timeout again
+
+
+def test_lost_begin_quorum_epoch_is_resent_within_half_the_election_timeout():
+    """SIM_SEED=6059 of 10,000 (2 % loss): a lost BeginQuorumEpoch was re-sent
+    after the 2 s request timeout; the voter, which learns the leader only from
+    it, stood first (its election timer is 1-2 s) and deposed the leader."""
+    n = Node(1)
+    n.step(a.Tick(0))
+    now = n.core.next_deadline_ms
+    votes = sent(n.step(a.Tick(now)), m.VoteRequest)
+    begins = []
+    for v in votes:  # the first grant makes us leader; Begin goes to both others
+        begins += sent(n.step(a.ResponseReceived(now, v.request_id, v.destination, m.VoteResponse(
+            leader_id=-1, leader_epoch=n.core.epoch, vote_granted=True))), m.BeginQuorumEpochRequest)
+    assert n.core.role == "leader"
+    assert sorted(b.destination for b in begins) == [2, 3]
+    assert all(b.timeout_ms == 500 for b in begins)
