@@ -9,7 +9,12 @@ a ``FaultProxy`` between every pair of brokers, and runs for ``--duration-s``:
   (``max_retries=0``): a retried produce may be appended twice (the client is
   not idempotent), so a failed attempt's value is abandoned, never resent;
 * consumers tail the log from offset 0 with KIP-320 truncation detection
-  (reset policy "none": a truncation is recorded, then the consumer seeks on);
+  (reset policy "none": a truncation is recorded, then the consumer seeks on;
+  an out-of-range answer -- a snapshot moved the log start past the consumer --
+  is recorded as a reset, then the consumer seeks to the log start);
+* every broker's segment files are hard-linked into ``<dir>/archive`` as they
+  appear (``tools.drill_archive``), so the records a snapshot later removes
+  from every log stay checkable;
 * a monitor polls every broker's admin ``/quorum`` (role, epoch, HW) per
   broker process (incarnation);
 * faults come from ``--schedule kill_leader,pause_leader,...`` (cycled) or are
@@ -38,7 +43,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from tools.drill_checker import Ack, History, HwSample, RoleEvent, Seen, Truncation, check, read_replica
+from tools.drill_archive import SegmentArchive
+from tools.drill_checker import Ack, History, HwSample, Reset, RoleEvent, Seen, Truncation, check, read_replica
 from tools.faultproxy import FaultProxy
 from tools.launcher import LocalCluster
 
@@ -53,19 +59,11 @@ FAULTS = {
     "split_majority": "partition {leader, observer} | {other voters}: the leader is in the minority",
     "wipe_follower": "kill -9 a follower, delete its data dir, restart it: it must rejoin by snapshot",
 }
-# Settings every drill broker gets: fast elections, and small snapshots/segments so that a
-# wiped follower has to rejoin by snapshot (the leader's log start moves past 0).
+# The only settings a drill changes: snapshots and segments far smaller than the product's
+# (20000 records, 64 MiB), so that snapshots, log-start moves, segment deletion and a wiped
+# follower's rejoin by snapshot all happen many times in a drill of minutes. Election, fetch
+# and request timeouts are the product defaults: the drill measures the failover users get.
 DRILL_BROKER_SETTINGS = {
-    "election_timeout_ms": 800,
-    "fetch_timeout_ms": 1600,
-    "fetch_max_wait_ms": 200,
-    # Not below the election timeout: a candidate whose log is behind re-runs its election
-    # every backoff, and each higher-epoch Vote resets the others' election timers, so a
-    # backoff shorter than the timeout livelocks the quorum (seen in drills; no pre-vote yet).
-    "election_backoff_max_ms": 1000,
-    "request_timeout_ms": 800,
-    # Each snapshot moves the log start up to it; consumers stalled by a fault must not fall
-    # below it, or their records can no longer be checked (see the "unverifiable" breach).
     "snapshot_min_records": 3000,
     "segment_bytes_max": 16384,
 }
@@ -122,6 +120,10 @@ class Drill:
         self.write_errors = 0
         self.incarnation = {nid: 0 for nid in cluster.nodes}
         self.proxy: FaultProxy | None = None
+        # Hard links of every segment every broker ever had: the checker reads the offsets a
+        # snapshot removed from every log there (see tools.drill_archive).
+        self.archive = SegmentArchive(os.path.join(cluster.root, "archive"),
+                                      {nid: cluster.data_dir(nid) for nid in cluster.nodes})
         self._stop_monitor = threading.Event()
         self._stop_load = asyncio.Event()
         self.t0 = time.time()
@@ -153,7 +155,11 @@ class Drill:
             for nid in sorted(c.nodes):
                 inc = self.incarnation[nid]
                 q = c.admin(nid, "/quorum", timeout_s=0.3) if c.alive(nid) else None
-                if inc != self.incarnation[nid]:
+                restarted = inc != self.incarnation[nid]
+                # Scans bracket each answer: the archive learns which segments that HW vouches for.
+                self.archive.observe(nid, self.incarnation[nid],
+                                     None if (q is None or restarted) else q.get("high_watermark"))
+                if restarted:
                     continue  # restarted under us: the answer may belong to either process
                 ts = time.time()
                 if q is None:
@@ -203,6 +209,7 @@ class Drill:
 
     async def _consumer(self, cid: int) -> None:
         from broker.client import LogTruncationError, OffsetOutOfRangeError
+        from protocol.messages import LIST_OFFSETS_EARLIEST
 
         client = self._client(request_timeout_ms=800, retry_backoff_ms=50)
         consumer = client.consumer(reset_policy="none")
@@ -215,8 +222,17 @@ class Drill:
                     self.history.truncations.append(Truncation(cid, time.time(), exc.first_diverging_offset))
                     consumer.seek(exc.first_diverging_offset, exc.epoch)
                     continue
-                except OffsetOutOfRangeError:
-                    consumer = client.consumer(reset_policy="earliest")  # the prefix went into a snapshot
+                except OffsetOutOfRangeError as exc:
+                    # A snapshot moved the log start past us (KIP-630): resume at the log start, as
+                    # reset_policy="earliest" would, but record the jump so the checker can tell
+                    # the offsets skipped here from a record the client dropped.
+                    try:
+                        resp = await client.list_offsets(LIST_OFFSETS_EARLIEST)
+                    except Exception:
+                        await asyncio.sleep(0.05)
+                        continue
+                    self.history.resets.append(Reset(cid, time.time(), exc.position, resp.offset))
+                    consumer.seek(resp.offset, resp.leader_epoch)
                     continue
                 except Exception:
                     await asyncio.sleep(0.05)
@@ -299,7 +315,9 @@ class Drill:
         elif kind == "wipe_follower":
             rec.node = self.rng.choice(followers)
             await asyncio.to_thread(c.kill, rec.node)
+            self.archive.scan(rec.node, self.incarnation[rec.node])  # the last bytes before the wipe
             shutil.rmtree(c.data_dir(rec.node), ignore_errors=True)
+            self.archive.forget_live(rec.node)
             self.start_node(rec.node)
         else:
             raise AssertionError(kind)
@@ -348,10 +366,11 @@ class Drill:
             self.proxy.stop()
         self._collect_roles()
         replicas = [read_replica(nid, c.data_dir(nid)) for nid in sorted(c.nodes)]
-        result = check(self.history, replicas, commit_end)
+        result = check(self.history, replicas, commit_end, self.archive.list())
         if not converged.get("ok"):
             problems.append(f"cluster did not converge: {converged.get('why')}")
         return {"result": result, "problems": problems, "commit_end": commit_end, "converged": converged,
+                "archive": self.archive.stats(),
                 "replicas": {r.node: {"log_start": r.log_start, "log_end": r.log_end} for r in replicas}}
 
     def _converge(self) -> dict:
@@ -443,7 +462,9 @@ def run_drill(args) -> tuple[int, dict]:
     for p in out["problems"]:
         print(f"problem: {p}")
     s = report["summary"]
-    print(f"writes acknowledged {s['writes_acknowledged']}, lost {s['writes_lost']}, faults {s['faults']}, "
+    print(f"writes acknowledged {s['writes_acknowledged']}, lost {s['writes_lost']}, duplicated "
+          f"{s['writes_duplicated']}, unverifiable {s['writes_unverifiable']}, faults {s['faults']} "
+          f"({s['kill_restart_cycles']} kill/restart cycles), "
           f"failover p50 {s['failover_ms_p50']} ms, p99 {s['failover_ms_p99']} ms")
     print(f"report: {paths['json']}  timeline: {paths['png']}")
     return (0 if res.ok and not out["problems"] else 1), report

@@ -7,14 +7,22 @@ per broker incarnation) plus each broker's log read back from its data dir
 commit_end)`` returns a ``CheckResult``; every breach carries the evidence:
 
 * every acknowledged write is present exactly once, at its acknowledged
-  offset (looked up in the committed range of the replicas' logs, then in what
-  consumers read, since a snapshot may have removed the log prefix);
+  offset. The committed log is assembled from the replicas' final logs and,
+  below their log start (segments a snapshot removed), from the drill's
+  segment archive (``tools.drill_archive``: hard links of every segment every
+  broker ever had, each with the HW its broker vouched for while the segment
+  was live); what consumers read is a last resort, counted separately;
 * the committed prefixes of all replicas are identical byte for byte (batch
-  by batch, over the offsets every pair of replicas both still hold);
+  by batch, over the offsets every pair of replicas both still hold), and so
+  is every archived committed batch with every other copy of that batch;
 * at most one leader per epoch (from the ``role_changed`` log lines);
 * the HW never decreased within one broker process (incarnation);
 * no consumer saw a record that is not in the final committed log at that
-  offset, unless it was told (``LogTruncationError``) before moving on.
+  offset, unless it was told (``LogTruncationError``) before moving on;
+* no consumer skipped a data record: between two records it returned, every
+  offset it passed is a control record or was jumped over by a recorded reset
+  (an out-of-range answer after a snapshot moved the log start past the
+  consumer, KIP-630) -- anything else is ``consumer_skipped``.
 """
 
 from __future__ import annotations
@@ -54,6 +62,14 @@ class Truncation:
 
 
 @dataclass
+class Reset:
+    consumer: int
+    ts: float
+    from_offset: int | None  # the consumer's position when told it was out of range
+    to_offset: int  # where it resumed (the leader's log start)
+
+
+@dataclass
 class RoleEvent:
     node: int
     ts: float
@@ -77,6 +93,7 @@ class History:
     attempted: set[bytes] = field(default_factory=set)  # every value ever sent, acked or not
     seen: list[Seen] = field(default_factory=list)
     truncations: list[Truncation] = field(default_factory=list)
+    resets: list[Reset] = field(default_factory=list)
     roles: list[RoleEvent] = field(default_factory=list)
     hw: list[HwSample] = field(default_factory=list)
 
@@ -213,27 +230,149 @@ def check_prefixes(replicas: list[ReplicaLog], commit_end: int) -> list[Breach]:
     return out
 
 
-def check(history: History, replicas: list[ReplicaLog], commit_end: int) -> CheckResult:
+def read_archived(seg, commit_end: int) -> tuple[list[tuple[int, int, int, bytes]], str | None]:
+    """The batches of an archived segment (``tools.drill_archive.ArchivedSegment``) that its
+    broker vouched for (ending at or below its committed_end) and below `commit_end`;
+    plus a problem if the file is damaged below that bound."""
+    bound = min(seg.committed_end, commit_end)
+    if bound <= seg.base_offset:
+        return [], None
+    with open(seg.path, "rb") as f:
+        data = f.read()
+    out: list[tuple[int, int, int, bytes]] = []
+    reached = seg.base_offset
+    try:
+        for pos, h in B.iter_batches(data):
+            if h.next_offset > bound:
+                break
+            out.append((h.base_offset, h.next_offset, h.leader_epoch, bytes(data[pos:pos + h.size])))
+            reached = h.next_offset
+    except B.CorruptBatchError as exc:
+        if reached < bound:
+            return out, f"{seg.path}: corrupt batch after offset {reached}, below the vouched HW {bound}: {exc}"
+    return out, None
+
+
+class _Committed:
+    """The committed log assembled from every copy of it: batch base -> (next, epoch, raw, source)."""
+
+    def __init__(self):
+        self.batches: dict[int, tuple[int, int, bytes, str]] = {}
+        self.breaches: list[Breach] = []
+
+    def add(self, base: int, nxt: int, epoch: int, raw: bytes, source: str, compare: bool = True) -> None:
+        have = self.batches.get(base)
+        if have is None:
+            self.batches[base] = (nxt, epoch, raw, source)
+        elif compare and have[2] != raw:
+            self.breaches.append(Breach(
+                "diverging_prefix", f"two copies of the committed batch at offset {base} differ "
+                f"(epoch {have[1]} vs {epoch})", [f"{have[3]}: {len(have[2])} bytes", f"{source}: {len(raw)} bytes"]))
+
+    def check_splits(self) -> None:
+        prev = None
+        for base in sorted(self.batches):
+            nxt, epoch, _raw, source = self.batches[base]
+            if prev is not None and base < prev[1]:
+                self.breaches.append(Breach(
+                    "diverging_prefix", f"committed batches overlap: {prev[0]}..{prev[1]} ({prev[2]}) and "
+                    f"{base}..{nxt} ({source})", []))
+            prev = (base, nxt, source)
+
+    def records(self) -> tuple[dict[int, tuple[bytes, int, str]], set[int]]:
+        """offset -> (value, epoch, source) of data records, and the offsets of control records."""
+        out: dict[int, tuple[bytes, int, str]] = {}
+        control: set[int] = set()
+        for base, (nxt, epoch, raw, source) in self.batches.items():
+            h = B.decode_header(raw, 0)
+            if h.is_control:
+                control.update(range(base, nxt))
+                continue
+            for i, value in enumerate(B.decode_records(raw, h)):
+                out[base + i] = (value, epoch, source)
+        return out, control
+
+
+def check_consumer_gaps(history: History, control: set[int], known: set[int]) -> tuple[list[Breach], int]:
+    """Every offset a consumer passed between two records it returned is a control record or
+    inside a recorded reset (from its position to the leader's log start)."""
+    resets = defaultdict(list)
+    for r in history.resets:
+        resets[r.consumer].append(r)
+    by_consumer = defaultdict(list)
+    for s in history.seen:
+        by_consumer[s.consumer].append(s)
+    unexplained = []
+    explained = 0
+    for cid, seen in by_consumer.items():
+        expected, prev_ts = 0, float("-inf")
+        for s in seen:
+            if s.offset > expected:
+                window = [r for r in resets[cid] if prev_ts <= r.ts <= s.ts]
+                missing = []
+                for off in range(expected, s.offset):
+                    if off in control:
+                        continue
+                    if any(r.from_offset is not None and r.from_offset <= off < r.to_offset for r in window):
+                        explained += 1
+                        continue
+                    missing.append(off)
+                if missing:
+                    what = "data" if all(o in known for o in missing) else "data or unknown"
+                    unexplained.append(f"consumer {cid} skipped {len(missing)} {what} offset(s) "
+                                       f"{missing[0]}..{missing[-1]} between offset {expected - 1} and {s.offset} "
+                                       f"(resets in between: {[(r.from_offset, r.to_offset) for r in window]})")
+            expected = s.offset + 1
+            prev_ts = s.ts
+    out = []
+    if unexplained:
+        out.append(Breach("consumer_skipped", f"{len(unexplained)} time(s) a consumer passed over data records "
+                          "without returning them and without a reset", unexplained))
+    return out, explained
+
+
+def check(history: History, replicas: list[ReplicaLog], commit_end: int, archive: list = ()) -> CheckResult:
     breaches: list[Breach] = []
     breaches += check_leaders(history.roles)
     breaches += check_hw(history.hw)
     breaches += check_prefixes(replicas, commit_end)
 
-    # The committed log as far as anyone can show it: replicas first, then consumers.
-    committed: dict[int, tuple[bytes, int]] = {}
+    # The committed log as far as any copy shows it: final logs (compared pairwise by check_prefixes),
+    # then the archived segments, each against every other copy.
+    log = _Committed()
     for r in replicas:
-        for off, rec in r.records(commit_end).items():
-            committed.setdefault(off, rec)
+        for base, nxt, epoch, raw in r.batches:
+            if nxt <= commit_end:  # check_prefixes already compared the final logs above their log starts
+                log.add(base, nxt, epoch, raw, f"node {r.node} final log", compare=base < r.log_start)
+    corrupt = []
+    for seg in archive:
+        got, problem = read_archived(seg, commit_end)
+        if problem:
+            corrupt.append(problem)
+        for base, nxt, epoch, raw in got:
+            log.add(base, nxt, epoch, raw, f"archive {seg.path}")
+    if corrupt:
+        breaches.append(Breach("corrupt_committed", f"{len(corrupt)} archived segment(s) damaged below the HW "
+                               "their broker reported", corrupt))
+    log.check_splits()
+    breaches += log.breaches
+    recs, control = log.records()
+    committed: dict[int, tuple[bytes, int]] = {off: (v, e) for off, (v, e, _src) in recs.items()}
+    n_from_logs = sum(1 for off, (_v, _e, src) in recs.items() if src.endswith("final log"))
+    n_from_archive = len(recs) - n_from_logs
 
     # Consumers: every record seen must match, unless the consumer was told of a truncation after it.
     told = defaultdict(list)
     for t in history.truncations:
         told[t.consumer].append(t)
     unexplained = []
+    only_consumers = 0
     for s in history.seen:
         final = committed.get(s.offset)
         if final is None:
-            committed[s.offset] = (s.value, s.epoch)  # a snapshot removed it from every log
+            if s.offset < commit_end and s.offset not in control:
+                committed[s.offset] = (s.value, s.epoch)  # no copy of the log holds it any more
+                only_consumers += 1
             continue
         if final[0] != s.value:
             excused = any(t.ts >= s.ts and t.offset <= s.offset for t in told[s.consumer])
@@ -243,6 +382,8 @@ def check(history: History, replicas: list[ReplicaLog], commit_end: int) -> Chec
     if unexplained:
         breaches.append(Breach("silent_truncation", f"{len(unexplained)} consumed record(s) were later replaced "
                                "and the consumer was never told", unexplained))
+    gap_breaches, skipped_by_reset = check_consumer_gaps(history, control, set(recs) | control)
+    breaches += gap_breaches
 
     # Acknowledged writes: present at their offset, exactly once.
     counts = Counter(v for v, _e in committed.values())
@@ -275,11 +416,17 @@ def check(history: History, replicas: list[ReplicaLog], commit_end: int) -> Chec
         breaches.append(Breach("duplicated_write", f"{len(dup)} write(s) present more than once", dup))
     if unverifiable:
         breaches.append(Breach("unverifiable", f"{len(unverifiable)} acknowledged write(s) are below every replica's "
-                               "log start and no consumer read them (raise segment_bytes_max or keep a consumer "
-                               "tailing from the start)", unverifiable))
+                               "log start, in no archived segment and no consumer read them", unverifiable))
+    covered = set(committed) | control
     stats = {"acked": len(history.acks), "attempted": len(history.attempted),
              "committed_end": commit_end, "verified_offsets": len(committed),
-             "consumed": len(history.seen), "truncations_told": len(history.truncations),
+             "verified_from_final_logs": n_from_logs, "verified_from_archive": n_from_archive,
+             "verified_from_consumers_only": only_consumers, "control_offsets": len(control),
+             "committed_offsets_uncovered": sum(1 for o in range(commit_end) if o not in covered),
+             "unverifiable": len(unverifiable),
+             "archived_segments": len(archive), "consumed": len(history.seen),
+             "truncations_told": len(history.truncations), "consumer_resets": len(history.resets),
+             "offsets_skipped_by_reset": skipped_by_reset,
              "epochs": len({r.epoch for r in history.roles}),
              "replicas": len(replicas)}
     return CheckResult(breaches, stats)

@@ -108,6 +108,7 @@ def test_replica_missing_committed_offsets_fails():
 
 def test_consumer_saw_replaced_record_silently_fails_unless_told():
     h = clean_history()
+    h.seen += [Seen(7, off, 1 if off < 3 else 2, v, ts=10.5) for off, v in enumerate([b"a0", b"a1", b"a2", b"b3"])]
     h.seen.append(Seen(7, 4, 2, b"ghost", ts=11.0))
     res = run(h, [replica(n, BATCHES) for n in (1, 2, 3)])
     assert [b.kind for b in res.breaches] == ["silent_truncation"]
