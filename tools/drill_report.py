@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections import Counter
+from types import SimpleNamespace
 
 UNAVAILABLE_GAP_S = 0.5
 THROUGHPUT_BIN_S = 0.5
@@ -23,6 +25,14 @@ LEADER_FAULTS = ("kill_leader", "pause_leader", "isolate_leader", "split_majorit
 ROLE_COLORS = {"leader": "#d62728", "follower": "#1f77b4", "candidate": "#ff7f0e",
                "prospective": "#ffbb78", "unattached": "#9e9e9e", "observer": "#17becf", "resigned": "#8c564b"}
 DOWN_COLOR = "#222222"
+# Fault markers: a short code and a colour per kind, so ~200 faults in a long drill stay legible.
+FAULT_STYLE = {
+    "kill_leader": ("KL", "#d62728"), "kill_follower": ("KF", "#1f77b4"), "kill_observer": ("KO", "#17becf"),
+    "term_restart": ("TR", "#9467bd"), "pause_leader": ("PL", "#8c564b"), "isolate_leader": ("IL", "#e377c2"),
+    "cut_one_way": ("C1", "#7f7f7f"), "split_majority": ("SM", "#bcbd22"), "wipe_follower": ("WF", "#ff7f0e"),
+}
+FULL_LABELS_MAX_FAULTS = 30  # beyond this, labels are the short codes
+LABEL_ROWS = 4
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -120,11 +130,39 @@ def build_report(drill, out: dict) -> dict:
 
 def write_report(report: dict, drill, path: str) -> dict:
     os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
-    json_path, png_path = path + ".json", path + ".png"
+    json_path, png_path, timeline_path = path + ".json", path + ".png", path + ".timeline.json"
     with open(json_path, "w") as f:
         json.dump(report, f, indent=2, default=str)
+    with open(timeline_path, "w") as f:
+        json.dump(timeline(drill), f)
     render_png(report, drill, png_path)
-    return {"json": json_path, "png": png_path}
+    return {"json": json_path, "png": png_path, "timeline": timeline_path}
+
+
+def timeline(drill) -> dict:
+    """What the picture is drawn from, so it can be redrawn without rerunning the drill."""
+    return {"t0": drill.t0, "voters": {str(n): s.voter for n, s in drill.cluster.nodes.items()},
+            "samples": [[s.ts, s.node, s.role, s.epoch] for s in drill.samples],
+            "acks": [[a.ts, a.epoch] for a in drill.history.acks]}
+
+
+def load_timeline(path: str) -> SimpleNamespace:
+    """A drill-shaped object from ``timeline()``'s file, enough for ``render_png``."""
+    with open(path) as f:
+        t = json.load(f)
+    return SimpleNamespace(
+        t0=t["t0"],
+        cluster=SimpleNamespace(nodes={int(n): SimpleNamespace(voter=v) for n, v in t["voters"].items()}),
+        samples=[SimpleNamespace(ts=ts, node=n, role=r, epoch=e) for ts, n, r, e in t["samples"]],
+        history=SimpleNamespace(acks=[SimpleNamespace(ts=ts, epoch=e) for ts, e in t["acks"]]))
+
+
+def rerender(path: str) -> str:
+    """Redraw ``<path>.png`` from ``<path>.json`` and ``<path>.timeline.json``."""
+    with open(path + ".json") as f:
+        report = json.load(f)
+    render_png(report, load_timeline(path + ".timeline.json"), path + ".png")
+    return path + ".png"
 
 
 def _role_segments(samples, node, t0):
@@ -141,22 +179,37 @@ def _role_segments(samples, node, t0):
     return segs
 
 
+def layout_labels(xs: list[float], widths: list[float], rows: int) -> list[int | None]:
+    """Row for each label (x sorted ascending) so no two labels in a row overlap; None: no room."""
+    assert len(xs) == len(widths) and rows >= 1
+    ends = [float("-inf")] * rows
+    out: list[int | None] = []
+    for x, w in zip(xs, widths):
+        row = next((r for r in range(rows) if ends[r] <= x), None)
+        if row is not None:
+            ends[row] = x + w
+        out.append(row)
+    return out
+
+
 def render_png(report: dict, drill, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     t0 = drill.t0
     nodes = sorted(drill.cluster.nodes)
     voters = {n for n, s in drill.cluster.nodes.items() if s.voter}
-    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(15, 9), sharex=True,
+    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(16, 9.5), sharex=True,
                                         gridspec_kw={"height_ratios": [2.2, 1.2, 1.6]})
     s = report["summary"]
     status = "CLEAN" if report["ok"] else "FAILED"
     fig.suptitle(f"metalog drill (seed {report['seed']}): {status} -- {s['writes_acknowledged']} writes acked, "
-                 f"{s['writes_lost']} lost, {s['faults']} faults, failover p50 {s['failover_ms_p50']} ms "
+                 f"{s['writes_lost']} lost, {s['writes_duplicated']} duplicated, {s.get('writes_unverifiable')} unverifiable, "
+                 f"{s['faults']} faults, failover p50 {s['failover_ms_p50']} ms "
                  f"/ p99 {s['failover_ms_p99']} ms", fontsize=12, fontweight="bold",
                  color="#2ca02c" if report["ok"] else "#d62728")
 
@@ -170,18 +223,34 @@ def render_png(report: dict, drill, path: str) -> None:
                 ax1.text((start + end) / 2, i, f"e{epoch}", ha="center", va="center", fontsize=8, color="white",
                          fontweight="bold")
     ax1.set_yticks(range(len(nodes)), [f"node {n}" + ("" if n in voters else " (obs)") for n in nodes])
-    ax1.set_ylim(len(nodes) - 0.5, -1.5)  # room above lane 0 for the fault labels
-    for j, f in enumerate(report["faults"]):
-        ax1.axvline(f["t_s"], color="#555555", lw=0.8, ls="--")
-        ax2.axvline(f["t_s"], color="#555555", lw=0.6, ls="--")
-        ax3.axvline(f["t_s"], color="#555555", lw=0.6, ls="--")
-        label = f["kind"].replace("_", " ") + (f" n{f['node']}" if f["node"] is not None else "")
-        ax1.text(f["t_s"] + 0.05, -0.6 - 0.3 * (j % 3), label, rotation=0, fontsize=7, ha="left", va="center",
-                 color="#333333", clip_on=True)
+    faults = sorted(report["faults"], key=lambda f: f["t_s"])
+    full = len(faults) <= FULL_LABELS_MAX_FAULTS
+    labels = []
+    for f in faults:
+        code, color = FAULT_STYLE.get(f["kind"], (f["kind"], "#555555"))
+        text = f["kind"].replace("_", " ") if full else code
+        labels.append((text + (f" n{f['node']}" if f["node"] is not None else ""), color))
+        ax1.axvline(f["t_s"], color=color, lw=0.8, ls="--", alpha=0.8 if full else 0.45)
+        for ax in (ax2, ax3):
+            ax.axvline(f["t_s"], color=color, lw=0.5, ls="--", alpha=0.35)
+    # Label width in seconds: ~0.75 em per character of bold 7 pt text, on the axis' width in points.
+    span_s = max((report["duration_s"] or 1.0), faults[-1]["t_s"] if faults else 1.0) * 1.05
+    axis_pt = ax1.get_position().width * fig.get_figwidth() * 72
+    char_s = span_s * 7 * 0.75 / axis_pt
+    rows = layout_labels([f["t_s"] for f in faults], [(len(t) + 1) * char_s for t, _c in labels], LABEL_ROWS)
+    for f, (text, color), row in zip(faults, labels, rows):
+        if row is not None:
+            ax1.text(f["t_s"] + char_s * 0.3, -0.6 - 0.28 * row, text, fontsize=7, ha="left", va="center",
+                     color=color, fontweight="bold", clip_on=True)
+    ax1.set_ylim(len(nodes) - 0.5, -0.75 - 0.28 * LABEL_ROWS)  # room above lane 0 for the fault labels
     legend = [Patch(facecolor=c, label=r) for r, c in ROLE_COLORS.items() if r != "prospective"]
     legend.append(Patch(facecolor=DOWN_COLOR, hatch="////", label="no answer (down / paused)"))
-    ax1.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-    ax1.set_title("role per broker (leader bars carry the epoch); dashed lines = faults", fontsize=9, loc="left")
+    kinds = {f["kind"] for f in faults}
+    legend += [Line2D([0], [0], color=c, ls="--", label=f"{code} {k.replace('_', ' ')}")
+               for k, (code, c) in FAULT_STYLE.items() if k in kinds]
+    ax1.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.0, 1.05), fontsize=7, frameon=False)
+    ax1.set_title("role per broker (leader bars carry the epoch); dashed lines = faults, coloured by kind"
+                  + ("" if full else " (labels that do not fit are left out)"), fontsize=9, loc="left")
 
     # 2. epoch per broker
     for n in nodes:
@@ -210,7 +279,8 @@ def render_png(report: dict, drill, path: str) -> None:
             x0, x1 = f["t_s"], f["t_s"] + f["failover_ms"] / 1000
             ax3.annotate("", xy=(x1, ymax * 0.85), xytext=(x0, ymax * 0.85),
                          arrowprops=dict(arrowstyle="->", color="#d62728", lw=1.2))
-            ax3.text(x0, ymax * 0.9, f"{f['failover_ms']:.0f} ms", fontsize=7, color="#d62728")
+            if full:  # a long drill has too many to label; the arrows and the p50/p99 say enough
+                ax3.text(x0, ymax * 0.9, f"{f['failover_ms']:.0f} ms", fontsize=7, color="#d62728")
     ax3.set_ylabel("writes/s")
     ax3.set_xlabel("seconds since drill start")
     ax3.set_title("write throughput; red shading = no write acknowledged for > "
@@ -219,3 +289,10 @@ def render_png(report: dict, drill, path: str) -> None:
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+if __name__ == "__main__":  # python -m tools.drill_report REPORT: redraw REPORT.png
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m tools.drill_report REPORT  (redraws REPORT.png from REPORT.json "
+                 "and REPORT.timeline.json)")
+    print(rerender(sys.argv[1]))

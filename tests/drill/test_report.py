@@ -1,0 +1,61 @@
+"""The drill report's picture: fault labels never overlap, and a long drill's PNG can be redrawn from its files."""
+
+import json
+import random
+
+from tools.drill_report import FAULT_STYLE, layout_labels, rerender, timeline, write_report
+from types import SimpleNamespace
+
+
+def test_labels_in_one_row_never_overlap_and_the_ones_without_room_are_dropped():
+    rng = random.Random(3)
+    xs = sorted(rng.uniform(0, 420) for _ in range(200))
+    widths = [rng.uniform(2, 8) for _ in xs]
+    rows = layout_labels(xs, widths, 4)
+    for r in range(4):
+        placed = [(x, x + w) for x, w, row in zip(xs, widths, rows) if row == r]
+        assert all(a[1] <= b[0] for a, b in zip(placed, placed[1:]))
+    assert None in rows  # 200 labels over 420 s do not all fit in 4 rows
+    assert layout_labels([0.0, 1.0, 2.0], [0.5, 0.5, 0.5], 1) == [0, 0, 0]
+    assert layout_labels([0.0, 1.0], [5.0, 5.0], 1) == [0, None]
+
+
+def fake_drill(n_faults: int, duration_s: float):
+    rng = random.Random(5)
+    t0 = 1000.0
+    samples, acks = [], []
+    for k in range(int(duration_s * 10)):
+        ts = t0 + k / 10
+        epoch = 1 + k // 40
+        leader = 1 + epoch % 3
+        for node in (1, 2, 3, 4):
+            role = "observer" if node == 4 else ("leader" if node == leader else "follower")
+            samples.append(SimpleNamespace(ts=ts, node=node, role=role if k % 40 > 3 else None, epoch=epoch))
+        acks += [SimpleNamespace(ts=ts + i / 50, epoch=epoch) for i in range(5)]
+    nodes = {n: SimpleNamespace(voter=n < 4) for n in (1, 2, 3, 4)}
+    drill = SimpleNamespace(t0=t0, cluster=SimpleNamespace(nodes=nodes), samples=samples,
+                            history=SimpleNamespace(acks=acks))
+    kinds = list(FAULT_STYLE)
+    faults = [{"kind": kinds[i % len(kinds)], "node": 1 + i % 3, "t_s": (i + 0.5) * duration_s / n_faults}
+              for i in range(n_faults)]
+    report = {"ok": True, "seed": 11, "duration_s": duration_s, "faults": faults,
+              "summary": {"writes_acknowledged": len(acks), "writes_lost": 0, "writes_duplicated": 0,
+                          "writes_unverifiable": 0, "faults": n_faults, "failover_ms_p50": 700.0,
+                          "failover_ms_p99": 3000.0},
+              "unavailable_windows_s": [[f["t_s"], f["t_s"] + 0.4] for f in faults],
+              "failovers": [{"t_s": f["t_s"], "failover_ms": 400.0 + 10 * i} for i, f in enumerate(faults)]}
+    return drill, report
+
+
+def test_long_drill_png_is_written_and_redrawn_from_its_files(tmp_path):
+    drill, report = fake_drill(200, 420.0)
+    paths = write_report(report, drill, str(tmp_path / "long"))
+    first = (tmp_path / "long.png").stat().st_size
+    assert first > 20_000
+    with open(paths["timeline"]) as f:
+        t = json.load(f)
+    assert len(t["acks"]) == len(drill.history.acks) and t["voters"] == {"1": True, "2": True, "3": True, "4": False}
+    (tmp_path / "long.png").unlink()
+    assert rerender(str(tmp_path / "long")) == str(tmp_path / "long.png")
+    assert (tmp_path / "long.png").stat().st_size > 20_000
+    assert timeline(drill)["t0"] == 1000.0
