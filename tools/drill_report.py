@@ -213,17 +213,23 @@ def render_png(report: dict, drill, path: str) -> None:
                  f"/ p99 {s['failover_ms_p99']} ms", fontsize=12, fontweight="bold",
                  color="#2ca02c" if report["ok"] else "#d62728")
 
+    faults = sorted(report["faults"], key=lambda f: f["t_s"])
+    # Text width in seconds: ~0.75 em per character of bold 7 pt text, on the axis' width in points.
+    span_s = max((report["duration_s"] or 1.0), faults[-1]["t_s"] if faults else 1.0) * 1.05
+    axis_pt = ax1.get_position().width * fig.get_figwidth() * 72
+    char_s = span_s * 7 * 0.75 / axis_pt
+
     # 1. roles per broker
     for i, n in enumerate(nodes):
         for start, end, role, epoch in _role_segments(drill.samples, n, t0):
             color = ROLE_COLORS.get(role or "", "#bbbbbb") if role else DOWN_COLOR
             ax1.broken_barh([(start, max(end - start, 0.05))], (i - 0.35, 0.7), facecolors=color,
                             hatch=None if role else "////", edgecolor="none")
-            if role == "leader" and end - start > 1.2:
-                ax1.text((start + end) / 2, i, f"e{epoch}", ha="center", va="center", fontsize=8, color="white",
+            label = f"e{epoch}"
+            if role == "leader" and end - start > (len(label) + 2) * char_s * 8 / 7:  # only where it fits
+                ax1.text((start + end) / 2, i, label, ha="center", va="center", fontsize=8, color="white",
                          fontweight="bold")
     ax1.set_yticks(range(len(nodes)), [f"node {n}" + ("" if n in voters else " (obs)") for n in nodes])
-    faults = sorted(report["faults"], key=lambda f: f["t_s"])
     full = len(faults) <= FULL_LABELS_MAX_FAULTS
     labels = []
     for f in faults:
@@ -233,10 +239,6 @@ def render_png(report: dict, drill, path: str) -> None:
         ax1.axvline(f["t_s"], color=color, lw=0.8, ls="--", alpha=0.8 if full else 0.45)
         for ax in (ax2, ax3):
             ax.axvline(f["t_s"], color=color, lw=0.5, ls="--", alpha=0.35)
-    # Label width in seconds: ~0.75 em per character of bold 7 pt text, on the axis' width in points.
-    span_s = max((report["duration_s"] or 1.0), faults[-1]["t_s"] if faults else 1.0) * 1.05
-    axis_pt = ax1.get_position().width * fig.get_figwidth() * 72
-    char_s = span_s * 7 * 0.75 / axis_pt
     rows = layout_labels([f["t_s"] for f in faults], [(len(t) + 1) * char_s for t, _c in labels], LABEL_ROWS)
     for f, (text, color), row in zip(faults, labels, rows):
         if row is not None:
