@@ -123,6 +123,8 @@ def build_report(drill, out: dict) -> dict:
         "failovers": [{**f, "t_s": round(f["ts"] - drill.t0, 3)} for f in fo],
         "unavailable_windows_s": [[round(a - drill.t0, 3), round(b - drill.t0, 3)] for a, b in windows],
         "wipes": wipes,
+        "consumer_resets": [{"consumer": r.consumer, "t_s": round(r.ts - drill.t0, 3), "from_offset": r.from_offset,
+                             "to_offset": r.to_offset} for r in drill.history.resets],
         "proxy": {"dropped_bytes": drill.proxy.dropped_bytes if drill.proxy else 0,
                   "forwarded_bytes": drill.proxy.forwarded_bytes if drill.proxy else 0},
     }
