@@ -417,6 +417,10 @@ class Consumer:
                 continue
             if hw != m.NO_OFFSET and h.base_offset >= hw:
                 break  # never hand out an uncommitted record, whatever the server sent
+            if h.base_offset > self.position:
+                # A gap would silently skip records: a server bug, never papered over.
+                raise MetalogError(Errors.CORRUPT_MESSAGE,
+                                   f"fetch at offset {self.position} answered from offset {h.base_offset}")
             end = h.next_offset if hw == m.NO_OFFSET else min(h.next_offset, hw)
             if not h.is_control:
                 values = decode_records(memoryview(records)[pos:pos + h.size], h)

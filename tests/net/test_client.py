@@ -315,3 +315,21 @@ async def test_seek_with_epoch_validates_first(cluster):
         await consumer.poll(10)
     assert (ei.value.first_diverging_offset, ei.value.epoch) == (3, 1)
     await client.close()
+
+
+async def test_consumer_refuses_an_answer_that_skips_past_its_position(cluster):
+    """A server that answered a fetch with batches starting after the fetch
+    offset would make the consumer skip records silently: it raises instead."""
+    cluster.append([b"r0", b"r1"])
+    cluster.append([b"r2"])
+    client = make_client(cluster)
+    consumer = client.consumer("earliest")
+    assert [r.value for r in await poll_until(consumer, 3)] == [b"r0", b"r1", b"r2"]
+    # Plant the server bug: the batch at offset 3 disappears, offset 4 follows.
+    cluster.append([b"lost"])
+    cluster.append([b"r4"])
+    del cluster.batches[-2]
+    with pytest.raises(MetalogError) as err:
+        await poll_until(consumer, 1)
+    assert "fetch at offset 3 answered from offset 4" in str(err.value)
+    await client.close()
