@@ -264,7 +264,7 @@ def _code_zip() -> str:
 
 
 def get_spark(master: str = "local[*]", ui: bool = False, shuffle_partitions: int = 8,
-              ship_code: bool | None = None, extra_conf: dict | None = None):
+              ship_code: bool | None = None, extra_conf: dict | None = None, driver_memory: str = "4g"):
     """A SparkSession for the job. Executors run this interpreter in local
     mode; elsewhere the code is shipped as a zip (deps must be installed)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -275,7 +275,12 @@ def get_spark(master: str = "local[*]", ui: bool = False, shuffle_partitions: in
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-               .config("spark.sql.adaptive.enabled", "true"))
+               .config("spark.sql.adaptive.enabled", "true")
+               # Whole segment files (up to 64 MiB each) are rows of the binaryFile
+               # source; in local mode the executors live in the driver JVM.
+               .config("spark.driver.memory", driver_memory)
+               # One segment (<= 64 MiB by default) per input split: bounds a task's memory.
+               .config("spark.sql.files.maxPartitionBytes", str(64 << 20)))
     for k, v in (extra_conf or {}).items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
@@ -739,7 +744,8 @@ def run(args) -> int:
     spark = progress = None
     try:
         try:
-            spark = get_spark(args.master, ui=args.ui, shuffle_partitions=args.shuffle_partitions)
+            spark = get_spark(args.master, ui=args.ui, shuffle_partitions=args.shuffle_partitions,
+                              driver_memory=args.driver_memory)
         except Exception as exc:  # no Java, bad master URL ...
             raise InputError(f"cannot start Spark ({args.master}): {str(exc).splitlines()[0]}") from None
         progress = Progress(spark, enabled=not args.quiet).start()
@@ -824,6 +830,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", help="where the JSON report goes (default OUT/report.json)")
     p.add_argument("--cluster-id", help="expected cluster id (default: from meta.properties)")
     p.add_argument("--shuffle-partitions", type=int, default=8)
+    p.add_argument("--driver-memory", default="4g",
+                   help="JVM heap of the driver (in local mode the executors' too); default 4g")
     p.add_argument("--ui", action="store_true", help="enable the Spark UI")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=run, keep_session=False)
