@@ -17,7 +17,7 @@ setup() {
     python3 -m venv .venv
   fi
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e '.[test]'
+  .venv/bin/python -m pip install -q -e '.[test,bench]'
 }
 
 cmd="${1:-}"
