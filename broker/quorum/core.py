@@ -787,6 +787,13 @@ class QuorumCore:
                 error_code=code, leader_id=cl.leader_id, leader_epoch=cl.leader_epoch)
         return m.ErrorResponse(error_code=code, error_message=message or "")
 
+    def _fence_client(self, current_leader_epoch: int, sentinel_allowed: bool) -> int:
+        """KIP-320: a client that does not know the epoch (NO_EPOCH) is not
+        fenced, only sent to the leader; replicas are always fenced."""
+        if sentinel_allowed and current_leader_epoch == NO_EPOCH:
+            return Errors.NONE if self._role == Role.LEADER else Errors.NOT_LEADER_OR_FOLLOWER
+        return self._fence(current_leader_epoch)
+
     def _fence(self, current_leader_epoch: int) -> int:
         """KIP-320 epoch check of a leader-only request; NONE if it may proceed."""
         if current_leader_epoch < self._epoch:
@@ -932,10 +939,7 @@ class QuorumCore:
         if bad is not None:
             self._respond(token, self._error_response(req, Errors.INVALID_REQUEST, bad))
             return
-        if consumer and req.current_leader_epoch == NO_EPOCH:
-            code = Errors.NONE if self._role == Role.LEADER else Errors.NOT_LEADER_OR_FOLLOWER
-        else:
-            code = self._fence(req.current_leader_epoch)
+        code = self._fence_client(req.current_leader_epoch, sentinel_allowed=consumer)
         if code != Errors.NONE:
             self._respond(token, self._error_response(req, code))
             return
@@ -1128,10 +1132,7 @@ class QuorumCore:
     # -- other leader-side requests -------------------------------------
 
     def _handle_offsets_for_epoch(self, token: Any, req: m.OffsetsForLeaderEpochRequest) -> None:
-        if req.replica_id < 0 and req.current_leader_epoch == NO_EPOCH:
-            code = Errors.NONE if self._role == Role.LEADER else Errors.NOT_LEADER_OR_FOLLOWER
-        else:
-            code = self._fence(req.current_leader_epoch)
+        code = self._fence_client(req.current_leader_epoch, sentinel_allowed=req.replica_id < 0)
         if code != Errors.NONE:
             self._respond(token, self._error_response(req, code))
             return
@@ -1162,10 +1163,7 @@ class QuorumCore:
             unaligned_records=data, current_leader=self._current_leader()))
 
     def _handle_list_offsets(self, token: Any, req: m.ListOffsetsRequest) -> None:
-        if req.current_leader_epoch == NO_EPOCH:
-            code = Errors.NONE if self._role == Role.LEADER else Errors.NOT_LEADER_OR_FOLLOWER
-        else:
-            code = self._fence(req.current_leader_epoch)
+        code = self._fence_client(req.current_leader_epoch, sentinel_allowed=True)
         if code == Errors.NONE and self._high_watermark < 0:
             code = Errors.LEADER_NOT_AVAILABLE  # our first record is not committed yet
         if code != Errors.NONE:
