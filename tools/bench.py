@@ -64,12 +64,10 @@ def latency_summary_ms(latencies_us: list[int]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ load worker (a separate process)
-async def _metalog_load(endpoints: list[tuple[str, int]], clients: int, start_at: float, warmup_s: float,
-                        duration_s: float, value_bytes: int, tag: str) -> dict:
-    from broker.client import MetalogClient
-
-    client = MetalogClient(endpoints, CLUSTER_ID, request_timeout_ms=10000, max_retries=20)
-    await client.metadata()
+async def _closed_loop(clients: int, start_at: float, warmup_s: float, duration_s: float,
+                       write_one) -> dict:
+    """`clients` logical clients, each awaiting `write_one(i, seq)` in a loop;
+    latencies of writes that finish inside the measured window."""
     measure_from = start_at + warmup_s
     stop_at = measure_from + duration_s
     lat_us: list[int] = []
@@ -78,27 +76,42 @@ async def _metalog_load(endpoints: list[tuple[str, int]], clients: int, start_at
     async def one(i: int) -> None:
         nonlocal errors
         seq = 0
-        pad = b"x" * value_bytes
         while True:
             now = time.monotonic()
             if now >= stop_at:
                 return
-            value = (f"{tag}-{i}-{seq}-".encode() + pad)[:value_bytes]
-            seq += 1
             try:
-                await client.produce([value])
+                await write_one(i, seq)
             except Exception:
                 errors += 1
                 await asyncio.sleep(0.01)
                 continue
+            finally:
+                seq += 1
             done = time.monotonic()
-            if done >= measure_from and done < stop_at:
+            if measure_from <= done < stop_at:
                 lat_us.append(int((done - now) * 1e6))
 
     await asyncio.sleep(max(0.0, start_at - time.monotonic()))
     await asyncio.gather(*(one(i) for i in range(clients)))
-    await client.close()
     return {"ops": len(lat_us), "errors": errors, "latencies_us": lat_us}
+
+
+async def _metalog_load(endpoints: list[tuple[str, int]], clients: int, start_at: float, warmup_s: float,
+                        duration_s: float, value_bytes: int, tag: str) -> dict:
+    from broker.client import MetalogClient
+
+    client = MetalogClient(endpoints, CLUSTER_ID, request_timeout_ms=10000, max_retries=20)
+    await client.metadata()
+    pad = b"x" * value_bytes
+
+    async def write_one(i: int, seq: int) -> None:
+        await client.produce([(f"{tag}-{i}-{seq}-".encode() + pad)[:value_bytes]])
+
+    try:
+        return await _closed_loop(clients, start_at, warmup_s, duration_s, write_one)
+    finally:
+        await client.close()
 
 
 async def _etcd_load(url: str, clients: int, start_at: float, warmup_s: float, duration_s: float,
@@ -108,36 +121,18 @@ async def _etcd_load(url: str, clients: int, start_at: float, warmup_s: float, d
     putter = EtcdPutter(url, clients)
     await putter.open()
     await putter.put(b"bench-warm-" + tag.encode(), b"1")
-    measure_from = start_at + warmup_s
-    stop_at = measure_from + duration_s
-    lat_us: list[int] = []
-    errors = 0
+    pad = b"x" * value_bytes
 
-    async def one(i: int) -> None:
-        nonlocal errors
-        seq = 0
-        pad = b"x" * value_bytes
-        while True:
-            now = time.monotonic()
-            if now >= stop_at:
-                return
-            key = f"bench/{tag}/{i}/{seq}".encode()  # distinct keys, as the metalog records are distinct
-            value = (key + b"-" + pad)[:value_bytes]
-            seq += 1
-            try:
-                await putter.put(key, value)
-            except Exception:
-                errors += 1
-                await asyncio.sleep(0.01)
-                continue
-            done = time.monotonic()
-            if done >= measure_from and done < stop_at:
-                lat_us.append(int((done - now) * 1e6))
+    async def write_one(i: int, seq: int) -> None:
+        key = f"bench/{tag}/{i}/{seq}".encode()  # distinct keys, as the metalog records are distinct
+        await putter.put(key, (key + b"-" + pad)[:value_bytes])
 
-    await asyncio.sleep(max(0.0, start_at - time.monotonic()))
-    await asyncio.gather(*(one(i) for i in range(clients)))
-    await putter.close()
-    return {"ops": len(lat_us), "errors": errors, "latencies_us": lat_us, "transport": putter.transport}
+    try:
+        result = await _closed_loop(clients, start_at, warmup_s, duration_s, write_one)
+    finally:
+        await putter.close()
+    result["transport"] = putter.transport
+    return result
 
 
 def worker_main(argv: list[str]) -> int:
