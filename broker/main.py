@@ -31,13 +31,17 @@ def parse_overrides(items: list[str]) -> dict:
 async def run(cfg) -> int:
     from broker.runtime import Broker, StartupError
     from storage.batch import CorruptBatchError
+    from storage.epochs import EpochCheckpointError
+    from storage.errors import StorageError
+    from storage.snapshot import CorruptSnapshotError
 
     stream = open(cfg.log_file, "a", buffering=1) if cfg.log_file else None
     logger = configure_logging(cfg.log_level, stream)
     broker = Broker(cfg, logger)
     try:
         await broker.start()
-    except (StartupError, CorruptBatchError, OSError, ValueError) as exc:
+    except (StartupError, StorageError, CorruptBatchError, CorruptSnapshotError, EpochCheckpointError,
+            OSError, ValueError) as exc:
         logger.error("broker_refused_to_start", error=str(exc), error_type=type(exc).__name__)
         print(f"metalog broker {cfg.node_id}: refusing to start: {exc}", file=sys.stderr)
         return 3

@@ -157,3 +157,29 @@ def test_fuzzed_frames_never_crash_or_stall_a_live_broker(live_broker, data):
     meta = asyncio.run(healthy())
     assert meta.leader_id == 1
     assert live_broker.alive(1), "the broker process died"
+
+
+def test_corrupt_batch_in_the_middle_of_the_log_refuses_to_start_naming_file_position_and_offset(tmp_path):
+    from storage.batch import encode_batch
+    from storage.log import SegmentedLog
+
+    cfg = base_config(tmp_path)
+    part = tmp_path / "data" / "__cluster_metadata-0"
+    part.mkdir(parents=True)
+    (tmp_path / "data" / "meta.properties").write_text("version=1\ncluster.id=c1\nnode.id=1\n")
+    log = SegmentedLog.open(str(part))
+    for base in range(0, 30, 10):
+        log.append(encode_batch(base, 1, [b"v%d" % i for i in range(10)], 0))
+    log.close()
+    segment = part / "00000000000000000000.log"
+    raw = bytearray(segment.read_bytes())
+    size = len(raw) // 3
+    raw[size + size // 2] ^= 0x40  # a bit in the middle batch, valid batches after it
+    segment.write_bytes(bytes(raw))
+    (part / ".clean-shutdown").unlink(missing_ok=True)
+    result = run_broker(cfg, tmp_path)
+    assert result.returncode == 3
+    assert "refusing to start" in result.stderr
+    assert "00000000000000000000.log" in result.stderr and "offset 10" in result.stderr
+    # Nothing was truncated: the damaged file is left for inspection.
+    assert segment.read_bytes() == bytes(raw)
