@@ -119,7 +119,7 @@ class Broker:
         self._flush_wanted = False
         self._pending_produce: list[tuple[Any, list[bytes]]] = []
         self._pending_records = 0
-        self._linger_handle: asyncio.TimerHandle | None = None
+        self._linger_handle: asyncio.Handle | None = None  # linger timer or call_soon
         self._partials: dict[m.SnapshotId, PartialSnapshot] = {}
         self._snapshot_task: asyncio.Task | None = None
         self._bg_tasks: set[asyncio.Task] = set()
@@ -134,6 +134,34 @@ class Broker:
 
     # ------------------------------------------------------------------ boot
     async def start(self) -> None:
+        cfg = self.cfg
+        view, qs = self._recover_local_state()
+        self.core = QuorumCore(cfg.quorum_config(), view, _Reader(self.seg_log, self.snapshots), qs, random.Random())
+        self.peers = PeerPool(
+            {nid: (ep.host, ep.port) for nid, ep in self.voters.items() if nid != cfg.node_id},
+            client_id=f"metalog-{cfg.node_id}",
+            max_frame_bytes=cfg.max_frame_bytes,
+            connect_timeout_ms=cfg.connect_timeout_ms,
+            reconnect_backoff_max_ms=cfg.reconnect_backoff_max_ms,
+        )
+        ep = cfg.listen_endpoint()
+        self.server = await serve(ep.host, ep.port, self._on_request, max_frame_bytes=cfg.max_frame_bytes,
+                                  logger=self.log)
+        if cfg.admin_endpoint() is not None:
+            from broker.admin import start_admin
+
+            self.admin_runner = await start_admin(self, cfg.admin_endpoint())
+        self.log.info(
+            "broker_started", listen=str(ep), voters={k: str(v) for k, v in self.voters.items()},
+            log_start_offset=self.seg_log.log_start_offset, log_end_offset=self.seg_log.log_end_offset,
+            epoch=self.core.epoch, role=str(self.core.role),
+        )
+        self._step(qa.Tick(now_ms(), wall_clock_ms()))
+
+    def _recover_local_state(self) -> tuple[qa.LogView, qa.QuorumStateData | None]:
+        """Open the log (crash recovery), clean up and load snapshots (KIP-630
+        boot rules), rebuild the epoch history if needed, read the quorum
+        state: everything the core is built from."""
         cfg = self.cfg
         os.makedirs(cfg.data_dir, exist_ok=True)
         check_meta(cfg.data_dir, cfg.cluster_id, cfg.node_id)  # before writing anything there
@@ -190,27 +218,7 @@ class Broker:
             epochs=[tuple(e) for e in epochs.entries],
             snapshots=self.snapshots.list(),
         )
-        self.core = QuorumCore(cfg.quorum_config(), view, _Reader(self.seg_log, self.snapshots), qs, random.Random())
-        self.peers = PeerPool(
-            {nid: (ep.host, ep.port) for nid, ep in self.voters.items() if nid != cfg.node_id},
-            client_id=f"metalog-{cfg.node_id}",
-            max_frame_bytes=cfg.max_frame_bytes,
-            connect_timeout_ms=cfg.connect_timeout_ms,
-            reconnect_backoff_max_ms=cfg.reconnect_backoff_max_ms,
-        )
-        ep = cfg.listen_endpoint()
-        self.server = await serve(ep.host, ep.port, self._on_request, max_frame_bytes=cfg.max_frame_bytes,
-                                  logger=self.log)
-        if cfg.admin_endpoint() is not None:
-            from broker.admin import start_admin
-
-            self.admin_runner = await start_admin(self, cfg.admin_endpoint())
-        self.log.info(
-            "broker_started", listen=str(ep), voters={k: str(v) for k, v in self.voters.items()},
-            log_start_offset=self.seg_log.log_start_offset, log_end_offset=self.seg_log.log_end_offset,
-            epoch=self.core.epoch, role=str(self.core.role),
-        )
-        self._step(qa.Tick(now_ms(), wall_clock_ms()))
+        return view, qs
 
     async def stop(self, graceful: bool = True) -> None:
         """Graceful: resign leadership (EndQuorumEpoch), flush, close."""
