@@ -59,13 +59,28 @@ def cmd_cluster_up(args) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     cluster.start()
+
+    def leader_or_dead_broker():
+        for nid, proc in cluster.procs.items():
+            if proc.poll() is not None:
+                return ("dead", nid, proc.returncode)
+        found = cluster.leader()
+        return ("leader", *found) if found else None
+
     try:
-        leader, epoch = cluster.wait_for_leader(timeout_s=args.ready_timeout_s)
+        outcome = cluster.wait_for(leader_or_dead_broker, args.ready_timeout_s, "a leader")
     except TimeoutError as exc:
         print(f"metalog: cluster did not elect a leader: {exc}; see {cluster.root}/node-*/broker.log",
               file=sys.stderr)
         cluster.stop()
         return 1
+    if outcome[0] == "dead":
+        _, nid, rc = outcome
+        tail = _tail(os.path.join(cluster.node_dir(nid), "stderr.log"))
+        print(f"metalog: broker {nid} exited with code {rc} while starting:\n{tail}", file=sys.stderr)
+        cluster.stop()
+        return 1
+    _, leader, epoch = outcome
     print(f"metalog cluster {cluster.cluster_id!r} is up: leader {leader}, epoch {epoch}")
     print(f"{'node':>4}  {'role':10} {'listen':22} {'admin':22} data")
     for nid, spec in sorted(cluster.nodes.items()):
@@ -89,6 +104,14 @@ def cmd_cluster_up(args) -> int:
             return 1
     cluster.stop()
     return 0
+
+
+def _tail(path: str, lines: int = 5) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:]).rstrip()
+    except OSError:
+        return "(no output)"
 
 
 # ------------------------------------------------------------------ client

@@ -94,3 +94,20 @@ def test_dump_decodes_a_segment_written_by_a_broker(tmp_path):
     out = metalog("dump", str(bad))
     assert out.returncode != 0
     assert "truncated: 14 byte(s) after the last whole batch at byte 0" in out.stderr
+
+
+def test_cluster_up_reports_a_broker_that_cannot_start(tmp_path):
+    import socket
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        result = metalog("cluster", "up", "--dir", str(tmp_path), "--base-port", str(port),
+                         "--voters", "1", "--observers", "0", "--exit-when-ready")
+    finally:
+        busy.close()
+    assert result.returncode == 1
+    assert "broker 1 exited with code 3 while starting" in result.stderr
+    assert "address already in use" in result.stderr
