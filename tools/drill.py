@@ -15,8 +15,9 @@ a ``FaultProxy`` between every pair of brokers, and runs for ``--duration-s``:
 * every broker's segment files are hard-linked into ``<dir>/archive`` as they
   appear (``tools.drill_archive``), so the records a snapshot later removes
   from every log stay checkable;
-* a monitor polls every broker's admin ``/quorum`` (role, epoch, HW) per
-  broker process (incarnation);
+* a monitor thread per broker polls its admin ``/quorum`` (role, epoch, HW)
+  per broker process (incarnation); a separate thread scans the data dirs
+  for the archive every few milliseconds, so slow HTTP never delays it;
 * faults come from ``--schedule kill_leader,pause_leader,...`` (cycled) or are
   drawn from ``--seed``; see ``FAULTS``. Each fault is held ``--hold-s``, then
   repaired, and the next one waits until writes are being acknowledged again.
@@ -63,11 +64,17 @@ FAULTS = {
 # (20000 records, 64 MiB), so that snapshots, log-start moves, segment deletion and a wiped
 # follower's rejoin by snapshot all happen many times in a drill of minutes. Election, fetch
 # and request timeouts are the product defaults: the drill measures the failover users get.
+# A segment (~1500 drill records at 64 KiB) still goes at nearly every snapshot, but lives
+# seconds, not a fraction of one, after its records commit: long enough for the archive to
+# see a bracketed HW that covers it even on a loaded machine (16 KiB segments were missed).
 DRILL_BROKER_SETTINGS = {
     "snapshot_min_records": 3000,
-    "segment_bytes_max": 16384,
+    "segment_bytes_max": 65536,
 }
-MONITOR_INTERVAL_S = 0.1
+MONITOR_INTERVAL_S = 0.05  # per broker, between /quorum polls
+# A slow answer still counts (it is bracketed by its send and receive times) and stalls no other broker.
+QUORUM_TIMEOUT_S = 1.0
+ARCHIVE_SCAN_INTERVAL_S = 0.02  # between archive scans of all brokers (a few directory listings)
 WRITE_TIMEOUT_MS = 1500
 MAX_WRITERS = 32
 
@@ -149,27 +156,41 @@ class Drill:
         self.cluster.start_node(nid)
 
     # ---------------------------------------------------------- monitor
-    def _monitor(self) -> None:
+    def _scan_archive(self) -> None:
+        """Link every broker's new segments and close HW brackets, every ARCHIVE_SCAN_INTERVAL_S.
+
+        Its own thread, free of HTTP: a 16 KiB segment may live well under a second between
+        its last commit and its deletion, and a monitor round stalled by /quorum timeouts on
+        paused or isolated brokers (slower still on a loaded machine) used to miss it."""
         c = self.cluster
         while not self._stop_monitor.is_set():
             for nid in sorted(c.nodes):
-                inc = self.incarnation[nid]
-                q = c.admin(nid, "/quorum", timeout_s=0.3) if c.alive(nid) else None
-                restarted = inc != self.incarnation[nid]
-                # Scans bracket each answer: the archive learns which segments that HW vouches for.
-                self.archive.observe(nid, self.incarnation[nid],
-                                     None if (q is None or restarted) else q.get("high_watermark"))
-                if restarted:
-                    continue  # restarted under us: the answer may belong to either process
-                ts = time.time()
-                if q is None:
-                    self.samples.append(Sample(ts, nid, inc, None))
-                    continue
+                self.archive.scan(nid, self.incarnation[nid])
+            self._stop_monitor.wait(ARCHIVE_SCAN_INTERVAL_S)
+
+    def _monitor(self, nid: int) -> None:
+        """Poll one broker's /quorum: samples, HW history, and HW answers for the archive.
+
+        One thread per broker, so a timeout on a paused or dead broker never delays the others."""
+        c = self.cluster
+        while not self._stop_monitor.is_set():
+            inc = self.incarnation[nid]
+            sent_ts = time.monotonic()
+            q = c.admin(nid, "/quorum", timeout_s=QUORUM_TIMEOUT_S) if c.alive(nid) else None
+            received_ts = time.monotonic()
+            ts = time.time()
+            if inc != self.incarnation[nid]:
+                pass  # restarted under us: the answer may belong to either process
+            elif q is None:
+                self.samples.append(Sample(ts, nid, inc, None))
+            else:
+                hw = q.get("high_watermark")
+                if hw is not None:
+                    # The archive's scans bracket the answer: it learns which segments this HW vouches for.
+                    self.archive.vouch(nid, hw, sent_ts, received_ts)
+                    self.history.hw.append(HwSample(nid, inc, ts, hw))
                 self.samples.append(Sample(ts, nid, inc, q.get("role"), q.get("epoch"), q.get("leader_id"),
-                                           q.get("high_watermark"), q.get("log_start_offset"),
-                                           len(q.get("snapshots") or [])))
-                if q.get("high_watermark") is not None:
-                    self.history.hw.append(HwSample(nid, inc, ts, q["high_watermark"]))
+                                           hw, q.get("log_start_offset"), len(q.get("snapshots") or [])))
             self._stop_monitor.wait(MONITOR_INTERVAL_S)
 
     # ---------------------------------------------------------- workload
@@ -331,8 +352,11 @@ class Drill:
         for nid in sorted(c.nodes):
             self.start_node(nid)
         await self._leader(timeout_s=30)
-        monitor = threading.Thread(target=self._monitor, name="drill-monitor", daemon=True)
-        monitor.start()
+        monitors = [threading.Thread(target=self._scan_archive, name="drill-archive", daemon=True)]
+        monitors += [threading.Thread(target=self._monitor, args=(nid,), name=f"drill-monitor-{nid}", daemon=True)
+                     for nid in sorted(c.nodes)]
+        for t in monitors:
+            t.start()
         tasks = [asyncio.create_task(self._writer(w)) for w in range(self.n_writers)]
         tasks += [asyncio.create_task(self._consumer(k)) for k in range(self.n_consumers)]
         problems: list[str] = []
@@ -357,7 +381,8 @@ class Drill:
             await asyncio.gather(*tasks, return_exceptions=True)
         converged = await asyncio.to_thread(self._converge)
         self._stop_monitor.set()
-        monitor.join(5)
+        for t in monitors:
+            t.join(5)
         commit_end = converged.get("high_watermark")
         if commit_end is None:  # no converged leader: the best known committed offset
             commit_end = max((h.hw for h in self.history.hw), default=0)

@@ -152,3 +152,69 @@ def test_consumer_passing_a_control_record_is_fine():
     res = check(h, [rep], 3)
     assert res.ok, res.summary()
     assert res.stats["control_offsets"] == 1 and res.stats["committed_offsets_uncovered"] == 0
+
+
+def test_vouch_applies_an_answer_only_to_segments_seen_before_it_was_sent_and_after_it_arrived(tmp_path):
+    """The drill's scanner thread and its /quorum threads are decoupled: an answer counts for a
+    segment only if some scan saw it by the time the request left and a later scan, started after
+    the answer arrived, still saw it."""
+    import time
+
+    data = str(tmp_path / "node-1" / "data")
+    archive = SegmentArchive(str(tmp_path / "archive"), {1: data})
+    log = open_log(data)
+    for off in range(4):
+        log.append(encode_batch(off, 1, [value(off)], timestamp_ms=1000))
+    log.flush()
+    archive.scan(1, 1)  # links the segments at 0 and 2
+    sent = time.monotonic()
+    for off in range(4, 6):  # a new segment (base 4) appears while the request is in flight
+        log.append(encode_batch(off, 1, [value(off)], timestamp_ms=1000))
+    log.flush()
+    received = time.monotonic()
+    archive.vouch(1, 6, sent, received)
+    by_base = {s.base_offset: s for s in archive.list()}
+    assert by_base[0].committed_end == -1  # no scan after the answer yet
+    archive.scan(1, 1)
+    by_base = {s.base_offset: s for s in archive.list()}
+    assert by_base[0].committed_end == 6 and by_base[2].committed_end == 6
+    assert by_base[4].committed_end == -1  # first seen after the request left: not vouched for
+
+    # a segment deleted before any scan after the answer is not vouched for by it
+    sent = time.monotonic()
+    archive.scan(1, 1)  # base 4 is now known
+    received = time.monotonic()
+    archive.vouch(1, 6, sent, received)  # received after that scan started: still pending
+    log.append(encode_batch(6, 1, [value(6)], timestamp_ms=1000))  # rolls: base 4 is whole
+    log.advance_log_start(6)  # the segments at 0, 2 and 4 go before the next scan
+    assert log.segment_base_offsets[0] == 6
+    archive.scan(1, 1)
+    by_base = {s.base_offset: s for s in archive.list()}
+    assert by_base[4].committed_end == -1
+    log.close()
+
+
+def test_vouched_answer_resolves_against_the_scan_that_saw_the_segment_before_deletion(tmp_path):
+    import time
+
+    data = str(tmp_path / "node-1" / "data")
+    archive = SegmentArchive(str(tmp_path / "archive"), {1: data})
+    log = open_log(data)
+    for off in range(4):
+        log.append(encode_batch(off, 1, [value(off)], timestamp_ms=1000))
+    log.flush()
+    archive.scan(1, 1)
+    sent = time.monotonic()
+    received = time.monotonic()
+    archive.vouch(1, 4, sent, received)
+    archive.scan(1, 1)  # started after the answer: it closes the bracket
+    log.advance_log_start(4)
+    log.close()
+    assert {s.base_offset: s.committed_end for s in archive.list()} == {0: 4, 2: 4}
+    assert archive.stats()["answers_dropped"] == 0
+    # an answer about a wiped node never vouches for its old files
+    shutil.rmtree(data)
+    archive.forget_live(1)
+    archive.vouch(1, 100, time.monotonic(), time.monotonic())
+    archive.scan(1, 2)
+    assert {s.base_offset: s.committed_end for s in archive.list()} == {0: 4, 2: 4}
