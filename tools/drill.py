@@ -159,7 +159,7 @@ class Drill:
     def _scan_archive(self) -> None:
         """Link every broker's new segments and close HW brackets, every ARCHIVE_SCAN_INTERVAL_S.
 
-        Its own thread, free of HTTP: a 16 KiB segment may live well under a second between
+        Its own thread, free of HTTP: a small segment may live well under a second between
         its last commit and its deletion, and a monitor round stalled by /quorum timeouts on
         paused or isolated brokers (slower still on a loaded machine) used to miss it."""
         c = self.cluster
