@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,16 +26,37 @@ import yaml
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# Listen ports come from below the kernel's ephemeral range (32768-60999 by
+# default): a port picked from that range can be taken by some process's
+# outgoing connection while its broker is down, and the restart then fails
+# with "address already in use".
+LISTEN_PORT_RANGE = (20000, 32000)
+_port_rng = random.Random()
+
+
 def free_ports(n: int) -> list[int]:
-    """n distinct free loopback ports (bound then released)."""
+    """n distinct loopback ports, free now, outside the ephemeral range."""
     socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
+    try:
+        for _ in range(50 * n):  # bounded: give up rather than loop forever
+            if len(ports) == n:
+                break
+            port = _port_rng.randrange(*LISTEN_PORT_RANGE)
+            if port in ports:
+                continue
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+            ports.append(port)
+    finally:
+        for s in socks:
+            s.close()
+    if len(ports) < n:
+        raise OSError(f"could not find {n} free ports in {LISTEN_PORT_RANGE}")
     return ports
 
 
