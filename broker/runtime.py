@@ -29,7 +29,6 @@ import random
 import time
 from typing import Any
 
-import msgspec
 
 from broker.config import BrokerConfig
 from broker.controller import CommandError, Controller, load_latest, load_snapshot, write_controller_snapshot
@@ -655,6 +654,3 @@ def _sender_voter_id(body: m.Body) -> int | None:
         return body.leader_id
     return None
 
-
-def encode_json(obj) -> bytes:
-    return msgspec.json.encode(obj)

@@ -17,7 +17,6 @@ local replay-vs-load figures printed here are the CPU side of that comparison.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import shutil
 import tempfile

@@ -2,10 +2,10 @@
 
 import pytest
 
-from broker.controller import CommandError, Controller
+from broker.controller import CommandError
 from protocol.errors import Errors
 from storage import metadata_records as r
-from tests.controller.test_state import Log, cluster
+from tests.controller.test_state import cluster
 
 
 def decode(vals):

@@ -1,6 +1,5 @@
 """The drill checker on synthetic histories: clean passes, each planted breach fails clearly."""
 
-import pytest
 
 from storage.batch import encode_batch
 from storage.log import SegmentedLog

@@ -1,7 +1,6 @@
 """The fault proxy over real TCP: forwarding, one-way cuts, isolation, heal."""
 
 import asyncio
-import socket
 
 import pytest
 

@@ -21,7 +21,6 @@ def test_labels_in_one_row_never_overlap_and_the_ones_without_room_are_dropped()
 
 
 def fake_drill(n_faults: int, duration_s: float):
-    rng = random.Random(5)
     t0 = 1000.0
     samples, acks = [], []
     for k in range(int(duration_s * 10)):

@@ -87,6 +87,7 @@ def test_single_voter_elects_itself_at_once():
     n = Node(1, voters=(1,))
     acts = n.step(a.Tick(0))
     assert n.core.role == "leader" and n.core.epoch == 1
+    assert of(acts, a.AppendBatches), "a new leader writes its LeaderChange record"
     n.step(a.FlushCompleted(0, 1))
     assert n.core.high_watermark == 1
 
@@ -144,7 +145,7 @@ def test_check_quorum_one_fetching_follower_keeps_the_leader_of_three():
     n = Node(1, fetch_timeout_ms=2000)
     now = make_leader(n)
     for t in range(now, now + 10000, 1000):
-        acts = n.step(a.RequestReceived(t, "f", m.FetchRequest(
+        n.step(a.RequestReceived(t, "f", m.FetchRequest(
             cluster_id=CLUSTER, replica_id=2, max_wait_ms=0, current_leader_epoch=1,
             fetch_offset=n.core.log_end_offset, last_fetched_epoch=1)))
         assert n.core.role == "leader"

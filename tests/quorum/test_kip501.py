@@ -3,7 +3,6 @@
 import pytest
 
 from broker.quorum import api as a
-from protocol import messages as m
 
 from tests.quorum.harness import Node, append, fetch, make_leader, of, one_response
 

@@ -17,7 +17,7 @@ def snapshot_started_leader() -> Node:
              state=a.QuorumStateData(8, -1, -1, (1, 2, 3)))
     n.log.snapshots[sid] = b"snapshot"
     n.log.start = 50
-    now = make_leader(n)
+    make_leader(n)
     assert (n.core.epoch, n.core.log_end_offset) == (9, 51)
     return n
 

@@ -11,7 +11,7 @@ from storage import metadata_records as r
 from storage.snapshot import (CorruptSnapshotError, PositionOutOfRangeError,
                               SnapshotInvariantError, SnapshotNotFoundError, SnapshotStore,
                               snapshot_filename)
-from tests.controller.test_state import Log, cluster
+from tests.controller.test_state import cluster
 
 
 def state_at(n_topics):

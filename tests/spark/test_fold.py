@@ -7,7 +7,6 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from broker.controller import ControllerState
 from storage import metadata_records as r
 from tests.spark.workload import random_records, sequential_state
 from tools.spark import fold

@@ -30,7 +30,7 @@ def expected_read(batches: list[bytes], start: int, end: int, max_bytes: int) ->
     started = False
     for b in batches:
         n = int.from_bytes(b[57:61], "big")  # records_count
-        base, nxt = offset, offset + n
+        nxt = offset + n
         offset = nxt
         if not started:
             if nxt <= start:
