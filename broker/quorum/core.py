@@ -818,6 +818,10 @@ class QuorumCore:
                 req, Errors.INCONSISTENT_CLUSTER_ID,
                 f"cluster id {cluster!r} does not match ours {self.config.cluster_id!r}"))
             return
+        sender = req.leader_id if t in (m.BeginQuorumEpochRequest, m.EndQuorumEpochRequest) else None
+        if sender is not None and sender not in self._voters:
+            self._respond(token, self._error_response(req, Errors.INCONSISTENT_VOTER_SET))
+            return
         if t is m.VoteRequest:
             self._handle_vote(token, req, now)
         elif t is m.BeginQuorumEpochRequest:

@@ -217,3 +217,13 @@ def test_observer_never_votes_and_discovers_the_leader_through_a_voter():
     # Observers never become candidates, however long the leader is silent.
     o.step(a.Tick(100000))
     assert o.core.role == "observer"
+
+
+def test_begin_and_end_quorum_epoch_from_a_non_voter_are_refused():
+    n = Node(1)
+    n.step(a.Tick(0))
+    for req in (m.BeginQuorumEpochRequest(cluster_id=CLUSTER, leader_id=42, leader_epoch=7),
+                m.EndQuorumEpochRequest(cluster_id=CLUSTER, leader_id=42, leader_epoch=7)):
+        r = one_response(n.step(a.RequestReceived(1, "x", req)), "x")
+        assert r.error_code == Errors.INCONSISTENT_VOTER_SET
+    assert n.core.epoch == 0 and n.core.leader_id == -1, "a non-voter moved our epoch"
