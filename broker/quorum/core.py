@@ -344,6 +344,7 @@ class QuorumCore:
         return (
             self.config.follower_fetch_pending_reads_insync_enable
             and st.pending_offset is not None
+            and st.pending_prev_leo >= 0  # a first read after a reset proves nothing
             and st.pending_offset >= st.pending_prev_leo
         )
 
@@ -955,6 +956,8 @@ class QuorumCore:
         lfe = req.last_fetched_epoch
         cl = self._current_leader()
 
+        if not consumer and not completing:
+            self._note_replica_offset(req.replica_id, fetch_offset)
         # Snapshot redirect (KIP-630, KAFKA-15078).
         snap = self._snapshot_redirect(fetch_offset, lfe)
         if snap is not None:
@@ -1052,6 +1055,24 @@ class QuorumCore:
             if s.end_offset == end_offset:
                 return s
         return None
+
+    def _note_replica_offset(self, replica_id: int, fetch_offset: int) -> None:
+        """A replica fetching below the offset it already reported has lost data
+        (restart after a crash, wipe, quarantine, truncation). Whatever we knew
+        of it being caught up describes a log it no longer has: forget it, so it
+        is not in sync (KIP-501) until it catches up again -- the role Kafka's
+        broker-epoch reset (KIP-903) plays. Done before the snapshot redirect
+        and DivergingEpoch answers too, which never update the fetch state: a
+        wiped replica downloading a snapshot must not keep its old offset."""
+        st = self._replicas.get(replica_id) or self._observers.get(replica_id)
+        if st is None or fetch_offset >= st.log_end_offset:
+            return
+        st.log_end_offset = fetch_offset  # lower only: never helps the HW or the LBO
+        st.last_caught_up_ms = -1
+        st.last_read_ms = -1
+        st.leader_leo_at_last_read = NO_OFFSET
+        st.pending_offset = None
+        st.pending_prev_leo = NO_OFFSET
 
     def _progress_for(self, replica_id: int, now: int) -> ReplicaProgress:
         st = self._replicas.get(replica_id)

@@ -3,6 +3,7 @@
 import pytest
 
 from broker.quorum import api as a
+from protocol import messages as m
 
 from tests.quorum.harness import Node, append, fetch, make_leader, of, one_response
 
@@ -80,3 +81,44 @@ def test_kafka_caught_up_rule_without_pending_reads():
     assert not n.core.is_in_sync(2, t + 10_001)
     fetch(n, t + 10_002, 2, 20, 1)  # same LEO as the leader
     assert n.core.is_in_sync(2, t + 50_000)
+
+
+def test_a_replica_that_comes_back_with_less_data_is_not_in_sync_until_it_caught_up():
+    """Issue 12 item 7: a follower that was caught up, then wiped (or crashed,
+    or quarantined) and fetches again from offset 0, is reported out of sync by
+    DescribeQuorum -- not in sync on the strength of its caught-up time from
+    before the wipe -- and in sync again once it reaches the leader's LEO."""
+    n = Node(1, replica_lag_time_max_ms=10_000, fetch_timeout_ms=60_000)
+    t = make_leader(n)
+    append(n, t, 99)
+    n.step(a.FlushCompleted(t, 100))
+    fetch(n, t, 2, 100, 1)  # caught up
+    fetch(n, t, 3, 100, 1)
+    assert n.core.is_in_sync(2, t + 1)
+    fetch(n, t + 100, 2, 0, 0)  # wiped: starts over
+    d = n.core.describe_quorum(t + 200)
+    v2 = [v for v in d.voters if v.replica_id == 2][0]
+    assert (v2.log_end_offset, v2.last_caught_up_timestamp_ms, v2.in_sync) == (0, -1, False)
+    fetch(n, t + 300, 2, 50, 1)  # half way
+    assert not n.core.is_in_sync(2, t + 301)
+    fetch(n, t + 400, 2, 100, 1)  # at the leader's LEO again
+    assert n.core.is_in_sync(2, t + 401)
+
+
+def test_a_wiped_replica_sent_to_a_snapshot_loses_its_old_offset():
+    """The snapshot redirect answers before the fetch state is updated (as in
+    Kafka); a wiped replica redirected there must still not keep the LEO and
+    caught-up time of the log it lost."""
+    n = Node(1, replica_lag_time_max_ms=10_000, fetch_timeout_ms=60_000)
+    t = make_leader(n)
+    append(n, t, 99)
+    n.step(a.FlushCompleted(t, 100))
+    fetch(n, t, 2, 100, 1)
+    fetch(n, t, 3, 100, 1)
+    n.log.snapshots[m.SnapshotId(100, 1)] = b"snap"
+    n.step(a.SnapshotCreated(t, m.SnapshotId(100, 1)))
+    acts = fetch(n, t + 10, 2, 0, 0)
+    assert one_response(acts, "f").snapshot_id == m.SnapshotId(100, 1)
+    st = n.core.replica_states[2]
+    assert (st.log_end_offset, st.last_caught_up_ms) == (0, -1)
+    assert not n.core.is_in_sync(2, t + 20)
