@@ -122,8 +122,23 @@ class StallReads:
     until_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class LogQuarantined:
+    """The driver found corruption at run time (scrubber, a read answering a
+    Fetch, the controller's apply), persisted the quarantine state and cut the
+    log to its last good batch: everything from `log_end_offset` on is gone.
+    The core fixes its view of the log; a leader resigns (EndQuorumEpoch); a
+    voter abstains from votes and elections until its flushed log end reaches
+    `must_reach_offset` (the end it had before, which it may have acknowledged),
+    then emits ClearQuarantine."""
+
+    now_ms: int
+    log_end_offset: int
+    must_reach_offset: int
+
+
 Event = (Tick | RequestReceived | ResponseReceived | RequestFailed | FlushCompleted
-         | ClientAppend | SnapshotCreated | Shutdown | StallReads)
+         | ClientAppend | SnapshotCreated | Shutdown | StallReads | LogQuarantined)
 
 # --------------------------------------------------------------------------
 # Actions (core -> driver), executed in order.
@@ -222,7 +237,24 @@ class Fatal:
     reason: str
 
 
-Action = (PersistQuorumState | AppendBatches | TruncateLog | WriteEpochCheckpoint | FlushLog
+@dataclass(frozen=True, slots=True)
+class ClearQuarantine:
+    """The flushed log has reached the quarantine's must_reach_offset again:
+    the driver removes the persisted quarantine state (the voter votes again)."""
+
+    must_reach_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class CorruptionFound:
+    """A read through the LogReader raised `error` (a CorruptBatchError or
+    CorruptSnapshotError); the request it served was answered with
+    KAFKA_STORAGE_ERROR. The driver quarantines and feeds LogQuarantined."""
+
+    error: Any
+
+
+Action = (ClearQuarantine | CorruptionFound | PersistQuorumState | AppendBatches | TruncateLog | WriteEpochCheckpoint | FlushLog
           | SendRequest | Respond | WriteSnapshotChunk | InstallSnapshot | AdvanceLogStart | Fatal)
 
 # --------------------------------------------------------------------------
@@ -253,6 +285,9 @@ class LogView:
     log_end_offset: int = 0  # after recovery everything on disk counts as flushed
     epochs: list[tuple[int, int]] = field(default_factory=list)
     snapshots: list[m.SnapshotId] = field(default_factory=list)  # complete, ascending
+    # Quarantine found at open (storage's quarantine-state): the voter abstains
+    # from votes and elections until its flushed log end reaches it. -1: none.
+    must_reach_offset: int = -1
 
 
 @dataclass

@@ -62,12 +62,15 @@ from broker.quorum.api import (
     Action,
     AdvanceLogStart,
     AppendBatches,
+    ClearQuarantine,
     ClientAppend,
+    CorruptionFound,
     Event,
     Fatal,
     FlushCompleted,
     FlushLog,
     InstallSnapshot,
+    LogQuarantined,
     LogReader,
     LogView,
     PersistQuorumState,
@@ -90,6 +93,7 @@ from protocol import messages as m
 from protocol.apis import APIS
 from protocol.errors import Errors
 from storage.batch import CorruptBatchError, encode_batch, iter_batches
+from storage.errors import StorageError
 from storage.control_records import LeaderChange, encode_control
 from storage.epochs import EpochHistory
 
@@ -200,6 +204,10 @@ class QuorumCore:
         self._epochs = EpochHistory(log_view.epochs)
         self._snapshots: list[m.SnapshotId] = sorted(log_view.snapshots)
         self._high_watermark = NO_OFFSET
+        # Quarantine (issue 12): the log end this voter had before corruption cut
+        # it, which it may have acknowledged. Until the flushed end reaches it,
+        # the voter neither grants votes nor stands. -1: not quarantined.
+        self._must_reach_offset = log_view.must_reach_offset
         self._wall_minus_now_ms = 0  # wall clock - now_ms, from Tick/ClientAppend
 
         qs = quorum_state
@@ -315,6 +323,16 @@ class QuorumCore:
     @property
     def snapshots(self) -> tuple[m.SnapshotId, ...]:
         return tuple(self._snapshots)
+
+    @property
+    def must_reach_offset(self) -> int:
+        """-1, or the offset a quarantined voter must re-replicate past before it
+        votes or stands again."""
+        return self._must_reach_offset
+
+    @property
+    def quarantined(self) -> bool:
+        return self._must_reach_offset >= 0
 
     @property
     def fatal_reason(self) -> str | None:
@@ -456,6 +474,8 @@ class QuorumCore:
             self._on_shutdown(now)
         elif t is StallReads:
             self._read_stall_until_ms = max(self._read_stall_until_ms, event.until_ms)
+        elif t is LogQuarantined:
+            self._on_quarantined(event, now)
         else:
             raise TypeError(f"unknown event type {t.__name__}")
         if self._fatal is None:
@@ -470,6 +490,7 @@ class QuorumCore:
         self._booted = True
         if self._persist_on_boot:
             self._persist()
+        self._maybe_clear_quarantine()
         role = self._role
         if role in (Role.UNATTACHED, Role.VOTED, Role.RESIGNED):
             self._election_deadline_ms = now + self._election_timeout()
@@ -557,6 +578,13 @@ class QuorumCore:
 
     def _become_candidate(self, now: int) -> None:
         assert self._is_voter
+        if self.quarantined:
+            # Not before we hold again everything we may have acknowledged; a
+            # leader of another epoch will find us (BeginQuorumEpoch).
+            self._election_deadline_ms = now + self._election_timeout()
+            if self._role in (Role.FOLLOWER, Role.OBSERVER):
+                self._fetch_deadline_ms = now + self.config.fetch_timeout_ms
+            return
         self._leave_role(now)
         self._set_epoch(self._epoch + 1)
         self._voted_id = self._node_id
@@ -869,7 +897,11 @@ class QuorumCore:
         if req.candidate_epoch > self._epoch:
             self._become_unattached(req.candidate_epoch, now)
         granted = False
-        if self._role == Role.UNATTACHED:
+        if self.quarantined:
+            # We may have forgotten records we acknowledged: a vote now could
+            # elect a leader without them (docs/integrity.md). Refuse.
+            pass
+        elif self._role == Role.UNATTACHED:
             ours = (self._last_epoch(), self._log_end_offset)
             if (req.last_offset_epoch, req.last_offset) >= ours:
                 self._become_voted(req.candidate_id, now)  # persisted before the answer
@@ -1010,7 +1042,16 @@ class QuorumCore:
                 return
         records = b""
         if has_data:
-            records = self._reader.read(fetch_offset, upper, req.max_bytes)
+            try:
+                records = self._reader.read(fetch_offset, upper, req.max_bytes)
+            except (CorruptBatchError, StorageError) as exc:
+                # Never send bytes that failed verification; the driver
+                # quarantines and feeds LogQuarantined.
+                self._out.append(CorruptionFound(exc))
+                self._respond(token, self._error_response(
+                    req, Errors.KAFKA_STORAGE_ERROR, f"node {self._node_id} failed to read offset "
+                    f"{fetch_offset}: {exc}"))
+                return
         if st is not None:
             self._on_fetch_served(st, fetch_offset, now)
         self._respond(token, m.FetchResponse(
@@ -1182,7 +1223,12 @@ class QuorumCore:
             self._respond(token, self._error_response(req, Errors.POSITION_OUT_OF_RANGE))
             return
         max_bytes = max(1, min(req.max_bytes, self.config.snapshot_chunk_bytes))
-        data = self._reader.read_snapshot(req.snapshot_id, req.position, max_bytes)
+        try:
+            data = self._reader.read_snapshot(req.snapshot_id, req.position, max_bytes)
+        except (CorruptBatchError, StorageError) as exc:
+            self._out.append(CorruptionFound(exc))
+            self._respond(token, self._error_response(req, Errors.KAFKA_STORAGE_ERROR))
+            return
         self._respond(token, m.FetchSnapshotResponse(
             snapshot_id=req.snapshot_id, size=size, position=req.position,
             unaligned_records=data, current_leader=self._current_leader()))
@@ -1283,6 +1329,39 @@ class QuorumCore:
             self._flushed_end_offset = new
             if self._role == Role.LEADER:
                 self._maybe_advance_hw(now)
+            self._maybe_clear_quarantine()
+
+    # ------------------------------------------------------------------
+    # quarantine (issue 12)
+
+    def _maybe_clear_quarantine(self) -> None:
+        must = self._must_reach_offset
+        if must >= 0 and (must <= self._flushed_end_offset or not self._is_voter):
+            # (an observer's log never counted toward a vote or a commit)
+            self._out.append(ClearQuarantine(self._must_reach_offset))
+            self._must_reach_offset = -1
+
+    def _on_quarantined(self, ev: LogQuarantined, now: int) -> None:
+        """The driver cut the log at the last good batch (the quarantine state
+        is already durable). Fix our view; a leader resigns: it may no longer
+        hold records it served or counted, and must not append at an offset its
+        followers may already hold under this epoch."""
+        end = ev.log_end_offset
+        if end < self._log_start_offset or end > self._log_end_offset:
+            raise ValueError(f"quarantine cut the log to {end}, outside [log start "
+                             f"{self._log_start_offset}, log end {self._log_end_offset}]")
+        self._must_reach_offset = max(self._must_reach_offset, ev.must_reach_offset)
+        self._log_end_offset = end
+        self._flushed_end_offset = min(self._flushed_end_offset, end)
+        # What we can still serve as committed is what we still hold.
+        self._high_watermark = min(self._high_watermark, end)
+        if self._epochs.truncate_from_end(end):
+            self._out.append(WriteEpochCheckpoint(tuple(self._epochs.entries)))
+        if self._role == Role.LEADER:
+            self._resign(now)
+        elif self._role in (Role.FOLLOWER, Role.OBSERVER):
+            self._start_following(now)  # re-validate the end with the leader, re-fetch
+        self._maybe_clear_quarantine()
 
     # ------------------------------------------------------------------
     # snapshots and the log start

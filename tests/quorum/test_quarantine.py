@@ -1,0 +1,113 @@
+"""Issue 12 item 4, the core's side: a voter whose log was cut by corruption
+(quarantine) abstains from votes and elections until it has re-replicated past
+the end it had before; a leader that finds corruption resigns; a Fetch whose
+read fails verification is answered with KAFKA_STORAGE_ERROR, never with the
+bytes."""
+
+from broker.quorum import api as a
+from protocol import messages as m
+from protocol.errors import Errors
+from storage.batch import CorruptBatchError
+
+from tests.quorum.harness import CLUSTER, MemLog, Node, append, batch, fetch, make_leader, of, one_response, sent
+
+
+def vote(node: Node, now: int, candidate: int, epoch: int, last_epoch: int, last_offset: int, token="v"):
+    return node.step(a.RequestReceived(now, token, m.VoteRequest(
+        cluster_id=CLUSTER, candidate_epoch=epoch, candidate_id=candidate,
+        last_offset_epoch=last_epoch, last_offset=last_offset)))
+
+
+def quarantined_voter(must_reach: int = 10, end: int = 4) -> Node:
+    log = MemLog()
+    log.append(batch(0, 1, end), 0, end)
+    view = a.LogView(log_start_offset=0, log_end_offset=end, epochs=[(1, 0)], must_reach_offset=must_reach)
+    return Node(2, log=log, view=view, state=a.QuorumStateData(1, -1, -1, (1, 2, 3)))
+
+
+def test_a_quarantined_voter_refuses_votes_even_to_a_more_up_to_date_candidate():
+    n = quarantined_voter()
+    n.step(a.Tick(0))
+    r = one_response(vote(n, 1, candidate=3, epoch=2, last_epoch=1, last_offset=100), "v")
+    assert (r.error_code, r.vote_granted) == (Errors.NONE, False)
+    assert n.core.epoch == 2 and n.core.voted_id == -1  # learns the epoch, votes for nobody
+
+
+def test_a_quarantined_voter_never_stands_for_election():
+    n = quarantined_voter()
+    t = 0
+    for _ in range(20):
+        t += 5000
+        acts = n.step(a.Tick(t))
+        assert not sent(acts, m.VoteRequest)
+        assert n.core.role != "candidate"
+    assert n.core.next_deadline_ms is not None  # still ticking, not stuck
+
+
+def test_the_quarantine_ends_once_the_flushed_log_reaches_must_reach_offset():
+    n = quarantined_voter(must_reach=10, end=4)
+    n.step(a.Tick(0))
+    # A leader of epoch 2 finds us; we fetch and get records 4..12.
+    acts = n.step(a.RequestReceived(1, "b", m.BeginQuorumEpochRequest(
+        cluster_id=CLUSTER, leader_id=1, leader_epoch=2)))
+    assert n.core.role == "follower"
+    data = batch(4, 1, 4) + batch(8, 2, 4)
+    fetches = sent(acts, m.OffsetsForLeaderEpochRequest)
+    assert fetches
+    acts = n.step(a.ResponseReceived(3, fetches[0].request_id, 1, m.OffsetsForLeaderEpochResponse(
+        leader_epoch=1, end_offset=8, current_leader=m.LeaderIdAndEpoch(1, 2))))
+    f = sent(acts, m.FetchRequest)[0]
+    assert f.request.fetch_offset == 4
+    acts = n.step(a.ResponseReceived(5, f.request_id, 1, m.FetchResponse(
+        high_watermark=12, log_start_offset=0, records=data, current_leader=m.LeaderIdAndEpoch(1, 2))))
+    assert of(acts, a.AppendBatches) and n.core.quarantined
+    assert not of(n.step(a.FlushCompleted(6, 9)), a.ClearQuarantine)  # 9 < 10: still abstains
+    acts = n.step(a.FlushCompleted(7, 12))
+    assert of(acts, a.ClearQuarantine) == [a.ClearQuarantine(10)]
+    assert not n.core.quarantined
+    r = one_response(vote(n, 8, candidate=3, epoch=3, last_epoch=2, last_offset=12), "v")
+    assert r.vote_granted  # a voter again
+
+
+def test_a_leader_that_finds_corruption_resigns_and_abstains():
+    n = Node(1)
+    t = make_leader(n)
+    append(n, t, 9)
+    n.step(a.FlushCompleted(t, 10))
+    fetch(n, t, 2, 10, 1)
+    fetch(n, t, 3, 10, 1)
+    assert n.core.high_watermark == 10
+    acts = n.step(a.LogQuarantined(t + 1, log_end_offset=4, must_reach_offset=10))
+    assert n.core.role == "resigned"
+    assert {s.destination for s in sent(acts, m.EndQuorumEpochRequest)} == {2, 3}
+    assert (n.core.log_end_offset, n.core.flushed_end_offset, n.core.high_watermark) == (4, 4, 4)
+    assert n.core.quarantined
+    for k in range(1, 10):
+        assert not sent(n.step(a.Tick(t + k * 3000)), m.VoteRequest)
+
+
+def test_a_fetch_whose_read_fails_verification_gets_a_storage_error_not_bytes():
+    class CorruptReader(MemLog):
+        def read(self, start_offset, end_offset, max_bytes):
+            raise CorruptBatchError("bad CRC at byte 123", 123, 5)
+
+    n = Node(1, log=CorruptReader())
+    t = make_leader(n)
+    append(n, t, 9)
+    n.step(a.FlushCompleted(t, 10))
+    acts = fetch(n, t, 2, 0, 0)
+    r = one_response(acts, "f")
+    assert r.error_code == Errors.KAFKA_STORAGE_ERROR and r.records == b""
+    assert "bad CRC at byte 123" in r.error_message
+    found = of(acts, a.CorruptionFound)
+    assert len(found) == 1 and isinstance(found[0].error, CorruptBatchError)
+    assert n.core.role == "leader"  # the driver quarantines; then LogQuarantined decides
+
+
+def test_an_observer_is_never_held_in_quarantine():
+    log = MemLog()
+    view = a.LogView(must_reach_offset=5)
+    n = Node(9, log=log, view=view)
+    n.step(a.Tick(0))
+    acts = n.step(a.LogQuarantined(1, log_end_offset=0, must_reach_offset=5))
+    assert of(acts, a.ClearQuarantine) and not n.core.quarantined
