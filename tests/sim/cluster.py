@@ -140,6 +140,12 @@ class SimNode:
                 f"leo={c.log_end_offset}{' paused' if self.paused else ''})")
 
 
+def bisect_durable(disk: SimDisk) -> int:
+    """How many batches are wholly below the flushed end (the scrubber reads
+    only durable, sealed data)."""
+    return sum(1 for b in disk.batches if b.next_offset <= disk.flushed_end_offset)
+
+
 def role_name(core: Any) -> str:
     r = core.role
     return str(getattr(r, "name", getattr(r, "value", r))).lower()
@@ -317,6 +323,35 @@ class SimCluster:
         self.trace(f"n{node_id} crash wipe={wipe} durable_leo={n.disk.log_end_offset}")
         self.checker.on_crash(n, wiped=wipe)
 
+    def corrupt(self, node_id: int, kind: str, rng: random.Random) -> bool:
+        """Corruption of a node's durable data while it is down (found at the
+        next open): kind "bit_flip" or "lost_fsync" (see tests/sim/disk.py)."""
+        n = self.nodes[node_id]
+        assert not n.alive, "corrupt a node while it is down"
+        got = getattr(n.disk, kind)(rng)
+        if got is None:
+            return False
+        self.trace(f"n{node_id} {kind}: log cut to {got[0]}, quarantined until {got[1]}")
+        self.checker.on_quarantine(n)
+        return True
+
+    def corrupt_live(self, node_id: int, rng: random.Random) -> bool:
+        """The scrubber (or a read) finds a bit flip in a running node's durable
+        data: storage quarantines and cuts, then the driver feeds LogQuarantined."""
+        n = self.nodes[node_id]
+        if not n.alive or n.paused:
+            return False
+        i = bisect_durable(n.disk)
+        if i == 0:
+            return False
+        got = n.disk.quarantine(rng.randrange(i))
+        if got is None:
+            return False
+        self.trace(f"n{node_id} scrub found a bit flip: log cut to {got[0]}, quarantined until {got[1]}")
+        self.checker.on_quarantine(n)
+        self.step(n, api.LogQuarantined(self.now_ms, got[0], got[1]))
+        return True
+
     def pause(self, node_id: int) -> None:
         n = self.nodes[node_id]
         if n.alive:
@@ -492,12 +527,19 @@ class SimCluster:
             n.last_flush_done_ms = done
             self.schedule(done, "flush", n.node_id, n.incarnation, disk.log_end_offset)
         elif isinstance(a, api.SendRequest):
+            if isinstance(a.request, m.VoteRequest) and disk.must_reach_offset >= 0:
+                self.fail(f"quarantined voter n{n.node_id} stood for election before re-replicating "
+                          f"past {disk.must_reach_offset}")
             if a.request_id in n.pending_requests:
                 self.fail(f"n{n.node_id} reused request id {a.request_id} while it is outstanding")
             n.pending_requests[a.request_id] = a.destination
             self.schedule(self.now_ms + a.timeout_ms, "timeout", n.node_id, n.incarnation, a.request_id)
             self._send(Message("request", n.node_id, a.destination, n.incarnation, a.request_id, a.request))
         elif isinstance(a, api.Respond):
+            if (isinstance(a.response, m.VoteResponse) and a.response.vote_granted
+                    and disk.must_reach_offset >= 0):
+                self.fail(f"quarantined voter n{n.node_id} granted a vote before re-replicating past "
+                          f"{disk.must_reach_offset} (flushed end {disk.flushed_end_offset})")
             self._respond(n, a)
         elif isinstance(a, api.WriteSnapshotChunk):
             disk.write_snapshot_chunk(a.snapshot_id, a.position, a.data)
@@ -506,6 +548,11 @@ class SimCluster:
             self.trace(f"n{n.node_id} install snapshot {a.snapshot_id} ok={ok}")
         elif isinstance(a, api.AdvanceLogStart):
             disk.advance_log_start(a.log_start_offset)
+        elif isinstance(a, api.ClearQuarantine):
+            disk.clear_quarantine(a.must_reach_offset, n.is_voter)
+            self.trace(f"n{n.node_id} quarantine cleared at {a.must_reach_offset}")
+        elif isinstance(a, api.CorruptionFound):
+            self.fail(f"n{n.node_id} reported corruption the simulated disk never serves: {a.error}")
         elif isinstance(a, api.Fatal):
             self.fail(f"n{n.node_id} raised Fatal: {a.reason}")
         else:

@@ -13,6 +13,22 @@ It implements ``broker.quorum.api.LogReader`` over a list of encoded batches
 * truncation is durable on return (the runtime fsyncs after truncating), so
   truncated data never comes back;
 * ``.part`` snapshot downloads are lost (boot deletes them).
+* the quarantine state (``must_reach_offset``), written before the log is cut.
+
+Corruption faults (issue 12), applied while the node is down and found by the
+storage at the next open, which is modelled directly as its result (as torn
+batches are): the log is cut at the first bad batch and the quarantine state
+records the end it had before.
+
+* ``bit_flip``: a flipped bit in any durable batch (the full verification at
+  open, or the scrubber, finds it);
+* ``lost_fsync``: the last flushed batches vanish although their fsync
+  reported success, and the node knows (the recovery point it persisted says
+  the log was flushed further). An UNdetected lost fsync is not survivable
+  even on one voter (docs/integrity.md), so it is not injected.
+
+``corrupt_live`` is the same found at run time (scrubber or a failed read):
+the driver then feeds the core ``LogQuarantined``.
 
 After a crash, ``log_view()`` describes the recovered log the way the runtime
 would at boot: everything on disk counts as flushed, and the epoch history is
@@ -71,6 +87,7 @@ class SimDisk:
         self.snapshots: dict[m.SnapshotId, bytes] = {}  # complete snapshots
         self.partial_snapshots: dict[m.SnapshotId, bytearray] = {}
         self.version = 0  # bumped whenever existing records change (truncate, install, wipe)
+        self.must_reach_offset = -1  # persisted quarantine state; -1: none
 
     # -- LogReader ---------------------------------------------------------
     def read(self, start_offset: int, end_offset: int, max_bytes: int) -> bytes:
@@ -265,8 +282,45 @@ class SimDisk:
         self.flushed_end_offset = self.log_end_offset
         self.partial_snapshots.clear()
 
+    def quarantine(self, cut_index: int) -> tuple[int, int] | None:
+        """Corruption found in batch `cut_index`: persist the quarantine state
+        (the end we had, which we may have acknowledged), then cut the log to
+        the last good batch. Returns (new end, must_reach) or None if no batch."""
+        if not self.batches:
+            return None
+        cut_index = max(0, min(cut_index, len(self.batches) - 1))
+        old_end = self.log_end_offset
+        self.must_reach_offset = max(self.must_reach_offset, old_end)  # persisted first
+        new_end = self.batches[cut_index].base_offset
+        del self.batches[cut_index:]
+        del self._bases[cut_index:]
+        if not self.batches:
+            self._empty_end_offset = new_end
+        self.flushed_end_offset = min(self.flushed_end_offset, new_end)
+        self.version += 1
+        return new_end, self.must_reach_offset
+
+    def bit_flip(self, rng: random.Random) -> tuple[int, int] | None:
+        if not self.batches:
+            return None
+        return self.quarantine(rng.randrange(len(self.batches)))
+
+    def lost_fsync(self, rng: random.Random) -> tuple[int, int] | None:
+        if not self.batches:
+            return None
+        return self.quarantine(len(self.batches) - rng.randint(1, min(3, len(self.batches))))
+
+    def clear_quarantine(self, must_reach_offset: int, is_voter: bool = True) -> None:
+        if self.must_reach_offset < 0:
+            raise SimDiskError("ClearQuarantine while not quarantined")
+        if is_voter and self.flushed_end_offset < self.must_reach_offset:
+            raise SimDiskError(f"ClearQuarantine with the flushed end at {self.flushed_end_offset}, "
+                               f"below must_reach_offset {self.must_reach_offset}")
+        self.must_reach_offset = -1
+
     def wipe_log(self) -> None:
         """Lose the log, epochs and snapshots (a replaced disk); quorum state is kept."""
+        self.must_reach_offset = -1  # the quarantine-state file lived in the log dir
         self.batches.clear()
         self._bases.clear()
         self.log_start_offset = 0
@@ -294,4 +348,5 @@ class SimDisk:
             log_end_offset=end,
             epochs=[(e.epoch, e.start_offset) for e in history.entries],
             snapshots=sorted(self.snapshots),
+            must_reach_offset=self.must_reach_offset,
         )

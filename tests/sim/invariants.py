@@ -15,6 +15,13 @@ After every event (the reference's RaftEventSimulationTest list, plus ours):
   its value and epoch, in every node's log below that node's HW.
 * NoTruncationBelowHighWatermark: TruncateLog never cuts under the node's HW.
 * SnapshotAtLogStart: a log that starts past 0 has a snapshot ending there.
+* QuarantinedVoterAbstains (issue 12, checked by the driver as it executes the
+  actions): a voter whose quarantine state is on disk never grants a vote nor
+  sends a VoteRequest, and clears the state only once its flushed log end
+  reached must_reach_offset. For MajorityReachedHighWatermark a quarantined
+  voter still counts as holding what it lost below must_reach_offset: it
+  knows it lost it and abstains, which is what makes the lost copy harmless
+  (docs/integrity.md, "Why a quarantined voter abstains").
 * The core's view of its log (start, end) matches the disk the driver wrote.
 
 At the end, ``check_final``: ConsistentCommittedData (all nodes agree on every
@@ -73,8 +80,10 @@ class InvariantChecker:
         return len(self.cluster.config.voters) // 2 + 1
 
     @staticmethod
-    def holds_durably(v: "SimNode", offset: int, epoch: int) -> bool:
+    def holds_durably(v: "SimNode", offset: int, epoch: int, count_quarantine: bool = True) -> bool:
         d = v.disk
+        if count_quarantine and v.is_voter and offset < d.must_reach_offset:
+            return True
         if offset < d.log_start_offset:
             return any(s.end_offset > offset for s in d.snapshots)
         if offset >= d.flushed_end_offset:
@@ -93,6 +102,13 @@ class InvariantChecker:
         for other in self.cluster.nodes.values():
             if other.alive and is_leader(other.core):
                 self.check_majority(other)
+
+    def on_quarantine(self, n: "SimNode") -> None:
+        """Corruption cut the node's log below what it knew as committed: its
+        own HW restarts from what it still holds (a new 'incarnation' of its
+        log); everything else keeps being checked."""
+        self.hw_floor.pop(n.node_id, None)
+        self.checked.pop(n.node_id, None)
 
     def on_truncate(self, n: "SimNode", end_offset: int) -> None:
         hw = self.hw_floor.get(n.node_id, 0)

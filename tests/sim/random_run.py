@@ -34,6 +34,7 @@ SILENT_CRASH_PROBABILITY = 0.25
 FAULT_WEIGHTS = (
     ("crash", 3), ("crash_leader", 4), ("kill_all", 1), ("wipe", 1), ("pause", 2),
     ("pause_leader", 2), ("isolate", 2), ("isolate_leader", 2), ("cut", 2), ("drop_burst", 1),
+    ("corrupt", 2), ("corrupt_live", 1),
 )
 
 
@@ -155,8 +156,41 @@ class RandomRun:
             return False
         epoch = ref.disk.epoch_at(committed - 1)
         holders = [o for o in c.nodes.values() if o.is_voter and o is not n
-                   and c.checker.holds_durably(o, committed - 1, epoch)]
+                   and c.checker.holds_durably(o, committed - 1, epoch, count_quarantine=False)]
         return len(holders) >= c.checker.majority()
+
+    def _may_quarantine(self, n: SimNode) -> bool:
+        """At most one voter in quarantine at a time: with two of three voters
+        abstaining no leader can be elected until an operator acts (the
+        documented 'all copies bad' case), which is liveness, not a bug to find."""
+        return not n.is_voter or not any(
+            o.is_voter and o is not n and o.disk.must_reach_offset >= 0 for o in self.cluster.nodes.values())
+
+    def fault_corrupt(self) -> bool:
+        """Crash a node; while it is down a bit flips in its durable log, or its
+        last fsyncs turn out lost (both detected at the next open)."""
+        c = self.cluster
+        n = self.rng.choice(list(c.nodes.values()))
+        if not self._may_quarantine(n):
+            return False
+        kind = self.rng.choice(("bit_flip", "bit_flip", "lost_fsync"))
+        if n.alive:
+            c.crash(n.node_id, silent=self.rng.random() < SILENT_CRASH_PROBABILITY)
+            self._later(300, 4000, self._restart(n.node_id))
+        c.corrupt(n.node_id, kind, self.rng)
+        return True
+
+    def fault_corrupt_live(self) -> bool:
+        """The scrubber of a running node (the leader half the time) finds a bit flip."""
+        c = self.cluster
+        leader = c.current_leader()
+        live = [x for x in self._live() if not x.paused]
+        if not live:
+            return False
+        n = leader if leader is not None and self.rng.random() < 0.5 else self.rng.choice(live)
+        if not self._may_quarantine(n):
+            return False
+        return c.corrupt_live(n.node_id, self.rng)
 
     def _pause(self, n: SimNode | None) -> bool:
         if n is None or not n.alive or n.paused:

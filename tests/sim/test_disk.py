@@ -141,3 +141,28 @@ def test_wipe_log_keeps_quorum_state_and_wipe_all_does_not():
     assert d.log_end_offset == 0 and d.quorum_state is not None
     d.wipe_all()
     assert d.quorum_state is None
+
+
+def test_corruption_cuts_at_the_bad_batch_and_persists_the_old_end_first():
+    d = disk_with(5)  # offsets 0..9
+    d.flush(10)
+    assert d.quarantine(2) == (4, 10)
+    assert (d.log_end_offset, d.flushed_end_offset, d.must_reach_offset) == (4, 4, 10)
+    assert d.log_view().must_reach_offset == 10
+    d.crash(random.Random(0))
+    assert d.must_reach_offset == 10, "the quarantine state survives a crash"
+    with pytest.raises(SimDiskError, match="below must_reach_offset 10"):
+        d.clear_quarantine(10)
+    for k in range(2, 5):
+        d.append(batch(k * 2, 2), k * 2, k * 2 + 2)
+    d.flush(10)
+    d.clear_quarantine(10)
+    assert d.must_reach_offset == -1
+
+
+def test_lost_fsync_loses_only_the_last_flushed_batches():
+    for seed in range(20):
+        d = disk_with(5)
+        d.flush(10)
+        new_end, must = d.lost_fsync(random.Random(seed))
+        assert 4 <= new_end < 10 and must == 10

@@ -190,3 +190,51 @@ def test_unclean_tail_truncated_to_exactly_the_leaders_epoch_end_offset():
     refused = [r for t, r in c.client_results if isinstance(r, m.ProduceResponse) and r.error_code != 0]
     assert refused, "the unclean append's client got an error, never an acknowledgement"
     assert all(a.value not in (b"unclean-1", b"unclean-2", b"unclean-3") for a in c.acks.values())
+
+
+def test_a_quarantined_voter_abstains_so_a_stale_voter_cannot_win_without_committed_records():
+    """Issue 12: L and A hold records the lagging B lacks (committed by L + A).
+    A bit flip cuts A's log below B's end while A is down. Had A voted as
+    before, B would win with A's vote and lose acknowledged records. A is
+    quarantined: it refuses B, B cannot win while L is down, and once L is back
+    L leads, A re-replicates past its old end and leaves quarantine, and every
+    acknowledged record is still there."""
+    c = make(31)
+    lead = wait_settled(c)
+    a_node, b_node = [n for n in c.nodes.values() if n is not lead]
+    b_end = b_node.core.log_end_offset
+    c.network.isolate(b_node.node_id)
+    for i in range(5):
+        c.client_append(lead.node_id, [b"acked-%d" % i])
+        c.advance(20)
+    c.run_until_true(lambda: len(c.acks) == 5 and a_node.core.high_watermark >= max(c.acks) + 1, 3000,
+                     "five records committed by L and A")
+    c.crash(a_node.node_id)
+    cut = next(i for i, b in enumerate(a_node.disk.batches) if b.next_offset > b_end - 1)
+    new_end, must_reach = a_node.disk.quarantine(cut)
+    c.checker.on_quarantine(a_node)
+    assert new_end < b_end <= must_reach
+    c.boot(a_node.node_id)
+    assert a_node.core.quarantined
+    refused = []
+
+    def listen(n):
+        ev = n.last_event
+        if n is a_node and isinstance(ev, api.RequestReceived) and isinstance(ev.request, m.VoteRequest):
+            refused.append(ev.request.candidate_id)
+    c.listeners.append(listen)
+    c.network.heal(b_node.node_id)
+    c.crash(lead.node_id)
+    c.advance(8000)
+    assert c.current_leader() is None, "B must not win: A abstains and L is down"
+    assert b_node.node_id in refused, "B stood and asked A (the driver fails the run had A granted it)"
+    c.boot(lead.node_id)
+    new_lead = wait_settled(c, 15000)
+    assert new_lead is lead
+    c.client_append(lead.node_id, [b"after"])  # the new epoch's records take A past its old end
+    c.run_until_true(lambda: a_node.disk.must_reach_offset < 0, 5000, "A leaving quarantine")
+    assert not a_node.core.quarantined
+    for off, ack in c.acks.items():
+        for n in c.nodes.values():
+            if n.core.high_watermark > off:
+                assert n.disk.record_at(off) == (ack.epoch, ack.value)
