@@ -137,8 +137,21 @@ class LogQuarantined:
     must_reach_offset: int
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotInstallFailed:
+    """InstallSnapshot's verification (or its fsync/rename) failed: the driver
+    deleted the partial download and kept the log as it was. Fed right after
+    the actions of the step that asked for the install, before any other
+    event; the core goes back to its log as it was and downloads again."""
+
+    now_ms: int
+    snapshot_id: m.SnapshotId
+    reason: str
+
+
 Event = (Tick | RequestReceived | ResponseReceived | RequestFailed | FlushCompleted
-         | ClientAppend | SnapshotCreated | Shutdown | StallReads | LogQuarantined)
+         | ClientAppend | SnapshotCreated | Shutdown | StallReads | LogQuarantined
+         | SnapshotInstallFailed)
 
 # --------------------------------------------------------------------------
 # Actions (core -> driver), executed in order.
@@ -214,8 +227,10 @@ class WriteSnapshotChunk:
 class InstallSnapshot:
     """The download is complete (`size` bytes): verify, fsync, rename to
     `.checkpoint`, drop the whole log and older snapshots; the log now starts
-    and ends at snapshot_id.end_offset. If verification fails the driver feeds
-    nothing special: the core re-fetches on its next fetch timeout."""
+    and ends at snapshot_id.end_offset. If verification fails the driver
+    deletes the partial, keeps the log, executes the rest of the step's
+    actions and then, before any other event, feeds SnapshotInstallFailed
+    (the core rolls back and rewrites the epoch checkpoint it had)."""
 
     snapshot_id: m.SnapshotId
     size: int

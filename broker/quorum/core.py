@@ -83,6 +83,7 @@ from broker.quorum.api import (
     SendRequest,
     Shutdown,
     SnapshotCreated,
+    SnapshotInstallFailed,
     StallReads,
     Tick,
     TruncateLog,
@@ -261,6 +262,9 @@ class QuorumCore:
         self._fetch_retry_at_ms = 0
         self._need_epoch_check = False
         self._download: _Download | None = None
+        # Our log as it was before the last InstallSnapshot, until it is known
+        # to have succeeded (rolled back by SnapshotInstallFailed).
+        self._pre_install: tuple | None = None
         # leader
         self._epoch_start_offset = NO_OFFSET
         self._replicas: dict[int, ReplicaProgress] = {}
@@ -476,6 +480,8 @@ class QuorumCore:
             self._read_stall_until_ms = max(self._read_stall_until_ms, event.until_ms)
         elif t is LogQuarantined:
             self._on_quarantined(event, now)
+        elif t is SnapshotInstallFailed:
+            self._on_install_failed(event, now)
         else:
             raise TypeError(f"unknown event type {t.__name__}")
         if self._fatal is None:
@@ -1331,6 +1337,24 @@ class QuorumCore:
                 self._maybe_advance_hw(now)
             self._maybe_clear_quarantine()
 
+    def _on_install_failed(self, ev: SnapshotInstallFailed, now: int) -> None:
+        """The driver rejected the download and kept its log: so do we."""
+        pre = self._pre_install
+        if pre is None or pre[0] != ev.snapshot_id:
+            raise ValueError(f"SnapshotInstallFailed for {ev.snapshot_id} without a matching InstallSnapshot")
+        self._pre_install = None
+        (_, self._log_start_offset, self._log_end_offset, self._flushed_end_offset, entries,
+         self._snapshots, hw) = pre
+        self._epochs = EpochHistory(entries)
+        self._out.append(WriteEpochCheckpoint(tuple(self._epochs.entries)))
+        # Back to the HW we had: the snapshot's end was committed, but the old
+        # log past our old HW may hold records that diverge from it.
+        self._high_watermark = hw
+        self._download = None
+        if self._role in (Role.FOLLOWER, Role.OBSERVER):
+            self._fetch_inflight = None  # a Fetch sent under the dropped view: its answer is ignored
+            self._start_following(now)
+
     # ------------------------------------------------------------------
     # quarantine (issue 12)
 
@@ -1708,6 +1732,8 @@ class QuorumCore:
             return
         sid = d.snapshot_id
         self._download = None
+        self._pre_install = (sid, self._log_start_offset, self._log_end_offset, self._flushed_end_offset,
+                             list(self._epochs.entries), list(self._snapshots), self._high_watermark)
         self._out.append(InstallSnapshot(sid, resp.size))
         # The log now starts and ends at the snapshot; its epoch is our last epoch
         # (KIP-630: the snapshot stands for every record below end_offset).

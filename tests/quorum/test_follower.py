@@ -181,3 +181,28 @@ def test_snapshot_not_found_falls_back_to_fetch():
     assert not sent(acts)
     (f,) = sent(n.step(a.Tick(1 + 50)))
     assert isinstance(f.request, m.FetchRequest)
+
+
+def test_failed_snapshot_install_rolls_back_to_the_log_we_kept_and_downloads_again():
+    """Issue 12 item 6: a download that fails verification used to leave the
+    core believing in a snapshot the disk never installed. Now the driver feeds
+    SnapshotInstallFailed: the core is back on its old log (start, end, epochs,
+    HW), rewrites its epoch checkpoint, and fetches (and so downloads) again."""
+    n, acts = follower(epochs=((1, 0), (3, 5)), leo=10)
+    (e,) = sent(acts)  # the epoch check of a restarted follower
+    acts = answer(n, e, m.OffsetsForLeaderEpochResponse(
+        leader_epoch=3, end_offset=10, current_leader=m.LeaderIdAndEpoch(2, 6)))
+    (f,) = sent(acts)
+    sid = m.SnapshotId(40, 5)
+    acts = answer(n, f, m.FetchResponse(high_watermark=45, log_start_offset=40, snapshot_id=sid))
+    (s,) = sent(acts)
+    acts = answer(n, s, m.FetchSnapshotResponse(snapshot_id=sid, size=2, position=0, unaligned_records=b"ab"))
+    assert a.InstallSnapshot(sid, 2) in acts
+    acts = n.step(a.SnapshotInstallFailed(2, sid, "CRC mismatch at byte 1"))
+    c = n.core
+    assert (c.log_start_offset, c.log_end_offset, c.flushed_end_offset) == (0, 10, 10)
+    assert c.epochs.entries == [(1, 0), (3, 5)] and c.snapshots == ()
+    assert c.high_watermark == -1
+    assert a.WriteEpochCheckpoint(((1, 0), (3, 5))) in acts
+    (again,) = sent(acts)
+    assert isinstance(again.request, m.OffsetsForLeaderEpochRequest)

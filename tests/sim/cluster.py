@@ -66,6 +66,9 @@ class SimConfig:
     # newest snapshot writes one (0 = never).
     snapshot_interval_ms: int = 0
     snapshot_min_records: int = 50
+    # Probability that a downloaded snapshot fails verification at install
+    # (the driver then feeds SnapshotInstallFailed and the core rolls back).
+    snapshot_install_fail_probability: float = 0.0
     # A core asking for a tick at the same ms over and over is a busy loop: a
     # violation by default. False only to explore past a known spin (the tick
     # is then deferred 1 ms and counted in SimCluster.spin_ticks).
@@ -128,6 +131,7 @@ class SimNode:
         self.inbox: collections.deque = collections.deque()
         self.last_flush_done_ms = 0
         self.last_event: Any = None  # the event of the latest step (for listeners)
+        self.follow_up: list = []  # events the driver feeds right after the current step
         self.silent_down = False  # down by host loss: nothing answers, not even a refusal
         # Messages sent by incarnations below this one are void: that life's disk was wiped.
         self.void_before_incarnation = 0
@@ -484,6 +488,7 @@ class SimCluster:
         n.last_event = event
         actions = n.core.step(event)
         self.trace(f"n{n.node_id} {type(event).__name__} -> {','.join(type(a).__name__ for a in actions)}")
+        n.follow_up = []
         for a in actions:
             try:
                 self._execute(n, a)
@@ -491,6 +496,11 @@ class SimCluster:
                 self.fail(f"n{n.node_id} {type(a).__name__} broke the storage contract: {exc}")
             if not n.alive:
                 return actions  # a Fatal stopped the node
+        follow_up, n.follow_up = n.follow_up, []
+        for ev in follow_up:  # fed before any other event (api: SnapshotInstallFailed)
+            self.step(n, ev)
+            if not n.alive:
+                return actions
         self.checker.after_step(n)
         self.check_failover(n)
         for listener in self.listeners:
@@ -544,8 +554,16 @@ class SimCluster:
         elif isinstance(a, api.WriteSnapshotChunk):
             disk.write_snapshot_chunk(a.snapshot_id, a.position, a.data)
         elif isinstance(a, api.InstallSnapshot):
-            ok = disk.install_snapshot(a.snapshot_id, a.size)
+            p = self.config.snapshot_install_fail_probability
+            if p > 0 and self.rng_disk.random() < p:
+                disk.partial_snapshots.pop(a.snapshot_id, None)  # verification failed: partial deleted
+                ok = False
+            else:
+                ok = disk.install_snapshot(a.snapshot_id, a.size)
             self.trace(f"n{n.node_id} install snapshot {a.snapshot_id} ok={ok}")
+            if not ok:
+                self.checker.on_quarantine(n)  # its HW falls back with its log
+                n.follow_up.append(api.SnapshotInstallFailed(self.now_ms, a.snapshot_id, "verification failed"))
         elif isinstance(a, api.AdvanceLogStart):
             disk.advance_log_start(a.log_start_offset)
         elif isinstance(a, api.ClearQuarantine):

@@ -58,6 +58,7 @@ def config_for_seed(rng_seed: int, snapshots: bool) -> SimConfig:
     import os
 
     return SimConfig(network=net, snapshot_interval_ms=2500 if snapshots else 0, snapshot_min_records=40,
+                     snapshot_install_fail_probability=r.choice([0.0, 0.0, 0.2]),
                      spin_is_violation=os.environ.get("SIM_ALLOW_SPIN", "0") != "1")
 
 
