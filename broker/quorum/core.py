@@ -1383,6 +1383,10 @@ class QuorumCore:
             self._out.append(WriteEpochCheckpoint(tuple(self._epochs.entries)))
         if self._role == Role.LEADER:
             self._resign(now)
+        elif self._role == Role.CANDIDATE:
+            # The votes on their way were granted to the log we no longer have
+            # (sim seed 318): give up the candidacy, keep our vote for the epoch.
+            self._become_voted(self._node_id, now)
         elif self._role in (Role.FOLLOWER, Role.OBSERVER):
             self._start_following(now)  # re-validate the end with the leader, re-fetch
         self._maybe_clear_quarantine()

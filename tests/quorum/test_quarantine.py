@@ -111,3 +111,23 @@ def test_an_observer_is_never_held_in_quarantine():
     n.step(a.Tick(0))
     acts = n.step(a.LogQuarantined(1, log_end_offset=0, must_reach_offset=5))
     assert of(acts, a.ClearQuarantine) and not n.core.quarantined
+
+
+def test_a_candidate_that_finds_corruption_gives_up_the_votes_granted_to_its_old_log():
+    """Sim seed 318: quarantined while its VoteRequests were out, a candidate
+    won with votes granted to the log it no longer had, then a follower was
+    asked to truncate below its HW. Now it drops the candidacy."""
+    log = MemLog()
+    log.append(batch(0, 1, 10), 0, 10)
+    n = Node(1, log=log, view=a.LogView(log_end_offset=10, epochs=[(1, 0)]),
+             state=a.QuorumStateData(1, -1, -1, (1, 2, 3)))
+    n.step(a.Tick(0))
+    acts = n.step(a.Tick(n.core.next_deadline_ms))
+    votes = sent(acts, m.VoteRequest)
+    assert n.core.role == "candidate" and votes
+    n.step(a.LogQuarantined(5000, log_end_offset=0, must_reach_offset=10))
+    assert n.core.role == "voted" and n.core.voted_id == 1
+    for v in votes:
+        n.step(a.ResponseReceived(5001, v.request_id, v.destination, m.VoteResponse(
+            leader_id=-1, leader_epoch=n.core.epoch, vote_granted=True)))
+    assert n.core.role != "leader"
