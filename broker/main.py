@@ -42,7 +42,8 @@ async def run(cfg) -> int:
         await broker.start()
     except (StartupError, StorageError, CorruptBatchError, CorruptSnapshotError, EpochCheckpointError,
             OSError, ValueError) as exc:
-        logger.error("broker_refused_to_start", error=str(exc), error_type=type(exc).__name__)
+        logger.critical("fatal", cause="refused_to_start", reason=str(exc), error_type=type(exc).__name__,
+                        data_dir=cfg.data_dir)
         print(f"metalog broker {cfg.node_id}: refusing to start: {exc}", file=sys.stderr)
         return 3
     loop = asyncio.get_running_loop()

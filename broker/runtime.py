@@ -18,6 +18,14 @@ when it completes (or after ``append_linger_ms`` if that is set above 0).
 
 The binary protocol is served by ``broker.net``; the HTTP admin API by
 ``broker.admin``.
+
+Fail-stop (issue 12): whatever this process cannot go on from safely -- an
+invariant breach the core reports, a failed append or fsync, an error
+applying committed records, an exception escaping any background task or
+loop callback -- ends in ONE structured ``fatal`` log event (``cause``,
+``reason`` and context fields) and exit code 4 (``Broker._fatal``). Where a
+clean rollback exists it is taken instead: a snapshot download that fails
+verification is deleted, the log kept and the download retried.
 """
 
 from __future__ import annotations
@@ -27,17 +35,19 @@ import collections
 import os
 import random
 import time
+import traceback
 from typing import Any
 
 
 from broker.config import BrokerConfig
 from broker.controller import CommandError, Controller, load_latest, load_snapshot, write_controller_snapshot
 from broker.metrics import BrokerMetrics
-from broker.net import Connection, PeerPool, serve
+from broker.net import Connection, NetError, PeerPool, serve
 from broker.quorum import api as qa
 from broker.quorum.core import QuorumCore
 from protocol import messages as m
 from protocol.apis import APIS, REQUEST_API_KEY, ApiKey
+from protocol.codec import ProtocolError
 from protocol.errors import Errors
 from storage.epochs import EpochHistory, read_checkpoint, write_checkpoint
 from storage.errors import LogWriteError, StorageError
@@ -127,6 +137,7 @@ class Broker:
         self._commands: collections.deque = collections.deque()
         self._command_in_flight: _CommandToken | None = None
         self.fatal: str | None = None
+        self._follow_up: list[qa.Event] = []  # fed right after the current step's actions
         self.stopped = asyncio.Event()
         self.server: asyncio.AbstractServer | None = None
         self.admin_runner = None
@@ -134,6 +145,9 @@ class Broker:
     # ------------------------------------------------------------------ boot
     async def start(self) -> None:
         cfg = self.cfg
+        # An exception no one retrieves (a task, a loop callback) is a fatal
+        # error, not a line on stderr.
+        asyncio.get_running_loop().set_exception_handler(self._loop_exception)
         view, qs = self._recover_local_state()
         self.core = QuorumCore(cfg.quorum_config(), view, _Reader(self.seg_log, self.snapshots), qs, random.Random())
         self.peers = PeerPool(
@@ -224,6 +238,12 @@ class Broker:
         if self._stopping:
             return
         self._stopping = True
+        try:
+            await self._stop(graceful)
+        finally:
+            self.stopped.set()  # whatever failed on the way out, the process ends
+
+    async def _stop(self, graceful: bool) -> None:
         if graceful and self.core is not None and self.fatal is None:
             self._step(qa.Shutdown(now_ms()))
             # Give the EndQuorumEpoch requests a moment to leave, bounded.
@@ -237,16 +257,13 @@ class Broker:
         for task in list(self._bg_tasks):
             task.cancel()
         if self._snapshot_task is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._snapshot_task), 10)
-            except (asyncio.TimeoutError, Exception):
-                pass
+            # The task logs its own failure (snapshot_write_failed); just bound the wait.
+            await asyncio.wait([self._snapshot_task], timeout=10)
         await self.peers.close()
-        if graceful:
+        if graceful and self.fatal is None:
             await asyncio.to_thread(self.seg_log.flush)
             self.seg_log.close()
         self.log.info("broker_stopped", graceful=graceful)
-        self.stopped.set()
 
     async def _drain_background(self, timeout_s: float) -> None:
         if self._bg_tasks:
@@ -258,18 +275,45 @@ class Broker:
             return
         try:
             actions = self.core.step(event)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any refusal is fatal, never swallowed
             # A driver bug the core refused (it validates its inputs): stop
             # rather than run on with a core and a disk that may disagree.
-            self.fatal = f"core refused {type(event).__name__}: {exc}"
-            self.log.critical("core_step_failed", event=type(event).__name__, error=str(exc), exc_info=True)
-            self._spawn(self.stop(graceful=False))
+            self._fatal("core_step_failed", f"core refused {type(event).__name__}: {exc}",
+                        event_type=type(event).__name__, exc=exc)
             return
         for action in actions:
             self._execute(action)
             if self.fatal is not None:
                 return
+        if self._follow_up:
+            # Events the contract says come before any other (SnapshotInstallFailed).
+            follow_up, self._follow_up = self._follow_up, []
+            for ev in follow_up:
+                self._step(ev)
+            return  # the nested step ran _after_step
         self._after_step()
+
+    def _fatal(self, cause: str, reason: str, exc: BaseException | None = None, **fields) -> None:
+        """Fail-stop: ONE structured `fatal` event, then exit code 4 (broker.main).
+        Later failures while stopping add nothing: the first cause is the story."""
+        if self.fatal is not None:
+            return
+        self.fatal = reason
+        if exc is not None:
+            fields["error_type"] = type(exc).__name__
+            fields["traceback"] = "".join(traceback.format_exception(exc)).rstrip()
+        self.log.critical("fatal", cause=cause, reason=reason, data_dir=self.cfg.data_dir, **fields)
+        self._spawn(self.stop(graceful=False))
+
+    def _loop_exception(self, loop, context: dict) -> None:
+        """asyncio's handler for exceptions nobody retrieved."""
+        exc = context.get("exception")
+        message = context.get("message", "")
+        if isinstance(exc, (ConnectionError, asyncio.CancelledError)):
+            # A peer going away under a transport: the connection code owns it.
+            self.log.warning("loop_connection_error", message=message, error=repr(exc))
+            return
+        self._fatal("unhandled_exception", f"{message}: {exc!r}" if exc else message, exc=exc)
 
     def _execute(self, a: qa.Action) -> None:
         t = type(a)
@@ -289,7 +333,7 @@ class Broker:
                 # The core already counts these records: we cannot go on with a
                 # log that disagrees with it. Fail-stop (Kafka takes the log dir
                 # offline); the log itself holds no partial batch.
-                self._storage_failed(f"append failed: {exc}")
+                self._storage_failed(f"append failed: {exc}", exc)
                 return
             self.metrics.appended_bytes.inc(len(a.data))
         elif t is qa.FlushLog:
@@ -320,9 +364,7 @@ class Broker:
                 self.snapshots.delete_before(covering[-1])
             self.log.info("log_start_advanced", log_start_offset=a.log_start_offset)
         elif t is qa.Fatal:
-            self.fatal = a.reason
-            self.log.critical("fatal_invariant_breach", reason=a.reason)
-            self._spawn(self.stop(graceful=False))
+            self._fatal("invariant_breach", a.reason)
         else:  # pragma: no cover - the contract is closed
             raise AssertionError(f"unknown action {a!r}")
 
@@ -345,17 +387,23 @@ class Broker:
         start = max(self.controller.applied_offset, self.seg_log.log_start_offset)
         data = self.seg_log.read(start, hw, APPLY_BYTES_PER_STEP)
         if data:
-            self.controller.apply_batches(data, end_offset=hw)
+            try:
+                self.controller.apply_batches(data, end_offset=hw)
+            except Exception as exc:  # noqa: BLE001 - committed records we cannot apply: fail-stop
+                # Every replica holds these same bytes (their CRC is valid): going
+                # on would serve a state that skipped committed records.
+                self._fatal("apply_failed", f"cannot apply committed records from offset "
+                            f"{self.controller.applied_offset}: {type(exc).__name__}: {exc}",
+                            exc=exc, applied_offset=self.controller.applied_offset, high_watermark=hw)
+                return
         self.metrics.high_watermark.set(hw)
         if self.controller.applied_offset < hw:
             # More than one step's worth: continue on the next loop turn.
             asyncio.get_running_loop().call_soon(self._after_step)
         self._maybe_snapshot()
 
-    def _storage_failed(self, reason: str) -> None:
-        self.fatal = reason
-        self.log.critical("storage_failed", reason=reason, data_dir=self.cfg.data_dir)
-        self._spawn(self.stop(graceful=False))
+    def _storage_failed(self, reason: str, exc: BaseException | None = None) -> None:
+        self._fatal("storage_failed", reason, exc=exc)
 
     # ------------------------------------------------------------ timers
     def _schedule_timer(self) -> None:
@@ -392,7 +440,7 @@ class Broker:
                 try:
                     flushed = await asyncio.to_thread(self.seg_log.flush)
                 except (OSError, StorageError) as exc:
-                    self._storage_failed(f"flush failed: {exc}")
+                    self._storage_failed(f"flush failed: {exc}", exc)
                     return
                 self.metrics.flush_seconds.observe(time.perf_counter() - t0)
                 self._step(qa.FlushCompleted(now_ms(), flushed))
@@ -407,16 +455,26 @@ class Broker:
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._bg_tasks.add(task)
-        task.add_done_callback(self._bg_tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        """Every background task's end: an exception escaping one is fatal."""
+        self._bg_tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self._fatal("task_failed", f"background task {task.get_coro().__qualname__} failed: "
+                        f"{type(exc).__name__}: {exc}", exc=exc)
 
     async def _send(self, a: qa.SendRequest) -> None:
         api_key = REQUEST_API_KEY[type(a.request)]
         try:
             channel = self.peers.channel(a.destination)
             response = await channel.request(api_key, a.request, a.timeout_ms)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # timeouts, refused connections, resets
+        except (NetError, ProtocolError, OSError, asyncio.TimeoutError) as exc:
+            # timeouts, refused connections, resets, a peer's garbled answer;
+            # anything else is a bug and escapes to _task_done (fatal).
             self._step(qa.RequestFailed(now_ms(), a.request_id, a.destination, f"{type(exc).__name__}: {exc}"))
             return
         if isinstance(response, m.ErrorResponse):
@@ -570,8 +628,13 @@ class Broker:
         t0 = time.perf_counter()
         try:
             part.complete(a.size)
-        except Exception as exc:
-            self.log.error("snapshot_download_rejected", snapshot=[a.snapshot_id.end_offset, a.snapshot_id.epoch], error=str(exc))
+        except (StorageError, OSError, ValueError) as exc:
+            # Clean rollback: the partial goes, the log stays, the core goes back
+            # to it and downloads again (api.SnapshotInstallFailed).
+            part.abort()
+            self.log.error("snapshot_download_rejected", snapshot=[a.snapshot_id.end_offset, a.snapshot_id.epoch],
+                           error=str(exc), action="partial deleted, log kept, downloading again")
+            self._follow_up.append(qa.SnapshotInstallFailed(now_ms(), a.snapshot_id, str(exc)))
             return
         self.seg_log.truncate_fully(a.snapshot_id.end_offset)
         self.snapshots.delete_before(a.snapshot_id)

@@ -48,8 +48,9 @@ async def test_full_disk_stops_the_broker_with_a_clear_error_and_keeps_acked_rec
     assert 100 < len(acked) < 1000
     proc = cluster.procs[1]
     assert await asyncio.to_thread(proc.wait, 30) == 4  # fail-stop after a storage error
-    failures = [line for line in cluster.read_log_lines(1) if line.get("event") == "storage_failed"]
-    assert failures and "File too large" in failures[0]["reason"]
+    failures = [line for line in cluster.read_log_lines(1) if line.get("event") == "fatal"]
+    assert len(failures) == 1 and failures[0]["cause"] == "storage_failed"
+    assert "File too large" in failures[0]["reason"]
     assert "append failed" in failures[0]["reason"]
 
     # With space again the broker recovers: whole batches only, nothing acked lost.
