@@ -63,6 +63,9 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     snapshot_min_records: int = 20000  # controller.snapshot.minimum.records
     snapshot_chunk_bytes: int = _Q.snapshot_chunk_bytes
     max_frame_bytes: int = 8 << 20
+    # Cross-replica consistency check (broker.consistency): how often the leader
+    # compares its committed log's digest with every voter's. 0 turns it off.
+    consistency_check_interval_ms: int = 60000
     connect_timeout_ms: int = 1000
     reconnect_backoff_max_ms: int = 1000
     log_level: str = "info"
@@ -115,6 +118,8 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             value = getattr(self, key)
             need(value > 0, key, f"must be > 0, got {value}")
         need(self.fetch_max_wait_ms >= 0, "fetch_max_wait_ms", "must be >= 0")
+        need(self.consistency_check_interval_ms >= 0, "consistency_check_interval_ms",
+             f"must be >= 0 (0 = off), got {self.consistency_check_interval_ms}")
         need(self.append_linger_ms >= 0, "append_linger_ms", "must be >= 0")
         need(self.fetch_max_wait_ms < self.fetch_timeout_ms, "fetch_max_wait_ms",
              f"must be below fetch_timeout_ms ({self.fetch_timeout_ms}), got {self.fetch_max_wait_ms}")

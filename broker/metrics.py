@@ -25,6 +25,12 @@ class BrokerMetrics:
         self.snapshot_load_seconds = Histogram(
             "metalog_snapshot_load_seconds", "Time to load or install a snapshot", registry=r)
         self.snapshot_bytes = Gauge("metalog_snapshot_bytes", "Size of the latest snapshot written", registry=r)
+        self.consistency_checks = Counter(
+            "metalog_consistency_checks_total", "Cross-replica consistency checks run by this leader, by result "
+            "(match, mismatch, skipped, failed)", ["result"], registry=r)
+        self.divergence_detected = Counter(
+            "metalog_divergence_detected_total", "Committed log ranges found to differ from a voter's "
+            "(equal offsets, different digests)", ["replica"], registry=r)
 
     def set_role(self, role: str, epoch: int) -> None:
         for name in ROLES:

@@ -40,6 +40,7 @@ from typing import Any
 
 
 from broker.config import BrokerConfig
+from broker.consistency import LogDigest, compare
 from broker.controller import CommandError, Controller, load_latest, load_snapshot, write_controller_snapshot
 from broker.metrics import BrokerMetrics
 from broker.net import Connection, NetError, PeerPool, serve
@@ -138,6 +139,9 @@ class Broker:
         self._command_in_flight: _CommandToken | None = None
         self.fatal: str | None = None
         self._follow_up: list[qa.Event] = []  # fed right after the current step's actions
+        # Why /health says "degraded" (name -> reason): corruption found, divergence...
+        self.health_problems: dict[str, str] = {}
+        self._consistency_task: asyncio.Task | None = None
         self.stopped = asyncio.Event()
         self.server: asyncio.AbstractServer | None = None
         self.admin_runner = None
@@ -149,6 +153,10 @@ class Broker:
         # error, not a line on stderr.
         asyncio.get_running_loop().set_exception_handler(self._loop_exception)
         view, qs = self._recover_local_state()
+        t0 = time.perf_counter()
+        self.digest = LogDigest.build(self.seg_log)
+        self.log.info("log_digest_built", batches_from=self.digest.first_base, end_offset=self.digest.end_offset,
+                      seconds=round(time.perf_counter() - t0, 4))
         self.core = QuorumCore(cfg.quorum_config(), view, _Reader(self.seg_log, self.snapshots), qs, random.Random())
         self.peers = PeerPool(
             {nid: (ep.host, ep.port) for nid, ep in self.voters.items() if nid != cfg.node_id},
@@ -170,6 +178,9 @@ class Broker:
             epoch=self.core.epoch, role=str(self.core.role),
         )
         self._step(qa.Tick(now_ms(), wall_clock_ms()))
+        if cfg.consistency_check_interval_ms > 0:
+            self._consistency_task = asyncio.get_running_loop().create_task(self._consistency_loop())
+            self._consistency_task.add_done_callback(self._task_done)
 
     def _recover_local_state(self) -> tuple[qa.LogView, qa.QuorumStateData | None]:
         """Open the log (crash recovery), clean up and load snapshots (KIP-630
@@ -256,6 +267,8 @@ class Broker:
             await self.admin_runner.cleanup()
         for task in list(self._bg_tasks):
             task.cancel()
+        if self._consistency_task is not None:
+            self._consistency_task.cancel()
         if self._snapshot_task is not None:
             # The task logs its own failure (snapshot_write_failed); just bound the wait.
             await asyncio.wait([self._snapshot_task], timeout=10)
@@ -336,6 +349,7 @@ class Broker:
                 self._storage_failed(f"append failed: {exc}", exc)
                 return
             self.metrics.appended_bytes.inc(len(a.data))
+            self.digest.append(a.data)
         elif t is qa.FlushLog:
             self._request_flush()
         elif t is qa.PersistQuorumState:
@@ -346,6 +360,7 @@ class Broker:
             self.log.warning("log_truncated", end_offset=a.end_offset, log_end_offset=self.seg_log.log_end_offset)
             assert a.end_offset >= self.controller.applied_offset, "truncating below applied (committed) records"
             self.seg_log.truncate_to(a.end_offset)
+            self.digest.truncate(a.end_offset)
         elif t is qa.WriteEpochCheckpoint:
             write_checkpoint(os.path.join(self.part_dir, "leader-epoch-checkpoint"), EpochHistory(a.entries))
         elif t is qa.WriteSnapshotChunk:
@@ -359,6 +374,7 @@ class Broker:
             self._install_snapshot(a)
         elif t is qa.AdvanceLogStart:
             self.seg_log.advance_log_start(a.log_start_offset)
+            self.digest.advance_start(a.log_start_offset)
             covering = [sid for sid in self.snapshots.list() if sid.end_offset <= a.log_start_offset]
             if covering:
                 self.snapshots.delete_before(covering[-1])
@@ -491,7 +507,8 @@ class Broker:
         if self.fatal is not None or self.core is None:
             conn.send_response(header.correlation_id, APIS[api_key][1](error_code=Errors.BROKER_NOT_AVAILABLE))
             return
-        if api_key in (ApiKey.PRODUCE, ApiKey.CONTROLLER_COMMAND) and body.cluster_id != self.cfg.cluster_id:
+        if (api_key in (ApiKey.PRODUCE, ApiKey.CONTROLLER_COMMAND, ApiKey.CONSISTENCY_CHECK)
+                and body.cluster_id != self.cfg.cluster_id):
             # The core validates the cluster id (and the voter set) of every request
             # it is handed; these two the runtime batches or runs itself.
             self.log.warning("inconsistent_cluster_id", api=api_key.name, got=body.cluster_id, peer=conn.peer)
@@ -506,8 +523,96 @@ class Broker:
             self._enqueue_produce(token, body)
         elif api_key is ApiKey.CONTROLLER_COMMAND:
             self._enqueue_command(token, body)
+        elif api_key is ApiKey.CONSISTENCY_CHECK:
+            conn.send_response(header.correlation_id, self._answer_consistency(body))
         else:
             self._step(qa.RequestReceived(now_ms(), token, body))
+
+    # ------------------------------------------------ consistency check
+    def _answer_consistency(self, req: m.ConsistencyCheckRequest) -> m.ConsistencyCheckResponse:
+        if req.leader_id not in self.voters:
+            return m.ConsistencyCheckResponse(error_code=Errors.INCONSISTENT_VOTER_SET,
+                                              error_message=f"node {req.leader_id} is not a voter")
+        if req.start_offset < 0 or req.end_offset < req.start_offset:
+            return m.ConsistencyCheckResponse(error_code=Errors.INVALID_REQUEST,
+                                              error_message=f"bad range [{req.start_offset}, {req.end_offset})")
+        # Never vouch for data we have not flushed: cap at our flushed end.
+        end = min(req.end_offset, self.core.flushed_end_offset)
+        return self.digest.answer(m.ConsistencyCheckRequest(
+            cluster_id=req.cluster_id, leader_id=req.leader_id, leader_epoch=req.leader_epoch,
+            start_offset=req.start_offset, end_offset=end, chunks=req.chunks))
+
+    async def _consistency_loop(self) -> None:
+        interval_s = self.cfg.consistency_check_interval_ms / 1000
+        while not self._stopping:
+            await asyncio.sleep(interval_s)
+            if self.fatal is None and not self._stopping and str(self.core.role) == "leader":
+                await self.check_consistency()
+
+    async def check_consistency(self) -> dict[int, str]:
+        """Leader: compare the committed prefix both hold with every voter.
+        Returns voter -> match | mismatch | skipped | failed."""
+        core = self.core
+        results: dict[int, str] = {}
+        for voter in sorted(self.voters):
+            if voter == self.cfg.node_id or str(core.role) != "leader":
+                continue
+            results[voter] = result = await self._check_voter(voter)
+            self.metrics.consistency_checks.labels(result=result).inc()
+        return results
+
+    async def _check_voter(self, voter: int) -> str:
+        core = self.core
+        st = core.replica_states.get(voter)
+        hw = core.high_watermark
+        if st is None or hw <= 0 or st.log_end_offset <= 0:
+            return "skipped"
+        start = self.digest.first_base
+        end = self.digest.floor_boundary(min(hw, st.log_end_offset))
+        if end <= start:
+            return "skipped"
+        req = m.ConsistencyCheckRequest(cluster_id=self.cfg.cluster_id, leader_id=self.cfg.node_id,
+                                        leader_epoch=core.epoch, start_offset=start, end_offset=end)
+        try:
+            resp = await self.peers.channel(voter).request(ApiKey.CONSISTENCY_CHECK, req,
+                                                           self.cfg.request_timeout_ms)
+        except (NetError, ProtocolError, OSError, asyncio.TimeoutError) as exc:
+            self.log.info("consistency_check_failed", replica=voter, error=f"{type(exc).__name__}: {exc}")
+            return "failed"
+        if not isinstance(resp, m.ConsistencyCheckResponse) or resp.error_code != Errors.NONE:
+            self.log.info("consistency_check_skipped", replica=voter, error_code=getattr(resp, "error_code", None),
+                          error=getattr(resp, "error_message", None))
+            return "skipped"
+        d = self.digest
+        if (resp.start_offset < d.first_base or resp.end_offset > min(d.end_offset, core.high_watermark)
+                or not d.boundary(resp.start_offset) or not d.boundary(resp.end_offset)):
+            # Our log moved (log start advanced) or the voter's boundaries are not
+            # ours: a different batch boundary inside the range shows as a mismatch.
+            return "skipped"
+        mine = d.digest_chunks(resp.start_offset, resp.end_offset, req.chunks)
+        bad = compare(mine, resp.chunks)
+        if bad is None:
+            self.log.debug("consistency_check_passed", replica=voter, start_offset=resp.start_offset,
+                           end_offset=resp.end_offset)
+            return "match"
+        self._divergence(voter, bad, mine, resp)
+        return "mismatch"
+
+    def _divergence(self, voter: int, bad: m.ConsistencyChunk, mine: list[m.ConsistencyChunk],
+                    resp: m.ConsistencyCheckResponse) -> None:
+        ours = next((c for c in mine if c.start_offset == bad.start_offset), None)
+        bases = [b for b in self.seg_log.segment_base_offsets if b <= bad.start_offset]
+        segment = f"{bases[-1]:020d}.log" if bases else None
+        reason = (f"voter {voter} holds different committed data than this leader in offsets "
+                  f"[{bad.start_offset}, {bad.end_offset}) (leader segment {segment})")
+        self.metrics.divergence_detected.labels(replica=str(voter)).inc()
+        self.health_problems[f"divergence_replica_{voter}"] = reason
+        self.log.error("divergence_detected", replica=voter, first_diverging_start_offset=bad.start_offset,
+                       first_diverging_end_offset=bad.end_offset, leader_segment=segment,
+                       leader_digest=ours.digest if ours else None, replica_digest=bad.digest,
+                       checked_start_offset=resp.start_offset, checked_end_offset=resp.end_offset,
+                       reason=reason, action="compare the range on both replicas (metalog dump); "
+                       "the replica whose copy is wrong must be wiped and re-replicated")
 
     def metadata_response(self) -> m.MetadataResponse:
         core = self.core
@@ -637,6 +742,7 @@ class Broker:
             self._follow_up.append(qa.SnapshotInstallFailed(now_ms(), a.snapshot_id, str(exc)))
             return
         self.seg_log.truncate_fully(a.snapshot_id.end_offset)
+        self.digest.reset(a.snapshot_id.end_offset)
         self.snapshots.delete_before(a.snapshot_id)
         self.controller.load(load_snapshot(self.snapshots, a.snapshot_id))
         self.metrics.snapshot_load_seconds.observe(time.perf_counter() - t0)

@@ -20,6 +20,7 @@ class ApiKey(enum.IntEnum):
     DESCRIBE_QUORUM = 55
     FETCH_SNAPSHOT = 59
     CONTROLLER_COMMAND = 1000  # metalog's own, outside Kafka's range
+    CONSISTENCY_CHECK = 1001  # metalog's own: cross-replica log digest (broker.consistency)
 
 
 # api key -> (request type, response type, min version, max version)
@@ -36,6 +37,7 @@ APIS: dict[ApiKey, tuple[type[m.Body], type[m.Body], int, int]] = {
     ApiKey.DESCRIBE_QUORUM: (m.DescribeQuorumRequest, m.DescribeQuorumResponse, 0, 0),
     ApiKey.FETCH_SNAPSHOT: (m.FetchSnapshotRequest, m.FetchSnapshotResponse, 0, 0),
     ApiKey.CONTROLLER_COMMAND: (m.ControllerCommandRequest, m.ControllerCommandResponse, 0, 0),
+    ApiKey.CONSISTENCY_CHECK: (m.ConsistencyCheckRequest, m.ConsistencyCheckResponse, 0, 0),
 }
 
 REQUEST_API_KEY: dict[type[m.Body], ApiKey] = {req: key for key, (req, _, _, _) in APIS.items()}

@@ -301,3 +301,34 @@ class ControllerCommandResponse(Body):
     base_offset: int = NO_OFFSET  # offset of the first record the command wrote
     leader_epoch: int = NO_EPOCH
     current_leader: LeaderIdAndEpoch | None = None
+
+
+# --------------------------------------------------------------------------
+# ConsistencyCheck (1001), metalog's own (etcd's corrupt check; no Kafka
+# equivalent): the leader asks a voter for the digest of its log over
+# [start_offset, end_offset), a range both hold committed. The answer covers
+# [max(start_offset, its log start), end_offset) and splits it into chunks so
+# a mismatch can be located (see broker.consistency).
+
+
+class ConsistencyCheckRequest(Body):
+    cluster_id: str
+    leader_id: int
+    leader_epoch: int
+    start_offset: int
+    end_offset: int
+    chunks: int = 64  # at most this many chunk digests in the answer
+
+
+class ConsistencyChunk(msgspec.Struct, array_like=True, frozen=True):
+    start_offset: int
+    end_offset: int
+    digest: int  # CRC-32C over the (base, next, epoch, batch CRC) entries of its batches
+
+
+class ConsistencyCheckResponse(Body):
+    error_code: int = 0
+    error_message: str | None = None
+    start_offset: int = NO_OFFSET
+    end_offset: int = NO_OFFSET
+    chunks: list[ConsistencyChunk] = []

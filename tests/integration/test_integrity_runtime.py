@@ -139,3 +139,64 @@ async def test_a_wiped_follower_is_not_in_sync_until_it_has_caught_up(make_clust
     cluster.stop()
     records = {v: (off, ep) for off, ep, v in committed_values(cluster.data_dir(victim), hw)}
     assert all(records.get(v) == acked[v] for v in acked)
+
+
+async def test_a_replica_whose_committed_data_differs_raises_the_divergence_alarm(make_cluster):
+    """A follower's committed batch is rewritten while it is stopped: same
+    offsets and length, one byte of a record changed, CRC recomputed, so the
+    follower's storage accepts it. Within a few consistency-check intervals
+    the leader logs ONE kind of error event, `divergence_detected`, naming the
+    follower and an offset range containing the batch, counts it in
+    metalog_divergence_detected_total and reports /health 503 "degraded". The
+    leader and the other follower still hold every acknowledged record."""
+    cluster = make_cluster(voters=3, segment_bytes_max=4096, consistency_check_interval_ms=300, **FAST)
+    leader, _ = await asyncio.to_thread(cluster.wait_for_leader, 20)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=5000)
+    try:
+        acked = await produce_all(client, [f"d-{i:05d}".encode() * 4 for i in range(600)], concurrency=8)
+        hw = (await client.metadata()).high_watermark
+    finally:
+        await client.close()
+    victim = next(n for n in cluster.nodes if n != leader)
+    await asyncio.to_thread(cluster.wait_for, lambda: (cluster.quorum(victim) or {}).get("high_watermark", -1) >= hw,
+                            20, "the follower to reach the HW")
+    assert not [x for x in cluster.read_log_lines(leader) if x.get("event") == "divergence_detected"]
+    assert cluster.stop_node(victim) == 0
+    segs = segments(cluster.data_dir(victim))
+    assert len(segs) >= 4, "several sealed segments"
+
+    def flip_a_value_byte(raw: bytearray) -> None:
+        raw[HEADER_SIZE + 4] ^= 0x20  # first byte of the first record's value: 'd' -> 'D'
+
+    bad_offset = rewrite_batch(segs[len(segs) // 2], lambda h: True, flip_a_value_byte)
+    cluster.start_node(victim)
+
+    def alarm():
+        found = [x for x in cluster.read_log_lines(leader) if x.get("event") == "divergence_detected"]
+        return found or None
+
+    found = await asyncio.to_thread(cluster.wait_for, alarm, 30, "the divergence alarm")
+    ev = found[0]
+    assert ev["replica"] == victim and ev["level"] == "error"
+    assert ev["first_diverging_start_offset"] <= bad_offset < ev["first_diverging_end_offset"]
+    assert ev["leader_segment"].endswith(".log")
+    health = cluster.admin(leader, "/health")  # urllib raises on 503: read it raw
+    import urllib.error
+    import urllib.request
+    spec = cluster.nodes[leader]
+    try:
+        urllib.request.urlopen(f"http://{cluster.host}:{spec.admin_port}/health", timeout=2)
+        raise AssertionError("/health answered 200 after a divergence")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 503
+        body = __import__("json").loads(exc.read())
+    assert health is None and body["status"] == "degraded"
+    assert f"divergence_replica_{victim}" in body["problems"]
+    metrics = urllib.request.urlopen(f"http://{cluster.host}:{spec.admin_port}/metrics", timeout=2).read().decode()
+    assert f'metalog_divergence_detected_total{{replica="{victim}"}}' in metrics
+    cluster.stop()
+    for n in cluster.nodes:
+        if n == victim:
+            continue
+        records = {v: (off, ep) for off, ep, v in committed_values(cluster.data_dir(n), hw)}
+        assert all(records.get(v) == acked[v] for v in acked), f"broker {n} lost acknowledged records"

@@ -64,6 +64,11 @@ SAMPLES: dict[type, m.Body] = {
         cluster_id="c1", command="create_topic", args={"name": "t", "partitions": 3, "replication_factor": 2}),
     m.ControllerCommandResponse: m.ControllerCommandResponse(error_code=42, error_message="topic 't' already exists",
                                                              current_leader=LEADER),
+    m.ConsistencyCheckRequest: m.ConsistencyCheckRequest(cluster_id="c1", leader_id=1, leader_epoch=3,
+                                                         start_offset=40, end_offset=900, chunks=16),
+    m.ConsistencyCheckResponse: m.ConsistencyCheckResponse(
+        start_offset=40, end_offset=900, chunks=[m.ConsistencyChunk(40, 470, 0xDEADBEEF),
+                                                 m.ConsistencyChunk(470, 900, 7)]),
 }
 
 
