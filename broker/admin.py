@@ -1,6 +1,8 @@
 """HTTP admin API of a broker (aiohttp): read-only views for people and drills.
 
-    GET /health    200 while serving, 503 after a fatal invariant breach
+    GET /health    200 while serving; 503 after a fatal invariant breach, or
+                   {"status": "degraded", "problems": {...}} while the broker
+                   serves but found something wrong (corruption, quarantine)
     GET /quorum    role, epoch, leader, HW, LEO, log start, snapshots, replicas
     GET /metadata  the controller state (brokers, topics, partitions, configs)
                    with the offset it reflects
@@ -67,6 +69,9 @@ async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
     async def health(_request: web.Request) -> web.Response:
         if broker.fatal is not None:
             return web.json_response({"status": "fatal", "reason": broker.fatal}, status=503)
+        if broker.health_problems:
+            return web.json_response({"status": "degraded", "problems": dict(broker.health_problems),
+                                      "role": str(broker.core.role), "epoch": broker.core.epoch}, status=503)
         return web.json_response({"status": "ok", "role": str(broker.core.role), "epoch": broker.core.epoch})
 
     async def quorum(_request: web.Request) -> web.Response:

@@ -209,7 +209,7 @@ class _Segment:
                 pass
 
 
-def _report_at(path: str, buf: Any, pos: int, expected_offset: int, reason: str) -> CorruptionReport:
+def corruption_report_at(path: str, buf: Any, pos: int, expected_offset: int, reason: str) -> CorruptionReport:
     """A CorruptionReport for damage at `pos` of `buf`, with whatever of the
     header can still be read (epoch, stored and computed CRC)."""
     epoch = expected_crc = actual_crc = None
@@ -711,7 +711,7 @@ class SegmentedLog:
                     f"corrupt batch in {seg.log_path} at byte {res.error_pos} (base offset "
                     f"{res.next_offset}): {res.error}; a valid batch follows at byte {later}, "
                     "so this is not a torn tail", seg.log_path, res.error_pos, res.next_offset,
-                    report=_report_at(seg.log_path, mm, res.error_pos, res.next_offset, res.error))
+                    report=corruption_report_at(seg.log_path, mm, res.error_pos, res.next_offset, res.error))
         del mm
         seg.set_index(res.index_rel, res.index_pos)
         seg.next_offset = res.next_offset
@@ -784,7 +784,7 @@ class SegmentedLog:
         mm = self._map(seg)
         res = self._scan(memoryview(mm) if mm else b"", seg.base_offset, prev_epoch, seg.base_offset)
         if res.error_pos is not None:
-            report = _report_at(seg.log_path, mm, res.error_pos, res.next_offset, res.error)
+            report = corruption_report_at(seg.log_path, mm, res.error_pos, res.next_offset, res.error)
             del mm
             raise CorruptLogError(
                 f"corrupt batch in {seg.log_path} at byte {res.error_pos} (base offset "
