@@ -1,7 +1,8 @@
 """HTTP admin API of a broker (aiohttp): read-only views for people and drills.
 
-    GET /health    200 while serving; 503 with status "degraded" and the
-                   problems (corruption, divergence) or "fatal" after a fatal error
+    GET /health    200 while serving; 503 after a fatal invariant breach, or
+                   {"status": "degraded", "problems": {...}} while the broker
+                   serves but found something wrong (corruption, quarantine)
     GET /quorum    role, epoch, leader, HW, LEO, log start, snapshots, replicas
     GET /metadata  the controller state (brokers, topics, partitions, configs)
                    with the offset it reflects

@@ -51,9 +51,11 @@ from protocol.apis import APIS, REQUEST_API_KEY, ApiKey
 from protocol.codec import ProtocolError
 from protocol.errors import Errors
 from storage.epochs import EpochHistory, read_checkpoint, write_checkpoint
-from storage.errors import LogWriteError, StorageError
+from storage.batch import CorruptBatchError
+from storage.errors import CorruptionReport, CorruptLogError, LogWriteError, StorageError
 from storage.log import SegmentedLog
 from storage.quorum_state import QuorumStateFile
+from storage.scrub import Scrubber
 from storage.snapshot import PartialSnapshot, SnapshotInvariantError, SnapshotStore
 
 PARTITION_DIR = "__cluster_metadata-0"
@@ -139,8 +141,14 @@ class Broker:
         self._command_in_flight: _CommandToken | None = None
         self.fatal: str | None = None
         self._follow_up: list[qa.Event] = []  # fed right after the current step's actions
-        # Why /health says "degraded" (name -> reason): corruption found, divergence...
+        self._executing = False  # inside the action loop of a step
+        # Why /health answers "degraded" (503) while the broker still serves:
+        # key -> human-readable reason (corruption found, quarantine, divergence ...).
         self.health_problems: dict[str, str] = {}
+        self._corruption_seen: set[tuple[str, int]] = set()
+        # Set when a write or fsync failed: writes are answered KAFKA_STORAGE_ERROR.
+        self.storage_error: str | None = None
+        self.scrubber: Scrubber | None = None
         self._consistency_task: asyncio.Task | None = None
         self.stopped = asyncio.Event()
         self.server: asyncio.AbstractServer | None = None
@@ -181,6 +189,83 @@ class Broker:
         if cfg.consistency_check_interval_ms > 0:
             self._consistency_task = asyncio.get_running_loop().create_task(self._consistency_loop())
             self._consistency_task.add_done_callback(self._task_done)
+        loop = asyncio.get_running_loop()
+        self.scrubber = Scrubber(
+            self.seg_log, self.snapshots, cfg.log_scrub_bytes_per_s,
+            # Called on the scrubber thread: the report is handled on the loop.
+            lambda report: loop.call_soon_threadsafe(self._on_corruption, report, "scrub"),
+            logger=self.log, metrics=self.metrics)
+        self.scrubber.start()
+
+    def _on_corruption(self, report: CorruptionReport, source: str = "scrub") -> None:
+        """Corruption found (by the scrubber, a read, a fetch): one structured
+        error event, the metric, /health degraded with the reason. Reported
+        once per (file, position)."""
+        key = (report.path, report.position)
+        if key in self._corruption_seen:
+            return
+        self._corruption_seen.add(key)
+        self.log.error("corruption_detected", source=source, **report.as_log_fields())
+        self.metrics.corrupt_batches.labels(source=source).inc()
+        self.health_problems[f"corruption:{report.path}"] = (
+            f"corrupt data in {report.path} at byte {report.position} (offset {report.base_offset}, "
+            f"found by {source}): {report.reason}")
+        if self.fatal is None and self.core is not None:
+            self._react_to_corruption(report, source)
+
+    def _react_to_corruption(self, report: CorruptionReport, source: str) -> None:
+        """Issue 12 item 4: quarantine through the storage and tell the core
+        (LogQuarantined): a leader resigns, a voter abstains until it has
+        re-replicated past the end it had. With no other copy (one voter) the
+        broker stops instead: truncating would lose committed records."""
+        if report.path.endswith(".checkpoint"):
+            self._snapshot_corrupt(report)
+            return
+        if len(self.voters) == 1 and self.cfg.node_id in self.voters:
+            self._fatal("corruption_no_other_copy", self._no_copy_message(report), **report.as_log_fields())
+            return
+        try:
+            state = self.seg_log.quarantine_from(report)
+        except ValueError as exc:
+            # Not a live segment any more (deleted by a log-start move, or already
+            # cut by an earlier report): nothing of the current log is affected.
+            self.log.warning("corruption_not_in_current_log", error=str(exc), file=report.path)
+            return
+        except (StorageError, OSError) as exc:
+            self._storage_failed(f"quarantine failed: {exc}", exc)
+            return
+        self.digest.truncate(self.seg_log.log_end_offset)
+        self.health_problems["quarantine"] = (
+            f"log cut to {self.seg_log.log_end_offset} after corruption; not voting until the log "
+            f"reaches {state.must_reach_offset} again")
+        ev = qa.LogQuarantined(now_ms(), self.seg_log.log_end_offset, state.must_reach_offset)
+        if self._executing:
+            self._follow_up.append(ev)  # the core is mid-step: right after its actions
+        else:
+            self._step(ev)
+
+    def _snapshot_corrupt(self, report: CorruptionReport) -> None:
+        """A snapshot failed verification: keep it for the operator as .corrupt
+        (never deleted), never serve it; a leader steps down (a LogQuarantined
+        that cuts nothing: it resigns and votes again at once) so that a replica
+        with a sound snapshot leads."""
+        try:
+            os.replace(report.path, report.path + ".corrupt")
+        except FileNotFoundError:
+            pass
+        if str(self.core.role) == "leader":
+            end = self.core.log_end_offset
+            ev = qa.LogQuarantined(now_ms(), end, end)
+            if self._executing:
+                self._follow_up.append(ev)
+            else:
+                self._step(ev)
+
+    def _no_copy_message(self, report: CorruptionReport) -> str:
+        return (f"corrupt data in {report.path} at byte {report.position} (offset {report.base_offset}): "
+                f"{report.reason}; this is the only voter, so no other copy exists to re-replicate from. "
+                f"To truncate the log at the corruption (records from offset {report.base_offset} on are "
+                f"lost), run: metalog storage recover --data-dir {self.cfg.data_dir} --truncate-at-corruption")
 
     def _recover_local_state(self) -> tuple[qa.LogView, qa.QuorumStateData | None]:
         """Open the log (crash recovery), clean up and load snapshots (KIP-630
@@ -190,7 +275,29 @@ class Broker:
         os.makedirs(cfg.data_dir, exist_ok=True)
         check_meta(cfg.data_dir, cfg.cluster_id, cfg.node_id)  # before writing anything there
         os.makedirs(self.part_dir, exist_ok=True)
-        self.seg_log = SegmentedLog.open(self.part_dir, segment_bytes_max=cfg.segment_bytes_max, logger=self.log)
+        # Another copy can exist (more than one voter, or we are an observer):
+        # corruption found at open is quarantined and re-replicated. A single
+        # voter has no other copy: refuse to start and say what to do.
+        sole_voter = len(self.voters) == 1 and cfg.node_id in self.voters
+        try:
+            self.seg_log = SegmentedLog.open(self.part_dir, segment_bytes_max=cfg.segment_bytes_max,
+                                             logger=self.log, on_corruption="raise" if sole_voter else "quarantine")
+        except CorruptLogError as exc:
+            raise StartupError(self._no_copy_message(exc.report)) from None
+        if self.seg_log.quarantine is not None:
+            q = self.seg_log.quarantine
+            self.health_problems["quarantine"] = (
+                f"log cut to {self.seg_log.log_end_offset} after corruption "
+                f"({', '.join(r.path for r in q.reports)}); not voting until the log reaches "
+                f"{q.must_reach_offset} again")
+            self.log.warning("started_quarantined", must_reach_offset=q.must_reach_offset,
+                             log_end_offset=self.seg_log.log_end_offset,
+                             reports=[r.as_log_fields() for r in q.reports])
+        q = self.seg_log.quarantine
+        if q is not None:
+            self.health_problems["quarantine"] = (
+                f"log quarantined after corruption ({len(q.reports)} report(s)); re-replicating up to "
+                f"offset {q.must_reach_offset}")
         self.snapshots = SnapshotStore(self.part_dir)
         try:
             boot = self.snapshots.boot_cleanup(self.seg_log.log_start_offset)
@@ -241,6 +348,7 @@ class Broker:
             log_end_offset=self.seg_log.log_end_offset,
             epochs=[tuple(e) for e in epochs.entries],
             snapshots=self.snapshots.list(),
+            must_reach_offset=self.seg_log.quarantine.must_reach_offset if self.seg_log.quarantine else -1,
         )
         return view, qs
 
@@ -273,6 +381,8 @@ class Broker:
             # The task logs its own failure (snapshot_write_failed); just bound the wait.
             await asyncio.wait([self._snapshot_task], timeout=10)
         await self.peers.close()
+        if self.scrubber is not None:
+            await asyncio.to_thread(self.scrubber.stop)
         if graceful and self.fatal is None:
             await asyncio.to_thread(self.seg_log.flush)
             self.seg_log.close()
@@ -294,10 +404,14 @@ class Broker:
             self._fatal("core_step_failed", f"core refused {type(event).__name__}: {exc}",
                         event_type=type(event).__name__, exc=exc)
             return
-        for action in actions:
-            self._execute(action)
-            if self.fatal is not None:
-                return
+        self._executing = True
+        try:
+            for action in actions:
+                self._execute(action)
+                if self.fatal is not None:
+                    return
+        finally:
+            self._executing = False
         if self._follow_up:
             # Events the contract says come before any other (SnapshotInstallFailed).
             follow_up, self._follow_up = self._follow_up, []
@@ -381,6 +495,16 @@ class Broker:
             self.log.info("log_start_advanced", log_start_offset=a.log_start_offset)
         elif t is qa.Fatal:
             self._fatal("invariant_breach", a.reason)
+        elif t is qa.ClearQuarantine:
+            self.seg_log.clear_quarantine()
+            self.health_problems.pop("quarantine", None)
+            self.log.info("quarantine_cleared", must_reach_offset=a.must_reach_offset,
+                          log_end_offset=self.seg_log.log_end_offset)
+        elif t is qa.CorruptionFound:
+            report = getattr(a.error, "report", None)
+            if report is None:
+                report = CorruptionReport("", -1, None, None, None, None, str(a.error))
+            self._on_corruption(report, "fetch")
         else:  # pragma: no cover - the contract is closed
             raise AssertionError(f"unknown action {a!r}")
 
@@ -401,7 +525,12 @@ class Broker:
 
     def _apply_committed(self, hw: int) -> None:
         start = max(self.controller.applied_offset, self.seg_log.log_start_offset)
-        data = self.seg_log.read(start, hw, APPLY_BYTES_PER_STEP)
+        try:
+            data = self.seg_log.read(start, hw, APPLY_BYTES_PER_STEP)
+        except CorruptBatchError as exc:
+            # Never apply damaged bytes: quarantine, re-fetch, apply later.
+            self._on_corruption(exc.report, "apply")
+            return
         if data:
             try:
                 self.controller.apply_batches(data, end_offset=hw)
@@ -419,7 +548,25 @@ class Broker:
         self._maybe_snapshot()
 
     def _storage_failed(self, reason: str, exc: BaseException | None = None) -> None:
+        # Fail-stop at the first failed write or fsync (issue 12 item 8): the
+        # data may be gone from the page cache, so nothing past the last good
+        # sync is acknowledged and fsync is never retried; writes still queued
+        # here get KAFKA_STORAGE_ERROR, recovery is at restart from the log
+        # (torn tail cut, verified from the recovery point) and the leader.
+        self.storage_error = reason
+        self._reject_pending_writes(reason)
         self._fatal("storage_failed", reason, exc=exc)
+
+    def _reject_pending_writes(self, reason: str) -> None:
+        message = f"storage error on broker {self.cfg.node_id}: {reason}"
+        pending, self._pending_produce = self._pending_produce, []
+        self._pending_records = 0
+        for (conn, cid), _records in pending:
+            conn.send_response(cid, m.ProduceResponse(error_code=Errors.KAFKA_STORAGE_ERROR, error_message=message))
+        while self._commands:
+            token, _ = self._commands.popleft()
+            token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
+                error_code=Errors.KAFKA_STORAGE_ERROR, error_message=message))
 
     # ------------------------------------------------------------ timers
     def _schedule_timer(self) -> None:
@@ -504,6 +651,11 @@ class Broker:
         api_key = ApiKey(header.api_key)
         self.metrics.requests.labels(api=api_key.name).inc()
         token = (conn, header.correlation_id)
+        if self.storage_error is not None and api_key in (ApiKey.PRODUCE, ApiKey.CONTROLLER_COMMAND):
+            conn.send_response(header.correlation_id, APIS[api_key][1](
+                error_code=Errors.KAFKA_STORAGE_ERROR,
+                error_message=f"storage error on broker {self.cfg.node_id}: {self.storage_error}"))
+            return
         if self.fatal is not None or self.core is None:
             conn.send_response(header.correlation_id, APIS[api_key][1](error_code=Errors.BROKER_NOT_AVAILABLE))
             return

@@ -1254,7 +1254,12 @@ class QuorumCore:
         elif req.timestamp_ms == m.LIST_OFFSETS_LATEST:
             offset, ts = hw, -1
         else:
-            offset, ts = self._offset_for_timestamp(req.timestamp_ms, lso, hw)
+            try:
+                offset, ts = self._offset_for_timestamp(req.timestamp_ms, lso, hw)
+            except (CorruptBatchError, StorageError) as exc:
+                self._out.append(CorruptionFound(exc))
+                self._respond(token, self._error_response(req, Errors.KAFKA_STORAGE_ERROR))
+                return
             if offset < 0:
                 self._respond(token, m.ListOffsetsResponse(current_leader=cl))
                 return
