@@ -585,11 +585,11 @@ class QuorumCore:
     def _become_candidate(self, now: int) -> None:
         assert self._is_voter
         if self.quarantined:
-            # Not before we hold again everything we may have acknowledged; a
-            # leader of another epoch will find us (BeginQuorumEpoch).
+            # Not before we hold again everything we may have acknowledged.
             self._election_deadline_ms = now + self._election_timeout()
             if self._role in (Role.FOLLOWER, Role.OBSERVER):
                 self._fetch_deadline_ms = now + self.config.fetch_timeout_ms
+            self._probe_for_leader()
             return
         self._leave_role(now)
         self._set_epoch(self._epoch + 1)
@@ -610,6 +610,21 @@ class QuorumCore:
                 candidate_id=self._node_id, last_offset_epoch=last_epoch,
                 last_offset=self._log_end_offset,
             ), "vote")
+
+    def _probe_for_leader(self) -> None:
+        """A quarantined voter that hears from no leader asks the others with a
+        VoteRequest in its own epoch claiming an empty log (last offset -1),
+        which no voter grants and which we never count (kind "probe"). Every
+        answer names the leader it knows (we follow it); a voter in an older
+        epoch moves up to ours, so the others elect a leader in a newer epoch,
+        which then finds us. Without it a voter quarantined as a candidate whose
+        VoteRequests were lost waits forever in an epoch nobody else reached
+        (sim seed 2079)."""
+        for v in self._others:
+            self._send(v, m.VoteRequest(
+                cluster_id=self.config.cluster_id, candidate_epoch=self._epoch,
+                candidate_id=self._node_id, last_offset_epoch=NO_EPOCH, last_offset=NO_OFFSET,
+            ), "probe")
 
     def _become_leader(self, now: int) -> None:
         granted = sorted(self._granted)
@@ -1555,8 +1570,8 @@ class QuorumCore:
         elif kind in ("begin", "end"):
             if self._notify_inflight.get(req.destination) == ev.request_id:
                 del self._notify_inflight[req.destination]
-        if req.epoch != self._epoch:
-            return  # KAFKA-7786: sent under an older epoch; the new epoch carries on
+        if req.epoch != self._epoch or kind == "probe":
+            return  # KAFKA-7786: sent under an older epoch; a probe's news was learnt above
         if kind == "vote":
             self._on_vote_response(ev.destination, resp, now)
         elif kind in ("begin", "end"):

@@ -39,7 +39,8 @@ def test_a_quarantined_voter_never_stands_for_election():
     for _ in range(20):
         t += 5000
         acts = n.step(a.Tick(t))
-        assert not sent(acts, m.VoteRequest)
+        # Only probes (an empty log no voter grants), never a real candidacy.
+        assert all(v.request.last_offset == -1 for v in sent(acts, m.VoteRequest))
         assert n.core.role != "candidate"
     assert n.core.next_deadline_ms is not None  # still ticking, not stuck
 
@@ -83,7 +84,8 @@ def test_a_leader_that_finds_corruption_resigns_and_abstains():
     assert (n.core.log_end_offset, n.core.flushed_end_offset, n.core.high_watermark) == (4, 4, 4)
     assert n.core.quarantined
     for k in range(1, 10):
-        assert not sent(n.step(a.Tick(t + k * 3000)), m.VoteRequest)
+        assert all(v.request.last_offset == -1 for v in sent(n.step(a.Tick(t + k * 3000)), m.VoteRequest))
+        assert n.core.role != "candidate"
 
 
 def test_a_fetch_whose_read_fails_verification_gets_a_storage_error_not_bytes():
@@ -131,3 +133,25 @@ def test_a_candidate_that_finds_corruption_gives_up_the_votes_granted_to_its_old
         n.step(a.ResponseReceived(5001, v.request_id, v.destination, m.VoteResponse(
             leader_id=-1, leader_epoch=n.core.epoch, vote_granted=True)))
     assert n.core.role != "leader"
+
+
+def test_a_quarantined_voter_without_a_leader_probes_with_a_vote_request_nobody_grants():
+    """Sim seed 2079: quarantined as a candidate whose VoteRequests were lost,
+    a voter sat in an epoch nobody else reached and never heard of the leader.
+    Now, at its election timeout, it sends a probe (its epoch, an empty log)
+    and follows the leader any answer names; the probe itself is refused."""
+    n = quarantined_voter()
+    n.step(a.Tick(0))
+    acts = n.step(a.Tick(n.core.next_deadline_ms))
+    probes = sent(acts, m.VoteRequest)
+    assert {p.destination for p in probes} == {1, 3}
+    assert all((p.request.last_offset, p.request.last_offset_epoch) == (-1, -1) for p in probes)
+    assert n.core.role != "candidate"
+    n.step(a.ResponseReceived(n.core.next_deadline_ms or 1, probes[0].request_id, 1, m.VoteResponse(
+        leader_id=3, leader_epoch=n.core.epoch, vote_granted=False)))
+    assert (n.core.role, n.core.leader_id) == ("follower", 3)
+    # A voter never grants such a probe, whatever its own log.
+    other = Node(3)
+    other.step(a.Tick(0))
+    r = one_response(vote(other, 1, candidate=2, epoch=1, last_epoch=-1, last_offset=-1), "v")
+    assert r.vote_granted is False
