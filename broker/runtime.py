@@ -290,6 +290,10 @@ class Broker:
                 f"log cut to {self.seg_log.log_end_offset} after corruption "
                 f"({', '.join(r.path for r in q.reports)}); not voting until the log reaches "
                 f"{q.must_reach_offset} again")
+            for r in q.reports:  # stays for this process's life, as run-time finds do
+                self.health_problems[f"corruption:{r.path}"] = (
+                    f"corrupt data in {r.path} at byte {r.position} (offset {r.base_offset}, found at "
+                    f"start): {r.reason}; kept as .corrupt")
             self.log.warning("started_quarantined", must_reach_offset=q.must_reach_offset,
                              log_end_offset=self.seg_log.log_end_offset,
                              reports=[r.as_log_fields() for r in q.reports])

@@ -133,19 +133,24 @@ async def test_bit_flip_in_a_sealed_segment_of_a_follower_is_quarantined_and_ref
 
 
 async def test_bit_flip_in_a_sealed_segment_of_the_leader_makes_it_resign(make_cluster):
-    """While it leads, the leader's scrubber finds a flipped bit in one of its
-    sealed segments. The user sees `corruption_detected` (source scrub) on it,
-    it resigns (EndQuorumEpoch): another broker leads a newer epoch, the old
-    leader quarantines, re-replicates and leaves quarantine. Every acknowledged
-    record is readable from the cluster, and writes go on."""
-    cluster = make_cluster(voters=3, log_scrub_bytes_per_s=2_000_000, **SMALL)
+    """While it leads, a bit flips in one of the leader's sealed segments; a
+    consumer reading from offset 0 makes the leader read it. The consumer never
+    gets the damaged bytes (the leader answers KAFKA_STORAGE_ERROR and the
+    client retries elsewhere); the user sees `corruption_detected` (source
+    fetch) on the leader, which resigns (EndQuorumEpoch): another broker leads
+    a newer epoch, the old leader quarantines, re-replicates and leaves
+    quarantine. Every acknowledged record is read back, and writes go on."""
+    cluster = make_cluster(voters=3, **SMALL)
     leader, epoch = await asyncio.to_thread(cluster.wait_for_leader, 20)
     acked = await produce_records(cluster, 600, "l")
+    hw = max(off for off, _ in acked.values()) + 1
     path, bad = flip_bit_in_sealed_segment(cluster.data_dir(leader))
+    got = await read_all_from_cluster(cluster, hw)
+    assert all(got.get(v) == acked[v] for v in acked)
     new_leader, new_epoch = await asyncio.to_thread(cluster.wait_for_leader, 30, {leader})
     assert new_epoch > epoch
     ev = events(cluster, leader, "corruption_detected")
-    assert ev and ev[0]["source"] == "scrub" and ev[0]["offset"] == bad
+    assert ev and ev[0]["source"] in ("fetch", "scrub") and ev[0]["offset"] == bad and ev[0]["file"] == path
     await asyncio.to_thread(cluster.wait_for, lambda: events(cluster, leader, "quarantine_cleared"), 30,
                             "the old leader to leave quarantine")
     acked.update(await produce_records(cluster, 50, "after"))
