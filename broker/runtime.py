@@ -50,11 +50,11 @@ from protocol import messages as m
 from protocol.apis import APIS, REQUEST_API_KEY, ApiKey
 from protocol.codec import ProtocolError
 from protocol.errors import Errors
-from storage.epochs import EpochHistory, read_checkpoint, write_checkpoint
+from storage.epochs import EpochCheckpointError, EpochHistory, read_checkpoint, write_checkpoint
 from storage.batch import CorruptBatchError
 from storage.errors import CorruptionReport, CorruptLogError, LogWriteError, StorageError
 from storage.log import SegmentedLog
-from storage.quorum_state import QuorumStateFile
+from storage.quorum_state import QuorumStateError, QuorumStateFile
 from storage.scrub import Scrubber
 from storage.snapshot import PartialSnapshot, SnapshotInvariantError, SnapshotStore
 
@@ -332,7 +332,16 @@ class Broker:
         elif self.seg_log.log_start_offset > 0:
             self.log.warning("log_reset_no_loadable_snapshot", log_start_offset=self.seg_log.log_start_offset)
             self.seg_log.truncate_fully(0)
-        epochs = read_checkpoint(os.path.join(self.part_dir, "leader-epoch-checkpoint"))
+        checkpoint = os.path.join(self.part_dir, "leader-epoch-checkpoint")
+        try:
+            epochs = read_checkpoint(checkpoint)
+        except EpochCheckpointError as exc:
+            # Derived data: the batches carry their epochs. Rebuild it from the
+            # log (below) and keep the damaged file for the operator.
+            self.log.warning("epoch_checkpoint_unreadable", file=checkpoint, error=str(exc),
+                             action="rebuilt from the log's batch headers; the damaged file is kept as .corrupt")
+            os.replace(checkpoint, checkpoint + ".corrupt")
+            epochs = EpochHistory()
         if not epochs.entries and self.seg_log.log_end_offset > self.seg_log.log_start_offset:
             epochs = EpochHistory(self.seg_log.batch_epochs())
         epochs.truncate_from_end(self.seg_log.log_end_offset)
@@ -340,7 +349,15 @@ class Broker:
         if loaded is not None and not epochs.entries:
             epochs.assign(loaded[1].epoch, loaded[1].end_offset)
         self.qs_file = QuorumStateFile(os.path.join(self.part_dir, "quorum-state"))
-        qs_raw = self.qs_file.read()
+        try:
+            qs_raw = self.qs_file.read()
+        except QuorumStateError as exc:
+            raise StartupError(
+                f"{exc}. This file holds the epoch and the vote this voter cast; starting without it "
+                f"could let it vote twice in one epoch, so the broker will not guess. If this broker has "
+                f"been down for longer than an election takes (its epoch is over), move the file aside "
+                f"(mv {self.qs_file.path} {self.qs_file.path}.corrupt): it then starts without a vote in "
+                f"the epoch of its log's last batch and learns the current one from the leader") from None
         qs = None
         if qs_raw is not None:
             qs = qa.QuorumStateData(

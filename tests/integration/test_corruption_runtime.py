@@ -219,3 +219,60 @@ async def test_a_zeroed_tail_is_cut_and_refetched(make_cluster):
     cluster.stop()
     mine = {v: (off, ep) for off, ep, v in committed_values(cluster.data_dir(victim), hw)}
     assert all(mine.get(v) == acked[v] for v in acked)
+
+
+async def test_a_sole_voter_with_corruption_refuses_and_names_the_recover_command(make_cluster):
+    """One voter: no other copy exists, so a damaged sealed segment is not cut
+    away silently. The broker exits non-zero with ONE `fatal` event and a
+    stderr line naming the file, the offset and the exact command that
+    truncates there with the operator's consent."""
+    cluster = make_cluster(voters=1, **SMALL)
+    await asyncio.to_thread(cluster.wait_for_leader, 20)
+    await produce_records(cluster, 400, "s")
+    assert cluster.stop_node(1) == 0
+    path, bad = flip_bit_in_sealed_segment(cluster.data_dir(1))
+    cluster.start_node(1)
+    code = await asyncio.to_thread(cluster.procs[1].wait, 30)
+    assert code in (3, 4)  # refused at open (3) or stopped when the scrubber finds it (4)
+    fatal = events(cluster, 1, "fatal")
+    assert len(fatal) == 1
+    want = f"metalog storage recover --data-dir {cluster.data_dir(1)} --truncate-at-corruption"
+    assert want in fatal[0]["reason"] and path in fatal[0]["reason"] and f"offset {bad}" in fatal[0]["reason"]
+    if code == 3:
+        assert want in open(os.path.join(cluster.node_dir(1), "stderr.log")).read()
+    assert os.path.exists(path) and not os.path.exists(path + ".corrupt"), "nothing cut without consent"
+
+
+async def test_damaged_quorum_state_is_a_clear_refusal_and_a_damaged_epoch_checkpoint_is_rebuilt(make_cluster):
+    """quorum-state holds this voter's vote: a bit flip that breaks it makes the
+    broker refuse to start (exit 3, one `fatal` event, stderr says why and what
+    to do), never a traceback. The leader-epoch-checkpoint is derived data: a
+    damaged one is kept as .corrupt and rebuilt from the log
+    (`epoch_checkpoint_unreadable`); the broker catches up with every acked record."""
+    cluster = make_cluster(voters=3, **SMALL)
+    leader, _ = await asyncio.to_thread(cluster.wait_for_leader, 20)
+    acked = await produce_records(cluster, 300, "q")
+    hw = max(off for off, _ in acked.values()) + 1
+    a, b = [n for n in cluster.nodes if n != leader]
+    for n in (a, b):
+        await asyncio.to_thread(cluster.wait_for, caught_up(cluster, n, hw), 20, f"broker {n} at the HW")
+    assert cluster.stop_node(a) == 0 and cluster.stop_node(b) == 0
+    qs = os.path.join(cluster.data_dir(a), PART, "quorum-state")
+    raw = bytearray(open(qs, "rb").read())
+    raw[raw.index(b'"') + 1] ^= 0x01  # a bit of the first key's first letter
+    open(qs, "wb").write(raw)
+    ckpt = os.path.join(cluster.data_dir(b), PART, "leader-epoch-checkpoint")
+    raw = bytearray(open(ckpt, "rb").read())
+    raw[0] ^= 0x01  # the version line
+    open(ckpt, "wb").write(raw)
+    cluster.start_node(a)
+    cluster.start_node(b)
+    assert await asyncio.to_thread(cluster.procs[a].wait, 30) == 3
+    fatal = events(cluster, a, "fatal")
+    assert len(fatal) == 1 and fatal[0]["cause"] == "refused_to_start" and "quorum-state" in fatal[0]["reason"]
+    stderr = open(os.path.join(cluster.node_dir(a), "stderr.log")).read()
+    assert "refusing to start" in stderr and "vote twice" in stderr and "Traceback" not in stderr
+    await asyncio.to_thread(cluster.wait_for, caught_up(cluster, b, hw), 20, "the rebuilt broker at the HW")
+    assert events(cluster, b, "epoch_checkpoint_unreadable") and os.path.exists(ckpt + ".corrupt")
+    got = await read_all_from_cluster(cluster, hw)
+    assert all(got.get(v) == acked[v] for v in acked)
