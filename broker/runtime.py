@@ -148,6 +148,10 @@ class Broker:
         self._corruption_seen: set[tuple[str, int]] = set()
         # Set when a write or fsync failed: writes are answered KAFKA_STORAGE_ERROR.
         self.storage_error: str | None = None
+        # Produce tokens handed to the core and not yet answered (bounded by
+        # the connections' in-flight limits): answered KAFKA_STORAGE_ERROR if
+        # the disk fails before the core acknowledges them.
+        self._unanswered_produce: set = set()
         self.scrubber: Scrubber | None = None
         self._consistency_task: asyncio.Task | None = None
         self.stopped = asyncio.Event()
@@ -394,8 +398,10 @@ class Broker:
             self.server.close()
         if self.admin_runner is not None:
             await self.admin_runner.cleanup()
+        me = asyncio.current_task()
         for task in list(self._bg_tasks):
-            task.cancel()
+            if task is not me:  # stop() itself runs as a background task after a failure
+                task.cancel()
         if self._consistency_task is not None:
             self._consistency_task.cancel()
         if self._snapshot_task is not None:
@@ -469,6 +475,7 @@ class Broker:
             self._spawn(self._send(a))
         elif t is qa.Respond:
             token = a.token
+            self._unanswered_produce.discard(token)
             if type(token) is _CommandToken:
                 self._command_done(token, a.response)
             else:
@@ -582,8 +589,16 @@ class Broker:
         message = f"storage error on broker {self.cfg.node_id}: {reason}"
         pending, self._pending_produce = self._pending_produce, []
         self._pending_records = 0
-        for (conn, cid), _records in pending:
+        # Queued here, or handed to the core and not acknowledged (their batch
+        # may not be durable): none of them will be acknowledged by this process.
+        tokens = [token for token, _records in pending] + list(self._unanswered_produce)
+        self._unanswered_produce.clear()
+        for conn, cid in tokens:
             conn.send_response(cid, m.ProduceResponse(error_code=Errors.KAFKA_STORAGE_ERROR, error_message=message))
+        if self._command_in_flight is not None:
+            token, self._command_in_flight = self._command_in_flight, None
+            token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
+                error_code=Errors.KAFKA_STORAGE_ERROR, error_message=message))
         while self._commands:
             token, _ = self._commands.popleft()
             token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
@@ -839,6 +854,7 @@ class Broker:
         waiters = []
         for token, recs in pending:
             waiters.append((token, len(recs)))
+            self._unanswered_produce.add(token)
             records.extend(recs)
         self.metrics.appended_records.inc(len(records))
         self._step(qa.ClientAppend(now_ms(), waiters, records, wall_clock_ms()))

@@ -168,66 +168,15 @@ class Scrubber:
         try:
             if os.fstat(fd).st_ino != ref.inode:
                 return 0, None, 1
-            buf = b""
-            buf_pos = 0  # file position of buf[0]
-            read_pos = 0
-            expected, epoch = ref.base_offset, ref.prev_epoch
-            problem: tuple[int, str] | None = None
-            while read_pos < ref.size and problem is None:
-                if self._stop.is_set():
-                    return read_pos, None, 0
-                chunk = os.pread(fd, min(self._chunk, ref.size - read_pos), read_pos)
-                if not chunk:
-                    problem = (read_pos, f"short read at byte {read_pos} of {ref.size}")
-                    break
-                read_pos += len(chunk)
-                self._throttle(len(chunk))
-                buf = buf + chunk if buf else chunk  # leftover of a batch cut by the chunk
-                view = memoryview(buf)
-                pos = 0
-                while len(buf) - pos >= B.HEADER_SIZE:
-                    try:
-                        h = B.decode_header(view, pos)
-                    except B.CorruptBatchError as exc:
-                        problem = (buf_pos + pos, str(exc))
-                        break
-                    if pos + h.size > len(buf):
-                        break  # the rest of this batch is in the next chunk
-                    if h.base_offset != expected:
-                        problem = (buf_pos + pos, f"base offset {h.base_offset}, expected {expected}")
-                        break
-                    if h.leader_epoch < epoch:
-                        problem = (buf_pos + pos, f"leader epoch {h.leader_epoch} after epoch {epoch}")
-                        break
-                    try:
-                        B.verify_crc(view, pos, h)
-                    except B.CorruptBatchError as exc:
-                        problem = (buf_pos + pos, str(exc))
-                        break
-                    expected, epoch = h.next_offset, h.leader_epoch
-                    pos += h.size
-                view.release()
-                if problem is None:
-                    buf = buf[pos:]
-                    buf_pos += pos
-            if problem is None and buf:
-                problem = (buf_pos, f"{len(buf)} bytes at the end are not a whole batch")
-            if problem is None and expected != ref.next_offset:
-                problem = (ref.size, f"segment ends at offset {expected} but the next segment "
-                                     f"starts at {ref.next_offset}")
-            if problem is None:
-                return read_pos, None, 0
-            if not self._log.segment_unchanged(ref):
-                return read_pos, None, 1  # truncated/renamed/deleted meanwhile: not corruption
-            pos, reason = problem
-            rel = pos - buf_pos
-            report = corruption_report_at(ref.log_path, buf if 0 <= rel < len(buf) else None,
-                                          rel, expected, reason)
-            report = CorruptionReport(report.path, pos, report.base_offset, report.leader_epoch,
-                                      report.expected_crc, report.actual_crc, report.reason)
-            return read_pos, self._found(report), 0
+            check = verify_segment_fd(fd, ref.log_path, ref.size, ref.base_offset, ref.next_offset,
+                                      ref.prev_epoch, self._chunk, self._throttle, self._stop)
         finally:
             os.close(fd)
+        if check.report is None or check.stopped:
+            return check.bytes_read, None, 0
+        if not self._log.segment_unchanged(ref):
+            return check.bytes_read, None, 1  # truncated/renamed/deleted meanwhile: not corruption
+        return check.bytes_read, self._found(check.report), 0
 
     def _scrub_snapshot(self, path: str, sid) -> tuple[int, CorruptionReport | None, int]:
         try:
@@ -260,3 +209,75 @@ class Scrubber:
             return pos, None, 0
         finally:
             os.close(fd)
+
+
+class SegmentCheck(NamedTuple):
+    bytes_read: int
+    next_offset: int  # after the last good batch
+    last_epoch: int
+    report: CorruptionReport | None
+    stopped: bool
+
+
+def verify_segment_fd(fd: int, path: str, size: int, base_offset: int, next_offset: int | None,
+                      prev_epoch: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                      on_read: Callable[[int], None] | None = None,
+                      stop: threading.Event | None = None) -> SegmentCheck:
+    """Verify every batch of one segment file (the first `size` bytes of fd)
+    in chunk_bytes preads: header, length, magic, CRC-32C, offsets contiguous
+    from base_offset (and ending at next_offset when given), epochs monotonic
+    from prev_epoch. Stops at the first problem and reports it."""
+    buf = b""
+    buf_pos = 0  # file position of buf[0]
+    read_pos = 0
+    expected, epoch = base_offset, prev_epoch
+    problem: tuple[int, str] | None = None
+    while read_pos < size and problem is None:
+        if stop is not None and stop.is_set():
+            return SegmentCheck(read_pos, expected, epoch, None, True)
+        chunk = os.pread(fd, min(chunk_bytes, size - read_pos), read_pos)
+        if not chunk:
+            problem = (read_pos, f"short read at byte {read_pos} of {size}")
+            break
+        read_pos += len(chunk)
+        if on_read is not None:
+            on_read(len(chunk))
+        buf = buf + chunk if buf else chunk  # the leftover of a batch cut by the chunk, then the chunk
+        view = memoryview(buf)
+        pos = 0
+        while len(buf) - pos >= B.HEADER_SIZE:
+            try:
+                h = B.decode_header(view, pos)
+            except B.CorruptBatchError as exc:
+                problem = (buf_pos + pos, str(exc))
+                break
+            if pos + h.size > len(buf):
+                break  # the rest of this batch is in the next chunk
+            if h.base_offset != expected:
+                problem = (buf_pos + pos, f"base offset {h.base_offset}, expected {expected}")
+                break
+            if h.leader_epoch < epoch:
+                problem = (buf_pos + pos, f"leader epoch {h.leader_epoch} after epoch {epoch}")
+                break
+            try:
+                B.verify_crc(view, pos, h)
+            except B.CorruptBatchError as exc:
+                problem = (buf_pos + pos, str(exc))
+                break
+            expected, epoch = h.next_offset, h.leader_epoch
+            pos += h.size
+        view.release()
+        if problem is None:
+            buf = buf[pos:]
+            buf_pos += pos
+    if problem is None and buf:
+        problem = (buf_pos, f"{len(buf)} bytes at the end are not a whole batch")
+    if problem is None and next_offset is not None and expected != next_offset:
+        problem = (size, f"segment ends at offset {expected} but the next segment starts at {next_offset}")
+    if problem is None:
+        return SegmentCheck(read_pos, expected, epoch, None, False)
+    pos, reason = problem
+    rel = pos - buf_pos
+    r = corruption_report_at(path, buf if 0 <= rel < len(buf) else None, rel, expected, reason)
+    report = CorruptionReport(path, pos, r.base_offset, r.leader_epoch, r.expected_crc, r.actual_crc, reason)
+    return SegmentCheck(read_pos, expected, epoch, report, False)

@@ -8,6 +8,7 @@
     metalog metadata            leader, epoch, HW and endpoints from any broker
 
     metalog topics|brokers|configs ...   controller commands (tools/admin_cli.py)
+    metalog storage verify|recover       offline log checks (tools/storage_cli.py)
     metalog dump | spark | drill | bench      (their own modules register them)
 """
 
@@ -250,10 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     _client_args(p)
     p.set_defaults(func=cmd_metadata)
 
-    from tools import admin_cli, bench, drill, dump, spark_job
+    from tools import admin_cli, bench, drill, dump, spark_job, storage_cli
 
     # Subcommands that live with their tools: each module adds its own parsers.
-    for module in (admin_cli, dump, spark_job, drill, bench):
+    for module in (admin_cli, dump, spark_job, drill, bench, storage_cli):
         module.register_cli(sub)
     return parser
 
