@@ -1049,10 +1049,12 @@ class SegmentedLog:
                 return item
         return None
 
-    def read(self, start_offset: int, end_offset: int, max_bytes: int) -> bytes:
+    def read(self, start_offset: int, end_offset: int, max_bytes: int, verify: bool | None = None) -> bytes:
         """Whole batches from the one containing start_offset, none with an
         offset >= end_offset, at most max_bytes but always at least one batch
-        when one qualifies; b"" when none does. Crosses segment boundaries."""
+        when one qualifies; b"" when none does. Crosses segment boundaries.
+        `verify` overrides verify_reads for this call (False only for callers
+        that never serve the bytes: the consistency digest takes the stored CRCs)."""
         if start_offset < self._log_start_offset:
             raise ValueError(f"read at offset {start_offset} below the log start offset "
                              f"{self._log_start_offset}")
@@ -1081,7 +1083,7 @@ class SegmentedLog:
                 offset = nxt
             if end_pos > first_pos:
                 data = os.pread(seg.fd, end_pos - first_pos, first_pos)
-                if self._verify_reads:
+                if self._verify_reads if verify is None else verify:
                     self._verify_read(seg, data, first_pos)
                 parts.append(data)
             if stop or offset >= end_offset:
