@@ -248,6 +248,15 @@ async def serve(
 # Client side
 
 
+def _retrieve_exception(task: asyncio.Future) -> None:
+    """A shared connection attempt whose requesters all gave up (timed out)
+    still fails: its awaiters got the error, the failure is logged as
+    connect_failed; mark it retrieved so asyncio does not print "Task
+    exception was never retrieved" on stderr."""
+    if not task.cancelled():
+        task.exception()
+
+
 class NetError(Exception):
     pass
 
@@ -388,6 +397,11 @@ class PeerChannel:
             fut = loop.create_future()
             self._pending[corr] = (fut, APIS[api_key][1])
             assert proto.transport is not None
+            if proto.lost or proto.transport.is_closing():
+                # Closed under us (reset, closed by the peer) before connection_lost
+                # ran: uvloop would raise RuntimeError on write.
+                self._pending.pop(corr, None)
+                raise ConnectionLost(f"connection to {self.peer} closed before the request was written")
             proto.transport.write(codec.encode_request(api_key, corr, self.client_id, body))
             timer = loop.call_at(deadline, self._expire, corr, api_key, timeout_ms)
             try:
@@ -420,6 +434,7 @@ class PeerChannel:
         # Concurrent requesters share one connection attempt.
         if self._connecting is None or self._connecting.done():
             self._connecting = asyncio.ensure_future(self._do_connect())
+            self._connecting.add_done_callback(_retrieve_exception)
         return await asyncio.shield(self._connecting)
 
     async def _do_connect(self) -> _ClientProtocol:

@@ -463,7 +463,7 @@ class Broker:
         """asyncio's handler for exceptions nobody retrieved."""
         exc = context.get("exception")
         message = context.get("message", "")
-        if isinstance(exc, (ConnectionError, asyncio.CancelledError)):
+        if isinstance(exc, (ConnectionError, NetError, ProtocolError, asyncio.CancelledError)):
             # A peer going away under a transport: the connection code owns it.
             self.log.warning("loop_connection_error", message=message, error=repr(exc))
             return
