@@ -37,6 +37,8 @@ def quorum_view(broker: "Broker") -> dict:
         "snapshots": [[s.end_offset, s.epoch] for s in broker.snapshots.list()],
         "voters": sorted(broker.voters),
         "applied_offset": broker.controller.applied_offset,
+        # -1, or the log end a quarantined voter must reach again before it votes
+        "must_reach_offset": getattr(core, "must_reach_offset", -1),
         "fatal": broker.fatal,
     }
     describe = getattr(core, "describe_quorum", None)

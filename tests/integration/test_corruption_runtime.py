@@ -121,6 +121,7 @@ async def test_bit_flip_in_a_sealed_segment_of_a_follower_is_quarantined_and_ref
     assert ev["expected_crc"] != ev["actual_crc"] and ev["position"] > 0
     await asyncio.to_thread(cluster.wait_for, lambda: events(cluster, victim, "quarantine_cleared"), 30,
                             "the follower to re-replicate past its old end")
+    assert cluster.quorum(victim)["must_reach_offset"] == -1
     # Found by the verification at open (started_quarantined) or at run time (log_quarantined).
     assert events(cluster, victim, "started_quarantined") or events(cluster, victim, "log_quarantined")
     assert os.path.exists(path + ".corrupt")
