@@ -200,6 +200,9 @@ class Broker:
         check_meta(cfg.data_dir, cfg.cluster_id, cfg.node_id)  # before writing anything there
         os.makedirs(self.part_dir, exist_ok=True)
         self.seg_log = SegmentedLog.open(self.part_dir, segment_bytes_max=cfg.segment_bytes_max, logger=self.log)
+        for report in self.seg_log.startup_reports:  # already logged by the log (corruption_detected)
+            self._corruption_seen.add((report.path, report.position))
+            self.metrics.corrupt_batches.labels(source="startup").inc()
         q = self.seg_log.quarantine
         if q is not None:
             self.health_problems["quarantine"] = (

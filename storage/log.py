@@ -9,9 +9,12 @@ One directory holds the log as a run of segments. Each segment is a pair
   roughly every ``index_interval_bytes`` of log data. A batch is found by
   bisecting the index and scanning headers forward from the entry.
 
-Two small files sit next to them: ``log-start-offset`` (JSON, written with
-storage.atomic) and ``.clean-shutdown`` (written by ``close()``, removed on
-open). ``.lock`` holds an flock so two processes never open one directory.
+Small files sit next to them: ``log-start-offset`` (JSON, written with
+storage.atomic), ``.clean-shutdown`` (written by ``close()``, removed on
+open), ``recovery-point-offset-checkpoint`` and, while a quarantine lasts,
+``quarantine-state`` (both below). ``.lock`` holds an flock so two processes
+never open one directory. Quarantined segments are kept as
+``<name>.log.corrupt`` / ``<name>.index.corrupt``.
 
 Crash recovery (``SegmentedLog.open``)
 --------------------------------------
@@ -67,6 +70,11 @@ All methods except ``flush()`` belong to one owner thread (the event loop).
 it captures ``(file descriptors, end offset)`` atomically under a lock, syncs
 outside it, and reports exactly the offset captured (lowered if the owner
 truncated meanwhile). Concurrent flushes are serialised by a second lock.
+A third, ``_rp_lock``, orders recovery-point writes: a flush holds it while it
+syncs and moves the point up; a truncation takes it to lower the point first
+(so it may wait for a running fsync). Lock order: flush, rp, fields.
+``sealed_segments()`` and ``segment_unchanged()`` may run on any thread (the
+scrubber's).
 """
 
 from __future__ import annotations
@@ -261,6 +269,8 @@ class SegmentedLog:
         self._verify_reads = verify_reads
         self._on_corruption = on_corruption
         self._quarantine: QuarantineState | None = None
+        # Corruption open() found and quarantined (on_corruption="quarantine").
+        self.startup_reports: list[CorruptionReport] = []
         # Recovery point: read and written under _rp_lock (flush() moves it on a
         # worker thread, truncations lower it on the owner thread).
         self._rp_lock = threading.Lock()
@@ -531,6 +541,7 @@ class SegmentedLog:
         for seg in (self._segments[i], self._segments[-1]):
             known_end = max(known_end, self._last_readable_end(seg))
         self._log.error("corruption_detected", source="startup", **exc.report.as_log_fields())
+        self.startup_reports.append(exc.report)
         self._persist_quarantine(known_end, exc.report)
         self._cut_and_rename(i, exc.position)
 

@@ -72,6 +72,7 @@ def test_unclean_open_quarantines_the_damaged_segment_and_all_later_ones(unflush
     assert event["file"] == path and event["position"] == BATCH_BYTES and event["offset"] == 3
     # The state was persisted before the renames; appends go on from offset 3.
     assert QuarantineState.from_bytes((d / QUARANTINE_FILE).read_bytes()) == q
+    assert log.startup_reports == [q.reports[0]]
     append_batches(log, 2)
     log.close()
     logger = RecordingLogger()
