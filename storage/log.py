@@ -117,7 +117,9 @@ U32_MAX = (1 << 32) - 1
 RELATIVE_OFFSET_ROLL = 1 << 31
 
 _SEGMENT_RE = re.compile(r"^(\d{20})\.(log|index)$")
-_CORRUPT_RE = re.compile(r"^\d{20}\.(log|index)\.corrupt(\.\d+)?$")
+# Anything quarantined by the log, the snapshot store or the runtime: kept for
+# the operator, never read, never warned about.
+_CORRUPT_RE = re.compile(r"\.corrupt(\.\d+)?$")
 _KNOWN_FILES = frozenset(f + t for f in (LOG_START_FILE, CLEAN_SHUTDOWN_FILE, RECOVERY_POINT_FILE, QUARANTINE_FILE)
                          for t in ("", ".tmp")) | {LOCK_FILE}
 _INDEX_ENTRY = struct.Struct(">II")
@@ -328,7 +330,7 @@ class SegmentedLog:
                 (bases if m.group(2) == "log" else index_only).add(int(m.group(1)))
             elif name == CLEAN_SHUTDOWN_FILE:
                 clean = True
-            elif name in _KNOWN_FILES or _CORRUPT_RE.match(name):
+            elif name in _KNOWN_FILES or _CORRUPT_RE.search(name):
                 pass
             else:
                 self._log.warning("unknown_file_ignored", path=os.path.join(d, name))
