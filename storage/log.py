@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import bisect
 import fcntl
+import itertools
 import json
 import mmap
 import os
@@ -130,6 +131,10 @@ _MAGIC_POS = 16
 _MAGIC_BYTE = bytes([B.MAGIC])
 
 
+_GENERATIONS = itertools.count()  # process-wide: next() is atomic under the GIL
+CHANGING = -1  # generation of a segment the owner is truncating right now
+
+
 def segment_file_name(base_offset: int, suffix: str = LOG_SUFFIX) -> str:
     return f"{base_offset:020d}{suffix}"
 
@@ -155,6 +160,7 @@ class SegmentRef(NamedTuple):
     log_path: str
     size: int
     inode: int
+    generation: int  # bumped when the owner truncates it or makes it active again
 
 
 class _ScanResult(NamedTuple):
@@ -172,7 +178,7 @@ class _Segment:
     """One .log/.index pair. Mutated by the owner thread under SegmentedLog._lock."""
 
     __slots__ = ("base_offset", "log_path", "index_path", "fd", "index_fd", "size",
-                 "next_offset", "last_epoch", "index_rel", "index_pos", "last_index_pos")
+                 "next_offset", "last_epoch", "index_rel", "index_pos", "last_index_pos", "generation")
 
     def __init__(self, directory: str, base_offset: int):
         self.base_offset = base_offset
@@ -191,6 +197,10 @@ class _Segment:
         self.index_rel = array("I")
         self.index_pos = array("I")
         self.last_index_pos = 0
+        # Unique per segment object and renewed whenever the content below
+        # `size` may change (truncation), so the scrubber can tell "same name,
+        # same size, even the same (reused) inode, other bytes" (ABA).
+        self.generation = next(_GENERATIONS)
 
     def set_index(self, rel: list[int] | array, pos: list[int] | array) -> None:
         self.index_rel = array("I", rel)
@@ -564,10 +574,6 @@ class SegmentedLog:
             raise ValueError(f"position {report.position} outside {seg.log_path} ({seg.size} bytes)")
         state = self._persist_quarantine(self._end_offset, report)
         self._cut_and_rename(k, report.position)
-        with self._lock:
-            self._flushed_end_offset = min(self._flushed_end_offset, self._end_offset)
-            if self._flush_cap is not None:
-                self._flush_cap = min(self._flush_cap, self._end_offset)
         if self._end_offset < self._log_start_offset:
             self.truncate_fully(self._log_start_offset)
         self._log.warning("log_quarantined", directory=self._dir, must_reach_offset=state.must_reach_offset,
@@ -588,6 +594,10 @@ class SegmentedLog:
             doomed = self._segments[k:]
             del self._segments[k:]
             del self._bases[k:]
+            # A flush running now must not report offsets that are going away.
+            self._flushed_end_offset = min(self._flushed_end_offset, new_end)
+            if self._flush_cap is not None:
+                self._flush_cap = min(self._flush_cap, new_end)
             gone = {id(s) for s in doomed}
             self._unsynced_rolled = [s for s in self._unsynced_rolled if id(s) not in gone]
         renamed = []
@@ -823,12 +833,14 @@ class SegmentedLog:
         with self._lock:
             out = []
             for i, seg in enumerate(self._segments[:-1]):
+                if seg.generation == CHANGING:
+                    continue
                 try:
                     inode = os.fstat(seg.fd).st_ino
                 except OSError:  # closed by a concurrent truncation
                     continue
                 out.append(SegmentRef(seg.base_offset, self._segments[i + 1].base_offset,
-                                      self._prev_epoch(i), seg.log_path, seg.size, inode))
+                                      self._prev_epoch(i), seg.log_path, seg.size, inode, seg.generation))
             return out
 
     def segment_unchanged(self, ref: SegmentRef) -> bool:
@@ -839,7 +851,8 @@ class SegmentedLog:
             for seg in self._segments[:-1]:
                 if seg.base_offset == ref.base_offset and seg.log_path == ref.log_path:
                     try:
-                        return seg.size == ref.size and os.fstat(seg.fd).st_ino == ref.inode
+                        return (seg.size == ref.size and seg.generation == ref.generation
+                                and os.fstat(seg.fd).st_ino == ref.inode)
                     except OSError:
                         return False
             return False
@@ -1176,6 +1189,10 @@ class SegmentedLog:
             assert found is not None, f"offset {end_offset} below the end must be in {seg.log_path}"
             cut, new_end = found[0], found[1]
             doomed, keep = self._segments[k + 1:], k + 1
+        with self._lock:
+            # Before the file changes: the scrubber must not list it, nor take
+            # what it reads meanwhile for the sealed segment it listed before.
+            self._segments[keep - 1].generation = CHANGING
         if cut is not None:
             n_keep = bisect.bisect_left(seg.index_pos, cut)
             os.ftruncate(seg.fd, cut)
@@ -1190,6 +1207,8 @@ class SegmentedLog:
                 seg.next_offset = new_end
             del self._segments[keep:]
             del self._bases[keep:]
+            # Cut, or active again (it will grow): not the bytes a scrubber may be reading.
+            self._segments[-1].generation = next(_GENERATIONS)
             gone = {id(s) for s in doomed}
             self._unsynced_rolled = [s for s in self._unsynced_rolled if id(s) not in gone]
             self._end_offset = new_end
