@@ -288,6 +288,9 @@ class Broker:
                                              logger=self.log, on_corruption="raise" if sole_voter else "quarantine")
         except CorruptLogError as exc:
             raise StartupError(self._no_copy_message(exc.report)) from None
+        for report in self.seg_log.startup_reports:  # already logged by the log (corruption_detected)
+            self._corruption_seen.add((report.path, report.position))
+            self.metrics.corrupt_batches.labels(source="startup").inc()
         if self.seg_log.quarantine is not None:
             q = self.seg_log.quarantine
             self.health_problems["quarantine"] = (
@@ -301,11 +304,6 @@ class Broker:
             self.log.warning("started_quarantined", must_reach_offset=q.must_reach_offset,
                              log_end_offset=self.seg_log.log_end_offset,
                              reports=[r.as_log_fields() for r in q.reports])
-        q = self.seg_log.quarantine
-        if q is not None:
-            self.health_problems["quarantine"] = (
-                f"log quarantined after corruption ({len(q.reports)} report(s)); re-replicating up to "
-                f"offset {q.must_reach_offset}")
         self.snapshots = SnapshotStore(self.part_dir)
         try:
             boot = self.snapshots.boot_cleanup(self.seg_log.log_start_offset)

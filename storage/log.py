@@ -9,9 +9,12 @@ One directory holds the log as a run of segments. Each segment is a pair
   roughly every ``index_interval_bytes`` of log data. A batch is found by
   bisecting the index and scanning headers forward from the entry.
 
-Two small files sit next to them: ``log-start-offset`` (JSON, written with
-storage.atomic) and ``.clean-shutdown`` (written by ``close()``, removed on
-open). ``.lock`` holds an flock so two processes never open one directory.
+Small files sit next to them: ``log-start-offset`` (JSON, written with
+storage.atomic), ``.clean-shutdown`` (written by ``close()``, removed on
+open), ``recovery-point-offset-checkpoint`` and, while a quarantine lasts,
+``quarantine-state`` (both below). ``.lock`` holds an flock so two processes
+never open one directory. Quarantined segments are kept as
+``<name>.log.corrupt`` / ``<name>.index.corrupt``.
 
 Crash recovery (``SegmentedLog.open``)
 --------------------------------------
@@ -67,12 +70,18 @@ All methods except ``flush()`` belong to one owner thread (the event loop).
 it captures ``(file descriptors, end offset)`` atomically under a lock, syncs
 outside it, and reports exactly the offset captured (lowered if the owner
 truncated meanwhile). Concurrent flushes are serialised by a second lock.
+A third, ``_rp_lock``, orders recovery-point writes: a flush holds it while it
+syncs and moves the point up; a truncation takes it to lower the point first
+(so it may wait for a running fsync). Lock order: flush, rp, fields.
+``sealed_segments()`` and ``segment_unchanged()`` may run on any thread (the
+scrubber's).
 """
 
 from __future__ import annotations
 
 import bisect
 import fcntl
+import itertools
 import json
 import mmap
 import os
@@ -109,7 +118,9 @@ U32_MAX = (1 << 32) - 1
 RELATIVE_OFFSET_ROLL = 1 << 31
 
 _SEGMENT_RE = re.compile(r"^(\d{20})\.(log|index)$")
-_CORRUPT_RE = re.compile(r"^\d{20}\.(log|index)\.corrupt(\.\d+)?$")
+# Anything quarantined by the log, the snapshot store or the runtime: kept for
+# the operator, never read, never warned about.
+_CORRUPT_RE = re.compile(r"\.corrupt(\.\d+)?$")
 _KNOWN_FILES = frozenset(f + t for f in (LOG_START_FILE, CLEAN_SHUTDOWN_FILE, RECOVERY_POINT_FILE, QUARANTINE_FILE)
                          for t in ("", ".tmp")) | {LOCK_FILE}
 _INDEX_ENTRY = struct.Struct(">II")
@@ -118,6 +129,10 @@ _LAST_DELTA = struct.Struct(">i")
 _LAST_DELTA_POS = 23
 _MAGIC_POS = 16
 _MAGIC_BYTE = bytes([B.MAGIC])
+
+
+_GENERATIONS = itertools.count()  # process-wide: next() is atomic under the GIL
+CHANGING = -1  # generation of a segment the owner is truncating right now
 
 
 def segment_file_name(base_offset: int, suffix: str = LOG_SUFFIX) -> str:
@@ -145,6 +160,7 @@ class SegmentRef(NamedTuple):
     log_path: str
     size: int
     inode: int
+    generation: int  # bumped when the owner truncates it or makes it active again
 
 
 class _ScanResult(NamedTuple):
@@ -162,7 +178,7 @@ class _Segment:
     """One .log/.index pair. Mutated by the owner thread under SegmentedLog._lock."""
 
     __slots__ = ("base_offset", "log_path", "index_path", "fd", "index_fd", "size",
-                 "next_offset", "last_epoch", "index_rel", "index_pos", "last_index_pos")
+                 "next_offset", "last_epoch", "index_rel", "index_pos", "last_index_pos", "generation")
 
     def __init__(self, directory: str, base_offset: int):
         self.base_offset = base_offset
@@ -181,6 +197,10 @@ class _Segment:
         self.index_rel = array("I")
         self.index_pos = array("I")
         self.last_index_pos = 0
+        # Unique per segment object and renewed whenever the content below
+        # `size` may change (truncation), so the scrubber can tell "same name,
+        # same size, even the same (reused) inode, other bytes" (ABA).
+        self.generation = next(_GENERATIONS)
 
     def set_index(self, rel: list[int] | array, pos: list[int] | array) -> None:
         self.index_rel = array("I", rel)
@@ -261,6 +281,8 @@ class SegmentedLog:
         self._verify_reads = verify_reads
         self._on_corruption = on_corruption
         self._quarantine: QuarantineState | None = None
+        # Corruption open() found and quarantined (on_corruption="quarantine").
+        self.startup_reports: list[CorruptionReport] = []
         # Recovery point: read and written under _rp_lock (flush() moves it on a
         # worker thread, truncations lower it on the owner thread).
         self._rp_lock = threading.Lock()
@@ -318,7 +340,7 @@ class SegmentedLog:
                 (bases if m.group(2) == "log" else index_only).add(int(m.group(1)))
             elif name == CLEAN_SHUTDOWN_FILE:
                 clean = True
-            elif name in _KNOWN_FILES or _CORRUPT_RE.match(name):
+            elif name in _KNOWN_FILES or _CORRUPT_RE.search(name):
                 pass
             else:
                 self._log.warning("unknown_file_ignored", path=os.path.join(d, name))
@@ -531,6 +553,7 @@ class SegmentedLog:
         for seg in (self._segments[i], self._segments[-1]):
             known_end = max(known_end, self._last_readable_end(seg))
         self._log.error("corruption_detected", source="startup", **exc.report.as_log_fields())
+        self.startup_reports.append(exc.report)
         self._persist_quarantine(known_end, exc.report)
         self._cut_and_rename(i, exc.position)
 
@@ -551,10 +574,6 @@ class SegmentedLog:
             raise ValueError(f"position {report.position} outside {seg.log_path} ({seg.size} bytes)")
         state = self._persist_quarantine(self._end_offset, report)
         self._cut_and_rename(k, report.position)
-        with self._lock:
-            self._flushed_end_offset = min(self._flushed_end_offset, self._end_offset)
-            if self._flush_cap is not None:
-                self._flush_cap = min(self._flush_cap, self._end_offset)
         if self._end_offset < self._log_start_offset:
             self.truncate_fully(self._log_start_offset)
         self._log.warning("log_quarantined", directory=self._dir, must_reach_offset=state.must_reach_offset,
@@ -575,6 +594,10 @@ class SegmentedLog:
             doomed = self._segments[k:]
             del self._segments[k:]
             del self._bases[k:]
+            # A flush running now must not report offsets that are going away.
+            self._flushed_end_offset = min(self._flushed_end_offset, new_end)
+            if self._flush_cap is not None:
+                self._flush_cap = min(self._flush_cap, new_end)
             gone = {id(s) for s in doomed}
             self._unsynced_rolled = [s for s in self._unsynced_rolled if id(s) not in gone]
         renamed = []
@@ -810,12 +833,14 @@ class SegmentedLog:
         with self._lock:
             out = []
             for i, seg in enumerate(self._segments[:-1]):
+                if seg.generation == CHANGING:
+                    continue
                 try:
                     inode = os.fstat(seg.fd).st_ino
                 except OSError:  # closed by a concurrent truncation
                     continue
                 out.append(SegmentRef(seg.base_offset, self._segments[i + 1].base_offset,
-                                      self._prev_epoch(i), seg.log_path, seg.size, inode))
+                                      self._prev_epoch(i), seg.log_path, seg.size, inode, seg.generation))
             return out
 
     def segment_unchanged(self, ref: SegmentRef) -> bool:
@@ -826,7 +851,8 @@ class SegmentedLog:
             for seg in self._segments[:-1]:
                 if seg.base_offset == ref.base_offset and seg.log_path == ref.log_path:
                     try:
-                        return seg.size == ref.size and os.fstat(seg.fd).st_ino == ref.inode
+                        return (seg.size == ref.size and seg.generation == ref.generation
+                                and os.fstat(seg.fd).st_ino == ref.inode)
                     except OSError:
                         return False
             return False
@@ -1165,6 +1191,10 @@ class SegmentedLog:
             assert found is not None, f"offset {end_offset} below the end must be in {seg.log_path}"
             cut, new_end = found[0], found[1]
             doomed, keep = self._segments[k + 1:], k + 1
+        with self._lock:
+            # Before the file changes: the scrubber must not list it, nor take
+            # what it reads meanwhile for the sealed segment it listed before.
+            self._segments[keep - 1].generation = CHANGING
         if cut is not None:
             n_keep = bisect.bisect_left(seg.index_pos, cut)
             os.ftruncate(seg.fd, cut)
@@ -1179,6 +1209,8 @@ class SegmentedLog:
                 seg.next_offset = new_end
             del self._segments[keep:]
             del self._bases[keep:]
+            # Cut, or active again (it will grow): not the bytes a scrubber may be reading.
+            self._segments[-1].generation = next(_GENERATIONS)
             gone = {id(s) for s in doomed}
             self._unsynced_rolled = [s for s in self._unsynced_rolled if id(s) not in gone]
             self._end_offset = new_end

@@ -101,3 +101,21 @@ async def test_bit_flip_in_a_sealed_segment_of_a_follower_is_found_and_reported(
     finally:
         await client.close()
     assert got == values
+
+
+async def test_bit_flip_in_quorum_state_refuses_to_start_naming_the_file(make_cluster):
+    """A flipped digit in quorum-state would forge the vote: the broker exits 3
+    and says which file is damaged and what to do, on stderr and in its log."""
+    cluster = make_cluster(voters=1, log_scrub_bytes_per_s=0)
+    await asyncio.to_thread(cluster.wait_for_leader, 20)
+    assert cluster.stop_node(1) == 0
+    path = os.path.join(cluster.data_dir(1), "__cluster_metadata-0", "quorum-state")
+    raw = open(path, "rb").read()
+    flipped = raw.replace(b'"leader_epoch": 1', b'"leader_epoch": 3')  # '1' ^ '3' is one bit
+    assert flipped != raw
+    open(path, "wb").write(flipped)
+    proc = cluster.start_node(1)
+    assert await asyncio.to_thread(proc.wait, 30) == 3
+    stderr = open(os.path.join(cluster.node_dir(1), "stderr.log")).read()
+    assert f"refusing to start: {path}: quorum-state checksum mismatch (stored 0x" in stderr
+    assert "the file is damaged and its vote cannot be trusted" in stderr

@@ -72,6 +72,7 @@ def test_unclean_open_quarantines_the_damaged_segment_and_all_later_ones(unflush
     assert event["file"] == path and event["position"] == BATCH_BYTES and event["offset"] == 3
     # The state was persisted before the renames; appends go on from offset 3.
     assert QuarantineState.from_bytes((d / QUARANTINE_FILE).read_bytes()) == q
+    assert log.startup_reports == [q.reports[0]]
     append_batches(log, 2)
     log.close()
     logger = RecordingLogger()
@@ -201,3 +202,31 @@ def test_malformed_quarantine_state_refuses_to_open(tmp_path):
     (tmp_path / QUARANTINE_FILE).write_text(json.dumps({"version": 1, "must_reach_offset": -1}))
     with pytest.raises(CorruptLogError, match="malformed quarantine-state file"):
         open_log(tmp_path)
+
+
+def test_leader_epoch_checkpoint_carries_a_checksum(tmp_path):
+    """A bit flip that still parses (epoch 3 -> 7) is refused with
+    EpochCheckpointError naming the file; files without the line still read."""
+    from storage.epochs import EpochCheckpointError, EpochHistory, read_checkpoint, write_checkpoint
+
+    path = tmp_path / "leader-epoch-checkpoint"
+    history = EpochHistory([(1, 0), (3, 120)])
+    write_checkpoint(path, history)
+    raw = path.read_bytes()
+    assert raw.startswith(b"0\n2\n1 0\n3 120\ncrc32c 0x") and read_checkpoint(path) == history
+    path.write_bytes(raw.replace(b"3 120", b"7 120"))  # '3' ^ '7' is one bit
+    with pytest.raises(EpochCheckpointError, match=rf"^{path}: checksum mismatch \(stored 0x[0-9a-f]{{8}}, computed"):
+        read_checkpoint(path)
+    path.write_bytes(b"0\n2\n1 0\n3 120\n")  # an older writer's file
+    assert read_checkpoint(path) == history
+
+
+def test_quarantined_files_of_any_kind_are_not_unknown(tmp_path):
+    log = open_log(tmp_path)
+    log.close()
+    for name in ("leader-epoch-checkpoint.corrupt", "00000000000000000010-0000000001.checkpoint.corrupt",
+                 "00000000000000000000.log.corrupt.2"):
+        (tmp_path / name).write_bytes(b"x")
+    logger = RecordingLogger()
+    open_log(tmp_path, logger).close()
+    assert logger.events("unknown_file_ignored") == []

@@ -133,3 +133,38 @@ def test_zero_rate_disables_and_negative_is_refused(log):
     assert not s.enabled and not any(t.name == "metalog-scrubber" for t in threading.enumerate())
     with pytest.raises(ValueError, match="bytes_per_s must be >= 0"):
         Scrubber(log, None, -1, lambda r: None)
+
+
+def test_no_false_reports_while_the_owner_truncates_rolls_and_deletes_concurrently(tmp_path):
+    """The scrubber thread re-reads segments in a loop while the owner thread
+    truncates into sealed segments, appends (rolls) and advances the log start
+    (deleting segments): no report may come out of a healthy log."""
+    log = open_log(tmp_path)
+    append_batches(log, 40)
+    found = []
+    scrubber = Scrubber(log, None, 0, found.append, chunk_bytes=64)  # many small reads: wide race windows
+    stop = threading.Event()
+    passes = []
+
+    def scrub_loop():
+        while not stop.is_set():
+            passes.append(scrubber.scrub_pass())
+
+    t = threading.Thread(target=scrub_loop)
+    t.start()
+    try:
+        deadline = time.monotonic() + 3.0
+        rounds = 0
+        while time.monotonic() < deadline:
+            log.truncate_to(log.log_end_offset - 30)  # cuts into a sealed segment
+            append_batches(log, 12)  # grows back and rolls new segments
+            log.flush()
+            if rounds % 10 == 9:
+                log.advance_log_start(log.segment_base_offsets[1])  # deletes the oldest segment
+            rounds += 1
+    finally:
+        stop.set()
+        t.join(10)
+    assert found == [], found
+    assert rounds > 10 and len(passes) > 10 and sum(p.skipped for p in passes) > 0
+    log.close()
