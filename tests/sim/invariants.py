@@ -17,7 +17,8 @@ After every event (the reference's RaftEventSimulationTest list, plus ours):
 * SnapshotAtLogStart: a log that starts past 0 has a snapshot ending there.
 * QuarantinedVoterAbstains (issue 12, checked by the driver as it executes the
   actions): a voter whose quarantine state is on disk never grants a vote nor
-  sends a VoteRequest, and clears the state only once its flushed log end
+  sends a VoteRequest that could win (a probe claiming an empty log is
+  allowed), and clears the state only once its flushed log end
   reached must_reach_offset. For MajorityReachedHighWatermark a quarantined
   voter still counts as holding what it lost below must_reach_offset: it
   knows it lost it and abstains, which is what makes the lost copy harmless
