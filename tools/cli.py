@@ -130,8 +130,8 @@ def cmd_cluster_up(args) -> int:
     print(f"\nclient config (bootstrap, CA, admin certificate): {cluster.client_config_path}")
     if not cluster.insecure:
         print(f"certificates: {cluster.cert_dir} (CA, node-N, admin)")
-    print(f"try:  metalog --client-config {cluster.client_config_path} produce hello   "
-          "(--client-config is the default from the repo root for run/cluster)")
+    print(f"try:  metalog produce --client-config {cluster.client_config_path} hello")
+    print("      (from the repo root, run/cluster/client.yaml is found without --client-config)")
     sys.stdout.flush()
     if args.exit_when_ready:
         cluster.stop()
