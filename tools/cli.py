@@ -8,6 +8,7 @@
     metalog metadata            leader, epoch, HW and endpoints from any broker
 
     metalog topics|brokers|configs ...   controller commands (tools/admin_cli.py)
+    metalog storage verify|recover       offline log checks (tools/storage_cli.py)
     metalog dump | spark | drill | bench      (their own modules register them)
 """
 
@@ -292,10 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
     _client_args(p)
     p.set_defaults(func=cmd_metadata)
 
-    from tools import admin_cli, bench, certs_cli, drill, dump, spark_job
+    from tools import admin_cli, bench, certs_cli, drill, dump, spark_job, storage_cli
 
     # Subcommands that live with their tools: each module adds its own parsers.
-    for module in (admin_cli, dump, spark_job, drill, bench, certs_cli):
+    for module in (admin_cli, dump, spark_job, drill, bench, storage_cli, certs_cli):
         module.register_cli(sub)
     return parser
 
