@@ -23,6 +23,12 @@ from tests.integration.test_cluster import FAST, committed_values, produce_all
 pytestmark = pytest.mark.slow
 
 PART = "__cluster_metadata-0"
+
+
+def _ctx(cluster):
+    """The client TLS context of the cluster (None when it runs the insecure mode)."""
+    tls = cluster.client_tls()
+    return tls.client() if tls else None
 SMALL = dict(FAST, segment_bytes_max=4096)
 
 
@@ -57,7 +63,7 @@ def flip_bit_in_sealed_segment(data_dir: str, base_offset: int | None = None) ->
 def health(cluster, node: int) -> tuple[int, dict]:
     spec = cluster.nodes[node]
     try:
-        with urllib.request.urlopen(f"http://{cluster.host}:{spec.admin_port}/health", timeout=2) as r:
+        with urllib.request.urlopen(f"{cluster.admin_scheme}://{cluster.host}:{spec.admin_port}/health", timeout=2, context=_ctx(cluster)) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
@@ -68,7 +74,7 @@ def events(cluster, node: int, name: str) -> list[dict]:
 
 
 async def produce_records(cluster, n: int, prefix: str) -> dict[bytes, tuple[int, int]]:
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=5000, max_retries=50)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=5000, max_retries=50)
     try:
         return await produce_all(client, [f"{prefix}-{i:05d}".encode() * 3 for i in range(n)], concurrency=8)
     finally:
@@ -77,7 +83,7 @@ async def produce_records(cluster, n: int, prefix: str) -> dict[bytes, tuple[int
 
 async def read_all_from_cluster(cluster, hw: int, start: int = 0) -> dict[bytes, tuple[int, int]]:
     """Every record in [start, hw), read by a consumer from the cluster's leader."""
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=5000, max_retries=50)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=5000, max_retries=50)
     out: dict[bytes, tuple[int, int]] = {}
     try:
         if start == 0:

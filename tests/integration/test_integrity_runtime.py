@@ -24,6 +24,12 @@ pytestmark = pytest.mark.slow
 PART = "__cluster_metadata-0"
 
 
+def _ctx(cluster):
+    """The client TLS context of the cluster (None when it runs the insecure mode)."""
+    tls = cluster.client_tls()
+    return tls.client() if tls else None
+
+
 def segments(data_dir: str) -> list[str]:
     return sorted(glob.glob(os.path.join(data_dir, PART, "*.log")))
 
@@ -57,7 +63,7 @@ async def test_an_error_applying_committed_records_is_one_fatal_event_and_exit_4
     on stderr; the other brokers keep every acknowledged record."""
     cluster = make_cluster(voters=3, **FAST)
     leader, _ = await asyncio.to_thread(cluster.wait_for_leader, 20)
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=5000)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=5000)
     try:
         acked = await produce_all(client, [f"v-{i:04d}".encode() for i in range(200)], concurrency=8)
         hw = (await client.metadata()).high_watermark
@@ -98,7 +104,7 @@ async def test_a_wiped_follower_is_not_in_sync_until_it_has_caught_up(make_clust
     time so catching up takes many round trips; it then holds every acked record."""
     cluster = make_cluster(voters=3, **FAST)
     leader, _ = await asyncio.to_thread(cluster.wait_for_leader, 20)
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=5000)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=5000)
     try:
         acked = await produce_all(client, [(f"w-{i:05d}-".encode() * 20) for i in range(3000)], concurrency=32)
         hw = (await client.metadata()).high_watermark
@@ -151,7 +157,7 @@ async def test_a_replica_whose_committed_data_differs_raises_the_divergence_alar
     leader and the other follower still hold every acknowledged record."""
     cluster = make_cluster(voters=3, segment_bytes_max=4096, consistency_check_interval_ms=300, **FAST)
     leader, _ = await asyncio.to_thread(cluster.wait_for_leader, 20)
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=5000)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=5000)
     try:
         acked = await produce_all(client, [f"d-{i:05d}".encode() * 4 for i in range(600)], concurrency=8)
         hw = (await client.metadata()).high_watermark
@@ -185,14 +191,14 @@ async def test_a_replica_whose_committed_data_differs_raises_the_divergence_alar
     import urllib.request
     spec = cluster.nodes[leader]
     try:
-        urllib.request.urlopen(f"http://{cluster.host}:{spec.admin_port}/health", timeout=2)
+        urllib.request.urlopen(f"{cluster.admin_scheme}://{cluster.host}:{spec.admin_port}/health", timeout=2, context=_ctx(cluster))
         raise AssertionError("/health answered 200 after a divergence")
     except urllib.error.HTTPError as exc:
         assert exc.code == 503
         body = __import__("json").loads(exc.read())
     assert health is None and body["status"] == "degraded"
     assert f"divergence_replica_{victim}" in body["problems"]
-    metrics = urllib.request.urlopen(f"http://{cluster.host}:{spec.admin_port}/metrics", timeout=2).read().decode()
+    metrics = urllib.request.urlopen(f"{cluster.admin_scheme}://{cluster.host}:{spec.admin_port}/metrics", timeout=2, context=_ctx(cluster)).read().decode()
     assert f'metalog_divergence_detected_total{{replica="{victim}"}}' in metrics
     cluster.stop()
     for n in cluster.nodes:
