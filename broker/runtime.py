@@ -486,6 +486,12 @@ class Broker:
             # A peer going away under a transport: the connection code owns it.
             self.log.warning("loop_connection_error", message=message, error=repr(exc))
             return
+        if "protocol" in context or "transport" in context:
+            # One connection's error (e.g. a malformed frame under TLS, which
+            # uvloop reports here): that transport is closed; the broker goes on.
+            self.log.error("connection_error", message=message, error=repr(exc),
+                           error_type=type(exc).__name__ if exc else None)
+            return
         self._fatal("unhandled_exception", f"{message}: {exc!r}" if exc else message, exc=exc)
 
     def _execute(self, a: qa.Action) -> None:
