@@ -5,6 +5,11 @@
     GET /metadata  the controller state (brokers, topics, partitions, configs)
                    with the offset it reflects
     GET /metrics   Prometheus text format
+
+With authorization on (TLS), /health stays open; /quorum, /metadata and
+/metrics need Describe on the cluster (as DescribeQuorum and Metadata do on
+the binary port): super users, node certificates, or an ACL. A refusal is a
+403 with ``{"error": "CLUSTER_AUTHORIZATION_FAILED", "message": ...}``.
 """
 
 from __future__ import annotations
@@ -12,6 +17,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from aiohttp import web
+
+from broker import authz
+from broker.principal import Principal, principal_from_cert
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 if TYPE_CHECKING:
@@ -63,11 +71,52 @@ def _now_ms() -> int:
     return now_ms()
 
 
+OPEN_PATHS = frozenset({"/health"})
+
+
+def request_principal(request: web.Request) -> Principal:
+    """The principal of an HTTPS request, from the verified client certificate."""
+    transport = request.transport
+    cert = transport.get_extra_info("peercert") if transport is not None else None
+    return principal_from_cert(cert)
+
+
+def admin_denial(broker: "Broker", request: web.Request) -> authz.Denial | None:
+    """None if the request may proceed; the same rules as the binary port."""
+    if not broker.authz_enabled or request.path in OPEN_PATHS:
+        return None
+    peer = request.remote or "?"
+    try:
+        principal = request_principal(request)
+    except ValueError as exc:  # no usable certificate: cannot be anyone
+        return authz.Denial(31, "(none)", f"GET {request.path}", "Describe",
+                            f"Cluster:{authz.CLUSTER_RESOURCE_NAME}", str(exc))
+    return authz.authorize_operation(principal, peer, authz.Operation.DESCRIBE, authz.ResourceType.CLUSTER,
+                                     authz.CLUSTER_RESOURCE_NAME, broker.authz_view(), f"GET {request.path}")
+
+
 async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
+    @web.middleware
+    async def authorize(request: web.Request, handler):
+        denial = admin_denial(broker, request)
+        if denial is None:
+            return await handler(request)
+        broker.metrics.authorization_failures.labels(api="ADMIN_HTTP").inc()
+        broker.log.warning("authorization_failed", peer=request.remote, principal=denial.principal,
+                           api=denial.api, operation=denial.operation, resource=denial.resource,
+                           reason=denial.reason, error="CLUSTER_AUTHORIZATION_FAILED")
+        return web.json_response({"error": "CLUSTER_AUTHORIZATION_FAILED", "message": denial.message()},
+                                 status=403)
+
     async def health(_request: web.Request) -> web.Response:
         if broker.fatal is not None:
             return web.json_response({"status": "fatal", "reason": broker.fatal}, status=503)
-        return web.json_response({"status": "ok", "role": str(broker.core.role), "epoch": broker.core.epoch})
+        body = {"status": "ok", "role": str(broker.core.role), "epoch": broker.core.epoch,
+                "authorization": "on" if broker.authz_enabled else "off"}
+        if not broker.authz_enabled:
+            body["warning"] = ("authorization is off (PLAINTEXT): every client is ANONYMOUS with "
+                               "super-user rights")
+        return web.json_response(body)
 
     async def quorum(_request: web.Request) -> web.Response:
         return web.json_response(quorum_view(broker))
@@ -79,7 +128,7 @@ async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
         return web.Response(body=generate_latest(broker.metrics.registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    app = web.Application()
+    app = web.Application(middlewares=[authorize])
     app.router.add_get("/health", health)
     app.router.add_get("/quorum", quorum)
     app.router.add_get("/metadata", metadata)

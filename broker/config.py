@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 import yaml
 
+from broker.principal import Principal
 from broker.quorum.api import QuorumConfig
 
 
@@ -67,6 +68,9 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     reconnect_backoff_max_ms: int = 1000
     log_level: str = "info"
     log_file: str | None = None
+    # Principals ("User:admin", "Node:1") that bypass ACLs (Kafka's super.users).
+    # They never bypass replica identity binding: see broker/authz.py.
+    super_users: list[str] = []
 
     # -- derived -------------------------------------------------------------
     def voter_endpoints(self) -> dict[int, Endpoint]:
@@ -119,6 +123,11 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         need(self.fetch_max_wait_ms < self.fetch_timeout_ms, "fetch_max_wait_ms",
              f"must be below fetch_timeout_ms ({self.fetch_timeout_ms}), got {self.fetch_max_wait_ms}")
         need(self.segment_bytes_max >= 4096, "segment_bytes_max", "must be >= 4096")
+        for text in self.super_users:
+            try:
+                Principal.parse(text)
+            except ValueError as exc:
+                raise ConfigError(f"super_users: {exc}") from None
         need(self.log_level in ("debug", "info", "warning", "error"), "log_level",
              f"must be one of debug/info/warning/error, got {self.log_level!r}")
         return self

@@ -27,9 +27,11 @@ import collections
 import os
 import random
 import time
+import weakref
 from typing import Any
 
 
+from broker import authz
 from broker.config import BrokerConfig
 from broker.controller import CommandError, Controller, load_latest, load_snapshot, write_controller_snapshot
 from broker.metrics import BrokerMetrics
@@ -130,6 +132,12 @@ class Broker:
         self.stopped = asyncio.Event()
         self.server: asyncio.AbstractServer | None = None
         self.admin_runner = None
+        # Authorization is on exactly when TLS is: without TLS every peer is
+        # ANONYMOUS and no identity can be checked (insecure mode, opt-in).
+        self.authz_enabled = getattr(cfg, "security_protocol", "PLAINTEXT") != "PLAINTEXT"
+        self.super_users = frozenset(cfg.super_users)
+        # Denials already logged, per connection: one log line per (api, operation, resource).
+        self._denials_logged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     # ------------------------------------------------------------------ boot
     async def start(self) -> None:
@@ -150,6 +158,10 @@ class Broker:
             from broker.admin import start_admin
 
             self.admin_runner = await start_admin(self, cfg.admin_endpoint())
+        if not self.authz_enabled:
+            self.log.warning("authorization_disabled", security_protocol="PLAINTEXT",
+                             detail="every connection is User:ANONYMOUS with super-user rights: anyone who can "
+                                    "reach the port can act as a replica, write and change ACLs")
         self.log.info(
             "broker_started", listen=str(ep), voters={k: str(v) for k, v in self.voters.items()},
             log_start_offset=self.seg_log.log_start_offset, log_end_offset=self.seg_log.log_end_offset,
@@ -433,6 +445,13 @@ class Broker:
         if self.fatal is not None or self.core is None:
             conn.send_response(header.correlation_id, APIS[api_key][1](error_code=Errors.BROKER_NOT_AVAILABLE))
             return
+        if self.authz_enabled:
+            # Before anything else sees the request (the core included): a refused
+            # request has no effect on votes, epochs, fetch positions or the HW.
+            denial = authz.authorize(conn.principal, peer_host(conn.peer), api_key, body, self.authz_view())
+            if denial is not None:
+                self._refuse(conn, header.correlation_id, api_key, denial)
+                return
         if api_key in (ApiKey.PRODUCE, ApiKey.CONTROLLER_COMMAND) and body.cluster_id != self.cfg.cluster_id:
             # The core validates the cluster id (and the voter set) of every request
             # it is handed; these two the runtime batches or runs itself.
@@ -450,6 +469,24 @@ class Broker:
             self._enqueue_command(token, body)
         else:
             self._step(qa.RequestReceived(now_ms(), token, body))
+
+    def authz_view(self) -> authz.AuthzView:
+        """The gate's view: ACLs from the controller's applied (committed) state."""
+        return authz.AuthzView(enabled=self.authz_enabled, voters=frozenset(self.voters),
+                               super_users=self.super_users, acls=self.controller.state.acls.values())
+
+    def _refuse(self, conn: Connection, correlation_id: int, api_key: ApiKey, denial: authz.Denial) -> None:
+        self.metrics.authorization_failures.labels(api=api_key.name).inc()
+        seen = self._denials_logged.setdefault(conn, set())
+        key = (denial.api, denial.operation, denial.resource, denial.reason)
+        if key not in seen and len(seen) < 64:  # bounded: a peer cannot grow this without limit
+            seen.add(key)
+            self.log.warning("authorization_failed", peer=conn.peer, principal=denial.principal, api=denial.api,
+                             operation=denial.operation, resource=denial.resource, reason=denial.reason,
+                             error=Errors(denial.error_code).name)
+        response_type = APIS[api_key][1]
+        extra = {"error_message": denial.message()} if "error_message" in response_type.__struct_fields__ else {}
+        conn.send_response(correlation_id, response_type(error_code=denial.error_code, **extra))
 
     def metadata_response(self) -> m.MetadataResponse:
         core = self.core
@@ -535,6 +572,11 @@ class Broker:
             if self.controller.applied_offset < core.log_end_offset:
                 return  # earlier records not applied yet: retried after the next step
             token, body = self._commands.popleft()
+            if body.command in authz.ACL_COMMANDS_DESCRIBE:  # read-only: answered from the applied state
+                token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
+                    base_offset=self.controller.applied_offset, leader_epoch=core.epoch,
+                    result=self.controller.list_acls()))
+                continue
             try:
                 records = build_command(self.controller, body.command, body.args)
             except CommandError as exc:
@@ -612,6 +654,11 @@ class Broker:
         self._step(qa.SnapshotCreated(now_ms(), snap_id))
 
 
+def peer_host(peer: str) -> str:
+    """The address part of "host:port" (what an ACL's host field names)."""
+    return peer.rpartition(":")[0] or peer
+
+
 class _CommandToken:
     __slots__ = ("conn", "correlation_id")
 
@@ -635,6 +682,10 @@ def build_command(controller: Controller, command: str, args: dict) -> list[byte
         return controller.fence_broker(int(args["broker_id"]))
     if command == "unfence_broker":
         return controller.unfence_broker(int(args["broker_id"]))
+    if command == "add_acl":
+        return controller.add_acl(args)
+    if command == "remove_acl":
+        return controller.remove_acl(args)
     if command == "set_config":
         value = args.get("value")
         return controller.set_config(int(args["resource_type"]), str(args["resource_name"]), str(args["name"]),

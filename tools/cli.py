@@ -271,10 +271,16 @@ def main(argv: list[str] | None = None) -> int:
 
         # Client-side logs go to stderr so stdout stays machine-readable.
         configure_logging(os.environ.get("METALOG_LOG_LEVEL", "warning"), sys.stderr)
+    from broker.client import AuthorizationError
+
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:
         return 130
+    except AuthorizationError as exc:
+        # Permanent until an ACL is added: one line, no traceback.
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
     except (OSError, TimeoutError) as exc:
         print(f"metalog: {exc}", file=sys.stderr)
         return 1
