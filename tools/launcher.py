@@ -120,6 +120,8 @@ class LocalCluster:
             "admin_listen": f"{self.host}:{spec.admin_port}",
             "voters": self.voters_string,
             "log_file": self.log_path(node_id),
+            # The launcher's admin user certificate bypasses ACLs (Kafka's super.users).
+            "super_users": ["User:admin"],
         }
         cfg.update(self.common)
         cfg.update(spec.extra)

@@ -270,3 +270,23 @@ def test_a_duplicate_or_malformed_acl_record_is_invalid_not_fatal():
     assert not st.apply(2, r.AccessControlEntry("z", 2, "t", 3, "User:a", "*", 99, 3))
     assert not st.apply(3, r.RemoveAccessControlEntry("nope"))
     assert st.invalid_records == 3 and list(st.acls) == [good.id]
+
+
+def test_acls_survive_a_controller_snapshot(tmp_path):
+    """write_controller_snapshot / load_snapshot (what a restart and an
+    InstallSnapshot use) carry the ACLs."""
+    from broker.controller import ControllerState, load_snapshot, write_controller_snapshot
+    from storage.snapshot import SnapshotStore
+
+    st = ControllerState()
+    st.apply(0, acl())
+    st.apply(1, acl(principal="User:bob", op=a.Operation.READ, perm=a.Permission.DENY, host="10.0.0.1"))
+    st.apply(2, r.RemoveAccessControlEntry(next(iter(st.acls))))
+    st.apply(3, acl(principal="User:carol", rtype=a.ResourceType.CLUSTER, name=a.CLUSTER_RESOURCE_NAME,
+                    op=a.Operation.ALTER))
+    store = SnapshotStore(str(tmp_path))
+    sid = m.SnapshotId(4, 1)
+    write_controller_snapshot(store, st, sid, 0, "c")
+    loaded = load_snapshot(store, sid)
+    assert loaded == st and len(loaded.acls) == 2
+    assert sorted(x.principal for x in loaded.acls.values()) == ["User:bob", "User:carol"]
