@@ -136,6 +136,7 @@ class Broker:
         # ANONYMOUS and no identity can be checked (insecure mode, opt-in).
         self.authz_enabled = getattr(cfg, "security_protocol", "PLAINTEXT") != "PLAINTEXT"
         self.super_users = frozenset(cfg.super_users)
+        self._voter_ids = frozenset(self.voters)
         # Denials already logged, per connection: one log line per (api, operation, resource).
         self._denials_logged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -472,7 +473,7 @@ class Broker:
 
     def authz_view(self) -> authz.AuthzView:
         """The gate's view: ACLs from the controller's applied (committed) state."""
-        return authz.AuthzView(enabled=self.authz_enabled, voters=frozenset(self.voters),
+        return authz.AuthzView(enabled=self.authz_enabled, voters=self._voter_ids,
                                super_users=self.super_users, acls=self.controller.state.acls.values())
 
     def _refuse(self, conn: Connection, correlation_id: int, api_key: ApiKey, denial: authz.Denial) -> None:
