@@ -1,5 +1,9 @@
 """HTTP admin API of a broker (aiohttp): read-only views for people and drills.
 
+Served over mutual TLS like the binary port (security_protocol SSL): a client
+certificate signed by the cluster CA is required; ``request_principal``
+names the caller for the authorizer.
+
     GET /health    200 while serving, 503 after a fatal invariant breach
     GET /quorum    role, epoch, leader, HW, LEO, log start, snapshots, replicas
     GET /metadata  the controller state (brokers, topics, partitions, configs)
@@ -17,14 +21,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from broker import authz
-from broker.principal import Principal, principal_from_cert
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from broker.principal import ANONYMOUS, Principal, principal_from_cert
 
 if TYPE_CHECKING:
     from broker.config import Endpoint
     from broker.runtime import Broker
+
+
+def request_principal(request: web.Request) -> Principal:
+    """Who sent this admin request: the verified client certificate's principal,
+    ``ANONYMOUS`` on a plaintext listener (insecure mode)."""
+    transport = request.transport
+    if transport is None or transport.get_extra_info("sslcontext") is None:
+        return ANONYMOUS
+    return principal_from_cert(transport.get_extra_info("peercert"))
 
 
 def quorum_view(broker: "Broker") -> dict:
@@ -74,13 +87,6 @@ def _now_ms() -> int:
 OPEN_PATHS = frozenset({"/health"})
 
 
-def request_principal(request: web.Request) -> Principal:
-    """The principal of an HTTPS request, from the verified client certificate."""
-    transport = request.transport
-    cert = transport.get_extra_info("peercert") if transport is not None else None
-    return principal_from_cert(cert)
-
-
 def admin_denial(broker: "Broker", request: web.Request) -> authz.Denial | None:
     """None if the request may proceed; the same rules as the binary port."""
     if not broker.authz_enabled or request.path in OPEN_PATHS:
@@ -113,9 +119,10 @@ async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
             return web.json_response({"status": "fatal", "reason": broker.fatal}, status=503)
         body = {"status": "ok", "role": str(broker.core.role), "epoch": broker.core.epoch,
                 "authorization": "on" if broker.authz_enabled else "off"}
-        if not broker.authz_enabled:
-            body["warning"] = ("authorization is off (PLAINTEXT): every client is ANONYMOUS with "
-                               "super-user rights")
+        if broker.tls is None:
+            from broker.runtime import INSECURE_DETAIL
+
+            body["insecure"] = INSECURE_DETAIL + " (authorization is off: every client is ANONYMOUS, a super user)"
         return web.json_response(body)
 
     async def quorum(_request: web.Request) -> web.Response:
@@ -135,6 +142,7 @@ async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, endpoint.host, endpoint.port, reuse_address=True)
+    ssl_context = broker.tls.server() if broker.tls is not None else None
+    site = web.TCPSite(runner, endpoint.host, endpoint.port, reuse_address=True, ssl_context=ssl_context)
     await site.start()
     return runner

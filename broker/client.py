@@ -137,7 +137,10 @@ class MetalogClient:
         connect_timeout_ms: int = 1000,
         client_id: str = "metalog-client",
         logger: Any = None,
+        tls: Any = None,
     ):
+        # tls: broker.tls.TlsFiles (or an ssl.SSLContext) with our client certificate; None = plaintext.
+        self.tls = tls
         self.bootstrap = [(h, int(p)) for h, p in bootstrap]
         if not self.bootstrap:
             raise ValueError("bootstrap must name at least one host:port")
@@ -239,7 +242,7 @@ class MetalogClient:
         if ch is None:
             ch = self._channels[addr] = PeerChannel(
                 addr[0], addr[1], client_id=self.client_id, connect_timeout_ms=self.connect_timeout_ms,
-                reconnect_backoff_ms=self.retry_backoff_ms, logger=self._log,
+                reconnect_backoff_ms=self.retry_backoff_ms, logger=self._log, tls=self.tls,
             )
         return ch
 

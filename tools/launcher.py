@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,8 +72,12 @@ class NodeSpec:
 class LocalCluster:
     def __init__(self, root: str, nodes: list[NodeSpec], cluster_id: str = "metalog-local",
                  host: str = "127.0.0.1", common: dict[str, Any] | None = None,
-                 voter_addrs: dict[int, tuple[str, int]] | None = None):
+                 voter_addrs: dict[int, tuple[str, int]] | None = None, insecure: bool = False):
         self.root = os.path.abspath(root)
+        # Secure by default: a CA, node certificates and an `admin` user certificate in <root>/certs.
+        self.insecure = insecure
+        self.cert_dir = os.path.join(self.root, "certs")
+        self._client_tls: Any = None
         self.nodes = {n.node_id: n for n in nodes}
         self.cluster_id = cluster_id
         self.host = host
@@ -85,7 +88,8 @@ class LocalCluster:
 
     @classmethod
     def create(cls, root: str, voters: int = 3, observers: int = 1, base_port: int | None = None,
-               common: dict[str, Any] | None = None, cluster_id: str = "metalog-local") -> "LocalCluster":
+               common: dict[str, Any] | None = None, cluster_id: str = "metalog-local",
+               insecure: bool = False) -> "LocalCluster":
         n = voters + observers
         if base_port:
             ports = [base_port + i for i in range(n)]
@@ -94,7 +98,7 @@ class LocalCluster:
             got = free_ports(2 * n)
             ports, admin_ports = got[:n], got[n:]
         specs = [NodeSpec(i + 1, ports[i], admin_ports[i], voter=i < voters) for i in range(n)]
-        return cls(root, specs, cluster_id=cluster_id, common=common)
+        return cls(root, specs, cluster_id=cluster_id, common=common, insecure=insecure)
 
     # ----------------------------------------------------------- config
     @property
@@ -123,11 +127,60 @@ class LocalCluster:
             # The launcher's admin user certificate bypasses ACLs (Kafka's super.users).
             "super_users": ["User:admin"],
         }
+        if self.insecure:
+            cfg["security_protocol"] = "PLAINTEXT"
+        else:
+            cfg.update(security_protocol="SSL", ssl_ca_file=os.path.join(self.cert_dir, "ca.crt"),
+                       ssl_cert_file=os.path.join(self.cert_dir, f"node-{node_id}.crt"),
+                       ssl_key_file=os.path.join(self.cert_dir, f"node-{node_id}.key"))
         cfg.update(self.common)
         cfg.update(spec.extra)
         return cfg
 
+    def ensure_certs(self) -> None:
+        """CA + one certificate per node (SANs: the host it listens on and the
+        hosts it is dialled by, e.g. a fault proxy's) + the `admin` user; kept
+        across restarts. Also writes <root>/client.yaml for the CLI."""
+        from broker.client_config import ClientConfig
+        from tools.certs import cluster_certs
+
+        if not self.insecure:
+            hosts = {nid: sorted({self.host, "127.0.0.1", "localhost",
+                                  *(h for vid, (h, _) in self.voter_addrs.items() if vid == nid)})
+                     for nid in self.nodes}
+            cluster_certs(self.cert_dir, hosts, users=("admin",))
+        first = min(self.nodes)
+        ClientConfig(
+            bootstrap=",".join(f"{h}:{p}" for h, p in self.bootstrap()), cluster_id=self.cluster_id,
+            admin=f"{self.admin_scheme}://{self.host}:{self.nodes[first].admin_port}",
+            security_protocol="PLAINTEXT" if self.insecure else "SSL",
+            ssl_ca_file=None if self.insecure else os.path.join(self.cert_dir, "ca.crt"),
+            ssl_cert_file=None if self.insecure else os.path.join(self.cert_dir, "admin.crt"),
+            ssl_key_file=None if self.insecure else os.path.join(self.cert_dir, "admin.key"),
+        ).write(self.client_config_path)
+
+    @property
+    def client_config_path(self) -> str:
+        return os.path.join(self.root, "client.yaml")
+
+    @property
+    def admin_scheme(self) -> str:
+        return "http" if self.insecure else "https"
+
+    def client_tls(self) -> Any:
+        """The `admin` user's TLS files for clients in this process (None when insecure)."""
+        if self.insecure:
+            return None
+        if self._client_tls is None:
+            from broker.tls import TlsFiles, TlsPaths
+
+            self.ensure_certs()
+            d = self.cert_dir
+            self._client_tls = TlsFiles(TlsPaths(f"{d}/ca.crt", f"{d}/admin.crt", f"{d}/admin.key"))
+        return self._client_tls
+
     def write_config(self, node_id: int) -> str:
+        self.ensure_certs()
         os.makedirs(self.node_dir(node_id), exist_ok=True)
         path = os.path.join(self.node_dir(node_id), "broker.yaml")
         with open(path, "w") as f:
@@ -186,11 +239,12 @@ class LocalCluster:
 
     # ----------------------------------------------------------- observing
     def admin(self, node_id: int, path: str, timeout_s: float = 2.0) -> dict | None:
+        from broker.client_config import admin_get
+
         spec = self.nodes[node_id]
-        url = f"http://{self.host}:{spec.admin_port}{path}"
+        url = f"{self.admin_scheme}://{self.host}:{spec.admin_port}{path}"
         try:
-            with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-                return json.loads(resp.read())
+            return admin_get(url, self.client_tls(), timeout_s)
         except Exception:
             return None
 

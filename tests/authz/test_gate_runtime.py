@@ -57,9 +57,10 @@ async def _started_broker(tmp_path) -> Broker:
     port, = free_ports(1)
     cfg = config_from_dict({"node_id": 1, "cluster_id": CID, "data_dir": str(tmp_path / "d"),
                             "listen": f"127.0.0.1:{port}", "voters": f"1@127.0.0.1:{port}",
-                            "super_users": ["User:admin"], "election_timeout_ms": 200})
+                            "super_users": ["User:admin"], "election_timeout_ms": 200,
+                            "security_protocol": "PLAINTEXT"})
     broker = Broker(cfg, structlog.get_logger("test"))
-    broker.authz_enabled = True  # what security_protocol SSL turns on; connections here are stand-ins
+    broker.authz_enabled = True  # what security_protocol SSL turns on; the connections here are stand-ins
     await broker.start()
     deadline = time.monotonic() + 10
     while not (str(broker.core.role) == "leader" and broker.core.high_watermark):
