@@ -27,12 +27,18 @@ Kafka error code. Two kinds of rules:
   Produce                                 Write      topic metadata log
   Fetch (replica id -1), ListOffsets,     Read       topic metadata log
   OffsetsForLeaderEpoch (replica id -1)
-  Metadata, DescribeQuorum                Describe   cluster
+  DescribeQuorum                          Describe   cluster
   ControllerCommand add_acl/remove_acl    Alter      cluster
   ControllerCommand list_acls             Describe   cluster
   any other ControllerCommand             Write      cluster
-  ApiVersions                             (open to every authenticated peer)
+  ApiVersions, Metadata                   (open to every authenticated peer)
   ======================================  =========  ==================
+
+Metadata is open as in Kafka, where any authenticated client learns the
+brokers and the controller: a client must find the leader before it can be
+told what it may do there. The log's own figures in it (high watermark, log
+start, observers) are blanked unless the principal may Describe the topic or
+the cluster (``may_describe_log``); Read and Write on the topic imply that.
 
 With authorization off (the opt-in PLAINTEXT mode, where every connection is
 ``User:ANONYMOUS``) everything is allowed: ANONYMOUS is treated as a super
@@ -262,7 +268,7 @@ def _required(api_key: ApiKey, body: m.Body) -> tuple[Operation, ResourceType, s
         return Operation.WRITE, ResourceType.TOPIC, METADATA_TOPIC
     if api_key in (ApiKey.FETCH, ApiKey.LIST_OFFSETS, ApiKey.OFFSET_FOR_LEADER_EPOCH):
         return Operation.READ, ResourceType.TOPIC, METADATA_TOPIC
-    if api_key in (ApiKey.METADATA, ApiKey.DESCRIBE_QUORUM):
+    if api_key is ApiKey.DESCRIBE_QUORUM:
         return Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_RESOURCE_NAME
     if api_key is ApiKey.CONTROLLER_COMMAND:
         if body.command in ACL_COMMANDS_ALTER:
@@ -270,7 +276,7 @@ def _required(api_key: ApiKey, body: m.Body) -> tuple[Operation, ResourceType, s
         if body.command in ACL_COMMANDS_DESCRIBE:
             return Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_RESOURCE_NAME
         return Operation.WRITE, ResourceType.CLUSTER, CLUSTER_RESOURCE_NAME
-    if api_key is ApiKey.API_VERSIONS:
+    if api_key in (ApiKey.API_VERSIONS, ApiKey.METADATA):
         return None
     raise AssertionError(f"no authorization rule for {api_key!r}")  # a new api must get one
 
@@ -291,6 +297,13 @@ def authorize_operation(principal: Principal, host: str, operation: Operation, r
         else Errors.CLUSTER_AUTHORIZATION_FAILED
     return Denial(code, text, api, pretty_name(operation), f"{pretty_name(resource_type)}:{resource_name}",
                   Errors(code).name)
+
+
+def may_describe_log(principal: Principal, host: str, view: AuthzView) -> bool:
+    """Whether Metadata may show the log's figures (HW, log start, observers)."""
+    return any(authorize_operation(principal, host, Operation.DESCRIBE, rtype, name, view, "METADATA") is None
+               for rtype, name in ((ResourceType.TOPIC, METADATA_TOPIC),
+                                   (ResourceType.CLUSTER, CLUSTER_RESOURCE_NAME)))
 
 
 def authorize(principal: Principal, host: str, api_key: ApiKey, body: m.Body, view: AuthzView) -> Denial | None:

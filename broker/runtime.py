@@ -30,6 +30,8 @@ import time
 import weakref
 from typing import Any
 
+import msgspec
+
 
 from broker import authz
 from broker.config import BrokerConfig
@@ -484,7 +486,13 @@ class Broker:
             conn.send_response(header.correlation_id, m.ApiVersionsResponse(
                 api_keys=[m.ApiVersionRange(int(k), lo, hi) for k, (_, _, lo, hi) in APIS.items()]))
         elif api_key is ApiKey.METADATA:
-            conn.send_response(header.correlation_id, self.metadata_response())
+            resp = self.metadata_response()
+            if self.authz_enabled and not authz.may_describe_log(conn.principal, peer_host(conn.peer),
+                                                                 self.authz_view()):
+                # Routing only (leader, voters), as Kafka answers a client without Describe.
+                resp = msgspec.structs.replace(resp, high_watermark=m.NO_OFFSET, log_start_offset=m.NO_OFFSET,
+                                               observers=[])
+            conn.send_response(header.correlation_id, resp)
         elif api_key is ApiKey.PRODUCE:
             self._enqueue_produce(token, body)
         elif api_key is ApiKey.CONTROLLER_COMMAND:

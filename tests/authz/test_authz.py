@@ -116,8 +116,17 @@ def test_default_deny_with_kafka_error_codes():
     assert a.authorize(ALICE, HOST, ApiKey.CONTROLLER_COMMAND, cmd("create_topic"), v).error_code == 31
 
 
-def test_api_versions_is_open_to_every_authenticated_peer():
+def test_api_versions_and_metadata_are_open_to_every_authenticated_peer():
+    """A client must find the leader before it can be told what it may do; Metadata
+    shows the log's figures only to who may Describe the topic or the cluster."""
     assert a.authorize(ALICE, HOST, ApiKey.API_VERSIONS, m.ApiVersionsRequest(), view()) is None
+    assert a.authorize(ALICE, HOST, ApiKey.METADATA, m.MetadataRequest(), view()) is None
+    assert not a.may_describe_log(ALICE, HOST, view())
+    assert a.may_describe_log(ALICE, HOST, view(acl()))  # Write on the topic implies Describe
+    assert a.may_describe_log(ALICE, HOST, view(acl(op=a.Operation.DESCRIBE, rtype=a.ResourceType.CLUSTER,
+                                                    name=a.CLUSTER_RESOURCE_NAME)))
+    assert a.may_describe_log(node_principal(1), HOST, view())
+    assert a.may_describe_log(ALICE, HOST, view(enabled=False))
 
 
 def test_each_api_needs_its_operation():
@@ -130,7 +139,6 @@ def test_each_api_needs_its_operation():
          read_topic, write_topic),
         (ApiKey.OFFSET_FOR_LEADER_EPOCH, m.OffsetsForLeaderEpochRequest(
             cluster_id=CID, replica_id=-1, current_leader_epoch=-1, leader_epoch=1), read_topic, write_topic),
-        (ApiKey.METADATA, m.MetadataRequest(), acl(op=a.Operation.DESCRIBE, **cluster), read_topic),
         (ApiKey.DESCRIBE_QUORUM, m.DescribeQuorumRequest(), acl(op=a.Operation.DESCRIBE, **cluster), read_topic),
         (ApiKey.CONTROLLER_COMMAND, cmd("register_broker"), acl(op=a.Operation.WRITE, **cluster),
          acl(op=a.Operation.ALTER, **cluster)),
@@ -219,7 +227,7 @@ def test_every_api_has_a_rule():
     assert set(bodies) == set(APIS)
     for api, body in bodies.items():
         d = a.authorize(ALICE, HOST, api, body, view())
-        assert (d is None) == (api is ApiKey.API_VERSIONS), api
+        assert (d is None) == (api in (ApiKey.API_VERSIONS, ApiKey.METADATA)), api
 
 
 # ------------------------------------------------------------ ACL records and commands

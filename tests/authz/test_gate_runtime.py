@@ -130,6 +130,12 @@ async def test_refused_requests_never_reach_the_core_and_acls_take_effect_once_c
             ("User:alice", "Write", "__cluster_metadata")]
         resp = await alice.call(broker, ApiKey.PRODUCE, produce, 6)
         assert resp.error_code == 0 and resp.base_offset >= leo
+        # Metadata: routing for everyone, the log's figures only with Describe (Write implies it)
+        bob = FakeConn(Principal("User", "bob"))
+        meta = await bob.call(broker, ApiKey.METADATA, m.MetadataRequest(), 1)
+        assert (meta.leader_id, meta.high_watermark, meta.log_start_offset) == (1, -1, -1)
+        meta = await alice.call(broker, ApiKey.METADATA, m.MetadataRequest(), 8)
+        assert meta.leader_id == 1 and meta.high_watermark > 0
         # Write does not grant Read
         assert (await alice.call(broker, ApiKey.FETCH, _fetch(-1, 0, -1), 7)).error_code == 29
     finally:
