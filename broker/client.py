@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable
 
 import structlog
 
-from broker.net import ConnectionLost, NetError, Overloaded, PeerChannel, RequestTimeout
+from broker.net import ConnectionLost, NetError, Overloaded, PeerChannel, RequestTimeout, TlsHandshakeError
 from protocol import messages as m
 from protocol.apis import ApiKey
 from protocol.errors import Errors, error_name
@@ -83,6 +83,12 @@ def _error(code: int, message: str) -> MetalogError:
 
 class ClusterUnavailable(Exception):
     """No node answered Metadata (or every retry failed)."""
+
+
+class TlsFailure(ClusterUnavailable):
+    """The TLS handshake failed (unknown CA, expired certificate, wrong host name,
+    plaintext/TLS mismatch): retrying would only repeat it, so it is raised at once.
+    The message is one line, e.g. ``TLS handshake with 127.0.0.1:9091 failed: ...``."""
 
 
 class LogTruncationError(Exception):
@@ -269,9 +275,14 @@ class MetalogClient:
         candidates += [a for a in self._endpoints.values() if a not in candidates]
         candidates += [a for a in self.bootstrap if a not in candidates]
         failures = []
+        tls_failure: TlsHandshakeError | None = None
         for addr in candidates:
             try:
                 resp = await self._channel(addr).request(ApiKey.METADATA, m.MetadataRequest(), self.request_timeout_ms)
+            except TlsHandshakeError as exc:
+                tls_failure = tls_failure or exc
+                failures.append(str(exc))
+                continue
             except NetError as exc:
                 failures.append(f"{addr[0]}:{addr[1]}: {exc}")
                 continue
@@ -289,6 +300,8 @@ class MetalogClient:
                 self._endpoints[node.node_id] = (node.host, node.port)
             self._set_leader(resp.leader_id, resp.leader_epoch)
             return resp
+        if tls_failure is not None:
+            raise TlsFailure(str(tls_failure))
         raise ClusterUnavailable("no node answered Metadata: " + "; ".join(failures))
 
     async def _backoff(self, attempt: int) -> None:
@@ -316,6 +329,8 @@ class MetalogClient:
             if self.leader_id not in self._endpoints:
                 try:
                     await self._refresh_metadata()
+                except TlsFailure:
+                    raise
                 except ClusterUnavailable as exc:
                     last_error = exc
                     continue
@@ -328,6 +343,8 @@ class MetalogClient:
             except Overloaded as exc:
                 last_error = exc
                 continue
+            except TlsHandshakeError as exc:
+                raise TlsFailure(str(exc)) from None
             except (RequestTimeout, ConnectionLost) as exc:
                 last_error = exc
                 self.leader_id = m.NO_LEADER  # maybe dead: rediscover

@@ -122,7 +122,9 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             snapshot_chunk_bytes=self.snapshot_chunk_bytes,
         )
 
-    def validate(self) -> "BrokerConfig":
+    def validate(self, check_files: bool = True) -> "BrokerConfig":
+        """`check_files=False` skips checking that the TLS files exist (a compose
+        file names paths inside containers)."""
         def need(cond: bool, key: str, why: str) -> None:
             if not cond:
                 raise ConfigError(f"{key}: {why}")
@@ -156,7 +158,7 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                 path = getattr(self, key)
                 need(bool(path), key, "required with security_protocol SSL (the default); "
                      "`metalog certs` creates the files, `security_protocol: PLAINTEXT` turns TLS off (insecure)")
-                need(os.path.isfile(path), key, f"no such file: {path}")
+                need(not check_files or os.path.isfile(path), key, f"no such file: {path}")
         need(self.max_connections_per_ip <= self.max_connections, "max_connections_per_ip",
              f"must be <= max_connections ({self.max_connections})")
         need(self.failed_connection_backoff_ms <= self.failed_connection_backoff_max_ms,
@@ -201,7 +203,7 @@ def parse_voters(text: str) -> dict[int, Endpoint]:
     return voters
 
 
-def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
+def config_from_dict(data: dict[str, Any], check_files: bool = True) -> BrokerConfig:
     try:
         cfg = msgspec.convert(data, BrokerConfig, strict=False)
     except msgspec.ValidationError as exc:
@@ -209,7 +211,7 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         msg = str(exc)
         key = msg.rsplit("at `$.", 1)[-1].rstrip("`") if "at `$." in msg else "config"
         raise ConfigError(f"{key}: {msg}") from None
-    return cfg.validate()
+    return cfg.validate(check_files)
 
 
 def load_config(path: str, overrides: dict[str, Any] | None = None) -> BrokerConfig:

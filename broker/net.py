@@ -127,7 +127,10 @@ class Connection(asyncio.Protocol):
         except (OSError, TimeoutError, EOFError) as exc:  # ssl.SSLError is an OSError
             from broker.tls import handshake_failure_reason
 
-            listener.failed(self, "tls_handshake_failed", reason=handshake_failure_reason(exc))
+            # Resets and EOFs also come from restarts and fault proxies; only
+            # protocol errors and stalls count toward the address's back-off.
+            listener.failed(self, "tls_handshake_failed", count=isinstance(exc, (ssl.SSLError, TimeoutError)),
+                            reason=handshake_failure_reason(exc))
             transport.abort()
             self._closed_before_ready()
             return
@@ -453,10 +456,11 @@ class Listener:
         if st is not None:
             st.failures = 0
 
-    def failed(self, conn: Connection, event: str, **fields: Any) -> None:
-        """A failed handshake: logged once per connection, counts toward back-off."""
+    def failed(self, conn: Connection, event: str, count: bool = True, **fields: Any) -> None:
+        """A failed handshake: logged once per connection; `count`s toward back-off."""
         self._log.warning(event, peer=conn.peer, **fields)
-        self.record_failure(conn.peer_host)
+        if count:
+            self.record_failure(conn.peer_host)
 
     def record_failure(self, host: str) -> None:
         lim = self.limits

@@ -98,10 +98,15 @@ async def _closed_loop(clients: int, start_at: float, warmup_s: float, duration_
 
 
 async def _metalog_load(endpoints: list[tuple[str, int]], clients: int, start_at: float, warmup_s: float,
-                        duration_s: float, value_bytes: int, tag: str) -> dict:
+                        duration_s: float, value_bytes: int, tag: str, tls_files: list[str] | None = None) -> dict:
     from broker.client import MetalogClient
 
-    client = MetalogClient(endpoints, CLUSTER_ID, request_timeout_ms=10000, max_retries=20)
+    tls = None
+    if tls_files:
+        from broker.tls import TlsFiles, TlsPaths
+
+        tls = TlsFiles(TlsPaths(*tls_files))
+    client = MetalogClient(endpoints, CLUSTER_ID, request_timeout_ms=10000, max_retries=20, tls=tls)
     await client.metadata()
     pad = b"x" * value_bytes
 
@@ -145,7 +150,8 @@ def worker_main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
     if spec["system"] == "metalog":
         coro = _metalog_load([tuple(e) for e in spec["endpoints"]], spec["clients"], spec["start_at"],
-                             spec["warmup_s"], spec["duration_s"], spec["value_bytes"], spec["tag"])
+                             spec["warmup_s"], spec["duration_s"], spec["value_bytes"], spec["tag"],
+                             spec.get("tls"))
     else:
         coro = _etcd_load(spec["url"], spec["clients"], spec["start_at"], spec["warmup_s"],
                           spec["duration_s"], spec["value_bytes"], spec["tag"])
@@ -206,7 +212,11 @@ def _start(cluster: LocalCluster, nodes: list[int] | None = None) -> None:
 
 
 def _metalog_target(cluster: LocalCluster) -> dict:
-    return {"system": "metalog", "endpoints": [list(e) for e in cluster.bootstrap()]}
+    target = {"system": "metalog", "endpoints": [list(e) for e in cluster.bootstrap()]}
+    tls = cluster.client_tls()
+    if tls is not None:
+        target["tls"] = [tls.paths.ca_file, tls.paths.cert_file, tls.paths.key_file]
+    return target
 
 
 # ------------------------------------------------------------------ sections
@@ -251,7 +261,8 @@ def _best(rounds: list[dict]) -> dict:
 async def _failover_async(args, cluster: LocalCluster) -> dict:
     from broker.client import MetalogClient
 
-    client = MetalogClient(cluster.bootstrap(), CLUSTER_ID, request_timeout_ms=2000, retry_backoff_ms=20,
+    client = MetalogClient(cluster.bootstrap(), CLUSTER_ID, tls=cluster.client_tls(), request_timeout_ms=2000,
+                           retry_backoff_ms=20,
                            max_retries=2, connect_timeout_ms=500)
     await client.metadata()
     commits: list[tuple[float, int]] = []  # (monotonic time acknowledged, leader epoch)
@@ -337,7 +348,8 @@ async def _load_metadata(cluster: LocalCluster, records: int, keys: int, value_b
     from broker.client import MetalogClient
     from storage import metadata_records as r
 
-    client = MetalogClient(cluster.bootstrap(), CLUSTER_ID, request_timeout_ms=30000, max_retries=20)
+    client = MetalogClient(cluster.bootstrap(), CLUSTER_ID, tls=cluster.client_tls(), request_timeout_ms=30000,
+                           max_retries=20)
     batch = 2000
     starts = iter(range(0, records, batch))
 

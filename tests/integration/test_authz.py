@@ -209,3 +209,65 @@ def test_a_client_needs_an_acl_and_acls_survive_a_snapshot_and_a_restart(make_cl
     cluster.wait_for_leader()
     offset, _ = asyncio.run(as_alice([b"after-restart"]))
     assert offset > 0
+
+
+def _cli(*argv: str) -> "subprocess.CompletedProcess":
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "tools.cli", *argv], capture_output=True, text=True, timeout=60)
+
+
+def test_cli_refusal_is_one_line_and_acls_commands_grant_and_list(make_cluster, tmp_path):
+    """`metalog produce` as alice without an ACL: exit code 3 and exactly one
+    stderr line naming principal, operation, resource and Kafka's error; the
+    admin's `metalog acls add` grants it, `acls list` shows one line per ACL."""
+    from broker.client_config import ClientConfig
+
+    cluster = make_cluster(voters=3, **FAST)
+    cluster.wait_for_leader()
+    user_tls(cluster, "alice")
+    d = cluster.cert_dir
+    alice_cfg = str(tmp_path / "alice.yaml")
+    ClientConfig(bootstrap=",".join(f"{h}:{p}" for h, p in cluster.bootstrap()), cluster_id=cluster.cluster_id,
+                 ssl_ca_file=f"{d}/ca.crt", ssl_cert_file=f"{d}/alice.crt",
+                 ssl_key_file=f"{d}/alice.key").write(alice_cfg)
+    admin_cfg = cluster.client_config_path
+
+    res = _cli("produce", "--client-config", alice_cfg, "hello")
+    assert res.returncode == 3, res
+    assert res.stderr.splitlines() == ["metalog: error: not authorized: User:alice may not Write topic "
+                                       "__cluster_metadata (TOPIC_AUTHORIZATION_FAILED)"]
+    res = _cli("acls", "add", "--client-config", alice_cfg, "--allow-principal", "User:alice",
+               "--operation", "Write", "--topic", "__cluster_metadata")
+    assert res.returncode == 3
+    assert res.stderr.splitlines() == ["metalog: error: not authorized: User:alice may not Alter cluster "
+                                       "kafka-cluster (CLUSTER_AUTHORIZATION_FAILED)"]
+
+    res = _cli("acls", "add", "--client-config", admin_cfg, "--allow-principal", "User:alice",
+               "--operation", "Write", "--operation", "Read", "--topic", "__cluster_metadata")
+    assert res.returncode == 0, res.stderr
+    res = _cli("acls", "list", "--client-config", admin_cfg)
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == [
+        "User:alice Allow Read from * on Topic:LITERAL:__cluster_metadata",
+        "User:alice Allow Write from * on Topic:LITERAL:__cluster_metadata"]
+    res = _cli("acls", "list", "-o", "json", "--client-config", admin_cfg)
+    import json
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    assert sorted(r["operation"] for r in rows) == ["Read", "Write"] and all(r["principal"] == "User:alice"
+                                                                             for r in rows)
+
+    res = _cli("produce", "--client-config", alice_cfg, "hello")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["records"] == 1
+    res = _cli("acls", "remove", "--client-config", admin_cfg, "--allow-principal", "User:alice",
+               "--operation", "Write", "--topic", "__cluster_metadata")
+    assert res.returncode == 0, res.stderr
+    res = _cli("produce", "--client-config", alice_cfg, "again")
+    assert res.returncode == 3 and "may not Write topic __cluster_metadata" in res.stderr
+    res = _cli("acls", "remove", "--client-config", admin_cfg, "--allow-principal", "User:alice",
+               "--operation", "Write", "--topic", "__cluster_metadata")
+    assert res.returncode == 1
+    assert "no such ACL: User:alice has Allow permission for operation Write from host * on " \
+           "Topic:LITERAL:__cluster_metadata" in res.stderr
