@@ -271,3 +271,47 @@ def test_cli_refusal_is_one_line_and_acls_commands_grant_and_list(make_cluster, 
     assert res.returncode == 1
     assert "no such ACL: User:alice has Allow permission for operation Write from host * on " \
            "Topic:LITERAL:__cluster_metadata" in res.stderr
+
+
+def test_admin_http_api_needs_describe_except_health(make_cluster):
+    """/health is open (and says authorization is on); /quorum, /metadata and
+    /metrics answer alice 403 with CLUSTER_AUTHORIZATION_FAILED until she may
+    Describe; node certificates and the super user may."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    cluster = make_cluster(voters=1, **FAST)
+    cluster.wait_for_leader()
+    base = f"https://{cluster.host}:{cluster.nodes[1].admin_port}"
+
+    def get(tls: TlsFiles, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(base + path, timeout=5, context=tls.client()) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    alice = user_tls(cluster, "alice")
+    status, body = get(alice, "/health")
+    assert status == 200 and json.loads(body)["authorization"] == "on" and "insecure" not in json.loads(body)
+    for path in ("/quorum", "/metadata", "/metrics"):
+        status, body = get(alice, path)
+        assert status == 403, path
+        assert json.loads(body) == {"error": "CLUSTER_AUTHORIZATION_FAILED", "message": (
+            "not authorized: User:alice may not Describe cluster kafka-cluster (CLUSTER_AUTHORIZATION_FAILED)")}
+        assert get(cluster.client_tls(), path)[0] == 200, path
+        assert get(node_tls(cluster, 1), path)[0] == 200, path
+
+    async def grant():
+        admin = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls())
+        try:
+            await admin.command("add_acl", principal="User:alice", operation="Describe", resource_type="cluster")
+        finally:
+            await admin.close()
+
+    asyncio.run(grant())
+    status, body = get(alice, "/quorum")
+    assert status == 200 and json.loads(body)["role"] == "leader"
+    lines = [e for e in auth_failures(cluster, 1) if e["principal"] == "User:alice"]
+    assert {e["api"] for e in lines} == {"GET /quorum", "GET /metadata", "GET /metrics"}
