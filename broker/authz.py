@@ -95,6 +95,10 @@ class Permission(enum.IntEnum):  # Kafka's AclPermissionType codes
 # An Allow for any of these also allows Describe (Kafka's implication rule).
 _IMPLIES_DESCRIBE = frozenset({Operation.READ, Operation.WRITE, Operation.DELETE, Operation.ALTER})
 
+# Requests that may carry a replica claim: checked even for super users.
+REPLICA_APIS = frozenset({ApiKey.VOTE, ApiKey.BEGIN_QUORUM_EPOCH, ApiKey.END_QUORUM_EPOCH, ApiKey.FETCH_SNAPSHOT,
+                          ApiKey.FETCH, ApiKey.OFFSET_FOR_LEADER_EPOCH})
+
 # ControllerCommand name -> the cluster operation it needs.
 ACL_COMMANDS_ALTER = frozenset({"add_acl", "remove_acl"})
 ACL_COMMANDS_DESCRIBE = frozenset({"list_acls"})

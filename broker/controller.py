@@ -107,7 +107,7 @@ class ControllerState:
     """
 
     __slots__ = ("offset", "brokers", "topics", "topic_ids", "partitions", "configs",
-                 "features", "acls", "invalid_records", "last_invalid")
+                 "features", "acls", "acl_version", "invalid_records", "last_invalid")
 
     def __init__(self, offset: int = 0) -> None:
         self.offset = offset
@@ -118,6 +118,7 @@ class ControllerState:
         self.configs: dict[ConfigKey, str] = {}
         self.features: dict[str, int] = {}
         self.acls: dict[str, r.AccessControlEntry] = {}  # by ACL id
+        self.acl_version = 0  # bumped on every ACL change: lets the authorizer cache its view
         # Diagnostic only: not part of equality (a replica that loaded a
         # snapshot never saw the invalid records that preceded it).
         self.invalid_records = 0
@@ -291,11 +292,13 @@ class ControllerState:
         if problem:
             return self._invalid(f"AccessControlEntry {rec.id}: {problem}")
         self.acls[rec.id] = rec
+        self.acl_version += 1
         return True
 
     def _remove_access_control_entry(self, rec: r.RemoveAccessControlEntry) -> bool:
         if self.acls.pop(rec.id, None) is None:
             return self._invalid(f"RemoveAccessControlEntry of unknown ACL {rec.id}")
+        self.acl_version += 1
         return True
 
     def _no_op(self, rec: r.NoOp) -> bool:
@@ -313,6 +316,7 @@ class ControllerState:
         c.configs = dict(self.configs)
         c.features = dict(self.features)
         c.acls = dict(self.acls)
+        c.acl_version = self.acl_version
         c.invalid_records = self.invalid_records
         c.last_invalid = self.last_invalid
         return c

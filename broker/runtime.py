@@ -144,6 +144,9 @@ class Broker:
         self._voter_ids = frozenset(self.voters)
         # Denials already logged, per connection: one log line per (api, operation, resource).
         self._denials_logged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # Per connection: (is a super user, peer host), computed at its first request.
+        self._conn_authz: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._view_cache: tuple[Any, int, authz.AuthzView] | None = None
 
     # ------------------------------------------------------------------ boot
     async def start(self) -> None:
@@ -472,7 +475,7 @@ class Broker:
         if self.authz_enabled:
             # Before anything else sees the request (the core included): a refused
             # request has no effect on votes, epochs, fetch positions or the HW.
-            denial = authz.authorize(conn.principal, peer_host(conn.peer), api_key, body, self.authz_view())
+            denial = self._authorize(conn, api_key, body)
             if denial is not None:
                 self._refuse(conn, header.correlation_id, api_key, denial)
                 return
@@ -487,7 +490,7 @@ class Broker:
                 api_keys=[m.ApiVersionRange(int(k), lo, hi) for k, (_, _, lo, hi) in APIS.items()]))
         elif api_key is ApiKey.METADATA:
             resp = self.metadata_response()
-            if self.authz_enabled and not authz.may_describe_log(conn.principal, peer_host(conn.peer),
+            if self.authz_enabled and not authz.may_describe_log(conn.principal, self._conn_authz[conn][1],
                                                                  self.authz_view()):
                 # Routing only (leader, voters), as Kafka answers a client without Describe.
                 resp = msgspec.structs.replace(resp, high_watermark=m.NO_OFFSET, log_start_offset=m.NO_OFFSET,
@@ -501,9 +504,24 @@ class Broker:
             self._step(qa.RequestReceived(now_ms(), token, body))
 
     def authz_view(self) -> authz.AuthzView:
-        """The gate's view: ACLs from the controller's applied (committed) state."""
-        return authz.AuthzView(enabled=self.authz_enabled, voters=self._voter_ids,
-                               super_users=self.super_users, acls=self.controller.state.acls.values())
+        """The gate's view: ACLs from the controller's applied (committed) state,
+        rebuilt only when they change (a new state object or an ACL record)."""
+        state = self.controller.state
+        cached = self._view_cache
+        if cached is None or cached[0] is not state or cached[1] != state.acl_version:
+            view = authz.AuthzView(enabled=self.authz_enabled, voters=self._voter_ids,
+                                   super_users=self.super_users, acls=tuple(state.acls.values()))
+            cached = self._view_cache = (state, state.acl_version, view)
+        return cached[2]
+
+    def _authorize(self, conn: Connection, api_key: ApiKey, body: m.Body) -> authz.Denial | None:
+        facts = self._conn_authz.get(conn)
+        if facts is None:
+            facts = self._conn_authz[conn] = (str(conn.principal) in self.super_users, peer_host(conn.peer))
+        is_super, host = facts
+        if is_super and api_key not in authz.REPLICA_APIS:
+            return None  # the hot path of the admin/bench clients: no ACL walk
+        return authz.authorize(conn.principal, host, api_key, body, self.authz_view())
 
     def _refuse(self, conn: Connection, correlation_id: int, api_key: ApiKey, denial: authz.Denial) -> None:
         self.metrics.authorization_failures.labels(api=api_key.name).inc()
