@@ -144,7 +144,9 @@ class Broker:
         self._voter_ids = frozenset(self.voters)
         # Denials already logged, per connection: one log line per (api, operation, resource).
         self._denials_logged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        # Per connection: (is a super user, peer host), computed at its first request.
+        # Per connection: [is a super user, peer host, view the decisions were made
+        # under, {(api, command): decision}], so a client's steady stream of the
+        # same request costs one dict lookup, not an ACL walk.
         self._conn_authz: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._view_cache: tuple[Any, int, authz.AuthzView] | None = None
 
@@ -517,11 +519,25 @@ class Broker:
     def _authorize(self, conn: Connection, api_key: ApiKey, body: m.Body) -> authz.Denial | None:
         facts = self._conn_authz.get(conn)
         if facts is None:
-            facts = self._conn_authz[conn] = (str(conn.principal) in self.super_users, peer_host(conn.peer))
-        is_super, host = facts
-        if is_super and api_key not in authz.REPLICA_APIS:
+            facts = self._conn_authz[conn] = [str(conn.principal) in self.super_users, peer_host(conn.peer), None, {}]
+        is_super, host, decided_under, decisions = facts
+        claims_replica = api_key in authz.REPLICA_APIS and not (
+            api_key in (ApiKey.FETCH, ApiKey.OFFSET_FOR_LEADER_EPOCH) and body.replica_id == m.CONSUMER_REPLICA_ID)
+        if is_super and not claims_replica:
             return None  # the hot path of the admin/bench clients: no ACL walk
-        return authz.authorize(conn.principal, host, api_key, body, self.authz_view())
+        view = self.authz_view()
+        if claims_replica:  # depends on the ids in the body: decided each time
+            return authz.authorize(conn.principal, host, api_key, body, view)
+        if decided_under is not view:
+            decisions.clear()
+            facts[2] = view
+        key = (api_key, body.command if api_key is ApiKey.CONTROLLER_COMMAND else None)
+        if key in decisions:
+            return decisions[key]
+        denial = authz.authorize(conn.principal, host, api_key, body, view)
+        if len(decisions) < 64:  # command names come from the client: bounded
+            decisions[key] = denial
+        return denial
 
     def _refuse(self, conn: Connection, correlation_id: int, api_key: ApiKey, denial: authz.Denial) -> None:
         self.metrics.authorization_failures.labels(api=api_key.name).inc()

@@ -138,5 +138,9 @@ async def test_refused_requests_never_reach_the_core_and_acls_take_effect_once_c
         assert meta.leader_id == 1 and meta.high_watermark > 0
         # Write does not grant Read
         assert (await alice.call(broker, ApiKey.FETCH, _fetch(-1, 0, -1), 7)).error_code == 29
+        # Revoking takes effect on alice's existing connection (decisions are cached per connection).
+        revoke = m.ControllerCommandRequest(cluster_id=CID, command="remove_acl", args=grant.args)
+        assert (await admin.call(broker, ApiKey.CONTROLLER_COMMAND, revoke, 3)).error_code == 0
+        assert (await alice.call(broker, ApiKey.PRODUCE, produce, 9)).error_code == 29
     finally:
         await broker.stop()
