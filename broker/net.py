@@ -131,7 +131,9 @@ class Connection(asyncio.Protocol):
             # protocol errors and stalls count toward the address's back-off.
             listener.failed(self, "tls_handshake_failed", count=isinstance(exc, (ssl.SSLError, TimeoutError)),
                             reason=handshake_failure_reason(exc))
-            transport.abort()
+            # close, not abort: the TLS alert (unknown CA, expired...) reaches the
+            # client, which can then tell its user why.
+            transport.close()
             self._closed_before_ready()
             return
         except asyncio.CancelledError:
@@ -488,6 +490,8 @@ class Listener:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(interval_s)  # a periodic timer, not a stand-in for a condition
+            if self.tls is not None:
+                self.tls.maybe_reload()  # rotation is noticed (and logged) without waiting for a handshake
             cutoff = loop.time() - idle_ms / 1000
             for conn in [c for c in self.connections if c.ready and c.last_active < cutoff and c.inflight == 0]:
                 if not conn.closed:
@@ -563,6 +567,11 @@ class Overloaded(NetError):
     pass
 
 
+_REFUSED_DURING_HANDSHAKE = ("the broker closed the connection during the TLS handshake (certificate from "
+                             "another CA, expired or revoked, or this address is backed off; the broker's log "
+                             "event tls_handshake_failed says which)")
+
+
 class TlsHandshakeError(ConnectionLost):
     """The TLS handshake with a peer failed; the message is one line for people."""
 
@@ -575,6 +584,7 @@ class _ClientProtocol(asyncio.Protocol):
         self.can_write = asyncio.Event()
         self.can_write.set()
         self.lost = False
+        self.got_frame = False  # anything received yet (a close before that, over TLS, is a refusal)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -582,6 +592,7 @@ class _ClientProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         ch = self._channel
+        self.got_frame = True
         try:
             self.decoder.feed(data)
             while True:
@@ -600,7 +611,24 @@ class _ClientProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self.can_write.set()  # wake writers; they will see the loss
-        self._channel._on_lost(self, f"connection to {self._channel.peer} lost: {exc or 'closed by peer'}")
+        ch = self._channel
+        if ch.tls is not None and not self.got_frame and (exc is None or isinstance(exc, ConnectionResetError)):
+            # TLS 1.3: the broker checks our certificate after our side of the
+            # handshake is done; refusing, it closes before answering anything
+            # (asyncio and uvloop send no alert saying why).
+            ch._log.warning("tls_handshake_failed", peer=ch.peer, reason=_REFUSED_DURING_HANDSHAKE)
+            ch._on_lost(self, f"TLS handshake with {ch.peer} failed: {_REFUSED_DURING_HANDSHAKE}", tls_failure=True)
+            return
+        if isinstance(exc, ssl.SSLError):
+            # TLS 1.3: the server checks our certificate after our side of the
+            # handshake is done, so its refusal arrives as the first read.
+            from broker.tls import handshake_failure_reason
+
+            reason = handshake_failure_reason(exc)
+            ch._log.warning("tls_handshake_failed", peer=ch.peer, reason=reason)
+            ch._on_lost(self, f"TLS handshake with {ch.peer} failed: {reason}", tls_failure=True)
+            return
+        ch._on_lost(self, f"connection to {ch.peer} lost: {exc or 'closed by peer'}")
 
     def pause_writing(self) -> None:
         self.can_write.clear()
@@ -738,6 +766,11 @@ class PeerChannel:
         ctx = None
         if self.tls is not None:
             ctx = self.tls if isinstance(self.tls, ssl.SSLContext) else self.tls.client()
+            problem = None if isinstance(self.tls, ssl.SSLContext) else self.tls.own_cert_problem()
+            if problem is not None:
+                self._schedule_backoff(loop)
+                self._log.warning("tls_handshake_failed", peer=self.peer, reason=problem, failures=self._failures)
+                raise TlsHandshakeError(f"TLS handshake with {self.peer} failed: {problem}")
         try:
             async with asyncio.timeout(self.connect_timeout_ms / 1000):
                 if ctx is None:
@@ -749,11 +782,16 @@ class PeerChannel:
                         lambda: _ClientProtocol(self), self.host, self.port, ssl=ctx,
                         server_hostname=self.server_hostname,
                     )
-        except ssl.SSLError as exc:
+        except (ssl.SSLError, ConnectionResetError) as exc:
+            if ctx is None:
+                self._schedule_backoff(loop)
+                raise ConnectionLost(f"cannot connect to {self.peer}: {exc!r}") from None
             from broker.tls import handshake_failure_reason
 
             self._schedule_backoff(loop)
             reason = handshake_failure_reason(exc)
+            if isinstance(exc, ConnectionResetError):
+                reason = _REFUSED_DURING_HANDSHAKE
             self._log.warning("tls_handshake_failed", peer=self.peer, reason=reason, failures=self._failures)
             raise TlsHandshakeError(f"TLS handshake with {self.peer} failed: {reason}") from None
         except (OSError, TimeoutError) as exc:
@@ -795,7 +833,7 @@ class PeerChannel:
         except codec.ResponseDecodeError as exc:
             fut.set_exception(exc)
 
-    def _on_lost(self, proto: _ClientProtocol, reason: str) -> None:
+    def _on_lost(self, proto: _ClientProtocol, reason: str, tls_failure: bool = False) -> None:
         if proto is not self._proto:
             return
         self._proto = None
@@ -803,13 +841,13 @@ class PeerChannel:
             self._schedule_backoff(asyncio.get_running_loop())
             self._log.info("connection_lost", peer=self.peer, reason=reason,
                            inflight=len(self._pending))
-        self._fail_all(reason)
+        self._fail_all(reason, TlsHandshakeError if tls_failure else ConnectionLost)
 
-    def _fail_all(self, reason: str) -> None:
+    def _fail_all(self, reason: str, error: type[ConnectionLost] = ConnectionLost) -> None:
         pending, self._pending = self._pending, {}
         for fut, _ in pending.values():
             if not fut.done():
-                fut.set_exception(ConnectionLost(reason))
+                fut.set_exception(error(reason))
 
 
 class PeerPool:

@@ -90,6 +90,17 @@ def handshake_failure_reason(exc: BaseException) -> str:
     return _reason(exc)
 
 
+def _cert_validity(path: str):
+    from cryptography import x509
+
+    try:
+        with open(path, "rb") as f:
+            cert = x509.load_pem_x509_certificate(f.read())
+    except (OSError, ValueError) as exc:
+        raise TlsConfigError(f"ssl_cert_file {path}: {_reason(exc) if isinstance(exc, OSError) else exc}") from None
+    return cert.not_valid_before_utc, cert.not_valid_after_utc
+
+
 class TlsFiles:
     """The current server and client contexts of one party, reloaded on change."""
 
@@ -115,6 +126,7 @@ class TlsFiles:
         return tuple(out)
 
     def _build(self) -> None:
+        self._validity = _cert_validity(self.paths.cert_file)
         server = server_context(self.paths)
         # A context handed out earlier (e.g. to aiohttp's listener) switches each
         # new handshake over to the current one, so a reload reaches every listener.
@@ -132,6 +144,19 @@ class TlsFiles:
         current = self.server()
         if ctx is not current:
             sslobj.context = current
+
+    def own_cert_problem(self) -> str | None:
+        """Why our own certificate cannot work now (expired, not yet valid), else None.
+        Checked before connecting: the peer's refusal would not say why."""
+        import datetime as dt
+
+        not_before, not_after = self._validity
+        now = dt.datetime.now(dt.timezone.utc)
+        if now > not_after:
+            return f"our certificate {self.paths.cert_file} has expired (not after {not_after.isoformat()})"
+        if now < not_before:
+            return f"our certificate {self.paths.cert_file} is not yet valid (not before {not_before.isoformat()})"
+        return None
 
     def client(self) -> ssl.SSLContext:
         self.maybe_reload()

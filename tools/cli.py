@@ -312,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         from broker.logs import configure_logging
 
         # Client-side logs go to stderr so stdout stays machine-readable.
-        configure_logging(os.environ.get("METALOG_LOG_LEVEL", "warning"), sys.stderr)
+        # The CLI prints its own one-line errors; library warnings only when asked for.
+        configure_logging(os.environ.get("METALOG_LOG_LEVEL", "error"), sys.stderr)
     from broker.client import AuthorizationError, ClusterUnavailable, MetalogError
     from broker.client_config import ClientConfigError
     from broker.tls import TlsConfigError
@@ -327,7 +328,10 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     except (ClientConfigError, TlsConfigError, ClusterUnavailable, MetalogError) as exc:
         # One line, no traceback: e.g. "metalog: error: TLS handshake with 127.0.0.1:9091 failed: ..."
-        print(f"metalog: error: {exc}", file=sys.stderr)
+        hint = ""
+        if getattr(args, "insecure", False) and isinstance(exc, ClusterUnavailable) and "by peer" in str(exc):
+            hint = " (plaintext to a TLS port? the brokers closed the connection; drop --insecure)"
+        print(f"metalog: error: {exc}{hint}", file=sys.stderr)
         return 1
     except (OSError, TimeoutError) as exc:
         print(f"metalog: {exc}", file=sys.stderr)

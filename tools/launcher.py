@@ -144,6 +144,7 @@ class LocalCluster:
         from broker.client_config import ClientConfig
         from tools.certs import cluster_certs
 
+        os.makedirs(self.root, exist_ok=True)
         if not self.insecure:
             hosts = {nid: sorted({self.host, "127.0.0.1", "localhost",
                                   *(h for vid, (h, _) in self.voter_addrs.items() if vid == nid)})
