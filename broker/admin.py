@@ -25,6 +25,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from broker import authz
 from broker.principal import ANONYMOUS, Principal, principal_from_cert
+from protocol.errors import Errors
+
+# Admin denials are logged once per (client address, principal, path); HTTP
+# has no long-lived connection to key on. Bounded so a flood cannot grow it.
+MAX_LOGGED_ADMIN_DENIALS = 1024
 
 if TYPE_CHECKING:
     from broker.config import Endpoint
@@ -95,7 +100,7 @@ def admin_denial(broker: "Broker", request: web.Request) -> authz.Denial | None:
     try:
         principal = request_principal(request)
     except ValueError as exc:  # no usable certificate: cannot be anyone
-        return authz.Denial(31, "(none)", f"GET {request.path}", "Describe",
+        return authz.Denial(Errors.CLUSTER_AUTHORIZATION_FAILED, "(none)", f"GET {request.path}", "Describe",
                             f"Cluster:{authz.CLUSTER_RESOURCE_NAME}", str(exc))
     return authz.authorize_operation(principal, peer, authz.Operation.DESCRIBE, authz.ResourceType.CLUSTER,
                                      authz.CLUSTER_RESOURCE_NAME, broker.authz_view(), f"GET {request.path}")
@@ -108,9 +113,13 @@ async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
         if denial is None:
             return await handler(request)
         broker.metrics.authorization_failures.labels(api="ADMIN_HTTP").inc()
-        broker.log.warning("authorization_failed", peer=request.remote, principal=denial.principal,
-                           api=denial.api, operation=denial.operation, resource=denial.resource,
-                           reason=denial.reason, error="CLUSTER_AUTHORIZATION_FAILED")
+        key = (request.remote, denial.principal, request.path)
+        logged = broker.admin_denials_logged
+        if key not in logged and len(logged) < MAX_LOGGED_ADMIN_DENIALS:
+            logged.add(key)
+            broker.log.warning("authorization_failed", peer=request.remote, principal=denial.principal,
+                               api=denial.api, operation=denial.operation, resource=denial.resource,
+                               reason=denial.reason, error="CLUSTER_AUTHORIZATION_FAILED")
         return web.json_response({"error": "CLUSTER_AUTHORIZATION_FAILED", "message": denial.message()},
                                  status=403)
 

@@ -149,6 +149,7 @@ class Broker:
         # same request costs one dict lookup, not an ACL walk.
         self._conn_authz: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._view_cache: tuple[Any, int, authz.AuthzView] | None = None
+        self.admin_denials_logged: set[tuple] = set()  # see broker.admin
 
     # ------------------------------------------------------------------ boot
     async def start(self) -> None:

@@ -300,6 +300,7 @@ def test_admin_http_api_needs_describe_except_health(make_cluster):
         assert status == 403, path
         assert json.loads(body) == {"error": "CLUSTER_AUTHORIZATION_FAILED", "message": (
             "not authorized: User:alice may not Describe cluster kafka-cluster (CLUSTER_AUTHORIZATION_FAILED)")}
+        assert get(alice, path)[0] == 403  # again: counted, not logged again
         assert get(cluster.client_tls(), path)[0] == 200, path
         assert get(node_tls(cluster, 1), path)[0] == 200, path
 
@@ -314,4 +315,5 @@ def test_admin_http_api_needs_describe_except_health(make_cluster):
     status, body = get(alice, "/quorum")
     assert status == 200 and json.loads(body)["role"] == "leader"
     lines = [e for e in auth_failures(cluster, 1) if e["principal"] == "User:alice"]
-    assert {e["api"] for e in lines} == {"GET /quorum", "GET /metadata", "GET /metrics"}
+    assert sorted(e["api"] for e in lines) == ["GET /metadata", "GET /metrics", "GET /quorum"]
+    assert metric(cluster, 1, "ADMIN_HTTP") == 6.0
