@@ -125,11 +125,12 @@ class Connection(asyncio.Protocol):
         try:
             ssl_transport = await started
         except (OSError, TimeoutError, EOFError) as exc:  # ssl.SSLError is an OSError
-            from broker.tls import handshake_failure_reason
+            from broker.tls import handshake_failure_reason, is_handshake_timeout
 
             # Resets and EOFs also come from restarts and fault proxies; only
             # protocol errors and stalls count toward the address's back-off.
-            listener.failed(self, "tls_handshake_failed", count=isinstance(exc, (ssl.SSLError, TimeoutError)),
+            listener.failed(self, "tls_handshake_failed",
+                            count=isinstance(exc, ssl.SSLError) or is_handshake_timeout(exc),
                             reason=handshake_failure_reason(exc))
             # close, not abort: the TLS alert (unknown CA, expired...) reaches the
             # client, which can then tell its user why.

@@ -72,10 +72,16 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def is_handshake_timeout(exc: BaseException) -> bool:
+    # asyncio and uvloop abort a slow handshake with this ConnectionAbortedError.
+    return isinstance(exc, TimeoutError) or (
+        isinstance(exc, ConnectionAbortedError) and "handshake is taking longer" in str(exc))
+
+
 def handshake_failure_reason(exc: BaseException) -> str:
     """One short line for a failed handshake, e.g. ``certificate verify failed:
     certificate has expired`` or ``wrong version number`` (plaintext to a TLS port)."""
-    if isinstance(exc, TimeoutError):
+    if is_handshake_timeout(exc):
         return "handshake timed out"
     if isinstance(exc, (ConnectionResetError, BrokenPipeError)):
         return "connection reset by peer during the handshake"

@@ -259,7 +259,7 @@ async def test_restarted_old_leader_truncates_its_uncommitted_tail_and_catches_u
         for f in followers:
             cluster.signal(f, signal.SIGSTOP)  # the leader can append but never commit
         host, port = cluster.bootstrap()[leader - 1]
-        ch = PeerChannel(host, port)
+        ch = PeerChannel(host, port, tls=cluster.client_tls())
         try:
             doomed = [f"doomed-{i}".encode() for i in range(20)]
             request = m.ProduceRequest(cluster_id=cluster.cluster_id, records=doomed)
