@@ -32,7 +32,6 @@ from typing import Any
 
 import msgspec
 
-
 from broker import authz
 from broker.config import BrokerConfig
 from broker.controller import CommandError, Controller, load_latest, load_snapshot, write_controller_snapshot

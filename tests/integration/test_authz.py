@@ -317,3 +317,30 @@ def test_admin_http_api_needs_describe_except_health(make_cluster):
     lines = [e for e in auth_failures(cluster, 1) if e["principal"] == "User:alice"]
     assert sorted(e["api"] for e in lines) == ["GET /metadata", "GET /metrics", "GET /quorum"]
     assert metric(cluster, 1, "ADMIN_HTTP") == 6.0
+
+
+def test_insecure_mode_turns_authorization_off_loudly(make_cluster):
+    """PLAINTEXT: /health says authorization is off, the broker warns
+    `authorization_disabled` at start, and ANONYMOUS may do what a super user
+    may (ACL changes included), since no identity can be checked."""
+    cluster = make_cluster(voters=1, start=False, **FAST)
+    cluster.insecure = True
+    cluster.start()
+    cluster.wait_for_leader(20)
+    assert cluster.admin(1, "/health")["authorization"] == "off"
+    cluster.wait_for(lambda: [e for e in cluster.read_log_lines(1) if e.get("event") == "authorization_disabled"],
+                     10, "the authorization_disabled warning")
+    warn = next(e for e in cluster.read_log_lines(1) if e.get("event") == "authorization_disabled")
+    assert warn["level"] == "warning" and "User:ANONYMOUS with super-user rights" in warn["detail"]
+
+    async def anonymous():
+        client = MetalogClient(cluster.bootstrap(), cluster.cluster_id)
+        try:
+            await client.produce([b"x"])
+            await client.command("add_acl", principal="User:alice", operation="Read", resource_type="topic",
+                                 resource_name="__cluster_metadata")
+            return await client.list_acls()
+        finally:
+            await client.close()
+
+    assert [a["principal"] for a in asyncio.run(anonymous())] == ["User:alice"]
