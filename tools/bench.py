@@ -334,12 +334,14 @@ async def _failover_async(args, cluster: LocalCluster) -> dict:
 
 def _wait_rejoined(cluster: LocalCluster, node: int) -> None:
     def ok():
-        q = cluster.quorum(node)
+        # The leader's HW first, the node's LEO after: under continuous load a
+        # caught-up follower's LEO read earlier trails a HW read later.
         lead = cluster.leader()
-        if not q or not lead or q.get("role") != "follower" or q.get("epoch") != lead[1]:
+        lq = cluster.quorum(lead[0]) if lead else None
+        q = cluster.quorum(node)
+        if not q or not lead or not lq or q.get("role") != "follower" or q.get("epoch") != lead[1]:
             return False
-        lq = cluster.quorum(lead[0])
-        return bool(lq) and q["log_end_offset"] >= (lq.get("high_watermark") or 0)
+        return q["log_end_offset"] >= (lq.get("high_watermark") or 0)
 
     cluster.wait_for(ok, 60, f"node {node} to rejoin as a caught-up follower")
 
