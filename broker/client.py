@@ -25,6 +25,12 @@ asks of consumers:
 * an undefined answer (the leader knows no epoch <= ours) or
   OFFSET_OUT_OF_RANGE is out of range: "none" raises OffsetOutOfRangeError,
   the others reset to the earliest / latest offset via ListOffsets.
+
+Every batch received is checked (Kafka's ``check.crcs``: header, length, CRC-32C)
+before any record of it is handed out. A damaged batch raises
+``CorruptRecordError`` naming the offset, the epoch and the broker that sent
+it; the records before it in the same answer are returned first, and the
+position stays at the damaged batch (the next poll raises). Never a silent stop.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from broker.net import ConnectionLost, NetError, Overloaded, PeerChannel, Reques
 from protocol import messages as m
 from protocol.apis import ApiKey
 from protocol.errors import Errors, error_name
-from storage.batch import decode_records, iter_batches
+from storage.batch import HEADER_SIZE, CorruptBatchError, decode_header, decode_records, verify_crc
 
 NO_EPOCH = m.NO_EPOCH
 # Slack on top of a server-side wait (produce commit timeout, fetch long poll)
@@ -79,6 +85,23 @@ class AuthorizationError(MetalogError):
 
 def _error(code: int, message: str) -> MetalogError:
     return AuthorizationError(code, message) if code in AUTHORIZATION_ERRORS else MetalogError(code, message)
+
+
+class CorruptRecordError(MetalogError):
+    """A fetched batch failed verification (Kafka's check.crcs): the broker
+    sent bytes that are not what was written. Names the offset, epoch and broker."""
+
+    def __init__(self, offset: int, epoch: int | None, broker_id: int, broker_address: str,
+                 position: int, reason: str):
+        self.offset = offset
+        self.epoch = epoch
+        self.broker_id = broker_id
+        self.broker_address = broker_address
+        self.position = position
+        self.reason = reason
+        super().__init__(Errors.CORRUPT_MESSAGE,
+                         f"corrupt batch at offset {offset} (epoch {epoch}) from broker {broker_id} "
+                         f"({broker_address}), byte {position} of the fetch answer: {reason}")
 
 
 class ClusterUnavailable(Exception):
@@ -160,6 +183,7 @@ class MetalogClient:
         self._channels: dict[tuple[str, int], PeerChannel] = {}
         self._endpoints: dict[int, tuple[str, int]] = {}
         self.leader_id = m.NO_LEADER
+        self.answered_by: tuple[int, str] = (m.NO_LEADER, "")  # (node id, host:port) of the last answer
         self.leader_epoch = NO_EPOCH
 
     # -- public calls ------------------------------------------------------
@@ -337,9 +361,11 @@ class MetalogClient:
                 if self.leader_id not in self._endpoints:
                     last_error = MetalogError(Errors.LEADER_NOT_AVAILABLE, "metadata names no reachable leader")
                     continue
-            ch = self._channel(self._endpoints[self.leader_id])
+            addr = self._endpoints[self.leader_id]
+            ch = self._channel(addr)
             try:
                 resp = await ch.request(api_key, make_body(), timeout_ms)
+                self.answered_by = (self.leader_id, f"{addr[0]}:{addr[1]}")
             except Overloaded as exc:
                 last_error = exc
                 continue
@@ -460,7 +486,16 @@ class Consumer:
         hw = resp.high_watermark
         out: list[ConsumedRecord] = []
         records = resp.records
-        for pos, h in iter_batches(records):
+        view = memoryview(records)
+        pos = 0
+        while pos < len(view):
+            try:
+                h = self._checked_header(view, pos)
+            except CorruptRecordError:
+                if out:
+                    return out  # the good records first; the next poll raises
+                raise
+            batch_pos, pos = pos, pos + h.size
             if h.next_offset <= self.position:
                 continue
             if hw != m.NO_OFFSET and h.base_offset >= hw:
@@ -471,12 +506,29 @@ class Consumer:
                                    f"fetch at offset {self.position} answered from offset {h.base_offset}")
             end = h.next_offset if hw == m.NO_OFFSET else min(h.next_offset, hw)
             if not h.is_control:
-                values = decode_records(memoryview(records)[pos:pos + h.size], h)
+                values = decode_records(view[batch_pos:batch_pos + h.size], h)
                 for off in range(max(self.position, h.base_offset), end):
                     out.append(ConsumedRecord(off, h.leader_epoch, values[off - h.base_offset]))
             self.position = end
             self.last_epoch = h.leader_epoch
         return out
+
+    def _checked_header(self, view: memoryview, pos: int):
+        """The header of the batch at `pos`, after checking it is whole and its CRC."""
+        try:
+            left = len(view) - pos
+            if left < HEADER_SIZE:
+                raise CorruptBatchError(f"{left} trailing bytes, fewer than a batch header", pos)
+            h = decode_header(view, pos)
+            if h.size > left:
+                raise CorruptBatchError(f"batch of {h.size} bytes but only {left} in the answer", pos,
+                                        h.base_offset, leader_epoch=h.leader_epoch)
+            verify_crc(view, pos, h)
+            return h
+        except CorruptBatchError as exc:
+            broker_id, address = self._client.answered_by
+            offset = exc.base_offset if exc.base_offset is not None else self.position
+            raise CorruptRecordError(offset, exc.leader_epoch, broker_id, address, pos, str(exc)) from None
 
     async def _reset(self) -> None:
         if self.reset_policy == "none":

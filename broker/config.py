@@ -61,6 +61,9 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     append_linger_ms: float = 0.0  # fixed group-commit window; 0 = adaptive (batch while the disk is busy)
     append_batch_records_max: int = 4096
     segment_bytes_max: int = 64 << 20
+    # Background re-reading of sealed segments and snapshots (storage.scrub):
+    # 1 GiB in about an hour; 0 disables the scrubber.
+    log_scrub_bytes_per_s: int = 300_000
     snapshot_min_records: int = 20000  # controller.snapshot.minimum.records
     snapshot_chunk_bytes: int = _Q.snapshot_chunk_bytes
     max_frame_bytes: int = 8 << 20
@@ -163,6 +166,8 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
              f"must be <= max_connections ({self.max_connections})")
         need(self.failed_connection_backoff_ms <= self.failed_connection_backoff_max_ms,
              "failed_connection_backoff_ms", "must be <= failed_connection_backoff_max_ms")
+        need(self.log_scrub_bytes_per_s >= 0, "log_scrub_bytes_per_s",
+             f"must be >= 0 (0 disables the scrubber), got {self.log_scrub_bytes_per_s}")
         for text in self.super_users:
             try:
                 Principal.parse(text)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+CORRUPTION_SOURCES = ("startup", "scrub", "read", "fetch")
 ROLES = ("unattached", "voted", "candidate", "leader", "follower", "resigned", "observer")
 
 
@@ -27,6 +28,16 @@ class BrokerMetrics:
         self.snapshot_load_seconds = Histogram(
             "metalog_snapshot_load_seconds", "Time to load or install a snapshot", registry=r)
         self.snapshot_bytes = Gauge("metalog_snapshot_bytes", "Size of the latest snapshot written", registry=r)
+        self.scrub_bytes = Counter("metalog_scrub_bytes", "Bytes of sealed segments and snapshots re-read by the scrubber",
+                                   registry=r)
+        self.scrub_last_complete_pass = Gauge(
+            "metalog_scrub_last_complete_pass_timestamp_seconds",
+            "Unix time the scrubber last finished a pass over all sealed data", registry=r)
+        self.corrupt_batches = Counter(
+            "metalog_corrupt_batches", "Corrupt batches (or snapshot files) found, by where they were found",
+            ["source"], registry=r)
+        for source in CORRUPTION_SOURCES:
+            self.corrupt_batches.labels(source=source)
 
     def set_role(self, role: str, epoch: int) -> None:
         for name in ROLES:

@@ -43,9 +43,11 @@ from protocol import messages as m
 from protocol.apis import APIS, REQUEST_API_KEY, ApiKey
 from protocol.errors import Errors
 from storage.epochs import EpochHistory, read_checkpoint, write_checkpoint
-from storage.errors import LogWriteError, StorageError
+from storage.batch import CorruptBatchError
+from storage.errors import CorruptionReport, LogWriteError, StorageError
 from storage.log import SegmentedLog
 from storage.quorum_state import QuorumStateFile
+from storage.scrub import Scrubber
 from storage.snapshot import PartialSnapshot, SnapshotInvariantError, SnapshotStore
 
 PARTITION_DIR = "__cluster_metadata-0"
@@ -132,6 +134,17 @@ class Broker:
         self._commands: collections.deque = collections.deque()
         self._command_in_flight: _CommandToken | None = None
         self.fatal: str | None = None
+        # Why /health answers "degraded" (503) while the broker still serves:
+        # key -> human-readable reason (corruption found, quarantine ...).
+        self.health_problems: dict[str, str] = {}
+        self._corruption_seen: set[tuple[str, int]] = set()
+        # Set when a write or fsync failed: writes are answered KAFKA_STORAGE_ERROR.
+        self.storage_error: str | None = None
+        # Produce tokens handed to the core and not yet answered (bounded by
+        # the connections' in-flight limits): answered KAFKA_STORAGE_ERROR if
+        # the disk fails before the core acknowledges them.
+        self._unanswered_produce: set = set()
+        self.scrubber: Scrubber | None = None
         self.stopped = asyncio.Event()
         self.server: Server | None = None
         self.admin_runner = None
@@ -197,6 +210,27 @@ class Broker:
             epoch=self.core.epoch, role=str(self.core.role),
         )
         self._step(qa.Tick(now_ms(), wall_clock_ms()))
+        loop = asyncio.get_running_loop()
+        self.scrubber = Scrubber(
+            self.seg_log, self.snapshots, cfg.log_scrub_bytes_per_s,
+            # Called on the scrubber thread: the report is handled on the loop.
+            lambda report: loop.call_soon_threadsafe(self._on_corruption, report, "scrub"),
+            logger=self.log, metrics=self.metrics)
+        self.scrubber.start()
+
+    def _on_corruption(self, report: CorruptionReport, source: str = "scrub") -> None:
+        """Corruption found (by the scrubber, a read, a fetch): one structured
+        error event, the metric, /health degraded with the reason. Reported
+        once per (file, position)."""
+        key = (report.path, report.position)
+        if key in self._corruption_seen:
+            return
+        self._corruption_seen.add(key)
+        self.log.error("corruption_detected", source=source, **report.as_log_fields())
+        self.metrics.corrupt_batches.labels(source=source).inc()
+        self.health_problems[f"corruption:{report.path}"] = (
+            f"corrupt data in {report.path} at byte {report.position} (offset {report.base_offset}, "
+            f"found by {source}): {report.reason}")
 
     def _recover_local_state(self) -> tuple[qa.LogView, qa.QuorumStateData | None]:
         """Open the log (crash recovery), clean up and load snapshots (KIP-630
@@ -207,6 +241,14 @@ class Broker:
         check_meta(cfg.data_dir, cfg.cluster_id, cfg.node_id)  # before writing anything there
         os.makedirs(self.part_dir, exist_ok=True)
         self.seg_log = SegmentedLog.open(self.part_dir, segment_bytes_max=cfg.segment_bytes_max, logger=self.log)
+        for report in self.seg_log.startup_reports:  # already logged by the log (corruption_detected)
+            self._corruption_seen.add((report.path, report.position))
+            self.metrics.corrupt_batches.labels(source="startup").inc()
+        q = self.seg_log.quarantine
+        if q is not None:
+            self.health_problems["quarantine"] = (
+                f"log quarantined after corruption ({len(q.reports)} report(s)); re-replicating up to "
+                f"offset {q.must_reach_offset}")
         self.snapshots = SnapshotStore(self.part_dir)
         try:
             boot = self.snapshots.boot_cleanup(self.seg_log.log_start_offset)
@@ -275,14 +317,18 @@ class Broker:
             self.server.close()
         if self.admin_runner is not None:
             await self.admin_runner.cleanup()
+        me = asyncio.current_task()
         for task in list(self._bg_tasks):
-            task.cancel()
+            if task is not me:  # stop() itself runs as a background task after a failure
+                task.cancel()
         if self._snapshot_task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._snapshot_task), 10)
             except (asyncio.TimeoutError, Exception):
                 pass
         await self.peers.close()
+        if self.scrubber is not None:
+            await asyncio.to_thread(self.scrubber.stop)
         if graceful:
             await asyncio.to_thread(self.seg_log.flush)
             self.seg_log.close()
@@ -318,6 +364,7 @@ class Broker:
             self._spawn(self._send(a))
         elif t is qa.Respond:
             token = a.token
+            self._unanswered_produce.discard(token)
             if type(token) is _CommandToken:
                 self._command_done(token, a.response)
             else:
@@ -384,7 +431,12 @@ class Broker:
 
     def _apply_committed(self, hw: int) -> None:
         start = max(self.controller.applied_offset, self.seg_log.log_start_offset)
-        data = self.seg_log.read(start, hw, APPLY_BYTES_PER_STEP)
+        try:
+            data = self.seg_log.read(start, hw, APPLY_BYTES_PER_STEP)
+        except CorruptBatchError as exc:
+            # Never apply damaged bytes; stop applying here (health degraded).
+            self._on_corruption(exc.report, "read")
+            return
         if data:
             self.controller.apply_batches(data, end_offset=hw)
         self.metrics.high_watermark.set(hw)
@@ -394,9 +446,35 @@ class Broker:
         self._maybe_snapshot()
 
     def _storage_failed(self, reason: str) -> None:
+        # Fail-stop at the first failed write or fsync (issue 12 item 8): the
+        # data may be gone from the page cache, so nothing past the last good
+        # sync is acknowledged and fsync is never retried; writes still queued
+        # here get KAFKA_STORAGE_ERROR, recovery is at restart from the log
+        # (torn tail cut, verified from the recovery point) and the leader.
+        self.storage_error = reason
+        self._reject_pending_writes(reason)
         self.fatal = reason
         self.log.critical("storage_failed", reason=reason, data_dir=self.cfg.data_dir)
         self._spawn(self.stop(graceful=False))
+
+    def _reject_pending_writes(self, reason: str) -> None:
+        message = f"storage error on broker {self.cfg.node_id}: {reason}"
+        pending, self._pending_produce = self._pending_produce, []
+        self._pending_records = 0
+        # Queued here, or handed to the core and not acknowledged (their batch
+        # may not be durable): none of them will be acknowledged by this process.
+        tokens = [token for token, _records in pending] + list(self._unanswered_produce)
+        self._unanswered_produce.clear()
+        for conn, cid in tokens:
+            conn.send_response(cid, m.ProduceResponse(error_code=Errors.KAFKA_STORAGE_ERROR, error_message=message))
+        if self._command_in_flight is not None:
+            token, self._command_in_flight = self._command_in_flight, None
+            token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
+                error_code=Errors.KAFKA_STORAGE_ERROR, error_message=message))
+        while self._commands:
+            token, _ = self._commands.popleft()
+            token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
+                error_code=Errors.KAFKA_STORAGE_ERROR, error_message=message))
 
     # ------------------------------------------------------------ timers
     def _schedule_timer(self) -> None:
@@ -471,6 +549,11 @@ class Broker:
         api_key = ApiKey(header.api_key)
         self.metrics.requests.labels(api=api_key.name).inc()
         token = (conn, header.correlation_id)
+        if self.storage_error is not None and api_key in (ApiKey.PRODUCE, ApiKey.CONTROLLER_COMMAND):
+            conn.send_response(header.correlation_id, APIS[api_key][1](
+                error_code=Errors.KAFKA_STORAGE_ERROR,
+                error_message=f"storage error on broker {self.cfg.node_id}: {self.storage_error}"))
+            return
         if self.fatal is not None or self.core is None:
             conn.send_response(header.correlation_id, APIS[api_key][1](error_code=Errors.BROKER_NOT_AVAILABLE))
             return
@@ -604,6 +687,7 @@ class Broker:
         waiters = []
         for token, recs in pending:
             waiters.append((token, len(recs)))
+            self._unanswered_produce.add(token)
             records.extend(recs)
         self.metrics.appended_records.inc(len(records))
         self._step(qa.ClientAppend(now_ms(), waiters, records, wall_clock_ms()))

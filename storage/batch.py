@@ -24,6 +24,8 @@ from typing import Iterator, NamedTuple, Sequence
 
 import crc32c
 
+from storage.errors import CorruptionReport
+
 MAGIC = 2
 HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61
@@ -38,10 +40,19 @@ MAX_BATCH_BYTES = 64 << 20  # refuse to believe a length beyond this
 class CorruptBatchError(Exception):
     """A batch whose bytes cannot be trusted: bad length, magic or CRC."""
 
-    def __init__(self, message: str, position: int, base_offset: int | None = None):
+    def __init__(self, message: str, position: int, base_offset: int | None = None, *,
+                 leader_epoch: int | None = None, expected_crc: int | None = None,
+                 actual_crc: int | None = None, report: CorruptionReport | None = None):
         super().__init__(message)
         self.position = position
         self.base_offset = base_offset
+        self.leader_epoch = leader_epoch
+        self.expected_crc = expected_crc
+        self.actual_crc = actual_crc
+        # Where it was found: the log sets a report naming its file; bytes
+        # decoded from memory get one with an empty path.
+        self.report = report if report is not None else CorruptionReport(
+            "", position, base_offset, leader_epoch, expected_crc, actual_crc, message)
 
 
 class BatchHeader(NamedTuple):
@@ -127,7 +138,8 @@ def verify_crc(buf: bytes | memoryview, pos: int, header: BatchHeader) -> None:
     if actual != header.crc:
         raise CorruptBatchError(
             f"CRC mismatch: stored {header.crc:#010x}, computed {actual:#010x}",
-            pos, header.base_offset,
+            pos, header.base_offset, leader_epoch=header.leader_epoch,
+            expected_crc=header.crc, actual_crc=actual,
         )
 
 

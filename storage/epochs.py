@@ -7,6 +7,12 @@
     2            <- number of entries
     1 0          <- epoch start_offset
     3 120
+    crc32c 0x1b2c3d4e   <- (issue 12) CRC-32C of every byte above
+
+The checksum line catches a bit flip that still parses (an epoch 3 that
+became 7 would answer OffsetsForLeaderEpoch wrongly); files without it
+(older writers) are still read. The file is derived data: on an error the
+runtime rebuilds it from the log's batch headers.
 
 ``end_offset_for_epoch`` has Kafka's semantics (LeaderEpochFileCache.endOffsetFor),
 which OffsetsForLeaderEpoch and the DivergingEpoch check of Fetch rely on.
@@ -17,6 +23,8 @@ from __future__ import annotations
 import bisect
 import os
 from typing import Iterable, NamedTuple
+
+import crc32c
 
 from storage.atomic import atomic_write
 
@@ -116,6 +124,9 @@ class EpochHistory:
         return f"EpochHistory({self._entries!r})"
 
 
+_CRC_PREFIX = "crc32c "
+
+
 class EpochCheckpointError(Exception):
     pass
 
@@ -123,7 +134,8 @@ class EpochCheckpointError(Exception):
 def write_checkpoint(path: str | os.PathLike, history: EpochHistory) -> None:
     lines = [str(CHECKPOINT_VERSION), str(len(history.entries))]
     lines += [f"{e.epoch} {e.start_offset}" for e in history.entries]
-    atomic_write(path, ("\n".join(lines) + "\n").encode())
+    body = ("\n".join(lines) + "\n").encode()
+    atomic_write(path, body + f"{_CRC_PREFIX}{crc32c.crc32c(body):#010x}\n".encode())
 
 
 def read_checkpoint(path: str | os.PathLike) -> EpochHistory:
@@ -145,6 +157,14 @@ def read_checkpoint(path: str | os.PathLike) -> EpochHistory:
             entries.append(EpochEntry(int(epoch_s), int(offset_s)))
         if len(entries) != count:
             raise EpochCheckpointError(f"{path}: expected {count} entries, found {len(entries)}")
+        rest = lines[2 + count:]
+        if rest and rest[0].startswith(_CRC_PREFIX):
+            stored = int(rest[0][len(_CRC_PREFIX):], 16)
+            body = "".join(line + "\n" for line in lines[:2 + count]).encode()
+            actual = crc32c.crc32c(body)
+            if stored != actual:
+                raise EpochCheckpointError(f"{path}: checksum mismatch (stored {stored:#010x}, "
+                                           f"computed {actual:#010x}): the file is damaged")
     except (IndexError, ValueError) as exc:
         raise EpochCheckpointError(f"{path}: malformed leader-epoch-checkpoint: {exc}") from exc
     return EpochHistory(entries)

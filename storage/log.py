@@ -9,9 +9,12 @@ One directory holds the log as a run of segments. Each segment is a pair
   roughly every ``index_interval_bytes`` of log data. A batch is found by
   bisecting the index and scanning headers forward from the entry.
 
-Two small files sit next to them: ``log-start-offset`` (JSON, written with
-storage.atomic) and ``.clean-shutdown`` (written by ``close()``, removed on
-open). ``.lock`` holds an flock so two processes never open one directory.
+Small files sit next to them: ``log-start-offset`` (JSON, written with
+storage.atomic), ``.clean-shutdown`` (written by ``close()``, removed on
+open), ``recovery-point-offset-checkpoint`` and, while a quarantine lasts,
+``quarantine-state`` (both below). ``.lock`` holds an flock so two processes
+never open one directory. Quarantined segments are kept as
+``<name>.log.corrupt`` / ``<name>.index.corrupt``.
 
 Crash recovery (``SegmentedLog.open``)
 --------------------------------------
@@ -28,9 +31,32 @@ base offset); a missing or broken index is rebuilt by a full verified scan.
 Trailing empty segments left by a crash right after a roll are removed.
 After recovery everything on disk counts as flushed.
 
-Known limit: with no recovery-point checkpoint (Kafka has one), a file system
-that persists a later segment while losing the unflushed end of an earlier one
-makes open() raise CorruptLogError rather than guess.
+Recovery point and full verification (issue 12)
+------------------------------------------------
+``recovery-point-offset-checkpoint`` (named as in Kafka; written with
+storage.atomic) holds the offset below which the log was flushed and verified.
+It moves when a flush syncs a rolled (sealed) segment, at clean close and after
+open's verification, and is lowered before a truncation below it: not on every
+fsync, which would add a file write, an fsync and a directory fsync to the
+commit path. After an UNCLEAN shutdown every segment holding records at or past
+the recovery point is verified in full (header, length, magic, CRC-32C,
+contiguous offsets, monotonic epochs), not only the last one and not only after
+its last index entry; ``log_verified`` logs the bytes and seconds it took. After
+a clean shutdown the cheap check stays (the scrubber, storage.scrub, re-reads
+sealed data in the background).
+
+Corruption that is not a torn tail is handled by ``on_corruption``: "raise"
+(CorruptLogError naming file, position and offset) or "quarantine": persist a
+``quarantine-state`` file (storage.errors.QuarantineState: the log end the
+replica had, which it must re-replicate past before it may vote), rename the
+damaged segment and every later one to ``<name>.log.corrupt`` /
+``<name>.index.corrupt`` (never deleted), keep the verified prefix of the
+damaged segment, and fsync the directory. ``quarantine_from()`` does the same at
+run time for corruption found by the scrubber or a read.
+
+Reads verify: ``read()`` checks the CRC of every batch it returns (unless
+opened with ``verify_reads=False``) and raises storage.batch.CorruptBatchError
+carrying a CorruptionReport instead of returning damaged bytes.
 
 CRC coverage: as in Kafka, the CRC covers ``attributes .. end``; the base
 offset is checked by offset continuity, the length by the CRC range and the
@@ -44,32 +70,46 @@ All methods except ``flush()`` belong to one owner thread (the event loop).
 it captures ``(file descriptors, end offset)`` atomically under a lock, syncs
 outside it, and reports exactly the offset captured (lowered if the owner
 truncated meanwhile). Concurrent flushes are serialised by a second lock.
+A third, ``_rp_lock``, orders recovery-point writes: a flush holds it while it
+syncs and moves the point up; a truncation takes it to lower the point first
+(so it may wait for a running fsync). Lock order: flush, rp, fields.
+``sealed_segments()`` and ``segment_unchanged()`` may run on any thread (the
+scrubber's).
 """
 
 from __future__ import annotations
 
 import bisect
 import fcntl
+import itertools
 import json
 import mmap
 import os
 import re
 import struct
 import threading
+import time
 from array import array
 from typing import Any, Iterator, NamedTuple
 
+import crc32c
 import structlog
 
 from storage import batch as B
 from storage.atomic import atomic_write, fsync_dir
-from storage.errors import CorruptLogError, LogWriteError
+from storage.errors import CorruptionReport, CorruptLogError, LogWriteError, QuarantineState
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
 LOG_START_FILE = "log-start-offset"
 LOCK_FILE = ".lock"
+RECOVERY_POINT_FILE = "recovery-point-offset-checkpoint"
+QUARANTINE_FILE = "quarantine-state"
+CORRUPT_SUFFIX = ".corrupt"
+ON_CORRUPTION_MODES = ("raise", "quarantine")
+# Kafka's checkpoint text format: version, entry count, "<topic> <partition> <offset>".
+_RP_TOPIC = "__cluster_metadata"
 DEFAULT_SEGMENT_BYTES_MAX = 64 << 20
 DEFAULT_INDEX_INTERVAL_BYTES = 4096
 SCAN_CHUNK_BYTES = 64 << 10  # one pread while walking headers
@@ -78,12 +118,21 @@ U32_MAX = (1 << 32) - 1
 RELATIVE_OFFSET_ROLL = 1 << 31
 
 _SEGMENT_RE = re.compile(r"^(\d{20})\.(log|index)$")
+# Anything quarantined by the log, the snapshot store or the runtime: kept for
+# the operator, never read, never warned about.
+_CORRUPT_RE = re.compile(r"\.corrupt(\.\d+)?$")
+_KNOWN_FILES = frozenset(f + t for f in (LOG_START_FILE, CLEAN_SHUTDOWN_FILE, RECOVERY_POINT_FILE, QUARANTINE_FILE)
+                         for t in ("", ".tmp")) | {LOCK_FILE}
 _INDEX_ENTRY = struct.Struct(">II")
 _HDR_PREFIX = struct.Struct(">qii")  # base_offset, length, leader_epoch
 _LAST_DELTA = struct.Struct(">i")
 _LAST_DELTA_POS = 23
 _MAGIC_POS = 16
 _MAGIC_BYTE = bytes([B.MAGIC])
+
+
+_GENERATIONS = itertools.count()  # process-wide: next() is atomic under the GIL
+CHANGING = -1  # generation of a segment the owner is truncating right now
 
 
 def segment_file_name(base_offset: int, suffix: str = LOG_SUFFIX) -> str:
@@ -101,6 +150,19 @@ class BatchInfo(NamedTuple):
     position: int  # byte position inside the segment file
 
 
+class SegmentRef(NamedTuple):
+    """A sealed segment as the scrubber sees it: enough to read it by path and
+    to check afterwards that the owner did not replace it meanwhile."""
+
+    base_offset: int
+    next_offset: int
+    prev_epoch: int  # last epoch before this segment (-1 if none)
+    log_path: str
+    size: int
+    inode: int
+    generation: int  # bumped when the owner truncates it or makes it active again
+
+
 class _ScanResult(NamedTuple):
     end_pos: int  # position after the last good batch
     next_offset: int
@@ -116,7 +178,7 @@ class _Segment:
     """One .log/.index pair. Mutated by the owner thread under SegmentedLog._lock."""
 
     __slots__ = ("base_offset", "log_path", "index_path", "fd", "index_fd", "size",
-                 "next_offset", "last_epoch", "index_rel", "index_pos", "last_index_pos")
+                 "next_offset", "last_epoch", "index_rel", "index_pos", "last_index_pos", "generation")
 
     def __init__(self, directory: str, base_offset: int):
         self.base_offset = base_offset
@@ -135,6 +197,10 @@ class _Segment:
         self.index_rel = array("I")
         self.index_pos = array("I")
         self.last_index_pos = 0
+        # Unique per segment object and renewed whenever the content below
+        # `size` may change (truncation), so the scrubber can tell "same name,
+        # same size, even the same (reused) inode, other bytes" (ABA).
+        self.generation = next(_GENERATIONS)
 
     def set_index(self, rel: list[int] | array, pos: list[int] | array) -> None:
         self.index_rel = array("I", rel)
@@ -163,6 +229,22 @@ class _Segment:
                 pass
 
 
+def corruption_report_at(path: str, buf: Any, pos: int, expected_offset: int, reason: str) -> CorruptionReport:
+    """A CorruptionReport for damage at `pos` of `buf`, with whatever of the
+    header can still be read (epoch, stored and computed CRC)."""
+    epoch = expected_crc = actual_crc = None
+    try:
+        if buf is not None and len(buf) - pos >= B.HEADER_SIZE:
+            h = B.HEADER.unpack_from(buf, pos)
+            epoch, expected_crc, length = h[2], h[4], h[1]
+            end = pos + B.LOG_OVERHEAD + length
+            if B.HEADER_SIZE - B.LOG_OVERHEAD <= length and end <= len(buf):
+                actual_crc = crc32c.crc32c(memoryview(buf)[pos + B.CRC_START:end])
+    except (ValueError, struct.error):
+        pass
+    return CorruptionReport(path, pos, expected_offset, epoch, expected_crc, actual_crc, reason)
+
+
 def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     written = os.write(fd, view)
@@ -174,7 +256,8 @@ class SegmentedLog:
     """Append-only log of record batches in segment files (see module docstring)."""
 
     def __init__(self, directory: str, segment_bytes_max: int, index_interval_bytes: int,
-                 logger: Any, lock_fd: int, verify_appends: bool):
+                 logger: Any, lock_fd: int, verify_appends: bool, verify_reads: bool = True,
+                 on_corruption: str = "raise"):
         # Use SegmentedLog.open(); the constructor only sets fields.
         self._dir = directory
         self._segment_bytes_max = segment_bytes_max
@@ -195,19 +278,33 @@ class SegmentedLog:
         self._dir_dirty = False
         self._failed: str | None = None
         self._closed = False
+        self._verify_reads = verify_reads
+        self._on_corruption = on_corruption
+        self._quarantine: QuarantineState | None = None
+        # Corruption open() found and quarantined (on_corruption="quarantine").
+        self.startup_reports: list[CorruptionReport] = []
+        # Recovery point: read and written under _rp_lock (flush() moves it on a
+        # worker thread, truncations lower it on the owner thread).
+        self._rp_lock = threading.Lock()
+        self._recovery_point = 0
 
     # ------------------------------------------------------------------ open
     @classmethod
     def open(cls, directory: str | os.PathLike, *,
              segment_bytes_max: int = DEFAULT_SEGMENT_BYTES_MAX,
              index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
-             logger: Any = None, verify_appends: bool = True) -> "SegmentedLog":
+             logger: Any = None, verify_appends: bool = True, verify_reads: bool = True,
+             on_corruption: str = "raise") -> "SegmentedLog":
         """Open (creating if needed) the log in `directory`, recovering after a crash.
 
         `verify_appends` checks each appended batch's CRC (a follower appends
         bytes that came over the network); a leader appending batches it just
-        encoded may turn it off.
+        encoded may turn it off. `verify_reads` checks the CRC of every batch
+        read() returns. `on_corruption` is "raise" or "quarantine" (see the
+        module docstring).
         """
+        if on_corruption not in ON_CORRUPTION_MODES:
+            raise ValueError(f"on_corruption must be one of {ON_CORRUPTION_MODES}, got {on_corruption!r}")
         if not 0 < segment_bytes_max <= U32_MAX:
             raise ValueError(f"segment_bytes_max must be in 1..{U32_MAX}, got {segment_bytes_max}")
         if index_interval_bytes <= 0:
@@ -222,7 +319,7 @@ class SegmentedLog:
             raise RuntimeError(f"log directory {directory} is already open (another process or log object holds {LOCK_FILE})") from None
         log = cls(directory, segment_bytes_max, index_interval_bytes,
                   logger if logger is not None else structlog.get_logger("storage.log"),
-                  lock_fd, verify_appends)
+                  lock_fd, verify_appends, verify_reads, on_corruption)
         try:
             log._load()
         except BaseException:
@@ -243,7 +340,7 @@ class SegmentedLog:
                 (bases if m.group(2) == "log" else index_only).add(int(m.group(1)))
             elif name == CLEAN_SHUTDOWN_FILE:
                 clean = True
-            elif name in (LOG_START_FILE, LOCK_FILE, LOG_START_FILE + ".tmp", CLEAN_SHUTDOWN_FILE + ".tmp"):
+            elif name in _KNOWN_FILES or _CORRUPT_RE.search(name):
                 pass
             else:
                 self._log.warning("unknown_file_ignored", path=os.path.join(d, name))
@@ -274,17 +371,39 @@ class SegmentedLog:
                 seg.delete()
                 self._log.warning("empty_segment_removed", segment=seg.log_path)
         self._bases = [s.base_offset for s in self._segments]
-        for i, seg in enumerate(self._segments):
+        self._quarantine = self._read_quarantine_file()
+        rp = self._read_recovery_point()
+        self._recovery_point = rp
+        t0 = time.perf_counter()
+        verified_bytes = 0
+        i = 0
+        while i < len(self._segments):
+            seg = self._segments[i]
             is_last = i == len(self._segments) - 1
             next_base = None if is_last else self._segments[i + 1].base_offset
-            prev_epoch = self._segments[i - 1].last_epoch if i else -1
-            if is_last and not clean:
-                self._recover_last(seg, prev_epoch)
-            elif not self._quick_check(seg, next_base, prev_epoch):
-                if is_last:  # clean marker but the tail disagrees: recover anyway
+            prev_epoch = self._prev_epoch(i)
+            try:
+                if is_last and not clean:
+                    verified_bytes += seg.size
                     self._recover_last(seg, prev_epoch)
-                else:
-                    self._rebuild_index(seg, next_base, prev_epoch)
+                elif not clean and next_base is not None and next_base > rp:
+                    # Holds records at or past the recovery point: verify all of it.
+                    verified_bytes += seg.size
+                    self._rebuild_index(seg, next_base, prev_epoch, log_rebuilt=False)
+                elif not self._quick_check(seg, next_base, prev_epoch):
+                    if is_last:  # clean marker but the tail disagrees: recover anyway
+                        self._recover_last(seg, prev_epoch)
+                    else:
+                        self._rebuild_index(seg, next_base, prev_epoch)
+            except CorruptLogError as exc:
+                if self._on_corruption == "raise":
+                    raise
+                self._quarantine_at_open(i, exc)
+                break
+            i += 1
+        if not clean:
+            self._log.info("log_verified", directory=d, from_offset=rp, bytes=verified_bytes,
+                           seconds=round(time.perf_counter() - t0, 3))
         last = self._segments[-1]
         self._end_offset = last.next_offset
         self._last_epoch = next((s.last_epoch for s in reversed(self._segments) if s.size), -1)
@@ -297,10 +416,218 @@ class SegmentedLog:
                               log_end_offset=self._end_offset)
             self.truncate_fully(self._log_start_offset)
         self._flushed_end_offset = self._end_offset
+        # Everything on disk is now verified (or was, before a clean close).
+        if self._recovery_point != self._end_offset:
+            self._raise_recovery_point(self._end_offset)
         if clean:
             # Durably gone before any append, or a later crash would skip recovery.
             os.unlink(os.path.join(d, CLEAN_SHUTDOWN_FILE))
         fsync_dir(d)
+
+    def _prev_epoch(self, i: int) -> int:
+        return next((s.last_epoch for s in reversed(self._segments[:i]) if s.size), -1)
+
+    # ------------------------------------------------------ recovery point
+    def _read_recovery_point(self) -> int:
+        """The checkpointed offset, 0 (verify everything) if missing or unreadable."""
+        path = os.path.join(self._dir, RECOVERY_POINT_FILE)
+        try:
+            with open(path, "rb") as f:
+                lines = f.read().decode("ascii").split("\n")
+            if lines[0] != "0" or lines[1] != "1":
+                raise ValueError(f"unknown version/count {lines[:2]}")
+            offset = int(lines[2].split()[2])
+            if offset < 0:
+                raise ValueError(f"negative offset {offset}")
+            return offset
+        except FileNotFoundError:
+            return 0
+        except (ValueError, IndexError, UnicodeDecodeError) as exc:
+            # Only costs a full verification: never trust it, never fail on it.
+            self._log.warning("recovery_point_unreadable", path=path, error=str(exc))
+            return 0
+
+    def _write_recovery_point(self, offset: int) -> None:
+        atomic_write(os.path.join(self._dir, RECOVERY_POINT_FILE),
+                     f"0\n1\n{_RP_TOPIC} 0 {offset}\n".encode("ascii"))
+
+    def _raise_recovery_point(self, offset: int) -> None:
+        """Move the recovery point up. Best effort (a full disk must not stop an
+        open or a flush): a stale, lower one only costs verification time."""
+        try:
+            self._write_recovery_point(offset)
+        except OSError as exc:
+            self._log.warning("recovery_point_not_written", offset=offset, error=exc.strerror)
+            return
+        self._recovery_point = offset
+
+    def _lower_recovery_point(self, offset: int) -> None:
+        """Durably lower the recovery point before data below it is replaced."""
+        with self._rp_lock:
+            if self._recovery_point > offset:
+                self._recovery_point = offset
+                self._write_recovery_point(offset)
+
+    @property
+    def recovery_point(self) -> int:
+        """Offset below which the log is known flushed and verified."""
+        return self._recovery_point
+
+    # ------------------------------------------------------------ quarantine
+    def _read_quarantine_file(self) -> QuarantineState | None:
+        path = os.path.join(self._dir, QUARANTINE_FILE)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return None
+        try:
+            return QuarantineState.from_bytes(raw)
+        except (ValueError, KeyError, TypeError) as exc:
+            # Never guess here: a wrong must_reach_offset could let this voter vote.
+            raise CorruptLogError(f"{path}: malformed quarantine-state file: {exc}", path, 0, None) from exc
+
+    @property
+    def quarantine(self) -> QuarantineState | None:
+        """Set while the replica has truncated corrupt data and not yet
+        re-replicated past QuarantineState.must_reach_offset."""
+        return self._quarantine
+
+    def clear_quarantine(self) -> None:
+        """Durably forget the quarantine (the replica re-replicated past
+        must_reach_offset). The .corrupt files stay for the operator."""
+        path = os.path.join(self._dir, QUARANTINE_FILE)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        fsync_dir(self._dir)
+        self._quarantine = None
+
+    def _persist_quarantine(self, must_reach_offset: int, report: CorruptionReport) -> QuarantineState:
+        if self._quarantine is None:
+            state = QuarantineState(must_reach_offset, (report,))
+        else:
+            state = self._quarantine.merge(must_reach_offset, report)
+        atomic_write(os.path.join(self._dir, QUARANTINE_FILE), state.to_bytes())
+        self._quarantine = state
+        return state
+
+    def _corrupt_name(self, path: str) -> str:
+        target = path + CORRUPT_SUFFIX
+        n = 0
+        while os.path.exists(target):
+            n += 1
+            target = f"{path}{CORRUPT_SUFFIX}.{n}"
+        return target
+
+    def _last_readable_end(self, seg: _Segment) -> int:
+        """The end offset of the last CRC-valid batch anywhere in `seg` (its
+        base if none): what this replica had before the damage."""
+        mm = self._map(seg)
+        if not mm:
+            return seg.base_offset
+        view = memoryview(mm)
+        try:
+            best, pos, expected = seg.base_offset, 0, seg.base_offset
+            while True:
+                res = self._scan(view[pos:], expected, -1, seg.base_offset)
+                best = max(best, res.next_offset)
+                if res.error_pos is None:
+                    return best
+                later = self._valid_batch_after(mm, pos + res.error_pos, 0)
+                if later is None:
+                    return best
+                pos = later
+                expected = B.decode_header(view, later).base_offset
+        finally:
+            view.release()
+            del view
+            mm.close()
+
+    def _quarantine_at_open(self, i: int, exc: CorruptLogError) -> None:
+        """on_corruption="quarantine" at open: segment i is damaged at exc.position."""
+        known_end = max(exc.base_offset or 0, self._segments[i].base_offset)
+        if i + 1 < len(self._segments):
+            known_end = max(known_end, self._segments[-1].base_offset)
+        for seg in (self._segments[i], self._segments[-1]):
+            known_end = max(known_end, self._last_readable_end(seg))
+        self._log.error("corruption_detected", source="startup", **exc.report.as_log_fields())
+        self.startup_reports.append(exc.report)
+        self._persist_quarantine(known_end, exc.report)
+        self._cut_and_rename(i, exc.position)
+
+    def quarantine_from(self, report: CorruptionReport) -> QuarantineState:
+        """Quarantine at run time (owner thread): corruption found by the
+        scrubber or a read in the segment file report.path at report.position.
+        Persists the quarantine state (must_reach_offset = the current log end,
+        merged with an existing one), then renames that segment and all later
+        ones .corrupt and truncates the log to the last good batch before
+        report.position."""
+        self._check_usable()
+        k = next((j for j, s in enumerate(self._segments) if s.log_path == report.path), None)
+        if k is None:
+            raise ValueError(f"{report.path} is not a segment of the log in {self._dir} "
+                             "(already quarantined or deleted?)")
+        seg = self._segments[k]
+        if not 0 <= report.position <= seg.size:
+            raise ValueError(f"position {report.position} outside {seg.log_path} ({seg.size} bytes)")
+        state = self._persist_quarantine(self._end_offset, report)
+        self._cut_and_rename(k, report.position)
+        if self._end_offset < self._log_start_offset:
+            self.truncate_fully(self._log_start_offset)
+        self._log.warning("log_quarantined", directory=self._dir, must_reach_offset=state.must_reach_offset,
+                          log_end_offset=self._end_offset, corrupt_from=report.path)
+        return state
+
+    def _cut_and_rename(self, k: int, cut: int) -> None:
+        """Rename segment k and every later one .corrupt; keep the whole
+        batches of segment k before byte `cut` in a new segment file."""
+        seg = self._segments[k]
+        prefix = os.pread(seg.fd, cut, 0) if cut else b""
+        prev_epoch = self._prev_epoch(k)
+        res = self._scan(prefix, seg.base_offset, prev_epoch, seg.base_offset)
+        prefix = prefix[:res.end_pos]  # whole verified batches only
+        new_end = res.next_offset
+        self._lower_recovery_point(new_end)
+        with self._lock:
+            doomed = self._segments[k:]
+            del self._segments[k:]
+            del self._bases[k:]
+            # A flush running now must not report offsets that are going away.
+            self._flushed_end_offset = min(self._flushed_end_offset, new_end)
+            if self._flush_cap is not None:
+                self._flush_cap = min(self._flush_cap, new_end)
+            gone = {id(s) for s in doomed}
+            self._unsynced_rolled = [s for s in self._unsynced_rolled if id(s) not in gone]
+        renamed = []
+        for s in doomed:
+            s.close()
+            for path in (s.log_path, s.index_path):
+                if os.path.exists(path):
+                    target = self._corrupt_name(path)
+                    os.rename(path, target)
+                    renamed.append(target)
+        if prefix or not self._segments:
+            fresh = _Segment(self._dir, seg.base_offset)
+            assert fresh.size == 0, f"{fresh.log_path} exists after the rename"
+            if prefix:
+                _write_all(fresh.fd, prefix)
+                os.fsync(fresh.fd)
+            fresh.size = len(prefix)
+            fresh.set_index(res.index_rel, res.index_pos)
+            fresh.next_offset = new_end
+            fresh.last_epoch = res.last_epoch if prefix else -1
+            fresh.write_index_file()
+            os.fsync(fresh.index_fd)
+            with self._lock:
+                self._segments.append(fresh)
+                self._bases.append(fresh.base_offset)
+        fsync_dir(self._dir)
+        with self._lock:
+            self._end_offset = self._segments[-1].next_offset
+            self._last_epoch = next((s.last_epoch for s in reversed(self._segments) if s.size), -1)
+        self._log.warning("segments_renamed_corrupt", files=renamed, log_end_offset=self._end_offset)
 
     def _read_log_start_file(self) -> dict | None:
         path = os.path.join(self._dir, LOG_START_FILE)
@@ -406,7 +733,8 @@ class SegmentedLog:
                 raise CorruptLogError(
                     f"corrupt batch in {seg.log_path} at byte {res.error_pos} (base offset "
                     f"{res.next_offset}): {res.error}; a valid batch follows at byte {later}, "
-                    "so this is not a torn tail", seg.log_path, res.error_pos, res.next_offset)
+                    "so this is not a torn tail", seg.log_path, res.error_pos, res.next_offset,
+                    report=corruption_report_at(seg.log_path, mm, res.error_pos, res.next_offset, res.error))
         del mm
         seg.set_index(res.index_rel, res.index_pos)
         seg.next_offset = res.next_offset
@@ -472,17 +800,20 @@ class SegmentedLog:
             return False
         return True
 
-    def _rebuild_index(self, seg: _Segment, next_base: int, prev_epoch: int) -> None:
-        """A non-last segment failed the quick check: a full verified scan must
+    def _rebuild_index(self, seg: _Segment, next_base: int, prev_epoch: int, log_rebuilt: bool = True) -> None:
+        """A full verified scan of a non-last segment (it failed the quick
+        check, or it is past the recovery point after an unclean stop): it must
         come out whole, or the log is corrupt."""
         mm = self._map(seg)
         res = self._scan(memoryview(mm) if mm else b"", seg.base_offset, prev_epoch, seg.base_offset)
-        del mm
         if res.error_pos is not None:
+            report = corruption_report_at(seg.log_path, mm, res.error_pos, res.next_offset, res.error)
+            del mm
             raise CorruptLogError(
                 f"corrupt batch in {seg.log_path} at byte {res.error_pos} (base offset "
                 f"{res.next_offset}): {res.error}; it is not the last segment, so this is "
-                "not a torn tail", seg.log_path, res.error_pos, res.next_offset)
+                "not a torn tail", seg.log_path, res.error_pos, res.next_offset, report=report)
+        del mm
         if res.next_offset != next_base:
             raise CorruptLogError(
                 f"{seg.log_path} ends at offset {res.next_offset} (byte {res.end_pos}) but the "
@@ -492,7 +823,39 @@ class SegmentedLog:
         seg.last_epoch = res.last_epoch if seg.size else -1
         seg.write_index_file()
         os.fsync(seg.index_fd)
-        self._log.warning("index_rebuilt", segment=seg.index_path, entries=len(seg.index_rel))
+        if log_rebuilt:
+            self._log.warning("index_rebuilt", segment=seg.index_path, entries=len(seg.index_rel))
+
+    # ------------------------------------------------------------- scrubbing
+    def sealed_segments(self) -> list[SegmentRef]:
+        """Every segment but the active one, as the scrubber reads them.
+        Safe from any thread."""
+        with self._lock:
+            out = []
+            for i, seg in enumerate(self._segments[:-1]):
+                if seg.generation == CHANGING:
+                    continue
+                try:
+                    inode = os.fstat(seg.fd).st_ino
+                except OSError:  # closed by a concurrent truncation
+                    continue
+                out.append(SegmentRef(seg.base_offset, self._segments[i + 1].base_offset,
+                                      self._prev_epoch(i), seg.log_path, seg.size, inode, seg.generation))
+            return out
+
+    def segment_unchanged(self, ref: SegmentRef) -> bool:
+        """Whether `ref` is still a sealed segment of this log, the same file
+        with the same size (not truncated, renamed or deleted since).
+        Safe from any thread."""
+        with self._lock:
+            for seg in self._segments[:-1]:
+                if seg.base_offset == ref.base_offset and seg.log_path == ref.log_path:
+                    try:
+                        return (seg.size == ref.size and seg.generation == ref.generation
+                                and os.fstat(seg.fd).st_ino == ref.inode)
+                    except OSError:
+                        return False
+            return False
 
     # ------------------------------------------------------------- properties
     @property
@@ -625,7 +988,7 @@ class SegmentedLog:
     def flush(self) -> int:
         """fdatasync everything appended before the call; return the flushed
         end offset. Safe on a worker thread while the owner keeps appending."""
-        with self._flush_lock:
+        with self._flush_lock, self._rp_lock:
             with self._lock:
                 self._check_usable()
                 target = self._end_offset
@@ -661,7 +1024,13 @@ class SegmentedLog:
                     self._flushed_end_offset = cap
                 synced = {id(s) for s in rolled}
                 self._unsynced_rolled = [s for s in self._unsynced_rolled if id(s) not in synced]
-                return self._flushed_end_offset
+                flushed = self._flushed_end_offset
+            if rolled and flushed > self._recovery_point:
+                # A segment was sealed and is now durable: move the recovery
+                # point (once per roll, not per fsync). _rp_lock is held, so a
+                # truncation lowering it waits and then lowers it again.
+                self._raise_recovery_point(flushed)
+            return flushed
 
     # ------------------------------------------------------------------ read
     def _segment_index_for(self, offset: int) -> int:
@@ -737,13 +1106,39 @@ class SegmentedLog:
                 end_pos = pos + size
                 offset = nxt
             if end_pos > first_pos:
-                parts.append(os.pread(seg.fd, end_pos - first_pos, first_pos))
+                data = os.pread(seg.fd, end_pos - first_pos, first_pos)
+                if self._verify_reads:
+                    self._verify_read(seg, data, first_pos)
+                parts.append(data)
             if stop or offset >= end_offset:
                 break
             k += 1
         if len(parts) == 1:
             return parts[0]
         return b"".join(parts)
+
+    def _verify_read(self, seg: _Segment, data: bytes, file_pos: int) -> None:
+        """CRC-check every batch of `data` (read from seg at file_pos); never
+        let damaged bytes leave the log."""
+        pos = 0
+        n = len(data)
+        while pos < n:
+            try:
+                if n - pos < B.HEADER_SIZE:
+                    raise B.CorruptBatchError(f"{n - pos} bytes, fewer than a batch header", pos)
+                h = B.decode_header(data, pos)
+                if pos + h.size > n:
+                    raise B.CorruptBatchError(f"batch of {h.size} bytes runs past the read", pos, h.base_offset)
+                B.verify_crc(data, pos, h)
+            except B.CorruptBatchError as exc:
+                report = CorruptionReport(seg.log_path, file_pos + pos, exc.base_offset, exc.leader_epoch,
+                                          exc.expected_crc, exc.actual_crc, str(exc))
+                raise B.CorruptBatchError(
+                    f"corrupt batch in {seg.log_path} at byte {file_pos + pos} (base offset "
+                    f"{exc.base_offset}): {exc}", file_pos + pos, exc.base_offset,
+                    leader_epoch=exc.leader_epoch, expected_crc=exc.expected_crc,
+                    actual_crc=exc.actual_crc, report=report) from None
+            pos += h.size
 
     def iter_batch_headers(self, start_offset: int | None = None) -> Iterator[BatchInfo]:
         """Header of every batch from the one containing start_offset (default:
@@ -782,6 +1177,7 @@ class SegmentedLog:
         if end_offset < self._log_start_offset:
             raise ValueError(f"truncate_to({end_offset}) below the log start offset "
                              f"{self._log_start_offset}; use truncate_fully")
+        self._lower_recovery_point(end_offset)
         k = self._segment_index_for(end_offset)
         seg = self._segments[k]
         if seg.base_offset == end_offset and k > 0:
@@ -793,6 +1189,10 @@ class SegmentedLog:
             assert found is not None, f"offset {end_offset} below the end must be in {seg.log_path}"
             cut, new_end = found[0], found[1]
             doomed, keep = self._segments[k + 1:], k + 1
+        with self._lock:
+            # Before the file changes: the scrubber must not list it, nor take
+            # what it reads meanwhile for the sealed segment it listed before.
+            self._segments[keep - 1].generation = CHANGING
         if cut is not None:
             n_keep = bisect.bisect_left(seg.index_pos, cut)
             os.ftruncate(seg.fd, cut)
@@ -807,6 +1207,8 @@ class SegmentedLog:
                 seg.next_offset = new_end
             del self._segments[keep:]
             del self._bases[keep:]
+            # Cut, or active again (it will grow): not the bytes a scrubber may be reading.
+            self._segments[-1].generation = next(_GENERATIONS)
             gone = {id(s) for s in doomed}
             self._unsynced_rolled = [s for s in self._unsynced_rolled if id(s) not in gone]
             self._end_offset = new_end
@@ -836,6 +1238,9 @@ class SegmentedLog:
         if new_start_offset < 0:
             raise ValueError(f"truncate_fully({new_start_offset}): offset must be >= 0")
         self._write_log_start_file(new_start_offset, truncate_fully_pending=True)
+        with self._rp_lock:
+            self._recovery_point = new_start_offset
+            self._write_recovery_point(new_start_offset)
         with self._lock:
             doomed = self._segments
             self._segments, self._bases = [], []
@@ -889,6 +1294,8 @@ class SegmentedLog:
             if not self._failed:
                 self.flush()
                 os.fsync(self._segments[-1].index_fd)
+                with self._rp_lock:
+                    self._raise_recovery_point(self._end_offset)
                 atomic_write(os.path.join(self._dir, CLEAN_SHUTDOWN_FILE), b"")
         finally:
             self._closed = True

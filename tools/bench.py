@@ -334,8 +334,9 @@ async def _failover_async(args, cluster: LocalCluster) -> dict:
 
 def _wait_rejoined(cluster: LocalCluster, node: int) -> None:
     def ok():
-        # The leader's HW first, the node's LEO after: under continuous load a
-        # caught-up follower's LEO read earlier trails a HW read later.
+        # The leader's HW first, the node's LEO after: under load the HW moves
+        # while we ask (each admin call is an HTTPS handshake), so the other
+        # order could keep a caught-up follower "behind" forever.
         lead = cluster.leader()
         lq = cluster.quorum(lead[0]) if lead else None
         q = cluster.quorum(node)

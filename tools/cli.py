@@ -8,6 +8,7 @@
     metalog metadata            leader, epoch, HW and endpoints from any broker
 
     metalog topics|brokers|configs ...   controller commands (tools/admin_cli.py)
+    metalog storage verify|recover       offline log checks (tools/storage_cli.py)
     metalog dump | spark | drill | bench      (their own modules register them)
 """
 
@@ -130,8 +131,8 @@ def cmd_cluster_up(args) -> int:
     print(f"\nclient config (bootstrap, CA, admin certificate): {cluster.client_config_path}")
     if not cluster.insecure:
         print(f"certificates: {cluster.cert_dir} (CA, node-N, admin)")
-    print(f"try:  metalog --client-config {cluster.client_config_path} produce hello   "
-          "(--client-config is the default from the repo root for run/cluster)")
+    print(f"try:  metalog produce --client-config {cluster.client_config_path} hello")
+    print("      (from the repo root, run/cluster/client.yaml is found without --client-config)")
     sys.stdout.flush()
     if args.exit_when_ready:
         cluster.stop()
@@ -292,10 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
     _client_args(p)
     p.set_defaults(func=cmd_metadata)
 
-    from tools import admin_cli, bench, certs_cli, drill, dump, spark_job
+    from tools import admin_cli, bench, certs_cli, drill, dump, spark_job, storage_cli
 
     # Subcommands that live with their tools: each module adds its own parsers.
-    for module in (admin_cli, dump, spark_job, drill, bench, certs_cli):
+    for module in (admin_cli, dump, spark_job, drill, bench, storage_cli, certs_cli):
         module.register_cli(sub)
     return parser
 
@@ -329,8 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ClientConfigError, TlsConfigError, ClusterUnavailable, MetalogError) as exc:
         # One line, no traceback: e.g. "metalog: error: TLS handshake with 127.0.0.1:9091 failed: ..."
         hint = ""
-        if getattr(args, "insecure", False) and isinstance(exc, ClusterUnavailable) and "by peer" in str(exc):
-            hint = " (plaintext to a TLS port? the brokers closed the connection; drop --insecure)"
+        if getattr(args, "insecure", False) and isinstance(exc, ClusterUnavailable):
+            # A TLS broker closes a plaintext connection (or never answers it): say the likely cause.
+            hint = " (plaintext to a TLS port? if the cluster uses TLS, drop --insecure)"
         print(f"metalog: error: {exc}{hint}", file=sys.stderr)
         return 1
     except (OSError, TimeoutError) as exc:

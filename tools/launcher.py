@@ -9,6 +9,7 @@ the rest are observers that replicate without voting.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import random
@@ -16,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +80,7 @@ class LocalCluster:
         self.insecure = insecure
         self.cert_dir = os.path.join(self.root, "certs")
         self._client_tls: Any = None
+        self._admin_conns: dict[tuple[int, int], Any] = {}  # (thread, node) -> kept-alive admin connection
         self.nodes = {n.node_id: n for n in nodes}
         self.cluster_id = cluster_id
         self.host = host
@@ -240,14 +243,36 @@ class LocalCluster:
 
     # ----------------------------------------------------------- observing
     def admin(self, node_id: int, path: str, timeout_s: float = 2.0) -> dict | None:
-        from broker.client_config import admin_get
+        """GET an admin path as JSON, None if the node does not answer 200.
 
-        spec = self.nodes[node_id]
-        url = f"{self.admin_scheme}://{self.host}:{spec.admin_port}{path}"
-        try:
-            return admin_get(url, self.client_tls(), timeout_s)
-        except Exception:
-            return None
+        Connections are kept alive per thread and node: drills poll /quorum
+        many times a second, and a TLS handshake per poll would cost the
+        brokers real CPU."""
+        key = (threading.get_ident(), node_id)
+        for attempt in (0, 1):  # a kept connection may have died with its broker: retry once, fresh
+            conn = self._admin_conns.get(key)
+            fresh = conn is None
+            try:
+                if conn is None:
+                    port = self.nodes[node_id].admin_port
+                    conn = (http.client.HTTPConnection(self.host, port, timeout=timeout_s) if self.insecure else
+                            http.client.HTTPSConnection(self.host, port, timeout=timeout_s,
+                                                        context=self.client_tls().client()))
+                    self._admin_conns[key] = conn
+                conn.timeout = timeout_s
+                if conn.sock is not None:
+                    conn.sock.settimeout(timeout_s)
+                conn.request("GET", path)
+                resp = conn.getresponse()
+                body = resp.read()
+                return json.loads(body) if resp.status == 200 else None
+            except (OSError, http.client.HTTPException, ValueError):
+                self._admin_conns.pop(key, None)
+                if conn is not None:
+                    conn.close()
+                if fresh or attempt:
+                    return None
+        return None
 
     def quorum(self, node_id: int) -> dict | None:
         return self.admin(node_id, "/quorum")

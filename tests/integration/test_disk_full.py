@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import signal
+import subprocess
 import sys
 
 import pytest
@@ -60,6 +63,90 @@ async def test_full_disk_stops_the_broker_with_a_clear_error_and_keeps_acked_rec
     log.close()
     positions = list(iter_batches(data))
     assert positions and positions[-1][1].next_offset == end
+    cluster.nodes[1].command = None
+    cluster.start_node(1)
+    await asyncio.to_thread(cluster.wait_for_leader, 20)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=3000)
+    consumer = client.consumer(reset_policy="none")
+    consumer.seek(0)
+    seen: dict[bytes, int] = {}
+    try:
+        while len(seen) < len(acked):
+            records = await consumer.poll(max_wait_ms=200)
+            if not records:
+                break
+            seen.update((r.value, r.offset) for r in records)
+    finally:
+        await client.close()
+    assert all(seen.get(v) == off for v, off in acked.items()), "an acknowledged record was lost"
+
+
+def _tmpfs_mountable() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+                           capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+async def test_enospc_on_a_real_small_filesystem_answers_storage_error_and_recovers(make_cluster):
+    """The data dir is a real 2 MiB tmpfs (a mount namespace; where the machine
+    refuses one, RLIMIT_FSIZE stands in so the test still runs). What the user
+    sees: the write that hit the full disk is answered KAFKA_STORAGE_ERROR (56)
+    naming the cause, the broker logs ONE fatal event and exits 4; after a
+    restart with space (the data moved to a bigger disk) every acknowledged
+    record is there."""
+    cluster = make_cluster(voters=1, start=False, election_timeout_ms=300, fetch_timeout_ms=800,
+                           request_timeout_ms=800, fetch_max_wait_ms=100, log_scrub_bytes_per_s=0)
+    path = cluster.write_config(1)
+    data = cluster.data_dir(1)
+    os.makedirs(data, exist_ok=True)
+    saved = data + ".saved"
+    os.makedirs(saved)
+    if _tmpfs_mountable():
+        reason = "No space left on device"
+        script = (f'mount -t tmpfs -o size=2m tmpfs "$1" && {sys.executable} -m broker.main --config "$2"; '
+                  'rc=$?; cp -a "$1/." "$3/"; exit $rc')
+        cluster.nodes[1].command = ["unshare", "-rm", "sh", "-c", script, "sh", data, path, saved]
+    else:
+        reason = "File too large"
+        limit = 2 << 20
+        cluster.nodes[1].command = [
+            sys.executable, "-c",
+            "import resource, sys; "
+            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "
+            "from broker.main import main; "
+            f"sys.exit(main(['--config', {path!r}]))",
+        ]
+    cluster.start()
+    proc = cluster.procs[1]
+    try:
+        await asyncio.to_thread(cluster.wait_for_leader, 20)
+        client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=2000, max_retries=0)
+        acked: dict[bytes, int] = {}
+        try:
+            with pytest.raises(ClusterUnavailable) as err:
+                for i in range(100_000):
+                    value = f"{i:08d}".encode() * 128  # 1 KiB: the 2 MiB disk is full after ~2000
+                    offset, _ = await client.produce([value])
+                    acked[value] = offset
+        finally:
+            await client.close()
+        cause = err.value.__cause__
+        assert isinstance(cause, MetalogError) and cause.error_name == "KAFKA_STORAGE_ERROR", repr(err.value)
+        assert reason in str(cause) and "storage error on broker 1" in str(cause)
+        assert 500 < len(acked) < 2100
+        assert await asyncio.to_thread(proc.wait, 30) == 4
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the shell and the broker under it
+            proc.wait(30)
+    lines = cluster.read_log_lines(1)
+    fatal = [ln for ln in lines if ln.get("event") in ("fatal", "storage_failed")]
+    assert len(fatal) == 1 and reason in fatal[0]["reason"]
+    if cluster.nodes[1].command[0] == "unshare":
+        shutil.rmtree(data)  # the mount is gone with its namespace: restore the copy taken inside it
+        os.rename(saved, data)
     cluster.nodes[1].command = None
     cluster.start_node(1)
     await asyncio.to_thread(cluster.wait_for_leader, 20)

@@ -15,7 +15,7 @@ import asyncio
 import pytest
 
 from broker.client import (
-    ClusterUnavailable, ConsumedRecord, LogTruncationError, MetalogClient, MetalogError, NoOffsetError,
+    ClusterUnavailable, ConsumedRecord, CorruptRecordError, LogTruncationError, MetalogClient, MetalogError, NoOffsetError,
 )
 from broker.net import serve
 from protocol import messages as m
@@ -332,4 +332,41 @@ async def test_consumer_refuses_an_answer_that_skips_past_its_position(cluster):
     with pytest.raises(MetalogError) as err:
         await poll_until(consumer, 1)
     assert "fetch at offset 3 answered from offset 4" in str(err.value)
+    await client.close()
+
+
+async def test_consumer_raises_corrupt_record_error_naming_offset_epoch_and_broker(cluster):
+    """Kafka's check.crcs: a batch whose CRC does not match raises
+    CorruptRecordError naming offset, epoch and broker; the good records before
+    it come first, and the consumer never stops silently at the damage."""
+    cluster.append([b"r0", b"r1"])
+    cluster.append([b"r2"], epoch=1)
+    base, nxt, data = cluster.batches[-1]
+    damaged = bytearray(data)
+    damaged[-1] ^= 0x01  # a bit in the record value: only the CRC can tell
+    cluster.batches[-1] = (base, nxt, bytes(damaged))
+    client = make_client(cluster)
+    consumer = client.consumer("earliest")
+    assert [r.value for r in await consumer.poll(100)] == [b"r0", b"r1"]
+    with pytest.raises(CorruptRecordError) as err:
+        await consumer.poll(100)
+    e = err.value
+    assert (e.offset, e.epoch, e.broker_id) == (2, 1, 1)
+    assert e.broker_address == f"127.0.0.1:{cluster.port(1)}"
+    assert str(e).startswith("CORRUPT_MESSAGE: corrupt batch at offset 2 (epoch 1) from broker 1 (127.0.0.1:")
+    assert "CRC mismatch" in str(e)
+    assert consumer.position == 2  # still at the damaged batch: it raises again, never skips
+    with pytest.raises(CorruptRecordError):
+        await consumer.poll(100)
+    await client.close()
+
+
+async def test_consumer_raises_on_a_batch_cut_short(cluster):
+    """A fetch answer ending inside a batch is not silently dropped: CorruptRecordError says so."""
+    cluster.append([b"r0", b"r1"])
+    base, nxt, data = cluster.batches[-1]
+    cluster.batches[-1] = (base, nxt, data[:-3])
+    client = make_client(cluster)
+    with pytest.raises(CorruptRecordError, match=r"at offset 0 \(epoch 1\) from broker 1 .*only"):
+        await client.consumer("earliest").poll(100)
     await client.close()

@@ -1,0 +1,170 @@
+"""The background scrubber (storage.scrub): finds damage in sealed segments and
+snapshots that start-up's cheap check trusts, at a bounded rate, and never
+reports a segment the owner changed under it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from broker.metrics import BrokerMetrics
+from protocol.messages import SnapshotId
+from storage.batch import CorruptBatchError
+from storage.log import segment_file_name
+from storage.scrub import Scrubber
+from storage.snapshot import SnapshotStore, SnapshotWriter
+from tests.storage.helpers import append_batches
+from tests.storage.test_integrity import MID_BATCH_POS, open_log
+from tests.storage.test_recovery import BATCH_BYTES, flip_bit
+
+
+def sample(metrics: BrokerMetrics, name: str, **labels) -> float:
+    value = metrics.registry.get_sample_value(name, labels or None)
+    return 0.0 if value is None else value
+
+
+@pytest.fixture
+def log(tmp_path):
+    log = open_log(tmp_path)
+    append_batches(log, 17)  # segments 0, 21 (sealed) and 42 (active)
+    yield log
+    log.close()
+
+
+def test_scrub_finds_a_bit_flip_before_the_last_index_entry_of_a_sealed_segment(log, tmp_path):
+    """What the operator gets: one report naming file, byte, offset, epoch and both CRCs; metrics move."""
+    path = str(tmp_path / segment_file_name(21))
+    flip_bit(path, MID_BATCH_POS)
+    found = []
+    metrics = BrokerMetrics(1)
+    scrubber = Scrubber(log, None, 0, found.append, metrics=metrics, chunk_bytes=200)  # batches cut by chunks
+    result = scrubber.scrub_pass()
+    assert result.complete and result.segments == 2 and result.skipped == 0
+    # Segment 0 in full, segment 21 up to the chunk holding the damage (then it stops).
+    assert result.bytes_read == 7 * BATCH_BYTES + 400
+    (r,) = found
+    assert (r.path, r.position, r.base_offset, r.leader_epoch) == (path, BATCH_BYTES, 24, 1)
+    assert r.expected_crc != r.actual_crc and "CRC mismatch" in r.reason
+    assert result.corrupt == [r]
+    assert sample(metrics, "metalog_scrub_bytes_total") == result.bytes_read
+    assert sample(metrics, "metalog_scrub_last_complete_pass_timestamp_seconds") > 0
+    # The same damage is reported once, not on every pass.
+    assert scrubber.scrub_pass().corrupt == [] and len(found) == 1
+
+
+def test_scrub_of_a_clean_log_reads_every_sealed_byte_and_reports_nothing(log):
+    found = []
+    result = Scrubber(log, None, 0, found.append).scrub_pass()
+    assert found == [] and result.bytes_read == 14 * BATCH_BYTES and result.segments == 2
+
+
+def test_a_segment_truncated_or_quarantined_under_the_scrubber_is_skipped_not_reported(log, tmp_path):
+    """The owner changes segments after the scrubber listed them: the scrubber
+    sees missing or shorter files and must say nothing."""
+    stale = log.sealed_segments()
+
+    class StaleView:  # the scrubber's listing taken before the owner's changes
+        def __getattr__(self, name):
+            return getattr(log, name)
+
+        def sealed_segments(self):
+            return stale
+
+    flip_bit(str(tmp_path / segment_file_name(21)), MID_BATCH_POS)
+    with pytest.raises(CorruptBatchError) as info:
+        log.read(21, 42, 1 << 20)
+    log.quarantine_from(info.value.report)  # renames 21 and 42 .corrupt, end at 24
+    log.truncate_to(9)  # segment 0 becomes the active one and shorter
+    found = []
+    result = Scrubber(StaleView(), None, 0, found.append).scrub_pass()
+    assert found == [] and result.skipped == 2
+
+
+def test_scrub_finds_a_corrupt_snapshot(tmp_path):
+    log = open_log(tmp_path / "log")
+    store = SnapshotStore(str(tmp_path / "snap"))
+    path, size, _ = SnapshotWriter(store.directory, SnapshotId(10, 2), 0).write_all(
+        [bytes([i]) * 50 for i in range(20)])
+    flip_bit(path, size // 2)
+    found = []
+    result = Scrubber(log, store, 0, found.append).scrub_pass()
+    assert result.snapshots == 1 and result.bytes_read == size
+    (r,) = found
+    assert r.path == path and "CRC mismatch" in r.reason
+    # FetchSnapshot never serves it either: the file is verified when a download starts.
+    with pytest.raises(Exception, match="corrupt snapshot at byte"):
+        store.read_chunk(SnapshotId(10, 2), 0, 100)
+    log.close()
+
+
+def test_rate_limit_bounds_the_read_rate(log):
+    bytes_per_s = 10_000
+    t0 = time.monotonic()
+    result = Scrubber(log, None, bytes_per_s, lambda r: None, chunk_bytes=500).scrub_pass()
+    elapsed = time.monotonic() - t0
+    assert result.bytes_read == 14 * BATCH_BYTES
+    assert elapsed >= (result.bytes_read - 500) / bytes_per_s  # at most one chunk ahead of the budget
+
+
+def test_background_thread_reports_and_stops(log, tmp_path):
+    flip_bit(str(tmp_path / segment_file_name(0)), MID_BATCH_POS)
+    got = threading.Event()
+    found = []
+
+    def on_corruption(report):
+        found.append(report)
+        got.set()
+
+    scrubber = Scrubber(log, None, 1_000_000, on_corruption)
+    scrubber.start()
+    try:
+        assert got.wait(10), "the scrubber thread did not report within 10 s"
+    finally:
+        scrubber.stop()
+    assert found[0].position == BATCH_BYTES and found[0].base_offset == 3
+    assert not any(t.name == "metalog-scrubber" for t in threading.enumerate())
+
+
+def test_zero_rate_disables_and_negative_is_refused(log):
+    s = Scrubber(log, None, 0, lambda r: None)
+    s.start()
+    assert not s.enabled and not any(t.name == "metalog-scrubber" for t in threading.enumerate())
+    with pytest.raises(ValueError, match="bytes_per_s must be >= 0"):
+        Scrubber(log, None, -1, lambda r: None)
+
+
+def test_no_false_reports_while_the_owner_truncates_rolls_and_deletes_concurrently(tmp_path):
+    """The scrubber thread re-reads segments in a loop while the owner thread
+    truncates into sealed segments, appends (rolls) and advances the log start
+    (deleting segments): no report may come out of a healthy log."""
+    log = open_log(tmp_path)
+    append_batches(log, 40)
+    found = []
+    scrubber = Scrubber(log, None, 0, found.append, chunk_bytes=64)  # many small reads: wide race windows
+    stop = threading.Event()
+    passes = []
+
+    def scrub_loop():
+        while not stop.is_set():
+            passes.append(scrubber.scrub_pass())
+
+    t = threading.Thread(target=scrub_loop)
+    t.start()
+    try:
+        deadline = time.monotonic() + 3.0
+        rounds = 0
+        while time.monotonic() < deadline:
+            log.truncate_to(log.log_end_offset - 30)  # cuts into a sealed segment
+            append_batches(log, 12)  # grows back and rolls new segments
+            log.flush()
+            if rounds % 10 == 9:
+                log.advance_log_start(log.segment_base_offsets[1])  # deletes the oldest segment
+            rounds += 1
+    finally:
+        stop.set()
+        t.join(10)
+    assert found == [], found
+    assert rounds > 10 and len(passes) > 10 and sum(p.skipped for p in passes) > 0
+    log.close()

@@ -1,0 +1,128 @@
+"""``metalog storage verify|recover``: offline checks of a broker's log (the
+broker must be stopped; the log's lock file enforces it for ``recover``).
+
+    metalog storage verify  --data-dir DIR
+        Verify every batch of every segment (header, length, magic, CRC-32C,
+        offsets, epochs). Exit 0 if whole, 1 if anything is damaged.
+    metalog storage recover --data-dir DIR --truncate-at-corruption
+        The operator's explicit consent to lose data when no other copy
+        exists (a single voter, or every copy damaged): truncate the log at
+        its first corruption, rename the damaged segment and all later ones
+        ``.corrupt`` (never deleted) and clear the quarantine so the broker
+        may start and vote. Without the flag: the same report as ``verify``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from storage.errors import CorruptionReport
+
+PARTITION_DIR = "__cluster_metadata-0"
+_SEGMENT = re.compile(r"^(\d{20})\.log$")
+
+
+def log_dir_of(data_dir: str) -> str:
+    """Accept the broker's data_dir or the log directory itself."""
+    inner = os.path.join(data_dir, PARTITION_DIR)
+    return inner if os.path.isdir(inner) else data_dir
+
+
+def verify_log_dir(directory: str) -> tuple[list[CorruptionReport], int, int]:
+    """(problems, segments, bytes) of a full offline verification, first problem first."""
+    from storage.scrub import verify_segment_fd
+
+    bases = sorted(int(m.group(1)) for m in map(_SEGMENT.match, os.listdir(directory)) if m)
+    problems: list[CorruptionReport] = []
+    epoch = -1
+    total = 0
+    for i, base in enumerate(bases):
+        path = os.path.join(directory, f"{base:020d}.log")
+        next_base = bases[i + 1] if i + 1 < len(bases) else None
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            check = verify_segment_fd(fd, path, os.fstat(fd).st_size, base, next_base, epoch)
+        finally:
+            os.close(fd)
+        total += check.bytes_read
+        epoch = check.last_epoch
+        if check.report is not None:
+            problems.append(check.report)
+    return problems, len(bases), total
+
+
+def _print_report(r: CorruptionReport) -> None:
+    f = r.as_log_fields()
+    print(f"  corrupt: {f['file']} at byte {f['position']} (offset {f['offset']}, epoch {f['epoch']}, "
+          f"stored CRC {f['expected_crc']}, computed CRC {f['actual_crc']}): {f['reason']}")
+
+
+def cmd_verify(args) -> int:
+    directory = log_dir_of(args.data_dir)
+    if not os.path.isdir(directory):
+        print(f"metalog storage: {directory} is not a directory", file=sys.stderr)
+        return 2
+    problems, segments, total = verify_log_dir(directory)
+    print(f"verified {segments} segment(s), {total} bytes in {directory}")
+    for r in problems:
+        _print_report(r)
+    if not problems:
+        print("no corruption found")
+        return 0
+    print(f"{len(problems)} damaged segment(s). With another healthy replica, start the broker: it "
+          "quarantines the damage and fetches the rest from the leader. With no other copy: "
+          f"metalog storage recover --data-dir {args.data_dir} --truncate-at-corruption")
+    return 1
+
+
+def cmd_recover(args) -> int:
+    if not args.truncate_at_corruption:
+        return cmd_verify(args)
+    from storage.log import SegmentedLog
+
+    directory = log_dir_of(args.data_dir)
+    problems, segments, total = verify_log_dir(directory)
+    if not problems:
+        print(f"verified {segments} segment(s), {total} bytes in {directory}: no corruption found, nothing to do")
+        return 0
+    first = problems[0]
+    _print_report(first)
+    print(f"will truncate the log at offset {first.base_offset} ({first.path} byte {first.position}), "
+          "rename that segment and every later one .corrupt (kept, never deleted), and clear the "
+          "quarantine: records from that offset on are lost on this replica")
+    before = set(os.listdir(directory))
+    log = SegmentedLog.open(directory, on_corruption="quarantine")
+    try:
+        if first.path in _segment_paths(log):
+            log.quarantine_from(first)
+        end = log.log_end_offset
+        log.clear_quarantine()  # the operator's consent: this copy is all there is
+    finally:
+        log.close()
+    renamed = sorted(set(os.listdir(directory)) - before)
+    for name in renamed:
+        if ".corrupt" in name:
+            print(f"  renamed: {os.path.join(directory, name)}")
+    print(f"done: the log now ends at offset {end}")
+    return 0
+
+
+def _segment_paths(log) -> set[str]:
+    from storage.log import segment_file_name
+
+    return {os.path.join(log.directory, segment_file_name(b)) for b in log.segment_base_offsets}
+
+
+def register_cli(sub) -> None:
+    p = sub.add_parser("storage", help="offline log checks: verify | recover --truncate-at-corruption")
+    ssub = p.add_subparsers(dest="storage_command", required=True)
+    v = ssub.add_parser("verify", help="verify every batch of a stopped broker's log (exit 1 if damaged)")
+    v.add_argument("--data-dir", required=True, help="the broker's data_dir (or its log directory)")
+    v.set_defaults(func=cmd_verify)
+    r = ssub.add_parser("recover", help="truncate at the first corruption, with explicit consent")
+    r.add_argument("--data-dir", required=True, help="the broker's data_dir (or its log directory)")
+    r.add_argument("--truncate-at-corruption", action="store_true",
+                   help="consent to losing every record from the first corrupt batch on (no other copy exists)")
+    r.set_defaults(func=cmd_recover)
