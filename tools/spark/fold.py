@@ -61,7 +61,8 @@ K_CONFIG = "C"
 K_FEATURE = "F"
 K_ACL = "A"
 K_NOOP = "N"
-K_INVALID = "X"  # undecodable value: invalid by the controller's rules
+K_INVALID = "X"  # a metadata record (known api key) that does not decode: invalid
+K_DATA = "D"  # not a metadata record at all (a produced record): no state, counted apart
 
 # Snapshot sections, in to_records() order.
 SEC_FEATURE, SEC_BROKER, SEC_TOPIC, SEC_PARTITION, SEC_CONFIG, SEC_ACL = range(6)
@@ -74,6 +75,10 @@ def key_of(value: bytes) -> tuple[str, str]:
     try:
         rec = r.decode_record(value)
     except r.MetadataRecordError:
+        # Produced records share the log; their bytes carry no metadata
+        # prefix (too short, or an api key no record type has).
+        if len(value) < r.PREFIX_SIZE or r._PREFIX.unpack_from(value)[0] not in r.RECORD_TYPES:
+            return K_DATA, ""
         return K_INVALID, ""
     t = type(rec)
     if t in (r.RegisterBroker, r.UnregisterBroker):
