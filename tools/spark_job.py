@@ -3,6 +3,7 @@ snapshots (``snapshot``) and audit the replicas' logs (``audit``).
 
     metalog spark snapshot DATA_DIR... [--upto OFFSET] [--out DIR] [--master URL]
     metalog spark audit    DATA_DIR... [--hw OFFSET]
+    metalog spark package  [--out metalog_code.zip]
     spark-submit tools/spark_job.py snapshot DATA_DIR ...
 
 Plan (details in docs/spark.md):
@@ -30,8 +31,13 @@ Plan (details in docs/spark.md):
    name. States at the offsets of the brokers' own snapshots are compared
    with those snapshots entity by entity (a distributed outer join).
 
-Exit codes: 0 ok, 1 validation failed (corrupt batch, divergence below the HW,
-snapshot mismatch), 2 unusable input (missing/empty dir, nothing to replay).
+Under spark-submit the session takes spark-submit's master and conf; run
+directly, the job starts the JVM itself (PYSPARK_SUBMIT_ARGS). The
+.checkpoint is staged and published only when every check passed.
+
+Exit codes: 0 valid, 1 validation failed (corruption, divergence, safety
+violation, configuration; the first failing check on stderr), 2 usage or
+unusable input, 3 environment (no Java, Spark failed).
 """
 
 from __future__ import annotations
@@ -202,6 +208,29 @@ def _make_fold_fn(cuts, tables_bc):
     return fn
 
 
+_jvm_stderr = None  # the JVM's System.err under spark-submit (see err_line)
+
+
+def err_line(text: str) -> None:
+    """One line for the user's stderr. Under spark-submit the Python driver's
+    stderr is merged into spark-submit's stdout, so the line goes through the
+    JVM's System.err (spark-submit's real stderr) instead."""
+    sink = _jvm_stderr
+    if sink is not None:
+        try:
+            sink.println(text)
+            sink.flush()
+            return
+        except Exception as exc:  # the gateway is gone (JVM stopping): fall back, say why
+            text = f"{text}  [via Python stderr: {type(exc).__name__}]"
+    print(text, file=sys.stderr, flush=True)
+
+
+def _reset_stderr() -> None:
+    global _jvm_stderr
+    _jvm_stderr = None
+
+
 class Progress:
     """A progress line on stderr from Spark's status tracker (stage, tasks
     done/total) plus the job's own phase, printed when it changes."""
@@ -242,7 +271,7 @@ class Progress:
         body = line.split("]", 1)[1]
         if body != self._last:
             self._last = body
-            print(line, file=sys.stderr, flush=True)
+            err_line(line)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -539,7 +568,7 @@ class Analysis:
         self.errors = errors
         self.warnings = warnings
         for w in warnings:
-            print(f"metalog spark: warning: {w['replica']}/{w['file']}: {w['warning']}", file=sys.stderr)
+            err_line(f"metalog spark: warning: {w['replica']}/{w['file']}: {w['warning']}")
         self.snapshots = [s for s in snaps if not s.get("foreign") and s["replica"] not in foreign]
         rep["cluster_id"] = self.cluster_id
         rep["errors"] = errors
@@ -796,14 +825,28 @@ def _epoch_and_ts_at(an: Analysis, offset: int) -> tuple[int, int]:
     return int(row["epoch"]), int(row["ts"] or 0)
 
 
-def _finish(report: dict, args, started: float) -> None:
+def _finish(report: dict, args, started: float, spark=None) -> None:
+    """Writes the JSON report (a local path, or any Hadoop URI while Spark is up)."""
     report["elapsed_s"] = round(time.monotonic() - started, 2)
-    path = args.report or (os.path.join(args.out, "report.json") if getattr(args, "out", None) else None)
-    if path:
+    out = getattr(args, "out", None)
+    path = args.report or ((out.rstrip("/") + "/report.json") if out else None)
+    if not path:
+        return
+    report["report_path"] = path
+    if _is_local_path(path):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as fh:
             json.dump(report, fh, indent=2, default=str)
-        report["report_path"] = path
+        return
+    if spark is None:
+        raise InputError(f"cannot write the report to {path}: Spark is not running (see the error above)")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="metalog-spark-report-") as tmp:
+        local = os.path.join(tmp, "report.json")
+        with open(local, "w") as fh:
+            json.dump(report, fh, indent=2, default=str)
+        _hadoop_put(spark, local, path)
 
 
 def _summary_lines(report: dict) -> list[str]:
@@ -908,15 +951,23 @@ def run(args) -> int:
     staged = None
     try:
         try:
-            if setup.submitted and args.master:
-                print(f"metalog spark: warning: --master {args.master} ignored: under spark-submit "
-                      "the master is spark-submit's --master", file=sys.stderr)
             if not setup.submitted and not (os.environ.get("JAVA_HOME") or shutil.which("java")):
                 raise EnvironmentFailure("no Java found: install a JDK (17 or 21) or set JAVA_HOME")
             spark = get_spark(args.master, ui=args.ui, shuffle_partitions=args.shuffle_partitions,
                               driver_memory=args.driver_memory, extra_conf=args.conf, setup=setup)
             report["master"] = spark.sparkContext.master
+            if setup.submitted:
+                global _jvm_stderr
+                _jvm_stderr = spark.sparkContext._jvm.System.err
+                if args.master:
+                    err_line(f"metalog spark: warning: --master {args.master} ignored: under "
+                             "spark-submit the master is spark-submit's --master")
             report["spark_submit"] = setup.submitted
+            conf = spark.sparkContext.getConf()
+            report["spark_conf"] = {k: conf.get(k, None) for k in ("spark.driver.memory", "spark.app.name")}
+            report["spark_conf"].update({k: conf.get(k, None) for k in args.conf})
+            report["driver_heap_mb"] = round(
+                spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() / (1 << 20))
             if not args.verbose:
                 spark.sparkContext.setLogLevel("ERROR")
         except EnvironmentFailure:
@@ -937,6 +988,7 @@ def run(args) -> int:
         elif staged is not None:
             _publish(staged, report)
         report["result"] = "ok" if code == EXIT_OK else "validation FAILED"
+        _say_first_failure(report)
     except InputError as exc:
         report.setdefault("errors", [])
         failure = first_failure(report) if an is not None else None
@@ -945,15 +997,16 @@ def run(args) -> int:
             report["first_failure"] = failure
             report["errors"].append({"category": "input", "error": str(exc)})
             code = EXIT_VALIDATION
+            _say_first_failure(report)
         else:
             report["result"] = "bad input"
             report["errors"].append({"category": "input", "error": str(exc)})
             code = EXIT_INPUT
-        print(f"metalog spark: {exc}", file=sys.stderr)
+        err_line(f"metalog spark: {exc}")
     except EnvironmentFailure as exc:
         report["result"] = "environment failure"
         report.setdefault("errors", []).append({"category": "environment", "error": str(exc)})
-        print(f"metalog spark: {exc}", file=sys.stderr)
+        err_line(f"metalog spark: {exc}")
         code = EXIT_FAILED
     except Exception as exc:  # Spark failed mid-job or a bug: a report and the whole cause chain
         import traceback
@@ -963,7 +1016,7 @@ def run(args) -> int:
         chain = cause_chain(exc)
         report["result"] = "job failed"
         report.setdefault("errors", []).append({"category": "environment", "error": chain})
-        print(f"metalog spark: the job failed: {chain}", file=sys.stderr)
+        err_line(f"metalog spark: the job failed: {chain}")
         code = EXIT_FAILED
     finally:
         if staged is not None:
@@ -971,24 +1024,62 @@ def run(args) -> int:
         if progress is not None:
             progress.set_phase("done")
             progress.stop()
+        try:
+            _finish(report, args, started, spark)
+        except Exception as exc:  # the report could not be written: say so, exit non-zero
+            err_line(f"metalog spark: cannot write the report: {cause_chain(exc)}")
+            report.pop("report_path", None)
+            code = code or EXIT_FAILED
         if spark is not None and not args.keep_session:
             spark.stop()
         setup.cleanup()
-    if report.get("first_failure"):
-        ff = report["first_failure"]
-        print(f"metalog spark: validation FAILED: {ff['category']}: {ff['check']}"
-              + (f" ({ff['where']})" if ff.get("where") else ""), file=sys.stderr)
-    _finish(report, args, started)
+        _reset_stderr()
     print("\n".join(_summary_lines(report)))
     return code
+
+
+def _is_local_path(path: str) -> bool:
+    """A plain local path (no URI scheme): written with Python's own file IO."""
+    return re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", path) is None
+
+
+def _hadoop_fs(spark, uri: str):
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    return path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path
+
+
+def _hadoop_put(spark, local_file: str, uri: str) -> None:
+    """Copy a finished local file to any Hadoop URI (file://, hdfs://, s3a://...):
+    to a temp name first, then a rename, so readers never see a partial file."""
+    fs, dst = _hadoop_fs(spark, uri)
+    jvm = spark.sparkContext._jvm
+    tmp = jvm.org.apache.hadoop.fs.Path(uri + ".tmp")
+    fs.mkdirs(dst.getParent())
+    fs.copyFromLocalFile(False, True, jvm.org.apache.hadoop.fs.Path("file://" + os.path.abspath(local_file)),
+                         tmp)
+    if fs.exists(dst):
+        fs.delete(dst, False)
+    if not fs.rename(tmp, dst):
+        raise OSError(f"cannot rename {uri}.tmp to {uri} (Hadoop FileSystem.rename returned false)")
+
+
+def _say_first_failure(report: dict) -> None:
+    ff = report.get("first_failure")
+    if ff:
+        err_line(f"metalog spark: validation FAILED: {ff['category']}: {ff['check']}"
+                 + (f" ({ff['where']})" if ff.get("where") else ""))
 
 
 def _publish(staged: dict, report: dict) -> None:
     """Validation passed: move the staged checkpoint to its bootable name."""
     from storage.atomic import fsync_dir
 
-    os.replace(staged["staged_path"], staged["final_path"])
-    fsync_dir(os.path.dirname(staged["final_path"]))
+    if staged.get("spark") is not None:  # --out is a Hadoop URI
+        _hadoop_put(staged["spark"], staged["staged_path"], staged["final_path"])
+    else:
+        os.replace(staged["staged_path"], staged["final_path"])
+        fsync_dir(os.path.dirname(staged["final_path"]))
     _discard(staged)
     report["snapshot"]["path"] = staged["final_path"]
     report["snapshot"]["published"] = True
@@ -1019,15 +1110,25 @@ def _snapshot(args, an: Analysis, report: dict, progress: Progress) -> dict:
     replay.run(compare + [target])
     epoch, ts = _epoch_and_ts_at(an, target - 1)
     sid = SnapshotId(target, epoch)
-    os.makedirs(args.out, exist_ok=True)
-    final = os.path.join(args.out, snapshot_filename(sid))
-    if os.path.exists(final):
-        os.unlink(final)  # a rerun replaces its own output
-    staging = os.path.join(args.out, f".staging-{os.getpid()}")
-    if os.path.exists(staging):
-        _discard({"staging_dir": staging})
-    os.makedirs(staging)
-    staged = {"staging_dir": staging, "final_path": final}
+    if _is_local_path(args.out):
+        os.makedirs(args.out, exist_ok=True)
+        final = os.path.join(args.out, snapshot_filename(sid))
+        if os.path.exists(final):
+            os.unlink(final)  # a rerun replaces its own output
+        staging = os.path.join(args.out, f".staging-{os.getpid()}")
+        if os.path.exists(staging):
+            _discard({"staging_dir": staging})
+        os.makedirs(staging)
+        staged = {"staging_dir": staging, "final_path": final}
+    else:  # a Hadoop URI: build on the driver's disk, copy through Hadoop's FileSystem
+        import tempfile
+
+        staging = tempfile.mkdtemp(prefix="metalog-spark-out-")
+        final = args.out.rstrip("/") + "/" + snapshot_filename(sid)
+        fs, path = _hadoop_fs(an.spark, final)
+        if fs.exists(path):
+            fs.delete(path, False)  # a rerun replaces its own output
+        staged = {"staging_dir": staging, "final_path": final, "spark": an.spark}
     progress.set_phase(f"writing {snapshot_filename(sid)} (staged until validated)")
     writer = SnapshotWriter(staging, sid, ts, an.cluster_id or "")
     path, size, count = writer.write_all(replay.state_rows(target))

@@ -285,3 +285,27 @@ def test_shipped_code_is_removed(spark, tmp_path, monkeypatch):
     assert (d / "metalog_code.zip").exists()
     setup.cleanup()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("metalog-spark-")]
+
+
+def test_hadoop_uris_in_and_out(spark, tmp_path, monkeypatch):
+    """Inputs and --out as Hadoop URIs (file:// here; hdfs://, s3a:// take the same
+    path): the checkpoint and report are copied through Hadoop's FileSystem API,
+    and the driver's local staging copy is removed."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    values = random_records(random.Random(31), 90)
+    d = str(tmp_path / "n1")
+    recs = write_log(d, values, node_id=1)
+    end = recs[-1][0] + 1
+    out_uri = f"file://{tmp_path}/uri-out"
+    code, _ = run_job(spark, "snapshot", f"file://{d}", "--out", out_uri)
+    assert code == spark_job.EXIT_OK
+    out = tmp_path / "uri-out"
+    name = f"{end:020d}-{recs[-1][1]:010d}.checkpoint"
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [name, "report.json"]
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["snapshot"]["path"] == f"{out_uri}/{name}" and rep["snapshot"]["published"]
+    assert state_of_checkpoint(str(out / name)) == sequential_state([(o, v) for o, _e, v in recs], end)
+    assert list((tmp_path / "tmp").iterdir()) == []
