@@ -1,5 +1,9 @@
 """HTTP admin API of a broker (aiohttp): read-only views for people and drills.
 
+Served over mutual TLS like the binary port (security_protocol SSL): a client
+certificate signed by the cluster CA is required; ``request_principal``
+names the caller for the authorizer.
+
     GET /health    200 while serving; 503 after a fatal invariant breach, or
                    {"status": "degraded", "problems": {...}} while the broker
                    serves but found something wrong (corruption, quarantine)
@@ -16,9 +20,20 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from broker.principal import ANONYMOUS, Principal, principal_from_cert
+
 if TYPE_CHECKING:
     from broker.config import Endpoint
     from broker.runtime import Broker
+
+
+def request_principal(request: web.Request) -> Principal:
+    """Who sent this admin request: the verified client certificate's principal,
+    ``ANONYMOUS`` on a plaintext listener (insecure mode)."""
+    transport = request.transport
+    if transport is None or transport.get_extra_info("sslcontext") is None:
+        return ANONYMOUS
+    return principal_from_cert(transport.get_extra_info("peercert"))
 
 
 def quorum_view(broker: "Broker") -> dict:
@@ -69,10 +84,16 @@ async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
     async def health(_request: web.Request) -> web.Response:
         if broker.fatal is not None:
             return web.json_response({"status": "fatal", "reason": broker.fatal}, status=503)
+        body = {"status": "ok", "role": str(broker.core.role), "epoch": broker.core.epoch}
+        if broker.tls is None:
+            from broker.runtime import INSECURE_DETAIL
+
+            body["insecure"] = INSECURE_DETAIL
         if broker.health_problems:
-            return web.json_response({"status": "degraded", "problems": dict(broker.health_problems),
-                                      "role": str(broker.core.role), "epoch": broker.core.epoch}, status=503)
-        return web.json_response({"status": "ok", "role": str(broker.core.role), "epoch": broker.core.epoch})
+            body["status"] = "degraded"
+            body["problems"] = dict(broker.health_problems)
+            return web.json_response(body, status=503)
+        return web.json_response(body)
 
     async def quorum(_request: web.Request) -> web.Response:
         return web.json_response(quorum_view(broker))
@@ -91,6 +112,7 @@ async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, endpoint.host, endpoint.port, reuse_address=True)
+    ssl_context = broker.tls.server() if broker.tls is not None else None
+    site = web.TCPSite(runner, endpoint.host, endpoint.port, reuse_address=True, ssl_context=ssl_context)
     await site.start()
     return runner

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable
 
 import structlog
 
-from broker.net import ConnectionLost, NetError, Overloaded, PeerChannel, RequestTimeout
+from broker.net import ConnectionLost, NetError, Overloaded, PeerChannel, RequestTimeout, TlsHandshakeError
 from protocol import messages as m
 from protocol.apis import ApiKey
 from protocol.errors import Errors, error_name
@@ -90,6 +90,12 @@ class CorruptRecordError(MetalogError):
 
 class ClusterUnavailable(Exception):
     """No node answered Metadata (or every retry failed)."""
+
+
+class TlsFailure(ClusterUnavailable):
+    """The TLS handshake failed (unknown CA, expired certificate, wrong host name,
+    plaintext/TLS mismatch): retrying would only repeat it, so it is raised at once.
+    The message is one line, e.g. ``TLS handshake with 127.0.0.1:9091 failed: ...``."""
 
 
 class LogTruncationError(Exception):
@@ -144,7 +150,10 @@ class MetalogClient:
         connect_timeout_ms: int = 1000,
         client_id: str = "metalog-client",
         logger: Any = None,
+        tls: Any = None,
     ):
+        # tls: broker.tls.TlsFiles (or an ssl.SSLContext) with our client certificate; None = plaintext.
+        self.tls = tls
         self.bootstrap = [(h, int(p)) for h, p in bootstrap]
         if not self.bootstrap:
             raise ValueError("bootstrap must name at least one host:port")
@@ -237,7 +246,7 @@ class MetalogClient:
         if ch is None:
             ch = self._channels[addr] = PeerChannel(
                 addr[0], addr[1], client_id=self.client_id, connect_timeout_ms=self.connect_timeout_ms,
-                reconnect_backoff_ms=self.retry_backoff_ms, logger=self._log,
+                reconnect_backoff_ms=self.retry_backoff_ms, logger=self._log, tls=self.tls,
             )
         return ch
 
@@ -264,9 +273,14 @@ class MetalogClient:
         candidates += [a for a in self._endpoints.values() if a not in candidates]
         candidates += [a for a in self.bootstrap if a not in candidates]
         failures = []
+        tls_failure: TlsHandshakeError | None = None
         for addr in candidates:
             try:
                 resp = await self._channel(addr).request(ApiKey.METADATA, m.MetadataRequest(), self.request_timeout_ms)
+            except TlsHandshakeError as exc:
+                tls_failure = tls_failure or exc
+                failures.append(str(exc))
+                continue
             except NetError as exc:
                 failures.append(f"{addr[0]}:{addr[1]}: {exc}")
                 continue
@@ -282,6 +296,8 @@ class MetalogClient:
                 self._endpoints[node.node_id] = (node.host, node.port)
             self._set_leader(resp.leader_id, resp.leader_epoch)
             return resp
+        if tls_failure is not None:
+            raise TlsFailure(str(tls_failure))
         raise ClusterUnavailable("no node answered Metadata: " + "; ".join(failures))
 
     async def _backoff(self, attempt: int) -> None:
@@ -309,6 +325,8 @@ class MetalogClient:
             if self.leader_id not in self._endpoints:
                 try:
                     await self._refresh_metadata()
+                except TlsFailure:
+                    raise
                 except ClusterUnavailable as exc:
                     last_error = exc
                     continue
@@ -323,6 +341,8 @@ class MetalogClient:
             except Overloaded as exc:
                 last_error = exc
                 continue
+            except TlsHandshakeError as exc:
+                raise TlsFailure(str(exc)) from None
             except (RequestTimeout, ConnectionLost) as exc:
                 last_error = exc
                 self.leader_id = m.NO_LEADER  # maybe dead: rediscover

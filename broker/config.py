@@ -70,6 +70,19 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     reconnect_backoff_max_ms: int = 1000
     log_level: str = "info"
     log_file: str | None = None
+    # -- security (docs/security.md) ----------------------------------------
+    security_protocol: str = "SSL"  # "SSL" (mutual TLS) or "PLAINTEXT" (opt-in, insecure, warned about)
+    ssl_ca_file: str | None = None  # PEM; relative paths are resolved against the config file's directory
+    ssl_cert_file: str | None = None
+    ssl_key_file: str | None = None
+    ssl_reload_check_ms: int = 1000  # how often the cert files' mtimes are checked for rotation
+    ssl_handshake_timeout_ms: int = 5000
+    connections_max_idle_ms: int = 600_000  # Kafka's name; also cuts a half-sent frame that stalls
+    max_connections: int = 4096  # per listener
+    max_connections_per_ip: int = 1024
+    failed_connections_before_backoff: int = 5  # consecutive failed handshakes / bad frames per address
+    failed_connection_backoff_ms: int = 1000  # first refusal period; doubles per further failure
+    failed_connection_backoff_max_ms: int = 60_000
 
     # -- derived -------------------------------------------------------------
     def voter_endpoints(self) -> dict[int, Endpoint]:
@@ -80,6 +93,16 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     def admin_endpoint(self) -> Endpoint | None:
         return parse_endpoint("admin_listen", self.admin_listen) if self.admin_listen else None
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.security_protocol == "SSL"
+
+    def tls_paths(self):
+        from broker.tls import TlsPaths
+
+        assert self.tls_enabled and self.ssl_ca_file and self.ssl_cert_file and self.ssl_key_file
+        return TlsPaths(self.ssl_ca_file, self.ssl_cert_file, self.ssl_key_file)
 
     def quorum_config(self) -> QuorumConfig:
         return QuorumConfig(
@@ -98,7 +121,9 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             snapshot_chunk_bytes=self.snapshot_chunk_bytes,
         )
 
-    def validate(self) -> "BrokerConfig":
+    def validate(self, check_files: bool = True) -> "BrokerConfig":
+        """`check_files=False` skips checking that the TLS files exist (a compose
+        file names paths inside containers)."""
         def need(cond: bool, key: str, why: str) -> None:
             if not cond:
                 raise ConfigError(f"{key}: {why}")
@@ -114,7 +139,10 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                     "election_backoff_max_ms", "fetch_max_bytes", "segment_bytes_max",
                     "snapshot_min_records", "snapshot_chunk_bytes", "max_frame_bytes",
                     "append_batch_records_max", "connect_timeout_ms", "replica_lag_time_max_ms",
-                    "max_replication_lag_ms", "reconnect_backoff_max_ms"):
+                    "max_replication_lag_ms", "reconnect_backoff_max_ms", "ssl_reload_check_ms",
+                    "ssl_handshake_timeout_ms", "connections_max_idle_ms", "max_connections",
+                    "max_connections_per_ip", "failed_connections_before_backoff",
+                    "failed_connection_backoff_ms", "failed_connection_backoff_max_ms"):
             value = getattr(self, key)
             need(value > 0, key, f"must be > 0, got {value}")
         need(self.fetch_max_wait_ms >= 0, "fetch_max_wait_ms", "must be >= 0")
@@ -124,6 +152,18 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         need(self.segment_bytes_max >= 4096, "segment_bytes_max", "must be >= 4096")
         need(self.log_scrub_bytes_per_s >= 0, "log_scrub_bytes_per_s",
              f"must be >= 0 (0 disables the scrubber), got {self.log_scrub_bytes_per_s}")
+        need(self.security_protocol in ("SSL", "PLAINTEXT"), "security_protocol",
+             f"must be SSL or PLAINTEXT, got {self.security_protocol!r}")
+        if self.tls_enabled:
+            for key in ("ssl_ca_file", "ssl_cert_file", "ssl_key_file"):
+                path = getattr(self, key)
+                need(bool(path), key, "required with security_protocol SSL (the default); "
+                     "`metalog certs` creates the files, `security_protocol: PLAINTEXT` turns TLS off (insecure)")
+                need(not check_files or os.path.isfile(path), key, f"no such file: {path}")
+        need(self.max_connections_per_ip <= self.max_connections, "max_connections_per_ip",
+             f"must be <= max_connections ({self.max_connections})")
+        need(self.failed_connection_backoff_ms <= self.failed_connection_backoff_max_ms,
+             "failed_connection_backoff_ms", "must be <= failed_connection_backoff_max_ms")
         need(self.log_level in ("debug", "info", "warning", "error"), "log_level",
              f"must be one of debug/info/warning/error, got {self.log_level!r}")
         return self
@@ -159,7 +199,7 @@ def parse_voters(text: str) -> dict[int, Endpoint]:
     return voters
 
 
-def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
+def config_from_dict(data: dict[str, Any], check_files: bool = True) -> BrokerConfig:
     try:
         cfg = msgspec.convert(data, BrokerConfig, strict=False)
     except msgspec.ValidationError as exc:
@@ -167,7 +207,7 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         msg = str(exc)
         key = msg.rsplit("at `$.", 1)[-1].rstrip("`") if "at `$." in msg else "config"
         raise ConfigError(f"{key}: {msg}") from None
-    return cfg.validate()
+    return cfg.validate(check_files)
 
 
 def load_config(path: str, overrides: dict[str, Any] | None = None) -> BrokerConfig:
@@ -183,6 +223,8 @@ def load_config(path: str, overrides: dict[str, Any] | None = None) -> BrokerCon
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a mapping of keys to values")
     data.update(overrides or {})
-    if "data_dir" in data and not os.path.isabs(str(data["data_dir"])):
-        data["data_dir"] = os.path.join(os.path.dirname(os.path.abspath(path)), str(data["data_dir"]))
+    base = os.path.dirname(os.path.abspath(path))
+    for key in ("data_dir", "ssl_ca_file", "ssl_cert_file", "ssl_key_file"):
+        if data.get(key) and not os.path.isabs(str(data[key])):
+            data[key] = os.path.join(base, str(data[key]))
     return config_from_dict(data)

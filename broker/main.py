@@ -1,5 +1,7 @@
 """Run one broker process: ``python -m broker.main --config broker.yaml``.
 
+SIGHUP re-reads the TLS certificate files (rotation without restart).
+
 Exit codes: 0 after a graceful stop (SIGTERM/SIGINT), 2 for a bad config,
 3 when the broker refuses to start (wrong cluster id, corrupt log...), 4 after
 a fatal invariant breach.
@@ -48,6 +50,9 @@ async def run(cfg) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: loop.create_task(broker.stop(graceful=True)))
+    if broker.tls is not None:
+        # Certificate rotation: new handshakes use the re-read files (the mtime check does it too).
+        loop.add_signal_handler(signal.SIGHUP, lambda: broker.tls.reload(trigger="sighup"))
     await broker.stopped.wait()
     return 4 if broker.fatal else 0
 
@@ -57,9 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="YAML or JSON broker config file")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key (repeatable)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="plaintext, no authentication (security_protocol PLAINTEXT); logs a warning")
     args = parser.parse_args(argv)
     try:
-        cfg = load_config(args.config, parse_overrides(args.set))
+        overrides = parse_overrides(args.set)
+        if args.insecure:
+            overrides["security_protocol"] = "PLAINTEXT"
+        cfg = load_config(args.config, overrides)
     except ConfigError as exc:
         print(f"metalog: config error: {exc}", file=sys.stderr)
         return 2

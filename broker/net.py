@@ -18,6 +18,16 @@ task per connection. Throughput against a stream-based server was about equal
 in ``python -m tests.net.bench_net [--streams] [--uvloop]`` (the client side
 dominates). Works on the default loop and on uvloop.
 
+Security (docs/security.md): with a ``tls`` provider (``broker.tls.TlsFiles``)
+every accepted connection does a mutual-TLS handshake (``loop.start_tls``,
+bounded by ``handshake_timeout_ms``) before its first request is read;
+``conn.principal`` is then the peer certificate's principal (``ANONYMOUS``
+without TLS) and ``conn.peer`` its address. A ``Listener`` decides before
+the handshake whether to take a connection at all: a cap per listener and per
+address, and a back-off for addresses that keep failing (handshakes, bad
+frames, idle half-frames), and it closes connections idle longer than
+``connections_max_idle_ms``, a half-sent frame included.
+
 Bounds: a connection dispatches at most ``max_inflight_per_conn`` requests
 that have not been answered yet; above that it stops reading (TCP pushes back
 on the peer). When the socket's write buffer passes its high-water mark the
@@ -28,12 +38,17 @@ high-water mark plus the answers to the requests already in flight.
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import itertools
 import random
+import ssl
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import structlog
+
+from broker.principal import ANONYMOUS, Principal, principal_from_cert
 
 from protocol import codec
 from protocol import messages as m
@@ -54,14 +69,22 @@ _MAX_CORRELATION_ID = (1 << 31) - 1
 class Connection(asyncio.Protocol):
     """One accepted connection. Handlers answer through ``send_response``."""
 
-    def __init__(self, handler: Handler, max_frame_bytes: int, max_inflight: int, logger: Any):
+    def __init__(self, handler: Handler, max_frame_bytes: int, max_inflight: int, logger: Any,
+                 listener: "Listener | None" = None):
         assert max_inflight > 0
+        self._listener = listener
+        self.principal: Principal = ANONYMOUS  # set before the first request is dispatched
+        self.ready = False  # handshake done (always, without TLS); requests are dispatched only then
+        self.last_active = 0.0  # loop.time() of the last byte in or out, for the idle timeout
+        self._counted = False  # holds a slot in the listener's connection counts
         self._handler = handler
         self._decoder = codec.FrameDecoder(max_frame_bytes)
         self._max_inflight = max_inflight
         self._log = logger
         self._transport: Any = None  # asyncio or uvloop transport
         self.peer: str = "?"
+        self.peer_host: str = "?"
+        self._raw_transport: Any = None  # the TCP transport while the TLS handshake runs
         self.inflight = 0
         self.closed = False
         self._read_paused = False
@@ -72,24 +95,99 @@ class Connection(asyncio.Protocol):
     # asyncio.Protocol ------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport
-        transport.set_write_buffer_limits(high=DEFAULT_WRITE_HIGH_WATER_BYTES)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.peer_host = peer[0] if peer else "?"
+        self.last_active = asyncio.get_running_loop().time()
+        listener = self._listener
+        if listener is None:
+            self._ready(transport, ANONYMOUS)
+            return
+        if not listener.admit(self):
+            self.closed = True
+            transport.abort()
+            return
+        self._counted = True
+        if listener.tls is None:
+            self._ready(transport, ANONYMOUS)
+            return
+        self._raw_transport = transport
+        # start_tls must take the transport over now, inside connection_made:
+        # uvloop starts reading right after connection_made returns, and a
+        # ClientHello read by this protocol would be lost to the handshake.
+        started = _Started(asyncio.get_running_loop().start_tls(
+            transport, self, listener.tls.server(), server_side=True,
+            ssl_handshake_timeout=listener.handshake_timeout_ms / 1000,
+        ))
+        listener.spawn(self._handshake(transport, started, listener))
+
+    async def _handshake(self, transport: Any, started: "_Started", listener: "Listener") -> None:
+        try:
+            ssl_transport = await started
+        except (OSError, TimeoutError, EOFError) as exc:  # ssl.SSLError is an OSError
+            from broker.tls import handshake_failure_reason, is_handshake_timeout
+
+            # Resets and EOFs also come from restarts and fault proxies; only
+            # protocol errors and stalls count toward the address's back-off.
+            listener.failed(self, "tls_handshake_failed",
+                            count=isinstance(exc, ssl.SSLError) or is_handshake_timeout(exc),
+                            reason=handshake_failure_reason(exc))
+            # close, not abort: the TLS alert (unknown CA, expired...) reaches the
+            # client, which can then tell its user why.
+            transport.close()
+            self._closed_before_ready()
+            return
+        except asyncio.CancelledError:
+            transport.abort()
+            self._closed_before_ready()
+            raise
+        if self.closed:
+            ssl_transport.abort()
+            return
+        try:
+            principal = principal_from_cert(ssl_transport.get_extra_info("peercert"))
+        except ValueError as exc:
+            listener.failed(self, "tls_handshake_failed", reason=str(exc))
+            ssl_transport.abort()
+            self._closed_before_ready()
+            return
+        self._ready(ssl_transport, principal)
+
+    def _ready(self, transport: Any, principal: Principal) -> None:
+        self._transport = transport
+        self.principal = principal
+        self.ready = True
+        transport.set_write_buffer_limits(high=DEFAULT_WRITE_HIGH_WATER_BYTES)
+        if self._listener is not None:
+            self._listener.succeeded(self)
+        self._process()  # bytes that arrived with the end of the handshake
+
+    def _closed_before_ready(self) -> None:
+        self.closed = True
+        if self._counted:
+            self._counted = False
+            assert self._listener is not None
+            self._listener.release(self)
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        self.last_active = asyncio.get_running_loop().time()
         try:
             self._decoder.feed(data)
         except codec.FrameError as exc:
             self._abort("bad_frame", exc)
             return
-        self._process()
+        if self.ready:
+            self._process()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._transport = None
+        if self._counted:
+            self._counted = False
+            assert self._listener is not None
+            self._listener.release(self)
         callbacks, self._close_callbacks = self._close_callbacks, []
         for cb in callbacks:
             try:
@@ -115,6 +213,7 @@ class Connection(asyncio.Protocol):
         self.inflight -= 1
         if self.closed or self._transport is None:
             return False
+        self.last_active = asyncio.get_running_loop().time()
         self._transport.write(codec.encode_response(correlation_id, body))
         # Reading is paused exactly when frames may wait in the decoder.
         if self._read_paused and not self._processing and self.inflight < self._max_inflight:
@@ -131,6 +230,18 @@ class Connection(asyncio.Protocol):
     def close(self) -> None:
         if self._transport is not None and not self.closed:
             self._transport.close()
+
+    def idle_close(self, idle_ms: int) -> None:
+        """Cut a connection idle past the limit (half-sent frame or not)."""
+        partial = self._decoder.buffered_bytes
+        self._log.info("connection_idle_closed", peer=self.peer, principal=str(self.principal),
+                       idle_ms=idle_ms, partial_frame_bytes=partial)
+        if partial and self._listener is not None:
+            self._listener.record_failure(self.peer_host)
+        self.closed = True
+        transport = self._transport if self._transport is not None else self._raw_transport
+        if transport is not None:
+            transport.abort()
 
     # internals ---------------------------------------------------------------
 
@@ -214,11 +325,178 @@ class Connection(asyncio.Protocol):
 
     def _abort(self, event: str, exc: Exception) -> None:
         self._log.warning(
-            event, peer=self.peer, error=type(exc).__name__, detail=str(exc), action="close"
+            event, peer=self.peer, principal=str(self.principal), error=type(exc).__name__,
+            detail=str(exc), action="close"
         )
+        if self._listener is not None:
+            self._listener.record_failure(self.peer_host)
         self.closed = True
         if self._transport is not None:
             self._transport.abort()
+
+
+class _Started:
+    """A coroutine run now up to its first suspension; awaiting it runs the rest.
+
+    (Python 3.11 has no eager tasks; this gives one coroutine that property.)"""
+
+    __slots__ = ("_coro", "_yielded", "_done", "_result")
+
+    def __init__(self, coro: Any):
+        self._coro = coro
+        self._done = False
+        self._result: Any = None
+        try:
+            self._yielded = coro.send(None)
+        except StopIteration as stop:
+            self._done, self._result, self._yielded = True, stop.value, None
+
+    def __await__(self) -> Any:
+        if self._done:
+            return self._result
+        coro, value = self._coro, self._yielded
+        while True:
+            try:
+                sent = yield value
+            except BaseException as exc:  # e.g. CancelledError thrown into the task
+                try:
+                    value = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+                continue
+            try:
+                value = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value
+
+
+@dataclass(frozen=True)
+class ListenerLimits:
+    """Connection hygiene of one listener (the broker config's keys, same names)."""
+
+    ssl_handshake_timeout_ms: int = 5000
+    connections_max_idle_ms: int = 600_000
+    max_connections: int = 4096
+    max_connections_per_ip: int = 1024
+    failed_connections_before_backoff: int = 5
+    failed_connection_backoff_ms: int = 1000
+    failed_connection_backoff_max_ms: int = 60_000
+    max_tracked_addresses: int = 10_000  # bound on the per-address failure table
+
+
+class _AddressState:
+    __slots__ = ("failures", "blocked_until", "backoff_ms", "refused")
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self.blocked_until = 0.0
+        self.backoff_ms = 0
+        self.refused = 0  # connections refused in the current back-off period
+
+
+class Listener:
+    """Admission, TLS and idle policing shared by the connections of one server."""
+
+    def __init__(self, tls: Any, limits: ListenerLimits, logger: Any):
+        self.tls = tls  # broker.tls.TlsFiles or None (plaintext)
+        self.limits = limits
+        self.handshake_timeout_ms = limits.ssl_handshake_timeout_ms
+        self._log = logger
+        self.connections: set[Connection] = set()
+        self.per_ip: collections.Counter[str] = collections.Counter()
+        self._addresses: collections.OrderedDict[str, _AddressState] = collections.OrderedDict()
+        self._tasks: set[asyncio.Task] = set()
+        self._sweeper: asyncio.Task | None = None
+        self._cap_logged_at = 0.0
+        self.refused_total = 0
+
+    def start(self) -> None:
+        self._sweeper = asyncio.ensure_future(self._sweep())
+
+    def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for t in list(self._tasks):
+            t.cancel()
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # admission ------------------------------------------------------------
+    def admit(self, conn: Connection) -> bool:
+        loop_now = asyncio.get_running_loop().time()
+        host = conn.peer_host
+        st = self._addresses.get(host)
+        if st is not None and loop_now < st.blocked_until:
+            st.refused += 1
+            self.refused_total += 1
+            return False  # logged once, when the back-off period started
+        lim = self.limits
+        if len(self.connections) >= lim.max_connections or self.per_ip[host] >= lim.max_connections_per_ip:
+            self.refused_total += 1
+            if loop_now - self._cap_logged_at >= 1.0:  # at most one line per second under a flood
+                self._cap_logged_at = loop_now
+                self._log.warning("connection_refused", peer=conn.peer, reason="connection limit",
+                                  connections=len(self.connections), from_this_address=self.per_ip[host],
+                                  max_connections=lim.max_connections,
+                                  max_connections_per_ip=lim.max_connections_per_ip)
+            return False
+        self.connections.add(conn)
+        self.per_ip[host] += 1
+        return True
+
+    def release(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+        host = conn.peer_host
+        self.per_ip[host] -= 1
+        if self.per_ip[host] <= 0:
+            del self.per_ip[host]
+
+    def succeeded(self, conn: Connection) -> None:
+        st = self._addresses.get(conn.peer_host)
+        if st is not None:
+            st.failures = 0
+
+    def failed(self, conn: Connection, event: str, count: bool = True, **fields: Any) -> None:
+        """A failed handshake: logged once per connection; `count`s toward back-off."""
+        self._log.warning(event, peer=conn.peer, **fields)
+        if count:
+            self.record_failure(conn.peer_host)
+
+    def record_failure(self, host: str) -> None:
+        lim = self.limits
+        st = self._addresses.get(host)
+        if st is None:
+            st = self._addresses[host] = _AddressState()
+            while len(self._addresses) > lim.max_tracked_addresses:
+                self._addresses.popitem(last=False)
+        else:
+            self._addresses.move_to_end(host)
+        st.failures += 1
+        if st.failures < lim.failed_connections_before_backoff:
+            return
+        st.backoff_ms = min(max(st.backoff_ms * 2, lim.failed_connection_backoff_ms),
+                            lim.failed_connection_backoff_max_ms)
+        st.blocked_until = asyncio.get_running_loop().time() + st.backoff_ms / 1000
+        self._log.warning("connection_backoff", address=host, failures=st.failures,
+                          backoff_ms=st.backoff_ms, refused_in_previous_period=st.refused)
+        st.refused = 0
+
+    # idle ------------------------------------------------------------------
+    async def _sweep(self) -> None:
+        idle_ms = self.limits.connections_max_idle_ms
+        interval_s = min(max(idle_ms / 4000, 0.05), 1.0)
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval_s)  # a periodic timer, not a stand-in for a condition
+            if self.tls is not None:
+                self.tls.maybe_reload()  # rotation is noticed (and logged) without waiting for a handshake
+            cutoff = loop.time() - idle_ms / 1000
+            for conn in [c for c in self.connections if c.ready and c.last_active < cutoff and c.inflight == 0]:
+                if not conn.closed:
+                    conn.idle_close(idle_ms)
 
 
 async def serve(
@@ -229,19 +507,45 @@ async def serve(
     max_frame_bytes: int = codec.DEFAULT_MAX_FRAME_BYTES,
     max_inflight_per_conn: int = 1024,
     logger: Any = None,
-) -> asyncio.AbstractServer:
+    tls: Any = None,
+    limits: ListenerLimits | None = None,
+) -> "Server":
     """Listen on (host, port); port 0 picks a free one (see ``server.sockets``).
 
     `handler(conn, header, body)` is called once per well-formed request; it
     may return a coroutine (run as a task). Exactly one ``conn.send_response``
     per request is expected; if the handler raises, the request is answered
-    with UNKNOWN_SERVER_ERROR.
+    with UNKNOWN_SERVER_ERROR. `tls` (a ``broker.tls.TlsFiles``) turns on
+    mutual TLS; `limits` the connection hygiene (defaults otherwise). The
+    listener is ``server.listener``.
     """
     log = logger if logger is not None else structlog.get_logger("metalog.net")
     loop = asyncio.get_running_loop()
-    return await loop.create_server(
-        lambda: Connection(handler, max_frame_bytes, max_inflight_per_conn, log), host, port
+    listener = Listener(tls, limits or ListenerLimits(), log)
+    server = await loop.create_server(
+        lambda: Connection(handler, max_frame_bytes, max_inflight_per_conn, log, listener), host, port
     )
+    listener.start()
+    return Server(server, listener)
+
+
+class Server:
+    """The listening server (asyncio's or uvloop's) with its ``Listener``."""
+
+    def __init__(self, server: asyncio.AbstractServer, listener: Listener):
+        self._server = server
+        self.listener = listener
+
+    @property
+    def sockets(self) -> Any:
+        return self._server.sockets
+
+    def close(self) -> None:
+        self.listener.close()
+        self._server.close()
+
+    async def wait_closed(self) -> None:
+        await self._server.wait_closed()
 
 
 # --------------------------------------------------------------------------
@@ -264,6 +568,15 @@ class Overloaded(NetError):
     pass
 
 
+_REFUSED_DURING_HANDSHAKE = ("the broker closed the connection during the TLS handshake (certificate from "
+                             "another CA, expired or revoked, or this address is backed off; the broker's log "
+                             "event tls_handshake_failed says which)")
+
+
+class TlsHandshakeError(ConnectionLost):
+    """The TLS handshake with a peer failed; the message is one line for people."""
+
+
 class _ClientProtocol(asyncio.Protocol):
     def __init__(self, channel: PeerChannel):
         self._channel = channel
@@ -272,6 +585,7 @@ class _ClientProtocol(asyncio.Protocol):
         self.can_write = asyncio.Event()
         self.can_write.set()
         self.lost = False
+        self.got_frame = False  # anything received yet (a close before that, over TLS, is a refusal)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -279,6 +593,7 @@ class _ClientProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         ch = self._channel
+        self.got_frame = True
         try:
             self.decoder.feed(data)
             while True:
@@ -297,7 +612,24 @@ class _ClientProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self.can_write.set()  # wake writers; they will see the loss
-        self._channel._on_lost(self, f"connection to {self._channel.peer} lost: {exc or 'closed by peer'}")
+        ch = self._channel
+        if ch.tls is not None and not self.got_frame and (exc is None or isinstance(exc, ConnectionResetError)):
+            # TLS 1.3: the broker checks our certificate after our side of the
+            # handshake is done; refusing, it closes before answering anything
+            # (asyncio and uvloop send no alert saying why).
+            ch._log.warning("tls_handshake_failed", peer=ch.peer, reason=_REFUSED_DURING_HANDSHAKE)
+            ch._on_lost(self, f"TLS handshake with {ch.peer} failed: {_REFUSED_DURING_HANDSHAKE}", tls_failure=True)
+            return
+        if isinstance(exc, ssl.SSLError):
+            # TLS 1.3: the server checks our certificate after our side of the
+            # handshake is done, so its refusal arrives as the first read.
+            from broker.tls import handshake_failure_reason
+
+            reason = handshake_failure_reason(exc)
+            ch._log.warning("tls_handshake_failed", peer=ch.peer, reason=reason)
+            ch._on_lost(self, f"TLS handshake with {ch.peer} failed: {reason}", tls_failure=True)
+            return
+        ch._on_lost(self, f"connection to {ch.peer} lost: {exc or 'closed by peer'}")
 
     def pause_writing(self) -> None:
         self.can_write.clear()
@@ -332,8 +664,13 @@ class PeerChannel:
         reconnect_backoff_max_ms: int = 1000,
         max_queued_requests: int = 1024,
         logger: Any = None,
+        tls: Any = None,
+        server_hostname: str | None = None,
     ):
         assert max_queued_requests > 0 and connect_timeout_ms > 0
+        # tls: a broker.tls.TlsFiles (its client context, reloaded on rotation) or an ssl.SSLContext.
+        self.tls = tls
+        self.server_hostname = server_hostname or host
         self.host = host
         self.port = port
         self.peer = f"{host}:{port}"
@@ -427,11 +764,37 @@ class PeerChannel:
         delay = self._next_connect_at - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)  # reconnect backoff, not a stand-in for a condition
+        ctx = None
+        if self.tls is not None:
+            ctx = self.tls if isinstance(self.tls, ssl.SSLContext) else self.tls.client()
+            problem = None if isinstance(self.tls, ssl.SSLContext) else self.tls.own_cert_problem()
+            if problem is not None:
+                self._schedule_backoff(loop)
+                self._log.warning("tls_handshake_failed", peer=self.peer, reason=problem, failures=self._failures)
+                raise TlsHandshakeError(f"TLS handshake with {self.peer} failed: {problem}")
         try:
             async with asyncio.timeout(self.connect_timeout_ms / 1000):
-                _, proto = await loop.create_connection(
-                    lambda: _ClientProtocol(self), self.host, self.port
-                )
+                if ctx is None:
+                    _, proto = await loop.create_connection(
+                        lambda: _ClientProtocol(self), self.host, self.port
+                    )
+                else:
+                    _, proto = await loop.create_connection(
+                        lambda: _ClientProtocol(self), self.host, self.port, ssl=ctx,
+                        server_hostname=self.server_hostname,
+                    )
+        except (ssl.SSLError, ConnectionResetError) as exc:
+            if ctx is None:
+                self._schedule_backoff(loop)
+                raise ConnectionLost(f"cannot connect to {self.peer}: {exc!r}") from None
+            from broker.tls import handshake_failure_reason
+
+            self._schedule_backoff(loop)
+            reason = handshake_failure_reason(exc)
+            if isinstance(exc, ConnectionResetError):
+                reason = _REFUSED_DURING_HANDSHAKE
+            self._log.warning("tls_handshake_failed", peer=self.peer, reason=reason, failures=self._failures)
+            raise TlsHandshakeError(f"TLS handshake with {self.peer} failed: {reason}") from None
         except (OSError, TimeoutError) as exc:
             self._schedule_backoff(loop)
             self._log.info("connect_failed", peer=self.peer, error=repr(exc), failures=self._failures)
@@ -471,7 +834,7 @@ class PeerChannel:
         except codec.ResponseDecodeError as exc:
             fut.set_exception(exc)
 
-    def _on_lost(self, proto: _ClientProtocol, reason: str) -> None:
+    def _on_lost(self, proto: _ClientProtocol, reason: str, tls_failure: bool = False) -> None:
         if proto is not self._proto:
             return
         self._proto = None
@@ -479,13 +842,13 @@ class PeerChannel:
             self._schedule_backoff(asyncio.get_running_loop())
             self._log.info("connection_lost", peer=self.peer, reason=reason,
                            inflight=len(self._pending))
-        self._fail_all(reason)
+        self._fail_all(reason, TlsHandshakeError if tls_failure else ConnectionLost)
 
-    def _fail_all(self, reason: str) -> None:
+    def _fail_all(self, reason: str, error: type[ConnectionLost] = ConnectionLost) -> None:
         pending, self._pending = self._pending, {}
         for fut, _ in pending.values():
             if not fut.done():
-                fut.set_exception(ConnectionLost(reason))
+                fut.set_exception(error(reason))
 
 
 class PeerPool:

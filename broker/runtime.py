@@ -33,7 +33,7 @@ from typing import Any
 from broker.config import BrokerConfig
 from broker.controller import CommandError, Controller, load_latest, load_snapshot, write_controller_snapshot
 from broker.metrics import BrokerMetrics
-from broker.net import Connection, PeerPool, serve
+from broker.net import Connection, ListenerLimits, PeerPool, Server, serve
 from broker.quorum import api as qa
 from broker.quorum.core import QuorumCore
 from protocol import messages as m
@@ -51,6 +51,8 @@ PARTITION_DIR = "__cluster_metadata-0"
 META_FILE = "meta.properties"
 APPLY_BYTES_PER_STEP = 4 << 20  # bound the committed bytes applied per loop turn
 MAX_QUEUED_COMMANDS = 1024
+INSECURE_DETAIL = ("security_protocol PLAINTEXT: no encryption and no authentication; anyone who can "
+                   "reach the ports can read the log and act as a replica or a client")
 
 
 class StartupError(Exception):
@@ -141,30 +143,49 @@ class Broker:
         self._unanswered_produce: set = set()
         self.scrubber: Scrubber | None = None
         self.stopped = asyncio.Event()
-        self.server: asyncio.AbstractServer | None = None
+        self.server: Server | None = None
         self.admin_runner = None
+        self.tls: Any = None  # broker.tls.TlsFiles, None in insecure mode
 
     # ------------------------------------------------------------------ boot
     async def start(self) -> None:
         cfg = self.cfg
         view, qs = self._recover_local_state()
         self.core = QuorumCore(cfg.quorum_config(), view, _Reader(self.seg_log, self.snapshots), qs, random.Random())
+        if cfg.tls_enabled:
+            from broker.tls import TlsFiles
+
+            # Raises TlsConfigError (a ValueError: "refusing to start") for unreadable or mismatched files.
+            self.tls = TlsFiles(cfg.tls_paths(), check_interval_s=cfg.ssl_reload_check_ms / 1000, logger=self.log)
+        else:
+            self.log.warning("insecure_mode", security_protocol=cfg.security_protocol,
+                             detail=INSECURE_DETAIL)
         self.peers = PeerPool(
             {nid: (ep.host, ep.port) for nid, ep in self.voters.items() if nid != cfg.node_id},
             client_id=f"metalog-{cfg.node_id}",
             max_frame_bytes=cfg.max_frame_bytes,
             connect_timeout_ms=cfg.connect_timeout_ms,
             reconnect_backoff_max_ms=cfg.reconnect_backoff_max_ms,
+            tls=self.tls,
         )
         ep = cfg.listen_endpoint()
+        limits = ListenerLimits(
+            ssl_handshake_timeout_ms=cfg.ssl_handshake_timeout_ms,
+            connections_max_idle_ms=cfg.connections_max_idle_ms,
+            max_connections=cfg.max_connections,
+            max_connections_per_ip=cfg.max_connections_per_ip,
+            failed_connections_before_backoff=cfg.failed_connections_before_backoff,
+            failed_connection_backoff_ms=cfg.failed_connection_backoff_ms,
+            failed_connection_backoff_max_ms=cfg.failed_connection_backoff_max_ms,
+        )
         self.server = await serve(ep.host, ep.port, self._on_request, max_frame_bytes=cfg.max_frame_bytes,
-                                  logger=self.log)
+                                  logger=self.log, tls=self.tls, limits=limits)
         if cfg.admin_endpoint() is not None:
             from broker.admin import start_admin
 
             self.admin_runner = await start_admin(self, cfg.admin_endpoint())
         self.log.info(
-            "broker_started", listen=str(ep), voters={k: str(v) for k, v in self.voters.items()},
+            "broker_started", listen=str(ep), security_protocol=cfg.security_protocol, voters={k: str(v) for k, v in self.voters.items()},
             log_start_offset=self.seg_log.log_start_offset, log_end_offset=self.seg_log.log_end_offset,
             epoch=self.core.epoch, role=str(self.core.role),
         )

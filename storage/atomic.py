@@ -17,10 +17,13 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
+    """`mode` applies from the first byte (0o600 for private keys)."""
     path = os.fspath(path)
     tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    if os.path.exists(tmp):
+        os.unlink(tmp)  # a leftover could carry a wider mode than asked for
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         view = memoryview(data)
         while view:

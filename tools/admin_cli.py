@@ -2,7 +2,7 @@
 
     metalog topics create NAME --partitions 3 --replication-factor 3
     metalog topics delete NAME
-    metalog topics list [--admin http://127.0.0.1:10091]
+    metalog topics list [--admin https://127.0.0.1:10091]
     metalog brokers register ID [--endpoint NAME:HOST:PORT] [--rack R]
     metalog brokers fence|unfence|unregister ID
     metalog configs set  --topic NAME | --broker ID  KEY VALUE
@@ -18,17 +18,16 @@ import argparse
 import asyncio
 import json
 import sys
-import urllib.request
 
 from storage.metadata_records import RESOURCE_BROKER, RESOURCE_TOPIC
 
 
 def _run(args, command: str, **cmd_args) -> int:
-    from broker.client import ClusterUnavailable, MetalogClient, MetalogError
-    from tools.cli import _endpoints
+    from broker.client import ClusterUnavailable, MetalogError
+    from tools.cli import make_client
 
     async def go() -> int:
-        client = MetalogClient(_endpoints(args.bootstrap), args.cluster_id, request_timeout_ms=args.timeout_ms)
+        client = make_client(args)
         try:
             offset, epoch = await client.command(command, **cmd_args)
         except MetalogError as exc:
@@ -45,9 +44,10 @@ def _run(args, command: str, **cmd_args) -> int:
     return asyncio.run(go())
 
 
-def _metadata(admin: str) -> dict:
-    with urllib.request.urlopen(admin.rstrip("/") + "/metadata", timeout=5) as resp:
-        return json.loads(resp.read())
+def _metadata(admin: str, tls) -> dict:
+    from broker.client_config import admin_get
+
+    return admin_get(admin.rstrip("/") + "/metadata", tls)
 
 
 def register_cli(sub) -> None:
@@ -67,7 +67,10 @@ def register_cli(sub) -> None:
     p.add_argument("name")
     p.set_defaults(func=lambda a: _run(a, "delete_topic", name=a.name))
     p = tsub.add_parser("list", help="topics and partitions from a broker's /metadata")
-    p.add_argument("--admin", default="http://127.0.0.1:10091")
+    p.add_argument("--admin", help="admin API URL (default: the client config's, e.g. https://127.0.0.1:10091)")
+    from tools.cli import _credential_args
+
+    _credential_args(p)
     p.set_defaults(func=_list_topics)
 
     brokers = sub.add_parser("brokers", help="register, fence, unfence, unregister brokers")
@@ -109,8 +112,13 @@ def _endpoint(text: str) -> list:
 
 
 def _list_topics(args: argparse.Namespace) -> int:
+    from tools.cli import client_settings
+
+    cs = client_settings(args)
+    admin = args.admin or cs["admin"] or ("http" if cs["tls"] is None else "https") + "://127.0.0.1:10091"
+    args.admin = admin
     try:
-        meta = _metadata(args.admin)
+        meta = _metadata(admin, cs["tls"])
     except OSError as exc:
         print(f"metalog: cannot read {args.admin}/metadata: {exc}", file=sys.stderr)
         return 1

@@ -98,10 +98,15 @@ async def _closed_loop(clients: int, start_at: float, warmup_s: float, duration_
 
 
 async def _metalog_load(endpoints: list[tuple[str, int]], clients: int, start_at: float, warmup_s: float,
-                        duration_s: float, value_bytes: int, tag: str) -> dict:
+                        duration_s: float, value_bytes: int, tag: str, tls_files: list[str] | None = None) -> dict:
     from broker.client import MetalogClient
 
-    client = MetalogClient(endpoints, CLUSTER_ID, request_timeout_ms=10000, max_retries=20)
+    tls = None
+    if tls_files:
+        from broker.tls import TlsFiles, TlsPaths
+
+        tls = TlsFiles(TlsPaths(*tls_files))
+    client = MetalogClient(endpoints, CLUSTER_ID, request_timeout_ms=10000, max_retries=20, tls=tls)
     await client.metadata()
     pad = b"x" * value_bytes
 
@@ -115,10 +120,10 @@ async def _metalog_load(endpoints: list[tuple[str, int]], clients: int, start_at
 
 
 async def _etcd_load(url: str, clients: int, start_at: float, warmup_s: float, duration_s: float,
-                     value_bytes: int, tag: str) -> dict:
+                     value_bytes: int, tag: str, tls: list[str] | None = None) -> dict:
     from tools.bench_etcd import EtcdPutter
 
-    putter = EtcdPutter(url, clients)
+    putter = EtcdPutter(url, clients, tls=tls)
     await putter.open()
     await putter.put(b"bench-warm-" + tag.encode(), b"1")
     pad = b"x" * value_bytes
@@ -145,10 +150,11 @@ def worker_main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
     if spec["system"] == "metalog":
         coro = _metalog_load([tuple(e) for e in spec["endpoints"]], spec["clients"], spec["start_at"],
-                             spec["warmup_s"], spec["duration_s"], spec["value_bytes"], spec["tag"])
+                             spec["warmup_s"], spec["duration_s"], spec["value_bytes"], spec["tag"],
+                             spec.get("tls"))
     else:
         coro = _etcd_load(spec["url"], spec["clients"], spec["start_at"], spec["warmup_s"],
-                          spec["duration_s"], spec["value_bytes"], spec["tag"])
+                          spec["duration_s"], spec["value_bytes"], spec["tag"], spec.get("tls"))
     result = uvloop.run(coro)
     with open(spec["out"], "w") as f:
         json.dump(result, f)
@@ -194,9 +200,13 @@ def run_load(target: dict, clients: int, procs: int, warmup_s: float, duration_s
 
 
 # ------------------------------------------------------------------ clusters
-def metalog_cluster(root: str, voters: int = 3, observers: int = 0, **common) -> LocalCluster:
+def metalog_cluster(root: str, voters: int = 3, observers: int = 0, insecure: bool = False,
+                    cert_dir: str | None = None, **common) -> LocalCluster:
+    """Mutual TLS unless `insecure`; `cert_dir` shares one CA across the run (etcd's too)."""
     cluster = LocalCluster.create(root, voters=voters, observers=observers, cluster_id=CLUSTER_ID,
-                                  common={"log_level": "warning", **common})
+                                  common={"log_level": "warning", **common}, insecure=insecure)
+    if cert_dir:
+        cluster.cert_dir = cert_dir
     return cluster
 
 
@@ -206,7 +216,11 @@ def _start(cluster: LocalCluster, nodes: list[int] | None = None) -> None:
 
 
 def _metalog_target(cluster: LocalCluster) -> dict:
-    return {"system": "metalog", "endpoints": [list(e) for e in cluster.bootstrap()]}
+    target = {"system": "metalog", "endpoints": [list(e) for e in cluster.bootstrap()]}
+    tls = cluster.client_tls()
+    if tls is not None:
+        target["tls"] = [tls.paths.ca_file, tls.paths.cert_file, tls.paths.key_file]
+    return target
 
 
 # ------------------------------------------------------------------ sections
@@ -214,29 +228,37 @@ def bench_load(args, root: str, clients: int, rounds: int, label: str, report: d
     """Throughput/latency rounds for metalog and (with --vs etcd) etcd, interleaved."""
     from tools import bench_etcd
 
-    runs: dict[str, list[dict]] = {"metalog": [], "etcd": []}
+    runs: dict[str, list[dict]] = {"metalog": [], "etcd": [], "plaintext": []}
+    cert_dir = os.path.join(root, "certs")  # one CA for every cluster of the run, etcd's too
+    variants = [("metalog", False)] + ([("plaintext", True)] if args.vs == "etcd" or args.plaintext else [])
     for r in range(rounds):
-        cluster = metalog_cluster(os.path.join(root, f"{label}-metalog-{r}"))
-        try:
-            _start(cluster)
-            res = run_load(_metalog_target(cluster), clients, args.load_procs, args.warmup_s, args.duration_s,
-                           args.value_bytes, f"{label}{r}")
-        finally:
-            cluster.stop()
-        runs["metalog"].append(res)
-        _progress(f"{label} round {r + 1}/{rounds} metalog: {res['records_per_s']} rec/s p99 {res['p99_ms']} ms")
+        for key, insecure in variants:
+            cluster = metalog_cluster(os.path.join(root, f"{label}-{key}-{r}"), insecure=insecure, cert_dir=cert_dir)
+            try:
+                _start(cluster)
+                res = run_load(_metalog_target(cluster), clients, args.load_procs, args.warmup_s, args.duration_s,
+                               args.value_bytes, f"{label}{r}")
+            finally:
+                cluster.stop()
+            runs[key].append(res)
+            what = "metalog TLS" if key == "metalog" else "metalog plaintext"
+            _progress(f"{label} round {r + 1}/{rounds} {what}: {res['records_per_s']} rec/s p99 {res['p99_ms']} ms")
         if args.vs == "etcd" and report["etcd"]["available"]:
-            etcd = bench_etcd.EtcdCluster(os.path.join(root, f"{label}-etcd-{r}"))
+            etcd = bench_etcd.EtcdCluster(os.path.join(root, f"{label}-etcd-{r}"), cert_dir=cert_dir)
             try:
                 etcd.start()
                 leader = etcd.wait_ready()
-                res = run_load({"system": "etcd", "url": etcd.client_url(leader)}, clients, args.load_procs,
-                               args.warmup_s, args.duration_s, args.value_bytes, f"{label}{r}")
+                res = run_load({"system": "etcd", "url": etcd.client_url(leader), "tls": etcd.client_tls()},
+                               clients, args.load_procs, args.warmup_s, args.duration_s, args.value_bytes,
+                               f"{label}{r}")
             finally:
                 etcd.stop()
             runs["etcd"].append(res)
             _progress(f"{label} round {r + 1}/{rounds} etcd: {res['records_per_s']} rec/s p99 {res['p99_ms']} ms")
-    report[label] = {"rounds": runs["metalog"], "best": _best(runs["metalog"])}
+    report[label] = {"rounds": runs["metalog"], "best": _best(runs["metalog"]), "tls": True}
+    if runs["plaintext"]:
+        report[label]["plaintext_rounds"] = runs["plaintext"]
+        report[label]["plaintext_best"] = _best(runs["plaintext"])
     if runs["etcd"]:
         report[label]["etcd_rounds"] = runs["etcd"]
         report[label]["etcd_best"] = _best(runs["etcd"])
@@ -251,7 +273,8 @@ def _best(rounds: list[dict]) -> dict:
 async def _failover_async(args, cluster: LocalCluster) -> dict:
     from broker.client import MetalogClient
 
-    client = MetalogClient(cluster.bootstrap(), CLUSTER_ID, request_timeout_ms=2000, retry_backoff_ms=20,
+    client = MetalogClient(cluster.bootstrap(), CLUSTER_ID, tls=cluster.client_tls(), request_timeout_ms=2000,
+                           retry_backoff_ms=20,
                            max_retries=2, connect_timeout_ms=500)
     await client.metadata()
     commits: list[tuple[float, int]] = []  # (monotonic time acknowledged, leader epoch)
@@ -311,12 +334,15 @@ async def _failover_async(args, cluster: LocalCluster) -> dict:
 
 def _wait_rejoined(cluster: LocalCluster, node: int) -> None:
     def ok():
-        q = cluster.quorum(node)
+        # The leader's HW first, the node's LEO after: under load the HW moves
+        # while we ask (each admin call is an HTTPS handshake), so the other
+        # order could keep a caught-up follower "behind" forever.
         lead = cluster.leader()
-        if not q or not lead or q.get("role") != "follower" or q.get("epoch") != lead[1]:
+        lq = cluster.quorum(lead[0]) if lead else None
+        q = cluster.quorum(node)
+        if not q or not lead or not lq or q.get("role") != "follower" or q.get("epoch") != lead[1]:
             return False
-        lq = cluster.quorum(lead[0])
-        return bool(lq) and q["log_end_offset"] >= (lq.get("high_watermark") or 0)
+        return q["log_end_offset"] >= (lq.get("high_watermark") or 0)
 
     cluster.wait_for(ok, 60, f"node {node} to rejoin as a caught-up follower")
 
@@ -337,7 +363,8 @@ async def _load_metadata(cluster: LocalCluster, records: int, keys: int, value_b
     from broker.client import MetalogClient
     from storage import metadata_records as r
 
-    client = MetalogClient(cluster.bootstrap(), CLUSTER_ID, request_timeout_ms=30000, max_retries=20)
+    client = MetalogClient(cluster.bootstrap(), CLUSTER_ID, tls=cluster.client_tls(), request_timeout_ms=30000,
+                           max_retries=20)
     batch = 2000
     starts = iter(range(0, records, batch))
 
@@ -445,13 +472,15 @@ def format_table(report: dict) -> str:
             continue
         sec = report[label]
         clients = sec["best"]["clients"]
-        row(f"metalog {label} ({clients} cl)", sec["best"])
+        row(f"metalog TLS {label} ({clients} cl)", sec["best"])
+        if "plaintext_best" in sec:
+            row(f"metalog plain {label} ({clients} cl)", sec["plaintext_best"])
         if "etcd_best" in sec:
-            row(f"etcd {label} ({clients} cl)", sec["etcd_best"])
+            row(f"etcd TLS {label} ({clients} cl)", sec["etcd_best"])
             m, e = sec["best"], sec["etcd_best"]
             ratio = round(m["records_per_s"] / e["records_per_s"], 2) if e["records_per_s"] else None
             p99 = round(e["p99_ms"] / m["p99_ms"], 2) if m["p99_ms"] else None
-            lines.append(f"{'  ratio metalog/etcd':28}  {ratio!s:>10}  (etcd p99 / metalog p99: {p99})")
+            lines.append(f"{'  ratio metalog/etcd (TLS)':28}  {ratio!s:>10}  (etcd p99 / metalog p99: {p99})")
     if "failover" in report:
         f = report["failover"]
         lines.append(f"failover: {f['kills']} kill -9 of the leader, next commit after p50 {f['p50_ms']} ms, "
@@ -555,6 +584,8 @@ def register_cli(subparsers) -> None:
     p.add_argument("--catchup-records", type=int, default=d["catchup_records"])
     p.add_argument("--catchup-keys", type=int, default=d["catchup_keys"])
     p.add_argument("--smoke", action="store_true", help="tiny CI mode: must work, not be fast")
+    p.add_argument("--plaintext", action="store_true",
+                   help="also run metalog in PLAINTEXT (insecure) mode, to show TLS's cost (on with --vs etcd)")
     p.add_argument("--json", help="write the JSON report here")
     p.add_argument("--dir", help="where clusters live (default: a temp dir, removed afterwards)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs) afterwards")

@@ -60,31 +60,68 @@ def grpc_available() -> bool:
 
 
 class EtcdCluster:
-    """Three etcd members on loopback under `root`."""
+    """Three etcd members on loopback under `root`.
 
-    def __init__(self, root: str, members: int = 3):
+    With `cert_dir` (a directory holding the cluster CA's ca.crt/ca.key, as
+    ``tools.certs`` writes it) etcd is secured like metalog: TLS on client and
+    peer URLs with ``--client-cert-auth --peer-client-cert-auth
+    --trusted-ca-file``, member certificates and a `bench` client certificate
+    issued by that same CA."""
+
+    def __init__(self, root: str, members: int = 3, cert_dir: str | None = None):
         self.root = os.path.abspath(root)
         ports = free_ports(2 * members)
         self.names = [f"e{i + 1}" for i in range(members)]
         self.client_ports = ports[:members]
         self.peer_ports = ports[members:]
         self.procs: dict[str, subprocess.Popen] = {}
+        self.cert_dir = cert_dir
+        self.scheme = "https" if cert_dir else "http"
 
     def client_url(self, i: int) -> str:
-        return f"http://127.0.0.1:{self.client_ports[i]}"
+        return f"{self.scheme}://127.0.0.1:{self.client_ports[i]}"
+
+    def peer_url(self, i: int) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.peer_ports[i]}"
+
+    def client_tls(self) -> list[str] | None:
+        """[ca, cert, key] of the `bench` client certificate (None without TLS)."""
+        if not self.cert_dir:
+            return None
+        from tools import certs
+
+        out = os.path.join(self.cert_dir, "etcd")
+        if not os.path.exists(os.path.join(out, "bench.crt")):
+            certs.issue_user(self.cert_dir, out, "bench")
+        return [os.path.join(self.cert_dir, "ca.crt"), os.path.join(out, "bench.crt"), os.path.join(out, "bench.key")]
+
+    def _tls_flags(self, i: int) -> list[str]:
+        if not self.cert_dir:
+            return []
+        from tools import certs
+
+        out = os.path.join(self.cert_dir, "etcd")
+        member = 100 + i  # a node certificate: serverAuth + clientAuth, SAN 127.0.0.1
+        if not os.path.exists(os.path.join(out, f"node-{member}.crt")):
+            certs.issue_node(self.cert_dir, out, member, ["127.0.0.1", "localhost"])
+        crt, key, ca = (os.path.join(out, f"node-{member}.crt"), os.path.join(out, f"node-{member}.key"),
+                        os.path.join(self.cert_dir, "ca.crt"))
+        return ["--cert-file", crt, "--key-file", key, "--client-cert-auth", "--trusted-ca-file", ca,
+                "--peer-cert-file", crt, "--peer-key-file", key, "--peer-client-cert-auth",
+                "--peer-trusted-ca-file", ca]
 
     def start(self) -> None:
         exe = etcd_binary()
         if exe is None:
             raise FileNotFoundError(etcd_missing_message())
-        initial = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in zip(self.names, self.peer_ports))
+        initial = ",".join(f"{n}={self.peer_url(i)}" for i, n in enumerate(self.names))
         for i, name in enumerate(self.names):
             d = os.path.join(self.root, name)
             os.makedirs(d, exist_ok=True)
             cmd = [exe, "--name", name, "--data-dir", os.path.join(d, "data"),
                    "--listen-client-urls", self.client_url(i), "--advertise-client-urls", self.client_url(i),
-                   "--listen-peer-urls", f"http://127.0.0.1:{self.peer_ports[i]}",
-                   "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_ports[i]}",
+                   "--listen-peer-urls", self.peer_url(i), "--initial-advertise-peer-urls", self.peer_url(i),
+                   *self._tls_flags(i),
                    "--initial-cluster", initial, "--initial-cluster-state", "new",
                    "--initial-cluster-token", f"metalog-bench-{os.getpid()}",
                    "--log-level", "warn", "--logger", "zap"]
@@ -95,8 +132,15 @@ class EtcdCluster:
     def _post(self, i: int, path: str, body: dict, timeout_s: float = 2.0) -> dict | None:
         req = urllib.request.Request(self.client_url(i) + path, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
+        ctx = None
+        if self.cert_dir:
+            import ssl
+
+            ca, crt, key = self.client_tls()  # type: ignore[misc]
+            ctx = ssl.create_default_context(cafile=ca)
+            ctx.load_cert_chain(crt, key)
         try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            with urllib.request.urlopen(req, timeout=timeout_s, context=ctx) as resp:
                 return json.loads(resp.read())
         except Exception:
             return None
@@ -159,8 +203,9 @@ class EtcdPutter:
     """put(key, value) awaiting etcd's answer (which etcd sends after commit +
     WAL fsync on a majority); gRPC when available, else the JSON gateway."""
 
-    def __init__(self, url: str, concurrency: int):
+    def __init__(self, url: str, concurrency: int, tls: list[str] | None = None):
         self.url = url
+        self.tls = tls  # [ca, cert, key] for a secured etcd
         self.transport = "grpc" if grpc_available() else "http-json-gateway"
         self._concurrency = concurrency
         self._put = None
@@ -170,13 +215,24 @@ class EtcdPutter:
         if self.transport == "grpc":
             import grpc.aio
 
-            channel = grpc.aio.insecure_channel(self.url.removeprefix("http://"))
+            if self.tls:
+                ca, crt, key = (open(p, "rb").read() for p in self.tls)
+                creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=crt)
+                channel = grpc.aio.secure_channel(self.url.removeprefix("https://"), creds)
+            else:
+                channel = grpc.aio.insecure_channel(self.url.removeprefix("http://"))
             self._put = channel.unary_unary("/etcdserverpb.KV/Put")  # bytes in, bytes out
             self._close = channel.close
         else:
             import aiohttp
 
-            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self._concurrency))
+            ssl_ctx = None
+            if self.tls:
+                import ssl
+
+                ssl_ctx = ssl.create_default_context(cafile=self.tls[0])
+                ssl_ctx.load_cert_chain(self.tls[1], self.tls[2])
+            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self._concurrency, ssl=ssl_ctx))
             url = self.url + "/v3/kv/put"
 
             async def put(body: bytes, timeout: float):

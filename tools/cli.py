@@ -36,9 +36,46 @@ DEFAULT_CLUSTER_ID = os.environ.get("METALOG_CLUSTER_ID", "metalog-local")
 
 
 def _client_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP, help="host:port,... of any brokers")
-    p.add_argument("--cluster-id", default=DEFAULT_CLUSTER_ID)
+    p.add_argument("--bootstrap", help="host:port,... of any brokers (default: the client config's)")
+    p.add_argument("--cluster-id", help="default: the client config's")
     p.add_argument("--timeout-ms", type=int, default=10000)
+    _credential_args(p)
+
+
+def _credential_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--client-config", help="client config file (bootstrap, CA, certificate, key); default "
+                   "$METALOG_CLIENT_CONFIG, else run/cluster/client.yaml")
+    p.add_argument("--insecure", action="store_true", help="plaintext without a certificate (PLAINTEXT clusters only)")
+
+
+def client_settings(args) -> dict:
+    """Bootstrap, cluster id, TLS files and admin URL from flags and the client config."""
+    from broker.client_config import ClientConfigError, find_client_config
+
+    cc = find_client_config(getattr(args, "client_config", None))
+    tls = None
+    if getattr(args, "insecure", False):
+        print("metalog: --insecure: plaintext, no client certificate", file=sys.stderr)
+    elif cc is None:
+        raise ClientConfigError(
+            "no client credentials: give --client-config FILE, set $METALOG_CLIENT_CONFIG, or run from the "
+            "directory where `bash run.sh cluster` wrote run/cluster/client.yaml (`metalog certs` creates "
+            "certificates; --insecure talks plaintext to a PLAINTEXT cluster)")
+    else:
+        tls = cc.tls()
+    return {
+        "bootstrap": _endpoints(getattr(args, "bootstrap", None) or (cc.bootstrap if cc else DEFAULT_BOOTSTRAP)),
+        "cluster_id": getattr(args, "cluster_id", None) or (cc.cluster_id if cc else DEFAULT_CLUSTER_ID),
+        "tls": tls,
+        "admin": (cc.admin if cc and cc.admin else None),
+    }
+
+
+def make_client(args):
+    from broker.client import MetalogClient
+
+    cs = client_settings(args)
+    return MetalogClient(cs["bootstrap"], cs["cluster_id"], request_timeout_ms=args.timeout_ms, tls=cs["tls"])
 
 
 # ------------------------------------------------------------------ cluster
@@ -48,10 +85,13 @@ def cmd_cluster_up(args) -> int:
     if args.compose:
         from tools.compose import cluster_from_compose
 
-        cluster = cluster_from_compose(args.compose, args.dir)
+        cluster = cluster_from_compose(args.compose, args.dir, insecure=args.insecure)
     else:
         cluster = LocalCluster.create(args.dir, voters=args.voters, observers=args.observers,
-                                      base_port=args.base_port, cluster_id=args.cluster_id)
+                                      base_port=args.base_port, cluster_id=args.cluster_id,
+                                      insecure=args.insecure)
+    if args.insecure:
+        print("metalog: WARNING: --insecure: brokers talk plaintext without authentication", file=sys.stderr)
     stop = {"now": False}
 
     def on_signal(signum, _frame):
@@ -87,10 +127,12 @@ def cmd_cluster_up(args) -> int:
     for nid, spec in sorted(cluster.nodes.items()):
         q = cluster.quorum(nid) or {}
         print(f"{nid:>4}  {q.get('role', '?'):10} {cluster.host + ':' + str(spec.port):22} "
-              f"{'http://' + cluster.host + ':' + str(spec.admin_port):22} {cluster.data_dir(nid)}")
-    bootstrap = ",".join(f"{h}:{p}" for h, p in cluster.bootstrap())
-    print(f"\ntry:  metalog produce --bootstrap {bootstrap} hello")
-    print(f"      metalog consume --bootstrap {bootstrap} --from earliest")
+              f"{cluster.admin_scheme + '://' + cluster.host + ':' + str(spec.admin_port):22} {cluster.data_dir(nid)}")
+    print(f"\nclient config (bootstrap, CA, admin certificate): {cluster.client_config_path}")
+    if not cluster.insecure:
+        print(f"certificates: {cluster.cert_dir} (CA, node-N, admin)")
+    print(f"try:  metalog produce --client-config {cluster.client_config_path} hello")
+    print("      (from the repo root, run/cluster/client.yaml is found without --client-config)")
     sys.stdout.flush()
     if args.exit_when_ready:
         cluster.stop()
@@ -117,9 +159,7 @@ def _tail(path: str, lines: int = 5) -> str:
 
 # ------------------------------------------------------------------ client
 async def _with_client(args, fn):
-    from broker.client import MetalogClient
-
-    client = MetalogClient(_endpoints(args.bootstrap), args.cluster_id, request_timeout_ms=args.timeout_ms)
+    client = make_client(args)
     try:
         return await fn(client)
     finally:
@@ -225,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--compose", help="run the broker services of this docker-compose file as local processes")
     up.add_argument("--ready-timeout-s", type=float, default=30.0)
     up.add_argument("--exit-when-ready", action="store_true", help="stop again once a leader is elected")
+    up.add_argument("--insecure", action="store_true",
+                    help="plaintext without certificates (every broker warns; /health says insecure)")
     up.set_defaults(func=cmd_cluster_up)
 
     p = sub.add_parser("produce", help="write records; prints base offset and epoch once committed")
@@ -251,10 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
     _client_args(p)
     p.set_defaults(func=cmd_metadata)
 
-    from tools import admin_cli, bench, drill, dump, spark_job, storage_cli
+    from tools import admin_cli, bench, certs_cli, drill, dump, spark_job, storage_cli
 
     # Subcommands that live with their tools: each module adds its own parsers.
-    for module in (admin_cli, dump, spark_job, drill, bench, storage_cli):
+    for module in (admin_cli, dump, spark_job, drill, bench, storage_cli, certs_cli):
         module.register_cli(sub)
     return parser
 
@@ -271,11 +313,23 @@ def main(argv: list[str] | None = None) -> int:
         from broker.logs import configure_logging
 
         # Client-side logs go to stderr so stdout stays machine-readable.
-        configure_logging(os.environ.get("METALOG_LOG_LEVEL", "warning"), sys.stderr)
+        # The CLI prints its own one-line errors; library warnings only when asked for.
+        configure_logging(os.environ.get("METALOG_LOG_LEVEL", "error"), sys.stderr)
+    from broker.client import ClusterUnavailable, MetalogError
+    from broker.client_config import ClientConfigError
+    from broker.tls import TlsConfigError
+
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:
         return 130
+    except (ClientConfigError, TlsConfigError, ClusterUnavailable, MetalogError) as exc:
+        # One line, no traceback: e.g. "metalog: error: TLS handshake with 127.0.0.1:9091 failed: ..."
+        hint = ""
+        if getattr(args, "insecure", False) and isinstance(exc, ClusterUnavailable) and "by peer" in str(exc):
+            hint = " (plaintext to a TLS port? the brokers closed the connection; drop --insecure)"
+        print(f"metalog: error: {exc}{hint}", file=sys.stderr)
+        return 1
     except (OSError, TimeoutError) as exc:
         print(f"metalog: {exc}", file=sys.stderr)
         return 1

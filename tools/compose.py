@@ -205,7 +205,7 @@ def parse_topology(doc: Any, path: str = "docker-compose.yml") -> Topology:
             raise ComposeError(f"{where}: config {targets[config_path]!r} must be a mapping of keys")
         data = {**base, **overrides}
         try:
-            cfg = config_from_dict(data)
+            cfg = config_from_dict(data, check_files=False)  # TLS paths are inside the container
         except ConfigError as exc:
             raise ComposeError(f"{where}: {exc}") from None
         topo.brokers.append(BrokerService(
@@ -260,8 +260,14 @@ def _check(topo: Topology) -> None:
                 raise ComposeError(f"{where}: volume {vol!r} is also used by service {seen_volumes[vol]}; "
                                    "each broker needs its own")
             seen_volumes[vol] = b.name
+        if cfg.tls_enabled:
+            for key in ("ssl_ca_file", "ssl_cert_file", "ssl_key_file"):
+                p = getattr(cfg, key)
+                if not any(_under(p, m) for m in b.mounts):
+                    raise ComposeError(f"{where}: {key} {p} is not on a mounted volume (mounts: {b.mounts or 'none'}); "
+                                       "mount the volume the `certs` service writes")
         if b.health_url is None:
-            raise ComposeError(f"{where}: healthcheck must request http://127.0.0.1:<admin port>/health")
+            raise ComposeError(f"{where}: healthcheck must request http(s)://127.0.0.1:<admin port>/health")
         if b.health_url[1] != admin.port or b.health_url[0] not in ("127.0.0.1", "localhost", b.hostname):
             raise ComposeError(f"{where}: healthcheck hits {b.health_url[0]}:{b.health_url[1]} "
                                f"but the admin API listens on port {admin.port}")
@@ -298,9 +304,14 @@ class LocalMapping:
         self.hosts = {b.hostname for b in topo.brokers} | {b.name for b in topo.brokers} | {"0.0.0.0", "localhost", LOOPBACK}
         self.ports = set(topo.container_ports())
         self.volume_dirs: dict[str, str] = {}
+        users: dict[str, int] = {}
         for b in topo.brokers:
             for vol in b.mounts.values():
-                self.volume_dirs.setdefault(vol, os.path.join(self.root, f"node-{b.config.node_id}"))
+                users[vol] = users.get(vol, 0) + 1
+        for b in topo.brokers:
+            for vol in b.mounts.values():
+                if users[vol] == 1:  # a broker's own volume; shared ones (certs) go to <root>/volumes/V
+                    self.volume_dirs.setdefault(vol, os.path.join(self.root, f"node-{b.config.node_id}"))
         self._addr = re.compile(r"\b(" + "|".join(re.escape(h) for h in sorted(self.hosts, key=len, reverse=True))
                                 + r"):(\d+)\b")
 
@@ -344,11 +355,13 @@ class LocalMapping:
         return [sys.executable, "-m", "tools.cli", "broker", *args]
 
 
-def cluster_from_compose(path: str, root_dir: str, port_offset: int | None = None):
+def cluster_from_compose(path: str, root_dir: str, port_offset: int | None = None, insecure: bool = False):
     """A LocalCluster running the compose file's broker services as processes.
 
     ``port_offset`` shifts every container port (tests pass a free range);
-    default: $METALOG_COMPOSE_PORT_OFFSET or 0."""
+    default: $METALOG_COMPOSE_PORT_OFFSET or 0. The `certs` service's work
+    (CA, node and admin certificates) is done by the launcher into the mapped
+    certs volume; `insecure` runs the brokers with security_protocol PLAINTEXT."""
     from tools.launcher import LocalCluster, NodeSpec
 
     if port_offset is None:
@@ -368,8 +381,18 @@ def cluster_from_compose(path: str, root_dir: str, port_offset: int | None = Non
                               admin_port=mapping.port(cfg.admin_endpoint().port),
                               voter=cfg.node_id in voters, command=mapping.command(b)))
     voter_addrs = {vid: (LOOPBACK, mapping.port(ep.port)) for vid, ep in voters.items()}
-    cluster = LocalCluster(mapping.root, specs, cluster_id=topo.brokers[0].config.cluster_id,
-                           host=LOOPBACK, voter_addrs=voter_addrs)
+    first = topo.brokers[0]
+    secure = first.config.tls_enabled and not insecure
+    if insecure:
+        for spec in specs:
+            assert spec.command is not None
+            spec.command += ["--set", "security_protocol=PLAINTEXT"]
+    cluster = LocalCluster(mapping.root, specs, cluster_id=first.config.cluster_id,
+                           host=LOOPBACK, voter_addrs=voter_addrs, insecure=not secure)
+    if secure:
+        cert_file = first.config.ssl_cert_file
+        assert cert_file is not None
+        cluster.cert_dir = os.path.dirname(mapping.rewrite(cert_file, first.mounts))
     cluster.compose_mapping = mapping
     return cluster
 

@@ -204,7 +204,7 @@ class Drill:
                 self._endpoints = {n: addr_map.get(a, a) for n, a in self._endpoints.items()}
                 return resp
 
-        return DirectClient(self.cluster.bootstrap(), self.cluster.cluster_id, **kw)
+        return DirectClient(self.cluster.bootstrap(), self.cluster.cluster_id, tls=self.cluster.client_tls(), **kw)
 
     async def _writer(self, wid: int) -> None:
         client = self._client(request_timeout_ms=WRITE_TIMEOUT_MS, max_retries=0)

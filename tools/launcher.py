@@ -9,6 +9,7 @@ the rest are observers that replicate without voting.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import random
@@ -16,8 +17,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,8 +74,13 @@ class NodeSpec:
 class LocalCluster:
     def __init__(self, root: str, nodes: list[NodeSpec], cluster_id: str = "metalog-local",
                  host: str = "127.0.0.1", common: dict[str, Any] | None = None,
-                 voter_addrs: dict[int, tuple[str, int]] | None = None):
+                 voter_addrs: dict[int, tuple[str, int]] | None = None, insecure: bool = False):
         self.root = os.path.abspath(root)
+        # Secure by default: a CA, node certificates and an `admin` user certificate in <root>/certs.
+        self.insecure = insecure
+        self.cert_dir = os.path.join(self.root, "certs")
+        self._client_tls: Any = None
+        self._admin_conns: dict[tuple[int, int], Any] = {}  # (thread, node) -> kept-alive admin connection
         self.nodes = {n.node_id: n for n in nodes}
         self.cluster_id = cluster_id
         self.host = host
@@ -85,7 +91,8 @@ class LocalCluster:
 
     @classmethod
     def create(cls, root: str, voters: int = 3, observers: int = 1, base_port: int | None = None,
-               common: dict[str, Any] | None = None, cluster_id: str = "metalog-local") -> "LocalCluster":
+               common: dict[str, Any] | None = None, cluster_id: str = "metalog-local",
+               insecure: bool = False) -> "LocalCluster":
         n = voters + observers
         if base_port:
             ports = [base_port + i for i in range(n)]
@@ -94,7 +101,7 @@ class LocalCluster:
             got = free_ports(2 * n)
             ports, admin_ports = got[:n], got[n:]
         specs = [NodeSpec(i + 1, ports[i], admin_ports[i], voter=i < voters) for i in range(n)]
-        return cls(root, specs, cluster_id=cluster_id, common=common)
+        return cls(root, specs, cluster_id=cluster_id, common=common, insecure=insecure)
 
     # ----------------------------------------------------------- config
     @property
@@ -121,11 +128,61 @@ class LocalCluster:
             "voters": self.voters_string,
             "log_file": self.log_path(node_id),
         }
+        if self.insecure:
+            cfg["security_protocol"] = "PLAINTEXT"
+        else:
+            cfg.update(security_protocol="SSL", ssl_ca_file=os.path.join(self.cert_dir, "ca.crt"),
+                       ssl_cert_file=os.path.join(self.cert_dir, f"node-{node_id}.crt"),
+                       ssl_key_file=os.path.join(self.cert_dir, f"node-{node_id}.key"))
         cfg.update(self.common)
         cfg.update(spec.extra)
         return cfg
 
+    def ensure_certs(self) -> None:
+        """CA + one certificate per node (SANs: the host it listens on and the
+        hosts it is dialled by, e.g. a fault proxy's) + the `admin` user; kept
+        across restarts. Also writes <root>/client.yaml for the CLI."""
+        from broker.client_config import ClientConfig
+        from tools.certs import cluster_certs
+
+        os.makedirs(self.root, exist_ok=True)
+        if not self.insecure:
+            hosts = {nid: sorted({self.host, "127.0.0.1", "localhost",
+                                  *(h for vid, (h, _) in self.voter_addrs.items() if vid == nid)})
+                     for nid in self.nodes}
+            cluster_certs(self.cert_dir, hosts, users=("admin",))
+        first = min(self.nodes)
+        ClientConfig(
+            bootstrap=",".join(f"{h}:{p}" for h, p in self.bootstrap()), cluster_id=self.cluster_id,
+            admin=f"{self.admin_scheme}://{self.host}:{self.nodes[first].admin_port}",
+            security_protocol="PLAINTEXT" if self.insecure else "SSL",
+            ssl_ca_file=None if self.insecure else os.path.join(self.cert_dir, "ca.crt"),
+            ssl_cert_file=None if self.insecure else os.path.join(self.cert_dir, "admin.crt"),
+            ssl_key_file=None if self.insecure else os.path.join(self.cert_dir, "admin.key"),
+        ).write(self.client_config_path)
+
+    @property
+    def client_config_path(self) -> str:
+        return os.path.join(self.root, "client.yaml")
+
+    @property
+    def admin_scheme(self) -> str:
+        return "http" if self.insecure else "https"
+
+    def client_tls(self) -> Any:
+        """The `admin` user's TLS files for clients in this process (None when insecure)."""
+        if self.insecure:
+            return None
+        if self._client_tls is None:
+            from broker.tls import TlsFiles, TlsPaths
+
+            self.ensure_certs()
+            d = self.cert_dir
+            self._client_tls = TlsFiles(TlsPaths(f"{d}/ca.crt", f"{d}/admin.crt", f"{d}/admin.key"))
+        return self._client_tls
+
     def write_config(self, node_id: int) -> str:
+        self.ensure_certs()
         os.makedirs(self.node_dir(node_id), exist_ok=True)
         path = os.path.join(self.node_dir(node_id), "broker.yaml")
         with open(path, "w") as f:
@@ -184,13 +241,36 @@ class LocalCluster:
 
     # ----------------------------------------------------------- observing
     def admin(self, node_id: int, path: str, timeout_s: float = 2.0) -> dict | None:
-        spec = self.nodes[node_id]
-        url = f"http://{self.host}:{spec.admin_port}{path}"
-        try:
-            with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-                return json.loads(resp.read())
-        except Exception:
-            return None
+        """GET an admin path as JSON, None if the node does not answer 200.
+
+        Connections are kept alive per thread and node: drills poll /quorum
+        many times a second, and a TLS handshake per poll would cost the
+        brokers real CPU."""
+        key = (threading.get_ident(), node_id)
+        for attempt in (0, 1):  # a kept connection may have died with its broker: retry once, fresh
+            conn = self._admin_conns.get(key)
+            fresh = conn is None
+            try:
+                if conn is None:
+                    port = self.nodes[node_id].admin_port
+                    conn = (http.client.HTTPConnection(self.host, port, timeout=timeout_s) if self.insecure else
+                            http.client.HTTPSConnection(self.host, port, timeout=timeout_s,
+                                                        context=self.client_tls().client()))
+                    self._admin_conns[key] = conn
+                conn.timeout = timeout_s
+                if conn.sock is not None:
+                    conn.sock.settimeout(timeout_s)
+                conn.request("GET", path)
+                resp = conn.getresponse()
+                body = resp.read()
+                return json.loads(body) if resp.status == 200 else None
+            except (OSError, http.client.HTTPException, ValueError):
+                self._admin_conns.pop(key, None)
+                if conn is not None:
+                    conn.close()
+                if fresh or attempt:
+                    return None
+        return None
 
     def quorum(self, node_id: int) -> dict | None:
         return self.admin(node_id, "/quorum")

@@ -43,7 +43,8 @@ def test_smoke_all_sections(tmp_path, capsys):
         # The observer applied everything up to the HW it caught up to.
         assert cu[way]["observer_applied_offset"] >= cu[way]["high_watermark"] - 1
     table = capsys.readouterr().out
-    assert "metalog throughput (50 cl)" in table and "catch-up of 2000 records" in table
+    assert "metalog TLS throughput (50 cl)" in table and "catch-up of 2000 records" in table
+    assert report["throughput"]["tls"] is True and "plaintext_best" not in report["throughput"]
 
 
 def test_smoke_vs_etcd(tmp_path, capsys):
@@ -56,7 +57,10 @@ def test_smoke_vs_etcd(tmp_path, capsys):
         return
     etcd = report["throughput"]["etcd_best"]
     assert etcd["ops"] > 0 and etcd["errors"] == 0 and etcd["clients"] == 50
-    assert "ratio metalog/etcd" in table.out
+    assert "ratio metalog/etcd (TLS)" in table.out and "etcd TLS throughput (50 cl)" in table.out
+    # the same run also shows metalog without TLS, for TLS's cost
+    plain = report["throughput"]["plaintext_best"]
+    assert plain["ops"] > 0 and plain["errors"] == 0 and "metalog plain throughput (50 cl)" in table.out
 
 
 def test_unknown_section_is_refused(capsys):

@@ -30,8 +30,17 @@ def test_shipped_compose_is_three_voters_one_observer():
     for b in topo.brokers:
         assert b.health_url[1] == b.config.admin_endpoint().port
         assert b.config.data_dir.startswith("/var/lib/metalog/")
-    vols = [v for b in topo.brokers for v in b.mounts.values()]
-    assert len(vols) == len(set(vols)) == 4 and set(vols) <= topo.volumes
+    data_vols = [b.mounts["/var/lib/metalog"] for b in topo.brokers]
+    assert len(data_vols) == len(set(data_vols)) == 4 and set(data_vols) <= topo.volumes
+    # mutual TLS: every broker mounts the certs volume the one-shot `certs` service fills
+    for b in topo.brokers:
+        assert b.config.security_protocol == "SSL"
+        assert b.mounts["/etc/metalog/certs"] == "certs"
+        assert b.config.ssl_cert_file == f"/etc/metalog/certs/node-{b.config.node_id}.crt"
+    d0 = doc()
+    assert d0["services"]["certs"]["command"][:3] == ["metalog", "certs", "cluster"]
+    assert all(d0["services"][b.name]["depends_on"]["certs"]["condition"] == "service_completed_successfully"
+               for b in topo.brokers)
     d = doc()
     assert {"spark", "drill"} <= set(d["services"])
     assert d["services"]["spark"]["build"]["target"] == "spark"  # Java only in the Spark image
@@ -75,7 +84,9 @@ def _set(cmd, key, value):
         test=["CMD", "python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9094/health')"]),
      "service observer4: healthcheck hits 127.0.0.1:9094 but the admin API listens on port 8094"),
     (lambda d: d["services"]["broker1"].pop("healthcheck"),
-     "service broker1: healthcheck must request http://127.0.0.1:<admin port>/health"),
+     "service broker1: healthcheck must request http(s)://127.0.0.1:<admin port>/health"),
+    (lambda d: d["services"]["broker3"].update(volumes=["broker3-data:/var/lib/metalog"]),
+     "service broker3: ssl_ca_file /etc/metalog/certs/ca.crt is not on a mounted volume"),
     (lambda d: _svc_cmd(d, "broker1").extend(["--set", "election_timeout_ms=-5"]),
      "service broker1: election_timeout_ms: must be > 0, got -5"),
     (lambda d: d["configs"]["broker-config"].update(
@@ -136,7 +147,7 @@ def test_cluster_up_from_compose_elects_a_leader(tmp_path):
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "metalog cluster 'metalog-compose' is up: leader" in proc.stdout
-    roles = [line.split()[1] for line in proc.stdout.splitlines() if line.strip()[:1] in "1234" and "http://" in line]
+    roles = [line.split()[1] for line in proc.stdout.splitlines() if line.strip()[:1] in "1234" and "https://" in line]
     assert sorted(roles) == ["follower", "follower", "leader", "observer"], proc.stdout
     # the brokers really ran with the compose settings: logs on the mapped volume dirs
     for n in (1, 2, 3, 4):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -26,6 +27,8 @@ from tools.launcher import REPO_ROOT
 pytestmark = pytest.mark.slow
 
 FAST = dict(election_timeout_ms=300, fetch_timeout_ms=800, request_timeout_ms=800, fetch_max_wait_ms=100)
+# The fuzz test sends many bad frames from one address on purpose: no back-off for it here.
+NO_BACKOFF = dict(failed_connections_before_backoff=1_000_000)
 
 
 def run_broker(config: dict, tmp_path) -> subprocess.CompletedProcess:
@@ -36,8 +39,13 @@ def run_broker(config: dict, tmp_path) -> subprocess.CompletedProcess:
 
 
 def base_config(tmp_path) -> dict:
+    from tools.certs import cluster_certs
+
+    certs = tmp_path / "certs"
+    cluster_certs(str(certs), {1: ["127.0.0.1"]}, users=())
     return {"node_id": 1, "cluster_id": "c1", "data_dir": str(tmp_path / "data"),
-            "listen": "127.0.0.1:0", "voters": "1@127.0.0.1:1"}
+            "listen": "127.0.0.1:0", "voters": "1@127.0.0.1:1", "ssl_ca_file": str(certs / "ca.crt"),
+            "ssl_cert_file": str(certs / "node-1.crt"), "ssl_key_file": str(certs / "node-1.key")}
 
 
 @pytest.mark.parametrize("key, value, expected", [
@@ -71,7 +79,7 @@ async def test_wrong_cluster_id_and_non_voter_requests_are_refused_on_the_wire(m
     cluster = make_cluster(voters=1, **FAST)
     await asyncio.to_thread(cluster.wait_for_leader, 20)
     host, port = cluster.bootstrap()[0]
-    ch = PeerChannel(host, port)
+    ch = PeerChannel(host, port, tls=cluster.client_tls())
     try:
         resp = await ch.request(ApiKey.PRODUCE, m.ProduceRequest(cluster_id="wrong", records=[b"x"]), 5000)
         assert resp.error_code == Errors.INCONSISTENT_CLUSTER_ID
@@ -102,24 +110,26 @@ def _valid_frames(cluster_id: str) -> list[bytes]:
 def live_broker(tmp_path_factory):
     from tools.launcher import LocalCluster
 
-    cluster = LocalCluster.create(str(tmp_path_factory.mktemp("fuzz")), voters=1, observers=0, common=FAST)
+    cluster = LocalCluster.create(str(tmp_path_factory.mktemp("fuzz")), voters=1, observers=0,
+                                  common={**FAST, **NO_BACKOFF})
     cluster.start()
     cluster.wait_for_leader(20)
     yield cluster
     cluster.stop()
 
 
-def _send_raw(host: str, port: int, data: bytes) -> None:
-    """Send bytes, then read whatever comes back until the broker answers or
-    closes, within a deadline (a hang fails the test through the timeout)."""
-    with socket.create_connection((host, port), timeout=5) as s:
+def _send_raw(host: str, port: int, data: bytes, tls) -> None:
+    """Send bytes inside an authenticated TLS session, then read whatever comes
+    back until the broker answers or closes, within a deadline (a hang fails
+    the test through the timeout)."""
+    with tls.client().wrap_socket(socket.create_connection((host, port), timeout=5), server_hostname=host) as s:
         s.sendall(data)
-        s.shutdown(socket.SHUT_WR)
+        s.shutdown(socket.SHUT_WR)  # TCP FIN without close_notify: the broker sees end of stream
         s.settimeout(5)
         try:
             while s.recv(65536):
                 pass
-        except (ConnectionResetError, socket.timeout):
+        except (ConnectionResetError, socket.timeout, ssl.SSLError):
             pass
 
 
@@ -144,11 +154,12 @@ def test_fuzzed_frames_never_crash_or_stall_a_live_broker(live_broker, data):
         payload = frame[: data.draw(st.integers(1, len(frame) - 1))]
     else:
         payload = codec.encode_request(data.draw(st.integers(100, 999)), 1, "fuzz", m.MetadataRequest())
-    _send_raw(host, port, payload)
+    _send_raw(host, port, payload, live_broker.client_tls())
 
     # Another, well-behaved client is still served, promptly.
     async def healthy() -> m.MetadataResponse:
-        client = MetalogClient([(host, port)], live_broker.cluster_id, request_timeout_ms=3000, max_retries=2)
+        client = MetalogClient([(host, port)], live_broker.cluster_id, request_timeout_ms=3000, max_retries=2,
+                               tls=live_broker.client_tls())
         try:
             return await client.metadata()
         finally:

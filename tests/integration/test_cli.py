@@ -36,7 +36,7 @@ async def test_produce_consume_and_controller_commands_through_the_cli(make_clus
     cluster = make_cluster(voters=3, observers=1, **FAST)
     await asyncio.to_thread(cluster.wait_for_leader, 20)
     boot = ",".join(f"{h}:{p}" for h, p in cluster.bootstrap())
-    common = ["--bootstrap", boot, "--cluster-id", cluster.cluster_id]
+    common = ["--bootstrap", boot, "--cluster-id", cluster.cluster_id, "--client-config", cluster.client_config_path]
 
     def run(*args):
         return metalog(*args[:2], *common, *args[2:]) if args[0] in ("topics", "brokers", "configs") \

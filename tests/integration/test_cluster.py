@@ -74,7 +74,7 @@ async def test_three_voters_elect_one_leader(make_cluster):
 async def test_10000_records_from_concurrent_clients_are_on_every_broker_in_order(make_cluster):
     cluster = make_cluster(voters=3, observers=1, **FAST)
     await asyncio.to_thread(cluster.wait_for_leader, 20)
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=5000)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=5000)
     values = [f"record-{i:05d}".encode() for i in range(10_000)]
     try:
         acked = await produce_all(client, values, concurrency=64)
@@ -104,7 +104,7 @@ async def test_10000_records_from_concurrent_clients_are_on_every_broker_in_orde
 async def test_leader_kill_elects_new_leader_keeps_acked_records_and_old_leader_catches_up(make_cluster):
     cluster = make_cluster(voters=3, **FAST)
     leader, epoch = await asyncio.to_thread(cluster.wait_for_leader, 20)
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=3000, max_retries=50)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=3000, max_retries=50)
     try:
         acked = await produce_all(client, [f"before-{i}".encode() for i in range(500)], concurrency=16)
         killed_at = time.monotonic()
@@ -138,7 +138,7 @@ async def test_leader_kill_elects_new_leader_keeps_acked_records_and_old_leader_
 async def test_consumer_never_sees_uncommitted_records_and_detects_planted_truncation(make_cluster):
     cluster = make_cluster(voters=3, **FAST)
     await asyncio.to_thread(cluster.wait_for_leader, 20)
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=3000, max_retries=50)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=3000, max_retries=50)
     consumer = client.consumer(reset_policy="none")
     consumer.seek(0)
     seen = []
@@ -167,7 +167,7 @@ async def test_consumer_never_sees_uncommitted_records_and_detects_planted_trunc
         os.unlink(epoch_file)  # rebuilt from the batches on boot
     cluster.start()
     await asyncio.to_thread(cluster.wait_for_leader, 20)
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=3000, max_retries=50)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=3000, max_retries=50)
     try:
         await produce_all(client, [f"new{i}".encode() for i in range(300)], concurrency=8)
         consumer = client.consumer(reset_policy="none")
@@ -189,7 +189,7 @@ async def test_sigterm_leader_hands_over_quickly_and_exits_cleanly(make_cluster)
     cluster = make_cluster(voters=3, election_timeout_ms=500, fetch_timeout_ms=10_000, request_timeout_ms=1000,
                            fetch_max_wait_ms=200)
     leader, epoch = await asyncio.to_thread(cluster.wait_for_leader, 30)
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=3000, max_retries=50)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=3000, max_retries=50)
     try:
         acked = await produce_all(client, [f"x{i}".encode() for i in range(200)], concurrency=8)
         stopped_at = time.monotonic()
@@ -218,7 +218,7 @@ async def test_list_offsets_earliest_latest_by_timestamp_and_fenced_by_epoch(mak
 
     cluster = make_cluster(voters=3, **FAST)
     await asyncio.to_thread(cluster.wait_for_leader, 20)
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=3000, max_retries=20)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=3000, max_retries=20)
     try:
         first_offset, epoch = await client.produce([b"early"])
         cut_ms = await wall_clock_after(int(time.time() * 1000) + 2)  # strictly after the early batch
@@ -252,14 +252,14 @@ async def test_restarted_old_leader_truncates_its_uncommitted_tail_and_catches_u
 
     cluster = make_cluster(voters=3, **FAST)
     leader, epoch = await asyncio.to_thread(cluster.wait_for_leader, 20)
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=3000, max_retries=50)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=3000, max_retries=50)
     try:
         acked = await produce_all(client, [f"kept-{i}".encode() for i in range(50)], concurrency=4)
         followers = [n for n in cluster.nodes if n != leader]
         for f in followers:
             cluster.signal(f, signal.SIGSTOP)  # the leader can append but never commit
         host, port = cluster.bootstrap()[leader - 1]
-        ch = PeerChannel(host, port)
+        ch = PeerChannel(host, port, tls=cluster.client_tls())
         try:
             doomed = [f"doomed-{i}".encode() for i in range(20)]
             request = m.ProduceRequest(cluster_id=cluster.cluster_id, records=doomed)

@@ -38,7 +38,7 @@ async def test_full_disk_stops_the_broker_with_a_clear_error_and_keeps_acked_rec
     ]
     cluster.start()
     await asyncio.to_thread(cluster.wait_for_leader, 20)
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=2000, max_retries=1)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=2000, max_retries=1)
     acked: dict[bytes, int] = {}
     try:
         with pytest.raises((ClusterUnavailable, MetalogError)):
@@ -66,7 +66,7 @@ async def test_full_disk_stops_the_broker_with_a_clear_error_and_keeps_acked_rec
     cluster.nodes[1].command = None
     cluster.start_node(1)
     await asyncio.to_thread(cluster.wait_for_leader, 20)
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=3000)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=3000)
     consumer = client.consumer(reset_policy="none")
     consumer.seek(0)
     seen: dict[bytes, int] = {}

@@ -21,7 +21,7 @@ SNAPSHOTTING = dict(election_timeout_ms=400, fetch_timeout_ms=1000, request_time
 
 
 async def write_metadata(cluster, brokers: int, topics: int, filler: int) -> None:
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=3000, max_retries=50)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=3000, max_retries=50)
     try:
         for b in range(1, brokers + 1):
             await client.command("register_broker", broker_id=b, endpoints=[["PLAINTEXT", "127.0.0.1", 9000 + b]])
@@ -111,7 +111,7 @@ async def test_restarted_broker_boots_from_snapshot_and_tail_with_identical_meta
     await asyncio.to_thread(cluster.wait_for, lambda: log_start_past_zero_everywhere(cluster, cluster.nodes),
                             30, "snapshots on every broker")
     # A tail after the latest snapshot.
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=3000, max_retries=50)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=3000, max_retries=50)
     try:
         await client.command("create_topic", name="after-snapshot", partitions=2, replication_factor=2)
     finally:

@@ -42,7 +42,7 @@ def without_offset(state: dict) -> dict:
 async def test_spark_snapshot_of_a_real_cluster_boots_a_broker_and_audit_catches_damage(make_cluster, tmp_path):
     cluster = make_cluster(voters=3, **FAST)
     await asyncio.to_thread(cluster.wait_for_leader, 20)
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=3000, max_retries=50)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=3000, max_retries=50)
     try:
         for b in (1, 2, 3, 4):
             await client.command("register_broker", broker_id=b, endpoints=[["PLAINTEXT", "127.0.0.1", 9000 + b]])
