@@ -1,6 +1,7 @@
 """The ``metalog`` command line.
 
-    metalog cluster up          start a local cluster (3 voters + 1 observer)
+    metalog cluster up          start a local cluster (3 voters + 1 observer; --detach: background)
+    metalog cluster status|down|logs|kill|pause|resume|restart   manage it (tools/cluster_cli.py)
     metalog broker --config F   run one broker
     metalog produce VALUE...    write records (answers offset and epoch once committed)
     metalog consume             read committed records, with KIP-320 truncation detection
@@ -21,6 +22,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 
 
 def _endpoints(text: str) -> list[tuple[str, int]]:
@@ -80,8 +82,18 @@ def make_client(args):
 
 # ------------------------------------------------------------------ cluster
 def cmd_cluster_up(args) -> int:
+    from tools.cluster_cli import ClusterCliError, dir_flag, running_nodes
     from tools.launcher import LocalCluster
 
+    if os.path.exists(os.path.join(args.dir, "cluster.json")):
+        try:
+            running = running_nodes(LocalCluster.load(args.dir))
+        except (OSError, ValueError, KeyError):
+            running = []
+        if running:
+            raise ClusterCliError(f"a cluster in {os.path.abspath(args.dir)} is already running (nodes "
+                                  f"{', '.join(map(str, running))}): `metalog cluster down {dir_flag(args.dir)}` "
+                                  f"stops it")
     if args.compose:
         from tools.compose import cluster_from_compose
 
@@ -131,11 +143,21 @@ def cmd_cluster_up(args) -> int:
     print(f"\nclient config (bootstrap, CA, admin certificate): {cluster.client_config_path}")
     if not cluster.insecure:
         print(f"certificates: {cluster.cert_dir} (CA, node-N, admin)")
+    # Every hint runs exactly as printed (a test runs them).
+    d = dir_flag(args.dir)
     print(f"try:  metalog produce --client-config {cluster.client_config_path} hello")
+    print(f"      metalog consume --client-config {cluster.client_config_path} --from earliest --idle-exit-s 1")
+    print(f"      metalog cluster status {d}")
+    print(f"      metalog cluster logs {d} {min(cluster.nodes)}")
     print("      (from the repo root, run/cluster/client.yaml is found without --client-config)")
     sys.stdout.flush()
     if args.exit_when_ready:
         cluster.stop()
+        return 0
+    if args.detach:
+        print(f"the brokers run in the background (pid files and logs in {cluster.root}/node-N/); "
+              f"stop them with:  metalog cluster down {d}")
+        sys.stdout.flush()
         return 0
     print("Ctrl-C stops the cluster.")
     sys.stdout.flush()
@@ -246,7 +268,8 @@ def cmd_metadata(args) -> int:
 
 # ------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="metalog", description="metalog: a replicated metadata log")
+    parser = argparse.ArgumentParser(prog="metalog", description="metalog: a replicated metadata log",
+                                     epilog="--debug (anywhere on the line): show the traceback of a failure")
     sub = parser.add_subparsers(dest="command", required=True)
 
     # Parsed by broker.main (see main()); listed here for --help.
@@ -267,7 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--exit-when-ready", action="store_true", help="stop again once a leader is elected")
     up.add_argument("--insecure", action="store_true",
                     help="plaintext without certificates (every broker warns; /health says insecure)")
+    up.add_argument("--detach", action="store_true",
+                    help="start the brokers in the background and return once there is a leader "
+                         "(`metalog cluster down` stops them)")
     up.set_defaults(func=cmd_cluster_up)
+    from tools import cluster_cli
+
+    cluster_cli.register(csub, default_dir="run/cluster")
 
     p = sub.add_parser("produce", help="write records; prints base offset and epoch once committed")
     _client_args(p)
@@ -308,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
         from broker.main import main as broker_main
 
         return broker_main(argv[1:])
+    # --debug may stand anywhere on the line: a failure then shows its traceback.
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
     args = build_parser().parse_args(argv)
     if args.command != "broker":
         from broker.logs import configure_logging
@@ -318,20 +350,33 @@ def main(argv: list[str] | None = None) -> int:
     from broker.client import ClusterUnavailable, MetalogError
     from broker.client_config import ClientConfigError
     from broker.tls import TlsConfigError
+    from tools.cluster_cli import ClusterCliError
 
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:
         return 130
-    except (ClientConfigError, TlsConfigError, ClusterUnavailable, MetalogError) as exc:
+    except (ClientConfigError, TlsConfigError, ClusterUnavailable, MetalogError, ClusterCliError) as exc:
         # One line, no traceback: e.g. "metalog: error: TLS handshake with 127.0.0.1:9091 failed: ..."
+        if debug:
+            traceback.print_exc()
         hint = ""
         if getattr(args, "insecure", False) and isinstance(exc, ClusterUnavailable) and "by peer" in str(exc):
             hint = " (plaintext to a TLS port? the brokers closed the connection; drop --insecure)"
         print(f"metalog: error: {exc}{hint}", file=sys.stderr)
         return 1
     except (OSError, TimeoutError) as exc:
-        print(f"metalog: {exc}", file=sys.stderr)
+        if debug:
+            traceback.print_exc()
+        print(f"metalog: error: {exc or type(exc).__name__}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - the last resort: one line, the traceback only on request
+        if debug:
+            traceback.print_exc()
+            print(f"metalog: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        else:
+            print(f"metalog: error: {type(exc).__name__}: {exc} (run again with --debug for the traceback)",
+                  file=sys.stderr)
         return 1
 
 
