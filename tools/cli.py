@@ -247,6 +247,85 @@ def cmd_quorum(args) -> int:
     return asyncio.run(_with_client(args, go))
 
 
+def quorum_status(resp, cluster_id: str) -> dict:
+    """Kafka's `kafka-metadata-quorum describe --status` fields from a DescribeQuorum answer."""
+    leader = next((r for r in resp.voters if r.replica_id == resp.leader_id), None)
+    followers = [r for r in resp.voters if r.replica_id != resp.leader_id]
+    lag, lag_time_ms = 0, 0
+    if leader is not None and followers:
+        # As Kafka computes them: the voter furthest behind, and how long since it was caught up.
+        slowest = min(followers, key=lambda r: r.log_end_offset)
+        lag = max(0, leader.log_end_offset - slowest.log_end_offset)
+        if slowest.last_caught_up_timestamp_ms >= 0:
+            lag_time_ms = max(0, leader.last_caught_up_timestamp_ms - slowest.last_caught_up_timestamp_ms)
+        else:
+            lag_time_ms = -1  # never caught up
+    return {"ClusterId": cluster_id, "LeaderId": resp.leader_id, "LeaderEpoch": resp.leader_epoch,
+            "HighWatermark": resp.high_watermark, "MaxFollowerLag": lag, "MaxFollowerLagTimeMs": lag_time_ms,
+            "CurrentVoters": sorted(r.replica_id for r in resp.voters),
+            "CurrentObservers": sorted(r.replica_id for r in resp.observers)}
+
+
+def quorum_replication(resp) -> list[dict]:
+    """Kafka's `describe --replication` rows: leader first, then voters, then observers.
+    DirectoryId is null: metalog has one log directory per node and no directory ids (KIP-858).
+    The timestamps are the leader's monotonic clock (not wall time), so each row
+    also says how long ago that was, measured against the leader's own entry."""
+    leader = next((r for r in resp.voters if r.replica_id == resp.leader_id), None)
+    leader_leo = leader.log_end_offset if leader is not None else None
+    leader_now_ms = leader.last_fetch_timestamp_ms if leader is not None else None
+
+    def ago(ts: int):
+        return None if ts < 0 or leader_now_ms is None else max(0, leader_now_ms - ts)
+    rows = []
+    for status, group in (("Leader", [r for r in resp.voters if r.replica_id == resp.leader_id]),
+                          ("Follower", sorted((r for r in resp.voters if r.replica_id != resp.leader_id),
+                                              key=lambda r: r.replica_id)),
+                          ("Observer", sorted(resp.observers, key=lambda r: r.replica_id))):
+        for r in group:
+            rows.append({"NodeId": r.replica_id, "DirectoryId": None, "LogEndOffset": r.log_end_offset,
+                         "Lag": max(0, leader_leo - r.log_end_offset) if leader_leo is not None else None,
+                         "LastFetchTimestamp": r.last_fetch_timestamp_ms,
+                         "LastCaughtUpTimestamp": r.last_caught_up_timestamp_ms, "Status": status,
+                         "LastFetchMsAgo": ago(r.last_fetch_timestamp_ms),
+                         "LastCaughtUpMsAgo": ago(r.last_caught_up_timestamp_ms)})
+    return rows
+
+
+def cmd_quorum_describe(args) -> int:
+    async def go(client):
+        resp = await client.describe_quorum()
+        if args.status:
+            status = quorum_status(resp, client.cluster_id)
+            if args.output == "json":
+                print(json.dumps(status, indent=2))
+            else:
+                width = max(map(len, status))
+                for key, value in status.items():
+                    print(f"{key + ':':<{width + 1}} {value}")
+            return 0
+        rows = quorum_replication(resp)
+        if args.output == "json":
+            print(json.dumps(rows, indent=2))
+            return 0
+        # As Kafka's --human-readable shows them: "N ms ago".
+        header = ["NodeId", "DirectoryId", "LogEndOffset", "Lag", "LastFetchTimestamp", "LastCaughtUpTimestamp",
+                  "Status"]
+        shown = {"LastFetchTimestamp": "LastFetchMsAgo", "LastCaughtUpTimestamp": "LastCaughtUpMsAgo"}
+
+        def cell(r, k):
+            v = r[shown.get(k, k)]
+            return "null" if v is None else f"{v} ms ago" if k in shown else str(v)
+
+        table = [header] + [[cell(r, k) for k in header] for r in rows]
+        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+        for row in table:
+            print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        return 0
+
+    return asyncio.run(_with_client(args, go))
+
+
 def _replica(r) -> dict:
     return {"replica_id": r.replica_id, "log_end_offset": r.log_end_offset, "in_sync": r.in_sync,
             "last_fetch_timestamp_ms": r.last_fetch_timestamp_ms,
@@ -314,9 +393,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-exit-s", type=float, default=0, help="exit after this long without records")
     p.set_defaults(func=cmd_consume)
 
-    p = sub.add_parser("quorum", help="DescribeQuorum from the leader")
+    p = sub.add_parser("quorum", help="DescribeQuorum from the leader (JSON; `quorum describe` for Kafka's views)")
     _client_args(p)
     p.set_defaults(func=cmd_quorum)
+    qsub = p.add_subparsers(dest="quorum_command")
+    d = qsub.add_parser("describe", help="kafka-metadata-quorum describe: --status or --replication")
+    _client_args(d)
+    which = d.add_mutually_exclusive_group(required=True)
+    which.add_argument("--status", action="store_true",
+                       help="ClusterId, LeaderId, LeaderEpoch, HighWatermark, MaxFollowerLag, ...")
+    which.add_argument("--replication", action="store_true",
+                       help="per replica: NodeId, LogEndOffset, Lag, LastFetchTimestamp, ..., Status")
+    d.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    d.set_defaults(func=cmd_quorum_describe)
 
     p = sub.add_parser("metadata", help="leader, epoch, HW and endpoints")
     _client_args(p)
