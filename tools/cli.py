@@ -201,6 +201,7 @@ def cmd_produce(args) -> int:
 
 def cmd_consume(args) -> int:
     from broker.client import LogTruncationError
+    from tools.dump import record_json
 
     async def go(client):
         consumer = client.consumer(reset_policy=args.reset)
@@ -221,8 +222,11 @@ def cmd_consume(args) -> int:
                 print(f"metalog: log truncated under us: {exc}", file=sys.stderr)
                 return 5
             for rec in records:
-                print(json.dumps({"offset": rec.offset, "leader_epoch": rec.leader_epoch,
-                                  "value": rec.value.decode(errors="replace")}))
+                if args.max_records is not None and got >= args.max_records:
+                    break  # a poll can return more than asked for
+                # Metadata records decoded (type, version, fields); produced values as
+                # UTF-8 text or base64; --raw: every value as base64 of its bytes.
+                print(json.dumps(record_json(rec.offset, rec.leader_epoch, rec.value, False, raw=args.raw)))
                 got += 1
             if records and args.idle_exit_s:
                 deadline = time.monotonic() + args.idle_exit_s
@@ -391,6 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what to do when the log was truncated under us (KIP-320)")
     p.add_argument("--max-records", type=int)
     p.add_argument("--idle-exit-s", type=float, default=0, help="exit after this long without records")
+    p.add_argument("--raw", action="store_true", help="values as base64 of their bytes, not decoded")
     p.set_defaults(func=cmd_consume)
 
     p = sub.add_parser("quorum", help="DescribeQuorum from the leader (JSON; `quorum describe` for Kafka's views)")
