@@ -40,7 +40,10 @@ DEFAULT_CLUSTER_ID = os.environ.get("METALOG_CLUSTER_ID", "metalog-local")
 def _client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap", help="host:port,... of any brokers (default: the client config's)")
     p.add_argument("--cluster-id", help="default: the client config's")
-    p.add_argument("--timeout-ms", type=int, default=10000)
+    p.add_argument("--timeout-ms", type=int, default=30000,
+                   help="overall deadline of a call, retries included (the client's delivery_timeout_ms)")
+    p.add_argument("--request-timeout-ms", type=int, default=2000,
+                   help="how long one attempt waits for its answer before rediscovering the leader")
     _credential_args(p)
 
 
@@ -77,7 +80,9 @@ def make_client(args):
     from broker.client import MetalogClient
 
     cs = client_settings(args)
-    return MetalogClient(cs["bootstrap"], cs["cluster_id"], request_timeout_ms=args.timeout_ms, tls=cs["tls"])
+    return MetalogClient(cs["bootstrap"], cs["cluster_id"], request_timeout_ms=min(args.request_timeout_ms,
+                                                                               args.timeout_ms),
+                         delivery_timeout_ms=args.timeout_ms, tls=cs["tls"])
 
 
 # ------------------------------------------------------------------ cluster
