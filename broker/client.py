@@ -157,7 +157,7 @@ class MetalogClient:
         cluster_id: str,
         *,
         request_timeout_ms: int = 2000,
-        delivery_timeout_ms: int = 30000,
+        delivery_timeout_ms: int = 120000,  # Kafka producer's delivery.timeout.ms default
         max_request_bytes: int = 1 << 20,
         retry_backoff_ms: int = 100,
         max_retries: int = 10,
