@@ -6,7 +6,8 @@ names the caller for the authorizer.
 
     GET /health    200 while serving; 503 after a fatal invariant breach, or
                    {"status": "degraded", "problems": {...}} while the broker
-                   serves but found something wrong (corruption, quarantine)
+                   serves but found something wrong (corruption, quarantine);
+                   "insecure": "..." in PLAINTEXT mode
     GET /quorum    role, epoch, leader, HW, LEO, log start, snapshots, replicas
     GET /metadata  the controller state (brokers, topics, partitions, configs)
                    with the offset it reflects
@@ -85,15 +86,16 @@ async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
         if broker.fatal is not None:
             return web.json_response({"status": "fatal", "reason": broker.fatal}, status=503)
         body = {"status": "ok", "role": str(broker.core.role), "epoch": broker.core.epoch}
+        status = 200
+        if broker.health_problems:
+            body = {"status": "degraded", "problems": dict(broker.health_problems),
+                    "role": str(broker.core.role), "epoch": broker.core.epoch}
+            status = 503
         if broker.tls is None:
             from broker.runtime import INSECURE_DETAIL
 
             body["insecure"] = INSECURE_DETAIL
-        if broker.health_problems:
-            body["status"] = "degraded"
-            body["problems"] = dict(broker.health_problems)
-            return web.json_response(body, status=503)
-        return web.json_response(body)
+        return web.json_response(body, status=status)
 
     async def quorum(_request: web.Request) -> web.Response:
         return web.json_response(quorum_view(broker))

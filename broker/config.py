@@ -150,8 +150,6 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         need(self.fetch_max_wait_ms < self.fetch_timeout_ms, "fetch_max_wait_ms",
              f"must be below fetch_timeout_ms ({self.fetch_timeout_ms}), got {self.fetch_max_wait_ms}")
         need(self.segment_bytes_max >= 4096, "segment_bytes_max", "must be >= 4096")
-        need(self.log_scrub_bytes_per_s >= 0, "log_scrub_bytes_per_s",
-             f"must be >= 0 (0 disables the scrubber), got {self.log_scrub_bytes_per_s}")
         need(self.security_protocol in ("SSL", "PLAINTEXT"), "security_protocol",
              f"must be SSL or PLAINTEXT, got {self.security_protocol!r}")
         if self.tls_enabled:
@@ -164,6 +162,8 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
              f"must be <= max_connections ({self.max_connections})")
         need(self.failed_connection_backoff_ms <= self.failed_connection_backoff_max_ms,
              "failed_connection_backoff_ms", "must be <= failed_connection_backoff_max_ms")
+        need(self.log_scrub_bytes_per_s >= 0, "log_scrub_bytes_per_s",
+             f"must be >= 0 (0 disables the scrubber), got {self.log_scrub_bytes_per_s}")
         need(self.log_level in ("debug", "info", "warning", "error"), "log_level",
              f"must be one of debug/info/warning/error, got {self.log_level!r}")
         return self

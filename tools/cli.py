@@ -460,8 +460,9 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         hint = ""
-        if getattr(args, "insecure", False) and isinstance(exc, ClusterUnavailable) and "by peer" in str(exc):
-            hint = " (plaintext to a TLS port? the brokers closed the connection; drop --insecure)"
+        if getattr(args, "insecure", False) and isinstance(exc, ClusterUnavailable):
+            # A TLS broker closes a plaintext connection (or never answers it): say the likely cause.
+            hint = " (plaintext to a TLS port? if the cluster uses TLS, drop --insecure)"
         print(f"metalog: error: {exc}{hint}", file=sys.stderr)
         return 1
     except (OSError, TimeoutError) as exc:

@@ -122,7 +122,7 @@ async def test_enospc_on_a_real_small_filesystem_answers_storage_error_and_recov
     proc = cluster.procs[1]
     try:
         await asyncio.to_thread(cluster.wait_for_leader, 20)
-        client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=2000, max_retries=0)
+        client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=2000, max_retries=0)
         acked: dict[bytes, int] = {}
         try:
             with pytest.raises(ClusterUnavailable) as err:
@@ -150,7 +150,7 @@ async def test_enospc_on_a_real_small_filesystem_answers_storage_error_and_recov
     cluster.nodes[1].command = None
     cluster.start_node(1)
     await asyncio.to_thread(cluster.wait_for_leader, 20)
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=3000)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=3000)
     consumer = client.consumer(reset_policy="none")
     consumer.seek(0)
     seen: dict[bytes, int] = {}

@@ -24,9 +24,10 @@ SEGMENT_BYTES = 16384  # several sealed segments, each with index entries (every
 
 
 def http_get(cluster, node_id: int, path: str) -> tuple[int, str]:
-    url = f"http://{cluster.host}:{cluster.nodes[node_id].admin_port}{path}"
+    url = f"{cluster.admin_scheme}://{cluster.host}:{cluster.nodes[node_id].admin_port}{path}"
+    tls = cluster.client_tls()
     try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
+        with urllib.request.urlopen(url, timeout=2, context=tls.client() if tls else None) as resp:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
@@ -57,7 +58,7 @@ async def test_bit_flip_in_a_sealed_segment_of_a_follower_is_found_and_reported(
     cluster = make_cluster(voters=3, segment_bytes_max=SEGMENT_BYTES, log_scrub_bytes_per_s=20_000_000)
     leader, _ = await asyncio.to_thread(cluster.wait_for_leader, 20)
     follower = next(n for n in cluster.nodes if n != leader)
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=3000)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=3000)
     values = [f"record-{i:05d}-".encode() * 6 for i in range(600)]
     try:
         for i in range(0, len(values), 5):  # one request at a time: ~9 batches per segment
@@ -89,7 +90,7 @@ async def test_bit_flip_in_a_sealed_segment_of_a_follower_is_found_and_reported(
     assert "metalog_scrub_bytes_total" in metrics
 
     # Consumers get every acknowledged record, in order, never a silent stop.
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, request_timeout_ms=3000)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=3000)
     consumer = client.consumer(reset_policy="none")
     consumer.seek(0)
     got: list[bytes] = []
