@@ -83,6 +83,22 @@ class MetalogError(Exception):
         super().__init__(f"{self.error_name}: {message}" if message else self.error_name)
 
 
+AUTHORIZATION_ERRORS = frozenset({Errors.TOPIC_AUTHORIZATION_FAILED, Errors.CLUSTER_AUTHORIZATION_FAILED})
+
+
+class AuthorizationError(MetalogError):
+    """The cluster refused this principal (TOPIC/CLUSTER_AUTHORIZATION_FAILED):
+    permanent until an admin adds an ACL, so never retried."""
+
+    def __init__(self, error_code: int, message: str = ""):
+        super().__init__(error_code, message)
+        self.args = (message or f"not authorized ({self.error_name})",)
+
+
+def _error(code: int, message: str) -> MetalogError:
+    return AuthorizationError(code, message) if code in AUTHORIZATION_ERRORS else MetalogError(code, message)
+
+
 class CorruptRecordError(MetalogError):
     """A fetched batch failed verification (Kafka's check.crcs): the broker
     sent bytes that are not what was written. Names the offset, epoch and broker."""
@@ -296,6 +312,16 @@ class MetalogClient:
         )
         return resp.base_offset, resp.leader_epoch
 
+    async def list_acls(self) -> list[dict]:
+        """Every ACL in the leader's committed state (needs Describe on the cluster)."""
+        resp = await self._leader_request(
+            ApiKey.CONTROLLER_COMMAND,
+            lambda: m.ControllerCommandRequest(cluster_id=self.cluster_id, command="list_acls",
+                                               timeout_ms=self.request_timeout_ms),
+            self.request_timeout_ms + NETWORK_SLACK_MS,
+        )
+        return list(resp.result or [])
+
     def consumer(self, reset_policy: str = "earliest") -> Consumer:
         return Consumer(self, reset_policy)
 
@@ -351,6 +377,8 @@ class MetalogClient:
             except NetError as exc:
                 failures.append(f"{addr[0]}:{addr[1]}: {exc}")
                 continue
+            if resp.error_code in AUTHORIZATION_ERRORS:
+                raise AuthorizationError(resp.error_code, resp.error_message or "")  # another node says the same
             if resp.error_code != Errors.NONE:
                 failures.append(f"{addr[0]}:{addr[1]}: {error_name(resp.error_code)}")
                 continue
@@ -450,7 +478,7 @@ class MetalogClient:
                 # BROKER_NOT_AVAILABLE with a message is the controller refusing a
                 # command about a broker that is unknown or not live: asking again
                 # cannot change it. Without one, the broker itself is not ready.
-                raise MetalogError(code, message)
+                raise _error(code, message)
             last_error = MetalogError(code, message)
             if code in LEADER_ERRORS and not self._apply_hint(getattr(resp, "current_leader", None)):
                 if code != Errors.UNKNOWN_LEADER_EPOCH:  # that one: the leader just lags; ask it again
@@ -515,7 +543,7 @@ class Consumer:
                 self._out_of_range("the leader answered OFFSET_OUT_OF_RANGE")
                 continue
             if code != Errors.NONE:
-                raise MetalogError(code, resp.error_message or "")
+                raise _error(code, resp.error_message or "")
             if resp.diverging_epoch is not None:
                 d = resp.diverging_epoch
                 if d.end_offset < self.position:

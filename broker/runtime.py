@@ -27,9 +27,12 @@ import collections
 import os
 import random
 import time
+import weakref
 from typing import Any
 
+import msgspec
 
+from broker import authz
 from broker.config import BrokerConfig
 from broker.controller import CommandError, Controller, load_latest, load_snapshot, write_controller_snapshot
 from broker.metrics import BrokerMetrics
@@ -146,6 +149,19 @@ class Broker:
         self.server: Server | None = None
         self.admin_runner = None
         self.tls: Any = None  # broker.tls.TlsFiles, None in insecure mode
+        # Authorization is on exactly when TLS is: without TLS every peer is
+        # ANONYMOUS and no identity can be checked (insecure mode, opt-in).
+        self.authz_enabled = cfg.tls_enabled
+        self.super_users = frozenset(cfg.super_users)
+        self._voter_ids = frozenset(self.voters)
+        # Denials already logged, per connection: one log line per (api, operation, resource).
+        self._denials_logged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # Per connection: [is a super user, peer host, view the decisions were made
+        # under, {(api, command): decision}], so a client's steady stream of the
+        # same request costs one dict lookup, not an ACL walk.
+        self._conn_authz: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._view_cache: tuple[Any, int, authz.AuthzView] | None = None
+        self.admin_denials_logged: set[tuple] = set()  # see broker.admin
 
     # ------------------------------------------------------------------ boot
     async def start(self) -> None:
@@ -184,6 +200,10 @@ class Broker:
             from broker.admin import start_admin
 
             self.admin_runner = await start_admin(self, cfg.admin_endpoint())
+        if not self.authz_enabled:
+            self.log.warning("authorization_disabled", security_protocol="PLAINTEXT",
+                             detail="every connection is User:ANONYMOUS with super-user rights: anyone who can "
+                                    "reach the port can act as a replica, write and change ACLs")
         self.log.info(
             "broker_started", listen=str(ep), security_protocol=cfg.security_protocol, voters={k: str(v) for k, v in self.voters.items()},
             log_start_offset=self.seg_log.log_start_offset, log_end_offset=self.seg_log.log_end_offset,
@@ -537,6 +557,13 @@ class Broker:
         if self.fatal is not None or self.core is None:
             conn.send_response(header.correlation_id, APIS[api_key][1](error_code=Errors.BROKER_NOT_AVAILABLE))
             return
+        if self.authz_enabled:
+            # Before anything else sees the request (the core included): a refused
+            # request has no effect on votes, epochs, fetch positions or the HW.
+            denial = self._authorize(conn, api_key, body)
+            if denial is not None:
+                self._refuse(conn, header.correlation_id, api_key, denial)
+                return
         if api_key in (ApiKey.PRODUCE, ApiKey.CONTROLLER_COMMAND) and body.cluster_id != self.cfg.cluster_id:
             # The core validates the cluster id (and the voter set) of every request
             # it is handed; these two the runtime batches or runs itself.
@@ -547,13 +574,66 @@ class Broker:
             conn.send_response(header.correlation_id, m.ApiVersionsResponse(
                 api_keys=[m.ApiVersionRange(int(k), lo, hi) for k, (_, _, lo, hi) in APIS.items()]))
         elif api_key is ApiKey.METADATA:
-            conn.send_response(header.correlation_id, self.metadata_response())
+            resp = self.metadata_response()
+            if self.authz_enabled and not authz.may_describe_log(conn.principal, self._conn_authz[conn][1],
+                                                                 self.authz_view()):
+                # Routing only (leader, voters), as Kafka answers a client without Describe.
+                resp = msgspec.structs.replace(resp, high_watermark=m.NO_OFFSET, log_start_offset=m.NO_OFFSET,
+                                               observers=[])
+            conn.send_response(header.correlation_id, resp)
         elif api_key is ApiKey.PRODUCE:
             self._enqueue_produce(token, body)
         elif api_key is ApiKey.CONTROLLER_COMMAND:
             self._enqueue_command(token, body)
         else:
             self._step(qa.RequestReceived(now_ms(), token, body))
+
+    def authz_view(self) -> authz.AuthzView:
+        """The gate's view: ACLs from the controller's applied (committed) state,
+        rebuilt only when they change (a new state object or an ACL record)."""
+        state = self.controller.state
+        cached = self._view_cache
+        if cached is None or cached[0] is not state or cached[1] != state.acl_version:
+            view = authz.AuthzView(enabled=self.authz_enabled, voters=self._voter_ids,
+                                   super_users=self.super_users, acls=tuple(state.acls.values()))
+            cached = self._view_cache = (state, state.acl_version, view)
+        return cached[2]
+
+    def _authorize(self, conn: Connection, api_key: ApiKey, body: m.Body) -> authz.Denial | None:
+        facts = self._conn_authz.get(conn)
+        if facts is None:
+            facts = self._conn_authz[conn] = [str(conn.principal) in self.super_users, peer_host(conn.peer), None, {}]
+        is_super, host, decided_under, decisions = facts
+        claims_replica = api_key in authz.REPLICA_APIS and not (
+            api_key in (ApiKey.FETCH, ApiKey.OFFSET_FOR_LEADER_EPOCH) and body.replica_id == m.CONSUMER_REPLICA_ID)
+        if is_super and not claims_replica:
+            return None  # the hot path of the admin/bench clients: no ACL walk
+        view = self.authz_view()
+        if claims_replica:  # depends on the ids in the body: decided each time
+            return authz.authorize(conn.principal, host, api_key, body, view)
+        if decided_under is not view:
+            decisions.clear()
+            facts[2] = view
+        key = (api_key, body.command if api_key is ApiKey.CONTROLLER_COMMAND else None)
+        if key in decisions:
+            return decisions[key]
+        denial = authz.authorize(conn.principal, host, api_key, body, view)
+        if len(decisions) < 64:  # command names come from the client: bounded
+            decisions[key] = denial
+        return denial
+
+    def _refuse(self, conn: Connection, correlation_id: int, api_key: ApiKey, denial: authz.Denial) -> None:
+        self.metrics.authorization_failures.labels(api=api_key.name).inc()
+        seen = self._denials_logged.setdefault(conn, set())
+        key = (denial.api, denial.operation, denial.resource, denial.reason)
+        if key not in seen and len(seen) < 64:  # bounded: a peer cannot grow this without limit
+            seen.add(key)
+            self.log.warning("authorization_failed", peer=conn.peer, principal=denial.principal, api=denial.api,
+                             operation=denial.operation, resource=denial.resource, reason=denial.reason,
+                             error=Errors(denial.error_code).name)
+        response_type = APIS[api_key][1]
+        extra = {"error_message": denial.message()} if "error_message" in response_type.__struct_fields__ else {}
+        conn.send_response(correlation_id, response_type(error_code=denial.error_code, **extra))
 
     def metadata_response(self) -> m.MetadataResponse:
         core = self.core
@@ -640,6 +720,11 @@ class Broker:
             if self.controller.applied_offset < core.log_end_offset:
                 return  # earlier records not applied yet: retried after the next step
             token, body = self._commands.popleft()
+            if body.command in authz.ACL_COMMANDS_DESCRIBE:  # read-only: answered from the applied state
+                token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
+                    base_offset=self.controller.applied_offset, leader_epoch=core.epoch,
+                    result=self.controller.list_acls()))
+                continue
             try:
                 records = build_command(self.controller, body.command, body.args)
             except CommandError as exc:
@@ -717,6 +802,11 @@ class Broker:
         self._step(qa.SnapshotCreated(now_ms(), snap_id))
 
 
+def peer_host(peer: str) -> str:
+    """The address part of "host:port" (what an ACL's host field names)."""
+    return peer.rpartition(":")[0] or peer
+
+
 class _CommandToken:
     __slots__ = ("conn", "correlation_id")
 
@@ -740,6 +830,10 @@ def build_command(controller: Controller, command: str, args: dict) -> list[byte
         return controller.fence_broker(int(args["broker_id"]))
     if command == "unfence_broker":
         return controller.unfence_broker(int(args["broker_id"]))
+    if command == "add_acl":
+        return controller.add_acl(args)
+    if command == "remove_acl":
+        return controller.remove_acl(args)
     if command == "set_config":
         value = args.get("value")
         return controller.set_config(int(args["resource_type"]), str(args["resource_name"]), str(args["name"]),

@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         # Client-side logs go to stderr so stdout stays machine-readable.
         # The CLI prints its own one-line errors; library warnings only when asked for.
         configure_logging(os.environ.get("METALOG_LOG_LEVEL", "error"), sys.stderr)
-    from broker.client import ClusterUnavailable, MetalogError
+    from broker.client import AuthorizationError, ClusterUnavailable, MetalogError
     from broker.client_config import ClientConfigError
     from broker.tls import TlsConfigError
     from tools.cluster_cli import ClusterCliError
@@ -455,6 +455,12 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args) or 0
     except KeyboardInterrupt:
         return 130
+    except AuthorizationError as exc:
+        # Permanent until an ACL is added: one line, no traceback, its own exit code.
+        if debug:
+            traceback.print_exc()
+        print(f"metalog: error: {exc}", file=sys.stderr)
+        return 3
     except (ClientConfigError, TlsConfigError, ClusterUnavailable, MetalogError, ClusterCliError) as exc:
         # One line, no traceback: e.g. "metalog: error: TLS handshake with 127.0.0.1:9091 failed: ..."
         if debug:

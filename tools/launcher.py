@@ -137,6 +137,8 @@ class LocalCluster:
             "admin_listen": f"{self.host}:{spec.admin_port}",
             "voters": self.voters_string,
             "log_file": self.log_path(node_id),
+            # The launcher's admin user certificate bypasses ACLs (Kafka's super.users).
+            "super_users": ["User:admin"],
         }
         if self.insecure:
             cfg["security_protocol"] = "PLAINTEXT"

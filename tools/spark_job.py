@@ -187,6 +187,8 @@ def _make_fold_fn(cuts, tables_bc):
             states, invalid = F.fold_config(key, recs, cuts, topics)
         elif kind == F.K_FEATURE:
             states, invalid = F.fold_feature(key, recs, cuts)
+        elif kind == F.K_ACL:
+            states, invalid = F.fold_acl(key, recs, cuts)
         else:  # undecodable (X) records are invalid; NoOps (N) change nothing
             states, invalid = [], len(recs) if kind == F.K_INVALID else 0
         out += _state_dicts(states)
@@ -556,7 +558,7 @@ class Analysis:
 def _entity_name(sec: int, s1: str, n1: int, s2: str, s3: str) -> str:
     return {F.SEC_FEATURE: f"feature {s1}", F.SEC_BROKER: f"broker {n1}",
             F.SEC_TOPIC: f"topic {s1}", F.SEC_PARTITION: f"partition {s1}/{n1}",
-            F.SEC_CONFIG: f"config ({n1}, {s2!r}, {s3!r})"}.get(sec, f"unknown record {s1}")
+            F.SEC_CONFIG: f"config ({n1}, {s2!r}, {s3!r})", F.SEC_ACL: f"acl {s1}"}.get(sec, f"unknown record {s1}")
 
 
 def _record_json(value: bytes | None):

@@ -67,3 +67,22 @@ def test_state_rows_sort_as_to_records():
     expected = sequential_state(offsets, 300)
     got = [row.value for row in fold.iter_sorted(by_cut[300])]
     assert got == [r.encode_record(x) for x in expected.to_records()]
+
+
+def test_acl_fold_follows_the_controller_rules():
+    """An ACL id added twice keeps the first entry (the second is invalid), a
+    removal of an unknown id is invalid, a malformed entry is invalid, and a
+    re-add after removal is valid; every cut matches ControllerState."""
+    def acl(acl_id: str, op: int = 4) -> r.AccessControlEntry:
+        return r.AccessControlEntry(acl_id, 2, "__cluster_metadata", 3, "User:alice", "*", op, 3)
+
+    values = [r.encode_record(x) for x in (
+        acl("a"), acl("a", op=3), r.RemoveAccessControlEntry("b"), acl("c", op=99),
+        r.RemoveAccessControlEntry("a"), acl("a", op=8), acl("d"))]
+    by_cut, invalid = fold.replay_sequential(list(enumerate(values)), [2, 5, 7])
+    assert invalid == 3
+    final, _ = fold.state_from_rows(by_cut[7], 7)
+    assert sorted(final.acls) == ["a", "d"] and final.acls["a"].operation == 8
+    mid, _ = fold.state_from_rows(by_cut[5], 5)
+    assert mid.acls == {}
+    _check(values, [1, 2, 5, 7])
