@@ -170,7 +170,12 @@ def cmd_cluster_up(args) -> int:
         time.sleep(0.2)
         dead = [nid for nid in cluster.nodes if not cluster.alive(nid)]
         if dead and len(dead) == len(cluster.nodes):
-            print("metalog: every broker exited; see the logs", file=sys.stderr)
+            codes = {nid: cluster.procs[nid].returncode for nid in dead}
+            if all(code == 0 for code in codes.values()):  # e.g. `metalog cluster down` from elsewhere
+                print("metalog: every broker stopped cleanly", file=sys.stderr)
+                return 0
+            print(f"metalog: every broker exited (exit codes {codes}); see {cluster.root}/node-N/broker.log",
+                  file=sys.stderr)
             return 1
     cluster.stop()
     return 0

@@ -148,3 +148,26 @@ def test_a_stale_pid_file_is_never_signalled(tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_foreground_cluster_stopped_by_cluster_down_exits_cleanly(detached):
+    """`cluster up` in the foreground, `cluster down` from another terminal: the
+    foreground command says every broker stopped cleanly and exits 0."""
+    root = detached
+    fg = subprocess.Popen([sys.executable, "-m", "tools.cli", "cluster", "up", "--dir", root, "--base-port", "0"],
+                          cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in fg.stdout:  # bounded by the ready timeout of `up` (it exits if no leader)
+            if line.startswith("Ctrl-C stops the cluster"):
+                break
+        status = _status(root)
+        assert all(row["pid"] for row in status.values())
+        down = metalog("cluster", "down", "--dir", root)
+        assert down.returncode == 0, down.stderr
+        _, err = fg.communicate(timeout=30)
+    finally:
+        if fg.poll() is None:
+            fg.kill()
+            fg.wait()
+    assert fg.returncode == 0, err
+    assert err.strip().splitlines()[-1] == "metalog: every broker stopped cleanly"
