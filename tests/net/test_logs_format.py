@@ -8,18 +8,9 @@ import json
 import os
 import pty
 
-import pytest
-import structlog
-
 from broker.logs import configure_logging
 
-
-@pytest.fixture(autouse=True)
-def restore_structlog():
-    """configure_logging is process-wide: later tests must not write into our closed streams."""
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
+# configure_logging is process-wide; tests/conftest.py restores structlog after each test.
 
 
 def test_a_file_or_pipe_gets_one_json_object_per_line():
