@@ -274,19 +274,6 @@ def test_cause_chain_keeps_the_root_cause(spark):
                                               "OSError: No space left on device")
 
 
-def test_shipped_code_is_removed(spark, tmp_path, monkeypatch):
-    """A non-local master ships the code as a zip in a temp dir; the job removes it."""
-    import tempfile
-
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    setup = spark_job.SparkSetup()
-    spark_job.get_spark("local[2]", shuffle_partitions=2, ship_code=True, setup=setup)
-    [d] = [p for p in tmp_path.iterdir() if p.name.startswith("metalog-spark-")]
-    assert (d / "metalog_code.zip").exists()
-    setup.cleanup()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith("metalog-spark-")]
-
-
 def test_hadoop_uris_in_and_out(spark, tmp_path, monkeypatch):
     """Inputs and --out as Hadoop URIs (file:// here; hdfs://, s3a:// take the same
     path): the checkpoint and report are copied through Hadoop's FileSystem API,

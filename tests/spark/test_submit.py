@@ -123,3 +123,35 @@ def test_spark_submit_master_and_conf_win(tmp_path):
     assert "[metalog spark" not in proc.stdout and "records/s" in proc.stderr
     assert rep["hw"] == end and rep["snapshot"]["published"]
     assert not [p for p in os.listdir(tmp_path / "tmp") if p.startswith("metalog-spark-")]
+
+
+SHIP_SNIPPET = """
+import os, sys, tempfile
+from tools import spark_job
+setup = spark_job.SparkSetup()
+spark = spark_job.get_spark("local[1]", shuffle_partitions=1, ship_code=True, setup=setup)
+[d] = [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("metalog-spark-")]
+print("zip", os.path.exists(os.path.join(tempfile.gettempdir(), d, "metalog_code.zip")))
+def where(_):
+    import tools.spark.decode as m
+    yield m.__file__
+print("executor imports", spark.sparkContext.parallelize([0], 1).mapPartitions(where).collect()[0])
+spark.stop()
+setup.cleanup()
+print("left", [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("metalog-spark-")])
+"""
+
+
+def test_shipped_code_is_used_and_removed(tmp_path):
+    """The zip a non-local master gets: executors import from it, and the job's
+    cleanup removes its temp dir (no metalog-spark-*/ left)."""
+    env = job_env(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", SHIP_SNIPPET], cwd=tmp_path, env=dict(
+        env, PYTHONPATH=REPO_ROOT, PYSPARK_PYTHON=sys.executable), capture_output=True, text=True,
+        timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert "zip True" in lines
+    [imp] = [x for x in lines if x.startswith("executor imports ")]
+    assert "metalog_code.zip" in imp  # not the repo checkout: the shipped archive
+    assert lines[-1] == "left []"
