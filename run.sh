@@ -17,7 +17,9 @@ setup() {
     python3 -m venv .venv
   fi
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e '.[test,bench]'
+  # setuptools warns about every editable install (a UserWarning of its build
+  # backend): noise for a user of this repo, so it is silenced here only.
+  PYTHONWARNINGS="ignore::UserWarning" .venv/bin/python -m pip install -q -e '.[test,bench]'
 }
 
 cmd="${1:-}"

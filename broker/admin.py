@@ -12,6 +12,11 @@ names the caller for the authorizer.
     GET /metadata  the controller state (brokers, topics, partitions, configs)
                    with the offset it reflects
     GET /metrics   Prometheus text format
+
+With authorization on (TLS), /health stays open; /quorum, /metadata and
+/metrics need Describe on the cluster (as DescribeQuorum and Metadata do on
+the binary port): super users, node certificates, or an ACL. A refusal is a
+403 with ``{"error": "CLUSTER_AUTHORIZATION_FAILED", "message": ...}``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,13 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from broker import authz
 from broker.principal import ANONYMOUS, Principal, principal_from_cert
+from protocol.errors import Errors
+
+# Admin denials are logged once per (client address, principal, path); HTTP
+# has no long-lived connection to key on. Bounded so a flood cannot grow it.
+MAX_LOGGED_ADMIN_DENIALS = 1024
 
 if TYPE_CHECKING:
     from broker.config import Endpoint
@@ -83,7 +94,40 @@ def _now_ms() -> int:
     return now_ms()
 
 
+OPEN_PATHS = frozenset({"/health"})
+
+
+def admin_denial(broker: "Broker", request: web.Request) -> authz.Denial | None:
+    """None if the request may proceed; the same rules as the binary port."""
+    if not broker.authz_enabled or request.path in OPEN_PATHS:
+        return None
+    peer = request.remote or "?"
+    try:
+        principal = request_principal(request)
+    except ValueError as exc:  # no usable certificate: cannot be anyone
+        return authz.Denial(Errors.CLUSTER_AUTHORIZATION_FAILED, "(none)", f"GET {request.path}", "Describe",
+                            f"Cluster:{authz.CLUSTER_RESOURCE_NAME}", str(exc))
+    return authz.authorize_operation(principal, peer, authz.Operation.DESCRIBE, authz.ResourceType.CLUSTER,
+                                     authz.CLUSTER_RESOURCE_NAME, broker.authz_view(), f"GET {request.path}")
+
+
 async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
+    @web.middleware
+    async def authorize(request: web.Request, handler):
+        denial = admin_denial(broker, request)
+        if denial is None:
+            return await handler(request)
+        broker.metrics.authorization_failures.labels(api="ADMIN_HTTP").inc()
+        key = (request.remote, denial.principal, request.path)
+        logged = broker.admin_denials_logged
+        if key not in logged and len(logged) < MAX_LOGGED_ADMIN_DENIALS:
+            logged.add(key)
+            broker.log.warning("authorization_failed", peer=request.remote, principal=denial.principal,
+                               api=denial.api, operation=denial.operation, resource=denial.resource,
+                               reason=denial.reason, error="CLUSTER_AUTHORIZATION_FAILED")
+        return web.json_response({"error": "CLUSTER_AUTHORIZATION_FAILED", "message": denial.message()},
+                                 status=403)
+
     async def health(_request: web.Request) -> web.Response:
         if broker.fatal is not None:
             return web.json_response({"status": "fatal", "reason": broker.fatal}, status=503)
@@ -93,10 +137,11 @@ async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
             body = {"status": "degraded", "problems": dict(broker.health_problems),
                     "role": str(broker.core.role), "epoch": broker.core.epoch}
             status = 503
+        body["authorization"] = "on" if broker.authz_enabled else "off"
         if broker.tls is None:
             from broker.runtime import INSECURE_DETAIL
 
-            body["insecure"] = INSECURE_DETAIL
+            body["insecure"] = INSECURE_DETAIL + " (authorization is off: every client is ANONYMOUS, a super user)"
         return web.json_response(body, status=status)
 
     async def quorum(_request: web.Request) -> web.Response:
@@ -109,7 +154,7 @@ async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
         return web.Response(body=generate_latest(broker.metrics.registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    app = web.Application()
+    app = web.Application(middlewares=[authorize])
     app.router.add_get("/health", health)
     app.router.add_get("/quorum", quorum)
     app.router.add_get("/metadata", metadata)

@@ -4,7 +4,15 @@
 any reachable node), tracks the leader (from Metadata answers and from the
 ``current_leader`` hint carried by NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH
 / UNKNOWN_LEADER_EPOCH answers) and retries retriable failures with
-exponential backoff, at most ``max_retries`` times.
+exponential backoff, at most ``max_retries`` times and never past the call's
+``delivery_timeout_ms``. Each attempt waits at most ``request_timeout_ms``
+(Kafka's request.timeout.ms vs delivery.timeout.ms); an attempt that times out
+or breaks marks that broker suspect, so rediscovery asks the others first and
+a frozen leader costs one attempt, not one per retry. Permanent refusals (a
+controller command naming an unknown broker, an invalid request, a record
+larger than ``max_request_bytes``) fail at once with their message. ``produce``
+splits many records into requests of at most ``max_request_bytes``. See
+docs/client.md (delivery guarantee: at-least-once).
 
 ``Consumer`` (``client.consumer(reset_policy)``) reads committed records with
 Fetch (replica_id = CONSUMER_REPLICA_ID) and detects log truncation as KIP-320
@@ -49,9 +57,13 @@ from protocol.errors import Errors, error_name
 from storage.batch import HEADER_SIZE, CorruptBatchError, decode_header, decode_records, verify_crc
 
 NO_EPOCH = m.NO_EPOCH
-# Slack on top of a server-side wait (produce commit timeout, fetch long poll)
-# before the client gives up on the answer.
+# Slack on top of a server-side wait (fetch long poll) before the client gives
+# up on the answer.
 NETWORK_SLACK_MS = 1000
+# Bytes a record costs in a request besides its value (msgpack framing, generous).
+RECORD_OVERHEAD_BYTES = 16
+# Request framing besides the records (header, cluster id, timeout).
+REQUEST_OVERHEAD_BYTES = 512
 RETRY_BACKOFF_MAX_MS = 2000
 
 # Answers that mean "ask again, maybe elsewhere".
@@ -69,6 +81,22 @@ class MetalogError(Exception):
         self.error_code = error_code
         self.error_name = error_name(error_code)
         super().__init__(f"{self.error_name}: {message}" if message else self.error_name)
+
+
+AUTHORIZATION_ERRORS = frozenset({Errors.TOPIC_AUTHORIZATION_FAILED, Errors.CLUSTER_AUTHORIZATION_FAILED})
+
+
+class AuthorizationError(MetalogError):
+    """The cluster refused this principal (TOPIC/CLUSTER_AUTHORIZATION_FAILED):
+    permanent until an admin adds an ACL, so never retried."""
+
+    def __init__(self, error_code: int, message: str = ""):
+        super().__init__(error_code, message)
+        self.args = (message or f"not authorized ({self.error_name})",)
+
+
+def _error(code: int, message: str) -> MetalogError:
+    return AuthorizationError(code, message) if code in AUTHORIZATION_ERRORS else MetalogError(code, message)
 
 
 class CorruptRecordError(MetalogError):
@@ -144,7 +172,9 @@ class MetalogClient:
         bootstrap: Iterable[tuple[str, int]],
         cluster_id: str,
         *,
-        request_timeout_ms: int = 5000,
+        request_timeout_ms: int = 2000,
+        delivery_timeout_ms: int = 120000,  # Kafka producer's delivery.timeout.ms default
+        max_request_bytes: int = 1 << 20,
         retry_backoff_ms: int = 100,
         max_retries: int = 10,
         connect_timeout_ms: int = 1000,
@@ -158,7 +188,20 @@ class MetalogClient:
         if not self.bootstrap:
             raise ValueError("bootstrap must name at least one host:port")
         self.cluster_id = cluster_id
+        if request_timeout_ms <= 0 or delivery_timeout_ms < request_timeout_ms:
+            raise ValueError(f"need 0 < request_timeout_ms ({request_timeout_ms}) <= delivery_timeout_ms "
+                             f"({delivery_timeout_ms})")
+        if max_request_bytes <= REQUEST_OVERHEAD_BYTES:
+            raise ValueError(f"max_request_bytes must be > {REQUEST_OVERHEAD_BYTES}, got {max_request_bytes}")
         self.request_timeout_ms = request_timeout_ms
+        self.delivery_timeout_ms = delivery_timeout_ms
+        self.max_request_bytes = max_request_bytes
+        # Brokers whose last attempt timed out or broke -> (leader epoch then, loop
+        # time until which they are not sent requests as leader): asked last when
+        # rediscovering, and not retried while metadata still names them at the
+        # same epoch (a frozen leader is still "leader" to its followers until
+        # they time out; polling metadata finds its successor sooner).
+        self._suspects: dict[tuple[str, int], tuple[int, float]] = {}
         self.retry_backoff_ms = retry_backoff_ms
         self.max_retries = max_retries
         self.connect_timeout_ms = connect_timeout_ms
@@ -198,22 +241,60 @@ class MetalogClient:
             self.request_timeout_ms, retriable=retriable,
         )
 
-    async def produce(self, records: list[bytes]) -> tuple[int, int]:
-        """Append `records` and wait for commit; returns (base_offset, leader_epoch).
+    @property
+    def _server_wait_ms(self) -> int:
+        """How long the leader may wait for a commit: below request_timeout_ms, so
+        its REQUEST_TIMED_OUT answer arrives before the attempt gives up."""
+        return max(1, self.request_timeout_ms * 3 // 4)
 
-        Retried on leader changes and timeouts. Not idempotent: if an attempt
-        timed out (or the connection broke) after the leader appended the
-        records, the retry appends them again, so a record can appear twice.
+    def split_requests(self, records: list[bytes]) -> list[list[bytes]]:
+        """Consecutive chunks of `records`, each fitting in max_request_bytes."""
+        budget = self.max_request_bytes - REQUEST_OVERHEAD_BYTES
+        chunks: list[list[bytes]] = []
+        current: list[bytes] = []
+        size = 0
+        for i, value in enumerate(records):
+            cost = len(value) + RECORD_OVERHEAD_BYTES
+            if cost > budget:
+                raise MetalogError(Errors.MESSAGE_TOO_LARGE,
+                                   f"record {i} has {len(value)} bytes; max_request_bytes "
+                                   f"{self.max_request_bytes} fits at most {budget - RECORD_OVERHEAD_BYTES}")
+            if current and size + cost > budget:
+                chunks.append(current)
+                current, size = [], 0
+            current.append(value)
+            size += cost
+        if current:
+            chunks.append(current)
+        return chunks
+
+    async def produce(self, records: list[bytes]) -> tuple[int, int]:
+        """Append `records` and wait for commit; returns (base_offset, leader_epoch)
+        of the first record.
+
+        Records beyond max_request_bytes go in several requests, in order, each
+        committed before the next is sent: the records of one request are
+        consecutive, but another producer's records may fall between two
+        requests, and if a later request fails the earlier ones stay appended.
+        Retried on leader changes and timeouts within delivery_timeout_ms. Not
+        idempotent: if an attempt timed out (or the connection broke) after the
+        leader appended the records, the retry appends them again, so a record
+        can appear twice (at-least-once).
         """
         if not records:
             raise ValueError("produce needs at least one record")
-        resp = await self._leader_request(
-            ApiKey.PRODUCE,
-            lambda: m.ProduceRequest(cluster_id=self.cluster_id, records=records,
-                                     timeout_ms=self.request_timeout_ms),
-            self.request_timeout_ms + NETWORK_SLACK_MS,
-        )
-        return resp.base_offset, resp.leader_epoch
+        first: tuple[int, int] | None = None
+        for chunk in self.split_requests(records):
+            resp = await self._leader_request(
+                ApiKey.PRODUCE,
+                lambda chunk=chunk: m.ProduceRequest(cluster_id=self.cluster_id, records=chunk,
+                                                     timeout_ms=self._server_wait_ms),
+                self.request_timeout_ms,
+            )
+            if first is None:
+                first = (resp.base_offset, resp.leader_epoch)
+        assert first is not None
+        return first
 
     async def command(self, command: str, **args: Any) -> tuple[int, int]:
         """Run a controller command on the leader (create_topic, delete_topic,
@@ -226,10 +307,20 @@ class MetalogClient:
         resp = await self._leader_request(
             ApiKey.CONTROLLER_COMMAND,
             lambda: m.ControllerCommandRequest(cluster_id=self.cluster_id, command=command, args=args,
+                                               timeout_ms=self._server_wait_ms),
+            self.request_timeout_ms,
+        )
+        return resp.base_offset, resp.leader_epoch
+
+    async def list_acls(self) -> list[dict]:
+        """Every ACL in the leader's committed state (needs Describe on the cluster)."""
+        resp = await self._leader_request(
+            ApiKey.CONTROLLER_COMMAND,
+            lambda: m.ControllerCommandRequest(cluster_id=self.cluster_id, command="list_acls",
                                                timeout_ms=self.request_timeout_ms),
             self.request_timeout_ms + NETWORK_SLACK_MS,
         )
-        return resp.base_offset, resp.leader_epoch
+        return list(resp.result or [])
 
     def consumer(self, reset_policy: str = "earliest") -> Consumer:
         return Consumer(self, reset_policy)
@@ -272,6 +363,8 @@ class MetalogClient:
             candidates.append(self._endpoints[self.leader_id])
         candidates += [a for a in self._endpoints.values() if a not in candidates]
         candidates += [a for a in self.bootstrap if a not in candidates]
+        # A broker that just timed out is probably frozen or gone: ask it last.
+        candidates.sort(key=lambda a: a in self._suspects)
         failures = []
         tls_failure: TlsHandshakeError | None = None
         for addr in candidates:
@@ -284,6 +377,8 @@ class MetalogClient:
             except NetError as exc:
                 failures.append(f"{addr[0]}:{addr[1]}: {exc}")
                 continue
+            if resp.error_code in AUTHORIZATION_ERRORS:
+                raise AuthorizationError(resp.error_code, resp.error_message or "")  # another node says the same
             if resp.error_code != Errors.NONE:
                 failures.append(f"{addr[0]}:{addr[1]}: {error_name(resp.error_code)}")
                 continue
@@ -319,9 +414,20 @@ class MetalogClient:
         epoch. Exceptions it raises propagate (the consumer uses that).
         """
         last_error: Exception | None = None
-        for attempt in range(self.max_retries + 1):
-            if attempt:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.delivery_timeout_ms / 1000
+        attempts = 0
+        attempt = 0
+        polling = False
+        while attempt <= self.max_retries:  # bounded too by the deadline (every turn sleeps or sends)
+            if polling:
+                await asyncio.sleep(self.retry_backoff_ms * random.uniform(0.8, 1.2) / 1000)
+            elif attempt:
                 await self._backoff(attempt)
+            polling = False
+            remaining_ms = int((deadline - loop.time()) * 1000)
+            if remaining_ms <= 0:
+                break
             if self.leader_id not in self._endpoints:
                 try:
                     await self._refresh_metadata()
@@ -329,15 +435,29 @@ class MetalogClient:
                     raise
                 except ClusterUnavailable as exc:
                     last_error = exc
+                    attempt += 1
+                    attempts += 1
                     continue
                 if self.leader_id not in self._endpoints:
                     last_error = MetalogError(Errors.LEADER_NOT_AVAILABLE, "metadata names no reachable leader")
+                    attempt += 1
+                    attempts += 1
                     continue
             addr = self._endpoints[self.leader_id]
+            suspect = self._suspects.get(addr)
+            if suspect is not None and suspect[0] == self.leader_epoch and loop.time() < suspect[1]:
+                # Metadata still names the leader that just timed out, at the same epoch:
+                # poll metadata (not counted as an attempt) until a new leader appears.
+                self.leader_id = m.NO_LEADER
+                polling = True
+                continue
+            attempt += 1
+            attempts += 1
             ch = self._channel(addr)
             try:
-                resp = await ch.request(api_key, make_body(), timeout_ms)
+                resp = await ch.request(api_key, make_body(), min(timeout_ms, remaining_ms))
                 self.answered_by = (self.leader_id, f"{addr[0]}:{addr[1]}")
+                self._suspects.pop(addr, None)
             except Overloaded as exc:
                 last_error = exc
                 continue
@@ -345,14 +465,20 @@ class MetalogClient:
                 raise TlsFailure(str(exc)) from None
             except (RequestTimeout, ConnectionLost) as exc:
                 last_error = exc
-                self.leader_id = m.NO_LEADER  # maybe dead: rediscover
+                # Maybe dead or frozen: rediscover, asking others first, and do not send
+                # to it again at this epoch for one request timeout.
+                self._suspects[addr] = (self.leader_epoch, loop.time() + self.request_timeout_ms / 1000)
+                self.leader_id = m.NO_LEADER
                 continue
             code = resp.error_code
             if code == Errors.NONE or code in passthrough:
                 return resp
             message = getattr(resp, "error_message", None) or ""
-            if code not in retriable:
-                raise MetalogError(code, message)
+            if code not in retriable or (code == Errors.BROKER_NOT_AVAILABLE and message):
+                # BROKER_NOT_AVAILABLE with a message is the controller refusing a
+                # command about a broker that is unknown or not live: asking again
+                # cannot change it. Without one, the broker itself is not ready.
+                raise _error(code, message)
             last_error = MetalogError(code, message)
             if code in LEADER_ERRORS and not self._apply_hint(getattr(resp, "current_leader", None)):
                 if code != Errors.UNKNOWN_LEADER_EPOCH:  # that one: the leader just lags; ask it again
@@ -360,7 +486,8 @@ class MetalogClient:
             self._log.info("retrying", api_key=api_key.name, error=error_name(code), attempt=attempt + 1,
                            leader_id=self.leader_id, leader_epoch=self.leader_epoch)
         raise ClusterUnavailable(
-            f"{api_key.name} failed after {self.max_retries + 1} attempts: {last_error}"
+            f"{api_key.name} failed after {attempts} attempt(s) in {self.delivery_timeout_ms} ms "
+            f"(delivery_timeout_ms) or {self.max_retries + 1} attempts (max_retries): {last_error}"
         ) from last_error
 
 
@@ -416,7 +543,7 @@ class Consumer:
                 self._out_of_range("the leader answered OFFSET_OUT_OF_RANGE")
                 continue
             if code != Errors.NONE:
-                raise MetalogError(code, resp.error_message or "")
+                raise _error(code, resp.error_message or "")
             if resp.diverging_epoch is not None:
                 d = resp.diverging_epoch
                 if d.end_offset < self.position:

@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 import yaml
 
+from broker.principal import Principal
 from broker.quorum.api import QuorumConfig
 
 
@@ -86,6 +87,9 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     failed_connections_before_backoff: int = 5  # consecutive failed handshakes / bad frames per address
     failed_connection_backoff_ms: int = 1000  # first refusal period; doubles per further failure
     failed_connection_backoff_max_ms: int = 60_000
+    # Principals ("User:admin", "Node:1") that bypass ACLs (Kafka's super.users).
+    # They never bypass replica identity binding: see broker/authz.py.
+    super_users: list[str] = []
 
     # -- derived -------------------------------------------------------------
     def voter_endpoints(self) -> dict[int, Endpoint]:
@@ -169,6 +173,11 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
              "failed_connection_backoff_ms", "must be <= failed_connection_backoff_max_ms")
         need(self.log_scrub_bytes_per_s >= 0, "log_scrub_bytes_per_s",
              f"must be >= 0 (0 disables the scrubber), got {self.log_scrub_bytes_per_s}")
+        for text in self.super_users:
+            try:
+                Principal.parse(text)
+            except ValueError as exc:
+                raise ConfigError(f"super_users: {exc}") from None
         need(self.log_level in ("debug", "info", "warning", "error"), "log_level",
              f"must be one of debug/info/warning/error, got {self.log_level!r}")
         return self

@@ -44,6 +44,9 @@ same way. A record value that does not decode counts as invalid too.
 * RemoveTopic: invalid if unknown; removes the topic, its partitions and its
   topic configs.
 * FeatureLevel: sets the level; level 0 removes the feature.
+* AccessControlEntry: invalid if the id is live or the entry is malformed
+  (``broker.authz.acl_problem``); otherwise adds it.
+* RemoveAccessControlEntry: invalid if the id is unknown; removes it.
 * NoOp: nothing.
 
 A partition is malformed when: replicas is empty or has duplicates or a
@@ -63,6 +66,7 @@ from typing import Iterable, Iterator, Sequence
 import msgspec
 import structlog
 
+from broker import authz
 from protocol import messages as m
 from protocol.errors import Errors as ErrorCode
 from storage import batch as b
@@ -103,7 +107,7 @@ class ControllerState:
     """
 
     __slots__ = ("offset", "brokers", "topics", "topic_ids", "partitions", "configs",
-                 "features", "invalid_records", "last_invalid")
+                 "features", "acls", "acl_version", "invalid_records", "last_invalid")
 
     def __init__(self, offset: int = 0) -> None:
         self.offset = offset
@@ -113,6 +117,8 @@ class ControllerState:
         self.partitions: dict[PartitionKey, r.Partition] = {}
         self.configs: dict[ConfigKey, str] = {}
         self.features: dict[str, int] = {}
+        self.acls: dict[str, r.AccessControlEntry] = {}  # by ACL id
+        self.acl_version = 0  # bumped on every ACL change: lets the authorizer cache its view
         # Diagnostic only: not part of equality (a replica that loaded a
         # snapshot never saw the invalid records that preceded it).
         self.invalid_records = 0
@@ -279,6 +285,22 @@ class ControllerState:
             self.features[rec.name] = rec.feature_level
         return True
 
+    def _access_control_entry(self, rec: r.AccessControlEntry) -> bool:
+        if rec.id in self.acls:
+            return self._invalid(f"AccessControlEntry {rec.id} already exists")
+        problem = authz.acl_problem(rec)
+        if problem:
+            return self._invalid(f"AccessControlEntry {rec.id}: {problem}")
+        self.acls[rec.id] = rec
+        self.acl_version += 1
+        return True
+
+    def _remove_access_control_entry(self, rec: r.RemoveAccessControlEntry) -> bool:
+        if self.acls.pop(rec.id, None) is None:
+            return self._invalid(f"RemoveAccessControlEntry of unknown ACL {rec.id}")
+        self.acl_version += 1
+        return True
+
     def _no_op(self, rec: r.NoOp) -> bool:
         return True
 
@@ -293,13 +315,15 @@ class ControllerState:
         c.partitions = dict(self.partitions)
         c.configs = dict(self.configs)
         c.features = dict(self.features)
+        c.acls = dict(self.acls)
+        c.acl_version = self.acl_version
         c.invalid_records = self.invalid_records
         c.last_invalid = self.last_invalid
         return c
 
     def to_records(self) -> Iterator[r.MetadataRecord]:
         """The state as records that rebuild it exactly (in dependency order:
-        features, brokers, topics, partitions, configs), sorted for determinism."""
+        features, brokers, topics, partitions, configs, ACLs), sorted for determinism."""
         for name in sorted(self.features):
             yield r.FeatureLevel(name, self.features[name])
         for bid in sorted(self.brokers):
@@ -310,6 +334,8 @@ class ControllerState:
             yield self.partitions[key]
         for (rtype, rname, name) in sorted(self.configs):
             yield r.Config(rtype, rname, name, self.configs[(rtype, rname, name)])
+        for acl_id in sorted(self.acls):
+            yield self.acls[acl_id]
 
     @classmethod
     def from_records(cls, records: Iterable[r.MetadataRecord], offset: int) -> "ControllerState":
@@ -322,7 +348,7 @@ class ControllerState:
 
     def _key(self) -> tuple:
         return (self.offset, self.brokers, self.topics, self.partitions, self.configs,
-                self.features)
+                self.features, self.acls)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ControllerState):
@@ -334,7 +360,7 @@ class ControllerState:
     def __repr__(self) -> str:
         return (f"ControllerState(offset={self.offset}, brokers={len(self.brokers)}, "
                 f"topics={len(self.topics)}, partitions={len(self.partitions)}, "
-                f"configs={len(self.configs)}, invalid={self.invalid_records})")
+                f"configs={len(self.configs)}, acls={len(self.acls)}, invalid={self.invalid_records})")
 
     def topic_by_name(self, name: str) -> r.Topic | None:
         tid = self.topic_ids.get(name)
@@ -367,7 +393,8 @@ class ControllerState:
                    for (rt, rn, n) in sorted(self.configs)]
         return {"offset": self.offset, "brokers": brokers, "topics": topics,
                 "partitions": partitions, "configs": configs,
-                "features": dict(sorted(self.features.items()))}
+                "features": dict(sorted(self.features.items())),
+                "acls": [authz.acl_to_dict(self.acls[i]) for i in sorted(self.acls)]}
 
 
 _HANDLERS = {
@@ -381,6 +408,8 @@ _HANDLERS = {
     r.Config: ControllerState._config,
     r.RemoveTopic: ControllerState._remove_topic,
     r.FeatureLevel: ControllerState._feature_level,
+    r.AccessControlEntry: ControllerState._access_control_entry,
+    r.RemoveAccessControlEntry: ControllerState._remove_access_control_entry,
     r.NoOp: ControllerState._no_op,
 }
 
@@ -578,6 +607,41 @@ class Controller:
         if not name:
             raise CommandError("config name must not be empty")
         return [r.encode_record(r.Config(resource_type, resource_name, name, value))]
+
+    # -- ACLs: args as the CLI sends them (names, not codes); see broker.authz
+
+    @staticmethod
+    def _acl_from_args(args: dict) -> r.AccessControlEntry:
+        try:
+            return authz.new_acl(
+                principal=str(args["principal"]),
+                operation=authz.parse_enum(authz.Operation, str(args["operation"])),
+                permission=authz.parse_enum(authz.Permission, str(args.get("permission", "Allow"))),
+                resource_type=authz.parse_enum(authz.ResourceType, str(args["resource_type"])),
+                resource_name=str(args.get("resource_name") or authz.CLUSTER_RESOURCE_NAME),
+                pattern_type=authz.parse_enum(authz.PatternType, str(args.get("pattern_type", "literal"))),
+                host=str(args.get("host", authz.WILDCARD)),
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+
+    def add_acl(self, args: dict) -> list[bytes]:
+        """One AccessControlEntry; adding an ACL that exists is a no-op (no record)."""
+        rec = self._acl_from_args(args)
+        if any(authz.same_binding(rec, old) for old in self.state.acls.values()):
+            return []
+        return [r.encode_record(rec)]
+
+    def remove_acl(self, args: dict) -> list[bytes]:
+        """Remove the ACL with exactly these fields; an error if there is none."""
+        want = self._acl_from_args(args)
+        ids = sorted(i for i, old in self.state.acls.items() if authz.same_binding(want, old))
+        if not ids:
+            raise CommandError(f"no such ACL: {authz.acl_to_text(want)}")
+        return [r.encode_record(r.RemoveAccessControlEntry(i)) for i in ids]
+
+    def list_acls(self) -> list[dict]:
+        return [authz.acl_to_dict(self.state.acls[i]) for i in sorted(self.state.acls)]
 
 
 # ------------------------------------------------------------------ snapshots

@@ -12,6 +12,8 @@ class BrokerMetrics:
     def __init__(self, node_id: int):
         self.registry = r = CollectorRegistry()
         self.requests = Counter("metalog_requests_total", "Requests received, by api", ["api"], registry=r)
+        self.authorization_failures = Counter(
+            "metalog_authorization_failures_total", "Requests refused by the authorizer, by api", ["api"], registry=r)
         self.appended_records = Counter("metalog_client_records_total", "Client records accepted for append", registry=r)
         self.appended_bytes = Counter("metalog_log_appended_bytes_total", "Bytes appended to the local log", registry=r)
         self.flush_seconds = Histogram(

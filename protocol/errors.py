@@ -16,6 +16,8 @@ class Errors(enum.IntEnum):
     REQUEST_TIMED_OUT = 7
     BROKER_NOT_AVAILABLE = 8
     MESSAGE_TOO_LARGE = 10
+    TOPIC_AUTHORIZATION_FAILED = 29  # the principal lacks an ACL on the topic
+    CLUSTER_AUTHORIZATION_FAILED = 31  # lacks an ACL on the cluster, or is not the replica it claims
     UNSUPPORTED_VERSION = 35
     INVALID_REQUEST = 42
     KAFKA_STORAGE_ERROR = 56

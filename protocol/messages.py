@@ -174,6 +174,7 @@ class OffsetsForLeaderEpochResponse(Body):
     leader_epoch: int = NO_EPOCH
     end_offset: int = NO_OFFSET
     current_leader: LeaderIdAndEpoch | None = None
+    error_message: str | None = None
 
 
 # --------------------------------------------------------------------------
@@ -213,6 +214,7 @@ class DescribeQuorumResponse(Body):
     high_watermark: int = NO_OFFSET
     voters: list[ReplicaState] = []
     observers: list[ReplicaState] = []
+    error_message: str | None = None
 
 
 # --------------------------------------------------------------------------
@@ -253,6 +255,7 @@ class ListOffsetsResponse(Body):
     # seeks to `offset` validates its position against.
     leader_epoch: int = NO_EPOCH
     current_leader: LeaderIdAndEpoch | None = None
+    error_message: str | None = None
 
 
 class MetadataRequest(Body):
@@ -269,6 +272,7 @@ class MetadataResponse(Body):
     log_start_offset: int = NO_OFFSET
     voters: list[NodeEndpoint] = []
     observers: list[NodeEndpoint] = []
+    error_message: str | None = None
 
 
 class ErrorResponse(Body):
@@ -290,7 +294,7 @@ class ErrorResponse(Body):
 class ControllerCommandRequest(Body):
     cluster_id: str
     command: str  # create_topic, delete_topic, register_broker, unregister_broker,
-    #               fence_broker, unfence_broker, set_config
+    #               fence_broker, unfence_broker, set_config, add_acl, remove_acl, list_acls
     args: dict[str, Any] = {}  # validated by the leader's controller
     timeout_ms: int = 5000
 
@@ -301,6 +305,7 @@ class ControllerCommandResponse(Body):
     base_offset: int = NO_OFFSET  # offset of the first record the command wrote
     leader_epoch: int = NO_EPOCH
     current_leader: LeaderIdAndEpoch | None = None
+    result: Any = None  # what a read-only command (list_acls) answers
 
 
 # --------------------------------------------------------------------------

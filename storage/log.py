@@ -121,8 +121,15 @@ _SEGMENT_RE = re.compile(r"^(\d{20})\.(log|index)$")
 # Anything quarantined by the log, the snapshot store or the runtime: kept for
 # the operator, never read, never warned about.
 _CORRUPT_RE = re.compile(r"\.corrupt(\.\d+)?$")
-_KNOWN_FILES = frozenset(f + t for f in (LOG_START_FILE, CLEAN_SHUTDOWN_FILE, RECOVERY_POINT_FILE, QUARANTINE_FILE)
+# The partition directory is shared with the broker's other state files: the
+# quorum-state, the leader-epoch checkpoint and snapshots (storage/snapshot.py's
+# .checkpoint, .checkpoint.part, .checkpoint.deleted). Those are not ours to
+# read, and warning about them on every restart would be noise.
+SHARED_DIR_FILES = ("quorum-state", "leader-epoch-checkpoint")
+_KNOWN_FILES = frozenset(f + t for f in (LOG_START_FILE, CLEAN_SHUTDOWN_FILE, RECOVERY_POINT_FILE, QUARANTINE_FILE,
+                                         *SHARED_DIR_FILES)
                          for t in ("", ".tmp")) | {LOCK_FILE}
+_SNAPSHOT_FILE_RE = re.compile(r"^\d{20}-\d{10}(-[^/]*)?\.checkpoint(\.part|\.deleted)?$")
 _INDEX_ENTRY = struct.Struct(">II")
 _HDR_PREFIX = struct.Struct(">qii")  # base_offset, length, leader_epoch
 _LAST_DELTA = struct.Struct(">i")
@@ -340,7 +347,7 @@ class SegmentedLog:
                 (bases if m.group(2) == "log" else index_only).add(int(m.group(1)))
             elif name == CLEAN_SHUTDOWN_FILE:
                 clean = True
-            elif name in _KNOWN_FILES or _CORRUPT_RE.search(name):
+            elif name in _KNOWN_FILES or _CORRUPT_RE.search(name) or _SNAPSHOT_FILE_RE.match(name):
                 pass
             else:
                 self._log.warning("unknown_file_ignored", path=os.path.join(d, name))

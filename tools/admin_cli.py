@@ -7,6 +7,12 @@
     metalog brokers fence|unfence|unregister ID
     metalog configs set  --topic NAME | --broker ID  KEY VALUE
     metalog configs delete --topic NAME | --broker ID  KEY
+    metalog acls add|remove --allow-principal User:alice --operation Write --topic __cluster_metadata
+    metalog acls add --deny-principal User:bob --operation All --cluster
+    metalog acls list [-o json]
+
+An authorization refusal is one line on stderr (``metalog: error: not
+authorized: ...``) and exit code 3; other refusals exit 1.
 
 Writes go to the leader over the binary protocol (ControllerCommand) and
 return once committed; reads come from a broker's admin API (/metadata).
@@ -22,14 +28,20 @@ import sys
 from storage.metadata_records import RESOURCE_BROKER, RESOURCE_TOPIC
 
 
+EXIT_NOT_AUTHORIZED = 3
+
+
 def _run(args, command: str, **cmd_args) -> int:
-    from broker.client import ClusterUnavailable, MetalogError
+    from broker.client import AuthorizationError, ClusterUnavailable, MetalogError
     from tools.cli import make_client
 
     async def go() -> int:
         client = make_client(args)
         try:
             offset, epoch = await client.command(command, **cmd_args)
+        except AuthorizationError as exc:
+            print(f"metalog: error: {exc}", file=sys.stderr)
+            return EXIT_NOT_AUTHORIZED
         except MetalogError as exc:
             print(f"metalog: {command} refused: {exc}", file=sys.stderr)
             return 1
@@ -88,6 +100,8 @@ def register_cli(sub) -> None:
         p.add_argument("broker_id", type=int)
         p.set_defaults(func=lambda a, verb=verb: _run(a, f"{verb}_broker", broker_id=a.broker_id))
 
+    _register_acls(sub)
+
     configs = sub.add_parser("configs", help="set or delete topic and broker configs")
     csub = configs.add_subparsers(dest="configs_command", required=True)
     for verb in ("set", "delete"):
@@ -104,6 +118,74 @@ def register_cli(sub) -> None:
             resource_type=RESOURCE_TOPIC if a.topic is not None else RESOURCE_BROKER,
             resource_name=a.topic if a.topic is not None else a.broker,
             name=a.key, value=a.value if verb == "set" else None))
+
+
+def _register_acls(sub) -> None:
+    from tools.cli import _client_args
+
+    acls = sub.add_parser("acls", help="add, remove and list ACLs (Kafka's model; default deny)")
+    asub = acls.add_subparsers(dest="acls_command", required=True)
+    for verb in ("add", "remove"):
+        p = asub.add_parser(verb, help=f"{verb} one ACL per principal x operation")
+        _client_args(p)
+        p.add_argument("--allow-principal", action="append", default=[], metavar="User:NAME")
+        p.add_argument("--deny-principal", action="append", default=[], metavar="User:NAME")
+        p.add_argument("--operation", action="append", required=True,
+                       help="All, Read, Write, Alter, Describe, ... (repeatable)")
+        p.add_argument("--host", default="*", help="the client address the ACL applies to (default any)")
+        target = p.add_mutually_exclusive_group(required=True)
+        target.add_argument("--topic", help="a topic name (the metadata log is __cluster_metadata)")
+        target.add_argument("--cluster", action="store_true", help="the cluster resource")
+        p.add_argument("--resource-pattern-type", choices=["literal", "prefixed"], default="literal")
+        p.set_defaults(func=lambda a, verb=verb: _acls_change(a, verb))
+    p = asub.add_parser("list", help="every ACL, one line each")
+    _client_args(p)
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    p.set_defaults(func=_acls_list)
+
+
+def _acls_change(args, verb: str) -> int:
+    entries = [(p, "Allow") for p in args.allow_principal] + [(p, "Deny") for p in args.deny_principal]
+    if not entries:
+        print("metalog: error: name at least one --allow-principal or --deny-principal", file=sys.stderr)
+        return 2
+    rc = 0
+    for principal, permission in entries:
+        for operation in args.operation:
+            rc = _run(args, f"{verb}_acl", principal=principal, permission=permission, operation=operation,
+                      host=args.host, resource_type="cluster" if args.cluster else "topic",
+                      resource_name="kafka-cluster" if args.cluster else args.topic,
+                      pattern_type=args.resource_pattern_type)
+            if rc:
+                return rc
+    return rc
+
+
+def _acls_list(args) -> int:
+    from broker.client import AuthorizationError, ClusterUnavailable, MetalogError
+    from tools.cli import make_client
+
+    async def go() -> int:
+        client = make_client(args)
+        try:
+            acls = await client.list_acls()
+        except AuthorizationError as exc:
+            print(f"metalog: error: {exc}", file=sys.stderr)
+            return EXIT_NOT_AUTHORIZED
+        except (MetalogError, ClusterUnavailable) as exc:
+            print(f"metalog: list_acls failed: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            await client.close()
+        for acl in acls:
+            if args.output == "json":
+                print(json.dumps(acl))
+            else:
+                print(f"{acl['principal']} {acl['permission']} {acl['operation']} from {acl['host']} on "
+                      f"{acl['resource_type']}:{acl['pattern_type']}:{acl['resource_name']}")
+        return 0
+
+    return asyncio.run(go())
 
 
 def _endpoint(text: str) -> list:

@@ -1,6 +1,7 @@
 """The ``metalog`` command line.
 
-    metalog cluster up          start a local cluster (3 voters + 1 observer)
+    metalog cluster up          start a local cluster (3 voters + 1 observer; --detach: background)
+    metalog cluster status|down|logs|kill|pause|resume|restart   manage it (tools/cluster_cli.py)
     metalog broker --config F   run one broker
     metalog produce VALUE...    write records (answers offset and epoch once committed)
     metalog consume             read committed records, with KIP-320 truncation detection
@@ -21,6 +22,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 
 
 def _endpoints(text: str) -> list[tuple[str, int]]:
@@ -38,7 +40,10 @@ DEFAULT_CLUSTER_ID = os.environ.get("METALOG_CLUSTER_ID", "metalog-local")
 def _client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap", help="host:port,... of any brokers (default: the client config's)")
     p.add_argument("--cluster-id", help="default: the client config's")
-    p.add_argument("--timeout-ms", type=int, default=10000)
+    p.add_argument("--timeout-ms", type=int, default=30000,
+                   help="overall deadline of a call, retries included (the client's delivery_timeout_ms)")
+    p.add_argument("--request-timeout-ms", type=int, default=2000,
+                   help="how long one attempt waits for its answer before rediscovering the leader")
     _credential_args(p)
 
 
@@ -75,13 +80,25 @@ def make_client(args):
     from broker.client import MetalogClient
 
     cs = client_settings(args)
-    return MetalogClient(cs["bootstrap"], cs["cluster_id"], request_timeout_ms=args.timeout_ms, tls=cs["tls"])
+    return MetalogClient(cs["bootstrap"], cs["cluster_id"], request_timeout_ms=min(args.request_timeout_ms,
+                                                                               args.timeout_ms),
+                         delivery_timeout_ms=args.timeout_ms, tls=cs["tls"])
 
 
 # ------------------------------------------------------------------ cluster
 def cmd_cluster_up(args) -> int:
+    from tools.cluster_cli import ClusterCliError, dir_flag, running_nodes
     from tools.launcher import LocalCluster
 
+    if os.path.exists(os.path.join(args.dir, "cluster.json")):
+        try:
+            running = running_nodes(LocalCluster.load(args.dir))
+        except (OSError, ValueError, KeyError):
+            running = []
+        if running:
+            raise ClusterCliError(f"a cluster in {os.path.abspath(args.dir)} is already running (nodes "
+                                  f"{', '.join(map(str, running))}): `metalog cluster down {dir_flag(args.dir)}` "
+                                  f"stops it")
     if args.compose:
         from tools.compose import cluster_from_compose
 
@@ -131,11 +148,21 @@ def cmd_cluster_up(args) -> int:
     print(f"\nclient config (bootstrap, CA, admin certificate): {cluster.client_config_path}")
     if not cluster.insecure:
         print(f"certificates: {cluster.cert_dir} (CA, node-N, admin)")
+    # Every hint runs exactly as printed (a test runs them).
+    d = dir_flag(args.dir)
     print(f"try:  metalog produce --client-config {cluster.client_config_path} hello")
+    print(f"      metalog consume --client-config {cluster.client_config_path} --from earliest --idle-exit-s 1")
+    print(f"      metalog cluster status {d}")
+    print(f"      metalog cluster logs {d} {min(cluster.nodes)}")
     print("      (from the repo root, run/cluster/client.yaml is found without --client-config)")
     sys.stdout.flush()
     if args.exit_when_ready:
         cluster.stop()
+        return 0
+    if args.detach:
+        print(f"the brokers run in the background (pid files and logs in {cluster.root}/node-N/); "
+              f"stop them with:  metalog cluster down {d}")
+        sys.stdout.flush()
         return 0
     print("Ctrl-C stops the cluster.")
     sys.stdout.flush()
@@ -143,7 +170,12 @@ def cmd_cluster_up(args) -> int:
         time.sleep(0.2)
         dead = [nid for nid in cluster.nodes if not cluster.alive(nid)]
         if dead and len(dead) == len(cluster.nodes):
-            print("metalog: every broker exited; see the logs", file=sys.stderr)
+            codes = {nid: cluster.procs[nid].returncode for nid in dead}
+            if all(code == 0 for code in codes.values()):  # e.g. `metalog cluster down` from elsewhere
+                print("metalog: every broker stopped cleanly", file=sys.stderr)
+                return 0
+            print(f"metalog: every broker exited (exit codes {codes}); see {cluster.root}/node-N/broker.log",
+                  file=sys.stderr)
             return 1
     cluster.stop()
     return 0
@@ -179,6 +211,7 @@ def cmd_produce(args) -> int:
 
 def cmd_consume(args) -> int:
     from broker.client import LogTruncationError
+    from tools.dump import record_json
 
     async def go(client):
         consumer = client.consumer(reset_policy=args.reset)
@@ -199,8 +232,11 @@ def cmd_consume(args) -> int:
                 print(f"metalog: log truncated under us: {exc}", file=sys.stderr)
                 return 5
             for rec in records:
-                print(json.dumps({"offset": rec.offset, "leader_epoch": rec.leader_epoch,
-                                  "value": rec.value.decode(errors="replace")}))
+                if args.max_records is not None and got >= args.max_records:
+                    break  # a poll can return more than asked for
+                # Metadata records decoded (type, version, fields); produced values as
+                # UTF-8 text or base64; --raw: every value as base64 of its bytes.
+                print(json.dumps(record_json(rec.offset, rec.leader_epoch, rec.value, False, raw=args.raw)))
                 got += 1
             if records and args.idle_exit_s:
                 deadline = time.monotonic() + args.idle_exit_s
@@ -220,6 +256,85 @@ def cmd_quorum(args) -> int:
             "voters": [_replica(r) for r in resp.voters],
             "observers": [_replica(r) for r in resp.observers],
         }, indent=2))
+        return 0
+
+    return asyncio.run(_with_client(args, go))
+
+
+def quorum_status(resp, cluster_id: str) -> dict:
+    """Kafka's `kafka-metadata-quorum describe --status` fields from a DescribeQuorum answer."""
+    leader = next((r for r in resp.voters if r.replica_id == resp.leader_id), None)
+    followers = [r for r in resp.voters if r.replica_id != resp.leader_id]
+    lag, lag_time_ms = 0, 0
+    if leader is not None and followers:
+        # As Kafka computes them: the voter furthest behind, and how long since it was caught up.
+        slowest = min(followers, key=lambda r: r.log_end_offset)
+        lag = max(0, leader.log_end_offset - slowest.log_end_offset)
+        if slowest.last_caught_up_timestamp_ms >= 0:
+            lag_time_ms = max(0, leader.last_caught_up_timestamp_ms - slowest.last_caught_up_timestamp_ms)
+        else:
+            lag_time_ms = -1  # never caught up
+    return {"ClusterId": cluster_id, "LeaderId": resp.leader_id, "LeaderEpoch": resp.leader_epoch,
+            "HighWatermark": resp.high_watermark, "MaxFollowerLag": lag, "MaxFollowerLagTimeMs": lag_time_ms,
+            "CurrentVoters": sorted(r.replica_id for r in resp.voters),
+            "CurrentObservers": sorted(r.replica_id for r in resp.observers)}
+
+
+def quorum_replication(resp) -> list[dict]:
+    """Kafka's `describe --replication` rows: leader first, then voters, then observers.
+    DirectoryId is null: metalog has one log directory per node and no directory ids (KIP-858).
+    The timestamps are the leader's monotonic clock (not wall time), so each row
+    also says how long ago that was, measured against the leader's own entry."""
+    leader = next((r for r in resp.voters if r.replica_id == resp.leader_id), None)
+    leader_leo = leader.log_end_offset if leader is not None else None
+    leader_now_ms = leader.last_fetch_timestamp_ms if leader is not None else None
+
+    def ago(ts: int):
+        return None if ts < 0 or leader_now_ms is None else max(0, leader_now_ms - ts)
+    rows = []
+    for status, group in (("Leader", [r for r in resp.voters if r.replica_id == resp.leader_id]),
+                          ("Follower", sorted((r for r in resp.voters if r.replica_id != resp.leader_id),
+                                              key=lambda r: r.replica_id)),
+                          ("Observer", sorted(resp.observers, key=lambda r: r.replica_id))):
+        for r in group:
+            rows.append({"NodeId": r.replica_id, "DirectoryId": None, "LogEndOffset": r.log_end_offset,
+                         "Lag": max(0, leader_leo - r.log_end_offset) if leader_leo is not None else None,
+                         "LastFetchTimestamp": r.last_fetch_timestamp_ms,
+                         "LastCaughtUpTimestamp": r.last_caught_up_timestamp_ms, "Status": status,
+                         "LastFetchMsAgo": ago(r.last_fetch_timestamp_ms),
+                         "LastCaughtUpMsAgo": ago(r.last_caught_up_timestamp_ms)})
+    return rows
+
+
+def cmd_quorum_describe(args) -> int:
+    async def go(client):
+        resp = await client.describe_quorum()
+        if args.status:
+            status = quorum_status(resp, client.cluster_id)
+            if args.output == "json":
+                print(json.dumps(status, indent=2))
+            else:
+                width = max(map(len, status))
+                for key, value in status.items():
+                    print(f"{key + ':':<{width + 1}} {value}")
+            return 0
+        rows = quorum_replication(resp)
+        if args.output == "json":
+            print(json.dumps(rows, indent=2))
+            return 0
+        # As Kafka's --human-readable shows them: "N ms ago".
+        header = ["NodeId", "DirectoryId", "LogEndOffset", "Lag", "LastFetchTimestamp", "LastCaughtUpTimestamp",
+                  "Status"]
+        shown = {"LastFetchTimestamp": "LastFetchMsAgo", "LastCaughtUpTimestamp": "LastCaughtUpMsAgo"}
+
+        def cell(r, k):
+            v = r[shown.get(k, k)]
+            return "null" if v is None else f"{v} ms ago" if k in shown else str(v)
+
+        table = [header] + [[cell(r, k) for k in header] for r in rows]
+        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+        for row in table:
+            print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
         return 0
 
     return asyncio.run(_with_client(args, go))
@@ -246,7 +361,8 @@ def cmd_metadata(args) -> int:
 
 # ------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="metalog", description="metalog: a replicated metadata log")
+    parser = argparse.ArgumentParser(prog="metalog", description="metalog: a replicated metadata log",
+                                     epilog="--debug (anywhere on the line): show the traceback of a failure")
     sub = parser.add_subparsers(dest="command", required=True)
 
     # Parsed by broker.main (see main()); listed here for --help.
@@ -267,7 +383,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--exit-when-ready", action="store_true", help="stop again once a leader is elected")
     up.add_argument("--insecure", action="store_true",
                     help="plaintext without certificates (every broker warns; /health says insecure)")
+    up.add_argument("--detach", action="store_true",
+                    help="start the brokers in the background and return once there is a leader "
+                         "(`metalog cluster down` stops them)")
     up.set_defaults(func=cmd_cluster_up)
+    from tools import cluster_cli
+
+    cluster_cli.register(csub, default_dir="run/cluster")
 
     p = sub.add_parser("produce", help="write records; prints base offset and epoch once committed")
     _client_args(p)
@@ -283,11 +405,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what to do when the log was truncated under us (KIP-320)")
     p.add_argument("--max-records", type=int)
     p.add_argument("--idle-exit-s", type=float, default=0, help="exit after this long without records")
+    p.add_argument("--raw", action="store_true", help="values as base64 of their bytes, not decoded")
     p.set_defaults(func=cmd_consume)
 
-    p = sub.add_parser("quorum", help="DescribeQuorum from the leader")
+    p = sub.add_parser("quorum", help="DescribeQuorum from the leader (JSON; `quorum describe` for Kafka's views)")
     _client_args(p)
     p.set_defaults(func=cmd_quorum)
+    qsub = p.add_subparsers(dest="quorum_command")
+    d = qsub.add_parser("describe", help="kafka-metadata-quorum describe: --status or --replication")
+    _client_args(d)
+    which = d.add_mutually_exclusive_group(required=True)
+    which.add_argument("--status", action="store_true",
+                       help="ClusterId, LeaderId, LeaderEpoch, HighWatermark, MaxFollowerLag, ...")
+    which.add_argument("--replication", action="store_true",
+                       help="per replica: NodeId, LogEndOffset, Lag, LastFetchTimestamp, ..., Status")
+    d.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    d.set_defaults(func=cmd_quorum_describe)
 
     p = sub.add_parser("metadata", help="leader, epoch, HW and endpoints")
     _client_args(p)
@@ -308,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
         from broker.main import main as broker_main
 
         return broker_main(argv[1:])
+    # --debug may stand anywhere on the line: a failure then shows its traceback.
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
     args = build_parser().parse_args(argv)
     if args.command != "broker":
         from broker.logs import configure_logging
@@ -315,16 +451,25 @@ def main(argv: list[str] | None = None) -> int:
         # Client-side logs go to stderr so stdout stays machine-readable.
         # The CLI prints its own one-line errors; library warnings only when asked for.
         configure_logging(os.environ.get("METALOG_LOG_LEVEL", "error"), sys.stderr)
-    from broker.client import ClusterUnavailable, MetalogError
+    from broker.client import AuthorizationError, ClusterUnavailable, MetalogError
     from broker.client_config import ClientConfigError
     from broker.tls import TlsConfigError
+    from tools.cluster_cli import ClusterCliError
 
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:
         return 130
-    except (ClientConfigError, TlsConfigError, ClusterUnavailable, MetalogError) as exc:
+    except AuthorizationError as exc:
+        # Permanent until an ACL is added: one line, no traceback, its own exit code.
+        if debug:
+            traceback.print_exc()
+        print(f"metalog: error: {exc}", file=sys.stderr)
+        return 3
+    except (ClientConfigError, TlsConfigError, ClusterUnavailable, MetalogError, ClusterCliError) as exc:
         # One line, no traceback: e.g. "metalog: error: TLS handshake with 127.0.0.1:9091 failed: ..."
+        if debug:
+            traceback.print_exc()
         hint = ""
         if getattr(args, "insecure", False) and isinstance(exc, ClusterUnavailable):
             # A TLS broker closes a plaintext connection (or never answers it): say the likely cause.
@@ -332,7 +477,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"metalog: error: {exc}{hint}", file=sys.stderr)
         return 1
     except (OSError, TimeoutError) as exc:
-        print(f"metalog: {exc}", file=sys.stderr)
+        if debug:
+            traceback.print_exc()
+        print(f"metalog: error: {exc or type(exc).__name__}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - the last resort: one line, the traceback only on request
+        if debug:
+            traceback.print_exc()
+            print(f"metalog: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        else:
+            print(f"metalog: error: {type(exc).__name__}: {exc} (run again with --debug for the traceback)",
+                  file=sys.stderr)
         return 1
 
 

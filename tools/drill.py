@@ -105,12 +105,14 @@ class Sample:
 class Drill:
     def __init__(self, cluster: LocalCluster, *, duration_s: float, seed: int, schedule: list[str] | None,
                  writers: int = 3, consumers: int = 2, hold_s: float = 2.0, settle_timeout_s: float = 20.0,
-                 log=print):
+                 broker_settings: dict | None = None, log=print):
         assert 1 <= writers <= MAX_WRITERS
         for kind in schedule or []:
             if kind not in FAULTS:
                 raise ValueError(f"unknown fault {kind!r}; choose from {', '.join(FAULTS)}")
         self.cluster = cluster
+        # applied to compose services' command lines; a local cluster gets them at creation
+        self.broker_settings = dict(DRILL_BROKER_SETTINGS if broker_settings is None else broker_settings)
         self.duration_s = duration_s
         self.rng = random.Random(seed)
         self.seed = seed
@@ -143,7 +145,7 @@ class Drill:
             value = self.proxy.voters_for(nid)
             if spec.command:  # a compose service: its own command line, plus overrides
                 spec.command = spec.command + ["--set", f"voters={value}"] + [
-                    a for k, v in DRILL_BROKER_SETTINGS.items() for a in ("--set", f"{k}={v}")]
+                    a for k, v in self.broker_settings.items() for a in ("--set", f"{k}={v}")]
             else:
                 spec.extra["voters"] = value
         # Clients must not ride a broker's proxy listener (Metadata names the addresses
@@ -446,13 +448,17 @@ class DrillAborted(Exception):
 
 
 # ------------------------------------------------------------------ CLI
+def drill_broker_settings(args) -> dict:
+    return dict(DRILL_BROKER_SETTINGS, snapshot_min_records=args.snapshot_min_records)
+
+
 def build_cluster(args) -> LocalCluster:
     if args.compose:
         from tools.compose import cluster_from_compose
 
         return cluster_from_compose(args.compose, args.dir, port_offset=args.port_offset)
     return LocalCluster.create(args.dir, voters=args.voters, observers=args.observers,
-                               common=dict(DRILL_BROKER_SETTINGS), cluster_id="metalog-drill")
+                               common=drill_broker_settings(args), cluster_id="metalog-drill")
 
 
 def run_drill(args) -> tuple[int, dict]:
@@ -466,6 +472,7 @@ def run_drill(args) -> tuple[int, dict]:
     cluster = build_cluster(args)
     schedule = [s.strip() for s in args.schedule.split(",") if s.strip()] if args.schedule else None
     drill = Drill(cluster, duration_s=args.duration_s, seed=args.seed, schedule=schedule,
+                  broker_settings=drill_broker_settings(args),
                   writers=args.writers, consumers=args.consumers, hold_s=args.hold_s,
                   log=(lambda *_: None) if args.quiet else print)
     drill.wire_proxy()
@@ -516,6 +523,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port-offset", type=int, default=None, help="with --compose: local port = container port + this")
     p.add_argument("--dir", default="run/drill", help="node dirs (wiped at start)")
     p.add_argument("--report", default="run/drill-report", help="writes REPORT.json and REPORT.png")
+    p.add_argument("--snapshot-min-records", type=int, default=DRILL_BROKER_SETTINGS["snapshot_min_records"],
+                   help="brokers snapshot after this many records (a short drill on a slow machine "
+                        "needs fewer to see snapshots, segment deletion and a rejoin by snapshot)")
     p.add_argument("--quiet", action="store_true")
 
 

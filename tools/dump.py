@@ -1,15 +1,26 @@
-"""`metalog dump FILE`: decode a snapshot (`.checkpoint`) or log segment (`.log`).
+"""`metalog dump FILE`: decode a snapshot (`.checkpoint`) or log segment (`.log`),
+with kafka-dump-log's options.
 
-One line per record: ``offset=<n> epoch=<e> <Type> {fields}``; control records
-are tagged ``control``. For a snapshot, offsets are positions within the file
-(the header is offset 0). Everything readable is printed first, then a bad
-batch, a truncated tail or a broken snapshot structure is reported on stderr
-with the file and byte position, and the exit code is 1.
+Without options, one JSON line per batch (base and last offset, count, leader
+epoch, byte position, size, CRC, control or not), as kafka-dump-log prints.
+``--deep-iteration`` adds one line per record (offset, epoch);
+``--print-data-log`` (implies it) adds each record's content, decoded:
+metadata and control records as ``{"offset", "epoch", "type", "version",
+"fields"}`` with the decoders of storage/, produced values as UTF-8 text when
+they are valid UTF-8, else base64 (``"encoding"`` says which); ``--raw`` gives
+every value as base64 of its bytes, undecoded. ``record_json`` is shared with
+``metalog consume``.
+
+For a snapshot, offsets are positions within the file (the header is offset
+0). Everything readable is printed first, then a bad batch, a truncated tail
+or a broken snapshot structure is reported on stderr with the file and byte
+position, and the exit code is 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import sys
@@ -23,24 +34,61 @@ from storage import metadata_records as r
 from storage.snapshot import CorruptSnapshotError, parse_snapshot_filename, verify_snapshot_bytes
 
 
-def _fields(rec) -> str:
-    return json.dumps(msgspec.to_builtins(msgspec.structs.asdict(rec)), sort_keys=False)
-
-
-def _record_line(offset: int, epoch: int, value: bytes, control: bool) -> str:
+def value_json(value: bytes) -> dict:
+    """A produced value: UTF-8 text when valid, else base64 (the field `encoding` says which)."""
     try:
-        rec = cr.decode_control(value) if control else r.decode_record(value)
-    except (cr.ControlRecordError, r.MetadataRecordError) as exc:
-        return f"offset={offset} epoch={epoch} UNDECODABLE ({exc})"
-    tag = "control " if control else ""
-    return f"offset={offset} epoch={epoch} {tag}{type(rec).__name__} {_fields(rec)}"
+        text = bytes(value).decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    # Control characters (NUL, ESC...) would not read as text: those values go as base64 too.
+    if text is not None and not any(ord(c) < 32 and c not in "\t\n\r" for c in text):
+        return {"type": "data", "value": text, "encoding": "utf-8"}
+    return {"type": "data", "value": base64.b64encode(value).decode(), "encoding": "base64"}
 
 
-def dump(path: str, out: TextIO, err: TextIO, max_records: int | None = None) -> int:
-    """Print the records of `path`; 0 if the file is whole, 1 otherwise."""
+def record_json(offset: int, epoch: int, value: bytes, control: bool, raw: bool = False) -> dict:
+    """One record as a JSON-able dict: metadata/control records decoded by storage/'s
+    decoders (type, version, fields); any other value as produced data. A control
+    record that does not decode is reported as such (it cannot be user data)."""
+    out: dict = {"offset": offset, "epoch": epoch}
+    if raw:
+        out.update(control=control, value=base64.b64encode(value).decode(), encoding="base64")
+        return out
+    if control:
+        try:
+            rec = cr.decode_control(bytes(value))
+        except cr.ControlRecordError as exc:
+            out.update(type="control", error=str(exc), value=base64.b64encode(value).decode(), encoding="base64")
+            return out
+        out.update(type=type(rec).__name__, control=True, version=int.from_bytes(value[2:4], "big", signed=True),
+                   fields=msgspec.to_builtins(msgspec.structs.asdict(rec)))
+        return out
+    try:
+        rec = r.decode_record(value)
+    except r.MetadataRecordError:
+        # Produced values share the log with metadata records; one that is not a
+        # metadata record is shown as data.
+        out.update(value_json(value))
+        return out
+    out.update(type=type(rec).__name__, version=int.from_bytes(value[2:4], "big", signed=True),
+               fields=r.record_to_dict(rec))
+    return out
+
+
+def batch_json(pos: int, h: b.BatchHeader) -> dict:
+    """kafka-dump-log's batch line."""
+    return {"batch": {"base_offset": h.base_offset, "last_offset": h.last_offset, "count": h.records_count,
+                      "epoch": h.leader_epoch, "position": pos, "size": h.size, "crc": h.crc,
+                      "is_control": h.is_control, "timestamp_ms": h.max_timestamp_ms}}
+
+
+def dump(path: str, out: TextIO, err: TextIO, max_records: int | None = None, *, deep: bool = True,
+         data: bool = True, raw: bool = False) -> int:
+    """Print the batches of `path` (and with deep, each record's offset and epoch;
+    with data, its decoded content); 0 if the file is whole, 1 otherwise."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            buf = f.read()
     except FileNotFoundError:
         print(f"metalog dump: {path}: no such file", file=err)
         return 1
@@ -55,19 +103,28 @@ def dump(path: str, out: TextIO, err: TextIO, max_records: int | None = None) ->
     printed = 0
     end = 0
     try:
-        for pos, h in b.iter_batches(data):
+        for pos, h in b.iter_batches(buf):
             end = pos + h.size
-            for i, value in enumerate(b.decode_records(memoryview(data)[pos:end], h)):
+            if max_records is not None and printed >= max_records:
+                continue  # keep verifying the rest of the file
+            print(json.dumps(batch_json(pos, h)), file=out)
+            if not (deep or data):
+                printed += 1  # without records, --max-records counts batches
+                continue
+            for i, value in enumerate(b.decode_records(memoryview(buf)[pos:end], h)):
                 if max_records is not None and printed >= max_records:
                     break
-                print(_record_line(h.base_offset + i, h.leader_epoch, value, h.is_control),
-                      file=out)
+                if data:
+                    line = record_json(h.base_offset + i, h.leader_epoch, bytes(value), h.is_control, raw)
+                else:
+                    line = {"offset": h.base_offset + i, "epoch": h.leader_epoch, "size": len(value)}
+                print(json.dumps(line), file=out)
                 printed += 1
     except b.CorruptBatchError as exc:
         print(f"metalog dump: {path}: corrupt batch at byte {exc.position}: {exc}", file=err)
         return 1
-    if end != len(data):
-        print(f"metalog dump: {path}: truncated: {len(data) - end} byte(s) after the last "
+    if end != len(buf):
+        print(f"metalog dump: {path}: truncated: {len(buf) - end} byte(s) after the last "
               f"whole batch at byte {end}", file=err)
         return 1
     if is_snapshot:
@@ -77,12 +134,12 @@ def dump(path: str, out: TextIO, err: TextIO, max_records: int | None = None) ->
                   "(<20-digit offset>-<10-digit epoch>.checkpoint)", file=err)
             return 1
         try:
-            layout = verify_snapshot_bytes(data, sid, path)
+            layout = verify_snapshot_bytes(buf, sid, path)
         except CorruptSnapshotError as exc:
             print(f"metalog dump: {exc}", file=err)
             return 1
-        print(f"# snapshot end_offset={sid.end_offset} epoch={sid.epoch} "
-              f"records={layout.records} bytes={layout.size}", file=out)
+        print(json.dumps({"snapshot": {"end_offset": sid.end_offset, "epoch": sid.epoch,
+                                       "records": layout.records, "bytes": layout.size}}), file=out)
     return 0
 
 
@@ -96,10 +153,15 @@ def main(argv: list[str] | None = None) -> int:
 def _add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="a <offset>-<epoch>.checkpoint snapshot or a <offset>.log segment")
     p.add_argument("--max-records", type=int, default=None, help="stop printing after N records")
+    p.add_argument("--deep-iteration", action="store_true", help="one line per record too (offset, epoch, size)")
+    p.add_argument("--print-data-log", action="store_true",
+                   help="each record's content, decoded (implies --deep-iteration)")
+    p.add_argument("--raw", action="store_true", help="with --print-data-log: values as base64, undecoded")
 
 
 def _run(args: argparse.Namespace) -> int:
-    return dump(args.path, sys.stdout, sys.stderr, args.max_records)
+    return dump(args.path, sys.stdout, sys.stderr, args.max_records, deep=args.deep_iteration,
+                data=args.print_data_log or args.raw, raw=args.raw)
 
 
 def register_cli(subparsers) -> None:

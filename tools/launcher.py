@@ -61,6 +61,16 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def _proc_stat(pid: int) -> tuple[str, str] | None:
+    """(state letter, start time in clock ticks) of a process from /proc, None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], fields[19]  # fields 3 and 22 of proc(5), counted after the comm field
+
+
 @dataclass
 class NodeSpec:
     node_id: int
@@ -127,6 +137,8 @@ class LocalCluster:
             "admin_listen": f"{self.host}:{spec.admin_port}",
             "voters": self.voters_string,
             "log_file": self.log_path(node_id),
+            # The launcher's admin user certificate bypasses ACLs (Kafka's super.users).
+            "super_users": ["User:admin"],
         }
         if self.insecure:
             cfg["security_protocol"] = "PLAINTEXT"
@@ -181,6 +193,64 @@ class LocalCluster:
             self._client_tls = TlsFiles(TlsPaths(f"{d}/ca.crt", f"{d}/admin.crt", f"{d}/admin.key"))
         return self._client_tls
 
+    # ----------------------------------------------------------- state on disk
+    @property
+    def state_path(self) -> str:
+        return os.path.join(self.root, "cluster.json")
+
+    def pid_path(self, node_id: int) -> str:
+        return os.path.join(self.node_dir(node_id), "broker.pid")
+
+    def save_state(self) -> None:
+        """<root>/cluster.json: what `metalog cluster status|down|restart ...` need
+        to find and restart the nodes from another process."""
+        from storage.atomic import atomic_write
+
+        os.makedirs(self.root, exist_ok=True)
+        state = {
+            "cluster_id": self.cluster_id, "host": self.host, "insecure": self.insecure,
+            "common": self.common, "voter_addrs": {str(k): list(v) for k, v in self.voter_addrs.items()},
+            "nodes": [{"node_id": n.node_id, "port": n.port, "admin_port": n.admin_port, "voter": n.voter,
+                       "extra": n.extra, "command": n.command} for n in sorted(self.nodes.values(),
+                                                                              key=lambda n: n.node_id)],
+        }
+        atomic_write(self.state_path, (json.dumps(state, indent=2) + "\n").encode())
+
+    @classmethod
+    def load(cls, root: str) -> "LocalCluster":
+        """The cluster a `metalog cluster up` started in root (raises FileNotFoundError
+        naming cluster.json when there is none)."""
+        path = os.path.join(os.path.abspath(root), "cluster.json")
+        with open(path) as f:
+            state = json.load(f)
+        nodes = [NodeSpec(n["node_id"], n["port"], n["admin_port"], n["voter"], n.get("extra") or {},
+                          n.get("command")) for n in state["nodes"]]
+        voter_addrs = {int(k): (v[0], int(v[1])) for k, v in state.get("voter_addrs", {}).items()} or None
+        return cls(root, nodes, cluster_id=state["cluster_id"], host=state["host"],
+                   common=state.get("common"), voter_addrs=voter_addrs, insecure=state["insecure"])
+
+    def running_pid(self, node_id: int) -> int | None:
+        """The pid in node-N/broker.pid if that process is still the one started
+        (same pid and kernel start time), else None: a stale pid file, or a pid
+        reused by another program, is never signalled."""
+        try:
+            with open(self.pid_path(node_id)) as f:
+                pid_s, start_s = f.read().split()
+            pid = int(pid_s)
+        except (OSError, ValueError):
+            return None
+        stat = _proc_stat(pid)
+        if stat is None or stat[0] in ("Z", "X") or stat[1] != start_s:
+            return None
+        return pid
+
+    def paused(self, node_id: int) -> bool:
+        pid = self.running_pid(node_id)
+        if pid is None:
+            return False
+        stat = _proc_stat(pid)
+        return stat is not None and stat[0] in ("T", "t")
+
     def write_config(self, node_id: int) -> str:
         self.ensure_certs()
         os.makedirs(self.node_dir(node_id), exist_ok=True)
@@ -191,6 +261,7 @@ class LocalCluster:
 
     # ----------------------------------------------------------- lifecycle
     def start(self, node_ids: list[int] | None = None) -> None:
+        self.save_state()
         for nid in node_ids or sorted(self.nodes):
             self.start_node(nid)
 
@@ -205,6 +276,9 @@ class LocalCluster:
                                 start_new_session=True)
         stderr.close()
         self.procs[node_id] = proc
+        stat = _proc_stat(proc.pid)
+        with open(self.pid_path(node_id), "w") as f:
+            f.write(f"{proc.pid} {stat[1] if stat else 0}\n")
         return proc
 
     def alive(self, node_id: int) -> bool:

@@ -3,6 +3,7 @@ snapshots (``snapshot``) and audit the replicas' logs (``audit``).
 
     metalog spark snapshot DATA_DIR... [--upto OFFSET] [--out DIR] [--master URL]
     metalog spark audit    DATA_DIR... [--hw OFFSET]
+    metalog spark package  [--out metalog_code.zip]
     spark-submit tools/spark_job.py snapshot DATA_DIR ...
 
 Plan (details in docs/spark.md):
@@ -30,8 +31,13 @@ Plan (details in docs/spark.md):
    name. States at the offsets of the brokers' own snapshots are compared
    with those snapshots entity by entity (a distributed outer join).
 
-Exit codes: 0 ok, 1 validation failed (corrupt batch, divergence below the HW,
-snapshot mismatch), 2 unusable input (missing/empty dir, nothing to replay).
+Under spark-submit the session takes spark-submit's master and conf; run
+directly, the job starts the JVM itself (PYSPARK_SUBMIT_ARGS). The
+.checkpoint is staged and published only when every check passed.
+
+Exit codes: 0 valid, 1 validation failed (corruption, divergence, safety
+violation, configuration; the first failing check on stderr), 2 usage or
+unusable input, 3 environment (no Java, Spark failed).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sys
 import threading
 import time
@@ -187,14 +194,41 @@ def _make_fold_fn(cuts, tables_bc):
             states, invalid = F.fold_config(key, recs, cuts, topics)
         elif kind == F.K_FEATURE:
             states, invalid = F.fold_feature(key, recs, cuts)
+        elif kind == F.K_ACL:
+            states, invalid = F.fold_acl(key, recs, cuts)
         else:  # undecodable (X) records are invalid; NoOps (N) change nothing
             states, invalid = [], len(recs) if kind == F.K_INVALID else 0
+            if kind == F.K_DATA:  # produced records: counted, not invalid
+                out.append({"rowtype": "data", "invalid": len(recs)})
         out += _state_dicts(states)
         if invalid:
             out.append({"rowtype": "invalid", "invalid": invalid})
         return _fold_table(out)
 
     return fn
+
+
+_jvm_stderr = None  # the JVM's System.err under spark-submit (see err_line)
+
+
+def err_line(text: str) -> None:
+    """One line for the user's stderr. Under spark-submit the Python driver's
+    stderr is merged into spark-submit's stdout, so the line goes through the
+    JVM's System.err (spark-submit's real stderr) instead."""
+    sink = _jvm_stderr
+    if sink is not None:
+        try:
+            sink.println(text)
+            sink.flush()
+            return
+        except Exception as exc:  # the gateway is gone (JVM stopping): fall back, say why
+            text = f"{text}  [via Python stderr: {type(exc).__name__}]"
+    print(text, file=sys.stderr, flush=True)
+
+
+def _reset_stderr() -> None:
+    global _jvm_stderr
+    _jvm_stderr = None
 
 
 class Progress:
@@ -237,7 +271,7 @@ class Progress:
         body = line.split("]", 1)[1]
         if body != self._last:
             self._last = body
-            print(line, file=sys.stderr, flush=True)
+            err_line(line)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -247,46 +281,95 @@ class Progress:
         self._stop.set()
 
 
-def _code_zip() -> str:
-    """The packages executors import, zipped for a real cluster (--py-files)."""
-    import tempfile
+CODE_PACKAGES = ("storage", "broker", "protocol", "tools")
+LOG4J2_CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark", "log4j2.properties")
 
+
+def build_package(path: str) -> str:
+    """The packages executors import, zipped (for --py-files); returns the path."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = os.path.join(tempfile.mkdtemp(prefix="metalog-spark-"), "metalog_code.zip")
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-        for pkg in ("storage", "broker", "protocol", "tools"):
+        for pkg in CODE_PACKAGES:
             for dirpath, _dirs, files in os.walk(os.path.join(root, pkg)):
-                for f in files:
+                for f in sorted(files):
                     if f.endswith(".py"):
                         full = os.path.join(dirpath, f)
                         z.write(full, os.path.relpath(full, root))
     return path
 
 
-def get_spark(master: str = "local[*]", ui: bool = False, shuffle_partitions: int = 8,
-              ship_code: bool | None = None, extra_conf: dict | None = None, driver_memory: str = "4g"):
-    """A SparkSession for the job. Executors run this interpreter in local
-    mode; elsewhere the code is shipped as a zip (deps must be installed)."""
+def under_spark_submit() -> bool:
+    """spark-submit starts the JVM first and hands the Python driver its
+    gateway; then spark-submit's --master/--conf are already in force."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def _submit_args(driver_memory: str, conf: dict) -> str:
+    """PYSPARK_SUBMIT_ARGS for a JVM the job starts itself: settings that only
+    take effect when the JVM starts (heap, log4j2 file) must be given here."""
+    import shlex
+
+    parts = ["--driver-memory", driver_memory,
+             "--driver-java-options", f"-Dlog4j.configurationFile=file:{LOG4J2_CONF}"]
+    for k, v in conf.items():
+        parts += ["--conf", f"{k}={v}"]
+    return " ".join(shlex.quote(x) for x in parts) + " pyspark-shell"
+
+
+class SparkSetup:
+    """How the session was made, and the temp files to remove afterwards."""
+
+    def __init__(self) -> None:
+        self.submitted = under_spark_submit()
+        self.temp_dirs: list[str] = []
+
+    def cleanup(self) -> None:
+        import shutil
+
+        for d in self.temp_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+        self.temp_dirs.clear()
+
+
+def get_spark(master: str | None = None, ui: bool = False, shuffle_partitions: int = 8,
+              ship_code: bool | None = None, extra_conf: dict | None = None, driver_memory: str = "4g",
+              setup: SparkSetup | None = None):
+    """A SparkSession for the job.
+
+    Under spark-submit the session takes spark-submit's master and conf
+    (never overridden); `master`, `driver_memory` and the log4j2 file then
+    belong on the spark-submit line. Run directly, the job starts the JVM
+    itself with them (PYSPARK_SUBMIT_ARGS) on `master` (default local[*]);
+    a non-local master gets the code shipped as a zip, removed by
+    setup.cleanup()."""
+    import tempfile
+
+    setup = setup or SparkSetup()
+    extra_conf = dict(extra_conf or {})
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    builder = (SparkSession.builder.master(master).appName("metalog-spark")
-               .config("spark.ui.enabled", "true" if ui else "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-               .config("spark.sql.adaptive.enabled", "true")
-               # Whole segment files (up to 64 MiB each) are rows of the binaryFile
-               # source; in local mode the executors live in the driver JVM.
-               .config("spark.driver.memory", driver_memory)
-               # One segment (<= 64 MiB by default) per input split: bounds a task's memory.
-               .config("spark.sql.files.maxPartitionBytes", str(64 << 20)))
-    for k, v in (extra_conf or {}).items():
+    builder = SparkSession.builder.appName("metalog-spark")
+    if not setup.submitted:
+        master = master or "local[*]"
+        builder = builder.master(master)
+        os.environ.setdefault("PYSPARK_SUBMIT_ARGS", _submit_args(driver_memory, extra_conf))
+    defaults = {"spark.ui.enabled": "true" if ui else "false",
+                "spark.ui.showConsoleProgress": "false",
+                "spark.sql.shuffle.partitions": str(shuffle_partitions),
+                "spark.sql.execution.arrow.pyspark.enabled": "true",
+                "spark.sql.adaptive.enabled": "true",
+                # One segment (<= 64 MiB by default) per input split: bounds a task's memory.
+                "spark.sql.files.maxPartitionBytes": str(64 << 20)}
+    for k, v in {**defaults, **extra_conf}.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    if ship_code if ship_code is not None else not master.startswith("local"):
-        spark.sparkContext.addPyFile(_code_zip())
+    if setup.submitted:
+        master = spark.sparkContext.master
+    if ship_code if ship_code is not None else not (setup.submitted or master.startswith("local")):
+        tmp = tempfile.mkdtemp(prefix="metalog-spark-")
+        setup.temp_dirs.append(tmp)
+        spark.sparkContext.addPyFile(build_package(os.path.join(tmp, "metalog_code.zip")))
     return spark
 
 
@@ -380,9 +463,19 @@ class Analysis:
             raise InputError(f"cannot read the inputs: {str(exc).splitlines()[0]}") from None
         self.decoded = files.mapInArrow(_decode_partition, _schema(D.DECODED_FIELDS))
         self.decoded.persist(StorageLevel.MEMORY_AND_DISK)
+        t0 = time.monotonic()
         small = (self.decoded.filter(~f.col("kind").isin("rec", "snaprec"))
                  .drop("value").collect())
         self._summarize(small)
+        segs = [sg for rp in self.replicas.values() for sg in rp["segments"]]
+        records = sum(sg["records"] for sg in segs)
+        batches = sum(sg.get("batches", 0) for sg in segs)
+        elapsed = max(time.monotonic() - t0, 1e-6)
+        self.report["read"] = {"files": len(segs), "batches": batches, "records": records,
+                               "seconds": round(elapsed, 2), "records_per_s": round(records / elapsed)}
+        self.progress.set_phase(f"read {records} records in {batches} batches from {len(segs)} "
+                                f"segment(s) of {len(self.replicas)} replica(s), "
+                                f"{records / elapsed:,.0f} records/s")
 
     def _summarize(self, small) -> None:
         rep = self.report
@@ -396,8 +489,11 @@ class Analysis:
                 info["file"] = d["file"]
                 rp["segments"].append(info)
             elif d["kind"] == "err":
-                errors.append({"replica": d["replica"], "file": d["file"], "position": d["position"],
-                               "offset": d["offset"], "epoch": d["epoch"], "error": d["info"]})
+                # A stray .log/.checkpoint name is a setup problem, not damaged bytes.
+                cat = "configuration" if "is not a segment or snapshot file" in d["info"] else "corruption"
+                errors.append({"category": cat, "replica": d["replica"], "file": d["file"],
+                               "position": d["position"], "offset": d["offset"], "epoch": d["epoch"],
+                               "error": d["info"]})
             elif d["kind"] == "meta":
                 if d["file"] == "meta.properties":
                     rp["props"] = _parse_props(d["info"])
@@ -418,32 +514,41 @@ class Analysis:
                          or any(e["replica"] == k for e in errors)}
         if not self.replicas:
             raise InputError(f"no metadata log segments found under {', '.join(self.inputs)}")
-        # Continuity across segments and cluster ids.
-        ids = {p["props"].get("cluster.id") for p in self.replicas.values()} - {None}
-        if self.cluster_id is None:
-            if len(ids) > 1:
-                errors.append({"replica": None, "file": "meta.properties", "position": None,
-                               "offset": None, "epoch": None,
-                               "error": f"replicas from different clusters: {sorted(ids)}"})
-            self.cluster_id = next(iter(ids)) if len(ids) == 1 else ""
+        # Cluster ids: replicas of another cluster are excluded from the vote.
+        warnings: list[dict] = []
+        ids = [p["props"].get("cluster.id") for p in self.replicas.values()]
+        ids = [i for i in ids if i]
+        if self.cluster_id is None and ids:
+            from collections import Counter
+
+            ranked = Counter(ids).most_common()
+            if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
+                raise InputError(f"replicas from different clusters and no majority among them: "
+                                 f"{sorted(set(ids))}; name the cluster with --cluster-id")
+            self.cluster_id = ranked[0][0]
+        self.cluster_id = self.cluster_id or ""
+        foreign = {name for name, rp in self.replicas.items()
+                   if self.cluster_id and rp["props"].get("cluster.id")
+                   and rp["props"]["cluster.id"] != self.cluster_id}
+        for name in sorted(foreign):
+            cid = self.replicas[name]["props"]["cluster.id"]
+            warnings.append({"category": "configuration", "replica": name, "file": "meta.properties",
+                             "warning": f"replica belongs to cluster {cid!r}, not {self.cluster_id!r}: "
+                                        "excluded from the vote"})
+        self.excluded = foreign
         for name, rp in sorted(self.replicas.items()):
             segs = sorted(rp["segments"], key=lambda s: s["base_offset"])
             rp["segments"] = segs
             rp["node_id"] = rp["props"].get("node.id")
-            cid = rp["props"].get("cluster.id")
-            if self.cluster_id and cid and cid != self.cluster_id:
-                errors.append({"replica": name, "file": "meta.properties", "position": None,
-                               "offset": None, "epoch": None,
-                               "error": f"replica belongs to cluster {cid!r}, not {self.cluster_id!r}"})
             for prev, nxt in zip(segs, segs[1:]):
                 if prev["end_offset"] != nxt["base_offset"]:
-                    errors.append({"replica": name, "file": nxt["file"], "position": 0,
-                                   "offset": nxt["base_offset"], "epoch": nxt["first_epoch"],
+                    errors.append({"category": "corruption", "replica": name, "file": nxt["file"],
+                                   "position": 0, "offset": nxt["base_offset"], "epoch": nxt["first_epoch"],
                                    "error": f"segment starts at {nxt['base_offset']} but the previous "
                                             f"one ({prev['file']}) ends at {prev['end_offset']}"})
                 if nxt["first_epoch"] >= 0 and nxt["first_epoch"] < prev["last_epoch"]:
-                    errors.append({"replica": name, "file": nxt["file"], "position": 0,
-                                   "offset": nxt["base_offset"], "epoch": nxt["first_epoch"],
+                    errors.append({"category": "corruption", "replica": name, "file": nxt["file"],
+                                   "position": 0, "offset": nxt["base_offset"], "epoch": nxt["first_epoch"],
                                    "error": f"epoch went backwards across segments: "
                                             f"{nxt['first_epoch']} after {prev['last_epoch']}"})
             # The log-start-offset file may be past the first segment's base
@@ -454,14 +559,20 @@ class Analysis:
             for s in rp["snapshots"]:
                 if self.cluster_id and s["cluster_id"] and s["cluster_id"] != self.cluster_id:
                     s["foreign"] = True
-                    errors.append({"replica": name, "file": s["file"], "position": 0,
-                                   "offset": s["end_offset"], "epoch": s["epoch"],
-                                   "error": f"snapshot from another cluster: its header says cluster "
-                                            f"{s['cluster_id']!r}, this cluster is {self.cluster_id!r}"})
+                    warnings.append({"category": "configuration", "replica": name, "file": s["file"],
+                                     "warning": f"snapshot from another cluster: its header says cluster "
+                                                f"{s['cluster_id']!r}, this cluster is {self.cluster_id!r}; "
+                                                "not used"})
+        # Damage in an excluded replica does not fail the job: it is not this cluster's.
+        errors = [e for e in errors if e.get("replica") not in foreign]
         self.errors = errors
-        self.snapshots = [s for s in snaps if not s.get("foreign")]
+        self.warnings = warnings
+        for w in warnings:
+            err_line(f"metalog spark: warning: {w['replica']}/{w['file']}: {w['warning']}")
+        self.snapshots = [s for s in snaps if not s.get("foreign") and s["replica"] not in foreign]
         rep["cluster_id"] = self.cluster_id
         rep["errors"] = errors
+        rep["warnings"] = warnings
         rep["ignored_files"] = ignored[:DIFFS_LISTED_MAX]
         rep["replicas"] = {
             name: {"node_id": rp["node_id"], "log_start_offset": rp["log_start"],
@@ -476,13 +587,16 @@ class Analysis:
         from pyspark.sql import functions as f
 
         self.progress.set_phase("voting: majority value per offset")
-        with_log = {k: v for k, v in self.replicas.items() if v["log_start"] is not None}
+        with_log = {k: v for k, v in self.replicas.items()
+                    if v["log_start"] is not None and k not in self.excluded}
         if not with_log:
             raise InputError("no replica holds log segments: nothing to replay")
         n = len(with_log)
         quorum = n // 2 + 1
         self.start = min(v["log_start"] for v in with_log.values())
         recs = self.decoded.filter(f.col("kind") == "rec")
+        if self.excluded:
+            recs = recs.filter(~f.col("replica").isin(sorted(self.excluded)))
         for name, rp in with_log.items():
             if rp["log_start"] > rp["segments"][0]["base_offset"]:
                 recs = recs.filter(~((f.col("replica") == name) & (f.col("offset") < rp["log_start"])))
@@ -521,16 +635,17 @@ class Analysis:
         diffs = (recs.select("replica", "offset", "epoch", "digest").join(mj, "offset", "left")
                  .filter(f.col("m_digest").isNull() | (f.col("m_epoch") != f.col("epoch"))
                          | (f.col("m_digest") != f.col("digest")))
-                 .groupBy("replica").agg(f.min(f.struct("offset", "epoch")).alias("first"))
+                 .groupBy("replica").agg(f.min(f.struct("offset", "epoch", "m_epoch")).alias("first"))
                  .collect())
-        first_diff = {row["replica"]: (row["first"]["offset"], row["first"]["epoch"], "differs")
+        first_diff = {row["replica"]: (row["first"]["offset"], row["first"]["epoch"],
+                                       _diff_kind(row["first"]["epoch"], row["first"]["m_epoch"]))
                       for row in diffs}
         for e in self.errors:  # a corrupt batch is a difference where it starts
             rname, off = e["replica"], e["offset"]
             if rname in with_log and off is not None:
                 cur = first_diff.get(rname)
                 if cur is None or off < cur[0]:
-                    first_diff[rname] = (off, e["epoch"], "corrupt: " + e["error"])
+                    first_diff[rname] = (off, e["epoch"], "corruption: " + e["error"])
         audit = {}
         self.breach = False
         for name, rp in sorted(with_log.items()):
@@ -543,20 +658,36 @@ class Analysis:
                     entry["status"] = "behind"
             else:
                 below = fd[0] < self.hw
+                category = fd[2].split(":", 1)[0] if below else "uncommitted tail"
                 entry.update(first_diff_offset=fd[0], first_diff_epoch=fd[1], why=fd[2],
-                             below_hw=below,
-                             status="safety breach (differs below the HW)" if below
-                             else "uncommitted tail (differs above the HW)")
+                             below_hw=below, category=category,
+                             status=(f"{fd[2]} (below the HW {self.hw})" if below
+                                     else "uncommitted tail (differs at or above the HW)"))
                 self.breach |= below
             audit[name] = entry
         self.first_diff = first_diff
         self.report["audit"] = audit
 
 
+def _diff_kind(epoch: int, majority_epoch: int | None) -> str:
+    """Why a replica's record differs from the majority's at one offset:
+    the same epoch with other bytes means two leaders in one epoch; a later
+    epoch means a leader overwrote a committed record (lost); an earlier
+    epoch is a replica holding records a later leader replaced (divergence)."""
+    if majority_epoch is None:
+        return "divergence: no majority value at this offset"
+    if epoch == majority_epoch:
+        return f"safety violation: two leaders in epoch {epoch} (different records at one offset)"
+    if epoch > majority_epoch:
+        return (f"safety violation: committed record lost (the majority holds epoch "
+                f"{majority_epoch}, this replica overwrote it in epoch {epoch})")
+    return f"divergence: this replica holds epoch {epoch} where the majority holds epoch {majority_epoch}"
+
+
 def _entity_name(sec: int, s1: str, n1: int, s2: str, s3: str) -> str:
     return {F.SEC_FEATURE: f"feature {s1}", F.SEC_BROKER: f"broker {n1}",
             F.SEC_TOPIC: f"topic {s1}", F.SEC_PARTITION: f"partition {s1}/{n1}",
-            F.SEC_CONFIG: f"config ({n1}, {s2!r}, {s3!r})"}.get(sec, f"unknown record {s1}")
+            F.SEC_CONFIG: f"config ({n1}, {s2!r}, {s3!r})", F.SEC_ACL: f"acl {s1}"}.get(sec, f"unknown record {s1}")
 
 
 def _record_json(value: bytes | None):
@@ -645,6 +776,7 @@ class Replay:
         agg = out.groupBy("rowtype").agg(f.count(f.lit(1)).alias("n"),
                                          f.sum("invalid").alias("invalid")).collect()
         self.invalid = int(sum(x["invalid"] or 0 for x in agg if x["rowtype"] == "invalid"))
+        self.data_records = int(sum(x["invalid"] or 0 for x in agg if x["rowtype"] == "data"))
         self.states = out.filter(f.col("rowtype") == "state")
         self.records_replayed = keyed.count()
 
@@ -693,14 +825,28 @@ def _epoch_and_ts_at(an: Analysis, offset: int) -> tuple[int, int]:
     return int(row["epoch"]), int(row["ts"] or 0)
 
 
-def _finish(report: dict, args, started: float) -> None:
+def _finish(report: dict, args, started: float, spark=None) -> None:
+    """Writes the JSON report (a local path, or any Hadoop URI while Spark is up)."""
     report["elapsed_s"] = round(time.monotonic() - started, 2)
-    path = args.report or (os.path.join(args.out, "report.json") if getattr(args, "out", None) else None)
-    if path:
+    out = getattr(args, "out", None)
+    path = args.report or ((out.rstrip("/") + "/report.json") if out else None)
+    if not path:
+        return
+    report["report_path"] = path
+    if _is_local_path(path):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as fh:
             json.dump(report, fh, indent=2, default=str)
-        report["report_path"] = path
+        return
+    if spark is None:
+        raise InputError(f"cannot write the report to {path}: Spark is not running (see the error above)")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="metalog-spark-report-") as tmp:
+        local = os.path.join(tmp, "report.json")
+        with open(local, "w") as fh:
+            json.dump(report, fh, indent=2, default=str)
+        _hadoop_put(spark, local, path)
 
 
 def _summary_lines(report: dict) -> list[str]:
@@ -719,13 +865,16 @@ def _summary_lines(report: dict) -> list[str]:
             where += f" at byte {e['position']}"
         if e.get("offset") is not None:
             where += f" offset {e['offset']}"
-        lines.append(f"  error: {where + ': ' if where else ''}{e['error']}")
+        lines.append(f"  {e.get('category', 'error')}: {where + ': ' if where else ''}{e['error']}")
     if len(report.get("errors", [])) > 10:
         lines.append(f"  ... {len(report['errors']) - 10} more error(s) in the report")
     if "snapshot" in report:
         s = report["snapshot"]
-        lines.append(f"  wrote {s['path']} ({s['records']} records, {s['bytes']} bytes) from "
-                     f"{report['replay']['records']} log records of {report['replay']['source']}")
+        if s.get("published"):
+            lines.append(f"  wrote {s['path']} ({s['records']} records, {s['bytes']} bytes) from "
+                         f"{report['replay']['records']} log records of {report['replay']['source']}")
+        else:
+            lines.append(f"  no checkpoint written: {s['name']} was built but failed validation")
     for c in report.get("comparisons", []):
         lines.append(f"  vs broker snapshot {c['snapshot']}: "
                      + ("equal" if c["equal"] else f"{c['differing_entities']} entity(ies) differ"))
@@ -736,54 +885,215 @@ def _summary_lines(report: dict) -> list[str]:
     return lines
 
 
+class EnvironmentFailure(Exception):
+    """Spark could not run (no Java, the JVM or the master failed): exit 3."""
+
+
+CAUSE_LINKS_MAX = 8
+CAUSE_LINK_CHARS_MAX = 240
+
+
+def cause_chain(exc: BaseException) -> str:
+    """The whole cause chain of a Python or Java (Py4J) failure, one short line
+    per link, root cause last: Spark's first line is rarely the real reason."""
+    links: list[str] = []
+    java = getattr(exc, "java_exception", None) or getattr(exc, "_origin", None)
+    if java is not None:
+        try:
+            t = java
+            while t is not None and len(links) < CAUSE_LINKS_MAX:
+                links.append(str(t.toString()))
+                t = t.getCause()
+        except Exception as jvm_exc:  # the JVM may be gone: keep what we have
+            links.append(f"(rest of the Java cause chain unavailable: {type(jvm_exc).__name__})")
+    if not links:
+        e: BaseException | None = exc
+        while e is not None and len(links) < CAUSE_LINKS_MAX:
+            first = (str(e).strip().splitlines() or [""])[0]
+            links.append(f"{type(e).__name__}: {first}" if first else type(e).__name__)
+            e = e.__cause__ or e.__context__
+    short = []
+    for link in links:
+        line = " ".join(link.split())
+        if len(line) > CAUSE_LINK_CHARS_MAX:
+            line = line[:CAUSE_LINK_CHARS_MAX - 3] + "..."
+        if not short or short[-1] != line:
+            short.append(line)
+    return " <- caused by: ".join(short)
+
+
+def first_failure(report: dict) -> dict | None:
+    """The first failing check, in the order the job runs them: file checks,
+    the replicas' audit, the comparison with the brokers' snapshots."""
+    for e in report.get("errors", []):
+        where = "/".join(str(e[k]) for k in ("replica", "file") if e.get(k) is not None)
+        return {"category": e.get("category", "corruption"), "check": e["error"], "where": where}
+    audits = [(a["first_diff_offset"], n, a) for n, a in report.get("audit", {}).items() if a.get("below_hw")]
+    for off, name, a in sorted(audits, key=lambda x: (x[0], x[1])):
+        return {"category": a["category"], "check": a["status"],
+                "where": f"replica {name} at offset {off} epoch {a.get('first_diff_epoch')}"}
+    for c in report.get("comparisons", []):
+        if not c["equal"]:
+            return {"category": "divergence", "where": c["snapshot"],
+                    "check": f"broker snapshot differs from the rebuilt state in "
+                             f"{c['differing_entities']} entity(ies)"}
+    return None
+
+
 def run(args) -> int:
     """Both commands; returns the exit code and prints the summary."""
+    _normalize(args)
     started = time.monotonic()
     report: dict = {"command": args.spark_command, "inputs": args.inputs, "result": "running"}
     code = EXIT_OK
-    spark = progress = None
+    spark = progress = an = None
+    setup = SparkSetup()
+    staged = None
     try:
         try:
+            if not setup.submitted and not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+                raise EnvironmentFailure("no Java found: install a JDK (17 or 21) or set JAVA_HOME")
             spark = get_spark(args.master, ui=args.ui, shuffle_partitions=args.shuffle_partitions,
-                              driver_memory=args.driver_memory)
-        except Exception as exc:  # no Java, bad master URL ...
-            raise InputError(f"cannot start Spark ({args.master}): {str(exc).splitlines()[0]}") from None
+                              driver_memory=args.driver_memory, extra_conf=args.conf, setup=setup)
+            report["master"] = spark.sparkContext.master
+            if setup.submitted:
+                global _jvm_stderr
+                _jvm_stderr = spark.sparkContext._jvm.System.err
+                if args.master:
+                    err_line(f"metalog spark: warning: --master {args.master} ignored: under "
+                             "spark-submit the master is spark-submit's --master")
+            report["spark_submit"] = setup.submitted
+            conf = spark.sparkContext.getConf()
+            report["spark_conf"] = {k: conf.get(k, None) for k in ("spark.driver.memory", "spark.app.name")}
+            report["spark_conf"].update({k: conf.get(k, None) for k in args.conf})
+            report["driver_heap_mb"] = round(
+                spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() / (1 << 20))
+            if not args.verbose:
+                spark.sparkContext.setLogLevel("ERROR")
+        except EnvironmentFailure:
+            raise
+        except Exception as exc:  # the JVM did not start, bad master URL ...
+            raise EnvironmentFailure(f"cannot start Spark ({args.master or 'spark-submit master'}): "
+                                     f"{cause_chain(exc)}") from None
         progress = Progress(spark, enabled=not args.quiet).start()
         an = Analysis(spark, args.inputs, progress, report, cluster_id=args.cluster_id)
         an.load()
         an.vote(args.upto)
-        failed = bool(an.errors) or an.breach
         if args.spark_command == "snapshot":
-            code = _snapshot(args, an, report, progress)
-        if failed:
+            staged = _snapshot(args, an, report, progress)
+        failure = first_failure(report)
+        if failure is not None:
             code = EXIT_VALIDATION
-        report["result"] = {EXIT_OK: "ok", EXIT_VALIDATION: "validation FAILED"}.get(code, "error")
+            report["first_failure"] = failure
+        elif staged is not None:
+            _publish(staged, report)
+        report["result"] = "ok" if code == EXIT_OK else "validation FAILED"
+        _say_first_failure(report)
     except InputError as exc:
-        report["result"] = "bad input"
-        report.setdefault("errors", []).append({"error": str(exc)})
-        print(f"metalog spark: {exc}", file=sys.stderr)
-        code = EXIT_INPUT
-    except Exception as exc:  # a bug or an environment failure: still a report and a clear line
+        report.setdefault("errors", [])
+        failure = first_failure(report) if an is not None else None
+        if failure is not None:  # e.g. a corrupt snapshot left nothing to replay from
+            report["result"] = "validation FAILED"
+            report["first_failure"] = failure
+            report["errors"].append({"category": "input", "error": str(exc)})
+            code = EXIT_VALIDATION
+            _say_first_failure(report)
+        else:
+            report["result"] = "bad input"
+            report["errors"].append({"category": "input", "error": str(exc)})
+            code = EXIT_INPUT
+        err_line(f"metalog spark: {exc}")
+    except EnvironmentFailure as exc:
+        report["result"] = "environment failure"
+        report.setdefault("errors", []).append({"category": "environment", "error": str(exc)})
+        err_line(f"metalog spark: {exc}")
+        code = EXIT_FAILED
+    except Exception as exc:  # Spark failed mid-job or a bug: a report and the whole cause chain
         import traceback
 
-        traceback.print_exc()
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if args.verbose:
+            traceback.print_exc()
+        chain = cause_chain(exc)
         report["result"] = "job failed"
-        report.setdefault("errors", []).append({"error": f"{type(exc).__name__}: {first}"})
-        print(f"metalog spark: the job failed: {type(exc).__name__}: {first}", file=sys.stderr)
+        report.setdefault("errors", []).append({"category": "environment", "error": chain})
+        err_line(f"metalog spark: the job failed: {chain}")
         code = EXIT_FAILED
     finally:
+        if staged is not None:
+            _discard(staged)  # a no-op once published
         if progress is not None:
             progress.set_phase("done")
             progress.stop()
+        try:
+            _finish(report, args, started, spark)
+        except Exception as exc:  # the report could not be written: say so, exit non-zero
+            err_line(f"metalog spark: cannot write the report: {cause_chain(exc)}")
+            report.pop("report_path", None)
+            code = code or EXIT_FAILED
         if spark is not None and not args.keep_session:
             spark.stop()
-    _finish(report, args, started)
+        setup.cleanup()
+        _reset_stderr()
     print("\n".join(_summary_lines(report)))
     return code
 
 
-def _snapshot(args, an: Analysis, report: dict, progress: Progress) -> int:
+def _is_local_path(path: str) -> bool:
+    """A plain local path (no URI scheme): written with Python's own file IO."""
+    return re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", path) is None
+
+
+def _hadoop_fs(spark, uri: str):
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    return path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path
+
+
+def _hadoop_put(spark, local_file: str, uri: str) -> None:
+    """Copy a finished local file to any Hadoop URI (file://, hdfs://, s3a://...):
+    to a temp name first, then a rename, so readers never see a partial file."""
+    fs, dst = _hadoop_fs(spark, uri)
+    jvm = spark.sparkContext._jvm
+    tmp = jvm.org.apache.hadoop.fs.Path(uri + ".tmp")
+    fs.mkdirs(dst.getParent())
+    fs.copyFromLocalFile(False, True, jvm.org.apache.hadoop.fs.Path("file://" + os.path.abspath(local_file)),
+                         tmp)
+    if fs.exists(dst):
+        fs.delete(dst, False)
+    if not fs.rename(tmp, dst):
+        raise OSError(f"cannot rename {uri}.tmp to {uri} (Hadoop FileSystem.rename returned false)")
+
+
+def _say_first_failure(report: dict) -> None:
+    ff = report.get("first_failure")
+    if ff:
+        err_line(f"metalog spark: validation FAILED: {ff['category']}: {ff['check']}"
+                 + (f" ({ff['where']})" if ff.get("where") else ""))
+
+
+def _publish(staged: dict, report: dict) -> None:
+    """Validation passed: move the staged checkpoint to its bootable name."""
+    from storage.atomic import fsync_dir
+
+    if staged.get("spark") is not None:  # --out is a Hadoop URI
+        _hadoop_put(staged["spark"], staged["staged_path"], staged["final_path"])
+    else:
+        os.replace(staged["staged_path"], staged["final_path"])
+        fsync_dir(os.path.dirname(staged["final_path"]))
+    _discard(staged)
+    report["snapshot"]["path"] = staged["final_path"]
+    report["snapshot"]["published"] = True
+
+
+def _discard(staged: dict) -> None:
+    import shutil
+
+    shutil.rmtree(staged["staging_dir"], ignore_errors=True)
+
+
+def _snapshot(args, an: Analysis, report: dict, progress: Progress) -> dict:
+    """Replays and writes the checkpoint into a staging dir under --out (a
+    name no broker loads); run() publishes it only if every check passed."""
     from protocol.messages import SnapshotId
     from storage.snapshot import SnapshotWriter, snapshot_filename
 
@@ -800,54 +1110,141 @@ def _snapshot(args, an: Analysis, report: dict, progress: Progress) -> int:
     replay.run(compare + [target])
     epoch, ts = _epoch_and_ts_at(an, target - 1)
     sid = SnapshotId(target, epoch)
-    os.makedirs(args.out, exist_ok=True)
-    final = os.path.join(args.out, snapshot_filename(sid))
-    if os.path.exists(final):
-        os.unlink(final)  # a rerun replaces its own output
-    progress.set_phase(f"writing {snapshot_filename(sid)}")
-    writer = SnapshotWriter(args.out, sid, ts, an.cluster_id or "")
+    if _is_local_path(args.out):
+        os.makedirs(args.out, exist_ok=True)
+        final = os.path.join(args.out, snapshot_filename(sid))
+        if os.path.exists(final):
+            os.unlink(final)  # a rerun replaces its own output
+        staging = os.path.join(args.out, f".staging-{os.getpid()}")
+        if os.path.exists(staging):
+            _discard({"staging_dir": staging})
+        os.makedirs(staging)
+        staged = {"staging_dir": staging, "final_path": final}
+    else:  # a Hadoop URI: build on the driver's disk, copy through Hadoop's FileSystem
+        import tempfile
+
+        staging = tempfile.mkdtemp(prefix="metalog-spark-out-")
+        final = args.out.rstrip("/") + "/" + snapshot_filename(sid)
+        fs, path = _hadoop_fs(an.spark, final)
+        if fs.exists(path):
+            fs.delete(path, False)  # a rerun replaces its own output
+        staged = {"staging_dir": staging, "final_path": final, "spark": an.spark}
+    progress.set_phase(f"writing {snapshot_filename(sid)} (staged until validated)")
+    writer = SnapshotWriter(staging, sid, ts, an.cluster_id or "")
     path, size, count = writer.write_all(replay.state_rows(target))
+    staged["staged_path"] = path
     elapsed = time.monotonic() - t0
     report["replay"] = {"source": replay.source, "records": replay.records_replayed,
-                        "invalid_records": replay.invalid, "start_offset": an.start,
+                        "invalid_records": replay.invalid, "data_records": replay.data_records,
+                        "start_offset": an.start,
                         "base_snapshot": replay.base and replay.base["file"],
                         "side_table_rows": replay.side_rows, "seconds": round(elapsed, 2),
                         "records_per_s": round(replay.records_replayed / elapsed) if elapsed else None}
-    report["snapshot"] = {"path": path, "end_offset": sid.end_offset, "epoch": sid.epoch,
+    report["snapshot"] = {"path": None, "name": os.path.basename(final), "published": False,
+                          "end_offset": sid.end_offset, "epoch": sid.epoch,
                           "records": count, "bytes": size}
     progress.set_phase("comparing with the brokers' snapshots")
-    comparisons = [replay.compare(s) for s in an.snapshots if s["end_offset"] in compare]
-    report["comparisons"] = comparisons
-    return EXIT_OK if all(c["equal"] for c in comparisons) else EXIT_VALIDATION
+    report["comparisons"] = [replay.compare(s) for s in an.snapshots if s["end_offset"] in compare]
+    return staged
 
 
 # ------------------------------------------------------------------ CLI
 
 
+EXIT_CODES_HELP = """exit codes:
+  0  valid: every check passed (snapshot: the .checkpoint was written)
+  1  validation failed: the first failing check is named on stderr; categories
+     corruption, divergence, safety violation, configuration; no .checkpoint written
+  2  usage or unusable input (missing dir, no log files, nothing to replay)
+  3  environment: no Java, Spark failed to start or failed mid-job (cause chain on stderr)"""
+
+SPARK_EPILOG = EXIT_CODES_HELP + """
+
+examples:
+  metalog spark snapshot run/cluster/node-*/data --out spark-out
+  metalog spark audit run/cluster/node-*/data --report audit.json
+  metalog spark package --out metalog_code.zip
+  spark-submit --master spark://HOST:7077 --driver-memory 4g --py-files metalog_code.zip \\
+      tools/spark_job.py snapshot hdfs:///backups/node-1/data ... --out /tmp/spark-out
+progress goes to stderr, the summary to stdout, the JSON report to --report/OUT/report.json;
+see docs/spark.md."""
+
+
+def _conf_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"--conf wants KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", help="broker data dirs (or copies; any Hadoop path)")
-    p.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+    p.add_argument("--master", default=None,
+                   help="Spark master URL when the job runs directly (default local[*]); "
+                        "under spark-submit its --master applies and this is ignored")
+    p.add_argument("--conf", type=_conf_pair, action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting, passed through (repeatable)")
     p.add_argument("--report", help="where the JSON report goes (default OUT/report.json)")
-    p.add_argument("--cluster-id", help="expected cluster id (default: from meta.properties)")
+    p.add_argument("--cluster-id", help="expected cluster id (default: the one most replicas' "
+                                        "meta.properties name; other replicas are excluded)")
     p.add_argument("--shuffle-partitions", type=int, default=8)
     p.add_argument("--driver-memory", default="4g",
-                   help="JVM heap of the driver (in local mode the executors' too); default 4g")
+                   help="JVM heap of the driver when the job starts the JVM itself (in local mode "
+                        "the executors' too); default 4g. Under spark-submit: its --driver-memory")
     p.add_argument("--ui", action="store_true", help="enable the Spark UI")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--verbose", action="store_true",
+                   help="Spark's own warnings and Python tracebacks on failures")
     p.set_defaults(func=run, keep_session=False)
 
 
+def _normalize(args) -> None:
+    args.conf = dict(getattr(args, "conf", None) or [])
+
+
+def run_package(args) -> int:
+    """metalog spark package: the code archive for --py-files."""
+    out = os.path.abspath(args.out)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    tmp = out + ".tmp"
+    build_package(tmp)
+    os.replace(tmp, out)
+    with zipfile.ZipFile(out) as z:
+        n = len(z.namelist())
+    print(f"wrote {out} ({n} modules, {os.path.getsize(out)} bytes): pass it to spark-submit "
+          f"with --py-files {out}")
+    return EXIT_OK
+
+
 def register_cli(subparsers) -> None:
-    p = subparsers.add_parser("spark", help="offline Spark job: rebuild snapshots, audit replicas")
+    p = subparsers.add_parser(
+        "spark", help="offline Spark job: rebuild snapshots, audit replicas",
+        description="Offline Spark job over broker data dirs: validate every batch, vote the "
+                    "committed prefix (HW), audit each replica against the majority, and replay "
+                    "the committed log into a .checkpoint a broker can boot from.",
+        epilog=SPARK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="spark_command", required=True)
-    s = sub.add_parser("snapshot", help="replay the committed log into a .checkpoint and validate it")
+    s = sub.add_parser("snapshot", help="replay the committed log into a .checkpoint and validate it",
+                       description="Replay the committed prefix (up to the majority HW or --upto) into "
+                                   "a .checkpoint, compare with the brokers' own snapshots; the "
+                                   ".checkpoint is published only if every check passes.",
+                       epilog=SPARK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(s)
     s.add_argument("--upto", type=int, help="end offset of the snapshot (default: the majority HW)")
     s.add_argument("--out", default="spark-out", help="output dir for the .checkpoint and report")
-    a = sub.add_parser("audit", help="compare all replicas' logs with the majority")
+    a = sub.add_parser("audit", help="compare all replicas' logs with the majority",
+                       description="Find the HW and, per replica, the first offset where it differs "
+                                   "from the majority and why (corruption, divergence, safety violation).",
+                       epilog=SPARK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(a)
     a.add_argument("--hw", dest="upto", type=int, help="the HW to judge against (default: majority)")
     a.add_argument("--out", default=None, help="dir for report.json (default: none; see --report)")
+    k = sub.add_parser("package", help="build the code archive shipped to executors (--py-files)",
+                       description="Zip the packages the executors import (storage, broker, protocol, "
+                                   "tools) for spark-submit --py-files on a standalone, YARN or "
+                                   "Kubernetes cluster.")
+    k.add_argument("--out", default="metalog_code.zip", help="archive path (default metalog_code.zip)")
+    k.set_defaults(func=run_package)
 
 
 def main(argv: list[str] | None = None) -> int:

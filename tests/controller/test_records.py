@@ -25,6 +25,9 @@ records = st.one_of(
     st.builds(r.UnfenceBroker, small, small),
     st.builds(r.RemoveTopic, text),
     st.builds(r.FeatureLevel, text, small),
+    st.builds(r.AccessControlEntry, text, st.sampled_from([2, 4]), text, st.sampled_from([3, 4]), text, text,
+              st.integers(0, 12), st.sampled_from([2, 3])),
+    st.builds(r.RemoveAccessControlEntry, text),
     st.just(r.NoOp()),
 )
 
@@ -42,6 +45,8 @@ def test_kafka_api_keys():
     assert r.encode_record(r.FenceBroker(1, 2))[:4] == struct.pack(">hh", 7, 0)
     assert r.encode_record(r.NoOp())[:2] == struct.pack(">h", 20)
     assert r.encode_record(r.PartitionChange("t", 0)).startswith(struct.pack(">h", 5))
+    assert r.encode_record(r.AccessControlEntry("i", 2, "t", 3, "User:a", "*", 4, 3))[:2] == struct.pack(">h", 6)
+    assert r.encode_record(r.RemoveAccessControlEntry("i"))[:2] == struct.pack(">h", 16)
 
 
 def test_partition_change_defaults_mean_no_change():
@@ -55,8 +60,8 @@ def test_too_short():
 
 
 def test_unknown_key():
-    with pytest.raises(r.MetadataRecordError, match="unknown metadata record api key 6"):
-        r.decode_record(struct.pack(">hh", 6, 0) + b"\x90")
+    with pytest.raises(r.MetadataRecordError, match="unknown metadata record api key 11"):
+        r.decode_record(struct.pack(">hh", 11, 0) + b"\x90")
 
 
 def test_unknown_version():

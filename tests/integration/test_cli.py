@@ -4,6 +4,7 @@ consume, controller commands, /metadata, dump."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import glob
 import json
 import os
@@ -80,15 +81,31 @@ async def test_produce_consume_and_controller_commands_through_the_cli(make_clus
     for part in state["partitions"]:
         assert 2 not in part["isr"] or len(part["isr"]) == 1, "fenced broker 2 still in a multi-member ISR"
 
+    # consume shows the controller's records decoded, one JSON line each; --raw the bytes.
+    out = await asyncio.to_thread(run, "consume", "--from", "earliest", "--idle-exit-s", "1")
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["value"] for r in lines if r["type"] == "data"] == ["hello", "world"]
+    registered = [r for r in lines if r["type"] == "RegisterBroker"]
+    assert [r["fields"]["broker_id"] for r in registered] == [1, 2, 3]
+    assert all(r["version"] == 0 and r["epoch"] >= 1 for r in registered)
+    assert any(r["type"] == "Topic" and r["fields"]["name"] == "orders" for r in lines)
+    out = await asyncio.to_thread(run, "consume", "--from", "earliest", "--max-records", "2", "--raw")
+    assert out.returncode == 0, out.stderr
+    raw = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [base64.b64decode(r["value"]) for r in raw] == [b"hello", b"world"]
+
 
 def test_dump_decodes_a_segment_written_by_a_broker(tmp_path):
     result = metalog("cluster", "up", "--dir", str(tmp_path), "--base-port", "0", "--exit-when-ready")
     assert result.returncode == 0, result.stderr
     segments = glob.glob(os.path.join(str(tmp_path), "node-1", "data", "__cluster_metadata-0", "*.log"))
     assert segments
-    out = metalog("dump", segments[0])
+    out = metalog("dump", segments[0], "--print-data-log")
     assert out.returncode == 0, out.stderr
-    assert "LeaderChange" in out.stdout
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert lines[0]["batch"]["base_offset"] == 0 and lines[0]["batch"]["is_control"]
+    assert lines[1]["type"] == "LeaderChange" and lines[1]["control"] and "fields" in lines[1]
     bad = tmp_path / "00000000000000000000-0000000001.checkpoint"
     bad.write_bytes(b"not a snapshot")
     out = metalog("dump", str(bad))

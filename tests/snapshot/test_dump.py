@@ -1,6 +1,9 @@
-"""tools/dump.py: readable lines for snapshots and segments, clear errors on bad files."""
+"""tools/dump.py: readable JSON lines for snapshots and segments (kafka-dump-log's
+batch lines, --deep-iteration, --print-data-log, --raw), clear errors on bad files."""
 
+import base64
 import io
+import json
 import os
 
 from broker.controller import write_controller_snapshot
@@ -15,7 +18,11 @@ from tools import dump
 def run(path, **kw):
     out, err = io.StringIO(), io.StringIO()
     rc = dump.dump(path, out, err, **kw)
-    return rc, out.getvalue().splitlines(), err.getvalue()
+    return rc, [json.loads(line) for line in out.getvalue().splitlines()], err.getvalue()
+
+
+def records(lines):
+    return [line for line in lines if "batch" not in line and "snapshot" not in line]
 
 
 def make_snapshot(tmp_path):
@@ -29,13 +36,18 @@ def test_dump_snapshot(tmp_path):
     res = make_snapshot(tmp_path)
     rc, lines, err = run(res.path)
     assert rc == 0 and err == ""
-    assert lines[0].startswith("offset=0 epoch=3 control SnapshotHeader")
-    assert lines[1].startswith('offset=1 epoch=3 RegisterBroker {"broker_id": 0')
-    assert lines[4] == ('offset=4 epoch=3 Partition {"topic_id": "T", "partition_id": 0, '
-                        '"replicas": [0, 1], "isr": [0, 1], "leader": 0, "leader_epoch": 0, '
-                        '"partition_epoch": 0}')
-    assert lines[5].startswith("offset=5 epoch=3 control SnapshotFooter")
-    assert lines[6] == f"# snapshot end_offset={res.snapshot_id.end_offset} epoch=3 records=4 bytes={res.size_bytes}"
+    recs = records(lines)
+    assert recs[0]["type"] == "SnapshotHeader" and recs[0]["control"] and recs[0]["epoch"] == 3
+    assert recs[1]["type"] == "RegisterBroker" and recs[1]["fields"]["broker_id"] == 0
+    assert recs[4] == {"offset": 4, "epoch": 3, "type": "Partition", "version": 0,
+                       "fields": {"topic_id": "T", "partition_id": 0, "replicas": [0, 1], "isr": [0, 1],
+                                  "leader": 0, "leader_epoch": 0, "partition_epoch": 0}}
+    assert recs[5]["type"] == "SnapshotFooter"
+    assert lines[-1] == {"snapshot": {"end_offset": res.snapshot_id.end_offset, "epoch": 3, "records": 4,
+                                      "bytes": res.size_bytes}}
+    # Each batch line comes before its records, with its offsets, epoch and position.
+    assert lines[0]["batch"]["base_offset"] == 0 and lines[0]["batch"]["is_control"]
+    assert lines[0]["batch"]["position"] == 0 and lines[0]["batch"]["epoch"] == 3
 
 
 def test_dump_truncated_snapshot(tmp_path):
@@ -44,21 +56,32 @@ def test_dump_truncated_snapshot(tmp_path):
         f.truncate(res.size_bytes - 1)
     rc, lines, err = run(res.path)
     assert rc == 1
-    assert lines[0].startswith("offset=0 epoch=3 control SnapshotHeader")  # what was readable
+    assert records(lines)[0]["type"] == "SnapshotHeader"  # what was readable
     assert f"{res.path}: truncated:" in err and "byte(s) after the last whole batch" in err
 
 
-def test_dump_segment_with_bad_crc_and_undecodable_record(tmp_path):
+def test_dump_segment_with_bad_crc_produced_values_and_modes(tmp_path):
     path = os.path.join(tmp_path, "00000000000000000000.log")
-    good = b.encode_batch(0, 1, [r.encode_record(r.NoOp()), b"\x00\x63\x00\x00"], 0)
-    bad = bytearray(b.encode_batch(2, 1, [r.encode_record(r.FenceBroker(1, 1))], 0))
+    good = b.encode_batch(0, 1, [r.encode_record(r.NoOp()), "héllo".encode(), b"\xff\x00bin"], 0)
+    bad = bytearray(b.encode_batch(3, 1, [r.encode_record(r.FenceBroker(1, 1))], 0))
     bad[-1] ^= 1
     open(path, "wb").write(good + bytes(bad))
     rc, lines, err = run(path)
     assert rc == 1
-    assert lines == ["offset=0 epoch=1 NoOp {}",
-                     "offset=1 epoch=1 UNDECODABLE (unknown metadata record api key 99)"]
+    assert lines[1:] == [{"offset": 0, "epoch": 1, "type": "NoOp", "version": 0, "fields": {}},
+                         {"offset": 1, "epoch": 1, "type": "data", "value": "héllo", "encoding": "utf-8"},
+                         {"offset": 2, "epoch": 1, "type": "data",
+                          "value": base64.b64encode(b"\xff\x00bin").decode(), "encoding": "base64"}]
+    batch = lines[0]["batch"]
+    assert (batch["base_offset"], batch["last_offset"], batch["count"], batch["epoch"]) == (0, 2, 3, 1)
     assert f"{path}: corrupt batch at byte {len(good)}: CRC mismatch" in err
+    # kafka-dump-log's modes: batches only; records without content; raw bytes.
+    _, lines, _ = run(path, deep=False, data=False)
+    assert [list(line) for line in lines] == [["batch"]]
+    _, lines, _ = run(path, deep=True, data=False)
+    assert lines[1:] == [{"offset": o, "epoch": 1, "size": n} for o, n in ((0, len(r.encode_record(r.NoOp()))), (1, 6), (2, 5))]
+    _, lines, _ = run(path, raw=True)
+    assert base64.b64decode(lines[2]["value"]) == "héllo".encode()
 
 
 def test_dump_missing_and_wrong_kind(tmp_path):
@@ -72,6 +95,9 @@ def test_dump_missing_and_wrong_kind(tmp_path):
 
 def test_main_entry(tmp_path, capsys):
     res = make_snapshot(tmp_path)
-    assert dump.main([res.path, "--max-records", "2"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert len(out) == 3 and out[-1].startswith("# snapshot")
+    assert dump.main([res.path, "--print-data-log", "--max-records", "2"]) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(records(out)) == 2 and "snapshot" in out[-1]
+    assert dump.main([res.path]) == 0  # without options: batch lines and the snapshot summary only
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {next(iter(line)) for line in out} == {"batch", "snapshot"}

@@ -22,7 +22,19 @@ def _check(values: list[bytes], cuts: list[int]) -> None:
         assert got == expected, f"cut {cut}: {got!r} != {expected!r}"
         assert got.to_json() == expected.to_json()
     expected_last = sequential_state(offsets, max(cuts))
-    assert invalid == expected_last.invalid_records
+    # The controller counts produced (non-metadata) records as invalid too; the
+    # Spark job counts them apart as data records: the two add up to its count.
+    data = sum(1 for o, v in offsets if o < max(cuts) and fold.key_of(v)[0] == fold.K_DATA)
+    assert invalid + data == expected_last.invalid_records
+
+
+def test_produced_records_are_data_not_invalid():
+    """Values without a metadata prefix are data records; a known api key
+    with a body that does not decode is an invalid metadata record."""
+    assert fold.key_of(b"hello, produced record")[0] == fold.K_DATA  # api key 0x6865: no such type
+    assert fold.key_of(b"x")[0] == fold.K_DATA  # shorter than the prefix
+    broken = r.encode_record(r.FenceBroker(1, 1))[:5]
+    assert fold.key_of(broken)[0] == fold.K_INVALID
 
 
 @settings(max_examples=60, deadline=None)
@@ -67,3 +79,22 @@ def test_state_rows_sort_as_to_records():
     expected = sequential_state(offsets, 300)
     got = [row.value for row in fold.iter_sorted(by_cut[300])]
     assert got == [r.encode_record(x) for x in expected.to_records()]
+
+
+def test_acl_fold_follows_the_controller_rules():
+    """An ACL id added twice keeps the first entry (the second is invalid), a
+    removal of an unknown id is invalid, a malformed entry is invalid, and a
+    re-add after removal is valid; every cut matches ControllerState."""
+    def acl(acl_id: str, op: int = 4) -> r.AccessControlEntry:
+        return r.AccessControlEntry(acl_id, 2, "__cluster_metadata", 3, "User:alice", "*", op, 3)
+
+    values = [r.encode_record(x) for x in (
+        acl("a"), acl("a", op=3), r.RemoveAccessControlEntry("b"), acl("c", op=99),
+        r.RemoveAccessControlEntry("a"), acl("a", op=8), acl("d"))]
+    by_cut, invalid = fold.replay_sequential(list(enumerate(values)), [2, 5, 7])
+    assert invalid == 3
+    final, _ = fold.state_from_rows(by_cut[7], 7)
+    assert sorted(final.acls) == ["a", "d"] and final.acls["a"].operation == 8
+    mid, _ = fold.state_from_rows(by_cut[5], 5)
+    assert mid.acls == {}
+    _check(values, [1, 2, 5, 7])

@@ -70,7 +70,14 @@ def test_snapshot_equals_state_machine_and_broker_snapshot(spark, tmp_path):
     path = rep["snapshot"]["path"]
     assert os.path.basename(path) == f"{end:020d}-{recs[-1][1]:010d}.checkpoint"
     assert state_of_checkpoint(path) == expected
-    assert rep["replay"]["invalid_records"] == expected.invalid_records > 0
+    assert rep["snapshot"]["published"] is True
+    # The workload's garbage values (unknown api key) are not metadata records:
+    # counted as data records; the controller's rule violations stay invalid.
+    replay = rep["replay"]
+    assert replay["data_records"] > 0 and replay["invalid_records"] > 0
+    assert replay["invalid_records"] + replay["data_records"] == expected.invalid_records
+    assert sorted(os.listdir(out)) == [os.path.basename(path), "r.json"]  # no staging dir left
+    assert rep["read"]["records"] == 3 * end and rep["read"]["batches"] > 0  # control records too
     # A broker boots from it: the broker's own loader accepts it, same /metadata.
     loaded = load_snapshot(SnapshotStore(str(out)), SnapshotId(end, recs[-1][1]))
     assert loaded.to_json() == expected.to_json()
@@ -101,6 +108,11 @@ def test_snapshot_mismatch_names_the_entity(spark, tmp_path):
     code, rep = run_job(spark, "snapshot", d, "--out", str(tmp_path / "out"),
                         "--report", str(tmp_path / "out" / "r.json"))
     assert code == spark_job.EXIT_VALIDATION
+    # Nothing a broker would boot from: the built checkpoint was not published.
+    assert not [f for f in os.listdir(tmp_path / "out") if ".checkpoint" in f or f.startswith(".staging")]
+    assert rep["snapshot"]["published"] is False and rep["snapshot"]["path"] is None
+    assert rep["first_failure"]["category"] == "divergence"
+    assert "broker snapshot differs from the rebuilt state in 1 entity" in rep["first_failure"]["check"]
     [cmp] = rep["comparisons"]
     assert not cmp["equal"] and cmp["differing_entities"] == 1
     diff = cmp["differences"][0]
@@ -124,7 +136,7 @@ def _flip_bit(data_dir: str, offset: int) -> tuple[str, int]:
     raise AssertionError(f"offset {offset} not found")
 
 
-def test_audit_catches_divergence_bit_flip_and_tail(spark, tmp_path):
+def test_audit_catches_divergence_bit_flip_and_tail(spark, tmp_path, capsys):
     rng = random.Random(3)
     values = random_records(rng, 300)
     tail = random_records(rng, 20)
@@ -142,13 +154,27 @@ def test_audit_catches_divergence_bit_flip_and_tail(spark, tmp_path):
     assert rep["hw"] == 300  # n1's tail has no majority
     audit = {v["node_id"]: v for v in rep["audit"].values()}
     assert audit["3"]["first_diff_offset"] == 200 and audit["3"]["first_diff_epoch"] == 2
-    assert audit["3"]["status"].startswith("safety breach")
-    assert audit["2"]["below_hw"] and audit["2"]["why"].startswith("corrupt")
+    # Epoch 2 where the majority committed epoch 1: a committed record was lost.
+    assert audit["3"]["category"] == "safety violation"
+    assert audit["3"]["status"].startswith("safety violation: committed record lost")
+    assert audit["2"]["below_hw"] and audit["2"]["category"] == "corruption"
+    assert audit["2"]["why"].startswith("corruption: ")
     assert audit["2"]["first_diff_offset"] <= flipped
     assert audit["1"]["first_diff_offset"] == 300
     assert audit["1"]["status"].startswith("uncommitted tail")
     [err] = [e for e in rep["errors"] if e["file"] == flip_file]
     assert err["position"] == flip_pos and "CRC mismatch" in err["error"]
+    assert err["category"] == "corruption"  # a CRC error is corruption, not a safety violation
+    assert rep["first_failure"]["category"] == "corruption"
+
+    # The same damage under `snapshot`: exit 1, the first failing check on
+    # stderr, and nothing named *.checkpoint anywhere under --out.
+    out = tmp_path / "snap-out"
+    code, rep = run_job(spark, "snapshot", n1, n2, n3, "--out", str(out), "--report", str(out / "r.json"))
+    assert code == spark_job.EXIT_VALIDATION
+    assert [p.name for p in out.rglob("*") if ".checkpoint" in p.name] == []
+    err_text = capsys.readouterr().err
+    assert "metalog spark: validation FAILED: corruption: " in err_text and "CRC mismatch" in err_text
 
 
 def test_bad_inputs_get_clear_messages(spark, tmp_path, capsys):
@@ -172,9 +198,101 @@ def test_bad_inputs_get_clear_messages(spark, tmp_path, capsys):
     code, rep = run_job(spark, "snapshot", d, "--out", str(tmp_path / "o3"),
                         "--report", str(tmp_path / "o3" / "r.json"))
     assert code == spark_job.EXIT_VALIDATION
-    msgs = {e["file"]: e["error"] for e in rep["errors"]}
-    assert "is not a segment or snapshot file" in msgs["notes.log"]
-    [snap_msg] = [m for f, m in msgs.items() if f.endswith(".checkpoint")]
-    assert "snapshot from another cluster" in snap_msg and "some-other-cluster" in snap_msg
-    out = capsys.readouterr().out
-    assert "validation FAILED" in out and "notes.log" in out
+    msgs = {e["file"]: e for e in rep["errors"]}
+    assert "is not a segment or snapshot file" in msgs["notes.log"]["error"]
+    assert msgs["notes.log"]["category"] == "configuration"
+    # The foreign snapshot is a warning (configuration), not used, not a failure by itself.
+    assert not [f for f in msgs if f.endswith(".checkpoint")]
+    [warn] = rep["warnings"]
+    assert warn["category"] == "configuration" and warn["file"].endswith(".checkpoint")
+    assert "snapshot from another cluster" in warn["warning"] and "some-other-cluster" in warn["warning"]
+    captured = capsys.readouterr()
+    assert "validation FAILED" in captured.out and "notes.log" in captured.out
+    assert f"warning: file:{d}/{warn['file']}: snapshot from another cluster" in captured.err
+    assert "validation FAILED: configuration: 'notes.log' is not a segment" in captured.err
+
+
+def test_foreign_replica_is_excluded_from_the_vote_with_a_warning(spark, tmp_path, capsys):
+    """Two replicas of test-cluster and one of another cluster whose log differs:
+    the foreign one does not vote (HW and checkpoint from the two), a warning names it."""
+    values = random_records(random.Random(21), 120)
+    n1, n2, n3 = (str(tmp_path / f"n{i}") for i in (1, 2, 3))
+    recs = write_log(n1, values, node_id=1, seed=2)
+    write_log(n2, values, node_id=2, seed=2)
+    write_log(n3, random_records(random.Random(77), 60), node_id=3, cluster_id="other-cluster")
+    out = tmp_path / "out"
+    code, rep = run_job(spark, "snapshot", n1, n2, n3, "--out", str(out), "--report", str(out / "r.json"))
+    assert code == spark_job.EXIT_OK, rep
+    assert rep["cluster_id"] == "test-cluster" and rep["hw"] == recs[-1][0] + 1
+    assert {os.path.basename(r) for r in rep["audit"]} == {"n1", "n2"}
+    [warn] = rep["warnings"]
+    assert warn["replica"] == f"file:{n3}" and "belongs to cluster 'other-cluster'" in warn["warning"]
+    assert "excluded from the vote" in capsys.readouterr().err
+
+
+def test_truncated_checkpoint_input_exits_1(spark, tmp_path, capsys):
+    """A data dir holding only a truncated .checkpoint: a validation failure
+    (exit 1, corruption named on stderr), not a usage error."""
+    values = random_records(random.Random(8), 80)
+    src = str(tmp_path / "src")
+    recs = write_log(src, values, node_id=1)
+    by_offset = [(o, v) for o, _e, v in recs]
+    sid = broker_snapshot(src, sequential_state(by_offset, 40), recs[39][1], "test-cluster")
+    d = tmp_path / "n1"
+    (d / PARTITION_DIR).mkdir(parents=True)
+    (d / "meta.properties").write_text(open(os.path.join(src, "meta.properties")).read())
+    name = f"{sid.end_offset:020d}-{sid.epoch:010d}.checkpoint"
+    data = open(os.path.join(src, PARTITION_DIR, name), "rb").read()
+    (d / PARTITION_DIR / name).write_bytes(data[: len(data) // 2])
+    code, rep = run_job(spark, "snapshot", str(d), "--out", str(tmp_path / "out"),
+                        "--report", str(tmp_path / "r.json"))
+    assert code == spark_job.EXIT_VALIDATION
+    assert rep["first_failure"]["category"] == "corruption"
+    assert "corrupt snapshot" in rep["first_failure"]["check"]
+    assert "validation FAILED: corruption: corrupt snapshot" in capsys.readouterr().err
+
+
+def test_cause_chain_keeps_the_root_cause(spark):
+    """Java failures show every link of getCause(), root cause last, not the first line only."""
+    jvm = spark.sparkContext._jvm
+    root = jvm.java.lang.IllegalStateException("disk quota exceeded on /data")
+    outer = jvm.java.lang.RuntimeException("Job aborted due to stage failure", root)
+
+    class FakePy4J(Exception):  # the shape of py4j's Py4JJavaError: .java_exception
+        java_exception = outer
+
+    chain = spark_job.cause_chain(FakePy4J("An error occurred while calling o1.collect.\n  trace"))
+    assert chain == ("java.lang.RuntimeException: Job aborted due to stage failure <- caused by: "
+                     "java.lang.IllegalStateException: disk quota exceeded on /data")
+    try:
+        try:
+            raise OSError("No space left on device")
+        except OSError as exc:
+            raise RuntimeError("writing the checkpoint\nmore lines") from exc
+    except RuntimeError as exc:
+        assert spark_job.cause_chain(exc) == ("RuntimeError: writing the checkpoint <- caused by: "
+                                              "OSError: No space left on device")
+
+
+def test_hadoop_uris_in_and_out(spark, tmp_path, monkeypatch):
+    """Inputs and --out as Hadoop URIs (file:// here; hdfs://, s3a:// take the same
+    path): the checkpoint and report are copied through Hadoop's FileSystem API,
+    and the driver's local staging copy is removed."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    values = random_records(random.Random(31), 90)
+    d = str(tmp_path / "n1")
+    recs = write_log(d, values, node_id=1)
+    end = recs[-1][0] + 1
+    out_uri = f"file://{tmp_path}/uri-out"
+    code, _ = run_job(spark, "snapshot", f"file://{d}", "--out", out_uri)
+    assert code == spark_job.EXIT_OK
+    out = tmp_path / "uri-out"
+    name = f"{end:020d}-{recs[-1][1]:010d}.checkpoint"
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [name, "report.json"]
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["snapshot"]["path"] == f"{out_uri}/{name}" and rep["snapshot"]["published"]
+    assert state_of_checkpoint(str(out / name)) == sequential_state([(o, v) for o, _e, v in recs], end)
+    assert list((tmp_path / "tmp").iterdir()) == []

@@ -73,9 +73,20 @@ def random_records(rng: random.Random, n: int, brokers: int = 5) -> list[bytes]:
                 rtype, rname = rng.choice([(r.RESOURCE_BROKER, str(bid)), (r.RESOURCE_BROKER, ""), (7, "x")])
             rec = r.Config(rtype, rname, rng.choice(["retention.ms", "cleanup.policy"]),
                            rng.choice([None, "1", "2", "compact"]))
-        elif op < 0.96:
+        elif op < 0.95:
             rec = r.FeatureLevel(rng.choice(["metadata.version", "kraft.version"]), rng.randrange(-1, 3))
-        elif op < 0.98:
+        elif op < 0.975:
+            # ACLs: re-used ids (a duplicate add is invalid), removals of live and
+            # unknown ids, and now and then a malformed entry (operation 99).
+            acl_id = rng.choice(ids)
+            if rng.random() < 0.6:
+                rec = r.AccessControlEntry(acl_id, rng.choice([2, 4]) if rng.random() < 0.9 else 7,
+                                           rng.choice(names) if rng.random() < 0.5 else "kafka-cluster",
+                                           rng.choice([3, 4]), rng.choice(["User:alice", "Node:2", "User:*"]),
+                                           "*", rng.choice([2, 3, 4, 8, 99]), rng.choice([2, 3]))
+            else:
+                rec = r.RemoveAccessControlEntry(acl_id)
+        elif op < 0.985:
             rec = r.NoOp()
         else:
             out.append(b"\x00\x63\x00\x00garbage")  # unknown api key 99: invalid everywhere

@@ -207,6 +207,28 @@ def test_unknown_files_are_left_alone_and_logged(tmp_path):
     log.close()
 
 
+def test_the_brokers_own_files_in_the_log_dir_are_not_warned_about(tmp_path):
+    """A restart must not warn `unknown_file_ignored` about the quorum-state, the
+    leader-epoch checkpoint or snapshots that share the partition directory; a
+    stranger's file still is."""
+    log = open_log(tmp_path)
+    append_batches(log, 2)
+    log.close()
+    own = ["quorum-state", "quorum-state.tmp", "leader-epoch-checkpoint", "leader-epoch-checkpoint.tmp",
+           "00000000000000000005-0000000001.checkpoint",
+           "00000000000000000005-0000000001-0123abcd.checkpoint.part",
+           "00000000000000000005-0000000001-fetch.checkpoint.part",
+           "00000000000000000003-0000000001.checkpoint.deleted"]
+    for name in own + ["00000000000000000005.checkpoint"]:
+        (tmp_path / name).write_text("x")
+    logger = RecordingLogger()
+    log = open_log(tmp_path, logger)
+    assert [e["path"] for e in logger.events("unknown_file_ignored")] == [
+        str(tmp_path / "00000000000000000005.checkpoint")]
+    assert all((tmp_path / name).read_text() == "x" for name in own)
+    log.close()
+
+
 def test_clean_shutdown_marker_is_consumed_on_open(tmp_path):
     log = open_log(tmp_path)
     append_batches(log, 3)

@@ -213,4 +213,6 @@ def entity_key(value: bytes) -> tuple[int, str, int, str, str]:
         return fold.SEC_PARTITION, rec.topic_id, rec.partition_id, "", ""
     if t is r.Config:
         return fold.SEC_CONFIG, "", rec.resource_type, rec.resource_name, rec.name
+    if t is r.AccessControlEntry:
+        return fold.SEC_ACL, rec.id, 0, "", ""
     return -1, type(rec).__name__, 0, "", ""

@@ -24,6 +24,8 @@ cross-entity facts exactly:
 4. **configs** (key ``C``/(type, name, key)): validity of a topic config needs
    the name to be live at that offset; the topic's removal deletes the key.
 5. **features** (key ``F``/name).
+6. **ACLs** (key ``A``/ACL id): AccessControlEntry and its removal; an ACL's
+   validity depends on its own id and fields only.
 
 Side tables hold one row per topic lifecycle record / broker record, which in
 any metadata log are few next to partition and config records; the Spark job
@@ -45,6 +47,7 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 
 import msgspec
 
+from broker.authz import acl_problem
 from broker.controller import ControllerState, _partition_problem
 from storage import metadata_records as r
 
@@ -56,11 +59,13 @@ K_BROKER = "B"
 K_PARTITION = "P"
 K_CONFIG = "C"
 K_FEATURE = "F"
+K_ACL = "A"
 K_NOOP = "N"
-K_INVALID = "X"  # undecodable value: invalid by the controller's rules
+K_INVALID = "X"  # a metadata record (known api key) that does not decode: invalid
+K_DATA = "D"  # not a metadata record at all (a produced record): no state, counted apart
 
 # Snapshot sections, in to_records() order.
-SEC_FEATURE, SEC_BROKER, SEC_TOPIC, SEC_PARTITION, SEC_CONFIG = range(5)
+SEC_FEATURE, SEC_BROKER, SEC_TOPIC, SEC_PARTITION, SEC_CONFIG, SEC_ACL = range(6)
 
 _SEP = "\x00"
 
@@ -70,6 +75,10 @@ def key_of(value: bytes) -> tuple[str, str]:
     try:
         rec = r.decode_record(value)
     except r.MetadataRecordError:
+        # Produced records share the log; their bytes carry no metadata
+        # prefix (too short, or an api key no record type has).
+        if len(value) < r.PREFIX_SIZE or r._PREFIX.unpack_from(value)[0] not in r.RECORD_TYPES:
+            return K_DATA, ""
         return K_INVALID, ""
     t = type(rec)
     if t in (r.RegisterBroker, r.UnregisterBroker):
@@ -84,6 +93,8 @@ def key_of(value: bytes) -> tuple[str, str]:
         return K_CONFIG, f"{rec.resource_type}{_SEP}{rec.resource_name}{_SEP}{rec.name}"
     if t is r.FeatureLevel:
         return K_FEATURE, rec.name
+    if t in (r.AccessControlEntry, r.RemoveAccessControlEntry):
+        return K_ACL, rec.id
     return K_NOOP, ""
 
 
@@ -430,6 +441,34 @@ def fold_feature(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequence[
     return states, invalid
 
 
+def fold_acl(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequence[int]
+             ) -> tuple[list[StateRow], int]:
+    """One ACL id: controller.py's AccessControlEntry / RemoveAccessControlEntry rules."""
+    live: bytes | None = None  # the encoded entry while it exists
+    states: list[StateRow] = []
+    invalid = 0
+
+    def emit(cut: int) -> None:
+        if live is not None:
+            states.append(StateRow(cut, SEC_ACL, key, 0, "", "", live))
+
+    ci = 0
+    for offset, value in sorted(records, key=lambda x: x[0]):
+        ci = _emit_cuts(cuts, ci, offset, emit)
+        rec = r.decode_record(value)
+        if type(rec) is r.AccessControlEntry:
+            if live is not None or acl_problem(rec):
+                invalid += 1
+                continue
+            live = r.encode_record(rec)
+        elif live is None:
+            invalid += 1
+        else:
+            live = None
+    _emit_cuts(cuts, ci, 1 << 62, emit)
+    return states, invalid
+
+
 # ------------------------------------------------------------------ assembling
 
 
@@ -476,6 +515,8 @@ def replay_sequential(records: Iterable[tuple[int, bytes]], cuts: Sequence[int]
             st, inv = fold_config(key, recs, cuts, topics)
         elif kind == K_FEATURE:
             st, inv = fold_feature(key, recs, cuts)
+        elif kind == K_ACL:
+            st, inv = fold_acl(key, recs, cuts)
         else:
             continue
         rows += st
