@@ -97,7 +97,7 @@ _IMPLIES_DESCRIBE = frozenset({Operation.READ, Operation.WRITE, Operation.DELETE
 
 # Requests that may carry a replica claim: checked even for super users.
 REPLICA_APIS = frozenset({ApiKey.VOTE, ApiKey.BEGIN_QUORUM_EPOCH, ApiKey.END_QUORUM_EPOCH, ApiKey.FETCH_SNAPSHOT,
-                          ApiKey.FETCH, ApiKey.OFFSET_FOR_LEADER_EPOCH})
+                          ApiKey.FETCH, ApiKey.OFFSET_FOR_LEADER_EPOCH, ApiKey.CONSISTENCY_CHECK})
 
 # ControllerCommand name -> the cluster operation it needs.
 ACL_COMMANDS_ALTER = frozenset({"add_acl", "remove_acl"})
@@ -316,6 +316,9 @@ def authorize(principal: Principal, host: str, api_key: ApiKey, body: m.Body, vi
         return None
     if api_key is ApiKey.VOTE:
         return _check_replica(principal, api_key, body.candidate_id, view, voter_only=True)
+    if api_key is ApiKey.CONSISTENCY_CHECK:
+        # Only the leader asks; the answer describes this voter's log to that voter alone.
+        return _check_replica(principal, api_key, body.leader_id, view, voter_only=True)
     if api_key in (ApiKey.BEGIN_QUORUM_EPOCH, ApiKey.END_QUORUM_EPOCH):
         denial = _check_replica(principal, api_key, body.leader_id, view, voter_only=True)
         if denial is None and api_key is ApiKey.END_QUORUM_EPOCH:

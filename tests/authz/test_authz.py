@@ -41,8 +41,10 @@ END2 = m.EndQuorumEpochRequest(cluster_id=CID, leader_id=2, leader_epoch=5, pref
 SNAP2 = m.FetchSnapshotRequest(cluster_id=CID, replica_id=2, current_leader_epoch=5,
                                snapshot_id=m.SnapshotId(10, 1), position=0)
 OFLE2 = m.OffsetsForLeaderEpochRequest(cluster_id=CID, replica_id=2, current_leader_epoch=5, leader_epoch=4)
+CHECK2 = m.ConsistencyCheckRequest(cluster_id=CID, leader_id=2, leader_epoch=5, start_offset=0, end_offset=9)
 REPLICA_RPCS = [(ApiKey.VOTE, VOTE2), (ApiKey.BEGIN_QUORUM_EPOCH, BEGIN2), (ApiKey.END_QUORUM_EPOCH, END2),
-                (ApiKey.FETCH, fetch(2)), (ApiKey.FETCH_SNAPSHOT, SNAP2), (ApiKey.OFFSET_FOR_LEADER_EPOCH, OFLE2)]
+                (ApiKey.FETCH, fetch(2)), (ApiKey.FETCH_SNAPSHOT, SNAP2), (ApiKey.OFFSET_FOR_LEADER_EPOCH, OFLE2),
+                (ApiKey.CONSISTENCY_CHECK, CHECK2)]
 
 
 def cmd(command):
@@ -89,6 +91,8 @@ def test_election_rpcs_need_a_voter_fetch_accepts_an_observer():
     assert d.error_code == Errors.CLUSTER_AUTHORIZATION_FAILED and d.reason.endswith("not a voter of this cluster")
     begin9 = m.BeginQuorumEpochRequest(cluster_id=CID, leader_id=9, leader_epoch=5)
     assert a.authorize(N9, HOST, ApiKey.BEGIN_QUORUM_EPOCH, begin9, v).error_code == 31
+    check9 = m.ConsistencyCheckRequest(cluster_id=CID, leader_id=9, leader_epoch=5, start_offset=0, end_offset=9)
+    assert a.authorize(N9, HOST, ApiKey.CONSISTENCY_CHECK, check9, v).error_code == 31
 
 
 def test_end_quorum_epoch_successors_must_be_voters():
