@@ -460,6 +460,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args) or 0
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`metalog dump ... | head`): as for any Unix filter, not an error
+        # to report. Point stdout at /dev/null so the interpreter's final flush stays quiet too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except AuthorizationError as exc:
         # Permanent until an ACL is added: one line, no traceback, its own exit code.
         if debug:
