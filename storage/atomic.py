@@ -34,3 +34,13 @@ def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> Non
         os.close(fd)
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(path) or ".")
+
+
+def read_file_if_exists(path: str | os.PathLike) -> bytes | None:
+    """The whole content of a small state file written by atomic_write, or
+    None if it does not exist (a fresh directory)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None

@@ -96,7 +96,7 @@ import crc32c
 import structlog
 
 from storage import batch as B
-from storage.atomic import atomic_write, fsync_dir
+from storage.atomic import atomic_write, fsync_dir, read_file_if_exists
 from storage.errors import CorruptionReport, CorruptLogError, LogWriteError, QuarantineState
 
 LOG_SUFFIX = ".log"
@@ -483,10 +483,8 @@ class SegmentedLog:
     # ------------------------------------------------------------ quarantine
     def _read_quarantine_file(self) -> QuarantineState | None:
         path = os.path.join(self._dir, QUARANTINE_FILE)
-        try:
-            with open(path, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
+        raw = read_file_if_exists(path)
+        if raw is None:
             return None
         try:
             return QuarantineState.from_bytes(raw)
@@ -638,10 +636,8 @@ class SegmentedLog:
 
     def _read_log_start_file(self) -> dict | None:
         path = os.path.join(self._dir, LOG_START_FILE)
-        try:
-            with open(path, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
+        raw = read_file_if_exists(path)
+        if raw is None:
             return None
         try:
             state = json.loads(raw)

@@ -20,7 +20,7 @@ from typing import Any
 
 import crc32c
 
-from storage.atomic import atomic_write
+from storage.atomic import atomic_write, read_file_if_exists
 from storage.errors import QuorumStateError
 
 DATA_VERSION = 2
@@ -36,10 +36,8 @@ class QuorumStateFile:
     def read(self) -> dict[str, Any] | None:
         """The stored state (keys leader_epoch, leader_id, voted_id, voters,
         data_version), or None if the file does not exist."""
-        try:
-            with open(self.path, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
+        raw = read_file_if_exists(self.path)
+        if raw is None:
             return None
         try:
             state = json.loads(raw)
