@@ -738,6 +738,10 @@ class PeerChannel:
                 # Closed under us (reset, closed by the peer) before connection_lost
                 # ran: uvloop would raise RuntimeError on write.
                 self._pending.pop(corr, None)
+                if self.tls is not None and not proto.got_frame:
+                    # A fresh TLS connection the broker closed before answering anything: the
+                    # TLS 1.3 refusal of our certificate (see connection_lost), seen first here.
+                    raise TlsHandshakeError(f"TLS handshake with {self.peer} failed: {_REFUSED_DURING_HANDSHAKE}")
                 raise ConnectionLost(f"connection to {self.peer} closed before the request was written")
             proto.transport.write(codec.encode_request(api_key, corr, self.client_id, body))
             timer = loop.call_at(deadline, self._expire, corr, api_key, timeout_ms)
