@@ -64,22 +64,7 @@ async def test_full_disk_stops_the_broker_with_a_clear_error_and_keeps_acked_rec
     log.close()
     positions = list(iter_batches(data))
     assert positions and positions[-1][1].next_offset == end
-    cluster.nodes[1].command = None
-    cluster.start_node(1)
-    await asyncio.to_thread(cluster.wait_for_leader, 20)
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=3000)
-    consumer = client.consumer(reset_policy="none")
-    consumer.seek(0)
-    seen: dict[bytes, int] = {}
-    try:
-        while len(seen) < len(acked):
-            records = await consumer.poll(max_wait_ms=200)
-            if not records:
-                break
-            seen.update((r.value, r.offset) for r in records)
-    finally:
-        await client.close()
-    assert all(seen.get(v) == off for v, off in acked.items()), "an acknowledged record was lost"
+    await _restart_and_check_acked(cluster, acked)
 
 
 def _tmpfs_mountable() -> bool:
@@ -148,6 +133,11 @@ async def test_enospc_on_a_real_small_filesystem_answers_storage_error_and_recov
     if cluster.nodes[1].command[0] == "unshare":
         shutil.rmtree(data)  # the mount is gone with its namespace: restore the copy taken inside it
         os.rename(saved, data)
+    await _restart_and_check_acked(cluster, acked)
+
+
+async def _restart_and_check_acked(cluster, acked: dict[bytes, int]) -> None:
+    """Restart node 1 as a plain broker and read every acknowledged record at its acknowledged offset."""
     cluster.nodes[1].command = None
     cluster.start_node(1)
     await asyncio.to_thread(cluster.wait_for_leader, 20)
