@@ -49,6 +49,7 @@ from broker.metrics import BrokerMetrics
 from broker.net import Connection, ListenerLimits, NetError, PeerPool, Server, serve
 from broker.quorum import api as qa
 from broker.quorum.core import QuorumCore
+from broker.quorum.env import Environment
 from protocol import messages as m
 from protocol.apis import APIS, REQUEST_API_KEY, ApiKey
 from protocol.codec import ProtocolError
@@ -81,6 +82,13 @@ def now_ms() -> int:
 def wall_clock_ms() -> int:
     """What record batches are stamped with (ListOffsets by timestamp)."""
     return int(time.time() * 1000)
+
+
+class SystemClock:
+    """The real clock of the core's Environment (broker.quorum.env.Clock)."""
+
+    now_ms = staticmethod(now_ms)
+    wall_clock_ms = staticmethod(wall_clock_ms)
 
 
 class _Reader:
@@ -188,7 +196,8 @@ class Broker:
         self.digest = LogDigest.build(self.seg_log)
         self.log.info("log_digest_built", batches_from=self.digest.first_base, end_offset=self.digest.end_offset,
                       seconds=round(time.perf_counter() - t0, 4))
-        self.core = QuorumCore(cfg.quorum_config(), view, _Reader(self.seg_log, self.snapshots), qs, random.Random())
+        self.core = QuorumCore(cfg.quorum_config(), view, _Reader(self.seg_log, self.snapshots), qs,
+                               Environment(SystemClock(), random.Random()))
         if cfg.tls_enabled:
             from broker.tls import TlsFiles
 

@@ -7,6 +7,9 @@ clocks, randomness or files. Two drivers exist and both obey the same rules:
 * ``broker.runtime`` (asyncio, real files, real TCP), and
 * ``tests/sim`` (seeded scheduler, fake clock, simulated network and disk).
 
+Both hand the core an ``Environment`` (``broker.quorum.env``): the clock they
+stamp events with and the ``random.Random`` the core draws from.
+
 Rules for a driver
 ------------------
 1. Execute the returned actions **in order**, before feeding the next event.
@@ -34,7 +37,7 @@ Rules for a driver
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from protocol import messages as m
 
@@ -84,6 +87,13 @@ class FlushCompleted:
     flushed_end_offset: int  # every offset < this is durable
 
 
+class AppendWaiter(NamedTuple):
+    """One Produce (or controller command) inside a ClientAppend."""
+
+    token: Any  # opaque to the core; echoed in the Respond
+    record_count: int  # how many of the ClientAppend's records are its own, in order
+
+
 @dataclass(frozen=True, slots=True)
 class ClientAppend:
     """Records from one or more Produce requests, to become ONE batch (group
@@ -91,7 +101,7 @@ class ClientAppend:
     are committed, or with an error if leadership is lost first."""
 
     now_ms: int
-    waiters: list[tuple[Any, int]]  # (token, number of records) in order
+    waiters: list[AppendWaiter]  # in the order of their records
     records: list[bytes]
     wall_clock_ms: int = -1  # see Tick
 

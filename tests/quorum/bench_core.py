@@ -19,6 +19,7 @@ from collections import deque
 
 from broker.quorum import api as a
 from broker.quorum.core import QuorumCore
+from broker.quorum.env import Environment
 from protocol import messages as m
 from storage.batch import iter_batches
 
@@ -59,6 +60,16 @@ class FastLog:
             del self.bases[i:], self.data[i:], self.nexts[i:]
 
 
+class BenchClock:
+    """The bench stamps events with its own simulated time, never from here."""
+
+    def now_ms(self) -> int:
+        raise AssertionError("the core must take time from its events")
+
+    def wall_clock_ms(self) -> int:
+        raise AssertionError("the core must take time from its events")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=200_000)
@@ -69,7 +80,7 @@ def main() -> None:
     voters = (1, 2, 3)
     logs = {i: FastLog() for i in voters}
     cores = {i: QuorumCore(a.QuorumConfig(node_id=i, voters=voters, cluster_id="bench"),
-                           a.LogView(), logs[i], None, random.Random(i)) for i in voters}
+                           a.LogView(), logs[i], None, Environment(BenchClock(), random.Random(i))) for i in voters}
     now = 0
     queue: deque = deque()
     answered = 0
@@ -115,7 +126,7 @@ def main() -> None:
     rounds = args.records // args.batch
     start = time.perf_counter()
     for r in range(rounds):
-        run(leader, a.ClientAppend(now, [(r, args.batch)], payload))
+        run(leader, a.ClientAppend(now, [a.AppendWaiter(r, args.batch)], payload))
         while answered <= r:
             drain(1)
     elapsed = time.perf_counter() - start

@@ -13,6 +13,7 @@ from typing import Any
 
 from broker.quorum import api as a
 from broker.quorum.core import QuorumCore
+from broker.quorum.env import Environment
 from protocol import messages as m
 from storage.batch import encode_batch
 
@@ -57,6 +58,16 @@ class MemLog:
             self.start = action.log_start_offset
 
 
+class ManualClock:
+    """The tests play the driver: they stamp events by hand, never from here."""
+
+    def now_ms(self) -> int:
+        raise AssertionError("the core must take time from its events, not from the clock")
+
+    def wall_clock_ms(self) -> int:
+        raise AssertionError("the core must take time from its events, not from the clock")
+
+
 def config(node_id: int, voters=(1, 2, 3), **kw) -> a.QuorumConfig:
     return a.QuorumConfig(node_id=node_id, voters=tuple(voters), cluster_id=CLUSTER, **kw)
 
@@ -67,7 +78,7 @@ class Node:
                  seed: int = 0, **kw):
         self.log = log or MemLog()
         self.core = QuorumCore(config(node_id, voters, **kw), view or a.LogView(), self.log,
-                               state, random.Random(seed))
+                               state, Environment(ManualClock(), random.Random(seed)))
 
     def step(self, event) -> list:
         actions = self.core.step(event)
@@ -124,7 +135,7 @@ def fetch(node: Node, now: int, replica_id: int, offset: int, last_epoch: int, *
 
 
 def append(node: Node, now: int, n: int, token: Any = "p") -> list:
-    return node.step(a.ClientAppend(now, [(token, n)], [b"r%d" % i for i in range(n)]))
+    return node.step(a.ClientAppend(now, [a.AppendWaiter(token, n)], [b"r%d" % i for i in range(n)]))
 
 
 def batch(base: int, epoch: int, n: int, ts: int = 0) -> bytes:

@@ -99,7 +99,7 @@ def test_restarted_leader_does_not_resume_its_epoch():
     acts = n.step(a.Tick(0))
     assert n.core.role == "resigned" and n.core.epoch == 4
     # It neither takes writes nor serves fetches of epoch 4.
-    acts = n.step(a.ClientAppend(1, [("p", 1)], [b"x"]))
+    acts = n.step(a.ClientAppend(1, [a.AppendWaiter("p", 1)], [b"x"]))
     assert one_response(acts, "p").error_code == Errors.NOT_LEADER_OR_FOLLOWER
     fr = m.FetchRequest(cluster_id=CLUSTER, replica_id=2, max_wait_ms=0, current_leader_epoch=4,
                         fetch_offset=3, last_fetched_epoch=4)
@@ -121,7 +121,7 @@ def test_restarted_single_voter_leader_takes_a_new_epoch():
 def test_higher_epoch_in_a_vote_request_demotes_a_leader_and_fails_waiters():
     n = Node(1)
     now = make_leader(n)
-    n.step(a.ClientAppend(now, [("p", 1)], [b"x"]))
+    n.step(a.ClientAppend(now, [a.AppendWaiter("p", 1)], [b"x"]))
     acts = n.step(a.RequestReceived(now + 1, "v", vote_req(2, 9, 9, 100)))
     assert n.core.role == "voted" and n.core.epoch == 9
     assert one_response(acts, "p").error_code == Errors.NOT_LEADER_OR_FOLLOWER

@@ -97,7 +97,7 @@ def test_observers_never_count_and_hw_never_goes_back():
 def test_produce_waiters_are_answered_when_their_last_record_commits():
     n = Node(1)
     now = make_leader(n)
-    acts = n.step(a.ClientAppend(now, [("p1", 2), ("p2", 3)], [b"a", b"b", b"c", b"d", b"e"]))
+    acts = n.step(a.ClientAppend(now, [a.AppendWaiter("p1", 2), a.AppendWaiter("p2", 3)], [b"a", b"b", b"c", b"d", b"e"]))
     assert not responses(acts)
     n.step(a.FlushCompleted(now, 6))
     acts = fetch(n, now, 2, 3, 1)  # offsets 0..2 committed: p1 (1..2) done, p2 (3..5) not

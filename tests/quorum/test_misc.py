@@ -23,7 +23,7 @@ def test_client_append_with_mismatched_waiter_counts_is_refused():
     n = Node(1)
     make_leader(n)
     with pytest.raises(ValueError, match="ClientAppend waiters count 3 records in total but 2 were given"):
-        n.step(a.ClientAppend(5000, [("p", 3)], [b"a", b"b"]))
+        n.step(a.ClientAppend(5000, [a.AppendWaiter("p", 3)], [b"a", b"b"]))
 
 
 def test_snapshot_beyond_the_high_watermark_is_refused():

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from broker.quorum import api
+from broker.quorum.env import Environment
 from protocol import messages as m
 from tests.sim.disk import SimDisk, SimDiskError
 from tests.sim.invariants import InvariantChecker, Violation, is_leader
@@ -162,6 +163,20 @@ class ClientAck:
     value: bytes
 
 
+class SimClock:
+    """The fake clock the cores' Environment carries (broker.quorum.env.Clock):
+    simulated milliseconds, which also serve as the simulated wall clock."""
+
+    def __init__(self, cluster: "SimCluster"):
+        self._cluster = cluster
+
+    def now_ms(self) -> int:
+        return self._cluster.now_ms
+
+    def wall_clock_ms(self) -> int:
+        return self._cluster.now_ms
+
+
 class SimCluster:
     def __init__(self, seed: int, config: SimConfig | None = None, core_factory: Callable | None = None):
         self.seed = seed
@@ -176,6 +191,7 @@ class SimCluster:
         self.core_cls = (core_factory or default_core_factory)()
         self.network = SimNetwork(self.rng_net, self.config.network)
         self.now_ms = 0
+        self.clock = SimClock(self)
         self._heap: list[tuple[int, int, str, tuple]] = []
         self._seq = 0
         self.nodes: dict[int, SimNode] = {}
@@ -268,8 +284,8 @@ class SimCluster:
         n = self.nodes[node_id]
         assert not n.alive
         n.incarnation += 1
-        core_rng = random.Random(self.rng_cores.getrandbits(64))
-        n.core = self.core_cls(self.quorum_config(node_id), n.disk.log_view(), n.disk, n.disk.quorum_state, core_rng)
+        env = Environment(self.clock, random.Random(self.rng_cores.getrandbits(64)))
+        n.core = self.core_cls(self.quorum_config(node_id), n.disk.log_view(), n.disk, n.disk.quorum_state, env)
         n.alive = True
         n.paused = False
         n.pending_requests.clear()
@@ -643,7 +659,7 @@ class SimCluster:
         self.client_pending[token] = (node_id, values)
         n.open_tokens.add(token)
         self.trace(f"n{node_id} client append {len(values)} records token={self._client_seq}")
-        self.step(n, api.ClientAppend(self.now_ms, [(token, len(values))], list(values)))
+        self.step(n, api.ClientAppend(self.now_ms, [api.AppendWaiter(token, len(values))], list(values)))
         return token
 
     def _client_response(self, n: SimNode, token: Any, response: m.Body) -> None:

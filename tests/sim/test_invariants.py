@@ -16,7 +16,7 @@ from tests.sim.invariants import Violation, check_final
 
 
 class PuppetCore:
-    def __init__(self, config, log_view, reader, quorum_state, random):
+    def __init__(self, config, log_view, reader, quorum_state, env):
         self.config = config
         self.role = "unattached"
         self.epoch = quorum_state.leader_epoch if quorum_state else 0

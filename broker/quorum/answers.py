@@ -1,0 +1,85 @@
+"""The answers the core and the runtime both give, built in one place.
+
+* ``error_response``: the error answer of the right type for a request
+  (a client decodes the response type its request's api key names).
+* ``check_cluster_id``: THE cluster-id check; the core runs it on every
+  request it is handed, the runtime on the few it serves itself (Produce and
+  ControllerCommand it batches, ConsistencyCheck).
+* ``api_versions_response`` and ``metadata_response``: the answers to
+  ApiVersions and Metadata, whoever serves them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from protocol import messages as m
+from protocol.apis import APIS
+from protocol.errors import Errors
+
+
+def error_response(req: m.Body, code: int, message: str | None,
+                   current_leader: m.LeaderIdAndEpoch) -> m.Body:
+    """The response type `req` expects, carrying `code` (and, where the type
+    has them, the message and the leader as we know it)."""
+    cl = current_leader
+    t = type(req)
+    if t is m.FetchRequest:
+        return m.FetchResponse(error_code=code, current_leader=cl, error_message=message)
+    if t is m.OffsetsForLeaderEpochRequest:
+        return m.OffsetsForLeaderEpochResponse(error_code=code, current_leader=cl)
+    if t is m.FetchSnapshotRequest:
+        return m.FetchSnapshotResponse(error_code=code, current_leader=cl)
+    if t is m.ProduceRequest:
+        return m.ProduceResponse(error_code=code, current_leader=cl, error_message=message)
+    if t is m.ListOffsetsRequest:
+        return m.ListOffsetsResponse(error_code=code, current_leader=cl)
+    if t is m.VoteRequest:
+        return m.VoteResponse(error_code=code, leader_id=cl.leader_id, leader_epoch=cl.leader_epoch)
+    if t is m.BeginQuorumEpochRequest:
+        return m.BeginQuorumEpochResponse(error_code=code, leader_id=cl.leader_id, leader_epoch=cl.leader_epoch)
+    if t is m.EndQuorumEpochRequest:
+        return m.EndQuorumEpochResponse(error_code=code, leader_id=cl.leader_id, leader_epoch=cl.leader_epoch)
+    if t is m.DescribeQuorumRequest:
+        return m.DescribeQuorumResponse(error_code=code, leader_id=cl.leader_id, leader_epoch=cl.leader_epoch)
+    if t is m.ControllerCommandRequest:
+        return m.ControllerCommandResponse(error_code=code, error_message=message, current_leader=cl)
+    if t is m.ConsistencyCheckRequest:
+        return m.ConsistencyCheckResponse(error_code=code, error_message=message)
+    return m.ErrorResponse(error_code=code, error_message=message or "")
+
+
+def check_cluster_id(expected: str, req: m.Body, current_leader: m.LeaderIdAndEpoch) -> m.Body | None:
+    """None if `req` carries no cluster id or ours; else the
+    INCONSISTENT_CLUSTER_ID answer naming both ids."""
+    got = getattr(req, "cluster_id", None)
+    if got is None or got == expected:
+        return None
+    return error_response(req, Errors.INCONSISTENT_CLUSTER_ID,
+                          f"cluster id {got!r} does not match ours {expected!r}", current_leader)
+
+
+_API_VERSIONS = m.ApiVersionsResponse(
+    api_keys=[m.ApiVersionRange(int(k), lo, hi) for k, (_, _, lo, hi) in APIS.items()])
+
+
+def api_versions_response() -> m.ApiVersionsResponse:
+    """Every api this build serves, with its version range (immutable: shared)."""
+    return _API_VERSIONS
+
+
+def metadata_response(*, cluster_id: str, node_id: int, leader_id: int, leader_epoch: int,
+                      high_watermark: int, log_start_offset: int, voters: Iterable[int],
+                      observers: Iterable[int],
+                      endpoints: Mapping[int, tuple[str, int]] | None = None) -> m.MetadataResponse:
+    """Leader, epoch, HW and log start as this node knows them. Voters carry
+    their endpoint from `endpoints` (the runtime's configuration); without one
+    (the pure core), and always for observers (known to the leader only by
+    their fetches), host "" and port 0."""
+    ep = endpoints or {}
+    return m.MetadataResponse(
+        cluster_id=cluster_id, node_id=node_id, leader_id=leader_id, leader_epoch=leader_epoch,
+        high_watermark=high_watermark, log_start_offset=log_start_offset,
+        voters=[m.NodeEndpoint(v, *ep.get(v, ("", 0))) for v in voters],
+        observers=[m.NodeEndpoint(o, "", 0) for o in observers],
+    )

@@ -1,0 +1,233 @@
+"""The roles that have no leader to follow -- unattached, voted, candidate,
+resigned -- and the answers to the election requests (Vote,
+BeginQuorumEpoch, EndQuorumEpoch), KIP-595 as Kafka's KafkaRaftClient
+builds it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from broker.quorum.notify import Notifier
+from broker.quorum.outbox import RequestKind
+from broker.quorum.roles import Role, RoleState
+from protocol import messages as m
+from protocol.errors import Errors
+
+if TYPE_CHECKING:
+    from broker.quorum.core import QuorumCore
+
+NO_LEADER = m.NO_LEADER
+
+
+class _WaitingForElection(RoleState):
+    """A voter with no leader: stands once its election timer runs out."""
+
+    __slots__ = ()
+
+    def on_enter(self, now: int) -> None:
+        if not self.core.shutting_down:
+            self.election_deadline_ms = now + self.core.election_timeout()
+
+    def on_boot(self, now: int) -> None:
+        core = self.core
+        self.election_deadline_ms = now + core.election_timeout()
+        if core.others == () and core.is_voter:
+            core.stand(now)  # single voter: elect ourselves now
+
+    def deadlines(self, now: int) -> list[int]:
+        return [] if self.election_deadline_ms is None else [self.election_deadline_ms]
+
+    def poll(self, now: int) -> None:
+        core = self.core
+        if (core.is_voter and not core.shutting_down
+                and self.election_deadline_ms is not None and now >= self.election_deadline_ms):
+            core.stand(now)
+
+
+class UnattachedState(_WaitingForElection):
+    __slots__ = ()
+
+    def __init__(self, core: QuorumCore, epoch: int):
+        super().__init__(core, Role.UNATTACHED, epoch, NO_LEADER, -1)
+
+    def grant_vote(self, req: m.VoteRequest, running_deadline: int | None, now: int) -> bool:
+        log = self.core.log
+        if (req.last_offset_epoch, req.last_offset) >= (log.last_epoch(), log.log_end_offset):
+            self.core.become_voted(req.candidate_id, now)  # persisted before the answer
+            return True
+        if running_deadline is not None and self.election_deadline_ms is not None:
+            # Refused for a stale log: keep the timer that was already running,
+            # else a lagging voter that keeps standing (its lost-election
+            # backoff is shorter than our fresh timeout) blocks every election.
+            self.election_deadline_ms = min(self.election_deadline_ms, running_deadline)
+        return False
+
+
+class VotedState(_WaitingForElection):
+    __slots__ = ()
+
+    def __init__(self, core: QuorumCore, epoch: int, voted_id: int):
+        super().__init__(core, Role.VOTED, epoch, NO_LEADER, voted_id)
+
+    def grant_vote(self, req: m.VoteRequest, running_deadline: int | None, now: int) -> bool:
+        return self.voted_id == req.candidate_id  # one vote per epoch
+
+
+class ResignedState(_WaitingForElection):
+    """A leader that stepped down keeps its epoch (graceful stop, check-quorum,
+    quarantine) and tells the others with EndQuorumEpoch, most caught-up
+    successor first. A restarted former leader starts here (KAFKA-10527)."""
+
+    __slots__ = ("notifier", "successors")
+
+    def __init__(self, core: QuorumCore, epoch: int, voted_id: int, successors: list[int]):
+        super().__init__(core, Role.RESIGNED, epoch, NO_LEADER, voted_id)
+        self.successors = successors
+        # Armed on entering from leadership; a restarted former leader has no
+        # one to tell (it does not know whom it led).
+        self.notifier = Notifier(RequestKind.END, (), 0)
+
+    def persisted_leader_id(self) -> int:
+        return self.core.node_id  # we led this epoch; keep saying so on disk
+
+    def on_enter(self, now: int) -> None:
+        core = self.core
+        self.notifier = Notifier(RequestKind.END, core.others, now)
+        super().on_enter(now)
+
+    def deadlines(self, now: int) -> list[int]:
+        return super().deadlines(now) + self.notifier.deadlines(now)
+
+    def poll(self, now: int) -> None:
+        self.notifier.send_due(now, self._end_epoch_request, self.core.send)
+        super().poll(now)
+
+    def _end_epoch_request(self) -> m.EndQuorumEpochRequest:
+        core = self.core
+        return m.EndQuorumEpochRequest(cluster_id=core.config.cluster_id, leader_id=core.node_id,
+                                       leader_epoch=self.epoch, preferred_successors=list(self.successors))
+
+    def on_leader_claimed(self, leader_id: int, epoch: int, now: int) -> None:
+        self.core.fail(f"node {leader_id} claims leadership of epoch {epoch}, which we led")
+
+    def notification_failed(self, voter: int, request_id: int, now: int) -> None:
+        self.notifier.failed(voter, request_id, now)
+
+    def notification_answered(self, voter: int, request_id: int) -> None:
+        self.notifier.answered(voter, request_id)
+
+    def notification_judged(self, voter: int, ok: bool, now: int) -> None:
+        self.notifier.judged(voter, ok, now)
+
+
+class CandidateState(RoleState):
+    """Asks every voter for its vote in a new epoch; leads with a majority,
+    backs off (randomized, exponential) after losing."""
+
+    __slots__ = ("granted", "rejected", "backing_off")
+
+    def __init__(self, core: QuorumCore, epoch: int):
+        super().__init__(core, Role.CANDIDATE, epoch, NO_LEADER, core.node_id)
+        self.granted = {core.node_id}
+        self.rejected: set[int] = set()
+        self.backing_off = False
+
+    def _majority(self, n: int) -> bool:
+        return n > len(self.core.voters) // 2
+
+    def on_enter(self, now: int) -> None:
+        core = self.core
+        core.election_retries += 1
+        self.election_deadline_ms = now + core.election_timeout()
+        if self._majority(len(self.granted)):
+            core.become_leader(now)
+            return
+        log = core.log
+        last_epoch = log.last_epoch()
+        for v in core.others:
+            core.send(v, m.VoteRequest(
+                cluster_id=core.config.cluster_id, candidate_epoch=self.epoch,
+                candidate_id=core.node_id, last_offset_epoch=last_epoch,
+                last_offset=log.log_end_offset,
+            ), RequestKind.VOTE)
+
+    def deadlines(self, now: int) -> list[int]:
+        return [] if self.election_deadline_ms is None else [self.election_deadline_ms]
+
+    def poll(self, now: int) -> None:
+        if self.election_deadline_ms is not None and now >= self.election_deadline_ms:
+            if self.backing_off:
+                self.core.stand(now)
+            else:
+                self.backing_off = True
+                self.election_deadline_ms = now + self.core.lost_election_backoff()
+
+    def on_vote_answer(self, voter: int, resp: m.Body, now: int) -> None:
+        if not isinstance(resp, m.VoteResponse) or resp.error_code != Errors.NONE:
+            return
+        if resp.vote_granted:
+            self.granted.add(voter)
+            if self._majority(len(self.granted)):
+                self.core.become_leader(now)
+        else:
+            self.rejected.add(voter)
+            n = len(self.core.voters)
+            if len(self.rejected) > n - n // 2 - 1 and not self.backing_off:
+                # Lost: back off (randomized, exponential) before the next try.
+                self.backing_off = True
+                self.election_deadline_ms = now + self.core.lost_election_backoff()
+
+    def on_log_cut(self, now: int) -> None:
+        # The votes on their way were granted to the log we no longer have
+        # (sim seed 318): give up the candidacy, keep our vote for the epoch.
+        self.core.become_voted(self.core.node_id, now)
+
+
+# -- the election requests, answered the same way in every role -----------------
+
+
+def handle_vote(core: QuorumCore, token: Any, req: m.VoteRequest, now: int) -> None:
+    if req.candidate_id not in core.voters:
+        core.respond(token, core.error_response(req, Errors.INCONSISTENT_VOTER_SET))
+        return
+    if req.candidate_epoch < core.state.epoch:
+        core.respond(token, core.error_response(req, Errors.FENCED_LEADER_EPOCH))
+        return
+    # The timer that would make us stand ourselves: an election timer, or a
+    # follower's fetch timeout.
+    running_deadline = core.state.running_deadline()
+    if req.candidate_epoch > core.state.epoch:
+        core.become_unattached(req.candidate_epoch, now)
+    # A quarantined voter may have forgotten records it acknowledged: a vote
+    # now could elect a leader without them (docs/integrity.md). It refuses.
+    granted = not core.quarantined and core.state.grant_vote(req, running_deadline, now)
+    st = core.state
+    core.respond(token, m.VoteResponse(leader_id=st.leader_id, leader_epoch=st.epoch, vote_granted=granted))
+
+
+def handle_begin_epoch(core: QuorumCore, token: Any, req: m.BeginQuorumEpochRequest, now: int) -> None:
+    st = core.state
+    if req.leader_epoch < st.epoch:
+        core.respond(token, core.error_response(req, Errors.FENCED_LEADER_EPOCH))
+        return
+    if req.leader_id == core.node_id:
+        if not st.is_leader or req.leader_epoch != st.epoch:
+            core.fail(f"told we lead epoch {req.leader_epoch}; we are {st.role} in epoch {st.epoch}")
+            return
+    else:
+        core.learn_leader(req.leader_id, req.leader_epoch, now)
+        if core.fatal_reason is not None:
+            return
+    st = core.state
+    core.respond(token, m.BeginQuorumEpochResponse(leader_id=st.leader_id, leader_epoch=st.epoch))
+
+
+def handle_end_epoch(core: QuorumCore, token: Any, req: m.EndQuorumEpochRequest, now: int) -> None:
+    if req.leader_epoch < core.state.epoch:
+        core.respond(token, core.error_response(req, Errors.FENCED_LEADER_EPOCH))
+        return
+    if req.leader_epoch > core.state.epoch:
+        core.become_unattached(req.leader_epoch, now)
+    core.state.on_end_quorum_epoch(req, now)
+    st = core.state
+    core.respond(token, m.EndQuorumEpochResponse(leader_id=st.leader_id, leader_epoch=st.epoch))

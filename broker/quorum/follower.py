@@ -1,0 +1,293 @@
+"""Followers and observers: the pull-based fetch loop (KIP-320 epoch check,
+Fetch, DivergingEpoch truncation, snapshot download per KIP-630) and the
+fetch timeout that makes a voter stand when its leader goes quiet."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from broker.quorum.api import WriteSnapshotChunk
+from broker.quorum.outbox import RETRY_BACKOFF_MS, RequestKind
+from broker.quorum.roles import RETRY_BACKOFF_BASE_MS, Role, RoleState
+from protocol import messages as m
+from protocol.errors import Errors
+
+if TYPE_CHECKING:
+    from broker.quorum.core import QuorumCore
+
+NO_LEADER = m.NO_LEADER
+# A connection-level failure of a request to the leader (refused, reset: the
+# driver's reason names it) means its process is gone, not slow -- what TCP
+# reports after kill -9 while the host is up. Reasons that contain one of these.
+CONNECTION_FAILURE_MARKERS = ("connectionlost", "refused", "reset")
+
+
+def is_connection_failure(reason: str) -> bool:
+    low = reason.lower()
+    return any(mark in low for mark in CONNECTION_FAILURE_MARKERS)
+
+
+@dataclass(slots=True)
+class SnapshotDownload:
+    snapshot_id: m.SnapshotId
+    position: int
+
+
+class FollowerState(RoleState):
+    """A voter following the epoch's leader, or an observer (a non-voter,
+    with or without a known leader: without one it asks a random voter)."""
+
+    __slots__ = ("fetch_deadline_ms", "fetch_inflight", "fetch_retry_at_ms", "need_epoch_check", "download",
+                 "_start")
+
+    def __init__(self, core: QuorumCore, epoch: int, leader_id: int, voted_id: int, *, start: bool = True,
+                 fetch_retry_at_ms: int = 0, need_epoch_check: bool = False):
+        super().__init__(core, Role.FOLLOWER if core.is_voter else Role.OBSERVER, epoch, leader_id, voted_id)
+        self.fetch_deadline_ms: int | None = None
+        self.fetch_inflight: int | None = None  # request id of the fetch-loop request in flight
+        self.fetch_retry_at_ms = fetch_retry_at_ms
+        self.need_epoch_check = need_epoch_check
+        self.download: SnapshotDownload | None = None
+        self._start = start  # start fetching on entering
+
+    def on_enter(self, now: int) -> None:
+        if self._start:
+            self.start_following(now)
+
+    def on_boot(self, now: int) -> None:
+        self.start_following(now)
+
+    def start_following(self, now: int) -> None:
+        log = self.core.log
+        self.fetch_inflight = None
+        self.download = None
+        self.fetch_retry_at_ms = now
+        self.fetch_deadline_ms = now + self.core.config.fetch_timeout_ms
+        # KIP-320: a new leader (or epoch) first validates our log's end.
+        self.need_epoch_check = self.leader_id >= 0 and log.log_end_offset > log.log_start_offset
+
+    # -- time ----------------------------------------------------------------
+
+    def running_deadline(self) -> int | None:
+        return self.election_deadline_ms if self.election_deadline_ms is not None else self.fetch_deadline_ms
+
+    def deadlines(self, now: int) -> list[int]:
+        ds = []
+        if self.fetch_deadline_ms is not None and self.leader_id >= 0:
+            ds.append(self.fetch_deadline_ms)
+        # While our appended data is unflushed, FlushCompleted wakes us: no tick.
+        log = self.core.log
+        if (self.fetch_inflight is None and self.fetch_retry_at_ms > now
+                and log.flushed_end_offset >= log.log_end_offset):
+            ds.append(self.fetch_retry_at_ms)
+        return ds
+
+    def poll(self, now: int) -> None:
+        core = self.core
+        if self.leader_id >= 0 and self.fetch_deadline_ms is not None and now >= self.fetch_deadline_ms:
+            if core.is_voter:
+                if not core.shutting_down:
+                    core.stand(now)
+                return
+            # An observer forgets the silent leader and rediscovers one.
+            core.transition(FollowerState(core, self.epoch, NO_LEADER, self.voted_id), now)
+            core.state.maybe_send_fetch(now)
+            return
+        self.maybe_send_fetch(now)
+
+    def postpone_candidacy(self, now: int) -> None:
+        super().postpone_candidacy(now)
+        self.fetch_deadline_ms = now + self.core.config.fetch_timeout_ms
+
+    def on_end_quorum_epoch(self, req: m.EndQuorumEpochRequest, now: int) -> None:
+        core = self.core
+        if not core.is_voter or self.leader_id != req.leader_id or core.shutting_down:
+            return
+        # The leader is leaving: the most caught-up successor goes first.
+        succ = req.preferred_successors
+        backoff_max_ms = core.config.election_backoff_max_ms
+        if core.node_id in succ:
+            pos = succ.index(core.node_id)
+            backoff = 0 if pos == 0 else min(RETRY_BACKOFF_BASE_MS << (pos - 1), backoff_max_ms)
+        else:
+            backoff = backoff_max_ms
+        self.fetch_deadline_ms = min(self.fetch_deadline_ms or now + backoff, now + backoff)
+
+    # -- the log changed under us ---------------------------------------------
+
+    def on_log_cut(self, now: int) -> None:
+        self.start_following(now)  # re-validate the end with the leader, re-fetch
+
+    def on_log_rewound(self, now: int) -> None:
+        self.fetch_inflight = None  # a Fetch sent under the dropped view: its answer is ignored
+        self.start_following(now)
+
+    # -- sending ---------------------------------------------------------------
+
+    def maybe_send_fetch(self, now: int) -> None:
+        if self.fetch_inflight is not None or now < self.fetch_retry_at_ms:
+            return
+        core = self.core
+        log = core.log
+        if log.flushed_end_offset < log.log_end_offset:
+            return  # never report an unflushed offset: wait for FlushCompleted
+        leader = self.leader_id
+        cfg = core.config
+        if leader < 0:
+            if core.is_voter or not core.voters:
+                return
+            # Observer: ask a random voter; any answer names the leader.
+            dest = core.voters[core.random.randrange(len(core.voters))]
+            self.fetch_inflight = core.send(dest, self._fetch_request(), RequestKind.FETCH)
+            return
+        if self.download is not None:
+            d = self.download
+            self.fetch_inflight = core.send(leader, m.FetchSnapshotRequest(
+                cluster_id=cfg.cluster_id, replica_id=core.node_id, current_leader_epoch=self.epoch,
+                snapshot_id=d.snapshot_id, position=d.position, max_bytes=cfg.snapshot_chunk_bytes,
+            ), RequestKind.FETCH_SNAPSHOT, d.position)
+        elif self.need_epoch_check:
+            self.fetch_inflight = core.send(leader, m.OffsetsForLeaderEpochRequest(
+                cluster_id=cfg.cluster_id, replica_id=core.node_id, current_leader_epoch=self.epoch,
+                leader_epoch=log.last_epoch(),
+            ), RequestKind.EPOCH_CHECK)
+        else:
+            self.fetch_inflight = core.send(leader, self._fetch_request(), RequestKind.FETCH)
+
+    def _fetch_request(self) -> m.FetchRequest:
+        core = self.core
+        cfg = core.config
+        log = core.log
+        return m.FetchRequest(
+            cluster_id=cfg.cluster_id, replica_id=core.node_id,
+            max_wait_ms=cfg.fetch_max_wait_ms, current_leader_epoch=self.epoch,
+            fetch_offset=log.flushed_end_offset,
+            last_fetched_epoch=max(log.last_epoch(), 0),
+            log_start_offset=log.log_start_offset, max_bytes=cfg.fetch_max_bytes,
+        )
+
+    # -- answers -----------------------------------------------------------------
+
+    def _retry_later(self, now: int) -> None:
+        self.fetch_retry_at_ms = now + RETRY_BACKOFF_MS
+
+    def fetch_failed(self, request_id: int, destination: int, reason: str, sent_epoch: int, now: int) -> None:
+        if self.fetch_inflight != request_id:
+            return
+        self.fetch_inflight = None
+        self._retry_later(now)
+        if (sent_epoch == self.epoch and destination == self.leader_id >= 0
+                and self.fetch_deadline_ms is not None and is_connection_failure(reason)):
+            self._on_leader_unreachable(now)
+
+    def _on_leader_unreachable(self, now: int) -> None:
+        """The leader's process refused or reset our connection: it has crashed
+        (a slow or partitioned leader times out instead). Rather than wait out the
+        whole fetch timeout, give up on it after a short randomized delay,
+        uniform in [election_timeout_ms / 10, election_timeout_ms / 2]: the
+        followers that notice together rarely stand together (split vote), and a
+        transient reset costs nothing -- the retried fetches keep going every
+        RETRY_BACKOFF_MS and the first answer restores the full timeout.
+        Safety does not depend on it: an election is only an election."""
+        t = self.core.config.election_timeout_ms
+        lo = t // 10
+        delay = lo + (self.core.random.randrange(t // 2 - lo + 1) if t // 2 > lo else 0)
+        self.fetch_deadline_ms = min(self.fetch_deadline_ms, now + delay)
+
+    def fetch_answered(self, request_id: int) -> bool:
+        if self.fetch_inflight != request_id:
+            return False  # superseded by a role or epoch change
+        self.fetch_inflight = None
+        return True
+
+    def on_fetch_answer(self, kind: RequestKind, destination: int, position: int, resp: m.Body,
+                        now: int) -> None:
+        if self.leader_id < 0 or destination != self.leader_id:
+            self._retry_later(now)
+            return  # a discovery answer that named no leader
+        if kind is RequestKind.FETCH:
+            self._on_fetch_response(resp, now)
+        elif kind is RequestKind.EPOCH_CHECK:
+            self._on_epoch_check_response(resp, now)
+        else:
+            self._on_fetch_snapshot_response(resp, position, now)
+
+    def _on_fetch_response(self, resp: m.Body, now: int) -> None:
+        if not isinstance(resp, m.FetchResponse) or resp.error_code != Errors.NONE:
+            self._retry_later(now)
+            return
+        core = self.core
+        log = core.log
+        self.fetch_deadline_ms = now + core.config.fetch_timeout_ms
+        if resp.diverging_epoch is not None:
+            de = resp.diverging_epoch
+            log.truncate_to_leader(de.epoch, de.end_offset, "DivergingEpoch")
+            if core.fatal_reason is None:
+                log.follower_hw(resp.high_watermark)
+            return
+        if resp.snapshot_id is not None:
+            sid = resp.snapshot_id
+            if log.high_watermark > sid.end_offset:
+                core.fail(f"leader redirected us to snapshot {sid.end_offset}-{sid.epoch}, below "
+                          f"our high watermark {log.high_watermark}")
+                return
+            self.download = SnapshotDownload(sid, 0)
+            return
+        if resp.records:
+            if not log.append_fetched(resp.records, self.epoch):
+                self._retry_later(now)
+                return
+        log.follower_hw(resp.high_watermark)
+        log.follower_log_start(resp.log_start_offset)
+
+    def _on_epoch_check_response(self, resp: m.Body, now: int) -> None:
+        if not isinstance(resp, m.OffsetsForLeaderEpochResponse) or resp.error_code != Errors.NONE:
+            self._retry_later(now)
+            return
+        core = self.core
+        log = core.log
+        self.fetch_deadline_ms = now + core.config.fetch_timeout_ms
+        asked = log.last_epoch()
+        if resp.leader_epoch > asked:
+            # The leader's history starts past our last epoch (it answered with the
+            # snapshot its log starts at): it cannot say where our log diverges.
+            # Fetch; the leader's fetch validation sends us that snapshot.
+            self.need_epoch_check = False
+            return
+        log.truncate_to_leader(resp.leader_epoch, resp.end_offset, "OffsetsForLeaderEpoch")
+        if core.fatal_reason is not None:
+            return
+        # Done unless the leader answered an older epoch we also hold and our log
+        # still ends in a later epoch of our own (Kafka asks again then).
+        local_epoch = log.last_epoch()
+        self.need_epoch_check = (
+            resp.leader_epoch >= 0 and local_epoch != resp.leader_epoch and local_epoch != asked
+            and log.log_end_offset > log.log_start_offset
+        )
+
+    def _on_fetch_snapshot_response(self, resp: m.Body, position: int, now: int) -> None:
+        d = self.download
+        if d is None:
+            return
+        if (not isinstance(resp, m.FetchSnapshotResponse) or resp.error_code != Errors.NONE
+                or resp.snapshot_id != d.snapshot_id or resp.position != position
+                or resp.size <= 0):
+            # SNAPSHOT_NOT_FOUND, POSITION_OUT_OF_RANGE...: rediscover with a Fetch.
+            self.download = None
+            self._retry_later(now)
+            return
+        core = self.core
+        self.fetch_deadline_ms = now + core.config.fetch_timeout_ms
+        data = resp.unaligned_records
+        if not data and position < resp.size:
+            self.download = None
+            self._retry_later(now)
+            return
+        core.outbox.actions.append(WriteSnapshotChunk(d.snapshot_id, position, data))
+        d.position = position + len(data)
+        if d.position < resp.size:
+            return
+        self.download = None
+        core.log.install_snapshot(d.snapshot_id, resp.size)
+        self.need_epoch_check = False

@@ -1,0 +1,249 @@
+"""The leader: per-replica progress, the high watermark, client appends,
+check-quorum, BeginQuorumEpoch notifications and the log start (KIP-630).
+Serving reads (Fetch, FetchSnapshot, OffsetsForLeaderEpoch, ListOffsets) is
+in broker.quorum.leader_reads."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from broker.quorum.leader_reads import LeaderReads
+from broker.quorum.notify import Notifier
+from broker.quorum.outbox import RequestKind
+from broker.quorum.progress import ProduceWaiter, ProgressTable, ReplicaProgress
+from broker.quorum.roles import Role, RoleState
+from protocol import messages as m
+from protocol.errors import Errors
+from storage.batch import encode_batch
+from storage.control_records import LeaderChange, encode_control
+
+if TYPE_CHECKING:
+    from broker.quorum.core import QuorumCore
+
+
+class LeaderState(RoleState):
+    __slots__ = ("progress", "reads", "waiters", "notifier", "check_quorum_deadline_ms", "lbo_wait",
+                 "epoch_start_offset", "granted")
+    is_leader = True
+
+    def __init__(self, core: QuorumCore, epoch: int, voted_id: int, granted: list[int]):
+        super().__init__(core, Role.LEADER, epoch, core.node_id, voted_id)
+        self.granted = granted  # the voters that elected us (LeaderChange)
+        self.progress: ProgressTable | None = None
+        self.reads = LeaderReads(self)
+        self.waiters: deque[ProduceWaiter] = deque()
+        self.notifier: Notifier | None = None
+        self.check_quorum_deadline_ms: int | None = None
+        self.lbo_wait: tuple[int, int] | None = None  # (candidate LBO, since ms)
+        self.epoch_start_offset = m.NO_OFFSET
+
+    def on_enter(self, now: int) -> None:
+        core = self.core
+        log = core.log
+        self.progress = ProgressTable(core.others, now)
+        self.notifier = Notifier(RequestKind.BEGIN, core.others, now)
+        self.epoch_start_offset = log.log_end_offset
+        self.update_check_quorum_deadline()
+        # The epoch's first record: LeaderChange. The HW may not move until it is
+        # committed (KAFKA-12619), which is what makes the HW safe to expose.
+        value = encode_control(LeaderChange(core.node_id, list(core.voters), self.granted))
+        self.append(encode_batch(log.log_end_offset, self.epoch, [value], core.timestamp(now),
+                                 is_control=True), 1)
+
+    def on_exit(self, now: int) -> None:
+        """Answer everyone who waited on us as leader: we no longer are."""
+        core = self.core
+        cl = core.current_leader()
+        waiters = self.waiters
+        while waiters:
+            w = waiters.popleft()
+            core.respond(w.token, m.ProduceResponse(
+                error_code=Errors.NOT_LEADER_OR_FOLLOWER, current_leader=cl,
+                error_message="leadership lost before the records were committed",
+            ))
+        self.reads.fail_parked(now)
+
+    # -- time ----------------------------------------------------------------
+
+    def before_event(self, now: int) -> None:
+        if self.reads.parked:
+            # The driver has applied the appends that woke these: read them now.
+            self.reads.complete_parked(now, lambda p: p.woken)
+
+    def deadlines(self, now: int) -> list[int]:
+        ds = []
+        if self.check_quorum_deadline_ms is not None:
+            ds.append(self.check_quorum_deadline_ms)
+        for p in self.reads.parked:
+            ds.append(max(p.not_before_ms, now) if p.woken else p.deadline_ms)
+        if self.lbo_wait is not None:
+            ds.append(self.lbo_wait[1] + self.core.config.max_replication_lag_ms)
+        ds.extend(self.notifier.deadlines(now))
+        return ds
+
+    def poll(self, now: int) -> None:
+        core = self.core
+        if self.check_quorum_deadline_ms is not None and now >= self.check_quorum_deadline_ms:
+            self.update_check_quorum_deadline()
+            if now >= self.check_quorum_deadline_ms:
+                core.resign(now)  # a majority has gone quiet: step down
+                core.state.poll(now)
+                return
+        if self.reads.parked:
+            self.reads.complete_parked(now, lambda p: p.deadline_ms <= now)
+        self.notifier.send_due(now, self._begin_epoch_request, core.send)
+        self.maybe_advance_log_start(now)
+
+    def _begin_epoch_request(self) -> m.BeginQuorumEpochRequest:
+        core = self.core
+        return m.BeginQuorumEpochRequest(cluster_id=core.config.cluster_id, leader_id=core.node_id,
+                                         leader_epoch=self.epoch)
+
+    def update_check_quorum_deadline(self) -> None:
+        core = self.core
+        need = len(core.voters) // 2  # other voters needed besides ourselves
+        if need == 0:
+            self.check_quorum_deadline_ms = None
+            return
+        voters = self.progress.voters
+        contacts = sorted((voters[v].last_contact_ms for v in core.others), reverse=True)
+        self.check_quorum_deadline_ms = contacts[need - 1] + (3 * core.config.fetch_timeout_ms) // 2
+
+    def on_shutdown(self, now: int) -> None:
+        self.core.resign(now)
+
+    def on_log_cut(self, now: int) -> None:
+        # It may no longer hold records it served or counted, and must not append
+        # at an offset its followers may already hold under this epoch.
+        self.core.resign(now)
+
+    # -- notifications ---------------------------------------------------------
+
+    def notification_failed(self, voter: int, request_id: int, now: int) -> None:
+        self.notifier.failed(voter, request_id, now)
+
+    def notification_answered(self, voter: int, request_id: int) -> None:
+        self.notifier.answered(voter, request_id)
+
+    def notification_judged(self, voter: int, ok: bool, now: int) -> None:
+        self.notifier.judged(voter, ok, now)
+
+    # -- writes and the high watermark ---------------------------------------
+
+    def client_append(self, waiters: list, records: list[bytes], now: int) -> None:
+        core = self.core
+        if core.shutting_down:
+            super().client_append(waiters, records, now)
+            return
+        base = core.log.log_end_offset
+        epoch = self.epoch
+        batch = encode_batch(base, epoch, records, core.timestamp(now))
+        offset = base
+        for token, n in waiters:
+            self.waiters.append(ProduceWaiter(offset + n, token, offset, epoch))
+            offset += n
+        self.append(batch, len(records))
+
+    def append(self, batch: bytes, count: int) -> None:
+        """Append at the log end under our epoch."""
+        core = self.core
+        core.log.append_own(batch, count, self.epoch)
+        core.appended_this_step = True
+        if self.reads.parked:
+            # Replicas waiting at the old end have data now; consumers wait for the HW.
+            self.reads.complete_parked(core.now_ms, lambda p: p.request.replica_id >= 0)
+
+    def on_flushed(self, now: int) -> None:
+        self.maybe_advance_hw(now)
+
+    def maybe_advance_hw(self, now: int) -> None:
+        core = self.core
+        log = core.log
+        leos = [log.flushed_end_offset]  # our own unflushed tail never counts (KAFKA-10533)
+        voters = self.progress.voters
+        for v in core.others:
+            leos.append(voters[v].log_end_offset)
+        leos.sort(reverse=True)
+        new_hw = leos[core.hw_index]
+        if new_hw > self.epoch_start_offset and new_hw > log.high_watermark:
+            assert new_hw <= log.log_end_offset
+            log.high_watermark = new_hw
+            self._on_hw_advanced(now)
+
+    def _on_hw_advanced(self, now: int) -> None:
+        core = self.core
+        hw = core.log.high_watermark
+        cl = None
+        waiters = self.waiters
+        while waiters and waiters[0].end_offset <= hw:
+            w = waiters.popleft()
+            cl = cl or core.current_leader()
+            core.respond(w.token, m.ProduceResponse(base_offset=w.base_offset, leader_epoch=w.epoch,
+                                                    current_leader=cl))
+        if self.reads.parked:
+            # Followers learn the new HW now rather than after max_wait_ms.
+            self.reads.complete_parked(now, lambda p: True)
+
+    def maybe_advance_log_start(self, now: int) -> None:
+        """KIP-630: the leader moves its LBO to a snapshot once every live replica
+        has it, or once it has waited max_replication_lag_ms."""
+        log = self.core.log
+        if not log.snapshots:
+            return
+        target = log.snapshots[-1].end_offset
+        if target <= log.log_start_offset or target > log.high_watermark:
+            self.lbo_wait = None
+            return
+        if self.lbo_wait is None or self.lbo_wait[0] != target:
+            self.lbo_wait = (target, now)
+        cfg = self.core.config
+        lag_max = cfg.replica_lag_time_max_ms
+        all_have = all(
+            st.log_end_offset >= target
+            for st in self.progress.all()
+            if st.last_fetch_ms >= 0 and now - st.last_fetch_ms <= lag_max
+        )
+        if all_have or now - self.lbo_wait[1] >= cfg.max_replication_lag_ms:
+            self.lbo_wait = None
+            log.advance_log_start(target)
+
+    # -- exposure ------------------------------------------------------------
+
+    def successors(self) -> list[int]:
+        """The other voters, most caught up first (EndQuorumEpoch's order)."""
+        voters = self.progress.voters
+        return sorted(self.core.others, key=lambda v: (-voters[v].log_end_offset, v))
+
+    def is_in_sync(self, replica_id: int, now: int) -> bool:
+        core = self.core
+        if replica_id == core.node_id:
+            return True
+        st = self.progress.get(replica_id)
+        if st is None:
+            return False
+        return st.in_sync(core.log.log_end_offset, now, core.config)
+
+    def describe_quorum(self, now: int) -> m.DescribeQuorumResponse:
+        core = self.core
+        voters = []
+        for v in core.voters:
+            if v == core.node_id:
+                voters.append(m.ReplicaState(v, core.log.log_end_offset, now, now, True))
+            else:
+                voters.append(self._replica_state(self.progress.voters[v], now))
+        observers = [self._replica_state(st, now) for st in self.progress.observers.values()]
+        return m.DescribeQuorumResponse(
+            leader_id=core.node_id, leader_epoch=self.epoch,
+            high_watermark=core.log.high_watermark, voters=voters, observers=observers,
+        )
+
+    def _replica_state(self, st: ReplicaProgress, now: int) -> m.ReplicaState:
+        return m.ReplicaState(st.replica_id, st.log_end_offset, st.last_fetch_ms, st.last_caught_up_ms,
+                              self.is_in_sync(st.replica_id, now))
+
+    def replica_states(self) -> dict[int, ReplicaProgress]:
+        return {st.replica_id: st.copy() for st in self.progress.all()}
+
+    def observer_ids(self) -> list[int]:
+        return sorted(self.progress.observers)

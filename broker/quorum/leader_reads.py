@@ -1,0 +1,264 @@
+"""What a leader serves from its log: Fetch (with long-poll parking, snapshot
+redirects and DivergingEpoch), FetchSnapshot, OffsetsForLeaderEpoch and
+ListOffsets. The checks every role makes first (cluster id, validation,
+KIP-320 fencing) are done by QuorumCore before a request gets here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from broker.quorum.api import CorruptionFound
+from broker.quorum.progress import ParkedFetch, ReplicaProgress
+from protocol import messages as m
+from protocol.errors import Errors
+from storage.batch import CorruptBatchError, iter_batches
+from storage.errors import StorageError
+
+if TYPE_CHECKING:
+    from broker.quorum.leader import LeaderState
+
+NO_EPOCH = m.NO_EPOCH
+NO_OFFSET = m.NO_OFFSET
+# Bound on the fetches a leader keeps parked (more are answered at once).
+MAX_PARKED_FETCHES = 4096
+# ListOffsets-by-timestamp reads the log in chunks of this size.
+SCAN_CHUNK_BYTES = 1 << 20
+
+
+def fetch_problem(req: m.FetchRequest, node_id: int) -> str | None:
+    """Why a Fetch is malformed (INVALID_REQUEST), or None."""
+    consumer = req.replica_id < 0
+    if req.max_wait_ms < 0:
+        return f"max_wait_ms {req.max_wait_ms} is negative"
+    if req.fetch_offset < 0:
+        return f"fetch_offset {req.fetch_offset} is negative"
+    if req.last_fetched_epoch < 0 and not consumer:
+        return f"last_fetched_epoch {req.last_fetched_epoch} is negative"
+    if req.current_leader_epoch != NO_EPOCH and req.last_fetched_epoch > req.current_leader_epoch:
+        return (f"last_fetched_epoch {req.last_fetched_epoch} is newer than "
+                f"current_leader_epoch {req.current_leader_epoch}")
+    if req.replica_id == node_id:
+        return f"replica {req.replica_id} is this node"
+    return None
+
+
+class LeaderReads:
+    __slots__ = ("leader", "parked")
+
+    def __init__(self, leader: LeaderState):
+        self.leader = leader
+        self.parked: list[ParkedFetch] = []
+
+    def _storage_error(self, token: Any, req: m.Body, exc: Exception, message: str | None = None) -> None:
+        """Never send bytes that failed verification; the driver quarantines
+        and feeds LogQuarantined."""
+        core = self.leader.core
+        core.outbox.actions.append(CorruptionFound(exc))
+        core.respond(token, core.error_response(req, Errors.KAFKA_STORAGE_ERROR, message))
+
+    # -- Fetch -----------------------------------------------------------------
+
+    def serve_fetch(self, token: Any, req: m.FetchRequest, now: int, completing: bool) -> None:
+        leader = self.leader
+        core = leader.core
+        log = core.log
+        consumer = req.replica_id < 0
+        hw = log.high_watermark
+        lso = log.log_start_offset
+        leo = log.log_end_offset
+        fetch_offset = req.fetch_offset
+        lfe = req.last_fetched_epoch
+        cl = core.current_leader()
+        progress = leader.progress
+
+        if not consumer and not completing:
+            # Done before the snapshot redirect and DivergingEpoch answers too, which
+            # never update the fetch state: a wiped replica downloading a snapshot
+            # must not keep its old offset.
+            st = progress.get(req.replica_id)
+            if st is not None:
+                st.forget_position(fetch_offset)
+        # Snapshot redirect (KIP-630, KAFKA-15078).
+        snap = log.snapshot_redirect(fetch_offset, lfe)
+        if snap is not None:
+            core.respond(token, m.FetchResponse(
+                high_watermark=hw, log_start_offset=lso, snapshot_id=snap, current_leader=cl))
+            return
+        # DivergingEpoch (the latest epoch is the hot path: no search).
+        if fetch_offset > 0 and lfe >= 0:
+            if lfe == log.epochs.latest_epoch:
+                end_epoch, end_offset = lfe, leo
+            else:
+                end_epoch, end_offset = log.end_offset_for_epoch(lfe)
+            if end_epoch != lfe or end_offset < fetch_offset:
+                core.respond(token, m.FetchResponse(
+                    high_watermark=hw, log_start_offset=lso, current_leader=cl,
+                    diverging_epoch=m.EpochEndOffset(end_epoch, end_offset)))
+                return
+        if consumer and fetch_offset > leo:
+            core.respond(token, core.error_response(
+                req, Errors.OFFSET_OUT_OF_RANGE, f"fetch offset {fetch_offset} is past the log end offset {leo}"))
+            return
+
+        # A valid fetch: it updates the replica's state and may move the HW.
+        st = None
+        hw_before = log.high_watermark
+        if not consumer:
+            st = progress.progress_for(req.replica_id)
+            if not completing:
+                st.log_end_offset = fetch_offset
+                st.last_fetch_ms = now
+                st.last_contact_ms = now
+                leader.notifier.unacked.discard(req.replica_id)  # a fetch acknowledges our epoch
+                if req.replica_id in progress.voters:
+                    leader.maybe_advance_hw(now)
+                    assert core.state is leader, "advancing the HW never changes the role"
+            upper = log.log_end_offset
+        else:
+            upper = max(log.high_watermark, lso)
+
+        has_data = fetch_offset < upper
+        stalled = now < core.read_stall_until_ms
+        # Park an empty fetch -- unless it just moved the HW, which the
+        # follower should learn now rather than max_wait_ms later.
+        if not completing and (stalled or (not has_data and req.max_wait_ms > 0
+                                           and log.high_watermark == hw_before)):
+            if len(self.parked) < MAX_PARKED_FETCHES:
+                self._park(token, req, now, has_data, st)
+                return
+        records = b""
+        if has_data:
+            try:
+                records = core.reader.read(fetch_offset, upper, req.max_bytes)
+            except (CorruptBatchError, StorageError) as exc:
+                self._storage_error(token, req, exc, f"node {core.node_id} failed to read offset "
+                                    f"{fetch_offset}: {exc}")
+                return
+        if st is not None:
+            st.on_fetch_served(fetch_offset, log.log_end_offset, now,
+                               core.config.follower_fetch_pending_reads_insync_enable)
+        core.respond(token, m.FetchResponse(
+            high_watermark=log.high_watermark, log_start_offset=log.log_start_offset,
+            records=records, current_leader=cl))
+
+    def _park(self, token: Any, req: m.FetchRequest, now: int, has_data: bool,
+              st: ReplicaProgress | None) -> None:
+        core = self.leader.core
+        stall = core.read_stall_until_ms
+        if st is not None:
+            # One pending fetch per replica: answer an older one first.
+            for p in list(self.parked):
+                if p.request.replica_id == req.replica_id:
+                    self.parked.remove(p)
+                    core.handle_fetch(p.token, p.request, now, completing=True)
+            st.pending_offset = req.fetch_offset
+            st.pending_prev_leo = st.leader_leo_at_last_read
+        deadline = now if has_data else now + req.max_wait_ms
+        self.parked.append(ParkedFetch(token, req, now, max(deadline, stall), stall))
+
+    def complete_parked(self, now: int, which: Callable[[ParkedFetch], bool]) -> None:
+        core = self.leader.core
+        if core.appended_this_step:
+            # Reads go through the LogReader, which will not see this step's
+            # AppendBatches until the driver executes them: answer next step.
+            for p in self.parked:
+                if which(p):
+                    p.woken = True
+            return
+        keep: list[ParkedFetch] = []
+        done: list[ParkedFetch] = []
+        for p in self.parked:
+            (done if p.not_before_ms <= now and which(p) else keep).append(p)
+        if not done:
+            return
+        self.parked = keep
+        for p in done:
+            core.handle_fetch(p.token, p.request, now, completing=True)
+
+    def fail_parked(self, now: int) -> None:
+        """Leadership is lost: every parked fetch is answered as the new role
+        answers it (NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH)."""
+        parked, self.parked = self.parked, []
+        for p in parked:
+            self.leader.core.handle_fetch(p.token, p.request, now, completing=True)
+
+    # -- other reads -------------------------------------------------------------
+
+    def serve_fetch_snapshot(self, token: Any, req: m.FetchSnapshotRequest, now: int) -> None:
+        core = self.leader.core
+        st = self.leader.progress.voters.get(req.replica_id)
+        if st is not None:
+            st.last_contact_ms = now
+        size = core.reader.snapshot_size(req.snapshot_id)
+        if size is None:
+            core.respond(token, core.error_response(req, Errors.SNAPSHOT_NOT_FOUND))
+            return
+        if req.position < 0 or req.position >= size:
+            core.respond(token, core.error_response(req, Errors.POSITION_OUT_OF_RANGE))
+            return
+        max_bytes = max(1, min(req.max_bytes, core.config.snapshot_chunk_bytes))
+        try:
+            data = core.reader.read_snapshot(req.snapshot_id, req.position, max_bytes)
+        except (CorruptBatchError, StorageError) as exc:
+            self._storage_error(token, req, exc)
+            return
+        core.respond(token, m.FetchSnapshotResponse(
+            snapshot_id=req.snapshot_id, size=size, position=req.position,
+            unaligned_records=data, current_leader=core.current_leader()))
+
+    def serve_offsets_for_epoch(self, token: Any, req: m.OffsetsForLeaderEpochRequest) -> None:
+        core = self.leader.core
+        log = core.log
+        epoch, end = log.end_offset_for_epoch(req.leader_epoch)
+        if req.replica_id < 0 and end > log.high_watermark:
+            end = max(log.high_watermark, log.log_start_offset)  # consumers see committed data only
+        core.respond(token, m.OffsetsForLeaderEpochResponse(
+            leader_epoch=epoch, end_offset=end, current_leader=core.current_leader()))
+
+    def serve_list_offsets(self, token: Any, req: m.ListOffsetsRequest) -> None:
+        core = self.leader.core
+        log = core.log
+        if log.high_watermark < 0:
+            # Our first record is not committed yet.
+            core.respond(token, core.error_response(req, Errors.LEADER_NOT_AVAILABLE))
+            return
+        cl = core.current_leader()
+        hw = log.high_watermark
+        lso = log.log_start_offset
+        if req.timestamp_ms == m.LIST_OFFSETS_EARLIEST:
+            offset, ts = lso, -1
+        elif req.timestamp_ms == m.LIST_OFFSETS_LATEST:
+            offset, ts = hw, -1
+        else:
+            try:
+                offset, ts = self._offset_for_timestamp(req.timestamp_ms, lso, hw)
+            except (CorruptBatchError, StorageError) as exc:
+                self._storage_error(token, req, exc)
+                return
+            if offset < 0:
+                core.respond(token, m.ListOffsetsResponse(current_leader=cl))
+                return
+        # The epoch of the last record before `offset` lets the client validate it.
+        epoch = log.epochs.epoch_for_offset(offset - 1) if offset > lso else NO_EPOCH
+        if epoch == NO_EPOCH:
+            base = log.snapshot_at(lso)
+            epoch = base.epoch if base is not None else log.epochs.epoch_for_offset(offset)
+        core.respond(token, m.ListOffsetsResponse(
+            offset=offset, timestamp_ms=ts, leader_epoch=epoch, current_leader=cl))
+
+    def _offset_for_timestamp(self, ts: int, start: int, end: int) -> tuple[int, int]:
+        """First committed batch whose max timestamp is >= ts: (base offset, its ts)."""
+        reader = self.leader.core.reader
+        pos = start
+        while pos < end:
+            data = reader.read(pos, end, SCAN_CHUNK_BYTES)
+            last_next = pos
+            for _, h in iter_batches(data, verify=False):
+                if h.next_offset > pos and h.max_timestamp_ms >= ts:
+                    return max(h.base_offset, pos), h.max_timestamp_ms
+                last_next = h.next_offset
+            if last_next <= pos:
+                break  # no progress: the reader returned nothing
+            pos = last_next
+        return NO_OFFSET, -1

@@ -1,0 +1,277 @@
+"""The core's view of its local log, shared by every role: offsets (start,
+end, flushed end), the epoch history, snapshots, the high watermark and the
+quarantine mark. Every change it makes is emitted as an action (AppendBatches,
+TruncateLog, WriteEpochCheckpoint, ...) into the step's Outbox; the driver
+executes them in order."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from broker.quorum.api import (
+    AdvanceLogStart,
+    AppendBatches,
+    ClearQuarantine,
+    FlushLog,
+    InstallSnapshot,
+    LogView,
+    TruncateLog,
+    WriteEpochCheckpoint,
+)
+from broker.quorum.outbox import Outbox
+from protocol import messages as m
+from storage.batch import CorruptBatchError, iter_batches
+from storage.epochs import EpochHistory
+
+NO_OFFSET = m.NO_OFFSET
+
+
+class LocalLog:
+    __slots__ = ("outbox", "fail", "log_start_offset", "log_end_offset", "flushed_end_offset", "epochs",
+                 "snapshots", "high_watermark", "must_reach_offset", "pre_install")
+
+    def __init__(self, view: LogView, outbox: Outbox, fail: Callable[[str], None]):
+        if view.log_start_offset > view.log_end_offset:
+            raise ValueError(
+                f"log start offset {view.log_start_offset} is past the log end offset {view.log_end_offset}")
+        self.outbox = outbox
+        self.fail = fail  # an invariant breach: the core stops (Fatal)
+        self.log_start_offset = view.log_start_offset
+        self.log_end_offset = view.log_end_offset
+        self.flushed_end_offset = view.log_end_offset  # recovery: all on disk counts
+        self.epochs = EpochHistory(view.epochs)
+        self.snapshots: list[m.SnapshotId] = sorted(view.snapshots)
+        self.high_watermark = NO_OFFSET
+        # Quarantine (issue 12): the log end this voter had before corruption cut
+        # it, which it may have acknowledged. Until the flushed end reaches it,
+        # the voter neither grants votes nor stands. -1: not quarantined.
+        self.must_reach_offset = view.must_reach_offset
+        # Our log as it was before the last InstallSnapshot, until it is known
+        # to have succeeded (rolled back by SnapshotInstallFailed).
+        self.pre_install: tuple | None = None
+
+    def _checkpoint(self) -> None:
+        self.outbox.actions.append(WriteEpochCheckpoint(tuple(self.epochs.entries)))
+
+    # -- reading -----------------------------------------------------------
+
+    def last_epoch(self) -> int:
+        """Epoch of the last record we hold: from the epoch history, or, when
+        the log is empty past a snapshot, the snapshot's epoch (as Kafka's
+        lastFetchedEpoch). Fetch, OffsetsForLeaderEpoch and Vote all use it."""
+        epoch = self.epochs.latest_epoch
+        if epoch < 0 and self.snapshots and self.snapshots[-1].end_offset == self.log_end_offset:
+            return self.snapshots[-1].epoch
+        return epoch
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """Kafka's endOffsetForEpoch with KRaft's override (KafkaMetadataLog): an
+        epoch older than our whole history, when the log starts at a snapshot,
+        is answered with that snapshot's id. The history was cut at the log start
+        (truncate_from_start), so we do not know where such an epoch really ended:
+        the plain answer (epoch, log start) would claim the asker's records of
+        that epoch up to our log start match ours -- untrue, and not even a batch
+        boundary of the asker's log (sim finding 4). The answer's epoch is then
+        newer than the one asked, which tells the asker to fetch and be sent the
+        snapshot."""
+        e, end = self.epochs.end_offset_for_epoch(epoch, self.log_end_offset)
+        lso = self.log_start_offset
+        if lso > 0 and e == epoch and end == lso and epoch != self.epochs.latest_epoch:
+            base = self.snapshot_at(lso)
+            first = self.epochs.entries[0] if self.epochs.entries else None
+            if base is not None and (first is None or epoch < first.epoch):
+                return base.epoch, base.end_offset
+        return e, end
+
+    def snapshot_redirect(self, fetch_offset: int, lfe: int) -> m.SnapshotId | None:
+        if not self.snapshots:
+            return None
+        latest = self.snapshots[-1]
+        lso = self.log_start_offset
+        if fetch_offset == 0 and latest.end_offset > 0:
+            return latest  # KAFKA-15078: an empty replica starts from the snapshot
+        if lso > 0:
+            base = self.snapshot_at(lso)
+            base_epoch = base.epoch if base is not None else latest.epoch
+            if fetch_offset < lso or (fetch_offset == lso and lfe != base_epoch) or lfe < base_epoch:
+                return latest
+        return None
+
+    def snapshot_at(self, end_offset: int) -> m.SnapshotId | None:
+        for s in self.snapshots:
+            if s.end_offset == end_offset:
+                return s
+        return None
+
+    # -- writing -------------------------------------------------------------
+
+    def append_own(self, batch: bytes, count: int, epoch: int) -> None:
+        """Leader append at the log end under its epoch."""
+        base = self.log_end_offset
+        actions = self.outbox.actions
+        actions.append(AppendBatches(batch, base, base + count))
+        self.log_end_offset = base + count
+        if self.epochs.assign(epoch, base):
+            self._checkpoint()
+        actions.append(FlushLog())
+
+    def append_fetched(self, records: bytes, epoch: int) -> bool:
+        """Append the whole batches of a fetch answer; False if it does not fit our log."""
+        leo = self.log_end_offset
+        expect = leo
+        end_pos = 0
+        changed = False
+        epochs = self.epochs
+        try:
+            for pos, h in iter_batches(records):
+                if h.base_offset != expect:
+                    if end_pos == 0:
+                        return False  # not at our end: a stale or misaligned answer
+                    break
+                if h.leader_epoch > epoch:
+                    self.fail(f"fetched a batch of epoch {h.leader_epoch} while in epoch {epoch}")
+                    return False
+                if h.leader_epoch < epochs.latest_epoch:
+                    self.fail(f"fetched a batch of epoch {h.leader_epoch} at offset {h.base_offset} "
+                              f"after epoch {epochs.latest_epoch}")
+                    return False
+                changed |= epochs.assign(h.leader_epoch, h.base_offset)
+                expect = h.next_offset
+                end_pos = pos + h.size
+        except CorruptBatchError:
+            if end_pos == 0:
+                return False  # keep what was sound before the corrupt batch
+        if end_pos == 0:
+            return False
+        self.outbox.actions.append(AppendBatches(bytes(records[:end_pos]), leo, expect))
+        self.log_end_offset = expect
+        if changed:
+            self._checkpoint()
+        self.outbox.actions.append(FlushLog())
+        return True
+
+    def on_flushed(self, flushed_end_offset: int) -> bool:
+        """FlushCompleted: True if the flushed end moved."""
+        new = min(flushed_end_offset, self.log_end_offset)
+        if new > self.flushed_end_offset:
+            self.flushed_end_offset = new
+            return True
+        return False
+
+    def truncate_to_leader(self, leader_epoch: int, leader_end: int, why: str) -> None:
+        """Kafka's truncateToEndOffset: cut to the largest offset both logs agree on."""
+        if leader_epoch < 0 or leader_end < 0:
+            target = self.log_start_offset  # the leader has nothing we could share
+        else:
+            local_epoch, local_end = self.epochs.end_offset_for_epoch(leader_epoch, self.log_end_offset)
+            if local_end < 0:
+                target = self.log_start_offset
+            elif local_epoch == leader_epoch:
+                target = min(local_end, leader_end)
+            else:
+                target = local_end
+        target = min(target, self.log_end_offset)
+        if target < self.high_watermark or target < self.log_start_offset:
+            self.fail(
+                f"{why} ({leader_epoch}, {leader_end}) asks to truncate to {target}, below our "
+                f"high watermark {self.high_watermark} / log start {self.log_start_offset}")
+            return
+        if target < self.log_end_offset:
+            self.outbox.actions.append(TruncateLog(target))
+            self.log_end_offset = target
+            self.flushed_end_offset = min(self.flushed_end_offset, target)
+            if self.epochs.truncate_from_end(target):
+                self._checkpoint()
+
+    def follower_hw(self, leader_hw: int) -> None:
+        new = min(self.log_end_offset, leader_hw)
+        if new > self.high_watermark:
+            self.high_watermark = new
+
+    def follower_log_start(self, leader_lso: int) -> None:
+        """KIP-630: follow the leader's LBO up to our newest snapshot below it."""
+        if leader_lso <= self.log_start_offset:
+            return
+        best = None
+        for s in self.snapshots:
+            if self.log_start_offset < s.end_offset <= leader_lso and s.end_offset <= self.high_watermark:
+                best = s.end_offset
+        if best is not None and best <= self.log_end_offset:
+            self.advance_log_start(best)
+
+    def advance_log_start(self, target: int) -> None:
+        assert self.log_start_offset < target <= self.log_end_offset
+        self.outbox.actions.append(AdvanceLogStart(target))
+        self.log_start_offset = target
+        if self.epochs.truncate_from_start(target):
+            self._checkpoint()
+        self.snapshots = [s for s in self.snapshots if s.end_offset >= target]
+
+    # -- snapshots -----------------------------------------------------------
+
+    def add_snapshot(self, sid: m.SnapshotId) -> None:
+        """SnapshotCreated: the driver wrote a snapshot of the committed state."""
+        if sid.end_offset < self.log_start_offset or sid.end_offset > self.high_watermark:
+            raise ValueError(
+                f"snapshot {sid.end_offset}-{sid.epoch} is outside [log start "
+                f"{self.log_start_offset}, high watermark {self.high_watermark}]")
+        if sid.end_offset > self.log_start_offset:
+            epoch = self.epochs.epoch_for_offset(sid.end_offset - 1)
+            if epoch != sid.epoch:
+                raise ValueError(
+                    f"snapshot {sid.end_offset}-{sid.epoch}: the record at offset "
+                    f"{sid.end_offset - 1} has epoch {epoch}")
+        if sid not in self.snapshots:
+            self.snapshots.append(sid)
+            self.snapshots.sort()
+
+    def install_snapshot(self, sid: m.SnapshotId, size: int) -> None:
+        """A downloaded snapshot replaces the whole log (kept for a rollback)."""
+        self.pre_install = (sid, self.log_start_offset, self.log_end_offset, self.flushed_end_offset,
+                            list(self.epochs.entries), list(self.snapshots), self.high_watermark)
+        self.outbox.actions.append(InstallSnapshot(sid, size))
+        # The log now starts and ends at the snapshot; its epoch is our last epoch
+        # (KIP-630: the snapshot stands for every record below end_offset).
+        self.log_start_offset = sid.end_offset
+        self.log_end_offset = sid.end_offset
+        self.flushed_end_offset = sid.end_offset
+        self.epochs = EpochHistory([(sid.epoch, sid.end_offset)])
+        self._checkpoint()
+        self.snapshots = [sid]
+        if sid.end_offset > self.high_watermark:
+            self.high_watermark = sid.end_offset  # a snapshot only holds committed data
+
+    def rollback_install(self, sid: m.SnapshotId) -> None:
+        """The driver rejected the download and kept its log: so do we."""
+        pre = self.pre_install
+        if pre is None or pre[0] != sid:
+            raise ValueError(f"SnapshotInstallFailed for {sid} without a matching InstallSnapshot")
+        self.pre_install = None
+        (_, self.log_start_offset, self.log_end_offset, self.flushed_end_offset, entries,
+         self.snapshots, hw) = pre
+        self.epochs = EpochHistory(entries)
+        self._checkpoint()
+        # Back to the HW we had: the snapshot's end was committed, but the old
+        # log past our old HW may hold records that diverge from it.
+        self.high_watermark = hw
+
+    # -- quarantine (issue 12) ----------------------------------------------
+
+    def cut_for_quarantine(self, end: int, must_reach_offset: int) -> None:
+        if end < self.log_start_offset or end > self.log_end_offset:
+            raise ValueError(f"quarantine cut the log to {end}, outside [log start "
+                             f"{self.log_start_offset}, log end {self.log_end_offset}]")
+        self.must_reach_offset = max(self.must_reach_offset, must_reach_offset)
+        self.log_end_offset = end
+        self.flushed_end_offset = min(self.flushed_end_offset, end)
+        # What we can still serve as committed is what we still hold.
+        self.high_watermark = min(self.high_watermark, end)
+        if self.epochs.truncate_from_end(end):
+            self._checkpoint()
+
+    def maybe_clear_quarantine(self, is_voter: bool) -> None:
+        must = self.must_reach_offset
+        if must >= 0 and (must <= self.flushed_end_offset or not is_voter):
+            # (an observer's log never counted toward a vote or a commit)
+            self.outbox.actions.append(ClearQuarantine(must))
+            self.must_reach_offset = -1

@@ -1,0 +1,52 @@
+"""BeginQuorumEpoch (a new leader) and EndQuorumEpoch (a resigned one) sent to
+every other voter and re-sent until each acknowledges: a voter learns the
+new leader, or that the old one left, from these."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from broker.quorum.outbox import RETRY_BACKOFF_MS, RequestKind
+from protocol import messages as m
+
+
+class Notifier:
+    __slots__ = ("kind", "unacked", "inflight", "retry_at")
+
+    def __init__(self, kind: RequestKind, voters: tuple[int, ...], now: int):
+        self.kind = kind
+        self.unacked = set(voters)  # not acknowledged yet
+        self.inflight: dict[int, int] = {}  # voter -> request id
+        self.retry_at = {v: now for v in voters}
+
+    def send_due(self, now: int, body: Callable[[], m.Body],
+                 send: Callable[[int, m.Body, RequestKind], int]) -> None:
+        for v in sorted(self.unacked):
+            if v in self.inflight or now < self.retry_at.get(v, 0):
+                continue
+            self.inflight[v] = send(v, body(), self.kind)
+
+    def deadlines(self, now: int) -> list[int]:
+        # Retries already due were sent by the last step; only future ones count.
+        out = []
+        for v in self.unacked:
+            at = self.retry_at.get(v, 0)
+            if v not in self.inflight and at > now:
+                out.append(at)
+        return out
+
+    def failed(self, voter: int, request_id: int, now: int) -> None:
+        if self.inflight.get(voter) == request_id:
+            del self.inflight[voter]
+            self.retry_at[voter] = now + RETRY_BACKOFF_MS
+
+    def answered(self, voter: int, request_id: int) -> None:
+        if self.inflight.get(voter) == request_id:
+            del self.inflight[voter]
+
+    def judged(self, voter: int, ok: bool, now: int) -> None:
+        """An answer sent in our epoch: acknowledged, or to be re-sent."""
+        if ok:
+            self.unacked.discard(voter)
+        else:
+            self.retry_at[voter] = now + RETRY_BACKOFF_MS

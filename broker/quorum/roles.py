@@ -1,0 +1,182 @@
+"""Role states of a quorum node, in the manner of Kafka's QuorumState.
+
+Each role is a small object holding only its own fields; the node's current
+role is one such object (``QuorumCore.state``) and events reach the role
+through the methods below, which each role overrides where it cares (etcd
+raft's per-role step functions). The base class holds what every role has:
+the epoch, the leader and vote as known in it, and the election timer.
+
+``ALLOWED_TRANSITIONS`` lists every role change the core may make;
+``QuorumCore.transition`` asserts it, persists the election state first and
+only then makes the new role observable (Kafka's durableTransitionTo).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING
+
+from protocol import messages as m
+from protocol.errors import Errors
+
+if TYPE_CHECKING:
+    from broker.quorum.core import QuorumCore
+    from broker.quorum.outbox import RequestKind
+    from broker.quorum.progress import ReplicaProgress
+
+
+class Role(enum.StrEnum):
+    """The role as exposed (DescribeQuorum, /quorum, metrics)."""
+
+    UNATTACHED = "unattached"
+    VOTED = "voted"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+    FOLLOWER = "follower"
+    RESIGNED = "resigned"
+    OBSERVER = "observer"
+
+
+# Kafka's RETRY_BACKOFF_BASE_MS: unit of the election backoffs.
+RETRY_BACKOFF_BASE_MS = 100
+
+R = Role
+ALLOWED_TRANSITIONS: dict[Role, frozenset[Role]] = {
+    # An epoch moves on (Vote, BeginQuorumEpoch, EndQuorumEpoch, any answer
+    # naming a newer epoch): unattached there, or following its leader.
+    R.UNATTACHED: frozenset({R.UNATTACHED, R.VOTED, R.CANDIDATE, R.FOLLOWER}),
+    R.VOTED: frozenset({R.UNATTACHED, R.CANDIDATE, R.FOLLOWER}),
+    # A quarantined candidate gives up its candidacy but keeps its own vote.
+    R.CANDIDATE: frozenset({R.UNATTACHED, R.VOTED, R.CANDIDATE, R.LEADER, R.FOLLOWER}),
+    R.LEADER: frozenset({R.RESIGNED, R.UNATTACHED, R.FOLLOWER}),
+    R.RESIGNED: frozenset({R.UNATTACHED, R.CANDIDATE, R.FOLLOWER}),
+    R.FOLLOWER: frozenset({R.UNATTACHED, R.CANDIDATE, R.FOLLOWER}),
+    # A non-voter is an observer whatever happens; it may lose or learn a leader.
+    R.OBSERVER: frozenset({R.OBSERVER}),
+}
+# Transitions that keep the persisted election as it is (Kafka's
+# memoryTransitionTo): a resigned leader still records that it led the epoch.
+MEMORY_TRANSITIONS = frozenset({(R.LEADER, R.RESIGNED)})
+
+
+class RoleState:
+    """What every role has, and what a role does with an event it does not
+    handle itself (mostly: nothing, or refuse)."""
+
+    __slots__ = ("core", "role", "epoch", "leader_id", "voted_id", "election_deadline_ms")
+    is_leader = False
+
+    def __init__(self, core: QuorumCore, role: Role, epoch: int, leader_id: int, voted_id: int):
+        self.core = core
+        self.role = role
+        self.epoch = epoch
+        self.leader_id = leader_id  # NO_LEADER if unknown
+        self.voted_id = voted_id  # -1 if none this epoch
+        self.election_deadline_ms: int | None = None
+
+    def persisted_leader_id(self) -> int:
+        return self.leader_id
+
+    # -- lifecycle (QuorumCore.transition and boot) --------------------------
+
+    def on_enter(self, now: int) -> None:
+        """The role is observable and persisted: arm timers, send requests."""
+
+    def on_exit(self, now: int) -> None:
+        """After the next role was entered: answer what only this role could."""
+
+    def on_boot(self, now: int) -> None:
+        """First step of a process life, in the role read from disk."""
+
+    # -- time ----------------------------------------------------------------
+
+    def deadlines(self, now: int) -> list[int]:
+        return []
+
+    def poll(self, now: int) -> None:
+        """Timers: run at the end of every step."""
+
+    def before_event(self, now: int) -> None:
+        """Start of a step, before its event is handled."""
+
+    # -- election ------------------------------------------------------------
+
+    def grant_vote(self, req: m.VoteRequest, running_deadline: int | None, now: int) -> bool:
+        return False
+
+    def on_leader_claimed(self, leader_id: int, epoch: int, now: int) -> None:
+        """Another node leads our epoch and we knew no leader in it."""
+        self.core.become_follower(epoch, leader_id, now)
+
+    def on_end_quorum_epoch(self, req: m.EndQuorumEpochRequest, now: int) -> None:
+        """Our epoch's leader resigns."""
+
+    def running_deadline(self) -> int | None:
+        """The timer that would make us stand ourselves."""
+        return self.election_deadline_ms
+
+    def postpone_candidacy(self, now: int) -> None:
+        """A quarantined voter may not stand: try again after an election timeout."""
+        self.election_deadline_ms = now + self.core.election_timeout()
+
+    def on_vote_answer(self, voter: int, resp: m.Body, now: int) -> None:
+        """A VoteResponse of our epoch (only a candidate counts it)."""
+
+    # -- answers to what a role sent (QuorumCore routes them by request kind) --
+
+    def fetch_failed(self, request_id: int, destination: int, reason: str, sent_epoch: int, now: int) -> None:
+        """A fetch-loop request failed (no answer will come)."""
+
+    def fetch_answered(self, request_id: int) -> bool:
+        """A fetch-loop answer arrived: True if this role still waits for it."""
+        return False
+
+    def on_fetch_answer(self, kind: RequestKind, destination: int, position: int, resp: m.Body,
+                        now: int) -> None:
+        """A fetch-loop answer this role waited for, sent in the current epoch."""
+
+    def notification_failed(self, voter: int, request_id: int, now: int) -> None:
+        """A BeginQuorumEpoch / EndQuorumEpoch failed."""
+
+    def notification_answered(self, voter: int, request_id: int) -> None:
+        """A BeginQuorumEpoch / EndQuorumEpoch was answered (any epoch)."""
+
+    def notification_judged(self, voter: int, ok: bool, now: int) -> None:
+        """The answer to a notification sent in the current epoch."""
+
+    def client_append(self, waiters: list, records: list[bytes], now: int) -> None:
+        core = self.core
+        cl = core.current_leader()
+        for token, _ in waiters:
+            core.respond(token, m.ProduceResponse(
+                error_code=Errors.NOT_LEADER_OR_FOLLOWER, current_leader=cl,
+                error_message=f"node {core.node_id} is not the leader"))
+
+    # -- the local log changed under us --------------------------------------
+
+    def on_flushed(self, now: int) -> None:
+        """The flushed log end moved."""
+
+    def on_log_cut(self, now: int) -> None:
+        """LogQuarantined: the log lost its tail to corruption."""
+
+    def on_log_rewound(self, now: int) -> None:
+        """SnapshotInstallFailed: the log is back as it was before the install."""
+
+    def on_shutdown(self, now: int) -> None:
+        """Graceful stop (the election timer is already disarmed)."""
+
+    # -- exposure ------------------------------------------------------------
+
+    def describe_quorum(self, now: int) -> m.DescribeQuorumResponse:
+        return m.DescribeQuorumResponse(
+            error_code=Errors.NOT_LEADER_OR_FOLLOWER, leader_id=self.leader_id, leader_epoch=self.epoch)
+
+    def is_in_sync(self, replica_id: int, now: int) -> bool:
+        return False
+
+    def replica_states(self) -> dict[int, ReplicaProgress]:
+        return {}
+
+    def observer_ids(self) -> list[int]:
+        return []
