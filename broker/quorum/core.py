@@ -70,8 +70,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.quorum import election
-from broker.quorum.answers import api_versions_response, check_cluster_id, error_response, metadata_response
+from broker.quorum import inbound
+from broker.quorum.answers import error_response, metadata_response
 from broker.quorum.api import (
     Action,
     AppendWaiter,
@@ -98,7 +98,6 @@ from broker.quorum.election import CandidateState, ResignedState, UnattachedStat
 from broker.quorum.env import Environment
 from broker.quorum.follower import FollowerState
 from broker.quorum.leader import LeaderState
-from broker.quorum.leader_reads import fetch_problem
 from broker.quorum.log import LocalLog
 from broker.quorum.outbox import FETCH_LOOP, NOTIFICATIONS, Outbox, RequestKind
 from broker.quorum.progress import ReplicaProgress
@@ -151,7 +150,7 @@ class QuorumCore:
         self._persist_on_boot = False
         self.state: RoleState = self._state_from_disk(quorum_state)
         self._handlers = {
-            RequestReceived: lambda ev, now: self._on_request(ev.token, ev.request, now),
+            RequestReceived: lambda ev, now: inbound.on_request(self, ev.token, ev.request, now),
             ResponseReceived: self._on_response,
             Tick: lambda ev, now: self._learn_wall_clock(ev.wall_clock_ms, now),
             FlushCompleted: self._on_flush,
@@ -441,100 +440,18 @@ class QuorumCore:
     def error_response(self, req: m.Body, code: int, message: str | None = None) -> m.Body:
         return error_response(req, code, message, self.current_leader())
 
-    def _fence_client(self, current_leader_epoch: int, sentinel_allowed: bool) -> int:
-        """KIP-320: a client that does not know the epoch (NO_EPOCH) is not
-        fenced, only sent to the leader; replicas are always fenced."""
-        if sentinel_allowed and current_leader_epoch == NO_EPOCH:
-            return Errors.NONE if self.state.is_leader else Errors.NOT_LEADER_OR_FOLLOWER
-        return self._fence(current_leader_epoch)
-
-    def _fence(self, current_leader_epoch: int) -> int:
-        """KIP-320 epoch check of a leader-only request; NONE if it may proceed."""
-        st = self.state
-        if current_leader_epoch < st.epoch:
-            return Errors.FENCED_LEADER_EPOCH
-        if current_leader_epoch > st.epoch:
-            return Errors.UNKNOWN_LEADER_EPOCH
-        if not st.is_leader:
-            return Errors.NOT_LEADER_OR_FOLLOWER
-        return Errors.NONE
-
-    # ------------------------------------------------------------------
-    # inbound requests
-
-    def _on_request(self, token: Any, req: m.Body, now: int) -> None:
-        wrong_cluster = check_cluster_id(self.config.cluster_id, req, self.current_leader())
-        if wrong_cluster is not None:
-            self.respond(token, wrong_cluster)
-            return
-        t = type(req)
-        if t is m.FetchRequest:
-            self.handle_fetch(token, req, now, completing=False)
-            return
-        if t in (m.BeginQuorumEpochRequest, m.EndQuorumEpochRequest) and req.leader_id not in self.voters:
-            self.respond(token, self.error_response(req, Errors.INCONSISTENT_VOTER_SET))
-            return
-        if t is m.VoteRequest:
-            election.handle_vote(self, token, req, now)
-        elif t is m.BeginQuorumEpochRequest:
-            election.handle_begin_epoch(self, token, req, now)
-        elif t is m.EndQuorumEpochRequest:
-            election.handle_end_epoch(self, token, req, now)
-        elif t is m.OffsetsForLeaderEpochRequest:
-            code = self._fence_client(req.current_leader_epoch, sentinel_allowed=req.replica_id < 0)
-            if code != Errors.NONE:
-                self.respond(token, self.error_response(req, code))
-            else:
-                self.state.reads.serve_offsets_for_epoch(token, req)
-        elif t is m.FetchSnapshotRequest:
-            code = self._fence(req.current_leader_epoch)
-            if code != Errors.NONE:
-                self.respond(token, self.error_response(req, code))
-            else:
-                self.state.reads.serve_fetch_snapshot(token, req, now)
-        elif t is m.ProduceRequest:
-            if not req.records:
-                self.respond(token, self.error_response(
-                    req, Errors.INVALID_REQUEST, "a produce request must carry at least one record"))
-                return
-            self._client_append(now, [AppendWaiter(token, len(req.records))], list(req.records))
-        elif t is m.DescribeQuorumRequest:
-            self.respond(token, self.describe_quorum(now))
-        elif t is m.ListOffsetsRequest:
-            code = self._fence_client(req.current_leader_epoch, sentinel_allowed=True)
-            if code != Errors.NONE:
-                self.respond(token, self.error_response(req, code))
-            else:
-                self.state.reads.serve_list_offsets(token, req)
-        elif t is m.MetadataRequest:
-            self.respond(token, self.metadata())
-        elif t is m.ApiVersionsRequest:
-            self.respond(token, api_versions_response())
-        else:
-            self.respond(token, m.ErrorResponse(
-                error_code=Errors.INVALID_REQUEST, error_message=f"the quorum does not serve {t.__name__}"))
-
     def handle_fetch(self, token: Any, req: m.FetchRequest, now: int, completing: bool) -> None:
-        """A Fetch, new or parked (completing): validated and fenced here, then
-        served by the leader."""
-        bad = fetch_problem(req, self.node_id)
-        if bad is not None:
-            self.respond(token, self.error_response(req, Errors.INVALID_REQUEST, bad))
-            return
-        code = self._fence_client(req.current_leader_epoch, sentinel_allowed=req.replica_id < 0)
-        if code != Errors.NONE:
-            self.respond(token, self.error_response(req, code))
-            return
-        self.state.reads.serve_fetch(token, req, now, completing)
+        """A Fetch, new or parked (completing): see broker.quorum.inbound."""
+        inbound.handle_fetch(self, token, req, now, completing)
 
     # ------------------------------------------------------------------
     # other events
 
     def _on_client_append(self, ev: ClientAppend, now: int) -> None:
         self._learn_wall_clock(ev.wall_clock_ms, now)
-        self._client_append(now, ev.waiters, ev.records)
+        self.client_append(now, ev.waiters, ev.records)
 
-    def _client_append(self, now: int, waiters: list[AppendWaiter], records: list[bytes]) -> None:
+    def client_append(self, now: int, waiters: list[AppendWaiter], records: list[bytes]) -> None:
         total = sum(n for _, n in waiters)
         if total != len(records) or any(n <= 0 for _, n in waiters):
             raise ValueError(

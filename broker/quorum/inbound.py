@@ -1,0 +1,116 @@
+"""Inbound requests: the checks every role makes first (the cluster id, the
+voter set, Fetch validation, KIP-320 epoch fencing), then the role that
+serves the request (the leader's reads, the election answers, the core's
+exposure: DescribeQuorum, Metadata, ApiVersions)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from broker.quorum import election
+from broker.quorum.answers import api_versions_response, check_cluster_id
+from broker.quorum.api import AppendWaiter
+from broker.quorum.leader import LeaderState
+from broker.quorum.leader_reads import LeaderReads, fetch_problem
+from protocol import messages as m
+from protocol.errors import Errors
+
+if TYPE_CHECKING:
+    from broker.quorum.core import QuorumCore
+
+NO_EPOCH = m.NO_EPOCH
+
+
+def _reads(core: QuorumCore) -> LeaderReads:
+    """The leader's reads; only reached once fencing said we lead."""
+    st = core.state
+    assert isinstance(st, LeaderState), f"serving a leader's read as {st.role}"
+    return st.reads
+
+
+def fence_client(core: QuorumCore, current_leader_epoch: int, sentinel_allowed: bool) -> int:
+    """KIP-320: a client that does not know the epoch (NO_EPOCH) is not
+    fenced, only sent to the leader; replicas are always fenced."""
+    if sentinel_allowed and current_leader_epoch == NO_EPOCH:
+        return Errors.NONE if core.state.is_leader else Errors.NOT_LEADER_OR_FOLLOWER
+    return fence(core, current_leader_epoch)
+
+
+def fence(core: QuorumCore, current_leader_epoch: int) -> int:
+    """KIP-320 epoch check of a leader-only request; NONE if it may proceed."""
+    st = core.state
+    if current_leader_epoch < st.epoch:
+        return Errors.FENCED_LEADER_EPOCH
+    if current_leader_epoch > st.epoch:
+        return Errors.UNKNOWN_LEADER_EPOCH
+    if not st.is_leader:
+        return Errors.NOT_LEADER_OR_FOLLOWER
+    return Errors.NONE
+
+
+def on_request(core: QuorumCore, token: Any, req: m.Body, now: int) -> None:
+    """RequestReceived: every request ends in exactly one Respond (maybe later)."""
+    wrong_cluster = check_cluster_id(core.config.cluster_id, req, core.current_leader())
+    if wrong_cluster is not None:
+        core.respond(token, wrong_cluster)
+        return
+    t = type(req)
+    if t is m.FetchRequest:
+        handle_fetch(core, token, req, now, completing=False)
+        return
+    if t in (m.BeginQuorumEpochRequest, m.EndQuorumEpochRequest) and req.leader_id not in core.voters:
+        core.respond(token, core.error_response(req, Errors.INCONSISTENT_VOTER_SET))
+        return
+    if t is m.VoteRequest:
+        election.handle_vote(core, token, req, now)
+    elif t is m.BeginQuorumEpochRequest:
+        election.handle_begin_epoch(core, token, req, now)
+    elif t is m.EndQuorumEpochRequest:
+        election.handle_end_epoch(core, token, req, now)
+    elif t is m.OffsetsForLeaderEpochRequest:
+        code = fence_client(core, req.current_leader_epoch, sentinel_allowed=req.replica_id < 0)
+        if code != Errors.NONE:
+            core.respond(token, core.error_response(req, code))
+        else:
+            _reads(core).serve_offsets_for_epoch(token, req)
+    elif t is m.FetchSnapshotRequest:
+        code = fence(core, req.current_leader_epoch)
+        if code != Errors.NONE:
+            core.respond(token, core.error_response(req, code))
+        else:
+            _reads(core).serve_fetch_snapshot(token, req, now)
+    elif t is m.ProduceRequest:
+        if not req.records:
+            core.respond(token, core.error_response(
+                req, Errors.INVALID_REQUEST, "a produce request must carry at least one record"))
+            return
+        core.client_append(now, [AppendWaiter(token, len(req.records))], list(req.records))
+    elif t is m.DescribeQuorumRequest:
+        core.respond(token, core.describe_quorum(now))
+    elif t is m.ListOffsetsRequest:
+        code = fence_client(core, req.current_leader_epoch, sentinel_allowed=True)
+        if code != Errors.NONE:
+            core.respond(token, core.error_response(req, code))
+        else:
+            _reads(core).serve_list_offsets(token, req)
+    elif t is m.MetadataRequest:
+        core.respond(token, core.metadata())
+    elif t is m.ApiVersionsRequest:
+        core.respond(token, api_versions_response())
+    else:
+        core.respond(token, m.ErrorResponse(
+            error_code=Errors.INVALID_REQUEST, error_message=f"the quorum does not serve {t.__name__}"))
+
+
+def handle_fetch(core: QuorumCore, token: Any, req: m.FetchRequest, now: int, completing: bool) -> None:
+    """A Fetch, new or parked (completing): validated and fenced here, then
+    served by the leader."""
+    bad = fetch_problem(req, core.node_id)
+    if bad is not None:
+        core.respond(token, core.error_response(req, Errors.INVALID_REQUEST, bad))
+        return
+    code = fence_client(core, req.current_leader_epoch, sentinel_allowed=req.replica_id < 0)
+    if code != Errors.NONE:
+        core.respond(token, core.error_response(req, code))
+        return
+    _reads(core).serve_fetch(token, req, now, completing)
