@@ -166,7 +166,7 @@ class Broker:
         # Authorization is on exactly when TLS is: without TLS every peer is
         # ANONYMOUS and no identity can be checked (insecure mode, opt-in).
         self.authz_enabled = cfg.tls_enabled
-        self.super_users = frozenset(cfg.super_users)
+        self.super_users = frozenset(cfg.security.super_users)
         self._voter_ids = frozenset(self.voters)
         # Denials already logged, per connection: one log line per (api, operation, resource).
         self._denials_logged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -188,34 +188,34 @@ class Broker:
         self.digest = LogDigest.build(self.seg_log)
         self.log.info("log_digest_built", batches_from=self.digest.first_base, end_offset=self.digest.end_offset,
                       seconds=round(time.perf_counter() - t0, 4))
-        self.core = QuorumCore(cfg.quorum_config(), view, _Reader(self.seg_log, self.snapshots), qs, random.Random())
+        self.core = QuorumCore(cfg.quorum, view, _Reader(self.seg_log, self.snapshots), qs, random.Random())
         if cfg.tls_enabled:
             from broker.tls import TlsFiles
 
             # Raises TlsConfigError (a ValueError: "refusing to start") for unreadable or mismatched files.
-            self.tls = TlsFiles(cfg.tls_paths(), check_interval_s=cfg.ssl_reload_check_ms / 1000, logger=self.log)
+            self.tls = TlsFiles(cfg.tls_paths(), check_interval_s=cfg.security.ssl_reload_check_ms / 1000, logger=self.log)
         else:
-            self.log.warning("insecure_mode", security_protocol=cfg.security_protocol,
+            self.log.warning("insecure_mode", security_protocol=cfg.security.security_protocol,
                              detail=INSECURE_DETAIL)
         self.peers = PeerPool(
             {nid: (ep.host, ep.port) for nid, ep in self.voters.items() if nid != cfg.node_id},
             client_id=f"metalog-{cfg.node_id}",
-            max_frame_bytes=cfg.max_frame_bytes,
-            connect_timeout_ms=cfg.connect_timeout_ms,
-            reconnect_backoff_max_ms=cfg.reconnect_backoff_max_ms,
+            max_frame_bytes=cfg.network.max_frame_bytes,
+            connect_timeout_ms=cfg.network.connect_timeout_ms,
+            reconnect_backoff_max_ms=cfg.network.reconnect_backoff_max_ms,
             tls=self.tls,
         )
         ep = cfg.listen_endpoint()
         limits = ListenerLimits(
-            ssl_handshake_timeout_ms=cfg.ssl_handshake_timeout_ms,
-            connections_max_idle_ms=cfg.connections_max_idle_ms,
-            max_connections=cfg.max_connections,
-            max_connections_per_ip=cfg.max_connections_per_ip,
-            failed_connections_before_backoff=cfg.failed_connections_before_backoff,
-            failed_connection_backoff_ms=cfg.failed_connection_backoff_ms,
-            failed_connection_backoff_max_ms=cfg.failed_connection_backoff_max_ms,
+            ssl_handshake_timeout_ms=cfg.security.ssl_handshake_timeout_ms,
+            connections_max_idle_ms=cfg.network.connections_max_idle_ms,
+            max_connections=cfg.network.max_connections,
+            max_connections_per_ip=cfg.network.max_connections_per_ip,
+            failed_connections_before_backoff=cfg.network.failed_connections_before_backoff,
+            failed_connection_backoff_ms=cfg.network.failed_connection_backoff_ms,
+            failed_connection_backoff_max_ms=cfg.network.failed_connection_backoff_max_ms,
         )
-        self.server = await serve(ep.host, ep.port, self._on_request, max_frame_bytes=cfg.max_frame_bytes,
+        self.server = await serve(ep.host, ep.port, self._on_request, max_frame_bytes=cfg.network.max_frame_bytes,
                                   logger=self.log, tls=self.tls, limits=limits)
         if cfg.admin_endpoint() is not None:
             from broker.admin import start_admin
@@ -226,17 +226,17 @@ class Broker:
                              detail="every connection is User:ANONYMOUS with super-user rights: anyone who can "
                                     "reach the port can act as a replica, write and change ACLs")
         self.log.info(
-            "broker_started", listen=str(ep), security_protocol=cfg.security_protocol, voters={k: str(v) for k, v in self.voters.items()},
+            "broker_started", listen=str(ep), security_protocol=cfg.security.security_protocol, voters={k: str(v) for k, v in self.voters.items()},
             log_start_offset=self.seg_log.log_start_offset, log_end_offset=self.seg_log.log_end_offset,
             epoch=self.core.epoch, role=str(self.core.role),
         )
         self._step(qa.Tick(now_ms(), wall_clock_ms()))
-        if cfg.consistency_check_interval_ms > 0:
+        if cfg.storage.consistency_check_interval_ms > 0:
             self._consistency_task = asyncio.get_running_loop().create_task(self._consistency_loop())
             self._consistency_task.add_done_callback(self._task_done)
         loop = asyncio.get_running_loop()
         self.scrubber = Scrubber(
-            self.seg_log, self.snapshots, cfg.log_scrub_bytes_per_s,
+            self.seg_log, self.snapshots, cfg.storage.log_scrub_bytes_per_s,
             # Called on the scrubber thread: the report is handled on the loop.
             lambda report: loop.call_soon_threadsafe(self._on_corruption, report, "scrub"),
             logger=self.log, metrics=self.metrics)
@@ -325,7 +325,7 @@ class Broker:
         # voter has no other copy: refuse to start and say what to do.
         sole_voter = len(self.voters) == 1 and cfg.node_id in self.voters
         try:
-            self.seg_log = SegmentedLog.open(self.part_dir, segment_bytes_max=cfg.segment_bytes_max,
+            self.seg_log = SegmentedLog.open(self.part_dir, segment_bytes_max=cfg.storage.segment_bytes_max,
                                              logger=self.log, on_corruption="raise" if sole_voter else "quarantine")
         except CorruptLogError as exc:
             raise StartupError(self._no_copy_message(exc.report)) from None
@@ -430,7 +430,7 @@ class Broker:
         if graceful and self.core is not None and self.fatal is None:
             self._step(qa.Shutdown(now_ms()))
             # Give the EndQuorumEpoch requests a moment to leave, bounded.
-            await self._drain_background(timeout_s=min(1.0, self.cfg.request_timeout_ms / 1000))
+            await self._drain_background(timeout_s=min(1.0, self.cfg.quorum.request_timeout_ms / 1000))
         if self._timer:
             self._timer.cancel()
         if self.server is not None:
@@ -836,7 +836,7 @@ class Broker:
             start_offset=req.start_offset, end_offset=end, chunks=req.chunks))
 
     async def _consistency_loop(self) -> None:
-        interval_s = self.cfg.consistency_check_interval_ms / 1000
+        interval_s = self.cfg.storage.consistency_check_interval_ms / 1000
         while not self._stopping:
             await asyncio.sleep(interval_s)
             if self.fatal is None and not self._stopping and str(self.core.role) == "leader":
@@ -868,7 +868,7 @@ class Broker:
                                         leader_epoch=core.epoch, start_offset=start, end_offset=end)
         try:
             resp = await self.peers.channel(voter).request(ApiKey.CONSISTENCY_CHECK, req,
-                                                           self.cfg.request_timeout_ms)
+                                                           self.cfg.quorum.request_timeout_ms)
         except (NetError, ProtocolError, OSError, asyncio.TimeoutError) as exc:
             self.log.info("consistency_check_failed", replica=voter, error=f"{type(exc).__name__}: {exc}")
             return "failed"
@@ -933,13 +933,13 @@ class Broker:
             return
         self._pending_produce.append((token, body.records))
         self._pending_records += len(body.records)
-        if self._pending_records >= self.cfg.append_batch_records_max:
+        if self._pending_records >= self.cfg.storage.append_batch_records_max:
             self._flush_produce()
         elif self._linger_handle is not None:
             return
-        elif self.cfg.append_linger_ms > 0:
+        elif self.cfg.storage.append_linger_ms > 0:
             self._linger_handle = asyncio.get_running_loop().call_later(
-                self.cfg.append_linger_ms / 1000, self._flush_produce)
+                self.cfg.storage.append_linger_ms / 1000, self._flush_produce)
         elif not self._flush_running:
             # Adaptive group commit: the disk is idle, so append at the end of
             # this loop turn (everything read in this turn joins the batch).
@@ -1051,7 +1051,7 @@ class Broker:
     def _maybe_snapshot(self) -> None:
         if self._snapshot_task is not None or self._stopping:
             return
-        if self.controller.records_since_snapshot < self.cfg.snapshot_min_records:
+        if self.controller.records_since_snapshot < self.cfg.storage.snapshot_min_records:
             return
         end_offset = self.controller.applied_offset
         epoch = self.core.epochs.epoch_for_offset(end_offset - 1)
