@@ -31,7 +31,6 @@ verification is deleted, the log kept and the download retried.
 from __future__ import annotations
 
 import asyncio
-import collections
 import os
 import random
 import time
@@ -44,11 +43,13 @@ import msgspec
 from broker import authz
 from broker.config import BrokerConfig
 from broker.consistency import LogDigest, compare
-from broker.controller import CommandError, Controller, load_latest, load_snapshot, write_controller_snapshot
+from broker.controller import Controller, load_latest, load_snapshot, write_controller_snapshot
+from broker.controller_commands import CommandQueue, CommandToken, LeaderView
 from broker.metrics import BrokerMetrics
 from broker.net import Connection, ListenerLimits, NetError, PeerPool, Server, serve
 from broker.quorum import api as qa
 from broker.quorum.core import QuorumCore
+from broker.snapshot_policy import SnapshotPolicy
 from protocol import messages as m
 from protocol.apis import APIS, REQUEST_API_KEY, ApiKey
 from protocol.codec import ProtocolError
@@ -56,6 +57,7 @@ from protocol.errors import Errors
 from storage.epochs import EpochCheckpointError, EpochHistory, read_checkpoint, write_checkpoint
 from storage.batch import CorruptBatchError
 from storage.errors import CorruptionReport, CorruptLogError, LogWriteError, StorageError
+from storage.group_commit import Arm, GroupCommit
 from storage.log import SegmentedLog
 from storage.quorum_state import QuorumStateError, QuorumStateFile
 from storage.scrub import Scrubber
@@ -64,7 +66,6 @@ from storage.snapshot import PartialSnapshot, SnapshotInvariantError, SnapshotSt
 PARTITION_DIR = "__cluster_metadata-0"
 META_FILE = "meta.properties"
 APPLY_BYTES_PER_STEP = 4 << 20  # bound the committed bytes applied per loop turn
-MAX_QUEUED_COMMANDS = 1024
 INSECURE_DETAIL = ("security_protocol PLAINTEXT: no encryption and no authentication; anyone who can "
                    "reach the ports can read the log and act as a replica or a client")
 
@@ -132,18 +133,15 @@ class Broker:
         self.core: QuorumCore | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_deadline: int | None = None
-        self._flush_running = False
-        self._flush_wanted = False
-        self._pending_produce: list[tuple[Any, list[bytes]]] = []
-        self._pending_records = 0
-        self._linger_handle: asyncio.Handle | None = None  # linger timer or call_soon
+        self.group_commit = GroupCommit(cfg.storage.append_linger_ms, cfg.storage.append_batch_records_max)
+        self._linger_handle: asyncio.Handle | None = None  # group commit's linger timer or call_soon
+        self.snapshot_policy = SnapshotPolicy(cfg.storage.snapshot_min_records)
         self._partials: dict[m.SnapshotId, PartialSnapshot] = {}
         self._snapshot_task: asyncio.Task | None = None
         self._bg_tasks: set[asyncio.Task] = set()
         self._last_exposed: tuple | None = None
         self._stopping = False
-        self._commands: collections.deque = collections.deque()
-        self._command_in_flight: _CommandToken | None = None
+        self.commands = CommandQueue()
         self.fatal: str | None = None
         self._follow_up: list[qa.Event] = []  # fed right after the current step's actions
         self._executing = False  # inside the action loop of a step
@@ -521,8 +519,8 @@ class Broker:
         elif t is qa.Respond:
             token = a.token
             self._unanswered_produce.discard(token)
-            if type(token) is _CommandToken:
-                self._command_done(token, a.response)
+            if type(token) is CommandToken:
+                self._send_answers([self.commands.done(token, a.response)])
             else:
                 conn, correlation_id = token
                 conn.send_response(correlation_id, a.response)
@@ -592,7 +590,7 @@ class Broker:
         hw = core.high_watermark
         if hw is not None and hw > self.controller.applied_offset:
             self._apply_committed(hw)
-        if self._commands and self._command_in_flight is None:
+        if self.commands.runnable:
             self._pump_commands()
         self._schedule_timer()
 
@@ -632,22 +630,13 @@ class Broker:
 
     def _reject_pending_writes(self, reason: str) -> None:
         message = f"storage error on broker {self.cfg.node_id}: {reason}"
-        pending, self._pending_produce = self._pending_produce, []
-        self._pending_records = 0
         # Queued here, or handed to the core and not acknowledged (their batch
         # may not be durable): none of them will be acknowledged by this process.
-        tokens = [token for token, _records in pending] + list(self._unanswered_produce)
+        tokens = self.group_commit.drop_all() + list(self._unanswered_produce)
         self._unanswered_produce.clear()
         for conn, cid in tokens:
             conn.send_response(cid, m.ProduceResponse(error_code=Errors.KAFKA_STORAGE_ERROR, error_message=message))
-        if self._command_in_flight is not None:
-            token, self._command_in_flight = self._command_in_flight, None
-            token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
-                error_code=Errors.KAFKA_STORAGE_ERROR, error_message=message))
-        while self._commands:
-            token, _ = self._commands.popleft()
-            token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
-                error_code=Errors.KAFKA_STORAGE_ERROR, error_message=message))
+        self._send_answers(self.commands.fail_all(Errors.KAFKA_STORAGE_ERROR, message))
 
     # ------------------------------------------------------------ timers
     def _schedule_timer(self) -> None:
@@ -670,16 +659,14 @@ class Broker:
 
     # ------------------------------------------------------------ flushing
     def _request_flush(self) -> None:
-        if self._flush_running:
-            self._flush_wanted = True
-            return
-        self._flush_running = True
-        self._spawn(self._flush_loop())
+        if self.group_commit.request_flush():
+            self._spawn(self._flush_loop())
 
     async def _flush_loop(self) -> None:
+        gc = self.group_commit
         try:
             while True:
-                self._flush_wanted = False
+                gc.flush_starting()
                 t0 = time.perf_counter()
                 try:
                     flushed = await asyncio.to_thread(self.seg_log.flush)
@@ -688,12 +675,12 @@ class Broker:
                     return
                 self.metrics.flush_seconds.observe(time.perf_counter() - t0)
                 self._step(qa.FlushCompleted(now_ms(), flushed))
-                if self._pending_produce and self._linger_handle is None:
+                if gc.flush_completed():
                     self._flush_produce()  # writes that waited for this flush: one batch
-                if not self._flush_wanted:
+                if not gc.flush_again():
                     return
         finally:
-            self._flush_running = False
+            gc.flush_stopped()
 
     # ------------------------------------------------------------ outbound
     def _spawn(self, coro) -> None:
@@ -931,97 +918,50 @@ class Broker:
             conn.send_response(cid, m.ProduceResponse(error_code=Errors.INVALID_REQUEST,
                                                       error_message="a produce request needs at least one record"))
             return
-        self._pending_produce.append((token, body.records))
-        self._pending_records += len(body.records)
-        if self._pending_records >= self.cfg.storage.append_batch_records_max:
+        arm = self.group_commit.offer(token, body.records)
+        if arm is Arm.APPEND_NOW:
             self._flush_produce()
-        elif self._linger_handle is not None:
-            return
-        elif self.cfg.storage.append_linger_ms > 0:
+        elif arm is Arm.LINGER:
             self._linger_handle = asyncio.get_running_loop().call_later(
-                self.cfg.storage.append_linger_ms / 1000, self._flush_produce)
-        elif not self._flush_running:
-            # Adaptive group commit: the disk is idle, so append at the end of
-            # this loop turn (everything read in this turn joins the batch).
-            # While a flush runs, writes wait for it and go out as one batch
-            # when it completes (see _flush_loop): no fixed linger.
+                self.group_commit.linger_ms / 1000, self._flush_produce)
+        elif arm is Arm.END_OF_TURN:
             self._linger_handle = asyncio.get_running_loop().call_soon(self._flush_produce)
 
     def _flush_produce(self) -> None:
         if self._linger_handle is not None:  # a TimerHandle or a call_soon Handle
             self._linger_handle.cancel()
             self._linger_handle = None
-        if not self._pending_produce:
+        batch = self.group_commit.take()
+        if batch is None:
             return
-        pending, self._pending_produce = self._pending_produce, []
-        self._pending_records = 0
-        records: list[bytes] = []
-        waiters = []
-        for token, recs in pending:
-            waiters.append((token, len(recs)))
-            self._unanswered_produce.add(token)
-            records.extend(recs)
+        waiters, records = batch
+        self._unanswered_produce.update(token for token, _n in waiters)
         self.metrics.appended_records.inc(len(records))
         self._step(qa.ClientAppend(now_ms(), waiters, records, wall_clock_ms()))
 
     # ------------------------------------------------- controller commands
     def _enqueue_command(self, token, body: m.ControllerCommandRequest) -> None:
         conn, cid = token
-        if len(self._commands) >= MAX_QUEUED_COMMANDS:
-            conn.send_response(cid, m.ControllerCommandResponse(
-                error_code=Errors.REQUEST_TIMED_OUT, error_message="controller command queue is full"))
-            return
-        self._commands.append((_CommandToken(conn, cid), body))
-        if self._command_in_flight is None:
+        refusal = self.commands.offer(conn, cid, body)
+        if refusal is not None:
+            conn.send_response(cid, refusal)
+        elif self.commands.runnable:
             self._pump_commands()
 
     def _pump_commands(self) -> None:
-        """Run queued commands one at a time, each validated against a state
-        that reflects every record in the log (so two commands never both pass
-        against the same stale state)."""
         core = self.core
-        while self._commands and self._command_in_flight is None:
-            if str(core.role) != "leader":
-                leader = m.LeaderIdAndEpoch(core.leader_id if core.leader_id is not None else m.NO_LEADER,
-                                            core.epoch)
-                while self._commands:
-                    token, _ = self._commands.popleft()
-                    token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
-                        error_code=Errors.NOT_LEADER_OR_FOLLOWER, current_leader=leader))
-                return
-            if self.controller.applied_offset < core.log_end_offset:
-                return  # earlier records not applied yet: retried after the next step
-            token, body = self._commands.popleft()
-            if body.command in authz.ACL_COMMANDS_DESCRIBE:  # read-only: answered from the applied state
-                token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
-                    base_offset=self.controller.applied_offset, leader_epoch=core.epoch,
-                    result=self.controller.list_acls()))
-                continue
-            try:
-                records = build_command(self.controller, body.command, body.args)
-            except CommandError as exc:
-                token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
-                    error_code=exc.error_code, error_message=str(exc)))
-                continue
-            except (KeyError, TypeError, ValueError) as exc:
-                token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
-                    error_code=Errors.INVALID_REQUEST,
-                    error_message=f"bad arguments for {body.command!r}: {type(exc).__name__}: {exc}"))
-                continue
-            if not records:
-                token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
-                    base_offset=core.log_end_offset, leader_epoch=core.epoch))
-                continue
-            self._command_in_flight = token
+        answers, append = self.commands.pump(self.controller, LeaderView(
+            is_leader=str(core.role) == "leader", epoch=core.epoch, log_end_offset=core.log_end_offset,
+            leader_id=core.leader_id if core.leader_id is not None else m.NO_LEADER))
+        self._send_answers(answers)
+        if append is not None:
+            token, records = append
             self._step(qa.ClientAppend(now_ms(), [(token, len(records))], records, wall_clock_ms()))
 
-    def _command_done(self, token: "_CommandToken", response: m.ProduceResponse) -> None:
-        assert token is self._command_in_flight
-        self._command_in_flight = None
-        token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
-            error_code=response.error_code, error_message=response.error_message,
-            base_offset=response.base_offset, leader_epoch=response.leader_epoch,
-            current_leader=response.current_leader))
+    @staticmethod
+    def _send_answers(answers) -> None:
+        for token, response in answers:
+            token.conn.send_response(token.correlation_id, response)
 
     # ------------------------------------------------------------ snapshots
     def _install_snapshot(self, a: qa.InstallSnapshot) -> None:
@@ -1049,17 +989,15 @@ class Broker:
                       seconds=round(time.perf_counter() - t0, 4))
 
     def _maybe_snapshot(self) -> None:
-        if self._snapshot_task is not None or self._stopping:
-            return
-        if self.controller.records_since_snapshot < self.cfg.storage.snapshot_min_records:
-            return
-        end_offset = self.controller.applied_offset
-        epoch = self.core.epochs.epoch_for_offset(end_offset - 1)
-        snap_id = m.SnapshotId(end_offset, epoch)
-        if self.snapshots.size(snap_id) is not None:
+        snap_id = self.snapshot_policy.next_snapshot(
+            records_since_snapshot=self.controller.records_since_snapshot,
+            applied_offset=self.controller.applied_offset, epoch_for_offset=self.core.epochs.epoch_for_offset,
+            exists=lambda sid: self.snapshots.size(sid) is not None,
+            busy=self._snapshot_task is not None or self._stopping)
+        if snap_id is None:
             return
         frozen = self.controller.state.copy()  # taken on the loop; records inside are immutable
-        self.controller.snapshot_taken(end_offset)
+        self.controller.snapshot_taken(snap_id.end_offset)
         self._snapshot_task = asyncio.get_running_loop().create_task(self._write_snapshot(snap_id, frozen))
 
     async def _write_snapshot(self, snap_id: m.SnapshotId, frozen) -> None:
@@ -1083,37 +1021,3 @@ class Broker:
 def peer_host(peer: str) -> str:
     """The address part of "host:port" (what an ACL's host field names)."""
     return peer.rpartition(":")[0] or peer
-
-
-class _CommandToken:
-    __slots__ = ("conn", "correlation_id")
-
-    def __init__(self, conn, correlation_id: int):
-        self.conn = conn
-        self.correlation_id = correlation_id
-
-
-def build_command(controller: Controller, command: str, args: dict) -> list[bytes]:
-    """Records for one controller command; CommandError if the state refuses it."""
-    if command == "create_topic":
-        return controller.create_topic(str(args["name"]), int(args["partitions"]), int(args["replication_factor"]))
-    if command == "delete_topic":
-        return controller.delete_topic(str(args["name"]))
-    if command == "register_broker":
-        endpoints = [(str(n), str(h), int(p)) for n, h, p in args.get("endpoints", [])]
-        return controller.register_broker(int(args["broker_id"]), endpoints, args.get("rack"))
-    if command == "unregister_broker":
-        return controller.unregister_broker(int(args["broker_id"]))
-    if command == "fence_broker":
-        return controller.fence_broker(int(args["broker_id"]))
-    if command == "unfence_broker":
-        return controller.unfence_broker(int(args["broker_id"]))
-    if command == "add_acl":
-        return controller.add_acl(args)
-    if command == "remove_acl":
-        return controller.remove_acl(args)
-    if command == "set_config":
-        value = args.get("value")
-        return controller.set_config(int(args["resource_type"]), str(args["resource_name"]), str(args["name"]),
-                                     None if value is None else str(value))
-    raise CommandError(f"unknown controller command {command!r}")
