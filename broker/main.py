@@ -33,7 +33,8 @@ def parse_overrides(items: list[str]) -> dict:
 
 
 async def run(cfg) -> int:
-    from broker.runtime import Broker, StartupError
+    from broker.local_state import StartupError
+    from broker.runtime import Broker
     from storage.batch import CorruptBatchError
     from storage.epochs import EpochCheckpointError
     from storage.errors import StorageError

@@ -43,8 +43,9 @@ import msgspec
 from broker import authz
 from broker.config import BrokerConfig
 from broker.consistency import LogDigest, compare
-from broker.controller import Controller, load_latest, load_snapshot, write_controller_snapshot
+from broker.controller import load_snapshot, write_controller_snapshot
 from broker.controller_commands import CommandQueue, CommandToken, LeaderView
+from broker.local_state import no_copy_message, recover_local_state
 from broker.metrics import BrokerMetrics
 from broker.net import Connection, ListenerLimits, NetError, PeerPool, Server, serve
 from broker.quorum import api as qa
@@ -54,24 +55,18 @@ from protocol import messages as m
 from protocol.apis import APIS, REQUEST_API_KEY, ApiKey
 from protocol.codec import ProtocolError
 from protocol.errors import Errors
-from storage.epochs import EpochCheckpointError, EpochHistory, read_checkpoint, write_checkpoint
 from storage.batch import CorruptBatchError
-from storage.errors import CorruptionReport, CorruptLogError, LogWriteError, StorageError
+from storage.epochs import EpochHistory, write_checkpoint
+from storage.errors import CorruptionReport, LogWriteError, StorageError
 from storage.group_commit import Arm, GroupCommit
 from storage.log import SegmentedLog
-from storage.quorum_state import QuorumStateError, QuorumStateFile
 from storage.scrub import Scrubber
-from storage.snapshot import PartialSnapshot, SnapshotInvariantError, SnapshotStore
+from storage.snapshot import PartialSnapshot, SnapshotStore
 
 PARTITION_DIR = "__cluster_metadata-0"
-META_FILE = "meta.properties"
 APPLY_BYTES_PER_STEP = 4 << 20  # bound the committed bytes applied per loop turn
 INSECURE_DETAIL = ("security_protocol PLAINTEXT: no encryption and no authentication; anyone who can "
                    "reach the ports can read the log and act as a replica or a client")
-
-
-class StartupError(Exception):
-    """The broker refuses to start; the message says why and what to do."""
 
 
 def now_ms() -> int:
@@ -99,28 +94,6 @@ class _Reader:
 
     def read_snapshot(self, snapshot_id: m.SnapshotId, position: int, max_bytes: int) -> bytes:
         return self.snapshots.read_chunk(snapshot_id, position, max_bytes)
-
-
-def check_meta(data_dir: str, cluster_id: str, node_id: int) -> None:
-    """Bind a data dir to one cluster and node: refuse a mismatch at boot."""
-    path = os.path.join(data_dir, META_FILE)
-    if os.path.exists(path):
-        props = dict(
-            line.split("=", 1) for line in open(path).read().splitlines() if "=" in line and not line.startswith("#")
-        )
-        if props.get("cluster.id") != cluster_id:
-            raise StartupError(
-                f"data dir {data_dir} belongs to cluster {props.get('cluster.id')!r} but the config says "
-                f"{cluster_id!r}: refusing to start (point data_dir elsewhere or fix cluster_id)"
-            )
-        if props.get("node.id") != str(node_id):
-            raise StartupError(
-                f"data dir {data_dir} belongs to node {props.get('node.id')} but the config says node {node_id}"
-            )
-        return
-    from storage.atomic import atomic_write
-
-    atomic_write(path, f"version=1\ncluster.id={cluster_id}\nnode.id={node_id}\n".encode())
 
 
 class Broker:
@@ -181,7 +154,12 @@ class Broker:
         # An exception no one retrieves (a task, a loop callback) is a fatal
         # error, not a line on stderr.
         asyncio.get_running_loop().set_exception_handler(self._loop_exception)
-        view, qs = self._recover_local_state()
+        local = recover_local_state(cfg, self.part_dir, self.log, self.metrics)
+        self.seg_log, self.snapshots, self.controller = local.seg_log, local.snapshots, local.controller
+        self.qs_file = local.qs_file
+        self.health_problems.update(local.health_problems)
+        self._corruption_seen |= local.corruption_seen
+        view, qs = local.view, local.qs
         t0 = time.perf_counter()
         self.digest = LogDigest.build(self.seg_log)
         self.log.info("log_digest_built", batches_from=self.digest.first_base, end_offset=self.digest.end_offset,
@@ -265,7 +243,7 @@ class Broker:
             self._snapshot_corrupt(report)
             return
         if len(self.voters) == 1 and self.cfg.node_id in self.voters:
-            self._fatal("corruption_no_other_copy", self._no_copy_message(report), **report.as_log_fields())
+            self._fatal("corruption_no_other_copy", no_copy_message(report, self.cfg.data_dir), **report.as_log_fields())
             return
         try:
             state = self.seg_log.quarantine_from(report)
@@ -303,116 +281,6 @@ class Broker:
                 self._follow_up.append(ev)
             else:
                 self._step(ev)
-
-    def _no_copy_message(self, report: CorruptionReport) -> str:
-        return (f"corrupt data in {report.path} at byte {report.position} (offset {report.base_offset}): "
-                f"{report.reason}; this is the only voter, so no other copy exists to re-replicate from. "
-                f"To truncate the log at the corruption (records from offset {report.base_offset} on are "
-                f"lost), run: metalog storage recover --data-dir {self.cfg.data_dir} --truncate-at-corruption")
-
-    def _recover_local_state(self) -> tuple[qa.LogView, qa.QuorumStateData | None]:
-        """Open the log (crash recovery), clean up and load snapshots (KIP-630
-        boot rules), rebuild the epoch history if needed, read the quorum
-        state: everything the core is built from."""
-        cfg = self.cfg
-        os.makedirs(cfg.data_dir, exist_ok=True)
-        check_meta(cfg.data_dir, cfg.cluster_id, cfg.node_id)  # before writing anything there
-        os.makedirs(self.part_dir, exist_ok=True)
-        # Another copy can exist (more than one voter, or we are an observer):
-        # corruption found at open is quarantined and re-replicated. A single
-        # voter has no other copy: refuse to start and say what to do.
-        sole_voter = len(self.voters) == 1 and cfg.node_id in self.voters
-        try:
-            self.seg_log = SegmentedLog.open(self.part_dir, segment_bytes_max=cfg.storage.segment_bytes_max,
-                                             logger=self.log, on_corruption="raise" if sole_voter else "quarantine")
-        except CorruptLogError as exc:
-            raise StartupError(self._no_copy_message(exc.report)) from None
-        for report in self.seg_log.startup_reports:  # already logged by the log (corruption_detected)
-            self._corruption_seen.add((report.path, report.position))
-            self.metrics.corrupt_batches.labels(source="startup").inc()
-        if self.seg_log.quarantine is not None:
-            q = self.seg_log.quarantine
-            self.health_problems["quarantine"] = (
-                f"log cut to {self.seg_log.log_end_offset} after corruption "
-                f"({', '.join(r.path for r in q.reports)}); not voting until the log reaches "
-                f"{q.must_reach_offset} again")
-            for r in q.reports:  # stays for this process's life, as run-time finds do
-                self.health_problems[f"corruption:{r.path}"] = (
-                    f"corrupt data in {r.path} at byte {r.position} (offset {r.base_offset}, found at "
-                    f"start): {r.reason}; kept as .corrupt")
-            self.log.warning("started_quarantined", must_reach_offset=q.must_reach_offset,
-                             log_end_offset=self.seg_log.log_end_offset,
-                             reports=[r.as_log_fields() for r in q.reports])
-        self.snapshots = SnapshotStore(self.part_dir)
-        try:
-            boot = self.snapshots.boot_cleanup(self.seg_log.log_start_offset)
-            if boot is not None:
-                self.log.info("snapshot_boot_cleanup", **{k: v for k, v in vars(boot).items() if v})
-        except SnapshotInvariantError as exc:
-            # KIP-630's boot invariant failed: no snapshot covers the log start.
-            # Treat the log as empty and bootstrap from the leader.
-            self.log.warning("log_reset_no_covering_snapshot", error=str(exc),
-                             log_start_offset=self.seg_log.log_start_offset)
-            self.seg_log.truncate_fully(0)
-            for sid in self.snapshots.list():
-                self.snapshots.delete(sid)
-        self.controller = Controller()
-        t0 = time.perf_counter()
-        loaded = load_latest(self.snapshots)
-        if loaded is not None:
-            state, snap_id = loaded
-            self.controller.load(state)
-            self.controller.snapshot_taken(snap_id.end_offset)
-            self.metrics.snapshot_load_seconds.observe(time.perf_counter() - t0)
-            self.log.info("snapshot_loaded", snapshot=[snap_id.end_offset, snap_id.epoch],
-                          seconds=round(time.perf_counter() - t0, 4))
-            if self.seg_log.log_end_offset < snap_id.end_offset or self.seg_log.log_start_offset > snap_id.end_offset:
-                # The snapshot is ahead of the log (installed, then crashed before
-                # the log was reset) or the log starts past it: restart the log there.
-                self.seg_log.truncate_fully(snap_id.end_offset)
-        elif self.seg_log.log_start_offset > 0:
-            self.log.warning("log_reset_no_loadable_snapshot", log_start_offset=self.seg_log.log_start_offset)
-            self.seg_log.truncate_fully(0)
-        checkpoint = os.path.join(self.part_dir, "leader-epoch-checkpoint")
-        try:
-            epochs = read_checkpoint(checkpoint)
-        except EpochCheckpointError as exc:
-            # Derived data: the batches carry their epochs. Rebuild it from the
-            # log (below) and keep the damaged file for the operator.
-            self.log.warning("epoch_checkpoint_unreadable", file=checkpoint, error=str(exc),
-                             action="rebuilt from the log's batch headers; the damaged file is kept as .corrupt")
-            os.replace(checkpoint, checkpoint + ".corrupt")
-            epochs = EpochHistory()
-        if not epochs.entries and self.seg_log.log_end_offset > self.seg_log.log_start_offset:
-            epochs = EpochHistory(self.seg_log.batch_epochs())
-        epochs.truncate_from_end(self.seg_log.log_end_offset)
-        epochs.truncate_from_start(self.seg_log.log_start_offset)
-        if loaded is not None and not epochs.entries:
-            epochs.assign(loaded[1].epoch, loaded[1].end_offset)
-        self.qs_file = QuorumStateFile(os.path.join(self.part_dir, "quorum-state"))
-        try:
-            qs_raw = self.qs_file.read()
-        except QuorumStateError as exc:
-            raise StartupError(
-                f"{exc}. This file holds the epoch and the vote this voter cast; starting without it "
-                f"could let it vote twice in one epoch, so the broker will not guess. If this broker has "
-                f"been down for longer than an election takes (its epoch is over), move the file aside "
-                f"(mv {self.qs_file.path} {self.qs_file.path}.corrupt): it then starts without a vote in "
-                f"the epoch of its log's last batch and learns the current one from the leader") from None
-        qs = None
-        if qs_raw is not None:
-            qs = qa.QuorumStateData(
-                leader_epoch=qs_raw["leader_epoch"], leader_id=qs_raw["leader_id"],
-                voted_id=qs_raw["voted_id"], voters=tuple(qs_raw.get("voters", ())),
-            )
-        view = qa.LogView(
-            log_start_offset=self.seg_log.log_start_offset,
-            log_end_offset=self.seg_log.log_end_offset,
-            epochs=[tuple(e) for e in epochs.entries],
-            snapshots=self.snapshots.list(),
-            must_reach_offset=self.seg_log.quarantine.must_reach_offset if self.seg_log.quarantine else -1,
-        )
-        return view, qs
 
     async def stop(self, graceful: bool = True) -> None:
         """Graceful: resign leadership (EndQuorumEpoch), flush, close."""
