@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterable
 
 import structlog
 
+from broker.backoff import Backoff
 from broker.net import ConnectionLost, NetError, Overloaded, PeerChannel, RequestTimeout, TlsHandshakeError
 from protocol import messages as m
 from protocol.apis import ApiKey
@@ -203,6 +204,10 @@ class MetalogClient:
         # they time out; polling metadata finds its successor sooner).
         self._suspects: dict[tuple[str, int], tuple[int, float]] = {}
         self.retry_backoff_ms = retry_backoff_ms
+        # Between retries: doubling per attempt up to RETRY_BACKOFF_MAX_MS; while
+        # polling metadata for a new leader: retry_backoff_ms each time.
+        self._retry_backoff = Backoff(min(retry_backoff_ms, RETRY_BACKOFF_MAX_MS), RETRY_BACKOFF_MAX_MS)
+        self._poll_backoff = Backoff(retry_backoff_ms, retry_backoff_ms)
         self.max_retries = max_retries
         self.connect_timeout_ms = connect_timeout_ms
         self.client_id = client_id
@@ -396,8 +401,7 @@ class MetalogClient:
         raise ClusterUnavailable("no node answered Metadata: " + "; ".join(failures))
 
     async def _backoff(self, attempt: int) -> None:
-        backoff_ms = min(self.retry_backoff_ms * 2 ** min(attempt - 1, 20), RETRY_BACKOFF_MAX_MS)
-        await asyncio.sleep(backoff_ms * random.uniform(0.8, 1.2) / 1000)
+        await asyncio.sleep(self._retry_backoff.delay_ms(attempt, random) / 1000)
 
     async def _leader_request(
         self,
@@ -421,7 +425,7 @@ class MetalogClient:
         polling = False
         while attempt <= self.max_retries:  # bounded too by the deadline (every turn sleeps or sends)
             if polling:
-                await asyncio.sleep(self.retry_backoff_ms * random.uniform(0.8, 1.2) / 1000)
+                await asyncio.sleep(self._poll_backoff.delay_ms(1, random) / 1000)
             elif attempt:
                 await self._backoff(attempt)
             polling = False

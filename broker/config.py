@@ -1,8 +1,20 @@
-"""Broker configuration: one typed struct, loaded from a YAML/JSON file or a dict.
+"""Broker configuration: typed sections, loaded from a YAML/JSON file or a dict.
 
-Keys use Kafka's spirit with units in the names. A bad value fails at start
-with a message naming the key (``ConfigError: quorum.voters: ...``), never a
-stack trace deep inside the broker.
+Every setting is declared once, in its section's class, with its unit in the
+name, its default, a one-line description and its range
+(``broker.quorum.settings.setting``); cross-field rules live in the section's
+``validate``. ``--help-config`` and docs/config.md are generated from the
+same declarations (``python -m broker.config --markdown``).
+
+Sections: the top level (node identity, addresses, logging), ``quorum``
+(``QuorumConfig``, handed to the core as is), ``storage``, ``network`` and
+``security``. Setting names are unique across sections, so a file may give
+them flat (``election_timeout_ms: 1000``, the historical form the launcher,
+compose file and drills write) or nested (``quorum: {election_timeout_ms:
+1000}``), and ``--set`` takes ``election_timeout_ms=1000`` or
+``quorum.election_timeout_ms=1000``. A bad value fails at start with a
+message naming the key as it was written (``ConfigError: election_timeout_ms:
+must be > 0, got -5``), never a stack trace deep inside the broker.
 
 Example (YAML)::
 
@@ -12,12 +24,17 @@ Example (YAML)::
     listen: 127.0.0.1:9091
     admin_listen: 127.0.0.1:8091
     voters: "1@127.0.0.1:9091,2@127.0.0.1:9092,3@127.0.0.1:9093"
+    quorum:
+      election_timeout_ms: 1000
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import json
 import os
+import sys
 from typing import Any
 
 import msgspec
@@ -25,6 +42,7 @@ import yaml
 
 from broker.principal import Principal
 from broker.quorum.api import QuorumConfig
+from broker.quorum.settings import SettingSpec, check_settings, setting, setting_fields
 
 
 class ConfigError(ValueError):
@@ -39,57 +57,112 @@ class Endpoint(msgspec.Struct, frozen=True):
         return f"{self.host}:{self.port}"
 
 
-_Q = QuorumConfig(node_id=0, voters=(0,), cluster_id="")  # the quorum defaults, stated once
+@dataclasses.dataclass(kw_only=True)
+class StorageConfig:
+    """The log on disk: group commit, segments, snapshots, integrity checks."""
+
+    append_linger_ms: float = setting(
+        0.0, "fixed group-commit window for client writes; 0 = adaptive (batch while an fdatasync runs)", ge=0)
+    append_batch_records_max: int = setting(4096, "client records that end a group-commit batch at once", gt=0)
+    segment_bytes_max: int = setting(64 << 20, "size at which a log segment is rolled", ge=4096)
+    log_scrub_bytes_per_s: int = setting(
+        300_000, "background re-reading of sealed segments and snapshots (1 GiB in about an hour)",
+        ge=0, note="0 disables the scrubber")
+    snapshot_min_records: int = setting(
+        20000, "committed records since the last snapshot before a new one is written "
+               "(controller.snapshot.minimum.records)", gt=0)
+    consistency_check_interval_ms: int = setting(
+        60000, "how often a leader compares its committed log's digest with every voter's",
+        ge=0, note="0 = off")
+
+    def validate(self) -> None:
+        _raise_first(self)
 
 
-class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    node_id: int
-    cluster_id: str
-    data_dir: str
-    listen: str  # host:port of the binary protocol
-    voters: str  # "id@host:port,..." (Kafka's controller.quorum.voters)
-    admin_listen: str | None = None  # host:port of the HTTP admin API
-    election_timeout_ms: int = _Q.election_timeout_ms
-    fetch_timeout_ms: int = _Q.fetch_timeout_ms
-    election_backoff_max_ms: int = _Q.election_backoff_max_ms
-    request_timeout_ms: int = _Q.request_timeout_ms
-    fetch_max_wait_ms: int = _Q.fetch_max_wait_ms
-    fetch_max_bytes: int = _Q.fetch_max_bytes
-    replica_lag_time_max_ms: int = _Q.replica_lag_time_max_ms
-    follower_fetch_pending_reads_insync_enable: bool = _Q.follower_fetch_pending_reads_insync_enable
-    max_replication_lag_ms: int = _Q.max_replication_lag_ms
-    append_linger_ms: float = 0.0  # fixed group-commit window; 0 = adaptive (batch while the disk is busy)
-    append_batch_records_max: int = 4096
-    segment_bytes_max: int = 64 << 20
-    # Background re-reading of sealed segments and snapshots (storage.scrub):
-    # 1 GiB in about an hour; 0 disables the scrubber.
-    log_scrub_bytes_per_s: int = 300_000
-    snapshot_min_records: int = 20000  # controller.snapshot.minimum.records
-    snapshot_chunk_bytes: int = _Q.snapshot_chunk_bytes
-    max_frame_bytes: int = 8 << 20
-    # Cross-replica consistency check (broker.consistency): how often the leader
-    # compares its committed log's digest with every voter's. 0 turns it off.
-    consistency_check_interval_ms: int = 60000
-    connect_timeout_ms: int = 1000
-    reconnect_backoff_max_ms: int = 1000
-    log_level: str = "info"
-    log_file: str | None = None
-    # -- security (docs/security.md) ----------------------------------------
-    security_protocol: str = "SSL"  # "SSL" (mutual TLS) or "PLAINTEXT" (opt-in, insecure, warned about)
-    ssl_ca_file: str | None = None  # PEM; relative paths are resolved against the config file's directory
-    ssl_cert_file: str | None = None
-    ssl_key_file: str | None = None
-    ssl_reload_check_ms: int = 1000  # how often the cert files' mtimes are checked for rotation
-    ssl_handshake_timeout_ms: int = 5000
-    connections_max_idle_ms: int = 600_000  # Kafka's name; also cuts a half-sent frame that stalls
-    max_connections: int = 4096  # per listener
-    max_connections_per_ip: int = 1024
-    failed_connections_before_backoff: int = 5  # consecutive failed handshakes / bad frames per address
-    failed_connection_backoff_ms: int = 1000  # first refusal period; doubles per further failure
-    failed_connection_backoff_max_ms: int = 60_000
-    # Principals ("User:admin", "Node:1") that bypass ACLs (Kafka's super.users).
+@dataclasses.dataclass(kw_only=True)
+class NetworkConfig:
+    """Connections: frames, peer connects and reconnects, listener limits."""
+
+    max_frame_bytes: int = setting(8 << 20, "largest request or response frame accepted", gt=0)
+    connect_timeout_ms: int = setting(1000, "timeout of a TCP (and TLS) connect to a peer", gt=0)
+    reconnect_backoff_max_ms: int = setting(
+        1000, "cap of the exponential back-off between reconnects to a peer", gt=0)
+    connections_max_idle_ms: int = setting(
+        600_000, "an idle connection (or a half-sent frame that stalls) is closed after this (Kafka's name)",
+        gt=0)
+    max_connections: int = setting(4096, "open connections per listener", gt=0)
+    max_connections_per_ip: int = setting(1024, "open connections per client address; <= max_connections",
+                                          gt=0)
+    failed_connections_before_backoff: int = setting(
+        5, "consecutive failed handshakes / bad frames from one address before it is refused for a while",
+        gt=0)
+    failed_connection_backoff_ms: int = setting(
+        1000, "first refusal period for such an address; doubles per further failure", gt=0)
+    failed_connection_backoff_max_ms: int = setting(60_000, "cap of that refusal period", gt=0)
+
+    def validate(self) -> None:
+        _raise_first(self)
+        if self.max_connections_per_ip > self.max_connections:
+            raise _SettingError("max_connections_per_ip", f"must be <= max_connections ({self.max_connections})")
+        if self.failed_connection_backoff_ms > self.failed_connection_backoff_max_ms:
+            raise _SettingError("failed_connection_backoff_ms", "must be <= failed_connection_backoff_max_ms")
+
+
+@dataclasses.dataclass(kw_only=True)
+class SecurityConfig:
+    """TLS and authorization (docs/security.md)."""
+
+    security_protocol: str = setting(
+        "SSL", "SSL (mutual TLS) or PLAINTEXT (opt-in, insecure, warned about)", choices=("SSL", "PLAINTEXT"))
+    ssl_ca_file: str | None = setting(
+        None, "PEM CA bundle; relative paths are resolved against the config file's directory")
+    ssl_cert_file: str | None = setting(None, "PEM certificate of this node (relative: as ssl_ca_file)")
+    ssl_key_file: str | None = setting(None, "PEM private key of this node (relative: as ssl_ca_file)")
+    ssl_reload_check_ms: int = setting(1000, "how often the certificate files' mtimes are checked for rotation",
+                                       gt=0)
+    ssl_handshake_timeout_ms: int = setting(5000, "a TLS handshake not done by then is cut", gt=0)
     # They never bypass replica identity binding: see broker/authz.py.
-    super_users: list[str] = []
+    super_users: list[str] = setting(
+        default_factory=list, doc="principals (User:admin, Node:1) that bypass ACLs (Kafka's super.users)")
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.security_protocol == "SSL"
+
+    def validate(self, check_files: bool = True) -> None:
+        _raise_first(self)
+        if self.tls_enabled:
+            for key in ("ssl_ca_file", "ssl_cert_file", "ssl_key_file"):
+                path = getattr(self, key)
+                if not path:
+                    raise _SettingError(key, "required with security_protocol SSL (the default); `metalog certs` "
+                                             "creates the files, `security_protocol: PLAINTEXT` turns TLS off "
+                                             "(insecure)")
+                if check_files and not os.path.isfile(path):
+                    raise _SettingError(key, f"no such file: {path}")
+        for text in self.super_users:
+            try:
+                Principal.parse(text)
+            except ValueError as exc:
+                raise _SettingError("super_users", str(exc)) from None
+
+
+@dataclasses.dataclass(kw_only=True)
+class BrokerConfig:
+    node_id: int = setting(doc="this broker's id (Kafka's node.id)", ge=0)
+    cluster_id: str = setting(doc="the cluster this broker and its data dir belong to", nonempty=True)
+    data_dir: str = setting(doc="directory of the log, snapshots and quorum state (relative: to the config file)",
+                            nonempty=True)
+    listen: str = setting(doc="host:port of the binary protocol")
+    voters: str = setting(doc="id@host:port,... of every voter (Kafka's controller.quorum.voters)")
+    admin_listen: str | None = setting(None, "host:port of the HTTP admin API (/health, /metrics ...); "
+                                             "none if unset")
+    log_level: str = setting("info", "structured log level", choices=("debug", "info", "warning", "error"))
+    log_file: str | None = setting(None, "append the JSON log here instead of stderr")
+    quorum: QuorumConfig = dataclasses.field(default_factory=QuorumConfig)
+    storage: StorageConfig = dataclasses.field(default_factory=StorageConfig)
+    network: NetworkConfig = dataclasses.field(default_factory=NetworkConfig)
+    security: SecurityConfig = dataclasses.field(default_factory=SecurityConfig)
 
     # -- derived -------------------------------------------------------------
     def voter_endpoints(self) -> dict[int, Endpoint]:
@@ -103,84 +176,121 @@ class BrokerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     @property
     def tls_enabled(self) -> bool:
-        return self.security_protocol == "SSL"
+        return self.security.tls_enabled
 
     def tls_paths(self):
         from broker.tls import TlsPaths
 
-        assert self.tls_enabled and self.ssl_ca_file and self.ssl_cert_file and self.ssl_key_file
-        return TlsPaths(self.ssl_ca_file, self.ssl_cert_file, self.ssl_key_file)
-
-    def quorum_config(self) -> QuorumConfig:
-        return QuorumConfig(
-            node_id=self.node_id,
-            voters=tuple(sorted(self.voter_endpoints())),
-            cluster_id=self.cluster_id,
-            election_timeout_ms=self.election_timeout_ms,
-            fetch_timeout_ms=self.fetch_timeout_ms,
-            election_backoff_max_ms=self.election_backoff_max_ms,
-            request_timeout_ms=self.request_timeout_ms,
-            fetch_max_wait_ms=self.fetch_max_wait_ms,
-            fetch_max_bytes=self.fetch_max_bytes,
-            replica_lag_time_max_ms=self.replica_lag_time_max_ms,
-            follower_fetch_pending_reads_insync_enable=self.follower_fetch_pending_reads_insync_enable,
-            max_replication_lag_ms=self.max_replication_lag_ms,
-            snapshot_chunk_bytes=self.snapshot_chunk_bytes,
-        )
+        s = self.security
+        assert s.tls_enabled and s.ssl_ca_file and s.ssl_cert_file and s.ssl_key_file
+        return TlsPaths(s.ssl_ca_file, s.ssl_cert_file, s.ssl_key_file)
 
     def validate(self, check_files: bool = True) -> "BrokerConfig":
-        """`check_files=False` skips checking that the TLS files exist (a compose
-        file names paths inside containers)."""
-        def need(cond: bool, key: str, why: str) -> None:
-            if not cond:
-                raise ConfigError(f"{key}: {why}")
-
-        need(self.node_id >= 0, "node_id", f"must be >= 0, got {self.node_id}")
-        need(bool(self.cluster_id.strip()), "cluster_id", "must not be empty")
-        need(bool(self.data_dir), "data_dir", "must not be empty")
+        """Every section's ranges and rules. Fills the node identity into
+        ``quorum`` (what the core is built from). `check_files=False` skips
+        checking that the TLS files exist (a compose file names paths inside
+        containers). Raises _SettingError (section, key, why)."""
+        _raise_first(self)
         self.listen_endpoint()
         self.admin_endpoint()
         voters = self.voter_endpoints()
-        need(len(voters) >= 1, "voters", "at least one voter is required")
-        for key in ("election_timeout_ms", "fetch_timeout_ms", "request_timeout_ms",
-                    "election_backoff_max_ms", "fetch_max_bytes", "segment_bytes_max",
-                    "snapshot_min_records", "snapshot_chunk_bytes", "max_frame_bytes",
-                    "append_batch_records_max", "connect_timeout_ms", "replica_lag_time_max_ms",
-                    "max_replication_lag_ms", "reconnect_backoff_max_ms", "ssl_reload_check_ms",
-                    "ssl_handshake_timeout_ms", "connections_max_idle_ms", "max_connections",
-                    "max_connections_per_ip", "failed_connections_before_backoff",
-                    "failed_connection_backoff_ms", "failed_connection_backoff_max_ms"):
-            value = getattr(self, key)
-            need(value > 0, key, f"must be > 0, got {value}")
-        need(self.fetch_max_wait_ms >= 0, "fetch_max_wait_ms", "must be >= 0")
-        need(self.consistency_check_interval_ms >= 0, "consistency_check_interval_ms",
-             f"must be >= 0 (0 = off), got {self.consistency_check_interval_ms}")
-        need(self.append_linger_ms >= 0, "append_linger_ms", "must be >= 0")
-        need(self.fetch_max_wait_ms < self.fetch_timeout_ms, "fetch_max_wait_ms",
-             f"must be below fetch_timeout_ms ({self.fetch_timeout_ms}), got {self.fetch_max_wait_ms}")
-        need(self.segment_bytes_max >= 4096, "segment_bytes_max", "must be >= 4096")
-        need(self.security_protocol in ("SSL", "PLAINTEXT"), "security_protocol",
-             f"must be SSL or PLAINTEXT, got {self.security_protocol!r}")
-        if self.tls_enabled:
-            for key in ("ssl_ca_file", "ssl_cert_file", "ssl_key_file"):
-                path = getattr(self, key)
-                need(bool(path), key, "required with security_protocol SSL (the default); "
-                     "`metalog certs` creates the files, `security_protocol: PLAINTEXT` turns TLS off (insecure)")
-                need(not check_files or os.path.isfile(path), key, f"no such file: {path}")
-        need(self.max_connections_per_ip <= self.max_connections, "max_connections_per_ip",
-             f"must be <= max_connections ({self.max_connections})")
-        need(self.failed_connection_backoff_ms <= self.failed_connection_backoff_max_ms,
-             "failed_connection_backoff_ms", "must be <= failed_connection_backoff_max_ms")
-        need(self.log_scrub_bytes_per_s >= 0, "log_scrub_bytes_per_s",
-             f"must be >= 0 (0 disables the scrubber), got {self.log_scrub_bytes_per_s}")
-        for text in self.super_users:
+        if not voters:
+            raise _SettingError("voters", "at least one voter is required")
+        self.quorum = dataclasses.replace(self.quorum, node_id=self.node_id, voters=tuple(sorted(voters)),
+                                          cluster_id=self.cluster_id)
+        for name, section in (("quorum", self.quorum), ("storage", self.storage), ("network", self.network),
+                              ("security", self.security)):
             try:
-                Principal.parse(text)
-            except ValueError as exc:
-                raise ConfigError(f"super_users: {exc}") from None
-        need(self.log_level in ("debug", "info", "warning", "error"), "log_level",
-             f"must be one of debug/info/warning/error, got {self.log_level!r}")
+                section.validate(check_files) if name == "security" else section.validate()
+            except _SettingError as exc:
+                raise _SettingError(exc.key, exc.why, name) from None
+            except ValueError as exc:  # QuorumConfig.validate: "<key>: <why>"
+                key, _, why = str(exc).partition(": ")
+                raise _SettingError(key, why, name) from None
         return self
+
+
+class _SettingError(ConfigError):
+    """A bad setting, before the key is spelled as the user wrote it."""
+
+    def __init__(self, key: str, why: str, section: str = ""):
+        super().__init__(f"{key}: {why}")
+        self.key, self.why, self.section = key, why, section
+
+
+def _raise_first(obj) -> None:
+    bad = check_settings(obj)
+    if bad is not None:
+        raise _SettingError(*bad)
+
+
+# -- the schema: sections and where a key lives ---------------------------------
+SECTIONS: dict[str, type] = {"quorum": QuorumConfig, "storage": StorageConfig, "network": NetworkConfig,
+                             "security": SecurityConfig}
+TOP_LEVEL_KEYS: tuple[str, ...] = tuple(f.name for f, _ in setting_fields(BrokerConfig))
+SECTION_OF: dict[str, str] = {}
+for _section, _cls in SECTIONS.items():
+    for _f, _ in setting_fields(_cls):
+        assert _f.name not in SECTION_OF and _f.name not in TOP_LEVEL_KEYS, f"setting {_f.name} defined twice"
+        SECTION_OF[_f.name] = _section
+
+
+def all_settings() -> list[tuple[str, dataclasses.Field, SettingSpec]]:
+    """(section, field, spec) for every setting; section "" is the top level."""
+    out = [("", f, spec) for f, spec in setting_fields(BrokerConfig)]
+    for section, cls in SECTIONS.items():
+        out += [(section, f, spec) for f, spec in setting_fields(cls)]
+    return out
+
+
+def _unknown(key: str, written: str, known: list[str]) -> ConfigError:
+    if key in TOP_LEVEL_KEYS or key in SECTION_OF:  # a real key in the wrong place
+        where = f"`{SECTION_OF[key]}.{key}`" if key in SECTION_OF else "the top level"
+        return ConfigError(f"{written}: Object contains unknown field `{key}`; it belongs in {where}")
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"; did you mean `{close[0]}`?" if close else ""
+    return ConfigError(f"{written}: Object contains unknown field `{key}`{hint}")
+
+
+def normalize(data: dict[str, Any]) -> tuple[dict[str, Any], dict[tuple[str, str], str]]:
+    """Flat, dotted and nested keys -> the nested form, and how each key was
+    written (for error messages). A later spelling of the same key wins, as
+    YAML's own duplicate keys do. Unknown keys are refused by name."""
+    out: dict[str, Any] = {}
+    written: dict[tuple[str, str], str] = {}
+    every_key = list(TOP_LEVEL_KEYS) + list(SECTION_OF)
+
+    def put(section: str, key: str, value: Any, as_written: str) -> None:
+        if section:
+            out.setdefault(section, {})[key] = value
+        else:
+            out[key] = value
+        written[(section, key)] = as_written
+
+    for key, value in data.items():
+        key = str(key)
+        if key in SECTIONS:
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key}: expected a mapping of settings, got {type(value).__name__}")
+            for sub, sub_value in value.items():
+                sub = str(sub)
+                if SECTION_OF.get(sub) != key:
+                    raise _unknown(sub, f"{key}.{sub}", [k for k, s in SECTION_OF.items() if s == key])
+                put(key, sub, sub_value, f"{key}.{sub}")
+        elif "." in key:
+            section, _, sub = key.partition(".")
+            if section not in SECTIONS or SECTION_OF.get(sub) != section:
+                raise _unknown(sub, key, [f"{s}.{k}" for k, s in SECTION_OF.items()])
+            put(section, sub, value, key)
+        elif key in TOP_LEVEL_KEYS:
+            put("", key, value, key)
+        elif key in SECTION_OF:
+            put(SECTION_OF[key], key, value, key)
+        else:
+            raise _unknown(key, key, every_key)
+    return out, written
 
 
 def parse_endpoint(key: str, text: str) -> Endpoint:
@@ -213,15 +323,43 @@ def parse_voters(text: str) -> dict[int, Endpoint]:
     return voters
 
 
-def config_from_dict(data: dict[str, Any], check_files: bool = True) -> BrokerConfig:
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if key in SECTIONS:
+            out[key] = {**out.get(key, {}), **value}
+        else:
+            out[key] = value
+    return out
+
+
+def config_from_dict(data: dict[str, Any], check_files: bool = True,
+                     overrides: dict[str, Any] | None = None) -> BrokerConfig:
+    """`data` and `overrides` in any of the accepted forms; overrides win."""
+    nested, written = normalize(data)
+    if overrides:
+        nested_over, written_over = normalize(overrides)
+        nested = _merge(nested, nested_over)
+        written.update(written_over)
+    return _build(nested, written, check_files)
+
+
+def _build(nested: dict[str, Any], written: dict[tuple[str, str], str], check_files: bool) -> BrokerConfig:
+    def spelled(section: str, key: str) -> str:
+        return written.get((section, key), f"{section}.{key}" if section else key)
+
     try:
-        cfg = msgspec.convert(data, BrokerConfig, strict=False)
+        cfg = msgspec.convert(nested, BrokerConfig, strict=False)
     except msgspec.ValidationError as exc:
-        # msgspec says e.g. "Expected `int`, got `str` - at `$.node_id`": lead with the key.
+        # msgspec says e.g. "Expected `int`, got `str` - at `$.quorum.node_id`": lead with the key.
         msg = str(exc)
-        key = msg.rsplit("at `$.", 1)[-1].rstrip("`") if "at `$." in msg else "config"
-        raise ConfigError(f"{key}: {msg}") from None
-    return cfg.validate(check_files)
+        path = msg.rsplit("at `$.", 1)[-1].rstrip("`") if "at `$." in msg else ""
+        section, _, key = path.rpartition(".") if path.count(".") == 1 else ("", "", path)
+        raise ConfigError(f"{spelled(section, key) if key else 'config'}: {msg}") from None
+    try:
+        return cfg.validate(check_files)
+    except _SettingError as exc:
+        raise ConfigError(f"{spelled(exc.section, exc.key)}: {exc.why}") from None
 
 
 def load_config(path: str, overrides: dict[str, Any] | None = None) -> BrokerConfig:
@@ -236,9 +374,91 @@ def load_config(path: str, overrides: dict[str, Any] | None = None) -> BrokerCon
         raise ConfigError(f"config file {path}: not valid {'JSON' if path.endswith('.json') else 'YAML'}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a mapping of keys to values")
-    data.update(overrides or {})
+    nested, written = normalize(data)
+    if overrides:
+        nested_over, written_over = normalize(overrides)
+        nested = _merge(nested, nested_over)
+        written.update(written_over)
     base = os.path.dirname(os.path.abspath(path))
-    for key in ("data_dir", "ssl_ca_file", "ssl_cert_file", "ssl_key_file"):
-        if data.get(key) and not os.path.isabs(str(data[key])):
-            data[key] = os.path.join(base, str(data[key]))
-    return config_from_dict(data)
+    for section, key in (("", "data_dir"), ("security", "ssl_ca_file"), ("security", "ssl_cert_file"),
+                         ("security", "ssl_key_file")):
+        holder = nested.get(section, {}) if section else nested
+        if holder.get(key) and not os.path.isabs(str(holder[key])):
+            holder[key] = os.path.join(base, str(holder[key]))
+    return _build(nested, written, check_files=True)
+
+
+# -- the table: --help-config and docs/config.md ---------------------------------
+def _type_name(f: dataclasses.Field) -> str:
+    t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    return t.replace(" | None", " (optional)")
+
+
+def _default_text(f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        return "none" if f.default is None else json.dumps(f.default)
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return json.dumps(f.default_factory())  # type: ignore[misc]
+    return "required"
+
+
+def _range_text(spec: SettingSpec) -> str:
+    parts = []
+    if spec.gt is not None:
+        parts.append(f"> {spec.gt:g}")
+    if spec.ge is not None:
+        parts.append(f">= {spec.ge:g}")
+    if spec.choices is not None:
+        parts.append("one of " + "/".join(map(str, spec.choices)))
+    if spec.nonempty:
+        parts.append("not empty")
+    if spec.note:
+        parts.append(spec.note)
+    return "; ".join(parts)
+
+
+def settings_rows() -> list[tuple[str, str, str, str, str]]:
+    """(section, key, type, default, description with range) per setting."""
+    rows = []
+    for section, f, spec in all_settings():
+        rng = _range_text(spec)
+        doc = f"{spec.doc} [{rng}]" if rng else spec.doc
+        rows.append((section or "(top)", f.name, _type_name(f), _default_text(f), doc))
+    return rows
+
+
+def help_text() -> str:
+    rows = [("section", "key", "type", "default", "description")] + settings_rows()
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths) + "  " + "-" * 11)
+    footer = ("\nKeys may be given flat (election_timeout_ms: 1000) or in their section "
+              "(quorum: {election_timeout_ms: 1000});\n--set takes either spelling "
+              "(--set quorum.election_timeout_ms=1000). Units are in the names.")
+    return "\n".join(lines) + "\n" + footer + "\n"
+
+
+def markdown() -> str:
+    out = ["# Broker configuration (broker.yaml)", "",
+           "Generated from the setting declarations in `broker/config.py` and `broker/quorum/api.py` "
+           "by `python -m broker.config --markdown > docs/config.md` (a test checks it is up to date); "
+           "`metalog broker --help-config` prints the same table.", "",
+           "Keys may be given flat (`election_timeout_ms: 1000`, the historical form) or nested in "
+           "their section (`quorum: {election_timeout_ms: 1000}`); `--set` takes either spelling "
+           "(`--set quorum.election_timeout_ms=1000`). Setting names are unique across sections; an "
+           "unknown key fails at start naming it. Units are in the names (`_ms`, `_bytes`, `_per_s`). "
+           "Relative paths (`data_dir`, `ssl_*_file`) are resolved against the config file's directory.",
+           "", "Cross-field rules: `fetch_max_wait_ms` < `fetch_timeout_ms`; `max_connections_per_ip` <= "
+           "`max_connections`; `failed_connection_backoff_ms` <= `failed_connection_backoff_max_ms`; "
+           "the three `ssl_*_file` keys are required with `security_protocol: SSL`."]
+    current = None
+    for section, key, type_name, default, doc in settings_rows():
+        if section != current:
+            current = section
+            out += ["", f"## {section}", "", "| key | type | default | description |", "|---|---|---|---|"]
+        out.append(f"| `{key}` | {type_name} | {default} | {doc.replace('|', '/')} |")
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown() if "--markdown" in sys.argv[1:] else help_text())

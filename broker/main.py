@@ -2,6 +2,8 @@
 
 SIGHUP re-reads the TLS certificate files (rotation without restart).
 
+``--help-config`` prints every config key (generated from broker/config.py).
+
 Exit codes: 0 after a graceful stop (SIGTERM/SIGINT), 2 for a bad config,
 3 when the broker refuses to start (wrong cluster id, corrupt log...), 4 after
 a fatal invariant breach.
@@ -16,7 +18,7 @@ import sys
 
 import uvloop
 
-from broker.config import ConfigError, load_config
+from broker.config import ConfigError, help_text, load_config
 from broker.logs import configure_logging
 
 
@@ -31,7 +33,8 @@ def parse_overrides(items: list[str]) -> dict:
 
 
 async def run(cfg) -> int:
-    from broker.runtime import Broker, StartupError
+    from broker.local_state import StartupError
+    from broker.runtime import Broker
     from storage.batch import CorruptBatchError
     from storage.epochs import EpochCheckpointError
     from storage.errors import StorageError
@@ -60,12 +63,19 @@ async def run(cfg) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="metalog broker", description="Run one metalog broker.")
-    parser.add_argument("--config", required=True, help="YAML or JSON broker config file")
+    parser.add_argument("--config", help="YAML or JSON broker config file (required to run)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key (repeatable)")
+                        help="override a config key, flat or as section.key (repeatable)")
+    parser.add_argument("--help-config", action="store_true",
+                        help="print every config key (section, type, default, description) and exit")
     parser.add_argument("--insecure", action="store_true",
                         help="plaintext, no authentication (security_protocol PLAINTEXT); logs a warning")
     args = parser.parse_args(argv)
+    if args.help_config:
+        sys.stdout.write(help_text())
+        return 0
+    if not args.config:
+        parser.error("the following arguments are required: --config")
     try:
         overrides = parse_overrides(args.set)
         if args.insecure:

@@ -48,6 +48,7 @@ from typing import Any, Callable
 
 import structlog
 
+from broker.backoff import Backoff
 from broker.principal import ANONYMOUS, Principal, principal_from_cert
 
 from protocol import codec
@@ -688,6 +689,7 @@ class PeerChannel:
         self.connect_timeout_ms = connect_timeout_ms
         self.reconnect_backoff_ms = reconnect_backoff_ms
         self.reconnect_backoff_max_ms = reconnect_backoff_max_ms
+        self._backoff = Backoff(min(reconnect_backoff_ms, reconnect_backoff_max_ms), reconnect_backoff_max_ms)
         self.max_queued_requests = max_queued_requests
         self._log = logger if logger is not None else structlog.get_logger("metalog.net")
         self._proto: _ClientProtocol | None = None
@@ -827,11 +829,7 @@ class PeerChannel:
 
     def _schedule_backoff(self, loop: asyncio.AbstractEventLoop) -> None:
         self._failures += 1
-        backoff_ms = min(
-            self.reconnect_backoff_ms * (2 ** min(self._failures - 1, 30)), self.reconnect_backoff_max_ms
-        )
-        backoff_ms *= random.uniform(0.8, 1.2)
-        self._next_connect_at = loop.time() + backoff_ms / 1000
+        self._next_connect_at = loop.time() + self._backoff.delay_ms(self._failures, random) / 1000
 
     def _expire(self, corr: int, api_key: int, timeout_ms: int) -> None:
         entry = self._pending.pop(corr, None)

@@ -31,7 +31,6 @@ verification is deleted, the log kept and the download retried.
 from __future__ import annotations
 
 import asyncio
-import collections
 import os
 import random
 import time
@@ -44,34 +43,31 @@ import msgspec
 from broker import authz
 from broker.config import BrokerConfig
 from broker.consistency import LogDigest, compare
-from broker.controller import CommandError, Controller, load_latest, load_snapshot, write_controller_snapshot
+from broker.controller import load_snapshot, write_controller_snapshot
+from broker.controller_commands import CommandQueue, CommandToken, LeaderView
+from broker.local_state import no_copy_message, recover_local_state
 from broker.metrics import BrokerMetrics
 from broker.net import Connection, ListenerLimits, NetError, PeerPool, Server, serve
 from broker.quorum import api as qa
 from broker.quorum.core import QuorumCore
 from broker.quorum.env import Environment
+from broker.snapshot_policy import SnapshotPolicy
 from protocol import messages as m
 from protocol.apis import APIS, REQUEST_API_KEY, ApiKey
 from protocol.codec import ProtocolError
 from protocol.errors import Errors
-from storage.epochs import EpochCheckpointError, EpochHistory, read_checkpoint, write_checkpoint
 from storage.batch import CorruptBatchError
-from storage.errors import CorruptionReport, CorruptLogError, LogWriteError, StorageError
+from storage.epochs import EpochHistory, write_checkpoint
+from storage.errors import CorruptionReport, LogWriteError, StorageError
+from storage.group_commit import Arm, GroupCommit
 from storage.log import SegmentedLog
-from storage.quorum_state import QuorumStateError, QuorumStateFile
 from storage.scrub import Scrubber
-from storage.snapshot import PartialSnapshot, SnapshotInvariantError, SnapshotStore
+from storage.snapshot import PartialSnapshot, SnapshotStore
 
 PARTITION_DIR = "__cluster_metadata-0"
-META_FILE = "meta.properties"
 APPLY_BYTES_PER_STEP = 4 << 20  # bound the committed bytes applied per loop turn
-MAX_QUEUED_COMMANDS = 1024
 INSECURE_DETAIL = ("security_protocol PLAINTEXT: no encryption and no authentication; anyone who can "
                    "reach the ports can read the log and act as a replica or a client")
-
-
-class StartupError(Exception):
-    """The broker refuses to start; the message says why and what to do."""
 
 
 def now_ms() -> int:
@@ -108,28 +104,6 @@ class _Reader:
         return self.snapshots.read_chunk(snapshot_id, position, max_bytes)
 
 
-def check_meta(data_dir: str, cluster_id: str, node_id: int) -> None:
-    """Bind a data dir to one cluster and node: refuse a mismatch at boot."""
-    path = os.path.join(data_dir, META_FILE)
-    if os.path.exists(path):
-        props = dict(
-            line.split("=", 1) for line in open(path).read().splitlines() if "=" in line and not line.startswith("#")
-        )
-        if props.get("cluster.id") != cluster_id:
-            raise StartupError(
-                f"data dir {data_dir} belongs to cluster {props.get('cluster.id')!r} but the config says "
-                f"{cluster_id!r}: refusing to start (point data_dir elsewhere or fix cluster_id)"
-            )
-        if props.get("node.id") != str(node_id):
-            raise StartupError(
-                f"data dir {data_dir} belongs to node {props.get('node.id')} but the config says node {node_id}"
-            )
-        return
-    from storage.atomic import atomic_write
-
-    atomic_write(path, f"version=1\ncluster.id={cluster_id}\nnode.id={node_id}\n".encode())
-
-
 class Broker:
     def __init__(self, cfg: BrokerConfig, logger):
         self.cfg = cfg
@@ -140,18 +114,15 @@ class Broker:
         self.core: QuorumCore | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_deadline: int | None = None
-        self._flush_running = False
-        self._flush_wanted = False
-        self._pending_produce: list[tuple[Any, list[bytes]]] = []
-        self._pending_records = 0
-        self._linger_handle: asyncio.Handle | None = None  # linger timer or call_soon
+        self.group_commit = GroupCommit(cfg.storage.append_linger_ms, cfg.storage.append_batch_records_max)
+        self._linger_handle: asyncio.Handle | None = None  # group commit's linger timer or call_soon
+        self.snapshot_policy = SnapshotPolicy(cfg.storage.snapshot_min_records)
         self._partials: dict[m.SnapshotId, PartialSnapshot] = {}
         self._snapshot_task: asyncio.Task | None = None
         self._bg_tasks: set[asyncio.Task] = set()
         self._last_exposed: tuple | None = None
         self._stopping = False
-        self._commands: collections.deque = collections.deque()
-        self._command_in_flight: _CommandToken | None = None
+        self.commands = CommandQueue()
         self.fatal: str | None = None
         self._follow_up: list[qa.Event] = []  # fed right after the current step's actions
         self._executing = False  # inside the action loop of a step
@@ -174,7 +145,7 @@ class Broker:
         # Authorization is on exactly when TLS is: without TLS every peer is
         # ANONYMOUS and no identity can be checked (insecure mode, opt-in).
         self.authz_enabled = cfg.tls_enabled
-        self.super_users = frozenset(cfg.super_users)
+        self.super_users = frozenset(cfg.security.super_users)
         self._voter_ids = frozenset(self.voters)
         # Denials already logged, per connection: one log line per (api, operation, resource).
         self._denials_logged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -191,40 +162,45 @@ class Broker:
         # An exception no one retrieves (a task, a loop callback) is a fatal
         # error, not a line on stderr.
         asyncio.get_running_loop().set_exception_handler(self._loop_exception)
-        view, qs = self._recover_local_state()
+        local = recover_local_state(cfg, self.part_dir, self.log, self.metrics)
+        self.seg_log, self.snapshots, self.controller = local.seg_log, local.snapshots, local.controller
+        self.qs_file = local.qs_file
+        self.health_problems.update(local.health_problems)
+        self._corruption_seen |= local.corruption_seen
+        view, qs = local.view, local.qs
         t0 = time.perf_counter()
         self.digest = LogDigest.build(self.seg_log)
         self.log.info("log_digest_built", batches_from=self.digest.first_base, end_offset=self.digest.end_offset,
                       seconds=round(time.perf_counter() - t0, 4))
-        self.core = QuorumCore(cfg.quorum_config(), view, _Reader(self.seg_log, self.snapshots), qs,
+        self.core = QuorumCore(cfg.quorum, view, _Reader(self.seg_log, self.snapshots), qs,
                                Environment(SystemClock(), random.Random()))
         if cfg.tls_enabled:
             from broker.tls import TlsFiles
 
             # Raises TlsConfigError (a ValueError: "refusing to start") for unreadable or mismatched files.
-            self.tls = TlsFiles(cfg.tls_paths(), check_interval_s=cfg.ssl_reload_check_ms / 1000, logger=self.log)
+            self.tls = TlsFiles(cfg.tls_paths(), check_interval_s=cfg.security.ssl_reload_check_ms / 1000, logger=self.log)
         else:
-            self.log.warning("insecure_mode", security_protocol=cfg.security_protocol,
+            self.log.warning("insecure_mode", security_protocol=cfg.security.security_protocol,
                              detail=INSECURE_DETAIL)
         self.peers = PeerPool(
             {nid: (ep.host, ep.port) for nid, ep in self.voters.items() if nid != cfg.node_id},
             client_id=f"metalog-{cfg.node_id}",
-            max_frame_bytes=cfg.max_frame_bytes,
-            connect_timeout_ms=cfg.connect_timeout_ms,
-            reconnect_backoff_max_ms=cfg.reconnect_backoff_max_ms,
+            max_frame_bytes=cfg.network.max_frame_bytes,
+            connect_timeout_ms=cfg.network.connect_timeout_ms,
+            reconnect_backoff_max_ms=cfg.network.reconnect_backoff_max_ms,
             tls=self.tls,
         )
         ep = cfg.listen_endpoint()
         limits = ListenerLimits(
-            ssl_handshake_timeout_ms=cfg.ssl_handshake_timeout_ms,
-            connections_max_idle_ms=cfg.connections_max_idle_ms,
-            max_connections=cfg.max_connections,
-            max_connections_per_ip=cfg.max_connections_per_ip,
-            failed_connections_before_backoff=cfg.failed_connections_before_backoff,
-            failed_connection_backoff_ms=cfg.failed_connection_backoff_ms,
-            failed_connection_backoff_max_ms=cfg.failed_connection_backoff_max_ms,
+            ssl_handshake_timeout_ms=cfg.security.ssl_handshake_timeout_ms,
+            connections_max_idle_ms=cfg.network.connections_max_idle_ms,
+            max_connections=cfg.network.max_connections,
+            max_connections_per_ip=cfg.network.max_connections_per_ip,
+            failed_connections_before_backoff=cfg.network.failed_connections_before_backoff,
+            failed_connection_backoff_ms=cfg.network.failed_connection_backoff_ms,
+            failed_connection_backoff_max_ms=cfg.network.failed_connection_backoff_max_ms,
         )
-        self.server = await serve(ep.host, ep.port, self._on_request, max_frame_bytes=cfg.max_frame_bytes,
+        self.server = await serve(ep.host, ep.port, self._on_request, max_frame_bytes=cfg.network.max_frame_bytes,
                                   logger=self.log, tls=self.tls, limits=limits)
         if cfg.admin_endpoint() is not None:
             from broker.admin import start_admin
@@ -235,17 +211,17 @@ class Broker:
                              detail="every connection is User:ANONYMOUS with super-user rights: anyone who can "
                                     "reach the port can act as a replica, write and change ACLs")
         self.log.info(
-            "broker_started", listen=str(ep), security_protocol=cfg.security_protocol, voters={k: str(v) for k, v in self.voters.items()},
+            "broker_started", listen=str(ep), security_protocol=cfg.security.security_protocol, voters={k: str(v) for k, v in self.voters.items()},
             log_start_offset=self.seg_log.log_start_offset, log_end_offset=self.seg_log.log_end_offset,
             epoch=self.core.epoch, role=str(self.core.role),
         )
         self._step(qa.Tick(now_ms(), wall_clock_ms()))
-        if cfg.consistency_check_interval_ms > 0:
+        if cfg.storage.consistency_check_interval_ms > 0:
             self._consistency_task = asyncio.get_running_loop().create_task(self._consistency_loop())
             self._consistency_task.add_done_callback(self._task_done)
         loop = asyncio.get_running_loop()
         self.scrubber = Scrubber(
-            self.seg_log, self.snapshots, cfg.log_scrub_bytes_per_s,
+            self.seg_log, self.snapshots, cfg.storage.log_scrub_bytes_per_s,
             # Called on the scrubber thread: the report is handled on the loop.
             lambda report: loop.call_soon_threadsafe(self._on_corruption, report, "scrub"),
             logger=self.log, metrics=self.metrics)
@@ -276,7 +252,7 @@ class Broker:
             self._snapshot_corrupt(report)
             return
         if len(self.voters) == 1 and self.cfg.node_id in self.voters:
-            self._fatal("corruption_no_other_copy", self._no_copy_message(report), **report.as_log_fields())
+            self._fatal("corruption_no_other_copy", no_copy_message(report, self.cfg.data_dir), **report.as_log_fields())
             return
         try:
             state = self.seg_log.quarantine_from(report)
@@ -315,116 +291,6 @@ class Broker:
             else:
                 self._step(ev)
 
-    def _no_copy_message(self, report: CorruptionReport) -> str:
-        return (f"corrupt data in {report.path} at byte {report.position} (offset {report.base_offset}): "
-                f"{report.reason}; this is the only voter, so no other copy exists to re-replicate from. "
-                f"To truncate the log at the corruption (records from offset {report.base_offset} on are "
-                f"lost), run: metalog storage recover --data-dir {self.cfg.data_dir} --truncate-at-corruption")
-
-    def _recover_local_state(self) -> tuple[qa.LogView, qa.QuorumStateData | None]:
-        """Open the log (crash recovery), clean up and load snapshots (KIP-630
-        boot rules), rebuild the epoch history if needed, read the quorum
-        state: everything the core is built from."""
-        cfg = self.cfg
-        os.makedirs(cfg.data_dir, exist_ok=True)
-        check_meta(cfg.data_dir, cfg.cluster_id, cfg.node_id)  # before writing anything there
-        os.makedirs(self.part_dir, exist_ok=True)
-        # Another copy can exist (more than one voter, or we are an observer):
-        # corruption found at open is quarantined and re-replicated. A single
-        # voter has no other copy: refuse to start and say what to do.
-        sole_voter = len(self.voters) == 1 and cfg.node_id in self.voters
-        try:
-            self.seg_log = SegmentedLog.open(self.part_dir, segment_bytes_max=cfg.segment_bytes_max,
-                                             logger=self.log, on_corruption="raise" if sole_voter else "quarantine")
-        except CorruptLogError as exc:
-            raise StartupError(self._no_copy_message(exc.report)) from None
-        for report in self.seg_log.startup_reports:  # already logged by the log (corruption_detected)
-            self._corruption_seen.add((report.path, report.position))
-            self.metrics.corrupt_batches.labels(source="startup").inc()
-        if self.seg_log.quarantine is not None:
-            q = self.seg_log.quarantine
-            self.health_problems["quarantine"] = (
-                f"log cut to {self.seg_log.log_end_offset} after corruption "
-                f"({', '.join(r.path for r in q.reports)}); not voting until the log reaches "
-                f"{q.must_reach_offset} again")
-            for r in q.reports:  # stays for this process's life, as run-time finds do
-                self.health_problems[f"corruption:{r.path}"] = (
-                    f"corrupt data in {r.path} at byte {r.position} (offset {r.base_offset}, found at "
-                    f"start): {r.reason}; kept as .corrupt")
-            self.log.warning("started_quarantined", must_reach_offset=q.must_reach_offset,
-                             log_end_offset=self.seg_log.log_end_offset,
-                             reports=[r.as_log_fields() for r in q.reports])
-        self.snapshots = SnapshotStore(self.part_dir)
-        try:
-            boot = self.snapshots.boot_cleanup(self.seg_log.log_start_offset)
-            if boot is not None:
-                self.log.info("snapshot_boot_cleanup", **{k: v for k, v in vars(boot).items() if v})
-        except SnapshotInvariantError as exc:
-            # KIP-630's boot invariant failed: no snapshot covers the log start.
-            # Treat the log as empty and bootstrap from the leader.
-            self.log.warning("log_reset_no_covering_snapshot", error=str(exc),
-                             log_start_offset=self.seg_log.log_start_offset)
-            self.seg_log.truncate_fully(0)
-            for sid in self.snapshots.list():
-                self.snapshots.delete(sid)
-        self.controller = Controller()
-        t0 = time.perf_counter()
-        loaded = load_latest(self.snapshots)
-        if loaded is not None:
-            state, snap_id = loaded
-            self.controller.load(state)
-            self.controller.snapshot_taken(snap_id.end_offset)
-            self.metrics.snapshot_load_seconds.observe(time.perf_counter() - t0)
-            self.log.info("snapshot_loaded", snapshot=[snap_id.end_offset, snap_id.epoch],
-                          seconds=round(time.perf_counter() - t0, 4))
-            if self.seg_log.log_end_offset < snap_id.end_offset or self.seg_log.log_start_offset > snap_id.end_offset:
-                # The snapshot is ahead of the log (installed, then crashed before
-                # the log was reset) or the log starts past it: restart the log there.
-                self.seg_log.truncate_fully(snap_id.end_offset)
-        elif self.seg_log.log_start_offset > 0:
-            self.log.warning("log_reset_no_loadable_snapshot", log_start_offset=self.seg_log.log_start_offset)
-            self.seg_log.truncate_fully(0)
-        checkpoint = os.path.join(self.part_dir, "leader-epoch-checkpoint")
-        try:
-            epochs = read_checkpoint(checkpoint)
-        except EpochCheckpointError as exc:
-            # Derived data: the batches carry their epochs. Rebuild it from the
-            # log (below) and keep the damaged file for the operator.
-            self.log.warning("epoch_checkpoint_unreadable", file=checkpoint, error=str(exc),
-                             action="rebuilt from the log's batch headers; the damaged file is kept as .corrupt")
-            os.replace(checkpoint, checkpoint + ".corrupt")
-            epochs = EpochHistory()
-        if not epochs.entries and self.seg_log.log_end_offset > self.seg_log.log_start_offset:
-            epochs = EpochHistory(self.seg_log.batch_epochs())
-        epochs.truncate_from_end(self.seg_log.log_end_offset)
-        epochs.truncate_from_start(self.seg_log.log_start_offset)
-        if loaded is not None and not epochs.entries:
-            epochs.assign(loaded[1].epoch, loaded[1].end_offset)
-        self.qs_file = QuorumStateFile(os.path.join(self.part_dir, "quorum-state"))
-        try:
-            qs_raw = self.qs_file.read()
-        except QuorumStateError as exc:
-            raise StartupError(
-                f"{exc}. This file holds the epoch and the vote this voter cast; starting without it "
-                f"could let it vote twice in one epoch, so the broker will not guess. If this broker has "
-                f"been down for longer than an election takes (its epoch is over), move the file aside "
-                f"(mv {self.qs_file.path} {self.qs_file.path}.corrupt): it then starts without a vote in "
-                f"the epoch of its log's last batch and learns the current one from the leader") from None
-        qs = None
-        if qs_raw is not None:
-            qs = qa.QuorumStateData(
-                leader_epoch=qs_raw["leader_epoch"], leader_id=qs_raw["leader_id"],
-                voted_id=qs_raw["voted_id"], voters=tuple(qs_raw.get("voters", ())),
-            )
-        view = qa.LogView(
-            log_start_offset=self.seg_log.log_start_offset,
-            log_end_offset=self.seg_log.log_end_offset,
-            epochs=[tuple(e) for e in epochs.entries],
-            snapshots=self.snapshots.list(),
-            must_reach_offset=self.seg_log.quarantine.must_reach_offset if self.seg_log.quarantine else -1,
-        )
-        return view, qs
-
     async def stop(self, graceful: bool = True) -> None:
         """Graceful: resign leadership (EndQuorumEpoch), flush, close."""
         if self._stopping:
@@ -439,7 +305,7 @@ class Broker:
         if graceful and self.core is not None and self.fatal is None:
             self._step(qa.Shutdown(now_ms()))
             # Give the EndQuorumEpoch requests a moment to leave, bounded.
-            await self._drain_background(timeout_s=min(1.0, self.cfg.request_timeout_ms / 1000))
+            await self._drain_background(timeout_s=min(1.0, self.cfg.quorum.request_timeout_ms / 1000))
         if self._timer:
             self._timer.cancel()
         if self.server is not None:
@@ -530,8 +396,8 @@ class Broker:
         elif t is qa.Respond:
             token = a.token
             self._unanswered_produce.discard(token)
-            if type(token) is _CommandToken:
-                self._command_done(token, a.response)
+            if type(token) is CommandToken:
+                self._send_answers([self.commands.done(token, a.response)])
             else:
                 conn, correlation_id = token
                 conn.send_response(correlation_id, a.response)
@@ -601,7 +467,7 @@ class Broker:
         hw = core.high_watermark
         if hw is not None and hw > self.controller.applied_offset:
             self._apply_committed(hw)
-        if self._commands and self._command_in_flight is None:
+        if self.commands.runnable:
             self._pump_commands()
         self._schedule_timer()
 
@@ -641,22 +507,13 @@ class Broker:
 
     def _reject_pending_writes(self, reason: str) -> None:
         message = f"storage error on broker {self.cfg.node_id}: {reason}"
-        pending, self._pending_produce = self._pending_produce, []
-        self._pending_records = 0
         # Queued here, or handed to the core and not acknowledged (their batch
         # may not be durable): none of them will be acknowledged by this process.
-        tokens = [token for token, _records in pending] + list(self._unanswered_produce)
+        tokens = self.group_commit.drop_all() + list(self._unanswered_produce)
         self._unanswered_produce.clear()
         for conn, cid in tokens:
             conn.send_response(cid, m.ProduceResponse(error_code=Errors.KAFKA_STORAGE_ERROR, error_message=message))
-        if self._command_in_flight is not None:
-            token, self._command_in_flight = self._command_in_flight, None
-            token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
-                error_code=Errors.KAFKA_STORAGE_ERROR, error_message=message))
-        while self._commands:
-            token, _ = self._commands.popleft()
-            token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
-                error_code=Errors.KAFKA_STORAGE_ERROR, error_message=message))
+        self._send_answers(self.commands.fail_all(Errors.KAFKA_STORAGE_ERROR, message))
 
     # ------------------------------------------------------------ timers
     def _schedule_timer(self) -> None:
@@ -679,16 +536,14 @@ class Broker:
 
     # ------------------------------------------------------------ flushing
     def _request_flush(self) -> None:
-        if self._flush_running:
-            self._flush_wanted = True
-            return
-        self._flush_running = True
-        self._spawn(self._flush_loop())
+        if self.group_commit.request_flush():
+            self._spawn(self._flush_loop())
 
     async def _flush_loop(self) -> None:
+        gc = self.group_commit
         try:
             while True:
-                self._flush_wanted = False
+                gc.flush_starting()
                 t0 = time.perf_counter()
                 try:
                     flushed = await asyncio.to_thread(self.seg_log.flush)
@@ -697,12 +552,12 @@ class Broker:
                     return
                 self.metrics.flush_seconds.observe(time.perf_counter() - t0)
                 self._step(qa.FlushCompleted(now_ms(), flushed))
-                if self._pending_produce and self._linger_handle is None:
+                if gc.flush_completed():
                     self._flush_produce()  # writes that waited for this flush: one batch
-                if not self._flush_wanted:
+                if not gc.flush_again():
                     return
         finally:
-            self._flush_running = False
+            gc.flush_stopped()
 
     # ------------------------------------------------------------ outbound
     def _spawn(self, coro) -> None:
@@ -845,7 +700,7 @@ class Broker:
             start_offset=req.start_offset, end_offset=end, chunks=req.chunks))
 
     async def _consistency_loop(self) -> None:
-        interval_s = self.cfg.consistency_check_interval_ms / 1000
+        interval_s = self.cfg.storage.consistency_check_interval_ms / 1000
         while not self._stopping:
             await asyncio.sleep(interval_s)
             if self.fatal is None and not self._stopping and str(self.core.role) == "leader":
@@ -877,7 +732,7 @@ class Broker:
                                         leader_epoch=core.epoch, start_offset=start, end_offset=end)
         try:
             resp = await self.peers.channel(voter).request(ApiKey.CONSISTENCY_CHECK, req,
-                                                           self.cfg.request_timeout_ms)
+                                                           self.cfg.quorum.request_timeout_ms)
         except (NetError, ProtocolError, OSError, asyncio.TimeoutError) as exc:
             self.log.info("consistency_check_failed", replica=voter, error=f"{type(exc).__name__}: {exc}")
             return "failed"
@@ -940,97 +795,50 @@ class Broker:
             conn.send_response(cid, m.ProduceResponse(error_code=Errors.INVALID_REQUEST,
                                                       error_message="a produce request needs at least one record"))
             return
-        self._pending_produce.append((token, body.records))
-        self._pending_records += len(body.records)
-        if self._pending_records >= self.cfg.append_batch_records_max:
+        arm = self.group_commit.offer(token, body.records)
+        if arm is Arm.APPEND_NOW:
             self._flush_produce()
-        elif self._linger_handle is not None:
-            return
-        elif self.cfg.append_linger_ms > 0:
+        elif arm is Arm.LINGER:
             self._linger_handle = asyncio.get_running_loop().call_later(
-                self.cfg.append_linger_ms / 1000, self._flush_produce)
-        elif not self._flush_running:
-            # Adaptive group commit: the disk is idle, so append at the end of
-            # this loop turn (everything read in this turn joins the batch).
-            # While a flush runs, writes wait for it and go out as one batch
-            # when it completes (see _flush_loop): no fixed linger.
+                self.group_commit.linger_ms / 1000, self._flush_produce)
+        elif arm is Arm.END_OF_TURN:
             self._linger_handle = asyncio.get_running_loop().call_soon(self._flush_produce)
 
     def _flush_produce(self) -> None:
         if self._linger_handle is not None:  # a TimerHandle or a call_soon Handle
             self._linger_handle.cancel()
             self._linger_handle = None
-        if not self._pending_produce:
+        batch = self.group_commit.take()
+        if batch is None:
             return
-        pending, self._pending_produce = self._pending_produce, []
-        self._pending_records = 0
-        records: list[bytes] = []
-        waiters = []
-        for token, recs in pending:
-            waiters.append((token, len(recs)))
-            self._unanswered_produce.add(token)
-            records.extend(recs)
+        waiters, records = batch
+        self._unanswered_produce.update(token for token, _n in waiters)
         self.metrics.appended_records.inc(len(records))
         self._step(qa.ClientAppend(now_ms(), waiters, records, wall_clock_ms()))
 
     # ------------------------------------------------- controller commands
     def _enqueue_command(self, token, body: m.ControllerCommandRequest) -> None:
         conn, cid = token
-        if len(self._commands) >= MAX_QUEUED_COMMANDS:
-            conn.send_response(cid, m.ControllerCommandResponse(
-                error_code=Errors.REQUEST_TIMED_OUT, error_message="controller command queue is full"))
-            return
-        self._commands.append((_CommandToken(conn, cid), body))
-        if self._command_in_flight is None:
+        refusal = self.commands.offer(conn, cid, body)
+        if refusal is not None:
+            conn.send_response(cid, refusal)
+        elif self.commands.runnable:
             self._pump_commands()
 
     def _pump_commands(self) -> None:
-        """Run queued commands one at a time, each validated against a state
-        that reflects every record in the log (so two commands never both pass
-        against the same stale state)."""
         core = self.core
-        while self._commands and self._command_in_flight is None:
-            if str(core.role) != "leader":
-                leader = m.LeaderIdAndEpoch(core.leader_id if core.leader_id is not None else m.NO_LEADER,
-                                            core.epoch)
-                while self._commands:
-                    token, _ = self._commands.popleft()
-                    token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
-                        error_code=Errors.NOT_LEADER_OR_FOLLOWER, current_leader=leader))
-                return
-            if self.controller.applied_offset < core.log_end_offset:
-                return  # earlier records not applied yet: retried after the next step
-            token, body = self._commands.popleft()
-            if body.command in authz.ACL_COMMANDS_DESCRIBE:  # read-only: answered from the applied state
-                token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
-                    base_offset=self.controller.applied_offset, leader_epoch=core.epoch,
-                    result=self.controller.list_acls()))
-                continue
-            try:
-                records = build_command(self.controller, body.command, body.args)
-            except CommandError as exc:
-                token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
-                    error_code=exc.error_code, error_message=str(exc)))
-                continue
-            except (KeyError, TypeError, ValueError) as exc:
-                token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
-                    error_code=Errors.INVALID_REQUEST,
-                    error_message=f"bad arguments for {body.command!r}: {type(exc).__name__}: {exc}"))
-                continue
-            if not records:
-                token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
-                    base_offset=core.log_end_offset, leader_epoch=core.epoch))
-                continue
-            self._command_in_flight = token
+        answers, append = self.commands.pump(self.controller, LeaderView(
+            is_leader=str(core.role) == "leader", epoch=core.epoch, log_end_offset=core.log_end_offset,
+            leader_id=core.leader_id if core.leader_id is not None else m.NO_LEADER))
+        self._send_answers(answers)
+        if append is not None:
+            token, records = append
             self._step(qa.ClientAppend(now_ms(), [(token, len(records))], records, wall_clock_ms()))
 
-    def _command_done(self, token: "_CommandToken", response: m.ProduceResponse) -> None:
-        assert token is self._command_in_flight
-        self._command_in_flight = None
-        token.conn.send_response(token.correlation_id, m.ControllerCommandResponse(
-            error_code=response.error_code, error_message=response.error_message,
-            base_offset=response.base_offset, leader_epoch=response.leader_epoch,
-            current_leader=response.current_leader))
+    @staticmethod
+    def _send_answers(answers) -> None:
+        for token, response in answers:
+            token.conn.send_response(token.correlation_id, response)
 
     # ------------------------------------------------------------ snapshots
     def _install_snapshot(self, a: qa.InstallSnapshot) -> None:
@@ -1058,17 +866,15 @@ class Broker:
                       seconds=round(time.perf_counter() - t0, 4))
 
     def _maybe_snapshot(self) -> None:
-        if self._snapshot_task is not None or self._stopping:
-            return
-        if self.controller.records_since_snapshot < self.cfg.snapshot_min_records:
-            return
-        end_offset = self.controller.applied_offset
-        epoch = self.core.epochs.epoch_for_offset(end_offset - 1)
-        snap_id = m.SnapshotId(end_offset, epoch)
-        if self.snapshots.size(snap_id) is not None:
+        snap_id = self.snapshot_policy.next_snapshot(
+            records_since_snapshot=self.controller.records_since_snapshot,
+            applied_offset=self.controller.applied_offset, epoch_for_offset=self.core.epochs.epoch_for_offset,
+            exists=lambda sid: self.snapshots.size(sid) is not None,
+            busy=self._snapshot_task is not None or self._stopping)
+        if snap_id is None:
             return
         frozen = self.controller.state.copy()  # taken on the loop; records inside are immutable
-        self.controller.snapshot_taken(end_offset)
+        self.controller.snapshot_taken(snap_id.end_offset)
         self._snapshot_task = asyncio.get_running_loop().create_task(self._write_snapshot(snap_id, frozen))
 
     async def _write_snapshot(self, snap_id: m.SnapshotId, frozen) -> None:
@@ -1092,37 +898,3 @@ class Broker:
 def peer_host(peer: str) -> str:
     """The address part of "host:port" (what an ACL's host field names)."""
     return peer.rpartition(":")[0] or peer
-
-
-class _CommandToken:
-    __slots__ = ("conn", "correlation_id")
-
-    def __init__(self, conn, correlation_id: int):
-        self.conn = conn
-        self.correlation_id = correlation_id
-
-
-def build_command(controller: Controller, command: str, args: dict) -> list[bytes]:
-    """Records for one controller command; CommandError if the state refuses it."""
-    if command == "create_topic":
-        return controller.create_topic(str(args["name"]), int(args["partitions"]), int(args["replication_factor"]))
-    if command == "delete_topic":
-        return controller.delete_topic(str(args["name"]))
-    if command == "register_broker":
-        endpoints = [(str(n), str(h), int(p)) for n, h, p in args.get("endpoints", [])]
-        return controller.register_broker(int(args["broker_id"]), endpoints, args.get("rack"))
-    if command == "unregister_broker":
-        return controller.unregister_broker(int(args["broker_id"]))
-    if command == "fence_broker":
-        return controller.fence_broker(int(args["broker_id"]))
-    if command == "unfence_broker":
-        return controller.unfence_broker(int(args["broker_id"]))
-    if command == "add_acl":
-        return controller.add_acl(args)
-    if command == "remove_acl":
-        return controller.remove_acl(args)
-    if command == "set_config":
-        value = args.get("value")
-        return controller.set_config(int(args["resource_type"]), str(args["resource_name"]), str(args["name"]),
-                                     None if value is None else str(value))
-    raise CommandError(f"unknown controller command {command!r}")

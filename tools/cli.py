@@ -366,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     # Parsed by broker.main (see main()); listed here for --help.
-    sub.add_parser("broker", help="run one broker: metalog broker --config FILE [--set key=value ...]",
+    sub.add_parser("broker", help="run one broker: metalog broker --config FILE [--set key=value ...] (--help-config: every key)",
                    add_help=False)
 
     p = sub.add_parser("cluster", help="local multi-broker cluster")

@@ -262,7 +262,7 @@ def _check(topo: Topology) -> None:
             seen_volumes[vol] = b.name
         if cfg.tls_enabled:
             for key in ("ssl_ca_file", "ssl_cert_file", "ssl_key_file"):
-                p = getattr(cfg, key)
+                p = getattr(cfg.security, key)
                 if not any(_under(p, m) for m in b.mounts):
                     raise ComposeError(f"{where}: {key} {p} is not on a mounted volume (mounts: {b.mounts or 'none'}); "
                                        "mount the volume the `certs` service writes")
@@ -390,7 +390,7 @@ def cluster_from_compose(path: str, root_dir: str, port_offset: int | None = Non
     cluster = LocalCluster(mapping.root, specs, cluster_id=first.config.cluster_id,
                            host=LOOPBACK, voter_addrs=voter_addrs, insecure=not secure)
     if secure:
-        cert_file = first.config.ssl_cert_file
+        cert_file = first.config.security.ssl_cert_file
         assert cert_file is not None
         cluster.cert_dir = os.path.dirname(mapping.rewrite(cert_file, first.mounts))
     cluster.compose_mapping = mapping

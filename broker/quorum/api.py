@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from broker.quorum.settings import check_settings, setting
 from protocol import messages as m
 
 # --------------------------------------------------------------------------
@@ -317,22 +318,59 @@ class LogView:
 
 @dataclass
 class QuorumConfig:
-    node_id: int
-    voters: tuple[int, ...]
-    cluster_id: str
-    election_timeout_ms: int = 1000
-    fetch_timeout_ms: int = 2000
-    election_backoff_max_ms: int = 1000
-    request_timeout_ms: int = 2000
-    fetch_max_wait_ms: int = 500
-    fetch_max_bytes: int = 1 << 20
-    replica_lag_time_max_ms: int = 30000
-    # KIP-501: a follower with a pending fetch at or past the previous LEO stays in sync.
-    follower_fetch_pending_reads_insync_enable: bool = True
-    # KIP-630: max.replication.lag.ms before the LBO may pass a lagging replica.
-    max_replication_lag_ms: int = 60000
-    snapshot_chunk_bytes: int = 1 << 20
+    """The core's settings (section ``quorum`` of broker.yaml) plus this node's
+    identity. Each setting is declared once (default, description, range) with
+    ``setting``; ``validate`` holds the range checks and the cross-field rules,
+    and the core asserts them. The identity (node_id, voters, cluster_id) is
+    not a setting: the driver fills it in (``BrokerConfig`` from its top-level
+    keys, the simulator from its cluster)."""
+
+    node_id: int = -1
+    voters: tuple[int, ...] = ()
+    cluster_id: str = ""
+    election_timeout_ms: int = setting(
+        1000, "a follower that hears from no leader this long stands for election "
+              "(Kafka's quorum.election.timeout.ms)", gt=0)
+    fetch_timeout_ms: int = setting(
+        2000, "a follower whose fetches go unanswered this long looks for a new leader; a leader "
+              "not fetched from by a majority this long resigns (quorum.fetch.timeout.ms)", gt=0)
+    election_backoff_max_ms: int = setting(
+        1000, "upper bound of the random back-off before a candidate stands again "
+              "(quorum.election.backoff.max.ms)", gt=0)
+    request_timeout_ms: int = setting(
+        2000, "timeout of a request to a peer (quorum.request.timeout.ms)", gt=0)
+    fetch_max_wait_ms: int = setting(
+        500, "how long a leader parks a Fetch with no new data; must be below fetch_timeout_ms", ge=0)
+    fetch_max_bytes: int = setting(1 << 20, "most bytes of records in one Fetch answer", gt=0)
+    replica_lag_time_max_ms: int = setting(
+        30000, "a follower not caught up for this long leaves the in-sync set (replica.lag.time.max.ms)", gt=0)
+    follower_fetch_pending_reads_insync_enable: bool = setting(
+        True, "KIP-501: a follower with a pending fetch at or past the previous log end stays in sync")
+    max_replication_lag_ms: int = setting(
+        60000, "KIP-630 max.replication.lag.ms: how long the log start may wait for a lagging replica "
+               "before passing it", gt=0)
+    snapshot_chunk_bytes: int = setting(1 << 20, "most bytes of a snapshot in one FetchSnapshot answer", gt=0)
 
     @property
     def is_voter(self) -> bool:
         return self.node_id in self.voters
+
+    def validate(self) -> "QuorumConfig":
+        """Raise ValueError("<key>: <why>") for the first bad setting or a
+        broken cross-field rule; return self."""
+        bad = check_settings(self)
+        if bad is not None:
+            raise ValueError(f"{bad[0]}: {bad[1]}")
+        if self.fetch_max_wait_ms >= self.fetch_timeout_ms:
+            # A parked fetch must be answered before the follower gives up on the leader.
+            raise ValueError(f"fetch_max_wait_ms: must be below fetch_timeout_ms ({self.fetch_timeout_ms}), "
+                             f"got {self.fetch_max_wait_ms}")
+        if self.node_id < 0:
+            raise ValueError(f"node_id: must be >= 0, got {self.node_id}")
+        if not self.voters:
+            raise ValueError("voters: QuorumConfig.voters is empty: a quorum needs at least one voter")
+        if len(set(self.voters)) != len(self.voters):
+            raise ValueError(f"voters: a node id is listed twice in {self.voters}")
+        if not self.cluster_id.strip():
+            raise ValueError("cluster_id: must not be empty")
+        return self

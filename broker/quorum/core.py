@@ -125,8 +125,9 @@ class QuorumCore:
         quorum_state: QuorumStateData | None,
         env: Environment,
     ):
-        if not config.voters:
-            raise ValueError("QuorumConfig.voters is empty: a quorum needs at least one voter")
+        # The config's own rules (ranges, fetch_max_wait_ms < fetch_timeout_ms,
+        # identity): ValueError("<key>: <why>") on the first one broken.
+        config.validate()
         self.config = config
         self.reader = reader
         self.random = env.random  # the only randomness the core uses; it never reads env.clock

@@ -34,9 +34,9 @@ def test_shipped_compose_is_three_voters_one_observer():
     assert len(data_vols) == len(set(data_vols)) == 4 and set(data_vols) <= topo.volumes
     # mutual TLS: every broker mounts the certs volume the one-shot `certs` service fills
     for b in topo.brokers:
-        assert b.config.security_protocol == "SSL"
+        assert b.config.security.security_protocol == "SSL"
         assert b.mounts["/etc/metalog/certs"] == "certs"
-        assert b.config.ssl_cert_file == f"/etc/metalog/certs/node-{b.config.node_id}.crt"
+        assert b.config.security.ssl_cert_file == f"/etc/metalog/certs/node-{b.config.node_id}.crt"
     d0 = doc()
     assert d0["services"]["certs"]["command"][:3] == ["metalog", "certs", "cluster"]
     assert all(d0["services"][b.name]["depends_on"]["certs"]["condition"] == "service_completed_successfully"

@@ -135,3 +135,11 @@ def test_no_role_is_checked_by_comparing_strings_or_the_role_field():
             if "role ==" in code or "role !=" in code or "role in (" in code:
                 hits.append(f"{path.name}:{i}: {line.strip()}")
     assert hits == []
+
+
+def test_the_core_refuses_a_config_that_breaks_its_cross_field_rule():
+    """QuorumCore calls QuorumConfig.validate(): a fetch max wait not below the
+    fetch timeout (a parked fetch would outlive the follower's patience) is a
+    ValueError naming the key, before the core exists."""
+    with pytest.raises(ValueError, match=r"fetch_max_wait_ms: must be below fetch_timeout_ms \(2000\), got 2000"):
+        Node(1, fetch_max_wait_ms=2000, fetch_timeout_ms=2000)

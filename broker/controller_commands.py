@@ -1,0 +1,180 @@
+"""Controller commands: the table of commands and the queue that runs them.
+
+A ControllerCommand request names a command (``create_topic``,
+``add_acl`` ...) and its arguments. ``Command`` lists them; ``BUILDERS``
+maps each writing command to the ``Controller`` builder that turns its
+arguments into records (``CommandError`` if the state refuses it).
+
+``CommandQueue`` runs queued commands one at a time on the leader, each
+validated against a state that reflects every record in the log (so two
+commands never both pass against the same stale state). It is sans-IO: it
+returns the answers to send and the records to append, and the runtime
+sends and appends them.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from broker.controller import CommandError, Controller
+from protocol import messages as m
+from protocol.errors import Errors
+
+MAX_QUEUED_COMMANDS = 1024
+
+
+class Command(enum.StrEnum):
+    CREATE_TOPIC = "create_topic"
+    DELETE_TOPIC = "delete_topic"
+    REGISTER_BROKER = "register_broker"
+    UNREGISTER_BROKER = "unregister_broker"
+    FENCE_BROKER = "fence_broker"
+    UNFENCE_BROKER = "unfence_broker"
+    ADD_ACL = "add_acl"
+    REMOVE_ACL = "remove_acl"
+    SET_CONFIG = "set_config"
+    LIST_ACLS = "list_acls"  # read-only: answered from the applied state, no records
+
+
+def _register_broker(c: Controller, args: dict) -> list[bytes]:
+    endpoints = [(str(n), str(h), int(p)) for n, h, p in args.get("endpoints", [])]
+    return c.register_broker(int(args["broker_id"]), endpoints, args.get("rack"))
+
+
+def _set_config(c: Controller, args: dict) -> list[bytes]:
+    value = args.get("value")
+    return c.set_config(int(args["resource_type"]), str(args["resource_name"]), str(args["name"]),
+                        None if value is None else str(value))
+
+
+BUILDERS: dict[Command, Callable[[Controller, dict], list[bytes]]] = {
+    Command.CREATE_TOPIC: lambda c, a: c.create_topic(str(a["name"]), int(a["partitions"]),
+                                                      int(a["replication_factor"])),
+    Command.DELETE_TOPIC: lambda c, a: c.delete_topic(str(a["name"])),
+    Command.REGISTER_BROKER: _register_broker,
+    Command.UNREGISTER_BROKER: lambda c, a: c.unregister_broker(int(a["broker_id"])),
+    Command.FENCE_BROKER: lambda c, a: c.fence_broker(int(a["broker_id"])),
+    Command.UNFENCE_BROKER: lambda c, a: c.unfence_broker(int(a["broker_id"])),
+    Command.ADD_ACL: lambda c, a: c.add_acl(a),
+    Command.REMOVE_ACL: lambda c, a: c.remove_acl(a),
+    Command.SET_CONFIG: _set_config,
+}
+assert set(BUILDERS) == set(Command) - {Command.LIST_ACLS}, "every writing command needs a builder"
+
+
+def parse_command(name: str) -> Command:
+    try:
+        return Command(name)
+    except ValueError:
+        raise CommandError(f"unknown controller command {name!r}") from None
+
+
+def build_command(controller: Controller, command: str, args: dict) -> list[bytes]:
+    """Records for one writing controller command; CommandError if the state
+    refuses it or the command is unknown (or read-only)."""
+    cmd = parse_command(command)
+    builder = BUILDERS.get(cmd)
+    if builder is None:
+        raise CommandError(f"controller command {command!r} writes nothing")
+    return builder(controller, args)
+
+
+class CommandToken:
+    """The core's token for a command's append: its answer goes to the queue."""
+
+    __slots__ = ("conn", "correlation_id")
+
+    def __init__(self, conn: Any, correlation_id: int):
+        self.conn = conn
+        self.correlation_id = correlation_id
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderView:
+    """What the queue needs of the core at one moment."""
+
+    is_leader: bool
+    leader_id: int  # m.NO_LEADER if unknown
+    epoch: int
+    log_end_offset: int
+
+
+Answer = tuple[CommandToken, m.ControllerCommandResponse]
+
+
+class CommandQueue:
+    def __init__(self, max_queued: int = MAX_QUEUED_COMMANDS):
+        assert max_queued > 0
+        self.max_queued = max_queued
+        self._queue: collections.deque[tuple[CommandToken, m.ControllerCommandRequest]] = collections.deque()
+        self.in_flight: CommandToken | None = None
+
+    def offer(self, conn: Any, correlation_id: int, body: m.ControllerCommandRequest) -> m.ControllerCommandResponse | None:
+        """Queue a command; the answer to send at once if the queue is full."""
+        if len(self._queue) >= self.max_queued:
+            return m.ControllerCommandResponse(error_code=Errors.REQUEST_TIMED_OUT,
+                                               error_message="controller command queue is full")
+        self._queue.append((CommandToken(conn, correlation_id), body))
+        return None
+
+    @property
+    def runnable(self) -> bool:
+        return bool(self._queue) and self.in_flight is None
+
+    def pump(self, controller: Controller, core: LeaderView) -> tuple[list[Answer], tuple[CommandToken, list[bytes]] | None]:
+        """Run queued commands until one needs an append (at most one in flight).
+        Returns the answers to send, in order, and the (token, records) to
+        append, which the core answers later through `done`."""
+        answers: list[Answer] = []
+        while self._queue and self.in_flight is None:
+            if not core.is_leader:
+                leader = m.LeaderIdAndEpoch(core.leader_id, core.epoch)
+                answers += [(token, m.ControllerCommandResponse(error_code=Errors.NOT_LEADER_OR_FOLLOWER,
+                                                                current_leader=leader))
+                            for token, _body in self._queue]
+                self._queue.clear()
+                break
+            if controller.applied_offset < core.log_end_offset:
+                break  # earlier records not applied yet: pumped again after the next step
+            token, body = self._queue.popleft()
+            if body.command == Command.LIST_ACLS:
+                answers.append((token, m.ControllerCommandResponse(
+                    base_offset=controller.applied_offset, leader_epoch=core.epoch, result=controller.list_acls())))
+                continue
+            try:
+                records = build_command(controller, body.command, body.args)
+            except CommandError as exc:
+                answers.append((token, m.ControllerCommandResponse(error_code=exc.error_code,
+                                                                   error_message=str(exc))))
+                continue
+            except (KeyError, TypeError, ValueError) as exc:
+                answers.append((token, m.ControllerCommandResponse(
+                    error_code=Errors.INVALID_REQUEST,
+                    error_message=f"bad arguments for {body.command!r}: {type(exc).__name__}: {exc}")))
+                continue
+            if not records:
+                answers.append((token, m.ControllerCommandResponse(base_offset=core.log_end_offset,
+                                                                   leader_epoch=core.epoch)))
+                continue
+            self.in_flight = token
+            return answers, (token, records)
+        return answers, None
+
+    def done(self, token: CommandToken, response: m.ProduceResponse) -> Answer:
+        """The core answered the in-flight command's append."""
+        assert token is self.in_flight, "an answer for a command that is not in flight"
+        self.in_flight = None
+        return token, m.ControllerCommandResponse(
+            error_code=response.error_code, error_message=response.error_message,
+            base_offset=response.base_offset, leader_epoch=response.leader_epoch,
+            current_leader=response.current_leader)
+
+    def fail_all(self, error_code: int, message: str) -> list[Answer]:
+        """Answer the in-flight command and every queued one with an error."""
+        tokens = ([self.in_flight] if self.in_flight is not None else []) + [t for t, _b in self._queue]
+        self.in_flight = None
+        self._queue.clear()
+        return [(t, m.ControllerCommandResponse(error_code=error_code, error_message=message)) for t in tokens]

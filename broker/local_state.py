@@ -1,0 +1,179 @@
+"""Boot: open a broker's data dir and recover everything the core is built from.
+
+Binds the data dir to one cluster and node (meta.properties), opens the log
+with crash recovery (quarantining corruption when another copy exists, else
+refusing to start), applies KIP-630's boot rules to the snapshots, loads the
+newest snapshot into the controller, rebuilds the leader-epoch history if it
+is missing or damaged, and reads the quorum state. A refusal is a
+StartupError whose message says why and what to do (exit code 3).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from broker.config import BrokerConfig
+from broker.controller import Controller, load_latest
+from broker.metrics import BrokerMetrics
+from broker.quorum import api as qa
+from storage.atomic import atomic_write
+from storage.epochs import EpochCheckpointError, EpochHistory, read_checkpoint
+from storage.errors import CorruptionReport, CorruptLogError
+from storage.log import SegmentedLog
+from storage.quorum_state import QuorumStateError, QuorumStateFile
+from storage.snapshot import SnapshotInvariantError, SnapshotStore
+
+META_FILE = "meta.properties"
+
+
+class StartupError(Exception):
+    """The broker refuses to start; the message says why and what to do."""
+
+
+@dataclass
+class LocalState:
+    seg_log: SegmentedLog
+    snapshots: SnapshotStore
+    controller: Controller
+    qs_file: QuorumStateFile
+    view: qa.LogView
+    qs: qa.QuorumStateData | None
+    health_problems: dict[str, str]  # why /health starts "degraded" (quarantine at open)
+    corruption_seen: set[tuple[str, int]]  # (file, position) already reported
+
+
+def check_meta(data_dir: str, cluster_id: str, node_id: int) -> None:
+    """Bind a data dir to one cluster and node: refuse a mismatch at boot."""
+    path = os.path.join(data_dir, META_FILE)
+    if os.path.exists(path):
+        props = dict(
+            line.split("=", 1) for line in open(path).read().splitlines() if "=" in line and not line.startswith("#")
+        )
+        if props.get("cluster.id") != cluster_id:
+            raise StartupError(
+                f"data dir {data_dir} belongs to cluster {props.get('cluster.id')!r} but the config says "
+                f"{cluster_id!r}: refusing to start (point data_dir elsewhere or fix cluster_id)"
+            )
+        if props.get("node.id") != str(node_id):
+            raise StartupError(
+                f"data dir {data_dir} belongs to node {props.get('node.id')} but the config says node {node_id}"
+            )
+        return
+    atomic_write(path, f"version=1\ncluster.id={cluster_id}\nnode.id={node_id}\n".encode())
+
+
+def no_copy_message(report: CorruptionReport, data_dir: str) -> str:
+    """What a sole voter says when its log is corrupt: no other copy exists."""
+    return (f"corrupt data in {report.path} at byte {report.position} (offset {report.base_offset}): "
+            f"{report.reason}; this is the only voter, so no other copy exists to re-replicate from. "
+            f"To truncate the log at the corruption (records from offset {report.base_offset} on are "
+            f"lost), run: metalog storage recover --data-dir {data_dir} --truncate-at-corruption")
+
+
+def recover_local_state(cfg: BrokerConfig, part_dir: str, log, metrics: BrokerMetrics) -> LocalState:
+    """Open the log (crash recovery), clean up and load snapshots (KIP-630
+    boot rules), rebuild the epoch history if needed, read the quorum
+    state: everything the core is built from. StartupError says why not."""
+    health_problems: dict[str, str] = {}
+    corruption_seen: set[tuple[str, int]] = set()
+    voters = cfg.voter_endpoints()
+    os.makedirs(cfg.data_dir, exist_ok=True)
+    check_meta(cfg.data_dir, cfg.cluster_id, cfg.node_id)  # before writing anything there
+    os.makedirs(part_dir, exist_ok=True)
+    # Another copy can exist (more than one voter, or we are an observer):
+    # corruption found at open is quarantined and re-replicated. A single
+    # voter has no other copy: refuse to start and say what to do.
+    sole_voter = len(voters) == 1 and cfg.node_id in voters
+    try:
+        seg_log = SegmentedLog.open(part_dir, segment_bytes_max=cfg.storage.segment_bytes_max,
+                                    logger=log, on_corruption="raise" if sole_voter else "quarantine")
+    except CorruptLogError as exc:
+        raise StartupError(no_copy_message(exc.report, cfg.data_dir)) from None
+    for report in seg_log.startup_reports:  # already logged by the log (corruption_detected)
+        corruption_seen.add((report.path, report.position))
+        metrics.corrupt_batches.labels(source="startup").inc()
+    if seg_log.quarantine is not None:
+        q = seg_log.quarantine
+        health_problems["quarantine"] = (
+            f"log cut to {seg_log.log_end_offset} after corruption "
+            f"({', '.join(r.path for r in q.reports)}); not voting until the log reaches "
+            f"{q.must_reach_offset} again")
+        for r in q.reports:  # stays for this process's life, as run-time finds do
+            health_problems[f"corruption:{r.path}"] = (
+                f"corrupt data in {r.path} at byte {r.position} (offset {r.base_offset}, found at "
+                f"start): {r.reason}; kept as .corrupt")
+        log.warning("started_quarantined", must_reach_offset=q.must_reach_offset,
+                         log_end_offset=seg_log.log_end_offset,
+                         reports=[r.as_log_fields() for r in q.reports])
+    snapshots = SnapshotStore(part_dir)
+    try:
+        boot = snapshots.boot_cleanup(seg_log.log_start_offset)
+        if boot is not None:
+            log.info("snapshot_boot_cleanup", **{k: v for k, v in vars(boot).items() if v})
+    except SnapshotInvariantError as exc:
+        # KIP-630's boot invariant failed: no snapshot covers the log start.
+        # Treat the log as empty and bootstrap from the leader.
+        log.warning("log_reset_no_covering_snapshot", error=str(exc),
+                         log_start_offset=seg_log.log_start_offset)
+        seg_log.truncate_fully(0)
+        for sid in snapshots.list():
+            snapshots.delete(sid)
+    controller = Controller()
+    t0 = time.perf_counter()
+    loaded = load_latest(snapshots)
+    if loaded is not None:
+        state, snap_id = loaded
+        controller.load(state)
+        controller.snapshot_taken(snap_id.end_offset)
+        metrics.snapshot_load_seconds.observe(time.perf_counter() - t0)
+        log.info("snapshot_loaded", snapshot=[snap_id.end_offset, snap_id.epoch],
+                      seconds=round(time.perf_counter() - t0, 4))
+        if seg_log.log_end_offset < snap_id.end_offset or seg_log.log_start_offset > snap_id.end_offset:
+            # The snapshot is ahead of the log (installed, then crashed before
+            # the log was reset) or the log starts past it: restart the log there.
+            seg_log.truncate_fully(snap_id.end_offset)
+    elif seg_log.log_start_offset > 0:
+        log.warning("log_reset_no_loadable_snapshot", log_start_offset=seg_log.log_start_offset)
+        seg_log.truncate_fully(0)
+    checkpoint = os.path.join(part_dir, "leader-epoch-checkpoint")
+    try:
+        epochs = read_checkpoint(checkpoint)
+    except EpochCheckpointError as exc:
+        # Derived data: the batches carry their epochs. Rebuild it from the
+        # log (below) and keep the damaged file for the operator.
+        log.warning("epoch_checkpoint_unreadable", file=checkpoint, error=str(exc),
+                         action="rebuilt from the log's batch headers; the damaged file is kept as .corrupt")
+        os.replace(checkpoint, checkpoint + ".corrupt")
+        epochs = EpochHistory()
+    if not epochs.entries and seg_log.log_end_offset > seg_log.log_start_offset:
+        epochs = EpochHistory(seg_log.batch_epochs())
+    epochs.truncate_from_end(seg_log.log_end_offset)
+    epochs.truncate_from_start(seg_log.log_start_offset)
+    if loaded is not None and not epochs.entries:
+        epochs.assign(loaded[1].epoch, loaded[1].end_offset)
+    qs_file = QuorumStateFile(os.path.join(part_dir, "quorum-state"))
+    try:
+        qs_raw = qs_file.read()
+    except QuorumStateError as exc:
+        raise StartupError(
+            f"{exc}. This file holds the epoch and the vote this voter cast; starting without it "
+            f"could let it vote twice in one epoch, so the broker will not guess. If this broker has "
+            f"been down for longer than an election takes (its epoch is over), move the file aside "
+            f"(mv {qs_file.path} {qs_file.path}.corrupt): it then starts without a vote in "
+            f"the epoch of its log's last batch and learns the current one from the leader") from None
+    qs = None
+    if qs_raw is not None:
+        qs = qa.QuorumStateData(
+            leader_epoch=qs_raw["leader_epoch"], leader_id=qs_raw["leader_id"],
+            voted_id=qs_raw["voted_id"], voters=tuple(qs_raw.get("voters", ())),
+        )
+    view = qa.LogView(
+        log_start_offset=seg_log.log_start_offset,
+        log_end_offset=seg_log.log_end_offset,
+        epochs=[tuple(e) for e in epochs.entries],
+        snapshots=snapshots.list(),
+        must_reach_offset=seg_log.quarantine.must_reach_offset if seg_log.quarantine else -1,
+    )
+    return LocalState(seg_log, snapshots, controller, qs_file, view, qs, health_problems, corruption_seen)

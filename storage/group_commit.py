@@ -1,0 +1,112 @@
+"""Group commit of client writes: when queued records become one append.
+
+Sans-IO policy the runtime drives (no asyncio, no clock): the runtime owns
+the timers and the flush thread and tells the policy what happened; the
+policy keeps the queue and says what to do next.
+
+Adaptive by default (``linger_ms`` = 0): while the disk is idle a write is
+appended at the end of the event-loop turn it arrived in (everything read in
+that turn joins it); while an fdatasync runs, writes wait and go out as one
+batch when it completes, and one fdatasync covers every append before it.
+``linger_ms`` > 0 replaces that with a fixed window. ``batch_records_max``
+records end a batch at once. Flushes never overlap: a flush asked for while
+one runs is remembered and run right after it.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class Arm(enum.Enum):
+    """What `offer` asks the driver to do."""
+
+    APPEND_NOW = "append_now"  # call take() and append right away
+    END_OF_TURN = "end_of_turn"  # call take() at the end of this event-loop turn
+    LINGER = "linger"  # call take() after linger_ms
+    WAIT = "wait"  # nothing: a timer is armed already, or the running flush's completion takes it
+
+
+class GroupCommit:
+    def __init__(self, linger_ms: float, batch_records_max: int):
+        assert linger_ms >= 0 and batch_records_max > 0, (linger_ms, batch_records_max)
+        self.linger_ms = linger_ms
+        self.batch_records_max = batch_records_max
+        self._pending: list[tuple[Any, list[bytes]]] = []
+        self.pending_records = 0
+        self._armed = False  # the driver holds a linger timer or end-of-turn callback for take()
+        self.flush_running = False
+        self._flush_wanted = False
+
+    # -- client writes -----------------------------------------------------
+    def offer(self, token: Any, records: list[bytes]) -> Arm:
+        """Queue one request's records (bounded by the connections' in-flight
+        limits and by batch_records_max, which empties the queue)."""
+        assert records, "an empty write is refused before it is queued"
+        self._pending.append((token, records))
+        self.pending_records += len(records)
+        if self.pending_records >= self.batch_records_max:
+            return Arm.APPEND_NOW
+        if self._armed:
+            return Arm.WAIT
+        if self.linger_ms > 0:
+            self._armed = True
+            return Arm.LINGER
+        if not self.flush_running:
+            self._armed = True
+            return Arm.END_OF_TURN
+        return Arm.WAIT  # the disk is busy: flush_completed() releases the batch
+
+    def take(self) -> tuple[list[tuple[Any, int]], list[bytes]] | None:
+        """Everything queued as one batch: (waiters as (token, record count),
+        records), or None if nothing is queued. Disarms: the driver cancels
+        its timer if one is still pending."""
+        self._armed = False
+        if not self._pending:
+            return None
+        pending, self._pending = self._pending, []
+        self.pending_records = 0
+        waiters = [(token, len(recs)) for token, recs in pending]
+        records = [r for _token, recs in pending for r in recs]
+        return waiters, records
+
+    def drop_all(self) -> list[Any]:
+        """Forget every queued write (the disk failed); their tokens, to answer."""
+        tokens = [token for token, _recs in self._pending]
+        self._pending = []
+        self.pending_records = 0
+        self._armed = False
+        return tokens
+
+    # -- flushes -------------------------------------------------------------
+    def request_flush(self) -> bool:
+        """The core asked for a flush. True: start one now; False: one runs,
+        it runs again when it completes."""
+        if self.flush_running:
+            self._flush_wanted = True
+            return False
+        self.flush_running = True
+        return True
+
+    def flush_starting(self) -> None:
+        """A flush begins: it covers every append made before this point."""
+        assert self.flush_running
+        self._flush_wanted = False
+
+    def flush_completed(self) -> bool:
+        """The flush is durable (and fed to the core). True: the writes that
+        waited for it should be appended now, as one batch."""
+        return bool(self._pending) and not self._armed
+
+    def flush_again(self) -> bool:
+        """After flush_completed's batch (if any) was appended: True to flush
+        again (appends came in meanwhile), else the flusher stops."""
+        if self._flush_wanted:
+            return True
+        self.flush_running = False
+        return False
+
+    def flush_stopped(self) -> None:
+        """The flusher ended without completing (failure, shutdown)."""
+        self.flush_running = False
