@@ -1,6 +1,6 @@
 """Quorum commit latency idle vs. under hostile connections (issue 13, item 5).
 
-    .venv/bin/python -m tools.bench_hostile --hostile 200 --duration-s 10
+    .venv/bin/python -m tools.bench.hostile --hostile 200 --duration-s 10
 
 Starts a local 3-voter cluster (mutual TLS, default hygiene settings), measures
 one client's commit latency (produce, await commit, repeat) for
@@ -30,14 +30,14 @@ import sys
 import tempfile
 import time
 
-from tools.launcher import REPO_ROOT, LocalCluster
+from tools.cluster.launcher import REPO_ROOT, LocalCluster
 
 CLUSTER_ID = "metalog-hostile"
 
 
 async def _measure(cluster: LocalCluster, duration_s: float) -> dict:
     from broker.client import MetalogClient
-    from tools.bench import latency_summary_ms
+    from tools.bench.bench import latency_summary_ms
 
     client = MetalogClient(cluster.bootstrap(), CLUSTER_ID, tls=cluster.client_tls(), request_timeout_ms=5000)
     lat_us: list[int] = []
@@ -112,7 +112,7 @@ def attacker_main(argv: list[str]) -> int:
 
 
 def run(hostile: int, duration_s: float, root: str) -> dict:
-    from tools import certs
+    from tools.cluster import certs
 
     cluster = LocalCluster.create(os.path.join(root, "cluster"), voters=3, observers=0, cluster_id=CLUSTER_ID,
                                   common={"log_level": "warning"})
@@ -125,7 +125,7 @@ def run(hostile: int, duration_s: float, root: str) -> dict:
         idle = asyncio.run(_measure(cluster, duration_s))
         host, port = cluster.host, cluster.nodes[leader].port
         env = dict(os.environ, PYTHONPATH=REPO_ROOT)
-        attacker = subprocess.Popen([sys.executable, "-m", "tools.bench_hostile", "attacker", host, str(port),
+        attacker = subprocess.Popen([sys.executable, "-m", "tools.bench.hostile", "attacker", host, str(port),
                                      str(hostile), str(duration_s + 3), bad], cwd=REPO_ROOT, env=env,
                                     stdout=subprocess.PIPE, text=True)
         time.sleep(2)  # a warm-up: let the hostile connections pile up before measuring
@@ -148,7 +148,7 @@ def run(hostile: int, duration_s: float, root: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.bench_hostile", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.bench.hostile", description=__doc__.split("\n\n")[0])
     p.add_argument("--hostile", type=int, default=200, help="concurrent hostile connections")
     p.add_argument("--duration-s", type=float, default=10.0, help="measured window, idle and under attack")
     p.add_argument("--dir", help="keep the cluster here (default: a temp dir)")

@@ -1,6 +1,6 @@
 """Benchmark: snapshot generation and load for N committed metadata records.
 
-    .venv/bin/python -m tools.bench_snapshot [--records 1000000] [--topics 1000]
+    .venv/bin/python -m tools.bench.snapshot [--records 1000000] [--topics 1000]
 
 Builds a metadata log in memory (brokers, topics, then ISR/leader changes,
 configs and a few fence/unfence cycles up to N records), applies it to a

@@ -4,7 +4,7 @@ snapshots (``snapshot``) and audit the replicas' logs (``audit``).
     metalog spark snapshot DATA_DIR... [--upto OFFSET] [--out DIR] [--master URL]
     metalog spark audit    DATA_DIR... [--hw OFFSET]
     metalog spark package  [--out metalog_code.zip]
-    spark-submit tools/spark_job.py snapshot DATA_DIR ...
+    spark-submit tools/spark/job.py snapshot DATA_DIR ...
 
 Plan (details in docs/spark.md):
 
@@ -52,8 +52,8 @@ import threading
 import time
 import zipfile
 
-if __package__ in (None, ""):  # spark-submit tools/spark_job.py: make the repo importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __package__ in (None, ""):  # spark-submit tools/spark/job.py: make the repo importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from tools.spark import decode as D  # noqa: E402
 from tools.spark import fold as F  # noqa: E402
@@ -282,12 +282,12 @@ class Progress:
 
 
 CODE_PACKAGES = ("storage", "broker", "protocol", "tools")
-LOG4J2_CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark", "log4j2.properties")
+LOG4J2_CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
 
 
 def build_package(path: str) -> str:
     """The packages executors import, zipped (for --py-files); returns the path."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
         for pkg in CODE_PACKAGES:
             for dirpath, _dirs, files in os.walk(os.path.join(root, pkg)):
@@ -1165,7 +1165,7 @@ examples:
   metalog spark audit run/cluster/node-*/data --report audit.json
   metalog spark package --out metalog_code.zip
   spark-submit --master spark://HOST:7077 --driver-memory 4g --py-files metalog_code.zip \\
-      tools/spark_job.py snapshot hdfs:///backups/node-1/data ... --out /tmp/spark-out
+      tools/spark/job.py snapshot hdfs:///backups/node-1/data ... --out /tmp/spark-out
 progress goes to stderr, the summary to stdout, the JSON report to --report/OUT/report.json;
 see docs/spark.md."""
 

@@ -1,7 +1,7 @@
 """Replay throughput of the Spark job (records/s), local mode by default.
 
-    .venv/bin/python tools/bench_spark.py                      # 10,000,000 records
-    .venv/bin/python tools/bench_spark.py --records 1000000 --master 'local[2]'
+    .venv/bin/python tools/bench/spark.py                      # 10,000,000 records
+    .venv/bin/python tools/bench/spark.py --records 1000000 --master 'local[2]'
 
 Generates one broker data dir once (kept in --dir and reused when the record
 count matches): 100 brokers, 1000 topics x 10 partitions, then a stream of
@@ -19,7 +19,7 @@ import random
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from storage import batch as b  # noqa: E402
 from storage import metadata_records as r  # noqa: E402
@@ -104,7 +104,7 @@ def main() -> int:
         t0 = time.monotonic()
         generate(data_dir, args.records)
         print(f"generated {args.records:,} records in {time.monotonic() - t0:.1f} s into {data_dir}")
-    from tools import spark_job
+    from tools.spark import job as spark_job
 
     out = os.path.join(base, "out")
     t0 = time.monotonic()
