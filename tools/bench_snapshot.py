@@ -1,0 +1,6 @@
+"""Old entry point, kept because docs and users run it: ``python -m tools.bench_snapshot`` is tools/bench/snapshot.py."""
+
+from tools.bench.snapshot import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

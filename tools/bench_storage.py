@@ -1,0 +1,6 @@
+"""Old entry point, kept because docs and users run it: ``python -m tools.bench_storage`` is tools/bench/storage.py."""
+
+from tools.bench.storage import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
