@@ -23,8 +23,8 @@ import time
 
 def _one(args: tuple[int, int, bool]) -> tuple[int, str | None, list[tuple[int, bool, bool]], int]:
     seed, duration_ms, snapshots = args
-    from tests.sim.invariants import Violation
-    from tests.sim.random_run import run_seed
+    from sim.invariants import Violation
+    from sim.random_run import run_seed
 
     try:
         r = run_seed(seed, duration_ms=duration_ms, snapshots=snapshots)

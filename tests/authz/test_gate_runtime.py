@@ -19,7 +19,7 @@ from protocol import messages as m
 from protocol.apis import ApiKey
 from protocol.codec import RequestHeader
 from protocol.errors import Errors
-from tools.launcher import free_ports
+from tools.cluster.launcher import free_ports
 
 CID = "gate-test"
 ALICE = Principal("User", "alice")

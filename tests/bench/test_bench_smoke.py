@@ -8,7 +8,9 @@ import json
 
 import pytest
 
-from tools import bench, bench_etcd, cli
+from tools.bench import bench
+from tools.bench import etcd as bench_etcd
+from tools.cli import main as cli
 
 
 def main(argv: list[str]) -> int:

@@ -7,8 +7,8 @@ import shutil
 
 from storage.batch import encode_batch
 from storage.log import SegmentedLog
-from tools.drill_archive import ArchivedSegment, SegmentArchive
-from tools.drill_checker import Ack, History, ReplicaLog, Reset, Seen, check, read_replica
+from tools.drill.archive import ArchivedSegment, SegmentArchive
+from tools.drill.checker import Ack, History, ReplicaLog, Reset, Seen, check, read_replica
 
 BIG = 1500  # bytes per value: with 4 KiB segments, a segment holds two batches
 

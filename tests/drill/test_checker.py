@@ -3,7 +3,7 @@
 
 from storage.batch import encode_batch
 from storage.log import SegmentedLog
-from tools.drill_checker import (Ack, History, HwSample, ReplicaLog, RoleEvent, Seen, Truncation, check,
+from tools.drill.checker import (Ack, History, HwSample, ReplicaLog, RoleEvent, Seen, Truncation, check,
                                  read_replica)
 
 

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from broker.config import parse_voters
-from tools.compose import ComposeError, cluster_from_compose, load_topology, parse_topology
-from tools.launcher import REPO_ROOT, free_ports
+from tools.cluster.compose import ComposeError, cluster_from_compose, load_topology, parse_topology
+from tools.cluster.launcher import REPO_ROOT, free_ports
 
 COMPOSE = os.path.join(REPO_ROOT, "docker-compose.yml")
 

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from tools.faultproxy import FaultProxy
+from tools.drill.faultproxy import FaultProxy
 
 
 class EchoNode:

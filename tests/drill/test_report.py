@@ -3,7 +3,7 @@
 import json
 import random
 
-from tools.drill_report import FAULT_STYLE, layout_labels, rerender, timeline, write_report
+from tools.drill.report import FAULT_STYLE, layout_labels, rerender, timeline, write_report
 from types import SimpleNamespace
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools.launcher import LocalCluster
+from tools.cluster.launcher import LocalCluster
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from protocol import messages as m
 from protocol.apis import ApiKey
 from protocol.errors import Errors
 from storage.snapshot import SnapshotStore
-from tools.certs import issue_user
+from tools.cluster.certs import issue_user
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,7 @@ from protocol import codec
 from protocol import messages as m
 from protocol.apis import ApiKey
 from protocol.errors import Errors
-from tools.launcher import REPO_ROOT
+from tools.cluster.launcher import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ def run_broker(config: dict, tmp_path) -> subprocess.CompletedProcess:
 
 
 def base_config(tmp_path) -> dict:
-    from tools.certs import cluster_certs
+    from tools.cluster.certs import cluster_certs
 
     certs = tmp_path / "certs"
     cluster_certs(str(certs), {1: ["127.0.0.1"]}, users=())
@@ -110,7 +110,7 @@ def _valid_frames(cluster_id: str) -> list[bytes]:
 
 @pytest.fixture(scope="module")
 def live_broker(tmp_path_factory):
-    from tools.launcher import LocalCluster
+    from tools.cluster.launcher import LocalCluster
 
     cluster = LocalCluster.create(str(tmp_path_factory.mktemp("fuzz")), voters=1, observers=0,
                                   common={**FAST, **NO_BACKOFF})

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tools.launcher import REPO_ROOT
+from tools.cluster.launcher import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import pytest
 from broker.client import RETRY_BACKOFF_MAX_MS, MetalogClient, MetalogError
 from broker.quorum.api import QuorumConfig
 from protocol.errors import Errors
-from tools.launcher import REPO_ROOT
+from tools.cluster.launcher import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tools.launcher import REPO_ROOT, LocalCluster
+from tools.cluster.launcher import REPO_ROOT, LocalCluster
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tools.launcher import REPO_ROOT
+from tools.cluster.launcher import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import pytest
 from broker.client import MetalogClient
 from storage.batch import encode_batch, iter_batches
 from storage.log import SegmentedLog
-from tools.launcher import REPO_ROOT, LocalCluster
+from tools.cluster.launcher import REPO_ROOT, LocalCluster
 
 pytestmark = pytest.mark.slow
 

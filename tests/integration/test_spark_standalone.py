@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 from tests.spark.workload import random_records, write_log
-from tools.launcher import REPO_ROOT
+from tools.cluster.launcher import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -108,7 +108,7 @@ def test_spark_submit_on_a_standalone_cluster_equals_local_mode(standalone, tmp_
          "--driver-memory", "600m", "--executor-memory", "512m", "--total-executor-cores", "2",
          "--conf", "spark.driver.host=127.0.0.1", "--py-files", str(pkg),
          "--driver-java-options", f"-Dlog4j.configurationFile=file:{log4j}",
-         "tools/spark_job.py", "snapshot", *dirs, "--out", str(cluster_out), "--shuffle-partitions", "2"],
+         "tools/spark/job.py", "snapshot", *dirs, "--out", str(cluster_out), "--shuffle-partitions", "2"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rep = json.loads((cluster_out / "report.json").read_text())

@@ -23,8 +23,8 @@ from broker.net import PeerChannel, TlsHandshakeError
 from broker.tls import TlsFiles, TlsPaths
 from protocol import messages as m
 from protocol.apis import ApiKey
-from tools import certs
-from tools.launcher import REPO_ROOT
+from tools.cluster import certs
+from tools.cluster.launcher import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 

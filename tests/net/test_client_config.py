@@ -7,7 +7,7 @@ import os
 import pytest
 
 from broker.client_config import ClientConfig, ClientConfigError, find_client_config, load_client_config
-from tools import certs
+from tools.cluster import certs
 
 
 def _write(path, cert_dir, bootstrap="127.0.0.1:1") -> str:

@@ -12,7 +12,7 @@ from broker.tls import TlsFiles, TlsPaths
 from protocol import messages as m
 from protocol.apis import ApiKey
 from tests.net.helpers import ListLogger, wait_for_condition
-from tools import certs
+from tools.cluster import certs
 
 
 @pytest.fixture

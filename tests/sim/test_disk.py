@@ -8,7 +8,7 @@ import pytest
 
 from protocol import messages as m
 from storage.batch import encode_batch
-from tests.sim.disk import SimDisk, SimDiskError
+from sim.disk import SimDisk, SimDiskError
 
 
 def batch(base: int, epoch: int, n: int = 2) -> bytes:

@@ -11,8 +11,8 @@ import pytest
 from broker.quorum import api
 from protocol import messages as m
 from storage.batch import encode_batch
-from tests.sim.cluster import SimCluster, SimConfig
-from tests.sim.invariants import Violation, check_final
+from sim.cluster import SimCluster, SimConfig
+from sim.invariants import Violation, check_final
 
 
 class PuppetCore:

@@ -12,8 +12,8 @@ import os
 
 import pytest
 
-from tests.sim.invariants import Violation
-from tests.sim.random_run import run_seed
+from sim.invariants import Violation
+from sim.random_run import run_seed
 
 
 def _seeds() -> list[int]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from broker.quorum import api
 from protocol import messages as m
 from protocol.errors import Errors
-from tests.sim.cluster import SimCluster, SimConfig
-from tests.sim.network import NetworkConfig
+from sim.cluster import SimCluster, SimConfig
+from sim.network import NetworkConfig
 
 
 def make(seed: int, voters=(1, 2, 3), observers=(), **quorum) -> SimCluster:

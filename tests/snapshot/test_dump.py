@@ -1,4 +1,4 @@
-"""tools/dump.py: readable JSON lines for snapshots and segments (kafka-dump-log's
+"""tools/cli/dump.py: readable JSON lines for snapshots and segments (kafka-dump-log's
 batch lines, --deep-iteration, --print-data-log, --raw), clear errors on bad files."""
 
 import base64
@@ -12,7 +12,7 @@ from storage import batch as b
 from storage import metadata_records as r
 from storage.snapshot import SnapshotStore
 from tests.controller.test_state import cluster
-from tools import dump
+from tools.cli import dump
 
 
 def run(path, **kw):

@@ -15,7 +15,7 @@ from storage import batch as b
 from storage import metadata_records as r
 from storage.snapshot import SnapshotStore, read_snapshot
 from tests.spark.workload import PARTITION_DIR, random_records, sequential_state, write_log
-from tools import spark_job
+from tools.spark import job as spark_job
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ import zipfile
 import pytest
 
 from tests.spark.workload import random_records, write_log
-from tools.launcher import REPO_ROOT
+from tools.cluster.launcher import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,7 @@ def test_package_holds_the_executor_code(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"wrote {out} (") and f"--py-files {out}" in proc.stdout
     names = set(zipfile.ZipFile(out).namelist())
-    assert {"tools/spark_job.py", "tools/spark/decode.py", "tools/spark/fold.py", "storage/snapshot.py",
+    assert {"tools/spark/job.py", "tools/spark/decode.py", "tools/spark/fold.py", "storage/snapshot.py",
             "broker/controller.py", "protocol/messages.py"} <= names
     assert not [n for n in names if not n.endswith(".py")]
 
@@ -109,7 +109,7 @@ def test_spark_submit_master_and_conf_win(tmp_path):
     proc = subprocess.run([spark_submit_path(), "--master", "local[1]", "--driver-memory", "600m",
                            "--driver-java-options", f"-Dlog4j.configurationFile=file:{log4j}",
                            "--conf", "spark.metalog.probe=submitted", "--py-files", str(pkg),
-                           "tools/spark_job.py", "snapshot", d, "--out", str(tmp_path / "out"),
+                           "tools/spark/job.py", "snapshot", d, "--out", str(tmp_path / "out"),
                            "--report", str(report), "--master", "local[2]", "--shuffle-partitions", "2"],
                           cwd=REPO_ROOT, env=job_env(tmp_path), capture_output=True, text=True,
                           timeout=RUN_TIMEOUT_S)
@@ -127,7 +127,7 @@ def test_spark_submit_master_and_conf_win(tmp_path):
 
 SHIP_SNIPPET = """
 import os, sys, tempfile
-from tools import spark_job
+from tools.spark import job as spark_job
 setup = spark_job.SparkSetup()
 spark = spark_job.get_spark("local[1]", shuffle_partitions=1, ship_code=True, setup=setup)
 [d] = [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("metalog-spark-")]

@@ -36,9 +36,9 @@ from typing import Any, Callable
 from broker.quorum import api
 from broker.quorum.env import Environment
 from protocol import messages as m
-from tests.sim.disk import SimDisk, SimDiskError
-from tests.sim.invariants import InvariantChecker, Violation, is_leader
-from tests.sim.network import NetworkConfig, SimNetwork
+from sim.disk import SimDisk, SimDiskError
+from sim.invariants import InvariantChecker, Violation, is_leader
+from sim.network import NetworkConfig, SimNetwork
 
 TRACE_TAIL = 60
 MAX_EVENTS_PER_RUN = 3_000_000
@@ -345,7 +345,7 @@ class SimCluster:
 
     def corrupt(self, node_id: int, kind: str, rng: random.Random) -> bool:
         """Corruption of a node's durable data while it is down (found at the
-        next open): kind "bit_flip" or "lost_fsync" (see tests/sim/disk.py)."""
+        next open): kind "bit_flip" or "lost_fsync" (see sim/disk.py)."""
         n = self.nodes[node_id]
         assert not n.alive, "corrupt a node while it is down"
         got = getattr(n.disk, kind)(rng)

@@ -22,7 +22,7 @@ Sections (``--only`` picks some):
 
 ``--vs etcd`` runs the throughput and light sections against etcd too,
 interleaved round by round (``--rounds``), and prints metalog/etcd ratios.
-See tools/bench_etcd.py and docs/bench.md for how the comparison is fair and
+See tools/bench/etcd.py and docs/bench.md for how the comparison is fair and
 where it is not. ``--smoke`` shrinks everything for CI: it must work, not be
 fast. The report is printed as a table and written as JSON (``--json``).
 """
@@ -40,7 +40,7 @@ import tempfile
 import time
 from typing import Any
 
-from tools.launcher import REPO_ROOT, LocalCluster
+from tools.cluster.launcher import REPO_ROOT, LocalCluster
 
 CLUSTER_ID = "metalog-bench"
 
@@ -121,7 +121,7 @@ async def _metalog_load(endpoints: list[tuple[str, int]], clients: int, start_at
 
 async def _etcd_load(url: str, clients: int, start_at: float, warmup_s: float, duration_s: float,
                      value_bytes: int, tag: str, tls: list[str] | None = None) -> dict:
-    from tools.bench_etcd import EtcdPutter
+    from tools.bench.etcd import EtcdPutter
 
     putter = EtcdPutter(url, clients, tls=tls)
     await putter.open()
@@ -141,7 +141,7 @@ async def _etcd_load(url: str, clients: int, start_at: float, warmup_s: float, d
 
 
 def worker_main(argv: list[str]) -> int:
-    """python -m tools.bench worker '<json spec>': run a load share, print JSON."""
+    """python -m tools.bench.bench worker '<json spec>': run a load share, print JSON."""
     import uvloop
 
     from broker.logs import configure_logging
@@ -174,7 +174,7 @@ def run_load(target: dict, clients: int, procs: int, warmup_s: float, duration_s
         spec = dict(target, clients=share, start_at=start_at, warmup_s=warmup_s, duration_s=duration_s,
                     value_bytes=value_bytes, tag=f"{tag}-p{i}", out=os.path.join(out_dir, f"load-{i}.json"))
         with open(os.path.join(out_dir, f"load-{i}.stderr"), "wb") as err:
-            children.append(subprocess.Popen([sys.executable, "-m", "tools.bench", "worker", json.dumps(spec)],
+            children.append(subprocess.Popen([sys.executable, "-m", "tools.bench.bench", "worker", json.dumps(spec)],
                                              stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=REPO_ROOT))
     lat: list[int] = []
     ops = errors = 0
@@ -226,7 +226,7 @@ def _metalog_target(cluster: LocalCluster) -> dict:
 # ------------------------------------------------------------------ sections
 def bench_load(args, root: str, clients: int, rounds: int, label: str, report: dict) -> None:
     """Throughput/latency rounds for metalog and (with --vs etcd) etcd, interleaved."""
-    from tools import bench_etcd
+    from tools.bench import etcd as bench_etcd
 
     runs: dict[str, list[dict]] = {"metalog": [], "etcd": [], "plaintext": []}
     cert_dir = os.path.join(root, "certs")  # one CA for every cluster of the run, etcd's too
@@ -512,7 +512,7 @@ def cmd_bench(args) -> int:
         print(f"metalog bench: unknown section(s) {sorted(unknown)}; choose from throughput, light, failover, "
               f"catchup", file=sys.stderr)
         return 2
-    from tools import bench_etcd
+    from tools.bench import etcd as bench_etcd
 
     report: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(),
                               "vs": args.vs, "argv": sys.argv[1:],
@@ -595,6 +595,6 @@ def register_cli(subparsers) -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
         sys.exit(worker_main(sys.argv[2:]))
-    from tools.cli import main
+    from tools.cli.main import main
 
     sys.exit(main(["bench", *sys.argv[1:]]))

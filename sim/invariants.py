@@ -36,7 +36,7 @@ import bisect
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tests.sim.cluster import ClientAck, SimCluster, SimNode
+    from sim.cluster import ClientAck, SimCluster, SimNode
 
 
 class Violation(AssertionError):
@@ -213,7 +213,7 @@ class InvariantChecker:
 def committed_records(n: "SimNode") -> dict[int, tuple[int, bytes]]:
     """offset -> (epoch, value) for every offset below the node's HW, snapshot included."""
     from storage.batch import decode_records
-    from tests.sim.disk import split_batches
+    from sim.disk import split_batches
 
     hw = n.core.high_watermark or 0
     d = n.disk

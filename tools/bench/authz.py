@@ -1,4 +1,4 @@
-"""Cost of the authorization gate per request: ``python -m tools.bench_authz``.
+"""Cost of the authorization gate per request: ``python -m tools.bench.authz``.
 
 Measures ``broker.authz.authorize`` (what a connection's first request of a
 kind, and every replica RPC, costs) for a user with 1, 10 and 100 ACLs in the

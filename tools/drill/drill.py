@@ -13,7 +13,7 @@ a ``FaultProxy`` between every pair of brokers, and runs for ``--duration-s``:
   an out-of-range answer -- a snapshot moved the log start past the consumer --
   is recorded as a reset, then the consumer seeks to the log start);
 * every broker's segment files are hard-linked into ``<dir>/archive`` as they
-  appear (``tools.drill_archive``), so the records a snapshot later removes
+  appear (``tools.drill.archive``), so the records a snapshot later removes
   from every log stay checkable;
 * a monitor thread per broker polls its admin ``/quorum`` (role, epoch, HW)
   per broker process (incarnation); a separate thread scans the data dirs
@@ -24,8 +24,8 @@ a ``FaultProxy`` between every pair of brokers, and runs for ``--duration-s``:
 
 At the end every fault is repaired, writers stop, the cluster is left to
 converge (every broker at the leader's HW), stopped gracefully, and each
-broker's log is read back from its data dir for ``tools.drill_checker``.
-``tools.drill_report`` writes ``<report>.json`` and ``<report>.png``.
+broker's log is read back from its data dir for ``tools.drill.checker``.
+``tools.drill.report`` writes ``<report>.json`` and ``<report>.png``.
 Exit code 0 = clean, 1 = a checker breach (printed with evidence), 2 = the
 drill itself could not run (e.g. no leader ever elected).
 """
@@ -43,10 +43,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from tools.drill_archive import SegmentArchive
-from tools.drill_checker import Ack, History, HwSample, Reset, RoleEvent, Seen, Truncation, check, read_replica
-from tools.faultproxy import FaultProxy
-from tools.launcher import LocalCluster
+from tools.drill.archive import SegmentArchive
+from tools.drill.checker import Ack, History, HwSample, Reset, RoleEvent, Seen, Truncation, check, read_replica
+from tools.drill.faultproxy import FaultProxy
+from tools.cluster.launcher import LocalCluster
 
 FAULTS = {
     "kill_leader": "kill -9 the leader, restart it after the hold",
@@ -129,7 +129,7 @@ class Drill:
         self.incarnation = {nid: 0 for nid in cluster.nodes}
         self.proxy: FaultProxy | None = None
         # Hard links of every segment every broker ever had: the checker reads the offsets a
-        # snapshot removed from every log there (see tools.drill_archive).
+        # snapshot removed from every log there (see tools.drill.archive).
         self.archive = SegmentArchive(os.path.join(cluster.root, "archive"),
                                       {nid: cluster.data_dir(nid) for nid in cluster.nodes})
         self._stop_monitor = threading.Event()
@@ -454,7 +454,7 @@ def drill_broker_settings(args) -> dict:
 
 def build_cluster(args) -> LocalCluster:
     if args.compose:
-        from tools.compose import cluster_from_compose
+        from tools.cluster.compose import cluster_from_compose
 
         return cluster_from_compose(args.compose, args.dir, port_offset=args.port_offset)
     return LocalCluster.create(args.dir, voters=args.voters, observers=args.observers,
@@ -484,7 +484,7 @@ def run_drill(args) -> tuple[int, dict]:
             drill.proxy.stop()
         print(f"metalog drill: could not run: {exc}; see {cluster.root}/node-*/broker.log", file=sys.stderr)
         return 2, {}
-    from tools.drill_report import build_report, write_report
+    from tools.drill.report import build_report, write_report
 
     report = build_report(drill, out)
     paths = write_report(report, drill, args.report)

@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 
-from tools.launcher import LocalCluster
+from tools.cluster.launcher import LocalCluster
 
 POLL_S = 0.05
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from tests.sim.cluster import SimCluster, SimConfig, SimNode
-from tests.sim.invariants import check_final
-from tests.sim.network import NetworkConfig
+from sim.cluster import SimCluster, SimConfig, SimNode
+from sim.invariants import check_final
+from sim.network import NetworkConfig
 
 SILENT_CRASH_PROBABILITY = 0.25
 FAULT_WEIGHTS = (

@@ -1,6 +1,6 @@
 """Cost of the cross-replica consistency check (broker.consistency.LogDigest).
 
-    .venv/bin/python -m tools.bench_consistency [--batches 1000000]
+    .venv/bin/python -m tools.bench.consistency [--batches 1000000]
 
 Prints the time a voter needs to answer a ConsistencyCheck over N batches (64
 chunk digests) and the bookkeeping the digest adds to every append.

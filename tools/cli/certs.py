@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from tools import certs
+from tools.cluster import certs
 
 
 def _node(args) -> int:

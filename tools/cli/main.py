@@ -1,15 +1,15 @@
 """The ``metalog`` command line.
 
     metalog cluster up          start a local cluster (3 voters + 1 observer; --detach: background)
-    metalog cluster status|down|logs|kill|pause|resume|restart   manage it (tools/cluster_cli.py)
+    metalog cluster status|down|logs|kill|pause|resume|restart   manage it (tools/cli/cluster.py)
     metalog broker --config F   run one broker
     metalog produce VALUE...    write records (answers offset and epoch once committed)
     metalog consume             read committed records, with KIP-320 truncation detection
     metalog quorum              DescribeQuorum from the leader
     metalog metadata            leader, epoch, HW and endpoints from any broker
 
-    metalog topics|brokers|configs ...   controller commands (tools/admin_cli.py)
-    metalog storage verify|recover       offline log checks (tools/storage_cli.py)
+    metalog topics|brokers|configs ...   controller commands (tools/cli/admin.py)
+    metalog storage verify|recover       offline log checks (tools/cli/storage.py)
     metalog dump | spark | drill | bench      (their own modules register them)
 """
 
@@ -87,8 +87,8 @@ def make_client(args):
 
 # ------------------------------------------------------------------ cluster
 def cmd_cluster_up(args) -> int:
-    from tools.cluster_cli import ClusterCliError, dir_flag, running_nodes
-    from tools.launcher import LocalCluster
+    from tools.cli.cluster import ClusterCliError, dir_flag, running_nodes
+    from tools.cluster.launcher import LocalCluster
 
     if os.path.exists(os.path.join(args.dir, "cluster.json")):
         try:
@@ -100,7 +100,7 @@ def cmd_cluster_up(args) -> int:
                                   f"{', '.join(map(str, running))}): `metalog cluster down {dir_flag(args.dir)}` "
                                   f"stops it")
     if args.compose:
-        from tools.compose import cluster_from_compose
+        from tools.cluster.compose import cluster_from_compose
 
         cluster = cluster_from_compose(args.compose, args.dir, insecure=args.insecure)
     else:
@@ -211,7 +211,7 @@ def cmd_produce(args) -> int:
 
 def cmd_consume(args) -> int:
     from broker.client import LogTruncationError
-    from tools.dump import record_json
+    from tools.cli.dump import record_json
 
     async def go(client):
         consumer = client.consumer(reset_policy=args.reset)
@@ -387,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="start the brokers in the background and return once there is a leader "
                          "(`metalog cluster down` stops them)")
     up.set_defaults(func=cmd_cluster_up)
-    from tools import cluster_cli
+    from tools.cli import cluster as cluster_cli
 
     cluster_cli.register(csub, default_dir="run/cluster")
 
@@ -426,7 +426,13 @@ def build_parser() -> argparse.ArgumentParser:
     _client_args(p)
     p.set_defaults(func=cmd_metadata)
 
-    from tools import admin_cli, bench, certs_cli, drill, dump, spark_job, storage_cli
+    from tools.bench import bench
+    from tools.cli import admin as admin_cli
+    from tools.cli import certs as certs_cli
+    from tools.cli import dump
+    from tools.cli import storage as storage_cli
+    from tools.drill import drill
+    from tools.spark import job as spark_job
 
     # Subcommands that live with their tools: each module adds its own parsers.
     for module in (admin_cli, dump, spark_job, drill, bench, storage_cli, certs_cli):
@@ -454,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     from broker.client import AuthorizationError, ClusterUnavailable, MetalogError
     from broker.client_config import ClientConfigError
     from broker.tls import TlsConfigError
-    from tools.cluster_cli import ClusterCliError
+    from tools.cli.cluster import ClusterCliError
 
     try:
         return args.func(args) or 0

@@ -362,7 +362,7 @@ def cluster_from_compose(path: str, root_dir: str, port_offset: int | None = Non
     default: $METALOG_COMPOSE_PORT_OFFSET or 0. The `certs` service's work
     (CA, node and admin certificates) is done by the launcher into the mapped
     certs volume; `insecure` runs the brokers with security_protocol PLAINTEXT."""
-    from tools.launcher import LocalCluster, NodeSpec
+    from tools.cluster.launcher import LocalCluster, NodeSpec
 
     if port_offset is None:
         port_offset = int(os.environ.get("METALOG_COMPOSE_PORT_OFFSET", "0"))

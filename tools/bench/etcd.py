@@ -29,7 +29,7 @@ import subprocess
 import time
 import urllib.request
 
-from tools.launcher import free_ports
+from tools.cluster.launcher import free_ports
 
 
 def etcd_binary() -> str | None:
@@ -63,7 +63,7 @@ class EtcdCluster:
     """Three etcd members on loopback under `root`.
 
     With `cert_dir` (a directory holding the cluster CA's ca.crt/ca.key, as
-    ``tools.certs`` writes it) etcd is secured like metalog: TLS on client and
+    ``tools.cluster.certs`` writes it) etcd is secured like metalog: TLS on client and
     peer URLs with ``--client-cert-auth --peer-client-cert-auth
     --trusted-ca-file``, member certificates and a `bench` client certificate
     issued by that same CA."""
@@ -88,7 +88,7 @@ class EtcdCluster:
         """[ca, cert, key] of the `bench` client certificate (None without TLS)."""
         if not self.cert_dir:
             return None
-        from tools import certs
+        from tools.cluster import certs
 
         out = os.path.join(self.cert_dir, "etcd")
         if not os.path.exists(os.path.join(out, "bench.crt")):
@@ -98,7 +98,7 @@ class EtcdCluster:
     def _tls_flags(self, i: int) -> list[str]:
         if not self.cert_dir:
             return []
-        from tools import certs
+        from tools.cluster import certs
 
         out = os.path.join(self.cert_dir, "etcd")
         member = 100 + i  # a node certificate: serverAuth + clientAuth, SAN 127.0.0.1

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # Listen ports come from below the kernel's ephemeral range (32768-60999 by
@@ -155,7 +155,7 @@ class LocalCluster:
         hosts it is dialled by, e.g. a fault proxy's) + the `admin` user; kept
         across restarts. Also writes <root>/client.yaml for the CLI."""
         from broker.client_config import ClientConfig
-        from tools.certs import cluster_certs
+        from tools.cluster.certs import cluster_certs
 
         os.makedirs(self.root, exist_ok=True)
         if not self.insecure:

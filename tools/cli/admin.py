@@ -33,7 +33,7 @@ EXIT_NOT_AUTHORIZED = 3
 
 def _run(args, command: str, **cmd_args) -> int:
     from broker.client import AuthorizationError, ClusterUnavailable, MetalogError
-    from tools.cli import make_client
+    from tools.cli.main import make_client
 
     async def go() -> int:
         client = make_client(args)
@@ -63,7 +63,7 @@ def _metadata(admin: str, tls) -> dict:
 
 
 def register_cli(sub) -> None:
-    from tools.cli import _client_args
+    from tools.cli.main import _client_args
 
     topics = sub.add_parser("topics", help="create, delete and list topics")
     tsub = topics.add_subparsers(dest="topics_command", required=True)
@@ -80,7 +80,7 @@ def register_cli(sub) -> None:
     p.set_defaults(func=lambda a: _run(a, "delete_topic", name=a.name))
     p = tsub.add_parser("list", help="topics and partitions from a broker's /metadata")
     p.add_argument("--admin", help="admin API URL (default: the client config's, e.g. https://127.0.0.1:10091)")
-    from tools.cli import _credential_args
+    from tools.cli.main import _credential_args
 
     _credential_args(p)
     p.set_defaults(func=_list_topics)
@@ -121,7 +121,7 @@ def register_cli(sub) -> None:
 
 
 def _register_acls(sub) -> None:
-    from tools.cli import _client_args
+    from tools.cli.main import _client_args
 
     acls = sub.add_parser("acls", help="add, remove and list ACLs (Kafka's model; default deny)")
     asub = acls.add_subparsers(dest="acls_command", required=True)
@@ -163,7 +163,7 @@ def _acls_change(args, verb: str) -> int:
 
 def _acls_list(args) -> int:
     from broker.client import AuthorizationError, ClusterUnavailable, MetalogError
-    from tools.cli import make_client
+    from tools.cli.main import make_client
 
     async def go() -> int:
         client = make_client(args)
@@ -194,7 +194,7 @@ def _endpoint(text: str) -> list:
 
 
 def _list_topics(args: argparse.Namespace) -> int:
-    from tools.cli import client_settings
+    from tools.cli.main import client_settings
 
     cs = client_settings(args)
     admin = args.admin or cs["admin"] or ("http" if cs["tls"] is None else "https") + "://127.0.0.1:10091"

@@ -1,0 +1,128 @@
+"""Replay throughput of the Spark job (records/s), local mode by default.
+
+    .venv/bin/python tools/bench/spark.py                      # 10,000,000 records
+    .venv/bin/python tools/bench/spark.py --records 1000000 --master 'local[2]'
+
+Generates one broker data dir once (kept in --dir and reused when the record
+count matches): 100 brokers, 1000 topics x 10 partitions, then a stream of
+mostly PartitionChange and Config records with broker fences/unfences mixed
+in (each fence expands to the partitions it leads or is in-sync for). Then
+runs ``metalog spark snapshot`` on it and prints the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from storage import batch as b  # noqa: E402
+from storage import metadata_records as r  # noqa: E402
+from storage.log import SegmentedLog  # noqa: E402
+
+BATCH_RECORDS = 500
+
+
+def generate(data_dir: str, records: int, seed: int = 1) -> None:
+    rng = random.Random(seed)
+    pdir = os.path.join(data_dir, "__cluster_metadata-0")
+    os.makedirs(data_dir, exist_ok=True)
+    with open(os.path.join(data_dir, "meta.properties"), "w") as fh:
+        fh.write("version=1\ncluster.id=bench\nnode.id=1\n")
+    enc = r.encode_record
+    brokers = list(range(100))
+    head = [enc(r.RegisterBroker(x, f"inc-{x}", 1, (r.Endpoint("PLAINTEXT", f"h{x}", 9092),), None, False))
+            for x in brokers]
+    parts = []
+    for t in range(1000):
+        tid = f"{t:08d}-0000-0000-0000-000000000000"
+        head.append(enc(r.Topic(f"topic-{t}", tid)))
+        for p in range(10):
+            reps = tuple(rng.sample(brokers, 3))
+            head.append(enc(r.Partition(tid, p, reps, reps, reps[0])))
+            parts.append((tid, p, reps))
+    fenced: set[int] = set()
+    log = SegmentedLog.open(pdir, verify_appends=False)
+    try:
+        offset, i = 0, 0
+        pending = list(head)
+        t0 = time.monotonic()
+        while i < records:
+            while len(pending) < BATCH_RECORDS and i + len(pending) < records:
+                x = rng.random()
+                if x < 0.8:
+                    tid, p, reps = rng.choice(parts)
+                    isr = tuple(y for y in reps if rng.random() < 0.8) or reps[:1]
+                    pending.append(enc(r.PartitionChange(tid, p, isr, rng.choice(isr))))
+                elif x < 0.95:
+                    t = rng.randrange(1000)
+                    pending.append(enc(r.Config(r.RESOURCE_TOPIC, f"topic-{t}", "retention.ms",
+                                                str(rng.randrange(1, 10**9)))))
+                else:
+                    bid = rng.choice(brokers)
+                    if bid in fenced:
+                        fenced.discard(bid)
+                        pending.append(enc(r.UnfenceBroker(bid, 1)))
+                    else:
+                        fenced.add(bid)
+                        pending.append(enc(r.FenceBroker(bid, 1)))
+            chunk = pending[:BATCH_RECORDS]
+            pending = pending[BATCH_RECORDS:]
+            log.append(b.encode_batch(offset, 1, chunk, 1_700_000_000_000 + offset))
+            offset += len(chunk)
+            i += len(chunk)
+            if i % 1_000_000 < BATCH_RECORDS:
+                print(f"generated {i:,} records ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
+        log.flush()
+    finally:
+        log.close()
+    with open(os.path.join(data_dir, "bench.json"), "w") as fh:
+        json.dump({"records": records, "seed": seed}, fh)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=10_000_000)
+    ap.add_argument("--dir", default=None, help="input dir (default: a temp dir per record count)")
+    ap.add_argument("--master", default="local[*]")
+    ap.add_argument("--shuffle-partitions", type=int, default=16)
+    args = ap.parse_args()
+    import tempfile
+
+    base = args.dir or os.path.join(tempfile.gettempdir(), f"metalog-bench-spark-{args.records}")
+    data_dir = os.path.join(base, "data")
+    marker = os.path.join(data_dir, "bench.json")
+    if not (os.path.exists(marker) and json.load(open(marker))["records"] == args.records):
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
+        t0 = time.monotonic()
+        generate(data_dir, args.records)
+        print(f"generated {args.records:,} records in {time.monotonic() - t0:.1f} s into {data_dir}")
+    from tools.spark import job as spark_job
+
+    out = os.path.join(base, "out")
+    t0 = time.monotonic()
+    code = spark_job.main(["snapshot", data_dir, "--out", out, "--master", args.master,
+                           "--shuffle-partitions", str(args.shuffle_partitions)])
+    wall = time.monotonic() - t0
+    rep = json.load(open(os.path.join(out, "report.json")))
+    replay = rep.get("replay", {})
+    print(json.dumps({
+        "records": args.records, "master": args.master, "exit_code": code,
+        "replay_records": replay.get("records"), "replay_seconds": replay.get("seconds"),
+        "replay_records_per_s": replay.get("records_per_s"),
+        "job_wall_seconds": round(wall, 1),
+        "end_to_end_records_per_s": round(args.records / wall),
+        "snapshot_records": rep.get("snapshot", {}).get("records"),
+    }, indent=2))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

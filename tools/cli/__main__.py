@@ -1,0 +1,7 @@
+"""``python -m tools.cli ...`` runs the ``metalog`` command (what the console script runs)."""
+
+import sys
+
+from tools.cli.main import main
+
+sys.exit(main())

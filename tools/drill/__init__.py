@@ -1,0 +1,1 @@
+"""Fault drills: the drill itself, its fault proxy, segment archive, history checker and report."""

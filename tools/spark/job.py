@@ -1,0 +1,1258 @@
+"""Offline Spark job over metalog data dirs: rebuild and validate controller
+snapshots (``snapshot``) and audit the replicas' logs (``audit``).
+
+    metalog spark snapshot DATA_DIR... [--upto OFFSET] [--out DIR] [--master URL]
+    metalog spark audit    DATA_DIR... [--hw OFFSET]
+    metalog spark package  [--out metalog_code.zip]
+    spark-submit tools/spark/job.py snapshot DATA_DIR ...
+
+Plan (details in docs/spark.md):
+
+1. Spark's binaryFile source lists ``*.log``, ``*.checkpoint``,
+   ``meta.properties`` and ``log-start-offset`` under every input (recursive,
+   any Hadoop path). ``mapInArrow`` decodes each file inside the executors
+   with the broker's own decoders (``tools.spark.decode``): one row per
+   record, plus small per-file summaries and error rows -- only those small
+   rows reach the driver.
+2. Every batch is validated (CRC, contiguous offsets, non-decreasing epochs)
+   inside its file; the driver checks continuity across segments.
+3. Votes: for each offset, the (epoch, value digest) held by a strict majority
+   of the replicas covering it, and by a majority of all replicas given
+   (a replica whose log starts later has snapshotted the offset away and
+   abstains in favour). **HW** = the first offset from the earliest log start
+   with no such majority, unless ``--upto/--hw`` names one. Per replica: the
+   first offset where it differs from the majority, and on which side of the
+   HW it lies.
+4. Replay (``tools.spark.fold``): committed data records keyed by entity,
+   folded per key with grouped ``applyInArrow``; topic lifecycle and broker status
+   timelines are small side tables broadcast to the partition/config folds.
+5. The state at the HW is streamed to the driver in ``to_records()`` order and
+   written with ``storage.snapshot.SnapshotWriter``: the broker's format and
+   name. States at the offsets of the brokers' own snapshots are compared
+   with those snapshots entity by entity (a distributed outer join).
+
+Under spark-submit the session takes spark-submit's master and conf; run
+directly, the job starts the JVM itself (PYSPARK_SUBMIT_ARGS). The
+.checkpoint is staged and published only when every check passed.
+
+Exit codes: 0 valid, 1 validation failed (corruption, divergence, safety
+violation, configuration; the first failing check on stderr), 2 usage or
+unusable input, 3 environment (no Java, Spark failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+import zipfile
+
+if __package__ in (None, ""):  # spark-submit tools/spark/job.py: make the repo importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from tools.spark import decode as D  # noqa: E402
+from tools.spark import fold as F  # noqa: E402
+
+EXIT_OK, EXIT_VALIDATION, EXIT_INPUT, EXIT_FAILED = 0, 1, 2, 3
+GLOB = "{*.log,*.checkpoint,meta.properties,log-start-offset}"
+SNAPSHOTS_COMPARED_MAX = 8
+DIFFS_LISTED_MAX = 50
+ARROW_ROWS_PER_BATCH = 8192
+
+
+class InputError(Exception):
+    """Input the job cannot work with; the message is what the user sees."""
+
+
+# ------------------------------------------------------------------ Spark plumbing
+
+
+def _spark_type(name: str):
+    from pyspark.sql import types as T
+
+    return {"string": T.StringType(), "long": T.LongType(), "int": T.IntegerType(),
+            "bool": T.BooleanType(), "binary": T.BinaryType()}[name]
+
+
+def _arrow_type(name: str):
+    import pyarrow as pa
+
+    return {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "bool": pa.bool_(),
+            "binary": pa.binary()}[name]
+
+
+def _schema(fields):
+    from pyspark.sql import types as T
+
+    return T.StructType([T.StructField(n, _spark_type(t), True) for n, t in fields])
+
+
+def _arrow_schema(fields):
+    import pyarrow as pa
+
+    return pa.schema([(n, _arrow_type(t)) for n, t in fields])
+
+
+def _decode_partition(batches):
+    """mapInArrow body: binaryFile rows in, DECODED_FIELDS rows out."""
+    import pyarrow as pa
+
+    from tools.spark.decode import DECODED_FIELDS, FIELD_NAMES, decode_file
+
+    schema = _arrow_schema(DECODED_FIELDS)
+    cols = {n: [] for n in FIELD_NAMES}
+    count = 0
+    for rb in batches:
+        paths = rb.column("path").to_pylist()
+        contents = rb.column("content")
+        for i, path in enumerate(paths):
+            for row in decode_file(path, contents[i].as_py()):
+                for n in FIELD_NAMES:
+                    cols[n].append(row[n])
+                count += 1
+                if count >= ARROW_ROWS_PER_BATCH:
+                    yield pa.RecordBatch.from_pydict(cols, schema=schema)
+                    cols = {n: [] for n in FIELD_NAMES}
+                    count = 0
+    if count:
+        yield pa.RecordBatch.from_pydict(cols, schema=schema)
+
+
+KEYED_FIELDS = [("offset", "long"), ("kind", "string"), ("key", "string"), ("value", "binary")]
+
+
+def _key_partition(batches):
+    import pyarrow as pa
+
+    from tools.spark.fold import key_of
+
+    schema = _arrow_schema(KEYED_FIELDS)
+    def col(rb, name):
+        c = rb.column(name)
+        return c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
+
+    for rb in batches:
+        values = rb.column("value").to_pylist()
+        kinds, keys = [], []
+        for v in values:
+            k, key = key_of(v)
+            kinds.append(k)
+            keys.append(key)
+        table = pa.Table.from_arrays(
+            [col(rb, "offset"), pa.array(kinds, pa.string()), pa.array(keys, pa.string()),
+             col(rb, "value")], schema=schema)
+        yield from table.to_batches()
+
+
+FOLD_FIELDS = [
+    ("rowtype", "string"), ("cut", "long"), ("sec", "int"), ("s1", "string"), ("n1", "long"),
+    ("s2", "string"), ("s3", "string"), ("value", "binary"), ("offset", "long"), ("a", "long"),
+    ("b1", "bool"), ("b2", "bool"), ("b3", "bool"), ("invalid", "long"), ("name", "string"),
+]
+_FOLD_NAMES = [n for n, _ in FOLD_FIELDS]
+
+
+def _fold_table(rows: list[dict]):
+    import pyarrow as pa
+
+    return pa.Table.from_pydict({n: [row.get(n) for row in rows] for n in _FOLD_NAMES},
+                                schema=_arrow_schema(FOLD_FIELDS))
+
+
+def _state_dicts(states) -> list[dict]:
+    return [{"rowtype": "state", "cut": s.cut, "sec": s.sec, "s1": s.s1, "n1": s.n1, "s2": s.s2,
+             "s3": s.s3, "value": s.value} for s in states]
+
+
+def _make_fold_fn(cuts, tables_bc):
+    """Grouped-Arrow fold body (one call per key) for every key kind; tables_bc is None for the first
+    stage (topics, brokers) and the broadcast (topic, broker) tables after."""
+
+    def fn(table):
+        kind = table.column("kind")[0].as_py()
+        key = table.column("key")[0].as_py()
+        recs = list(zip(table.column("offset").to_pylist(), table.column("value").to_pylist()))
+        out: list[dict] = []
+        if kind == F.K_TOPICS:
+            intervals, states, invalid = F.fold_topics(recs, cuts)
+            out += [{"rowtype": "interval", "s1": iv.topic_id, "name": iv.name,
+                     "offset": iv.start, "a": iv.end} for iv in intervals]
+        elif kind == F.K_BROKER:
+            changes, states, invalid = F.fold_broker(recs, cuts)
+            out += [{"rowtype": "change", "n1": c.broker_id, "offset": c.offset,
+                     "b1": c.registered, "b2": c.fenced, "b3": c.is_fence} for c in changes]
+        elif kind == F.K_PARTITION:
+            topics, brokers = tables_bc.value
+            states, invalid = F.fold_partition(key, recs, cuts, topics, brokers)
+        elif kind == F.K_CONFIG:
+            topics, _ = tables_bc.value
+            states, invalid = F.fold_config(key, recs, cuts, topics)
+        elif kind == F.K_FEATURE:
+            states, invalid = F.fold_feature(key, recs, cuts)
+        elif kind == F.K_ACL:
+            states, invalid = F.fold_acl(key, recs, cuts)
+        else:  # undecodable (X) records are invalid; NoOps (N) change nothing
+            states, invalid = [], len(recs) if kind == F.K_INVALID else 0
+            if kind == F.K_DATA:  # produced records: counted, not invalid
+                out.append({"rowtype": "data", "invalid": len(recs)})
+        out += _state_dicts(states)
+        if invalid:
+            out.append({"rowtype": "invalid", "invalid": invalid})
+        return _fold_table(out)
+
+    return fn
+
+
+_jvm_stderr = None  # the JVM's System.err under spark-submit (see err_line)
+
+
+def err_line(text: str) -> None:
+    """One line for the user's stderr. Under spark-submit the Python driver's
+    stderr is merged into spark-submit's stdout, so the line goes through the
+    JVM's System.err (spark-submit's real stderr) instead."""
+    sink = _jvm_stderr
+    if sink is not None:
+        try:
+            sink.println(text)
+            sink.flush()
+            return
+        except Exception as exc:  # the gateway is gone (JVM stopping): fall back, say why
+            text = f"{text}  [via Python stderr: {type(exc).__name__}]"
+    print(text, file=sys.stderr, flush=True)
+
+
+def _reset_stderr() -> None:
+    global _jvm_stderr
+    _jvm_stderr = None
+
+
+class Progress:
+    """A progress line on stderr from Spark's status tracker (stage, tasks
+    done/total) plus the job's own phase, printed when it changes."""
+
+    def __init__(self, spark, enabled: bool, interval_s: float = 1.0) -> None:
+        self.sc = spark.sparkContext
+        self.enabled = enabled
+        self.interval_s = interval_s
+        self.phase = "starting"
+        self._stop = threading.Event()
+        self._last = ""
+        self._thread = threading.Thread(target=self._run, name="spark-progress", daemon=True)
+        self.t0 = time.monotonic()
+
+    def start(self) -> "Progress":
+        if self.enabled:
+            self._thread.start()
+        return self
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+        self._print()
+
+    def _print(self) -> None:
+        if not self.enabled:
+            return
+        parts = []
+        try:
+            tracker = self.sc.statusTracker()
+            for sid in tracker.getActiveStageIds()[:3]:
+                info = tracker.getStageInfo(sid)
+                if info:
+                    parts.append(f"stage {sid} {info.numCompletedTasks}/{info.numTasks} tasks")
+        except Exception:  # the tracker is best effort; never kill the job for it
+            pass
+        line = f"[metalog spark {time.monotonic() - self.t0:6.1f}s] {self.phase}" + (
+            "  (" + ", ".join(parts) + ")" if parts else "")
+        body = line.split("]", 1)[1]
+        if body != self._last:
+            self._last = body
+            err_line(line)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._print()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+CODE_PACKAGES = ("storage", "broker", "protocol", "tools")
+LOG4J2_CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+
+
+def build_package(path: str) -> str:
+    """The packages executors import, zipped (for --py-files); returns the path."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for pkg in CODE_PACKAGES:
+            for dirpath, _dirs, files in os.walk(os.path.join(root, pkg)):
+                for f in sorted(files):
+                    if f.endswith(".py"):
+                        full = os.path.join(dirpath, f)
+                        z.write(full, os.path.relpath(full, root))
+    return path
+
+
+def under_spark_submit() -> bool:
+    """spark-submit starts the JVM first and hands the Python driver its
+    gateway; then spark-submit's --master/--conf are already in force."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def _submit_args(driver_memory: str, conf: dict) -> str:
+    """PYSPARK_SUBMIT_ARGS for a JVM the job starts itself: settings that only
+    take effect when the JVM starts (heap, log4j2 file) must be given here."""
+    import shlex
+
+    parts = ["--driver-memory", driver_memory,
+             "--driver-java-options", f"-Dlog4j.configurationFile=file:{LOG4J2_CONF}"]
+    for k, v in conf.items():
+        parts += ["--conf", f"{k}={v}"]
+    return " ".join(shlex.quote(x) for x in parts) + " pyspark-shell"
+
+
+class SparkSetup:
+    """How the session was made, and the temp files to remove afterwards."""
+
+    def __init__(self) -> None:
+        self.submitted = under_spark_submit()
+        self.temp_dirs: list[str] = []
+
+    def cleanup(self) -> None:
+        import shutil
+
+        for d in self.temp_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+        self.temp_dirs.clear()
+
+
+def get_spark(master: str | None = None, ui: bool = False, shuffle_partitions: int = 8,
+              ship_code: bool | None = None, extra_conf: dict | None = None, driver_memory: str = "4g",
+              setup: SparkSetup | None = None):
+    """A SparkSession for the job.
+
+    Under spark-submit the session takes spark-submit's master and conf
+    (never overridden); `master`, `driver_memory` and the log4j2 file then
+    belong on the spark-submit line. Run directly, the job starts the JVM
+    itself with them (PYSPARK_SUBMIT_ARGS) on `master` (default local[*]);
+    a non-local master gets the code shipped as a zip, removed by
+    setup.cleanup()."""
+    import tempfile
+
+    setup = setup or SparkSetup()
+    extra_conf = dict(extra_conf or {})
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName("metalog-spark")
+    if not setup.submitted:
+        master = master or "local[*]"
+        builder = builder.master(master)
+        os.environ.setdefault("PYSPARK_SUBMIT_ARGS", _submit_args(driver_memory, extra_conf))
+    defaults = {"spark.ui.enabled": "true" if ui else "false",
+                "spark.ui.showConsoleProgress": "false",
+                "spark.sql.shuffle.partitions": str(shuffle_partitions),
+                "spark.sql.execution.arrow.pyspark.enabled": "true",
+                "spark.sql.adaptive.enabled": "true",
+                # One segment (<= 64 MiB by default) per input split: bounds a task's memory.
+                "spark.sql.files.maxPartitionBytes": str(64 << 20)}
+    for k, v in {**defaults, **extra_conf}.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    if setup.submitted:
+        master = spark.sparkContext.master
+    if ship_code if ship_code is not None else not (setup.submitted or master.startswith("local")):
+        tmp = tempfile.mkdtemp(prefix="metalog-spark-")
+        setup.temp_dirs.append(tmp)
+        spark.sparkContext.addPyFile(build_package(os.path.join(tmp, "metalog_code.zip")))
+    return spark
+
+
+# ------------------------------------------------------------------ analysis
+
+
+def _parse_props(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            k, _, v = line.partition("=")
+            out[k.strip()] = v.strip()
+    return out
+
+
+DISCOVERY_ENTRIES_MAX = 200_000  # bound on the directory walk
+DISCOVERY_DEPTH_MAX = 8
+
+
+def discover(spark, inputs: list[str]) -> list[str]:
+    """Directories under the inputs that hold metadata log files, found with
+    the Hadoop FileSystem API (so any Hadoop path works). Spark's own recursive
+    listing skips names starting with '_' -- and every log lives in
+    ``__cluster_metadata-0`` -- so the job passes these directories explicitly."""
+    jvm = spark.sparkContext._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    wanted = re.compile(r".*\.(log|checkpoint)|meta\.properties|log-start-offset")
+    dirs: list[str] = []
+    seen = 0
+    for p in inputs:
+        path = jvm.org.apache.hadoop.fs.Path(p)
+        try:
+            fs = path.getFileSystem(conf)
+            exists = fs.exists(path)
+        except Exception as exc:
+            raise InputError(f"cannot open input {p!r}: {str(exc).splitlines()[0]}") from None
+        matches = list(fs.globStatus(path) or []) if exists or any(c in p for c in "*?[{") else []
+        if not matches:
+            raise InputError(f"input {p!r} does not exist")
+        if not all(st.isDirectory() for st in matches):
+            raise InputError(f"input {p!r} is not a directory (give broker data dirs)")
+        found_logs = False
+        stack = [(st.getPath(), 0) for st in matches]
+        while stack:
+            d, depth = stack.pop()
+            has = False
+            for st in fs.listStatus(d):
+                seen += 1
+                if seen > DISCOVERY_ENTRIES_MAX:
+                    raise InputError(f"more than {DISCOVERY_ENTRIES_MAX} entries under the inputs: "
+                                     "point the job at the broker data dirs")
+                name = st.getPath().getName()
+                if st.isDirectory():
+                    if depth < DISCOVERY_DEPTH_MAX and not name.startswith("."):
+                        stack.append((st.getPath(), depth + 1))
+                elif wanted.fullmatch(name):
+                    has = True
+                    found_logs |= name.endswith((".log", ".checkpoint"))
+            if has:
+                dirs.append(d.toString())
+        if not found_logs:
+            raise InputError(f"input {p!r} holds no metadata log files (*.log, *.checkpoint): "
+                             "is it a broker data dir?")
+    return sorted(set(dirs))
+
+
+class Analysis:
+    """Loads and validates the inputs, votes, and finds the HW (steps 1-3)."""
+
+    def __init__(self, spark, inputs: list[str], progress: Progress, report: dict,
+                 cluster_id: str | None = None) -> None:
+        self.spark = spark
+        self.inputs = inputs
+        self.progress = progress
+        self.report = report
+        self.cluster_id = cluster_id
+
+    def load(self) -> None:
+        from pyspark import StorageLevel
+        from pyspark.errors import AnalysisException
+        from pyspark.sql import functions as f
+
+        self.progress.set_phase("listing input directories")
+        dirs = discover(self.spark, self.inputs)
+        self.progress.set_phase("decoding files")
+        try:
+            files = (self.spark.read.format("binaryFile").option("pathGlobFilter", GLOB)
+                     .load(dirs))
+        except AnalysisException as exc:
+            raise InputError(f"cannot read the inputs: {str(exc).splitlines()[0]}") from None
+        self.decoded = files.mapInArrow(_decode_partition, _schema(D.DECODED_FIELDS))
+        self.decoded.persist(StorageLevel.MEMORY_AND_DISK)
+        t0 = time.monotonic()
+        small = (self.decoded.filter(~f.col("kind").isin("rec", "snaprec"))
+                 .drop("value").collect())
+        self._summarize(small)
+        segs = [sg for rp in self.replicas.values() for sg in rp["segments"]]
+        records = sum(sg["records"] for sg in segs)
+        batches = sum(sg.get("batches", 0) for sg in segs)
+        elapsed = max(time.monotonic() - t0, 1e-6)
+        self.report["read"] = {"files": len(segs), "batches": batches, "records": records,
+                               "seconds": round(elapsed, 2), "records_per_s": round(records / elapsed)}
+        self.progress.set_phase(f"read {records} records in {batches} batches from {len(segs)} "
+                                f"segment(s) of {len(self.replicas)} replica(s), "
+                                f"{records / elapsed:,.0f} records/s")
+
+    def _summarize(self, small) -> None:
+        rep = self.report
+        self.replicas: dict[str, dict] = {}
+        errors, ignored, snaps = [], [], []
+        for row in small:
+            d = row.asDict()
+            rp = self.replicas.setdefault(d["replica"], {"segments": [], "props": {}, "snapshots": []})
+            if d["kind"] == "file":
+                info = json.loads(d["info"])
+                info["file"] = d["file"]
+                rp["segments"].append(info)
+            elif d["kind"] == "err":
+                # A stray .log/.checkpoint name is a setup problem, not damaged bytes.
+                cat = "configuration" if "is not a segment or snapshot file" in d["info"] else "corruption"
+                errors.append({"category": cat, "replica": d["replica"], "file": d["file"],
+                               "position": d["position"], "offset": d["offset"], "epoch": d["epoch"],
+                               "error": d["info"]})
+            elif d["kind"] == "meta":
+                if d["file"] == "meta.properties":
+                    rp["props"] = _parse_props(d["info"])
+                else:
+                    try:
+                        rp["log_start_file"] = int(json.loads(d["info"]).get("log_start_offset", 0))
+                    except (ValueError, AttributeError):
+                        pass
+            elif d["kind"] == "snap":
+                info = json.loads(d["info"])
+                info.update(replica=d["replica"], file=d["file"])
+                rp["snapshots"].append(info)
+                snaps.append(info)
+            elif d["kind"] == "ignored":
+                ignored.append(f"{d['replica']}/{d['file']}")
+        # Replicas with only a meta.properties and no log files are not replicas.
+        self.replicas = {k: v for k, v in self.replicas.items() if v["segments"] or v["snapshots"]
+                         or any(e["replica"] == k for e in errors)}
+        if not self.replicas:
+            raise InputError(f"no metadata log segments found under {', '.join(self.inputs)}")
+        # Cluster ids: replicas of another cluster are excluded from the vote.
+        warnings: list[dict] = []
+        ids = [p["props"].get("cluster.id") for p in self.replicas.values()]
+        ids = [i for i in ids if i]
+        if self.cluster_id is None and ids:
+            from collections import Counter
+
+            ranked = Counter(ids).most_common()
+            if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
+                raise InputError(f"replicas from different clusters and no majority among them: "
+                                 f"{sorted(set(ids))}; name the cluster with --cluster-id")
+            self.cluster_id = ranked[0][0]
+        self.cluster_id = self.cluster_id or ""
+        foreign = {name for name, rp in self.replicas.items()
+                   if self.cluster_id and rp["props"].get("cluster.id")
+                   and rp["props"]["cluster.id"] != self.cluster_id}
+        for name in sorted(foreign):
+            cid = self.replicas[name]["props"]["cluster.id"]
+            warnings.append({"category": "configuration", "replica": name, "file": "meta.properties",
+                             "warning": f"replica belongs to cluster {cid!r}, not {self.cluster_id!r}: "
+                                        "excluded from the vote"})
+        self.excluded = foreign
+        for name, rp in sorted(self.replicas.items()):
+            segs = sorted(rp["segments"], key=lambda s: s["base_offset"])
+            rp["segments"] = segs
+            rp["node_id"] = rp["props"].get("node.id")
+            for prev, nxt in zip(segs, segs[1:]):
+                if prev["end_offset"] != nxt["base_offset"]:
+                    errors.append({"category": "corruption", "replica": name, "file": nxt["file"],
+                                   "position": 0, "offset": nxt["base_offset"], "epoch": nxt["first_epoch"],
+                                   "error": f"segment starts at {nxt['base_offset']} but the previous "
+                                            f"one ({prev['file']}) ends at {prev['end_offset']}"})
+                if nxt["first_epoch"] >= 0 and nxt["first_epoch"] < prev["last_epoch"]:
+                    errors.append({"category": "corruption", "replica": name, "file": nxt["file"],
+                                   "position": 0, "offset": nxt["base_offset"], "epoch": nxt["first_epoch"],
+                                   "error": f"epoch went backwards across segments: "
+                                            f"{nxt['first_epoch']} after {prev['last_epoch']}"})
+            # The log-start-offset file may be past the first segment's base
+            # (whole segments are deleted lazily): records below it do not count.
+            rp["log_start"] = (max(segs[0]["base_offset"], rp.get("log_start_file", 0))
+                               if segs else None)
+            rp["log_end"] = segs[-1]["end_offset"] if segs else None
+            for s in rp["snapshots"]:
+                if self.cluster_id and s["cluster_id"] and s["cluster_id"] != self.cluster_id:
+                    s["foreign"] = True
+                    warnings.append({"category": "configuration", "replica": name, "file": s["file"],
+                                     "warning": f"snapshot from another cluster: its header says cluster "
+                                                f"{s['cluster_id']!r}, this cluster is {self.cluster_id!r}; "
+                                                "not used"})
+        # Damage in an excluded replica does not fail the job: it is not this cluster's.
+        errors = [e for e in errors if e.get("replica") not in foreign]
+        self.errors = errors
+        self.warnings = warnings
+        for w in warnings:
+            err_line(f"metalog spark: warning: {w['replica']}/{w['file']}: {w['warning']}")
+        self.snapshots = [s for s in snaps if not s.get("foreign") and s["replica"] not in foreign]
+        rep["cluster_id"] = self.cluster_id
+        rep["errors"] = errors
+        rep["warnings"] = warnings
+        rep["ignored_files"] = ignored[:DIFFS_LISTED_MAX]
+        rep["replicas"] = {
+            name: {"node_id": rp["node_id"], "log_start_offset": rp["log_start"],
+                   "log_end_offset": rp["log_end"], "segments": len(rp["segments"]),
+                   "records": sum(s["records"] for s in rp["segments"]),
+                   "snapshots": [s["file"] for s in rp["snapshots"]]}
+            for name, rp in sorted(self.replicas.items())}
+
+    def vote(self, hw_override: int | None) -> None:
+        """Majority per offset, the HW, and each replica's first difference."""
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as f
+
+        self.progress.set_phase("voting: majority value per offset")
+        with_log = {k: v for k, v in self.replicas.items()
+                    if v["log_start"] is not None and k not in self.excluded}
+        if not with_log:
+            raise InputError("no replica holds log segments: nothing to replay")
+        n = len(with_log)
+        quorum = n // 2 + 1
+        self.start = min(v["log_start"] for v in with_log.values())
+        recs = self.decoded.filter(f.col("kind") == "rec")
+        if self.excluded:
+            recs = recs.filter(~f.col("replica").isin(sorted(self.excluded)))
+        for name, rp in with_log.items():
+            if rp["log_start"] > rp["segments"][0]["base_offset"]:
+                recs = recs.filter(~((f.col("replica") == name) & (f.col("offset") < rp["log_start"])))
+        self.recs = recs
+        abstain = f.lit(0)
+        for rp in with_log.values():
+            if rp["log_start"] > self.start:
+                abstain = abstain + f.when(f.col("offset") < rp["log_start"], 1).otherwise(0)
+        counts = (recs.groupBy("offset", "epoch", "digest")
+                  .agg(f.count(f.lit(1)).alias("cnt"), f.max("ts").alias("ts"),
+                       f.first("control").alias("control")))
+        self.majority = (counts.withColumn("abstain", abstain)
+                         .filter((f.col("cnt") * 2 > f.lit(n) - f.col("abstain"))
+                                 & (f.col("cnt") + f.col("abstain") >= quorum))
+                         .select("offset", "epoch", "digest", "ts"))
+        self.majority.persist(StorageLevel.MEMORY_AND_DISK)
+        moff = self.majority.select("offset")
+        first_nonmajority = (recs.select("offset").distinct().join(moff, "offset", "left_anti")
+                             .agg(f.min("offset")).first()[0])
+        first_gap = (moff.select((f.col("offset") + 1).alias("offset")).join(moff, "offset", "left_anti")
+                     .agg(f.min("offset")).first()[0])
+        has_start = moff.filter(f.col("offset") == self.start).limit(1).count() > 0
+        derived = self.start if not has_start else min(
+            x for x in (first_nonmajority, first_gap) if x is not None)
+        self.derived_hw = derived
+        self.hw = derived if hw_override is None else hw_override
+        self.report["majority_end_offset"] = derived
+        self.report["hw"] = self.hw
+        self.report["hw_source"] = "majority" if hw_override is None else "given"
+        self.report["quorum"] = f"{quorum} of {n} replicas"
+
+        # Per replica: first offset whose (epoch, digest) is not the majority's.
+        self.progress.set_phase("voting: first difference per replica")
+        mj = self.majority.select("offset", f.col("epoch").alias("m_epoch"),
+                                  f.col("digest").alias("m_digest"))
+        diffs = (recs.select("replica", "offset", "epoch", "digest").join(mj, "offset", "left")
+                 .filter(f.col("m_digest").isNull() | (f.col("m_epoch") != f.col("epoch"))
+                         | (f.col("m_digest") != f.col("digest")))
+                 .groupBy("replica").agg(f.min(f.struct("offset", "epoch", "m_epoch")).alias("first"))
+                 .collect())
+        first_diff = {row["replica"]: (row["first"]["offset"], row["first"]["epoch"],
+                                       _diff_kind(row["first"]["epoch"], row["first"]["m_epoch"]))
+                      for row in diffs}
+        for e in self.errors:  # a corrupt batch is a difference where it starts
+            rname, off = e["replica"], e["offset"]
+            if rname in with_log and off is not None:
+                cur = first_diff.get(rname)
+                if cur is None or off < cur[0]:
+                    first_diff[rname] = (off, e["epoch"], "corruption: " + e["error"])
+        audit = {}
+        self.breach = False
+        for name, rp in sorted(with_log.items()):
+            fd = first_diff.get(name)
+            entry = {"node_id": rp["node_id"], "log_start_offset": rp["log_start"],
+                     "log_end_offset": rp["log_end"]}
+            if fd is None:
+                entry.update(status="agrees", first_diff_offset=None)
+                if rp["log_end"] < self.hw:
+                    entry["status"] = "behind"
+            else:
+                below = fd[0] < self.hw
+                category = fd[2].split(":", 1)[0] if below else "uncommitted tail"
+                entry.update(first_diff_offset=fd[0], first_diff_epoch=fd[1], why=fd[2],
+                             below_hw=below, category=category,
+                             status=(f"{fd[2]} (below the HW {self.hw})" if below
+                                     else "uncommitted tail (differs at or above the HW)"))
+                self.breach |= below
+            audit[name] = entry
+        self.first_diff = first_diff
+        self.report["audit"] = audit
+
+
+def _diff_kind(epoch: int, majority_epoch: int | None) -> str:
+    """Why a replica's record differs from the majority's at one offset:
+    the same epoch with other bytes means two leaders in one epoch; a later
+    epoch means a leader overwrote a committed record (lost); an earlier
+    epoch is a replica holding records a later leader replaced (divergence)."""
+    if majority_epoch is None:
+        return "divergence: no majority value at this offset"
+    if epoch == majority_epoch:
+        return f"safety violation: two leaders in epoch {epoch} (different records at one offset)"
+    if epoch > majority_epoch:
+        return (f"safety violation: committed record lost (the majority holds epoch "
+                f"{majority_epoch}, this replica overwrote it in epoch {epoch})")
+    return f"divergence: this replica holds epoch {epoch} where the majority holds epoch {majority_epoch}"
+
+
+def _entity_name(sec: int, s1: str, n1: int, s2: str, s3: str) -> str:
+    return {F.SEC_FEATURE: f"feature {s1}", F.SEC_BROKER: f"broker {n1}",
+            F.SEC_TOPIC: f"topic {s1}", F.SEC_PARTITION: f"partition {s1}/{n1}",
+            F.SEC_CONFIG: f"config ({n1}, {s2!r}, {s3!r})", F.SEC_ACL: f"acl {s1}"}.get(sec, f"unknown record {s1}")
+
+
+def _record_json(value: bytes | None):
+    from storage import metadata_records as r
+
+    if value is None:
+        return None
+    try:
+        return r.record_to_dict(r.decode_record(value))
+    except r.MetadataRecordError as exc:
+        return f"undecodable: {exc}"
+
+
+class Replay:
+    """Steps 4-5: the committed prefix folded per key, at several cuts."""
+
+    def __init__(self, an: Analysis, target: int, progress: Progress) -> None:
+        self.an = an
+        self.target = target
+        self.progress = progress
+
+    def run(self, cuts: list[int]) -> None:
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as f
+
+        an = self.an
+        spark = an.spark
+        self.cuts = cuts = sorted(set(cuts))
+        recs = an.recs
+        start = an.start
+        self.base = None
+        if start > 0:
+            # The log was truncated under a snapshot: start from one of those.
+            usable = sorted((s for s in an.snapshots if start <= s["end_offset"] <= self.target),
+                            key=lambda s: s["end_offset"])
+            if not usable:
+                raise InputError(f"every log starts at offset {start} or later and no snapshot "
+                                 f"between {start} and {self.target} exists to start the replay from")
+            self.base = usable[0]
+            start = self.base["end_offset"]
+        # One source replica that agrees with the majority over the whole range
+        # avoids a join; otherwise take the majority value per offset.
+        src = None
+        for name, rp in sorted(an.replicas.items(), key=lambda kv: kv[0]):
+            fd = an.first_diff.get(name)
+            if (rp["log_start"] is not None and rp["log_start"] <= start
+                    and rp["log_end"] >= self.target and (fd is None or fd[0] >= self.target)):
+                src = name
+                break
+        rng = (f.col("offset") >= start) & (f.col("offset") < self.target)
+        if src is not None:
+            committed = recs.filter((f.col("replica") == src) & rng)
+        else:
+            mj = an.majority.filter(rng).select("offset", "epoch", "digest")
+            committed = recs.filter(rng).join(mj, ["offset", "epoch", "digest"]).dropDuplicates(["offset"])
+        self.source = src or "majority of replicas"
+        data = committed.filter(~f.col("control")).select("offset", "value")
+        if self.base is not None:
+            b = self.base
+            snap = an.decoded.filter((f.col("kind") == "snaprec") & (f.col("replica") == b["replica"])
+                                     & (f.col("file") == b["file"]))
+            # Snapshot records replay first, in file order, at offsets below the log's.
+            data = snap.select((f.col("position") - f.lit(b["records"] + 1) - f.lit(0)).alias("offset"),
+                               "value").unionByName(data)
+        keyed = data.mapInArrow(_key_partition, _schema(KEYED_FIELDS))
+        keyed.persist(StorageLevel.MEMORY_AND_DISK)
+        fold_schema = _schema(FOLD_FIELDS)
+
+        self.progress.set_phase("replay: topic directory and broker folds")
+        stage_a = (keyed.filter(f.col("kind").isin(F.K_TOPICS, F.K_BROKER))
+                   .groupBy("kind", "key").applyInArrow(_make_fold_fn(cuts, None), fold_schema))
+        stage_a.persist(StorageLevel.MEMORY_AND_DISK)
+        side = stage_a.filter(f.col("rowtype").isin("interval", "change")).collect()
+        intervals = [F.TopicInterval(x["s1"], x["name"], x["offset"], x["a"])
+                     for x in side if x["rowtype"] == "interval"]
+        changes = [F.BrokerChange(x["n1"], x["offset"], x["b1"], x["b2"], x["b3"])
+                   for x in side if x["rowtype"] == "change"]
+        tables = spark.sparkContext.broadcast((F.topic_table(intervals), F.broker_table(changes)))
+        self.side_rows = len(side)
+
+        self.progress.set_phase("replay: partition, config and feature folds")
+        stage_b = (keyed.filter(~f.col("kind").isin(F.K_TOPICS, F.K_BROKER))
+                   .groupBy("kind", "key").applyInArrow(_make_fold_fn(cuts, tables), fold_schema))
+        out = stage_a.unionByName(stage_b)
+        out.persist(StorageLevel.MEMORY_AND_DISK)
+        agg = out.groupBy("rowtype").agg(f.count(f.lit(1)).alias("n"),
+                                         f.sum("invalid").alias("invalid")).collect()
+        self.invalid = int(sum(x["invalid"] or 0 for x in agg if x["rowtype"] == "invalid"))
+        self.data_records = int(sum(x["invalid"] or 0 for x in agg if x["rowtype"] == "data"))
+        self.states = out.filter(f.col("rowtype") == "state")
+        self.records_replayed = keyed.count()
+
+    def state_rows(self, cut: int):
+        """The state at `cut`, streamed in to_records() order."""
+        from pyspark.sql import functions as f
+
+        ordered = (self.states.filter(f.col("cut") == cut)
+                   .orderBy("sec", "s1", "n1", "s2", "s3").select("value"))
+        for row in ordered.toLocalIterator():
+            yield bytes(row["value"])
+
+    def compare(self, snap: dict) -> dict:
+        """Entities where the broker's snapshot differs from the rebuilt state."""
+        from pyspark.sql import functions as f
+
+        keys = ["sec", "s1", "n1", "s2", "s3"]
+        built = (self.states.filter(f.col("cut") == snap["end_offset"])
+                 .select(*keys, f.col("value").alias("built")))
+        theirs = (self.an.decoded.filter((f.col("kind") == "snaprec")
+                                         & (f.col("replica") == snap["replica"])
+                                         & (f.col("file") == snap["file"]))
+                  .select(*keys, f.col("value").alias("broker")))
+        diff = (built.join(theirs, keys, "full_outer")
+                .filter(~f.col("built").eqNullSafe(f.col("broker"))))
+        n = diff.count()
+        rows = diff.orderBy(*keys).limit(DIFFS_LISTED_MAX).collect()
+        return {"snapshot": f"{snap['replica']}/{snap['file']}", "end_offset": snap["end_offset"],
+                "equal": n == 0, "differing_entities": n,
+                "differences": [{"entity": _entity_name(x["sec"], x["s1"], x["n1"], x["s2"], x["s3"]),
+                                 "rebuilt": _record_json(x["built"]),
+                                 "broker": _record_json(x["broker"])} for x in rows]}
+
+
+# ------------------------------------------------------------------ commands
+
+
+def _epoch_and_ts_at(an: Analysis, offset: int) -> tuple[int, int]:
+    from pyspark.sql import functions as f
+
+    if offset < 0:
+        return 0, 0
+    row = an.majority.filter(f.col("offset") == offset).select("epoch", "ts").first()
+    if row is None:
+        return 0, 0
+    return int(row["epoch"]), int(row["ts"] or 0)
+
+
+def _finish(report: dict, args, started: float, spark=None) -> None:
+    """Writes the JSON report (a local path, or any Hadoop URI while Spark is up)."""
+    report["elapsed_s"] = round(time.monotonic() - started, 2)
+    out = getattr(args, "out", None)
+    path = args.report or ((out.rstrip("/") + "/report.json") if out else None)
+    if not path:
+        return
+    report["report_path"] = path
+    if _is_local_path(path):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as fh:
+            json.dump(report, fh, indent=2, default=str)
+        return
+    if spark is None:
+        raise InputError(f"cannot write the report to {path}: Spark is not running (see the error above)")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="metalog-spark-report-") as tmp:
+        local = os.path.join(tmp, "report.json")
+        with open(local, "w") as fh:
+            json.dump(report, fh, indent=2, default=str)
+        _hadoop_put(spark, local, path)
+
+
+def _summary_lines(report: dict) -> list[str]:
+    lines = [f"metalog spark {report['command']}: {report['result']}"]
+    if "cluster_id" in report:
+        lines.append(f"  cluster {report['cluster_id']!r}, {len(report.get('replicas', {}))} replica(s), "
+                     f"HW {report.get('hw')} ({report.get('hw_source', '-')}), "
+                     f"majority agrees up to {report.get('majority_end_offset')}")
+    for name, a in sorted(report.get("audit", {}).items()):
+        where = ("" if a.get("first_diff_offset") is None else
+                 f" at offset {a['first_diff_offset']} epoch {a.get('first_diff_epoch')}")
+        lines.append(f"  replica {name} (node {a.get('node_id')}): {a['status']}{where}")
+    for e in report.get("errors", [])[:10]:
+        where = "/".join(str(e[k]) for k in ("replica", "file") if e.get(k) is not None)
+        if e.get("position") is not None:
+            where += f" at byte {e['position']}"
+        if e.get("offset") is not None:
+            where += f" offset {e['offset']}"
+        lines.append(f"  {e.get('category', 'error')}: {where + ': ' if where else ''}{e['error']}")
+    if len(report.get("errors", [])) > 10:
+        lines.append(f"  ... {len(report['errors']) - 10} more error(s) in the report")
+    if "snapshot" in report:
+        s = report["snapshot"]
+        if s.get("published"):
+            lines.append(f"  wrote {s['path']} ({s['records']} records, {s['bytes']} bytes) from "
+                         f"{report['replay']['records']} log records of {report['replay']['source']}")
+        else:
+            lines.append(f"  no checkpoint written: {s['name']} was built but failed validation")
+    for c in report.get("comparisons", []):
+        lines.append(f"  vs broker snapshot {c['snapshot']}: "
+                     + ("equal" if c["equal"] else f"{c['differing_entities']} entity(ies) differ"))
+        for d in c["differences"][:5]:
+            lines.append(f"    {d['entity']}: rebuilt {d['rebuilt']} / broker {d['broker']}")
+    if report.get("report_path"):
+        lines.append(f"  report: {report['report_path']}")
+    return lines
+
+
+class EnvironmentFailure(Exception):
+    """Spark could not run (no Java, the JVM or the master failed): exit 3."""
+
+
+CAUSE_LINKS_MAX = 8
+CAUSE_LINK_CHARS_MAX = 240
+
+
+def cause_chain(exc: BaseException) -> str:
+    """The whole cause chain of a Python or Java (Py4J) failure, one short line
+    per link, root cause last: Spark's first line is rarely the real reason."""
+    links: list[str] = []
+    java = getattr(exc, "java_exception", None) or getattr(exc, "_origin", None)
+    if java is not None:
+        try:
+            t = java
+            while t is not None and len(links) < CAUSE_LINKS_MAX:
+                links.append(str(t.toString()))
+                t = t.getCause()
+        except Exception as jvm_exc:  # the JVM may be gone: keep what we have
+            links.append(f"(rest of the Java cause chain unavailable: {type(jvm_exc).__name__})")
+    if not links:
+        e: BaseException | None = exc
+        while e is not None and len(links) < CAUSE_LINKS_MAX:
+            first = (str(e).strip().splitlines() or [""])[0]
+            links.append(f"{type(e).__name__}: {first}" if first else type(e).__name__)
+            e = e.__cause__ or e.__context__
+    short = []
+    for link in links:
+        line = " ".join(link.split())
+        if len(line) > CAUSE_LINK_CHARS_MAX:
+            line = line[:CAUSE_LINK_CHARS_MAX - 3] + "..."
+        if not short or short[-1] != line:
+            short.append(line)
+    return " <- caused by: ".join(short)
+
+
+def first_failure(report: dict) -> dict | None:
+    """The first failing check, in the order the job runs them: file checks,
+    the replicas' audit, the comparison with the brokers' snapshots."""
+    for e in report.get("errors", []):
+        where = "/".join(str(e[k]) for k in ("replica", "file") if e.get(k) is not None)
+        return {"category": e.get("category", "corruption"), "check": e["error"], "where": where}
+    audits = [(a["first_diff_offset"], n, a) for n, a in report.get("audit", {}).items() if a.get("below_hw")]
+    for off, name, a in sorted(audits, key=lambda x: (x[0], x[1])):
+        return {"category": a["category"], "check": a["status"],
+                "where": f"replica {name} at offset {off} epoch {a.get('first_diff_epoch')}"}
+    for c in report.get("comparisons", []):
+        if not c["equal"]:
+            return {"category": "divergence", "where": c["snapshot"],
+                    "check": f"broker snapshot differs from the rebuilt state in "
+                             f"{c['differing_entities']} entity(ies)"}
+    return None
+
+
+def run(args) -> int:
+    """Both commands; returns the exit code and prints the summary."""
+    _normalize(args)
+    started = time.monotonic()
+    report: dict = {"command": args.spark_command, "inputs": args.inputs, "result": "running"}
+    code = EXIT_OK
+    spark = progress = an = None
+    setup = SparkSetup()
+    staged = None
+    try:
+        try:
+            if not setup.submitted and not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+                raise EnvironmentFailure("no Java found: install a JDK (17 or 21) or set JAVA_HOME")
+            spark = get_spark(args.master, ui=args.ui, shuffle_partitions=args.shuffle_partitions,
+                              driver_memory=args.driver_memory, extra_conf=args.conf, setup=setup)
+            report["master"] = spark.sparkContext.master
+            if setup.submitted:
+                global _jvm_stderr
+                _jvm_stderr = spark.sparkContext._jvm.System.err
+                if args.master:
+                    err_line(f"metalog spark: warning: --master {args.master} ignored: under "
+                             "spark-submit the master is spark-submit's --master")
+            report["spark_submit"] = setup.submitted
+            conf = spark.sparkContext.getConf()
+            report["spark_conf"] = {k: conf.get(k, None) for k in ("spark.driver.memory", "spark.app.name")}
+            report["spark_conf"].update({k: conf.get(k, None) for k in args.conf})
+            report["driver_heap_mb"] = round(
+                spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() / (1 << 20))
+            if not args.verbose:
+                spark.sparkContext.setLogLevel("ERROR")
+        except EnvironmentFailure:
+            raise
+        except Exception as exc:  # the JVM did not start, bad master URL ...
+            raise EnvironmentFailure(f"cannot start Spark ({args.master or 'spark-submit master'}): "
+                                     f"{cause_chain(exc)}") from None
+        progress = Progress(spark, enabled=not args.quiet).start()
+        an = Analysis(spark, args.inputs, progress, report, cluster_id=args.cluster_id)
+        an.load()
+        an.vote(args.upto)
+        if args.spark_command == "snapshot":
+            staged = _snapshot(args, an, report, progress)
+        failure = first_failure(report)
+        if failure is not None:
+            code = EXIT_VALIDATION
+            report["first_failure"] = failure
+        elif staged is not None:
+            _publish(staged, report)
+        report["result"] = "ok" if code == EXIT_OK else "validation FAILED"
+        _say_first_failure(report)
+    except InputError as exc:
+        report.setdefault("errors", [])
+        failure = first_failure(report) if an is not None else None
+        if failure is not None:  # e.g. a corrupt snapshot left nothing to replay from
+            report["result"] = "validation FAILED"
+            report["first_failure"] = failure
+            report["errors"].append({"category": "input", "error": str(exc)})
+            code = EXIT_VALIDATION
+            _say_first_failure(report)
+        else:
+            report["result"] = "bad input"
+            report["errors"].append({"category": "input", "error": str(exc)})
+            code = EXIT_INPUT
+        err_line(f"metalog spark: {exc}")
+    except EnvironmentFailure as exc:
+        report["result"] = "environment failure"
+        report.setdefault("errors", []).append({"category": "environment", "error": str(exc)})
+        err_line(f"metalog spark: {exc}")
+        code = EXIT_FAILED
+    except Exception as exc:  # Spark failed mid-job or a bug: a report and the whole cause chain
+        import traceback
+
+        if args.verbose:
+            traceback.print_exc()
+        chain = cause_chain(exc)
+        report["result"] = "job failed"
+        report.setdefault("errors", []).append({"category": "environment", "error": chain})
+        err_line(f"metalog spark: the job failed: {chain}")
+        code = EXIT_FAILED
+    finally:
+        if staged is not None:
+            _discard(staged)  # a no-op once published
+        if progress is not None:
+            progress.set_phase("done")
+            progress.stop()
+        try:
+            _finish(report, args, started, spark)
+        except Exception as exc:  # the report could not be written: say so, exit non-zero
+            err_line(f"metalog spark: cannot write the report: {cause_chain(exc)}")
+            report.pop("report_path", None)
+            code = code or EXIT_FAILED
+        if spark is not None and not args.keep_session:
+            spark.stop()
+        setup.cleanup()
+        _reset_stderr()
+    print("\n".join(_summary_lines(report)))
+    return code
+
+
+def _is_local_path(path: str) -> bool:
+    """A plain local path (no URI scheme): written with Python's own file IO."""
+    return re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", path) is None
+
+
+def _hadoop_fs(spark, uri: str):
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    return path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path
+
+
+def _hadoop_put(spark, local_file: str, uri: str) -> None:
+    """Copy a finished local file to any Hadoop URI (file://, hdfs://, s3a://...):
+    to a temp name first, then a rename, so readers never see a partial file."""
+    fs, dst = _hadoop_fs(spark, uri)
+    jvm = spark.sparkContext._jvm
+    tmp = jvm.org.apache.hadoop.fs.Path(uri + ".tmp")
+    fs.mkdirs(dst.getParent())
+    fs.copyFromLocalFile(False, True, jvm.org.apache.hadoop.fs.Path("file://" + os.path.abspath(local_file)),
+                         tmp)
+    if fs.exists(dst):
+        fs.delete(dst, False)
+    if not fs.rename(tmp, dst):
+        raise OSError(f"cannot rename {uri}.tmp to {uri} (Hadoop FileSystem.rename returned false)")
+
+
+def _say_first_failure(report: dict) -> None:
+    ff = report.get("first_failure")
+    if ff:
+        err_line(f"metalog spark: validation FAILED: {ff['category']}: {ff['check']}"
+                 + (f" ({ff['where']})" if ff.get("where") else ""))
+
+
+def _publish(staged: dict, report: dict) -> None:
+    """Validation passed: move the staged checkpoint to its bootable name."""
+    from storage.atomic import fsync_dir
+
+    if staged.get("spark") is not None:  # --out is a Hadoop URI
+        _hadoop_put(staged["spark"], staged["staged_path"], staged["final_path"])
+    else:
+        os.replace(staged["staged_path"], staged["final_path"])
+        fsync_dir(os.path.dirname(staged["final_path"]))
+    _discard(staged)
+    report["snapshot"]["path"] = staged["final_path"]
+    report["snapshot"]["published"] = True
+
+
+def _discard(staged: dict) -> None:
+    import shutil
+
+    shutil.rmtree(staged["staging_dir"], ignore_errors=True)
+
+
+def _snapshot(args, an: Analysis, report: dict, progress: Progress) -> dict:
+    """Replays and writes the checkpoint into a staging dir under --out (a
+    name no broker loads); run() publishes it only if every check passed."""
+    from protocol.messages import SnapshotId
+    from storage.snapshot import SnapshotWriter, snapshot_filename
+
+    target = an.hw
+    if target > an.derived_hw:
+        raise InputError(f"--upto {target} is past the offsets a majority of the replicas agree on "
+                         f"(up to {an.derived_hw})")
+    if target <= an.start and not an.snapshots:
+        raise InputError(f"nothing to replay: the committed prefix [{an.start}, {target}) is empty")
+    compare = sorted({s["end_offset"] for s in an.snapshots if an.start <= s["end_offset"] <= target})
+    compare = compare[-SNAPSHOTS_COMPARED_MAX:]
+    replay = Replay(an, target, progress)
+    t0 = time.monotonic()
+    replay.run(compare + [target])
+    epoch, ts = _epoch_and_ts_at(an, target - 1)
+    sid = SnapshotId(target, epoch)
+    if _is_local_path(args.out):
+        os.makedirs(args.out, exist_ok=True)
+        final = os.path.join(args.out, snapshot_filename(sid))
+        if os.path.exists(final):
+            os.unlink(final)  # a rerun replaces its own output
+        staging = os.path.join(args.out, f".staging-{os.getpid()}")
+        if os.path.exists(staging):
+            _discard({"staging_dir": staging})
+        os.makedirs(staging)
+        staged = {"staging_dir": staging, "final_path": final}
+    else:  # a Hadoop URI: build on the driver's disk, copy through Hadoop's FileSystem
+        import tempfile
+
+        staging = tempfile.mkdtemp(prefix="metalog-spark-out-")
+        final = args.out.rstrip("/") + "/" + snapshot_filename(sid)
+        fs, path = _hadoop_fs(an.spark, final)
+        if fs.exists(path):
+            fs.delete(path, False)  # a rerun replaces its own output
+        staged = {"staging_dir": staging, "final_path": final, "spark": an.spark}
+    progress.set_phase(f"writing {snapshot_filename(sid)} (staged until validated)")
+    writer = SnapshotWriter(staging, sid, ts, an.cluster_id or "")
+    path, size, count = writer.write_all(replay.state_rows(target))
+    staged["staged_path"] = path
+    elapsed = time.monotonic() - t0
+    report["replay"] = {"source": replay.source, "records": replay.records_replayed,
+                        "invalid_records": replay.invalid, "data_records": replay.data_records,
+                        "start_offset": an.start,
+                        "base_snapshot": replay.base and replay.base["file"],
+                        "side_table_rows": replay.side_rows, "seconds": round(elapsed, 2),
+                        "records_per_s": round(replay.records_replayed / elapsed) if elapsed else None}
+    report["snapshot"] = {"path": None, "name": os.path.basename(final), "published": False,
+                          "end_offset": sid.end_offset, "epoch": sid.epoch,
+                          "records": count, "bytes": size}
+    progress.set_phase("comparing with the brokers' snapshots")
+    report["comparisons"] = [replay.compare(s) for s in an.snapshots if s["end_offset"] in compare]
+    return staged
+
+
+# ------------------------------------------------------------------ CLI
+
+
+EXIT_CODES_HELP = """exit codes:
+  0  valid: every check passed (snapshot: the .checkpoint was written)
+  1  validation failed: the first failing check is named on stderr; categories
+     corruption, divergence, safety violation, configuration; no .checkpoint written
+  2  usage or unusable input (missing dir, no log files, nothing to replay)
+  3  environment: no Java, Spark failed to start or failed mid-job (cause chain on stderr)"""
+
+SPARK_EPILOG = EXIT_CODES_HELP + """
+
+examples:
+  metalog spark snapshot run/cluster/node-*/data --out spark-out
+  metalog spark audit run/cluster/node-*/data --report audit.json
+  metalog spark package --out metalog_code.zip
+  spark-submit --master spark://HOST:7077 --driver-memory 4g --py-files metalog_code.zip \\
+      tools/spark/job.py snapshot hdfs:///backups/node-1/data ... --out /tmp/spark-out
+progress goes to stderr, the summary to stdout, the JSON report to --report/OUT/report.json;
+see docs/spark.md."""
+
+
+def _conf_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"--conf wants KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("inputs", nargs="+", help="broker data dirs (or copies; any Hadoop path)")
+    p.add_argument("--master", default=None,
+                   help="Spark master URL when the job runs directly (default local[*]); "
+                        "under spark-submit its --master applies and this is ignored")
+    p.add_argument("--conf", type=_conf_pair, action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting, passed through (repeatable)")
+    p.add_argument("--report", help="where the JSON report goes (default OUT/report.json)")
+    p.add_argument("--cluster-id", help="expected cluster id (default: the one most replicas' "
+                                        "meta.properties name; other replicas are excluded)")
+    p.add_argument("--shuffle-partitions", type=int, default=8)
+    p.add_argument("--driver-memory", default="4g",
+                   help="JVM heap of the driver when the job starts the JVM itself (in local mode "
+                        "the executors' too); default 4g. Under spark-submit: its --driver-memory")
+    p.add_argument("--ui", action="store_true", help="enable the Spark UI")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--verbose", action="store_true",
+                   help="Spark's own warnings and Python tracebacks on failures")
+    p.set_defaults(func=run, keep_session=False)
+
+
+def _normalize(args) -> None:
+    args.conf = dict(getattr(args, "conf", None) or [])
+
+
+def run_package(args) -> int:
+    """metalog spark package: the code archive for --py-files."""
+    out = os.path.abspath(args.out)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    tmp = out + ".tmp"
+    build_package(tmp)
+    os.replace(tmp, out)
+    with zipfile.ZipFile(out) as z:
+        n = len(z.namelist())
+    print(f"wrote {out} ({n} modules, {os.path.getsize(out)} bytes): pass it to spark-submit "
+          f"with --py-files {out}")
+    return EXIT_OK
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser(
+        "spark", help="offline Spark job: rebuild snapshots, audit replicas",
+        description="Offline Spark job over broker data dirs: validate every batch, vote the "
+                    "committed prefix (HW), audit each replica against the majority, and replay "
+                    "the committed log into a .checkpoint a broker can boot from.",
+        epilog=SPARK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="spark_command", required=True)
+    s = sub.add_parser("snapshot", help="replay the committed log into a .checkpoint and validate it",
+                       description="Replay the committed prefix (up to the majority HW or --upto) into "
+                                   "a .checkpoint, compare with the brokers' own snapshots; the "
+                                   ".checkpoint is published only if every check passes.",
+                       epilog=SPARK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_common(s)
+    s.add_argument("--upto", type=int, help="end offset of the snapshot (default: the majority HW)")
+    s.add_argument("--out", default="spark-out", help="output dir for the .checkpoint and report")
+    a = sub.add_parser("audit", help="compare all replicas' logs with the majority",
+                       description="Find the HW and, per replica, the first offset where it differs "
+                                   "from the majority and why (corruption, divergence, safety violation).",
+                       epilog=SPARK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_common(a)
+    a.add_argument("--hw", dest="upto", type=int, help="the HW to judge against (default: majority)")
+    a.add_argument("--out", default=None, help="dir for report.json (default: none; see --report)")
+    k = sub.add_parser("package", help="build the code archive shipped to executors (--py-files)",
+                       description="Zip the packages the executors import (storage, broker, protocol, "
+                                   "tools) for spark-submit --py-files on a standalone, YARN or "
+                                   "Kubernetes cluster.")
+    k.add_argument("--out", default="metalog_code.zip", help="archive path (default metalog_code.zip)")
+    k.set_defaults(func=run_package)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="spark_job.py")
+    register_cli(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["spark"] + list(sys.argv[1:] if argv is None else argv))
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
