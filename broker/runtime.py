@@ -49,6 +49,7 @@ from broker.local_state import no_copy_message, recover_local_state
 from broker.metrics import BrokerMetrics
 from broker.net import Connection, ListenerLimits, NetError, PeerPool, Server, serve
 from broker.quorum import api as qa
+from broker.quorum.answers import api_versions_response, check_cluster_id
 from broker.quorum.core import QuorumCore
 from broker.quorum.env import Environment
 from broker.snapshot_policy import SnapshotPolicy
@@ -611,16 +612,16 @@ class Broker:
             if denial is not None:
                 self._refuse(conn, header.correlation_id, api_key, denial)
                 return
-        if (api_key in (ApiKey.PRODUCE, ApiKey.CONTROLLER_COMMAND, ApiKey.CONSISTENCY_CHECK)
-                and body.cluster_id != self.cfg.cluster_id):
-            # The core validates the cluster id (and the voter set) of every request
-            # it is handed; these two the runtime batches or runs itself.
-            self.log.warning("inconsistent_cluster_id", api=api_key.name, got=body.cluster_id, peer=conn.peer)
-            conn.send_response(header.correlation_id, APIS[api_key][1](error_code=Errors.INCONSISTENT_CLUSTER_ID))
-            return
+        if api_key in (ApiKey.PRODUCE, ApiKey.CONTROLLER_COMMAND, ApiKey.CONSISTENCY_CHECK):
+            # The core runs the same check on every request it is handed; these
+            # three the runtime batches or runs itself.
+            wrong_cluster = check_cluster_id(self.cfg.cluster_id, body, self.core.current_leader())
+            if wrong_cluster is not None:
+                self.log.warning("inconsistent_cluster_id", api=api_key.name, got=body.cluster_id, peer=conn.peer)
+                conn.send_response(header.correlation_id, wrong_cluster)
+                return
         if api_key is ApiKey.API_VERSIONS:
-            conn.send_response(header.correlation_id, m.ApiVersionsResponse(
-                api_keys=[m.ApiVersionRange(int(k), lo, hi) for k, (_, _, lo, hi) in APIS.items()]))
+            conn.send_response(header.correlation_id, api_versions_response())
         elif api_key is ApiKey.METADATA:
             resp = self.metadata_response()
             if self.authz_enabled and not authz.may_describe_log(conn.principal, self._conn_authz[conn][1],
@@ -772,21 +773,8 @@ class Broker:
                        "the replica whose copy is wrong must be wiped and re-replicated")
 
     def metadata_response(self) -> m.MetadataResponse:
-        core = self.core
-        observers = []
-        if str(core.role) == "leader":
-            # Observers are known to the leader only, by their fetches (no endpoints).
-            observers = [m.NodeEndpoint(r.replica_id, "", 0) for r in core.describe_quorum(now_ms()).observers]
-        return m.MetadataResponse(
-            cluster_id=self.cfg.cluster_id,
-            node_id=self.cfg.node_id,
-            leader_id=core.leader_id if core.leader_id is not None else m.NO_LEADER,
-            leader_epoch=core.epoch,
-            high_watermark=core.high_watermark if core.high_watermark is not None else m.NO_OFFSET,
-            log_start_offset=core.log_start_offset,
-            voters=[m.NodeEndpoint(nid, ep.host, ep.port) for nid, ep in sorted(self.voters.items())],
-            observers=observers,
-        )
+        # Built by the core (broker.quorum.answers), with our voters' endpoints.
+        return self.core.metadata({nid: (ep.host, ep.port) for nid, ep in self.voters.items()})
 
     # ------------------------------------------------ group commit of writes
     def _enqueue_produce(self, token, body: m.ProduceRequest) -> None:

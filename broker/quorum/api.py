@@ -5,7 +5,7 @@ of etcd's raft: ``core.step(event) -> list[Action]``. It never touches sockets,
 clocks, randomness or files. Two drivers exist and both obey the same rules:
 
 * ``broker.runtime`` (asyncio, real files, real TCP), and
-* ``tests/sim`` (seeded scheduler, fake clock, simulated network and disk).
+* ``sim`` (seeded scheduler, fake clock, simulated network and disk).
 
 Both hand the core an ``Environment`` (``broker.quorum.env``): the clock they
 stamp events with and the ``random.Random`` the core draws from.

@@ -5,7 +5,7 @@
 Nothing in here touches sockets, clocks, files or global randomness: time comes
 from the events, randomness from the ``Environment`` passed in
 (``broker.quorum.env``), and the local log is read only through the
-``LogReader``. That is what lets the deterministic simulator (tests/sim) and
+``LogReader``. That is what lets the deterministic simulator (sim/) and
 the asyncio runtime drive the very same code.
 
 ``QuorumCore`` is the facade: it owns what every role shares and delegates to
@@ -44,7 +44,7 @@ What it implements, and where the rule comes from:
 * KAFKA-7786: every response is judged against the epoch its request was sent
   under; stale answers are dropped and fetching continues in the new epoch.
 
-Where we depart from Kafka's timing, and why (measured in tests/sim, figures
+Where we depart from Kafka's timing, and why (measured in sim/, figures
 in docs/simulation.md):
 
 * Fetch-loop requests time out before the fetch timeout: a Fetch after

@@ -83,6 +83,8 @@ async def test_wrong_cluster_id_and_non_voter_requests_are_refused_on_the_wire(m
     try:
         resp = await ch.request(ApiKey.PRODUCE, m.ProduceRequest(cluster_id="wrong", records=[b"x"]), 5000)
         assert resp.error_code == Errors.INCONSISTENT_CLUSTER_ID
+        # The same check and message as the core's (broker.quorum.answers.check_cluster_id).
+        assert resp.error_message == f"cluster id 'wrong' does not match ours {cluster.cluster_id!r}"
         vote = m.VoteRequest(cluster_id=cluster.cluster_id, candidate_epoch=99, candidate_id=42,
                              last_offset_epoch=99, last_offset=10**9)
         resp = await ch.request(ApiKey.VOTE, vote, 5000)
