@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from broker.quorum.notify import Notifier
+from broker.quorum.notify import Notifier, NotifyingRole
 from broker.quorum.outbox import RequestKind
 from broker.quorum.roles import Role, RoleState
 from protocol import messages as m
@@ -73,7 +73,7 @@ class VotedState(_WaitingForElection):
         return self.voted_id == req.candidate_id  # one vote per epoch
 
 
-class ResignedState(_WaitingForElection):
+class ResignedState(NotifyingRole, _WaitingForElection):
     """A leader that stepped down keeps its epoch (graceful stop, check-quorum,
     quarantine) and tells the others with EndQuorumEpoch, most caught-up
     successor first. A restarted former leader starts here (KAFKA-10527)."""
@@ -109,15 +109,6 @@ class ResignedState(_WaitingForElection):
 
     def on_leader_claimed(self, leader_id: int, epoch: int, now: int) -> None:
         self.core.fail(f"node {leader_id} claims leadership of epoch {epoch}, which we led")
-
-    def notification_failed(self, voter: int, request_id: int, now: int) -> None:
-        self.notifier.failed(voter, request_id, now)
-
-    def notification_answered(self, voter: int, request_id: int) -> None:
-        self.notifier.answered(voter, request_id)
-
-    def notification_judged(self, voter: int, ok: bool, now: int) -> None:
-        self.notifier.judged(voter, ok, now)
 
 
 class CandidateState(RoleState):

@@ -213,13 +213,20 @@ class FollowerState(RoleState):
         else:
             self._on_fetch_snapshot_response(resp, position, now)
 
-    def _on_fetch_response(self, resp: m.Body, now: int) -> None:
-        if not isinstance(resp, m.FetchResponse) or resp.error_code != Errors.NONE:
+    def _heard_from_leader(self, resp: m.Body, expected: type, now: int) -> bool:
+        """A good answer of the expected type restarts the fetch timeout; any
+        other is retried after a pause."""
+        if not isinstance(resp, expected) or resp.error_code != Errors.NONE:
             self._retry_later(now)
+            return False
+        self.fetch_deadline_ms = now + self.core.config.fetch_timeout_ms
+        return True
+
+    def _on_fetch_response(self, resp: m.Body, now: int) -> None:
+        if not self._heard_from_leader(resp, m.FetchResponse, now):
             return
         core = self.core
         log = core.log
-        self.fetch_deadline_ms = now + core.config.fetch_timeout_ms
         if resp.diverging_epoch is not None:
             de = resp.diverging_epoch
             log.truncate_to_leader(de.epoch, de.end_offset, "DivergingEpoch")
@@ -242,12 +249,10 @@ class FollowerState(RoleState):
         log.follower_log_start(resp.log_start_offset)
 
     def _on_epoch_check_response(self, resp: m.Body, now: int) -> None:
-        if not isinstance(resp, m.OffsetsForLeaderEpochResponse) or resp.error_code != Errors.NONE:
-            self._retry_later(now)
+        if not self._heard_from_leader(resp, m.OffsetsForLeaderEpochResponse, now):
             return
         core = self.core
         log = core.log
-        self.fetch_deadline_ms = now + core.config.fetch_timeout_ms
         asked = log.last_epoch()
         if resp.leader_epoch > asked:
             # The leader's history starts past our last epoch (it answered with the

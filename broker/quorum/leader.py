@@ -9,7 +9,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from broker.quorum.leader_reads import LeaderReads
-from broker.quorum.notify import Notifier
+from broker.quorum.notify import Notifier, NotifyingRole
 from broker.quorum.outbox import RequestKind
 from broker.quorum.progress import ProduceWaiter, ProgressTable, ReplicaProgress
 from broker.quorum.roles import Role, RoleState
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from broker.quorum.core import QuorumCore
 
 
-class LeaderState(RoleState):
+class LeaderState(NotifyingRole, RoleState):
     __slots__ = ("progress", "reads", "waiters", "notifier", "check_quorum_deadline_ms", "lbo_wait",
                  "epoch_start_offset", "granted")
     is_leader = True
@@ -117,17 +117,6 @@ class LeaderState(RoleState):
         # It may no longer hold records it served or counted, and must not append
         # at an offset its followers may already hold under this epoch.
         self.core.resign(now)
-
-    # -- notifications ---------------------------------------------------------
-
-    def notification_failed(self, voter: int, request_id: int, now: int) -> None:
-        self.notifier.failed(voter, request_id, now)
-
-    def notification_answered(self, voter: int, request_id: int) -> None:
-        self.notifier.answered(voter, request_id)
-
-    def notification_judged(self, voter: int, ok: bool, now: int) -> None:
-        self.notifier.judged(voter, ok, now)
 
     # -- writes and the high watermark ---------------------------------------
 

@@ -50,3 +50,20 @@ class Notifier:
             self.unacked.discard(voter)
         else:
             self.retry_at[voter] = now + RETRY_BACKOFF_MS
+
+
+class NotifyingRole:
+    """Mixin for the roles that notify (leader, resigned): the answers to
+    their notifications go to their Notifier."""
+
+    __slots__ = ()
+    notifier: Notifier
+
+    def notification_failed(self, voter: int, request_id: int, now: int) -> None:
+        self.notifier.failed(voter, request_id, now)
+
+    def notification_answered(self, voter: int, request_id: int) -> None:
+        self.notifier.answered(voter, request_id)
+
+    def notification_judged(self, voter: int, ok: bool, now: int) -> None:
+        self.notifier.judged(voter, ok, now)
