@@ -193,6 +193,10 @@ class QuorumCore:
         return self.state.role
 
     @property
+    def is_leader(self) -> bool:
+        return self.state.is_leader
+
+    @property
     def epoch(self) -> int:
         return self.state.epoch
 
