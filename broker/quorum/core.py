@@ -313,9 +313,10 @@ class QuorumCore:
     # role transitions: the only place the role changes
 
     def _persist(self, state: RoleState) -> None:
-        self.outbox.actions.append(PersistQuorumState(self._election_of(state)))
+        self.outbox.actions.append(PersistQuorumState(self.election_state(state)))
 
-    def _election_of(self, state: RoleState) -> QuorumStateData:
+    def election_state(self, state: RoleState) -> QuorumStateData:
+        """What PersistQuorumState writes for `state`."""
         return QuorumStateData(state.epoch, state.persisted_leader_id(), state.voted_id, self.voters)
 
     def transition(self, new: RoleState, now: int) -> None:
@@ -327,7 +328,7 @@ class QuorumCore:
         assert new.role in ALLOWED_TRANSITIONS[old.role], f"no transition from {old.role} to {new.role}"
         assert new.epoch >= old.epoch, f"epoch would go back from {old.epoch} to {new.epoch}"
         if (old.role, new.role) in MEMORY_TRANSITIONS:
-            assert self._election_of(new) == self._election_of(old)
+            assert self.election_state(new) == self.election_state(old)
         else:
             self._persist(new)
         self.state = new
@@ -378,7 +379,7 @@ class QuorumCore:
         cand = self.state
         assert isinstance(cand, CandidateState)
         self.election_retries = 0
-        self.transition(LeaderState(self, cand.epoch, cand.voted_id, sorted(cand.granted)), now)
+        self.transition(LeaderState(self, cand.epoch, cand.voted_id, sorted(cand.granted), now), now)
 
     def become_follower(self, epoch: int, leader_id: int, now: int) -> None:
         assert leader_id >= 0 and leader_id != self.node_id

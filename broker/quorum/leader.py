@@ -27,24 +27,22 @@ class LeaderState(NotifyingRole, RoleState):
                  "epoch_start_offset", "granted")
     is_leader = True
 
-    def __init__(self, core: QuorumCore, epoch: int, voted_id: int, granted: list[int]):
+    def __init__(self, core: QuorumCore, epoch: int, voted_id: int, granted: list[int], now: int):
         super().__init__(core, Role.LEADER, epoch, core.node_id, voted_id)
         self.granted = granted  # the voters that elected us (LeaderChange)
-        self.progress: ProgressTable | None = None
+        self.progress = ProgressTable(core.others, now)
         self.reads = LeaderReads(self)
         self.waiters: deque[ProduceWaiter] = deque()
-        self.notifier: Notifier | None = None
-        self.check_quorum_deadline_ms: int | None = None
+        self.notifier = Notifier(RequestKind.BEGIN, core.others, now)
         self.lbo_wait: tuple[int, int] | None = None  # (candidate LBO, since ms)
-        self.epoch_start_offset = m.NO_OFFSET
+        # The HW may not pass the start of our epoch (KAFKA-12619).
+        self.epoch_start_offset = core.log.log_end_offset
+        self.check_quorum_deadline_ms: int | None = None
+        self.update_check_quorum_deadline()
 
     def on_enter(self, now: int) -> None:
         core = self.core
         log = core.log
-        self.progress = ProgressTable(core.others, now)
-        self.notifier = Notifier(RequestKind.BEGIN, core.others, now)
-        self.epoch_start_offset = log.log_end_offset
-        self.update_check_quorum_deadline()
         # The epoch's first record: LeaderChange. The HW may not move until it is
         # committed (KAFKA-12619), which is what makes the HW safe to expose.
         value = encode_control(LeaderChange(core.node_id, list(core.voters), self.granted))

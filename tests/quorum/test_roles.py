@@ -40,7 +40,7 @@ def test_a_transition_outside_the_table_is_refused_before_anything_is_persisted(
     n.core.transition(follower, 0)  # unattached -> follower: allowed
     n.core.outbox.take()
     with pytest.raises(AssertionError, match="no transition from follower to leader"):
-        n.core.transition(LeaderState(n.core, 3, -1, [1]), 0)
+        n.core.transition(LeaderState(n.core, 3, -1, [1], 0), 0)
     assert n.core.state is follower
     assert not of(n.core.outbox.take(), a.PersistQuorumState)
 
@@ -74,7 +74,7 @@ def test_resigning_keeps_the_persisted_election_and_says_we_led():
     acts = n.step(a.Shutdown(now))
     assert n.core.role == Role.RESIGNED
     assert not of(acts, a.PersistQuorumState)
-    assert n.core._election_of(n.core.state) == a.QuorumStateData(1, 1, 1, (1, 2, 3))
+    assert n.core.election_state(n.core.state) == a.QuorumStateData(1, 1, 1, (1, 2, 3))
     assert len(sent(acts, m.EndQuorumEpochRequest)) == 2
 
 
