@@ -70,7 +70,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.quorum import inbound
+from broker.quorum import election, inbound
 from broker.quorum.answers import error_response, metadata_response
 from broker.quorum.api import (
     Action,
@@ -108,9 +108,7 @@ from storage.epochs import EpochHistory
 
 __all__ = ["QuorumCore", "ReplicaProgress", "Role"]
 
-NO_EPOCH = m.NO_EPOCH
 NO_LEADER = m.NO_LEADER
-NO_OFFSET = m.NO_OFFSET
 
 
 class QuorumCore:
@@ -356,24 +354,9 @@ class QuorumCore:
         if self.quarantined:
             # Not before we hold again everything we may have acknowledged.
             self.state.postpone_candidacy(now)
-            self._probe_for_leader()
+            election.probe_for_leader(self)
             return
         self.transition(CandidateState(self, self.state.epoch + 1), now)
-
-    def _probe_for_leader(self) -> None:
-        """A quarantined voter that hears from no leader asks the others with a
-        VoteRequest in its own epoch claiming an empty log (last offset -1),
-        which no voter grants and which we never count (kind PROBE). Every
-        answer names the leader it knows (we follow it); a voter in an older
-        epoch moves up to ours, so the others elect a leader in a newer epoch,
-        which then finds us. Without it a voter quarantined as a candidate whose
-        VoteRequests were lost waits forever in an epoch nobody else reached
-        (sim seed 2079)."""
-        for v in self.others:
-            self.send(v, m.VoteRequest(
-                cluster_id=self.config.cluster_id, candidate_epoch=self.state.epoch,
-                candidate_id=self.node_id, last_offset_epoch=NO_EPOCH, last_offset=NO_OFFSET,
-            ), RequestKind.PROBE)
 
     def become_leader(self, now: int) -> None:
         cand = self.state

@@ -16,7 +16,9 @@ from protocol.errors import Errors
 if TYPE_CHECKING:
     from broker.quorum.core import QuorumCore
 
+NO_EPOCH = m.NO_EPOCH
 NO_LEADER = m.NO_LEADER
+NO_OFFSET = m.NO_OFFSET
 
 
 class _WaitingForElection(RoleState):
@@ -175,6 +177,22 @@ class CandidateState(RoleState):
 
 
 # -- the election requests, answered the same way in every role -----------------
+
+
+def probe_for_leader(core: QuorumCore) -> None:
+    """A quarantined voter that hears from no leader asks the others with a
+    VoteRequest in its own epoch claiming an empty log (last offset -1),
+    which no voter grants and which we never count (kind PROBE). Every
+    answer names the leader it knows (we follow it); a voter in an older
+    epoch moves up to ours, so the others elect a leader in a newer epoch,
+    which then finds us. Without it a voter quarantined as a candidate whose
+    VoteRequests were lost waits forever in an epoch nobody else reached
+    (sim seed 2079)."""
+    for v in core.others:
+        core.send(v, m.VoteRequest(
+            cluster_id=core.config.cluster_id, candidate_epoch=core.state.epoch,
+            candidate_id=core.node_id, last_offset_epoch=NO_EPOCH, last_offset=NO_OFFSET,
+        ), RequestKind.PROBE)
 
 
 def handle_vote(core: QuorumCore, token: Any, req: m.VoteRequest, now: int) -> None:
