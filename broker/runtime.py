@@ -43,7 +43,6 @@ from broker import authz, consistency
 from broker.config import BrokerConfig
 from broker.consistency import LogDigest
 from broker.consistency_check import ConsistencyChecker
-from broker.controller import load_snapshot, write_controller_snapshot
 from broker.controller_commands import CommandQueue, CommandToken, LeaderView
 from broker.gate import Gate
 from broker.local_state import no_copy_message, recover_local_state
@@ -51,7 +50,7 @@ from broker.metrics import BrokerMetrics
 from broker.net import Connection, ListenerLimits, NetError, PeerPool, Server, serve
 from broker.quorum import api as qa
 from broker.quorum.core import QuorumCore
-from broker.snapshot_policy import SnapshotPolicy
+from broker.snapshot_io import SnapshotWork
 from protocol import messages as m
 from protocol.apis import APIS, REQUEST_API_KEY, ApiKey
 from protocol.codec import ProtocolError
@@ -62,7 +61,7 @@ from storage.errors import CorruptionReport, LogWriteError, StorageError
 from storage.group_commit import Arm, GroupCommit
 from storage.log import SegmentedLog
 from storage.scrub import Scrubber
-from storage.snapshot import PartialSnapshot, SnapshotStore
+from storage.snapshot import SnapshotStore
 
 PARTITION_DIR = "__cluster_metadata-0"
 APPLY_BYTES_PER_STEP = 4 << 20  # bound the committed bytes applied per loop turn
@@ -109,9 +108,7 @@ class Broker:
         self._timer_deadline: int | None = None
         self.group_commit = GroupCommit(cfg.storage.append_linger_ms, cfg.storage.append_batch_records_max)
         self._linger_handle: asyncio.Handle | None = None  # group commit's linger timer or call_soon
-        self.snapshot_policy = SnapshotPolicy(cfg.storage.snapshot_min_records)
-        self._partials: dict[m.SnapshotId, PartialSnapshot] = {}
-        self._snapshot_task: asyncio.Task | None = None
+        self.snapshot_work = SnapshotWork(self, cfg.storage.snapshot_min_records, now_ms)
         self._bg_tasks: set[asyncio.Task] = set()
         self._last_exposed: tuple | None = None
         self._stopping = False
@@ -309,9 +306,7 @@ class Broker:
                 task.cancel()
         if self._consistency_task is not None:
             self._consistency_task.cancel()
-        if self._snapshot_task is not None:
-            # The task logs its own failure (snapshot_write_failed); just bound the wait.
-            await asyncio.wait([self._snapshot_task], timeout=10)
+        await self.snapshot_work.wait(timeout_s=10)
         await self.peers.close()
         if self.scrubber is not None:
             await asyncio.to_thread(self.scrubber.stop)
@@ -417,14 +412,11 @@ class Broker:
         elif t is qa.WriteEpochCheckpoint:
             write_checkpoint(os.path.join(self.part_dir, "leader-epoch-checkpoint"), EpochHistory(a.entries))
         elif t is qa.WriteSnapshotChunk:
-            part = self._partials.get(a.snapshot_id)
-            if part is None or a.position == 0:
-                if part is not None:
-                    part.abort()
-                part = self._partials[a.snapshot_id] = self.snapshots.partial(a.snapshot_id)
-            part.write_at(a.position, a.data)
+            self.snapshot_work.write_chunk(a)
         elif t is qa.InstallSnapshot:
-            self._install_snapshot(a)
+            failed = self.snapshot_work.install(a)
+            if failed is not None:
+                self._follow_up.append(failed)  # the contract: before any other event
         elif t is qa.AdvanceLogStart:
             self.seg_log.advance_log_start(a.log_start_offset)
             self.digest.advance_start(a.log_start_offset)
@@ -484,7 +476,7 @@ class Broker:
         if self.controller.applied_offset < hw:
             # More than one step's worth: continue on the next loop turn.
             asyncio.get_running_loop().call_soon(self._after_step)
-        self._maybe_snapshot()
+        self.snapshot_work.maybe_start()
 
     def _storage_failed(self, reason: str, exc: BaseException | None = None) -> None:
         # Fail-stop at the first failed write or fsync (issue 12 item 8): the
@@ -701,57 +693,3 @@ class Broker:
     def _send_answers(answers) -> None:
         for token, response in answers:
             token.conn.send_response(token.correlation_id, response)
-
-    # ------------------------------------------------------------ snapshots
-    def _install_snapshot(self, a: qa.InstallSnapshot) -> None:
-        part = self._partials.pop(a.snapshot_id, None)
-        if part is None:
-            self.log.error("snapshot_install_without_download", snapshot=[a.snapshot_id.end_offset, a.snapshot_id.epoch])
-            return
-        t0 = time.perf_counter()
-        try:
-            part.complete(a.size)
-        except (StorageError, OSError, ValueError) as exc:
-            # Clean rollback: the partial goes, the log stays, the core goes back
-            # to it and downloads again (api.SnapshotInstallFailed).
-            part.abort()
-            self.log.error("snapshot_download_rejected", snapshot=[a.snapshot_id.end_offset, a.snapshot_id.epoch],
-                           error=str(exc), action="partial deleted, log kept, downloading again")
-            self._follow_up.append(qa.SnapshotInstallFailed(now_ms(), a.snapshot_id, str(exc)))
-            return
-        self.seg_log.truncate_fully(a.snapshot_id.end_offset)
-        self.digest.reset(a.snapshot_id.end_offset)
-        self.snapshots.delete_before(a.snapshot_id)
-        self.controller.load(load_snapshot(self.snapshots, a.snapshot_id))
-        self.metrics.snapshot_load_seconds.observe(time.perf_counter() - t0)
-        self.log.info("snapshot_installed", snapshot=[a.snapshot_id.end_offset, a.snapshot_id.epoch], size=a.size,
-                      seconds=round(time.perf_counter() - t0, 4))
-
-    def _maybe_snapshot(self) -> None:
-        snap_id = self.snapshot_policy.next_snapshot(
-            records_since_snapshot=self.controller.records_since_snapshot,
-            applied_offset=self.controller.applied_offset, epoch_for_offset=self.core.epochs.epoch_for_offset,
-            exists=lambda sid: self.snapshots.size(sid) is not None,
-            busy=self._snapshot_task is not None or self._stopping)
-        if snap_id is None:
-            return
-        frozen = self.controller.state.copy()  # taken on the loop; records inside are immutable
-        self.controller.snapshot_taken(snap_id.end_offset)
-        self._snapshot_task = asyncio.get_running_loop().create_task(self._write_snapshot(snap_id, frozen))
-
-    async def _write_snapshot(self, snap_id: m.SnapshotId, frozen) -> None:
-        t0 = time.perf_counter()
-        try:
-            result = await asyncio.to_thread(write_controller_snapshot, self.snapshots, frozen, snap_id,
-                                             int(time.time() * 1000), self.cfg.cluster_id)
-            size = result.size_bytes
-        except Exception as exc:
-            self.log.error("snapshot_write_failed", snapshot=[snap_id.end_offset, snap_id.epoch], error=str(exc))
-            return
-        finally:
-            self._snapshot_task = None
-        seconds = time.perf_counter() - t0
-        self.metrics.snapshot_generation_seconds.observe(seconds)
-        self.metrics.snapshot_bytes.set(size)
-        self.log.info("snapshot_created", snapshot=[snap_id.end_offset, snap_id.epoch], size=size, seconds=round(seconds, 4))
-        self._step(qa.SnapshotCreated(now_ms(), snap_id))
