@@ -17,7 +17,12 @@ loop turn they arrived in; while a flush runs they wait and become one batch
 when it completes (or after ``append_linger_ms`` if that is set above 0).
 
 The binary protocol is served by ``broker.net``; the HTTP admin API by
-``broker.admin``.
+``broker.admin``. The parts that are not driving the core live beside it:
+group commit's policy in ``storage.group_commit``, controller commands in
+``broker.controller_commands``, snapshot timing in ``broker.snapshot_policy``
+(downloads and writing in ``broker.snapshot_io``), boot-time recovery of the
+data dir in ``broker.local_state``, the authorization gate in ``broker.gate``
+and the leader's consistency check in ``broker.consistency_check``.
 
 Fail-stop (issue 12): whatever this process cannot go on from safely -- an
 invariant breach the core reports, a failed append or fsync, an error
@@ -162,7 +167,8 @@ class Broker:
             from broker.tls import TlsFiles
 
             # Raises TlsConfigError (a ValueError: "refusing to start") for unreadable or mismatched files.
-            self.tls = TlsFiles(cfg.tls_paths(), check_interval_s=cfg.security.ssl_reload_check_ms / 1000, logger=self.log)
+            self.tls = TlsFiles(cfg.tls_paths(), check_interval_s=cfg.security.ssl_reload_check_ms / 1000,
+                                logger=self.log)
         else:
             self.log.warning("insecure_mode", security_protocol=cfg.security.security_protocol,
                              detail=INSECURE_DETAIL)
@@ -184,8 +190,9 @@ class Broker:
             failed_connection_backoff_ms=cfg.network.failed_connection_backoff_ms,
             failed_connection_backoff_max_ms=cfg.network.failed_connection_backoff_max_ms,
         )
-        self.server = await serve(ep.host, ep.port, self._on_request, max_frame_bytes=cfg.network.max_frame_bytes,
-                                  logger=self.log, tls=self.tls, limits=limits)
+        self.server = await serve(ep.host, ep.port, self._on_request,
+                                  max_frame_bytes=cfg.network.max_frame_bytes, logger=self.log, tls=self.tls,
+                                  limits=limits)
         if cfg.admin_endpoint() is not None:
             from broker.admin import start_admin
 
@@ -195,7 +202,8 @@ class Broker:
                              detail="every connection is User:ANONYMOUS with super-user rights: anyone who can "
                                     "reach the port can act as a replica, write and change ACLs")
         self.log.info(
-            "broker_started", listen=str(ep), security_protocol=cfg.security.security_protocol, voters={k: str(v) for k, v in self.voters.items()},
+            "broker_started", listen=str(ep), security_protocol=cfg.security.security_protocol,
+            voters={k: str(v) for k, v in self.voters.items()},
             log_start_offset=self.seg_log.log_start_offset, log_end_offset=self.seg_log.log_end_offset,
             epoch=self.core.epoch, role=str(self.core.role),
         )
