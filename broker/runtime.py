@@ -113,7 +113,7 @@ class Broker:
         self._timer_deadline: int | None = None
         self.group_commit = GroupCommit(cfg.storage.append_linger_ms, cfg.storage.append_batch_records_max)
         self._linger_handle: asyncio.Handle | None = None  # group commit's linger timer or call_soon
-        self.snapshot_work = SnapshotWork(self, cfg.storage.snapshot_min_records, now_ms)
+        self.snapshot_work = SnapshotWork(self, cfg.storage.snapshot_min_records, now_ms, feed=self._step)
         self._bg_tasks: set[asyncio.Task] = set()
         self._last_exposed: tuple | None = None
         self._stopping = False

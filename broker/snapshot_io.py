@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from broker.controller import load_snapshot, write_controller_snapshot
 from broker.quorum import api as qa
@@ -28,10 +28,12 @@ if TYPE_CHECKING:  # the runtime imports this module: no cycle at run time
 
 
 class SnapshotWork:
-    def __init__(self, broker: "Broker", min_records: int, now_ms):
-        self.broker = broker
+    def __init__(self, broker: "Broker", min_records: int, now_ms: Callable[[], int],
+                 feed: Callable[[qa.Event], None]):
+        self.broker = broker  # its log, snapshot store, digest, controller, core, metrics and logger
         self.policy = SnapshotPolicy(min_records)
         self._now_ms = now_ms
+        self._feed = feed  # steps the core with an event
         self._partials: dict[m.SnapshotId, PartialSnapshot] = {}  # downloads in progress
         self.task: asyncio.Task | None = None  # our own snapshot being written
 
@@ -100,7 +102,7 @@ class SnapshotWork:
         b.metrics.snapshot_bytes.set(size)
         b.log.info("snapshot_created", snapshot=[snap_id.end_offset, snap_id.epoch], size=size,
                    seconds=round(seconds, 4))
-        b._step(qa.SnapshotCreated(self._now_ms(), snap_id))
+        self._feed(qa.SnapshotCreated(self._now_ms(), snap_id))
 
     async def wait(self, timeout_s: float) -> None:
         """Bound the wait for a snapshot being written (it logs its own failure)."""
