@@ -260,11 +260,7 @@ class Broker:
         self.health_problems["quarantine"] = (
             f"log cut to {self.seg_log.log_end_offset} after corruption; not voting until the log "
             f"reaches {state.must_reach_offset} again")
-        ev = qa.LogQuarantined(now_ms(), self.seg_log.log_end_offset, state.must_reach_offset)
-        if self._executing:
-            self._follow_up.append(ev)  # the core is mid-step: right after its actions
-        else:
-            self._step(ev)
+        self._feed(qa.LogQuarantined(now_ms(), self.seg_log.log_end_offset, state.must_reach_offset))
 
     def _snapshot_corrupt(self, report: CorruptionReport) -> None:
         """A snapshot failed verification: keep it for the operator as .corrupt
@@ -277,11 +273,7 @@ class Broker:
             pass
         if str(self.core.role) == "leader":
             end = self.core.log_end_offset
-            ev = qa.LogQuarantined(now_ms(), end, end)
-            if self._executing:
-                self._follow_up.append(ev)
-            else:
-                self._step(ev)
+            self._feed(qa.LogQuarantined(now_ms(), end, end))
 
     @property
     def stopping(self) -> bool:
@@ -354,6 +346,13 @@ class Broker:
                 self._step(ev)
             return  # the nested step ran _after_step
         self._after_step()
+
+    def _feed(self, event: qa.Event) -> None:
+        """Step the core now, or, if it is mid-step, right after its actions."""
+        if self._executing:
+            self._follow_up.append(event)
+        else:
+            self._step(event)
 
     def _fatal(self, cause: str, reason: str, exc: BaseException | None = None, **fields) -> None:
         """Fail-stop: ONE structured `fatal` event, then exit code 4 (broker.main).
