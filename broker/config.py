@@ -333,15 +333,19 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def config_from_dict(data: dict[str, Any], check_files: bool = True,
-                     overrides: dict[str, Any] | None = None) -> BrokerConfig:
-    """`data` and `overrides` in any of the accepted forms; overrides win."""
+def _normalized(data: dict[str, Any], overrides: dict[str, Any] | None):
     nested, written = normalize(data)
     if overrides:
         nested_over, written_over = normalize(overrides)
         nested = _merge(nested, nested_over)
         written.update(written_over)
-    return _build(nested, written, check_files)
+    return nested, written
+
+
+def config_from_dict(data: dict[str, Any], check_files: bool = True,
+                     overrides: dict[str, Any] | None = None) -> BrokerConfig:
+    """`data` and `overrides` in any of the accepted forms; overrides win."""
+    return _build(*_normalized(data, overrides), check_files)
 
 
 def _build(nested: dict[str, Any], written: dict[tuple[str, str], str], check_files: bool) -> BrokerConfig:
@@ -374,11 +378,7 @@ def load_config(path: str, overrides: dict[str, Any] | None = None) -> BrokerCon
         raise ConfigError(f"config file {path}: not valid {'JSON' if path.endswith('.json') else 'YAML'}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a mapping of keys to values")
-    nested, written = normalize(data)
-    if overrides:
-        nested_over, written_over = normalize(overrides)
-        nested = _merge(nested, nested_over)
-        written.update(written_over)
+    nested, written = _normalized(data, overrides)
     base = os.path.dirname(os.path.abspath(path))
     for section, key in (("", "data_dir"), ("security", "ssl_ca_file"), ("security", "ssl_cert_file"),
                          ("security", "ssl_key_file")):

@@ -167,3 +167,19 @@ def compare(mine: list[m.ConsistencyChunk], theirs: list[m.ConsistencyChunk]) ->
     if len(mine) != len(theirs):
         return (theirs or mine)[min(len(mine), len(theirs)) - 1] if mine and theirs else (theirs or mine)[0]
     return None
+
+
+def answer(req: m.ConsistencyCheckRequest, voters, flushed_end_offset: int,
+           digest: LogDigest) -> m.ConsistencyCheckResponse:
+    """A voter's answer to the leader's check, never vouching for data it has
+    not flushed (the range is capped at `flushed_end_offset`)."""
+    if req.leader_id not in voters:
+        return m.ConsistencyCheckResponse(error_code=Errors.INCONSISTENT_VOTER_SET,
+                                          error_message=f"node {req.leader_id} is not a voter")
+    if req.start_offset < 0 or req.end_offset < req.start_offset:
+        return m.ConsistencyCheckResponse(error_code=Errors.INVALID_REQUEST,
+                                          error_message=f"bad range [{req.start_offset}, {req.end_offset})")
+    end = min(req.end_offset, flushed_end_offset)
+    return digest.answer(m.ConsistencyCheckRequest(
+        cluster_id=req.cluster_id, leader_id=req.leader_id, leader_epoch=req.leader_epoch,
+        start_offset=req.start_offset, end_offset=end, chunks=req.chunks))

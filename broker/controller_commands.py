@@ -112,7 +112,8 @@ class CommandQueue:
         self._queue: collections.deque[tuple[CommandToken, m.ControllerCommandRequest]] = collections.deque()
         self.in_flight: CommandToken | None = None
 
-    def offer(self, conn: Any, correlation_id: int, body: m.ControllerCommandRequest) -> m.ControllerCommandResponse | None:
+    def offer(self, conn: Any, correlation_id: int,
+              body: m.ControllerCommandRequest) -> m.ControllerCommandResponse | None:
         """Queue a command; the answer to send at once if the queue is full."""
         if len(self._queue) >= self.max_queued:
             return m.ControllerCommandResponse(error_code=Errors.REQUEST_TIMED_OUT,
@@ -124,7 +125,8 @@ class CommandQueue:
     def runnable(self) -> bool:
         return bool(self._queue) and self.in_flight is None
 
-    def pump(self, controller: Controller, core: LeaderView) -> tuple[list[Answer], tuple[CommandToken, list[bytes]] | None]:
+    def pump(self, controller: Controller,
+             core: LeaderView) -> tuple[list[Answer], tuple[CommandToken, list[bytes]] | None]:
         """Run queued commands until one needs an append (at most one in flight).
         Returns the answers to send, in order, and the (token, records) to
         append, which the core answers later through `done`."""

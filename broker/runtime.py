@@ -17,7 +17,12 @@ loop turn they arrived in; while a flush runs they wait and become one batch
 when it completes (or after ``append_linger_ms`` if that is set above 0).
 
 The binary protocol is served by ``broker.net``; the HTTP admin API by
-``broker.admin``.
+``broker.admin``. The parts that are not driving the core live beside it:
+group commit's policy in ``storage.group_commit``, controller commands in
+``broker.controller_commands``, snapshot timing in ``broker.snapshot_policy``
+(downloads and writing in ``broker.snapshot_io``), boot-time recovery of the
+data dir in ``broker.local_state``, the authorization gate in ``broker.gate``
+and the leader's consistency check in ``broker.consistency_check``.
 
 Fail-stop (issue 12): whatever this process cannot go on from safely -- an
 invariant breach the core reports, a failed append or fsync, an error
@@ -35,16 +40,16 @@ import os
 import random
 import time
 import traceback
-import weakref
 from typing import Any
 
 import msgspec
 
-from broker import authz
+from broker import authz, consistency
 from broker.config import BrokerConfig
-from broker.consistency import LogDigest, compare
-from broker.controller import load_snapshot, write_controller_snapshot
+from broker.consistency import LogDigest
+from broker.consistency_check import ConsistencyChecker
 from broker.controller_commands import CommandQueue, CommandToken, LeaderView
+from broker.gate import Gate
 from broker.local_state import no_copy_message, recover_local_state
 from broker.metrics import BrokerMetrics
 from broker.net import Connection, ListenerLimits, NetError, PeerPool, Server, serve
@@ -52,7 +57,7 @@ from broker.quorum import api as qa
 from broker.quorum.answers import api_versions_response, check_cluster_id
 from broker.quorum.core import QuorumCore
 from broker.quorum.env import Environment
-from broker.snapshot_policy import SnapshotPolicy
+from broker.snapshot_io import SnapshotWork
 from protocol import messages as m
 from protocol.apis import APIS, REQUEST_API_KEY, ApiKey
 from protocol.codec import ProtocolError
@@ -63,7 +68,7 @@ from storage.errors import CorruptionReport, LogWriteError, StorageError
 from storage.group_commit import Arm, GroupCommit
 from storage.log import SegmentedLog
 from storage.scrub import Scrubber
-from storage.snapshot import PartialSnapshot, SnapshotStore
+from storage.snapshot import SnapshotStore
 
 PARTITION_DIR = "__cluster_metadata-0"
 APPLY_BYTES_PER_STEP = 4 << 20  # bound the committed bytes applied per loop turn
@@ -117,9 +122,7 @@ class Broker:
         self._timer_deadline: int | None = None
         self.group_commit = GroupCommit(cfg.storage.append_linger_ms, cfg.storage.append_batch_records_max)
         self._linger_handle: asyncio.Handle | None = None  # group commit's linger timer or call_soon
-        self.snapshot_policy = SnapshotPolicy(cfg.storage.snapshot_min_records)
-        self._partials: dict[m.SnapshotId, PartialSnapshot] = {}
-        self._snapshot_task: asyncio.Task | None = None
+        self.snapshot_work = SnapshotWork(self, cfg.storage.snapshot_min_records, now_ms, feed=self._step)
         self._bg_tasks: set[asyncio.Task] = set()
         self._last_exposed: tuple | None = None
         self._stopping = False
@@ -147,14 +150,7 @@ class Broker:
         # ANONYMOUS and no identity can be checked (insecure mode, opt-in).
         self.authz_enabled = cfg.tls_enabled
         self.super_users = frozenset(cfg.security.super_users)
-        self._voter_ids = frozenset(self.voters)
-        # Denials already logged, per connection: one log line per (api, operation, resource).
-        self._denials_logged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        # Per connection: [is a super user, peer host, view the decisions were made
-        # under, {(api, command): decision}], so a client's steady stream of the
-        # same request costs one dict lookup, not an ACL walk.
-        self._conn_authz: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._view_cache: tuple[Any, int, authz.AuthzView] | None = None
+        self.gate: Gate | None = None  # built at start, from authz_enabled then
         self.admin_denials_logged: set[tuple] = set()  # see broker.admin
 
     # ------------------------------------------------------------------ boot
@@ -166,6 +162,8 @@ class Broker:
         local = recover_local_state(cfg, self.part_dir, self.log, self.metrics)
         self.seg_log, self.snapshots, self.controller = local.seg_log, local.snapshots, local.controller
         self.qs_file = local.qs_file
+        self.gate = Gate(enabled=self.authz_enabled, voters=frozenset(self.voters), super_users=self.super_users,
+                         controller_state=lambda: self.controller.state, metrics=self.metrics, log=self.log)
         self.health_problems.update(local.health_problems)
         self._corruption_seen |= local.corruption_seen
         view, qs = local.view, local.qs
@@ -179,7 +177,8 @@ class Broker:
             from broker.tls import TlsFiles
 
             # Raises TlsConfigError (a ValueError: "refusing to start") for unreadable or mismatched files.
-            self.tls = TlsFiles(cfg.tls_paths(), check_interval_s=cfg.security.ssl_reload_check_ms / 1000, logger=self.log)
+            self.tls = TlsFiles(cfg.tls_paths(), check_interval_s=cfg.security.ssl_reload_check_ms / 1000,
+                                logger=self.log)
         else:
             self.log.warning("insecure_mode", security_protocol=cfg.security.security_protocol,
                              detail=INSECURE_DETAIL)
@@ -201,8 +200,9 @@ class Broker:
             failed_connection_backoff_ms=cfg.network.failed_connection_backoff_ms,
             failed_connection_backoff_max_ms=cfg.network.failed_connection_backoff_max_ms,
         )
-        self.server = await serve(ep.host, ep.port, self._on_request, max_frame_bytes=cfg.network.max_frame_bytes,
-                                  logger=self.log, tls=self.tls, limits=limits)
+        self.server = await serve(ep.host, ep.port, self._on_request,
+                                  max_frame_bytes=cfg.network.max_frame_bytes, logger=self.log, tls=self.tls,
+                                  limits=limits)
         if cfg.admin_endpoint() is not None:
             from broker.admin import start_admin
 
@@ -212,13 +212,14 @@ class Broker:
                              detail="every connection is User:ANONYMOUS with super-user rights: anyone who can "
                                     "reach the port can act as a replica, write and change ACLs")
         self.log.info(
-            "broker_started", listen=str(ep), security_protocol=cfg.security.security_protocol, voters={k: str(v) for k, v in self.voters.items()},
+            "broker_started", listen=str(ep), security_protocol=cfg.security.security_protocol,
+            voters={k: str(v) for k, v in self.voters.items()},
             log_start_offset=self.seg_log.log_start_offset, log_end_offset=self.seg_log.log_end_offset,
             epoch=self.core.epoch, role=str(self.core.role),
         )
         self._step(qa.Tick(now_ms(), wall_clock_ms()))
         if cfg.storage.consistency_check_interval_ms > 0:
-            self._consistency_task = asyncio.get_running_loop().create_task(self._consistency_loop())
+            self._consistency_task = asyncio.get_running_loop().create_task(ConsistencyChecker(self).run())
             self._consistency_task.add_done_callback(self._task_done)
         loop = asyncio.get_running_loop()
         self.scrubber = Scrubber(
@@ -269,11 +270,7 @@ class Broker:
         self.health_problems["quarantine"] = (
             f"log cut to {self.seg_log.log_end_offset} after corruption; not voting until the log "
             f"reaches {state.must_reach_offset} again")
-        ev = qa.LogQuarantined(now_ms(), self.seg_log.log_end_offset, state.must_reach_offset)
-        if self._executing:
-            self._follow_up.append(ev)  # the core is mid-step: right after its actions
-        else:
-            self._step(ev)
+        self._feed(qa.LogQuarantined(now_ms(), self.seg_log.log_end_offset, state.must_reach_offset))
 
     def _snapshot_corrupt(self, report: CorruptionReport) -> None:
         """A snapshot failed verification: keep it for the operator as .corrupt
@@ -286,11 +283,11 @@ class Broker:
             pass
         if str(self.core.role) == "leader":
             end = self.core.log_end_offset
-            ev = qa.LogQuarantined(now_ms(), end, end)
-            if self._executing:
-                self._follow_up.append(ev)
-            else:
-                self._step(ev)
+            self._feed(qa.LogQuarantined(now_ms(), end, end))
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
 
     async def stop(self, graceful: bool = True) -> None:
         """Graceful: resign leadership (EndQuorumEpoch), flush, close."""
@@ -319,9 +316,7 @@ class Broker:
                 task.cancel()
         if self._consistency_task is not None:
             self._consistency_task.cancel()
-        if self._snapshot_task is not None:
-            # The task logs its own failure (snapshot_write_failed); just bound the wait.
-            await asyncio.wait([self._snapshot_task], timeout=10)
+        await self.snapshot_work.wait(timeout_s=10)
         await self.peers.close()
         if self.scrubber is not None:
             await asyncio.to_thread(self.scrubber.stop)
@@ -361,6 +356,13 @@ class Broker:
                 self._step(ev)
             return  # the nested step ran _after_step
         self._after_step()
+
+    def _feed(self, event: qa.Event) -> None:
+        """Step the core now, or, if it is mid-step, right after its actions."""
+        if self._executing:
+            self._follow_up.append(event)
+        else:
+            self._step(event)
 
     def _fatal(self, cause: str, reason: str, exc: BaseException | None = None, **fields) -> None:
         """Fail-stop: ONE structured `fatal` event, then exit code 4 (broker.main).
@@ -427,14 +429,11 @@ class Broker:
         elif t is qa.WriteEpochCheckpoint:
             write_checkpoint(os.path.join(self.part_dir, "leader-epoch-checkpoint"), EpochHistory(a.entries))
         elif t is qa.WriteSnapshotChunk:
-            part = self._partials.get(a.snapshot_id)
-            if part is None or a.position == 0:
-                if part is not None:
-                    part.abort()
-                part = self._partials[a.snapshot_id] = self.snapshots.partial(a.snapshot_id)
-            part.write_at(a.position, a.data)
+            self.snapshot_work.write_chunk(a)
         elif t is qa.InstallSnapshot:
-            self._install_snapshot(a)
+            failed = self.snapshot_work.install(a)
+            if failed is not None:
+                self._follow_up.append(failed)  # the contract: before any other event
         elif t is qa.AdvanceLogStart:
             self.seg_log.advance_log_start(a.log_start_offset)
             self.digest.advance_start(a.log_start_offset)
@@ -494,7 +493,7 @@ class Broker:
         if self.controller.applied_offset < hw:
             # More than one step's worth: continue on the next loop turn.
             asyncio.get_running_loop().call_soon(self._after_step)
-        self._maybe_snapshot()
+        self.snapshot_work.maybe_start()
 
     def _storage_failed(self, reason: str, exc: BaseException | None = None) -> None:
         # Fail-stop at the first failed write or fsync (issue 12 item 8): the
@@ -608,9 +607,9 @@ class Broker:
         if self.authz_enabled:
             # Before anything else sees the request (the core included): a refused
             # request has no effect on votes, epochs, fetch positions or the HW.
-            denial = self._authorize(conn, api_key, body)
+            denial = self.gate.check(conn, api_key, body)
             if denial is not None:
-                self._refuse(conn, header.correlation_id, api_key, denial)
+                self.gate.refuse(conn, header.correlation_id, api_key, denial)
                 return
         if api_key in (ApiKey.PRODUCE, ApiKey.CONTROLLER_COMMAND, ApiKey.CONSISTENCY_CHECK):
             # The core runs the same check on every request it is handed; these
@@ -624,8 +623,7 @@ class Broker:
             conn.send_response(header.correlation_id, api_versions_response())
         elif api_key is ApiKey.METADATA:
             resp = self.metadata_response()
-            if self.authz_enabled and not authz.may_describe_log(conn.principal, self._conn_authz[conn][1],
-                                                                 self.authz_view()):
+            if self.authz_enabled and not self.gate.may_describe_log(conn):
                 # Routing only (leader, voters), as Kafka answers a client without Describe.
                 resp = msgspec.structs.replace(resp, high_watermark=m.NO_OFFSET, log_start_offset=m.NO_OFFSET,
                                                observers=[])
@@ -635,142 +633,14 @@ class Broker:
         elif api_key is ApiKey.CONTROLLER_COMMAND:
             self._enqueue_command(token, body)
         elif api_key is ApiKey.CONSISTENCY_CHECK:
-            conn.send_response(header.correlation_id, self._answer_consistency(body))
+            conn.send_response(header.correlation_id, consistency.answer(
+                body, self.voters, self.core.flushed_end_offset, self.digest))
         else:
             self._step(qa.RequestReceived(now_ms(), token, body))
 
     def authz_view(self) -> authz.AuthzView:
-        """The gate's view: ACLs from the controller's applied (committed) state,
-        rebuilt only when they change (a new state object or an ACL record)."""
-        state = self.controller.state
-        cached = self._view_cache
-        if cached is None or cached[0] is not state or cached[1] != state.acl_version:
-            view = authz.AuthzView(enabled=self.authz_enabled, voters=self._voter_ids,
-                                   super_users=self.super_users, acls=tuple(state.acls.values()))
-            cached = self._view_cache = (state, state.acl_version, view)
-        return cached[2]
-
-    def _authorize(self, conn: Connection, api_key: ApiKey, body: m.Body) -> authz.Denial | None:
-        facts = self._conn_authz.get(conn)
-        if facts is None:
-            facts = self._conn_authz[conn] = [str(conn.principal) in self.super_users, peer_host(conn.peer), None, {}]
-        is_super, host, decided_under, decisions = facts
-        claims_replica = api_key in authz.REPLICA_APIS and not (
-            api_key in (ApiKey.FETCH, ApiKey.OFFSET_FOR_LEADER_EPOCH) and body.replica_id == m.CONSUMER_REPLICA_ID)
-        if is_super and not claims_replica:
-            return None  # the hot path of the admin/bench clients: no ACL walk
-        view = self.authz_view()
-        if claims_replica:  # depends on the ids in the body: decided each time
-            return authz.authorize(conn.principal, host, api_key, body, view)
-        if decided_under is not view:
-            decisions.clear()
-            facts[2] = view
-        key = (api_key, body.command if api_key is ApiKey.CONTROLLER_COMMAND else None)
-        if key in decisions:
-            return decisions[key]
-        denial = authz.authorize(conn.principal, host, api_key, body, view)
-        if len(decisions) < 64:  # command names come from the client: bounded
-            decisions[key] = denial
-        return denial
-
-    def _refuse(self, conn: Connection, correlation_id: int, api_key: ApiKey, denial: authz.Denial) -> None:
-        self.metrics.authorization_failures.labels(api=api_key.name).inc()
-        seen = self._denials_logged.setdefault(conn, set())
-        key = (denial.api, denial.operation, denial.resource, denial.reason)
-        if key not in seen and len(seen) < 64:  # bounded: a peer cannot grow this without limit
-            seen.add(key)
-            self.log.warning("authorization_failed", peer=conn.peer, principal=denial.principal, api=denial.api,
-                             operation=denial.operation, resource=denial.resource, reason=denial.reason,
-                             error=Errors(denial.error_code).name)
-        response_type = APIS[api_key][1]
-        extra = {"error_message": denial.message()} if "error_message" in response_type.__struct_fields__ else {}
-        conn.send_response(correlation_id, response_type(error_code=denial.error_code, **extra))
-
-    # ------------------------------------------------ consistency check
-    def _answer_consistency(self, req: m.ConsistencyCheckRequest) -> m.ConsistencyCheckResponse:
-        if req.leader_id not in self.voters:
-            return m.ConsistencyCheckResponse(error_code=Errors.INCONSISTENT_VOTER_SET,
-                                              error_message=f"node {req.leader_id} is not a voter")
-        if req.start_offset < 0 or req.end_offset < req.start_offset:
-            return m.ConsistencyCheckResponse(error_code=Errors.INVALID_REQUEST,
-                                              error_message=f"bad range [{req.start_offset}, {req.end_offset})")
-        # Never vouch for data we have not flushed: cap at our flushed end.
-        end = min(req.end_offset, self.core.flushed_end_offset)
-        return self.digest.answer(m.ConsistencyCheckRequest(
-            cluster_id=req.cluster_id, leader_id=req.leader_id, leader_epoch=req.leader_epoch,
-            start_offset=req.start_offset, end_offset=end, chunks=req.chunks))
-
-    async def _consistency_loop(self) -> None:
-        interval_s = self.cfg.storage.consistency_check_interval_ms / 1000
-        while not self._stopping:
-            await asyncio.sleep(interval_s)
-            if self.fatal is None and not self._stopping and str(self.core.role) == "leader":
-                await self.check_consistency()
-
-    async def check_consistency(self) -> dict[int, str]:
-        """Leader: compare the committed prefix both hold with every voter.
-        Returns voter -> match | mismatch | skipped | failed."""
-        core = self.core
-        results: dict[int, str] = {}
-        for voter in sorted(self.voters):
-            if voter == self.cfg.node_id or str(core.role) != "leader":
-                continue
-            results[voter] = result = await self._check_voter(voter)
-            self.metrics.consistency_checks.labels(result=result).inc()
-        return results
-
-    async def _check_voter(self, voter: int) -> str:
-        core = self.core
-        st = core.replica_states.get(voter)
-        hw = core.high_watermark
-        if st is None or hw <= 0 or st.log_end_offset <= 0:
-            return "skipped"
-        start = self.digest.first_base
-        end = self.digest.floor_boundary(min(hw, st.log_end_offset))
-        if end <= start:
-            return "skipped"
-        req = m.ConsistencyCheckRequest(cluster_id=self.cfg.cluster_id, leader_id=self.cfg.node_id,
-                                        leader_epoch=core.epoch, start_offset=start, end_offset=end)
-        try:
-            resp = await self.peers.channel(voter).request(ApiKey.CONSISTENCY_CHECK, req,
-                                                           self.cfg.quorum.request_timeout_ms)
-        except (NetError, ProtocolError, OSError, asyncio.TimeoutError) as exc:
-            self.log.info("consistency_check_failed", replica=voter, error=f"{type(exc).__name__}: {exc}")
-            return "failed"
-        if not isinstance(resp, m.ConsistencyCheckResponse) or resp.error_code != Errors.NONE:
-            self.log.info("consistency_check_skipped", replica=voter, error_code=getattr(resp, "error_code", None),
-                          error=getattr(resp, "error_message", None))
-            return "skipped"
-        d = self.digest
-        if (resp.start_offset < d.first_base or resp.end_offset > min(d.end_offset, core.high_watermark)
-                or not d.boundary(resp.start_offset) or not d.boundary(resp.end_offset)):
-            # Our log moved (log start advanced) or the voter's boundaries are not
-            # ours: a different batch boundary inside the range shows as a mismatch.
-            return "skipped"
-        mine = d.digest_chunks(resp.start_offset, resp.end_offset, req.chunks)
-        bad = compare(mine, resp.chunks)
-        if bad is None:
-            self.log.debug("consistency_check_passed", replica=voter, start_offset=resp.start_offset,
-                           end_offset=resp.end_offset)
-            return "match"
-        self._divergence(voter, bad, mine, resp)
-        return "mismatch"
-
-    def _divergence(self, voter: int, bad: m.ConsistencyChunk, mine: list[m.ConsistencyChunk],
-                    resp: m.ConsistencyCheckResponse) -> None:
-        ours = next((c for c in mine if c.start_offset == bad.start_offset), None)
-        bases = [b for b in self.seg_log.segment_base_offsets if b <= bad.start_offset]
-        segment = f"{bases[-1]:020d}.log" if bases else None
-        reason = (f"voter {voter} holds different committed data than this leader in offsets "
-                  f"[{bad.start_offset}, {bad.end_offset}) (leader segment {segment})")
-        self.metrics.divergence_detected.labels(replica=str(voter)).inc()
-        self.health_problems[f"divergence_replica_{voter}"] = reason
-        self.log.error("divergence_detected", replica=voter, first_diverging_start_offset=bad.start_offset,
-                       first_diverging_end_offset=bad.end_offset, leader_segment=segment,
-                       leader_digest=ours.digest if ours else None, replica_digest=bad.digest,
-                       checked_start_offset=resp.start_offset, checked_end_offset=resp.end_offset,
-                       reason=reason, action="compare the range on both replicas (metalog dump); "
-                       "the replica whose copy is wrong must be wiped and re-replicated")
+        """The gate's view of the committed ACLs (also the admin API's)."""
+        return self.gate.view()
 
     def metadata_response(self) -> m.MetadataResponse:
         # Built by the core (broker.quorum.answers), with our voters' endpoints.
@@ -827,62 +697,3 @@ class Broker:
     def _send_answers(answers) -> None:
         for token, response in answers:
             token.conn.send_response(token.correlation_id, response)
-
-    # ------------------------------------------------------------ snapshots
-    def _install_snapshot(self, a: qa.InstallSnapshot) -> None:
-        part = self._partials.pop(a.snapshot_id, None)
-        if part is None:
-            self.log.error("snapshot_install_without_download", snapshot=[a.snapshot_id.end_offset, a.snapshot_id.epoch])
-            return
-        t0 = time.perf_counter()
-        try:
-            part.complete(a.size)
-        except (StorageError, OSError, ValueError) as exc:
-            # Clean rollback: the partial goes, the log stays, the core goes back
-            # to it and downloads again (api.SnapshotInstallFailed).
-            part.abort()
-            self.log.error("snapshot_download_rejected", snapshot=[a.snapshot_id.end_offset, a.snapshot_id.epoch],
-                           error=str(exc), action="partial deleted, log kept, downloading again")
-            self._follow_up.append(qa.SnapshotInstallFailed(now_ms(), a.snapshot_id, str(exc)))
-            return
-        self.seg_log.truncate_fully(a.snapshot_id.end_offset)
-        self.digest.reset(a.snapshot_id.end_offset)
-        self.snapshots.delete_before(a.snapshot_id)
-        self.controller.load(load_snapshot(self.snapshots, a.snapshot_id))
-        self.metrics.snapshot_load_seconds.observe(time.perf_counter() - t0)
-        self.log.info("snapshot_installed", snapshot=[a.snapshot_id.end_offset, a.snapshot_id.epoch], size=a.size,
-                      seconds=round(time.perf_counter() - t0, 4))
-
-    def _maybe_snapshot(self) -> None:
-        snap_id = self.snapshot_policy.next_snapshot(
-            records_since_snapshot=self.controller.records_since_snapshot,
-            applied_offset=self.controller.applied_offset, epoch_for_offset=self.core.epochs.epoch_for_offset,
-            exists=lambda sid: self.snapshots.size(sid) is not None,
-            busy=self._snapshot_task is not None or self._stopping)
-        if snap_id is None:
-            return
-        frozen = self.controller.state.copy()  # taken on the loop; records inside are immutable
-        self.controller.snapshot_taken(snap_id.end_offset)
-        self._snapshot_task = asyncio.get_running_loop().create_task(self._write_snapshot(snap_id, frozen))
-
-    async def _write_snapshot(self, snap_id: m.SnapshotId, frozen) -> None:
-        t0 = time.perf_counter()
-        try:
-            result = await asyncio.to_thread(write_controller_snapshot, self.snapshots, frozen, snap_id,
-                                             int(time.time() * 1000), self.cfg.cluster_id)
-            size = result.size_bytes
-        except Exception as exc:
-            self.log.error("snapshot_write_failed", snapshot=[snap_id.end_offset, snap_id.epoch], error=str(exc))
-            return
-        finally:
-            self._snapshot_task = None
-        seconds = time.perf_counter() - t0
-        self.metrics.snapshot_generation_seconds.observe(seconds)
-        self.metrics.snapshot_bytes.set(size)
-        self.log.info("snapshot_created", snapshot=[snap_id.end_offset, snap_id.epoch], size=size, seconds=round(seconds, 4))
-        self._step(qa.SnapshotCreated(now_ms(), snap_id))
-
-
-def peer_host(peer: str) -> str:
-    """The address part of "host:port" (what an ACL's host field names)."""
-    return peer.rpartition(":")[0] or peer

@@ -329,13 +329,13 @@ class QuorumConfig:
     voters: tuple[int, ...] = ()
     cluster_id: str = ""
     election_timeout_ms: int = setting(
-        1000, "a follower that hears from no leader this long stands for election "
-              "(Kafka's quorum.election.timeout.ms)", gt=0)
+        1000, "a voter that knows no leader stands for election after a random "
+              "election_timeout_ms..2x (Kafka's quorum.election.timeout.ms)", gt=0)
     fetch_timeout_ms: int = setting(
         2000, "a follower whose fetches go unanswered this long looks for a new leader; a leader "
-              "not fetched from by a majority this long resigns (quorum.fetch.timeout.ms)", gt=0)
+              "that a majority stops fetching from resigns after 1.5x this (quorum.fetch.timeout.ms)", gt=0)
     election_backoff_max_ms: int = setting(
-        1000, "upper bound of the random back-off before a candidate stands again "
+        1000, "cap of the random exponential back-off before a candidate that lost stands again "
               "(quorum.election.backoff.max.ms)", gt=0)
     request_timeout_ms: int = setting(
         2000, "timeout of a request to a peer (quorum.request.timeout.ms)", gt=0)

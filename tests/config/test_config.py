@@ -150,3 +150,13 @@ def test_docs_config_md_is_generated_from_the_code():
                                    "`python -m broker.config --markdown > docs/config.md`")
     for _, f, _ in all_settings():
         assert f"`{f.name}`" in on_disk
+
+
+def test_broker_process_refuses_a_bad_nested_override_with_exit_code_2(tmp_path):
+    """What the user sees: `metalog: config error: <key as written>: ...` on stderr, exit 2."""
+    path = write(tmp_path, {**BASE, "quorum": {"election_timeout_ms": 700}})
+    result = subprocess.run([sys.executable, "-m", "broker.main", "--config", path,
+                             "--set", "quorum.election_timeout_ms=-5"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "metalog: config error: quorum.election_timeout_ms: must be > 0, got -5"

@@ -37,7 +37,8 @@ def test_build_command_dispatches_by_name_and_converts_arguments():
     c = Controller()
     recs = build_command(c, "register_broker", {"broker_id": "7", "endpoints": [["PLAINTEXT", "h", "9092"]]})
     rec = r.decode_record(recs[0])
-    assert isinstance(rec, r.RegisterBroker) and rec.broker_id == 7 and rec.endpoints == (r.Endpoint("PLAINTEXT", "h", 9092),)
+    assert isinstance(rec, r.RegisterBroker) and rec.broker_id == 7
+    assert rec.endpoints == (r.Endpoint("PLAINTEXT", "h", 9092),)
 
 
 @pytest.mark.parametrize("command, message", [
@@ -113,8 +114,8 @@ def test_a_follower_redirects_every_queued_command_to_the_leader():
     q.offer("conn", 2, req("list_acls"))
     answers, append = q.pump(Controller(), LeaderView(is_leader=False, leader_id=2, epoch=4, log_end_offset=0))
     assert append is None and [t.correlation_id for t, _ in answers] == [1, 2]
-    assert all(resp.error_code == Errors.NOT_LEADER_OR_FOLLOWER and resp.current_leader == m.LeaderIdAndEpoch(2, 4)
-               for _, resp in answers)
+    assert all(resp.error_code == Errors.NOT_LEADER_OR_FOLLOWER for _, resp in answers)
+    assert all(resp.current_leader == m.LeaderIdAndEpoch(2, 4) for _, resp in answers)
     assert not q.runnable
 
 

@@ -1,0 +1,110 @@
+"""The runtime's snapshot work (asyncio side of KIP-630 snapshots).
+
+* Downloads: the core's ``WriteSnapshotChunk`` actions fill a partial file;
+  ``InstallSnapshot`` verifies and publishes it, resets the log and the
+  digest to its end and loads it into the controller, or rolls back cleanly
+  (the partial is deleted, the log kept) and hands back the
+  ``SnapshotInstallFailed`` event the core must see next.
+* Our own snapshots: after records are applied, ``broker.snapshot_policy``
+  says whether one is due; it is written from a frozen copy of the state on
+  a worker thread, one at a time, then fed to the core as ``SnapshotCreated``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Callable
+
+from broker.controller import load_snapshot, write_controller_snapshot
+from broker.quorum import api as qa
+from broker.snapshot_policy import SnapshotPolicy
+from protocol import messages as m
+from storage.errors import StorageError
+from storage.snapshot import PartialSnapshot
+
+if TYPE_CHECKING:  # the runtime imports this module: no cycle at run time
+    from broker.runtime import Broker
+
+
+class SnapshotWork:
+    def __init__(self, broker: "Broker", min_records: int, now_ms: Callable[[], int],
+                 feed: Callable[[qa.Event], None]):
+        self.broker = broker  # its log, snapshot store, digest, controller, core, metrics and logger
+        self.policy = SnapshotPolicy(min_records)
+        self._now_ms = now_ms
+        self._feed = feed  # steps the core with an event
+        self._partials: dict[m.SnapshotId, PartialSnapshot] = {}  # downloads in progress
+        self.task: asyncio.Task | None = None  # our own snapshot being written
+
+    # -- downloads from the leader --------------------------------------------
+    def write_chunk(self, a: qa.WriteSnapshotChunk) -> None:
+        part = self._partials.get(a.snapshot_id)
+        if part is None or a.position == 0:
+            if part is not None:
+                part.abort()
+            part = self._partials[a.snapshot_id] = self.broker.snapshots.partial(a.snapshot_id)
+        part.write_at(a.position, a.data)
+
+    def install(self, a: qa.InstallSnapshot) -> qa.SnapshotInstallFailed | None:
+        b = self.broker
+        sid = a.snapshot_id
+        part = self._partials.pop(sid, None)
+        if part is None:
+            b.log.error("snapshot_install_without_download", snapshot=[sid.end_offset, sid.epoch])
+            return None
+        t0 = time.perf_counter()
+        try:
+            part.complete(a.size)
+        except (StorageError, OSError, ValueError) as exc:
+            # Clean rollback: the partial goes, the log stays, the core goes back
+            # to it and downloads again (api.SnapshotInstallFailed).
+            part.abort()
+            b.log.error("snapshot_download_rejected", snapshot=[sid.end_offset, sid.epoch],
+                        error=str(exc), action="partial deleted, log kept, downloading again")
+            return qa.SnapshotInstallFailed(self._now_ms(), sid, str(exc))
+        b.seg_log.truncate_fully(sid.end_offset)
+        b.digest.reset(sid.end_offset)
+        b.snapshots.delete_before(sid)
+        b.controller.load(load_snapshot(b.snapshots, sid))
+        b.metrics.snapshot_load_seconds.observe(time.perf_counter() - t0)
+        b.log.info("snapshot_installed", snapshot=[sid.end_offset, sid.epoch], size=a.size,
+                   seconds=round(time.perf_counter() - t0, 4))
+        return None
+
+    # -- our own snapshots ------------------------------------------------------
+    def maybe_start(self) -> None:
+        b = self.broker
+        snap_id = self.policy.next_snapshot(
+            records_since_snapshot=b.controller.records_since_snapshot,
+            applied_offset=b.controller.applied_offset, epoch_for_offset=b.core.epochs.epoch_for_offset,
+            exists=lambda sid: b.snapshots.size(sid) is not None, busy=self.task is not None or b.stopping)
+        if snap_id is None:
+            return
+        frozen = b.controller.state.copy()  # taken on the loop; records inside are immutable
+        b.controller.snapshot_taken(snap_id.end_offset)
+        self.task = asyncio.get_running_loop().create_task(self._write(snap_id, frozen))
+
+    async def _write(self, snap_id: m.SnapshotId, frozen) -> None:
+        b = self.broker
+        t0 = time.perf_counter()
+        try:
+            result = await asyncio.to_thread(write_controller_snapshot, b.snapshots, frozen, snap_id,
+                                             int(time.time() * 1000), b.cfg.cluster_id)
+            size = result.size_bytes
+        except Exception as exc:  # noqa: BLE001 - logged; the next due point tries again
+            b.log.error("snapshot_write_failed", snapshot=[snap_id.end_offset, snap_id.epoch], error=str(exc))
+            return
+        finally:
+            self.task = None
+        seconds = time.perf_counter() - t0
+        b.metrics.snapshot_generation_seconds.observe(seconds)
+        b.metrics.snapshot_bytes.set(size)
+        b.log.info("snapshot_created", snapshot=[snap_id.end_offset, snap_id.epoch], size=size,
+                   seconds=round(seconds, 4))
+        self._feed(qa.SnapshotCreated(self._now_ms(), snap_id))
+
+    async def wait(self, timeout_s: float) -> None:
+        """Bound the wait for a snapshot being written (it logs its own failure)."""
+        if self.task is not None:
+            await asyncio.wait([self.task], timeout=timeout_s)
