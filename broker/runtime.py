@@ -42,6 +42,7 @@ from typing import Any
 import msgspec
 
 from broker import authz
+from broker.clocks import now_ms, wall_clock_ms
 from broker.config import BrokerConfig
 from broker.consistency import LogDigest, compare
 from broker.controller import CommandError, Controller, load_latest, load_snapshot, write_controller_snapshot
@@ -49,6 +50,7 @@ from broker.metrics import BrokerMetrics
 from broker.net import Connection, ListenerLimits, NetError, PeerPool, Server, serve
 from broker.quorum import api as qa
 from broker.quorum.core import QuorumCore
+from broker.tls import INSECURE_DETAIL
 from protocol import messages as m
 from protocol.apis import APIS, REQUEST_API_KEY, ApiKey
 from protocol.codec import ProtocolError
@@ -65,22 +67,10 @@ PARTITION_DIR = "__cluster_metadata-0"
 META_FILE = "meta.properties"
 APPLY_BYTES_PER_STEP = 4 << 20  # bound the committed bytes applied per loop turn
 MAX_QUEUED_COMMANDS = 1024
-INSECURE_DETAIL = ("security_protocol PLAINTEXT: no encryption and no authentication; anyone who can "
-                   "reach the ports can read the log and act as a replica or a client")
 
 
 class StartupError(Exception):
     """The broker refuses to start; the message says why and what to do."""
-
-
-def now_ms() -> int:
-    """The core's clock: monotonic, so timers survive wall-clock jumps."""
-    return int(time.monotonic() * 1000)
-
-
-def wall_clock_ms() -> int:
-    """What record batches are stamped with (ListOffsets by timestamp)."""
-    return int(time.time() * 1000)
 
 
 class _Reader:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from broker.quorum import api
+from broker.quorum.core import QuorumCore
 from protocol import messages as m
 from sim.disk import SimDisk, SimDiskError
 from sim.invariants import InvariantChecker, Violation, is_leader
@@ -46,8 +47,6 @@ INBOX_MAX = 100_000  # events held for a paused node
 
 
 def default_core_factory():
-    from broker.quorum.core import QuorumCore
-
     return QuorumCore
 
 
