@@ -201,15 +201,8 @@ class Drill:
 
     # ---------------------------------------------------------- workload
     def _client(self, **kw):
-        addr_map = self.addr_map
-
-        class DirectClient(MetalogClient):
-            async def _refresh_metadata(self):
-                resp = await super()._refresh_metadata()
-                self._endpoints = {n: addr_map.get(a, a) for n, a in self._endpoints.items()}
-                return resp
-
-        return DirectClient(self.cluster.bootstrap(), self.cluster.cluster_id, tls=self.cluster.client_tls(), **kw)
+        return MetalogClient(self.cluster.bootstrap(), self.cluster.cluster_id, tls=self.cluster.client_tls(),
+                             resolve_address=lambda addr: self.addr_map.get(addr, addr), **kw)
 
     async def _writer(self, wid: int) -> None:
         client = self._client(request_timeout_ms=WRITE_TIMEOUT_MS, max_retries=0)
