@@ -52,6 +52,7 @@ from tools.drill.archive import SegmentArchive
 from tools.drill.checker import Ack, History, HwSample, Reset, RoleEvent, Seen, Truncation, check, read_replica
 from tools.drill.faultproxy import FaultProxy
 from tools.drill.report import build_report, write_report
+from tools.extras import PLOT_MODULES, missing
 
 FAULTS = {
     "kill_leader": "kill -9 the leader, restart it after the hold",
@@ -489,6 +490,10 @@ def run_drill(args) -> tuple[int, dict]:
 
 
 def cmd_drill(args) -> int:
+    absent = missing(PLOT_MODULES, "bench")
+    if absent is not None:  # found out now, not after the drill when the report is drawn
+        print(f"metalog drill: the report's timeline picture needs matplotlib; {absent}", file=sys.stderr)
+        return 2
     try:
         rc, _ = run_drill(args)
     except ValueError as exc:

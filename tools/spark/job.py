@@ -37,7 +37,7 @@ directly, the job starts the JVM itself (PYSPARK_SUBMIT_ARGS). The
 
 Exit codes: 0 valid, 1 validation failed (corruption, divergence, safety
 violation, configuration; the first failing check on stderr), 2 usage or
-unusable input, 3 environment (no Java, Spark failed).
+unusable input, 3 environment (no pyspark, no Java, Spark failed).
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ from protocol.messages import SnapshotId  # noqa: E402
 from storage import metadata_records  # noqa: E402
 from storage.atomic import fsync_dir  # noqa: E402
 from storage.snapshot import SnapshotWriter, snapshot_filename  # noqa: E402
+from tools.extras import SPARK_MODULES, missing  # noqa: E402
 from tools.spark import decode as D  # noqa: E402
 from tools.spark import fold as F  # noqa: E402
 from tools.spark.decode import DECODED_FIELDS, FIELD_NAMES, decode_file  # noqa: E402
@@ -949,6 +950,9 @@ def run(args) -> int:
     staged = None
     try:
         try:
+            absent = missing(SPARK_MODULES, "spark")
+            if absent is not None:
+                raise EnvironmentFailure(absent)
             if not setup.submitted and not (os.environ.get("JAVA_HOME") or shutil.which("java")):
                 raise EnvironmentFailure("no Java found: install a JDK (17 or 21) or set JAVA_HOME")
             spark = get_spark(args.master, ui=args.ui, shuffle_partitions=args.shuffle_partitions,
@@ -1143,7 +1147,8 @@ EXIT_CODES_HELP = """exit codes:
   1  validation failed: the first failing check is named on stderr; categories
      corruption, divergence, safety violation, configuration; no .checkpoint written
   2  usage or unusable input (missing dir, no log files, nothing to replay)
-  3  environment: no Java, Spark failed to start or failed mid-job (cause chain on stderr)"""
+  3  environment: no pyspark (pip install 'metalog[spark]'), no Java, Spark failed to start or
+     failed mid-job (cause chain on stderr)"""
 
 SPARK_EPILOG = EXIT_CODES_HELP + """
 
