@@ -17,9 +17,10 @@ setup() {
     python3 -m venv .venv
   fi
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  # Every extra: the test suite runs the Spark job, the drill and the benches.
   # setuptools warns about every editable install (a UserWarning of its build
   # backend): noise for a user of this repo, so it is silenced here only.
-  PYTHONWARNINGS="ignore::UserWarning" .venv/bin/python -m pip install -q -e '.[test,bench]'
+  PYTHONWARNINGS="ignore::UserWarning" .venv/bin/python -m pip install -q -e '.[dev,spark,bench]'
 }
 
 cmd="${1:-}"

@@ -27,7 +27,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from broker import authz
+from broker.clocks import now_ms
 from broker.principal import ANONYMOUS, Principal, principal_from_cert
+from broker.tls import INSECURE_DETAIL
 from protocol.errors import Errors
 
 # Admin denials are logged once per (client address, principal, path); HTTP
@@ -70,7 +72,7 @@ def quorum_view(broker: "Broker") -> dict:
     }
     describe = getattr(core, "describe_quorum", None)
     if describe is not None and str(core.role) == "leader":
-        resp = describe(_now_ms())
+        resp = describe(now_ms())
         view["replicas"] = {
             "voters": [_replica(r) for r in resp.voters],
             "observers": [_replica(r) for r in resp.observers],
@@ -86,12 +88,6 @@ def _replica(r) -> dict:
         "last_caught_up_timestamp_ms": r.last_caught_up_timestamp_ms,
         "in_sync": r.in_sync,
     }
-
-
-def _now_ms() -> int:
-    from broker.runtime import now_ms
-
-    return now_ms()
 
 
 OPEN_PATHS = frozenset({"/health"})
@@ -139,8 +135,6 @@ async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
             status = 503
         body["authorization"] = "on" if broker.authz_enabled else "off"
         if broker.tls is None:
-            from broker.runtime import INSECURE_DETAIL
-
             body["insecure"] = INSECURE_DETAIL + " (authorization is off: every client is ANONYMOUS, a super user)"
         return web.json_response(body, status=status)
 

@@ -182,9 +182,14 @@ class MetalogClient:
         client_id: str = "metalog-client",
         logger: Any = None,
         tls: Any = None,
+        resolve_address: Callable[[tuple[str, int]], tuple[str, int]] | None = None,
     ):
         # tls: broker.tls.TlsFiles (or an ssl.SSLContext) with our client certificate; None = plaintext.
         self.tls = tls
+        # resolve_address: the public hook for where to connect to a broker that Metadata
+        # names at (host, port); default as advertised. E.g. the fault drill maps the
+        # brokers' proxy listeners back to the brokers themselves.
+        self._resolve_address = resolve_address or (lambda addr: addr)
         self.bootstrap = [(h, int(p)) for h, p in bootstrap]
         if not self.bootstrap:
             raise ValueError("bootstrap must name at least one host:port")
@@ -393,7 +398,7 @@ class MetalogClient:
                 )
                 continue
             for node in [*resp.voters, *resp.observers]:
-                self._endpoints[node.node_id] = (node.host, node.port)
+                self._endpoints[node.node_id] = self._resolve_address((node.host, node.port))
             self._set_leader(resp.leader_id, resp.leader_epoch)
             return resp
         if tls_failure is not None:

@@ -45,6 +45,7 @@ from typing import Any
 import msgspec
 
 from broker import authz, consistency
+from broker.clocks import SystemClock, now_ms, wall_clock_ms
 from broker.config import BrokerConfig
 from broker.consistency import LogDigest
 from broker.consistency_check import ConsistencyChecker
@@ -58,6 +59,7 @@ from broker.quorum.answers import api_versions_response, check_cluster_id
 from broker.quorum.core import QuorumCore
 from broker.quorum.env import Environment
 from broker.snapshot_io import SnapshotWork
+from broker.tls import INSECURE_DETAIL
 from protocol import messages as m
 from protocol.apis import APIS, REQUEST_API_KEY, ApiKey
 from protocol.codec import ProtocolError
@@ -72,25 +74,6 @@ from storage.snapshot import SnapshotStore
 
 PARTITION_DIR = "__cluster_metadata-0"
 APPLY_BYTES_PER_STEP = 4 << 20  # bound the committed bytes applied per loop turn
-INSECURE_DETAIL = ("security_protocol PLAINTEXT: no encryption and no authentication; anyone who can "
-                   "reach the ports can read the log and act as a replica or a client")
-
-
-def now_ms() -> int:
-    """The core's clock: monotonic, so timers survive wall-clock jumps."""
-    return int(time.monotonic() * 1000)
-
-
-def wall_clock_ms() -> int:
-    """What record batches are stamped with (ListOffsets by timestamp)."""
-    return int(time.time() * 1000)
-
-
-class SystemClock:
-    """The real clock of the core's Environment (broker.quorum.env.Clock)."""
-
-    now_ms = staticmethod(now_ms)
-    wall_clock_ms = staticmethod(wall_clock_ms)
 
 
 class _Reader:

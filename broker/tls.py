@@ -23,6 +23,10 @@ from typing import Any
 
 import structlog
 
+# What the broker log and /health say about a PLAINTEXT (insecure) broker.
+INSECURE_DETAIL = ("security_protocol PLAINTEXT: no encryption and no authentication; anyone who can "
+                   "reach the ports can read the log and act as a replica or a client")
+
 
 class TlsConfigError(ValueError):
     pass

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from broker.quorum import api
+from broker.quorum.core import QuorumCore
 from broker.quorum.env import Environment
 from protocol import messages as m
 from sim.disk import SimDisk, SimDiskError
@@ -47,8 +48,6 @@ INBOX_MAX = 100_000  # events held for a paused node
 
 
 def default_core_factory():
-    from broker.quorum.core import QuorumCore
-
     return QuorumCore
 
 

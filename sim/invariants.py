@@ -35,6 +35,9 @@ from __future__ import annotations
 import bisect
 from typing import TYPE_CHECKING, Any
 
+from sim.disk import split_batches
+from storage.batch import decode_records
+
 if TYPE_CHECKING:
     from sim.cluster import ClientAck, SimCluster, SimNode
 
@@ -212,9 +215,6 @@ class InvariantChecker:
 
 def committed_records(n: "SimNode") -> dict[int, tuple[int, bytes]]:
     """offset -> (epoch, value) for every offset below the node's HW, snapshot included."""
-    from storage.batch import decode_records
-    from sim.disk import split_batches
-
     hw = n.core.high_watermark or 0
     d = n.disk
     out: dict[int, tuple[int, bytes]] = {}

@@ -24,6 +24,7 @@ wins a vote against a voter holding the committed data, so safety holds.
 from __future__ import annotations
 
 import os
+import random
 from dataclasses import dataclass, field
 
 from sim.cluster import SimCluster, SimConfig, SimNode
@@ -50,13 +51,9 @@ class RunResult:
 
 
 def config_for_seed(rng_seed: int, snapshots: bool) -> SimConfig:
-    import random
-
     r = random.Random(rng_seed ^ 0x5EED)
     net = NetworkConfig(delay_ms=r.randint(1, 5), jitter_ms=r.randint(0, 20),
                         drop_probability=r.choice([0.0, 0.0, 0.005, 0.02]))
-    import os
-
     return SimConfig(network=net, snapshot_interval_ms=2500 if snapshots else 0, snapshot_min_records=40,
                      snapshot_install_fail_probability=r.choice([0.0, 0.0, 0.2]),
                      spin_is_violation=os.environ.get("SIM_ALLOW_SPIN", "0") != "1")

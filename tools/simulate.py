@@ -19,21 +19,20 @@ import argparse
 import multiprocessing
 import sys
 import time
+import traceback
+
+from sim.invariants import Violation
+from sim.random_run import run_seed
 
 
 def _one(args: tuple[int, int, bool]) -> tuple[int, str | None, list[tuple[int, bool, bool]], int]:
     seed, duration_ms, snapshots = args
-    from sim.invariants import Violation
-    from sim.random_run import run_seed
-
     try:
         r = run_seed(seed, duration_ms=duration_ms, snapshots=snapshots)
         return seed, None, r.failover_samples, r.events
     except Violation as v:
         return seed, str(v), [], 0
     except Exception as exc:  # a crash of the harness or the core is a failure too
-        import traceback
-
         return seed, f"SIM_SEED={seed} exception: {exc!r}\n{traceback.format_exc()}", [], 0
 
 

@@ -10,12 +10,12 @@ import pytest
 
 from tools.bench import bench
 from tools.bench import etcd as bench_etcd
-from tools.cli import main as cli
+from tools.cli import main as metalog_main
 
 
 def main(argv: list[str]) -> int:
     """`metalog <argv>` run in this process."""
-    return cli.main(argv)
+    return metalog_main(argv)
 
 pytestmark = pytest.mark.timeout(240)
 

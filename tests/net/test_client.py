@@ -38,6 +38,7 @@ class FakeCluster:
         self.servers: dict[int, asyncio.AbstractServer] = {}
         self.requests: list[tuple[int, int, m.Body]] = []  # (node, api key, body)
         self.drop_produce_once = False
+        self.advertised: dict[int, tuple[str, int]] = {}  # node -> address Metadata names (default: its own)
 
     @property
     def end_offset(self) -> int:
@@ -85,7 +86,8 @@ class FakeCluster:
             return m.MetadataResponse(
                 cluster_id=CLUSTER, node_id=node, leader_id=self.leader_id, leader_epoch=self.leader_epoch,
                 high_watermark=self.end_offset, log_start_offset=0,
-                voters=[m.NodeEndpoint(n, "127.0.0.1", self.port(n)) for n in self.servers],
+                voters=[m.NodeEndpoint(n, *self.advertised.get(n, ("127.0.0.1", self.port(n))))
+                        for n in self.servers],
             )
         if getattr(body, "cluster_id", CLUSTER) != CLUSTER:
             return resp_type(error_code=Errors.INCONSISTENT_CLUSTER_ID)
@@ -160,6 +162,26 @@ async def test_bootstrap_discovers_leader_and_produces(cluster):
     assert {n for n, k, _ in cluster.requests if k == ApiKey.PRODUCE} == {1}
     dq = await client.describe_quorum()
     assert (dq.leader_id, dq.high_watermark) == (1, 3)
+    await client.close()
+
+
+async def test_resolve_address_hook_decides_where_advertised_brokers_are_dialled(cluster):
+    """The public hook the fault drill uses: Metadata advertises the leader at an
+    address nothing listens on (as a drill's proxy listener would be for a
+    client); resolve_address maps it to the real broker, so produce reaches the
+    leader there, and the hook saw every advertised address."""
+    cluster.advertised[1] = ("127.0.0.1", 1)  # port 1: connection refused if dialled
+    seen = []
+
+    def resolve(addr):
+        seen.append(addr)
+        return ("127.0.0.1", cluster.port(1)) if addr == ("127.0.0.1", 1) else addr
+
+    client = make_client(cluster, resolve_address=resolve)
+    assert await client.produce([b"a"]) == (0, 1)
+    assert {n for n, k, _ in cluster.requests if k == ApiKey.PRODUCE} == {1}
+    assert ("127.0.0.1", 1) in seen and ("127.0.0.1", cluster.port(2)) in seen
+    assert client.answered_by == (1, f"127.0.0.1:{cluster.port(1)}")
     await client.close()
 
 

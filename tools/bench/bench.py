@@ -29,6 +29,7 @@ fast. The report is printed as a table and written as JSON (``--json``).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -40,9 +41,24 @@ import tempfile
 import time
 from typing import Any
 
+
+from broker.client import MetalogClient
+from broker.logs import configure_logging
+from broker.tls import TlsFiles, TlsPaths
+from storage import metadata_records
+from tools.bench import etcd as bench_etcd
+from tools.bench.etcd import EtcdPutter
 from tools.cluster.launcher import REPO_ROOT, LocalCluster
 
 CLUSTER_ID = "metalog-bench"
+
+
+def _uvloop_run(coro):
+    """uvloop.run(coro); uvloop is imported on first use, not at the top: ~80 ms
+    of start-up that every `metalog` command would pay (the CLI imports this module)."""
+    import uvloop
+
+    return uvloop.run(coro)
 
 
 # ------------------------------------------------------------------ stats
@@ -99,12 +115,8 @@ async def _closed_loop(clients: int, start_at: float, warmup_s: float, duration_
 
 async def _metalog_load(endpoints: list[tuple[str, int]], clients: int, start_at: float, warmup_s: float,
                         duration_s: float, value_bytes: int, tag: str, tls_files: list[str] | None = None) -> dict:
-    from broker.client import MetalogClient
-
     tls = None
     if tls_files:
-        from broker.tls import TlsFiles, TlsPaths
-
         tls = TlsFiles(TlsPaths(*tls_files))
     client = MetalogClient(endpoints, CLUSTER_ID, request_timeout_ms=10000, max_retries=20, tls=tls)
     await client.metadata()
@@ -121,8 +133,6 @@ async def _metalog_load(endpoints: list[tuple[str, int]], clients: int, start_at
 
 async def _etcd_load(url: str, clients: int, start_at: float, warmup_s: float, duration_s: float,
                      value_bytes: int, tag: str, tls: list[str] | None = None) -> dict:
-    from tools.bench.etcd import EtcdPutter
-
     putter = EtcdPutter(url, clients, tls=tls)
     await putter.open()
     await putter.put(b"bench-warm-" + tag.encode(), b"1")
@@ -141,11 +151,7 @@ async def _etcd_load(url: str, clients: int, start_at: float, warmup_s: float, d
 
 
 def worker_main(argv: list[str]) -> int:
-    """python -m tools.bench.bench worker '<json spec>': run a load share, print JSON."""
-    import uvloop
-
-    from broker.logs import configure_logging
-
+    """python -m tools.bench worker '<json spec>': run a load share, print JSON."""
     configure_logging("warning", sys.stderr)  # stdout carries only the result line
     spec = json.loads(argv[0])
     if spec["system"] == "metalog":
@@ -155,7 +161,7 @@ def worker_main(argv: list[str]) -> int:
     else:
         coro = _etcd_load(spec["url"], spec["clients"], spec["start_at"], spec["warmup_s"],
                           spec["duration_s"], spec["value_bytes"], spec["tag"], spec.get("tls"))
-    result = uvloop.run(coro)
+    result = _uvloop_run(coro)
     with open(spec["out"], "w") as f:
         json.dump(result, f)
     return 0
@@ -174,7 +180,7 @@ def run_load(target: dict, clients: int, procs: int, warmup_s: float, duration_s
         spec = dict(target, clients=share, start_at=start_at, warmup_s=warmup_s, duration_s=duration_s,
                     value_bytes=value_bytes, tag=f"{tag}-p{i}", out=os.path.join(out_dir, f"load-{i}.json"))
         with open(os.path.join(out_dir, f"load-{i}.stderr"), "wb") as err:
-            children.append(subprocess.Popen([sys.executable, "-m", "tools.bench.bench", "worker", json.dumps(spec)],
+            children.append(subprocess.Popen([sys.executable, "-m", "tools.bench", "worker", json.dumps(spec)],
                                              stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=REPO_ROOT))
     lat: list[int] = []
     ops = errors = 0
@@ -226,8 +232,6 @@ def _metalog_target(cluster: LocalCluster) -> dict:
 # ------------------------------------------------------------------ sections
 def bench_load(args, root: str, clients: int, rounds: int, label: str, report: dict) -> None:
     """Throughput/latency rounds for metalog and (with --vs etcd) etcd, interleaved."""
-    from tools.bench import etcd as bench_etcd
-
     runs: dict[str, list[dict]] = {"metalog": [], "etcd": [], "plaintext": []}
     cert_dir = os.path.join(root, "certs")  # one CA for every cluster of the run, etcd's too
     variants = [("metalog", False)] + ([("plaintext", True)] if args.vs == "etcd" or args.plaintext else [])
@@ -271,8 +275,6 @@ def _best(rounds: list[dict]) -> dict:
 
 
 async def _failover_async(args, cluster: LocalCluster) -> dict:
-    from broker.client import MetalogClient
-
     client = MetalogClient(cluster.bootstrap(), CLUSTER_ID, tls=cluster.client_tls(), request_timeout_ms=2000,
                            retry_backoff_ms=20,
                            max_retries=2, connect_timeout_ms=500)
@@ -348,21 +350,16 @@ def _wait_rejoined(cluster: LocalCluster, node: int) -> None:
 
 
 def bench_failover(args, root: str, report: dict) -> None:
-    import uvloop
-
     cluster = metalog_cluster(os.path.join(root, "failover"), election_timeout_ms=args.election_timeout_ms,
                               fetch_timeout_ms=args.fetch_timeout_ms)
     try:
         _start(cluster)
-        report["failover"] = uvloop.run(_failover_async(args, cluster))
+        report["failover"] = _uvloop_run(_failover_async(args, cluster))
     finally:
         cluster.stop()
 
 
 async def _load_metadata(cluster: LocalCluster, records: int, keys: int, value_bytes: int) -> None:
-    from broker.client import MetalogClient
-    from storage import metadata_records as r
-
     client = MetalogClient(cluster.bootstrap(), CLUSTER_ID, tls=cluster.client_tls(), request_timeout_ms=30000,
                            max_retries=20)
     batch = 2000
@@ -370,8 +367,8 @@ async def _load_metadata(cluster: LocalCluster, records: int, keys: int, value_b
 
     async def loader() -> None:
         for s in starts:
-            values = [r.encode_record(r.Config(2, "bench-topic", f"key-{i % keys}",
-                                               f"{i:012d}".ljust(max(12, value_bytes - 40), "v")))
+            values = [metadata_records.encode_record(metadata_records.Config(
+                2, "bench-topic", f"key-{i % keys}", f"{i:012d}".ljust(max(12, value_bytes - 40), "v")))
                       for i in range(s, min(records, s + batch))]
             await client.produce(values)
 
@@ -382,8 +379,6 @@ async def _load_metadata(cluster: LocalCluster, records: int, keys: int, value_b
 
 
 def _catchup_once(args, root: str, by_snapshot: bool) -> dict:
-    import uvloop
-
     n = args.catchup_records
     common: dict[str, Any] = {"max_replication_lag_ms": 1000}
     # By snapshot: one snapshot once every record is applied, then the log start moves past it.
@@ -395,7 +390,7 @@ def _catchup_once(args, root: str, by_snapshot: bool) -> dict:
     try:
         _start(cluster, [1, 2, 3])
         t0 = time.perf_counter()
-        uvloop.run(_load_metadata(cluster, n, args.catchup_keys, args.value_bytes))
+        _uvloop_run(_load_metadata(cluster, n, args.catchup_keys, args.value_bytes))
         load_s = time.perf_counter() - t0
         leader, _ = cluster.wait_for_leader()
         if by_snapshot:
@@ -512,8 +507,6 @@ def cmd_bench(args) -> int:
         print(f"metalog bench: unknown section(s) {sorted(unknown)}; choose from throughput, light, failover, "
               f"catchup", file=sys.stderr)
         return 2
-    from tools.bench import etcd as bench_etcd
-
     report: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(),
                               "vs": args.vs, "argv": sys.argv[1:],
                               "settings": {k: getattr(args, k) for k in _DEFAULTS}}
@@ -551,8 +544,6 @@ def cmd_bench(args) -> int:
 
 
 def argparse_copy(args, **changes):
-    import argparse
-
     ns = argparse.Namespace(**vars(args))
     for k, v in changes.items():
         setattr(ns, k, v)
@@ -590,11 +581,3 @@ def register_cli(subparsers) -> None:
     p.add_argument("--dir", help="where clusters live (default: a temp dir, removed afterwards)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs) afterwards")
     p.set_defaults(func=cmd_bench)
-
-
-if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "worker":
-        sys.exit(worker_main(sys.argv[2:]))
-    from tools.cli.main import main
-
-    sys.exit(main(["bench", *sys.argv[1:]]))

@@ -25,10 +25,12 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import time
 import urllib.request
 
+from tools.cluster import certs
 from tools.cluster.launcher import free_ports
 
 
@@ -51,6 +53,8 @@ def etcd_version() -> str:
 
 
 def grpc_available() -> bool:
+    # grpcio is optional (the [bench] extra): imported only where it is used, and
+    # without it the HTTP/JSON gateway is used instead.
     try:
         import grpc  # noqa: F401
         import grpc.aio  # noqa: F401
@@ -88,8 +92,6 @@ class EtcdCluster:
         """[ca, cert, key] of the `bench` client certificate (None without TLS)."""
         if not self.cert_dir:
             return None
-        from tools.cluster import certs
-
         out = os.path.join(self.cert_dir, "etcd")
         if not os.path.exists(os.path.join(out, "bench.crt")):
             certs.issue_user(self.cert_dir, out, "bench")
@@ -98,8 +100,6 @@ class EtcdCluster:
     def _tls_flags(self, i: int) -> list[str]:
         if not self.cert_dir:
             return []
-        from tools.cluster import certs
-
         out = os.path.join(self.cert_dir, "etcd")
         member = 100 + i  # a node certificate: serverAuth + clientAuth, SAN 127.0.0.1
         if not os.path.exists(os.path.join(out, f"node-{member}.crt")):
@@ -134,8 +134,6 @@ class EtcdCluster:
                                      headers={"Content-Type": "application/json"})
         ctx = None
         if self.cert_dir:
-            import ssl
-
             ca, crt, key = self.client_tls()  # type: ignore[misc]
             ctx = ssl.create_default_context(cafile=ca)
             ctx.load_cert_chain(crt, key)
@@ -213,7 +211,7 @@ class EtcdPutter:
 
     async def open(self) -> None:
         if self.transport == "grpc":
-            import grpc.aio
+            import grpc.aio  # optional, see grpc_available()
 
             if self.tls:
                 ca, crt, key = (open(p, "rb").read() for p in self.tls)
@@ -224,12 +222,10 @@ class EtcdPutter:
             self._put = channel.unary_unary("/etcdserverpb.KV/Put")  # bytes in, bytes out
             self._close = channel.close
         else:
-            import aiohttp
+            import aiohttp  # not at the top: ~0.26 s of start-up every `metalog` command would pay
 
             ssl_ctx = None
             if self.tls:
-                import ssl
-
                 ssl_ctx = ssl.create_default_context(cafile=self.tls[0])
                 ssl_ctx.load_cert_chain(self.tls[1], self.tls[2])
             session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self._concurrency, ssl=ssl_ctx))

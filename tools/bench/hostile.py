@@ -30,15 +30,17 @@ import sys
 import tempfile
 import time
 
+import uvloop
+
+from broker.client import MetalogClient
+from tools.bench.bench import latency_summary_ms
+from tools.cluster import certs
 from tools.cluster.launcher import REPO_ROOT, LocalCluster
 
 CLUSTER_ID = "metalog-hostile"
 
 
 async def _measure(cluster: LocalCluster, duration_s: float) -> dict:
-    from broker.client import MetalogClient
-    from tools.bench.bench import latency_summary_ms
-
     client = MetalogClient(cluster.bootstrap(), CLUSTER_ID, tls=cluster.client_tls(), request_timeout_ms=5000)
     lat_us: list[int] = []
     errors = 0
@@ -104,16 +106,12 @@ async def _attacker(host: str, port: int, n: int, duration_s: float, bad_ca_dir:
 
 
 def attacker_main(argv: list[str]) -> int:
-    import uvloop
-
     host, port, n, duration_s, bad = argv[0], int(argv[1]), int(argv[2]), float(argv[3]), argv[4]
     print(json.dumps(uvloop.run(_attacker(host, port, n, duration_s, bad))), flush=True)
     return 0
 
 
 def run(hostile: int, duration_s: float, root: str) -> dict:
-    from tools.cluster import certs
-
     cluster = LocalCluster.create(os.path.join(root, "cluster"), voters=3, observers=0, cluster_id=CLUSTER_ID,
                                   common={"log_level": "warning"})
     bad = os.path.join(root, "other-ca")

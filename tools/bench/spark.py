@@ -1,7 +1,9 @@
 """Replay throughput of the Spark job (records/s), local mode by default.
 
-    .venv/bin/python tools/bench/spark.py                      # 10,000,000 records
-    .venv/bin/python tools/bench/spark.py --records 1000000 --master 'local[2]'
+    .venv/bin/python -m tools.bench.spark                      # 10,000,000 records
+    .venv/bin/python -m tools.bench.spark --records 1000000 --master 'local[2]'
+
+(``python tools/bench_spark.py ...``, the older spelling, does the same.)
 
 Generates one broker data dir once (kept in --dir and reused when the record
 count matches): 100 brokers, 1000 topics x 10 partitions, then a stream of
@@ -16,14 +18,15 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sys
+import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from storage import batch as b  # noqa: E402
-from storage import metadata_records as r  # noqa: E402
-from storage.log import SegmentedLog  # noqa: E402
+from storage import batch as b
+from storage import metadata_records as r
+from storage.log import SegmentedLog
+from tools.spark import job as spark_job
 
 BATCH_RECORDS = 500
 
@@ -92,20 +95,14 @@ def main() -> int:
     ap.add_argument("--master", default="local[*]")
     ap.add_argument("--shuffle-partitions", type=int, default=16)
     args = ap.parse_args()
-    import tempfile
-
     base = args.dir or os.path.join(tempfile.gettempdir(), f"metalog-bench-spark-{args.records}")
     data_dir = os.path.join(base, "data")
     marker = os.path.join(data_dir, "bench.json")
     if not (os.path.exists(marker) and json.load(open(marker))["records"] == args.records):
-        import shutil
-
         shutil.rmtree(base, ignore_errors=True)
         t0 = time.monotonic()
         generate(data_dir, args.records)
         print(f"generated {args.records:,} records in {time.monotonic() - t0:.1f} s into {data_dir}")
-    from tools.spark import job as spark_job
-
     out = os.path.join(base, "out")
     t0 = time.monotonic()
     code = spark_job.main(["snapshot", data_dir, "--out", out, "--master", args.master,

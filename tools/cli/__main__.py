@@ -2,6 +2,6 @@
 
 import sys
 
-from tools.cli.main import main
+from tools.cli import main
 
 sys.exit(main())

@@ -25,16 +25,16 @@ import asyncio
 import json
 import sys
 
+from broker.client import AuthorizationError, ClusterUnavailable, MetalogError
+from broker.client_config import admin_get
 from storage.metadata_records import RESOURCE_BROKER, RESOURCE_TOPIC
+from tools.cli.client_options import add_client_args, add_credential_args, client_settings, make_client
 
 
 EXIT_NOT_AUTHORIZED = 3
 
 
 def _run(args, command: str, **cmd_args) -> int:
-    from broker.client import AuthorizationError, ClusterUnavailable, MetalogError
-    from tools.cli.main import make_client
-
     async def go() -> int:
         client = make_client(args)
         try:
@@ -57,38 +57,32 @@ def _run(args, command: str, **cmd_args) -> int:
 
 
 def _metadata(admin: str, tls) -> dict:
-    from broker.client_config import admin_get
-
     return admin_get(admin.rstrip("/") + "/metadata", tls)
 
 
 def register_cli(sub) -> None:
-    from tools.cli.main import _client_args
-
     topics = sub.add_parser("topics", help="create, delete and list topics")
     tsub = topics.add_subparsers(dest="topics_command", required=True)
     p = tsub.add_parser("create")
-    _client_args(p)
+    add_client_args(p)
     p.add_argument("name")
     p.add_argument("--partitions", type=int, default=1)
     p.add_argument("--replication-factor", type=int, default=1)
     p.set_defaults(func=lambda a: _run(a, "create_topic", name=a.name, partitions=a.partitions,
                                        replication_factor=a.replication_factor))
     p = tsub.add_parser("delete")
-    _client_args(p)
+    add_client_args(p)
     p.add_argument("name")
     p.set_defaults(func=lambda a: _run(a, "delete_topic", name=a.name))
     p = tsub.add_parser("list", help="topics and partitions from a broker's /metadata")
     p.add_argument("--admin", help="admin API URL (default: the client config's, e.g. https://127.0.0.1:10091)")
-    from tools.cli.main import _credential_args
-
-    _credential_args(p)
+    add_credential_args(p)
     p.set_defaults(func=_list_topics)
 
     brokers = sub.add_parser("brokers", help="register, fence, unfence, unregister brokers")
     bsub = brokers.add_subparsers(dest="brokers_command", required=True)
     p = bsub.add_parser("register")
-    _client_args(p)
+    add_client_args(p)
     p.add_argument("broker_id", type=int)
     p.add_argument("--endpoint", action="append", default=[], metavar="NAME:HOST:PORT")
     p.add_argument("--rack")
@@ -96,7 +90,7 @@ def register_cli(sub) -> None:
                                        endpoints=[_endpoint(e) for e in a.endpoint]))
     for verb in ("fence", "unfence", "unregister"):
         p = bsub.add_parser(verb)
-        _client_args(p)
+        add_client_args(p)
         p.add_argument("broker_id", type=int)
         p.set_defaults(func=lambda a, verb=verb: _run(a, f"{verb}_broker", broker_id=a.broker_id))
 
@@ -106,7 +100,7 @@ def register_cli(sub) -> None:
     csub = configs.add_subparsers(dest="configs_command", required=True)
     for verb in ("set", "delete"):
         p = csub.add_parser(verb)
-        _client_args(p)
+        add_client_args(p)
         target = p.add_mutually_exclusive_group(required=True)
         target.add_argument("--topic")
         target.add_argument("--broker", help="broker id, or '' for the cluster default")
@@ -121,13 +115,11 @@ def register_cli(sub) -> None:
 
 
 def _register_acls(sub) -> None:
-    from tools.cli.main import _client_args
-
     acls = sub.add_parser("acls", help="add, remove and list ACLs (Kafka's model; default deny)")
     asub = acls.add_subparsers(dest="acls_command", required=True)
     for verb in ("add", "remove"):
         p = asub.add_parser(verb, help=f"{verb} one ACL per principal x operation")
-        _client_args(p)
+        add_client_args(p)
         p.add_argument("--allow-principal", action="append", default=[], metavar="User:NAME")
         p.add_argument("--deny-principal", action="append", default=[], metavar="User:NAME")
         p.add_argument("--operation", action="append", required=True,
@@ -139,7 +131,7 @@ def _register_acls(sub) -> None:
         p.add_argument("--resource-pattern-type", choices=["literal", "prefixed"], default="literal")
         p.set_defaults(func=lambda a, verb=verb: _acls_change(a, verb))
     p = asub.add_parser("list", help="every ACL, one line each")
-    _client_args(p)
+    add_client_args(p)
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
     p.set_defaults(func=_acls_list)
 
@@ -162,9 +154,6 @@ def _acls_change(args, verb: str) -> int:
 
 
 def _acls_list(args) -> int:
-    from broker.client import AuthorizationError, ClusterUnavailable, MetalogError
-    from tools.cli.main import make_client
-
     async def go() -> int:
         client = make_client(args)
         try:
@@ -194,8 +183,6 @@ def _endpoint(text: str) -> list:
 
 
 def _list_topics(args: argparse.Namespace) -> int:
-    from tools.cli.main import client_settings
-
     cs = client_settings(args)
     admin = args.admin or cs["admin"] or ("http" if cs["tls"] is None else "https") + "://127.0.0.1:10091"
     args.admin = admin

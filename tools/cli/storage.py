@@ -19,6 +19,8 @@ import re
 import sys
 
 from storage.errors import CorruptionReport
+from storage.log import SegmentedLog, segment_file_name
+from storage.scrub import verify_segment_fd
 
 PARTITION_DIR = "__cluster_metadata-0"
 _SEGMENT = re.compile(r"^(\d{20})\.log$")
@@ -32,8 +34,6 @@ def log_dir_of(data_dir: str) -> str:
 
 def verify_log_dir(directory: str) -> tuple[list[CorruptionReport], int, int]:
     """(problems, segments, bytes) of a full offline verification, first problem first."""
-    from storage.scrub import verify_segment_fd
-
     bases = sorted(int(m.group(1)) for m in map(_SEGMENT.match, os.listdir(directory)) if m)
     problems: list[CorruptionReport] = []
     epoch = -1
@@ -80,8 +80,6 @@ def cmd_verify(args) -> int:
 def cmd_recover(args) -> int:
     if not args.truncate_at_corruption:
         return cmd_verify(args)
-    from storage.log import SegmentedLog
-
     directory = log_dir_of(args.data_dir)
     problems, segments, total = verify_log_dir(directory)
     if not problems:
@@ -110,8 +108,6 @@ def cmd_recover(args) -> int:
 
 
 def _segment_paths(log) -> set[str]:
-    from storage.log import segment_file_name
-
     return {os.path.join(log.directory, segment_file_name(b)) for b in log.segment_base_offsets}
 
 

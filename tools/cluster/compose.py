@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,7 @@ from typing import Any
 import yaml
 
 from broker.config import BrokerConfig, ConfigError, config_from_dict, parse_voters
+from tools.cluster.launcher import LocalCluster, NodeSpec
 
 
 class ComposeError(ValueError):
@@ -90,8 +92,6 @@ class Topology:
 
 def _as_list(command: Any, where: str) -> list[str]:
     if isinstance(command, str):
-        import shlex
-
         return shlex.split(command)
     if isinstance(command, list) and all(isinstance(c, (str, int, float)) for c in command):
         return [str(c) for c in command]
@@ -362,8 +362,6 @@ def cluster_from_compose(path: str, root_dir: str, port_offset: int | None = Non
     default: $METALOG_COMPOSE_PORT_OFFSET or 0. The `certs` service's work
     (CA, node and admin certificates) is done by the launcher into the mapped
     certs volume; `insecure` runs the brokers with security_protocol PLAINTEXT."""
-    from tools.cluster.launcher import LocalCluster, NodeSpec
-
     if port_offset is None:
         port_offset = int(os.environ.get("METALOG_COMPOSE_PORT_OFFSET", "0"))
 

@@ -24,6 +24,11 @@ from typing import Any
 
 import yaml
 
+from broker.client_config import ClientConfig
+from broker.tls import TlsFiles, TlsPaths
+from storage.atomic import atomic_write
+from tools.cluster.certs import cluster_certs
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -154,9 +159,6 @@ class LocalCluster:
         """CA + one certificate per node (SANs: the host it listens on and the
         hosts it is dialled by, e.g. a fault proxy's) + the `admin` user; kept
         across restarts. Also writes <root>/client.yaml for the CLI."""
-        from broker.client_config import ClientConfig
-        from tools.cluster.certs import cluster_certs
-
         os.makedirs(self.root, exist_ok=True)
         if not self.insecure:
             hosts = {nid: sorted({self.host, "127.0.0.1", "localhost",
@@ -186,8 +188,6 @@ class LocalCluster:
         if self.insecure:
             return None
         if self._client_tls is None:
-            from broker.tls import TlsFiles, TlsPaths
-
             self.ensure_certs()
             d = self.cert_dir
             self._client_tls = TlsFiles(TlsPaths(f"{d}/ca.crt", f"{d}/admin.crt", f"{d}/admin.key"))
@@ -204,8 +204,6 @@ class LocalCluster:
     def save_state(self) -> None:
         """<root>/cluster.json: what `metalog cluster status|down|restart ...` need
         to find and restart the nodes from another process."""
-        from storage.atomic import atomic_write
-
         os.makedirs(self.root, exist_ok=True)
         state = {
             "cluster_id": self.cluster_id, "host": self.host, "insecure": self.insecure,

@@ -32,6 +32,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from storage import batch as B
+from storage.log import SegmentedLog
 
 PARTITION_DIR = "__cluster_metadata-0"
 
@@ -154,8 +155,6 @@ class CheckResult:
 
 def read_replica(node: int, data_dir: str) -> ReplicaLog:
     """Read one broker's whole log from its data dir (the broker must be stopped)."""
-    from storage.log import SegmentedLog
-
     part = os.path.join(data_dir, PARTITION_DIR)
     if not os.path.isdir(part):
         return ReplicaLog(node, 0, 0, [])

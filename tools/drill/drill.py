@@ -43,10 +43,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from broker.client import LogTruncationError, MetalogClient, OffsetOutOfRangeError
+from broker.logs import configure_logging
+from protocol.messages import LIST_OFFSETS_EARLIEST
+from tools.cluster.compose import cluster_from_compose
+from tools.cluster.launcher import LocalCluster
 from tools.drill.archive import SegmentArchive
 from tools.drill.checker import Ack, History, HwSample, Reset, RoleEvent, Seen, Truncation, check, read_replica
 from tools.drill.faultproxy import FaultProxy
-from tools.cluster.launcher import LocalCluster
+from tools.drill.report import build_report, write_report
+from tools.extras import PLOT_MODULES, missing
 
 FAULTS = {
     "kill_leader": "kill -9 the leader, restart it after the hold",
@@ -196,17 +202,8 @@ class Drill:
 
     # ---------------------------------------------------------- workload
     def _client(self, **kw):
-        from broker.client import MetalogClient
-
-        addr_map = self.addr_map
-
-        class DirectClient(MetalogClient):
-            async def _refresh_metadata(self):
-                resp = await super()._refresh_metadata()
-                self._endpoints = {n: addr_map.get(a, a) for n, a in self._endpoints.items()}
-                return resp
-
-        return DirectClient(self.cluster.bootstrap(), self.cluster.cluster_id, tls=self.cluster.client_tls(), **kw)
+        return MetalogClient(self.cluster.bootstrap(), self.cluster.cluster_id, tls=self.cluster.client_tls(),
+                             resolve_address=lambda addr: self.addr_map.get(addr, addr), **kw)
 
     async def _writer(self, wid: int) -> None:
         client = self._client(request_timeout_ms=WRITE_TIMEOUT_MS, max_retries=0)
@@ -230,9 +227,6 @@ class Drill:
             await client.close()
 
     async def _consumer(self, cid: int) -> None:
-        from broker.client import LogTruncationError, OffsetOutOfRangeError
-        from protocol.messages import LIST_OFFSETS_EARLIEST
-
         client = self._client(request_timeout_ms=800, retry_backoff_ms=50)
         consumer = client.consumer(reset_policy="none")
         consumer.seek(0)
@@ -454,8 +448,6 @@ def drill_broker_settings(args) -> dict:
 
 def build_cluster(args) -> LocalCluster:
     if args.compose:
-        from tools.cluster.compose import cluster_from_compose
-
         return cluster_from_compose(args.compose, args.dir, port_offset=args.port_offset)
     return LocalCluster.create(args.dir, voters=args.voters, observers=args.observers,
                                common=drill_broker_settings(args), cluster_id="metalog-drill")
@@ -465,8 +457,6 @@ def run_drill(args) -> tuple[int, dict]:
     if os.path.exists(args.dir):
         shutil.rmtree(args.dir)
     os.makedirs(args.dir, exist_ok=True)
-    from broker.logs import configure_logging
-
     # Client and storage-reader log lines go to a file, not over the drill's output.
     configure_logging("info", open(os.path.join(args.dir, "drill-clients.log"), "a", buffering=1))
     cluster = build_cluster(args)
@@ -484,8 +474,6 @@ def run_drill(args) -> tuple[int, dict]:
             drill.proxy.stop()
         print(f"metalog drill: could not run: {exc}; see {cluster.root}/node-*/broker.log", file=sys.stderr)
         return 2, {}
-    from tools.drill.report import build_report, write_report
-
     report = build_report(drill, out)
     paths = write_report(report, drill, args.report)
     res = out["result"]
@@ -502,6 +490,10 @@ def run_drill(args) -> tuple[int, dict]:
 
 
 def cmd_drill(args) -> int:
+    absent = missing(PLOT_MODULES, "bench")
+    if absent is not None:  # found out now, not after the drill when the report is drawn
+        print(f"metalog drill: the report's timeline picture needs matplotlib; {absent}", file=sys.stderr)
+        return 2
     try:
         rc, _ = run_drill(args)
     except ValueError as exc:

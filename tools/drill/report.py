@@ -195,6 +195,8 @@ def layout_labels(xs: list[float], widths: list[float], rows: int) -> list[int |
 
 
 def render_png(report: dict, drill, path: str) -> None:
+    # matplotlib is imported here, not at the top: it costs ~0.5 s, and every
+    # `metalog` command imports this module (through the drill's subcommand).
     import matplotlib
 
     matplotlib.use("Agg")

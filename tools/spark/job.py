@@ -37,7 +37,7 @@ directly, the job starts the JVM itself (PYSPARK_SUBMIT_ARGS). The
 
 Exit codes: 0 valid, 1 validation failed (corruption, divergence, safety
 violation, configuration; the first failing check on stderr), 2 usage or
-unusable input, 3 environment (no Java, Spark failed).
+unusable input, 3 environment (no pyspark, no Java, Spark failed).
 """
 
 from __future__ import annotations
@@ -46,17 +46,32 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
+import tempfile
 import threading
 import time
+import traceback
 import zipfile
+from collections import Counter
 
 if __package__ in (None, ""):  # spark-submit tools/spark/job.py: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from protocol.messages import SnapshotId  # noqa: E402
+from storage import metadata_records  # noqa: E402
+from storage.atomic import fsync_dir  # noqa: E402
+from storage.snapshot import SnapshotWriter, snapshot_filename  # noqa: E402
+from tools.extras import SPARK_MODULES, missing  # noqa: E402
 from tools.spark import decode as D  # noqa: E402
 from tools.spark import fold as F  # noqa: E402
+from tools.spark.decode import DECODED_FIELDS, FIELD_NAMES, decode_file  # noqa: E402
+from tools.spark.fold import key_of  # noqa: E402
+
+# pyspark and pyarrow are imported inside the functions that use them: they are
+# the optional [spark] extra, and they cost ~0.8 s of start-up that every
+# `metalog` command would pay (the CLI imports this module for `metalog spark`).
 
 EXIT_OK, EXIT_VALIDATION, EXIT_INPUT, EXIT_FAILED = 0, 1, 2, 3
 GLOB = "{*.log,*.checkpoint,meta.properties,log-start-offset}"
@@ -102,8 +117,6 @@ def _decode_partition(batches):
     """mapInArrow body: binaryFile rows in, DECODED_FIELDS rows out."""
     import pyarrow as pa
 
-    from tools.spark.decode import DECODED_FIELDS, FIELD_NAMES, decode_file
-
     schema = _arrow_schema(DECODED_FIELDS)
     cols = {n: [] for n in FIELD_NAMES}
     count = 0
@@ -128,8 +141,6 @@ KEYED_FIELDS = [("offset", "long"), ("kind", "string"), ("key", "string"), ("val
 
 def _key_partition(batches):
     import pyarrow as pa
-
-    from tools.spark.fold import key_of
 
     schema = _arrow_schema(KEYED_FIELDS)
     def col(rb, name):
@@ -307,8 +318,6 @@ def under_spark_submit() -> bool:
 def _submit_args(driver_memory: str, conf: dict) -> str:
     """PYSPARK_SUBMIT_ARGS for a JVM the job starts itself: settings that only
     take effect when the JVM starts (heap, log4j2 file) must be given here."""
-    import shlex
-
     parts = ["--driver-memory", driver_memory,
              "--driver-java-options", f"-Dlog4j.configurationFile=file:{LOG4J2_CONF}"]
     for k, v in conf.items():
@@ -324,8 +333,6 @@ class SparkSetup:
         self.temp_dirs: list[str] = []
 
     def cleanup(self) -> None:
-        import shutil
-
         for d in self.temp_dirs:
             shutil.rmtree(d, ignore_errors=True)
         self.temp_dirs.clear()
@@ -342,8 +349,6 @@ def get_spark(master: str | None = None, ui: bool = False, shuffle_partitions: i
     itself with them (PYSPARK_SUBMIT_ARGS) on `master` (default local[*]);
     a non-local master gets the code shipped as a zip, removed by
     setup.cleanup()."""
-    import tempfile
-
     setup = setup or SparkSetup()
     extra_conf = dict(extra_conf or {})
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -519,8 +524,6 @@ class Analysis:
         ids = [p["props"].get("cluster.id") for p in self.replicas.values()]
         ids = [i for i in ids if i]
         if self.cluster_id is None and ids:
-            from collections import Counter
-
             ranked = Counter(ids).most_common()
             if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
                 raise InputError(f"replicas from different clusters and no majority among them: "
@@ -691,13 +694,11 @@ def _entity_name(sec: int, s1: str, n1: int, s2: str, s3: str) -> str:
 
 
 def _record_json(value: bytes | None):
-    from storage import metadata_records as r
-
     if value is None:
         return None
     try:
-        return r.record_to_dict(r.decode_record(value))
-    except r.MetadataRecordError as exc:
+        return metadata_records.record_to_dict(metadata_records.decode_record(value))
+    except metadata_records.MetadataRecordError as exc:
         return f"undecodable: {exc}"
 
 
@@ -840,8 +841,6 @@ def _finish(report: dict, args, started: float, spark=None) -> None:
         return
     if spark is None:
         raise InputError(f"cannot write the report to {path}: Spark is not running (see the error above)")
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="metalog-spark-report-") as tmp:
         local = os.path.join(tmp, "report.json")
         with open(local, "w") as fh:
@@ -951,6 +950,9 @@ def run(args) -> int:
     staged = None
     try:
         try:
+            absent = missing(SPARK_MODULES, "spark")
+            if absent is not None:
+                raise EnvironmentFailure(absent)
             if not setup.submitted and not (os.environ.get("JAVA_HOME") or shutil.which("java")):
                 raise EnvironmentFailure("no Java found: install a JDK (17 or 21) or set JAVA_HOME")
             spark = get_spark(args.master, ui=args.ui, shuffle_partitions=args.shuffle_partitions,
@@ -1009,8 +1011,6 @@ def run(args) -> int:
         err_line(f"metalog spark: {exc}")
         code = EXIT_FAILED
     except Exception as exc:  # Spark failed mid-job or a bug: a report and the whole cause chain
-        import traceback
-
         if args.verbose:
             traceback.print_exc()
         chain = cause_chain(exc)
@@ -1073,8 +1073,6 @@ def _say_first_failure(report: dict) -> None:
 
 def _publish(staged: dict, report: dict) -> None:
     """Validation passed: move the staged checkpoint to its bootable name."""
-    from storage.atomic import fsync_dir
-
     if staged.get("spark") is not None:  # --out is a Hadoop URI
         _hadoop_put(staged["spark"], staged["staged_path"], staged["final_path"])
     else:
@@ -1086,17 +1084,12 @@ def _publish(staged: dict, report: dict) -> None:
 
 
 def _discard(staged: dict) -> None:
-    import shutil
-
     shutil.rmtree(staged["staging_dir"], ignore_errors=True)
 
 
 def _snapshot(args, an: Analysis, report: dict, progress: Progress) -> dict:
     """Replays and writes the checkpoint into a staging dir under --out (a
     name no broker loads); run() publishes it only if every check passed."""
-    from protocol.messages import SnapshotId
-    from storage.snapshot import SnapshotWriter, snapshot_filename
-
     target = an.hw
     if target > an.derived_hw:
         raise InputError(f"--upto {target} is past the offsets a majority of the replicas agree on "
@@ -1121,8 +1114,6 @@ def _snapshot(args, an: Analysis, report: dict, progress: Progress) -> dict:
         os.makedirs(staging)
         staged = {"staging_dir": staging, "final_path": final}
     else:  # a Hadoop URI: build on the driver's disk, copy through Hadoop's FileSystem
-        import tempfile
-
         staging = tempfile.mkdtemp(prefix="metalog-spark-out-")
         final = args.out.rstrip("/") + "/" + snapshot_filename(sid)
         fs, path = _hadoop_fs(an.spark, final)
@@ -1156,7 +1147,8 @@ EXIT_CODES_HELP = """exit codes:
   1  validation failed: the first failing check is named on stderr; categories
      corruption, divergence, safety violation, configuration; no .checkpoint written
   2  usage or unusable input (missing dir, no log files, nothing to replay)
-  3  environment: no Java, Spark failed to start or failed mid-job (cause chain on stderr)"""
+  3  environment: no pyspark (pip install 'metalog[spark]'), no Java, Spark failed to start or
+     failed mid-job (cause chain on stderr)"""
 
 SPARK_EPILOG = EXIT_CODES_HELP + """
 

@@ -1,6 +1,6 @@
 """Storage benchmark: append throughput with and without fsync, verified reads, and recovery time.
 
-    python -m tools.bench.storage [--recovery-bytes 1073741824] [--dir DIR] [--one-segment]
+    python -m tools.bench.storage_engine [--recovery-bytes 1073741824] [--dir DIR] [--one-segment]
 
 Prints appended records/s and MB/s (100-byte records, 100 per batch by
 default) when every batch is followed by flush() (fdatasync) and when no

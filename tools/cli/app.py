@@ -24,72 +24,28 @@ import sys
 import time
 import traceback
 
-
-def _endpoints(text: str) -> list[tuple[str, int]]:
-    out = []
-    for item in text.split(","):
-        host, _, port = item.strip().rpartition(":")
-        out.append((host or "127.0.0.1", int(port)))
-    return out
-
-
-DEFAULT_BOOTSTRAP = os.environ.get("METALOG_BOOTSTRAP", "127.0.0.1:9091,127.0.0.1:9092,127.0.0.1:9093")
-DEFAULT_CLUSTER_ID = os.environ.get("METALOG_CLUSTER_ID", "metalog-local")
-
-
-def _client_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--bootstrap", help="host:port,... of any brokers (default: the client config's)")
-    p.add_argument("--cluster-id", help="default: the client config's")
-    p.add_argument("--timeout-ms", type=int, default=30000,
-                   help="overall deadline of a call, retries included (the client's delivery_timeout_ms)")
-    p.add_argument("--request-timeout-ms", type=int, default=2000,
-                   help="how long one attempt waits for its answer before rediscovering the leader")
-    _credential_args(p)
-
-
-def _credential_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--client-config", help="client config file (bootstrap, CA, certificate, key); default "
-                   "$METALOG_CLIENT_CONFIG, else run/cluster/client.yaml")
-    p.add_argument("--insecure", action="store_true", help="plaintext without a certificate (PLAINTEXT clusters only)")
-
-
-def client_settings(args) -> dict:
-    """Bootstrap, cluster id, TLS files and admin URL from flags and the client config."""
-    from broker.client_config import ClientConfigError, find_client_config
-
-    cc = find_client_config(getattr(args, "client_config", None))
-    tls = None
-    if getattr(args, "insecure", False):
-        print("metalog: --insecure: plaintext, no client certificate", file=sys.stderr)
-    elif cc is None:
-        raise ClientConfigError(
-            "no client credentials: give --client-config FILE, set $METALOG_CLIENT_CONFIG, or run from the "
-            "directory where `bash run.sh cluster` wrote run/cluster/client.yaml (`metalog certs` creates "
-            "certificates; --insecure talks plaintext to a PLAINTEXT cluster)")
-    else:
-        tls = cc.tls()
-    return {
-        "bootstrap": _endpoints(getattr(args, "bootstrap", None) or (cc.bootstrap if cc else DEFAULT_BOOTSTRAP)),
-        "cluster_id": getattr(args, "cluster_id", None) or (cc.cluster_id if cc else DEFAULT_CLUSTER_ID),
-        "tls": tls,
-        "admin": (cc.admin if cc and cc.admin else None),
-    }
-
-
-def make_client(args):
-    from broker.client import MetalogClient
-
-    cs = client_settings(args)
-    return MetalogClient(cs["bootstrap"], cs["cluster_id"], request_timeout_ms=min(args.request_timeout_ms,
-                                                                               args.timeout_ms),
-                         delivery_timeout_ms=args.timeout_ms, tls=cs["tls"])
+from broker.client import AuthorizationError, ClusterUnavailable, LogTruncationError, MetalogError
+from broker.client_config import ClientConfigError
+from broker.logs import configure_logging
+from broker.tls import TlsConfigError
+from protocol.messages import LIST_OFFSETS_EARLIEST, LIST_OFFSETS_LATEST
+from tools.bench import bench
+from tools.cli import admin as admin_cli
+from tools.cli import certs as certs_cli
+from tools.cli import cluster as cluster_cli
+from tools.cli import dump
+from tools.cli import storage as storage_cli
+from tools.cli.client_options import DEFAULT_CLUSTER_ID, add_client_args, make_client
+from tools.cli.cluster import ClusterCliError, dir_flag, running_nodes
+from tools.cli.dump import record_json
+from tools.cluster.compose import cluster_from_compose
+from tools.cluster.launcher import LocalCluster
+from tools.drill import drill
+from tools.spark import job as spark_job
 
 
 # ------------------------------------------------------------------ cluster
 def cmd_cluster_up(args) -> int:
-    from tools.cli.cluster import ClusterCliError, dir_flag, running_nodes
-    from tools.cluster.launcher import LocalCluster
-
     if os.path.exists(os.path.join(args.dir, "cluster.json")):
         try:
             running = running_nodes(LocalCluster.load(args.dir))
@@ -100,8 +56,6 @@ def cmd_cluster_up(args) -> int:
                                   f"{', '.join(map(str, running))}): `metalog cluster down {dir_flag(args.dir)}` "
                                   f"stops it")
     if args.compose:
-        from tools.cluster.compose import cluster_from_compose
-
         cluster = cluster_from_compose(args.compose, args.dir, insecure=args.insecure)
     else:
         cluster = LocalCluster.create(args.dir, voters=args.voters, observers=args.observers,
@@ -210,13 +164,8 @@ def cmd_produce(args) -> int:
 
 
 def cmd_consume(args) -> int:
-    from broker.client import LogTruncationError
-    from tools.cli.dump import record_json
-
     async def go(client):
         consumer = client.consumer(reset_policy=args.reset)
-        from protocol.messages import LIST_OFFSETS_EARLIEST, LIST_OFFSETS_LATEST
-
         if args.offset is not None:
             consumer.seek(args.offset, args.epoch)
         else:
@@ -365,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      epilog="--debug (anywhere on the line): show the traceback of a failure")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    # Parsed by broker.main (see main()); listed here for --help.
+    # Parsed by broker.main (tools.cli.main dispatches it); listed here for --help.
     sub.add_parser("broker", help="run one broker: metalog broker --config FILE [--set key=value ...] (--help-config: every key)",
                    add_help=False)
 
@@ -387,17 +336,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="start the brokers in the background and return once there is a leader "
                          "(`metalog cluster down` stops them)")
     up.set_defaults(func=cmd_cluster_up)
-    from tools.cli import cluster as cluster_cli
-
     cluster_cli.register(csub, default_dir="run/cluster")
 
     p = sub.add_parser("produce", help="write records; prints base offset and epoch once committed")
-    _client_args(p)
+    add_client_args(p)
     p.add_argument("values", nargs="*", help="record values (default: one per stdin line)")
     p.set_defaults(func=cmd_produce)
 
     p = sub.add_parser("consume", help="read committed records")
-    _client_args(p)
+    add_client_args(p)
     p.add_argument("--from", dest="start", choices=["earliest", "latest"], default="earliest")
     p.add_argument("--offset", type=int, help="start at this offset")
     p.add_argument("--epoch", type=int, default=-1, help="leader epoch of the record before --offset")
@@ -409,11 +356,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_consume)
 
     p = sub.add_parser("quorum", help="DescribeQuorum from the leader (JSON; `quorum describe` for Kafka's views)")
-    _client_args(p)
+    add_client_args(p)
     p.set_defaults(func=cmd_quorum)
     qsub = p.add_subparsers(dest="quorum_command")
     d = qsub.add_parser("describe", help="kafka-metadata-quorum describe: --status or --replication")
-    _client_args(d)
+    add_client_args(d)
     which = d.add_mutually_exclusive_group(required=True)
     which.add_argument("--status", action="store_true",
                        help="ClusterId, LeaderId, LeaderEpoch, HighWatermark, MaxFollowerLag, ...")
@@ -423,16 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_quorum_describe)
 
     p = sub.add_parser("metadata", help="leader, epoch, HW and endpoints")
-    _client_args(p)
+    add_client_args(p)
     p.set_defaults(func=cmd_metadata)
-
-    from tools.bench import bench
-    from tools.cli import admin as admin_cli
-    from tools.cli import certs as certs_cli
-    from tools.cli import dump
-    from tools.cli import storage as storage_cli
-    from tools.drill import drill
-    from tools.spark import job as spark_job
 
     # Subcommands that live with their tools: each module adds its own parsers.
     for module in (admin_cli, dump, spark_job, drill, bench, storage_cli, certs_cli):
@@ -440,28 +379,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["broker"]:
-        # Hand every argument (--config, --set ...) to the broker's own parser.
-        from broker.main import main as broker_main
-
-        return broker_main(argv[1:])
+def main(argv: list[str]) -> int:
+    """Every command but ``metalog broker``, which tools.cli.main hands to the broker first."""
+    assert argv[:1] != ["broker"], "tools.cli.main dispatches `metalog broker`"
     # --debug may stand anywhere on the line: a failure then shows its traceback.
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     args = build_parser().parse_args(argv)
-    if args.command != "broker":
-        from broker.logs import configure_logging
-
-        # Client-side logs go to stderr so stdout stays machine-readable.
-        # The CLI prints its own one-line errors; library warnings only when asked for.
-        configure_logging(os.environ.get("METALOG_LOG_LEVEL", "error"), sys.stderr)
-    from broker.client import AuthorizationError, ClusterUnavailable, MetalogError
-    from broker.client_config import ClientConfigError
-    from broker.tls import TlsConfigError
-    from tools.cli.cluster import ClusterCliError
-
+    # Client-side logs go to stderr so stdout stays machine-readable.
+    # The CLI prints its own one-line errors; library warnings only when asked for.
+    configure_logging(os.environ.get("METALOG_LOG_LEVEL", "error"), sys.stderr)
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:
@@ -500,7 +427,3 @@ def main(argv: list[str] | None = None) -> int:
             print(f"metalog: error: {type(exc).__name__}: {exc} (run again with --debug for the traceback)",
                   file=sys.stderr)
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,76 @@
+"""The broker and the CLI work without the optional extras (pyspark, pyarrow,
+pandas: [spark]; matplotlib, grpcio: [bench]), and the commands that need one
+say which, in one line, before doing any work.
+
+Each check runs in a fresh interpreter where a meta-path finder makes those
+packages fail to import exactly as if they were not installed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tools.cluster.launcher import REPO_ROOT
+
+BLOCKER = """
+import sys
+BLOCKED = {"pyspark", "pyarrow", "pandas", "matplotlib", "grpc"}
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, Block())
+"""
+
+
+def run_without_extras(code: str, cwd: str = REPO_ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", BLOCKER + code], cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+
+
+def metalog_without_extras(*argv: str, cwd: str = REPO_ROOT) -> subprocess.CompletedProcess:
+    return run_without_extras(f"from tools.cli import main\nsys.exit(main({list(argv)!r}))", cwd=cwd)
+
+
+def test_broker_and_every_cli_module_import_without_the_extras():
+    proc = run_without_extras(
+        "import broker.runtime, broker.main, broker.admin\n"
+        "import tools.cli.app, tools.drill.drill, tools.drill.report, tools.bench.bench, tools.bench.etcd\n"
+        "import tools.spark.job, tools.simulate, sim.random_run\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in BLOCKED)\n"
+        "print('loaded:', loaded)\n")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "loaded: []"
+
+
+def test_metalog_help_and_broker_help_run_without_the_extras():
+    proc = metalog_without_extras("--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "spark" in proc.stdout and "drill" in proc.stdout
+    proc = metalog_without_extras("broker", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "--config" in proc.stdout
+
+
+def test_metalog_spark_without_pyspark_says_which_extra_and_exits_3(tmp_path):
+    """What the user sees: exit 3 (environment) and one line on stderr,
+    "metalog spark: pyspark is not installed: pip install 'metalog[spark]'"."""
+    (tmp_path / "data").mkdir()
+    proc = metalog_without_extras("spark", "snapshot", str(tmp_path / "data"), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "metalog spark: pyspark is not installed: pip install 'metalog[spark]'"]
+    assert not list((tmp_path / "out").glob("*.checkpoint"))
+
+
+def test_metalog_drill_without_matplotlib_says_which_extra_before_starting(tmp_path):
+    """What the user sees: exit 2 (could not run) and one line naming
+    pip install 'metalog[bench]'; no broker was started, no dir created."""
+    proc = metalog_without_extras("drill", "--duration-s", "1", "--dir", str(tmp_path / "run"),
+                                  "--report", str(tmp_path / "report"))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "metalog drill: the report's timeline picture needs matplotlib; matplotlib is not installed: "
+        "pip install 'metalog[bench]'"]
+    assert not (tmp_path / "run").exists() and not list(tmp_path.glob("report*"))
