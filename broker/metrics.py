@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 CORRUPTION_SOURCES = ("startup", "scrub", "read", "fetch")
-ROLES = ("unattached", "voted", "candidate", "leader", "follower", "resigned", "observer")
+ROLES = ("unattached", "voted", "prospective", "candidate", "leader", "follower", "resigned", "observer")
 
 
 class BrokerMetrics:

@@ -94,7 +94,7 @@ from broker.quorum.api import (
     StallReads,
     Tick,
 )
-from broker.quorum.election import CandidateState, ResignedState, UnattachedState, VotedState
+from broker.quorum.election import CandidateState, ProspectiveState, ResignedState, UnattachedState, VotedState
 from broker.quorum.env import Environment
 from broker.quorum.follower import FollowerState
 from broker.quorum.leader import LeaderState
@@ -145,6 +145,10 @@ class QuorumCore:
         self._wall_minus_now_ms = 0  # wall clock - now_ms, from Tick/ClientAppend
         self.election_retries = 0  # elections stood since we last had a leader (backoff exponent)
         self.read_stall_until_ms = 0  # StallReads
+        # KIP-996: when we last heard from the leader of our epoch (a good
+        # fetch-loop answer, a BeginQuorumEpoch); a voter that has, within the
+        # fetch timeout, refuses pre-votes. (epoch, now_ms); epoch -1: never.
+        self._leader_contact: tuple[int, int] = (-1, 0)
         self.appended_this_step = False
         self._persist_on_boot = False
         self.state: RoleState = self._state_from_disk(quorum_state)
@@ -349,14 +353,43 @@ class QuorumCore:
         self.transition(VotedState(self, self.state.epoch, candidate_id), now)
 
     def stand(self, now: int) -> None:
-        """Stand for election in the next epoch -- unless quarantined."""
+        """Start an election -- unless quarantined: first ask the voters for
+        pre-votes (KIP-996) in our epoch + 1, bumping and persisting nothing."""
         assert self.is_voter
         if self.quarantined:
             # Not before we hold again everything we may have acknowledged.
             self.state.postpone_candidacy(now)
             election.probe_for_leader(self)
             return
-        self.transition(CandidateState(self, self.state.epoch + 1), now)
+        self.transition(ProspectiveState(self, self.state), now)
+
+    def become_candidate(self, now: int) -> None:
+        """A majority would vote for us: stand for real in the next epoch
+        (persisted vote for ourselves)."""
+        st = self.state
+        assert isinstance(st, ProspectiveState), f"a candidate comes from prospective, not {st.role}"
+        if self.quarantined:
+            self.state.postpone_candidacy(now)
+            election.probe_for_leader(self)
+            return
+        self.transition(CandidateState(self, st.epoch + 1), now)
+
+    def is_majority(self, ids: set[int]) -> bool:
+        """Do `ids` make a majority of the voter set? (The one place elections
+        count voters: KIP-853 will give it the voter set as of the log.)"""
+        return len(ids & set(self.voters)) > len(self.voters) // 2
+
+    def note_leader_contact(self, now: int) -> None:
+        """The leader of our epoch answered or spoke to us just now."""
+        self._leader_contact = (self.state.epoch, now)
+
+    def forget_leader_contact(self) -> None:
+        """The leader is leaving or gone (EndQuorumEpoch, its connection reset)."""
+        self._leader_contact = (-1, 0)
+
+    def heard_from_leader_recently(self, now: int) -> bool:
+        epoch, at_ms = self._leader_contact
+        return epoch == self.state.epoch and now - at_ms < self.config.fetch_timeout_ms
 
     def become_leader(self, now: int) -> None:
         cand = self.state
@@ -481,7 +514,7 @@ class QuorumCore:
             self.state.fetch_failed(ev.request_id, ev.destination, ev.reason, req.epoch, now)
         elif req.kind in NOTIFICATIONS:
             self.state.notification_failed(req.destination, ev.request_id, now)
-        # VOTE / PROBE: the candidate keeps waiting for its election timeout.
+        # VOTE / PRE_VOTE / PROBE: the (would-be) candidate keeps waiting for its election timeout.
 
     def _on_response(self, ev: ResponseReceived, now: int) -> None:
         req = self.outbox.settle(ev.request_id)
@@ -506,6 +539,8 @@ class QuorumCore:
             return  # KAFKA-7786: sent under an older epoch; a probe's news was learnt above
         if kind is RequestKind.VOTE:
             self.state.on_vote_answer(ev.destination, resp, now)
+        elif kind is RequestKind.PRE_VOTE:
+            self.state.on_pre_vote_answer(ev.destination, resp, now)
         elif kind in NOTIFICATIONS:
             ok = getattr(resp, "error_code", -1) == Errors.NONE
             self.state.notification_judged(req.destination, ok, now)

@@ -104,7 +104,10 @@ class FollowerState(RoleState):
         core = self.core
         if not core.is_voter or self.leader_id != req.leader_id or core.shutting_down:
             return
-        # The leader is leaving: the most caught-up successor goes first.
+        # The leader is leaving: the most caught-up successor goes first, and
+        # we grant the others' pre-votes (KIP-996) without waiting out the
+        # fetch timeout.
+        core.forget_leader_contact()
         succ = req.preferred_successors
         backoff_max_ms = core.config.election_backoff_max_ms
         if core.node_id in succ:
@@ -189,7 +192,10 @@ class FollowerState(RoleState):
         followers that notice together rarely stand together (split vote), and a
         transient reset costs nothing -- the retried fetches keep going every
         RETRY_BACKOFF_MS and the first answer restores the full timeout.
-        Safety does not depend on it: an election is only an election."""
+        We also stop refusing the other followers' pre-votes for it (they see
+        the same resets). Safety does not depend on it: an election is only
+        an election."""
+        self.core.forget_leader_contact()
         t = self.core.config.election_timeout_ms
         lo = t // 10
         delay = lo + (self.core.random.randrange(t // 2 - lo + 1) if t // 2 > lo else 0)
@@ -220,6 +226,7 @@ class FollowerState(RoleState):
             self._retry_later(now)
             return False
         self.fetch_deadline_ms = now + self.core.config.fetch_timeout_ms
+        self.core.note_leader_contact(now)
         return True
 
     def _on_fetch_response(self, resp: m.Body, now: int) -> None:
@@ -284,6 +291,7 @@ class FollowerState(RoleState):
             return
         core = self.core
         self.fetch_deadline_ms = now + core.config.fetch_timeout_ms
+        core.note_leader_contact(now)
         data = resp.unaligned_records
         if not data and position < resp.size:
             self.download = None

@@ -17,7 +17,7 @@ from broker.quorum.roles import ALLOWED_TRANSITIONS, Role
 from protocol import messages as m
 from protocol.apis import APIS
 from protocol.errors import Errors
-from tests.quorum.harness import CLUSTER, Node, make_leader, of, sent
+from tests.quorum.harness import CLUSTER, Node, make_leader, of, sent, stand
 
 QUORUM_DIR = pathlib.Path(__file__).resolve().parents[2] / "broker" / "quorum"
 
@@ -52,6 +52,8 @@ def test_each_role_change_persists_its_election_before_any_request_or_answer():
     n.step(a.Tick(0))
     now = n.core.next_deadline_ms
     acts = n.step(a.Tick(now))
+    assert n.core.role == Role.PROSPECTIVE and not of(acts, a.PersistQuorumState)  # a memory transition
+    acts = stand(n, now, acts)
     assert n.core.role == Role.CANDIDATE and isinstance(n.core.state, CandidateState)
     first_persist = next(i for i, x in enumerate(acts) if isinstance(x, a.PersistQuorumState))
     first_send = next(i for i, x in enumerate(acts) if isinstance(x, a.SendRequest))
