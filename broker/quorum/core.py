@@ -331,8 +331,10 @@ class QuorumCore:
         assert new.epoch >= old.epoch, f"epoch would go back from {old.epoch} to {new.epoch}"
         if (old.role, new.role) in MEMORY_TRANSITIONS:
             assert self.election_state(new) == self.election_state(old)
-        else:
+        elif self.election_state(new) != self.election_state(old):
             self._persist(new)
+        # (else the disk already says it: e.g. a prospective back to following
+        # its leader, KIP-996 -- no write, no fsync)
         self.state = new
         new.on_enter(now)
         old.on_exit(now)

@@ -223,6 +223,12 @@ class FollowerState(RoleState):
         """A good answer of the expected type restarts the fetch timeout; any
         other is retried after a pause."""
         if not isinstance(resp, expected) or resp.error_code != Errors.NONE:
+            cl = getattr(resp, "current_leader", None)
+            if (getattr(resp, "error_code", None) == Errors.NOT_LEADER_OR_FOLLOWER and cl is not None
+                    and cl.leader_epoch == self.epoch and cl.leader_id == NO_LEADER):
+                # Our leader says it no longer leads our epoch (it resigned:
+                # check-quorum, or restarted, KAFKA-10527): grant pre-votes.
+                self.core.forget_leader_contact()
             self._retry_later(now)
             return False
         self.fetch_deadline_ms = now + self.core.config.fetch_timeout_ms
