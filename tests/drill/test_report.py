@@ -58,3 +58,13 @@ def test_long_drill_png_is_written_and_redrawn_from_its_files(tmp_path):
     assert rerender(str(tmp_path / "long")) == str(tmp_path / "long.png")
     assert (tmp_path / "long.png").stat().st_size > 20_000
     assert timeline(drill)["t0"] == 1000.0
+
+
+def test_failover_is_reported_per_fault_kind_with_its_percentiles():
+    from tools.drill.report import failover_by_kind
+    fo = [{"kind": "pause_leader", "failover_ms": ms} for ms in (900.0, 1100.0, 1300.0)]
+    fo += [{"kind": "kill_leader", "failover_ms": 300.0}, {"kind": "kill_leader", "failover_ms": None}]
+    got = failover_by_kind(fo)
+    assert got["pause_leader"] == {"n": 3, "p50": 1100.0, "p99": 1300.0, "max": 1300.0}
+    # A fault after which no newer epoch ever acknowledged a write is not a sample.
+    assert got["kill_leader"] == {"n": 1, "p50": 300.0, "p99": 300.0, "max": 300.0}

@@ -29,6 +29,18 @@ def test_every_role_has_a_row_in_the_transition_table():
     # Nobody becomes leader but a candidate; an observer never becomes a voter's role.
     assert [r for r, nxt in ALLOWED_TRANSITIONS.items() if Role.LEADER in nxt] == [Role.CANDIDATE]
     assert ALLOWED_TRANSITIONS[Role.OBSERVER] == {Role.OBSERVER}
+    # KIP-996: nobody stands (epoch + 1) without a majority of pre-votes first.
+    assert [r for r, nxt in ALLOWED_TRANSITIONS.items() if Role.CANDIDATE in nxt] == [Role.PROSPECTIVE]
+
+
+def test_the_transition_table_in_the_docs_is_the_one_the_core_asserts():
+    doc = (QUORUM_DIR.parents[1] / "docs" / "quorum-core.md").read_text()
+    rows = {}
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0] in {r.value for r in Role}:
+            rows[Role(cells[0])] = {Role(x.split()[0]) for x in cells[1].split(",")}
+    assert rows == {r: set(nxt) for r, nxt in ALLOWED_TRANSITIONS.items()}
 
 
 def test_a_transition_outside_the_table_is_refused_before_anything_is_persisted():

@@ -485,6 +485,8 @@ def run_drill(args) -> tuple[int, dict]:
           f"{s['writes_duplicated']}, unverifiable {s['writes_unverifiable']}, faults {s['faults']} "
           f"({s['kill_restart_cycles']} kill/restart cycles), "
           f"failover p50 {s['failover_ms_p50']} ms, p99 {s['failover_ms_p99']} ms")
+    for kind, k in s["failover_by_kind"].items():
+        print(f"failover after {kind}: n={k['n']} p50 {k['p50']} ms, p99 {k['p99']} ms, max {k['max']} ms")
     print(f"report: {paths['json']}  timeline: {paths['png']}")
     return (0 if res.ok and not out["problems"] else 1), report
 

@@ -58,6 +58,17 @@ def failovers(drill) -> list[dict]:
     return out
 
 
+def failover_by_kind(fo: list[dict]) -> dict[str, dict]:
+    """Per leader fault kind: how many, and p50 / p99 / max of the failover
+    (ms from the fault to the first ack in a newer epoch). pause_leader is
+    the silent case (a frozen process: no reset, its followers must time out)."""
+    out = {}
+    for kind in sorted({f["kind"] for f in fo}):
+        ms = [f["failover_ms"] for f in fo if f["kind"] == kind and f["failover_ms"] is not None]
+        out[kind] = {"n": len(ms), "p50": _pct(ms, 50), "p99": _pct(ms, 99), "max": max(ms) if ms else None}
+    return out
+
+
 def unavailability(drill, t_start: float, t_end: float) -> list[tuple[float, float]]:
     ts = sorted(a.ts for a in drill.history.acks)
     windows, prev = [], None
@@ -105,6 +116,7 @@ def build_report(drill, out: dict) -> dict:
             "failover_ms_p50": _pct(fo_ms, 50),
             "failover_ms_p99": _pct(fo_ms, 99),
             "failover_ms_max": max(fo_ms) if fo_ms else None,
+            "failover_by_kind": failover_by_kind(fo),
             "unavailable_s_total": round(sum(b - a for a, b in windows), 2),
             "records_consumed": len(drill.history.seen),
             "truncations_told": len(drill.history.truncations),
