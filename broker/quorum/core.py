@@ -13,8 +13,9 @@ the current role object (``broker.quorum.roles``), in the manner of Kafka's
 QuorumState. Where things live:
 
 * ``roles``: the Role enum, the base role, the table of allowed transitions;
-* ``election``: unattached, voted, candidate (vote tally), resigned, and the
-  Vote / BeginQuorumEpoch / EndQuorumEpoch answers;
+* ``election``: unattached, voted, prospective (pre-vote tally), candidate
+  (vote tally), resigned, and the Vote / BeginQuorumEpoch / EndQuorumEpoch
+  answers;
 * ``leader`` (HW, appends, check-quorum, log start), ``leader_reads`` (Fetch,
   parking, FetchSnapshot, OffsetsForLeaderEpoch, ListOffsets), ``progress``
   (per-replica state, parked fetches, produce waiters), ``notify``;
@@ -26,7 +27,11 @@ QuorumState. Where things live:
 What it implements, and where the rule comes from:
 
 * Election (KIP-595 as built in Kafka's KafkaRaftClient): roles unattached,
-  voted, candidate, leader, follower, resigned; non-voters are observers.
+  voted, prospective, candidate, leader, follower, resigned; non-voters are
+  observers. Pre-vote (KIP-996, Kafka 4.0): a voter first asks for pre-votes
+  in epoch + 1 without bumping or persisting anything, and stands only with a
+  majority of them; a voter that heard from its leader within the fetch
+  timeout refuses, so a node cut off by a partition bumps no epoch.
   One persisted vote per epoch, granted only to a log at least as up to date
   (last epoch, end offset). Randomized election timeout T + rand(T), binary
   exponential backoff after a lost election, fetch timeout on followers,
