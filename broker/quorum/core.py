@@ -154,6 +154,9 @@ class QuorumCore:
         # fetch-loop answer, a BeginQuorumEpoch); a voter that has, within the
         # fetch timeout, refuses pre-votes. (epoch, now_ms); epoch -1: never.
         self._leader_contact: tuple[int, int] = (-1, 0)
+        # When we last granted someone's pre-vote: (epoch, now_ms); see
+        # ProspectiveState._won.
+        self._pre_vote_granted: tuple[int, int] = (-1, 0)
         self.appended_this_step = False
         self._persist_on_boot = False
         self.state: RoleState = self._state_from_disk(quorum_state)
@@ -393,6 +396,13 @@ class QuorumCore:
     def forget_leader_contact(self) -> None:
         """The leader is leaving or gone (EndQuorumEpoch, its connection reset)."""
         self._leader_contact = (-1, 0)
+
+    def note_pre_vote_granted(self, now: int) -> None:
+        self._pre_vote_granted = (self.state.epoch, now)
+
+    def granted_pre_vote_recently(self, now: int) -> bool:
+        epoch, at_ms = self._pre_vote_granted
+        return epoch == self.state.epoch and now - at_ms < self.config.election_timeout_ms
 
     def heard_from_leader_recently(self, now: int) -> bool:
         epoch, at_ms = self._leader_contact

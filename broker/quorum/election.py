@@ -189,7 +189,7 @@ class ProspectiveState(RoleState):
     name it until their own fetch timeouts run out, so leaving at the first
     such answer would let only the last follower to time out win."""
 
-    __slots__ = ("granted", "rejected", "persisted_leader", "void")
+    __slots__ = ("granted", "rejected", "persisted_leader", "void", "stand_at_ms")
 
     def __init__(self, core: QuorumCore, old: RoleState):
         super().__init__(core, Role.PROSPECTIVE, old.epoch, old.leader_id, old.voted_id)
@@ -197,6 +197,7 @@ class ProspectiveState(RoleState):
         self.granted = {core.node_id}
         self.rejected: set[int] = set()
         self.void = False  # our log changed under the pre-votes on their way
+        self.stand_at_ms: int | None = None  # won, but deferring (see _won)
 
     def persisted_leader_id(self) -> int:
         return self.persisted_leader
@@ -216,13 +217,35 @@ class ProspectiveState(RoleState):
             core.send(v, req, RequestKind.PRE_VOTE)
 
     def deadlines(self, now: int) -> list[int]:
-        return [] if self.election_deadline_ms is None else [self.election_deadline_ms]
+        ds = [] if self.election_deadline_ms is None else [self.election_deadline_ms]
+        if self.stand_at_ms is not None:
+            ds.append(self.stand_at_ms)
+        return ds
 
     def poll(self, now: int) -> None:
         core = self.core
-        if (self.election_deadline_ms is not None and now >= self.election_deadline_ms
-                and not core.shutting_down):
+        if core.shutting_down:
+            return
+        if self.stand_at_ms is not None and now >= self.stand_at_ms:
+            core.become_candidate(now)
+        elif self.election_deadline_ms is not None and now >= self.election_deadline_ms:
             self._lost(now, timed_out=True)
+
+    def _won(self, now: int) -> None:
+        """A majority would vote for us. If we granted another voter's
+        pre-vote in this epoch lately, it is probably standing right now --
+        the followers of a vanished leader time out together, each granting
+        the other -- and standing too would split the vote (a lost election
+        costs an election timeout and a back-off). Stand after a random
+        0..election_timeout_ms/4 instead: the one whose delay ends first
+        asks for real votes, and the other, still prospective, grants it."""
+        core = self.core
+        if self.stand_at_ms is not None:
+            return
+        if core.granted_pre_vote_recently(now):
+            self.stand_at_ms = now + core.random.randrange(core.config.election_timeout_ms // 4 + 1)
+            return
+        core.become_candidate(now)
 
     def _lost(self, now: int, timed_out: bool) -> None:
         core = self.core
@@ -259,7 +282,7 @@ class ProspectiveState(RoleState):
         if resp.vote_granted:
             self.granted.add(voter)
             if core.is_majority(self.granted):
-                core.become_candidate(now)
+                self._won(now)
             return
         if voter == self.leader_id and resp.leader_id == voter and resp.leader_epoch == self.epoch:
             core.note_leader_contact(now)
@@ -313,6 +336,8 @@ def handle_vote(core: QuorumCore, token: Any, req: m.VoteRequest, now: int) -> N
         # KIP-996: answered from the state we are in, which it never changes
         # (a newer epoch in a pre-vote is not news: nobody is in it yet).
         granted = core.is_voter and not core.quarantined and core.state.grant_pre_vote(req, now)
+        if granted:
+            core.note_pre_vote_granted(now)
         st = core.state
         core.respond(token, m.VoteResponse(leader_id=st.leader_id, leader_epoch=st.epoch, vote_granted=granted))
         return

@@ -244,3 +244,39 @@ def test_check_quorum_resigned_leader_cut_off_never_bumps_the_epoch():
         acts = n.step(a.Tick(t))
         assert n.core.epoch == 1 and not of(acts, a.PersistQuorumState)
     assert n.core.role == "prospective"
+
+
+def test_two_followers_timing_out_together_do_not_both_stand():
+    """Followers of a vanished leader time out together and grant each
+    other's pre-votes. The one that granted defers its candidacy by a random
+    0..election_timeout/4, so the other's real VoteRequest finds it still
+    prospective and it votes instead of splitting the vote."""
+    n, acts = timed_out()
+    to_2 = next(s for s in sent(acts, m.VoteRequest) if s.destination == 2)
+    # Voter 2 is prospective too: we grant its pre-vote, it grants ours.
+    assert one_response(n.step(a.RequestReceived(2101, "pv", pre_vote(2, 5))), "pv").vote_granted
+    acts = answer(n, to_2, 2102, granted=True)
+    assert n.core.role == "prospective" and not of(acts, a.PersistQuorumState)
+    stand_at = n.core.next_deadline_ms
+    assert 2102 <= stand_at <= 2102 + 1000 // 4
+    # Voter 2's delay ended first: its real vote reaches us while we wait.
+    r = one_response(n.step(a.RequestReceived(stand_at - 1 if stand_at > 2102 else 2102, "v", m.VoteRequest(
+        cluster_id=CLUSTER, candidate_epoch=5, candidate_id=2, last_offset_epoch=-1, last_offset=0))), "v")
+    assert r.vote_granted and n.core.role == "voted" and n.core.epoch == 5
+
+
+def test_a_prospective_that_granted_nobody_stands_at_once():
+    n, acts = timed_out()
+    to_2 = next(s for s in sent(acts, m.VoteRequest) if s.destination == 2)
+    answer(n, to_2, 2102, granted=True)
+    assert n.core.role == "candidate"
+
+
+def test_a_deferring_prospective_stands_when_its_delay_ends():
+    n, acts = timed_out()
+    to_2 = next(s for s in sent(acts, m.VoteRequest) if s.destination == 2)
+    n.step(a.RequestReceived(2101, "pv", pre_vote(2, 5)))
+    answer(n, to_2, 2102, granted=True)
+    acts = n.step(a.Tick(n.core.next_deadline_ms))
+    assert n.core.role == "candidate" and n.core.epoch == 5
+    assert len([s for s in sent(acts, m.VoteRequest) if not s.request.pre_vote]) == 2
