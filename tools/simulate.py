@@ -10,7 +10,9 @@ voters were up and reachable and no other fault started in between. All
 samples (including overlapped faults) are reported too, and clean crashes
 split by kind: a killed process (its host resets the connections: followers
 notice at once) or a lost host (silence: followers wait out the fetch
-timeout). Default timeouts: election 1000 ms, fetch 2000 ms.
+timeout). Default timeouts: election 1000 ms, fetch 1000 ms. Then the
+RejoinNoEpochBump windows (a follower isolated from a healthy cluster; see
+sim/random_run.py): how many, and in how many an epoch was bumped.
 """
 
 from __future__ import annotations

@@ -65,7 +65,11 @@ in docs/simulation.md):
   leader times out instead and keeps the full fetch timeout, so this never
   disrupts a live leader; a transient reset is forgotten at the next answer.
   Safety never depends on timing. A leader whose host vanishes silently is
-  still noticed only after fetch_timeout_ms (p50 about 2 s).
+  noticed after fetch_timeout_ms, 1000 ms by default (Kafka: 2000): with
+  pre-vote a follower's false alarm bumps no epoch, so it may be short.
+* The followers of a vanished leader time out together and grant each
+  other's pre-votes; one that granted another's lately stands after a random
+  0..election_timeout_ms / 4 instead of at once, so they do not split the vote.
 * An epoch older than the leader's history (cut at its log-start snapshot) is
   answered with that snapshot's id, as KRaft's KafkaMetadataLog does; the
   follower then fetches and is sent the snapshot instead of truncating.
