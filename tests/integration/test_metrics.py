@@ -5,16 +5,25 @@ installs it)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import os
 import shutil
 import subprocess
+import sys
+import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker.client import MetalogClient
 from broker.metrics import RAFT_METRIC_NAMES
+from broker.tls import TlsFiles, TlsPaths
+from tools.cluster.certs import issue_user
+from tools.cluster.launcher import REPO_ROOT, free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -133,3 +142,95 @@ def test_promtool_accepts_every_brokers_metrics_and_raft_metrics_tell_the_truth(
 
     ratio = cluster.wait_for(idle_ratio_known, 10, "two poll-idle samples")
     assert 0 <= ratio <= 1
+
+
+def test_real_prometheus_scrapes_the_cluster_with_the_shipped_config(make_cluster, tmp_path):
+    """The shipped scrape config (monitoring/prometheus/prometheus.yml), with
+    its targets and certificate paths mapped to a local cluster, run by a real
+    Prometheus: the `prometheus` user's certificate is refused (403) until the
+    compose file's own metrics-acl command grants Describe on the cluster;
+    then every broker is up, each series carries its node label with the
+    quorum's epoch, and every query of the Grafana dashboard evaluates."""
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        pytest.fail("prometheus not found: `bash run.sh setup` installs it (Debian package prometheus)")
+    cluster = make_cluster(voters=3, observers=1, **FAST)
+    leader, epoch = cluster.wait_for_leader()
+    d = cluster.cert_dir
+    issue_user(d, d, "prometheus")
+    user_ctx = TlsFiles(TlsPaths(f"{d}/ca.crt", f"{d}/prometheus.crt", f"{d}/prometheus.key")).client()
+    url = f"https://{cluster.host}:{cluster.nodes[leader].admin_port}/metrics"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, timeout=5, context=user_ctx)
+    assert refused.value.code == 403
+    assert b"CLUSTER_AUTHORIZATION_FAILED" in refused.value.read()
+
+    with open(os.path.join(REPO_ROOT, "docker-compose.yml")) as f:
+        compose = yaml.safe_load(f)
+    grant = list(compose["services"]["metrics-acl"]["command"])
+    assert grant[0] == "metalog"
+    grant[grant.index("--client-config") + 1] = cluster.client_config_path
+    done = subprocess.run([sys.executable, "-m", "tools.cli", *grant[1:]], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    cluster.wait_for(lambda: _status(url, user_ctx) == 200, 10, "the ACL to reach the leader")
+
+    with open(os.path.join(REPO_ROOT, "monitoring", "prometheus", "prometheus.yml")) as f:
+        config = yaml.safe_load(f)
+    config["global"].update(scrape_interval="1s", scrape_timeout="1s")
+    (job,) = config["scrape_configs"]
+    for sc in job["static_configs"]:
+        node = int(sc["labels"]["node"])
+        sc["targets"] = [f"{cluster.host}:{cluster.nodes[node].admin_port}"]
+    for key, path in job["tls_config"].items():
+        job["tls_config"][key] = os.path.join(d, os.path.basename(path))
+    config_path = tmp_path / "prometheus.yml"
+    config_path.write_text(yaml.safe_dump(config))
+    port = free_ports(1)[0]
+    api = f"http://127.0.0.1:{port}/api/v1/query?query="
+    with open(tmp_path / "prometheus.out", "w") as out:
+        proc = subprocess.Popen([prometheus, f"--config.file={config_path}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                 f"--web.listen-address=127.0.0.1:{port}"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        def query(expr: str) -> list[dict] | None:
+            try:
+                with urllib.request.urlopen(api + urllib.parse.quote(expr), timeout=5) as resp:
+                    body = json.load(resp)
+            except (OSError, ValueError):
+                return None
+            assert body["status"] == "success", body
+            return body["data"]["result"]
+
+        def all_up():
+            result = query("up")
+            return result if result and len(result) == 4 and all(r["value"][1] == "1" for r in result) else None
+
+        try:
+            up = cluster.wait_for(all_up, 60, "Prometheus to scrape all four brokers", poll_s=0.5)
+        except TimeoutError:
+            raise AssertionError(f"targets not up: {query('up')}\n{(tmp_path / 'prometheus.out').read_text()[-3000:]}")
+        assert sorted(r["metric"]["node"] for r in up) == ["1", "2", "3", "4"]
+        epochs = query("kafka_server_raft_metrics_current_epoch")
+        assert {r["metric"]["node"]: float(r["value"][1]) for r in epochs} == {str(n): epoch for n in cluster.nodes}
+        leaders = query("kafka_server_raft_metrics_current_state{state=\"leader\"} == 1")
+        assert [r["metric"]["node"] for r in leaders] == [str(leader)]
+        with open(os.path.join(REPO_ROOT, "monitoring", "grafana", "dashboards", "metalog-raft.json")) as f:
+            dashboard = json.load(f)
+        for panel in dashboard["panels"]:
+            for target in panel["targets"]:
+                result = query(target["expr"])
+                assert result is not None, (panel["title"], target["expr"])
+                if panel["title"] in ("Role per node", "Leader seen by each node", "Epoch per node",
+                                      "High watermark and log end offset"):
+                    assert len(result) >= 4, (panel["title"], target["expr"], result)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _status(url: str, ctx) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5, context=ctx) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
