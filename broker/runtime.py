@@ -240,7 +240,8 @@ class Broker:
             self._snapshot_corrupt(report)
             return
         if len(self.voters) == 1 and self.cfg.node_id in self.voters:
-            self._fatal("corruption_no_other_copy", no_copy_message(report, self.cfg.data_dir), **report.as_log_fields())
+            self._fatal("corruption_no_other_copy", no_copy_message(report, self.cfg.data_dir),
+                        **report.as_log_fields())
             return
         try:
             state = self.seg_log.quarantine_from(report)
