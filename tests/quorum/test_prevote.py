@@ -280,3 +280,19 @@ def test_a_deferring_prospective_stands_when_its_delay_ends():
     acts = n.step(a.Tick(n.core.next_deadline_ms))
     assert n.core.role == "candidate" and n.core.epoch == 5
     assert len([s for s in sent(acts, m.VoteRequest) if not s.request.pre_vote]) == 2
+
+
+def test_a_pre_vote_from_a_voter_already_in_a_newer_epoch_moves_us_up_to_its_epoch():
+    """SIM_SEED=1954 of 10,000: a voter that stood in epoch 6 and lost sat
+    prospective there forever, asking pre-votes for 7 of voters that followed
+    a leader of epoch 5 and refused (they heard from it); nobody ever told it
+    about epoch 5's leader in a way it could follow. As Kafka does with the
+    request's ReplicaEpoch, the voters move up to the epoch it is in (not
+    the one it would stand in); an election in a newer epoch follows."""
+    n, acts = following(epoch=5)
+    fetched(n, acts, 100)
+    acts = n.step(a.RequestReceived(200, "pv", pre_vote(2, 7)))
+    r = one_response(acts, "pv")
+    assert n.core.epoch == 6 and n.core.role == "unattached" and n.core.leader_id == -1
+    assert r.leader_epoch == 6 and r.vote_granted  # its (empty) log is as up to date as ours
+    assert of(acts, a.PersistQuorumState)[0].state.leader_epoch == 6
