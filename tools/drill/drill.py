@@ -274,6 +274,19 @@ class Drill:
             await asyncio.sleep(0.05)
         return None
 
+    def _voters_caught_up(self, voters: list[int], timeout_s: float) -> bool:
+        """Wait until every voter's log end reaches the leader's high watermark; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = self.cluster.leader()
+            if found:
+                views = {nid: self.cluster.quorum(nid) for nid in voters}
+                hw = (views.get(found[0]) or {}).get("high_watermark")
+                if hw is not None and all(v and v.get("log_end_offset", -1) >= hw for v in views.values()):
+                    return True
+            time.sleep(0.1)
+        return False
+
     def _pick_kind(self, i: int) -> str:
         if self.schedule:
             return self.schedule[i % len(self.schedule)]
@@ -329,12 +342,22 @@ class Drill:
             await asyncio.sleep(self.hold_s * 1.5)
             p.heal()
         elif kind == "wipe_follower":
+            # A static voter set survives one lost disk only while every other voter holds the
+            # committed log: the wiped voter has forgotten its vote and its log, so a stale voter
+            # (one just restarted) could win its vote and truncate committed records (Raft's
+            # disk-loss case, which KIP-853's directory ids remove). The drill stays inside that
+            # fault model: wipe only when every voter has caught up, and let the wiped one
+            # catch up again before the next fault.
+            rec.detail["voters_caught_up_before"] = await asyncio.to_thread(
+                self._voters_caught_up, voters, self.settle_timeout_s)
             rec.node = self.rng.choice(followers)
             await asyncio.to_thread(c.kill, rec.node)
             self.archive.scan(rec.node, self.incarnation[rec.node])  # the last bytes before the wipe
             shutil.rmtree(c.data_dir(rec.node), ignore_errors=True)
             self.archive.forget_live(rec.node)
             self.start_node(rec.node)
+            rec.detail["wiped_caught_up"] = await asyncio.to_thread(
+                self._voters_caught_up, voters, self.settle_timeout_s)
         else:
             raise AssertionError(kind)
         rec.ts_end = time.time()
