@@ -11,8 +11,14 @@ or breaks marks that broker suspect, so rediscovery asks the others first and
 a frozen leader costs one attempt, not one per retry. Permanent refusals (a
 controller command naming an unknown broker, an invalid request, a record
 larger than ``max_request_bytes``) fail at once with their message. ``produce``
-splits many records into requests of at most ``max_request_bytes``. See
-docs/client.md (delivery guarantee: at-least-once).
+splits many records into requests of at most ``max_request_bytes``.
+
+Idempotent by default (``idempotent=True``, KIP-98): the client obtains a
+producer id once (InitProducerId), numbers its records per producer (each
+request carries the sequence of its first record) and a retry of a request
+reuses its sequence, so the leader answers a retry of an already appended
+request with the original offset instead of appending it again: a produce
+call that returns was stored exactly once. See docs/client.md.
 
 ``Consumer`` (``client.consumer(reset_policy)``) reads committed records with
 Fetch (replica_id = CONSUMER_REPLICA_ID) and detects log truncation as KIP-320
@@ -183,6 +189,7 @@ class MetalogClient:
         logger: Any = None,
         tls: Any = None,
         resolve_address: Callable[[tuple[str, int]], tuple[str, int]] | None = None,
+        idempotent: bool = True,
     ):
         # tls: broker.tls.TlsFiles (or an ssl.SSLContext) with our client certificate; None = plaintext.
         self.tls = tls
@@ -222,6 +229,14 @@ class MetalogClient:
         self.leader_id = m.NO_LEADER
         self.answered_by: tuple[int, str] = (m.NO_LEADER, "")  # (node id, host:port) of the last answer
         self.leader_epoch = NO_EPOCH
+        # Idempotent produce: our producer (id, epoch) from InitProducerId and the
+        # sequence of the next record; one produce request in flight at a time
+        # (the lock), so the leader sees our sequences in order.
+        self.idempotent = idempotent
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self._next_sequence = 0
+        self._produce_lock = asyncio.Lock()
 
     # -- public calls ------------------------------------------------------
 
@@ -286,21 +301,79 @@ class MetalogClient:
         committed before the next is sent: the records of one request are
         consecutive, but another producer's records may fall between two
         requests, and if a later request fails the earlier ones stay appended.
-        Retried on leader changes and timeouts within delivery_timeout_ms. Not
-        idempotent: if an attempt timed out (or the connection broke) after the
-        leader appended the records, the retry appends them again, so a record
-        can appear twice (at-least-once).
+        Retried on leader changes and timeouts within delivery_timeout_ms.
+        Idempotent (the default): every retry of a request carries the same
+        producer id, epoch and sequence, and the leader answers a retry of an
+        appended request with its original offset, so each record is stored
+        once. If a request fails for good (the call raises), the client takes
+        a new producer id for the next call: the failed request may or may not
+        be stored. With ``idempotent=False`` a retry after a lost answer can
+        store the records twice (at-least-once).
         """
         if not records:
             raise ValueError("produce needs at least one record")
+        chunks = self.split_requests(records)
+        if not self.idempotent:
+            first: tuple[int, int] | None = None
+            for chunk in chunks:
+                resp = await self._leader_request(
+                    ApiKey.PRODUCE,
+                    lambda chunk=chunk: m.ProduceRequest(cluster_id=self.cluster_id, records=chunk,
+                                                         timeout_ms=self._server_wait_ms),
+                    self.request_timeout_ms,
+                )
+                if first is None:
+                    first = (resp.base_offset, resp.leader_epoch)
+            assert first is not None
+            return first
+        async with self._produce_lock:
+            return await self._produce_idempotent(chunks)
+
+    async def init_producer_id(self) -> tuple[int, int]:
+        """Take a new producer id from the leader (InitProducerId); resets the sequence."""
+        resp = await self._leader_request(
+            ApiKey.INIT_PRODUCER_ID,
+            lambda: m.InitProducerIdRequest(cluster_id=self.cluster_id, timeout_ms=self._server_wait_ms),
+            self.request_timeout_ms,
+        )
+        self.producer_id, self.producer_epoch, self._next_sequence = resp.producer_id, resp.producer_epoch, 0
+        self._log.debug("producer_id_initialized", producer_id=resp.producer_id, producer_epoch=resp.producer_epoch)
+        return resp.producer_id, resp.producer_epoch
+
+    async def _produce_idempotent(self, chunks: list[list[bytes]]) -> tuple[int, int]:
         first: tuple[int, int] | None = None
-        for chunk in self.split_requests(records):
-            resp = await self._leader_request(
-                ApiKey.PRODUCE,
-                lambda chunk=chunk: m.ProduceRequest(cluster_id=self.cluster_id, records=chunk,
-                                                     timeout_ms=self._server_wait_ms),
-                self.request_timeout_ms,
-            )
+        for chunk in chunks:
+            reinits = 0
+            while True:
+                if self.producer_id < 0:
+                    await self.init_producer_id()
+                pid, epoch, seq = self.producer_id, self.producer_epoch, self._next_sequence
+                try:
+                    resp = await self._leader_request(
+                        ApiKey.PRODUCE,
+                        # Every attempt of this request: the same producer fields.
+                        lambda chunk=chunk, pid=pid, epoch=epoch, seq=seq: m.ProduceRequest(
+                            cluster_id=self.cluster_id, records=chunk, timeout_ms=self._server_wait_ms,
+                            producer_id=pid, producer_epoch=epoch, base_sequence=seq),
+                        self.request_timeout_ms, passthrough=frozenset({Errors.UNKNOWN_PRODUCER_ID}),
+                    )
+                except BaseException:
+                    # Outcome unknown (or refused): the next call starts a new producer,
+                    # so its first request cannot be judged against this one's sequence.
+                    self.producer_id = -1
+                    raise
+                if resp.error_code == Errors.UNKNOWN_PRODUCER_ID and reinits == 0:
+                    # Kafka's answer for a producer whose state expired: take a new id
+                    # and send this request again as its first one.
+                    self._log.info("producer_id_unknown", producer_id=pid, message=resp.error_message)
+                    self.producer_id = -1
+                    reinits += 1
+                    continue
+                if resp.error_code != Errors.NONE:
+                    self.producer_id = -1
+                    raise _error(resp.error_code, resp.error_message or "")
+                break
+            self._next_sequence = seq + len(chunk)
             if first is None:
                 first = (resp.base_offset, resp.leader_epoch)
         assert first is not None
