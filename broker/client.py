@@ -173,6 +173,15 @@ class _Revalidate(Exception):
     """The leader epoch changed under a pending fetch: validate the position first."""
 
 
+@dataclass
+class _Producer:
+    """One idempotent producer of a client (KIP-98)."""
+
+    producer_id: int
+    producer_epoch: int
+    next_sequence: int = 0
+
+
 class MetalogClient:
     def __init__(
         self,
@@ -229,14 +238,14 @@ class MetalogClient:
         self.leader_id = m.NO_LEADER
         self.answered_by: tuple[int, str] = (m.NO_LEADER, "")  # (node id, host:port) of the last answer
         self.leader_epoch = NO_EPOCH
-        # Idempotent produce: our producer (id, epoch) from InitProducerId and the
-        # sequence of the next record; one produce request in flight at a time
-        # (the lock), so the leader sees our sequences in order.
+        # Idempotent produce: producers (id and epoch from InitProducerId, the
+        # sequence of the next record) not in use. Each produce call takes one
+        # for its duration, so a producer has one request in flight and the
+        # leader sees its sequences in order; concurrent calls use several
+        # producers (as many as ever ran at once) instead of waiting in line.
         self.idempotent = idempotent
-        self.producer_id = -1
-        self.producer_epoch = -1
-        self._next_sequence = 0
-        self._produce_lock = asyncio.Lock()
+        self._idle_producers: list[_Producer] = []
+        self.producers_initialized = 0
 
     # -- public calls ------------------------------------------------------
 
@@ -326,58 +335,52 @@ class MetalogClient:
                     first = (resp.base_offset, resp.leader_epoch)
             assert first is not None
             return first
-        async with self._produce_lock:
-            return await self._produce_idempotent(chunks)
+        producer = self._idle_producers.pop() if self._idle_producers else None
+        first: tuple[int, int] | None = None
+        for chunk in chunks:
+            producer, resp = await self._produce_chunk(producer, chunk)
+            if first is None:
+                first = (resp.base_offset, resp.leader_epoch)
+        assert first is not None and producer is not None
+        # Only a producer whose every request was answered is used again: after a
+        # failure its next sequence could not be judged against the unknown outcome.
+        self._idle_producers.append(producer)
+        return first
 
     async def init_producer_id(self) -> tuple[int, int]:
-        """Take a new producer id from the leader (InitProducerId); resets the sequence."""
+        """A new producer id and epoch from the leader (InitProducerId)."""
         resp = await self._leader_request(
             ApiKey.INIT_PRODUCER_ID,
             lambda: m.InitProducerIdRequest(cluster_id=self.cluster_id, timeout_ms=self._server_wait_ms),
             self.request_timeout_ms,
         )
-        self.producer_id, self.producer_epoch, self._next_sequence = resp.producer_id, resp.producer_epoch, 0
+        self.producers_initialized += 1
         self._log.debug("producer_id_initialized", producer_id=resp.producer_id, producer_epoch=resp.producer_epoch)
         return resp.producer_id, resp.producer_epoch
 
-    async def _produce_idempotent(self, chunks: list[list[bytes]]) -> tuple[int, int]:
-        first: tuple[int, int] | None = None
-        for chunk in chunks:
-            reinits = 0
-            while True:
-                if self.producer_id < 0:
-                    await self.init_producer_id()
-                pid, epoch, seq = self.producer_id, self.producer_epoch, self._next_sequence
-                try:
-                    resp = await self._leader_request(
-                        ApiKey.PRODUCE,
-                        # Every attempt of this request: the same producer fields.
-                        lambda chunk=chunk, pid=pid, epoch=epoch, seq=seq: m.ProduceRequest(
-                            cluster_id=self.cluster_id, records=chunk, timeout_ms=self._server_wait_ms,
-                            producer_id=pid, producer_epoch=epoch, base_sequence=seq),
-                        self.request_timeout_ms, passthrough=frozenset({Errors.UNKNOWN_PRODUCER_ID}),
-                    )
-                except BaseException:
-                    # Outcome unknown (or refused): the next call starts a new producer,
-                    # so its first request cannot be judged against this one's sequence.
-                    self.producer_id = -1
-                    raise
-                if resp.error_code == Errors.UNKNOWN_PRODUCER_ID and reinits == 0:
-                    # Kafka's answer for a producer whose state expired: take a new id
-                    # and send this request again as its first one.
-                    self._log.info("producer_id_unknown", producer_id=pid, message=resp.error_message)
-                    self.producer_id = -1
-                    reinits += 1
-                    continue
-                if resp.error_code != Errors.NONE:
-                    self.producer_id = -1
-                    raise _error(resp.error_code, resp.error_message or "")
-                break
-            self._next_sequence = seq + len(chunk)
-            if first is None:
-                first = (resp.base_offset, resp.leader_epoch)
-        assert first is not None
-        return first
+    async def _produce_chunk(self, producer: "_Producer | None",
+                             chunk: list[bytes]) -> tuple["_Producer", m.ProduceResponse]:
+        """One request of an idempotent producer, retried with the same
+        sequence; UNKNOWN_PRODUCER_ID (its state expired on the leader) takes a
+        new producer id once and sends the request again as its first."""
+        for renewal in range(2):
+            if producer is None:
+                producer = _Producer(*await self.init_producer_id())
+            pid, epoch, seq = producer.producer_id, producer.producer_epoch, producer.next_sequence
+            resp = await self._leader_request(
+                ApiKey.PRODUCE,
+                # Every attempt of this request carries the same producer fields.
+                lambda: m.ProduceRequest(cluster_id=self.cluster_id, records=chunk, timeout_ms=self._server_wait_ms,
+                                         producer_id=pid, producer_epoch=epoch, base_sequence=seq),
+                self.request_timeout_ms,
+                passthrough=frozenset({Errors.UNKNOWN_PRODUCER_ID}) if renewal == 0 else frozenset(),
+            )
+            if resp.error_code == Errors.NONE:
+                producer.next_sequence = seq + len(chunk)
+                return producer, resp
+            self._log.info("producer_id_unknown", producer_id=pid, message=resp.error_message)
+            producer = None
+        raise AssertionError("unreachable: the second attempt raises or succeeds")
 
     async def command(self, command: str, **args: Any) -> tuple[int, int]:
         """Run a controller command on the leader (create_topic, delete_topic,
