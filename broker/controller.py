@@ -313,10 +313,6 @@ class ControllerState:
     def _no_op(self, rec: r.NoOp) -> bool:
         return True
 
-    def _producer_ids(self, rec: r.ProducerIds) -> bool:
-        # The id handed out is this record's offset: nothing to keep.
-        return True
-
     def _producer_state(self, rec: r.ProducerState) -> bool:
         if rec.producer_id < 0 or len(rec.batches) > RETAINED_BATCHES:
             return self._invalid(f"ProducerState of producer id {rec.producer_id} with "
@@ -438,7 +434,6 @@ _HANDLERS = {
     r.AccessControlEntry: ControllerState._access_control_entry,
     r.RemoveAccessControlEntry: ControllerState._remove_access_control_entry,
     r.NoOp: ControllerState._no_op,
-    r.ProducerIds: ControllerState._producer_ids,
     r.ProducerState: ControllerState._producer_state,
 }
 

@@ -1,8 +1,7 @@
 """The runtime's side of idempotent produce (KIP-98): producer ids and dedup.
 
-* ``InitPidToken``: the core's token for an InitProducerId append (one
-  ``ProducerIds`` record); its ProduceResponse becomes an
-  InitProducerIdResponse whose producer id is the record's offset.
+* ``ProducerIdAllocator``: the ids InitProducerId hands out, unique from
+  the leader epoch (no record, no wait).
 * ``ProducerGuard``: the producer state as of the log END (appended, not only
   committed; storage.producer_state), fed with every batch the log appends
   (the leader's own and a follower's fetched ones alike), rebuilt after a
@@ -29,24 +28,38 @@ MAX_PARKED_DUPLICATES = 10_000
 REBUILD_READ_BYTES = 1 << 20
 
 
-class InitPidToken:
-    """The core's token for an InitProducerId's append."""
-
-    __slots__ = ("conn", "correlation_id")
-
-    def __init__(self, conn: Any, correlation_id: int):
-        self.conn = conn
-        self.correlation_id = correlation_id
+# Ids one leader may hand out in its epoch: the low 32 bits of an id.
+IDS_PER_EPOCH = 1 << 32
 
 
-def init_pid_response(response: m.ProduceResponse) -> m.InitProducerIdResponse:
-    """The answer to InitProducerId from the core's answer to its append."""
-    if response.error_code != Errors.NONE:
-        return m.InitProducerIdResponse(error_code=response.error_code, error_message=response.error_message,
-                                        current_leader=response.current_leader)
-    # The committed ProducerIds record's offset is the id; every new id starts at epoch 0.
-    return m.InitProducerIdResponse(producer_id=response.base_offset, producer_epoch=0,
-                                    current_leader=response.current_leader)
+class ProducerIdAllocator:
+    """Producer ids for InitProducerId: ``leader_epoch * 2**32 + n``, n
+    counting up from 0 within the epoch, in memory.
+
+    Unique without writing anything: an epoch has at most one leader ever
+    (a vote is fsynced before it is granted, a voter grants one vote per
+    epoch), an epoch is never led twice (a restarted leader starts a new
+    epoch, KAFKA-10527), and epochs only grow. So two leaders never share
+    the high half, and one leader never repeats the low half. See
+    docs/client.md for the full argument.
+    """
+
+    def __init__(self) -> None:
+        self._epoch = -1
+        self._next = 0
+
+    def allocate(self, leader_epoch: int, current_leader: m.LeaderIdAndEpoch) -> m.InitProducerIdResponse:
+        assert leader_epoch >= 0
+        if leader_epoch != self._epoch:
+            assert leader_epoch > self._epoch, "a leader's epoch only grows"
+            self._epoch, self._next = leader_epoch, 0
+        if self._next >= IDS_PER_EPOCH or leader_epoch >= 1 << 31:
+            return m.InitProducerIdResponse(
+                error_code=Errors.REQUEST_TIMED_OUT, current_leader=current_leader,
+                error_message=f"no producer ids left in epoch {leader_epoch}: retry after the next election")
+        pid = leader_epoch * IDS_PER_EPOCH + self._next
+        self._next += 1
+        return m.InitProducerIdResponse(producer_id=pid, producer_epoch=0, current_leader=current_leader)
 
 
 def validate_produce(body: m.ProduceRequest) -> str | None:

@@ -51,7 +51,7 @@ from broker.consistency import LogDigest
 from broker.consistency_check import ConsistencyChecker
 from broker.controller_commands import CommandQueue, CommandToken, LeaderView
 from broker.gate import Gate
-from broker.idempotence import InitPidToken, ProducerGuard, init_pid_response, refusal, validate_produce
+from broker.idempotence import ProducerGuard, ProducerIdAllocator, refusal, validate_produce
 from broker.local_state import no_copy_message, recover_local_state
 from broker.metrics import IDLE_SAMPLE_S, BrokerMetrics, RaftView
 from broker.net import Connection, ListenerLimits, NetError, PeerPool, Server, serve
@@ -70,7 +70,6 @@ from storage.epochs import EpochHistory, write_checkpoint
 from storage.errors import CorruptionReport, LogWriteError, StorageError
 from storage.group_commit import Arm, GroupCommit
 from storage.producer_state import Verdict
-from storage import metadata_records as r
 from storage.log import SegmentedLog
 from storage.scrub import Scrubber
 from storage.snapshot import SnapshotStore
@@ -129,10 +128,10 @@ class Broker:
         self._unanswered_produce: set = set()
         # Idempotent produce (broker.idempotence): the producer state at the log
         # end, the queued idempotent requests by token (each becomes its own
-        # batch), and InitProducerId appends not yet answered.
+        # batch), and the producer ids this node hands out while it leads.
         self.producers = ProducerGuard(cfg.storage.producer_id_expiration_ms)
         self._idempotent: dict[Any, m.ProduceRequest] = {}
-        self._unanswered_init: set[InitPidToken] = set()
+        self.producer_ids = ProducerIdAllocator()
         self._producers_expired_at_ms = 0
         self.scrubber: Scrubber | None = None
         self._consistency_task: asyncio.Task | None = None
@@ -402,9 +401,6 @@ class Broker:
             self._unanswered_produce.discard(token)
             if type(token) is CommandToken:
                 self._send_answers([self.commands.done(token, a.response)])
-            elif type(token) is InitPidToken:
-                self._unanswered_init.discard(token)
-                token.conn.send_response(token.correlation_id, init_pid_response(a.response))
             else:
                 conn, correlation_id = token
                 conn.send_response(correlation_id, a.response)
@@ -527,10 +523,6 @@ class Broker:
         self._idempotent.clear()
         for conn, cid in tokens:
             conn.send_response(cid, m.ProduceResponse(error_code=Errors.KAFKA_STORAGE_ERROR, error_message=message))
-        for token in self._unanswered_init:
-            token.conn.send_response(token.correlation_id, m.InitProducerIdResponse(
-                error_code=Errors.KAFKA_STORAGE_ERROR, error_message=message))
-        self._unanswered_init.clear()
         self._send_answers(self.commands.fail_all(Errors.KAFKA_STORAGE_ERROR, message))
 
     # ------------------------------------------------------------ metrics
@@ -797,18 +789,14 @@ class Broker:
             self.controller.state.producers.expire(now)
 
     def _init_producer_id(self, conn: Connection, correlation_id: int) -> None:
-        """InitProducerId: append one ProducerIds record; its offset, once
-        committed, is the new producer id (answered by the core's Respond)."""
+        """InitProducerId: a new id from this leader's epoch (broker.idempotence)."""
         core = self.core
         if not core.is_leader:
             conn.send_response(correlation_id, m.InitProducerIdResponse(
                 error_code=Errors.NOT_LEADER_OR_FOLLOWER, current_leader=core.current_leader(),
                 error_message=f"node {self.cfg.node_id} is not the leader"))
             return
-        token = InitPidToken(conn, correlation_id)
-        self._unanswered_init.add(token)
-        record = r.encode_record(r.ProducerIds(broker_id=self.cfg.node_id, leader_epoch=core.epoch))
-        self._step(qa.ClientAppend(now_ms(), [(token, 1)], [record], wall_clock_ms()))
+        conn.send_response(correlation_id, self.producer_ids.allocate(core.epoch, core.current_leader()))
 
     def _rebuild_producers(self) -> None:
         """The producer state at the log end: the controller's committed copy

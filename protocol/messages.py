@@ -244,8 +244,8 @@ class ProduceResponse(Body):
 
 # --------------------------------------------------------------------------
 # InitProducerId (22), Kafka's fields (no transactions: transactional_id stays
-# None). The leader allocates a fresh id through the log (a ProducerIds record
-# whose offset is the id) and answers once that record is committed.
+# None). The leader answers with a fresh id derived from its leader epoch
+# (unique across leaders: see broker.idempotence and docs/client.md).
 
 
 class InitProducerIdRequest(Body):

@@ -97,7 +97,9 @@ async def test_retry_after_a_lost_answer_is_stored_once_at_its_original_offset_a
 
 async def test_producer_ids_are_unique_across_a_leader_change(make_cluster):
     """Every InitProducerId answer is a distinct id, before and after the
-    leader is killed (the id is the offset of a committed record)."""
+    leader is killed: the new leader's ids are above every old one (its epoch
+    is the high half), and InitProducerId puts nothing in the log that
+    consumers would see."""
     cluster = make_cluster(voters=3, election_timeout_ms=500, fetch_timeout_ms=1000, request_timeout_ms=1000,
                            fetch_max_wait_ms=200)
     leader, _ = await asyncio.to_thread(cluster.wait_for_leader, 20)
@@ -113,3 +115,9 @@ async def test_producer_ids_are_unique_across_a_leader_change(make_cluster):
     assert all(e == 0 for _pid, e in ids)
     pids = [pid for pid, _e in ids]
     assert len(set(pids)) == 10 and pids == sorted(pids), pids
+    assert pids[5] >> 32 > pids[4] >> 32  # a new leader, a new epoch, a new range
+    hw = (await asyncio.to_thread(lambda: cluster.quorum(cluster.leader()[0])))["high_watermark"]
+    cluster.stop()
+    for n in cluster.nodes:
+        if n != leader:
+            assert committed_values(cluster.data_dir(n), hw) == [], "InitProducerId wrote records"
