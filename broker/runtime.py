@@ -802,10 +802,17 @@ class Broker:
         """The producer state at the log end: the controller's committed copy
         plus the log after it (after a start, a truncation, a snapshot install)."""
         log = self.seg_log
-        self.producers.rebuild(
-            self.controller.state.producers,
-            lambda offset: log.read(max(offset, log.log_start_offset), log.log_end_offset, 1 << 20),
-            log.log_end_offset)
+        try:
+            self.producers.rebuild(
+                self.controller.state.producers,
+                # Headers are all it needs: the CRCs are the scrubber's, fetch's and apply's job.
+                lambda offset: log.read(max(offset, log.log_start_offset), log.log_end_offset, 1 << 20,
+                                        verify=False),
+                log.log_end_offset)
+        except CorruptBatchError as exc:
+            # A damaged header: the usual reaction (quarantine, re-fetch); that
+            # cut rebuilds the table again from what is left.
+            self._on_corruption(exc.report, "producer_state")
 
     # ------------------------------------------------- controller commands
     def _enqueue_command(self, token, body: m.ControllerCommandRequest) -> None:
