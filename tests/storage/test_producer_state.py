@@ -146,3 +146,49 @@ def test_producer_state_in_the_log_is_refused():
     c.apply_batches(encode_batch(0, 1, [rec], T0))
     assert len(c.state.producers) == 0
     assert c.state.last_invalid == "offset 0: ProducerState belongs in snapshots only"
+
+
+def test_a_duplicate_is_answered_with_the_original_offset_only_once_committed():
+    from protocol.errors import Errors
+
+    guard = ProducerGuard(60_000)
+    guard.on_append(pbatch(0, 7, 0, 3, leader_epoch=4))
+    req = m.ProduceRequest(cluster_id="c", records=[b"a", b"b", b"c"], producer_id=7, producer_epoch=0,
+                           base_sequence=0)
+    check = guard.check(req, T0)
+    assert check.verdict is Verdict.DUPLICATE
+    leader = m.LeaderIdAndEpoch(1, 4)
+    assert guard.park_duplicate("tok", check.original)
+    assert list(guard.release(2, True, leader)) == []  # offsets 0..2 not all committed yet
+    (answer,) = guard.release(3, True, leader)
+    assert answer == ("tok", m.ProduceResponse(base_offset=0, leader_epoch=4, current_leader=leader))
+    # Leadership lost before the commit: NOT_LEADER_OR_FOLLOWER, the client retries elsewhere.
+    guard.park_duplicate("tok2", check.original)
+    ((tok, resp),) = guard.release(None, False, m.LeaderIdAndEpoch(2, 5))
+    assert tok == "tok2" and resp.error_code == Errors.NOT_LEADER_OR_FOLLOWER
+
+
+def test_producer_ids_come_from_the_leader_epoch_and_never_repeat():
+    from broker.idempotence import IDS_PER_EPOCH, ProducerIdAllocator
+
+    alloc = ProducerIdAllocator()
+    cl = m.LeaderIdAndEpoch(1, 3)
+    ids = [alloc.allocate(3, cl).producer_id for _ in range(3)]
+    assert ids == [3 * IDS_PER_EPOCH, 3 * IDS_PER_EPOCH + 1, 3 * IDS_PER_EPOCH + 2]
+    assert alloc.allocate(5, cl).producer_id == 5 * IDS_PER_EPOCH  # a later epoch: a fresh range
+    assert alloc.allocate(5, cl).producer_epoch == 0
+
+
+def test_malformed_producer_fields_are_refused_by_name():
+    from broker.idempotence import validate_produce
+
+    def req(**kw):
+        return m.ProduceRequest(cluster_id="c", records=[b"x"], **kw)
+
+    assert validate_produce(req()) is None
+    assert validate_produce(req(producer_id=1, producer_epoch=0, base_sequence=0)) is None
+    assert validate_produce(req(base_sequence=4)) == "producer_epoch -1 / base_sequence 4 given without a producer_id"
+    assert validate_produce(req(producer_id=1, producer_epoch=-1, base_sequence=0)) == (
+        "producer_epoch -1 out of range 0..32767")
+    assert validate_produce(req(producer_id=1, producer_epoch=0, base_sequence=-3)) == (
+        "base_sequence -3 out of range for 1 record(s)")
