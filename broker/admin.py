@@ -83,6 +83,7 @@ def quorum_view(broker: "Broker") -> dict:
 def _replica(r) -> dict:
     return {
         "replica_id": r.replica_id,
+        "directory_id": r.replica_directory_id or None,
         "log_end_offset": r.log_end_offset,
         "last_fetch_timestamp_ms": r.last_fetch_timestamp_ms,
         "last_caught_up_timestamp_ms": r.last_caught_up_timestamp_ms,

@@ -10,8 +10,11 @@ StartupError whose message says why and what to do (exit code 3).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import time
+import uuid
 from dataclasses import dataclass
 
 from broker.config import BrokerConfig
@@ -26,6 +29,8 @@ from storage.quorum_state import QuorumStateError, QuorumStateFile
 from storage.snapshot import SnapshotInvariantError, SnapshotStore
 
 META_FILE = "meta.properties"
+# Kafka's Uuid.ZERO_UUID, ONE_UUID and METADATA_TOPIC_ID: never a directory id.
+_RESERVED_DIRECTORY_IDS = frozenset({"AAAAAAAAAAAAAAAAAAAAAA", "AAAAAAAAAAAAAAAAAAAAAQ"})
 
 
 class StartupError(Exception):
@@ -42,15 +47,46 @@ class LocalState:
     qs: qa.QuorumStateData | None
     health_problems: dict[str, str]  # why /health starts "degraded" (quarantine at open)
     corruption_seen: set[tuple[str, int]]  # (file, position) already reported
+    directory_id: str  # this data dir's id in meta.properties (KIP-853)
 
 
-def check_meta(data_dir: str, cluster_id: str, node_id: int) -> None:
-    """Bind a data dir to one cluster and node: refuse a mismatch at boot."""
+def new_directory_id() -> str:
+    """A random directory id as Kafka writes it (Uuid.randomUuid: 16 random
+    bytes, url-safe base64 without padding), never one of Kafka's reserved
+    ids nor one whose string starts with '-' (unreadable on a command line)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-") and text not in _RESERVED_DIRECTORY_IDS:
+            return text
+
+
+def _read_props(path: str) -> dict[str, str]:
+    with open(path) as f:
+        lines = f.read().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+
+
+def _meta_text(cluster_id: str, node_id: int, directory_id: str) -> bytes:
+    return f"version=1\ncluster.id={cluster_id}\nnode.id={node_id}\ndirectory.id={directory_id}\n".encode()
+
+
+def valid_directory_id(text: str) -> bool:
+    """Kafka's Uuid string form: 22 characters of url-safe base64, 16 bytes."""
+    if len(text) != 22 or text in _RESERVED_DIRECTORY_IDS:
+        return False
+    try:
+        return len(base64.urlsafe_b64decode(text + "==")) == 16
+    except (ValueError, binascii.Error):
+        return False
+
+
+def check_meta(data_dir: str, cluster_id: str, node_id: int, log) -> str:
+    """Bind a data dir to one cluster and node: refuse a mismatch at boot.
+    Returns the dir's directory id (KIP-853): written with the binding; a dir
+    bound by an older build, without one, gets one now (logged)."""
     path = os.path.join(data_dir, META_FILE)
     if os.path.exists(path):
-        props = dict(
-            line.split("=", 1) for line in open(path).read().splitlines() if "=" in line and not line.startswith("#")
-        )
+        props = _read_props(path)
         if props.get("cluster.id") != cluster_id:
             raise StartupError(
                 f"data dir {data_dir} belongs to cluster {props.get('cluster.id')!r} but the config says "
@@ -60,8 +96,24 @@ def check_meta(data_dir: str, cluster_id: str, node_id: int) -> None:
             raise StartupError(
                 f"data dir {data_dir} belongs to node {props.get('node.id')} but the config says node {node_id}"
             )
-        return
-    atomic_write(path, f"version=1\ncluster.id={cluster_id}\nnode.id={node_id}\n".encode())
+        directory_id = props.get("directory.id")
+        if directory_id is None:
+            directory_id = new_directory_id()
+            atomic_write(path, _meta_text(cluster_id, node_id, directory_id))
+            log.info("directory_id_assigned", data_dir=data_dir, directory_id=directory_id,
+                     reason=f"{META_FILE} was written by a build without directory ids")
+        elif not valid_directory_id(directory_id):
+            raise StartupError(
+                f"{path}: directory.id {directory_id!r} is not a directory id (22 characters of url-safe "
+                f"base64, as Kafka writes them): refusing to start. This id names this replica to the "
+                f"quorum; restore the file from a backup, or treat the dir as a new replica (move the "
+                f"data dir aside and let it re-replicate)")
+        return directory_id
+    directory_id = new_directory_id()
+    atomic_write(path, _meta_text(cluster_id, node_id, directory_id))
+    log.info("data_dir_bound", data_dir=data_dir, cluster_id=cluster_id, node_id=node_id,
+             directory_id=directory_id)
+    return directory_id
 
 
 def no_copy_message(report: CorruptionReport, data_dir: str) -> str:
@@ -80,7 +132,7 @@ def recover_local_state(cfg: BrokerConfig, part_dir: str, log, metrics: BrokerMe
     corruption_seen: set[tuple[str, int]] = set()
     voters = cfg.voter_endpoints()
     os.makedirs(cfg.data_dir, exist_ok=True)
-    check_meta(cfg.data_dir, cfg.cluster_id, cfg.node_id)  # before writing anything there
+    directory_id = check_meta(cfg.data_dir, cfg.cluster_id, cfg.node_id, log)  # before writing anything there
     os.makedirs(part_dir, exist_ok=True)
     # Another copy can exist (more than one voter, or we are an observer):
     # corruption found at open is quarantined and re-replicated. A single
@@ -176,4 +228,5 @@ def recover_local_state(cfg: BrokerConfig, part_dir: str, log, metrics: BrokerMe
         snapshots=snapshots.list(),
         must_reach_offset=seg_log.quarantine.must_reach_offset if seg_log.quarantine else -1,
     )
-    return LocalState(seg_log, snapshots, controller, qs_file, view, qs, health_problems, corruption_seen)
+    return LocalState(seg_log, snapshots, controller, qs_file, view, qs, health_problems, corruption_seen,
+                      directory_id)

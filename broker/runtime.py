@@ -36,6 +36,7 @@ verification is deleted, the log kept and the download retried.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import time
@@ -155,7 +156,10 @@ class Broker:
         self.digest = LogDigest.build(self.seg_log)
         self.log.info("log_digest_built", batches_from=self.digest.first_base, end_offset=self.digest.end_offset,
                       seconds=round(time.perf_counter() - t0, 4))
-        self.core = QuorumCore(cfg.quorum, view, _Reader(self.seg_log, self.snapshots), qs,
+        self.directory_id = local.directory_id
+        # The core knows this replica as (node id, directory id) (KIP-853).
+        quorum_cfg = dataclasses.replace(cfg.quorum, directory_id=local.directory_id)
+        self.core = QuorumCore(quorum_cfg, view, _Reader(self.seg_log, self.snapshots), qs,
                                Environment(SystemClock(), random.Random()))
         self.metrics.bind_raft_view(self._raft_view)
         self._sample_loop_idle()
@@ -199,6 +203,7 @@ class Broker:
                                     "reach the port can act as a replica, write and change ACLs")
         self.log.info(
             "broker_started", listen=str(ep), security_protocol=cfg.security.security_protocol,
+            directory_id=self.directory_id,
             voters={k: str(v) for k, v in self.voters.items()},
             log_start_offset=self.seg_log.log_start_offset, log_end_offset=self.seg_log.log_end_offset,
             epoch=self.core.epoch, role=str(self.core.role),

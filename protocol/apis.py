@@ -31,8 +31,9 @@ APIS: dict[ApiKey, tuple[type[m.Body], type[m.Body], int, int]] = {
     ApiKey.METADATA: (m.MetadataRequest, m.MetadataResponse, 0, 0),
     ApiKey.API_VERSIONS: (m.ApiVersionsRequest, m.ApiVersionsResponse, 0, 0),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: (m.OffsetsForLeaderEpochRequest, m.OffsetsForLeaderEpochResponse, 0, 0),
-    # Vote: versions as Kafka numbers them. v1 is KIP-853's (directory ids:
-    # not carried yet, so its body is v0's); v2 adds pre_vote (KIP-996).
+    # Vote: versions as Kafka numbers them. v1 is KIP-853's (directory ids,
+    # carried as trailing fields with defaults in every version: an older
+    # peer drops them, i.e. treats them as unknown); v2 adds pre_vote (KIP-996).
     ApiKey.VOTE: (m.VoteRequest, m.VoteResponse, 0, 2),
     ApiKey.BEGIN_QUORUM_EPOCH: (m.BeginQuorumEpochRequest, m.BeginQuorumEpochResponse, 0, 0),
     ApiKey.END_QUORUM_EPOCH: (m.EndQuorumEpochRequest, m.EndQuorumEpochResponse, 0, 0),

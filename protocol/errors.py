@@ -27,6 +27,7 @@ class Errors(enum.IntEnum):
     SNAPSHOT_NOT_FOUND = 98
     POSITION_OUT_OF_RANGE = 99
     INCONSISTENT_CLUSTER_ID = 104
+    INVALID_VOTER_KEY = 125  # KIP-853: the request names another directory id of this node
 
 
 def error_name(code: int) -> str:

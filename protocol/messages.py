@@ -26,6 +26,10 @@ NO_OFFSET = -1
 NO_REPLICA = -1
 # replica_id of a consumer (not a replica) in Fetch, as in Kafka.
 CONSUMER_REPLICA_ID = -1
+# KIP-853: a replica is (node id, directory id). The directory id is Kafka's
+# Uuid string (22 characters of url-safe base64); "" stands for Kafka's
+# ZERO_UUID, "unknown" (static voters, kraft version 0, or an older peer).
+NO_DIRECTORY_ID = ""
 
 
 class Body(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
@@ -59,6 +63,7 @@ class ReplicaState(msgspec.Struct, array_like=True, frozen=True):
     last_fetch_timestamp_ms: int = -1
     last_caught_up_timestamp_ms: int = -1
     in_sync: bool = False
+    replica_directory_id: str = NO_DIRECTORY_ID  # KIP-853 (DescribeQuorum v2)
 
 
 class ApiVersionRange(msgspec.Struct, array_like=True, frozen=True):
@@ -101,6 +106,11 @@ class VoteRequest(Body):
     # so that a peer that knows only version 0 answers UNSUPPORTED_VERSION
     # instead of reading it as a real vote (msgpack arrays drop extra fields).
     pre_vote: bool = False
+    # KIP-853 (Kafka's Vote v1 fields; appended here so that every older body
+    # still decodes, and an older peer drops them: an unknown directory id).
+    candidate_directory_id: str = NO_DIRECTORY_ID
+    voter_id: int = NO_REPLICA  # the voter addressed; NO_REPLICA: not said
+    voter_directory_id: str = NO_DIRECTORY_ID
 
 
 class VoteResponse(Body):
@@ -114,6 +124,9 @@ class BeginQuorumEpochRequest(Body):
     cluster_id: str
     leader_id: int
     leader_epoch: int
+    # KIP-853 (BeginQuorumEpoch v1): the voter addressed.
+    voter_id: int = NO_REPLICA
+    voter_directory_id: str = NO_DIRECTORY_ID
 
 
 class BeginQuorumEpochResponse(Body):
@@ -149,6 +162,7 @@ class FetchRequest(Body):
     last_fetched_epoch: int
     log_start_offset: int = NO_OFFSET
     max_bytes: int = 1 << 20
+    replica_directory_id: str = NO_DIRECTORY_ID  # KIP-853 (Fetch v17's ReplicaDirectoryId)
 
 
 class FetchResponse(Body):
@@ -193,6 +207,7 @@ class FetchSnapshotRequest(Body):
     snapshot_id: SnapshotId
     position: int
     max_bytes: int = 1 << 20
+    replica_directory_id: str = NO_DIRECTORY_ID  # KIP-853 (FetchSnapshot v1)
 
 
 class FetchSnapshotResponse(Body):

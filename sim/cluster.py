@@ -26,6 +26,7 @@ Two ways to use it:
 
 from __future__ import annotations
 
+import base64
 import collections
 import hashlib
 import heapq
@@ -114,11 +115,19 @@ def brief(body: Any) -> str:
     return " ".join(parts)
 
 
+def sim_directory_id(node_id: int, generation: int) -> str:
+    """A directory id (Kafka's Uuid string) for a node's disk: derived, not
+    drawn, so that the seeded random streams stay as they were."""
+    raw = b"sim-dir" + node_id.to_bytes(4, "big") + generation.to_bytes(5, "big")
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
 class SimNode:
     def __init__(self, node_id: int, is_voter: bool):
         self.node_id = node_id
         self.is_voter = is_voter
         self.disk = SimDisk()
+        self.disk.directory_id = sim_directory_id(node_id, 0)
         self.core: Any = None
         self.alive = False
         self.paused = False
@@ -277,7 +286,8 @@ class SimCluster:
 
     def quorum_config(self, node_id: int) -> api.QuorumConfig:
         return api.QuorumConfig(node_id=node_id, voters=tuple(self.config.voters),
-                                cluster_id=self.config.cluster_id, **self.config.quorum)
+                                cluster_id=self.config.cluster_id,
+                                directory_id=self.nodes[node_id].disk.directory_id, **self.config.quorum)
 
     def boot(self, node_id: int) -> None:
         n = self.nodes[node_id]
@@ -329,6 +339,7 @@ class SimCluster:
             n.disk.wipe_log()
         elif wipe == "all":
             n.disk.wipe_all()
+            n.disk.directory_id = sim_directory_id(node_id, n.incarnation)  # a new disk, a new id
         if wipe is not None:
             # A replaced disk takes longer than any message is in flight: what the
             # wiped life still had on the wire (a Fetch claiming records it no

@@ -83,6 +83,9 @@ class SimDisk:
         self._empty_end_offset = 0  # log end when there are no batches (after a snapshot)
         self.flushed_end_offset = 0
         self.quorum_state: QuorumStateData | None = None
+        # meta.properties' directory.id (KIP-853); the cluster names it, and
+        # gives a new one when the whole disk is replaced (wipe "all").
+        self.directory_id = ""
         self.epoch_checkpoint: tuple[tuple[int, int], ...] = ()
         self.snapshots: dict[m.SnapshotId, bytes] = {}  # complete snapshots
         self.partial_snapshots: dict[m.SnapshotId, bytearray] = {}

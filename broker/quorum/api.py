@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from broker.quorum.settings import check_settings, setting
+from broker.quorum.voters import VoterSet
 from protocol import messages as m
 
 # --------------------------------------------------------------------------
@@ -314,6 +315,9 @@ class LogView:
     # Quarantine found at open (storage's quarantine-state): the voter abstains
     # from votes and elections until its flushed log end reaches it. -1: none.
     must_reach_offset: int = -1
+    # KIP-853: the voter set, with directory ids, as the local log says it.
+    # None: the static voters of the config (kraft version 0).
+    voter_set: VoterSet | None = None
 
 
 @dataclass
@@ -321,13 +325,17 @@ class QuorumConfig:
     """The core's settings (section ``quorum`` of broker.yaml) plus this node's
     identity. Each setting is declared once (default, description, range) with
     ``setting``; ``validate`` holds the range checks and the cross-field rules,
-    and the core asserts them. The identity (node_id, voters, cluster_id) is
+    and the core asserts them. The identity (node_id, voters, cluster_id, directory_id) is
     not a setting: the driver fills it in (``BrokerConfig`` from its top-level
     keys, the simulator from its cluster)."""
 
     node_id: int = -1
     voters: tuple[int, ...] = ()
     cluster_id: str = ""
+    # KIP-853: the directory id of this node's data dir (meta.properties'
+    # directory.id); NO_DIRECTORY_ID when the driver has none (a replica that
+    # does not say its directory id matches only voters whose id is unknown).
+    directory_id: str = m.NO_DIRECTORY_ID
     election_timeout_ms: int = setting(
         1000, "a voter that knows no leader stands for election after a random "
               "election_timeout_ms..2x (Kafka's quorum.election.timeout.ms)", gt=0)

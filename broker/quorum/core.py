@@ -111,6 +111,7 @@ from broker.quorum.log import LocalLog
 from broker.quorum.outbox import FETCH_LOOP, NOTIFICATIONS, Outbox, RequestKind
 from broker.quorum.progress import ReplicaProgress
 from broker.quorum.roles import ALLOWED_TRANSITIONS, MEMORY_TRANSITIONS, RETRY_BACKOFF_BASE_MS, Role, RoleState
+from broker.quorum.voters import VoterSet
 from protocol import messages as m
 from protocol.errors import Errors
 from storage.epochs import EpochHistory
@@ -139,9 +140,14 @@ class QuorumCore:
         self.reader = reader
         self.random = env.random  # the only randomness the core uses; it never reads env.clock
         self.node_id = config.node_id
-        self.voters = tuple(config.voters)
+        self.directory_id = config.directory_id
+        # KIP-853: the voter set with directory ids as the log says it, else
+        # the config's static voters (kraft version 0, directory ids unknown).
+        self.voter_set = log_view.voter_set or VoterSet.static(config.voters)
+        self.voters = self.voter_set.ids
         self.others = tuple(v for v in self.voters if v != self.node_id)
-        self.is_voter = config.node_id in self.voters
+        # A wiped dir has a new directory id: not the voter the set names.
+        self.is_voter = self.voter_set.is_voter(self.node_id, self.directory_id)
         self.hw_index = len(self.voters) // 2
         # 40 random bits: ids of a restarted node do not collide with old ones.
         self.outbox = Outbox(config, (self.random.getrandbits(40) << 8) + 1)
@@ -390,8 +396,31 @@ class QuorumCore:
 
     def is_majority(self, ids: set[int]) -> bool:
         """Do `ids` make a majority of the voter set? (The one place elections
-        count voters: KIP-853 will give it the voter set as of the log.)"""
-        return len(ids & set(self.voters)) > len(self.voters) // 2
+        count voters.)"""
+        return self.voter_set.is_majority(ids)
+
+    def is_voter_key(self, replica_id: int, directory_id: str) -> bool:
+        """Is (replica_id, directory_id) a voter? A directory id the set does
+        not know (static voters) is not checked."""
+        return self.voter_set.is_voter(replica_id, directory_id)
+
+    def addressed_to_me(self, voter_id: int, voter_directory_id: str) -> bool:
+        """Kafka's isValidVoterKey: a Vote or BeginQuorumEpoch naming the voter
+        it is for names this node and, if both sides know it, this very
+        directory (a wiped and reformatted dir is another replica)."""
+        if voter_id >= 0 and voter_id != self.node_id:
+            return False
+        return (voter_directory_id == m.NO_DIRECTORY_ID or self.directory_id == m.NO_DIRECTORY_ID
+                or voter_directory_id == self.directory_id)
+
+    def vote_request(self, voter: int, epoch: int, last_offset_epoch: int, last_offset: int,
+                     pre_vote: bool = False) -> m.VoteRequest:
+        """A VoteRequest from us to `voter`, carrying both replicas' keys (KIP-853)."""
+        return m.VoteRequest(
+            cluster_id=self.config.cluster_id, candidate_epoch=epoch, candidate_id=self.node_id,
+            last_offset_epoch=last_offset_epoch, last_offset=last_offset, pre_vote=pre_vote,
+            candidate_directory_id=self.directory_id, voter_id=voter,
+            voter_directory_id=self.voter_set.directory_id_of(voter))
 
     def note_leader_contact(self, now: int) -> None:
         """The leader of our epoch answered or spoke to us just now."""

@@ -106,7 +106,7 @@ class ResignedState(NotifyingRole, _WaitingForElection):
         self.notifier.send_due(now, self._end_epoch_request, self.core.send)
         super().poll(now)
 
-    def _end_epoch_request(self) -> m.EndQuorumEpochRequest:
+    def _end_epoch_request(self, voter: int) -> m.EndQuorumEpochRequest:
         core = self.core
         return m.EndQuorumEpochRequest(cluster_id=core.config.cluster_id, leader_id=core.node_id,
                                        leader_epoch=self.epoch, preferred_successors=list(self.successors))
@@ -137,11 +137,7 @@ class CandidateState(RoleState):
         log = core.log
         last_epoch = log.last_epoch()
         for v in core.others:
-            core.send(v, m.VoteRequest(
-                cluster_id=core.config.cluster_id, candidate_epoch=self.epoch,
-                candidate_id=core.node_id, last_offset_epoch=last_epoch,
-                last_offset=log.log_end_offset,
-            ), RequestKind.VOTE)
+            core.send(v, core.vote_request(v, self.epoch, last_epoch, log.log_end_offset), RequestKind.VOTE)
 
     def deadlines(self, now: int) -> list[int]:
         return [] if self.election_deadline_ms is None else [self.election_deadline_ms]
@@ -209,12 +205,9 @@ class ProspectiveState(RoleState):
             core.become_candidate(now)  # a single voter
             return
         log = core.log
-        req = m.VoteRequest(
-            cluster_id=core.config.cluster_id, candidate_epoch=self.epoch + 1,
-            candidate_id=core.node_id, last_offset_epoch=log.last_epoch(),
-            last_offset=log.log_end_offset, pre_vote=True)
         for v in core.others:
-            core.send(v, req, RequestKind.PRE_VOTE)
+            core.send(v, core.vote_request(v, self.epoch + 1, log.last_epoch(), log.log_end_offset,
+                                           pre_vote=True), RequestKind.PRE_VOTE)
 
     def deadlines(self, now: int) -> list[int]:
         ds = [] if self.election_deadline_ms is None else [self.election_deadline_ms]
@@ -319,14 +312,16 @@ def probe_for_leader(core: QuorumCore) -> None:
     VoteRequests were lost waits forever in an epoch nobody else reached
     (sim seed 2079)."""
     for v in core.others:
-        core.send(v, m.VoteRequest(
-            cluster_id=core.config.cluster_id, candidate_epoch=core.state.epoch,
-            candidate_id=core.node_id, last_offset_epoch=NO_EPOCH, last_offset=NO_OFFSET,
-        ), RequestKind.PROBE)
+        core.send(v, core.vote_request(v, core.state.epoch, NO_EPOCH, NO_OFFSET), RequestKind.PROBE)
 
 
 def handle_vote(core: QuorumCore, token: Any, req: m.VoteRequest, now: int) -> None:
-    if req.candidate_id not in core.voters:
+    if not core.addressed_to_me(req.voter_id, req.voter_directory_id):
+        # KIP-853: meant for another directory of this node (the one wiped).
+        core.respond(token, core.error_response(req, Errors.INVALID_VOTER_KEY))
+        return
+    if not core.is_voter_key(req.candidate_id, req.candidate_directory_id):
+        # Not a voter, or a wiped one standing with its old node id.
         core.respond(token, core.error_response(req, Errors.INCONSISTENT_VOTER_SET))
         return
     if req.candidate_epoch < core.state.epoch:

@@ -149,6 +149,7 @@ class FollowerState(RoleState):
             self.fetch_inflight = core.send(leader, m.FetchSnapshotRequest(
                 cluster_id=cfg.cluster_id, replica_id=core.node_id, current_leader_epoch=self.epoch,
                 snapshot_id=d.snapshot_id, position=d.position, max_bytes=cfg.snapshot_chunk_bytes,
+                replica_directory_id=core.directory_id,
             ), RequestKind.FETCH_SNAPSHOT, d.position)
         elif self.need_epoch_check:
             self.fetch_inflight = core.send(leader, m.OffsetsForLeaderEpochRequest(
@@ -168,6 +169,7 @@ class FollowerState(RoleState):
             fetch_offset=log.flushed_end_offset,
             last_fetched_epoch=max(log.last_epoch(), 0),
             log_start_offset=log.log_start_offset, max_bytes=cfg.fetch_max_bytes,
+            replica_directory_id=core.directory_id,
         )
 
     # -- answers -----------------------------------------------------------------

@@ -61,6 +61,10 @@ def on_request(core: QuorumCore, token: Any, req: m.Body, now: int) -> None:
     if t in (m.BeginQuorumEpochRequest, m.EndQuorumEpochRequest) and req.leader_id not in core.voters:
         core.respond(token, core.error_response(req, Errors.INCONSISTENT_VOTER_SET))
         return
+    if t is m.BeginQuorumEpochRequest and not core.addressed_to_me(req.voter_id, req.voter_directory_id):
+        # KIP-853: meant for another directory of this node (the one wiped).
+        core.respond(token, core.error_response(req, Errors.INVALID_VOTER_KEY))
+        return
     if t is m.VoteRequest:
         election.handle_vote(core, token, req, now)
     elif t is m.BeginQuorumEpochRequest:

@@ -30,7 +30,7 @@ class LeaderState(NotifyingRole, RoleState):
     def __init__(self, core: QuorumCore, epoch: int, voted_id: int, granted: list[int], now: int):
         super().__init__(core, Role.LEADER, epoch, core.node_id, voted_id)
         self.granted = granted  # the voters that elected us (LeaderChange)
-        self.progress = ProgressTable(core.others, now)
+        self.progress = ProgressTable(core.others, core.voter_set, now)
         self.reads = LeaderReads(self)
         self.waiters: deque[ProduceWaiter] = deque()
         self.notifier = Notifier(RequestKind.BEGIN, core.others, now)
@@ -93,10 +93,11 @@ class LeaderState(NotifyingRole, RoleState):
         self.notifier.send_due(now, self._begin_epoch_request, core.send)
         self.maybe_advance_log_start(now)
 
-    def _begin_epoch_request(self) -> m.BeginQuorumEpochRequest:
+    def _begin_epoch_request(self, voter: int) -> m.BeginQuorumEpochRequest:
         core = self.core
         return m.BeginQuorumEpochRequest(cluster_id=core.config.cluster_id, leader_id=core.node_id,
-                                         leader_epoch=self.epoch)
+                                         leader_epoch=self.epoch, voter_id=voter,
+                                         voter_directory_id=core.voter_set.directory_id_of(voter))
 
     def update_check_quorum_deadline(self) -> None:
         core = self.core
@@ -209,7 +210,8 @@ class LeaderState(NotifyingRole, RoleState):
         core = self.core
         if replica_id == core.node_id:
             return True
-        st = self.progress.get(replica_id)
+        st = self.progress.voters.get(replica_id) or next(
+            (o for (rid, _), o in self.progress.observers.items() if rid == replica_id), None)
         if st is None:
             return False
         return st.in_sync(core.log.log_end_offset, now, core.config)
@@ -219,7 +221,7 @@ class LeaderState(NotifyingRole, RoleState):
         voters = []
         for v in core.voters:
             if v == core.node_id:
-                voters.append(m.ReplicaState(v, core.log.log_end_offset, now, now, True))
+                voters.append(m.ReplicaState(v, core.log.log_end_offset, now, now, True, core.directory_id))
             else:
                 voters.append(self._replica_state(self.progress.voters[v], now))
         observers = [self._replica_state(st, now) for st in self.progress.observers.values()]
@@ -229,11 +231,16 @@ class LeaderState(NotifyingRole, RoleState):
         )
 
     def _replica_state(self, st: ReplicaProgress, now: int) -> m.ReplicaState:
+        in_sync = st.in_sync(self.core.log.log_end_offset, now, self.core.config)
         return m.ReplicaState(st.replica_id, st.log_end_offset, st.last_fetch_ms, st.last_caught_up_ms,
-                              self.is_in_sync(st.replica_id, now))
+                              in_sync, st.directory_id)
 
     def replica_states(self) -> dict[int, ReplicaProgress]:
-        return {st.replica_id: st.copy() for st in self.progress.all()}
+        """By node id; a voter's entry wins over an observer of the same node
+        id fetching from another directory (a wiped voter)."""
+        out = {st.replica_id: st.copy() for st in self.progress.observers.values()}
+        out.update((v, st.copy()) for v, st in self.progress.voters.items())
+        return out
 
     def observer_ids(self) -> list[int]:
-        return sorted(self.progress.observers)
+        return sorted({rid for rid, _ in self.progress.observers})

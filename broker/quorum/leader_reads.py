@@ -76,7 +76,7 @@ class LeaderReads:
             # Done before the snapshot redirect and DivergingEpoch answers too, which
             # never update the fetch state: a wiped replica downloading a snapshot
             # must not keep its old offset.
-            st = progress.get(req.replica_id)
+            st = progress.get(req.replica_id, req.replica_directory_id)
             if st is not None:
                 st.forget_position(fetch_offset)
         # Snapshot redirect (KIP-630, KAFKA-15078).
@@ -105,13 +105,15 @@ class LeaderReads:
         st = None
         hw_before = log.high_watermark
         if not consumer:
-            st = progress.progress_for(req.replica_id)
+            st = progress.progress_for(req.replica_id, req.replica_directory_id)
             if not completing:
                 st.log_end_offset = fetch_offset
                 st.last_fetch_ms = now
                 st.last_contact_ms = now
-                leader.notifier.unacked.discard(req.replica_id)  # a fetch acknowledges our epoch
-                if req.replica_id in progress.voters:
+                # Only the voter itself (its node id and directory id, KIP-853)
+                # acknowledges our epoch and counts toward the HW.
+                if progress.voter(req.replica_id, req.replica_directory_id) is st:
+                    leader.notifier.unacked.discard(req.replica_id)  # a fetch acknowledges our epoch
                     leader.maybe_advance_hw(now)
                     assert core.state is leader, "advancing the HW never changes the role"
             upper = log.log_end_offset
@@ -187,7 +189,7 @@ class LeaderReads:
 
     def serve_fetch_snapshot(self, token: Any, req: m.FetchSnapshotRequest, now: int) -> None:
         core = self.leader.core
-        st = self.leader.progress.voters.get(req.replica_id)
+        st = self.leader.progress.voter(req.replica_id, req.replica_directory_id)
         if st is not None:
             st.last_contact_ms = now
         size = core.reader.snapshot_size(req.snapshot_id)

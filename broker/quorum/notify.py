@@ -19,12 +19,12 @@ class Notifier:
         self.inflight: dict[int, int] = {}  # voter -> request id
         self.retry_at = {v: now for v in voters}
 
-    def send_due(self, now: int, body: Callable[[], m.Body],
+    def send_due(self, now: int, body: Callable[[int], m.Body],
                  send: Callable[[int, m.Body, RequestKind], int]) -> None:
         for v in sorted(self.unacked):
             if v in self.inflight or now < self.retry_at.get(v, 0):
                 continue
-            self.inflight[v] = send(v, body(), self.kind)
+            self.inflight[v] = send(v, body(v), self.kind)
 
     def deadlines(self, now: int) -> list[int]:
         # Retries already due were sent by the last step; only future ones count.

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.quorum.api import QuorumConfig
+from broker.quorum.voters import VoterSet
 from protocol import messages as m
 
 NO_OFFSET = m.NO_OFFSET
@@ -20,6 +21,7 @@ class ReplicaProgress:
     """What the leader knows of one follower or observer (KIP-501, blog)."""
 
     replica_id: int
+    directory_id: str = m.NO_DIRECTORY_ID  # the one it last fetched with (KIP-853)
     log_end_offset: int = NO_OFFSET  # the fetch offset of its last valid fetch
     last_fetch_ms: int = -1  # arrival of its last valid fetch
     last_caught_up_ms: int = -1
@@ -75,27 +77,43 @@ class ReplicaProgress:
 
 
 class ProgressTable:
-    """The leader's ReplicaProgress per voter (fixed) and per observer (bounded)."""
+    """The leader's ReplicaProgress per voter (fixed) and per observer
+    (bounded). A replica counts as the voter only with the voter's key (node
+    id and directory id, KIP-853): a wiped voter fetching with a new
+    directory id is an observer, keyed (node id, directory id)."""
 
-    __slots__ = ("voters", "observers")
+    __slots__ = ("voters", "observers", "voter_set")
 
-    def __init__(self, other_voters: tuple[int, ...], now: int):
-        self.voters = {v: ReplicaProgress(v, last_contact_ms=now) for v in other_voters}
-        self.observers: dict[int, ReplicaProgress] = {}
+    def __init__(self, other_voters: tuple[int, ...], voter_set: VoterSet, now: int):
+        self.voter_set = voter_set
+        self.voters = {v: ReplicaProgress(v, voter_set.directory_id_of(v), last_contact_ms=now)
+                       for v in other_voters}
+        self.observers: dict[tuple[int, str], ReplicaProgress] = {}
 
-    def get(self, replica_id: int) -> ReplicaProgress | None:
-        return self.voters.get(replica_id) or self.observers.get(replica_id)
-
-    def progress_for(self, replica_id: int) -> ReplicaProgress:
+    def voter(self, replica_id: int, directory_id: str) -> ReplicaProgress | None:
+        """The voter's progress if (replica_id, directory_id) is that voter."""
         st = self.voters.get(replica_id)
+        if st is None or not self.voter_set.is_voter(replica_id, directory_id):
+            return None
+        return st
+
+    def get(self, replica_id: int, directory_id: str) -> ReplicaProgress | None:
+        return self.voter(replica_id, directory_id) or self.observers.get((replica_id, directory_id))
+
+    def progress_for(self, replica_id: int, directory_id: str) -> ReplicaProgress:
+        st = self.voter(replica_id, directory_id)
         if st is not None:
+            # Static voters: remember the directory it fetches with (shown by
+            # DescribeQuorum; what an upgrade to kraft version 1 would record).
+            st.directory_id = directory_id
             return st
-        st = self.observers.get(replica_id)
+        key = (replica_id, directory_id)
+        st = self.observers.get(key)
         if st is None:
             if len(self.observers) >= MAX_OBSERVERS:
-                oldest = min(self.observers.values(), key=lambda s: s.last_fetch_ms)
-                del self.observers[oldest.replica_id]
-            st = self.observers[replica_id] = ReplicaProgress(replica_id)
+                oldest = min(self.observers.items(), key=lambda kv: kv[1].last_fetch_ms)
+                del self.observers[oldest[0]]
+            st = self.observers[key] = ReplicaProgress(replica_id, directory_id)
         return st
 
     def all(self) -> tuple[ReplicaProgress, ...]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 
@@ -49,6 +50,11 @@ async def test_describe_status_and_replication_show_a_stopped_followers_lag(make
     assert rows[leader]["Lag"] == 0 and rows[4]["Status"] == "Observer"
     assert rows[follower]["Lag"] == status["MaxFollowerLag"]
     assert rows[follower]["LogEndOffset"] == rows[leader]["LogEndOffset"] - rows[follower]["Lag"]
+    # KIP-853: each replica is shown with the directory id its data dir's meta.properties holds.
+    for nid, row in rows.items():
+        with open(os.path.join(cluster.data_dir(nid), "meta.properties")) as f:
+            props = dict(line.split("=", 1) for line in f.read().splitlines() if "=" in line)
+        assert row["DirectoryId"] == props["directory.id"] and len(row["DirectoryId"]) == 22, (nid, row)
 
     out = await asyncio.to_thread(metalog, "quorum", "describe", "--replication", *cc)
     assert out.returncode == 0, out.stderr

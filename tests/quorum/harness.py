@@ -149,11 +149,12 @@ def make_leader(node: Node, now: int = 0) -> int:
 
 
 def fetch(node: Node, now: int, replica_id: int, offset: int, last_epoch: int, *,
-          epoch: int | None = None, max_wait_ms: int = 0, token: Any = "f") -> list:
+          epoch: int | None = None, max_wait_ms: int = 0, token: Any = "f",
+          directory_id: str = m.NO_DIRECTORY_ID) -> list:
     req = m.FetchRequest(
         cluster_id=CLUSTER, replica_id=replica_id, max_wait_ms=max_wait_ms,
         current_leader_epoch=node.core.epoch if epoch is None else epoch,
-        fetch_offset=offset, last_fetched_epoch=last_epoch,
+        fetch_offset=offset, last_fetched_epoch=last_epoch, replica_directory_id=directory_id,
     )
     return node.step(a.RequestReceived(now, token, req))
 

@@ -231,7 +231,8 @@ def quorum_status(resp, cluster_id: str) -> dict:
 
 def quorum_replication(resp) -> list[dict]:
     """Kafka's `describe --replication` rows: leader first, then voters, then observers.
-    DirectoryId is null: metalog has one log directory per node and no directory ids (KIP-858).
+    DirectoryId is the replica's directory id (KIP-853, meta.properties' directory.id),
+    null when the replica did not say it (a build from before directory ids).
     The timestamps are the leader's monotonic clock (not wall time), so each row
     also says how long ago that was, measured against the leader's own entry."""
     leader = next((r for r in resp.voters if r.replica_id == resp.leader_id), None)
@@ -246,7 +247,8 @@ def quorum_replication(resp) -> list[dict]:
                                               key=lambda r: r.replica_id)),
                           ("Observer", sorted(resp.observers, key=lambda r: r.replica_id))):
         for r in group:
-            rows.append({"NodeId": r.replica_id, "DirectoryId": None, "LogEndOffset": r.log_end_offset,
+            rows.append({"NodeId": r.replica_id, "DirectoryId": r.replica_directory_id or None,
+                         "LogEndOffset": r.log_end_offset,
                          "Lag": max(0, leader_leo - r.log_end_offset) if leader_leo is not None else None,
                          "LastFetchTimestamp": r.last_fetch_timestamp_ms,
                          "LastCaughtUpTimestamp": r.last_caught_up_timestamp_ms, "Status": status,
@@ -290,7 +292,8 @@ def cmd_quorum_describe(args) -> int:
 
 
 def _replica(r) -> dict:
-    return {"replica_id": r.replica_id, "log_end_offset": r.log_end_offset, "in_sync": r.in_sync,
+    return {"replica_id": r.replica_id, "directory_id": r.replica_directory_id or None,
+            "log_end_offset": r.log_end_offset, "in_sync": r.in_sync,
             "last_fetch_timestamp_ms": r.last_fetch_timestamp_ms,
             "last_caught_up_timestamp_ms": r.last_caught_up_timestamp_ms}
 
