@@ -1,0 +1,60 @@
+"""KIP-853's control records, KRaftVersionRecord (type 5) and VotersRecord
+(type 6): bodies in Kafka's flexible-version encoding of their JSON schemas
+(the bytes below are written out by hand from the schemas), inside the
+log's control-record framing (type i16, version i16, body)."""
+
+from __future__ import annotations
+
+import pytest
+
+from storage import control_records as cr
+from storage.kafka_flexible import uuid_from_bytes
+
+DIR = uuid_from_bytes(bytes(range(1, 17)))
+
+
+def test_kraft_version_record_is_kafkas_bytes():
+    value = cr.encode_control(cr.KRaftVersionRecord(1))
+    assert value == bytes.fromhex("0005 0000") + bytes.fromhex("0000 0001 00")
+    assert cr.decode_control(value) == cr.KRaftVersionRecord(1)
+
+
+def test_voters_record_is_kafkas_bytes():
+    rec = cr.VotersRecord([cr.Voter(1, DIR, [cr.VoterEndpoint("CONTROLLER", "h", 9093)], 0, 1)])
+    body = (bytes.fromhex("0000")  # Version
+            + bytes.fromhex("02")  # compact array: 1 voter
+            + bytes.fromhex("00000001")  # VoterId
+            + bytes(range(1, 17))  # VoterUuid, 16 raw bytes
+            + bytes.fromhex("02")  # 1 endpoint
+            + bytes.fromhex("0b") + b"CONTROLLER" + bytes.fromhex("02") + b"h" + bytes.fromhex("2385")
+            + bytes.fromhex("00")  # endpoint tagged fields
+            + bytes.fromhex("0000 0001 00")  # KRaftVersionFeature min, max, tagged fields
+            + bytes.fromhex("00")  # voter tagged fields
+            + bytes.fromhex("00"))  # record tagged fields
+    value = cr.encode_control(rec)
+    assert value == bytes.fromhex("0006 0000") + body
+    assert cr.decode_control(value) == rec
+
+
+def test_unknown_directory_id_is_the_zero_uuid_and_round_trips():
+    rec = cr.VotersRecord([cr.Voter(2, "", [], 0, 0), cr.Voter(3, DIR, [cr.VoterEndpoint("A", "::1", 1)])])
+    value = cr.encode_control(rec)
+    assert bytes(16) in value
+    assert cr.decode_control(value) == rec
+
+
+def test_tagged_fields_of_a_newer_writer_are_skipped():
+    # KRaftVersionRecord with one tagged field (tag 7, 2 bytes) at the end.
+    value = bytes.fromhex("0005 0000") + bytes.fromhex("0000 0001") + bytes.fromhex("01 07 02 abcd")
+    assert cr.decode_control(value) == cr.KRaftVersionRecord(1)
+
+
+@pytest.mark.parametrize("body, why", [
+    (bytes.fromhex("0000 02 00000001"), "truncated"),
+    (bytes.fromhex("0000 00 00"), "null array"),
+    (bytes.fromhex("0000 01 00 ff"), "bytes left after the message"),
+])
+def test_a_damaged_voters_record_is_a_control_record_error(body, why):
+    """The reader says what is wrong: 'undecodable control record type 6 v0: <why>'."""
+    with pytest.raises(cr.ControlRecordError, match=f"undecodable control record type 6 v0: .*{why}"):
+        cr.decode_control(bytes.fromhex("0006 0000") + body)
