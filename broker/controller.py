@@ -658,13 +658,15 @@ class SnapshotResult:
 
 def write_controller_snapshot(store, state: ControllerState, snapshot_id: m.SnapshotId,
                               last_contained_log_timestamp_ms: int, cluster_id: str = "",
-                              batch_bytes_max: int = 1 << 20) -> SnapshotResult:
+                              batch_bytes_max: int = 1 << 20, voters=None) -> SnapshotResult:
     """Serialize `state` into the snapshot `snapshot_id` of `store`.
 
     Made to run in a worker thread: pass ``controller.state.copy()`` taken on
     the event loop at the moment state.offset == snapshot_id.end_offset. The
     copy shares only frozen records with the live state, so the loop keeps
     applying (and the log keeps appending) while this encodes and fsyncs.
+    `voters` (a VotersRecord) is the log's voter set below end_offset, if the
+    log has one (KIP-853); it travels in the snapshot.
     """
     from storage.snapshot import SnapshotWriter  # storage must not import broker
 
@@ -672,7 +674,7 @@ def write_controller_snapshot(store, state: ControllerState, snapshot_id: m.Snap
         f"state reflects offset {state.offset}, snapshot id says {snapshot_id.end_offset}")
     start = time.perf_counter()
     writer = SnapshotWriter(store.directory, snapshot_id, last_contained_log_timestamp_ms,
-                            cluster_id, batch_bytes_max=batch_bytes_max)
+                            cluster_id, batch_bytes_max=batch_bytes_max, voters=voters)
     path, size, count = writer.write_all(r.encode_record(rec) for rec in state.to_records())
     return SnapshotResult(snapshot_id, path, size, count,
                           (time.perf_counter() - start) * 1000.0)

@@ -21,12 +21,13 @@ from broker.config import BrokerConfig
 from broker.controller import Controller, load_latest
 from broker.metrics import BrokerMetrics
 from broker.quorum import api as qa
+from broker.quorum.voters import voter_set_of, voter_sets_in
 from storage.atomic import atomic_write
 from storage.epochs import EpochCheckpointError, EpochHistory, read_checkpoint
 from storage.errors import CorruptionReport, CorruptLogError
 from storage.log import SegmentedLog
 from storage.quorum_state import QuorumStateError, QuorumStateFile
-from storage.snapshot import SnapshotInvariantError, SnapshotStore
+from storage.snapshot import SnapshotInvariantError, SnapshotStore, read_snapshot_voters
 
 META_FILE = "meta.properties"
 # Kafka's Uuid.ZERO_UUID, ONE_UUID and METADATA_TOPIC_ID: never a directory id.
@@ -221,12 +222,21 @@ def recover_local_state(cfg: BrokerConfig, part_dir: str, log, metrics: BrokerMe
             leader_epoch=qs_raw["leader_epoch"], leader_id=qs_raw["leader_id"],
             voted_id=qs_raw["voted_id"], voters=tuple(qs_raw.get("voters", ())),
         )
+    # KIP-853: the voter set of the snapshot the log starts at, then every
+    # VotersRecord in the log, at its offset (the latest counts).
+    base_voters = None
+    if loaded is not None:
+        rec = read_snapshot_voters(snapshots.path(loaded[1]))
+        base_voters = voter_set_of(rec) if rec is not None else None
+    voter_history = voter_sets_in(b"".join(seg_log.control_batches()))
     view = qa.LogView(
         log_start_offset=seg_log.log_start_offset,
         log_end_offset=seg_log.log_end_offset,
         epochs=[tuple(e) for e in epochs.entries],
         snapshots=snapshots.list(),
         must_reach_offset=seg_log.quarantine.must_reach_offset if seg_log.quarantine else -1,
+        voter_set=base_voters,
+        voter_history=voter_history,
     )
     return LocalState(seg_log, snapshots, controller, qs_file, view, qs, health_problems, corruption_seen,
                       directory_id)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 from broker.controller import load_snapshot, write_controller_snapshot
 from broker.quorum import api as qa
+from broker.quorum.voters import voters_record
 from broker.snapshot_policy import SnapshotPolicy
 from protocol import messages as m
 from storage.errors import StorageError
@@ -83,14 +84,15 @@ class SnapshotWork:
             return
         frozen = b.controller.state.copy()  # taken on the loop; records inside are immutable
         b.controller.snapshot_taken(snap_id.end_offset)
-        self.task = asyncio.get_running_loop().create_task(self._write(snap_id, frozen))
+        voters = voters_record(b.core.voter_set_at(snap_id.end_offset))
+        self.task = asyncio.get_running_loop().create_task(self._write(snap_id, frozen, voters))
 
-    async def _write(self, snap_id: m.SnapshotId, frozen) -> None:
+    async def _write(self, snap_id: m.SnapshotId, frozen, voters) -> None:
         b = self.broker
         t0 = time.perf_counter()
         try:
             result = await asyncio.to_thread(write_controller_snapshot, b.snapshots, frozen, snap_id,
-                                             int(time.time() * 1000), b.cfg.cluster_id)
+                                             int(time.time() * 1000), b.cfg.cluster_id, voters=voters)
             size = result.size_bytes
         except Exception as exc:  # noqa: BLE001 - logged; the next due point tries again
             b.log.error("snapshot_write_failed", snapshot=[snap_id.end_offset, snap_id.epoch], error=str(exc))

@@ -42,6 +42,7 @@ import random
 from dataclasses import dataclass
 
 from broker.quorum.api import LogView, QuorumStateData
+from broker.quorum.voters import voter_sets_in
 from protocol import messages as m
 from storage.batch import BatchHeader, decode_records, iter_batches
 from storage.epochs import EpochHistory
@@ -338,6 +339,15 @@ class SimDisk:
         self.wipe_log()
         self.quorum_state = None
 
+    def _snapshot_voter_set(self):
+        """The latest voter set in the snapshot the log starts at (a sim
+        snapshot is a copy of the log's batches); None: static voters."""
+        if self.log_start_offset == 0:
+            return None
+        base = [d for sid, d in self.snapshots.items() if sid.end_offset == self.log_start_offset]
+        found = voter_sets_in(base[0]) if base else []
+        return found[-1][1] if found else None
+
     def log_view(self) -> LogView:
         end = self.log_end_offset
         history = EpochHistory(self.epoch_checkpoint)
@@ -352,4 +362,9 @@ class SimDisk:
             epochs=[(e.epoch, e.start_offset) for e in history.entries],
             snapshots=sorted(self.snapshots),
             must_reach_offset=self.must_reach_offset,
+            # KIP-853: the voter set of the snapshot the log starts at, and the
+            # VotersRecords the recovered log holds, as the runtime finds them.
+            voter_set=self._snapshot_voter_set(),
+            voter_history=voter_sets_in(b"".join(
+                b.data for b in self.batches if b.is_control and b.base_offset >= self.log_start_offset)),
         )

@@ -134,6 +134,8 @@ _INDEX_ENTRY = struct.Struct(">II")
 _HDR_PREFIX = struct.Struct(">qii")  # base_offset, length, leader_epoch
 _LAST_DELTA = struct.Struct(">i")
 _LAST_DELTA_POS = 23
+_ATTRIBUTES = struct.Struct(">h")
+_ATTRIBUTES_POS = 21
 _MAGIC_POS = 16
 _MAGIC_BYTE = bytes([B.MAGIC])
 
@@ -155,6 +157,7 @@ class BatchInfo(NamedTuple):
     size: int  # bytes on disk
     segment_base_offset: int
     position: int  # byte position inside the segment file
+    is_control: bool = False  # the control bit of the batch's attributes
 
 
 class SegmentRef(NamedTuple):
@@ -1039,9 +1042,9 @@ class SegmentedLog:
     def _segment_index_for(self, offset: int) -> int:
         return bisect.bisect_right(self._bases, offset) - 1
 
-    def _walk(self, seg: _Segment, pos: int, limit: int) -> Iterator[tuple[int, int, int, int, int]]:
-        """(position, base offset, size, epoch, next offset) of each batch from
-        `pos` to `limit`, reading headers in SCAN_CHUNK_BYTES preads."""
+    def _walk(self, seg: _Segment, pos: int, limit: int) -> Iterator[tuple[int, int, int, int, int, int]]:
+        """(position, base offset, size, epoch, next offset, attributes) of each
+        batch from `pos` to `limit`, reading headers in SCAN_CHUNK_BYTES preads."""
         buf = b""
         buf_start = pos
         while pos < limit:
@@ -1054,14 +1057,15 @@ class SegmentedLog:
                                           seg.log_path, pos, None)
             base, length, epoch = _HDR_PREFIX.unpack_from(buf, rel)
             (delta,) = _LAST_DELTA.unpack_from(buf, rel + _LAST_DELTA_POS)
+            (attributes,) = _ATTRIBUTES.unpack_from(buf, rel + _ATTRIBUTES_POS)
             size = B.LOG_OVERHEAD + length
             if length < B.HEADER_SIZE - B.LOG_OVERHEAD or pos + size > limit:
                 raise CorruptLogError(f"{seg.log_path}: bad batch length {length} at byte {pos}",
                                       seg.log_path, pos, base)
-            yield pos, base, size, epoch, base + delta + 1
+            yield pos, base, size, epoch, base + delta + 1, attributes
             pos += size
 
-    def _locate(self, seg: _Segment, offset: int) -> tuple[int, int, int, int, int] | None:
+    def _locate(self, seg: _Segment, offset: int) -> tuple[int, int, int, int, int, int] | None:
         """The batch of `seg` containing `offset` (None if past the segment end)."""
         i = bisect.bisect_right(seg.index_rel, offset - seg.base_offset) - 1
         if i >= 0:
@@ -1103,7 +1107,7 @@ class SegmentedLog:
             first_pos = found[0]
             end_pos = first_pos
             stop = False
-            for pos, _base, size, _epoch, nxt in self._walk(seg, first_pos, seg.size):
+            for pos, _base, size, _epoch, nxt, _attrs in self._walk(seg, first_pos, seg.size):
                 if nxt > end_offset or (total + size > max_bytes and total):
                     stop = True
                     break
@@ -1155,8 +1159,15 @@ class SegmentedLog:
         for seg in self._segments[k:]:
             found = self._locate(seg, offset) if seg.base_offset <= offset else None
             pos = found[0] if found else 0
-            for p, base, size, epoch, nxt in self._walk(seg, pos, seg.size):
-                yield BatchInfo(base, nxt, epoch, size, seg.base_offset, p)
+            for p, base, size, epoch, nxt, attrs in self._walk(seg, pos, seg.size):
+                yield BatchInfo(base, nxt, epoch, size, seg.base_offset, p, bool(attrs & B.ATTR_CONTROL))
+
+    def control_batches(self) -> Iterator[bytes]:
+        """Every control batch from the log start, whole (LeaderChange, the
+        KIP-853 voter records): found by header, read one by one."""
+        for info in self.iter_batch_headers():
+            if info.is_control and info.base_offset >= self._log_start_offset:
+                yield self.read(info.base_offset, info.next_offset, info.size)
 
     def batch_epochs(self) -> list[tuple[int, int]]:
         """(epoch, start offset) at each epoch change from the log start, to
@@ -1231,7 +1242,7 @@ class SegmentedLog:
 
     def _last_epoch_of(self, seg: _Segment) -> int:
         epoch = -1
-        for _pos, _base, _size, e, _nxt in self._walk(seg, seg.last_index_pos, seg.size):
+        for _pos, _base, _size, e, _nxt, _attrs in self._walk(seg, seg.last_index_pos, seg.size):
             epoch = e
         return epoch
 

@@ -6,7 +6,9 @@ are record batches (``storage.batch``), all with leader epoch = snapshot
 epoch and offsets counting from 0 within the file::
 
     control batch  SnapshotHeader   (offset 0)
-    data batches   metadata records (offsets 1..)
+    control batch  KRaftVersionRecord + VotersRecord (offsets 1, 2; only
+                   with a voter set in the log: KIP-853, kraft version 1)
+    data batches   metadata records (offsets 1.. or 3..)
     control batch  SnapshotFooter   (last)
 
 Every batch carries a CRC. A file is trusted only when every CRC matches, the
@@ -94,7 +96,8 @@ class SnapshotWriter:
 
     def __init__(self, directory: str, snapshot_id: SnapshotId,
                  last_contained_log_timestamp_ms: int, cluster_id: str = "",
-                 batch_bytes_max: int = 1 << 20, timestamp_ms: int | None = None) -> None:
+                 batch_bytes_max: int = 1 << 20, timestamp_ms: int | None = None,
+                 voters: cr.VotersRecord | None = None) -> None:
         assert batch_bytes_max > 0
         self.directory = os.fspath(directory)
         self.snapshot_id = snapshot_id
@@ -111,6 +114,10 @@ class SnapshotWriter:
         self._closed = False
         self._write_batch([cr.encode_control(cr.SnapshotHeader(
             last_contained_log_timestamp_ms, cluster_id))], control=True)
+        if voters is not None:
+            # KIP-853: the voter set of the log below end_offset travels with it.
+            self._write_batch([cr.encode_control(cr.KRaftVersionRecord(1)), cr.encode_control(voters)],
+                              control=True)
 
     def _write_batch(self, records: list[bytes], control: bool = False) -> None:
         data = b.encode_batch(self._next_offset, self.snapshot_id.epoch, records,
@@ -192,6 +199,7 @@ class SnapshotLayout:
     data_batches: list[tuple[int, b.BatchHeader]]  # (position, header)
     size: int
     records: int
+    voters: cr.VotersRecord | None = None  # KIP-853: the voter set it holds, if any
 
 
 def verify_snapshot_bytes(data: bytes | memoryview, snapshot_id: SnapshotId,
@@ -207,6 +215,7 @@ def verify_snapshot_bytes(data: bytes | memoryview, snapshot_id: SnapshotId,
     end = 0
     footer_seen = False
     header = None
+    voters = None
     try:
         for pos, h in b.iter_batches(view):
             end = pos + h.size
@@ -231,6 +240,9 @@ def verify_snapshot_bytes(data: bytes | memoryview, snapshot_id: SnapshotId,
                     header = recs[0]
                 elif len(recs) == 1 and isinstance(recs[0], cr.SnapshotFooter):
                     footer_seen = True
+                elif (voters is None and not batches and len(recs) == 2
+                      and isinstance(recs[0], cr.KRaftVersionRecord) and isinstance(recs[1], cr.VotersRecord)):
+                    voters = recs[1]  # right after the header, before any data
                 else:
                     raise CorruptSnapshotError(path, pos, "unexpected control batch")
             elif pos == 0:
@@ -246,7 +258,7 @@ def verify_snapshot_bytes(data: bytes | memoryview, snapshot_id: SnapshotId,
         raise CorruptSnapshotError(path, 0, "no SnapshotHeader (file shorter than one batch)")
     if not footer_seen:
         raise CorruptSnapshotError(path, end, "truncated: no SnapshotFooter")
-    return SnapshotLayout(header, batches, size, sum(h.records_count for _, h in batches))
+    return SnapshotLayout(header, batches, size, sum(h.records_count for _, h in batches), voters)
 
 
 def _read_file(path: str) -> bytes:
@@ -261,6 +273,29 @@ def verify_snapshot(path: str) -> tuple[SnapshotId, SnapshotLayout]:
         raise CorruptSnapshotError(path, 0, f"{name!r} is not a snapshot file name "
                                             "(<20-digit offset>-<10-digit epoch>.checkpoint)")
     return sid, verify_snapshot_bytes(_read_file(path), sid, path)
+
+
+# The voter set sits in the batch after the header: this much is read to find it.
+VOTERS_READ_BYTES = 1 << 20
+
+
+def read_snapshot_voters(path: str) -> cr.VotersRecord | None:
+    """The voter set a snapshot holds (KIP-853), None when it holds none
+    (static voters). Reads only the file's first batches: for a snapshot
+    already verified as a whole (boot loads it first)."""
+    with open(path, "rb") as f:
+        data = f.read(VOTERS_READ_BYTES)
+    try:
+        for i, (pos, h) in enumerate(b.iter_batches(data)):
+            if i == 0:
+                continue  # the SnapshotHeader
+            if not h.is_control or h.records_count != 2:
+                return None
+            recs = [cr.decode_control(v) for v in b.decode_records(memoryview(data)[pos:pos + h.size], h)]
+            return recs[1] if isinstance(recs[1], cr.VotersRecord) else None
+    except (b.CorruptBatchError, cr.ControlRecordError) as exc:
+        raise CorruptSnapshotError(path, 0, f"unreadable voter set: {exc}") from exc
+    return None
 
 
 def read_snapshot(path: str) -> tuple[SnapshotId, cr.SnapshotHeader, Iterator[bytes]]:

@@ -315,9 +315,12 @@ class LogView:
     # Quarantine found at open (storage's quarantine-state): the voter abstains
     # from votes and elections until its flushed log end reaches it. -1: none.
     must_reach_offset: int = -1
-    # KIP-853: the voter set, with directory ids, as the local log says it.
-    # None: the static voters of the config (kraft version 0).
+    # KIP-853: the voter set below the log (the one the snapshot at the log
+    # start holds); None: the static voters of the config (kraft version 0).
     voter_set: VoterSet | None = None
+    # (offset, voter set) of every VotersRecord in the log, in order
+    # (broker.quorum.voters.voter_sets_in over the log's batches).
+    voter_history: list[tuple[int, VoterSet]] = field(default_factory=list)
 
 
 @dataclass

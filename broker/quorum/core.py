@@ -141,17 +141,13 @@ class QuorumCore:
         self.random = env.random  # the only randomness the core uses; it never reads env.clock
         self.node_id = config.node_id
         self.directory_id = config.directory_id
-        # KIP-853: the voter set with directory ids as the log says it, else
-        # the config's static voters (kraft version 0, directory ids unknown).
-        self.voter_set = log_view.voter_set or VoterSet.static(config.voters)
-        self.voters = self.voter_set.ids
-        self.others = tuple(v for v in self.voters if v != self.node_id)
-        # A wiped dir has a new directory id: not the voter the set names.
-        self.is_voter = self.voter_set.is_voter(self.node_id, self.directory_id)
-        self.hw_index = len(self.voters) // 2
         # 40 random bits: ids of a restarted node do not collide with old ones.
         self.outbox = Outbox(config, (self.random.getrandbits(40) << 8) + 1)
-        self.log = LocalLog(log_view, self.outbox, self.fail)
+        # KIP-853: the voter set is the latest one in the log (over the
+        # snapshot's, else the config's static voters: kraft version 0).
+        self.log = LocalLog(log_view, self.outbox, self.fail, VoterSet.static(config.voters),
+                            self._on_voters_changed)
+        self._refresh_voters()
 
         self._fatal: str | None = None
         self._booted = False
@@ -168,6 +164,7 @@ class QuorumCore:
         # ProspectiveState._won.
         self._pre_vote_granted: tuple[int, int] = (-1, 0)
         self.appended_this_step = False
+        self._voters_changed_in_step = False
         self._persist_on_boot = False
         self.state: RoleState = self._state_from_disk(quorum_state)
         self._handlers = {
@@ -183,6 +180,24 @@ class QuorumCore:
             LogQuarantined: self._on_quarantined,
             SnapshotInstallFailed: self._on_install_failed,
         }
+
+    def _refresh_voters(self) -> None:
+        """The views of the latest voter set the hot paths read."""
+        vs = self.voter_set = self.log.voters.latest
+        self.voters = vs.ids
+        self.others = tuple(v for v in self.voters if v != self.node_id)
+        # A wiped dir has a new directory id: not the voter the set names.
+        self.is_voter = vs.is_voter(self.node_id, self.directory_id)
+        self.hw_index = len(self.voters) // 2
+
+    def _on_voters_changed(self) -> None:
+        """The log's latest voter set changed (a VotersRecord appended, or
+        truncated away, or a snapshot installed): it counts from now on."""
+        self._refresh_voters()
+        st = getattr(self, "state", None)
+        if isinstance(st, FollowerState):
+            st.sync_voter_role()
+        self._voters_changed_in_step = True  # other roles hear it at the end of the step
 
     def _state_from_disk(self, qs: QuorumStateData | None) -> RoleState:
         epoch = qs.leader_epoch if qs else 0
@@ -318,6 +333,9 @@ class QuorumCore:
         if handler is None:
             raise TypeError(f"unknown event type {type(event).__name__}")
         handler(event, now)
+        if self._voters_changed_in_step and self._fatal is None:
+            self._voters_changed_in_step = False
+            self.state.on_voters_changed(now)
         if self._fatal is None:
             self.state.poll(now)
         return self.outbox.take()
@@ -369,6 +387,14 @@ class QuorumCore:
                                       fetch_retry_at_ms=old.fetch_retry_at_ms,
                                       need_epoch_check=old.need_epoch_check), now)
 
+    def become_observer(self, now: int) -> None:
+        """We left the voter set (KIP-853): replicate as an observer, keeping
+        the epoch, the leader we know and the vote we cast in it."""
+        st = self.state
+        assert not self.is_voter and not st.is_leader
+        leader = st.leader_id if st.leader_id != self.node_id else NO_LEADER
+        self.transition(FollowerState(self, st.epoch, leader, st.voted_id), now)
+
     def become_voted(self, candidate_id: int, now: int) -> None:
         self.transition(VotedState(self, self.state.epoch, candidate_id), now)
 
@@ -398,6 +424,11 @@ class QuorumCore:
         """Do `ids` make a majority of the voter set? (The one place elections
         count voters.)"""
         return self.voter_set.is_majority(ids)
+
+    def voter_set_at(self, end_offset: int) -> VoterSet:
+        """The voter set of the log below end_offset: what a snapshot ending
+        there must hold (KIP-853)."""
+        return self.log.voters.at(end_offset)
 
     def is_voter_key(self, replica_id: int, directory_id: str) -> bool:
         """Is (replica_id, directory_id) a voter? A directory id the set does

@@ -4,14 +4,16 @@ fetch timeout that makes a voter stand when its leader goes quiet."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from broker.quorum.api import WriteSnapshotChunk
 from broker.quorum.outbox import RETRY_BACKOFF_MS, RequestKind
 from broker.quorum.roles import RETRY_BACKOFF_BASE_MS, Role, RoleState
+from broker.quorum.voters import VoterSet, voter_sets_in
 from protocol import messages as m
 from protocol.errors import Errors
+from storage.batch import CorruptBatchError, iter_batches
 
 if TYPE_CHECKING:
     from broker.quorum.core import QuorumCore
@@ -32,6 +34,26 @@ def is_connection_failure(reason: str) -> bool:
 class SnapshotDownload:
     snapshot_id: m.SnapshotId
     position: int
+    # KIP-853: the snapshot's voter set, found as the chunks stream by: the
+    # bytes of a batch not yet whole (at most one batch), and the last voter
+    # set seen in a control batch (None: static voters, kraft version 0).
+    carry: bytearray = field(default_factory=bytearray)
+    voter_set: VoterSet | None = None
+
+    def scan(self, chunk: bytes) -> None:
+        buf = bytes(self.carry) + chunk
+        end = 0
+        controls = []
+        # Not CRC-checked here: the driver verifies the whole file at install.
+        for pos, h in iter_batches(buf, verify=False):
+            end = pos + h.size
+            if h.is_control:
+                controls.append(buf[pos:end])
+        if controls:
+            found = voter_sets_in(b"".join(controls), verify=False)
+            if found:
+                self.voter_set = found[-1][1]
+        self.carry = bytearray(buf[end:])
 
 
 class FollowerState(RoleState):
@@ -57,6 +79,12 @@ class FollowerState(RoleState):
 
     def on_boot(self, now: int) -> None:
         self.start_following(now)
+
+    def sync_voter_role(self) -> None:
+        """KIP-853: the voter set changed; Kafka's FollowerState serves voters
+        and observers alike, so the role changes in place (the election state
+        on disk -- epoch, leader, vote -- is the same)."""
+        self.role = Role.FOLLOWER if self.core.is_voter else Role.OBSERVER
 
     def start_following(self, now: int) -> None:
         log = self.core.log
@@ -306,9 +334,13 @@ class FollowerState(RoleState):
             self._retry_later(now)
             return
         core.outbox.actions.append(WriteSnapshotChunk(d.snapshot_id, position, data))
+        try:
+            d.scan(data)
+        except CorruptBatchError:
+            pass  # a damaged snapshot: the driver's verification refuses it at install
         d.position = position + len(data)
         if d.position < resp.size:
             return
         self.download = None
-        core.log.install_snapshot(d.snapshot_id, resp.size)
+        core.log.install_snapshot(d.snapshot_id, resp.size, d.voter_set)
         self.need_epoch_check = False

@@ -19,6 +19,7 @@ from broker.quorum.api import (
     WriteEpochCheckpoint,
 )
 from broker.quorum.outbox import Outbox
+from broker.quorum.voters import VoterSet, VoterSetHistory, voter_sets_in
 from protocol import messages as m
 from storage.batch import CorruptBatchError, iter_batches
 from storage.epochs import EpochHistory
@@ -28,9 +29,11 @@ NO_OFFSET = m.NO_OFFSET
 
 class LocalLog:
     __slots__ = ("outbox", "fail", "log_start_offset", "log_end_offset", "flushed_end_offset", "epochs",
-                 "snapshots", "high_watermark", "must_reach_offset", "pre_install")
+                 "snapshots", "high_watermark", "must_reach_offset", "pre_install", "voters", "static_voters",
+                 "voters_changed")
 
-    def __init__(self, view: LogView, outbox: Outbox, fail: Callable[[str], None]):
+    def __init__(self, view: LogView, outbox: Outbox, fail: Callable[[str], None],
+                 static_voters: VoterSet | None = None, voters_changed: Callable[[], None] = lambda: None):
         if view.log_start_offset > view.log_end_offset:
             raise ValueError(
                 f"log start offset {view.log_start_offset} is past the log end offset {view.log_end_offset}")
@@ -49,6 +52,18 @@ class LocalLog:
         # Our log as it was before the last InstallSnapshot, until it is known
         # to have succeeded (rolled back by SnapshotInstallFailed).
         self.pre_install: tuple | None = None
+        # KIP-853: the voter set as of each offset (VotersRecords in the log,
+        # over the snapshot's or the config's set). The latest one counts
+        # once appended; `voters_changed` tells the core when it changes.
+        self.static_voters = static_voters
+        base = view.voter_set or static_voters
+        assert base is not None, "a voter set: from the log view or the config"
+        for offset, _ in view.voter_history:
+            if not view.log_start_offset <= offset < view.log_end_offset:
+                raise ValueError(f"voter set at offset {offset} is outside the log "
+                                 f"[{view.log_start_offset}, {view.log_end_offset})")
+        self.voters = VoterSetHistory(base, view.voter_history)
+        self.voters_changed = voters_changed
 
     def _checkpoint(self) -> None:
         self.outbox.actions.append(WriteEpochCheckpoint(tuple(self.epochs.entries)))
@@ -122,6 +137,7 @@ class LocalLog:
         end_pos = 0
         changed = False
         epochs = self.epochs
+        controls = []  # (position, size) of control batches: they may hold a VotersRecord
         try:
             for pos, h in iter_batches(records):
                 if h.base_offset != expect:
@@ -138,6 +154,8 @@ class LocalLog:
                 changed |= epochs.assign(h.leader_epoch, h.base_offset)
                 expect = h.next_offset
                 end_pos = pos + h.size
+                if h.is_control:
+                    controls.append((pos, end_pos))
         except CorruptBatchError:
             if end_pos == 0:
                 return False  # keep what was sound before the corrupt batch
@@ -148,7 +166,15 @@ class LocalLog:
         if changed:
             self._checkpoint()
         self.outbox.actions.append(FlushLog())
+        self._note_voter_sets(b"".join(bytes(records[a:b]) for a, b in controls))
         return True
+
+    def _note_voter_sets(self, control_batches: bytes) -> None:
+        found = voter_sets_in(control_batches) if control_batches else []
+        for offset, vs in found:
+            self.voters.add(offset, vs)
+        if found:
+            self.voters_changed()
 
     def on_flushed(self, flushed_end_offset: int) -> bool:
         """FlushCompleted: True if the flushed end moved."""
@@ -182,6 +208,8 @@ class LocalLog:
             self.flushed_end_offset = min(self.flushed_end_offset, target)
             if self.epochs.truncate_from_end(target):
                 self._checkpoint()
+            if self.voters.truncate_from(target):
+                self.voters_changed()  # the set goes back with the log (KIP-853)
 
     def follower_hw(self, leader_hw: int) -> None:
         new = min(self.log_end_offset, leader_hw)
@@ -206,6 +234,7 @@ class LocalLog:
         if self.epochs.truncate_from_start(target):
             self._checkpoint()
         self.snapshots = [s for s in self.snapshots if s.end_offset >= target]
+        self.voters.trim_before(target)
 
     # -- snapshots -----------------------------------------------------------
 
@@ -225,10 +254,16 @@ class LocalLog:
             self.snapshots.append(sid)
             self.snapshots.sort()
 
-    def install_snapshot(self, sid: m.SnapshotId, size: int) -> None:
-        """A downloaded snapshot replaces the whole log (kept for a rollback)."""
+    def install_snapshot(self, sid: m.SnapshotId, size: int, voter_set: VoterSet | None) -> None:
+        """A downloaded snapshot replaces the whole log (kept for a rollback);
+        `voter_set` is the one it holds (None: static voters, kraft version 0)."""
         self.pre_install = (sid, self.log_start_offset, self.log_end_offset, self.flushed_end_offset,
-                            list(self.epochs.entries), list(self.snapshots), self.high_watermark)
+                            list(self.epochs.entries), list(self.snapshots), self.high_watermark,
+                            self.voters.copy())
+        before = self.voters.latest
+        self.voters.reset(voter_set or self.static_voters)
+        if self.voters.latest != before:
+            self.voters_changed()
         self.outbox.actions.append(InstallSnapshot(sid, size))
         # The log now starts and ends at the snapshot; its epoch is our last epoch
         # (KIP-630: the snapshot stands for every record below end_offset).
@@ -247,8 +282,11 @@ class LocalLog:
         if pre is None or pre[0] != sid:
             raise ValueError(f"SnapshotInstallFailed for {sid} without a matching InstallSnapshot")
         self.pre_install = None
+        before = self.voters.latest
         (_, self.log_start_offset, self.log_end_offset, self.flushed_end_offset, entries,
-         self.snapshots, hw) = pre
+         self.snapshots, hw, self.voters) = pre
+        if self.voters.latest != before:
+            self.voters_changed()
         self.epochs = EpochHistory(entries)
         self._checkpoint()
         # Back to the HW we had: the snapshot's end was committed, but the old
@@ -268,6 +306,8 @@ class LocalLog:
         self.high_watermark = min(self.high_watermark, end)
         if self.epochs.truncate_from_end(end):
             self._checkpoint()
+        if self.voters.truncate_from(end):
+            self.voters_changed()
 
     def maybe_clear_quarantine(self, is_voter: bool) -> None:
         must = self.must_reach_offset

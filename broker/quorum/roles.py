@@ -47,18 +47,21 @@ ALLOWED_TRANSITIONS: dict[Role, frozenset[Role]] = {
     # naming a newer epoch): unattached there, or following its leader. A
     # voter whose timer runs out becomes prospective (KIP-996 pre-vote); only
     # a prospective with a majority of pre-votes becomes a candidate.
-    R.UNATTACHED: frozenset({R.UNATTACHED, R.VOTED, R.PROSPECTIVE, R.FOLLOWER}),
-    R.VOTED: frozenset({R.UNATTACHED, R.PROSPECTIVE, R.FOLLOWER}),
+    # Any voter role whose node leaves the voter set (KIP-853: the log's set
+    # changed, or went back with a truncation) becomes an observer.
+    R.UNATTACHED: frozenset({R.UNATTACHED, R.VOTED, R.PROSPECTIVE, R.FOLLOWER, R.OBSERVER}),
+    R.VOTED: frozenset({R.UNATTACHED, R.PROSPECTIVE, R.FOLLOWER, R.OBSERVER}),
     # Prospective to prospective: a new round of pre-votes. To voted: it grants
     # a real vote in its (unbumped) epoch, as an unattached voter would.
-    R.PROSPECTIVE: frozenset({R.UNATTACHED, R.VOTED, R.PROSPECTIVE, R.CANDIDATE, R.FOLLOWER}),
+    R.PROSPECTIVE: frozenset({R.UNATTACHED, R.VOTED, R.PROSPECTIVE, R.CANDIDATE, R.FOLLOWER, R.OBSERVER}),
     # A quarantined candidate gives up its candidacy but keeps its own vote; a
     # candidate that lost asks for pre-votes again before its next epoch.
-    R.CANDIDATE: frozenset({R.UNATTACHED, R.VOTED, R.PROSPECTIVE, R.LEADER, R.FOLLOWER}),
+    R.CANDIDATE: frozenset({R.UNATTACHED, R.VOTED, R.PROSPECTIVE, R.LEADER, R.FOLLOWER, R.OBSERVER}),
     R.LEADER: frozenset({R.RESIGNED, R.UNATTACHED, R.FOLLOWER}),
-    R.RESIGNED: frozenset({R.UNATTACHED, R.PROSPECTIVE, R.FOLLOWER}),
+    R.RESIGNED: frozenset({R.UNATTACHED, R.PROSPECTIVE, R.FOLLOWER, R.OBSERVER}),
     R.FOLLOWER: frozenset({R.UNATTACHED, R.PROSPECTIVE, R.FOLLOWER}),
     # A non-voter is an observer whatever happens; it may lose or learn a leader.
+    # (A follower that leaves or joins the voter set changes role in place.)
     R.OBSERVER: frozenset({R.OBSERVER}),
 }
 # Transitions that keep the persisted election as it is (Kafka's
@@ -186,6 +189,14 @@ class RoleState:
 
     def on_log_rewound(self, now: int) -> None:
         """SnapshotInstallFailed: the log is back as it was before the install."""
+
+    def on_voters_changed(self, now: int) -> None:
+        """The latest voter set changed in this step (KIP-853). A voter role
+        whose node is no longer a voter becomes an observer; a follower is
+        one already (FollowerState serves both, its role is set in place)."""
+        core = self.core
+        if not core.is_voter and self.role not in (Role.OBSERVER, Role.LEADER):
+            core.become_observer(now)
 
     def on_shutdown(self, now: int) -> None:
         """Graceful stop (the election timer is already disarmed)."""

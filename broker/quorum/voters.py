@@ -14,9 +14,11 @@ a majority is.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from protocol import messages as m
+from storage import control_records as cr
+from storage.batch import decode_records, iter_batches
 
 NO_DIRECTORY_ID = m.NO_DIRECTORY_ID
 
@@ -27,6 +29,9 @@ class VoterSet:
 
     directory_ids: Mapping[int, str]
     kraft_version: int = 0  # 0: static voters from the config; 1: the set lives in the log
+    # (listener name, host, port) per voter, as its VotersRecord says; empty
+    # for static voters (the runtime's config has their addresses).
+    endpoints: Mapping[int, tuple[tuple[str, str, int], ...]] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         assert self.directory_ids, "a voter set needs at least one voter"
@@ -59,3 +64,96 @@ class VoterSet:
     def is_majority(self, ids: Iterable[int]) -> bool:
         """Do the voter ids in `ids` make a majority of this set?"""
         return len(set(ids) & self.directory_ids.keys()) > len(self.directory_ids) // 2
+
+
+def voter_set_of(record: cr.VotersRecord) -> VoterSet:
+    """The voter set a VotersRecord describes (kraft version 1)."""
+    return VoterSet({v.voter_id: v.directory_id for v in record.voters}, kraft_version=1,
+                    endpoints={v.voter_id: tuple((e.name, e.host, e.port) for e in v.endpoints)
+                               for v in record.voters})
+
+
+def voters_record(voter_set: VoterSet) -> cr.VotersRecord | None:
+    """The VotersRecord of a voter set that lives in the log (kraft version
+    1); None for static voters, which no record describes."""
+    if voter_set.kraft_version == 0:
+        return None
+    return cr.VotersRecord([
+        cr.Voter(v, voter_set.directory_ids[v],
+                 [cr.VoterEndpoint(name, host, port) for name, host, port in voter_set.endpoints.get(v, ())])
+        for v in voter_set.ids])
+
+
+def voter_sets_in(records: bytes, verify: bool = True) -> list[tuple[int, VoterSet]]:
+    """(offset, voter set) of every VotersRecord in whole encoded batches, in
+    order. Only control batches are decoded (a data batch never holds one).
+    Shared by the core (fetched appends) and the drivers (the log at boot)."""
+    out = []
+    for pos, h in iter_batches(records, verify=verify):
+        if not h.is_control:
+            continue
+        for i, value in enumerate(decode_records(records[pos:pos + h.size], h)):
+            try:
+                rec = cr.decode_control(bytes(value))
+            except cr.ControlRecordError:
+                continue  # a control type we do not know (a newer writer's) holds no voters
+            if isinstance(rec, cr.VotersRecord) and rec.voters:
+                out.append((h.base_offset + i, voter_set_of(rec)))
+    return out
+
+
+class VoterSetHistory:
+    """Kafka's VoterSetHistory: the voter set as of each offset of the log.
+
+    `base` holds below every entry: the voter set of the snapshot the log
+    starts at, or the config's static voters. Each entry (offset, set) is a
+    VotersRecord at that offset; the latest entry counts from the moment it
+    is appended, committed or not (KIP-853), and goes when the log is
+    truncated at or below its offset."""
+
+    __slots__ = ("base", "entries")
+
+    def __init__(self, base: VoterSet, entries: Iterable[tuple[int, VoterSet]] = ()):
+        self.base = base
+        self.entries: list[tuple[int, VoterSet]] = []
+        for offset, vs in entries:
+            self.add(offset, vs)
+
+    @property
+    def latest(self) -> VoterSet:
+        return self.entries[-1][1] if self.entries else self.base
+
+    def add(self, offset: int, voter_set: VoterSet) -> None:
+        assert not self.entries or offset > self.entries[-1][0], \
+            f"voter set at offset {offset} is not past the last one ({self.entries[-1][0]})"
+        self.entries.append((offset, voter_set))
+
+    def at(self, end_offset: int) -> VoterSet:
+        """The voter set of the log below end_offset (what a snapshot there holds)."""
+        found = self.base
+        for offset, vs in self.entries:
+            if offset >= end_offset:
+                break
+            found = vs
+        return found
+
+    def truncate_from(self, end_offset: int) -> bool:
+        """The log lost every offset >= end_offset; True if the latest set changed."""
+        before = self.latest
+        while self.entries and self.entries[-1][0] >= end_offset:
+            self.entries.pop()
+        return self.latest != before
+
+    def trim_before(self, start_offset: int) -> None:
+        """The log now starts at start_offset: the last set below it becomes
+        the base (the one the snapshot there holds); later ones stay."""
+        while self.entries and self.entries[0][0] < start_offset:
+            self.base = self.entries.pop(0)[1]
+
+    def reset(self, base: VoterSet) -> None:
+        """A snapshot replaced the whole log: its voter set is all there is."""
+        self.base = base
+        self.entries = []
+
+    def copy(self) -> VoterSetHistory:
+        return VoterSetHistory(self.base, self.entries)

@@ -58,3 +58,41 @@ def test_a_damaged_voters_record_is_a_control_record_error(body, why):
     """The reader says what is wrong: 'undecodable control record type 6 v0: <why>'."""
     with pytest.raises(cr.ControlRecordError, match=f"undecodable control record type 6 v0: .*{why}"):
         cr.decode_control(bytes.fromhex("0006 0000") + body)
+
+
+def test_the_log_finds_its_control_batches_by_header(tmp_path):
+    """What boot reads to rebuild the voter-set history: only control batches,
+    whole, from the log start (broker.local_state)."""
+    from broker.quorum.voters import VoterSet, voter_sets_in
+    from storage.batch import encode_batch
+    from storage.log import SegmentedLog
+
+    voters = cr.VotersRecord([cr.Voter(1, DIR, [cr.VoterEndpoint("CONTROLLER", "h", 1)])])
+    control = encode_batch(3, 1, [cr.encode_control(voters)], 0, is_control=True)
+    log = SegmentedLog.open(str(tmp_path), segment_bytes_max=256)
+    log.append(encode_batch(0, 1, [b"a", b"b", b"c"], 0))
+    log.append(control)
+    for base in range(4, 40, 4):
+        log.append(encode_batch(base, 1, [b"x" * 20] * 4, 0))
+    assert [i.is_control for i in log.iter_batch_headers()] == [False, True] + [False] * 9
+    assert list(log.control_batches()) == [control]
+    assert voter_sets_in(b"".join(log.control_batches())) == [(3, VoterSet({1: DIR}, kraft_version=1))]
+    log.close()
+
+
+def test_a_snapshot_carries_the_voter_set_after_its_header(tmp_path):
+    """KIP-853: KRaftVersionRecord + VotersRecord in the control batch after
+    the SnapshotHeader; the data records are read as before; a snapshot of
+    static voters has none."""
+    from storage.snapshot import SnapshotId, SnapshotWriter, read_snapshot, read_snapshot_voters, verify_snapshot
+
+    voters = cr.VotersRecord([cr.Voter(1, DIR, [cr.VoterEndpoint("CONTROLLER", "h", 1)]),
+                              cr.Voter(2, "", [])])
+    sid = SnapshotId(10, 2)
+    path, _, _ = SnapshotWriter(str(tmp_path), sid, 0, "c1", voters=voters).write_all([b"r1", b"r2"])
+    _, layout = verify_snapshot(path)
+    assert layout.voters == voters and layout.records == 2
+    assert list(read_snapshot(path)[2]) == [b"r1", b"r2"]
+    assert read_snapshot_voters(path) == voters
+    plain, _, _ = SnapshotWriter(str(tmp_path), SnapshotId(20, 2), 0, "c1").write_all([b"r1"])
+    assert read_snapshot_voters(plain) is None and verify_snapshot(plain)[1].voters is None
