@@ -64,7 +64,10 @@ def quorum_view(broker: "Broker") -> dict:
         "flushed_end_offset": core.flushed_end_offset,
         "log_start_offset": core.log_start_offset,
         "snapshots": [[s.end_offset, s.epoch] for s in broker.snapshots.list()],
-        "voters": sorted(broker.voters),
+        # The core's voter set (KIP-853: the log's latest, else the config's).
+        "voters": sorted(getattr(core, "voters", broker.voters)),
+        "kraft_version": getattr(getattr(core, "voter_set", None), "kraft_version", 0),
+        "directory_id": getattr(broker, "directory_id", None),
         "applied_offset": broker.controller.applied_offset,
         # -1, or the log end a quarantined voter must reach again before it votes
         "must_reach_offset": getattr(core, "must_reach_offset", -1),

@@ -109,6 +109,7 @@ class Broker:
         self.snapshot_work = SnapshotWork(self, cfg.storage.snapshot_min_records, now_ms, feed=self._step)
         self._bg_tasks: set[asyncio.Task] = set()
         self._last_exposed: tuple | None = None
+        self._voter_set_seen: Any = None  # the core's voter set the peers and the gate were last given
         self._idle_timer: asyncio.TimerHandle | None = None  # poll-idle-ratio sampling
         self._stopping = False
         self.commands = CommandQueue()
@@ -453,6 +454,8 @@ class Broker:
 
     def _after_step(self) -> None:
         core = self.core
+        if core.voter_set is not self._voter_set_seen:
+            self._on_voter_set(core.voter_set)
         exposed = (str(core.role), core.epoch, core.leader_id)
         if exposed != self._last_exposed:
             self._last_exposed = exposed
@@ -599,10 +602,32 @@ class Broker:
             self._fatal("task_failed", f"background task {task.get_coro().__qualname__} failed: "
                         f"{type(exc).__name__}: {exc}", exc=exc)
 
+    def _on_voter_set(self, voter_set) -> None:
+        """KIP-853: the core's voter set changed (or is first seen). Voters
+        named by a VotersRecord are reached at the first endpoint it gives
+        them; the gate's voter-only RPCs follow the set."""
+        self._voter_set_seen = voter_set
+        for nid, endpoints in voter_set.endpoints.items():
+            if nid != self.cfg.node_id and endpoints:
+                _name, host, port = endpoints[0]
+                self.peers.set_endpoint(nid, host, port)
+        if self.gate is not None:
+            self.gate.voters = frozenset(voter_set.ids)
+        if voter_set.kraft_version > 0:
+            self.log.info("voter_set", voters=list(voter_set.ids), kraft_version=voter_set.kraft_version,
+                          directory_ids=dict(voter_set.directory_ids))
+
     async def _send(self, a: qa.SendRequest) -> None:
         api_key = REQUEST_API_KEY[type(a.request)]
         try:
             channel = self.peers.channel(a.destination)
+        except KeyError:
+            # A voter the log names without an endpoint we know: nothing to send
+            # to, as if it were unreachable (the core retries or gives up).
+            self._step(qa.RequestFailed(now_ms(), a.request_id, a.destination,
+                                        f"no address known for node {a.destination}"))
+            return
+        try:
             response = await channel.request(api_key, a.request, a.timeout_ms)
         except (NetError, ProtocolError, OSError, asyncio.TimeoutError) as exc:
             # timeouts, refused connections, resets, a peer's garbled answer;

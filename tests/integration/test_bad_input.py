@@ -75,6 +75,20 @@ def test_data_dir_of_another_cluster_is_refused_at_boot(tmp_path):
     assert sorted(os.listdir(data)) == ["meta.properties"]
 
 
+def test_a_malformed_directory_id_is_refused_at_boot(tmp_path):
+    """The user sees exit 3 and "directory.id 'nope' is not a directory id";
+    meta.properties is left as it was."""
+    data = tmp_path / "data"
+    data.mkdir()
+    text = "version=1\ncluster.id=c1\nnode.id=1\ndirectory.id=nope\n"
+    (data / "meta.properties").write_text(text)
+    result = run_broker(base_config(tmp_path), tmp_path)
+    assert result.returncode == 3
+    assert "directory.id 'nope' is not a directory id" in result.stderr
+    assert (data / "meta.properties").read_text() == text
+    assert sorted(os.listdir(data)) == ["meta.properties"]
+
+
 async def test_wrong_cluster_id_and_non_voter_requests_are_refused_on_the_wire(make_cluster):
     cluster = make_cluster(voters=1, **FAST)
     await asyncio.to_thread(cluster.wait_for_leader, 20)
