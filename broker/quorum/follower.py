@@ -166,10 +166,11 @@ class FollowerState(RoleState):
         leader = self.leader_id
         cfg = core.config
         if leader < 0:
-            if core.is_voter or not core.voters:
+            if core.is_voter or not core.others:
                 return
-            # Observer: ask a random voter; any answer names the leader.
-            dest = core.voters[core.random.randrange(len(core.voters))]
+            # Observer: ask a random voter; any answer names the leader. Never
+            # ourselves: a wiped voter's node id is still in the set (KIP-853).
+            dest = core.others[core.random.randrange(len(core.others))]
             self.fetch_inflight = core.send(dest, self._fetch_request(), RequestKind.FETCH)
             return
         if self.download is not None:

@@ -139,3 +139,14 @@ def test_static_voters_do_not_check_directory_ids():
     v = node(2, D2, voter_set=None)
     acts = v.step(a.RequestReceived(0, "v", vote(3, WIPED, 2, "")))
     assert one_response(acts, "v").vote_granted
+
+
+def test_a_wiped_voter_looking_for_the_leader_never_asks_itself():
+    """Its node id is still in the voter set, but it asks the other voters."""
+    w = node(3, WIPED)
+    dests = set()
+    for t in range(0, 40_000, 500):
+        for s in sent(w.step(a.Tick(t)), m.FetchRequest):
+            dests.add(s.destination)
+            w.step(a.RequestFailed(t, s.request_id, s.destination, "refused"))
+    assert dests == {1, 2}
