@@ -8,7 +8,8 @@ Kafka error code. Two kinds of rules:
 
 * **Replica identity binding.** A replica RPC (Vote, BeginQuorumEpoch,
   EndQuorumEpoch, Fetch or OffsetsForLeaderEpoch with a replica id >= 0,
-  FetchSnapshot) is accepted only from the principal ``Node:<that very id>``,
+  FetchSnapshot, UpdateRaftVoter) is accepted only from the principal
+  ``Node:<that very id>``,
   and for Vote/BeginQuorumEpoch/EndQuorumEpoch only if that id is a voter
   (Fetch and FetchSnapshot: any node certificate of the cluster CA, so
   observers can replicate). No ACL and no ``super_users`` entry can grant
@@ -28,6 +29,7 @@ Kafka error code. Two kinds of rules:
   Fetch (replica id -1), ListOffsets,     Read       topic metadata log
   OffsetsForLeaderEpoch (replica id -1)
   DescribeQuorum                          Describe   cluster
+  AddRaftVoter, RemoveRaftVoter           Alter      cluster
   ControllerCommand add_acl/remove_acl    Alter      cluster
   ControllerCommand list_acls             Describe   cluster
   any other ControllerCommand             Write      cluster
@@ -97,7 +99,8 @@ _IMPLIES_DESCRIBE = frozenset({Operation.READ, Operation.WRITE, Operation.DELETE
 
 # Requests that may carry a replica claim: checked even for super users.
 REPLICA_APIS = frozenset({ApiKey.VOTE, ApiKey.BEGIN_QUORUM_EPOCH, ApiKey.END_QUORUM_EPOCH, ApiKey.FETCH_SNAPSHOT,
-                          ApiKey.FETCH, ApiKey.OFFSET_FOR_LEADER_EPOCH, ApiKey.CONSISTENCY_CHECK})
+                          ApiKey.FETCH, ApiKey.OFFSET_FOR_LEADER_EPOCH, ApiKey.CONSISTENCY_CHECK,
+                          ApiKey.UPDATE_RAFT_VOTER})
 
 # ControllerCommand name -> the cluster operation it needs.
 ACL_COMMANDS_ALTER = frozenset({"add_acl", "remove_acl"})
@@ -274,6 +277,8 @@ def _required(api_key: ApiKey, body: m.Body) -> tuple[Operation, ResourceType, s
         return Operation.READ, ResourceType.TOPIC, METADATA_TOPIC
     if api_key is ApiKey.DESCRIBE_QUORUM:
         return Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_RESOURCE_NAME
+    if api_key in (ApiKey.ADD_RAFT_VOTER, ApiKey.REMOVE_RAFT_VOTER):
+        return Operation.ALTER, ResourceType.CLUSTER, CLUSTER_RESOURCE_NAME  # as Kafka (KIP-853)
     if api_key is ApiKey.CONTROLLER_COMMAND:
         if body.command in ACL_COMMANDS_ALTER:
             return Operation.ALTER, ResourceType.CLUSTER, CLUSTER_RESOURCE_NAME
@@ -329,6 +334,9 @@ def authorize(principal: Principal, host: str, api_key: ApiKey, body: m.Body, vi
         return denial
     if api_key is ApiKey.FETCH_SNAPSHOT:
         return _check_replica(principal, api_key, body.replica_id, view, voter_only=False)
+    if api_key is ApiKey.UPDATE_RAFT_VOTER:
+        # Kafka: CLUSTER_ACTION, i.e. a replica RPC: a voter updates its own entry only.
+        return _check_replica(principal, api_key, body.voter_id, view, voter_only=True)
     if api_key in (ApiKey.FETCH, ApiKey.OFFSET_FOR_LEADER_EPOCH) and body.replica_id != m.CONSUMER_REPLICA_ID:
         # Any other id (even a negative one other than the consumer's) is a replica claim.
         return _check_replica(principal, api_key, body.replica_id, view, voter_only=False)

@@ -19,6 +19,9 @@ class ApiKey(enum.IntEnum):
     END_QUORUM_EPOCH = 54
     DESCRIBE_QUORUM = 55
     FETCH_SNAPSHOT = 59
+    ADD_RAFT_VOTER = 80
+    REMOVE_RAFT_VOTER = 81
+    UPDATE_RAFT_VOTER = 82
     CONTROLLER_COMMAND = 1000  # metalog's own, outside Kafka's range
     CONSISTENCY_CHECK = 1001  # metalog's own: cross-replica log digest (broker.consistency)
 
@@ -39,6 +42,9 @@ APIS: dict[ApiKey, tuple[type[m.Body], type[m.Body], int, int]] = {
     ApiKey.END_QUORUM_EPOCH: (m.EndQuorumEpochRequest, m.EndQuorumEpochResponse, 0, 0),
     ApiKey.DESCRIBE_QUORUM: (m.DescribeQuorumRequest, m.DescribeQuorumResponse, 0, 0),
     ApiKey.FETCH_SNAPSHOT: (m.FetchSnapshotRequest, m.FetchSnapshotResponse, 0, 0),
+    ApiKey.ADD_RAFT_VOTER: (m.AddRaftVoterRequest, m.AddRaftVoterResponse, 0, 0),
+    ApiKey.REMOVE_RAFT_VOTER: (m.RemoveRaftVoterRequest, m.RemoveRaftVoterResponse, 0, 0),
+    ApiKey.UPDATE_RAFT_VOTER: (m.UpdateRaftVoterRequest, m.UpdateRaftVoterResponse, 0, 0),
     ApiKey.CONTROLLER_COMMAND: (m.ControllerCommandRequest, m.ControllerCommandResponse, 0, 0),
     ApiKey.CONSISTENCY_CHECK: (m.ConsistencyCheckRequest, m.ConsistencyCheckResponse, 0, 0),
 }

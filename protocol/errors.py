@@ -28,6 +28,8 @@ class Errors(enum.IntEnum):
     POSITION_OUT_OF_RANGE = 99
     INCONSISTENT_CLUSTER_ID = 104
     INVALID_VOTER_KEY = 125  # KIP-853: the request names another directory id of this node
+    DUPLICATE_VOTER = 126  # KIP-853 AddRaftVoter: that replica is already a voter
+    VOTER_NOT_FOUND = 127  # KIP-853 RemoveRaftVoter / UpdateRaftVoter: no such voter
 
 
 def error_name(code: int) -> str:

@@ -303,6 +303,62 @@ class ErrorResponse(Body):
 
 
 # --------------------------------------------------------------------------
+# AddRaftVoter (80), RemoveRaftVoter (81), UpdateRaftVoter (82): KIP-853's
+# voter changes, answered by the leader once the VotersRecord is committed.
+
+
+class RaftListener(msgspec.Struct, array_like=True, frozen=True):
+    """One endpoint a voter listens on (Kafka's Listeners entry)."""
+
+    name: str
+    host: str
+    port: int
+
+
+class AddRaftVoterRequest(Body):
+    cluster_id: str
+    voter_id: int
+    voter_directory_id: str
+    listeners: list[RaftListener] = []
+    timeout_ms: int = 30000  # answered REQUEST_TIMED_OUT if not committed by then
+
+
+class AddRaftVoterResponse(Body):
+    error_code: int = 0
+    error_message: str | None = None
+
+
+class RemoveRaftVoterRequest(Body):
+    cluster_id: str
+    voter_id: int
+    voter_directory_id: str
+    timeout_ms: int = 30000
+
+
+class RemoveRaftVoterResponse(Body):
+    error_code: int = 0
+    error_message: str | None = None
+
+
+class UpdateRaftVoterRequest(Body):
+    """A voter tells the leader its endpoints (and supported kraft versions)."""
+
+    cluster_id: str
+    current_leader_epoch: int
+    voter_id: int
+    voter_directory_id: str
+    listeners: list[RaftListener] = []
+    kraft_version_min: int = 0
+    kraft_version_max: int = 1
+
+
+class UpdateRaftVoterResponse(Body):
+    error_code: int = 0
+    error_message: str | None = None
+    current_leader: LeaderIdAndEpoch | None = None
+
+
+# --------------------------------------------------------------------------
 # ControllerCommand (1000, metalog's own): create/delete topics, register,
 # fence and unfence brokers, set configs. Kafka spreads these over several
 # apis (CreateTopics, DeleteTopics, IncrementalAlterConfigs, BrokerRegistration,

@@ -46,6 +46,12 @@ def error_response(req: m.Body, code: int, message: str | None,
         return m.ControllerCommandResponse(error_code=code, error_message=message, current_leader=cl)
     if t is m.ConsistencyCheckRequest:
         return m.ConsistencyCheckResponse(error_code=code, error_message=message)
+    if t is m.AddRaftVoterRequest:
+        return m.AddRaftVoterResponse(error_code=code, error_message=message)
+    if t is m.RemoveRaftVoterRequest:
+        return m.RemoveRaftVoterResponse(error_code=code, error_message=message)
+    if t is m.UpdateRaftVoterRequest:
+        return m.UpdateRaftVoterResponse(error_code=code, error_message=message, current_leader=cl)
     return m.ErrorResponse(error_code=code, error_message=message or "")
 
 

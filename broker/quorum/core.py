@@ -381,17 +381,22 @@ class QuorumCore:
         if self.is_voter:
             self.transition(UnattachedState(self, epoch), now)
             return
+        if not isinstance(old, FollowerState):
+            # A voter role (or a leader) whose node a VotersRecord of this
+            # step removed (KIP-853): an observer now, in the new epoch.
+            self.transition(FollowerState(self, epoch, NO_LEADER, -1), now)
+            return
         # An observer stays one, without a leader; its fetch loop keeps its pace.
-        assert isinstance(old, FollowerState)
         self.transition(FollowerState(self, epoch, NO_LEADER, -1, start=False,
                                       fetch_retry_at_ms=old.fetch_retry_at_ms,
                                       need_epoch_check=old.need_epoch_check), now)
 
     def become_observer(self, now: int) -> None:
         """We left the voter set (KIP-853): replicate as an observer, keeping
-        the epoch, the leader we know and the vote we cast in it."""
+        the epoch, the leader we know and the vote we cast in it. A leader
+        gets here once the VotersRecord that removed it is committed."""
         st = self.state
-        assert not self.is_voter and not st.is_leader
+        assert not self.is_voter
         leader = st.leader_id if st.leader_id != self.node_id else NO_LEADER
         self.transition(FollowerState(self, st.epoch, leader, st.voted_id), now)
 

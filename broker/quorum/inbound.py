@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from broker.quorum import election
+from broker.quorum import election, membership
 from broker.quorum.answers import api_versions_response, check_cluster_id
 from broker.quorum.api import AppendWaiter
 from broker.quorum.leader import LeaderState
@@ -58,7 +58,10 @@ def on_request(core: QuorumCore, token: Any, req: m.Body, now: int) -> None:
     if t is m.FetchRequest:
         handle_fetch(core, token, req, now, completing=False)
         return
-    if t in (m.BeginQuorumEpochRequest, m.EndQuorumEpochRequest) and req.leader_id not in core.voters:
+    if (t in (m.BeginQuorumEpochRequest, m.EndQuorumEpochRequest) and req.leader_id not in core.voters
+            and core.voter_set.kraft_version == 0):
+        # Static voters only: with a voter set in the log (KIP-853) our latest
+        # set may be an uncommitted one the leader of a newer epoch never had.
         core.respond(token, core.error_response(req, Errors.INCONSISTENT_VOTER_SET))
         return
     if t is m.BeginQuorumEpochRequest and not core.addressed_to_me(req.voter_id, req.voter_directory_id):
@@ -89,6 +92,8 @@ def on_request(core: QuorumCore, token: Any, req: m.Body, now: int) -> None:
                 req, Errors.INVALID_REQUEST, "a produce request must carry at least one record"))
             return
         core.client_append(now, [AppendWaiter(token, len(req.records))], list(req.records))
+    elif t in (m.AddRaftVoterRequest, m.RemoveRaftVoterRequest, m.UpdateRaftVoterRequest):
+        membership.handle(core, token, req, now)
     elif t is m.DescribeQuorumRequest:
         core.respond(token, core.describe_quorum(now))
     elif t is m.ListOffsetsRequest:

@@ -8,11 +8,13 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
+from broker.quorum import membership
 from broker.quorum.leader_reads import LeaderReads
 from broker.quorum.notify import Notifier, NotifyingRole
 from broker.quorum.outbox import RequestKind
 from broker.quorum.progress import ProduceWaiter, ProgressTable, ReplicaProgress
 from broker.quorum.roles import Role, RoleState
+from broker.quorum.voters import VoterSet, voters_record
 from protocol import messages as m
 from protocol.errors import Errors
 from storage.batch import encode_batch
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
 
 class LeaderState(NotifyingRole, RoleState):
     __slots__ = ("progress", "reads", "waiters", "notifier", "check_quorum_deadline_ms", "lbo_wait",
-                 "epoch_start_offset", "granted")
+                 "epoch_start_offset", "granted", "pending_change")
     is_leader = True
 
     def __init__(self, core: QuorumCore, epoch: int, voted_id: int, granted: list[int], now: int):
@@ -39,6 +41,8 @@ class LeaderState(NotifyingRole, RoleState):
         self.epoch_start_offset = core.log.log_end_offset
         self.check_quorum_deadline_ms: int | None = None
         self.update_check_quorum_deadline()
+        # KIP-853: the voter change waiting for its VotersRecord to commit.
+        self.pending_change: membership.PendingChange | None = None
 
     def on_enter(self, now: int) -> None:
         core = self.core
@@ -61,6 +65,11 @@ class LeaderState(NotifyingRole, RoleState):
                 error_message="leadership lost before the records were committed",
             ))
         self.reads.fail_parked(now)
+        pc = self.pending_change
+        if pc is not None:
+            self.pending_change = None
+            membership.answer(core, pc.token, pc.request, Errors.NOT_LEADER_OR_FOLLOWER,
+                              "leadership lost before the voter change was committed")
 
     # -- time ----------------------------------------------------------------
 
@@ -77,11 +86,19 @@ class LeaderState(NotifyingRole, RoleState):
             ds.append(max(p.not_before_ms, now) if p.woken else p.deadline_ms)
         if self.lbo_wait is not None:
             ds.append(self.lbo_wait[1] + self.core.config.max_replication_lag_ms)
+        if self.pending_change is not None:
+            ds.append(self.pending_change.deadline_ms)
         ds.extend(self.notifier.deadlines(now))
         return ds
 
     def poll(self, now: int) -> None:
         core = self.core
+        entries = core.log.voters.entries
+        if not core.is_voter and entries and entries[-1][0] < core.log.high_watermark:
+            # The set that removed us is committed: step down to an observer
+            # (KIP-853); the voters elect a leader among themselves.
+            core.become_observer(now)
+            return
         if self.check_quorum_deadline_ms is not None and now >= self.check_quorum_deadline_ms:
             self.update_check_quorum_deadline()
             if now >= self.check_quorum_deadline_ms:
@@ -90,6 +107,13 @@ class LeaderState(NotifyingRole, RoleState):
                 return
         if self.reads.parked:
             self.reads.complete_parked(now, lambda p: p.deadline_ms <= now)
+        pc = self.pending_change
+        if pc is not None and now >= pc.deadline_ms:
+            # Kafka's answer; the VotersRecord stays and still commits (or is
+            # truncated) like any record: a retry then sees what happened.
+            self.pending_change = None
+            membership.answer(core, pc.token, pc.request, Errors.REQUEST_TIMED_OUT,
+                              f"the voter change at offset {pc.offset} was not committed in time")
         self.notifier.send_due(now, self._begin_epoch_request, core.send)
         self.maybe_advance_log_start(now)
 
@@ -101,7 +125,9 @@ class LeaderState(NotifyingRole, RoleState):
 
     def update_check_quorum_deadline(self) -> None:
         core = self.core
-        need = len(core.voters) // 2  # other voters needed besides ourselves
+        # Other voters needed besides ourselves (all of a majority if a
+        # pending change removed us: KIP-853).
+        need = len(core.voters) // 2 + (0 if core.is_voter else 1)
         if need == 0:
             self.check_quorum_deadline_ms = None
             return
@@ -151,7 +177,9 @@ class LeaderState(NotifyingRole, RoleState):
     def maybe_advance_hw(self, now: int) -> None:
         core = self.core
         log = core.log
-        leos = [log.flushed_end_offset]  # our own unflushed tail never counts (KAFKA-10533)
+        # Our own unflushed tail never counts (KAFKA-10533); nor our log at all
+        # once a VotersRecord removed us (KIP-853).
+        leos = [log.flushed_end_offset] if core.is_voter else []
         voters = self.progress.voters
         for v in core.others:
             leos.append(voters[v].log_end_offset)
@@ -175,6 +203,44 @@ class LeaderState(NotifyingRole, RoleState):
         if self.reads.parked:
             # Followers learn the new HW now rather than after max_wait_ms.
             self.reads.complete_parked(now, lambda p: True)
+        pc = self.pending_change
+        if pc is not None and pc.offset < hw:
+            self.pending_change = None
+            membership.answer(core, pc.token, pc.request, Errors.NONE)
+
+    # -- voter changes (KIP-853, broker.quorum.membership) --------------------
+
+    def append_voters(self, voter_set: VoterSet, now: int) -> int:
+        """Append a VotersRecord of `voter_set`; it counts from now on. Returns its offset."""
+        core = self.core
+        offset = core.log.log_end_offset
+        rec = voters_record(voter_set)
+        assert rec is not None, "static voters are never written"
+        batch = encode_batch(offset, self.epoch, [encode_control(rec)], core.timestamp(now), is_control=True)
+        self.append(batch, 1)
+        core.log.add_voter_set(offset, voter_set)
+        return offset
+
+    def on_voters_changed(self, now: int) -> None:
+        """The latest voter set changed (our own VotersRecord): progress per
+        the new voters, each keeping what we knew of it as an observer or a
+        voter; a voter that left is an observer to us from now on."""
+        core = self.core
+        old = self.progress
+        new = ProgressTable(core.others, core.voter_set, now)
+        carried: dict[tuple[int, str], ReplicaProgress] = dict(old.observers)
+        for v, st in old.voters.items():
+            carried[(v, st.directory_id)] = st
+        for v in core.others:
+            st = carried.pop((v, core.voter_set.directory_id_of(v)), None)
+            if st is not None:
+                st.last_contact_ms = max(st.last_contact_ms, st.last_fetch_ms)
+                new.voters[v] = st
+        new.observers.update(carried)
+        self.progress = new
+        self.notifier.unacked &= set(core.others)
+        self.update_check_quorum_deadline()
+        self.maybe_advance_hw(now)
 
     def maybe_advance_log_start(self, now: int) -> None:
         """KIP-630: the leader moves its LBO to a snapshot once every live replica

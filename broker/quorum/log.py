@@ -169,6 +169,11 @@ class LocalLog:
         self._note_voter_sets(b"".join(bytes(records[a:b]) for a, b in controls))
         return True
 
+    def add_voter_set(self, offset: int, voter_set: VoterSet) -> None:
+        """The leader appended a VotersRecord of `voter_set` at `offset`."""
+        self.voters.add(offset, voter_set)
+        self.voters_changed()
+
     def _note_voter_sets(self, control_batches: bytes) -> None:
         found = voter_sets_in(control_batches) if control_batches else []
         for offset, vs in found:

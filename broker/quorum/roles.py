@@ -57,7 +57,8 @@ ALLOWED_TRANSITIONS: dict[Role, frozenset[Role]] = {
     # A quarantined candidate gives up its candidacy but keeps its own vote; a
     # candidate that lost asks for pre-votes again before its next epoch.
     R.CANDIDATE: frozenset({R.UNATTACHED, R.VOTED, R.PROSPECTIVE, R.LEADER, R.FOLLOWER, R.OBSERVER}),
-    R.LEADER: frozenset({R.RESIGNED, R.UNATTACHED, R.FOLLOWER}),
+    # A leader whose removal (KIP-853) is committed steps down to an observer.
+    R.LEADER: frozenset({R.RESIGNED, R.UNATTACHED, R.FOLLOWER, R.OBSERVER}),
     R.RESIGNED: frozenset({R.UNATTACHED, R.PROSPECTIVE, R.FOLLOWER, R.OBSERVER}),
     R.FOLLOWER: frozenset({R.UNATTACHED, R.PROSPECTIVE, R.FOLLOWER}),
     # A non-voter is an observer whatever happens; it may lose or learn a leader.

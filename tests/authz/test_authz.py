@@ -44,7 +44,13 @@ OFLE2 = m.OffsetsForLeaderEpochRequest(cluster_id=CID, replica_id=2, current_lea
 CHECK2 = m.ConsistencyCheckRequest(cluster_id=CID, leader_id=2, leader_epoch=5, start_offset=0, end_offset=9)
 REPLICA_RPCS = [(ApiKey.VOTE, VOTE2), (ApiKey.BEGIN_QUORUM_EPOCH, BEGIN2), (ApiKey.END_QUORUM_EPOCH, END2),
                 (ApiKey.FETCH, fetch(2)), (ApiKey.FETCH_SNAPSHOT, SNAP2), (ApiKey.OFFSET_FOR_LEADER_EPOCH, OFLE2),
-                (ApiKey.CONSISTENCY_CHECK, CHECK2)]
+                (ApiKey.CONSISTENCY_CHECK, CHECK2),
+                (ApiKey.UPDATE_RAFT_VOTER, m.UpdateRaftVoterRequest(
+                    cluster_id=CID, current_leader_epoch=1, voter_id=2, voter_directory_id="AAAAAAAAAAAAAAAAAAAAAw",
+                    listeners=[m.RaftListener("CONTROLLER", "127.0.0.1", 9092)]))]
+ADD4 = m.AddRaftVoterRequest(cluster_id=CID, voter_id=4, voter_directory_id="AAAAAAAAAAAAAAAAAAAABQ",
+                             listeners=[m.RaftListener("CONTROLLER", "127.0.0.1", 9094)])
+REMOVE3 = m.RemoveRaftVoterRequest(cluster_id=CID, voter_id=3, voter_directory_id="AAAAAAAAAAAAAAAAAAAABA")
 
 
 def cmd(command):
@@ -227,6 +233,7 @@ def test_every_api_has_a_rule():
         ApiKey.LIST_OFFSETS: m.ListOffsetsRequest(cluster_id=CID, current_leader_epoch=-1, timestamp_ms=-1),
         ApiKey.API_VERSIONS: m.ApiVersionsRequest(), ApiKey.DESCRIBE_QUORUM: m.DescribeQuorumRequest(),
         ApiKey.CONTROLLER_COMMAND: cmd("create_topic"),
+        ApiKey.ADD_RAFT_VOTER: ADD4, ApiKey.REMOVE_RAFT_VOTER: REMOVE3,
     })
     assert set(bodies) == set(APIS)
     for api, body in bodies.items():
@@ -302,3 +309,15 @@ def test_acls_survive_a_controller_snapshot(tmp_path):
     loaded = load_snapshot(store, sid)
     assert loaded == st and len(loaded.acls) == 2
     assert sorted(x.principal for x in loaded.acls.values()) == ["User:bob", "User:carol"]
+
+
+@pytest.mark.parametrize("api,body", [(ApiKey.ADD_RAFT_VOTER, ADD4), (ApiKey.REMOVE_RAFT_VOTER, REMOVE3)])
+def test_voter_changes_need_alter_on_the_cluster(api, body):
+    """KIP-853, as Kafka: AddRaftVoter / RemoveRaftVoter need Alter on the cluster;
+    Write or Describe is not enough (CLUSTER_AUTHORIZATION_FAILED), nor is a node certificate."""
+    cluster = dict(rtype=a.ResourceType.CLUSTER, name=a.CLUSTER_RESOURCE_NAME)
+    for not_enough in (acl(op=a.Operation.WRITE, **cluster), acl(op=a.Operation.DESCRIBE, **cluster)):
+        d = a.authorize(ALICE, HOST, api, body, view(not_enough))
+        assert d is not None and d.error_code == Errors.CLUSTER_AUTHORIZATION_FAILED and d.operation == "Alter"
+    assert a.authorize(N2, HOST, api, body, view()).error_code == Errors.CLUSTER_AUTHORIZATION_FAILED
+    assert a.authorize(ALICE, HOST, api, body, view(acl(op=a.Operation.ALTER, **cluster))) is None

@@ -70,6 +70,17 @@ SAMPLES: dict[type, m.Body] = {
     m.ConsistencyCheckResponse: m.ConsistencyCheckResponse(
         start_offset=40, end_offset=900, chunks=[m.ConsistencyChunk(40, 470, 0xDEADBEEF),
                                                  m.ConsistencyChunk(470, 900, 7)]),
+    m.AddRaftVoterRequest: m.AddRaftVoterRequest(
+        cluster_id="c1", voter_id=4, voter_directory_id="AAAAAAAAAAAAAAAAAAAABQ",
+        listeners=[m.RaftListener("CONTROLLER", "10.0.0.4", 9093)], timeout_ms=10_000),
+    m.AddRaftVoterResponse: m.AddRaftVoterResponse(error_code=126, error_message="node 4 is already a voter"),
+    m.RemoveRaftVoterRequest: m.RemoveRaftVoterRequest(cluster_id="c1", voter_id=3,
+                                                       voter_directory_id="AAAAAAAAAAAAAAAAAAAABA"),
+    m.RemoveRaftVoterResponse: m.RemoveRaftVoterResponse(error_code=127, error_message="not a voter"),
+    m.UpdateRaftVoterRequest: m.UpdateRaftVoterRequest(
+        cluster_id="c1", current_leader_epoch=3, voter_id=2, voter_directory_id="AAAAAAAAAAAAAAAAAAAAAw",
+        listeners=[m.RaftListener("CONTROLLER", "10.0.0.2", 9093)]),
+    m.UpdateRaftVoterResponse: m.UpdateRaftVoterResponse(current_leader=LEADER),
 }
 
 

@@ -1,0 +1,166 @@
+"""KIP-853 voter changes on the leader: AddRaftVoter (80), RemoveRaftVoter
+(81) and UpdateRaftVoter (82), with the rules of Kafka's AddVoterHandler,
+RemoveVoterHandler and UpdateVoterHandler.
+
+A change is one VotersRecord appended by the leader; like any VotersRecord
+it counts from the moment it is appended (broker.quorum.voters). Safety
+comes from doing one change at a time, each committed before the next:
+two sets that differ by one voter always share a majority, so no two
+disjoint majorities can exist across a change. Hence, before a change:
+
+* the leader must have committed a record of its own epoch (its HW is past
+  the epoch's start: every older uncommitted change is settled), and
+* no VotersRecord may be uncommitted (REQUEST_TIMED_OUT otherwise, Kafka's
+  answer: the client retries).
+
+Then: an added replica must already fetch from us as an observer with the
+directory id named and be caught up (it can count toward the HW at once);
+kraft version 0 (static voters from the config) cannot change
+(UNSUPPORTED_VERSION); the answer goes out when the VotersRecord commits, or
+REQUEST_TIMED_OUT at the request's timeout, or NOT_LEADER_OR_FOLLOWER if
+leadership is lost first. A leader that removed itself keeps leading
+until the change commits, its own log end no longer counting toward the
+HW, then steps down to an observer (broker.quorum.leader).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from broker.quorum.voters import VoterSet
+from protocol import messages as m
+from protocol.errors import Errors
+
+if TYPE_CHECKING:
+    from broker.quorum.core import QuorumCore
+    from broker.quorum.leader import LeaderState
+
+NO_DIRECTORY_ID = m.NO_DIRECTORY_ID
+VoterChangeRequest = m.AddRaftVoterRequest | m.RemoveRaftVoterRequest | m.UpdateRaftVoterRequest
+_RESPONSE = {m.AddRaftVoterRequest: m.AddRaftVoterResponse, m.RemoveRaftVoterRequest: m.RemoveRaftVoterResponse,
+             m.UpdateRaftVoterRequest: m.UpdateRaftVoterResponse}
+
+
+@dataclass(slots=True)
+class PendingChange:
+    """A voter change appended by the leader, answered when it commits."""
+
+    token: Any
+    request: VoterChangeRequest
+    offset: int  # of its VotersRecord
+    deadline_ms: int
+
+
+class ChangeRefused(Exception):
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def answer(core: QuorumCore, token: Any, req: VoterChangeRequest, code: int, message: str | None = None) -> None:
+    """The response type `req` expects, with `code`."""
+    if type(req) is m.UpdateRaftVoterRequest:
+        core.respond(token, m.UpdateRaftVoterResponse(error_code=code, error_message=message,
+                                                      current_leader=core.current_leader()))
+    else:
+        core.respond(token, _RESPONSE[type(req)](error_code=code, error_message=message))
+
+
+def handle(core: QuorumCore, token: Any, req: VoterChangeRequest, now: int) -> None:
+    """RequestReceived of AddRaftVoter / RemoveRaftVoter / UpdateRaftVoter
+    (every one is answered, now or when its change commits)."""
+    st = core.state
+    if type(req) is m.UpdateRaftVoterRequest and req.current_leader_epoch != st.epoch:
+        # KIP-320 fencing, as inbound.fence: the voter's view of the epoch is off.
+        code = Errors.FENCED_LEADER_EPOCH if req.current_leader_epoch < st.epoch else Errors.UNKNOWN_LEADER_EPOCH
+        answer(core, token, req, code, f"epoch {req.current_leader_epoch} is not ours ({st.epoch})")
+        return
+    if not st.is_leader:
+        answer(core, token, req, Errors.NOT_LEADER_OR_FOLLOWER,
+               f"node {core.node_id} is not the leader (epoch {st.epoch}, leader {st.leader_id})")
+        return
+    try:
+        new_set = _new_voter_set(core, st, req, now)
+    except ChangeRefused as refused:
+        answer(core, token, req, refused.code, refused.message)
+        return
+    if new_set is None:  # nothing to change (an update naming the endpoints it has)
+        answer(core, token, req, Errors.NONE)
+        return
+    timeout_ms = getattr(req, "timeout_ms", core.config.request_timeout_ms)
+    offset = st.append_voters(new_set, now)
+    st.pending_change = PendingChange(token, req, offset, now + max(0, timeout_ms))
+
+
+def _new_voter_set(core: QuorumCore, st: LeaderState, req: VoterChangeRequest, now: int) -> VoterSet | None:
+    """The voter set after `req`, or None if it changes nothing; ChangeRefused
+    with Kafka's error when it may not be made now."""
+    log = core.log
+    vs = core.voter_set
+    hw = log.high_watermark
+    if st.pending_change is not None or (log.voters.entries and log.voters.entries[-1][0] >= hw):
+        pending = log.voters.entries[-1][0] if log.voters.entries else st.pending_change.offset
+        raise ChangeRefused(Errors.REQUEST_TIMED_OUT,
+                            f"another voter change is in progress (its VotersRecord at offset {pending} "
+                            f"is not committed yet, high watermark {hw}); retry")
+    if hw <= st.epoch_start_offset:
+        raise ChangeRefused(Errors.REQUEST_TIMED_OUT,
+                            f"the leader has not committed a record of its epoch {st.epoch} yet; retry")
+    if vs.kraft_version == 0:
+        if type(req) is m.UpdateRaftVoterRequest:
+            return None  # static voters: the config holds the endpoints; nothing to record (as Kafka)
+        raise ChangeRefused(Errors.UNSUPPORTED_VERSION,
+                            "the cluster runs kraft.version 0 (static voters from the config): voters "
+                            "cannot change until it is upgraded to kraft.version 1")
+    vid, vdir = req.voter_id, req.voter_directory_id
+    if vid < 0 or vdir == NO_DIRECTORY_ID:
+        raise ChangeRefused(Errors.INVALID_REQUEST,
+                            f"a voter is a node id >= 0 and a directory id, got {vid} and {vdir!r}")
+    endpoints = {k: e for k, e in vs.endpoints.items()}
+    ids = dict(vs.directory_ids)
+    if type(req) is m.AddRaftVoterRequest:
+        if vid in ids:
+            raise ChangeRefused(Errors.DUPLICATE_VOTER,
+                                f"node {vid} is already a voter (directory id {ids[vid]!r}); "
+                                f"remove it first to replace its directory")
+        listeners = _listeners(req)
+        progress = st.progress.observers.get((vid, vdir))
+        fetch_timeout_ms = core.config.fetch_timeout_ms
+        if progress is None or progress.last_fetch_ms < 0 or now - progress.last_fetch_ms > fetch_timeout_ms:
+            raise ChangeRefused(Errors.REQUEST_TIMED_OUT,
+                                f"replica {vid} with directory id {vdir!r} is not fetching from the leader; "
+                                f"start it as an observer first")
+        if progress.log_end_offset < hw:
+            raise ChangeRefused(Errors.REQUEST_TIMED_OUT,
+                                f"replica {vid} is not caught up (fetched to {progress.log_end_offset}, "
+                                f"high watermark {hw}); retry")
+        ids[vid] = vdir
+        endpoints[vid] = listeners
+    else:
+        if ids.get(vid) != vdir:
+            where = f"(its directory id is {ids[vid]!r})" if vid in ids else "(no such node id in the set)"
+            raise ChangeRefused(Errors.VOTER_NOT_FOUND,
+                                f"replica {vid} with directory id {vdir!r} is not a voter {where}")
+        if type(req) is m.RemoveRaftVoterRequest:
+            if len(ids) == 1:
+                raise ChangeRefused(Errors.INVALID_REQUEST, f"node {vid} is the only voter: it cannot be removed")
+            del ids[vid]
+            endpoints.pop(vid, None)
+        else:
+            listeners = _listeners(req)
+            if endpoints.get(vid) == listeners:
+                return None
+            endpoints[vid] = listeners
+    return VoterSet(ids, kraft_version=1, endpoints=endpoints)
+
+
+def _listeners(req: m.AddRaftVoterRequest | m.UpdateRaftVoterRequest) -> tuple[tuple[str, str, int], ...]:
+    if not req.listeners:
+        raise ChangeRefused(Errors.INVALID_REQUEST, f"voter {req.voter_id}: at least one listener is required")
+    for ln in req.listeners:
+        if not ln.name or not ln.host or not 0 < ln.port < 65536:
+            raise ChangeRefused(Errors.INVALID_REQUEST,
+                                f"voter {req.voter_id}: bad listener {ln.name!r} {ln.host!r}:{ln.port}")
+    return tuple((ln.name, ln.host, ln.port) for ln in req.listeners)

@@ -1,0 +1,236 @@
+"""KIP-853 item 4 in the core: AddRaftVoter, RemoveRaftVoter, UpdateRaftVoter.
+
+Every rule and every error the leader answers with: one change at a time
+(an uncommitted VotersRecord answers REQUEST_TIMED_OUT), the leader must
+first commit a record of its epoch, a new voter must be a caught-up observer
+fetching with that very directory id, DUPLICATE_VOTER, VOTER_NOT_FOUND,
+INVALID_REQUEST, UNSUPPORTED_VERSION with static voters; the answer waits
+for the commit; a removed leader keeps leading until the change commits,
+then steps down; a follower whose uncommitted change is truncated goes back
+to the old set."""
+
+from __future__ import annotations
+
+from broker.quorum import api as a
+from broker.quorum.voters import VoterSet, voter_sets_in
+from protocol import messages as m
+from protocol.errors import Errors
+from tests.quorum.harness import CLUSTER, MemLog, Node, fetch, make_leader, one_response, responses
+
+D = {1: "AAAAAAAAAAAAAAAAAAAAAg", 2: "AAAAAAAAAAAAAAAAAAAAAw", 3: "AAAAAAAAAAAAAAAAAAAABA",
+     4: "AAAAAAAAAAAAAAAAAAAABQ"}
+WIPED3 = "zzzzzzzzzzzzzzzzzzzzzw"
+EP = {i: (("CONTROLLER", "127.0.0.1", 9090 + i),) for i in range(1, 5)}
+
+
+def dynamic(ids) -> VoterSet:
+    return VoterSet({i: D[i] for i in ids}, kraft_version=1, endpoints={i: EP[i] for i in ids})
+
+
+def listeners(i: int, port: int | None = None) -> list[m.RaftListener]:
+    return [m.RaftListener("CONTROLLER", "127.0.0.1", port or 9090 + i)]
+
+
+def add(i: int, directory_id: str | None = None, **kw) -> m.AddRaftVoterRequest:
+    kw.setdefault("listeners", listeners(i))
+    return m.AddRaftVoterRequest(cluster_id=CLUSTER, voter_id=i, voter_directory_id=D[i] if directory_id is None else directory_id, **kw)
+
+
+def remove(i: int, directory_id: str | None = None, **kw) -> m.RemoveRaftVoterRequest:
+    return m.RemoveRaftVoterRequest(cluster_id=CLUSTER, voter_id=i, voter_directory_id=D[i] if directory_id is None else directory_id, **kw)
+
+
+def leader(voters=(1, 2, 3), node_id: int = 1) -> tuple[Node, int]:
+    """node_id leading a dynamic set, the LeaderChange of its epoch committed
+    (voter 2 fetched to the end)."""
+    n = Node(node_id, voters=voters, view=a.LogView(voter_set=dynamic(voters)), directory_id=D[node_id])
+    now = make_leader(n)
+    catch_up(n, now, [v for v in voters if v != node_id][: len(voters) // 2])
+    assert n.core.high_watermark == n.core.log_end_offset > 0
+    return n, now
+
+
+def catch_up(n: Node, now: int, ids, directory_ids: dict | None = None) -> list:
+    acts = []
+    for i in ids:
+        acts += fetch(n, now, i, n.core.log_end_offset, n.core.epoch,
+                      directory_id=(directory_ids or D).get(i, D.get(i)), token=("f", i))
+    return acts
+
+
+def ask(n: Node, now: int, req: m.Body, token="v") -> list:
+    return n.step(a.RequestReceived(now, token, req))
+
+
+def refused(n: Node, now: int, req: m.Body) -> tuple[int, str]:
+    end = n.core.log_end_offset
+    resp = one_response(ask(n, now, req), "v")
+    assert n.core.log_end_offset == end, "a refused change appends nothing"
+    return resp.error_code, resp.error_message
+
+
+def test_add_voter_waits_for_the_commit_then_the_new_voter_counts():
+    n, now = leader()
+    catch_up(n, now, [4])  # node 4 fetches as an observer, caught up
+    acts = ask(n, now + 1, add(4))
+    assert responses(acts, "v") == [], "answered only once the VotersRecord is committed"
+    assert n.core.voters == (1, 2, 3, 4), "the new set counts from the moment it is appended"
+    (at, vs), = voter_sets_in(n.log.read(0, n.core.log_end_offset, 1 << 20))
+    assert vs == dynamic((1, 2, 3, 4)) and vs.endpoints[4] == EP[4]
+    n.step(a.FlushCompleted(now + 1, n.core.log_end_offset))
+    # Leader + voter 2 are no majority of four any more: it takes a third.
+    acts = catch_up(n, now + 2, [2])
+    assert n.core.high_watermark <= at and responses(acts, "v") == []
+    acts = catch_up(n, now + 3, [4])
+    assert n.core.high_watermark == at + 1
+    assert one_response(acts, "v") == m.AddRaftVoterResponse(error_code=Errors.NONE)
+    assert {r.replica_id for r in n.core.describe_quorum(now + 3).voters} == {1, 2, 3, 4}
+
+
+def test_one_change_at_a_time():
+    """An uncommitted VotersRecord blocks the next change: REQUEST_TIMED_OUT, nothing appended."""
+    n, now = leader()
+    catch_up(n, now, [4])
+    ask(n, now + 1, remove(3), token="first")
+    code, msg = refused(n, now + 1, add(4))
+    assert code == Errors.REQUEST_TIMED_OUT and "another voter change is in progress" in msg
+
+
+def test_leader_must_commit_a_record_of_its_epoch_first():
+    n = Node(1, view=a.LogView(voter_set=dynamic((1, 2, 3))), directory_id=D[1])
+    now = make_leader(n)  # LeaderChange appended and flushed, not committed
+    code, msg = refused(n, now, remove(3))
+    assert code == Errors.REQUEST_TIMED_OUT and "has not committed a record of its epoch" in msg
+
+
+def test_new_voter_must_be_a_caught_up_observer_with_that_directory():
+    n, now = leader()
+    code, msg = refused(n, now, add(4))
+    assert code == Errors.REQUEST_TIMED_OUT and "is not fetching from the leader" in msg
+    fetch(n, now, 4, n.core.log_end_offset, n.core.epoch, directory_id=WIPED3)  # another directory
+    code, msg = refused(n, now, add(4))
+    assert code == Errors.REQUEST_TIMED_OUT and "is not fetching" in msg
+    fetch(n, now, 4, 0, 0, directory_id=D[4])  # fetching, from offset 0
+    code, msg = refused(n, now, add(4))
+    assert code == Errors.REQUEST_TIMED_OUT and "is not caught up" in msg
+    # Long silent: not fetching any more.
+    catch_up(n, now, [4])
+    code, msg = refused(n, now + n.core.config.fetch_timeout_ms + 1, add(4))
+    assert code == Errors.REQUEST_TIMED_OUT and "is not fetching" in msg
+
+
+def test_duplicate_voter_and_voter_not_found():
+    n, now = leader()
+    catch_up(n, now, [3], {3: WIPED3})  # the wiped node 3 fetches with its new directory
+    code, msg = refused(n, now, add(3, WIPED3))
+    assert code == Errors.DUPLICATE_VOTER and "node 3 is already a voter" in msg
+    code, msg = refused(n, now, remove(3, WIPED3))
+    assert code == Errors.VOTER_NOT_FOUND and "is not a voter (its directory id is" in msg
+    code, msg = refused(n, now, remove(4))
+    assert code == Errors.VOTER_NOT_FOUND and "no such node id" in msg
+    upd = m.UpdateRaftVoterRequest(cluster_id=CLUSTER, current_leader_epoch=n.core.epoch, voter_id=4,
+                                   voter_directory_id=D[4], listeners=listeners(4))
+    code, _ = refused(n, now, upd)
+    assert code == Errors.VOTER_NOT_FOUND
+
+
+def test_invalid_requests():
+    n, now = leader()
+    catch_up(n, now, [4])
+    assert refused(n, now, add(4, listeners=[]))[0] == Errors.INVALID_REQUEST
+    assert refused(n, now, add(4, listeners=[m.RaftListener("CONTROLLER", "h", 0)]))[0] == Errors.INVALID_REQUEST
+    code, msg = refused(n, now, add(4, m.NO_DIRECTORY_ID))
+    assert code == Errors.INVALID_REQUEST and "directory id" in msg
+    solo, t = Node(1, voters=(1,), view=a.LogView(voter_set=dynamic((1,))), directory_id=D[1]), 0
+    solo.step(a.Tick(t))  # a single voter elects itself at once
+    assert solo.core.role == "leader"
+    solo.step(a.FlushCompleted(t, solo.core.log_end_offset))
+    code, msg = refused(solo, t, remove(1))
+    assert code == Errors.INVALID_REQUEST and "only voter" in msg
+
+
+def test_static_voters_cannot_change():
+    n = Node(1)  # kraft version 0
+    now = make_leader(n)
+    fetch(n, now, 2, n.core.log_end_offset, n.core.epoch)
+    code, msg = refused(n, now, remove(3))
+    assert code == Errors.UNSUPPORTED_VERSION and "kraft.version 0" in msg
+
+
+def test_not_the_leader():
+    n = Node(2, view=a.LogView(voter_set=dynamic((1, 2, 3))), directory_id=D[2])
+    n.step(a.Tick(0))
+    code, msg = refused(n, 0, add(4))
+    assert code == Errors.NOT_LEADER_OR_FOLLOWER and "is not the leader" in msg
+
+
+def test_update_voter_changes_endpoints_and_is_fenced():
+    n, now = leader()
+    upd = m.UpdateRaftVoterRequest(cluster_id=CLUSTER, current_leader_epoch=n.core.epoch - 1, voter_id=2,
+                                   voter_directory_id=D[2], listeners=listeners(2, 7000))
+    assert refused(n, now, upd)[0] == Errors.FENCED_LEADER_EPOCH
+    same = m.UpdateRaftVoterRequest(cluster_id=CLUSTER, current_leader_epoch=n.core.epoch, voter_id=2,
+                                    voter_directory_id=D[2], listeners=listeners(2))
+    assert refused(n, now, same)[0] == Errors.NONE, "nothing to change: answered at once"
+    new = m.UpdateRaftVoterRequest(cluster_id=CLUSTER, current_leader_epoch=n.core.epoch, voter_id=2,
+                                   voter_directory_id=D[2], listeners=listeners(2, 7000))
+    ask(n, now, new)
+    assert n.core.voter_set.endpoints[2] == (("CONTROLLER", "127.0.0.1", 7000),)
+    n.step(a.FlushCompleted(now, n.core.log_end_offset))
+    resp = one_response(catch_up(n, now + 1, [2]), "v")
+    assert resp.error_code == Errors.NONE and resp.current_leader == m.LeaderIdAndEpoch(1, n.core.epoch)
+
+
+def test_change_times_out_and_leadership_loss_answers():
+    n, now = leader()
+    ask(n, now, remove(3, timeout_ms=500))
+    acts = n.step(a.Tick(now + 500))
+    resp = one_response(acts, "v")
+    assert resp.error_code == Errors.REQUEST_TIMED_OUT and "not committed in time" in resp.error_message
+    n2, now2 = leader()
+    ask(n2, now2, remove(3))
+    acts = n2.step(a.RequestReceived(now2 + 1, "b", m.BeginQuorumEpochRequest(
+        cluster_id=CLUSTER, leader_id=2, leader_epoch=n2.core.epoch + 1, voter_id=1, voter_directory_id=D[1])))
+    assert one_response(acts, "v").error_code == Errors.NOT_LEADER_OR_FOLLOWER
+
+
+def test_removed_leader_leads_until_the_change_commits_then_steps_down():
+    n, now = leader()
+    acts = ask(n, now, remove(1))
+    at = n.core.log_end_offset - 1
+    assert n.core.role == "leader" and not n.core.is_voter and n.core.voters == (2, 3)
+    n.step(a.FlushCompleted(now, n.core.log_end_offset))
+    # Our own log no longer counts: voter 2 alone is no majority of {2, 3}.
+    acts = catch_up(n, now + 1, [2])
+    assert n.core.high_watermark <= at and n.core.role == "leader"
+    acts = catch_up(n, now + 2, [3])
+    assert one_response(acts, "v").error_code == Errors.NONE
+    assert n.core.role == "observer" and n.core.leader_id == -1
+    assert [p.state for p in acts if isinstance(p, a.PersistQuorumState)][-1].leader_id == -1
+
+
+def test_a_truncated_uncommitted_change_is_reverted_on_a_follower():
+    """Follower 2 fetched leader 1's uncommitted RemoveRaftVoter(3); leader 3
+    of the next epoch never had it: 2 truncates and 3 is a voter again."""
+    lead, now = leader()
+    ask(lead, now, remove(3))
+    log = lead.log.read(0, lead.core.log_end_offset, 1 << 20)
+    f = Node(2, view=a.LogView(voter_set=dynamic((1, 2, 3))), directory_id=D[2], log=MemLog())
+    f.step(a.Tick(0))
+    acts = f.step(a.RequestReceived(0, "b", m.BeginQuorumEpochRequest(
+        cluster_id=CLUSTER, leader_id=1, leader_epoch=lead.core.epoch, voter_id=2, voter_directory_id=D[2])))
+    (req,) = [x for x in acts if isinstance(x, a.SendRequest)]
+    f.step(a.ResponseReceived(1, req.request_id, 1, m.FetchResponse(high_watermark=0, records=log)))
+    assert f.core.voters == (1, 2)
+    f.step(a.FlushCompleted(1, f.core.log_end_offset))
+    acts = f.step(a.RequestReceived(2, "b2", m.BeginQuorumEpochRequest(
+        cluster_id=CLUSTER, leader_id=3, leader_epoch=lead.core.epoch + 1, voter_id=2, voter_directory_id=D[2])))
+    req = [x for x in acts if isinstance(x, a.SendRequest)][0]
+    end_before = lead.core.log_end_offset - 1  # the VotersRecord's offset
+    if isinstance(req.request, m.OffsetsForLeaderEpochRequest):
+        resp = m.OffsetsForLeaderEpochResponse(leader_epoch=lead.core.epoch, end_offset=end_before)
+    else:
+        resp = m.FetchResponse(high_watermark=0, diverging_epoch=m.EpochEndOffset(lead.core.epoch, end_before))
+    acts = f.step(a.ResponseReceived(3, req.request_id, 3, resp))
+    assert a.TruncateLog(end_before) in acts
+    assert f.core.voters == (1, 2, 3) and f.core.is_voter
