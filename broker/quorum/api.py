@@ -339,6 +339,12 @@ class QuorumConfig:
     # directory.id); NO_DIRECTORY_ID when the driver has none (a replica that
     # does not say its directory id matches only voters whose id is unknown).
     directory_id: str = m.NO_DIRECTORY_ID
+    # KIP-853: the cluster keeps its voter set in the log (kraft version 1):
+    # `voters` are then only whom to ask for the leader (Kafka's
+    # controller.quorum.bootstrap.servers), never static voters. A node that
+    # finds no voter set (no bootstrap checkpoint, no VotersRecord: a wiped
+    # dir) is an observer until the log gives it one.
+    voters_are_bootstrap: bool = False
     election_timeout_ms: int = setting(
         1000, "a voter that knows no leader stands for election after a random "
               "election_timeout_ms..2x (Kafka's quorum.election.timeout.ms)", gt=0)

@@ -145,8 +145,9 @@ class QuorumCore:
         self.outbox = Outbox(config, (self.random.getrandbits(40) << 8) + 1)
         # KIP-853: the voter set is the latest one in the log (over the
         # snapshot's, else the config's static voters: kraft version 0).
-        self.log = LocalLog(log_view, self.outbox, self.fail, VoterSet.static(config.voters),
-                            self._on_voters_changed)
+        fallback = (VoterSet.unknown_set(config.voters) if config.voters_are_bootstrap
+                    else VoterSet.static(config.voters))
+        self.log = LocalLog(log_view, self.outbox, self.fail, fallback, self._on_voters_changed)
         self._refresh_voters()
 
         self._fatal: str | None = None

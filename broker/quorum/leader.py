@@ -18,7 +18,7 @@ from broker.quorum.voters import VoterSet, voters_record
 from protocol import messages as m
 from protocol.errors import Errors
 from storage.batch import encode_batch
-from storage.control_records import LeaderChange, encode_control
+from storage.control_records import KRaftVersionRecord, LeaderChange, encode_control
 
 if TYPE_CHECKING:
     from broker.quorum.core import QuorumCore
@@ -52,6 +52,17 @@ class LeaderState(NotifyingRole, RoleState):
         value = encode_control(LeaderChange(core.node_id, list(core.voters), self.granted))
         self.append(encode_batch(log.log_end_offset, self.epoch, [value], core.timestamp(now),
                                  is_control=True), 1)
+        vs = core.voter_set
+        if vs.kraft_version == 1 and not log.voters.entries and log.log_start_offset == 0:
+            # A freshly formatted dynamic cluster: the set is only in the
+            # bootstrap checkpoint. Put it in the log, as Kafka's first leader
+            # does, so that every replica and snapshot gets it from there.
+            rec = voters_record(vs)
+            assert rec is not None
+            base = log.log_end_offset
+            self.append(encode_batch(base, self.epoch, [encode_control(KRaftVersionRecord(1)), encode_control(rec)],
+                                     core.timestamp(now), is_control=True), 2)
+            log.add_voter_set(base + 1, vs)
 
     def on_exit(self, now: int) -> None:
         """Answer everyone who waited on us as leader: we no longer are."""

@@ -100,11 +100,12 @@ def _new_voter_set(core: QuorumCore, st: LeaderState, req: VoterChangeRequest, n
     log = core.log
     vs = core.voter_set
     hw = log.high_watermark
-    if st.pending_change is not None or (log.voters.entries and log.voters.entries[-1][0] >= hw):
-        pending = log.voters.entries[-1][0] if log.voters.entries else st.pending_change.offset
+    # In Kafka's order: a change of ours pending, our epoch not committed
+    # yet, static voters, any VotersRecord not committed yet.
+    if st.pending_change is not None:
         raise ChangeRefused(Errors.REQUEST_TIMED_OUT,
-                            f"another voter change is in progress (its VotersRecord at offset {pending} "
-                            f"is not committed yet, high watermark {hw}); retry")
+                            f"another voter change is in progress (its VotersRecord at offset "
+                            f"{st.pending_change.offset} is not committed yet); retry")
     if hw <= st.epoch_start_offset:
         raise ChangeRefused(Errors.REQUEST_TIMED_OUT,
                             f"the leader has not committed a record of its epoch {st.epoch} yet; retry")
@@ -114,6 +115,10 @@ def _new_voter_set(core: QuorumCore, st: LeaderState, req: VoterChangeRequest, n
         raise ChangeRefused(Errors.UNSUPPORTED_VERSION,
                             "the cluster runs kraft.version 0 (static voters from the config): voters "
                             "cannot change until it is upgraded to kraft.version 1")
+    if log.voters.entries and log.voters.entries[-1][0] >= hw:
+        raise ChangeRefused(Errors.REQUEST_TIMED_OUT,
+                            f"another voter change is in progress (its VotersRecord at offset "
+                            f"{log.voters.entries[-1][0]} is not committed yet, high watermark {hw}); retry")
     vid, vdir = req.voter_id, req.voter_directory_id
     if vid < 0 or vdir == NO_DIRECTORY_ID:
         raise ChangeRefused(Errors.INVALID_REQUEST,

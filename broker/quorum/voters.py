@@ -32,10 +32,15 @@ class VoterSet:
     # (listener name, host, port) per voter, as its VotersRecord says; empty
     # for static voters (the runtime's config has their addresses).
     endpoints: Mapping[int, tuple[tuple[str, str, int], ...]] = field(default_factory=dict, compare=False)
+    # True only for VoterSet.unknown_set: a dynamic cluster's node that knows
+    # no voter set yet (a wiped or --no-initial-controllers dir): nobody is a
+    # voter to it, it never votes or stands, it replicates until the log says.
+    unknown: bool = False
 
     def __post_init__(self) -> None:
         assert self.directory_ids, "a voter set needs at least one voter"
         assert self.kraft_version in (0, 1), f"unknown kraft version {self.kraft_version}"
+        assert not self.unknown or self.kraft_version == 1
         assert self.kraft_version == 1 or all(d == NO_DIRECTORY_ID for d in self.directory_ids.values()), \
             "static voters (kraft version 0) have no directory ids"
 
@@ -43,6 +48,14 @@ class VoterSet:
     def static(cls, voter_ids: Iterable[int]) -> VoterSet:
         """Kraft version 0: the config's voter ids, directory ids unknown."""
         return cls({v: NO_DIRECTORY_ID for v in voter_ids}, 0)
+
+    @classmethod
+    def unknown_set(cls, bootstrap_ids: Iterable[int]) -> VoterSet:
+        """Kraft version 1, set not known yet: the config's ids are only whom
+        to ask for the leader (Kafka's controller.quorum.bootstrap.servers).
+        Never a fallback to them as static voters: a wiped voter must not
+        vote with its old node id."""
+        return cls({v: NO_DIRECTORY_ID for v in bootstrap_ids}, 1, unknown=True)
 
     @property
     def ids(self) -> tuple[int, ...]:
@@ -56,13 +69,15 @@ class VoterSet:
         directory id is unknown matches any directory of its node; a replica
         that does not say its directory id (an older peer) matches only such
         a voter."""
-        if node_id not in self.directory_ids:
+        if self.unknown or node_id not in self.directory_ids:
             return False
         known = self.directory_ids[node_id]
         return known == NO_DIRECTORY_ID or known == directory_id
 
     def is_majority(self, ids: Iterable[int]) -> bool:
         """Do the voter ids in `ids` make a majority of this set?"""
+        if self.unknown:
+            return False
         return len(set(ids) & self.directory_ids.keys()) > len(self.directory_ids) // 2
 
 
@@ -76,7 +91,7 @@ def voter_set_of(record: cr.VotersRecord) -> VoterSet:
 def voters_record(voter_set: VoterSet) -> cr.VotersRecord | None:
     """The VotersRecord of a voter set that lives in the log (kraft version
     1); None for static voters, which no record describes."""
-    if voter_set.kraft_version == 0:
+    if voter_set.kraft_version == 0 or voter_set.unknown:
         return None
     return cr.VotersRecord([
         cr.Voter(v, voter_set.directory_ids[v],

@@ -75,7 +75,8 @@ def test_add_voter_waits_for_the_commit_then_the_new_voter_counts():
     acts = ask(n, now + 1, add(4))
     assert responses(acts, "v") == [], "answered only once the VotersRecord is committed"
     assert n.core.voters == (1, 2, 3, 4), "the new set counts from the moment it is appended"
-    (at, vs), = voter_sets_in(n.log.read(0, n.core.log_end_offset, 1 << 20))
+    (_, first), (at, vs) = voter_sets_in(n.log.read(0, n.core.log_end_offset, 1 << 20))
+    assert first == dynamic((1, 2, 3)), "the first leader put the bootstrap set in the log"
     assert vs == dynamic((1, 2, 3, 4)) and vs.endpoints[4] == EP[4]
     n.step(a.FlushCompleted(now + 1, n.core.log_end_offset))
     # Leader + voter 2 are no majority of four any more: it takes a third.
@@ -234,3 +235,47 @@ def test_a_truncated_uncommitted_change_is_reverted_on_a_follower():
     acts = f.step(a.ResponseReceived(3, req.request_id, 3, resp))
     assert a.TruncateLog(end_before) in acts
     assert f.core.voters == (1, 2, 3) and f.core.is_voter
+
+
+def test_first_leader_of_a_formatted_cluster_writes_the_bootstrap_set_into_the_log():
+    """Kafka's first leader appends KRaftVersionRecord(1) + VotersRecord in its
+    first epoch; a later leader (the set already in its log) does not."""
+    from storage import control_records as cr
+    from storage.batch import decode_records, iter_batches
+    n, now = leader()
+    data = n.log.read(0, n.core.log_end_offset, 1 << 20)
+    controls = [cr.decode_control(bytes(v)) for pos, h in iter_batches(data) if h.is_control
+                for v in decode_records(data[pos:pos + h.size], h)]
+    assert [type(c).__name__ for c in controls] == ["LeaderChange", "KRaftVersionRecord", "VotersRecord"]
+    assert controls[1] == cr.KRaftVersionRecord(1)
+    assert n.core.log.voters.entries == [(2, dynamic((1, 2, 3)))]
+
+
+def test_a_dynamic_node_without_a_voter_set_never_falls_back_to_static_voters():
+    """A wiped dir in a dynamic cluster (voters_are_bootstrap, no bootstrap
+    checkpoint, empty log): the config's ids are whom to ask, not voters. It is
+    an observer, refuses votes, never stands; the log's set makes it a voter."""
+    n = Node(3, directory_id=WIPED3, voters_are_bootstrap=True)
+    acts = n.step(a.Tick(0))
+    assert n.core.role == "observer" and not n.core.is_voter
+    vote = m.VoteRequest(cluster_id=CLUSTER, candidate_epoch=1, candidate_id=1, last_offset_epoch=0,
+                         last_offset=0, candidate_directory_id=D[1], voter_id=3, voter_directory_id=WIPED3)
+    resp = one_response(n.step(a.RequestReceived(1, "vote", vote)), "vote")
+    assert not resp.vote_granted
+    for t in range(0, 30_000, 500):
+        n.step(a.Tick(t))
+        assert n.core.role == "observer", "it never stands"
+    # The leader's log has a set naming node 3 with the new directory: now a voter.
+    lead, now = leader()
+    ids = {1: D[1], 2: D[2], 3: WIPED3}
+    vs = VoterSet(ids, kraft_version=1, endpoints={i: EP[i] for i in ids})
+    from broker.quorum.voters import voters_record
+    from storage.batch import encode_batch
+    from storage.control_records import encode_control
+    data = lead.log.read(0, lead.core.log_end_offset, 1 << 20) + encode_batch(
+        lead.core.log_end_offset, lead.core.epoch, [encode_control(voters_record(vs))], 0, is_control=True)
+    acts = n.step(a.RequestReceived(30_000, "b", m.BeginQuorumEpochRequest(
+        cluster_id=CLUSTER, leader_id=1, leader_epoch=lead.core.epoch, voter_id=3, voter_directory_id=WIPED3)))
+    req = [x for x in acts if isinstance(x, a.SendRequest) and isinstance(x.request, m.FetchRequest)][-1]
+    n.step(a.ResponseReceived(30_001, req.request_id, 1, m.FetchResponse(high_watermark=0, records=data)))
+    assert n.core.voters == (1, 2, 3) and n.core.is_voter and n.core.role == "follower"
