@@ -37,6 +37,7 @@ from typing import Any, Callable
 from broker.quorum import api
 from broker.quorum.core import QuorumCore
 from broker.quorum.env import Environment
+from broker.quorum.voters import VoterSet
 from protocol import messages as m
 from sim.disk import SimDisk, SimDiskError
 from sim.invariants import InvariantChecker, Violation, is_leader
@@ -74,6 +75,10 @@ class SimConfig:
     # violation by default. False only to explore past a known spin (the tick
     # is then deferred 1 ms and counted in SimCluster.spin_ticks).
     spin_is_violation: bool = True
+    # KIP-853: a dynamic cluster (kraft version 1): the voters are formatted
+    # with a bootstrap checkpoint naming them by directory id, the config's
+    # voters are only bootstrap servers, and the voter set may change.
+    dynamic: bool = False
 
 
 @dataclass
@@ -115,6 +120,11 @@ def brief(body: Any) -> str:
     return " ".join(parts)
 
 
+def sim_endpoints(node_id: int) -> tuple[tuple[str, str, int], ...]:
+    """The listener a simulated voter registers in a VotersRecord."""
+    return (("CONTROLLER", f"n{node_id}", 9093),)
+
+
 def sim_directory_id(node_id: int, generation: int) -> str:
     """A directory id (Kafka's Uuid string) for a node's disk: derived, not
     drawn, so that the seeded random streams stay as they were."""
@@ -134,6 +144,7 @@ class SimNode:
         self.incarnation = 0
         self.pending_requests: dict[int, int] = {}  # request_id -> destination
         self.open_tokens: set[Any] = set()
+        self.vote_requests: dict[Any, m.VoteRequest] = {}  # token -> the real VoteRequest it answers
         self.next_tick_ms: int | None = None
         self.same_time_ticks = 0
         self.last_tick_ms = -1
@@ -207,6 +218,11 @@ class SimCluster:
             self.nodes[v] = SimNode(v, True)
         for o in self.config.observers:
             self.nodes[o] = SimNode(o, False)
+        if self.config.dynamic:
+            initial = VoterSet({v: self.nodes[v].disk.directory_id for v in self.config.voters}, kraft_version=1,
+                               endpoints={v: sim_endpoints(v) for v in self.config.voters})
+            for v in self.config.voters:
+                self.nodes[v].disk.bootstrap_voters = initial
         self.trace_tail: collections.deque[str] = collections.deque(maxlen=TRACE_TAIL)
         self._trace_hash = hashlib.sha256()
         self.events_processed = 0
@@ -287,7 +303,8 @@ class SimCluster:
     def quorum_config(self, node_id: int) -> api.QuorumConfig:
         return api.QuorumConfig(node_id=node_id, voters=tuple(self.config.voters),
                                 cluster_id=self.config.cluster_id,
-                                directory_id=self.nodes[node_id].disk.directory_id, **self.config.quorum)
+                                directory_id=self.nodes[node_id].disk.directory_id,
+                                voters_are_bootstrap=self.config.dynamic, **self.config.quorum)
 
     def boot(self, node_id: int) -> None:
         n = self.nodes[node_id]
@@ -299,6 +316,7 @@ class SimCluster:
         n.paused = False
         n.pending_requests.clear()
         n.open_tokens.clear()
+        n.vote_requests.clear()
         n.inbox.clear()
         n.next_tick_ms = None
         n.last_flush_done_ms = self.now_ms
@@ -470,6 +488,8 @@ class SimCluster:
             return
         token = ("net", msg.src, msg.src_incarnation, msg.request_id)
         n.open_tokens.add(token)
+        if isinstance(msg.body, m.VoteRequest) and not msg.body.pre_vote:
+            n.vote_requests[token] = msg.body
         self.trace(f"n{n.node_id} <= {msg!r}")
         self.step(n, api.RequestReceived(self.now_ms, token, msg.body))
 
@@ -513,6 +533,8 @@ class SimCluster:
         assert n.alive and not n.paused
         n.last_event = event
         actions = n.core.step(event)
+        if self.config.dynamic:
+            n.is_voter = n.core.is_voter  # the log's voter set decides (KIP-853)
         self.trace(f"n{n.node_id} {type(event).__name__} -> {','.join(type(a).__name__ for a in actions)}")
         n.follow_up = []
         for a in actions:
@@ -578,6 +600,9 @@ class SimCluster:
                     and disk.must_reach_offset >= 0):
                 self.fail(f"quarantined voter n{n.node_id} granted a vote before re-replicating past "
                           f"{disk.must_reach_offset} (flushed end {disk.flushed_end_offset})")
+            vote = n.vote_requests.pop(a.token, None)
+            if vote is not None and a.response.vote_granted:
+                self._check_vote_identity(n, vote)
             self._respond(n, a)
         elif isinstance(a, api.WriteSnapshotChunk):
             disk.write_snapshot_chunk(a.snapshot_id, a.position, a.data)
@@ -603,6 +628,18 @@ class SimCluster:
             self.fail(f"n{n.node_id} raised Fatal: {a.reason}")
         else:
             self.fail(f"n{n.node_id} returned an unknown action {a!r}")
+
+    def _check_vote_identity(self, n: SimNode, vote: m.VoteRequest) -> None:
+        """WipedNodeNeverVotesWithItsOldIdentity (KIP-853): a granted vote comes
+        from the very directory it was addressed to, and from a node that is a
+        voter (its node id and current directory id) of its own latest set."""
+        d = n.disk.directory_id
+        if vote.voter_directory_id not in (m.NO_DIRECTORY_ID, d):
+            self.fail(f"n{n.node_id} (directory {d}) granted a vote addressed to its directory "
+                      f"{vote.voter_directory_id}: a wiped node voted with its old identity")
+        if not n.core.voter_set.is_voter(n.node_id, d):
+            self.fail(f"n{n.node_id} (directory {d}) granted a vote in epoch {vote.candidate_epoch} while not a "
+                      f"voter of its own set {dict(n.core.voter_set.directory_ids)}")
 
     def _send(self, msg: Message) -> None:
         decision = self.intercept(msg) if self.intercept is not None else "deliver"

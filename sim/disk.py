@@ -87,6 +87,10 @@ class SimDisk:
         # meta.properties' directory.id (KIP-853); the cluster names it, and
         # gives a new one when the whole disk is replaced (wipe "all").
         self.directory_id = ""
+        # KIP-853: the bootstrap checkpoint `storage format --initial-controllers`
+        # writes (a dynamic cluster's initial voters); None: static voters, or
+        # formatted with --no-initial-controllers, or lost with a wiped disk.
+        self.bootstrap_voters = None
         self.epoch_checkpoint: tuple[tuple[int, int], ...] = ()
         self.snapshots: dict[m.SnapshotId, bytes] = {}  # complete snapshots
         self.partial_snapshots: dict[m.SnapshotId, bytearray] = {}
@@ -338,6 +342,7 @@ class SimDisk:
     def wipe_all(self) -> None:
         self.wipe_log()
         self.quorum_state = None
+        self.bootstrap_voters = None  # a new disk: formatted with --no-initial-controllers
 
     def _snapshot_voter_set(self):
         """The latest voter set in the snapshot the log starts at (a sim
@@ -364,7 +369,7 @@ class SimDisk:
             must_reach_offset=self.must_reach_offset,
             # KIP-853: the voter set of the snapshot the log starts at, and the
             # VotersRecords the recovered log holds, as the runtime finds them.
-            voter_set=self._snapshot_voter_set(),
+            voter_set=self._snapshot_voter_set() or (self.bootstrap_voters if self.log_start_offset == 0 else None),
             voter_history=voter_sets_in(b"".join(
                 b.data for b in self.batches if b.is_control and b.base_offset >= self.log_start_offset)),
         )

@@ -69,6 +69,7 @@ class InvariantChecker:
         self.leader_hw_floor = (-1, 0)  # (epoch, hw) of the newest committed leader seen
         self.acked_offsets: list[int] = []
         self.checked: dict[int, tuple[int, int]] = {}  # node -> (disk version, offsets verified below)
+        self.checked_changes: dict[int, tuple[int, int, int]] = {}  # node -> its latest voter change checked
 
     def fail(self, reason: str) -> None:
         self.cluster.fail(reason)
@@ -149,11 +150,16 @@ class InvariantChecker:
         self.epoch_floor[nid] = epoch
         leader = is_leader(core)
         if leader:
-            prev = self.leaders_by_epoch.setdefault(epoch, nid)
-            if prev != nid:
+            prev = self.leaders_by_epoch.get(epoch)
+            if prev is None:
+                self.leaders_by_epoch[epoch] = nid
+                # (A leader may stop being a voter later: KIP-853 removes it
+                # and it leads until that commits.)
+                if not core.is_voter:
+                    self.fail(f"observer n{nid} became leader of epoch {epoch}")
+            elif prev != nid:
                 self.fail(f"two leaders in epoch {epoch}: n{prev} and n{nid}")
-            if not n.is_voter:
-                self.fail(f"observer n{nid} became leader of epoch {epoch}")
+            self._check_voter_changes(n)
         hw = core.high_watermark
         if hw is None or hw < 0:
             hw = 0
@@ -183,6 +189,31 @@ class InvariantChecker:
                     self.leader_hw_floor = (epoch, hw)
         self._check_acks_below_hw(n, hw)
 
+    def _check_voter_changes(self, n: "SimNode") -> None:
+        """NoDisjointMajorities (KIP-853): each VotersRecord a leader appends
+        differs from the set before it by at most one voter (node id and
+        directory id), and the one before it was committed first."""
+        core = n.core
+        entries = core.log.voters.entries
+        if not entries:
+            return
+        offset, vs = entries[-1]
+        key = (n.node_id, n.incarnation, offset)
+        if self.checked_changes.get(n.node_id) == key or n.disk.epoch_at(offset) != core.epoch:
+            return
+        self.checked_changes[n.node_id] = key
+        before = core.log.voters.at(offset)
+        if before.unknown:
+            return
+        changed = set(before.directory_ids.items()) ^ set(vs.directory_ids.items())
+        if len({vid for vid, _ in changed}) > 1 or len(changed) > 2:
+            self.fail(f"leader n{n.node_id} changed the voters from {dict(before.directory_ids)} to "
+                      f"{dict(vs.directory_ids)} at offset {offset}: more than one voter at once")
+        older = [o for o, _ in entries[:-1]]
+        if older and older[-1] >= core.high_watermark:
+            self.fail(f"leader n{n.node_id} appended a voter change at {offset} while the one at {older[-1]} "
+                      f"was not committed (HW {core.high_watermark})")
+
     def check_majority(self, n: "SimNode") -> None:
         hw = n.core.high_watermark or 0
         if hw <= 0:
@@ -193,11 +224,26 @@ class InvariantChecker:
         epoch = n.disk.epoch_at(offset)
         if epoch is None:
             self.fail(f"leader n{n.node_id} has HW {hw} but no record at {offset}")
-        holders = [v.node_id for v in self.cluster.nodes.values()
-                   if v.is_voter and self.holds_durably(v, offset, epoch)]
-        if len(holders) < self.majority():
-            self.fail(f"leader n{n.node_id} (epoch {n.core.epoch}) has HW {hw} but only voters {holders} "
-                      f"hold offset {offset} (epoch {epoch}) durably; a majority is {self.majority()}")
+        # The leader's voter set (static: the config's); across a change (KIP-853)
+        # the set in effect below the HW will do as well: a majority of either
+        # overlaps every majority of both.
+        nodes = self.cluster.nodes.values()
+        best: list[int] = []
+        for vs in (n.core.voter_set, n.core.voter_set_at(hw)):
+            # A voter whose disk was replaced (KIP-853) counts as holding: that
+            # replica is gone and never votes again (WipedNodeNeverVotes, checked
+            # by the driver), so no election quorum can include it -- as a
+            # quarantined voter counts, knowing what it lost.
+            holders = [v.node_id for v in nodes
+                       if v.node_id in vs.directory_ids
+                       and (self.holds_durably(v, offset, epoch) if vs.is_voter(v.node_id, v.disk.directory_id)
+                            else vs.kraft_version == 1)]
+            if vs.is_majority(holders):
+                return
+            best = best or holders
+        self.fail(f"leader n{n.node_id} (epoch {n.core.epoch}) has HW {hw} but only voters {best} "
+                  f"hold offset {offset} (epoch {epoch}) durably; a majority of {n.core.voters} is "
+                  f"{len(n.core.voters) // 2 + 1}")
 
     def _check_acks_below_hw(self, n: "SimNode", hw: int) -> None:
         version, upto = self.checked.get(n.node_id, (-1, 0))

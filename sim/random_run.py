@@ -27,11 +27,17 @@ import os
 import random
 from dataclasses import dataclass, field
 
-from sim.cluster import SimCluster, SimConfig, SimNode, role_name
+from protocol import messages as m
+from sim.cluster import SimCluster, SimConfig, SimNode, role_name, sim_endpoints
 from sim.invariants import check_final
 from sim.network import NetworkConfig
 
 SILENT_CRASH_PROBABILITY = 0.25
+# KIP-853: the share of seeds that run a dynamic cluster (voter set in the log)
+# with voter changes mixed into the faults. Drawn from a stream of its own, so
+# the other seeds replay exactly as before (SIM_MEMBERSHIP=0: none).
+MEMBERSHIP_SEED_SHARE = 0.5
+MEMBERSHIP_WEIGHTS = (("add_voter", 3), ("remove_voter", 2), ("remove_leader", 1), ("replace_voter", 2))
 FAULT_WEIGHTS = (
     ("crash", 3), ("crash_leader", 4), ("kill_all", 1), ("wipe", 1), ("pause", 2),
     ("pause_leader", 2), ("isolate", 2), ("isolate_leader", 2), ("cut", 2), ("drop_burst", 1),
@@ -65,12 +71,20 @@ def config_for_seed(rng_seed: int, snapshots: bool) -> SimConfig:
 class RandomRun:
     def __init__(self, seed: int, duration_ms: int, settle_ms: int, snapshots: bool):
         self.seed = seed
-        self.cluster = SimCluster(seed, config_for_seed(seed, snapshots))
+        # Voter changes draw from their own stream (never from the fault,
+        # client or network ones): seeds without them replay as they did.
+        self.rng_members = random.Random((seed << 16) ^ 0x853)
+        self.membership = (os.environ.get("SIM_MEMBERSHIP", "1") != "0"
+                           and self.rng_members.random() < MEMBERSHIP_SEED_SHARE)
+        config = config_for_seed(seed, snapshots)
+        config.dynamic = self.membership
+        self.cluster = SimCluster(seed, config)
         self.duration_ms = duration_ms
         self.settle_ms = settle_ms
         self.rng = self.cluster.rng_faults
         self.base_drop = self.cluster.config.network.drop_probability
         self.fault_counts: dict[str, int] = {}
+        self.member_counts: dict[str, int] = {}  # voter changes asked for (KIP-853)
         self.faults_on = True
         self.client_on = True
         self.rejoin_watches: list[list] = []  # open RejoinNoEpochBump windows (see _watch_rejoin)
@@ -145,6 +159,10 @@ class RandomRun:
     def fault_wipe(self) -> bool:
         c = self.cluster
         n = self.rng.choice(list(c.nodes.values()))
+        if self.membership:
+            # A dynamic cluster: the disk is replaced whole (a new directory id),
+            # voter or not; the new replica never votes as the old one.
+            return self._crash(n, wipe="all" if self._may_lose_voter(n) else None)
         if not n.is_voter:
             return self._crash(n, wipe="all")
         return self._crash(n, wipe="log" if self._others_hold_committed(n) else None)
@@ -164,12 +182,86 @@ class RandomRun:
                    and c.checker.holds_durably(o, committed - 1, epoch, count_quarantine=False)]
         return len(holders) >= c.checker.majority()
 
+    # ------------------------------------------------- voter changes (KIP-853)
+    def _voter_set(self):
+        """The set the current leader goes by (None: no leader to ask)."""
+        leader = self.cluster.current_leader()
+        return (leader, leader.core.voter_set) if leader is not None else (None, None)
+
+    def _intact(self, vs, vid: int) -> bool:
+        """Is voter `vid` of `vs` still the replica the set names (its disk not replaced)?"""
+        return self.cluster.nodes[vid].disk.directory_id == vs.directory_id_of(vid)
+
+    def _may_lose_voter(self, n: SimNode) -> bool:
+        """May `n` stop being a usable voter for good -- its disk replaced, or
+        quarantined? Not if, in any voter set in view, that would leave fewer
+        usable voters (intact, not quarantined) than a majority: the cluster
+        could never elect a leader again (liveness, not a bug to find). With
+        static voters: the old rule, one quarantined voter at a time."""
+        c = self.cluster
+        if not self.membership:
+            return not n.is_voter or not any(
+                o.is_voter and o is not n and o.disk.must_reach_offset >= 0 for o in c.nodes.values())
+        leader, vs = self._voter_set()
+        sets = [vs] if vs is not None else []
+        sets += [o.core.voter_set for o in c.nodes.values() if o.alive]
+        for s in sets:
+            if n.node_id not in s.directory_ids or s.unknown:
+                continue
+            usable = [v for v in s.ids if v != n.node_id and self._intact(s, v)
+                      and c.nodes[v].disk.must_reach_offset < 0]
+            if len(usable) < len(s.ids) // 2 + 1:
+                return False
+        return True
+
+    def member_tick(self) -> None:
+        c = self.cluster
+        if not self.faults_on:
+            return
+        r = self.rng_members
+        c.schedule(c.now_ms + r.randint(1500, 5000), "call", self.member_tick)
+        leader, vs = self._voter_set()
+        if leader is None or vs.kraft_version == 0:
+            return
+        stale = [v for v in vs.ids if not self._intact(vs, v)]
+        if stale:
+            # A replaced disk: first remove the old identity, then add the new one.
+            self._change(leader, m.RemoveRaftVoterRequest(
+                cluster_id=c.config.cluster_id, voter_id=stale[0], voter_directory_id=vs.directory_id_of(stale[0])),
+                "remove_stale_voter")
+            return
+        kinds = [k for k, _ in MEMBERSHIP_WEIGHTS]
+        kind = r.choices(kinds, [w for _, w in MEMBERSHIP_WEIGHTS])[0]
+        outside = [n for n in sorted(c.nodes) if n not in vs.directory_ids]
+        if kind == "add_voter" and outside:
+            nid = r.choice(outside)
+            self._change(leader, m.AddRaftVoterRequest(
+                cluster_id=c.config.cluster_id, voter_id=nid, voter_directory_id=c.nodes[nid].disk.directory_id,
+                listeners=[m.RaftListener(*e) for e in sim_endpoints(nid)], timeout_ms=5000), kind)
+        elif kind == "remove_voter" and len(vs.ids) >= 4:
+            nid = r.choice([v for v in vs.ids if v != leader.node_id])
+            self._change(leader, m.RemoveRaftVoterRequest(
+                cluster_id=c.config.cluster_id, voter_id=nid, voter_directory_id=vs.directory_id_of(nid)), kind)
+        elif kind == "remove_leader" and len(vs.ids) >= 4:
+            self._change(leader, m.RemoveRaftVoterRequest(
+                cluster_id=c.config.cluster_id, voter_id=leader.node_id,
+                voter_directory_id=vs.directory_id_of(leader.node_id)), kind)
+        elif kind == "replace_voter" and len(vs.ids) >= 3:
+            n = c.nodes[r.choice(vs.ids)]
+            if n.alive and self._may_lose_voter(n):
+                self.member_counts[kind] = self.member_counts.get(kind, 0) + 1
+                c.crash(n.node_id, "all", silent=r.random() < SILENT_CRASH_PROBABILITY)
+                c.schedule(c.now_ms + r.randint(300, 3000), "call", self._restart(n.node_id))
+
+    def _change(self, leader: SimNode, req: m.Body, kind: str) -> None:
+        self.member_counts[kind] = self.member_counts.get(kind, 0) + 1
+        self.cluster.inject_request(leader.node_id, req)
+
     def _may_quarantine(self, n: SimNode) -> bool:
         """At most one voter in quarantine at a time: with two of three voters
         abstaining no leader can be elected until an operator acts (the
         documented 'all copies bad' case), which is liveness, not a bug to find."""
-        return not n.is_voter or not any(
-            o.is_voter and o is not n and o.disk.must_reach_offset >= 0 for o in self.cluster.nodes.values())
+        return self._may_lose_voter(n)
 
     def fault_corrupt(self) -> bool:
         """Crash a node; while it is down a bit flips in its durable log, or its
@@ -305,6 +397,8 @@ class RandomRun:
         c.start_snapshots()
         c.schedule(0, "call", self.client_tick)
         c.schedule(self.rng.randint(1000, 3000), "call", self.fault_tick)
+        if self.membership:
+            c.schedule(self.rng_members.randint(1000, 4000), "call", self.member_tick)
         c.run_until(self.duration_ms)
         # Heal everything, restart the dead, resume the paused; then settle.
         self.faults_on = False
@@ -323,7 +417,8 @@ class RandomRun:
         check_final(c)
         leader = c.current_leader()
         return RunResult(self.seed, c.trace_hash, c.events_processed, len(c.acks),
-                         leader.core.high_watermark, list(c.failover_samples), faults=dict(self.fault_counts),
+                         leader.core.high_watermark, list(c.failover_samples),
+                         faults={**self.fault_counts, **self.member_counts},
                          rejoin_samples=list(self.rejoin_samples))
 
     def _settled(self) -> bool:

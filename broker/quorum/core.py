@@ -198,6 +198,8 @@ class QuorumCore:
         st = getattr(self, "state", None)
         if isinstance(st, FollowerState):
             st.sync_voter_role()
+        elif isinstance(st, LeaderState):
+            st.sync_progress(self.now_ms)  # its progress table must name the voters now
         self._voters_changed_in_step = True  # other roles hear it at the end of the step
 
     def _state_from_disk(self, qs: QuorumStateData | None) -> RoleState:

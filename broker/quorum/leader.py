@@ -233,9 +233,16 @@ class LeaderState(NotifyingRole, RoleState):
         return offset
 
     def on_voters_changed(self, now: int) -> None:
-        """The latest voter set changed (our own VotersRecord): progress per
-        the new voters, each keeping what we knew of it as an observer or a
-        voter; a voter that left is an observer to us from now on."""
+        """End of a step in which the latest voter set changed."""
+        self.sync_progress(now)
+        self.update_check_quorum_deadline()
+        self.maybe_advance_hw(now)
+
+    def sync_progress(self, now: int) -> None:
+        """The latest voter set changed (our own VotersRecord, or a quarantine
+        cut that took one back), at once: progress per the new voters, each
+        keeping what we knew of it as an observer or a voter; a voter that
+        left is an observer to us from now on. Idempotent."""
         core = self.core
         old = self.progress
         new = ProgressTable(core.others, core.voter_set, now)
@@ -250,8 +257,6 @@ class LeaderState(NotifyingRole, RoleState):
         new.observers.update(carried)
         self.progress = new
         self.notifier.unacked &= set(core.others)
-        self.update_check_quorum_deadline()
-        self.maybe_advance_hw(now)
 
     def maybe_advance_log_start(self, now: int) -> None:
         """KIP-630: the leader moves its LBO to a snapshot once every live replica

@@ -6,9 +6,12 @@ QuorumCore here: these tests exercise the checkers and the driver, not the core.
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from broker.quorum import api
+from broker.quorum.voters import VoterSet, VoterSetHistory
 from protocol import messages as m
 from storage.batch import encode_batch
 from sim.cluster import SimCluster, SimConfig
@@ -29,6 +32,14 @@ class PuppetCore:
         self.next_deadline_ms = None
         self.script: list[api.Action] = []
         self.events: list = []
+        # What the checkers read of the voter set (KIP-853): the config's static voters.
+        self.voter_set = VoterSet.static(config.voters)
+        self.voters = self.voter_set.ids
+        self.is_voter = config.node_id in self.voters
+        self.log = types.SimpleNamespace(voters=VoterSetHistory(self.voter_set))
+
+    def voter_set_at(self, end_offset):
+        return self.voter_set
 
     def step(self, event):
         self.events.append(event)
