@@ -154,7 +154,13 @@ class BrokerConfig:
     data_dir: str = setting(doc="directory of the log, snapshots and quorum state (relative: to the config file)",
                             nonempty=True)
     listen: str = setting(doc="host:port of the binary protocol")
-    voters: str = setting(doc="id@host:port,... of every voter (Kafka's controller.quorum.voters)")
+    voters: str = setting(doc="id@host:port,... of every voter (Kafka's controller.quorum.voters); with "
+                              "dynamic_voters: whom to ask for the leader (controller.quorum.bootstrap.servers)")
+    dynamic_voters: bool = setting(
+        False, "KIP-853, kraft.version 1: the voter set lives in the log (format the data dir first: metalog "
+               "storage format --standalone | --initial-controllers | --no-initial-controllers) and changes "
+               "with AddRaftVoter / RemoveRaftVoter; a data dir without a set replicates as an observer and "
+               "never takes `voters` as the voter set")
     admin_listen: str | None = setting(None, "host:port of the HTTP admin API (/health, /metrics ...); "
                                              "none if unset")
     log_level: str = setting("info", "structured log level", choices=("debug", "info", "warning", "error"))
@@ -197,7 +203,7 @@ class BrokerConfig:
         if not voters:
             raise _SettingError("voters", "at least one voter is required")
         self.quorum = dataclasses.replace(self.quorum, node_id=self.node_id, voters=tuple(sorted(voters)),
-                                          cluster_id=self.cluster_id)
+                                          cluster_id=self.cluster_id, voters_are_bootstrap=self.dynamic_voters)
         for name, section in (("quorum", self.quorum), ("storage", self.storage), ("network", self.network),
                               ("security", self.security)):
             try:

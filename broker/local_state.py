@@ -27,7 +27,7 @@ from storage.epochs import EpochCheckpointError, EpochHistory, read_checkpoint
 from storage.errors import CorruptionReport, CorruptLogError
 from storage.log import SegmentedLog
 from storage.quorum_state import QuorumStateError, QuorumStateFile
-from storage.snapshot import SnapshotInvariantError, SnapshotStore, read_snapshot_voters
+from storage.snapshot import CorruptSnapshotError, SnapshotInvariantError, SnapshotStore, read_snapshot_voters
 
 META_FILE = "meta.properties"
 # Kafka's Uuid.ZERO_UUID, ONE_UUID and METADATA_TOPIC_ID: never a directory id.
@@ -115,6 +115,20 @@ def check_meta(data_dir: str, cluster_id: str, node_id: int, log) -> str:
     log.info("data_dir_bound", data_dir=data_dir, cluster_id=cluster_id, node_id=node_id,
              directory_id=directory_id)
     return directory_id
+
+
+def format_meta(data_dir: str, cluster_id: str, node_id: int, directory_id: str) -> str:
+    """`metalog storage format`: bind a new data dir (meta.properties,
+    durable). StartupError if it is bound already: formatting twice would
+    give the replica a second identity."""
+    path = os.path.join(data_dir, META_FILE)
+    if os.path.exists(path):
+        raise StartupError(f"{data_dir} is formatted already ({META_FILE} exists): nothing written")
+    if not valid_directory_id(directory_id):
+        raise StartupError(f"directory id {directory_id!r} is not one (22 characters of url-safe base64)")
+    os.makedirs(data_dir, exist_ok=True)
+    atomic_write(path, _meta_text(cluster_id, node_id, directory_id))
+    return path
 
 
 def no_copy_message(report: CorruptionReport, data_dir: str) -> str:
@@ -228,7 +242,23 @@ def recover_local_state(cfg: BrokerConfig, part_dir: str, log, metrics: BrokerMe
     if loaded is not None:
         rec = read_snapshot_voters(snapshots.path(loaded[1]))
         base_voters = voter_set_of(rec) if rec is not None else None
+    if base_voters is None and seg_log.log_start_offset == 0:
+        # A dir formatted with --standalone / --initial-controllers: the first
+        # voter set, until the first leader has put it in the log.
+        try:
+            rec = snapshots.bootstrap_voters()
+        except CorruptSnapshotError as exc:
+            raise StartupError(
+                f"bootstrap checkpoint {exc.path} is damaged ({exc.reason}): it holds the first voter set; "
+                f"format the data dir again (metalog storage format) or restore the file") from None
+        base_voters = voter_set_of(rec) if rec is not None else None
+        if rec is not None:
+            log.info("bootstrap_voters", voters={v.voter_id: v.directory_id for v in rec.voters})
     voter_history = voter_sets_in(b"".join(seg_log.control_batches()))
+    if base_voters is None and cfg.dynamic_voters and not voter_history:
+        log.warning("no_voter_set", data_dir=cfg.data_dir,
+                    reason="dynamic_voters and no voter set in the data dir (formatted with "
+                           "--no-initial-controllers, or wiped): an observer until the log gives one")
     view = qa.LogView(
         log_start_offset=seg_log.log_start_offset,
         log_end_offset=seg_log.log_end_offset,

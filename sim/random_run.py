@@ -249,11 +249,17 @@ class RandomRun:
         elif kind == "replace_voter" and len(vs.ids) >= 3:
             n = c.nodes[r.choice(vs.ids)]
             if n.alive and self._may_lose_voter(n):
+                for w in list(self.rejoin_watches):
+                    self._close_rejoin(w)
+                c.note_fault()
                 self.member_counts[kind] = self.member_counts.get(kind, 0) + 1
                 c.crash(n.node_id, "all", silent=r.random() < SILENT_CRASH_PROBABILITY)
                 c.schedule(c.now_ms + r.randint(300, 3000), "call", self._restart(n.node_id))
 
     def _change(self, leader: SimNode, req: m.Body, kind: str) -> None:
+        for w in list(self.rejoin_watches):
+            self._close_rejoin(w)  # a voter change strikes: judge the window as it stands
+        self.cluster.note_fault()
         self.member_counts[kind] = self.member_counts.get(kind, 0) + 1
         self.cluster.inject_request(leader.node_id, req)
 
@@ -339,6 +345,12 @@ class RandomRun:
                            for o in c.nodes.values() if o.is_voter)
                    and not c.network.isolated and not c.network.cuts
                    and c.network.config.drop_probability == self.base_drop and not self.rejoin_watches)
+        if healthy and self.membership:
+            # A voter change under way may legitimately end in an election (a
+            # removed leader steps down once it commits): not a healthy cluster.
+            entries = leader.core.log.voters.entries
+            healthy = (leader.core.is_voter and getattr(leader.core.state, "pending_change", None) is None
+                       and (not entries or entries[-1][0] < leader.core.high_watermark))
         if not healthy:
             return None
         watch = [n.node_id, leader.core.epoch, False]  # node, epoch at isolation, healed yet?

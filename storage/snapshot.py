@@ -48,6 +48,11 @@ PART_SUFFIX = ".checkpoint.part"
 DELETED_SUFFIX = ".checkpoint.deleted"
 CORRUPT_SUFFIX = ".checkpoint.corrupt"
 _NAME = re.compile(r"(\d{20})-(\d{10})\.checkpoint")
+# Kafka's bootstrap checkpoint (KIP-853): `storage format --standalone` or
+# `--initial-controllers` writes the first voter set there. It is read at
+# boot for that set only; it is not a snapshot of the log (never listed,
+# served, loaded or deleted as one).
+BOOTSTRAP_SNAPSHOT_ID = SnapshotId(0, 0)
 
 
 class CorruptSnapshotError(StorageError):
@@ -416,8 +421,32 @@ class SnapshotStore:
     def list(self) -> list[SnapshotId]:
         """Complete snapshots (by file name), ascending."""
         ids = [sid for sid in map(parse_snapshot_filename, os.listdir(self.directory))
-               if sid is not None]
+               if sid is not None and sid != BOOTSTRAP_SNAPSHOT_ID]
         return sorted(ids)
+
+    def bootstrap_voters(self) -> cr.VotersRecord | None:
+        """The voter set of the bootstrap checkpoint (KIP-853), None without
+        one. CorruptSnapshotError if it is damaged (verified whole first)."""
+        path = self.path(BOOTSTRAP_SNAPSHOT_ID)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        verify_snapshot_bytes(data, BOOTSTRAP_SNAPSHOT_ID, path)
+        voters = read_snapshot_voters(path)
+        if voters is None:
+            raise CorruptSnapshotError(path, 0, "the bootstrap checkpoint holds no voter set")
+        return voters
+
+    def write_bootstrap(self, voters: cr.VotersRecord, cluster_id: str) -> str:
+        """Write the bootstrap checkpoint durably (refuses to replace one)."""
+        path = self.path(BOOTSTRAP_SNAPSHOT_ID)
+        if os.path.exists(path):
+            raise FileExistsError(path)
+        w = SnapshotWriter(self.directory, BOOTSTRAP_SNAPSHOT_ID, 0, cluster_id, voters=voters)
+        w.freeze()
+        return path
 
     def latest(self) -> SnapshotId | None:
         ids = self.list()

@@ -4,6 +4,17 @@ broker must be stopped; the log's lock file enforces it for ``recover``).
     metalog storage verify  --data-dir DIR
         Verify every batch of every segment (header, length, magic, CRC-32C,
         offsets, epochs). Exit 0 if whole, 1 if anything is damaged.
+    metalog storage format --config FILE (--standalone | --initial-controllers LIST
+                           | --no-initial-controllers)
+        KIP-853, as kafka-storage format: bind a new data dir (meta.properties
+        with a new directory.id) and, for the first voters of a dynamic
+        cluster, write the bootstrap checkpoint
+        (00000000000000000000-0000000000.checkpoint: KRaftVersionRecord(1) +
+        VotersRecord). --standalone: this node is the only voter (at its
+        `listen` address). --initial-controllers id@host:port:directory-id,...:
+        every first voter; this node's entry gives its directory id.
+        --no-initial-controllers: a node that joins later (AddRaftVoter).
+        Run with dynamic_voters: true in the config.
     metalog storage recover --data-dir DIR --truncate-at-corruption
         The operator's explicit consent to lose data when no other copy
         exists (a single voter, or every copy damaged): truncate the log at
@@ -111,6 +122,68 @@ def _segment_paths(log) -> set[str]:
     return {os.path.join(log.directory, segment_file_name(b)) for b in log.segment_base_offsets}
 
 
+def parse_initial_controllers(text: str) -> list[tuple[int, str, int, str]]:
+    """id@host:port:directory-id,... -> [(id, host, port, directory id)];
+    ValueError naming the bad entry."""
+    from broker.local_state import valid_directory_id
+
+    out: list[tuple[int, str, int, str]] = []
+    for item in (x.strip() for x in text.split(",")):
+        m = re.fullmatch(r"(\d+)@(.+):(\d+):([A-Za-z0-9_-]{22})", item)
+        if m is None:
+            raise ValueError(f"--initial-controllers: expected id@host:port:directory-id, got {item!r}")
+        nid, host, port, dir_id = int(m.group(1)), m.group(2), int(m.group(3)), m.group(4)
+        if not valid_directory_id(dir_id):
+            raise ValueError(f"--initial-controllers: {dir_id!r} (node {nid}) is not a directory id")
+        if not 0 < port < 65536:
+            raise ValueError(f"--initial-controllers: port {port} of node {nid} is out of range")
+        if any(o[0] == nid for o in out) or any(o[3] == dir_id for o in out):
+            raise ValueError(f"--initial-controllers: node {nid} or directory id {dir_id} listed twice")
+        out.append((nid, host, port, dir_id))
+    return out
+
+
+def cmd_format(args) -> int:
+    from broker.config import ConfigError, load_config
+    from broker.local_state import StartupError, format_meta, new_directory_id
+    from storage import control_records as cr
+    from storage.snapshot import SnapshotStore
+
+    try:
+        cfg = load_config(args.config)
+        controllers = parse_initial_controllers(args.initial_controllers) if args.initial_controllers else None
+    except (ConfigError, ValueError) as exc:
+        print(f"metalog storage format: {exc}", file=sys.stderr)
+        return 2
+    if not cfg.dynamic_voters:
+        print("metalog storage format: the config has dynamic_voters: false (static voters, kraft.version 0); "
+              "set dynamic_voters: true to keep the voter set in the log", file=sys.stderr)
+        return 2
+    directory_id = new_directory_id()
+    voters = None
+    if args.standalone:
+        ep = cfg.listen_endpoint()
+        voters = cr.VotersRecord([cr.Voter(cfg.node_id, directory_id, [cr.VoterEndpoint("CONTROLLER", ep.host,
+                                                                                         ep.port)])])
+    elif controllers is not None:
+        mine = [c for c in controllers if c[0] == cfg.node_id]
+        if mine:
+            directory_id = mine[0][3]  # the id the other first voters know us by
+        voters = cr.VotersRecord([cr.Voter(n, d, [cr.VoterEndpoint("CONTROLLER", h, p)])
+                                  for n, h, p, d in controllers])
+    try:
+        meta = format_meta(cfg.data_dir, cfg.cluster_id, cfg.node_id, directory_id)
+    except (StartupError, OSError) as exc:
+        print(f"metalog storage format: {exc}", file=sys.stderr)
+        return 1
+    print(f"formatted {cfg.data_dir}: {meta} (node {cfg.node_id}, directory.id {directory_id})")
+    if voters is not None:
+        path = SnapshotStore(os.path.join(cfg.data_dir, PARTITION_DIR)).write_bootstrap(voters, cfg.cluster_id)
+        print(f"bootstrap checkpoint {path}: voters "
+              + ", ".join(f"{v.voter_id}:{v.directory_id}" for v in voters.voters))
+    return 0
+
+
 def register_cli(sub) -> None:
     p = sub.add_parser("storage", help="offline log checks: verify | recover --truncate-at-corruption")
     ssub = p.add_subparsers(dest="storage_command", required=True)
@@ -122,3 +195,12 @@ def register_cli(sub) -> None:
     r.add_argument("--truncate-at-corruption", action="store_true",
                    help="consent to losing every record from the first corrupt batch on (no other copy exists)")
     r.set_defaults(func=cmd_recover)
+    f = ssub.add_parser("format", help="bind a new data dir; the first voter set of a dynamic cluster (KIP-853)")
+    f.add_argument("--config", required=True, help="the broker's config file (node_id, cluster_id, data_dir)")
+    how = f.add_mutually_exclusive_group(required=True)
+    how.add_argument("--standalone", action="store_true", help="this node is the only voter")
+    how.add_argument("--initial-controllers", metavar="ID@HOST:PORT:DIRECTORY-ID,...",
+                     help="every first voter, this node included")
+    how.add_argument("--no-initial-controllers", action="store_true",
+                     help="no voter set: the node replicates as an observer until added")
+    f.set_defaults(func=cmd_format)
