@@ -620,7 +620,7 @@ class SimCluster:
         elif isinstance(a, api.AdvanceLogStart):
             disk.advance_log_start(a.log_start_offset)
         elif isinstance(a, api.ClearQuarantine):
-            disk.clear_quarantine(a.must_reach_offset, n.is_voter)
+            disk.clear_quarantine(a.must_reach_offset, n.is_voter or self.config.dynamic)
             self.trace(f"n{n.node_id} quarantine cleared at {a.must_reach_offset}")
         elif isinstance(a, api.CorruptionFound):
             self.fail(f"n{n.node_id} reported corruption the simulated disk never serves: {a.error}")

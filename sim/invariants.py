@@ -84,10 +84,12 @@ class InvariantChecker:
     def majority(self) -> int:
         return len(self.cluster.config.voters) // 2 + 1
 
-    @staticmethod
-    def holds_durably(v: "SimNode", offset: int, epoch: int, count_quarantine: bool = True) -> bool:
+    def holds_durably(self, v: "SimNode", offset: int, epoch: int, count_quarantine: bool = True) -> bool:
         d = v.disk
-        if count_quarantine and v.is_voter and offset < d.must_reach_offset:
+        # A quarantined voter abstains until it re-replicated what it lost; with
+        # a voter set in the log (KIP-853) so does any node (it may become a voter).
+        if (count_quarantine and (v.is_voter or self.cluster.config.dynamic)
+                and offset < d.must_reach_offset):
             return True
         if offset < d.log_start_offset:
             return any(s.end_offset > offset for s in d.snapshots)

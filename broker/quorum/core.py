@@ -347,7 +347,7 @@ class QuorumCore:
         self._booted = True
         if self._persist_on_boot:
             self._persist(self.state)
-        self.log.maybe_clear_quarantine(self.is_voter)
+        self.log.maybe_clear_quarantine(self.may_vote_later)
         self.state.on_boot(now)
 
     # ------------------------------------------------------------------
@@ -427,6 +427,13 @@ class QuorumCore:
             election.probe_for_leader(self)
             return
         self.transition(CandidateState(self, st.epoch + 1), now)
+
+    @property
+    def may_vote_later(self) -> bool:
+        """Could this node vote without restarting? A voter; or anyone once
+        the voter set lives in the log (KIP-853): replicating a VotersRecord
+        can make it one. A quarantine is kept until re-replicated for it."""
+        return self.is_voter or self.voter_set.kraft_version == 1
 
     def is_majority(self, ids: set[int]) -> bool:
         """Do `ids` make a majority of the voter set? (The one place elections
@@ -572,7 +579,7 @@ class QuorumCore:
     def _on_flush(self, ev: FlushCompleted, now: int) -> None:
         if self.log.on_flushed(ev.flushed_end_offset):
             self.state.on_flushed(now)
-            self.log.maybe_clear_quarantine(self.is_voter)
+            self.log.maybe_clear_quarantine(self.may_vote_later)
 
     def _on_shutdown(self, ev: Shutdown, now: int) -> None:
         self.shutting_down = True
@@ -588,7 +595,7 @@ class QuorumCore:
         leader resigns, a candidate withdraws, a follower re-validates)."""
         self.log.cut_for_quarantine(ev.log_end_offset, ev.must_reach_offset)
         self.state.on_log_cut(now)
-        self.log.maybe_clear_quarantine(self.is_voter)
+        self.log.maybe_clear_quarantine(self.may_vote_later)
 
     def _on_install_failed(self, ev: SnapshotInstallFailed, now: int) -> None:
         """The driver rejected the download and kept its log: so do we."""

@@ -314,9 +314,11 @@ class LocalLog:
         if self.voters.truncate_from(end):
             self.voters_changed()
 
-    def maybe_clear_quarantine(self, is_voter: bool) -> None:
+    def maybe_clear_quarantine(self, may_vote: bool) -> None:
         must = self.must_reach_offset
-        if must >= 0 and (must <= self.flushed_end_offset or not is_voter):
-            # (an observer's log never counted toward a vote or a commit)
+        if must >= 0 and (must <= self.flushed_end_offset or not may_vote):
+            # (a static observer's log never counts toward a vote or a commit;
+            # with a voter set in the log a node may become a voter by
+            # replicating: it keeps the quarantine until it has re-replicated)
             self.outbox.actions.append(ClearQuarantine(must))
             self.must_reach_offset = -1

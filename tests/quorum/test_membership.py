@@ -279,3 +279,17 @@ def test_a_dynamic_node_without_a_voter_set_never_falls_back_to_static_voters():
     req = [x for x in acts if isinstance(x, a.SendRequest) and isinstance(x.request, m.FetchRequest)][-1]
     n.step(a.ResponseReceived(30_001, req.request_id, 1, m.FetchResponse(high_watermark=0, records=data)))
     assert n.core.voters == (1, 2, 3) and n.core.is_voter and n.core.role == "follower"
+
+
+def test_a_quarantined_node_keeps_its_quarantine_when_a_cut_leaves_it_outside_the_set():
+    """Sim seed 208: a voter added by a VotersRecord lost that part of its log
+    (corruption, quarantine cut below the record): with the log's set it is no
+    voter for now, but replicating the record back makes it one again -- so it
+    must keep abstaining until it re-replicated what it had acknowledged."""
+    n = Node(4, view=a.LogView(voter_set=dynamic((1, 2, 3)), log_end_offset=3, epochs=[(1, 0)],
+                               must_reach_offset=57), directory_id=D[4], voters_are_bootstrap=True)
+    n.step(a.Tick(0))
+    assert not n.core.is_voter and n.core.quarantined and n.core.must_reach_offset == 57
+    static = Node(4, view=a.LogView(log_end_offset=3, epochs=[(1, 0)], must_reach_offset=57), directory_id=D[4])
+    acts = static.step(a.Tick(0))
+    assert not static.core.quarantined and a.ClearQuarantine(57) in acts, "a static observer never votes"
