@@ -76,6 +76,31 @@ def validate_produce(body: m.ProduceRequest) -> str | None:
     return None
 
 
+def split_by_producer(waiters: list, producer_of: Callable[[Any], int | None]) -> list[list]:
+    """Cut one group commit's waiters (token, record count) into consecutive
+    runs in which no producer id appears twice (`producer_of(token)`: its id,
+    or None for a plain request), keeping their order.
+
+    Each run becomes one core step whose idempotent requests are all judged
+    against the producer state before that step; a second request of the same
+    producer (e.g. a retry queued next to its original) must be judged after
+    the first was appended, so it starts the next run."""
+    runs: list[list] = []
+    run: list = []
+    seen: set[int] = set()
+    for waiter in waiters:
+        pid = producer_of(waiter[0])
+        if pid is not None:
+            if pid in seen:
+                runs.append(run)
+                run, seen = [], set()
+            seen.add(pid)
+        run.append(waiter)
+    if run:
+        runs.append(run)
+    return runs
+
+
 _ERROR_OF = {
     Verdict.OUT_OF_ORDER: Errors.OUT_OF_ORDER_SEQUENCE_NUMBER,
     Verdict.UNKNOWN_PRODUCER: Errors.UNKNOWN_PRODUCER_ID,

@@ -51,7 +51,7 @@ from broker.consistency import LogDigest
 from broker.consistency_check import ConsistencyChecker
 from broker.controller_commands import CommandQueue, CommandToken, LeaderView
 from broker.gate import Gate
-from broker.idempotence import ProducerGuard, ProducerIdAllocator, refusal, validate_produce
+from broker.idempotence import ProducerGuard, ProducerIdAllocator, refusal, split_by_producer, validate_produce
 from broker.local_state import no_copy_message, recover_local_state
 from broker.metrics import IDLE_SAMPLE_S, BrokerMetrics, RaftView
 from broker.net import Connection, ListenerLimits, NetError, PeerPool, Server, serve
@@ -69,7 +69,7 @@ from storage.batch import CorruptBatchError
 from storage.epochs import EpochHistory, write_checkpoint
 from storage.errors import CorruptionReport, LogWriteError, StorageError
 from storage.group_commit import Arm, GroupCommit
-from storage.producer_state import Verdict
+from storage.producer_state import Check, Verdict
 from storage.log import SegmentedLog
 from storage.scrub import Scrubber
 from storage.snapshot import SnapshotStore
@@ -720,62 +720,92 @@ class Broker:
             return
         waiters, records = batch
         if self._idempotent:
-            waiters, records = self._append_idempotent(waiters, records)
-            if not waiters:
-                return
+            self._append_group(waiters, records)
+            return
         self._unanswered_produce.update(token for token, _n in waiters)
         self.metrics.appended_records.inc(len(records))
         self._step(qa.ClientAppend(now_ms(), waiters, records, wall_clock_ms()))
 
     # ------------------------------------------------- idempotent produce
-    def _append_idempotent(self, waiters: list, records: list[bytes]) -> tuple[list, list[bytes]]:
-        """Append each idempotent request of a group-commit batch as its own
-        batch (its producer fields go into the header), in queue order, each
-        judged against the producer state after the ones before it were
-        appended. Returns the plain requests' waiters and records."""
-        plain_waiters: list = []
-        plain_records: list[bytes] = []
-        pos = 0
-        for token, n in waiters:
-            recs = records[pos:pos + n]
-            pos += n
-            body = self._idempotent.pop(token, None)
-            if body is None:
-                plain_waiters.append((token, n))
-                plain_records.extend(recs)
-                continue
-            self._append_one_idempotent(token, body)
-        return plain_waiters, plain_records
-
-    def _append_one_idempotent(self, token, body: m.ProduceRequest) -> None:
-        conn, cid = token
+    def _append_group(self, waiters: list, records: list[bytes]) -> None:
+        """One group commit holding idempotent requests: ONE core step (one
+        append, one flush) with one batch per idempotent request (its producer
+        fields in the header) and one per run of plain requests, every
+        idempotent request judged against the producer state before the step.
+        A producer id appears at most once per step (split_by_producer): a
+        group holding two requests of one producer takes one step more."""
         core = self.core
         if self.fatal is not None or core is None:
-            conn.send_response(cid, m.ProduceResponse(error_code=Errors.BROKER_NOT_AVAILABLE))
+            for token, _n in waiters:
+                self._idempotent.pop(token, None)
+                conn, cid = token
+                conn.send_response(cid, m.ProduceResponse(error_code=Errors.BROKER_NOT_AVAILABLE))
             return
-        if not core.is_leader:
-            # The core answers NOT_LEADER_OR_FOLLOWER with the current leader.
-            self._step(qa.ClientAppend(now_ms(), [(token, len(body.records))], list(body.records), wall_clock_ms()))
-            return
-        check = self.producers.check(body, wall_clock_ms())
-        if check.verdict is Verdict.APPEND:
-            self._unanswered_produce.add(token)
-            self.metrics.appended_records.inc(len(body.records))
-            self._step(qa.ClientAppend(now_ms(), [(token, len(body.records))], list(body.records),
-                                       wall_clock_ms(), producer=(body.producer_id, body.producer_epoch,
-                                                                  body.base_sequence)))
-        elif check.verdict is Verdict.DUPLICATE:
+        # Every token counts as handed to the core until answered here, so a
+        # storage failure in one of the steps answers the rest too.
+        self._unanswered_produce.update(token for token, _n in waiters)
+        records_of: dict[Any, list[bytes]] = {}
+        pos = 0
+        for token, n in waiters:
+            records_of[token] = records[pos:pos + n]
+            pos += n
+        bodies = self._idempotent
+        runs = split_by_producer(waiters, lambda token: bodies[token].producer_id if token in bodies else None)
+        parked = False
+        for run in runs:
+            if self.fatal is not None:
+                return  # _storage_failed answered every unanswered token
+            parked |= self._append_run(run, records_of)
+        if parked and self.fatal is None:
+            self._release_duplicates()  # an original may be committed already
+
+    def _append_run(self, run: list, records_of: dict[Any, list[bytes]]) -> bool:
+        """One step of _append_group; True if a duplicate was parked."""
+        now_wall = wall_clock_ms()
+        is_leader = self.core.is_leader
+        step_waiters: list = []
+        step_records: list[bytes] = []
+        step_producers: list[tuple[int, int, int] | None] = []
+        parked = False
+        for token, n in run:
+            body = self._idempotent.pop(token, None)
+            if body is not None and is_leader:
+                check = self.producers.check(body, now_wall)
+                if check.verdict is not Verdict.APPEND:
+                    parked |= self._answer_unappended(token, body, check)
+                    continue
+                producer = (body.producer_id, body.producer_epoch, body.base_sequence)
+            else:
+                # Plain; or not the leader, and the core answers every waiter
+                # NOT_LEADER_OR_FOLLOWER (the client retries at the leader).
+                producer = None
+            step_waiters.append((token, n))
+            step_records.extend(records_of[token])
+            step_producers.append(producer)
+        if step_waiters:
+            self.metrics.appended_records.inc(len(step_records))
+            idempotent = any(p is not None for p in step_producers)
+            self._step(qa.ClientAppend(now_ms(), step_waiters, step_records, wall_clock_ms(),
+                                       producers=step_producers if idempotent else None))
+        return parked
+
+    def _answer_unappended(self, token, body: m.ProduceRequest, check: Check) -> bool:
+        """A duplicate (parked until its original is committed) or a refusal;
+        True if parked."""
+        self._unanswered_produce.discard(token)
+        conn, cid = token
+        if check.verdict is Verdict.DUPLICATE:
             self.log.info("produce_duplicate", producer_id=body.producer_id, producer_epoch=body.producer_epoch,
                           base_sequence=body.base_sequence, original_base_offset=check.original.base_offset)
-            if not self.producers.park_duplicate(token, check.original):
-                conn.send_response(cid, m.ProduceResponse(error_code=Errors.REQUEST_TIMED_OUT,
-                                                          error_message="too many duplicate produces waiting"))
-                return
-            self._release_duplicates()
-        else:
-            self.log.warning("produce_refused", producer_id=body.producer_id, verdict=check.verdict.value,
-                             reason=check.message)
-            conn.send_response(cid, refusal(check))
+            if self.producers.park_duplicate(token, check.original):
+                return True
+            conn.send_response(cid, m.ProduceResponse(error_code=Errors.REQUEST_TIMED_OUT,
+                                                      error_message="too many duplicate produces waiting"))
+            return False
+        self.log.warning("produce_refused", producer_id=body.producer_id, verdict=check.verdict.value,
+                         reason=check.message)
+        conn.send_response(cid, refusal(check))
+        return False
 
     def _release_duplicates(self) -> None:
         core = self.core

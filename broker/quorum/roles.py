@@ -145,7 +145,7 @@ class RoleState:
         """The answer to a notification sent in the current epoch."""
 
     def client_append(self, waiters: list, records: list[bytes], now: int,
-                      producer: tuple[int, int, int] | None = None) -> None:
+                      producers: list | None = None) -> None:
         core = self.core
         cl = core.current_leader()
         for token, _ in waiters:

@@ -121,3 +121,41 @@ async def test_producer_ids_are_unique_across_a_leader_change(make_cluster):
     for n in cluster.nodes:
         if n != leader:
             assert committed_values(cluster.data_dir(n), hw) == [], "InitProducerId wrote records"
+
+
+async def test_a_retry_pipelined_next_to_its_original_is_stored_once(make_cluster):
+    """Requests written back to back on one connection reach the leader in one
+    event-loop turn and are group-committed together: producer A's request,
+    the same request again (a retry), a plain request, producer B's first
+    request and A's next request. Each idempotent request of a group is judged
+    before the group's single append, and a producer appears once per append,
+    so the retry is answered with the original's offset (not appended again)
+    and A's next request follows it in sequence (not OUT_OF_ORDER)."""
+    cluster = make_cluster(voters=3, election_timeout_ms=500, fetch_timeout_ms=2000, request_timeout_ms=1000,
+                           fetch_max_wait_ms=200)
+    leader, _epoch = await asyncio.to_thread(cluster.wait_for_leader, 20)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(),
+                           request_timeout_ms=5000, max_retries=50)
+    try:
+        (pid_a, ep_a), (pid_b, ep_b) = await client.init_producer_id(), await client.init_producer_id()
+        await client.metadata()
+        channel = client._channel(client._endpoints[client.leader_id])
+
+        def produce(value: bytes, pid: int = -1, epoch: int = -1, seq: int = -1) -> m.ProduceRequest:
+            return m.ProduceRequest(cluster_id=cluster.cluster_id, records=[value], timeout_ms=4000,
+                                    producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+
+        bodies = [produce(b"a0", pid_a, ep_a, 0), produce(b"a0", pid_a, ep_a, 0), produce(b"plain"),
+                  produce(b"b0", pid_b, ep_b, 0), produce(b"a1", pid_a, ep_a, 1)]
+        answers = await asyncio.gather(*(channel.request(ApiKey.PRODUCE, b, 5000) for b in bodies))
+        assert [(r.error_code, r.error_message) for r in answers] == [(Errors.NONE, None)] * 5
+        a0, a0_retry, _plain, _b0, a1 = (r.base_offset for r in answers)
+        assert a0_retry == a0 and a1 > a0
+        hw = (await client.metadata()).high_watermark
+    finally:
+        await client.close()
+    cluster.stop()
+    for n in [x for x in cluster.nodes if x != leader]:
+        values = [(off, v) for off, _ep, v in committed_values(cluster.data_dir(n), hw)]
+        assert sorted(v for _off, v in values) == [b"a0", b"a1", b"b0", b"plain"], f"broker {n}"
+        assert dict((v, off) for off, v in values)[b"a0"] == a0 and dict((v, off) for off, v in values)[b"a1"] == a1

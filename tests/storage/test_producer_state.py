@@ -6,7 +6,7 @@ trip through the controller state."""
 from __future__ import annotations
 
 from broker.controller import Controller, ControllerState, load_snapshot, write_controller_snapshot
-from broker.idempotence import ProducerGuard
+from broker.idempotence import ProducerGuard, split_by_producer
 from protocol import messages as m
 from storage import metadata_records as r
 from storage.batch import encode_batch
@@ -192,3 +192,17 @@ def test_malformed_producer_fields_are_refused_by_name():
         "producer_epoch -1 out of range 0..32767")
     assert validate_produce(req(producer_id=1, producer_epoch=0, base_sequence=-3)) == (
         "base_sequence -3 out of range for 1 record(s)")
+
+
+def test_a_group_is_split_so_that_no_producer_appears_twice_in_one_step():
+    """A retry queued next to its original must not be judged against the same
+    state as the original (both would be appended): the group is cut before
+    the second request of a producer, order kept; plain requests never cut."""
+    pid = {"a1": 7, "b1": 8, "a2": 7, "c1": 9, "b2": 8, "b3": 8}
+    waiters = [("p1", 1), ("a1", 2), ("b1", 1), ("p2", 3), ("a2", 2), ("c1", 1), ("b2", 1), ("b3", 1), ("p3", 1)]
+    runs = split_by_producer(waiters, pid.get)
+    assert [[t for t, _n in run] for run in runs] == [
+        ["p1", "a1", "b1", "p2"], ["a2", "c1", "b2"], ["b3", "p3"]]
+    assert [w for run in runs for w in run] == waiters
+    assert split_by_producer([("p1", 1), ("p2", 1)], pid.get) == [[("p1", 1), ("p2", 1)]]
+    assert split_by_producer([], pid.get) == []
