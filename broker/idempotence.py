@@ -124,7 +124,13 @@ class ProducerGuard:
     def rebuild(self, committed: ProducerStateTable, read: Callable[[int], bytes], log_end_offset: int) -> None:
         """The table from the committed copy (at committed.end_offset) plus the
         log from there to its end; `read(offset)` returns whole batches from
-        `offset` (at least one unless offset is the end)."""
+        `offset` (at least one unless offset is the end).
+
+        After a quarantine cut the log may end BELOW the committed copy (a
+        damaged sealed segment cut records this node had applied). The table
+        is then the committed copy, ahead of the log: the batches the log
+        re-fetches up to committed.end_offset are those very committed
+        batches, and on_append skips them instead of applying them twice."""
         table = committed.copy()
         table.expiration_ms = self.table.expiration_ms
         offset = table.end_offset
@@ -138,7 +144,10 @@ class ProducerGuard:
         self.table = table
 
     def on_append(self, data: bytes | memoryview) -> None:
-        self.table.apply_data(data, skip_below=-1)
+        """Batches the log just appended. Those ending at or below the table's
+        end are already in it (re-fetched after a quarantine cut, see rebuild);
+        one straddling the end still fails apply_header's order check."""
+        self.table.apply_data(data)
 
     # -- the leader's check --------------------------------------------------
     def check(self, body: m.ProduceRequest, now_ms: int) -> Check:

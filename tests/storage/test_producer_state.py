@@ -206,3 +206,30 @@ def test_a_group_is_split_so_that_no_producer_appears_twice_in_one_step():
     assert [w for run in runs for w in run] == waiters
     assert split_by_producer([("p1", 1), ("p2", 1)], pid.get) == [[("p1", 1), ("p2", 1)]]
     assert split_by_producer([], pid.get) == []
+
+
+def test_rebuild_after_a_quarantine_cut_below_the_committed_copy_then_refetch():
+    """A bit flip in a sealed segment cuts the log (quarantine) below what the
+    controller had applied: the committed copy is AHEAD of the log end. The
+    table is that copy; re-fetching the same committed batches must not apply
+    them twice (it once failed apply_header's order assertion, a fatal
+    `task_failed` on the old leader, which then never left quarantine), and
+    appends past the copy's end apply as usual."""
+    committed_log = [pbatch(0, 7, 0, 2), plain(2, 1), pbatch(3, 7, 2, 2), pbatch(5, 9, 0, 1)]
+    c = Controller()
+    c.apply_batches(b"".join(committed_log))
+    assert c.state.producers.end_offset == 6
+    guard = ProducerGuard(60_000)
+    guard.on_append(b"".join(committed_log))
+    before = guard.table.copy()
+    # Cut at 2: the log keeps only the first batch; nothing is read past it.
+    kept = committed_log[0]
+    guard.rebuild(c.state.producers, lambda off: kept[off:] if off == 0 else b"", 2)
+    assert guard.table == before and guard.table.end_offset == 6
+    # Re-fetch from the new leader: the same committed batches, then a new one.
+    guard.on_append(b"".join(committed_log[1:]))
+    assert guard.table == before
+    guard.on_append(pbatch(6, 9, 1, 1, leader_epoch=2))
+    assert guard.table.end_offset == 7
+    assert guard.table.check(9, 0, 1, 1, T0).original.base_offset == 6
+    assert guard.table.check(7, 0, 2, 2, T0).original.base_offset == 3  # still a duplicate, not re-appended
