@@ -23,7 +23,7 @@ import enum
 from collections import deque
 from typing import Iterable, NamedTuple
 
-from storage.batch import BatchHeader, iter_batches
+from storage.batch import ATTR_CONTROL, BatchHeader, iter_batches
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
@@ -97,20 +97,27 @@ class ProducerStateTable:
 
     # -- rebuilt from the log ---------------------------------------------
     def apply_header(self, h: BatchHeader) -> None:
-        """Apply one whole batch appended at h.base_offset (batches in log order)."""
-        assert h.base_offset >= self.end_offset, (
-            f"batches must be applied in log order: got {h.base_offset}, next is {self.end_offset}")
-        self.end_offset = h.next_offset
-        if h.producer_id < 0 or h.is_control:
+        """Apply one whole batch appended at h.base_offset (batches in log order).
+
+        Runs for every batch a node appends or applies (one per idempotent
+        request), so it reads the header's fields directly."""
+        base = h.base_offset
+        assert base >= self.end_offset, (
+            f"batches must be applied in log order: got {base}, next is {self.end_offset}")
+        last = base + h.last_offset_delta
+        self.end_offset = last + 1
+        pid = h.producer_id
+        if pid < 0 or h.attributes & ATTR_CONTROL:
             return
-        entry = self.producers.get(h.producer_id)
+        ts = h.max_timestamp_ms
+        entry = self.producers.get(pid)
         if entry is None or h.producer_epoch > entry.producer_epoch:
             # New producer, or a new epoch: the old epoch's history no longer matters.
-            entry = self.producers[h.producer_id] = ProducerEntry(h.producer_id, h.producer_epoch,
-                                                                  h.max_timestamp_ms)
-        entry.batches.append(BatchMeta(h.base_sequence, h.base_sequence + h.records_count - 1,
-                                       h.base_offset, h.last_offset, h.leader_epoch))
-        entry.last_timestamp_ms = max(entry.last_timestamp_ms, h.max_timestamp_ms)
+            entry = self.producers[pid] = ProducerEntry(pid, h.producer_epoch, ts)
+        elif ts > entry.last_timestamp_ms:
+            entry.last_timestamp_ms = ts
+        seq = h.base_sequence
+        entry.batches.append(BatchMeta(seq, seq + h.records_count - 1, base, last, h.leader_epoch))
 
     def apply_data(self, data: bytes | memoryview, skip_below: int | None = None) -> None:
         """Apply every whole batch in `data` (as the log holds them), skipping
