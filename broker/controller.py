@@ -484,15 +484,19 @@ class Controller:
         """A snapshot ending at `end_offset` exists: recount from there."""
         self.records_since_snapshot = max(0, self.state.offset - end_offset)
 
-    def apply_batches(self, data: bytes | memoryview, end_offset: int | None = None) -> int:
+    def apply_batches(self, data: bytes | memoryview, end_offset: int | None = None,
+                      verify: bool = True) -> int:
         """Apply the committed records in `data` (whole batches, as the log
         reader returns them), skipping records below applied_offset (a batch
         re-read) and stopping at `end_offset` (the HW) if given. Control batches
-        only advance the offset. Returns the number of records applied."""
+        only advance the offset. Returns the number of records applied.
+
+        `verify=False` skips the CRC check (headers are still checked) for
+        bytes the caller's log read has just verified (SegmentedLog.read)."""
         state = self.state
         applied = 0
         pos = 0
-        for pos, h in b.iter_batches(data):
+        for pos, h in b.iter_batches(data, verify=verify):
             if h.base_offset > state.offset:
                 raise LogGapError(
                     f"gap in the metadata log: expected offset {state.offset}, "

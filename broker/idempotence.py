@@ -16,10 +16,11 @@ Sans-IO: the runtime passes the clock, the high watermark and a log reader.
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from protocol import messages as m
 from protocol.errors import Errors
+from storage.batch import BatchHeader
 from storage.producer_state import BatchMeta, Check, ProducerStateTable, Verdict
 
 # Duplicates waiting for their original's commit; each is a request in flight
@@ -143,11 +144,12 @@ class ProducerGuard:
             offset = table.end_offset
         self.table = table
 
-    def on_append(self, data: bytes | memoryview) -> None:
-        """Batches the log just appended. Those ending at or below the table's
-        end are already in it (re-fetched after a quarantine cut, see rebuild);
-        one straddling the end still fails apply_header's order check."""
-        self.table.apply_data(data)
+    def on_append(self, headers: Iterable[BatchHeader]) -> None:
+        """The headers of the batches the log just appended (as its append
+        parsed them). Those ending at or below the table's end are already in
+        it (re-fetched after a quarantine cut, see rebuild); one straddling the
+        end still fails apply_header's order check."""
+        self.table.apply_headers(headers)
 
     # -- the leader's check --------------------------------------------------
     def check(self, body: m.ProduceRequest, now_ms: int) -> Check:

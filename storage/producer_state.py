@@ -119,6 +119,13 @@ class ProducerStateTable:
         seq = h.base_sequence
         entry.batches.append(BatchMeta(seq, seq + h.records_count - 1, base, last, h.leader_epoch))
 
+    def apply_headers(self, headers: Iterable[BatchHeader]) -> None:
+        """Apply batches already parsed (in log order), skipping those that end
+        at or below end_offset (see apply_data)."""
+        for h in headers:
+            if h.base_offset + h.last_offset_delta >= self.end_offset:
+                self.apply_header(h)
+
     def apply_data(self, data: bytes | memoryview, skip_below: int | None = None) -> None:
         """Apply every whole batch in `data` (as the log holds them), skipping
         batches that end at or below `skip_below` (default: end_offset)."""

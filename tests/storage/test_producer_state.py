@@ -9,7 +9,7 @@ from broker.controller import Controller, ControllerState, load_snapshot, write_
 from broker.idempotence import ProducerGuard, split_by_producer
 from protocol import messages as m
 from storage import metadata_records as r
-from storage.batch import encode_batch
+from storage.batch import encode_batch, iter_batches
 from storage.producer_state import BatchMeta, ProducerStateTable, Verdict
 from storage.snapshot import SnapshotStore
 
@@ -23,6 +23,11 @@ def pbatch(base, pid, seq, n, epoch=0, leader_epoch=1, ts=T0):
 
 def plain(base, n, ts=T0):
     return encode_batch(base, 1, [r.encode_record(r.NoOp())] * n, ts)
+
+
+def headers(data):
+    """The headers of `data`'s batches, as the log's append returns them."""
+    return [h for _, h in iter_batches(data)]
 
 
 def table_of(*batches, expiration_ms=60_000):
@@ -98,14 +103,14 @@ def test_truncation_rolls_back_by_rebuilding_from_the_committed_copy_and_the_log
     assert c.state.producers.end_offset == 3
     guard = ProducerGuard(60_000)
     log = b"".join(committed_log + tail)
-    guard.on_append(log)
+    guard.on_append(headers(log))
     assert guard.table.check(7, 0, 2, 2, T0).verdict is Verdict.DUPLICATE
     # Truncate at 3: the log now ends at 3; a different batch takes offset 3.
     kept = b"".join(committed_log)
     guard.rebuild(c.state.producers, lambda off: kept, 3)
     assert guard.table.end_offset == 3 and 9 not in guard.table.producers
     assert guard.table.check(7, 0, 2, 2, T0).verdict is Verdict.APPEND  # the retry is appended again
-    guard.on_append(pbatch(3, 7, 2, 2, leader_epoch=2))
+    guard.on_append(headers(pbatch(3, 7, 2, 2, leader_epoch=2)))
     assert guard.table.check(7, 0, 2, 2, T0).original.leader_epoch == 2
 
 
@@ -152,7 +157,7 @@ def test_a_duplicate_is_answered_with_the_original_offset_only_once_committed():
     from protocol.errors import Errors
 
     guard = ProducerGuard(60_000)
-    guard.on_append(pbatch(0, 7, 0, 3, leader_epoch=4))
+    guard.on_append(headers(pbatch(0, 7, 0, 3, leader_epoch=4)))
     req = m.ProduceRequest(cluster_id="c", records=[b"a", b"b", b"c"], producer_id=7, producer_epoch=0,
                            base_sequence=0)
     check = guard.check(req, T0)
@@ -220,16 +225,16 @@ def test_rebuild_after_a_quarantine_cut_below_the_committed_copy_then_refetch():
     c.apply_batches(b"".join(committed_log))
     assert c.state.producers.end_offset == 6
     guard = ProducerGuard(60_000)
-    guard.on_append(b"".join(committed_log))
+    guard.on_append(headers(b"".join(committed_log)))
     before = guard.table.copy()
     # Cut at 2: the log keeps only the first batch; nothing is read past it.
     kept = committed_log[0]
     guard.rebuild(c.state.producers, lambda off: kept[off:] if off == 0 else b"", 2)
     assert guard.table == before and guard.table.end_offset == 6
     # Re-fetch from the new leader: the same committed batches, then a new one.
-    guard.on_append(b"".join(committed_log[1:]))
+    guard.on_append(headers(b"".join(committed_log[1:])))
     assert guard.table == before
-    guard.on_append(pbatch(6, 9, 1, 1, leader_epoch=2))
+    guard.on_append(headers(pbatch(6, 9, 1, 1, leader_epoch=2)))
     assert guard.table.end_offset == 7
     assert guard.table.check(9, 0, 1, 1, T0).original.base_offset == 6
     assert guard.table.check(7, 0, 2, 2, T0).original.base_offset == 3  # still a duplicate, not re-appended
