@@ -76,7 +76,9 @@ def test_snapshot_equals_state_machine_and_broker_snapshot(spark, tmp_path):
     replay = rep["replay"]
     assert replay["data_records"] > 0 and replay["invalid_records"] > 0
     assert replay["invalid_records"] + replay["data_records"] == expected.invalid_records
-    assert sorted(os.listdir(out)) == [os.path.basename(path), "r.json"]  # no staging dir left
+    # No staging dir left: the checkpoint, the report, the tables and the plots.
+    assert sorted(os.listdir(out)) == sorted([os.path.basename(path), "r.json", "tables", "report.html",
+                                              "records_per_type.png", "replicas.png"])
     assert rep["read"]["records"] == 3 * end and rep["read"]["batches"] > 0  # control records too
     # A broker boots from it: the broker's own loader accepts it, same /metadata.
     loaded = load_snapshot(SnapshotStore(str(out)), SnapshotId(end, recs[-1][1]))

@@ -745,6 +745,7 @@ class Replay:
             mj = an.majority.filter(rng).select("offset", "epoch", "digest")
             committed = recs.filter(rng).join(mj, ["offset", "epoch", "digest"]).dropDuplicates(["offset"])
         self.source = src or "majority of replicas"
+        self.committed = committed  # control records too: the history table shows them
         data = committed.filter(~f.col("control")).select("offset", "value")
         if self.base is not None:
             b = self.base
@@ -989,6 +990,8 @@ def run(args) -> int:
             report["first_failure"] = failure
         elif staged is not None:
             _publish(staged, report)
+        if args.out and not args.no_tables:
+            _write_tables(args, an, report, progress, state_too=failure is None and staged is not None)
         report["result"] = "ok" if code == EXIT_OK else "validation FAILED"
         _say_first_failure(report)
     except InputError as exc:
@@ -1099,6 +1102,7 @@ def _snapshot(args, an: Analysis, report: dict, progress: Progress) -> dict:
     compare = sorted({s["end_offset"] for s in an.snapshots if an.start <= s["end_offset"] <= target})
     compare = compare[-SNAPSHOTS_COMPARED_MAX:]
     replay = Replay(an, target, progress)
+    an.replay = replay
     t0 = time.monotonic()
     replay.run(compare + [target])
     epoch, ts = _epoch_and_ts_at(an, target - 1)
@@ -1137,6 +1141,102 @@ def _snapshot(args, an: Analysis, report: dict, progress: Progress) -> dict:
     progress.set_phase("comparing with the brokers' snapshots")
     report["comparisons"] = [replay.compare(s) for s in an.snapshots if s["end_offset"] in compare]
     return staged
+
+
+def _write_tables(args, an: Analysis, report: dict, progress: Progress, state_too: bool) -> None:
+    """Queryable output under --out: the audit table always; the state tables
+    and the history only when every check passed (they describe the state the
+    published .checkpoint holds); then the plots and report.html."""
+    from tools.spark import plots
+    from tools.spark import tables as TB
+
+    out = args.out
+    spark = an.spark
+    progress.set_phase(f"writing Parquet tables under {out.rstrip('/')}/{TB.TABLES_DIR}")
+    counts = {"audit": TB.write_audit(spark, report, out)}
+    hist = None
+    replay = getattr(an, "replay", None)
+    if state_too and replay is not None:
+        counts.update(TB.write_state_and_history(spark, replay.states, replay.committed, replay.target, out))
+        hist = spark.read.parquet(TB.table_path(out, "history"))
+    report["tables"] = {"dir": out.rstrip("/") + "/" + TB.TABLES_DIR, "rows": counts}
+    reason = plots.plots_unavailable()
+    if reason is not None:
+        report["plots"] = {"skipped": reason}
+        err_line(f"metalog spark: plots skipped ({reason}); the tables and the checkpoint are written")
+        return
+    progress.set_phase("drawing the plots")
+    audit = [dict(zip([n for n, _ in TB.AUDIT_FIELDS], row)) for row in TB.audit_rows(report)]
+    with tempfile.TemporaryDirectory(prefix="metalog-spark-plots-") as tmp:
+        files = plots.write_report(tmp, hist, audit, report)
+        if _is_local_path(out):
+            os.makedirs(out, exist_ok=True)
+            for name in files:
+                shutil.copyfile(os.path.join(tmp, name), os.path.join(out, name))
+        else:
+            for name in files:
+                _hadoop_put(spark, os.path.join(tmp, name), out.rstrip("/") + "/" + name)
+    report["plots"] = {"files": [out.rstrip("/") + "/" + name for name in files]}
+
+
+SQL_EXAMPLE = ("SELECT offset, timestamp_ms, record_type, get_json_object(body, '$.leader') AS leader, "
+               "get_json_object(body, '$.isr') AS isr FROM history WHERE record_type IN "
+               "('Partition', 'PartitionChange') AND get_json_object(body, '$.topic_id') = 'TOPIC-ID' "
+               "AND get_json_object(body, '$.partition_id') = 0 ORDER BY offset")
+
+
+def run_sql(args) -> int:
+    """metalog spark sql: one query over the tables of a job's --out dir, each
+    registered as a view named after its directory (history, partitions, ...)."""
+    from tools.spark import tables as TB
+
+    absent = missing(SPARK_MODULES, "spark")
+    if absent is not None:
+        print(f"metalog spark sql: {absent}", file=sys.stderr)
+        return EXIT_FAILED
+    spark = getattr(args, "session", None)
+    own = spark is None
+    try:
+        if own:
+            if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+                print("metalog spark sql: no Java found: install a JDK (17 or 21) or set JAVA_HOME",
+                      file=sys.stderr)
+                return EXIT_FAILED
+            try:
+                spark = get_spark(args.master, shuffle_partitions=2, driver_memory=args.driver_memory)
+                if not args.verbose:
+                    spark.sparkContext.setLogLevel("ERROR")
+            except Exception as exc:
+                print(f"metalog spark sql: cannot start Spark: {cause_chain(exc)}", file=sys.stderr)
+                return EXIT_FAILED
+        views = TB.register_views(spark, args.out)
+        if not views:
+            print(f"metalog spark sql: no tables under {args.out.rstrip('/')}/{TB.TABLES_DIR}: run "
+                  f"`metalog spark snapshot ... --out {args.out}` first", file=sys.stderr)
+            return EXIT_INPUT
+        from pyspark.errors import AnalysisException, ParseException
+
+        try:
+            df = spark.sql(args.query)
+            rows = df.limit(TB.SQL_ROWS_PRINTED_MAX + 1).collect()
+        except (AnalysisException, ParseException) as exc:
+            first = (str(exc).strip().splitlines() or [""])[0]
+            print(f"metalog spark sql: bad query: {first} (views: {', '.join(views)})", file=sys.stderr)
+            return EXIT_INPUT
+        columns = df.columns
+        shown = rows[:TB.SQL_ROWS_PRINTED_MAX]
+        if args.json:
+            for row in shown:
+                print(json.dumps(row.asDict(recursive=True), default=TB.json_default))
+        else:
+            print("\n".join(TB.format_rows(columns, [tuple(x) for x in shown])))
+        if len(rows) > TB.SQL_ROWS_PRINTED_MAX:
+            print(f"metalog spark sql: only the first {TB.SQL_ROWS_PRINTED_MAX} rows printed; "
+                  "add a LIMIT or aggregate", file=sys.stderr)
+        return EXIT_OK
+    finally:
+        if own and spark is not None:
+            spark.stop()
 
 
 # ------------------------------------------------------------------ CLI
@@ -1187,6 +1287,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--verbose", action="store_true",
                    help="Spark's own warnings and Python tracebacks on failures")
+    p.add_argument("--no-tables", action="store_true",
+                   help="skip the Parquet tables and the plots under --out (only the .checkpoint "
+                        "and report.json)")
     p.set_defaults(func=run, keep_session=False)
 
 
@@ -1231,6 +1334,23 @@ def register_cli(subparsers) -> None:
     _add_common(a)
     a.add_argument("--hw", dest="upto", type=int, help="the HW to judge against (default: majority)")
     a.add_argument("--out", default=None, help="dir for report.json (default: none; see --report)")
+    q = sub.add_parser("sql", help="SQL over the Parquet tables a snapshot/audit run wrote",
+                       description="Run one Spark SQL query over the tables under OUT/tables (written by "
+                                   "`metalog spark snapshot|audit --out OUT`), each a view named after "
+                                   "its directory: brokers, topics, partitions, configs, acls, features, "
+                                   "voters (the state at the HW, column state_offset), history (every "
+                                   "committed record: offset, leader_epoch, timestamp_ms, control, "
+                                   "record_type, version, body as JSON), audit (one row per replica).",
+                       epilog="example (when and why did a partition's leader change):\n  metalog spark sql "
+                              + shlex.quote(SQL_EXAMPLE) + "\nsee docs/spark.md.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    q.add_argument("query", help="a Spark SQL query")
+    q.add_argument("--out", default="spark-out", help="the job's output dir (default spark-out)")
+    q.add_argument("--json", action="store_true", help="one JSON object per row instead of a text table")
+    q.add_argument("--master", default="local[*]", help="Spark master for the query (default local[*])")
+    q.add_argument("--driver-memory", default="1g", help="driver heap (default 1g)")
+    q.add_argument("--verbose", action="store_true", help="Spark's own warnings")
+    q.set_defaults(func=run_sql)
     k = sub.add_parser("package", help="build the code archive shipped to executors (--py-files)",
                        description="Zip the packages the executors import (storage, broker, protocol, "
                                    "tools) for spark-submit --py-files on a standalone, YARN or "
