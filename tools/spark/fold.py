@@ -299,27 +299,26 @@ def fold_broker(records: Iterable[tuple[int, bytes]], cuts: Sequence[int]
 
 # ------------------------------------------------------------------ partitions
 
-# Event kinds in a partition's merged stream; the offset orders them (every
-# offset holds one record, so no two events of one stream share an offset
-# except a record and nothing else).
-_EV_RECORD, _EV_REMOVE, _EV_FENCE = 0, 1, 2
-
-
 def fold_partition(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequence[int],
                    topics: TopicTable, brokers: BrokerTable) -> tuple[list[StateRow], int]:
+    """The partition's records merged, in offset order, with its topic's removals and
+    the fences that touch it. Fences are merged lazily: between two events only a
+    fence of a broker in the current ISR or the leader can change the partition, so
+    for those few brokers the next fence is found by bisection in the broker table
+    instead of offering every fence of every replica (most of a large log's
+    fences) to every partition. Every offset holds one record, so no two events
+    share an offset."""
     tid, _, pid_text = key.partition(_SEP)
     pid = int(pid_text)
-    decoded = [(offset, r.decode_record(value)) for offset, value in records]
     limit = cuts[-1] if cuts else 1 << 62
-    universe: set[int] = set()
-    for _, rec in decoded:
-        if rec.replicas is not None:
-            universe.update(rec.replicas)
-    events: list[tuple[int, int, object]] = [(o, _EV_RECORD, rec) for o, rec in decoded]
-    events.extend((o, _EV_REMOVE, None) for o in topics.id_removals(tid) if o < limit)
-    for bid in universe:
-        events.extend((o, _EV_FENCE, bid) for o in brokers.fences.get(bid, ()) if o < limit)
-    events.sort(key=lambda e: (e[0], e[1]))
+    decode = r.decode_record
+    # Records first, then removals, at distinct offsets: (offset, record or None = removal).
+    events = [(offset, decode(value)) for offset, value in records]
+    events.extend((o, None) for o in topics.id_removals(tid) if o < limit)
+    events.sort(key=lambda e: e[0])
+    fences = brokers.fences
+    bisect_right = bisect.bisect_right
+    Partition, PartitionChange = r.Partition, r.PartitionChange
 
     cur: r.Partition | None = None
     states: list[StateRow] = []
@@ -329,36 +328,66 @@ def fold_partition(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequenc
         if cur is not None:
             states.append(StateRow(cut, SEC_PARTITION, tid, pid, "", "", r.encode_record(cur)))
 
+    def fence(offset: int, bid: int) -> None:
+        """controller.py's FenceBroker expansion for this partition (cur touches bid)."""
+        nonlocal cur
+        isr = tuple(x for x in cur.isr if x != bid) or cur.isr
+        leader = cur.leader
+        if leader == bid:
+            leader = r.NO_LEADER
+            for x in cur.replicas:
+                if x in isr and brokers.usable(x, offset):
+                    leader = x
+                    break
+        if isr == cur.isr and leader == cur.leader:
+            return
+        cur = _replace(cur, isr=isr, leader=leader,
+                       leader_epoch=cur.leader_epoch + (leader != cur.leader),
+                       partition_epoch=cur.partition_epoch + 1)
+
     ci = 0
-    for offset, kind, payload in events:
+    pos = -1  # every event at or below pos is applied
+
+    def fences_before(upto: int) -> None:
+        """Apply, in offset order, the fences in (pos, upto) that touch cur. A fence
+        only shrinks the ISR or moves the leader into it, so the candidates found
+        first stay a superset; each keeps an index into its fence list."""
+        nonlocal ci, pos
+        if cur is None:
+            return
+        nxt: dict[int, int] = {}
+        for bid in (*cur.isr, cur.leader):
+            fl = fences.get(bid)
+            if fl and bid not in nxt:
+                nxt[bid] = bisect_right(fl, pos)
+        while cur is not None:
+            best = best_bid = None
+            for bid in (*cur.isr, cur.leader):
+                i = nxt.get(bid)
+                if i is not None:
+                    fl = fences[bid]
+                    if i < len(fl) and fl[i] < upto and (best is None or fl[i] < best):
+                        best, best_bid = fl[i], bid
+            if best is None:
+                return
+            ci = _emit_cuts(cuts, ci, best, emit)
+            fence(best, best_bid)
+            nxt[best_bid] += 1
+            pos = best
+
+    for offset, rec in events:
+        fences_before(min(offset, limit))
         ci = _emit_cuts(cuts, ci, offset, emit)
-        if kind == _EV_REMOVE:
+        pos = offset
+        if rec is None:  # the topic was removed
             cur = None
-        elif kind == _EV_FENCE:
-            bid = payload
-            if cur is None or (bid not in cur.isr and cur.leader != bid):
-                continue
-            isr = tuple(x for x in cur.isr if x != bid) or cur.isr
-            leader = cur.leader
-            if leader == bid:
-                leader = r.NO_LEADER
-                for x in cur.replicas:
-                    if x in isr and brokers.usable(x, offset):
-                        leader = x
-                        break
-            if isr == cur.isr and leader == cur.leader:
-                continue
-            cur = _replace(cur, isr=isr, leader=leader,
-                           leader_epoch=cur.leader_epoch + (leader != cur.leader),
-                           partition_epoch=cur.partition_epoch + 1)
-        elif type(payload) is r.Partition:
-            if not topics.id_live(tid, offset) or _partition_problem(payload):
+        elif type(rec) is Partition:
+            if not topics.id_live(tid, offset) or _partition_problem(rec):
                 invalid += 1
                 continue
-            cur = payload
+            cur = rec
         else:
-            rec = payload
-            assert type(rec) is r.PartitionChange, type(rec)
+            assert type(rec) is PartitionChange, type(rec)
             if cur is None:
                 invalid += 1
                 continue
@@ -374,11 +403,15 @@ def fold_partition(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequenc
                 invalid += 1
                 continue
             cur = new
+    fences_before(limit)
     _emit_cuts(cuts, ci, 1 << 62, emit)
     return states, invalid
 
 
 # ------------------------------------------------------------------ configs, features
+
+# Event kinds in a config's merged stream (a record and its topic's removals).
+_EV_RECORD, _EV_REMOVE = 0, 1
 
 
 def fold_config(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequence[int],

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import shlex
@@ -66,7 +67,7 @@ from storage.snapshot import SnapshotWriter, snapshot_filename  # noqa: E402
 from tools.extras import SPARK_MODULES, missing  # noqa: E402
 from tools.spark import decode as D  # noqa: E402
 from tools.spark import fold as F  # noqa: E402
-from tools.spark.decode import DECODED_FIELDS, FIELD_NAMES, decode_file  # noqa: E402
+from tools.spark.decode import DECODED_FIELDS, FIELD_NAMES, decode_file_columns  # noqa: E402
 from tools.spark.fold import key_of  # noqa: E402
 
 # pyspark and pyarrow are imported inside the functions that use them: they are
@@ -77,7 +78,7 @@ EXIT_OK, EXIT_VALIDATION, EXIT_INPUT, EXIT_FAILED = 0, 1, 2, 3
 GLOB = "{*.log,*.checkpoint,meta.properties,log-start-offset}"
 SNAPSHOTS_COMPARED_MAX = 8
 DIFFS_LISTED_MAX = 50
-ARROW_ROWS_PER_BATCH = 8192
+ARROW_ROWS_PER_BATCH = 32768
 
 
 class InputError(Exception):
@@ -118,21 +119,16 @@ def _decode_partition(batches):
     import pyarrow as pa
 
     schema = _arrow_schema(DECODED_FIELDS)
-    cols = {n: [] for n in FIELD_NAMES}
-    count = 0
+    cols: dict[str, list] = {n: [] for n in FIELD_NAMES}
     for rb in batches:
         paths = rb.column("path").to_pylist()
         contents = rb.column("content")
         for i, path in enumerate(paths):
-            for row in decode_file(path, contents[i].as_py()):
-                for n in FIELD_NAMES:
-                    cols[n].append(row[n])
-                count += 1
+            for count in decode_file_columns(path, contents[i].as_py(), cols):
                 if count >= ARROW_ROWS_PER_BATCH:
                     yield pa.RecordBatch.from_pydict(cols, schema=schema)
                     cols = {n: [] for n in FIELD_NAMES}
-                    count = 0
-    if count:
+    if cols["kind"]:
         yield pa.RecordBatch.from_pydict(cols, schema=schema)
 
 
@@ -590,6 +586,7 @@ class Analysis:
         from pyspark.sql import functions as f
 
         self.progress.set_phase("voting: majority value per offset")
+        t0 = time.monotonic()
         with_log = {k: v for k, v in self.replicas.items()
                     if v["log_start"] is not None and k not in self.excluded}
         if not with_log:
@@ -670,6 +667,7 @@ class Analysis:
             audit[name] = entry
         self.first_diff = first_diff
         self.report["audit"] = audit
+        self.report["vote"] = {"seconds": round(time.monotonic() - t0, 2)}
 
 
 def _diff_kind(epoch: int, majority_epoch: int | None) -> str:
@@ -1216,6 +1214,10 @@ def run_sql(args) -> int:
             return EXIT_INPUT
         from pyspark.errors import AnalysisException, ParseException
 
+        if not args.verbose:  # pyspark logs a bad query's error itself, as JSON on stderr: we say it once
+            from pyspark.logger import PySparkLogger
+
+            PySparkLogger.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL + 1)
         try:
             df = spark.sql(args.query)
             rows = df.limit(TB.SQL_ROWS_PRINTED_MAX + 1).collect()
