@@ -126,8 +126,9 @@ def _decode_partition(batches):
         for i, path in enumerate(paths):
             for count in decode_file_columns(path, contents[i].as_py(), cols):
                 if count >= ARROW_ROWS_PER_BATCH:
-                    yield pa.RecordBatch.from_pydict(cols, schema=schema)
-                    cols = {n: [] for n in FIELD_NAMES}
+                    yield pa.RecordBatch.from_pydict(cols, schema=schema)  # copies: then reuse the lists
+                    for column in cols.values():  # in place: decode_file_columns holds this dict
+                        column.clear()
     if cols["kind"]:
         yield pa.RecordBatch.from_pydict(cols, schema=schema)
 
