@@ -2,7 +2,7 @@
 # The README's two commands live here.
 #   bash run.sh cluster   set up, then start a local multi-broker cluster (3 voters + 1 observer)
 #   bash run.sh test      set up, then run the whole test suite
-#   bash run.sh setup     only set up (virtualenv, dependencies, Java for Spark)
+#   bash run.sh setup     only set up (virtualenv, dependencies, Java for Spark, promtool)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -12,6 +12,16 @@ setup() {
     if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
     $SUDO apt-get update -qq
     $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+  fi
+  # promtool (Debian package prometheus) checks the /metrics text and the
+  # Prometheus scrape config in the tests: best-effort, where apt-get and
+  # root or sudo exist; without it those checks say so and fail.
+  if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo -n"; fi
+    echo "run.sh: installing prometheus (for promtool)" >&2
+    { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
+      || echo "run.sh: could not install prometheus; the promtool checks will fail" >&2
   fi
   if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv

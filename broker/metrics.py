@@ -1,15 +1,268 @@
-"""Prometheus metrics of one broker (its own registry, served at /metrics)."""
+"""Prometheus metrics of one broker (its own registry, served at /metrics).
+
+Two families live here:
+
+* ``metalog_*``: this project's own metrics (requests, flush latency,
+  corruption, scrubbing, snapshots ...).
+* ``kafka_server_raft_metrics_*``: Kafka's raft metrics (JMX group
+  ``raft-metrics``) under the name the usual JMX-to-Prometheus mapping gives
+  them (``kafka.server<type=raft-metrics><>current-epoch`` ->
+  ``kafka_server_raft_metrics_current_epoch``), with Kafka's meaning and
+  Kafka's units (milliseconds for latencies, records per second for rates).
+  docs/operations.md has the table.
+
+The raft values are read at scrape time from a ``RaftView`` the runtime
+provides (so they are never stale), except the windowed ones: latencies and
+rates are recorded by the runtime into ``RaftStats`` and aggregated over the
+last ``WINDOW_S`` seconds, as Kafka's sampled stats are (Kafka: 2 samples of
+30 s; here 30 buckets of 2 s).
+"""
 
 from __future__ import annotations
 
+import math
+import time
+from collections import deque
+from typing import Callable, Iterable, NamedTuple
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+from broker.quorum.roles import Role
 
 CORRUPTION_SOURCES = ("startup", "scrub", "read", "fetch")
-ROLES = ("unattached", "voted", "candidate", "leader", "follower", "resigned", "observer")
+# Kafka's state names (current-state), the same words our core uses for its roles.
+ROLES = tuple(r.value for r in Role)
+# Roles in which a node is running an election of its own (Kafka's
+# updateElectionStartMs); "prospective" is KIP-996's pre-vote state.
+ELECTION_ROLES = frozenset({"candidate", "prospective"})
+
+RAFT_PREFIX = "kafka_server_raft_metrics_"
+WINDOW_S = 60.0  # latencies and rates cover the last minute ...
+BUCKET_S = 2.0  # ... in buckets of this size (memory is WINDOW_S / BUCKET_S buckets per stat)
+IDLE_SAMPLE_S = 1.0  # how often the runtime samples the event-loop thread's CPU time
+# Leader batches appended and not yet committed, remembered for commit-latency.
+# Group commit keeps this small (one batch per fsync); the bound only guards
+# against a leader that never commits (no majority): the oldest are dropped.
+MAX_PENDING_COMMITS = 10_000
+
+
+class WindowedStat:
+    """Count, total and max of recorded values over the last ``window_s``
+    seconds, in buckets of ``bucket_s`` (Kafka's SampledStat). ``clock`` is
+    monotonic seconds."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, window_s: float = WINDOW_S,
+                 bucket_s: float = BUCKET_S):
+        assert 0 < bucket_s <= window_s
+        self._clock = clock
+        self._window_s = window_s
+        self._bucket_s = bucket_s
+        self._created = clock()
+        # [bucket start, count, total, max]; one per bucket_s, the oldest fall off
+        self._buckets: deque[list[float]] = deque(maxlen=int(math.ceil(window_s / bucket_s)) + 1)
+
+    def record(self, value: float) -> None:
+        now = self._clock()
+        start = math.floor(now / self._bucket_s) * self._bucket_s
+        if not self._buckets or self._buckets[-1][0] != start:
+            self._buckets.append([start, 0, 0.0, -math.inf])
+        b = self._buckets[-1]
+        b[1] += 1
+        b[2] += value
+        b[3] = max(b[3], value)
+
+    def _live(self) -> tuple[float, list[list[float]]]:
+        now = self._clock()
+        return now, [b for b in self._buckets if b[0] + self._bucket_s > now - self._window_s]
+
+    def avg(self) -> float:
+        """Mean of the values in the window; NaN if none (as Kafka's Avg)."""
+        _, live = self._live()
+        count = sum(b[1] for b in live)
+        return sum(b[2] for b in live) / count if count else math.nan
+
+    def max(self) -> float:
+        """Largest value in the window; NaN if none (as Kafka's Max)."""
+        _, live = self._live()
+        return max((b[3] for b in live), default=math.nan)
+
+    def rate(self) -> float:
+        """Sum of the values in the window per second of the window (of the
+        stat's lifetime while it is younger than the window, at least one
+        bucket); 0 if none."""
+        now, live = self._live()
+        elapsed_s = min(self._window_s, max(self._bucket_s, now - self._created))
+        return sum(b[2] for b in live) / elapsed_s
+
+
+class LoopIdleRatio:
+    """poll-idle-ratio-avg for an asyncio loop: 1 - (CPU time of the loop's
+    thread) / (wall time), over the last ``window_s``.
+
+    Kafka measures the share of its raft thread's time spent blocked in
+    poll(). Our raft work runs on the event loop's thread, which is either
+    running callbacks (on a CPU) or waiting in the loop's poll; so the CPU
+    time the kernel counts for that thread (CLOCK_THREAD_CPUTIME_ID) is its
+    busy time. uvloop gives no hook around its poll, this needs none. Caveats:
+    time spent runnable but waiting for a CPU, or blocked in a synchronous
+    syscall on the loop thread, counts as idle.
+
+    ``sample()`` must be called on the loop's thread (every IDLE_SAMPLE_S);
+    ``value()`` may be called anywhere and reads only the samples."""
+
+    def __init__(self, window_s: float = WINDOW_S, sample_s: float = IDLE_SAMPLE_S,
+                 clock: Callable[[], float] = time.monotonic, cpu_clock: Callable[[], float] = time.thread_time):
+        self._window_s = window_s
+        self._clock = clock
+        self._cpu_clock = cpu_clock
+        self._samples: deque[tuple[float, float]] = deque(maxlen=int(math.ceil(window_s / sample_s)) + 2)
+
+    def sample(self) -> None:
+        self._samples.append((self._clock(), self._cpu_clock()))
+
+    def value(self) -> float:
+        if len(self._samples) < 2:
+            return math.nan
+        last_wall, last_cpu = self._samples[-1]
+        first_wall, first_cpu = next(((w, c) for w, c in self._samples if w >= last_wall - self._window_s),
+                                     self._samples[0])
+        wall_s = last_wall - first_wall
+        if wall_s <= 0:
+            return math.nan
+        return min(1.0, max(0.0, 1.0 - (last_cpu - first_cpu) / wall_s))
+
+
+class RaftStats:
+    """The event-driven raft metrics, fed by the runtime: commit and election
+    latency, fetch and append record rates (the windowed ones of Kafka's
+    raft-metrics). Times are monotonic seconds from ``clock``."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self.commit_latency_ms = WindowedStat(clock)
+        self.election_latency_ms = WindowedStat(clock)
+        self.fetch_records = WindowedStat(clock)
+        self.append_records = WindowedStat(clock)
+        # (next offset after the batch, time the leader appended it), in offset order
+        self._pending: deque[tuple[int, float]] = deque(maxlen=MAX_PENDING_COMMITS)
+        self._election_start: float | None = None
+
+    def on_role(self, role: str) -> None:
+        """The exposed role changed (or the epoch did, in the same role).
+
+        Election latency runs from the first candidacy (or pre-vote) of an
+        election to the moment this node learns its outcome: it became leader
+        or follows an elected leader. Re-standing after a lost round keeps the
+        first start: the election is still going on. Kafka restarts the clock
+        at each candidacy; we measure the whole election as its help text says."""
+        now = self._clock()
+        if role in ELECTION_ROLES:
+            if self._election_start is None:
+                self._election_start = now
+        elif role in ("leader", "follower") and self._election_start is not None:
+            self.election_latency_ms.record((now - self._election_start) * 1000)
+            self._election_start = None
+        if role != "leader":
+            # Batches of a leadership we lost are not committed by us (they may
+            # even be truncated): no commit latency for them.
+            self._pending.clear()
+
+    def on_append(self, is_leader: bool, base_offset: int, next_offset: int) -> None:
+        """Batches were appended to the local log: by the leader (client
+        writes, control records) or from a Fetch answer (follower, observer)."""
+        records = next_offset - base_offset
+        assert records > 0, (base_offset, next_offset)
+        if is_leader:
+            self.append_records.record(records)
+            assert not self._pending or self._pending[-1][0] < next_offset, "leader appends go forward"
+            self._pending.append((next_offset, self._clock()))
+        else:
+            self.fetch_records.record(records)
+
+    def on_high_watermark(self, high_watermark: int) -> None:
+        """The leader's high watermark: every batch below it is committed."""
+        if not self._pending:
+            return
+        now = self._clock()
+        while self._pending and self._pending[0][0] <= high_watermark:
+            _, appended = self._pending.popleft()
+            self.commit_latency_ms.record((now - appended) * 1000)
+
+
+class RaftView(NamedTuple):
+    """The instantaneous raft state, read from the quorum core at scrape time."""
+
+    state: str  # one of ROLES
+    leader_id: int  # -1 if unknown
+    voted_id: int  # Kafka's current-vote: self if leader or candidate, the vote if voted, else -1
+    epoch: int
+    high_watermark: int  # -1 if unknown
+    log_end_offset: int
+    log_end_epoch: int
+    unknown_voter_connections: int
+
+
+class RaftCollector:
+    """Yields the kafka_server_raft_metrics_* families on every scrape."""
+
+    def __init__(self, view: Callable[[], RaftView | None], stats: RaftStats, idle: LoopIdleRatio):
+        self._view = view
+        self._stats = stats
+        self._idle = idle
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        v = self._view()
+        p = RAFT_PREFIX
+        state = GaugeMetricFamily(p + "current_state", "current-state: 1 for the node's current raft state "
+                                  "(leader, candidate, voted, follower, unattached, observer, resigned)",
+                                  labels=["state"])
+        for name in ROLES:
+            state.add_metric([name], 1.0 if v is not None and v.state == name else 0.0)
+        yield state
+
+        def gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
+            return GaugeMetricFamily(p + name, help_text, value=value)
+
+        nan = math.nan
+        yield gauge("current_leader", "current-leader: id of the current leader, -1 if unknown",
+                    v.leader_id if v else nan)
+        yield gauge("current_vote", "current-vote: id this node voted for in the current epoch "
+                    "(itself as leader or candidate), -1 if none", v.voted_id if v else nan)
+        yield gauge("current_epoch", "current-epoch: the current quorum epoch", v.epoch if v else nan)
+        yield gauge("high_watermark", "high-watermark: the high watermark (exclusive) known to this node, "
+                    "-1 if unknown", v.high_watermark if v else nan)
+        yield gauge("log_end_offset", "log-end-offset: the local log's end offset", v.log_end_offset if v else nan)
+        yield gauge("log_end_epoch", "log-end-epoch: epoch of the last record in the local log",
+                    v.log_end_epoch if v else nan)
+        yield gauge("number_unknown_voter_connections", "number-unknown-voter-connections: voters whose "
+                    "endpoint this node does not know", v.unknown_voter_connections if v else nan)
+        s = self._stats
+        yield gauge("commit_latency_avg", "commit-latency-avg: mean ms from a leader's append of a batch to its "
+                    f"commit, over the last {WINDOW_S:g} s", s.commit_latency_ms.avg())
+        yield gauge("commit_latency_max", "commit-latency-max: largest ms from a leader's append of a batch to "
+                    f"its commit, over the last {WINDOW_S:g} s", s.commit_latency_ms.max())
+        yield gauge("election_latency_avg", "election-latency-avg: mean ms from standing for election to a "
+                    f"leader being elected, over the last {WINDOW_S:g} s", s.election_latency_ms.avg())
+        yield gauge("election_latency_max", "election-latency-max: largest ms from standing for election to a "
+                    f"leader being elected, over the last {WINDOW_S:g} s", s.election_latency_ms.max())
+        yield gauge("fetch_records_rate", "fetch-records-rate: records per second appended from Fetch answers "
+                    f"(follower, observer), over the last {WINDOW_S:g} s", s.fetch_records.rate())
+        yield gauge("append_records_rate", "append-records-rate: records per second appended by this node as "
+                    f"leader, over the last {WINDOW_S:g} s", s.append_records.rate())
+        yield gauge("poll_idle_ratio_avg", "poll-idle-ratio-avg: share of wall time the event-loop thread was "
+                    f"not on a CPU, over the last {WINDOW_S:g} s", self._idle.value())
+
+
+RAFT_METRIC_NAMES = tuple(RAFT_PREFIX + n for n in (
+    "current_state", "current_leader", "current_vote", "current_epoch", "high_watermark", "log_end_offset",
+    "log_end_epoch", "number_unknown_voter_connections", "commit_latency_avg", "commit_latency_max",
+    "election_latency_avg", "election_latency_max", "fetch_records_rate", "append_records_rate",
+    "poll_idle_ratio_avg"))
 
 
 class BrokerMetrics:
-    def __init__(self, node_id: int):
+    def __init__(self, node_id: int, clock: Callable[[], float] = time.monotonic):
         self.registry = r = CollectorRegistry()
         self.requests = Counter("metalog_requests_total", "Requests received, by api", ["api"], registry=r)
         self.authorization_failures = Counter(
@@ -44,6 +297,14 @@ class BrokerMetrics:
         self.divergence_detected = Counter(
             "metalog_divergence_detected_total", "Committed log ranges found to differ from a voter's "
             "(equal offsets, different digests)", ["replica"], registry=r)
+        # Kafka's raft-metrics: the runtime binds the view once its core exists.
+        self.raft = RaftStats(clock)
+        self.loop_idle = LoopIdleRatio(clock=clock)
+        self._raft_view: Callable[[], RaftView | None] = lambda: None
+        r.register(RaftCollector(lambda: self._raft_view(), self.raft, self.loop_idle))
+
+    def bind_raft_view(self, view: Callable[[], RaftView | None]) -> None:
+        self._raft_view = view
 
     def set_role(self, role: str, epoch: int) -> None:
         for name in ROLES:

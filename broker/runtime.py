@@ -52,7 +52,7 @@ from broker.consistency_check import ConsistencyChecker
 from broker.controller_commands import CommandQueue, CommandToken, LeaderView
 from broker.gate import Gate
 from broker.local_state import no_copy_message, recover_local_state
-from broker.metrics import BrokerMetrics
+from broker.metrics import IDLE_SAMPLE_S, BrokerMetrics, RaftView
 from broker.net import Connection, ListenerLimits, NetError, PeerPool, Server, serve
 from broker.quorum import api as qa
 from broker.quorum.answers import api_versions_response, check_cluster_id
@@ -108,6 +108,7 @@ class Broker:
         self.snapshot_work = SnapshotWork(self, cfg.storage.snapshot_min_records, now_ms, feed=self._step)
         self._bg_tasks: set[asyncio.Task] = set()
         self._last_exposed: tuple | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None  # poll-idle-ratio sampling
         self._stopping = False
         self.commands = CommandQueue()
         self.fatal: str | None = None
@@ -156,6 +157,8 @@ class Broker:
                       seconds=round(time.perf_counter() - t0, 4))
         self.core = QuorumCore(cfg.quorum, view, _Reader(self.seg_log, self.snapshots), qs,
                                Environment(SystemClock(), random.Random()))
+        self.metrics.bind_raft_view(self._raft_view)
+        self._sample_loop_idle()
         if cfg.tls_enabled:
             from broker.tls import TlsFiles
 
@@ -237,7 +240,8 @@ class Broker:
             self._snapshot_corrupt(report)
             return
         if len(self.voters) == 1 and self.cfg.node_id in self.voters:
-            self._fatal("corruption_no_other_copy", no_copy_message(report, self.cfg.data_dir), **report.as_log_fields())
+            self._fatal("corruption_no_other_copy", no_copy_message(report, self.cfg.data_dir),
+                        **report.as_log_fields())
             return
         try:
             state = self.seg_log.quarantine_from(report)
@@ -289,6 +293,8 @@ class Broker:
             await self._drain_background(timeout_s=min(1.0, self.cfg.quorum.request_timeout_ms / 1000))
         if self._timer:
             self._timer.cancel()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
         if self.server is not None:
             self.server.close()
         if self.admin_runner is not None:
@@ -397,6 +403,7 @@ class Broker:
                 self._storage_failed(f"append failed: {exc}", exc)
                 return
             self.metrics.appended_bytes.inc(len(a.data))
+            self.metrics.raft.on_append(self.core.is_leader, a.base_offset, a.next_offset)
             self.digest.append(a.data)
         elif t is qa.FlushLog:
             self._request_flush()
@@ -447,7 +454,10 @@ class Broker:
             self.log.info("role_changed", role=exposed[0], epoch=core.epoch, leader_id=core.leader_id,
                           high_watermark=core.high_watermark)
             self.metrics.set_role(exposed[0], core.epoch)
+            self.metrics.raft.on_role(exposed[0])
         hw = core.high_watermark
+        if core.is_leader:
+            self.metrics.raft.on_high_watermark(hw)
         if hw is not None and hw > self.controller.applied_offset:
             self._apply_committed(hw)
         if self.commands.runnable:
@@ -497,6 +507,32 @@ class Broker:
         for conn, cid in tokens:
             conn.send_response(cid, m.ProduceResponse(error_code=Errors.KAFKA_STORAGE_ERROR, error_message=message))
         self._send_answers(self.commands.fail_all(Errors.KAFKA_STORAGE_ERROR, message))
+
+    # ------------------------------------------------------------ metrics
+    def _raft_view(self) -> RaftView | None:
+        """Kafka's instantaneous raft metrics, read at scrape time."""
+        core = self.core
+        if core is None:
+            return None
+        role = str(core.role)
+        if role in ("leader", "candidate"):
+            vote = self.cfg.node_id  # Kafka: a leader or candidate has voted for itself
+        elif role == "voted":
+            vote = core.voted_id
+        else:
+            vote = -1
+        known = set(self.voters)
+        return RaftView(
+            state=role, leader_id=core.leader_id if core.leader_id >= 0 else -1, voted_id=vote,
+            epoch=core.epoch, high_watermark=core.high_watermark, log_end_offset=core.log_end_offset,
+            log_end_epoch=core.log.last_epoch(),
+            unknown_voter_connections=sum(1 for v in core.config.voters if v != self.cfg.node_id and v not in known))
+
+    def _sample_loop_idle(self) -> None:
+        """Sample the loop thread's CPU time for poll-idle-ratio-avg (broker.metrics)."""
+        self.metrics.loop_idle.sample()
+        if not self._stopping:
+            self._idle_timer = asyncio.get_running_loop().call_later(IDLE_SAMPLE_S, self._sample_loop_idle)
 
     # ------------------------------------------------------------ timers
     def _schedule_timer(self) -> None:

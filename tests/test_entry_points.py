@@ -16,6 +16,7 @@ from tools.cluster.launcher import REPO_ROOT
 ENTRY_POINTS = [
     (["-m", "tools.cli", "--help"], "usage: metalog"),
     (["-m", "tools.simulate", "--help"], "--seeds"),
+    (["-m", "tools.bench", "--help"], "usage: metalog bench"),
     (["-m", "tools.bench_storage", "--help"], "--recovery-bytes"),
     (["-m", "tools.bench_snapshot", "--help"], "--records"),
     (["-m", "tools.bench_hostile", "--help"], "--hostile"),
@@ -30,3 +31,11 @@ def test_documented_entry_point_runs(argv, expected):
     proc = subprocess.run([sys.executable, *argv], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert expected in proc.stdout, proc.stdout
+
+
+def test_drill_report_redraw_without_a_report_prints_its_usage():
+    """`python -m tools.drill.report` (docs/drills.md) with no REPORT: exit 1 and its usage line."""
+    proc = subprocess.run([sys.executable, "-m", "tools.drill.report"], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("usage: python -m tools.drill.report REPORT"), proc.stderr

@@ -1,7 +1,9 @@
 """docker-compose.yml checked against BrokerConfig, and run as local processes."""
 
 import copy
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -11,6 +13,7 @@ import yaml
 from broker.config import parse_voters
 from tools.cluster.compose import ComposeError, cluster_from_compose, load_topology, parse_topology
 from tools.cluster.launcher import REPO_ROOT, free_ports
+from tools.cluster.monitoring import check_monitoring, exported_metric_names
 
 COMPOSE = os.path.join(REPO_ROOT, "docker-compose.yml")
 
@@ -153,3 +156,91 @@ def test_cluster_up_from_compose_elects_a_leader(tmp_path):
     for n in (1, 2, 3, 4):
         assert os.path.getsize(tmp_path / f"node-{n}" / "broker.log") > 0
         assert (tmp_path / f"node-{n}" / "data").is_dir()
+
+
+# ------------------------------------------------------------ monitoring
+def test_shipped_monitoring_is_valid_and_scrapes_every_broker():
+    """The shipped prometheus and grafana services pass the whole check
+    (promtool check config and rules included); Prometheus scrapes each
+    broker's admin endpoint over https with the node label, and every
+    dashboard query names a metric the broker exports."""
+    topo = load_topology(COMPOSE)
+    check_monitoring(topo)
+    prom = yaml.safe_load(open(os.path.join(REPO_ROOT, "monitoring", "prometheus", "prometheus.yml")))
+    (job,) = prom["scrape_configs"]
+    assert job["scheme"] == "https"
+    targets = {t: sc["labels"]["node"] for sc in job["static_configs"] for t in sc["targets"]}
+    assert targets == {f"{b.hostname}:{b.config.admin_endpoint().port}": str(b.config.node_id) for b in topo.brokers}
+    dash = json.load(open(os.path.join(REPO_ROOT, "monitoring", "grafana", "dashboards", "metalog-raft.json")))
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    for name in ("current_state", "current_leader", "current_epoch", "high_watermark", "log_end_offset",
+                 "commit_latency_max", "election_latency_max", "fetch_records_rate", "append_records_rate"):
+        assert f"kafka_server_raft_metrics_{name}" in exprs
+    assert "metalog_corrupt_batches_total" in exprs and "metalog_divergence_detected_total" in exprs
+    assert exported_metric_names() >= {"kafka_server_raft_metrics_current_epoch", "metalog_corrupt_batches_total",
+                                       "metalog_divergence_detected_total", "metalog_log_flush_seconds_bucket"}
+
+
+def _monitoring_copy(tmp_path):
+    """The compose file and monitoring/ copied to tmp_path, for breaking."""
+    shutil.copytree(os.path.join(REPO_ROOT, "monitoring"), tmp_path / "monitoring")
+    return copy.deepcopy(doc()), tmp_path / "monitoring"
+
+
+def _edit(path, old, new):
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new, 1))
+
+
+PROM = "prometheus/prometheus.yml"
+DASH = "grafana/dashboards/metalog-raft.json"
+
+
+@pytest.mark.parametrize("file, old, new, message", [
+    (PROM, '      - targets: ["observer4:8094"]\n        labels: {node: "4"}\n', "",
+     "no job scrapes observer4:8094"),
+    (PROM, 'labels: {node: "2"}', 'labels: {node: "3"}',
+     'target broker2:8092 (service broker2) must carry label node="2", has \'3\''),
+    (PROM, "broker3:8093", "broker3:9093", "target broker3:9093 is no broker's admin endpoint"),
+    (PROM, "scheme: https", "scheme: http", "job metalog: scheme http but the brokers' admin API speaks https"),
+    (PROM, "scrape_interval: 15s", "scrape_interval: fifteen", "promtool check config failed (exit 1)"),
+    (PROM, "      key_file: /etc/prometheus/certs/prometheus.key\n", "",
+     "tls_config.key_file is required (the admin API asks for a client certificate)"),
+    (DASH, '"kafka_server_raft_metrics_current_epoch"', '"kafka_server_raft_metrics_current_epoc"',
+     "panel 'Epoch per node': kafka_server_raft_metrics_current_epoc is not a metric the broker exports"),
+    (DASH, '"kafka_server_raft_metrics_current_epoch"', '"up"', "panel 'Epoch per node': query 'up' names no broker metric"),
+    (DASH, '"kafka_server_raft_metrics_current_epoch"', '"rate(kafka_server_raft_metrics_current_epoch[5m]"',
+     "dashboards: a query is not valid PromQL (promtool check rules, exit 1)"),
+    (DASH, '"uid": "metalog-raft"', '"uid": metalog-raft', "not valid JSON"),
+    ("grafana/provisioning/datasources/prometheus.yml", "http://prometheus:9090", "http://localhost:9090",
+     "datasource 'Prometheus' url 'http://localhost:9090' must be http://prometheus:9090"),
+])
+def test_broken_monitoring_files_are_refused_with_the_reason(tmp_path, file, old, new, message):
+    d, mon = _monitoring_copy(tmp_path)
+    _edit(mon / file, old, new)
+    with pytest.raises(ComposeError) as err:
+        check_monitoring(parse_topology(d, str(tmp_path / "docker-compose.yml")))
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d["services"].pop("metrics-acl"), "no service grants User:prometheus Describe on the cluster"),
+    (lambda d: d["services"]["certs"]["command"].remove("prometheus"),
+     "service certs does not make the `prometheus` certificate"),
+    (lambda d: d["services"].pop("prometheus-certs"),
+     "no service copies the certificates from the brokers' volume (certs) into volume 'prometheus-certs'"),
+    (lambda d: d["services"]["prometheus"]["volumes"].__setitem__(0, "./monitoring/nothing.yml:/etc/prometheus/prometheus.yml:ro"),
+     "monitoring/nothing.yml does not exist"),
+    (lambda d: d["services"]["grafana"]["volumes"].pop(1),
+     "provider 'metalog' path /var/lib/grafana/dashboards is not a bind-mounted directory of the grafana service"),
+    (lambda d: d["configs"]["admin-client"].update(content="bootstrap: broker1:9091\ncluster_id: other\n"),
+     "service metrics-acl: client config 'admin-client': cluster_id 'other', the brokers run 'metalog-compose'"),
+    (lambda d: d["services"].pop("grafana"), "no `grafana` service (the metrics stack)"),
+])
+def test_broken_monitoring_services_are_refused_with_the_reason(tmp_path, mutate, message):
+    d, _ = _monitoring_copy(tmp_path)
+    mutate(d)
+    with pytest.raises(ComposeError) as err:
+        check_monitoring(parse_topology(d, str(tmp_path / "docker-compose.yml")))
+    assert message in str(err.value)

@@ -314,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      epilog="--debug (anywhere on the line): show the traceback of a failure")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    # Parsed by broker.main (tools.cli.main dispatches it); listed here for --help.
+    # Parsed by broker.main (tools/cli/__init__.py dispatches it); listed here for --help.
     sub.add_parser("broker", help="run one broker: metalog broker --config FILE [--set key=value ...] (--help-config: every key)",
                    add_help=False)
 
@@ -380,8 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    """Every command but ``metalog broker``, which tools.cli.main hands to the broker first."""
-    assert argv[:1] != ["broker"], "tools.cli.main dispatches `metalog broker`"
+    """Every command but ``metalog broker``, which tools/cli/__init__.py hands to the broker first."""
+    assert argv[:1] != ["broker"], "tools/cli/__init__.py dispatches `metalog broker`"
     # --debug may stand anywhere on the line: a failure then shows its traceback.
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]

@@ -11,7 +11,9 @@ ways without one:
   lists the same voters and every voter names a broker service by hostname
   and listen port; data and log live on a named, declared volume that no
   other broker mounts; the healthcheck requests ``/health`` on the admin port.
-  Any breach raises ``ComposeError`` naming the service and the key.
+  Any breach raises ``ComposeError`` naming the service and the key. The
+  metrics services (``prometheus``, ``grafana`` and their one-shot helpers)
+  are checked on top of this by ``tools.cluster.monitoring.check_monitoring``.
 
 * ``cluster_from_compose(path, root_dir)`` turns the broker services into a
   ``LocalCluster`` that runs the services' own command lines as local
