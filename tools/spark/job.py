@@ -4,6 +4,7 @@ snapshots (``snapshot``) and audit the replicas' logs (``audit``).
     metalog spark snapshot DATA_DIR... [--upto OFFSET] [--out DIR] [--master URL]
     metalog spark audit    DATA_DIR... [--hw OFFSET]
     metalog spark package  [--out metalog_code.zip]
+    metalog spark sql      "SELECT ..." [--out DIR] [--json]
     spark-submit tools/spark/job.py snapshot DATA_DIR ...
 
 Plan (details in docs/spark.md):
@@ -30,6 +31,10 @@ Plan (details in docs/spark.md):
    written with ``storage.snapshot.SnapshotWriter``: the broker's format and
    name. States at the offsets of the brokers' own snapshots are compared
    with those snapshots entity by entity (a distributed outer join).
+
+6. Queryable output (``tools.spark.tables``, ``tools.spark.plots``): Parquet
+   tables of the state at the HW, the committed history and the audit under
+   ``OUT/tables``, plots and ``report.html``; ``metalog spark sql`` queries them.
 
 Under spark-submit the session takes spark-submit's master and conf; run
 directly, the job starts the JVM itself (PYSPARK_SUBMIT_ARGS). The
