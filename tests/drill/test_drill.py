@@ -40,6 +40,9 @@ def test_short_drill_loses_nothing(tmp_path):
     assert report["converged"]["ok"]
     # the wiped follower came back from a snapshot (the leader's log start had moved past 0)
     assert all(w["rejoined"] and w["snapshot_seen"] for w in report["wipes"]), report["wipes"]
+    # inside the static quorum's fault model: every voter held the committed log when one was
+    # wiped, and the wiped voter caught up before the next fault
+    assert all(w["voters_caught_up_before"] and w["caught_up_after"] for w in report["wipes"]), report["wipes"]
     assert all(f["failover_ms"] is not None for f in report["failovers"]), report["failovers"]
     assert os.path.getsize(tmp_path / "report.png") > 10_000
     with open(tmp_path / "report.json") as f:

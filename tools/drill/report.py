@@ -88,7 +88,9 @@ def build_report(drill, out: dict) -> dict:
             wipes.append({"node": f.node, "ts": f.ts_start,
                           "rejoined": bool(later),
                           "snapshot_seen": any(s.snapshots > 0 for s in later),
-                          "log_start_after": max((s.log_start or 0 for s in later), default=None)})
+                          "log_start_after": max((s.log_start or 0 for s in later), default=None),
+                          "voters_caught_up_before": f.detail.get("voters_caught_up_before"),
+                          "caught_up_after": f.detail.get("wiped_caught_up")})
     return {
         "ok": res.ok and not out["problems"],
         "seed": drill.seed,
