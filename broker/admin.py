@@ -71,7 +71,7 @@ def quorum_view(broker: "Broker") -> dict:
         "fatal": broker.fatal,
     }
     describe = getattr(core, "describe_quorum", None)
-    if describe is not None and str(core.role) == "leader":
+    if describe is not None and core.is_leader:
         resp = describe(now_ms())
         view["replicas"] = {
             "voters": [_replica(r) for r in resp.voters],

@@ -33,7 +33,7 @@ class ConsistencyChecker:
         interval_s = b.cfg.storage.consistency_check_interval_ms / 1000
         while not b.stopping:
             await asyncio.sleep(interval_s)
-            if b.fatal is None and not b.stopping and str(b.core.role) == "leader":
+            if b.fatal is None and not b.stopping and b.core.is_leader:
                 await self.check_all()
 
     async def check_all(self) -> dict[int, str]:

@@ -279,7 +279,7 @@ class Broker:
             os.replace(report.path, report.path + ".corrupt")
         except FileNotFoundError:
             pass
-        if str(self.core.role) == "leader":
+        if self.core.is_leader:
             end = self.core.log_end_offset
             self._feed(qa.LogQuarantined(now_ms(), end, end))
 
@@ -826,7 +826,7 @@ class Broker:
     def _pump_commands(self) -> None:
         core = self.core
         answers, append = self.commands.pump(self.controller, LeaderView(
-            is_leader=str(core.role) == "leader", epoch=core.epoch, log_end_offset=core.log_end_offset,
+            is_leader=core.is_leader, epoch=core.epoch, log_end_offset=core.log_end_offset,
             leader_id=core.leader_id if core.leader_id is not None else m.NO_LEADER))
         self._send_answers(answers)
         if append is not None:
