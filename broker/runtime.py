@@ -51,7 +51,6 @@ from broker.consistency import LogDigest
 from broker.consistency_check import ConsistencyChecker
 from broker.controller_commands import CommandQueue, CommandToken, LeaderView
 from broker.gate import Gate
-from broker.idempotence import ProducerGuard, ProducerIdAllocator, refusal, validate_produce
 from broker.local_state import no_copy_message, recover_local_state
 from broker.metrics import IDLE_SAMPLE_S, BrokerMetrics, RaftView
 from broker.net import Connection, ListenerLimits, NetError, PeerPool, Server, serve
@@ -69,7 +68,6 @@ from storage.batch import CorruptBatchError
 from storage.epochs import EpochHistory, write_checkpoint
 from storage.errors import CorruptionReport, LogWriteError, StorageError
 from storage.group_commit import Arm, GroupCommit
-from storage.producer_state import Verdict
 from storage.log import SegmentedLog
 from storage.scrub import Scrubber
 from storage.snapshot import SnapshotStore
@@ -126,13 +124,6 @@ class Broker:
         # the connections' in-flight limits): answered KAFKA_STORAGE_ERROR if
         # the disk fails before the core acknowledges them.
         self._unanswered_produce: set = set()
-        # Idempotent produce (broker.idempotence): the producer state at the log
-        # end, the queued idempotent requests by token (each becomes its own
-        # batch), and the producer ids this node hands out while it leads.
-        self.producers = ProducerGuard(cfg.storage.producer_id_expiration_ms)
-        self._idempotent: dict[Any, m.ProduceRequest] = {}
-        self.producer_ids = ProducerIdAllocator()
-        self._producers_expired_at_ms = 0
         self.scrubber: Scrubber | None = None
         self._consistency_task: asyncio.Task | None = None
         self.stopped = asyncio.Event()
@@ -155,7 +146,6 @@ class Broker:
         local = recover_local_state(cfg, self.part_dir, self.log, self.metrics)
         self.seg_log, self.snapshots, self.controller = local.seg_log, local.snapshots, local.controller
         self.qs_file = local.qs_file
-        self._rebuild_producers()
         self.gate = Gate(enabled=self.authz_enabled, voters=frozenset(self.voters), super_users=self.super_users,
                          controller_state=lambda: self.controller.state, metrics=self.metrics, log=self.log)
         self.health_problems.update(local.health_problems)
@@ -264,7 +254,6 @@ class Broker:
             self._storage_failed(f"quarantine failed: {exc}", exc)
             return
         self.digest.truncate(self.seg_log.log_end_offset)
-        self._rebuild_producers()
         self.health_problems["quarantine"] = (
             f"log cut to {self.seg_log.log_end_offset} after corruption; not voting until the log "
             f"reaches {state.must_reach_offset} again")
@@ -413,7 +402,6 @@ class Broker:
                 # offline); the log itself holds no partial batch.
                 self._storage_failed(f"append failed: {exc}", exc)
                 return
-            self.producers.on_append(a.data)
             self.metrics.appended_bytes.inc(len(a.data))
             self.metrics.raft.on_append(self.core.is_leader, a.base_offset, a.next_offset)
             self.digest.append(a.data)
@@ -428,7 +416,6 @@ class Broker:
             assert a.end_offset >= self.controller.applied_offset, "truncating below applied (committed) records"
             self.seg_log.truncate_to(a.end_offset)
             self.digest.truncate(a.end_offset)
-            self._rebuild_producers()  # batches past the cut no longer count
         elif t is qa.WriteEpochCheckpoint:
             write_checkpoint(os.path.join(self.part_dir, "leader-epoch-checkpoint"), EpochHistory(a.entries))
         elif t is qa.WriteSnapshotChunk:
@@ -437,8 +424,6 @@ class Broker:
             failed = self.snapshot_work.install(a)
             if failed is not None:
                 self._follow_up.append(failed)  # the contract: before any other event
-            else:
-                self._rebuild_producers()  # the snapshot's producers, nothing after it
         elif t is qa.AdvanceLogStart:
             self.seg_log.advance_log_start(a.log_start_offset)
             self.digest.advance_start(a.log_start_offset)
@@ -477,7 +462,6 @@ class Broker:
             self._apply_committed(hw)
         if self.commands.runnable:
             self._pump_commands()
-        self._release_duplicates()
         self._schedule_timer()
 
     def _apply_committed(self, hw: int) -> None:
@@ -518,9 +502,8 @@ class Broker:
         message = f"storage error on broker {self.cfg.node_id}: {reason}"
         # Queued here, or handed to the core and not acknowledged (their batch
         # may not be durable): none of them will be acknowledged by this process.
-        tokens = self.group_commit.drop_all() + list(self._unanswered_produce) + self.producers.drop_parked()
+        tokens = self.group_commit.drop_all() + list(self._unanswered_produce)
         self._unanswered_produce.clear()
-        self._idempotent.clear()
         for conn, cid in tokens:
             conn.send_response(cid, m.ProduceResponse(error_code=Errors.KAFKA_STORAGE_ERROR, error_message=message))
         self._send_answers(self.commands.fail_all(Errors.KAFKA_STORAGE_ERROR, message))
@@ -632,8 +615,7 @@ class Broker:
         api_key = ApiKey(header.api_key)
         self.metrics.requests.labels(api=api_key.name).inc()
         token = (conn, header.correlation_id)
-        if self.storage_error is not None and api_key in (ApiKey.PRODUCE, ApiKey.CONTROLLER_COMMAND,
-                                                          ApiKey.INIT_PRODUCER_ID):
+        if self.storage_error is not None and api_key in (ApiKey.PRODUCE, ApiKey.CONTROLLER_COMMAND):
             conn.send_response(header.correlation_id, APIS[api_key][1](
                 error_code=Errors.KAFKA_STORAGE_ERROR,
                 error_message=f"storage error on broker {self.cfg.node_id}: {self.storage_error}"))
@@ -648,10 +630,9 @@ class Broker:
             if denial is not None:
                 self.gate.refuse(conn, header.correlation_id, api_key, denial)
                 return
-        if api_key in (ApiKey.PRODUCE, ApiKey.CONTROLLER_COMMAND, ApiKey.CONSISTENCY_CHECK,
-                       ApiKey.INIT_PRODUCER_ID):
+        if api_key in (ApiKey.PRODUCE, ApiKey.CONTROLLER_COMMAND, ApiKey.CONSISTENCY_CHECK):
             # The core runs the same check on every request it is handed; these
-            # the runtime batches or runs itself.
+            # three the runtime batches or runs itself.
             wrong_cluster = check_cluster_id(self.cfg.cluster_id, body, self.core.current_leader())
             if wrong_cluster is not None:
                 self.log.warning("inconsistent_cluster_id", api=api_key.name, got=body.cluster_id, peer=conn.peer)
@@ -670,8 +651,6 @@ class Broker:
             self._enqueue_produce(token, body)
         elif api_key is ApiKey.CONTROLLER_COMMAND:
             self._enqueue_command(token, body)
-        elif api_key is ApiKey.INIT_PRODUCER_ID:
-            self._init_producer_id(conn, header.correlation_id)
         elif api_key is ApiKey.CONSISTENCY_CHECK:
             conn.send_response(header.correlation_id, consistency.answer(
                 body, self.voters, self.core.flushed_end_offset, self.digest))
@@ -693,15 +672,6 @@ class Broker:
             conn.send_response(cid, m.ProduceResponse(error_code=Errors.INVALID_REQUEST,
                                                       error_message="a produce request needs at least one record"))
             return
-        problem = validate_produce(body)
-        if problem is not None:
-            conn, cid = token
-            conn.send_response(cid, m.ProduceResponse(error_code=Errors.INVALID_REQUEST, error_message=problem))
-            return
-        if body.producer_id >= 0:
-            # Judged against the producer state when its batch is formed
-            # (_flush_produce), after every batch queued before it.
-            self._idempotent[token] = body
         arm = self.group_commit.offer(token, body.records)
         if arm is Arm.APPEND_NOW:
             self._flush_produce()
@@ -719,100 +689,9 @@ class Broker:
         if batch is None:
             return
         waiters, records = batch
-        if self._idempotent:
-            waiters, records = self._append_idempotent(waiters, records)
-            if not waiters:
-                return
         self._unanswered_produce.update(token for token, _n in waiters)
         self.metrics.appended_records.inc(len(records))
         self._step(qa.ClientAppend(now_ms(), waiters, records, wall_clock_ms()))
-
-    # ------------------------------------------------- idempotent produce
-    def _append_idempotent(self, waiters: list, records: list[bytes]) -> tuple[list, list[bytes]]:
-        """Append each idempotent request of a group-commit batch as its own
-        batch (its producer fields go into the header), in queue order, each
-        judged against the producer state after the ones before it were
-        appended. Returns the plain requests' waiters and records."""
-        plain_waiters: list = []
-        plain_records: list[bytes] = []
-        pos = 0
-        for token, n in waiters:
-            recs = records[pos:pos + n]
-            pos += n
-            body = self._idempotent.pop(token, None)
-            if body is None:
-                plain_waiters.append((token, n))
-                plain_records.extend(recs)
-                continue
-            self._append_one_idempotent(token, body)
-        return plain_waiters, plain_records
-
-    def _append_one_idempotent(self, token, body: m.ProduceRequest) -> None:
-        conn, cid = token
-        core = self.core
-        if self.fatal is not None or core is None:
-            conn.send_response(cid, m.ProduceResponse(error_code=Errors.BROKER_NOT_AVAILABLE))
-            return
-        if not core.is_leader:
-            # The core answers NOT_LEADER_OR_FOLLOWER with the current leader.
-            self._step(qa.ClientAppend(now_ms(), [(token, len(body.records))], list(body.records), wall_clock_ms()))
-            return
-        check = self.producers.check(body, wall_clock_ms())
-        if check.verdict is Verdict.APPEND:
-            self._unanswered_produce.add(token)
-            self.metrics.appended_records.inc(len(body.records))
-            self._step(qa.ClientAppend(now_ms(), [(token, len(body.records))], list(body.records),
-                                       wall_clock_ms(), producer=(body.producer_id, body.producer_epoch,
-                                                                  body.base_sequence)))
-        elif check.verdict is Verdict.DUPLICATE:
-            self.log.info("produce_duplicate", producer_id=body.producer_id, producer_epoch=body.producer_epoch,
-                          base_sequence=body.base_sequence, original_base_offset=check.original.base_offset)
-            if not self.producers.park_duplicate(token, check.original):
-                conn.send_response(cid, m.ProduceResponse(error_code=Errors.REQUEST_TIMED_OUT,
-                                                          error_message="too many duplicate produces waiting"))
-                return
-            self._release_duplicates()
-        else:
-            self.log.warning("produce_refused", producer_id=body.producer_id, verdict=check.verdict.value,
-                             reason=check.message)
-            conn.send_response(cid, refusal(check))
-
-    def _release_duplicates(self) -> None:
-        core = self.core
-        for (conn, cid), response in self.producers.release(core.high_watermark, core.is_leader,
-                                                            core.current_leader()):
-            conn.send_response(cid, response)
-        now = wall_clock_ms()
-        if now - self._producers_expired_at_ms >= 60_000:  # memory only: check() ignores expired ones anyway
-            self._producers_expired_at_ms = now
-            self.producers.table.expire(now)
-            self.controller.state.producers.expire(now)
-
-    def _init_producer_id(self, conn: Connection, correlation_id: int) -> None:
-        """InitProducerId: a new id from this leader's epoch (broker.idempotence)."""
-        core = self.core
-        if not core.is_leader:
-            conn.send_response(correlation_id, m.InitProducerIdResponse(
-                error_code=Errors.NOT_LEADER_OR_FOLLOWER, current_leader=core.current_leader(),
-                error_message=f"node {self.cfg.node_id} is not the leader"))
-            return
-        conn.send_response(correlation_id, self.producer_ids.allocate(core.epoch, core.current_leader()))
-
-    def _rebuild_producers(self) -> None:
-        """The producer state at the log end: the controller's committed copy
-        plus the log after it (after a start, a truncation, a snapshot install)."""
-        log = self.seg_log
-        try:
-            self.producers.rebuild(
-                self.controller.state.producers,
-                # Headers are all it needs: the CRCs are the scrubber's, fetch's and apply's job.
-                lambda offset: log.read(max(offset, log.log_start_offset), log.log_end_offset, 1 << 20,
-                                        verify=False),
-                log.log_end_offset)
-        except CorruptBatchError as exc:
-            # A damaged header: the usual reaction (quarantine, re-fetch); that
-            # cut rebuilds the table again from what is left.
-            self._on_corruption(exc.report, "producer_state")
 
     # ------------------------------------------------- controller commands
     def _enqueue_command(self, token, body: m.ControllerCommandRequest) -> None:

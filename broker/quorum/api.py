@@ -105,10 +105,6 @@ class ClientAppend:
     waiters: list[AppendWaiter]  # in the order of their records
     records: list[bytes]
     wall_clock_ms: int = -1  # see Tick
-    # Idempotent produce (KIP-98): (producer id, producer epoch, base sequence)
-    # for the batch header; then exactly one waiter. The driver has checked
-    # the sequence against its producer state; the core only records it.
-    producer: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -438,18 +438,14 @@ class QuorumCore:
 
     def _on_client_append(self, ev: ClientAppend, now: int) -> None:
         self._learn_wall_clock(ev.wall_clock_ms, now)
-        self.client_append(now, ev.waiters, ev.records, ev.producer)
+        self.client_append(now, ev.waiters, ev.records)
 
-    def client_append(self, now: int, waiters: list[AppendWaiter], records: list[bytes],
-                      producer: tuple[int, int, int] | None = None) -> None:
+    def client_append(self, now: int, waiters: list[AppendWaiter], records: list[bytes]) -> None:
         total = sum(n for _, n in waiters)
         if total != len(records) or any(n <= 0 for _, n in waiters):
             raise ValueError(
                 f"ClientAppend waiters count {total} records in total but {len(records)} were given")
-        if producer is not None and (len(waiters) != 1 or producer[0] < 0 or producer[1] < 0 or producer[2] < 0):
-            raise ValueError(f"an idempotent ClientAppend has one waiter and a valid producer, got "
-                             f"{len(waiters)} waiter(s) and {producer}")
-        self.state.client_append(waiters, records, now, producer)
+        self.state.client_append(waiters, records, now)
 
     def _on_flush(self, ev: FlushCompleted, now: int) -> None:
         if self.log.on_flushed(ev.flushed_end_offset):

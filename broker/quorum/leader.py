@@ -118,17 +118,14 @@ class LeaderState(NotifyingRole, RoleState):
 
     # -- writes and the high watermark ---------------------------------------
 
-    def client_append(self, waiters: list, records: list[bytes], now: int,
-                      producer: tuple[int, int, int] | None = None) -> None:
+    def client_append(self, waiters: list, records: list[bytes], now: int) -> None:
         core = self.core
         if core.shutting_down:
             super().client_append(waiters, records, now)
             return
         base = core.log.log_end_offset
         epoch = self.epoch
-        pid, pepoch, seq = producer if producer is not None else (-1, -1, -1)
-        batch = encode_batch(base, epoch, records, core.timestamp(now), producer_id=pid,
-                             producer_epoch=pepoch, base_sequence=seq)
+        batch = encode_batch(base, epoch, records, core.timestamp(now))
         offset = base
         for token, n in waiters:
             self.waiters.append(ProduceWaiter(offset + n, token, offset, epoch))

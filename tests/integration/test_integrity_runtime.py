@@ -55,6 +55,21 @@ def rewrite_batch(path: str, pick, mutate) -> int:
     raise AssertionError(f"no batch to rewrite in {path}")
 
 
+async def produce_and_catch_up_a_follower(cluster, leader: int, values: list[bytes]):
+    """Produce `values` (acknowledged), then wait until a follower's HW reaches
+    the cluster's: (acked, hw, that follower's id)."""
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=5000)
+    try:
+        acked = await produce_all(client, values, concurrency=8)
+        hw = (await client.metadata()).high_watermark
+    finally:
+        await client.close()
+    victim = next(n for n in cluster.nodes if n != leader)
+    await asyncio.to_thread(cluster.wait_for, lambda: (cluster.quorum(victim) or {}).get("high_watermark", -1) >= hw,
+                            20, "the follower to reach the HW")
+    return acked, hw, victim
+
+
 async def test_an_error_applying_committed_records_is_one_fatal_event_and_exit_4(make_cluster):
     """A committed batch whose CRC is valid but whose records the controller
     cannot decode (the first record's length runs past the batch): the follower
@@ -63,15 +78,8 @@ async def test_an_error_applying_committed_records_is_one_fatal_event_and_exit_4
     on stderr; the other brokers keep every acknowledged record."""
     cluster = make_cluster(voters=3, **FAST)
     leader, _ = await asyncio.to_thread(cluster.wait_for_leader, 20)
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=5000)
-    try:
-        acked = await produce_all(client, [f"v-{i:04d}".encode() for i in range(200)], concurrency=8)
-        hw = (await client.metadata()).high_watermark
-    finally:
-        await client.close()
-    victim = next(n for n in cluster.nodes if n != leader)
-    await asyncio.to_thread(cluster.wait_for, lambda: (cluster.quorum(victim) or {}).get("high_watermark", -1) >= hw,
-                            20, "the follower to reach the HW")
+    acked, hw, victim = await produce_and_catch_up_a_follower(
+        cluster, leader, [f"v-{i:04d}".encode() for i in range(200)])
     assert cluster.stop_node(victim) == 0
 
     def bad_length(raw: bytearray) -> None:
@@ -157,15 +165,8 @@ async def test_a_replica_whose_committed_data_differs_raises_the_divergence_alar
     leader and the other follower still hold every acknowledged record."""
     cluster = make_cluster(voters=3, segment_bytes_max=4096, consistency_check_interval_ms=300, **FAST)
     leader, _ = await asyncio.to_thread(cluster.wait_for_leader, 20)
-    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=5000)
-    try:
-        acked = await produce_all(client, [f"d-{i:05d}".encode() * 4 for i in range(600)], concurrency=8)
-        hw = (await client.metadata()).high_watermark
-    finally:
-        await client.close()
-    victim = next(n for n in cluster.nodes if n != leader)
-    await asyncio.to_thread(cluster.wait_for, lambda: (cluster.quorum(victim) or {}).get("high_watermark", -1) >= hw,
-                            20, "the follower to reach the HW")
+    acked, hw, victim = await produce_and_catch_up_a_follower(
+        cluster, leader, [f"d-{i:05d}".encode() * 4 for i in range(600)])
     assert not [x for x in cluster.read_log_lines(leader) if x.get("event") == "divergence_detected"]
     assert cluster.stop_node(victim) == 0
     segs = segments(cluster.data_dir(victim))
