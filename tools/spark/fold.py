@@ -331,61 +331,84 @@ def fold_partition(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequenc
     def fence(offset: int, bid: int) -> None:
         """controller.py's FenceBroker expansion for this partition (cur touches bid)."""
         nonlocal cur
-        isr = tuple(x for x in cur.isr if x != bid) or cur.isr
-        leader = cur.leader
+        old_isr = cur.isr
+        isr = tuple([x for x in old_isr if x != bid]) or old_isr
+        leader = old_leader = cur.leader
         if leader == bid:
             leader = r.NO_LEADER
             for x in cur.replicas:
                 if x in isr and brokers.usable(x, offset):
                     leader = x
                     break
-        if isr == cur.isr and leader == cur.leader:
+        if isr == old_isr and leader == old_leader:
             return
         cur = _replace(cur, isr=isr, leader=leader,
-                       leader_epoch=cur.leader_epoch + (leader != cur.leader),
+                       leader_epoch=cur.leader_epoch + (leader != old_leader),
                        partition_epoch=cur.partition_epoch + 1)
 
     ci = 0
     pos = -1  # every event at or below pos is applied
+    # The next fence that touches cur: among the brokers in its ISR and its
+    # leader, the smallest fence offset above pos. nxt[bid] indexes bid's fence
+    # list at or just below that point (corrected forward lazily: pos only
+    # grows), so a record that leaves the candidates alone costs no bisection.
+    # A valid partition's leader is in its ISR or NO_LEADER (_partition_problem,
+    # and a fence keeps it so), so the brokers in the ISR are all the candidates.
+    nxt: dict[int, int] = {}
+    nxt_at: dict[int, int] = {}  # bid -> fences[bid][nxt[bid]] (or never)
+    never = 1 << 63
+    next_at, next_bid = never, -1
+
+    def refresh() -> None:
+        """Recompute (next_at, next_bid) for the current cur and pos."""
+        nonlocal next_at, next_bid
+        best, best_bid = never, -1
+        if cur is not None:
+            for bid in cur.isr:
+                at = nxt_at.get(bid)
+                if at is None or at <= pos:
+                    fl = fences.get(bid)
+                    if fl is None:
+                        nxt_at[bid] = never
+                        continue
+                    i = nxt[bid] = bisect_right(fl, pos, nxt.get(bid, 0))
+                    at = nxt_at[bid] = fl[i] if i < len(fl) else never
+                if at < best:
+                    best, best_bid = at, bid
+        next_at, next_bid = best, best_bid
 
     def fences_before(upto: int) -> None:
         """Apply, in offset order, the fences in (pos, upto) that touch cur. A fence
-        only shrinks the ISR or moves the leader into it, so the candidates found
-        first stay a superset; each keeps an index into its fence list."""
+        only shrinks the ISR or moves the leader into it, so after each one the
+        next is looked up among the (fewer) brokers it still touches."""
         nonlocal ci, pos
-        if cur is None:
-            return
-        nxt: dict[int, int] = {}
-        for bid in (*cur.isr, cur.leader):
-            fl = fences.get(bid)
-            if fl and bid not in nxt:
-                nxt[bid] = bisect_right(fl, pos)
-        while cur is not None:
-            best = best_bid = None
-            for bid in (*cur.isr, cur.leader):
-                i = nxt.get(bid)
-                if i is not None:
-                    fl = fences[bid]
-                    if i < len(fl) and fl[i] < upto and (best is None or fl[i] < best):
-                        best, best_bid = fl[i], bid
-            if best is None:
-                return
-            ci = _emit_cuts(cuts, ci, best, emit)
-            fence(best, best_bid)
-            nxt[best_bid] += 1
-            pos = best
+        while next_at < upto:
+            at, bid = next_at, next_bid
+            if ci < n_cuts and cuts[ci] <= at:
+                ci = _emit_cuts(cuts, ci, at, emit)
+            fence(at, bid)
+            i = nxt[bid] = nxt[bid] + 1
+            fl = fences[bid]
+            nxt_at[bid] = fl[i] if i < len(fl) else never
+            pos = at
+            refresh()
 
+    n_cuts = len(cuts)
     for offset, rec in events:
-        fences_before(min(offset, limit))
-        ci = _emit_cuts(cuts, ci, offset, emit)
+        if next_at < offset:
+            fences_before(min(offset, limit))
+        if ci < n_cuts and cuts[ci] <= offset:
+            ci = _emit_cuts(cuts, ci, offset, emit)
         pos = offset
         if rec is None:  # the topic was removed
             cur = None
+            next_at = never
         elif type(rec) is Partition:
             if not topics.id_live(tid, offset) or _partition_problem(rec):
                 invalid += 1
                 continue
             cur = rec
+            refresh()
         else:
             assert type(rec) is PartitionChange, type(rec)
             if cur is None:
@@ -403,6 +426,7 @@ def fold_partition(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequenc
                 invalid += 1
                 continue
             cur = new
+            refresh()
     fences_before(limit)
     _emit_cuts(cuts, ci, 1 << 62, emit)
     return states, invalid
