@@ -318,6 +318,7 @@ def fold_partition(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequenc
     events.sort(key=lambda e: e[0])
     fences = brokers.fences
     bisect_right = bisect.bisect_right
+    usable = brokers.usable
     Partition, PartitionChange = r.Partition, r.PartitionChange
 
     cur: r.Partition | None = None
@@ -327,24 +328,6 @@ def fold_partition(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequenc
     def emit(cut: int) -> None:
         if cur is not None:
             states.append(StateRow(cut, SEC_PARTITION, tid, pid, "", "", r.encode_record(cur)))
-
-    def fence(offset: int, bid: int) -> None:
-        """controller.py's FenceBroker expansion for this partition (cur touches bid)."""
-        nonlocal cur
-        old_isr = cur.isr
-        isr = tuple([x for x in old_isr if x != bid]) or old_isr
-        leader = old_leader = cur.leader
-        if leader == bid:
-            leader = r.NO_LEADER
-            for x in cur.replicas:
-                if x in isr and brokers.usable(x, offset):
-                    leader = x
-                    break
-        if isr == old_isr and leader == old_leader:
-            return
-        cur = _replace(cur, isr=isr, leader=leader,
-                       leader_epoch=cur.leader_epoch + (leader != old_leader),
-                       partition_epoch=cur.partition_epoch + 1)
 
     ci = 0
     pos = -1  # every event at or below pos is applied
@@ -381,12 +364,25 @@ def fold_partition(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequenc
         """Apply, in offset order, the fences in (pos, upto) that touch cur. A fence
         only shrinks the ISR or moves the leader into it, so after each one the
         next is looked up among the (fewer) brokers it still touches."""
-        nonlocal ci, pos
+        nonlocal ci, pos, cur
         while next_at < upto:
             at, bid = next_at, next_bid
             if ci < n_cuts and cuts[ci] <= at:
                 ci = _emit_cuts(cuts, ci, at, emit)
-            fence(at, bid)
+            # controller.py's FenceBroker expansion for this partition (bid is in its ISR).
+            old_isr = cur.isr
+            isr = tuple([x for x in old_isr if x != bid]) or old_isr
+            leader = old_leader = cur.leader
+            if leader == bid:
+                leader = r.NO_LEADER
+                for x in cur.replicas:
+                    if x in isr and usable(x, at):
+                        leader = x
+                        break
+            if isr != old_isr or leader != old_leader:
+                cur = _replace(cur, isr=isr, leader=leader,
+                               leader_epoch=cur.leader_epoch + (leader != old_leader),
+                               partition_epoch=cur.partition_epoch + 1)
             i = nxt[bid] = nxt[bid] + 1
             fl = fences[bid]
             nxt_at[bid] = fl[i] if i < len(fl) else never
