@@ -31,7 +31,9 @@ APIS: dict[ApiKey, tuple[type[m.Body], type[m.Body], int, int]] = {
     ApiKey.METADATA: (m.MetadataRequest, m.MetadataResponse, 0, 0),
     ApiKey.API_VERSIONS: (m.ApiVersionsRequest, m.ApiVersionsResponse, 0, 0),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: (m.OffsetsForLeaderEpochRequest, m.OffsetsForLeaderEpochResponse, 0, 0),
-    ApiKey.VOTE: (m.VoteRequest, m.VoteResponse, 0, 0),
+    # Vote: versions as Kafka numbers them. v1 is KIP-853's (directory ids:
+    # not carried yet, so its body is v0's); v2 adds pre_vote (KIP-996).
+    ApiKey.VOTE: (m.VoteRequest, m.VoteResponse, 0, 2),
     ApiKey.BEGIN_QUORUM_EPOCH: (m.BeginQuorumEpochRequest, m.BeginQuorumEpochResponse, 0, 0),
     ApiKey.END_QUORUM_EPOCH: (m.EndQuorumEpochRequest, m.EndQuorumEpochResponse, 0, 0),
     ApiKey.DESCRIBE_QUORUM: (m.DescribeQuorumRequest, m.DescribeQuorumResponse, 0, 0),
@@ -41,3 +43,23 @@ APIS: dict[ApiKey, tuple[type[m.Body], type[m.Body], int, int]] = {
 }
 
 REQUEST_API_KEY: dict[type[m.Body], ApiKey] = {req: key for key, (req, _, _, _) in APIS.items()}
+
+# The first version of an api whose body may carry a field (older versions
+# must not: a peer that only knows them would drop it silently).
+VOTE_PRE_VOTE_VERSION = 2
+
+
+def request_version(body: m.Body) -> int:
+    """The version a request is sent with: the lowest that carries what the
+    body says, so that peers of an older build still read every request
+    they can (a real Vote stays version 0)."""
+    if type(body) is m.VoteRequest and body.pre_vote:
+        return VOTE_PRE_VOTE_VERSION
+    return 0
+
+
+def version_problem(api_version: int, body: m.Body) -> str | None:
+    """None, or why `body` cannot travel under `api_version`."""
+    if api_version < request_version(body):
+        return f"pre_vote needs Vote version {VOTE_PRE_VOTE_VERSION}, the request says version {api_version}"
+    return None

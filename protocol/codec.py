@@ -47,7 +47,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from protocol import messages as m
-from protocol.apis import APIS, ApiKey
+from protocol.apis import APIS, ApiKey, request_version, version_problem
 
 LENGTH = struct.Struct(">i")
 LENGTH_SIZE = LENGTH.size
@@ -177,9 +177,12 @@ _ERROR_DECODER = decoder_for(m.ErrorResponse)
 
 
 def encode_request(
-    api_key: int, correlation_id: int, client_id: str | None, body: m.Body, api_version: int = 0
+    api_key: int, correlation_id: int, client_id: str | None, body: m.Body, api_version: int | None = None
 ) -> bytes:
-    """One whole request frame, length prefix included."""
+    """One whole request frame, length prefix included; the version defaults
+    to the lowest that carries the body (``protocol.apis.request_version``)."""
+    if api_version is None:
+        api_version = request_version(body)
     if client_id is None:
         cid = b""
         cid_len = -1
@@ -250,6 +253,9 @@ def decode_request(frame: bytes) -> tuple[RequestHeader, m.Body]:
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         name = ApiKey(header.api_key).name
         raise BodyDecodeError(header, f"undecodable {name} request body: {exc}") from None
+    problem = version_problem(header.api_version, body)
+    if problem is not None:
+        raise BodyDecodeError(header, problem)
     return header, body
 
 

@@ -92,10 +92,15 @@ class ApiVersionsResponse(Body):
 
 class VoteRequest(Body):
     cluster_id: str
-    candidate_epoch: int
+    candidate_epoch: int  # a pre-vote names the epoch it would stand in (its own + 1)
     candidate_id: int
     last_offset_epoch: int
     last_offset: int  # the candidate's log end offset
+    # Version 2 (KIP-996, Kafka's PreVote): only asks whether the voter would
+    # vote; it records nothing. Sent as version 2 (protocol.apis.request_version)
+    # so that a peer that knows only version 0 answers UNSUPPORTED_VERSION
+    # instead of reading it as a real vote (msgpack arrays drop extra fields).
+    pre_vote: bool = False
 
 
 class VoteResponse(Body):

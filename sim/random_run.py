@@ -27,7 +27,7 @@ import os
 import random
 from dataclasses import dataclass, field
 
-from sim.cluster import SimCluster, SimConfig, SimNode
+from sim.cluster import SimCluster, SimConfig, SimNode, role_name
 from sim.invariants import check_final
 from sim.network import NetworkConfig
 
@@ -47,6 +47,9 @@ class RunResult:
     acked_records: int
     final_hw: int
     failover_samples: list[tuple[int, bool, bool]] = field(default_factory=list)  # (ms, clean?, silent?)
+    # One per watched isolation of a follower (see RandomRun._watch_rejoin):
+    # (epochs bumped in the window, healed within it?, lossless network?)
+    rejoin_samples: list[tuple[int, bool, bool]] = field(default_factory=list)
     faults: dict[str, int] = field(default_factory=dict)
 
 
@@ -70,6 +73,8 @@ class RandomRun:
         self.fault_counts: dict[str, int] = {}
         self.faults_on = True
         self.client_on = True
+        self.rejoin_watches: list[list] = []  # open RejoinNoEpochBump windows (see _watch_rejoin)
+        self.rejoin_samples: list[tuple[int, bool, bool]] = []
 
     # ------------------------------------------------------------ workload
     def client_tick(self) -> None:
@@ -95,6 +100,8 @@ class RandomRun:
         kinds = [k for k, _ in FAULT_WEIGHTS]
         weights = [w for _, w in FAULT_WEIGHTS]
         kind = self.rng.choices(kinds, weights)[0]
+        for w in list(self.rejoin_watches):
+            self._close_rejoin(w)  # another fault strikes: judge the window as it stands
         c.note_fault()
         if getattr(self, "fault_" + kind)():
             self.fault_counts[kind] = self.fault_counts.get(kind, 0) + 1
@@ -207,10 +214,57 @@ class RandomRun:
     def _isolate(self, n: SimNode | None) -> bool:
         if n is None:
             return False
+        watch = self._watch_rejoin(n)
         self.cluster.network.isolate(n.node_id)
         self.cluster.trace(f"n{n.node_id} isolated")
-        self._later(500, 5000, lambda: self._heal(n.node_id))
+
+        def heal() -> None:
+            self._heal(n.node_id)
+            if watch is not None and watch in self.rejoin_watches:
+                watch[2] = True
+                # Watch until a fetch timeout after the heal: a disruptive
+                # rejoin shows at once (its higher epoch reaches the others).
+                self.cluster.schedule(self.cluster.now_ms + self.cluster.quorum_config(n.node_id).fetch_timeout_ms,
+                                      "call", lambda: self._close_rejoin(watch))
+        self._later(500, 5000, heal)
         return True
+
+    def _watch_rejoin(self, n: SimNode) -> list | None:
+        """Invariant RejoinNoEpochBump (KIP-996): a follower isolated while
+        the rest of the cluster is healthy -- a leader, every voter up and
+        following it in its epoch, nothing else isolated or cut -- bumps no
+        epoch, neither while cut off nor when it rejoins. The window runs
+        from the isolation to a fetch timeout after the heal, or to the next
+        fault, whichever comes first (the epochs are compared just before
+        that fault strikes). Checked on lossless networks; with random loss a
+        majority follower may legitimately time out in the window (counted,
+        not failed)."""
+        c = self.cluster
+        leader = c.current_leader()
+        healthy = (leader is not None and leader is not n and n.is_voter and n.alive and not n.paused
+                   and all(o.alive and not o.paused and o.core.epoch == leader.core.epoch
+                           and (o is leader or role_name(o.core) == "follower")
+                           for o in c.nodes.values() if o.is_voter)
+                   and not c.network.isolated and not c.network.cuts
+                   and c.network.config.drop_probability == self.base_drop and not self.rejoin_watches)
+        if not healthy:
+            return None
+        watch = [n.node_id, leader.core.epoch, False]  # node, epoch at isolation, healed yet?
+        self.rejoin_watches.append(watch)
+        return watch
+
+    def _close_rejoin(self, watch: list) -> None:
+        if watch not in self.rejoin_watches:
+            return
+        self.rejoin_watches.remove(watch)
+        node_id, epoch, healed = watch
+        c = self.cluster
+        bumped = max(o.core.epoch for o in c.nodes.values() if o.alive) - epoch
+        lossless = self.base_drop == 0
+        self.rejoin_samples.append((bumped, healed, lossless))
+        if lossless and bumped > 0:
+            c.fail(f"RejoinNoEpochBump: n{node_id} was isolated from a healthy cluster in epoch {epoch} "
+                   f"and {bumped} epoch(s) were bumped {'after it rejoined' if healed else 'while it was cut off'}")
 
     def _heal(self, node_id: int | None) -> None:
         self.cluster.network.heal(node_id)
@@ -254,6 +308,8 @@ class RandomRun:
         c.run_until(self.duration_ms)
         # Heal everything, restart the dead, resume the paused; then settle.
         self.faults_on = False
+        for w in list(self.rejoin_watches):
+            self._close_rejoin(w)
         self.cluster.network.config.drop_probability = self.base_drop
         self._heal(None)
         for n in c.nodes.values():
@@ -267,7 +323,8 @@ class RandomRun:
         check_final(c)
         leader = c.current_leader()
         return RunResult(self.seed, c.trace_hash, c.events_processed, len(c.acks),
-                         leader.core.high_watermark, list(c.failover_samples), dict(self.fault_counts))
+                         leader.core.high_watermark, list(c.failover_samples), faults=dict(self.fault_counts),
+                         rejoin_samples=list(self.rejoin_samples))
 
     def _settled(self) -> bool:
         c = self.cluster

@@ -10,7 +10,9 @@ voters were up and reachable and no other fault started in between. All
 samples (including overlapped faults) are reported too, and clean crashes
 split by kind: a killed process (its host resets the connections: followers
 notice at once) or a lost host (silence: followers wait out the fetch
-timeout). Default timeouts: election 1000 ms, fetch 2000 ms.
+timeout). Default timeouts: election 1000 ms, fetch 1000 ms. Then the
+RejoinNoEpochBump windows (a follower isolated from a healthy cluster; see
+sim/random_run.py): how many, and in how many an epoch was bumped.
 """
 
 from __future__ import annotations
@@ -25,15 +27,16 @@ from sim.invariants import Violation
 from sim.random_run import run_seed
 
 
-def _one(args: tuple[int, int, bool]) -> tuple[int, str | None, list[tuple[int, bool, bool]], int]:
+def _one(args: tuple[int, int, bool]) -> tuple[int, str | None, list[tuple[int, bool, bool]], int,
+                                                list[tuple[int, bool, bool]]]:
     seed, duration_ms, snapshots = args
     try:
         r = run_seed(seed, duration_ms=duration_ms, snapshots=snapshots)
-        return seed, None, r.failover_samples, r.events
+        return seed, None, r.failover_samples, r.events, r.rejoin_samples
     except Violation as v:
-        return seed, str(v), [], 0
+        return seed, str(v), [], 0, []
     except Exception as exc:  # a crash of the harness or the core is a failure too
-        return seed, f"SIM_SEED={seed} exception: {exc!r}\n{traceback.format_exc()}", [], 0
+        return seed, f"SIM_SEED={seed} exception: {exc!r}\n{traceback.format_exc()}", [], 0, []
 
 
 def percentile(values: list[int], p: float) -> int:
@@ -59,10 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     clean_kill: list[int] = []
     clean_silent: list[int] = []
     every: list[int] = []
+    rejoins: list[tuple[int, bool, bool]] = []
     events = 0
     with multiprocessing.Pool(args.workers) as pool:
-        for i, (seed, err, samples, n_events) in enumerate(pool.imap_unordered(_one, jobs, chunksize=4), 1):
+        for i, (seed, err, samples, n_events, rejoin) in enumerate(pool.imap_unordered(_one, jobs, chunksize=4), 1):
             events += n_events
+            rejoins.extend(rejoin)
             if err is not None:
                 failures.append((seed, err))
                 print(err.splitlines()[0], file=sys.stderr, flush=True)
@@ -91,6 +96,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"p50={percentile(xs, 50)} ms p99={percentile(xs, 99)} ms max={max(xs)} ms")
         else:
             print(f"failover, {name}: no samples")
+    lossless = [(b, healed) for b, healed, no_loss in rejoins if no_loss]
+    lossy = [b for b, _, no_loss in rejoins if not no_loss]
+    print(f"follower isolated from a healthy cluster (RejoinNoEpochBump): {len(rejoins)} windows, "
+          f"{sum(1 for _, h, _ in rejoins if h)} healed within; epoch bumped in "
+          f"{sum(1 for b, _ in lossless if b)} of {len(lossless)} lossless (checked) and "
+          f"{sum(1 for b in lossy if b)} of {len(lossy)} lossy")
     return 1 if failures else 0
 
 

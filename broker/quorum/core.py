@@ -13,8 +13,9 @@ the current role object (``broker.quorum.roles``), in the manner of Kafka's
 QuorumState. Where things live:
 
 * ``roles``: the Role enum, the base role, the table of allowed transitions;
-* ``election``: unattached, voted, candidate (vote tally), resigned, and the
-  Vote / BeginQuorumEpoch / EndQuorumEpoch answers;
+* ``election``: unattached, voted, prospective (pre-vote tally), candidate
+  (vote tally), resigned, and the Vote / BeginQuorumEpoch / EndQuorumEpoch
+  answers;
 * ``leader`` (HW, appends, check-quorum, log start), ``leader_reads`` (Fetch,
   parking, FetchSnapshot, OffsetsForLeaderEpoch, ListOffsets), ``progress``
   (per-replica state, parked fetches, produce waiters), ``notify``;
@@ -26,7 +27,11 @@ QuorumState. Where things live:
 What it implements, and where the rule comes from:
 
 * Election (KIP-595 as built in Kafka's KafkaRaftClient): roles unattached,
-  voted, candidate, leader, follower, resigned; non-voters are observers.
+  voted, prospective, candidate, leader, follower, resigned; non-voters are
+  observers. Pre-vote (KIP-996, Kafka 4.0): a voter first asks for pre-votes
+  in epoch + 1 without bumping or persisting anything, and stands only with a
+  majority of them; a voter that heard from its leader within the fetch
+  timeout refuses, so a node cut off by a partition bumps no epoch.
   One persisted vote per epoch, granted only to a log at least as up to date
   (last epoch, end offset). Randomized election timeout T + rand(T), binary
   exponential backoff after a lost election, fetch timeout on followers,
@@ -60,7 +65,11 @@ in docs/simulation.md):
   leader times out instead and keeps the full fetch timeout, so this never
   disrupts a live leader; a transient reset is forgotten at the next answer.
   Safety never depends on timing. A leader whose host vanishes silently is
-  still noticed only after fetch_timeout_ms (p50 about 2 s).
+  noticed after fetch_timeout_ms, 1000 ms by default (Kafka: 2000): with
+  pre-vote a follower's false alarm bumps no epoch, so it may be short.
+* The followers of a vanished leader time out together and grant each
+  other's pre-votes; one that granted another's lately stands after a random
+  0..election_timeout_ms / 4 instead of at once, so they do not split the vote.
 * An epoch older than the leader's history (cut at its log-start snapshot) is
   answered with that snapshot's id, as KRaft's KafkaMetadataLog does; the
   follower then fetches and is sent the snapshot instead of truncating.
@@ -94,7 +103,7 @@ from broker.quorum.api import (
     StallReads,
     Tick,
 )
-from broker.quorum.election import CandidateState, ResignedState, UnattachedState, VotedState
+from broker.quorum.election import CandidateState, ProspectiveState, ResignedState, UnattachedState, VotedState
 from broker.quorum.env import Environment
 from broker.quorum.follower import FollowerState
 from broker.quorum.leader import LeaderState
@@ -145,6 +154,13 @@ class QuorumCore:
         self._wall_minus_now_ms = 0  # wall clock - now_ms, from Tick/ClientAppend
         self.election_retries = 0  # elections stood since we last had a leader (backoff exponent)
         self.read_stall_until_ms = 0  # StallReads
+        # KIP-996: when we last heard from the leader of our epoch (a good
+        # fetch-loop answer, a BeginQuorumEpoch); a voter that has, within the
+        # fetch timeout, refuses pre-votes. (epoch, now_ms); epoch -1: never.
+        self._leader_contact: tuple[int, int] = (-1, 0)
+        # When we last granted someone's pre-vote: (epoch, now_ms); see
+        # ProspectiveState._won.
+        self._pre_vote_granted: tuple[int, int] = (-1, 0)
         self.appended_this_step = False
         self._persist_on_boot = False
         self.state: RoleState = self._state_from_disk(quorum_state)
@@ -327,8 +343,10 @@ class QuorumCore:
         assert new.epoch >= old.epoch, f"epoch would go back from {old.epoch} to {new.epoch}"
         if (old.role, new.role) in MEMORY_TRANSITIONS:
             assert self.election_state(new) == self.election_state(old)
-        else:
+        elif self.election_state(new) != self.election_state(old):
             self._persist(new)
+        # (else the disk already says it: e.g. a prospective back to following
+        # its leader, KIP-996 -- no write, no fsync)
         self.state = new
         new.on_enter(now)
         old.on_exit(now)
@@ -349,14 +367,50 @@ class QuorumCore:
         self.transition(VotedState(self, self.state.epoch, candidate_id), now)
 
     def stand(self, now: int) -> None:
-        """Stand for election in the next epoch -- unless quarantined."""
+        """Start an election -- unless quarantined: first ask the voters for
+        pre-votes (KIP-996) in our epoch + 1, bumping and persisting nothing."""
         assert self.is_voter
         if self.quarantined:
             # Not before we hold again everything we may have acknowledged.
             self.state.postpone_candidacy(now)
             election.probe_for_leader(self)
             return
-        self.transition(CandidateState(self, self.state.epoch + 1), now)
+        self.transition(ProspectiveState(self, self.state), now)
+
+    def become_candidate(self, now: int) -> None:
+        """A majority would vote for us: stand for real in the next epoch
+        (persisted vote for ourselves)."""
+        st = self.state
+        assert isinstance(st, ProspectiveState), f"a candidate comes from prospective, not {st.role}"
+        if self.quarantined:
+            self.state.postpone_candidacy(now)
+            election.probe_for_leader(self)
+            return
+        self.transition(CandidateState(self, st.epoch + 1), now)
+
+    def is_majority(self, ids: set[int]) -> bool:
+        """Do `ids` make a majority of the voter set? (The one place elections
+        count voters: KIP-853 will give it the voter set as of the log.)"""
+        return len(ids & set(self.voters)) > len(self.voters) // 2
+
+    def note_leader_contact(self, now: int) -> None:
+        """The leader of our epoch answered or spoke to us just now."""
+        self._leader_contact = (self.state.epoch, now)
+
+    def forget_leader_contact(self) -> None:
+        """The leader is leaving or gone (EndQuorumEpoch, its connection reset)."""
+        self._leader_contact = (-1, 0)
+
+    def note_pre_vote_granted(self, now: int) -> None:
+        self._pre_vote_granted = (self.state.epoch, now)
+
+    def granted_pre_vote_recently(self, now: int) -> bool:
+        epoch, at_ms = self._pre_vote_granted
+        return epoch == self.state.epoch and now - at_ms < self.config.election_timeout_ms
+
+    def heard_from_leader_recently(self, now: int) -> bool:
+        epoch, at_ms = self._leader_contact
+        return epoch == self.state.epoch and now - at_ms < self.config.fetch_timeout_ms
 
     def become_leader(self, now: int) -> None:
         cand = self.state
@@ -481,7 +535,7 @@ class QuorumCore:
             self.state.fetch_failed(ev.request_id, ev.destination, ev.reason, req.epoch, now)
         elif req.kind in NOTIFICATIONS:
             self.state.notification_failed(req.destination, ev.request_id, now)
-        # VOTE / PROBE: the candidate keeps waiting for its election timeout.
+        # VOTE / PRE_VOTE / PROBE: the (would-be) candidate keeps waiting for its election timeout.
 
     def _on_response(self, ev: ResponseReceived, now: int) -> None:
         req = self.outbox.settle(ev.request_id)
@@ -506,6 +560,8 @@ class QuorumCore:
             return  # KAFKA-7786: sent under an older epoch; a probe's news was learnt above
         if kind is RequestKind.VOTE:
             self.state.on_vote_answer(ev.destination, resp, now)
+        elif kind is RequestKind.PRE_VOTE:
+            self.state.on_pre_vote_answer(ev.destination, resp, now)
         elif kind in NOTIFICATIONS:
             ok = getattr(resp, "error_code", -1) == Errors.NONE
             self.state.notification_judged(req.destination, ok, now)

@@ -1,7 +1,9 @@
-"""The roles that have no leader to follow -- unattached, voted, candidate,
-resigned -- and the answers to the election requests (Vote,
-BeginQuorumEpoch, EndQuorumEpoch), KIP-595 as Kafka's KafkaRaftClient
-builds it."""
+"""The roles that have no leader to follow (or are giving up on it) --
+unattached, voted, prospective, candidate, resigned -- and the answers to the
+election requests (Vote, BeginQuorumEpoch, EndQuorumEpoch), KIP-595 as
+Kafka's KafkaRaftClient builds it, with KIP-996's pre-vote: a voter whose
+timer runs out is first prospective and becomes a candidate (epoch + 1, a
+persisted vote) only once a majority said it would vote for it."""
 
 from __future__ import annotations
 
@@ -125,14 +127,11 @@ class CandidateState(RoleState):
         self.rejected: set[int] = set()
         self.backing_off = False
 
-    def _majority(self, n: int) -> bool:
-        return n > len(self.core.voters) // 2
-
     def on_enter(self, now: int) -> None:
         core = self.core
         core.election_retries += 1
         self.election_deadline_ms = now + core.election_timeout()
-        if self._majority(len(self.granted)):
+        if core.is_majority(self.granted):
             core.become_leader(now)
             return
         log = core.log
@@ -150,7 +149,7 @@ class CandidateState(RoleState):
     def poll(self, now: int) -> None:
         if self.election_deadline_ms is not None and now >= self.election_deadline_ms:
             if self.backing_off:
-                self.core.stand(now)
+                self.core.stand(now)  # pre-votes again before another epoch
             else:
                 self.backing_off = True
                 self.election_deadline_ms = now + self.core.lost_election_backoff()
@@ -160,7 +159,7 @@ class CandidateState(RoleState):
             return
         if resp.vote_granted:
             self.granted.add(voter)
-            if self._majority(len(self.granted)):
+            if self.core.is_majority(self.granted):
                 self.core.become_leader(now)
         else:
             self.rejected.add(voter)
@@ -174,6 +173,137 @@ class CandidateState(RoleState):
         # The votes on their way were granted to the log we no longer have
         # (sim seed 318): give up the candidacy, keep our vote for the epoch.
         self.core.become_voted(self.core.node_id, now)
+
+
+class ProspectiveState(RoleState):
+    """KIP-996 (Kafka 4.0's ProspectiveState): a voter that lost its leader
+    (fetch timeout) or whose election timer ran out asks every voter with
+    Vote(pre_vote=true) whether it would vote for us in epoch + 1. Our epoch,
+    vote and known leader stay as they were, persisted nothing (a memory
+    transition). A majority of grants makes us a candidate; a majority of
+    refusals, or our known leader answering, sends us back to following it;
+    with no leader known we try again when the election timer runs out.
+
+    A refusal that merely names the leader we already know counts as one
+    refusal, not as news: the other followers of a leader that just vanished
+    name it until their own fetch timeouts run out, so leaving at the first
+    such answer would let only the last follower to time out win."""
+
+    __slots__ = ("granted", "rejected", "persisted_leader", "void", "stand_at_ms")
+
+    def __init__(self, core: QuorumCore, old: RoleState):
+        super().__init__(core, Role.PROSPECTIVE, old.epoch, old.leader_id, old.voted_id)
+        self.persisted_leader = old.persisted_leader_id()  # unchanged on disk (a resigned leader's own id)
+        self.granted = {core.node_id}
+        self.rejected: set[int] = set()
+        self.void = False  # our log changed under the pre-votes on their way
+        self.stand_at_ms: int | None = None  # won, but deferring (see _won)
+
+    def persisted_leader_id(self) -> int:
+        return self.persisted_leader
+
+    def on_enter(self, now: int) -> None:
+        core = self.core
+        self.election_deadline_ms = now + core.election_timeout()
+        if core.is_majority(self.granted):
+            core.become_candidate(now)  # a single voter
+            return
+        log = core.log
+        req = m.VoteRequest(
+            cluster_id=core.config.cluster_id, candidate_epoch=self.epoch + 1,
+            candidate_id=core.node_id, last_offset_epoch=log.last_epoch(),
+            last_offset=log.log_end_offset, pre_vote=True)
+        for v in core.others:
+            core.send(v, req, RequestKind.PRE_VOTE)
+
+    def deadlines(self, now: int) -> list[int]:
+        ds = [] if self.election_deadline_ms is None else [self.election_deadline_ms]
+        if self.stand_at_ms is not None:
+            ds.append(self.stand_at_ms)
+        return ds
+
+    def poll(self, now: int) -> None:
+        core = self.core
+        if core.shutting_down:
+            return
+        if self.stand_at_ms is not None and now >= self.stand_at_ms:
+            core.become_candidate(now)
+        elif self.election_deadline_ms is not None and now >= self.election_deadline_ms:
+            self._lost(now, timed_out=True)
+
+    def _won(self, now: int) -> None:
+        """A majority would vote for us. If we granted another voter's
+        pre-vote in this epoch lately, it is probably standing right now --
+        the followers of a vanished leader time out together, each granting
+        the other -- and standing too would split the vote (a lost election
+        costs an election timeout and a back-off). Stand after a random
+        0..election_timeout_ms/4 instead: the one whose delay ends first
+        asks for real votes, and the other, still prospective, grants it."""
+        core = self.core
+        if self.stand_at_ms is not None:
+            return
+        if core.granted_pre_vote_recently(now):
+            self.stand_at_ms = now + core.random.randrange(core.config.election_timeout_ms // 4 + 1)
+            return
+        core.become_candidate(now)
+
+    def _lost(self, now: int, timed_out: bool) -> None:
+        core = self.core
+        if self.leader_id >= 0:
+            core.become_follower(self.epoch, self.leader_id, now)  # fetch again, full fetch timeout
+        elif timed_out:
+            core.stand(now)  # a new round (or, quarantined, a probe)
+        # else: refused with no leader known; the election timer decides.
+
+    def grant_vote(self, req: m.VoteRequest, running_deadline: int | None, now: int) -> bool:
+        # A real Vote in our own epoch: as unattached / voted would answer it.
+        if self.voted_id >= 0:
+            return self.voted_id == req.candidate_id
+        if self.leader_id >= 0 or self.persisted_leader >= 0:
+            return False  # our epoch has (had) a leader
+        log = self.core.log
+        if (req.last_offset_epoch, req.last_offset) >= (log.last_epoch(), log.log_end_offset):
+            self.core.become_voted(req.candidate_id, now)
+            return True
+        return False
+
+    def on_pre_vote_answer(self, voter: int, resp: m.Body, now: int) -> None:
+        core = self.core
+        if self.void:
+            return
+        if resp.error_code == Errors.UNSUPPORTED_VERSION:
+            # A peer too old for Vote v2 (pre-vote): Kafka stands at once, as
+            # before KIP-996 (a mixed cluster keeps no disruption protection,
+            # but never hangs its election).
+            core.become_candidate(now)
+            return
+        if not isinstance(resp, m.VoteResponse) or resp.error_code != Errors.NONE:
+            return
+        if resp.vote_granted:
+            self.granted.add(voter)
+            if core.is_majority(self.granted):
+                self._won(now)
+            return
+        if voter == self.leader_id and resp.leader_id == voter and resp.leader_epoch == self.epoch:
+            core.note_leader_contact(now)
+            core.become_follower(self.epoch, self.leader_id, now)  # our leader is alive
+            return
+        self.rejected.add(voter)
+        if core.is_majority(self.rejected):
+            self._lost(now, timed_out=False)
+
+    def on_leader_alive(self, now: int) -> None:
+        self.core.become_follower(self.epoch, self.leader_id, now)
+
+    def on_leader_claimed(self, leader_id: int, epoch: int, now: int) -> None:
+        if self.persisted_leader == self.core.node_id:
+            self.core.fail(f"node {leader_id} claims leadership of epoch {epoch}, which we led")
+            return
+        self.core.become_follower(epoch, leader_id, now)
+
+    def on_log_cut(self, now: int) -> None:
+        # The pre-votes on their way were for the log we no longer have.
+        self.void = True
 
 
 # -- the election requests, answered the same way in every role -----------------
@@ -202,6 +332,20 @@ def handle_vote(core: QuorumCore, token: Any, req: m.VoteRequest, now: int) -> N
     if req.candidate_epoch < core.state.epoch:
         core.respond(token, core.error_response(req, Errors.FENCED_LEADER_EPOCH))
         return
+    if req.pre_vote:
+        # KIP-996: answered from the state we are in. The epoch it would stand
+        # in is not news (nobody is in it yet), but the one it is in is: a
+        # voter that stood in a newer epoch than ours and lost could never
+        # rejoin a leader of an older one (sim seed 1954 of 10,000), so we
+        # move up to it, as Kafka does with the request's ReplicaEpoch.
+        if req.candidate_epoch - 1 > core.state.epoch:
+            core.become_unattached(req.candidate_epoch - 1, now)
+        granted = core.is_voter and not core.quarantined and core.state.grant_pre_vote(req, now)
+        if granted:
+            core.note_pre_vote_granted(now)
+        st = core.state
+        core.respond(token, m.VoteResponse(leader_id=st.leader_id, leader_epoch=st.epoch, vote_granted=granted))
+        return
     # The timer that would make us stand ourselves: an election timer, or a
     # follower's fetch timeout.
     running_deadline = core.state.running_deadline()
@@ -227,6 +371,9 @@ def handle_begin_epoch(core: QuorumCore, token: Any, req: m.BeginQuorumEpochRequ
         core.learn_leader(req.leader_id, req.leader_epoch, now)
         if core.fatal_reason is not None:
             return
+        if core.state.leader_id == req.leader_id and core.state.epoch == req.leader_epoch:
+            core.note_leader_contact(now)
+            core.state.on_leader_alive(now)
     st = core.state
     core.respond(token, m.BeginQuorumEpochResponse(leader_id=st.leader_id, leader_epoch=st.epoch))
 

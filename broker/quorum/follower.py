@@ -104,7 +104,10 @@ class FollowerState(RoleState):
         core = self.core
         if not core.is_voter or self.leader_id != req.leader_id or core.shutting_down:
             return
-        # The leader is leaving: the most caught-up successor goes first.
+        # The leader is leaving: the most caught-up successor goes first, and
+        # we grant the others' pre-votes (KIP-996) without waiting out the
+        # fetch timeout.
+        core.forget_leader_contact()
         succ = req.preferred_successors
         backoff_max_ms = core.config.election_backoff_max_ms
         if core.node_id in succ:
@@ -189,7 +192,10 @@ class FollowerState(RoleState):
         followers that notice together rarely stand together (split vote), and a
         transient reset costs nothing -- the retried fetches keep going every
         RETRY_BACKOFF_MS and the first answer restores the full timeout.
-        Safety does not depend on it: an election is only an election."""
+        We also stop refusing the other followers' pre-votes for it (they see
+        the same resets). Safety does not depend on it: an election is only
+        an election."""
+        self.core.forget_leader_contact()
         t = self.core.config.election_timeout_ms
         lo = t // 10
         delay = lo + (self.core.random.randrange(t // 2 - lo + 1) if t // 2 > lo else 0)
@@ -217,9 +223,16 @@ class FollowerState(RoleState):
         """A good answer of the expected type restarts the fetch timeout; any
         other is retried after a pause."""
         if not isinstance(resp, expected) or resp.error_code != Errors.NONE:
+            cl = getattr(resp, "current_leader", None)
+            if (getattr(resp, "error_code", None) == Errors.NOT_LEADER_OR_FOLLOWER and cl is not None
+                    and cl.leader_epoch == self.epoch and cl.leader_id == NO_LEADER):
+                # Our leader says it no longer leads our epoch (it resigned:
+                # check-quorum, or restarted, KAFKA-10527): grant pre-votes.
+                self.core.forget_leader_contact()
             self._retry_later(now)
             return False
         self.fetch_deadline_ms = now + self.core.config.fetch_timeout_ms
+        self.core.note_leader_contact(now)
         return True
 
     def _on_fetch_response(self, resp: m.Body, now: int) -> None:
@@ -284,6 +297,7 @@ class FollowerState(RoleState):
             return
         core = self.core
         self.fetch_deadline_ms = now + core.config.fetch_timeout_ms
+        core.note_leader_contact(now)
         data = resp.unaligned_records
         if not data and position < resp.size:
             self.download = None

@@ -111,6 +111,9 @@ class LeaderState(NotifyingRole, RoleState):
     def on_shutdown(self, now: int) -> None:
         self.core.resign(now)
 
+    def grant_pre_vote(self, req: m.VoteRequest, now: int) -> bool:
+        return False  # we are the leader the voters have heard from
+
     def on_log_cut(self, now: int) -> None:
         # It may no longer hold records it served or counted, and must not append
         # at an offset its followers may already hold under this epoch.

@@ -16,6 +16,7 @@ class RequestKind(enum.Enum):
     EPOCH_CHECK = "epoch_check"  # OffsetsForLeaderEpoch before fetching (KIP-320)
     FETCH_SNAPSHOT = "fetch_snapshot"
     VOTE = "vote"
+    PRE_VOTE = "pre_vote"  # KIP-996: Vote with pre_vote=true, nothing bumped or persisted
     PROBE = "probe"  # a quarantined voter's VoteRequest that nobody grants
     BEGIN = "begin"  # BeginQuorumEpoch
     END = "end"  # EndQuorumEpoch

@@ -30,6 +30,7 @@ class Role(enum.StrEnum):
 
     UNATTACHED = "unattached"
     VOTED = "voted"
+    PROSPECTIVE = "prospective"  # KIP-996: asking for pre-votes, epoch not bumped
     CANDIDATE = "candidate"
     LEADER = "leader"
     FOLLOWER = "follower"
@@ -43,20 +44,28 @@ RETRY_BACKOFF_BASE_MS = 100
 R = Role
 ALLOWED_TRANSITIONS: dict[Role, frozenset[Role]] = {
     # An epoch moves on (Vote, BeginQuorumEpoch, EndQuorumEpoch, any answer
-    # naming a newer epoch): unattached there, or following its leader.
-    R.UNATTACHED: frozenset({R.UNATTACHED, R.VOTED, R.CANDIDATE, R.FOLLOWER}),
-    R.VOTED: frozenset({R.UNATTACHED, R.CANDIDATE, R.FOLLOWER}),
-    # A quarantined candidate gives up its candidacy but keeps its own vote.
-    R.CANDIDATE: frozenset({R.UNATTACHED, R.VOTED, R.CANDIDATE, R.LEADER, R.FOLLOWER}),
+    # naming a newer epoch): unattached there, or following its leader. A
+    # voter whose timer runs out becomes prospective (KIP-996 pre-vote); only
+    # a prospective with a majority of pre-votes becomes a candidate.
+    R.UNATTACHED: frozenset({R.UNATTACHED, R.VOTED, R.PROSPECTIVE, R.FOLLOWER}),
+    R.VOTED: frozenset({R.UNATTACHED, R.PROSPECTIVE, R.FOLLOWER}),
+    # Prospective to prospective: a new round of pre-votes. To voted: it grants
+    # a real vote in its (unbumped) epoch, as an unattached voter would.
+    R.PROSPECTIVE: frozenset({R.UNATTACHED, R.VOTED, R.PROSPECTIVE, R.CANDIDATE, R.FOLLOWER}),
+    # A quarantined candidate gives up its candidacy but keeps its own vote; a
+    # candidate that lost asks for pre-votes again before its next epoch.
+    R.CANDIDATE: frozenset({R.UNATTACHED, R.VOTED, R.PROSPECTIVE, R.LEADER, R.FOLLOWER}),
     R.LEADER: frozenset({R.RESIGNED, R.UNATTACHED, R.FOLLOWER}),
-    R.RESIGNED: frozenset({R.UNATTACHED, R.CANDIDATE, R.FOLLOWER}),
-    R.FOLLOWER: frozenset({R.UNATTACHED, R.CANDIDATE, R.FOLLOWER}),
+    R.RESIGNED: frozenset({R.UNATTACHED, R.PROSPECTIVE, R.FOLLOWER}),
+    R.FOLLOWER: frozenset({R.UNATTACHED, R.PROSPECTIVE, R.FOLLOWER}),
     # A non-voter is an observer whatever happens; it may lose or learn a leader.
     R.OBSERVER: frozenset({R.OBSERVER}),
 }
 # Transitions that keep the persisted election as it is (Kafka's
-# memoryTransitionTo): a resigned leader still records that it led the epoch.
-MEMORY_TRANSITIONS = frozenset({(R.LEADER, R.RESIGNED)})
+# memoryTransitionTo): a resigned leader still records that it led the epoch,
+# and a prospective persists nothing (no epoch bump, no vote: KIP-996).
+MEMORY_TRANSITIONS = frozenset({(R.LEADER, R.RESIGNED)} | {
+    (r, R.PROSPECTIVE) for r in (R.UNATTACHED, R.VOTED, R.PROSPECTIVE, R.CANDIDATE, R.RESIGNED, R.FOLLOWER)})
 
 
 class RoleState:
@@ -104,6 +113,15 @@ class RoleState:
     def grant_vote(self, req: m.VoteRequest, running_deadline: int | None, now: int) -> bool:
         return False
 
+    def grant_pre_vote(self, req: m.VoteRequest, now: int) -> bool:
+        """KIP-996: would we vote for this candidate in the next epoch? Yes iff
+        its log is at least as up to date as ours and no leader of our epoch
+        has been heard from within the fetch timeout. Records nothing."""
+        core = self.core
+        log = core.log
+        up_to_date = (req.last_offset_epoch, req.last_offset) >= (log.last_epoch(), log.log_end_offset)
+        return up_to_date and not core.heard_from_leader_recently(now)
+
     def on_leader_claimed(self, leader_id: int, epoch: int, now: int) -> None:
         """Another node leads our epoch and we knew no leader in it."""
         self.core.become_follower(epoch, leader_id, now)
@@ -121,6 +139,12 @@ class RoleState:
 
     def on_vote_answer(self, voter: int, resp: m.Body, now: int) -> None:
         """A VoteResponse of our epoch (only a candidate counts it)."""
+
+    def on_pre_vote_answer(self, voter: int, resp: m.Body, now: int) -> None:
+        """An answer to a pre-vote sent in our epoch (only a prospective counts it)."""
+
+    def on_leader_alive(self, now: int) -> None:
+        """Our epoch's known leader spoke to us (BeginQuorumEpoch, an answer)."""
 
     # -- answers to what a role sent (QuorumCore routes them by request kind) --
 

@@ -65,7 +65,7 @@ def test_set_overrides_the_file_in_either_spelling(tmp_path, override, in_file):
     ({"election_timeout_ms": -5}, "election_timeout_ms: must be > 0, got -5"),
     ({"quorum": {"election_timeout_ms": -5}}, "quorum.election_timeout_ms: must be > 0, got -5"),
     ({"quorum.election_timeout_ms": "x"}, "quorum.election_timeout_ms: Expected `int`, got `str`"),
-    ({"fetch_max_wait_ms": 5000}, "fetch_max_wait_ms: must be below fetch_timeout_ms (2000), got 5000"),
+    ({"fetch_max_wait_ms": 5000}, "fetch_max_wait_ms: must be below fetch_timeout_ms (1000), got 5000"),
     ({"fetch_timeout_ms": 400, "fetch_max_wait_ms": 400},
      "fetch_max_wait_ms: must be below fetch_timeout_ms (400), got 400"),
     ({"no_such_key": 1}, "no_such_key: Object contains unknown field `no_such_key`"),

@@ -58,3 +58,34 @@ def test_long_drill_png_is_written_and_redrawn_from_its_files(tmp_path):
     assert rerender(str(tmp_path / "long")) == str(tmp_path / "long.png")
     assert (tmp_path / "long.png").stat().st_size > 20_000
     assert timeline(drill)["t0"] == 1000.0
+
+
+def test_failover_is_reported_per_fault_kind_with_its_percentiles():
+    from tools.drill.report import failover_by_kind
+    fo = [{"kind": "pause_leader", "failover_ms": ms} for ms in (900.0, 1100.0, 1300.0)]
+    fo += [{"kind": "kill_leader", "failover_ms": 300.0}, {"kind": "kill_leader", "failover_ms": None}]
+    for f, commit in zip(fo, (700.0, 800.0, 1000.0, 200.0, None)):
+        f["leader_commit_ms"] = commit
+    got = failover_by_kind(fo)
+    assert got["pause_leader"] == {"n": 3, "p50": 1100.0, "p99": 1300.0, "max": 1300.0,
+                                   "commit_n": 3, "commit_p50": 800.0, "commit_p99": 1000.0, "commit_max": 1000.0}
+    # A fault after which no newer epoch ever acknowledged a write (or committed) is not a sample.
+    assert got["kill_leader"] == {"n": 1, "p50": 300.0, "p99": 300.0, "max": 300.0,
+                                  "commit_n": 1, "commit_p50": 200.0, "commit_p99": 200.0, "commit_max": 200.0}
+
+
+def test_the_new_leaders_first_commit_is_its_hw_passing_the_hw_it_was_elected_with():
+    from types import SimpleNamespace as NS
+
+    from tools.drill.checker import History, RoleEvent
+    from tools.drill.drill import Sample
+    from tools.drill.report import first_commit_ts
+    h = History()
+    h.roles = [RoleEvent(1, 9.0, "leader", 4, 1, hw=90),  # before the fault: not it
+               RoleEvent(2, 10.9, "candidate", 5, -1, hw=100), RoleEvent(2, 11.0, "leader", 5, 2, hw=100)]
+    samples = [Sample(11.02, 2, 1, "leader", 5, 2, hw=100),  # elected, nothing committed yet
+               Sample(11.05, 3, 1, "follower", 5, 2, hw=101),  # a follower: not the leader's commit
+               Sample(11.07, 2, 1, "leader", 5, 2, hw=101)]
+    drill = NS(history=h, samples=samples)
+    assert first_commit_ts(drill, after_ts=10.0, epoch_before=4) == 11.07
+    assert first_commit_ts(drill, after_ts=10.0, epoch_before=5) is None  # no newer leader

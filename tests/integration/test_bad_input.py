@@ -52,7 +52,7 @@ def base_config(tmp_path) -> dict:
     ("node_id", "one", "node_id: Expected `int`, got `str`"),
     ("voters", "1@nohost", "voters: expected host:port, got 'nohost'"),
     ("election_timeout_ms", -5, "election_timeout_ms: must be > 0, got -5"),
-    ("fetch_max_wait_ms", 5000, "fetch_max_wait_ms: must be below fetch_timeout_ms (2000), got 5000"),
+    ("fetch_max_wait_ms", 5000, "fetch_max_wait_ms: must be below fetch_timeout_ms (1000), got 5000"),
     ("no_such_key", 1, "Object contains unknown field `no_such_key`"),
 ])
 def test_bad_config_value_fails_at_start_naming_the_key(tmp_path, key, value, expected):

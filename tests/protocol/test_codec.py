@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.quorum.answers import api_versions_response
 from protocol import codec
 from protocol import messages as m
 from protocol.apis import APIS, ApiKey
@@ -305,3 +306,52 @@ def test_garbage_gives_only_documented_outcomes(garbage):
             pass
         else:
             assert isinstance(body, APIS[header.api_key][0])
+
+
+# --------------------------------------------------------------------------
+# Vote v2: pre_vote (KIP-996)
+
+PRE_VOTE = m.VoteRequest(cluster_id="c1", candidate_epoch=5, candidate_id=2, last_offset_epoch=4,
+                         last_offset=99, pre_vote=True)
+
+
+def test_a_pre_vote_travels_as_vote_version_2_and_a_real_vote_stays_version_0():
+    header, body = codec.decode_request(split_frame(codec.encode_request(ApiKey.VOTE, 1, "n2", PRE_VOTE)))
+    assert (header.api_version, body) == (2, PRE_VOTE)
+    real = SAMPLES[m.VoteRequest]
+    header, body = codec.decode_request(split_frame(codec.encode_request(ApiKey.VOTE, 2, "n2", real)))
+    assert (header.api_version, body.pre_vote) == (0, False)
+    advertised = {r.api_key: (r.min_version, r.max_version) for r in api_versions_response().api_keys}
+    assert advertised[ApiKey.VOTE] == (0, 2)
+
+
+def test_pre_vote_under_an_older_vote_version_is_an_invalid_request():
+    """A body claiming pre_vote under version 0 or 1 cannot be what the
+    sender meant: INVALID_REQUEST, never read as a real vote."""
+    frame = split_frame(codec.encode_request(ApiKey.VOTE, 9, "n2", PRE_VOTE, api_version=0))
+    with pytest.raises(codec.BodyDecodeError) as ei:
+        codec.decode_request(frame)
+    assert ei.value.error_response().error_code == Errors.INVALID_REQUEST
+    assert str(ei.value) == "pre_vote needs Vote version 2, the request says version 0"
+
+
+def test_a_peer_that_knows_only_vote_v0_answers_a_pre_vote_unsupported_version(monkeypatch):
+    """What a build from before KIP-996 does with our pre-vote: it reads the
+    header's version 2 and refuses (UNSUPPORTED_VERSION) -- it would
+    otherwise drop the extra field and take it for a real vote."""
+    dec, _, _ = codec._REQUEST_TYPES[int(ApiKey.VOTE)]
+    monkeypatch.setitem(codec._REQUEST_TYPES, int(ApiKey.VOTE), (dec, 0, 0))
+    with pytest.raises(codec.UnsupportedVersion) as ei:
+        codec.decode_request(split_frame(codec.encode_request(ApiKey.VOTE, 3, "n2", PRE_VOTE)))
+    assert ei.value.error_response().error_code == Errors.UNSUPPORTED_VERSION
+    # Why the version matters: the old body type reads the new bytes without complaint.
+
+    class OldVoteRequest(m.Body):
+        cluster_id: str
+        candidate_epoch: int
+        candidate_id: int
+        last_offset_epoch: int
+        last_offset: int
+
+    old = msgspec.msgpack.decode(codec.encode_body(PRE_VOTE), type=OldVoteRequest)
+    assert (old.candidate_epoch, old.candidate_id) == (5, 2)

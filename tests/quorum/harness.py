@@ -106,12 +106,36 @@ def one_response(actions, token):
     return rs[0]
 
 
+def grant_pre_votes(node: Node, now: int, acts: list) -> list:
+    """`node` is prospective and `acts` hold its pre-votes: every voter grants
+    (answers naming no leader, in the node's epoch) until it stands. Returns
+    the actions of the step that made it a candidate."""
+    assert node.core.role == "prospective", node.core.role
+    pre = [s for s in sent(acts, m.VoteRequest) if s.request.pre_vote]
+    assert pre, "a prospective sends pre-votes"
+    for s in pre:
+        out = node.step(a.ResponseReceived(now, s.request_id, s.destination, m.VoteResponse(
+            leader_id=-1, leader_epoch=node.core.epoch, vote_granted=True)))
+        if node.core.role != "prospective":
+            return out
+    raise AssertionError(f"still {node.core.role} after every pre-vote was granted")
+
+
+def stand(node: Node, now: int, acts: list | None = None) -> list:
+    """Let `node`'s timer run out at `now` (or use `acts`, the actions of the
+    step that made it prospective) and win the pre-vote: the candidate's
+    actions (its VoteRequests)."""
+    if acts is None:
+        acts = node.step(a.Tick(now))
+    return grant_pre_votes(node, now, acts)
+
+
 def make_leader(node: Node, now: int = 0) -> int:
     """Drive `node` through an election it wins; returns the time reached."""
     node.step(a.Tick(now))
     deadline = node.core.next_deadline_ms
     now = max(now, deadline)
-    acts = node.step(a.Tick(now))
+    acts = stand(node, now)
     votes = sent(acts, m.VoteRequest)
     assert node.core.role == "candidate", node.core.role
     for s in votes:

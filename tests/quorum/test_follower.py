@@ -4,7 +4,7 @@ from broker.quorum import api as a
 from protocol import messages as m
 from protocol.errors import Errors
 
-from tests.quorum.harness import CLUSTER, Node, batch, of, sent
+from tests.quorum.harness import CLUSTER, Node, batch, of, sent, stand
 
 
 def follower(epochs=((1, 0), (3, 5)), leo=10, leader=2, epoch=6, **kw) -> tuple[Node, list]:
@@ -131,13 +131,19 @@ def test_next_fetch_waits_for_the_flush_of_appended_data():
     assert (f2.request.fetch_offset, f2.request.last_fetched_epoch) == (15, 6)
 
 
-def test_fetch_timeout_makes_a_follower_a_candidate():
+def test_fetch_timeout_makes_a_follower_a_candidate_after_a_pre_vote():
     n, acts = follower(fetch_timeout_ms=2000)
     n.step(a.Tick(1999))
     assert n.core.role == "follower"
     acts = n.step(a.Tick(2000))
+    # KIP-996: prospective first, epoch and vote untouched, nothing persisted.
+    assert n.core.role == "prospective" and n.core.epoch == 6 and n.core.leader_id == 2
+    assert not of(acts, a.PersistQuorumState)
+    pre = sent(acts, m.VoteRequest)
+    assert len(pre) == 2 and all(s.request.pre_vote and s.request.candidate_epoch == 7 for s in pre)
+    acts = stand(n, 2001, acts)
     assert n.core.role == "candidate" and n.core.epoch == 7
-    assert len(sent(acts, m.VoteRequest)) == 2
+    assert len(sent(acts, m.VoteRequest)) == 2 and not any(s.request.pre_vote for s in sent(acts))
 
 
 def test_failed_fetch_is_retried_after_a_short_backoff():

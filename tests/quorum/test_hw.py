@@ -18,7 +18,10 @@ def test_blog_walkthrough_hw_reaches_the_follower_one_fetch_round_later():
     leader, follower = Node(1, voters=(1, 2)), Node(2, voters=(1, 2))
     leader.step(a.Tick(0))
     acts = leader.step(a.Tick(leader.core.next_deadline_ms))
+    (pre_vote,) = sent(acts, m.VoteRequest)
+    acts = deliver(leader, pre_vote, follower, pre_vote.timeout_ms)
     (vote,) = sent(acts, m.VoteRequest)
+    assert leader.core.role == "candidate" and not vote.request.pre_vote
     now = vote.timeout_ms
     acts = deliver(leader, vote, follower, now)
     assert leader.core.role == "leader"

@@ -9,7 +9,7 @@ from protocol import messages as m
 from protocol.errors import Errors
 from storage.batch import CorruptBatchError
 
-from tests.quorum.harness import CLUSTER, MemLog, Node, append, batch, fetch, make_leader, of, one_response, sent
+from tests.quorum.harness import CLUSTER, MemLog, Node, append, batch, fetch, make_leader, of, one_response, sent, stand
 
 
 def vote(node: Node, now: int, candidate: int, epoch: int, last_epoch: int, last_offset: int, token="v"):
@@ -124,7 +124,7 @@ def test_a_candidate_that_finds_corruption_gives_up_the_votes_granted_to_its_old
     n = Node(1, log=log, view=a.LogView(log_end_offset=10, epochs=[(1, 0)]),
              state=a.QuorumStateData(1, -1, -1, (1, 2, 3)))
     n.step(a.Tick(0))
-    acts = n.step(a.Tick(n.core.next_deadline_ms))
+    acts = stand(n, n.core.next_deadline_ms)
     votes = sent(acts, m.VoteRequest)
     assert n.core.role == "candidate" and votes
     n.step(a.LogQuarantined(5000, log_end_offset=0, must_reach_offset=10))

@@ -17,7 +17,7 @@ from broker.quorum.roles import ALLOWED_TRANSITIONS, Role
 from protocol import messages as m
 from protocol.apis import APIS
 from protocol.errors import Errors
-from tests.quorum.harness import CLUSTER, Node, make_leader, of, sent
+from tests.quorum.harness import CLUSTER, Node, make_leader, of, sent, stand
 
 QUORUM_DIR = pathlib.Path(__file__).resolve().parents[2] / "broker" / "quorum"
 
@@ -29,6 +29,18 @@ def test_every_role_has_a_row_in_the_transition_table():
     # Nobody becomes leader but a candidate; an observer never becomes a voter's role.
     assert [r for r, nxt in ALLOWED_TRANSITIONS.items() if Role.LEADER in nxt] == [Role.CANDIDATE]
     assert ALLOWED_TRANSITIONS[Role.OBSERVER] == {Role.OBSERVER}
+    # KIP-996: nobody stands (epoch + 1) without a majority of pre-votes first.
+    assert [r for r, nxt in ALLOWED_TRANSITIONS.items() if Role.CANDIDATE in nxt] == [Role.PROSPECTIVE]
+
+
+def test_the_transition_table_in_the_docs_is_the_one_the_core_asserts():
+    doc = (QUORUM_DIR.parents[1] / "docs" / "quorum-core.md").read_text()
+    rows = {}
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0] in {r.value for r in Role}:
+            rows[Role(cells[0])] = {Role(x.split()[0]) for x in cells[1].split(",")}
+    assert rows == {r: set(nxt) for r, nxt in ALLOWED_TRANSITIONS.items()}
 
 
 def test_a_transition_outside_the_table_is_refused_before_anything_is_persisted():
@@ -52,6 +64,8 @@ def test_each_role_change_persists_its_election_before_any_request_or_answer():
     n.step(a.Tick(0))
     now = n.core.next_deadline_ms
     acts = n.step(a.Tick(now))
+    assert n.core.role == Role.PROSPECTIVE and not of(acts, a.PersistQuorumState)  # a memory transition
+    acts = stand(n, now, acts)
     assert n.core.role == Role.CANDIDATE and isinstance(n.core.state, CandidateState)
     first_persist = next(i for i, x in enumerate(acts) if isinstance(x, a.PersistQuorumState))
     first_send = next(i for i, x in enumerate(acts) if isinstance(x, a.SendRequest))

@@ -6,7 +6,7 @@ Each test replays, by hand, the smallest situation of one finding.
 from broker.quorum import api as a
 from protocol import messages as m
 
-from tests.quorum.harness import CLUSTER, Node, append, make_leader, of, one_response, sent
+from tests.quorum.harness import CLUSTER, Node, append, make_leader, of, one_response, sent, stand
 
 
 def snapshot_started_leader() -> Node:
@@ -66,18 +66,23 @@ def test_lost_fetch_is_retried_before_the_fetch_timeout():
     """SIM_SEED=174 (2 % loss): the fetch request timeout was the 2 s request
     timeout, equal to the fetch timeout, so one lost Fetch or answer made the
     follower stand for election. A Fetch now gives up after max wait (500) +
-    fetch timeout / 4 (500); the retry lands inside the 2 s fetch timeout."""
+    fetch timeout / 4; the retry lands inside the fetch timeout (at the
+    defaults: gives up at 750 ms, retried at 800, inside 1000)."""
     n = Node(3, view=a.LogView(log_end_offset=0), state=a.QuorumStateData(4, 1, -1, (1, 2, 3)))
+    cfg = n.core.config
     (f,) = sent(n.step(a.Tick(0)))
-    assert isinstance(f.request, m.FetchRequest) and f.timeout_ms == 1000
+    gives_up = cfg.fetch_max_wait_ms + cfg.fetch_timeout_ms // 4
+    assert isinstance(f.request, m.FetchRequest) and f.timeout_ms == gives_up
     # The driver reports the timeout; the core retries 50 ms later, still following.
-    assert sent(n.step(a.RequestFailed(1000, f.request_id, 1, "timeout"))) == []
+    assert sent(n.step(a.RequestFailed(gives_up, f.request_id, 1, "timeout"))) == []
     (retry,) = sent(n.step(a.Tick(n.core.next_deadline_ms)))
     assert isinstance(retry.request, m.FetchRequest) and retry.destination == 1
-    acts = n.step(a.ResponseReceived(1100, retry.request_id, 1, m.FetchResponse(
+    answered = gives_up + 100  # the retry went out 50 ms after giving up; its answer 50 ms later
+    assert answered < cfg.fetch_timeout_ms
+    acts = n.step(a.ResponseReceived(answered, retry.request_id, 1, m.FetchResponse(
         high_watermark=0, current_leader=m.LeaderIdAndEpoch(1, 4))))
     assert n.core.role == "follower" and not sent(acts, m.VoteRequest)
-    n.step(a.Tick(2500))
+    n.step(a.Tick(answered + cfg.fetch_timeout_ms - 1))
     assert n.core.role == "follower"  # the fetch timeout counts from the retry's answer
 
 
@@ -85,10 +90,12 @@ def test_request_timeouts_by_kind():
     """Epoch checks and snapshot chunks get fetch timeout / 4; votes keep the
     request timeout (a vote is not retried, the election timer covers it)."""
     n = Node(3, view=a.LogView(log_end_offset=5, epochs=[(1, 0)]), state=a.QuorumStateData(4, 1, -1, (1, 2, 3)))
+    cfg = n.core.config
     (check,) = sent(n.step(a.Tick(0)))
-    assert isinstance(check.request, m.OffsetsForLeaderEpochRequest) and check.timeout_ms == 500
-    votes = sent(n.step(a.Tick(5000)), m.VoteRequest)
-    assert votes and all(v.timeout_ms == 2000 for v in votes)
+    assert isinstance(check.request, m.OffsetsForLeaderEpochRequest)
+    assert check.timeout_ms == cfg.fetch_timeout_ms // 4 == 250
+    votes = sent(n.step(a.Tick(5000)), m.VoteRequest)  # pre-votes: the request timeout too
+    assert votes and all(v.timeout_ms == cfg.request_timeout_ms == 2000 for v in votes)
 
 
 def following_node(seed: int = 0) -> tuple[Node, a.SendRequest]:
@@ -112,7 +119,7 @@ def test_leader_connection_refused_starts_an_election_after_a_short_random_delay
             acts = n.step(a.Tick(now))
             for s in sent(acts, m.FetchRequest):  # retries keep being refused
                 n.step(a.RequestFailed(now, s.request_id, 1, "connection refused"))
-        assert n.core.role == "candidate" and n.core.epoch == 5
+        assert n.core.role == "prospective" and n.core.epoch == 4  # asks for pre-votes first
         waits.add(now)
     assert min(waits) >= 10 + 100 and max(waits) <= 10 + 500
     assert len(waits) > 5  # randomized: followers that notice together rarely stand together
@@ -120,11 +127,12 @@ def test_leader_connection_refused_starts_an_election_after_a_short_random_delay
 
 def test_a_timeout_is_not_proof_of_a_crash_and_keeps_the_fetch_timeout():
     n, f = following_node()
-    n.step(a.RequestFailed(1000, f.request_id, 1, "timeout"))
-    n.step(a.Tick(1999))
+    t = n.core.config.fetch_timeout_ms
+    n.step(a.RequestFailed(t // 2, f.request_id, 1, "timeout"))
+    n.step(a.Tick(t - 1))
     assert n.core.role == "follower"
-    n.step(a.Tick(2000))
-    assert n.core.role == "candidate"
+    n.step(a.Tick(t))
+    assert n.core.role == "prospective"
 
 
 def test_a_transient_reset_is_forgotten_once_the_leader_answers():
@@ -133,9 +141,10 @@ def test_a_transient_reset_is_forgotten_once_the_leader_answers():
     (retry,) = sent(n.step(a.Tick(60)))
     n.step(a.ResponseReceived(70, retry.request_id, 1, m.FetchResponse(
         high_watermark=0, current_leader=m.LeaderIdAndEpoch(1, 4))))
-    n.step(a.Tick(1500))
+    t = n.core.config.fetch_timeout_ms
+    n.step(a.Tick(70 + t - 1))  # well past the 100-500 ms a reset would have allowed
     assert n.core.role == "follower"
-    assert n.core.next_deadline_ms == 70 + 2000  # the full fetch timeout again
+    assert n.core.next_deadline_ms == 70 + t  # the full fetch timeout again
 
 
 def test_lost_begin_quorum_epoch_is_resent_within_half_the_election_timeout():
@@ -145,7 +154,7 @@ def test_lost_begin_quorum_epoch_is_resent_within_half_the_election_timeout():
     n = Node(1)
     n.step(a.Tick(0))
     now = n.core.next_deadline_ms
-    votes = sent(n.step(a.Tick(now)), m.VoteRequest)
+    votes = sent(stand(n, now), m.VoteRequest)
     begins = []
     for v in votes:  # the first grant makes us leader; Begin goes to both others
         begins += sent(n.step(a.ResponseReceived(now, v.request_id, v.destination, m.VoteResponse(

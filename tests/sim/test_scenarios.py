@@ -238,3 +238,30 @@ def test_a_quarantined_voter_abstains_so_a_stale_voter_cannot_win_without_commit
         for n in c.nodes.values():
             if n.core.high_watermark > off:
                 assert n.disk.record_at(off) == (ack.epoch, ack.value)
+
+
+def test_a_follower_rejoining_after_a_partition_bumps_no_epoch_and_keeps_the_leader():
+    """KIP-996 (issue 15 item 6): a follower cut off for many election
+    timeouts keeps asking for pre-votes nobody can answer, never stands in a
+    new epoch, and on healing follows the same leader in the same epoch.
+    Before pre-vote it bumped the epoch every election timeout and, once
+    healed, deposed the healthy leader."""
+    c = make(15)
+    lead = wait_settled(c)
+    epoch = lead.core.epoch
+    victim = next(n for n in c.nodes.values() if n is not lead)
+    roles_seen = set()
+    c.listeners.append(lambda n: n is victim and roles_seen.add(str(n.core.role)))
+    c.network.isolate(victim.node_id)
+    cfg = c.quorum_config(victim.node_id)
+    for i in range(10):  # writes keep committing on the majority meanwhile
+        c.client_append(lead.node_id, [b"during-%d" % i])
+        c.advance(cfg.election_timeout_ms)
+    assert "prospective" in roles_seen and "candidate" not in roles_seen
+    assert victim.core.epoch == epoch
+    c.network.heal(victim.node_id)
+    c.run_until_true(lambda: victim.core.high_watermark == lead.core.log_end_offset
+                     and str(victim.core.role) == "follower", 5000, "the victim following and caught up")
+    c.advance(3 * cfg.fetch_timeout_ms)
+    assert c.current_leader() is lead and "candidate" not in roles_seen
+    assert {n.core.epoch for n in c.nodes.values()} == {epoch}

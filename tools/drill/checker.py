@@ -78,6 +78,7 @@ class RoleEvent:
     epoch: int
     leader_id: int | None
     source: str = "log"  # the broker.log line number or "admin"
+    hw: int | None = None  # the node's high watermark when its role changed
 
 
 @dataclass

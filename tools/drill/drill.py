@@ -457,7 +457,8 @@ class Drill:
                 if line.get("event") == "role_changed":
                     self.history.roles.append(RoleEvent(
                         nid, float(line.get("ts", 0)), str(line.get("role")), int(line.get("epoch", -1)),
-                        line.get("leader_id"), source=f"node-{nid}/broker.log:{i + 1}"))
+                        line.get("leader_id"), source=f"node-{nid}/broker.log:{i + 1}",
+                        hw=line.get("high_watermark")))
 
 
 class DrillAborted(Exception):
@@ -508,6 +509,10 @@ def run_drill(args) -> tuple[int, dict]:
           f"{s['writes_duplicated']}, unverifiable {s['writes_unverifiable']}, faults {s['faults']} "
           f"({s['kill_restart_cycles']} kill/restart cycles), "
           f"failover p50 {s['failover_ms_p50']} ms, p99 {s['failover_ms_p99']} ms")
+    for kind, k in s["failover_by_kind"].items():
+        print(f"failover after {kind} (to the first write acknowledged in a newer epoch): n={k['n']} "
+              f"p50 {k['p50']} ms, p99 {k['p99']} ms, max {k['max']} ms; to the new leader's first commit: "
+              f"n={k['commit_n']} p50 {k['commit_p50']} ms, p99 {k['commit_p99']} ms, max {k['commit_max']} ms")
     print(f"report: {paths['json']}  timeline: {paths['png']}")
     return (0 if res.ok and not out["problems"] else 1), report
 

@@ -43,18 +43,52 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(s[k], 1)
 
 
+def first_commit_ts(drill, after_ts: float, epoch_before: int) -> float | None:
+    """When a leader of a newer epoch than `epoch_before` first committed
+    (issue 15's failover end): the first /quorum sample of the first such
+    leader whose HW passed the HW it had when it became leader (its broker.log
+    role change). Accurate to one monitor poll."""
+    ev = next((r for r in sorted(drill.history.roles, key=lambda r: r.ts)
+               if r.ts > after_ts and r.role == "leader" and r.epoch > epoch_before and r.hw is not None), None)
+    if ev is None:
+        return None
+    s = next((s for s in sorted(drill.samples, key=lambda s: s.ts)
+              if s.node == ev.node and s.ts >= ev.ts and s.role == "leader" and s.epoch == ev.epoch
+              and s.hw is not None and s.hw > ev.hw), None)
+    return s.ts if s else None
+
+
 def failovers(drill) -> list[dict]:
-    """For each fault that took the leader away: ms from the fault to the first ack in a newer epoch."""
+    """For each fault that took the leader away: ms from the fault to the
+    first ack in a newer epoch (what a writer sees, client rediscovery
+    included) and to the new leader's first commit."""
     out = []
     acks = sorted(drill.history.acks, key=lambda a: a.ts)
     for f in drill.faults:
         if f.kind not in LEADER_FAULTS or f.epoch_before is None:
             continue
         nxt = next((a for a in acks if a.ts > f.ts_start and a.epoch > f.epoch_before), None)
+        commit = first_commit_ts(drill, f.ts_start, f.epoch_before)
         out.append({"kind": f.kind, "node": f.node, "ts": f.ts_start,
                     "next_commit_ts": nxt.ts if nxt else None,
                     "failover_ms": round((nxt.ts - f.ts_start) * 1000, 1) if nxt else None,
+                    "leader_commit_ms": round((commit - f.ts_start) * 1000, 1) if commit else None,
                     "new_epoch": nxt.epoch if nxt else None})
+    return out
+
+
+def failover_by_kind(fo: list[dict]) -> dict[str, dict]:
+    """Per leader fault kind: how many, and p50 / p99 / max of the failover
+    (ms from the fault to the first ack in a newer epoch, and to the new
+    leader's first commit: ``commit_*``). pause_leader is
+    the silent case (a frozen process: no reset, its followers must time out)."""
+    out = {}
+    for kind in sorted({f["kind"] for f in fo}):
+        ms = [f["failover_ms"] for f in fo if f["kind"] == kind and f["failover_ms"] is not None]
+        cm = [f["leader_commit_ms"] for f in fo if f["kind"] == kind and f.get("leader_commit_ms") is not None]
+        out[kind] = {"n": len(ms), "p50": _pct(ms, 50), "p99": _pct(ms, 99), "max": max(ms) if ms else None,
+                     "commit_n": len(cm), "commit_p50": _pct(cm, 50), "commit_p99": _pct(cm, 99),
+                     "commit_max": max(cm) if cm else None}
     return out
 
 
@@ -107,6 +141,7 @@ def build_report(drill, out: dict) -> dict:
             "failover_ms_p50": _pct(fo_ms, 50),
             "failover_ms_p99": _pct(fo_ms, 99),
             "failover_ms_max": max(fo_ms) if fo_ms else None,
+            "failover_by_kind": failover_by_kind(fo),
             "unavailable_s_total": round(sum(b - a for a, b in windows), 2),
             "records_consumed": len(drill.history.seen),
             "truncations_told": len(drill.history.truncations),
