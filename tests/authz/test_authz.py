@@ -226,7 +226,7 @@ def test_every_api_has_a_rule():
         ApiKey.PRODUCE: PRODUCE, ApiKey.FETCH: fetch(-1), ApiKey.METADATA: m.MetadataRequest(),
         ApiKey.LIST_OFFSETS: m.ListOffsetsRequest(cluster_id=CID, current_leader_epoch=-1, timestamp_ms=-1),
         ApiKey.API_VERSIONS: m.ApiVersionsRequest(), ApiKey.DESCRIBE_QUORUM: m.DescribeQuorumRequest(),
-        ApiKey.CONTROLLER_COMMAND: cmd("create_topic"),
+        ApiKey.CONTROLLER_COMMAND: cmd("create_topic"), ApiKey.INIT_PRODUCER_ID: m.InitProducerIdRequest(cluster_id=CID),
     })
     assert set(bodies) == set(APIS)
     for api, body in bodies.items():
@@ -302,3 +302,16 @@ def test_acls_survive_a_controller_snapshot(tmp_path):
     loaded = load_snapshot(store, sid)
     assert loaded == st and len(loaded.acls) == 2
     assert sorted(x.principal for x in loaded.acls.values()) == ["User:bob", "User:carol"]
+
+
+def test_init_producer_id_needs_what_produce_needs():
+    """InitProducerId (api 22) is allowed exactly when Produce is: Write on the
+    log; without it the user sees TOPIC_AUTHORIZATION_FAILED (29)."""
+    init = m.InitProducerIdRequest(cluster_id=CID)
+    denied = a.authorize(ALICE, HOST, ApiKey.INIT_PRODUCER_ID, init, view())
+    assert denied is not None and denied.error_code == 29
+    v = view(acl(principal="User:alice", op=a.Operation.WRITE))
+    assert a.authorize(ALICE, HOST, ApiKey.INIT_PRODUCER_ID, init, v) is None
+    assert a.authorize(ALICE, HOST, ApiKey.PRODUCE, PRODUCE, v) is None
+    v = view(acl(principal="User:alice", op=a.Operation.READ))
+    assert a.authorize(ALICE, HOST, ApiKey.INIT_PRODUCER_ID, init, v).error_code == 29

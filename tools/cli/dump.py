@@ -34,7 +34,10 @@ def batch_json(pos: int, h: b.BatchHeader) -> dict:
     """kafka-dump-log's batch line."""
     return {"batch": {"base_offset": h.base_offset, "last_offset": h.last_offset, "count": h.records_count,
                       "epoch": h.leader_epoch, "position": pos, "size": h.size, "crc": h.crc,
-                      "is_control": h.is_control, "timestamp_ms": h.max_timestamp_ms}}
+                      "is_control": h.is_control, "timestamp_ms": h.max_timestamp_ms,
+                      # kafka-dump-log's producerId / producerEpoch / baseSequence (-1: not idempotent)
+                      "producer_id": h.producer_id, "producer_epoch": h.producer_epoch,
+                      "base_sequence": h.base_sequence}}
 
 
 def dump(path: str, out: TextIO, err: TextIO, max_records: int | None = None, *, deep: bool = True,
