@@ -33,6 +33,13 @@ def events(cluster, node: int, name: str) -> list[dict]:
     return [e for e in cluster.read_log_lines(node) if e.get("event") == name]
 
 
+def followers_committed(cluster, leader: int, hw: int):
+    """(node, [(offset, value)]) below `hw` for every node but `leader`, read
+    from its stopped data dir."""
+    for n in [x for x in cluster.nodes if x != leader]:
+        yield n, [(off, v) for off, _ep, v in committed_values(cluster.data_dir(n), hw)]
+
+
 async def test_retry_after_a_lost_answer_is_stored_once_at_its_original_offset_and_survives_failover(make_cluster):
     cluster = make_cluster(voters=3, **SETTINGS)
     leader, epoch = await asyncio.to_thread(cluster.wait_for_leader, 20)
@@ -88,8 +95,7 @@ async def test_retry_after_a_lost_answer_is_stored_once_at_its_original_offset_a
     finally:
         await client.close()
     cluster.stop()
-    for n in [x for x in cluster.nodes if x != leader]:
-        values = [(off, v) for off, _ep, v in committed_values(cluster.data_dir(n), hw)]
+    for n, values in followers_committed(cluster, leader, hw):
         assert [off for off, v in values if v == b"exactly-once"] == [base], f"broker {n}"
         assert [v for _off, v in values if v in (b"warm-up", b"exactly-once", b"after-failover", b"gap")] == [
             b"warm-up", b"exactly-once", b"after-failover"]
@@ -155,7 +161,6 @@ async def test_a_retry_pipelined_next_to_its_original_is_stored_once(make_cluste
     finally:
         await client.close()
     cluster.stop()
-    for n in [x for x in cluster.nodes if x != leader]:
-        values = [(off, v) for off, _ep, v in committed_values(cluster.data_dir(n), hw)]
+    for n, values in followers_committed(cluster, leader, hw):
         assert sorted(v for _off, v in values) == [b"a0", b"a1", b"b0", b"plain"], f"broker {n}"
         assert dict((v, off) for off, v in values)[b"a0"] == a0 and dict((v, off) for off, v in values)[b"a1"] == a1
