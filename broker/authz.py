@@ -271,7 +271,10 @@ def _check_replica(principal: Principal, api: ApiKey, claimed_id: int, view: Aut
 
 def _required(api_key: ApiKey, body: m.Body) -> tuple[Operation, ResourceType, str] | None:
     """The (operation, resource) a client request needs; None for ApiVersions."""
-    if api_key is ApiKey.PRODUCE:
+    if api_key in (ApiKey.PRODUCE, ApiKey.INIT_PRODUCER_ID):
+        # InitProducerId needs what Produce needs: Write on the log. (Kafka also
+        # accepts IdempotentWrite on the cluster; with one log, Write on it is
+        # exactly "may produce", so one ACL covers both.)
         return Operation.WRITE, ResourceType.TOPIC, METADATA_TOPIC
     if api_key in (ApiKey.FETCH, ApiKey.LIST_OFFSETS, ApiKey.OFFSET_FOR_LEADER_EPOCH):
         return Operation.READ, ResourceType.TOPIC, METADATA_TOPIC

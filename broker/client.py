@@ -11,8 +11,14 @@ or breaks marks that broker suspect, so rediscovery asks the others first and
 a frozen leader costs one attempt, not one per retry. Permanent refusals (a
 controller command naming an unknown broker, an invalid request, a record
 larger than ``max_request_bytes``) fail at once with their message. ``produce``
-splits many records into requests of at most ``max_request_bytes``. See
-docs/client.md (delivery guarantee: at-least-once).
+splits many records into requests of at most ``max_request_bytes``.
+
+Idempotent by default (``idempotent=True``, KIP-98): the client obtains a
+producer id once (InitProducerId), numbers its records per producer (each
+request carries the sequence of its first record) and a retry of a request
+reuses its sequence, so the leader answers a retry of an already appended
+request with the original offset instead of appending it again: a produce
+call that returns was stored exactly once. See docs/client.md.
 
 ``Consumer`` (``client.consumer(reset_policy)``) reads committed records with
 Fetch (replica_id = CONSUMER_REPLICA_ID) and detects log truncation as KIP-320
@@ -167,6 +173,15 @@ class _Revalidate(Exception):
     """The leader epoch changed under a pending fetch: validate the position first."""
 
 
+@dataclass
+class _Producer:
+    """One idempotent producer of a client (KIP-98)."""
+
+    producer_id: int
+    producer_epoch: int
+    next_sequence: int = 0
+
+
 class MetalogClient:
     def __init__(
         self,
@@ -183,6 +198,7 @@ class MetalogClient:
         logger: Any = None,
         tls: Any = None,
         resolve_address: Callable[[tuple[str, int]], tuple[str, int]] | None = None,
+        idempotent: bool = True,
     ):
         # tls: broker.tls.TlsFiles (or an ssl.SSLContext) with our client certificate; None = plaintext.
         self.tls = tls
@@ -222,6 +238,14 @@ class MetalogClient:
         self.leader_id = m.NO_LEADER
         self.answered_by: tuple[int, str] = (m.NO_LEADER, "")  # (node id, host:port) of the last answer
         self.leader_epoch = NO_EPOCH
+        # Idempotent produce: producers (id and epoch from InitProducerId, the
+        # sequence of the next record) not in use. Each produce call takes one
+        # for its duration, so a producer has one request in flight and the
+        # leader sees its sequences in order; concurrent calls use several
+        # producers (as many as ever ran at once) instead of waiting in line.
+        self.idempotent = idempotent
+        self._idle_producers: list[_Producer] = []
+        self.producers_initialized = 0
 
     # -- public calls ------------------------------------------------------
 
@@ -286,25 +310,77 @@ class MetalogClient:
         committed before the next is sent: the records of one request are
         consecutive, but another producer's records may fall between two
         requests, and if a later request fails the earlier ones stay appended.
-        Retried on leader changes and timeouts within delivery_timeout_ms. Not
-        idempotent: if an attempt timed out (or the connection broke) after the
-        leader appended the records, the retry appends them again, so a record
-        can appear twice (at-least-once).
+        Retried on leader changes and timeouts within delivery_timeout_ms.
+        Idempotent (the default): every retry of a request carries the same
+        producer id, epoch and sequence, and the leader answers a retry of an
+        appended request with its original offset, so each record is stored
+        once. If a request fails for good (the call raises), the client takes
+        a new producer id for the next call: the failed request may or may not
+        be stored. With ``idempotent=False`` a retry after a lost answer can
+        store the records twice (at-least-once).
         """
         if not records:
             raise ValueError("produce needs at least one record")
+        chunks = self.split_requests(records)
+        if not self.idempotent:
+            first: tuple[int, int] | None = None
+            for chunk in chunks:
+                resp = await self._leader_request(
+                    ApiKey.PRODUCE,
+                    lambda chunk=chunk: m.ProduceRequest(cluster_id=self.cluster_id, records=chunk,
+                                                         timeout_ms=self._server_wait_ms),
+                    self.request_timeout_ms,
+                )
+                if first is None:
+                    first = (resp.base_offset, resp.leader_epoch)
+            assert first is not None
+            return first
+        producer = self._idle_producers.pop() if self._idle_producers else None
         first: tuple[int, int] | None = None
-        for chunk in self.split_requests(records):
-            resp = await self._leader_request(
-                ApiKey.PRODUCE,
-                lambda chunk=chunk: m.ProduceRequest(cluster_id=self.cluster_id, records=chunk,
-                                                     timeout_ms=self._server_wait_ms),
-                self.request_timeout_ms,
-            )
+        for chunk in chunks:
+            producer, resp = await self._produce_chunk(producer, chunk)
             if first is None:
                 first = (resp.base_offset, resp.leader_epoch)
-        assert first is not None
+        assert first is not None and producer is not None
+        # Only a producer whose every request was answered is used again: after a
+        # failure its next sequence could not be judged against the unknown outcome.
+        self._idle_producers.append(producer)
         return first
+
+    async def init_producer_id(self) -> tuple[int, int]:
+        """A new producer id and epoch from the leader (InitProducerId)."""
+        resp = await self._leader_request(
+            ApiKey.INIT_PRODUCER_ID,
+            lambda: m.InitProducerIdRequest(cluster_id=self.cluster_id, timeout_ms=self._server_wait_ms),
+            self.request_timeout_ms,
+        )
+        self.producers_initialized += 1
+        self._log.debug("producer_id_initialized", producer_id=resp.producer_id, producer_epoch=resp.producer_epoch)
+        return resp.producer_id, resp.producer_epoch
+
+    async def _produce_chunk(self, producer: "_Producer | None",
+                             chunk: list[bytes]) -> tuple["_Producer", m.ProduceResponse]:
+        """One request of an idempotent producer, retried with the same
+        sequence; UNKNOWN_PRODUCER_ID (its state expired on the leader) takes a
+        new producer id once and sends the request again as its first."""
+        for renewal in range(2):
+            if producer is None:
+                producer = _Producer(*await self.init_producer_id())
+            pid, epoch, seq = producer.producer_id, producer.producer_epoch, producer.next_sequence
+            resp = await self._leader_request(
+                ApiKey.PRODUCE,
+                # Every attempt of this request carries the same producer fields.
+                lambda: m.ProduceRequest(cluster_id=self.cluster_id, records=chunk, timeout_ms=self._server_wait_ms,
+                                         producer_id=pid, producer_epoch=epoch, base_sequence=seq),
+                self.request_timeout_ms,
+                passthrough=frozenset({Errors.UNKNOWN_PRODUCER_ID}) if renewal == 0 else frozenset(),
+            )
+            if resp.error_code == Errors.NONE:
+                producer.next_sequence = seq + len(chunk)
+                return producer, resp
+            self._log.info("producer_id_unknown", producer_id=pid, message=resp.error_message)
+            producer = None
+        raise AssertionError("unreachable: the second attempt raises or succeeds")
 
     async def command(self, command: str, **args: Any) -> tuple[int, int]:
         """Run a controller command on the leader (create_topic, delete_topic,

@@ -71,6 +71,10 @@ class StorageConfig:
     snapshot_min_records: int = setting(
         20000, "committed records since the last snapshot before a new one is written "
                "(controller.snapshot.minimum.records)", gt=0)
+    producer_id_expiration_ms: int = setting(
+        86_400_000, "an idempotent producer idle this long is forgotten; its next batch gets "
+                    "UNKNOWN_PRODUCER_ID and the client takes a new producer id (producer.id.expiration.ms)",
+        gt=0)
     consistency_check_interval_ms: int = setting(
         60000, "how often a leader compares its committed log's digest with every voter's",
         ge=0, note="0 = off")

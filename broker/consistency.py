@@ -27,11 +27,12 @@ from __future__ import annotations
 import bisect
 import struct
 from array import array
+from typing import Iterable
 
 import crc32c
 
 from protocol import messages as m
-from storage.batch import iter_batches
+from storage.batch import BatchHeader, iter_batches
 
 ENTRY = struct.Struct(">qqiI")  # base offset, next offset, leader epoch, batch CRC-32C
 BUILD_CHUNK_BYTES = 8 << 20  # bound on what one read of the boot-time build holds
@@ -75,7 +76,12 @@ class LogDigest:
 
     def append(self, data: bytes) -> None:
         """Whole batches just appended at the log end."""
-        for _, h in iter_batches(data, verify=False):
+        self.append_headers(h for _, h in iter_batches(data, verify=False))
+
+    def append_headers(self, headers: Iterable[BatchHeader]) -> None:
+        """The headers of whole batches just appended at the log end (as the
+        log's append parsed them)."""
+        for h in headers:
             if self._nexts:
                 assert h.base_offset == self._nexts[-1], (
                     f"digest: batch at {h.base_offset} appended after {self._nexts[-1]}")

@@ -71,6 +71,7 @@ from protocol import messages as m
 from protocol.errors import Errors as ErrorCode
 from storage import batch as b
 from storage import metadata_records as r
+from storage.producer_state import RETAINED_BATCHES, BatchMeta, ProducerEntry, ProducerStateTable
 
 log = structlog.get_logger(__name__)
 
@@ -107,7 +108,7 @@ class ControllerState:
     """
 
     __slots__ = ("offset", "brokers", "topics", "topic_ids", "partitions", "configs",
-                 "features", "acls", "acl_version", "invalid_records", "last_invalid")
+                 "features", "acls", "acl_version", "invalid_records", "last_invalid", "producers")
 
     def __init__(self, offset: int = 0) -> None:
         self.offset = offset
@@ -119,6 +120,10 @@ class ControllerState:
         self.features: dict[str, int] = {}
         self.acls: dict[str, r.AccessControlEntry] = {}  # by ACL id
         self.acl_version = 0  # bumped on every ACL change: lets the authorizer cache its view
+        # Idempotent producers as of the committed batches (storage.producer_state):
+        # carried in snapshots so that a replica loading one knows them. Not part
+        # of equality (the runtime expires idle producers locally).
+        self.producers = ProducerStateTable(end_offset=offset)
         # Diagnostic only: not part of equality (a replica that loaded a
         # snapshot never saw the invalid records that preceded it).
         self.invalid_records = 0
@@ -130,6 +135,10 @@ class ControllerState:
         """Apply the record at `offset`; False if it was invalid and ignored."""
         assert offset >= self.offset, (
             f"records must be applied in offset order: got {offset}, next is {self.offset}")
+        if type(record) is r.ProducerState:
+            # Snapshot-only: in the log it would let a writer forge another producer's state.
+            self.offset = offset + 1
+            return self._invalid(f"offset {offset}: ProducerState belongs in snapshots only")
         ok = self._apply(record)
         self.offset = offset + 1
         return ok
@@ -304,6 +313,15 @@ class ControllerState:
     def _no_op(self, rec: r.NoOp) -> bool:
         return True
 
+    def _producer_state(self, rec: r.ProducerState) -> bool:
+        if rec.producer_id < 0 or len(rec.batches) > RETAINED_BATCHES:
+            return self._invalid(f"ProducerState of producer id {rec.producer_id} with "
+                                 f"{len(rec.batches)} batches")
+        self.producers.producers[rec.producer_id] = ProducerEntry(
+            rec.producer_id, rec.producer_epoch, rec.last_timestamp_ms,
+            (BatchMeta(*meta) for meta in rec.batches))
+        return True
+
     # ---------------------------------------------------------- views, copies
 
     def copy(self) -> "ControllerState":
@@ -319,6 +337,7 @@ class ControllerState:
         c.acl_version = self.acl_version
         c.invalid_records = self.invalid_records
         c.last_invalid = self.last_invalid
+        c.producers = self.producers.copy()  # entries are mutable: copied
         return c
 
     def to_records(self) -> Iterator[r.MetadataRecord]:
@@ -336,6 +355,9 @@ class ControllerState:
             yield r.Config(rtype, rname, name, self.configs[(rtype, rname, name)])
         for acl_id in sorted(self.acls):
             yield self.acls[acl_id]
+        for e in self.producers.to_entries():
+            yield r.ProducerState(e.producer_id, e.producer_epoch, e.last_timestamp_ms,
+                                  tuple(tuple(meta) for meta in e.batches))
 
     @classmethod
     def from_records(cls, records: Iterable[r.MetadataRecord], offset: int) -> "ControllerState":
@@ -344,6 +366,7 @@ class ControllerState:
         for rec in records:
             state._apply(rec)
         state.offset = offset
+        state.producers.end_offset = offset
         return state
 
     def _key(self) -> tuple:
@@ -411,6 +434,7 @@ _HANDLERS = {
     r.AccessControlEntry: ControllerState._access_control_entry,
     r.RemoveAccessControlEntry: ControllerState._remove_access_control_entry,
     r.NoOp: ControllerState._no_op,
+    r.ProducerState: ControllerState._producer_state,
 }
 
 
@@ -460,15 +484,19 @@ class Controller:
         """A snapshot ending at `end_offset` exists: recount from there."""
         self.records_since_snapshot = max(0, self.state.offset - end_offset)
 
-    def apply_batches(self, data: bytes | memoryview, end_offset: int | None = None) -> int:
+    def apply_batches(self, data: bytes | memoryview, end_offset: int | None = None,
+                      verify: bool = True) -> int:
         """Apply the committed records in `data` (whole batches, as the log
         reader returns them), skipping records below applied_offset (a batch
         re-read) and stopping at `end_offset` (the HW) if given. Control batches
-        only advance the offset. Returns the number of records applied."""
+        only advance the offset. Returns the number of records applied.
+
+        `verify=False` skips the CRC check (headers are still checked) for
+        bytes the caller's log read has just verified (SegmentedLog.read)."""
         state = self.state
         applied = 0
         pos = 0
-        for pos, h in b.iter_batches(data):
+        for pos, h in b.iter_batches(data, verify=verify):
             if h.base_offset > state.offset:
                 raise LogGapError(
                     f"gap in the metadata log: expected offset {state.offset}, "
@@ -480,6 +508,8 @@ class Controller:
             if h.is_control:
                 stop = h.next_offset if end_offset is None else min(h.next_offset, end_offset)
                 state.skip_to(stop)
+                if stop == h.next_offset:
+                    state.producers.end_offset = stop  # a batch boundary: producer state is as of it
                 continue
             values = b.decode_records(memoryview(data)[pos:pos + h.size], h)
             for i, value in enumerate(values):
@@ -490,6 +520,11 @@ class Controller:
                     break
                 state.apply_value(offset, value)
                 applied += 1
+            if state.offset == h.next_offset:  # the whole batch is applied
+                if h.producer_id >= 0:
+                    state.producers.apply_header(h)
+                else:
+                    state.producers.end_offset = h.next_offset
         self.records_since_snapshot += applied
         return applied
 
@@ -710,6 +745,7 @@ def load_snapshot(store, snapshot_id: m.SnapshotId) -> ControllerState:
             f"snapshot {sid}: {state.invalid_records} record(s) rejected by the state "
             f"machine (last: {state.last_invalid})")
     state.offset = sid.end_offset
+    state.producers.end_offset = sid.end_offset
     return state
 
 

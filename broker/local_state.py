@@ -154,8 +154,13 @@ def recover_local_state(cfg: BrokerConfig, part_dir: str, log, metrics: BrokerMe
     # voter has no other copy: refuse to start and say what to do.
     sole_voter = len(voters) == 1 and cfg.node_id in voters
     try:
+        # verify_appends=False: every AppendBatches is either the leader's own
+        # freshly encoded batches or a fetch answer whose CRCs the core checked
+        # on receipt (QuorumLog.append_fetched, the network boundary); append
+        # still checks headers, lengths and offsets.
         seg_log = SegmentedLog.open(part_dir, segment_bytes_max=cfg.storage.segment_bytes_max,
-                                    logger=log, on_corruption="raise" if sole_voter else "quarantine")
+                                    logger=log, on_corruption="raise" if sole_voter else "quarantine",
+                                    verify_appends=False)
     except CorruptLogError as exc:
         raise StartupError(no_copy_message(exc.report, cfg.data_dir)) from None
     for report in seg_log.startup_reports:  # already logged by the log (corruption_detected)

@@ -52,6 +52,7 @@ from broker.consistency import LogDigest
 from broker.consistency_check import ConsistencyChecker
 from broker.controller_commands import CommandQueue, CommandToken, LeaderView
 from broker.gate import Gate
+from broker.idempotence import ProducerGuard, ProducerIdAllocator, refusal, split_by_producer, validate_produce
 from broker.local_state import no_copy_message, recover_local_state
 from broker.metrics import IDLE_SAMPLE_S, BrokerMetrics, RaftView
 from broker.net import Connection, ListenerLimits, NetError, PeerPool, Server, serve
@@ -69,6 +70,7 @@ from storage.batch import CorruptBatchError
 from storage.epochs import EpochHistory, write_checkpoint
 from storage.errors import CorruptionReport, LogWriteError, StorageError
 from storage.group_commit import Arm, GroupCommit
+from storage.producer_state import Check, Verdict
 from storage.log import SegmentedLog
 from storage.scrub import Scrubber
 from storage.snapshot import SnapshotStore
@@ -126,6 +128,13 @@ class Broker:
         # the connections' in-flight limits): answered KAFKA_STORAGE_ERROR if
         # the disk fails before the core acknowledges them.
         self._unanswered_produce: set = set()
+        # Idempotent produce (broker.idempotence): the producer state at the log
+        # end, the queued idempotent requests by token (each becomes its own
+        # batch), and the producer ids this node hands out while it leads.
+        self.producers = ProducerGuard(cfg.storage.producer_id_expiration_ms)
+        self._idempotent: dict[Any, m.ProduceRequest] = {}
+        self.producer_ids = ProducerIdAllocator()
+        self._producers_expired_at_ms = 0
         self.scrubber: Scrubber | None = None
         self._consistency_task: asyncio.Task | None = None
         self.stopped = asyncio.Event()
@@ -148,6 +157,7 @@ class Broker:
         local = recover_local_state(cfg, self.part_dir, self.log, self.metrics)
         self.seg_log, self.snapshots, self.controller = local.seg_log, local.snapshots, local.controller
         self.qs_file = local.qs_file
+        self._rebuild_producers()
         self.gate = Gate(enabled=self.authz_enabled, voters=frozenset(self.voters), super_users=self.super_users,
                          controller_state=lambda: self.controller.state, metrics=self.metrics, log=self.log)
         self.health_problems.update(local.health_problems)
@@ -260,6 +270,7 @@ class Broker:
             self._storage_failed(f"quarantine failed: {exc}", exc)
             return
         self.digest.truncate(self.seg_log.log_end_offset)
+        self._rebuild_producers()
         self.health_problems["quarantine"] = (
             f"log cut to {self.seg_log.log_end_offset} after corruption; not voting until the log "
             f"reaches {state.must_reach_offset} again")
@@ -401,16 +412,17 @@ class Broker:
                 conn.send_response(correlation_id, a.response)
         elif t is qa.AppendBatches:
             try:
-                self.seg_log.append(a.data)
+                headers = self.seg_log.append(a.data)
             except LogWriteError as exc:
                 # The core already counts these records: we cannot go on with a
                 # log that disagrees with it. Fail-stop (Kafka takes the log dir
                 # offline); the log itself holds no partial batch.
                 self._storage_failed(f"append failed: {exc}", exc)
                 return
+            self.producers.on_append(headers)
             self.metrics.appended_bytes.inc(len(a.data))
             self.metrics.raft.on_append(self.core.is_leader, a.base_offset, a.next_offset)
-            self.digest.append(a.data)
+            self.digest.append_headers(headers)
         elif t is qa.FlushLog:
             self._request_flush()
         elif t is qa.PersistQuorumState:
@@ -422,6 +434,7 @@ class Broker:
             assert a.end_offset >= self.controller.applied_offset, "truncating below applied (committed) records"
             self.seg_log.truncate_to(a.end_offset)
             self.digest.truncate(a.end_offset)
+            self._rebuild_producers()  # batches past the cut no longer count
         elif t is qa.WriteEpochCheckpoint:
             write_checkpoint(os.path.join(self.part_dir, "leader-epoch-checkpoint"), EpochHistory(a.entries))
         elif t is qa.WriteSnapshotChunk:
@@ -430,6 +443,8 @@ class Broker:
             failed = self.snapshot_work.install(a)
             if failed is not None:
                 self._follow_up.append(failed)  # the contract: before any other event
+            else:
+                self._rebuild_producers()  # the snapshot's producers, nothing after it
         elif t is qa.AdvanceLogStart:
             self.seg_log.advance_log_start(a.log_start_offset)
             self.digest.advance_start(a.log_start_offset)
@@ -470,6 +485,7 @@ class Broker:
             self._apply_committed(hw)
         if self.commands.runnable:
             self._pump_commands()
+        self._release_duplicates()
         self._schedule_timer()
 
     def _apply_committed(self, hw: int) -> None:
@@ -482,7 +498,8 @@ class Broker:
             return
         if data:
             try:
-                self.controller.apply_batches(data, end_offset=hw)
+                # The read checked every CRC (the disk boundary): not again here.
+                self.controller.apply_batches(data, end_offset=hw, verify=False)
             except Exception as exc:  # noqa: BLE001 - committed records we cannot apply: fail-stop
                 # Every replica holds these same bytes (their CRC is valid): going
                 # on would serve a state that skipped committed records.
@@ -510,8 +527,9 @@ class Broker:
         message = f"storage error on broker {self.cfg.node_id}: {reason}"
         # Queued here, or handed to the core and not acknowledged (their batch
         # may not be durable): none of them will be acknowledged by this process.
-        tokens = self.group_commit.drop_all() + list(self._unanswered_produce)
+        tokens = self.group_commit.drop_all() + list(self._unanswered_produce) + self.producers.drop_parked()
         self._unanswered_produce.clear()
+        self._idempotent.clear()
         for conn, cid in tokens:
             conn.send_response(cid, m.ProduceResponse(error_code=Errors.KAFKA_STORAGE_ERROR, error_message=message))
         self._send_answers(self.commands.fail_all(Errors.KAFKA_STORAGE_ERROR, message))
@@ -647,7 +665,8 @@ class Broker:
         api_key = ApiKey(header.api_key)
         self.metrics.requests.labels(api=api_key.name).inc()
         token = (conn, header.correlation_id)
-        if self.storage_error is not None and api_key in (ApiKey.PRODUCE, ApiKey.CONTROLLER_COMMAND):
+        if self.storage_error is not None and api_key in (ApiKey.PRODUCE, ApiKey.CONTROLLER_COMMAND,
+                                                          ApiKey.INIT_PRODUCER_ID):
             conn.send_response(header.correlation_id, APIS[api_key][1](
                 error_code=Errors.KAFKA_STORAGE_ERROR,
                 error_message=f"storage error on broker {self.cfg.node_id}: {self.storage_error}"))
@@ -662,9 +681,10 @@ class Broker:
             if denial is not None:
                 self.gate.refuse(conn, header.correlation_id, api_key, denial)
                 return
-        if api_key in (ApiKey.PRODUCE, ApiKey.CONTROLLER_COMMAND, ApiKey.CONSISTENCY_CHECK):
+        if api_key in (ApiKey.PRODUCE, ApiKey.CONTROLLER_COMMAND, ApiKey.CONSISTENCY_CHECK,
+                       ApiKey.INIT_PRODUCER_ID):
             # The core runs the same check on every request it is handed; these
-            # three the runtime batches or runs itself.
+            # the runtime batches or runs itself.
             wrong_cluster = check_cluster_id(self.cfg.cluster_id, body, self.core.current_leader())
             if wrong_cluster is not None:
                 self.log.warning("inconsistent_cluster_id", api=api_key.name, got=body.cluster_id, peer=conn.peer)
@@ -683,6 +703,8 @@ class Broker:
             self._enqueue_produce(token, body)
         elif api_key is ApiKey.CONTROLLER_COMMAND:
             self._enqueue_command(token, body)
+        elif api_key is ApiKey.INIT_PRODUCER_ID:
+            self._init_producer_id(conn, header.correlation_id)
         elif api_key is ApiKey.CONSISTENCY_CHECK:
             conn.send_response(header.correlation_id, consistency.answer(
                 body, self.voters, self.core.flushed_end_offset, self.digest))
@@ -704,6 +726,15 @@ class Broker:
             conn.send_response(cid, m.ProduceResponse(error_code=Errors.INVALID_REQUEST,
                                                       error_message="a produce request needs at least one record"))
             return
+        problem = validate_produce(body)
+        if problem is not None:
+            conn, cid = token
+            conn.send_response(cid, m.ProduceResponse(error_code=Errors.INVALID_REQUEST, error_message=problem))
+            return
+        if body.producer_id >= 0:
+            # Judged against the producer state when its batch is formed
+            # (_flush_produce), after every batch queued before it.
+            self._idempotent[token] = body
         arm = self.group_commit.offer(token, body.records)
         if arm is Arm.APPEND_NOW:
             self._flush_produce()
@@ -721,9 +752,130 @@ class Broker:
         if batch is None:
             return
         waiters, records = batch
+        if self._idempotent:
+            self._append_group(waiters, records)
+            return
         self._unanswered_produce.update(token for token, _n in waiters)
         self.metrics.appended_records.inc(len(records))
         self._step(qa.ClientAppend(now_ms(), waiters, records, wall_clock_ms()))
+
+    # ------------------------------------------------- idempotent produce
+    def _append_group(self, waiters: list, records: list[bytes]) -> None:
+        """One group commit holding idempotent requests: ONE core step (one
+        append, one flush) with one batch per idempotent request (its producer
+        fields in the header) and one per run of plain requests, every
+        idempotent request judged against the producer state before the step.
+        A producer id appears at most once per step (split_by_producer): a
+        group holding two requests of one producer takes one step more."""
+        core = self.core
+        if self.fatal is not None or core is None:
+            for token, _n in waiters:
+                self._idempotent.pop(token, None)
+                conn, cid = token
+                conn.send_response(cid, m.ProduceResponse(error_code=Errors.BROKER_NOT_AVAILABLE))
+            return
+        # Every token counts as handed to the core until answered here, so a
+        # storage failure in one of the steps answers the rest too.
+        self._unanswered_produce.update(token for token, _n in waiters)
+        records_of: dict[Any, list[bytes]] = {}
+        pos = 0
+        for token, n in waiters:
+            records_of[token] = records[pos:pos + n]
+            pos += n
+        bodies = self._idempotent
+        runs = split_by_producer(waiters, lambda token: bodies[token].producer_id if token in bodies else None)
+        parked = False
+        for run in runs:
+            if self.fatal is not None:
+                return  # _storage_failed answered every unanswered token
+            parked |= self._append_run(run, records_of)
+        if parked and self.fatal is None:
+            self._release_duplicates()  # an original may be committed already
+
+    def _append_run(self, run: list, records_of: dict[Any, list[bytes]]) -> bool:
+        """One step of _append_group; True if a duplicate was parked."""
+        now_wall = wall_clock_ms()
+        is_leader = self.core.is_leader
+        step_waiters: list = []
+        step_records: list[bytes] = []
+        step_producers: list[tuple[int, int, int] | None] = []
+        parked = False
+        for token, n in run:
+            body = self._idempotent.pop(token, None)
+            if body is not None and is_leader:
+                check = self.producers.check(body, now_wall)
+                if check.verdict is not Verdict.APPEND:
+                    parked |= self._answer_unappended(token, body, check)
+                    continue
+                producer = (body.producer_id, body.producer_epoch, body.base_sequence)
+            else:
+                # Plain; or not the leader, and the core answers every waiter
+                # NOT_LEADER_OR_FOLLOWER (the client retries at the leader).
+                producer = None
+            step_waiters.append((token, n))
+            step_records.extend(records_of[token])
+            step_producers.append(producer)
+        if step_waiters:
+            self.metrics.appended_records.inc(len(step_records))
+            idempotent = any(p is not None for p in step_producers)
+            self._step(qa.ClientAppend(now_ms(), step_waiters, step_records, wall_clock_ms(),
+                                       producers=step_producers if idempotent else None))
+        return parked
+
+    def _answer_unappended(self, token, body: m.ProduceRequest, check: Check) -> bool:
+        """A duplicate (parked until its original is committed) or a refusal;
+        True if parked."""
+        self._unanswered_produce.discard(token)
+        conn, cid = token
+        if check.verdict is Verdict.DUPLICATE:
+            self.log.info("produce_duplicate", producer_id=body.producer_id, producer_epoch=body.producer_epoch,
+                          base_sequence=body.base_sequence, original_base_offset=check.original.base_offset)
+            if self.producers.park_duplicate(token, check.original):
+                return True
+            conn.send_response(cid, m.ProduceResponse(error_code=Errors.REQUEST_TIMED_OUT,
+                                                      error_message="too many duplicate produces waiting"))
+            return False
+        self.log.warning("produce_refused", producer_id=body.producer_id, verdict=check.verdict.value,
+                         reason=check.message)
+        conn.send_response(cid, refusal(check))
+        return False
+
+    def _release_duplicates(self) -> None:
+        core = self.core
+        for (conn, cid), response in self.producers.release(core.high_watermark, core.is_leader,
+                                                            core.current_leader()):
+            conn.send_response(cid, response)
+        now = wall_clock_ms()
+        if now - self._producers_expired_at_ms >= 60_000:  # memory only: check() ignores expired ones anyway
+            self._producers_expired_at_ms = now
+            self.producers.table.expire(now)
+            self.controller.state.producers.expire(now)
+
+    def _init_producer_id(self, conn: Connection, correlation_id: int) -> None:
+        """InitProducerId: a new id from this leader's epoch (broker.idempotence)."""
+        core = self.core
+        if not core.is_leader:
+            conn.send_response(correlation_id, m.InitProducerIdResponse(
+                error_code=Errors.NOT_LEADER_OR_FOLLOWER, current_leader=core.current_leader(),
+                error_message=f"node {self.cfg.node_id} is not the leader"))
+            return
+        conn.send_response(correlation_id, self.producer_ids.allocate(core.epoch, core.current_leader()))
+
+    def _rebuild_producers(self) -> None:
+        """The producer state at the log end: the controller's committed copy
+        plus the log after it (after a start, a truncation, a snapshot install)."""
+        log = self.seg_log
+        try:
+            self.producers.rebuild(
+                self.controller.state.producers,
+                # Headers are all it needs: the CRCs are the scrubber's, fetch's and apply's job.
+                lambda offset: log.read(max(offset, log.log_start_offset), log.log_end_offset, 1 << 20,
+                                        verify=False),
+                log.log_end_offset)
+        except CorruptBatchError as exc:
+            # A damaged header: the usual reaction (quarantine, re-fetch); that
+            # cut rebuilds the table again from what is left.
+            self._on_corruption(exc.report, "producer_state")
 
     # ------------------------------------------------- controller commands
     def _enqueue_command(self, token, body: m.ControllerCommandRequest) -> None:

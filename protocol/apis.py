@@ -13,6 +13,7 @@ class ApiKey(enum.IntEnum):
     LIST_OFFSETS = 2
     METADATA = 3
     API_VERSIONS = 18
+    INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
     VOTE = 52
     BEGIN_QUORUM_EPOCH = 53
@@ -33,6 +34,7 @@ APIS: dict[ApiKey, tuple[type[m.Body], type[m.Body], int, int]] = {
     ApiKey.LIST_OFFSETS: (m.ListOffsetsRequest, m.ListOffsetsResponse, 0, 0),
     ApiKey.METADATA: (m.MetadataRequest, m.MetadataResponse, 0, 0),
     ApiKey.API_VERSIONS: (m.ApiVersionsRequest, m.ApiVersionsResponse, 0, 0),
+    ApiKey.INIT_PRODUCER_ID: (m.InitProducerIdRequest, m.InitProducerIdResponse, 0, 0),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: (m.OffsetsForLeaderEpochRequest, m.OffsetsForLeaderEpochResponse, 0, 0),
     # Vote: versions as Kafka numbers them. v1 is KIP-853's (directory ids,
     # carried as trailing fields with defaults in every version: an older

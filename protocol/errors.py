@@ -20,7 +20,10 @@ class Errors(enum.IntEnum):
     CLUSTER_AUTHORIZATION_FAILED = 31  # lacks an ACL on the cluster, or is not the replica it claims
     UNSUPPORTED_VERSION = 35
     INVALID_REQUEST = 42
+    OUT_OF_ORDER_SEQUENCE_NUMBER = 45  # idempotent produce: a gap in the producer's sequence
+    INVALID_PRODUCER_EPOCH = 47  # the producer's epoch is older than the one the leader knows
     KAFKA_STORAGE_ERROR = 56
+    UNKNOWN_PRODUCER_ID = 59  # no state for the producer (expired): the client re-inits
     FENCED_LEADER_EPOCH = 74  # the request's epoch is older than ours
     UNKNOWN_LEADER_EPOCH = 75  # the request's epoch is newer than ours
     INCONSISTENT_VOTER_SET = 94

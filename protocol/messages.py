@@ -246,12 +246,41 @@ class ProduceRequest(Body):
     cluster_id: str
     records: list[bytes]
     timeout_ms: int = 5000
+    # Idempotent produce (KIP-98): the producer from InitProducerId and the
+    # sequence of the first record; they go into the batch header as is.
+    # -1 (NO_PRODUCER_ID) = not idempotent. A retry reuses all three.
+    producer_id: int = -1
+    producer_epoch: int = -1
+    base_sequence: int = -1
 
 
 class ProduceResponse(Body):
     error_code: int = 0
     base_offset: int = NO_OFFSET  # offset of the first record written
     leader_epoch: int = NO_EPOCH  # epoch the records were written under
+    current_leader: LeaderIdAndEpoch | None = None
+    error_message: str | None = None
+
+
+# --------------------------------------------------------------------------
+# InitProducerId (22), Kafka's fields (no transactions: transactional_id stays
+# None). The leader answers with a fresh id derived from its leader epoch
+# (unique across leaders: see broker.idempotence and docs/client.md).
+
+
+class InitProducerIdRequest(Body):
+    cluster_id: str
+    transactional_id: str | None = None
+    transaction_timeout_ms: int = -1
+    producer_id: int = -1  # an existing id to re-init (unused: a new id is always allocated)
+    producer_epoch: int = -1
+    timeout_ms: int = 5000
+
+
+class InitProducerIdResponse(Body):
+    error_code: int = 0
+    producer_id: int = -1
+    producer_epoch: int = -1
     current_leader: LeaderIdAndEpoch | None = None
     error_message: str | None = None
 

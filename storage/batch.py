@@ -94,10 +94,17 @@ def encode_batch(
     records: Sequence[bytes],
     timestamp_ms: int,
     is_control: bool = False,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
 ) -> bytes:
-    """Encode one batch holding `records` at offsets base_offset.. ."""
+    """Encode one batch holding `records` at offsets base_offset.. .
+
+    The producer fields are Kafka's (KIP-98): -1 for a batch of no idempotent
+    producer; else the producer's id, epoch and the sequence of its first record."""
     assert records, "a batch holds at least one record"
     assert base_offset >= 0 and leader_epoch >= 0
+    assert (producer_id < 0) == (base_sequence < 0), "an idempotent batch has both id and sequence"
     parts = []
     for value in records:
         parts.append(RECORD_LEN.pack(len(value)))
@@ -109,7 +116,7 @@ def encode_batch(
         HEADER.pack(
             base_offset, length, leader_epoch, MAGIC, 0,
             ATTR_CONTROL if is_control else 0, n - 1, timestamp_ms, timestamp_ms,
-            -1, -1, -1, n,
+            producer_id, producer_epoch, base_sequence, n,
         )
     )
     crc = crc32c.crc32c(body, crc32c.crc32c(bytes(header[CRC_START:])))

@@ -307,9 +307,10 @@ class SegmentedLog:
              on_corruption: str = "raise") -> "SegmentedLog":
         """Open (creating if needed) the log in `directory`, recovering after a crash.
 
-        `verify_appends` checks each appended batch's CRC (a follower appends
-        bytes that came over the network); a leader appending batches it just
-        encoded may turn it off. `verify_reads` checks the CRC of every batch
+        `verify_appends` checks each appended batch's CRC; a caller that
+        verified the bytes where they crossed the network (a follower's fetch
+        answer) or encoded them itself (a leader) turns it off. The header,
+        length, offset and epoch checks of append always run. `verify_reads` checks the CRC of every batch
         read() returns. `on_corruption` is "raise" or "quarantine" (see the
         module docstring).
         """
@@ -897,8 +898,9 @@ class SegmentedLog:
         if self._failed:
             raise LogWriteError(f"log {self._dir} is unusable: {self._failed}")
 
-    def append(self, data: bytes) -> None:
-        """Append whole batches starting exactly at the log end offset.
+    def append(self, data: bytes) -> list[B.BatchHeader]:
+        """Append whole batches starting exactly at the log end offset; returns
+        their headers, parsed here once, so the caller need not parse them again.
 
         One write syscall (more only after a short write). On an OSError the
         file is cut back to its size before the call and LogWriteError is
@@ -921,6 +923,7 @@ class SegmentedLog:
         new_index: list[bytes] = []
         new_rel: list[int] = []
         new_pos: list[int] = []
+        headers: list[B.BatchHeader] = []
         pos = 0
         verify = self._verify_appends
         while pos < n:  # per batch, never per record
@@ -950,6 +953,7 @@ class SegmentedLog:
                 last_index_pos = file_pos
             expected = h.next_offset
             epoch = h.leader_epoch
+            headers.append(h)
             pos += h.size
         assert file_start + n <= U32_MAX, "segment positions must fit the u32 index"
 
@@ -980,6 +984,7 @@ class SegmentedLog:
                 active.last_index_pos = last_index_pos
             self._end_offset = expected
             self._last_epoch = epoch
+        return headers
 
     def _roll(self, base_offset: int) -> None:
         seg = _Segment(self._dir, base_offset)

@@ -5,7 +5,8 @@ endian prefix), with Kafka's metadata record api keys::
 
     RegisterBroker 0, UnregisterBroker 1, Topic 2, Partition 3, Config 4,
     PartitionChange 5, AccessControlEntry 6, FenceBroker 7, UnfenceBroker 8,
-    RemoveTopic 9, FeatureLevel 12, RemoveAccessControlEntry 16, NoOp 20
+    RemoveTopic 9, FeatureLevel 12, RemoveAccessControlEntry 16, NoOp 20,
+    and metalog's own ProducerState 1000 (snapshots only)
 
 The body is a msgspec Struct encoded ``array_like`` (fields by position), so
 adding an optional field at the end is a compatible change; anything else gets
@@ -37,6 +38,7 @@ REMOVE_TOPIC = 9
 FEATURE_LEVEL = 12
 REMOVE_ACCESS_CONTROL_ENTRY = 16
 NO_OP = 20
+PRODUCER_STATE = 1000  # metalog's own (Kafka keeps producer state in separate files)
 
 # Config resource types (Kafka's ConfigResource.Type ids).
 RESOURCE_TOPIC = 2
@@ -144,10 +146,21 @@ class NoOp(_Rec):
     pass
 
 
+class ProducerState(_Rec):
+    """One producer's idempotence state, in controller snapshots only
+    (storage.producer_state). Batches are (first_seq, last_seq, base_offset,
+    last_offset, leader_epoch), oldest first."""
+
+    producer_id: int
+    producer_epoch: int
+    last_timestamp_ms: int
+    batches: tuple[tuple[int, int, int, int, int], ...] = ()
+
+
 MetadataRecord = Union[
     RegisterBroker, UnregisterBroker, Topic, Partition, Config, PartitionChange,
     FenceBroker, UnfenceBroker, RemoveTopic, FeatureLevel, AccessControlEntry,
-    RemoveAccessControlEntry, NoOp,
+    RemoveAccessControlEntry, NoOp, ProducerState,
 ]
 
 # api key -> (class, highest version we can decode)
@@ -165,6 +178,7 @@ RECORD_TYPES: dict[int, tuple[type[_Rec], int]] = {
     ACCESS_CONTROL_ENTRY: (AccessControlEntry, 0),
     REMOVE_ACCESS_CONTROL_ENTRY: (RemoveAccessControlEntry, 0),
     NO_OP: (NoOp, 0),
+    PRODUCER_STATE: (ProducerState, 0),
 }
 API_KEY_OF: dict[type, int] = {cls: key for key, (cls, _) in RECORD_TYPES.items()}
 _PREFIX_OF: dict[type, bytes] = {

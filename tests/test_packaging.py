@@ -1,5 +1,5 @@
 """The broker and the CLI work without the optional extras (pyspark, pyarrow,
-pandas: [spark]; matplotlib, grpcio: [bench]), and the commands that need one
+pandas, matplotlib: [spark]; matplotlib, grpcio: [bench]), and the commands that need one
 say which, in one line, before doing any work.
 
 Each check runs in a fresh interpreter where a meta-path finder makes those

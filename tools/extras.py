@@ -1,5 +1,6 @@
 """Optional extras: the Spark job needs ``metalog[spark]`` (pyspark, pyarrow,
-pandas) and the drill's timeline picture ``metalog[bench]`` (matplotlib); the
+pandas; matplotlib for its plots, which are skipped without it) and the drill's
+timeline picture ``metalog[bench]`` (matplotlib); the
 broker and the rest of the CLI install without them. ``missing()`` tells a
 command, before it starts any work, which extra to install."""
 

@@ -34,6 +34,8 @@ def error_response(req: m.Body, code: int, message: str | None,
         return m.ProduceResponse(error_code=code, current_leader=cl, error_message=message)
     if t is m.ListOffsetsRequest:
         return m.ListOffsetsResponse(error_code=code, current_leader=cl)
+    if t is m.InitProducerIdRequest:
+        return m.InitProducerIdResponse(error_code=code, current_leader=cl, error_message=message)
     if t is m.VoteRequest:
         return m.VoteResponse(error_code=code, leader_id=cl.leader_id, leader_epoch=cl.leader_epoch)
     if t is m.BeginQuorumEpochRequest:

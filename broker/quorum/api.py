@@ -98,14 +98,24 @@ class AppendWaiter(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ClientAppend:
-    """Records from one or more Produce requests, to become ONE batch (group
-    commit). Each waiter is answered with a ProduceResponse once its records
-    are committed, or with an error if leadership is lost first."""
+    """Records from one or more Produce requests, to become ONE append (group
+    commit: one AppendBatches, one FlushLog). Each waiter is answered with a
+    ProduceResponse once its records are committed, or with an error if
+    leadership is lost first.
+
+    Plain waiters' records go into one batch; with ``producers``, a waiter
+    whose entry is not None (an idempotent produce, KIP-98) gets a batch of
+    its own whose header carries its (producer id, producer epoch, base
+    sequence), and consecutive plain waiters around it share one batch. The
+    driver has judged those sequences against its producer state (at most
+    one waiter per producer id per ClientAppend); the core only records them."""
 
     now_ms: int
     waiters: list[AppendWaiter]  # in the order of their records
     records: list[bytes]
     wall_clock_ms: int = -1  # see Tick
+    # None: every waiter is plain. Else one entry per waiter, in order.
+    producers: list[tuple[int, int, int] | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -567,14 +567,29 @@ class QuorumCore:
 
     def _on_client_append(self, ev: ClientAppend, now: int) -> None:
         self._learn_wall_clock(ev.wall_clock_ms, now)
-        self.client_append(now, ev.waiters, ev.records)
+        self.client_append(now, ev.waiters, ev.records, ev.producers)
 
-    def client_append(self, now: int, waiters: list[AppendWaiter], records: list[bytes]) -> None:
+    def client_append(self, now: int, waiters: list[AppendWaiter], records: list[bytes],
+                      producers: list[tuple[int, int, int] | None] | None = None) -> None:
         total = sum(n for _, n in waiters)
         if total != len(records) or any(n <= 0 for _, n in waiters):
             raise ValueError(
                 f"ClientAppend waiters count {total} records in total but {len(records)} were given")
-        self.state.client_append(waiters, records, now)
+        if producers is not None:
+            if len(producers) != len(waiters):
+                raise ValueError(f"ClientAppend has {len(waiters)} waiter(s) but {len(producers)} producer entries")
+            seen: set[int] = set()
+            for p in producers:
+                if p is None:
+                    continue
+                if len(p) != 3 or min(p) < 0:
+                    raise ValueError(f"an idempotent waiter's producer must be (id, epoch, base sequence), "
+                                     f"all >= 0, got {p}")
+                if p[0] in seen:
+                    # Both would have been judged against the same producer state.
+                    raise ValueError(f"producer id {p[0]} appears twice in one ClientAppend")
+                seen.add(p[0])
+        self.state.client_append(waiters, records, now, producers)
 
     def _on_flush(self, ev: FlushCompleted, now: int) -> None:
         if self.log.on_flushed(ev.flushed_end_offset):

@@ -159,19 +159,53 @@ class LeaderState(NotifyingRole, RoleState):
 
     # -- writes and the high watermark ---------------------------------------
 
-    def client_append(self, waiters: list, records: list[bytes], now: int) -> None:
+    def client_append(self, waiters: list, records: list[bytes], now: int,
+                      producers: list | None = None) -> None:
         core = self.core
         if core.shutting_down:
             super().client_append(waiters, records, now)
             return
         base = core.log.log_end_offset
         epoch = self.epoch
-        batch = encode_batch(base, epoch, records, core.timestamp(now))
+        ts = core.timestamp(now)
+        if producers is None:
+            data = encode_batch(base, epoch, records, ts)
+        else:
+            data = self._encode_mixed(base, epoch, ts, waiters, records, producers)
         offset = base
         for token, n in waiters:
             self.waiters.append(ProduceWaiter(offset + n, token, offset, epoch))
             offset += n
-        self.append(batch, len(records))
+        self.append(data, len(records))
+
+    @staticmethod
+    def _encode_mixed(base: int, epoch: int, ts: int, waiters: list, records: list[bytes],
+                      producers: list) -> bytes:
+        """Whole batches for one append: each idempotent waiter's records in a
+        batch of their own (its producer fields in the header), each run of
+        plain waiters' records in one batch, in waiter order."""
+        parts: list[bytes] = []
+        offset = base
+        pos = 0
+        plain_from = 0  # first record of the current run of plain waiters
+        for (_token, n), producer in zip(waiters, producers):
+            if producer is None:
+                pos += n
+                continue
+            if plain_from < pos:
+                parts.append(encode_batch(offset, epoch, records[plain_from:pos], ts))
+                offset += pos - plain_from
+            pid, pepoch, seq = producer
+            parts.append(encode_batch(offset, epoch, records[pos:pos + n], ts, producer_id=pid,
+                                      producer_epoch=pepoch, base_sequence=seq))
+            offset += n
+            pos += n
+            plain_from = pos
+        if plain_from < pos:
+            parts.append(encode_batch(offset, epoch, records[plain_from:pos], ts))
+            offset += pos - plain_from
+        assert offset == base + len(records)
+        return b"".join(parts)
 
     def append(self, batch: bytes, count: int) -> None:
         """Append at the log end under our epoch."""

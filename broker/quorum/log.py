@@ -121,7 +121,8 @@ class LocalLog:
     # -- writing -------------------------------------------------------------
 
     def append_own(self, batch: bytes, count: int, epoch: int) -> None:
-        """Leader append at the log end under its epoch."""
+        """Leader append at the log end under its epoch: `batch` is one or more
+        whole batches holding `count` records (one write, one flush)."""
         base = self.log_end_offset
         actions = self.outbox.actions
         actions.append(AppendBatches(batch, base, base + count))

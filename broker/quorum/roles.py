@@ -172,7 +172,8 @@ class RoleState:
     def notification_judged(self, voter: int, ok: bool, now: int) -> None:
         """The answer to a notification sent in the current epoch."""
 
-    def client_append(self, waiters: list, records: list[bytes], now: int) -> None:
+    def client_append(self, waiters: list, records: list[bytes], now: int,
+                      producers: list | None = None) -> None:
         core = self.core
         cl = core.current_leader()
         for token, _ in waiters:

@@ -232,7 +232,7 @@ def test_every_api_has_a_rule():
         ApiKey.PRODUCE: PRODUCE, ApiKey.FETCH: fetch(-1), ApiKey.METADATA: m.MetadataRequest(),
         ApiKey.LIST_OFFSETS: m.ListOffsetsRequest(cluster_id=CID, current_leader_epoch=-1, timestamp_ms=-1),
         ApiKey.API_VERSIONS: m.ApiVersionsRequest(), ApiKey.DESCRIBE_QUORUM: m.DescribeQuorumRequest(),
-        ApiKey.CONTROLLER_COMMAND: cmd("create_topic"),
+        ApiKey.CONTROLLER_COMMAND: cmd("create_topic"), ApiKey.INIT_PRODUCER_ID: m.InitProducerIdRequest(cluster_id=CID),
         ApiKey.ADD_RAFT_VOTER: ADD4, ApiKey.REMOVE_RAFT_VOTER: REMOVE3,
     })
     assert set(bodies) == set(APIS)
@@ -321,3 +321,16 @@ def test_voter_changes_need_alter_on_the_cluster(api, body):
         assert d is not None and d.error_code == Errors.CLUSTER_AUTHORIZATION_FAILED and d.operation == "Alter"
     assert a.authorize(N2, HOST, api, body, view()).error_code == Errors.CLUSTER_AUTHORIZATION_FAILED
     assert a.authorize(ALICE, HOST, api, body, view(acl(op=a.Operation.ALTER, **cluster))) is None
+
+
+def test_init_producer_id_needs_what_produce_needs():
+    """InitProducerId (api 22) is allowed exactly when Produce is: Write on the
+    log; without it the user sees TOPIC_AUTHORIZATION_FAILED (29)."""
+    init = m.InitProducerIdRequest(cluster_id=CID)
+    denied = a.authorize(ALICE, HOST, ApiKey.INIT_PRODUCER_ID, init, view())
+    assert denied is not None and denied.error_code == 29
+    v = view(acl(principal="User:alice", op=a.Operation.WRITE))
+    assert a.authorize(ALICE, HOST, ApiKey.INIT_PRODUCER_ID, init, v) is None
+    assert a.authorize(ALICE, HOST, ApiKey.PRODUCE, PRODUCE, v) is None
+    v = view(acl(principal="User:alice", op=a.Operation.READ))
+    assert a.authorize(ALICE, HOST, ApiKey.INIT_PRODUCER_ID, init, v).error_code == 29

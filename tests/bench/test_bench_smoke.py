@@ -5,6 +5,8 @@ asserted here (speed is measured by the bench itself, see docs/bench.md)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -78,3 +80,42 @@ def test_percentiles_nearest_rank():
     assert bench.percentile(vals, 100) == 1000
     assert bench.percentile([], 50) is None
     assert bench_etcd.encode_put_request(b"k", b"v" * 200) == b"\x0a\x01k\x12\xc8\x01" + b"v" * 200
+
+
+def _barrier_child(script: str, stderr) -> "subprocess.Popen":
+    return subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=stderr)
+
+
+def test_load_workers_start_together_after_the_slowest_is_ready(tmp_path):
+    """The measured window is fixed only once every load worker is connected:
+    a worker that is slow to start (imports, TLS on a loaded machine) once
+    missed a fixed start time entirely and the smoke run measured 0 records.
+    Here one worker says ready 1 s after the other; both get the same start
+    time, later than the slow one's ready line."""
+    report = tmp_path / "got"
+    script = ("import sys, time\n"
+              "time.sleep({delay})\n"
+              "ready_at = time.monotonic()\n"
+              "sys.stdout.buffer.write(b'ready\\n'); sys.stdout.buffer.flush()\n"
+              "start_at = float(sys.stdin.buffer.readline())\n"
+              "open({out!r}, 'w').write(f'{{ready_at}} {{start_at}}')\n")
+    children = []
+    for i, delay in enumerate((0.0, 1.0)):
+        with open(tmp_path / f"load-{i}.stderr", "wb") as err:
+            children.append(_barrier_child(script.format(delay=delay, out=f"{report}{i}"), err))
+    bench._start_together(children, str(tmp_path))
+    for child in children:
+        assert child.wait(timeout=10) == 0
+    (fast_ready, fast_start), (slow_ready, slow_start) = (
+        map(float, open(f"{report}{i}").read().split()) for i in range(2))
+    assert fast_start == slow_start
+    assert fast_start > slow_ready >= fast_ready + 0.9
+
+
+def test_a_worker_dying_before_it_is_ready_is_reported_with_its_stderr(tmp_path):
+    """The bench fails with the worker's own error instead of measuring nothing."""
+    with open(tmp_path / "load-0.stderr", "wb") as err:
+        child = _barrier_child("import sys; sys.stderr.write('no route to the cluster'); sys.exit(3)", err)
+    with pytest.raises(RuntimeError, match=r"load worker 0 failed before it was ready \(3\): no route to the cluster"):
+        bench._start_together([child], str(tmp_path))

@@ -68,6 +68,19 @@ def test_duplicated_write_fails():
     assert "b'a1' acked at 1 appears 2 times at [1, 5]" in res.summary()
 
 
+def test_unacknowledged_write_stored_twice_fails():
+    """A write whose answer was lost and whose retry was appended again (no
+    idempotence) is a breach even though the writer never saw an ack: with
+    idempotent writers every duplicate is a failure."""
+    h = clean_history()
+    h.attempted.add(b"c5")
+    batches = BATCHES + [(5, 2, [b"c5"]), (6, 2, [b"c5"])]
+    res = run(h, [replica(n, batches) for n in (1, 2, 3)], commit_end=7)
+    assert not res.ok
+    assert [b.kind for b in res.breaches] == ["duplicated_write"], res.summary()
+    assert "unacknowledged b'c5' appears 2 times" in res.summary()
+
+
 def test_two_leaders_in_one_epoch_fails():
     h = clean_history()
     h.roles.append(RoleEvent(3, 3.5, "leader", 2, 3, source="node-3/broker.log:17"))

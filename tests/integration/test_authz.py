@@ -183,7 +183,10 @@ def test_a_client_needs_an_acl_and_acls_survive_a_snapshot_and_a_restart(make_cl
     assert str(exc) == ("not authorized: User:alice may not Write topic __cluster_metadata "
                         "(TOPIC_AUTHORIZATION_FAILED)")
     leader, _ = cluster.wait_for_leader()
-    assert metric(cluster, leader, "PRODUCE") == 1.0  # refused once, not retried
+    # Refused once, not retried: at InitProducerId, the idempotent producer's first
+    # request, which needs what Produce needs; no Produce was sent.
+    assert metric(cluster, leader, "INIT_PRODUCER_ID") == 1.0
+    assert metric(cluster, leader, "PRODUCE") == 0.0
 
     async def grant_and_write():
         admin = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls())

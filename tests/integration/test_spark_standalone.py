@@ -123,4 +123,14 @@ def test_spark_submit_on_a_standalone_cluster_equals_local_mode(standalone, tmp_
     assert proc.returncode == 0, proc.stderr[-3000:]
     [name] = [p.name for p in cluster_out.iterdir() if p.name.endswith(".checkpoint")]
     assert (cluster_out / name).read_bytes() == (local_out / name).read_bytes()
+    # The Parquet tables the cluster's executors wrote read back equal to local mode's.
+    import pyarrow.parquet as pq
+
+    def rows(out, view, key):
+        return sorted(pq.read_table(str(out / "tables" / view)).to_pylist(), key=lambda x: x[key])
+
+    for view, key in (("topics", "topic_id"), ("brokers", "broker_id"), ("history", "offset")):
+        assert rows(cluster_out, view, key) == rows(local_out, view, key), view
+    assert len(rows(cluster_out, "history", "offset")) == rep["hw"]
+    assert [a["verdict"] for a in rows(cluster_out, "audit", "replica")] == ["agrees"] * len(dirs)
     assert not [p for p in os.listdir(env["TMPDIR"]) if p.startswith("metalog-spark-")]

@@ -39,6 +39,8 @@ class FakeCluster:
         self.requests: list[tuple[int, int, m.Body]] = []  # (node, api key, body)
         self.drop_produce_once = False
         self.advertised: dict[int, tuple[str, int]] = {}  # node -> address Metadata names (default: its own)
+        self.next_producer_id = 100
+        self.produce_errors: list[int] = []  # error codes the next produces get, in order
 
     @property
     def end_offset(self) -> int:
@@ -81,7 +83,8 @@ class FakeCluster:
         resp_type = {ApiKey.PRODUCE: m.ProduceResponse, ApiKey.FETCH: m.FetchResponse,
                      ApiKey.OFFSET_FOR_LEADER_EPOCH: m.OffsetsForLeaderEpochResponse,
                      ApiKey.LIST_OFFSETS: m.ListOffsetsResponse,
-                     ApiKey.DESCRIBE_QUORUM: m.DescribeQuorumResponse}.get(api_key)
+                     ApiKey.DESCRIBE_QUORUM: m.DescribeQuorumResponse,
+                     ApiKey.INIT_PRODUCER_ID: m.InitProducerIdResponse}.get(api_key)
         if api_key == ApiKey.METADATA:
             return m.MetadataResponse(
                 cluster_id=CLUSTER, node_id=node, leader_id=self.leader_id, leader_epoch=self.leader_epoch,
@@ -99,7 +102,12 @@ class FakeCluster:
             return resp_type(error_code=Errors.FENCED_LEADER_EPOCH, current_leader=self.hint())
         if epoch > self.leader_epoch:
             return resp_type(error_code=Errors.UNKNOWN_LEADER_EPOCH, current_leader=self.hint())
+        if api_key == ApiKey.INIT_PRODUCER_ID:
+            self.next_producer_id += 1
+            return m.InitProducerIdResponse(producer_id=self.next_producer_id - 1, producer_epoch=0)
         if api_key == ApiKey.PRODUCE:
+            if self.produce_errors:
+                return m.ProduceResponse(error_code=self.produce_errors.pop(0), error_message="fake refusal")
             if self.drop_produce_once:
                 self.drop_produce_once = False
                 return m.ProduceResponse(error_code=Errors.REQUEST_TIMED_OUT)
@@ -392,3 +400,57 @@ async def test_consumer_raises_on_a_batch_cut_short(cluster):
     with pytest.raises(CorruptRecordError, match=r"at offset 0 \(epoch 1\) from broker 1 .*only"):
         await client.consumer("earliest").poll(100)
     await client.close()
+
+
+def produces(fc: FakeCluster) -> list[tuple[list[bytes], int, int, int]]:
+    return [(list(b.records), b.producer_id, b.producer_epoch, b.base_sequence)
+            for _n, k, b in fc.requests if k == ApiKey.PRODUCE]
+
+
+async def test_idempotent_produce_numbers_records_and_a_retry_reuses_its_sequence(cluster):
+    client = make_client(cluster)
+    assert await client.produce([b"a", b"b"]) == (0, 1)
+    cluster.drop_produce_once = True  # the first attempt's answer is REQUEST_TIMED_OUT
+    assert await client.produce([b"c"]) == (2, 1)
+    assert await client.produce([b"d"]) == (3, 1)
+    assert produces(cluster) == [([b"a", b"b"], 100, 0, 0), ([b"c"], 100, 0, 2), ([b"c"], 100, 0, 2),
+                                 ([b"d"], 100, 0, 3)]
+    assert sum(1 for _n, k, _b in cluster.requests if k == ApiKey.INIT_PRODUCER_ID) == 1
+    await client.close()
+
+
+async def test_unknown_producer_id_takes_a_new_id_and_resends_as_its_first_batch(cluster):
+    client = make_client(cluster)
+    await client.produce([b"a"])
+    cluster.produce_errors = [Errors.UNKNOWN_PRODUCER_ID]  # e.g. expired on the leader
+    assert await client.produce([b"b"]) == (1, 1)
+    assert produces(cluster)[1:] == [([b"b"], 100, 0, 1), ([b"b"], 101, 0, 0)]
+    await client.close()
+
+
+async def test_out_of_order_is_permanent_and_the_next_call_uses_a_new_producer(cluster):
+    """The user sees MetalogError OUT_OF_ORDER_SEQUENCE_NUMBER with the leader's
+    message; the failed producer is not reused."""
+    client = make_client(cluster)
+    await client.produce([b"a"])
+    cluster.produce_errors = [Errors.OUT_OF_ORDER_SEQUENCE_NUMBER]
+    with pytest.raises(MetalogError, match="OUT_OF_ORDER_SEQUENCE_NUMBER: fake refusal") as ei:
+        await client.produce([b"b"])
+    assert ei.value.error_code == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+    await client.produce([b"c"])
+    assert produces(cluster)[-1] == ([b"c"], 101, 0, 0)
+    await client.close()
+
+
+async def test_concurrent_produces_use_separate_producers_and_plain_mode_sends_none(cluster):
+    client = make_client(cluster)
+    await asyncio.gather(*(client.produce([b"x%d" % i]) for i in range(3)))
+    seen = {(pid, seq) for _r, pid, _e, seq in produces(cluster)}
+    assert seen == {(100, 0), (101, 0), (102, 0)}  # one in flight per producer, all at sequence 0
+    await asyncio.gather(*(client.produce([b"y%d" % i]) for i in range(3)))
+    assert client.producers_initialized == 3  # reused, not re-initialized
+    plain = make_client(cluster, idempotent=False)
+    await plain.produce([b"z"])
+    assert produces(cluster)[-1] == ([b"z"], -1, -1, -1)
+    await client.close()
+    await plain.close()

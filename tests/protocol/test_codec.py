@@ -51,6 +51,8 @@ SAMPLES: dict[type, m.Body] = {
                                                        voters=REPLICAS, observers=REPLICAS[1:]),
     m.ProduceRequest: m.ProduceRequest(cluster_id="c1", records=[b"a", b"", b"\xff" * 300], timeout_ms=100),
     m.ProduceResponse: m.ProduceResponse(error_code=6, current_leader=LEADER, error_message="not leader"),
+    m.InitProducerIdRequest: m.InitProducerIdRequest(cluster_id="c1", timeout_ms=1500),
+    m.InitProducerIdResponse: m.InitProducerIdResponse(producer_id=1234, producer_epoch=0, current_leader=LEADER),
     m.ListOffsetsRequest: m.ListOffsetsRequest(cluster_id="c1", current_leader_epoch=7,
                                                timestamp_ms=m.LIST_OFFSETS_EARLIEST),
     m.ListOffsetsResponse: m.ListOffsetsResponse(offset=10, timestamp_ms=123, leader_epoch=6,
@@ -317,6 +319,31 @@ def test_garbage_gives_only_documented_outcomes(garbage):
             pass
         else:
             assert isinstance(body, APIS[header.api_key][0])
+
+
+def test_produce_request_producer_fields_round_trip_and_default_to_none():
+    """Idempotent produce (KIP-98) carries producer id, epoch and base sequence;
+    a request encoded without them (an older client) decodes as not idempotent (-1)."""
+    req = m.ProduceRequest(cluster_id="c1", records=[b"x"], producer_id=17, producer_epoch=0, base_sequence=42)
+    frame = codec.encode_request(ApiKey.PRODUCE, 5, "cli", req)
+    _hdr, body = codec.decode_request(split_frame(frame))
+    assert (body.producer_id, body.producer_epoch, body.base_sequence) == (17, 0, 42)
+
+    class OldProduceRequest(m.Body):  # the request as it was before the producer fields
+        cluster_id: str
+        records: list[bytes]
+        timeout_ms: int = 5000
+
+    old = msgspec.msgpack.decode(msgspec.msgpack.encode(OldProduceRequest(cluster_id="c1", records=[b"x"])),
+                                 type=m.ProduceRequest)
+    assert (old.producer_id, old.producer_epoch, old.base_sequence) == (-1, -1, -1)
+
+
+def test_api_versions_advertises_init_producer_id():
+    from broker.quorum.answers import api_versions_response
+
+    keys = {v.api_key: (v.min_version, v.max_version) for v in api_versions_response().api_keys}
+    assert keys[22] == (0, 0)
 
 
 # --------------------------------------------------------------------------

@@ -131,6 +131,28 @@ def test_next_fetch_waits_for_the_flush_of_appended_data():
     assert (f2.request.fetch_offset, f2.request.last_fetched_epoch) == (15, 6)
 
 
+def test_a_fetched_batch_with_a_bad_crc_is_never_appended():
+    """The CRC of fetched bytes is checked once, where they cross the network:
+    here, in the core (the runtime's log then appends without checking it
+    again). The batches before a corrupt one are appended; the corrupt one and
+    what follows are not, so the follower's log ends before it and it fetches
+    it again; a corrupt first batch appends nothing."""
+    n, acts = follower()
+    f = skip_epoch_check(n, acts)
+    good = batch(10, 6, 3)
+    bad = bytearray(batch(13, 6, 2))
+    bad[-1] ^= 0x01  # a bit flip in the last record: header intact, CRC wrong
+    acts = answer(n, f, m.FetchResponse(high_watermark=10, records=good + bytes(bad)))
+    assert of(acts, a.AppendBatches) == [a.AppendBatches(good, 10, 13)]
+    assert n.core.log_end_offset == 13
+    acts = n.step(a.FlushCompleted(2, 13))
+    (f2,) = sent(acts)
+    assert f2.request.fetch_offset == 13  # the corrupt batch is asked for again
+
+    acts = answer(n, f2, m.FetchResponse(high_watermark=10, records=bytes(bad)))
+    assert not of(acts, a.AppendBatches) and n.core.log_end_offset == 13
+
+
 def test_fetch_timeout_makes_a_follower_a_candidate_after_a_pre_vote():
     n, acts = follower(fetch_timeout_ms=2000)
     n.step(a.Tick(1999))

@@ -101,3 +101,16 @@ def test_main_entry(tmp_path, capsys):
     assert dump.main([res.path]) == 0  # without options: batch lines and the snapshot summary only
     out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {next(iter(line)) for line in out} == {"batch", "snapshot"}
+
+
+def test_dump_shows_producer_fields_of_idempotent_batches(tmp_path):
+    """kafka-dump-log prints producerId, producerEpoch and baseSequence per batch;
+    ours too (-1 for a batch of no idempotent producer)."""
+    path = os.path.join(tmp_path, "00000000000000000000.log")
+    data = (b.encode_batch(0, 1, [b"a", b"b"], 0, producer_id=(5 << 32) + 1, producer_epoch=0, base_sequence=7)
+            + b.encode_batch(2, 1, [b"c"], 0))
+    open(path, "wb").write(data)
+    rc, lines, _err = run(path, deep=False)
+    assert rc == 0
+    assert [(x["batch"]["producer_id"], x["batch"]["producer_epoch"], x["batch"]["base_sequence"])
+            for x in lines if "batch" in x] == [((5 << 32) + 1, 0, 7), (-1, -1, -1)]

@@ -76,7 +76,9 @@ def test_snapshot_equals_state_machine_and_broker_snapshot(spark, tmp_path):
     replay = rep["replay"]
     assert replay["data_records"] > 0 and replay["invalid_records"] > 0
     assert replay["invalid_records"] + replay["data_records"] == expected.invalid_records
-    assert sorted(os.listdir(out)) == [os.path.basename(path), "r.json"]  # no staging dir left
+    # No staging dir left: the checkpoint, the report, the tables and the plots.
+    assert sorted(os.listdir(out)) == sorted([os.path.basename(path), "r.json", "tables", "report.html",
+                                              "records_per_type.png", "replicas.png"])
     assert rep["read"]["records"] == 3 * end and rep["read"]["batches"] > 0  # control records too
     # A broker boots from it: the broker's own loader accepts it, same /metadata.
     loaded = load_snapshot(SnapshotStore(str(out)), SnapshotId(end, recs[-1][1]))
@@ -291,7 +293,12 @@ def test_hadoop_uris_in_and_out(spark, tmp_path, monkeypatch):
     assert code == spark_job.EXIT_OK
     out = tmp_path / "uri-out"
     name = f"{end:020d}-{recs[-1][1]:010d}.checkpoint"
-    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [name, "report.json"]
+    # The tables and the plots go through Hadoop's FileSystem API too.
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(
+        [name, "report.json", "tables", "report.html", "records_per_type.png", "replicas.png"])
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(str(out / "tables" / "history")).num_rows == end
     rep = json.loads((out / "report.json").read_text())
     assert rep["snapshot"]["path"] == f"{out_uri}/{name}" and rep["snapshot"]["published"]
     assert state_of_checkpoint(str(out / name)) == sequential_state([(o, v) for o, _e, v in recs], end)

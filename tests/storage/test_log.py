@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from storage.batch import HEADER_SIZE, encode_batch
+from storage.batch import HEADER_SIZE, CorruptBatchError, encode_batch
 from storage.log import SegmentedLog, segment_file_name
 from tests.storage.helpers import RecordingLogger, append_batches, base_offsets, batch
 
@@ -110,6 +110,32 @@ def test_append_refuses_bad_input_and_leaves_the_log_unchanged(tmp_path):
     assert os.path.getsize(tmp_path / segment_file_name(0)) == size_before
     log.append(batch(6) + batch(9))  # several batches in one call
     assert log.log_end_offset == 12
+    log.close()
+
+
+def test_append_without_crc_checks_still_refuses_malformed_batches_and_reads_verify(tmp_path):
+    """verify_appends=False (the broker's log: its caller checked the CRC where
+    the bytes crossed the network, or encoded them itself) drops only the CRC
+    check of append: a bad magic, a bad length or a torn batch is still a
+    ValueError and the log is unchanged; append returns the headers it parsed.
+    A batch whose CRC is wrong on disk is refused by read() with
+    CorruptBatchError naming the file and byte: never served or applied."""
+    log = open_log(tmp_path, verify_appends=False)
+    headers = log.append(batch(0) + batch(3))
+    assert [(h.base_offset, h.next_offset) for h in headers] == [(0, 3), (3, 6)]
+    bad_magic = bytearray(batch(6))
+    bad_magic[16] ^= 0xFF  # the magic byte
+    with pytest.raises(ValueError, match="invalid batch at byte 0: bad magic"):
+        log.append(bytes(bad_magic))
+    with pytest.raises(ValueError, match="needs 133 bytes, only 100 given"):
+        log.append(batch(6)[:100])
+    assert log.log_end_offset == 6
+    bad_crc = bytearray(batch(6))
+    bad_crc[-1] ^= 1
+    log.append(bytes(bad_crc))  # the CRC is the caller's check here: it is stored...
+    with pytest.raises(CorruptBatchError, match=r"corrupt batch in .* at byte 266 \(base offset 6\): CRC mismatch"):
+        log.read(6, 9, 1 << 20)  # ...and never read back
+    assert log.read(0, 6, 1 << 20) == batch(0) + batch(3)
     log.close()
 
 

@@ -34,6 +34,7 @@ import asyncio
 import json
 import os
 import platform
+import select
 import shutil
 import subprocess
 import sys
@@ -80,6 +81,26 @@ def latency_summary_ms(latencies_us: list[int]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ load worker (a separate process)
+READY_LINE = b"ready\n"
+# How long the parent waits for every worker to import, connect and say ready
+# (seconds on an idle machine; a loaded CI box has taken several).
+WORKER_READY_TIMEOUT_S = 120.0
+
+
+async def _ready_then_start_at() -> float:
+    """Tell the parent this worker is connected (READY_LINE on stdout) and
+    wait for the common start time (a time.monotonic() value, system-wide on
+    Linux) on stdin. The window is only fixed once every worker is connected:
+    a fixed start time missed it whole when imports and TLS took longer than
+    the slack on a loaded machine (0 records measured)."""
+    sys.stdout.buffer.write(READY_LINE)
+    sys.stdout.buffer.flush()
+    line = await asyncio.to_thread(sys.stdin.buffer.readline)
+    if not line.strip():
+        raise RuntimeError("the bench parent closed stdin before sending the start time")
+    return float(line)
+
+
 async def _closed_loop(clients: int, start_at: float, warmup_s: float, duration_s: float,
                        write_one) -> dict:
     """`clients` logical clients, each awaiting `write_one(i, seq)` in a loop;
@@ -113,13 +134,13 @@ async def _closed_loop(clients: int, start_at: float, warmup_s: float, duration_
     return {"ops": len(lat_us), "errors": errors, "latencies_us": lat_us}
 
 
-async def _metalog_load(endpoints: list[tuple[str, int]], clients: int, start_at: float, warmup_s: float,
-                        duration_s: float, value_bytes: int, tag: str, tls_files: list[str] | None = None) -> dict:
+async def _metalog_load(endpoints: list[tuple[str, int]], clients: int, warmup_s: float, duration_s: float, value_bytes: int, tag: str, tls_files: list[str] | None = None) -> dict:
     tls = None
     if tls_files:
         tls = TlsFiles(TlsPaths(*tls_files))
     client = MetalogClient(endpoints, CLUSTER_ID, request_timeout_ms=10000, max_retries=20, tls=tls)
     await client.metadata()
+    start_at = await _ready_then_start_at()
     pad = b"x" * value_bytes
 
     async def write_one(i: int, seq: int) -> None:
@@ -131,11 +152,12 @@ async def _metalog_load(endpoints: list[tuple[str, int]], clients: int, start_at
         await client.close()
 
 
-async def _etcd_load(url: str, clients: int, start_at: float, warmup_s: float, duration_s: float,
+async def _etcd_load(url: str, clients: int, warmup_s: float, duration_s: float,
                      value_bytes: int, tag: str, tls: list[str] | None = None) -> dict:
     putter = EtcdPutter(url, clients, tls=tls)
     await putter.open()
     await putter.put(b"bench-warm-" + tag.encode(), b"1")
+    start_at = await _ready_then_start_at()
     pad = b"x" * value_bytes
 
     async def write_one(i: int, seq: int) -> None:
@@ -151,15 +173,16 @@ async def _etcd_load(url: str, clients: int, start_at: float, warmup_s: float, d
 
 
 def worker_main(argv: list[str]) -> int:
-    """python -m tools.bench worker '<json spec>': run a load share, print JSON."""
-    configure_logging("warning", sys.stderr)  # stdout carries only the result line
+    """python -m tools.bench worker '<json spec>': run a load share (start
+    barrier on stdin/stdout, see _ready_then_start_at), write its JSON result."""
+    configure_logging("warning", sys.stderr)  # stdout carries only the ready line
     spec = json.loads(argv[0])
     if spec["system"] == "metalog":
-        coro = _metalog_load([tuple(e) for e in spec["endpoints"]], spec["clients"], spec["start_at"],
+        coro = _metalog_load([tuple(e) for e in spec["endpoints"]], spec["clients"],
                              spec["warmup_s"], spec["duration_s"], spec["value_bytes"], spec["tag"],
                              spec.get("tls"))
     else:
-        coro = _etcd_load(spec["url"], spec["clients"], spec["start_at"], spec["warmup_s"],
+        coro = _etcd_load(spec["url"], spec["clients"], spec["warmup_s"],
                           spec["duration_s"], spec["value_bytes"], spec["tag"], spec.get("tls"))
     result = _uvloop_run(coro)
     with open(spec["out"], "w") as f:
@@ -169,27 +192,34 @@ def worker_main(argv: list[str]) -> int:
 
 def run_load(target: dict, clients: int, procs: int, warmup_s: float, duration_s: float,
              value_bytes: int, tag: str) -> dict:
-    """Split `clients` over `procs` worker processes; merge their results."""
+    """Split `clients` over `procs` worker processes; start them together once
+    all are connected; merge their results."""
     procs = max(1, min(procs, clients))
     shares = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
-    start_at = time.monotonic() + 1.5  # time for the workers to import and connect
     out_dir = tempfile.mkdtemp(prefix="metalog-bench-load-")
     env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     children = []
     for i, share in enumerate(shares):
-        spec = dict(target, clients=share, start_at=start_at, warmup_s=warmup_s, duration_s=duration_s,
+        spec = dict(target, clients=share, warmup_s=warmup_s, duration_s=duration_s,
                     value_bytes=value_bytes, tag=f"{tag}-p{i}", out=os.path.join(out_dir, f"load-{i}.json"))
         with open(os.path.join(out_dir, f"load-{i}.stderr"), "wb") as err:
             children.append(subprocess.Popen([sys.executable, "-m", "tools.bench", "worker", json.dumps(spec)],
-                                             stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=REPO_ROOT))
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
+                                             cwd=REPO_ROOT))
+    try:
+        _start_together(children, out_dir)
+    except BaseException:
+        for child in children:
+            child.kill()
+            child.wait()
+        raise
     lat: list[int] = []
     ops = errors = 0
     transport = None
     for i, child in enumerate(children):
         if child.wait(timeout=warmup_s + duration_s + 120) != 0:
-            with open(os.path.join(out_dir, f"load-{i}.stderr"), "rb") as f:
-                err = f.read().decode(errors="replace")
-            raise RuntimeError(f"load worker failed ({child.returncode}): {err[-2000:]}")
+            raise RuntimeError(f"load worker failed ({child.returncode}): {_worker_stderr(out_dir, i)}")
+        child.stdout.close()
     for i in range(len(children)):
         with open(os.path.join(out_dir, f"load-{i}.json")) as f:
             res = json.load(f)
@@ -203,6 +233,36 @@ def run_load(target: dict, clients: int, procs: int, warmup_s: float, duration_s
     if transport:
         out["transport"] = transport
     return out
+
+
+def _worker_stderr(out_dir: str, i: int) -> str:
+    with open(os.path.join(out_dir, f"load-{i}.stderr"), "rb") as f:
+        return f.read().decode(errors="replace")[-2000:]
+
+
+def _start_together(children: list[subprocess.Popen], out_dir: str) -> None:
+    """Wait until every worker said READY_LINE, then send all of them one
+    start time: the warm-up and the measured window start after the slowest
+    worker connected, however long its imports and handshake took."""
+    deadline = time.monotonic() + WORKER_READY_TIMEOUT_S
+    for i, child in enumerate(children):
+        while True:
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                raise RuntimeError(f"load worker {i} not ready after {WORKER_READY_TIMEOUT_S} s: "
+                                   f"{_worker_stderr(out_dir, i)}")
+            readable, _, _ = select.select([child.stdout], [], [], remaining_s)
+            if readable:
+                break
+        line = child.stdout.readline()
+        if line != READY_LINE:
+            child.wait(timeout=10)
+            raise RuntimeError(f"load worker {i} failed before it was ready ({child.returncode}): "
+                               f"{_worker_stderr(out_dir, i)}")
+    start_at = time.monotonic() + 0.05  # the line reaches every worker well within this
+    for child in children:
+        child.stdin.write(f"{start_at!r}\n".encode())
+        child.stdin.close()
 
 
 # ------------------------------------------------------------------ clusters

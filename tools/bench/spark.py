@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 
+from broker.controller import Controller
 from storage import batch as b
 from storage import metadata_records as r
 from storage.log import SegmentedLog
@@ -88,12 +89,37 @@ def generate(data_dir: str, records: int, seed: int = 1) -> None:
         json.dump({"records": records, "seed": seed}, fh)
 
 
+def broker_replay(data_dir: str, records_max: int) -> tuple[int, float]:
+    """The broker's own single-process replay of the same log (what
+    ``python -m tools.bench.snapshot`` measures: Controller.apply_batches over
+    whole segments), up to records_max records: (records applied, seconds)."""
+    pdir = os.path.join(data_dir, "__cluster_metadata-0")
+    c = Controller()
+    applied = 0
+    elapsed = 0.0
+    for name in sorted(f for f in os.listdir(pdir) if f.endswith(".log")):
+        if c.state.offset >= records_max:
+            break
+        with open(os.path.join(pdir, name), "rb") as fh:
+            data = fh.read()
+        t0 = time.perf_counter()
+        applied += c.apply_batches(data, end_offset=records_max)
+        elapsed += time.perf_counter() - t0
+    return applied, elapsed
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=10_000_000)
     ap.add_argument("--dir", default=None, help="input dir (default: a temp dir per record count)")
     ap.add_argument("--master", default="local[*]")
     ap.add_argument("--shuffle-partitions", type=int, default=16)
+    ap.add_argument("--broker-records", type=int, default=200_000,
+                    help="replay this many records (a prefix of the same log) with the broker's own "
+                         "controller for its rate (default 200,000: every fence scans all partitions)")
+    ap.add_argument("--tables", action="store_true",
+                    help="also write the Parquet tables and plots (default: --no-tables, the "
+                         ".checkpoint and report only)")
     args = ap.parse_args()
     base = args.dir or os.path.join(tempfile.gettempdir(), f"metalog-bench-spark-{args.records}")
     data_dir = os.path.join(base, "data")
@@ -103,19 +129,32 @@ def main() -> int:
         t0 = time.monotonic()
         generate(data_dir, args.records)
         print(f"generated {args.records:,} records in {time.monotonic() - t0:.1f} s into {data_dir}")
+    broker_n, broker_s = broker_replay(data_dir, min(args.broker_records, args.records))
+    print(f"broker replay (Controller.apply_batches, one process): {broker_n:,} records in "
+          f"{broker_s:.1f} s = {broker_n / broker_s:,.0f} records/s", file=sys.stderr)
     out = os.path.join(base, "out")
     t0 = time.monotonic()
     code = spark_job.main(["snapshot", data_dir, "--out", out, "--master", args.master,
-                           "--shuffle-partitions", str(args.shuffle_partitions)])
+                           "--shuffle-partitions", str(args.shuffle_partitions)]
+                          + ([] if args.tables else ["--no-tables"]))
     wall = time.monotonic() - t0
     rep = json.load(open(os.path.join(out, "report.json")))
     replay = rep.get("replay", {})
+    read = rep.get("read", {})
+    vote_s = rep.get("vote", {}).get("seconds")
+    after_start = (read.get("seconds") or 0) + (vote_s or 0) + (replay.get("seconds") or 0)
     print(json.dumps({
-        "records": args.records, "master": args.master, "exit_code": code,
+        "records": args.records, "master": args.master, "exit_code": code, "tables": args.tables,
+        "read_decode_seconds": read.get("seconds"), "read_records_per_s": read.get("records_per_s"),
+        "vote_seconds": vote_s,
         "replay_records": replay.get("records"), "replay_seconds": replay.get("seconds"),
         "replay_records_per_s": replay.get("records_per_s"),
+        "read_vote_replay_seconds": round(after_start, 1),
+        "read_vote_replay_records_per_s": round(args.records / after_start) if after_start else None,
         "job_wall_seconds": round(wall, 1),
         "end_to_end_records_per_s": round(args.records / wall),
+        "broker_replay_records": broker_n, "broker_replay_seconds": round(broker_s, 2),
+        "broker_replay_records_per_s": round(broker_n / broker_s),
         "snapshot_records": rep.get("snapshot", {}).get("records"),
     }, indent=2))
     return code

@@ -156,6 +156,7 @@ def cmd_produce(args) -> int:
     values = [v.encode() for v in args.values] or [line.rstrip("\n").encode() for line in sys.stdin]
 
     async def go(client):
+        client.idempotent = not args.no_idempotence
         offset, epoch = await client.produce(values)
         print(json.dumps({"base_offset": offset, "leader_epoch": epoch, "records": len(values)}))
         return 0
@@ -344,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("produce", help="write records; prints base offset and epoch once committed")
     add_client_args(p)
     p.add_argument("values", nargs="*", help="record values (default: one per stdin line)")
+    p.add_argument("--no-idempotence", action="store_true",
+                   help="plain produce: a retry after a lost answer may store the records twice "
+                        "(default: idempotent, each record stored once)")
     p.set_defaults(func=cmd_produce)
 
     p = sub.add_parser("consume", help="read committed records")

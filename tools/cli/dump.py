@@ -8,7 +8,7 @@ epoch, byte position, size, CRC, control or not), as kafka-dump-log prints.
 metadata and control records as ``{"offset", "epoch", "type", "version",
 "fields"}`` with the decoders of storage/, produced values as UTF-8 text when
 they are valid UTF-8, else base64 (``"encoding"`` says which); ``--raw`` gives
-every value as base64 of its bytes, undecoded. ``record_json`` is shared with
+every value as base64 of its bytes, undecoded. ``record_json`` (tools/record_json.py) is shared with
 ``metalog consume``.
 
 For a snapshot, offsets are positions within the file (the header is offset
@@ -20,66 +20,24 @@ position, and the exit code is 1.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import sys
 from typing import TextIO
 
-import msgspec
-
 from storage import batch as b
-from storage import control_records as cr
-from storage import metadata_records as r
 from storage.snapshot import CorruptSnapshotError, parse_snapshot_filename, verify_snapshot_bytes
-
-
-def value_json(value: bytes) -> dict:
-    """A produced value: UTF-8 text when valid, else base64 (the field `encoding` says which)."""
-    try:
-        text = bytes(value).decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
-    # Control characters (NUL, ESC...) would not read as text: those values go as base64 too.
-    if text is not None and not any(ord(c) < 32 and c not in "\t\n\r" for c in text):
-        return {"type": "data", "value": text, "encoding": "utf-8"}
-    return {"type": "data", "value": base64.b64encode(value).decode(), "encoding": "base64"}
-
-
-def record_json(offset: int, epoch: int, value: bytes, control: bool, raw: bool = False) -> dict:
-    """One record as a JSON-able dict: metadata/control records decoded by storage/'s
-    decoders (type, version, fields); any other value as produced data. A control
-    record that does not decode is reported as such (it cannot be user data)."""
-    out: dict = {"offset": offset, "epoch": epoch}
-    if raw:
-        out.update(control=control, value=base64.b64encode(value).decode(), encoding="base64")
-        return out
-    if control:
-        try:
-            rec = cr.decode_control(bytes(value))
-        except cr.ControlRecordError as exc:
-            out.update(type="control", error=str(exc), value=base64.b64encode(value).decode(), encoding="base64")
-            return out
-        out.update(type=type(rec).__name__, control=True, version=int.from_bytes(value[2:4], "big", signed=True),
-                   fields=msgspec.to_builtins(msgspec.structs.asdict(rec)))
-        return out
-    try:
-        rec = r.decode_record(value)
-    except r.MetadataRecordError:
-        # Produced values share the log with metadata records; one that is not a
-        # metadata record is shown as data.
-        out.update(value_json(value))
-        return out
-    out.update(type=type(rec).__name__, version=int.from_bytes(value[2:4], "big", signed=True),
-               fields=r.record_to_dict(rec))
-    return out
+from tools.record_json import record_json, value_json  # noqa: F401  (re-exported: app.py, tests)
 
 
 def batch_json(pos: int, h: b.BatchHeader) -> dict:
     """kafka-dump-log's batch line."""
     return {"batch": {"base_offset": h.base_offset, "last_offset": h.last_offset, "count": h.records_count,
                       "epoch": h.leader_epoch, "position": pos, "size": h.size, "crc": h.crc,
-                      "is_control": h.is_control, "timestamp_ms": h.max_timestamp_ms}}
+                      "is_control": h.is_control, "timestamp_ms": h.max_timestamp_ms,
+                      # kafka-dump-log's producerId / producerEpoch / baseSequence (-1: not idempotent)
+                      "producer_id": h.producer_id, "producer_epoch": h.producer_epoch,
+                      "base_sequence": h.base_sequence}}
 
 
 def dump(path: str, out: TextIO, err: TextIO, max_records: int | None = None, *, deep: bool = True,

@@ -5,9 +5,12 @@ default, or the broker services of a compose file with ``--compose``), puts
 a ``FaultProxy`` between every pair of brokers, and runs for ``--duration-s``:
 
 * writers produce unique values (``d<writer>-<seq>``); every acknowledged
-  write is recorded with its offset and epoch. Each produce is ONE attempt
-  (``max_retries=0``): a retried produce may be appended twice (the client is
-  not idempotent), so a failed attempt's value is abandoned, never resent;
+  write is recorded with its offset and epoch. Writers are idempotent
+  producers (the client's default, KIP-98) and retry a produce up to
+  ``WRITE_RETRIES`` times with the same producer id and sequence, so a retry
+  after a lost answer must be answered with the original offset: any value
+  stored twice is a ``duplicated_write`` breach. A produce that still fails
+  is abandoned, never resent as a new write;
 * consumers tail the log from offset 0 with KIP-320 truncation detection
   (reset policy "none": a truncation is recorded, then the consumer seeks on;
   an out-of-range answer -- a snapshot moved the log start past the consumer --
@@ -81,6 +84,9 @@ MONITOR_INTERVAL_S = 0.05  # per broker, between /quorum polls
 QUORUM_TIMEOUT_S = 1.0
 ARCHIVE_SCAN_INTERVAL_S = 0.02  # between archive scans of all brokers (a few directory listings)
 WRITE_TIMEOUT_MS = 1500
+# Retries of one produce (same producer id and sequence: idempotent), bounded in time.
+WRITE_RETRIES = 5
+WRITE_DELIVERY_TIMEOUT_MS = 8000
 MAX_WRITERS = 32
 
 
@@ -206,7 +212,8 @@ class Drill:
                              resolve_address=lambda addr: self.addr_map.get(addr, addr), **kw)
 
     async def _writer(self, wid: int) -> None:
-        client = self._client(request_timeout_ms=WRITE_TIMEOUT_MS, max_retries=0)
+        client = self._client(request_timeout_ms=WRITE_TIMEOUT_MS, max_retries=WRITE_RETRIES,
+                              delivery_timeout_ms=WRITE_DELIVERY_TIMEOUT_MS)
         seq = 0
         try:
             while not self._stop_load.is_set():

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from itertools import repeat
 from typing import Iterator
 
 from storage import batch as b
@@ -97,7 +98,34 @@ def decode_file(path: str, content: bytes) -> Iterator[dict]:
         yield _row("ignored", replica, name, info=f"ignored {name!r}: not a metadata log file")
 
 
-def _decode_segment(replica: str, name: str, data: bytes) -> Iterator[dict]:
+def decode_file_columns(path: str, content: bytes, cols: dict[str, list]) -> Iterator[int]:
+    """decode_file's rows appended straight to column lists (``cols[name]`` for
+    every name of FIELD_NAMES): a segment's records go in per batch with list
+    extends, no dict per record (the executors' hot loop). Yields the row count
+    so far after each batch, so the caller can cut Arrow batches."""
+    replica, _dirname, name = split_path(path)
+    if classify(path) != "segment":
+        for row in decode_file(path, content):
+            for n in FIELD_NAMES:
+                cols[n].append(row[n])
+        yield len(cols["kind"])
+        return
+    for row in _decode_segment(replica, name, content, cols):
+        if row is None:  # a batch of records went into cols
+            yield len(cols["kind"])
+            continue
+        for n in FIELD_NAMES:
+            cols[n].append(row[n])
+    yield len(cols["kind"])
+
+
+_NONE_COLS = ("info", "sec", "s1", "n1", "s2", "s3")
+
+
+def _decode_segment(replica: str, name: str, data: bytes,
+                    cols: dict[str, list] | None = None) -> Iterator[dict | None]:
+    """Rows of one segment; with `cols`, the record rows are appended to those
+    columns (and None yielded per batch) instead of yielded as dicts."""
     base = int(name[:20])
     view = memoryview(data)
     n = len(view)
@@ -162,10 +190,26 @@ def _decode_segment(replica: str, name: str, data: bytes) -> Iterator[dict]:
             pos += h.size
             continue
         ctl = h.is_control
-        for i, value in enumerate(values):
-            yield _row("rec", replica, name, offset=h.base_offset + i, epoch=h.leader_epoch,
-                       position=pos, control=ctl, digest=digest(value), ts=h.max_timestamp_ms,
-                       value=value)
+        if cols is not None:
+            k = len(values)
+            cols["kind"].extend(repeat("rec", k))
+            cols["replica"].extend(repeat(replica, k))
+            cols["file"].extend(repeat(name, k))
+            cols["offset"].extend(range(h.base_offset, h.base_offset + k))
+            cols["epoch"].extend(repeat(h.leader_epoch, k))
+            cols["position"].extend(repeat(pos, k))
+            cols["control"].extend(repeat(ctl, k))
+            cols["digest"].extend([digest(v) for v in values])
+            cols["ts"].extend(repeat(h.max_timestamp_ms, k))
+            cols["value"].extend(values)
+            for col in _NONE_COLS:
+                cols[col].extend(repeat(None, k))
+            yield None
+        else:
+            for i, value in enumerate(values):
+                yield _row("rec", replica, name, offset=h.base_offset + i, epoch=h.leader_epoch,
+                           position=pos, control=ctl, digest=digest(value), ts=h.max_timestamp_ms,
+                           value=value)
         records += len(values)
         pos += h.size
     yield _row("file", replica, name, info=json.dumps({

@@ -299,27 +299,27 @@ def fold_broker(records: Iterable[tuple[int, bytes]], cuts: Sequence[int]
 
 # ------------------------------------------------------------------ partitions
 
-# Event kinds in a partition's merged stream; the offset orders them (every
-# offset holds one record, so no two events of one stream share an offset
-# except a record and nothing else).
-_EV_RECORD, _EV_REMOVE, _EV_FENCE = 0, 1, 2
-
-
 def fold_partition(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequence[int],
                    topics: TopicTable, brokers: BrokerTable) -> tuple[list[StateRow], int]:
+    """The partition's records merged, in offset order, with its topic's removals and
+    the fences that touch it. Fences are merged lazily: between two events only a
+    fence of a broker in the current ISR or the leader can change the partition, so
+    for those few brokers the next fence is found by bisection in the broker table
+    instead of offering every fence of every replica (most of a large log's
+    fences) to every partition. Every offset holds one record, so no two events
+    share an offset."""
     tid, _, pid_text = key.partition(_SEP)
     pid = int(pid_text)
-    decoded = [(offset, r.decode_record(value)) for offset, value in records]
     limit = cuts[-1] if cuts else 1 << 62
-    universe: set[int] = set()
-    for _, rec in decoded:
-        if rec.replicas is not None:
-            universe.update(rec.replicas)
-    events: list[tuple[int, int, object]] = [(o, _EV_RECORD, rec) for o, rec in decoded]
-    events.extend((o, _EV_REMOVE, None) for o in topics.id_removals(tid) if o < limit)
-    for bid in universe:
-        events.extend((o, _EV_FENCE, bid) for o in brokers.fences.get(bid, ()) if o < limit)
-    events.sort(key=lambda e: (e[0], e[1]))
+    decode = r.decode_record
+    # Records first, then removals, at distinct offsets: (offset, record or None = removal).
+    events = [(offset, decode(value)) for offset, value in records]
+    events.extend((o, None) for o in topics.id_removals(tid) if o < limit)
+    events.sort(key=lambda e: e[0])
+    fences = brokers.fences
+    bisect_right = bisect.bisect_right
+    usable = brokers.usable
+    Partition, PartitionChange = r.Partition, r.PartitionChange
 
     cur: r.Partition | None = None
     states: list[StateRow] = []
@@ -330,35 +330,83 @@ def fold_partition(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequenc
             states.append(StateRow(cut, SEC_PARTITION, tid, pid, "", "", r.encode_record(cur)))
 
     ci = 0
-    for offset, kind, payload in events:
-        ci = _emit_cuts(cuts, ci, offset, emit)
-        if kind == _EV_REMOVE:
-            cur = None
-        elif kind == _EV_FENCE:
-            bid = payload
-            if cur is None or (bid not in cur.isr and cur.leader != bid):
-                continue
-            isr = tuple(x for x in cur.isr if x != bid) or cur.isr
-            leader = cur.leader
+    pos = -1  # every event at or below pos is applied
+    # The next fence that touches cur: among the brokers in its ISR and its
+    # leader, the smallest fence offset above pos. nxt[bid] indexes bid's fence
+    # list at or just below that point (corrected forward lazily: pos only
+    # grows), so a record that leaves the candidates alone costs no bisection.
+    # A valid partition's leader is in its ISR or NO_LEADER (_partition_problem,
+    # and a fence keeps it so), so the brokers in the ISR are all the candidates.
+    nxt: dict[int, int] = {}
+    nxt_at: dict[int, int] = {}  # bid -> fences[bid][nxt[bid]] (or never)
+    never = 1 << 63
+    next_at, next_bid = never, -1
+
+    def refresh() -> None:
+        """Recompute (next_at, next_bid) for the current cur and pos."""
+        nonlocal next_at, next_bid
+        best, best_bid = never, -1
+        if cur is not None:
+            for bid in cur.isr:
+                at = nxt_at.get(bid)
+                if at is None or at <= pos:
+                    fl = fences.get(bid)
+                    if fl is None:
+                        nxt_at[bid] = never
+                        continue
+                    i = nxt[bid] = bisect_right(fl, pos, nxt.get(bid, 0))
+                    at = nxt_at[bid] = fl[i] if i < len(fl) else never
+                if at < best:
+                    best, best_bid = at, bid
+        next_at, next_bid = best, best_bid
+
+    def fences_before(upto: int) -> None:
+        """Apply, in offset order, the fences in (pos, upto) that touch cur. A fence
+        only shrinks the ISR or moves the leader into it, so after each one the
+        next is looked up among the (fewer) brokers it still touches."""
+        nonlocal ci, pos, cur
+        while next_at < upto:
+            at, bid = next_at, next_bid
+            if ci < n_cuts and cuts[ci] <= at:
+                ci = _emit_cuts(cuts, ci, at, emit)
+            # controller.py's FenceBroker expansion for this partition (bid is in its ISR).
+            old_isr = cur.isr
+            isr = tuple([x for x in old_isr if x != bid]) or old_isr
+            leader = old_leader = cur.leader
             if leader == bid:
                 leader = r.NO_LEADER
                 for x in cur.replicas:
-                    if x in isr and brokers.usable(x, offset):
+                    if x in isr and usable(x, at):
                         leader = x
                         break
-            if isr == cur.isr and leader == cur.leader:
-                continue
-            cur = _replace(cur, isr=isr, leader=leader,
-                           leader_epoch=cur.leader_epoch + (leader != cur.leader),
-                           partition_epoch=cur.partition_epoch + 1)
-        elif type(payload) is r.Partition:
-            if not topics.id_live(tid, offset) or _partition_problem(payload):
+            if isr != old_isr or leader != old_leader:
+                cur = _replace(cur, isr=isr, leader=leader,
+                               leader_epoch=cur.leader_epoch + (leader != old_leader),
+                               partition_epoch=cur.partition_epoch + 1)
+            i = nxt[bid] = nxt[bid] + 1
+            fl = fences[bid]
+            nxt_at[bid] = fl[i] if i < len(fl) else never
+            pos = at
+            refresh()
+
+    n_cuts = len(cuts)
+    for offset, rec in events:
+        if next_at < offset:
+            fences_before(min(offset, limit))
+        if ci < n_cuts and cuts[ci] <= offset:
+            ci = _emit_cuts(cuts, ci, offset, emit)
+        pos = offset
+        if rec is None:  # the topic was removed
+            cur = None
+            next_at = never
+        elif type(rec) is Partition:
+            if not topics.id_live(tid, offset) or _partition_problem(rec):
                 invalid += 1
                 continue
-            cur = payload
+            cur = rec
+            refresh()
         else:
-            rec = payload
-            assert type(rec) is r.PartitionChange, type(rec)
+            assert type(rec) is PartitionChange, type(rec)
             if cur is None:
                 invalid += 1
                 continue
@@ -374,11 +422,16 @@ def fold_partition(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequenc
                 invalid += 1
                 continue
             cur = new
+            refresh()
+    fences_before(limit)
     _emit_cuts(cuts, ci, 1 << 62, emit)
     return states, invalid
 
 
 # ------------------------------------------------------------------ configs, features
+
+# Event kinds in a config's merged stream (a record and its topic's removals).
+_EV_RECORD, _EV_REMOVE = 0, 1
 
 
 def fold_config(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequence[int],

@@ -4,6 +4,7 @@ snapshots (``snapshot``) and audit the replicas' logs (``audit``).
     metalog spark snapshot DATA_DIR... [--upto OFFSET] [--out DIR] [--master URL]
     metalog spark audit    DATA_DIR... [--hw OFFSET]
     metalog spark package  [--out metalog_code.zip]
+    metalog spark sql      "SELECT ..." [--out DIR] [--json]
     spark-submit tools/spark/job.py snapshot DATA_DIR ...
 
 Plan (details in docs/spark.md):
@@ -31,6 +32,10 @@ Plan (details in docs/spark.md):
    name. States at the offsets of the brokers' own snapshots are compared
    with those snapshots entity by entity (a distributed outer join).
 
+6. Queryable output (``tools.spark.tables``, ``tools.spark.plots``): Parquet
+   tables of the state at the HW, the committed history and the audit under
+   ``OUT/tables``, plots and ``report.html``; ``metalog spark sql`` queries them.
+
 Under spark-submit the session takes spark-submit's master and conf; run
 directly, the job starts the JVM itself (PYSPARK_SUBMIT_ARGS). The
 .checkpoint is staged and published only when every check passed.
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import shlex
@@ -66,7 +72,7 @@ from storage.snapshot import SnapshotWriter, snapshot_filename  # noqa: E402
 from tools.extras import SPARK_MODULES, missing  # noqa: E402
 from tools.spark import decode as D  # noqa: E402
 from tools.spark import fold as F  # noqa: E402
-from tools.spark.decode import DECODED_FIELDS, FIELD_NAMES, decode_file  # noqa: E402
+from tools.spark.decode import DECODED_FIELDS, FIELD_NAMES, decode_file_columns  # noqa: E402
 from tools.spark.fold import key_of  # noqa: E402
 
 # pyspark and pyarrow are imported inside the functions that use them: they are
@@ -77,7 +83,7 @@ EXIT_OK, EXIT_VALIDATION, EXIT_INPUT, EXIT_FAILED = 0, 1, 2, 3
 GLOB = "{*.log,*.checkpoint,meta.properties,log-start-offset}"
 SNAPSHOTS_COMPARED_MAX = 8
 DIFFS_LISTED_MAX = 50
-ARROW_ROWS_PER_BATCH = 8192
+ARROW_ROWS_PER_BATCH = 32768
 
 
 class InputError(Exception):
@@ -118,21 +124,17 @@ def _decode_partition(batches):
     import pyarrow as pa
 
     schema = _arrow_schema(DECODED_FIELDS)
-    cols = {n: [] for n in FIELD_NAMES}
-    count = 0
+    cols: dict[str, list] = {n: [] for n in FIELD_NAMES}
     for rb in batches:
         paths = rb.column("path").to_pylist()
         contents = rb.column("content")
         for i, path in enumerate(paths):
-            for row in decode_file(path, contents[i].as_py()):
-                for n in FIELD_NAMES:
-                    cols[n].append(row[n])
-                count += 1
+            for count in decode_file_columns(path, contents[i].as_py(), cols):
                 if count >= ARROW_ROWS_PER_BATCH:
-                    yield pa.RecordBatch.from_pydict(cols, schema=schema)
-                    cols = {n: [] for n in FIELD_NAMES}
-                    count = 0
-    if count:
+                    yield pa.RecordBatch.from_pydict(cols, schema=schema)  # copies: then reuse the lists
+                    for column in cols.values():  # in place: decode_file_columns holds this dict
+                        column.clear()
+    if cols["kind"]:
         yield pa.RecordBatch.from_pydict(cols, schema=schema)
 
 
@@ -590,6 +592,7 @@ class Analysis:
         from pyspark.sql import functions as f
 
         self.progress.set_phase("voting: majority value per offset")
+        t0 = time.monotonic()
         with_log = {k: v for k, v in self.replicas.items()
                     if v["log_start"] is not None and k not in self.excluded}
         if not with_log:
@@ -608,20 +611,32 @@ class Analysis:
         for rp in with_log.values():
             if rp["log_start"] > self.start:
                 abstain = abstain + f.when(f.col("offset") < rp["log_start"], 1).otherwise(0)
-        counts = (recs.groupBy("offset", "epoch", "digest")
-                  .agg(f.count(f.lit(1)).alias("cnt"), f.max("ts").alias("ts"),
-                       f.first("control").alias("control")))
-        self.majority = (counts.withColumn("abstain", abstain)
-                         .filter((f.col("cnt") * 2 > f.lit(n) - f.col("abstain"))
-                                 & (f.col("cnt") + f.col("abstain") >= quorum))
-                         .select("offset", "epoch", "digest", "ts"))
+        # One voting replica whose files are clean (offsets contiguous, so one record
+        # per offset): every record is the majority's and nothing differs. The
+        # count shuffle and the two joins below would say the same at 10M-row cost.
+        alone = n == 1 and not any(e["replica"] in with_log for e in self.errors)
+        if alone:
+            self.majority = recs.select("offset", "epoch", "digest", "ts")
+        else:
+            counts = (recs.groupBy("offset", "epoch", "digest")
+                      .agg(f.count(f.lit(1)).alias("cnt"), f.max("ts").alias("ts"),
+                           f.first("control").alias("control")))
+            self.majority = (counts.withColumn("abstain", abstain)
+                             .filter((f.col("cnt") * 2 > f.lit(n) - f.col("abstain"))
+                                     & (f.col("cnt") + f.col("abstain") >= quorum))
+                             .select("offset", "epoch", "digest", "ts"))
         self.majority.persist(StorageLevel.MEMORY_AND_DISK)
         moff = self.majority.select("offset")
-        first_nonmajority = (recs.select("offset").distinct().join(moff, "offset", "left_anti")
-                             .agg(f.min("offset")).first()[0])
-        first_gap = (moff.select((f.col("offset") + 1).alias("offset")).join(moff, "offset", "left_anti")
-                     .agg(f.min("offset")).first()[0])
-        has_start = moff.filter(f.col("offset") == self.start).limit(1).count() > 0
+        first_nonmajority = None if alone else (
+            recs.select("offset").distinct().join(moff, "offset", "left_anti").agg(f.min("offset")).first()[0])
+        if alone:  # clean files: its records are exactly [log start, log end)
+            [only] = with_log.values()
+            has_start = only["log_start"] < only["log_end"]
+            first_gap = only["log_end"] if has_start else None
+        else:
+            first_gap = (moff.select((f.col("offset") + 1).alias("offset")).join(moff, "offset", "left_anti")
+                         .agg(f.min("offset")).first()[0])
+            has_start = moff.filter(f.col("offset") == self.start).limit(1).count() > 0
         derived = self.start if not has_start else min(
             x for x in (first_nonmajority, first_gap) if x is not None)
         self.derived_hw = derived
@@ -635,7 +650,7 @@ class Analysis:
         self.progress.set_phase("voting: first difference per replica")
         mj = self.majority.select("offset", f.col("epoch").alias("m_epoch"),
                                   f.col("digest").alias("m_digest"))
-        diffs = (recs.select("replica", "offset", "epoch", "digest").join(mj, "offset", "left")
+        diffs = [] if alone else (recs.select("replica", "offset", "epoch", "digest").join(mj, "offset", "left")
                  .filter(f.col("m_digest").isNull() | (f.col("m_epoch") != f.col("epoch"))
                          | (f.col("m_digest") != f.col("digest")))
                  .groupBy("replica").agg(f.min(f.struct("offset", "epoch", "m_epoch")).alias("first"))
@@ -670,6 +685,7 @@ class Analysis:
             audit[name] = entry
         self.first_diff = first_diff
         self.report["audit"] = audit
+        self.report["vote"] = {"seconds": round(time.monotonic() - t0, 2)}
 
 
 def _diff_kind(epoch: int, majority_epoch: int | None) -> str:
@@ -745,6 +761,7 @@ class Replay:
             mj = an.majority.filter(rng).select("offset", "epoch", "digest")
             committed = recs.filter(rng).join(mj, ["offset", "epoch", "digest"]).dropDuplicates(["offset"])
         self.source = src or "majority of replicas"
+        self.committed = committed  # control records too: the history table shows them
         data = committed.filter(~f.col("control")).select("offset", "value")
         if self.base is not None:
             b = self.base
@@ -989,6 +1006,8 @@ def run(args) -> int:
             report["first_failure"] = failure
         elif staged is not None:
             _publish(staged, report)
+        if args.out and not args.no_tables:
+            _write_tables(args, an, report, progress, state_too=failure is None and staged is not None)
         report["result"] = "ok" if code == EXIT_OK else "validation FAILED"
         _say_first_failure(report)
     except InputError as exc:
@@ -1099,6 +1118,7 @@ def _snapshot(args, an: Analysis, report: dict, progress: Progress) -> dict:
     compare = sorted({s["end_offset"] for s in an.snapshots if an.start <= s["end_offset"] <= target})
     compare = compare[-SNAPSHOTS_COMPARED_MAX:]
     replay = Replay(an, target, progress)
+    an.replay = replay
     t0 = time.monotonic()
     replay.run(compare + [target])
     epoch, ts = _epoch_and_ts_at(an, target - 1)
@@ -1137,6 +1157,106 @@ def _snapshot(args, an: Analysis, report: dict, progress: Progress) -> dict:
     progress.set_phase("comparing with the brokers' snapshots")
     report["comparisons"] = [replay.compare(s) for s in an.snapshots if s["end_offset"] in compare]
     return staged
+
+
+def _write_tables(args, an: Analysis, report: dict, progress: Progress, state_too: bool) -> None:
+    """Queryable output under --out: the audit table always; the state tables
+    and the history only when every check passed (they describe the state the
+    published .checkpoint holds); then the plots and report.html."""
+    from tools.spark import plots
+    from tools.spark import tables as TB
+
+    out = args.out
+    spark = an.spark
+    progress.set_phase(f"writing Parquet tables under {out.rstrip('/')}/{TB.TABLES_DIR}")
+    counts = {"audit": TB.write_audit(spark, report, out)}
+    hist = None
+    replay = getattr(an, "replay", None)
+    if state_too and replay is not None:
+        counts.update(TB.write_state_and_history(spark, replay.states, replay.committed, replay.target, out))
+        hist = spark.read.parquet(TB.table_path(out, "history"))
+    report["tables"] = {"dir": out.rstrip("/") + "/" + TB.TABLES_DIR, "rows": counts}
+    reason = plots.plots_unavailable()
+    if reason is not None:
+        report["plots"] = {"skipped": reason}
+        err_line(f"metalog spark: plots skipped ({reason}); the tables and the checkpoint are written")
+        return
+    progress.set_phase("drawing the plots")
+    audit = [dict(zip([n for n, _ in TB.AUDIT_FIELDS], row)) for row in TB.audit_rows(report)]
+    with tempfile.TemporaryDirectory(prefix="metalog-spark-plots-") as tmp:
+        files = plots.write_report(tmp, hist, audit, report)
+        if _is_local_path(out):
+            os.makedirs(out, exist_ok=True)
+            for name in files:
+                shutil.copyfile(os.path.join(tmp, name), os.path.join(out, name))
+        else:
+            for name in files:
+                _hadoop_put(spark, os.path.join(tmp, name), out.rstrip("/") + "/" + name)
+    report["plots"] = {"files": [out.rstrip("/") + "/" + name for name in files]}
+
+
+SQL_EXAMPLE = ("SELECT offset, timestamp_ms, record_type, get_json_object(body, '$.leader') AS leader, "
+               "get_json_object(body, '$.isr') AS isr FROM history WHERE record_type IN "
+               "('Partition', 'PartitionChange') AND get_json_object(body, '$.topic_id') = 'TOPIC-ID' "
+               "AND get_json_object(body, '$.partition_id') = 0 ORDER BY offset")
+
+
+def run_sql(args) -> int:
+    """metalog spark sql: one query over the tables of a job's --out dir, each
+    registered as a view named after its directory (history, partitions, ...)."""
+    from tools.spark import tables as TB
+
+    absent = missing(SPARK_MODULES, "spark")
+    if absent is not None:
+        print(f"metalog spark sql: {absent}", file=sys.stderr)
+        return EXIT_FAILED
+    spark = getattr(args, "session", None)
+    own = spark is None
+    try:
+        if own:
+            if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+                print("metalog spark sql: no Java found: install a JDK (17 or 21) or set JAVA_HOME",
+                      file=sys.stderr)
+                return EXIT_FAILED
+            try:
+                spark = get_spark(args.master, shuffle_partitions=2, driver_memory=args.driver_memory)
+                if not args.verbose:
+                    spark.sparkContext.setLogLevel("ERROR")
+            except Exception as exc:
+                print(f"metalog spark sql: cannot start Spark: {cause_chain(exc)}", file=sys.stderr)
+                return EXIT_FAILED
+        views = TB.register_views(spark, args.out)
+        if not views:
+            print(f"metalog spark sql: no tables under {args.out.rstrip('/')}/{TB.TABLES_DIR}: run "
+                  f"`metalog spark snapshot ... --out {args.out}` first", file=sys.stderr)
+            return EXIT_INPUT
+        from pyspark.errors import AnalysisException, ParseException
+
+        if not args.verbose:  # pyspark logs a bad query's error itself, as JSON on stderr: we say it once
+            from pyspark.logger import PySparkLogger
+
+            PySparkLogger.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL + 1)
+        try:
+            df = spark.sql(args.query)
+            rows = df.limit(TB.SQL_ROWS_PRINTED_MAX + 1).collect()
+        except (AnalysisException, ParseException) as exc:
+            first = (str(exc).strip().splitlines() or [""])[0]
+            print(f"metalog spark sql: bad query: {first} (views: {', '.join(views)})", file=sys.stderr)
+            return EXIT_INPUT
+        columns = df.columns
+        shown = rows[:TB.SQL_ROWS_PRINTED_MAX]
+        if args.json:
+            for row in shown:
+                print(json.dumps(row.asDict(recursive=True), default=TB.json_default))
+        else:
+            print("\n".join(TB.format_rows(columns, [tuple(x) for x in shown])))
+        if len(rows) > TB.SQL_ROWS_PRINTED_MAX:
+            print(f"metalog spark sql: only the first {TB.SQL_ROWS_PRINTED_MAX} rows printed; "
+                  "add a LIMIT or aggregate", file=sys.stderr)
+        return EXIT_OK
+    finally:
+        if own and spark is not None:
+            spark.stop()
 
 
 # ------------------------------------------------------------------ CLI
@@ -1187,6 +1307,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--verbose", action="store_true",
                    help="Spark's own warnings and Python tracebacks on failures")
+    p.add_argument("--no-tables", action="store_true",
+                   help="skip the Parquet tables and the plots under --out (only the .checkpoint "
+                        "and report.json)")
     p.set_defaults(func=run, keep_session=False)
 
 
@@ -1231,6 +1354,23 @@ def register_cli(subparsers) -> None:
     _add_common(a)
     a.add_argument("--hw", dest="upto", type=int, help="the HW to judge against (default: majority)")
     a.add_argument("--out", default=None, help="dir for report.json (default: none; see --report)")
+    q = sub.add_parser("sql", help="SQL over the Parquet tables a snapshot/audit run wrote",
+                       description="Run one Spark SQL query over the tables under OUT/tables (written by "
+                                   "`metalog spark snapshot|audit --out OUT`), each a view named after "
+                                   "its directory: brokers, topics, partitions, configs, acls, features, "
+                                   "voters (the state at the HW, column state_offset), history (every "
+                                   "committed record: offset, leader_epoch, timestamp_ms, control, "
+                                   "record_type, version, body as JSON), audit (one row per replica).",
+                       epilog="example (when and why did a partition's leader change):\n  metalog spark sql "
+                              + shlex.quote(SQL_EXAMPLE) + "\nsee docs/spark.md.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    q.add_argument("query", help="a Spark SQL query")
+    q.add_argument("--out", default="spark-out", help="the job's output dir (default spark-out)")
+    q.add_argument("--json", action="store_true", help="one JSON object per row instead of a text table")
+    q.add_argument("--master", default="local[*]", help="Spark master for the query (default local[*])")
+    q.add_argument("--driver-memory", default="1g", help="driver heap (default 1g)")
+    q.add_argument("--verbose", action="store_true", help="Spark's own warnings")
+    q.set_defaults(func=run_sql)
     k = sub.add_parser("package", help="build the code archive shipped to executors (--py-files)",
                        description="Zip the packages the executors import (storage, broker, protocol, "
                                    "tools) for spark-submit --py-files on a standalone, YARN or "
