@@ -398,6 +398,28 @@ class MetalogClient:
         )
         return resp.base_offset, resp.leader_epoch
 
+    async def add_voter(self, voter_id: int, directory_id: str, listeners: list[tuple[str, str, int]]) -> None:
+        """AddRaftVoter (KIP-853): returns once the leader committed the new
+        voter set. REQUEST_TIMED_OUT (not caught up yet, another change in
+        progress) is retried until delivery_timeout_ms; DUPLICATE_VOTER,
+        INVALID_REQUEST, UNSUPPORTED_VERSION ... raise MetalogError."""
+        await self._leader_request(
+            ApiKey.ADD_RAFT_VOTER,
+            lambda: m.AddRaftVoterRequest(cluster_id=self.cluster_id, voter_id=voter_id,
+                                          voter_directory_id=directory_id,
+                                          listeners=[m.RaftListener(*ln) for ln in listeners],
+                                          timeout_ms=self._server_wait_ms),
+            self.request_timeout_ms)
+
+    async def remove_voter(self, voter_id: int, directory_id: str) -> None:
+        """RemoveRaftVoter (KIP-853): returns once the change is committed
+        (VOTER_NOT_FOUND ... raise MetalogError)."""
+        await self._leader_request(
+            ApiKey.REMOVE_RAFT_VOTER,
+            lambda: m.RemoveRaftVoterRequest(cluster_id=self.cluster_id, voter_id=voter_id,
+                                             voter_directory_id=directory_id, timeout_ms=self._server_wait_ms),
+            self.request_timeout_ms)
+
     async def list_acls(self) -> list[dict]:
         """Every ACL in the leader's committed state (needs Describe on the cluster)."""
         resp = await self._leader_request(

@@ -6,6 +6,7 @@
     metalog produce VALUE...    write records (answers offset and epoch once committed)
     metalog consume             read committed records, with KIP-320 truncation detection
     metalog quorum              DescribeQuorum from the leader
+    metalog quorum add-voter|remove-voter   KIP-853 voter changes (AddRaftVoter / RemoveRaftVoter)
     metalog metadata            leader, epoch, HW and endpoints from any broker
 
     metalog topics|brokers|configs ...   controller commands (tools/cli/admin.py)
@@ -292,6 +293,35 @@ def cmd_quorum_describe(args) -> int:
     return asyncio.run(_with_client(args, go))
 
 
+def _listener(text: str) -> tuple[str, str, int]:
+    """[NAME=]host:port -> (listener name, host, port); CONTROLLER if unnamed."""
+    name, _, addr = text.rpartition("=")
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ClusterCliError(f"--listener: expected [NAME=]host:port, got {text!r}")
+    return (name or "CONTROLLER", host, int(port))
+
+
+def cmd_quorum_add_voter(args) -> int:
+    listeners = [_listener(x) for x in args.listener]
+
+    async def go(client):
+        await client.add_voter(args.controller_id, args.controller_directory_id, listeners)
+        print(json.dumps({"added": args.controller_id, "directory_id": args.controller_directory_id}))
+        return 0
+
+    return asyncio.run(_with_client(args, go))
+
+
+def cmd_quorum_remove_voter(args) -> int:
+    async def go(client):
+        await client.remove_voter(args.controller_id, args.controller_directory_id)
+        print(json.dumps({"removed": args.controller_id, "directory_id": args.controller_directory_id}))
+        return 0
+
+    return asyncio.run(_with_client(args, go))
+
+
 def _replica(r) -> dict:
     return {"replica_id": r.replica_id, "directory_id": r.replica_directory_id or None,
             "log_end_offset": r.log_end_offset, "in_sync": r.in_sync,
@@ -375,6 +405,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="per replica: NodeId, LogEndOffset, Lag, LastFetchTimestamp, ..., Status")
     d.add_argument("-o", "--output", choices=["table", "json"], default="table")
     d.set_defaults(func=cmd_quorum_describe)
+    for name, func, what in (("add-voter", cmd_quorum_add_voter, "AddRaftVoter: make a caught-up observer a voter"),
+                             ("remove-voter", cmd_quorum_remove_voter, "RemoveRaftVoter: a voter leaves the set")):
+        v = qsub.add_parser(name, help=f"{what} (KIP-853; returns once committed)")
+        add_client_args(v)
+        v.add_argument("--controller-id", type=int, required=True, help="the voter's node id")
+        v.add_argument("--controller-directory-id", required=True,
+                       help="its data dir's directory.id (meta.properties; `metalog quorum describe --replication`)")
+        if name == "add-voter":
+            v.add_argument("--listener", action="append", required=True, metavar="[NAME=]HOST:PORT",
+                           help="where the voter listens (repeatable; name CONTROLLER if omitted)")
+        v.set_defaults(func=func)
 
     p = sub.add_parser("metadata", help="leader, epoch, HW and endpoints")
     add_client_args(p)
