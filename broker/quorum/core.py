@@ -341,6 +341,14 @@ class QuorumCore:
             self.state.on_voters_changed(now)
         if self._fatal is None:
             self.state.poll(now)
+        if (self._fatal is None and not self.is_voter and not self.state.is_leader
+                and self.state.role is not Role.OBSERVER):
+            # KIP-853: a leader whose removal was pending resigned (check-quorum,
+            # shutdown, a newer epoch): no voter role is left for it, and a
+            # resigned non-voter would neither stand nor fetch. (Static
+            # observers never get here: they are observers from the start.)
+            self.become_observer(now)
+            self.state.poll(now)
         return self.outbox.take()
 
     def _boot(self, now: int) -> None:

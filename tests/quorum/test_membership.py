@@ -293,3 +293,17 @@ def test_a_quarantined_node_keeps_its_quarantine_when_a_cut_leaves_it_outside_th
     static = Node(4, view=a.LogView(log_end_offset=3, epochs=[(1, 0)], must_reach_offset=57), directory_id=D[4])
     acts = static.step(a.Tick(0))
     assert not static.core.quarantined and a.ClearQuarantine(57) in acts, "a static observer never votes"
+
+
+def test_a_leader_removing_itself_that_resigns_before_the_commit_becomes_an_observer():
+    """Sim seed 751: the removal was pending when check-quorum made the leader
+    resign; a resigned non-voter would never stand nor fetch (its election
+    timer due forever: a busy loop). It replicates as an observer instead."""
+    n, now = leader()
+    ask(n, now, remove(1))
+    assert n.core.role == "leader" and not n.core.is_voter
+    acts = n.step(a.Tick(now + 10 * n.core.config.fetch_timeout_ms))  # nobody fetched: check-quorum
+    assert one_response(acts, "v").error_code == Errors.NOT_LEADER_OR_FOLLOWER
+    assert n.core.role == "observer"
+    deadline = n.core.next_deadline_ms
+    assert deadline is None or deadline > now + 10 * n.core.config.fetch_timeout_ms, "no tick due in the past"
