@@ -411,6 +411,14 @@ class QuorumCore:
         leader = st.leader_id if st.leader_id != self.node_id else NO_LEADER
         self.transition(FollowerState(self, st.epoch, leader, st.voted_id), now)
 
+    def become_leaderless_voter(self, now: int) -> None:
+        """A follower with no leader that the voter set just made a voter:
+        unattached, or voted if it voted in this epoch (the vote is kept)."""
+        st = self.state
+        assert isinstance(st, FollowerState) and st.leader_id < 0 and self.is_voter
+        new = VotedState(self, st.epoch, st.voted_id) if st.voted_id >= 0 else UnattachedState(self, st.epoch)
+        self.transition(new, now)
+
     def become_voted(self, candidate_id: int, now: int) -> None:
         self.transition(VotedState(self, self.state.epoch, candidate_id), now)
 

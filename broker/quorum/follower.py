@@ -86,6 +86,13 @@ class FollowerState(RoleState):
         on disk -- epoch, leader, vote -- is the same)."""
         self.role = Role.FOLLOWER if self.core.is_voter else Role.OBSERVER
 
+    def on_voters_changed(self, now: int) -> None:
+        """An observer that knew no leader became a voter (KIP-853, sim seed
+        932): a voter without a leader must wait for an election (and stand
+        when its timer runs out), not sit still as a leaderless follower."""
+        if self.core.is_voter and self.leader_id < 0:
+            self.core.become_leaderless_voter(now)
+
     def start_following(self, now: int) -> None:
         log = self.core.log
         self.fetch_inflight = None

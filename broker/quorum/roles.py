@@ -60,7 +60,9 @@ ALLOWED_TRANSITIONS: dict[Role, frozenset[Role]] = {
     # A leader whose removal (KIP-853) is committed steps down to an observer.
     R.LEADER: frozenset({R.RESIGNED, R.UNATTACHED, R.FOLLOWER, R.OBSERVER}),
     R.RESIGNED: frozenset({R.UNATTACHED, R.PROSPECTIVE, R.FOLLOWER, R.OBSERVER}),
-    R.FOLLOWER: frozenset({R.UNATTACHED, R.PROSPECTIVE, R.FOLLOWER}),
+    # To voted: an observer that voted before and knows no leader is made a
+    # voter again by the log's set (KIP-853): it keeps its vote.
+    R.FOLLOWER: frozenset({R.UNATTACHED, R.VOTED, R.PROSPECTIVE, R.FOLLOWER}),
     # A non-voter is an observer whatever happens; it may lose or learn a leader.
     # (A follower that leaves or joins the voter set changes role in place.)
     R.OBSERVER: frozenset({R.OBSERVER}),

@@ -307,3 +307,21 @@ def test_a_leader_removing_itself_that_resigns_before_the_commit_becomes_an_obse
     assert n.core.role == "observer"
     deadline = n.core.next_deadline_ms
     assert deadline is None or deadline > now + 10 * n.core.config.fetch_timeout_ms, "no tick due in the past"
+
+
+def test_an_observer_without_a_leader_made_a_voter_waits_for_an_election():
+    """Sim seed 932: an observer that knew no leader got a voter set naming
+    it: it must become a voter that stands when its election timer runs out,
+    not a leaderless follower that never fetches nor stands. (The set is fed
+    to its log directly: how it arrived -- a fetch, a truncation -- is covered
+    above.)"""
+    n = Node(4, view=a.LogView(voter_set=dynamic((1, 2, 3))), directory_id=D[4], voters_are_bootstrap=True)
+    n.step(a.Tick(0))
+    assert n.core.role == "observer" and n.core.leader_id == -1
+    n.core.log.add_voter_set(0, dynamic((1, 2, 3, 4)))
+    n.step(a.Tick(1))
+    assert n.core.is_voter and n.core.role == "unattached"
+    deadline = n.core.next_deadline_ms
+    assert deadline is not None and deadline > 1
+    n.step(a.Tick(deadline))
+    assert n.core.role == "prospective", "it stands when its election timer runs out"
