@@ -21,8 +21,8 @@ ENTRY_POINTS = [
     (["-m", "tools.bench_snapshot", "--help"], "--records"),
     (["-m", "tools.bench_hostile", "--help"], "--hostile"),
     (["tools/bench_spark.py", "--help"], "--records"),
-    (["tools/spark_job.py", "--help"], "{snapshot,audit,package}"),
-    (["tools/spark/job.py", "--help"], "{snapshot,audit,package}"),
+    (["tools/spark_job.py", "--help"], "{snapshot,audit,sql,package}"),
+    (["tools/spark/job.py", "--help"], "{snapshot,audit,sql,package}"),
 ]
 
 
