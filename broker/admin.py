@@ -80,6 +80,9 @@ def quorum_view(broker: "Broker") -> dict:
             "voters": [_replica(r) for r in resp.voters],
             "observers": [_replica(r) for r in resp.observers],
         }
+        # Who holds a long-poll Fetch on this leader right now: such a fetch is
+        # answered with the next append, even if its sender has since stopped.
+        view["parked_fetches"] = core.parked_fetch_replicas
     return view
 
 

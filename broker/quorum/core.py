@@ -297,6 +297,13 @@ class QuorumCore:
     def describe_quorum(self, now_ms: int) -> m.DescribeQuorumResponse:
         return self.state.describe_quorum(now_ms)
 
+    @property
+    def parked_fetch_replicas(self) -> list[int]:
+        """Leader only: the replica id of every fetch parked waiting for data
+        (a follower's long poll); empty on other roles."""
+        reads = getattr(self.state, "reads", None)
+        return sorted(p.request.replica_id for p in reads.parked) if reads is not None else []
+
     def metadata(self, endpoints: dict[int, tuple[str, int]] | None = None) -> m.MetadataResponse:
         """The Metadata answer: leader, epoch, HW and log start as this node
         knows them; voters' endpoints from `endpoints` (the runtime's config)."""

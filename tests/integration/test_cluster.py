@@ -258,6 +258,16 @@ async def test_restarted_old_leader_truncates_its_uncommitted_tail_and_catches_u
         followers = [n for n in cluster.nodes if n != leader]
         for f in followers:
             cluster.signal(f, signal.SIGSTOP)  # the leader can append but never commit
+
+        def no_parked_fetch():
+            # A follower's long-poll Fetch parked on the leader before the stop
+            # would be answered with the doomed records, and the kernel would
+            # hand them to the follower when it resumes: a later leader could
+            # then rightly commit them, leaving nothing to truncate.
+            q = cluster.quorum(leader)
+            return q if q and q.get("parked_fetches") == [] else None
+
+        await asyncio.to_thread(cluster.wait_for, no_parked_fetch, 5, "the leader to answer the parked fetches")
         host, port = cluster.bootstrap()[leader - 1]
         ch = PeerChannel(host, port, tls=cluster.client_tls())
         try:
