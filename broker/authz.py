@@ -11,6 +11,8 @@ Kafka error code. Two kinds of rules:
   FetchSnapshot, UpdateRaftVoter) is accepted only from the principal
   ``Node:<that very id>``,
   and for Vote/BeginQuorumEpoch/EndQuorumEpoch only if that id is a voter
+  (Vote: of the static set only; with the set in the log, KIP-853, the
+  quorum core checks the candidate, as our set may lag its)
   (Fetch and FetchSnapshot: any node certificate of the cluster CA, so
   observers can replicate). No ACL and no ``super_users`` entry can grant
   this: a user certificate never acts as a replica. Refused with
@@ -199,6 +201,9 @@ class AuthzView:
     enabled: bool
     voters: frozenset[int]
     super_users: frozenset[str] = frozenset()
+    # KIP-853: the voter set lives in the log, and ours may lag a candidate's
+    # (a voter just added asks for votes before we replicated its record).
+    voters_in_log: bool = False
     acls: Iterable[r.AccessControlEntry] = field(default_factory=tuple)
 
 
@@ -323,7 +328,9 @@ def authorize(principal: Principal, host: str, api_key: ApiKey, body: m.Body, vi
     if not view.enabled:
         return None
     if api_key is ApiKey.VOTE:
-        return _check_replica(principal, api_key, body.candidate_id, view, voter_only=True)
+        # With the set in the log, the core judges the candidate against it
+        # (a node id the set names with another directory is refused there).
+        return _check_replica(principal, api_key, body.candidate_id, view, voter_only=not view.voters_in_log)
     if api_key is ApiKey.CONSISTENCY_CHECK:
         # Only the leader asks; the answer describes this voter's log to that voter alone.
         return _check_replica(principal, api_key, body.leader_id, view, voter_only=True)

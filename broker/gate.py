@@ -33,6 +33,7 @@ class Gate:
                  controller_state: Callable[[], Any], metrics: BrokerMetrics, log):
         self.enabled = enabled
         self.voters = voters
+        self.voters_in_log = False  # KIP-853 (kraft version 1): the runtime sets it
         self.super_users = super_users
         self._controller_state = controller_state  # the applied (committed) ControllerState
         self.metrics = metrics
@@ -50,9 +51,10 @@ class Gate:
         change (a new state object or an ACL record)."""
         state = self._controller_state()
         cached = self._view_cache
-        if cached is None or cached[0] is not state or cached[1] != state.acl_version:
+        if (cached is None or cached[0] is not state or cached[1] != state.acl_version
+                or cached[2].voters is not self.voters or cached[2].voters_in_log != self.voters_in_log):
             view = authz.AuthzView(enabled=self.enabled, voters=self.voters, super_users=self.super_users,
-                                   acls=tuple(state.acls.values()))
+                                   acls=tuple(state.acls.values()), voters_in_log=self.voters_in_log)
             cached = self._view_cache = (state, state.acl_version, view)
         return cached[2]
 

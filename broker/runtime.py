@@ -631,6 +631,7 @@ class Broker:
                 self.peers.set_endpoint(nid, host, port)
         if self.gate is not None:
             self.gate.voters = frozenset(voter_set.ids)
+            self.gate.voters_in_log = voter_set.kraft_version == 1
         if voter_set.kraft_version > 0:
             self.log.info("voter_set", voters=list(voter_set.ids), kraft_version=voter_set.kraft_version,
                           directory_ids=dict(voter_set.directory_ids))

@@ -632,12 +632,15 @@ class SimCluster:
     def _check_vote_identity(self, n: SimNode, vote: m.VoteRequest) -> None:
         """WipedNodeNeverVotesWithItsOldIdentity (KIP-853): a granted vote comes
         from the very directory it was addressed to, and from a node that is a
-        voter (its node id and current directory id) of its own latest set."""
+        voter (its node id and current directory id) of its own latest set --
+        or, not yet in its own set, one addressed by exactly that key (a voter
+        just added that has not replicated the record naming it, Kafka 3.9)."""
         d = n.disk.directory_id
         if vote.voter_directory_id not in (m.NO_DIRECTORY_ID, d):
             self.fail(f"n{n.node_id} (directory {d}) granted a vote addressed to its directory "
                       f"{vote.voter_directory_id}: a wiped node voted with its old identity")
-        if not n.core.voter_set.is_voter(n.node_id, d):
+        by_own_key = vote.voter_id == n.node_id and d != m.NO_DIRECTORY_ID and vote.voter_directory_id == d
+        if not n.core.voter_set.is_voter(n.node_id, d) and not by_own_key:
             self.fail(f"n{n.node_id} (directory {d}) granted a vote in epoch {vote.candidate_epoch} while not a "
                       f"voter of its own set {dict(n.core.voter_set.directory_ids)}")
 

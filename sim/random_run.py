@@ -208,13 +208,11 @@ class RandomRun:
         for s in sets:
             if n.node_id not in s.directory_ids or s.unknown:
                 continue
-            # Usable: intact, not quarantined, and a voter in its own view too
-            # (a voter just added that has not replicated its VotersRecord
-            # does not know it votes: we do not let observers vote, Kafka 3.9
-            # does -- see docs/simulation.md).
+            # Usable: intact and not quarantined. (A voter just added that has
+            # not replicated its VotersRecord votes when asked by its own key,
+            # as in Kafka 3.9, so it counts too.)
             usable = [v for v in s.ids if v != n.node_id and self._intact(s, v)
-                      and c.nodes[v].disk.must_reach_offset < 0
-                      and (not c.nodes[v].alive or c.nodes[v].core.is_voter)]
+                      and c.nodes[v].disk.must_reach_offset < 0]
             if len(usable) < len(s.ids) // 2 + 1:
                 return False
         return True
@@ -237,11 +235,6 @@ class RandomRun:
             return
         kinds = [k for k, _ in MEMBERSHIP_WEIGHTS]
         kind = r.choices(kinds, [w for _, w in MEMBERSHIP_WEIGHTS])[0]
-        if any(c.nodes[v].disk.must_reach_offset >= 0 for v in vs.ids):
-            # A quarantined voter abstains; a new voter that has not replicated
-            # its VotersRecord does not vote either (the liveness gap in
-            # docs/simulation.md): no change until the quarantine clears.
-            return
         outside = [n for n in sorted(c.nodes) if n not in vs.directory_ids]
         if kind == "add_voter" and outside:
             nid = r.choice(outside)

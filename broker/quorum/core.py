@@ -212,7 +212,8 @@ class QuorumCore:
             qs = None
         if not self.is_voter:
             leader = qs.leader_id if qs and qs.leader_id >= 0 and qs.leader_id != self.node_id else NO_LEADER
-            return FollowerState(self, epoch, leader, -1)
+            # An observer keeps the vote it cast (addressed by its own voter key, KIP-853).
+            return FollowerState(self, epoch, leader, qs.voted_id if qs else -1)
         if qs and qs.leader_id == self.node_id:
             # KAFKA-10527: never resume leadership of the epoch we led before the
             # restart; we may have lost unflushed records it already promised.
@@ -472,6 +473,26 @@ class QuorumCore:
         """Is (replica_id, directory_id) a voter? A directory id the set does
         not know (static voters) is not checked."""
         return self.voter_set.is_voter(replica_id, directory_id)
+
+    def may_be_candidate(self, candidate_id: int, directory_id: str) -> bool:
+        """May (candidate_id, directory_id) ask for our vote? A voter of our
+        set may. With the voter set in the log (KIP-853) so may a node our
+        set does not name at all: our set may lag the candidate's (a
+        VotersRecord we have not replicated yet added it), and the candidate
+        counts its majority in its own set. A node id our set names with
+        another directory is a wiped replica: never."""
+        vs = self.voter_set
+        if vs.is_voter(candidate_id, directory_id):
+            return True
+        return (vs.kraft_version == 1 and directory_id != m.NO_DIRECTORY_ID
+                and (vs.unknown or candidate_id not in vs.directory_ids))
+
+    def addressed_by_own_key(self, voter_id: int, voter_directory_id: str) -> bool:
+        """Does a Vote name this very replica, node id and directory id both
+        (KIP-853)? Such a request comes from a candidate whose voter set has
+        us as a voter, even if ours does not yet: we vote, by the usual rules."""
+        return (voter_id == self.node_id and self.directory_id != m.NO_DIRECTORY_ID
+                and voter_directory_id == self.directory_id)
 
     def addressed_to_me(self, voter_id: int, voter_directory_id: str) -> bool:
         """Kafka's isValidVoterKey: a Vote or BeginQuorumEpoch naming the voter

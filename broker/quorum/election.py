@@ -320,10 +320,15 @@ def handle_vote(core: QuorumCore, token: Any, req: m.VoteRequest, now: int) -> N
         # KIP-853: meant for another directory of this node (the one wiped).
         core.respond(token, core.error_response(req, Errors.INVALID_VOTER_KEY))
         return
-    if not core.is_voter_key(req.candidate_id, req.candidate_directory_id):
+    if not core.may_be_candidate(req.candidate_id, req.candidate_directory_id):
         # Not a voter, or a wiped one standing with its old node id.
         core.respond(token, core.error_response(req, Errors.INCONSISTENT_VOTER_SET))
         return
+    # KIP-853 (Kafka 3.9): a replica addressed with its own voter key votes
+    # even if its voter set does not name it yet -- a voter just added that
+    # has not replicated the VotersRecord. Without it, a set grown to four
+    # with one voter down and one quarantined could never elect (sim seed 494).
+    may_vote = core.is_voter or core.addressed_by_own_key(req.voter_id, req.voter_directory_id)
     if req.candidate_epoch < core.state.epoch:
         core.respond(token, core.error_response(req, Errors.FENCED_LEADER_EPOCH))
         return
@@ -335,7 +340,7 @@ def handle_vote(core: QuorumCore, token: Any, req: m.VoteRequest, now: int) -> N
         # move up to it, as Kafka does with the request's ReplicaEpoch.
         if req.candidate_epoch - 1 > core.state.epoch:
             core.become_unattached(req.candidate_epoch - 1, now)
-        granted = core.is_voter and not core.quarantined and core.state.grant_pre_vote(req, now)
+        granted = may_vote and not core.quarantined and core.state.grant_pre_vote(req, now)
         if granted:
             core.note_pre_vote_granted(now)
         st = core.state
@@ -348,7 +353,7 @@ def handle_vote(core: QuorumCore, token: Any, req: m.VoteRequest, now: int) -> N
         core.become_unattached(req.candidate_epoch, now)
     # A quarantined voter may have forgotten records it acknowledged: a vote
     # now could elect a leader without them (docs/integrity.md). It refuses.
-    granted = not core.quarantined and core.state.grant_vote(req, running_deadline, now)
+    granted = may_vote and not core.quarantined and core.state.grant_vote(req, running_deadline, now)
     st = core.state
     core.respond(token, m.VoteResponse(leader_id=st.leader_id, leader_epoch=st.epoch, vote_granted=granted))
 

@@ -131,6 +131,26 @@ class FollowerState(RoleState):
             return
         self.maybe_send_fetch(now)
 
+    def grant_vote(self, req: m.VoteRequest, running_deadline: int | None, now: int) -> bool:
+        """Only an observer addressed by its own voter key gets here with a
+        chance (KIP-853: a voter that has not replicated the VotersRecord
+        adding it). One persisted vote per epoch, none while a leader of
+        the epoch is known, only for a log at least as up to date. A voter
+        following a leader never grants (it hears from that leader)."""
+        core = self.core
+        if core.is_voter or self.leader_id >= 0:
+            return False
+        if self.voted_id >= 0:
+            return self.voted_id == req.candidate_id
+        log = core.log
+        if (req.last_offset_epoch, req.last_offset) < (log.last_epoch(), log.log_end_offset):
+            return False
+        # Still an observer (it keeps fetching); the vote is persisted before the answer.
+        core.transition(FollowerState(core, self.epoch, NO_LEADER, req.candidate_id, start=False,
+                                      fetch_retry_at_ms=self.fetch_retry_at_ms,
+                                      need_epoch_check=self.need_epoch_check), now)
+        return True
+
     def postpone_candidacy(self, now: int) -> None:
         super().postpone_candidacy(now)
         self.fetch_deadline_ms = now + self.core.config.fetch_timeout_ms

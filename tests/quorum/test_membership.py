@@ -258,10 +258,13 @@ def test_a_dynamic_node_without_a_voter_set_never_falls_back_to_static_voters():
     n = Node(3, directory_id=WIPED3, voters_are_bootstrap=True)
     acts = n.step(a.Tick(0))
     assert n.core.role == "observer" and not n.core.is_voter
+    # A Vote that does not name it by its own key (no directory id: an older
+    # peer, or one asking node 3 without knowing which replica) gets no vote.
     vote = m.VoteRequest(cluster_id=CLUSTER, candidate_epoch=1, candidate_id=1, last_offset_epoch=0,
-                         last_offset=0, candidate_directory_id=D[1], voter_id=3, voter_directory_id=WIPED3)
+                         last_offset=0, candidate_directory_id=D[1], voter_id=3,
+                         voter_directory_id=m.NO_DIRECTORY_ID)
     resp = one_response(n.step(a.RequestReceived(1, "vote", vote)), "vote")
-    assert not resp.vote_granted
+    assert resp.error_code == Errors.NONE and not resp.vote_granted and n.core.voted_id == -1
     for t in range(0, 30_000, 500):
         n.step(a.Tick(t))
         assert n.core.role == "observer", "it never stands"
@@ -325,3 +328,111 @@ def test_an_observer_without_a_leader_made_a_voter_waits_for_an_election():
     assert deadline is not None and deadline > 1
     n.step(a.Tick(deadline))
     assert n.core.role == "prospective", "it stands when its election timer runs out"
+
+
+# -- KIP-853: a voter that has not replicated the record adding it still votes --
+
+
+def vote_for(candidate: int, epoch: int, last_epoch: int, last_offset: int, *, pre_vote: bool = False,
+             voter: int = 4, voter_directory_id: str | None = None, candidate_directory_id: str | None = None):
+    return m.VoteRequest(cluster_id=CLUSTER, candidate_epoch=epoch, candidate_id=candidate,
+                         last_offset_epoch=last_epoch, last_offset=last_offset, pre_vote=pre_vote,
+                         candidate_directory_id=D[candidate] if candidate_directory_id is None
+                         else candidate_directory_id,
+                         voter_id=voter, voter_directory_id=D[voter] if voter_directory_id is None
+                         else voter_directory_id)
+
+
+def new_voter(log_end: int = 5, epoch: int = 2) -> Node:
+    """Node 4, just added to {1, 2, 3} by a VotersRecord it has not fetched:
+    its own set still says {1, 2, 3}; its log ends at `log_end` in `epoch`."""
+    n = Node(4, view=a.LogView(voter_set=dynamic((1, 2, 3)), log_end_offset=log_end, epochs=[(epoch, 0)]),
+             state=a.QuorumStateData(epoch, -1, -1, (1, 2, 3)), directory_id=D[4], voters_are_bootstrap=True)
+    n.step(a.Tick(0))
+    assert n.core.role == "observer" and not n.core.is_voter
+    return n
+
+
+def test_a_new_voter_that_has_not_replicated_its_record_grants_pre_vote_and_vote_by_its_own_key():
+    """Sim seed 494's liveness gap (Kafka 3.9's rule): a Vote naming this very
+    replica (node id and directory id) comes from a candidate whose set makes
+    it a voter; it is granted by the usual rules although our set does not
+    name us yet: pre-vote (nothing recorded), then the real vote, persisted
+    before the answer, one per epoch; the node stays an observer (fetching)."""
+    n = new_voter()
+    acts = ask(n, 10, vote_for(2, 3, 2, 6, pre_vote=True))
+    resp = one_response(acts, "v")
+    assert resp.error_code == Errors.NONE and resp.vote_granted
+    assert not of_type(acts, a.PersistQuorumState) and n.core.voted_id == -1 and n.core.epoch == 2
+    acts = ask(n, 11, vote_for(2, 3, 2, 6))
+    resp = one_response(acts, "v")
+    assert resp.vote_granted and resp.leader_epoch == 3
+    persisted = of_type(acts, a.PersistQuorumState)
+    assert persisted and persisted[-1].state.voted_id == 2 and persisted[-1].state.leader_epoch == 3
+    assert acts.index(persisted[-1]) < next(i for i, x in enumerate(acts) if isinstance(x, a.Respond)), \
+        "the vote is on disk before the answer"
+    assert n.core.role == "observer" and n.core.voted_id == 2
+    # One vote per epoch: another candidate of epoch 3 is refused, the same one granted again.
+    assert not one_response(ask(n, 12, vote_for(3, 3, 2, 9)), "v").vote_granted
+    assert one_response(ask(n, 13, vote_for(2, 3, 2, 6)), "v").vote_granted
+    # The vote survives a restart: a new process on that state refuses candidate 3 in epoch 3.
+    again = Node(4, view=a.LogView(voter_set=dynamic((1, 2, 3)), log_end_offset=5, epochs=[(2, 0)]),
+                 state=persisted[-1].state, directory_id=D[4], voters_are_bootstrap=True)
+    again.step(a.Tick(20))
+    assert again.core.voted_id == 2
+    assert not one_response(ask(again, 21, vote_for(3, 3, 2, 9)), "v").vote_granted
+
+
+def test_an_observer_votes_only_when_named_by_its_own_key_and_by_the_usual_rules():
+    """What the user of the core sees for each refusal: a key naming another
+    directory of this node is INVALID_VOTER_KEY; no directory id in the key,
+    a stale log, an older epoch (FENCED_LEADER_EPOCH), a known leader of the
+    epoch, or a quarantine: not granted, nothing persisted."""
+    n = new_voter()
+    resp = one_response(ask(n, 1, vote_for(2, 3, 2, 6, voter_directory_id=WIPED3)), "v")
+    assert resp.error_code == Errors.INVALID_VOTER_KEY and not resp.vote_granted
+    for req in (vote_for(2, 3, 2, 6, voter_directory_id=m.NO_DIRECTORY_ID),  # not named by its key
+                vote_for(2, 3, 2, 4), vote_for(2, 3, 1, 9),  # a log behind ours
+                vote_for(2, 3, 2, 4, pre_vote=True)):
+        acts = ask(n, 2, req)
+        resp = one_response(acts, "v")
+        assert resp.error_code == Errors.NONE and not resp.vote_granted, req
+        assert n.core.voted_id == -1 and not [p for p in of_type(acts, a.PersistQuorumState)
+                                              if p.state.voted_id >= 0]
+    resp = one_response(ask(n, 3, vote_for(2, 1, 1, 9)), "v")
+    assert resp.error_code == Errors.FENCED_LEADER_EPOCH and not resp.vote_granted
+    # Following a live leader of epoch 3: no pre-vote, no vote in that epoch.
+    ask(n, 4, m.BeginQuorumEpochRequest(cluster_id=CLUSTER, leader_id=1, leader_epoch=3, voter_id=4,
+                                        voter_directory_id=D[4]), token="b")
+    assert n.core.leader_id == 1 and n.core.role == "observer"
+    assert not one_response(ask(n, 5, vote_for(2, 4, 3, 9, pre_vote=True)), "v").vote_granted
+    assert not one_response(ask(n, 6, vote_for(2, 3, 3, 9)), "v").vote_granted
+    # A quarantined replica never votes, whatever the key.
+    q = Node(4, view=a.LogView(voter_set=dynamic((1, 2, 3)), log_end_offset=5, epochs=[(2, 0)],
+                               must_reach_offset=50), directory_id=D[4], voters_are_bootstrap=True)
+    q.step(a.Tick(0))
+    assert q.core.quarantined
+    assert not one_response(ask(q, 1, vote_for(2, 3, 2, 60, pre_vote=True)), "v").vote_granted
+    assert not one_response(ask(q, 2, vote_for(2, 3, 2, 60)), "v").vote_granted
+
+
+def test_a_voter_grants_a_candidate_its_lagging_set_does_not_name_but_never_a_wiped_one():
+    """KIP-853: our set may lag the candidate's (it was added by a record we
+    have not replicated): with the set in the log, a node id we do not know
+    may ask and gets the usual answer. A node id our set names with another
+    directory is a wiped replica: INCONSISTENT_VOTER_SET. Static voters keep
+    refusing a stranger."""
+    v = Node(2, view=a.LogView(voter_set=dynamic((1, 2, 3))), directory_id=D[2], voters_are_bootstrap=True)
+    v.step(a.Tick(0))
+    resp = one_response(ask(v, 1, vote_for(4, 1, 0, 0, voter=2)), "v")
+    assert resp.error_code == Errors.NONE and resp.vote_granted and v.core.voted_id == 4
+    resp = one_response(ask(v, 2, vote_for(3, 2, 0, 0, voter=2, candidate_directory_id=WIPED3)), "v")
+    assert resp.error_code == Errors.INCONSISTENT_VOTER_SET and not resp.vote_granted
+    static = Node(2)
+    static.step(a.Tick(0))
+    resp = one_response(ask(static, 1, vote_for(4, 1, 0, 0, voter=2, voter_directory_id=m.NO_DIRECTORY_ID)), "v")
+    assert resp.error_code == Errors.INCONSISTENT_VOTER_SET
+
+
+def of_type(actions, cls) -> list:
+    return [x for x in actions if isinstance(x, cls)]
