@@ -31,7 +31,8 @@ Kafka error code. Two kinds of rules:
   Fetch (replica id -1), ListOffsets,     Read       topic metadata log
   OffsetsForLeaderEpoch (replica id -1)
   DescribeQuorum                          Describe   cluster
-  AddRaftVoter, RemoveRaftVoter           Alter      cluster
+  AddRaftVoter, RemoveRaftVoter,          Alter      cluster
+  UpdateFeatures
   ControllerCommand add_acl/remove_acl    Alter      cluster
   ControllerCommand list_acls             Describe   cluster
   any other ControllerCommand             Write      cluster
@@ -285,8 +286,8 @@ def _required(api_key: ApiKey, body: m.Body) -> tuple[Operation, ResourceType, s
         return Operation.READ, ResourceType.TOPIC, METADATA_TOPIC
     if api_key is ApiKey.DESCRIBE_QUORUM:
         return Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_RESOURCE_NAME
-    if api_key in (ApiKey.ADD_RAFT_VOTER, ApiKey.REMOVE_RAFT_VOTER):
-        return Operation.ALTER, ResourceType.CLUSTER, CLUSTER_RESOURCE_NAME  # as Kafka (KIP-853)
+    if api_key in (ApiKey.ADD_RAFT_VOTER, ApiKey.REMOVE_RAFT_VOTER, ApiKey.UPDATE_FEATURES):
+        return Operation.ALTER, ResourceType.CLUSTER, CLUSTER_RESOURCE_NAME  # as Kafka (KIP-853, KIP-584)
     if api_key is ApiKey.CONTROLLER_COMMAND:
         if body.command in ACL_COMMANDS_ALTER:
             return Operation.ALTER, ResourceType.CLUSTER, CLUSTER_RESOURCE_NAME

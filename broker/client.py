@@ -420,6 +420,26 @@ class MetalogClient:
                                              voter_directory_id=directory_id, timeout_ms=self._server_wait_ms),
             self.request_timeout_ms)
 
+    async def update_kraft_version(self, level: int, validate_only: bool = False) -> None:
+        """UpdateFeatures (57) for kraft.version (Kafka's `kafka-features
+        upgrade --feature kraft.version=1`): returns once the leader committed
+        the upgrade. REQUEST_TIMED_OUT (the leader's epoch not committed yet,
+        an upgrade or voter change in progress) is retried until
+        delivery_timeout_ms; INVALID_UPDATE_VERSION (a voter's directory id
+        unknown, a downgrade, a level not supported) raises MetalogError."""
+        await self._leader_request(
+            ApiKey.UPDATE_FEATURES,
+            lambda: m.UpdateFeaturesRequest(
+                cluster_id=self.cluster_id, feature_updates=[m.FeatureUpdate(m.KRAFT_VERSION_FEATURE, level)],
+                timeout_ms=self._server_wait_ms, validate_only=validate_only),
+            self.request_timeout_ms)
+
+    async def describe_features(self) -> m.ApiVersionsResponse:
+        """The leader's ApiVersions: supported features and the committed
+        (finalized) levels, as `kafka-features describe` shows them."""
+        return await self._leader_request(ApiKey.API_VERSIONS, lambda: m.ApiVersionsRequest(),
+                                          self.request_timeout_ms)
+
     async def list_acls(self) -> list[dict]:
         """Every ACL in the leader's committed state (needs Describe on the cluster)."""
         resp = await self._leader_request(

@@ -207,7 +207,9 @@ class BrokerConfig:
         if not voters:
             raise _SettingError("voters", "at least one voter is required")
         self.quorum = dataclasses.replace(self.quorum, node_id=self.node_id, voters=tuple(sorted(voters)),
-                                          cluster_id=self.cluster_id, voters_are_bootstrap=self.dynamic_voters)
+                                          cluster_id=self.cluster_id, voters_are_bootstrap=self.dynamic_voters,
+                                          voter_endpoints=tuple((nid, "CONTROLLER", ep.host, ep.port)
+                                                                for nid, ep in sorted(voters.items())))
         for name, section in (("quorum", self.quorum), ("storage", self.storage), ("network", self.network),
                               ("security", self.security)):
             try:

@@ -692,7 +692,7 @@ class Broker:
                 conn.send_response(header.correlation_id, wrong_cluster)
                 return
         if api_key is ApiKey.API_VERSIONS:
-            conn.send_response(header.correlation_id, api_versions_response())
+            conn.send_response(header.correlation_id, api_versions_response(*self.core.finalized_kraft_version()))
         elif api_key is ApiKey.METADATA:
             resp = self.metadata_response()
             if self.authz_enabled and not self.gate.may_describe_log(conn):

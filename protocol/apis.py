@@ -19,6 +19,7 @@ class ApiKey(enum.IntEnum):
     BEGIN_QUORUM_EPOCH = 53
     END_QUORUM_EPOCH = 54
     DESCRIBE_QUORUM = 55
+    UPDATE_FEATURES = 57
     FETCH_SNAPSHOT = 59
     ADD_RAFT_VOTER = 80
     REMOVE_RAFT_VOTER = 81
@@ -43,6 +44,7 @@ APIS: dict[ApiKey, tuple[type[m.Body], type[m.Body], int, int]] = {
     ApiKey.BEGIN_QUORUM_EPOCH: (m.BeginQuorumEpochRequest, m.BeginQuorumEpochResponse, 0, 0),
     ApiKey.END_QUORUM_EPOCH: (m.EndQuorumEpochRequest, m.EndQuorumEpochResponse, 0, 0),
     ApiKey.DESCRIBE_QUORUM: (m.DescribeQuorumRequest, m.DescribeQuorumResponse, 0, 0),
+    ApiKey.UPDATE_FEATURES: (m.UpdateFeaturesRequest, m.UpdateFeaturesResponse, 0, 0),
     ApiKey.FETCH_SNAPSHOT: (m.FetchSnapshotRequest, m.FetchSnapshotResponse, 0, 0),
     ApiKey.ADD_RAFT_VOTER: (m.AddRaftVoterRequest, m.AddRaftVoterResponse, 0, 0),
     ApiKey.REMOVE_RAFT_VOTER: (m.RemoveRaftVoterRequest, m.RemoveRaftVoterResponse, 0, 0),

@@ -27,6 +27,7 @@ class Errors(enum.IntEnum):
     FENCED_LEADER_EPOCH = 74  # the request's epoch is older than ours
     UNKNOWN_LEADER_EPOCH = 75  # the request's epoch is newer than ours
     INCONSISTENT_VOTER_SET = 94
+    INVALID_UPDATE_VERSION = 95  # UpdateFeatures: a level this build or cluster cannot take now
     SNAPSHOT_NOT_FOUND = 98
     POSITION_OUT_OF_RANGE = 99
     INCONSISTENT_CLUSTER_ID = 104

@@ -86,9 +86,30 @@ class ApiVersionsRequest(Body):
     client_software_name: str = "metalog"
 
 
+class SupportedFeature(msgspec.Struct, array_like=True, frozen=True):
+    """A feature this build supports (Kafka's ApiVersions SupportedFeatures)."""
+
+    name: str
+    min_version: int
+    max_version: int
+
+
+class FinalizedFeature(msgspec.Struct, array_like=True, frozen=True):
+    """A feature's level the cluster has committed (Kafka's FinalizedFeatures)."""
+
+    name: str
+    max_version_level: int
+    min_version_level: int
+
+
 class ApiVersionsResponse(Body):
     error_code: int = 0
     api_keys: list[ApiVersionRange] = []
+    # Kafka's tagged fields of ApiVersions v3 (what `kafka-features describe`
+    # reads): trailing, with defaults, so an older peer drops them.
+    supported_features: list[SupportedFeature] = []
+    finalized_features_epoch: int = -1  # the offset of the record that set them; -1 unknown
+    finalized_features: list[FinalizedFeature] = []
 
 
 # --------------------------------------------------------------------------
@@ -385,6 +406,40 @@ class UpdateRaftVoterResponse(Body):
     error_code: int = 0
     error_message: str | None = None
     current_leader: LeaderIdAndEpoch | None = None
+
+
+# --------------------------------------------------------------------------
+# UpdateFeatures (57): Kafka's `kafka-features upgrade`. The quorum serves one
+# feature, kraft.version (KIP-853): 0 static voters from the config, 1 the
+# voter set in the log; the leader answers once the upgrade is committed.
+
+KRAFT_VERSION_FEATURE = "kraft.version"
+UPGRADE_TYPE_UPGRADE = 1  # Kafka's FeatureUpdate.UpgradeType: 1 upgrade, 2 safe / 3 unsafe downgrade
+
+
+class FeatureUpdate(msgspec.Struct, array_like=True, frozen=True):
+    feature: str
+    max_version_level: int
+    upgrade_type: int = UPGRADE_TYPE_UPGRADE
+
+
+class UpdateFeaturesRequest(Body):
+    cluster_id: str
+    feature_updates: list[FeatureUpdate] = []
+    timeout_ms: int = 60000
+    validate_only: bool = False
+
+
+class UpdatableFeatureResult(msgspec.Struct, array_like=True, frozen=True):
+    feature: str
+    error_code: int = 0
+    error_message: str | None = None
+
+
+class UpdateFeaturesResponse(Body):
+    error_code: int = 0  # the first failing feature's, else NONE
+    error_message: str | None = None
+    results: list[UpdatableFeatureResult] = []
 
 
 # --------------------------------------------------------------------------

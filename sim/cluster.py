@@ -304,7 +304,9 @@ class SimCluster:
         return api.QuorumConfig(node_id=node_id, voters=tuple(self.config.voters),
                                 cluster_id=self.config.cluster_id,
                                 directory_id=self.nodes[node_id].disk.directory_id,
-                                voters_are_bootstrap=self.config.dynamic, **self.config.quorum)
+                                voters_are_bootstrap=self.config.dynamic,
+                                voter_endpoints=tuple((v, *sim_endpoints(v)[0]) for v in self.config.voters),
+                                **self.config.quorum)
 
     def boot(self, node_id: int) -> None:
         n = self.nodes[node_id]

@@ -54,6 +54,9 @@ def error_response(req: m.Body, code: int, message: str | None,
         return m.RemoveRaftVoterResponse(error_code=code, error_message=message)
     if t is m.UpdateRaftVoterRequest:
         return m.UpdateRaftVoterResponse(error_code=code, error_message=message, current_leader=cl)
+    if t is m.UpdateFeaturesRequest:
+        return m.UpdateFeaturesResponse(error_code=code, error_message=message, results=[
+            m.UpdatableFeatureResult(u.feature, code, message) for u in req.feature_updates])
     return m.ErrorResponse(error_code=code, error_message=message or "")
 
 
@@ -67,13 +70,24 @@ def check_cluster_id(expected: str, req: m.Body, current_leader: m.LeaderIdAndEp
                           f"cluster id {got!r} does not match ours {expected!r}", current_leader)
 
 
+# kraft.version levels this build supports (KIP-853): 0 static voters, 1 the set in the log.
+KRAFT_VERSION_MIN, KRAFT_VERSION_MAX = 0, 1
 _API_VERSIONS = m.ApiVersionsResponse(
-    api_keys=[m.ApiVersionRange(int(k), lo, hi) for k, (_, _, lo, hi) in APIS.items()])
+    api_keys=[m.ApiVersionRange(int(k), lo, hi) for k, (_, _, lo, hi) in APIS.items()],
+    supported_features=[m.SupportedFeature(m.KRAFT_VERSION_FEATURE, KRAFT_VERSION_MIN, KRAFT_VERSION_MAX)])
 
 
-def api_versions_response() -> m.ApiVersionsResponse:
-    """Every api this build serves, with its version range (immutable: shared)."""
-    return _API_VERSIONS
+def api_versions_response(kraft_version: int | None = None, features_epoch: int = -1) -> m.ApiVersionsResponse:
+    """Every api this build serves, with its version range, and the features
+    it supports (immutable: shared). With `kraft_version` (the committed
+    level this node knows; `features_epoch` the offset that set it) the
+    answer also carries it as finalized, as Kafka's ApiVersions v3 does."""
+    if kraft_version is None:
+        return _API_VERSIONS
+    return m.ApiVersionsResponse(
+        api_keys=_API_VERSIONS.api_keys, supported_features=_API_VERSIONS.supported_features,
+        finalized_features_epoch=features_epoch,
+        finalized_features=[m.FinalizedFeature(m.KRAFT_VERSION_FEATURE, kraft_version, kraft_version)])
 
 
 def metadata_response(*, cluster_id: str, node_id: int, leader_id: int, leader_epoch: int,

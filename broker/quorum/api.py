@@ -355,6 +355,10 @@ class QuorumConfig:
     # finds no voter set (no bootstrap checkpoint, no VotersRecord: a wiped
     # dir) is an observer until the log gives it one.
     voters_are_bootstrap: bool = False
+    # The static voters' endpoints from the config, (node id, listener name,
+    # host, port): what the VotersRecord of an online upgrade to kraft
+    # version 1 names (the log has no endpoints for static voters).
+    voter_endpoints: tuple[tuple[int, str, str, int], ...] = ()
     election_timeout_ms: int = setting(
         1000, "a voter that knows no leader stands for election after a random "
               "election_timeout_ms..2x (Kafka's quorum.election.timeout.ms)", gt=0)

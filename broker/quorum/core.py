@@ -469,6 +469,14 @@ class QuorumCore:
         there must hold (KIP-853)."""
         return self.log.voters.at(end_offset)
 
+    def finalized_kraft_version(self) -> tuple[int, int]:
+        """(kraft.version, the offset of the record that set it; -1 for
+        static voters) as committed: the voter set below our HW."""
+        hw = max(self.log.high_watermark, 0)
+        at = [off for off, _ in self.log.voters.entries if off < hw]
+        vs = self.log.voters.at(hw)
+        return vs.kraft_version, (at[-1] if at else -1)
+
     def is_voter_key(self, replica_id: int, directory_id: str) -> bool:
         """Is (replica_id, directory_id) a voter? A directory id the set does
         not know (static voters) is not checked."""

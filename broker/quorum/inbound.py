@@ -94,6 +94,8 @@ def on_request(core: QuorumCore, token: Any, req: m.Body, now: int) -> None:
         core.client_append(now, [AppendWaiter(token, len(req.records))], list(req.records))
     elif t in (m.AddRaftVoterRequest, m.RemoveRaftVoterRequest, m.UpdateRaftVoterRequest):
         membership.handle(core, token, req, now)
+    elif t is m.UpdateFeaturesRequest:
+        membership.handle_update_features(core, token, req, now)
     elif t is m.DescribeQuorumRequest:
         core.respond(token, core.describe_quorum(now))
     elif t is m.ListOffsetsRequest:
@@ -105,7 +107,7 @@ def on_request(core: QuorumCore, token: Any, req: m.Body, now: int) -> None:
     elif t is m.MetadataRequest:
         core.respond(token, core.metadata())
     elif t is m.ApiVersionsRequest:
-        core.respond(token, api_versions_response())
+        core.respond(token, api_versions_response(*core.finalized_kraft_version()))
     else:
         core.respond(token, m.ErrorResponse(
             error_code=Errors.INVALID_REQUEST, error_message=f"the quorum does not serve {t.__name__}"))

@@ -266,6 +266,21 @@ class LeaderState(NotifyingRole, RoleState):
         core.log.add_voter_set(offset, voter_set)
         return offset
 
+    def append_kraft_upgrade(self, voter_set: VoterSet, now: int) -> int:
+        """kraft.version 0 -> 1 (membership.handle_update_features): one
+        control batch, KRaftVersionRecord(1) then the VotersRecord of the
+        static voters, as a freshly formatted cluster's first leader writes
+        it; the set counts from now on. Returns the VotersRecord's offset."""
+        core = self.core
+        assert core.voter_set.kraft_version == 0 and voter_set.kraft_version == 1
+        rec = voters_record(voter_set)
+        assert rec is not None
+        base = core.log.log_end_offset
+        self.append(encode_batch(base, self.epoch, [encode_control(KRaftVersionRecord(1)), encode_control(rec)],
+                                 core.timestamp(now), is_control=True), 2)
+        core.log.add_voter_set(base + 1, voter_set)
+        return base + 1
+
     def on_voters_changed(self, now: int) -> None:
         """End of a step in which the latest voter set changed."""
         self.sync_progress(now)

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from broker.quorum.leader import LeaderState
 
 NO_DIRECTORY_ID = m.NO_DIRECTORY_ID
-VoterChangeRequest = m.AddRaftVoterRequest | m.RemoveRaftVoterRequest | m.UpdateRaftVoterRequest
+VoterChangeRequest = (m.AddRaftVoterRequest | m.RemoveRaftVoterRequest | m.UpdateRaftVoterRequest
+                      | m.UpdateFeaturesRequest)
 _RESPONSE = {m.AddRaftVoterRequest: m.AddRaftVoterResponse, m.RemoveRaftVoterRequest: m.RemoveRaftVoterResponse,
              m.UpdateRaftVoterRequest: m.UpdateRaftVoterResponse}
 
@@ -64,6 +65,9 @@ def answer(core: QuorumCore, token: Any, req: VoterChangeRequest, code: int, mes
     if type(req) is m.UpdateRaftVoterRequest:
         core.respond(token, m.UpdateRaftVoterResponse(error_code=code, error_message=message,
                                                       current_leader=core.current_leader()))
+    elif type(req) is m.UpdateFeaturesRequest:
+        core.respond(token, m.UpdateFeaturesResponse(error_code=code, error_message=message, results=[
+            m.UpdatableFeatureResult(u.feature, code, message) for u in req.feature_updates]))
     else:
         core.respond(token, _RESPONSE[type(req)](error_code=code, error_message=message))
 
@@ -169,3 +173,92 @@ def _listeners(req: m.AddRaftVoterRequest | m.UpdateRaftVoterRequest) -> tuple[t
             raise ChangeRefused(Errors.INVALID_REQUEST,
                                 f"voter {req.voter_id}: bad listener {ln.name!r} {ln.host!r}:{ln.port}")
     return tuple((ln.name, ln.host, ln.port) for ln in req.listeners)
+
+
+# -- kraft.version 0 -> 1 online (Kafka's `kafka-features upgrade --feature kraft.version=1`) --
+
+
+def handle_update_features(core: QuorumCore, token: Any, req: m.UpdateFeaturesRequest, now: int) -> None:
+    """UpdateFeatures (57) for kraft.version: a cluster of static voters
+    (kraft version 0) upgrades online. The leader, once it has committed a
+    record of its epoch and knows every static voter's directory id (the one
+    it fetches with, Fetch's ReplicaDirectoryId) and endpoints (the config's),
+    appends KRaftVersionRecord(1) + the VotersRecord of those voters, as
+    Kafka's LeaderState does; from then on the set lives in the log and
+    AddRaftVoter / RemoveRaftVoter work. Answered when that batch commits.
+    Refused: a feature other than kraft.version, a level above 1 or a
+    downgrade (INVALID_UPDATE_VERSION), a voter whose directory id or
+    endpoint is unknown (INVALID_UPDATE_VERSION, naming it), the epoch not
+    committed yet or an upgrade / voter change pending (REQUEST_TIMED_OUT:
+    retry). Level 1 when the cluster is at 1 already: NONE, nothing written."""
+    st = core.state
+    updates = req.feature_updates
+    if not updates:
+        answer(core, token, req, Errors.INVALID_REQUEST, "no feature to update")
+        return
+    for u in updates:
+        if u.feature != m.KRAFT_VERSION_FEATURE:
+            answer(core, token, req, Errors.INVALID_UPDATE_VERSION,
+                   f"unknown feature {u.feature!r}: the quorum has only {m.KRAFT_VERSION_FEATURE}")
+            return
+    if len(updates) > 1:
+        answer(core, token, req, Errors.INVALID_REQUEST, f"{m.KRAFT_VERSION_FEATURE} named more than once")
+        return
+    level = updates[0].max_version_level
+    if not st.is_leader:
+        answer(core, token, req, Errors.NOT_LEADER_OR_FOLLOWER,
+               f"node {core.node_id} is not the leader (epoch {st.epoch}, leader {st.leader_id})")
+        return
+    try:
+        new_set = _upgraded_voter_set(core, st, level, now)
+    except ChangeRefused as refused:
+        answer(core, token, req, refused.code, refused.message)
+        return
+    if new_set is None or req.validate_only:
+        answer(core, token, req, Errors.NONE)
+        return
+    offset = st.append_kraft_upgrade(new_set, now)
+    st.pending_change = PendingChange(token, req, offset, now + max(0, req.timeout_ms))
+
+
+def _upgraded_voter_set(core: QuorumCore, st: LeaderState, level: int, now: int) -> VoterSet | None:
+    """The set kraft.version `level` writes (None: already there), or ChangeRefused."""
+    vs = core.voter_set
+    hw = core.log.high_watermark
+    if level > 1:
+        raise ChangeRefused(Errors.INVALID_UPDATE_VERSION,
+                            f"{m.KRAFT_VERSION_FEATURE} {level} is not supported (this build supports 0..1)")
+    if st.pending_change is not None:
+        what = ("the upgrade to kraft.version 1" if type(st.pending_change.request) is m.UpdateFeaturesRequest
+                else "a voter change")
+        raise ChangeRefused(Errors.REQUEST_TIMED_OUT,
+                            f"{what} at offset {st.pending_change.offset} is not committed yet; retry")
+    if level < vs.kraft_version:
+        raise ChangeRefused(Errors.INVALID_UPDATE_VERSION,
+                            f"{m.KRAFT_VERSION_FEATURE} cannot be downgraded from {vs.kraft_version} to {level}")
+    if level == vs.kraft_version:
+        if core.log.voters.entries and core.log.voters.entries[-1][0] >= hw:
+            raise ChangeRefused(Errors.REQUEST_TIMED_OUT,
+                                f"the change to {m.KRAFT_VERSION_FEATURE} {level} at offset "
+                                f"{core.log.voters.entries[-1][0]} is not committed yet; retry")
+        return None
+    if hw <= st.epoch_start_offset:
+        raise ChangeRefused(Errors.REQUEST_TIMED_OUT,
+                            f"the leader has not committed a record of its epoch {st.epoch} yet; retry")
+    ids: dict[int, str] = {}
+    unknown = []
+    for v in vs.ids:
+        d = core.directory_id if v == core.node_id else st.progress.voter_directory_id(v)
+        if d == NO_DIRECTORY_ID:
+            unknown.append(v)
+        ids[v] = d
+    if unknown:
+        raise ChangeRefused(Errors.INVALID_UPDATE_VERSION,
+                            f"the directory id of voter(s) {unknown} is not known to the leader (a voter "
+                            f"tells it in its fetches: start it, with a data dir formatted with a directory.id)")
+    endpoints = {nid: ((name, host, port),) for nid, name, host, port in core.config.voter_endpoints}
+    missing = [v for v in vs.ids if v not in endpoints]
+    if missing:
+        raise ChangeRefused(Errors.INVALID_UPDATE_VERSION,
+                            f"no endpoint is configured for voter(s) {missing}")
+    return VoterSet(ids, kraft_version=1, endpoints={v: endpoints[v] for v in vs.ids})

@@ -116,6 +116,13 @@ class ProgressTable:
             st = self.observers[key] = ReplicaProgress(replica_id, directory_id)
         return st
 
+    def voter_directory_id(self, voter_id: int) -> str:
+        """The directory id voter `voter_id` is known by: the set's, else
+        (static voters) the one it last fetched with; NO_DIRECTORY_ID if
+        it has not fetched from us."""
+        st = self.voters.get(voter_id)
+        return st.directory_id if st is not None else m.NO_DIRECTORY_ID
+
     def all(self) -> tuple[ReplicaProgress, ...]:
         return (*self.voters.values(), *self.observers.values())
 

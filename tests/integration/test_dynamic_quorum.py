@@ -6,6 +6,7 @@ and an observer (`metalog storage format`), grow the quorum with
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -70,4 +71,64 @@ async def test_add_and_remove_a_voter_with_the_cli(make_cluster):
 
     await asyncio.to_thread(cluster.wait_for, observer_2, 20, "node 2 an observer again")
     out = await asyncio.to_thread(metalog, "produce", *cc, "after")
+    assert out.returncode == 0, out.stderr
+
+
+async def test_static_voters_upgrade_to_kraft_version_1_online_then_add_a_voter(make_cluster):
+    """A cluster of static voters (kraft.version 0, voters from the config)
+    upgrades online with `metalog features upgrade --kraft-version 1`; before
+    it add-voter fails with one line (UNSUPPORTED_VERSION), after it the
+    observer is added with `metalog quorum add-voter`, and writes go on."""
+    cluster = make_cluster(voters=3, observers=1, **FAST)
+    leader, _ = await asyncio.to_thread(cluster.wait_for_leader, 20)
+    cc = ["--client-config", cluster.client_config_path]
+    out = await asyncio.to_thread(metalog, "features", "describe", *cc)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("Feature: kraft.version\tSupportedMinVersion: 0\tSupportedMaxVersion: 1\t"
+                                  "FinalizedVersionLevel: 0\tEpoch: -1"), out.stdout
+    d4 = directory_id(cluster.data_dir(4))
+    add = ["quorum", "add-voter", *cc, "--controller-id", "4", "--controller-directory-id", d4,
+           "--listener", f"127.0.0.1:{cluster.nodes[4].port}"]
+    out = await asyncio.to_thread(metalog, *add)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out.stderr
+    assert lines[0].startswith("metalog: error: UNSUPPORTED_VERSION: the cluster runs kraft.version 0"), lines
+
+    def every_voter_fetched():
+        # The leader learns each voter's directory id from its fetches.
+        for nid in (1, 2, 3):
+            q = cluster.quorum(nid)
+            if q and q["role"] == "leader":
+                ids = {r["replica_id"]: r["directory_id"] for r in q["replicas"]["voters"]}
+                want = {n: directory_id(cluster.data_dir(n)) for n in (1, 2, 3)}
+                return q if ids == want else None
+        return None
+
+    await asyncio.to_thread(cluster.wait_for, every_voter_fetched, 20, "the leader knows every directory id")
+    out = await asyncio.to_thread(metalog, "features", "upgrade", *cc, "--kraft-version", "1")
+    assert out.returncode == 0, out.stderr
+
+    def all_dynamic():
+        qs = [cluster.quorum(n) for n in (1, 2, 3, 4)]
+        return qs if all(q and q["kraft_version"] == 1 and q["voters"] == [1, 2, 3] for q in qs) else None
+
+    await asyncio.to_thread(cluster.wait_for, all_dynamic, 20, "every node on kraft.version 1")
+    out = await asyncio.to_thread(metalog, "features", "describe", *cc, "-o", "json")
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads(out.stdout)
+    assert row["Feature"] == "kraft.version" and row["FinalizedVersionLevel"] == 1 and row["Epoch"] > 0, row
+    out = await asyncio.to_thread(metalog, "features", "upgrade", *cc, "--kraft-version", "0")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and lines == [
+        "metalog: error: INVALID_UPDATE_VERSION: kraft.version cannot be downgraded from 1 to 0"], out.stderr
+
+    out = await asyncio.to_thread(metalog, *add)
+    assert out.returncode == 0, out.stderr
+
+    def voter_4():
+        q4 = cluster.quorum(4)
+        return q4 if q4 and q4["role"] == "follower" and q4["voters"] == [1, 2, 3, 4] else None
+
+    await asyncio.to_thread(cluster.wait_for, voter_4, 20, "node 4 a voter")
+    out = await asyncio.to_thread(metalog, "produce", *cc, "after-upgrade")
     assert out.returncode == 0, out.stderr

@@ -23,7 +23,9 @@ REPLICAS = [m.ReplicaState(1, 50, 1000, 990, True), m.ReplicaState(2, 40)]
 # One body of every type, with non-default values wherever a field has one.
 SAMPLES: dict[type, m.Body] = {
     m.ApiVersionsRequest: m.ApiVersionsRequest(client_software_name="test"),
-    m.ApiVersionsResponse: m.ApiVersionsResponse(api_keys=[m.ApiVersionRange(1, 0, 0)]),
+    m.ApiVersionsResponse: m.ApiVersionsResponse(
+        api_keys=[m.ApiVersionRange(1, 0, 0)], supported_features=[m.SupportedFeature(m.KRAFT_VERSION_FEATURE, 0, 1)],
+        finalized_features_epoch=7, finalized_features=[m.FinalizedFeature(m.KRAFT_VERSION_FEATURE, 1, 1)]),
     m.VoteRequest: m.VoteRequest(cluster_id="c1", candidate_epoch=4, candidate_id=2,
                                  last_offset_epoch=3, last_offset=99),
     m.VoteResponse: m.VoteResponse(error_code=0, leader_id=3, leader_epoch=4, vote_granted=True),
@@ -76,6 +78,11 @@ SAMPLES: dict[type, m.Body] = {
         cluster_id="c1", voter_id=4, voter_directory_id="AAAAAAAAAAAAAAAAAAAABQ",
         listeners=[m.RaftListener("CONTROLLER", "10.0.0.4", 9093)], timeout_ms=10_000),
     m.AddRaftVoterResponse: m.AddRaftVoterResponse(error_code=126, error_message="node 4 is already a voter"),
+    m.UpdateFeaturesRequest: m.UpdateFeaturesRequest(
+        cluster_id="c", feature_updates=[m.FeatureUpdate(m.KRAFT_VERSION_FEATURE, 1)], timeout_ms=5000),
+    m.UpdateFeaturesResponse: m.UpdateFeaturesResponse(
+        error_code=95, error_message="voter 3's directory id is unknown",
+        results=[m.UpdatableFeatureResult(m.KRAFT_VERSION_FEATURE, 95, "voter 3's directory id is unknown")]),
     m.RemoveRaftVoterRequest: m.RemoveRaftVoterRequest(cluster_id="c1", voter_id=3,
                                                        voter_directory_id="AAAAAAAAAAAAAAAAAAAABA"),
     m.RemoveRaftVoterResponse: m.RemoveRaftVoterResponse(error_code=127, error_message="not a voter"),

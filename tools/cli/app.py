@@ -7,6 +7,7 @@
     metalog consume             read committed records, with KIP-320 truncation detection
     metalog quorum              DescribeQuorum from the leader
     metalog quorum add-voter|remove-voter   KIP-853 voter changes (AddRaftVoter / RemoveRaftVoter)
+    metalog features describe|upgrade       kraft.version (UpdateFeatures): static voters -> dynamic online
     metalog metadata            leader, epoch, HW and endpoints from any broker
 
     metalog topics|brokers|configs ...   controller commands (tools/cli/admin.py)
@@ -322,6 +323,34 @@ def cmd_quorum_remove_voter(args) -> int:
     return asyncio.run(_with_client(args, go))
 
 
+def cmd_features_describe(args) -> int:
+    """Kafka's `kafka-features describe`: one line per feature (or JSON)."""
+    async def go(client):
+        resp = await client.describe_features()
+        finalized = {f.name: f.max_version_level for f in resp.finalized_features}
+        rows = [{"Feature": f.name, "SupportedMinVersion": f.min_version, "SupportedMaxVersion": f.max_version,
+                 "FinalizedVersionLevel": finalized.get(f.name, 0), "Epoch": resp.finalized_features_epoch}
+                for f in resp.supported_features]
+        if args.output == "json":
+            print(json.dumps(rows, indent=2))
+        else:
+            for r in rows:
+                print("\t".join(f"{k}: {v}" for k, v in r.items()))
+        return 0
+
+    return asyncio.run(_with_client(args, go))
+
+
+def cmd_features_upgrade(args) -> int:
+    async def go(client):
+        await client.update_kraft_version(args.kraft_version, validate_only=args.dry_run)
+        print(json.dumps({"feature": "kraft.version", "level": args.kraft_version,
+                          "dry_run": args.dry_run}))
+        return 0
+
+    return asyncio.run(_with_client(args, go))
+
+
 def _replica(r) -> dict:
     return {"replica_id": r.replica_id, "directory_id": r.replica_directory_id or None,
             "log_end_offset": r.log_end_offset, "in_sync": r.in_sync,
@@ -416,6 +445,20 @@ def build_parser() -> argparse.ArgumentParser:
             v.add_argument("--listener", action="append", required=True, metavar="[NAME=]HOST:PORT",
                            help="where the voter listens (repeatable; name CONTROLLER if omitted)")
         v.set_defaults(func=func)
+
+    p = sub.add_parser("features", help="kafka-features: describe the features, upgrade kraft.version")
+    fsub = p.add_subparsers(dest="features_command", required=True)
+    f = fsub.add_parser("describe", help="supported and finalized feature levels (from the leader)")
+    add_client_args(f)
+    f.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    f.set_defaults(func=cmd_features_describe)
+    f = fsub.add_parser("upgrade", help="UpdateFeatures: kraft.version 0 -> 1 online (static voters -> the "
+                                        "voter set in the log, KIP-853); returns once committed")
+    add_client_args(f)
+    f.add_argument("--kraft-version", type=int, required=True, choices=[0, 1],
+                   help="the level to finalize (1: voters from the log; a downgrade is refused)")
+    f.add_argument("--dry-run", action="store_true", help="only check that the leader would accept it")
+    f.set_defaults(func=cmd_features_upgrade)
 
     p = sub.add_parser("metadata", help="leader, epoch, HW and endpoints")
     add_client_args(p)
