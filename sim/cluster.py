@@ -79,6 +79,10 @@ class SimConfig:
     # with a bootstrap checkpoint naming them by directory id, the config's
     # voters are only bootstrap servers, and the voter set may change.
     dynamic: bool = False
+    # With dynamic: start as a static cluster (kraft version 0, the config's
+    # voters, no bootstrap checkpoint) that may upgrade online to kraft
+    # version 1 (UpdateFeatures); from then on the log's set decides.
+    static_start: bool = False
 
 
 @dataclass
@@ -218,7 +222,7 @@ class SimCluster:
             self.nodes[v] = SimNode(v, True)
         for o in self.config.observers:
             self.nodes[o] = SimNode(o, False)
-        if self.config.dynamic:
+        if self.config.dynamic and not self.config.static_start:
             initial = VoterSet({v: self.nodes[v].disk.directory_id for v in self.config.voters}, kraft_version=1,
                                endpoints={v: sim_endpoints(v) for v in self.config.voters})
             for v in self.config.voters:
@@ -304,7 +308,7 @@ class SimCluster:
         return api.QuorumConfig(node_id=node_id, voters=tuple(self.config.voters),
                                 cluster_id=self.config.cluster_id,
                                 directory_id=self.nodes[node_id].disk.directory_id,
-                                voters_are_bootstrap=self.config.dynamic,
+                                voters_are_bootstrap=self.config.dynamic and not self.config.static_start,
                                 voter_endpoints=tuple((v, *sim_endpoints(v)[0]) for v in self.config.voters),
                                 **self.config.quorum)
 

@@ -207,6 +207,13 @@ class InvariantChecker:
         before = core.log.voters.at(offset)
         if before.unknown:
             return
+        if before.kraft_version == 0:
+            # The online upgrade (kraft.version 0 -> 1): the same voters, now
+            # named with their directory ids.
+            if before.ids != vs.ids:
+                self.fail(f"leader n{n.node_id} upgraded to kraft version 1 at offset {offset} with voters "
+                          f"{list(vs.ids)}, not the static ones {list(before.ids)}")
+            return
         changed = set(before.directory_ids.items()) ^ set(vs.directory_ids.items())
         if len({vid for vid, _ in changed}) > 1 or len(changed) > 2:
             self.fail(f"leader n{n.node_id} changed the voters from {dict(before.directory_ids)} to "

@@ -125,3 +125,41 @@ def test_a_static_cluster_refuses_voter_changes():
     wait_settled(c)
     resp = change(c, add(c, 4))
     assert resp.error_code == Errors.UNSUPPORTED_VERSION and "kraft.version 0" in resp.error_message
+
+
+def upgrade(c: SimCluster) -> m.UpdateFeaturesRequest:
+    return m.UpdateFeaturesRequest(cluster_id=c.config.cluster_id,
+                                   feature_updates=[m.FeatureUpdate(m.KRAFT_VERSION_FEATURE, 1)])
+
+
+def test_a_static_cluster_upgrades_online_then_changes_voters_and_survives_a_leader_crash():
+    """kraft.version 0 -> 1 while running (UpdateFeatures): every node learns
+    the set from the log with each voter's directory id; then node 4 is
+    added, the leader crashes, the others elect a leader of the new set that
+    holds every acknowledged write (the checker verifies each event)."""
+    c = SimCluster(3, SimConfig(voters=(1, 2, 3), observers=(4,), dynamic=True, static_start=True,
+                                flush_latency_ms=(0, 0), network=NetworkConfig(delay_ms=1, jitter_ms=0)))
+    c.start()
+    lead = wait_settled(c)
+    assert lead.core.voter_set.kraft_version == 0
+    c.client_append(lead.node_id, [b"before"])
+    wait_settled(c)
+    assert change(c, add(c, 4)).error_code == Errors.UNSUPPORTED_VERSION
+    assert change(c, upgrade(c)).error_code == Errors.NONE
+    wait_settled(c)
+    for n in c.nodes.values():
+        vs = n.core.voter_set
+        assert vs.kraft_version == 1 and vs.ids == (1, 2, 3), f"n{n.node_id}: {vs}"
+        assert all(vs.directory_id_of(v) == c.nodes[v].disk.directory_id for v in (1, 2, 3))
+        assert vs.endpoints[2] == sim_endpoints(2)
+    assert change(c, add(c, 4)).error_code == Errors.NONE
+    lead = wait_settled(c)
+    assert c.nodes[4].core.is_voter and c.nodes[4].core.role == "follower"
+    c.client_append(lead.node_id, [b"after"])
+    wait_settled(c)
+    c.crash(lead.node_id)
+    new = wait_settled(c)
+    assert new is not lead and new.core.voters == (1, 2, 3, 4)
+    c.boot(lead.node_id)
+    wait_settled(c)
+    assert lead.core.role == "follower" and lead.core.high_watermark == new.core.high_watermark
