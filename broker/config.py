@@ -195,6 +195,17 @@ class BrokerConfig:
         assert s.tls_enabled and s.ssl_ca_file and s.ssl_cert_file and s.ssl_key_file
         return TlsPaths(s.ssl_ca_file, s.ssl_cert_file, s.ssl_key_file)
 
+    def _advertised_listeners(self) -> tuple[tuple[str, str, int], ...]:
+        """What this node tells the leader it listens on (UpdateRaftVoter,
+        KIP-853): `listen`, as `metalog storage format --standalone` records
+        it. A wildcard address (0.0.0.0, ::) is not an address peers can
+        reach: then nothing is advertised and the voter set keeps what the
+        operator gave add-voter."""
+        ep = self.listen_endpoint()
+        if ep.host in ("0.0.0.0", "::", "", "[::]"):
+            return ()
+        return (("CONTROLLER", ep.host, ep.port),)
+
     def validate(self, check_files: bool = True) -> "BrokerConfig":
         """Every section's ranges and rules. Fills the node identity into
         ``quorum`` (what the core is built from). `check_files=False` skips
@@ -209,7 +220,8 @@ class BrokerConfig:
         self.quorum = dataclasses.replace(self.quorum, node_id=self.node_id, voters=tuple(sorted(voters)),
                                           cluster_id=self.cluster_id, voters_are_bootstrap=self.dynamic_voters,
                                           voter_endpoints=tuple((nid, "CONTROLLER", ep.host, ep.port)
-                                                                for nid, ep in sorted(voters.items())))
+                                                                for nid, ep in sorted(voters.items())),
+                                          listeners=self._advertised_listeners())
         for name, section in (("quorum", self.quorum), ("storage", self.storage), ("network", self.network),
                               ("security", self.security)):
             try:

@@ -310,6 +310,7 @@ class SimCluster:
                                 directory_id=self.nodes[node_id].disk.directory_id,
                                 voters_are_bootstrap=self.config.dynamic and not self.config.static_start,
                                 voter_endpoints=tuple((v, *sim_endpoints(v)[0]) for v in self.config.voters),
+                                listeners=sim_endpoints(node_id),
                                 **self.config.quorum)
 
     def boot(self, node_id: int) -> None:

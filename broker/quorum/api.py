@@ -359,6 +359,10 @@ class QuorumConfig:
     # host, port): what the VotersRecord of an online upgrade to kraft
     # version 1 names (the log has no endpoints for static voters).
     voter_endpoints: tuple[tuple[int, str, str, int], ...] = ()
+    # This node's own endpoints as it advertises them, (listener name, host,
+    # port): a voter whose entry in the log's voter set differs tells the
+    # leader with UpdateRaftVoter once it follows it (KIP-853). Empty: never.
+    listeners: tuple[tuple[str, str, int], ...] = ()
     election_timeout_ms: int = setting(
         1000, "a voter that knows no leader stands for election after a random "
               "election_timeout_ms..2x (Kafka's quorum.election.timeout.ms)", gt=0)

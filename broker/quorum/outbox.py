@@ -20,6 +20,7 @@ class RequestKind(enum.Enum):
     PROBE = "probe"  # a quarantined voter's VoteRequest that nobody grants
     BEGIN = "begin"  # BeginQuorumEpoch
     END = "end"  # EndQuorumEpoch
+    UPDATE_VOTER = "update_voter"  # KIP-853: a voter tells its leader its endpoints
 
 
 # Pause before re-sending a failed Fetch / BeginQuorumEpoch / EndQuorumEpoch.

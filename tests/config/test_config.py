@@ -50,8 +50,20 @@ def test_nested_file_is_the_same_config_as_the_flat_one(tmp_path):
 
 def test_the_core_gets_the_quorum_section_with_the_node_identity():
     cfg = config_from_dict({**BASE, "quorum": {"fetch_timeout_ms": 3000}})
-    assert cfg.quorum == QuorumConfig(node_id=2, voters=(1, 2, 3), cluster_id="c1", fetch_timeout_ms=3000)
+    assert cfg.quorum == QuorumConfig(
+        node_id=2, voters=(1, 2, 3), cluster_id="c1", fetch_timeout_ms=3000,
+        # KIP-853: the static voters' endpoints (an online upgrade records them)
+        # and what this node advertises (UpdateRaftVoter): its `listen`.
+        voter_endpoints=((1, "CONTROLLER", "127.0.0.1", 9091), (2, "CONTROLLER", "127.0.0.1", 9092),
+                         (3, "CONTROLLER", "127.0.0.1", 9093)),
+        listeners=(("CONTROLLER", "127.0.0.1", 9092),))
     assert cfg.quorum.is_voter
+
+
+def test_a_wildcard_listen_address_is_never_advertised_to_the_leader():
+    """Peers cannot reach 0.0.0.0: a node listening there sends no
+    UpdateRaftVoter; the voter set keeps the endpoint add-voter gave it."""
+    assert config_from_dict({**BASE, "listen": "0.0.0.0:9092"}).quorum.listeners == ()
 
 
 @pytest.mark.parametrize("override", ["election_timeout_ms", "quorum.election_timeout_ms"])

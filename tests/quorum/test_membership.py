@@ -436,3 +436,74 @@ def test_a_voter_grants_a_candidate_its_lagging_set_does_not_name_but_never_a_wi
 
 def of_type(actions, cls) -> list:
     return [x for x in actions if isinstance(x, cls)]
+
+
+# -- UpdateRaftVoter at startup (KIP-853): a voter on a new address tells its leader --
+
+
+def follower_on(port: int | None, voters=(1, 2, 3), node_id: int = 2, **kw) -> tuple[Node, list]:
+    """Node 2 of a dynamic set that records it at 9092, advertising `port`
+    (None: nothing advertised); it learns leader 1 of epoch 3."""
+    listeners = () if port is None else (("CONTROLLER", "127.0.0.1", port),)
+    n = Node(node_id, view=a.LogView(voter_set=kw.pop("voter_set", dynamic(voters))), directory_id=D[node_id],
+             voters_are_bootstrap=True, listeners=listeners, **kw)
+    n.step(a.Tick(0))
+    acts = n.step(a.RequestReceived(10, "b", m.BeginQuorumEpochRequest(
+        cluster_id=CLUSTER, leader_id=1, leader_epoch=3, voter_id=node_id, voter_directory_id=D[node_id])))
+    assert n.core.role == "follower" and n.core.leader_id == 1
+    return n, acts
+
+
+def update_requests(acts) -> list[a.SendRequest]:
+    return [x for x in acts if isinstance(x, a.SendRequest) and isinstance(x.request, m.UpdateRaftVoterRequest)]
+
+
+def test_a_voter_whose_endpoints_changed_sends_update_raft_voter_once_it_follows_a_leader():
+    n, acts = follower_on(9999)
+    (upd,) = update_requests(acts)
+    assert upd.destination == 1 and upd.request == m.UpdateRaftVoterRequest(
+        cluster_id=CLUSTER, current_leader_epoch=3, voter_id=2, voter_directory_id=D[2],
+        listeners=[m.RaftListener("CONTROLLER", "127.0.0.1", 9999)])
+    # Not yet answered: never a second one in flight, however many steps pass.
+    assert update_requests(n.step(a.Tick(20))) == []
+    # The leader took it: nothing more is sent to this leader, not even later.
+    n.step(a.ResponseReceived(30, upd.request_id, 1, m.UpdateRaftVoterResponse(
+        current_leader=m.LeaderIdAndEpoch(1, 3))))
+    for t in (40, 5000, 20000):
+        acts = n.step(a.Tick(t))
+        assert update_requests(acts) == []
+        n.step(a.FlushCompleted(t, n.core.log_end_offset))
+
+
+def test_update_raft_voter_refused_or_lost_is_sent_again_after_a_fetch_timeout():
+    n, acts = follower_on(9999)
+    (upd,) = update_requests(acts)
+    n.step(a.ResponseReceived(30, upd.request_id, 1, m.UpdateRaftVoterResponse(
+        error_code=Errors.REQUEST_TIMED_OUT, error_message="another voter change is in progress",
+        current_leader=m.LeaderIdAndEpoch(1, 3))))
+    retry_at = 30 + n.core.config.fetch_timeout_ms
+    assert retry_at in n.core.state.deadlines(31), "a tick is due for the retry"
+    # Keep the leader alive meanwhile (a good fetch answer), then the retry goes out.
+    def leader_answers(acts, at):
+        fetches = [x for x in acts if isinstance(x, a.SendRequest) and isinstance(x.request, m.FetchRequest)]
+        return n.step(a.ResponseReceived(at, fetches[-1].request_id, 1, m.FetchResponse(high_watermark=0)))
+
+    fetching = leader_answers(acts, retry_at - 1)
+    assert update_requests(fetching) == [], "not before the retry is due"
+    (again,) = update_requests(n.step(a.Tick(retry_at)))
+    n.step(a.RequestFailed(retry_at + 5, again.request_id, 1, "timed out"))
+    third_at = retry_at + 5 + n.core.config.fetch_timeout_ms
+    acts = leader_answers(fetching, third_at - 1)
+    (third,) = update_requests(acts + n.step(a.Tick(third_at)))
+    assert third.request == upd.request and n.core.role == "follower"
+
+
+def test_no_update_raft_voter_when_nothing_changed_or_the_voters_are_static():
+    assert update_requests(follower_on(9092)[1]) == []  # the set already says 9092
+    assert update_requests(follower_on(None)[1]) == []  # nothing advertised (a wildcard listen address)
+    # Static voters (kraft version 0): the config holds the endpoints, nothing to tell.
+    n = Node(2, directory_id=D[2], listeners=(("CONTROLLER", "127.0.0.1", 9999),))
+    n.step(a.Tick(0))
+    acts = n.step(a.RequestReceived(10, "b", m.BeginQuorumEpochRequest(cluster_id=CLUSTER, leader_id=1,
+                                                                       leader_epoch=3)))
+    assert n.core.role == "follower" and update_requests(acts) == []
