@@ -634,7 +634,9 @@ class Broker:
             self.gate.voters_in_log = voter_set.kraft_version == 1
         if voter_set.kraft_version > 0:
             self.log.info("voter_set", voters=list(voter_set.ids), kraft_version=voter_set.kraft_version,
-                          directory_ids=dict(voter_set.directory_ids))
+                          directory_ids=dict(voter_set.directory_ids),
+                          endpoints={nid: [f"{name}={host}:{port}" for name, host, port in eps]
+                                     for nid, eps in voter_set.endpoints.items()})
 
     async def _send(self, a: qa.SendRequest) -> None:
         api_key = REQUEST_API_KEY[type(a.request)]

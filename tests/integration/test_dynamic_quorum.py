@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tools.cluster.launcher import REPO_ROOT
+from tools.cluster.launcher import REPO_ROOT, free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -131,4 +131,42 @@ async def test_static_voters_upgrade_to_kraft_version_1_online_then_add_a_voter(
 
     await asyncio.to_thread(cluster.wait_for, voter_4, 20, "node 4 a voter")
     out = await asyncio.to_thread(metalog, "produce", *cc, "after-upgrade")
+    assert out.returncode == 0, out.stderr
+
+
+async def test_a_voter_restarted_on_a_new_port_tells_the_leader_with_update_raft_voter(make_cluster):
+    """KIP-853: voter 3 of {1, 2, 3} comes back listening on another port;
+    once it follows the leader it sends UpdateRaftVoter, and the leader's
+    voter set (logged as `voter_set`) names the new endpoint -- no operator
+    step. (Voters 1 and 2 keep the leader meanwhile.)"""
+    cluster = make_cluster(voters=1, observers=2, start=False, dynamic_voters=True, **FAST)
+    cluster.ensure_certs()
+    for nid, how in ((1, "--standalone"), (2, "--no-initial-controllers"), (3, "--no-initial-controllers")):
+        out = metalog("storage", "format", "--config", cluster.write_config(nid), how)
+        assert out.returncode == 0, out.stderr
+    cluster.start()
+    await asyncio.to_thread(cluster.wait_for_leader, 20)
+    cc = ["--client-config", cluster.client_config_path]
+    d3 = directory_id(cluster.data_dir(3))
+    for nid in (2, 3):
+        out = await asyncio.to_thread(
+            metalog, "quorum", "add-voter", *cc, "--controller-id", str(nid), "--controller-directory-id",
+            directory_id(cluster.data_dir(nid)), "--listener", f"127.0.0.1:{cluster.nodes[nid].port}")
+        assert out.returncode == 0, out.stderr
+    assert await asyncio.to_thread(cluster.stop_node, 3) == 0
+    (new_port,) = free_ports(1)
+    cluster.nodes[3].port = new_port
+    cluster.start_node(3)
+
+    def leader_knows_new_port():
+        lead = cluster.leader()
+        if lead is None:
+            return None
+        sets = [e for e in cluster.read_log_lines(lead[0]) if e.get("event") == "voter_set"]
+        return sets[-1] if sets and sets[-1]["endpoints"].get("3") == [f"CONTROLLER=127.0.0.1:{new_port}"] else None
+
+    got = await asyncio.to_thread(cluster.wait_for, leader_knows_new_port, 30, "the leader has node 3's new port")
+    assert got["voters"] == [1, 2, 3] and got["directory_ids"]["3"] == d3
+    assert got["endpoints"]["2"] == [f"CONTROLLER=127.0.0.1:{cluster.nodes[2].port}"], "only node 3's entry changed"
+    out = await asyncio.to_thread(metalog, "produce", *cc, "after-move")
     assert out.returncode == 0, out.stderr
