@@ -32,7 +32,8 @@ Kafka error code. Two kinds of rules:
   OffsetsForLeaderEpoch (replica id -1)
   DescribeQuorum                          Describe   cluster
   AddRaftVoter, RemoveRaftVoter,          Alter      cluster
-  UpdateFeatures
+  UpdateFeatures                          (a node's own certificate may add or
+                                          remove its own node id: KIP-1186)
   ControllerCommand add_acl/remove_acl    Alter      cluster
   ControllerCommand list_acls             Describe   cluster
   any other ControllerCommand             Write      cluster
@@ -345,6 +346,12 @@ def authorize(principal: Principal, host: str, api_key: ApiKey, body: m.Body, vi
         return denial
     if api_key is ApiKey.FETCH_SNAPSHOT:
         return _check_replica(principal, api_key, body.replica_id, view, voter_only=False)
+    if (api_key in (ApiKey.ADD_RAFT_VOTER, ApiKey.REMOVE_RAFT_VOTER) and principal.node_id is not None
+            and principal.node_id == body.voter_id):
+        # KIP-1186 auto-join: a node adds itself, or removes its own stale
+        # identity (its wiped disk), with its node certificate; any other
+        # voter change needs Alter on the cluster.
+        return None
     if api_key is ApiKey.UPDATE_RAFT_VOTER:
         # Kafka: CLUSTER_ACTION, i.e. a replica RPC: a voter updates its own entry only.
         return _check_replica(principal, api_key, body.voter_id, view, voter_only=True)

@@ -386,6 +386,10 @@ class QuorumConfig:
         60000, "KIP-630 max.replication.lag.ms: how long the log start may wait for a lagging replica "
                "before passing it", gt=0)
     snapshot_chunk_bytes: int = setting(1 << 20, "most bytes of a snapshot in one FetchSnapshot answer", gt=0)
+    auto_join_enable: bool = setting(
+        False, "KIP-1186 (controller.quorum.auto.join.enable): with the voter set in the log, an observer "
+               "adds itself as a voter once caught up (AddRaftVoter for its own node and directory id), "
+               "first removing a voter with its node id and another directory id (its wiped disk)")
 
     @property
     def is_voter(self) -> bool:

@@ -677,8 +677,8 @@ class QuorumCore:
             self.state.fetch_failed(ev.request_id, ev.destination, ev.reason, req.epoch, now)
         elif req.kind in NOTIFICATIONS:
             self.state.notification_failed(req.destination, ev.request_id, now)
-        elif req.kind is RequestKind.UPDATE_VOTER:
-            self.state.on_update_voter_failed(ev.request_id, now)
+        elif req.kind is RequestKind.MEMBERSHIP:
+            self.state.on_membership_failed(ev.request_id, now)
         # VOTE / PRE_VOTE / PROBE: the (would-be) candidate keeps waiting for its election timeout.
 
     def _on_response(self, ev: ResponseReceived, now: int) -> None:
@@ -702,8 +702,8 @@ class QuorumCore:
             self.state.notification_answered(req.destination, ev.request_id)
         if req.epoch != self.state.epoch or kind is RequestKind.PROBE:
             return  # KAFKA-7786: sent under an older epoch; a probe's news was learnt above
-        if kind is RequestKind.UPDATE_VOTER:
-            self.state.on_update_voter_answer(ev.request_id, resp, now)
+        if kind is RequestKind.MEMBERSHIP:
+            self.state.on_membership_answer(ev.request_id, resp, now)
         elif kind is RequestKind.VOTE:
             self.state.on_vote_answer(ev.destination, resp, now)
         elif kind is RequestKind.PRE_VOTE:

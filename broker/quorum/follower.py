@@ -61,7 +61,7 @@ class FollowerState(RoleState):
     with or without a known leader: without one it asks a random voter)."""
 
     __slots__ = ("fetch_deadline_ms", "fetch_inflight", "fetch_retry_at_ms", "need_epoch_check", "download",
-                 "_start", "update_voter_inflight", "update_voter_at_ms", "voter_updated")
+                 "_start", "membership_inflight", "membership_at_ms", "voter_updated")
 
     def __init__(self, core: QuorumCore, epoch: int, leader_id: int, voted_id: int, *, start: bool = True,
                  fetch_retry_at_ms: int = 0, need_epoch_check: bool = False):
@@ -72,11 +72,11 @@ class FollowerState(RoleState):
         self.need_epoch_check = need_epoch_check
         self.download: SnapshotDownload | None = None
         self._start = start  # start fetching on entering
-        # KIP-853 UpdateRaftVoter, once per leader (Kafka's hasUpdatedLeader):
-        # the request in flight, when we may (re)send it, and whether the
-        # leader took our endpoints.
-        self.update_voter_inflight: int | None = None
-        self.update_voter_at_ms = 0
+        # Our own voter-set request to the leader (KIP-853 UpdateRaftVoter,
+        # KIP-1186 auto-join): the one in flight, when we may send the next,
+        # and whether this leader took our endpoints (Kafka's hasUpdatedLeader).
+        self.membership_inflight: int | None = None
+        self.membership_at_ms = 0
         self.voter_updated = False
 
     def on_enter(self, now: int) -> None:
@@ -117,8 +117,8 @@ class FollowerState(RoleState):
         ds = []
         if self.fetch_deadline_ms is not None and self.leader_id >= 0:
             ds.append(self.fetch_deadline_ms)
-        if self.update_voter_at_ms > now and self._should_update_voter():
-            ds.append(self.update_voter_at_ms)
+        if self.membership_at_ms > now and self.membership_inflight is None and self._membership_request():
+            ds.append(self.membership_at_ms)
         # While our appended data is unflushed, FlushCompleted wakes us: no tick.
         log = self.core.log
         if (self.fetch_inflight is None and self.fetch_retry_at_ms > now
@@ -138,43 +138,65 @@ class FollowerState(RoleState):
             core.state.maybe_send_fetch(now)
             return
         self.maybe_send_fetch(now)
-        if now >= self.update_voter_at_ms and self._should_update_voter():
-            self._send_update_voter(now)
+        if now >= self.membership_at_ms and self.membership_inflight is None:
+            req = self._membership_request()
+            if req is not None:
+                self.membership_inflight = self.core.send(self.leader_id, req, RequestKind.MEMBERSHIP)
 
-    # -- UpdateRaftVoter (KIP-853) ----------------------------------------------
+    # -- our own place in the voter set (KIP-853 UpdateRaftVoter, KIP-1186) ----
 
-    def _should_update_voter(self) -> bool:
-        """A voter of a kraft version 1 set, following a leader it has not
-        updated yet, whose advertised endpoints differ from its entry in the
-        set (it restarted on a new address): tell the leader, as Kafka's
-        follower does at startup."""
+    def _membership_request(self) -> m.Body | None:
+        """What we should ask the leader about our own entry now, if anything:
+
+        * a voter of a kraft version 1 set, whose advertised endpoints differ
+          from its entry (it restarted on a new address), and which has not
+          updated this leader yet: UpdateRaftVoter, as Kafka's follower does;
+        * an observer with auto-join on (KIP-1186's
+          controller.quorum.auto.join.enable): if the set names our node id
+          with another directory id -- our old, wiped disk -- RemoveRaftVoter
+          for that stale voter first; else AddRaftVoter for our own key. The
+          leader refuses (REQUEST_TIMED_OUT) until we are caught up.
+        """
         core = self.core
         vs = core.voter_set
-        return (not self.voter_updated and self.update_voter_inflight is None and core.is_voter
-                and self.leader_id >= 0 and vs.kraft_version == 1 and bool(core.config.listeners)
-                and tuple(vs.endpoints.get(core.node_id, ())) != core.config.listeners
-                and not core.shutting_down)
+        cfg = core.config
+        if (self.leader_id < 0 or vs.kraft_version != 1 or vs.unknown or not cfg.listeners
+                or core.shutting_down or core.directory_id == m.NO_DIRECTORY_ID):
+            return None
+        listeners = [m.RaftListener(*ln) for ln in cfg.listeners]
+        if core.is_voter:
+            if self.voter_updated or tuple(vs.endpoints.get(core.node_id, ())) == cfg.listeners:
+                return None
+            return m.UpdateRaftVoterRequest(
+                cluster_id=cfg.cluster_id, current_leader_epoch=self.epoch, voter_id=core.node_id,
+                voter_directory_id=core.directory_id, listeners=listeners)
+        if not cfg.auto_join_enable:
+            return None
+        # The leader answers once the change commits, or at this timeout: before ours.
+        timeout_ms = cfg.request_timeout_ms * 3 // 4
+        stale = vs.directory_ids.get(core.node_id)
+        if stale is not None:
+            return m.RemoveRaftVoterRequest(cluster_id=cfg.cluster_id, voter_id=core.node_id,
+                                            voter_directory_id=stale, timeout_ms=timeout_ms)
+        return m.AddRaftVoterRequest(cluster_id=cfg.cluster_id, voter_id=core.node_id,
+                                     voter_directory_id=core.directory_id, listeners=listeners,
+                                     timeout_ms=timeout_ms)
 
-    def _send_update_voter(self, now: int) -> None:
-        core = self.core
-        self.update_voter_inflight = core.send(self.leader_id, m.UpdateRaftVoterRequest(
-            cluster_id=core.config.cluster_id, current_leader_epoch=self.epoch, voter_id=core.node_id,
-            voter_directory_id=core.directory_id,
-            listeners=[m.RaftListener(*ln) for ln in core.config.listeners]), RequestKind.UPDATE_VOTER)
-
-    def on_update_voter_answer(self, request_id: int, resp: m.Body, now: int) -> None:
-        if self.update_voter_inflight != request_id:
+    def on_membership_answer(self, request_id: int, resp: m.Body, now: int) -> None:
+        if self.membership_inflight != request_id:
             return
-        self.update_voter_inflight = None
+        self.membership_inflight = None
         if isinstance(resp, m.UpdateRaftVoterResponse) and resp.error_code == Errors.NONE:
             self.voter_updated = True  # the leader has our endpoints (committed)
             return
-        # Not now (its epoch not committed yet, another change in progress):
-        # ask again after a fetch timeout, as Kafka's update-voter timer does.
-        self.update_voter_at_ms = now + self.core.config.fetch_timeout_ms
+        # Refused (not caught up yet, another change in progress, ...) or
+        # done (an add or a removal committed: we see it once we replicate
+        # it): look again after a fetch timeout, as Kafka's timer does.
+        self.membership_at_ms = now + self.core.config.fetch_timeout_ms
 
-    def on_update_voter_failed(self, request_id: int, now: int) -> None:
-        self.on_update_voter_answer(request_id, m.ErrorResponse(error_code=Errors.REQUEST_TIMED_OUT), now)
+    def on_membership_failed(self, request_id: int, now: int) -> None:
+        self.on_membership_answer(request_id, m.ErrorResponse(error_code=Errors.REQUEST_TIMED_OUT), now)
+
 
     def grant_vote(self, req: m.VoteRequest, running_deadline: int | None, now: int) -> bool:
         """Only an observer addressed by its own voter key gets here with a

@@ -20,7 +20,7 @@ class RequestKind(enum.Enum):
     PROBE = "probe"  # a quarantined voter's VoteRequest that nobody grants
     BEGIN = "begin"  # BeginQuorumEpoch
     END = "end"  # EndQuorumEpoch
-    UPDATE_VOTER = "update_voter"  # KIP-853: a voter tells its leader its endpoints
+    MEMBERSHIP = "membership"  # our own entry: UpdateRaftVoter (KIP-853), auto-join (KIP-1186)
 
 
 # Pause before re-sending a failed Fetch / BeginQuorumEpoch / EndQuorumEpoch.

@@ -149,11 +149,11 @@ class RoleState:
     def on_pre_vote_answer(self, voter: int, resp: m.Body, now: int) -> None:
         """An answer to a pre-vote sent in our epoch (only a prospective counts it)."""
 
-    def on_update_voter_answer(self, request_id: int, resp: m.Body, now: int) -> None:
-        """The leader answered our UpdateRaftVoter (followers only)."""
+    def on_membership_answer(self, request_id: int, resp: m.Body, now: int) -> None:
+        """The leader answered our own voter-set request (followers only)."""
 
-    def on_update_voter_failed(self, request_id: int, now: int) -> None:
-        """Our UpdateRaftVoter got no answer (followers only)."""
+    def on_membership_failed(self, request_id: int, now: int) -> None:
+        """Our own voter-set request got no answer (followers only)."""
 
     def on_leader_alive(self, now: int) -> None:
         """Our epoch's known leader spoke to us (BeginQuorumEpoch, an answer)."""

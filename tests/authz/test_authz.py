@@ -335,6 +335,18 @@ def test_voter_changes_need_alter_on_the_cluster(api, body):
     assert a.authorize(ALICE, HOST, api, body, view(acl(op=a.Operation.ALTER, **cluster))) is None
 
 
+def test_a_node_may_add_or_remove_only_its_own_node_id():
+    """KIP-1186 auto-join: node 4's certificate may AddRaftVoter node 4 and
+    RemoveRaftVoter node 4 (its stale, wiped identity) without an ACL; node 2's
+    may not touch node 4 or 3 (CLUSTER_AUTHORIZATION_FAILED)."""
+    n4, n3 = node_principal(4), node_principal(3)
+    assert a.authorize(n4, HOST, ApiKey.ADD_RAFT_VOTER, ADD4, view()) is None
+    assert a.authorize(n3, HOST, ApiKey.REMOVE_RAFT_VOTER, REMOVE3, view()) is None
+    assert a.authorize(n3, HOST, ApiKey.ADD_RAFT_VOTER, ADD4, view()).error_code == Errors.CLUSTER_AUTHORIZATION_FAILED
+    assert a.authorize(n4, HOST, ApiKey.REMOVE_RAFT_VOTER, REMOVE3, view()).error_code == \
+        Errors.CLUSTER_AUTHORIZATION_FAILED
+
+
 def test_init_producer_id_needs_what_produce_needs():
     """InitProducerId (api 22) is allowed exactly when Produce is: Write on the
     log; without it the user sees TOPIC_AUTHORIZATION_FAILED (29)."""

@@ -507,3 +507,77 @@ def test_no_update_raft_voter_when_nothing_changed_or_the_voters_are_static():
     acts = n.step(a.RequestReceived(10, "b", m.BeginQuorumEpochRequest(cluster_id=CLUSTER, leader_id=1,
                                                                        leader_epoch=3)))
     assert n.core.role == "follower" and update_requests(acts) == []
+
+
+# -- auto-join (KIP-1186, controller.quorum.auto.join.enable) ------------------
+
+
+def observer(node_id: int, directory_id: str, voters=(1, 2, 3), auto_join: bool = True) -> tuple[Node, list]:
+    """An observer of a dynamic set, following leader 1 of epoch 3 (from its
+    quorum state), advertising 127.0.0.1:9090+id."""
+    n = Node(node_id, view=a.LogView(voter_set=dynamic(voters)), directory_id=directory_id,
+             state=a.QuorumStateData(3, 1, -1, tuple(voters)), voters_are_bootstrap=True,
+             listeners=EP[node_id], auto_join_enable=auto_join)
+    acts = n.step(a.Tick(0))
+    assert n.core.role == "observer" and n.core.leader_id == 1
+    return n, acts
+
+
+def leader_answers_fetch(n: Node, acts: list, at: int) -> list:
+    """Leader 1 answers the last Fetch in `acts` at `at` (it stays our live leader)."""
+    f = [x for x in acts if isinstance(x, a.SendRequest) and isinstance(x.request, m.FetchRequest)][-1]
+    return n.step(a.ResponseReceived(at, f.request_id, 1, m.FetchResponse(high_watermark=0)))
+
+
+def membership_requests(acts) -> list[a.SendRequest]:
+    return [x for x in acts if isinstance(x, a.SendRequest) and isinstance(
+        x.request, (m.AddRaftVoterRequest, m.RemoveRaftVoterRequest, m.UpdateRaftVoterRequest))]
+
+
+def test_auto_join_an_observer_adds_itself_and_retries_until_the_leader_takes_it():
+    n, acts = observer(4, D[4])
+    (req,) = membership_requests(acts)
+    assert req.destination == 1 and isinstance(req.request, m.AddRaftVoterRequest)
+    assert (req.request.voter_id, req.request.voter_directory_id, req.request.listeners) == (
+        4, D[4], listeners(4))
+    assert req.request.timeout_ms < req.timeout_ms, "the leader answers before our request times out"
+    assert membership_requests(n.step(a.Tick(5))) == [], "one at a time"
+    # Not caught up yet: asked again after a fetch timeout (the observer keeps
+    # its leader meanwhile: observers do not stand).
+    n.step(a.ResponseReceived(10, req.request_id, 1, m.AddRaftVoterResponse(
+        error_code=Errors.REQUEST_TIMED_OUT, error_message="replica 4 is not caught up")))
+    later = 10 + n.core.config.fetch_timeout_ms
+    fetching = leader_answers_fetch(n, acts, later - 1)
+    assert membership_requests(fetching) == [], "not before a fetch timeout"
+    (again,) = membership_requests(n.step(a.Tick(later)))
+    assert again.request == req.request and n.core.leader_id == 1
+    # Once the set names it, it is a voter and asks nothing more.
+    n.core.log.add_voter_set(0, dynamic((1, 2, 3, 4)))
+    acts = n.step(a.Tick(later + 1))
+    assert n.core.is_voter and membership_requests(acts + n.step(a.Tick(later + 10 * 1000))) == []
+
+
+def test_auto_join_a_wiped_voter_removes_its_stale_identity_first_then_adds_itself():
+    """KIP-1186: node 3 comes back with a new directory id while the set still
+    names (3, its old directory): RemoveRaftVoter for that one, then, once the
+    set no longer names node 3, AddRaftVoter for (3, new directory)."""
+    n, acts = observer(3, WIPED3)
+    (req,) = membership_requests(acts)
+    assert req.request == m.RemoveRaftVoterRequest(cluster_id=CLUSTER, voter_id=3, voter_directory_id=D[3],
+                                                   timeout_ms=req.request.timeout_ms)
+    n.step(a.ResponseReceived(10, req.request_id, 1, m.RemoveRaftVoterResponse()))
+    n.core.log.add_voter_set(0, dynamic((1, 2)))
+    later = 10 + n.core.config.fetch_timeout_ms
+    fetching = leader_answers_fetch(n, acts, later - 1)
+    (req,) = membership_requests(fetching + n.step(a.Tick(later)))
+    assert isinstance(req.request, m.AddRaftVoterRequest)
+    assert (req.request.voter_id, req.request.voter_directory_id) == (3, WIPED3)
+
+
+def test_no_auto_join_unless_enabled_and_never_with_static_voters():
+    n, acts = observer(4, D[4], auto_join=False)
+    assert membership_requests(acts + n.step(a.Tick(50_000))) == []
+    s = Node(4, directory_id=D[4], state=a.QuorumStateData(3, 1, -1, (1, 2, 3)), listeners=EP[4],
+             auto_join_enable=True)
+    acts = s.step(a.Tick(0))
+    assert s.core.role == "observer" and membership_requests(acts + s.step(a.Tick(50_000))) == []

@@ -163,3 +163,32 @@ def test_a_static_cluster_upgrades_online_then_changes_voters_and_survives_a_lea
     c.boot(lead.node_id)
     wait_settled(c)
     assert lead.core.role == "follower" and lead.core.high_watermark == new.core.high_watermark
+
+
+def test_auto_join_an_observer_joins_and_a_wiped_voter_replaces_its_old_identity():
+    """KIP-1186 with auto-join on for every node: observer 4 becomes a voter
+    by itself; voter 2's disk is replaced (new directory id): it removes its
+    stale identity, then adds itself back -- no operator request at all, and
+    the checker's invariants hold at every event."""
+    c = SimCluster(5, SimConfig(voters=(1, 2, 3), observers=(4,), dynamic=True, flush_latency_ms=(0, 0),
+                                network=NetworkConfig(delay_ms=1, jitter_ms=0),
+                                quorum={"auto_join_enable": True}))
+    c.start()
+    c.run_until_true(lambda: settled(c) and c.current_leader().core.voters == (1, 2, 3, 4), 20000,
+                     "node 4 joined by itself")
+    lead = wait_settled(c)
+    assert c.nodes[4].core.is_voter and c.nodes[4].core.role == "follower"
+    victim = next(v for v in (1, 2, 3) if v != lead.node_id)
+    old_dir = c.nodes[victim].disk.directory_id
+    c.crash(victim, wipe="all")
+    c.boot(victim)
+    new_dir = c.nodes[victim].disk.directory_id
+    assert new_dir != old_dir and not c.nodes[victim].core.is_voter
+
+    def rejoined() -> bool:
+        lead = c.current_leader()
+        return (settled(c) and lead.core.voter_set.directory_id_of(victim) == new_dir
+                and lead.core.voters == (1, 2, 3, 4))
+
+    c.run_until_true(rejoined, 30000, f"node {victim} replaced its old identity")
+    assert c.nodes[victim].core.is_voter and c.nodes[victim].core.role == "follower"
