@@ -170,3 +170,26 @@ async def test_a_voter_restarted_on_a_new_port_tells_the_leader_with_update_raft
     assert got["endpoints"]["2"] == [f"CONTROLLER=127.0.0.1:{cluster.nodes[2].port}"], "only node 3's entry changed"
     out = await asyncio.to_thread(metalog, "produce", *cc, "after-move")
     assert out.returncode == 0, out.stderr
+
+
+async def test_auto_join_an_observer_becomes_a_voter_by_itself(make_cluster):
+    """KIP-1186 (`auto_join_enable: true`, Kafka's controller.quorum.auto.join.enable):
+    node 2, formatted with --no-initial-controllers, adds itself once caught up
+    -- over mutual TLS with its own node certificate, no operator request."""
+    cluster = make_cluster(voters=1, observers=1, start=False, dynamic_voters=True, auto_join_enable=True, **FAST)
+    cluster.ensure_certs()
+    for nid, how in ((1, "--standalone"), (2, "--no-initial-controllers")):
+        out = metalog("storage", "format", "--config", cluster.write_config(nid), how)
+        assert out.returncode == 0, out.stderr
+    cluster.start()
+    await asyncio.to_thread(cluster.wait_for_leader, 20)
+
+    def voter_2():
+        q2 = cluster.quorum(2)
+        return q2 if q2 and q2["role"] == "follower" and q2["voters"] == [1, 2] else None
+
+    await asyncio.to_thread(cluster.wait_for, voter_2, 30, "node 2 a voter by itself")
+    leader_sets = [e for e in cluster.read_log_lines(1) if e.get("event") == "voter_set"]
+    assert leader_sets[-1]["directory_ids"]["2"] == directory_id(cluster.data_dir(2))
+    out = await asyncio.to_thread(metalog, "produce", "--client-config", cluster.client_config_path, "joined")
+    assert out.returncode == 0, out.stderr
