@@ -37,6 +37,8 @@ SILENT_CRASH_PROBABILITY = 0.25
 # with voter changes mixed into the faults. Drawn from a stream of its own, so
 # the other seeds replay exactly as before (SIM_MEMBERSHIP=0: none).
 MEMBERSHIP_SEED_SHARE = 0.5
+STATIC_START_SHARE = 0.25
+AUTO_JOIN_SHARE = 0.33
 MEMBERSHIP_WEIGHTS = (("add_voter", 3), ("remove_voter", 2), ("remove_leader", 1), ("replace_voter", 2))
 FAULT_WEIGHTS = (
     ("crash", 3), ("crash_leader", 4), ("kill_all", 1), ("wipe", 1), ("pause", 2),
@@ -78,6 +80,12 @@ class RandomRun:
                            and self.rng_members.random() < MEMBERSHIP_SEED_SHARE)
         config = config_for_seed(seed, snapshots)
         config.dynamic = self.membership
+        if self.membership:
+            # A quarter start as static voters and upgrade online (kraft.version
+            # 0 -> 1, UpdateFeatures); a third run with auto-join (KIP-1186) on.
+            config.static_start = self.rng_members.random() < STATIC_START_SHARE
+            if self.rng_members.random() < AUTO_JOIN_SHARE:
+                config.quorum = {**config.quorum, "auto_join_enable": True}
         self.cluster = SimCluster(seed, config)
         self.duration_ms = duration_ms
         self.settle_ms = settle_ms
@@ -159,6 +167,14 @@ class RandomRun:
     def fault_wipe(self) -> bool:
         c = self.cluster
         n = self.rng.choice(list(c.nodes.values()))
+        if self.membership and self.cluster.config.static_start:
+            # Started from static voters: a node the config names would come
+            # back from a whole new disk as a static voter (the config is its
+            # fallback), which is Kafka's hazard too (after the upgrade the
+            # operator turns the config into bootstrap servers). Only the
+            # others lose their disk; a voter's wipe is a plain crash.
+            named = n.node_id in c.config.voters or n.is_voter
+            return self._crash(n, wipe=None if named else "all")
         if self.membership:
             # A dynamic cluster: the disk is replaced whole (a new directory id),
             # voter or not; the new replica never votes as the old one.
@@ -224,7 +240,14 @@ class RandomRun:
         r = self.rng_members
         c.schedule(c.now_ms + r.randint(1500, 5000), "call", self.member_tick)
         leader, vs = self._voter_set()
-        if leader is None or vs.kraft_version == 0:
+        if leader is None:
+            return
+        if vs.kraft_version == 0:
+            if c.config.static_start:
+                # kraft.version 0 -> 1 online (retried by the next tick if refused).
+                self._change(leader, m.UpdateFeaturesRequest(
+                    cluster_id=c.config.cluster_id,
+                    feature_updates=[m.FeatureUpdate(m.KRAFT_VERSION_FEATURE, 1)]), "upgrade")
             return
         stale = [v for v in vs.ids if not self._intact(vs, v)]
         if stale:
@@ -249,7 +272,7 @@ class RandomRun:
             self._change(leader, m.RemoveRaftVoterRequest(
                 cluster_id=c.config.cluster_id, voter_id=leader.node_id,
                 voter_directory_id=vs.directory_id_of(leader.node_id)), kind)
-        elif kind == "replace_voter" and len(vs.ids) >= 3:
+        elif kind == "replace_voter" and len(vs.ids) >= 3 and not c.config.static_start:
             n = c.nodes[r.choice(vs.ids)]
             if n.alive and self._may_lose_voter(n):
                 for w in list(self.rejoin_watches):
