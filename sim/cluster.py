@@ -627,7 +627,9 @@ class SimCluster:
         elif isinstance(a, api.AdvanceLogStart):
             disk.advance_log_start(a.log_start_offset)
         elif isinstance(a, api.ClearQuarantine):
-            disk.clear_quarantine(a.must_reach_offset, n.is_voter or self.config.dynamic)
+            # A node that may vote later (a voter, or anyone once the set is in
+            # the log) clears only once it re-replicated; a static observer at once.
+            disk.clear_quarantine(a.must_reach_offset, n.is_voter or n.core.voter_set.kraft_version == 1)
             self.trace(f"n{n.node_id} quarantine cleared at {a.must_reach_offset}")
         elif isinstance(a, api.CorruptionFound):
             self.fail(f"n{n.node_id} reported corruption the simulated disk never serves: {a.error}")
