@@ -1,6 +1,7 @@
 """KIP-853 voter changes on the leader: AddRaftVoter (80), RemoveRaftVoter
 (81) and UpdateRaftVoter (82), with the rules of Kafka's AddVoterHandler,
-RemoveVoterHandler and UpdateVoterHandler.
+RemoveVoterHandler and UpdateVoterHandler; and UpdateFeatures (57) for
+kraft.version, the online upgrade from static voters (bottom of the module).
 
 A change is one VotersRecord appended by the leader; like any VotersRecord
 it counts from the moment it is appended (broker.quorum.voters). Safety
