@@ -112,6 +112,7 @@ class Broker:
         self._bg_tasks: set[asyncio.Task] = set()
         self._last_exposed: tuple | None = None
         self._voter_set_seen: Any = None  # the core's voter set the peers and the gate were last given
+        self._leader_endpoints_seen: Any = None  # the core's leader_endpoints last applied to the peers
         self._idle_timer: asyncio.TimerHandle | None = None  # poll-idle-ratio sampling
         self._stopping = False
         self.commands = CommandQueue()
@@ -471,6 +472,16 @@ class Broker:
         core = self.core
         if core.voter_set is not self._voter_set_seen:
             self._on_voter_set(core.voter_set)
+            self._leader_endpoints_seen = None  # the set's endpoints were just applied: re-apply the leader's
+        hint = core.leader_endpoints
+        if hint is not None and hint is not self._leader_endpoints_seen:
+            # KIP-853: our leader told us where it listens (BeginQuorumEpoch);
+            # its entry in our voter set may still name an old address.
+            self._leader_endpoints_seen = hint
+            leader_id, _epoch, endpoints = hint
+            if leader_id != self.cfg.node_id and endpoints:
+                _name, host, port = endpoints[0]
+                self.peers.set_endpoint(leader_id, host, port)
         exposed = (str(core.role), core.epoch, core.leader_id)
         if exposed != self._last_exposed:
             self._last_exposed = exposed
@@ -719,8 +730,22 @@ class Broker:
         return self.gate.view()
 
     def metadata_response(self) -> m.MetadataResponse:
-        # Built by the core (broker.quorum.answers), with our voters' endpoints.
-        return self.core.metadata({nid: (ep.host, ep.port) for nid, ep in self.voters.items()})
+        # Built by the core (broker.quorum.answers), with our voters' endpoints:
+        # the config's, then (KIP-853) the log's voter set's, then where our
+        # leader said it listens -- a voter added online is in no config.
+        endpoints = {nid: (ep.host, ep.port) for nid, ep in self.voters.items()}
+        core = self.core
+        for nid, eps in core.voter_set.endpoints.items():
+            if eps:
+                endpoints[nid] = (eps[0][1], eps[0][2])
+        if core.leader_endpoints is not None and core.leader_endpoints[2]:
+            _name, host, port = core.leader_endpoints[2][0]
+            endpoints[core.leader_endpoints[0]] = (host, port)
+        if core.config.listeners and self.cfg.node_id in endpoints:
+            # Ourselves: where we listen now (our entry may still be the old one).
+            _name, host, port = core.config.listeners[0]
+            endpoints[self.cfg.node_id] = (host, port)
+        return core.metadata(endpoints)
 
     # ------------------------------------------------ group commit of writes
     def _enqueue_produce(self, token, body: m.ProduceRequest) -> None:

@@ -141,6 +141,14 @@ class VoteResponse(Body):
     vote_granted: bool = False
 
 
+class RaftListener(msgspec.Struct, array_like=True, frozen=True):
+    """One endpoint a voter listens on (Kafka's Listeners entry)."""
+
+    name: str
+    host: str
+    port: int
+
+
 class BeginQuorumEpochRequest(Body):
     cluster_id: str
     leader_id: int
@@ -148,6 +156,10 @@ class BeginQuorumEpochRequest(Body):
     # KIP-853 (BeginQuorumEpoch v1): the voter addressed.
     voter_id: int = NO_REPLICA
     voter_directory_id: str = NO_DIRECTORY_ID
+    # KIP-853 (v1 LeaderEndpoints, KAFKA-16927): where the leader listens now
+    # -- how a voter reaches a leader whose address changed before the voter
+    # set in its log says so. Empty: use the voter set's (or the config's).
+    leader_endpoints: list[RaftListener] = []
 
 
 class BeginQuorumEpochResponse(Body):
@@ -355,14 +367,6 @@ class ErrorResponse(Body):
 # --------------------------------------------------------------------------
 # AddRaftVoter (80), RemoveRaftVoter (81), UpdateRaftVoter (82): KIP-853's
 # voter changes, answered by the leader once the VotersRecord is committed.
-
-
-class RaftListener(msgspec.Struct, array_like=True, frozen=True):
-    """One endpoint a voter listens on (Kafka's Listeners entry)."""
-
-    name: str
-    host: str
-    port: int
 
 
 class AddRaftVoterRequest(Body):

@@ -165,6 +165,9 @@ class QuorumCore:
         # ProspectiveState._won.
         self._pre_vote_granted: tuple[int, int] = (-1, 0)
         self.appended_this_step = False
+        # (leader id, epoch, endpoints) from the last BeginQuorumEpoch of our
+        # leader that carried them: the driver dials the leader there.
+        self.leader_endpoints: tuple[int, int, tuple[tuple[str, str, int], ...]] | None = None
         self._voters_changed_in_step = False
         self._persist_on_boot = False
         self.state: RoleState = self._state_from_disk(quorum_state)

@@ -374,6 +374,10 @@ def handle_begin_epoch(core: QuorumCore, token: Any, req: m.BeginQuorumEpochRequ
         if core.state.leader_id == req.leader_id and core.state.epoch == req.leader_epoch:
             core.note_leader_contact(now)
             core.state.on_leader_alive(now)
+            if req.leader_endpoints:
+                # Where our leader listens now (its entry in our set may be old).
+                core.leader_endpoints = (req.leader_id, req.leader_epoch,
+                                         tuple((ln.name, ln.host, ln.port) for ln in req.leader_endpoints))
     st = core.state
     core.respond(token, m.BeginQuorumEpochResponse(leader_id=st.leader_id, leader_epoch=st.epoch))
 

@@ -127,12 +127,34 @@ class LeaderState(NotifyingRole, RoleState):
                               f"the voter change at offset {pc.offset} was not committed in time")
         self.notifier.send_due(now, self._begin_epoch_request, core.send)
         self.maybe_advance_log_start(now)
+        self.maybe_update_own_endpoints(now)
+
+    def maybe_update_own_endpoints(self, now: int) -> None:
+        """KIP-853 (Kafka's leader does this when it takes an epoch): if our
+        advertised endpoints differ from our entry in a kraft version 1 set,
+        record them with a VotersRecord -- as an UpdateRaftVoter from us would,
+        under the same rules: our epoch committed, no change pending, every
+        VotersRecord committed. The membership is unchanged."""
+        core = self.core
+        vs = core.voter_set
+        listeners = core.config.listeners
+        if (not listeners or vs.kraft_version != 1 or not core.is_voter
+                or tuple(vs.endpoints.get(core.node_id, ())) == listeners or self.pending_change is not None):
+            return
+        hw = core.log.high_watermark
+        entries = core.log.voters.entries
+        if hw <= self.epoch_start_offset or (entries and entries[-1][0] >= hw):
+            return
+        endpoints = dict(vs.endpoints)
+        endpoints[core.node_id] = listeners
+        self.append_voters(VoterSet(dict(vs.directory_ids), kraft_version=1, endpoints=endpoints), now)
 
     def _begin_epoch_request(self, voter: int) -> m.BeginQuorumEpochRequest:
         core = self.core
         return m.BeginQuorumEpochRequest(cluster_id=core.config.cluster_id, leader_id=core.node_id,
                                          leader_epoch=self.epoch, voter_id=voter,
-                                         voter_directory_id=core.voter_set.directory_id_of(voter))
+                                         voter_directory_id=core.voter_set.directory_id_of(voter),
+                                         leader_endpoints=[m.RaftListener(*ln) for ln in core.config.listeners])
 
     def update_check_quorum_deadline(self) -> None:
         core = self.core

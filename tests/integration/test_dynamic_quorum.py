@@ -193,3 +193,38 @@ async def test_auto_join_an_observer_becomes_a_voter_by_itself(make_cluster):
     assert leader_sets[-1]["directory_ids"]["2"] == directory_id(cluster.data_dir(2))
     out = await asyncio.to_thread(metalog, "produce", "--client-config", cluster.client_config_path, "joined")
     assert out.returncode == 0, out.stderr
+
+
+async def test_two_voters_one_restarted_on_a_new_port_keep_a_quorum(make_cluster):
+    """The hard case of a moved voter: with two voters the moved one is
+    needed for every majority, and may well be elected itself while the other
+    still has its old address. The new leader tells where it listens in
+    BeginQuorumEpoch (KAFKA-16927), the other reaches it there, and the leader
+    records its own new endpoint (KAFKA-16533): writes go on."""
+    cluster = make_cluster(voters=1, observers=1, start=False, dynamic_voters=True, **FAST)
+    cluster.ensure_certs()
+    for nid, how in ((1, "--standalone"), (2, "--no-initial-controllers")):
+        out = metalog("storage", "format", "--config", cluster.write_config(nid), how)
+        assert out.returncode == 0, out.stderr
+    cluster.start()
+    await asyncio.to_thread(cluster.wait_for_leader, 20)
+    cc = ["--client-config", cluster.client_config_path]
+    out = await asyncio.to_thread(metalog, "quorum", "add-voter", *cc, "--controller-id", "2",
+                                  "--controller-directory-id", directory_id(cluster.data_dir(2)),
+                                  "--listener", f"127.0.0.1:{cluster.nodes[2].port}")
+    assert out.returncode == 0, out.stderr
+    assert await asyncio.to_thread(cluster.stop_node, 2) == 0
+    (new_port,) = free_ports(1)
+    cluster.nodes[2].port = new_port
+    cluster.start_node(2)
+
+    def everyone_knows_new_port():
+        for nid in (1, 2):
+            sets = [e for e in cluster.read_log_lines(nid) if e.get("event") == "voter_set"]
+            if not sets or sets[-1]["endpoints"].get("2") != [f"CONTROLLER=127.0.0.1:{new_port}"]:
+                return None
+        return cluster.leader()
+
+    await asyncio.to_thread(cluster.wait_for, everyone_knows_new_port, 40, "both voters have node 2's new port")
+    out = await asyncio.to_thread(metalog, "produce", *cc, "after-move")
+    assert out.returncode == 0, out.stderr

@@ -15,7 +15,7 @@ from broker.quorum import api as a
 from broker.quorum.voters import VoterSet, voter_sets_in
 from protocol import messages as m
 from protocol.errors import Errors
-from tests.quorum.harness import CLUSTER, MemLog, Node, fetch, make_leader, one_response, responses
+from tests.quorum.harness import CLUSTER, MemLog, Node, fetch, grant_pre_votes, make_leader, one_response, responses
 
 D = {1: "AAAAAAAAAAAAAAAAAAAAAg", 2: "AAAAAAAAAAAAAAAAAAAAAw", 3: "AAAAAAAAAAAAAAAAAAAABA",
      4: "AAAAAAAAAAAAAAAAAAAABQ"}
@@ -581,3 +581,50 @@ def test_no_auto_join_unless_enabled_and_never_with_static_voters():
              auto_join_enable=True)
     acts = s.step(a.Tick(0))
     assert s.core.role == "observer" and membership_requests(acts + s.step(a.Tick(50_000))) == []
+
+
+def test_a_leader_on_a_new_address_records_its_own_endpoints_once_its_epoch_is_committed():
+    """Kafka's leader updates its own entry (KAFKA-16533): node 1 leads a set
+    that records it at 9091 while it advertises 9991; once its epoch is
+    committed it appends a VotersRecord changing only its endpoints, once."""
+    n = Node(1, voters=(1, 2, 3), view=a.LogView(voter_set=dynamic((1, 2, 3))), directory_id=D[1],
+             listeners=(("CONTROLLER", "127.0.0.1", 9991),))
+    now = make_leader(n)
+    assert n.core.voter_set.endpoints[1] == EP[1], "nothing before the epoch is committed"
+    catch_up(n, now, [2])
+    n.step(a.Tick(now + 1))
+    vs = n.core.voter_set
+    assert vs.endpoints[1] == (("CONTROLLER", "127.0.0.1", 9991),) and vs.endpoints[2] == EP[2]
+    assert vs.directory_ids == dynamic((1, 2, 3)).directory_ids, "the membership is unchanged"
+    records = voter_sets_in(n.log.read(0, n.core.log_end_offset, 1 << 20))
+    end = n.core.log_end_offset
+    n.step(a.FlushCompleted(now + 2, end))
+    catch_up(n, now + 2, [2])
+    n.step(a.Tick(now + 3))
+    assert n.core.log_end_offset == end and voter_sets_in(n.log.read(0, end, 1 << 20)) == records, "once"
+
+
+def test_begin_quorum_epoch_carries_where_the_leader_listens_and_the_follower_keeps_it():
+    """KIP-853 BeginQuorumEpoch v1 LeaderEndpoints (KAFKA-16927): the leader
+    sends its advertised endpoints; its follower exposes them to the driver
+    (core.leader_endpoints) so it can reach a leader whose entry in the
+    follower's set is still an old address."""
+    n = Node(1, voters=(1, 2, 3), view=a.LogView(voter_set=dynamic((1, 2, 3))), directory_id=D[1],
+             listeners=(("CONTROLLER", "127.0.0.1", 9991),))
+    n.step(a.Tick(0))
+    acts = n.step(a.Tick(n.core.next_deadline_ms))
+    votes = [x for x in grant_pre_votes(n, n.core.now_ms, acts) if isinstance(x, a.SendRequest)]
+    for v in votes:
+        acts = n.step(a.ResponseReceived(n.core.now_ms, v.request_id, v.destination, m.VoteResponse(
+            leader_id=-1, leader_epoch=n.core.epoch, vote_granted=True)))
+        if n.core.role == "leader":
+            break
+    begins = [x.request for x in acts if isinstance(x, a.SendRequest)
+              and isinstance(x.request, m.BeginQuorumEpochRequest)]
+    assert begins and all(b.leader_endpoints == [m.RaftListener("CONTROLLER", "127.0.0.1", 9991)] for b in begins)
+    f = Node(2, view=a.LogView(voter_set=dynamic((1, 2, 3))), directory_id=D[2], voters_are_bootstrap=True)
+    f.step(a.Tick(0))
+    assert f.core.leader_endpoints is None
+    f.step(a.RequestReceived(5, "b", next(b for b in begins if b.voter_id == 2)))
+    assert f.core.leader_id == 1
+    assert f.core.leader_endpoints == (1, n.core.epoch, (("CONTROLLER", "127.0.0.1", 9991),))
