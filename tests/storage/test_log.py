@@ -11,7 +11,7 @@ from storage.batch import HEADER_SIZE, CorruptBatchError, encode_batch
 from storage.log import SegmentedLog, segment_file_name
 from tests.storage.helpers import RecordingLogger, append_batches, base_offsets, batch
 
-BATCH_BYTES = len(batch(0))  # 133: 3 records of 20 bytes
+BATCH_BYTES = len(batch(0))  # 142: 3 records of 20 bytes
 SEG_MAX = 1000  # 7 batches per segment
 INTERVAL = 300
 
@@ -91,9 +91,9 @@ def test_append_refuses_bad_input_and_leaves_the_log_unchanged(tmp_path):
         log.append(batch(9))
     with pytest.raises(ValueError, match=r"base offset 3 but the log end offset is 6 \(overlap\)"):
         log.append(batch(3))
-    with pytest.raises(ValueError, match="10 trailing bytes at byte 133 are not a whole batch"):
+    with pytest.raises(ValueError, match="10 trailing bytes at byte 142 are not a whole batch"):
         log.append(batch(6) + b"\0" * 10)
-    with pytest.raises(ValueError, match="needs 133 bytes, only 100 given"):
+    with pytest.raises(ValueError, match="needs 142 bytes, only 100 given"):
         log.append(batch(6)[:100])
     bad = bytearray(batch(6))
     bad[-1] ^= 1
@@ -104,7 +104,7 @@ def test_append_refuses_bad_input_and_leaves_the_log_unchanged(tmp_path):
     with pytest.raises(ValueError, match="empty buffer"):
         log.append(b"")
     # a bad second batch refuses the whole call, including the good first one
-    with pytest.raises(ValueError, match="batch at byte 133 has base offset 10"):
+    with pytest.raises(ValueError, match="batch at byte 142 has base offset 10"):
         log.append(batch(6) + batch(10))
     assert log.log_end_offset == 6
     assert os.path.getsize(tmp_path / segment_file_name(0)) == size_before
@@ -127,13 +127,13 @@ def test_append_without_crc_checks_still_refuses_malformed_batches_and_reads_ver
     bad_magic[16] ^= 0xFF  # the magic byte
     with pytest.raises(ValueError, match="invalid batch at byte 0: bad magic"):
         log.append(bytes(bad_magic))
-    with pytest.raises(ValueError, match="needs 133 bytes, only 100 given"):
+    with pytest.raises(ValueError, match="needs 142 bytes, only 100 given"):
         log.append(batch(6)[:100])
     assert log.log_end_offset == 6
     bad_crc = bytearray(batch(6))
     bad_crc[-1] ^= 1
     log.append(bytes(bad_crc))  # the CRC is the caller's check here: it is stored...
-    with pytest.raises(CorruptBatchError, match=r"corrupt batch in .* at byte 266 \(base offset 6\): CRC mismatch"):
+    with pytest.raises(CorruptBatchError, match=r"corrupt batch in .* at byte 284 \(base offset 6\): CRC mismatch"):
         log.read(6, 9, 1 << 20)  # ...and never read back
     assert log.read(0, 6, 1 << 20) == batch(0) + batch(3)
     log.close()
@@ -145,7 +145,7 @@ def test_index_is_sparse_and_points_at_batch_starts(tmp_path):
     raw = (tmp_path / segment_file_name(0, ".index")).read_bytes()
     entries = [(int.from_bytes(raw[i:i + 4], "big"), int.from_bytes(raw[i + 4:i + 8], "big"))
                for i in range(0, len(raw), 8)]
-    # one entry every ceil(300 / 133) = 3 batches
+    # one entry every ceil(300 / 142) = 3 batches
     assert entries == [(3 * k * 3, 3 * k * BATCH_BYTES) for k in range(1, 17)]
     log.close()
 
