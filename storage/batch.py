@@ -341,6 +341,8 @@ def _parse_record(data: bytes, pos: int, end: int, index: int, h: BatchHeader) -
         rend = pos + length
         if length < 0 or rend > end:
             raise ValueError(f"length {length} runs past the batch end")
+        if pos >= rend:
+            raise ValueError("record ends before its attributes")
         attributes = data[pos]
         pos += 1
         ts_delta, pos = _read_varint(data, pos, rend, 10)
