@@ -12,8 +12,9 @@ refuses a version-1 dir that holds data, naming its version and the command
 ``metalog storage upgrade --data-dir DIR``, which calls upgrade_data_dir:
 every segment and snapshot is rewritten batch by batch (tmp file, fsync,
 rename, directory fsync: storage.atomic.atomic_write), the segment's
-``.index`` is emptied (positions moved; the log rebuilds it at open) and
-meta.properties is stamped last. A batch already in version 2 is kept as it
+``.index`` is emptied (positions moved; the log rebuilds it at open), a
+snake_case quorum-state is rewritten as Kafka's JSON, and meta.properties is
+stamped last. A batch already in version 2 is kept as it
 is, so an interrupted upgrade is finished by running it again.
 """
 
@@ -28,6 +29,8 @@ import msgspec
 from storage import batch as b
 from storage import control_records as cr
 from storage.atomic import atomic_write
+from storage.errors import QuorumStateError
+from storage.quorum_state import QuorumStateFile
 
 FORMAT_VERSION = 2
 FORMAT_KEY = "metalog.format.version"
@@ -194,6 +197,14 @@ def upgrade_data_dir(data_dir: str) -> UpgradeReport:
             index = path[:-len(".log")] + ".index"
             if os.path.exists(index):
                 atomic_write(index, b"")  # positions moved: rebuilt at open
+    qs_path = os.path.join(part_dir, "quorum-state")
+    if os.path.exists(qs_path):
+        before = open(qs_path, "rb").read()
+        try:
+            QuorumStateFile(qs_path).read()  # a snake_case file is rewritten as Kafka's JSON
+        except QuorumStateError as exc:
+            raise FormatError(f"{exc}; nothing more changed") from None
+        (report.rewritten if open(qs_path, "rb").read() != before else report.unchanged).append(qs_path)
     # Stamped last: an interrupted upgrade leaves version 1 and is run again.
     lines = [f"{k}={v}" for k, v in props.items() if k != FORMAT_KEY] + [f"{FORMAT_KEY}={FORMAT_VERSION}"]
     atomic_write(meta, ("\n".join(lines) + "\n").encode())

@@ -93,8 +93,11 @@ def test_upgrade_converts_segments_and_snapshots_and_is_idempotent(tmp_path):
     values = write_v1_dir(str(tmp_path))
     part = tmp_path / PART
     (part / "00000000000000000000.index").write_bytes(b"\x00\x00\x00\x00\x00\x00\x00\x00")
+    (part / "quorum-state").write_text(
+        '{"data_version": 1, "leader_epoch": 1, "leader_id": 1, "voted_id": 1, "voters": [1]}')
     report = upgrade_data_dir(str(tmp_path))
-    assert len(report.rewritten) == 3 and not report.unchanged and not report.already
+    assert len(report.rewritten) == 4 and not report.unchanged and not report.already
+    assert '"leaderEpoch": 1' in (part / "quorum-state").read_text()
     assert (part / "00000000000000000000.index").read_bytes() == b""  # rebuilt at open
     assert f"{FORMAT_KEY}=2" in (tmp_path / "meta.properties").read_text()
     assert check_meta(str(tmp_path), "c1", 1, RecordingLogger()) == DIR_ID
@@ -112,7 +115,7 @@ def test_upgrade_converts_segments_and_snapshots_and_is_idempotent(tmp_path):
     # An interrupted run (meta not yet stamped) finishes: converted files are kept as they are.
     (tmp_path / "meta.properties").write_text(f"version=1\ncluster.id=c1\nnode.id=1\ndirectory.id={DIR_ID}\n")
     again = upgrade_data_dir(str(tmp_path))
-    assert len(again.unchanged) == 3 and not again.rewritten
+    assert len(again.unchanged) == 4 and not again.rewritten
     assert (part / snapshot_filename(SnapshotId(1, 1))).read_bytes() == snapshot
 
 
