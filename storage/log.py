@@ -4,10 +4,13 @@ One directory holds the log as a run of segments. Each segment is a pair
 
 * ``<base offset, 20 digits>.log``   -- whole record batches (storage.batch format)
   back to back, the first one starting at the base offset;
-* ``<base offset, 20 digits>.index`` -- a sparse offset index: 8-byte entries
-  ``relative offset u32 | file position u32`` (big-endian), one for a batch
-  roughly every ``index_interval_bytes`` of log data. A batch is found by
-  bisecting the index and scanning headers forward from the entry.
+* ``<base offset, 20 digits>.index`` -- a sparse offset index, Kafka's: 8-byte
+  entries ``relative offset u32 | file position u32`` (big-endian), one for a
+  batch roughly every ``index_interval_bytes`` of log data, where the
+  relative offset is that of the batch's LAST offset and the position that
+  of the batch's start (as Kafka's LogSegment indexes a batch by its largest
+  offset). An offset is found by bisecting for the last entry at or below it
+  and scanning headers forward from that entry's batch.
 
 Small files sit next to them: ``log-start-offset`` (JSON, written with
 storage.atomic), ``.clean-shutdown`` (written by ``close()``, removed on
@@ -693,7 +696,7 @@ class SegmentedLog:
                 error = str(exc)
                 break
             if pos - last_index_pos >= interval:
-                rel.append(h.base_offset - seg_base)
+                rel.append(h.base_offset + h.last_offset_delta - seg_base)
                 positions.append(pos)
                 last_index_pos = pos
             expected = h.next_offset
@@ -794,7 +797,19 @@ class SegmentedLog:
             seg.last_epoch = res.last_epoch
             return True
         start_pos = seg.last_index_pos
-        start_offset = seg.base_offset + (seg.index_rel[-1] if seg.index_rel else 0)
+        start_offset = seg.base_offset
+        if seg.index_rel:
+            # The entry names the batch's last offset; the scan starts at its base.
+            head = os.pread(seg.fd, B.HEADER_SIZE, start_pos)
+            if len(head) < B.HEADER_SIZE:
+                return False
+            try:
+                h = B.decode_header(head)
+            except B.CorruptBatchError:
+                return False
+            if h.last_offset != seg.base_offset + seg.index_rel[-1]:
+                return False
+            start_offset = h.base_offset
         tail = os.pread(seg.fd, seg.size - start_pos, start_pos)
         res = self._scan(tail, start_offset, -1, seg.base_offset)
         if res.error is not None or (seg.size and res.end_pos == 0):
@@ -946,7 +961,7 @@ class SegmentedLog:
                                  f"{h.leader_epoch}, older than the log's last epoch {epoch}")
             file_pos = file_start + pos
             if file_pos - last_index_pos >= interval:
-                rel = h.base_offset - seg_base
+                rel = h.base_offset + h.last_offset_delta - seg_base  # the batch's last offset
                 new_index.append(_INDEX_ENTRY.pack(rel, file_pos))
                 new_rel.append(rel)
                 new_pos.append(file_pos)
@@ -1073,15 +1088,17 @@ class SegmentedLog:
     def _locate(self, seg: _Segment, offset: int) -> tuple[int, int, int, int, int, int] | None:
         """The batch of `seg` containing `offset` (None if past the segment end)."""
         i = bisect.bisect_right(seg.index_rel, offset - seg.base_offset) - 1
-        if i >= 0:
+        if i >= 0:  # an entry names the LAST offset of the batch at its position
             pos, expect = seg.index_pos[i], seg.base_offset + seg.index_rel[i]
         else:
-            pos, expect = 0, seg.base_offset
+            pos, expect = 0, None
         first = True
         for item in self._walk(seg, pos, seg.size):
-            if first and item[1] != expect:
-                raise CorruptLogError(f"{seg.index_path}: entry points at byte {pos} holding base "
-                                      f"offset {item[1]}, expected {expect}", seg.log_path, pos, item[1])
+            if first and (item[1] != seg.base_offset if expect is None else item[4] - 1 != expect):
+                got, want = (item[1], seg.base_offset) if expect is None else (item[4] - 1, expect)
+                what = "base" if expect is None else "last"
+                raise CorruptLogError(f"{seg.index_path}: entry points at byte {pos} holding {what} "
+                                      f"offset {got}, expected {want}", seg.log_path, pos, item[1])
             first = False
             if item[4] > offset:
                 return item

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from storage.batch import HEADER_SIZE, CorruptBatchError, encode_batch
+from storage.batch import HEADER_SIZE, CorruptBatchError, decode_header, encode_batch
 from storage.log import SegmentedLog, segment_file_name
 from tests.storage.helpers import RecordingLogger, append_batches, base_offsets, batch
 
@@ -139,15 +139,25 @@ def test_append_without_crc_checks_still_refuses_malformed_batches_and_reads_ver
     log.close()
 
 
-def test_index_is_sparse_and_points_at_batch_starts(tmp_path):
+def test_index_is_sparse_and_names_each_indexed_batchs_last_offset_and_start(tmp_path):
+    """Kafka's .index semantics: (relative offset of the batch's LAST offset,
+    position of the batch's start)."""
     log = open_log(tmp_path, segment_bytes_max=1 << 20)
     append_batches(log, 50)
     raw = (tmp_path / segment_file_name(0, ".index")).read_bytes()
     entries = [(int.from_bytes(raw[i:i + 4], "big"), int.from_bytes(raw[i + 4:i + 8], "big"))
                for i in range(0, len(raw), 8)]
-    # one entry every ceil(300 / 142) = 3 batches
-    assert entries == [(3 * k * 3, 3 * k * BATCH_BYTES) for k in range(1, 17)]
+    # one entry every ceil(300 / 142) = 3 batches of 3 records
+    assert entries == [(3 * k * 3 + 2, 3 * k * BATCH_BYTES) for k in range(1, 17)]
+    # Every offset is found through it, the indexed batches' last offsets included.
+    for offset in range(0, 150):
+        data = log.read(offset, 150, 1)  # at least the batch holding offset
+        h = decode_header(data)
+        assert h.base_offset <= offset <= h.last_offset
     log.close()
+    reopened = open_log(tmp_path, segment_bytes_max=1 << 20)  # a clean open trusts and checks the index
+    assert reopened.log_end_offset == 150 and decode_header(reopened.read(149, 150, 1)).last_offset == 149
+    reopened.close()
 
 
 def test_flush_reports_flushed_offset(tmp_path):
