@@ -12,7 +12,7 @@ refuses a version-1 dir that holds data, naming its version and the command
 ``metalog storage upgrade --data-dir DIR``, which calls upgrade_data_dir:
 every segment and snapshot is rewritten batch by batch (tmp file, fsync,
 rename, directory fsync: storage.atomic.atomic_write), the segment's
-``.index`` is emptied (positions moved; the log rebuilds it at open), a
+``.index`` and ``.timeindex`` are emptied (positions moved; the log rebuilds them at open), a
 snake_case quorum-state is rewritten as Kafka's JSON, and meta.properties is
 stamped last. A batch already in version 2 is kept as it
 is, so an interrupted upgrade is finished by running it again.
@@ -194,9 +194,10 @@ def upgrade_data_dir(data_dir: str) -> UpgradeReport:
         report.batches += batches
         (report.rewritten if changed else report.unchanged).append(path)
         if changed and name.endswith(".log"):
-            index = path[:-len(".log")] + ".index"
-            if os.path.exists(index):
-                atomic_write(index, b"")  # positions moved: rebuilt at open
+            for suffix in (".index", ".timeindex"):
+                index = path[:-len(".log")] + suffix
+                if os.path.exists(index):
+                    atomic_write(index, b"")  # positions moved: rebuilt at open
     qs_path = os.path.join(part_dir, "quorum-state")
     if os.path.exists(qs_path):
         before = open(qs_path, "rb").read()

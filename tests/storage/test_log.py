@@ -347,3 +347,71 @@ def test_a_batch_bigger_than_a_segment_gets_its_own_segment(tmp_path):
     assert log.read(0, 10, 1) == big
     assert len(big) > HEADER_SIZE
     log.close()
+
+
+def _time_entries(path) -> list[tuple[int, int]]:
+    raw = path.read_bytes()
+    assert len(raw) % 12 == 0
+    return [(int.from_bytes(raw[i:i + 8], "big", signed=True), int.from_bytes(raw[i + 8:i + 12], "big"))
+            for i in range(0, len(raw), 12)]
+
+
+def _append_with_timestamps(log, timestamps: list[int]) -> None:
+    for ts in timestamps:
+        base = log.log_end_offset
+        log.append(encode_batch(base, 1, [b"r" * 20] * 3, ts))
+
+
+def test_timeindex_holds_the_max_timestamp_so_far_and_its_offset_at_index_points(tmp_path):
+    """Kafka's .timeindex: at each .index entry, (largest batch timestamp so
+    far, relative last offset of the batch holding it), only when it grew."""
+    log = open_log(tmp_path, segment_bytes_max=1 << 20)
+    # Batch k holds offsets 3k..3k+2; index points every 3 batches (k = 3, 6, 9, ...).
+    stamps = [1000 + k for k in range(7)] + [500, 501, 502, 503, 504, 505] + [2000 + k for k in range(6)]
+    _append_with_timestamps(log, stamps)
+    entries = _time_entries(tmp_path / segment_file_name(0, ".timeindex"))
+    # k=3: max 1003 at batch 3 (last offset 11); k=6: 1006 at batch 6 (20);
+    # k=9 and k=12: timestamps went back, max still 1006, no entry; k=15: 2002 at batch 15 (47); k=18: 2005 (56).
+    assert entries == [(1003, 11), (1006, 20), (2002, 47), (2005, 56)]
+    log.close()
+
+
+@pytest.mark.parametrize("damage", ["missing", "torn", "out_of_order"])
+def test_a_missing_or_bad_timeindex_is_rebuilt_at_open(tmp_path, damage):
+    """The user sees one index_rebuilt warning; the rebuilt file equals the original."""
+    log = open_log(tmp_path, segment_bytes_max=4000)
+    _append_with_timestamps(log, [1000 + k for k in range(60)])
+    log.close()
+    path = tmp_path / segment_file_name(0, ".timeindex")
+    good = path.read_bytes()
+    assert len(good) >= 24
+    if damage == "missing":
+        path.unlink()
+    elif damage == "torn":
+        path.write_bytes(good[:-5])
+    else:
+        path.write_bytes(good[12:24] + good[:12] + good[24:])
+    logger = RecordingLogger()
+    reopened = open_log(tmp_path, segment_bytes_max=4000, logger=logger)
+    assert path.read_bytes() == good
+    assert [e["segment"] for e in logger.events("index_rebuilt")] == [str(tmp_path / segment_file_name(0))
+                                                                        .replace(".log", ".index")]
+    reopened.close()
+
+
+def test_truncation_keeps_the_timeindex_consistent_with_a_log_written_without_the_tail(tmp_path):
+    a, b_dir = tmp_path / "a", tmp_path / "b"
+    stamps = [1000 + k for k in range(20)] + [900 + k for k in range(10)]
+    log = open_log(a, segment_bytes_max=1 << 20)
+    _append_with_timestamps(log, stamps)
+    log.truncate_to(3 * 17 + 1)  # inside batch 17: it goes too, the log ends at 51
+    _append_with_timestamps(log, [3000, 3001, 3002, 3003])
+    log.close()
+    ref = open_log(b_dir, segment_bytes_max=1 << 20)
+    _append_with_timestamps(ref, stamps[:17] + [3000, 3001, 3002, 3003])
+    ref.close()
+    name = segment_file_name(0, ".timeindex")
+    assert _time_entries(a / name) == _time_entries(b_dir / name)
+    logger = RecordingLogger()
+    open_log(a, segment_bytes_max=1 << 20, logger=logger).close()  # a clean open trusts it
+    assert not logger.events("index_rebuilt")
