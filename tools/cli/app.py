@@ -61,7 +61,7 @@ def cmd_cluster_up(args) -> int:
     else:
         cluster = LocalCluster.create(args.dir, voters=args.voters, observers=args.observers,
                                       base_port=args.base_port, cluster_id=args.cluster_id,
-                                      insecure=args.insecure)
+                                      insecure=args.insecure, dynamic=not args.static_voters)
     if args.insecure:
         print("metalog: WARNING: --insecure: brokers talk plaintext without authentication", file=sys.stderr)
     stop = {"now": False}
@@ -95,6 +95,10 @@ def cmd_cluster_up(args) -> int:
         return 1
     _, leader, epoch = outcome
     print(f"metalog cluster {cluster.cluster_id!r} is up: leader {leader}, epoch {epoch}")
+    if cluster.dynamic:
+        print("dynamic quorum (KIP-853, kraft.version 1): `metalog cluster add-node|remove-node` change the voters")
+    else:
+        print("static voters (kraft.version 0): the voter set is fixed by the brokers' config")
     print(f"{'node':>4}  {'role':10} {'listen':22} {'admin':22} data")
     for nid, spec in sorted(cluster.nodes.items()):
         q = cluster.quorum(nid) or {}
@@ -364,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--compose", help="run the broker services of this docker-compose file as local processes")
     up.add_argument("--ready-timeout-s", type=float, default=30.0)
     up.add_argument("--exit-when-ready", action="store_true", help="stop again once a leader is elected")
+    up.add_argument("--static-voters", action="store_true",
+                    help="voters fixed by the config (kraft.version 0) instead of a dynamic quorum formatted "
+                         "--initial-controllers (KIP-853, the default: `cluster add-node|remove-node` change it)")
     up.add_argument("--insecure", action="store_true",
                     help="plaintext without certificates (every broker warns; /health says insecure)")
     up.add_argument("--detach", action="store_true",

@@ -480,8 +480,11 @@ def drill_broker_settings(args) -> dict:
 def build_cluster(args) -> LocalCluster:
     if args.compose:
         return cluster_from_compose(args.compose, args.dir, port_offset=args.port_offset)
+    # Static voters (kraft.version 0): the fault proxy gives every broker its own
+    # address for each peer in `voters`, and a VotersRecord's single endpoint
+    # per voter would route around it.
     return LocalCluster.create(args.dir, voters=args.voters, observers=args.observers,
-                               common=drill_broker_settings(args), cluster_id="metalog-drill")
+                               common=drill_broker_settings(args), cluster_id="metalog-drill", dynamic=False)
 
 
 def run_drill(args) -> tuple[int, dict]:
