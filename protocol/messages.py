@@ -235,6 +235,9 @@ class DescribeQuorumResponse(Body):
     voters: list[ReplicaState] = []
     observers: list[ReplicaState] = []
     error_message: str | None = None
+    # Kafka's v2 Nodes: the endpoints of the voters (from the log's voter set,
+    # KIP-853; with static voters, the config's), for `describe --status`.
+    nodes: list[DescribeQuorumNode] = []
 
 
 # --------------------------------------------------------------------------
@@ -342,6 +345,13 @@ class RaftListener(msgspec.Struct, array_like=True, frozen=True):
     name: str
     host: str
     port: int
+
+
+class DescribeQuorumNode(msgspec.Struct, array_like=True, frozen=True):
+    """DescribeQuorum v2's Nodes entry: one node and where it listens."""
+
+    node_id: int
+    listeners: list[RaftListener] = []
 
 
 class AddRaftVoterRequest(Body):

@@ -1,7 +1,7 @@
 """The ``metalog`` command line.
 
     metalog cluster up          start a local cluster (3 voters + 1 observer; --detach: background)
-    metalog cluster status|down|logs|kill|pause|resume|restart   manage it (tools/cli/cluster.py)
+    metalog cluster status|down|logs|kill|pause|resume|restart|add-node|remove-node   manage it (tools/cli/cluster.py)
     metalog broker --config F   run one broker
     metalog produce VALUE...    write records (answers offset and epoch once committed)
     metalog consume             read committed records, with KIP-320 truncation detection
@@ -229,10 +229,18 @@ def quorum_status(resp, cluster_id: str) -> dict:
             lag_time_ms = max(0, leader.last_caught_up_timestamp_ms - slowest.last_caught_up_timestamp_ms)
         else:
             lag_time_ms = -1  # never caught up
+    # As Kafka 3.9+ prints them (KIP-853): id, directory id and, for voters, endpoints as NAME://host:port.
+    endpoints = {n.node_id: [f"{ln.name}://{ln.host}:{ln.port}" for ln in n.listeners] for n in resp.nodes}
+
+    def replica(r, voter: bool) -> dict:
+        out = {"id": r.replica_id, "directoryId": r.replica_directory_id or None}
+        if voter:
+            out["endpoints"] = endpoints.get(r.replica_id, [])
+        return out
     return {"ClusterId": cluster_id, "LeaderId": resp.leader_id, "LeaderEpoch": resp.leader_epoch,
             "HighWatermark": resp.high_watermark, "MaxFollowerLag": lag, "MaxFollowerLagTimeMs": lag_time_ms,
-            "CurrentVoters": sorted(r.replica_id for r in resp.voters),
-            "CurrentObservers": sorted(r.replica_id for r in resp.observers)}
+            "CurrentVoters": [replica(r, True) for r in sorted(resp.voters, key=lambda r: r.replica_id)],
+            "CurrentObservers": [replica(r, False) for r in sorted(resp.observers, key=lambda r: r.replica_id)]}
 
 
 def quorum_replication(resp) -> list[dict]:
@@ -273,7 +281,8 @@ def cmd_quorum_describe(args) -> int:
             else:
                 width = max(map(len, status))
                 for key, value in status.items():
-                    print(f"{key + ':':<{width + 1}} {value}")
+                    shown = json.dumps(value) if isinstance(value, list) else value  # as Kafka prints the sets
+                    print(f"{key + ':':<{width + 1}} {shown}")
             return 0
         rows = quorum_replication(resp)
         if args.output == "json":
@@ -407,9 +416,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_args(d)
     which = d.add_mutually_exclusive_group(required=True)
     which.add_argument("--status", action="store_true",
-                       help="ClusterId, LeaderId, LeaderEpoch, HighWatermark, MaxFollowerLag, ...")
+                       help="ClusterId, LeaderId, LeaderEpoch, HighWatermark, MaxFollowerLag, ..., "
+                            "CurrentVoters (id, directoryId, endpoints), CurrentObservers")
     which.add_argument("--replication", action="store_true",
-                       help="per replica: NodeId, LogEndOffset, Lag, LastFetchTimestamp, ..., Status")
+                       help="per replica: NodeId, DirectoryId, LogEndOffset, Lag, LastFetchTimestamp, ..., Status")
     d.add_argument("-o", "--output", choices=["table", "json"], default="table")
     d.set_defaults(func=cmd_quorum_describe)
     for name, func, what in (("add-voter", cmd_quorum_add_voter, "AddRaftVoter: make a caught-up observer a voter"),
