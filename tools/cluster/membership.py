@@ -20,7 +20,7 @@ import asyncio
 import os
 import socket
 
-from broker.client import MetalogClient
+from broker.client import MetalogClient, MetalogError
 from broker.local_state import new_directory_id
 from tools.cluster.launcher import LocalCluster, NodeSpec, free_ports
 
@@ -55,7 +55,26 @@ def _client(cluster: LocalCluster, timeout_s: float) -> MetalogClient:
     # The change returns once committed: retried (not caught up yet, another
     # change in progress, a leader change) until timeout_s.
     return MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(),
-                         request_timeout_ms=5000, delivery_timeout_ms=int(timeout_s * 1000), max_retries=10_000)
+                         request_timeout_ms=10_000, delivery_timeout_ms=int(timeout_s * 1000), max_retries=10_000)
+
+
+def _voter_dirs(cluster: LocalCluster, timeout_s: float) -> dict[int, str]:
+    """The leader's voter set: node id -> directory id."""
+    _, q = _wait_leader(cluster, timeout_s)
+    return {v["replica_id"]: v["directory_id"] for v in q["replicas"]["voters"]}
+
+
+def _change(cluster: LocalCluster, timeout_s: float, call, done_already: str, is_done) -> None:
+    """Send one voter change. The client retries a REQUEST_TIMED_OUT answer (the
+    leader had appended the change but not committed it in time), and the
+    change may commit meanwhile: the retry is then refused (`done_already`,
+    VOTER_NOT_FOUND or DUPLICATE_VOTER). That refusal is success only if the
+    leader's voter set now shows the change done (`is_done`)."""
+    try:
+        _run_client(cluster, timeout_s, call)
+    except MetalogError as exc:
+        if exc.error_name != done_already or not is_done(_voter_dirs(cluster, timeout_s)):
+            raise
 
 
 def _run_client(cluster: LocalCluster, timeout_s: float, call) -> None:
@@ -108,7 +127,8 @@ def add_voter(cluster: LocalCluster, node_id: int, timeout_s: float = 60.0) -> s
     except TimeoutError as exc:
         raise MembershipError(f"{exc} (see {cluster.log_path(node_id)})") from None
     listeners = [(LISTENER_NAME, cluster.host, spec.port)]
-    _run_client(cluster, timeout_s, lambda c: c.add_voter(node_id, directory_id, listeners))
+    _change(cluster, timeout_s, lambda c: c.add_voter(node_id, directory_id, listeners), "DUPLICATE_VOTER",
+            lambda voters: voters.get(node_id) == directory_id)
     spec.voter = True
     cluster.voter_addrs[node_id] = (cluster.host, spec.port)
     cluster.save_state()
@@ -182,7 +202,8 @@ def remove_voter(cluster: LocalCluster, node_id: int, timeout_s: float = 60.0) -
                               f"`metalog cluster add-node --dir {cluster.root}`)")
     (entry,) = [v for v in q["replicas"]["voters"] if v["replica_id"] == node_id]
     directory_id = entry["directory_id"]
-    _run_client(cluster, timeout_s, lambda c: c.remove_voter(node_id, directory_id))
+    _change(cluster, timeout_s, lambda c: c.remove_voter(node_id, directory_id), "VOTER_NOT_FOUND",
+            lambda voters: voters.get(node_id) != directory_id)
 
     def smaller_set():
         found = leader_view(cluster, exclude=frozenset({node_id}))
