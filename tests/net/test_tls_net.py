@@ -14,6 +14,10 @@ from protocol.apis import ApiKey
 from tests.net.helpers import ListLogger, wait_for_condition
 from tools.cluster import certs
 
+# Both TLS ends share one event loop here: on a loaded machine a handshake can
+# take longer than the 1 s production default, which these tests do not test.
+CONNECT_TIMEOUT_MS = 10_000
+
 
 @pytest.fixture
 def pki(tmp_path):
@@ -38,7 +42,7 @@ async def test_principal_is_set_from_the_certificate_before_dispatch(pki):
     server, port = await _server(seen, files("node-1"))
     try:
         for name, expected in (("alice", "User:alice"), ("node-2", "Node:2")):
-            ch = PeerChannel("127.0.0.1", port, tls=files(name))
+            ch = PeerChannel("127.0.0.1", port, tls=files(name), connect_timeout_ms=CONNECT_TIMEOUT_MS)
             try:
                 await ch.request(ApiKey.METADATA, m.MetadataRequest(), 3000)
             finally:
@@ -52,7 +56,7 @@ async def test_plaintext_listener_gives_anonymous():
     seen: list = []
     server, port = await _server(seen, None)
     try:
-        ch = PeerChannel("127.0.0.1", port)
+        ch = PeerChannel("127.0.0.1", port, connect_timeout_ms=CONNECT_TIMEOUT_MS)
         await ch.request(ApiKey.METADATA, m.MetadataRequest(), 3000)
         await ch.close()
         assert seen == [("User:ANONYMOUS", seen[0][1])]
@@ -85,7 +89,7 @@ async def test_reload_serves_the_new_certificate_to_new_handshakes_only(pki):
     server, port = await _server([], server_tls)
     try:
         client_tls = files("alice")
-        ch = PeerChannel("127.0.0.1", port, tls=client_tls)
+        ch = PeerChannel("127.0.0.1", port, tls=client_tls, connect_timeout_ms=CONNECT_TIMEOUT_MS)
         await ch.request(ApiKey.METADATA, m.MetadataRequest(), 3000)
         certs.issue_node(d, d, 1, ["127.0.0.1"])
         assert server_tls.reload(trigger="sighup")
