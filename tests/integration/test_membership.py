@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -126,8 +127,10 @@ async def test_grow_three_to_five_and_shrink_to_three_under_writes(make_cluster)
 
     live = [3, 4, 5]
     end = await asyncio.to_thread(wait_caught_up, cluster, live)
+    for n in live:  # freeze all first: stopping one by one would elect anew and append a LeaderChange
+        cluster.signal(n, signal.SIGSTOP)
     for n in live:
-        cluster.stop_node(n)
+        cluster.kill(n)  # what it wrote stays in the files: a process kill loses no written page
     replicas = [read_replica(n, cluster.data_dir(n)) for n in live]
     assert check_prefixes(replicas, end) == []
     for r in replicas:
@@ -275,3 +278,20 @@ def test_add_node_refuses_a_static_cluster(make_cluster):
                                                f"(kraft.version 0): voter changes need a dynamic quorum "
                                                f"(`metalog cluster up` without --static-voters)\n")
     assert sorted(json.load(open(cluster.state_path))["nodes"][i]["node_id"] for i in range(1)) == [1]
+
+
+def test_cluster_up_refuses_to_switch_an_existing_dirs_quorum_mode(tmp_path):
+    """Dirs of a static cluster hold no voter set: `cluster up` there without
+    --static-voters is refused (one line, exit 1) instead of starting brokers
+    that would all be observers; with --static-voters it starts again."""
+    d = str(tmp_path / "c")
+    up = ["cluster", "up", "--dir", d, "--base-port", "0", "--voters", "1", "--observers", "0", "--exit-when-ready"]
+    out = metalog(*up, "--static-voters")
+    assert out.returncode == 0, out.stderr
+    assert "static voters (kraft.version 0)" in out.stdout
+    out = metalog(*up)
+    assert (out.returncode, out.stderr) == (1, f"metalog: error: {d} holds the data of a cluster with static "
+                                               f"voters (kraft.version 0): start it with --static-voters, or "
+                                               f"use another --dir (or remove this one) for a new cluster\n")
+    out = metalog(*up, "--static-voters")
+    assert out.returncode == 0, out.stderr

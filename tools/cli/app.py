@@ -46,6 +46,25 @@ from tools.spark import job as spark_job
 
 
 # ------------------------------------------------------------------ cluster
+def _check_same_quorum_mode(args) -> None:
+    """Data dirs an earlier `cluster up` bound keep their quorum mode: a static
+    cluster's dirs hold no voter set, so started dynamic every broker would be
+    an observer (no leader ever), and a dynamic one's voter set is in its log."""
+    try:
+        with open(os.path.join(args.dir, "cluster.json")) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return
+    was_dynamic = bool(state.get("dynamic", False))
+    bound = [n["node_id"] for n in state.get("nodes", [])
+             if os.path.exists(os.path.join(args.dir, f"node-{n['node_id']}", "data", "meta.properties"))]
+    if bound and was_dynamic == args.static_voters:
+        had = "a dynamic quorum (kraft.version 1)" if was_dynamic else "static voters (kraft.version 0)"
+        way = "without --static-voters" if was_dynamic else "with --static-voters"
+        raise ClusterCliError(f"{os.path.abspath(args.dir)} holds the data of a cluster with {had}: start it "
+                              f"{way}, or use another --dir (or remove this one) for a new cluster")
+
+
 def cmd_cluster_up(args) -> int:
     if os.path.exists(os.path.join(args.dir, "cluster.json")):
         try:
@@ -56,6 +75,8 @@ def cmd_cluster_up(args) -> int:
             raise ClusterCliError(f"a cluster in {os.path.abspath(args.dir)} is already running (nodes "
                                   f"{', '.join(map(str, running))}): `metalog cluster down {dir_flag(args.dir)}` "
                                   f"stops it")
+        if not args.compose:
+            _check_same_quorum_mode(args)
     if args.compose:
         cluster = cluster_from_compose(args.compose, args.dir, insecure=args.insecure)
     else:
@@ -137,6 +158,15 @@ def cmd_cluster_up(args) -> int:
                   file=sys.stderr)
             return 1
     cluster.stop()
+    # Brokers `metalog cluster add-node` started from another process are in
+    # cluster.json only: Ctrl-C stops them too.
+    try:
+        others = LocalCluster.load(args.dir)
+    except (OSError, ValueError, KeyError):
+        return 0
+    for nid in running_nodes(others):
+        if nid not in cluster.procs:
+            others.terminate(nid)
     return 0
 
 
