@@ -47,10 +47,11 @@ class Gate:
 
     def view(self) -> authz.AuthzView:
         """ACLs from the controller's applied state, rebuilt only when they
-        change (a new state object or an ACL record)."""
+        change (a new state object or an ACL record) or the voters do."""
         state = self._controller_state()
         cached = self._view_cache
-        if cached is None or cached[0] is not state or cached[1] != state.acl_version:
+        if (cached is None or cached[0] is not state or cached[1] != state.acl_version
+                or cached[2].voters is not self.voters):  # KIP-853: the runtime sets the log's voter set
             view = authz.AuthzView(enabled=self.enabled, voters=self.voters, super_users=self.super_users,
                                    acls=tuple(state.acls.values()))
             cached = self._view_cache = (state, state.acl_version, view)

@@ -295,3 +295,28 @@ def test_cluster_up_refuses_to_switch_an_existing_dirs_quorum_mode(tmp_path):
                                                f"use another --dir (or remove this one) for a new cluster\n")
     out = metalog(*up, "--static-voters")
     assert out.returncode == 0, out.stderr
+
+
+async def test_replacing_every_first_voter_keeps_the_cluster_committing(make_cluster):
+    """Voter 1 alone, `add_node` twice, then `remove_node 1` (the leader): the
+    two voters added later, which their config never names as voters, elect
+    one of them, the other follows it in that epoch, and a client finds the
+    new leader through Metadata (the address comes from the VotersRecord) and
+    commits. (The gate bug this end state also depends on is pinned down by
+    tests/authz/test_gate_voters.py.)"""
+    cluster = make_cluster(voters=1, **SETTINGS)
+    await asyncio.to_thread(cluster.wait_for_leader, 30)
+    for _ in range(2):
+        await asyncio.to_thread(membership.add_node, cluster, 90)
+    await asyncio.to_thread(membership.remove_node, cluster, 1, 90)
+
+    def agreed():
+        q2, q3 = cluster.quorum(2), cluster.quorum(3)
+        if not (q2 and q3) or {q2["role"], q3["role"]} != {"leader", "follower"}:
+            return None
+        same = (q2["epoch"], q2["leader_id"]) == (q3["epoch"], q3["leader_id"])
+        return (q2["leader_id"], q2["epoch"]) if same and q2["voters"] == q3["voters"] == [2, 3] else None
+    leader, epoch = await asyncio.to_thread(cluster.wait_for, agreed, 30, "nodes 2 and 3 to agree on a leader")
+    out = await asyncio.to_thread(metalog, "produce", "--client-config", cluster.client_config_path, "z")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["leader_epoch"] >= epoch
