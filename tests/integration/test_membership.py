@@ -320,3 +320,36 @@ async def test_replacing_every_first_voter_keeps_the_cluster_committing(make_clu
     out = await asyncio.to_thread(metalog, "produce", "--client-config", cluster.client_config_path, "z")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["leader_epoch"] >= epoch
+
+
+async def test_a_voter_removed_while_behind_replicates_as_an_observer(make_cluster):
+    """FAILS today (a core liveness bug, reported): a follower that is frozen
+    (SIGSTOP) while the leader removes it from the voter set, and so never
+    replicated the VotersRecord, must on resuming fetch on, learn that it is
+    no longer a voter and replicate as an observer. Instead it stays in its
+    old set, alternating follower / prospective every fetch timeout: its
+    pre-votes are refused (CLUSTER_AUTHORIZATION_FAILED, 'as replica N: not a
+    voter') and no fetch answer arrives, its log end stays where it froze.
+    The dynamic drill's reconfigure fault hits the same state under load."""
+    cluster = make_cluster(voters=3)  # the product's timeouts
+    leader, _ = await asyncio.to_thread(cluster.wait_for_leader, 30)
+    victim = leader % 3 + 1
+    cluster.signal(victim, signal.SIGSTOP)
+    client = client_of(cluster)
+    try:
+        for i in range(300):
+            await client.produce([f"before-{i}".encode()])
+        await asyncio.to_thread(membership.remove_voter, cluster, victim, 60)
+        for i in range(50):
+            await client.produce([f"after-{i}".encode()])
+    finally:
+        await client.close()
+    end = cluster.quorum(leader)["log_end_offset"]
+    cluster.signal(victim, signal.SIGCONT)
+
+    def observer_caught_up():
+        q = cluster.quorum(victim)
+        return q if q and q["role"] == "observer" and q["log_end_offset"] >= end else None
+    q = await asyncio.to_thread(cluster.wait_for, observer_caught_up, 30,
+                                f"node {victim}, removed while frozen, to replicate as an observer")
+    assert victim not in q["voters"]
