@@ -24,6 +24,7 @@ from broker.quorum import api as qa
 from broker.quorum.voters import voter_set_of, voter_sets_in
 from storage.atomic import atomic_write
 from storage.epochs import EpochCheckpointError, EpochHistory, read_checkpoint
+from storage.format_upgrade import FORMAT_KEY, FORMAT_VERSION, PARTITION_DIR, format_version_of, holds_data, read_props
 from storage.errors import CorruptionReport, CorruptLogError
 from storage.log import SegmentedLog
 from storage.quorum_state import QuorumStateError, QuorumStateFile
@@ -62,14 +63,33 @@ def new_directory_id() -> str:
             return text
 
 
-def _read_props(path: str) -> dict[str, str]:
-    with open(path) as f:
-        lines = f.read().splitlines()
-    return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
-
-
 def _meta_text(cluster_id: str, node_id: int, directory_id: str) -> bytes:
-    return f"version=1\ncluster.id={cluster_id}\nnode.id={node_id}\ndirectory.id={directory_id}\n".encode()
+    # version=1 is Kafka's meta.properties version (KRaft); ours is FORMAT_KEY.
+    return (f"version=1\ncluster.id={cluster_id}\nnode.id={node_id}\ndirectory.id={directory_id}\n"
+            f"{FORMAT_KEY}={FORMAT_VERSION}\n").encode()
+
+
+def check_format_version(data_dir: str, props: dict[str, str], log) -> bool:
+    """Refuse a data dir whose records this build cannot read (StartupError
+    naming its format version and the command that converts it). A dir of an
+    older version that holds no data yet is simply stamped: returns True when
+    meta.properties must be rewritten for that."""
+    version = format_version_of(props)
+    if version == FORMAT_VERSION:
+        return False
+    path = os.path.join(data_dir, META_FILE)
+    if version == 1:
+        if not holds_data(os.path.join(data_dir, PARTITION_DIR)):
+            log.info("format_version_stamped", data_dir=data_dir, format_version=FORMAT_VERSION,
+                     reason="the dir holds no records yet")
+            return True
+        raise StartupError(
+            f"data dir {data_dir} is in metalog format version 1 ({path} has no {FORMAT_KEY}); this build "
+            f"reads format version {FORMAT_VERSION} (Kafka's v2 records and control records): refusing to "
+            f"start. Convert it, with this broker stopped: metalog storage upgrade --data-dir {data_dir}")
+    raise StartupError(
+        f"data dir {data_dir} is in metalog format version {version!r} ({path}: {FORMAT_KEY}); this build "
+        f"reads format version {FORMAT_VERSION} only: refusing to start (run the build that wrote it)")
 
 
 def valid_directory_id(text: str) -> bool:
@@ -88,7 +108,7 @@ def check_meta(data_dir: str, cluster_id: str, node_id: int, log) -> str:
     bound by an older build, without one, gets one now (logged)."""
     path = os.path.join(data_dir, META_FILE)
     if os.path.exists(path):
-        props = _read_props(path)
+        props = read_props(path)
         if props.get("cluster.id") != cluster_id:
             raise StartupError(
                 f"data dir {data_dir} belongs to cluster {props.get('cluster.id')!r} but the config says "
@@ -98,6 +118,7 @@ def check_meta(data_dir: str, cluster_id: str, node_id: int, log) -> str:
             raise StartupError(
                 f"data dir {data_dir} belongs to node {props.get('node.id')} but the config says node {node_id}"
             )
+        stamp = check_format_version(data_dir, props, log)
         directory_id = props.get("directory.id")
         if directory_id is None:
             directory_id = new_directory_id()
@@ -110,6 +131,8 @@ def check_meta(data_dir: str, cluster_id: str, node_id: int, log) -> str:
                 f"base64, as Kafka writes them): refusing to start. This id names this replica to the "
                 f"quorum; restore the file from a backup, or treat the dir as a new replica (move the "
                 f"data dir aside and let it re-replicate)")
+        elif stamp:
+            atomic_write(path, _meta_text(cluster_id, node_id, directory_id))
         return directory_id
     directory_id = new_directory_id()
     atomic_write(path, _meta_text(cluster_id, node_id, directory_id))

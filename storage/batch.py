@@ -9,9 +9,23 @@ The header is Kafka's RecordBatch v2 layout (61 bytes, big-endian)::
 
 ``length`` counts the bytes after the length field (as in Kafka), so a batch
 occupies ``12 + length`` bytes. ``crc`` is CRC-32C over everything from
-``attributes`` to the end of the batch. Records are our own simple framing,
-``u32 length + value`` each: metadata records are opaque bytes here (the
-controller gives them meaning).
+``attributes`` to the end of the batch.
+
+The records after the header are Kafka's v2 records (DefaultRecord), with
+zig-zag varints (``vi``, ``vl``)::
+
+    length vi | attributes i8 (=0) | timestamp_delta vl | offset_delta vi |
+    key_length vi (-1 = null) | key | value_length vi | value |
+    header_count vi | headers (key_length vi, key, value_length vi, value)*
+
+``length`` counts the bytes after itself. We write timestamp delta 0 (a batch
+has one timestamp), offset delta = the record's index, no headers. A data
+record has a null key and its value is a metadata record (opaque here: the
+controller gives it meaning). A control record (batch control bit set) has
+Kafka's 4-byte key ``version i16 | type i16`` and the record body as value;
+in memory, everywhere above this module, a control record is that key
+followed by its value (``storage.control_records`` builds and parses it):
+encode_batch splits it at byte 4, decode_records joins it again.
 
 Pure functions only: the broker, the quorum core, the simulator and the Spark
 job all decode with this module.
@@ -33,8 +47,61 @@ LOG_OVERHEAD = 12  # base_offset + length: the bytes not counted by `length`
 CRC_OFFSET = 17  # position of the crc field
 CRC_START = 21  # the crc covers attributes .. end
 ATTR_CONTROL = 0x20  # Kafka's isControlBatch bit
-RECORD_LEN = struct.Struct(">I")
 MAX_BATCH_BYTES = 64 << 20  # refuse to believe a length beyond this
+CONTROL_KEY_SIZE = 4  # a control record's key: version i16 | type i16
+
+
+def _zigzag_varint(n: int) -> bytes:
+    """Kafka's signed varint (zig-zag, then 7 bits per byte, low first)."""
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+# Per-record cost matters (the leader encodes, the Spark job decodes millions
+# of records), so the varints of small numbers are looked up, not computed.
+_TABLE_N = 1 << 14
+_VI = tuple(_zigzag_varint(i) for i in range(_TABLE_N))
+# What a data record at index i holds between its length and its value
+# length: attributes 0, timestamp delta 0, offset delta i, null key.
+_DATA_MID = tuple(b"\x00\x00" + _VI[i] + b"\x01" for i in range(_TABLE_N))
+_CONTROL_KEY_LEN = _zigzag_varint(CONTROL_KEY_SIZE)
+_NO_HEADERS = b"\x00"
+
+
+def _vi(n: int) -> bytes:
+    return _VI[n] if 0 <= n < _TABLE_N else _zigzag_varint(n)
+
+
+def _read_varint(buf: bytes, pos: int, end: int, max_bytes: int = 5) -> tuple[int, int]:
+    """(value, new position) of the zig-zag varint at `pos`; ValueError when it
+    runs past `end` or is longer than `max_bytes` (5 for an int, 10 for a long)."""
+    z = shift = 0
+    for i in range(max_bytes):
+        if pos >= end:
+            raise ValueError("varint runs past the record end")
+        byte = buf[pos]
+        pos += 1
+        z |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (z >> 1) ^ -(z & 1), pos
+        shift += 7
+    raise ValueError(f"varint longer than {max_bytes} bytes")
+
+
+class Record(NamedTuple):
+    """One v2 record, every field (what `metalog dump` and the checks read)."""
+
+    offset_delta: int
+    timestamp_delta: int
+    attributes: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[bytes, bytes | None], ...]
 
 
 class CorruptBatchError(Exception):
@@ -105,10 +172,29 @@ def encode_batch(
     assert records, "a batch holds at least one record"
     assert base_offset >= 0 and leader_epoch >= 0
     assert (producer_id < 0) == (base_sequence < 0), "an idempotent batch has both id and sequence"
-    parts = []
-    for value in records:
-        parts.append(RECORD_LEN.pack(len(value)))
-        parts.append(value)
+    parts: list[bytes] = []
+    add = parts.extend
+    n = len(records)
+    if is_control:
+        for i, rec in enumerate(records):
+            assert len(rec) >= CONTROL_KEY_SIZE, "a control record starts with its 4-byte key"
+            value_len = _vi(len(rec) - CONTROL_KEY_SIZE)
+            mid = b"\x00\x00" + _vi(i)
+            add((_vi(len(mid) + 1 + len(rec) + len(value_len) + 1), mid, _CONTROL_KEY_LEN,
+                 rec[:CONTROL_KEY_SIZE], value_len, rec[CONTROL_KEY_SIZE:], _NO_HEADERS))
+    elif n <= _TABLE_N:
+        vi, mids = _VI, _DATA_MID
+        for i, value in enumerate(records):
+            ln = len(value)
+            value_len = vi[ln] if ln < _TABLE_N else _zigzag_varint(ln)
+            mid = mids[i]
+            rlen = len(mid) + len(value_len) + ln + 1
+            add((vi[rlen] if rlen < _TABLE_N else _zigzag_varint(rlen), mid, value_len, value, _NO_HEADERS))
+    else:
+        for i, value in enumerate(records):
+            mid = b"\x00\x00" + _vi(i) + b"\x01"
+            value_len = _vi(len(value))
+            add((_vi(len(mid) + len(value_len) + len(value) + 1), mid, value_len, value, _NO_HEADERS))
     body = b"".join(parts)
     n = len(records)
     length = HEADER_SIZE - LOG_OVERHEAD + len(body)
@@ -173,21 +259,120 @@ def iter_batches(
 
 
 def decode_records(batch: bytes | memoryview, header: BatchHeader | None = None) -> list[bytes]:
-    """The record values of one whole batch (starting at position 0 of `batch`)."""
+    """The records of one whole batch (starting at position 0 of `batch`): the
+    values of a data batch; key + value of each record of a control batch.
+
+    Raises CorruptBatchError when a record does not parse, runs past the batch
+    end, or its offset delta is not its index (offsets are derived from it)."""
     view = memoryview(batch)
     h = header or decode_header(view, 0)
+    data = bytes(view[HEADER_SIZE:h.size])
+    end = len(data)
     out: list[bytes] = []
-    pos = HEADER_SIZE
-    end = h.size
-    for _ in range(h.records_count):
-        if pos + 4 > end:
-            raise CorruptBatchError("record runs past the batch end", pos, h.base_offset)
-        (ln,) = RECORD_LEN.unpack_from(view, pos)
-        pos += 4
-        if pos + ln > end:
-            raise CorruptBatchError("record runs past the batch end", pos, h.base_offset)
-        out.append(bytes(view[pos:pos + ln]))
-        pos += ln
+    append = out.append
+    mids = _DATA_MID
+    control = h.attributes & ATTR_CONTROL
+    pos = 0
+    for i in range(h.records_count):
+        if pos >= end:
+            raise CorruptBatchError(f"record {i} runs past the batch end", HEADER_SIZE + pos, h.base_offset)
+        if not control and i < _TABLE_N:
+            # The common shape, ours: length and value length of at most two
+            # varint bytes, zero attributes and timestamp delta, offset delta
+            # i, null key, no headers. Anything else takes the general parser.
+            try:
+                z = data[pos]
+                if z < 0x80:
+                    p = pos + 1
+                else:
+                    z = (z & 0x7F) | (data[pos + 1] << 7)
+                    p = pos + 2
+                mid = mids[i]
+                q = p + len(mid)
+                v = data[q]
+                if v < 0x80:
+                    q += 1
+                else:
+                    v = (v & 0x7F) | (data[q + 1] << 7)
+                    q += 2
+                rend = p + (z >> 1)
+                if not (z | v) & 1 and z < 0x4000 and v < 0x4000 and q + (v >> 1) + 1 == rend <= end \
+                        and not data[rend - 1] and data[p:p + len(mid)] == mid:
+                    append(data[q:rend - 1])
+                    pos = rend
+                    continue
+            except IndexError:
+                pass  # the general parser says where it ends
+        rec, pos = _parse_record(data, pos, end, i, h)
+        if control:
+            if rec.key is None or len(rec.key) != CONTROL_KEY_SIZE or rec.value is None:
+                raise CorruptBatchError(f"control record {i} has no 4-byte key or no value",
+                                        HEADER_SIZE + pos, h.base_offset)
+            append(rec.key + rec.value)
+        else:
+            if rec.value is None:
+                raise CorruptBatchError(f"record {i} has a null value", HEADER_SIZE + pos, h.base_offset)
+            append(rec.value)
     if pos != end:
-        raise CorruptBatchError("trailing bytes after the last record", pos, h.base_offset)
+        raise CorruptBatchError("trailing bytes after the last record", HEADER_SIZE + pos, h.base_offset)
     return out
+
+
+def decode_full_records(batch: bytes | memoryview, header: BatchHeader | None = None) -> list[Record]:
+    """Every field of every record of one whole batch (for dump and checks)."""
+    view = memoryview(batch)
+    h = header or decode_header(view, 0)
+    data = bytes(view[HEADER_SIZE:h.size])
+    out = []
+    pos = 0
+    for i in range(h.records_count):
+        rec, pos = _parse_record(data, pos, len(data), i, h)
+        out.append(rec)
+    if pos != len(data):
+        raise CorruptBatchError("trailing bytes after the last record", HEADER_SIZE + pos, h.base_offset)
+    return out
+
+
+def _parse_record(data: bytes, pos: int, end: int, index: int, h: BatchHeader) -> tuple[Record, int]:
+    """The general v2 record parser: (record, position after it)."""
+    start = pos
+    try:
+        length, pos = _read_varint(data, pos, end)
+        rend = pos + length
+        if length < 0 or rend > end:
+            raise ValueError(f"length {length} runs past the batch end")
+        if pos >= rend:
+            raise ValueError("record ends before its attributes")
+        attributes = data[pos]
+        pos += 1
+        ts_delta, pos = _read_varint(data, pos, rend, 10)
+        offset_delta, pos = _read_varint(data, pos, rend)
+        if offset_delta != index:
+            raise ValueError(f"offset delta {offset_delta}, expected {index}")
+        fields = []
+        for _ in range(2):  # key, value
+            n, pos = _read_varint(data, pos, rend)
+            if n < -1 or pos + max(n, 0) > rend:
+                raise ValueError(f"bad field length {n}")
+            fields.append(None if n < 0 else data[pos:pos + n])
+            pos += max(n, 0)
+        count, pos = _read_varint(data, pos, rend)
+        if count < 0:
+            raise ValueError(f"negative header count {count}")
+        headers = []
+        for _ in range(count):
+            kn, pos = _read_varint(data, pos, rend)
+            if kn < 0 or pos + kn > rend:
+                raise ValueError(f"bad header key length {kn}")
+            hkey = data[pos:pos + kn]
+            pos += kn
+            vn, pos = _read_varint(data, pos, rend)
+            if vn < -1 or pos + max(vn, 0) > rend:
+                raise ValueError(f"bad header value length {vn}")
+            headers.append((hkey, None if vn < 0 else data[pos:pos + vn]))
+            pos += max(vn, 0)
+        if pos != rend:
+            raise ValueError(f"{rend - pos} bytes left inside the record")
+    except (ValueError, IndexError) as exc:
+        raise CorruptBatchError(f"record {index}: {exc}", HEADER_SIZE + start, h.base_offset) from None
+    return Record(offset_delta, ts_delta, attributes, fields[0], fields[1], tuple(headers)), pos

@@ -90,7 +90,7 @@ class Reader:
         self.data = data
         self.pos = 0
 
-    def _take(self, n: int) -> bytes:
+    def take(self, n: int) -> bytes:
         end = self.pos + n
         if n < 0 or end > len(self.data):
             raise FlexibleDecodeError(f"truncated: need {n} bytes at {self.pos}, have {len(self.data) - self.pos}")
@@ -99,18 +99,18 @@ class Reader:
         return raw
 
     def int16(self) -> int:
-        return _I16.unpack(self._take(2))[0]
+        return _I16.unpack(self.take(2))[0]
 
     def uint16(self) -> int:
-        return _U16.unpack(self._take(2))[0]
+        return _U16.unpack(self.take(2))[0]
 
     def int32(self) -> int:
-        return _I32.unpack(self._take(4))[0]
+        return _I32.unpack(self.take(4))[0]
 
     def uvarint(self) -> int:
         v = shift = 0
         while True:
-            b = self._take(1)[0]
+            b = self.take(1)[0]
             v |= (b & 0x7F) << shift
             if not b & 0x80:
                 return v
@@ -119,7 +119,7 @@ class Reader:
                 raise FlexibleDecodeError(f"unsigned varint too long at {self.pos}")
 
     def uuid(self) -> str:
-        return uuid_from_bytes(self._take(UUID_BYTES))
+        return uuid_from_bytes(self.take(UUID_BYTES))
 
     def compact_string(self) -> str:
         n = self.uvarint()
@@ -128,7 +128,7 @@ class Reader:
         if n - 1 > MAX_LENGTH:
             raise FlexibleDecodeError(f"string of {n - 1} bytes at {self.pos}")
         try:
-            return self._take(n - 1).decode()
+            return self.take(n - 1).decode()
         except UnicodeDecodeError as exc:
             raise FlexibleDecodeError(f"string is not UTF-8: {exc}") from None
 
@@ -143,7 +143,18 @@ class Reader:
     def skip_tagged_fields(self) -> None:
         for _ in range(self.uvarint()):
             self.uvarint()  # tag
-            self._take(self.uvarint())
+            self.take(self.uvarint())
+
+    def tagged_fields(self) -> list[tuple[int, bytes]]:
+        """The tagged-field section: (tag, raw bytes) each, in file order."""
+        fields = []
+        for _ in range(self.uvarint()):
+            tag = self.uvarint()
+            n = self.uvarint()
+            if n > MAX_LENGTH:
+                raise FlexibleDecodeError(f"tagged field of {n} bytes at {self.pos}")
+            fields.append((tag, self.take(n)))
+        return fields
 
     def end(self) -> None:
         if self.pos != len(self.data):

@@ -4,10 +4,18 @@ One directory holds the log as a run of segments. Each segment is a pair
 
 * ``<base offset, 20 digits>.log``   -- whole record batches (storage.batch format)
   back to back, the first one starting at the base offset;
-* ``<base offset, 20 digits>.index`` -- a sparse offset index: 8-byte entries
-  ``relative offset u32 | file position u32`` (big-endian), one for a batch
-  roughly every ``index_interval_bytes`` of log data. A batch is found by
-  bisecting the index and scanning headers forward from the entry.
+* ``<base offset, 20 digits>.index`` -- a sparse offset index, Kafka's: 8-byte
+  entries ``relative offset u32 | file position u32`` (big-endian), one for a
+  batch roughly every ``index_interval_bytes`` of log data, where the
+  relative offset is that of the batch's LAST offset and the position that
+  of the batch's start (as Kafka's LogSegment indexes a batch by its largest
+  offset). An offset is found by bisecting for the last entry at or below it
+  and scanning headers forward from that entry's batch.
+* ``<base offset, 20 digits>.timeindex`` -- Kafka's time index: 12-byte
+  entries ``timestamp i64 | relative offset u32``: at each .index entry, the
+  largest batch max timestamp so far in the segment and the (last) offset of
+  the batch that holds it, appended only when that timestamp grew. Derived
+  data like the .index: rebuilt by a full scan when missing or bad.
 
 Small files sit next to them: ``log-start-offset`` (JSON, written with
 storage.atomic), ``.clean-shutdown`` (written by ``close()``, removed on
@@ -101,6 +109,7 @@ from storage.errors import CorruptionReport, CorruptLogError, LogWriteError, Qua
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
+TIMEINDEX_SUFFIX = ".timeindex"
 CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
 LOG_START_FILE = "log-start-offset"
 LOCK_FILE = ".lock"
@@ -117,7 +126,7 @@ U32_MAX = (1 << 32) - 1
 # A segment's relative offsets must fit the u32 index field; roll well before.
 RELATIVE_OFFSET_ROLL = 1 << 31
 
-_SEGMENT_RE = re.compile(r"^(\d{20})\.(log|index)$")
+_SEGMENT_RE = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
 # Anything quarantined by the log, the snapshot store or the runtime: kept for
 # the operator, never read, never warned about.
 _CORRUPT_RE = re.compile(r"\.corrupt(\.\d+)?$")
@@ -131,6 +140,7 @@ _KNOWN_FILES = frozenset(f + t for f in (LOG_START_FILE, CLEAN_SHUTDOWN_FILE, RE
                          for t in ("", ".tmp")) | {LOCK_FILE}
 _SNAPSHOT_FILE_RE = re.compile(r"^\d{20}-\d{10}(-[^/]*)?\.checkpoint(\.part|\.deleted)?$")
 _INDEX_ENTRY = struct.Struct(">II")
+_TIME_ENTRY = struct.Struct(">qI")  # Kafka's TimeIndex entry: timestamp, relative offset
 _HDR_PREFIX = struct.Struct(">qii")  # base_offset, length, leader_epoch
 _LAST_DELTA = struct.Struct(">i")
 _LAST_DELTA_POS = 23
@@ -180,6 +190,10 @@ class _ScanResult(NamedTuple):
     index_rel: list[int]
     index_pos: list[int]
     last_index_pos: int
+    time_ts: list[int]  # the .timeindex entries
+    time_rel: list[int]
+    max_ts: int  # the largest batch max timestamp scanned, -1 if none
+    max_rel: int  # relative (last) offset of the batch holding it
     error_pos: int | None  # where the first bad byte run starts, None if clean
     error: str | None
 
@@ -188,7 +202,8 @@ class _Segment:
     """One .log/.index pair. Mutated by the owner thread under SegmentedLog._lock."""
 
     __slots__ = ("base_offset", "log_path", "index_path", "fd", "index_fd", "size",
-                 "next_offset", "last_epoch", "index_rel", "index_pos", "last_index_pos", "generation")
+                 "next_offset", "last_epoch", "index_rel", "index_pos", "last_index_pos", "generation",
+                 "timeindex_path", "time_fd", "time_ts", "time_rel", "max_ts", "max_rel")
 
     def __init__(self, directory: str, base_offset: int):
         self.base_offset = base_offset
@@ -196,8 +211,14 @@ class _Segment:
         self.index_path = os.path.join(directory, segment_file_name(base_offset, INDEX_SUFFIX))
         flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
         self.fd = os.open(self.log_path, flags, 0o644)
+        self.timeindex_path = os.path.join(directory, segment_file_name(base_offset, TIMEINDEX_SUFFIX))
         try:
             self.index_fd = os.open(self.index_path, flags, 0o644)
+            try:
+                self.time_fd = os.open(self.timeindex_path, flags, 0o644)
+            except BaseException:
+                os.close(self.index_fd)
+                raise
         except BaseException:
             os.close(self.fd)
             raise
@@ -207,6 +228,10 @@ class _Segment:
         self.index_rel = array("I")
         self.index_pos = array("I")
         self.last_index_pos = 0
+        self.time_ts = array("q")
+        self.time_rel = array("I")
+        self.max_ts = -1
+        self.max_rel = 0
         # Unique per segment object and renewed whenever the content below
         # `size` may change (truncation), so the scrubber can tell "same name,
         # same size, even the same (reused) inode, other bytes" (ABA).
@@ -217,14 +242,22 @@ class _Segment:
         self.index_pos = array("I", pos)
         self.last_index_pos = self.index_pos[-1] if self.index_pos else 0
 
+    def set_time_index(self, res: "_ScanResult") -> None:
+        self.time_ts = array("q", res.time_ts)
+        self.time_rel = array("I", res.time_rel)
+        self.max_ts, self.max_rel = res.max_ts, res.max_rel
+
     def write_index_file(self) -> None:
-        """Replace the .index content with the in-memory entries."""
+        """Replace the .index and .timeindex content with the in-memory entries."""
         data = b"".join(_INDEX_ENTRY.pack(r, p) for r, p in zip(self.index_rel, self.index_pos))
         os.ftruncate(self.index_fd, 0)
         _write_all(self.index_fd, data)
+        data = b"".join(_TIME_ENTRY.pack(t, r) for t, r in zip(self.time_ts, self.time_rel))
+        os.ftruncate(self.time_fd, 0)
+        _write_all(self.time_fd, data)
 
     def close(self) -> None:
-        for fd in (self.fd, self.index_fd):
+        for fd in (self.fd, self.index_fd, self.time_fd):
             try:
                 os.close(fd)
             except OSError:
@@ -232,7 +265,7 @@ class _Segment:
 
     def delete(self) -> None:
         self.close()
-        for path in (self.log_path, self.index_path):
+        for path in (self.log_path, self.index_path, self.timeindex_path):
             try:
                 os.unlink(path)
             except FileNotFoundError:
@@ -356,8 +389,11 @@ class SegmentedLog:
             else:
                 self._log.warning("unknown_file_ignored", path=os.path.join(d, name))
         for base in sorted(index_only - bases):  # left by a crash while deleting a segment
-            os.unlink(os.path.join(d, segment_file_name(base, INDEX_SUFFIX)))
-            self._log.info("orphan_index_removed", segment=segment_file_name(base, INDEX_SUFFIX))
+            for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX):
+                name = segment_file_name(base, suffix)
+                if os.path.exists(os.path.join(d, name)):
+                    os.unlink(os.path.join(d, name))
+                    self._log.info("orphan_index_removed", segment=name)
 
         start_state = self._read_log_start_file()
         log_start = start_state["log_start_offset"] if start_state else None
@@ -617,6 +653,8 @@ class SegmentedLog:
                     target = self._corrupt_name(path)
                     os.rename(path, target)
                     renamed.append(target)
+            if os.path.exists(s.timeindex_path):
+                os.unlink(s.timeindex_path)  # derived from the .log, which is kept
         if prefix or not self._segments:
             fresh = _Segment(self._dir, seg.base_offset)
             assert fresh.size == 0, f"{fresh.log_path} exists after the rename"
@@ -625,10 +663,12 @@ class SegmentedLog:
                 os.fsync(fresh.fd)
             fresh.size = len(prefix)
             fresh.set_index(res.index_rel, res.index_pos)
+            fresh.set_time_index(res)
             fresh.next_offset = new_end
             fresh.last_epoch = res.last_epoch if prefix else -1
             fresh.write_index_file()
             os.fsync(fresh.index_fd)
+            os.fsync(fresh.time_fd)
             with self._lock:
                 self._segments.append(fresh)
                 self._bases.append(fresh.base_offset)
@@ -659,7 +699,7 @@ class SegmentedLog:
 
     # -------------------------------------------------------------- scanning
     def _scan(self, view: memoryview | bytes, start_offset: int, prev_epoch: int,
-              seg_base: int) -> _ScanResult:
+              seg_base: int, max_ts: int = -1, max_rel: int = 0) -> _ScanResult:
         """Verify batches (length, offsets, epoch order, CRC) from start_pos to
         the end of `view`; stop at the first problem and say where."""
         size = len(view)
@@ -668,6 +708,9 @@ class SegmentedLog:
         last_index_pos = 0
         rel: list[int] = []
         positions: list[int] = []
+        time_ts: list[int] = []
+        time_rel: list[int] = []
+        last_time_ts = max_ts  # a tail scan continues after an entry of this timestamp
         error = None
         while pos < size:
             if size - pos < B.HEADER_SIZE:
@@ -692,15 +735,21 @@ class SegmentedLog:
             except B.CorruptBatchError as exc:
                 error = str(exc)
                 break
+            if h.max_timestamp_ms > max_ts:
+                max_ts, max_rel = h.max_timestamp_ms, h.base_offset + h.last_offset_delta - seg_base
             if pos - last_index_pos >= interval:
-                rel.append(h.base_offset - seg_base)
+                rel.append(h.base_offset + h.last_offset_delta - seg_base)
                 positions.append(pos)
                 last_index_pos = pos
+                if max_ts > last_time_ts:
+                    time_ts.append(max_ts)
+                    time_rel.append(max_rel)
+                    last_time_ts = max_ts
             expected = h.next_offset
             epoch = h.leader_epoch
             pos += h.size
-        return _ScanResult(pos, expected, epoch, rel, positions, last_index_pos,
-                           pos if error else None, error)
+        return _ScanResult(pos, expected, epoch, rel, positions, last_index_pos, time_ts, time_rel,
+                           max_ts, max_rel, pos if error else None, error)
 
     def _valid_batch_after(self, view: memoryview | mmap.mmap, pos: int, expected: int) -> int | None:
         """Position of a whole, CRC-valid batch with base offset >= expected
@@ -744,6 +793,7 @@ class SegmentedLog:
                     report=corruption_report_at(seg.log_path, mm, res.error_pos, res.next_offset, res.error))
         del mm
         seg.set_index(res.index_rel, res.index_pos)
+        seg.set_time_index(res)
         seg.next_offset = res.next_offset
         seg.last_epoch = res.last_epoch if res.end_pos else -1
         if res.error_pos is not None:
@@ -755,6 +805,7 @@ class SegmentedLog:
                               from_offset=res.next_offset, position=res.end_pos, reason=res.error)
         seg.write_index_file()
         os.fsync(seg.index_fd)
+        os.fsync(seg.time_fd)
 
     def _load_index(self, seg: _Segment) -> bool:
         """Read the .index file; False if it is missing, torn or inconsistent."""
@@ -771,6 +822,26 @@ class SegmentedLog:
             pos.append(p)
             prev_r, prev_p = r, p
         seg.set_index(rel, pos)
+        return self._load_time_index(seg)
+
+    def _load_time_index(self, seg: _Segment) -> bool:
+        """Read the .timeindex; False if it is missing, torn or inconsistent
+        with the .index (there is an entry iff there is an .index entry)."""
+        raw = os.pread(seg.time_fd, os.fstat(seg.time_fd).st_size, 0)
+        if len(raw) % _TIME_ENTRY.size or (not raw) != (not seg.index_rel):
+            return False
+        ts = array("q")
+        rel = array("I")
+        prev_t, prev_r = -1, -1
+        last_indexed = seg.index_rel[-1] if seg.index_rel else -1
+        for t, r in _TIME_ENTRY.iter_unpack(raw):
+            if t <= prev_t or r < prev_r or r > last_indexed:
+                return False
+            ts.append(t)
+            rel.append(r)
+            prev_t, prev_r = t, r
+        seg.time_ts, seg.time_rel = ts, rel
+        seg.max_ts, seg.max_rel = (ts[-1], rel[-1]) if ts else (-1, 0)
         return True
 
     def _quick_check(self, seg: _Segment, next_base: int | None, prev_epoch: int) -> bool:
@@ -785,22 +856,38 @@ class SegmentedLog:
             res = self._scan(tail, seg.base_offset, prev_epoch, seg.base_offset)
             if res.error is not None or (next_base is not None and res.next_offset != next_base):
                 return False
+            seg.set_time_index(res)
             if res.index_rel:
                 seg.set_index(res.index_rel, res.index_pos)
                 seg.write_index_file()
                 os.fsync(seg.index_fd)
+                os.fsync(seg.time_fd)
                 self._log.warning("index_rebuilt", segment=seg.index_path, entries=len(seg.index_rel))
             seg.next_offset = res.next_offset
             seg.last_epoch = res.last_epoch
             return True
         start_pos = seg.last_index_pos
-        start_offset = seg.base_offset + (seg.index_rel[-1] if seg.index_rel else 0)
+        start_offset = seg.base_offset
+        if seg.index_rel:
+            # The entry names the batch's last offset; the scan starts at its base.
+            head = os.pread(seg.fd, B.HEADER_SIZE, start_pos)
+            if len(head) < B.HEADER_SIZE:
+                return False
+            try:
+                h = B.decode_header(head)
+            except B.CorruptBatchError:
+                return False
+            if h.last_offset != seg.base_offset + seg.index_rel[-1]:
+                return False
+            start_offset = h.base_offset
         tail = os.pread(seg.fd, seg.size - start_pos, start_pos)
-        res = self._scan(tail, start_offset, -1, seg.base_offset)
+        # At the last .index entry the max timestamp so far is the last .timeindex entry's.
+        res = self._scan(tail, start_offset, -1, seg.base_offset, seg.max_ts, seg.max_rel)
         if res.error is not None or (seg.size and res.end_pos == 0):
             return False
         if next_base is not None and res.next_offset != next_base:
             return False
+        seg.max_ts, seg.max_rel = res.max_ts, res.max_rel
         seg.next_offset = res.next_offset
         seg.last_epoch = res.last_epoch if seg.size else -1
         if seg.last_epoch >= 0 and seg.last_epoch < prev_epoch:
@@ -826,10 +913,12 @@ class SegmentedLog:
                 f"{seg.log_path} ends at offset {res.next_offset} (byte {res.end_pos}) but the "
                 f"next segment starts at offset {next_base}", seg.log_path, res.end_pos, res.next_offset)
         seg.set_index(res.index_rel, res.index_pos)
+        seg.set_time_index(res)
         seg.next_offset = res.next_offset
         seg.last_epoch = res.last_epoch if seg.size else -1
         seg.write_index_file()
         os.fsync(seg.index_fd)
+        os.fsync(seg.time_fd)
         if log_rebuilt:
             self._log.warning("index_rebuilt", segment=seg.index_path, entries=len(seg.index_rel))
 
@@ -918,6 +1007,9 @@ class SegmentedLog:
         seg_base = self._end_offset if roll else active.base_offset
         file_start = 0 if roll else active.size
         last_index_pos = 0 if roll else active.last_index_pos
+        max_ts, max_rel = (-1, 0) if roll else (active.max_ts, active.max_rel)
+        last_time_ts = -1 if roll or not active.time_ts else active.time_ts[-1]
+        new_time: list[bytes] = []
         interval = self._index_interval_bytes
         expected, epoch = self._end_offset, self._last_epoch
         new_index: list[bytes] = []
@@ -945,12 +1037,17 @@ class SegmentedLog:
                 raise ValueError(f"append: batch at offset {h.base_offset} has leader epoch "
                                  f"{h.leader_epoch}, older than the log's last epoch {epoch}")
             file_pos = file_start + pos
+            if h.max_timestamp_ms > max_ts:
+                max_ts, max_rel = h.max_timestamp_ms, h.base_offset + h.last_offset_delta - seg_base
             if file_pos - last_index_pos >= interval:
-                rel = h.base_offset - seg_base
+                rel = h.base_offset + h.last_offset_delta - seg_base  # the batch's last offset
                 new_index.append(_INDEX_ENTRY.pack(rel, file_pos))
                 new_rel.append(rel)
                 new_pos.append(file_pos)
                 last_index_pos = file_pos
+                if max_ts > last_time_ts:
+                    new_time.append(_TIME_ENTRY.pack(max_ts, max_rel))
+                    last_time_ts = max_ts
             expected = h.next_offset
             epoch = h.leader_epoch
             headers.append(h)
@@ -962,14 +1059,18 @@ class SegmentedLog:
             active = self._segments[-1]
         pre_size = active.size
         pre_index_bytes = len(active.index_rel) * _INDEX_ENTRY.size
+        pre_time_bytes = len(active.time_ts) * _TIME_ENTRY.size
         try:
             _write_all(active.fd, view)
             if new_index:
                 _write_all(active.index_fd, b"".join(new_index))
+            if new_time:
+                _write_all(active.time_fd, b"".join(new_time))
         except OSError as exc:
             try:
                 os.ftruncate(active.fd, pre_size)
                 os.ftruncate(active.index_fd, pre_index_bytes)
+                os.ftruncate(active.time_fd, pre_time_bytes)
             except OSError as exc2:
                 self._failed = f"rollback after a failed append failed: {exc2.strerror}"
             raise LogWriteError(f"append of {n} bytes at offset {self._end_offset} failed: "
@@ -982,6 +1083,10 @@ class SegmentedLog:
                 active.index_rel.extend(new_rel)
                 active.index_pos.extend(new_pos)
                 active.last_index_pos = last_index_pos
+            for t, r in _TIME_ENTRY.iter_unpack(b"".join(new_time)):
+                active.time_ts.append(t)
+                active.time_rel.append(r)
+            active.max_ts, active.max_rel = max_ts, max_rel
             self._end_offset = expected
             self._last_epoch = epoch
         return headers
@@ -1007,7 +1112,8 @@ class SegmentedLog:
                 if target <= self._flushed_end_offset and not rolled and not self._dir_dirty:
                     return self._flushed_end_offset
                 # dup: the owner may close a segment (truncation) while we sync.
-                fds = [os.dup(s.fd) for s in rolled] + [os.dup(s.index_fd) for s in rolled]
+                fds = ([os.dup(s.fd) for s in rolled] + [os.dup(s.index_fd) for s in rolled]
+                       + [os.dup(s.time_fd) for s in rolled])
                 fds.append(os.dup(self._segments[-1].fd))
                 dir_dirty, self._dir_dirty = self._dir_dirty, False
                 self._flush_cap = target
@@ -1073,15 +1179,17 @@ class SegmentedLog:
     def _locate(self, seg: _Segment, offset: int) -> tuple[int, int, int, int, int, int] | None:
         """The batch of `seg` containing `offset` (None if past the segment end)."""
         i = bisect.bisect_right(seg.index_rel, offset - seg.base_offset) - 1
-        if i >= 0:
+        if i >= 0:  # an entry names the LAST offset of the batch at its position
             pos, expect = seg.index_pos[i], seg.base_offset + seg.index_rel[i]
         else:
-            pos, expect = 0, seg.base_offset
+            pos, expect = 0, None
         first = True
         for item in self._walk(seg, pos, seg.size):
-            if first and item[1] != expect:
-                raise CorruptLogError(f"{seg.index_path}: entry points at byte {pos} holding base "
-                                      f"offset {item[1]}, expected {expect}", seg.log_path, pos, item[1])
+            if first and (item[1] != seg.base_offset if expect is None else item[4] - 1 != expect):
+                got, want = (item[1], seg.base_offset) if expect is None else (item[4] - 1, expect)
+                what = "base" if expect is None else "last"
+                raise CorruptLogError(f"{seg.index_path}: entry points at byte {pos} holding {what} "
+                                      f"offset {got}, expected {want}", seg.log_path, pos, item[1])
             first = False
             if item[4] > offset:
                 return item
@@ -1216,14 +1324,19 @@ class SegmentedLog:
             self._segments[keep - 1].generation = CHANGING
         if cut is not None:
             n_keep = bisect.bisect_left(seg.index_pos, cut)
+            # Time entries stay while they name an offset the kept index covers.
+            t_keep = bisect.bisect_right(seg.time_rel, seg.index_rel[n_keep - 1]) if n_keep else 0
             os.ftruncate(seg.fd, cut)
             os.ftruncate(seg.index_fd, n_keep * _INDEX_ENTRY.size)
+            os.ftruncate(seg.time_fd, t_keep * _TIME_ENTRY.size)
             os.fdatasync(seg.fd)
         with self._lock:
             if cut is not None:
                 seg.size = cut
                 del seg.index_rel[n_keep:]
                 del seg.index_pos[n_keep:]
+                del seg.time_ts[t_keep:]
+                del seg.time_rel[t_keep:]
                 seg.last_index_pos = seg.index_pos[-1] if seg.index_pos else 0
                 seg.next_offset = new_end
             del self._segments[keep:]
@@ -1241,9 +1354,21 @@ class SegmentedLog:
         active = self._segments[-1]
         if cut is not None:
             active.last_epoch = self._last_epoch_of(active)
+            active.max_ts, active.max_rel = self._max_timestamp_of(active)
         self._last_epoch = next((s.last_epoch for s in reversed(self._segments) if s.size), -1)
         if doomed:
             fsync_dir(self._dir)
+
+    def _max_timestamp_of(self, seg: _Segment) -> tuple[int, int]:
+        """(largest batch max timestamp, its batch's relative last offset) of
+        the segment: the last .timeindex entry's, then the batches after the
+        last .index entry (which the entry does not cover)."""
+        best = (seg.time_ts[-1], seg.time_rel[-1]) if seg.time_ts else (-1, 0)
+        tail = os.pread(seg.fd, seg.size - seg.last_index_pos, seg.last_index_pos)
+        for _pos, h in B.iter_batches(tail, verify=False):
+            if h.max_timestamp_ms > best[0]:
+                best = (h.max_timestamp_ms, h.last_offset - seg.base_offset)
+        return best
 
     def _last_epoch_of(self, seg: _Segment) -> int:
         epoch = -1

@@ -40,7 +40,7 @@ def record_json(offset: int, epoch: int, value: bytes, control: bool, raw: bool 
         except cr.ControlRecordError as exc:
             out.update(type="control", error=str(exc), value=base64.b64encode(value).decode(), encoding="base64")
             return out
-        out.update(type=type(rec).__name__, control=True, version=int.from_bytes(value[2:4], "big", signed=True),
+        out.update(type=type(rec).__name__, control=True, version=int.from_bytes(value[0:2], "big", signed=True),
                    fields=msgspec.to_builtins(msgspec.structs.asdict(rec)))
         return out
     try:

@@ -26,7 +26,8 @@ def test_binding_writes_a_directory_id_that_survives_restarts(tmp_path):
     log = Events()
     did = check_meta(str(tmp_path), "c1", 3, log)
     assert valid_directory_id(did) and len(did) == 22
-    assert props(tmp_path / META_FILE) == {"version": "1", "cluster.id": "c1", "node.id": "3", "directory.id": did}
+    assert props(tmp_path / META_FILE) == {"version": "1", "cluster.id": "c1", "node.id": "3", "directory.id": did,
+                                          "metalog.format.version": "2"}
     assert log.events == [("data_dir_bound", {"data_dir": str(tmp_path), "cluster_id": "c1", "node_id": 3,
                                               "directory_id": did})]
     assert check_meta(str(tmp_path), "c1", 3, Events()) == did  # a restart keeps it
@@ -43,8 +44,10 @@ def test_a_dir_bound_by_an_older_build_gets_one_at_boot_and_says_so(tmp_path):
     log = Events()
     did = check_meta(str(tmp_path), "c1", 2, log)
     assert props(tmp_path / META_FILE)["directory.id"] == did
-    assert [e for e, _ in log.events] == ["directory_id_assigned"]
-    assert log.events[0][1]["directory_id"] == did
+    # It holds no records, so it is stamped with the current format version too.
+    assert [e for e, _ in log.events] == ["format_version_stamped", "directory_id_assigned"]
+    assert log.events[1][1]["directory_id"] == did
+    assert props(tmp_path / META_FILE)["metalog.format.version"] == "2"
     assert check_meta(str(tmp_path), "c1", 2, Events()) == did
 
 

@@ -195,7 +195,7 @@ def test_corrupt_batch_in_the_middle_of_the_log_refuses_to_start_naming_file_pos
     cfg = base_config(tmp_path)
     part = tmp_path / "data" / "__cluster_metadata-0"
     part.mkdir(parents=True)
-    (tmp_path / "data" / "meta.properties").write_text("version=1\ncluster.id=c1\nnode.id=1\n")
+    (tmp_path / "data" / "meta.properties").write_text("version=1\ncluster.id=c1\nnode.id=1\nmetalog.format.version=2\n")
     log = SegmentedLog.open(str(part))
     for base in range(0, 30, 10):
         log.append(encode_batch(base, 1, [b"v%d" % i for i in range(10)], 0))

@@ -112,7 +112,7 @@ async def test_bit_flip_in_quorum_state_refuses_to_start_naming_the_file(make_cl
     assert cluster.stop_node(1) == 0
     path = os.path.join(cluster.data_dir(1), "__cluster_metadata-0", "quorum-state")
     raw = open(path, "rb").read()
-    flipped = raw.replace(b'"leader_epoch": 1', b'"leader_epoch": 3')  # '1' ^ '3' is one bit
+    flipped = raw.replace(b'"leaderEpoch": 1', b'"leaderEpoch": 3')  # '1' ^ '3' is one bit
     assert flipped != raw
     open(path, "wb").write(flipped)
     proc = cluster.start_node(1)

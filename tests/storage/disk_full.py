@@ -1,6 +1,6 @@
 """Child process for the disk-full tests (run with ``python -m``).
 
-``fill DIR [FSIZE_LIMIT]`` appends 133-byte batches until the file system (or
+``fill DIR [FSIZE_LIMIT]`` appends 142-byte batches until the file system (or
 RLIMIT_FSIZE) refuses, then exits WITHOUT closing the log (a crash) and prints
 JSON: the error message, the end offset before the failure and the segment
 size. ``check DIR`` reopens and prints the end offset, segment size and

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-BATCH_PAIR_BYTES = 266  # each append writes two 133-byte batches (6 offsets)
+BATCH_PAIR_BYTES = 284  # each append writes two 142-byte batches (6 offsets)
 
 
 def run(args: list[str]) -> list[dict]:
@@ -37,7 +37,7 @@ def assert_clean_failure(filled: dict, checked: dict, reason: str) -> None:
 
 
 def test_file_size_limit_fails_append_cleanly(tmp_path):
-    # 1000 bytes: three appends fit (798), the fourth is cut after a short write.
+    # 1000 bytes: three appends fit (852), the fourth is cut after a short write.
     (filled,) = run(child("fill", str(tmp_path), "1000"))
     (checked,) = run(child("check", str(tmp_path)))
     assert filled["end_before"] == 18

@@ -1,7 +1,8 @@
-"""KIP-853's control records, KRaftVersionRecord (type 5) and VotersRecord
-(type 6): bodies in Kafka's flexible-version encoding of their JSON schemas
-(the bytes below are written out by hand from the schemas), inside the
-log's control-record framing (type i16, version i16, body)."""
+"""Kafka's control records: LeaderChangeMessage (type 2), SnapshotHeaderRecord
+(3), SnapshotFooterRecord (4), KRaftVersionRecord (5) and VotersRecord (6):
+bodies in Kafka's flexible-version encoding of their JSON schemas (the bytes
+below are written out by hand from the schemas), after Kafka's control record
+key (version i16 = 0, type i16)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ DIR = uuid_from_bytes(bytes(range(1, 17)))
 
 def test_kraft_version_record_is_kafkas_bytes():
     value = cr.encode_control(cr.KRaftVersionRecord(1))
-    assert value == bytes.fromhex("0005 0000") + bytes.fromhex("0000 0001 00")
+    assert value == bytes.fromhex("0000 0005") + bytes.fromhex("0000 0001 00")
     assert cr.decode_control(value) == cr.KRaftVersionRecord(1)
 
 
@@ -32,8 +33,47 @@ def test_voters_record_is_kafkas_bytes():
             + bytes.fromhex("00")  # voter tagged fields
             + bytes.fromhex("00"))  # record tagged fields
     value = cr.encode_control(rec)
-    assert value == bytes.fromhex("0006 0000") + body
+    assert value == bytes.fromhex("0000 0006") + body
     assert cr.decode_control(value) == rec
+
+
+def test_leader_change_message_is_kafkas_bytes():
+    value = cr.encode_control(cr.LeaderChange(2, [1, 2, 3], [2, 3]))
+    assert value == (bytes.fromhex("0000 0002")  # key: version 0, type LeaderChange
+                     + bytes.fromhex("0000")  # Version
+                     + bytes.fromhex("00000002")  # LeaderId
+                     + bytes.fromhex("04 00000001 00 00000002 00 00000003 00")  # Voters: 3, each + tagged fields
+                     + bytes.fromhex("03 00000002 00 00000003 00")  # GrantingVoters: 2
+                     + bytes.fromhex("00"))
+    assert cr.decode_control(value) == cr.LeaderChange(2, [1, 2, 3], [2, 3])
+
+
+def test_snapshot_header_and_footer_are_kafkas_bytes():
+    header = cr.encode_control(cr.SnapshotHeader(0x0102030405))
+    assert header == bytes.fromhex("0000 0003" "0000" "0000000102030405" "00")
+    assert cr.decode_control(header) == cr.SnapshotHeader(0x0102030405)
+    footer = cr.encode_control(cr.SnapshotFooter())
+    assert footer == bytes.fromhex("0000 0004" "0000" "00")
+    assert cr.decode_control(footer) == cr.SnapshotFooter()
+
+
+def test_the_cluster_id_rides_in_a_tagged_field_of_the_snapshot_header():
+    """Our one departure: a tagged field (tag 10000) that Kafka's reader keeps
+    as unknown; the fixed fields are Kafka's."""
+    value = cr.encode_control(cr.SnapshotHeader(7, "c1"))
+    assert value == bytes.fromhex("0000 0003" "0000" "0000000000000007") + bytes.fromhex("01 904e 03 03") + b"c1"
+    assert cr.decode_control(value) == cr.SnapshotHeader(7, "c1")
+
+
+@pytest.mark.parametrize("value, why", [
+    (bytes.fromhex("0000"), "control record of 2 bytes is too short for its key"),
+    (bytes.fromhex("0001 0002") + bytes.fromhex("0000 00000001 01 01 00"), "control record key version 1"),
+    (bytes.fromhex("0000 0009 00"), "unknown control record type 9"),
+])
+def test_a_bad_key_is_a_control_record_error(value, why):
+    """The reader names what is wrong with the key."""
+    with pytest.raises(cr.ControlRecordError, match=why):
+        cr.decode_control(value)
 
 
 def test_unknown_directory_id_is_the_zero_uuid_and_round_trips():
@@ -45,7 +85,7 @@ def test_unknown_directory_id_is_the_zero_uuid_and_round_trips():
 
 def test_tagged_fields_of_a_newer_writer_are_skipped():
     # KRaftVersionRecord with one tagged field (tag 7, 2 bytes) at the end.
-    value = bytes.fromhex("0005 0000") + bytes.fromhex("0000 0001") + bytes.fromhex("01 07 02 abcd")
+    value = bytes.fromhex("0000 0005") + bytes.fromhex("0000 0001") + bytes.fromhex("01 07 02 abcd")
     assert cr.decode_control(value) == cr.KRaftVersionRecord(1)
 
 
@@ -57,7 +97,7 @@ def test_tagged_fields_of_a_newer_writer_are_skipped():
 def test_a_damaged_voters_record_is_a_control_record_error(body, why):
     """The reader says what is wrong: 'undecodable control record type 6 v0: <why>'."""
     with pytest.raises(cr.ControlRecordError, match=f"undecodable control record type 6 v0: .*{why}"):
-        cr.decode_control(bytes.fromhex("0006 0000") + body)
+        cr.decode_control(bytes.fromhex("0000 0006") + body)
 
 
 def test_the_log_finds_its_control_batches_by_header(tmp_path):

@@ -7,11 +7,11 @@ import threading
 
 import pytest
 
-from storage.batch import HEADER_SIZE, CorruptBatchError, encode_batch
+from storage.batch import HEADER_SIZE, CorruptBatchError, decode_header, encode_batch
 from storage.log import SegmentedLog, segment_file_name
 from tests.storage.helpers import RecordingLogger, append_batches, base_offsets, batch
 
-BATCH_BYTES = len(batch(0))  # 133: 3 records of 20 bytes
+BATCH_BYTES = len(batch(0))  # 142: 3 records of 20 bytes
 SEG_MAX = 1000  # 7 batches per segment
 INTERVAL = 300
 
@@ -91,9 +91,9 @@ def test_append_refuses_bad_input_and_leaves_the_log_unchanged(tmp_path):
         log.append(batch(9))
     with pytest.raises(ValueError, match=r"base offset 3 but the log end offset is 6 \(overlap\)"):
         log.append(batch(3))
-    with pytest.raises(ValueError, match="10 trailing bytes at byte 133 are not a whole batch"):
+    with pytest.raises(ValueError, match="10 trailing bytes at byte 142 are not a whole batch"):
         log.append(batch(6) + b"\0" * 10)
-    with pytest.raises(ValueError, match="needs 133 bytes, only 100 given"):
+    with pytest.raises(ValueError, match="needs 142 bytes, only 100 given"):
         log.append(batch(6)[:100])
     bad = bytearray(batch(6))
     bad[-1] ^= 1
@@ -104,7 +104,7 @@ def test_append_refuses_bad_input_and_leaves_the_log_unchanged(tmp_path):
     with pytest.raises(ValueError, match="empty buffer"):
         log.append(b"")
     # a bad second batch refuses the whole call, including the good first one
-    with pytest.raises(ValueError, match="batch at byte 133 has base offset 10"):
+    with pytest.raises(ValueError, match="batch at byte 142 has base offset 10"):
         log.append(batch(6) + batch(10))
     assert log.log_end_offset == 6
     assert os.path.getsize(tmp_path / segment_file_name(0)) == size_before
@@ -127,27 +127,37 @@ def test_append_without_crc_checks_still_refuses_malformed_batches_and_reads_ver
     bad_magic[16] ^= 0xFF  # the magic byte
     with pytest.raises(ValueError, match="invalid batch at byte 0: bad magic"):
         log.append(bytes(bad_magic))
-    with pytest.raises(ValueError, match="needs 133 bytes, only 100 given"):
+    with pytest.raises(ValueError, match="needs 142 bytes, only 100 given"):
         log.append(batch(6)[:100])
     assert log.log_end_offset == 6
     bad_crc = bytearray(batch(6))
     bad_crc[-1] ^= 1
     log.append(bytes(bad_crc))  # the CRC is the caller's check here: it is stored...
-    with pytest.raises(CorruptBatchError, match=r"corrupt batch in .* at byte 266 \(base offset 6\): CRC mismatch"):
+    with pytest.raises(CorruptBatchError, match=r"corrupt batch in .* at byte 284 \(base offset 6\): CRC mismatch"):
         log.read(6, 9, 1 << 20)  # ...and never read back
     assert log.read(0, 6, 1 << 20) == batch(0) + batch(3)
     log.close()
 
 
-def test_index_is_sparse_and_points_at_batch_starts(tmp_path):
+def test_index_is_sparse_and_names_each_indexed_batchs_last_offset_and_start(tmp_path):
+    """Kafka's .index semantics: (relative offset of the batch's LAST offset,
+    position of the batch's start)."""
     log = open_log(tmp_path, segment_bytes_max=1 << 20)
     append_batches(log, 50)
     raw = (tmp_path / segment_file_name(0, ".index")).read_bytes()
     entries = [(int.from_bytes(raw[i:i + 4], "big"), int.from_bytes(raw[i + 4:i + 8], "big"))
                for i in range(0, len(raw), 8)]
-    # one entry every ceil(300 / 133) = 3 batches
-    assert entries == [(3 * k * 3, 3 * k * BATCH_BYTES) for k in range(1, 17)]
+    # one entry every ceil(300 / 142) = 3 batches of 3 records
+    assert entries == [(3 * k * 3 + 2, 3 * k * BATCH_BYTES) for k in range(1, 17)]
+    # Every offset is found through it, the indexed batches' last offsets included.
+    for offset in range(0, 150):
+        data = log.read(offset, 150, 1)  # at least the batch holding offset
+        h = decode_header(data)
+        assert h.base_offset <= offset <= h.last_offset
     log.close()
+    reopened = open_log(tmp_path, segment_bytes_max=1 << 20)  # a clean open trusts and checks the index
+    assert reopened.log_end_offset == 150 and decode_header(reopened.read(149, 150, 1)).last_offset == 149
+    reopened.close()
 
 
 def test_flush_reports_flushed_offset(tmp_path):
@@ -337,3 +347,71 @@ def test_a_batch_bigger_than_a_segment_gets_its_own_segment(tmp_path):
     assert log.read(0, 10, 1) == big
     assert len(big) > HEADER_SIZE
     log.close()
+
+
+def _time_entries(path) -> list[tuple[int, int]]:
+    raw = path.read_bytes()
+    assert len(raw) % 12 == 0
+    return [(int.from_bytes(raw[i:i + 8], "big", signed=True), int.from_bytes(raw[i + 8:i + 12], "big"))
+            for i in range(0, len(raw), 12)]
+
+
+def _append_with_timestamps(log, timestamps: list[int]) -> None:
+    for ts in timestamps:
+        base = log.log_end_offset
+        log.append(encode_batch(base, 1, [b"r" * 20] * 3, ts))
+
+
+def test_timeindex_holds_the_max_timestamp_so_far_and_its_offset_at_index_points(tmp_path):
+    """Kafka's .timeindex: at each .index entry, (largest batch timestamp so
+    far, relative last offset of the batch holding it), only when it grew."""
+    log = open_log(tmp_path, segment_bytes_max=1 << 20)
+    # Batch k holds offsets 3k..3k+2; index points every 3 batches (k = 3, 6, 9, ...).
+    stamps = [1000 + k for k in range(7)] + [500, 501, 502, 503, 504, 505] + [2000 + k for k in range(6)]
+    _append_with_timestamps(log, stamps)
+    entries = _time_entries(tmp_path / segment_file_name(0, ".timeindex"))
+    # k=3: max 1003 at batch 3 (last offset 11); k=6: 1006 at batch 6 (20);
+    # k=9 and k=12: timestamps went back, max still 1006, no entry; k=15: 2002 at batch 15 (47); k=18: 2005 (56).
+    assert entries == [(1003, 11), (1006, 20), (2002, 47), (2005, 56)]
+    log.close()
+
+
+@pytest.mark.parametrize("damage", ["missing", "torn", "out_of_order"])
+def test_a_missing_or_bad_timeindex_is_rebuilt_at_open(tmp_path, damage):
+    """The user sees one index_rebuilt warning; the rebuilt file equals the original."""
+    log = open_log(tmp_path, segment_bytes_max=4000)
+    _append_with_timestamps(log, [1000 + k for k in range(60)])
+    log.close()
+    path = tmp_path / segment_file_name(0, ".timeindex")
+    good = path.read_bytes()
+    assert len(good) >= 24
+    if damage == "missing":
+        path.unlink()
+    elif damage == "torn":
+        path.write_bytes(good[:-5])
+    else:
+        path.write_bytes(good[12:24] + good[:12] + good[24:])
+    logger = RecordingLogger()
+    reopened = open_log(tmp_path, segment_bytes_max=4000, logger=logger)
+    assert path.read_bytes() == good
+    assert [e["segment"] for e in logger.events("index_rebuilt")] == [str(tmp_path / segment_file_name(0))
+                                                                        .replace(".log", ".index")]
+    reopened.close()
+
+
+def test_truncation_keeps_the_timeindex_consistent_with_a_log_written_without_the_tail(tmp_path):
+    a, b_dir = tmp_path / "a", tmp_path / "b"
+    stamps = [1000 + k for k in range(20)] + [900 + k for k in range(10)]
+    log = open_log(a, segment_bytes_max=1 << 20)
+    _append_with_timestamps(log, stamps)
+    log.truncate_to(3 * 17 + 1)  # inside batch 17: it goes too, the log ends at 51
+    _append_with_timestamps(log, [3000, 3001, 3002, 3003])
+    log.close()
+    ref = open_log(b_dir, segment_bytes_max=1 << 20)
+    _append_with_timestamps(ref, stamps[:17] + [3000, 3001, 3002, 3003])
+    ref.close()
+    name = segment_file_name(0, ".timeindex")
+    assert _time_entries(a / name) == _time_entries(b_dir / name)
+    logger = RecordingLogger()
+    open_log(a, segment_bytes_max=1 << 20, logger=logger).close()  # a clean open trusts it
+    assert not logger.events("index_rebuilt")

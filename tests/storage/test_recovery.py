@@ -11,9 +11,9 @@ from storage.errors import CorruptLogError
 from storage.log import CLEAN_SHUTDOWN_FILE, SegmentedLog, segment_file_name
 from tests.storage.helpers import RecordingLogger, append_batches, base_offsets
 
-SEG_MAX = 1000  # 7 batches of 133 bytes per segment
+SEG_MAX = 1000  # 7 batches of 142 bytes per segment
 INTERVAL = 300
-BATCH_BYTES = 133
+BATCH_BYTES = 142
 EPOCH_FIELD = range(12, 16)  # not covered by the CRC (as in Kafka): see storage/log.py
 
 
@@ -99,7 +99,7 @@ def test_zero_filled_tail_is_truncated(crashed):
 
 def test_bit_flip_in_a_middle_batch_is_a_named_error(crashed, tmp_path):
     d, _ = crashed
-    # last segment holds batches 42, 45, 48; corrupt 45 (bytes 133..265)
+    # last segment holds batches 42, 45, 48; corrupt 45 (bytes 142..283)
     for rel in range(BATCH_BYTES):
         if rel in EPOCH_FIELD:
             continue

@@ -34,7 +34,7 @@ def test_verify_a_whole_log_exits_0(tmp_path):
     data, _, _ = make_data_dir(tmp_path)
     proc = metalog("verify", "--data-dir", str(data))
     assert proc.returncode == 0, proc.stderr
-    assert "verified 3 segment(s), 2261 bytes" in proc.stdout and "no corruption found" in proc.stdout
+    assert "verified 3 segment(s), 2414 bytes" in proc.stdout and "no corruption found" in proc.stdout
 
 
 def test_recover_without_consent_only_reports_and_exits_1(tmp_path):

@@ -15,6 +15,11 @@ broker must be stopped; the log's lock file enforces it for ``recover``).
         every first voter; this node's entry gives its directory id.
         --no-initial-controllers: a node that joins later (AddRaftVoter).
         Run with dynamic_voters: true in the config.
+    metalog storage upgrade --data-dir DIR
+        Convert a stopped broker's data dir from metalog format version 1
+        (our own record framing) to version 2 (Kafka's v2 records and control
+        records): every segment and snapshot rewritten durably, meta.properties
+        stamped last. Idempotent: run it again after an interruption.
     metalog storage recover --data-dir DIR --truncate-at-corruption
         The operator's explicit consent to lose data when no other copy
         exists (a single voter, or every copy damaged): truncate the log at
@@ -86,6 +91,24 @@ def cmd_verify(args) -> int:
           "quarantines the damage and fetches the rest from the leader. With no other copy: "
           f"metalog storage recover --data-dir {args.data_dir} --truncate-at-corruption")
     return 1
+
+
+def cmd_upgrade(args) -> int:
+    from storage.format_upgrade import FORMAT_VERSION, FormatError, upgrade_data_dir
+
+    try:
+        report = upgrade_data_dir(args.data_dir)
+    except (FormatError, OSError) as exc:
+        print(f"metalog storage upgrade: {exc}", file=sys.stderr)
+        return 1
+    if report.already:
+        print(f"{args.data_dir} is in format version {FORMAT_VERSION} already: nothing to do")
+        return 0
+    for path in report.rewritten:
+        print(f"  rewritten: {path}")
+    print(f"upgraded {args.data_dir} to format version {FORMAT_VERSION}: {len(report.rewritten)} file(s) "
+          f"rewritten, {len(report.unchanged)} already converted, {report.batches} batch(es)")
+    return 0
 
 
 def cmd_recover(args) -> int:
@@ -178,11 +201,15 @@ def cmd_format(args) -> int:
 
 
 def register_cli(sub) -> None:
-    p = sub.add_parser("storage", help="offline log checks: verify | recover --truncate-at-corruption")
+    p = sub.add_parser("storage", help="offline log checks: verify | recover --truncate-at-corruption | "
+                                       "format | upgrade")
     ssub = p.add_subparsers(dest="storage_command", required=True)
     v = ssub.add_parser("verify", help="verify every batch of a stopped broker's log (exit 1 if damaged)")
     v.add_argument("--data-dir", required=True, help="the broker's data_dir (or its log directory)")
     v.set_defaults(func=cmd_verify)
+    u = ssub.add_parser("upgrade", help="convert a stopped broker's data dir to the current format version")
+    u.add_argument("--data-dir", required=True, help="the broker's data_dir (holding meta.properties)")
+    u.set_defaults(func=cmd_upgrade)
     r = ssub.add_parser("recover", help="truncate at the first corruption, with explicit consent")
     r.add_argument("--data-dir", required=True, help="the broker's data_dir (or its log directory)")
     r.add_argument("--truncate-at-corruption", action="store_true",

@@ -1,0 +1,137 @@
+"""`metalog storage upgrade`: a format-version-1 data dir converted to Kafka's
+records, durably and idempotently; a broker refuses a version-1 dir and
+names the command."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from broker.local_state import StartupError, check_meta
+from storage import batch as b
+from storage import control_records as cr
+from storage.format_upgrade import FORMAT_KEY, FormatError, convert_file, upgrade_data_dir
+from storage.log import SegmentedLog
+from storage.snapshot import SnapshotId, read_snapshot, snapshot_filename, verify_snapshot
+from tests.formats.v1 import v1_batch, v1_control
+from tests.storage.helpers import RecordingLogger
+from tools.cluster.launcher import REPO_ROOT
+
+PART = "__cluster_metadata-0"
+TS = 1_700_000_000_000
+DIR_ID = "AAECAwQFBgcICQoLDA0ODw"
+
+
+def write_v1_dir(data_dir: str, cluster_id: str = "c1", node_id: int = 1, records: int = 200) -> list[bytes]:
+    """meta.properties without a format version, two v1 segments (a
+    LeaderChange control batch, data batches) and a v1 snapshot. Returns the
+    data values in log order."""
+    part = os.path.join(data_dir, PART)
+    os.makedirs(part)
+    with open(os.path.join(data_dir, "meta.properties"), "w") as fh:
+        fh.write(f"version=1\ncluster.id={cluster_id}\nnode.id={node_id}\ndirectory.id={DIR_ID}\n")
+    values = [f"value-{i:04d}".encode() * (1 + i % 7) for i in range(records)]
+    segs = [bytearray(), bytearray()]
+    segs[0] += v1_batch(0, 1, [v1_control(cr.LEADER_CHANGE, node_id, [node_id], [node_id])], TS, control=True)
+    offset = 1
+    for i in range(0, records, 10):
+        target = segs[0] if i < records // 2 else segs[1]
+        if target is segs[1] and not segs[1]:
+            second_base = offset
+        target += v1_batch(offset, 1, values[i:i + 10], TS + offset)
+        offset += len(values[i:i + 10])
+    with open(os.path.join(part, "00000000000000000000.log"), "wb") as fh:
+        fh.write(segs[0])
+    with open(os.path.join(part, f"{second_base:020d}.log"), "wb") as fh:
+        fh.write(segs[1])
+    snap = (v1_batch(0, 1, [v1_control(cr.SNAPSHOT_HEADER, TS, cluster_id)], TS, control=True)
+            + v1_batch(1, 1, [b"snap-a", b"snap-b"], TS)
+            + v1_batch(3, 1, [v1_control(cr.SNAPSHOT_FOOTER)], TS, control=True))
+    with open(os.path.join(part, snapshot_filename(SnapshotId(1, 1))), "wb") as fh:
+        fh.write(snap)
+    return values
+
+
+def log_values(part: str) -> list[bytes]:
+    log = SegmentedLog.open(part)
+    try:
+        data = log.read(log.log_start_offset, log.log_end_offset, 1 << 30)
+    finally:
+        log.close()
+    return [v for pos, h in b.iter_batches(data) if not h.is_control
+            for v in b.decode_records(data[pos:pos + h.size], h)]
+
+
+def test_a_v1_dir_with_data_is_refused_naming_its_version_and_the_command(tmp_path):
+    """StartupError: 'data dir D is in metalog format version 1 ... metalog storage upgrade --data-dir D'."""
+    write_v1_dir(str(tmp_path))
+    before = (tmp_path / "meta.properties").read_text()
+    with pytest.raises(StartupError, match=r"is in metalog format version 1 .*refusing to start.*"
+                                           rf"metalog storage upgrade --data-dir {tmp_path}$"):
+        check_meta(str(tmp_path), "c1", 1, RecordingLogger())
+    assert (tmp_path / "meta.properties").read_text() == before
+
+
+def test_a_newer_format_version_is_refused(tmp_path):
+    (tmp_path / "meta.properties").write_text(f"version=1\ncluster.id=c1\nnode.id=1\n{FORMAT_KEY}=9\n")
+    with pytest.raises(StartupError, match="format version 9 .*reads format version 2 only"):
+        check_meta(str(tmp_path), "c1", 1, RecordingLogger())
+
+
+def test_an_empty_v1_dir_is_stamped_at_boot(tmp_path):
+    (tmp_path / "meta.properties").write_text(f"version=1\ncluster.id=c1\nnode.id=1\ndirectory.id={DIR_ID}\n")
+    log = RecordingLogger()
+    assert check_meta(str(tmp_path), "c1", 1, log) == DIR_ID
+    assert f"{FORMAT_KEY}=2" in (tmp_path / "meta.properties").read_text()
+    assert log.events("format_version_stamped")
+
+
+def test_upgrade_converts_segments_and_snapshots_and_is_idempotent(tmp_path):
+    values = write_v1_dir(str(tmp_path))
+    part = tmp_path / PART
+    (part / "00000000000000000000.index").write_bytes(b"\x00\x00\x00\x00\x00\x00\x00\x00")
+    (part / "quorum-state").write_text(
+        '{"data_version": 1, "leader_epoch": 1, "leader_id": 1, "voted_id": 1, "voters": [1]}')
+    report = upgrade_data_dir(str(tmp_path))
+    assert len(report.rewritten) == 4 and not report.unchanged and not report.already
+    assert '"leaderEpoch": 1' in (part / "quorum-state").read_text()
+    assert (part / "00000000000000000000.index").read_bytes() == b""  # rebuilt at open
+    assert f"{FORMAT_KEY}=2" in (tmp_path / "meta.properties").read_text()
+    assert check_meta(str(tmp_path), "c1", 1, RecordingLogger()) == DIR_ID
+    assert log_values(str(part)) == values
+    with open(part / "00000000000000000000.log", "rb") as fh:
+        first = fh.read()
+    [(_, h)] = list(b.iter_batches(first))[:1]
+    assert cr.decode_control(b.decode_records(first[:h.size], h)[0]) == cr.LeaderChange(1, [1], [1])
+    path = str(part / snapshot_filename(SnapshotId(1, 1)))
+    verify_snapshot(path)
+    _sid, header, recs = read_snapshot(path)
+    assert header == cr.SnapshotHeader(TS, "c1") and list(recs) == [b"snap-a", b"snap-b"]
+    snapshot = (part / snapshot_filename(SnapshotId(1, 1))).read_bytes()
+    assert upgrade_data_dir(str(tmp_path)).already
+    # An interrupted run (meta not yet stamped) finishes: converted files are kept as they are.
+    (tmp_path / "meta.properties").write_text(f"version=1\ncluster.id=c1\nnode.id=1\ndirectory.id={DIR_ID}\n")
+    again = upgrade_data_dir(str(tmp_path))
+    assert len(again.unchanged) == 4 and not again.rewritten
+    assert (part / snapshot_filename(SnapshotId(1, 1))).read_bytes() == snapshot
+
+
+def test_upgrade_refuses_a_corrupt_batch_and_rewrites_nothing_of_that_file(tmp_path):
+    """The user sees the file and byte of the damage; the file is left as it was."""
+    write_v1_dir(str(tmp_path))
+    seg = tmp_path / PART / "00000000000000000000.log"
+    raw = bytearray(seg.read_bytes())
+    raw[200] ^= 0x10
+    seg.write_bytes(bytes(raw))
+    with pytest.raises(FormatError, match=rf"{seg}: corrupt batch at byte \d+: CRC mismatch"):
+        convert_file(str(seg))
+    assert seg.read_bytes() == bytes(raw)
+    proc = subprocess.run([sys.executable, "-m", "tools.cli", "storage", "upgrade", "--data-dir", str(tmp_path)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert f"metalog storage upgrade: {seg}: corrupt batch at byte" in proc.stderr
+    assert "version=1" in (tmp_path / "meta.properties").read_text()
+    assert FORMAT_KEY not in (tmp_path / "meta.properties").read_text()

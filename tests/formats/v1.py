@@ -1,0 +1,27 @@
+"""Format version 1 files, written the way builds before issue 17 wrote them:
+the same v2 batch header, records framed ``u32 length | value``, control
+records ``type i16 | version i16 | body`` with msgpack array bodies for
+LeaderChange, SnapshotHeader and SnapshotFooter. Only for the upgrade tests."""
+
+from __future__ import annotations
+
+import struct
+
+import crc32c
+import msgspec
+
+from storage import batch as b
+
+
+def v1_batch(base_offset: int, epoch: int, values: list[bytes], ts: int, control: bool = False) -> bytes:
+    body = b"".join(struct.pack(">I", len(v)) + v for v in values)
+    n = len(values)
+    header = bytearray(b.HEADER.pack(base_offset, b.HEADER_SIZE - b.LOG_OVERHEAD + len(body), epoch, 2, 0,
+                                     b.ATTR_CONTROL if control else 0, n - 1, ts, ts, -1, -1, -1, n))
+    crc = crc32c.crc32c(body, crc32c.crc32c(bytes(header[b.CRC_START:])))
+    struct.pack_into(">I", header, b.CRC_OFFSET, crc)
+    return bytes(header) + body
+
+
+def v1_control(rtype: int, *fields) -> bytes:
+    return struct.pack(">hh", rtype, 0) + msgspec.msgpack.encode(list(fields))
