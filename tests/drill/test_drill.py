@@ -54,7 +54,13 @@ def test_dynamic_drill_with_voter_changes_loses_nothing(tmp_path):
     """`metalog drill --dynamic`: a KIP-853 quorum under load while voters are
     removed and added back (the leader among them) and a wiped follower is
     replaced (old identity removed, new one added); the checker finds nothing
-    lost, duplicated or diverging and every voter change went through."""
+    lost, duplicated or diverging and every voter change went through.
+    FAILS in about half the runs today, on a core liveness bug (reported with
+    test_membership.py::test_a_voter_removed_while_behind_replicates_as_an_observer):
+    a voter that misses its removal, or a killed leader restarting into a
+    changed set, never learns the current leader and never fetches again
+    (never acknowledged writes lost: the breach is missing_committed on that
+    node, and the add-back times out)."""
     p = argparse.ArgumentParser()
     add_arguments(p)
     args = p.parse_args(["--dynamic", "--duration-s", "20", "--seed", "3",
