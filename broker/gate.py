@@ -48,7 +48,7 @@ class Gate:
 
     def view(self) -> authz.AuthzView:
         """ACLs from the controller's applied state, rebuilt only when they
-        change (a new state object or an ACL record)."""
+        change (a new state object or an ACL record) or the voters do."""
         state = self._controller_state()
         cached = self._view_cache
         if (cached is None or cached[0] is not state or cached[1] != state.acl_version

@@ -31,6 +31,7 @@ from storage.quorum_state import QuorumStateError, QuorumStateFile
 from storage.snapshot import CorruptSnapshotError, SnapshotInvariantError, SnapshotStore, read_snapshot_voters
 
 META_FILE = "meta.properties"
+PARTITION_DIR = "__cluster_metadata-0"  # the metadata log's directory inside a data dir
 # Kafka's Uuid.ZERO_UUID, ONE_UUID and METADATA_TOPIC_ID: never a directory id.
 _RESERVED_DIRECTORY_IDS = frozenset({"AAAAAAAAAAAAAAAAAAAAAA", "AAAAAAAAAAAAAAAAAAAAAQ"})
 
@@ -152,6 +153,24 @@ def format_meta(data_dir: str, cluster_id: str, node_id: int, directory_id: str)
     os.makedirs(data_dir, exist_ok=True)
     atomic_write(path, _meta_text(cluster_id, node_id, directory_id))
     return path
+
+
+def format_data_dir(data_dir: str, cluster_id: str, node_id: int, directory_id: str,
+                    controllers: list[tuple[int, str, int, str]] | None) -> tuple[str, str | None]:
+    """KIP-853 format, shared by `metalog storage format` and the local
+    launcher: bind the dir (format_meta) and, for the first voters of a
+    dynamic cluster, write the bootstrap checkpoint holding `controllers`
+    [(node id, host, port, directory id)] as the first voter set (None: a node
+    that joins later). Returns (meta.properties path, checkpoint path or None)."""
+    from storage import control_records as cr
+
+    meta = format_meta(data_dir, cluster_id, node_id, directory_id)
+    if controllers is None:
+        return meta, None
+    voters = cr.VotersRecord([cr.Voter(n, d, [cr.VoterEndpoint("CONTROLLER", h, p)])
+                              for n, h, p, d in controllers])
+    part_dir = os.path.join(data_dir, PARTITION_DIR)
+    return meta, SnapshotStore(part_dir).write_bootstrap(voters, cluster_id)
 
 
 def no_copy_message(report: CorruptionReport, data_dir: str) -> str:

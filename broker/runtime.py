@@ -410,7 +410,10 @@ class Broker:
                 self._send_answers([self.commands.done(token, a.response)])
             else:
                 conn, correlation_id = token
-                conn.send_response(correlation_id, a.response)
+                response = a.response
+                if type(response) is m.DescribeQuorumResponse and response.error_code == 0:
+                    response = msgspec.structs.replace(response, nodes=self._voter_nodes())
+                conn.send_response(correlation_id, response)
         elif t is qa.AppendBatches:
             try:
                 headers = self.seg_log.append(a.data)
@@ -728,6 +731,22 @@ class Broker:
     def authz_view(self) -> authz.AuthzView:
         """The gate's view of the committed ACLs (also the admin API's)."""
         return self.gate.view()
+
+    def _voter_nodes(self) -> list[m.DescribeQuorumNode]:
+        """DescribeQuorum's Nodes: each voter's listeners from the log's voter set
+        (KIP-853), else the config's address (static voters, name CONTROLLER)."""
+        voter_set = getattr(self.core, "voter_set", None)
+        listeners = getattr(voter_set, "endpoints", None) or {}
+        nodes = []
+        for nid in sorted(self.core.voters):
+            if listeners.get(nid):
+                eps = [m.RaftListener(name, host, port) for name, host, port in listeners[nid]]
+            elif nid in self.voters:
+                eps = [m.RaftListener("CONTROLLER", self.voters[nid].host, self.voters[nid].port)]
+            else:
+                eps = []
+            nodes.append(m.DescribeQuorumNode(nid, eps))
+        return nodes
 
     def metadata_response(self) -> m.MetadataResponse:
         # Built by the core (broker.quorum.answers), with our voters' endpoints:

@@ -268,6 +268,9 @@ class DescribeQuorumResponse(Body):
     voters: list[ReplicaState] = []
     observers: list[ReplicaState] = []
     error_message: str | None = None
+    # Kafka's v2 Nodes: the endpoints of the voters (from the log's voter set,
+    # KIP-853; with static voters, the config's), for `describe --status`.
+    nodes: list[DescribeQuorumNode] = []
 
 
 # --------------------------------------------------------------------------
@@ -367,6 +370,13 @@ class ErrorResponse(Body):
 # --------------------------------------------------------------------------
 # AddRaftVoter (80), RemoveRaftVoter (81), UpdateRaftVoter (82): KIP-853's
 # voter changes, answered by the leader once the VotersRecord is committed.
+
+
+class DescribeQuorumNode(msgspec.Struct, array_like=True, frozen=True):
+    """DescribeQuorum v2's Nodes entry: one node and where it listens."""
+
+    node_id: int
+    listeners: list[RaftListener] = []
 
 
 class AddRaftVoterRequest(Body):

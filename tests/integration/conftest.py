@@ -10,14 +10,16 @@ from tools.cluster.launcher import LocalCluster
 
 @pytest.fixture
 def make_cluster(tmp_path):
-    """make_cluster(voters=3, observers=0, **config) -> a started LocalCluster;
+    """make_cluster(voters=3, observers=0, dynamic=True, **config) -> a started LocalCluster
+    (dynamic: a KIP-853 quorum formatted as Kafka 4.x does; False: static voters);
     every cluster is stopped at the end of the test, and its broker logs are
     printed on failure by pytest's captured output."""
     clusters: list[LocalCluster] = []
 
-    def make(voters: int = 3, observers: int = 0, start: bool = True, **common) -> LocalCluster:
+    def make(voters: int = 3, observers: int = 0, start: bool = True, dynamic: bool = True,
+             **common) -> LocalCluster:
         cluster = LocalCluster.create(str(tmp_path / f"cluster{len(clusters)}"), voters=voters,
-                                      observers=observers, common=common)
+                                      observers=observers, common=common, dynamic=dynamic)
         clusters.append(cluster)
         if start:
             cluster.start()

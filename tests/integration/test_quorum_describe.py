@@ -40,7 +40,15 @@ async def test_describe_status_and_replication_show_a_stopped_followers_lag(make
                             "MaxFollowerLagTimeMs", "CurrentVoters", "CurrentObservers"]
     assert status["ClusterId"] == cluster.cluster_id
     assert (status["LeaderId"], status["LeaderEpoch"]) == (leader, epoch)
-    assert status["CurrentVoters"] == [1, 2, 3] and status["CurrentObservers"] == [4]
+    # Kafka 3.9's shape (KIP-853): id, directory id, and for voters where they listen.
+    dirs = {}
+    for nid in (1, 2, 3, 4):
+        with open(os.path.join(cluster.data_dir(nid), "meta.properties")) as f:
+            dirs[nid] = dict(line.split("=", 1) for line in f.read().splitlines() if "=" in line)["directory.id"]
+    assert status["CurrentVoters"] == [{"id": n, "directoryId": dirs[n],
+                                        "endpoints": [f"CONTROLLER://127.0.0.1:{cluster.nodes[n].port}"]}
+                                       for n in (1, 2, 3)], status
+    assert status["CurrentObservers"] == [{"id": 4, "directoryId": dirs[4]}]
     assert status["MaxFollowerLag"] >= 5, "the killed follower misses the 5 records produced"
 
     out = await asyncio.to_thread(metalog, "quorum", "describe", "--replication", "-o", "json", *cc)
@@ -64,6 +72,8 @@ async def test_describe_status_and_replication_show_a_stopped_followers_lag(make
     assert [line.split()[0] for line in lines[1:]][0] == str(leader) and len(lines) == 5
     out = await asyncio.to_thread(metalog, "quorum", "describe", "--status", *cc)
     assert f"LeaderId:             {leader}" in out.stdout.splitlines()
+    voters_line = next(line for line in out.stdout.splitlines() if line.startswith("CurrentVoters:"))
+    assert json.loads(voters_line.split(":", 1)[1]) == status["CurrentVoters"]
 
 
 def test_describe_needs_status_or_replication():

@@ -76,8 +76,11 @@ async def test_spark_snapshot_of_a_real_cluster_boots_a_broker_and_audit_catches
     assert os.path.basename(checkpoint).endswith(".checkpoint")
 
     # 2. A fresh broker boots from the Spark-built snapshot alone.
+    # Static voters: the Spark-built checkpoint carries no VotersRecord (the job
+    # rebuilds the metadata state only), so a dynamic broker booted from it alone
+    # would have no voter set.
     fresh = LocalCluster.create(str(tmp_path / "fresh"), voters=1, observers=0, common=FAST,
-                                cluster_id=cluster.cluster_id)
+                                cluster_id=cluster.cluster_id, dynamic=False)
     os.makedirs(os.path.join(fresh.data_dir(1), PART))
     shutil.copy(checkpoint, os.path.join(fresh.data_dir(1), PART))
     fresh.start()

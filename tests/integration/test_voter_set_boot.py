@@ -31,7 +31,7 @@ async def test_a_voters_record_in_the_log_decides_who_votes_at_boot(make_cluster
     only node 2, the restarted broker is an observer with voters [2] (it
     neither stands nor leads), and /quorum says kraft version 1. Its
     directory id stays the one in meta.properties."""
-    cluster = make_cluster(voters=1, **FAST)
+    cluster = make_cluster(voters=1, dynamic=False, **FAST)  # static: the test writes the first VotersRecord
     leader, epoch = await asyncio.to_thread(cluster.wait_for_leader, 20)
     q = cluster.quorum(leader)
     assert q["voters"] == [1] and q["kraft_version"] == 0
@@ -74,7 +74,7 @@ async def test_a_wiped_voter_comes_back_as_an_observer_not_with_its_old_identity
     new directory id, learns the voter set from the leader's log and is an
     observer; the leader shows it as an observer under its new directory id
     and voter 3 (its old directory) as not fetching; it never leads or votes."""
-    cluster = make_cluster(voters=3, **FAST)
+    cluster = make_cluster(voters=3, dynamic=False, **FAST)  # static: the test writes the VotersRecord
     leader, _ = await asyncio.to_thread(cluster.wait_for_leader, 20)
 
     def caught_up():

@@ -50,7 +50,9 @@ SAMPLES: dict[type, m.Body] = {
                                                      unaligned_records=b"abc", current_leader=LEADER),
     m.DescribeQuorumRequest: m.DescribeQuorumRequest(),
     m.DescribeQuorumResponse: m.DescribeQuorumResponse(leader_id=1, leader_epoch=7, high_watermark=49,
-                                                       voters=REPLICAS, observers=REPLICAS[1:]),
+                                                       voters=REPLICAS, observers=REPLICAS[1:],
+                                                       nodes=[m.DescribeQuorumNode(1, [m.RaftListener(
+                                                           "CONTROLLER", "10.0.0.1", 9091)])]),
     m.ProduceRequest: m.ProduceRequest(cluster_id="c1", records=[b"a", b"", b"\xff" * 300], timeout_ms=100),
     m.ProduceResponse: m.ProduceResponse(error_code=6, current_leader=LEADER, error_message="not leader"),
     m.InitProducerIdRequest: m.InitProducerIdRequest(cluster_id="c1", timeout_ms=1500),

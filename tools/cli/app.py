@@ -1,7 +1,7 @@
 """The ``metalog`` command line.
 
     metalog cluster up          start a local cluster (3 voters + 1 observer; --detach: background)
-    metalog cluster status|down|logs|kill|pause|resume|restart   manage it (tools/cli/cluster.py)
+    metalog cluster status|down|logs|kill|pause|resume|restart|add-node|remove-node   manage it (tools/cli/cluster.py)
     metalog broker --config F   run one broker
     metalog produce VALUE...    write records (answers offset and epoch once committed)
     metalog consume             read committed records, with KIP-320 truncation detection
@@ -47,6 +47,25 @@ from tools.spark import job as spark_job
 
 
 # ------------------------------------------------------------------ cluster
+def _check_same_quorum_mode(args) -> None:
+    """Data dirs an earlier `cluster up` bound keep their quorum mode: a static
+    cluster's dirs hold no voter set, so started dynamic every broker would be
+    an observer (no leader ever), and a dynamic one's voter set is in its log."""
+    try:
+        with open(os.path.join(args.dir, "cluster.json")) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return
+    was_dynamic = bool(state.get("dynamic", False))
+    bound = [n["node_id"] for n in state.get("nodes", [])
+             if os.path.exists(os.path.join(args.dir, f"node-{n['node_id']}", "data", "meta.properties"))]
+    if bound and was_dynamic == args.static_voters:
+        had = "a dynamic quorum (kraft.version 1)" if was_dynamic else "static voters (kraft.version 0)"
+        way = "without --static-voters" if was_dynamic else "with --static-voters"
+        raise ClusterCliError(f"{os.path.abspath(args.dir)} holds the data of a cluster with {had}: start it "
+                              f"{way}, or use another --dir (or remove this one) for a new cluster")
+
+
 def cmd_cluster_up(args) -> int:
     if os.path.exists(os.path.join(args.dir, "cluster.json")):
         try:
@@ -57,12 +76,14 @@ def cmd_cluster_up(args) -> int:
             raise ClusterCliError(f"a cluster in {os.path.abspath(args.dir)} is already running (nodes "
                                   f"{', '.join(map(str, running))}): `metalog cluster down {dir_flag(args.dir)}` "
                                   f"stops it")
+        if not args.compose:
+            _check_same_quorum_mode(args)
     if args.compose:
         cluster = cluster_from_compose(args.compose, args.dir, insecure=args.insecure)
     else:
         cluster = LocalCluster.create(args.dir, voters=args.voters, observers=args.observers,
                                       base_port=args.base_port, cluster_id=args.cluster_id,
-                                      insecure=args.insecure)
+                                      insecure=args.insecure, dynamic=not args.static_voters)
     if args.insecure:
         print("metalog: WARNING: --insecure: brokers talk plaintext without authentication", file=sys.stderr)
     stop = {"now": False}
@@ -96,6 +117,10 @@ def cmd_cluster_up(args) -> int:
         return 1
     _, leader, epoch = outcome
     print(f"metalog cluster {cluster.cluster_id!r} is up: leader {leader}, epoch {epoch}")
+    if cluster.dynamic:
+        print("dynamic quorum (KIP-853, kraft.version 1): `metalog cluster add-node|remove-node` change the voters")
+    else:
+        print("static voters (kraft.version 0): the voter set is fixed by the brokers' config")
     print(f"{'node':>4}  {'role':10} {'listen':22} {'admin':22} data")
     for nid, spec in sorted(cluster.nodes.items()):
         q = cluster.quorum(nid) or {}
@@ -134,6 +159,15 @@ def cmd_cluster_up(args) -> int:
                   file=sys.stderr)
             return 1
     cluster.stop()
+    # Brokers `metalog cluster add-node` started from another process are in
+    # cluster.json only: Ctrl-C stops them too.
+    try:
+        others = LocalCluster.load(args.dir)
+    except (OSError, ValueError, KeyError):
+        return 0
+    for nid in running_nodes(others):
+        if nid not in cluster.procs:
+            others.terminate(nid)
     return 0
 
 
@@ -226,10 +260,18 @@ def quorum_status(resp, cluster_id: str) -> dict:
             lag_time_ms = max(0, leader.last_caught_up_timestamp_ms - slowest.last_caught_up_timestamp_ms)
         else:
             lag_time_ms = -1  # never caught up
+    # As Kafka 3.9+ prints them (KIP-853): id, directory id and, for voters, endpoints as NAME://host:port.
+    endpoints = {n.node_id: [f"{ln.name}://{ln.host}:{ln.port}" for ln in n.listeners] for n in resp.nodes}
+
+    def replica(r, voter: bool) -> dict:
+        out = {"id": r.replica_id, "directoryId": r.replica_directory_id or None}
+        if voter:
+            out["endpoints"] = endpoints.get(r.replica_id, [])
+        return out
     return {"ClusterId": cluster_id, "LeaderId": resp.leader_id, "LeaderEpoch": resp.leader_epoch,
             "HighWatermark": resp.high_watermark, "MaxFollowerLag": lag, "MaxFollowerLagTimeMs": lag_time_ms,
-            "CurrentVoters": sorted(r.replica_id for r in resp.voters),
-            "CurrentObservers": sorted(r.replica_id for r in resp.observers)}
+            "CurrentVoters": [replica(r, True) for r in sorted(resp.voters, key=lambda r: r.replica_id)],
+            "CurrentObservers": [replica(r, False) for r in sorted(resp.observers, key=lambda r: r.replica_id)]}
 
 
 def quorum_replication(resp) -> list[dict]:
@@ -270,7 +312,8 @@ def cmd_quorum_describe(args) -> int:
             else:
                 width = max(map(len, status))
                 for key, value in status.items():
-                    print(f"{key + ':':<{width + 1}} {value}")
+                    shown = json.dumps(value) if isinstance(value, list) else value  # as Kafka prints the sets
+                    print(f"{key + ':':<{width + 1}} {shown}")
             return 0
         rows = quorum_replication(resp)
         if args.output == "json":
@@ -393,6 +436,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--compose", help="run the broker services of this docker-compose file as local processes")
     up.add_argument("--ready-timeout-s", type=float, default=30.0)
     up.add_argument("--exit-when-ready", action="store_true", help="stop again once a leader is elected")
+    up.add_argument("--static-voters", action="store_true",
+                    help="voters fixed by the config (kraft.version 0) instead of a dynamic quorum formatted "
+                         "--initial-controllers (KIP-853, the default: `cluster add-node|remove-node` change it)")
     up.add_argument("--insecure", action="store_true",
                     help="plaintext without certificates (every broker warns; /health says insecure)")
     up.add_argument("--detach", action="store_true",
@@ -429,9 +475,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_args(d)
     which = d.add_mutually_exclusive_group(required=True)
     which.add_argument("--status", action="store_true",
-                       help="ClusterId, LeaderId, LeaderEpoch, HighWatermark, MaxFollowerLag, ...")
+                       help="ClusterId, LeaderId, LeaderEpoch, HighWatermark, MaxFollowerLag, ..., "
+                            "CurrentVoters (id, directoryId, endpoints), CurrentObservers")
     which.add_argument("--replication", action="store_true",
-                       help="per replica: NodeId, LogEndOffset, Lag, LastFetchTimestamp, ..., Status")
+                       help="per replica: NodeId, DirectoryId, LogEndOffset, Lag, LastFetchTimestamp, ..., Status")
     d.add_argument("-o", "--output", choices=["table", "json"], default="table")
     d.set_defaults(func=cmd_quorum_describe)
     for name, func, what in (("add-voter", cmd_quorum_add_voter, "AddRaftVoter: make a caught-up observer a voter"),

@@ -1,4 +1,4 @@
-"""`metalog cluster status|down|logs|kill|pause|resume|restart`: manage a local
+"""`metalog cluster status|down|logs|kill|pause|resume|restart|add-node|remove-node`: manage a local
 cluster that `metalog cluster up` started (in the foreground or with --detach)
 from any other process.
 
@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 
+from tools.cluster import membership
 from tools.cluster.launcher import LocalCluster
 
 POLL_S = 0.05
@@ -186,6 +187,44 @@ def cmd_restart(args) -> int:
     return 0
 
 
+# ------------------------------------------------------------------ voters (KIP-853)
+def cmd_add_node(args) -> int:
+    cluster = load(args.dir)
+    try:
+        if args.node is not None:
+            nid = _node(cluster, args.node, args.dir)
+            if not cluster.alive(nid):
+                raise ClusterCliError(f"node {nid} is not running: start it first "
+                                      f"(`metalog cluster restart {nid} {dir_flag(args.dir)}`)")
+            directory_id = membership.add_voter(cluster, nid, args.timeout_s)
+        else:
+            nid, directory_id = membership.add_node(cluster, args.timeout_s)
+    except membership.MembershipError as exc:
+        raise ClusterCliError(str(exc)) from None
+    spec = cluster.nodes[nid]
+    voters = sorted(n for n, s in cluster.nodes.items() if s.voter)
+    print(f"node {nid}: a voter (directory id {directory_id}, listen {cluster.host}:{spec.port}, admin "
+          f"{cluster.admin_scheme}://{cluster.host}:{spec.admin_port}); voters now {', '.join(map(str, voters))}")
+    return 0
+
+
+def cmd_remove_node(args) -> int:
+    cluster = load(args.dir)
+    nid = _node(cluster, args.node, args.dir)
+    try:
+        if args.keep_running:
+            directory_id = membership.remove_voter(cluster, nid, args.timeout_s)
+        else:
+            directory_id = membership.remove_node(cluster, nid, args.timeout_s)
+    except membership.MembershipError as exc:
+        raise ClusterCliError(str(exc)) from None
+    voters = sorted(n for n, s in cluster.nodes.items() if s.voter)
+    what = "an observer, still running" if args.keep_running else "stopped"
+    print(f"node {nid}: removed from the voters (directory id {directory_id}), {what}; "
+          f"voters now {', '.join(map(str, voters))}")
+    return 0
+
+
 # ------------------------------------------------------------------ logs
 def _tail_lines(path: str, n: int) -> list[str]:
     try:
@@ -257,6 +296,20 @@ def register(csub: argparse._SubParsersAction, default_dir: str) -> None:
         p = with_dir(csub.add_parser(name, help=what))
         p.add_argument("node", type=int)
         p.set_defaults(func=fn)
+
+    p = with_dir(csub.add_parser("add-node", help="start a new broker (formatted --no-initial-controllers) and, "
+                                                  "once it is a caught-up observer, make it a voter (KIP-853)"))
+    p.add_argument("--node", type=int, help="make this running observer of the cluster a voter instead of "
+                                            "starting a new broker")
+    p.add_argument("--timeout-s", type=float, default=60.0, help="give up after this long")
+    p.set_defaults(func=cmd_add_node)
+
+    p = with_dir(csub.add_parser("remove-node", help="remove voter NODE (RemoveRaftVoter), wait until the "
+                                                     "change is committed, stop it"))
+    p.add_argument("node", type=int)
+    p.add_argument("--keep-running", action="store_true", help="leave it running as an observer")
+    p.add_argument("--timeout-s", type=float, default=60.0, help="give up after this long")
+    p.set_defaults(func=cmd_remove_node)
 
     p = with_dir(csub.add_parser("restart", help="stop a broker (SIGTERM) and start it again"))
     p.add_argument("node", type=int)

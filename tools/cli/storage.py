@@ -168,9 +168,7 @@ def parse_initial_controllers(text: str) -> list[tuple[int, str, int, str]]:
 
 def cmd_format(args) -> int:
     from broker.config import ConfigError, load_config
-    from broker.local_state import StartupError, format_meta, new_directory_id
-    from storage import control_records as cr
-    from storage.snapshot import SnapshotStore
+    from broker.local_state import StartupError, format_data_dir, new_directory_id
 
     try:
         cfg = load_config(args.config)
@@ -183,27 +181,22 @@ def cmd_format(args) -> int:
               "set dynamic_voters: true to keep the voter set in the log", file=sys.stderr)
         return 2
     directory_id = new_directory_id()
-    voters = None
     if args.standalone:
         ep = cfg.listen_endpoint()
-        voters = cr.VotersRecord([cr.Voter(cfg.node_id, directory_id, [cr.VoterEndpoint("CONTROLLER", ep.host,
-                                                                                         ep.port)])])
+        controllers = [(cfg.node_id, ep.host, ep.port, directory_id)]
     elif controllers is not None:
         mine = [c for c in controllers if c[0] == cfg.node_id]
         if mine:
             directory_id = mine[0][3]  # the id the other first voters know us by
-        voters = cr.VotersRecord([cr.Voter(n, d, [cr.VoterEndpoint("CONTROLLER", h, p)])
-                                  for n, h, p, d in controllers])
     try:
-        meta = format_meta(cfg.data_dir, cfg.cluster_id, cfg.node_id, directory_id)
+        meta, checkpoint = format_data_dir(cfg.data_dir, cfg.cluster_id, cfg.node_id, directory_id, controllers)
     except (StartupError, OSError) as exc:
         print(f"metalog storage format: {exc}", file=sys.stderr)
         return 1
     print(f"formatted {cfg.data_dir}: {meta} (node {cfg.node_id}, directory.id {directory_id})")
-    if voters is not None:
-        path = SnapshotStore(os.path.join(cfg.data_dir, PARTITION_DIR)).write_bootstrap(voters, cfg.cluster_id)
-        print(f"bootstrap checkpoint {path}: voters "
-              + ", ".join(f"{v.voter_id}:{v.directory_id}" for v in voters.voters))
+    if checkpoint is not None:
+        print(f"bootstrap checkpoint {checkpoint}: voters "
+              + ", ".join(f"{n}:{d}" for n, _h, _p, d in controllers))
     return 0
 
 

@@ -5,6 +5,17 @@ command), by the real-process tests, by drills and by benchmarks. Each node
 gets ``<root>/node-<id>/`` with its ``broker.yaml``, data dir and
 ``broker.log`` (structured JSON lines). Nodes listed in ``voters`` vote;
 the rest are observers that replicate without voting.
+
+A cluster is dynamic by default (KIP-853, kraft.version 1, as Kafka 4.x
+formats new clusters): before its first start each data dir is formatted the
+way ``metalog storage format`` does it, the first voters with
+``--initial-controllers`` naming every first voter by its directory id, the
+others with ``--no-initial-controllers``; ``voters`` in the brokers' config is
+then only whom to ask for the leader, and the voter set changes online
+(``add_voter`` / ``remove_voter`` here, ``metalog cluster add-node|remove-node``).
+``dynamic=False`` keeps static voters from the config (kraft.version 0).
+A data dir wiped later is not formatted again: the broker binds it with a new
+directory id and it comes back as an observer, never as the old voter.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from typing import Any
 import yaml
 
 from broker.client_config import ClientConfig
+from broker.local_state import META_FILE, format_data_dir, new_directory_id
 from broker.tls import TlsFiles, TlsPaths
 from storage.atomic import atomic_write
 from tools.cluster.certs import cluster_certs
@@ -84,12 +96,18 @@ class NodeSpec:
     voter: bool
     extra: dict[str, Any] = field(default_factory=dict)
     command: list[str] | None = None  # default: python -m broker.main --config <file>
+    # Dynamic clusters: the directory id the launcher formats the data dir with
+    # (a first voter's is in every first voter's bootstrap checkpoint), and
+    # whether that format is done (never again: a wiped dir is a new replica).
+    directory_id: str | None = None
+    formatted: bool = False
 
 
 class LocalCluster:
     def __init__(self, root: str, nodes: list[NodeSpec], cluster_id: str = "metalog-local",
                  host: str = "127.0.0.1", common: dict[str, Any] | None = None,
-                 voter_addrs: dict[int, tuple[str, int]] | None = None, insecure: bool = False):
+                 voter_addrs: dict[int, tuple[str, int]] | None = None, insecure: bool = False,
+                 dynamic: bool = False):
         self.root = os.path.abspath(root)
         # Secure by default: a CA, node certificates and an `admin` user certificate in <root>/certs.
         self.insecure = insecure
@@ -103,11 +121,16 @@ class LocalCluster:
         # Where voters are dialled (a fault proxy may stand in between).
         self.voter_addrs = voter_addrs or {n.node_id: (host, n.port) for n in nodes if n.voter}
         self.procs: dict[int, subprocess.Popen] = {}
+        self.dynamic = dynamic
+        if dynamic:
+            for spec in nodes:
+                if spec.directory_id is None:
+                    spec.directory_id = new_directory_id()
 
     @classmethod
     def create(cls, root: str, voters: int = 3, observers: int = 1, base_port: int | None = None,
                common: dict[str, Any] | None = None, cluster_id: str = "metalog-local",
-               insecure: bool = False) -> "LocalCluster":
+               insecure: bool = False, dynamic: bool = True) -> "LocalCluster":
         n = voters + observers
         if base_port:
             ports = [base_port + i for i in range(n)]
@@ -116,7 +139,7 @@ class LocalCluster:
             got = free_ports(2 * n)
             ports, admin_ports = got[:n], got[n:]
         specs = [NodeSpec(i + 1, ports[i], admin_ports[i], voter=i < voters) for i in range(n)]
-        return cls(root, specs, cluster_id=cluster_id, common=common, insecure=insecure)
+        return cls(root, specs, cluster_id=cluster_id, common=common, insecure=insecure, dynamic=dynamic)
 
     # ----------------------------------------------------------- config
     @property
@@ -145,6 +168,8 @@ class LocalCluster:
             # The launcher's admin user certificate bypasses ACLs (Kafka's super.users).
             "super_users": ["User:admin"],
         }
+        if self.dynamic:
+            cfg["dynamic_voters"] = True
         if self.insecure:
             cfg["security_protocol"] = "PLAINTEXT"
         else:
@@ -206,10 +231,11 @@ class LocalCluster:
         to find and restart the nodes from another process."""
         os.makedirs(self.root, exist_ok=True)
         state = {
-            "cluster_id": self.cluster_id, "host": self.host, "insecure": self.insecure,
+            "cluster_id": self.cluster_id, "host": self.host, "insecure": self.insecure, "dynamic": self.dynamic,
             "common": self.common, "voter_addrs": {str(k): list(v) for k, v in self.voter_addrs.items()},
             "nodes": [{"node_id": n.node_id, "port": n.port, "admin_port": n.admin_port, "voter": n.voter,
-                       "extra": n.extra, "command": n.command} for n in sorted(self.nodes.values(),
+                       "extra": n.extra, "command": n.command, "directory_id": n.directory_id,
+                       "formatted": n.formatted} for n in sorted(self.nodes.values(),
                                                                               key=lambda n: n.node_id)],
         }
         atomic_write(self.state_path, (json.dumps(state, indent=2) + "\n").encode())
@@ -222,10 +248,12 @@ class LocalCluster:
         with open(path) as f:
             state = json.load(f)
         nodes = [NodeSpec(n["node_id"], n["port"], n["admin_port"], n["voter"], n.get("extra") or {},
-                          n.get("command")) for n in state["nodes"]]
+                          n.get("command"), n.get("directory_id"), bool(n.get("formatted")))
+                 for n in state["nodes"]]
         voter_addrs = {int(k): (v[0], int(v[1])) for k, v in state.get("voter_addrs", {}).items()} or None
         return cls(root, nodes, cluster_id=state["cluster_id"], host=state["host"],
-                   common=state.get("common"), voter_addrs=voter_addrs, insecure=state["insecure"])
+                   common=state.get("common"), voter_addrs=voter_addrs, insecure=state["insecure"],
+                   dynamic=bool(state.get("dynamic", False)))
 
     def running_pid(self, node_id: int) -> int | None:
         """The pid in node-N/broker.pid if that process is still the one started
@@ -263,9 +291,30 @@ class LocalCluster:
         for nid in node_ids or sorted(self.nodes):
             self.start_node(nid)
 
+    def initial_controllers(self) -> list[tuple[int, str, int, str]]:
+        """The first voter set, as --initial-controllers takes it: (id, host, port, directory id)."""
+        return [(nid, h, p, self.nodes[nid].directory_id) for nid, (h, p) in sorted(self.voter_addrs.items())
+                if self.nodes[nid].directory_id]
+
+    def format_node(self, node_id: int) -> None:
+        """Format a dynamic cluster's data dir once, before the node first starts:
+        a first voter gets the bootstrap checkpoint naming every first voter
+        (``--initial-controllers``), any other node none (``--no-initial-controllers``).
+        Never again after that: a wiped dir must come back as a new replica."""
+        spec = self.nodes[node_id]
+        assert self.dynamic and not spec.formatted and spec.directory_id
+        if not os.path.exists(os.path.join(self.data_dir(node_id), META_FILE)):
+            first_voters = self.initial_controllers()
+            controllers = first_voters if any(c[0] == node_id for c in first_voters) else None
+            format_data_dir(self.data_dir(node_id), self.cluster_id, node_id, spec.directory_id, controllers)
+        spec.formatted = True
+        self.save_state()
+
     def start_node(self, node_id: int) -> subprocess.Popen:
         assert node_id not in self.procs or self.procs[node_id].poll() is not None, f"node {node_id} running"
         path = self.write_config(node_id)
+        if self.dynamic and not self.nodes[node_id].formatted:
+            self.format_node(node_id)
         cmd = self.nodes[node_id].command or [sys.executable, "-m", "broker.main", "--config", path]
         stderr = open(os.path.join(self.node_dir(node_id), "stderr.log"), "ab")
         env = dict(os.environ)
@@ -280,8 +329,30 @@ class LocalCluster:
         return proc
 
     def alive(self, node_id: int) -> bool:
+        """Running: a process this object started, else (a cluster loaded from
+        cluster.json by another process) the one its pid file names."""
         p = self.procs.get(node_id)
-        return p is not None and p.poll() is None
+        if p is not None:
+            return p.poll() is None
+        return self.running_pid(node_id) is not None
+
+    def terminate(self, node_id: int, timeout_s: float = 15.0) -> None:
+        """SIGTERM the node wherever it was started from (SIGCONT first: a paused
+        broker cannot handle it); SIGKILL if it has not exited after timeout_s."""
+        if node_id in self.procs:
+            self.signal(node_id, signal.SIGCONT)
+            self.stop_node(node_id, timeout_s)
+            return
+        pid = self.running_pid(node_id)
+        if pid is None:
+            return
+        os.kill(pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGTERM)
+        try:
+            self.wait_for(lambda: self.running_pid(node_id) is None, timeout_s, f"node {node_id} to exit")
+        except TimeoutError:
+            os.kill(pid, signal.SIGKILL)
+            self.wait_for(lambda: self.running_pid(node_id) is None, 10.0, f"node {node_id} to exit after SIGKILL")
 
     def signal(self, node_id: int, sig: int) -> None:
         p = self.procs.get(node_id)

@@ -25,6 +25,14 @@ a ``FaultProxy`` between every pair of brokers, and runs for ``--duration-s``:
   drawn from ``--seed``; see ``FAULTS``. Each fault is held ``--hold-s``, then
   repaired, and the next one waits until writes are being acknowledged again.
 
+``--dynamic`` runs a KIP-853 quorum (the launcher's dynamic format) without
+the fault proxy (a VotersRecord gives each voter one address for everyone,
+so per-broker proxy addresses cannot be routed): the proxy faults are not
+available, ``reconfigure`` removes a voter (the leader half of the time)
+and adds it back under load, and ``wipe_follower`` becomes a disk
+replacement: the wiped voter comes back as an observer under a new
+directory id, its old identity is removed, the new one added.
+
 At the end every fault is repaired, writers stop, the cluster is left to
 converge (every broker at the leader's HW), stopped gracefully, and each
 broker's log is read back from its data dir for ``tools.drill.checker``.
@@ -46,10 +54,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from broker.client import LogTruncationError, MetalogClient, OffsetOutOfRangeError
+from broker.client import LogTruncationError, MetalogClient, MetalogError, OffsetOutOfRangeError
 from broker.logs import configure_logging
 from protocol.messages import LIST_OFFSETS_EARLIEST
 from tools.cluster.compose import cluster_from_compose
+from tools.cluster import membership
 from tools.cluster.launcher import LocalCluster
 from tools.drill.archive import SegmentArchive
 from tools.drill.checker import Ack, History, HwSample, Reset, RoleEvent, Seen, Truncation, check, read_replica
@@ -67,7 +76,12 @@ FAULTS = {
     "cut_one_way": "drop what the leader sends to one follower (one direction), then heal",
     "split_majority": "partition {leader, observer} | {other voters}: the leader is in the minority",
     "wipe_follower": "kill -9 a follower, delete its data dir, restart it: it must rejoin by snapshot",
+    "reconfigure": "(--dynamic only) remove a voter, the leader half of the time, and add it back (KIP-853)",
 }
+PROXY_FAULTS = ("isolate_leader", "cut_one_way", "split_majority")  # need the fault proxy: static quorums only
+DYNAMIC_ONLY_FAULTS = ("reconfigure",)
+# A voter change waits for a caught-up observer and a commit: give it room on a loaded machine.
+MEMBERSHIP_TIMEOUT_S = 60.0
 # The only settings a drill changes: snapshots and segments far smaller than the product's
 # (20000 records, 64 MiB), so that snapshots, log-start moves, segment deletion and a wiped
 # follower's rejoin by snapshot all happen many times in a drill of minutes. Election, fetch
@@ -122,7 +136,13 @@ class Drill:
         for kind in schedule or []:
             if kind not in FAULTS:
                 raise ValueError(f"unknown fault {kind!r}; choose from {', '.join(FAULTS)}")
+            if cluster.dynamic and kind in PROXY_FAULTS:
+                raise ValueError(f"fault {kind!r} needs the fault proxy, which a --dynamic drill cannot use")
+            if not cluster.dynamic and kind in DYNAMIC_ONLY_FAULTS:
+                raise ValueError(f"fault {kind!r} changes the voter set: run the drill with --dynamic")
         self.cluster = cluster
+        self.addr_map: dict = {}  # proxy listener -> broker address (static drills, wire_proxy)
+        self.membership_errors: list[str] = []
         # applied to compose services' command lines; a local cluster gets them at creation
         self.broker_settings = dict(DRILL_BROKER_SETTINGS if broker_settings is None else broker_settings)
         self.duration_s = duration_s
@@ -297,7 +317,18 @@ class Drill:
     def _pick_kind(self, i: int) -> str:
         if self.schedule:
             return self.schedule[i % len(self.schedule)]
-        return self.rng.choice(list(FAULTS))
+        excluded = PROXY_FAULTS if self.cluster.dynamic else DYNAMIC_ONLY_FAULTS
+        return self.rng.choice([k for k in FAULTS if k not in excluded])
+
+    async def _membership(self, rec: FaultRecord, step: str, fn, *args) -> str | None:
+        """Run one voter change (a thread: it polls and blocks); a refusal or a
+        timeout is recorded as a drill problem, not raised."""
+        try:
+            return await asyncio.to_thread(fn, self.cluster, *args, MEMBERSHIP_TIMEOUT_S)
+        except (membership.MembershipError, MetalogError, TimeoutError) as exc:
+            rec.detail.setdefault("errors", []).append(f"{step}: {exc}")
+            self.membership_errors.append(f"{rec.kind} of node {rec.node}, {step}: {exc}")
+            return None
 
     async def inject(self, kind: str) -> FaultRecord:
         c = self.cluster
@@ -363,8 +394,22 @@ class Drill:
             shutil.rmtree(c.data_dir(rec.node), ignore_errors=True)
             self.archive.forget_live(rec.node)
             self.start_node(rec.node)
+            if c.dynamic:
+                # KIP-853: the new disk is a new replica (an observer); replace the old
+                # identity in the voter set by the new one, one change at a time.
+                rec.detail["removed_dir"] = await self._membership(rec, "remove old identity",
+                                                                   membership.remove_voter, rec.node)
+                rec.detail["added_dir"] = await self._membership(rec, "add new identity",
+                                                                 membership.add_voter, rec.node)
             rec.detail["wiped_caught_up"] = await asyncio.to_thread(
                 self._voters_caught_up, voters, self.settle_timeout_s)
+        elif kind == "reconfigure":
+            rec.node = leader if self.rng.random() < 0.5 else self.rng.choice(followers)
+            rec.detail["was_leader"] = rec.node == leader
+            rec.detail["removed_dir"] = await self._membership(rec, "remove", membership.remove_voter, rec.node)
+            if rec.detail["removed_dir"] is not None:
+                await asyncio.sleep(self.hold_s)  # a smaller quorum for the hold, as other faults last
+                rec.detail["added_dir"] = await self._membership(rec, "add back", membership.add_voter, rec.node)
         else:
             raise AssertionError(kind)
         rec.ts_end = time.time()
@@ -404,6 +449,7 @@ class Drill:
         finally:
             self._stop_load.set()
             await asyncio.gather(*tasks, return_exceptions=True)
+        problems += self.membership_errors
         converged = await asyncio.to_thread(self._converge)
         self._stop_monitor.set()
         for t in monitors:
@@ -479,9 +525,16 @@ def drill_broker_settings(args) -> dict:
 
 def build_cluster(args) -> LocalCluster:
     if args.compose:
+        if args.dynamic:
+            raise ValueError("--dynamic starts a local cluster formatted by the launcher; it cannot run a compose file")
         return cluster_from_compose(args.compose, args.dir, port_offset=args.port_offset)
+    # Static voters (kraft.version 0): the fault proxy gives every broker its own
+    # address for each peer in `voters`, and a VotersRecord's single endpoint
+    # per voter would route around it.
+    # --dynamic: a KIP-853 quorum, and no fault proxy (see the module docstring).
     return LocalCluster.create(args.dir, voters=args.voters, observers=args.observers,
-                               common=drill_broker_settings(args), cluster_id="metalog-drill")
+                               common=drill_broker_settings(args), cluster_id="metalog-drill",
+                               dynamic=args.dynamic)
 
 
 def run_drill(args) -> tuple[int, dict]:
@@ -496,7 +549,8 @@ def run_drill(args) -> tuple[int, dict]:
                   broker_settings=drill_broker_settings(args),
                   writers=args.writers, consumers=args.consumers, hold_s=args.hold_s,
                   log=(lambda *_: None) if args.quiet else print)
-    drill.wire_proxy()
+    if not cluster.dynamic:
+        drill.wire_proxy()
     try:
         out = asyncio.run(drill.run())
     except (DrillAborted, TimeoutError) as exc:
@@ -553,6 +607,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--snapshot-min-records", type=int, default=DRILL_BROKER_SETTINGS["snapshot_min_records"],
                    help="brokers snapshot after this many records (a short drill on a slow machine "
                         "needs fewer to see snapshots, segment deletion and a rejoin by snapshot)")
+    p.add_argument("--dynamic", action="store_true",
+                   help="a dynamic quorum (KIP-853) with the reconfigure fault; without the fault proxy, so "
+                        "without " + ", ".join(PROXY_FAULTS))
     p.add_argument("--quiet", action="store_true")
 
 

@@ -30,6 +30,7 @@ FAULT_STYLE = {
     "kill_leader": ("KL", "#d62728"), "kill_follower": ("KF", "#1f77b4"), "kill_observer": ("KO", "#17becf"),
     "term_restart": ("TR", "#9467bd"), "pause_leader": ("PL", "#8c564b"), "isolate_leader": ("IL", "#e377c2"),
     "cut_one_way": ("C1", "#7f7f7f"), "split_majority": ("SM", "#bcbd22"), "wipe_follower": ("WF", "#ff7f0e"),
+    "reconfigure": ("RC", "#2ca02c"),
 }
 FULL_LABELS_MAX_FAULTS = 30  # beyond this, labels are the short codes
 LABEL_ROWS = 4

@@ -1,0 +1,232 @@
+"""Voter changes on a local cluster (KIP-853): add a node, remove one.
+
+``add_node`` starts a new broker whose data dir is formatted
+``--no-initial-controllers``, waits until the leader sees it fetching as a
+caught-up observer under its directory id, then sends AddRaftVoter.
+``remove_node`` sends RemoveRaftVoter for the directory id the leader's
+voter set holds, waits until a leader other than that node reports the
+smaller set, then stops the node. Both record the change in the launcher's
+``cluster.json`` so `metalog cluster status|restart ...` see it. Used by
+`metalog cluster add-node|remove-node` (tools/cli/cluster.py), the
+real-process tests and the drill.
+
+Errors are ``MembershipError`` with one line for the user (the broker's own
+refusals, DUPLICATE_VOTER, VOTER_NOT_FOUND ..., come as MetalogError).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+
+from broker.client import MetalogClient, MetalogError
+from broker.local_state import new_directory_id
+from tools.cluster.launcher import LocalCluster, NodeSpec, free_ports
+
+LISTENER_NAME = "CONTROLLER"  # the listener name a VotersRecord gives the local brokers' endpoint
+
+
+class MembershipError(Exception):
+    """A voter change the local cluster cannot make, said in one line."""
+
+
+def leader_view(cluster: LocalCluster, exclude: frozenset[int] = frozenset()) -> tuple[int, dict] | None:
+    """(leader id, its /quorum) of the live leader with the highest epoch, None if none answers."""
+    best = None
+    for nid in sorted(cluster.nodes):
+        if nid in exclude or not cluster.alive(nid) or cluster.paused(nid):
+            continue
+        q = cluster.quorum(nid)
+        if q and q.get("role") == "leader" and "replicas" in q and (best is None or q["epoch"] > best[1]["epoch"]):
+            best = (nid, q)
+    return best
+
+
+def _wait_leader(cluster: LocalCluster, timeout_s: float, exclude: frozenset[int] = frozenset()) -> tuple[int, dict]:
+    try:
+        return cluster.wait_for(lambda: leader_view(cluster, exclude), timeout_s, "a leader")
+    except TimeoutError:
+        raise MembershipError(f"no leader answered within {timeout_s:g}s (`metalog cluster status "
+                              f"--dir {cluster.root}`)") from None
+
+
+def _client(cluster: LocalCluster, timeout_s: float) -> MetalogClient:
+    # The change returns once committed: retried (not caught up yet, another
+    # change in progress, a leader change) until timeout_s.
+    return MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(),
+                         request_timeout_ms=10_000, delivery_timeout_ms=int(timeout_s * 1000), max_retries=10_000)
+
+
+def _voter_dirs(cluster: LocalCluster, timeout_s: float) -> dict[int, str]:
+    """The leader's voter set: node id -> directory id."""
+    _, q = _wait_leader(cluster, timeout_s)
+    return {v["replica_id"]: v["directory_id"] for v in q["replicas"]["voters"]}
+
+
+def _change(cluster: LocalCluster, timeout_s: float, call, done_already: str, is_done) -> None:
+    """Send one voter change. The client retries a REQUEST_TIMED_OUT answer (the
+    leader had appended the change but not committed it in time), and the
+    change may commit meanwhile: the retry is then refused (`done_already`,
+    VOTER_NOT_FOUND or DUPLICATE_VOTER). That refusal is success only if the
+    leader's voter set now shows the change done (`is_done`)."""
+    try:
+        _run_client(cluster, timeout_s, call)
+    except MetalogError as exc:
+        if exc.error_name != done_already or not is_done(_voter_dirs(cluster, timeout_s)):
+            raise
+
+
+def _run_client(cluster: LocalCluster, timeout_s: float, call) -> None:
+    async def go():
+        client = _client(cluster, timeout_s)
+        try:
+            await call(client)
+        finally:
+            await client.close()
+
+    asyncio.run(go())
+
+
+def _require_dynamic(cluster: LocalCluster) -> None:
+    if not cluster.dynamic:
+        raise MembershipError(f"the cluster in {cluster.root} has static voters (kraft.version 0): voter changes "
+                              f"need a dynamic quorum (`metalog cluster up` without --static-voters)")
+
+
+def add_voter(cluster: LocalCluster, node_id: int, timeout_s: float = 60.0) -> str:
+    """Make running node `node_id` a voter: wait until the leader sees it as a
+    caught-up observer (fetching with the directory id its own /quorum
+    reports, log end at the leader's HW), send AddRaftVoter (returns once
+    committed), wait until the node itself knows it votes. Returns its
+    directory id; the launcher's state marks it a voter."""
+    _require_dynamic(cluster)
+    if node_id not in cluster.nodes:
+        raise MembershipError(_unknown(cluster, node_id))
+    if not cluster.alive(node_id):
+        raise MembershipError(f"node {node_id} is not running: start it first (`metalog cluster restart {node_id}`)")
+    spec = cluster.nodes[node_id]
+
+    def caught_up_observer():
+        found = leader_view(cluster)
+        mine = (cluster.quorum(node_id) or {}).get("directory_id")
+        if found is None or mine is None:
+            return None
+        _, q = found
+        if node_id in q["voters"] and any(v["replica_id"] == node_id and v["directory_id"] == mine
+                                          for v in q["replicas"]["voters"]):
+            raise MembershipError(f"node {node_id} (directory id {mine}) is a voter already")
+        for o in q["replicas"]["observers"]:
+            if o["replica_id"] == node_id and o["directory_id"] == mine and o["log_end_offset"] >= q["high_watermark"]:
+                return mine
+        return None
+
+    try:
+        directory_id = cluster.wait_for(caught_up_observer, timeout_s,
+                                        f"node {node_id} to fetch from the leader as a caught-up observer")
+    except TimeoutError as exc:
+        raise MembershipError(f"{exc} (see {cluster.log_path(node_id)})") from None
+    listeners = [(LISTENER_NAME, cluster.host, spec.port)]
+    _change(cluster, timeout_s, lambda c: c.add_voter(node_id, directory_id, listeners), "DUPLICATE_VOTER",
+            lambda voters: voters.get(node_id) == directory_id)
+    spec.voter = True
+    cluster.voter_addrs[node_id] = (cluster.host, spec.port)
+    cluster.save_state()
+    # The change is committed; wait until the node has replicated it, so it
+    # votes in the next election (a voter that has not learnt it is one cannot).
+    cluster.wait_for(lambda: node_id in ((cluster.quorum(node_id) or {}).get("voters") or []), timeout_s,
+                     f"node {node_id} to learn that it is a voter")
+    return directory_id
+
+
+def _port_free(port: int) -> bool:
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def _ports_for(cluster: LocalCluster, node_id: int) -> tuple[int, int]:
+    """The ports `cluster up` would have given node_id (base + id - first), if free; else any free pair."""
+    first = min(cluster.nodes)
+    port = cluster.nodes[first].port + node_id - first
+    admin_port = cluster.nodes[first].admin_port + node_id - first
+    taken = {p for s in cluster.nodes.values() for p in (s.port, s.admin_port)}
+    if port < 65536 and admin_port < 65536 and not {port, admin_port} & taken \
+            and _port_free(port) and _port_free(admin_port):
+        return port, admin_port
+    port, admin_port = free_ports(2)
+    return port, admin_port
+
+
+def add_node(cluster: LocalCluster, timeout_s: float = 60.0) -> tuple[int, str]:
+    """Start a new node (the next unused id, its data dir formatted
+    --no-initial-controllers), wait until it is a caught-up observer and add
+    it as a voter. Returns (node id, directory id)."""
+    _require_dynamic(cluster)
+    node_id = max(cluster.nodes) + 1
+    while os.path.exists(cluster.node_dir(node_id)):  # never reuse a dir some earlier node left behind
+        node_id += 1
+    port, admin_port = _ports_for(cluster, node_id)
+    cluster.nodes[node_id] = NodeSpec(node_id, port, admin_port, voter=False, directory_id=new_directory_id())
+    cluster.save_state()
+    proc = cluster.start_node(node_id)
+    try:
+        cluster.wait_for(lambda: proc.poll() is not None or cluster.quorum(node_id), timeout_s,
+                         f"node {node_id}'s admin API")
+    except TimeoutError as exc:
+        raise MembershipError(f"{exc} (see {cluster.log_path(node_id)})") from None
+    if proc.poll() is not None:
+        raise MembershipError(f"node {node_id} exited with code {proc.returncode} while starting; see "
+                              f"{os.path.join(cluster.node_dir(node_id), 'stderr.log')}")
+    return node_id, add_voter(cluster, node_id, timeout_s)
+
+
+def remove_voter(cluster: LocalCluster, node_id: int, timeout_s: float = 60.0) -> str:
+    """RemoveRaftVoter for node_id's directory id in the leader's voter set
+    (the node may be dead); returns once the change is committed and a leader
+    other than node_id reports the smaller set (a removed leader resigns once
+    its removal commits). Returns the directory id removed."""
+    _require_dynamic(cluster)
+    if node_id not in cluster.nodes:
+        raise MembershipError(_unknown(cluster, node_id))
+    _, q = _wait_leader(cluster, timeout_s)
+    if node_id not in q["voters"]:
+        raise MembershipError(f"node {node_id} is not a voter (voters: {', '.join(map(str, q['voters']))})")
+    if q["voters"] == [node_id]:
+        raise MembershipError(f"node {node_id} is the last voter: a quorum needs one (add another first: "
+                              f"`metalog cluster add-node --dir {cluster.root}`)")
+    (entry,) = [v for v in q["replicas"]["voters"] if v["replica_id"] == node_id]
+    directory_id = entry["directory_id"]
+    _change(cluster, timeout_s, lambda c: c.remove_voter(node_id, directory_id), "VOTER_NOT_FOUND",
+            lambda voters: voters.get(node_id) != directory_id)
+
+    def smaller_set():
+        found = leader_view(cluster, exclude=frozenset({node_id}))
+        return found if found and node_id not in found[1]["voters"] else None
+
+    try:
+        cluster.wait_for(smaller_set, timeout_s, f"a leader other than node {node_id} without it in its voter set")
+    except TimeoutError as exc:
+        raise MembershipError(str(exc)) from None
+    cluster.nodes[node_id].voter = False
+    cluster.voter_addrs.pop(node_id, None)
+    cluster.save_state()
+    return directory_id
+
+
+def remove_node(cluster: LocalCluster, node_id: int, timeout_s: float = 60.0) -> str:
+    """remove_voter, then stop the node (SIGTERM; SIGKILL after timeout_s). It
+    stays in cluster.json as a stopped non-voter; its dir is kept."""
+    directory_id = remove_voter(cluster, node_id, timeout_s)
+    cluster.terminate(node_id, timeout_s)
+    return directory_id
+
+
+def _unknown(cluster: LocalCluster, node_id: int) -> str:
+    return (f"no node {node_id} in the cluster in {cluster.root} "
+            f"(nodes: {', '.join(map(str, sorted(cluster.nodes)))})")
