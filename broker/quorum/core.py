@@ -119,6 +119,8 @@ from storage.epochs import EpochHistory
 __all__ = ["QuorumCore", "ReplicaProgress", "Role"]
 
 NO_LEADER = m.NO_LEADER
+# A step polls the role a poll put in place, at most this many times in all.
+MAX_POLLS_PER_STEP = 4
 
 
 class QuorumCore:
@@ -350,8 +352,7 @@ class QuorumCore:
         if self._voters_changed_in_step and self._fatal is None:
             self._voters_changed_in_step = False
             self.state.on_voters_changed(now)
-        if self._fatal is None:
-            self.state.poll(now)
+        self._poll_until_settled(now)
         if (self._fatal is None and not self.is_voter and not self.state.is_leader
                 and self.state.role is not Role.OBSERVER):
             # KIP-853: a leader whose removal was pending resigned (check-quorum,
@@ -361,6 +362,22 @@ class QuorumCore:
             self.become_observer(now)
             self.state.poll(now)
         return self.outbox.take()
+
+    def _poll_until_settled(self, now: int) -> None:
+        """Poll the current role; a role that a poll replaced is polled too, in
+        the same step: a prospective whose round times out becomes a follower
+        inside its own poll, and that follower's first Fetch must go out now,
+        not at its fetch timeout (by which time it would stand again: a loop
+        that never fetched, found by a real-process membership test). Bounded:
+        every hop is a transition, and a role polled right after entering
+        stays put, so a few hops always settle."""
+        for _ in range(MAX_POLLS_PER_STEP):
+            if self._fatal is not None:
+                return
+            polled = self.state
+            polled.poll(now)
+            if self.state is polled:
+                return
 
     def _boot(self, now: int) -> None:
         self._booted = True

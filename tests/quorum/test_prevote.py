@@ -296,3 +296,23 @@ def test_a_pre_vote_from_a_voter_already_in_a_newer_epoch_moves_us_up_to_its_epo
     assert n.core.epoch == 6 and n.core.role == "unattached" and n.core.leader_id == -1
     assert r.leader_epoch == 6 and r.vote_granted  # its (empty) log is as up to date as ours
     assert of(acts, a.PersistQuorumState)[0].state.leader_epoch == 6
+
+
+def test_a_prospective_whose_round_times_out_fetches_from_its_leader_in_that_same_step():
+    """Found by a real-process test (a voter frozen while the leader removed
+    it; the leader refused its pre-votes with an error, so the round could
+    only time out): the prospective went back to following its known leader
+    inside its own poll, and the new follower was never polled, so it sent no
+    Fetch until its fetch timeout, stood again, and looped for good, its log
+    end frozen. The Fetch must go out in the step that ends the round."""
+    n, acts = timed_out()
+    assert {s.destination for s in sent(acts, m.VoteRequest)} == {1, 2}
+    # Nobody answers: the round's own timer ends it.
+    now = n.core.next_deadline_ms
+    acts = n.step(a.Tick(now))
+    assert (n.core.role, n.core.epoch, n.core.leader_id) == ("follower", 4, 1)
+    (f,) = sent(acts, m.FetchRequest)
+    assert f.destination == 1 and f.request.current_leader_epoch == 4
+    # And the fetch loop goes on: its answer brings the next Fetch.
+    acts = fetched(n, acts, now + 10)
+    assert sent(acts, m.FetchRequest)
