@@ -325,12 +325,12 @@ async def test_replacing_every_first_voter_keeps_the_cluster_committing(make_clu
 async def test_a_voter_removed_while_behind_replicates_as_an_observer(make_cluster):
     """A follower frozen (SIGSTOP) while the leader removes it from the voter
     set, and so never replicated the VotersRecord, must on resuming fetch on,
-    learn that it is no longer a voter and replicate as an observer. Before
-    the vote-by-own-key rules (a log-based cluster's gate lets any node's
-    Vote reach the core) it could stay in its old set for good, alternating
-    follower / prospective every fetch timeout with its pre-votes refused
-    CLUSTER_AUTHORIZATION_FAILED and its log end where it froze (1 failure in
-    2 runs then; 10 of 10 passed after the merge, with the dynamic drill 3 of 3)."""
+    learn that it is no longer a voter and replicate as an observer. It once
+    stayed in its old set for good (4 of 5 runs): the leader refused its
+    pre-votes with an error, so each round timed out, and a prospective that
+    timed out went back to following without sending a Fetch until its fetch
+    timeout, then stood again (the core now polls the role a poll put in
+    place; tests/quorum/test_prevote.py has the core-level case)."""
     cluster = make_cluster(voters=3)  # the product's timeouts
     leader, _ = await asyncio.to_thread(cluster.wait_for_leader, 30)
     victim = leader % 3 + 1
