@@ -12,6 +12,7 @@ from protocol import messages as m
 from protocol.errors import Errors
 from sim.cluster import SimCluster, SimConfig
 from sim.network import NetworkConfig
+from tests.sim.settle import settled, wait_settled
 
 
 def make(seed: int, voters=(1, 2, 3), observers=(), **quorum) -> SimCluster:
@@ -19,20 +20,6 @@ def make(seed: int, voters=(1, 2, 3), observers=(), **quorum) -> SimCluster:
                                    network=NetworkConfig(delay_ms=1, jitter_ms=0)))
     c.start()
     return c
-
-
-def settled(c: SimCluster) -> bool:
-    lead = c.current_leader()
-    if lead is None:
-        return False
-    hw = lead.core.high_watermark
-    return hw == lead.core.log_end_offset and all(
-        n.core.high_watermark == hw for n in c.nodes.values() if n.alive and not n.paused)
-
-
-def wait_settled(c: SimCluster, within_ms: int = 10000):
-    c.run_until_true(lambda: settled(c), within_ms, "a leader with every node caught up")
-    return c.current_leader()
 
 
 def test_blog_two_replica_walkthrough_hw_reaches_follower_one_fetch_round_later():
