@@ -30,13 +30,20 @@ def directory_id(data_dir: str) -> str:
         return dict(line.split("=", 1) for line in f.read().splitlines() if "=" in line)["directory.id"]
 
 
-async def test_add_and_remove_a_voter_with_the_cli(make_cluster):
-    cluster = make_cluster(voters=1, observers=1, start=False, dynamic_voters=True, **FAST)
-    cluster.ensure_certs()
-    for nid, how in ((1, "--standalone"), (2, "--no-initial-controllers")):
+def format_and_start(cluster, nodes: int) -> None:
+    """Node 1 formatted --standalone, the others --no-initial-controllers
+    (observers until added), then every node started."""
+    for nid in range(1, nodes + 1):
+        how = "--standalone" if nid == 1 else "--no-initial-controllers"
         out = metalog("storage", "format", "--config", cluster.write_config(nid), how)
         assert out.returncode == 0, out.stderr
     cluster.start()
+
+
+async def test_add_and_remove_a_voter_with_the_cli(make_cluster):
+    cluster = make_cluster(voters=1, observers=1, start=False, dynamic_voters=True, **FAST)
+    cluster.ensure_certs()
+    format_and_start(cluster, 2)
     leader, epoch = await asyncio.to_thread(cluster.wait_for_leader, 20)
     assert leader == 1
     q = cluster.quorum(1)
@@ -79,7 +86,7 @@ async def test_static_voters_upgrade_to_kraft_version_1_online_then_add_a_voter(
     upgrades online with `metalog features upgrade --kraft-version 1`; before
     it add-voter fails with one line (UNSUPPORTED_VERSION), after it the
     observer is added with `metalog quorum add-voter`, and writes go on."""
-    cluster = make_cluster(voters=3, observers=1, **FAST)
+    cluster = make_cluster(voters=3, observers=1, dynamic=False, **FAST)  # static voters: kraft.version 0 to upgrade
     leader, _ = await asyncio.to_thread(cluster.wait_for_leader, 20)
     cc = ["--client-config", cluster.client_config_path]
     out = await asyncio.to_thread(metalog, "features", "describe", *cc)
@@ -141,10 +148,7 @@ async def test_a_voter_restarted_on_a_new_port_tells_the_leader_with_update_raft
     step. (Voters 1 and 2 keep the leader meanwhile.)"""
     cluster = make_cluster(voters=1, observers=2, start=False, dynamic_voters=True, **FAST)
     cluster.ensure_certs()
-    for nid, how in ((1, "--standalone"), (2, "--no-initial-controllers"), (3, "--no-initial-controllers")):
-        out = metalog("storage", "format", "--config", cluster.write_config(nid), how)
-        assert out.returncode == 0, out.stderr
-    cluster.start()
+    format_and_start(cluster, 3)
     await asyncio.to_thread(cluster.wait_for_leader, 20)
     cc = ["--client-config", cluster.client_config_path]
     d3 = directory_id(cluster.data_dir(3))
@@ -178,10 +182,7 @@ async def test_auto_join_an_observer_becomes_a_voter_by_itself(make_cluster):
     -- over mutual TLS with its own node certificate, no operator request."""
     cluster = make_cluster(voters=1, observers=1, start=False, dynamic_voters=True, auto_join_enable=True, **FAST)
     cluster.ensure_certs()
-    for nid, how in ((1, "--standalone"), (2, "--no-initial-controllers")):
-        out = metalog("storage", "format", "--config", cluster.write_config(nid), how)
-        assert out.returncode == 0, out.stderr
-    cluster.start()
+    format_and_start(cluster, 2)
     await asyncio.to_thread(cluster.wait_for_leader, 20)
 
     def voter_2():
@@ -203,10 +204,7 @@ async def test_two_voters_one_restarted_on_a_new_port_keep_a_quorum(make_cluster
     records its own new endpoint (KAFKA-16533): writes go on."""
     cluster = make_cluster(voters=1, observers=1, start=False, dynamic_voters=True, **FAST)
     cluster.ensure_certs()
-    for nid, how in ((1, "--standalone"), (2, "--no-initial-controllers")):
-        out = metalog("storage", "format", "--config", cluster.write_config(nid), how)
-        assert out.returncode == 0, out.stderr
-    cluster.start()
+    format_and_start(cluster, 2)
     await asyncio.to_thread(cluster.wait_for_leader, 20)
     cc = ["--client-config", cluster.client_config_path]
     out = await asyncio.to_thread(metalog, "quorum", "add-voter", *cc, "--controller-id", "2",
