@@ -83,17 +83,20 @@ async def test_an_error_applying_committed_records_is_one_fatal_event_and_exit_4
     assert cluster.stop_node(victim) == 0
 
     def bad_length(raw: bytearray) -> None:
-        (ln,) = struct.unpack_from(">i", raw, HEADER_SIZE)
-        struct.pack_into(">i", raw, HEADER_SIZE, ln + 1000)
+        # The first record's length (a one-byte zigzag varint) becomes 63 bytes,
+        # more than this one-record batch holds: same size, valid CRC.
+        assert raw[HEADER_SIZE] < 0x80 and len(raw) - HEADER_SIZE < 63
+        raw[HEADER_SIZE] = 63 << 1
 
-    bad_offset = rewrite_batch(segments(cluster.data_dir(victim))[0], lambda h: h.base_offset >= 50, bad_length)
+    bad_offset = rewrite_batch(segments(cluster.data_dir(victim))[0],
+                               lambda h: h.base_offset >= 50 and h.records_count == 1, bad_length)
     cluster.start_node(victim)
     code = await asyncio.to_thread(cluster.procs[victim].wait, 30)
     assert code == 4
     fatal = [line for line in cluster.read_log_lines(victim) if line.get("event") == "fatal"]
     assert len(fatal) == 1, fatal
     assert fatal[0]["cause"] == "apply_failed"
-    assert f"from offset {bad_offset}" in fatal[0]["reason"] and "record runs past the batch end" in fatal[0]["reason"]
+    assert f"from offset {bad_offset}" in fatal[0]["reason"] and "length 63 runs past the batch end" in fatal[0]["reason"]
     stderr = open(os.path.join(cluster.node_dir(victim), "stderr.log")).read()
     assert "Task exception was never retrieved" not in stderr and "Traceback" not in stderr
     cluster.stop()
