@@ -43,7 +43,13 @@ def test_short_drill_loses_nothing(tmp_path):
     # inside the static quorum's fault model: every voter held the committed log when one was
     # wiped, and the wiped voter caught up before the next fault
     assert all(w["voters_caught_up_before"] and w["caught_up_after"] for w in report["wipes"]), report["wipes"]
-    assert all(f["failover_ms"] is not None for f in report["failovers"]), report["failovers"]
+    # A killed leader is always replaced: a write is acknowledged in a newer
+    # epoch. An isolated or frozen one may outlast its 2 s fault on a loaded
+    # machine (its followers' pre-votes not yet won) and simply lead on; the
+    # drill already fails if no write is acknowledged after any fault.
+    not_replaced = [f for f in report["failovers"] if f["failover_ms"] is None]
+    assert not [f for f in not_replaced if f["kind"] == "kill_leader"], not_replaced
+    assert len(not_replaced) < len(report["failovers"]), not_replaced
     assert os.path.getsize(tmp_path / "report.png") > 10_000
     with open(tmp_path / "report.json") as f:
         assert json.load(f)["summary"]["writes_lost"] == 0
