@@ -61,6 +61,15 @@ class ChangeRefused(Exception):
         self.message = message
 
 
+def refused_unless_leader(core: QuorumCore, st, token: Any, req) -> bool:
+    """Answer NOT_LEADER_OR_FOLLOWER (naming epoch and leader) unless we lead."""
+    if st.is_leader:
+        return False
+    answer(core, token, req, Errors.NOT_LEADER_OR_FOLLOWER,
+           f"node {core.node_id} is not the leader (epoch {st.epoch}, leader {st.leader_id})")
+    return True
+
+
 def answer(core: QuorumCore, token: Any, req: VoterChangeRequest, code: int, message: str | None = None) -> None:
     """The response type `req` expects, with `code`."""
     if type(req) is m.UpdateRaftVoterRequest:
@@ -82,9 +91,7 @@ def handle(core: QuorumCore, token: Any, req: VoterChangeRequest, now: int) -> N
         code = Errors.FENCED_LEADER_EPOCH if req.current_leader_epoch < st.epoch else Errors.UNKNOWN_LEADER_EPOCH
         answer(core, token, req, code, f"epoch {req.current_leader_epoch} is not ours ({st.epoch})")
         return
-    if not st.is_leader:
-        answer(core, token, req, Errors.NOT_LEADER_OR_FOLLOWER,
-               f"node {core.node_id} is not the leader (epoch {st.epoch}, leader {st.leader_id})")
+    if refused_unless_leader(core, st, token, req):
         return
     try:
         new_set = _new_voter_set(core, st, req, now)
@@ -206,9 +213,7 @@ def handle_update_features(core: QuorumCore, token: Any, req: m.UpdateFeaturesRe
         answer(core, token, req, Errors.INVALID_REQUEST, f"{m.KRAFT_VERSION_FEATURE} named more than once")
         return
     level = updates[0].max_version_level
-    if not st.is_leader:
-        answer(core, token, req, Errors.NOT_LEADER_OR_FOLLOWER,
-               f"node {core.node_id} is not the leader (epoch {st.epoch}, leader {st.leader_id})")
+    if refused_unless_leader(core, st, token, req):
         return
     try:
         new_set = _upgraded_voter_set(core, st, level, now)
