@@ -148,12 +148,15 @@ class SimNode:
         self.incarnation = 0
         self.pending_requests: dict[int, int] = {}  # request_id -> destination
         self.open_tokens: set[Any] = set()
-        self.vote_requests: dict[Any, m.VoteRequest] = {}  # token -> the real VoteRequest it answers
+        self.vote_requests: dict[Any, m.VoteRequest] = {}  # token -> the VoteRequest (or pre-vote) it answers
         self.next_tick_ms: int | None = None
         self.same_time_ticks = 0
         self.last_tick_ms = -1
         self.inbox: collections.deque = collections.deque()
         self.last_flush_done_ms = 0
+        # The lowest mark the driver lets the running core clear its quarantine
+        # at (a leader's high watermark when it was quarantined); None: the disk's.
+        self.quarantine_floor: int | None = None
         self.last_event: Any = None  # the event of the latest step (for listeners)
         self.follow_up: list = []  # events the driver feeds right after the current step
         self.silent_down = False  # down by host loss: nothing answers, not even a refusal
@@ -359,6 +362,7 @@ class SimCluster:
         n.paused = False
         n.core = None
         n.incarnation += 1  # responses and timers of the dead incarnation are void
+        n.quarantine_floor = None
         n.disk.crash(self.rng_disk)
         if wipe == "log":
             n.disk.wipe_log()
@@ -404,6 +408,12 @@ class SimCluster:
             return False
         self.trace(f"n{node_id} scrub found a bit flip: log cut to {got[0]}, quarantined until {got[1]}")
         self.checker.on_quarantine(n)
+        # A leader that has committed in its epoch may clear at its high
+        # watermark (nothing past it can be committed): remember the floor the
+        # driver accepts for this quarantine, read before the core hears of it.
+        lead = n.core.state
+        n.quarantine_floor = (n.core.high_watermark if role_name(n.core) == "leader"
+                              and n.core.high_watermark > lead.epoch_start_offset else None)
         self.step(n, api.LogQuarantined(self.now_ms, got[0], got[1]))
         return True
 
@@ -495,7 +505,7 @@ class SimCluster:
             return
         token = ("net", msg.src, msg.src_incarnation, msg.request_id)
         n.open_tokens.add(token)
-        if isinstance(msg.body, m.VoteRequest) and not msg.body.pre_vote:
+        if isinstance(msg.body, m.VoteRequest):
             n.vote_requests[token] = msg.body
         self.trace(f"n{n.node_id} <= {msg!r}")
         self.step(n, api.RequestReceived(self.now_ms, token, msg.body))
@@ -603,12 +613,22 @@ class SimCluster:
             self.schedule(self.now_ms + a.timeout_ms, "timeout", n.node_id, n.incarnation, a.request_id)
             self._send(Message("request", n.node_id, a.destination, n.incarnation, a.request_id, a.request))
         elif isinstance(a, api.Respond):
+            vote = n.vote_requests.pop(a.token, None)
             if (isinstance(a.response, m.VoteResponse) and a.response.vote_granted
                     and disk.must_reach_offset >= 0):
-                self.fail(f"quarantined voter n{n.node_id} granted a vote before re-replicating past "
-                          f"{disk.must_reach_offset} (flushed end {disk.flushed_end_offset})")
-            vote = n.vote_requests.pop(a.token, None)
-            if vote is not None and a.response.vote_granted:
+                # A quarantined voter votes only for a log at least as up to
+                # date as the one it had up to its mark (the disk's, or a
+                # leader's high watermark when it was quarantined).
+                mark = disk.must_reach_offset
+                if n.quarantine_floor is not None:
+                    mark = min(mark, n.quarantine_floor)
+                mark_epoch = disk.epoch_before(mark) if mark > 0 else -1
+                if mark_epoch is None:
+                    self.fail(f"n{n.node_id}: no epoch known for its quarantine mark {mark}")
+                elif vote is None or (vote.last_offset_epoch, vote.last_offset) < (mark_epoch, mark):
+                    self.fail(f"quarantined voter n{n.node_id} granted a vote to a log behind what it had "
+                              f"(mark {mark} in epoch {mark_epoch}; flushed end {disk.flushed_end_offset})")
+            if vote is not None and not vote.pre_vote and a.response.vote_granted:
                 self._check_vote_identity(n, vote)
             self._respond(n, a)
         elif isinstance(a, api.WriteSnapshotChunk):
@@ -629,7 +649,12 @@ class SimCluster:
         elif isinstance(a, api.ClearQuarantine):
             # A node that may vote later (a voter, or anyone once the set is in
             # the log) clears only once it re-replicated; a static observer at once.
+            floor = n.quarantine_floor
+            if a.must_reach_offset < disk.must_reach_offset and (floor is None or a.must_reach_offset < floor):
+                self.fail(f"n{n.node_id} cleared its quarantine at {a.must_reach_offset}, below the disk's "
+                          f"{disk.must_reach_offset}, without being a leader whose high watermark was there")
             disk.clear_quarantine(a.must_reach_offset, n.is_voter or n.core.voter_set.kraft_version == 1)
+            n.quarantine_floor = None
             self.trace(f"n{n.node_id} quarantine cleared at {a.must_reach_offset}")
         elif isinstance(a, api.CorruptionFound):
             self.fail(f"n{n.node_id} reported corruption the simulated disk never serves: {a.error}")

@@ -96,6 +96,9 @@ class SimDisk:
         self.partial_snapshots: dict[m.SnapshotId, bytearray] = {}
         self.version = 0  # bumped whenever existing records change (truncate, install, wipe)
         self.must_reach_offset = -1  # persisted quarantine state; -1: none
+        # The simulator's own memory of the batches a quarantine cut (not part
+        # of the modelled disk): what a quarantined voter's votes are checked against.
+        self.lost_batches: list[StoredBatch] = []
 
     # -- LogReader ---------------------------------------------------------
     def read(self, start_offset: int, end_offset: int, max_bytes: int) -> bytes:
@@ -300,6 +303,7 @@ class SimDisk:
         old_end = self.log_end_offset
         self.must_reach_offset = max(self.must_reach_offset, old_end)  # persisted first
         new_end = self.batches[cut_index].base_offset
+        self.lost_batches = self.batches[cut_index:] + [b for b in self.lost_batches if b.base_offset >= old_end]
         del self.batches[cut_index:]
         del self._bases[cut_index:]
         if not self.batches:
@@ -318,17 +322,29 @@ class SimDisk:
             return None
         return self.quarantine(len(self.batches) - rng.randint(1, min(3, len(self.batches))))
 
+    def epoch_before(self, offset: int) -> int | None:
+        """The epoch of the record at offset - 1, held or lost to a quarantine."""
+        e = self.epoch_at(offset - 1)
+        if e is not None:
+            return e
+        return next((b.epoch for b in self.lost_batches if b.base_offset < offset <= b.next_offset), None)
+
     def clear_quarantine(self, must_reach_offset: int, is_voter: bool = True) -> None:
         if self.must_reach_offset < 0:
             raise SimDiskError("ClearQuarantine while not quarantined")
-        if is_voter and self.flushed_end_offset < self.must_reach_offset:
+        # The driver checks a mark below ours (a leader's high watermark); the
+        # log must have reached the mark the core clears at.
+        must = min(self.must_reach_offset, must_reach_offset)
+        if is_voter and self.flushed_end_offset < must:
             raise SimDiskError(f"ClearQuarantine with the flushed end at {self.flushed_end_offset}, "
-                               f"below must_reach_offset {self.must_reach_offset}")
+                               f"below must_reach_offset {must}")
         self.must_reach_offset = -1
+        self.lost_batches = []
 
     def wipe_log(self) -> None:
         """Lose the log, epochs and snapshots (a replaced disk); quorum state is kept."""
         self.must_reach_offset = -1  # the quarantine-state file lived in the log dir
+        self.lost_batches = []
         self.batches.clear()
         self._bases.clear()
         self.log_start_offset = 0

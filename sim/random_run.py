@@ -224,11 +224,14 @@ class RandomRun:
         for s in sets:
             if n.node_id not in s.directory_ids or s.unknown:
                 continue
-            # Usable: intact and not quarantined. (A voter just added that has
-            # not replicated its VotersRecord votes when asked by its own key,
-            # as in Kafka 3.9, so it counts too.)
+            # Usable: intact, not quarantined, and a voter in its own view too.
+            # (A voter just added that has not replicated its VotersRecord
+            # votes when asked by its own key, as in Kafka 3.9, but never
+            # stands; nor does one that replicated its own removal. When the
+            # only copy of a quarantined voter's lost tail is on such a
+            # replica, no election can restore it: sim seed 6413.)
             usable = [v for v in s.ids if v != n.node_id and self._intact(s, v)
-                      and c.nodes[v].disk.must_reach_offset < 0]
+                      and c.nodes[v].disk.must_reach_offset < 0 and c.nodes[v].is_voter]
             if len(usable) < len(s.ids) // 2 + 1:
                 return False
         return True

@@ -173,6 +173,10 @@ class QuorumCore:
         self._voters_changed_in_step = False
         self._persist_on_boot = False
         self.state: RoleState = self._state_from_disk(quorum_state)
+        if self.log.must_reach_offset >= 0:
+            # Quarantined at start: the lost records' epochs are gone with them;
+            # none is newer than the epoch we were in.
+            self.log.must_reach_epoch = max(self.state.epoch, self.log.last_epoch())
         self._handlers = {
             RequestReceived: lambda ev, now: inbound.on_request(self, ev.token, ev.request, now),
             ResponseReceived: self._on_response,
@@ -680,7 +684,16 @@ class QuorumCore:
         """The driver cut the log at the last good batch (the quarantine state
         is already durable). Fix our view; then each role does what it must (a
         leader resigns, a candidate withdraws, a follower re-validates)."""
-        self.log.cut_for_quarantine(ev.log_end_offset, ev.must_reach_offset)
+        must = ev.must_reach_offset
+        uncommitted = self.state.uncommitted_from()
+        if uncommitted is not None:
+            # A leader that lost only records nobody can have committed has
+            # forgotten nothing a vote depends on: it needs to re-replicate only
+            # up to its high watermark. Otherwise, if the only other copy of the
+            # lost tail is on a replica that never stands (a voter whose removal
+            # is in that tail), no leader could ever be elected (sim seed 1127).
+            must = min(must, uncommitted)
+        self.log.cut_for_quarantine(ev.log_end_offset, must, self.state.epoch)
         self.state.on_log_cut(now)
         self.log.maybe_clear_quarantine(self.may_vote_later)
 

@@ -56,7 +56,7 @@ class UnattachedState(_WaitingForElection):
 
     def grant_vote(self, req: m.VoteRequest, running_deadline: int | None, now: int) -> bool:
         log = self.core.log
-        if (req.last_offset_epoch, req.last_offset) >= (log.last_epoch(), log.log_end_offset):
+        if log.up_to_date(req.last_offset_epoch, req.last_offset):
             self.core.become_voted(req.candidate_id, now)  # persisted before the answer
             return True
         if running_deadline is not None and self.election_deadline_ms is not None:
@@ -255,7 +255,7 @@ class ProspectiveState(RoleState):
         if self.leader_id >= 0 or self.persisted_leader >= 0:
             return False  # our epoch has (had) a leader
         log = self.core.log
-        if (req.last_offset_epoch, req.last_offset) >= (log.last_epoch(), log.log_end_offset):
+        if log.up_to_date(req.last_offset_epoch, req.last_offset):
             self.core.become_voted(req.candidate_id, now)
             return True
         return False
@@ -340,7 +340,7 @@ def handle_vote(core: QuorumCore, token: Any, req: m.VoteRequest, now: int) -> N
         # move up to it, as Kafka does with the request's ReplicaEpoch.
         if req.candidate_epoch - 1 > core.state.epoch:
             core.become_unattached(req.candidate_epoch - 1, now)
-        granted = may_vote and not core.quarantined and core.state.grant_pre_vote(req, now)
+        granted = may_vote and core.state.grant_pre_vote(req, now)
         if granted:
             core.note_pre_vote_granted(now)
         st = core.state
@@ -351,9 +351,10 @@ def handle_vote(core: QuorumCore, token: Any, req: m.VoteRequest, now: int) -> N
     running_deadline = core.state.running_deadline()
     if req.candidate_epoch > core.state.epoch:
         core.become_unattached(req.candidate_epoch, now)
-    # A quarantined voter may have forgotten records it acknowledged: a vote
-    # now could elect a leader without them (docs/integrity.md). It refuses.
-    granted = may_vote and not core.quarantined and core.state.grant_vote(req, running_deadline, now)
+    # A quarantined voter may have forgotten records it acknowledged: it votes
+    # only for a log at least as up to date as the one it had (LocalLog.
+    # vote_position), so no vote depends on what it lost (docs/integrity.md).
+    granted = may_vote and core.state.grant_vote(req, running_deadline, now)
     st = core.state
     core.respond(token, m.VoteResponse(leader_id=st.leader_id, leader_epoch=st.epoch, vote_granted=granted))
 

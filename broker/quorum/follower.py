@@ -210,7 +210,7 @@ class FollowerState(RoleState):
         if self.voted_id >= 0:
             return self.voted_id == req.candidate_id
         log = core.log
-        if (req.last_offset_epoch, req.last_offset) < (log.last_epoch(), log.log_end_offset):
+        if not log.up_to_date(req.last_offset_epoch, req.last_offset):
             return False
         # Still an observer (it keeps fetching); the vote is persisted before the answer.
         core.transition(FollowerState(core, self.epoch, NO_LEADER, req.candidate_id, start=False,

@@ -174,6 +174,13 @@ class LeaderState(NotifyingRole, RoleState):
     def grant_pre_vote(self, req: m.VoteRequest, now: int) -> bool:
         return False  # we are the leader the voters have heard from
 
+    def uncommitted_from(self) -> int | None:
+        # Only the leader commits in its epoch, and once it has committed in it
+        # every earlier epoch's committed record lies below its high watermark:
+        # nothing at or past the high watermark is committed yet.
+        hw = self.core.log.high_watermark
+        return hw if hw > self.epoch_start_offset else None
+
     def on_log_cut(self, now: int) -> None:
         # It may no longer hold records it served or counted, and must not append
         # at an offset its followers may already hold under this epoch.

@@ -29,7 +29,7 @@ NO_OFFSET = m.NO_OFFSET
 
 class LocalLog:
     __slots__ = ("outbox", "fail", "log_start_offset", "log_end_offset", "flushed_end_offset", "epochs",
-                 "snapshots", "high_watermark", "must_reach_offset", "pre_install", "voters", "static_voters",
+                 "snapshots", "high_watermark", "must_reach_offset", "must_reach_epoch", "pre_install", "voters", "static_voters",
                  "voters_changed")
 
     def __init__(self, view: LogView, outbox: Outbox, fail: Callable[[str], None],
@@ -49,6 +49,9 @@ class LocalLog:
         # it, which it may have acknowledged. Until the flushed end reaches it,
         # the voter neither grants votes nor stands. -1: not quarantined.
         self.must_reach_offset = view.must_reach_offset
+        # The epoch of the last record below must_reach_offset, or an upper
+        # bound of it (after a restart: the quorum epoch; set by the core).
+        self.must_reach_epoch = -1
         # Our log as it was before the last InstallSnapshot, until it is known
         # to have succeeded (rolled back by SnapshotInstallFailed).
         self.pre_install: tuple | None = None
@@ -69,6 +72,20 @@ class LocalLog:
         self.outbox.actions.append(WriteEpochCheckpoint(tuple(self.epochs.entries)))
 
     # -- reading -----------------------------------------------------------
+
+    def vote_position(self) -> tuple[int, int]:
+        """(last epoch, end offset) a candidate's log must reach for our vote:
+        our log's, or, while quarantined, that of the log we had (what we may
+        have acknowledged), so a vote never depends on the records we lost."""
+        own = (self.last_epoch(), self.log_end_offset)
+        if self.must_reach_offset < 0:
+            return own
+        return max(own, (self.must_reach_epoch, self.must_reach_offset))
+
+    def up_to_date(self, last_epoch: int, end_offset: int) -> bool:
+        """Is a candidate's log (its last epoch, its end) at least as up to date
+        as ours, for a vote (Raft's election restriction)?"""
+        return (last_epoch, end_offset) >= self.vote_position()
 
     def last_epoch(self) -> int:
         """Epoch of the last record we hold: from the epoch history, or, when
@@ -301,11 +318,24 @@ class LocalLog:
 
     # -- quarantine (issue 12) ----------------------------------------------
 
-    def cut_for_quarantine(self, end: int, must_reach_offset: int) -> None:
+    def cut_for_quarantine(self, end: int, must_reach_offset: int, epoch_bound: int) -> None:
+        """The driver cut our log to `end`; we may vote again for candidates at
+        least as up to date as our log up to `must_reach_offset` (whose last
+        epoch we read before the cut; `epoch_bound`, the quorum epoch, bounds
+        it when the mark is past what we hold)."""
         if end < self.log_start_offset or end > self.log_end_offset:
             raise ValueError(f"quarantine cut the log to {end}, outside [log start "
                              f"{self.log_start_offset}, log end {self.log_end_offset}]")
-        self.must_reach_offset = max(self.must_reach_offset, must_reach_offset)
+        if must_reach_offset > self.must_reach_offset:
+            # Read before the cut: the epoch of the record the mark follows.
+            if must_reach_offset > self.log_end_offset:
+                epoch = epoch_bound
+            elif must_reach_offset - 1 < self.log_start_offset:
+                epoch = self.snapshots[-1].epoch if self.snapshots else epoch_bound
+            else:
+                epoch = self.epochs.epoch_for_offset(must_reach_offset - 1)
+            self.must_reach_epoch = max(self.must_reach_epoch, epoch)
+            self.must_reach_offset = must_reach_offset
         self.log_end_offset = end
         self.flushed_end_offset = min(self.flushed_end_offset, end)
         # What we can still serve as committed is what we still hold.
@@ -323,3 +353,4 @@ class LocalLog:
             # replicating: it keeps the quarantine until it has re-replicated)
             self.outbox.actions.append(ClearQuarantine(must))
             self.must_reach_offset = -1
+            self.must_reach_epoch = -1

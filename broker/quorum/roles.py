@@ -125,7 +125,7 @@ class RoleState:
         has been heard from within the fetch timeout. Records nothing."""
         core = self.core
         log = core.log
-        up_to_date = (req.last_offset_epoch, req.last_offset) >= (log.last_epoch(), log.log_end_offset)
+        up_to_date = log.up_to_date(req.last_offset_epoch, req.last_offset)
         return up_to_date and not core.heard_from_leader_recently(now)
 
     def on_leader_claimed(self, leader_id: int, epoch: int, now: int) -> None:
@@ -196,6 +196,12 @@ class RoleState:
 
     def on_log_cut(self, now: int) -> None:
         """LogQuarantined: the log lost its tail to corruption."""
+
+    def uncommitted_from(self) -> int | None:
+        """The offset from which no record of our log can have been committed,
+        if this role knows it (a leader that has committed in its own epoch);
+        None when records past our high watermark may be committed elsewhere."""
+        return None
 
     def on_log_rewound(self, now: int) -> None:
         """SnapshotInstallFailed: the log is back as it was before the install."""

@@ -407,13 +407,18 @@ def test_an_observer_votes_only_when_named_by_its_own_key_and_by_the_usual_rules
     assert n.core.leader_id == 1 and n.core.role == "observer"
     assert not one_response(ask(n, 5, vote_for(2, 4, 3, 9, pre_vote=True)), "v").vote_granted
     assert not one_response(ask(n, 6, vote_for(2, 3, 3, 9)), "v").vote_granted
-    # A quarantined replica never votes, whatever the key.
+    # A quarantined replica votes, whatever the key, only for a log at least
+    # as up to date as the one it had (end 50, epochs up to 2 after a restart):
+    # past its own short log is not enough.
     q = Node(4, view=a.LogView(voter_set=dynamic((1, 2, 3)), log_end_offset=5, epochs=[(2, 0)],
                                must_reach_offset=50), directory_id=D[4], voters_are_bootstrap=True)
     q.step(a.Tick(0))
     assert q.core.quarantined
-    assert not one_response(ask(q, 1, vote_for(2, 3, 2, 60, pre_vote=True)), "v").vote_granted
-    assert not one_response(ask(q, 2, vote_for(2, 3, 2, 60)), "v").vote_granted
+    assert not one_response(ask(q, 1, vote_for(2, 3, 2, 40, pre_vote=True)), "v").vote_granted
+    assert not one_response(ask(q, 2, vote_for(2, 3, 2, 40)), "v").vote_granted
+    assert one_response(ask(q, 3, vote_for(2, 3, 2, 60, pre_vote=True)), "v").vote_granted
+    assert one_response(ask(q, 4, vote_for(2, 3, 2, 60)), "v").vote_granted
+    assert q.core.voted_id == 2 and q.core.quarantined
 
 
 def test_a_voter_grants_a_candidate_its_lagging_set_does_not_name_but_never_a_wiped_one():

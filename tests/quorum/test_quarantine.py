@@ -1,8 +1,10 @@
 """Issue 12 item 4, the core's side: a voter whose log was cut by corruption
-(quarantine) abstains from votes and elections until it has re-replicated past
-the end it had before; a leader that finds corruption resigns; a Fetch whose
-read fails verification is answered with KAFKA_STORAGE_ERROR, never with the
-bytes."""
+(quarantine) never stands, and votes only for a log at least as up to date as
+the one it had, until it has re-replicated past that end; a leader that finds
+corruption resigns, and needs to re-replicate only up to its high watermark
+when it has committed in its epoch (nothing past it can be committed); a Fetch
+whose read fails verification is answered with KAFKA_STORAGE_ERROR, never with
+the bytes."""
 
 from broker.quorum import api as a
 from protocol import messages as m
@@ -25,12 +27,16 @@ def quarantined_voter(must_reach: int = 10, end: int = 4) -> Node:
     return Node(2, log=log, view=view, state=a.QuorumStateData(1, -1, -1, (1, 2, 3)))
 
 
-def test_a_quarantined_voter_refuses_votes_even_to_a_more_up_to_date_candidate():
-    n = quarantined_voter()
+def test_a_quarantined_voter_votes_only_for_a_log_at_least_as_up_to_date_as_the_one_it_had():
+    n = quarantined_voter(must_reach=10, end=4)
     n.step(a.Tick(0))
-    r = one_response(vote(n, 1, candidate=3, epoch=2, last_epoch=1, last_offset=100), "v")
+    # Past its own short log (4) but behind what it had (10): refused, so the
+    # vote never depends on records it lost.
+    r = one_response(vote(n, 1, candidate=3, epoch=2, last_epoch=1, last_offset=8), "v")
     assert (r.error_code, r.vote_granted) == (Errors.NONE, False)
     assert n.core.epoch == 2 and n.core.voted_id == -1  # learns the epoch, votes for nobody
+    r = one_response(vote(n, 2, candidate=3, epoch=3, last_epoch=1, last_offset=10, token="w"), "w")
+    assert r.vote_granted and n.core.voted_id == 3 and n.core.quarantined
 
 
 def test_a_quarantined_voter_never_stands_for_election():
@@ -86,6 +92,43 @@ def test_a_leader_that_finds_corruption_resigns_and_abstains():
     for k in range(1, 10):
         assert all(v.request.last_offset == -1 for v in sent(n.step(a.Tick(t + k * 3000)), m.VoteRequest))
         assert n.core.role != "candidate"
+
+
+def test_a_leader_that_lost_only_uncommitted_records_is_not_held_in_quarantine():
+    """Sim seed 1127: a leader whose flipped records all lie past its high
+    watermark (committed in its own epoch) lost nothing anyone can have
+    committed. It resigns and clears the quarantine at once, so it may stand
+    again; otherwise, with the only other copy on a replica that never stands,
+    no leader could ever be elected."""
+    n = Node(1)
+    t = make_leader(n)
+    append(n, t, 9)
+    n.step(a.FlushCompleted(t, 10))
+    fetch(n, t, 2, 6, 1)
+    fetch(n, t, 3, 6, 1)
+    assert n.core.high_watermark == 6
+    acts = n.step(a.LogQuarantined(t + 1, log_end_offset=8, must_reach_offset=10))
+    assert n.core.role == "resigned" and not n.core.quarantined
+    assert [c.must_reach_offset for c in of(acts, a.ClearQuarantine)] == [6]
+
+
+def test_a_leader_cut_below_its_high_watermark_must_re_replicate_to_it_not_to_its_old_end():
+    n = Node(1)
+    t = make_leader(n)
+    append(n, t, 9)
+    n.step(a.FlushCompleted(t, 10))
+    fetch(n, t, 2, 6, 1)
+    fetch(n, t, 3, 6, 1)
+    n.step(a.LogQuarantined(t + 1, log_end_offset=4, must_reach_offset=10))
+    assert n.core.role == "resigned" and n.core.must_reach_offset == 6
+    # It votes for a log that reaches its high watermark in epoch 1...
+    r = one_response(vote(n, t + 2, candidate=2, epoch=2, last_epoch=1, last_offset=6), "v")
+    assert r.vote_granted
+    # ...but a follower (no high watermark of its own epoch) keeps its old end.
+    f = quarantined_voter(must_reach=10, end=4)
+    f.step(a.Tick(0))
+    f.step(a.LogQuarantined(1, log_end_offset=2, must_reach_offset=10))
+    assert f.core.must_reach_offset == 10
 
 
 def test_a_fetch_whose_read_fails_verification_gets_a_storage_error_not_bytes():
