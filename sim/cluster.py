@@ -163,6 +163,14 @@ class SimNode:
         # Messages sent by incarnations below this one are void: that life's disk was wiped.
         self.void_before_incarnation = 0
 
+    def quarantine_mark(self) -> int:
+        """The end this node's quarantine makes it vote by and re-replicate to
+        (-1: not quarantined): the disk's, or the lower floor the core may use."""
+        mark = self.disk.must_reach_offset
+        if mark >= 0 and self.quarantine_floor is not None:
+            mark = min(mark, self.quarantine_floor)
+        return mark
+
     def __repr__(self) -> str:
         if not self.alive:
             return f"n{self.node_id}(down)"
@@ -619,9 +627,7 @@ class SimCluster:
                 # A quarantined voter votes only for a log at least as up to
                 # date as the one it had up to its mark (the disk's, or a
                 # leader's high watermark when it was quarantined).
-                mark = disk.must_reach_offset
-                if n.quarantine_floor is not None:
-                    mark = min(mark, n.quarantine_floor)
+                mark = n.quarantine_mark()
                 mark_epoch = disk.epoch_before(mark) if mark > 0 else -1
                 if mark_epoch is None:
                     self.fail(f"n{n.node_id}: no epoch known for its quarantine mark {mark}")

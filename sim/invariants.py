@@ -15,14 +15,16 @@ After every event (the reference's RaftEventSimulationTest list, plus ours):
   its value and epoch, in every node's log below that node's HW.
 * NoTruncationBelowHighWatermark: TruncateLog never cuts under the node's HW.
 * SnapshotAtLogStart: a log that starts past 0 has a snapshot ending there.
-* QuarantinedVoterAbstains (issue 12, checked by the driver as it executes the
-  actions): a voter whose quarantine state is on disk never grants a vote nor
-  sends a VoteRequest that could win (a probe claiming an empty log is
-  allowed), and clears the state only once its flushed log end
-  reached must_reach_offset. For MajorityReachedHighWatermark a quarantined
-  voter still counts as holding what it lost below must_reach_offset: it
-  knows it lost it and abstains, which is what makes the lost copy harmless
-  (docs/integrity.md, "Why a quarantined voter abstains").
+* QuarantinedVoterVotesByItsOldLog (issue 12, checked by the driver as it
+  executes the actions): a voter whose quarantine state is on disk never sends
+  a VoteRequest that could win (a probe claiming an empty log is allowed),
+  grants a vote or pre-vote only to a log at least as up to date as the one it
+  had up to its mark, and clears the state only once its flushed log end
+  reached the mark (the disk's must_reach_offset, or, for a leader that had
+  committed in its epoch, its high watermark then). For
+  MajorityReachedHighWatermark a quarantined voter still counts as holding
+  what it lost below its mark: it votes as if it held it, which is what makes
+  the lost copy harmless (docs/integrity.md, "How a quarantined voter votes").
 * The core's view of its log (start, end) matches the disk the driver wrote.
 
 At the end, ``check_final``: ConsistentCommittedData (all nodes agree on every
@@ -86,11 +88,12 @@ class InvariantChecker:
 
     def holds_durably(self, v: "SimNode", offset: int, epoch: int, count_quarantine: bool = True) -> bool:
         d = v.disk
-        # A quarantined voter abstains until it re-replicated what it lost; with
-        # a voter set in the log (KIP-853) so does any node (it may become a voter).
+        # A quarantined voter votes as if it held what it lost below its mark
+        # until it re-replicated it; with a voter set in the log (KIP-853) so
+        # does any node (it may become a voter).
         if (count_quarantine and (v.is_voter or self.cluster.config.dynamic)
-                and offset < d.must_reach_offset):
-            return True
+                and offset < v.quarantine_mark()):
+            return d.epoch_before(offset + 1) == epoch
         if offset < d.log_start_offset:
             return any(s.end_offset > offset for s in d.snapshots)
         if offset >= d.flushed_end_offset:

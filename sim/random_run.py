@@ -380,10 +380,16 @@ class RandomRun:
             entries = leader.core.log.voters.entries
             # And the others must be a majority without the isolated one (with
             # two voters the leader's check-quorum rightly gives up).
+            # Every voter of the set must be the replica it names: a voter
+            # whose disk was replaced (not yet removed) answers nothing as that
+            # voter, so the leader's majority may rest on the isolated one
+            # (sim seed 5166).
             voters = leader.core.voters
+            vs = leader.core.voter_set
             healthy = (leader.core.is_voter and getattr(leader.core.state, "pending_change", None) is None
                        and (not entries or entries[-1][0] < leader.core.high_watermark)
-                       and len(voters) - 1 >= len(voters) // 2 + 1)
+                       and len(voters) - 1 >= len(voters) // 2 + 1
+                       and all(self._intact(vs, v) for v in vs.ids))
         if not healthy:
             return None
         watch = [n.node_id, leader.core.epoch, False]  # node, epoch at isolation, healed yet?

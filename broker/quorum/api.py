@@ -150,9 +150,10 @@ class LogQuarantined:
     Fetch, the controller's apply), persisted the quarantine state and cut the
     log to its last good batch: everything from `log_end_offset` on is gone.
     The core fixes its view of the log; a leader resigns (EndQuorumEpoch); a
-    voter abstains from votes and elections until its flushed log end reaches
-    `must_reach_offset` (the end it had before, which it may have acknowledged),
-    then emits ClearQuarantine."""
+    voter does not stand, and votes only for logs at least as up to date as
+    the one it had, until its flushed log end reaches `must_reach_offset` (the
+    end it had before, which it may have acknowledged; a leader that committed
+    in its epoch lowers it to its high watermark), then emits ClearQuarantine."""
 
     now_ms: int
     log_end_offset: int
@@ -322,8 +323,8 @@ class LogView:
     log_end_offset: int = 0  # after recovery everything on disk counts as flushed
     epochs: list[tuple[int, int]] = field(default_factory=list)
     snapshots: list[m.SnapshotId] = field(default_factory=list)  # complete, ascending
-    # Quarantine found at open (storage's quarantine-state): the voter abstains
-    # from votes and elections until its flushed log end reaches it. -1: none.
+    # Quarantine found at open (storage's quarantine-state): the voter does not
+    # stand, and votes by its old log, until its flushed log end reaches it. -1: none.
     must_reach_offset: int = -1
     # KIP-853: the voter set below the log (the one the snapshot at the log
     # start holds); None: the static voters of the config (kraft version 0).
