@@ -110,7 +110,7 @@ def brief(body: Any) -> str:
     parts = [type(body).__name__]
     for name in ("error_code", "candidate_epoch", "leader_epoch", "current_leader_epoch", "fetch_offset",
                  "last_fetched_epoch", "vote_granted", "high_watermark", "end_offset", "base_offset",
-                 "leader_id", "position"):
+                 "leader_id", "position", "pre_vote", "last_offset_epoch", "last_offset"):
         v = getattr(body, name, None)
         if v is not None and v is not False:
             parts.append(f"{name}={v}")

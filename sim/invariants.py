@@ -92,7 +92,7 @@ class InvariantChecker:
         # until it re-replicated it; with a voter set in the log (KIP-853) so
         # does any node (it may become a voter).
         if (count_quarantine and (v.is_voter or self.cluster.config.dynamic)
-                and offset < v.quarantine_mark()):
+                and d.log_start_offset <= offset < v.quarantine_mark()):
             return d.epoch_before(offset + 1) == epoch
         if offset < d.log_start_offset:
             return any(s.end_offset > offset for s in d.snapshots)

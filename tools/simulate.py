@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="processes")
     ap.add_argument("--duration-ms", type=int, default=25000, help="simulated fault phase per seed")
     ap.add_argument("--no-snapshots", action="store_true")
+    ap.add_argument("--slowest", type=int, default=0, metavar="N",
+                    help="also print the N slowest silent failovers with their seeds (to replay them)")
     args = ap.parse_args(argv)
     if args.seeds <= 0 or args.workers <= 0:
         ap.error("--seeds and --workers must be positive")
@@ -61,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     clean: list[int] = []
     clean_kill: list[int] = []
     clean_silent: list[int] = []
+    silent_by_seed: list[tuple[int, int]] = []  # (ms, seed)
     every: list[int] = []
     rejoins: list[tuple[int, bool, bool]] = []
     events = 0
@@ -76,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                 if is_clean:
                     clean.append(ms)
                     (clean_silent if silent else clean_kill).append(ms)
+                    if silent:
+                        silent_by_seed.append((ms, seed))
             if i % 500 == 0:
                 print(f"... {i}/{len(jobs)} seeds, {len(failures)} violations, "
                       f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
@@ -96,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"p50={percentile(xs, 50)} ms p99={percentile(xs, 99)} ms max={max(xs)} ms")
         else:
             print(f"failover, {name}: no samples")
+    if args.slowest:
+        worst = sorted(silent_by_seed, reverse=True)[:args.slowest]
+        print("slowest silent failovers: " + (", ".join(f"{ms} ms (seed {sd})" for ms, sd in worst) or "none"))
     lossless = [(b, healed) for b, healed, no_loss in rejoins if no_loss]
     lossy = [b for b, _, no_loss in rejoins if not no_loss]
     print(f"follower isolated from a healthy cluster (RejoinNoEpochBump): {len(rejoins)} windows, "
