@@ -763,8 +763,17 @@ class SimCluster:
     def _note_leader_crash(self, n: SimNode, silent: bool) -> None:
         leader = self.current_leader()
         if leader is n and n.is_voter:
-            clean = all(o.alive and not o.paused and o.node_id not in self.network.isolated
-                        for o in self.nodes.values() if o.is_voter and o is not n) and not self.network.cuts
+            # Clean: the other voters are up, reachable, and a majority without
+            # the leader (with two voters no failover exists: the sample would
+            # measure the leader's restart, as in seed 20171).
+            # Nor does one when a voter of the set is a replaced disk (KIP-853:
+            # that identity never answers) and the rest are no majority (seed 20026).
+            vs = n.core.voter_set
+            intact = [v for v in vs.ids if v != n.node_id and v in self.nodes
+                      and (vs.kraft_version == 0 or self.nodes[v].disk.directory_id == vs.directory_id_of(v))]
+            clean = (all(o.alive and not o.paused and o.node_id not in self.network.isolated
+                         for o in self.nodes.values() if o.is_voter and o is not n) and not self.network.cuts
+                     and len(intact) >= len(vs.ids) // 2 + 1)
             self.failover_pending = (self.now_ms, n.core.epoch, clean, silent)
 
     def note_fault(self) -> None:

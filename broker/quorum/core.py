@@ -712,7 +712,9 @@ class QuorumCore:
             self.state.notification_failed(req.destination, ev.request_id, now)
         elif req.kind is RequestKind.MEMBERSHIP:
             self.state.on_membership_failed(ev.request_id, now)
-        # VOTE / PRE_VOTE / PROBE: the (would-be) candidate keeps waiting for its election timeout.
+        elif req.kind in (RequestKind.VOTE, RequestKind.PRE_VOTE):
+            self.state.vote_request_failed(ev.destination, ev.request_id, now)
+        # PROBE: the quarantined voter keeps waiting for its election timeout.
 
     def _on_response(self, ev: ResponseReceived, now: int) -> None:
         req = self.outbox.settle(ev.request_id)

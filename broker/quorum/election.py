@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from broker.quorum.notify import Notifier, NotifyingRole
-from broker.quorum.outbox import RequestKind
+from broker.quorum.outbox import RETRY_BACKOFF_MS, RequestKind
 from broker.quorum.roles import Role, RoleState
 from protocol import messages as m
 from protocol.errors import Errors
@@ -115,17 +115,46 @@ class ResignedState(NotifyingRole, _WaitingForElection):
         self.core.fail(f"node {leader_id} claims leadership of epoch {epoch}, which we led")
 
 
+class _VoteRound:
+    """The (pre-)vote requests of one round: which voter was asked by which
+    request, and when an unanswered one is asked again. Asking again is
+    harmless: a voter answers the same question the same way (one persisted
+    vote per epoch; a pre-vote promises nothing)."""
+
+    __slots__ = ("asked", "retry_at_ms")
+
+    def __init__(self) -> None:
+        self.asked: dict[int, int] = {}  # voter -> request id of our latest ask
+        self.retry_at_ms: dict[int, int] = {}  # voter -> when to ask again
+
+    def failed(self, voter: int, request_id: int, now: int) -> None:
+        if self.asked.get(voter) == request_id:
+            del self.asked[voter]
+            self.retry_at_ms[voter] = now + RETRY_BACKOFF_MS
+
+    def deadlines(self) -> list[int]:
+        return [min(self.retry_at_ms.values())] if self.retry_at_ms else []
+
+    def due(self, now: int, answered: set[int]) -> list[int]:
+        """Voters to ask again now (bounded by the voter set)."""
+        due = [v for v, t in self.retry_at_ms.items() if t <= now]
+        for v in due:
+            del self.retry_at_ms[v]
+        return [v for v in due if v not in answered]
+
+
 class CandidateState(RoleState):
     """Asks every voter for its vote in a new epoch; leads with a majority,
     backs off (randomized, exponential) after losing."""
 
-    __slots__ = ("granted", "rejected", "backing_off")
+    __slots__ = ("granted", "rejected", "backing_off", "round")
 
     def __init__(self, core: QuorumCore, epoch: int):
         super().__init__(core, Role.CANDIDATE, epoch, NO_LEADER, core.node_id)
         self.granted = {core.node_id}
         self.rejected: set[int] = set()
         self.backing_off = False
+        self.round = _VoteRound()
 
     def on_enter(self, now: int) -> None:
         core = self.core
@@ -134,15 +163,28 @@ class CandidateState(RoleState):
         if core.is_majority(self.granted):
             core.become_leader(now)
             return
-        log = core.log
-        last_epoch = log.last_epoch()
         for v in core.others:
-            core.send(v, core.vote_request(v, self.epoch, last_epoch, log.log_end_offset), RequestKind.VOTE)
+            self._ask(v)
+
+    def _ask(self, voter: int) -> None:
+        core = self.core
+        log = core.log
+        self.round.asked[voter] = core.send(
+            voter, core.vote_request(voter, self.epoch, log.last_epoch(), log.log_end_offset), RequestKind.VOTE)
+
+    def vote_request_failed(self, voter: int, request_id: int, now: int) -> None:
+        if not self.backing_off:
+            self.round.failed(voter, request_id, now)
 
     def deadlines(self, now: int) -> list[int]:
-        return [] if self.election_deadline_ms is None else [self.election_deadline_ms]
+        ds = [] if self.election_deadline_ms is None else [self.election_deadline_ms]
+        return ds if self.backing_off else ds + self.round.deadlines()
 
     def poll(self, now: int) -> None:
+        if not self.backing_off:
+            for v in self.round.due(now, self.granted | self.rejected):
+                if v in self.core.others:
+                    self._ask(v)
         if self.election_deadline_ms is not None and now >= self.election_deadline_ms:
             if self.backing_off:
                 self.core.stand(now)  # pre-votes again before another epoch
@@ -185,7 +227,7 @@ class ProspectiveState(RoleState):
     name it until their own fetch timeouts run out, so leaving at the first
     such answer would let only the last follower to time out win."""
 
-    __slots__ = ("granted", "rejected", "persisted_leader", "void", "stand_at_ms")
+    __slots__ = ("granted", "rejected", "persisted_leader", "void", "stand_at_ms", "round")
 
     def __init__(self, core: QuorumCore, old: RoleState):
         super().__init__(core, Role.PROSPECTIVE, old.epoch, old.leader_id, old.voted_id)
@@ -194,6 +236,7 @@ class ProspectiveState(RoleState):
         self.rejected: set[int] = set()
         self.void = False  # our log changed under the pre-votes on their way
         self.stand_at_ms: int | None = None  # won, but deferring (see _won)
+        self.round = _VoteRound()
 
     def persisted_leader_id(self) -> int:
         return self.persisted_leader
@@ -204,21 +247,37 @@ class ProspectiveState(RoleState):
         if core.is_majority(self.granted):
             core.become_candidate(now)  # a single voter
             return
-        log = core.log
         for v in core.others:
-            core.send(v, core.vote_request(v, self.epoch + 1, log.last_epoch(), log.log_end_offset,
-                                           pre_vote=True), RequestKind.PRE_VOTE)
+            self._ask(v)
+
+    def _ask(self, voter: int) -> None:
+        core = self.core
+        log = core.log
+        self.round.asked[voter] = core.send(
+            voter, core.vote_request(voter, self.epoch + 1, log.last_epoch(), log.log_end_offset, pre_vote=True),
+            RequestKind.PRE_VOTE)
+
+    def _asking(self) -> bool:
+        return not self.void and self.stand_at_ms is None
+
+    def vote_request_failed(self, voter: int, request_id: int, now: int) -> None:
+        if self._asking():
+            self.round.failed(voter, request_id, now)
 
     def deadlines(self, now: int) -> list[int]:
         ds = [] if self.election_deadline_ms is None else [self.election_deadline_ms]
         if self.stand_at_ms is not None:
             ds.append(self.stand_at_ms)
-        return ds
+        return ds + self.round.deadlines() if self._asking() else ds
 
     def poll(self, now: int) -> None:
         core = self.core
         if core.shutting_down:
             return
+        if self._asking():
+            for v in self.round.due(now, self.granted | self.rejected):
+                if v in core.others:
+                    self._ask(v)
         if self.stand_at_ms is not None and now >= self.stand_at_ms:
             core.become_candidate(now)
         elif self.election_deadline_ms is not None and now >= self.election_deadline_ms:
@@ -243,7 +302,14 @@ class ProspectiveState(RoleState):
     def _lost(self, now: int, timed_out: bool) -> None:
         core = self.core
         if self.leader_id >= 0:
-            core.become_follower(self.epoch, self.leader_id, now)  # fetch again, full fetch timeout
+            core.become_follower(self.epoch, self.leader_id, now)  # fetch again
+            if timed_out:
+                # Neither a majority nor our leader answered: it is most likely
+                # gone, and the voters that refused had heard from it just
+                # before us. A whole fetch timeout more before the next round
+                # put silent failovers over 3 s (sim seed 20174); a live leader
+                # answers the first fetch and restores the full timeout.
+                core.state.stand_soon(now)
         elif timed_out:
             core.stand(now)  # a new round (or, quarantined, a probe)
         # else: refused with no leader known; the election timer decides.

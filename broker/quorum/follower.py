@@ -321,6 +321,12 @@ class FollowerState(RoleState):
         the same resets). Safety does not depend on it: an election is only
         an election."""
         self.core.forget_leader_contact()
+        self.stand_soon(now)
+
+    def stand_soon(self, now: int) -> None:
+        """Give the leader a short randomized grace, uniform in
+        [election_timeout_ms / 10, election_timeout_ms / 2], instead of a
+        whole fetch timeout before we stand (ask for pre-votes) again."""
         t = self.core.config.election_timeout_ms
         lo = t // 10
         delay = lo + (self.core.random.randrange(t // 2 - lo + 1) if t // 2 > lo else 0)

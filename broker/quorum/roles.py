@@ -143,6 +143,9 @@ class RoleState:
         """A quarantined voter may not stand: try again after an election timeout."""
         self.election_deadline_ms = now + self.core.election_timeout()
 
+    def vote_request_failed(self, voter: int, request_id: int, now: int) -> None:
+        """A Vote (or pre-vote) of ours got no answer (timeout, connection)."""
+
     def on_vote_answer(self, voter: int, resp: m.Body, now: int) -> None:
         """A VoteResponse of our epoch (only a candidate counts it)."""
 

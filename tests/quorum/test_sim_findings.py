@@ -4,6 +4,7 @@ Each test replays, by hand, the smallest situation of one finding.
 """
 
 from broker.quorum import api as a
+from broker.quorum.outbox import RETRY_BACKOFF_MS
 from protocol import messages as m
 
 from tests.quorum.harness import CLUSTER, Node, append, make_leader, of, one_response, sent, stand
@@ -87,15 +88,49 @@ def test_lost_fetch_is_retried_before_the_fetch_timeout():
 
 
 def test_request_timeouts_by_kind():
-    """Epoch checks and snapshot chunks get fetch timeout / 4; votes keep the
-    request timeout (a vote is not retried, the election timer covers it)."""
+    """Epoch checks and snapshot chunks get fetch timeout / 4; votes and
+    pre-votes election timeout / 4 (an unanswered one is asked again within
+    the round, see test_an_unanswered_vote_is_asked_again_within_the_round)."""
     n = Node(3, view=a.LogView(log_end_offset=5, epochs=[(1, 0)]), state=a.QuorumStateData(4, 1, -1, (1, 2, 3)))
     cfg = n.core.config
     (check,) = sent(n.step(a.Tick(0)))
     assert isinstance(check.request, m.OffsetsForLeaderEpochRequest)
     assert check.timeout_ms == cfg.fetch_timeout_ms // 4 == 250
-    votes = sent(n.step(a.Tick(5000)), m.VoteRequest)  # pre-votes: the request timeout too
-    assert votes and all(v.timeout_ms == cfg.request_timeout_ms == 2000 for v in votes)
+    votes = sent(n.step(a.Tick(5000)), m.VoteRequest)
+    assert votes and all(v.timeout_ms == cfg.election_timeout_ms // 4 == 250 for v in votes)
+
+
+def test_an_unanswered_vote_is_asked_again_within_the_round():
+    """Sim seed 20251: one lost VoteRequest cost the candidate its whole
+    election timeout. A (pre-)vote that fails is asked again RETRY_BACKOFF_MS
+    later, of that voter only, while the round lasts; an answered voter is
+    never asked again, and a stale failure (an older ask) changes nothing."""
+    n = Node(3, view=a.LogView(log_end_offset=5, epochs=[(1, 0)]), state=a.QuorumStateData(4, 1, -1, (1, 2, 3)))
+    n.step(a.Tick(0))
+    pre = sent(n.step(a.Tick(5000)), m.VoteRequest)
+    assert n.core.role == "prospective" and {p.destination for p in pre} == {1, 2}
+    to1 = next(p for p in pre if p.destination == 1)
+    to2 = next(p for p in pre if p.destination == 2)
+    # Voter 1 refuses (it still hears the leader); the ask to 2 times out.
+    n.step(a.ResponseReceived(5010, to1.request_id, 1, m.VoteResponse(leader_id=-1, leader_epoch=4,
+                                                                       vote_granted=False)))
+    assert sent(n.step(a.RequestFailed(5250, to2.request_id, 2, "timeout")), m.VoteRequest) == []
+    again = sent(n.step(a.Tick(5250 + RETRY_BACKOFF_MS)), m.VoteRequest)
+    assert [(v.destination, v.request.pre_vote) for v in again] == [(2, True)]
+    # The old ask's failure, arriving late, does not trigger another one.
+    n.step(a.RequestFailed(5400, to2.request_id, 2, "timeout"))
+    assert sent(n.step(a.Tick(5400 + RETRY_BACKOFF_MS)), m.VoteRequest) == []
+    # Voter 2 grants: a majority of pre-votes, a real candidacy in epoch 5.
+    acts = n.step(a.ResponseReceived(5420, again[0].request_id, 2, m.VoteResponse(
+        leader_id=-1, leader_epoch=4, vote_granted=True)))
+    assert n.core.role == "candidate" and n.core.epoch == 5
+    real = sent(acts, m.VoteRequest)
+    assert {v.destination for v in real} == {1, 2} and not any(v.request.pre_vote for v in real)
+    # A real vote lost on its way to 1 is asked again too.
+    to1 = next(v for v in real if v.destination == 1)
+    n.step(a.RequestFailed(5600, to1.request_id, 1, "connection refused"))
+    again = sent(n.step(a.Tick(5600 + RETRY_BACKOFF_MS)), m.VoteRequest)
+    assert [(v.destination, v.request.candidate_epoch, v.request.pre_vote) for v in again] == [(1, 5, False)]
 
 
 def following_node(seed: int = 0) -> tuple[Node, a.SendRequest]:
