@@ -9,8 +9,21 @@ names the caller for the authorizer.
                    serves but found something wrong (corruption, quarantine);
                    "insecure": "..." in PLAINTEXT mode
     GET /quorum    role, epoch, leader, HW, LEO, log start, snapshots, replicas
-    GET /metadata  the controller state (brokers, topics, partitions, configs)
-                   with the offset it reflects
+    GET /metadata  a summary of the controller state: the offset it reflects,
+                   counts, features, and the paths below (never the whole
+                   state: at 2M partitions it would be hundreds of MB)
+    GET /metadata/brokers[?after=ID&limit=N]           brokers by id, paged
+    GET /metadata/brokers/{id}                         one broker and its configs
+    GET /metadata/topics[?after=NAME&limit=N]          topics by name, paged
+    GET /metadata/topics/{name}                        one topic: configs, partitions
+    GET /metadata/topics/{name}/partitions[?after=P&limit=N]
+    GET /metadata/acls[?after=ID&limit=N]
+    GET /metadata/configs?type=topic|broker&name=NAME  one resource's configs
+                   (name '' for the brokers' cluster-wide defaults)
+                   Pages hold at most 1000 items (default 100) and carry
+                   "next": the cursor for `after`, null on the last page. An
+                   unknown broker or topic is a 404, a bad argument a 400,
+                   each with {"error": ..., "message": ...}.
     GET /metrics   Prometheus text format
 
 With authorization on (TLS), /health stays open; /quorum, /metadata and
@@ -27,6 +40,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from broker import authz
+from broker import metadata_views as views
 from broker.clocks import now_ms
 from broker.principal import ANONYMOUS, Principal, principal_from_cert
 from broker.tls import INSECURE_DETAIL
@@ -148,8 +162,64 @@ async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
     async def quorum(_request: web.Request) -> web.Response:
         return web.json_response(quorum_view(broker))
 
+    def state():
+        return broker.controller.state
+
+    def not_found(what: str) -> web.Response:
+        return web.json_response({"error": "NOT_FOUND", "message": what}, status=404)
+
+    def paged(build):
+        async def handler(request: web.Request) -> web.Response:
+            try:
+                return build(request, views.page_limit(request.query.get("limit")))
+            except views.PageError as exc:
+                return web.json_response({"error": "INVALID_REQUEST", "message": str(exc)}, status=400)
+        return handler
+
     async def metadata(_request: web.Request) -> web.Response:
-        return web.json_response(broker.controller.state.to_json())
+        return web.json_response(views.summary(state()))
+
+    def brokers(request: web.Request, limit: int) -> web.Response:
+        after = views.int_cursor(request.query.get("after"), "after")
+        return web.json_response(views.brokers_page(state(), after, limit))
+
+    async def one_broker(request: web.Request) -> web.Response:
+        try:
+            broker_id = int(request.match_info["id"])
+        except ValueError:
+            return web.json_response({"error": "INVALID_REQUEST",
+                                      "message": f"broker id must be an integer, got {request.match_info['id']!r}"},
+                                     status=400)
+        body = views.broker(state(), broker_id)
+        return not_found(f"no broker {broker_id}") if body is None else web.json_response(body)
+
+    def topics(request: web.Request, limit: int) -> web.Response:
+        return web.json_response(views.topics_page(state(), request.query.get("after") or None, limit))
+
+    def one_topic(request: web.Request, limit: int) -> web.Response:
+        name = request.match_info["name"]
+        body = views.topic(state(), name, limit if "limit" in request.query else views.PAGE_LIMIT_MAX)
+        return not_found(f"no topic {name!r}") if body is None else web.json_response(body)
+
+    def partitions(request: web.Request, limit: int) -> web.Response:
+        name = request.match_info["name"]
+        if name not in state().topic_ids:
+            return not_found(f"no topic {name!r}")
+        after = views.int_cursor(request.query.get("after"), "after")
+        return web.json_response(views.partitions_page(state(), name, after, limit))
+
+    async def configs(request: web.Request) -> web.Response:
+        kinds = {v: k for k, v in views.RESOURCE_NAMES.items()}
+        kind = request.query.get("type")
+        if kind not in kinds or "name" not in request.query:
+            return web.json_response({"error": "INVALID_REQUEST",
+                                      "message": "give type=topic|broker and name=NAME"}, status=400)
+        name = request.query["name"]
+        return web.json_response({"offset": state().offset, "type": kind, "name": name,
+                                  "configs": views.resource_configs(state(), kinds[kind], name)})
+
+    def acls(request: web.Request, limit: int) -> web.Response:
+        return web.json_response(views.acls_page(state(), request.query.get("after") or None, limit))
 
     async def metrics(_request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(broker.metrics.registry),
@@ -159,6 +229,13 @@ async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
     app.router.add_get("/health", health)
     app.router.add_get("/quorum", quorum)
     app.router.add_get("/metadata", metadata)
+    app.router.add_get("/metadata/brokers", paged(brokers))
+    app.router.add_get("/metadata/brokers/{id}", one_broker)
+    app.router.add_get("/metadata/topics", paged(topics))
+    app.router.add_get("/metadata/topics/{name}", paged(one_topic))
+    app.router.add_get("/metadata/topics/{name}/partitions", paged(partitions))
+    app.router.add_get("/metadata/acls", paged(acls))
+    app.router.add_get("/metadata/configs", configs)
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

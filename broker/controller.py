@@ -108,7 +108,8 @@ class ControllerState:
     """
 
     __slots__ = ("offset", "brokers", "topics", "topic_ids", "partitions", "configs",
-                 "features", "acls", "acl_version", "invalid_records", "last_invalid", "producers")
+                 "features", "acls", "acl_version", "invalid_records", "last_invalid", "producers",
+                 "partition_counts", "config_names", "topics_version", "_sorted_names")
 
     def __init__(self, offset: int = 0) -> None:
         self.offset = offset
@@ -117,6 +118,14 @@ class ControllerState:
         self.topic_ids: dict[str, str] = {}  # name -> topic id
         self.partitions: dict[PartitionKey, r.Partition] = {}
         self.configs: dict[ConfigKey, str] = {}
+        # Indexes for reads and removals that must not scan every partition or
+        # config (2M partitions): a topic's partitions are ids 0..count-1, as
+        # in Kafka; a resource's config names; a counter bumped when the set
+        # of topic names changes (broker.metadata_views caches its sorted list).
+        self.partition_counts: dict[str, int] = {}  # topic id -> 1 + highest partition id
+        self.config_names: dict[tuple[int, str], set[str]] = {}
+        self.topics_version = 0
+        self._sorted_names: tuple[int, list[str]] = (-1, [])
         self.features: dict[str, int] = {}
         self.acls: dict[str, r.AccessControlEntry] = {}  # by ACL id
         self.acl_version = 0  # bumped on every ACL change: lets the authorizer cache its view
@@ -229,6 +238,7 @@ class ControllerState:
             return self._invalid(f"Topic {rec.name!r} / {rec.topic_id} already exists")
         self.topics[rec.topic_id] = rec
         self.topic_ids[rec.name] = rec.topic_id
+        self.topics_version += 1
         return True
 
     def _partition(self, rec: r.Partition) -> bool:
@@ -238,6 +248,8 @@ class ControllerState:
         if problem:
             return self._invalid(f"Partition {rec.topic_id}/{rec.partition_id}: {problem}")
         self.partitions[(rec.topic_id, rec.partition_id)] = rec
+        if rec.partition_id >= self.partition_counts.get(rec.topic_id, 0):
+            self.partition_counts[rec.topic_id] = rec.partition_id + 1
         return True
 
     def _partition_change(self, rec: r.PartitionChange) -> bool:
@@ -267,10 +279,17 @@ class ControllerState:
         elif rec.resource_type != r.RESOURCE_BROKER:
             return self._invalid(f"Config with unknown resource type {rec.resource_type}")
         key = (rec.resource_type, rec.resource_name, rec.name)
+        resource = (rec.resource_type, rec.resource_name)
         if rec.value is None:
             self.configs.pop(key, None)
+            names = self.config_names.get(resource)
+            if names is not None:
+                names.discard(rec.name)
+                if not names:
+                    del self.config_names[resource]
         else:
             self.configs[key] = rec.value
+            self.config_names.setdefault(resource, set()).add(rec.name)
         return True
 
     def _remove_topic(self, rec: r.RemoveTopic) -> bool:
@@ -278,11 +297,11 @@ class ControllerState:
         if topic is None:
             return self._invalid(f"RemoveTopic of unknown topic id {rec.topic_id}")
         del self.topic_ids[topic.name]
-        for key in [k for k in self.partitions if k[0] == rec.topic_id]:
-            del self.partitions[key]
-        for key in [k for k in self.configs
-                    if k[0] == r.RESOURCE_TOPIC and k[1] == topic.name]:
-            del self.configs[key]
+        self.topics_version += 1
+        for pid in range(self.partition_counts.pop(rec.topic_id, 0)):
+            self.partitions.pop((rec.topic_id, pid), None)
+        for name in self.config_names.pop((r.RESOURCE_TOPIC, topic.name), ()):
+            del self.configs[(r.RESOURCE_TOPIC, topic.name, name)]
         return True
 
     def _feature_level(self, rec: r.FeatureLevel) -> bool:
@@ -332,6 +351,9 @@ class ControllerState:
         c.topic_ids = dict(self.topic_ids)
         c.partitions = dict(self.partitions)
         c.configs = dict(self.configs)
+        c.partition_counts = dict(self.partition_counts)
+        c.config_names = {k: set(v) for k, v in self.config_names.items()}
+        c.topics_version = self.topics_version
         c.features = dict(self.features)
         c.acls = dict(self.acls)
         c.acl_version = self.acl_version
@@ -385,12 +407,22 @@ class ControllerState:
                 f"topics={len(self.topics)}, partitions={len(self.partitions)}, "
                 f"configs={len(self.configs)}, acls={len(self.acls)}, invalid={self.invalid_records})")
 
+    def sorted_topic_names(self) -> list[str]:
+        """Topic names in order (for paging), sorted again only after the set changed."""
+        version, names = self._sorted_names
+        if version != self.topics_version:
+            names = sorted(self.topic_ids)
+            self._sorted_names = (self.topics_version, names)
+        return names
+
     def topic_by_name(self, name: str) -> r.Topic | None:
         tid = self.topic_ids.get(name)
         return None if tid is None else self.topics[tid]
 
     def to_json(self) -> dict:
-        """What /metadata serves; `offset` is the next offset reflected."""
+        """The whole state as one dict, for tests and tools on small states
+        (`offset` is the next offset reflected). The admin API never builds
+        it: it serves pages (broker.metadata_views)."""
         brokers = []
         for bid in sorted(self.brokers):
             br = self.brokers[bid]
@@ -401,7 +433,7 @@ class ControllerState:
                               for e in br.endpoints],
             })
         topics = [{"name": name, "topic_id": self.topic_ids[name],
-                   "partitions": sum(1 for k in self.partitions if k[0] == self.topic_ids[name])}
+                   "partitions": self.partition_counts.get(self.topic_ids[name], 0)}
                   for name in sorted(self.topic_ids)]
         partitions = []
         for (tid, pid) in sorted(self.partitions, key=lambda k: (self.topics[k[0]].name, k[1])):

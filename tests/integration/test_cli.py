@@ -71,7 +71,7 @@ async def test_produce_consume_and_controller_commands_through_the_cli(make_clus
 
     # Every broker, followers and the observer included, converges on the same state.
     def same_metadata():
-        views = [cluster.admin(n, "/metadata") for n in cluster.nodes]
+        views = [cluster.metadata_state(n) for n in cluster.nodes]
         return views if all(v == views[0] and v and v.get("topics") for v in views) else None
 
     views = await asyncio.to_thread(cluster.wait_for, same_metadata, 15, "all brokers to apply the commands")
@@ -80,6 +80,33 @@ async def test_produce_consume_and_controller_commands_through_the_cli(make_clus
     assert "retention.ms" in json.dumps(state["configs"])
     for part in state["partitions"]:
         assert 2 not in part["isr"] or len(part["isr"]) == 1, "fenced broker 2 still in a multi-member ISR"
+
+    # Reads as a user makes them: one topic, one broker, listings page by page.
+    admin = f"https://{cluster.host}:{cluster.nodes[1].admin_port}"
+    reads = ["--client-config", cluster.client_config_path, "--admin", admin]
+    out = await asyncio.to_thread(run, "topics", "create", "audit", "--partitions", "1")
+    assert out.returncode == 0, out.stderr
+
+    def both_topics():
+        out = metalog("topics", "list", *reads, "--limit", "1", "--all")
+        return out if out.returncode == 0 and len(out.stdout.splitlines()) == 2 else None
+
+    out = await asyncio.to_thread(cluster.wait_for, both_topics, 15, "both topics listed")
+    assert [json.loads(line)["name"] for line in out.stdout.splitlines()] == ["audit", "orders"]
+    out = await asyncio.to_thread(metalog, "topics", "list", *reads, "--limit", "1")
+    assert [json.loads(line)["name"] for line in out.stdout.splitlines()] == ["audit"]
+    assert "more after 'audit': --after audit or --all" in out.stderr
+    out = await asyncio.to_thread(metalog, "topics", "describe", "orders", *reads)
+    assert out.returncode == 0, out.stderr
+    orders = json.loads(out.stdout)
+    assert orders["partition_count"] == 3 and [p["partition"] for p in orders["partitions"]] == [0, 1, 2]
+    assert orders["configs"] == {"retention.ms": "1000"}
+    out = await asyncio.to_thread(metalog, "topics", "describe", "nope", *reads)
+    assert out.returncode == 1 and out.stderr.strip() == f"metalog: {admin}/metadata/topics/nope: no topic 'nope'"
+    out = await asyncio.to_thread(metalog, "brokers", "describe", "2", *reads)
+    assert out.returncode == 0 and json.loads(out.stdout)["fenced"] is True
+    out = await asyncio.to_thread(metalog, "brokers", "list", *reads)
+    assert [json.loads(line)["broker_id"] for line in out.stdout.splitlines()] == [1, 2, 3]
 
     # consume shows the controller's records decoded, one JSON line each; --raw the bytes.
     out = await asyncio.to_thread(run, "consume", "--from", "earliest", "--idle-exit-s", "1")

@@ -46,7 +46,7 @@ def log_start_past_zero_everywhere(cluster, nodes):
 
 
 def identical_metadata(cluster, nodes):
-    views = [cluster.admin(n, "/metadata") for n in nodes]
+    views = [cluster.metadata_state(n) for n in nodes]
     return views if all(v and v == views[0] for v in views) else None
 
 
@@ -131,7 +131,7 @@ async def test_restarted_broker_boots_from_snapshot_and_tail_with_identical_meta
     def booted():
         lines[:] = [line for line in cluster.read_log_lines(node) if line.get("event") == "snapshot_loaded"]
         return lines and identical_metadata(cluster, cluster.nodes) \
-            and without_offset(cluster.admin(node, "/metadata")) == without_offset(before[0])
+            and without_offset(cluster.metadata_state(node)) == without_offset(before[0])
 
     await asyncio.to_thread(cluster.wait_for, booted, 20, "the restarted broker to load its snapshot")
-    assert "after-snapshot" in str(cluster.admin(node, "/metadata")["topics"])
+    assert "after-snapshot" in str(cluster.metadata_state(node)["topics"])

@@ -57,7 +57,7 @@ async def test_spark_snapshot_of_a_real_cluster_boots_a_broker_and_audit_catches
         await client.close()
 
     def settled():
-        views = [cluster.admin(n, "/metadata") for n in cluster.nodes]
+        views = [cluster.metadata_state(n) for n in cluster.nodes]
         return views[0] if all(v and v == views[0] for v in views) else None
 
     expected = await asyncio.to_thread(cluster.wait_for, settled, 15, "identical /metadata on all brokers")
@@ -87,7 +87,7 @@ async def test_spark_snapshot_of_a_real_cluster_boots_a_broker_and_audit_catches
     try:
         await asyncio.to_thread(fresh.wait_for_leader, 20)
         served = await asyncio.to_thread(
-            fresh.wait_for, lambda: fresh.admin(1, "/metadata"), 10, "/metadata of the fresh broker")
+            fresh.wait_for, lambda: fresh.metadata_state(1), 10, "/metadata of the fresh broker")
         assert without_offset(served) == without_offset(expected)
         assert served["offset"] >= int(os.path.basename(checkpoint).split("-")[0])
         assert any(line.get("event") == "snapshot_loaded" for line in fresh.read_log_lines(1))

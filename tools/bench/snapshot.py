@@ -5,7 +5,8 @@
 Builds a metadata log in memory (brokers, topics, then ISR/leader changes,
 configs and a few fence/unfence cycles up to N records), applies it to a
 controller (the full-replay cost a new broker pays without a snapshot), then
-measures: the state copy taken on the event loop, snapshot generation (encode
+measures: what one admin read costs at that size (one topic, one broker, a
+page; view + JSON), the state copy taken on the event loop, snapshot generation (encode
 + write + fsync + rename, the part that runs off the loop), snapshot load
 (read + CRC verify + decode + apply), and the snapshot size.
 
@@ -17,11 +18,13 @@ local replay-vs-load figures printed here are the CPU side of that comparison.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import shutil
 import tempfile
 import time
 
+from broker import metadata_views as views
 from broker.controller import Controller, load_latest, write_controller_snapshot
 from protocol.messages import SnapshotId
 from storage import batch as b
@@ -64,6 +67,31 @@ def build_log(n_records: int, n_topics: int, partitions: int, n_brokers: int,
     return bytes(out), n_records
 
 
+def print_read_costs(st, rng: random.Random, queries: int = 300) -> None:
+    """Issue 19 item 4: what one admin read costs at this size, view plus JSON
+    encoding (the admin API's work per request, before HTTP), p50 / p99 / max."""
+    names = list(st.topic_ids)
+    brokers = list(st.brokers)
+    if not names or not brokers:
+        return
+    cases = {
+        "one topic (configs + up to 1000 partitions)": lambda: views.topic(st, rng.choice(names)),
+        "one broker": lambda: views.broker(st, rng.choice(brokers)),
+        "a page of 100 topics": lambda: views.topics_page(st, rng.choice(names), 100),
+        "a page of 100 partitions": lambda: views.partitions_page(st, rng.choice(names), None, 100),
+        "summary (/metadata)": lambda: views.summary(st),
+    }
+    for label, read in cases.items():
+        ms = []
+        for _ in range(queries):
+            t0 = time.perf_counter()
+            json.dumps(read())
+            ms.append((time.perf_counter() - t0) * 1000)
+        ms.sort()
+        print(f"read {label}: p50 {ms[len(ms) // 2]:.3f} ms, p99 {ms[int(len(ms) * 0.99)]:.3f} ms, "
+              f"max {ms[-1]:.3f} ms ({queries} queries)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=1_000_000)
@@ -87,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
           f"state: {len(st.brokers)} brokers, {len(st.topics)} topics, "
           f"{len(st.partitions)} partitions, {len(st.configs)} configs, "
           f"{st.invalid_records} invalid records ignored")
+
+    print_read_costs(st, random.Random(2))
 
     directory = args.dir or tempfile.mkdtemp(prefix="bench-snapshot-")
     try:

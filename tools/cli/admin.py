@@ -15,15 +15,18 @@ An authorization refusal is one line on stderr (``metalog: error: not
 authorized: ...``) and exit code 3; other refusals exit 1.
 
 Writes go to the leader over the binary protocol (ControllerCommand) and
-return once committed; reads come from a broker's admin API (/metadata).
+return once committed; reads come from a broker's admin API (/metadata/...),
+one topic or broker at a time or page by page.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
+import shlex
 import sys
+import urllib.error
+import urllib.parse
 
 from broker.client import AuthorizationError, ClusterUnavailable, MetalogError
 from broker.client_config import admin_get
@@ -56,8 +59,52 @@ def _run(args, command: str, **cmd_args) -> int:
     return asyncio.run(go())
 
 
-def _metadata(admin: str, tls) -> dict:
-    return admin_get(admin.rstrip("/") + "/metadata", tls)
+def _admin_read(args, path: str) -> tuple[int, dict | None]:
+    """GET an admin API path with the client config's certificate: (0, body)
+    or (exit code, None) after one line on stderr (404: the name is unknown)."""
+    cs = client_settings(args)
+    admin = args.admin or cs["admin"] or ("http" if cs["tls"] is None else "https") + "://127.0.0.1:10091"
+    url = admin.rstrip("/") + path
+    try:
+        return 0, admin_get(url, cs["tls"])
+    except urllib.error.HTTPError as exc:
+        try:
+            message = json.loads(exc.read()).get("message", exc.reason)
+        except ValueError:
+            message = exc.reason
+        print(f"metalog: {url}: {message}", file=sys.stderr)
+        return 1, None
+    except OSError as exc:
+        print(f"metalog: cannot read {url}: {exc}", file=sys.stderr)
+        return 1, None
+
+
+def _list_pages(args, path: str, key: str) -> int:
+    """Print a paged listing as JSON lines, one item each: one page of
+    --limit items after --after, or every page with --all."""
+    after = args.after
+    while True:
+        query = {"limit": args.limit} | ({} if after is None else {"after": after})
+        rc, page = _admin_read(args, f"{path}?{urllib.parse.urlencode(query)}")
+        if page is None:
+            return rc
+        for item in page[key]:
+            print(json.dumps(item))
+        after = page["next"]
+        if after is None or not args.all:
+            if after is not None:
+                print(f"metalog: more after {after!r}: --after {shlex.quote(str(after))} or --all",
+                      file=sys.stderr)
+            return 0
+
+
+def _read_args(p, listing: bool = False) -> None:
+    p.add_argument("--admin", help="admin API URL (default: the client config's, e.g. https://127.0.0.1:10091)")
+    add_credential_args(p)
+    if listing:
+        p.add_argument("--after", help="start after this name / id (the 'next' of the previous page)")
+        p.add_argument("--limit", type=int, default=100, help="items per page (1..1000, default 100)")
+        p.add_argument("--all", action="store_true", help="every page, not just one")
 
 
 def register_cli(sub) -> None:
@@ -74,10 +121,13 @@ def register_cli(sub) -> None:
     add_client_args(p)
     p.add_argument("name")
     p.set_defaults(func=lambda a: _run(a, "delete_topic", name=a.name))
-    p = tsub.add_parser("list", help="topics and partitions from a broker's /metadata")
-    p.add_argument("--admin", help="admin API URL (default: the client config's, e.g. https://127.0.0.1:10091)")
-    add_credential_args(p)
-    p.set_defaults(func=_list_topics)
+    p = tsub.add_parser("list", help="topics by name with their partition counts, one JSON line each (paged)")
+    _read_args(p, listing=True)
+    p.set_defaults(func=lambda a: _list_pages(a, "/metadata/topics", "topics"))
+    p = tsub.add_parser("describe", help="one topic: id, configs and partitions (leader, ISR, replicas)")
+    _read_args(p)
+    p.add_argument("name")
+    p.set_defaults(func=_describe_topic)
 
     brokers = sub.add_parser("brokers", help="register, fence, unfence, unregister brokers")
     bsub = brokers.add_subparsers(dest="brokers_command", required=True)
@@ -88,6 +138,13 @@ def register_cli(sub) -> None:
     p.add_argument("--rack")
     p.set_defaults(func=lambda a: _run(a, "register_broker", broker_id=a.broker_id, rack=a.rack,
                                        endpoints=[_endpoint(e) for e in a.endpoint]))
+    p = bsub.add_parser("list", help="registered brokers by id, one JSON line each (paged)")
+    _read_args(p, listing=True)
+    p.set_defaults(func=lambda a: _list_pages(a, "/metadata/brokers", "brokers"))
+    p = bsub.add_parser("describe", help="one broker: registration, fenced or not, configs")
+    _read_args(p)
+    p.add_argument("broker_id", type=int)
+    p.set_defaults(func=lambda a: _print_read(a, f"/metadata/brokers/{a.broker_id}"))
     for verb in ("fence", "unfence", "unregister"):
         p = bsub.add_parser(verb)
         add_client_args(p)
@@ -182,14 +239,26 @@ def _endpoint(text: str) -> list:
     return [name, host, int(port)]
 
 
-def _list_topics(args: argparse.Namespace) -> int:
-    cs = client_settings(args)
-    admin = args.admin or cs["admin"] or ("http" if cs["tls"] is None else "https") + "://127.0.0.1:10091"
-    args.admin = admin
-    try:
-        meta = _metadata(admin, cs["tls"])
-    except OSError as exc:
-        print(f"metalog: cannot read {args.admin}/metadata: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps({"offset": meta.get("offset"), "topics": meta.get("topics")}, indent=2))
+def _print_read(args, path: str) -> int:
+    rc, body = _admin_read(args, path)
+    if body is not None:
+        print(json.dumps(body, indent=2))
+    return rc
+
+
+def _describe_topic(args) -> int:
+    """The topic with every partition (a topic's first page holds 1000; the
+    rest are read page by page)."""
+    name = urllib.parse.quote(args.name, safe="")
+    rc, body = _admin_read(args, f"/metadata/topics/{name}")
+    if body is None:
+        return rc
+    after = body.pop("next_partition")
+    while after is not None:
+        rc, page = _admin_read(args, f"/metadata/topics/{name}/partitions?limit=1000&after={after}")
+        if page is None:
+            return rc
+        body["partitions"] += page["partitions"]
+        after = page["next"]
+    print(json.dumps(body, indent=2))
     return 0

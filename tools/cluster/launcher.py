@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -417,6 +418,54 @@ class LocalCluster:
 
     def quorum(self, node_id: int) -> dict | None:
         return self.admin(node_id, "/quorum")
+
+    def metadata_state(self, node_id: int) -> dict | None:
+        """The node's whole controller state, read page by page through the
+        admin API (for tests and drills on small states: the API never serves
+        it in one answer). Same shape as ControllerState.to_json(); None if a
+        page fails or the state moved while it was being read."""
+        def pages(path: str, key: str) -> list | None:
+            items: list = []
+            after = None
+            for _ in range(100_000):  # bounded: a page holds up to 1000 items
+                q = f"{path}{'&' if '?' in path else '?'}limit=1000" + (
+                    "" if after is None else f"&after={urllib.parse.quote(str(after))}")
+                page = self.admin(node_id, q)
+                if page is None:
+                    return None
+                items += page[key]
+                after = page["next"]
+                if after is None:
+                    return items
+            return None
+
+        summary = self.admin(node_id, "/metadata")
+        brokers = pages("/metadata/brokers", "brokers")
+        topics = pages("/metadata/topics", "topics")
+        acls = pages("/metadata/acls", "acls")
+        if summary is None or brokers is None or topics is None or acls is None:
+            return None
+        partitions: list = []
+        configs: list = []
+        resources = [("topic", t["name"]) for t in topics] + [("broker", str(b["broker_id"])) for b in brokers]
+        for t in topics:
+            got = pages(f"/metadata/topics/{urllib.parse.quote(t['name'], safe='')}/partitions", "partitions")
+            if got is None:
+                return None
+            partitions += got
+        for kind, name in resources + [("broker", "")]:
+            got = self.admin(node_id, f"/metadata/configs?type={kind}&name={urllib.parse.quote(name)}")
+            if got is None:
+                return None
+            rt = 2 if kind == "topic" else 4
+            configs += [{"resource_type": rt, "resource_name": name, "name": k, "value": v}
+                        for k, v in got["configs"].items()]
+        if self.admin(node_id, "/metadata") != summary:
+            return None  # it moved while we read: the caller polls again
+        partitions.sort(key=lambda p: (p["topic"], p["partition"]))
+        configs.sort(key=lambda c: (c["resource_type"], c["resource_name"], c["name"]))
+        return {"offset": summary["offset"], "brokers": brokers, "topics": topics, "partitions": partitions,
+                "configs": configs, "features": summary["features"], "acls": acls}
 
     def leader(self) -> tuple[int, int] | None:
         """(leader id, epoch) that a live leader itself reports, the highest epoch."""
