@@ -48,6 +48,9 @@ same way. A record value that does not decode counts as invalid too.
   (``broker.authz.acl_problem``); otherwise adds it.
 * RemoveAccessControlEntry: invalid if the id is unknown; removes it.
 * NoOp: nothing.
+* UnknownRecord (a Kafka record type we do not model, e.g. ProducerIds): no
+  state change, valid; counted by type name in ``unknown_records`` so that a
+  replay of a Kafka log says what it could not model.
 
 A partition is malformed when: replicas is empty or has duplicates or a
 negative id, the ISR is empty, has duplicates or holds a non-replica, or the
@@ -109,6 +112,7 @@ class ControllerState:
 
     __slots__ = ("offset", "brokers", "topics", "topic_ids", "partitions", "configs",
                  "features", "acls", "acl_version", "invalid_records", "last_invalid", "producers",
+                 "unknown_records",
                  "partition_counts", "config_names", "topics_version", "_sorted_names")
 
     def __init__(self, offset: int = 0) -> None:
@@ -137,6 +141,8 @@ class ControllerState:
         # snapshot never saw the invalid records that preceded it).
         self.invalid_records = 0
         self.last_invalid: str | None = None
+        # Diagnostic, like invalid_records: records of types we do not model, by type name.
+        self.unknown_records: dict[str, int] = {}
 
     # ---------------------------------------------------------------- apply
 
@@ -332,6 +338,11 @@ class ControllerState:
     def _no_op(self, rec: r.NoOp) -> bool:
         return True
 
+    def _unknown(self, rec: r.UnknownRecord) -> bool:
+        name = r.type_name(rec)
+        self.unknown_records[name] = self.unknown_records.get(name, 0) + 1
+        return True
+
     def _producer_state(self, rec: r.ProducerState) -> bool:
         if rec.producer_id < 0 or len(rec.batches) > RETAINED_BATCHES:
             return self._invalid(f"ProducerState of producer id {rec.producer_id} with "
@@ -359,6 +370,7 @@ class ControllerState:
         c.acl_version = self.acl_version
         c.invalid_records = self.invalid_records
         c.last_invalid = self.last_invalid
+        c.unknown_records = dict(self.unknown_records)
         c.producers = self.producers.copy()  # entries are mutable: copied
         return c
 
@@ -467,6 +479,7 @@ _HANDLERS = {
     r.RemoveAccessControlEntry: ControllerState._remove_access_control_entry,
     r.NoOp: ControllerState._no_op,
     r.ProducerState: ControllerState._producer_state,
+    r.UnknownRecord: ControllerState._unknown,
 }
 
 
@@ -484,6 +497,21 @@ class CommandError(ValueError):
 
 class LogGapError(ValueError):
     """Batches handed to the controller skip offsets: a driver bug."""
+
+
+def _uuid_arg(what: str, text: str | None) -> str:
+    """A fresh uuid when `text` is None, else `text` if it is one (ids are 16
+    bytes on disk, canonical hyphenated text in memory)."""
+    if text is None:
+        return str(uuid.uuid4())
+    try:
+        r.uuid_bytes(text)
+    except ValueError:
+        raise CommandError(f"{what} {text!r} is not a uuid "
+                           "(like 0f8e4a2c-5b1d-4c3e-9a7f-2d6b8c1e3f40)") from None
+    if text == "":
+        raise CommandError(f"{what} must not be empty")
+    return text
 
 
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
@@ -588,7 +616,7 @@ class Controller:
             raise CommandError(
                 f"replication factor {replication_factor} is larger than the "
                 f"{len(live)} live broker(s) {live}", ErrorCode.BROKER_NOT_AVAILABLE)
-        tid = topic_id or str(uuid.uuid4())
+        tid = _uuid_arg("topic id", topic_id)
         if tid in st.topics:
             raise CommandError(f"topic id {tid} already exists")
         out = [r.encode_record(r.Topic(name, tid))]
@@ -621,7 +649,7 @@ class Controller:
             eps.append(r.Endpoint(str(name), str(host), int(port)))
         old = self.state.brokers.get(broker_id)
         epoch = old.broker_epoch + 1 if old else 1
-        rec = r.RegisterBroker(broker_id, incarnation_id or str(uuid.uuid4()), epoch,
+        rec = r.RegisterBroker(broker_id, _uuid_arg("incarnation id", incarnation_id), epoch,
                                tuple(eps), rack, fenced)
         return [r.encode_record(rec)]
 

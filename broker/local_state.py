@@ -24,7 +24,8 @@ from broker.quorum import api as qa
 from broker.quorum.voters import voter_set_of, voter_sets_in
 from storage.atomic import atomic_write
 from storage.epochs import EpochCheckpointError, EpochHistory, read_checkpoint
-from storage.format_upgrade import FORMAT_KEY, FORMAT_VERSION, PARTITION_DIR, format_version_of, holds_data, read_props
+from storage.format_upgrade import (FORMAT_KEY, FORMAT_VERSION, PARTITION_DIR, UPGRADABLE_VERSIONS, format_version_of,
+                                    holds_data, read_props)
 from storage.errors import CorruptionReport, CorruptLogError
 from storage.log import SegmentedLog
 from storage.quorum_state import QuorumStateError, QuorumStateFile
@@ -78,15 +79,17 @@ def check_format_version(data_dir: str, props: dict[str, str], log) -> bool:
     if version == FORMAT_VERSION:
         return False
     path = os.path.join(data_dir, META_FILE)
-    if version == 1:
+    if version in UPGRADABLE_VERSIONS:
         if not holds_data(os.path.join(data_dir, PARTITION_DIR)):
             log.info("format_version_stamped", data_dir=data_dir, format_version=FORMAT_VERSION,
-                     reason="the dir holds no records yet")
+                     old_format_version=version, reason="the dir holds no records yet")
             return True
+        where = f"{path} has no {FORMAT_KEY}" if version == 1 else f"{path}: {FORMAT_KEY}={version}"
         raise StartupError(
-            f"data dir {data_dir} is in metalog format version 1 ({path} has no {FORMAT_KEY}); this build "
-            f"reads format version {FORMAT_VERSION} (Kafka's v2 records and control records): refusing to "
-            f"start. Convert it, with this broker stopped: metalog storage upgrade --data-dir {data_dir}")
+            f"data dir {data_dir} is in metalog format version {version} ({where}); this build "
+            f"reads format version {FORMAT_VERSION} (Kafka's v2 records, control records and metadata "
+            f"records): refusing to start. Convert it, with this broker stopped: "
+            f"metalog storage upgrade --data-dir {data_dir}")
     raise StartupError(
         f"data dir {data_dir} is in metalog format version {version!r} ({path}: {FORMAT_KEY}); this build "
         f"reads format version {FORMAT_VERSION} only: refusing to start (run the build that wrote it)")

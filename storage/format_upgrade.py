@@ -1,21 +1,27 @@
-"""The on-disk format version of a data dir, and the upgrade from version 1.
+"""The on-disk format version of a data dir, and the upgrades to the current one.
 
 Version 1 (builds before issue 17) framed the records inside a batch as
 ``u32 length | value`` and a control record as ``type i16 | version i16 |
 body`` (msgpack bodies for LeaderChange, SnapshotHeader, SnapshotFooter).
 Version 2 writes Kafka's v2 records and Kafka's control records
-(storage.batch, storage.control_records). Batch headers are the same in
-both; only the records and so the lengths, CRCs and file positions change.
+(storage.batch, storage.control_records), but metadata record values are
+still ``api_key i16 | version i16 | msgpack array`` (ACLs under keys 6 and
+16). Version 3 writes metadata record values in Kafka's ApiMessageAndVersion
+framing with Kafka's bodies and api keys (storage.metadata_records). Batch
+headers are the same in all three; only the records and so the lengths, CRCs
+and file positions change.
 
 meta.properties carries ``metalog.format.version`` (absent = 1). A broker
-refuses a version-1 dir that holds data, naming its version and the command
+refuses an older dir that holds data, naming its version and the command
 ``metalog storage upgrade --data-dir DIR``, which calls upgrade_data_dir:
 every segment and snapshot is rewritten batch by batch (tmp file, fsync,
-rename, directory fsync: storage.atomic.atomic_write), the segment's
-``.index`` and ``.timeindex`` are emptied (positions moved; the log rebuilds them at open), a
-snake_case quorum-state is rewritten as Kafka's JSON, and meta.properties is
-stamped last. A batch already in version 2 is kept as it
-is, so an interrupted upgrade is finished by running it again.
+rename, directory fsync: storage.atomic.atomic_write), 1 -> 3 in one pass,
+the segment's ``.index`` and ``.timeindex`` are emptied (positions moved;
+the log rebuilds them at open), a snake_case quorum-state is rewritten as
+Kafka's JSON, and meta.properties is stamped last. A batch or value already
+in version 3 is kept as it is, so an interrupted upgrade is finished by
+running it again. A value that is not a version-2 metadata record (a
+produced record, or one no build could decode) is kept byte for byte.
 """
 
 from __future__ import annotations
@@ -28,11 +34,13 @@ import msgspec
 
 from storage import batch as b
 from storage import control_records as cr
+from storage import metadata_records as mr
 from storage.atomic import atomic_write
 from storage.errors import QuorumStateError
 from storage.quorum_state import QuorumStateFile
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+UPGRADABLE_VERSIONS = (1, 2)
 FORMAT_KEY = "metalog.format.version"
 META_FILE = "meta.properties"
 PARTITION_DIR = "__cluster_metadata-0"
@@ -42,7 +50,49 @@ _V1_BODIES = {cr.LEADER_CHANGE, cr.SNAPSHOT_HEADER, cr.SNAPSHOT_FOOTER}  # msgpa
 
 
 class FormatError(ValueError):
-    """A file that is neither version 1 nor version 2, or is damaged: names file and byte."""
+    """A file in no version we know, or damaged: names file and byte."""
+
+
+# Version 1 and 2 metadata values: api key i16 | version i16 (always 0) | a
+# msgpack array of the record's fields in order (the classes of
+# storage.metadata_records kept those fields; Endpoint's new last field has a
+# default). AccessControlEntry and its removal had keys 6 and 16, not Kafka's.
+_LEGACY_PREFIX = struct.Struct(">hh")
+_LEGACY_TYPES = {
+    0: mr.RegisterBroker, 1: mr.UnregisterBroker, 2: mr.Topic, 3: mr.Partition, 4: mr.Config,
+    5: mr.PartitionChange, 6: mr.AccessControlEntry, 7: mr.FenceBroker, 8: mr.UnfenceBroker,
+    9: mr.RemoveTopic, 12: mr.FeatureLevel, 16: mr.RemoveAccessControlEntry, 20: mr.NoOp,
+    1000: mr.ProducerState,
+}
+_LEGACY_DECODERS = {key: msgspec.msgpack.Decoder(cls) for key, cls in _LEGACY_TYPES.items()}
+
+
+def legacy_metadata_record(value: bytes) -> mr.MetadataRecord | None:
+    """The record a version-1/2 metadata value holds, or None if the value is
+    not one (a produced record, an undecodable one, or a version-3 value: its
+    first byte, frame version 1, makes a key of 256..511, which no type had)."""
+    if len(value) < _LEGACY_PREFIX.size:
+        return None
+    key, version = _LEGACY_PREFIX.unpack_from(value)
+    dec = _LEGACY_DECODERS.get(key)
+    if dec is None or version != 0:
+        return None
+    try:
+        return dec.decode(value[_LEGACY_PREFIX.size:])
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def convert_value(value: bytes) -> bytes:
+    """A metadata value in version 3; anything else unchanged. ValueError if the
+    record cannot be written in Kafka's encoding (an id that is not a uuid)."""
+    rec = legacy_metadata_record(value)
+    if rec is None:
+        return value
+    try:
+        return mr.encode_record(rec)
+    except (ValueError, OverflowError) as exc:
+        raise ValueError(f"its {type(rec).__name__} record has no Kafka encoding: {exc}") from None
 
 
 def read_props(path: str) -> dict[str, str]:
@@ -116,14 +166,18 @@ def is_v2_batch(raw: bytes, h: b.BatchHeader) -> bool:
 
 
 def convert_batch(raw: bytes, h: b.BatchHeader) -> bytes:
-    """The batch in version 2: itself if it is already; else re-encoded with
+    """The batch in version 3: itself if it is already; else re-encoded with
     the same offsets, epoch, timestamp, producer fields and control bit."""
     if is_v2_batch(raw, h):
-        return raw
-    assert h.attributes & ~b.ATTR_CONTROL == 0, "version 1 wrote no other attribute bits"
-    records = _v1_records(raw, h)
-    if h.is_control:
-        records = [_v1_control(v) for v in records]
+        old = b.decode_records(raw, h)
+        records = old if h.is_control else [convert_value(v) for v in old]
+        if records == old:
+            return raw
+    else:
+        records = _v1_records(raw, h)
+        records = [_v1_control(v) for v in records] if h.is_control else [convert_value(v) for v in records]
+    if h.attributes & ~b.ATTR_CONTROL:
+        raise ValueError(f"attributes {h.attributes:#x}: versions 1 and 2 set no bit but the control bit")
     out = b.encode_batch(h.base_offset, h.leader_epoch, records, h.first_timestamp_ms, is_control=h.is_control,
                          producer_id=h.producer_id, producer_epoch=h.producer_epoch,
                          base_sequence=h.base_sequence)
@@ -132,7 +186,7 @@ def convert_batch(raw: bytes, h: b.BatchHeader) -> bytes:
 
 
 def convert_file(path: str) -> tuple[bool, int]:
-    """Rewrite one segment or snapshot file in version 2, durably.
+    """Rewrite one segment or snapshot file in version 3, durably.
     Returns (changed, batches). A torn tail (an incomplete last batch) is kept
     as it is: the log's crash recovery cuts it, as before. FormatError names
     the file and byte of a batch that is damaged or in neither format."""
@@ -147,8 +201,8 @@ def convert_file(path: str) -> tuple[bool, int]:
             try:
                 parts.append(convert_batch(raw, h))
             except (ValueError, msgspec.DecodeError, TypeError) as exc:
-                raise FormatError(f"{path}: batch at byte {pos} (offset {h.base_offset}) is neither "
-                                  f"format version 1 nor 2: {exc}") from None
+                raise FormatError(f"{path}: batch at byte {pos} (offset {h.base_offset}) cannot be "
+                                  f"converted to format version {FORMAT_VERSION}: {exc}") from None
             end = pos + h.size
             count += 1
     except b.CorruptBatchError as exc:
@@ -181,9 +235,9 @@ def upgrade_data_dir(data_dir: str) -> UpgradeReport:
     if version == FORMAT_VERSION:
         report.already = True
         return report
-    if version != 1:
-        raise FormatError(f"{meta}: {FORMAT_KEY}={version}: this build reads versions 1 and "
-                          f"{FORMAT_VERSION} only; nothing changed")
+    if version not in UPGRADABLE_VERSIONS:
+        raise FormatError(f"{meta}: {FORMAT_KEY}={version}: this build upgrades versions 1 and 2 "
+                          f"to {FORMAT_VERSION} only; nothing changed")
     part_dir = os.path.join(data_dir, PARTITION_DIR)
     names = sorted(os.listdir(part_dir)) if os.path.isdir(part_dir) else []
     for name in names:
@@ -206,7 +260,7 @@ def upgrade_data_dir(data_dir: str) -> UpgradeReport:
         except QuorumStateError as exc:
             raise FormatError(f"{exc}; nothing more changed") from None
         (report.rewritten if open(qs_path, "rb").read() != before else report.unchanged).append(qs_path)
-    # Stamped last: an interrupted upgrade leaves version 1 and is run again.
+    # Stamped last: an interrupted upgrade leaves the old version and is run again.
     lines = [f"{k}={v}" for k, v in props.items() if k != FORMAT_KEY] + [f"{FORMAT_KEY}={FORMAT_VERSION}"]
     atomic_write(meta, ("\n".join(lines) + "\n").encode())
     return report

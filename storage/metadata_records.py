@@ -1,21 +1,35 @@
 """Metadata records: the values the controller writes into the metadata log.
 
-Each record value is ``api_key i16 | version i16 | msgpack array body`` (big
-endian prefix), with Kafka's metadata record api keys::
+Every value is framed as Kafka's ApiMessageAndVersion (MetadataRecordSerde)::
+
+    frame version uvarint (=1) | api key uvarint | version uvarint | body
+
+and every body is Kafka's "flexible version" encoding of that record's schema
+(Kafka's metadata/*.json): fixed-width big-endian integers, uuids as 16 raw
+bytes, compact strings and arrays (uvarint length + 1, 0 for null) and a
+tagged-field section at the end of each struct. The api keys are Kafka's::
 
     RegisterBroker 0, UnregisterBroker 1, Topic 2, Partition 3, Config 4,
-    PartitionChange 5, AccessControlEntry 6, FenceBroker 7, UnfenceBroker 8,
-    RemoveTopic 9, FeatureLevel 12, RemoveAccessControlEntry 16, NoOp 20,
-    and metalog's own ProducerState 1000 (snapshots only)
+    PartitionChange 5, FenceBroker 7, UnfenceBroker 8, RemoveTopic 9,
+    FeatureLevel 12, AccessControlEntry 18, RemoveAccessControlEntry 19, NoOp 20
 
-The body is a msgspec Struct encoded ``array_like`` (fields by position), so
-adding an optional field at the end is a compatible change; anything else gets
-a new version. Every record type is at version 0 today; a decoder refuses a
-version it does not know rather than guessing.
+plus metalog's own ProducerState 1000 (snapshots only; outside the keys Kafka
+uses, 0..27 today). We write version 0 of each Kafka type and read every
+version Kafka defines (newer fields we do not model are read and dropped); a
+version past those is refused with MetadataRecordError. A record type Kafka
+has and we do not model (ProducerIds 15, BrokerRegistrationChange 17, ...)
+decodes to ``UnknownRecord`` carrying its bytes, so replay can count it by
+type instead of failing or dropping it silently.
+
+In memory, uuids (topic ids, incarnation ids, ACL ids) are canonical
+lower-case hyphenated text (``str(uuid.UUID(...))``); encoding a record whose
+id is not a uuid raises ValueError. Broker ids, epochs and the like are ints.
 
 Pure module (no asyncio, no I/O): the broker, the snapshot code, the dump tool
 and the Spark job all decode with it. Records are frozen and hold tuples, so
 they are hashable and can be shared between a live state and a snapshot copy.
+Decoding is one precompiled function per type over ``struct`` and inline
+varints: replay and snapshot load are dominated by it.
 """
 
 from __future__ import annotations
@@ -31,12 +45,12 @@ TOPIC = 2
 PARTITION = 3
 CONFIG = 4
 PARTITION_CHANGE = 5
-ACCESS_CONTROL_ENTRY = 6
 FENCE_BROKER = 7
 UNFENCE_BROKER = 8
 REMOVE_TOPIC = 9
 FEATURE_LEVEL = 12
-REMOVE_ACCESS_CONTROL_ENTRY = 16
+ACCESS_CONTROL_ENTRY = 18
+REMOVE_ACCESS_CONTROL_ENTRY = 19
 NO_OP = 20
 PRODUCER_STATE = 1000  # metalog's own (Kafka keeps producer state in separate files)
 
@@ -44,22 +58,29 @@ PRODUCER_STATE = 1000  # metalog's own (Kafka keeps producer state in separate f
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
 
+# Kafka's SecurityProtocol ids (BrokerEndpoint.SecurityProtocol).
+SECURITY_PROTOCOLS = {"PLAINTEXT": 0, "SSL": 1, "SASL_PLAINTEXT": 2, "SASL_SSL": 3}
+
 # PartitionChange.leader sentinels, as in Kafka's PartitionChangeRecord.
 LEADER_NO_CHANGE = -2
 NO_LEADER = -1
-
-_PREFIX = struct.Struct(">hh")
-PREFIX_SIZE = _PREFIX.size
-
 
 class _Rec(msgspec.Struct, array_like=True, frozen=True):
     """Base of every metadata record."""
 
 
 class Endpoint(msgspec.Struct, array_like=True, frozen=True):
-    name: str
+    name: str  # the listener name
     host: str
     port: int
+    security_protocol: int = -1  # Kafka's SecurityProtocol id; -1: derived from the name
+
+    def protocol_id(self) -> int:
+        """What Kafka's BrokerEndpoint.SecurityProtocol holds: the explicit id,
+        else the id of a listener named after a protocol, else PLAINTEXT (0)."""
+        if self.security_protocol >= 0:
+            return self.security_protocol
+        return SECURITY_PROTOCOLS.get(self.name.upper(), 0)
 
 
 class RegisterBroker(_Rec):
@@ -157,72 +178,559 @@ class ProducerState(_Rec):
     batches: tuple[tuple[int, int, int, int, int], ...] = ()
 
 
+class UnknownRecord(_Rec):
+    """A framed record of a type this build does not model (a Kafka type such
+    as ProducerIds 15 or BrokerRegistrationChange 17): kept whole so that
+    replay counts it by type and dump shows it, never dropped or guessed at."""
+
+    api_key: int
+    version: int
+    raw: bytes  # the body, after the frame
+
+
 MetadataRecord = Union[
     RegisterBroker, UnregisterBroker, Topic, Partition, Config, PartitionChange,
     FenceBroker, UnfenceBroker, RemoveTopic, FeatureLevel, AccessControlEntry,
-    RemoveAccessControlEntry, NoOp, ProducerState,
+    RemoveAccessControlEntry, NoOp, ProducerState, UnknownRecord,
 ]
 
-# api key -> (class, highest version we can decode)
-RECORD_TYPES: dict[int, tuple[type[_Rec], int]] = {
-    REGISTER_BROKER: (RegisterBroker, 0),
-    UNREGISTER_BROKER: (UnregisterBroker, 0),
-    TOPIC: (Topic, 0),
-    PARTITION: (Partition, 0),
-    CONFIG: (Config, 0),
-    PARTITION_CHANGE: (PartitionChange, 0),
-    FENCE_BROKER: (FenceBroker, 0),
-    UNFENCE_BROKER: (UnfenceBroker, 0),
-    REMOVE_TOPIC: (RemoveTopic, 0),
-    FEATURE_LEVEL: (FeatureLevel, 0),
-    ACCESS_CONTROL_ENTRY: (AccessControlEntry, 0),
-    REMOVE_ACCESS_CONTROL_ENTRY: (RemoveAccessControlEntry, 0),
-    NO_OP: (NoOp, 0),
-    PRODUCER_STATE: (ProducerState, 0),
+# Kafka's metadata record types by api key (its metadata/*.json), with the
+# highest version Kafka defines: names for the ones we do not model.
+KAFKA_RECORD_NAMES: dict[int, str] = {
+    0: "RegisterBroker", 1: "UnregisterBroker", 2: "Topic", 3: "Partition", 4: "Config",
+    5: "PartitionChange", 7: "FenceBroker", 8: "UnfenceBroker", 9: "RemoveTopic",
+    10: "DelegationToken", 11: "UserScramCredential", 12: "FeatureLevel", 14: "ClientQuota",
+    15: "ProducerIds", 17: "BrokerRegistrationChange", 18: "AccessControlEntry",
+    19: "RemoveAccessControlEntry", 20: "NoOp", 21: "ZkMigration", 22: "RemoveUserScramCredential",
+    23: "BeginTransaction", 24: "EndTransaction", 25: "AbortTransaction",
+    26: "RemoveDelegationToken", 27: "RegisterController",
 }
-API_KEY_OF: dict[type, int] = {cls: key for key, (cls, _) in RECORD_TYPES.items()}
-_PREFIX_OF: dict[type, bytes] = {
-    cls: _PREFIX.pack(key, version) for key, (cls, version) in RECORD_TYPES.items()
-}
-_DECODERS = {key: msgspec.msgpack.Decoder(cls) for key, (cls, _) in RECORD_TYPES.items()}
-_ENCODER = msgspec.msgpack.Encoder()
+FRAME_VERSION = 1
 
 
 class MetadataRecordError(ValueError):
-    """A record value we cannot decode: too short, unknown key or version, bad body."""
+    """A record value we cannot decode: bad frame, unknown version, bad body."""
+
+
+# ----------------------------------------------------------------- primitives
+
+_I8 = struct.Struct(">b")
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_I32_I64 = struct.Struct(">iq")
+_I32_UUID = struct.Struct(">i16s")
+_I32X3 = struct.Struct(">iii")
+_U16_I16 = struct.Struct(">Hh")
+_ZERO_UUID = bytes(16)
+
+
+def uuid_bytes(text: str) -> bytes:
+    """Canonical uuid text to Kafka's 16 bytes ("" is Kafka's ZERO_UUID)."""
+    if text == "":
+        return _ZERO_UUID
+    if len(text) != 36 or text[8] != "-" or text[13] != "-" or text[18] != "-" or text[23] != "-":
+        raise ValueError(f"not a uuid: {text!r} (want the 36-character hyphenated form)")
+    try:
+        return bytes.fromhex(text[:8] + text[9:13] + text[14:18] + text[19:23] + text[24:])
+    except ValueError:
+        raise ValueError(f"not a uuid: {text!r}") from None
+
+
+def uuid_text(raw: bytes) -> str:
+    if raw == _ZERO_UUID:
+        return ""
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _w_uv(out: bytearray, v: int) -> None:
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+
+
+def _w_str(out: bytearray, s: str) -> None:
+    raw = s.encode()
+    _w_uv(out, len(raw) + 1)
+    out += raw
+
+
+def _w_nstr(out: bytearray, s: str | None) -> None:
+    if s is None:
+        out.append(0)
+    else:
+        _w_str(out, s)
+
+
+def _w_i32s(out: bytearray, xs) -> None:
+    _w_uv(out, len(xs) + 1)
+    out += struct.pack(f">{len(xs)}i", *xs)
+
+
+def _uv(buf: bytes, pos: int) -> tuple[int, int]:
+    b = buf[pos]
+    if b < 0x80:
+        return b, pos + 1
+    v, shift = b & 0x7F, 7
+    while True:
+        pos += 1
+        b = buf[pos]
+        v |= (b & 0x7F) << shift
+        if b < 0x80:
+            return v, pos + 1
+        shift += 7
+        if shift > 28:
+            raise MetadataRecordError(f"unsigned varint too long at byte {pos}")
+
+
+def _str(buf: bytes, pos: int) -> tuple[str, int]:
+    n, pos = _uv(buf, pos)
+    if n == 0:
+        raise MetadataRecordError(f"null string at byte {pos - 1} where the schema has a non-null one")
+    end = pos + n - 1
+    if end > len(buf):
+        raise IndexError("string runs past the end")
+    return buf[pos:end].decode(), end
+
+
+def _nstr(buf: bytes, pos: int) -> tuple[str | None, int]:
+    if buf[pos] == 0:
+        return None, pos + 1
+    return _str(buf, pos)
+
+
+def _i32s(buf: bytes, pos: int) -> tuple[tuple[int, ...], int]:
+    n, pos = _uv(buf, pos)
+    if n == 0:
+        raise MetadataRecordError(f"null array at byte {pos - 1} where the schema has a non-null one")
+    n -= 1
+    end = pos + 4 * n
+    if end > len(buf):
+        raise IndexError("array runs past the end")
+    return struct.unpack_from(f">{n}i", buf, pos), end
+
+
+def _ni32s(buf: bytes, pos: int) -> tuple[tuple[int, ...] | None, int]:
+    if buf[pos] == 0:
+        return None, pos + 1
+    return _i32s(buf, pos)
+
+
+def _tags(buf: bytes, pos: int) -> tuple[dict[int, bytes], int]:
+    """The tagged-field section: {tag: raw bytes}."""
+    n, pos = _uv(buf, pos)
+    if n == 0:
+        return {}, pos
+    out = {}
+    for _ in range(n):
+        tag, pos = _uv(buf, pos)
+        size, pos = _uv(buf, pos)
+        end = pos + size
+        if end > len(buf):
+            raise IndexError("tagged field runs past the end")
+        out[tag] = buf[pos:end]
+        pos = end
+    return out, pos
+
+
+def _skip_tags(buf: bytes, pos: int) -> int:
+    if buf[pos] == 0:
+        return pos + 1
+    return _tags(buf, pos)[1]
+
+
+def _w_tag(out: bytearray, tag: int, raw: bytes) -> None:
+    _w_uv(out, tag)
+    _w_uv(out, len(raw))
+    out += raw
+
+
+def _i32s_bytes(xs) -> bytes:
+    out = bytearray()
+    _w_i32s(out, xs)
+    return bytes(out)
+
+
+# ------------------------------------------------------------ per-type bodies
+# Each encoder appends version-0 bytes to `out`; each decoder reads the body of
+# any version up to the highest Kafka defines and returns (record, end).
+
+
+def _enc_register_broker(out: bytearray, rec: RegisterBroker) -> None:
+    # RegisterBrokerRecord v0: BrokerId, IncarnationId, BrokerEpoch, EndPoints
+    # [Name, Host, Port u16, SecurityProtocol i16], Features [], Rack?, Fenced.
+    out += _I32.pack(rec.broker_id)
+    out += uuid_bytes(rec.incarnation_id)
+    out += _I64.pack(rec.broker_epoch)
+    _w_uv(out, len(rec.endpoints) + 1)
+    for ep in rec.endpoints:
+        _w_str(out, ep.name)
+        _w_str(out, ep.host)
+        out += _U16_I16.pack(ep.port, ep.protocol_id())
+        out.append(0)
+    out.append(1)  # no features (compact array of 0)
+    _w_nstr(out, rec.rack)
+    out.append(1 if rec.fenced else 0)
+    out.append(0)
+
+
+def _dec_register_broker(buf: bytes, pos: int, version: int):
+    (broker_id,) = _I32.unpack_from(buf, pos)
+    pos += 4
+    if version >= 2:
+        pos += 1  # IsMigratingZkBroker
+    incarnation = uuid_text(buf[pos:pos + 16])
+    (epoch,) = _I64.unpack_from(buf, pos + 16)
+    pos += 24
+    n, pos = _uv(buf, pos)
+    eps = []
+    for _ in range(n - 1):
+        name, pos = _str(buf, pos)
+        host, pos = _str(buf, pos)
+        port, proto = _U16_I16.unpack_from(buf, pos)
+        pos = _skip_tags(buf, pos + 4)
+        if proto == SECURITY_PROTOCOLS.get(name.upper(), 0):
+            proto = -1  # derived from the name: keeps records equal across a round trip
+        eps.append(Endpoint(name, host, port, proto))
+    n, pos = _uv(buf, pos)
+    for _ in range(n - 1):  # Features: supported ranges, which we do not model
+        _, pos = _str(buf, pos)
+        pos = _skip_tags(buf, pos + 4)
+    rack, pos = _nstr(buf, pos)
+    fenced = buf[pos] != 0
+    pos += 1
+    if version >= 1:
+        pos += 1  # InControlledShutdown
+    pos = _skip_tags(buf, pos)  # v3: LogDirs (tag 0)
+    return RegisterBroker(broker_id, incarnation, epoch, tuple(eps), rack, fenced), pos
+
+
+def _enc_broker_epoch(out: bytearray, rec) -> None:
+    # UnregisterBroker / FenceBroker / UnfenceBroker v0: int32, int64.
+    if type(rec) is UnregisterBroker:
+        out += _I32_I64.pack(rec.broker_id, rec.broker_epoch)
+    else:
+        out += _I32_I64.pack(rec.id, rec.epoch)
+    out.append(0)
+
+
+def _dec_broker_epoch(cls):
+    def dec(buf: bytes, pos: int, version: int):
+        a, e = _I32_I64.unpack_from(buf, pos)
+        return cls(a, e), _skip_tags(buf, pos + 12)
+    return dec
+
+
+def _enc_topic(out: bytearray, rec: Topic) -> None:
+    _w_str(out, rec.name)
+    out += uuid_bytes(rec.topic_id)
+    out.append(0)
+
+
+def _dec_topic(buf: bytes, pos: int, version: int):
+    name, pos = _str(buf, pos)
+    tid = uuid_text(buf[pos:pos + 16])
+    if pos + 16 > len(buf):
+        raise IndexError("uuid runs past the end")
+    return Topic(name, tid), _skip_tags(buf, pos + 16)
+
+
+def _enc_partition(out: bytearray, rec: Partition) -> None:
+    # PartitionRecord v0: PartitionId, TopicId, Replicas, Isr, RemovingReplicas,
+    # AddingReplicas, Leader, LeaderEpoch, PartitionEpoch; LeaderRecoveryState
+    # (tag 0) left at its default (RECOVERED).
+    out += _I32_UUID.pack(rec.partition_id, uuid_bytes(rec.topic_id))
+    _w_i32s(out, rec.replicas)
+    _w_i32s(out, rec.isr)
+    out += b"\x01\x01"  # no removing, no adding replicas
+    out += _I32X3.pack(rec.leader, rec.leader_epoch, rec.partition_epoch)
+    out.append(0)
+
+
+def _dec_partition(buf: bytes, pos: int, version: int):
+    pid, raw_tid = _I32_UUID.unpack_from(buf, pos)
+    replicas, pos = _i32s(buf, pos + 20)
+    isr, pos = _i32s(buf, pos)
+    _, pos = _i32s(buf, pos)  # RemovingReplicas: reassignment, not modelled
+    _, pos = _i32s(buf, pos)  # AddingReplicas
+    leader, leader_epoch, partition_epoch = _I32X3.unpack_from(buf, pos)
+    pos += 12
+    if version >= 1:  # Directories []uuid (KIP-858)
+        n, pos = _uv(buf, pos)
+        pos += 16 * (n - 1)
+    pos = _skip_tags(buf, pos)
+    return Partition(uuid_text(raw_tid), pid, replicas, isr, leader, leader_epoch, partition_epoch), pos
+
+
+def _enc_partition_change(out: bytearray, rec: PartitionChange) -> None:
+    # PartitionChangeRecord v0: PartitionId, TopicId, then tagged fields in tag
+    # order, each written only when not at its default: Isr (0, null),
+    # Leader (1, -2), Replicas (2, null).
+    out += _I32_UUID.pack(rec.partition_id, uuid_bytes(rec.topic_id))
+    tags = []
+    if rec.isr is not None:
+        tags.append((0, _i32s_bytes(rec.isr)))
+    if rec.leader != LEADER_NO_CHANGE:
+        tags.append((1, _I32.pack(rec.leader)))
+    if rec.replicas is not None:
+        tags.append((2, _i32s_bytes(rec.replicas)))
+    _w_uv(out, len(tags))
+    for tag, raw in tags:
+        _w_tag(out, tag, raw)
+
+
+def _tag_i32s(raw: bytes, what: str) -> tuple[int, ...] | None:
+    value, end = _ni32s(raw, 0)
+    if end != len(raw):
+        raise MetadataRecordError(f"tagged field {what} has {len(raw) - end} trailing byte(s)")
+    return value
+
+
+def _dec_partition_change(buf: bytes, pos: int, version: int):
+    pid, raw_tid = _I32_UUID.unpack_from(buf, pos)
+    tags, pos = _tags(buf, pos + 20)
+    isr = replicas = None
+    leader = LEADER_NO_CHANGE
+    if tags:
+        if 0 in tags:
+            isr = _tag_i32s(tags[0], "Isr")
+        if 1 in tags:
+            if len(tags[1]) != 4:
+                raise MetadataRecordError(f"tagged field Leader of {len(tags[1])} bytes (expected 4)")
+            (leader,) = _I32.unpack(tags[1])
+        if 2 in tags:
+            replicas = _tag_i32s(tags[2], "Replicas")
+    return PartitionChange(uuid_text(raw_tid), pid, isr, leader, replicas), pos
+
+
+def _enc_config(out: bytearray, rec: Config) -> None:
+    out += _I8.pack(rec.resource_type)
+    _w_str(out, rec.resource_name)
+    _w_str(out, rec.name)
+    _w_nstr(out, rec.value)
+    out.append(0)
+
+
+def _dec_config(buf: bytes, pos: int, version: int):
+    (rtype,) = _I8.unpack_from(buf, pos)
+    rname, pos = _str(buf, pos + 1)
+    name, pos = _str(buf, pos)
+    value, pos = _nstr(buf, pos)
+    return Config(rtype, rname, name, value), _skip_tags(buf, pos)
+
+
+def _enc_remove_topic(out: bytearray, rec: RemoveTopic) -> None:
+    out += uuid_bytes(rec.topic_id)
+    out.append(0)
+
+
+def _dec_uuid_only(cls):
+    def dec(buf: bytes, pos: int, version: int):
+        if pos + 16 > len(buf):
+            raise IndexError("uuid runs past the end")
+        return cls(uuid_text(buf[pos:pos + 16])), _skip_tags(buf, pos + 16)
+    return dec
+
+
+def _enc_feature_level(out: bytearray, rec: FeatureLevel) -> None:
+    _w_str(out, rec.name)
+    out += _I16.pack(rec.feature_level)
+    out.append(0)
+
+
+def _dec_feature_level(buf: bytes, pos: int, version: int):
+    name, pos = _str(buf, pos)
+    (level,) = _I16.unpack_from(buf, pos)
+    return FeatureLevel(name, level), _skip_tags(buf, pos + 2)
+
+
+def _enc_acl(out: bytearray, rec: AccessControlEntry) -> None:
+    # AccessControlEntryRecord v0: Id, ResourceType i8, ResourceName, PatternType i8,
+    # Principal, Host, Operation i8, PermissionType i8.
+    out += uuid_bytes(rec.id)
+    out += _I8.pack(rec.resource_type)
+    _w_str(out, rec.resource_name)
+    out += _I8.pack(rec.pattern_type)
+    _w_str(out, rec.principal)
+    _w_str(out, rec.host)
+    out += struct.pack(">bb", rec.operation, rec.permission_type)
+    out.append(0)
+
+
+def _dec_acl(buf: bytes, pos: int, version: int):
+    if pos + 17 > len(buf):
+        raise IndexError("uuid runs past the end")
+    acl_id = uuid_text(buf[pos:pos + 16])
+    (rtype,) = _I8.unpack_from(buf, pos + 16)
+    rname, pos = _str(buf, pos + 17)
+    (pattern,) = _I8.unpack_from(buf, pos)
+    principal, pos = _str(buf, pos + 1)
+    host, pos = _str(buf, pos)
+    op, perm = struct.unpack_from(">bb", buf, pos)
+    return (AccessControlEntry(acl_id, rtype, rname, pattern, principal, host, op, perm),
+            _skip_tags(buf, pos + 2))
+
+
+def _enc_remove_acl(out: bytearray, rec: RemoveAccessControlEntry) -> None:
+    out += uuid_bytes(rec.id)
+    out.append(0)
+
+
+def _enc_no_op(out: bytearray, rec: NoOp) -> None:
+    out.append(0)
+
+
+def _dec_no_op(buf: bytes, pos: int, version: int):
+    return NoOp(), _skip_tags(buf, pos)
+
+
+_PRODUCER_HEAD = struct.Struct(">qhq")
+_PRODUCER_BATCH = struct.Struct(">iiqqi")
+
+
+def _enc_producer_state(out: bytearray, rec: ProducerState) -> None:
+    # metalog's own, in the same flexible style: ProducerId i64, ProducerEpoch
+    # i16, LastTimestampMs i64, Batches [FirstSeq i32, LastSeq i32, BaseOffset
+    # i64, LastOffset i64, LeaderEpoch i32].
+    out += _PRODUCER_HEAD.pack(rec.producer_id, rec.producer_epoch, rec.last_timestamp_ms)
+    _w_uv(out, len(rec.batches) + 1)
+    for meta in rec.batches:
+        out += _PRODUCER_BATCH.pack(*meta)
+        out.append(0)
+    out.append(0)
+
+
+def _dec_producer_state(buf: bytes, pos: int, version: int):
+    pid, epoch, ts = _PRODUCER_HEAD.unpack_from(buf, pos)
+    n, pos = _uv(buf, pos + _PRODUCER_HEAD.size)
+    batches = []
+    for _ in range(n - 1):
+        batches.append(_PRODUCER_BATCH.unpack_from(buf, pos))
+        pos = _skip_tags(buf, pos + _PRODUCER_BATCH.size)
+    return ProducerState(pid, epoch, ts, tuple(batches)), _skip_tags(buf, pos)
+
+
+# api key -> (class, highest version we can decode, encoder, decoder). The
+# highest versions are Kafka's (metadata/*.json validVersions).
+_CODECS = {
+    REGISTER_BROKER: (RegisterBroker, 3, _enc_register_broker, _dec_register_broker),
+    UNREGISTER_BROKER: (UnregisterBroker, 0, _enc_broker_epoch, _dec_broker_epoch(UnregisterBroker)),
+    TOPIC: (Topic, 0, _enc_topic, _dec_topic),
+    PARTITION: (Partition, 2, _enc_partition, _dec_partition),
+    CONFIG: (Config, 0, _enc_config, _dec_config),
+    PARTITION_CHANGE: (PartitionChange, 2, _enc_partition_change, _dec_partition_change),
+    FENCE_BROKER: (FenceBroker, 0, _enc_broker_epoch, _dec_broker_epoch(FenceBroker)),
+    UNFENCE_BROKER: (UnfenceBroker, 0, _enc_broker_epoch, _dec_broker_epoch(UnfenceBroker)),
+    REMOVE_TOPIC: (RemoveTopic, 0, _enc_remove_topic, _dec_uuid_only(RemoveTopic)),
+    FEATURE_LEVEL: (FeatureLevel, 0, _enc_feature_level, _dec_feature_level),
+    ACCESS_CONTROL_ENTRY: (AccessControlEntry, 0, _enc_acl, _dec_acl),
+    REMOVE_ACCESS_CONTROL_ENTRY: (RemoveAccessControlEntry, 0, _enc_remove_acl,
+                                  _dec_uuid_only(RemoveAccessControlEntry)),
+    NO_OP: (NoOp, 0, _enc_no_op, _dec_no_op),
+    PRODUCER_STATE: (ProducerState, 0, _enc_producer_state, _dec_producer_state),
+}
+RECORD_TYPES: dict[int, tuple[type[_Rec], int]] = {k: (c[0], c[1]) for k, c in _CODECS.items()}
+API_KEY_OF: dict[type, int] = {c[0]: k for k, c in _CODECS.items()}
+
+
+def _frame(api_key: int, version: int) -> bytes:
+    out = bytearray()
+    _w_uv(out, FRAME_VERSION)
+    _w_uv(out, api_key)
+    _w_uv(out, version)
+    return bytes(out)
+
+
+# class -> (frame prefix, encoder)
+_ENCODERS = {c[0]: (_frame(k, 0), c[2]) for k, c in _CODECS.items()}
+# 3-byte frame prefix (frame 1, key < 128, version < 128) -> (class, decoder, version)
+_FAST = {bytes((FRAME_VERSION, k, v)): (c[0], c[3], v)
+         for k, c in _CODECS.items() if k < 0x80 for v in range(c[1] + 1)}
+_DECODE_ERRORS = (IndexError, struct.error, UnicodeDecodeError, ValueError)
 
 
 def record_type_name(api_key: int) -> str:
-    entry = RECORD_TYPES.get(api_key)
-    return entry[0].__name__ if entry else f"unknown({api_key})"
+    entry = _CODECS.get(api_key)
+    if entry is not None:
+        return entry[0].__name__
+    name = KAFKA_RECORD_NAMES.get(api_key)
+    return name if name else f"unknown({api_key})"
+
+
+def type_name(rec: MetadataRecord) -> str:
+    """The record's type name; an UnknownRecord's is Kafka's name for its key."""
+    if type(rec) is UnknownRecord:
+        return record_type_name(rec.api_key)
+    return type(rec).__name__
 
 
 def encode_record(rec: MetadataRecord) -> bytes:
-    prefix = _PREFIX_OF.get(type(rec))
-    if prefix is None:
+    """Kafka's ApiMessageAndVersion bytes of `rec` (version 0 of its type).
+    ValueError if an id that must be a uuid is not one."""
+    if type(rec) is UnknownRecord:
+        return _frame(rec.api_key, rec.version) + rec.raw
+    entry = _ENCODERS.get(type(rec))
+    if entry is None:
         raise TypeError(f"not a metadata record: {type(rec).__name__}")
-    return prefix + _ENCODER.encode(rec)
+    prefix, enc = entry
+    out = bytearray(prefix)
+    enc(out, rec)
+    return bytes(out)
+
+
+def decode_frame(value: bytes) -> tuple[int, int, int]:
+    """(api key, version, body position) of a framed value; MetadataRecordError
+    if it is not an ApiMessageAndVersion frame (e.g. a produced record)."""
+    try:
+        frame, pos = _uv(value, 0)
+        if frame != FRAME_VERSION:
+            raise MetadataRecordError(
+                f"not a metadata record: frame version {frame} (only {FRAME_VERSION} exists)")
+        api_key, pos = _uv(value, pos)
+        version, pos = _uv(value, pos)
+    except IndexError:
+        raise MetadataRecordError(
+            f"metadata record of {len(value)} bytes ends inside its frame") from None
+    if api_key > 0x7FFF or version > 0x7FFF:
+        raise MetadataRecordError(f"metadata record frame with api key {api_key} version {version} "
+                                  "(both must fit an int16)")
+    return api_key, version, pos
 
 
 def decode_record(value: bytes | memoryview) -> MetadataRecord:
-    if len(value) < PREFIX_SIZE:
-        raise MetadataRecordError(
-            f"metadata record of {len(value)} bytes is too short (need {PREFIX_SIZE})")
-    key, version = _PREFIX.unpack_from(value)
-    entry = RECORD_TYPES.get(key)
-    if entry is None:
-        raise MetadataRecordError(f"unknown metadata record api key {key}")
-    if version < 0 or version > entry[1]:
-        raise MetadataRecordError(
-            f"unsupported version {version} of {entry[0].__name__} (api key {key}); "
-            f"this build reads versions 0..{entry[1]}")
+    if type(value) is not bytes:
+        value = bytes(value)
+    fast = _FAST.get(value[:3])
+    if fast is not None:
+        cls, dec, version = fast
+        pos = 3
+    else:
+        api_key, version, pos = decode_frame(value)
+        entry = _CODECS.get(api_key)
+        if entry is None:
+            return UnknownRecord(api_key, version, value[pos:])
+        cls, top, _, dec = entry
+        if version > top:
+            raise MetadataRecordError(
+                f"unsupported version {version} of {cls.__name__} (api key {api_key}); "
+                f"this build reads versions 0..{top}")
     try:
-        return _DECODERS[key].decode(memoryview(value)[PREFIX_SIZE:])
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        rec, end = dec(value, pos, version)
+    except MetadataRecordError as exc:
+        raise MetadataRecordError(f"undecodable {cls.__name__} v{version} record: {exc}") from None
+    except _DECODE_ERRORS as exc:
         raise MetadataRecordError(
-            f"undecodable {entry[0].__name__} v{version} record: {exc}") from exc
+            f"undecodable {cls.__name__} v{version} record: {type(exc).__name__}: {exc}") from None
+    if end != len(value):
+        raise MetadataRecordError(
+            f"undecodable {cls.__name__} v{version} record: {len(value) - end} byte(s) after the body")
+    return rec
 
 
 def record_to_dict(rec: MetadataRecord) -> dict:
-    """Fields by name (for dumps and JSON)."""
+    """Fields by name (for dumps and JSON); an UnknownRecord's body as hex."""
+    if type(rec) is UnknownRecord:
+        return {"api_key": rec.api_key, "version": rec.version, "raw": rec.raw.hex()}
     return msgspec.to_builtins(msgspec.structs.asdict(rec))

@@ -14,8 +14,8 @@ def decode(vals):
 
 def test_create_topic_assignment_round_robin():
     c, lg = cluster(3)
-    recs = decode(c.create_topic("t", 4, 2, topic_id="tid"))
-    assert recs[0] == r.Topic("t", "tid")
+    recs = decode(c.create_topic("t", 4, 2, topic_id="00000000-0000-0000-0000-0000000000a1"))
+    assert recs[0] == r.Topic("t", "00000000-0000-0000-0000-0000000000a1")
     assert [(p.partition_id, p.replicas, p.leader) for p in recs[1:]] == [
         (0, (0, 1), 0), (1, (1, 2), 1), (2, (2, 0), 2), (3, (0, 1), 0)]
 
@@ -56,17 +56,17 @@ def test_delete_unknown_topic():
 
 def test_fence_unfence_cycle_restores_leadership():
     c, lg = cluster(2)
-    lg.commit(c.create_topic("t", 1, 2, topic_id="T"))
+    lg.commit(c.create_topic("t", 1, 2, topic_id="00000000-0000-0000-0000-0000000000a1"))
     lg.commit(c.fence_broker(0))
     lg.commit(c.fence_broker(1))
-    p = c.state.partitions[("T", 0)]
+    p = c.state.partitions[("00000000-0000-0000-0000-0000000000a1", 0)]
     assert p.leader == -1 and p.isr == (1,)  # last in-sync replica is kept
     with pytest.raises(CommandError, match="broker 1 is already fenced"):
         c.fence_broker(1)
     lg.commit(c.unfence_broker(0))
-    assert c.state.partitions[("T", 0)].leader == -1  # 0 is not in the ISR
+    assert c.state.partitions[("00000000-0000-0000-0000-0000000000a1", 0)].leader == -1  # 0 is not in the ISR
     lg.commit(c.unfence_broker(1))
-    p = c.state.partitions[("T", 0)]
+    p = c.state.partitions[("00000000-0000-0000-0000-0000000000a1", 0)]
     assert p.leader == 1 and c.state.invalid_records == 0
     with pytest.raises(CommandError, match="broker 1 is not fenced"):
         c.unfence_broker(1)
@@ -81,11 +81,11 @@ def test_unknown_broker_errors():
 
 def test_unregister_fences_first_and_reregister_bumps_epoch():
     c, lg = cluster(2)
-    lg.commit(c.create_topic("t", 1, 2, topic_id="T"))
+    lg.commit(c.create_topic("t", 1, 2, topic_id="00000000-0000-0000-0000-0000000000a1"))
     recs = decode(c.unregister_broker(0))
     assert [type(x) for x in recs] == [r.FenceBroker, r.UnregisterBroker]
     lg.commit(c.unregister_broker(0))
-    assert 0 not in c.state.brokers and c.state.partitions[("T", 0)].leader == 1
+    assert 0 not in c.state.brokers and c.state.partitions[("00000000-0000-0000-0000-0000000000a1", 0)].leader == 1
     lg.commit(c.register_broker(1, [("PLAINTEXT", "h", 1)]))
     assert c.state.brokers[1].broker_epoch == 2
 

@@ -17,7 +17,7 @@ def tid(i: int) -> str:
 def state_with(topics: int, partitions: int, brokers: int = 3) -> ControllerState:
     s = ControllerState()
     for b in range(brokers):
-        s.apply(s.offset, r.RegisterBroker(b, f"inc-{b}", 1, (r.Endpoint("PLAINTEXT", "h", 9000 + b),)))
+        s.apply(s.offset, r.RegisterBroker(b, f"00000000-0000-0000-0001-{b:012d}", 1, (r.Endpoint("PLAINTEXT", "h", 9000 + b),)))
         s.offset += 1
     for i in range(topics):
         recs = [r.Topic(f"t{i:03d}", tid(i))] + [

@@ -9,6 +9,7 @@ from storage import control_records as cr
 from storage import metadata_records as r
 
 T = "00000000-0000-0000-0000-000000000001"
+INC = "00000000-0000-0000-0001-000000000000"  # an incarnation id
 
 
 class Log:
@@ -41,7 +42,7 @@ def apply_all(state, recs):
 
 def test_fence_broker_expands_to_every_partition():
     s = ControllerState()
-    apply_all(s, [r.RegisterBroker(i, f"inc{i}", 1, fenced=False) for i in range(3)])
+    apply_all(s, [r.RegisterBroker(i, f"00000000-0000-0000-0001-{i:012d}", 1, fenced=False) for i in range(3)])
     apply_all(s, [
         r.Topic("t", T),
         r.Partition(T, 0, (0, 1, 2), (0, 1, 2), 0, 5, 7),   # leader 0 -> moves to 1
@@ -63,7 +64,7 @@ def test_fence_broker_expands_to_every_partition():
 
 def test_fence_elects_in_replica_order_skipping_fenced():
     s = ControllerState()
-    apply_all(s, [r.RegisterBroker(i, "x", 1, fenced=False) for i in range(4)])
+    apply_all(s, [r.RegisterBroker(i, INC, 1, fenced=False) for i in range(4)])
     apply_all(s, [r.Topic("t", T), r.Partition(T, 0, (0, 3, 1, 2), (2, 1, 0, 3), 0),
                   r.FenceBroker(3, 1)])
     assert s.partitions[(T, 0)].isr == (2, 1, 0)
@@ -74,7 +75,7 @@ def test_fence_elects_in_replica_order_skipping_fenced():
 
 def test_fence_with_wrong_epoch_is_ignored_and_counted():
     s = ControllerState()
-    apply_all(s, [r.RegisterBroker(0, "x", 4, fenced=False)])
+    apply_all(s, [r.RegisterBroker(0, INC, 4, fenced=False)])
     assert s.apply(1, r.FenceBroker(0, 3)) is False
     assert not s.brokers[0].fenced and s.invalid_records == 1
     assert "FenceBroker of unknown broker 0 epoch 3" in s.last_invalid
@@ -82,7 +83,7 @@ def test_fence_with_wrong_epoch_is_ignored_and_counted():
 
 
 @pytest.mark.parametrize("rec, why", [
-    (r.Partition("nope", 0, (0,), (0,), 0), "unknown topic"),
+    (r.Partition("00000000-0000-0000-0000-00000000dead", 0, (0,), (0,), 0), "unknown topic"),
     (r.Partition(T, 0, (0, 0), (0,), 0), "bad replica list"),
     (r.Partition(T, 0, (0, 1), (2,), 2), "not a subset"),
     (r.Partition(T, 0, (0, 1), (0,), 1), "leader 1 is not in the ISR"),
@@ -91,13 +92,13 @@ def test_fence_with_wrong_epoch_is_ignored_and_counted():
     (r.Topic("t", "other-id"), "already exists"),
     (r.Config(3, "t", "a", "b"), "unknown resource type 3"),
     (r.Config(2, "zz", "a", "b"), "unknown topic 'zz'"),
-    (r.RemoveTopic("nope"), "unknown topic id"),
+    (r.RemoveTopic("00000000-0000-0000-0000-00000000dead"), "unknown topic id"),
     (r.UnfenceBroker(7, 1), "unknown broker 7"),
-    (r.RegisterBroker(0, "x", 0), "older than registered epoch 1"),
+    (r.RegisterBroker(0, INC, 0), "older than registered epoch 1"),
 ])
 def test_invalid_records_are_ignored_deterministically(rec, why):
     s = ControllerState()
-    apply_all(s, [r.RegisterBroker(0, "x", 1, fenced=False), r.Topic("t", T)])
+    apply_all(s, [r.RegisterBroker(0, INC, 1, fenced=False), r.Topic("t", T)])
     before = s.copy()
     assert s.apply(s.offset, rec) is False
     assert why in s.last_invalid
@@ -147,15 +148,19 @@ def test_apply_batches_control_batches_undecodable_and_rereads():
     lg.commit(c.register_broker(1) + [b"\x00\x63\x00\x00garbage"])
     assert c.applied_offset == 3 and c.records_since_snapshot == 2
     assert c.state.invalid_records == 1
-    assert "unknown metadata record api key 99" in c.state.last_invalid
+    assert c.state.last_invalid == "offset 2: not a metadata record: frame version 0 (only 1 exists)"
+    # A Kafka type we do not model is valid, changes nothing, and is counted by name.
+    lg.commit([bytes.fromhex("01 0f 00 00000001 0000000000000000 0000000000000000 00")])
+    assert c.applied_offset == 4 and c.state.invalid_records == 1
+    assert c.state.unknown_records == {"ProducerIds": 1}
     # Re-reading from the start applies nothing twice.
     assert c.apply_batches(bytes(lg.data)) == 0
-    assert c.applied_offset == 3
+    assert c.applied_offset == 4 and c.state.unknown_records == {"ProducerIds": 1}
 
 
 def test_apply_batches_stops_at_high_watermark_inside_a_batch():
     c = Controller()
-    vals = [r.encode_record(r.RegisterBroker(i, "x", 1, fenced=False)) for i in range(4)]
+    vals = [r.encode_record(r.RegisterBroker(i, INC, 1, fenced=False)) for i in range(4)]
     data = b.encode_batch(0, 1, vals, 0)
     assert c.apply_batches(data, end_offset=2) == 2
     assert sorted(c.state.brokers) == [0, 1] and c.applied_offset == 2
@@ -221,7 +226,7 @@ def run(c, lg, cmds):
             elif verb == "raw_partition_change":
                 # Unvalidated: may be invalid, the state machine must ignore it.
                 keys = sorted(c.state.partitions)
-                tid, pid = keys[a % len(keys)] if keys else ("none", 0)
+                tid, pid = keys[a % len(keys)] if keys else ("00000000-0000-0000-0000-00000000dead", 0)
                 vals = [r.encode_record(r.PartitionChange(tid, pid, isr=(a,), leader=b_))]
             else:
                 vals = [r.encode_record(r.FeatureLevel(f"f{b_}", a))]

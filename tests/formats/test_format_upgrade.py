@@ -77,7 +77,7 @@ def test_a_v1_dir_with_data_is_refused_naming_its_version_and_the_command(tmp_pa
 
 def test_a_newer_format_version_is_refused(tmp_path):
     (tmp_path / "meta.properties").write_text(f"version=1\ncluster.id=c1\nnode.id=1\n{FORMAT_KEY}=9\n")
-    with pytest.raises(StartupError, match="format version 9 .*reads format version 2 only"):
+    with pytest.raises(StartupError, match="format version 9 .*reads format version 3 only"):
         check_meta(str(tmp_path), "c1", 1, RecordingLogger())
 
 
@@ -85,7 +85,7 @@ def test_an_empty_v1_dir_is_stamped_at_boot(tmp_path):
     (tmp_path / "meta.properties").write_text(f"version=1\ncluster.id=c1\nnode.id=1\ndirectory.id={DIR_ID}\n")
     log = RecordingLogger()
     assert check_meta(str(tmp_path), "c1", 1, log) == DIR_ID
-    assert f"{FORMAT_KEY}=2" in (tmp_path / "meta.properties").read_text()
+    assert f"{FORMAT_KEY}=3" in (tmp_path / "meta.properties").read_text()
     assert log.events("format_version_stamped")
 
 
@@ -99,7 +99,7 @@ def test_upgrade_converts_segments_and_snapshots_and_is_idempotent(tmp_path):
     assert len(report.rewritten) == 4 and not report.unchanged and not report.already
     assert '"leaderEpoch": 1' in (part / "quorum-state").read_text()
     assert (part / "00000000000000000000.index").read_bytes() == b""  # rebuilt at open
-    assert f"{FORMAT_KEY}=2" in (tmp_path / "meta.properties").read_text()
+    assert f"{FORMAT_KEY}=3" in (tmp_path / "meta.properties").read_text()
     assert check_meta(str(tmp_path), "c1", 1, RecordingLogger()) == DIR_ID
     assert log_values(str(part)) == values
     with open(part / "00000000000000000000.log", "rb") as fh:

@@ -40,7 +40,7 @@ TS = 1_700_000_000_123
 
 
 def _metadata_values(n: int) -> list[bytes]:
-    values = [mr.encode_record(mr.RegisterBroker(x, f"inc-{x}", 1, (mr.Endpoint("PLAINTEXT", f"h{x}", 9092),),
+    values = [mr.encode_record(mr.RegisterBroker(x, f"00000000-0000-0000-0001-{x:012d}", 1, (mr.Endpoint("PLAINTEXT", f"h{x}", 9092),),
                                                  None, False)) for x in range(n)]
     values.append(b"")  # an empty value is a record too
     values.append(b"v" * 300)  # a two-byte varint length

@@ -27,7 +27,7 @@ def records(lines):
 
 def make_snapshot(tmp_path):
     c, lg = cluster(2)
-    lg.commit(c.create_topic("t", 1, 2, topic_id="T"))
+    lg.commit(c.create_topic("t", 1, 2, topic_id="00000000-0000-0000-0000-0000000000a1"))
     store = SnapshotStore(str(tmp_path))
     return write_controller_snapshot(store, c.state.copy(), SnapshotId(c.applied_offset, 3), 0)
 
@@ -40,7 +40,7 @@ def test_dump_snapshot(tmp_path):
     assert recs[0]["type"] == "SnapshotHeader" and recs[0]["control"] and recs[0]["epoch"] == 3
     assert recs[1]["type"] == "RegisterBroker" and recs[1]["fields"]["broker_id"] == 0
     assert recs[4] == {"offset": 4, "epoch": 3, "type": "Partition", "version": 0,
-                       "fields": {"topic_id": "T", "partition_id": 0, "replicas": [0, 1], "isr": [0, 1],
+                       "fields": {"topic_id": "00000000-0000-0000-0000-0000000000a1", "partition_id": 0, "replicas": [0, 1], "isr": [0, 1],
                                   "leader": 0, "leader_epoch": 0, "partition_epoch": 0}}
     assert recs[5]["type"] == "SnapshotFooter"
     assert lines[-1] == {"snapshot": {"end_offset": res.snapshot_id.end_offset, "epoch": 3, "records": 4,

@@ -17,7 +17,7 @@ from tests.controller.test_state import cluster
 def state_at(n_topics):
     c, lg = cluster(3)
     for i in range(n_topics):
-        lg.commit(c.create_topic(f"t{i}", 3, 2, topic_id=f"id{i}"))
+        lg.commit(c.create_topic(f"t{i}", 3, 2, topic_id=f"00000000-0000-0000-0000-{i:012d}"))
     lg.commit(c.fence_broker(1))
     return c.state
 
@@ -38,7 +38,7 @@ def test_generate_and_load(tmp_path):
 def test_snapshot_of_a_copy_is_not_affected_by_later_applies(tmp_path):
     store = SnapshotStore(str(tmp_path))
     c, lg = cluster(3)
-    lg.commit(c.create_topic("t", 2, 2, topic_id="T"))
+    lg.commit(c.create_topic("t", 2, 2, topic_id="00000000-0000-0000-0000-0000000000a1"))
     copy = c.state.copy()
     expected = ControllerState.from_records(copy.to_records(), copy.offset)
     lg.commit(c.fence_broker(0))
@@ -77,7 +77,7 @@ def test_snapshot_with_records_the_state_machine_rejects_is_refused(tmp_path):
     from broker.controller import SnapshotLoadError
     store = SnapshotStore(str(tmp_path))
     w = SnapshotWriter(str(tmp_path), SnapshotId(3, 1), 0)
-    w.append([r.encode_record(r.Partition("nope", 0, (1,), (1,), 1))])
+    w.append([r.encode_record(r.Partition("00000000-0000-0000-0000-00000000dead", 0, (1,), (1,), 1))])
     w.freeze()
     with pytest.raises(SnapshotLoadError, match="1 record\\(s\\) rejected.*unknown topic"):
         load_snapshot(store, SnapshotId(3, 1))

@@ -95,7 +95,7 @@ def test_snapshot_equals_state_machine_and_broker_snapshot(spark, tmp_path):
 
 def test_snapshot_mismatch_names_the_entity(spark, tmp_path):
     tid = "00000000-0000-0000-0000-0000000000aa"
-    recs_in = [r.RegisterBroker(1, "a", 1, fenced=False), r.RegisterBroker(2, "b", 1, fenced=False),
+    recs_in = [r.RegisterBroker(1, "00000000-0000-0000-0000-0000000000b1", 1, fenced=False), r.RegisterBroker(2, "00000000-0000-0000-0000-0000000000b2", 1, fenced=False),
                r.Topic("orders", tid), r.Partition(tid, 0, (1, 2), (1, 2), 1),
                r.FenceBroker(1, 1), r.Config(r.RESOURCE_TOPIC, "orders", "retention.ms", "5")]
     values = [r.encode_record(x) for x in recs_in]

@@ -31,7 +31,7 @@ def random_records(rng: random.Random, n: int, brokers: int = 5) -> list[bytes]:
         cur = st.brokers.get(bid)
         if op < 0.12:
             epoch = (cur.broker_epoch + rng.choice([1, 1, 0, -1])) if cur else 1
-            rec = r.RegisterBroker(bid, f"inc-{len(out)}", max(epoch, 0),
+            rec = r.RegisterBroker(bid, f"00000000-0000-0000-0001-{len(out):012d}", max(epoch, 0),
                                    (r.Endpoint("PLAINTEXT", "h", 9000 + bid),), None,
                                    rng.random() < 0.3)
         elif op < 0.24:

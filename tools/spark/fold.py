@@ -62,6 +62,7 @@ K_FEATURE = "F"
 K_ACL = "A"
 K_NOOP = "N"
 K_INVALID = "X"  # a metadata record (known api key) that does not decode: invalid
+K_UNKNOWN = "U"  # a Kafka record type we do not model (key: its type name): counted by type
 K_DATA = "D"  # not a metadata record at all (a produced record): no state, counted apart
 
 # Snapshot sections, in to_records() order.
@@ -76,11 +77,15 @@ def key_of(value: bytes) -> tuple[str, str]:
         rec = r.decode_record(value)
     except r.MetadataRecordError:
         # Produced records share the log; their bytes carry no metadata
-        # prefix (too short, or an api key no record type has).
-        if len(value) < r.PREFIX_SIZE or r._PREFIX.unpack_from(value)[0] not in r.RECORD_TYPES:
+        # frame (frame version other than 1, or cut short inside the frame).
+        try:
+            r.decode_frame(value)
+        except r.MetadataRecordError:
             return K_DATA, ""
         return K_INVALID, ""
     t = type(rec)
+    if t is r.UnknownRecord:
+        return K_UNKNOWN, r.type_name(rec)
     if t in (r.RegisterBroker, r.UnregisterBroker):
         return K_BROKER, str(rec.broker_id)
     if t in (r.FenceBroker, r.UnfenceBroker):
