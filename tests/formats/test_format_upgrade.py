@@ -1,6 +1,6 @@
-"""`metalog storage upgrade`: a format-version-1 data dir converted to Kafka's
-records, durably and idempotently; a broker refuses a version-1 dir and
-names the command."""
+"""`metalog storage upgrade`: a format-version-1 or -2 data dir converted to
+Kafka's records and metadata records (version 3), durably and idempotently; a
+broker refuses an older dir and names the command."""
 
 from __future__ import annotations
 
@@ -10,13 +10,16 @@ import sys
 
 import pytest
 
+from broker.controller import Controller, ControllerState, load_snapshot
 from broker.local_state import StartupError, check_meta
 from storage import batch as b
+from storage import metadata_records as mr
 from storage import control_records as cr
 from storage.format_upgrade import FORMAT_KEY, FormatError, convert_file, upgrade_data_dir
 from storage.log import SegmentedLog
-from storage.snapshot import SnapshotId, read_snapshot, snapshot_filename, verify_snapshot
-from tests.formats.v1 import v1_batch, v1_control
+from storage.snapshot import (SnapshotId, SnapshotStore, SnapshotWriter, read_snapshot, snapshot_filename,
+                              verify_snapshot)
+from tests.formats.v1 import v1_batch, v1_control, v2_metadata_value
 from tests.storage.helpers import RecordingLogger
 from tools.cluster.launcher import REPO_ROOT
 
@@ -135,3 +138,154 @@ def test_upgrade_refuses_a_corrupt_batch_and_rewrites_nothing_of_that_file(tmp_p
     assert f"metalog storage upgrade: {seg}: corrupt batch at byte" in proc.stderr
     assert "version=1" in (tmp_path / "meta.properties").read_text()
     assert FORMAT_KEY not in (tmp_path / "meta.properties").read_text()
+
+
+# ---------------------------------------------------------------- version 2 -> 3
+
+def _u(n: int) -> str:
+    return f"00000000-0000-4000-8000-{n:012x}"
+
+
+def v2_workload() -> list:
+    """Metadata records of every type a version-2 controller wrote, in an order
+    the state machine accepts, with one produced (non-metadata) value."""
+    t1, t2, acl1, acl2 = _u(1), _u(2), _u(3), _u(4)
+    return [
+        mr.FeatureLevel("metadata.version", 7),
+        mr.RegisterBroker(1, _u(11), 1, (mr.Endpoint("PLAINTEXT", "127.0.0.1", 9192),), "r1", False),
+        mr.RegisterBroker(2, _u(12), 1, (mr.Endpoint("SSL", "127.0.0.1", 9193),), None, False),
+        mr.RegisterBroker(3, _u(13), 1, (), None, False),
+        mr.Topic("orders", t1),
+        mr.Partition(t1, 0, (1, 2, 3), (1, 2, 3), 1),
+        mr.Partition(t1, 1, (2, 3, 1), (2, 3, 1), 2),
+        mr.Topic("gone", t2),
+        mr.Partition(t2, 0, (3,), (3,), 3),
+        mr.Config(mr.RESOURCE_TOPIC, "orders", "retention.ms", "86400000"),
+        mr.Config(mr.RESOURCE_BROKER, "", "log.level", "INFO"),
+        b"a produced value, kept byte for byte",
+        mr.FenceBroker(1, 1),
+        mr.PartitionChange(t1, 1, (2, 3), mr.LEADER_NO_CHANGE),
+        mr.UnfenceBroker(1, 1),
+        mr.PartitionChange(t1, 0, leader=3),
+        mr.AccessControlEntry(acl1, 2, "orders", 3, "User:alice", "*", 4, 3),
+        mr.AccessControlEntry(acl2, 4, "kafka-cluster", 3, "User:bob", "*", 8, 3),
+        mr.RemoveAccessControlEntry(acl2),
+        mr.RemoveTopic(t2),
+        mr.NoOp(),
+        mr.Config(mr.RESOURCE_BROKER, "", "log.level", None),
+        mr.UnregisterBroker(3, 1),
+    ]
+
+
+def _value_v2(x) -> bytes:
+    return x if isinstance(x, bytes) else v2_metadata_value(x)
+
+
+def _value_v3(x) -> bytes:
+    return x if isinstance(x, bytes) else mr.encode_record(x)
+
+
+def expected_state(items, end: int) -> ControllerState:
+    """The state of a log holding `items` at offsets 1.. (offset 0: a LeaderChange)."""
+    st = ControllerState()
+    st.skip_to(1)
+    for i, x in enumerate(items[:end - 1]):
+        if isinstance(x, bytes):
+            st.apply_value(1 + i, x)
+        else:
+            assert st.apply(1 + i, x), st.last_invalid
+    return st
+
+
+def write_v2_dir(data_dir: str, items, cluster_id: str = "c1", node_id: int = 1,
+                 snapshot_at: int | None = None) -> None:
+    """A format-version-2 dir: Kafka's records and control records, metadata
+    values in the version-2 encoding, and optionally a snapshot of the state
+    at `snapshot_at` in that encoding."""
+    part = os.path.join(data_dir, PART)
+    os.makedirs(part)
+    with open(os.path.join(data_dir, "meta.properties"), "w") as fh:
+        fh.write(f"version=1\ncluster.id={cluster_id}\nnode.id={node_id}\ndirectory.id={DIR_ID}\n"
+                 f"{FORMAT_KEY}=2\n")
+    seg = bytearray(b.encode_batch(0, 1, [cr.encode_control(cr.LeaderChange(node_id, [node_id]))], TS,
+                                   is_control=True))
+    values = [_value_v2(x) for x in items]
+    for i in range(0, len(values), 4):
+        seg += b.encode_batch(1 + i, 1, values[i:i + 4], TS + i)
+    with open(os.path.join(part, "00000000000000000000.log"), "wb") as fh:
+        fh.write(seg)
+    if snapshot_at is not None:
+        st = expected_state(items, snapshot_at)
+        w = SnapshotWriter(part, SnapshotId(snapshot_at, 1), TS, cluster_id)
+        w.write_all(v2_metadata_value(rec) for rec in st.to_records())
+
+
+def test_a_v2_dir_with_data_is_refused_naming_its_version_and_the_command(tmp_path):
+    """StartupError: 'data dir D is in metalog format version 2 (.../meta.properties:
+    metalog.format.version=2); this build reads format version 3 ... metalog storage upgrade --data-dir D'."""
+    write_v2_dir(str(tmp_path), v2_workload())
+    with pytest.raises(StartupError, match=rf"is in metalog format version 2 \(.*{FORMAT_KEY}=2\); this build "
+                                           r"reads format version 3 .*refusing to start.*"
+                                           rf"metalog storage upgrade --data-dir {tmp_path}$"):
+        check_meta(str(tmp_path), "c1", 1, RecordingLogger())
+
+
+def test_upgrade_2_to_3_reencodes_every_metadata_value_and_keeps_the_state(tmp_path):
+    items = v2_workload()
+    write_v2_dir(str(tmp_path), items, snapshot_at=13)
+    part = str(tmp_path / PART)
+    report = upgrade_data_dir(str(tmp_path))
+    assert len(report.rewritten) == 2 and not report.already
+    assert f"{FORMAT_KEY}=3" in (tmp_path / "meta.properties").read_text()
+    assert check_meta(str(tmp_path), "c1", 1, RecordingLogger()) == DIR_ID
+    got = log_values(part)
+    assert got == [_value_v3(x) for x in items]
+    assert [mr.decode_record(v) for v in got if not v.startswith(b"a produced")] == \
+        [x for x in items if not isinstance(x, bytes)]
+    # The snapshot loads with the new codec into the state at its offset, and
+    # the whole log replays into the state the version-2 build had.
+    store = SnapshotStore(part)
+    snap = load_snapshot(store, SnapshotId(13, 1))
+    assert snap == expected_state(items, 13)
+    c = Controller()
+    log = SegmentedLog.open(part)
+    try:
+        c.apply_batches(log.read(0, log.log_end_offset, 1 << 30))
+    finally:
+        log.close()
+    assert c.state == expected_state(items, len(items) + 1)
+    assert c.state.invalid_records == 1  # the produced value, as before the upgrade
+    # Rerun: nothing left to do; an interrupted run (meta not stamped) changes no byte.
+    assert upgrade_data_dir(str(tmp_path)).already
+    (tmp_path / "meta.properties").write_text(f"version=1\ncluster.id=c1\nnode.id=1\n{FORMAT_KEY}=2\n")
+    again = upgrade_data_dir(str(tmp_path))
+    assert len(again.unchanged) == 2 and not again.rewritten
+
+
+def test_upgrade_1_to_3_in_one_run(tmp_path):
+    """A version-1 dir whose batches hold version-2 metadata values comes out in version 3."""
+    items = v2_workload()
+    part = tmp_path / PART
+    part.mkdir()
+    (tmp_path / "meta.properties").write_text(f"version=1\ncluster.id=c1\nnode.id=1\ndirectory.id={DIR_ID}\n")
+    (part / "00000000000000000000.log").write_bytes(
+        v1_batch(0, 1, [v1_control(cr.LEADER_CHANGE, 1, [1], [1])], TS, control=True)
+        + v1_batch(1, 1, [_value_v2(x) for x in items], TS))
+    report = upgrade_data_dir(str(tmp_path))
+    assert len(report.rewritten) == 1
+    assert f"{FORMAT_KEY}=3" in (tmp_path / "meta.properties").read_text()
+    assert log_values(str(part)) == [_value_v3(x) for x in items]
+
+
+def test_upgrade_refuses_a_record_kafka_cannot_encode(tmp_path):
+    """A version-2 topic whose id is not a uuid cannot be written as Kafka's
+    16 bytes: FormatError names the file, byte and offset; nothing is rewritten."""
+    write_v2_dir(str(tmp_path), [mr.Topic("t", "T")])
+    seg = tmp_path / PART / "00000000000000000000.log"
+    before = seg.read_bytes()
+    with pytest.raises(FormatError, match=rf"{seg}: batch at byte \d+ \(offset 1\) cannot be converted to "
+                                          r"format version 3: its Topic record has no Kafka encoding: "
+                                          r"not a uuid: 'T'"):
+        upgrade_data_dir(str(tmp_path))
+    assert seg.read_bytes() == before
+    assert f"{FORMAT_KEY}=2" in (tmp_path / "meta.properties").read_text()

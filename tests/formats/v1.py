@@ -25,3 +25,19 @@ def v1_batch(base_offset: int, epoch: int, values: list[bytes], ts: int, control
 
 def v1_control(rtype: int, *fields) -> bytes:
     return struct.pack(">hh", rtype, 0) + msgspec.msgpack.encode(list(fields))
+
+
+# Metadata record values of format versions 1 and 2: api key i16 | version i16
+# (0) | msgpack array of the fields, with ACLs under keys 6 and 16.
+_V2_KEYS = {"RegisterBroker": 0, "UnregisterBroker": 1, "Topic": 2, "Partition": 3, "Config": 4,
+            "PartitionChange": 5, "AccessControlEntry": 6, "FenceBroker": 7, "UnfenceBroker": 8,
+            "RemoveTopic": 9, "FeatureLevel": 12, "RemoveAccessControlEntry": 16, "NoOp": 20,
+            "ProducerState": 1000}
+
+
+def v2_metadata_value(rec) -> bytes:
+    """`rec` as builds of format versions 1 and 2 wrote it (an Endpoint had 3 fields)."""
+    fields = msgspec.to_builtins(rec)
+    if type(rec).__name__ == "RegisterBroker":
+        fields[3] = [ep[:3] for ep in fields[3]]
+    return struct.pack(">hh", _V2_KEYS[type(rec).__name__], 0) + msgspec.msgpack.encode(fields)
