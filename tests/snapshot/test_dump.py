@@ -114,3 +114,36 @@ def test_dump_shows_producer_fields_of_idempotent_batches(tmp_path):
     assert rc == 0
     assert [(x["batch"]["producer_id"], x["batch"]["producer_epoch"], x["batch"]["base_sequence"])
             for x in lines if "batch" in x] == [((5 << 32) + 1, 0, 7), (-1, -1, -1)]
+
+
+def test_dump_of_a_kafka_dir_names_unmodelled_types(tmp_path):
+    """`metalog dump --print-data-log` on a segment and a snapshot in Kafka's
+    layout (written by kafka-python, kio and Kafka's schemas): every record is
+    decoded, a type we do not model is printed by Kafka's name with
+    "unmodelled": true, and a last line counts them; exit 0."""
+    import subprocess
+    import sys
+
+    from tests.formats.kafka_dir import PART, write_kafka_dir
+    from tools.cluster.launcher import REPO_ROOT
+
+    info = write_kafka_dir(str(tmp_path))
+    part = tmp_path / PART
+    for name, want in (("00000000000000000000.log", {"BrokerRegistrationChange": 1, "ProducerIds": 2}),
+                       (info["snapshot"], {"ProducerIds": 1})):
+        proc = subprocess.run([sys.executable, "-m", "tools.cli", "dump", "--print-data-log", str(part / name)],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        lines = [json.loads(x) for x in proc.stdout.splitlines()]
+        recs = [x for x in lines if "offset" in x and "type" in x]
+        assert not [x for x in recs if "error" in x]
+        unmodelled = [x for x in recs if x.get("unmodelled")]
+        assert {x["type"] for x in unmodelled} == set(want)
+        assert all(x["fields"]["raw"] for x in unmodelled)
+        assert lines[-1 if name.endswith(".log") else -2] == {"unmodelled_records": want}
+    log_types = [x["type"] for x in map(json.loads, subprocess.run(
+        [sys.executable, "-m", "tools.cli", "dump", "--print-data-log", str(part / "00000000000000000000.log")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60).stdout.splitlines()) if "type" in x]
+    assert log_types == ["LeaderChange", "FeatureLevel", "RegisterBroker", "RegisterBroker", "UnfenceBroker",
+                         "UnfenceBroker", "ProducerIds", "Topic", "Partition", "Partition", "Config",
+                         "PartitionChange", "BrokerRegistrationChange", "ProducerIds", "NoOp"]

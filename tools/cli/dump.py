@@ -8,7 +8,10 @@ epoch, byte position, size, CRC, control or not), as kafka-dump-log prints.
 metadata and control records as ``{"offset", "epoch", "type", "version",
 "fields"}`` with the decoders of storage/, produced values as UTF-8 text when
 they are valid UTF-8, else base64 (``"encoding"`` says which); ``--raw`` gives
-every value as base64 of its bytes, undecoded. ``record_json`` (tools/record_json.py) is shared with
+every value as base64 of its bytes, undecoded. A metadata record of a Kafka
+type we do not model is printed by Kafka's name with ``"unmodelled": true``
+and its body as hex, and a last line ``{"unmodelled_records": {name: count}}``
+sums them. ``record_json`` (tools/record_json.py) is shared with
 ``metalog consume``.
 
 For a snapshot, offsets are positions within the file (the header is offset
@@ -60,6 +63,7 @@ def dump(path: str, out: TextIO, err: TextIO, max_records: int | None = None, *,
         return 1
     printed = 0
     end = 0
+    unmodelled: dict[str, int] = {}  # Kafka record types we do not model, by name
     try:
         for pos, h in b.iter_batches(buf):
             end = pos + h.size
@@ -74,6 +78,8 @@ def dump(path: str, out: TextIO, err: TextIO, max_records: int | None = None, *,
                     break
                 if data:
                     line = record_json(h.base_offset + i, h.leader_epoch, bytes(value), h.is_control, raw)
+                    if line.get("unmodelled"):
+                        unmodelled[line["type"]] = unmodelled.get(line["type"], 0) + 1
                 else:
                     line = {"offset": h.base_offset + i, "epoch": h.leader_epoch, "size": len(value)}
                 print(json.dumps(line), file=out)
@@ -81,6 +87,8 @@ def dump(path: str, out: TextIO, err: TextIO, max_records: int | None = None, *,
     except b.CorruptBatchError as exc:
         print(f"metalog dump: {path}: corrupt batch at byte {exc.position}: {exc}", file=err)
         return 1
+    if unmodelled:
+        print(json.dumps({"unmodelled_records": dict(sorted(unmodelled.items()))}), file=out)
     if end != len(buf):
         print(f"metalog dump: {path}: truncated: {len(buf) - end} byte(s) after the last "
               f"whole batch at byte {end}", file=err)

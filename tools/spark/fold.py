@@ -67,6 +67,7 @@ K_DATA = "D"  # not a metadata record at all (a produced record): no state, coun
 
 # Snapshot sections, in to_records() order.
 SEC_FEATURE, SEC_BROKER, SEC_TOPIC, SEC_PARTITION, SEC_CONFIG, SEC_ACL = range(6)
+SEC_UNMODELLED = 99  # a Kafka record type in a snapshot that we do not model: listed, not compared
 
 _SEP = "\x00"
 
