@@ -19,8 +19,13 @@ same way. A record value that does not decode counts as invalid too.
 * UnregisterBroker: removes the broker. Invalid if unknown or the epoch differs.
   Partitions are not touched (the command builder fences first).
 * FenceBroker(id, epoch): invalid if unknown or the epoch differs. Marks the
-  broker fenced, then, as an *event* record, changes every partition whose ISR
-  holds the broker or whose leader it is, independently of each other:
+  broker fenced; partitions are not touched: as Kafka's controller does, the
+  command builder writes a PartitionChange for every partition the fence
+  changes (``fence_changes``: the rule below), in the same batch.
+* FenceBrokerImplicit(id, epoch) (metalog's key 1001: the FenceBroker of
+  format versions 1-2, converted by ``metalog storage upgrade``): the same
+  checks and mark, then, as an *event* record, changes every partition whose
+  ISR holds the broker or whose leader it is, independently of each other:
 
   1. ``isr' = isr`` without the broker; if that leaves the ISR empty the ISR is
      kept as it was (Kafka never shrinks an ISR to nothing: the last in-sync
@@ -201,32 +206,45 @@ class ControllerState:
         del self.brokers[rec.broker_id]
         return True
 
-    def _fence_broker(self, rec: r.FenceBroker) -> bool:
+    def _fence_broker(self, rec: r.FenceBroker | r.FenceBrokerImplicit) -> bool:
         old = self.brokers.get(rec.id)
         if old is None or old.broker_epoch != rec.epoch:
-            return self._invalid(f"FenceBroker of unknown broker {rec.id} epoch {rec.epoch}")
+            return self._invalid(f"{type(rec).__name__} of unknown broker {rec.id} epoch {rec.epoch}")
         self.brokers[rec.id] = _replace(old, fenced=True)
-        bid = rec.id
-        changed: list[tuple[PartitionKey, r.Partition]] = []
-        for key, p in self.partitions.items():
+        return True
+
+    def _fence_broker_implicit(self, rec: r.FenceBrokerImplicit) -> bool:
+        if not self._fence_broker(rec):
+            return False
+        changed = [(key, _replace(p, isr=isr, leader=leader,
+                                  leader_epoch=p.leader_epoch + (leader != p.leader),
+                                  partition_epoch=p.partition_epoch + 1))
+                   for key, p, isr, leader in self.fence_changes(rec.id)]
+        self.partitions.update(changed)
+        return True
+
+    def fence_changes(self, bid: int) -> list[tuple[PartitionKey, r.Partition, tuple[int, ...], int]]:
+        """(key, partition, new ISR, new leader) of every partition that fencing
+        broker `bid` changes, in key order, with `bid` counted as fenced: it
+        leaves the ISR (unless it is the last member: an ISR never empties),
+        and where it led, the first replica in the new ISR that is registered
+        and unfenced leads, else none (-1). Kafka's ReplicationControlManager rule."""
+        out = []
+        for key in sorted(self.partitions):
+            p = self.partitions[key]
             if bid not in p.isr and p.leader != bid:
                 continue
             isr = tuple(x for x in p.isr if x != bid) or p.isr
             leader = p.leader
             if leader == bid:
-                leader = self._elect(p.replicas, isr)
-            if isr == p.isr and leader == p.leader:
-                continue
-            changed.append((key, _replace(
-                p, isr=isr, leader=leader,
-                leader_epoch=p.leader_epoch + (leader != p.leader),
-                partition_epoch=p.partition_epoch + 1)))
-        self.partitions.update(changed)
-        return True
+                leader = self._elect(p.replicas, isr, exclude=bid)
+            if isr != p.isr or leader != p.leader:
+                out.append((key, p, isr, leader))
+        return out
 
-    def _elect(self, replicas: Sequence[int], isr: Sequence[int]) -> int:
+    def _elect(self, replicas: Sequence[int], isr: Sequence[int], exclude: int = -1) -> int:
         for x in replicas:
-            if x in isr:
+            if x in isr and x != exclude:
                 br = self.brokers.get(x)
                 if br is not None and not br.fenced:
                     return x
@@ -468,6 +486,7 @@ _HANDLERS = {
     r.RegisterBroker: ControllerState._register_broker,
     r.UnregisterBroker: ControllerState._unregister_broker,
     r.FenceBroker: ControllerState._fence_broker,
+    r.FenceBrokerImplicit: ControllerState._fence_broker_implicit,
     r.UnfenceBroker: ControllerState._unfence_broker,
     r.Topic: ControllerState._topic,
     r.Partition: ControllerState._partition,
@@ -662,7 +681,7 @@ class Controller:
     def unregister_broker(self, broker_id: int) -> list[bytes]:
         """Fence first (moving leadership away), then unregister."""
         br = self._broker(broker_id)
-        out = [] if br.fenced else [r.encode_record(r.FenceBroker(broker_id, br.broker_epoch))]
+        out = [] if br.fenced else self._fence(br)
         out.append(r.encode_record(r.UnregisterBroker(broker_id, br.broker_epoch)))
         return out
 
@@ -670,7 +689,17 @@ class Controller:
         br = self._broker(broker_id)
         if br.fenced:
             raise CommandError(f"broker {broker_id} is already fenced")
-        return [r.encode_record(r.FenceBroker(broker_id, br.broker_epoch))]
+        return self._fence(br)
+
+    def _fence(self, br: r.RegisterBroker) -> list[bytes]:
+        """FenceBroker, then a PartitionChange per partition it shrinks or
+        moves, as Kafka's controller writes them (only the changed fields)."""
+        out = [r.encode_record(r.FenceBroker(br.broker_id, br.broker_epoch))]
+        for (tid, pid), p, isr, leader in self.state.fence_changes(br.broker_id):
+            out.append(r.encode_record(r.PartitionChange(
+                tid, pid, isr=isr if isr != p.isr else None,
+                leader=leader if leader != p.leader else r.LEADER_NO_CHANGE)))
+        return out
 
     def unfence_broker(self, broker_id: int) -> list[bytes]:
         """Unfence, and bring back every offline partition whose ISR holds the

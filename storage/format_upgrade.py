@@ -20,7 +20,11 @@ the segment's ``.index`` and ``.timeindex`` are emptied (positions moved;
 the log rebuilds them at open), a snake_case quorum-state is rewritten as
 Kafka's JSON, and meta.properties is stamped last. A batch or value already
 in version 3 is kept as it is, so an interrupted upgrade is finished by
-running it again. A value that is not a version-2 metadata record (a
+running it again. A version-2 FenceBroker, whose apply also shrank ISRs and
+moved leaders, becomes metalog's FenceBrokerImplicit (key 1001), which keeps
+that rule, so the log replays to the same state; a version-3 controller
+writes Kafka's FenceBroker plus explicit PartitionChange records instead.
+A value that is not a version-2 metadata record (a
 produced record, or one no build could decode) is kept byte for byte.
 """
 
@@ -89,6 +93,8 @@ def convert_value(value: bytes) -> bytes:
     rec = legacy_metadata_record(value)
     if rec is None:
         return value
+    if type(rec) is mr.FenceBroker:  # its apply shrank ISRs: kept under our own key
+        rec = mr.FenceBrokerImplicit(rec.id, rec.epoch)
     try:
         return mr.encode_record(rec)
     except (ValueError, OverflowError) as exc:

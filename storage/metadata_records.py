@@ -13,8 +13,9 @@ tagged-field section at the end of each struct. The api keys are Kafka's::
     PartitionChange 5, FenceBroker 7, UnfenceBroker 8, RemoveTopic 9,
     FeatureLevel 12, AccessControlEntry 18, RemoveAccessControlEntry 19, NoOp 20
 
-plus metalog's own ProducerState 1000 (snapshots only; outside the keys Kafka
-uses, 0..27 today). We write version 0 of each Kafka type and read every
+plus metalog's own ProducerState 1000 (snapshots only) and FenceBrokerImplicit
+1001 (old logs' fences, converted by the upgrade), outside the keys Kafka uses
+(0..27 today). We write version 0 of each Kafka type and read every
 version Kafka defines (newer fields we do not model are read and dropped); a
 version past those is refused with MetadataRecordError. A record type Kafka
 has and we do not model (ProducerIds 15, BrokerRegistrationChange 17, ...)
@@ -53,6 +54,7 @@ ACCESS_CONTROL_ENTRY = 18
 REMOVE_ACCESS_CONTROL_ENTRY = 19
 NO_OP = 20
 PRODUCER_STATE = 1000  # metalog's own (Kafka keeps producer state in separate files)
+FENCE_BROKER_IMPLICIT = 1001  # metalog's own: a FenceBroker of format versions 1-2 (see below)
 
 # Config resource types (Kafka's ConfigResource.Type ids).
 RESOURCE_TOPIC = 2
@@ -132,6 +134,17 @@ class FenceBroker(_Rec):
     epoch: int
 
 
+class FenceBrokerImplicit(_Rec):
+    """metalog's own (key 1001): a FenceBroker written by format versions 1
+    and 2, whose apply also shrinks ISRs and moves leaders (broker.controller).
+    `metalog storage upgrade` turns each old FenceBroker into one so that an
+    old log replays to the same state; new logs hold Kafka's FenceBroker plus
+    the explicit PartitionChange records Kafka's controller writes."""
+
+    id: int
+    epoch: int
+
+
 class UnfenceBroker(_Rec):
     id: int
     epoch: int
@@ -191,7 +204,7 @@ class UnknownRecord(_Rec):
 MetadataRecord = Union[
     RegisterBroker, UnregisterBroker, Topic, Partition, Config, PartitionChange,
     FenceBroker, UnfenceBroker, RemoveTopic, FeatureLevel, AccessControlEntry,
-    RemoveAccessControlEntry, NoOp, ProducerState, UnknownRecord,
+    RemoveAccessControlEntry, NoOp, ProducerState, FenceBrokerImplicit, UnknownRecord,
 ]
 
 # Kafka's metadata record types by api key (its metadata/*.json), with the
@@ -630,6 +643,8 @@ _CODECS = {
                                   _dec_uuid_only(RemoveAccessControlEntry)),
     NO_OP: (NoOp, 0, _enc_no_op, _dec_no_op),
     PRODUCER_STATE: (ProducerState, 0, _enc_producer_state, _dec_producer_state),
+    # FenceBroker's body under our own key.
+    FENCE_BROKER_IMPLICIT: (FenceBrokerImplicit, 0, _enc_broker_epoch, _dec_broker_epoch(FenceBrokerImplicit)),
 }
 RECORD_TYPES: dict[int, tuple[type[_Rec], int]] = {k: (c[0], c[1]) for k, c in _CODECS.items()}
 API_KEY_OF: dict[type, int] = {c[0]: k for k, c in _CODECS.items()}

@@ -83,7 +83,7 @@ def test_unregister_fences_first_and_reregister_bumps_epoch():
     c, lg = cluster(2)
     lg.commit(c.create_topic("t", 1, 2, topic_id="00000000-0000-0000-0000-0000000000a1"))
     recs = decode(c.unregister_broker(0))
-    assert [type(x) for x in recs] == [r.FenceBroker, r.UnregisterBroker]
+    assert [type(x) for x in recs] == [r.FenceBroker, r.PartitionChange, r.UnregisterBroker]
     lg.commit(c.unregister_broker(0))
     assert 0 not in c.state.brokers and c.state.partitions[("00000000-0000-0000-0000-0000000000a1", 0)].leader == 1
     lg.commit(c.register_broker(1, [("PLAINTEXT", "h", 1)]))

@@ -1,4 +1,4 @@
-"""Controller state machine: apply rules, FenceBroker expansion, rebuild from to_records."""
+"""Controller state machine: apply rules, fences (Kafka's explicit and old logs' implicit), rebuild from to_records."""
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -40,7 +40,47 @@ def apply_all(state, recs):
         state.apply(state.offset, rec)
 
 
-def test_fence_broker_expands_to_every_partition():
+def _fence_setup() -> ControllerState:
+    s = ControllerState()
+    apply_all(s, [r.RegisterBroker(i, f"00000000-0000-0000-0001-{i:012d}", 1, fenced=False) for i in range(3)])
+    apply_all(s, [
+        r.Topic("t", T),
+        r.Partition(T, 0, (0, 1, 2), (0, 1, 2), 0, 5, 7),
+        r.Partition(T, 1, (2, 0, 1), (2, 0, 1), 2, 3, 3),
+        r.Partition(T, 2, (1, 2), (1, 2), 1, 0, 0),
+        r.Partition(T, 3, (0, 1), (0,), 0, 2, 2),
+    ])
+    return s
+
+
+def test_kafkas_fence_broker_only_marks_the_broker():
+    s = _fence_setup()
+    before = dict(s.partitions)
+    assert s.apply(s.offset, r.FenceBroker(0, 1))
+    assert s.brokers[0].fenced and s.partitions == before
+
+
+def test_fence_command_writes_explicit_partition_changes_equal_to_the_implicit_rule():
+    """Controller.fence_broker writes FenceBroker + one PartitionChange per
+    changed partition (only the changed fields); applied, they give the state
+    an old log's FenceBrokerImplicit gives."""
+    c = Controller(_fence_setup())
+    values = c.fence_broker(0)
+    recs = [r.decode_record(v) for v in values]
+    assert recs == [r.FenceBroker(0, 1),
+                    r.PartitionChange(T, 0, isr=(1, 2), leader=1),
+                    r.PartitionChange(T, 1, isr=(2, 1)),
+                    r.PartitionChange(T, 3, leader=-1)]
+    explicit = c.state
+    for rec in recs:
+        assert explicit.apply(explicit.offset, rec)
+    implicit = _fence_setup()
+    assert implicit.apply(implicit.offset, r.FenceBrokerImplicit(0, 1))
+    implicit.skip_to(explicit.offset)
+    assert explicit == implicit
+
+
+def test_implicit_fence_of_an_old_log_expands_to_every_partition():
     s = ControllerState()
     apply_all(s, [r.RegisterBroker(i, f"00000000-0000-0000-0001-{i:012d}", 1, fenced=False) for i in range(3)])
     apply_all(s, [
@@ -50,7 +90,7 @@ def test_fence_broker_expands_to_every_partition():
         r.Partition(T, 2, (1, 2), (1, 2), 1, 0, 0),         # untouched
         r.Partition(T, 3, (0, 1), (0,), 0, 2, 2),           # last ISR member: ISR kept, offline
     ])
-    s.apply(s.offset, r.FenceBroker(0, 1))
+    s.apply(s.offset, r.FenceBrokerImplicit(0, 1))
     p = s.partitions
     assert (p[(T, 0)].isr, p[(T, 0)].leader, p[(T, 0)].leader_epoch, p[(T, 0)].partition_epoch) \
         == ((1, 2), 1, 6, 8)
@@ -66,9 +106,9 @@ def test_fence_elects_in_replica_order_skipping_fenced():
     s = ControllerState()
     apply_all(s, [r.RegisterBroker(i, INC, 1, fenced=False) for i in range(4)])
     apply_all(s, [r.Topic("t", T), r.Partition(T, 0, (0, 3, 1, 2), (2, 1, 0, 3), 0),
-                  r.FenceBroker(3, 1)])
+                  r.FenceBrokerImplicit(3, 1)])
     assert s.partitions[(T, 0)].isr == (2, 1, 0)
-    s.apply(s.offset, r.FenceBroker(0, 1))
+    s.apply(s.offset, r.FenceBrokerImplicit(0, 1))
     # replicas order 0,3,1,2: 0 and 3 fenced -> 1, although 2 comes first in the ISR
     assert s.partitions[(T, 0)].leader == 1
 

@@ -98,6 +98,11 @@ def log_values() -> list[list[bytes]]:
          rec("BrokerRegistrationChangeRecord", 2, BrokerId=1, BrokerEpoch=2, InControlledShutdown=1),
          rec("ProducerIdsRecord", BrokerId=1, BrokerEpoch=2, NextProducerId=2000),
          rec("NoOpRecord")],
+        # Broker 2 fenced, as Kafka's controller writes it: the fence, then a
+        # PartitionChange per partition it leaves (ISR shrink, leader moved or gone).
+        [rec("FenceBrokerRecord", Id=2, Epoch=3),
+         rec("PartitionChangeRecord", PartitionId=0, TopicId=t, Isr=[1]),
+         rec("PartitionChangeRecord", PartitionId=1, TopicId=t, Leader=-1)],
     ]
 
 

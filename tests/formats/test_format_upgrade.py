@@ -181,19 +181,26 @@ def _value_v2(x) -> bytes:
     return x if isinstance(x, bytes) else v2_metadata_value(x)
 
 
-def _value_v3(x) -> bytes:
-    return x if isinstance(x, bytes) else mr.encode_record(x)
+def as_v3(x):
+    """What the upgrade makes of a version-2 item: a FenceBroker, whose apply
+    shrank ISRs then, becomes FenceBrokerImplicit, which still does."""
+    return mr.FenceBrokerImplicit(x.id, x.epoch) if type(x) is mr.FenceBroker else x
+
+
+def value_v3(x) -> bytes:
+    return x if isinstance(x, bytes) else mr.encode_record(as_v3(x))
 
 
 def expected_state(items, end: int) -> ControllerState:
-    """The state of a log holding `items` at offsets 1.. (offset 0: a LeaderChange)."""
+    """The state a version-2 build had of a log holding `items` at offsets 1..
+    (offset 0: a LeaderChange)."""
     st = ControllerState()
     st.skip_to(1)
     for i, x in enumerate(items[:end - 1]):
         if isinstance(x, bytes):
             st.apply_value(1 + i, x)
         else:
-            assert st.apply(1 + i, x), st.last_invalid
+            assert st.apply(1 + i, as_v3(x)), st.last_invalid
     return st
 
 
@@ -239,9 +246,10 @@ def test_upgrade_2_to_3_reencodes_every_metadata_value_and_keeps_the_state(tmp_p
     assert f"{FORMAT_KEY}=3" in (tmp_path / "meta.properties").read_text()
     assert check_meta(str(tmp_path), "c1", 1, RecordingLogger()) == DIR_ID
     got = log_values(part)
-    assert got == [_value_v3(x) for x in items]
+    assert got == [value_v3(x) for x in items]
     assert [mr.decode_record(v) for v in got if not v.startswith(b"a produced")] == \
-        [x for x in items if not isinstance(x, bytes)]
+        [as_v3(x) for x in items if not isinstance(x, bytes)]
+    assert mr.FenceBrokerImplicit(1, 1) in [mr.decode_record(v) for v in got if v[0] == 1]
     # The snapshot loads with the new codec into the state at its offset, and
     # the whole log replays into the state the version-2 build had.
     store = SnapshotStore(part)
@@ -274,7 +282,7 @@ def test_upgrade_1_to_3_in_one_run(tmp_path):
     report = upgrade_data_dir(str(tmp_path))
     assert len(report.rewritten) == 1
     assert f"{FORMAT_KEY}=3" in (tmp_path / "meta.properties").read_text()
-    assert log_values(str(part)) == [_value_v3(x) for x in items]
+    assert log_values(str(part)) == [value_v3(x) for x in items]
 
 
 def test_upgrade_refuses_a_record_kafka_cannot_encode(tmp_path):

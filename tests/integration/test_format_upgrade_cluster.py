@@ -12,9 +12,8 @@ import sys
 import pytest
 
 from broker.client import MetalogClient
-from storage import metadata_records as mr
 from storage.snapshot import SnapshotId, snapshot_filename
-from tests.formats.test_format_upgrade import PART, expected_state, v2_workload, write_v1_dir, write_v2_dir
+from tests.formats.test_format_upgrade import PART, expected_state, v2_workload, value_v3, write_v1_dir, write_v2_dir
 from tools.cluster.launcher import REPO_ROOT
 
 
@@ -76,7 +75,7 @@ def test_format_v2_upgrade_start_and_the_controller_state_is_the_same(make_clust
     assert "upgraded" in up.stdout and "format version 3" in up.stdout
     cluster.start_node(1)
     cluster.wait_for_leader(30)
-    want = [x if isinstance(x, bytes) else mr.encode_record(x) for x in items]
+    want = [value_v3(x) for x in items]
 
     async def read_all() -> list[bytes]:
         client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(),

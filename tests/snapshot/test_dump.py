@@ -146,4 +146,5 @@ def test_dump_of_a_kafka_dir_names_unmodelled_types(tmp_path):
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60).stdout.splitlines()) if "type" in x]
     assert log_types == ["LeaderChange", "FeatureLevel", "RegisterBroker", "RegisterBroker", "UnfenceBroker",
                          "UnfenceBroker", "ProducerIds", "Topic", "Partition", "Partition", "Config",
-                         "PartitionChange", "BrokerRegistrationChange", "ProducerIds", "NoOp"]
+                         "PartitionChange", "BrokerRegistrationChange", "ProducerIds", "NoOp",
+                         "FenceBroker", "PartitionChange", "PartitionChange"]

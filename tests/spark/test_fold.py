@@ -57,12 +57,12 @@ def test_fence_expansion_elects_by_status_at_that_offset():
         r.RegisterBroker(1, "00000000-0000-0000-0000-0000000000b0", 1, fenced=False), r.RegisterBroker(2, "00000000-0000-0000-0000-0000000000b1", 1, fenced=True),
         r.RegisterBroker(3, "00000000-0000-0000-0000-0000000000b2", 1, fenced=False), r.Topic("x", tid),
         r.Partition(tid, 0, (1, 2, 3), (1, 2, 3), 1),
-        r.FenceBroker(1, 1),  # 2 is fenced now, 3 is elected
+        r.FenceBrokerImplicit(1, 1),  # 2 is fenced now, 3 is elected
         r.UnfenceBroker(2, 1), r.UnfenceBroker(1, 1),
-        r.FenceBroker(3, 1),  # 1 is first usable in replica order
+        r.FenceBrokerImplicit(3, 1),  # 1 is first usable in replica order
         r.RemoveTopic(tid), r.Topic("x", tid),  # re-created with the same id and name
         r.Partition(tid, 0, (3, 1), (3, 1), 3),
-        r.FenceBroker(1, 1),  # isr -> (3,), leader 3 stays
+        r.FenceBrokerImplicit(1, 1),  # isr -> (3,), leader 3 stays
     ]
     values = [r.encode_record(x) for x in recs]
     _check(values, [len(values) * 2 + 1, 13, 19])

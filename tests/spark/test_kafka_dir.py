@@ -36,5 +36,5 @@ def test_spark_rebuilds_and_audits_a_kafka_dir_listing_unmodelled_types(spark, t
     assert c.state.unknown_records == {"BrokerRegistrationChange": 1, "ProducerIds": 2}
     built = state_of_checkpoint(rep["snapshot"]["path"])
     assert built == c.state
-    assert [p.isr for _, p in sorted(built.partitions.items())] == [(1, 2), (2,)]
-    assert sorted((bid, br.fenced) for bid, br in built.brokers.items()) == [(1, False), (2, False)]
+    assert [(p.isr, p.leader) for _, p in sorted(built.partitions.items())] == [((1,), 1), ((2,), -1)]
+    assert sorted((bid, br.fenced) for bid, br in built.brokers.items()) == [(1, False), (2, True)]

@@ -35,10 +35,12 @@ def random_records(rng: random.Random, n: int, brokers: int = 5) -> list[bytes]:
                                    (r.Endpoint("PLAINTEXT", "h", 9000 + bid),), None,
                                    rng.random() < 0.3)
         elif op < 0.24:
+            # Kafka's fence (marks only) and an upgraded old log's (shrinks ISRs, moves leaders).
+            fence = r.FenceBroker if rng.random() < 0.5 else r.FenceBrokerImplicit
             if cur and rng.random() < 0.9:
-                rec = r.FenceBroker(bid, cur.broker_epoch)
+                rec = fence(bid, cur.broker_epoch)
             else:
-                rec = r.FenceBroker(bid, rng.randrange(3))
+                rec = fence(bid, rng.randrange(3))
         elif op < 0.33:
             rec = r.UnfenceBroker(bid, cur.broker_epoch if cur else 1)
         elif op < 0.36:

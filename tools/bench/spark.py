@@ -8,7 +8,8 @@
 Generates one broker data dir once (kept in --dir and reused when the record
 count matches): 100 brokers, 1000 topics x 10 partitions, then a stream of
 mostly PartitionChange and Config records with broker fences/unfences mixed
-in (each fence expands to the partitions it leads or is in-sync for). Then
+in (each fence is an upgraded old log's FenceBrokerImplicit, which expands to
+the partitions it leads or is in-sync for, as every fence did before format 3). Then
 runs ``metalog spark snapshot`` on it and prints the figures.
 """
 
@@ -74,7 +75,9 @@ def generate(data_dir: str, records: int, seed: int = 1) -> None:
                         pending.append(enc(r.UnfenceBroker(bid, 1)))
                     else:
                         fenced.add(bid)
-                        pending.append(enc(r.FenceBroker(bid, 1)))
+                        # An old log's fence, which expands as it did before format 3
+                        # (keeps this workload comparable across builds).
+                        pending.append(enc(r.FenceBrokerImplicit(bid, 1)))
             chunk = pending[:BATCH_RECORDS]
             pending = pending[BATCH_RECORDS:]
             log.append(b.encode_batch(offset, 1, chunk, 1_700_000_000_000 + offset))

@@ -12,13 +12,15 @@ cross-entity facts exactly:
    ``[created_at, removed_at)`` of every topic id (and so of every name).
 2. **brokers** (key ``B``/broker id): Register/Unregister/Fence/Unfence.
    Output: the broker's status timeline ``(offset, registered, fenced)`` after
-   each valid record, and the offsets of its *valid* FenceBroker records.
+   each valid record, and the offsets of its *valid* FenceBrokerImplicit
+   records (an old log's fences; Kafka's FenceBroker only marks the broker,
+   its partition changes are PartitionChange records of their own).
 3. **partitions** (key ``P``/(topic id, partition id)): Partition and
    PartitionChange, plus *derived events* taken from the side tables: the
    removal of its topic (interval end), and every valid fence of a broker that
    ever appears in one of its replica lists (the ISR is a subset of the
    replicas and the leader is in the ISR or -1, so no other fence can touch
-   it). The fence is applied with controller.py's FenceBroker expansion rule;
+   it). The fence is applied with controller.py's FenceBrokerImplicit rule;
    the election asks the broker timeline for each candidate's status *as of
    that offset*.
 4. **configs** (key ``C``/(type, name, key)): validity of a topic config needs
@@ -89,7 +91,7 @@ def key_of(value: bytes) -> tuple[str, str]:
         return K_UNKNOWN, r.type_name(rec)
     if t in (r.RegisterBroker, r.UnregisterBroker):
         return K_BROKER, str(rec.broker_id)
-    if t in (r.FenceBroker, r.UnfenceBroker):
+    if t in (r.FenceBroker, r.UnfenceBroker, r.FenceBrokerImplicit):
         return K_BROKER, str(rec.id)
     if t in (r.Topic, r.RemoveTopic):
         return K_TOPICS, ""
@@ -290,13 +292,15 @@ def fold_broker(records: Iterable[tuple[int, bytes]], cuts: Sequence[int]
             bid = cur.broker_id
             cur = None
         else:
-            assert t in (r.FenceBroker, r.UnfenceBroker), t
+            assert t in (r.FenceBroker, r.UnfenceBroker, r.FenceBrokerImplicit), t
             if cur is None or cur.broker_epoch != rec.epoch:
                 invalid += 1
                 continue
-            cur = _replace(cur, fenced=t is r.FenceBroker)
+            cur = _replace(cur, fenced=t is not r.UnfenceBroker)
             bid = rec.id
-            is_fence = t is r.FenceBroker
+            # Only an old log's implicit fence changes partitions by itself; Kafka's
+            # FenceBroker comes with explicit PartitionChange records.
+            is_fence = t is r.FenceBrokerImplicit
         changes.append(BrokerChange(bid, offset, cur is not None,
                                     cur is not None and cur.fenced, is_fence))
     _emit_cuts(cuts, ci, 1 << 62, emit)
