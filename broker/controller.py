@@ -528,8 +528,6 @@ def _uuid_arg(what: str, text: str | None) -> str:
     except ValueError:
         raise CommandError(f"{what} {text!r} is not a uuid "
                            "(like 0f8e4a2c-5b1d-4c3e-9a7f-2d6b8c1e3f40)") from None
-    if text == "":
-        raise CommandError(f"{what} must not be empty")
     return text
 
 

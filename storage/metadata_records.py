@@ -235,26 +235,52 @@ _I32_I64 = struct.Struct(">iq")
 _I32_UUID = struct.Struct(">i16s")
 _I32X3 = struct.Struct(">iii")
 _U16_I16 = struct.Struct(">Hh")
-_ZERO_UUID = bytes(16)
+
+
+# Topic ids repeat in nearly every partition record: both conversions are
+# memoized (which also shares one str per topic id across a 2M-partition
+# state). Bounded: cleared when full.
+_UUID_CACHE_MAX = 1 << 16
+_uuid_text_cache: dict[bytes, str] = {}
+_uuid_bytes_cache: dict[str, bytes] = {}
 
 
 def uuid_bytes(text: str) -> bytes:
-    """Canonical uuid text to Kafka's 16 bytes ("" is Kafka's ZERO_UUID)."""
-    if text == "":
-        return _ZERO_UUID
+    """Canonical uuid text to Kafka's 16 bytes (Kafka's ZERO_UUID is
+    "00000000-0000-0000-0000-000000000000", like any other)."""
+    raw = _uuid_bytes_cache.get(text)
+    if raw is not None:
+        return raw
     if len(text) != 36 or text[8] != "-" or text[13] != "-" or text[18] != "-" or text[23] != "-":
         raise ValueError(f"not a uuid: {text!r} (want the 36-character hyphenated form)")
     try:
-        return bytes.fromhex(text[:8] + text[9:13] + text[14:18] + text[19:23] + text[24:])
+        raw = bytes.fromhex(text[:8] + text[9:13] + text[14:18] + text[19:23] + text[24:])
     except ValueError:
         raise ValueError(f"not a uuid: {text!r}") from None
+    if uuid_text(raw) != text:  # upper case, or whitespace fromhex skipped: not canonical
+        raise ValueError(f"not a uuid: {text!r} (want lower-case hex)")
+    if len(_uuid_bytes_cache) >= _UUID_CACHE_MAX:
+        _uuid_bytes_cache.clear()
+    _uuid_bytes_cache[text] = raw
+    return raw
 
 
 def uuid_text(raw: bytes) -> str:
-    if raw == _ZERO_UUID:
-        return ""
+    text = _uuid_text_cache.get(raw)
+    if text is not None:
+        return text
+    if len(raw) != 16:
+        raise IndexError("uuid runs past the end")
     h = raw.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    text = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    if len(_uuid_text_cache) >= _UUID_CACHE_MAX:
+        _uuid_text_cache.clear()
+    _uuid_text_cache[raw] = text
+    return text
+
+
+# Struct per small array length: ">{n}i" formatted once, not per record.
+_I32_ARRAYS = [struct.Struct(f">{n}i") for n in range(127)]
 
 
 def _w_uv(out: bytearray, v: int) -> None:
@@ -278,8 +304,13 @@ def _w_nstr(out: bytearray, s: str | None) -> None:
 
 
 def _w_i32s(out: bytearray, xs) -> None:
-    _w_uv(out, len(xs) + 1)
-    out += struct.pack(f">{len(xs)}i", *xs)
+    n = len(xs)
+    if n < 126:
+        out.append(n + 1)
+        out += _I32_ARRAYS[n].pack(*xs)
+    else:
+        _w_uv(out, n + 1)
+        out += struct.pack(f">{n}i", *xs)
 
 
 def _uv(buf: bytes, pos: int) -> tuple[int, int]:
@@ -315,6 +346,9 @@ def _nstr(buf: bytes, pos: int) -> tuple[str | None, int]:
 
 
 def _i32s(buf: bytes, pos: int) -> tuple[tuple[int, ...], int]:
+    n = buf[pos]
+    if 0 < n < 0x80:  # an array of up to 126 elements: one length byte
+        return _I32_ARRAYS[n - 1].unpack_from(buf, pos + 1), pos + 4 * n - 3
     n, pos = _uv(buf, pos)
     if n == 0:
         raise MetadataRecordError(f"null array at byte {pos - 1} where the schema has a non-null one")
@@ -463,17 +497,33 @@ def _enc_partition(out: bytearray, rec: Partition) -> None:
 
 
 def _dec_partition(buf: bytes, pos: int, version: int):
+    # The hot path of replay and snapshot load: the common shape (arrays under
+    # 127 elements, empty removing/adding, no tagged fields) read inline.
     pid, raw_tid = _I32_UUID.unpack_from(buf, pos)
-    replicas, pos = _i32s(buf, pos + 20)
-    isr, pos = _i32s(buf, pos)
-    _, pos = _i32s(buf, pos)  # RemovingReplicas: reassignment, not modelled
-    _, pos = _i32s(buf, pos)  # AddingReplicas
+    pos += 20
+    n = buf[pos]
+    if 0 < n < 0x80:
+        replicas = _I32_ARRAYS[n - 1].unpack_from(buf, pos + 1)
+        pos += 4 * n - 3
+    else:
+        replicas, pos = _i32s(buf, pos)
+    n = buf[pos]
+    if 0 < n < 0x80:
+        isr = _I32_ARRAYS[n - 1].unpack_from(buf, pos + 1)
+        pos += 4 * n - 3
+    else:
+        isr, pos = _i32s(buf, pos)
+    if buf[pos] == 1 and buf[pos + 1] == 1:
+        pos += 2
+    else:
+        _, pos = _i32s(buf, pos)  # RemovingReplicas: reassignment, not modelled
+        _, pos = _i32s(buf, pos)  # AddingReplicas
     leader, leader_epoch, partition_epoch = _I32X3.unpack_from(buf, pos)
     pos += 12
     if version >= 1:  # Directories []uuid (KIP-858)
         n, pos = _uv(buf, pos)
         pos += 16 * (n - 1)
-    pos = _skip_tags(buf, pos)
+    pos = pos + 1 if buf[pos] == 0 else _tags(buf, pos)[1]
     return Partition(uuid_text(raw_tid), pid, replicas, isr, leader, leader_epoch, partition_epoch), pos
 
 
@@ -503,9 +553,14 @@ def _tag_i32s(raw: bytes, what: str) -> tuple[int, ...] | None:
 
 def _dec_partition_change(buf: bytes, pos: int, version: int):
     pid, raw_tid = _I32_UUID.unpack_from(buf, pos)
-    tags, pos = _tags(buf, pos + 20)
+    pos += 20
     isr = replicas = None
     leader = LEADER_NO_CHANGE
+    count = buf[pos]
+    if count == 1 and buf[pos + 1] == 1 and buf[pos + 2] == 4:  # only Leader: the common change
+        (leader,) = _I32.unpack_from(buf, pos + 3)
+        return PartitionChange(uuid_text(raw_tid), pid, None, leader, None), pos + 7
+    tags, pos = _tags(buf, pos)
     if tags:
         if 0 in tags:
             isr = _tag_i32s(tags[0], "Isr")

@@ -178,3 +178,12 @@ def test_undecodable_body():
 def test_encode_refuses_non_record():
     with pytest.raises(TypeError, match="not a metadata record: int"):
         r.encode_record(5)
+
+
+def test_the_zero_uuid_round_trips_and_empty_text_is_not_a_uuid():
+    zero = "00000000-0000-0000-0000-000000000000"
+    assert r.decode_record(r.encode_record(r.Topic("t", zero))) == r.Topic("t", zero)
+    with pytest.raises(ValueError, match="not a uuid: ''"):
+        r.encode_record(r.RemoveTopic(""))
+    with pytest.raises(ValueError, match="want lower-case hex"):
+        r.encode_record(r.RemoveTopic(zero.upper().replace("0", "A")))
