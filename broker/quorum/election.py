@@ -279,6 +279,10 @@ class ProspectiveState(RoleState):
                 if v in core.others:
                     self._ask(v)
         if self.stand_at_ms is not None and now >= self.stand_at_ms:
+            # Cleared first: a quarantined voter does not become a candidate
+            # (it postpones and probes), and a deadline left in the past would
+            # be polled forever (sim seed 339).
+            self.stand_at_ms = None
             core.become_candidate(now)
         elif self.election_deadline_ms is not None and now >= self.election_deadline_ms:
             self._lost(now, timed_out=True)

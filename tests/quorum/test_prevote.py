@@ -285,6 +285,24 @@ def test_a_deferring_prospective_stands_when_its_delay_ends():
     assert len([s for s in sent(acts, m.VoteRequest) if not s.request.pre_vote]) == 2
 
 
+def test_a_deferring_prospective_quarantined_before_its_delay_ends_probes_once_and_waits():
+    """SIM_SEED=339: a prospective that won its pre-votes and deferred its
+    candidacy found corruption before the delay ended. Quarantined, it may not
+    stand: it probes and postpones. Its passed stand time used to stay set, so
+    the core polled it forever at the same instant (a busy loop)."""
+    n, acts = timed_out()
+    to_2 = next(s for s in sent(acts, m.VoteRequest) if s.destination == 2)
+    n.step(a.RequestReceived(2101, "pv", pre_vote(2, 5)))
+    answer(n, to_2, 2102, granted=True)
+    stand_at = n.core.next_deadline_ms
+    n.step(a.LogQuarantined(2102, log_end_offset=0, must_reach_offset=n.core.log_end_offset + 1))
+    acts = n.step(a.Tick(stand_at))
+    assert n.core.role == "prospective" and n.core.epoch == 4
+    assert all(s.request.last_offset == -1 for s in sent(acts, m.VoteRequest))  # probes only
+    assert n.core.next_deadline_ms > stand_at
+    assert not sent(n.step(a.Tick(stand_at)), m.VoteRequest)
+
+
 def test_a_pre_vote_from_a_voter_already_in_a_newer_epoch_moves_us_up_to_its_epoch():
     """SIM_SEED=1954 of 10,000: a voter that stood in epoch 6 and lost sat
     prospective there forever, asking pre-votes for 7 of voters that followed
