@@ -232,8 +232,7 @@ class ControllerState:
         and where it led, the first replica in the new ISR that is registered
         and unfenced leads, else none (-1). Kafka's ReplicationControlManager rule."""
         out = []
-        for key in sorted(self.partitions):
-            p = self.partitions[key]
+        for key, p in self.partitions.items():  # one pass, no sort of every key (2M partitions)
             if bid not in p.isr and p.leader != bid:
                 continue
             isr = tuple(x for x in p.isr if x != bid) or p.isr
@@ -242,6 +241,7 @@ class ControllerState:
                 leader = self._elect(p.replicas, isr, exclude=bid)
             if isr != p.isr or leader != p.leader:
                 out.append((key, p, isr, leader))
+        out.sort(key=lambda change: change[0])
         return out
 
     def _elect(self, replicas: Sequence[int], isr: Sequence[int], exclude: int = -1) -> int:
