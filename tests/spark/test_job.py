@@ -97,14 +97,15 @@ def test_snapshot_mismatch_names_the_entity(spark, tmp_path):
     tid = "00000000-0000-0000-0000-0000000000aa"
     recs_in = [r.RegisterBroker(1, "00000000-0000-0000-0000-0000000000b1", 1, fenced=False), r.RegisterBroker(2, "00000000-0000-0000-0000-0000000000b2", 1, fenced=False),
                r.Topic("orders", tid), r.Partition(tid, 0, (1, 2), (1, 2), 1),
-               r.FenceBroker(1, 1), r.Config(r.RESOURCE_TOPIC, "orders", "retention.ms", "5")]
+               r.FenceBroker(1, 1), r.PartitionChange(tid, 0, isr=(2,), leader=2),
+               r.Config(r.RESOURCE_TOPIC, "orders", "retention.ms", "5")]
     values = [r.encode_record(x) for x in recs_in]
     d = str(tmp_path / "n1")
     recs = write_log(d, values, node_id=1, epochs=[1] * len(values))
     end = recs[-1][0] + 1
     wrong = sequential_state([(o, v) for o, _e, v in recs], end)
     p = wrong.partitions[(tid, 0)]
-    assert p.leader == 2  # the fence moved leadership
+    assert p.leader == 2  # the fence's PartitionChange moved leadership
     wrong.partitions[(tid, 0)] = r.Partition(tid, 0, p.replicas, p.isr, 1, 0, 0)
     broker_snapshot(d, wrong, 1, "test-cluster")
     code, rep = run_job(spark, "snapshot", d, "--out", str(tmp_path / "out"),
