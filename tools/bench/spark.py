@@ -41,7 +41,7 @@ def generate(data_dir: str, records: int, seed: int = 1) -> None:
         fh.write("version=1\ncluster.id=bench\nnode.id=1\n")
     enc = r.encode_record
     brokers = list(range(100))
-    head = [enc(r.RegisterBroker(x, f"inc-{x}", 1, (r.Endpoint("PLAINTEXT", f"h{x}", 9092),), None, False))
+    head = [enc(r.RegisterBroker(x, f"00000000-0000-4000-8000-{x:012d}", 1, (r.Endpoint("PLAINTEXT", f"h{x}", 9092),), None, False))
             for x in brokers]
     parts = []
     for t in range(1000):
