@@ -77,6 +77,7 @@ from storage.snapshot import SnapshotStore
 
 PARTITION_DIR = "__cluster_metadata-0"
 APPLY_BYTES_PER_STEP = 4 << 20  # bound the committed bytes applied per loop turn
+FETCHED_CORRUPT_WARN_INTERVAL_MS = 1000  # at most one fetched_batch_corrupt warning per second
 
 
 class _Reader:
@@ -123,6 +124,9 @@ class Broker:
         # key -> human-readable reason (corruption found, quarantine, divergence ...).
         self.health_problems: dict[str, str] = {}
         self._corruption_seen: set[tuple[str, int]] = set()
+        # Warnings about damaged batches in fetch answers: rate-limited (_on_fetched_corrupt).
+        self._fetched_corrupt_warned_ms = -FETCHED_CORRUPT_WARN_INTERVAL_MS
+        self._fetched_corrupt_suppressed = 0
         # Set when a write or fsync failed: writes are answered KAFKA_STORAGE_ERROR.
         self.storage_error: str | None = None
         # Produce tokens handed to the core and not yet answered (bounded by
@@ -247,6 +251,23 @@ class Broker:
             f"found by {source}): {report.reason}")
         if self.fatal is None and self.core is not None:
             self._react_to_corruption(report, source)
+
+    def _on_fetched_corrupt(self, a: qa.FetchedBatchCorrupt) -> None:
+        """A fetch answer held a damaged batch (the core dropped it and
+        fetches it again): counted every time, one warning per batch but at
+        most one per FETCHED_CORRUPT_WARN_INTERVAL_MS, naming how many were
+        not logged since -- a leader that keeps sending the same damage must
+        not flood the log. Not a disk problem: no quarantine, /health unchanged."""
+        self.metrics.corrupt_batches.labels(source="fetched").inc()
+        now = now_ms()
+        if now - self._fetched_corrupt_warned_ms < FETCHED_CORRUPT_WARN_INTERVAL_MS:
+            self._fetched_corrupt_suppressed += 1
+            return
+        self.log.warning("fetched_batch_corrupt", leader_id=self.core.leader_id if self.core else None,
+                         epoch=a.fetch_epoch, offset=a.base_offset, reason=a.reason,
+                         suppressed=self._fetched_corrupt_suppressed, action="dropped; fetching it again")
+        self._fetched_corrupt_warned_ms = now
+        self._fetched_corrupt_suppressed = 0
 
     def _react_to_corruption(self, report: CorruptionReport, source: str) -> None:
         """Issue 12 item 4: quarantine through the storage and tell the core
@@ -463,6 +484,8 @@ class Broker:
             self.health_problems.pop("quarantine", None)
             self.log.info("quarantine_cleared", must_reach_offset=a.must_reach_offset,
                           log_end_offset=self.seg_log.log_end_offset)
+        elif t is qa.FetchedBatchCorrupt:
+            self._on_fetched_corrupt(a)
         elif t is qa.CorruptionFound:
             report = getattr(a.error, "report", None)
             if report is None:
