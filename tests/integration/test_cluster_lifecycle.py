@@ -209,3 +209,21 @@ def test_cluster_up_again_restarts_the_cluster_as_it_is_on_disk(detached):
     assert {v["replica_id"]: v["directory_id"] for v in q["replicas"]["voters"]}[5] == ports[5][2]
     after.wait_for(lambda: 5 in ((after.quorum(5) or {}).get("voters") or []), 30, "node 5 to know it votes")
     assert metalog("cluster", "down", "--dir", root).returncode == 0
+
+    # In the foreground too: `cluster down` from elsewhere ends it cleanly (the
+    # removed node, never started by it, is not waited for).
+    fg = subprocess.Popen([sys.executable, "-m", "tools.cli", "cluster", "up", "--dir", root],
+                          cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in fg.stdout:  # bounded by the ready timeout of `up` (it exits if no leader)
+            if line.startswith("Ctrl-C stops the cluster"):
+                break
+        assert sorted(n for n, row in _status(root).items() if row["pid"]) == [1, 3, 4, 5]
+        assert metalog("cluster", "down", "--dir", root).returncode == 0
+        _, err = fg.communicate(timeout=30)
+    finally:
+        if fg.poll() is None:
+            fg.kill()
+            fg.wait()
+    assert fg.returncode == 0, err
+    assert err.strip().splitlines()[-1] == "metalog: every broker stopped cleanly"

@@ -175,8 +175,9 @@ def cmd_cluster_up(args) -> int:
     sys.stdout.flush()
     while not stop["now"]:
         time.sleep(0.2)
-        dead = [nid for nid in cluster.nodes if not cluster.alive(nid)]
-        if dead and len(dead) == len(cluster.nodes):
+        # The brokers this command started (a removed node of a restarted cluster is not one).
+        dead = [nid for nid in cluster.procs if not cluster.alive(nid)]
+        if dead and len(dead) == len(cluster.procs):
             codes = {nid: cluster.procs[nid].returncode for nid in dead}
             if all(code == 0 for code in codes.values()):  # e.g. `metalog cluster down` from elsewhere
                 print("metalog: every broker stopped cleanly", file=sys.stderr)
