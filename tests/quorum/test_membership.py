@@ -11,6 +11,8 @@ to the old set."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from broker.quorum import api as a
 from broker.quorum.voters import VoterSet, voter_sets_in
 from protocol import messages as m
@@ -635,8 +637,10 @@ def test_no_auto_join_unless_enabled_and_never_with_static_voters():
 def test_a_leader_on_a_new_address_records_its_own_endpoints_once_its_epoch_is_committed():
     """Kafka's leader updates its own entry (KAFKA-16533): node 1 leads a set
     that records it at 9091 while it advertises 9991; once its epoch is
-    committed it appends a VotersRecord changing only its endpoints, once."""
-    n = Node(1, voters=(1, 2, 3), view=a.LogView(voter_set=dynamic((1, 2, 3))), directory_id=D[1],
+    committed it appends a VotersRecord changing only its endpoints, once
+    (the other voters' supported kraft.version ranges kept)."""
+    start = dataclasses.replace(dynamic((1, 2, 3)), kraft_ranges={2: (1, 1)})
+    n = Node(1, voters=(1, 2, 3), view=a.LogView(voter_set=start), directory_id=D[1],
              listeners=(("CONTROLLER", "127.0.0.1", 9991),))
     now = make_leader(n)
     assert n.core.voter_set.endpoints[1] == EP[1], "nothing before the epoch is committed"
@@ -645,6 +649,7 @@ def test_a_leader_on_a_new_address_records_its_own_endpoints_once_its_epoch_is_c
     vs = n.core.voter_set
     assert vs.endpoints[1] == (("CONTROLLER", "127.0.0.1", 9991),) and vs.endpoints[2] == EP[2]
     assert vs.directory_ids == dynamic((1, 2, 3)).directory_ids, "the membership is unchanged"
+    assert vs.kraft_range_of(2) == (1, 1), "voter 2's supported range is kept"
     records = voter_sets_in(n.log.read(0, n.core.log_end_offset, 1 << 20))
     end = n.core.log_end_offset
     n.step(a.FlushCompleted(now + 2, end))
