@@ -45,7 +45,7 @@ from typing import Any
 
 import msgspec
 
-from broker import authz, consistency
+from broker import authz, commit_trace, consistency
 from broker.clocks import SystemClock, now_ms, wall_clock_ms
 from broker.config import BrokerConfig
 from broker.consistency import LogDigest
@@ -148,6 +148,10 @@ class Broker:
         self.super_users = frozenset(cfg.security.super_users)
         self.gate: Gate | None = None  # built at start, from authz_enabled then
         self.admin_denials_logged: set[tuple] = set()  # see broker.admin
+        # Commit-path timestamps for `metalog bench --profile-commit`; None
+        # (nothing recorded) unless the bench turned it on (broker.commit_trace).
+        self.trace = commit_trace.from_env(cfg.node_id)
+        self._trace_fetchers: dict[Any, int] = {}  # parked/served Fetch token -> replica id (trace only)
 
     # ------------------------------------------------------------------ boot
     async def start(self) -> None:
@@ -331,6 +335,11 @@ class Broker:
             await asyncio.to_thread(self.seg_log.flush)
             self.seg_log.close()
         self.log.info("broker_stopped", graceful=graceful)
+        if self.trace is not None:
+            try:
+                self.trace.dump()
+            except OSError as exc:
+                self.log.warning("commit_trace_not_written", path=self.trace.path, error=str(exc))
 
     async def _drain_background(self, timeout_s: float) -> None:
         if self._bg_tasks:
@@ -340,6 +349,9 @@ class Broker:
     def _step(self, event: qa.Event) -> None:
         if self.fatal is not None or self.core is None:
             return
+        trace = self.trace
+        if trace is not None:
+            hw_before = self.core.high_watermark
         try:
             actions = self.core.step(event)
         except Exception as exc:  # noqa: BLE001 - any refusal is fatal, never swallowed
@@ -348,6 +360,8 @@ class Broker:
             self._fatal("core_step_failed", f"core refused {type(event).__name__}: {exc}",
                         event_type=type(event).__name__, exc=exc)
             return
+        if trace is not None and self.core.is_leader and self.core.high_watermark != hw_before:
+            trace.mark("hw", self.core.high_watermark)
         self._executing = True
         try:
             for action in actions:
@@ -402,6 +416,8 @@ class Broker:
     def _execute(self, a: qa.Action) -> None:
         t = type(a)
         if t is qa.SendRequest:
+            if self.trace is not None and type(a.request) is m.FetchRequest:
+                self.trace.mark("fetch_action", a.request.fetch_offset, a.destination)
             self._spawn(self._send(a))
         elif t is qa.Respond:
             token = a.token
@@ -414,6 +430,8 @@ class Broker:
                 if type(response) is m.DescribeQuorumResponse and response.error_code == 0:
                     response = msgspec.structs.replace(response, nodes=self._voter_nodes())
                 conn.send_response(correlation_id, response)
+                if self.trace is not None:
+                    self._trace_respond(token, response)
         elif t is qa.AppendBatches:
             try:
                 headers = self.seg_log.append(a.data)
@@ -423,6 +441,8 @@ class Broker:
                 # offline); the log itself holds no partial batch.
                 self._storage_failed(f"append failed: {exc}", exc)
                 return
+            if self.trace is not None:
+                self.trace.mark("append", a.next_offset, a.base_offset)
             self.producers.on_append(headers)
             self.metrics.appended_bytes.inc(len(a.data))
             self.metrics.raft.on_append(self.core.is_leader, a.base_offset, a.next_offset)
@@ -603,6 +623,8 @@ class Broker:
         try:
             while True:
                 gc.flush_starting()
+                if self.trace is not None:
+                    self.trace.mark("flush_start", self.seg_log.log_end_offset)
                 t0 = time.perf_counter()
                 try:
                     flushed = await asyncio.to_thread(self.seg_log.flush)
@@ -610,6 +632,8 @@ class Broker:
                     self._storage_failed(f"flush failed: {exc}", exc)
                     return
                 self.metrics.flush_seconds.observe(time.perf_counter() - t0)
+                if self.trace is not None:
+                    self.trace.mark("flush_done", flushed)
                 self._step(qa.FlushCompleted(now_ms(), flushed))
                 if gc.flush_completed():
                     self._flush_produce()  # writes that waited for this flush: one batch
@@ -662,6 +686,9 @@ class Broker:
             self._step(qa.RequestFailed(now_ms(), a.request_id, a.destination,
                                         f"no address known for node {a.destination}"))
             return
+        trace = self.trace
+        if trace is not None and api_key is ApiKey.FETCH:
+            trace.mark("fetch_sent", a.request.fetch_offset, a.destination)
         try:
             response = await channel.request(api_key, a.request, a.timeout_ms)
         except (NetError, ProtocolError, OSError, asyncio.TimeoutError) as exc:
@@ -674,6 +701,11 @@ class Broker:
             # refusing Vote v2 makes a prospective stand at once, KIP-996.)
             self._step(qa.RequestFailed(now_ms(), a.request_id, a.destination,
                                         f"peer answered error {response.error_code}: {response.error_message}"))
+            return
+        if trace is not None and type(response) is m.FetchResponse and response.records:
+            received_ns = time.monotonic_ns()
+            self._step(qa.ResponseReceived(now_ms(), a.request_id, a.destination, response))
+            trace.mark("fetch_resp", self.core.log_end_offset, a.destination, ns=received_ns)
             return
         self._step(qa.ResponseReceived(now_ms(), a.request_id, a.destination, response))
 
@@ -717,6 +749,8 @@ class Broker:
                                                observers=[])
             conn.send_response(header.correlation_id, resp)
         elif api_key is ApiKey.PRODUCE:
+            if self.trace is not None:
+                self.trace.mark("produce_recv", -1)
             self._enqueue_produce(token, body)
         elif api_key is ApiKey.CONTROLLER_COMMAND:
             self._enqueue_command(token, body)
@@ -726,7 +760,21 @@ class Broker:
             conn.send_response(header.correlation_id, consistency.answer(
                 body, self.voters, self.core.flushed_end_offset, self.digest))
         else:
+            if self.trace is not None and api_key is ApiKey.FETCH and body.replica_id >= 0:
+                self.trace.mark("fetch_recv", body.fetch_offset, body.replica_id)
+                if len(self._trace_fetchers) < 4096:  # bounded; answered tokens are popped
+                    self._trace_fetchers[token] = body.replica_id
             self._step(qa.RequestReceived(now_ms(), token, body))
+
+    def _trace_respond(self, token, response) -> None:
+        """Marks of an answer just written (commit trace only)."""
+        t = type(response)
+        if t is m.ProduceResponse and response.error_code == 0:
+            self.trace.mark("produce_reply", response.base_offset)
+        elif t is m.FetchResponse:
+            replica = self._trace_fetchers.pop(token, -1)
+            if response.records:
+                self.trace.mark("fetch_answer", self.core.log_end_offset, replica)
 
     def authz_view(self) -> authz.AuthzView:
         """The gate's view of the committed ACLs (also the admin API's)."""
