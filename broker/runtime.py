@@ -36,6 +36,7 @@ verification is deleted, the log kept and the download retried.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import os
 import random
@@ -107,6 +108,10 @@ class Broker:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_deadline: int | None = None
         self.group_commit = GroupCommit(cfg.storage.append_linger_ms, cfg.storage.append_batch_records_max)
+        # fdatasyncs run here, one at a time (group commit never overlaps them).
+        self._flush_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flush")
+        self._ticking_now = False  # inside the immediate Tick of _schedule_timer
+        self._flush_start_wanted = False  # a FlushLog of the current step, started when the step ends
         self._linger_handle: asyncio.Handle | None = None  # group commit's linger timer or call_soon
         self.snapshot_work = SnapshotWork(self, cfg.storage.snapshot_min_records, now_ms, feed=self._step)
         self._bg_tasks: set[asyncio.Task] = set()
@@ -334,6 +339,7 @@ class Broker:
         if graceful and self.fatal is None:
             await asyncio.to_thread(self.seg_log.flush)
             self.seg_log.close()
+        self._flush_executor.shutdown(wait=False)
         self.log.info("broker_stopped", graceful=graceful)
         if self.trace is not None:
             try:
@@ -347,6 +353,13 @@ class Broker:
 
     # ------------------------------------------------------------- the step
     def _step(self, event: qa.Event) -> None:
+        self._step_once(event)
+        if self._flush_start_wanted and self.fatal is None:
+            # FlushLog of this step (see _request_flush): the step's sends are out.
+            self._flush_start_wanted = False
+            self._start_flush()
+
+    def _step_once(self, event: qa.Event) -> None:
         if self.fatal is not None or self.core is None:
             return
         trace = self.trace
@@ -416,9 +429,7 @@ class Broker:
     def _execute(self, a: qa.Action) -> None:
         t = type(a)
         if t is qa.SendRequest:
-            if self.trace is not None and type(a.request) is m.FetchRequest:
-                self.trace.mark("fetch_action", a.request.fetch_offset, a.destination)
-            self._spawn(self._send(a))
+            self._send_now(a)
         elif t is qa.Respond:
             token = a.token
             self._unanswered_produce.discard(token)
@@ -603,8 +614,25 @@ class Broker:
             return
         if self._timer is not None:
             self._timer.cancel()
+            self._timer = None
+        delay_ms = deadline - now_ms()
+        if delay_ms <= 0 and not self._ticking_now:
+            # Due already -- typically replica fetches parked at the old log
+            # end, woken by this step's append: tick now rather than a timer
+            # hop later, so the records reach the followers while our own
+            # fsync runs (Kafka's and etcd's leaders write to followers in
+            # parallel with their disk write; the HW still counts our log only
+            # up to its flushed end). One immediate tick per step at most: a
+            # deadline that stays due goes through the timer below.
+            self._timer_deadline = None
+            self._ticking_now = True
+            try:
+                self._step(qa.Tick(now_ms(), wall_clock_ms()))
+            finally:
+                self._ticking_now = False
+            return
         loop = asyncio.get_running_loop()
-        delay_s = max(0.0, (deadline - now_ms()) / 1000)
+        delay_s = max(0.0, delay_ms / 1000)
         self._timer_deadline = deadline
         self._timer = loop.call_later(delay_s, self._on_timer)
 
@@ -616,30 +644,55 @@ class Broker:
     # ------------------------------------------------------------ flushing
     def _request_flush(self) -> None:
         if self.group_commit.request_flush():
-            self._spawn(self._flush_loop())
+            if self._executing:
+                # Started at the end of this step, after its sends (and the
+                # immediate Tick's, which answers the parked replica fetches
+                # this append woke): the flush thread's start then does not
+                # compete for the GIL with the encryption of those answers.
+                self._flush_start_wanted = True
+            else:
+                self._start_flush()
 
-    async def _flush_loop(self) -> None:
+    def _start_flush(self) -> None:
+        """Hand one fdatasync to the flush thread now, in this loop turn (not
+        a task that starts a turn later): on a leader it then runs while the
+        records travel to the followers, on a follower it starts as soon as
+        the fetched records are written. Its completion comes back with one
+        call_soon_threadsafe (_flush_done)."""
         gc = self.group_commit
+        gc.flush_starting()
+        if self.trace is not None:
+            self.trace.mark("flush_start", self.seg_log.log_end_offset)
+        loop = asyncio.get_running_loop()
+        started_s = time.perf_counter()
+
+        def completed(fut) -> None:  # on the flush thread (or here, if already done)
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._flush_done, fut, started_s)
+
+        self._flush_executor.submit(self.seg_log.flush).add_done_callback(completed)
+
+    def _flush_done(self, fut, started_s: float) -> None:
+        gc = self.group_commit
+        if self._stopping or self.fatal is not None:
+            gc.flush_stopped()  # stop() flushes on its own; a failed broker acknowledges nothing
+            return
         try:
-            while True:
-                gc.flush_starting()
-                if self.trace is not None:
-                    self.trace.mark("flush_start", self.seg_log.log_end_offset)
-                t0 = time.perf_counter()
-                try:
-                    flushed = await asyncio.to_thread(self.seg_log.flush)
-                except (OSError, StorageError) as exc:
-                    self._storage_failed(f"flush failed: {exc}", exc)
-                    return
-                self.metrics.flush_seconds.observe(time.perf_counter() - t0)
-                if self.trace is not None:
-                    self.trace.mark("flush_done", flushed)
-                self._step(qa.FlushCompleted(now_ms(), flushed))
-                if gc.flush_completed():
-                    self._flush_produce()  # writes that waited for this flush: one batch
-                if not gc.flush_again():
-                    return
-        finally:
+            flushed = fut.result()
+        except (OSError, StorageError) as exc:
+            gc.flush_stopped()
+            self._storage_failed(f"flush failed: {exc}", exc)
+            return
+        # Anything else escapes to the loop's exception handler: fatal.
+        self.metrics.flush_seconds.observe(time.perf_counter() - started_s)
+        if self.trace is not None:
+            self.trace.mark("flush_done", flushed)
+        self._step(qa.FlushCompleted(now_ms(), flushed))
+        if gc.flush_completed():
+            self._flush_produce()  # writes that waited for this flush: one batch
+        if self.fatal is None and gc.flush_again():
+            self._start_flush()
+        elif self.fatal is not None:
             gc.flush_stopped()
 
     # ------------------------------------------------------------ outbound
@@ -676,21 +729,34 @@ class Broker:
                           endpoints={nid: [f"{name}={host}:{port}" for name, host, port in eps]
                                      for nid, eps in voter_set.endpoints.items()})
 
-    async def _send(self, a: qa.SendRequest) -> None:
+    def _send_now(self, a: qa.SendRequest) -> None:
+        """Write the request now if its connection is up (a follower's next
+        Fetch leaves before this turn applies committed records or answers
+        anyone else); the answer is awaited by a background task."""
         api_key = REQUEST_API_KEY[type(a.request)]
+        trace = self.trace
+        if trace is not None and api_key is ApiKey.FETCH:
+            trace.mark("fetch_action", a.request.fetch_offset, a.destination)
         try:
             channel = self.peers.channel(a.destination)
         except KeyError:
+            answer = None
+        else:
+            answer = channel.request_eager(api_key, a.request, a.timeout_ms)
+            if trace is not None and api_key is ApiKey.FETCH:
+                trace.mark("fetch_sent", a.request.fetch_offset, a.destination)
+        self._spawn(self._send(a, answer))
+
+    async def _send(self, a: qa.SendRequest, answer) -> None:
+        if answer is None:
             # A voter the log names without an endpoint we know: nothing to send
             # to, as if it were unreachable (the core retries or gives up).
             self._step(qa.RequestFailed(now_ms(), a.request_id, a.destination,
                                         f"no address known for node {a.destination}"))
             return
         trace = self.trace
-        if trace is not None and api_key is ApiKey.FETCH:
-            trace.mark("fetch_sent", a.request.fetch_offset, a.destination)
         try:
-            response = await channel.request(api_key, a.request, a.timeout_ms)
+            response = await answer
         except (NetError, ProtocolError, OSError, asyncio.TimeoutError) as exc:
             # timeouts, refused connections, resets, a peer's garbled answer;
             # anything else is a bug and escapes to _task_done (fatal).
