@@ -6,15 +6,17 @@ responses from peers, ticks, flush completions, client appends) and executes
 the actions the core returns, in order, following the rules in
 ``broker.quorum.api``:
 
-    persist (quorum-state fsync, append, truncate)  ->  flush (async, group
-    commit)  ->  send / respond  ->  apply committed records to the controller
+    persist (quorum-state fsync, append, truncate)  ->  send / respond  ->
+    flush (async, group commit)  ->  apply committed records to the controller
 
-so nothing is acknowledged before it is durable. Flushes run in a worker
-thread while the loop keeps appending; one fdatasync covers every append
-that happened before it started (group commit). Client Produce requests are
-batched adaptively: when the disk is idle they are appended at the end of the
-loop turn they arrived in; while a flush runs they wait and become one batch
-when it completes (or after ``append_linger_ms`` if that is set above 0).
+so nothing is acknowledged before it is durable (the core counts only
+flushed offsets). Flushes run in a worker thread while the loop keeps
+appending and a leader's records travel to the followers; one fdatasync
+covers every append that happened before it started (group commit). Client
+Produce requests are batched adaptively: when the disk is idle they are
+appended at the end of the loop turn they arrived in; while a flush runs
+they wait and become one batch when it completes (or after
+``append_linger_ms`` if that is set above 0).
 
 The binary protocol is served by ``broker.net``; the HTTP admin API by
 ``broker.admin``. The parts that are not driving the core live beside it:
@@ -112,6 +114,7 @@ class Broker:
         self._flush_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flush")
         self._ticking_now = False  # inside the immediate Tick of _schedule_timer
         self._flush_start_wanted = False  # a FlushLog of the current step, started when the step ends
+        self._flushes_abandoned = False  # stop() is past its drain: completions are no longer fed
         self._linger_handle: asyncio.Handle | None = None  # group commit's linger timer or call_soon
         self.snapshot_work = SnapshotWork(self, cfg.storage.snapshot_min_records, now_ms, feed=self._step)
         self._bg_tasks: set[asyncio.Task] = set()
@@ -326,6 +329,7 @@ class Broker:
             self.server.close()
         if self.admin_runner is not None:
             await self.admin_runner.cleanup()
+        self._flushes_abandoned = True
         me = asyncio.current_task()
         for task in list(self._bg_tasks):
             if task is not me:  # stop() itself runs as a background task after a failure
@@ -674,7 +678,7 @@ class Broker:
 
     def _flush_done(self, fut, started_s: float) -> None:
         gc = self.group_commit
-        if self._stopping or self.fatal is not None:
+        if self._flushes_abandoned or self.fatal is not None:
             gc.flush_stopped()  # stop() flushes on its own; a failed broker acknowledges nothing
             return
         try:
