@@ -22,10 +22,12 @@ import json
 import random
 import shutil
 import tempfile
+import threading
 import time
 
 from broker import metadata_views as views
 from broker.controller import Controller, load_latest, write_controller_snapshot
+from broker.state_copy import COPY_SLICE_ENTRIES, IncrementalCopy
 from protocol.messages import SnapshotId
 from storage import batch as b
 from storage import metadata_records as r
@@ -92,6 +94,35 @@ def print_read_costs(st, rng: random.Random, queries: int = 300) -> None:
               f"max {ms[-1]:.3f} ms ({queries} queries)")
 
 
+def main_thread_lags_ms(done, seconds: float | None = None) -> tuple[float, float]:
+    """How late 1 ms sleeps wake up on this thread (the event loop's view of
+    a worker thread holding the GIL): (p99, max) in ms, until done() or for
+    `seconds`."""
+    lags = []
+    t_end = None if seconds is None else time.perf_counter() + seconds
+    while not done() and (t_end is None or time.perf_counter() < t_end):
+        t0 = time.perf_counter()
+        time.sleep(0.001)
+        lags.append((time.perf_counter() - t0) * 1000 - 1.0)
+    lags.sort()
+    return (lags[int(len(lags) * 0.99)], lags[-1]) if lags else (0.0, 0.0)
+
+
+def write_beside_a_loop(store, state, sid):
+    """Write the snapshot in a worker thread, as the broker does, while this
+    thread measures how much it is held up (issue 19 item 2)."""
+    box: dict = {}
+
+    def work():
+        box["res"] = write_controller_snapshot(store, state, sid, 0, "bench")
+
+    t = threading.Thread(target=work)
+    t.start()
+    lag = main_thread_lags_ms(lambda: not t.is_alive())
+    t.join()
+    return box["res"], lag
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=1_000_000)
@@ -122,11 +153,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         store = SnapshotStore(directory)
         t0 = time.perf_counter()
-        copy = st.copy()
+        st.copy()
         copy_ms = (time.perf_counter() - t0) * 1000
-        res = write_controller_snapshot(store, copy, SnapshotId(end, 1), 0, "bench")
-        print(f"snapshot generation: state copy on the loop {copy_ms:.1f} ms, "
-              f"write off the loop {res.elapsed_ms / 1000:.2f} s, "
+        # What the broker does instead: slices, the loop running between them.
+        t0 = time.perf_counter()
+        inc = IncrementalCopy(st)
+        slices_ms = []
+        done = False
+        while not done:
+            s0 = time.perf_counter()
+            done = inc.step()
+            slices_ms.append((time.perf_counter() - s0) * 1000)
+        s0 = time.perf_counter()
+        copy = inc.finish()
+        finish_ms = (time.perf_counter() - s0) * 1000
+        total_ms = (time.perf_counter() - t0) * 1000
+        print(f"state copy for the snapshot: in one go {copy_ms:.1f} ms; a slice at a time "
+              f"{len(slices_ms)} slices of {COPY_SLICE_ENTRIES} entries, longest {max(slices_ms):.1f} ms, "
+              f"finish {finish_ms:.1f} ms, {total_ms:.1f} ms in all (the loop runs between slices)")
+        res, lag = write_beside_a_loop(store, copy, SnapshotId(end, 1))
+        idle = main_thread_lags_ms(lambda: False, seconds=1.0)
+        print(f"main-thread stall while a worker thread writes the snapshot: p99 {lag[0]:.1f} ms, "
+              f"max {lag[1]:.1f} ms (idle: p99 {idle[0]:.1f} ms, max {idle[1]:.1f} ms)")
+        print(f"snapshot generation: write off the loop {res.elapsed_ms / 1000:.2f} s, "
               f"{res.records} records, {res.size_bytes / 1e6:.2f} MB")
         t0 = time.perf_counter()
         loaded = load_latest(store)
