@@ -30,7 +30,9 @@ from prometheus_client.core import GaugeMetricFamily
 
 from broker.quorum.roles import Role
 
-CORRUPTION_SOURCES = ("startup", "scrub", "read", "fetch")
+# fetch: found on our disk while serving a Fetch; fetched: in a fetch answer
+# this follower received (the network's or the sender's damage; dropped, fetched again).
+CORRUPTION_SOURCES = ("startup", "scrub", "read", "fetch", "fetched", "apply", "producer_state")
 # Kafka's state names (current-state), the same words our core uses for its roles.
 ROLES = tuple(r.value for r in Role)
 # Roles in which a node is running an election of its own (Kafka's

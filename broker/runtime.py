@@ -80,6 +80,7 @@ from storage.snapshot import SnapshotStore
 
 PARTITION_DIR = "__cluster_metadata-0"
 APPLY_BYTES_PER_STEP = 4 << 20  # bound the committed bytes applied per loop turn
+FETCHED_CORRUPT_WARN_INTERVAL_MS = 1000  # at most one fetched_batch_corrupt warning per second
 
 
 class _Reader:
@@ -131,6 +132,10 @@ class Broker:
         # key -> human-readable reason (corruption found, quarantine, divergence ...).
         self.health_problems: dict[str, str] = {}
         self._corruption_seen: set[tuple[str, int]] = set()
+        self._boot_corruption: CorruptionReport | None = None  # see _rebuild_producers
+        # Warnings about damaged batches in fetch answers: rate-limited (_on_fetched_corrupt).
+        self._fetched_corrupt_warned_ms = -FETCHED_CORRUPT_WARN_INTERVAL_MS
+        self._fetched_corrupt_suppressed = 0
         # Set when a write or fsync failed: writes are answered KAFKA_STORAGE_ERROR.
         self.storage_error: str | None = None
         # Produce tokens handed to the core and not yet answered (bounded by
@@ -204,6 +209,9 @@ class Broker:
             reconnect_backoff_max_ms=cfg.network.reconnect_backoff_max_ms,
             tls=self.tls,
         )
+        self._react_to_boot_corruption()
+        if self.fatal is not None:
+            return  # no other copy of the damaged data: broker.main exits (the fatal event is logged)
         ep = cfg.listen_endpoint()
         limits = ListenerLimits(
             ssl_handshake_timeout_ms=cfg.security.ssl_handshake_timeout_ms,
@@ -259,6 +267,23 @@ class Broker:
             f"found by {source}): {report.reason}")
         if self.fatal is None and self.core is not None:
             self._react_to_corruption(report, source)
+
+    def _on_fetched_corrupt(self, a: qa.FetchedBatchCorrupt) -> None:
+        """A fetch answer held a damaged batch (the core dropped it and
+        fetches it again): counted every time, one warning per batch but at
+        most one per FETCHED_CORRUPT_WARN_INTERVAL_MS, naming how many were
+        not logged since -- a leader that keeps sending the same damage must
+        not flood the log. Not a disk problem: no quarantine, /health unchanged."""
+        self.metrics.corrupt_batches.labels(source="fetched").inc()
+        now = now_ms()
+        if now - self._fetched_corrupt_warned_ms < FETCHED_CORRUPT_WARN_INTERVAL_MS:
+            self._fetched_corrupt_suppressed += 1
+            return
+        self.log.warning("fetched_batch_corrupt", leader_id=self.core.leader_id if self.core else None,
+                         epoch=a.fetch_epoch, offset=a.base_offset, reason=a.reason,
+                         suppressed=self._fetched_corrupt_suppressed, action="dropped; fetching it again")
+        self._fetched_corrupt_warned_ms = now
+        self._fetched_corrupt_suppressed = 0
 
     def _react_to_corruption(self, report: CorruptionReport, source: str) -> None:
         """Issue 12 item 4: quarantine through the storage and tell the core
@@ -458,6 +483,11 @@ class Broker:
                 return
             if self.trace is not None:
                 self.trace.mark("append", a.next_offset, a.base_offset)
+            # The log-end table the leader checks produces against. Each batch
+            # is applied once more, on purpose, to a second table: the
+            # controller's committed copy (ControllerState.producers, at apply),
+            # which snapshots carry and a truncation rebuilds this one from
+            # (_rebuild_producers) -- the log end may be cut, the committed copy never.
             self.producers.on_append(headers)
             self.metrics.appended_bytes.inc(len(a.data))
             self.metrics.raft.on_append(self.core.is_leader, a.base_offset, a.next_offset)
@@ -498,6 +528,8 @@ class Broker:
             self.health_problems.pop("quarantine", None)
             self.log.info("quarantine_cleared", must_reach_offset=a.must_reach_offset,
                           log_end_offset=self.seg_log.log_end_offset)
+        elif t is qa.FetchedBatchCorrupt:
+            self._on_fetched_corrupt(a)
         elif t is qa.CorruptionFound:
             report = getattr(a.error, "report", None)
             if report is None:
@@ -1028,19 +1060,41 @@ class Broker:
 
     def _rebuild_producers(self) -> None:
         """The producer state at the log end: the controller's committed copy
-        plus the log after it (after a start, a truncation, a snapshot install)."""
+        plus the log after it (after a start, a truncation, a snapshot install).
+
+        A read from disk, so every CRC is checked (integrity.md: every read);
+        a header that looks sane in a batch whose CRC fails must not become a
+        producer's last sequence. On a damaged batch the table stops before
+        the chunk that holds it (it never names a batch the quarantine cut
+        will drop: a retry would be answered with an offset that is gone), and
+        the usual reaction follows: corruption_detected, quarantine from the
+        damage, re-fetch; that cut rebuilds the table again from what is left.
+        While booting the core does not exist yet: the reaction waits for it
+        (_react_to_boot_corruption)."""
         log = self.seg_log
-        try:
-            self.producers.rebuild(
-                self.controller.state.producers,
-                # Headers are all it needs: the CRCs are the scrubber's, fetch's and apply's job.
-                lambda offset: log.read(max(offset, log.log_start_offset), log.log_end_offset, 1 << 20,
-                                        verify=False),
-                log.log_end_offset)
-        except CorruptBatchError as exc:
-            # A damaged header: the usual reaction (quarantine, re-fetch); that
-            # cut rebuilds the table again from what is left.
-            self._on_corruption(exc.report, "producer_state")
+        damaged: list[CorruptBatchError] = []
+
+        def read(offset: int) -> bytes:
+            try:
+                return log.read(max(offset, log.log_start_offset), log.log_end_offset, 1 << 20)
+            except CorruptBatchError as exc:
+                damaged.append(exc)
+                return b""  # rebuild stops here
+
+        self.producers.rebuild(self.controller.state.producers, read, log.log_end_offset)
+        if damaged:
+            if self.core is None:
+                self._boot_corruption = damaged[0].report
+            else:
+                self._on_corruption(damaged[0].report, "producer_state")
+
+    def _react_to_boot_corruption(self) -> None:
+        """Damage the boot-time producer rebuild found: reported and reacted to
+        (quarantine, or fail-stop with no other copy) once the core and the
+        peers exist, before the broker serves anything."""
+        report, self._boot_corruption = self._boot_corruption, None
+        if report is not None:
+            self._on_corruption(report, "producer_state")
 
     # ------------------------------------------------- controller commands
     def _enqueue_command(self, token, body: m.ControllerCommandRequest) -> None:

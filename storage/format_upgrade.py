@@ -12,7 +12,7 @@ refuses a version-1 dir that holds data, naming its version and the command
 ``metalog storage upgrade --data-dir DIR``, which calls upgrade_data_dir:
 every segment and snapshot is rewritten batch by batch (tmp file, fsync,
 rename, directory fsync: storage.atomic.atomic_write), the segment's
-``.index`` and ``.timeindex`` are emptied (positions moved; the log rebuilds them at open), a
+``.index`` and ``.timeindex`` are emptied first (positions move; the log rebuilds them at open), a
 snake_case quorum-state is rewritten as Kafka's JSON, and meta.properties is
 stamped last. A batch already in version 2 is kept as it
 is, so an interrupted upgrade is finished by running it again.
@@ -89,6 +89,8 @@ def _v1_records(raw: bytes, h: b.BatchHeader) -> list[bytes]:
 
 def _v1_control(value: bytes) -> bytes:
     """A version-1 control record (type, version, body) as version 2 (Kafka's key + value)."""
+    if len(value) < _V1_PREFIX.size:
+        raise ValueError(f"version-1 control record of {len(value)} bytes is too short for its type and version")
     rtype, _version = _V1_PREFIX.unpack_from(value)
     body = value[_V1_PREFIX.size:]
     if rtype in _V1_BODIES:
@@ -97,7 +99,11 @@ def _v1_control(value: bytes) -> bytes:
                cr.SNAPSHOT_FOOTER: cr.SnapshotFooter}[rtype](*fields)
         return cr.encode_control(rec)
     if rtype in (cr.KRAFT_VERSION, cr.KRAFT_VOTERS):  # already Kafka's bodies in v1
-        return struct.pack(">hh", cr.KEY_VERSION, rtype) + body
+        out = struct.pack(">hh", cr.KEY_VERSION, rtype) + body
+        # Checked here: a damaged body written as is would be neither version
+        # afterwards (is_v2_batch fails, then the v1 parse does): a rerun could not finish.
+        cr.decode_control(out)  # ControlRecordError (a ValueError) names what is wrong
+        return out
     raise ValueError(f"unknown version-1 control record type {rtype}")
 
 
@@ -120,7 +126,8 @@ def convert_batch(raw: bytes, h: b.BatchHeader) -> bytes:
     the same offsets, epoch, timestamp, producer fields and control bit."""
     if is_v2_batch(raw, h):
         return raw
-    assert h.attributes & ~b.ATTR_CONTROL == 0, "version 1 wrote no other attribute bits"
+    if h.attributes & ~b.ATTR_CONTROL:  # input, not an invariant: a clear FormatError, no traceback
+        raise ValueError(f"attributes {h.attributes:#x}: version 1 set no bit but the control bit")
     records = _v1_records(raw, h)
     if h.is_control:
         records = [_v1_control(v) for v in records]
@@ -190,14 +197,20 @@ def upgrade_data_dir(data_dir: str) -> UpgradeReport:
         path = os.path.join(part_dir, name)
         if not (name.endswith(".log") or name.endswith(".checkpoint")):
             continue
+        if name.endswith(".log"):
+            # Emptied before the segment is rewritten (positions move; the log
+            # rebuilds them at open), and for every segment of a version-1 dir:
+            # a run interrupted between a rewrite and this would otherwise
+            # leave an index of version-1 positions that the rerun, finding
+            # the segment already converted, kept -- reads through it would
+            # land mid-batch and look like corruption.
+            for suffix in (".index", ".timeindex"):
+                index = path[:-len(".log")] + suffix
+                if os.path.exists(index) and os.path.getsize(index) > 0:
+                    atomic_write(index, b"")
         changed, batches = convert_file(path)
         report.batches += batches
         (report.rewritten if changed else report.unchanged).append(path)
-        if changed and name.endswith(".log"):
-            for suffix in (".index", ".timeindex"):
-                index = path[:-len(".log")] + suffix
-                if os.path.exists(index):
-                    atomic_write(index, b"")  # positions moved: rebuilt at open
     qs_path = os.path.join(part_dir, "quorum-state")
     if os.path.exists(qs_path):
         before = open(qs_path, "rb").read()

@@ -292,7 +292,19 @@ class CorruptionFound:
     error: Any
 
 
-Action = (ClearQuarantine | CorruptionFound | PersistQuorumState | AppendBatches | TruncateLog | WriteEpochCheckpoint | FlushLog
+@dataclass(frozen=True, slots=True)
+class FetchedBatchCorrupt:
+    """A batch of a fetch answer failed verification (CRC, header) where it
+    crossed the network: it and what follows it were dropped, the batches
+    before it appended, and the follower fetches it again. Nothing on disk is
+    damaged (no quarantine): the driver logs a warning and counts it."""
+
+    base_offset: int | None  # as the damaged header says (None: unreadable)
+    fetch_epoch: int  # the epoch of the leader that answered
+    reason: str
+
+
+Action = (ClearQuarantine | CorruptionFound | FetchedBatchCorrupt | PersistQuorumState | AppendBatches | TruncateLog | WriteEpochCheckpoint | FlushLog
           | SendRequest | Respond | WriteSnapshotChunk | InstallSnapshot | AdvanceLogStart | Fatal)
 
 # --------------------------------------------------------------------------

@@ -147,7 +147,8 @@ class LeaderState(NotifyingRole, RoleState):
             return
         endpoints = dict(vs.endpoints)
         endpoints[core.node_id] = listeners
-        self.append_voters(VoterSet(dict(vs.directory_ids), kraft_version=1, endpoints=endpoints), now)
+        self.append_voters(VoterSet(dict(vs.directory_ids), kraft_version=1, endpoints=endpoints,
+                                    kraft_ranges=dict(vs.kraft_ranges)), now)
 
     def _begin_epoch_request(self, voter: int) -> m.BeginQuorumEpochRequest:
         core = self.core

@@ -12,6 +12,7 @@ from broker.quorum.api import (
     AdvanceLogStart,
     AppendBatches,
     ClearQuarantine,
+    FetchedBatchCorrupt,
     FlushLog,
     InstallSnapshot,
     LogView,
@@ -174,7 +175,8 @@ class LocalLog:
                 end_pos = pos + h.size
                 if h.is_control:
                     controls.append((pos, end_pos))
-        except CorruptBatchError:
+        except CorruptBatchError as exc:
+            self.outbox.actions.append(FetchedBatchCorrupt(exc.base_offset, epoch, str(exc)))
             if end_pos == 0:
                 return False  # keep what was sound before the corrupt batch
         if end_pos == 0:

@@ -123,6 +123,7 @@ def _new_voter_set(core: QuorumCore, st: LeaderState, req: VoterChangeRequest, n
                             f"the leader has not committed a record of its epoch {st.epoch} yet; retry")
     if vs.kraft_version == 0:
         if type(req) is m.UpdateRaftVoterRequest:
+            _check_kraft_range(req, 0)
             return None  # static voters: the config holds the endpoints; nothing to record (as Kafka)
         raise ChangeRefused(Errors.UNSUPPORTED_VERSION,
                             "the cluster runs kraft.version 0 (static voters from the config): voters "
@@ -131,11 +132,14 @@ def _new_voter_set(core: QuorumCore, st: LeaderState, req: VoterChangeRequest, n
         raise ChangeRefused(Errors.REQUEST_TIMED_OUT,
                             f"another voter change is in progress (its VotersRecord at offset "
                             f"{log.voters.entries[-1][0]} is not committed yet, high watermark {hw}); retry")
+    if type(req) is m.UpdateRaftVoterRequest:
+        _check_kraft_range(req, vs.kraft_version)
     vid, vdir = req.voter_id, req.voter_directory_id
     if vid < 0 or vdir == NO_DIRECTORY_ID:
         raise ChangeRefused(Errors.INVALID_REQUEST,
                             f"a voter is a node id >= 0 and a directory id, got {vid} and {vdir!r}")
     endpoints = {k: e for k, e in vs.endpoints.items()}
+    ranges = dict(vs.kraft_ranges)
     ids = dict(vs.directory_ids)
     if type(req) is m.AddRaftVoterRequest:
         if vid in ids:
@@ -165,12 +169,28 @@ def _new_voter_set(core: QuorumCore, st: LeaderState, req: VoterChangeRequest, n
                 raise ChangeRefused(Errors.INVALID_REQUEST, f"node {vid} is the only voter: it cannot be removed")
             del ids[vid]
             endpoints.pop(vid, None)
+            ranges.pop(vid, None)
         else:
             listeners = _listeners(req)
-            if endpoints.get(vid) == listeners:
+            supported = (req.kraft_version_min, req.kraft_version_max)
+            if endpoints.get(vid) == listeners and vs.kraft_range_of(vid) == supported:
                 return None
             endpoints[vid] = listeners
-    return VoterSet(ids, kraft_version=1, endpoints=endpoints)
+            ranges[vid] = supported
+    return VoterSet(ids, kraft_version=1, endpoints=endpoints, kraft_ranges=ranges)
+
+
+def _check_kraft_range(req: m.UpdateRaftVoterRequest, kraft_version: int) -> None:
+    """Kafka's UpdateVoterHandler: the voter must still support the
+    finalized kraft.version (INVALID_REQUEST otherwise, naming both)."""
+    lo, hi = req.kraft_version_min, req.kraft_version_max
+    if not 0 <= lo <= hi:
+        raise ChangeRefused(Errors.INVALID_REQUEST,
+                            f"voter {req.voter_id}: bad supported kraft.version range {lo}..{hi}")
+    if not lo <= kraft_version <= hi:
+        raise ChangeRefused(Errors.INVALID_REQUEST,
+                            f"voter {req.voter_id} supports kraft.version {lo}..{hi}, which does not include "
+                            f"the cluster's finalized kraft.version {kraft_version}")
 
 
 def _listeners(req: m.AddRaftVoterRequest | m.UpdateRaftVoterRequest) -> tuple[tuple[str, str, int], ...]:

@@ -21,6 +21,7 @@ from storage import control_records as cr
 from storage.batch import decode_records, iter_batches
 
 NO_DIRECTORY_ID = m.NO_DIRECTORY_ID
+SUPPORTED_KRAFT_VERSIONS = (0, 1)  # the kraft.version range this build supports
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,9 @@ class VoterSet:
     # (listener name, host, port) per voter, as its VotersRecord says; empty
     # for static voters (the runtime's config has their addresses).
     endpoints: Mapping[int, tuple[tuple[str, str, int], ...]] = field(default_factory=dict, compare=False)
+    # (min, max) kraft.version each voter supports, as its VotersRecord says
+    # (UpdateRaftVoter checks and records it); absent: this build's range.
+    kraft_ranges: Mapping[int, tuple[int, int]] = field(default_factory=dict, compare=False)
     # True only for VoterSet.unknown_set: a dynamic cluster's node that knows
     # no voter set yet (a wiped or --no-initial-controllers dir): nobody is a
     # voter to it, it never votes or stands, it replicates until the log says.
@@ -61,6 +65,10 @@ class VoterSet:
     def ids(self) -> tuple[int, ...]:
         return tuple(sorted(self.directory_ids))
 
+    def kraft_range_of(self, voter_id: int) -> tuple[int, int]:
+        """The (min, max) kraft.version voter_id supports."""
+        return self.kraft_ranges.get(voter_id, SUPPORTED_KRAFT_VERSIONS)
+
     def directory_id_of(self, voter_id: int) -> str:
         return self.directory_ids.get(voter_id, NO_DIRECTORY_ID)
 
@@ -85,7 +93,8 @@ def voter_set_of(record: cr.VotersRecord) -> VoterSet:
     """The voter set a VotersRecord describes (kraft version 1)."""
     return VoterSet({v.voter_id: v.directory_id for v in record.voters}, kraft_version=1,
                     endpoints={v.voter_id: tuple((e.name, e.host, e.port) for e in v.endpoints)
-                               for v in record.voters})
+                               for v in record.voters},
+                    kraft_ranges={v.voter_id: (v.min_kraft_version, v.max_kraft_version) for v in record.voters})
 
 
 def voters_record(voter_set: VoterSet) -> cr.VotersRecord | None:
@@ -95,7 +104,8 @@ def voters_record(voter_set: VoterSet) -> cr.VotersRecord | None:
         return None
     return cr.VotersRecord([
         cr.Voter(v, voter_set.directory_ids[v],
-                 [cr.VoterEndpoint(name, host, port) for name, host, port in voter_set.endpoints.get(v, ())])
+                 [cr.VoterEndpoint(name, host, port) for name, host, port in voter_set.endpoints.get(v, ())],
+                 *voter_set.kraft_range_of(v))
         for v in voter_set.ids])
 
 

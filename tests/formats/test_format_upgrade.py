@@ -5,9 +5,11 @@ names the command."""
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 
+import crc32c
 import pytest
 
 from broker.local_state import StartupError, check_meta
@@ -134,4 +136,57 @@ def test_upgrade_refuses_a_corrupt_batch_and_rewrites_nothing_of_that_file(tmp_p
     assert proc.returncode == 1
     assert f"metalog storage upgrade: {seg}: corrupt batch at byte" in proc.stderr
     assert "version=1" in (tmp_path / "meta.properties").read_text()
+    assert FORMAT_KEY not in (tmp_path / "meta.properties").read_text()
+
+
+def test_an_upgrade_interrupted_after_a_segment_rewrite_leaves_no_stale_index(tmp_path):
+    """A run that crashed after rewriting a segment but before emptying its
+    index left version-1 positions in the .index; the rerun finds the segment
+    converted already and must still empty that index: every record then
+    reads back (a stale index would send reads mid-batch)."""
+    values = write_v1_dir(str(tmp_path), records=400)
+    part = tmp_path / PART
+    seg = part / "00000000000000000000.log"
+    v1_positions = [pos for pos, _h in b.iter_batches(seg.read_bytes())][1:6]
+    # The index a broker of version 1 wrote: (relative offset, position) of some batches.
+    stale = b"".join(struct.pack(">II", 1 + 10 * i, p) for i, p in enumerate(v1_positions))
+    (part / "00000000000000000000.index").write_bytes(stale)
+    assert convert_file(str(seg)) == (True, 21)  # the crash came right after this
+    assert (part / "00000000000000000000.index").read_bytes() == stale
+    report = upgrade_data_dir(str(tmp_path))
+    assert str(seg) in report.unchanged
+    assert (part / "00000000000000000000.index").read_bytes() == b""
+    assert log_values(str(part)) == values
+
+
+@pytest.mark.parametrize("damage, why", [
+    ("short control", "version-1 control record of 2 bytes is too short for its type and version"),
+    ("bad voters body", "control record type 6"),
+    ("attribute bits", "attributes 0x4: version 1 set no bit but the control bit"),
+])
+def test_damaged_version_1_batches_get_a_format_error_naming_file_and_byte(tmp_path, damage, why):
+    """What the user sees (`metalog storage upgrade`): FormatError '<file>: batch
+    at byte N (offset O) is neither format version 1 nor 2: <why>', never a
+    traceback; the file is left as it was and a rerun says the same."""
+    write_v1_dir(str(tmp_path))
+    seg = tmp_path / PART / "00000000000000000000.log"
+    raw = seg.read_bytes()
+    end = len(raw)
+    if damage == "short control":
+        bad = v1_batch(10_000, 1, [b"\x00\x06"], TS, control=True)
+    elif damage == "bad voters body":
+        bad = v1_batch(10_000, 1, [struct.pack(">hh", cr.KRAFT_VOTERS, 0) + b"\x00\x00\x05"], TS, control=True)
+    else:
+        hdr = bytearray(v1_batch(10_000, 1, [b"x"], TS))
+        attrs_at = b.CRC_OFFSET + 4
+        struct.pack_into(">h", hdr, attrs_at, 0x4)
+        crc = crc32c.crc32c(bytes(hdr[b.CRC_START:]))
+        struct.pack_into(">I", hdr, b.CRC_OFFSET, crc)
+        bad = bytes(hdr)
+    seg.write_bytes(raw + bad)
+    with pytest.raises(FormatError) as err:
+        upgrade_data_dir(str(tmp_path))
+    assert str(err.value).startswith(f"{seg}: batch at byte {end} (offset 10000) is neither format version 1 nor 2: ")
+    assert why in str(err.value)
+    assert seg.read_bytes() == raw + bad
     assert FORMAT_KEY not in (tmp_path / "meta.properties").read_text()

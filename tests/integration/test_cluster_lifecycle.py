@@ -171,3 +171,59 @@ def test_a_foreground_cluster_stopped_by_cluster_down_exits_cleanly(detached):
             fg.wait()
     assert fg.returncode == 0, err
     assert err.strip().splitlines()[-1] == "metalog: every broker stopped cleanly"
+
+
+def test_cluster_up_again_restarts_the_cluster_as_it_is_on_disk(detached):
+    """After `cluster add-node` and `cluster remove-node`, `down` then `up` again
+    starts the nodes cluster.json names, on their ports, with their directory
+    ids: the added node is back and still a voter; the removed one stays
+    stopped, and `up` says so on stderr (the layout flags are ignored)."""
+    root = detached
+    up = metalog("cluster", "up", "--dir", root, "--base-port", "0", "--detach")
+    assert up.returncode == 0, up.stderr
+    added = metalog("cluster", "add-node", "--dir", root)
+    assert added.returncode == 0, added.stderr
+    assert added.stdout.startswith("node 5: a voter"), added.stdout
+    removed = metalog("cluster", "remove-node", "2", "--dir", root)
+    assert removed.returncode == 0, removed.stderr
+    before = LocalCluster.load(root)
+    ports = {nid: (s.port, s.admin_port, s.directory_id) for nid, s in before.nodes.items()}
+    assert metalog("cluster", "down", "--dir", root).returncode == 0
+
+    again = metalog("cluster", "up", "--dir", root, "--base-port", "0", "--detach")
+    assert again.returncode == 0, again.stderr
+    assert (f"metalog: {root} holds a cluster: starting it as it is on disk (nodes 1, 3, 4, 5; --voters, "
+            f"--observers, --base-port and --cluster-id are ignored); removed node(s) 2 stay stopped") \
+        in again.stderr.splitlines()
+    after = LocalCluster.load(root)
+    assert {nid: (s.port, s.admin_port, s.directory_id) for nid, s in after.nodes.items()} == ports
+    status = _status(root)
+    assert sorted(status) == [1, 2, 3, 4, 5]
+    assert status[2]["role"] == "down" and status[2]["pid"] is None
+    assert all(status[n]["pid"] for n in (1, 3, 4, 5))
+    assert status[5]["voter"] and not status[2]["voter"]
+    # The quorum itself (not only the launcher's notes) has node 5 as a voter, with its directory id.
+    leader, _ = after.wait_for_leader(timeout_s=30)
+    q = after.quorum(leader)
+    assert sorted(q["voters"]) == [1, 3, 5]
+    assert {v["replica_id"]: v["directory_id"] for v in q["replicas"]["voters"]}[5] == ports[5][2]
+    after.wait_for(lambda: 5 in ((after.quorum(5) or {}).get("voters") or []), 30, "node 5 to know it votes")
+    assert metalog("cluster", "down", "--dir", root).returncode == 0
+
+    # In the foreground too: `cluster down` from elsewhere ends it cleanly (the
+    # removed node, never started by it, is not waited for).
+    fg = subprocess.Popen([sys.executable, "-m", "tools.cli", "cluster", "up", "--dir", root],
+                          cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in fg.stdout:  # bounded by the ready timeout of `up` (it exits if no leader)
+            if line.startswith("Ctrl-C stops the cluster"):
+                break
+        assert sorted(n for n, row in _status(root).items() if row["pid"]) == [1, 3, 4, 5]
+        assert metalog("cluster", "down", "--dir", root).returncode == 0
+        _, err = fg.communicate(timeout=30)
+    finally:
+        if fg.poll() is None:
+            fg.kill()
+            fg.wait()
+    assert fg.returncode == 0, err
+    assert err.strip().splitlines()[-1] == "metalog: every broker stopped cleanly"

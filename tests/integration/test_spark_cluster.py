@@ -15,9 +15,11 @@ import sys
 import pytest
 
 from broker.client import MetalogClient
+from broker.local_state import format_data_dir
 from storage.batch import encode_batch, iter_batches
 from storage.log import SegmentedLog
-from tools.cluster.launcher import REPO_ROOT, LocalCluster
+from storage.snapshot import read_snapshot_voters
+from tools.cluster.launcher import REPO_ROOT, LocalCluster, NodeSpec
 
 pytestmark = pytest.mark.slow
 
@@ -75,22 +77,34 @@ async def test_spark_snapshot_of_a_real_cluster_boots_a_broker_and_audit_catches
     checkpoint = rep["snapshot"]["path"]
     assert os.path.basename(checkpoint).endswith(".checkpoint")
 
-    # 2. A fresh broker boots from the Spark-built snapshot alone.
-    # Static voters: the Spark-built checkpoint carries no VotersRecord (the job
-    # rebuilds the metadata state only), so a dynamic broker booted from it alone
-    # would have no voter set.
-    fresh = LocalCluster.create(str(tmp_path / "fresh"), voters=1, observers=0, common=FAST,
-                                cluster_id=cluster.cluster_id, dynamic=False)
-    os.makedirs(os.path.join(fresh.data_dir(1), PART))
-    shutil.copy(checkpoint, os.path.join(fresh.data_dir(1), PART))
+    # 2. The cluster is dynamic (KIP-853): the checkpoint carries its voter set
+    # (KRaftVersionRecord 1 + VotersRecord right after the SnapshotHeader), so
+    # brokers restored from that checkpoint alone (meta.properties with their
+    # directory ids, nothing else) know who votes, elect a leader among
+    # themselves and serve the same /metadata.
+    voters = read_snapshot_voters(checkpoint)
+    assert voters is not None
+    assert {v.voter_id: v.directory_id for v in voters.voters} == {
+        n: cluster.nodes[n].directory_id for n in (1, 2, 3)}
+    assert {v.voter_id: v.endpoints[0].port for v in voters.voters} == {n: cluster.nodes[n].port for n in (1, 2, 3)}
+    assert rep["snapshot"]["voters"] == {str(n): cluster.nodes[n].directory_id for n in (1, 2, 3)}
+    fresh = LocalCluster(str(tmp_path / "fresh"), [
+        NodeSpec(n, s.port, s.admin_port, voter=True, directory_id=s.directory_id, formatted=True)
+        for n, s in sorted(cluster.nodes.items())], cluster_id=cluster.cluster_id, common=FAST, dynamic=True)
+    for n in fresh.nodes:
+        format_data_dir(fresh.data_dir(n), cluster.cluster_id, n, fresh.nodes[n].directory_id, None)
+        os.makedirs(os.path.join(fresh.data_dir(n), PART), exist_ok=True)
+        shutil.copy(checkpoint, os.path.join(fresh.data_dir(n), PART))
     fresh.start()
     try:
-        await asyncio.to_thread(fresh.wait_for_leader, 20)
+        leader, _ = await asyncio.to_thread(fresh.wait_for_leader, 30)
+        q = fresh.quorum(leader)
+        assert sorted(q["voters"]) == [1, 2, 3] and q["kraft_version"] == 1
         served = await asyncio.to_thread(
-            fresh.wait_for, lambda: fresh.metadata_state(1), 10, "/metadata of the fresh broker")
+            fresh.wait_for, lambda: fresh.metadata_state(leader), 10, "/metadata of the fresh broker")
         assert without_offset(served) == without_offset(expected)
         assert served["offset"] >= int(os.path.basename(checkpoint).split("-")[0])
-        assert any(line.get("event") == "snapshot_loaded" for line in fresh.read_log_lines(1))
+        assert any(line.get("event") == "snapshot_loaded" for line in fresh.read_log_lines(leader))
     finally:
         fresh.stop()
 

@@ -145,12 +145,17 @@ def test_a_fetched_batch_with_a_bad_crc_is_never_appended():
     acts = answer(n, f, m.FetchResponse(high_watermark=10, records=good + bytes(bad)))
     assert of(acts, a.AppendBatches) == [a.AppendBatches(good, 10, 13)]
     assert n.core.log_end_offset == 13
+    # The driver is told (it logs a warning and counts it): offset, epoch, why.
+    (found,) = of(acts, a.FetchedBatchCorrupt)
+    assert (found.base_offset, found.fetch_epoch) == (13, 6) and found.reason.startswith("CRC mismatch: stored 0x")
+    assert not of(acts, a.CorruptionFound), "nothing on our disk is damaged: no quarantine"
     acts = n.step(a.FlushCompleted(2, 13))
     (f2,) = sent(acts)
     assert f2.request.fetch_offset == 13  # the corrupt batch is asked for again
 
     acts = answer(n, f2, m.FetchResponse(high_watermark=10, records=bytes(bad)))
     assert not of(acts, a.AppendBatches) and n.core.log_end_offset == 13
+    assert [x.base_offset for x in of(acts, a.FetchedBatchCorrupt)] == [13]
 
 
 def test_fetch_timeout_makes_a_follower_a_candidate_after_a_pre_vote():

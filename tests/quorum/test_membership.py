@@ -11,6 +11,8 @@ to the old set."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from broker.quorum import api as a
 from broker.quorum.voters import VoterSet, voter_sets_in
 from protocol import messages as m
@@ -180,6 +182,47 @@ def test_update_voter_changes_endpoints_and_is_fenced():
     n.step(a.FlushCompleted(now, n.core.log_end_offset))
     resp = one_response(catch_up(n, now + 1, [2]), "v")
     assert resp.error_code == Errors.NONE and resp.current_leader == m.LeaderIdAndEpoch(1, n.core.epoch)
+
+
+def test_update_voter_checks_and_records_the_supported_kraft_versions():
+    """Kafka's UpdateVoterHandler: a range that does not include the
+    finalized kraft.version (1 here) is INVALID_REQUEST naming both, as is a
+    range whose min is above its max; nothing is appended. A new range with
+    the same endpoints is a change: the VotersRecord carries it, and an
+    update naming it again changes nothing."""
+    n, now = leader()
+
+    def upd(lo: int, hi: int, port: int | None = None) -> m.UpdateRaftVoterRequest:
+        return m.UpdateRaftVoterRequest(cluster_id=CLUSTER, current_leader_epoch=n.core.epoch, voter_id=2,
+                                        voter_directory_id=D[2], listeners=listeners(2, port),
+                                        kraft_version_min=lo, kraft_version_max=hi)
+
+    code, msg = refused(n, now, upd(0, 0, 7000))
+    assert code == Errors.INVALID_REQUEST
+    assert msg == ("voter 2 supports kraft.version 0..0, which does not include the cluster's finalized "
+                   "kraft.version 1")
+    code, msg = refused(n, now, upd(2, 1))
+    assert (code, msg) == (Errors.INVALID_REQUEST, "voter 2: bad supported kraft.version range 2..1")
+    assert n.core.voter_set.endpoints[2] == EP[2], "a refused update changes nothing"
+    assert refused(n, now, upd(0, 1))[0] == Errors.NONE, "the range on record, same endpoints"
+    ask(n, now, upd(1, 3))
+    assert n.core.voter_set.kraft_range_of(2) == (1, 3)
+    n.step(a.FlushCompleted(now, n.core.log_end_offset))
+    assert one_response(catch_up(n, now + 1, [2]), "v").error_code == Errors.NONE
+    [(_, vs)] = voter_sets_in(n.log.read(0, n.core.log_end_offset, 1 << 30))[-1:]
+    assert vs.kraft_range_of(2) == (1, 3) and vs.kraft_range_of(1) == (0, 1)
+    assert refused(n, now + 2, upd(1, 3))[0] == Errors.NONE
+
+
+def test_update_voter_with_static_voters_checks_the_range_against_version_0():
+    n = Node(1)  # kraft version 0
+    now = make_leader(n)
+    fetch(n, now, 2, n.core.log_end_offset, n.core.epoch)
+    upd = m.UpdateRaftVoterRequest(cluster_id=CLUSTER, current_leader_epoch=n.core.epoch, voter_id=2,
+                                   voter_directory_id=D[2], listeners=listeners(2),
+                                   kraft_version_min=1, kraft_version_max=1)
+    code, msg = refused(n, now, upd)
+    assert code == Errors.INVALID_REQUEST and "does not include the cluster's finalized kraft.version 0" in msg
 
 
 def test_change_times_out_and_leadership_loss_answers():
@@ -594,8 +637,10 @@ def test_no_auto_join_unless_enabled_and_never_with_static_voters():
 def test_a_leader_on_a_new_address_records_its_own_endpoints_once_its_epoch_is_committed():
     """Kafka's leader updates its own entry (KAFKA-16533): node 1 leads a set
     that records it at 9091 while it advertises 9991; once its epoch is
-    committed it appends a VotersRecord changing only its endpoints, once."""
-    n = Node(1, voters=(1, 2, 3), view=a.LogView(voter_set=dynamic((1, 2, 3))), directory_id=D[1],
+    committed it appends a VotersRecord changing only its endpoints, once
+    (the other voters' supported kraft.version ranges kept)."""
+    start = dataclasses.replace(dynamic((1, 2, 3)), kraft_ranges={2: (1, 1)})
+    n = Node(1, voters=(1, 2, 3), view=a.LogView(voter_set=start), directory_id=D[1],
              listeners=(("CONTROLLER", "127.0.0.1", 9991),))
     now = make_leader(n)
     assert n.core.voter_set.endpoints[1] == EP[1], "nothing before the epoch is committed"
@@ -604,6 +649,7 @@ def test_a_leader_on_a_new_address_records_its_own_endpoints_once_its_epoch_is_c
     vs = n.core.voter_set
     assert vs.endpoints[1] == (("CONTROLLER", "127.0.0.1", 9991),) and vs.endpoints[2] == EP[2]
     assert vs.directory_ids == dynamic((1, 2, 3)).directory_ids, "the membership is unchanged"
+    assert vs.kraft_range_of(2) == (1, 1), "voter 2's supported range is kept"
     records = voter_sets_in(n.log.read(0, n.core.log_end_offset, 1 << 20))
     end = n.core.log_end_offset
     n.step(a.FlushCompleted(now + 2, end))

@@ -13,7 +13,9 @@ from broker.controller import ControllerState, load_snapshot, write_controller_s
 from protocol.messages import SnapshotId
 from storage import batch as b
 from storage import metadata_records as r
-from storage.snapshot import SnapshotStore, read_snapshot
+from storage import control_records as cr
+from storage.log import SegmentedLog
+from storage.snapshot import SnapshotStore, read_snapshot, read_snapshot_voters, verify_snapshot
 from tests.spark.workload import PARTITION_DIR, random_records, sequential_state, write_log
 from tools.spark import job as spark_job
 
@@ -303,3 +305,57 @@ def test_hadoop_uris_in_and_out(spark, tmp_path, monkeypatch):
     assert rep["snapshot"]["path"] == f"{out_uri}/{name}" and rep["snapshot"]["published"]
     assert state_of_checkpoint(str(out / name)) == sequential_state([(o, v) for o, _e, v in recs], end)
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def _voters(*pairs: tuple[int, str]) -> cr.VotersRecord:
+    return cr.VotersRecord([cr.Voter(n, d, [cr.VoterEndpoint("CONTROLLER", "127.0.0.1", 9090 + n)])
+                            for n, d in pairs])
+
+
+def test_checkpoint_carries_the_latest_committed_voter_set(spark, tmp_path):
+    """KIP-853: replicas formatted with --initial-controllers (bootstrap
+    checkpoint: voters 1, 2, 3), whose log then holds a voter change
+    (KRaftVersionRecord 1 + VotersRecord: 3 replaced by 4). The job's
+    checkpoint carries the set in force at its end offset, right after the
+    SnapshotHeader (read back by the broker's reader): the changed set at the
+    HW, the bootstrap set with --upto before the change; a log of static
+    voters (no set anywhere) gives a checkpoint without one."""
+    first = _voters((1, "AAAAAAAAAAAAAAAAAAAAAQ"), (2, "AAAAAAAAAAAAAAAAAAAAAg"), (3, "AAAAAAAAAAAAAAAAAAAAAw"))
+    changed = _voters((1, "AAAAAAAAAAAAAAAAAAAAAQ"), (2, "AAAAAAAAAAAAAAAAAAAAAg"), (4, "AAAAAAAAAAAAAAAAAAAABA"))
+    values = random_records(random.Random(3), 200)
+    dirs = [str(tmp_path / f"n{i}") for i in (1, 2, 3)]
+    for i, d in enumerate(dirs):
+        recs = write_log(d, values, node_id=i + 1, seed=9)
+        SnapshotStore(os.path.join(d, PARTITION_DIR)).write_bootstrap(first, "test-cluster")
+        log = SegmentedLog.open(os.path.join(d, PARTITION_DIR))
+        change_at, epoch = recs[-1][0] + 1, recs[-1][1]
+        log.append(b.encode_batch(change_at, epoch, [cr.encode_control(cr.KRaftVersionRecord(1)),
+                                                     cr.encode_control(changed)], 5000, is_control=True))
+        log.append(b.encode_batch(change_at + 2, epoch, values[:3], 5001))
+        log.flush()
+        log.close()
+    end = change_at + 5
+    out = tmp_path / "out"
+    code, rep = run_job(spark, "snapshot", *dirs, "--out", str(out), "--report", str(out / "r.json"),
+                        "--no-tables")
+    assert code == 0, rep
+    assert rep["hw"] == end
+    assert read_snapshot_voters(rep["snapshot"]["path"]) == changed
+    assert rep["snapshot"]["voters"] == {"1": "AAAAAAAAAAAAAAAAAAAAAQ", "2": "AAAAAAAAAAAAAAAAAAAAAg",
+                                         "4": "AAAAAAAAAAAAAAAAAAAABA"}
+    # The broker's loader takes it, voters and all.
+    _, layout = verify_snapshot(rep["snapshot"]["path"])
+    assert layout.voters == changed and layout.records > 0
+
+    code, rep = run_job(spark, "snapshot", *dirs, "--upto", str(change_at), "--out", str(tmp_path / "o2"),
+                        "--report", str(tmp_path / "o2" / "r.json"), "--no-tables")
+    assert code == 0, rep
+    assert read_snapshot_voters(rep["snapshot"]["path"]) == first
+
+    static = [str(tmp_path / f"s{i}") for i in (1, 2, 3)]
+    for i, d in enumerate(static):
+        write_log(d, values, node_id=i + 1, seed=9)
+    code, rep = run_job(spark, "snapshot", *static, "--out", str(tmp_path / "o3"),
+                        "--report", str(tmp_path / "o3" / "r.json"), "--no-tables")
+    assert code == 0, rep
+    assert read_snapshot_voters(rep["snapshot"]["path"]) is None and rep["snapshot"]["voters"] is None

@@ -28,6 +28,7 @@ import traceback
 
 from broker.client import AuthorizationError, ClusterUnavailable, LogTruncationError, MetalogError
 from broker.client_config import ClientConfigError
+from broker.local_state import META_FILE
 from broker.logs import configure_logging
 from broker.tls import TlsConfigError
 from protocol.messages import LIST_OFFSETS_EARLIEST, LIST_OFFSETS_LATEST
@@ -66,7 +67,21 @@ def _check_same_quorum_mode(args) -> None:
                               f"{way}, or use another --dir (or remove this one) for a new cluster")
 
 
+def _cluster_on_disk(args) -> LocalCluster | None:
+    """The cluster cluster.json describes when some node's data dir is
+    formatted (its data is bound to that layout: node ids, ports, directory
+    ids, voters added or removed since), else None (a fresh layout may be made)."""
+    try:
+        cluster = LocalCluster.load(args.dir)
+    except (OSError, ValueError, KeyError):
+        return None
+    if any(os.path.exists(os.path.join(cluster.data_dir(nid), META_FILE)) for nid in cluster.nodes):
+        return cluster
+    return None
+
+
 def cmd_cluster_up(args) -> int:
+    existing = None
     if os.path.exists(os.path.join(args.dir, "cluster.json")):
         try:
             running = running_nodes(LocalCluster.load(args.dir))
@@ -78,13 +93,24 @@ def cmd_cluster_up(args) -> int:
                                   f"stops it")
         if not args.compose:
             _check_same_quorum_mode(args)
+            existing = _cluster_on_disk(args)
     if args.compose:
         cluster = cluster_from_compose(args.compose, args.dir, insecure=args.insecure)
+    elif existing is not None:
+        # Restart the cluster as it is on disk: a fresh 3+1 layout would give
+        # the formatted dirs new directory ids and forget nodes added later.
+        cluster = existing
+        start_ids = [nid for nid in sorted(cluster.nodes) if not cluster.nodes[nid].removed]
+        skipped = sorted(set(cluster.nodes) - set(start_ids))
+        print(f"metalog: {cluster.root} holds a cluster: starting it as it is on disk (nodes "
+              f"{', '.join(map(str, start_ids))}; --voters, --observers, --base-port and --cluster-id are "
+              f"ignored)" + (f"; removed node(s) {', '.join(map(str, skipped))} stay stopped" if skipped else ""),
+              file=sys.stderr)
     else:
         cluster = LocalCluster.create(args.dir, voters=args.voters, observers=args.observers,
                                       base_port=args.base_port, cluster_id=args.cluster_id,
                                       insecure=args.insecure, dynamic=not args.static_voters)
-    if args.insecure:
+    if cluster.insecure:
         print("metalog: WARNING: --insecure: brokers talk plaintext without authentication", file=sys.stderr)
     stop = {"now": False}
 
@@ -93,7 +119,7 @@ def cmd_cluster_up(args) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    cluster.start()
+    cluster.start([nid for nid in sorted(cluster.nodes) if not cluster.nodes[nid].removed])
 
     def leader_or_dead_broker():
         for nid, proc in cluster.procs.items():
@@ -149,8 +175,9 @@ def cmd_cluster_up(args) -> int:
     sys.stdout.flush()
     while not stop["now"]:
         time.sleep(0.2)
-        dead = [nid for nid in cluster.nodes if not cluster.alive(nid)]
-        if dead and len(dead) == len(cluster.nodes):
+        # The brokers this command started (a removed node of a restarted cluster is not one).
+        dead = [nid for nid in cluster.procs if not cluster.alive(nid)]
+        if dead and len(dead) == len(cluster.procs):
             codes = {nid: cluster.procs[nid].returncode for nid in dead}
             if all(code == 0 for code in codes.values()):  # e.g. `metalog cluster down` from elsewhere
                 print("metalog: every broker stopped cleanly", file=sys.stderr)

@@ -173,6 +173,9 @@ def cmd_restart(args) -> int:
             os.kill(pid, signal.SIGKILL)
             if _wait_gone(cluster, [nid], 10.0):
                 raise ClusterCliError(f"node {nid} (pid {pid}) did not stop")
+    if cluster.nodes[nid].removed:  # brought back by hand: `cluster up` starts it again too
+        cluster.nodes[nid].removed = False
+        cluster.save_state()
     proc = cluster.start_node(nid)
     deadline = time.monotonic() + args.ready_timeout_s
     while cluster.quorum(nid) is None:

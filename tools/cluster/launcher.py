@@ -102,6 +102,8 @@ class NodeSpec:
     # whether that format is done (never again: a wiped dir is a new replica).
     directory_id: str | None = None
     formatted: bool = False
+    # Taken out by `cluster remove-node`: kept (its dir too) but not started by `cluster up`.
+    removed: bool = False
 
 
 class LocalCluster:
@@ -236,7 +238,7 @@ class LocalCluster:
             "common": self.common, "voter_addrs": {str(k): list(v) for k, v in self.voter_addrs.items()},
             "nodes": [{"node_id": n.node_id, "port": n.port, "admin_port": n.admin_port, "voter": n.voter,
                        "extra": n.extra, "command": n.command, "directory_id": n.directory_id,
-                       "formatted": n.formatted} for n in sorted(self.nodes.values(),
+                       "formatted": n.formatted, "removed": n.removed} for n in sorted(self.nodes.values(),
                                                                               key=lambda n: n.node_id)],
         }
         atomic_write(self.state_path, (json.dumps(state, indent=2) + "\n").encode())
@@ -249,7 +251,8 @@ class LocalCluster:
         with open(path) as f:
             state = json.load(f)
         nodes = [NodeSpec(n["node_id"], n["port"], n["admin_port"], n["voter"], n.get("extra") or {},
-                          n.get("command"), n.get("directory_id"), bool(n.get("formatted")))
+                          n.get("command"), n.get("directory_id"), bool(n.get("formatted")),
+                          bool(n.get("removed")))
                  for n in state["nodes"]]
         voter_addrs = {int(k): (v[0], int(v[1])) for k, v in state.get("voter_addrs", {}).items()} or None
         return cls(root, nodes, cluster_id=state["cluster_id"], host=state["host"],

@@ -130,6 +130,7 @@ def add_voter(cluster: LocalCluster, node_id: int, timeout_s: float = 60.0) -> s
     _change(cluster, timeout_s, lambda c: c.add_voter(node_id, directory_id, listeners), "DUPLICATE_VOTER",
             lambda voters: voters.get(node_id) == directory_id)
     spec.voter = True
+    spec.removed = False
     cluster.voter_addrs[node_id] = (cluster.host, spec.port)
     cluster.save_state()
     # The change is committed; wait until the node has replicated it, so it
@@ -221,9 +222,12 @@ def remove_voter(cluster: LocalCluster, node_id: int, timeout_s: float = 60.0) -
 
 def remove_node(cluster: LocalCluster, node_id: int, timeout_s: float = 60.0) -> str:
     """remove_voter, then stop the node (SIGTERM; SIGKILL after timeout_s). It
-    stays in cluster.json as a stopped non-voter; its dir is kept."""
+    stays in cluster.json as a stopped non-voter marked removed (`cluster up`
+    does not start it again; `cluster restart N` does, as an observer); its dir is kept."""
     directory_id = remove_voter(cluster, node_id, timeout_s)
     cluster.terminate(node_id, timeout_s)
+    cluster.nodes[node_id].removed = True  # `cluster up` leaves it stopped
+    cluster.save_state()
     return directory_id
 
 

@@ -30,6 +30,7 @@ from itertools import repeat
 from typing import Iterator
 
 from storage import batch as b
+from storage import control_records as cr
 from storage import metadata_records as r
 from storage.snapshot import CorruptSnapshotError, parse_snapshot_filename, verify_snapshot_bytes
 from tools.spark import fold
@@ -237,7 +238,9 @@ def _decode_snapshot(replica: str, name: str, data: bytes) -> Iterator[dict]:
             count += 1
     yield _row("snap", replica, name, offset=sid.end_offset, epoch=sid.epoch, info=json.dumps({
         "end_offset": sid.end_offset, "epoch": sid.epoch, "cluster_id": layout.header.cluster_id,
-        "records": count, "bytes": len(data)}))
+        "records": count, "bytes": len(data),
+        # KIP-853: the voter set it carries (Kafka's VotersRecord, hex), for the job's own checkpoint.
+        "voters": cr.encode_control(layout.voters).hex() if layout.voters is not None else None}))
 
 
 def entity_key(value: bytes) -> tuple[int, str, int, str, str]:

@@ -66,6 +66,7 @@ if __package__ in (None, ""):  # spark-submit tools/spark/job.py: make the repo 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from protocol.messages import SnapshotId  # noqa: E402
+from storage import control_records as cr  # noqa: E402
 from storage import metadata_records  # noqa: E402
 from storage.atomic import fsync_dir  # noqa: E402
 from storage.snapshot import SnapshotWriter, snapshot_filename  # noqa: E402
@@ -798,6 +799,40 @@ class Replay:
         self.states = out.filter(f.col("rowtype") == "state")
         self.records_replayed = keyed.count()
 
+    def voters_at(self, cut: int) -> cr.VotersRecord | None:
+        """The voter set at `cut` (KIP-853), for the checkpoint to carry as
+        Kafka's snapshots do: the set of the latest snapshot at or below
+        `cut`, then every KRaftVersionRecord / VotersRecord of the committed
+        log from there; None unless kraft.version is 1 with a set (static
+        voters: the brokers' config holds them). The replayed range starts at
+        or after that snapshot's end (a truncated log starts from a snapshot),
+        so no voter change is skipped."""
+        from pyspark.sql import functions as f
+
+        kraft_version, voters, since = 0, None, -1
+        below = [s for s in self.an.snapshots if s["end_offset"] <= cut]
+        if below:
+            # Ties (the same end offset on several replicas): one that carries a set.
+            latest = max(below, key=lambda s: (s["end_offset"], s.get("voters") is not None))
+            since = latest["end_offset"]
+            if latest.get("voters"):
+                voters = cr.decode_control(bytes.fromhex(latest["voters"]))
+                assert isinstance(voters, cr.VotersRecord), latest
+                kraft_version = 1
+        controls = (self.committed.filter(f.col("control") & (f.col("offset") >= since)
+                                          & (f.col("offset") < cut))
+                    .select("offset", "value").orderBy("offset").collect())
+        for row in controls:
+            try:
+                rec = cr.decode_control(bytes(row["value"]))
+            except cr.ControlRecordError:
+                continue  # the audit reports undecodable records; they change no voter set
+            if isinstance(rec, cr.KRaftVersionRecord):
+                kraft_version = rec.kraft_version
+            elif isinstance(rec, cr.VotersRecord):
+                voters = rec
+        return voters if kraft_version >= 1 else None
+
     def state_rows(self, cut: int):
         """The state at `cut`, streamed in to_records() order."""
         from pyspark.sql import functions as f
@@ -1141,7 +1176,8 @@ def _snapshot(args, an: Analysis, report: dict, progress: Progress) -> dict:
             fs.delete(path, False)  # a rerun replaces its own output
         staged = {"staging_dir": staging, "final_path": final, "spark": an.spark}
     progress.set_phase(f"writing {snapshot_filename(sid)} (staged until validated)")
-    writer = SnapshotWriter(staging, sid, ts, an.cluster_id or "")
+    voters = replay.voters_at(target)
+    writer = SnapshotWriter(staging, sid, ts, an.cluster_id or "", voters=voters)
     path, size, count = writer.write_all(replay.state_rows(target))
     staged["staged_path"] = path
     elapsed = time.monotonic() - t0
@@ -1153,7 +1189,8 @@ def _snapshot(args, an: Analysis, report: dict, progress: Progress) -> dict:
                         "records_per_s": round(replay.records_replayed / elapsed) if elapsed else None}
     report["snapshot"] = {"path": None, "name": os.path.basename(final), "published": False,
                           "end_offset": sid.end_offset, "epoch": sid.epoch,
-                          "records": count, "bytes": size}
+                          "records": count, "bytes": size,
+                          "voters": None if voters is None else {v.voter_id: v.directory_id for v in voters.voters}}
     progress.set_phase("comparing with the brokers' snapshots")
     report["comparisons"] = [replay.compare(s) for s in an.snapshots if s["end_offset"] in compare]
     return staged
