@@ -44,6 +44,7 @@ import itertools
 import random
 import ssl
 from dataclasses import dataclass
+from collections.abc import Coroutine
 from typing import Any, Callable
 
 import structlog
@@ -710,6 +711,51 @@ class PeerChannel:
     def outstanding(self) -> int:
         return self._outstanding
 
+    def request_eager(self, api_key: int, body: m.Body, timeout_ms: int) -> Coroutine[Any, Any, m.Body]:
+        """As ``request``, but when the connection is up and writable the
+        request is written NOW, before this returns, rather than when the
+        returned coroutine first runs (a loop turn later if it is made a task):
+        a follower's next Fetch leaves as soon as its flush completes, ahead of
+        whatever else that loop turn does. Otherwise it is ``request`` itself.
+        Await (or close) the result: it holds the request's slot."""
+        proto = self._proto
+        if (self._closed or self._outstanding >= self.max_queued_requests or proto is None or proto.lost
+                or not proto.can_write.is_set() or proto.transport is None or proto.transport.is_closing()):
+            return self.request(api_key, body, timeout_ms)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        self._outstanding += 1
+        try:
+            corr, fut = self._write(loop, proto, api_key, body)
+        except BaseException:
+            self._outstanding -= 1
+            raise
+        return self._answer(fut, corr, deadline, api_key, timeout_ms)
+
+    async def _answer(self, fut: asyncio.Future, corr: int, deadline: float, api_key: int,
+                      timeout_ms: int) -> m.Body:
+        """The answer to a request request_eager wrote."""
+        loop = asyncio.get_running_loop()
+        timer = loop.call_at(deadline, self._expire, corr, api_key, timeout_ms)
+        try:
+            return await fut
+        finally:
+            timer.cancel()
+            self._pending.pop(corr, None)
+            self._outstanding -= 1
+
+    def _write(self, loop: asyncio.AbstractEventLoop, proto: _ClientProtocol, api_key: int,
+               body: m.Body) -> tuple[int, asyncio.Future]:
+        """Write one request on a live connection: (correlation id, answer future)."""
+        corr = next(self._ids)
+        if corr > _MAX_CORRELATION_ID:
+            self._ids = itertools.count(1)
+            corr = next(self._ids)
+        fut = loop.create_future()
+        self._pending[corr] = (fut, APIS[api_key][1])
+        proto.transport.write(codec.encode_request(api_key, corr, self.client_id, body))
+        return corr, fut
+
     async def request(self, api_key: int, body: m.Body, timeout_ms: int) -> m.Body:
         if self._closed:
             raise ConnectionLost(f"channel to {self.peer} is closed")
@@ -729,23 +775,16 @@ class PeerChannel:
                 await self._wait(proto.can_write.wait(), deadline, api_key, timeout_ms)
                 if proto.lost:
                     raise ConnectionLost(f"connection to {self.peer} lost while waiting to write")
-            corr = next(self._ids)
-            if corr > _MAX_CORRELATION_ID:
-                self._ids = itertools.count(1)
-                corr = next(self._ids)
-            fut = loop.create_future()
-            self._pending[corr] = (fut, APIS[api_key][1])
             assert proto.transport is not None
             if proto.lost or proto.transport.is_closing():
                 # Closed under us (reset, closed by the peer) before connection_lost
                 # ran: uvloop would raise RuntimeError on write.
-                self._pending.pop(corr, None)
                 if self.tls is not None and not proto.got_frame:
                     # A fresh TLS connection the broker closed before answering anything: the
                     # TLS 1.3 refusal of our certificate (see connection_lost), seen first here.
                     raise TlsHandshakeError(f"TLS handshake with {self.peer} failed: {_REFUSED_DURING_HANDSHAKE}")
                 raise ConnectionLost(f"connection to {self.peer} closed before the request was written")
-            proto.transport.write(codec.encode_request(api_key, corr, self.client_id, body))
+            corr, fut = self._write(loop, proto, api_key, body)
             timer = loop.call_at(deadline, self._expire, corr, api_key, timeout_ms)
             try:
                 return await fut

@@ -6,15 +6,17 @@ responses from peers, ticks, flush completions, client appends) and executes
 the actions the core returns, in order, following the rules in
 ``broker.quorum.api``:
 
-    persist (quorum-state fsync, append, truncate)  ->  flush (async, group
-    commit)  ->  send / respond  ->  apply committed records to the controller
+    persist (quorum-state fsync, append, truncate)  ->  send / respond  ->
+    flush (async, group commit)  ->  apply committed records to the controller
 
-so nothing is acknowledged before it is durable. Flushes run in a worker
-thread while the loop keeps appending; one fdatasync covers every append
-that happened before it started (group commit). Client Produce requests are
-batched adaptively: when the disk is idle they are appended at the end of the
-loop turn they arrived in; while a flush runs they wait and become one batch
-when it completes (or after ``append_linger_ms`` if that is set above 0).
+so nothing is acknowledged before it is durable (the core counts only
+flushed offsets). Flushes run in a worker thread while the loop keeps
+appending and a leader's records travel to the followers; one fdatasync
+covers every append that happened before it started (group commit). Client
+Produce requests are batched adaptively: when the disk is idle they are
+appended at the end of the loop turn they arrived in; while a flush runs
+they wait and become one batch when it completes (or after
+``append_linger_ms`` if that is set above 0).
 
 The binary protocol is served by ``broker.net``; the HTTP admin API by
 ``broker.admin``. The parts that are not driving the core live beside it:
@@ -36,6 +38,7 @@ verification is deleted, the log kept and the download retried.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import os
 import random
@@ -45,7 +48,7 @@ from typing import Any
 
 import msgspec
 
-from broker import authz, consistency
+from broker import authz, commit_trace, consistency
 from broker.clocks import SystemClock, now_ms, wall_clock_ms
 from broker.config import BrokerConfig
 from broker.consistency import LogDigest
@@ -108,6 +111,11 @@ class Broker:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_deadline: int | None = None
         self.group_commit = GroupCommit(cfg.storage.append_linger_ms, cfg.storage.append_batch_records_max)
+        # fdatasyncs run here, one at a time (group commit never overlaps them).
+        self._flush_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flush")
+        self._ticking_now = False  # inside the immediate Tick of _schedule_timer
+        self._flush_start_wanted = False  # a FlushLog of the current step, started when the step ends
+        self._flushes_abandoned = False  # stop() is past its drain: completions are no longer fed
         self._linger_handle: asyncio.Handle | None = None  # group commit's linger timer or call_soon
         self.snapshot_work = SnapshotWork(self, cfg.storage.snapshot_min_records, now_ms, feed=self._step)
         self._bg_tasks: set[asyncio.Task] = set()
@@ -153,6 +161,10 @@ class Broker:
         self.super_users = frozenset(cfg.security.super_users)
         self.gate: Gate | None = None  # built at start, from authz_enabled then
         self.admin_denials_logged: set[tuple] = set()  # see broker.admin
+        # Commit-path timestamps for `metalog bench --profile-commit`; None
+        # (nothing recorded) unless the bench turned it on (broker.commit_trace).
+        self.trace = commit_trace.from_env(cfg.node_id)
+        self._trace_fetchers: dict[Any, int] = {}  # parked/served Fetch token -> replica id (trace only)
 
     # ------------------------------------------------------------------ boot
     async def start(self) -> None:
@@ -342,6 +354,7 @@ class Broker:
             self.server.close()
         if self.admin_runner is not None:
             await self.admin_runner.cleanup()
+        self._flushes_abandoned = True
         me = asyncio.current_task()
         for task in list(self._bg_tasks):
             if task is not me:  # stop() itself runs as a background task after a failure
@@ -355,7 +368,13 @@ class Broker:
         if graceful and self.fatal is None:
             await asyncio.to_thread(self.seg_log.flush)
             self.seg_log.close()
+        self._flush_executor.shutdown(wait=False)
         self.log.info("broker_stopped", graceful=graceful)
+        if self.trace is not None:
+            try:
+                self.trace.dump()
+            except OSError as exc:
+                self.log.warning("commit_trace_not_written", path=self.trace.path, error=str(exc))
 
     async def _drain_background(self, timeout_s: float) -> None:
         if self._bg_tasks:
@@ -363,8 +382,18 @@ class Broker:
 
     # ------------------------------------------------------------- the step
     def _step(self, event: qa.Event) -> None:
+        self._step_once(event)
+        if self._flush_start_wanted and self.fatal is None:
+            # FlushLog of this step (see _request_flush): the step's sends are out.
+            self._flush_start_wanted = False
+            self._start_flush()
+
+    def _step_once(self, event: qa.Event) -> None:
         if self.fatal is not None or self.core is None:
             return
+        trace = self.trace
+        if trace is not None:
+            hw_before = self.core.high_watermark
         try:
             actions = self.core.step(event)
         except Exception as exc:  # noqa: BLE001 - any refusal is fatal, never swallowed
@@ -373,6 +402,8 @@ class Broker:
             self._fatal("core_step_failed", f"core refused {type(event).__name__}: {exc}",
                         event_type=type(event).__name__, exc=exc)
             return
+        if trace is not None and self.core.is_leader and self.core.high_watermark != hw_before:
+            trace.mark("hw", self.core.high_watermark)
         self._executing = True
         try:
             for action in actions:
@@ -427,7 +458,7 @@ class Broker:
     def _execute(self, a: qa.Action) -> None:
         t = type(a)
         if t is qa.SendRequest:
-            self._spawn(self._send(a))
+            self._send_now(a)
         elif t is qa.Respond:
             token = a.token
             self._unanswered_produce.discard(token)
@@ -439,6 +470,8 @@ class Broker:
                 if type(response) is m.DescribeQuorumResponse and response.error_code == 0:
                     response = msgspec.structs.replace(response, nodes=self._voter_nodes())
                 conn.send_response(correlation_id, response)
+                if self.trace is not None:
+                    self._trace_respond(token, response)
         elif t is qa.AppendBatches:
             try:
                 headers = self.seg_log.append(a.data)
@@ -448,6 +481,8 @@ class Broker:
                 # offline); the log itself holds no partial batch.
                 self._storage_failed(f"append failed: {exc}", exc)
                 return
+            if self.trace is not None:
+                self.trace.mark("append", a.next_offset, a.base_offset)
             # The log-end table the leader checks produces against. Each batch
             # is applied once more, on purpose, to a second table: the
             # controller's committed copy (ControllerState.producers, at apply),
@@ -615,8 +650,25 @@ class Broker:
             return
         if self._timer is not None:
             self._timer.cancel()
+            self._timer = None
+        delay_ms = deadline - now_ms()
+        if delay_ms <= 0 and not self._ticking_now:
+            # Due already -- typically replica fetches parked at the old log
+            # end, woken by this step's append: tick now rather than a timer
+            # hop later, so the records reach the followers while our own
+            # fsync runs (Kafka's and etcd's leaders write to followers in
+            # parallel with their disk write; the HW still counts our log only
+            # up to its flushed end). One immediate tick per step at most: a
+            # deadline that stays due goes through the timer below.
+            self._timer_deadline = None
+            self._ticking_now = True
+            try:
+                self._step(qa.Tick(now_ms(), wall_clock_ms()))
+            finally:
+                self._ticking_now = False
+            return
         loop = asyncio.get_running_loop()
-        delay_s = max(0.0, (deadline - now_ms()) / 1000)
+        delay_s = max(0.0, delay_ms / 1000)
         self._timer_deadline = deadline
         self._timer = loop.call_later(delay_s, self._on_timer)
 
@@ -628,26 +680,55 @@ class Broker:
     # ------------------------------------------------------------ flushing
     def _request_flush(self) -> None:
         if self.group_commit.request_flush():
-            self._spawn(self._flush_loop())
+            if self._executing:
+                # Started at the end of this step, after its sends (and the
+                # immediate Tick's, which answers the parked replica fetches
+                # this append woke): the flush thread's start then does not
+                # compete for the GIL with the encryption of those answers.
+                self._flush_start_wanted = True
+            else:
+                self._start_flush()
 
-    async def _flush_loop(self) -> None:
+    def _start_flush(self) -> None:
+        """Hand one fdatasync to the flush thread now, in this loop turn (not
+        a task that starts a turn later): on a leader it then runs while the
+        records travel to the followers, on a follower it starts as soon as
+        the fetched records are written. Its completion comes back with one
+        call_soon_threadsafe (_flush_done)."""
         gc = self.group_commit
+        gc.flush_starting()
+        if self.trace is not None:
+            self.trace.mark("flush_start", self.seg_log.log_end_offset)
+        loop = asyncio.get_running_loop()
+        started_s = time.perf_counter()
+
+        def completed(fut) -> None:  # on the flush thread (or here, if already done)
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._flush_done, fut, started_s)
+
+        self._flush_executor.submit(self.seg_log.flush).add_done_callback(completed)
+
+    def _flush_done(self, fut, started_s: float) -> None:
+        gc = self.group_commit
+        if self._flushes_abandoned or self.fatal is not None:
+            gc.flush_stopped()  # stop() flushes on its own; a failed broker acknowledges nothing
+            return
         try:
-            while True:
-                gc.flush_starting()
-                t0 = time.perf_counter()
-                try:
-                    flushed = await asyncio.to_thread(self.seg_log.flush)
-                except (OSError, StorageError) as exc:
-                    self._storage_failed(f"flush failed: {exc}", exc)
-                    return
-                self.metrics.flush_seconds.observe(time.perf_counter() - t0)
-                self._step(qa.FlushCompleted(now_ms(), flushed))
-                if gc.flush_completed():
-                    self._flush_produce()  # writes that waited for this flush: one batch
-                if not gc.flush_again():
-                    return
-        finally:
+            flushed = fut.result()
+        except (OSError, StorageError) as exc:
+            gc.flush_stopped()
+            self._storage_failed(f"flush failed: {exc}", exc)
+            return
+        # Anything else escapes to the loop's exception handler: fatal.
+        self.metrics.flush_seconds.observe(time.perf_counter() - started_s)
+        if self.trace is not None:
+            self.trace.mark("flush_done", flushed)
+        self._step(qa.FlushCompleted(now_ms(), flushed))
+        if gc.flush_completed():
+            self._flush_produce()  # writes that waited for this flush: one batch
+        if self.fatal is None and gc.flush_again():
+            self._start_flush()
+        elif self.fatal is not None:
             gc.flush_stopped()
 
     # ------------------------------------------------------------ outbound
@@ -684,18 +765,34 @@ class Broker:
                           endpoints={nid: [f"{name}={host}:{port}" for name, host, port in eps]
                                      for nid, eps in voter_set.endpoints.items()})
 
-    async def _send(self, a: qa.SendRequest) -> None:
+    def _send_now(self, a: qa.SendRequest) -> None:
+        """Write the request now if its connection is up (a follower's next
+        Fetch leaves before this turn applies committed records or answers
+        anyone else); the answer is awaited by a background task."""
         api_key = REQUEST_API_KEY[type(a.request)]
+        trace = self.trace
+        if trace is not None and api_key is ApiKey.FETCH:
+            trace.mark("fetch_action", a.request.fetch_offset, a.destination)
         try:
             channel = self.peers.channel(a.destination)
         except KeyError:
+            answer = None
+        else:
+            answer = channel.request_eager(api_key, a.request, a.timeout_ms)
+            if trace is not None and api_key is ApiKey.FETCH:
+                trace.mark("fetch_sent", a.request.fetch_offset, a.destination)
+        self._spawn(self._send(a, answer))
+
+    async def _send(self, a: qa.SendRequest, answer) -> None:
+        if answer is None:
             # A voter the log names without an endpoint we know: nothing to send
             # to, as if it were unreachable (the core retries or gives up).
             self._step(qa.RequestFailed(now_ms(), a.request_id, a.destination,
                                         f"no address known for node {a.destination}"))
             return
+        trace = self.trace
         try:
-            response = await channel.request(api_key, a.request, a.timeout_ms)
+            response = await answer
         except (NetError, ProtocolError, OSError, asyncio.TimeoutError) as exc:
             # timeouts, refused connections, resets, a peer's garbled answer;
             # anything else is a bug and escapes to _task_done (fatal).
@@ -706,6 +803,11 @@ class Broker:
             # refusing Vote v2 makes a prospective stand at once, KIP-996.)
             self._step(qa.RequestFailed(now_ms(), a.request_id, a.destination,
                                         f"peer answered error {response.error_code}: {response.error_message}"))
+            return
+        if trace is not None and type(response) is m.FetchResponse and response.records:
+            received_ns = time.monotonic_ns()
+            self._step(qa.ResponseReceived(now_ms(), a.request_id, a.destination, response))
+            trace.mark("fetch_resp", self.core.log_end_offset, a.destination, ns=received_ns)
             return
         self._step(qa.ResponseReceived(now_ms(), a.request_id, a.destination, response))
 
@@ -749,6 +851,8 @@ class Broker:
                                                observers=[])
             conn.send_response(header.correlation_id, resp)
         elif api_key is ApiKey.PRODUCE:
+            if self.trace is not None:
+                self.trace.mark("produce_recv", -1)
             self._enqueue_produce(token, body)
         elif api_key is ApiKey.CONTROLLER_COMMAND:
             self._enqueue_command(token, body)
@@ -758,7 +862,21 @@ class Broker:
             conn.send_response(header.correlation_id, consistency.answer(
                 body, self.voters, self.core.flushed_end_offset, self.digest))
         else:
+            if self.trace is not None and api_key is ApiKey.FETCH and body.replica_id >= 0:
+                self.trace.mark("fetch_recv", body.fetch_offset, body.replica_id)
+                if len(self._trace_fetchers) < 4096:  # bounded; answered tokens are popped
+                    self._trace_fetchers[token] = body.replica_id
             self._step(qa.RequestReceived(now_ms(), token, body))
+
+    def _trace_respond(self, token, response) -> None:
+        """Marks of an answer just written (commit trace only)."""
+        t = type(response)
+        if t is m.ProduceResponse and response.error_code == 0:
+            self.trace.mark("produce_reply", response.base_offset)
+        elif t is m.FetchResponse:
+            replica = self._trace_fetchers.pop(token, -1)
+            if response.records:
+                self.trace.mark("fetch_answer", self.core.log_end_offset, replica)
 
     def authz_view(self) -> authz.AuthzView:
         """The gate's view of the committed ACLs (also the admin API's)."""

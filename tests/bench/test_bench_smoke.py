@@ -119,3 +119,20 @@ def test_a_worker_dying_before_it_is_ready_is_reported_with_its_stderr(tmp_path)
         child = _barrier_child("import sys; sys.stderr.write('no route to the cluster'); sys.exit(3)", err)
     with pytest.raises(RuntimeError, match=r"load worker 0 failed before it was ready \(3\): no route to the cluster"):
         bench._start_together([child], str(tmp_path))
+
+
+def test_smoke_profile_commit(tmp_path, capsys):
+    """--only profile: three TLS brokers started with the commit trace on
+    write their marks when stopped, and every write of the one client is
+    followed through them; the table names each stage."""
+    report = run_bench(tmp_path, "--only", "profile", "--light-duration-s", "1")
+    prof = report["commit_profile"]
+    assert prof["load"]["ops"] > 0 and prof["load"]["errors"] == 0
+    assert prof["followed"] > 0, prof
+    stages = {row["stage"]: row for row in prof["stages"]}
+    total = stages["total (client send -> answer)"]
+    assert 0 < total["p50_us"] <= total["p99_us"]
+    # The parts of a commit's critical path come before its end.
+    assert stages["follower appended -> fsync done"]["p50_us"] < total["p50_us"]
+    out = capsys.readouterr().out
+    assert "commit profile:" in out and "next Fetch written -> leader read it" in out

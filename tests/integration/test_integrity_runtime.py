@@ -176,7 +176,14 @@ async def test_a_replica_whose_committed_data_differs_raises_the_divergence_alar
     assert len(segs) >= 4, "several sealed segments"
 
     def flip_a_value_byte(raw: bytearray) -> None:
-        raw[HEADER_SIZE + 4] ^= 0x20  # first byte of the first record's value: 'd' -> 'D'
+        # The first record: length, attributes, timestamp delta, offset delta,
+        # key length (-1), value length -- one byte each for these small
+        # records -- then the value. (Offset +4 is the key length: flipping it
+        # made the record undecodable, and the restarted follower then stopped
+        # on apply_failed, racing the leader's check.)
+        value_at = HEADER_SIZE + 6
+        assert raw[value_at] == ord("d"), bytes(raw[HEADER_SIZE:HEADER_SIZE + 12])
+        raw[value_at] ^= 0x20  # 'd' -> 'D': still a valid record, with other content
 
     bad_offset = rewrite_batch(segs[len(segs) // 2], lambda h: True, flip_a_value_byte)
     cluster.start_node(victim)

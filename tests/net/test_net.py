@@ -292,3 +292,37 @@ def test_works_on_uvloop():
         offsets, loop_type = runner.run(main())
     assert loop_type is uvloop.Loop
     assert offsets == list(range(10))
+
+
+async def test_request_eager_writes_before_it_is_awaited_once_connected(parking_server):
+    """On a live connection request_eager puts the request on the wire before
+    the caller awaits anything (a follower's next Fetch is not a loop turn
+    late); the returned coroutine still gets that request's own answer and
+    frees its slot. Without a connection it is plain request(): nothing is
+    written until it runs."""
+    server, handler, _ = parking_server
+    ch = PeerChannel("127.0.0.1", port_of(server), client_id="t")
+    first = asyncio.ensure_future(ch.request(ApiKey.PRODUCE, produce(0), 5000))  # connects
+    await wait_for_condition(lambda: len(handler.parked) == 1, what="the first request")
+    conn, header, _ = handler.parked[0]
+    conn.send_response(header.correlation_id, m.ProduceResponse(base_offset=0))
+    assert (await first).base_offset == 0
+    answer = ch.request_eager(ApiKey.PRODUCE, produce(7), 5000)
+    assert ch.outstanding == 1  # written and waiting, though nobody awaited yet
+    await wait_for_condition(lambda: len(handler.parked) == 2, what="the eager request to arrive unawaited")
+    conn, header, body = handler.parked[1]
+    assert body.records == [b"7"]
+    conn.send_response(header.correlation_id, m.ProduceResponse(base_offset=7))
+    assert (await answer).base_offset == 7
+    assert ch.outstanding == 0
+    await ch.close()
+
+    fresh = PeerChannel("127.0.0.1", port_of(server))
+    lazy = fresh.request_eager(ApiKey.PRODUCE, produce(8), 5000)
+    assert fresh.outstanding == 0  # not connected: nothing happens until it runs
+    task = asyncio.ensure_future(lazy)
+    await wait_for_condition(lambda: len(handler.parked) == 3, what="the lazy request once it runs")
+    conn, header, _ = handler.parked[2]
+    conn.send_response(header.correlation_id, m.ProduceResponse(base_offset=8))
+    assert (await task).base_offset == 8
+    await fresh.close()

@@ -43,10 +43,12 @@ import time
 from typing import Any
 
 
+from broker import commit_trace
 from broker.client import MetalogClient
 from broker.logs import configure_logging
 from broker.tls import TlsFiles, TlsPaths
 from storage import metadata_records
+from tools.bench import commit_profile
 from tools.bench import etcd as bench_etcd
 from tools.bench.etcd import EtcdPutter
 from tools.cluster.launcher import REPO_ROOT, LocalCluster
@@ -134,7 +136,9 @@ async def _closed_loop(clients: int, start_at: float, warmup_s: float, duration_
     return {"ops": len(lat_us), "errors": errors, "latencies_us": lat_us}
 
 
-async def _metalog_load(endpoints: list[tuple[str, int]], clients: int, warmup_s: float, duration_s: float, value_bytes: int, tag: str, tls_files: list[str] | None = None) -> dict:
+async def _metalog_load(endpoints: list[tuple[str, int]], clients: int, warmup_s: float, duration_s: float,
+                        value_bytes: int, tag: str, tls_files: list[str] | None = None,
+                        trace: bool = False) -> dict:
     tls = None
     if tls_files:
         tls = TlsFiles(TlsPaths(*tls_files))
@@ -143,13 +147,26 @@ async def _metalog_load(endpoints: list[tuple[str, int]], clients: int, warmup_s
     start_at = await _ready_then_start_at()
     pad = b"x" * value_bytes
 
+    # --profile-commit: (send ns, answer ns, base offset) of every write, on
+    # the system-wide monotonic clock the brokers' commit traces use.
+    trace_ops: list[tuple[int, int, int]] = []
+
     async def write_one(i: int, seq: int) -> None:
-        await client.produce([(f"{tag}-{i}-{seq}-".encode() + pad)[:value_bytes]])
+        value = (f"{tag}-{i}-{seq}-".encode() + pad)[:value_bytes]
+        if not trace:
+            await client.produce([value])
+            return
+        sent_ns = time.monotonic_ns()
+        base_offset, _epoch = await client.produce([value])
+        trace_ops.append((sent_ns, time.monotonic_ns(), base_offset))
 
     try:
-        return await _closed_loop(clients, start_at, warmup_s, duration_s, write_one)
+        result = await _closed_loop(clients, start_at, warmup_s, duration_s, write_one)
     finally:
         await client.close()
+    if trace:
+        result["trace_ops"] = trace_ops
+    return result
 
 
 async def _etcd_load(url: str, clients: int, warmup_s: float, duration_s: float,
@@ -180,7 +197,7 @@ def worker_main(argv: list[str]) -> int:
     if spec["system"] == "metalog":
         coro = _metalog_load([tuple(e) for e in spec["endpoints"]], spec["clients"],
                              spec["warmup_s"], spec["duration_s"], spec["value_bytes"], spec["tag"],
-                             spec.get("tls"))
+                             spec.get("tls"), spec.get("trace", False))
     else:
         coro = _etcd_load(spec["url"], spec["clients"], spec["warmup_s"],
                           spec["duration_s"], spec["value_bytes"], spec["tag"], spec.get("tls"))
@@ -216,6 +233,7 @@ def run_load(target: dict, clients: int, procs: int, warmup_s: float, duration_s
     lat: list[int] = []
     ops = errors = 0
     transport = None
+    trace_ops: list = []
     for i, child in enumerate(children):
         if child.wait(timeout=warmup_s + duration_s + 120) != 0:
             raise RuntimeError(f"load worker failed ({child.returncode}): {_worker_stderr(out_dir, i)}")
@@ -227,11 +245,14 @@ def run_load(target: dict, clients: int, procs: int, warmup_s: float, duration_s
         ops += res["ops"]
         errors += res["errors"]
         transport = res.get("transport", transport)
+        trace_ops += res.get("trace_ops", [])
     shutil.rmtree(out_dir, ignore_errors=True)
     out = {"clients": clients, "load_procs": procs, "duration_s": duration_s, "ops": ops, "errors": errors,
            "records_per_s": round(ops / duration_s, 1), **latency_summary_ms(lat)}
     if transport:
         out["transport"] = transport
+    if target.get("trace"):
+        out["trace_ops"] = trace_ops
     return out
 
 
@@ -409,6 +430,32 @@ def _wait_rejoined(cluster: LocalCluster, node: int) -> None:
     cluster.wait_for(ok, 60, f"node {node} to rejoin as a caught-up follower")
 
 
+def bench_profile_commit(args, root: str, report: dict) -> None:
+    """--profile-commit: one client against a 3-voter TLS cluster whose brokers
+    record commit-path timestamps (broker.commit_trace; on for this cluster
+    only, through its environment); the per-stage table (tools.bench.commit_profile)."""
+    trace_dir = os.path.join(root, "profile-trace")
+    os.makedirs(trace_dir, exist_ok=True)
+    cluster = metalog_cluster(os.path.join(root, "profile"), cert_dir=os.path.join(root, "certs"))
+    os.environ[commit_trace.ENV_VAR] = trace_dir  # inherited by the brokers started now
+    try:
+        _start(cluster)
+    finally:
+        del os.environ[commit_trace.ENV_VAR]
+    try:
+        res = run_load(dict(_metalog_target(cluster), trace=True), 1, 1, args.warmup_s, args.light_duration_s,
+                       args.value_bytes, "profile")
+    finally:
+        cluster.stop()  # SIGTERM: each broker writes its trace as it stops
+    followed = commit_profile.follow(trace_dir, res.pop("trace_ops"))
+    report["commit_profile"] = {"load": res, "leader": followed["leader"], "followed": followed["followed"],
+                                "skipped": followed["skipped"],
+                                "leader_fsync_on_critical_path": followed["leader_fsync_on_critical_path"],
+                                "stages": commit_profile.summarize(followed)}
+    _progress(f"commit profile: {res['records_per_s']} rec/s p50 {res['p50_ms']} ms p99 {res['p99_ms']} ms")
+    print(commit_profile.format_profile(followed))
+
+
 def bench_failover(args, root: str, report: dict) -> None:
     cluster = metalog_cluster(os.path.join(root, "failover"), election_timeout_ms=args.election_timeout_ms,
                               fetch_timeout_ms=args.fetch_timeout_ms)
@@ -562,10 +609,10 @@ def cmd_bench(args) -> int:
                 setattr(args, k, v)
     sections = [s.strip() for s in args.only.split(",")] if args.only else ["throughput", "light", "failover",
                                                                            "catchup"]
-    unknown = set(sections) - {"throughput", "light", "failover", "catchup"}
+    unknown = set(sections) - {"throughput", "light", "failover", "catchup", "profile"}
     if unknown:
         print(f"metalog bench: unknown section(s) {sorted(unknown)}; choose from throughput, light, failover, "
-              f"catchup", file=sys.stderr)
+              f"catchup, profile", file=sys.stderr)
         return 2
     report: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(),
                               "vs": args.vs, "argv": sys.argv[1:],
@@ -590,6 +637,8 @@ def cmd_bench(args) -> int:
             bench_failover(args, root, report)
         if "catchup" in sections:
             bench_catchup(args, root, report)
+        if args.profile_commit or "profile" in sections:
+            bench_profile_commit(args, root, report)
     finally:
         if not args.keep and not args.dir:
             shutil.rmtree(root, ignore_errors=True)
@@ -634,6 +683,9 @@ def register_cli(subparsers) -> None:
     p.add_argument("--fetch-timeout-ms", type=int, default=d["fetch_timeout_ms"])
     p.add_argument("--catchup-records", type=int, default=d["catchup_records"])
     p.add_argument("--catchup-keys", type=int, default=d["catchup_keys"])
+    p.add_argument("--profile-commit", action="store_true",
+                   help="also run one client against brokers that record commit-path timestamps and print where "
+                        "the time of a commit goes, stage by stage (p50/p99)")
     p.add_argument("--smoke", action="store_true", help="tiny CI mode: must work, not be fast")
     p.add_argument("--plaintext", action="store_true",
                    help="also run metalog in PLAINTEXT (insecure) mode, to show TLS's cost (on with --vs etcd)")
