@@ -76,14 +76,20 @@ def test_the_quarantine_ends_once_the_flushed_log_reaches_must_reach_offset():
     assert r.vote_granted  # a voter again
 
 
-def test_a_leader_that_finds_corruption_resigns_and_abstains():
+def leader_with(hw: int) -> tuple[Node, int]:
+    """Leader 1 with records up to 10 flushed and followers 2 and 3 at `hw`."""
     n = Node(1)
     t = make_leader(n)
     append(n, t, 9)
     n.step(a.FlushCompleted(t, 10))
-    fetch(n, t, 2, 10, 1)
-    fetch(n, t, 3, 10, 1)
-    assert n.core.high_watermark == 10
+    fetch(n, t, 2, hw, 1)
+    fetch(n, t, 3, hw, 1)
+    assert n.core.high_watermark == hw
+    return n, t
+
+
+def test_a_leader_that_finds_corruption_resigns_and_abstains():
+    n, t = leader_with(10)
     acts = n.step(a.LogQuarantined(t + 1, log_end_offset=4, must_reach_offset=10))
     assert n.core.role == "resigned"
     assert {s.destination for s in sent(acts, m.EndQuorumEpochRequest)} == {2, 3}
@@ -100,25 +106,14 @@ def test_a_leader_that_lost_only_uncommitted_records_is_not_held_in_quarantine()
     committed. It resigns and clears the quarantine at once, so it may stand
     again; otherwise, with the only other copy on a replica that never stands,
     no leader could ever be elected."""
-    n = Node(1)
-    t = make_leader(n)
-    append(n, t, 9)
-    n.step(a.FlushCompleted(t, 10))
-    fetch(n, t, 2, 6, 1)
-    fetch(n, t, 3, 6, 1)
-    assert n.core.high_watermark == 6
+    n, t = leader_with(6)
     acts = n.step(a.LogQuarantined(t + 1, log_end_offset=8, must_reach_offset=10))
     assert n.core.role == "resigned" and not n.core.quarantined
     assert [c.must_reach_offset for c in of(acts, a.ClearQuarantine)] == [6]
 
 
 def test_a_leader_cut_below_its_high_watermark_must_re_replicate_to_it_not_to_its_old_end():
-    n = Node(1)
-    t = make_leader(n)
-    append(n, t, 9)
-    n.step(a.FlushCompleted(t, 10))
-    fetch(n, t, 2, 6, 1)
-    fetch(n, t, 3, 6, 1)
+    n, t = leader_with(6)
     n.step(a.LogQuarantined(t + 1, log_end_offset=4, must_reach_offset=10))
     assert n.core.role == "resigned" and n.core.must_reach_offset == 6
     # It votes for a log that reaches its high watermark in epoch 1...
