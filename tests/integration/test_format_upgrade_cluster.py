@@ -18,6 +18,23 @@ from tools.cluster.launcher import REPO_ROOT
 
 
 @pytest.mark.slow
+
+def read_values(cluster, count: int) -> list[bytes]:
+    """At least `count` record values from offset 0, read by a real client (60 s at most)."""
+    async def read_all() -> list[bytes]:
+        client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(),
+                               request_timeout_ms=5000)
+        try:
+            consumer = client.consumer()
+            got: list[bytes] = []
+            while len(got) < count:
+                got += [r.value for r in await consumer.poll(max_wait_ms=500)]
+            return got
+        finally:
+            await client.close()
+
+    return asyncio.run(asyncio.wait_for(read_all(), 60))
+
 def test_format_old_upgrade_start_and_every_record_is_there(make_cluster):
     """A real broker refuses the version-1 dir (exit 3, the message on
     stderr), `metalog storage upgrade` converts it, the broker starts and a
@@ -39,19 +56,7 @@ def test_format_old_upgrade_start_and_every_record_is_there(make_cluster):
     cluster.start_node(1)
     cluster.wait_for_leader(30)
 
-    async def read_all() -> list[bytes]:
-        client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(),
-                               request_timeout_ms=5000)
-        try:
-            consumer = client.consumer()
-            got: list[bytes] = []
-            while len(got) < len(values):
-                got += [r.value for r in await consumer.poll(max_wait_ms=500)]
-            return got
-        finally:
-            await client.close()
-
-    assert asyncio.run(asyncio.wait_for(read_all(), 60)) == values
+    assert read_values(cluster, len(values)) == values
 
 
 @pytest.mark.slow
@@ -77,19 +82,7 @@ def test_format_v2_upgrade_start_and_the_controller_state_is_the_same(make_clust
     cluster.wait_for_leader(30)
     want = [value_v3(x) for x in items]
 
-    async def read_all() -> list[bytes]:
-        client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(),
-                               request_timeout_ms=5000)
-        try:
-            consumer = client.consumer()
-            got: list[bytes] = []
-            while len(got) < len(want):
-                got += [r.value for r in await consumer.poll(max_wait_ms=500)]
-            return got
-        finally:
-            await client.close()
-
-    assert asyncio.run(asyncio.wait_for(read_all(), 60))[:len(want)] == want
+    assert read_values(cluster, len(want))[:len(want)] == want
     expected = expected_state(items, len(items) + 1).to_json()
     served = cluster.wait_for(lambda: cluster.metadata_state(1), 30, "the controller state")
     expected.pop("offset")
