@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from broker.local_state import META_FILE, StartupError, check_meta, new_directory_id, valid_directory_id
+from storage.format_upgrade import FORMAT_VERSION
 
 
 class Events:
@@ -27,7 +28,7 @@ def test_binding_writes_a_directory_id_that_survives_restarts(tmp_path):
     did = check_meta(str(tmp_path), "c1", 3, log)
     assert valid_directory_id(did) and len(did) == 22
     assert props(tmp_path / META_FILE) == {"version": "1", "cluster.id": "c1", "node.id": "3", "directory.id": did,
-                                          "metalog.format.version": "2"}
+                                          "metalog.format.version": str(FORMAT_VERSION)}
     assert log.events == [("data_dir_bound", {"data_dir": str(tmp_path), "cluster_id": "c1", "node_id": 3,
                                               "directory_id": did})]
     assert check_meta(str(tmp_path), "c1", 3, Events()) == did  # a restart keeps it
@@ -47,7 +48,7 @@ def test_a_dir_bound_by_an_older_build_gets_one_at_boot_and_says_so(tmp_path):
     # It holds no records, so it is stamped with the current format version too.
     assert [e for e, _ in log.events] == ["format_version_stamped", "directory_id_assigned"]
     assert log.events[1][1]["directory_id"] == did
-    assert props(tmp_path / META_FILE)["metalog.format.version"] == "2"
+    assert props(tmp_path / META_FILE)["metalog.format.version"] == str(FORMAT_VERSION) == "3"
     assert check_meta(str(tmp_path), "c1", 2, Events()) == did
 
 

@@ -190,12 +190,14 @@ def test_fuzzed_frames_never_crash_or_stall_a_live_broker(live_broker, data):
 
 def test_corrupt_batch_in_the_middle_of_the_log_refuses_to_start_naming_file_position_and_offset(tmp_path):
     from storage.batch import encode_batch
+    from storage.format_upgrade import FORMAT_VERSION
     from storage.log import SegmentedLog
 
     cfg = base_config(tmp_path)
     part = tmp_path / "data" / "__cluster_metadata-0"
     part.mkdir(parents=True)
-    (tmp_path / "data" / "meta.properties").write_text("version=1\ncluster.id=c1\nnode.id=1\nmetalog.format.version=2\n")
+    (tmp_path / "data" / "meta.properties").write_text(
+        f"version=1\ncluster.id=c1\nnode.id=1\nmetalog.format.version={FORMAT_VERSION}\n")
     log = SegmentedLog.open(str(part))
     for base in range(0, 30, 10):
         log.append(encode_batch(base, 1, [b"v%d" % i for i in range(10)], 0))
