@@ -7,7 +7,7 @@ persisted vote) only once a majority said it would vote for it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from broker.quorum.notify import Notifier, NotifyingRole
 from broker.quorum.outbox import RETRY_BACKOFF_MS, RequestKind
@@ -116,16 +116,21 @@ class ResignedState(NotifyingRole, _WaitingForElection):
 
 
 class _VoteRound:
-    """The (pre-)vote requests of one round: which voter was asked by which
-    request, and when an unanswered one is asked again. Asking again is
-    harmless: a voter answers the same question the same way (one persisted
-    vote per epoch; a pre-vote promises nothing)."""
+    """The (pre-)vote requests of one round: who was asked by which request,
+    and when an unanswered one is asked again. Asking again is harmless: a
+    voter answers the same question the same way (one persisted vote per
+    epoch; a pre-vote promises nothing). `send(voter)` sends the round's
+    request and returns its id."""
 
-    __slots__ = ("asked", "retry_at_ms")
+    __slots__ = ("send", "asked", "retry_at_ms")
 
-    def __init__(self) -> None:
+    def __init__(self, send: Callable[[int], int]) -> None:
+        self.send = send
         self.asked: dict[int, int] = {}  # voter -> request id of our latest ask
         self.retry_at_ms: dict[int, int] = {}  # voter -> when to ask again
+
+    def ask(self, voter: int) -> None:
+        self.asked[voter] = self.send(voter)
 
     def failed(self, voter: int, request_id: int, now: int) -> None:
         if self.asked.get(voter) == request_id:
@@ -135,12 +140,16 @@ class _VoteRound:
     def deadlines(self) -> list[int]:
         return [min(self.retry_at_ms.values())] if self.retry_at_ms else []
 
-    def due(self, now: int, answered: set[int]) -> list[int]:
-        """Voters to ask again now (bounded by the voter set)."""
+    def ask_again(self, now: int, answered: set[int], voters: Iterable[int]) -> None:
+        """Ask the voters whose retry is due, unless they answered meanwhile
+        or left the set (bounded by the voter set)."""
         due = [v for v, t in self.retry_at_ms.items() if t <= now]
         for v in due:
             del self.retry_at_ms[v]
-        return [v for v in due if v not in answered]
+        others = set(voters)
+        for v in due:
+            if v not in answered and v in others:
+                self.ask(v)
 
 
 class CandidateState(RoleState):
@@ -154,7 +163,9 @@ class CandidateState(RoleState):
         self.granted = {core.node_id}
         self.rejected: set[int] = set()
         self.backing_off = False
-        self.round = _VoteRound()
+        log = core.log
+        self.round = _VoteRound(lambda v: core.send(
+            v, core.vote_request(v, epoch, log.last_epoch(), log.log_end_offset), RequestKind.VOTE))
 
     def on_enter(self, now: int) -> None:
         core = self.core
@@ -164,13 +175,7 @@ class CandidateState(RoleState):
             core.become_leader(now)
             return
         for v in core.others:
-            self._ask(v)
-
-    def _ask(self, voter: int) -> None:
-        core = self.core
-        log = core.log
-        self.round.asked[voter] = core.send(
-            voter, core.vote_request(voter, self.epoch, log.last_epoch(), log.log_end_offset), RequestKind.VOTE)
+            self.round.ask(v)
 
     def vote_request_failed(self, voter: int, request_id: int, now: int) -> None:
         if not self.backing_off:
@@ -182,9 +187,7 @@ class CandidateState(RoleState):
 
     def poll(self, now: int) -> None:
         if not self.backing_off:
-            for v in self.round.due(now, self.granted | self.rejected):
-                if v in self.core.others:
-                    self._ask(v)
+            self.round.ask_again(now, self.granted | self.rejected, self.core.others)
         if self.election_deadline_ms is not None and now >= self.election_deadline_ms:
             if self.backing_off:
                 self.core.stand(now)  # pre-votes again before another epoch
@@ -236,7 +239,10 @@ class ProspectiveState(RoleState):
         self.rejected: set[int] = set()
         self.void = False  # our log changed under the pre-votes on their way
         self.stand_at_ms: int | None = None  # won, but deferring (see _won)
-        self.round = _VoteRound()
+        log = core.log
+        self.round = _VoteRound(lambda v: core.send(
+            v, core.vote_request(v, self.epoch + 1, log.last_epoch(), log.log_end_offset, pre_vote=True),
+            RequestKind.PRE_VOTE))
 
     def persisted_leader_id(self) -> int:
         return self.persisted_leader
@@ -248,14 +254,7 @@ class ProspectiveState(RoleState):
             core.become_candidate(now)  # a single voter
             return
         for v in core.others:
-            self._ask(v)
-
-    def _ask(self, voter: int) -> None:
-        core = self.core
-        log = core.log
-        self.round.asked[voter] = core.send(
-            voter, core.vote_request(voter, self.epoch + 1, log.last_epoch(), log.log_end_offset, pre_vote=True),
-            RequestKind.PRE_VOTE)
+            self.round.ask(v)
 
     def _asking(self) -> bool:
         return not self.void and self.stand_at_ms is None
@@ -275,9 +274,7 @@ class ProspectiveState(RoleState):
         if core.shutting_down:
             return
         if self._asking():
-            for v in self.round.due(now, self.granted | self.rejected):
-                if v in core.others:
-                    self._ask(v)
+            self.round.ask_again(now, self.granted | self.rejected, core.others)
         if self.stand_at_ms is not None and now >= self.stand_at_ms:
             # Cleared first: a quarantined voter does not become a candidate
             # (it postpones and probes), and a deadline left in the past would

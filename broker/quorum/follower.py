@@ -327,6 +327,8 @@ class FollowerState(RoleState):
         """Give the leader a short randomized grace, uniform in
         [election_timeout_ms / 10, election_timeout_ms / 2], instead of a
         whole fetch timeout before we stand (ask for pre-votes) again."""
+        if self.leader_id < 0 or self.fetch_deadline_ms is None:
+            return  # no leader to wait for (an observer of nobody)
         t = self.core.config.election_timeout_ms
         lo = t // 10
         delay = lo + (self.core.random.randrange(t // 2 - lo + 1) if t // 2 > lo else 0)

@@ -143,6 +143,10 @@ class RoleState:
         """A quarantined voter may not stand: try again after an election timeout."""
         self.election_deadline_ms = now + self.core.election_timeout()
 
+    def stand_soon(self, now: int) -> None:
+        """Our leader is probably gone: stand again after a short grace (a
+        follower of a known leader; no other role waits on a leader)."""
+
     def vote_request_failed(self, voter: int, request_id: int, now: int) -> None:
         """A Vote (or pre-vote) of ours got no answer (timeout, connection)."""
 
