@@ -284,10 +284,12 @@ class ControllerState:
         if p is None:
             return self._invalid(f"PartitionChange of unknown partition {key}")
         leader = p.leader if rec.leader == r.LEADER_NO_CHANGE else rec.leader
+        replicas = p.replicas if rec.replicas is None else r.shared_ints(tuple(rec.replicas))
+        isr = p.isr if rec.isr is None else tuple(rec.isr)
         new = _replace(
             p,
-            isr=p.isr if rec.isr is None else tuple(rec.isr),
-            replicas=p.replicas if rec.replicas is None else tuple(rec.replicas),
+            isr=replicas if isr == replicas else r.shared_ints(isr),
+            replicas=replicas,
             leader=leader,
             leader_epoch=p.leader_epoch + (leader != p.leader),
             partition_epoch=p.partition_epoch + 1,

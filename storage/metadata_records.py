@@ -67,11 +67,16 @@ SECURITY_PROTOCOLS = {"PLAINTEXT": 0, "SSL": 1, "SASL_PLAINTEXT": 2, "SASL_SSL":
 LEADER_NO_CHANGE = -2
 NO_LEADER = -1
 
-class _Rec(msgspec.Struct, array_like=True, frozen=True):
+# gc=False: a state of 2M partitions is 2M records that the cyclic GC would
+# otherwise walk on every full collection (pauses of up to a second at that
+# size) and that carry a 16-byte GC header each. No cycle can pass through
+# them: they are frozen and hold only str, int, bytes, None and tuples built
+# before the record (of ints, of Endpoints, of int tuples).
+class _Rec(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """Base of every metadata record."""
 
 
-class Endpoint(msgspec.Struct, array_like=True, frozen=True):
+class Endpoint(msgspec.Struct, array_like=True, frozen=True, gc=False):
     name: str  # the listener name
     host: str
     port: int
@@ -281,6 +286,25 @@ def uuid_text(raw: bytes) -> str:
 
 # Struct per small array length: ">{n}i" formatted once, not per record.
 _I32_ARRAYS = [struct.Struct(f">{n}i") for n in range(127)]
+
+# Replica lists repeat across partitions (an assignment spreads a topic's
+# partitions over a few broker orders) and an ISR usually equals its replica
+# list: decoding returns one shared tuple per distinct list, which at 2M
+# partitions saves two tuples (2 x 64 bytes) per partition. Bounded: cleared
+# when full (a state of all-distinct lists just stops sharing).
+_TUPLE_CACHE_MAX = 1 << 16
+_tuple_cache: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+
+def shared_ints(t: tuple[int, ...]) -> tuple[int, ...]:
+    """The one shared tuple equal to `t` (see _tuple_cache)."""
+    got = _tuple_cache.get(t)
+    if got is not None:
+        return got
+    if len(_tuple_cache) >= _TUPLE_CACHE_MAX:
+        _tuple_cache.clear()
+    _tuple_cache[t] = t
+    return t
 
 
 def _w_uv(out: bytearray, v: int) -> None:
@@ -524,6 +548,8 @@ def _dec_partition(buf: bytes, pos: int, version: int):
         n, pos = _uv(buf, pos)
         pos += 16 * (n - 1)
     pos = pos + 1 if buf[pos] == 0 else _tags(buf, pos)[1]
+    replicas = _tuple_cache.get(replicas) or shared_ints(replicas)
+    isr = replicas if isr == replicas else (_tuple_cache.get(isr) or shared_ints(isr))
     return Partition(uuid_text(raw_tid), pid, replicas, isr, leader, leader_epoch, partition_epoch), pos
 
 
