@@ -98,7 +98,7 @@ import struct
 import threading
 import time
 from array import array
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import crc32c
 import structlog
@@ -330,6 +330,9 @@ class SegmentedLog:
         # worker thread, truncations lower it on the owner thread).
         self._rp_lock = threading.Lock()
         self._recovery_point = 0
+        # Called (owner thread, no lock held) after a roll sealed a segment;
+        # must not block: the scrubber's only sets an Event (set_seal_listener).
+        self._on_seal: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ open
     @classmethod
@@ -939,6 +942,12 @@ class SegmentedLog:
                                       self._prev_epoch(i), seg.log_path, seg.size, inode, seg.generation))
             return out
 
+    def set_seal_listener(self, listener: Callable[[], None] | None) -> None:
+        """`listener()` runs on the owner thread after each roll seals the
+        active segment (the scrubber's wake-up: it must return at once);
+        None removes it."""
+        self._on_seal = listener
+
     def segment_unchanged(self, ref: SegmentRef) -> bool:
         """Whether `ref` is still a sealed segment of this log, the same file
         with the same size (not truncated, renamed or deleted since).
@@ -1099,6 +1108,8 @@ class SegmentedLog:
             self._segments.append(seg)
             self._bases.append(base_offset)
             self._dir_dirty = True
+        if self._on_seal is not None:
+            self._on_seal()
 
     # ----------------------------------------------------------------- flush
     def flush(self) -> int:
