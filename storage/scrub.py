@@ -150,10 +150,14 @@ class Scrubber:
                     return
                 self._reset_budget()
                 try:
-                    self.scrub_new()
+                    fresh = self.scrub_new()
                 except (OSError, ValueError) as exc:
                     self._logger.error("scrub_failed", error=str(exc), error_type=type(exc).__name__)
                     return
+                if fresh.bytes_read:
+                    # Sealed data exists now: the idle wait no longer applies,
+                    # full passes go on (damage after this read is found there).
+                    deadline = min(deadline, time.monotonic() + PASS_PAUSE_S)
 
     # ------------------------------------------------------------ one pass
     def scrub_pass(self) -> ScrubPass:

@@ -246,3 +246,36 @@ def test_new_files_are_read_once_per_wake_up_not_again(log):
 def test_idle_wait_must_be_positive(log):
     with pytest.raises(ValueError, match="idle_wait_ms must be positive, got 0"):
         Scrubber(log, None, 1000, lambda r: None, idle_wait_ms=0)
+
+
+def test_after_a_wake_up_full_passes_resume_so_later_damage_is_found(tmp_path):
+    """Started idle (nothing sealed, idle wait 10 minutes); a roll seals a
+    clean segment, which the wake-up reads; a bit flipped in it afterwards is
+    found by the full passes that follow (a pause of about a second), not
+    after the idle wait."""
+    log = open_log(tmp_path)
+    append_batches(log, 5)
+    metrics = BrokerMetrics(1)
+    got = threading.Event()
+    found = []
+
+    def on_corruption(report):
+        found.append(report)
+        got.set()
+
+    scrubber = Scrubber(log, None, 1_000_000, on_corruption, metrics=metrics, idle_wait_ms=600_000)
+    scrubber.start()
+    try:
+        append_batches(log, 4)  # rolls: segment 0 (7 batches) sealed
+        sealed_bytes = 7 * BATCH_BYTES
+        deadline = time.monotonic() + 10
+        while sample(metrics, "metalog_scrub_bytes_total") < sealed_bytes:
+            assert time.monotonic() < deadline, "the wake-up did not read the sealed segment"
+            got.wait(0.01)
+        assert found == []
+        flip_bit(str(tmp_path / segment_file_name(0)), MID_BATCH_POS)
+        assert got.wait(15), "a full pass did not follow the wake-up"
+    finally:
+        scrubber.stop()
+        log.close()
+    assert [(r.position, r.base_offset) for r in found] == [(BATCH_BYTES, 3)]
