@@ -548,3 +548,21 @@ def test_a_segment_made_active_again_by_truncation_loses_its_final_entry(tmp_pat
     logger = RecordingLogger()
     open_log(tmp_path, logger=logger, index_interval_bytes=TIME_INTERVAL).close()
     assert not logger.events("index_rebuilt")
+
+
+def test_a_quarantine_of_the_next_segment_from_its_first_byte_unseals_the_one_before(tmp_path):
+    """Damage at byte 0 of segment 21: it and every later one are renamed
+    .corrupt, segment 0 is the active one again and loses its roll entry; a
+    clean reopen accepts what is left (no index_rebuilt)."""
+    from storage.errors import CorruptionReport
+    log = open_log(tmp_path, index_interval_bytes=TIME_INTERVAL)
+    _append_with_timestamps(log, _PEAK_STAMPS)
+    path = tmp_path / segment_file_name(0, ".timeindex")
+    assert _time_entries(path)[-1] == (5000, 20)
+    log.quarantine_from(CorruptionReport(str(tmp_path / segment_file_name(21)), 0, 21, 1, None, None, "test"))
+    assert log.segment_base_offsets == [0] and log.log_end_offset == 21
+    assert _time_entries(path) == [(1004, 14)]
+    log.close()
+    logger = RecordingLogger()
+    open_log(tmp_path, logger=logger, index_interval_bytes=TIME_INTERVAL).close()
+    assert not logger.events("index_rebuilt")
