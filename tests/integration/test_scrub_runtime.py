@@ -126,3 +126,37 @@ async def test_the_scrubber_finds_a_flip_in_a_segment_sealed_while_running_and_i
     finally:
         log.close()
     assert data == original, "the re-fetched batch differs from the one before the flip"
+
+
+def _scrub_bytes(cluster, node: int) -> float:
+    _, text = http_get(cluster, node, "/metrics")
+    line = next(ln for ln in text.splitlines() if ln.startswith("metalog_scrub_bytes_total "))
+    return float(line.split()[1])
+
+
+async def test_a_new_snapshot_wakes_the_idle_scrubber(make_cluster):
+    """Nothing sealed at start (one big segment), so the scrubber goes idle
+    for log_scrub_idle_wait_ms (10 minutes here) after an empty first pass.
+    The broker writes a snapshot: `snapshot_created` wakes the scrubber,
+    which reads the new .checkpoint whole within seconds
+    (metalog_scrub_bytes_total reaches its size) -- only the wake-up can
+    explain that."""
+    from tests.integration.test_snapshots import SNAPSHOTTING, write_metadata
+
+    cluster = make_cluster(voters=1, **SNAPSHOTTING, log_scrub_bytes_per_s=20_000_000,
+                           log_scrub_idle_wait_ms=600_000)
+    await asyncio.to_thread(cluster.wait_for_leader, 20)
+    await asyncio.to_thread(cluster.wait_for, lambda: [x for x in cluster.read_log_lines(1)
+                                                       if x.get("event") == "scrub_pass_complete"], 10,
+                            "the first, empty scrub pass")
+    assert _scrub_bytes(cluster, 1) == 0
+    await write_metadata(cluster, brokers=1, topics=3, filler=300)
+    created = await asyncio.to_thread(cluster.wait_for, lambda: events(cluster, 1, "snapshot_created"), 30,
+                                      "a snapshot")
+    end, epoch = created[0]["snapshot"]
+    path = os.path.join(cluster.data_dir(1), PART, f"{end:020d}-{epoch:010d}.checkpoint")
+    size = os.path.getsize(path)
+    assert size > 0 and not [s for s in os.listdir(os.path.join(cluster.data_dir(1), PART))
+                             if s.endswith(".log")][1:], "no sealed segment: only the snapshot is new"
+    await asyncio.to_thread(cluster.wait_for, lambda: _scrub_bytes(cluster, 1) >= size, 10,
+                            "the scrubber to read the new snapshot")
