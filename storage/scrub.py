@@ -19,8 +19,9 @@ runtime hands it to the event loop (``loop.call_soon_threadsafe``).
 New files first: a roll of the log (``SegmentedLog.set_seal_listener``) and a
 new snapshot (``notify()``, called by the runtime) wake the scrubber, which
 then reads every sealed segment and snapshot it has not read since it
-appeared before it goes on with its full pass (it looks between two files,
-so a fresh file waits at most for the file being read). With nothing to
+appeared before it goes on with its full pass (it looks at every chunk it
+reads, so a fresh file waits at most for one chunk of the file being read,
+DEFAULT_CHUNK_BYTES / bytes_per_s: about 3.5 s at the default rate). With nothing to
 read it sleeps at most ``idle_wait_ms`` (the storage setting
 ``log_scrub_idle_wait_ms``) before listing the files again, which bounds the
 delay for a file nothing announced. The rate limit covers all reads.
@@ -90,6 +91,10 @@ class Scrubber:
         # new ones: a segment by (path, generation), a snapshot by (path,
         # inode, size). Pruned to the files that exist at each look: bounded.
         self._seen: set[tuple] = set()
+        self._reading_new = False  # inside scrub_new: no nested wake-up handling
+        # Keys (as in _seen) of the files being read now: a wake-up in the
+        # middle of one does not read it again, the read under way finishes it.
+        self._in_progress: set[tuple] = set()
 
     # ------------------------------------------------------------ lifecycle
     @property
@@ -149,11 +154,14 @@ class Scrubber:
                 if self._stop.is_set():
                     return
                 self._reset_budget()
+                self._reading_new = True
                 try:
                     fresh = self.scrub_new()
                 except (OSError, ValueError) as exc:
                     self._logger.error("scrub_failed", error=str(exc), error_type=type(exc).__name__)
                     return
+                finally:
+                    self._reading_new = False
                 if fresh.bytes_read:
                     # Sealed data exists now: the idle wait no longer applies,
                     # full passes go on (damage after this read is found there).
@@ -215,7 +223,7 @@ class Scrubber:
         # Forget files that are gone (bounded); remember the rest.
         self._seen &= {(r.log_path, r.generation) for r in refs} | set(snap_keys.values())
         for ref in refs:
-            if (ref.log_path, ref.generation) in self._seen:
+            if (ref.log_path, ref.generation) in self._seen | self._in_progress:
                 continue
             if self._stop.is_set():
                 return ScrubPass(total, segments, snaps, skipped, corrupt, False)
@@ -224,7 +232,7 @@ class Scrubber:
             if report is not None:
                 corrupt.append(report)
         for sid, key in snap_keys.items():
-            if key in self._seen:
+            if key in self._seen or key in self._in_progress:
                 continue
             if self._stop.is_set():
                 return ScrubPass(total, segments, snaps, skipped, corrupt, False)
@@ -235,17 +243,26 @@ class Scrubber:
         return ScrubPass(total, segments, snaps, skipped, corrupt, True)
 
     def _new_files_first(self) -> None:
-        if self._wake.is_set() and not self._stop.is_set():
+        """Between two files and two chunks: read what a wake-up announced
+        first, then go on where we were."""
+        if self._wake.is_set() and not self._reading_new and not self._stop.is_set():
             self._wake.clear()
-            self.scrub_new()
+            self._reading_new = True
+            try:
+                self.scrub_new()
+            finally:
+                self._reading_new = False
 
     def _reset_budget(self) -> None:
         self._budget_t0 = time.monotonic()
         self._budget_bytes = 0
 
     def _throttle(self, n: int) -> None:
+        """After each chunk read: count it, keep to the rate, and read newly
+        announced files first."""
         if self._metrics is not None:
             self._metrics.scrub_bytes.inc(n)
+        self._new_files_first()
         if self._rate <= 0:
             return
         self._budget_bytes += n
@@ -272,8 +289,13 @@ class Scrubber:
         try:
             if os.fstat(fd).st_ino != ref.inode:
                 return 0, None, 1
-            check = verify_segment_fd(fd, ref.log_path, ref.size, ref.base_offset, ref.next_offset,
-                                      ref.prev_epoch, self._chunk, self._throttle, self._stop)
+            key = (ref.log_path, ref.generation)
+            self._in_progress.add(key)
+            try:
+                check = verify_segment_fd(fd, ref.log_path, ref.size, ref.base_offset, ref.next_offset,
+                                          ref.prev_epoch, self._chunk, self._throttle, self._stop)
+            finally:
+                self._in_progress.discard(key)
         finally:
             os.close(fd)
         if check.stopped:
@@ -294,16 +316,21 @@ class Scrubber:
             st = os.fstat(fd)
             parts = []
             pos = 0
-            while pos < st.st_size:
-                if self._stop.is_set():
-                    return pos, None, 0
-                chunk = os.pread(fd, min(self._chunk, st.st_size - pos), pos)
-                if not chunk:
-                    break
-                parts.append(chunk)
-                pos += len(chunk)
-                self._throttle(len(chunk))
-            self._seen.add((path, st.st_ino, st.st_size))
+            key = (path, st.st_ino, st.st_size)
+            self._in_progress.add(key)
+            try:
+                while pos < st.st_size:
+                    if self._stop.is_set():
+                        return pos, None, 0
+                    chunk = os.pread(fd, min(self._chunk, st.st_size - pos), pos)
+                    if not chunk:
+                        break
+                    parts.append(chunk)
+                    pos += len(chunk)
+                    self._throttle(len(chunk))
+            finally:
+                self._in_progress.discard(key)
+            self._seen.add(key)
             try:
                 verify_snapshot_bytes(b"".join(parts), sid, path)
             except CorruptSnapshotError as exc:

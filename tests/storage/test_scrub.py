@@ -279,3 +279,36 @@ def test_after_a_wake_up_full_passes_resume_so_later_damage_is_found(tmp_path):
         scrubber.stop()
         log.close()
     assert [(r.position, r.base_offset) for r in found] == [(BATCH_BYTES, 3)]
+
+
+def test_a_segment_sealed_during_a_slow_pass_is_read_at_the_next_chunk_not_after_the_file(tmp_path):
+    """A rate-limited pass is in the middle of segment 0 (one batch per
+    chunk, 1000 bytes/s) when a roll seals segment 21, whose second batch
+    is damaged. The scrubber reads the new segment at its next chunk: the
+    report comes while segment 0 is still unfinished (fewer bytes counted
+    than segment 0 plus the two chunks that reach the damage)."""
+    log = open_log(tmp_path)
+    append_batches(log, 10)  # segment 0 sealed (7 batches), 21 active with 3
+    metrics = BrokerMetrics(1)
+    got = threading.Event()
+    at_report: list[float] = []
+
+    def on_corruption(report):
+        at_report.append(sample(metrics, "metalog_scrub_bytes_total"))
+        got.set()
+
+    scrubber = Scrubber(log, None, 1000, on_corruption, metrics=metrics, chunk_bytes=BATCH_BYTES,
+                        idle_wait_ms=600_000)
+    scrubber.start()
+    try:
+        deadline = time.monotonic() + 10
+        while sample(metrics, "metalog_scrub_bytes_total") < BATCH_BYTES:  # the pass has begun
+            assert time.monotonic() < deadline, "the first pass did not start"
+            got.wait(0.01)
+        flip_bit(str(tmp_path / segment_file_name(21)), MID_BATCH_POS)
+        append_batches(log, 5)  # rolls: 21 sealed with its damage
+        assert got.wait(15), "the damage in the newly sealed segment was not reported"
+    finally:
+        scrubber.stop()
+        log.close()
+    assert at_report[0] < 7 * BATCH_BYTES + 2 * BATCH_BYTES, at_report
