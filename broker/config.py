@@ -68,6 +68,10 @@ class StorageConfig:
     log_scrub_bytes_per_s: int = setting(
         300_000, "background re-reading of sealed segments and snapshots (1 GiB in about an hour)",
         ge=0, note="0 disables the scrubber")
+    log_scrub_idle_wait_ms: int = setting(
+        60_000, "longest a scrubber with nothing sealed to read waits before listing the files again; "
+                "a segment roll or a new snapshot wakes it at once (mid-pass: after the 1 MiB chunk it is "
+                "reading)", gt=0)
     snapshot_min_records: int = setting(
         20000, "committed records since the last snapshot before a new one is written "
                "(controller.snapshot.minimum.records)", gt=0)

@@ -117,7 +117,7 @@ class Broker:
         self._flush_start_wanted = False  # a FlushLog of the current step, started when the step ends
         self._flushes_abandoned = False  # stop() is past its drain: completions are no longer fed
         self._linger_handle: asyncio.Handle | None = None  # group commit's linger timer or call_soon
-        self.snapshot_work = SnapshotWork(self, cfg.storage.snapshot_min_records, now_ms, feed=self._step)
+        self.snapshot_work = SnapshotWork(self, cfg.storage.snapshot_min_records, now_ms, feed=self._snapshot_event)
         self._bg_tasks: set[asyncio.Task] = set()
         self._last_exposed: tuple | None = None
         self._voter_set_seen: Any = None  # the core's voter set the peers and the gate were last given
@@ -249,8 +249,15 @@ class Broker:
             self.seg_log, self.snapshots, cfg.storage.log_scrub_bytes_per_s,
             # Called on the scrubber thread: the report is handled on the loop.
             lambda report: loop.call_soon_threadsafe(self._on_corruption, report, "scrub"),
-            logger=self.log, metrics=self.metrics)
+            logger=self.log, metrics=self.metrics, idle_wait_ms=cfg.storage.log_scrub_idle_wait_ms)
         self.scrubber.start()
+
+    def _snapshot_event(self, event: qa.Event) -> None:
+        """SnapshotWork's events to the core; a new snapshot file also wakes
+        the scrubber, which reads it soon instead of at its next pass."""
+        if type(event) is qa.SnapshotCreated and self.scrubber is not None:
+            self.scrubber.notify()
+        self._step(event)
 
     def _on_corruption(self, report: CorruptionReport, source: str = "scrub") -> None:
         """Corruption found (by the scrubber, a read, a fetch): one structured
@@ -514,6 +521,8 @@ class Broker:
                 self._follow_up.append(failed)  # the contract: before any other event
             else:
                 self._rebuild_producers()  # the snapshot's producers, nothing after it
+                if self.scrubber is not None:
+                    self.scrubber.notify()  # a new snapshot file: read it soon
         elif t is qa.AdvanceLogStart:
             self.seg_log.advance_log_start(a.log_start_offset)
             self.digest.advance_start(a.log_start_offset)

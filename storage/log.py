@@ -14,8 +14,14 @@ One directory holds the log as a run of segments. Each segment is a pair
 * ``<base offset, 20 digits>.timeindex`` -- Kafka's time index: 12-byte
   entries ``timestamp i64 | relative offset u32``: at each .index entry, the
   largest batch max timestamp so far in the segment and the (last) offset of
-  the batch that holds it, appended only when that timestamp grew. Derived
-  data like the .index: rebuilt by a full scan when missing or bad.
+  the batch that holds it, appended only when that timestamp grew; and, as
+  Kafka's LogSegment.onBecomeInactiveSegment does, one more entry when a roll
+  seals the segment: (largest timestamp of the segment, last offset of its
+  batch), unless the last entry already holds that timestamp. So only a
+  sealed segment may end with an entry past its last .index entry, and only
+  one; a segment made active again by a truncation loses it. Derived data
+  like the .index: rebuilt by a full scan when missing or bad (a rebuilt
+  sealed segment gets its final entry too).
 
 Small files sit next to them: ``log-start-offset`` (JSON, written with
 storage.atomic), ``.clean-shutdown`` (written by ``close()``, removed on
@@ -98,7 +104,7 @@ import struct
 import threading
 import time
 from array import array
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import crc32c
 import structlog
@@ -330,6 +336,9 @@ class SegmentedLog:
         # worker thread, truncations lower it on the owner thread).
         self._rp_lock = threading.Lock()
         self._recovery_point = 0
+        # Called (owner thread, no lock held) after a roll sealed a segment;
+        # must not block: the scrubber's only sets an Event (set_seal_listener).
+        self._on_seal: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ open
     @classmethod
@@ -473,6 +482,50 @@ class SegmentedLog:
 
     def _prev_epoch(self, i: int) -> int:
         return next((s.last_epoch for s in reversed(self._segments[:i]) if s.size), -1)
+
+    @staticmethod
+    def _final_time_entry(seg: _Segment) -> tuple[int, int] | None:
+        """The entry Kafka's TimeIndex.maybeAppend adds when the segment is
+        sealed: (largest timestamp, relative offset of its batch), or None
+        when the last entry already holds that timestamp (only a larger one
+        is appended)."""
+        if seg.max_ts <= (seg.time_ts[-1] if seg.time_ts else -1):
+            return None
+        if seg.time_rel and seg.max_rel < seg.time_rel[-1]:
+            return None  # cannot happen from our own appends; never write a decreasing offset
+        return seg.max_ts, seg.max_rel
+
+    def _seal_time_index(self, seg: _Segment) -> None:
+        """At a roll: append the final .timeindex entry of the segment being
+        sealed. A failed write leaves the file as before (derived data; a
+        sealed segment without the entry is valid), never fails the roll."""
+        entry = self._final_time_entry(seg)
+        if entry is None:
+            return
+        pre = len(seg.time_ts) * _TIME_ENTRY.size
+        try:
+            _write_all(seg.time_fd, _TIME_ENTRY.pack(*entry))
+        except OSError as exc:
+            try:
+                os.ftruncate(seg.time_fd, pre)
+            except OSError:
+                pass  # a torn entry is caught at open, and the .timeindex rebuilt
+            self._log.warning("timeindex_final_entry_failed", segment=seg.timeindex_path, error=exc.strerror)
+            return
+        with self._lock:
+            seg.time_ts.append(entry[0])
+            seg.time_rel.append(entry[1])
+
+    def _unseal_time_index(self, seg: _Segment) -> None:
+        """`seg` is the active segment again (a truncation or quarantine took
+        every later one): drop its final entry, so that an active segment's
+        entries all sit at .index entries."""
+        keep = bisect.bisect_right(seg.time_rel, seg.index_rel[-1]) if seg.index_rel else 0
+        if keep < len(seg.time_ts):
+            os.ftruncate(seg.time_fd, keep * _TIME_ENTRY.size)
+            with self._lock:
+                del seg.time_ts[keep:]
+                del seg.time_rel[keep:]
 
     # ------------------------------------------------------ recovery point
     def _read_recovery_point(self) -> int:
@@ -672,6 +725,8 @@ class SegmentedLog:
             with self._lock:
                 self._segments.append(fresh)
                 self._bases.append(fresh.base_offset)
+        else:
+            self._unseal_time_index(self._segments[-1])
         fsync_dir(self._dir)
         with self._lock:
             self._end_offset = self._segments[-1].next_offset
@@ -807,7 +862,7 @@ class SegmentedLog:
         os.fsync(seg.index_fd)
         os.fsync(seg.time_fd)
 
-    def _load_index(self, seg: _Segment) -> bool:
+    def _load_index(self, seg: _Segment, next_base: int | None) -> bool:
         """Read the .index file; False if it is missing, torn or inconsistent."""
         raw = os.pread(seg.index_fd, os.fstat(seg.index_fd).st_size, 0)
         if len(raw) % _INDEX_ENTRY.size:
@@ -822,33 +877,48 @@ class SegmentedLog:
             pos.append(p)
             prev_r, prev_p = r, p
         seg.set_index(rel, pos)
-        return self._load_time_index(seg)
+        return self._load_time_index(seg, next_base)
 
-    def _load_time_index(self, seg: _Segment) -> bool:
+    def _load_time_index(self, seg: _Segment, next_base: int | None) -> bool:
         """Read the .timeindex; False if it is missing, torn or inconsistent
-        with the .index (there is an entry iff there is an .index entry)."""
+        with the .index: an entry at each .index entry where the timestamp
+        grew (so one iff there is an .index entry), timestamps strictly and
+        offsets never decreasing, none past the last .index entry's offset
+        but, on a sealed segment (next_base given), one final entry within
+        the segment (the roll's, checked against the data by _quick_check).
+        Sets max_ts/max_rel to the last entry at an .index entry."""
         raw = os.pread(seg.time_fd, os.fstat(seg.time_fd).st_size, 0)
-        if len(raw) % _TIME_ENTRY.size or (not raw) != (not seg.index_rel):
+        if len(raw) % _TIME_ENTRY.size:
             return False
         ts = array("q")
         rel = array("I")
         prev_t, prev_r = -1, -1
         last_indexed = seg.index_rel[-1] if seg.index_rel else -1
-        for t, r in _TIME_ENTRY.iter_unpack(raw):
-            if t <= prev_t or r < prev_r or r > last_indexed:
+        n_entries = len(raw) // _TIME_ENTRY.size
+        at_index = n_entries
+        for i, (t, r) in enumerate(_TIME_ENTRY.iter_unpack(raw)):
+            if t <= prev_t or r < prev_r:
                 return False
+            if r > last_indexed:
+                if next_base is None or i != n_entries - 1 or r >= next_base - seg.base_offset:
+                    return False
+                at_index = i  # the final entry of a sealed segment
             ts.append(t)
             rel.append(r)
             prev_t, prev_r = t, r
+        if (at_index == 0) != (not seg.index_rel):
+            return False
         seg.time_ts, seg.time_rel = ts, rel
-        seg.max_ts, seg.max_rel = (ts[-1], rel[-1]) if ts else (-1, 0)
+        seg.max_ts, seg.max_rel = (ts[at_index - 1], rel[at_index - 1]) if at_index else (-1, 0)
         return True
 
     def _quick_check(self, seg: _Segment, next_base: int | None, prev_epoch: int) -> bool:
         """Trust the index, verify only the batches after its last entry: they
         must end exactly at the file end (and at the next segment's base)."""
-        if not self._load_index(seg):
+        if not self._load_index(seg, next_base):
             return False
+        final = ((seg.time_ts[-1], seg.time_rel[-1])
+                 if seg.time_rel and seg.time_rel[-1] > (seg.index_rel[-1] if seg.index_rel else -1) else None)
         if not seg.index_rel and seg.size > self._index_interval_bytes:
             # An empty index on a big segment: probably lost. The scan below
             # covers the whole segment anyway, so rebuild it from that scan.
@@ -857,6 +927,9 @@ class SegmentedLog:
             if res.error is not None or (next_base is not None and res.next_offset != next_base):
                 return False
             seg.set_time_index(res)
+            if next_base is not None and (entry := self._final_time_entry(seg)) is not None:
+                seg.time_ts.append(entry[0])
+                seg.time_rel.append(entry[1])
             if res.index_rel:
                 seg.set_index(res.index_rel, res.index_pos)
                 seg.write_index_file()
@@ -887,6 +960,8 @@ class SegmentedLog:
             return False
         if next_base is not None and res.next_offset != next_base:
             return False
+        if final is not None and final != (res.max_ts, res.max_rel):
+            return False  # the roll's entry must name the segment's largest timestamp and its batch
         seg.max_ts, seg.max_rel = res.max_ts, res.max_rel
         seg.next_offset = res.next_offset
         seg.last_epoch = res.last_epoch if seg.size else -1
@@ -914,6 +989,9 @@ class SegmentedLog:
                 f"next segment starts at offset {next_base}", seg.log_path, res.end_pos, res.next_offset)
         seg.set_index(res.index_rel, res.index_pos)
         seg.set_time_index(res)
+        if (entry := self._final_time_entry(seg)) is not None:  # sealed: as the roll wrote it
+            seg.time_ts.append(entry[0])
+            seg.time_rel.append(entry[1])
         seg.next_offset = res.next_offset
         seg.last_epoch = res.last_epoch if seg.size else -1
         seg.write_index_file()
@@ -938,6 +1016,12 @@ class SegmentedLog:
                 out.append(SegmentRef(seg.base_offset, self._segments[i + 1].base_offset,
                                       self._prev_epoch(i), seg.log_path, seg.size, inode, seg.generation))
             return out
+
+    def set_seal_listener(self, listener: Callable[[], None] | None) -> None:
+        """`listener()` runs on the owner thread after each roll seals the
+        active segment (the scrubber's wake-up: it must return at once);
+        None removes it."""
+        self._on_seal = listener
 
     def segment_unchanged(self, ref: SegmentRef) -> bool:
         """Whether `ref` is still a sealed segment of this log, the same file
@@ -1092,6 +1176,7 @@ class SegmentedLog:
         return headers
 
     def _roll(self, base_offset: int) -> None:
+        self._seal_time_index(self._segments[-1])  # Kafka's onBecomeInactiveSegment
         seg = _Segment(self._dir, base_offset)
         assert seg.size == 0, f"{seg.log_path} already exists with {seg.size} bytes"
         with self._lock:
@@ -1099,6 +1184,8 @@ class SegmentedLog:
             self._segments.append(seg)
             self._bases.append(base_offset)
             self._dir_dirty = True
+        if self._on_seal is not None:
+            self._on_seal()
 
     # ----------------------------------------------------------------- flush
     def flush(self) -> int:
@@ -1352,6 +1439,8 @@ class SegmentedLog:
         for s in doomed:
             s.delete()
         active = self._segments[-1]
+        if cut is None:
+            self._unseal_time_index(active)  # active again: the roll's entry goes
         if cut is not None:
             active.last_epoch = self._last_epoch_of(active)
             active.max_ts, active.max_rel = self._max_timestamp_of(active)

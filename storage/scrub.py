@@ -15,6 +15,16 @@ Snapshots are verified whole (storage.snapshot.verify_snapshot_bytes).
 
 Found corruption goes to ``on_corruption(report)`` ON THE SCRUBBER THREAD: the
 runtime hands it to the event loop (``loop.call_soon_threadsafe``).
+
+New files first: a roll of the log (``SegmentedLog.set_seal_listener``) and a
+new snapshot (``notify()``, called by the runtime) wake the scrubber, which
+then reads every sealed segment and snapshot it has not read since it
+appeared before it goes on with its full pass (it looks at every chunk it
+reads, so a fresh file waits at most for one chunk of the file being read,
+DEFAULT_CHUNK_BYTES / bytes_per_s: about 3.5 s at the default rate). With nothing to
+read it sleeps at most ``idle_wait_ms`` (the storage setting
+``log_scrub_idle_wait_ms``) before listing the files again, which bounds the
+delay for a file nothing announced. The rate limit covers all reads.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from storage.log import SegmentRef, SegmentedLog, corruption_report_at
 from storage.snapshot import CorruptSnapshotError, SnapshotStore, verify_snapshot_bytes
 
 DEFAULT_CHUNK_BYTES = 1 << 20  # one pread; the rate limiter waits between them
-IDLE_WAIT_S = 60.0  # nothing sealed to scrub: look again after this
+DEFAULT_IDLE_WAIT_MS = 60_000  # nothing sealed to scrub: list the files again after this
 PASS_PAUSE_S = 1.0  # between two passes (so a tiny log is not re-read in a loop)
 
 
@@ -50,9 +60,12 @@ class Scrubber:
 
     def __init__(self, log: SegmentedLog, snapshots: SnapshotStore | None, bytes_per_s: int,
                  on_corruption: Callable[[CorruptionReport], None], *, logger: Any = None,
-                 metrics: Any = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+                 metrics: Any = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 idle_wait_ms: int = DEFAULT_IDLE_WAIT_MS):
         if bytes_per_s < 0:
             raise ValueError(f"bytes_per_s must be >= 0 (0 disables), got {bytes_per_s}")
+        if idle_wait_ms <= 0:
+            raise ValueError(f"idle_wait_ms must be positive, got {idle_wait_ms}")
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
         self._log = log
@@ -62,7 +75,11 @@ class Scrubber:
         self._logger = logger if logger is not None else structlog.get_logger("storage.scrub")
         self._metrics = metrics
         self._chunk = chunk_bytes
+        self._idle_wait_s = idle_wait_ms / 1000
         self._stop = threading.Event()
+        # Set by notify() (a roll, a new snapshot) and by stop(): the thread
+        # waits on it instead of sleeping out its pause.
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         # Token bucket state of the rate limiter.
         self._budget_t0 = 0.0
@@ -70,23 +87,39 @@ class Scrubber:
         # Reported (path, position) pairs: a damaged file not yet quarantined
         # is reported once, not on every pass.
         self._reported: set[tuple[str, int]] = set()
+        # Files read (whole) since they appeared, so a wake-up reads only the
+        # new ones: a segment by (path, generation), a snapshot by (path,
+        # inode, size). Pruned to the files that exist at each look: bounded.
+        self._seen: set[tuple] = set()
+        self._reading_new = False  # inside scrub_new: no nested wake-up handling
+        # Keys (as in _seen) of the files being read now: a wake-up in the
+        # middle of one does not read it again, the read under way finishes it.
+        self._in_progress: set[tuple] = set()
 
     # ------------------------------------------------------------ lifecycle
     @property
     def enabled(self) -> bool:
         return self._rate > 0
 
+    def notify(self) -> None:
+        """A new sealed segment or snapshot exists: read it soon. Any thread;
+        never blocks."""
+        self._wake.set()
+
     def start(self) -> None:
         if not self.enabled or self._thread is not None:
             return
+        self._log.set_seal_listener(self.notify)
         self._thread = threading.Thread(target=self._run, name="metalog-scrubber", daemon=True)
         self._thread.start()
-        self._logger.info("scrubber_started", bytes_per_s=self._rate)
+        self._logger.info("scrubber_started", bytes_per_s=self._rate, idle_wait_ms=round(self._idle_wait_s * 1000))
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop and join (bounded: a pread in flight finishes first)."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
+            self._log.set_seal_listener(None)
             self._thread.join(timeout_s)
             if self._thread.is_alive():
                 self._logger.warning("scrubber_stop_timed_out", timeout_s=timeout_s)
@@ -100,23 +133,51 @@ class Scrubber:
                 # An IO error reading (EIO) is not a CRC verdict; say so loudly
                 # and try again later rather than kill the broker from here.
                 self._logger.error("scrub_failed", error=str(exc), error_type=type(exc).__name__)
-                self._stop.wait(IDLE_WAIT_S)
+                self._stop.wait(self._idle_wait_s)
                 continue
             if result.complete:
                 self._logger.info("scrub_pass_complete", bytes=result.bytes_read, segments=result.segments,
                                   snapshots=result.snapshots, skipped=result.skipped,
                                   corrupt=len(result.corrupt))
-            self._stop.wait(IDLE_WAIT_S if result.bytes_read == 0 else PASS_PAUSE_S)
+            self._pause(self._idle_wait_s if result.bytes_read == 0 else PASS_PAUSE_S)
+
+    def _pause(self, seconds: float) -> None:
+        """Wait `seconds` before the next full pass; a notify() meanwhile has
+        the new files read at once (then the wait goes on)."""
+        deadline = time.monotonic() + seconds
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._wake.wait(left):
+                self._wake.clear()
+                if self._stop.is_set():
+                    return
+                self._reset_budget()
+                self._reading_new = True
+                try:
+                    fresh = self.scrub_new()
+                except (OSError, ValueError) as exc:
+                    self._logger.error("scrub_failed", error=str(exc), error_type=type(exc).__name__)
+                    return
+                finally:
+                    self._reading_new = False
+                if fresh.bytes_read:
+                    # Sealed data exists now: the idle wait no longer applies,
+                    # full passes go on (damage after this read is found there).
+                    deadline = min(deadline, time.monotonic() + PASS_PAUSE_S)
 
     # ------------------------------------------------------------ one pass
     def scrub_pass(self) -> ScrubPass:
         """Re-read every sealed segment and snapshot once (rate-limited when
-        bytes_per_s > 0). Callable directly (tests, the CLI)."""
-        self._budget_t0 = time.monotonic()
-        self._budget_bytes = 0
+        bytes_per_s > 0). Callable directly (tests, the CLI). Between two
+        files, a pending notify() has the new files read first."""
+        self._reset_budget()
         total = segments = snaps = skipped = 0
         corrupt: list[CorruptionReport] = []
-        for ref in self._log.sealed_segments():
+        refs = self._log.sealed_segments()
+        for ref in refs:
+            self._new_files_first()
             if self._stop.is_set():
                 return ScrubPass(total, segments, snaps, skipped, corrupt, False)
             n, report, changed = self._scrub_segment(ref)
@@ -127,6 +188,7 @@ class Scrubber:
                 corrupt.append(report)
         if self._snapshots is not None:
             for sid in self._snapshots.list():
+                self._new_files_first()
                 if self._stop.is_set():
                     return ScrubPass(total, segments, snaps, skipped, corrupt, False)
                 n, report, changed = self._scrub_snapshot(self._snapshots.path(sid), sid)
@@ -135,13 +197,72 @@ class Scrubber:
                 skipped += changed
                 if report is not None:
                     corrupt.append(report)
+        # Forget segments no longer sealed as listed and snapshots gone, so the
+        # set stays bounded even with no wake-ups (scrub_new prunes too).
+        listed = {(r.log_path, r.generation) for r in refs}
+        self._seen = {k for k in self._seen if k in listed or (len(k) == 3 and os.path.exists(k[0]))}
         if self._metrics is not None:
             self._metrics.scrub_last_complete_pass.set(time.time())
         return ScrubPass(total, segments, snaps, skipped, corrupt, True)
 
+    def scrub_new(self) -> ScrubPass:
+        """Read the sealed segments and snapshots not read since they
+        appeared (a roll, a new snapshot); the rate limit applies."""
+        total = segments = snaps = skipped = 0
+        corrupt: list[CorruptionReport] = []
+        refs = self._log.sealed_segments()
+        sids = self._snapshots.list() if self._snapshots is not None else []
+        snap_keys = {}
+        for sid in sids:
+            path = self._snapshots.path(sid)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            snap_keys[sid] = (path, st.st_ino, st.st_size)
+        # Forget files that are gone (bounded); remember the rest.
+        self._seen &= {(r.log_path, r.generation) for r in refs} | set(snap_keys.values())
+        for ref in refs:
+            if (ref.log_path, ref.generation) in self._seen | self._in_progress:
+                continue
+            if self._stop.is_set():
+                return ScrubPass(total, segments, snaps, skipped, corrupt, False)
+            n, report, changed = self._scrub_segment(ref)
+            total, segments, skipped = total + n, segments + 1, skipped + changed
+            if report is not None:
+                corrupt.append(report)
+        for sid, key in snap_keys.items():
+            if key in self._seen or key in self._in_progress:
+                continue
+            if self._stop.is_set():
+                return ScrubPass(total, segments, snaps, skipped, corrupt, False)
+            n, report, changed = self._scrub_snapshot(key[0], sid)
+            total, snaps, skipped = total + n, snaps + 1, skipped + changed
+            if report is not None:
+                corrupt.append(report)
+        return ScrubPass(total, segments, snaps, skipped, corrupt, True)
+
+    def _new_files_first(self) -> None:
+        """Between two files and two chunks: read what a wake-up announced
+        first, then go on where we were."""
+        if self._wake.is_set() and not self._reading_new and not self._stop.is_set():
+            self._wake.clear()
+            self._reading_new = True
+            try:
+                self.scrub_new()
+            finally:
+                self._reading_new = False
+
+    def _reset_budget(self) -> None:
+        self._budget_t0 = time.monotonic()
+        self._budget_bytes = 0
+
     def _throttle(self, n: int) -> None:
+        """After each chunk read: count it, keep to the rate, and read newly
+        announced files first."""
         if self._metrics is not None:
             self._metrics.scrub_bytes.inc(n)
+        self._new_files_first()
         if self._rate <= 0:
             return
         self._budget_bytes += n
@@ -168,11 +289,19 @@ class Scrubber:
         try:
             if os.fstat(fd).st_ino != ref.inode:
                 return 0, None, 1
-            check = verify_segment_fd(fd, ref.log_path, ref.size, ref.base_offset, ref.next_offset,
-                                      ref.prev_epoch, self._chunk, self._throttle, self._stop)
+            key = (ref.log_path, ref.generation)
+            self._in_progress.add(key)
+            try:
+                check = verify_segment_fd(fd, ref.log_path, ref.size, ref.base_offset, ref.next_offset,
+                                          ref.prev_epoch, self._chunk, self._throttle, self._stop)
+            finally:
+                self._in_progress.discard(key)
         finally:
             os.close(fd)
-        if check.report is None or check.stopped:
+        if check.stopped:
+            return check.bytes_read, None, 0
+        self._seen.add((ref.log_path, ref.generation))
+        if check.report is None:
             return check.bytes_read, None, 0
         if not self._log.segment_unchanged(ref):
             return check.bytes_read, None, 1  # truncated/renamed/deleted meanwhile: not corruption
@@ -187,15 +316,21 @@ class Scrubber:
             st = os.fstat(fd)
             parts = []
             pos = 0
-            while pos < st.st_size:
-                if self._stop.is_set():
-                    return pos, None, 0
-                chunk = os.pread(fd, min(self._chunk, st.st_size - pos), pos)
-                if not chunk:
-                    break
-                parts.append(chunk)
-                pos += len(chunk)
-                self._throttle(len(chunk))
+            key = (path, st.st_ino, st.st_size)
+            self._in_progress.add(key)
+            try:
+                while pos < st.st_size:
+                    if self._stop.is_set():
+                        return pos, None, 0
+                    chunk = os.pread(fd, min(self._chunk, st.st_size - pos), pos)
+                    if not chunk:
+                        break
+                    parts.append(chunk)
+                    pos += len(chunk)
+                    self._throttle(len(chunk))
+            finally:
+                self._in_progress.discard(key)
+            self._seen.add(key)
             try:
                 verify_snapshot_bytes(b"".join(parts), sid, path)
             except CorruptSnapshotError as exc:

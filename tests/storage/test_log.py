@@ -415,3 +415,154 @@ def test_truncation_keeps_the_timeindex_consistent_with_a_log_written_without_th
     logger = RecordingLogger()
     open_log(a, segment_bytes_max=1 << 20, logger=logger).close()  # a clean open trusts it
     assert not logger.events("index_rebuilt")
+
+
+def _index_entries(path) -> list[int]:
+    raw = path.read_bytes()
+    return [int.from_bytes(raw[i:i + 4], "big") for i in range(0, len(raw), 8)]
+
+
+def _segment_max(path, base: int) -> tuple[int, int]:
+    """(largest batch max timestamp, relative last offset of its first batch) of a .log file."""
+    from storage.batch import iter_batches
+    best = (-1, 0)
+    for _pos, h in iter_batches(path.read_bytes()):
+        if h.max_timestamp_ms > best[0]:
+            best = (h.max_timestamp_ms, h.last_offset - base)
+    return best
+
+
+# 7 batches of 142 bytes per segment; with .index entries every 500 bytes
+# the last one is at batch 4 (relative offset 14). Segment 0 peaks at batch 6
+# (offsets 18..20), after it: its roll entry is (5000, 20). Segment 21 peaks
+# at batch 4, which is indexed: nothing to append at its roll.
+TIME_INTERVAL = 500
+_PEAK_STAMPS = [1000, 1001, 1002, 1003, 1004, 1005, 5000] + [2000, 2001, 2002, 2003, 2004, 1500, 1501] \
+    + [3000 + k for k in range(7)]
+
+
+def test_a_roll_appends_the_final_timeindex_entry_as_kafka_does(tmp_path):
+    """Kafka's onBecomeInactiveSegment: the sealed segment's .timeindex ends
+    with (largest timestamp, offset of its batch); the active one does not."""
+    log = open_log(tmp_path, index_interval_bytes=TIME_INTERVAL)
+    _append_with_timestamps(log, _PEAK_STAMPS)
+    assert log.segment_base_offsets == [0, 21, 42]
+    log.close()
+    for base in (0, 21):
+        entries = _time_entries(tmp_path / segment_file_name(base, ".timeindex"))
+        last_indexed = _index_entries(tmp_path / segment_file_name(base, ".index"))[-1]
+        assert entries[-1] == _segment_max(tmp_path / segment_file_name(base), base)
+        assert sum(r > last_indexed for _t, r in entries) <= 1
+    seg0 = _time_entries(tmp_path / segment_file_name(0, ".timeindex"))
+    assert seg0[-1] == (5000, 20)  # batch 6 holds offsets 18..20
+    assert seg0[-1][1] > _index_entries(tmp_path / segment_file_name(0, ".index"))[-1]
+    # Segment 21's largest timestamp was indexed already: nothing appended (Kafka's maybeAppend).
+    seg21 = _time_entries(tmp_path / segment_file_name(21, ".timeindex"))
+    assert seg21[-1][1] <= _index_entries(tmp_path / segment_file_name(21, ".index"))[-1]
+    # The active segment holds entries at its .index entries only.
+    active_index = _index_entries(tmp_path / segment_file_name(42, ".index"))
+    assert all(r <= (active_index[-1] if active_index else -1)
+               for _t, r in _time_entries(tmp_path / segment_file_name(42, ".timeindex")))
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_reopen_accepts_the_final_entry_and_a_full_verification_writes_the_same(tmp_path, clean):
+    """A clean open trusts the files (no index_rebuilt); after an unclean
+    stop every segment is verified and its .timeindex rewritten: the same
+    bytes, final entry included."""
+    log = open_log(tmp_path, index_interval_bytes=TIME_INTERVAL)
+    _append_with_timestamps(log, _PEAK_STAMPS)
+    log.close()
+    names = [segment_file_name(b, ".timeindex") for b in (0, 21, 42)]
+    before = [(tmp_path / n).read_bytes() for n in names]
+    if not clean:
+        (tmp_path / "recovery-point-offset-checkpoint").write_text("0\n1\n__cluster_metadata 0 0\n")
+        os.unlink(tmp_path / ".clean-shutdown")
+    logger = RecordingLogger()
+    reopened = open_log(tmp_path, logger=logger, index_interval_bytes=TIME_INTERVAL)
+    assert [(tmp_path / n).read_bytes() for n in names] == before
+    assert not logger.events("index_rebuilt")
+    if not clean:
+        assert logger.events("log_verified")[0]["from_offset"] == 0
+    _append_with_timestamps(reopened, [6000] * 8)  # rolls segment 42: its final entry is the new peak
+    reopened.close()
+    assert _time_entries(tmp_path / names[2])[-1] == _segment_max(tmp_path / segment_file_name(42), 42)
+
+
+@pytest.mark.parametrize("damage", ["final_timestamp_wrong", "final_offset_past_segment", "two_past_index",
+                                    "non_monotonic", "final_on_active"])
+def test_a_damaged_final_timeindex_entry_is_detected_and_rebuilt(tmp_path, damage):
+    """The one trailing entry is allowed, nothing else: a final entry that
+    does not match the data, names an offset outside the segment, a second
+    entry past the .index, timestamps out of order, or a trailing entry on
+    the active segment are each found at a clean open; the user sees one
+    index_rebuilt warning naming the segment and the file comes back as the
+    roll wrote it."""
+    log = open_log(tmp_path, index_interval_bytes=TIME_INTERVAL)
+    _append_with_timestamps(log, _PEAK_STAMPS)
+    log.close()
+    base = 42 if damage == "final_on_active" else 0
+    path = tmp_path / segment_file_name(base, ".timeindex")
+    good = path.read_bytes()
+    entries = _time_entries(path)
+
+    def pack(items):
+        return b"".join(t.to_bytes(8, "big", signed=True) + r.to_bytes(4, "big") for t, r in items)
+
+    if damage == "final_timestamp_wrong":
+        bad = entries[:-1] + [(entries[-1][0] + 1, entries[-1][1])]
+    elif damage == "final_offset_past_segment":
+        bad = entries[:-1] + [(entries[-1][0], 21)]  # segment 0 holds relative offsets 0..20
+    elif damage == "two_past_index":
+        bad = entries[:-1] + [(entries[-1][0] - 1, entries[-1][1] - 1), entries[-1]]
+    elif damage == "non_monotonic":
+        bad = [entries[1], entries[0]] + entries[2:]
+    else:
+        bad = entries + [(9999, 20)]  # past its last .index entry (14), inside the segment: still refused
+    path.write_bytes(pack(bad))
+    logger = RecordingLogger()
+    reopened = open_log(tmp_path, logger=logger, index_interval_bytes=TIME_INTERVAL)
+    if base == 0:  # a sealed segment: rebuilt by a full scan
+        assert [e["segment"] for e in logger.events("index_rebuilt")] == [
+            str(tmp_path / segment_file_name(0, ".index"))]
+    else:  # the last segment: recovered by a full scan, which rewrites its indexes
+        assert not logger.events("index_rebuilt")
+    reopened.close()
+    assert path.read_bytes() == good
+
+
+def test_a_segment_made_active_again_by_truncation_loses_its_final_entry(tmp_path):
+    """Truncating to a segment boundary re-opens the segment before it for
+    appends: its roll entry goes (an active segment has entries at .index
+    entries only), a later roll writes the new one, and a reopen accepts it."""
+    log = open_log(tmp_path, index_interval_bytes=TIME_INTERVAL)
+    _append_with_timestamps(log, _PEAK_STAMPS)
+    path = tmp_path / segment_file_name(0, ".timeindex")
+    assert _time_entries(path)[-1] == (5000, 20)
+    log.truncate_to(21)
+    assert log.segment_base_offsets == [0]
+    assert all(r <= _index_entries(tmp_path / segment_file_name(0, ".index"))[-1] for _t, r in _time_entries(path))
+    _append_with_timestamps(log, [7000] * 3)
+    assert _time_entries(path)[-1] == (5000, 20)  # sealed again: the final entry is back
+    log.close()
+    logger = RecordingLogger()
+    open_log(tmp_path, logger=logger, index_interval_bytes=TIME_INTERVAL).close()
+    assert not logger.events("index_rebuilt")
+
+
+def test_a_quarantine_of_the_next_segment_from_its_first_byte_unseals_the_one_before(tmp_path):
+    """Damage at byte 0 of segment 21: it and every later one are renamed
+    .corrupt, segment 0 is the active one again and loses its roll entry; a
+    clean reopen accepts what is left (no index_rebuilt)."""
+    from storage.errors import CorruptionReport
+    log = open_log(tmp_path, index_interval_bytes=TIME_INTERVAL)
+    _append_with_timestamps(log, _PEAK_STAMPS)
+    path = tmp_path / segment_file_name(0, ".timeindex")
+    assert _time_entries(path)[-1] == (5000, 20)
+    log.quarantine_from(CorruptionReport(str(tmp_path / segment_file_name(21)), 0, 21, 1, None, None, "test"))
+    assert log.segment_base_offsets == [0] and log.log_end_offset == 21
+    assert _time_entries(path) == [(1004, 14)]
+    log.close()
+    logger = RecordingLogger()
+    open_log(tmp_path, logger=logger, index_interval_bytes=TIME_INTERVAL).close()
+    assert not logger.events("index_rebuilt")

@@ -168,3 +168,147 @@ def test_no_false_reports_while_the_owner_truncates_rolls_and_deletes_concurrent
     assert found == [], found
     assert rounds > 10 and len(passes) > 10 and sum(p.skipped for p in passes) > 0
     log.close()
+
+
+def test_a_segment_sealed_after_start_is_read_at_the_roll_not_after_the_idle_wait(tmp_path):
+    """Nothing is sealed when the scrubber starts, so it goes idle for
+    idle_wait_ms (10 minutes here). Damage in the active segment is sealed by
+    a roll: the roll wakes the scrubber, which reports the damage (file, byte,
+    offset) within seconds -- only the wake-up can explain that."""
+    log = open_log(tmp_path)
+    append_batches(log, 5)  # all in segment 0, still active
+    assert log.segment_base_offsets == [0]
+    got = threading.Event()
+    found = []
+
+    def on_corruption(report):
+        found.append(report)
+        got.set()
+
+    scrubber = Scrubber(log, None, 1_000_000, on_corruption, idle_wait_ms=600_000)
+    scrubber.start()
+    try:
+        flip_bit(str(tmp_path / segment_file_name(0)), MID_BATCH_POS)
+        append_batches(log, 4)  # rolls: segment 0 is sealed
+        assert len(log.segment_base_offsets) == 2
+        assert got.wait(10), "the roll did not wake the scrubber"
+    finally:
+        scrubber.stop()
+        log.close()
+    (r,) = found
+    assert (r.path, r.position, r.base_offset) == (str(tmp_path / segment_file_name(0)), BATCH_BYTES, 3)
+    assert "CRC mismatch" in r.reason
+
+
+def test_a_new_snapshot_is_read_on_notify_and_an_unannounced_one_within_the_idle_wait(tmp_path):
+    """A snapshot written while the scrubber idles: notify() (the runtime
+    calls it for a created or installed snapshot) has it read at once; one
+    nothing announced is found when the idle wait (200 ms here) runs out.
+    Both reports name the snapshot file."""
+    for idle_wait_ms, announce in ((600_000, True), (200, False)):
+        d = tmp_path / f"{idle_wait_ms}"
+        log = open_log(d / "log")
+        store = SnapshotStore(str(d / "snap"))
+        got = threading.Event()
+        found = []
+
+        def on_corruption(report, found=found, got=got):
+            found.append(report)
+            got.set()
+
+        scrubber = Scrubber(log, store, 1_000_000, on_corruption, idle_wait_ms=idle_wait_ms)
+        scrubber.start()
+        try:
+            path, size, _ = SnapshotWriter(store.directory, SnapshotId(10, 2), 0).write_all(
+                [bytes([i]) * 50 for i in range(20)])
+            flip_bit(path, size // 2)
+            if announce:
+                scrubber.notify()
+            assert got.wait(10), f"not found (idle_wait_ms={idle_wait_ms}, notify={announce})"
+        finally:
+            scrubber.stop()
+            log.close()
+        assert [r.path for r in found] == [path] and "CRC mismatch" in found[0].reason
+
+
+def test_new_files_are_read_once_per_wake_up_not_again(log):
+    """scrub_new reads only what it has not read since the file appeared: a
+    second call reads nothing; a roll adds exactly the newly sealed segment."""
+    s = Scrubber(log, None, 0, lambda r: None)
+    first = s.scrub_new()
+    assert first.segments == 2 and first.bytes_read == 14 * BATCH_BYTES
+    assert s.scrub_new().bytes_read == 0
+    append_batches(log, 8)  # seals segment 42
+    third = s.scrub_new()
+    assert third.segments == 1 and third.bytes_read == 7 * BATCH_BYTES
+
+
+def test_idle_wait_must_be_positive(log):
+    with pytest.raises(ValueError, match="idle_wait_ms must be positive, got 0"):
+        Scrubber(log, None, 1000, lambda r: None, idle_wait_ms=0)
+
+
+def test_after_a_wake_up_full_passes_resume_so_later_damage_is_found(tmp_path):
+    """Started idle (nothing sealed, idle wait 10 minutes); a roll seals a
+    clean segment, which the wake-up reads; a bit flipped in it afterwards is
+    found by the full passes that follow (a pause of about a second), not
+    after the idle wait."""
+    log = open_log(tmp_path)
+    append_batches(log, 5)
+    metrics = BrokerMetrics(1)
+    got = threading.Event()
+    found = []
+
+    def on_corruption(report):
+        found.append(report)
+        got.set()
+
+    scrubber = Scrubber(log, None, 1_000_000, on_corruption, metrics=metrics, idle_wait_ms=600_000)
+    scrubber.start()
+    try:
+        append_batches(log, 4)  # rolls: segment 0 (7 batches) sealed
+        sealed_bytes = 7 * BATCH_BYTES
+        deadline = time.monotonic() + 10
+        while sample(metrics, "metalog_scrub_bytes_total") < sealed_bytes:
+            assert time.monotonic() < deadline, "the wake-up did not read the sealed segment"
+            got.wait(0.01)
+        assert found == []
+        flip_bit(str(tmp_path / segment_file_name(0)), MID_BATCH_POS)
+        assert got.wait(15), "a full pass did not follow the wake-up"
+    finally:
+        scrubber.stop()
+        log.close()
+    assert [(r.position, r.base_offset) for r in found] == [(BATCH_BYTES, 3)]
+
+
+def test_a_segment_sealed_during_a_slow_pass_is_read_at_the_next_chunk_not_after_the_file(tmp_path):
+    """A rate-limited pass is in the middle of segment 0 (one batch per
+    chunk, 1000 bytes/s) when a roll seals segment 21, whose second batch
+    is damaged. The scrubber reads the new segment at its next chunk: the
+    report comes while segment 0 is still unfinished (fewer bytes counted
+    than segment 0 plus the two chunks that reach the damage)."""
+    log = open_log(tmp_path)
+    append_batches(log, 10)  # segment 0 sealed (7 batches), 21 active with 3
+    metrics = BrokerMetrics(1)
+    got = threading.Event()
+    at_report: list[float] = []
+
+    def on_corruption(report):
+        at_report.append(sample(metrics, "metalog_scrub_bytes_total"))
+        got.set()
+
+    scrubber = Scrubber(log, None, 1000, on_corruption, metrics=metrics, chunk_bytes=BATCH_BYTES,
+                        idle_wait_ms=600_000)
+    scrubber.start()
+    try:
+        deadline = time.monotonic() + 10
+        while sample(metrics, "metalog_scrub_bytes_total") < BATCH_BYTES:  # the pass has begun
+            assert time.monotonic() < deadline, "the first pass did not start"
+            got.wait(0.01)
+        flip_bit(str(tmp_path / segment_file_name(21)), MID_BATCH_POS)
+        append_batches(log, 5)  # rolls: 21 sealed with its damage
+        assert got.wait(15), "the damage in the newly sealed segment was not reported"
+    finally:
+        scrubber.stop()
+        log.close()
+    assert at_report[0] < 7 * BATCH_BYTES + 2 * BATCH_BYTES, at_report
