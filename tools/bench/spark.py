@@ -121,6 +121,7 @@ class TreeCpu:
     def __init__(self, interval_s: float = 0.5) -> None:
         self.interval_s = interval_s
         self.cpu_by_pid: dict[int, float] = {}
+        self.name_by_pid: dict[int, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tree-cpu", daemon=True)
         self.tick_s = 1 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
@@ -139,6 +140,7 @@ class TreeCpu:
                 continue
             fields = stat[stat.rindex(")") + 2:].split()  # after "(comm)": state, ppid, ...
             parents[int(name)] = int(fields[1])
+            self.name_by_pid[int(name)] = stat[stat.index("(") + 1:stat.rindex(")")]  # after exec: java
             cpu[int(name)] = (int(fields[11]) + int(fields[12])) * self.tick_s  # utime + stime
         ours = {os.getpid()}
         grew = True
@@ -158,7 +160,7 @@ class TreeCpu:
     def __enter__(self) -> "TreeCpu":
         if self.available:
             self._sample()
-            self.base_s = sum(self.cpu_by_pid.values())
+            self.base_by_pid = dict(self.cpu_by_pid)  # what this process had spent before the job
             self._thread.start()
         return self
 
@@ -168,9 +170,20 @@ class TreeCpu:
             self._thread.join()
             self._sample()
 
+    def by_name(self) -> dict[str, float]:
+        """CPU seconds per process name (java: the JVM; python: the driver,
+        Spark's Python daemon and its workers)."""
+        out: dict[str, float] = {}
+        for pid, sec in self.cpu_by_pid.items():
+            name = self.name_by_pid.get(pid, "?")
+            out[name] = round(out.get(name, 0.0) + sec - self.base_by_pid.get(pid, 0.0), 1)
+        return out
+
     @property
     def seconds(self) -> float | None:
-        return round(sum(self.cpu_by_pid.values()) - self.base_s, 1) if self.available else None
+        if not self.available:
+            return None
+        return round(sum(self.cpu_by_pid.values()) - sum(self.base_by_pid.values()), 1)
 
 
 def main() -> int:
@@ -226,6 +239,7 @@ def main() -> int:
         "read_vote_replay_records_per_s": spark_rate,
         "stages_s": stages,
         "job_cpu_seconds": cpu.seconds,
+        "job_cpu_seconds_by_process": cpu.by_name() if cpu.available else None,
         "cpu_us_per_record": round(cpu.seconds / args.records * 1e6, 1) if cpu.seconds else None,
         "job_wall_seconds": round(wall, 1),
         "end_to_end_records_per_s": round(args.records / wall),
