@@ -25,7 +25,8 @@ Plan (details in docs/spark.md):
    first offset where it differs from the majority, and on which side of the
    HW it lies.
 4. Replay (``tools.spark.fold``): committed data records keyed by entity,
-   folded per key with grouped ``applyInArrow``; topic lifecycle and broker status
+   hash-partitioned and sorted by key in one shuffle, each partition's runs
+   of one key folded by one ``mapInArrow`` call; topic lifecycle and broker status
    timelines are small side tables broadcast to the partition/config folds.
 5. The state at the HW is streamed to the driver in ``to_records()`` order and
    written with ``storage.snapshot.SnapshotWriter``: the broker's format and
