@@ -233,6 +233,7 @@ def _make_fold_fn(cuts, tables_bc):
         out: list[dict] = []
         cur_kind = cur_key = None
         recs: list = []
+        folded: set[tuple[str, str]] = set()  # keys whose run has ended
         for rb in batches:
             kinds = rb.column("kind").to_pylist()
             keys = rb.column("key").to_pylist()
@@ -242,7 +243,10 @@ def _make_fold_fn(cuts, tables_bc):
                 if key != cur_key or kind != cur_kind:
                     if recs:
                         out += _fold_group(cur_kind, cur_key, recs, cuts, tables)
+                        folded.add((cur_kind, cur_key))
                         recs = []
+                    # A key folded twice would emit two partial states for one entity.
+                    assert (kind, key) not in folded, f"key {kind}/{key!r} not contiguous in its partition"
                     cur_kind, cur_key = kind, key
                 recs.append((offset, value))
             if len(out) >= FOLD_ROWS_PER_BATCH:
