@@ -841,13 +841,17 @@ class Replay:
         self.progress.set_phase("replay: topic directory and broker folds")
         stage_a = _fold_stage(keyed.filter(f.col("kind").isin(F.K_TOPICS, F.K_BROKER)), cuts, None)
         stage_a.persist(StorageLevel.MEMORY_AND_DISK)
-        side = stage_a.filter(f.col("rowtype").isin("interval", "change")).collect()
-        intervals = [F.TopicInterval(x["s1"], x["name"], x["offset"], x["a"])
-                     for x in side if x["rowtype"] == "interval"]
-        changes = [F.BrokerChange(x["n1"], x["offset"], x["b1"], x["b2"], x["b3"])
-                   for x in side if x["rowtype"] == "change"]
+        # One row per broker record (5% of the bench log: 500k rows at 10M): fetched
+        # as Arrow columns, not as a Row object per row.
+        side = (stage_a.filter(f.col("rowtype").isin("interval", "change"))
+                .select("rowtype", "s1", "name", "offset", "a", "n1", "b1", "b2", "b3").toArrow())
+        c = {n: side.column(n).to_pylist() for n in side.column_names}
+        intervals = [F.TopicInterval(s1, name, offset, a) for rowtype, s1, name, offset, a in
+                     zip(c["rowtype"], c["s1"], c["name"], c["offset"], c["a"]) if rowtype == "interval"]
+        changes = [F.BrokerChange(n1, offset, b1, b2, b3) for rowtype, n1, offset, b1, b2, b3 in
+                   zip(c["rowtype"], c["n1"], c["offset"], c["b1"], c["b2"], c["b3"]) if rowtype == "change"]
         tables = spark.sparkContext.broadcast((F.topic_table(intervals), F.broker_table(changes)))
-        self.side_rows = len(side)
+        self.side_rows = side.num_rows
         t = lap(report, "fold_topics_brokers", t)
 
         self.progress.set_phase("replay: partition, config and feature folds")
