@@ -10,7 +10,12 @@ count matches): 100 brokers, 1000 topics x 10 partitions, then a stream of
 mostly PartitionChange and Config records with broker fences/unfences mixed
 in (each fence is an upgraded old log's FenceBrokerImplicit, which expands to
 the partitions it leads or is in-sync for, as every fence did before format 3). Then
-runs ``metalog spark snapshot`` on it and prints the figures.
+runs ``metalog spark snapshot`` on it and prints the figures: the job's
+stages (report.json's ``stages_s``), the Spark rate over read + vote +
+replay + checkpoint beside the broker's own replay rate of the same log in
+the same run, and the CPU seconds of every process of the job (the JVM and
+the Python workers, from /proc: on a shared machine the wall clock mostly
+measures the neighbours).
 """
 
 from __future__ import annotations
