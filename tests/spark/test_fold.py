@@ -101,3 +101,31 @@ def test_acl_fold_follows_the_controller_rules():
     mid, _ = fold.state_from_rows(by_cut[5], 5)
     assert mid.acls == {}
     _check(values, [1, 2, 5, 7])
+
+
+def test_partition_change_keyed_from_its_head_and_invalid_if_the_rest_is_broken():
+    """key_of reads a PartitionChange's key from its first body bytes without
+    decoding it; when the rest does not decode, the partition fold counts it
+    invalid, so the state and the invalid count are still the controller's."""
+    tid = "00000000-0000-4000-8000-000000000007"
+    good = r.encode_record(r.PartitionChange(tid, 2, (1, 2), 2, None))
+    trailing = good + b"\x00"  # a byte after the body
+    cut_short = good[:-2]  # ends inside the tagged fields
+    for broken in (trailing, cut_short):
+        try:
+            r.decode_record(broken)
+        except r.MetadataRecordError:
+            pass
+        else:
+            raise AssertionError(f"{broken.hex()} decodes: not a broken record")
+        assert fold.key_of(broken) == (fold.K_PARTITION, f"{tid}\x002")
+    values = [r.encode_record(r.RegisterBroker(b, f"00000000-0000-4000-8000-{b:012d}", 1,
+                                               (r.Endpoint("PLAINTEXT", "h", 9092),), None, False))
+              for b in (1, 2, 3)]
+    values += [r.encode_record(r.Topic("t", tid)),
+               r.encode_record(r.Partition(tid, 2, (1, 2, 3), (1, 2, 3), 1)),
+               trailing, good, cut_short,
+               r.encode_record(r.PartitionChange(tid, 2, None, 1, None))]
+    _check(values, [9, 11, 13, 100])
+    by_cut, invalid = fold.replay_sequential([(i * 2 + 1, v) for i, v in enumerate(values)], [100])
+    assert invalid == 2

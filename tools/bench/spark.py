@@ -10,7 +10,12 @@ count matches): 100 brokers, 1000 topics x 10 partitions, then a stream of
 mostly PartitionChange and Config records with broker fences/unfences mixed
 in (each fence is an upgraded old log's FenceBrokerImplicit, which expands to
 the partitions it leads or is in-sync for, as every fence did before format 3). Then
-runs ``metalog spark snapshot`` on it and prints the figures.
+runs ``metalog spark snapshot`` on it and prints the figures: the job's
+stages (report.json's ``stages_s``), the Spark rate over read + vote +
+replay + checkpoint beside the broker's own replay rate of the same log in
+the same run, and the CPU seconds of every process of the job (the JVM and
+the Python workers, from /proc: on a shared machine the wall clock mostly
+measures the neighbours).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import random
 import shutil
 import sys
 import tempfile
+import threading
 import time
 
 from broker.controller import Controller
@@ -111,6 +117,80 @@ def broker_replay(data_dir: str, records_max: int) -> tuple[int, float]:
     return applied, elapsed
 
 
+class TreeCpu:
+    """CPU seconds of this process and every descendant (the JVM, Spark's
+    Python daemon and workers), from Linux's /proc, sampled every
+    interval_s while the job runs: a worker that exits between two samples
+    loses at most one interval. None where /proc is not there."""
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        self.interval_s = interval_s
+        self.cpu_by_pid: dict[int, float] = {}
+        self.name_by_pid: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tree-cpu", daemon=True)
+        self.tick_s = 1 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+        self.available = os.path.exists("/proc/self/stat")
+
+    def _sample(self) -> None:
+        parents: dict[int, int] = {}
+        cpu: dict[int, float] = {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat") as fh:
+                    stat = fh.read()
+            except OSError:  # exited since the listing
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()  # after "(comm)": state, ppid, ...
+            parents[int(name)] = int(fields[1])
+            self.name_by_pid[int(name)] = stat[stat.index("(") + 1:stat.rindex(")")]  # after exec: java
+            cpu[int(name)] = (int(fields[11]) + int(fields[12])) * self.tick_s  # utime + stime
+        ours = {os.getpid()}
+        grew = True
+        while grew:
+            grew = False
+            for pid, ppid in parents.items():
+                if ppid in ours and pid not in ours:
+                    ours.add(pid)
+                    grew = True
+        for pid in ours:
+            self.cpu_by_pid[pid] = max(self.cpu_by_pid.get(pid, 0.0), cpu.get(pid, 0.0))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> "TreeCpu":
+        if self.available:
+            self._sample()
+            self.base_by_pid = dict(self.cpu_by_pid)  # what this process had spent before the job
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.available:
+            self._stop.set()
+            self._thread.join()
+            self._sample()
+
+    def by_name(self) -> dict[str, float]:
+        """CPU seconds per process name (java: the JVM; python: the driver,
+        Spark's Python daemon and its workers)."""
+        out: dict[str, float] = {}
+        for pid, sec in self.cpu_by_pid.items():
+            name = self.name_by_pid.get(pid, "?")
+            out[name] = round(out.get(name, 0.0) + sec - self.base_by_pid.get(pid, 0.0), 1)
+        return out
+
+    @property
+    def seconds(self) -> float | None:
+        if not self.available:
+            return None
+        return round(sum(self.cpu_by_pid.values()) - sum(self.base_by_pid.values()), 1)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=10_000_000)
@@ -137,15 +217,23 @@ def main() -> int:
           f"{broker_s:.1f} s = {broker_n / broker_s:,.0f} records/s", file=sys.stderr)
     out = os.path.join(base, "out")
     t0 = time.monotonic()
-    code = spark_job.main(["snapshot", data_dir, "--out", out, "--master", args.master,
-                           "--shuffle-partitions", str(args.shuffle_partitions)]
-                          + ([] if args.tables else ["--no-tables"]))
+    with TreeCpu() as cpu:
+        code = spark_job.main(["snapshot", data_dir, "--out", out, "--master", args.master,
+                               "--shuffle-partitions", str(args.shuffle_partitions)]
+                              + ([] if args.tables else ["--no-tables"]))
     wall = time.monotonic() - t0
     rep = json.load(open(os.path.join(out, "report.json")))
     replay = rep.get("replay", {})
     read = rep.get("read", {})
     vote_s = rep.get("vote", {}).get("seconds")
     after_start = (read.get("seconds") or 0) + (vote_s or 0) + (replay.get("seconds") or 0)
+    stages = rep.get("stages_s", {})
+    spark_rate = round(args.records / after_start) if after_start else None
+    broker_rate = round(broker_n / broker_s)
+    print("stages (s): " + ", ".join(f"{k} {v}" for k, v in stages.items()), file=sys.stderr)
+    print(f"spark {args.master}: {spark_rate:,} records/s (read, vote, replay, checkpoint) beside the "
+          f"broker's own replay: {broker_rate:,} records/s (one process); job CPU {cpu.seconds} s "
+          f"(all processes) for {args.records:,} records", file=sys.stderr)
     print(json.dumps({
         "records": args.records, "master": args.master, "exit_code": code, "tables": args.tables,
         "read_decode_seconds": read.get("seconds"), "read_records_per_s": read.get("records_per_s"),
@@ -153,11 +241,15 @@ def main() -> int:
         "replay_records": replay.get("records"), "replay_seconds": replay.get("seconds"),
         "replay_records_per_s": replay.get("records_per_s"),
         "read_vote_replay_seconds": round(after_start, 1),
-        "read_vote_replay_records_per_s": round(args.records / after_start) if after_start else None,
+        "read_vote_replay_records_per_s": spark_rate,
+        "stages_s": stages,
+        "job_cpu_seconds": cpu.seconds,
+        "job_cpu_seconds_by_process": cpu.by_name() if cpu.available else None,
+        "cpu_us_per_record": round(cpu.seconds / args.records * 1e6, 1) if cpu.seconds else None,
         "job_wall_seconds": round(wall, 1),
         "end_to_end_records_per_s": round(args.records / wall),
         "broker_replay_records": broker_n, "broker_replay_seconds": round(broker_s, 2),
-        "broker_replay_records_per_s": round(broker_n / broker_s),
+        "broker_replay_records_per_s": broker_rate,
         "snapshot_records": rep.get("snapshot", {}).get("records"),
     }, indent=2))
     return code

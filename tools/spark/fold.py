@@ -44,6 +44,7 @@ shuffle; tests compare it (and the Spark job) with ControllerState.
 from __future__ import annotations
 
 import bisect
+import struct
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
@@ -74,8 +75,25 @@ SEC_UNMODELLED = 99  # a Kafka record type in a snapshot that we do not model: l
 _SEP = "\x00"
 
 
+# Frame prefixes (frame version, api key, record version) of PartitionChange, the
+# bulk of a metadata log: every version's body starts PartitionId int32, TopicId
+# uuid, so its key is read from those 20 bytes without decoding the record.
+_PARTITION_CHANGE_PREFIXES = frozenset(
+    bytes((r.FRAME_VERSION, r.encode_record(r.PartitionChange(
+        "00000000-0000-0000-0000-000000000000", 0, None, 0, None))[1], v)) for v in (0, 1, 2))
+_PID_UUID = struct.Struct(">i16s")
+_PID_UUID_END = 3 + _PID_UUID.size
+
+
 def key_of(value: bytes) -> tuple[str, str]:
-    """(kind, key) of one record value; the key names the entity it changes."""
+    """(kind, key) of one record value; the key names the entity it changes.
+
+    A PartitionChange is keyed from its first 20 body bytes alone: the
+    partition fold decodes it in full and counts it invalid if it does not
+    decode (as it would have been counted here), so the totals are the same."""
+    if value[:3] in _PARTITION_CHANGE_PREFIXES and len(value) >= _PID_UUID_END:
+        pid, raw_tid = _PID_UUID.unpack_from(value, 3)
+        return K_PARTITION, f"{r.uuid_text(raw_tid)}{_SEP}{pid}"
     try:
         rec = r.decode_record(value)
     except r.MetadataRecordError:
@@ -323,7 +341,14 @@ def fold_partition(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequenc
     limit = cuts[-1] if cuts else 1 << 62
     decode = r.decode_record
     # Records first, then removals, at distinct offsets: (offset, record or None = removal).
-    events = [(offset, decode(value)) for offset, value in records]
+    # key_of keys a PartitionChange by its first bytes: one that does not decode is invalid here.
+    events = []
+    undecodable = 0
+    for offset, value in records:
+        try:
+            events.append((offset, decode(value)))
+        except r.MetadataRecordError:
+            undecodable += 1
     events.extend((o, None) for o in topics.id_removals(tid) if o < limit)
     events.sort(key=lambda e: e[0])
     fences = brokers.fences
@@ -333,7 +358,7 @@ def fold_partition(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequenc
 
     cur: r.Partition | None = None
     states: list[StateRow] = []
-    invalid = 0
+    invalid = undecodable
 
     def emit(cut: int) -> None:
         if cur is not None:
