@@ -587,6 +587,10 @@ def format_table(report: dict) -> str:
         f = report["failover"]
         lines.append(f"failover: {f['kills']} kill -9 of the leader, next commit after p50 {f['p50_ms']} ms, "
                      f"p99 {f['p99_ms']} ms (min {f['min_ms']}, max {f['max_ms']})")
+    if "scale" in report:
+        from tools.bench import catchup as scale_catchup  # imports this module
+
+        lines.append(scale_catchup.format_report(report["scale"]))
     if "catchup" in report:
         c = report["catchup"]
         lines.append(f"catch-up of {c['by_log']['records']} records: by log {c['by_log']['catchup_seconds']} s, "
@@ -602,17 +606,24 @@ SMOKE = dict(clients=50, duration_s=2.0, warmup_s=0.5, light_duration_s=1.0, fai
              catchup_records=2000, catchup_keys=50, rounds=1)
 
 
+SCALE_SECTIONS = {"scale-catchup": "catchup", "scale-commit": "commit"}  # --only name: tools.bench.catchup's
+
+
 def cmd_bench(args) -> int:
+    if args.scale:
+        from tools.bench import scale  # imports this module
+
+        return scale.cmd_scale(args)
     if args.smoke:
         for k, v in SMOKE.items():
             if getattr(args, k) == _DEFAULTS[k]:
                 setattr(args, k, v)
     sections = [s.strip() for s in args.only.split(",")] if args.only else ["throughput", "light", "failover",
                                                                            "catchup"]
-    unknown = set(sections) - {"throughput", "light", "failover", "catchup", "profile"}
+    unknown = set(sections) - {"throughput", "light", "failover", "catchup", "profile", *SCALE_SECTIONS}
     if unknown:
         print(f"metalog bench: unknown section(s) {sorted(unknown)}; choose from throughput, light, failover, "
-              f"catchup, profile", file=sys.stderr)
+              f"catchup, profile, scale-catchup, scale-commit", file=sys.stderr)
         return 2
     report: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(),
                               "vs": args.vs, "argv": sys.argv[1:],
@@ -639,6 +650,12 @@ def cmd_bench(args) -> int:
             bench_catchup(args, root, report)
         if args.profile_commit or "profile" in sections:
             bench_profile_commit(args, root, report)
+        scale_sections = [SCALE_SECTIONS[s] for s in sections if s in SCALE_SECTIONS]
+        if scale_sections:
+            from tools.bench import catchup as scale_catchup  # imports this module
+
+            report["scale"] = scale_catchup.run(args.scale_partitions or scale_catchup.DEFAULT_PARTITIONS,
+                                                scale_sections, root=os.path.join(root, "scale"), keep=True)
     finally:
         if not args.keep and not args.dir:
             shutil.rmtree(root, ignore_errors=True)
@@ -668,7 +685,8 @@ def register_cli(subparsers) -> None:
     p = subparsers.add_parser("bench", help="throughput, latency, failover and catch-up benchmarks "
                                             "(optionally against etcd)")
     d = _DEFAULTS
-    p.add_argument("--only", help="comma list of sections: throughput,light,failover,catchup (default all)")
+    p.add_argument("--only", help="comma list of sections: throughput,light,failover,catchup (default all); "
+                                  "also profile, scale-catchup, scale-commit (tools.bench.catchup)")
     p.add_argument("--vs", choices=["etcd"], help="also run the load sections against a 3-member etcd cluster")
     p.add_argument("--clients", type=int, default=d["clients"], help="concurrent logical clients (throughput)")
     p.add_argument("--duration-s", type=float, default=d["duration_s"], help="measured window per run")
@@ -687,6 +705,18 @@ def register_cli(subparsers) -> None:
                    help="also run one client against brokers that record commit-path timestamps and print where "
                         "the time of a commit goes, stage by stage (p50/p99)")
     p.add_argument("--smoke", action="store_true", help="tiny CI mode: must work, not be fast")
+    p.add_argument("--scale", action="store_true",
+                   help="issue 19's scale goals: tools.bench.snapshot plus the real-process catch-up and "
+                        "commit-during-snapshot benches at --scale-partitions; writes the figures table into "
+                        "--scale-docs")
+    p.add_argument("--scale-partitions", type=int, default=None,
+                   help="state size of --scale (default 2000000) and of --only scale-catchup,scale-commit "
+                        "(default 200000)")
+    p.add_argument("--scale-docs", default=None,
+                   help="with --scale: the docs file whose marked section gets the table (default docs/bench.md; "
+                        "'' to write none)")
+    p.add_argument("--scale-note", default=None, help="with --scale: the note above the table (default: says the "
+                                                      "machine was loaded)")
     p.add_argument("--plaintext", action="store_true",
                    help="also run metalog in PLAINTEXT (insecure) mode, to show TLS's cost (on with --vs etcd)")
     p.add_argument("--json", help="write the JSON report here")
