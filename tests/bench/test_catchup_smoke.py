@@ -45,3 +45,30 @@ def test_catchup_and_commit_sections_on_a_tiny_state(tmp_path):
     assert 0 < commit["idle"]["samples"] <= 500 - 100
     assert commit["generation_window_seconds"] >= 0
     assert catchup.format_report(rep).count("\n") >= 8
+
+
+def test_metalog_bench_only_scale_catchup_runs_the_cluster_bench(tmp_path, capsys):
+    """`metalog bench --only scale-catchup` reaches tools.bench.catchup at
+    --scale-partitions and prints its report under the usual table."""
+    import json
+
+    from tools.cli import main as metalog_main
+
+    out = tmp_path / "report.json"
+    rc = metalog_main(["bench", "--only", "scale-catchup", "--scale-partitions", "3000", "--dir",
+                       str(tmp_path / "clusters"), "--json", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert set(report["scale"]) == {"workload", "catchup"}  # commit was not asked for
+    assert report["scale"]["workload"]["partitions"] == 3000
+    assert report["scale"]["catchup"]["by_snapshot"]["snapshot_bytes"] > 0
+    assert "by log / by snapshot:" in capsys.readouterr().out
+
+
+def test_an_unknown_section_names_the_scale_sections(capsys):
+    """A typo in --only: exit 2 and the list of sections, the scale ones included."""
+    from tools.cli import main as metalog_main
+
+    assert metalog_main(["bench", "--only", "scale-catchpu"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown section(s) ['scale-catchpu']" in err and "scale-catchup, scale-commit" in err

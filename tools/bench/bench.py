@@ -51,9 +51,8 @@ from storage import metadata_records
 from tools.bench import commit_profile
 from tools.bench import etcd as bench_etcd
 from tools.bench.etcd import EtcdPutter
+from tools.bench.common import CLUSTER_ID, latency_summary_ms, metalog_cluster, percentile  # noqa: F401 (bench.X)
 from tools.cluster.launcher import REPO_ROOT, LocalCluster
-
-CLUSTER_ID = "metalog-bench"
 
 
 def _uvloop_run(coro):
@@ -62,24 +61,6 @@ def _uvloop_run(coro):
     import uvloop
 
     return uvloop.run(coro)
-
-
-# ------------------------------------------------------------------ stats
-def percentile(sorted_values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile of an ascending list (q in 0..100)."""
-    if not sorted_values:
-        return None
-    rank = max(1, -(-len(sorted_values) * q // 100))  # ceil
-    return sorted_values[int(min(rank, len(sorted_values))) - 1]
-
-
-def latency_summary_ms(latencies_us: list[int]) -> dict[str, Any]:
-    vals = sorted(latencies_us)
-    out: dict[str, Any] = {"samples": len(vals)}
-    for name, q in (("p50_ms", 50), ("p99_ms", 99), ("p99_9_ms", 99.9), ("max_ms", 100)):
-        v = percentile(vals, q)
-        out[name] = None if v is None else round(v / 1000, 3)
-    return out
 
 
 # ------------------------------------------------------------------ load worker (a separate process)
@@ -287,16 +268,6 @@ def _start_together(children: list[subprocess.Popen], out_dir: str) -> None:
 
 
 # ------------------------------------------------------------------ clusters
-def metalog_cluster(root: str, voters: int = 3, observers: int = 0, insecure: bool = False,
-                    cert_dir: str | None = None, **common) -> LocalCluster:
-    """Mutual TLS unless `insecure`; `cert_dir` shares one CA across the run (etcd's too)."""
-    cluster = LocalCluster.create(root, voters=voters, observers=observers, cluster_id=CLUSTER_ID,
-                                  common={"log_level": "warning", **common}, insecure=insecure)
-    if cert_dir:
-        cluster.cert_dir = cert_dir
-    return cluster
-
-
 def _start(cluster: LocalCluster, nodes: list[int] | None = None) -> None:
     cluster.start(nodes)
     cluster.wait_for_leader(timeout_s=30)

@@ -51,7 +51,7 @@ from protocol.messages import SnapshotId
 from storage import batch as b
 from storage.log import SegmentedLog
 from storage.snapshot import PART_SUFFIX, SnapshotStore
-from tools.bench.bench import CLUSTER_ID, latency_summary_ms, metalog_cluster
+from tools.bench.common import CLUSTER_ID, latency_summary_ms, metalog_cluster
 from tools.bench.snapshot import build_log
 from tools.cluster.launcher import LocalCluster
 
