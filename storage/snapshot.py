@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import structlog
 
@@ -298,15 +299,21 @@ READ_BLOCK_BYTES = 4 << 20
 
 
 def verify_snapshot_fd(fd: int, snapshot_id: SnapshotId, path: str,
-                       block_bytes: int = READ_BLOCK_BYTES) -> SnapshotLayout:
+                       block_bytes: int = READ_BLOCK_BYTES, on_read: Callable[[int], None] | None = None,
+                       stop: threading.Event | None = None) -> SnapshotLayout | None:
     """verify_snapshot_bytes on an open file, read block by block (os.pread:
     the fd's offset is not used) instead of whole: a 150 MB snapshot used to
-    be held in RAM whole for its check, on top of the state it holds."""
+    be held in RAM whole for its check, on top of the state it holds.
+
+    on_read(n) after each read of n bytes (the scrubber's rate limit); None
+    is returned only if `stop` is set before the check is done."""
     assert block_bytes > 0, block_bytes
     check = _SnapshotCheck(snapshot_id, path)
     buf = bytearray(block_bytes)  # one buffer, reused: its bytes [0, filled) are the file's from `base`
     base = filled = 0
     while True:
+        if stop is not None and stop.is_set():
+            return None
         if filled == len(buf):
             # One batch longer than the buffer (batch headers bound it to
             # MAX_BATCH_BYTES): make room for it.
@@ -315,6 +322,8 @@ def verify_snapshot_fd(fd: int, snapshot_id: SnapshotId, path: str,
             n = os.preadv(fd, [mv[filled:]], base + filled)
         if n == 0:
             break
+        if on_read is not None:
+            on_read(n)
         filled += n
         end = 0
         view = memoryview(buf)
@@ -335,9 +344,11 @@ def verify_snapshot_fd(fd: int, snapshot_id: SnapshotId, path: str,
 def verify_snapshot_file(path: str, snapshot_id: SnapshotId) -> SnapshotLayout:
     fd = os.open(path, os.O_RDONLY)
     try:
-        return verify_snapshot_fd(fd, snapshot_id, path)
+        layout = verify_snapshot_fd(fd, snapshot_id, path)
     finally:
         os.close(fd)
+    assert layout is not None, "no stop event, yet the check stopped"
+    return layout
 
 
 def verify_snapshot(path: str) -> tuple[SnapshotId, SnapshotLayout]:
@@ -555,7 +566,7 @@ class SnapshotStore:
             ident = (st.st_ino, size, st.st_mtime_ns)
             if position == 0 or self._verified.get(snapshot_id) != ident:
                 # Raises CorruptSnapshotError: never serve a damaged snapshot.
-                verify_snapshot_fd(fd, snapshot_id, self.path(snapshot_id))
+                verify_snapshot_fd(fd, snapshot_id, self.path(snapshot_id))  # no stop: never None
                 self._verified[snapshot_id] = ident
             return os.pread(fd, max(0, min(max_bytes, size - position)), position)
         finally:
