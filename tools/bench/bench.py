@@ -559,7 +559,7 @@ def format_table(report: dict) -> str:
         lines.append(f"failover: {f['kills']} kill -9 of the leader, next commit after p50 {f['p50_ms']} ms, "
                      f"p99 {f['p99_ms']} ms (min {f['min_ms']}, max {f['max_ms']})")
     if "scale" in report:
-        from tools.bench import catchup as scale_catchup  # on use, as scale above
+        from tools.bench import catchup as scale_catchup  # on use: every metalog command imports this module
 
         lines.append(scale_catchup.format_report(report["scale"]))
     if "catchup" in report:
@@ -623,7 +623,7 @@ def cmd_bench(args) -> int:
             bench_profile_commit(args, root, report)
         scale_sections = [SCALE_SECTIONS[s] for s in sections if s in SCALE_SECTIONS]
         if scale_sections:
-            from tools.bench import catchup as scale_catchup  # on use, as scale above
+            from tools.bench import catchup as scale_catchup  # on use: every metalog command imports this module
 
             report["scale"] = scale_catchup.run(args.scale_partitions or scale_catchup.DEFAULT_PARTITIONS,
                                                 scale_sections, root=os.path.join(root, "scale"), keep=True)
