@@ -11,7 +11,7 @@ same sealed segment, with the same size, counts.
 
 Each batch is checked as at open: header, length, magic, CRC-32C, contiguous
 offsets from the segment's base to the next segment's base, monotonic epochs.
-Snapshots are verified whole (storage.snapshot.verify_snapshot_bytes).
+Snapshots are verified whole, a chunk at a time (storage.snapshot.verify_snapshot_fd).
 
 Found corruption goes to ``on_corruption(report)`` ON THE SCRUBBER THREAD: the
 runtime hands it to the event loop (``loop.call_soon_threadsafe``).
@@ -39,7 +39,7 @@ import structlog
 from storage import batch as B
 from storage.errors import CorruptionReport
 from storage.log import SegmentRef, SegmentedLog, corruption_report_at
-from storage.snapshot import CorruptSnapshotError, SnapshotStore, verify_snapshot_bytes
+from storage.snapshot import CorruptSnapshotError, SnapshotStore, verify_snapshot_fd
 
 DEFAULT_CHUNK_BYTES = 1 << 20  # one pread; the rate limiter waits between them
 DEFAULT_IDLE_WAIT_MS = 60_000  # nothing sealed to scrub: list the files again after this
@@ -314,34 +314,35 @@ class Scrubber:
             return 0, None, 1  # deleted (log start moved on) meanwhile
         try:
             st = os.fstat(fd)
-            parts = []
-            pos = 0
+            read = [0]
+
+            def on_read(n: int) -> None:
+                read[0] += n
+                self._throttle(n)
+
+            # A chunk at a time, never the whole file in RAM (a 2M-partition
+            # snapshot is 150 MB, on every broker, every pass).
             key = (path, st.st_ino, st.st_size)
             self._in_progress.add(key)
             try:
-                while pos < st.st_size:
-                    if self._stop.is_set():
-                        return pos, None, 0
-                    chunk = os.pread(fd, min(self._chunk, st.st_size - pos), pos)
-                    if not chunk:
-                        break
-                    parts.append(chunk)
-                    pos += len(chunk)
-                    self._throttle(len(chunk))
-            finally:
-                self._in_progress.discard(key)
-            self._seen.add(key)
-            try:
-                verify_snapshot_bytes(b"".join(parts), sid, path)
+                layout = verify_snapshot_fd(fd, sid, path, block_bytes=self._chunk, on_read=on_read,
+                                            stop=self._stop)
             except CorruptSnapshotError as exc:
+                pos = read[0]
                 try:
                     same = os.stat(path).st_ino == st.st_ino
                 except FileNotFoundError:
                     same = False
                 if not same:
                     return pos, None, 1
+                self._seen.add(key)
                 return pos, self._found(exc.report), 0
-            return pos, None, 0
+            finally:
+                self._in_progress.discard(key)
+            if layout is None:
+                return read[0], None, 0  # stopped
+            self._seen.add(key)
+            return read[0], None, 0
         finally:
             os.close(fd)
 

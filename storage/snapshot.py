@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import structlog
 
@@ -207,6 +208,74 @@ class SnapshotLayout:
     voters: cr.VotersRecord | None = None  # KIP-853: the voter set it holds, if any
 
 
+class _SnapshotCheck:
+    """The structure checks of a snapshot, fed one whole batch at a time in
+    file order (by verify_snapshot_bytes, or by verify_snapshot_file reading
+    a bounded block at a time): raises CorruptSnapshotError naming `path`
+    and the byte position."""
+
+    def __init__(self, snapshot_id: SnapshotId, path: str) -> None:
+        self.snapshot_id = snapshot_id
+        self.path = path
+        self.batches: list[tuple[int, b.BatchHeader]] = []
+        self.expected_offset = 0
+        self.end = 0
+        self.footer_seen = False
+        self.header: cr.SnapshotHeader | None = None
+        self.voters: cr.VotersRecord | None = None
+
+    def batch(self, pos: int, h: b.BatchHeader, view: memoryview) -> None:
+        """`view`: the batch's bytes (CRC already checked), starting at file position `pos`."""
+        path = self.path
+        self.end = pos + h.size
+        if self.footer_seen:
+            raise CorruptSnapshotError(path, pos, "batch after the SnapshotFooter")
+        if h.base_offset != self.expected_offset:
+            raise CorruptSnapshotError(
+                path, pos, f"batch offset {h.base_offset}, expected {self.expected_offset}")
+        if h.leader_epoch != self.snapshot_id.epoch:
+            raise CorruptSnapshotError(
+                path, pos, f"batch epoch {h.leader_epoch}, snapshot epoch {self.snapshot_id.epoch}")
+        self.expected_offset = h.next_offset
+        if h.is_control:
+            try:
+                values = b.decode_records(view, h)
+                recs = [cr.decode_control(v) for v in values]
+            except b.CorruptBatchError as exc:
+                raise CorruptSnapshotError(path, pos + exc.position, str(exc)) from exc
+            except cr.ControlRecordError as exc:
+                raise CorruptSnapshotError(path, pos, str(exc)) from exc
+            if pos == 0:
+                if len(recs) != 1 or not isinstance(recs[0], cr.SnapshotHeader):
+                    raise CorruptSnapshotError(path, 0, "first batch is not a SnapshotHeader")
+                self.header = recs[0]
+            elif len(recs) == 1 and isinstance(recs[0], cr.SnapshotFooter):
+                self.footer_seen = True
+            elif (self.voters is None and not self.batches and len(recs) == 2
+                  and isinstance(recs[0], cr.KRaftVersionRecord) and isinstance(recs[1], cr.VotersRecord)):
+                self.voters = recs[1]  # right after the header, before any data
+            else:
+                raise CorruptSnapshotError(path, pos, "unexpected control batch")
+        elif pos == 0:
+            raise CorruptSnapshotError(path, 0, "first batch is not a SnapshotHeader")
+        else:
+            self.batches.append((pos, h))
+
+    def finish(self, size: int) -> SnapshotLayout:
+        path, end = self.path, self.end
+        if size == 0:
+            raise CorruptSnapshotError(path, 0, "empty file")
+        if end != size:
+            raise CorruptSnapshotError(
+                path, end, f"truncated: {size - end} byte(s) after the last whole batch")
+        if self.header is None:
+            raise CorruptSnapshotError(path, 0, "no SnapshotHeader (file shorter than one batch)")
+        if not self.footer_seen:
+            raise CorruptSnapshotError(path, end, "truncated: no SnapshotFooter")
+        return SnapshotLayout(self.header, self.batches, size,
+                              sum(h.records_count for _, h in self.batches), self.voters)
+
+
 def verify_snapshot_bytes(data: bytes | memoryview, snapshot_id: SnapshotId,
                           path: str) -> SnapshotLayout:
     """Check every CRC and the header/data/footer structure; raise
@@ -215,60 +284,71 @@ def verify_snapshot_bytes(data: bytes | memoryview, snapshot_id: SnapshotId,
     size = len(view)
     if size == 0:
         raise CorruptSnapshotError(path, 0, "empty file")
-    batches: list[tuple[int, b.BatchHeader]] = []
-    expected_offset = 0
-    end = 0
-    footer_seen = False
-    header = None
-    voters = None
+    check = _SnapshotCheck(snapshot_id, path)
     try:
         for pos, h in b.iter_batches(view):
-            end = pos + h.size
-            if footer_seen:
-                raise CorruptSnapshotError(path, pos, "batch after the SnapshotFooter")
-            if h.base_offset != expected_offset:
-                raise CorruptSnapshotError(
-                    path, pos, f"batch offset {h.base_offset}, expected {expected_offset}")
-            if h.leader_epoch != snapshot_id.epoch:
-                raise CorruptSnapshotError(
-                    path, pos, f"batch epoch {h.leader_epoch}, snapshot epoch {snapshot_id.epoch}")
-            expected_offset = h.next_offset
-            if h.is_control:
-                values = b.decode_records(view[pos:end], h)
-                try:
-                    recs = [cr.decode_control(v) for v in values]
-                except cr.ControlRecordError as exc:
-                    raise CorruptSnapshotError(path, pos, str(exc)) from exc
-                if pos == 0:
-                    if len(recs) != 1 or not isinstance(recs[0], cr.SnapshotHeader):
-                        raise CorruptSnapshotError(path, 0, "first batch is not a SnapshotHeader")
-                    header = recs[0]
-                elif len(recs) == 1 and isinstance(recs[0], cr.SnapshotFooter):
-                    footer_seen = True
-                elif (voters is None and not batches and len(recs) == 2
-                      and isinstance(recs[0], cr.KRaftVersionRecord) and isinstance(recs[1], cr.VotersRecord)):
-                    voters = recs[1]  # right after the header, before any data
-                else:
-                    raise CorruptSnapshotError(path, pos, "unexpected control batch")
-            elif pos == 0:
-                raise CorruptSnapshotError(path, 0, "first batch is not a SnapshotHeader")
-            else:
-                batches.append((pos, h))
+            check.batch(pos, h, view[pos:pos + h.size])
     except b.CorruptBatchError as exc:
         raise CorruptSnapshotError(path, exc.position, str(exc)) from exc
-    if end != size:
-        raise CorruptSnapshotError(
-            path, end, f"truncated: {size - end} byte(s) after the last whole batch")
-    if header is None:
-        raise CorruptSnapshotError(path, 0, "no SnapshotHeader (file shorter than one batch)")
-    if not footer_seen:
-        raise CorruptSnapshotError(path, end, "truncated: no SnapshotFooter")
-    return SnapshotLayout(header, batches, size, sum(h.records_count for _, h in batches), voters)
+    return check.finish(size)
 
 
-def _read_file(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+# Bytes read at a time when a snapshot file is verified or loaded: memory for
+# a check stays this plus one batch, whatever the snapshot's size.
+READ_BLOCK_BYTES = 4 << 20
+
+
+def verify_snapshot_fd(fd: int, snapshot_id: SnapshotId, path: str,
+                       block_bytes: int = READ_BLOCK_BYTES, on_read: Callable[[int], None] | None = None,
+                       stop: threading.Event | None = None) -> SnapshotLayout | None:
+    """verify_snapshot_bytes on an open file, read block by block (os.pread:
+    the fd's offset is not used) instead of whole: a 150 MB snapshot used to
+    be held in RAM whole for its check, on top of the state it holds.
+
+    on_read(n) after each read of n bytes (the scrubber's rate limit); None
+    is returned only if `stop` is set before the check is done."""
+    assert block_bytes > 0, block_bytes
+    check = _SnapshotCheck(snapshot_id, path)
+    buf = bytearray(block_bytes)  # one buffer, reused: its bytes [0, filled) are the file's from `base`
+    base = filled = 0
+    while True:
+        if stop is not None and stop.is_set():
+            return None
+        if filled == len(buf):
+            # One batch longer than the buffer (batch headers bound it to
+            # MAX_BATCH_BYTES): make room for it.
+            buf += bytes(len(buf))
+        with memoryview(buf) as mv:
+            n = os.preadv(fd, [mv[filled:]], base + filled)
+        if n == 0:
+            break
+        if on_read is not None:
+            on_read(n)
+        filled += n
+        end = 0
+        view = memoryview(buf)
+        try:
+            for pos, h in b.iter_batches(view[:filled]):
+                check.batch(base + pos, h, view[pos:pos + h.size])
+                end = pos + h.size
+        except b.CorruptBatchError as exc:
+            raise CorruptSnapshotError(path, base + exc.position, str(exc)) from exc
+        finally:
+            view.release()
+        buf[:filled - end] = buf[end:filled]  # the batch not yet whole moves to the front
+        base += end
+        filled -= end
+    return check.finish(base + filled)
+
+
+def verify_snapshot_file(path: str, snapshot_id: SnapshotId) -> SnapshotLayout:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        layout = verify_snapshot_fd(fd, snapshot_id, path)
+    finally:
+        os.close(fd)
+    assert layout is not None, "no stop event, yet the check stopped"
+    return layout
 
 
 def verify_snapshot(path: str) -> tuple[SnapshotId, SnapshotLayout]:
@@ -277,7 +357,7 @@ def verify_snapshot(path: str) -> tuple[SnapshotId, SnapshotLayout]:
     if sid is None:
         raise CorruptSnapshotError(path, 0, f"{name!r} is not a snapshot file name "
                                             "(<20-digit offset>-<10-digit epoch>.checkpoint)")
-    return sid, verify_snapshot_bytes(_read_file(path), sid, path)
+    return sid, verify_snapshot_file(path, sid)
 
 
 # The voter set sits in the batch after the header: this much is read to find it.
@@ -305,18 +385,30 @@ def read_snapshot_voters(path: str) -> cr.VotersRecord | None:
 
 def read_snapshot(path: str) -> tuple[SnapshotId, cr.SnapshotHeader, Iterator[bytes]]:
     """Verify the whole file first (so a bad file never yields a record), then
-    return its id, header and an iterator over the data record values."""
+    return its id, header and an iterator over the data record values.
+
+    Both passes read a block or a batch at a time, never the whole file: the
+    loader's memory is the state it builds, not the state plus the file. The
+    second pass checks each batch's CRC again (the file is read twice)."""
     name = os.path.basename(path)
     sid = parse_snapshot_filename(name)
     if sid is None:
         raise CorruptSnapshotError(path, 0, f"{name!r} is not a snapshot file name")
-    data = _read_file(path)
-    layout = verify_snapshot_bytes(data, sid, path)
+    layout = verify_snapshot_file(path, sid)
 
     def values() -> Iterator[bytes]:
-        view = memoryview(data)
-        for pos, h in layout.data_batches:
-            yield from b.decode_records(view[pos:pos + h.size], h)
+        with open(path, "rb", buffering=0) as f:
+            fd = f.fileno()
+            for pos, h in layout.data_batches:
+                batch = os.pread(fd, h.size, pos)
+                if len(batch) != h.size:
+                    raise CorruptSnapshotError(path, pos + len(batch), "file shrank after its check")
+                try:
+                    b.verify_crc(batch, 0, h)
+                    records = b.decode_records(batch, h)
+                except b.CorruptBatchError as exc:
+                    raise CorruptSnapshotError(path, pos + exc.position, f"changed after its check: {exc}") from exc
+                yield from records
 
     return sid, layout.header, values()
 
@@ -373,7 +465,7 @@ class PartialSnapshot:
             if have != size:
                 raise CorruptSnapshotError(
                     self.part_path, have, f"download has {have} byte(s), leader said {size}")
-            verify_snapshot_bytes(_read_file(self.part_path), self.snapshot_id, self.part_path)
+            verify_snapshot_file(self.part_path, self.snapshot_id)
         except CorruptSnapshotError:
             self.abort()
             raise
@@ -474,7 +566,7 @@ class SnapshotStore:
             ident = (st.st_ino, size, st.st_mtime_ns)
             if position == 0 or self._verified.get(snapshot_id) != ident:
                 # Raises CorruptSnapshotError: never serve a damaged snapshot.
-                verify_snapshot_bytes(os.pread(fd, size, 0), snapshot_id, self.path(snapshot_id))
+                verify_snapshot_fd(fd, snapshot_id, self.path(snapshot_id))  # no stop: never None
                 self._verified[snapshot_id] = ident
             return os.pread(fd, max(0, min(max_bytes, size - position)), position)
         finally:

@@ -51,9 +51,8 @@ from storage import metadata_records
 from tools.bench import commit_profile
 from tools.bench import etcd as bench_etcd
 from tools.bench.etcd import EtcdPutter
+from tools.bench.common import CLUSTER_ID, latency_summary_ms, metalog_cluster, percentile  # noqa: F401 (bench.X)
 from tools.cluster.launcher import REPO_ROOT, LocalCluster
-
-CLUSTER_ID = "metalog-bench"
 
 
 def _uvloop_run(coro):
@@ -62,24 +61,6 @@ def _uvloop_run(coro):
     import uvloop
 
     return uvloop.run(coro)
-
-
-# ------------------------------------------------------------------ stats
-def percentile(sorted_values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile of an ascending list (q in 0..100)."""
-    if not sorted_values:
-        return None
-    rank = max(1, -(-len(sorted_values) * q // 100))  # ceil
-    return sorted_values[int(min(rank, len(sorted_values))) - 1]
-
-
-def latency_summary_ms(latencies_us: list[int]) -> dict[str, Any]:
-    vals = sorted(latencies_us)
-    out: dict[str, Any] = {"samples": len(vals)}
-    for name, q in (("p50_ms", 50), ("p99_ms", 99), ("p99_9_ms", 99.9), ("max_ms", 100)):
-        v = percentile(vals, q)
-        out[name] = None if v is None else round(v / 1000, 3)
-    return out
 
 
 # ------------------------------------------------------------------ load worker (a separate process)
@@ -287,16 +268,6 @@ def _start_together(children: list[subprocess.Popen], out_dir: str) -> None:
 
 
 # ------------------------------------------------------------------ clusters
-def metalog_cluster(root: str, voters: int = 3, observers: int = 0, insecure: bool = False,
-                    cert_dir: str | None = None, **common) -> LocalCluster:
-    """Mutual TLS unless `insecure`; `cert_dir` shares one CA across the run (etcd's too)."""
-    cluster = LocalCluster.create(root, voters=voters, observers=observers, cluster_id=CLUSTER_ID,
-                                  common={"log_level": "warning", **common}, insecure=insecure)
-    if cert_dir:
-        cluster.cert_dir = cert_dir
-    return cluster
-
-
 def _start(cluster: LocalCluster, nodes: list[int] | None = None) -> None:
     cluster.start(nodes)
     cluster.wait_for_leader(timeout_s=30)
@@ -587,6 +558,10 @@ def format_table(report: dict) -> str:
         f = report["failover"]
         lines.append(f"failover: {f['kills']} kill -9 of the leader, next commit after p50 {f['p50_ms']} ms, "
                      f"p99 {f['p99_ms']} ms (min {f['min_ms']}, max {f['max_ms']})")
+    if "scale" in report:
+        from tools.bench import catchup as scale_catchup  # on use: every metalog command imports this module
+
+        lines.append(scale_catchup.format_report(report["scale"]))
     if "catchup" in report:
         c = report["catchup"]
         lines.append(f"catch-up of {c['by_log']['records']} records: by log {c['by_log']['catchup_seconds']} s, "
@@ -602,17 +577,24 @@ SMOKE = dict(clients=50, duration_s=2.0, warmup_s=0.5, light_duration_s=1.0, fai
              catchup_records=2000, catchup_keys=50, rounds=1)
 
 
+SCALE_SECTIONS = {"scale-catchup": "catchup", "scale-commit": "commit"}  # --only name: tools.bench.catchup's
+
+
 def cmd_bench(args) -> int:
+    if args.scale:
+        from tools.bench import scale  # on use: every metalog command imports this module
+
+        return scale.cmd_scale(args)
     if args.smoke:
         for k, v in SMOKE.items():
             if getattr(args, k) == _DEFAULTS[k]:
                 setattr(args, k, v)
     sections = [s.strip() for s in args.only.split(",")] if args.only else ["throughput", "light", "failover",
                                                                            "catchup"]
-    unknown = set(sections) - {"throughput", "light", "failover", "catchup", "profile"}
+    unknown = set(sections) - {"throughput", "light", "failover", "catchup", "profile", *SCALE_SECTIONS}
     if unknown:
         print(f"metalog bench: unknown section(s) {sorted(unknown)}; choose from throughput, light, failover, "
-              f"catchup, profile", file=sys.stderr)
+              f"catchup, profile, scale-catchup, scale-commit", file=sys.stderr)
         return 2
     report: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(),
                               "vs": args.vs, "argv": sys.argv[1:],
@@ -639,6 +621,12 @@ def cmd_bench(args) -> int:
             bench_catchup(args, root, report)
         if args.profile_commit or "profile" in sections:
             bench_profile_commit(args, root, report)
+        scale_sections = [SCALE_SECTIONS[s] for s in sections if s in SCALE_SECTIONS]
+        if scale_sections:
+            from tools.bench import catchup as scale_catchup  # on use: every metalog command imports this module
+
+            report["scale"] = scale_catchup.run(args.scale_partitions or scale_catchup.DEFAULT_PARTITIONS,
+                                                scale_sections, root=os.path.join(root, "scale"), keep=True)
     finally:
         if not args.keep and not args.dir:
             shutil.rmtree(root, ignore_errors=True)
@@ -668,7 +656,8 @@ def register_cli(subparsers) -> None:
     p = subparsers.add_parser("bench", help="throughput, latency, failover and catch-up benchmarks "
                                             "(optionally against etcd)")
     d = _DEFAULTS
-    p.add_argument("--only", help="comma list of sections: throughput,light,failover,catchup (default all)")
+    p.add_argument("--only", help="comma list of sections: throughput,light,failover,catchup (default all); "
+                                  "also profile, scale-catchup, scale-commit (tools.bench.catchup)")
     p.add_argument("--vs", choices=["etcd"], help="also run the load sections against a 3-member etcd cluster")
     p.add_argument("--clients", type=int, default=d["clients"], help="concurrent logical clients (throughput)")
     p.add_argument("--duration-s", type=float, default=d["duration_s"], help="measured window per run")
@@ -687,6 +676,18 @@ def register_cli(subparsers) -> None:
                    help="also run one client against brokers that record commit-path timestamps and print where "
                         "the time of a commit goes, stage by stage (p50/p99)")
     p.add_argument("--smoke", action="store_true", help="tiny CI mode: must work, not be fast")
+    p.add_argument("--scale", action="store_true",
+                   help="issue 19's scale goals: tools.bench.snapshot plus the real-process catch-up and "
+                        "commit-during-snapshot benches at --scale-partitions; writes the figures table into "
+                        "--scale-docs")
+    p.add_argument("--scale-partitions", type=int, default=None,
+                   help="state size of --scale (default 2000000) and of --only scale-catchup,scale-commit "
+                        "(default 200000)")
+    p.add_argument("--scale-docs", default=None,
+                   help="with --scale: the docs file whose marked section gets the table (default docs/bench.md; "
+                        "'' to write none)")
+    p.add_argument("--scale-note", default=None, help="with --scale: the note above the table (default: says the "
+                                                      "machine was loaded)")
     p.add_argument("--plaintext", action="store_true",
                    help="also run metalog in PLAINTEXT (insecure) mode, to show TLS's cost (on with --vs etcd)")
     p.add_argument("--json", help="write the JSON report here")

@@ -69,13 +69,15 @@ def build_log(n_records: int, n_topics: int, partitions: int, n_brokers: int,
     return bytes(out), n_records
 
 
-def print_read_costs(st, rng: random.Random, queries: int = 300) -> None:
+def print_read_costs(st, rng: random.Random, queries: int = 300) -> dict[str, dict[str, float]]:
     """Issue 19 item 4: what one admin read costs at this size, view plus JSON
-    encoding (the admin API's work per request, before HTTP), p50 / p99 / max."""
+    encoding (the admin API's work per request, before HTTP), p50 / p99 / max;
+    also returned, by label."""
     names = list(st.topic_ids)
     brokers = list(st.brokers)
+    out: dict[str, dict[str, float]] = {}
     if not names or not brokers:
-        return
+        return out
     cases = {
         "one topic (configs + up to 1000 partitions)": lambda: views.topic(st, rng.choice(names)),
         "one broker": lambda: views.broker(st, rng.choice(brokers)),
@@ -90,8 +92,10 @@ def print_read_costs(st, rng: random.Random, queries: int = 300) -> None:
             json.dumps(read())
             ms.append((time.perf_counter() - t0) * 1000)
         ms.sort()
+        out[label] = {"p50_ms": ms[len(ms) // 2], "p99_ms": ms[int(len(ms) * 0.99)], "max_ms": ms[-1]}
         print(f"read {label}: p50 {ms[len(ms) // 2]:.3f} ms, p99 {ms[int(len(ms) * 0.99)]:.3f} ms, "
               f"max {ms[-1]:.3f} ms ({queries} queries)")
+    return out
 
 
 def main_thread_lags_ms(done, seconds: float | None = None) -> tuple[float, float]:
@@ -130,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=10)
     ap.add_argument("--brokers", type=int, default=10)
     ap.add_argument("--dir", default=None, help="snapshot directory (default: a temp dir)")
+    ap.add_argument("--json", default=None, help="also write the figures here as JSON (metalog bench --scale)")
     args = ap.parse_args(argv)
+    fig: dict = {"records": args.records, "topics": args.topics, "partitions_per_topic": args.partitions,
+                 "brokers": args.brokers}
 
     t0 = time.perf_counter()
     log_bytes, end = build_log(args.records, args.topics, args.partitions, args.brokers)
@@ -147,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(st.partitions)} partitions, {len(st.configs)} configs, "
           f"{st.invalid_records} invalid records ignored")
 
-    print_read_costs(st, random.Random(2))
+    fig.update(replay_seconds=replay_s, replay_records_per_s=args.records / replay_s,
+               partitions=len(st.partitions))
+    fig["reads"] = print_read_costs(st, random.Random(2))
 
     directory = args.dir or tempfile.mkdtemp(prefix="bench-snapshot-")
     try:
@@ -183,6 +192,12 @@ def main(argv: list[str] | None = None) -> int:
         assert loaded is not None and loaded[0] == st, "loaded state differs from the live state"
         print(f"snapshot load: {load_s:.2f} s (state equal to the replayed one: yes)")
         print(f"full replay time / snapshot load time: {replay_s / load_s:.1f}")
+        fig.update(snapshot_bytes=res.size_bytes, snapshot_write_seconds=res.elapsed_ms / 1000,
+                   load_seconds=load_s, replay_over_load=replay_s / load_s,
+                   writer_stall_p99_ms=lag[0], writer_stall_max_ms=lag[1])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(fig, f, indent=2)
         print("catch-up of a new broker over the network (FetchSnapshot vs Fetch): "
               "measured later with the runtime, not by this benchmark")
     finally:
