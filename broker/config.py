@@ -75,6 +75,12 @@ class StorageConfig:
     snapshot_min_records: int = setting(
         20000, "committed records since the last snapshot before a new one is written "
                "(controller.snapshot.minimum.records)", gt=0)
+    snapshot_generation: str = setting(
+        "fork", "how this broker writes its own snapshots: fork = a child process made by fork() encodes a "
+                "copy-on-write image of the state (no GIL shared with the event loop, no copy on it); "
+                "thread = the state is copied a slice at a time on the loop and encoded on a worker thread "
+                "(the fallback where fork() is unavailable: commit latency rises while it runs)",
+        choices=("fork", "thread"))
     producer_id_expiration_ms: int = setting(
         86_400_000, "an idempotent producer idle this long is forgotten; its next batch gets "
                     "UNKNOWN_PRODUCER_ID and the client takes a new producer id (producer.id.expiration.ms)",

@@ -280,6 +280,15 @@ class BrokerMetrics:
         self.role = Gauge("metalog_role", "1 for the current role", ["role"], registry=r)
         self.snapshot_generation_seconds = Histogram(
             "metalog_snapshot_generation_seconds", "Time to write a controller snapshot", registry=r)
+        self.snapshot_generations = Counter(
+            "metalog_snapshot_generations_total", "Controller snapshots written, by how (fork: a child process; "
+            "thread: a worker thread)", ["path"], registry=r)
+        self.snapshot_generation_failures = Counter(
+            "metalog_snapshot_generation_failures_total", "Controller snapshot writes that failed, by how",
+            ["path"], registry=r)
+        for path in ("fork", "thread"):
+            self.snapshot_generations.labels(path=path)
+            self.snapshot_generation_failures.labels(path=path)
         self.snapshot_load_seconds = Histogram(
             "metalog_snapshot_load_seconds", "Time to load or install a snapshot", registry=r)
         self.snapshot_bytes = Gauge("metalog_snapshot_bytes", "Size of the latest snapshot written", registry=r)

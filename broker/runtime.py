@@ -117,7 +117,8 @@ class Broker:
         self._flush_start_wanted = False  # a FlushLog of the current step, started when the step ends
         self._flushes_abandoned = False  # stop() is past its drain: completions are no longer fed
         self._linger_handle: asyncio.Handle | None = None  # group commit's linger timer or call_soon
-        self.snapshot_work = SnapshotWork(self, cfg.storage.snapshot_min_records, now_ms, feed=self._snapshot_event)
+        self.snapshot_work = SnapshotWork(self, cfg.storage.snapshot_min_records, now_ms, feed=self._snapshot_event,
+                                          generation=cfg.storage.snapshot_generation)
         self._bg_tasks: set[asyncio.Task] = set()
         self._last_exposed: tuple | None = None
         self._voter_set_seen: Any = None  # the core's voter set the peers and the gate were last given

@@ -6,9 +6,12 @@
   (the partial is deleted, the log kept) and hands back the
   ``SnapshotInstallFailed`` event the core must see next.
 * Our own snapshots: after records are applied, ``broker.snapshot_policy``
-  says whether one is due; the state is copied a slice at a time on the loop
-  (broker/state_copy.py), written from that copy on a worker thread, one at a
-  time, then fed to the core as ``SnapshotCreated``.
+  says whether one is due; one at a time, fed to the core as
+  ``SnapshotCreated`` once durable. ``storage.snapshot_generation`` says how:
+  ``fork`` (default) writes it in a child process whose memory is the state
+  at that instant (broker/snapshot_fork.py); ``thread`` copies the state a
+  slice at a time on the loop (broker/state_copy.py) and writes the copy on
+  a worker thread, which shares the GIL with the loop.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from typing import TYPE_CHECKING, Callable
 from broker.controller import load_snapshot, write_controller_snapshot
 from broker.quorum import api as qa
 from broker.quorum.voters import voters_record
+from broker.snapshot_fork import ForkedWrite, fork_available
 from broker.snapshot_policy import SnapshotPolicy
 from broker.state_copy import IncrementalCopy
 from protocol import messages as m
 from storage.errors import StorageError
-from storage.snapshot import PartialSnapshot
+from storage.snapshot import PartialSnapshot, generation_part_path
 
 if TYPE_CHECKING:  # the runtime imports this module: no cycle at run time
     from broker.runtime import Broker
@@ -32,13 +36,20 @@ if TYPE_CHECKING:  # the runtime imports this module: no cycle at run time
 
 class SnapshotWork:
     def __init__(self, broker: "Broker", min_records: int, now_ms: Callable[[], int],
-                 feed: Callable[[qa.Event], None]):
+                 feed: Callable[[qa.Event], None], generation: str = "fork"):
+        assert generation in ("fork", "thread"), generation
         self.broker = broker  # its log, snapshot store, digest, controller, core, metrics and logger
         self.policy = SnapshotPolicy(min_records)
         self._now_ms = now_ms
         self._feed = feed  # steps the core with an event
         self._partials: dict[m.SnapshotId, PartialSnapshot] = {}  # downloads in progress
         self.task: asyncio.Task | None = None  # our own snapshot being written
+        if generation == "fork" and not fork_available():
+            broker.log.warning("snapshot_fork_unavailable", action="snapshots written on a worker thread",
+                               consequence="commit latency rises while a snapshot is written")
+            generation = "thread"
+        self.generation = generation
+        self._child: ForkedWrite | None = None  # the fork path's child while it writes
 
     # -- downloads from the leader --------------------------------------------
     def write_chunk(self, a: qa.WriteSnapshotChunk) -> None:
@@ -84,10 +95,51 @@ class SnapshotWork:
             exists=lambda sid: b.snapshots.size(sid) is not None, busy=self.task is not None or b.stopping)
         if snap_id is None:
             return
-        self.task = asyncio.get_running_loop().create_task(self._take())
+        take = self._take_forked() if self.generation == "fork" else self._take()
+        self.task = asyncio.get_running_loop().create_task(take)
+
+    async def _take_forked(self) -> None:
+        """Fork now: the child's memory is the state at this instant, the
+        snapshot ends at its offset. Nothing is copied on the loop; the fork
+        itself costs the copy of the page tables (milliseconds)."""
+        b = self.broker
+        try:
+            state = b.controller.state
+            end = state.offset
+            snap_id = m.SnapshotId(end, b.core.epochs.epoch_for_offset(end - 1))
+            if b.snapshots.size(snap_id) is not None:
+                return
+            voters = voters_record(b.core.voter_set_at(end))
+            part_path = generation_part_path(b.snapshots.directory, snap_id)
+            store, ts_ms, cluster_id = b.snapshots, int(time.time() * 1000), b.cfg.cluster_id
+
+            def write() -> dict:  # runs in the child
+                res = write_controller_snapshot(store, state, snap_id, ts_ms, cluster_id, voters=voters,
+                                                part_path=part_path)
+                return {"size": res.size_bytes, "records": res.records, "write_ms": round(res.elapsed_ms, 1)}
+
+            child = self._child = ForkedWrite(write, part_path)
+            t0 = time.perf_counter()
+            child.start()
+            fork_ms = (time.perf_counter() - t0) * 1000
+            b.controller.snapshot_taken(end)
+            try:
+                res = await child.wait()
+            finally:
+                self._child = None
+            if not res.ok:
+                b.metrics.snapshot_generation_failures.labels(path="fork").inc()
+                b.log.error("snapshot_write_failed", snapshot=[snap_id.end_offset, snap_id.epoch], path="fork",
+                            pid=res.pid, child_exit=res.exit_status, error=res.error,
+                            action="partial file removed; the next due point tries again")
+                return
+            self._created(snap_id, "fork", res.value["size"], res.seconds, fork_ms=round(fork_ms, 2),
+                          pid=res.pid, records=res.value["records"], child_memory=res.value.get("child_memory"))
+        finally:
+            self.task = None
 
     async def _take(self) -> None:
-        """Copy the state a slice at a time (the loop and the applying go on
+        """The thread path. Copy the state a slice at a time (the loop and the applying go on
         between slices: a copy in one go held the loop ~430 ms at 2M
         partitions), then write it on a worker thread. The snapshot ends
         where the state is when the copy finishes."""
@@ -120,16 +172,27 @@ class SnapshotWork:
                                              int(time.time() * 1000), b.cfg.cluster_id, voters=voters)
             size = result.size_bytes
         except Exception as exc:  # noqa: BLE001 - logged; the next due point tries again
-            b.log.error("snapshot_write_failed", snapshot=[snap_id.end_offset, snap_id.epoch], error=str(exc))
+            b.metrics.snapshot_generation_failures.labels(path="thread").inc()
+            b.log.error("snapshot_write_failed", snapshot=[snap_id.end_offset, snap_id.epoch], path="thread",
+                        error=str(exc))
             return
-        seconds = time.perf_counter() - t0
+        self._created(snap_id, "thread", size, time.perf_counter() - t0)
+
+    def _created(self, snap_id: m.SnapshotId, path: str, size: int, seconds: float, **fields) -> None:
+        b = self.broker
         b.metrics.snapshot_generation_seconds.observe(seconds)
+        b.metrics.snapshot_generations.labels(path=path).inc()
         b.metrics.snapshot_bytes.set(size)
         b.log.info("snapshot_created", snapshot=[snap_id.end_offset, snap_id.epoch], size=size,
-                   seconds=round(seconds, 4))
+                   seconds=round(seconds, 4), path=path, **fields)
         self._feed(qa.SnapshotCreated(self._now_ms(), snap_id))
 
     async def wait(self, timeout_s: float) -> None:
-        """Bound the wait for a snapshot being written (it logs its own failure)."""
-        if self.task is not None:
+        """Bound the wait for a snapshot being written (it logs its own
+        failure); a forked child still writing after that is killed."""
+        if self.task is None:
+            return
+        await asyncio.wait([self.task], timeout=timeout_s)
+        if self.task is not None and self._child is not None:
+            self._child.kill()
             await asyncio.wait([self.task], timeout=timeout_s)

@@ -96,6 +96,12 @@ def parse_snapshot_filename(name: str) -> SnapshotId | None:
 # ------------------------------------------------------------------ writing
 
 
+def generation_part_path(directory: str, snapshot_id: SnapshotId) -> str:
+    """A fresh ``<name>-<random>.checkpoint.part`` for one generation."""
+    stem = snapshot_filename(snapshot_id)[: -len(SUFFIX)]
+    return os.path.join(os.fspath(directory), f"{stem}-{uuid.uuid4().hex}{PART_SUFFIX}")
+
+
 class SnapshotWriter:
     """Writes one snapshot: header, data batches of at most ~batch_bytes_max,
     footer; ``freeze()`` makes it durable and visible atomically."""
@@ -103,17 +109,25 @@ class SnapshotWriter:
     def __init__(self, directory: str, snapshot_id: SnapshotId,
                  last_contained_log_timestamp_ms: int, cluster_id: str = "",
                  batch_bytes_max: int = 1 << 20, timestamp_ms: int | None = None,
-                 voters: cr.VotersRecord | None = None) -> None:
-        assert batch_bytes_max > 0
+                 voters: cr.VotersRecord | None = None, part_path: str | None = None,
+                 sync_every_bytes: int | None = None) -> None:
+        assert batch_bytes_max > 0 and (sync_every_bytes is None or sync_every_bytes > 0)
         self.directory = os.fspath(directory)
         self.snapshot_id = snapshot_id
         self.final_path = os.path.join(self.directory, snapshot_filename(snapshot_id))
-        stem = snapshot_filename(snapshot_id)[: -len(SUFFIX)]
-        self.part_path = os.path.join(self.directory, f"{stem}-{uuid.uuid4().hex}{PART_SUFFIX}")
+        # part_path: chosen by a caller that must clean up after a writer that
+        # dies without aborting (a forked child killed mid-write).
+        self.part_path = part_path or generation_part_path(self.directory, snapshot_id)
+        assert os.path.dirname(self.part_path) == self.directory and self.part_path.endswith(PART_SUFFIX)
         self.batch_bytes_max = batch_bytes_max
         self._timestamp_ms = (last_contained_log_timestamp_ms if timestamp_ms is None
                               else timestamp_ms)
         self._file = open(self.part_path, "xb", buffering=1 << 20)
+        # sync_every_bytes: write back as it goes, so that the final fsync does
+        # not push the whole file at once and stall every other fdatasync on
+        # the disk (the log's commits) behind it.
+        self._sync_every_bytes = sync_every_bytes
+        self._unsynced_bytes = 0
         self._next_offset = 0
         self._pending: list[bytes] = []
         self._pending_bytes = 0
@@ -130,6 +144,12 @@ class SnapshotWriter:
                               self._timestamp_ms, is_control=control)
         self._file.write(data)
         self._next_offset += len(records)
+        if self._sync_every_bytes is not None:
+            self._unsynced_bytes += len(data)
+            if self._unsynced_bytes >= self._sync_every_bytes:
+                self._file.flush()
+                os.fdatasync(self._file.fileno())
+                self._unsynced_bytes = 0
 
     def _flush_pending(self) -> None:
         if self._pending:

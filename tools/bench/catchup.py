@@ -393,7 +393,7 @@ async def _commit_loop(cluster: LocalCluster, stop_when, value_bytes: int, deadl
 
 
 def bench_commit_during_snapshot(root: str, work: Workload, threshold_records: int, warmup_records: int,
-                                 value_bytes: int = 100) -> dict:
+                                 value_bytes: int = 100, generation: str = "fork") -> dict:
     """The snapshot variant's cluster with snapshot_min_records=threshold_records:
     the voters load their snapshot at boot (0 records since), then one client
     commits; after threshold_records applied records each voter copies and
@@ -402,7 +402,8 @@ def bench_commit_during_snapshot(root: str, work: Workload, threshold_records: i
     threshold and the leader's snapshot_created."""
     assert threshold_records > warmup_records + 100, "too few idle commits to measure"
     cluster = metalog_cluster(os.path.join(root, "commit"), voters=3, observers=0,
-                              snapshot_min_records=threshold_records, log_level="info")
+                              snapshot_min_records=threshold_records, snapshot_generation=generation,
+                              log_level="info")
     voters = [1, 2, 3]
     write_voter_dirs(cluster, work, by_snapshot=True)
     try:
@@ -438,11 +439,17 @@ def bench_commit_during_snapshot(root: str, work: Workload, threshold_records: i
     idle = [int((a - s) * 1e6) for s, a, off in ops if off >= base_end + warmup_records and a < t_trigger]
     during = [int((a - s) * 1e6) for s, a, _ in ops if t_trigger <= a <= t_created]
     idle_sum, during_sum = latency_summary_ms(idle), latency_summary_ms(during)
+    # Where the slow ones fall (seconds after the threshold commit): the
+    # fork, the write-back, the end of the write tell themselves apart.
+    slowest = sorted(((a - s, a - t_trigger) for s, a, _ in ops if t_trigger <= a <= t_created), reverse=True)[:5]
     ratio = (during_sum["p99_ms"] / idle_sum["p99_ms"]) if idle_sum["p99_ms"] and during_sum["p99_ms"] else None
     return {"threshold_records": threshold_records, "idle": idle_sum, "during_snapshot": during_sum,
             "generation_window_seconds": round(t_created - t_trigger, 3),
             "snapshot": created.get("snapshot"), "snapshot_bytes": created.get("size"),
             "snapshot_write_seconds": created.get("seconds"),
+            "snapshot_path": created.get("path"), "fork_ms": created.get("fork_ms"),
+            "child_memory": created.get("child_memory"),
+            "during_slowest": [{"ms": round(lat * 1000, 2), "at_s": round(at, 3)} for lat, at in slowest],
             "p99_ratio": None if ratio is None else round(ratio, 2)}
 
 
@@ -485,7 +492,8 @@ def format_report(rep: dict) -> str:
 
 
 def run(partitions: int, sections: list[str], root: str | None = None, keep: bool = False,
-        commit_threshold_records: int = 3000, commit_warmup_records: int = 300) -> dict:
+        commit_threshold_records: int = 3000, commit_warmup_records: int = 300,
+        snapshot_generation: str = "fork") -> dict:
     """Build the workload once, run the sections; the report as a dict."""
     work_root = root or tempfile.mkdtemp(prefix="metalog-scale-")
     os.makedirs(work_root, exist_ok=True)
@@ -499,7 +507,7 @@ def run(partitions: int, sections: list[str], root: str | None = None, keep: boo
             rep["catchup"] = bench_catchup(work_root, work)
         if "commit" in sections:
             rep["commit"] = bench_commit_during_snapshot(work_root, work, commit_threshold_records,
-                                                         commit_warmup_records)
+                                                         commit_warmup_records, generation=snapshot_generation)
             progress(f"commit p99 idle {rep['commit']['idle']['p99_ms']} ms, during snapshot "
                      f"{rep['commit']['during_snapshot']['p99_ms']} ms")
         return rep
@@ -514,6 +522,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--only", default="catchup,commit", help="comma list: catchup, commit")
     ap.add_argument("--commit-threshold-records", type=int, default=3000,
                     help="snapshot_min_records of the commit bench: commits before the snapshot starts")
+    ap.add_argument("--snapshot-generation", choices=("fork", "thread"), default="fork",
+                    help="the brokers' storage.snapshot_generation in the commit bench")
     ap.add_argument("--dir", default=None, help="where the clusters live (default: a temp dir, removed)")
     ap.add_argument("--json", default=None, help="write the report here as JSON")
 
@@ -529,7 +539,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tools.bench.catchup: unknown section(s) {sorted(unknown)}; choose from catchup, commit",
               file=sys.stderr)
         return 2
-    rep = run(args.partitions, sections, root=args.dir, commit_threshold_records=args.commit_threshold_records)
+    rep = run(args.partitions, sections, root=args.dir, commit_threshold_records=args.commit_threshold_records,
+              snapshot_generation=args.snapshot_generation)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rep, f, indent=2)

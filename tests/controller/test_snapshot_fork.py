@@ -1,0 +1,121 @@
+"""Issue 19 item 2: a controller snapshot written by a forked child
+(broker/snapshot_fork.py). The child sees the state as it was at the fork,
+whatever the parent changes afterwards; a child whose write fails reports
+the error and leaves no partial file; a child that dies mid-write is
+reported with its signal and the parent removes its partial file."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+
+from broker.controller import ControllerState, load_snapshot, write_controller_snapshot
+from broker.snapshot_fork import ForkedWrite
+from protocol.messages import SnapshotId
+from storage import metadata_records as r
+from storage.snapshot import PART_SUFFIX, SnapshotStore, generation_part_path
+
+def tid(i: int) -> str:
+    return f"{i:08x}-0000-4000-8000-000000000000"
+
+
+def base_state(topics: int, partitions: int) -> ControllerState:
+    s = ControllerState()
+    for b in range(3):
+        incarnation = f"{b:08x}-0000-4000-8000-00000000000b"
+        assert s.apply(s.offset, r.RegisterBroker(b, incarnation, 1, (r.Endpoint("PLAINTEXT", "h", 9000 + b),)))
+    for i in range(topics):
+        assert s.apply(s.offset, r.Topic(f"t{i}", tid(i)))
+        for p in range(partitions):
+            assert s.apply(s.offset, r.Partition(tid(i), p, (0, 1, 2), (0, 1, 2), p % 3))
+        assert s.apply(s.offset, r.Config(r.RESOURCE_TOPIC, f"t{i}", "retention.ms", str(i)))
+    return s
+
+
+def _files(directory: str) -> list[str]:
+    return sorted(os.listdir(directory))
+
+
+def _writer(store: SnapshotStore, state: ControllerState, sid: SnapshotId, part: str, before=None):
+    def write() -> dict:
+        if before is not None:
+            before()
+        res = write_controller_snapshot(store, state, sid, 1000, "c", part_path=part)
+        return {"size": res.size_bytes, "records": res.records}
+    return write
+
+
+async def test_the_child_writes_the_state_as_it_was_at_the_fork(tmp_path):
+    store = SnapshotStore(str(tmp_path))
+    state = base_state(topics=40, partitions=50)
+    expected = state.to_json()
+    sid = SnapshotId(state.offset, 1)
+    part = generation_part_path(store.directory, sid)
+    child = ForkedWrite(_writer(store, state, sid, part), part)
+    child.start()
+    # The parent goes on applying (as the event loop does) while the child writes.
+    for p in range(50):
+        assert state.apply(state.offset, r.PartitionChange(tid(0), p, isr=(0,), leader=0))
+    assert state.apply(state.offset, r.RemoveTopic(tid(1)))
+    res = await child.wait()
+    assert res.ok, res.error
+    assert res.exit_status == "exit 0" and res.pid != os.getpid()
+    assert res.value["size"] == os.path.getsize(store.path(sid))
+    assert res.value["child_memory"]["vmhwm_kib"] > 0
+    loaded = load_snapshot(store, sid)
+    assert loaded.to_json() == expected != state.to_json()
+    assert not [n for n in _files(store.directory) if n.endswith(PART_SUFFIX)]
+
+
+async def test_a_write_that_fails_in_the_child_reports_the_error_and_leaves_no_partial(tmp_path):
+    """The child's file size limit (RLIMIT_FSIZE, set in the child only) makes
+    its write fail with EFBIG as a full disk would: the parent gets the error
+    text, no .part and no .checkpoint remain."""
+    store = SnapshotStore(str(tmp_path))
+    state = base_state(topics=40, partitions=50)
+    sid = SnapshotId(state.offset, 1)
+    part = generation_part_path(store.directory, sid)
+
+    def full_disk() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    child = ForkedWrite(_writer(store, state, sid, part, before=full_disk), part)
+    child.start()
+    res = await child.wait()
+    assert not res.ok
+    assert res.exit_status == "exit 3"
+    assert res.error.startswith("OSError: [Errno 27] File too large"), res.error
+    assert _files(store.directory) == []
+    assert store.size(sid) is None
+
+
+async def test_a_child_killed_mid_write_is_reported_and_its_partial_file_removed(tmp_path):
+    store = SnapshotStore(str(tmp_path))
+    state = base_state(topics=5, partitions=5)
+    sid = SnapshotId(state.offset, 1)
+    part = generation_part_path(store.directory, sid)
+    ready_r, ready_w = os.pipe()
+    block_r, block_w = os.pipe()
+
+    def stuck() -> None:
+        with open(part, "xb") as f:  # as the writer does, then never finishes
+            f.write(b"half a snapshot")
+        os.write(ready_w, b"x")
+        os.read(block_r, 1)  # blocks: nobody writes to it
+
+    child = ForkedWrite(_writer(store, state, sid, part, before=stuck), part)
+    child.start()
+    try:
+        # The child has created its partial file once it writes to the pipe.
+        assert await asyncio.wait_for(asyncio.to_thread(os.read, ready_r, 1), 10) == b"x"
+        assert os.path.exists(part)
+        child.kill()
+        res = await asyncio.wait_for(child.wait(), 10)
+    finally:
+        for fd in (ready_r, ready_w, block_r, block_w):
+            os.close(fd)
+    assert not res.ok
+    assert res.exit_status == "signal 9 (SIGKILL)"
+    assert res.error == "snapshot child process died (signal 9 (SIGKILL)) without a report"
+    assert _files(store.directory) == []
