@@ -44,6 +44,9 @@ def test_catchup_and_commit_sections_on_a_tiny_state(tmp_path):
     assert commit["snapshot"][0] >= end + 500
     assert 0 < commit["idle"]["samples"] <= 500 - 100
     assert commit["generation_window_seconds"] >= 0
+    # The brokers' default: a forked child wrote it, and the report says so.
+    assert commit["snapshot_path"] == "fork" and commit["fork_ms"] >= 0
+    assert commit["snapshot_write_seconds"] > 0 and commit["child_memory"]["vmhwm_kib"] > 0
     assert catchup.format_report(rep).count("\n") >= 8
 
 

@@ -488,6 +488,14 @@ def format_report(rep: dict) -> str:
                      f"({k['idle']['samples']}); during snapshot generation p50 {k['during_snapshot']['p50_ms']} ms, "
                      f"p99 {k['during_snapshot']['p99_ms']} ms ({k['during_snapshot']['samples']}, "
                      f"{k['generation_window_seconds']} s window); p99 ratio {k['p99_ratio']} (goal <= 2)")
+        mem = k.get("child_memory") or {}
+        lines.append(f"snapshot generation on the leader: {k['snapshot_write_seconds']} s by {k['snapshot_path']}, "
+                     f"{(k['snapshot_bytes'] or 0) / 1e6:.1f} MB"
+                     + (f"; fork {k['fork_ms']} ms, child peak RSS {mem.get('vmhwm_kib', 0) / 1024:.0f} MiB, "
+                        f"pages copied (child's private) {mem.get('private_kib', 0) / 1024:.0f} MiB"
+                        if k["snapshot_path"] == "fork" else ""))
+        lines.append("slowest commits during generation (ms at s after the threshold): " +
+                     ", ".join(f"{x['ms']} at {x['at_s']}" for x in k["during_slowest"]))
     return "\n".join(lines)
 
 

@@ -88,7 +88,9 @@ def rows_from(snap: dict, rep: dict) -> list[Row]:
         rows.append(Row("2", "commit p99 during snapshot generation <= 2x idle (1 client)",
                         f"{_fmt(k.get('p99_ratio'))}x: idle p50 {idle['p50_ms']} / p99 {idle['p99_ms']} ms "
                         f"({idle['samples']} commits), during p50 {during['p50_ms']} / p99 {during['p99_ms']} ms "
-                        f"({during['samples']} commits, {k['generation_window_seconds']} s)",
+                        f"({during['samples']} commits, {k['generation_window_seconds']} s)"
+                        + (f"; generation {k['snapshot_write_seconds']} s by {k['snapshot_path']}"
+                           if k.get("snapshot_path") else ""),
                         k.get("p99_ratio") is not None and k["p99_ratio"] <= 2.0))
     else:
         rows.append(Row("2", "commit p99 during snapshot generation <= 2x idle (1 client)", "not run", False))
