@@ -18,10 +18,12 @@ in a worker thread blocked in ``waitpid`` (no GIL held, the loop runs).
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import json
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -37,6 +39,13 @@ REPORT_BYTES_MAX = 4096
 # on the pipe); anything else (a signal, another code) means it died.
 EXIT_FAILED = 3
 EXIT_DIED = 4
+
+
+# prctl(PR_SET_PDEATHSIG) makes the kernel kill the child if the broker dies
+# first (a fatal error, SIGKILL): no orphan writing into a data dir that a
+# restarted broker owns. Looked up here: the child must not import or load.
+PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 
 
 def fork_available() -> bool:
@@ -70,12 +79,13 @@ class ForkedWrite:
     def start(self) -> int:
         assert self.pid is None, "a ForkedWrite forks once"
         r, w = os.pipe()
+        parent = os.getpid()
         self._t0 = time.perf_counter()
         pid = os.fork()
         if pid == 0:  # the child: never returns from this branch
             try:
                 os.close(r)
-                _child(self._write, w)
+                _child(self._write, w, parent)
             finally:
                 os._exit(EXIT_DIED)
         os.close(w)
@@ -88,14 +98,17 @@ class ForkedWrite:
         assert self.pid is not None and self._read_fd is not None, "start() first"
         pid, fd = self.pid, self._read_fd
         try:
-            _, status = await asyncio.to_thread(os.waitpid, pid, 0)
+            try:
+                _, status = await asyncio.to_thread(os.waitpid, pid, 0)
+            except ChildProcessError:
+                status = None  # reaped by someone else: its report is all there is
             report = _read_report(fd)
         finally:
             os.close(fd)
             self._read_fd = None
         seconds = time.perf_counter() - self._t0
-        exit_status = _describe(status)
-        code = os.waitstatus_to_exitcode(status)
+        exit_status = "unknown (reaped elsewhere)" if status is None else _describe(status)
+        code = 0 if status is None else os.waitstatus_to_exitcode(status)
         if code == 0 and report is not None and "error" not in report:
             return ChildResult(True, pid, exit_status, value=report, seconds=seconds)
         # The child's SnapshotWriter aborts its own .part on an exception; a
@@ -117,10 +130,14 @@ class ForkedWrite:
                 pass
 
 
-def _child(write: Callable[[], dict], fd: int) -> None:
+def _child(write: Callable[[], dict], fd: int, parent: int) -> None:
     """Runs in the child; ends the process with os._exit, always."""
     code = EXIT_FAILED
     try:
+        if _prctl is not None:
+            _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:
+            raise RuntimeError("the broker died before its snapshot child started")
         # The parent's asyncio signal handling writes caught signals to a
         # wake-up fd shared with the parent: a SIGTERM sent to the child alone
         # must end the child, not be read by the parent's loop as its own.
