@@ -393,13 +393,15 @@ async def _commit_loop(cluster: LocalCluster, stop_when, value_bytes: int, deadl
 
 
 def bench_commit_during_snapshot(root: str, work: Workload, threshold_records: int, warmup_records: int,
-                                 value_bytes: int = 100, generation: str = "fork") -> dict:
+                                 value_bytes: int = 100, generation: str = "fork", after_s: float = 8.0) -> dict:
     """The snapshot variant's cluster with snapshot_min_records=threshold_records:
     the voters load their snapshot at boot (0 records since), then one client
     commits; after threshold_records applied records each voter copies and
     writes a snapshot of the whole state. Idle: commits acknowledged before
     the threshold (after warmup_records); during: acknowledged between the
-    threshold and the leader's snapshot_created."""
+    threshold and the leader's snapshot_created. After: for after_s once
+    every voter's snapshot_created is logged (the same idle again: a control
+    for the machine's own noise over the longer run)."""
     assert threshold_records > warmup_records + 100, "too few idle commits to measure"
     cluster = metalog_cluster(os.path.join(root, "commit"), voters=3, observers=0,
                               snapshot_min_records=threshold_records, snapshot_generation=generation,
@@ -417,17 +419,24 @@ def bench_commit_during_snapshot(root: str, work: Workload, threshold_records: i
         rss_before = proc_status_bytes(leader_pid).get("VmRSS", 0)
         rss_seen = [rss_before]
 
+        all_done: list[float] = []
+
         def snapshot_written() -> bool:
             # Polled every 0.2 s: also the leader's RSS (the copy-on-write
             # pages the broker copies while its snapshot child runs are its own).
             rss_seen.append(proc_status_bytes(leader_pid).get("VmRSS", 0))
-            return any(ln.get("event") == "snapshot_created" and float(ln.get("ts", 0)) > t_start
-                       for ln in cluster.read_log_lines(leader))
+            if not all_done:
+                ts = [max((float(ln["ts"]) for ln in cluster.read_log_lines(v)
+                           if ln.get("event") == "snapshot_created" and float(ln.get("ts", 0)) > t_start),
+                          default=None) for v in voters]
+                if all(t is not None for t in ts):
+                    all_done.append(max(ts))
+            return bool(all_done) and time.time() >= all_done[0] + after_s
 
         import uvloop
 
         ops = uvloop.run(_commit_loop(cluster, snapshot_written, value_bytes,
-                                      deadline_s=120 + threshold_records / 100))
+                                      deadline_s=120 + after_s + threshold_records / 100))
         created = wait_event(cluster, leader, "snapshot_created", 30, after_ts=t_start)
         still_leader = (cluster.quorum(leader) or {}).get("role") == "leader"
     finally:
@@ -445,11 +454,14 @@ def bench_commit_during_snapshot(root: str, work: Workload, threshold_records: i
     idle = [int((a - s) * 1e6) for s, a, off in ops if off >= base_end + warmup_records and a < t_trigger]
     during = [int((a - s) * 1e6) for s, a, _ in ops if t_trigger <= a <= t_created]
     idle_sum, during_sum = latency_summary_ms(idle), latency_summary_ms(during)
+    after = [int((a - s) * 1e6) for s, a, _ in ops if all_done and s > all_done[0]]
+    after_sum = latency_summary_ms(after) if after else None
     # Where the slow ones fall (seconds after the threshold commit): the
     # fork, the write-back, the end of the write tell themselves apart.
     slowest = sorted(((a - s, a - t_trigger) for s, a, _ in ops if t_trigger <= a <= t_created), reverse=True)[:5]
     ratio = (during_sum["p99_ms"] / idle_sum["p99_ms"]) if idle_sum["p99_ms"] and during_sum["p99_ms"] else None
     return {"threshold_records": threshold_records, "idle": idle_sum, "during_snapshot": during_sum,
+            "after_snapshot": after_sum,
             "generation_window_seconds": round(t_created - t_trigger, 3),
             "snapshot": created.get("snapshot"), "snapshot_bytes": created.get("size"),
             "snapshot_write_seconds": created.get("seconds"),
@@ -495,6 +507,10 @@ def format_report(rep: dict) -> str:
                      f"({k['idle']['samples']}); during snapshot generation p50 {k['during_snapshot']['p50_ms']} ms, "
                      f"p99 {k['during_snapshot']['p99_ms']} ms ({k['during_snapshot']['samples']}, "
                      f"{k['generation_window_seconds']} s window); p99 ratio {k['p99_ratio']} (goal <= 2)")
+        a = k.get("after_snapshot")
+        if a:
+            lines.append(f"after every voter's snapshot (control, same idle again): p50 {a['p50_ms']} ms, "
+                         f"p99 {a['p99_ms']} ms ({a['samples']})")
         mem = k.get("child_memory") or {}
         lines.append(f"snapshot generation on the leader: {k['snapshot_write_seconds']} s by {k['snapshot_path']}, "
                      f"{(k['snapshot_bytes'] or 0) / 1e6:.1f} MB"
