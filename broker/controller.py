@@ -107,6 +107,16 @@ def _partition_problem(p: r.Partition) -> str | None:
     return None
 
 
+def _shared_rows(a) -> list[tuple[int, ...]]:
+    """Each row of the int array `a` as a storage.metadata_records.shared_ints
+    tuple: built once per distinct row, not once per row."""
+    from storage.partition_runs import distinct_rows  # numpy: for the loader only
+
+    uniq, inverse = distinct_rows(a)
+    tuples = [r.shared_ints(tuple(x)) for x in uniq.tolist()]
+    return list(map(tuples.__getitem__, inverse.tolist()))
+
+
 class ControllerState:
     """Brokers, topics, partitions, configs and features at `offset`.
 
@@ -277,6 +287,51 @@ class ControllerState:
         if rec.partition_id >= self.partition_counts.get(rec.topic_id, 0):
             self.partition_counts[rec.topic_id] = rec.partition_id + 1
         return True
+
+    def _apply_partition_run(self, run) -> None:
+        """Apply a storage.partition_runs.PartitionRun: the same as _partition
+        on each of its records, checked and inserted as columns. A run with
+        any record _partition would reject is applied record by record, so
+        the rejection and its message are exactly _partition's."""
+        import numpy as np  # the snapshot loader's only; not imported by a broker that never loads
+
+        assert type(self.partitions) is StateDict, "no incremental copy runs while a snapshot loads"
+        reps, isr, leaders, pids = run.replicas, run.isr, run.leaders, run.partition_ids
+        n, m = reps.shape[1], isr.shape[1]
+        ok = all(t in self.topics for t in run.topic_names)
+        ok = ok and bool((pids >= 0).all()) and bool((reps >= 0).all())
+        for x in range(n):  # distinct replicas, distinct ISR members, ISR within the replicas
+            for y in range(x + 1, n):
+                ok = ok and not (reps[:, x] == reps[:, y]).any()
+        for x in range(m):
+            for y in range(x + 1, m):
+                ok = ok and not (isr[:, x] == isr[:, y]).any()
+            ok = ok and bool((isr[:, x:x + 1] == reps).any(axis=1).all())
+        ok = ok and bool(((leaders == r.NO_LEADER) | (isr == leaders[:, None]).any(axis=1)).all())
+        pid_list = pids.tolist()
+        # shared_ints hands out one tuple per value: an ISR equal to its
+        # replica list is the replica tuple itself.
+        rep_list = _shared_rows(reps)
+        isr_list = rep_list if n == m and bool((isr == reps).all()) else _shared_rows(isr)
+        tids = run.topic_ids
+        recs = list(map(r.Partition, tids, pid_list, rep_list, isr_list, leaders.tolist(),
+                        run.leader_epochs.tolist(), run.partition_epochs.tolist()))
+        if not ok:
+            for rec in recs:
+                self._partition(rec)
+            return
+        self.partitions.update(zip(zip(tids, pid_list), recs))
+        # Each topic's highest partition id: the last row of each topic's
+        # group once sorted by (topic, id) (np.maximum.at is slower).
+        order = np.lexsort((pids, run.topic_index))
+        by_topic = run.topic_index[order]
+        last = np.append(by_topic[1:] != by_topic[:-1], True)
+        top = np.full(len(run.topic_names), -1, np.int64)
+        top[by_topic[last]] = pids[order][last]
+        counts = self.partition_counts
+        for t, hi in zip(run.topic_names, top.tolist()):
+            if hi >= counts.get(t, 0):
+                counts[t] = hi + 1
 
     def _partition_change(self, rec: r.PartitionChange) -> bool:
         key = (rec.topic_id, rec.partition_id)
@@ -823,20 +878,26 @@ def load_snapshot(store, snapshot_id: m.SnapshotId) -> ControllerState:
     """Load one snapshot; raises CorruptSnapshotError or SnapshotLoadError."""
     from storage.snapshot import read_snapshot
 
-    sid, _header, values = read_snapshot(store.path(snapshot_id))
+    sid, _header, items = read_snapshot(store.path(snapshot_id), partition_runs=True)
     state = ControllerState()
     dec = r.decode_record
     # Loading allocates only long-lived objects: cyclic GC passes over the
     # growing heap would cost more than the load itself.
     gc_was_enabled = gc.isenabled()
     gc.disable()
+    i = 0  # records so far
     try:
-        for i, value in enumerate(values):
+        for item in items:
+            if type(item) is not bytes:  # a PartitionRun (storage.partition_runs)
+                state._apply_partition_run(item)
+                i += item.count
+                continue
             try:
-                rec = dec(value)
+                rec = dec(item)
             except r.MetadataRecordError as exc:
                 raise SnapshotLoadError(f"snapshot {sid}: record {i}: {exc}") from exc
             state._apply(rec)
+            i += 1
     finally:
         if gc_was_enabled:
             gc.enable()
