@@ -94,6 +94,24 @@ def _partition_problem(p: r.Partition) -> str | None:
     """Why a partition is malformed, or None."""
     if p.partition_id < 0:
         return f"negative partition id {p.partition_id}"
+    # The answer depends on (replicas, ISR, leader) only, and few distinct
+    # ones exist (replica lists repeat across partitions): replay asks once
+    # per distinct triple instead of building sets per record.
+    key = (p.replicas, p.isr, p.leader)
+    got = _assignment_problems.get(key, _UNKNOWN)
+    if got is _UNKNOWN:
+        if len(_assignment_problems) >= _ASSIGNMENT_PROBLEMS_MAX:
+            _assignment_problems.clear()
+        got = _assignment_problems[key] = _assignment_problem(p)
+    return got
+
+
+_UNKNOWN = object()
+_ASSIGNMENT_PROBLEMS_MAX = 1 << 16
+_assignment_problems: dict[tuple, str | None] = {}
+
+
+def _assignment_problem(p: r.Partition) -> str | None:
     if not p.replicas:
         return "empty replica list"
     if len(set(p.replicas)) != len(p.replicas) or min(p.replicas) < 0:
@@ -295,7 +313,6 @@ class ControllerState:
         the rejection and its message are exactly _partition's."""
         import numpy as np  # the snapshot loader's only; not imported by a broker that never loads
 
-        assert type(self.partitions) is StateDict, "no incremental copy runs while a snapshot loads"
         reps, isr, leaders, pids = run.replicas, run.isr, run.leaders, run.partition_ids
         n, m = reps.shape[1], isr.shape[1]
         ok = all(t in self.topics for t in run.topic_names)
@@ -316,7 +333,9 @@ class ControllerState:
         tids = run.topic_ids
         recs = list(map(r.Partition, tids, pid_list, rep_list, isr_list, leaders.tolist(),
                         run.leader_epochs.tolist(), run.partition_epochs.tolist()))
-        if not ok:
+        if not ok or type(self.partitions) is not StateDict:
+            # A rejection, or an incremental copy tracking writes (TrackedDict):
+            # record by record.
             for rec in recs:
                 self._partition(rec)
             return

@@ -31,8 +31,13 @@ from storage.metadata_records import uuid_text
 
 PARTITION_RECORD_PREFIX = b"\x01\x03\x00"  # frame version 1, api key 3 (PartitionRecord), version 0
 MAX_ARRAY = 16  # longer replica lists take the general path (a compact-array length of one byte)
-WINDOW_ROWS = 64  # rows checked before a whole width region is (a shape change costs this little)
-MIN_RUN_ROWS = 32  # a run shorter than this backs off to the general path for as many records
+# A run costs a fixed ~0.3 ms of numpy calls, the general path ~4 us a record:
+# shorter runs (a topic's creation of a few dozen partitions) are read record
+# by record. Whether a record starts a run is guessed from it and the record
+# MIN_RUN_ROWS - 1 rows further (cheap), then checked for that many rows, then
+# for the rest of the width region.
+MIN_RUN_ROWS = 256
+RETRY_AFTER_RECORDS = 8  # after a guess that failed, records read one by one before the next
 
 
 class PartitionRun(NamedTuple):
@@ -178,27 +183,27 @@ class TopicNames:
 
 
 def _run(data: bytes, pos: int, index: int, count: int, n: int, m: int,
-         names: TopicNames) -> tuple[PartitionRun | None, int]:
-    """The longest run (within one offset-delta width) from `index`: (run or
-    None, bytes taken)."""
-    width = len(_zz(index))
-    lay = _layout(n, m, width)
+         names: TopicNames) -> tuple[PartitionRun | None, int, int]:
+    """The longest run (within one offset-delta width) from `index`:
+    (run or None, bytes taken, index of the next attempt if None)."""
+    region_end = min(_region_end(index), count)
+    lay = _layout(n, m, len(_zz(index)))
     size = lay.dtype.itemsize
-    rows = min(_region_end(index), count) - index
-    rows = min(rows, (len(data) - pos) // size)
-    if rows <= 0:
-        return None, 0
+    rows = min(region_end - index, (len(data) - pos) // size)
+    if rows < MIN_RUN_ROWS:
+        return None, 0, region_end  # nothing to try before the next width
+    if _shape(data, pos + (MIN_RUN_ROWS - 1) * size, index + MIN_RUN_ROWS - 1) != (n, m):
+        return None, 0, index + RETRY_AFTER_RECORDS
     raw = np.frombuffer(data, np.uint8, count=rows * size, offset=pos).reshape(rows, size)
-    window = min(rows, WINDOW_ROWS)
-    good = _good_rows(raw[:window], lay, index)
-    if good == window and rows > window:
-        good = window + _good_rows(raw[window:], lay, index + window)
-    if good == 0:
-        return None, 0
+    good = _good_rows(raw[:MIN_RUN_ROWS], lay, index)
+    if good == MIN_RUN_ROWS and rows > MIN_RUN_ROWS:
+        good += _good_rows(raw[MIN_RUN_ROWS:], lay, index + MIN_RUN_ROWS)
+    if good < MIN_RUN_ROWS:
+        return None, 0, index + RETRY_AFTER_RECORDS
     a = np.frombuffer(data, lay.dtype, count=good, offset=pos)
     lil = a["lil"]
     return PartitionRun(index, *names.column(a["tid"]), a["pid"], a["reps"], a["isr"],
-                        lil[:, 0], lil[:, 1], lil[:, 2]), good * size
+                        lil[:, 0], lil[:, 1], lil[:, 2]), good * size, 0
 
 
 def iter_batch(batch: bytes, h: b.BatchHeader, names: TopicNames | None = None
@@ -212,20 +217,19 @@ def iter_batch(batch: bytes, h: b.BatchHeader, names: TopicNames | None = None
     data = bytes(memoryview(batch)[b.HEADER_SIZE:h.size])
     end = len(data)
     pos = i = 0
-    general_until = 0  # back-off after a short run: records read one by one until here
+    next_try = 0  # records before this index are read one by one
     while i < h.records_count:
-        if i >= general_until:
+        if i >= next_try:
             shape = _shape(data, pos, i)
-            if shape is not None:
-                run, taken = _run(data, pos, i, h.records_count, *shape, names)
+            if shape is None:
+                next_try = i + 1
+            else:
+                run, taken, next_try = _run(data, pos, i, h.records_count, *shape, names)
                 if run is not None:
                     yield run
                     pos += taken
                     i += run.count
-                    if run.count < MIN_RUN_ROWS:
-                        general_until = i + MIN_RUN_ROWS
                     continue
-            general_until = i + MIN_RUN_ROWS if shape is not None else i + 1
         value, pos = b.next_value(data, pos, end, i, h)
         yield value
         i += 1
