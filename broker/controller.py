@@ -94,6 +94,24 @@ def _partition_problem(p: r.Partition) -> str | None:
     """Why a partition is malformed, or None."""
     if p.partition_id < 0:
         return f"negative partition id {p.partition_id}"
+    # The answer depends on (replicas, ISR, leader) only, and few distinct
+    # ones exist (replica lists repeat across partitions): replay asks once
+    # per distinct triple instead of building sets per record.
+    key = (p.replicas, p.isr, p.leader)
+    got = _assignment_problems.get(key, _UNKNOWN)
+    if got is _UNKNOWN:
+        if len(_assignment_problems) >= _ASSIGNMENT_PROBLEMS_MAX:
+            _assignment_problems.clear()
+        got = _assignment_problems[key] = _assignment_problem(p)
+    return got
+
+
+_UNKNOWN = object()
+_ASSIGNMENT_PROBLEMS_MAX = 1 << 16
+_assignment_problems: dict[tuple, str | None] = {}
+
+
+def _assignment_problem(p: r.Partition) -> str | None:
     if not p.replicas:
         return "empty replica list"
     if len(set(p.replicas)) != len(p.replicas) or min(p.replicas) < 0:
@@ -105,6 +123,70 @@ def _partition_problem(p: r.Partition) -> str | None:
     if p.leader != r.NO_LEADER and p.leader not in p.isr:
         return f"leader {p.leader} is not in the ISR {list(p.isr)}"
     return None
+
+
+def _shared_rows(a) -> list[tuple[int, ...]]:
+    """Each row of the int array `a` as a storage.metadata_records.shared_ints
+    tuple: built once per distinct row, not once per row."""
+    from storage.partition_runs import distinct_rows  # numpy: for the loader only
+
+    uniq, inverse = distinct_rows(a)
+    tuples = [r.shared_ints(tuple(x)) for x in uniq.tolist()]
+    return list(map(tuples.__getitem__, inverse.tolist()))
+
+
+class _PreparedRows:
+    """A PartitionRun's rows as Partition records, keys, and whether each
+    passes _partition_problem, computed as columns (numpy) once."""
+
+    __slots__ = ("records", "keys", "ok", "topic_ids", "_run", "_pids")
+
+    def __init__(self, run) -> None:
+        import numpy as np  # numpy: for runs only
+
+        reps, isr, leaders, pids = run.replicas, run.isr, run.leaders, run.partition_ids
+        n, m = reps.shape[1], isr.shape[1]
+        # _partition_problem per row: id >= 0, distinct non-negative replicas,
+        # distinct ISR members, ISR within the replicas, leader in the ISR or none.
+        ok = (pids >= 0) & (reps >= 0).all(axis=1)
+        for x in range(n):
+            for y in range(x + 1, n):
+                ok &= reps[:, x] != reps[:, y]
+        for x in range(m):
+            for y in range(x + 1, m):
+                ok &= isr[:, x] != isr[:, y]
+            ok &= (isr[:, x:x + 1] == reps).any(axis=1)
+        ok &= (leaders == r.NO_LEADER) | (isr == leaders[:, None]).any(axis=1)
+        self.ok: list[bool] = ok.tolist()
+        # shared_ints hands out one tuple per value: an ISR equal to its
+        # replica list is the replica tuple itself.
+        rep_list = _shared_rows(reps)
+        isr_list = rep_list if n == m and bool((isr == reps).all()) else _shared_rows(isr)
+        pid_list = pids.tolist()
+        self.topic_ids: list[str] = run.topic_ids
+        self.records = list(map(r.Partition, run.topic_ids, pid_list, rep_list, isr_list, leaders.tolist(),
+                                run.leader_epochs.tolist(), run.partition_epochs.tolist()))
+        self.keys = list(zip(run.topic_ids, pid_list))
+        self._run, self._pids = run, pid_list
+
+    def highest(self, start: int, stop: int) -> Iterable[tuple[str, int]]:
+        """(topic id, its highest partition id) among rows[start:stop]."""
+        if stop - start < 512:
+            top: dict[str, int] = {}
+            for t, pid in zip(self.topic_ids[start:stop], self._pids[start:stop]):
+                if pid > top.get(t, -1):
+                    top[t] = pid
+            return top.items()
+        import numpy as np
+
+        # the last row of each topic's group once sorted by (topic, id)
+        index = self._run.topic_index[start:stop]
+        pids = self._run.partition_ids[start:stop]
+        order = np.lexsort((pids, index))
+        by_topic = index[order]
+        last = np.append(by_topic[1:] != by_topic[:-1], True)
+        names = self._run.topic_names
+        return [(names[t], pid) for t, pid in zip(by_topic[last].tolist(), pids[order][last].tolist())]
 
 
 class ControllerState:
@@ -277,6 +359,27 @@ class ControllerState:
         if rec.partition_id >= self.partition_counts.get(rec.topic_id, 0):
             self.partition_counts[rec.topic_id] = rec.partition_id + 1
         return True
+
+    def _apply_partition_run(self, run) -> None:
+        """Apply a storage.partition_runs.PartitionRun: the same as _partition
+        on each of its records, checked and inserted as columns."""
+        self._insert_rows(_PreparedRows(run), 0, run.count)
+
+    def _insert_rows(self, rows: "_PreparedRows", start: int, stop: int) -> None:
+        """_partition on rows[start:stop] (records in a row): one dict update
+        when every one is valid, else record by record, so that a rejection
+        and its message are exactly _partition's."""
+        if not (type(self.partitions) is StateDict and all(rows.ok[start:stop])
+                and all(t in self.topics for t in set(rows.topic_ids[start:stop]))):
+            # a rejection, or an incremental copy tracking writes (TrackedDict)
+            for rec in rows.records[start:stop]:
+                self._partition(rec)
+            return
+        self.partitions.update(zip(rows.keys[start:stop], rows.records[start:stop]))
+        counts = self.partition_counts
+        for t, pid in rows.highest(start, stop):
+            if pid >= counts.get(t, 0):
+                counts[t] = pid + 1
 
     def _partition_change(self, rec: r.PartitionChange) -> bool:
         key = (rec.topic_id, rec.partition_id)
@@ -559,6 +662,7 @@ class Controller:
     def __init__(self, state: ControllerState | None = None) -> None:
         self.state = state or ControllerState()
         self.records_since_snapshot = 0
+        self._topic_names = None  # storage.partition_runs.TopicNames, once a batch is read as columns
 
     @property
     def applied_offset(self) -> int:
@@ -601,15 +705,19 @@ class Controller:
                 if stop == h.next_offset:
                     state.producers.end_offset = stop  # a batch boundary: producer state is as of it
                 continue
-            values = b.decode_records(memoryview(data)[pos:pos + h.size], h)
-            for i, value in enumerate(values):
-                offset = h.base_offset + i
-                if offset < state.offset:
-                    continue
-                if end_offset is not None and offset >= end_offset:
-                    break
-                state.apply_value(offset, value)
-                applied += 1
+            if h.records_count >= COLUMN_BATCH_RECORDS_MIN and h.base_offset == state.offset and (
+                    end_offset is None or h.next_offset <= end_offset):
+                applied += self._apply_batch_columns(memoryview(data)[pos:pos + h.size], h)
+            else:
+                values = b.decode_records(memoryview(data)[pos:pos + h.size], h)
+                for i, value in enumerate(values):
+                    offset = h.base_offset + i
+                    if offset < state.offset:
+                        continue
+                    if end_offset is not None and offset >= end_offset:
+                        break
+                    state.apply_value(offset, value)
+                    applied += 1
             if state.offset == h.next_offset:  # the whole batch is applied
                 if h.producer_id >= 0:
                     state.producers.apply_header(h)
@@ -617,6 +725,33 @@ class Controller:
                     state.producers.end_offset = h.next_offset
         self.records_since_snapshot += applied
         return applied
+
+    def _apply_batch_columns(self, batch: memoryview, h: b.BatchHeader) -> int:
+        """Apply a whole data batch with its PartitionRecords read as columns
+        (storage.partition_runs.read_batch): a topic's creation is a
+        TopicRecord and its partitions in one batch. The same state as record
+        by record; the batch is read whole before the first record applies,
+        so one that does not parse changes nothing (as with decode_records)."""
+        from storage import partition_runs as pr  # numpy: on the first such batch
+
+        if self._topic_names is None:
+            self._topic_names = pr.TopicNames()
+        read = pr.read_batch(batch, h, self._topic_names)
+        state = self.state
+        rows = None if read.run is None else _PreparedRows(read.run)
+        offset = h.base_offset
+        row = 0
+        for item in read.items:
+            if type(item) is int:
+                state._insert_rows(rows, row, row + item)
+                row += item
+                offset += item
+                state.offset = offset
+            else:
+                state.apply_value(offset, item)
+                offset += 1
+        assert offset == h.next_offset and (rows is None or row == len(rows.records)), (offset, row, h)
+        return h.records_count
 
     # -- builders: each returns encoded record values to append as one batch
 
@@ -824,6 +959,11 @@ def write_controller_snapshot(store, state: ControllerState, snapshot_id: m.Snap
                           (time.perf_counter() - start) * 1000.0)
 
 
+# Smaller batches are applied record by record: a batch's column reading
+# costs a fixed few hundred microseconds of numpy calls.
+COLUMN_BATCH_RECORDS_MIN = 64
+
+
 class SnapshotLoadError(ValueError):
     """A snapshot whose bytes are whole but whose records do not rebuild a state."""
 
@@ -832,20 +972,26 @@ def load_snapshot(store, snapshot_id: m.SnapshotId) -> ControllerState:
     """Load one snapshot; raises CorruptSnapshotError or SnapshotLoadError."""
     from storage.snapshot import read_snapshot
 
-    sid, _header, values = read_snapshot(store.path(snapshot_id))
+    sid, _header, items = read_snapshot(store.path(snapshot_id), partition_runs=True)
     state = ControllerState()
     dec = r.decode_record
     # Loading allocates only long-lived objects: cyclic GC passes over the
     # growing heap would cost more than the load itself.
     gc_was_enabled = gc.isenabled()
     gc.disable()
+    i = 0  # records so far
     try:
-        for i, value in enumerate(values):
+        for item in items:
+            if type(item) is not bytes:  # a PartitionRun (storage.partition_runs)
+                state._apply_partition_run(item)
+                i += item.count
+                continue
             try:
-                rec = dec(value)
+                rec = dec(item)
             except r.MetadataRecordError as exc:
                 raise SnapshotLoadError(f"snapshot {sid}: record {i}: {exc}") from exc
             state._apply(rec)
+            i += 1
     finally:
         if gc_was_enabled:
             gc.enable()
