@@ -81,7 +81,12 @@ class ForkedWrite:
         r, w = os.pipe()
         parent = os.getpid()
         self._t0 = time.perf_counter()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(r)
+            os.close(w)
+            raise
         if pid == 0:  # the child: never returns from this branch
             try:
                 os.close(r)

@@ -118,11 +118,20 @@ class SnapshotWork:
                                                 part_path=part_path)
                 return {"size": res.size_bytes, "records": res.records, "write_ms": round(res.elapsed_ms, 1)}
 
-            child = self._child = ForkedWrite(write, part_path)
-            t0 = time.perf_counter()
-            child.start()
-            fork_ms = (time.perf_counter() - t0) * 1000
+            # Taken before the fork: a failed attempt waits for the next due
+            # point instead of being retried at every applied batch.
             b.controller.snapshot_taken(end)
+            child = ForkedWrite(write, part_path)
+            t0 = time.perf_counter()
+            try:
+                child.start()
+            except OSError as exc:  # EAGAIN/ENOMEM: no child, nothing written
+                b.metrics.snapshot_generation_failures.labels(path="fork").inc()
+                b.log.error("snapshot_write_failed", snapshot=[snap_id.end_offset, snap_id.epoch], path="fork",
+                            error=f"fork failed: {exc}", action="nothing written; the next due point tries again")
+                return
+            fork_ms = (time.perf_counter() - t0) * 1000
+            self._child = child
             try:
                 res = await child.wait()
             finally:

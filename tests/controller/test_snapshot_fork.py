@@ -10,6 +10,8 @@ import asyncio
 import os
 import resource
 
+import pytest
+
 from broker.controller import ControllerState, load_snapshot, write_controller_snapshot
 from broker.snapshot_fork import ForkedWrite
 from protocol.messages import SnapshotId
@@ -119,3 +121,21 @@ async def test_a_child_killed_mid_write_is_reported_and_its_partial_file_removed
     assert res.exit_status == "signal 9 (SIGKILL)"
     assert res.error == "snapshot child process died (signal 9 (SIGKILL)) without a report"
     assert _files(store.directory) == []
+
+
+def test_a_fork_that_fails_raises_and_leaks_no_descriptor(tmp_path, monkeypatch):
+    """fork() refused (EAGAIN: too many processes): start() raises the
+    OSError for the caller to log, and the report pipe is closed again."""
+    import errno
+
+    def refuse():
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    fds_before = sorted(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(os, "fork", refuse)
+    child = ForkedWrite(lambda: {}, str(tmp_path / "x.checkpoint.part"))
+    with pytest.raises(OSError) as caught:
+        child.start()
+    assert caught.value.errno == errno.EAGAIN
+    assert sorted(os.listdir("/proc/self/fd")) == fds_before
+    assert child.pid is None
