@@ -146,9 +146,12 @@ def _child(write: Callable[[], dict], fd: int, parent: int) -> None:
         # The parent's asyncio signal handling writes caught signals to a
         # wake-up fd shared with the parent: a SIGTERM sent to the child alone
         # must end the child, not be read by the parent's loop as its own.
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
+        try:
+            signal.set_wakeup_fd(-1)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+        except ValueError:
+            pass  # not the interpreter's main thread: it never set a wake-up fd either
         # A collection would write to every tracked object's header: pages
         # copied for nothing in a process that lives for one write.
         gc.disable()

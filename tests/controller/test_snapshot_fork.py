@@ -139,3 +139,27 @@ def test_a_fork_that_fails_raises_and_leaks_no_descriptor(tmp_path, monkeypatch)
     assert caught.value.errno == errno.EAGAIN
     assert sorted(os.listdir("/proc/self/fd")) == fds_before
     assert child.pid is None
+
+
+def test_a_child_forked_from_a_thread_other_than_the_main_one_writes(tmp_path):
+    """A broker whose event loop runs outside the main thread (embedded) still
+    gets its snapshot: the child's signal reset must not fail there."""
+    import threading
+
+    store = SnapshotStore(str(tmp_path))
+    state = base_state(topics=3, partitions=3)
+    sid = SnapshotId(state.offset, 1)
+    part = generation_part_path(store.directory, sid)
+    results = []
+
+    async def go() -> None:
+        child = ForkedWrite(_writer(store, state, sid, part), part)
+        child.start()
+        results.append(await child.wait())
+
+    t = threading.Thread(target=lambda: asyncio.run(go()))
+    t.start()
+    t.join(30)
+    assert not t.is_alive() and len(results) == 1
+    assert results[0].ok, results[0].error
+    assert load_snapshot(store, sid).to_json() == state.to_json()
