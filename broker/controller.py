@@ -938,10 +938,12 @@ def write_controller_snapshot(store, state: ControllerState, snapshot_id: m.Snap
                               sync_every_bytes: int | None = SNAPSHOT_SYNC_EVERY_BYTES) -> SnapshotResult:
     """Serialize `state` into the snapshot `snapshot_id` of `store`.
 
-    Made to run in a worker thread: pass ``controller.state.copy()`` taken on
-    the event loop at the moment state.offset == snapshot_id.end_offset. The
-    copy shares only frozen records with the live state, so the loop keeps
-    applying (and the log keeps appending) while this encodes and fsyncs.
+    Made to run off the event loop: in a forked child (broker/snapshot_fork.py,
+    the default), whose copy-on-write memory holds the state as it was at the
+    fork, or in a worker thread given a copy taken on the loop at the moment
+    state.offset == snapshot_id.end_offset (the copy shares only frozen
+    records with the live state). Either way the loop keeps applying (and
+    the log keeps appending) while this encodes and fsyncs.
     `voters` (a VotersRecord) is the log's voter set below end_offset, if the
     log has one (KIP-853); it travels in the snapshot. `part_path`: the
     temporary file's name, if the caller must be able to remove it.
