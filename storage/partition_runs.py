@@ -169,12 +169,16 @@ def distinct_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class TopicNames:
     """Raw 16-byte topic ids to their text, one shared str per topic."""
 
+    MAX = 1 << 20  # a broker keeps one for its life: cleared when full (topics come and go)
+
     def __init__(self) -> None:
         self._text: dict[bytes, str] = {}
 
     def column(self, raw: np.ndarray) -> tuple[list[str], list[str], np.ndarray]:
         """(text per row, distinct texts, row -> index into the distinct)."""
         uniq, inverse = distinct_rows(np.ascontiguousarray(raw).view("<u8").reshape(-1, 2))
+        if len(self._text) + len(uniq) > self.MAX:
+            self._text.clear()
         names = []
         for row in uniq:
             x = row.tobytes()
