@@ -33,14 +33,25 @@ def events(cluster, node_id: int, name: str) -> list[dict]:
 @pytest.mark.parametrize("generation", ["fork", "thread"])
 async def test_a_snapshot_written_by_either_path_equals_the_log_replay(make_cluster, generation):
     """fork is the default; thread is the fallback where fork() is missing."""
+    # max_replication_lag_ms: the leader moves its log start past a snapshot
+    # only once every live replica has it (KIP-630), so the observer never
+    # falls behind it and needs a snapshot of its own.
     cluster = make_cluster(voters=1, observers=1, start=False, snapshot_min_records=150,
-                           snapshot_generation=generation, **QUICK)
+                           snapshot_generation=generation, max_replication_lag_ms=60_000, **QUICK)
     voter, observer = 1, 2
     assert not cluster.nodes[observer].voter
     # The observer never snapshots, so it keeps the whole log from offset 0: the replay.
     cluster.nodes[observer].extra["snapshot_min_records"] = 1 << 40
     cluster.start()
     await asyncio.to_thread(cluster.wait_for_leader, 20)
+    # The observer fetching before the first snapshot: a replica the leader
+    # has not heard from yet would not hold its log start back.
+    def observer_caught_up() -> bool:
+        applied = (cluster.quorum(observer) or {}).get("applied_offset") or 0
+        hw = (cluster.quorum(voter) or {}).get("high_watermark") or 0
+        return 0 < hw <= applied
+
+    await asyncio.to_thread(cluster.wait_for, observer_caught_up, 20, "the observer to fetch and catch up")
     await write_metadata(cluster, brokers=5, topics=10, filler=400)
     created = await asyncio.to_thread(cluster.wait_for, lambda: events(cluster, voter, "snapshot_created"),
                                       30, "the voter's first snapshot_created")
