@@ -171,7 +171,7 @@ async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
         return broker.controller.state
 
     def ok(view) -> web.Response:
-        return web.Response(body=views.encode(view), content_type="application/json")
+        return web.Response(body=views.encode(view), content_type="application/json", charset="utf-8")
 
     def not_found(what: str) -> web.Response:
         return web.json_response({"error": "NOT_FOUND", "message": what}, status=404)
