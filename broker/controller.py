@@ -805,9 +805,6 @@ class Controller:
             raise CommandError(f"no such ACL: {authz.acl_to_text(want)}")
         return [r.encode_record(r.RemoveAccessControlEntry(i)) for i in ids]
 
-    def list_acls(self) -> list[dict]:
-        return [authz.acl_to_dict(self.state.acls[i]) for i in sorted(self.state.acls)]
-
 
 # ------------------------------------------------------------------ snapshots
 

@@ -202,3 +202,25 @@ def test_partition_ids_with_a_gap_cost_what_exists_not_the_highest_id():
     assert s.apply(s.offset, r.Partition(tid(1), 0, (0,), (0,), 0))
     assert s.partition_ids(tid(1)) == range(1) and tid(1) not in s.sparse_partition_ids
     assert time.perf_counter() - t0 < 5, "walked the id range instead of the ids"
+
+
+def test_list_acls_over_the_binary_port_answers_a_page_and_says_what_is_wrong():
+    """ControllerCommand list_acls pages like /metadata/acls (the client reads
+    every page); a bad `after` or `limit` is refused with the reason."""
+    from broker.controller import CommandError, Controller
+    from broker.controller_commands import list_acls_page
+
+    c = Controller(state_with(topics=0, partitions=0))
+    acl = dict(principal="User:a", host="*", operation=2, permission_type=3, resource_type=4,
+               resource_name="kafka-cluster", pattern_type=3)
+    ids = [f"00000000-0000-4000-8000-00000000000{i}" for i in range(3)]
+    for i in ids:
+        assert c.state.apply(c.state.offset, r.AccessControlEntry(id=i, **acl))
+    page = list_acls_page(c, {"limit": 2})
+    assert [a["id"] for a in page["acls"]] == ids[:2] and page["next"] == ids[1]
+    page = list_acls_page(c, {"after": ids[1]})
+    assert [a["id"] for a in page["acls"]] == ids[2:] and page["next"] is None
+    with pytest.raises(CommandError, match=r"limit must be an integer between 1 and 1000, got 0"):
+        list_acls_page(c, {"limit": 0})
+    with pytest.raises(CommandError, match=r"after must be an ACL id \(text\), got 5"):
+        list_acls_page(c, {"after": 5})
