@@ -96,6 +96,24 @@ def _partition_problem(p: r.Partition) -> str | None:
     """Why a partition is malformed, or None."""
     if p.partition_id < 0:
         return f"negative partition id {p.partition_id}"
+    # The answer depends on (replicas, ISR, leader) only, and few distinct
+    # ones exist (replica lists repeat across partitions): replay asks once
+    # per distinct triple instead of building sets per record.
+    key = (p.replicas, p.isr, p.leader)
+    got = _assignment_problems.get(key, _UNKNOWN)
+    if got is _UNKNOWN:
+        if len(_assignment_problems) >= _ASSIGNMENT_PROBLEMS_MAX:
+            _assignment_problems.clear()
+        got = _assignment_problems[key] = _assignment_problem(p)
+    return got
+
+
+_UNKNOWN = object()
+_ASSIGNMENT_PROBLEMS_MAX = 1 << 16
+_assignment_problems: dict[tuple, str | None] = {}
+
+
+def _assignment_problem(p: r.Partition) -> str | None:
     if not p.replicas:
         return "empty replica list"
     if len(set(p.replicas)) != len(p.replicas) or min(p.replicas) < 0:
@@ -107,6 +125,16 @@ def _partition_problem(p: r.Partition) -> str | None:
     if p.leader != r.NO_LEADER and p.leader not in p.isr:
         return f"leader {p.leader} is not in the ISR {list(p.isr)}"
     return None
+
+
+def _shared_rows(a) -> list[tuple[int, ...]]:
+    """Each row of the int array `a` as a storage.metadata_records.shared_ints
+    tuple: built once per distinct row, not once per row."""
+    from storage.partition_runs import distinct_rows  # numpy: for the loader only
+
+    uniq, inverse = distinct_rows(a)
+    tuples = [r.shared_ints(tuple(x)) for x in uniq.tolist()]
+    return list(map(tuples.__getitem__, inverse.tolist()))
 
 
 class ControllerState:
@@ -287,6 +315,52 @@ class ControllerState:
         if rec.partition_id >= count:
             self.partition_counts[rec.topic_id] = rec.partition_id + 1
         return True
+
+    def _apply_partition_run(self, run) -> None:
+        """Apply a storage.partition_runs.PartitionRun: the same as _partition
+        on each of its records, checked and inserted as columns. A run with
+        any record _partition would reject is applied record by record, so
+        the rejection and its message are exactly _partition's."""
+        import numpy as np  # the snapshot loader's only; not imported by a broker that never loads
+
+        reps, isr, leaders, pids = run.replicas, run.isr, run.leaders, run.partition_ids
+        n, m = reps.shape[1], isr.shape[1]
+        ok = all(t in self.topics for t in run.topic_names)
+        ok = ok and bool((pids >= 0).all()) and bool((reps >= 0).all())
+        for x in range(n):  # distinct replicas, distinct ISR members, ISR within the replicas
+            for y in range(x + 1, n):
+                ok = ok and not (reps[:, x] == reps[:, y]).any()
+        for x in range(m):
+            for y in range(x + 1, m):
+                ok = ok and not (isr[:, x] == isr[:, y]).any()
+            ok = ok and bool((isr[:, x:x + 1] == reps).any(axis=1).all())
+        ok = ok and bool(((leaders == r.NO_LEADER) | (isr == leaders[:, None]).any(axis=1)).all())
+        pid_list = pids.tolist()
+        # shared_ints hands out one tuple per value: an ISR equal to its
+        # replica list is the replica tuple itself.
+        rep_list = _shared_rows(reps)
+        isr_list = rep_list if n == m and bool((isr == reps).all()) else _shared_rows(isr)
+        tids = run.topic_ids
+        recs = list(map(r.Partition, tids, pid_list, rep_list, isr_list, leaders.tolist(),
+                        run.leader_epochs.tolist(), run.partition_epochs.tolist()))
+        if not ok or type(self.partitions) is not StateDict:
+            # A rejection, or an incremental copy tracking writes (TrackedDict):
+            # record by record.
+            for rec in recs:
+                self._partition(rec)
+            return
+        self.partitions.update(zip(zip(tids, pid_list), recs))
+        # Each topic's highest partition id: the last row of each topic's
+        # group once sorted by (topic, id) (np.maximum.at is slower).
+        order = np.lexsort((pids, run.topic_index))
+        by_topic = run.topic_index[order]
+        last = np.append(by_topic[1:] != by_topic[:-1], True)
+        top = np.full(len(run.topic_names), -1, np.int64)
+        top[by_topic[last]] = pids[order][last]
+        counts = self.partition_counts
+        for t, hi in zip(run.topic_names, top.tolist()):
+            if hi >= counts.get(t, 0):
+                counts[t] = hi + 1
 
     def _partition_change(self, rec: r.PartitionChange) -> bool:
         key = (rec.topic_id, rec.partition_id)
@@ -850,20 +924,26 @@ def load_snapshot(store, snapshot_id: m.SnapshotId) -> ControllerState:
     """Load one snapshot; raises CorruptSnapshotError or SnapshotLoadError."""
     from storage.snapshot import read_snapshot
 
-    sid, _header, values = read_snapshot(store.path(snapshot_id))
+    sid, _header, items = read_snapshot(store.path(snapshot_id), partition_runs=True)
     state = ControllerState()
     dec = r.decode_record
     # Loading allocates only long-lived objects: cyclic GC passes over the
     # growing heap would cost more than the load itself.
     gc_was_enabled = gc.isenabled()
     gc.disable()
+    i = 0  # records so far
     try:
-        for i, value in enumerate(values):
+        for item in items:
+            if type(item) is not bytes:  # a PartitionRun (storage.partition_runs)
+                state._apply_partition_run(item)
+                i += item.count
+                continue
             try:
-                rec = dec(value)
+                rec = dec(item)
             except r.MetadataRecordError as exc:
                 raise SnapshotLoadError(f"snapshot {sid}: record {i}: {exc}") from exc
             state._apply(rec)
+            i += 1
     finally:
         if gc_was_enabled:
             gc.enable()

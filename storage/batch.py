@@ -268,51 +268,21 @@ def decode_records(batch: bytes | memoryview, header: BatchHeader | None = None)
     h = header or decode_header(view, 0)
     data = bytes(view[HEADER_SIZE:h.size])
     end = len(data)
-    out: list[bytes] = []
-    append = out.append
-    mids = _DATA_MID
-    control = h.attributes & ATTR_CONTROL
     pos = 0
-    for i in range(h.records_count):
-        if pos >= end:
-            raise CorruptBatchError(f"record {i} runs past the batch end", HEADER_SIZE + pos, h.base_offset)
-        if not control and i < _TABLE_N:
-            # The common shape, ours: length and value length of at most two
-            # varint bytes, zero attributes and timestamp delta, offset delta
-            # i, null key, no headers. Anything else takes the general parser.
-            try:
-                z = data[pos]
-                if z < 0x80:
-                    p = pos + 1
-                else:
-                    z = (z & 0x7F) | (data[pos + 1] << 7)
-                    p = pos + 2
-                mid = mids[i]
-                q = p + len(mid)
-                v = data[q]
-                if v < 0x80:
-                    q += 1
-                else:
-                    v = (v & 0x7F) | (data[q + 1] << 7)
-                    q += 2
-                rend = p + (z >> 1)
-                if not (z | v) & 1 and z < 0x4000 and v < 0x4000 and q + (v >> 1) + 1 == rend <= end \
-                        and not data[rend - 1] and data[p:p + len(mid)] == mid:
-                    append(data[q:rend - 1])
-                    pos = rend
-                    continue
-            except IndexError:
-                pass  # the general parser says where it ends
-        rec, pos = _parse_record(data, pos, end, i, h)
-        if control:
+    if not h.attributes & ATTR_CONTROL:
+        out = [b""] * h.records_count
+        for i in range(h.records_count):
+            out[i], pos = next_value(data, pos, end, i, h)
+    else:
+        out = []
+        for i in range(h.records_count):
+            if pos >= end:
+                raise CorruptBatchError(f"record {i} runs past the batch end", HEADER_SIZE + pos, h.base_offset)
+            rec, pos = _parse_record(data, pos, end, i, h)
             if rec.key is None or len(rec.key) != CONTROL_KEY_SIZE or rec.value is None:
                 raise CorruptBatchError(f"control record {i} has no 4-byte key or no value",
                                         HEADER_SIZE + pos, h.base_offset)
-            append(rec.key + rec.value)
-        else:
-            if rec.value is None:
-                raise CorruptBatchError(f"record {i} has a null value", HEADER_SIZE + pos, h.base_offset)
-            append(rec.value)
+            out.append(rec.key + rec.value)
     if pos != end:
         raise CorruptBatchError("trailing bytes after the last record", HEADER_SIZE + pos, h.base_offset)
     return out
@@ -331,6 +301,42 @@ def decode_full_records(batch: bytes | memoryview, header: BatchHeader | None = 
     if pos != len(data):
         raise CorruptBatchError("trailing bytes after the last record", HEADER_SIZE + pos, h.base_offset)
     return out
+
+
+def next_value(data: bytes, pos: int, end: int, index: int, h: BatchHeader) -> tuple[bytes, int]:
+    """One data record's value at `pos` of a batch's record bytes `data`:
+    (value, position after the record), as decode_records reads it (the
+    common shape -- attributes and timestamp delta 0, offset delta `index`,
+    null key, no headers, lengths under two varint bytes -- without the
+    general parser). For readers that take a batch's records piecewise."""
+    if pos >= end:
+        raise CorruptBatchError(f"record {index} runs past the batch end", HEADER_SIZE + pos, h.base_offset)
+    if index < _TABLE_N:
+        try:
+            z = data[pos]
+            if z < 0x80:
+                p = pos + 1
+            else:
+                z = (z & 0x7F) | (data[pos + 1] << 7)
+                p = pos + 2
+            mid = _DATA_MID[index]
+            q = p + len(mid)
+            v = data[q]
+            if v < 0x80:
+                q += 1
+            else:
+                v = (v & 0x7F) | (data[q + 1] << 7)
+                q += 2
+            rend = p + (z >> 1)
+            if not (z | v) & 1 and z < 0x4000 and v < 0x4000 and q + (v >> 1) + 1 == rend <= end \
+                    and not data[rend - 1] and data[p:p + len(mid)] == mid:
+                return data[q:rend - 1], rend
+        except IndexError:
+            pass  # the general parser says where it ends
+    rec, pos = _parse_record(data, pos, end, index, h)
+    if rec.value is None:
+        raise CorruptBatchError(f"record {index} has a null value", HEADER_SIZE + pos, h.base_offset)
+    return rec.value, pos
 
 
 def _parse_record(data: bytes, pos: int, end: int, index: int, h: BatchHeader) -> tuple[Record, int]:

@@ -383,13 +383,18 @@ def read_snapshot_voters(path: str) -> cr.VotersRecord | None:
     return None
 
 
-def read_snapshot(path: str) -> tuple[SnapshotId, cr.SnapshotHeader, Iterator[bytes]]:
+def read_snapshot(path: str, partition_runs: bool = False
+                  ) -> tuple[SnapshotId, cr.SnapshotHeader, Iterator[bytes]]:
     """Verify the whole file first (so a bad file never yields a record), then
     return its id, header and an iterator over the data record values.
 
     Both passes read a block or a batch at a time, never the whole file: the
     loader's memory is the state it builds, not the state plus the file. The
-    second pass checks each batch's CRC again (the file is read twice)."""
+    second pass checks each batch's CRC again (the file is read twice).
+
+    partition_runs: runs of common-shape PartitionRecords come as
+    storage.partition_runs.PartitionRun items instead of one value each (the
+    controller's load applies them as columns)."""
     name = os.path.basename(path)
     sid = parse_snapshot_filename(name)
     if sid is None:
@@ -397,6 +402,10 @@ def read_snapshot(path: str) -> tuple[SnapshotId, cr.SnapshotHeader, Iterator[by
     layout = verify_snapshot_file(path, sid)
 
     def values() -> Iterator[bytes]:
+        if partition_runs:
+            from storage import partition_runs as pr  # numpy: imported by the loader only
+
+            names = pr.TopicNames()
         with open(path, "rb", buffering=0) as f:
             fd = f.fileno()
             for pos, h in layout.data_batches:
@@ -405,6 +414,9 @@ def read_snapshot(path: str) -> tuple[SnapshotId, cr.SnapshotHeader, Iterator[by
                     raise CorruptSnapshotError(path, pos + len(batch), "file shrank after its check")
                 try:
                     b.verify_crc(batch, 0, h)
+                    if partition_runs and not h.attributes & b.ATTR_CONTROL:
+                        yield from pr.iter_batch(batch, h, names)
+                        continue
                     records = b.decode_records(batch, h)
                 except b.CorruptBatchError as exc:
                     raise CorruptSnapshotError(path, pos + exc.position, f"changed after its check: {exc}") from exc
