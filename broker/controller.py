@@ -343,9 +343,10 @@ class ControllerState:
         tids = run.topic_ids
         recs = list(map(r.Partition, tids, pid_list, rep_list, isr_list, leaders.tolist(),
                         run.leader_epochs.tolist(), run.partition_epochs.tolist()))
-        if not ok or type(self.partitions) is not StateDict:
-            # A rejection, or an incremental copy tracking writes (TrackedDict):
-            # record by record.
+        if not ok or type(self.partitions) is not StateDict or not partition_ids.run_extends_dense(
+                self.partition_counts, self.sparse_partition_ids, run.topic_names, run.topic_index, pids):
+            # A rejection, an incremental copy tracking writes (TrackedDict), or
+            # a gap in a topic's ids (broker/partition_ids.py): record by record.
             for rec in recs:
                 self._partition(rec)
             return

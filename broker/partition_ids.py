@@ -47,3 +47,30 @@ def add_sparse(sparse: SparseIds, topic_id: str, partition_id: int, count: int) 
 
 def copy_sparse(sparse: SparseIds) -> SparseIds:
     return {tid: array("q", ids) for tid, ids in sparse.items()}
+
+
+def run_extends_dense(counts: dict[str, int], sparse: SparseIds, topic_names: list[str], topic_index,
+                      partition_ids) -> bool:
+    """Whether a run of Partition rows (storage.partition_runs.PartitionRun's
+    columns) leaves every topic it touches dense, so that the snapshot
+    loader may insert it in bulk and only raise the counts: each topic's
+    rows are one group, its ids counting up by one from the topic's count
+    (what ControllerState.to_records writes). Otherwise the loader applies the
+    run record by record, which keeps the sparse ids. Vector operations, no
+    per-row Python."""
+    import numpy as np  # the snapshot loader's only, like the runs themselves
+
+    if sparse and any(t in sparse for t in topic_names):
+        return False
+    n = len(topic_index)
+    if n == 0:
+        return True
+    first = np.empty(n, dtype=bool)
+    first[0] = True
+    np.not_equal(topic_index[1:], topic_index[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    if len(starts) != len(topic_names):  # a topic in two groups (topic_names: the run's distinct topics)
+        return False
+    base = np.fromiter((counts.get(t, 0) for t in topic_names), dtype=np.int64, count=len(topic_names))
+    position = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
+    return bool((partition_ids == base[topic_index] + position).all())
