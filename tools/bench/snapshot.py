@@ -8,7 +8,8 @@ controller (the full-replay cost a new broker pays without a snapshot), then
 measures: what one admin read costs at that size (one topic, one broker, a
 page; view + JSON), the state copy taken on the event loop, snapshot generation (encode
 + write + fsync + rename, the part that runs off the loop), snapshot load
-(read + CRC verify + decode + apply), and the snapshot size.
+(read + CRC verify + decode + apply) in this process and in a fresh one (a
+broker's boot: time, CPU, RSS holding the state), and the snapshot size.
 
 Catch-up of a new broker over the network (FetchSnapshot vs Fetch of the full
 log) needs the runtime and is measured by the cluster benchmark, not here; the
@@ -21,6 +22,8 @@ import argparse
 import json
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -127,6 +130,36 @@ def write_beside_a_loop(store, state, sid):
     return box["res"], lag
 
 
+def _proc_status_mib(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise LookupError(field)
+
+
+def load_only(directory: str) -> dict:
+    """Load the newest snapshot in `directory` as a booting broker does, in
+    this process: wall and CPU seconds, RSS holding the state and its peak."""
+    rss0 = _proc_status_mib("VmRSS")
+    t0, c0 = time.perf_counter(), time.process_time()
+    loaded = load_latest(SnapshotStore(directory))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if loaded is None:
+        raise SystemExit(f"no snapshot loads from {directory}")
+    st = loaded[0]
+    return {"seconds": wall, "cpu_seconds": cpu, "partitions": len(st.partitions),
+            "rss_before_mib": rss0, "rss_mib": _proc_status_mib("VmRSS"), "peak_rss_mib": _proc_status_mib("VmHWM")}
+
+
+def fresh_process_load(directory: str) -> dict:
+    """load_only in a new Python process (no replayed state beside it, the
+    imports of a broker), as a broker's boot pays it."""
+    out = subprocess.run([sys.executable, "-m", "tools.bench.snapshot", "--load-only", directory],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=1_000_000)
@@ -135,7 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--brokers", type=int, default=10)
     ap.add_argument("--dir", default=None, help="snapshot directory (default: a temp dir)")
     ap.add_argument("--json", default=None, help="also write the figures here as JSON (metalog bench --scale)")
+    ap.add_argument("--load-only", metavar="DIR", default=None,
+                    help="only load the newest snapshot in DIR and print the figures as JSON")
     args = ap.parse_args(argv)
+    if args.load_only:
+        print(json.dumps(load_only(args.load_only)))
+        return 0
     fig: dict = {"records": args.records, "topics": args.topics, "partitions_per_topic": args.partitions,
                  "brokers": args.brokers}
 
@@ -192,6 +230,12 @@ def main(argv: list[str] | None = None) -> int:
         assert loaded is not None and loaded[0] == st, "loaded state differs from the live state"
         print(f"snapshot load: {load_s:.2f} s (state equal to the replayed one: yes)")
         print(f"full replay time / snapshot load time: {replay_s / load_s:.1f}")
+        fresh = fresh_process_load(directory)
+        print(f"snapshot load in a fresh process (a broker's boot): {fresh['seconds']:.2f} s "
+              f"({fresh['cpu_seconds']:.2f} s CPU; replay / load {replay_s / fresh['seconds']:.1f}x), "
+              f"RSS holding the state {fresh['rss_mib']:.0f} MiB, peak {fresh['peak_rss_mib']:.0f} MiB "
+              f"(process before the load {fresh['rss_before_mib']:.0f} MiB)")
+        fig["fresh_load"] = fresh
         fig.update(snapshot_bytes=res.size_bytes, snapshot_write_seconds=res.elapsed_ms / 1000,
                    load_seconds=load_s, replay_over_load=replay_s / load_s,
                    writer_stall_p99_ms=lag[0], writer_stall_max_ms=lag[1])
