@@ -82,23 +82,3 @@ def test_reads_section_alone_reads_the_leader_of_the_snapshot_voters(tmp_path):
     assert set(reads["admin_reads"]) == {"topic", "broker", "topics page", "partitions page"}
     text = catchup.format_report(rep)
     assert "admin API GET one topic: p50" in text and "admin API GET partitions page: p50" in text
-
-
-def test_the_scale_table_has_a_row_per_read_and_listing_page():
-    """Item 4's rows in docs/bench.md's table: one topic and one broker (the
-    admin API's p99 and the in-process view + JSON), and a page of topics and
-    of a topic's partitions; a p99 over 5 ms fails its row."""
-    from tools.bench.scale import rows_from
-
-    def lat(p99):
-        return {"p50_ms": 0.5, "p99_ms": p99, "samples": 500}
-
-    reads = {"topic": lat(1.2), "broker": lat(0.6), "topics page": lat(6.1), "partitions page": lat(1.0)}
-    rows = [r for r in rows_from({}, {"catchup": {"by_snapshot": {"catchup_seconds": 1.0, "admin_reads": reads}}}) if r.item == "4"]
-    assert [(r.goal, r.passed) for r in rows] == [
-        ("a query for topic answers in <= 5 ms (p99)", True),
-        ("a query for broker answers in <= 5 ms (p99)", True),
-        ("a topics listing pages; a page of 100 answers in <= 5 ms (p99)", False),
-        ("a partitions listing pages; a page of 100 answers in <= 5 ms (p99)", True),
-    ]
-    assert rows[2].figure == "admin API over TLS p50 0.5 / p99 6.1 ms"
