@@ -137,6 +137,69 @@ def _shared_rows(a) -> list[tuple[int, ...]]:
     return list(map(tuples.__getitem__, inverse.tolist()))
 
 
+class _PreparedRows:
+    """A PartitionRun's rows as Partition records, keys, and whether each
+    passes _partition_problem, computed as columns (numpy) once."""
+
+    __slots__ = ("records", "keys", "ok", "topic_ids", "_run", "_pids")
+
+    def __init__(self, run) -> None:
+        import numpy as np  # numpy: for runs only
+
+        reps, isr, leaders, pids = run.replicas, run.isr, run.leaders, run.partition_ids
+        n, m = reps.shape[1], isr.shape[1]
+        # _partition_problem per row: id >= 0, distinct non-negative replicas,
+        # distinct ISR members, ISR within the replicas, leader in the ISR or none.
+        ok = (pids >= 0) & (reps >= 0).all(axis=1)
+        for x in range(n):
+            for y in range(x + 1, n):
+                ok &= reps[:, x] != reps[:, y]
+        for x in range(m):
+            for y in range(x + 1, m):
+                ok &= isr[:, x] != isr[:, y]
+            ok &= (isr[:, x:x + 1] == reps).any(axis=1)
+        ok &= (leaders == r.NO_LEADER) | (isr == leaders[:, None]).any(axis=1)
+        self.ok: list[bool] = ok.tolist()
+        # shared_ints hands out one tuple per value: an ISR equal to its
+        # replica list is the replica tuple itself.
+        rep_list = _shared_rows(reps)
+        isr_list = rep_list if n == m and bool((isr == reps).all()) else _shared_rows(isr)
+        pid_list = pids.tolist()
+        self.topic_ids: list[str] = run.topic_ids
+        self.records = list(map(r.Partition, run.topic_ids, pid_list, rep_list, isr_list, leaders.tolist(),
+                                run.leader_epochs.tolist(), run.partition_epochs.tolist()))
+        self.keys = list(zip(run.topic_ids, pid_list))
+        self._run, self._pids = run, pid_list
+
+    def extends_dense(self, counts: dict[str, int], sparse: partition_ids.SparseIds, start: int, stop: int) -> bool:
+        """Whether rows[start:stop] leave every topic they touch dense
+        (broker/partition_ids.py), so that raising the counts keeps the index."""
+        if stop - start < 512:
+            return partition_ids.ids_extend_dense(counts, sparse, self.topic_ids[start:stop], self._pids[start:stop])
+        return partition_ids.columns_extend_dense(counts, sparse, self._run.topic_names,
+                                                  self._run.topic_index[start:stop],
+                                                  self._run.partition_ids[start:stop])
+
+    def highest(self, start: int, stop: int) -> Iterable[tuple[str, int]]:
+        """(topic id, its highest partition id) among rows[start:stop]."""
+        if stop - start < 512:
+            top: dict[str, int] = {}
+            for t, pid in zip(self.topic_ids[start:stop], self._pids[start:stop]):
+                if pid > top.get(t, -1):
+                    top[t] = pid
+            return top.items()
+        import numpy as np
+
+        # the last row of each topic's group once sorted by (topic, id)
+        index = self._run.topic_index[start:stop]
+        pids = self._run.partition_ids[start:stop]
+        order = np.lexsort((pids, index))
+        by_topic = index[order]
+        last = np.append(by_topic[1:] != by_topic[:-1], True)
+        names = self._run.topic_names
+        return [(names[t], pid) for t, pid in zip(by_topic[last].tolist(), pids[order][last].tolist())]
+
+
 class ControllerState:
     """Brokers, topics, partitions, configs and features at `offset`.
 
@@ -318,50 +381,26 @@ class ControllerState:
 
     def _apply_partition_run(self, run) -> None:
         """Apply a storage.partition_runs.PartitionRun: the same as _partition
-        on each of its records, checked and inserted as columns. A run with
-        any record _partition would reject is applied record by record, so
-        the rejection and its message are exactly _partition's."""
-        import numpy as np  # the snapshot loader's only; not imported by a broker that never loads
+        on each of its records, checked and inserted as columns."""
+        self._insert_rows(_PreparedRows(run), 0, run.count)
 
-        reps, isr, leaders, pids = run.replicas, run.isr, run.leaders, run.partition_ids
-        n, m = reps.shape[1], isr.shape[1]
-        ok = all(t in self.topics for t in run.topic_names)
-        ok = ok and bool((pids >= 0).all()) and bool((reps >= 0).all())
-        for x in range(n):  # distinct replicas, distinct ISR members, ISR within the replicas
-            for y in range(x + 1, n):
-                ok = ok and not (reps[:, x] == reps[:, y]).any()
-        for x in range(m):
-            for y in range(x + 1, m):
-                ok = ok and not (isr[:, x] == isr[:, y]).any()
-            ok = ok and bool((isr[:, x:x + 1] == reps).any(axis=1).all())
-        ok = ok and bool(((leaders == r.NO_LEADER) | (isr == leaders[:, None]).any(axis=1)).all())
-        pid_list = pids.tolist()
-        # shared_ints hands out one tuple per value: an ISR equal to its
-        # replica list is the replica tuple itself.
-        rep_list = _shared_rows(reps)
-        isr_list = rep_list if n == m and bool((isr == reps).all()) else _shared_rows(isr)
-        tids = run.topic_ids
-        recs = list(map(r.Partition, tids, pid_list, rep_list, isr_list, leaders.tolist(),
-                        run.leader_epochs.tolist(), run.partition_epochs.tolist()))
-        if not ok or type(self.partitions) is not StateDict or not partition_ids.run_extends_dense(
-                self.partition_counts, self.sparse_partition_ids, run.topic_names, run.topic_index, pids):
-            # A rejection, an incremental copy tracking writes (TrackedDict), or
-            # a gap in a topic's ids (broker/partition_ids.py): record by record.
-            for rec in recs:
+    def _insert_rows(self, rows: "_PreparedRows", start: int, stop: int) -> None:
+        """_partition on rows[start:stop] (records in a row): one dict update
+        when every one is valid, else record by record, so that a rejection
+        and its message are exactly _partition's."""
+        if not (type(self.partitions) is StateDict and all(rows.ok[start:stop])
+                and all(t in self.topics for t in set(rows.topic_ids[start:stop]))
+                and rows.extends_dense(self.partition_counts, self.sparse_partition_ids, start, stop)):
+            # a rejection, an incremental copy tracking writes (TrackedDict), or
+            # a gap in a topic's partition ids (broker/partition_ids.py)
+            for rec in rows.records[start:stop]:
                 self._partition(rec)
             return
-        self.partitions.update(zip(zip(tids, pid_list), recs))
-        # Each topic's highest partition id: the last row of each topic's
-        # group once sorted by (topic, id) (np.maximum.at is slower).
-        order = np.lexsort((pids, run.topic_index))
-        by_topic = run.topic_index[order]
-        last = np.append(by_topic[1:] != by_topic[:-1], True)
-        top = np.full(len(run.topic_names), -1, np.int64)
-        top[by_topic[last]] = pids[order][last]
+        self.partitions.update(zip(rows.keys[start:stop], rows.records[start:stop]))
         counts = self.partition_counts
-        for t, hi in zip(run.topic_names, top.tolist()):
-            if hi >= counts.get(t, 0):
-                counts[t] = hi + 1
+        for t, pid in rows.highest(start, stop):
+            if pid >= counts.get(t, 0):
+                counts[t] = pid + 1
 
     def _partition_change(self, rec: r.PartitionChange) -> bool:
         key = (rec.topic_id, rec.partition_id)
@@ -664,6 +703,7 @@ class Controller:
     def __init__(self, state: ControllerState | None = None) -> None:
         self.state = state or ControllerState()
         self.records_since_snapshot = 0
+        self._topic_names = None  # storage.partition_runs.TopicNames, once a batch is read as columns
 
     @property
     def applied_offset(self) -> int:
@@ -706,15 +746,19 @@ class Controller:
                 if stop == h.next_offset:
                     state.producers.end_offset = stop  # a batch boundary: producer state is as of it
                 continue
-            values = b.decode_records(memoryview(data)[pos:pos + h.size], h)
-            for i, value in enumerate(values):
-                offset = h.base_offset + i
-                if offset < state.offset:
-                    continue
-                if end_offset is not None and offset >= end_offset:
-                    break
-                state.apply_value(offset, value)
-                applied += 1
+            if h.records_count >= COLUMN_BATCH_RECORDS_MIN and h.base_offset == state.offset and (
+                    end_offset is None or h.next_offset <= end_offset):
+                applied += self._apply_batch_columns(memoryview(data)[pos:pos + h.size], h)
+            else:
+                values = b.decode_records(memoryview(data)[pos:pos + h.size], h)
+                for i, value in enumerate(values):
+                    offset = h.base_offset + i
+                    if offset < state.offset:
+                        continue
+                    if end_offset is not None and offset >= end_offset:
+                        break
+                    state.apply_value(offset, value)
+                    applied += 1
             if state.offset == h.next_offset:  # the whole batch is applied
                 if h.producer_id >= 0:
                     state.producers.apply_header(h)
@@ -722,6 +766,33 @@ class Controller:
                     state.producers.end_offset = h.next_offset
         self.records_since_snapshot += applied
         return applied
+
+    def _apply_batch_columns(self, batch: memoryview, h: b.BatchHeader) -> int:
+        """Apply a whole data batch with its PartitionRecords read as columns
+        (storage.partition_runs.read_batch): a topic's creation is a
+        TopicRecord and its partitions in one batch. The same state as record
+        by record; the batch is read whole before the first record applies,
+        so one that does not parse changes nothing (as with decode_records)."""
+        from storage import partition_runs as pr  # numpy: on the first such batch
+
+        if self._topic_names is None:
+            self._topic_names = pr.TopicNames()
+        read = pr.read_batch(batch, h, self._topic_names)
+        state = self.state
+        rows = None if read.run is None else _PreparedRows(read.run)
+        offset = h.base_offset
+        row = 0
+        for item in read.items:
+            if type(item) is int:
+                state._insert_rows(rows, row, row + item)
+                row += item
+                offset += item
+                state.offset = offset
+            else:
+                state.apply_value(offset, item)
+                offset += 1
+        assert offset == h.next_offset and (rows is None or row == len(rows.records)), (offset, row, h)
+        return h.records_count
 
     # -- builders: each returns encoded record values to append as one batch
 
@@ -915,6 +986,11 @@ def write_controller_snapshot(store, state: ControllerState, snapshot_id: m.Snap
     path, size, count = writer.write_all(r.encode_record(rec) for rec in state.to_records())
     return SnapshotResult(snapshot_id, path, size, count,
                           (time.perf_counter() - start) * 1000.0)
+
+
+# Smaller batches are applied record by record: a batch's column reading
+# costs a fixed few hundred microseconds of numpy calls.
+COLUMN_BATCH_RECORDS_MIN = 64
 
 
 class SnapshotLoadError(ValueError):

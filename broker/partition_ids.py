@@ -49,28 +49,48 @@ def copy_sparse(sparse: SparseIds) -> SparseIds:
     return {tid: array("q", ids) for tid, ids in sparse.items()}
 
 
-def run_extends_dense(counts: dict[str, int], sparse: SparseIds, topic_names: list[str], topic_index,
-                      partition_ids) -> bool:
-    """Whether a run of Partition rows (storage.partition_runs.PartitionRun's
-    columns) leaves every topic it touches dense, so that the snapshot
-    loader may insert it in bulk and only raise the counts: each topic's
-    rows are one group, its ids counting up by one from the topic's count
-    (what ControllerState.to_records writes). Otherwise the loader applies the
-    run record by record, which keeps the sparse ids. Vector operations, no
-    per-row Python."""
-    import numpy as np  # the snapshot loader's only, like the runs themselves
 
-    if sparse and any(t in sparse for t in topic_names):
-        return False
+def ids_extend_dense(counts: dict[str, int], sparse: SparseIds, topic_ids: list[str], pids: list[int]) -> bool:
+    """Whether Partition rows (topic id, partition id), inserted in bulk
+    with only the counts raised, leave every topic they touch dense: each
+    topic's rows are one group, its ids counting up by one from the topic's
+    count (what ControllerState.to_records writes, and a topic's creation).
+    If not, the caller applies them record by record, which keeps the sparse
+    ids. For a few rows; columns_extend_dense is the same over numpy columns."""
+    current, expected, seen = None, 0, set()
+    for t, pid in zip(topic_ids, pids):
+        if t != current:
+            if t in seen or (sparse and t in sparse):
+                return False
+            seen.add(t)
+            current, expected = t, counts.get(t, 0)
+        if pid != expected:
+            return False
+        expected += 1
+    return True
+
+
+def columns_extend_dense(counts: dict[str, int], sparse: SparseIds, topic_names: list[str], topic_index,
+                         pids) -> bool:
+    """ids_extend_dense over a storage.partition_runs.PartitionRun's columns
+    (a slice of them): row i is partition pids[i] of topic_names[topic_index[i]].
+    Vector operations, no per-row Python."""
+    import numpy as np  # the loader's only, like the runs themselves
+
     n = len(topic_index)
     if n == 0:
         return True
+    if sparse and any(t in sparse for t in topic_names):
+        return False
     first = np.empty(n, dtype=bool)
     first[0] = True
     np.not_equal(topic_index[1:], topic_index[:-1], out=first[1:])
     starts = np.flatnonzero(first)
-    if len(starts) != len(topic_names):  # a topic in two groups (topic_names: the run's distinct topics)
+    group_topics = topic_index[starts]
+    if len(np.unique(group_topics)) != len(starts):  # a topic in two groups
         return False
-    base = np.fromiter((counts.get(t, 0) for t in topic_names), dtype=np.int64, count=len(topic_names))
-    position = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
-    return bool((partition_ids == base[topic_index] + position).all())
+    base = np.fromiter((counts.get(topic_names[t], 0) for t in group_topics.tolist()), dtype=np.int64,
+                       count=len(starts))
+    lengths = np.diff(np.append(starts, n))
+    expected = np.repeat(base - starts, lengths) + np.arange(n)
+    return bool((pids == expected).all())

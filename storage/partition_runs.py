@@ -134,15 +134,10 @@ def _layout(n: int, m: int, od_width: int) -> _Layout:
 
 
 def _good_rows(raw: np.ndarray, lay: _Layout, first: int) -> int:
-    """How many leading rows of `raw` (one record a row, as bytes) hold
-    exactly the expected framing: the constant bytes, and offset delta i."""
-    expected = np.broadcast_to(lay.expected, raw.shape).copy()
-    z = 2 * np.arange(first, first + len(raw), dtype=np.int64)  # zig-zag of a non-negative index
-    width = lay.dtype.fields["od"][0].shape[0]
-    for k in range(width):
-        expected[:, lay.od_at + k] = ((z >> (7 * k)) & 0x7F) | (0x80 if k < width - 1 else 0)
-    bad = ((raw ^ expected) & lay.constant).any(axis=1)
-    return len(raw) if not bad.any() else int(np.argmax(bad))
+    """How many leading rows of `raw` (the records at first, first + 1, ...)
+    hold exactly the expected framing."""
+    ok = _framing_ok(raw, lay, np.arange(first, first + len(raw), dtype=np.int64))
+    return len(raw) if ok.all() else int(np.argmin(ok))
 
 
 def distinct_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -235,3 +230,129 @@ def iter_batch(batch: bytes, h: b.BatchHeader, names: TopicNames | None = None
         i += 1
     if pos != end:
         raise b.CorruptBatchError("trailing bytes after the last record", b.HEADER_SIZE + pos, h.base_offset)
+
+
+# ------------------------------------------------------- a batch at a time
+#
+# Replay meets PartitionRecords in shorter runs than a snapshot holds: a
+# topic's creation writes its partitions in one batch after its TopicRecord,
+# so a 1000-record batch of a log is ten topics of ninety-odd partitions. A
+# run's fixed numpy cost would eat its gain; read_batch pays it once per
+# batch instead: the records' boundaries are found by one Python pass over
+# their length varints, every record of the batch's PartitionRecord shape is
+# checked and read as columns at once, and the controller applies the rows
+# between the other records.
+
+
+class BatchRows(NamedTuple):
+    """A data batch's records in order: `items` holds the value (bytes) of
+    each record read by the general parser, and for each stretch of records
+    read as partition rows their count (int); `run` holds those rows, in
+    order, as one PartitionRun (None if there are none)."""
+
+    items: list[bytes | int]
+    run: PartitionRun | None
+
+
+def _record_starts(data: bytes, count: int) -> list[int] | None:
+    """Where each record starts (and, last, where the last one ends), from
+    their length varints; None if a length is not a non-negative varint of
+    at most two bytes, or the records do not end at the end of `data` (the
+    general parser then says what is wrong)."""
+    starts = [0] * (count + 1)
+    pos = 0
+    end = len(data)
+    try:
+        for i in range(count):
+            z = data[pos]
+            if z < 0x80:
+                pos += 1 + (z >> 1)
+            else:
+                z2 = data[pos + 1]
+                if z2 >= 0x80:
+                    return None
+                z = (z & 0x7F) | (z2 << 7)
+                pos += 2 + (z >> 1)
+            if z & 1:
+                return None  # a negative length
+            starts[i + 1] = pos
+    except IndexError:
+        return None
+    return starts if pos == end else None
+
+
+def _widths(count: int) -> Iterator[tuple[int, int, int]]:
+    """(offset-delta width, first index, end index) of the width regions of
+    indexes 0..count-1."""
+    lo, width = 0, 1
+    while lo < count:
+        hi = min(_region_end(lo), count)
+        yield width, lo, hi
+        lo, width = hi, width + 1
+
+
+def read_batch(batch: bytes, h: b.BatchHeader, names: TopicNames | None = None) -> BatchRows:
+    """The records of one whole data batch (CRC already checked), its
+    PartitionRecords of one shape (the first one's) as columns, the rest as
+    values. Raises CorruptBatchError as storage.batch.decode_records does."""
+    assert not h.attributes & b.ATTR_CONTROL, "control batches take decode_records"
+    names = names or TopicNames()
+    data = bytes(memoryview(batch)[b.HEADER_SIZE:h.size])
+    count = h.records_count
+    starts = _record_starts(data, count)
+    shape = None
+    if starts is not None:
+        shape = next(filter(None, (_shape(data, starts[i], i) for i in range(count))), None)
+    if shape is None:
+        return BatchRows(b.decode_records(batch, h), None)
+    n, m = shape
+    at = np.asarray(starts, np.int64)
+    sizes = np.diff(at)
+    arr = np.frombuffer(data, np.uint8)
+    good_rows, groups = [], []
+    for width, lo, hi in _widths(count):
+        lay = _layout(n, m, width)
+        size = lay.dtype.itemsize
+        rows = np.nonzero(sizes[lo:hi] == size)[0] + lo
+        if not len(rows):
+            continue
+        raw = arr[at[rows][:, None] + np.arange(size)]  # (rows, size): a copy, row by row
+        good = _framing_ok(raw, lay, rows)
+        good_rows.append(rows[good])
+        groups.append(raw[good].view(lay.dtype).ravel())
+    rows = np.concatenate(good_rows) if good_rows else np.empty(0, np.int64)
+    if not len(rows):
+        return BatchRows(b.decode_records(batch, h), None)
+
+    def column(name: str) -> np.ndarray:  # the regions' dtypes differ in framing widths only
+        return np.concatenate([g[name] for g in groups]) if len(groups) > 1 else groups[0][name]
+
+    lil = column("lil")
+    run = PartitionRun(int(rows[0]), *names.column(column("tid")), column("pid"), column("reps"),
+                       column("isr"), lil[:, 0], lil[:, 1], lil[:, 2])
+    items: list[bytes | int] = []
+    end = len(data)
+    prev = 0  # the first index not yet in items
+    is_row = np.zeros(count, bool)
+    is_row[rows] = True
+    for i in np.nonzero(~is_row)[0].tolist():
+        if i > prev:
+            items.append(i - prev)
+        value, pos = b.next_value(data, starts[i], end, i, h)
+        assert pos == starts[i + 1], (i, pos, starts[i + 1])
+        items.append(value)
+        prev = i + 1
+    if prev < count:
+        items.append(count - prev)
+    return BatchRows(items, run)
+
+
+def _framing_ok(raw: np.ndarray, lay: _Layout, index: np.ndarray) -> np.ndarray:
+    """Per row of `raw` (the record at index[row], as bytes): whether it
+    holds exactly the expected framing, offset delta included."""
+    expected = np.broadcast_to(lay.expected, raw.shape).copy()
+    z = 2 * index.astype(np.int64)
+    width = lay.dtype.fields["od"][0].shape[0]
+    for k in range(width):
+        expected[:, lay.od_at + k] = ((z >> (7 * k)) & 0x7F) | (0x80 if k < width - 1 else 0)
+    return ~((raw ^ expected) & lay.constant).any(axis=1)

@@ -242,3 +242,12 @@ def test_the_fast_load_keeps_each_topics_partition_ids(tmp_path, ids_by_topic):
         assert list(fast.partition_ids(TOPICS[t])) == list(general.partition_ids(TOPICS[t])) == list(ids)
     sparse = {TOPICS[t] for t, ids in ids_by_topic.items() if list(ids) != list(range(len(ids)))}
     assert set(fast.sparse_partition_ids) == set(general.sparse_partition_ids) == sparse
+    # The same records as a log: replay's columns keep the index too.
+    from broker.controller import Controller
+
+    c = Controller()
+    c.apply_batches(b.encode_batch(0, 1, values, 0))
+    assert c.state.offset == len(values) and c.state.invalid_records == 0
+    for t, ids in ids_by_topic.items():
+        assert list(c.state.partition_ids(TOPICS[t])) == list(ids)
+    assert set(c.state.sparse_partition_ids) == sparse
