@@ -57,6 +57,12 @@ def ids_extend_dense(counts: dict[str, int], sparse: SparseIds, topic_ids: list[
     count (what ControllerState.to_records writes, and a topic's creation).
     If not, the caller applies them record by record, which keeps the sparse
     ids. For a few rows; columns_extend_dense is the same over numpy columns."""
+    if not topic_ids:
+        return True
+    one = topic_ids[0]
+    if topic_ids.count(one) == len(topic_ids):  # one topic, as in a topic's creation: C loops only
+        start = counts.get(one, 0)
+        return not (sparse and one in sparse) and pids == list(range(start, start + len(pids)))
     current, expected, seen = None, 0, set()
     for t, pid in zip(topic_ids, pids):
         if t != current:
