@@ -1,4 +1,4 @@
-"""The snapshot loader's fast path: runs of PartitionRecords read as columns.
+"""PartitionRecords read as columns: the snapshot loader's and replay's fast path.
 
 A 2M-partition controller snapshot is 2M PartitionRecords in a row, nearly
 all of one shape: the same replica and ISR counts, no reassignment, no
@@ -9,15 +9,23 @@ run of them is an array of fixed-size rows. numpy reads that array in place
 constant -- record length, attributes, timestamp delta, offset delta = its
 index, null key, value length, frame, api key, version, array lengths, empty
 removing/adding lists, no tags, no headers -- in a few vector operations, and
-hands the controller columns. The general path parses a record frame and a
-record body in Python for each partition: about 4 us each, 8 s at 2M.
+hands the controller columns (iter_batch). The general path parses a record
+frame and a record body in Python for each partition: about 4 us each, 8 s
+at 2M partitions.
 
-Anything else ends a run: another record type, another shape, a tagged field,
-one mismatching byte. That record goes through the general parser
-(storage.batch), and the record decoder (storage.metadata_records) says what
-is wrong with it, exactly as without this module; so the items yielded here
-are the batch's records in order, some as raw values and some as runs, and
-never a different reading of the same bytes.
+A log holds shorter runs: a topic's creation is its TopicRecord and then its
+partitions, a few dozen to a few hundred. read_batch finds a batch's record
+boundaries with one Python pass over their lengths and reads every record of
+the batch's partition shape as columns at once, so the numpy calls are paid
+once per batch, not once per run.
+
+Anything else -- another record type, another shape, a tagged field, one
+mismatching byte -- is read by the general parser (storage.batch), and the
+record decoder (storage.metadata_records) says what is wrong with it, exactly
+as without this module: the items returned here are the batch's records in
+order, some as values and some as rows, never a different reading of the
+same bytes (tests/snapshot/test_partition_runs.py,
+tests/controller/test_column_replay.py).
 """
 
 from __future__ import annotations
@@ -161,12 +169,16 @@ def distinct_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class TopicNames:
     """Raw 16-byte topic ids to their text, one shared str per topic."""
 
+    MAX = 1 << 20  # a broker keeps one for its life: cleared when full (topics come and go)
+
     def __init__(self) -> None:
         self._text: dict[bytes, str] = {}
 
     def column(self, raw: np.ndarray) -> tuple[list[str], list[str], np.ndarray]:
         """(text per row, distinct texts, row -> index into the distinct)."""
         uniq, inverse = distinct_rows(np.ascontiguousarray(raw).view("<u8").reshape(-1, 2))
+        if len(self._text) + len(uniq) > self.MAX:
+            self._text.clear()
         names = []
         for row in uniq:
             x = row.tobytes()

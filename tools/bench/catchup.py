@@ -348,7 +348,10 @@ def catchup_once(root: str, work: Workload, by_snapshot: bool, with_reads: bool 
         download_s = float(installed["ts"]) - float(installed.get("seconds", 0)) - started_ts
         result.update({"snapshot_bytes": size, "download_seconds": round(download_s, 3),
                        "download_mb_per_s": round(size / 1e6 / download_s, 1) if download_s > 0 else None,
-                       "install_seconds": installed.get("seconds")})
+                       "install_seconds": installed.get("seconds"),
+                       # the install's parts (brokers that log them): check + fsync, load
+                       "install_check_seconds": installed.get("check_s"),
+                       "install_load_seconds": installed.get("load_s")})
         rss = sampler.download_rss(size)
         if rss is not None:
             growth = rss[1] - rss[0]
@@ -492,7 +495,8 @@ def format_report(rep: dict) -> str:
         s, g = c["by_snapshot"], c["by_log"]
         lines.append(f"catch-up by snapshot: {s['catchup_seconds']} s after boot ({s['process_boot_seconds']} s boot); "
                      f"snapshot {s.get('snapshot_bytes', 0) / 1e6:.1f} MB downloaded in {s.get('download_seconds')} s "
-                     f"({s.get('download_mb_per_s')} MB/s), install (verify + load) {s.get('install_seconds')} s")
+                     f"({s.get('download_mb_per_s')} MB/s), install {s.get('install_seconds')} s (check + fsync "
+                     f"{s.get('install_check_seconds')} s, load {s.get('install_load_seconds')} s)")
         lines.append(f"catch-up by log: {g['catchup_seconds']} s after boot ({g['process_boot_seconds']} s boot)")
         lines.append(f"by log / by snapshot: {c['snapshot_speedup']}x (goal >= 5x)")
         if "download_rss_growth_mib" in s:
