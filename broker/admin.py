@@ -15,15 +15,20 @@ names the caller for the authorizer.
     GET /metadata/brokers[?after=ID&limit=N]           brokers by id, paged
     GET /metadata/brokers/{id}                         one broker and its configs
     GET /metadata/topics[?after=NAME&limit=N]          topics by name, paged
-    GET /metadata/topics/{name}                        one topic: configs, partitions
+    GET /metadata/topics/{name}[?limit=N]              one topic: configs, partitions
     GET /metadata/topics/{name}/partitions[?after=P&limit=N]
     GET /metadata/acls[?after=ID&limit=N]
-    GET /metadata/configs?type=topic|broker&name=NAME  one resource's configs
-                   (name '' for the brokers' cluster-wide defaults)
+    GET /metadata/configs?type=topic|broker&name=NAME[&after=KEY&limit=N]
+                   one resource's configs by key (name '' for the brokers'
+                   cluster-wide defaults)
                    Pages hold at most 1000 items (default 100) and carry
-                   "next": the cursor for `after`, null on the last page. An
-                   unknown broker or topic is a 404, a bad argument a 400,
-                   each with {"error": ..., "message": ...}.
+                   "next": the cursor for `after`, null on the last page; a
+                   topic or a broker carries its first 1000 configs and
+                   "next_config" (a topic: its first `limit`, default 1000,
+                   partitions and "next_partition"). An unknown broker or
+                   topic is a 404, a bad argument a 400, each with
+                   {"error": ..., "message": ...}. Bodies are encoded by
+                   msgspec; no answer holds more than one page of anything.
     GET /metrics   Prometheus text format
 
 With authorization on (TLS), /health stays open; /quorum, /metadata and
@@ -165,6 +170,9 @@ async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
     def state():
         return broker.controller.state
 
+    def ok(view) -> web.Response:
+        return web.Response(body=views.encode(view), content_type="application/json", charset="utf-8")
+
     def not_found(what: str) -> web.Response:
         return web.json_response({"error": "NOT_FOUND", "message": what}, status=404)
 
@@ -177,11 +185,11 @@ async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
         return handler
 
     async def metadata(_request: web.Request) -> web.Response:
-        return web.json_response(views.summary(state()))
+        return ok(views.summary(state()))
 
     def brokers(request: web.Request, limit: int) -> web.Response:
         after = views.int_cursor(request.query.get("after"), "after")
-        return web.json_response(views.brokers_page(state(), after, limit))
+        return ok(views.brokers_page(state(), after, limit))
 
     async def one_broker(request: web.Request) -> web.Response:
         try:
@@ -191,35 +199,35 @@ async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
                                       "message": f"broker id must be an integer, got {request.match_info['id']!r}"},
                                      status=400)
         body = views.broker(state(), broker_id)
-        return not_found(f"no broker {broker_id}") if body is None else web.json_response(body)
+        return not_found(f"no broker {broker_id}") if body is None else ok(body)
 
     def topics(request: web.Request, limit: int) -> web.Response:
-        return web.json_response(views.topics_page(state(), request.query.get("after") or None, limit))
+        return ok(views.topics_page(state(), request.query.get("after") or None, limit))
 
     def one_topic(request: web.Request, limit: int) -> web.Response:
         name = request.match_info["name"]
         body = views.topic(state(), name, limit if "limit" in request.query else views.PAGE_LIMIT_MAX)
-        return not_found(f"no topic {name!r}") if body is None else web.json_response(body)
+        return not_found(f"no topic {name!r}") if body is None else ok(body)
 
     def partitions(request: web.Request, limit: int) -> web.Response:
         name = request.match_info["name"]
         if name not in state().topic_ids:
             return not_found(f"no topic {name!r}")
         after = views.int_cursor(request.query.get("after"), "after")
-        return web.json_response(views.partitions_page(state(), name, after, limit))
+        return ok(views.partitions_page(state(), name, after, limit))
 
-    async def configs(request: web.Request) -> web.Response:
+    def configs(request: web.Request, limit: int) -> web.Response:
         kinds = {v: k for k, v in views.RESOURCE_NAMES.items()}
         kind = request.query.get("type")
         if kind not in kinds or "name" not in request.query:
             return web.json_response({"error": "INVALID_REQUEST",
                                       "message": "give type=topic|broker and name=NAME"}, status=400)
         name = request.query["name"]
-        return web.json_response({"offset": state().offset, "type": kind, "name": name,
-                                  "configs": views.resource_configs(state(), kinds[kind], name)})
+        page, after = views.configs_page(state(), kinds[kind], name, request.query.get("after") or None, limit)
+        return ok({"offset": state().offset, "type": kind, "name": name, "configs": page, "next": after})
 
     def acls(request: web.Request, limit: int) -> web.Response:
-        return web.json_response(views.acls_page(state(), request.query.get("after") or None, limit))
+        return ok(views.acls_page(state(), request.query.get("after") or None, limit))
 
     async def metrics(_request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(broker.metrics.registry),
@@ -235,7 +243,7 @@ async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
     app.router.add_get("/metadata/topics/{name}", paged(one_topic))
     app.router.add_get("/metadata/topics/{name}/partitions", paged(partitions))
     app.router.add_get("/metadata/acls", paged(acls))
-    app.router.add_get("/metadata/configs", configs)
+    app.router.add_get("/metadata/configs", paged(configs))
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

@@ -441,14 +441,25 @@ class MetalogClient:
                                           self.request_timeout_ms)
 
     async def list_acls(self) -> list[dict]:
-        """Every ACL in the leader's committed state (needs Describe on the cluster)."""
-        resp = await self._leader_request(
-            ApiKey.CONTROLLER_COMMAND,
-            lambda: m.ControllerCommandRequest(cluster_id=self.cluster_id, command="list_acls",
-                                               timeout_ms=self.request_timeout_ms),
-            self.request_timeout_ms + NETWORK_SLACK_MS,
-        )
-        return list(resp.result or [])
+        """Every ACL in the leader's committed state (needs Describe on the
+        cluster), by id, read a page of up to 1000 at a time."""
+        acls: list[dict] = []
+        after = None
+        while True:
+            args = {} if after is None else {"after": after}
+            resp = await self._leader_request(
+                ApiKey.CONTROLLER_COMMAND,
+                lambda: m.ControllerCommandRequest(cluster_id=self.cluster_id, command="list_acls", args=args,
+                                                   timeout_ms=self.request_timeout_ms),
+                self.request_timeout_ms + NETWORK_SLACK_MS,
+            )
+            page = resp.result or {}
+            if isinstance(page, list):  # a broker from before paging answers every ACL at once
+                return page
+            acls += page["acls"]
+            after = page["next"]
+            if after is None:
+                return acls
 
     def consumer(self, reset_policy: str = "earliest") -> Consumer:
         return Consumer(self, reset_policy)

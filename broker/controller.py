@@ -64,6 +64,7 @@ leader is neither -1 nor in the ISR, or a partition id is negative.
 
 from __future__ import annotations
 
+import bisect
 import gc
 import re
 import time
@@ -75,6 +76,7 @@ import msgspec
 import structlog
 
 from broker import authz
+from broker import partition_ids
 from broker.state_copy import StateDict
 from protocol import messages as m
 from protocol.errors import Errors as ErrorCode
@@ -169,6 +171,15 @@ class _PreparedRows:
         self.keys = list(zip(run.topic_ids, pid_list))
         self._run, self._pids = run, pid_list
 
+    def extends_dense(self, counts: dict[str, int], sparse: partition_ids.SparseIds, start: int, stop: int) -> bool:
+        """Whether rows[start:stop] leave every topic they touch dense
+        (broker/partition_ids.py), so that raising the counts keeps the index."""
+        if stop - start < 512:
+            return partition_ids.ids_extend_dense(counts, sparse, self.topic_ids[start:stop], self._pids[start:stop])
+        return partition_ids.columns_extend_dense(counts, sparse, self._run.topic_names,
+                                                  self._run.topic_index[start:stop],
+                                                  self._run.partition_ids[start:stop])
+
     def highest(self, start: int, stop: int) -> Iterable[tuple[str, int]]:
         """(topic id, its highest partition id) among rows[start:stop]."""
         if stop - start < 512:
@@ -201,7 +212,8 @@ class ControllerState:
     __slots__ = ("offset", "brokers", "topics", "topic_ids", "partitions", "configs",
                  "features", "acls", "acl_version", "invalid_records", "last_invalid", "producers",
                  "unknown_records",
-                 "partition_counts", "config_names", "topics_version", "_sorted_names")
+                 "partition_counts", "sparse_partition_ids", "config_names", "_sorted_names",
+                 "_sorted_acl_ids")
 
     def __init__(self, offset: int = 0) -> None:
         self.offset = offset
@@ -213,12 +225,15 @@ class ControllerState:
         self.configs: dict[ConfigKey, str] = StateDict()
         # Indexes for reads and removals that must not scan every partition or
         # config (2M partitions): a topic's partitions are ids 0..count-1, as
-        # in Kafka; a resource's config names; a counter bumped when the set
-        # of topic names changes (broker.metadata_views caches its sorted list).
+        # in Kafka, unless a record opened a gap (broker/partition_ids.py); a
+        # resource's config names, sorted; topic names and ACL ids sorted for
+        # paging, built by the first read that pages them and kept sorted
+        # from then on (None: not built, nothing to maintain).
         self.partition_counts: dict[str, int] = {}  # topic id -> 1 + highest partition id
-        self.config_names: dict[tuple[int, str], set[str]] = {}
-        self.topics_version = 0
-        self._sorted_names: tuple[int, list[str]] = (-1, [])
+        self.sparse_partition_ids: partition_ids.SparseIds = {}  # only topics with a gap in their ids
+        self.config_names: dict[tuple[int, str], list[str]] = {}
+        self._sorted_names: list[str] | None = None
+        self._sorted_acl_ids: list[str] | None = None
         self.features: dict[str, int] = {}
         self.acls: dict[str, r.AccessControlEntry] = {}  # by ACL id
         self.acl_version = 0  # bumped on every ACL change: lets the authorizer cache its view
@@ -346,7 +361,8 @@ class ControllerState:
             return self._invalid(f"Topic {rec.name!r} / {rec.topic_id} already exists")
         self.topics[rec.topic_id] = rec
         self.topic_ids[rec.name] = rec.topic_id
-        self.topics_version += 1
+        if self._sorted_names is not None:
+            bisect.insort(self._sorted_names, rec.name)
         return True
 
     def _partition(self, rec: r.Partition) -> bool:
@@ -356,7 +372,10 @@ class ControllerState:
         if problem:
             return self._invalid(f"Partition {rec.topic_id}/{rec.partition_id}: {problem}")
         self.partitions[(rec.topic_id, rec.partition_id)] = rec
-        if rec.partition_id >= self.partition_counts.get(rec.topic_id, 0):
+        count = self.partition_counts.get(rec.topic_id, 0)
+        if rec.partition_id > count or (self.sparse_partition_ids and rec.topic_id in self.sparse_partition_ids):
+            partition_ids.add_sparse(self.sparse_partition_ids, rec.topic_id, rec.partition_id, count)
+        if rec.partition_id >= count:
             self.partition_counts[rec.topic_id] = rec.partition_id + 1
         return True
 
@@ -370,8 +389,10 @@ class ControllerState:
         when every one is valid, else record by record, so that a rejection
         and its message are exactly _partition's."""
         if not (type(self.partitions) is StateDict and all(rows.ok[start:stop])
-                and all(t in self.topics for t in set(rows.topic_ids[start:stop]))):
-            # a rejection, or an incremental copy tracking writes (TrackedDict)
+                and all(t in self.topics for t in set(rows.topic_ids[start:stop]))
+                and rows.extends_dense(self.partition_counts, self.sparse_partition_ids, start, stop)):
+            # a rejection, an incremental copy tracking writes (TrackedDict), or
+            # a gap in a topic's partition ids (broker/partition_ids.py)
             for rec in rows.records[start:stop]:
                 self._partition(rec)
             return
@@ -411,16 +432,21 @@ class ControllerState:
             return self._invalid(f"Config with unknown resource type {rec.resource_type}")
         key = (rec.resource_type, rec.resource_name, rec.name)
         resource = (rec.resource_type, rec.resource_name)
+        names = self.config_names.get(resource)
+        i = -1 if names is None else bisect.bisect_left(names, rec.name)
+        present = names is not None and i < len(names) and names[i] == rec.name
         if rec.value is None:
             self.configs.pop(key, None)
-            names = self.config_names.get(resource)
-            if names is not None:
-                names.discard(rec.name)
+            if present:
+                del names[i]
                 if not names:
                     del self.config_names[resource]
         else:
             self.configs[key] = rec.value
-            self.config_names.setdefault(resource, set()).add(rec.name)
+            if names is None:
+                self.config_names[resource] = [rec.name]
+            elif not present:
+                names.insert(i, rec.name)
         return True
 
     def _remove_topic(self, rec: r.RemoveTopic) -> bool:
@@ -428,9 +454,12 @@ class ControllerState:
         if topic is None:
             return self._invalid(f"RemoveTopic of unknown topic id {rec.topic_id}")
         del self.topic_ids[topic.name]
-        self.topics_version += 1
-        for pid in range(self.partition_counts.pop(rec.topic_id, 0)):
-            self.partitions.pop((rec.topic_id, pid), None)
+        if self._sorted_names is not None:
+            del self._sorted_names[bisect.bisect_left(self._sorted_names, topic.name)]
+        for pid in self.partition_ids(rec.topic_id):
+            del self.partitions[(rec.topic_id, pid)]
+        self.partition_counts.pop(rec.topic_id, None)
+        self.sparse_partition_ids.pop(rec.topic_id, None)
         for name in self.config_names.pop((r.RESOURCE_TOPIC, topic.name), ()):
             del self.configs[(r.RESOURCE_TOPIC, topic.name, name)]
         return True
@@ -452,12 +481,16 @@ class ControllerState:
             return self._invalid(f"AccessControlEntry {rec.id}: {problem}")
         self.acls[rec.id] = rec
         self.acl_version += 1
+        if self._sorted_acl_ids is not None:
+            bisect.insort(self._sorted_acl_ids, rec.id)
         return True
 
     def _remove_access_control_entry(self, rec: r.RemoveAccessControlEntry) -> bool:
         if self.acls.pop(rec.id, None) is None:
             return self._invalid(f"RemoveAccessControlEntry of unknown ACL {rec.id}")
         self.acl_version += 1
+        if self._sorted_acl_ids is not None:
+            del self._sorted_acl_ids[bisect.bisect_left(self._sorted_acl_ids, rec.id)]
         return True
 
     def _no_op(self, rec: r.NoOp) -> bool:
@@ -490,8 +523,8 @@ class ControllerState:
         c.partitions = StateDict(self.partitions) if partitions is None else partitions
         c.configs = StateDict(self.configs) if configs is None else configs
         c.partition_counts = dict(self.partition_counts)
-        c.config_names = {k: set(v) for k, v in self.config_names.items()}
-        c.topics_version = self.topics_version
+        c.sparse_partition_ids = partition_ids.copy_sparse(self.sparse_partition_ids)
+        c.config_names = {k: list(v) for k, v in self.config_names.items()}
         c.features = dict(self.features)
         c.acls = dict(self.acls)
         c.acl_version = self.acl_version
@@ -515,10 +548,8 @@ class ControllerState:
         # GIL for seconds at 2M partitions, stalling the event loop while a
         # worker thread writes the snapshot (issue 19 item 2).
         for tid in sorted(self.partition_counts):
-            for pid in range(self.partition_counts[tid]):
-                p = self.partitions.get((tid, pid))
-                if p is not None:
-                    yield p
+            for pid in self.partition_ids(tid):
+                yield self.partitions[(tid, pid)]
         for (rtype, rname, name) in sorted(self.configs):
             yield r.Config(rtype, rname, name, self.configs[(rtype, rname, name)])
         for acl_id in sorted(self.acls):
@@ -554,12 +585,22 @@ class ControllerState:
                 f"configs={len(self.configs)}, acls={len(self.acls)}, invalid={self.invalid_records})")
 
     def sorted_topic_names(self) -> list[str]:
-        """Topic names in order (for paging), sorted again only after the set changed."""
-        version, names = self._sorted_names
-        if version != self.topics_version:
-            names = sorted(self.topic_ids)
-            self._sorted_names = (self.topics_version, names)
-        return names
+        """Topic names in order (for paging): sorted once, then kept sorted as
+        topics come and go (the live index: do not modify)."""
+        if self._sorted_names is None:
+            self._sorted_names = sorted(self.topic_ids)
+        return self._sorted_names
+
+    def sorted_acl_ids(self) -> list[str]:
+        """ACL ids in order (for paging), like sorted_topic_names."""
+        if self._sorted_acl_ids is None:
+            self._sorted_acl_ids = sorted(self.acls)
+        return self._sorted_acl_ids
+
+    def partition_ids(self, topic_id: str) -> Sequence[int]:
+        """The topic's partition ids, ascending: every one is in `partitions`
+        (broker/partition_ids.py; the live index: do not modify)."""
+        return partition_ids.ids_of(self.partition_counts, self.sparse_partition_ids, topic_id)
 
     def topic_by_name(self, name: str) -> r.Topic | None:
         tid = self.topic_ids.get(name)
@@ -579,7 +620,7 @@ class ControllerState:
                               for e in br.endpoints],
             })
         topics = [{"name": name, "topic_id": self.topic_ids[name],
-                   "partitions": self.partition_counts.get(self.topic_ids[name], 0)}
+                   "partitions": len(self.partition_ids(self.topic_ids[name]))}
                   for name in sorted(self.topic_ids)]
         partitions = []
         for (tid, pid) in sorted(self.partitions, key=lambda k: (self.topics[k[0]].name, k[1])):
@@ -854,10 +895,11 @@ class Controller:
         if not br.fenced:
             raise CommandError(f"broker {broker_id} is not fenced")
         out = [r.encode_record(r.UnfenceBroker(broker_id, br.broker_epoch))]
-        for (tid, pid) in sorted(self.state.partitions):
-            p = self.state.partitions[(tid, pid)]
-            if p.leader == r.NO_LEADER and broker_id in p.isr:
-                out.append(r.encode_record(r.PartitionChange(tid, pid, leader=broker_id)))
+        # One pass, then a sort of the few it brings back, not of every key
+        # (seconds at 2M partitions, on the leader's event loop).
+        offline = sorted(key for key, p in self.state.partitions.items()
+                         if p.leader == r.NO_LEADER and broker_id in p.isr)
+        out += [r.encode_record(r.PartitionChange(tid, pid, leader=broker_id)) for tid, pid in offline]
         return out
 
     def set_config(self, resource_type: int, resource_name: str, name: str,
@@ -909,9 +951,6 @@ class Controller:
         if not ids:
             raise CommandError(f"no such ACL: {authz.acl_to_text(want)}")
         return [r.encode_record(r.RemoveAccessControlEntry(i)) for i in ids]
-
-    def list_acls(self) -> list[dict]:
-        return [authz.acl_to_dict(self.state.acls[i]) for i in sorted(self.state.acls)]
 
 
 # ------------------------------------------------------------------ snapshots

@@ -19,6 +19,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from broker import metadata_views as views
 from broker.controller import CommandError, Controller
 from protocol import messages as m
 from protocol.errors import Errors
@@ -36,7 +37,7 @@ class Command(enum.StrEnum):
     ADD_ACL = "add_acl"
     REMOVE_ACL = "remove_acl"
     SET_CONFIG = "set_config"
-    LIST_ACLS = "list_acls"  # read-only: answered from the applied state, no records
+    LIST_ACLS = "list_acls"  # read-only: answered from the applied state, no records, a page at a time
 
 
 def _register_broker(c: Controller, args: dict) -> list[bytes]:
@@ -70,6 +71,19 @@ def parse_command(name: str) -> Command:
         return Command(name)
     except ValueError:
         raise CommandError(f"unknown controller command {name!r}") from None
+
+
+def list_acls_page(controller: Controller, args: dict) -> dict:
+    """list_acls: {"acls": [...], "next": id or None}, at most ``limit``
+    (default and most: views.PAGE_LIMIT_MAX) ACLs by id after ``after``, so
+    no answer holds every ACL; CommandError for a bad argument."""
+    after, limit = args.get("after"), args.get("limit", views.PAGE_LIMIT_MAX)
+    if after is not None and not isinstance(after, str):
+        raise CommandError(f"after must be an ACL id (text), got {after!r}")
+    if type(limit) is not int or not 1 <= limit <= views.PAGE_LIMIT_MAX:
+        raise CommandError(f"limit must be an integer between 1 and {views.PAGE_LIMIT_MAX}, got {limit!r}")
+    page = views.acls_page(controller.state, after or None, limit)
+    return {"acls": page["acls"], "next": page["next"]}
 
 
 def build_command(controller: Controller, command: str, args: dict) -> list[bytes]:
@@ -143,8 +157,14 @@ class CommandQueue:
                 break  # earlier records not applied yet: pumped again after the next step
             token, body = self._queue.popleft()
             if body.command == Command.LIST_ACLS:
+                try:
+                    page = list_acls_page(controller, body.args)
+                except CommandError as exc:
+                    answers.append((token, m.ControllerCommandResponse(error_code=exc.error_code,
+                                                                       error_message=str(exc))))
+                    continue
                 answers.append((token, m.ControllerCommandResponse(
-                    base_offset=controller.applied_offset, leader_epoch=core.epoch, result=controller.list_acls())))
+                    base_offset=controller.applied_offset, leader_epoch=core.epoch, result=page)))
                 continue
             try:
                 records = build_command(controller, body.command, body.args)

@@ -7,17 +7,26 @@ as JSON is hundreds of MB and seconds of CPU on the event loop, so no request
 builds it: ``/metadata`` is a summary, a topic answers with its own partitions
 and configs, listings are pages in a stable order with a ``next`` cursor
 (topics by name, brokers by id, a topic's partitions by id, ACLs by id).
-Every page is at most PAGE_LIMIT_MAX items.
+Every page is at most PAGE_LIMIT_MAX items, and so is every list inside an
+answer (a topic's or a broker's configs: the rest through /metadata/configs).
 
 Pure functions over a ``ControllerState`` (broker/controller.py), which keeps
-the indexes they need (partition counts per topic, config names per resource,
-a version of the set of topic names).
+the indexes they need, maintained as records are applied: each topic's
+partition ids (broker/partition_ids.py), each resource's config names, the
+topic names and ACL ids, each sorted. A page costs O(log n + its items).
+
+A view's partitions are ``PartitionView`` structs, not dicts: ``encode``
+(msgspec) turns a view into JSON bytes about 10x faster than json.dumps, and
+untracked structs give the cyclic GC nothing to count (a topic's answer
+allocated 300 tracked dicts and lists before).
 """
 
 from __future__ import annotations
 
 import bisect
 from typing import Any
+
+import msgspec
 
 from broker import authz
 from storage import metadata_records as r
@@ -30,6 +39,26 @@ RESOURCE_NAMES = {r.RESOURCE_TOPIC: "topic", r.RESOURCE_BROKER: "broker"}
 
 class PageError(ValueError):
     """A bad paging argument (the admin API answers 400 with the message)."""
+
+
+class PartitionView(msgspec.Struct, frozen=True, gc=False):
+    """One partition as the admin API shows it (JSON object, these keys)."""
+    topic: str
+    topic_id: str
+    partition: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    leader: int
+    leader_epoch: int
+    partition_epoch: int
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode(view: Any) -> bytes:
+    """A view as JSON bytes (dicts, lists, PartitionView structs)."""
+    return _encoder.encode(view)
 
 
 def page_limit(text: str | None) -> int:
@@ -73,24 +102,34 @@ def broker_json(br: r.RegisterBroker) -> dict:
             "endpoints": [{"name": e.name, "host": e.host, "port": e.port} for e in br.endpoints]}
 
 
-def partition_json(name: str, p: r.Partition) -> dict:
-    return {"topic": name, "topic_id": p.topic_id, "partition": p.partition_id,
-            "replicas": list(p.replicas), "isr": list(p.isr), "leader": p.leader,
-            "leader_epoch": p.leader_epoch, "partition_epoch": p.partition_epoch}
+def configs_page(state: Any, resource_type: int, resource_name: str, after: str | None = None,
+                 limit: int = PAGE_LIMIT_MAX) -> tuple[dict[str, str], str | None]:
+    """A resource's configs by name after `after`, at most `limit`, and the
+    cursor of the next page (None: this is the last)."""
+    names = state.config_names.get((resource_type, resource_name), ())
+    start = 0 if after is None else bisect.bisect_right(names, after)
+    chunk = names[start:start + limit]
+    more = start + limit < len(names)
+    configs = state.configs
+    return ({n: configs[(resource_type, resource_name, n)] for n in chunk},
+            chunk[-1] if more and chunk else None)
 
 
 def resource_configs(state: Any, resource_type: int, resource_name: str) -> dict[str, str]:
+    """Every config of one resource (for callers on small states and tests;
+    the admin API pages them with configs_page)."""
     names = state.config_names.get((resource_type, resource_name), ())
-    return {n: state.configs[(resource_type, resource_name, n)] for n in sorted(names)}
+    return {n: state.configs[(resource_type, resource_name, n)] for n in names}
 
 
 def broker(state: Any, broker_id: int) -> dict | None:
-    """One broker: its registration and its configs (None: unknown)."""
+    """One broker: its registration and its first PAGE_LIMIT_MAX configs
+    (``next_config``: where /metadata/configs goes on; None: unknown broker)."""
     br = state.brokers.get(broker_id)
     if br is None:
         return None
     out = broker_json(br)
-    out["configs"] = resource_configs(state, r.RESOURCE_BROKER, str(broker_id))
+    out["configs"], out["next_config"] = configs_page(state, r.RESOURCE_BROKER, str(broker_id))
     return out
 
 
@@ -104,19 +143,21 @@ def brokers_page(state: Any, after: int | None, limit: int) -> dict:
 
 
 def partition_count(state: Any, topic_id: str) -> int:
-    return state.partition_counts.get(topic_id, 0)
+    return len(state.partition_ids(topic_id))
 
 
 def topic(state: Any, name: str, partitions_limit: int = PAGE_LIMIT_MAX) -> dict | None:
-    """One topic: id, partition count, its configs and its first partitions
-    (all of them up to `partitions_limit`; page the rest)."""
+    """One topic: id, partition count, its first PAGE_LIMIT_MAX configs and
+    its first partitions (all of them up to `partitions_limit`); the cursors
+    ``next_config`` and ``next_partition`` say where the rest go on."""
     tid = state.topic_ids.get(name)
     if tid is None:
         return None
     page = partitions_page(state, name, None, partitions_limit)
+    configs, next_config = configs_page(state, r.RESOURCE_TOPIC, name)
     return {"offset": state.offset, "name": name, "topic_id": tid,
             "partition_count": partition_count(state, tid),
-            "configs": resource_configs(state, r.RESOURCE_TOPIC, name),
+            "configs": configs, "next_config": next_config,
             "partitions": page["partitions"], "next_partition": page["next"]}
 
 
@@ -131,24 +172,23 @@ def topics_page(state: Any, after: str | None, limit: int) -> dict:
 
 
 def partitions_page(state: Any, name: str, after: int | None, limit: int) -> dict:
-    """A topic's partitions by id (KeyError: unknown topic)."""
+    """A topic's partitions by id after `after` (KeyError: unknown topic)."""
     tid = state.topic_ids[name]
-    count = partition_count(state, tid)
-    first = 0 if after is None else max(0, after + 1)
+    ids = state.partition_ids(tid)
+    start = 0 if after is None else bisect.bisect_right(ids, after)
+    chunk = ids[start:start + limit]
+    more = start + limit < len(ids)
+    parts = state.partitions
     out = []
-    pid = first
-    while pid < count and len(out) < limit:
-        p = state.partitions.get((tid, pid))
-        if p is not None:
-            out.append(partition_json(name, p))
-        pid += 1
-    more = any((tid, q) in state.partitions for q in range(pid, count))
+    for pid in chunk:  # most of a topic read: one struct per partition, nothing else
+        p = parts[(tid, pid)]
+        out.append(PartitionView(name, tid, pid, p.replicas, p.isr, p.leader, p.leader_epoch, p.partition_epoch))
     return {"offset": state.offset, "topic": name, "partitions": out,
-            "next": out[-1]["partition"] if more and out else None}
+            "next": chunk[-1] if more and out else None}
 
 
 def acls_page(state: Any, after: str | None, limit: int) -> dict:
-    ids = sorted(state.acls)
+    ids = state.sorted_acl_ids()
     start = 0 if after is None else bisect.bisect_right(ids, after)
     chunk = ids[start:start + limit]
     more = start + limit < len(ids)

@@ -99,7 +99,7 @@ class IncrementalCopy:
         _track(state.configs)
         # Partitions by topic id and partition id (the index the state keeps:
         # no list of every key is built); configs by a list of their keys.
-        self._topics = list(state.partition_counts.items())
+        self._topics = [(tid, state.partition_ids(tid)) for tid in state.partition_counts]
         self._config_keys = list(state.configs)
         self._topic_i = 0
         self._config_i = 0
@@ -111,12 +111,12 @@ class IncrementalCopy:
         budget = self.slice_entries
         src, dst = self.state.partitions, self.partitions
         while budget > 0 and self._topic_i < len(self._topics):
-            tid, count = self._topics[self._topic_i]
-            for pid in range(count):
+            tid, ids = self._topics[self._topic_i]
+            for pid in ids:  # ids taken at the start: a topic removed since has none in src
                 p = src.get((tid, pid))
                 if p is not None:
                     dst[(tid, pid)] = p
-            budget -= max(1, count)
+            budget -= max(1, len(ids))
             self._topic_i += 1
         keys, csrc, cdst = self._config_keys, self.state.configs, self.configs
         end = min(len(keys), self._config_i + max(0, budget))

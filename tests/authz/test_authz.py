@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from broker import authz as a
+from broker import metadata_views as views
 from broker.controller import CommandError, Controller
 from broker.principal import ANONYMOUS, Principal, node_principal
 from protocol import messages as m
@@ -268,7 +269,7 @@ def test_controller_acl_commands_round_trip_through_the_log():
     assert len(recs) == 1
     c.state.apply(0, r.decode_record(recs[0]))
     assert c.add_acl(args) == []  # the same ACL again: nothing to write
-    (listed,) = c.list_acls()
+    (listed,) = views.acls_page(c.state, None, 10)["acls"]
     assert {k: listed[k] for k in ("principal", "operation", "permission", "resource_type", "resource_name",
                                    "pattern_type", "host")} == {
         "principal": "User:alice", "operation": "Write", "permission": "Allow", "resource_type": "Topic",
@@ -279,7 +280,7 @@ def test_controller_acl_commands_round_trip_through_the_log():
     assert again == c.state and len(again.acls) == 1
     (rm,) = c.remove_acl(args)
     c.state.apply(1, r.decode_record(rm))
-    assert c.list_acls() == []
+    assert views.acls_page(c.state, None, 10)["acls"] == []
     with pytest.raises(CommandError, match="no such ACL: User:alice has Allow permission for operation Write "
                                            "from host \\* on Topic:LITERAL:__cluster_metadata"):
         c.remove_acl(args)

@@ -126,8 +126,8 @@ async def test_refused_requests_never_reach_the_core_and_acls_take_effect_once_c
         assert resp.error_code == 0, resp
         listed = await admin.call(broker, ApiKey.CONTROLLER_COMMAND,
                                   m.ControllerCommandRequest(cluster_id=CID, command="list_acls"), 2)
-        assert [(x["principal"], x["operation"], x["resource_name"]) for x in listed.result] == [
-            ("User:alice", "Write", "__cluster_metadata")]
+        assert [(x["principal"], x["operation"], x["resource_name"]) for x in listed.result["acls"]] == [
+            ("User:alice", "Write", "__cluster_metadata")] and listed.result["next"] is None
         resp = await alice.call(broker, ApiKey.PRODUCE, produce, 6)
         assert resp.error_code == 0 and resp.base_offset >= leo
         # Metadata: routing for everyone, the log's figures only with Describe (Write implies it)

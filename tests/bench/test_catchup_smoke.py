@@ -36,7 +36,8 @@ def test_catchup_and_commit_sections_on_a_tiny_state(tmp_path):
         assert res["catchup_seconds"] > 0 and res["observer_peak_rss_mib"] > 0
     assert rep["catchup"]["snapshot_speedup"] == round(log["catchup_seconds"] / snap["catchup_seconds"], 2)
     reads = snap["admin_reads"]
-    assert reads["topic"]["samples"] == reads["broker"]["samples"] == 200
+    assert set(reads) == {"topic", "broker", "topics page", "partitions page"}
+    assert all(r["samples"] == catchup.ADMIN_READ_QUERIES and r["p99_ms"] > 0 for r in reads.values())
 
     commit = rep["commit"]
     assert commit["threshold_records"] == 500
@@ -75,3 +76,12 @@ def test_an_unknown_section_names_the_scale_sections(capsys):
     assert metalog_main(["bench", "--only", "scale-catchpu"]) == 2
     err = capsys.readouterr().err
     assert "unknown section(s) ['scale-catchpu']" in err and "scale-catchup, scale-commit" in err
+
+
+def test_reads_section_alone_reads_the_leader_of_the_snapshot_voters(tmp_path):
+    rep = catchup.run(5000, ["reads"], root=str(tmp_path))
+    reads = rep["reads"]
+    assert reads["leader"] in (1, 2, 3)
+    assert set(reads["admin_reads"]) == {"topic", "broker", "topics page", "partitions page"}
+    text = catchup.format_report(rep)
+    assert "admin API GET one topic: p50" in text and "admin API GET partitions page: p50" in text

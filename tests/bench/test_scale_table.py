@@ -141,3 +141,21 @@ def test_sizes_follow_the_headline_shape():
     topics, brokers, records = catchup.sizes_for(2_000_000)
     assert (topics, brokers) == (20_000, 300)
     assert records == (300 + 20_000 + 2_000_000) * 11 // 10  # 2,222,330: every entity once, then 10% changes
+
+
+def test_the_scale_table_has_a_row_per_read_and_listing_page():
+    """Item 4's rows in docs/bench.md's table: one topic and one broker (the
+    admin API's p99 and the in-process view + JSON), and a page of topics and
+    of a topic's partitions; a p99 over 5 ms fails its row."""
+    def lat(p99):
+        return {"p50_ms": 0.5, "p99_ms": p99, "samples": 500}
+
+    reads = {"topic": lat(1.2), "broker": lat(0.6), "topics page": lat(6.1), "partitions page": lat(1.0)}
+    rows = [r for r in rows_from({}, {"catchup": {"by_snapshot": {"catchup_seconds": 1.0, "admin_reads": reads}}}) if r.item == "4"]
+    assert [(r.goal, r.passed) for r in rows] == [
+        ("a query for topic answers in <= 5 ms (p99)", True),
+        ("a query for broker answers in <= 5 ms (p99)", True),
+        ("a topics listing pages; a page of 100 answers in <= 5 ms (p99)", False),
+        ("a partitions listing pages; a page of 100 answers in <= 5 ms (p99)", True),
+    ]
+    assert rows[2].figure == "admin API over TLS p50 0.5 / p99 6.1 ms"

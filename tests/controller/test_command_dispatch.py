@@ -84,15 +84,18 @@ def test_bad_commands_are_answered_and_the_queue_goes_on():
     q.offer("conn", 2, req("create_topic", name="t"))  # missing arguments
     q.offer("conn", 3, req("delete_topic", name="missing"))
     q.offer("conn", 4, req("list_acls"))
+    q.offer("conn", 5, req("list_acls", limit=5000))
     answers, append = q.pump(c, LEADER)
     assert append is None
     by_id = {t.correlation_id: resp for t, resp in answers}
+    assert by_id[5].error_code == Errors.INVALID_REQUEST
+    assert by_id[5].error_message == "limit must be an integer between 1 and 1000, got 5000"
     assert by_id[1].error_code == Errors.INVALID_REQUEST
     assert by_id[1].error_message == "unknown controller command 'nope'"
     assert by_id[2].error_code == Errors.INVALID_REQUEST
     assert by_id[2].error_message.startswith("bad arguments for 'create_topic': KeyError")
     assert by_id[3].error_code == Errors.UNKNOWN_TOPIC_OR_PARTITION
-    assert by_id[4].error_code == Errors.NONE and by_id[4].result == [] and by_id[4].leader_epoch == 3
+    assert by_id[4].error_code == Errors.NONE and by_id[4].result == {"acls": [], "next": None} and by_id[4].leader_epoch == 3
 
 
 def test_a_command_that_writes_nothing_is_answered_at_once():

@@ -222,3 +222,32 @@ def test_the_fast_load_equals_the_general_load(tmp_path_factory, case):
         assert fast.partition_counts == slow.partition_counts
         # an ISR equal to its replicas is the replicas tuple itself (compact state)
         assert all(p.isr is p.replicas for p in fast.partitions.values() if p.isr == p.replicas)
+
+
+@pytest.mark.parametrize("ids_by_topic", [
+    {0: range(1000), 1: range(600), 2: range(300)},  # dense: the bulk insert
+    {0: list(range(400)) + list(range(5000, 5400)), 1: range(600)},  # a gap inside a run
+    {0: range(1, 700), 1: list(range(300)) + [2**31 - 1]},  # no id 0; one far id at a run's end
+])
+def test_the_fast_load_keeps_each_topics_partition_ids(tmp_path, ids_by_topic):
+    """The bulk insert of a run keeps broker/partition_ids.py's index as
+    _partition does: every topic's ids are exactly those loaded, sparse
+    topics (a gap) and dense ones alike, and a topic without a gap keeps no
+    id array."""
+    values = head() + [partition(TOPICS[t], pid) for t, ids in ids_by_topic.items() for pid in ids]
+    store = write(tmp_path, values)
+    fast, general = load_snapshot(store, SID), general_load(store)
+    assert fast == general
+    for t, ids in ids_by_topic.items():
+        assert list(fast.partition_ids(TOPICS[t])) == list(general.partition_ids(TOPICS[t])) == list(ids)
+    sparse = {TOPICS[t] for t, ids in ids_by_topic.items() if list(ids) != list(range(len(ids)))}
+    assert set(fast.sparse_partition_ids) == set(general.sparse_partition_ids) == sparse
+    # The same records as a log: replay's columns keep the index too.
+    from broker.controller import Controller
+
+    c = Controller()
+    c.apply_batches(b.encode_batch(0, 1, values, 0))
+    assert c.state.offset == len(values) and c.state.invalid_records == 0
+    for t, ids in ids_by_topic.items():
+        assert list(c.state.partition_ids(TOPICS[t])) == list(ids)
+    assert set(c.state.sparse_partition_ids) == sparse

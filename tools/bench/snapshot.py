@@ -92,7 +92,7 @@ def print_read_costs(st, rng: random.Random, queries: int = 300) -> dict[str, di
         ms = []
         for _ in range(queries):
             t0 = time.perf_counter()
-            json.dumps(read())
+            views.encode(read())  # as the admin API encodes it
             ms.append((time.perf_counter() - t0) * 1000)
         ms.sort()
         out[label] = {"p50_ms": ms[len(ms) // 2], "p99_ms": ms[int(len(ms) * 0.99)], "max_ms": ms[-1]}

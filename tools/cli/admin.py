@@ -144,7 +144,7 @@ def register_cli(sub) -> None:
     p = bsub.add_parser("describe", help="one broker: registration, fenced or not, configs")
     _read_args(p)
     p.add_argument("broker_id", type=int)
-    p.set_defaults(func=lambda a: _print_read(a, f"/metadata/brokers/{a.broker_id}"))
+    p.set_defaults(func=_describe_broker)
     for verb in ("fence", "unfence", "unregister"):
         p = bsub.add_parser(verb)
         add_client_args(p)
@@ -239,16 +239,33 @@ def _endpoint(text: str) -> list:
     return [name, host, int(port)]
 
 
-def _print_read(args, path: str) -> int:
-    rc, body = _admin_read(args, path)
-    if body is not None:
+def _rest_of_configs(args, body: dict, kind: str, name: str) -> int:
+    """Append to body["configs"] the pages after its first (a topic or broker
+    answer holds 1000 configs and a "next_config" cursor)."""
+    after = body.pop("next_config", None)
+    while after is not None:
+        query = urllib.parse.urlencode({"type": kind, "name": name, "limit": 1000, "after": after})
+        rc, page = _admin_read(args, f"/metadata/configs?{query}")
+        if page is None:
+            return rc
+        body["configs"].update(page["configs"])
+        after = page["next"]
+    return 0
+
+
+def _describe_broker(args) -> int:
+    rc, body = _admin_read(args, f"/metadata/brokers/{args.broker_id}")
+    if body is None:
+        return rc
+    rc = _rest_of_configs(args, body, "broker", str(args.broker_id))
+    if rc == 0:
         print(json.dumps(body, indent=2))
     return rc
 
 
 def _describe_topic(args) -> int:
-    """The topic with every partition (a topic's first page holds 1000; the
-    rest are read page by page)."""
+    """The topic with every partition and config (a topic's answer holds the
+    first 1000 of each; the rest are read page by page)."""
     name = urllib.parse.quote(args.name, safe="")
     rc, body = _admin_read(args, f"/metadata/topics/{name}")
     if body is None:
@@ -260,5 +277,7 @@ def _describe_topic(args) -> int:
             return rc
         body["partitions"] += page["partitions"]
         after = page["next"]
-    print(json.dumps(body, indent=2))
-    return 0
+    rc = _rest_of_configs(args, body, "topic", args.name)
+    if rc == 0:
+        print(json.dumps(body, indent=2))
+    return rc

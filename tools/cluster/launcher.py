@@ -436,7 +436,8 @@ class LocalCluster:
                 page = self.admin(node_id, q)
                 if page is None:
                     return None
-                items += page[key]
+                got = page[key]
+                items += [got] if isinstance(got, dict) else got  # a page of configs is one dict
                 after = page["next"]
                 if after is None:
                     return items
@@ -457,12 +458,12 @@ class LocalCluster:
                 return None
             partitions += got
         for kind, name in resources + [("broker", "")]:
-            got = self.admin(node_id, f"/metadata/configs?type={kind}&name={urllib.parse.quote(name)}")
+            got = pages(f"/metadata/configs?type={kind}&name={urllib.parse.quote(name)}", "configs")
             if got is None:
                 return None
             rt = 2 if kind == "topic" else 4
             configs += [{"resource_type": rt, "resource_name": name, "name": k, "value": v}
-                        for k, v in got["configs"].items()]
+                        for page in got for k, v in page.items()]
         if self.admin(node_id, "/metadata") != summary:
             return None  # it moved while we read: the caller polls again
         partitions.sort(key=lambda p: (p["topic"], p["partition"]))
