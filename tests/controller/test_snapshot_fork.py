@@ -17,22 +17,8 @@ from broker.snapshot_fork import ForkedWrite
 from protocol.messages import SnapshotId
 from storage import metadata_records as r
 from storage.snapshot import PART_SUFFIX, SnapshotStore, generation_part_path
+from tests.controller.test_state_copy import base_state, tid
 
-def tid(i: int) -> str:
-    return f"{i:08x}-0000-4000-8000-000000000000"
-
-
-def base_state(topics: int, partitions: int) -> ControllerState:
-    s = ControllerState()
-    for b in range(3):
-        incarnation = f"{b:08x}-0000-4000-8000-00000000000b"
-        assert s.apply(s.offset, r.RegisterBroker(b, incarnation, 1, (r.Endpoint("PLAINTEXT", "h", 9000 + b),)))
-    for i in range(topics):
-        assert s.apply(s.offset, r.Topic(f"t{i}", tid(i)))
-        for p in range(partitions):
-            assert s.apply(s.offset, r.Partition(tid(i), p, (0, 1, 2), (0, 1, 2), p % 3))
-        assert s.apply(s.offset, r.Config(r.RESOURCE_TOPIC, f"t{i}", "retention.ms", str(i)))
-    return s
 
 
 def _files(directory: str) -> list[str]:

@@ -19,7 +19,8 @@ def tid(i: int) -> str:
 def base_state(topics: int = 30, partitions: int = 7) -> ControllerState:
     s = ControllerState()
     for b in range(3):
-        assert s.apply(s.offset, r.RegisterBroker(b, f"i{b}", 1, (r.Endpoint("PLAINTEXT", "h", 9000 + b),)))
+        incarnation = f"{b:08x}-0000-4000-8000-00000000000b"  # a uuid: the state can be written as a snapshot
+        assert s.apply(s.offset, r.RegisterBroker(b, incarnation, 1, (r.Endpoint("PLAINTEXT", "h", 9000 + b),)))
     for i in range(topics):
         assert s.apply(s.offset, r.Topic(f"t{i}", tid(i)))
         for p in range(partitions):

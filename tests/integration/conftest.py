@@ -3,6 +3,8 @@ TCP on loopback, with real files and fsync."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from tools.cluster.launcher import LocalCluster
@@ -28,3 +30,16 @@ def make_cluster(tmp_path):
     yield make
     for cluster in clusters:
         cluster.stop()
+
+
+def limit_file_size(cluster: LocalCluster, node: int, limit_bytes: int) -> None:
+    """Run broker `node` under RLIMIT_FSIZE: a write past `limit_bytes` in
+    any file fails with EFBIG, as on a full disk (before cluster.start())."""
+    path = cluster.write_config(node)
+    cluster.nodes[node].command = [
+        sys.executable, "-c",
+        "import resource, sys; "
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit_bytes}, {limit_bytes})); "
+        "from broker.main import main; "
+        f"sys.exit(main(['--config', {path!r}]))",
+    ]

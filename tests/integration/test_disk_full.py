@@ -18,6 +18,7 @@ import pytest
 
 from broker.client import ClusterUnavailable, MetalogClient, MetalogError
 from storage.batch import iter_batches
+from tests.integration.conftest import limit_file_size
 from storage.log import SegmentedLog
 
 pytestmark = pytest.mark.slow
@@ -28,14 +29,7 @@ LIMIT_BYTES = 256 * 1024
 async def test_full_disk_stops_the_broker_with_a_clear_error_and_keeps_acked_records(make_cluster):
     cluster = make_cluster(voters=1, start=False, election_timeout_ms=300, fetch_timeout_ms=800,
                            request_timeout_ms=800, fetch_max_wait_ms=100)
-    path = cluster.write_config(1)
-    cluster.nodes[1].command = [
-        sys.executable, "-c",
-        "import resource, sys; "
-        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({LIMIT_BYTES}, {LIMIT_BYTES})); "
-        "from broker.main import main; "
-        f"sys.exit(main(['--config', {path!r}]))",
-    ]
+    limit_file_size(cluster, 1, LIMIT_BYTES)
     cluster.start()
     await asyncio.to_thread(cluster.wait_for_leader, 20)
     client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=2000, max_retries=1)
@@ -98,14 +92,7 @@ async def test_enospc_on_a_real_small_filesystem_answers_storage_error_and_recov
         cluster.nodes[1].command = ["unshare", "-rm", "sh", "-c", script, "sh", data, path, saved]
     else:
         reason = "File too large"
-        limit = 2 << 20
-        cluster.nodes[1].command = [
-            sys.executable, "-c",
-            "import resource, sys; "
-            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "
-            "from broker.main import main; "
-            f"sys.exit(main(['--config', {path!r}]))",
-        ]
+        limit_file_size(cluster, 1, 2 << 20)
     cluster.start()
     proc = cluster.procs[1]
     try:

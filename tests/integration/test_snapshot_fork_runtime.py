@@ -18,6 +18,7 @@ from broker.controller import Controller, load_snapshot
 from protocol.messages import SnapshotId
 from storage.log import SegmentedLog
 from storage.snapshot import PART_SUFFIX, SnapshotStore
+from tests.integration.conftest import limit_file_size
 from tests.integration.test_metrics import scrape
 from tests.integration.test_snapshots import part_dir, write_metadata
 
@@ -105,14 +106,7 @@ async def test_a_failing_snapshot_child_is_one_error_event_and_leaves_no_partial
     counter, and a broker that keeps committing and tries again at the next
     due point."""
     cluster = make_cluster(voters=1, start=False, snapshot_min_records=2500, segment_bytes_max=16384, **QUICK)
-    path = cluster.write_config(1)
-    cluster.nodes[1].command = [
-        sys.executable, "-c",
-        "import resource, sys; "
-        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({LIMIT_BYTES}, {LIMIT_BYTES})); "
-        "from broker.main import main; "
-        f"sys.exit(main(['--config', {path!r}]))",
-    ]
+    limit_file_size(cluster, 1, LIMIT_BYTES)
     cluster.start()
     await asyncio.to_thread(cluster.wait_for_leader, 20)
     client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(),
