@@ -34,3 +34,12 @@ def test_load_only_without_a_snapshot_says_so_and_fails(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert f"no snapshot loads from {tmp_path}" in proc.stderr
+
+
+def test_a_failed_fresh_process_load_shows_the_childs_error(tmp_path):
+    """What the bench's user sees when the load fails: the loader's message,
+    not a bare CalledProcessError."""
+    import pytest
+
+    with pytest.raises(SystemExit, match=f"failed \\(exit 1\\): no snapshot loads from {tmp_path}"):
+        bench.fresh_process_load(str(tmp_path))

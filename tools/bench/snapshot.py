@@ -156,7 +156,10 @@ def fresh_process_load(directory: str) -> dict:
     """load_only in a new Python process (no replayed state beside it, the
     imports of a broker), as a broker's boot pays it."""
     out = subprocess.run([sys.executable, "-m", "tools.bench.snapshot", "--load-only", directory],
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True)
+    if out.returncode != 0:  # the child's own error, not a bare CalledProcessError
+        raise SystemExit(f"snapshot load in a fresh process failed (exit {out.returncode}): "
+                         f"{out.stderr.strip()[-2000:]}")
     return json.loads(out.stdout)
 
 
