@@ -402,12 +402,13 @@ def _wait_rejoined(cluster: LocalCluster, node: int) -> None:
 
 
 def bench_profile_commit(args, root: str, report: dict) -> None:
-    """--profile-commit: one client against a 3-voter TLS cluster whose brokers
+    """--profile-commit: one client against a 3-voter TLS (--plaintext: PLAINTEXT) cluster whose brokers
     record commit-path timestamps (broker.commit_trace; on for this cluster
     only, through its environment); the per-stage table (tools.bench.commit_profile)."""
     trace_dir = os.path.join(root, "profile-trace")
     os.makedirs(trace_dir, exist_ok=True)
-    cluster = metalog_cluster(os.path.join(root, "profile"), cert_dir=os.path.join(root, "certs"))
+    cluster = metalog_cluster(os.path.join(root, "profile"), insecure=args.plaintext,
+                              cert_dir=os.path.join(root, "certs"))
     os.environ[commit_trace.ENV_VAR] = trace_dir  # inherited by the brokers started now
     try:
         _start(cluster)
@@ -689,7 +690,8 @@ def register_cli(subparsers) -> None:
     p.add_argument("--scale-note", default=None, help="with --scale: the note above the table (default: says the "
                                                       "machine was loaded)")
     p.add_argument("--plaintext", action="store_true",
-                   help="also run metalog in PLAINTEXT (insecure) mode, to show TLS's cost (on with --vs etcd)")
+                   help="also run metalog in PLAINTEXT (insecure) mode, to show TLS's cost (on with --vs etcd); "
+                        "the commit profile then runs on a PLAINTEXT cluster instead of a TLS one")
     p.add_argument("--json", help="write the JSON report here")
     p.add_argument("--dir", help="where clusters live (default: a temp dir, removed afterwards)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs) afterwards")
