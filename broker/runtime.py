@@ -11,8 +11,9 @@ the actions the core returns, in order, following the rules in
 
 so nothing is acknowledged before it is durable (the core counts only
 flushed offsets). Flushes run in a worker thread while the loop keeps
-appending and a leader's records travel to the followers; one fdatasync
-covers every append that happened before it started (group commit). Client
+appending and a leader's records travel to the followers (a follower syncs
+on the loop thread: see _start_flush); one fdatasync covers every append
+that happened before it started (group commit). Client
 Produce requests are batched adaptively: when the disk is idle they are
 appended at the end of the loop turn they arrived in; while a flush runs
 they wait and become one batch when it completes (or after
@@ -700,17 +701,34 @@ class Broker:
                 self._start_flush()
 
     def _start_flush(self) -> None:
-        """Hand one fdatasync to the flush thread now, in this loop turn (not
-        a task that starts a turn later): on a leader it then runs while the
-        records travel to the followers, on a follower it starts as soon as
-        the fetched records are written. Its completion comes back with one
-        call_soon_threadsafe (_flush_done)."""
+        """Start one fdatasync now, in this loop turn (not a task that starts
+        a turn later).
+
+        A leader hands it to the flush thread: it runs while the records
+        travel to the followers and new produces are read, and its completion
+        comes back with one call_soon_threadsafe (_flush_done). A follower or
+        observer syncs on the loop thread, as Kafka's raft thread does: its
+        next Fetch reports the flushed end, so it has nothing to do on the
+        commit path until the sync ends, and the two thread hand-offs cost
+        more than they overlap (issue 19 item 6: docs/bench.md)."""
         gc = self.group_commit
         gc.flush_starting()
         if self.trace is not None:
             self.trace.mark("flush_start", self.seg_log.log_end_offset)
-        loop = asyncio.get_running_loop()
         started_s = time.perf_counter()
+        if not self.core.is_leader:
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            try:
+                done.set_result(self.seg_log.flush())
+            except (OSError, StorageError) as exc:
+                done.set_exception(exc)  # _flush_done's fail-stop, as from the thread
+            except Exception as exc:  # noqa: BLE001 - as from the thread: fatal, never swallowed
+                gc.flush_stopped()
+                self._fatal("flush_failed", f"flush raised {type(exc).__name__}: {exc}", exc=exc)
+                return
+            self._flush_done(done, started_s)
+            return
+        loop = asyncio.get_running_loop()
 
         def completed(fut) -> None:  # on the flush thread (or here, if already done)
             if not loop.is_closed():
