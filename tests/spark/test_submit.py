@@ -19,6 +19,7 @@ from tools.cluster.launcher import REPO_ROOT
 pytestmark = pytest.mark.slow
 
 RUN_TIMEOUT_S = 300
+OUR_STDERR = ("[metalog spark", "metalog spark:", "WARNING: Using incubator modules: jdk.incubator.vector")
 
 
 def spark_submit_path() -> str:
@@ -93,6 +94,10 @@ def test_direct_run_starts_the_jvm_with_its_defaults(tmp_path):
     assert "records in" in proc.stderr and "records/s" in proc.stderr
     assert proc.stdout.startswith("metalog spark snapshot: ok")
     assert " WARN " not in proc.stderr
+    # Quiet by default: no "Setting default log level" banner, no pandas
+    # FutureWarning; only the JVM's own incubator-module notice (printed by
+    # the JVM itself, before any logging) besides the job's lines.
+    assert not [line for line in proc.stderr.splitlines() if not line.startswith(OUR_STDERR)], proc.stderr
     assert os.listdir(tmp_path / "tmp") == [] or not [
         p for p in os.listdir(tmp_path / "tmp") if p.startswith("metalog-spark-")]
 
@@ -121,6 +126,9 @@ def test_spark_submit_master_and_conf_win(tmp_path):
     assert "metalog spark: warning: --master local[2] ignored: under spark-submit" in proc.stderr, proc.stderr
     assert " INFO " not in proc.stderr  # the shipped log4j2 file keeps Spark quiet
     assert "[metalog spark" not in proc.stdout and "records/s" in proc.stderr
+    # The Python driver's stderr is merged into spark-submit's stdout: no
+    # Python warning may land there before the summary.
+    assert proc.stdout.startswith("metalog spark snapshot: ok"), proc.stdout[:2000]
     assert rep["hw"] == end and rep["snapshot"]["published"]
     assert not [p for p in os.listdir(tmp_path / "tmp") if p.startswith("metalog-spark-")]
 

@@ -60,6 +60,7 @@ import tempfile
 import threading
 import time
 import traceback
+import warnings as pywarnings
 import zipfile
 from collections import Counter
 
@@ -370,6 +371,15 @@ def _submit_args(driver_memory: str, conf: dict) -> str:
     for k, v in conf.items():
         parts += ["--conf", f"{k}={v}"]
     return " ".join(shlex.quote(x) for x in parts) + " pyspark-shell"
+
+
+def quiet_python_warnings() -> None:
+    """Hide PySpark's FutureWarning about the installed pandas version (the job
+    uses Arrow, not pandas): printed on every run it is noise on stderr, and
+    under spark-submit, where the Python driver's stderr is merged into
+    spark-submit's stdout, it lands before the summary. --verbose keeps it."""
+    pywarnings.filterwarnings("ignore", message=r"PySpark does not yet fully support pandas",
+                              category=FutureWarning)
 
 
 class SparkSetup:
@@ -1087,6 +1097,8 @@ def run(args) -> int:
                 raise EnvironmentFailure(absent)
             if not setup.submitted and not (os.environ.get("JAVA_HOME") or shutil.which("java")):
                 raise EnvironmentFailure("no Java found: install a JDK (17 or 21) or set JAVA_HOME")
+            if not args.verbose:
+                quiet_python_warnings()
             spark = get_spark(args.master, ui=args.ui, shuffle_partitions=args.shuffle_partitions,
                               driver_memory=args.driver_memory, extra_conf=args.conf, setup=setup)
             report["master"] = spark.sparkContext.master
@@ -1341,6 +1353,8 @@ def run_sql(args) -> int:
                 print("metalog spark sql: no Java found: install a JDK (17 or 21) or set JAVA_HOME",
                       file=sys.stderr)
                 return EXIT_FAILED
+            if not args.verbose:
+                quiet_python_warnings()
             try:
                 spark = get_spark(args.master, shuffle_partitions=2, driver_memory=args.driver_memory)
                 if not args.verbose:
