@@ -183,6 +183,32 @@ def test_plots_and_html_report(job):
     assert job["rep"]["plots"]["files"][-1].endswith("report.html")
 
 
+def test_records_per_type_plot_has_every_bucket_and_replicas_are_told_apart(spark, job):
+    """Empty time buckets are zeros (a line used to slant across a quiet gap,
+    drawing records that were never committed), and replicas whose dirs all
+    end in "data" get labels that tell them apart (they were all "data")."""
+    hist = spark.createDataFrame([(1_000, "Topic"), (1_000, "Partition"), (1_500, "Partition"),
+                                  (100_000, "Topic")], "timestamp_ms long, record_type string")
+    rows, width = plots.type_counts(hist)
+    buckets, series = plots.type_series(rows, width)
+    assert width == 991 and len(buckets) == plots.TIME_BUCKETS
+    assert buckets == [1_000 + i * width for i in range(plots.TIME_BUCKETS)]
+    assert series["Topic"][0] == 1 and series["Topic"][-1] == 1 and sum(series["Topic"][1:-1]) == 0
+    assert series["Partition"][:2] == [2, 0]
+    assert sum(series["Partition"]) == 2 and "other" not in series
+    # The job's own history: one bucket per step from the first to the last.
+    rows, width = plots.type_counts(spark.read.parquet(os.path.join(job["out"], "tables", "history")))
+    buckets, series = plots.type_series(rows, width)
+    assert all(b2 - b1 == width for b1, b2 in zip(buckets, buckets[1:]))
+    assert all(len(c) == len(buckets) for c in series.values())
+    assert sum(map(sum, series.values())) == len(table(job, "history"))
+
+    audit = [{"replica": f"file:/tmp/c/node-{n}/data", "node_id": str(n)} for n in (1, 2, 3)]
+    assert plots.replica_labels(audit) == [f"node-{n}/data (node {n})" for n in (1, 2, 3)]
+    assert plots.replica_labels(table(job, "audit")) == [
+        f"{os.path.basename(a['replica'].rstrip('/'))} (node {a['node_id']})" for a in table(job, "audit")]
+
+
 def test_without_matplotlib_the_job_succeeds_and_says_plots_were_skipped(spark, job, tmp_path, monkeypatch,
                                                                        capsys):
     """The user sees one stderr line `metalog spark: plots skipped (...)`; exit 0, tables written."""
