@@ -217,6 +217,27 @@ def test_bad_inputs_get_clear_messages(spark, tmp_path, capsys):
     assert "validation FAILED: configuration: 'notes.log' is not a segment" in captured.err
 
 
+def test_a_setting_spark_rejects_is_a_usage_error(spark, tmp_path, capsys):
+    """--conf with a value Spark rejects: exit 2 and one line naming the setting
+    (it was "the job failed" mid-job, exit 3); a bad --driver-memory is refused
+    by the argument parser before any JVM starts."""
+    d = str(tmp_path / "n1")
+    write_log(d, random_records(random.Random(6), 30), node_id=1)
+    out = tmp_path / "o"
+    code, rep = run_job(spark, "snapshot", d, "--out", str(out), "--report", str(out / "r.json"),
+                        "--conf", "spark.sql.shuffle.partitions=lots")
+    assert code == spark_job.EXIT_INPUT, rep
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("metalog spark: Spark rejects a setting (--conf or spark-defaults): ")
+    assert "'lots'" in err[-1] and "spark.sql.shuffle.partitions" in err[-1]
+    assert rep["result"] == "bad input" and not list(out.glob("*.checkpoint"))
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "2"  # the session is unharmed
+    with pytest.raises(SystemExit) as exit_info:
+        run_job(spark, "snapshot", d, "--out", str(out), "--driver-memory", "lots")
+    assert exit_info.value.code == spark_job.EXIT_INPUT
+    assert "--driver-memory wants a size such as 600m or 4g, got 'lots'" in capsys.readouterr().err
+
+
 def test_foreign_replica_is_excluded_from_the_vote_with_a_warning(spark, tmp_path, capsys):
     """Two replicas of test-cluster and one of another cluster whose log differs:
     the foreign one does not vote (HW and checkpoint from the two), a warning names it."""

@@ -59,6 +59,22 @@ def test_no_java_exits_3_with_one_clear_line(tmp_path):
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.checkpoint"))
 
 
+def test_jvm_that_does_not_start_names_the_master_and_where_its_reason_is(tmp_path):
+    """Run directly with a heap the JVM refuses: exit 3; the JVM's own reason on
+    stderr, then one line naming the master the job used (not "spark-submit")."""
+    d, _end = data_dir(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "tools.cli", "spark", "snapshot", d, "--out",
+                           str(tmp_path / "out"), "--conf", "spark.driver.memory=lots"],
+                          cwd=REPO_ROOT, env=job_env(tmp_path), capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 3, proc.stderr
+    assert "Invalid maximum heap size: -Xmxlots" in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("metalog spark: cannot start Spark (local[*]): ") and "JAVA_GATEWAY_EXITED" in last
+    assert last.endswith("(the JVM's own message is on the lines above; check --driver-memory and --conf)")
+    assert not list((tmp_path / "out").glob("*.checkpoint"))
+
+
 def test_package_holds_the_executor_code(tmp_path):
     out = tmp_path / "pkg" / "metalog_code.zip"
     proc = subprocess.run([sys.executable, "-m", "tools.cli", "spark", "package", "--out", str(out)],

@@ -1116,11 +1116,19 @@ def run(args) -> int:
                 spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() / (1 << 20))
             if not args.verbose:
                 spark.sparkContext.setLogLevel("ERROR")
+            # The SQL session state is built lazily, on first use; build it now, so
+            # that a SQL setting Spark rejects is a start-up failure, not a "job failed".
+            spark.conf.get("spark.sql.shuffle.partitions")
         except EnvironmentFailure:
             raise
-        except Exception as exc:  # the JVM did not start, bad master URL ...
-            raise EnvironmentFailure(f"cannot start Spark ({args.master or 'spark-submit master'}): "
-                                     f"{cause_chain(exc)}") from None
+        except Exception as exc:  # the JVM did not start, bad master URL, a --conf Spark rejects ...
+            chain = cause_chain(exc)
+            if "INVALID_CONF_VALUE" in chain:  # a usage error: say which setting, exit 2
+                raise InputError(f"Spark rejects a setting (--conf or spark-defaults): {chain}") from None
+            if "JAVA_GATEWAY_EXITED" in chain and not setup.submitted:
+                chain += " (the JVM's own message is on the lines above; check --driver-memory and --conf)"
+            master = args.master or ("spark-submit's master" if setup.submitted else "local[*]")
+            raise EnvironmentFailure(f"cannot start Spark ({master}): {chain}") from None
         progress = Progress(spark, enabled=not args.quiet).start()
         an = Analysis(spark, args.inputs, progress, report, cluster_id=args.cluster_id)
         an.load()
@@ -1403,7 +1411,8 @@ EXIT_CODES_HELP = """exit codes:
   0  valid: every check passed (snapshot: the .checkpoint was written)
   1  validation failed: the first failing check is named on stderr; categories
      corruption, divergence, safety violation, configuration; no .checkpoint written
-  2  usage or unusable input (missing dir, no log files, nothing to replay)
+  2  usage or unusable input (missing dir, no log files, nothing to replay, a --conf value
+     Spark rejects)
   3  environment: no pyspark (pip install 'metalog[spark]'), no Java, Spark failed to start or
      failed mid-job (cause chain on stderr)"""
 
@@ -1426,6 +1435,14 @@ def _conf_pair(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
+def _memory_size(text: str) -> str:
+    """A JVM memory size as spark-submit takes it (512m, 4g, 1024): checked here,
+    since a bad one only shows up as the JVM refusing to start."""
+    if not re.fullmatch(r"\d+[kmgtp]?b?", text.strip(), re.IGNORECASE):
+        raise argparse.ArgumentTypeError(f"--driver-memory wants a size such as 600m or 4g, got {text!r}")
+    return text.strip()
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", help="broker data dirs (or copies; any Hadoop path)")
     p.add_argument("--master", default=None,
@@ -1437,7 +1454,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster-id", help="expected cluster id (default: the one most replicas' "
                                         "meta.properties name; other replicas are excluded)")
     p.add_argument("--shuffle-partitions", type=int, default=8)
-    p.add_argument("--driver-memory", default="4g",
+    p.add_argument("--driver-memory", default="4g", type=_memory_size,
                    help="JVM heap of the driver when the job starts the JVM itself (in local mode "
                         "the executors' too); default 4g. Under spark-submit: its --driver-memory")
     p.add_argument("--ui", action="store_true", help="enable the Spark UI")
@@ -1505,7 +1522,7 @@ def register_cli(subparsers) -> None:
     q.add_argument("--out", default="spark-out", help="the job's output dir (default spark-out)")
     q.add_argument("--json", action="store_true", help="one JSON object per row instead of a text table")
     q.add_argument("--master", default="local[*]", help="Spark master for the query (default local[*])")
-    q.add_argument("--driver-memory", default="1g", help="driver heap (default 1g)")
+    q.add_argument("--driver-memory", default="1g", type=_memory_size, help="driver heap (default 1g)")
     q.add_argument("--verbose", action="store_true", help="Spark's own warnings")
     q.set_defaults(func=run_sql)
     k = sub.add_parser("package", help="build the code archive shipped to executors (--py-files)",
