@@ -253,7 +253,11 @@ def test_foreign_replica_is_excluded_from_the_vote_with_a_warning(spark, tmp_pat
     assert {os.path.basename(r) for r in rep["audit"]} == {"n1", "n2"}
     [warn] = rep["warnings"]
     assert warn["replica"] == f"file:{n3}" and "belongs to cluster 'other-cluster'" in warn["warning"]
-    assert "excluded from the vote" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "excluded from the vote" in captured.err
+    # The summary on stdout says so too: it lists only the voting replicas.
+    assert (f"  warning: file:{n3}/meta.properties: replica belongs to cluster 'other-cluster', "
+            "not 'test-cluster': excluded from the vote") in captured.out.splitlines()
 
 
 def test_truncated_checkpoint_input_exits_1(spark, tmp_path, capsys):

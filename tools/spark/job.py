@@ -993,6 +993,8 @@ def _summary_lines(report: dict) -> list[str]:
         where = ("" if a.get("first_diff_offset") is None else
                  f" at offset {a['first_diff_offset']} epoch {a.get('first_diff_epoch')}")
         lines.append(f"  replica {name} (node {a.get('node_id')}): {a['status']}{where}")
+    for w in report.get("warnings", [])[:10]:  # e.g. a replica of another cluster, left out above
+        lines.append(f"  warning: {w['replica']}/{w['file']}: {w['warning']}")
     for e in report.get("errors", [])[:10]:
         where = "/".join(str(e[k]) for k in ("replica", "file") if e.get(k) is not None)
         if e.get("position") is not None:
