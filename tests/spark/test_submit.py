@@ -75,6 +75,18 @@ def test_jvm_that_does_not_start_names_the_master_and_where_its_reason_is(tmp_pa
     assert not list((tmp_path / "out").glob("*.checkpoint"))
 
 
+def test_verbose_shows_sparks_own_warnings(tmp_path):
+    """--verbose leaves Spark's own log4j2 defaults (warnings on) instead of the
+    quiet file, whose org.apache.spark/hadoop loggers at error hid them all."""
+    proc = subprocess.run([sys.executable, "-m", "tools.cli", "spark", "sql", "--verbose", "--out",
+                           str(tmp_path / "nothing"), "SELECT 1"],
+                          cwd=REPO_ROOT, env=job_env(tmp_path), capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 2, proc.stderr
+    assert 'Setting default log level to "WARN".' in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("metalog spark sql: no tables under ")
+
+
 def test_package_holds_the_executor_code(tmp_path):
     out = tmp_path / "pkg" / "metalog_code.zip"
     proc = subprocess.run([sys.executable, "-m", "tools.cli", "spark", "package", "--out", str(out)],

@@ -363,11 +363,14 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def _submit_args(driver_memory: str, conf: dict) -> str:
+def _submit_args(driver_memory: str, conf: dict, quiet_log: bool = True) -> str:
     """PYSPARK_SUBMIT_ARGS for a JVM the job starts itself: settings that only
-    take effect when the JVM starts (heap, log4j2 file) must be given here."""
-    parts = ["--driver-memory", driver_memory,
-             "--driver-java-options", f"-Dlog4j.configurationFile=file:{LOG4J2_CONF}"]
+    take effect when the JVM starts (heap, log4j2 file) must be given here.
+    Without quiet_log (--verbose) Spark keeps its own log4j2 defaults, which
+    for a PySpark driver show warnings."""
+    parts = ["--driver-memory", driver_memory]
+    if quiet_log:
+        parts += ["--driver-java-options", f"-Dlog4j.configurationFile=file:{LOG4J2_CONF}"]
     for k, v in conf.items():
         parts += ["--conf", f"{k}={v}"]
     return " ".join(shlex.quote(x) for x in parts) + " pyspark-shell"
@@ -397,7 +400,7 @@ class SparkSetup:
 
 def get_spark(master: str | None = None, ui: bool = False, shuffle_partitions: int = 8,
               ship_code: bool | None = None, extra_conf: dict | None = None, driver_memory: str = "4g",
-              setup: SparkSetup | None = None):
+              setup: SparkSetup | None = None, quiet_log: bool = True):
     """A SparkSession for the job.
 
     Under spark-submit the session takes spark-submit's master and conf
@@ -415,7 +418,7 @@ def get_spark(master: str | None = None, ui: bool = False, shuffle_partitions: i
     if not setup.submitted:
         master = master or "local[*]"
         builder = builder.master(master)
-        os.environ.setdefault("PYSPARK_SUBMIT_ARGS", _submit_args(driver_memory, extra_conf))
+        os.environ.setdefault("PYSPARK_SUBMIT_ARGS", _submit_args(driver_memory, extra_conf, quiet_log))
     defaults = {"spark.ui.enabled": "true" if ui else "false",
                 "spark.ui.showConsoleProgress": "false",
                 "spark.sql.shuffle.partitions": str(shuffle_partitions),
@@ -1102,7 +1105,8 @@ def run(args) -> int:
             if not args.verbose:
                 quiet_python_warnings()
             spark = get_spark(args.master, ui=args.ui, shuffle_partitions=args.shuffle_partitions,
-                              driver_memory=args.driver_memory, extra_conf=args.conf, setup=setup)
+                              driver_memory=args.driver_memory, extra_conf=args.conf, setup=setup,
+                              quiet_log=not args.verbose)
             report["master"] = spark.sparkContext.master
             if setup.submitted:
                 global _jvm_stderr
@@ -1366,7 +1370,8 @@ def run_sql(args) -> int:
             if not args.verbose:
                 quiet_python_warnings()
             try:
-                spark = get_spark(args.master, shuffle_partitions=2, driver_memory=args.driver_memory)
+                spark = get_spark(args.master, shuffle_partitions=2, driver_memory=args.driver_memory,
+                                  quiet_log=not args.verbose)
                 if not args.verbose:
                     spark.sparkContext.setLogLevel("ERROR")
             except Exception as exc:
