@@ -178,6 +178,9 @@ def test_audit_catches_divergence_bit_flip_and_tail(spark, tmp_path, capsys):
     code, rep = run_job(spark, "snapshot", n1, n2, n3, "--out", str(out), "--report", str(out / "r.json"))
     assert code == spark_job.EXIT_VALIDATION
     assert [p.name for p in out.rglob("*") if ".checkpoint" in p.name] == []
+    page = (out / "report.html").read_text()
+    assert "<title>metalog spark snapshot: validation FAILED</title>" in page
+    assert "<b>first failing check</b>: corruption: " in page and "CRC mismatch" in page
     err_text = capsys.readouterr().err
     assert "metalog spark: validation FAILED: corruption: " in err_text and "CRC mismatch" in err_text
 

@@ -180,6 +180,8 @@ def test_plots_and_html_report(job):
     page = open(os.path.join(out, "report.html")).read()
     assert "<img src='records_per_type.png'>" in page and "<img src='replicas.png'>" in page
     assert page.count("<td>agrees</td>") == 3
+    assert "<title>metalog spark snapshot: ok</title>" in page  # the outcome, not "running"
+    assert "first failing check" not in page
     assert job["rep"]["plots"]["files"][-1].endswith("report.html")
 
 

@@ -1147,9 +1147,10 @@ def run(args) -> int:
             report["first_failure"] = failure
         elif staged is not None:
             _publish(staged, report)
+        # The outcome is known now; set it before the tables, whose report.html shows it.
+        report["result"] = "ok" if code == EXIT_OK else "validation FAILED"
         if args.out and not args.no_tables:
             _write_tables(args, an, report, progress, state_too=failure is None and staged is not None)
-        report["result"] = "ok" if code == EXIT_OK else "validation FAILED"
         _say_first_failure(report)
     except InputError as exc:
         report.setdefault("errors", [])

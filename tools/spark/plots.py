@@ -139,6 +139,10 @@ def write_report(local_dir: str, hist_df, audit: list[dict], report: dict) -> li
              f"<h1>{html.escape(title)}</h1>",
              f"<p>cluster {html.escape(str(report.get('cluster_id')))}, HW {report.get('hw')}, "
              f"majority agrees up to {report.get('majority_end_offset')}</p>"]
+    failure = report.get("first_failure")
+    if failure:
+        parts.append(f"<p><b>first failing check</b>: {html.escape(str(failure.get('category')))}: "
+                     f"{html.escape(str(failure.get('check')))} ({html.escape(str(failure.get('where')))})</p>")
     if hist_df is not None:
         rows, width = type_counts(hist_df)
         _plot_types(rows, width, os.path.join(local_dir, "records_per_type.png"))
