@@ -1014,6 +1014,8 @@ def _summary_lines(report: dict) -> list[str]:
                          f"{report['replay']['records']} log records of {report['replay']['source']}")
         else:
             lines.append(f"  no checkpoint written: {s['name']} was built but failed validation")
+    if report.get("removed_earlier_checkpoint"):
+        lines.append(f"  removed {report['removed_earlier_checkpoint']}, an earlier run's output, from the out dir")
     unmodelled = report.get("replay", {}).get("unmodelled_records")
     if unmodelled:
         lines.append("  record types not modelled (counted, not applied): "
@@ -1182,6 +1184,8 @@ def run(args) -> int:
     finally:
         if staged is not None:
             _discard(staged)  # a no-op once published
+        if args.spark_command == "snapshot" and spark is not None and code in (EXIT_OK, EXIT_VALIDATION):
+            _remove_earlier_checkpoint(spark, args, report)
         if progress is not None:
             progress.set_phase("done")
             progress.stop()
@@ -1223,6 +1227,55 @@ def _hadoop_put(spark, local_file: str, uri: str) -> None:
         fs.delete(dst, False)
     if not fs.rename(tmp, dst):
         raise OSError(f"cannot rename {uri}.tmp to {uri} (Hadoop FileSystem.rename returned false)")
+
+
+def _remove_earlier_checkpoint(spark, args, report: dict) -> None:
+    """A rerun replaces its own output: the .checkpoint an earlier run published
+    into this --out (as the report it left says) is removed, unless this run
+    published the same name. Without this a failed rerun left the earlier,
+    differently named checkpoint beside its failure report. Only a name the
+    earlier report gives is touched, so other files in --out are safe."""
+    path = args.report or args.out.rstrip("/") + "/report.json"
+    try:
+        if _is_local_path(path):
+            if not os.path.isfile(path):
+                return
+            with open(path) as fh:
+                earlier = json.load(fh)
+        else:
+            fs, p = _hadoop_fs(spark, path)
+            if not fs.exists(p):
+                return
+            stream = fs.open(p)
+            try:
+                earlier = json.loads(spark.sparkContext._jvm.org.apache.commons.io.IOUtils.toString(
+                    stream, "UTF-8"))
+            finally:
+                stream.close()
+        snap = earlier.get("snapshot") or {} if isinstance(earlier, dict) else {}
+        name = snap.get("name")
+        if (not snap.get("published") or not isinstance(name, str)
+                or not re.fullmatch(r"\d{20}-\d{10}\.checkpoint", name)
+                or (report.get("snapshot") or {}).get("published") and report["snapshot"].get("name") == name):
+            return
+        _remove_output(spark, args.out, name)
+        report.setdefault("removed_earlier_checkpoint", name)
+    except Exception as exc:  # the earlier report is unreadable: leave its output alone, say so
+        err_line(f"metalog spark: warning: cannot check {path} for an earlier run's checkpoint: "
+                 f"{cause_chain(exc)}")
+
+
+def _remove_output(spark, out: str, name: str) -> None:
+    """Removes OUT/name if an earlier run left it (a plain path or a Hadoop URI)."""
+    if _is_local_path(out):
+        try:
+            os.unlink(os.path.join(out, name))
+        except FileNotFoundError:
+            pass
+    else:
+        fs, path = _hadoop_fs(spark, out.rstrip("/") + "/" + name)
+        if fs.exists(path):
+            fs.delete(path, False)
 
 
 def _say_first_failure(report: dict) -> None:
@@ -1322,10 +1375,17 @@ def _write_tables(args, an: Analysis, report: dict, progress: Progress, state_to
     counts = {"audit": TB.write_audit(spark, report, out)}
     hist = None
     replay = getattr(an, "replay", None)
+    removed: list[str] = []
     if state_too and replay is not None:
         counts.update(TB.write_state_and_history(spark, replay.states, replay.committed, replay.target, out))
         hist = spark.read.parquet(TB.table_path(out, "history"))
+    elif args.spark_command == "snapshot":  # failed: an earlier run's state tables would pass for
+        # this run's in `metalog spark sql` (audit leaves them: they describe a snapshot run's output)
+        removed = TB.remove_state_tables(spark, out)
+        _remove_output(spark, out, "records_per_type.png")
     report["tables"] = {"dir": out.rstrip("/") + "/" + TB.TABLES_DIR, "rows": counts}
+    if removed:
+        report["tables"]["removed_earlier"] = removed
     reason = plots.plots_unavailable()
     if reason is not None:
         report["plots"] = {"skipped": reason}
