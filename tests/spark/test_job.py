@@ -185,6 +185,21 @@ def test_audit_catches_divergence_bit_flip_and_tail(spark, tmp_path, capsys):
     assert "metalog spark: validation FAILED: corruption: " in err_text and "CRC mismatch" in err_text
 
 
+def test_lone_replica_corrupt_batch_is_called_corruption(spark, tmp_path):
+    """One replica with a CRC-damaged batch: its valid prefix is the HW, and the
+    audit names the damage at the HW as corruption (it said "uncommitted tail")."""
+    d = str(tmp_path / "n1")
+    write_log(d, random_records(random.Random(12), 60), node_id=1, epochs=[1] * 60, leader_changes=False)
+    _file, _pos = _flip_bit(d, 30)
+    code, rep = run_job(spark, "audit", d, "--report", str(tmp_path / "r.json"))
+    assert code == spark_job.EXIT_VALIDATION
+    [a] = rep["audit"].values()
+    assert a["first_diff_offset"] == rep["hw"] and not a["below_hw"]
+    assert a["category"] == "corruption"
+    assert a["status"].startswith("corruption: corrupt batch: CRC mismatch")
+    assert a["status"].endswith(f"(at or above the HW {rep['hw']})")
+
+
 def test_bad_inputs_get_clear_messages(spark, tmp_path, capsys):
     code, rep = run_job(spark, "snapshot", str(tmp_path / "nope"), "--out", str(tmp_path / "o"),
                         "--report", str(tmp_path / "o" / "r.json"))

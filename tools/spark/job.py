@@ -735,10 +735,14 @@ class Analysis:
                     entry["status"] = "behind"
             else:
                 below = fd[0] < self.hw
-                category = fd[2].split(":", 1)[0] if below else "uncommitted tail"
+                # A corrupt batch at or above the HW is named as such (it fails the
+                # job as an error either way), not passed off as an uncommitted tail.
+                corrupt = fd[2].startswith("corruption: ")
+                category = fd[2].split(":", 1)[0] if below or corrupt else "uncommitted tail"
                 entry.update(first_diff_offset=fd[0], first_diff_epoch=fd[1], why=fd[2],
                              below_hw=below, category=category,
                              status=(f"{fd[2]} (below the HW {self.hw})" if below
+                                     else f"{fd[2]} (at or above the HW {self.hw})" if corrupt
                                      else "uncommitted tail (differs at or above the HW)"))
                 self.breach |= below
             audit[name] = entry
