@@ -3,6 +3,7 @@ over segment files written by storage.log.SegmentedLog as a broker writes them."
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -254,6 +255,18 @@ def test_a_setting_spark_rejects_is_a_usage_error(spark, tmp_path, capsys):
         run_job(spark, "snapshot", d, "--out", str(out), "--driver-memory", "lots")
     assert exit_info.value.code == spark_job.EXIT_INPUT
     assert "--driver-memory wants a size such as 600m or 4g, got 'lots'" in capsys.readouterr().err
+    # A master URL of no form Spark takes: spark-submit printed a Java stack
+    # trace and the job said the gateway exited (exit 3).
+    parser = argparse.ArgumentParser()
+    spark_job.register_cli(parser.add_subparsers(dest="command"))
+    for bad in ("bogus", "spark:/host"):
+        with pytest.raises(SystemExit) as exit_info:
+            parser.parse_args(["spark", "snapshot", d, "--master", bad])
+        assert exit_info.value.code == spark_job.EXIT_INPUT
+        assert f"--master wants local[N], local[*], spark://HOST:PORT, yarn or k8s://URL, got {bad!r}" in \
+            capsys.readouterr().err
+    for good in ("local", "local[2]", "local[*]", "local[2,3]", "spark://h:7077", "yarn", "k8s://https://a:6443"):
+        assert parser.parse_args(["spark", "snapshot", d, "--master", good]).master == good
 
 
 def test_foreign_replica_is_excluded_from_the_vote_with_a_warning(spark, tmp_path, capsys):

@@ -1484,7 +1484,7 @@ EXIT_CODES_HELP = """exit codes:
   1  validation failed: the first failing check is named on stderr; categories
      corruption, divergence, safety violation, configuration; no .checkpoint written
   2  usage or unusable input (missing dir, no log files, nothing to replay, a --conf value
-     Spark rejects)
+     Spark rejects, a --master or --driver-memory of the wrong form)
   3  environment: no pyspark (pip install 'metalog[spark]'), no Java, Spark failed to start or
      failed mid-job (cause chain on stderr)"""
 
@@ -1515,9 +1515,21 @@ def _memory_size(text: str) -> str:
     return text.strip()
 
 
+MASTER_RE = re.compile(r"local(\[[^\]]+\])?|local-cluster\[[^\]]+\]|(spark|k8s)://\S+|yarn")
+
+
+def _master_url(text: str) -> str:
+    """A master URL of a form Spark takes: checked here, since a bad one only
+    shows up as spark-submit's Java stack trace and a gateway that exited."""
+    if not MASTER_RE.fullmatch(text.strip()):
+        raise argparse.ArgumentTypeError(f"--master wants local[N], local[*], spark://HOST:PORT, yarn or "
+                                         f"k8s://URL, got {text!r}")
+    return text.strip()
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", help="broker data dirs (or copies; any Hadoop path)")
-    p.add_argument("--master", default=None,
+    p.add_argument("--master", default=None, type=_master_url,
                    help="Spark master URL when the job runs directly (default local[*]); "
                         "under spark-submit its --master applies and this is ignored")
     p.add_argument("--conf", type=_conf_pair, action="append", default=[], metavar="KEY=VALUE",
@@ -1593,7 +1605,7 @@ def register_cli(subparsers) -> None:
     q.add_argument("query", help="a Spark SQL query")
     q.add_argument("--out", default="spark-out", help="the job's output dir (default spark-out)")
     q.add_argument("--json", action="store_true", help="one JSON object per row instead of a text table")
-    q.add_argument("--master", default="local[*]", help="Spark master for the query (default local[*])")
+    q.add_argument("--master", default="local[*]", type=_master_url, help="Spark master for the query (default local[*])")
     q.add_argument("--driver-memory", default="1g", type=_memory_size, help="driver heap (default 1g)")
     q.add_argument("--verbose", action="store_true", help="Spark's own warnings")
     q.set_defaults(func=run_sql)
