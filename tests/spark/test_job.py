@@ -3,6 +3,7 @@ over segment files written by storage.log.SegmentedLog as a broker writes them."
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -178,8 +179,26 @@ def test_audit_catches_divergence_bit_flip_and_tail(spark, tmp_path, capsys):
     code, rep = run_job(spark, "snapshot", n1, n2, n3, "--out", str(out), "--report", str(out / "r.json"))
     assert code == spark_job.EXIT_VALIDATION
     assert [p.name for p in out.rglob("*") if ".checkpoint" in p.name] == []
+    page = (out / "report.html").read_text()
+    assert "<title>metalog spark snapshot: validation FAILED</title>" in page
+    assert "<b>first failing check</b>: corruption: " in page and "CRC mismatch" in page
     err_text = capsys.readouterr().err
     assert "metalog spark: validation FAILED: corruption: " in err_text and "CRC mismatch" in err_text
+
+
+def test_lone_replica_corrupt_batch_is_called_corruption(spark, tmp_path):
+    """One replica with a CRC-damaged batch: its valid prefix is the HW, and the
+    audit names the damage at the HW as corruption (it said "uncommitted tail")."""
+    d = str(tmp_path / "n1")
+    write_log(d, random_records(random.Random(12), 60), node_id=1, epochs=[1] * 60, leader_changes=False)
+    _file, _pos = _flip_bit(d, 30)
+    code, rep = run_job(spark, "audit", d, "--report", str(tmp_path / "r.json"))
+    assert code == spark_job.EXIT_VALIDATION
+    [a] = rep["audit"].values()
+    assert a["first_diff_offset"] == rep["hw"] and not a["below_hw"]
+    assert a["category"] == "corruption"
+    assert a["status"].startswith("corruption: corrupt batch: CRC mismatch")
+    assert a["status"].endswith(f"(at or above the HW {rep['hw']})")
 
 
 def test_bad_inputs_get_clear_messages(spark, tmp_path, capsys):
@@ -217,6 +236,39 @@ def test_bad_inputs_get_clear_messages(spark, tmp_path, capsys):
     assert "validation FAILED: configuration: 'notes.log' is not a segment" in captured.err
 
 
+def test_a_setting_spark_rejects_is_a_usage_error(spark, tmp_path, capsys):
+    """--conf with a value Spark rejects: exit 2 and one line naming the setting
+    (it was "the job failed" mid-job, exit 3); a bad --driver-memory is refused
+    by the argument parser before any JVM starts."""
+    d = str(tmp_path / "n1")
+    write_log(d, random_records(random.Random(6), 30), node_id=1)
+    out = tmp_path / "o"
+    code, rep = run_job(spark, "snapshot", d, "--out", str(out), "--report", str(out / "r.json"),
+                        "--conf", "spark.sql.shuffle.partitions=lots")
+    assert code == spark_job.EXIT_INPUT, rep
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("metalog spark: Spark rejects a setting (--conf or spark-defaults): ")
+    assert "'lots'" in err[-1] and "spark.sql.shuffle.partitions" in err[-1]
+    assert rep["result"] == "bad input" and not list(out.glob("*.checkpoint"))
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "2"  # the session is unharmed
+    with pytest.raises(SystemExit) as exit_info:
+        run_job(spark, "snapshot", d, "--out", str(out), "--driver-memory", "lots")
+    assert exit_info.value.code == spark_job.EXIT_INPUT
+    assert "--driver-memory wants a size such as 600m or 4g, got 'lots'" in capsys.readouterr().err
+    # A master URL of no form Spark takes: spark-submit printed a Java stack
+    # trace and the job said the gateway exited (exit 3).
+    parser = argparse.ArgumentParser()
+    spark_job.register_cli(parser.add_subparsers(dest="command"))
+    for bad in ("bogus", "spark:/host"):
+        with pytest.raises(SystemExit) as exit_info:
+            parser.parse_args(["spark", "snapshot", d, "--master", bad])
+        assert exit_info.value.code == spark_job.EXIT_INPUT
+        assert f"--master wants local[N], local[*], spark://HOST:PORT, yarn or k8s://URL, got {bad!r}" in \
+            capsys.readouterr().err
+    for good in ("local", "local[2]", "local[*]", "local[2,3]", "spark://h:7077", "yarn", "k8s://https://a:6443"):
+        assert parser.parse_args(["spark", "snapshot", d, "--master", good]).master == good
+
+
 def test_foreign_replica_is_excluded_from_the_vote_with_a_warning(spark, tmp_path, capsys):
     """Two replicas of test-cluster and one of another cluster whose log differs:
     the foreign one does not vote (HW and checkpoint from the two), a warning names it."""
@@ -232,7 +284,11 @@ def test_foreign_replica_is_excluded_from_the_vote_with_a_warning(spark, tmp_pat
     assert {os.path.basename(r) for r in rep["audit"]} == {"n1", "n2"}
     [warn] = rep["warnings"]
     assert warn["replica"] == f"file:{n3}" and "belongs to cluster 'other-cluster'" in warn["warning"]
-    assert "excluded from the vote" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "excluded from the vote" in captured.err
+    # The summary on stdout says so too: it lists only the voting replicas.
+    assert (f"  warning: file:{n3}/meta.properties: replica belongs to cluster 'other-cluster', "
+            "not 'test-cluster': excluded from the vote") in captured.out.splitlines()
 
 
 def test_truncated_checkpoint_input_exits_1(spark, tmp_path, capsys):

@@ -19,6 +19,7 @@ from tools.cluster.launcher import REPO_ROOT
 pytestmark = pytest.mark.slow
 
 RUN_TIMEOUT_S = 300
+OUR_STDERR = ("[metalog spark", "metalog spark:", "WARNING: Using incubator modules: jdk.incubator.vector")
 
 
 def spark_submit_path() -> str:
@@ -58,6 +59,34 @@ def test_no_java_exits_3_with_one_clear_line(tmp_path):
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.checkpoint"))
 
 
+def test_jvm_that_does_not_start_names_the_master_and_where_its_reason_is(tmp_path):
+    """Run directly with a heap the JVM refuses: exit 3; the JVM's own reason on
+    stderr, then one line naming the master the job used (not "spark-submit")."""
+    d, _end = data_dir(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "tools.cli", "spark", "snapshot", d, "--out",
+                           str(tmp_path / "out"), "--conf", "spark.driver.memory=lots"],
+                          cwd=REPO_ROOT, env=job_env(tmp_path), capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 3, proc.stderr
+    assert "Invalid maximum heap size: -Xmxlots" in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("metalog spark: cannot start Spark (local[*]): ") and "JAVA_GATEWAY_EXITED" in last
+    assert last.endswith("(the JVM's own message is on the lines above; check --driver-memory and --conf)")
+    assert not list((tmp_path / "out").glob("*.checkpoint"))
+
+
+def test_verbose_shows_sparks_own_warnings(tmp_path):
+    """--verbose leaves Spark's own log4j2 defaults (warnings on) instead of the
+    quiet file, whose org.apache.spark/hadoop loggers at error hid them all."""
+    proc = subprocess.run([sys.executable, "-m", "tools.cli", "spark", "sql", "--verbose", "--out",
+                           str(tmp_path / "nothing"), "SELECT 1"],
+                          cwd=REPO_ROOT, env=job_env(tmp_path), capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 2, proc.stderr
+    assert 'Setting default log level to "WARN".' in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("metalog spark sql: no tables under ")
+
+
 def test_package_holds_the_executor_code(tmp_path):
     out = tmp_path / "pkg" / "metalog_code.zip"
     proc = subprocess.run([sys.executable, "-m", "tools.cli", "spark", "package", "--out", str(out)],
@@ -93,6 +122,10 @@ def test_direct_run_starts_the_jvm_with_its_defaults(tmp_path):
     assert "records in" in proc.stderr and "records/s" in proc.stderr
     assert proc.stdout.startswith("metalog spark snapshot: ok")
     assert " WARN " not in proc.stderr
+    # Quiet by default: no "Setting default log level" banner, no pandas
+    # FutureWarning; only the JVM's own incubator-module notice (printed by
+    # the JVM itself, before any logging) besides the job's lines.
+    assert not [line for line in proc.stderr.splitlines() if not line.startswith(OUR_STDERR)], proc.stderr
     assert os.listdir(tmp_path / "tmp") == [] or not [
         p for p in os.listdir(tmp_path / "tmp") if p.startswith("metalog-spark-")]
 
@@ -121,6 +154,9 @@ def test_spark_submit_master_and_conf_win(tmp_path):
     assert "metalog spark: warning: --master local[2] ignored: under spark-submit" in proc.stderr, proc.stderr
     assert " INFO " not in proc.stderr  # the shipped log4j2 file keeps Spark quiet
     assert "[metalog spark" not in proc.stdout and "records/s" in proc.stderr
+    # The Python driver's stderr is merged into spark-submit's stdout: no
+    # Python warning may land there before the summary.
+    assert proc.stdout.startswith("metalog spark snapshot: ok"), proc.stdout[:2000]
     assert rep["hw"] == end and rep["snapshot"]["published"]
     assert not [p for p in os.listdir(tmp_path / "tmp") if p.startswith("metalog-spark-")]
 

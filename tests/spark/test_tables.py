@@ -9,15 +9,17 @@ import base64
 import json
 import os
 import random
+import shutil
 
 import pyarrow.parquet as pq
 import pytest
 
 from storage import metadata_records as r
-from tests.spark.test_job import run_job
+from tests.spark.test_job import _flip_bit, run_job
 from tests.spark.workload import random_records, sequential_state, write_log
 from tools.spark import job as spark_job
 from tools.spark import plots
+from tools.spark import tables as TB
 
 pytestmark = pytest.mark.slow
 
@@ -180,7 +182,59 @@ def test_plots_and_html_report(job):
     page = open(os.path.join(out, "report.html")).read()
     assert "<img src='records_per_type.png'>" in page and "<img src='replicas.png'>" in page
     assert page.count("<td>agrees</td>") == 3
+    assert "<title>metalog spark snapshot: ok</title>" in page  # the outcome, not "running"
+    assert "first failing check" not in page
     assert job["rep"]["plots"]["files"][-1].endswith("report.html")
+
+
+def test_records_per_type_plot_has_every_bucket_and_replicas_are_told_apart(spark, job):
+    """Empty time buckets are zeros (a line used to slant across a quiet gap,
+    drawing records that were never committed), and replicas whose dirs all
+    end in "data" get labels that tell them apart (they were all "data")."""
+    hist = spark.createDataFrame([(1_000, "Topic"), (1_000, "Partition"), (1_500, "Partition"),
+                                  (100_000, "Topic")], "timestamp_ms long, record_type string")
+    rows, width = plots.type_counts(hist)
+    buckets, series = plots.type_series(rows, width)
+    assert width == 991 and len(buckets) == plots.TIME_BUCKETS
+    assert buckets == [1_000 + i * width for i in range(plots.TIME_BUCKETS)]
+    assert series["Topic"][0] == 1 and series["Topic"][-1] == 1 and sum(series["Topic"][1:-1]) == 0
+    assert series["Partition"][:2] == [2, 0]
+    assert sum(series["Partition"]) == 2 and "other" not in series
+    # The job's own history: one bucket per step from the first to the last.
+    rows, width = plots.type_counts(spark.read.parquet(os.path.join(job["out"], "tables", "history")))
+    buckets, series = plots.type_series(rows, width)
+    assert all(b2 - b1 == width for b1, b2 in zip(buckets, buckets[1:]))
+    assert all(len(c) == len(buckets) for c in series.values())
+    assert sum(map(sum, series.values())) == len(table(job, "history"))
+
+    audit = [{"replica": f"file:/tmp/c/node-{n}/data", "node_id": str(n)} for n in (1, 2, 3)]
+    assert plots.replica_labels(audit) == [f"node-{n}/data (node {n})" for n in (1, 2, 3)]
+    assert plots.replica_labels(table(job, "audit")) == [
+        f"{os.path.basename(a['replica'].rstrip('/'))} (node {a['node_id']})" for a in table(job, "audit")]
+
+
+def test_failed_rerun_leaves_no_earlier_checkpoint_or_state_tables(spark, job, tmp_path, capsys):
+    """A snapshot run that fails validation into an --out an earlier valid run
+    filled: the earlier run's .checkpoint (another name: another HW) is removed,
+    and so are its state tables, history and plot (they would pass for this
+    run's in `metalog spark sql`); the new audit table is there."""
+    out = tmp_path / "out"
+    shutil.copytree(job["out"], out)
+    d = tmp_path / "n1"
+    shutil.copytree(job["dirs"][0], d)
+    _flip_bit(str(d), 10)
+    code, rep = run_job(spark, "snapshot", str(d), "--out", str(out), "--report", str(out / "r.json"))
+    assert code == spark_job.EXIT_VALIDATION, rep
+    assert sorted(os.listdir(out / "tables")) == ["audit"]
+    assert sorted(rep["tables"]["removed_earlier"]) == sorted(TB.STATE_AND_HISTORY_VIEWS)
+    assert not (out / "records_per_type.png").exists() and (out / "replicas.png").exists()
+    assert not list(out.glob("*.checkpoint"))
+    assert rep["removed_earlier_checkpoint"] == job["rep"]["snapshot"]["name"]
+    assert f"  removed {job['rep']['snapshot']['name']}, an earlier run's output" in capsys.readouterr().out
+    for view in TB.STATE_AND_HISTORY_VIEWS:  # registered by the sql tests on this shared session
+        spark.catalog.dropTempView(view)
+    assert sql(spark, str(out), "SELECT count(*) FROM history") == spark_job.EXIT_INPUT
+    assert "views: audit)" in capsys.readouterr().err
 
 
 def test_without_matplotlib_the_job_succeeds_and_says_plots_were_skipped(spark, job, tmp_path, monkeypatch,

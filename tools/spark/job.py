@@ -60,6 +60,7 @@ import tempfile
 import threading
 import time
 import traceback
+import warnings as pywarnings
 import zipfile
 from collections import Counter
 
@@ -362,14 +363,26 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def _submit_args(driver_memory: str, conf: dict) -> str:
+def _submit_args(driver_memory: str, conf: dict, quiet_log: bool = True) -> str:
     """PYSPARK_SUBMIT_ARGS for a JVM the job starts itself: settings that only
-    take effect when the JVM starts (heap, log4j2 file) must be given here."""
-    parts = ["--driver-memory", driver_memory,
-             "--driver-java-options", f"-Dlog4j.configurationFile=file:{LOG4J2_CONF}"]
+    take effect when the JVM starts (heap, log4j2 file) must be given here.
+    Without quiet_log (--verbose) Spark keeps its own log4j2 defaults, which
+    for a PySpark driver show warnings."""
+    parts = ["--driver-memory", driver_memory]
+    if quiet_log:
+        parts += ["--driver-java-options", f"-Dlog4j.configurationFile=file:{LOG4J2_CONF}"]
     for k, v in conf.items():
         parts += ["--conf", f"{k}={v}"]
     return " ".join(shlex.quote(x) for x in parts) + " pyspark-shell"
+
+
+def quiet_python_warnings() -> None:
+    """Hide PySpark's FutureWarning about the installed pandas version (the job
+    uses Arrow, not pandas): printed on every run it is noise on stderr, and
+    under spark-submit, where the Python driver's stderr is merged into
+    spark-submit's stdout, it lands before the summary. --verbose keeps it."""
+    pywarnings.filterwarnings("ignore", message=r"PySpark does not yet fully support pandas",
+                              category=FutureWarning)
 
 
 class SparkSetup:
@@ -387,7 +400,7 @@ class SparkSetup:
 
 def get_spark(master: str | None = None, ui: bool = False, shuffle_partitions: int = 8,
               ship_code: bool | None = None, extra_conf: dict | None = None, driver_memory: str = "4g",
-              setup: SparkSetup | None = None):
+              setup: SparkSetup | None = None, quiet_log: bool = True):
     """A SparkSession for the job.
 
     Under spark-submit the session takes spark-submit's master and conf
@@ -405,7 +418,7 @@ def get_spark(master: str | None = None, ui: bool = False, shuffle_partitions: i
     if not setup.submitted:
         master = master or "local[*]"
         builder = builder.master(master)
-        os.environ.setdefault("PYSPARK_SUBMIT_ARGS", _submit_args(driver_memory, extra_conf))
+        os.environ.setdefault("PYSPARK_SUBMIT_ARGS", _submit_args(driver_memory, extra_conf, quiet_log))
     defaults = {"spark.ui.enabled": "true" if ui else "false",
                 "spark.ui.showConsoleProgress": "false",
                 "spark.sql.shuffle.partitions": str(shuffle_partitions),
@@ -722,10 +735,14 @@ class Analysis:
                     entry["status"] = "behind"
             else:
                 below = fd[0] < self.hw
-                category = fd[2].split(":", 1)[0] if below else "uncommitted tail"
+                # A corrupt batch at or above the HW is named as such (it fails the
+                # job as an error either way), not passed off as an uncommitted tail.
+                corrupt = fd[2].startswith("corruption: ")
+                category = fd[2].split(":", 1)[0] if below or corrupt else "uncommitted tail"
                 entry.update(first_diff_offset=fd[0], first_diff_epoch=fd[1], why=fd[2],
                              below_hw=below, category=category,
                              status=(f"{fd[2]} (below the HW {self.hw})" if below
+                                     else f"{fd[2]} (at or above the HW {self.hw})" if corrupt
                                      else "uncommitted tail (differs at or above the HW)"))
                 self.breach |= below
             audit[name] = entry
@@ -983,6 +1000,8 @@ def _summary_lines(report: dict) -> list[str]:
         where = ("" if a.get("first_diff_offset") is None else
                  f" at offset {a['first_diff_offset']} epoch {a.get('first_diff_epoch')}")
         lines.append(f"  replica {name} (node {a.get('node_id')}): {a['status']}{where}")
+    for w in report.get("warnings", [])[:10]:  # e.g. a replica of another cluster, left out above
+        lines.append(f"  warning: {w['replica']}/{w['file']}: {w['warning']}")
     for e in report.get("errors", [])[:10]:
         where = "/".join(str(e[k]) for k in ("replica", "file") if e.get(k) is not None)
         if e.get("position") is not None:
@@ -999,6 +1018,8 @@ def _summary_lines(report: dict) -> list[str]:
                          f"{report['replay']['records']} log records of {report['replay']['source']}")
         else:
             lines.append(f"  no checkpoint written: {s['name']} was built but failed validation")
+    if report.get("removed_earlier_checkpoint"):
+        lines.append(f"  removed {report['removed_earlier_checkpoint']}, an earlier run's output, from the out dir")
     unmodelled = report.get("replay", {}).get("unmodelled_records")
     if unmodelled:
         lines.append("  record types not modelled (counted, not applied): "
@@ -1087,8 +1108,11 @@ def run(args) -> int:
                 raise EnvironmentFailure(absent)
             if not setup.submitted and not (os.environ.get("JAVA_HOME") or shutil.which("java")):
                 raise EnvironmentFailure("no Java found: install a JDK (17 or 21) or set JAVA_HOME")
+            if not args.verbose:
+                quiet_python_warnings()
             spark = get_spark(args.master, ui=args.ui, shuffle_partitions=args.shuffle_partitions,
-                              driver_memory=args.driver_memory, extra_conf=args.conf, setup=setup)
+                              driver_memory=args.driver_memory, extra_conf=args.conf, setup=setup,
+                              quiet_log=not args.verbose)
             report["master"] = spark.sparkContext.master
             if setup.submitted:
                 global _jvm_stderr
@@ -1104,11 +1128,19 @@ def run(args) -> int:
                 spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() / (1 << 20))
             if not args.verbose:
                 spark.sparkContext.setLogLevel("ERROR")
+            # The SQL session state is built lazily, on first use; build it now, so
+            # that a SQL setting Spark rejects is a start-up failure, not a "job failed".
+            spark.conf.get("spark.sql.shuffle.partitions")
         except EnvironmentFailure:
             raise
-        except Exception as exc:  # the JVM did not start, bad master URL ...
-            raise EnvironmentFailure(f"cannot start Spark ({args.master or 'spark-submit master'}): "
-                                     f"{cause_chain(exc)}") from None
+        except Exception as exc:  # the JVM did not start, bad master URL, a --conf Spark rejects ...
+            chain = cause_chain(exc)
+            if "INVALID_CONF_VALUE" in chain:  # a usage error: say which setting, exit 2
+                raise InputError(f"Spark rejects a setting (--conf or spark-defaults): {chain}") from None
+            if "JAVA_GATEWAY_EXITED" in chain and not setup.submitted:
+                chain += " (the JVM's own message is on the lines above; check --driver-memory and --conf)"
+            master = args.master or ("spark-submit's master" if setup.submitted else "local[*]")
+            raise EnvironmentFailure(f"cannot start Spark ({master}): {chain}") from None
         progress = Progress(spark, enabled=not args.quiet).start()
         an = Analysis(spark, args.inputs, progress, report, cluster_id=args.cluster_id)
         an.load()
@@ -1121,9 +1153,10 @@ def run(args) -> int:
             report["first_failure"] = failure
         elif staged is not None:
             _publish(staged, report)
+        # The outcome is known now; set it before the tables, whose report.html shows it.
+        report["result"] = "ok" if code == EXIT_OK else "validation FAILED"
         if args.out and not args.no_tables:
             _write_tables(args, an, report, progress, state_too=failure is None and staged is not None)
-        report["result"] = "ok" if code == EXIT_OK else "validation FAILED"
         _say_first_failure(report)
     except InputError as exc:
         report.setdefault("errors", [])
@@ -1155,6 +1188,8 @@ def run(args) -> int:
     finally:
         if staged is not None:
             _discard(staged)  # a no-op once published
+        if args.spark_command == "snapshot" and spark is not None and code in (EXIT_OK, EXIT_VALIDATION):
+            _remove_earlier_checkpoint(spark, args, report)
         if progress is not None:
             progress.set_phase("done")
             progress.stop()
@@ -1196,6 +1231,55 @@ def _hadoop_put(spark, local_file: str, uri: str) -> None:
         fs.delete(dst, False)
     if not fs.rename(tmp, dst):
         raise OSError(f"cannot rename {uri}.tmp to {uri} (Hadoop FileSystem.rename returned false)")
+
+
+def _remove_earlier_checkpoint(spark, args, report: dict) -> None:
+    """A rerun replaces its own output: the .checkpoint an earlier run published
+    into this --out (as the report it left says) is removed, unless this run
+    published the same name. Without this a failed rerun left the earlier,
+    differently named checkpoint beside its failure report. Only a name the
+    earlier report gives is touched, so other files in --out are safe."""
+    path = args.report or args.out.rstrip("/") + "/report.json"
+    try:
+        if _is_local_path(path):
+            if not os.path.isfile(path):
+                return
+            with open(path) as fh:
+                earlier = json.load(fh)
+        else:
+            fs, p = _hadoop_fs(spark, path)
+            if not fs.exists(p):
+                return
+            stream = fs.open(p)
+            try:
+                earlier = json.loads(spark.sparkContext._jvm.org.apache.commons.io.IOUtils.toString(
+                    stream, "UTF-8"))
+            finally:
+                stream.close()
+        snap = earlier.get("snapshot") or {} if isinstance(earlier, dict) else {}
+        name = snap.get("name")
+        if (not snap.get("published") or not isinstance(name, str)
+                or not re.fullmatch(r"\d{20}-\d{10}\.checkpoint", name)
+                or (report.get("snapshot") or {}).get("published") and report["snapshot"].get("name") == name):
+            return
+        _remove_output(spark, args.out, name)
+        report.setdefault("removed_earlier_checkpoint", name)
+    except Exception as exc:  # the earlier report is unreadable: leave its output alone, say so
+        err_line(f"metalog spark: warning: cannot check {path} for an earlier run's checkpoint: "
+                 f"{cause_chain(exc)}")
+
+
+def _remove_output(spark, out: str, name: str) -> None:
+    """Removes OUT/name if an earlier run left it (a plain path or a Hadoop URI)."""
+    if _is_local_path(out):
+        try:
+            os.unlink(os.path.join(out, name))
+        except FileNotFoundError:
+            pass
+    else:
+        fs, path = _hadoop_fs(spark, out.rstrip("/") + "/" + name)
+        if fs.exists(path):
+            fs.delete(path, False)
 
 
 def _say_first_failure(report: dict) -> None:
@@ -1295,10 +1379,17 @@ def _write_tables(args, an: Analysis, report: dict, progress: Progress, state_to
     counts = {"audit": TB.write_audit(spark, report, out)}
     hist = None
     replay = getattr(an, "replay", None)
+    removed: list[str] = []
     if state_too and replay is not None:
         counts.update(TB.write_state_and_history(spark, replay.states, replay.committed, replay.target, out))
         hist = spark.read.parquet(TB.table_path(out, "history"))
+    elif args.spark_command == "snapshot":  # failed: an earlier run's state tables would pass for
+        # this run's in `metalog spark sql` (audit leaves them: they describe a snapshot run's output)
+        removed = TB.remove_state_tables(spark, out)
+        _remove_output(spark, out, "records_per_type.png")
     report["tables"] = {"dir": out.rstrip("/") + "/" + TB.TABLES_DIR, "rows": counts}
+    if removed:
+        report["tables"]["removed_earlier"] = removed
     reason = plots.plots_unavailable()
     if reason is not None:
         report["plots"] = {"skipped": reason}
@@ -1341,8 +1432,11 @@ def run_sql(args) -> int:
                 print("metalog spark sql: no Java found: install a JDK (17 or 21) or set JAVA_HOME",
                       file=sys.stderr)
                 return EXIT_FAILED
+            if not args.verbose:
+                quiet_python_warnings()
             try:
-                spark = get_spark(args.master, shuffle_partitions=2, driver_memory=args.driver_memory)
+                spark = get_spark(args.master, shuffle_partitions=2, driver_memory=args.driver_memory,
+                                  quiet_log=not args.verbose)
                 if not args.verbose:
                     spark.sparkContext.setLogLevel("ERROR")
             except Exception as exc:
@@ -1389,7 +1483,8 @@ EXIT_CODES_HELP = """exit codes:
   0  valid: every check passed (snapshot: the .checkpoint was written)
   1  validation failed: the first failing check is named on stderr; categories
      corruption, divergence, safety violation, configuration; no .checkpoint written
-  2  usage or unusable input (missing dir, no log files, nothing to replay)
+  2  usage or unusable input (missing dir, no log files, nothing to replay, a --conf value
+     Spark rejects, a --master or --driver-memory of the wrong form)
   3  environment: no pyspark (pip install 'metalog[spark]'), no Java, Spark failed to start or
      failed mid-job (cause chain on stderr)"""
 
@@ -1412,9 +1507,29 @@ def _conf_pair(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
+def _memory_size(text: str) -> str:
+    """A JVM memory size as spark-submit takes it (512m, 4g, 1024): checked here,
+    since a bad one only shows up as the JVM refusing to start."""
+    if not re.fullmatch(r"\d+[kmgtp]?b?", text.strip(), re.IGNORECASE):
+        raise argparse.ArgumentTypeError(f"--driver-memory wants a size such as 600m or 4g, got {text!r}")
+    return text.strip()
+
+
+MASTER_RE = re.compile(r"local(\[[^\]]+\])?|local-cluster\[[^\]]+\]|(spark|k8s)://\S+|yarn")
+
+
+def _master_url(text: str) -> str:
+    """A master URL of a form Spark takes: checked here, since a bad one only
+    shows up as spark-submit's Java stack trace and a gateway that exited."""
+    if not MASTER_RE.fullmatch(text.strip()):
+        raise argparse.ArgumentTypeError(f"--master wants local[N], local[*], spark://HOST:PORT, yarn or "
+                                         f"k8s://URL, got {text!r}")
+    return text.strip()
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", help="broker data dirs (or copies; any Hadoop path)")
-    p.add_argument("--master", default=None,
+    p.add_argument("--master", default=None, type=_master_url,
                    help="Spark master URL when the job runs directly (default local[*]); "
                         "under spark-submit its --master applies and this is ignored")
     p.add_argument("--conf", type=_conf_pair, action="append", default=[], metavar="KEY=VALUE",
@@ -1423,7 +1538,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster-id", help="expected cluster id (default: the one most replicas' "
                                         "meta.properties name; other replicas are excluded)")
     p.add_argument("--shuffle-partitions", type=int, default=8)
-    p.add_argument("--driver-memory", default="4g",
+    p.add_argument("--driver-memory", default="4g", type=_memory_size,
                    help="JVM heap of the driver when the job starts the JVM itself (in local mode "
                         "the executors' too); default 4g. Under spark-submit: its --driver-memory")
     p.add_argument("--ui", action="store_true", help="enable the Spark UI")
@@ -1490,8 +1605,8 @@ def register_cli(subparsers) -> None:
     q.add_argument("query", help="a Spark SQL query")
     q.add_argument("--out", default="spark-out", help="the job's output dir (default spark-out)")
     q.add_argument("--json", action="store_true", help="one JSON object per row instead of a text table")
-    q.add_argument("--master", default="local[*]", help="Spark master for the query (default local[*])")
-    q.add_argument("--driver-memory", default="1g", help="driver heap (default 1g)")
+    q.add_argument("--master", default="local[*]", type=_master_url, help="Spark master for the query (default local[*])")
+    q.add_argument("--driver-memory", default="1g", type=_memory_size, help="driver heap (default 1g)")
     q.add_argument("--verbose", action="store_true", help="Spark's own warnings")
     q.set_defaults(func=run_sql)
     k = sub.add_parser("package", help="build the code archive shipped to executors (--py-files)",

@@ -41,26 +41,38 @@ def type_counts(hist_df) -> tuple[list[tuple[int, str, int]], int]:
     return sorted((lo + x["b"] * width, x["record_type"], x["count"]) for x in rows), width
 
 
+def type_series(rows, width_ms: int) -> tuple[list[int], dict[str, list[int]]]:
+    """Bucket starts from the first to the last bucket (empty ones included,
+    so a line drops to 0 where nothing was committed instead of slanting
+    across the gap) and per type (the TYPES_PLOTTED_MAX biggest, the rest as
+    "other") its count in each bucket; types with no records are left out."""
+    totals: dict[str, int] = {}
+    for _b, t, n in rows:
+        totals[t] = totals.get(t, 0) + n
+    kept = [t for t, _ in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:TYPES_PLOTTED_MAX]]
+    if not rows:
+        return [], {}
+    first, last = min(b for b, _t, _n in rows), max(b for b, _t, _n in rows)
+    buckets = list(range(first, last + 1, width_ms))
+    series = {t: [0] * len(buckets) for t in kept + ["other"]}
+    for b, t, n in rows:
+        series[t if t in kept else "other"][(b - first) // width_ms] += n
+    return buckets, {t: counts for t, counts in series.items() if any(counts)}
+
+
 def _plot_types(rows, width_ms: int, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    totals: dict[str, int] = {}
-    for _b, t, n in rows:
-        totals[t] = totals.get(t, 0) + n
-    kept = [t for t, _ in sorted(totals.items(), key=lambda kv: -kv[1])[:TYPES_PLOTTED_MAX]]
-    buckets = sorted({b for b, _t, _n in rows})
-    series = {t: dict.fromkeys(buckets, 0) for t in kept + ["other"]}
-    for b, t, n in rows:
-        series[t if t in kept else "other"][b] += n
+    buckets, series = type_series(rows, width_ms)
     fig, ax = plt.subplots(figsize=(10, 4.5))
+    colors = plt.get_cmap("tab20").colors  # 13 lines at most: no colour used twice
     t0 = buckets[0] if buckets else 0
     xs = [(b - t0) / 1000 for b in buckets]
-    for t, per in series.items():
-        if any(per.values()):
-            ax.plot(xs, [per[b] for b in buckets], label=f"{t} ({sum(per.values()):,})", linewidth=1.2)
+    for i, (t, counts) in enumerate(series.items()):
+        ax.plot(xs, counts, label=f"{t} ({sum(counts):,})", linewidth=1.2, color=colors[i % len(colors)])
     ax.set_xlabel(f"seconds since the first committed batch (buckets of {width_ms / 1000:g} s)")
     ax.set_ylabel("records per bucket")
     ax.set_title("Committed records per type over time")
@@ -68,6 +80,23 @@ def _plot_types(rows, width_ms: int, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def replica_labels(audit: list[dict]) -> list[str]:
+    """One y-axis label per replica that tells them apart: the shortest path
+    tail unique among the replicas (a cluster's dirs all end in "data"), with
+    the node id from meta.properties."""
+    paths = [a["replica"].rstrip("/") for a in audit]
+    parts = [p.split("/") for p in paths]
+    depth = 1
+    while depth < max((len(x) for x in parts), default=1) and \
+            len({"/".join(x[-depth:]) for x in parts}) < len(parts):
+        depth += 1
+    labels = []
+    for a, x, p in zip(audit, parts, paths):
+        tail = "/".join(x[-depth:]) or p
+        labels.append(f"{tail} (node {a['node_id']})" if a.get("node_id") not in (None, "") else tail)
+    return labels
 
 
 def _plot_replicas(audit: list[dict], hw: int | None, path: str) -> None:
@@ -93,8 +122,7 @@ def _plot_replicas(audit: list[dict], hw: int | None, path: str) -> None:
     if hw is not None:
         ax.axvline(hw, color="black", linestyle="--", linewidth=1)
         ax.text(hw, len(audit) - 0.4, f" HW {hw:,}", fontsize=8)
-    ax.set_yticks(range(len(audit)), [os.path.basename(a["replica"].rstrip("/")) or a["replica"]
-                                      for a in audit], fontsize=8)
+    ax.set_yticks(range(len(audit)), replica_labels(audit), fontsize=8)
     ax.set_ylim(-0.6, len(audit) - 0.2)
     ax.set_xlabel("offset (blue: log, orange: lag behind the HW, red x: first difference, gray: excluded)")
     ax.set_title("Replicas: log range, lag and divergence")
@@ -111,6 +139,10 @@ def write_report(local_dir: str, hist_df, audit: list[dict], report: dict) -> li
              f"<h1>{html.escape(title)}</h1>",
              f"<p>cluster {html.escape(str(report.get('cluster_id')))}, HW {report.get('hw')}, "
              f"majority agrees up to {report.get('majority_end_offset')}</p>"]
+    failure = report.get("first_failure")
+    if failure:
+        parts.append(f"<p><b>first failing check</b>: {html.escape(str(failure.get('category')))}: "
+                     f"{html.escape(str(failure.get('check')))} ({html.escape(str(failure.get('where')))})</p>")
     if hist_df is not None:
         rows, width = type_counts(hist_df)
         _plot_types(rows, width, os.path.join(local_dir, "records_per_type.png"))

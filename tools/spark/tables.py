@@ -250,6 +250,24 @@ def write_audit(spark, report: dict, out: str) -> int:
     return len(rows)
 
 
+STATE_AND_HISTORY_VIEWS = (*STATE_TABLES, "history", "voters")
+
+
+def remove_state_tables(spark, out: str) -> list[str]:
+    """Removes the state tables, history and voters an earlier run left under
+    OUT/tables (a run that publishes no checkpoint writes none: old ones would
+    describe a state this run did not validate). Returns the views removed."""
+    jvm = spark.sparkContext._jvm
+    removed = []
+    for view in STATE_AND_HISTORY_VIEWS:
+        path = jvm.org.apache.hadoop.fs.Path(table_path(out, view))
+        fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+        if fs.exists(path):
+            fs.delete(path, True)
+            removed.append(view)
+    return removed
+
+
 def register_views(spark, out: str) -> list[str]:
     """Every table under OUT/tables as a temporary view named after its directory."""
     names = []
