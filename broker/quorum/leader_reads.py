@@ -79,8 +79,11 @@ class LeaderReads:
             st = progress.get(req.replica_id, req.replica_directory_id)
             if st is not None:
                 st.forget_position(fetch_offset)
-        # Snapshot redirect (KIP-630, KAFKA-15078).
-        snap = log.snapshot_redirect(fetch_offset, lfe)
+        # Snapshot redirect (KIP-630, KAFKA-15078). Its epoch rules judge a
+        # replica's log; a consumer reads the log from its start, so only an
+        # offset below the log start, which just a snapshot still covers,
+        # sends it there (the client calls that out of range).
+        snap = log.snapshot_redirect(fetch_offset, lfe) if not consumer or fetch_offset < lso else None
         if snap is not None:
             core.respond(token, m.FetchResponse(
                 high_watermark=hw, log_start_offset=lso, snapshot_id=snap, current_leader=cl))

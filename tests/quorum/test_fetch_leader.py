@@ -171,6 +171,33 @@ def test_snapshot_redirect_and_fetch_snapshot(leader):
     assert fs(0, cur=0).error_code == Errors.FENCED_LEADER_EPOCH
 
 
+def test_consumer_reads_from_the_log_start_and_only_below_it_is_sent_to_the_snapshot(leader):
+    """A consumer (no epoch) at the log start reads the log, snapshot or not;
+    the replica rules (KAFKA-15078's fetch at 0, an epoch that differs from
+    the snapshot's at the log start) are for replicas' logs. Only an offset
+    below the log start gets the snapshot id (the client: out of range)."""
+    fetch(leader, 10, 2, 5, 1)
+    fetch(leader, 10, 3, 0, 0)  # voter 3 lags at 0
+    sid = m.SnapshotId(1, 1)  # the batches: [0] and [1..4]
+    leader.log.snapshots[sid] = b"S" * 10
+
+    def consume(offset, token):
+        return one_response(leader.step(a.RequestReceived(11, token, req(
+            replica_id=-1, current_leader_epoch=-1, last_fetched_epoch=-1, fetch_offset=offset))), token)
+    leader.step(a.SnapshotCreated(11, sid))  # voter 3 still needs offset 0: the log start stays at 0
+    assert leader.core.log_start_offset == 0
+    r = consume(0, "c0")
+    assert r.snapshot_id is None and [h.base_offset for _, h in iter_batches(r.records)] == [0, 1]
+    assert one_response(fetch(leader, 12, 2, 0, 0, token="r0"), "r0").snapshot_id == sid  # a replica: redirected
+    fetch(leader, 13, 2, 5, 1)
+    fetch(leader, 13, 3, 5, 1)  # every live replica has the snapshot's offsets now
+    assert leader.core.log_start_offset == 1
+    r = consume(1, "c1")
+    assert r.snapshot_id is None and r.error_code == Errors.NONE
+    assert [h.base_offset for _, h in iter_batches(r.records)] == [1]
+    assert consume(0, "c0b").snapshot_id == sid
+
+
 def test_log_start_waits_for_a_lagging_live_replica_up_to_max_replication_lag():
     n = Node(1, max_replication_lag_ms=5000)
     now = make_leader(n)
