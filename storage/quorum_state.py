@@ -60,16 +60,35 @@ class QuorumStateFile:
         raw = read_file_if_exists(self.path)
         if raw is None:
             return None
+        state = self._load(raw)
+        if "leader_epoch" in state:
+            out = self._read_legacy(state)
+            self.write(out["leader_epoch"], out["leader_id"], out["voted_id"], out["voters"])
+            return self.read()
+        return self._check_kafka(state)
+
+    def decode(self, raw: bytes | str) -> dict[str, Any]:
+        """The state held in `raw` (the file's content, read elsewhere: e.g. by
+        a Spark executor), checked as read() checks it (CRC, keys, types) but
+        without touching the file: a snake_case file of an older build is
+        translated, not rewritten. self.path only names the file in errors."""
+        state = self._load(raw)
+        if "leader_epoch" in state:
+            out = self._read_legacy(state)
+            return {"data_version": DATA_VERSION, "leader_epoch": out["leader_epoch"],
+                    "leader_id": out["leader_id"], "voted_id": out["voted_id"], "voters": list(out["voters"])}
+        return self._check_kafka(state)
+
+    def _load(self, raw: bytes | str) -> dict[str, Any]:
         try:
             state = json.loads(raw)
         except ValueError as exc:
             raise QuorumStateError(f"{self.path}: malformed quorum-state file (not JSON: {exc})") from exc
         if not isinstance(state, dict):
             raise self._error("expected a JSON object")
-        if "leader_epoch" in state:
-            out = self._read_legacy(state)
-            self.write(out["leader_epoch"], out["leader_id"], out["voted_id"], out["voters"])
-            return self.read()
+        return state
+
+    def _check_kafka(self, state: dict[str, Any]) -> dict[str, Any]:
         version = state.get("data_version")
         if version not in _KAFKA_KEYS or not _is_int(version):
             raise QuorumStateError(f"{self.path}: unsupported quorum-state data_version "

@@ -227,7 +227,8 @@ def test_bad_inputs_get_clear_messages(spark, tmp_path, capsys):
     assert msgs["notes.log"]["category"] == "configuration"
     # The foreign snapshot is a warning (configuration), not used, not a failure by itself.
     assert not [f for f in msgs if f.endswith(".checkpoint")]
-    [warn] = rep["warnings"]
+    # (no quorum-state in these dirs: the voters are unknown, a warning of its own)
+    [warn] = [w for w in rep["warnings"] if w["replica"] != "(all replicas)"]
     assert warn["category"] == "configuration" and warn["file"].endswith(".checkpoint")
     assert "snapshot from another cluster" in warn["warning"] and "some-other-cluster" in warn["warning"]
     captured = capsys.readouterr()
@@ -282,7 +283,8 @@ def test_foreign_replica_is_excluded_from_the_vote_with_a_warning(spark, tmp_pat
     assert code == spark_job.EXIT_OK, rep
     assert rep["cluster_id"] == "test-cluster" and rep["hw"] == recs[-1][0] + 1
     assert {os.path.basename(r) for r in rep["audit"]} == {"n1", "n2"}
-    [warn] = rep["warnings"]
+    [warn, unknown] = rep["warnings"]
+    assert unknown["replica"] == "(all replicas)" and "voters unknown" in unknown["warning"]
     assert warn["replica"] == f"file:{n3}" and "belongs to cluster 'other-cluster'" in warn["warning"]
     captured = capsys.readouterr()
     assert "excluded from the vote" in captured.err
@@ -416,3 +418,53 @@ def test_checkpoint_carries_the_latest_committed_voter_set(spark, tmp_path):
                         "--report", str(tmp_path / "o3" / "r.json"), "--no-tables")
     assert code == 0, rep
     assert read_snapshot_voters(rep["snapshot"]["path"]) is None and rep["snapshot"]["voters"] is None
+
+
+def test_observers_do_not_vote_for_the_hw(spark, tmp_path, capsys):
+    """3 voters + 2 observers: the leader (n1) and both observers hold a tail the
+    other two voters lack. 3 of 5 replicas hold it, but only 1 of 3 voters: it
+    is not committed (a leader elected from n2, n3 would truncate it), so the
+    HW and the checkpoint stop where the voters' majority does. The observers
+    are audited (in_vote false) with a warning each."""
+    from storage.quorum_state import QuorumStateFile
+    from tools.spark import tables
+
+    values = random_records(random.Random(31), 160)
+    dirs = {i: str(tmp_path / f"n{i}") for i in range(1, 6)}
+    full = {}
+    for i in (1, 4, 5):  # the leader and the observers: the whole log
+        full[i] = write_log(dirs[i], values, node_id=i, seed=3)
+    short = [write_log(dirs[i], values[:100], node_id=i, seed=3) for i in (2, 3)][0]
+    assert full[1] == full[4] == full[5] and full[1][:len(short)] == short
+    last_epoch = full[1][-1][1]
+    for i, d in dirs.items():
+        qs = QuorumStateFile(os.path.join(d, PARTITION_DIR, "quorum-state"))
+        if i == 3:  # an older epoch's (larger) set: the newest quorum-state wins
+            qs.write(0, 1, 1, [1, 2, 3, 4, 5])
+        else:
+            qs.write(last_epoch, 1, 1, [1, 2, 3])
+    hw = short[-1][0] + 1
+    assert full[1][-1][0] + 1 > hw
+    out = tmp_path / "out"
+    code, rep = run_job(spark, "snapshot", *dirs.values(), "--out", str(out), "--report", str(out / "r.json"))
+    assert code == spark_job.EXIT_OK, rep
+    assert rep["voters"] == [1, 2, 3]
+    assert rep["hw"] == hw and rep["majority_end_offset"] == hw, (rep["hw"], hw)
+    assert rep["quorum"] == "2 of 3 voters given (2 observer(s) not voting)"
+    path = rep["snapshot"]["path"]
+    assert os.path.basename(path).startswith(f"{hw:020d}-")
+    assert state_of_checkpoint(path) == sequential_state([(o, v) for o, _e, v in full[1]], hw)
+    audit = {os.path.basename(k): a for k, a in rep["audit"].items()}
+    assert set(audit) == {"n1", "n2", "n3", "n4", "n5"}
+    assert [n for n, a in sorted(audit.items()) if not a["in_vote"]] == ["n4", "n5"]
+    for n in ("n1", "n4", "n5"):  # the tail past the HW is uncommitted, not a failure
+        assert audit[n]["first_diff_offset"] == hw and audit[n]["category"] == "uncommitted tail", audit[n]
+    assert audit["n2"]["status"] == audit["n3"]["status"] == "agrees"
+    rows = {os.path.basename(r[0]): r for r in tables.audit_rows(rep)}
+    assert [n for n, r in sorted(rows.items()) if r[3] is False] == ["n4", "n5"]
+    warned = sorted(w["replica"] for w in rep["warnings"] if "is not a voter" in w["warning"])
+    assert warned == [f"file:{dirs[4]}", f"file:{dirs[5]}"]
+    assert all(w["category"] == "configuration" for w in rep["warnings"])
+    err = capsys.readouterr().err
+    assert f"warning: file:{dirs[4]}/{PARTITION_DIR}/quorum-state: node 4 is not a voter" in err
+    assert "excluded from the HW vote" in err

@@ -109,3 +109,22 @@ def test_a_bit_flip_that_still_parses_is_refused(tmp_path, field, old, new):
     with pytest.raises(QuorumStateError, match=rf"^{path}: quorum-state checksum mismatch \(stored 0x[0-9a-f]{{8}}, "
                                                r"computed 0x[0-9a-f]{8}\): the file is damaged .* refusing to start"):
         QuorumStateFile(path).read()
+
+
+def test_decode_checks_bytes_read_elsewhere_and_touches_no_file(tmp_path):
+    """decode(): the content of a file read by someone else (the Spark job's
+    executors), checked as read() checks it; a snake_case file is translated,
+    not rewritten; the path only names the file in errors."""
+    path = tmp_path / "quorum-state"
+    QuorumStateFile(path).write(leader_epoch=4, leader_id=1, voted_id=2, voters=(1, 2, 3))
+    raw = path.read_bytes()
+    named = QuorumStateFile("hdfs://nn/data/n1/__cluster_metadata-0/quorum-state")
+    assert named.decode(raw) == named.decode(raw.decode()) == QuorumStateFile(path).read()
+    with pytest.raises(QuorumStateError, match=r"^hdfs://nn/data/n1/__cluster_metadata-0/quorum-state: "
+                                               "quorum-state checksum mismatch"):
+        named.decode(raw.replace(b'"votedId": 2', b'"votedId": 3'))
+    legacy = '{"data_version": 1, "leader_epoch": 3, "leader_id": 1, "voted_id": 2, "voters": [1, 2, 3]}'
+    missing = QuorumStateFile(tmp_path / "absent")
+    assert missing.decode(legacy) == {"data_version": 0, "leader_epoch": 3, "leader_id": 1, "voted_id": 2,
+                                      "voters": [1, 2, 3]}
+    assert not (tmp_path / "absent").exists()

@@ -14,7 +14,8 @@ apart by ``kind``:
 * ``snap``  one per valid snapshot: JSON (id, cluster id, records);
 * ``snaprec`` one record of a snapshot with its entity sort key (for the
             distributed comparison with the rebuilt state);
-* ``meta``  the text of a small file (meta.properties, log-start-offset).
+* ``meta``  the text of a small file (meta.properties, log-start-offset,
+            quorum-state).
 
 Everything is decoded with the broker's own code (storage.batch,
 storage.snapshot, storage.metadata_records). Pure Python; no Spark import,
@@ -37,7 +38,7 @@ from tools.spark import fold
 
 PARTITION_DIR = "__cluster_metadata-0"
 SEGMENT_RE = re.compile(r"(\d{20})\.log")
-META_FILES = ("meta.properties", "log-start-offset")
+META_FILES = ("meta.properties", "log-start-offset", "quorum-state")
 ERRORS_PER_FILE_MAX = 50  # more are counted, not listed
 
 # (name, arrow type name) -- spark_job builds both the Spark and Arrow schema from this.

@@ -10,7 +10,7 @@ snapshots (``snapshot``) and audit the replicas' logs (``audit``).
 Plan (details in docs/spark.md):
 
 1. Spark's binaryFile source lists ``*.log``, ``*.checkpoint``,
-   ``meta.properties`` and ``log-start-offset`` under every input (recursive,
+   ``meta.properties``, ``log-start-offset`` and ``quorum-state`` under every input (recursive,
    any Hadoop path). ``mapInArrow`` decodes each file inside the executors
    with the broker's own decoders (``tools.spark.decode``): one row per
    record, plus small per-file summaries and error rows -- only those small
@@ -18,9 +18,11 @@ Plan (details in docs/spark.md):
 2. Every batch is validated (CRC, contiguous offsets, non-decreasing epochs)
    inside its file; the driver checks continuity across segments.
 3. Votes: for each offset, the (epoch, value digest) held by a strict majority
-   of the replicas covering it, and by a majority of all replicas given
+   of the voters covering it, and by a majority of all voters given
    (a replica whose log starts later has snapshotted the offset away and
-   abstains in favour). **HW** = the first offset from the earliest log start
+   abstains in favour). The voters are the ``currentVoters`` of the newest
+   ``quorum-state`` (highest leader epoch); observers are audited but do
+   not vote (they copy the leader's uncommitted tail). **HW** = the first offset from the earliest log start
    with no such majority, unless ``--upto/--hw`` names one. Per replica: the
    first offset where it differs from the majority, and on which side of the
    HW it lies.
@@ -71,6 +73,8 @@ from protocol.messages import SnapshotId  # noqa: E402
 from storage import control_records as cr  # noqa: E402
 from storage import metadata_records  # noqa: E402
 from storage.atomic import fsync_dir  # noqa: E402
+from storage.errors import QuorumStateError  # noqa: E402
+from storage.quorum_state import QuorumStateFile  # noqa: E402
 from storage.snapshot import SnapshotWriter, snapshot_filename  # noqa: E402
 from tools.extras import SPARK_MODULES, missing  # noqa: E402
 from tools.spark import decode as D  # noqa: E402
@@ -83,7 +87,7 @@ from tools.spark.fold import key_of  # noqa: E402
 # `metalog` command would pay (the CLI imports this module for `metalog spark`).
 
 EXIT_OK, EXIT_VALIDATION, EXIT_INPUT, EXIT_FAILED = 0, 1, 2, 3
-GLOB = "{*.log,*.checkpoint,meta.properties,log-start-offset}"
+GLOB = "{*.log,*.checkpoint,meta.properties,log-start-offset,quorum-state}"
 SNAPSHOTS_COMPARED_MAX = 8
 DIFFS_LISTED_MAX = 50
 ARROW_ROWS_PER_BATCH = 32768
@@ -462,7 +466,7 @@ def discover(spark, inputs: list[str]) -> list[str]:
     ``__cluster_metadata-0`` -- so the job passes these directories explicitly."""
     jvm = spark.sparkContext._jvm
     conf = spark.sparkContext._jsc.hadoopConfiguration()
-    wanted = re.compile(r".*\.(log|checkpoint)|meta\.properties|log-start-offset")
+    wanted = re.compile(r".*\.(log|checkpoint)|meta\.properties|log-start-offset|quorum-state")
     dirs: list[str] = []
     seen = 0
     for p in inputs:
@@ -563,6 +567,12 @@ class Analysis:
             elif d["kind"] == "meta":
                 if d["file"] == "meta.properties":
                     rp["props"] = _parse_props(d["info"])
+                elif d["file"] == "quorum-state":
+                    path = f"{d['replica']}/{D.PARTITION_DIR}/quorum-state"
+                    try:
+                        rp["quorum_state"] = QuorumStateFile(path).decode(d["info"])
+                    except QuorumStateError as exc:
+                        rp["quorum_state_error"] = str(exc)
                 else:
                     try:
                         rp["log_start_file"] = int(json.loads(d["info"]).get("log_start_offset", 0))
@@ -627,6 +637,7 @@ class Analysis:
                                      "warning": f"snapshot from another cluster: its header says cluster "
                                                 f"{s['cluster_id']!r}, this cluster is {self.cluster_id!r}; "
                                                 "not used"})
+        self.voters, self.observers = self._voter_set(foreign, warnings)
         # Damage in an excluded replica does not fail the job: it is not this cluster's.
         errors = [e for e in errors if e.get("replica") not in foreign]
         self.errors = errors
@@ -645,6 +656,54 @@ class Analysis:
                    "snapshots": [s["file"] for s in rp["snapshots"]]}
             for name, rp in sorted(self.replicas.items())}
 
+    def _voter_set(self, foreign: set[str], warnings: list[dict]) -> tuple[set[int] | None, set[str]]:
+        """(voter ids, names of the replicas that are not voters). The voters are
+        the currentVoters of the quorum-state with the highest leader epoch among
+        this cluster's replicas (a dynamic quorum's set changes: the newest
+        wins). Only voters set the HW in KRaft: an observer replicates the
+        leader's log up to its end, uncommitted records included, so counting
+        it could call a record committed that a new leader would truncate.
+        Unknown voters (no readable quorum-state, or an empty list): every
+        replica votes, with a warning."""
+        states = []
+        for name, rp in sorted(self.replicas.items()):
+            if name in foreign:
+                continue
+            if rp.get("quorum_state_error"):
+                warnings.append({"category": "configuration", "replica": name,
+                                 "file": f"{D.PARTITION_DIR}/quorum-state",
+                                 "warning": f"unreadable quorum-state, not used for the voter set: "
+                                            f"{rp['quorum_state_error']}"})
+            if rp.get("quorum_state") is not None:
+                states.append(rp["quorum_state"])
+        newest = max(states, key=lambda q: (q["leader_epoch"], bool(q["voters"])), default=None)
+        if newest is None or not newest["voters"]:
+            warnings.append({"category": "configuration", "replica": "(all replicas)", "file": "quorum-state",
+                             "warning": "voters unknown (no replica has a readable quorum-state with a "
+                                        "voter list): every replica given votes for the HW"})
+            self.report["voters"] = None
+            return None, set()
+        voters = set(newest["voters"])
+        self.report["voters"] = sorted(voters)
+        observers = set()
+        for name, rp in sorted(self.replicas.items()):
+            if name in foreign:
+                continue
+            try:
+                node = int(rp["props"].get("node.id"))
+            except (TypeError, ValueError):
+                node = None
+            if node in voters:
+                continue
+            observers.add(name)
+            who = f"node {node}" if node is not None else "replica without a node.id in meta.properties"
+            warnings.append({"category": "configuration", "replica": name,
+                             "file": f"{D.PARTITION_DIR}/quorum-state",
+                             "warning": f"{who} is not a voter (voters {sorted(voters)}, from the "
+                                        f"quorum-state of leader epoch {newest['leader_epoch']}): audited "
+                                        "but excluded from the HW vote"})
+        return voters, observers
+
     def vote(self, hw_override: int | None) -> None:
         """Majority per offset, the HW, and each replica's first difference."""
         from pyspark import StorageLevel
@@ -652,32 +711,41 @@ class Analysis:
 
         self.progress.set_phase("voting: majority value per offset")
         t0 = time.monotonic()
+        # Audited: every replica of this cluster with a log. Voting: those
+        # audited that are voters (observers are audited but do not vote).
         with_log = {k: v for k, v in self.replicas.items()
                     if v["log_start"] is not None and k not in self.excluded}
         if not with_log:
             raise InputError("no replica holds log segments: nothing to replay")
-        n = len(with_log)
+        voting = {k: v for k, v in with_log.items() if k not in self.observers}
+        if not voting:
+            raise InputError(f"none of the replicas given with log segments is a voter (voters "
+                             f"{sorted(self.voters or [])}): give the voters' data dirs")
+        n = len(voting)
         quorum = n // 2 + 1
-        self.start = min(v["log_start"] for v in with_log.values())
+        self.start = min(v["log_start"] for v in voting.values())
         recs = self.decoded.filter(f.col("kind") == "rec")
         if self.excluded:
             recs = recs.filter(~f.col("replica").isin(sorted(self.excluded)))
         for name, rp in with_log.items():
-            if rp["log_start"] > rp["segments"][0]["base_offset"]:
-                recs = recs.filter(~((f.col("replica") == name) & (f.col("offset") < rp["log_start"])))
+            # An observer's records below the voters' log start are not compared.
+            start = max(rp["log_start"], self.start) if name in self.observers else rp["log_start"]
+            if start > rp["segments"][0]["base_offset"]:
+                recs = recs.filter(~((f.col("replica") == name) & (f.col("offset") < start)))
         self.recs = recs
+        vrecs = recs.filter(~f.col("replica").isin(sorted(self.observers))) if self.observers else recs
         abstain = f.lit(0)
-        for rp in with_log.values():
+        for rp in voting.values():
             if rp["log_start"] > self.start:
                 abstain = abstain + f.when(f.col("offset") < rp["log_start"], 1).otherwise(0)
         # One voting replica whose files are clean (offsets contiguous, so one record
-        # per offset): every record is the majority's and nothing differs. The
-        # count shuffle and the two joins below would say the same at 10M-row cost.
-        alone = n == 1 and not any(e["replica"] in with_log for e in self.errors)
+        # per offset) and no observer: every record is the majority's and nothing
+        # differs. The count shuffle and the two joins below would say the same at 10M-row cost.
+        alone = n == 1 and len(with_log) == 1 and not any(e["replica"] in with_log for e in self.errors)
         if alone:
             self.majority = recs.select("offset", "epoch", "digest", "ts")
         else:
-            counts = (recs.groupBy("offset", "epoch", "digest")
+            counts = (vrecs.groupBy("offset", "epoch", "digest")
                       .agg(f.count(f.lit(1)).alias("cnt"), f.max("ts").alias("ts"),
                            f.first("control").alias("control")))
             self.majority = (counts.withColumn("abstain", abstain)
@@ -687,7 +755,7 @@ class Analysis:
         self.majority.persist(StorageLevel.MEMORY_AND_DISK)
         moff = self.majority.select("offset")
         first_nonmajority = None if alone else (
-            recs.select("offset").distinct().join(moff, "offset", "left_anti").agg(f.min("offset")).first()[0])
+            vrecs.select("offset").distinct().join(moff, "offset", "left_anti").agg(f.min("offset")).first()[0])
         if alone:  # clean files: its records are exactly [log start, log end)
             [only] = with_log.values()
             has_start = only["log_start"] < only["log_end"]
@@ -703,7 +771,8 @@ class Analysis:
         self.report["majority_end_offset"] = derived
         self.report["hw"] = self.hw
         self.report["hw_source"] = "majority" if hw_override is None else "given"
-        self.report["quorum"] = f"{quorum} of {n} replicas"
+        self.report["quorum"] = (f"{quorum} of {n} replicas" if self.voters is None
+                                 else f"{quorum} of {n} voters given ({len(with_log) - n} observer(s) not voting)")
 
         # Per replica: first offset whose (epoch, digest) is not the majority's.
         self.progress.set_phase("voting: first difference per replica")
@@ -728,7 +797,7 @@ class Analysis:
         for name, rp in sorted(with_log.items()):
             fd = first_diff.get(name)
             entry = {"node_id": rp["node_id"], "log_start_offset": rp["log_start"],
-                     "log_end_offset": rp["log_end"]}
+                     "log_end_offset": rp["log_end"], "in_vote": name in voting}
             if fd is None:
                 entry.update(status="agrees", first_diff_offset=None)
                 if rp["log_end"] < self.hw:
@@ -999,7 +1068,8 @@ def _summary_lines(report: dict) -> list[str]:
     for name, a in sorted(report.get("audit", {}).items()):
         where = ("" if a.get("first_diff_offset") is None else
                  f" at offset {a['first_diff_offset']} epoch {a.get('first_diff_epoch')}")
-        lines.append(f"  replica {name} (node {a.get('node_id')}): {a['status']}{where}")
+        role = ", observer: not voting" if a.get("in_vote") is False else ""
+        lines.append(f"  replica {name} (node {a.get('node_id')}{role}): {a['status']}{where}")
     for w in report.get("warnings", [])[:10]:  # e.g. a replica of another cluster, left out above
         lines.append(f"  warning: {w['replica']}/{w['file']}: {w['warning']}")
     for e in report.get("errors", [])[:10]:

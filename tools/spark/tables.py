@@ -121,7 +121,7 @@ def voter_rows(state_offset: int, leader_change: dict | None) -> list[tuple]:
 
 
 def audit_rows(report: dict) -> list[tuple]:
-    """One row per replica from the job's report (vote members and excluded ones)."""
+    """One row per replica from the job's report (voters, observers and excluded ones)."""
     hw = report.get("hw")
     mend = report.get("majority_end_offset")
     cluster = report.get("cluster_id")
@@ -139,7 +139,9 @@ def audit_rows(report: dict) -> list[tuple]:
             rows.append((name, rp.get("node_id"), None if name in foreign else cluster, False,
                          rp.get("log_start_offset"), end, hw, mend, lag, verdict, category, None, None))
             continue
-        rows.append((name, rp.get("node_id"), cluster, True, rp.get("log_start_offset"), end, hw, mend,
+        # An observer (not in the voter set) is audited but did not vote.
+        rows.append((name, rp.get("node_id"), cluster, a.get("in_vote", True), rp.get("log_start_offset"),
+                     end, hw, mend,
                      lag, a["status"], a.get("category") or ("ok" if a["status"] == "agrees" else a["status"]),
                      a.get("first_diff_offset"), a.get("first_diff_epoch")))
     return rows
