@@ -293,6 +293,26 @@ def test_foreign_replica_is_excluded_from_the_vote_with_a_warning(spark, tmp_pat
             "not 'test-cluster': excluded from the vote") in captured.out.splitlines()
 
 
+def test_a_foreign_replica_is_never_the_replay_source(spark, tmp_path):
+    """A foreign replica whose name sorts first and whose log covers the whole
+    committed range is not picked to read the committed records from (its
+    records are not this cluster's): the replay reads a voting replica and
+    replays every committed record."""
+    values = random_records(random.Random(23), 100)
+    n1, n2 = (str(tmp_path / f"n{i}") for i in (1, 2))
+    recs = write_log(n1, values, node_id=1, seed=3)
+    write_log(n2, values, node_id=2, seed=3)
+    write_log(str(tmp_path / "a-foreign"), random_records(random.Random(78), 300), node_id=3,
+              cluster_id="other-cluster")
+    out = tmp_path / "out"
+    code, rep = run_job(spark, "snapshot", str(tmp_path / "a-foreign"), n1, n2, "--out", str(out),
+                        "--report", str(out / "r.json"))
+    assert code == spark_job.EXIT_OK, rep
+    assert rep["hw"] == recs[-1][0] + 1
+    assert "a-foreign" not in rep["replay"]["source"]
+    assert rep["replay"]["records"] > 0
+
+
 def test_truncated_checkpoint_input_exits_1(spark, tmp_path, capsys):
     """A data dir holding only a truncated .checkpoint: a validation failure
     (exit 1, corruption named on stderr), not a usage error."""

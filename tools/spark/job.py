@@ -891,6 +891,8 @@ class Replay:
         src = None
         for name, rp in sorted(an.replicas.items(), key=lambda kv: kv[0]):
             fd = an.first_diff.get(name)
+            if name in an.excluded:
+                continue  # another cluster's replica: its records are not in an.recs
             if (rp["log_start"] is not None and rp["log_start"] <= start
                     and rp["log_end"] >= self.target and (fd is None or fd[0] >= self.target)):
                 src = name
