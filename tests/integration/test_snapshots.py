@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import glob
+import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 from broker.client import MetalogClient
+from tools.cluster.launcher import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -50,12 +54,18 @@ def identical_metadata(cluster, nodes):
     return views if all(v and v == views[0] for v in views) else None
 
 
-async def test_wiped_broker_rejoins_through_fetch_snapshot_when_log_start_is_past_zero(make_cluster):
-    cluster = make_cluster(voters=3, **SNAPSHOTTING)
+async def snapshotted_cluster(make_cluster, brokers: int, topics: int, filler: int, **extra):
+    """3 voters with metadata written, a snapshot and a log start past 0 on every broker."""
+    cluster = make_cluster(voters=3, **SNAPSHOTTING, **extra)
     await asyncio.to_thread(cluster.wait_for_leader, 20)
-    await write_metadata(cluster, brokers=5, topics=10, filler=600)
+    await write_metadata(cluster, brokers=brokers, topics=topics, filler=filler)
     await asyncio.to_thread(cluster.wait_for, lambda: log_start_past_zero_everywhere(cluster, cluster.nodes),
                             30, "snapshots and a log start offset past 0 on every broker")
+    return cluster
+
+
+async def test_wiped_broker_rejoins_through_fetch_snapshot_when_log_start_is_past_zero(make_cluster):
+    cluster = await snapshotted_cluster(make_cluster, brokers=5, topics=10, filler=600)
     leader, _ = cluster.leader()
     follower = next(n for n in cluster.nodes if n != leader)
     cluster.kill(follower)
@@ -76,11 +86,7 @@ async def test_wiped_broker_rejoins_through_fetch_snapshot_when_log_start_is_pas
 
 
 async def test_broker_killed_during_snapshot_download_recovers(make_cluster):
-    cluster = make_cluster(voters=3, snapshot_chunk_bytes=64, **SNAPSHOTTING)
-    await asyncio.to_thread(cluster.wait_for_leader, 20)
-    await write_metadata(cluster, brokers=5, topics=30, filler=400)
-    await asyncio.to_thread(cluster.wait_for, lambda: log_start_past_zero_everywhere(cluster, cluster.nodes),
-                            30, "snapshots and a log start offset past 0")
+    cluster = await snapshotted_cluster(make_cluster, brokers=5, topics=30, filler=400, snapshot_chunk_bytes=64)
     leader, _ = cluster.leader()
     follower = next(n for n in cluster.nodes if n != leader)
     cluster.kill(follower)
@@ -105,11 +111,7 @@ async def test_broker_killed_during_snapshot_download_recovers(make_cluster):
 
 
 async def test_restarted_broker_boots_from_snapshot_and_tail_with_identical_metadata(make_cluster):
-    cluster = make_cluster(voters=3, **SNAPSHOTTING)
-    await asyncio.to_thread(cluster.wait_for_leader, 20)
-    await write_metadata(cluster, brokers=4, topics=8, filler=500)
-    await asyncio.to_thread(cluster.wait_for, lambda: log_start_past_zero_everywhere(cluster, cluster.nodes),
-                            30, "snapshots on every broker")
+    cluster = await snapshotted_cluster(make_cluster, brokers=4, topics=8, filler=500)
     # A tail after the latest snapshot.
     client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=3000, max_retries=50)
     try:
@@ -143,17 +145,7 @@ async def test_cli_consume_from_earliest_starts_at_the_log_start_once_it_is_past
     start, the first record it prints is at that offset, and it exits 0 --
     not "consumer position N is out of range: offset below the log start"
     for the log start itself (the snapshot redirect replicas get)."""
-    import json
-    import subprocess
-    import sys
-
-    from tools.cluster.launcher import REPO_ROOT
-
-    cluster = make_cluster(voters=3, **SNAPSHOTTING)
-    await asyncio.to_thread(cluster.wait_for_leader, 20)
-    await write_metadata(cluster, brokers=3, topics=4, filler=400)
-    await asyncio.to_thread(cluster.wait_for, lambda: log_start_past_zero_everywhere(cluster, cluster.nodes),
-                            30, "a log start past 0 on every broker")
+    cluster = await snapshotted_cluster(make_cluster, brokers=3, topics=4, filler=400)
     leader, _ = cluster.leader()
     log_start = cluster.quorum(leader)["log_start_offset"]
     boot = ",".join(f"{h}:{p}" for h, p in cluster.bootstrap())
