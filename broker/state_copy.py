@@ -1,15 +1,17 @@
 """A copy of the controller state taken a slice at a time, for snapshots.
 
-``ControllerState.copy()`` is O(size) in one go: at 2 million partitions it
-held the event loop for about 430 ms, so every commit waiting behind it
-stalled (issue 19 item 2). ``IncrementalCopy`` copies the two large maps
-(partitions and configs) in slices of a bounded number of entries, between
-which the event loop runs and the controller keeps applying records. While a
-copy runs those two maps record every key they change (their class is
-switched to ``TrackedDict``, which costs nothing when no copy runs: a plain
-dict subclass without overrides keeps dict's C fast paths); ``finish()``
-then re-copies the changed keys and copies the small parts whole, so the
-result equals the state *at the moment finish() runs*, with its offset.
+A copy of the state in one go held the event loop for about 430 ms at 2
+million partitions, so every commit waiting behind it stalled (issue 19 item
+2). The partitions are now copied on write topic by topic
+(broker/partition_map.py: a copy is O(topics)); what remains large is the
+configs map, one flat dict. ``IncrementalCopy`` copies it in slices of a
+bounded number of entries, between which the event loop runs and the
+controller keeps applying records. While a copy runs the map records every
+key it changes (its class is switched to ``TrackedDict``, which costs
+nothing when no copy runs: a plain dict subclass without overrides keeps
+dict's C fast paths); ``finish()`` then re-copies the changed keys and
+copies the rest (the partitions by copy-on-write, the small parts whole), so
+the result equals the state *at the moment finish() runs*, with its offset.
 
 Only the event loop's thread calls step() and finish(); records in the maps
 are frozen, so sharing them with the copy is safe (as with copy()).
@@ -26,8 +28,8 @@ COPY_SLICE_ENTRIES = 5_000  # about 1-2 ms of copying per slice here (5 ms on a 
 
 
 class StateDict(dict):
-    """The partitions and configs maps: a dict, plus a slot for the keys
-    changed while an incremental copy runs (None otherwise)."""
+    """The configs map: a dict, plus a slot for the keys changed while an
+    incremental copy runs (None otherwise)."""
 
     __slots__ = ("changed",)
 
@@ -93,39 +95,23 @@ class IncrementalCopy:
         assert slice_entries > 0
         self.state = state
         self.slice_entries = slice_entries
-        self.partitions = StateDict()
         self.configs = StateDict()
-        _track(state.partitions)
         _track(state.configs)
-        # Partitions by topic id and partition id (the index the state keeps:
-        # no list of every key is built); configs by a list of their keys.
-        self._topics = [(tid, state.partition_ids(tid)) for tid in state.partition_counts]
         self._config_keys = list(state.configs)
-        self._topic_i = 0
         self._config_i = 0
         self.done = False
 
     def step(self) -> bool:
         """Copy up to `slice_entries` entries; True once every one is copied."""
         assert not self.done
-        budget = self.slice_entries
-        src, dst = self.state.partitions, self.partitions
-        while budget > 0 and self._topic_i < len(self._topics):
-            tid, ids = self._topics[self._topic_i]
-            for pid in ids:  # ids taken at the start: a topic removed since has none in src
-                p = src.get((tid, pid))
-                if p is not None:
-                    dst[(tid, pid)] = p
-            budget -= max(1, len(ids))
-            self._topic_i += 1
         keys, csrc, cdst = self._config_keys, self.state.configs, self.configs
-        end = min(len(keys), self._config_i + max(0, budget))
+        end = min(len(keys), self._config_i + self.slice_entries)
         for k in keys[self._config_i:end]:
             v = csrc.get(k)
             if v is not None:
                 cdst[k] = v
         self._config_i = end
-        return self._topic_i >= len(self._topics) and self._config_i >= len(keys)
+        return self._config_i >= len(keys)
 
     def finish(self) -> "ControllerState":
         """The copy, equal to the state now: the keys changed since the copy
@@ -134,14 +120,14 @@ class IncrementalCopy:
             pass
         self.done = True
         st = self.state
-        for d, src in ((self.partitions, st.partitions), (self.configs, st.configs)):
-            for k in _untrack(src):
-                v = src.get(k)
-                if v is None:
-                    d.pop(k, None)
-                else:
-                    d[k] = v
-        c = st.copy(partitions=self.partitions, configs=self.configs)
+        d, src = self.configs, st.configs
+        for k in _untrack(src):
+            v = src.get(k)
+            if v is None:
+                d.pop(k, None)
+            else:
+                d[k] = v
+        c = st.copy(configs=self.configs)
         assert len(c.partitions) == len(st.partitions) and len(c.configs) == len(st.configs), \
             "incremental copy lost entries"
         return c
@@ -150,5 +136,4 @@ class IncrementalCopy:
         """Stop tracking (the state was replaced, or the broker stops)."""
         if not self.done:
             self.done = True
-            _untrack(self.state.partitions)
             _untrack(self.state.configs)

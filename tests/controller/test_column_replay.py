@@ -125,9 +125,9 @@ def test_a_batch_that_does_not_parse_raises_as_before_and_changes_nothing():
 
 
 def test_an_incremental_copy_in_progress_sees_every_row_applied_as_columns():
-    """While a snapshot's copy is taken a slice at a time, the partitions
-    map records the keys written (TrackedDict): rows read as columns are
-    applied record by record then, and the finished copy equals the state."""
+    """While a snapshot's copy is taken a slice at a time, rows read as
+    columns keep being applied in bulk (the partitions are copied on write,
+    topic by topic), and the finished copy equals the state."""
     first = log_of([brokers(), [r.encode_record(r.Topic(f"t{t}", tid(t))) for t in range(3)]
                     + [partition(t, p) for t in range(3) for p in range(100)]])
     c = Controller()
@@ -142,6 +142,40 @@ def test_an_incremental_copy_in_progress_sees_every_row_applied_as_columns():
     assert all(c.state.partitions[(tid(t), p)].replicas == (2, 3, 4) for t in range(3) for p in range(50, 150))
 
 
+# Rows of one shape (3 replicas, an ISR of 2: a run), each failing exactly
+# one of _partition_problem's rules, so that the column check is tried rule
+# by rule.
+GOOD_ROW = ((1, 2, 3), (1, 2), 1)
+NEGATIVE_ID = ((1, 2, 3), (2, 1), 2)  # fine but for its partition id, made negative
+BAD_ROWS = [
+    ((1, 1, 3), (1, 3), 1),  # duplicate replica
+    ((1, -2, 3), (1, 3), 1),  # negative replica
+    ((1, 2, 3), (1, 1), 1),  # duplicate ISR member
+    ((1, 2, 3), (1, 4), 1),  # ISR member outside the replicas
+    ((1, 2, 3), (1, 2), 3),  # leader outside the ISR
+    ((1, 2, 3), (3, 2), -1),  # fine: no leader, ISR in another order
+    NEGATIVE_ID,
+]
+
+
+@pytest.mark.parametrize("bad", BAD_ROWS)
+def test_each_malformed_row_in_a_run_is_refused_as_a_record_alone_would_be(bad):
+    """One malformed row among 89 good ones of the same shape: read as
+    columns, it is refused (or kept) exactly as the record alone would be."""
+    values = [r.encode_record(r.Topic("t0", tid(0)))]
+    for p in range(90):
+        reps, isr, leader = bad if p == 5 else GOOD_ROW
+        pid = -p if (p == 5 and bad == NEGATIVE_ID) else p
+        values.append(r.encode_record(r.Partition(tid(0), pid, reps, isr, leader, 1, 3)))
+    log = log_of([brokers(), values])
+    c = Controller()
+    c.apply_batches(log)
+    ref = one_by_one(log)
+    same(c.state, ref)
+    assert ref.invalid_records == (0 if bad[2] == -1 else 1)
+    assert len(c.state.partitions) == 90 - ref.invalid_records
+
+
 @st.composite
 def logs(draw):
     """Batches of topic creations, partition changes, removals, configs and
@@ -151,7 +185,7 @@ def logs(draw):
     for _ in range(draw(st.integers(1, 4))):
         values = []
         for _ in range(draw(st.integers(1, 6))):
-            kind = draw(st.sampled_from(["create", "create", "change", "remove", "config", "bad"]))
+            kind = draw(st.sampled_from(["create", "create", "change", "remove", "config", "bad", "badrows"]))
             if kind == "create" or topics == 0:
                 n = draw(st.integers(1, 4))
                 isr_drop = draw(st.integers(0, n - 1))
@@ -170,6 +204,16 @@ def logs(draw):
                 values.append(r.encode_record(r.RemoveTopic(tid(draw(st.integers(0, topics - 1))))))
             elif kind == "config":
                 values.append(r.encode_record(r.Config(r.RESOURCE_TOPIC, "t0", "retention.ms", "1")))
+            elif kind == "badrows":
+                # a creation whose columns hold malformed rows of every kind
+                # the column check must refuse as _partition_problem does
+                values.append(r.encode_record(r.Topic(f"t{topics}", tid(topics))))
+                bad = {p: draw(st.sampled_from(BAD_ROWS)) for p in draw(st.sets(st.integers(0, 89), max_size=6))}
+                for p in range(90):
+                    reps, isr, leader = bad.get(p, GOOD_ROW)
+                    values.append(r.encode_record(r.Partition(tid(topics), -p if (reps, isr, leader) == NEGATIVE_ID
+                                                              else p, reps, isr, leader, 1, 3)))
+                topics += 1
             else:
                 t = draw(st.integers(0, topics))
                 values.append(partition(t, draw(st.integers(0, 300)), (1, 2), (1, 3)))  # ISR not in replicas

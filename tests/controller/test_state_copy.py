@@ -69,8 +69,8 @@ def test_the_finished_copy_equals_the_state_when_it_finished_whatever_ran_betwee
     assert copy == s and copy.offset == s.offset
     assert copy.partition_counts == s.partition_counts and copy.config_names == s.config_names
     assert list(copy.to_records()) == list(s.to_records())
-    # Tracking is off again (plain StateDicts), and the copy is independent.
-    assert type(s.partitions) is StateDict and s.partitions.changed is None
+    # Tracking is off again (a plain StateDict), and the copy is independent.
+    assert type(s.configs) is StateDict and s.configs.changed is None
     frozen = list(copy.to_records())
     for _ in range(20):
         random_change(s, rng, next_topic)
@@ -79,12 +79,12 @@ def test_the_finished_copy_equals_the_state_when_it_finished_whatever_ran_betwee
 
 def test_tracking_costs_nothing_outside_a_copy_and_one_copy_runs_at_a_time():
     s = base_state(topics=2, partitions=2)
-    assert type(s.partitions) is StateDict  # no Python-level __setitem__ on the apply path
+    assert type(s.configs) is StateDict  # no Python-level __setitem__ on the apply path
     c = IncrementalCopy(s)
-    assert type(s.partitions) is TrackedDict
+    assert type(s.configs) is TrackedDict
     with pytest.raises(AssertionError, match="one incremental copy at a time"):
         IncrementalCopy(s)
     c.abort()
-    assert type(s.partitions) is StateDict and type(s.configs) is StateDict
+    assert type(s.configs) is StateDict
     IncrementalCopy(s).finish()  # a new one may start after the abort
     assert type(s.configs) is StateDict

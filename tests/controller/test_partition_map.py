@@ -1,0 +1,85 @@
+"""The partitions map held topic by topic (broker/partition_map.py): it
+behaves as the flat dict of (topic id, partition id) keys it replaced, under
+any mix of writes, and a copy is independent of the original from the moment
+it is taken, whichever of the two is written afterwards."""
+
+import random
+
+import pytest
+
+from broker.partition_map import PartitionMap
+from storage import metadata_records as r
+
+
+def part(t: str, pid: int, leader: int = 0) -> r.Partition:
+    return r.Partition(t, pid, (0, 1, 2), (0, 1, 2), leader)
+
+
+def check_same(m: PartitionMap, d: dict) -> None:
+    assert len(m) == len(d) and bool(m) == bool(d)
+    assert m == d and dict(m.items()) == d and sorted(m) == sorted(d)
+    assert sorted(m.values(), key=lambda p: (p.topic_id, p.partition_id)) == [d[k] for k in sorted(d)]
+    for t in {k[0] for k in d} | {"absent"}:
+        assert dict(m.topic(t)) == {pid: p for (tt, pid), p in d.items() if tt == t}
+    assert set(m.topic_ids()) == {k[0] for k in d}  # no topic left behind empty
+
+
+def random_write(m: PartitionMap, d: dict, rng: random.Random) -> None:
+    t = f"t{rng.randrange(6)}"
+    x = rng.random()
+    if x < 0.45:
+        key = (t, rng.randrange(8))
+        m[key] = d[key] = part(t, key[1], rng.randrange(3))
+    elif x < 0.6:
+        key = (t, rng.randrange(8))
+        assert m.pop(key, None) == d.pop(key, None)
+    elif x < 0.7:
+        gone = [k for k in d if k[0] == t]
+        assert m.drop_topic(t) == len(gone)
+        for k in gone:
+            del d[k]
+    else:
+        pids = sorted(rng.sample(range(10), rng.randrange(1, 5)))
+        recs = [part(t, pid, rng.randrange(3)) for pid in pids]
+        m.add_rows(t, pids, recs)
+        d.update(zip([(t, pid) for pid in pids], recs))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_it_behaves_as_a_flat_dict_and_copies_never_see_each_others_writes(seed):
+    rng = random.Random(seed)
+    maps = [(PartitionMap(), {})]
+    for _ in range(300):
+        i = rng.randrange(len(maps))
+        m, d = maps[i]
+        if rng.random() < 0.05 and len(maps) < 6:
+            maps.append((m.copy(), dict(d)))  # a snapshot's copy, taken in O(topics)
+        else:
+            random_write(m, d, rng)
+        for m2, d2 in maps:
+            check_same(m2, d2)
+
+
+def test_missing_keys_raise_keyerror_naming_the_whole_key():
+    m = PartitionMap([(("t", 0), part("t", 0))])
+    with pytest.raises(KeyError) as e:
+        m[("t", 1)]
+    assert e.value.args == (("t", 1),)
+    with pytest.raises(KeyError):
+        m[("u", 0)]
+    with pytest.raises(KeyError):
+        del m[("t", 5)]
+    assert ("t", 0) in m and ("t", 1) not in m and "t" not in m and m.get(("u", 0), 7) == 7
+
+
+def test_a_copy_shares_topic_dicts_until_one_side_writes():
+    m = PartitionMap()
+    m.add_rows("a", [0, 1], [part("a", 0), part("a", 1)])
+    m.add_rows("b", [0], [part("b", 0)])
+    c = m.copy()
+    assert m.topic("a") is c.topic("a")  # nothing copied but the outer dict
+    m[("a", 1)] = part("a", 1, leader=2)
+    assert m.topic("a") is not c.topic("a") and c[("a", 1)].leader == 0
+    assert m.topic("b") is c.topic("b")
+    c.drop_topic("b")
+    assert m[("b", 0)] == part("b", 0) and ("b", 0) not in c
