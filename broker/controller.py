@@ -244,8 +244,9 @@ class ControllerState:
 
     ``offset`` is the next offset: every record < offset is reflected. Values in
     the dicts are frozen records and never mutated in place, so ``copy()`` (a
-    shallow copy of each dict) is a consistent, independent snapshot of the
-    state that another thread may serialize while this one keeps applying.
+    shallow copy of each dict; the partitions copied on write, topic by topic)
+    is a consistent, independent snapshot of the state that another thread may
+    serialize while this one keeps applying.
     """
 
     __slots__ = ("offset", "brokers", "topics", "topic_ids", "partitions", "configs",
@@ -462,7 +463,7 @@ class ControllerState:
         problem = _partition_problem(new)
         if problem:
             return self._invalid(f"PartitionChange {key}: {problem}")
-        self.partitions[key] = new
+        self.partitions.replace(rec.topic_id, rec.partition_id, new)
         return True
 
     def _config(self, rec: r.Config) -> bool:
@@ -736,10 +737,11 @@ _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 def settle_heap() -> None:
     """Collect, then move every object alive now out of the cyclic GC's
     sight (gc.freeze): the state just loaded lives as long as the process.
-    Its records are untracked already, but the partitions map is one dict of
-    2M entries that a full collection walks entry by entry (about 70 ms at
-    2M partitions, a commit's p99 while it runs) and that a new key tuple
-    makes tracked again after every collection. Frozen objects are still
+    Its records and per-topic partition dicts are untracked already, but the
+    configs map (tuple keys), the topics' outer dict and the indexes are
+    walked entry by entry by every full collection (tens of ms at 2M
+    partitions, a commit's p99 while it runs; a flat partitions dict cost
+    about 70 ms before it was split by topic). Frozen objects are still
     freed by reference counting; only cycles among them would stay."""
     gc.collect()
     gc.freeze()

@@ -65,8 +65,8 @@ class PartitionMap:
             raise KeyError(key) from None
 
     def get(self, key: tuple[str, int], default: Any = None) -> Any:
-        tid, pid = key
-        return self._topics.get(tid, _EMPTY).get(pid, default)
+        parts = self._topics.get(key[0])
+        return default if parts is None else parts.get(key[1], default)
 
     def topic(self, topic_id: str) -> Mapping[int, r.Partition]:
         """One topic's partitions by id (empty if none). Read only: writes go
@@ -125,6 +125,13 @@ class PartitionMap:
         n = len(parts)
         parts[pid] = value
         self._len += len(parts) - n
+
+    def replace(self, topic_id: str, partition_id: int, value: r.Partition) -> None:
+        """Set the record of a partition that exists (a PartitionChange): the
+        apply path's write, without the count's bookkeeping."""
+        parts = self._topics[topic_id] if topic_id in self._owned else self._writable(topic_id)
+        assert partition_id in parts, f"replace of a missing partition {topic_id}/{partition_id}"
+        parts[partition_id] = value
 
     def __delitem__(self, key: tuple[str, int]) -> None:
         if self.pop(key, _MISSING) is _MISSING:

@@ -28,7 +28,7 @@ from broker.snapshot_policy import SnapshotPolicy
 from broker.state_copy import IncrementalCopy
 from protocol import messages as m
 from storage.errors import StorageError
-from storage.snapshot import PartialSnapshot, generation_part_path
+from storage.snapshot import CorruptSnapshotError, PartialSnapshot, generation_part_path
 
 if TYPE_CHECKING:  # the runtime imports this module: no cycle at run time
     from broker.runtime import Broker
@@ -78,18 +78,28 @@ class SnapshotWork:
                         error=str(exc), action="partial deleted, log kept, downloading again")
             return qa.SnapshotInstallFailed(self._now_ms(), sid, str(exc))
         t_checked = time.perf_counter()
+        # Loaded before the log is reset: a load that finds a bad byte (the
+        # file re-read from disk, every CRC checked again) rolls back as a bad
+        # download does, with the log and older snapshots still there.
+        try:
+            state = load_snapshot(b.snapshots, sid)
+        except CorruptSnapshotError as exc:
+            b.snapshots.quarantine(sid)
+            b.log.error("snapshot_download_rejected", snapshot=[sid.end_offset, sid.epoch], error=str(exc),
+                        action="snapshot quarantined, log kept, downloading again")
+            return qa.SnapshotInstallFailed(self._now_ms(), sid, str(exc))
+        t_loaded = time.perf_counter()
         b.seg_log.truncate_fully(sid.end_offset)
         b.digest.reset(sid.end_offset)
         b.snapshots.delete_before(sid)
-        t_loading = time.perf_counter()
-        b.controller.load(load_snapshot(b.snapshots, sid))
+        b.controller.load(state)
         t_done = time.perf_counter()
         b.metrics.snapshot_load_seconds.observe(t_done - t0)
         # Where an install's time goes: the download's check and fsync, the
         # log's truncation, the load.
         b.log.info("snapshot_installed", snapshot=[sid.end_offset, sid.epoch], size=a.size,
                    seconds=round(t_done - t0, 4), check_s=round(t_checked - t0, 4),
-                   truncate_s=round(t_loading - t_checked, 4), load_s=round(t_done - t_loading, 4))
+                   load_s=round(t_loaded - t_checked, 4), truncate_s=round(t_done - t_loaded, 4))
         return None
 
     # -- our own snapshots ------------------------------------------------------

@@ -27,9 +27,13 @@ def check_same(m: PartitionMap, d: dict) -> None:
 def random_write(m: PartitionMap, d: dict, rng: random.Random) -> None:
     t = f"t{rng.randrange(6)}"
     x = rng.random()
-    if x < 0.45:
+    if x < 0.35:
         key = (t, rng.randrange(8))
         m[key] = d[key] = part(t, key[1], rng.randrange(3))
+    elif x < 0.45 and any(k[0] == t for k in d):
+        key = rng.choice(sorted(k for k in d if k[0] == t))
+        m.replace(t, key[1], part(t, key[1], 7))  # a PartitionChange's write
+        d[key] = part(t, key[1], 7)
     elif x < 0.6:
         key = (t, rng.randrange(8))
         assert m.pop(key, None) == d.pop(key, None)

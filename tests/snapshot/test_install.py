@@ -1,0 +1,91 @@
+"""Installing a downloaded snapshot (broker/snapshot_io.py SnapshotWork.install)
+with the runtime's real parts: snapshot store, segmented log, digest,
+controller and metrics in a temporary data dir.
+
+A download is checked as it arrives, and the load reads the file back from
+disk with every CRC checked again. If the bytes on disk went bad in between,
+the load refuses them *before* the log is reset: the install rolls back as a
+bad download does (SnapshotInstallFailed, the log and its state untouched,
+the file quarantined) instead of leaving a broker with no log and no state."""
+
+import os
+import types
+
+import structlog
+
+from broker.consistency import LogDigest
+from broker.controller import Controller, write_controller_snapshot
+from broker.metrics import BrokerMetrics
+from broker.quorum import api as qa
+from broker.snapshot_io import SnapshotWork
+from protocol.messages import SnapshotId
+from storage import batch as b
+from storage import metadata_records as r
+from storage.log import SegmentedLog
+from storage.snapshot import SnapshotStore
+
+
+def leader_snapshot(tmp_path) -> tuple[SnapshotStore, SnapshotId, Controller]:
+    c = Controller()
+    log = bytearray()
+    for bid in range(3):
+        log += b.encode_batch(len(c.state.brokers), 1, c.register_broker(bid, [("SSL", "h", 9000 + bid)]), 0)
+        c.apply_batches(bytes(log))
+    c.state.apply(c.state.offset, r.Topic("t", "00000000-0000-4000-8000-000000000001"))
+    store = SnapshotStore(str(tmp_path / "leader"))
+    sid = SnapshotId(c.state.offset, 1)
+    write_controller_snapshot(store, c.state.copy(), sid, 0, "cluster")
+    return store, sid, c
+
+
+def follower(tmp_path):
+    part_dir = tmp_path / "follower"
+    seg_log = SegmentedLog.open(str(part_dir / "log"))
+    seg_log.append(b.encode_batch(0, 1, [r.encode_record(r.NoOp())] * 2, 0))
+    broker = types.SimpleNamespace(
+        snapshots=SnapshotStore(str(part_dir / "snapshots")), seg_log=seg_log,
+        digest=LogDigest.build(seg_log), controller=Controller(), metrics=BrokerMetrics(9),
+        log=structlog.get_logger("test"))
+    return broker, SnapshotWork(broker, 1 << 40, lambda: 1, lambda ev: None)
+
+
+def download(work, store, sid, chunk_bytes=300):
+    size = store.size(sid)
+    for pos in range(0, size, chunk_bytes):
+        work.write_chunk(qa.WriteSnapshotChunk(sid, pos, store.read_chunk(sid, pos, chunk_bytes)))
+    return size
+
+
+def test_an_install_loads_the_snapshot_and_resets_the_log_to_its_end(tmp_path):
+    store, sid, leader = leader_snapshot(tmp_path)
+    broker, work = follower(tmp_path)
+    size = download(work, store, sid)
+    assert work.install(qa.InstallSnapshot(sid, size)) is None
+    assert broker.controller.state == leader.state
+    assert broker.seg_log.log_start_offset == broker.seg_log.log_end_offset == sid.end_offset
+    assert broker.snapshots.list() == [sid]
+
+
+def test_bytes_gone_bad_on_disk_after_the_download_roll_back_the_install(tmp_path):
+    store, sid, _ = leader_snapshot(tmp_path)
+    broker, work = follower(tmp_path)
+    size = download(work, store, sid)
+    part = work._partials[sid]
+    fd = os.open(part.part_path, os.O_RDWR)  # one byte flipped on disk behind the streamed check
+    try:
+        at = size // 2
+        byte = os.pread(fd, 1, at)
+        os.pwrite(fd, bytes([byte[0] ^ 0x08]), at)
+    finally:
+        os.close(fd)
+    with structlog.testing.capture_logs() as events:
+        failed = work.install(qa.InstallSnapshot(sid, size))
+    assert isinstance(failed, qa.SnapshotInstallFailed) and failed.snapshot_id == sid
+    assert "corrupt" in failed.reason.lower() or "crc" in failed.reason.lower()
+    rejected = [e for e in events if e["event"] == "snapshot_download_rejected"]
+    assert len(rejected) == 1 and rejected[0]["action"] == "snapshot quarantined, log kept, downloading again"
+    # Nothing was reset: the two records of the log and the empty state stay.
+    assert (broker.seg_log.log_start_offset, broker.seg_log.log_end_offset) == (0, 2)
+    assert broker.controller.state.offset == 0 and not broker.controller.state.brokers
+    assert broker.snapshots.list() == []  # the bad file is quarantined, never loaded
+    assert any(n.endswith(".corrupt") for n in os.listdir(broker.snapshots.directory))
