@@ -53,6 +53,7 @@ from broker import authz, commit_trace, consistency
 from broker.clocks import SystemClock, now_ms, wall_clock_ms
 from broker.config import BrokerConfig
 from broker.consistency import LogDigest
+from broker.gc_watch import GcWatch
 from broker.consistency_check import ConsistencyChecker
 from broker.controller_commands import CommandQueue, CommandToken, LeaderView
 from broker.gate import Gate
@@ -152,6 +153,7 @@ class Broker:
         self.producer_ids = ProducerIdAllocator()
         self._producers_expired_at_ms = 0
         self.scrubber: Scrubber | None = None
+        self.gc_watch: GcWatch | None = None
         self._consistency_task: asyncio.Task | None = None
         self.stopped = asyncio.Event()
         self.server: Server | None = None
@@ -253,6 +255,8 @@ class Broker:
             lambda report: loop.call_soon_threadsafe(self._on_corruption, report, "scrub"),
             logger=self.log, metrics=self.metrics, idle_wait_ms=cfg.storage.log_scrub_idle_wait_ms)
         self.scrubber.start()
+        self.gc_watch = GcWatch(self.metrics.gc_pause_seconds, self.log)
+        self.gc_watch.install()
 
     def _snapshot_event(self, event: qa.Event) -> None:
         """SnapshotWork's events to the core; a new snapshot file also wakes
@@ -374,6 +378,8 @@ class Broker:
         await self.peers.close()
         if self.scrubber is not None:
             await asyncio.to_thread(self.scrubber.stop)
+        if self.gc_watch is not None:
+            self.gc_watch.remove()
         if graceful and self.fatal is None:
             await asyncio.to_thread(self.seg_log.flush)
             self.seg_log.close()

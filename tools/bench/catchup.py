@@ -430,7 +430,10 @@ def bench_commit_during_snapshot(root: str, work: Workload, threshold_records: i
     the threshold (after warmup_records); during: acknowledged between the
     threshold and the leader's snapshot_created. After: for after_s once
     every voter's snapshot_created is logged (the same idle again: a control
-    for the machine's own noise over the longer run)."""
+    for the machine's own noise over the longer run), and only commits below
+    the next snapshot's threshold (the first snapshot's end + threshold_records):
+    with a threshold shorter than the generation's commits, the "after" phase
+    was a second generation, not a control."""
     assert threshold_records > warmup_records + 100, "too few idle commits to measure"
     cluster = metalog_cluster(os.path.join(root, "commit"), voters=3, observers=0,
                               snapshot_min_records=threshold_records, snapshot_generation=generation,
@@ -467,6 +470,7 @@ def bench_commit_during_snapshot(root: str, work: Workload, threshold_records: i
         ops = uvloop.run(_commit_loop(cluster, snapshot_written, value_bytes,
                                       deadline_s=120 + after_s + threshold_records / 100))
         created = wait_event(cluster, leader, "snapshot_created", 30, after_ts=t_start)
+        first_ends = [wait_event(cluster, v, "snapshot_created", 30, after_ts=t_start)["snapshot"][0] for v in voters]
         still_leader = (cluster.quorum(leader) or {}).get("role") == "leader"
     finally:
         cluster.stop()
@@ -483,7 +487,8 @@ def bench_commit_during_snapshot(root: str, work: Workload, threshold_records: i
     idle = [int((a - s) * 1e6) for s, a, off in ops if off >= base_end + warmup_records and a < t_trigger]
     during = [int((a - s) * 1e6) for s, a, _ in ops if t_trigger <= a <= t_created]
     idle_sum, during_sum = latency_summary_ms(idle), latency_summary_ms(during)
-    after = [int((a - s) * 1e6) for s, a, _ in ops if all_done and s > all_done[0]]
+    next_trigger = min(first_ends) + threshold_records  # a voter's second snapshot is due from here
+    after = [int((a - s) * 1e6) for s, a, off in ops if all_done and s > all_done[0] and off < next_trigger]
     after_sum = latency_summary_ms(after) if after else None
     # Where the slow ones fall (seconds after the threshold commit): the
     # fork, the write-back, the end of the write tell themselves apart.
@@ -561,7 +566,7 @@ def format_report(rep: dict) -> str:
 
 
 def run(partitions: int, sections: list[str], root: str | None = None, keep: bool = False,
-        commit_threshold_records: int = 3000, commit_warmup_records: int = 300,
+        commit_threshold_records: int = 10_000, commit_warmup_records: int = 300,
         snapshot_generation: str = "fork") -> dict:
     """Build the workload once, run the sections; the report as a dict."""
     work_root = root or tempfile.mkdtemp(prefix="metalog-scale-")
@@ -592,7 +597,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="partitions in the state (100 per topic); 2000000 for the issue's headline")
     ap.add_argument("--only", default="catchup,commit",
                     help="comma list: catchup, commit, reads (reads alone: the admin reads, no observer)")
-    ap.add_argument("--commit-threshold-records", type=int, default=3000,
+    ap.add_argument("--commit-threshold-records", type=int, default=10_000,
                     help="snapshot_min_records of the commit bench: commits before the snapshot starts")
     ap.add_argument("--snapshot-generation", choices=("fork", "thread"), default="fork",
                     help="the brokers' storage.snapshot_generation in the commit bench")

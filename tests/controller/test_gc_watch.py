@@ -1,0 +1,44 @@
+"""GC pauses are measured (broker/gc_watch.py): every collection lands in the
+histogram under its generation, and a slow one is one gc_pause event."""
+
+import gc
+
+import structlog
+from prometheus_client import CollectorRegistry, Histogram
+
+from broker.gc_watch import GcWatch
+
+
+def sample(reg, generation):
+    return reg.get_sample_value("pauses_seconds_count", {"generation": generation}) or 0
+
+
+def test_each_collection_is_timed_by_generation_and_slow_ones_are_logged():
+    reg = CollectorRegistry()
+    hist = Histogram("pauses_seconds", "t", ["generation"], registry=reg)
+    with structlog.testing.capture_logs() as events:
+        w = GcWatch(hist, structlog.get_logger("t"), slow_ms=0)  # every pause counts as slow
+        w.install()
+        try:
+            gc.collect(2)
+            gc.collect(0)
+        finally:
+            w.remove()
+        gc.collect(2)  # removed: not counted
+    assert sample(reg, "2") == 1 and sample(reg, "0") >= 1
+    pauses = [e for e in events if e["event"] == "gc_pause"]
+    assert [e["generation"] for e in pauses][:1] == [2] and all(e["seconds"] >= 0 for e in pauses)
+    assert w._callback not in gc.callbacks
+
+
+def test_a_fast_collection_is_not_an_event():
+    reg = CollectorRegistry()
+    hist = Histogram("pauses_seconds", "t", ["generation"], registry=reg)
+    with structlog.testing.capture_logs() as events:
+        w = GcWatch(hist, structlog.get_logger("t"), slow_ms=60_000)
+        w.install()
+        try:
+            gc.collect(1)
+        finally:
+            w.remove()
+    assert sample(reg, "1") == 1 and not [e for e in events if e["event"] == "gc_pause"]
