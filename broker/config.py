@@ -81,6 +81,11 @@ class StorageConfig:
                 "thread = the state is copied a slice at a time on the loop and encoded on a worker thread "
                 "(the fallback where fork() is unavailable: commit latency rises while it runs)",
         choices=("fork", "thread"))
+    snapshot_cpu_share: float = setting(
+        0.35, "share of one CPU the snapshot writer may use: it pauses after each millisecond of work, so that "
+              "the quorum's processes find a CPU idle (on a 2-vCPU VM a busy background process, even at "
+              "SCHED_IDLE, cost commit p99 several times over; docs/bench.md); 1 = no pauses",
+        gt=0, le=1)
     producer_id_expiration_ms: int = setting(
         86_400_000, "an idempotent producer idle this long is forgotten; its next batch gets "
                     "UNKNOWN_PRODUCER_ID and the client takes a new producer id (producer.id.expiration.ms)",
@@ -442,6 +447,8 @@ def _range_text(spec: SettingSpec) -> str:
         parts.append(f"> {spec.gt:g}")
     if spec.ge is not None:
         parts.append(f">= {spec.ge:g}")
+    if spec.le is not None:
+        parts.append(f"<= {spec.le:g}")
     if spec.choices is not None:
         parts.append("one of " + "/".join(map(str, spec.choices)))
     if spec.nonempty:

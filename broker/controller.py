@@ -1031,7 +1031,8 @@ def write_controller_snapshot(store, state: ControllerState, snapshot_id: m.Snap
                               last_contained_log_timestamp_ms: int, cluster_id: str = "",
                               batch_bytes_max: int = 1 << 20, voters=None,
                               part_path: str | None = None,
-                              sync_every_bytes: int | None = SNAPSHOT_SYNC_EVERY_BYTES) -> SnapshotResult:
+                              sync_every_bytes: int | None = SNAPSHOT_SYNC_EVERY_BYTES,
+                              cpu_share: float = 1.0) -> SnapshotResult:
     """Serialize `state` into the snapshot `snapshot_id` of `store`.
 
     Made to run off the event loop: in a forked child (broker/snapshot_fork.py,
@@ -1052,9 +1053,29 @@ def write_controller_snapshot(store, state: ControllerState, snapshot_id: m.Snap
     writer = SnapshotWriter(store.directory, snapshot_id, last_contained_log_timestamp_ms,
                             cluster_id, batch_bytes_max=batch_bytes_max, voters=voters,
                             part_path=part_path, sync_every_bytes=sync_every_bytes)
-    path, size, count = writer.write_all(r.encode_record(rec) for rec in state.to_records())
+    values = (r.encode_record(rec) for rec in state.to_records())
+    if cpu_share < 1.0:
+        values = _paced(values, cpu_share)
+    path, size, count = writer.write_all(values)
     return SnapshotResult(snapshot_id, path, size, count,
                           (time.perf_counter() - start) * 1000.0)
+
+
+PACE_SLICE_S = 0.001  # work between two pauses of a paced write
+
+
+def _paced(values: Iterator[bytes], cpu_share: float) -> Iterator[bytes]:
+    """`values`, pausing so that the caller runs at most `cpu_share` of the
+    time: about PACE_SLICE_S of work, then a sleep."""
+    assert 0.0 < cpu_share < 1.0, cpu_share
+    pause_s = PACE_SLICE_S * (1.0 - cpu_share) / cpu_share
+    clock, sleep = time.perf_counter, time.sleep
+    t = clock()
+    for i, v in enumerate(values):
+        yield v
+        if not i & 31 and clock() - t >= PACE_SLICE_S:
+            sleep(pause_s)
+            t = clock()
 
 
 # Smaller batches are applied record by record: a batch's column reading

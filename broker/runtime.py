@@ -115,12 +115,17 @@ class Broker:
         self.group_commit = GroupCommit(cfg.storage.append_linger_ms, cfg.storage.append_batch_records_max)
         # fdatasyncs run here, one at a time (group commit never overlaps them).
         self._flush_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flush")
+        # Old snapshot files, renamed .deleted on the loop, are unlinked here:
+        # a 150 MB unlink held the loop about 30 ms. One per snapshot, so the
+        # queue is bounded by the files there are; boot removes any left over.
+        self._unlink_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="unlink")
         self._ticking_now = False  # inside the immediate Tick of _schedule_timer
         self._flush_start_wanted = False  # a FlushLog of the current step, started when the step ends
         self._flushes_abandoned = False  # stop() is past its drain: completions are no longer fed
         self._linger_handle: asyncio.Handle | None = None  # group commit's linger timer or call_soon
         self.snapshot_work = SnapshotWork(self, cfg.storage.snapshot_min_records, now_ms, feed=self._snapshot_event,
-                                          generation=cfg.storage.snapshot_generation)
+                                          generation=cfg.storage.snapshot_generation,
+                                          cpu_share=cfg.storage.snapshot_cpu_share)
         self._bg_tasks: set[asyncio.Task] = set()
         self._last_exposed: tuple | None = None
         self._voter_set_seen: Any = None  # the core's voter set the peers and the gate were last given
@@ -384,6 +389,7 @@ class Broker:
             await asyncio.to_thread(self.seg_log.flush)
             self.seg_log.close()
         self._flush_executor.shutdown(wait=False)
+        self._unlink_executor.shutdown(wait=False)  # a file not unlinked yet is boot's to remove
         self.log.info("broker_stopped", graceful=graceful)
         if self.trace is not None:
             try:
@@ -536,7 +542,7 @@ class Broker:
             self.digest.advance_start(a.log_start_offset)
             covering = [sid for sid in self.snapshots.list() if sid.end_offset <= a.log_start_offset]
             if covering:
-                self.snapshots.delete_before(covering[-1])
+                self.snapshots.delete_before(covering[-1], unlink=self.unlink_later)
             self.log.info("log_start_advanced", log_start_offset=a.log_start_offset)
         elif t is qa.Fatal:
             self._fatal("invariant_breach", a.reason)
@@ -741,6 +747,20 @@ class Broker:
                 loop.call_soon_threadsafe(self._flush_done, fut, started_s)
 
         self._flush_executor.submit(self.seg_log.flush).add_done_callback(completed)
+
+    def unlink_later(self, path: str) -> None:
+        """Unlink a file already out of every store's view (renamed .deleted) on the unlink thread."""
+        log = self.log
+
+        def unlink() -> None:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:  # left for boot's cleanup; the file is out of use already
+                log.error("unlink_failed", path=path, error=str(exc), action="boot removes it")
+
+        self._unlink_executor.submit(unlink)
 
     def _flush_done(self, fut, started_s: float) -> None:
         gc = self.group_commit

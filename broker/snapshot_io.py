@@ -36,8 +36,10 @@ if TYPE_CHECKING:  # the runtime imports this module: no cycle at run time
 
 class SnapshotWork:
     def __init__(self, broker: "Broker", min_records: int, now_ms: Callable[[], int],
-                 feed: Callable[[qa.Event], None], generation: str = "fork"):
+                 feed: Callable[[qa.Event], None], generation: str = "fork", cpu_share: float = 1.0):
         assert generation in ("fork", "thread"), generation
+        assert 0.0 < cpu_share <= 1.0, cpu_share
+        self.cpu_share = cpu_share  # of one CPU, for the writer (broker.controller._paced)
         self.broker = broker  # its log, snapshot store, digest, controller, core, metrics and logger
         self.policy = SnapshotPolicy(min_records)
         self._now_ms = now_ms
@@ -91,7 +93,7 @@ class SnapshotWork:
         t_loaded = time.perf_counter()
         b.seg_log.truncate_fully(sid.end_offset)
         b.digest.reset(sid.end_offset)
-        b.snapshots.delete_before(sid)
+        b.snapshots.delete_before(sid, unlink=b.unlink_later)
         b.controller.load(state)
         t_done = time.perf_counter()
         b.metrics.snapshot_load_seconds.observe(t_done - t0)
@@ -128,10 +130,11 @@ class SnapshotWork:
             voters = voters_record(b.core.voter_set_at(end))
             part_path = generation_part_path(b.snapshots.directory, snap_id)
             store, ts_ms, cluster_id = b.snapshots, int(time.time() * 1000), b.cfg.cluster_id
+            cpu_share = self.cpu_share
 
             def write() -> dict:  # runs in the child
                 res = write_controller_snapshot(store, state, snap_id, ts_ms, cluster_id, voters=voters,
-                                                part_path=part_path)
+                                                part_path=part_path, cpu_share=cpu_share)
                 return {"size": res.size_bytes, "records": res.records, "write_ms": round(res.elapsed_ms, 1)}
 
             # Taken before the fork: a failed attempt waits for the next due
@@ -198,7 +201,8 @@ class SnapshotWork:
         t0 = time.perf_counter()
         try:
             result = await asyncio.to_thread(write_controller_snapshot, b.snapshots, frozen, snap_id,
-                                             int(time.time() * 1000), b.cfg.cluster_id, voters=voters)
+                                             int(time.time() * 1000), b.cfg.cluster_id, voters=voters,
+                                             cpu_share=self.cpu_share)
             size = result.size_bytes
         except Exception as exc:  # noqa: BLE001 - logged; the next due point tries again
             b.metrics.snapshot_generation_failures.labels(path="thread").inc()

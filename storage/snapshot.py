@@ -650,22 +650,26 @@ class SnapshotStore:
     def partial(self, snapshot_id: SnapshotId) -> PartialSnapshot:
         return PartialSnapshot(self.directory, snapshot_id)
 
-    def delete(self, snapshot_id: SnapshotId) -> None:
+    def delete(self, snapshot_id: SnapshotId, unlink: Callable[[str], None] | None = None) -> None:
         """Rename to .deleted, then unlink: a crash in between leaves a file
-        that boot deletes, never a half-deleted .checkpoint."""
+        that boot deletes, never a half-deleted .checkpoint. `unlink`, if
+        given, is handed the renamed path instead of unlinking it here: on
+        this machine's disk (mounted with discard) a 150 MB unlink takes
+        about 30 ms, a stall if made on the event loop."""
         path = self.path(snapshot_id)
         marked = path[: -len(SUFFIX)] + DELETED_SUFFIX
         try:
             os.rename(path, marked)
         except FileNotFoundError:
             return
-        os.unlink(marked)
+        (unlink or os.unlink)(marked)
 
-    def delete_before(self, snapshot_id: SnapshotId) -> list[SnapshotId]:
-        """Delete every snapshot older than `snapshot_id`."""
+    def delete_before(self, snapshot_id: SnapshotId,
+                      unlink: Callable[[str], None] | None = None) -> list[SnapshotId]:
+        """Delete every snapshot older than `snapshot_id` (`unlink`: see delete)."""
         gone = [sid for sid in self.list() if sid < snapshot_id]
         for sid in gone:
-            self.delete(sid)
+            self.delete(sid, unlink)
         if gone:
             fsync_dir(self.directory)
         return gone

@@ -27,14 +27,15 @@ class SettingSpec:
     choices: tuple[Any, ...] | None = None
     nonempty: bool = False
     note: str = ""  # what the boundary value means, e.g. "0 = off"
+    le: float | None = None
 
 
 def setting(default: Any = dataclasses.MISSING, doc: str = "", *, default_factory: Any = dataclasses.MISSING,
             gt: float | None = None, ge: float | None = None, choices: tuple[Any, ...] | None = None,
-            nonempty: bool = False, note: str = "") -> Any:
+            nonempty: bool = False, note: str = "", le: float | None = None) -> Any:
     """A dataclass field that is a user setting (no default: required)."""
     assert doc, "every setting needs a one-line description"
-    spec = SettingSpec(doc, gt, ge, choices, nonempty, note)
+    spec = SettingSpec(doc, gt, ge, choices, nonempty, note, le)
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata={_KEY: spec})
     return dataclasses.field(default=default, metadata={_KEY: spec})
@@ -65,6 +66,8 @@ def _check(spec: SettingSpec, value: Any) -> str | None:
         return f"must be > {spec.gt:g}{note}, got {value}"
     if spec.ge is not None and not value >= spec.ge:
         return f"must be >= {spec.ge:g}{note}, got {value}"
+    if spec.le is not None and not value <= spec.le:
+        return f"must be <= {spec.le:g}{note}, got {value}"
     if spec.choices is not None and value not in spec.choices:
         return f"must be one of {'/'.join(map(str, spec.choices))}, got {value!r}"
     return None

@@ -94,6 +94,8 @@ def test_set_overrides_the_file_in_either_spelling(tmp_path, override, in_file):
     ({"network.failed_connection_backoff_ms": 5000, "failed_connection_backoff_max_ms": 1000},
      "network.failed_connection_backoff_ms: must be <= failed_connection_backoff_max_ms"),
     ({"log_scrub_bytes_per_s": -1}, "log_scrub_bytes_per_s: must be >= 0 (0 disables the scrubber), got -1"),
+    ({"snapshot_cpu_share": 1.5}, "snapshot_cpu_share: must be <= 1, got 1.5"),
+    ({"snapshot_cpu_share": 0}, "snapshot_cpu_share: must be > 0, got 0"),
     ({"security_protocol": "TLS"}, "security_protocol: must be one of SSL/PLAINTEXT, got 'TLS'"),
     ({"security_protocol": "SSL"}, "ssl_ca_file: required with security_protocol SSL"),
     ({"super_users": ["admin"]}, "super_users: "),

@@ -45,7 +45,7 @@ def follower(tmp_path):
     broker = types.SimpleNamespace(
         snapshots=SnapshotStore(str(part_dir / "snapshots")), seg_log=seg_log,
         digest=LogDigest.build(seg_log), controller=Controller(), metrics=BrokerMetrics(9),
-        log=structlog.get_logger("test"))
+        log=structlog.get_logger("test"), unlink_later=os.unlink)
     return broker, SnapshotWork(broker, 1 << 40, lambda: 1, lambda ev: None)
 
 

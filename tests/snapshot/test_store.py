@@ -253,3 +253,21 @@ def test_a_download_out_of_order_is_verified_from_disk(tmp_path):
     with pytest.raises(CorruptSnapshotError, match="-fetch.checkpoint.part: corrupt snapshot"):
         last.complete(res.size_bytes)
     assert os.listdir(follower.directory) == []
+
+
+def test_old_snapshots_can_be_unlinked_later_and_boot_removes_what_was_not(tmp_path):
+    """delete_before(unlink=...) renames the old files .deleted at once (out
+    of list(), never loaded or served again) and hands them to the caller,
+    who unlinks them off the event loop; a .deleted file a crash left behind
+    is removed at boot."""
+    store = SnapshotStore(str(tmp_path))
+    ids = [snap(store, state_at(n), epoch=n).snapshot_id for n in (1, 2, 3)]
+    handed: list[str] = []
+    assert store.delete_before(ids[2], unlink=handed.append) == ids[:2]
+    assert store.list() == [ids[2]] and len(handed) == 2
+    assert all(p.endswith(".deleted") and os.path.exists(p) for p in handed)
+    with pytest.raises(SnapshotNotFoundError):
+        store.read_chunk(ids[0], 0, 10)
+    report = store.boot_cleanup(log_start_offset=0)  # the crash: nobody unlinked them
+    assert sorted(report.removed_leftovers) == sorted(os.path.basename(p) for p in handed)
+    assert not any(os.path.exists(p) for p in handed) and store.list() == [ids[2]]

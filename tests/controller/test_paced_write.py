@@ -1,0 +1,36 @@
+"""A paced snapshot write (broker.controller._paced, storage.snapshot_cpu_share)
+hands on every value in order and pauses after each slice of work for the
+time that keeps its share of the CPU: pause = slice x (1 - share) / share.
+The clock is a fake one (each reading 0.1 ms later), so the pauses counted
+are exact, not timed."""
+
+import time
+
+import pytest
+
+from broker import controller
+
+
+@pytest.mark.parametrize("share", [0.25, 0.35, 0.5, 0.9])
+def test_every_value_comes_out_in_order_with_pauses_for_the_share(monkeypatch, share):
+    now = [0.0]
+
+    def clock():
+        now[0] += 0.0001
+        return now[0]
+
+    pauses = []
+    monkeypatch.setattr(time, "perf_counter", clock)
+    monkeypatch.setattr(time, "sleep", lambda s: pauses.append(s))
+    values = [str(i).encode() for i in range(20_000)]
+    assert list(controller._paced(iter(values), share)) == values
+    assert pauses and all(p == pytest.approx(controller.PACE_SLICE_S * (1 - share) / share) for p in pauses)
+    # one pause per slice of work: the clock reads once per 32 values here,
+    # 0.1 ms a reading, so a 1 ms slice ends every 10 readings (320 values),
+    # or 11 where the float sums fall a hair short of 1 ms
+    assert len(values) / (11 * 32) - 1 <= len(pauses) <= len(values) / (10 * 32) + 1
+
+
+def test_a_full_share_is_not_paced(tmp_path):
+    with pytest.raises(AssertionError):
+        list(controller._paced(iter([b"x"]), 1.0))
