@@ -82,7 +82,7 @@ class StorageConfig:
                 "(the fallback where fork() is unavailable: commit latency rises while it runs)",
         choices=("fork", "thread"))
     snapshot_cpu_share: float = setting(
-        0.35, "share of one CPU the snapshot writer may use: it pauses after each millisecond of work, so that "
+        0.35, "share of one CPU the snapshot writer may use: it pauses after each quarter millisecond of work, so that "
               "the quorum's processes find a CPU idle (on a 2-vCPU VM a busy background process, even at "
               "SCHED_IDLE, cost commit p99 several times over; docs/bench.md); 1 = no pauses",
         gt=0, le=1)

@@ -26,9 +26,10 @@ def test_every_value_comes_out_in_order_with_pauses_for_the_share(monkeypatch, s
     assert list(controller._paced(iter(values), share)) == values
     assert pauses and all(p == pytest.approx(controller.PACE_SLICE_S * (1 - share) / share) for p in pauses)
     # one pause per slice of work: the clock reads once per 32 values here,
-    # 0.1 ms a reading, so a 1 ms slice ends every 10 readings (320 values),
-    # or 11 where the float sums fall a hair short of 1 ms
-    assert len(values) / (11 * 32) - 1 <= len(pauses) <= len(values) / (10 * 32) + 1
+    # 0.1 ms a reading, so a slice ends every k readings (k x 32 values), or
+    # k + 1 where the float sums fall a hair short of the slice
+    k = round(controller.PACE_SLICE_S / 0.0001)
+    assert len(values) / ((k + 1) * 32) - 1 <= len(pauses) <= len(values) / (k * 32) + 1
 
 
 def test_a_full_share_is_not_paced(tmp_path):

@@ -566,7 +566,7 @@ def format_report(rep: dict) -> str:
 
 
 def run(partitions: int, sections: list[str], root: str | None = None, keep: bool = False,
-        commit_threshold_records: int = 10_000, commit_warmup_records: int = 300,
+        commit_threshold_records: int = 25_000, commit_warmup_records: int = 300,
         snapshot_generation: str = "fork") -> dict:
     """Build the workload once, run the sections; the report as a dict."""
     work_root = root or tempfile.mkdtemp(prefix="metalog-scale-")
@@ -597,7 +597,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="partitions in the state (100 per topic); 2000000 for the issue's headline")
     ap.add_argument("--only", default="catchup,commit",
                     help="comma list: catchup, commit, reads (reads alone: the admin reads, no observer)")
-    ap.add_argument("--commit-threshold-records", type=int, default=10_000,
+    ap.add_argument("--commit-threshold-records", type=int, default=25_000,
                     help="snapshot_min_records of the commit bench: commits before the snapshot starts")
     ap.add_argument("--snapshot-generation", choices=("fork", "thread"), default="fork",
                     help="the brokers' storage.snapshot_generation in the commit bench")
