@@ -370,15 +370,18 @@ class ControllerState:
         and where it led, the first replica in the new ISR that is registered
         and unfenced leads, else none (-1). Kafka's ReplicationControlManager rule."""
         out = []
-        for key, p in self.partitions.items():  # one pass, no sort of every key (2M partitions)
-            if bid not in p.isr and p.leader != bid:
-                continue
-            isr = tuple(x for x in p.isr if x != bid) or p.isr
-            leader = p.leader
-            if leader == bid:
-                leader = self._elect(p.replicas, isr, exclude=bid)
-            if isr != p.isr or leader != p.leader:
-                out.append((key, p, isr, leader))
+        # One pass, topic by topic: no sort of every key and no key tuple for
+        # a partition the broker is not in (2M partitions).
+        for tid, parts in self.partitions.by_topic():
+            for pid, p in parts.items():
+                if bid not in p.isr and p.leader != bid:
+                    continue
+                isr = tuple(x for x in p.isr if x != bid) or p.isr
+                leader = p.leader
+                if leader == bid:
+                    leader = self._elect(p.replicas, isr, exclude=bid)
+                if isr != p.isr or leader != p.leader:
+                    out.append(((tid, pid), p, isr, leader))
         out.sort(key=lambda change: change[0])
         return out
 

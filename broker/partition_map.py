@@ -77,6 +77,11 @@ class PartitionMap:
         """Topic ids that have at least one partition."""
         return self._topics.keys()
 
+    def by_topic(self) -> Iterable[tuple[str, Mapping[int, r.Partition]]]:
+        """(topic id, its partitions by id) for every topic with partitions,
+        read only: a scan of every partition without a key tuple for each."""
+        return self._topics.items()
+
     def __iter__(self) -> Iterator[tuple[str, int]]:
         for tid, parts in self._topics.items():
             for pid in parts:

@@ -22,6 +22,7 @@ def check_same(m: PartitionMap, d: dict) -> None:
     for t in {k[0] for k in d} | {"absent"}:
         assert dict(m.topic(t)) == {pid: p for (tt, pid), p in d.items() if tt == t}
     assert set(m.topic_ids()) == {k[0] for k in d}  # no topic left behind empty
+    assert {(t, pid): p for t, parts in m.by_topic() for pid, p in parts.items()} == d
 
 
 def random_write(m: PartitionMap, d: dict, rng: random.Random) -> None:
