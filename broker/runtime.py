@@ -115,9 +115,10 @@ class Broker:
         self.group_commit = GroupCommit(cfg.storage.append_linger_ms, cfg.storage.append_batch_records_max)
         # fdatasyncs run here, one at a time (group commit never overlaps them).
         self._flush_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flush")
-        # Old snapshot files, renamed .deleted on the loop, are unlinked here:
-        # a 150 MB unlink held the loop about 30 ms. One per snapshot, so the
-        # queue is bounded by the files there are; boot removes any left over.
+        # Old snapshot and segment files, renamed .deleted on the loop, are
+        # unlinked here: a 150 MB unlink held the loop about 30 ms. A few per
+        # snapshot, so the queue is bounded by the files there are; boot
+        # removes any left over.
         self._unlink_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="unlink")
         self._ticking_now = False  # inside the immediate Tick of _schedule_timer
         self._flush_start_wanted = False  # a FlushLog of the current step, started when the step ends
@@ -538,7 +539,7 @@ class Broker:
                 if self.scrubber is not None:
                     self.scrubber.notify()  # a new snapshot file: read it soon
         elif t is qa.AdvanceLogStart:
-            self.seg_log.advance_log_start(a.log_start_offset)
+            self.seg_log.advance_log_start(a.log_start_offset, unlink=self.unlink_later)
             self.digest.advance_start(a.log_start_offset)
             covering = [sid for sid in self.snapshots.list() if sid.end_offset <= a.log_start_offset]
             if covering:

@@ -133,6 +133,8 @@ U32_MAX = (1 << 32) - 1
 RELATIVE_OFFSET_ROLL = 1 << 31
 
 _SEGMENT_RE = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
+DELETED_SUFFIX = ".deleted"  # a segment file on its way out (Segment.delete with an unlink)
+_DELETED_SEGMENT_RE = re.compile(r"^\d{20}\.(log|index|timeindex)\.deleted$")
 # Anything quarantined by the log, the snapshot store or the runtime: kept for
 # the operator, never read, never warned about.
 _CORRUPT_RE = re.compile(r"\.corrupt(\.\d+)?$")
@@ -269,11 +271,20 @@ class _Segment:
             except OSError:
                 pass
 
-    def delete(self) -> None:
+    def delete(self, unlink: Callable[[str], None] | None = None) -> None:
+        """Remove the segment's files. `unlink`, if given, is handed each
+        file renamed ``.deleted`` instead of unlinking it here (the runtime
+        unlinks on a worker thread: freeing a 64 MB file's blocks is
+        milliseconds on a disk mounted with discard); the rename keeps the
+        name free for a new segment, and open() removes what a crash left."""
         self.close()
         for path in (self.log_path, self.index_path, self.timeindex_path):
             try:
-                os.unlink(path)
+                if unlink is None:
+                    os.unlink(path)
+                else:
+                    os.rename(path, path + DELETED_SUFFIX)
+                    unlink(path + DELETED_SUFFIX)
             except FileNotFoundError:
                 pass
 
@@ -393,6 +404,9 @@ class SegmentedLog:
                 (bases if m.group(2) == "log" else index_only).add(int(m.group(1)))
             elif name == CLEAN_SHUTDOWN_FILE:
                 clean = True
+            elif _DELETED_SEGMENT_RE.match(name):  # renamed for a deferred unlink a crash cut off
+                os.unlink(os.path.join(d, name))
+                self._log.info("deleted_segment_file_removed", path=os.path.join(d, name))
             elif name in _KNOWN_FILES or _CORRUPT_RE.search(name) or _SNAPSHOT_FILE_RE.match(name):
                 pass
             else:
@@ -1495,9 +1509,10 @@ class SegmentedLog:
             self._last_epoch = -1
         self._write_log_start_file(new_start_offset)
 
-    def advance_log_start(self, offset: int) -> None:
+    def advance_log_start(self, offset: int, unlink: Callable[[str], None] | None = None) -> None:
         """Move the log start offset forward (durably) and delete whole
-        segments all of whose records are below it. Never moves backwards."""
+        segments all of whose records are below it (`unlink`: see
+        _Segment.delete). Never moves backwards."""
         self._check_usable()
         if offset > self._end_offset:
             raise ValueError(f"advance_log_start({offset}) past the log end offset {self._end_offset}")
@@ -1515,7 +1530,7 @@ class SegmentedLog:
             gone = {id(s) for s in doomed}
             self._unsynced_rolled = [s for s in self._unsynced_rolled if id(s) not in gone]
         for s in doomed:
-            s.delete()
+            s.delete(unlink)
         if doomed:
             fsync_dir(self._dir)
 

@@ -302,6 +302,33 @@ def test_advance_log_start_deletes_whole_segments_and_persists(tmp_path):
     log.close()
 
 
+def test_advance_log_start_can_leave_the_unlink_to_the_caller_and_open_removes_what_a_crash_left(tmp_path):
+    """With unlink=..., the doomed segments' files are renamed .deleted at
+    once (the name is free, nothing reads them) and handed to the caller,
+    which unlinks them off the event loop. If the process dies first, the
+    next open removes them, without an unknown-file warning, and the log
+    reads as before."""
+    log = open_log(tmp_path)
+    append_batches(log, 30)
+    handed: list[str] = []
+    log.advance_log_start(45, unlink=handed.append)
+    assert log.segment_base_offsets == [42, 63, 84]
+    assert sorted(os.path.basename(p) for p in handed) == sorted(
+        segment_file_name(base, suffix) + ".deleted" for base in (0, 21) for suffix in (".log", ".index", ".timeindex"))
+    assert all(os.path.exists(p) for p in handed)
+    assert not (tmp_path / segment_file_name(0)).exists() and not (tmp_path / segment_file_name(21)).exists()
+    assert base_offsets(log.read(45, 90, 1 << 20))[0] == 45
+    log.close()
+    logger = RecordingLogger()
+    log = open_log(tmp_path, logger=logger)  # nobody unlinked them: as after a crash
+    assert not any(os.path.exists(p) for p in handed)
+    events = [event for _, event, _ in logger.records]
+    assert "unknown_file_ignored" not in events and events.count("deleted_segment_file_removed") == 6
+    assert (log.log_start_offset, log.segment_base_offsets) == (45, [42, 63, 84])
+    assert base_offsets(log.read(45, 90, 1 << 20))[0] == 45
+    log.close()
+
+
 def test_batch_epochs_rebuild_the_epoch_history(tmp_path):
     log = open_log(tmp_path)
     append_batches(log, 2, epoch=1)
