@@ -24,10 +24,13 @@ def test_each_collection_is_timed_by_generation_and_slow_ones_are_logged():
             gc.collect(0)
         finally:
             w.remove()
+        # (automatic collections may add to the counts while installed)
+        full, young = sample(reg, "2"), sample(reg, "0")
         gc.collect(2)  # removed: not counted
-    assert sample(reg, "2") == 1 and sample(reg, "0") >= 1
+    assert full >= 1 and young >= 1 and sample(reg, "2") == full
     pauses = [e for e in events if e["event"] == "gc_pause"]
-    assert [e["generation"] for e in pauses][:1] == [2] and all(e["seconds"] >= 0 for e in pauses)
+    assert {2, 0} <= {e["generation"] for e in pauses} and all(e["seconds"] >= 0 for e in pauses)
+    assert len(pauses) == sum(sample(reg, g) for g in ("0", "1", "2"))
     assert w._callback not in gc.callbacks
 
 
@@ -41,4 +44,4 @@ def test_a_fast_collection_is_not_an_event():
             gc.collect(1)
         finally:
             w.remove()
-    assert sample(reg, "1") == 1 and not [e for e in events if e["event"] == "gc_pause"]
+    assert sample(reg, "1") >= 1 and not [e for e in events if e["event"] == "gc_pause"]
