@@ -292,10 +292,10 @@ class BrokerMetrics:
         self.snapshot_load_seconds = Histogram(
             "metalog_snapshot_load_seconds", "Time to load or install a snapshot", registry=r)
         self.gc_pause_seconds = Histogram(
-            "metalog_gc_pause_seconds", "Cyclic garbage collections of this process (each holds the GIL), "
-            "by generation (2 = full)", ["generation"], registry=r,
+            "metalog_gc_pause_seconds", "Cyclic garbage collections of generation 1 and 2 (2 = full) of this "
+            "process, each holding the GIL, by generation", ["generation"], registry=r,
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0))
-        for generation in ("0", "1", "2"):
+        for generation in ("1", "2"):
             self.gc_pause_seconds.labels(generation=generation)
         self.snapshot_bytes = Gauge("metalog_snapshot_bytes", "Size of the latest snapshot written", registry=r)
         self.scrub_bytes = Counter("metalog_scrub_bytes", "Bytes of sealed segments and snapshots re-read by the scrubber",
