@@ -147,6 +147,30 @@ async def test_cli_consume_from_earliest_starts_at_the_log_start_once_it_is_past
     for the log start itself (the snapshot redirect replicas get)."""
     cluster = await snapshotted_cluster(make_cluster, brokers=3, topics=4, filler=400)
     leader, _ = cluster.leader()
+    # Records past the log start that no snapshot will cover while the CLI
+    # reads: a snapshot may end at the log end (the log start then moves
+    # there, and a consumer from the earliest offset waits for new records).
+    # One is due, or being written, while log end - its last end >= the
+    # threshold, and the log start follows a new one a moment after it is
+    # listed. Produce one record at a time until the leader's log start is at
+    # its newest snapshot, 5 records lie past it, and no snapshot is due.
+    threshold = SNAPSHOTTING["snapshot_min_records"]
+
+    def settled() -> bool:
+        q = cluster.quorum(leader)
+        last_end = max(end for end, _ in q["snapshots"])
+        return (q["log_start_offset"] == last_end and q["log_end_offset"] - last_end >= 5
+                and q["log_end_offset"] - last_end < threshold - 10)
+
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(), request_timeout_ms=3000)
+    try:
+        for i in range(2 * threshold):
+            if settled():
+                break
+            await client.produce([f"after-{i}".encode()])
+        assert settled(), cluster.quorum(leader)
+    finally:
+        await client.close()
     log_start = cluster.quorum(leader)["log_start_offset"]
     boot = ",".join(f"{h}:{p}" for h, p in cluster.bootstrap())
     out = await asyncio.to_thread(
