@@ -53,10 +53,10 @@ from broker import authz, commit_trace, consistency
 from broker.clocks import SystemClock, now_ms, wall_clock_ms
 from broker.config import BrokerConfig
 from broker.consistency import LogDigest
-from broker.gc_watch import GcWatch
 from broker.consistency_check import ConsistencyChecker
 from broker.controller_commands import CommandQueue, CommandToken, LeaderView
 from broker.gate import Gate
+from broker.gc_watch import GcWatch
 from broker.idempotence import ProducerGuard, ProducerIdAllocator, refusal, split_by_producer, validate_produce
 from broker.local_state import no_copy_message, recover_local_state
 from broker.metrics import IDLE_SAMPLE_S, BrokerMetrics, RaftView

@@ -32,6 +32,38 @@ def test_every_value_comes_out_in_order_with_pauses_for_the_share(monkeypatch, s
     assert len(values) / ((k + 1) * 32) - 1 <= len(pauses) <= len(values) / (k * 32) + 1
 
 
-def test_a_full_share_is_not_paced(tmp_path):
-    with pytest.raises(AssertionError):
-        list(controller._paced(iter([b"x"]), 1.0))
+def test_a_paced_snapshot_is_the_same_snapshot_and_a_full_share_never_pauses(tmp_path, monkeypatch):
+    """write_controller_snapshot with a share below 1 pauses (fake clock)
+    and writes a snapshot that loads to the same state; at a share of 1 it
+    never calls sleep."""
+    from protocol.messages import SnapshotId
+    from storage import metadata_records as r
+    from storage.snapshot import SnapshotStore
+
+    s = controller.ControllerState()
+    for t in range(20):
+        tid = f"{t:08x}-0000-4000-8000-000000000000"
+        s.apply(s.offset, r.Topic(f"t{t}", tid))
+        for p in range(50):
+            s.apply(s.offset, r.Partition(tid, p, (0, 1, 2), (0, 1, 2), -1))
+    now = [0.0]
+
+    def clock():
+        now[0] += 0.0001
+        return now[0]
+
+    pauses = []
+    monkeypatch.setattr(time, "perf_counter", clock)
+    monkeypatch.setattr(time, "sleep", lambda sec: pauses.append(sec))
+    paced = SnapshotStore(str(tmp_path / "paced"))
+    controller.write_controller_snapshot(paced, s, SnapshotId(s.offset, 1), 0, "c", cpu_share=0.35)
+    assert pauses
+    assert controller.load_latest(paced)[0] == s
+
+    def no_sleep(sec):
+        raise AssertionError("a full share must not pause")
+
+    monkeypatch.setattr(time, "sleep", no_sleep)
+    full = SnapshotStore(str(tmp_path / "full"))
+    controller.write_controller_snapshot(full, s, SnapshotId(s.offset, 1), 0, "c", cpu_share=1.0)
+    assert controller.load_latest(full)[0] == s
