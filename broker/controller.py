@@ -70,13 +70,13 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import msgspec
 import structlog
 
 from broker import authz
-from broker import partition_ids
+from broker import partition_ids, partition_map
 from broker.partition_map import PartitionMap
 from broker.state_copy import StateDict
 from protocol import messages as m
@@ -139,10 +139,11 @@ def _shared_rows(a) -> list[tuple[int, ...]]:
 
 
 class _PreparedRows:
-    """A PartitionRun's rows as Partition records, keys, and whether each
-    passes _partition_problem, computed as columns (numpy) once."""
+    """A PartitionRun's rows checked against _partition_problem and held as
+    native int32 columns, computed as columns (numpy) once; their Partition
+    records only if asked for (a snapshot's load keeps the columns)."""
 
-    __slots__ = ("records", "ok", "topic_ids", "pids", "_run")
+    __slots__ = ("columns", "_ok", "_run", "_records", "_pids")
 
     def __init__(self, run) -> None:
         import numpy as np  # numpy: for runs only
@@ -174,26 +175,53 @@ class _PreparedRows:
             ok &= member
             in_isr |= ic[x] == lead
         ok &= in_isr
-        self.ok: list[bool] = ok.tolist()
-        # shared_ints hands out one tuple per value: an ISR equal to its
-        # replica list is the replica tuple itself.
-        native_reps = np.stack(rc, axis=1) if n else reps
-        native_isr = np.stack(ic, axis=1) if m else isr
-        rep_list = _shared_rows(native_reps)
-        isr_list = (rep_list if n == m and all(bool((a == b).all()) for a, b in zip(rc, ic))
-                    else _shared_rows(native_isr))
-        pid_list = pids.tolist()
-        self.topic_ids: list[str] = run.topic_ids
-        self.records = list(map(r.Partition, run.topic_ids, pid_list, rep_list, isr_list, leaders.tolist(),
-                                run.leader_epochs.tolist(), run.partition_epochs.tolist()))
-        self.pids = pid_list
+        self._ok = ok
+        native_reps = np.stack(rc, axis=1) if n else reps.astype(np.int32)
+        same_isr = n == m and all(bool((a == b).all()) for a, b in zip(rc, ic))
+        native_isr = None if same_isr else (np.stack(ic, axis=1) if m else isr.astype(np.int32))
+        self.columns = partition_map.PartitionColumns(
+            native_reps, native_isr, lead, run.leader_epochs.astype(np.int32),
+            run.partition_epochs.astype(np.int32))
         self._run = run
+        self._records: list[r.Partition] | None = None
+        self._pids: list[int] | None = None
+
+    def all_ok(self, start: int, stop: int) -> bool:
+        """Whether rows[start:stop] all pass _partition_problem."""
+        return bool(self._ok[start:stop].all())
+
+    @property
+    def pids(self) -> list[int]:
+        if self._pids is None:
+            self._pids = self._run.partition_ids.tolist()
+        return self._pids
+
+    @property
+    def records(self) -> list[r.Partition]:
+        """Every row as a Partition record. shared_ints hands out one tuple
+        per value: an ISR equal to its replica list is the replica tuple itself."""
+        if self._records is None:
+            cols = self.columns
+            rep_list = _shared_rows(cols.replicas)
+            isr_list = rep_list if cols.isr is None else _shared_rows(cols.isr)
+            self._records = list(map(r.Partition, self._run.topic_ids, self.pids, rep_list, isr_list,
+                                     cols.leaders.tolist(), cols.leader_epochs.tolist(),
+                                     cols.partition_epochs.tolist()))
+        return self._records
+
+    def topics_known(self, topics: Mapping[str, Any], start: int, stop: int) -> bool:
+        """Whether every topic of rows[start:stop] is in `topics`."""
+        run = self._run
+        if start == 0 and stop == run.count:
+            return all(t in topics for t in run.topic_names)
+        return all(t in topics for t in set(run.topic_ids[start:stop]))
 
     def extends_dense(self, counts: dict[str, int], sparse: partition_ids.SparseIds, start: int, stop: int) -> bool:
         """Whether rows[start:stop] leave every topic they touch dense
         (broker/partition_ids.py), so that raising the counts keeps the index."""
         if stop - start < 512:
-            return partition_ids.ids_extend_dense(counts, sparse, self.topic_ids[start:stop], self.pids[start:stop])
+            return partition_ids.ids_extend_dense(counts, sparse, self._run.topic_ids[start:stop],
+                                                  self.pids[start:stop])
         return partition_ids.columns_extend_dense(counts, sparse, self._run.topic_names,
                                                   self._run.topic_index[start:stop],
                                                   self._run.partition_ids[start:stop])
@@ -202,7 +230,7 @@ class _PreparedRows:
         """(topic id, its highest partition id) among rows[start:stop]."""
         if stop - start < 512:
             top: dict[str, int] = {}
-            for t, pid in zip(self.topic_ids[start:stop], self.pids[start:stop]):
+            for t, pid in zip(self._run.topic_ids[start:stop], self.pids[start:stop]):
                 if pid > top.get(t, -1):
                     top[t] = pid
             return top.items()
@@ -222,7 +250,7 @@ class _PreparedRows:
         one topic among rows[start:stop]."""
         if stop - start < 512:
             out = []
-            tids = self.topic_ids
+            tids = self._run.topic_ids
             a = start
             for i in range(start + 1, stop):
                 if tids[i] != tids[a]:
@@ -236,8 +264,8 @@ class _PreparedRows:
         index = self._run.topic_index[start:stop]
         cuts = (np.flatnonzero(index[1:] != index[:-1]) + 1 + start).tolist()
         bounds = [start] + cuts + [stop]
-        tids = self.topic_ids
-        return [(tids[a], a, z) for a, z in zip(bounds, bounds[1:])]
+        names, index = self._run.topic_names, self._run.topic_index
+        return [(names[index[a]], a, z) for a, z in zip(bounds, bounds[1:])]
 
 
 class ControllerState:
@@ -371,18 +399,15 @@ class ControllerState:
         and where it led, the first replica in the new ISR that is registered
         and unfenced leads, else none (-1). Kafka's ReplicationControlManager rule."""
         out = []
-        # One pass, topic by topic: no sort of every key and no key tuple for
-        # a partition the broker is not in (2M partitions).
-        for tid, parts in self.partitions.by_topic():
-            for pid, p in parts.items():
-                if bid not in p.isr and p.leader != bid:
-                    continue
-                isr = tuple(x for x in p.isr if x != bid) or p.isr
-                leader = p.leader
-                if leader == bid:
-                    leader = self._elect(p.replicas, isr, exclude=bid)
-                if isr != p.isr or leader != p.leader:
-                    out.append(((tid, pid), p, isr, leader))
+        # One pass, topic by topic: no sort of every key and no key tuple or
+        # record for a partition the broker is not in (2M partitions).
+        for tid, pid, p in self.partitions.with_broker(bid):
+            isr = tuple(x for x in p.isr if x != bid) or p.isr
+            leader = p.leader
+            if leader == bid:
+                leader = self._elect(p.replicas, isr, exclude=bid)
+            if isr != p.isr or leader != p.leader:
+                out.append(((tid, pid), p, isr, leader))
         out.sort(key=lambda change: change[0])
         return out
 
@@ -425,17 +450,30 @@ class ControllerState:
         return True
 
     def _apply_partition_run(self, run) -> None:
-        """Apply a storage.partition_runs.PartitionRun: the same as _partition
-        on each of its records, checked and inserted as columns."""
-        self._insert_rows(_PreparedRows(run), 0, run.count)
+        """Apply a storage.partition_runs.PartitionRun as a snapshot's load
+        does: the same as _partition on each of its records, checked as
+        columns and kept as columns (broker/partition_map.py) until written."""
+        rows = _PreparedRows(run)
+        if not self._rows_insertable(rows, 0, run.count):
+            self._insert_rows(rows, 0, run.count)  # record by record
+            return
+        counts, parts, cols = self.partition_counts, self.partitions, rows.columns
+        for tid, a, z in rows.groups(0, run.count):
+            first = counts.get(tid, 0)  # a dense extension: ids first, first + 1, ...
+            parts.add_columns(tid, cols, a, z, first)
+            counts[tid] = first + z - a
+
+    def _rows_insertable(self, rows: "_PreparedRows", start: int, stop: int) -> bool:
+        """Whether rows[start:stop] may go in in bulk: every one valid, of a
+        known topic, extending its topic's ids densely."""
+        return (rows.all_ok(start, stop) and rows.topics_known(self.topics, start, stop)
+                and rows.extends_dense(self.partition_counts, self.sparse_partition_ids, start, stop))
 
     def _insert_rows(self, rows: "_PreparedRows", start: int, stop: int) -> None:
         """_partition on rows[start:stop] (records in a row): one dict update
         when every one is valid, else record by record, so that a rejection
         and its message are exactly _partition's."""
-        if not (all(rows.ok[start:stop])
-                and all(t in self.topics for t in set(rows.topic_ids[start:stop]))
-                and rows.extends_dense(self.partition_counts, self.sparse_partition_ids, start, stop)):
+        if not self._rows_insertable(rows, start, stop):
             # a rejection, or a gap in a topic's partition ids (broker/partition_ids.py)
             for rec in rows.records[start:stop]:
                 self._partition(rec)
@@ -594,9 +632,7 @@ class ControllerState:
         # GIL for seconds at 2M partitions, stalling the event loop while a
         # worker thread writes the snapshot (issue 19 item 2).
         for tid in sorted(self.partition_counts):
-            parts = self.partitions.topic(tid)
-            for pid in self.partition_ids(tid):
-                yield parts[pid]
+            yield from self.partitions.ordered(tid, self.partition_ids(tid))
         for (rtype, rname, name) in sorted(self.configs):
             yield r.Config(rtype, rname, name, self.configs[(rtype, rname, name)])
         for acl_id in sorted(self.acls):
@@ -958,7 +994,7 @@ class Controller:
         out = [r.encode_record(r.UnfenceBroker(broker_id, br.broker_epoch))]
         # One pass, then a sort of the few it brings back, not of every key
         # (seconds at 2M partitions, on the leader's event loop).
-        offline = sorted(key for key, p in self.state.partitions.items()
+        offline = sorted((tid, pid) for tid, pid, p in self.state.partitions.with_broker(broker_id)
                          if p.leader == r.NO_LEADER and broker_id in p.isr)
         out += [r.encode_record(r.PartitionChange(tid, pid, leader=broker_id)) for tid, pid in offline]
         return out

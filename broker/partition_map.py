@@ -16,6 +16,13 @@ snapshot's copy of the state costs O(topics), not O(partitions), and the
 copy stays as it was while the live map keeps changing, even when another
 thread reads the copy (the live map never writes a shared topic dict).
 
+A loaded snapshot's topics stay as columns (``TopicColumns``) until one of
+their partitions is written: building 2M Partition records was most of a
+2M-partition load (1.5 s) and of a broker's RSS. A topic in columns reads
+as a read-only mapping that builds the records it is asked for; the first
+write to the topic turns it into a dict. Scans that look for one broker's
+partitions (fencing) test the columns with vector operations.
+
 The class keeps the mapping interface of the old flat dict (keys are
 (topic id, partition id) tuples), so most callers did not change; per-topic
 callers use ``topic()`` and the bulk methods.
@@ -23,13 +30,105 @@ callers use ``topic()`` and the bulk methods.
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Mapping as _MappingABC
+from itertools import repeat
 from types import MappingProxyType
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from storage import metadata_records as r
 
 _EMPTY: Mapping[int, Any] = MappingProxyType({})  # an unknown topic's partitions: read only
 _MISSING = object()
+
+
+class PartitionColumns:
+    """Rows of Partition records as int32 columns (numpy arrays, native byte
+    order), shared by the topics a snapshot run holds: row i's replicas are
+    replicas[i], its ISR isr[i] (or replicas[i] when `isr` is None: the
+    usual case, stored once). Immutable once built."""
+
+    __slots__ = ("replicas", "isr", "leaders", "leader_epochs", "partition_epochs")
+
+    def __init__(self, replicas, isr, leaders, leader_epochs, partition_epochs) -> None:
+        k = len(leaders)
+        assert replicas.ndim == 2 and len(replicas) == k and (isr is None or len(isr) == k)
+        assert len(leader_epochs) == k and len(partition_epochs) == k
+        self.replicas = replicas
+        self.isr = isr
+        self.leaders = leaders
+        self.leader_epochs = leader_epochs
+        self.partition_epochs = partition_epochs
+
+    def records(self, topic_id: str, first_pid: int, start: int, stop: int) -> list[r.Partition]:
+        """Rows start..stop-1 as the records of partitions first_pid, first_pid + 1, ..."""
+        shared = r.shared_ints
+        reps = list(map(shared, map(tuple, self.replicas[start:stop].tolist())))
+        isr = reps if self.isr is None else list(map(shared, map(tuple, self.isr[start:stop].tolist())))
+        return list(map(r.Partition, repeat(topic_id), range(first_pid, first_pid + stop - start), reps, isr,
+                        self.leaders[start:stop].tolist(), self.leader_epochs[start:stop].tolist(),
+                        self.partition_epochs[start:stop].tolist()))
+
+    def rows_with(self, broker_id: int) -> list[int]:
+        """Rows whose ISR holds `broker_id` or whose leader it is, ascending."""
+        isr = self.replicas if self.isr is None else self.isr
+        hit = (isr == broker_id).any(axis=1) | (self.leaders == broker_id)
+        return hit.nonzero()[0].tolist()
+
+
+class TopicColumns(_MappingABC):
+    """One topic's partitions first_pid, first_pid + 1, ... as rows
+    start..stop-1 of a PartitionColumns: a read-only Mapping[int, Partition]
+    that builds records when read and keeps none."""
+
+    __slots__ = ("topic_id", "columns", "start", "stop", "first_pid")
+
+    def __init__(self, topic_id: str, columns: PartitionColumns, start: int, stop: int, first_pid: int) -> None:
+        assert 0 <= start < stop <= len(columns.leaders) and first_pid >= 0
+        self.topic_id = topic_id
+        self.columns = columns
+        self.start = start
+        self.stop = stop
+        self.first_pid = first_pid
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __contains__(self, pid: object) -> bool:
+        return type(pid) is int and self.first_pid <= pid < self.first_pid + self.stop - self.start
+
+    def __getitem__(self, pid: int) -> r.Partition:
+        if pid not in self:
+            raise KeyError(pid)
+        row = self.start + pid - self.first_pid
+        return self.columns.records(self.topic_id, pid, row, row + 1)[0]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.first_pid, self.first_pid + self.stop - self.start))
+
+    def values(self) -> list[r.Partition]:  # type: ignore[override]
+        """Every record, in partition id order (built now, in one go)."""
+        return self.columns.records(self.topic_id, self.first_pid, self.start, self.stop)
+
+    def items(self) -> Iterator[tuple[int, r.Partition]]:  # type: ignore[override]
+        return zip(self, self.values())
+
+    def to_dict(self) -> dict[int, r.Partition]:
+        return dict(zip(self, self.values()))
+
+    def records_at(self, rows: list[int]) -> list[r.Partition]:
+        """The records of this topic's rows among `rows` (ascending row
+        numbers of its PartitionColumns, as rows_with gives them)."""
+        lo = bisect.bisect_left(rows, self.start)
+        hi = bisect.bisect_left(rows, self.stop, lo)
+        out = []
+        for row in rows[lo:hi]:
+            pid = self.first_pid + row - self.start
+            out += self.columns.records(self.topic_id, pid, row, row + 1)
+        return out
+
+    def __repr__(self) -> str:
+        return f"TopicColumns({self.topic_id}, partitions {self.first_pid}..{self.first_pid + len(self) - 1})"
 
 
 class PartitionMap:
@@ -121,7 +220,7 @@ class PartitionMap:
             parts = self._topics[tid] = {}
             self._owned.add(tid)
         elif tid not in self._owned:
-            parts = self._topics[tid] = dict(parts)
+            parts = self._topics[tid] = parts.to_dict() if type(parts) is TopicColumns else dict(parts)
             self._owned.add(tid)
         return parts
 
@@ -186,6 +285,44 @@ class PartitionMap:
             return 0
         self._len -= len(parts)
         return len(parts)
+
+    def add_columns(self, topic_id: str, columns: PartitionColumns, start: int, stop: int,
+                    first_pid: int) -> None:
+        """Insert partitions first_pid.. of a topic as rows start..stop-1 of
+        `columns` (a snapshot's load), kept as columns until written."""
+        if topic_id in self._topics:  # the topic's earlier rows: one dict for both
+            self.add_rows(topic_id, list(range(first_pid, first_pid + stop - start)),
+                          columns.records(topic_id, first_pid, start, stop))
+            return
+        self._topics[topic_id] = TopicColumns(topic_id, columns, start, stop, first_pid)
+        self._len += stop - start
+
+    def ordered(self, topic_id: str, partition_ids: Sequence[int]) -> list[r.Partition]:
+        """The topic's records for `partition_ids` (every one present), in that
+        order: a topic still in columns builds them in one go."""
+        parts = self._topics[topic_id]
+        if (type(parts) is TopicColumns and len(partition_ids) == len(parts)
+                and partition_ids[0] == parts.first_pid and partition_ids[-1] == parts.first_pid + len(parts) - 1):
+            return parts.values()  # ascending ids, all of them
+        return [parts[pid] for pid in partition_ids]
+
+    def with_broker(self, broker_id: int) -> Iterator[tuple[str, int, r.Partition]]:
+        """(topic id, partition id, record) of every partition whose ISR holds
+        `broker_id` or whose leader it is, topic by topic: no key tuple or
+        record built for another partition, columns tested as vectors."""
+        hits: dict[int, list[int]] = {}  # id(PartitionColumns) -> its rows with the broker
+        for tid, parts in self._topics.items():
+            if type(parts) is TopicColumns:
+                cols = parts.columns
+                rows = hits.get(id(cols))
+                if rows is None:
+                    rows = hits[id(cols)] = cols.rows_with(broker_id)
+                for p in parts.records_at(rows):
+                    yield tid, p.partition_id, p
+                continue
+            for pid, p in parts.items():
+                if broker_id in p.isr or p.leader == broker_id:
+                    yield tid, pid, p
 
     def copy(self) -> "PartitionMap":
         """An independent map equal to this one now, in O(topics): the topic

@@ -77,6 +77,12 @@ def _vi(n: int) -> bytes:
     return _VI[n] if 0 <= n < _TABLE_N else _zigzag_varint(n)
 
 
+def data_mid(index: int) -> bytes:
+    """The bytes between a common-shape data record's length and its value
+    length at offset delta `index` (see _DATA_MID)."""
+    return _DATA_MID[index] if index < _TABLE_N else b"\x00\x00" + _zigzag_varint(index) + b"\x01"
+
+
 def _read_varint(buf: bytes, pos: int, end: int, max_bytes: int = 5) -> tuple[int, int]:
     """(value, new position) of the zig-zag varint at `pos`; ValueError when it
     runs past `end` or is longer than `max_bytes` (5 for an int, 10 for a long)."""
@@ -311,28 +317,27 @@ def next_value(data: bytes, pos: int, end: int, index: int, h: BatchHeader) -> t
     general parser). For readers that take a batch's records piecewise."""
     if pos >= end:
         raise CorruptBatchError(f"record {index} runs past the batch end", HEADER_SIZE + pos, h.base_offset)
-    if index < _TABLE_N:
-        try:
-            z = data[pos]
-            if z < 0x80:
-                p = pos + 1
-            else:
-                z = (z & 0x7F) | (data[pos + 1] << 7)
-                p = pos + 2
-            mid = _DATA_MID[index]
-            q = p + len(mid)
-            v = data[q]
-            if v < 0x80:
-                q += 1
-            else:
-                v = (v & 0x7F) | (data[q + 1] << 7)
-                q += 2
-            rend = p + (z >> 1)
-            if not (z | v) & 1 and z < 0x4000 and v < 0x4000 and q + (v >> 1) + 1 == rend <= end \
-                    and not data[rend - 1] and data[p:p + len(mid)] == mid:
-                return data[q:rend - 1], rend
-        except IndexError:
-            pass  # the general parser says where it ends
+    try:
+        z = data[pos]
+        if z < 0x80:
+            p = pos + 1
+        else:
+            z = (z & 0x7F) | (data[pos + 1] << 7)
+            p = pos + 2
+        mid = _DATA_MID[index] if index < _TABLE_N else data_mid(index)
+        q = p + len(mid)
+        v = data[q]
+        if v < 0x80:
+            q += 1
+        else:
+            v = (v & 0x7F) | (data[q + 1] << 7)
+            q += 2
+        rend = p + (z >> 1)
+        if not (z | v) & 1 and z < 0x4000 and v < 0x4000 and q + (v >> 1) + 1 == rend <= end \
+                and not data[rend - 1] and data[p:p + len(mid)] == mid:
+            return data[q:rend - 1], rend
+    except IndexError:
+        pass  # the general parser says where it ends
     rec, pos = _parse_record(data, pos, end, index, h)
     if rec.value is None:
         raise CorruptBatchError(f"record {index} has a null value", HEADER_SIZE + pos, h.base_offset)

@@ -89,6 +89,20 @@ def test_a_batch_reads_the_same_with_runs_across_offset_delta_widths():
     assert len(tagged) == 1  # the tagged record is read by the general decoder
 
 
+def test_a_run_goes_on_across_offset_delta_widths_and_past_the_lookup_table():
+    """20,000 partitions of one shape in one batch are one run, offset deltas
+    of 1, 2 and 3 bytes alike (a run does not end where the row size
+    changes), and records past index 16,384 (beyond storage.batch's varint
+    table) read the same as the general parser reads them."""
+    values = [partition(TOPICS[pid % 3], pid // 3) for pid in range(20_000)]
+    values += [r.encode_record(r.Config(r.RESOURCE_TOPIC, "t0", f"k{i}", "v")) for i in range(3)]
+    batch, h = one_batch(values)
+    items = list(pr.iter_batch(batch, h))
+    assert [type(x) for x in items] == [pr.PartitionRun, bytes, bytes, bytes]
+    assert items[0].count == 20_000 and items[0].first_index == 0
+    assert expand(items) == b.decode_records(batch, h) == values
+
+
 def test_a_damaged_record_inside_a_run_is_reported_as_the_general_parser_reports_it():
     """One record's offset delta is wrong (a batch rewritten with a good CRC,
     as a bug in a writer would make it): the run stops before it and the
@@ -222,6 +236,11 @@ def test_the_fast_load_equals_the_general_load(tmp_path_factory, case):
         assert fast.partition_counts == slow.partition_counts
         # an ISR equal to its replicas is the replicas tuple itself (compact state)
         assert all(p.isr is p.replicas for p in fast.partitions.values() if p.isr == p.replicas)
+        # topics kept as columns answer as records do: a scan for a broker,
+        # a snapshot's records
+        for bid in range(1, 7):
+            assert fast.fence_changes(bid) == slow.fence_changes(bid)
+        assert list(fast.to_records()) == list(slow.to_records())
 
 
 @pytest.mark.parametrize("ids_by_topic", [
@@ -251,3 +270,28 @@ def test_the_fast_load_keeps_each_topics_partition_ids(tmp_path, ids_by_topic):
     for t, ids in ids_by_topic.items():
         assert list(c.state.partition_ids(TOPICS[t])) == list(ids)
     assert set(c.state.sparse_partition_ids) == sparse
+
+
+def test_a_loaded_state_kept_as_columns_changes_as_the_general_one_does(tmp_path):
+    """A dense snapshot's topics load as columns (broker/partition_map.py).
+    Fencing a broker, a PartitionChange, a RemoveTopic and a copy taken in
+    between leave the loaded state equal to the one the general path built,
+    record for record, and the copy as it was."""
+    from broker.partition_map import TopicColumns
+
+    values = head() + [partition(TOPICS[t], pid, replicas=(1 + t, 2 + t, 3 + t)) for t in range(3)
+                       for pid in range(400)]
+    store = write(tmp_path, values)
+    fast, slow = load_snapshot(store, SID), general_load(store)
+    assert all(type(fast.partitions.topic(t)) is TopicColumns for t in TOPICS), "the load kept no columns"
+    copy_fast, copy_slow = fast.copy(), slow.copy()
+    for rec in (r.FenceBrokerImplicit(2, 1), r.PartitionChange(TOPICS[2], 7, leader=5, isr=(5, 3, 4)),
+                r.RemoveTopic(TOPICS[0])):
+        fast._apply(rec)
+        slow._apply(rec)
+        assert fast == slow and fast.invalid_records == slow.invalid_records == 0
+    # broker 2 left the ISR; it led, and no other replica is unfenced (registered brokers start fenced)
+    assert fast.partitions[(TOPICS[1], 5)].isr == (3, 4) and fast.partitions[(TOPICS[1], 5)].leader == r.NO_LEADER
+    assert list(fast.to_records()) == list(slow.to_records())
+    assert copy_fast == copy_slow == general_load(store)
+    assert copy_fast.partitions[(TOPICS[1], 5)].isr == (2, 3, 4)
