@@ -178,11 +178,8 @@ def partitions_page(state: Any, name: str, after: int | None, limit: int) -> dic
     start = 0 if after is None else bisect.bisect_right(ids, after)
     chunk = ids[start:start + limit]
     more = start + limit < len(ids)
-    parts = state.partitions.topic(tid)
-    out = []
-    for pid in chunk:  # most of a topic read: one struct per partition, nothing else
-        p = parts[pid]
-        out.append(PartitionView(name, tid, pid, p.replicas, p.isr, p.leader, p.leader_epoch, p.partition_epoch))
+    out = [PartitionView(name, tid, p.partition_id, p.replicas, p.isr, p.leader, p.leader_epoch, p.partition_epoch)
+           for p in state.partitions.ordered(tid, chunk)]  # one struct per partition, nothing else
     return {"offset": state.offset, "topic": name, "partitions": out,
             "next": chunk[-1] if more and out else None}
 

@@ -110,6 +110,15 @@ class TopicColumns(_MappingABC):
         """Every record, in partition id order (built now, in one go)."""
         return self.columns.records(self.topic_id, self.first_pid, self.start, self.stop)
 
+    def between(self, first_pid: int, end_pid: int) -> list[r.Partition]:
+        """The records of partitions first_pid..end_pid-1, every one present."""
+        if end_pid <= first_pid:
+            return []
+        if first_pid < self.first_pid or end_pid > self.first_pid + len(self):
+            raise KeyError(first_pid if first_pid < self.first_pid else end_pid - 1)
+        row = self.start + first_pid - self.first_pid
+        return self.columns.records(self.topic_id, first_pid, row, row + end_pid - first_pid)
+
     def items(self) -> Iterator[tuple[int, r.Partition]]:  # type: ignore[override]
         return zip(self, self.values())
 
@@ -299,11 +308,10 @@ class PartitionMap:
 
     def ordered(self, topic_id: str, partition_ids: Sequence[int]) -> list[r.Partition]:
         """The topic's records for `partition_ids` (every one present), in that
-        order: a topic still in columns builds them in one go."""
+        order: a topic still in columns builds a range of ids in one go."""
         parts = self._topics[topic_id]
-        if (type(parts) is TopicColumns and len(partition_ids) == len(parts)
-                and partition_ids[0] == parts.first_pid and partition_ids[-1] == parts.first_pid + len(parts) - 1):
-            return parts.values()  # ascending ids, all of them
+        if type(parts) is TopicColumns and type(partition_ids) is range and partition_ids.step == 1:
+            return parts.between(partition_ids.start, partition_ids.stop)
         return [parts[pid] for pid in partition_ids]
 
     def with_broker(self, broker_id: int) -> Iterator[tuple[str, int, r.Partition]]:

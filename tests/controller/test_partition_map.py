@@ -31,6 +31,10 @@ def check_same(m: PartitionMap, d: dict) -> None:
     for t in {k[0] for k in d}:
         ids = sorted(pid for tt, pid in d if tt == t)
         assert m.ordered(t, ids) == [d[(t, pid)] for pid in ids]
+        for lo in range(min(ids), max(ids) + 1):  # id ranges, as a page of a dense topic asks
+            for hi in range(lo, max(ids) + 2):
+                if all((t, pid) in d for pid in range(lo, hi)):
+                    assert m.ordered(t, range(lo, hi)) == [d[(t, pid)] for pid in range(lo, hi)]
 
 
 def add_columns(m: PartitionMap, d: dict, rng: random.Random) -> None:
