@@ -1130,40 +1130,72 @@ class SnapshotLoadError(ValueError):
     """A snapshot whose bytes are whole but whose records do not rebuild a state."""
 
 
+class SnapshotLoader:
+    """A ControllerState rebuilt from a snapshot's data records, fed in file
+    order: by load_snapshot from a verified file, and by a download as its
+    chunks arrive, each batch CRC-checked first (broker/snapshot_io.py), so
+    that a catch-up's load overlaps its download instead of following it."""
+
+    def __init__(self, snapshot_id: m.SnapshotId) -> None:
+        self.snapshot_id = snapshot_id
+        self.state = ControllerState()
+        self.records = 0  # applied so far
+        self._names = None  # storage.partition_runs.TopicNames, shared by the batches
+
+    def add_batch(self, batch: bytes | memoryview, h: b.BatchHeader) -> None:
+        """One whole data batch, CRC already checked. Raises
+        b.CorruptBatchError (a record's framing) or SnapshotLoadError."""
+        from storage import partition_runs as pr  # numpy: for loads only
+
+        assert not h.is_control, "control batches are the snapshot's framing, not state"
+        if self._names is None:
+            self._names = pr.TopicNames()
+        self.apply(pr.iter_batch(batch, h, self._names))
+
+    def apply(self, items: Iterable) -> None:
+        """Record values (bytes) and PartitionRuns, in the snapshot's order."""
+        state, dec = self.state, r.decode_record
+        # Loading allocates only long-lived objects: cyclic GC passes over the
+        # growing heap would cost more than the load itself.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            for item in items:
+                if type(item) is not bytes:  # a PartitionRun (storage.partition_runs)
+                    state._apply_partition_run(item)
+                    self.records += item.count
+                    continue
+                try:
+                    rec = dec(item)
+                except r.MetadataRecordError as exc:
+                    raise SnapshotLoadError(f"snapshot {self.snapshot_id}: record {self.records}: {exc}") from exc
+                state._apply(rec)
+                self.records += 1
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def finish(self) -> ControllerState:
+        """The state, once every data record is in; raises SnapshotLoadError
+        if the state machine rejected any."""
+        state, sid = self.state, self.snapshot_id
+        if state.invalid_records:
+            raise SnapshotLoadError(
+                f"snapshot {sid}: {state.invalid_records} record(s) rejected by the state "
+                f"machine (last: {state.last_invalid})")
+        state.offset = sid.end_offset
+        state.producers.end_offset = sid.end_offset
+        return state
+
+
 def load_snapshot(store, snapshot_id: m.SnapshotId) -> ControllerState:
     """Load one snapshot; raises CorruptSnapshotError or SnapshotLoadError."""
     from storage.snapshot import read_snapshot
 
     sid, _header, items = read_snapshot(store.path(snapshot_id), partition_runs=True)
-    state = ControllerState()
-    dec = r.decode_record
-    # Loading allocates only long-lived objects: cyclic GC passes over the
-    # growing heap would cost more than the load itself.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    i = 0  # records so far
-    try:
-        for item in items:
-            if type(item) is not bytes:  # a PartitionRun (storage.partition_runs)
-                state._apply_partition_run(item)
-                i += item.count
-                continue
-            try:
-                rec = dec(item)
-            except r.MetadataRecordError as exc:
-                raise SnapshotLoadError(f"snapshot {sid}: record {i}: {exc}") from exc
-            state._apply(rec)
-            i += 1
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    if state.invalid_records:
-        raise SnapshotLoadError(
-            f"snapshot {sid}: {state.invalid_records} record(s) rejected by the state "
-            f"machine (last: {state.last_invalid})")
-    state.offset = sid.end_offset
-    state.producers.end_offset = sid.end_offset
-    return state
+    loader = SnapshotLoader(sid)
+    loader.apply(items)
+    return loader.finish()
 
 
 def load_latest(store) -> tuple[ControllerState, m.SnapshotId] | None:

@@ -264,6 +264,39 @@ def iter_batches(
         pos += h.size
 
 
+class BatchStream:
+    """Whole batches out of bytes that arrive in pieces cut anywhere (a
+    snapshot download's chunks): ``feed`` yields the batches each piece
+    completes and keeps the unfinished tail (at most one batch) for the next.
+    `position` is the stream position of the tail's first byte: every batch
+    before it has been yielded."""
+
+    __slots__ = ("verify", "position", "_tail")
+
+    def __init__(self, verify: bool = True) -> None:
+        self.verify = verify  # check each batch's CRC
+        self.position = 0
+        self._tail = b""
+
+    def feed(self, data: bytes | memoryview) -> Iterator[tuple[int, BatchHeader, memoryview]]:
+        """(stream position, header, bytes) of each batch `data` completes.
+        Raises CorruptBatchError, positioned in the stream, at a bad header
+        or CRC (the batches before it have been yielded)."""
+        buf = self._tail + bytes(data)
+        base = self.position
+        end = 0
+        try:
+            for pos, h in iter_batches(buf, verify=self.verify):
+                end = pos + h.size
+                yield base + pos, h, memoryview(buf)[pos:end]
+        except CorruptBatchError as exc:
+            raise CorruptBatchError(str(exc), base + exc.position, exc.base_offset, leader_epoch=exc.leader_epoch,
+                                    expected_crc=exc.expected_crc, actual_crc=exc.actual_crc) from None
+        finally:
+            self._tail = buf[end:]
+            self.position = base + end
+
+
 def decode_records(batch: bytes | memoryview, header: BatchHeader | None = None) -> list[bytes]:
     """The records of one whole batch (starting at position 0 of `batch`): the
     values of a data batch; key + value of each record of a control batch.

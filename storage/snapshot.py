@@ -460,18 +460,24 @@ class PartialSnapshot:
     install); a chunk out of order, or an object made mid-download, makes
     ``complete`` verify the file from disk instead. A corrupt chunk is
     reported by ``complete``, as a corrupt file is.
+
+    `on_data_batch`, if given, is handed each data batch once checked, in
+    file order (the controller's SnapshotLoader: the load overlaps the
+    download). ``streamed`` says whether it saw every one exactly once;
+    if not (a chunk out of order, a restart at 0), load from the file.
     """
 
-    def __init__(self, directory: str, snapshot_id: SnapshotId) -> None:
+    def __init__(self, directory: str, snapshot_id: SnapshotId,
+                 on_data_batch: Callable[[memoryview, b.BatchHeader], None] | None = None) -> None:
         self.directory = os.fspath(directory)
         self.snapshot_id = snapshot_id
+        self._on_data_batch = on_data_batch
         stem = snapshot_filename(snapshot_id)[: -len(SUFFIX)]
         self.part_path = os.path.join(self.directory, f"{stem}-fetch{PART_SUFFIX}")
         self.final_path = os.path.join(self.directory, snapshot_filename(snapshot_id))
         # The streaming check: None when the bytes written are not known in order.
         self._check: _SnapshotCheck | None = None
-        self._checked = 0  # file position of _tail's first byte: whole batches before it are checked
-        self._tail = b""  # the bytes of a batch not yet whole (at most one batch)
+        self._batches = b.BatchStream()  # the whole batches before its position are checked
         self._written = 0  # bytes written in order from position 0
         self._error: CorruptSnapshotError | None = None
 
@@ -506,26 +512,33 @@ class PartialSnapshot:
     def _feed(self, position: int, data: bytes) -> None:
         """Check the whole batches that `data` completes (see the class doc)."""
         if position == 0:
+            if self._check is not None or self._written:
+                self._on_data_batch = None  # it has seen batches that are gone now
             self._check = _SnapshotCheck(self.snapshot_id, self.part_path)
-            self._checked, self._tail, self._written, self._error = 0, b"", 0, None
+            self._batches, self._written, self._error = b.BatchStream(), 0, None
         if self._check is None or position != self._written:
             self._check = None  # not in order: complete() reads the file back
+            self._on_data_batch = None
             return
         self._written += len(data)
         if self._error is not None:
             return
-        buf = self._tail + bytes(data)
-        end = 0
         try:
-            for pos, h in b.iter_batches(buf):
-                self._check.batch(self._checked + pos, h, memoryview(buf)[pos:pos + h.size])
-                end = pos + h.size
+            for pos, h, view in self._batches.feed(data):
+                self._check.batch(pos, h, view)
+                if self._on_data_batch is not None and not h.is_control:
+                    self._on_data_batch(view, h)
         except b.CorruptBatchError as exc:
-            self._error = CorruptSnapshotError(self.part_path, self._checked + exc.position, str(exc))
+            self._error = CorruptSnapshotError(self.part_path, exc.position, str(exc))
         except CorruptSnapshotError as exc:
             self._error = exc
-        self._tail = buf[end:]
-        self._checked += end
+
+    @property
+    def streamed(self) -> bool:
+        """Whether on_data_batch was handed every data batch of the bytes
+        written, once each, in order, all of them checked."""
+        return (self._on_data_batch is not None and self._check is not None and self._error is None
+                and self._written == self.size() and self._batches.position == self._written)
 
     def complete(self, size: int) -> str:
         """Verify size and every CRC, fsync, rename to .checkpoint, fsync dir.
@@ -647,8 +660,9 @@ class SnapshotStore:
         finally:
             os.close(fd)
 
-    def partial(self, snapshot_id: SnapshotId) -> PartialSnapshot:
-        return PartialSnapshot(self.directory, snapshot_id)
+    def partial(self, snapshot_id: SnapshotId,
+                on_data_batch: Callable[[memoryview, b.BatchHeader], None] | None = None) -> PartialSnapshot:
+        return PartialSnapshot(self.directory, snapshot_id, on_data_batch)
 
     def delete(self, snapshot_id: SnapshotId, unlink: Callable[[str], None] | None = None) -> None:
         """Rename to .deleted, then unlink: a crash in between leaves a file

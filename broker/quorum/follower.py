@@ -13,7 +13,7 @@ from broker.quorum.roles import RETRY_BACKOFF_BASE_MS, Role, RoleState
 from broker.quorum.voters import VoterSet, voter_sets_in
 from protocol import messages as m
 from protocol.errors import Errors
-from storage.batch import CorruptBatchError, iter_batches
+from storage.batch import BatchStream, CorruptBatchError
 
 if TYPE_CHECKING:
     from broker.quorum.core import QuorumCore
@@ -34,26 +34,18 @@ def is_connection_failure(reason: str) -> bool:
 class SnapshotDownload:
     snapshot_id: m.SnapshotId
     position: int
-    # KIP-853: the snapshot's voter set, found as the chunks stream by: the
-    # bytes of a batch not yet whole (at most one batch), and the last voter
-    # set seen in a control batch (None: static voters, kraft version 0).
-    carry: bytearray = field(default_factory=bytearray)
+    # KIP-853: the snapshot's voter set, found as the chunks stream by (not
+    # CRC-checked here: the driver checks every batch before the install),
+    # the last one seen in a control batch (None: static voters, kraft version 0).
+    batches: BatchStream = field(default_factory=lambda: BatchStream(verify=False))
     voter_set: VoterSet | None = None
 
     def scan(self, chunk: bytes) -> None:
-        buf = bytes(self.carry) + chunk
-        end = 0
-        controls = []
-        # Not CRC-checked here: the driver verifies the whole file at install.
-        for pos, h in iter_batches(buf, verify=False):
-            end = pos + h.size
-            if h.is_control:
-                controls.append(buf[pos:end])
+        controls = [bytes(view) for _, h, view in self.batches.feed(chunk) if h.is_control]
         if controls:
             found = voter_sets_in(b"".join(controls), verify=False)
             if found:
                 self.voter_set = found[-1][1]
-        self.carry = bytearray(buf[end:])
 
 
 class FollowerState(RoleState):

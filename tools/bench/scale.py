@@ -104,8 +104,10 @@ def rows_from(snap: dict, rep: dict) -> list[Row]:
     if by_snap:
         rows.append(Row("3", "catch-up by snapshot: time and MB/s printed",
                         f"{by_snap['catchup_seconds']} s from boot to the HW; {by_snap.get('snapshot_bytes', 0) / 1e6:.1f} MB "
-                        f"at {by_snap.get('download_mb_per_s')} MB/s, install (verify + load) "
-                        f"{by_snap.get('install_seconds')} s", None))
+                        f"at {by_snap.get('download_mb_per_s')} MB/s, install "
+                        + ("(loaded while downloading; checks) " if by_snap.get("loaded_while_downloading")
+                           else "(verify + load) ")
+                        + f"{by_snap.get('install_seconds')} s", None))
         speed = cu.get("snapshot_speedup")
         rows.append(Row("3", "catch-up by snapshot >= 5x faster than by log",
                         f"{_fmt(speed)}x (by log {by_log.get('catchup_seconds')} s)",
@@ -113,7 +115,8 @@ def rows_from(snap: dict, rep: dict) -> list[Row]:
         bounded = by_snap.get("download_memory_bounded")
         rows.append(Row("3", "memory bounded while downloading (chunks stream to disk)",
                         f"RSS {by_snap.get('download_rss_start_mib')} -> {by_snap.get('download_rss_peak_mib')} MiB "
-                        f"while downloading (bound +{by_snap.get('download_rss_bound_mib')} MiB); peak "
+                        f"while downloading and loading (bound +{by_snap.get('download_rss_bound_mib')} MiB: the "
+                        f"loaded state's {by_snap.get('download_state_growth_mib')} MiB + buffers); peak "
                         f"{by_snap.get('observer_peak_rss_mib')} MiB once loaded ({by_snap.get('peak_rss_over_log_variant_mib')} "
                         f"MiB more than catching up by log)", bounded is True))
 
