@@ -428,13 +428,20 @@ class FollowerState(RoleState):
             self.download = None
             self._retry_later(now)
             return
+        d.position = position + len(data)
+        more = d.position < resp.size
+        if more:
+            # The next chunk is asked for before this one is written: the
+            # leader reads and sends it while the driver writes, checks and
+            # loads this one. A FetchSnapshot acknowledges nothing, so no
+            # write need be durable before it is sent.
+            self.maybe_send_fetch(now)
         core.outbox.actions.append(WriteSnapshotChunk(d.snapshot_id, position, data))
         try:
             d.scan(data)
         except CorruptBatchError:
             pass  # a damaged snapshot: the driver's verification refuses it at install
-        d.position = position + len(data)
-        if d.position < resp.size:
+        if more:
             return
         self.download = None
         core.log.install_snapshot(d.snapshot_id, resp.size, d.voter_set)

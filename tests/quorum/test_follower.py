@@ -196,6 +196,9 @@ def test_snapshot_download_and_install():
     assert a.WriteSnapshotChunk(sid, 0, b"abcd") in acts
     (s,) = sent(acts)
     assert s.request.position == 4
+    # the next chunk is asked for before this one is written (and loaded):
+    # the leader sends it meanwhile
+    assert acts.index(s) < acts.index(a.WriteSnapshotChunk(sid, 0, b"abcd"))
     acts = answer(n, s, m.FetchSnapshotResponse(snapshot_id=sid, size=6, position=4, unaligned_records=b"ef"))
     assert a.WriteSnapshotChunk(sid, 4, b"ef") in acts and a.InstallSnapshot(sid, 6) in acts
     c = n.core
