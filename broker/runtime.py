@@ -495,6 +495,8 @@ class Broker:
                 if self.trace is not None:
                     self._trace_respond(token, response)
         elif t is qa.AppendBatches:
+            if self.snapshot_work.downloading:
+                self.snapshot_work.abandon_downloads()
             try:
                 headers = self.seg_log.append(a.data)
             except LogWriteError as exc:

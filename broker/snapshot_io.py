@@ -68,6 +68,19 @@ class SnapshotWork:
             part = self._partials[a.snapshot_id] = self.broker.snapshots.partial(a.snapshot_id, load.add)
         part.write_at(a.position, a.data)
 
+    def abandon_downloads(self) -> None:
+        """The follower is appending the leader's log: any download it had
+        begun is given up (the core starts a new one at position 0). Its
+        partial file and partly loaded state go now, not at the next boot."""
+        for part in self._partials.values():
+            part.abort()
+        self._partials.clear()
+        self._loads.clear()
+
+    @property
+    def downloading(self) -> bool:
+        return bool(self._partials)
+
     def install(self, a: qa.InstallSnapshot) -> qa.SnapshotInstallFailed | None:
         b = self.broker
         sid = a.snapshot_id

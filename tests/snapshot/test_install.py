@@ -122,3 +122,47 @@ def test_chunks_out_of_order_or_a_restart_load_from_the_file(tmp_path):
     assert not part.streamed
     assert installed(work, sid, size)["loaded_while_downloading"] is False
     assert broker.controller.state == leader.state
+
+
+def test_a_snapshot_the_state_machine_refuses_stops_the_install_before_the_log_is_reset(tmp_path):
+    """Whole, CRC-valid bytes whose records do not rebuild a state (a
+    partition of a topic the snapshot does not hold): the install raises the
+    SnapshotLoadError a boot's load raises, word for word (the runtime's
+    fatal path), leaving the log and the state as they were."""
+    import pytest
+
+    from broker.controller import SnapshotLoadError, load_snapshot
+    from storage.snapshot import SnapshotWriter
+
+    store = SnapshotStore(str(tmp_path / "leader"))
+    sid = SnapshotId(50, 1)
+    orphan = r.Partition("00000000-0000-4000-8000-0000000000aa", 0, (1, 2), (1, 2), 1)
+    SnapshotWriter(store.directory, sid, 1, "cluster").write_all(
+        [r.encode_record(r.Topic("t", "00000000-0000-4000-8000-000000000001")), r.encode_record(orphan)])
+    with pytest.raises(SnapshotLoadError) as at_boot:
+        load_snapshot(store, sid)
+    broker, work = follower(tmp_path)
+    size = download(work, store, sid)
+    with pytest.raises(SnapshotLoadError) as at_install:
+        work.install(qa.InstallSnapshot(sid, size))
+    assert str(at_install.value) == str(at_boot.value) and "unknown topic" in str(at_install.value)
+    assert (broker.seg_log.log_start_offset, broker.seg_log.log_end_offset) == (0, 2)
+    assert broker.controller.state.offset == 0 and not broker.controller.state.topics
+
+
+def test_a_download_given_up_leaves_no_partial_file_or_state(tmp_path):
+    """The follower went back to the leader's log (an AppendBatches): the
+    half-downloaded file and the state loaded from it go at once; a new
+    download from position 0 then installs as usual."""
+    store, sid, leader = leader_snapshot(tmp_path)
+    broker, work = follower(tmp_path)
+    size = store.size(sid)
+    half = size // 2
+    work.write_chunk(qa.WriteSnapshotChunk(sid, 0, store.read_chunk(sid, 0, half)))
+    part_path = work._partials[sid].part_path
+    assert os.path.exists(part_path) and work.downloading
+    work.abandon_downloads()
+    assert not os.path.exists(part_path) and not work.downloading and not work._loads
+    download(work, store, sid)
+    assert installed(work, sid, size)["loaded_while_downloading"] is True
+    assert broker.controller.state == leader.state
