@@ -216,19 +216,32 @@ def encode_batch(
     return bytes(header) + body
 
 
+_unpack_header = HEADER.unpack_from
+_new_tuple = tuple.__new__
+_LENGTH_MIN = HEADER_SIZE - LOG_OVERHEAD
+
+
 def decode_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
-    """Parse the header at `pos`. The caller checks that HEADER_SIZE bytes exist."""
-    h = BatchHeader(*HEADER.unpack_from(buf, pos))
-    if h.magic != MAGIC:
-        raise CorruptBatchError(f"bad magic {h.magic} (expected {MAGIC})", pos, h.base_offset)
-    if h.length < HEADER_SIZE - LOG_OVERHEAD or h.length > MAX_BATCH_BYTES:
-        raise CorruptBatchError(f"bad batch length {h.length}", pos, h.base_offset)
-    if h.records_count < 1 or h.last_offset_delta != h.records_count - 1:
+    """Parse the header at `pos`. The caller checks that HEADER_SIZE bytes exist.
+
+    Every batch a node appends, serves, applies or checks passes here, at
+    1000 clients one per request several times over: the fields are checked
+    on the unpacked tuple and the NamedTuple made from it without the
+    generated __new__ (about 630 -> 380 ns a header here)."""
+    t = _unpack_header(buf, pos)
+    # t: base_offset, length, leader_epoch, magic, crc, attributes,
+    # last_offset_delta, timestamps (2), producer id/epoch, base sequence, count
+    if t[3] != MAGIC or not _LENGTH_MIN <= t[1] <= MAX_BATCH_BYTES or t[12] < 1 or t[6] != t[12] - 1:
+        h = BatchHeader(*t)
+        if h.magic != MAGIC:
+            raise CorruptBatchError(f"bad magic {h.magic} (expected {MAGIC})", pos, h.base_offset)
+        if h.length < _LENGTH_MIN or h.length > MAX_BATCH_BYTES:
+            raise CorruptBatchError(f"bad batch length {h.length}", pos, h.base_offset)
         raise CorruptBatchError(
             f"bad record count {h.records_count} / last offset delta {h.last_offset_delta}",
             pos, h.base_offset,
         )
-    return h
+    return _new_tuple(BatchHeader, t)
 
 
 def verify_crc(buf: bytes | memoryview, pos: int, header: BatchHeader) -> None:

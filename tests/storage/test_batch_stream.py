@@ -45,3 +45,25 @@ def test_a_bad_crc_is_reported_at_its_stream_position_after_the_good_batches():
     # Unchecked (a scan that only reads control batches): the same batches, no error.
     loose = b.BatchStream(verify=False)
     assert [pos for pos, _, _ in loose.feed(bytes(data))] == [pos for pos, _ in batches]
+
+
+@pytest.mark.parametrize("field_at, value, message", [
+    (16, 1, "bad magic 1 (expected 2)"),  # magic
+    (8, 10, "bad batch length 10"),  # length: shorter than a header
+    (8, (64 << 20) + 1, f"bad batch length {(64 << 20) + 1}"),  # past MAX_BATCH_BYTES
+    (57, 0, "bad record count 0 / last offset delta 0"),  # records count
+    (23, 5, "bad record count 1 / last offset delta 5"),  # last offset delta
+])
+def test_a_header_that_cannot_be_believed_says_which_field(field_at, value, message):
+    """decode_header checks magic, length and record count before anything
+    trusts the header, and says which one is wrong, where."""
+    import struct
+
+    good = b.encode_batch(40, 3, [b"v"], 0)
+    assert b.decode_header(good) == b.BatchHeader(*b.HEADER.unpack_from(good, 0))
+    width = {16: ">b", 8: ">i", 57: ">i", 23: ">i"}[field_at]
+    bad = bytearray(b"pad" + good)
+    struct.pack_into(width, bad, 3 + field_at, value)
+    with pytest.raises(b.CorruptBatchError) as e:
+        b.decode_header(bytes(bad), 3)
+    assert str(e.value) == message and e.value.position == 3 and e.value.base_offset == 40
