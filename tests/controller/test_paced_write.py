@@ -11,17 +11,23 @@ import pytest
 from broker import controller
 
 
-@pytest.mark.parametrize("share", [0.25, 0.35, 0.5, 0.9])
-def test_every_value_comes_out_in_order_with_pauses_for_the_share(monkeypatch, share):
+@pytest.fixture
+def pauses(monkeypatch) -> list[float]:
+    """A fake clock (each reading 0.1 ms later) and the pauses asked of sleep."""
     now = [0.0]
 
     def clock():
         now[0] += 0.0001
         return now[0]
 
-    pauses = []
+    asked: list[float] = []
     monkeypatch.setattr(time, "perf_counter", clock)
-    monkeypatch.setattr(time, "sleep", lambda s: pauses.append(s))
+    monkeypatch.setattr(time, "sleep", asked.append)
+    return asked
+
+
+@pytest.mark.parametrize("share", [0.25, 0.35, 0.5, 0.9])
+def test_every_value_comes_out_in_order_with_pauses_for_the_share(pauses, share):
     values = [str(i).encode() for i in range(20_000)]
     assert list(controller._paced(iter(values), share)) == values
     assert pauses and all(p == pytest.approx(controller.PACE_SLICE_S * (1 - share) / share) for p in pauses)
@@ -32,7 +38,7 @@ def test_every_value_comes_out_in_order_with_pauses_for_the_share(monkeypatch, s
     assert len(values) / ((k + 1) * 32) - 1 <= len(pauses) <= len(values) / (k * 32) + 1
 
 
-def test_a_paced_snapshot_is_the_same_snapshot_and_a_full_share_never_pauses(tmp_path, monkeypatch):
+def test_a_paced_snapshot_is_the_same_snapshot_and_a_full_share_never_pauses(tmp_path, monkeypatch, pauses):
     """write_controller_snapshot with a share below 1 pauses (fake clock)
     and writes a snapshot that loads to the same state; at a share of 1 it
     never calls sleep."""
@@ -46,15 +52,6 @@ def test_a_paced_snapshot_is_the_same_snapshot_and_a_full_share_never_pauses(tmp
         s.apply(s.offset, r.Topic(f"t{t}", tid))
         for p in range(50):
             s.apply(s.offset, r.Partition(tid, p, (0, 1, 2), (0, 1, 2), -1))
-    now = [0.0]
-
-    def clock():
-        now[0] += 0.0001
-        return now[0]
-
-    pauses = []
-    monkeypatch.setattr(time, "perf_counter", clock)
-    monkeypatch.setattr(time, "sleep", lambda sec: pauses.append(sec))
     paced = SnapshotStore(str(tmp_path / "paced"))
     controller.write_controller_snapshot(paced, s, SnapshotId(s.offset, 1), 0, "c", cpu_share=0.35)
     assert pauses
