@@ -565,6 +565,12 @@ class Broker:
             raise AssertionError(f"unknown action {a!r}")
 
     def _after_step(self) -> None:
+        if self._flush_start_wanted and self.fatal is None and not self.core.is_leader:
+            # A follower syncs on this thread, and its next Fetch (which is
+            # what lets the leader commit) waits for the sync: sync before
+            # applying what this step's HW committed, not after.
+            self._flush_start_wanted = False
+            self._start_flush()
         core = self.core
         if core.voter_set is not self._voter_set_seen:
             self._on_voter_set(core.voter_set)

@@ -390,6 +390,10 @@ class QuorumConfig:
         2000, "timeout of a request to a peer (quorum.request.timeout.ms)", gt=0)
     fetch_max_wait_ms: int = setting(
         500, "how long a leader parks a Fetch with no new data; must be below fetch_timeout_ms", ge=0)
+    fetch_hw_linger_ms: int = setting(
+        2, "a replica's Fetch that only a high-watermark advance would answer is held this long for "
+           "new records to carry the HW (the replica's next Fetch is then already waiting when they "
+           "come); answered with the HW alone after it", ge=0, note="0 = at once, as Kafka does")
     fetch_max_bytes: int = setting(1 << 20, "most bytes of records in one Fetch answer", gt=0)
     replica_lag_time_max_ms: int = setting(
         30000, "a follower not caught up for this long leaves the in-sync set (replica.lag.time.max.ms)", gt=0)

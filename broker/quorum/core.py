@@ -679,6 +679,9 @@ class QuorumCore:
 
     def _on_stall_reads(self, ev: StallReads, now: int) -> None:
         self.read_stall_until_ms = max(self.read_stall_until_ms, ev.until_ms)
+        reads = getattr(self.state, "reads", None)
+        if reads is not None:
+            reads.stall(self.read_stall_until_ms)  # fetches parked before it have not been read yet either
 
     def _on_quarantined(self, ev: LogQuarantined, now: int) -> None:
         """The driver cut the log at the last good batch (the quarantine state

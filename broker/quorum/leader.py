@@ -276,8 +276,7 @@ class LeaderState(NotifyingRole, RoleState):
             core.respond(w.token, m.ProduceResponse(base_offset=w.base_offset, leader_epoch=w.epoch,
                                                     current_leader=cl))
         if self.reads.parked:
-            # Followers learn the new HW now rather than after max_wait_ms.
-            self.reads.complete_parked(now, lambda p: True)
+            self.reads.on_hw_advanced(now)
         pc = self.pending_change
         if pc is not None and pc.offset < hw:
             self.pending_change = None

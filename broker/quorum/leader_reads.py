@@ -125,12 +125,15 @@ class LeaderReads:
 
         has_data = fetch_offset < upper
         stalled = now < core.read_stall_until_ms
-        # Park an empty fetch -- unless it just moved the HW, which the
-        # follower should learn now rather than max_wait_ms later.
-        if not completing and (stalled or (not has_data and req.max_wait_ms > 0
-                                           and log.high_watermark == hw_before)):
+        # Park an empty fetch. One that just moved the HW waits only
+        # fetch_hw_linger_ms (the replica should learn the HW soon, not
+        # max_wait_ms later), and a consumer's not at all.
+        wait_ms = req.max_wait_ms
+        if log.high_watermark != hw_before:
+            wait_ms = 0 if consumer else min(wait_ms, core.config.fetch_hw_linger_ms)
+        if not completing and (stalled or (not has_data and wait_ms > 0)):
             if len(self.parked) < MAX_PARKED_FETCHES:
-                self._park(token, req, now, has_data, st)
+                self._park(token, req, now, has_data, st, wait_ms)
                 return
         records = b""
         if has_data:
@@ -148,7 +151,7 @@ class LeaderReads:
             records=records, current_leader=cl))
 
     def _park(self, token: Any, req: m.FetchRequest, now: int, has_data: bool,
-              st: ReplicaProgress | None) -> None:
+              st: ReplicaProgress | None, wait_ms: int) -> None:
         core = self.leader.core
         stall = core.read_stall_until_ms
         if st is not None:
@@ -159,7 +162,7 @@ class LeaderReads:
                     core.handle_fetch(p.token, p.request, now, completing=True)
             st.pending_offset = req.fetch_offset
             st.pending_prev_leo = st.leader_leo_at_last_read
-        deadline = now if has_data else now + req.max_wait_ms
+        deadline = now if has_data else now + wait_ms
         self.parked.append(ParkedFetch(token, req, now, max(deadline, stall), stall))
 
     def complete_parked(self, now: int, which: Callable[[ParkedFetch], bool]) -> None:
@@ -180,6 +183,27 @@ class LeaderReads:
         self.parked = keep
         for p in done:
             core.handle_fetch(p.token, p.request, now, completing=True)
+
+    def stall(self, until_ms: int) -> None:
+        """StallReads: no parked fetch is read before `until_ms` either."""
+        for p in self.parked:
+            p.not_before_ms = max(p.not_before_ms, until_ms)
+            p.deadline_ms = max(p.deadline_ms, until_ms)
+
+    def on_hw_advanced(self, now: int) -> None:
+        """Consumers waiting for the HW read now; replicas learn it with the
+        next records, or with the HW alone after fetch_hw_linger_ms: their
+        Fetch stays parked for those records meanwhile, rather than being
+        answered and sent again (a round trip racing the next append)."""
+        linger_ms = self.leader.core.config.fetch_hw_linger_ms
+        if linger_ms > 0:
+            due = now + linger_ms
+            for p in self.parked:
+                if p.request.replica_id >= 0 and p.deadline_ms > due:
+                    p.deadline_ms = max(due, p.not_before_ms)  # a stalled read stays stalled
+            self.complete_parked(now, lambda p: p.request.replica_id < 0)
+        else:
+            self.complete_parked(now, lambda p: True)
 
     def fail_parked(self, now: int) -> None:
         """Leadership is lost: every parked fetch is answered as the new role

@@ -7,7 +7,7 @@ from protocol import messages as m
 from protocol.errors import Errors
 from storage.batch import iter_batches
 
-from tests.quorum.harness import CLUSTER, Node, append, fetch, make_leader, of, one_response
+from tests.quorum.harness import CLUSTER, Node, append, fetch, make_leader, of, one_response, responses
 
 
 @pytest.fixture
@@ -96,8 +96,7 @@ def test_consumer_skips_fencing_with_no_epoch_and_reads_only_below_hw(leader):
 
 def test_empty_fetch_is_parked_until_data_arrives(leader):
     t = leader.now
-    acts = fetch(leader, t + 10, 2, 5, 1, max_wait_ms=500, token="first")
-    assert one_response(acts, "first").high_watermark == 5  # it moved the HW: answered now
+    fetch(leader, t + 10, 3, 5, 1, max_wait_ms=0)  # voter 3 moves the HW to 5
     acts = fetch(leader, t + 10, 2, 5, 1, max_wait_ms=500, token="park")
     assert not of(acts, a.Respond)
     assert leader.core.next_deadline_ms == t + 510
@@ -107,6 +106,68 @@ def test_empty_fetch_is_parked_until_data_arrives(leader):
     assert leader.core.next_deadline_ms == t + 20
     r = one_response(leader.step(a.Tick(t + 20)), "park")
     assert [h.base_offset for _, h in iter_batches(r.records)] == [5]
+
+
+def _hw_moving_fetch(node, t):
+    """Voter 2's Fetch at the log end (5), which moves the HW to 5 (the
+    leader and voter 2 are a majority of three)."""
+    assert node.core.high_watermark == -1
+    acts = fetch(node, t, 2, 5, 1, max_wait_ms=500, token="first")
+    assert node.core.high_watermark == 5
+    return acts
+
+
+def test_fetch_that_moves_the_hw_waits_for_records_to_carry_it(leader):
+    """fetch_hw_linger_ms (default 2): the follower's Fetch stays parked, so
+    the next append reaches it at once, the new HW with it."""
+    t = leader.now
+    assert leader.core.config.fetch_hw_linger_ms == 2
+    assert not responses(_hw_moving_fetch(leader, t + 10), "first")
+    assert leader.core.next_deadline_ms == t + 12  # the linger, not max_wait_ms
+    append(leader, t + 11, 2)
+    r = one_response(leader.step(a.Tick(t + 11)), "first")
+    assert [h.base_offset for _, h in iter_batches(r.records)] == [5]
+    assert r.high_watermark == 5
+
+
+def test_fetch_that_moves_the_hw_is_answered_with_it_alone_after_the_linger(leader):
+    t = leader.now
+    _hw_moving_fetch(leader, t + 10)
+    assert not responses(leader.step(a.Tick(t + 11)), "first")
+    r = one_response(leader.step(a.Tick(t + 12)), "first")
+    assert r.error_code == Errors.NONE and r.records == b"" and r.high_watermark == 5
+
+
+def test_without_linger_the_fetch_that_moves_the_hw_is_answered_at_once():
+    """fetch_hw_linger_ms 0: Kafka's behaviour."""
+    n = Node(1, fetch_hw_linger_ms=0)
+    now = make_leader(n)
+    append(n, now, 4)
+    n.step(a.FlushCompleted(now, 5))
+    r = one_response(_hw_moving_fetch(n, now + 10), "first")
+    assert r.high_watermark == 5 and r.records == b""
+
+
+def test_when_the_hw_moves_a_parked_replica_learns_it_within_the_linger_and_a_consumer_at_once():
+    n = Node(1)
+    t = make_leader(n)
+    append(n, t, 4)  # offsets 1..4, not flushed: the leader's log counts only once it is
+    fetch(n, t, 3, 5, 1, max_wait_ms=500, token="first")  # HW 1: the flushed LeaderChange
+    assert n.core.high_watermark == 1
+    one_response(n.step(a.Tick(t + 2)), "first")  # the linger passed
+    fetch(n, t + 10, 3, 5, 1, max_wait_ms=500, token="v3")
+    consumer = m.FetchRequest(cluster_id=CLUSTER, replica_id=-1, max_wait_ms=500,
+                              current_leader_epoch=-1, fetch_offset=1, last_fetched_epoch=-1)
+    assert not of(n.step(a.RequestReceived(t + 10, "c", consumer)), a.Respond)
+    assert n.core.high_watermark == 1 and n.core.next_deadline_ms == t + 510  # both parked
+    acts = n.step(a.FlushCompleted(t + 20, 5))  # the leader and voter 3 hold 0..4
+    assert n.core.high_watermark == 5
+    c = one_response(acts, "c")
+    assert [h.base_offset for _, h in iter_batches(c.records)] == [1]  # the batch of offsets 1..4
+    assert not responses(acts, "v3")
+    assert n.core.next_deadline_ms == t + 22  # max_wait_ms came down to the linger
+    r = one_response(n.step(a.Tick(t + 22)), "v3")
+    assert r.records == b"" and r.high_watermark == 5
 
 
 def test_parked_fetch_is_answered_empty_when_max_wait_passes(leader):
