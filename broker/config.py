@@ -184,6 +184,10 @@ class BrokerConfig:
                                              "none if unset")
     log_level: str = setting("info", "structured log level", choices=("debug", "info", "warning", "error"))
     log_file: str | None = setting(None, "append the JSON log here instead of stderr")
+    gc_young_threshold: int = setting(
+        10_000, "net new objects between young garbage collections (Python's first gc threshold, 700 by "
+                "default): a broker allocates for every request, and at 700 it spent several percent of "
+                "its CPU collecting (docs/bench.md)", gt=0)
     quorum: QuorumConfig = dataclasses.field(default_factory=QuorumConfig)
     storage: StorageConfig = dataclasses.field(default_factory=StorageConfig)
     network: NetworkConfig = dataclasses.field(default_factory=NetworkConfig)

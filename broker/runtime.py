@@ -262,7 +262,7 @@ class Broker:
             logger=self.log, metrics=self.metrics, idle_wait_ms=cfg.storage.log_scrub_idle_wait_ms)
         self.scrubber.start()
         self.gc_watch = GcWatch(self.metrics.gc_pause_seconds, self.log)
-        self.gc_watch.install()
+        self.gc_watch.install(young_threshold=cfg.gc_young_threshold)
 
     def _snapshot_event(self, event: qa.Event) -> None:
         """SnapshotWork's events to the core; a new snapshot file also wakes

@@ -1,14 +1,18 @@
 """GC pauses are measured (broker/gc_watch.py): every collection of
 generation 1 or 2 lands in the histogram under its generation, a slow one is
-one gc_pause event, and young collections (microseconds, thousands a
-second) are not timed."""
+one gc_pause event, and young collections (microseconds, hundreds a
+second) are not timed. A broker sets its young threshold from the config."""
 
 import gc
 
+import pytest
 import structlog
 from prometheus_client import CollectorRegistry, Histogram
 
+from broker.config import config_from_dict
 from broker.gc_watch import GcWatch
+from broker.runtime import Broker
+from tools.cluster.launcher import free_ports
 
 
 def sample(reg, generation):
@@ -49,3 +53,33 @@ def test_a_fast_collection_is_not_an_event():
         finally:
             w.remove()
     assert sample(reg, "1") >= 1 and not [e for e in events if e["event"] == "gc_pause"]
+
+
+def test_install_sets_the_young_threshold_and_keeps_the_older_ones():
+    before = gc.get_threshold()
+    w = GcWatch(Histogram("p_seconds", "t", ["generation"], registry=CollectorRegistry()), structlog.get_logger("t"))
+    try:
+        w.install(young_threshold=12_345)
+        assert gc.get_threshold() == (12_345, before[1], before[2])
+    finally:
+        w.remove()
+        gc.set_threshold(*before)
+
+
+@pytest.mark.asyncio
+async def test_a_started_broker_collects_young_objects_at_its_configured_threshold(tmp_path):
+    before = gc.get_threshold()
+    port, = free_ports(1)
+    base = {"node_id": 1, "cluster_id": "gc-test", "data_dir": str(tmp_path / "d"),
+            "listen": f"127.0.0.1:{port}", "voters": f"1@127.0.0.1:{port}", "security_protocol": "PLAINTEXT"}
+    assert config_from_dict(base).gc_young_threshold == 10_000  # the default
+    with pytest.raises(Exception, match="gc_young_threshold.*must be > 0"):
+        config_from_dict({**base, "gc_young_threshold": 0})
+    cfg = config_from_dict({**base, "gc_young_threshold": 4321})
+    broker = Broker(cfg, structlog.get_logger("test"))
+    try:
+        await broker.start()
+        assert gc.get_threshold() == (4321, before[1], before[2])
+    finally:
+        await broker.stop()
+        gc.set_threshold(*before)
