@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from typing import Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -267,6 +267,7 @@ class BrokerMetrics:
     def __init__(self, node_id: int, clock: Callable[[], float] = time.monotonic):
         self.registry = r = CollectorRegistry()
         self.requests = Counter("metalog_requests_total", "Requests received, by api", ["api"], registry=r)
+        self._request_counts: dict[Any, Any] = {}  # api key -> its child of `requests` (labels() costs ~1.3 us)
         self.authorization_failures = Counter(
             "metalog_authorization_failures_total", "Requests refused by the authorizer, by api", ["api"], registry=r)
         self.appended_records = Counter("metalog_client_records_total", "Client records accepted for append", registry=r)
@@ -319,6 +320,13 @@ class BrokerMetrics:
         self.loop_idle = LoopIdleRatio(clock=clock)
         self._raft_view: Callable[[], RaftView | None] = lambda: None
         r.register(RaftCollector(lambda: self._raft_view(), self.raft, self.loop_idle))
+
+    def count_request(self, api_key: Any) -> None:
+        """One request received (`api_key` an ApiKey: its name is the label)."""
+        child = self._request_counts.get(api_key)
+        if child is None:
+            child = self._request_counts[api_key] = self.requests.labels(api=api_key.name)
+        child.inc()
 
     def bind_raft_view(self, view: Callable[[], RaftView | None]) -> None:
         self._raft_view = view

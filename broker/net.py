@@ -302,7 +302,7 @@ class Connection(asyncio.Protocol):
         except Exception as exc:
             self._handler_failed(header, exc)
             return
-        if inspect.isawaitable(result):
+        if result is not None and inspect.isawaitable(result):  # most handlers answer inline
             task = asyncio.ensure_future(result)
             task.add_done_callback(lambda t, h=header: self._async_done(t, h))
 

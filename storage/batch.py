@@ -255,6 +255,33 @@ def verify_crc(buf: bytes | memoryview, pos: int, header: BatchHeader) -> None:
         )
 
 
+# length, leader epoch, magic, crc, attributes, last offset delta (from byte 8)
+_SOUND_FIELDS = struct.Struct(">iibIhi")
+_RECORDS_COUNT = struct.Struct(">i")
+_RECORDS_COUNT_POS = HEADER_SIZE - 4
+
+
+def batches_sound(buf: bytes | memoryview) -> bool:
+    """True if `buf` is whole batches, each header sound (as decode_header
+    judges it) and each CRC right: verify_crc over every batch, without
+    building the headers (about half the time per batch). False says only
+    that something is wrong: decode_header and verify_crc say what."""
+    view = memoryview(buf)
+    n = len(view)
+    pos = 0
+    while pos < n:
+        if n - pos < HEADER_SIZE:
+            return False
+        length, _epoch, magic, crc, _attributes, delta = _SOUND_FIELDS.unpack_from(view, pos + 8)
+        count = _RECORDS_COUNT.unpack_from(view, pos + _RECORDS_COUNT_POS)[0]
+        end = pos + LOG_OVERHEAD + length
+        if (magic != MAGIC or not _LENGTH_MIN <= length <= MAX_BATCH_BYTES or count < 1 or delta != count - 1
+                or end > n or crc32c.crc32c(view[pos + CRC_START:end]) != crc):
+            return False
+        pos = end
+    return True
+
+
 def iter_batches(
     buf: bytes | memoryview, verify: bool = True, start: int = 0
 ) -> Iterator[tuple[int, BatchHeader]]:

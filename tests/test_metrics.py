@@ -126,3 +126,14 @@ def test_registry_exports_every_raft_metric_with_the_views_values():
     assert get("kafka_server_raft_metrics_high_watermark") == 42
     assert get("kafka_server_raft_metrics_log_end_offset") == 45
     assert get("kafka_server_raft_metrics_log_end_epoch") == 6
+
+
+def test_requests_are_counted_by_api_name():
+    from protocol.apis import ApiKey
+
+    metrics = BrokerMetrics(node_id=1)
+    for api in (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.PRODUCE):
+        metrics.count_request(api)
+    text = generate_latest(metrics.registry).decode()
+    assert 'metalog_requests_total{api="PRODUCE"} 2.0' in text
+    assert 'metalog_requests_total{api="FETCH"} 1.0' in text
