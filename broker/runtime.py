@@ -531,7 +531,17 @@ class Broker:
         elif t is qa.WriteEpochCheckpoint:
             write_checkpoint(os.path.join(self.part_dir, "leader-epoch-checkpoint"), EpochHistory(a.entries))
         elif t is qa.WriteSnapshotChunk:
-            self.snapshot_work.write_chunk(a)
+            try:
+                self.snapshot_work.write_chunk(a)
+            except OSError as exc:
+                # A full disk (ENOSPC, EFBIG) or a failing one: fail-stop as for
+                # an append, after deleting the partial so that its space is
+                # free for the restart, which downloads again.
+                self.snapshot_work.abandon_downloads()
+                self._storage_failed(f"snapshot download {a.snapshot_id.end_offset}-{a.snapshot_id.epoch}: "
+                                     f"write of {len(a.data)} bytes at position {a.position} failed: "
+                                     f"{exc.strerror or exc}", exc)
+                return
         elif t is qa.InstallSnapshot:
             failed = self.snapshot_work.install(a)
             if failed is not None:

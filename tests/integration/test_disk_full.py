@@ -8,6 +8,7 @@ process: its write() fails with EFBIG exactly as it would with ENOSPC."""
 from __future__ import annotations
 
 import asyncio
+import glob
 import os
 import shutil
 import signal
@@ -143,3 +144,55 @@ async def _restart_and_check_acked(cluster, acked: dict[bytes, int]) -> None:
     finally:
         await client.close()
     assert all(seen.get(v) == off for v, off in acked.items()), "an acknowledged record was lost"
+
+
+async def test_full_disk_during_a_snapshot_download_stops_the_broker_and_frees_the_partial(make_cluster):
+    """A wiped follower catching up by FetchSnapshot under a file-size limit
+    smaller than the snapshot: what the operator sees is one `fatal` event,
+    cause storage_failed, naming the download and "File too large", exit
+    code 4, and no .part file left; with space again it downloads afresh."""
+    from tests.integration.test_snapshots import SNAPSHOTTING, part_dir
+
+    cluster = make_cluster(voters=3, **SNAPSHOTTING)
+    await asyncio.to_thread(cluster.wait_for_leader, 20)
+    client = MetalogClient(cluster.bootstrap(), cluster.cluster_id, tls=cluster.client_tls(),
+                           request_timeout_ms=3000, max_retries=50)
+    try:
+        await client.command("register_broker", broker_id=1, endpoints=[["PLAINTEXT", "127.0.0.1", 9001]])
+        for t in range(4):
+            await client.command("create_topic", name=f"wide-{t}", partitions=500, replication_factor=1)
+        for i in range(0, 300, 50):
+            await client.produce([f"filler-{j}".encode() for j in range(i, i + 50)])
+    finally:
+        await client.close()
+    leader, _ = cluster.leader()
+
+    def snapshot_bytes():
+        q = cluster.quorum(leader)
+        if not (q and q["log_start_offset"] > 0 and q["snapshots"]):
+            return None
+        sizes = [os.path.getsize(p) for p in glob.glob(os.path.join(part_dir(cluster, leader), "*.checkpoint"))]
+        return max(sizes, default=None)
+
+    size = await asyncio.to_thread(cluster.wait_for, snapshot_bytes, 30, "a snapshot and a log start past 0")
+    limit = 32 * 1024
+    assert size > 2 * limit, size
+    follower = next(n for n in cluster.nodes if n != leader)
+    cluster.kill(follower)
+    shutil.rmtree(cluster.data_dir(follower))
+    limit_file_size(cluster, follower, limit)
+    cluster.start_node(follower)
+    assert await asyncio.to_thread(cluster.procs[follower].wait, 60) == 4
+    fatal = [line for line in cluster.read_log_lines(follower) if line.get("event") == "fatal"]
+    assert len(fatal) == 1 and fatal[0]["cause"] == "storage_failed", fatal
+    assert "snapshot download" in fatal[0]["reason"] and "File too large" in fatal[0]["reason"]
+    assert not glob.glob(os.path.join(part_dir(cluster, follower), "*.part"))
+
+    cluster.nodes[follower].command = None  # space again: the usual command line
+    cluster.start_node(follower)
+
+    def caught_up():
+        q, lq = cluster.quorum(follower), cluster.quorum(leader)
+        return q and lq and q["snapshots"] and q["high_watermark"] == lq["high_watermark"]
+
+    await asyncio.to_thread(cluster.wait_for, caught_up, 30, "the follower to download again and catch up")
