@@ -221,6 +221,13 @@ _new_tuple = tuple.__new__
 _LENGTH_MIN = HEADER_SIZE - LOG_OVERHEAD
 
 
+def _refused(t: tuple) -> bool:
+    """The header rules, on an unpacked header tuple (base_offset, length,
+    leader_epoch, magic, crc, attributes, last_offset_delta, timestamps (2),
+    producer id/epoch, base sequence, count): magic, length, record count."""
+    return t[3] != MAGIC or not _LENGTH_MIN <= t[1] <= MAX_BATCH_BYTES or t[12] < 1 or t[6] != t[12] - 1
+
+
 def decode_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
     """Parse the header at `pos`. The caller checks that HEADER_SIZE bytes exist.
 
@@ -229,9 +236,7 @@ def decode_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
     on the unpacked tuple and the NamedTuple made from it without the
     generated __new__ (about 630 -> 380 ns a header here)."""
     t = _unpack_header(buf, pos)
-    # t: base_offset, length, leader_epoch, magic, crc, attributes,
-    # last_offset_delta, timestamps (2), producer id/epoch, base sequence, count
-    if t[3] != MAGIC or not _LENGTH_MIN <= t[1] <= MAX_BATCH_BYTES or t[12] < 1 or t[6] != t[12] - 1:
+    if _refused(t):
         h = BatchHeader(*t)
         if h.magic != MAGIC:
             raise CorruptBatchError(f"bad magic {h.magic} (expected {MAGIC})", pos, h.base_offset)
@@ -255,28 +260,20 @@ def verify_crc(buf: bytes | memoryview, pos: int, header: BatchHeader) -> None:
         )
 
 
-# length, leader epoch, magic, crc, attributes, last offset delta (from byte 8)
-_SOUND_FIELDS = struct.Struct(">iibIhi")
-_RECORDS_COUNT = struct.Struct(">i")
-_RECORDS_COUNT_POS = HEADER_SIZE - 4
-
-
 def batches_sound(buf: bytes | memoryview) -> bool:
-    """True if `buf` is whole batches, each header sound (as decode_header
-    judges it) and each CRC right: verify_crc over every batch, without
-    building the headers (about half the time per batch). False says only
-    that something is wrong: decode_header and verify_crc say what."""
+    """True if `buf` is whole batches, each header sound (decode_header's
+    rules) and each CRC right: verify_crc over every batch, without building
+    the headers (about 0.55 us a batch against 0.97). False says only that
+    something is wrong: decode_header and verify_crc say what."""
     view = memoryview(buf)
     n = len(view)
     pos = 0
     while pos < n:
         if n - pos < HEADER_SIZE:
             return False
-        length, _epoch, magic, crc, _attributes, delta = _SOUND_FIELDS.unpack_from(view, pos + 8)
-        count = _RECORDS_COUNT.unpack_from(view, pos + _RECORDS_COUNT_POS)[0]
-        end = pos + LOG_OVERHEAD + length
-        if (magic != MAGIC or not _LENGTH_MIN <= length <= MAX_BATCH_BYTES or count < 1 or delta != count - 1
-                or end > n or crc32c.crc32c(view[pos + CRC_START:end]) != crc):
+        t = _unpack_header(view, pos)
+        end = pos + LOG_OVERHEAD + t[1]
+        if _refused(t) or end > n or crc32c.crc32c(view[pos + CRC_START:end]) != t[4]:
             return False
         pos = end
     return True

@@ -9,7 +9,7 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry, Histogram
 
-from broker.config import config_from_dict
+from broker.config import ConfigError, config_from_dict
 from broker.gc_watch import GcWatch
 from broker.runtime import Broker
 from tools.cluster.launcher import free_ports
@@ -73,7 +73,7 @@ async def test_a_started_broker_collects_young_objects_at_its_configured_thresho
     base = {"node_id": 1, "cluster_id": "gc-test", "data_dir": str(tmp_path / "d"),
             "listen": f"127.0.0.1:{port}", "voters": f"1@127.0.0.1:{port}", "security_protocol": "PLAINTEXT"}
     assert config_from_dict(base).gc_young_threshold == 10_000  # the default
-    with pytest.raises(Exception, match="gc_young_threshold.*must be > 0"):
+    with pytest.raises(ConfigError, match="gc_young_threshold.*must be > 0"):
         config_from_dict({**base, "gc_young_threshold": 0})
     cfg = config_from_dict({**base, "gc_young_threshold": 4321})
     broker = Broker(cfg, structlog.get_logger("test"))
