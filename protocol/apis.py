@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from protocol import messages as m
+from metalog.protocol import messages as m
 
 
 class ApiKey(enum.IntEnum):
@@ -25,7 +25,7 @@ class ApiKey(enum.IntEnum):
     REMOVE_RAFT_VOTER = 81
     UPDATE_RAFT_VOTER = 82
     CONTROLLER_COMMAND = 1000  # metalog's own, outside Kafka's range
-    CONSISTENCY_CHECK = 1001  # metalog's own: cross-replica log digest (broker.consistency)
+    CONSISTENCY_CHECK = 1001  # metalog's own: cross-replica log digest (metalog.broker.server.consistency)
 
 
 # api key -> (request type, response type, min version, max version)

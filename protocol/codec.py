@@ -1,6 +1,6 @@
 """Wire codec of the metalog protocol: bytes in, frames and bodies out (sans-IO).
 
-No sockets, no asyncio: ``broker.net`` feeds received bytes into a
+No sockets, no asyncio: ``metalog.broker.net.server`` feeds received bytes into a
 ``FrameDecoder`` and hands each frame to ``decode_request`` /
 ``decode_response``; the simulator can use the same functions.
 
@@ -12,7 +12,7 @@ Framing (all integers big-endian)::
     response = correlation_id i32 | body
 
 The body is the msgspec msgpack encoding of an ``array_like`` Struct from
-``protocol.messages``. A request's api key selects its type (``protocol.apis``);
+``metalog.protocol.messages``. A request's api key selects its type (``metalog.protocol.apis``);
 a response carries no type: the requester knows it from its pending request.
 
 Who is at fault, and what happens, for each kind of bad input:
@@ -46,8 +46,8 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from protocol import messages as m
-from protocol.apis import APIS, ApiKey, request_version, version_problem
+from metalog.protocol import messages as m
+from metalog.protocol.apis import APIS, ApiKey, request_version, version_problem
 
 LENGTH = struct.Struct(">i")
 LENGTH_SIZE = LENGTH.size
@@ -180,7 +180,7 @@ def encode_request(
     api_key: int, correlation_id: int, client_id: str | None, body: m.Body, api_version: int | None = None
 ) -> bytes:
     """One whole request frame, length prefix included; the version defaults
-    to the lowest that carries the body (``protocol.apis.request_version``)."""
+    to the lowest that carries the body (``metalog.protocol.apis.request_version``)."""
     if api_version is None:
         api_version = request_version(body)
     if client_id is None:

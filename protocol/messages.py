@@ -2,7 +2,7 @@
 
 Every body is a msgspec Struct, encoded as a msgpack array (``array_like``) so
 that field names never travel on the wire. The api key in the frame header says
-which body follows (see ``protocol.apis``), so bodies carry no type tag.
+which body follows (see ``metalog.protocol.apis``), so bodies carry no type tag.
 
 The field names follow Kafka's message schemas (KIP-320, KIP-595, KIP-630) in
 snake_case; the single replicated log (``__cluster_metadata``) means there are
@@ -123,7 +123,7 @@ class VoteRequest(Body):
     last_offset_epoch: int
     last_offset: int  # the candidate's log end offset
     # Version 2 (KIP-996, Kafka's PreVote): only asks whether the voter would
-    # vote; it records nothing. Sent as version 2 (protocol.apis.request_version)
+    # vote; it records nothing. Sent as version 2 (metalog.protocol.apis.request_version)
     # so that a peer that knows only version 0 answers UNSUPPORTED_VERSION
     # instead of reading it as a real vote (msgpack arrays drop extra fields).
     pre_vote: bool = False
@@ -202,7 +202,7 @@ class FetchResponse(Body):
     error_code: int = 0
     high_watermark: int = NO_OFFSET
     log_start_offset: int = NO_OFFSET
-    records: bytes = b""  # whole encoded record batches (storage.batch format)
+    records: bytes = b""  # whole encoded record batches (metalog.storage.batch format)
     diverging_epoch: EpochEndOffset | None = None
     current_leader: LeaderIdAndEpoch | None = None
     snapshot_id: SnapshotId | None = None
@@ -301,7 +301,7 @@ class ProduceResponse(Body):
 # --------------------------------------------------------------------------
 # InitProducerId (22), Kafka's fields (no transactions: transactional_id stays
 # None). The leader answers with a fresh id derived from its leader epoch
-# (unique across leaders: see broker.idempotence and docs/client.md).
+# (unique across leaders: see metalog.broker.server.idempotence and docs/client.md).
 
 
 class InitProducerIdRequest(Body):
@@ -487,7 +487,7 @@ class ControllerCommandResponse(Body):
 # equivalent): the leader asks a voter for the digest of its log over
 # [start_offset, end_offset), a range both hold committed. The answer covers
 # [max(start_offset, its log start), end_offset) and splits it into chunks so
-# a mismatch can be located (see broker.consistency).
+# a mismatch can be located (see metalog.broker.server.consistency).
 
 
 class ConsistencyCheckRequest(Body):

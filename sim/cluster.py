@@ -34,14 +34,14 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from broker.quorum import api
-from broker.quorum.core import QuorumCore
-from broker.quorum.env import Environment
-from broker.quorum.voters import VoterSet
-from protocol import messages as m
-from sim.disk import SimDisk, SimDiskError
-from sim.invariants import InvariantChecker, Violation, is_leader
-from sim.network import NetworkConfig, SimNetwork
+from metalog.broker.quorum import api
+from metalog.broker.quorum.core import QuorumCore
+from metalog.broker.quorum.env import Environment
+from metalog.broker.quorum.voters import VoterSet
+from metalog.protocol import messages as m
+from metalog.sim.disk import SimDisk, SimDiskError
+from metalog.sim.invariants import InvariantChecker, Violation, is_leader
+from metalog.sim.network import NetworkConfig, SimNetwork
 
 TRACE_TAIL = 60
 MAX_EVENTS_PER_RUN = 3_000_000
@@ -198,7 +198,7 @@ class ClientAck:
 
 
 class SimClock:
-    """The fake clock the cores' Environment carries (broker.quorum.env.Clock):
+    """The fake clock the cores' Environment carries (metalog.broker.quorum.env.Clock):
     simulated milliseconds, which also serve as the simulated wall clock."""
 
     def __init__(self, cluster: "SimCluster"):

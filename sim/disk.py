@@ -1,7 +1,7 @@
 """SimDisk: an in-memory log with a crash model, the storage under a simulated node.
 
-It implements ``broker.quorum.api.LogReader`` over a list of encoded batches
-(``storage.batch`` format) and applies the core's storage actions the way
+It implements ``metalog.broker.quorum.api.LogReader`` over a list of encoded batches
+(``metalog.storage.batch`` format) and applies the core's storage actions the way
 ``broker/quorum/api.py`` demands. What survives ``crash()``:
 
 * every batch below ``flushed_end_offset`` (fsync'ed by a completed flush);
@@ -41,11 +41,11 @@ import bisect
 import random
 from dataclasses import dataclass
 
-from broker.quorum.api import LogView, QuorumStateData
-from broker.quorum.voters import voter_sets_in
-from protocol import messages as m
-from storage.batch import BatchHeader, decode_records, iter_batches
-from storage.epochs import EpochHistory
+from metalog.broker.quorum.api import LogView, QuorumStateData
+from metalog.broker.quorum.voters import voter_sets_in
+from metalog.protocol import messages as m
+from metalog.storage.batch import BatchHeader, decode_records, iter_batches
+from metalog.storage.epochs import EpochHistory
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,11 +37,11 @@ from __future__ import annotations
 import bisect
 from typing import TYPE_CHECKING, Any
 
-from sim.disk import split_batches
-from storage.batch import decode_records
+from metalog.sim.disk import split_batches
+from metalog.storage.batch import decode_records
 
 if TYPE_CHECKING:
-    from sim.cluster import ClientAck, SimCluster, SimNode
+    from metalog.sim.cluster import ClientAck, SimCluster, SimNode
 
 
 class Violation(AssertionError):

@@ -27,10 +27,10 @@ import os
 import random
 from dataclasses import dataclass, field
 
-from protocol import messages as m
-from sim.cluster import SimCluster, SimConfig, SimNode, role_name, sim_endpoints
-from sim.invariants import check_final
-from sim.network import NetworkConfig
+from metalog.protocol import messages as m
+from metalog.sim.cluster import SimCluster, SimConfig, SimNode, role_name, sim_endpoints
+from metalog.sim.invariants import check_final
+from metalog.sim.network import NetworkConfig
 
 SILENT_CRASH_PROBABILITY = 0.25
 # KIP-853: the share of seeds that run a dynamic cluster (voter set in the log)

@@ -24,7 +24,7 @@ record has a null key and its value is a metadata record (opaque here: the
 controller gives it meaning). A control record (batch control bit set) has
 Kafka's 4-byte key ``version i16 | type i16`` and the record body as value;
 in memory, everywhere above this module, a control record is that key
-followed by its value (``storage.control_records`` builds and parses it):
+followed by its value (``metalog.storage.control_records`` builds and parses it):
 encode_batch splits it at byte 4, decode_records joins it again.
 
 Pure functions only: the broker, the quorum core, the simulator and the Spark
@@ -38,7 +38,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 import crc32c
 
-from storage.errors import CorruptionReport
+from metalog.storage.errors import CorruptionReport
 
 MAGIC = 2
 HEADER = struct.Struct(">qiibIhiqqqhii")

@@ -2,13 +2,13 @@
 KRaftVersionRecord (5), VotersRecord (6), byte for byte as Kafka writes them.
 
 A control record lives in a batch whose control bit is set
-(``storage.batch.ATTR_CONTROL``). As in Kafka, its record key is
+(``metalog.storage.batch.ATTR_CONTROL``). As in Kafka, its record key is
 ``version i16 (=0) | type i16`` and its value is the body in Kafka's
-flexible-version encoding (``storage.kafka_flexible``) of the schemas
+flexible-version encoding (``metalog.storage.kafka_flexible``) of the schemas
 LeaderChangeMessage, SnapshotHeaderRecord, SnapshotFooterRecord,
 KRaftVersionRecord and VotersRecord (each body starts with its own Version
 int16). In memory a control record is its 4-byte key followed by its value
-(what encode_control returns and decode_control takes); storage.batch puts the
+(what encode_control returns and decode_control takes); metalog.storage.batch puts the
 two into the record's key and value fields. Data batches never hold control
 records, so consumers and the controller skip control batches by the header
 bit alone.
@@ -24,7 +24,7 @@ import struct
 
 import msgspec
 
-from storage import kafka_flexible as kf
+from metalog.storage import kafka_flexible as kf
 
 LEADER_CHANGE = 2
 SNAPSHOT_HEADER = 3

@@ -26,7 +26,7 @@ from typing import Iterable, NamedTuple
 
 import crc32c
 
-from storage.atomic import atomic_write
+from metalog.storage.atomic import atomic_write
 
 NO_EPOCH = -1
 NO_OFFSET = -1

@@ -5,7 +5,7 @@ and the offset involved, in the message itself. Corruption errors also carry a
 structured ``CorruptionReport`` (``.report``) that the runtime logs, counts and
 hands to the quorum core, and that ``QuarantineState`` persists.
 
-``CorruptBatchError`` lives in storage.batch (the pure codec raises it); it
+``CorruptBatchError`` lives in metalog.storage.batch (the pure codec raises it); it
 carries a ``.report`` too.
 """
 

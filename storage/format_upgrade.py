@@ -4,10 +4,10 @@ Version 1 (builds before issue 17) framed the records inside a batch as
 ``u32 length | value`` and a control record as ``type i16 | version i16 |
 body`` (msgpack bodies for LeaderChange, SnapshotHeader, SnapshotFooter).
 Version 2 writes Kafka's v2 records and Kafka's control records
-(storage.batch, storage.control_records), but metadata record values are
+(metalog.storage.batch, metalog.storage.control_records), but metadata record values are
 still ``api_key i16 | version i16 | msgpack array`` (ACLs under keys 6 and
 16). Version 3 writes metadata record values in Kafka's ApiMessageAndVersion
-framing with Kafka's bodies and api keys (storage.metadata_records). Batch
+framing with Kafka's bodies and api keys (metalog.storage.metadata_records). Batch
 headers are the same in all three; only the records and so the lengths, CRCs
 and file positions change.
 
@@ -15,7 +15,7 @@ meta.properties carries ``metalog.format.version`` (absent = 1). A broker
 refuses an older dir that holds data, naming its version and the command
 ``metalog storage upgrade --data-dir DIR``, which calls upgrade_data_dir:
 every segment and snapshot is rewritten batch by batch (tmp file, fsync,
-rename, directory fsync: storage.atomic.atomic_write), 1 -> 3 in one pass,
+rename, directory fsync: metalog.storage.atomic.atomic_write), 1 -> 3 in one pass,
 the segment's ``.index`` and ``.timeindex`` are emptied first (positions
 move; the log rebuilds them at open), a snake_case quorum-state is rewritten as
 Kafka's JSON, and meta.properties is stamped last. A batch or value already
@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from storage import batch as b
-from storage import control_records as cr
-from storage import metadata_records as mr
-from storage.atomic import atomic_write
-from storage.errors import QuorumStateError
-from storage.quorum_state import QuorumStateFile
+from metalog.storage import batch as b
+from metalog.storage import control_records as cr
+from metalog.storage import metadata_records as mr
+from metalog.storage.atomic import atomic_write
+from metalog.storage.errors import QuorumStateError
+from metalog.storage.quorum_state import QuorumStateFile
 
 FORMAT_VERSION = 3
 UPGRADABLE_VERSIONS = (1, 2)
@@ -59,7 +59,7 @@ class FormatError(ValueError):
 
 # Version 1 and 2 metadata values: api key i16 | version i16 (always 0) | a
 # msgpack array of the record's fields in order (the classes of
-# storage.metadata_records kept those fields; Endpoint's new last field has a
+# metalog.storage.metadata_records kept those fields; Endpoint's new last field has a
 # default). AccessControlEntry and its removal had keys 6 and 16, not Kafka's.
 _LEGACY_PREFIX = struct.Struct(">hh")
 _LEGACY_TYPES = {

@@ -5,7 +5,7 @@ fixed-width big-endian integers, uuids as 16 raw bytes, compact strings and
 arrays (unsigned varint length + 1, 0 for null), and a tagged-field section
 (an unsigned varint count, then tag/size/bytes) at the end of every struct.
 We write no tagged fields and skip the ones we read (a newer writer's). Used
-by the KRaft control records (storage.control_records: VotersRecord,
+by the KRaft control records (metalog.storage.control_records: VotersRecord,
 KRaftVersionRecord), whose bodies must be byte for byte what Kafka writes.
 """
 

@@ -141,7 +141,7 @@ class FenceBroker(_Rec):
 
 class FenceBrokerImplicit(_Rec):
     """metalog's own (key 1001): a FenceBroker written by format versions 1
-    and 2, whose apply also shrinks ISRs and moves leaders (broker.controller).
+    and 2, whose apply also shrinks ISRs and moves leaders (metalog.broker.controller.state).
     `metalog storage upgrade` turns each old FenceBroker into one so that an
     old log replays to the same state; new logs hold Kafka's FenceBroker plus
     the explicit PartitionChange records Kafka's controller writes."""
@@ -165,7 +165,7 @@ class FeatureLevel(_Rec):
 
 
 class AccessControlEntry(_Rec):
-    """Kafka's AccessControlEntryRecord; the codes are Kafka's (see broker.authz)."""
+    """Kafka's AccessControlEntryRecord; the codes are Kafka's (see metalog.broker.controller.acl)."""
 
     id: str  # uuid, as text: what a RemoveAccessControlEntry names
     resource_type: int  # 2 topic, 4 cluster
@@ -187,7 +187,7 @@ class NoOp(_Rec):
 
 class ProducerState(_Rec):
     """One producer's idempotence state, in controller snapshots only
-    (storage.producer_state). Batches are (first_seq, last_seq, base_offset,
+    (metalog.storage.producer_state). Batches are (first_seq, last_seq, base_offset,
     last_offset, leader_epoch), oldest first."""
 
     producer_id: int

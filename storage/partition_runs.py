@@ -20,8 +20,8 @@ the batch's partition shape as columns at once, so the numpy calls are paid
 once per batch, not once per run.
 
 Anything else -- another record type, another shape, a tagged field, one
-mismatching byte -- is read by the general parser (storage.batch), and the
-record decoder (storage.metadata_records) says what is wrong with it, exactly
+mismatching byte -- is read by the general parser (metalog.storage.batch), and the
+record decoder (metalog.storage.metadata_records) says what is wrong with it, exactly
 as without this module: the items returned here are the batch's records in
 order, some as values and some as rows, never a different reading of the
 same bytes (tests/snapshot/test_partition_runs.py,
@@ -34,8 +34,8 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from storage import batch as b
-from storage.metadata_records import uuid_text
+from metalog.storage import batch as b
+from metalog.storage.metadata_records import uuid_text
 
 PARTITION_RECORD_PREFIX = b"\x01\x03\x00"  # frame version 1, api key 3 (PartitionRecord), version 0
 MAX_ARRAY = 16  # longer replica lists take the general path (a compact-array length of one byte)
@@ -274,7 +274,7 @@ def iter_batch(batch: bytes, h: b.BatchHeader, names: TopicNames | None = None
     """The records of one whole data batch (CRC already checked), in order:
     a value (bytes) per record, except runs of common-shape PartitionRecords,
     which come as PartitionRun. Raises CorruptBatchError as
-    storage.batch.decode_records does."""
+    metalog.storage.batch.decode_records does."""
     assert not h.attributes & b.ATTR_CONTROL, "control batches take decode_records"
     names = names or TopicNames()
     data = bytes(memoryview(batch)[b.HEADER_SIZE:h.size])
@@ -362,7 +362,7 @@ def _widths(count: int) -> Iterator[tuple[int, int, int]]:
 def read_batch(batch: bytes, h: b.BatchHeader, names: TopicNames | None = None) -> BatchRows:
     """The records of one whole data batch (CRC already checked), its
     PartitionRecords of one shape (the first one's) as columns, the rest as
-    values. Raises CorruptBatchError as storage.batch.decode_records does."""
+    values. Raises CorruptBatchError as metalog.storage.batch.decode_records does."""
     assert not h.attributes & b.ATTR_CONTROL, "control batches take decode_records"
     names = names or TopicNames()
     data = bytes(memoryview(batch)[b.HEADER_SIZE:h.size])

@@ -2,7 +2,7 @@
 
 A producer (id from InitProducerId, epoch, per-record sequence numbers) writes
 batches whose v2 header carries ``producer_id``, ``producer_epoch`` and
-``base_sequence`` (storage.batch). This table remembers, per producer id, the
+``base_sequence`` (metalog.storage.batch). This table remembers, per producer id, the
 epoch, the last ``RETAINED_BATCHES`` batches it appended (first/last sequence,
 first/last offset, leader epoch) and the timestamp of its last batch. The
 leader consults it before appending a client's batch: the same
@@ -23,7 +23,7 @@ import enum
 from collections import deque
 from typing import Iterable, NamedTuple
 
-from storage.batch import ATTR_CONTROL, BatchHeader, iter_batches
+from metalog.storage.batch import ATTR_CONTROL, BatchHeader, iter_batches
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1

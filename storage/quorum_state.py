@@ -8,7 +8,7 @@ field), data_version 0, in Kafka's key order::
      "appliedOffset": 0, "currentVoters": [{"voterId": 1}, ...],
      "data_version": 0, "crc32c": 1234}
 
-Written through storage.atomic.atomic_write, so a crash leaves either the old
+Written through metalog.storage.atomic.atomic_write, so a crash leaves either the old
 or the new content; a voter that forgot its vote could vote twice in an epoch.
 
 ``crc32c`` is ours (issue 12), an extra key Kafka's reader ignores: the
@@ -30,8 +30,8 @@ from typing import Any
 
 import crc32c
 
-from storage.atomic import atomic_write, read_file_if_exists
-from storage.errors import QuorumStateError
+from metalog.storage.atomic import atomic_write, read_file_if_exists
+from metalog.storage.errors import QuorumStateError
 
 DATA_VERSION = 0  # Kafka's QuorumStateData version we write
 NO_LEADER = -1

@@ -11,7 +11,7 @@ same sealed segment, with the same size, counts.
 
 Each batch is checked as at open: header, length, magic, CRC-32C, contiguous
 offsets from the segment's base to the next segment's base, monotonic epochs.
-Snapshots are verified whole, a chunk at a time (storage.snapshot.verify_snapshot_fd).
+Snapshots are verified whole, a chunk at a time (metalog.storage.snapshot.verify_snapshot_fd).
 
 Found corruption goes to ``on_corruption(report)`` ON THE SCRUBBER THREAD: the
 runtime hands it to the event loop (``loop.call_soon_threadsafe``).
@@ -36,10 +36,10 @@ from typing import Any, Callable, NamedTuple
 
 import structlog
 
-from storage import batch as B
-from storage.errors import CorruptionReport
-from storage.log import SegmentRef, SegmentedLog, corruption_report_at
-from storage.snapshot import CorruptSnapshotError, SnapshotStore, verify_snapshot_fd
+from metalog.storage import batch as B
+from metalog.storage.errors import CorruptionReport
+from metalog.storage.segmented_log import SegmentRef, SegmentedLog, corruption_report_at
+from metalog.storage.snapshot import CorruptSnapshotError, SnapshotStore, verify_snapshot_fd
 
 DEFAULT_CHUNK_BYTES = 1 << 20  # one pread; the rate limiter waits between them
 DEFAULT_IDLE_WAIT_MS = 60_000  # nothing sealed to scrub: list the files again after this
@@ -72,7 +72,7 @@ class Scrubber:
         self._snapshots = snapshots
         self._rate = bytes_per_s
         self._on_corruption = on_corruption
-        self._logger = logger if logger is not None else structlog.get_logger("storage.scrub")
+        self._logger = logger if logger is not None else structlog.get_logger("metalog.storage.scrub")
         self._metrics = metrics
         self._chunk = chunk_bytes
         self._idle_wait_s = idle_wait_ms / 1000

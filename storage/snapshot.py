@@ -2,7 +2,7 @@
 
 A snapshot ``<20-digit end offset>-<10-digit epoch>.checkpoint`` holds the
 controller state reflecting every record with offset < end_offset. Its bytes
-are record batches (``storage.batch``), all with leader epoch = snapshot
+are record batches (``metalog.storage.batch``), all with leader epoch = snapshot
 epoch and offsets counting from 0 within the file::
 
     control batch  SnapshotHeader   (offset 0)
@@ -36,11 +36,11 @@ from typing import Callable, Iterable, Iterator
 
 import structlog
 
-from protocol.messages import SnapshotId
-from storage import batch as b
-from storage import control_records as cr
-from storage.atomic import fsync_dir
-from storage.errors import CorruptionReport, StorageError
+from metalog.protocol.messages import SnapshotId
+from metalog.storage import batch as b
+from metalog.storage import control_records as cr
+from metalog.storage.atomic import fsync_dir
+from metalog.storage.errors import CorruptionReport, StorageError
 
 log = structlog.get_logger(__name__)
 
@@ -413,7 +413,7 @@ def read_snapshot(path: str, partition_runs: bool = False
     second pass checks each batch's CRC again (the file is read twice).
 
     partition_runs: runs of common-shape PartitionRecords come as
-    storage.partition_runs.PartitionRun items instead of one value each (the
+    metalog.storage.partition_runs.PartitionRun items instead of one value each (the
     controller's load applies them as columns)."""
     name = os.path.basename(path)
     sid = parse_snapshot_filename(name)
@@ -423,7 +423,7 @@ def read_snapshot(path: str, partition_runs: bool = False
 
     def values() -> Iterator[bytes]:
         if partition_runs:
-            from storage import partition_runs as pr  # numpy: imported by the loader only
+            from metalog.storage import partition_runs as pr  # numpy: imported by the loader only
 
             names = pr.TopicNames()
         with open(path, "rb", buffering=0) as f:

@@ -1,5 +1,5 @@
 """The documented command lines keep working after tools/ was grouped by job:
-the console script's module, ``python -m tools.cli``, and the old module and
+the console script's module, ``python -m metalog.tools.cli``, and the old module and
 script paths that README and docs name (thin shims that forward to the new
 modules). Each is run with --help in a fresh interpreter from the repo root;
 a broken shim would exit non-zero with an ImportError on stderr."""
@@ -11,15 +11,15 @@ import sys
 
 import pytest
 
-from tools.cluster.launcher import REPO_ROOT
+from metalog.tools.cluster.launcher import REPO_ROOT
 
 ENTRY_POINTS = [
-    (["-m", "tools.cli", "--help"], "usage: metalog"),
-    (["-m", "tools.simulate", "--help"], "--seeds"),
-    (["-m", "tools.bench", "--help"], "usage: metalog bench"),
-    (["-m", "tools.bench_storage", "--help"], "--recovery-bytes"),
-    (["-m", "tools.bench_snapshot", "--help"], "--records"),
-    (["-m", "tools.bench_hostile", "--help"], "--hostile"),
+    (["-m", "metalog.tools.cli", "--help"], "usage: metalog"),
+    (["-m", "metalog.tools.simulate", "--help"], "--seeds"),
+    (["-m", "metalog.tools.bench", "--help"], "usage: metalog bench"),
+    (["-m", "metalog.tools.bench_storage", "--help"], "--recovery-bytes"),
+    (["-m", "metalog.tools.bench_snapshot", "--help"], "--records"),
+    (["-m", "metalog.tools.bench_hostile", "--help"], "--hostile"),
     (["tools/bench_spark.py", "--help"], "--records"),
     (["tools/spark_job.py", "--help"], "{snapshot,audit,sql,package}"),
     (["tools/spark/job.py", "--help"], "{snapshot,audit,sql,package}"),
@@ -34,8 +34,8 @@ def test_documented_entry_point_runs(argv, expected):
 
 
 def test_drill_report_redraw_without_a_report_prints_its_usage():
-    """`python -m tools.drill.report` (docs/drills.md) with no REPORT: exit 1 and its usage line."""
-    proc = subprocess.run([sys.executable, "-m", "tools.drill.report"], cwd=REPO_ROOT, capture_output=True,
+    """`python -m metalog.tools.drill.report` (docs/drills.md) with no REPORT: exit 1 and its usage line."""
+    proc = subprocess.run([sys.executable, "-m", "metalog.tools.drill.report"], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 1
-    assert proc.stderr.startswith("usage: python -m tools.drill.report REPORT"), proc.stderr
+    assert proc.stderr.startswith("usage: python -m metalog.tools.drill.report REPORT"), proc.stderr

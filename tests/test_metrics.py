@@ -1,4 +1,4 @@
-"""broker.metrics with a fake clock: the windowed raft stats (latencies,
+"""metalog.broker.server.metrics with a fake clock: the windowed raft stats (latencies,
 rates, idle ratio) say what Kafka's raft-metrics say, and expire with the window."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 from prometheus_client import generate_latest
 
-from broker.metrics import RAFT_METRIC_NAMES, WINDOW_S, BrokerMetrics, LoopIdleRatio, RaftStats, RaftView, WindowedStat
+from metalog.broker.server.metrics import RAFT_METRIC_NAMES, WINDOW_S, BrokerMetrics, LoopIdleRatio, RaftStats, RaftView, WindowedStat
 
 
 class FakeClock:
@@ -129,7 +129,7 @@ def test_registry_exports_every_raft_metric_with_the_views_values():
 
 
 def test_requests_are_counted_by_api_name():
-    from protocol.apis import ApiKey
+    from metalog.protocol.apis import ApiKey
 
     metrics = BrokerMetrics(node_id=1)
     for api in (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.PRODUCE):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tools.cluster.launcher import REPO_ROOT
+from metalog.tools.cluster.launcher import REPO_ROOT
 
 BLOCKER = """
 import sys
@@ -30,14 +30,14 @@ def run_without_extras(code: str, cwd: str = REPO_ROOT) -> subprocess.CompletedP
 
 
 def metalog_without_extras(*argv: str, cwd: str = REPO_ROOT) -> subprocess.CompletedProcess:
-    return run_without_extras(f"from tools.cli import main\nsys.exit(main({list(argv)!r}))", cwd=cwd)
+    return run_without_extras(f"from metalog.tools.cli import main\nsys.exit(main({list(argv)!r}))", cwd=cwd)
 
 
 def test_broker_and_every_cli_module_import_without_the_extras():
     proc = run_without_extras(
-        "import broker.runtime, broker.main, broker.admin\n"
-        "import tools.cli.app, tools.drill.drill, tools.drill.report, tools.bench.bench, tools.bench.etcd\n"
-        "import tools.spark.job, tools.simulate, sim.random_run\n"
+        "import metalog.broker.server.runtime, metalog.broker.server.main, metalog.broker.server.admin\n"
+        "import metalog.tools.cli.app, metalog.tools.drill.drill, metalog.tools.drill.report, metalog.tools.bench.bench, metalog.tools.bench.etcd\n"
+        "import metalog.tools.spark.job, metalog.tools.simulate, metalog.sim.random_run\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in BLOCKED)\n"
         "print('loaded:', loaded)\n")
     assert proc.returncode == 0, proc.stderr

@@ -1,5 +1,5 @@
 """Old entry point, kept because docs and users run it as a script:
-``python tools/bench_spark.py`` is ``python -m tools.bench.spark``."""
+``python tools/bench_spark.py`` is ``python -m metalog.tools.bench.spark``."""
 
 import os
 import sys
@@ -7,7 +7,7 @@ import sys
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tools.bench.spark import main  # noqa: E402
+from metalog.tools.bench.spark import main  # noqa: E402
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -2,7 +2,7 @@
 --print-data-log` print it: metadata and control records decoded by storage/'s
 decoders (type, version, fields), produced values as UTF-8 text when they are
 valid UTF-8, else base64. Shared by the CLI and the Spark job's history table
-(a module of its own so that tools.spark need not import tools.cli)."""
+(a module of its own so that metalog.tools.spark need not import metalog.tools.cli)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import base64
 
 import msgspec
 
-from storage import control_records as cr
-from storage import metadata_records as r
+from metalog.storage import control_records as cr
+from metalog.storage import metadata_records as r
 
 
 def value_json(value: bytes) -> dict:

@@ -1,6 +1,6 @@
 """Run many seeds of the deterministic simulator and print violations and failover latency.
 
-    .venv/bin/python -m tools.simulate --seeds 10000 [--start 0] [--workers 2]
+    .venv/bin/python -m metalog.tools.simulate --seeds 10000 [--start 0] [--workers 2]
 
 Prints the number of violations (must be 0), the failing seeds (replay one
 with ``SIM_SEED=n .venv/bin/python -m pytest tests/sim -k random``), and the
@@ -23,8 +23,8 @@ import sys
 import time
 import traceback
 
-from sim.invariants import Violation
-from sim.random_run import run_seed
+from metalog.sim.invariants import Violation
+from metalog.sim.random_run import run_seed
 
 
 def _one(args: tuple[int, int, bool]) -> tuple[int, str | None, list[tuple[int, bool, bool]], int,

@@ -7,7 +7,7 @@ import sys
 if __package__ in (None, ""):  # spark-submit tools/spark_job.py: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tools.spark.job import main  # noqa: E402
+from metalog.tools.spark.job import main  # noqa: E402
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from protocol import messages as m
-from protocol.apis import APIS
-from protocol.errors import Errors
+from metalog.protocol import messages as m
+from metalog.protocol.apis import APIS
+from metalog.protocol.errors import Errors
 
 
 def error_response(req: m.Body, code: int, message: str | None,

@@ -1,13 +1,13 @@
 """The contract between the pure quorum core and whoever drives it.
 
-The core (``broker.quorum.core.QuorumCore``) is a state machine in the manner
+The core (``metalog.broker.quorum.core.QuorumCore``) is a state machine in the manner
 of etcd's raft: ``core.step(event) -> list[Action]``. It never touches sockets,
 clocks, randomness or files. Two drivers exist and both obey the same rules:
 
-* ``broker.runtime`` (asyncio, real files, real TCP), and
+* ``metalog.broker.server.runtime`` (asyncio, real files, real TCP), and
 * ``sim`` (seeded scheduler, fake clock, simulated network and disk).
 
-Both hand the core an ``Environment`` (``broker.quorum.env``): the clock they
+Both hand the core an ``Environment`` (``metalog.broker.quorum.env``): the clock they
 stamp events with and the ``random.Random`` the core draws from.
 
 Rules for a driver
@@ -39,9 +39,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from broker.quorum.settings import check_settings, setting
-from broker.quorum.voters import VoterSet
-from protocol import messages as m
+from metalog.broker.quorum.settings import check_settings, setting
+from metalog.broker.quorum.voters import VoterSet
+from metalog.protocol import messages as m
 
 # --------------------------------------------------------------------------
 # Events (driver -> core). Each carries the current time.
@@ -342,7 +342,7 @@ class LogView:
     # start holds); None: the static voters of the config (kraft version 0).
     voter_set: VoterSet | None = None
     # (offset, voter set) of every VotersRecord in the log, in order
-    # (broker.quorum.voters.voter_sets_in over the log's batches).
+    # (metalog.broker.quorum.voters.voter_sets_in over the log's batches).
     voter_history: list[tuple[int, VoterSet]] = field(default_factory=list)
 
 

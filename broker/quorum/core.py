@@ -1,15 +1,15 @@
 """The pure quorum core: KRaft-style election and pull replication as a state machine.
 
 ``QuorumCore.step(event) -> list[Action]`` is the whole interface (see
-``broker.quorum.api`` for the events, actions and the rules a driver obeys).
+``metalog.broker.quorum.api`` for the events, actions and the rules a driver obeys).
 Nothing in here touches sockets, clocks, files or global randomness: time comes
 from the events, randomness from the ``Environment`` passed in
-(``broker.quorum.env``), and the local log is read only through the
+(``metalog.broker.quorum.env``), and the local log is read only through the
 ``LogReader``. That is what lets the deterministic simulator (sim/) and
 the asyncio runtime drive the very same code.
 
 ``QuorumCore`` is the facade: it owns what every role shares and delegates to
-the current role object (``broker.quorum.roles``), in the manner of Kafka's
+the current role object (``metalog.broker.quorum.roles``), in the manner of Kafka's
 QuorumState. Where things live:
 
 * ``roles``: the Role enum, the base role, the table of allowed transitions;
@@ -79,9 +79,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.quorum import election, inbound
-from broker.quorum.answers import error_response, metadata_response
-from broker.quorum.api import (
+from metalog.broker.quorum import election, inbound
+from metalog.broker.quorum.answers import error_response, metadata_response
+from metalog.broker.quorum.api import (
     Action,
     AppendWaiter,
     ClientAppend,
@@ -103,18 +103,18 @@ from broker.quorum.api import (
     StallReads,
     Tick,
 )
-from broker.quorum.election import CandidateState, ProspectiveState, ResignedState, UnattachedState, VotedState
-from broker.quorum.env import Environment
-from broker.quorum.follower import FollowerState
-from broker.quorum.leader import LeaderState
-from broker.quorum.log import LocalLog
-from broker.quorum.outbox import FETCH_LOOP, NOTIFICATIONS, Outbox, RequestKind
-from broker.quorum.progress import ReplicaProgress
-from broker.quorum.roles import ALLOWED_TRANSITIONS, MEMORY_TRANSITIONS, RETRY_BACKOFF_BASE_MS, Role, RoleState
-from broker.quorum.voters import VoterSet
-from protocol import messages as m
-from protocol.errors import Errors
-from storage.epochs import EpochHistory
+from metalog.broker.quorum.election import CandidateState, ProspectiveState, ResignedState, UnattachedState, VotedState
+from metalog.broker.quorum.env import Environment
+from metalog.broker.quorum.follower import FollowerState
+from metalog.broker.quorum.leader import LeaderState
+from metalog.broker.quorum.local_log import LocalLog
+from metalog.broker.quorum.outbox import FETCH_LOOP, NOTIFICATIONS, Outbox, RequestKind
+from metalog.broker.quorum.progress import ReplicaProgress
+from metalog.broker.quorum.roles import ALLOWED_TRANSITIONS, MEMORY_TRANSITIONS, RETRY_BACKOFF_BASE_MS, Role, RoleState
+from metalog.broker.quorum.voters import VoterSet
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
+from metalog.storage.epochs import EpochHistory
 
 __all__ = ["QuorumCore", "ReplicaProgress", "Role"]
 
@@ -635,7 +635,7 @@ class QuorumCore:
         return error_response(req, code, message, self.current_leader())
 
     def handle_fetch(self, token: Any, req: m.FetchRequest, now: int, completing: bool) -> None:
-        """A Fetch, new or parked (completing): see broker.quorum.inbound."""
+        """A Fetch, new or parked (completing): see metalog.broker.quorum.inbound."""
         inbound.handle_fetch(self, token, req, now, completing)
 
     # ------------------------------------------------------------------

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from broker.quorum.notify import Notifier, NotifyingRole
-from broker.quorum.outbox import RETRY_BACKOFF_MS, RequestKind
-from broker.quorum.roles import Role, RoleState
-from protocol import messages as m
-from protocol.errors import Errors
+from metalog.broker.quorum.notify import Notifier, NotifyingRole
+from metalog.broker.quorum.outbox import RETRY_BACKOFF_MS, RequestKind
+from metalog.broker.quorum.roles import Role, RoleState
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
 
 if TYPE_CHECKING:
-    from broker.quorum.core import QuorumCore
+    from metalog.broker.quorum.core import QuorumCore
 
 NO_EPOCH = m.NO_EPOCH
 NO_LEADER = m.NO_LEADER

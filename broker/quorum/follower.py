@@ -7,16 +7,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from broker.quorum.api import WriteSnapshotChunk
-from broker.quorum.outbox import RETRY_BACKOFF_MS, RequestKind
-from broker.quorum.roles import RETRY_BACKOFF_BASE_MS, Role, RoleState
-from broker.quorum.voters import VoterSet, voter_sets_in
-from protocol import messages as m
-from protocol.errors import Errors
-from storage.batch import BatchStream, CorruptBatchError
+from metalog.broker.quorum.api import WriteSnapshotChunk
+from metalog.broker.quorum.outbox import RETRY_BACKOFF_MS, RequestKind
+from metalog.broker.quorum.roles import RETRY_BACKOFF_BASE_MS, Role, RoleState
+from metalog.broker.quorum.voters import VoterSet, voter_sets_in
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
+from metalog.storage.batch import BatchStream, CorruptBatchError
 
 if TYPE_CHECKING:
-    from broker.quorum.core import QuorumCore
+    from metalog.broker.quorum.core import QuorumCore
 
 NO_LEADER = m.NO_LEADER
 # A connection-level failure of a request to the leader (refused, reset: the

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from broker.quorum import election, membership
-from broker.quorum.answers import api_versions_response, check_cluster_id
-from broker.quorum.api import AppendWaiter
-from broker.quorum.leader import LeaderState
-from broker.quorum.leader_reads import LeaderReads, fetch_problem
-from protocol import messages as m
-from protocol.errors import Errors
+from metalog.broker.quorum import election, membership
+from metalog.broker.quorum.answers import api_versions_response, check_cluster_id
+from metalog.broker.quorum.api import AppendWaiter
+from metalog.broker.quorum.leader import LeaderState
+from metalog.broker.quorum.leader_reads import LeaderReads, fetch_problem
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
 
 if TYPE_CHECKING:
-    from broker.quorum.core import QuorumCore
+    from metalog.broker.quorum.core import QuorumCore
 
 NO_EPOCH = m.NO_EPOCH
 

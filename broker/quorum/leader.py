@@ -1,27 +1,27 @@
 """The leader: per-replica progress, the high watermark, client appends,
 check-quorum, BeginQuorumEpoch notifications and the log start (KIP-630).
 Serving reads (Fetch, FetchSnapshot, OffsetsForLeaderEpoch, ListOffsets) is
-in broker.quorum.leader_reads."""
+in metalog.broker.quorum.leader_reads."""
 
 from __future__ import annotations
 
 from collections import deque
 from typing import TYPE_CHECKING
 
-from broker.quorum import membership
-from broker.quorum.leader_reads import LeaderReads
-from broker.quorum.notify import Notifier, NotifyingRole
-from broker.quorum.outbox import RequestKind
-from broker.quorum.progress import ProduceWaiter, ProgressTable, ReplicaProgress
-from broker.quorum.roles import Role, RoleState
-from broker.quorum.voters import VoterSet, voters_record
-from protocol import messages as m
-from protocol.errors import Errors
-from storage.batch import encode_batch
-from storage.control_records import KRaftVersionRecord, LeaderChange, encode_control
+from metalog.broker.quorum import membership
+from metalog.broker.quorum.leader_reads import LeaderReads
+from metalog.broker.quorum.notify import Notifier, NotifyingRole
+from metalog.broker.quorum.outbox import RequestKind
+from metalog.broker.quorum.progress import ProduceWaiter, ProgressTable, ReplicaProgress
+from metalog.broker.quorum.roles import Role, RoleState
+from metalog.broker.quorum.voters import VoterSet, voters_record
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
+from metalog.storage.batch import encode_batch
+from metalog.storage.control_records import KRaftVersionRecord, LeaderChange, encode_control
 
 if TYPE_CHECKING:
-    from broker.quorum.core import QuorumCore
+    from metalog.broker.quorum.core import QuorumCore
 
 
 class LeaderState(NotifyingRole, RoleState):
@@ -282,7 +282,7 @@ class LeaderState(NotifyingRole, RoleState):
             self.pending_change = None
             membership.answer(core, pc.token, pc.request, Errors.NONE)
 
-    # -- voter changes (KIP-853, broker.quorum.membership) --------------------
+    # -- voter changes (KIP-853, metalog.broker.quorum.membership) --------------------
 
     def append_voters(self, voter_set: VoterSet, now: int) -> int:
         """Append a VotersRecord of `voter_set`; it counts from now on. Returns its offset."""

@@ -8,15 +8,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from broker.quorum.api import CorruptionFound
-from broker.quorum.progress import ParkedFetch, ReplicaProgress
-from protocol import messages as m
-from protocol.errors import Errors
-from storage.batch import CorruptBatchError, iter_batches
-from storage.errors import StorageError
+from metalog.broker.quorum.api import CorruptionFound
+from metalog.broker.quorum.progress import ParkedFetch, ReplicaProgress
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
+from metalog.storage.batch import CorruptBatchError, iter_batches
+from metalog.storage.errors import StorageError
 
 if TYPE_CHECKING:
-    from broker.quorum.leader import LeaderState
+    from metalog.broker.quorum.leader import LeaderState
 
 NO_EPOCH = m.NO_EPOCH
 NO_OFFSET = m.NO_OFFSET

@@ -4,7 +4,7 @@ RemoveVoterHandler and UpdateVoterHandler; and UpdateFeatures (57) for
 kraft.version, the online upgrade from static voters (bottom of the module).
 
 A change is one VotersRecord appended by the leader; like any VotersRecord
-it counts from the moment it is appended (broker.quorum.voters). Safety
+it counts from the moment it is appended (metalog.broker.quorum.voters). Safety
 comes from doing one change at a time, each committed before the next:
 two sets that differ by one voter always share a majority, so no two
 disjoint majorities can exist across a change. Hence, before a change:
@@ -21,7 +21,7 @@ kraft version 0 (static voters from the config) cannot change
 REQUEST_TIMED_OUT at the request's timeout, or NOT_LEADER_OR_FOLLOWER if
 leadership is lost first. A leader that removed itself keeps leading
 until the change commits, its own log end no longer counting toward the
-HW, then steps down to an observer (broker.quorum.leader).
+HW, then steps down to an observer (metalog.broker.quorum.leader).
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from broker.quorum.voters import VoterSet
-from protocol import messages as m
-from protocol.errors import Errors
+from metalog.broker.quorum.voters import VoterSet
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
 
 if TYPE_CHECKING:
-    from broker.quorum.core import QuorumCore
-    from broker.quorum.leader import LeaderState
+    from metalog.broker.quorum.core import QuorumCore
+    from metalog.broker.quorum.leader import LeaderState
 
 NO_DIRECTORY_ID = m.NO_DIRECTORY_ID
 VoterChangeRequest = (m.AddRaftVoterRequest | m.RemoveRaftVoterRequest | m.UpdateRaftVoterRequest

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from broker.quorum.outbox import RETRY_BACKOFF_MS, RequestKind
-from protocol import messages as m
+from metalog.broker.quorum.outbox import RETRY_BACKOFF_MS, RequestKind
+from metalog.protocol import messages as m
 
 
 class Notifier:

@@ -7,8 +7,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from broker.quorum.api import Action, QuorumConfig, Respond, SendRequest
-from protocol import messages as m
+from metalog.broker.quorum.api import Action, QuorumConfig, Respond, SendRequest
+from metalog.protocol import messages as m
 
 
 class RequestKind(enum.Enum):

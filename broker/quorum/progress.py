@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from broker.quorum.api import QuorumConfig
-from broker.quorum.voters import VoterSet
-from protocol import messages as m
+from metalog.broker.quorum.api import QuorumConfig
+from metalog.broker.quorum.voters import VoterSet
+from metalog.protocol import messages as m
 
 NO_OFFSET = m.NO_OFFSET
 # Bound on the observers a leader keeps track of (the oldest is forgotten).

@@ -16,13 +16,13 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
-from protocol import messages as m
-from protocol.errors import Errors
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
 
 if TYPE_CHECKING:
-    from broker.quorum.core import QuorumCore
-    from broker.quorum.outbox import RequestKind
-    from broker.quorum.progress import ReplicaProgress
+    from metalog.broker.quorum.core import QuorumCore
+    from metalog.broker.quorum.outbox import RequestKind
+    from metalog.broker.quorum.progress import ReplicaProgress
 
 
 class Role(enum.StrEnum):

@@ -3,7 +3,7 @@
 A config class is a dataclass whose tunable fields are declared with
 ``setting(default, doc, ...)``; the range (``gt``/``ge``/``choices``/
 ``nonempty``) sits in the field's metadata, ``check_settings`` enforces it,
-and ``broker.config`` builds the YAML schema, ``--help-config`` and
+and ``metalog.broker.server.config`` builds the YAML schema, ``--help-config`` and
 docs/config.md from the same metadata. Fields declared without ``setting``
 are not user settings (e.g. the node identity the driver fills into
 ``QuorumConfig``).

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from protocol import messages as m
-from storage import control_records as cr
-from storage.batch import decode_records, iter_batches
+from metalog.protocol import messages as m
+from metalog.storage import control_records as cr
+from metalog.storage.batch import decode_records, iter_batches
 
 NO_DIRECTORY_ID = m.NO_DIRECTORY_ID
 SUPPORTED_KRAFT_VERSIONS = (0, 1)  # the kraft.version range this build supports

@@ -1,4 +1,4 @@
-"""broker.authz: one test per rule of the authorization gate."""
+"""metalog.broker.controller.acl: one test per rule of the authorization gate."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import dataclasses
 
 import pytest
 
-from broker import authz as a
-from broker import metadata_views as views
-from broker.controller import CommandError, Controller
-from broker.principal import ANONYMOUS, Principal, node_principal
-from protocol import messages as m
-from protocol.apis import ApiKey
-from protocol.errors import Errors
-from storage import metadata_records as r
+from metalog.broker.controller import acl as a
+from metalog.broker.controller import views
+from metalog.broker.controller.state import CommandError, Controller
+from metalog.broker.net.principal import ANONYMOUS, Principal, node_principal
+from metalog.protocol import messages as m
+from metalog.protocol.apis import ApiKey
+from metalog.protocol.errors import Errors
+from metalog.storage import metadata_records as r
 
 ALICE = Principal("User", "alice")
 ADMIN = Principal("User", "admin")
@@ -234,7 +234,7 @@ def test_authorization_off_allows_everything_including_anonymous_replicas():
 
 def test_every_api_has_a_rule():
     """Every api key gets a decision (a new api without a rule raises, never passes by default)."""
-    from protocol.apis import APIS
+    from metalog.protocol.apis import APIS
     bodies = dict(REPLICA_RPCS)
     bodies.update({
         ApiKey.PRODUCE: PRODUCE, ApiKey.FETCH: fetch(-1), ApiKey.METADATA: m.MetadataRequest(),
@@ -275,7 +275,7 @@ def test_controller_acl_commands_round_trip_through_the_log():
         "principal": "User:alice", "operation": "Write", "permission": "Allow", "resource_type": "Topic",
         "resource_name": "__cluster_metadata", "pattern_type": "LITERAL", "host": "*"}
     # the state (and so a snapshot) rebuilds the ACL
-    from broker.controller import ControllerState
+    from metalog.broker.controller.state import ControllerState
     again = ControllerState.from_records(c.state.to_records(), c.state.offset)
     assert again == c.state and len(again.acls) == 1
     (rm,) = c.remove_acl(args)
@@ -289,7 +289,7 @@ def test_controller_acl_commands_round_trip_through_the_log():
 
 
 def test_a_duplicate_or_malformed_acl_record_is_invalid_not_fatal():
-    from broker.controller import ControllerState
+    from metalog.broker.controller.state import ControllerState
     st = ControllerState()
     good = acl()
     assert st.apply(0, good)
@@ -302,8 +302,8 @@ def test_a_duplicate_or_malformed_acl_record_is_invalid_not_fatal():
 def test_acls_survive_a_controller_snapshot(tmp_path):
     """write_controller_snapshot / load_snapshot (what a restart and an
     InstallSnapshot use) carry the ACLs."""
-    from broker.controller import ControllerState, load_snapshot, write_controller_snapshot
-    from storage.snapshot import SnapshotStore
+    from metalog.broker.controller.state import ControllerState, load_snapshot, write_controller_snapshot
+    from metalog.storage.snapshot import SnapshotStore
 
     st = ControllerState()
     st.apply(0, acl())

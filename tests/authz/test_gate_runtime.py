@@ -12,14 +12,14 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from broker.config import config_from_dict
-from broker.principal import Principal, node_principal
-from broker.runtime import Broker
-from protocol import messages as m
-from protocol.apis import ApiKey
-from protocol.codec import RequestHeader
-from protocol.errors import Errors
-from tools.cluster.launcher import free_ports
+from metalog.broker.server.config import config_from_dict
+from metalog.broker.net.principal import Principal, node_principal
+from metalog.broker.server.runtime import Broker
+from metalog.protocol import messages as m
+from metalog.protocol.apis import ApiKey
+from metalog.protocol.codec import RequestHeader
+from metalog.protocol.errors import Errors
+from metalog.tools.cluster.launcher import free_ports
 
 CID = "gate-test"
 ALICE = Principal("User", "alice")

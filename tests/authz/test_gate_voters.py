@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from broker.gate import Gate
-from broker.principal import node_principal
-from protocol import messages as m
-from protocol.apis import ApiKey
-from protocol.errors import Errors
+from metalog.broker.server.gate import Gate
+from metalog.broker.net.principal import node_principal
+from metalog.protocol import messages as m
+from metalog.protocol.apis import ApiKey
+from metalog.protocol.errors import Errors
 
 
 class Conn:

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from tools.bench import bench
-from tools.bench import etcd as bench_etcd
-from tools.cli import main as metalog_main
+from metalog.tools.bench import bench
+from metalog.tools.bench import etcd as bench_etcd
+from metalog.tools.cli import main as metalog_main
 
 
 def main(argv: list[str]) -> int:

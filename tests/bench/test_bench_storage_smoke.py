@@ -1,11 +1,11 @@
-"""`python -m tools.bench.storage_engine` on a tiny log: every line it prints is
+"""`python -m metalog.tools.bench.storage_engine` on a tiny log: every line it prints is
 there and sane (no speed asserted; the figures are in docs/bench-storage.md)."""
 
 from __future__ import annotations
 
 import re
 
-from tools.bench import storage_engine as bench_storage
+from metalog.tools.bench import storage_engine as bench_storage
 
 
 def test_bench_storage_prints_verified_reads_and_unclean_start_times(tmp_path, capsys):

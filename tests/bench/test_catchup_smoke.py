@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools.bench import catchup
+from metalog.tools.bench import catchup
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -52,11 +52,11 @@ def test_catchup_and_commit_sections_on_a_tiny_state(tmp_path):
 
 
 def test_metalog_bench_only_scale_catchup_runs_the_cluster_bench(tmp_path, capsys):
-    """`metalog bench --only scale-catchup` reaches tools.bench.catchup at
+    """`metalog bench --only scale-catchup` reaches metalog.tools.bench.catchup at
     --scale-partitions and prints its report under the usual table."""
     import json
 
-    from tools.cli import main as metalog_main
+    from metalog.tools.cli import main as metalog_main
 
     out = tmp_path / "report.json"
     rc = metalog_main(["bench", "--only", "scale-catchup", "--scale-partitions", "3000", "--dir",
@@ -71,7 +71,7 @@ def test_metalog_bench_only_scale_catchup_runs_the_cluster_bench(tmp_path, capsy
 
 def test_an_unknown_section_names_the_scale_sections(capsys):
     """A typo in --only: exit 2 and the list of sections, the scale ones included."""
-    from tools.cli import main as metalog_main
+    from metalog.tools.cli import main as metalog_main
 
     assert metalog_main(["bench", "--only", "scale-catchpu"]) == 2
     err = capsys.readouterr().err

@@ -1,12 +1,12 @@
-"""tools.bench.commit_profile: following writes through broker commit traces,
-and broker.commit_trace being off unless asked for."""
+"""metalog.tools.bench.commit_profile: following writes through broker commit traces,
+and metalog.broker.server.commit_trace being off unless asked for."""
 
 from __future__ import annotations
 
 import json
 
-from broker import commit_trace
-from tools.bench import commit_profile
+from metalog.broker.server import commit_trace
+from metalog.tools.bench import commit_profile
 
 
 def write_trace(path, marks) -> None:

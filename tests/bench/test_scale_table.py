@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from tools.bench import catchup
-from tools.bench.scale import (SECTION_BEGIN, SECTION_END, Row, SectionError, render_section, replace_section,
+from metalog.tools.bench import catchup
+from metalog.tools.bench.scale import (SECTION_BEGIN, SECTION_END, Row, SectionError, render_section, replace_section,
                                rows_from, write_docs)
-from storage import batch as b
+from metalog.storage import batch as b
 
 
 def snapshot_figures(**over) -> dict:

@@ -1,4 +1,4 @@
-"""tools.bench.snapshot end to end at a tiny size: the figures it prints
+"""metalog.tools.bench.snapshot end to end at a tiny size: the figures it prints
 and writes as JSON, the fresh-process load among them (what a broker's
 boot pays: time, CPU, RSS holding the state), and --load-only's answer for
 a directory without a loadable snapshot."""
@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 
-from tools.bench import snapshot as bench
+from metalog.tools.bench import snapshot as bench
 
 
 def test_tiny_run_prints_and_writes_the_fresh_process_load(tmp_path, capsys):
@@ -30,7 +30,7 @@ def test_tiny_run_prints_and_writes_the_fresh_process_load(tmp_path, capsys):
 
 
 def test_load_only_without_a_snapshot_says_so_and_fails(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "tools.bench.snapshot", "--load-only", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "metalog.tools.bench.snapshot", "--load-only", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert f"no snapshot loads from {tmp_path}" in proc.stderr

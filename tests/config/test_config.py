@@ -12,10 +12,10 @@ import sys
 import pytest
 import yaml
 
-from broker.config import (SECTION_OF, SECTIONS, BrokerConfig, ConfigError, all_settings, config_from_dict,
+from metalog.broker.server.config import (SECTION_OF, SECTIONS, BrokerConfig, ConfigError, all_settings, config_from_dict,
                            help_text, load_config, markdown)
-from broker.main import main as broker_main
-from broker.quorum.api import QuorumConfig
+from metalog.broker.server.main import main as broker_main
+from metalog.broker.quorum.api import QuorumConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE = {"node_id": 2, "cluster_id": "c1", "data_dir": "data", "listen": "127.0.0.1:9092",
@@ -144,7 +144,7 @@ def test_help_config_prints_every_key(capsys):
 
 
 def test_help_config_through_the_metalog_cli():
-    result = subprocess.run([sys.executable, "-m", "tools.cli", "broker", "--help-config"], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "metalog.tools.cli", "broker", "--help-config"], cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "election_timeout_ms" in result.stdout and "quorum" in result.stdout
@@ -161,7 +161,7 @@ def test_docs_config_md_is_generated_from_the_code():
     with open(os.path.join(REPO, "docs", "config.md")) as f:
         on_disk = f.read()
     assert on_disk == markdown(), ("docs/config.md is stale: run "
-                                   "`python -m broker.config --markdown > docs/config.md`")
+                                   "`python -m metalog.broker.server.config --markdown > docs/config.md`")
     for _, f, _ in all_settings():
         assert f"`{f.name}`" in on_disk
 
@@ -169,7 +169,7 @@ def test_docs_config_md_is_generated_from_the_code():
 def test_broker_process_refuses_a_bad_nested_override_with_exit_code_2(tmp_path):
     """What the user sees: `metalog: config error: <key as written>: ...` on stderr, exit 2."""
     path = write(tmp_path, {**BASE, "quorum": {"election_timeout_ms": 700}})
-    result = subprocess.run([sys.executable, "-m", "broker.main", "--config", path,
+    result = subprocess.run([sys.executable, "-m", "metalog.broker.server.main", "--config", path,
                              "--set", "quorum.election_timeout_ms=-5"], cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.local_state import META_FILE, StartupError, check_meta, new_directory_id, valid_directory_id
-from storage.format_upgrade import FORMAT_VERSION
+from metalog.broker.server.recovery import META_FILE, StartupError, check_meta, new_directory_id, valid_directory_id
+from metalog.storage.format_upgrade import FORMAT_VERSION
 
 
 class Events:

@@ -1,5 +1,5 @@
 """Replay with a batch's PartitionRecords read as columns
-(Controller.apply_batches -> storage.partition_runs.read_batch) ends in the
+(Controller.apply_batches -> metalog.storage.partition_runs.read_batch) ends in the
 same state as applying every record one by one: the same partitions, the
 same rejections counted with the same last message, the same offsets. And a
 batch that does not parse raises the same error and changes nothing."""
@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.controller import Controller, ControllerState
-from broker.state_copy import IncrementalCopy
-from storage import batch as b
-from storage import metadata_records as r
-from storage import partition_runs as pr
+from metalog.broker.controller.state import Controller, ControllerState
+from metalog.broker.controller.state_copy import IncrementalCopy
+from metalog.storage import batch as b
+from metalog.storage import metadata_records as r
+from metalog.storage import partition_runs as pr
 
 TS = 1_700_000_000_000
 

@@ -1,17 +1,17 @@
-"""broker.controller_commands: the command table, build_command and the
+"""metalog.broker.controller.commands: the command table, build_command and the
 one-at-a-time CommandQueue the runtime drives."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.controller import CommandError, Controller
-from broker.controller_commands import (BUILDERS, Command, CommandQueue, CommandToken, LeaderView,
+from metalog.broker.controller.state import CommandError, Controller
+from metalog.broker.controller.commands import (BUILDERS, Command, CommandQueue, CommandToken, LeaderView,
                                         build_command)
-from protocol import messages as m
-from protocol.errors import Errors
-from storage import batch as b
-from storage import metadata_records as r
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
+from metalog.storage import batch as b
+from metalog.storage import metadata_records as r
 
 LEADER = LeaderView(is_leader=True, leader_id=1, epoch=3, log_end_offset=0)
 

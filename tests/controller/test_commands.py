@@ -2,9 +2,9 @@
 
 import pytest
 
-from broker.controller import CommandError
-from protocol.errors import Errors
-from storage import metadata_records as r
+from metalog.broker.controller.state import CommandError
+from metalog.protocol.errors import Errors
+from metalog.storage import metadata_records as r
 from tests.controller.test_state import cluster
 
 

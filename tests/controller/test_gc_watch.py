@@ -1,4 +1,4 @@
-"""GC pauses are measured (broker/gc_watch.py): every collection of
+"""GC pauses are measured (broker/server/gc_watch.py): every collection of
 generation 1 or 2 lands in the histogram under its generation, a slow one is
 one gc_pause event, and young collections (microseconds, hundreds a
 second) are not timed. A broker sets its young threshold from the config."""
@@ -9,10 +9,10 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry, Histogram
 
-from broker.config import ConfigError, config_from_dict
-from broker.gc_watch import GcWatch
-from broker.runtime import Broker
-from tools.cluster.launcher import free_ports
+from metalog.broker.server.config import ConfigError, config_from_dict
+from metalog.broker.server.gc_watch import GcWatch
+from metalog.broker.server.runtime import Broker
+from metalog.tools.cluster.launcher import free_ports
 
 
 def sample(reg, generation):

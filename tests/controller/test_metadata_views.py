@@ -8,10 +8,10 @@ import time
 import msgspec
 import pytest
 
-from broker import metadata_views as views
-from broker.controller import ControllerState
-from broker.state_copy import IncrementalCopy
-from storage import metadata_records as r
+from metalog.broker.controller import views
+from metalog.broker.controller.state import ControllerState
+from metalog.broker.controller.state_copy import IncrementalCopy
+from metalog.storage import metadata_records as r
 
 
 def as_json(view):
@@ -207,8 +207,8 @@ def test_partition_ids_with_a_gap_cost_what_exists_not_the_highest_id():
 def test_list_acls_over_the_binary_port_answers_a_page_and_says_what_is_wrong():
     """ControllerCommand list_acls pages like /metadata/acls (the client reads
     every page); a bad `after` or `limit` is refused with the reason."""
-    from broker.controller import CommandError, Controller
-    from broker.controller_commands import list_acls_page
+    from metalog.broker.controller.state import CommandError, Controller
+    from metalog.broker.controller.commands import list_acls_page
 
     c = Controller(state_with(topics=0, partitions=0))
     acl = dict(principal="User:a", host="*", operation=2, permission_type=3, resource_type=4,

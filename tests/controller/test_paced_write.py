@@ -1,4 +1,4 @@
-"""A paced snapshot write (broker.controller._paced, storage.snapshot_cpu_share)
+"""A paced snapshot write (metalog.broker.controller.state._paced, storage.snapshot_cpu_share)
 hands on every value in order and pauses after each slice of work for the
 time that keeps its share of the CPU: pause = slice x (1 - share) / share.
 The clock is a fake one (each reading 0.1 ms later), so the pauses counted
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from broker import controller
+from metalog.broker.controller import state as controller
 
 
 @pytest.fixture
@@ -42,9 +42,9 @@ def test_a_paced_snapshot_is_the_same_snapshot_and_a_full_share_never_pauses(tmp
     """write_controller_snapshot with a share below 1 pauses (fake clock)
     and writes a snapshot that loads to the same state; at a share of 1 it
     never calls sleep."""
-    from protocol.messages import SnapshotId
-    from storage import metadata_records as r
-    from storage.snapshot import SnapshotStore
+    from metalog.protocol.messages import SnapshotId
+    from metalog.storage import metadata_records as r
+    from metalog.storage.snapshot import SnapshotStore
 
     s = controller.ControllerState()
     for t in range(20):

@@ -1,4 +1,4 @@
-"""broker/partition_ids.py: when rows of Partition records may be inserted in
+"""broker/controller/partition_ids.py: when rows of Partition records may be inserted in
 bulk with only the counts raised (each touched topic stays dense), the
 row-by-row check and the numpy-column check agree."""
 
@@ -7,7 +7,7 @@ from array import array
 import numpy as np
 import pytest
 
-from broker import partition_ids as pi
+from metalog.broker.controller import partition_ids as pi
 
 A, B = "a", "b"
 

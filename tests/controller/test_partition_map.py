@@ -1,4 +1,4 @@
-"""The partitions map held topic by topic (broker/partition_map.py): it
+"""The partitions map held topic by topic (broker/controller/partition_map.py): it
 behaves as the flat dict of (topic id, partition id) keys it replaced, under
 any mix of writes, and a copy is independent of the original from the moment
 it is taken, whichever of the two is written afterwards. Topics loaded as
@@ -9,8 +9,8 @@ import random
 import numpy as np
 import pytest
 
-from broker.partition_map import PartitionColumns, PartitionMap, TopicColumns
-from storage import metadata_records as r
+from metalog.broker.controller.partition_map import PartitionColumns, PartitionMap, TopicColumns
+from metalog.storage import metadata_records as r
 
 
 def part(t: str, pid: int, leader: int = 0) -> r.Partition:

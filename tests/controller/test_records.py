@@ -7,7 +7,7 @@ import uuid
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from storage import metadata_records as r
+from metalog.storage import metadata_records as r
 
 ids = st.integers(min_value=-1, max_value=2**31 - 1)
 small = st.integers(min_value=0, max_value=1000)

@@ -1,5 +1,5 @@
 """Issue 19 item 2: a controller snapshot written by a forked child
-(broker/snapshot_fork.py). The child sees the state as it was at the fork,
+(broker/server/snapshot_fork.py). The child sees the state as it was at the fork,
 whatever the parent changes afterwards; a child whose write fails reports
 the error and leaves no partial file; a child that dies mid-write is
 reported with its signal and the parent removes its partial file."""
@@ -12,11 +12,11 @@ import resource
 
 import pytest
 
-from broker.controller import ControllerState, load_snapshot, write_controller_snapshot
-from broker.snapshot_fork import ForkedWrite
-from protocol.messages import SnapshotId
-from storage import metadata_records as r
-from storage.snapshot import PART_SUFFIX, SnapshotStore, generation_part_path
+from metalog.broker.controller.state import ControllerState, load_snapshot, write_controller_snapshot
+from metalog.broker.server.snapshot_fork import ForkedWrite
+from metalog.protocol.messages import SnapshotId
+from metalog.storage import metadata_records as r
+from metalog.storage.snapshot import PART_SUFFIX, SnapshotStore, generation_part_path
 from tests.controller.test_state_copy import base_state, tid
 
 

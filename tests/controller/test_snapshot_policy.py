@@ -1,9 +1,9 @@
-"""broker.snapshot_policy.SnapshotPolicy: when the applied state is snapshotted."""
+"""metalog.broker.server.snapshot_policy.SnapshotPolicy: when the applied state is snapshotted."""
 
 from __future__ import annotations
 
-from broker.snapshot_policy import SnapshotPolicy
-from protocol import messages as m
+from metalog.broker.server.snapshot_policy import SnapshotPolicy
+from metalog.protocol import messages as m
 
 
 def ask(policy, since, applied, existing=(), busy=False):

@@ -3,10 +3,10 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from broker.controller import CommandError, Controller, ControllerState, LogGapError
-from storage import batch as b
-from storage import control_records as cr
-from storage import metadata_records as r
+from metalog.broker.controller.state import CommandError, Controller, ControllerState, LogGapError
+from metalog.storage import batch as b
+from metalog.storage import control_records as cr
+from metalog.storage import metadata_records as r
 
 T = "00000000-0000-0000-0000-000000000001"
 INC = "00000000-0000-0000-0001-000000000000"  # an incarnation id

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from broker.controller import ControllerState
-from broker.state_copy import IncrementalCopy, StateDict, TrackedDict
-from storage import metadata_records as r
+from metalog.broker.controller.state import ControllerState
+from metalog.broker.controller.state_copy import IncrementalCopy, StateDict, TrackedDict
+from metalog.storage import metadata_records as r
 
 
 def tid(i: int) -> str:

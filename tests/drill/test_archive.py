@@ -5,10 +5,10 @@ skipping a data record without a reset is caught."""
 import os
 import shutil
 
-from storage.batch import encode_batch
-from storage.log import SegmentedLog
-from tools.drill.archive import ArchivedSegment, SegmentArchive
-from tools.drill.checker import Ack, History, ReplicaLog, Reset, Seen, check, read_replica
+from metalog.storage.batch import encode_batch
+from metalog.storage.segmented_log import SegmentedLog
+from metalog.tools.drill.archive import ArchivedSegment, SegmentArchive
+from metalog.tools.drill.checker import Ack, History, ReplicaLog, Reset, Seen, check, read_replica
 
 BIG = 1500  # bytes per value: with 4 KiB segments, a segment holds two batches
 

@@ -1,9 +1,9 @@
 """The drill checker on synthetic histories: clean passes, each planted breach fails clearly."""
 
 
-from storage.batch import encode_batch
-from storage.log import SegmentedLog
-from tools.drill.checker import (Ack, History, HwSample, ReplicaLog, RoleEvent, Seen, Truncation, check,
+from metalog.storage.batch import encode_batch
+from metalog.storage.segmented_log import SegmentedLog
+from metalog.tools.drill.checker import (Ack, History, HwSample, ReplicaLog, RoleEvent, Seen, Truncation, check,
                                  read_replica)
 
 

@@ -10,10 +10,10 @@ import sys
 import pytest
 import yaml
 
-from broker.config import parse_voters
-from tools.cluster.compose import ComposeError, cluster_from_compose, load_topology, parse_topology
-from tools.cluster.launcher import REPO_ROOT, free_ports
-from tools.cluster.monitoring import check_monitoring, exported_metric_names
+from metalog.broker.server.config import parse_voters
+from metalog.tools.cluster.compose import ComposeError, cluster_from_compose, load_topology, parse_topology
+from metalog.tools.cluster.launcher import REPO_ROOT, free_ports
+from metalog.tools.cluster.monitoring import check_monitoring, exported_metric_names
 
 COMPOSE = os.path.join(REPO_ROOT, "docker-compose.yml")
 
@@ -112,7 +112,7 @@ def test_local_mapping_is_deterministic(tmp_path):
     assert {n: (s.port, s.admin_port, s.voter) for n, s in c.nodes.items()} == {
         1: (10091, 9091, True), 2: (10092, 9092, True), 3: (10093, 9093, True), 4: (10094, 9094, False)}
     cmd = c.nodes[2].command
-    assert cmd[:4] == [sys.executable, "-m", "tools.cli", "broker"]
+    assert cmd[:4] == [sys.executable, "-m", "metalog.tools.cli", "broker"]
     assert f"data_dir={tmp_path}/node-2/data" in cmd and f"log_file={tmp_path}/node-2/broker.log" in cmd
     assert "listen=127.0.0.1:10092" in cmd
     cfg = yaml.safe_load(open(cmd[cmd.index("--config") + 1]))
@@ -145,7 +145,7 @@ def _free_offset() -> int:
 def test_cluster_up_from_compose_elects_a_leader(tmp_path):
     env = dict(os.environ, METALOG_COMPOSE_PORT_OFFSET=str(_free_offset()))
     proc = subprocess.run(
-        [sys.executable, "-m", "tools.cli", "cluster", "up", "--compose", COMPOSE, "--dir", str(tmp_path),
+        [sys.executable, "-m", "metalog.tools.cli", "cluster", "up", "--compose", COMPOSE, "--dir", str(tmp_path),
          "--exit-when-ready", "--ready-timeout-s", "30"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

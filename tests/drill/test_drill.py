@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tools.drill.drill import add_arguments, cmd_drill, run_drill
+from metalog.tools.drill.drill import add_arguments, cmd_drill, run_drill
 
 SCHEDULE = "kill_leader,isolate_leader,kill_leader,pause_leader,split_majority,kill_leader,cut_one_way,wipe_follower"
 

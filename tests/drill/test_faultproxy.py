@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from tools.drill.faultproxy import FaultProxy
+from metalog.tools.drill.faultproxy import FaultProxy
 
 
 class EchoNode:

@@ -3,7 +3,7 @@
 import json
 import random
 
-from tools.drill.report import FAULT_STYLE, layout_labels, rerender, timeline, write_report
+from metalog.tools.drill.report import FAULT_STYLE, layout_labels, rerender, timeline, write_report
 from types import SimpleNamespace
 
 
@@ -61,7 +61,7 @@ def test_long_drill_png_is_written_and_redrawn_from_its_files(tmp_path):
 
 
 def test_failover_is_reported_per_fault_kind_with_its_percentiles():
-    from tools.drill.report import failover_by_kind
+    from metalog.tools.drill.report import failover_by_kind
     fo = [{"kind": "pause_leader", "failover_ms": ms} for ms in (900.0, 1100.0, 1300.0)]
     fo += [{"kind": "kill_leader", "failover_ms": 300.0}, {"kind": "kill_leader", "failover_ms": None}]
     for f, commit in zip(fo, (700.0, 800.0, 1000.0, 200.0, None)):
@@ -77,9 +77,9 @@ def test_failover_is_reported_per_fault_kind_with_its_percentiles():
 def test_the_new_leaders_first_commit_is_its_hw_passing_the_hw_it_was_elected_with():
     from types import SimpleNamespace as NS
 
-    from tools.drill.checker import History, RoleEvent
-    from tools.drill.drill import Sample
-    from tools.drill.report import first_commit_ts
+    from metalog.tools.drill.checker import History, RoleEvent
+    from metalog.tools.drill.drill import Sample
+    from metalog.tools.drill.report import first_commit_ts
     h = History()
     h.roles = [RoleEvent(1, 9.0, "leader", 4, 1, hw=90),  # before the fault: not it
                RoleEvent(2, 10.9, "candidate", 5, -1, hw=100), RoleEvent(2, 11.0, "leader", 5, 2, hw=100)]

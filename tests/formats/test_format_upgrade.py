@@ -12,18 +12,18 @@ import sys
 import crc32c
 import pytest
 
-from broker.controller import Controller, ControllerState, load_snapshot
-from broker.local_state import StartupError, check_meta
-from storage import batch as b
-from storage import metadata_records as mr
-from storage import control_records as cr
-from storage.format_upgrade import FORMAT_KEY, FormatError, convert_file, upgrade_data_dir
-from storage.log import SegmentedLog
-from storage.snapshot import (SnapshotId, SnapshotStore, SnapshotWriter, read_snapshot, snapshot_filename,
+from metalog.broker.controller.state import Controller, ControllerState, load_snapshot
+from metalog.broker.server.recovery import StartupError, check_meta
+from metalog.storage import batch as b
+from metalog.storage import metadata_records as mr
+from metalog.storage import control_records as cr
+from metalog.storage.format_upgrade import FORMAT_KEY, FormatError, convert_file, upgrade_data_dir
+from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.snapshot import (SnapshotId, SnapshotStore, SnapshotWriter, read_snapshot, snapshot_filename,
                               verify_snapshot)
 from tests.formats.v1 import v1_batch, v1_control, v2_metadata_value
 from tests.storage.helpers import RecordingLogger
-from tools.cluster.launcher import REPO_ROOT
+from metalog.tools.cluster.launcher import REPO_ROOT
 
 PART = "__cluster_metadata-0"
 TS = 1_700_000_000_000
@@ -134,7 +134,7 @@ def test_upgrade_refuses_a_corrupt_batch_and_rewrites_nothing_of_that_file(tmp_p
     with pytest.raises(FormatError, match=rf"{seg}: corrupt batch at byte \d+: CRC mismatch"):
         convert_file(str(seg))
     assert seg.read_bytes() == bytes(raw)
-    proc = subprocess.run([sys.executable, "-m", "tools.cli", "storage", "upgrade", "--data-dir", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "metalog.tools.cli", "storage", "upgrade", "--data-dir", str(tmp_path)],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert f"metalog storage upgrade: {seg}: corrupt batch at byte" in proc.stderr

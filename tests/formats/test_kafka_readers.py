@@ -24,12 +24,12 @@ from kio.schema.snapshot_header_record.v0.data import SnapshotHeaderRecord as Ki
 from kio.schema.voters_record.v0.data import VotersRecord as KioVoters
 from kio.serial import entity_reader
 
-from storage import batch as b
-from storage import control_records as cr
-from storage import metadata_records as mr
-from storage.kafka_flexible import uuid_from_bytes
-from storage.log import SegmentedLog
-from storage.snapshot import SnapshotId, SnapshotWriter
+from metalog.storage import batch as b
+from metalog.storage import control_records as cr
+from metalog.storage import metadata_records as mr
+from metalog.storage.kafka_flexible import uuid_from_bytes
+from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.snapshot import SnapshotId, SnapshotWriter
 
 DIR_ID = uuid_from_bytes(bytes(range(1, 17)))
 VOTERS = cr.VotersRecord([cr.Voter(1, DIR_ID, [cr.VoterEndpoint("CONTROLLER", "127.0.0.1", 9091)]),

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from storage import metadata_records as mr
+from metalog.storage import metadata_records as mr
 from tests.formats.schemas import kafka_schema as ks
 
 T = "5c9d1f2e-3a4b-4c5d-8e6f-708192a3b4c5"

@@ -10,7 +10,7 @@ import struct
 import crc32c
 import msgspec
 
-from storage import batch as b
+from metalog.storage import batch as b
 
 
 def v1_batch(base_offset: int, epoch: int, values: list[bytes], ts: int, control: bool = False) -> bytes:

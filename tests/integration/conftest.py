@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tools.cluster.launcher import LocalCluster
+from metalog.tools.cluster.launcher import LocalCluster
 
 
 @pytest.fixture
@@ -40,6 +40,6 @@ def limit_file_size(cluster: LocalCluster, node: int, limit_bytes: int) -> None:
         sys.executable, "-c",
         "import resource, sys; "
         f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit_bytes}, {limit_bytes})); "
-        "from broker.main import main; "
+        "from metalog.broker.server.main import main; "
         f"sys.exit(main(['--config', {path!r}]))",
     ]

@@ -14,15 +14,15 @@ import re
 
 import pytest
 
-from broker.client import AuthorizationError, MetalogClient
-from broker.controller import load_latest
-from broker.net import PeerChannel, RequestTimeout
-from broker.tls import TlsFiles, TlsPaths
-from protocol import messages as m
-from protocol.apis import ApiKey
-from protocol.errors import Errors
-from storage.snapshot import SnapshotStore
-from tools.cluster.certs import issue_user
+from metalog.broker.client.client import AuthorizationError, MetalogClient
+from metalog.broker.controller.state import load_latest
+from metalog.broker.net.channel import PeerChannel, RequestTimeout
+from metalog.broker.net.tls import TlsFiles, TlsPaths
+from metalog.protocol import messages as m
+from metalog.protocol.apis import ApiKey
+from metalog.protocol.errors import Errors
+from metalog.storage.snapshot import SnapshotStore
+from metalog.tools.cluster.certs import issue_user
 
 pytestmark = pytest.mark.slow
 
@@ -218,14 +218,14 @@ def _cli(*argv: str) -> "subprocess.CompletedProcess":
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "tools.cli", *argv], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "metalog.tools.cli", *argv], capture_output=True, text=True, timeout=60)
 
 
 def test_cli_refusal_is_one_line_and_acls_commands_grant_and_list(make_cluster, tmp_path):
     """`metalog produce` as alice without an ACL: exit code 3 and exactly one
     stderr line naming principal, operation, resource and Kafka's error; the
     admin's `metalog acls add` grants it, `acls list` shows one line per ACL."""
-    from broker.client_config import ClientConfig
+    from metalog.broker.client.config import ClientConfig
 
     cluster = make_cluster(voters=3, **FAST)
     cluster.wait_for_leader()

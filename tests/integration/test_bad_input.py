@@ -16,13 +16,13 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from broker.client import MetalogClient
-from broker.net import PeerChannel
-from protocol import codec
-from protocol import messages as m
-from protocol.apis import ApiKey
-from protocol.errors import Errors
-from tools.cluster.launcher import REPO_ROOT
+from metalog.broker.client.client import MetalogClient
+from metalog.broker.net.channel import PeerChannel
+from metalog.protocol import codec
+from metalog.protocol import messages as m
+from metalog.protocol.apis import ApiKey
+from metalog.protocol.errors import Errors
+from metalog.tools.cluster.launcher import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -34,12 +34,12 @@ NO_BACKOFF = dict(failed_connections_before_backoff=1_000_000)
 def run_broker(config: dict, tmp_path) -> subprocess.CompletedProcess:
     path = tmp_path / "broker.yaml"
     path.write_text(yaml.safe_dump(config))
-    return subprocess.run([sys.executable, "-m", "broker.main", "--config", str(path)], cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, "-m", "metalog.broker.server.main", "--config", str(path)], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=60)
 
 
 def base_config(tmp_path) -> dict:
-    from tools.cluster.certs import cluster_certs
+    from metalog.tools.cluster.certs import cluster_certs
 
     certs = tmp_path / "certs"
     cluster_certs(str(certs), {1: ["127.0.0.1"]}, users=())
@@ -97,7 +97,7 @@ async def test_wrong_cluster_id_and_non_voter_requests_are_refused_on_the_wire(m
     try:
         resp = await ch.request(ApiKey.PRODUCE, m.ProduceRequest(cluster_id="wrong", records=[b"x"]), 5000)
         assert resp.error_code == Errors.INCONSISTENT_CLUSTER_ID
-        # The same check and message as the core's (broker.quorum.answers.check_cluster_id).
+        # The same check and message as the core's (metalog.broker.quorum.answers.check_cluster_id).
         assert resp.error_message == f"cluster id 'wrong' does not match ours {cluster.cluster_id!r}"
         vote = m.VoteRequest(cluster_id=cluster.cluster_id, candidate_epoch=99, candidate_id=42,
                              last_offset_epoch=99, last_offset=10**9)
@@ -126,7 +126,7 @@ def _valid_frames(cluster_id: str) -> list[bytes]:
 
 @pytest.fixture(scope="module")
 def live_broker(tmp_path_factory):
-    from tools.cluster.launcher import LocalCluster
+    from metalog.tools.cluster.launcher import LocalCluster
 
     cluster = LocalCluster.create(str(tmp_path_factory.mktemp("fuzz")), voters=1, observers=0,
                                   common={**FAST, **NO_BACKOFF})
@@ -189,9 +189,9 @@ def test_fuzzed_frames_never_crash_or_stall_a_live_broker(live_broker, data):
 
 
 def test_corrupt_batch_in_the_middle_of_the_log_refuses_to_start_naming_file_position_and_offset(tmp_path):
-    from storage.batch import encode_batch
-    from storage.format_upgrade import FORMAT_VERSION
-    from storage.log import SegmentedLog
+    from metalog.storage.batch import encode_batch
+    from metalog.storage.format_upgrade import FORMAT_VERSION
+    from metalog.storage.segmented_log import SegmentedLog
 
     cfg = base_config(tmp_path)
     part = tmp_path / "data" / "__cluster_metadata-0"

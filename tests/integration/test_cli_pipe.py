@@ -3,8 +3,8 @@
 import subprocess
 import sys
 
-from storage.batch import encode_batch
-from storage.log import SegmentedLog
+from metalog.storage.batch import encode_batch
+from metalog.storage.segmented_log import SegmentedLog
 
 
 def test_dump_into_a_closed_pipe_exits_quietly(tmp_path):
@@ -15,7 +15,7 @@ def test_dump_into_a_closed_pipe_exits_quietly(tmp_path):
     log.flush()
     log.close()
     seg = tmp_path / "log" / "00000000000000000000.log"
-    p = subprocess.Popen([sys.executable, "-m", "tools.cli", "dump", "--print-data-log", str(seg)],
+    p = subprocess.Popen([sys.executable, "-m", "metalog.tools.cli", "dump", "--print-data-log", str(seg)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     first = p.stdout.readline()
     p.stdout.close()  # the reader goes away, as `head -1` does

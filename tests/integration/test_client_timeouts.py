@@ -14,16 +14,16 @@ import time
 
 import pytest
 
-from broker.client import RETRY_BACKOFF_MAX_MS, MetalogClient, MetalogError
-from broker.quorum.api import QuorumConfig
-from protocol.errors import Errors
-from tools.cluster.launcher import REPO_ROOT
+from metalog.broker.client.client import RETRY_BACKOFF_MAX_MS, MetalogClient, MetalogError
+from metalog.broker.quorum.api import QuorumConfig
+from metalog.protocol.errors import Errors
+from metalog.tools.cluster.launcher import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
 
 def metalog(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.cli", *args], cwd=REPO_ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "metalog.tools.cli", *args], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=60)
 
 

@@ -1,6 +1,6 @@
 """Real processes on loopback: election, replication, failover, recovery.
 
-Each test starts broker processes (python -m broker.main), talks to them with
+Each test starts broker processes (python -m metalog.broker.server.main), talks to them with
 the client library over TCP, and kills them with real signals.
 """
 
@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from broker.client import LogTruncationError, MetalogClient
-from storage.batch import decode_records, iter_batches
-from storage.log import SegmentedLog
+from metalog.broker.client.client import LogTruncationError, MetalogClient
+from metalog.storage.batch import decode_records, iter_batches
+from metalog.storage.segmented_log import SegmentedLog
 
 pytestmark = pytest.mark.slow
 
@@ -212,9 +212,9 @@ async def test_sigterm_leader_hands_over_quickly_and_exits_cleanly(make_cluster)
 
 
 async def test_list_offsets_earliest_latest_by_timestamp_and_fenced_by_epoch(make_cluster):
-    from broker.client import MetalogError
-    from protocol import messages as m
-    from protocol.errors import Errors
+    from metalog.broker.client.client import MetalogError
+    from metalog.protocol import messages as m
+    from metalog.protocol.errors import Errors
 
     cluster = make_cluster(voters=3, **FAST)
     await asyncio.to_thread(cluster.wait_for_leader, 20)
@@ -246,9 +246,9 @@ async def test_list_offsets_earliest_latest_by_timestamp_and_fenced_by_epoch(mak
 async def test_restarted_old_leader_truncates_its_uncommitted_tail_and_catches_up(make_cluster):
     import signal
 
-    from broker.net import NetError, PeerChannel
-    from protocol import messages as m
-    from protocol.apis import ApiKey
+    from metalog.broker.net.channel import NetError, PeerChannel
+    from metalog.protocol import messages as m
+    from metalog.protocol.apis import ApiKey
 
     cluster = make_cluster(voters=3, **FAST)
     leader, epoch = await asyncio.to_thread(cluster.wait_for_leader, 20)

@@ -13,13 +13,13 @@ import sys
 
 import pytest
 
-from tools.cluster.launcher import REPO_ROOT, LocalCluster
+from metalog.tools.cluster.launcher import REPO_ROOT, LocalCluster
 
 pytestmark = pytest.mark.slow
 
 
 def metalog(*args: str, timeout_s: float = 90) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.cli", *args], cwd=REPO_ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "metalog.tools.cli", *args], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=timeout_s)
 
 
@@ -154,7 +154,7 @@ def test_a_foreground_cluster_stopped_by_cluster_down_exits_cleanly(detached):
     """`cluster up` in the foreground, `cluster down` from another terminal: the
     foreground command says every broker stopped cleanly and exits 0."""
     root = detached
-    fg = subprocess.Popen([sys.executable, "-m", "tools.cli", "cluster", "up", "--dir", root, "--base-port", "0"],
+    fg = subprocess.Popen([sys.executable, "-m", "metalog.tools.cli", "cluster", "up", "--dir", root, "--base-port", "0"],
                           cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in fg.stdout:  # bounded by the ready timeout of `up` (it exits if no leader)
@@ -212,7 +212,7 @@ def test_cluster_up_again_restarts_the_cluster_as_it_is_on_disk(detached):
 
     # In the foreground too: `cluster down` from elsewhere ends it cleanly (the
     # removed node, never started by it, is not waited for).
-    fg = subprocess.Popen([sys.executable, "-m", "tools.cli", "cluster", "up", "--dir", root],
+    fg = subprocess.Popen([sys.executable, "-m", "metalog.tools.cli", "cluster", "up", "--dir", root],
                           cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in fg.stdout:  # bounded by the ready timeout of `up` (it exits if no leader)

@@ -16,8 +16,8 @@ import urllib.request
 
 import pytest
 
-from broker.client import MetalogClient
-from storage.batch import HEADER_SIZE, iter_batches
+from metalog.broker.client.client import MetalogClient
+from metalog.storage.batch import HEADER_SIZE, iter_batches
 from tests.integration.test_cluster import FAST, committed_values, produce_all
 
 pytestmark = pytest.mark.slow

@@ -17,10 +17,10 @@ import sys
 
 import pytest
 
-from broker.client import ClusterUnavailable, MetalogClient, MetalogError
-from storage.batch import iter_batches
+from metalog.broker.client.client import ClusterUnavailable, MetalogClient, MetalogError
+from metalog.storage.batch import iter_batches
 from tests.integration.conftest import limit_file_size
-from storage.log import SegmentedLog
+from metalog.storage.segmented_log import SegmentedLog
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +88,7 @@ async def test_enospc_on_a_real_small_filesystem_answers_storage_error_and_recov
     os.makedirs(saved)
     if _tmpfs_mountable():
         reason = "No space left on device"
-        script = (f'mount -t tmpfs -o size=2m tmpfs "$1" && {sys.executable} -m broker.main --config "$2"; '
+        script = (f'mount -t tmpfs -o size=2m tmpfs "$1" && {sys.executable} -m metalog.broker.server.main --config "$2"; '
                   'rc=$?; cp -a "$1/." "$3/"; exit $rc')
         cluster.nodes[1].command = ["unshare", "-rm", "sh", "-c", script, "sh", data, path, saved]
     else:

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tools.cluster.launcher import REPO_ROOT, free_ports
+from metalog.tools.cluster.launcher import REPO_ROOT, free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +21,7 @@ FAST = dict(election_timeout_ms=300, fetch_timeout_ms=800, request_timeout_ms=80
 
 
 def metalog(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.cli", *args], cwd=REPO_ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "metalog.tools.cli", *args], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=90)
 
 

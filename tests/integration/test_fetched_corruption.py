@@ -15,11 +15,11 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from broker import runtime
-from broker.config import config_from_dict
-from broker.quorum import api as qa
-from broker.runtime import Broker
-from tools.cluster.launcher import free_ports
+from metalog.broker.server import runtime
+from metalog.broker.server.config import config_from_dict
+from metalog.broker.quorum import api as qa
+from metalog.broker.server.runtime import Broker
+from metalog.tools.cluster.launcher import free_ports
 
 
 async def _started_broker(tmp_path) -> Broker:

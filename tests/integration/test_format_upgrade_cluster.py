@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from broker.client import MetalogClient
-from storage.snapshot import SnapshotId, snapshot_filename
+from metalog.broker.client.client import MetalogClient
+from metalog.storage.snapshot import SnapshotId, snapshot_filename
 from tests.formats.test_format_upgrade import PART, expected_state, v2_workload, value_v3, write_v1_dir, write_v2_dir
-from tools.cluster.launcher import REPO_ROOT
+from metalog.tools.cluster.launcher import REPO_ROOT
 
 
 @pytest.mark.slow
@@ -49,7 +49,7 @@ def test_format_old_upgrade_start_and_every_record_is_there(make_cluster):
     assert proc.wait(timeout=60) == 3
     with open(os.path.join(cluster.node_dir(1), "stderr.log")) as fh:
         assert f"metalog storage upgrade --data-dir {data}" in fh.read()
-    up = subprocess.run([sys.executable, "-m", "tools.cli", "storage", "upgrade", "--data-dir", data],
+    up = subprocess.run([sys.executable, "-m", "metalog.tools.cli", "storage", "upgrade", "--data-dir", data],
                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert up.returncode == 0, up.stderr
     assert "upgraded" in up.stdout and "2 file(s) rewritten" in up.stdout
@@ -74,7 +74,7 @@ def test_format_v2_upgrade_start_and_the_controller_state_is_the_same(make_clust
     with open(os.path.join(cluster.node_dir(1), "stderr.log")) as fh:
         err = fh.read()
     assert "is in metalog format version 2" in err and f"metalog storage upgrade --data-dir {data}" in err
-    up = subprocess.run([sys.executable, "-m", "tools.cli", "storage", "upgrade", "--data-dir", data],
+    up = subprocess.run([sys.executable, "-m", "metalog.tools.cli", "storage", "upgrade", "--data-dir", data],
                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert up.returncode == 0, up.stderr
     assert "upgraded" in up.stdout and "format version 3" in up.stdout

@@ -15,10 +15,10 @@ import signal
 
 import pytest
 
-from broker.client import MetalogClient
-from protocol import messages as m
-from protocol.apis import ApiKey
-from protocol.errors import Errors
+from metalog.broker.client.client import MetalogClient
+from metalog.protocol import messages as m
+from metalog.protocol.apis import ApiKey
+from metalog.protocol.errors import Errors
 from tests.integration.test_cluster import committed_values
 
 pytestmark = pytest.mark.slow

@@ -15,8 +15,8 @@ import struct
 import crc32c
 import pytest
 
-from broker.client import MetalogClient
-from storage.batch import CRC_OFFSET, CRC_START, HEADER_SIZE, iter_batches
+from metalog.broker.client.client import MetalogClient
+from metalog.storage.batch import CRC_OFFSET, CRC_START, HEADER_SIZE, iter_batches
 from tests.integration.test_cluster import FAST, committed_values, produce_all
 
 pytestmark = pytest.mark.slow

@@ -15,8 +15,8 @@ import urllib.request
 
 import pytest
 
-from broker.client import MetalogClient
-from storage.batch import HEADER_SIZE, iter_batches
+from metalog.broker.client.client import MetalogClient
+from metalog.storage.batch import HEADER_SIZE, iter_batches
 
 pytestmark = pytest.mark.slow
 

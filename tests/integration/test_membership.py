@@ -16,10 +16,10 @@ import sys
 
 import pytest
 
-from broker.client import MetalogClient
-from tools.cluster import membership
-from tools.cluster.launcher import REPO_ROOT
-from tools.drill.checker import check_prefixes, read_replica
+from metalog.broker.client.client import MetalogClient
+from metalog.tools.cluster import membership
+from metalog.tools.cluster.launcher import REPO_ROOT
+from metalog.tools.drill.checker import check_prefixes, read_replica
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ SETTINGS = dict(election_timeout_ms=500, fetch_timeout_ms=1000, request_timeout_
 
 
 def metalog(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.cli", *args], cwd=REPO_ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "metalog.tools.cli", *args], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=120)
 
 

@@ -19,11 +19,11 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.client import MetalogClient
-from broker.metrics import RAFT_METRIC_NAMES
-from broker.tls import TlsFiles, TlsPaths
-from tools.cluster.certs import issue_user
-from tools.cluster.launcher import REPO_ROOT, free_ports
+from metalog.broker.client.client import MetalogClient
+from metalog.broker.server.metrics import RAFT_METRIC_NAMES
+from metalog.broker.net.tls import TlsFiles, TlsPaths
+from metalog.tools.cluster.certs import issue_user
+from metalog.tools.cluster.launcher import REPO_ROOT, free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -170,7 +170,7 @@ def test_real_prometheus_scrapes_the_cluster_with_the_shipped_config(make_cluste
     grant = list(compose["services"]["metrics-acl"]["command"])
     assert grant[0] == "metalog"
     grant[grant.index("--client-config") + 1] = cluster.client_config_path
-    done = subprocess.run([sys.executable, "-m", "tools.cli", *grant[1:]], cwd=REPO_ROOT, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "metalog.tools.cli", *grant[1:]], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     cluster.wait_for(lambda: _status(url, user_ctx) == 200, 10, "the ACL to reach the leader")

@@ -15,11 +15,11 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from broker.config import config_from_dict
-from broker.runtime import Broker
-from storage import batch as b
-from storage.log import SegmentedLog
-from tools.cluster.launcher import free_ports
+from metalog.broker.server.config import config_from_dict
+from metalog.broker.server.runtime import Broker
+from metalog.storage import batch as b
+from metalog.storage.segmented_log import SegmentedLog
+from metalog.tools.cluster.launcher import free_ports
 
 PART = "__cluster_metadata-0"
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tools.cluster.launcher import REPO_ROOT
+from metalog.tools.cluster.launcher import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ FAST = dict(election_timeout_ms=300, fetch_timeout_ms=800, request_timeout_ms=80
 
 
 def metalog(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.cli", *args], cwd=REPO_ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "metalog.tools.cli", *args], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=60)
 
 

@@ -11,9 +11,9 @@ import os
 
 import pytest
 
-from broker.client import MetalogClient
-from storage.batch import HEADER_SIZE, iter_batches
-from storage.log import SegmentedLog
+from metalog.broker.client.client import MetalogClient
+from metalog.storage.batch import HEADER_SIZE, iter_batches
+from metalog.storage.segmented_log import SegmentedLog
 from tests.integration.test_cluster import FAST
 from tests.integration.test_corruption_runtime import PART, caught_up, events, health, segments
 from tests.integration.test_integrity_storage import http_get

@@ -13,11 +13,11 @@ import sys
 
 import pytest
 
-from broker.client import MetalogClient
-from broker.controller import Controller, load_snapshot
-from protocol.messages import SnapshotId
-from storage.log import SegmentedLog
-from storage.snapshot import PART_SUFFIX, SnapshotStore
+from metalog.broker.client.client import MetalogClient
+from metalog.broker.controller.state import Controller, load_snapshot
+from metalog.protocol.messages import SnapshotId
+from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.snapshot import PART_SUFFIX, SnapshotStore
 from tests.integration.conftest import limit_file_size
 from tests.integration.test_metrics import scrape
 from tests.integration.test_snapshots import part_dir, write_metadata

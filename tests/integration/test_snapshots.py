@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from broker.client import MetalogClient
-from tools.cluster.launcher import REPO_ROOT
+from metalog.broker.client.client import MetalogClient
+from metalog.tools.cluster.launcher import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -175,7 +175,7 @@ async def test_cli_consume_from_earliest_starts_at_the_log_start_once_it_is_past
     boot = ",".join(f"{h}:{p}" for h, p in cluster.bootstrap())
     out = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "tools.cli", "consume", "--bootstrap", boot, "--cluster-id", cluster.cluster_id,
+        [sys.executable, "-m", "metalog.tools.cli", "consume", "--bootstrap", boot, "--cluster-id", cluster.cluster_id,
          "--client-config", cluster.client_config_path, "--from", "earliest", "--max-records", "5"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -14,12 +14,12 @@ import sys
 
 import pytest
 
-from broker.client import MetalogClient
-from broker.local_state import format_data_dir
-from storage.batch import encode_batch, iter_batches
-from storage.log import SegmentedLog
-from storage.snapshot import read_snapshot_voters
-from tools.cluster.launcher import REPO_ROOT, LocalCluster, NodeSpec
+from metalog.broker.client.client import MetalogClient
+from metalog.broker.server.recovery import format_data_dir
+from metalog.storage.batch import encode_batch, iter_batches
+from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.snapshot import read_snapshot_voters
+from metalog.tools.cluster.launcher import REPO_ROOT, LocalCluster, NodeSpec
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ PART = "__cluster_metadata-0"
 
 def spark(*args: str) -> tuple[int, dict, str]:
     report = args[args.index("--report") + 1]
-    proc = subprocess.run([sys.executable, "-m", "tools.cli", "spark", *args, "--master", "local[2]",
+    proc = subprocess.run([sys.executable, "-m", "metalog.tools.cli", "spark", *args, "--master", "local[2]",
                            "--shuffle-partitions", "2"], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=600)
     with open(report) as f:

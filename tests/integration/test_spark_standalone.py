@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 from tests.spark.workload import random_records, write_log
-from tools.cluster.launcher import REPO_ROOT
+from metalog.tools.cluster.launcher import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +99,7 @@ def test_spark_submit_on_a_standalone_cluster_equals_local_mode(standalone, tmp_
     for i, d in enumerate(dirs):
         write_log(d, values, node_id=i + 1, seed=9)
     pkg = tmp_path / "metalog_code.zip"
-    subprocess.run([sys.executable, "-m", "tools.cli", "spark", "package", "--out", str(pkg)],
+    subprocess.run([sys.executable, "-m", "metalog.tools.cli", "spark", "package", "--out", str(pkg)],
                    cwd=REPO_ROOT, check=True, capture_output=True, timeout=60)
     log4j = os.path.join(REPO_ROOT, "tools", "spark", "log4j2.properties")
     cluster_out = tmp_path / "cluster-out"
@@ -116,7 +116,7 @@ def test_spark_submit_on_a_standalone_cluster_equals_local_mode(standalone, tmp_
     assert "records/s" in proc.stderr
 
     local_out = tmp_path / "local-out"
-    proc = subprocess.run([sys.executable, "-m", "tools.cli", "spark", "snapshot", *dirs, "--out",
+    proc = subprocess.run([sys.executable, "-m", "metalog.tools.cli", "spark", "snapshot", *dirs, "--out",
                            str(local_out), "--master", "local[1]", "--driver-memory", "600m",
                            "--shuffle-partitions", "2", "--quiet"],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)

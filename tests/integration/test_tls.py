@@ -17,14 +17,14 @@ import time
 
 import pytest
 
-from broker.client import MetalogClient, TlsFailure
-from broker.client_config import ClientConfig
-from broker.net import PeerChannel, TlsHandshakeError
-from broker.tls import TlsFiles, TlsPaths
-from protocol import messages as m
-from protocol.apis import ApiKey
-from tools.cluster import certs
-from tools.cluster.launcher import REPO_ROOT
+from metalog.broker.client.client import MetalogClient, TlsFailure
+from metalog.broker.client.config import ClientConfig
+from metalog.broker.net.channel import PeerChannel, TlsHandshakeError
+from metalog.broker.net.tls import TlsFiles, TlsPaths
+from metalog.protocol import messages as m
+from metalog.protocol.apis import ApiKey
+from metalog.tools.cluster import certs
+from metalog.tools.cluster.launcher import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ FAST = dict(election_timeout_ms=300, fetch_timeout_ms=800, request_timeout_ms=80
 
 
 def metalog(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.cli", *args], cwd=REPO_ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "metalog.tools.cli", *args], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=timeout_s)
 
 
@@ -211,7 +211,7 @@ async def test_rotation_while_running(make_cluster, tmp_path):
     certs.issue_node(new_ca, cluster.cert_dir, 1, ["127.0.0.1", "localhost"])
     certs.issue_user(new_ca, new_ca, "admin")
     with open(os.path.join(new_ca, "ca.crt"), "rb") as f:
-        from storage.atomic import atomic_write
+        from metalog.storage.atomic import atomic_write
 
         atomic_write(os.path.join(cluster.cert_dir, "ca.crt"), f.read())
     wait_events(cluster, 1, "tls_reloaded", 2)

@@ -10,9 +10,9 @@ import signal
 
 import pytest
 
-from storage import control_records as cr
-from storage.batch import encode_batch
-from storage.log import SegmentedLog
+from metalog.storage import control_records as cr
+from metalog.storage.batch import encode_batch
+from metalog.storage.segmented_log import SegmentedLog
 from tests.integration.test_cluster import FAST
 
 pytestmark = pytest.mark.slow

@@ -10,14 +10,15 @@ import argparse
 import asyncio
 import time
 
-from broker.net import PeerChannel, serve
-from protocol import messages as m
-from protocol.apis import ApiKey
+from metalog.broker.net.channel import PeerChannel
+from metalog.broker.net.server import serve
+from metalog.protocol import messages as m
+from metalog.protocol.apis import ApiKey
 
 
 async def serve_streams(handler_resp):
     """The same server written on asyncio streams, only to compare with serve()."""
-    from protocol import codec
+    from metalog.protocol import codec
 
     async def on_conn(reader, writer):
         try:

@@ -40,8 +40,8 @@ async def wait_for_condition(cond, timeout_s: float = 5.0, what: str = "conditio
 
 SERVER_SCRIPT = r'''
 import asyncio, os, sys
-from broker.net import serve
-from protocol import messages as m
+from metalog.broker.net.server import serve
+from metalog.protocol import messages as m
 
 async def main(port):
     def handler(conn, header, body):

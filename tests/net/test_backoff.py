@@ -1,4 +1,4 @@
-"""broker.backoff.Backoff: the one retry back-off of the client and the peer channels."""
+"""metalog.broker.net.backoff.Backoff: the one retry back-off of the client and the peer channels."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from broker.backoff import Backoff
+from metalog.broker.net.backoff import Backoff
 
 
 class Fixed:
@@ -60,8 +60,8 @@ def test_attempt_counts_from_one():
 
 
 def test_client_and_peer_channel_use_it_with_their_settings():
-    from broker.client import RETRY_BACKOFF_MAX_MS, MetalogClient
-    from broker.net import PeerChannel
+    from metalog.broker.client.client import RETRY_BACKOFF_MAX_MS, MetalogClient
+    from metalog.broker.net.channel import PeerChannel
 
     client = MetalogClient([("127.0.0.1", 1)], "c", retry_backoff_ms=100)
     assert client._retry_backoff == Backoff(100, RETRY_BACKOFF_MAX_MS)

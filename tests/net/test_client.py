@@ -14,16 +14,16 @@ import asyncio
 
 import pytest
 
-from broker.client import (
+from metalog.broker.client.client import (
     ClusterUnavailable, ConsumedRecord, CorruptRecordError, LogTruncationError, MetalogClient, MetalogError, NoOffsetError,
 )
-from broker.net import serve
-from protocol import messages as m
-from protocol.apis import ApiKey
-from protocol.errors import Errors
-from storage.batch import encode_batch
-from storage.control_records import LeaderChange, encode_control
-from storage.epochs import EpochHistory
+from metalog.broker.net.server import serve
+from metalog.protocol import messages as m
+from metalog.protocol.apis import ApiKey
+from metalog.protocol.errors import Errors
+from metalog.storage.batch import encode_batch
+from metalog.storage.control_records import LeaderChange, encode_control
+from metalog.storage.epochs import EpochHistory
 from tests.net.helpers import ListLogger
 
 CLUSTER = "fake-cluster"

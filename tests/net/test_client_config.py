@@ -1,4 +1,4 @@
-"""Where the CLI and client library find their credentials (broker/client_config.py)."""
+"""Where the CLI and client library find their credentials (broker/client/config.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from broker.client_config import ClientConfig, ClientConfigError, find_client_config, load_client_config
-from tools.cluster import certs
+from metalog.broker.client.config import ClientConfig, ClientConfigError, find_client_config, load_client_config
+from metalog.tools.cluster import certs
 
 
 def _write(path, cert_dir, bootstrap="127.0.0.1:1") -> str:

@@ -20,11 +20,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.net import PeerChannel, serve
-from protocol import codec
-from protocol import messages as m
-from protocol.apis import APIS, ApiKey
-from protocol.errors import Errors
+from metalog.broker.net.channel import PeerChannel
+from metalog.broker.net.server import serve
+from metalog.protocol import codec
+from metalog.protocol import messages as m
+from metalog.protocol.apis import APIS, ApiKey
+from metalog.protocol.errors import Errors
 from tests.net.helpers import ListLogger
 from tests.protocol.test_codec import SAMPLES
 

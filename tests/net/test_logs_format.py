@@ -1,4 +1,4 @@
-"""broker/logs.py: JSON lines into files and pipes (drills parse them), a short
+"""broker/server/logging_setup.py: JSON lines into files and pipes (drills parse them), a short
 human form on a terminal."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import os
 import pty
 
-from broker.logs import configure_logging
+from metalog.broker.server.logging_setup import configure_logging
 
 # configure_logging is process-wide; tests/conftest.py restores structlog after each test.
 

@@ -8,11 +8,12 @@ import struct
 import pytest
 import uvloop
 
-from broker.net import ConnectionLost, Overloaded, PeerChannel, PeerPool, RequestTimeout, serve
-from protocol import codec
-from protocol import messages as m
-from protocol.apis import ApiKey
-from protocol.errors import Errors
+from metalog.broker.net.channel import ConnectionLost, Overloaded, PeerChannel, PeerPool, RequestTimeout
+from metalog.broker.net.server import serve
+from metalog.protocol import codec
+from metalog.protocol import messages as m
+from metalog.protocol.apis import ApiKey
+from metalog.protocol.errors import Errors
 from tests.net.helpers import ListLogger, start_server_process, wait_for_condition
 
 

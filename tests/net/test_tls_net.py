@@ -1,4 +1,4 @@
-"""broker.net with mutual TLS, in-process: principals, handshake timeout, reload."""
+"""metalog.broker.net.server with mutual TLS, in-process: principals, handshake timeout, reload."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import ssl
 
 import pytest
 
-from broker.net import ListenerLimits, PeerChannel, serve
-from broker.tls import TlsFiles, TlsPaths
-from protocol import messages as m
-from protocol.apis import ApiKey
+from metalog.broker.net.channel import PeerChannel
+from metalog.broker.net.server import ListenerLimits, serve
+from metalog.broker.net.tls import TlsFiles, TlsPaths
+from metalog.protocol import messages as m
+from metalog.protocol.apis import ApiKey
 from tests.net.helpers import ListLogger, wait_for_condition
-from tools.cluster import certs
+from metalog.tools.cluster import certs
 
 # Both TLS ends share one event loop here: on a loaded machine a handshake can
 # take longer than the 1 s production default, which these tests do not test.

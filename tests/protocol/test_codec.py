@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.quorum.answers import api_versions_response
-from protocol import codec
-from protocol import messages as m
-from protocol.apis import APIS, ApiKey
-from protocol.codec import NEED_DATA, FrameDecoder
-from protocol.errors import Errors
+from metalog.broker.quorum.answers import api_versions_response
+from metalog.protocol import codec
+from metalog.protocol import messages as m
+from metalog.protocol.apis import APIS, ApiKey
+from metalog.protocol.codec import NEED_DATA, FrameDecoder
+from metalog.protocol.errors import Errors
 
 LEADER = m.LeaderIdAndEpoch(leader_id=2, leader_epoch=7)
 SNAP = m.SnapshotId(end_offset=100, epoch=3)
@@ -349,7 +349,7 @@ def test_produce_request_producer_fields_round_trip_and_default_to_none():
 
 
 def test_api_versions_advertises_init_producer_id():
-    from broker.quorum.answers import api_versions_response
+    from metalog.broker.quorum.answers import api_versions_response
 
     keys = {v.api_key: (v.min_version, v.max_version) for v in api_versions_response().api_keys}
     assert keys[22] == (0, 0)

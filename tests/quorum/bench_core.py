@@ -17,11 +17,11 @@ import random
 import time
 from collections import deque
 
-from broker.quorum import api as a
-from broker.quorum.core import QuorumCore
-from broker.quorum.env import Environment
-from protocol import messages as m
-from storage.batch import iter_batches
+from metalog.broker.quorum import api as a
+from metalog.broker.quorum.core import QuorumCore
+from metalog.broker.quorum.env import Environment
+from metalog.protocol import messages as m
+from metalog.storage.batch import iter_batches
 
 
 class FastLog:

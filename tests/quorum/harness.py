@@ -11,11 +11,11 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from broker.quorum import api as a
-from broker.quorum.core import QuorumCore
-from broker.quorum.env import Environment
-from protocol import messages as m
-from storage.batch import encode_batch
+from metalog.broker.quorum import api as a
+from metalog.broker.quorum.core import QuorumCore
+from metalog.broker.quorum.env import Environment
+from metalog.protocol import messages as m
+from metalog.storage.batch import encode_batch
 
 CLUSTER = "test-cluster"
 

@@ -5,8 +5,8 @@ lists are refused with a ValueError naming the problem."""
 
 import pytest
 
-from broker.quorum import api as a
-from storage.batch import decode_records, iter_batches
+from metalog.broker.quorum import api as a
+from metalog.storage.batch import decode_records, iter_batches
 
 from tests.quorum.harness import Node, fetch, make_leader, of, responses
 

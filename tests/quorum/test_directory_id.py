@@ -10,10 +10,10 @@ watermark; it replicates as an observer. With static voters (kraft version
 
 from __future__ import annotations
 
-from broker.quorum import api as a
-from broker.quorum.voters import VoterSet
-from protocol import messages as m
-from protocol.errors import Errors
+from metalog.broker.quorum import api as a
+from metalog.broker.quorum.voters import VoterSet
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
 from tests.quorum.harness import CLUSTER, Node, append, fetch, make_leader, of, one_response, sent, stand
 
 D1, D2, D3 = "AAAAAAAAAAAAAAAAAAAAAg", "AAAAAAAAAAAAAAAAAAAAAw", "AAAAAAAAAAAAAAAAAAAABA"

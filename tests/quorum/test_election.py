@@ -1,11 +1,11 @@
 """Election rules of the quorum core: votes, timeouts, resignation, KAFKA-10527."""
 
-from broker.quorum import api as a
-from protocol import messages as m
-from protocol.errors import Errors
-from storage.batch import iter_batches
-from storage.control_records import LeaderChange, decode_control
-from storage.batch import decode_records
+from metalog.broker.quorum import api as a
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
+from metalog.storage.batch import iter_batches
+from metalog.storage.control_records import LeaderChange, decode_control
+from metalog.storage.batch import decode_records
 
 from tests.quorum.harness import CLUSTER, Node, make_leader, of, one_response, sent, stand
 

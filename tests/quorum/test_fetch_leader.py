@@ -2,10 +2,10 @@
 
 import pytest
 
-from broker.quorum import api as a
-from protocol import messages as m
-from protocol.errors import Errors
-from storage.batch import iter_batches
+from metalog.broker.quorum import api as a
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
+from metalog.storage.batch import iter_batches
 
 from tests.quorum.harness import CLUSTER, Node, append, fetch, make_leader, of, one_response, responses
 

@@ -1,8 +1,8 @@
 """Follower side: KIP-320 truncation, DivergingEpoch, KAFKA-7786, KAFKA-14704, snapshots."""
 
-from broker.quorum import api as a
-from protocol import messages as m
-from protocol.errors import Errors
+from metalog.broker.quorum import api as a
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
 
 from tests.quorum.harness import CLUSTER, Node, batch, of, sent, stand
 

@@ -1,8 +1,8 @@
 """High-watermark rules: the blog's walkthrough (seed 002), KAFKA-12619, KAFKA-10533."""
 
-from broker.quorum import api as a
-from protocol import messages as m
-from protocol.errors import Errors
+from metalog.broker.quorum import api as a
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
 
 from tests.quorum.harness import CLUSTER, Node, append, fetch, make_leader, of, one_response, responses, sent
 

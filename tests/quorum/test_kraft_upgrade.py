@@ -10,13 +10,13 @@ refusal and the error the client sees."""
 
 from __future__ import annotations
 
-from broker.quorum import api as a
-from broker.quorum.answers import api_versions_response
-from broker.quorum.voters import VoterSet, voter_sets_in
-from protocol import messages as m
-from protocol.errors import Errors
-from storage import control_records as cr
-from storage.batch import decode_records, iter_batches
+from metalog.broker.quorum import api as a
+from metalog.broker.quorum.answers import api_versions_response
+from metalog.broker.quorum.voters import VoterSet, voter_sets_in
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
+from metalog.storage import control_records as cr
+from metalog.storage.batch import decode_records, iter_batches
 from tests.quorum.harness import CLUSTER, Node, fetch, make_leader, one_response, responses
 
 D = {1: "AAAAAAAAAAAAAAAAAAAAAg", 2: "AAAAAAAAAAAAAAAAAAAAAw", 3: "AAAAAAAAAAAAAAAAAAAABA",

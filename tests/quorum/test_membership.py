@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from broker.quorum import api as a
-from broker.quorum.voters import VoterSet, voter_sets_in
-from protocol import messages as m
-from protocol.errors import Errors
+from metalog.broker.quorum import api as a
+from metalog.broker.quorum.voters import VoterSet, voter_sets_in
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
 from tests.quorum.harness import CLUSTER, MemLog, Node, fetch, grant_pre_votes, make_leader, one_response, responses
 
 D = {1: "AAAAAAAAAAAAAAAAAAAAAg", 2: "AAAAAAAAAAAAAAAAAAAAAw", 3: "AAAAAAAAAAAAAAAAAAAABA",
@@ -283,8 +283,8 @@ def test_a_truncated_uncommitted_change_is_reverted_on_a_follower():
 def test_first_leader_of_a_formatted_cluster_writes_the_bootstrap_set_into_the_log():
     """Kafka's first leader appends KRaftVersionRecord(1) + VotersRecord in its
     first epoch; a later leader (the set already in its log) does not."""
-    from storage import control_records as cr
-    from storage.batch import decode_records, iter_batches
+    from metalog.storage import control_records as cr
+    from metalog.storage.batch import decode_records, iter_batches
     n, now = leader()
     data = n.log.read(0, n.core.log_end_offset, 1 << 20)
     controls = [cr.decode_control(bytes(v)) for pos, h in iter_batches(data) if h.is_control
@@ -315,9 +315,9 @@ def test_a_dynamic_node_without_a_voter_set_never_falls_back_to_static_voters():
     lead, now = leader()
     ids = {1: D[1], 2: D[2], 3: WIPED3}
     vs = VoterSet(ids, kraft_version=1, endpoints={i: EP[i] for i in ids})
-    from broker.quorum.voters import voters_record
-    from storage.batch import encode_batch
-    from storage.control_records import encode_control
+    from metalog.broker.quorum.voters import voters_record
+    from metalog.storage.batch import encode_batch
+    from metalog.storage.control_records import encode_control
     data = lead.log.read(0, lead.core.log_end_offset, 1 << 20) + encode_batch(
         lead.core.log_end_offset, lead.core.epoch, [encode_control(voters_record(vs))], 0, is_control=True)
     acts = n.step(a.RequestReceived(30_000, "b", m.BeginQuorumEpochRequest(

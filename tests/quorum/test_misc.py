@@ -2,8 +2,8 @@
 
 import pytest
 
-from broker.quorum import api as a
-from protocol import messages as m
+from metalog.broker.quorum import api as a
+from metalog.protocol import messages as m
 
 from tests.quorum.harness import Node, fetch, make_leader, one_response
 

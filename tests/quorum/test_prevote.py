@@ -7,9 +7,9 @@ heard from a leader of its epoch within the fetch timeout, and records
 nothing. Only a majority of grants makes a real candidate.
 """
 
-from broker.quorum import api as a
-from protocol import messages as m
-from protocol.errors import Errors
+from metalog.broker.quorum import api as a
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
 
 from tests.quorum.harness import CLUSTER, MemLog, Node, batch, make_leader, of, one_response, sent
 

@@ -6,10 +6,10 @@ when it has committed in its epoch (nothing past it can be committed); a Fetch
 whose read fails verification is answered with KAFKA_STORAGE_ERROR, never with
 the bytes."""
 
-from broker.quorum import api as a
-from protocol import messages as m
-from protocol.errors import Errors
-from storage.batch import CorruptBatchError
+from metalog.broker.quorum import api as a
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
+from metalog.storage.batch import CorruptBatchError
 
 from tests.quorum.harness import CLUSTER, MemLog, Node, append, batch, fetch, make_leader, of, one_response, sent, stand
 

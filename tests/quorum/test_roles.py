@@ -8,15 +8,15 @@ import pathlib
 
 import pytest
 
-from broker.quorum import api as a
-from broker.quorum.answers import api_versions_response, check_cluster_id, metadata_response
-from broker.quorum.election import CandidateState
-from broker.quorum.follower import FollowerState
-from broker.quorum.leader import LeaderState
-from broker.quorum.roles import ALLOWED_TRANSITIONS, Role
-from protocol import messages as m
-from protocol.apis import APIS
-from protocol.errors import Errors
+from metalog.broker.quorum import api as a
+from metalog.broker.quorum.answers import api_versions_response, check_cluster_id, metadata_response
+from metalog.broker.quorum.election import CandidateState
+from metalog.broker.quorum.follower import FollowerState
+from metalog.broker.quorum.leader import LeaderState
+from metalog.broker.quorum.roles import ALLOWED_TRANSITIONS, Role
+from metalog.protocol import messages as m
+from metalog.protocol.apis import APIS
+from metalog.protocol.errors import Errors
 from tests.quorum.harness import CLUSTER, Node, make_leader, of, sent, stand
 
 QUORUM_DIR = pathlib.Path(__file__).resolve().parents[2] / "broker" / "quorum"

@@ -3,9 +3,9 @@
 Each test replays, by hand, the smallest situation of one finding.
 """
 
-from broker.quorum import api as a
-from broker.quorum.outbox import RETRY_BACKOFF_MS
-from protocol import messages as m
+from metalog.broker.quorum import api as a
+from metalog.broker.quorum.outbox import RETRY_BACKOFF_MS
+from metalog.protocol import messages as m
 
 from tests.quorum.harness import CLUSTER, Node, append, make_leader, of, one_response, sent, stand
 

@@ -8,11 +8,11 @@ static voters (kraft version 0) hold until the log says otherwise."""
 
 from __future__ import annotations
 
-from broker.quorum import api as a
-from broker.quorum.voters import VoterSet, voter_sets_in
-from protocol import messages as m
-from storage import control_records as cr
-from storage.batch import encode_batch
+from metalog.broker.quorum import api as a
+from metalog.broker.quorum.voters import VoterSet, voter_sets_in
+from metalog.protocol import messages as m
+from metalog.storage import control_records as cr
+from metalog.storage.batch import encode_batch
 
 from tests.quorum.harness import CLUSTER, Node, batch, of, sent
 

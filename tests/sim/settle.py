@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sim.cluster import SimCluster
+from metalog.sim.cluster import SimCluster
 
 
 def settled(c: SimCluster) -> bool:

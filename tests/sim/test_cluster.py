@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sim.cluster import SimCluster, SimConfig
-from sim.network import NetworkConfig
+from metalog.sim.cluster import SimCluster, SimConfig
+from metalog.sim.network import NetworkConfig
 
 
 def test_a_node_resumed_after_a_pause_keeps_being_ticked():

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from protocol import messages as m
-from storage.batch import encode_batch
-from sim.disk import SimDisk, SimDiskError
+from metalog.protocol import messages as m
+from metalog.storage.batch import encode_batch
+from metalog.sim.disk import SimDisk, SimDiskError
 
 
 def batch(base: int, epoch: int, n: int = 2) -> bytes:
@@ -133,7 +133,7 @@ def test_install_with_wrong_size_fails_verification_and_part_files_die_in_a_cras
 
 
 def test_wipe_log_keeps_quorum_state_and_wipe_all_does_not():
-    from broker.quorum.api import QuorumStateData
+    from metalog.broker.quorum.api import QuorumStateData
 
     d = disk_with(2)
     d.persist_quorum_state(QuorumStateData(3, 1, 1, (1, 2, 3)))

@@ -10,12 +10,12 @@ import types
 
 import pytest
 
-from broker.quorum import api
-from broker.quorum.voters import VoterSet, VoterSetHistory
-from protocol import messages as m
-from storage.batch import encode_batch
-from sim.cluster import SimCluster, SimConfig
-from sim.invariants import Violation, check_final
+from metalog.broker.quorum import api
+from metalog.broker.quorum.voters import VoterSet, VoterSetHistory
+from metalog.protocol import messages as m
+from metalog.storage.batch import encode_batch
+from metalog.sim.cluster import SimCluster, SimConfig
+from metalog.sim.invariants import Violation, check_final
 
 
 class PuppetCore:

@@ -7,10 +7,10 @@ story must end in."""
 
 from __future__ import annotations
 
-from protocol import messages as m
-from protocol.errors import Errors
-from sim.cluster import SimCluster, SimConfig, sim_endpoints
-from sim.network import NetworkConfig
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
+from metalog.sim.cluster import SimCluster, SimConfig, sim_endpoints
+from metalog.sim.network import NetworkConfig
 from tests.sim.settle import settled, wait_settled
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from sim.network import NetworkConfig, SimNetwork
+from metalog.sim.network import NetworkConfig, SimNetwork
 
 
 def test_isolation_cuts_both_ways_and_heal_restores():

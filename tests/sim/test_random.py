@@ -12,8 +12,8 @@ import os
 
 import pytest
 
-from sim.invariants import Violation
-from sim.random_run import run_seed
+from metalog.sim.invariants import Violation
+from metalog.sim.random_run import run_seed
 
 
 def _seeds() -> list[int]:

@@ -7,11 +7,11 @@ millisecond here so that the story is not blurred by group-commit timing.
 
 from __future__ import annotations
 
-from broker.quorum import api
-from protocol import messages as m
-from protocol.errors import Errors
-from sim.cluster import SimCluster, SimConfig
-from sim.network import NetworkConfig
+from metalog.broker.quorum import api
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
+from metalog.sim.cluster import SimCluster, SimConfig
+from metalog.sim.network import NetworkConfig
 from tests.sim.settle import settled, wait_settled
 
 

@@ -6,13 +6,13 @@ import io
 import json
 import os
 
-from broker.controller import write_controller_snapshot
-from protocol.messages import SnapshotId
-from storage import batch as b
-from storage import metadata_records as r
-from storage.snapshot import SnapshotStore
+from metalog.broker.controller.state import write_controller_snapshot
+from metalog.protocol.messages import SnapshotId
+from metalog.storage import batch as b
+from metalog.storage import metadata_records as r
+from metalog.storage.snapshot import SnapshotStore
 from tests.controller.test_state import cluster
-from tools.cli import dump
+from metalog.tools.cli import dump
 
 
 def run(path, **kw):
@@ -125,13 +125,13 @@ def test_dump_of_a_kafka_dir_names_unmodelled_types(tmp_path):
     import sys
 
     from tests.formats.kafka_dir import PART, write_kafka_dir
-    from tools.cluster.launcher import REPO_ROOT
+    from metalog.tools.cluster.launcher import REPO_ROOT
 
     info = write_kafka_dir(str(tmp_path))
     part = tmp_path / PART
     for name, want in (("00000000000000000000.log", {"BrokerRegistrationChange": 1, "ProducerIds": 2}),
                        (info["snapshot"], {"ProducerIds": 1})):
-        proc = subprocess.run([sys.executable, "-m", "tools.cli", "dump", "--print-data-log", str(part / name)],
+        proc = subprocess.run([sys.executable, "-m", "metalog.tools.cli", "dump", "--print-data-log", str(part / name)],
                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0 and proc.stderr == "", proc.stderr
         lines = [json.loads(x) for x in proc.stdout.splitlines()]
@@ -142,7 +142,7 @@ def test_dump_of_a_kafka_dir_names_unmodelled_types(tmp_path):
         assert all(x["fields"]["raw"] for x in unmodelled)
         assert lines[-1 if name.endswith(".log") else -2] == {"unmodelled_records": want}
     log_types = [x["type"] for x in map(json.loads, subprocess.run(
-        [sys.executable, "-m", "tools.cli", "dump", "--print-data-log", str(part / "00000000000000000000.log")],
+        [sys.executable, "-m", "metalog.tools.cli", "dump", "--print-data-log", str(part / "00000000000000000000.log")],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60).stdout.splitlines()) if "type" in x]
     assert log_types == ["LeaderChange", "FeatureLevel", "RegisterBroker", "RegisterBroker", "UnfenceBroker",
                          "UnfenceBroker", "ProducerIds", "Topic", "Partition", "Partition", "Config",

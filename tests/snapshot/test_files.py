@@ -4,10 +4,10 @@ import os
 
 import pytest
 
-from protocol.messages import SnapshotId
-from storage import batch as b
-from storage import control_records as cr
-from storage.snapshot import (CorruptSnapshotError, SnapshotWriter, parse_snapshot_filename,
+from metalog.protocol.messages import SnapshotId
+from metalog.storage import batch as b
+from metalog.storage import control_records as cr
+from metalog.storage.snapshot import (CorruptSnapshotError, SnapshotWriter, parse_snapshot_filename,
                               read_snapshot, snapshot_filename, verify_snapshot)
 
 SID = SnapshotId(1234, 5)

@@ -1,4 +1,4 @@
-"""Installing a downloaded snapshot (broker/snapshot_io.py SnapshotWork.install)
+"""Installing a downloaded snapshot (broker/server/snapshot_work.py SnapshotWork.install)
 with the runtime's real parts: snapshot store, segmented log, digest,
 controller and metrics in a temporary data dir.
 
@@ -14,16 +14,16 @@ import types
 
 import structlog
 
-from broker.consistency import LogDigest
-from broker.controller import Controller, write_controller_snapshot
-from broker.metrics import BrokerMetrics
-from broker.quorum import api as qa
-from broker.snapshot_io import SnapshotWork
-from protocol.messages import SnapshotId
-from storage import batch as b
-from storage import metadata_records as r
-from storage.log import SegmentedLog
-from storage.snapshot import SnapshotStore
+from metalog.broker.server.consistency import LogDigest
+from metalog.broker.controller.state import Controller, write_controller_snapshot
+from metalog.broker.server.metrics import BrokerMetrics
+from metalog.broker.quorum import api as qa
+from metalog.broker.server.snapshot_work import SnapshotWork
+from metalog.protocol.messages import SnapshotId
+from metalog.storage import batch as b
+from metalog.storage import metadata_records as r
+from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.snapshot import SnapshotStore
 
 
 def leader_snapshot(tmp_path) -> tuple[SnapshotStore, SnapshotId, Controller]:
@@ -131,8 +131,8 @@ def test_a_snapshot_the_state_machine_refuses_stops_the_install_before_the_log_i
     fatal path), leaving the log and the state as they were."""
     import pytest
 
-    from broker.controller import SnapshotLoadError, load_snapshot
-    from storage.snapshot import SnapshotWriter
+    from metalog.broker.controller.state import SnapshotLoadError, load_snapshot
+    from metalog.storage.snapshot import SnapshotWriter
 
     store = SnapshotStore(str(tmp_path / "leader"))
     sid = SnapshotId(50, 1)

@@ -1,4 +1,4 @@
-"""The loader's fast path (storage.partition_runs) reads exactly what the
+"""The loader's fast path (metalog.storage.partition_runs) reads exactly what the
 general path reads.
 
 A snapshot's PartitionRecords are read as numpy columns when a run of them
@@ -15,12 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.controller import ControllerState, SnapshotLoadError, load_snapshot
-from protocol.messages import SnapshotId
-from storage import batch as b
-from storage import metadata_records as r
-from storage import partition_runs as pr
-from storage.snapshot import CorruptSnapshotError, SnapshotStore, SnapshotWriter, read_snapshot
+from metalog.broker.controller.state import ControllerState, SnapshotLoadError, load_snapshot
+from metalog.protocol.messages import SnapshotId
+from metalog.storage import batch as b
+from metalog.storage import metadata_records as r
+from metalog.storage import partition_runs as pr
+from metalog.storage.snapshot import CorruptSnapshotError, SnapshotStore, SnapshotWriter, read_snapshot
 
 SID = SnapshotId(5000, 4)
 TOPICS = [f"{i:08x}-0000-4000-8000-00000000000{i % 10}" for i in range(1, 4)]
@@ -92,7 +92,7 @@ def test_a_batch_reads_the_same_with_runs_across_offset_delta_widths():
 def test_a_run_goes_on_across_offset_delta_widths_and_past_the_lookup_table():
     """20,000 partitions of one shape in one batch are one run, offset deltas
     of 1, 2 and 3 bytes alike (a run does not end where the row size
-    changes), and records past index 16,384 (beyond storage.batch's varint
+    changes), and records past index 16,384 (beyond metalog.storage.batch's varint
     table) read the same as the general parser reads them."""
     values = [partition(TOPICS[pid % 3], pid // 3) for pid in range(20_000)]
     values += [r.encode_record(r.Config(r.RESOURCE_TOPIC, "t0", f"k{i}", "v")) for i in range(3)]
@@ -249,7 +249,7 @@ def test_the_fast_load_equals_the_general_load(tmp_path_factory, case):
     {0: range(1, 700), 1: list(range(300)) + [2**31 - 1]},  # no id 0; one far id at a run's end
 ])
 def test_the_fast_load_keeps_each_topics_partition_ids(tmp_path, ids_by_topic):
-    """The bulk insert of a run keeps broker/partition_ids.py's index as
+    """The bulk insert of a run keeps broker/controller/partition_ids.py's index as
     _partition does: every topic's ids are exactly those loaded, sparse
     topics (a gap) and dense ones alike, and a topic without a gap keeps no
     id array."""
@@ -262,7 +262,7 @@ def test_the_fast_load_keeps_each_topics_partition_ids(tmp_path, ids_by_topic):
     sparse = {TOPICS[t] for t, ids in ids_by_topic.items() if list(ids) != list(range(len(ids)))}
     assert set(fast.sparse_partition_ids) == set(general.sparse_partition_ids) == sparse
     # The same records as a log: replay's columns keep the index too.
-    from broker.controller import Controller
+    from metalog.broker.controller.state import Controller
 
     c = Controller()
     c.apply_batches(b.encode_batch(0, 1, values, 0))
@@ -273,11 +273,11 @@ def test_the_fast_load_keeps_each_topics_partition_ids(tmp_path, ids_by_topic):
 
 
 def test_a_loaded_state_kept_as_columns_changes_as_the_general_one_does(tmp_path):
-    """A dense snapshot's topics load as columns (broker/partition_map.py).
+    """A dense snapshot's topics load as columns (broker/controller/partition_map.py).
     Fencing a broker, a PartitionChange, a RemoveTopic and a copy taken in
     between leave the loaded state equal to the one the general path built,
     record for record, and the copy as it was."""
-    from broker.partition_map import TopicColumns
+    from metalog.broker.controller.partition_map import TopicColumns
 
     values = head() + [partition(TOPICS[t], pid, replicas=(1 + t, 2 + t, 3 + t)) for t in range(3)
                        for pid in range(400)]

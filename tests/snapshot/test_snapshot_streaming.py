@@ -15,9 +15,9 @@ import tracemalloc
 
 import pytest
 
-from protocol.messages import SnapshotId
-from storage import batch as b
-from storage.snapshot import (READ_BLOCK_BYTES, CorruptSnapshotError, SnapshotStore, SnapshotWriter,
+from metalog.protocol.messages import SnapshotId
+from metalog.storage import batch as b
+from metalog.storage.snapshot import (READ_BLOCK_BYTES, CorruptSnapshotError, SnapshotStore, SnapshotWriter,
                               read_snapshot, verify_snapshot_bytes, verify_snapshot_fd, verify_snapshot_file)
 
 SID = SnapshotId(1000, 3)

@@ -4,11 +4,11 @@ import os
 
 import pytest
 
-from broker.controller import (Controller, ControllerState, load_latest, load_snapshot,
+from metalog.broker.controller.state import (Controller, ControllerState, load_latest, load_snapshot,
                                write_controller_snapshot)
-from protocol.messages import SnapshotId
-from storage import metadata_records as r
-from storage.snapshot import (CorruptSnapshotError, PositionOutOfRangeError,
+from metalog.protocol.messages import SnapshotId
+from metalog.storage import metadata_records as r
+from metalog.storage.snapshot import (CorruptSnapshotError, PositionOutOfRangeError,
                               SnapshotInvariantError, SnapshotNotFoundError, SnapshotStore,
                               snapshot_filename)
 from tests.controller.test_state import cluster
@@ -73,8 +73,8 @@ def test_only_snapshot_corrupt_gives_none(tmp_path):
 
 
 def test_snapshot_with_records_the_state_machine_rejects_is_refused(tmp_path):
-    from storage.snapshot import SnapshotWriter
-    from broker.controller import SnapshotLoadError
+    from metalog.storage.snapshot import SnapshotWriter
+    from metalog.broker.controller.state import SnapshotLoadError
     store = SnapshotStore(str(tmp_path))
     w = SnapshotWriter(str(tmp_path), SnapshotId(3, 1), 0)
     w.append([r.encode_record(r.Partition("00000000-0000-0000-0000-00000000dead", 0, (1,), (1,), 1))])

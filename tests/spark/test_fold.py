@@ -7,9 +7,9 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from storage import metadata_records as r
+from metalog.storage import metadata_records as r
 from tests.spark.workload import random_records, sequential_state
-from tools.spark import fold
+from metalog.tools.spark import fold
 
 
 def _check(values: list[bytes], cuts: list[int]) -> None:

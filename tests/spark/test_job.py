@@ -1,5 +1,5 @@
 """The Spark job end to end on a real local SparkSession (local[2], UI off),
-over segment files written by storage.log.SegmentedLog as a broker writes them."""
+over segment files written by metalog.storage.segmented_log.SegmentedLog as a broker writes them."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ import random
 
 import pytest
 
-from broker.controller import ControllerState, load_snapshot, write_controller_snapshot
-from protocol.messages import SnapshotId
-from storage import batch as b
-from storage import metadata_records as r
-from storage import control_records as cr
-from storage.log import SegmentedLog
-from storage.snapshot import SnapshotStore, read_snapshot, read_snapshot_voters, verify_snapshot
+from metalog.broker.controller.state import ControllerState, load_snapshot, write_controller_snapshot
+from metalog.protocol.messages import SnapshotId
+from metalog.storage import batch as b
+from metalog.storage import metadata_records as r
+from metalog.storage import control_records as cr
+from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.snapshot import SnapshotStore, read_snapshot, read_snapshot_voters, verify_snapshot
 from tests.spark.workload import PARTITION_DIR, random_records, sequential_state, write_log
-from tools.spark import job as spark_job
+from metalog.tools.spark import job as spark_job
 
 pytestmark = pytest.mark.slow
 
@@ -446,8 +446,8 @@ def test_observers_do_not_vote_for_the_hw(spark, tmp_path, capsys):
     is not committed (a leader elected from n2, n3 would truncate it), so the
     HW and the checkpoint stop where the voters' majority does. The observers
     are audited (in_vote false) with a warning each."""
-    from storage.quorum_state import QuorumStateFile
-    from tools.spark import tables
+    from metalog.storage.quorum_state import QuorumStateFile
+    from metalog.tools.spark import tables
 
     values = random_records(random.Random(31), 160)
     dirs = {i: str(tmp_path / f"n{i}") for i in range(1, 6)}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from broker.controller import Controller
+from metalog.broker.controller.state import Controller
 from tests.formats.kafka_dir import PART, SNAPSHOT_END, write_kafka_dir
 from tests.spark.test_job import run_job, spark, state_of_checkpoint  # noqa: F401  (fixture)
 

@@ -14,7 +14,7 @@ import zipfile
 import pytest
 
 from tests.spark.workload import random_records, write_log
-from tools.cluster.launcher import REPO_ROOT
+from metalog.tools.cluster.launcher import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ def test_no_java_exits_3_with_one_clear_line(tmp_path):
     env = job_env(tmp_path, PATH="/nonexistent")
     env.pop("JAVA_HOME", None)
     report = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "tools.cli", "spark", "snapshot", d, "--out",
+    proc = subprocess.run([sys.executable, "-m", "metalog.tools.cli", "spark", "snapshot", d, "--out",
                            str(tmp_path / "out"), "--report", str(report)], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert proc.returncode == 3, proc.stderr
@@ -63,7 +63,7 @@ def test_jvm_that_does_not_start_names_the_master_and_where_its_reason_is(tmp_pa
     """Run directly with a heap the JVM refuses: exit 3; the JVM's own reason on
     stderr, then one line naming the master the job used (not "spark-submit")."""
     d, _end = data_dir(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "tools.cli", "spark", "snapshot", d, "--out",
+    proc = subprocess.run([sys.executable, "-m", "metalog.tools.cli", "spark", "snapshot", d, "--out",
                            str(tmp_path / "out"), "--conf", "spark.driver.memory=lots"],
                           cwd=REPO_ROOT, env=job_env(tmp_path), capture_output=True, text=True,
                           timeout=RUN_TIMEOUT_S)
@@ -78,7 +78,7 @@ def test_jvm_that_does_not_start_names_the_master_and_where_its_reason_is(tmp_pa
 def test_verbose_shows_sparks_own_warnings(tmp_path):
     """--verbose leaves Spark's own log4j2 defaults (warnings on) instead of the
     quiet file, whose org.apache.spark/hadoop loggers at error hid them all."""
-    proc = subprocess.run([sys.executable, "-m", "tools.cli", "spark", "sql", "--verbose", "--out",
+    proc = subprocess.run([sys.executable, "-m", "metalog.tools.cli", "spark", "sql", "--verbose", "--out",
                            str(tmp_path / "nothing"), "SELECT 1"],
                           cwd=REPO_ROOT, env=job_env(tmp_path), capture_output=True, text=True,
                           timeout=RUN_TIMEOUT_S)
@@ -89,13 +89,13 @@ def test_verbose_shows_sparks_own_warnings(tmp_path):
 
 def test_package_holds_the_executor_code(tmp_path):
     out = tmp_path / "pkg" / "metalog_code.zip"
-    proc = subprocess.run([sys.executable, "-m", "tools.cli", "spark", "package", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "metalog.tools.cli", "spark", "package", "--out", str(out)],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"wrote {out} (") and f"--py-files {out}" in proc.stdout
     names = set(zipfile.ZipFile(out).namelist())
     assert {"tools/spark/job.py", "tools/spark/decode.py", "tools/spark/fold.py", "storage/snapshot.py",
-            "broker/controller.py", "protocol/messages.py"} <= names
+            "broker/controller/state.py", "protocol/messages.py"} <= names
     assert not [n for n in names if not n.endswith(".py")]
 
 
@@ -104,7 +104,7 @@ def test_direct_run_starts_the_jvm_with_its_defaults(tmp_path):
     the job starts (the heap the JVM reports is the one asked for)."""
     d, end = data_dir(tmp_path)
     report = tmp_path / "out" / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "tools.cli", "spark", "snapshot", d, "--out",
+    proc = subprocess.run([sys.executable, "-m", "metalog.tools.cli", "spark", "snapshot", d, "--out",
                            str(tmp_path / "out"), "--report", str(report), "--master", "local[1]",
                            "--driver-memory", "700m", "--conf", "spark.metalog.probe=yes",
                            "--shuffle-partitions", "2"],
@@ -135,7 +135,7 @@ def test_spark_submit_master_and_conf_win(tmp_path):
     --master is ignored with a warning; nothing of ours is left in the temp dir."""
     d, end = data_dir(tmp_path)
     pkg = tmp_path / "metalog_code.zip"
-    subprocess.run([sys.executable, "-m", "tools.cli", "spark", "package", "--out", str(pkg)],
+    subprocess.run([sys.executable, "-m", "metalog.tools.cli", "spark", "package", "--out", str(pkg)],
                    cwd=REPO_ROOT, check=True, capture_output=True, timeout=60)
     report = tmp_path / "out" / "r.json"
     log4j = os.path.join(REPO_ROOT, "tools", "spark", "log4j2.properties")
@@ -163,13 +163,13 @@ def test_spark_submit_master_and_conf_win(tmp_path):
 
 SHIP_SNIPPET = """
 import os, sys, tempfile
-from tools.spark import job as spark_job
+from metalog.tools.spark import job as spark_job
 setup = spark_job.SparkSetup()
 spark = spark_job.get_spark("local[1]", shuffle_partitions=1, ship_code=True, setup=setup)
 [d] = [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("metalog-spark-")]
 print("zip", os.path.exists(os.path.join(tempfile.gettempdir(), d, "metalog_code.zip")))
 def where(_):
-    import tools.spark.decode as m
+    import metalog.tools.spark.decode as m
     yield m.__file__
 print("executor imports", spark.sparkContext.parallelize([0], 1).mapPartitions(where).collect()[0])
 spark.stop()

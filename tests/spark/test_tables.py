@@ -14,12 +14,12 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 
-from storage import metadata_records as r
+from metalog.storage import metadata_records as r
 from tests.spark.test_job import _flip_bit, run_job
 from tests.spark.workload import random_records, sequential_state, write_log
-from tools.spark import job as spark_job
-from tools.spark import plots
-from tools.spark import tables as TB
+from metalog.tools.spark import job as spark_job
+from metalog.tools.spark import plots
+from metalog.tools.spark import tables as TB
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from storage.batch import encode_batch, iter_batches
+from metalog.storage.batch import encode_batch, iter_batches
 
 
 class RecordingLogger:

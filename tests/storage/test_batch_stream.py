@@ -1,4 +1,4 @@
-"""storage.batch.BatchStream: whole batches out of pieces cut anywhere (a
+"""metalog.storage.batch.BatchStream: whole batches out of pieces cut anywhere (a
 snapshot download's chunks), the same batches iter_batches finds in the
 whole, and a damaged one reported where it is in the stream."""
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from storage import batch as b
+from metalog.storage import batch as b
 
 
 def stream_bytes() -> bytes:

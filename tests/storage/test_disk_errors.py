@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 
-from storage import log as log_module
-from storage.errors import LogWriteError
+from metalog.storage import segmented_log as log_module
+from metalog.storage.errors import LogWriteError
 from tests.storage.helpers import RecordingLogger, append_batches
 from tests.storage.test_integrity import open_log
 

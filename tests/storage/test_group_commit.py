@@ -1,10 +1,10 @@
-"""storage.group_commit.GroupCommit: the adaptive group-commit policy the runtime drives."""
+"""metalog.storage.group_commit.GroupCommit: the adaptive group-commit policy the runtime drives."""
 
 from __future__ import annotations
 
 import pytest
 
-from storage.group_commit import Arm, GroupCommit
+from metalog.storage.group_commit import Arm, GroupCommit
 
 
 def test_idle_disk_appends_at_the_end_of_the_turn_and_joins_the_turns_writes():

@@ -9,9 +9,9 @@ import shutil
 
 import pytest
 
-from storage.batch import CorruptBatchError
-from storage.errors import CorruptLogError, QuarantineState
-from storage.log import QUARANTINE_FILE, RECOVERY_POINT_FILE, SegmentedLog, segment_file_name
+from metalog.storage.batch import CorruptBatchError
+from metalog.storage.errors import CorruptLogError, QuarantineState
+from metalog.storage.segmented_log import QUARANTINE_FILE, RECOVERY_POINT_FILE, SegmentedLog, segment_file_name
 from tests.storage.helpers import RecordingLogger, append_batches
 from tests.storage.test_recovery import BATCH_BYTES, INTERVAL, SEG_MAX, flip_bit
 
@@ -207,7 +207,7 @@ def test_malformed_quarantine_state_refuses_to_open(tmp_path):
 def test_leader_epoch_checkpoint_carries_a_checksum(tmp_path):
     """A bit flip that still parses (epoch 3 -> 7) is refused with
     EpochCheckpointError naming the file; files without the line still read."""
-    from storage.epochs import EpochCheckpointError, EpochHistory, read_checkpoint, write_checkpoint
+    from metalog.storage.epochs import EpochCheckpointError, EpochHistory, read_checkpoint, write_checkpoint
 
     path = tmp_path / "leader-epoch-checkpoint"
     history = EpochHistory([(1, 0), (3, 120)])

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from storage import control_records as cr
-from storage.kafka_flexible import uuid_from_bytes
+from metalog.storage import control_records as cr
+from metalog.storage.kafka_flexible import uuid_from_bytes
 
 DIR = uuid_from_bytes(bytes(range(1, 17)))
 
@@ -102,10 +102,10 @@ def test_a_damaged_voters_record_is_a_control_record_error(body, why):
 
 def test_the_log_finds_its_control_batches_by_header(tmp_path):
     """What boot reads to rebuild the voter-set history: only control batches,
-    whole, from the log start (broker.local_state)."""
-    from broker.quorum.voters import VoterSet, voter_sets_in
-    from storage.batch import encode_batch
-    from storage.log import SegmentedLog
+    whole, from the log start (metalog.broker.server.recovery)."""
+    from metalog.broker.quorum.voters import VoterSet, voter_sets_in
+    from metalog.storage.batch import encode_batch
+    from metalog.storage.segmented_log import SegmentedLog
 
     voters = cr.VotersRecord([cr.Voter(1, DIR, [cr.VoterEndpoint("CONTROLLER", "h", 1)])])
     control = encode_batch(3, 1, [cr.encode_control(voters)], 0, is_control=True)
@@ -124,7 +124,7 @@ def test_a_snapshot_carries_the_voter_set_after_its_header(tmp_path):
     """KIP-853: KRaftVersionRecord + VotersRecord in the control batch after
     the SnapshotHeader; the data records are read as before; a snapshot of
     static voters has none."""
-    from storage.snapshot import SnapshotId, SnapshotWriter, read_snapshot, read_snapshot_voters, verify_snapshot
+    from metalog.storage.snapshot import SnapshotId, SnapshotWriter, read_snapshot, read_snapshot_voters, verify_snapshot
 
     voters = cr.VotersRecord([cr.Voter(1, DIR, [cr.VoterEndpoint("CONTROLLER", "h", 1)]),
                               cr.Voter(2, "", [])])

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from storage.batch import HEADER_SIZE, CorruptBatchError, decode_header, encode_batch
-from storage.log import SegmentedLog, segment_file_name
+from metalog.storage.batch import HEADER_SIZE, CorruptBatchError, decode_header, encode_batch
+from metalog.storage.segmented_log import SegmentedLog, segment_file_name
 from tests.storage.helpers import RecordingLogger, append_batches, base_offsets, batch
 
 BATCH_BYTES = len(batch(0))  # 142: 3 records of 20 bytes
@@ -451,7 +451,7 @@ def _index_entries(path) -> list[int]:
 
 def _segment_max(path, base: int) -> tuple[int, int]:
     """(largest batch max timestamp, relative last offset of its first batch) of a .log file."""
-    from storage.batch import iter_batches
+    from metalog.storage.batch import iter_batches
     best = (-1, 0)
     for _pos, h in iter_batches(path.read_bytes()):
         if h.max_timestamp_ms > best[0]:
@@ -581,7 +581,7 @@ def test_a_quarantine_of_the_next_segment_from_its_first_byte_unseals_the_one_be
     """Damage at byte 0 of segment 21: it and every later one are renamed
     .corrupt, segment 0 is the active one again and loses its roll entry; a
     clean reopen accepts what is left (no index_rebuilt)."""
-    from storage.errors import CorruptionReport
+    from metalog.storage.errors import CorruptionReport
     log = open_log(tmp_path, index_interval_bytes=TIME_INTERVAL)
     _append_with_timestamps(log, _PEAK_STAMPS)
     path = tmp_path / segment_file_name(0, ".timeindex")

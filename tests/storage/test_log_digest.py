@@ -1,11 +1,11 @@
-"""broker.consistency.LogDigest: per-batch digests that follow the log through
+"""metalog.broker.server.consistency.LogDigest: per-batch digests that follow the log through
 appends, truncation, log-start moves and snapshot installs, and locate the
 first range where two replicas differ although every CRC is valid."""
 
-from broker.consistency import LogDigest, compare
-from protocol import messages as m
-from protocol.errors import Errors
-from storage.batch import encode_batch
+from metalog.broker.server.consistency import LogDigest, compare
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
+from metalog.storage.batch import encode_batch
 
 
 def batches(values_by_batch, epoch=1, base=0) -> bytes:

@@ -17,8 +17,8 @@ import tempfile
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from storage.batch import encode_batch, iter_batches
-from storage.log import SegmentedLog
+from metalog.storage.batch import encode_batch, iter_batches
+from metalog.storage.segmented_log import SegmentedLog
 from tests.storage.helpers import RecordingLogger
 
 SEG_MAX = 600

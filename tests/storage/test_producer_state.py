@@ -1,17 +1,17 @@
-"""Producer state for idempotent produce (storage.producer_state): rebuilt from
+"""Producer state for idempotent produce (metalog.storage.producer_state): rebuilt from
 batch headers, dedup, out-of-order, unknown/expired producers, truncation
 rollback (rebuild from a committed copy plus the log) and the snapshot round
 trip through the controller state."""
 
 from __future__ import annotations
 
-from broker.controller import Controller, ControllerState, load_snapshot, write_controller_snapshot
-from broker.idempotence import ProducerGuard, split_by_producer
-from protocol import messages as m
-from storage import metadata_records as r
-from storage.batch import encode_batch, iter_batches
-from storage.producer_state import BatchMeta, ProducerStateTable, Verdict
-from storage.snapshot import SnapshotStore
+from metalog.broker.controller.state import Controller, ControllerState, load_snapshot, write_controller_snapshot
+from metalog.broker.server.idempotence import ProducerGuard, split_by_producer
+from metalog.protocol import messages as m
+from metalog.storage import metadata_records as r
+from metalog.storage.batch import encode_batch, iter_batches
+from metalog.storage.producer_state import BatchMeta, ProducerStateTable, Verdict
+from metalog.storage.snapshot import SnapshotStore
 
 T0 = 1_700_000_000_000
 
@@ -134,7 +134,7 @@ def test_controller_state_carries_producers_through_a_snapshot(tmp_path):
 def test_a_snapshot_without_producer_records_still_loads(tmp_path):
     """Snapshots written before idempotent produce hold no ProducerState records:
     they load with an empty producer table."""
-    from storage.snapshot import SnapshotWriter
+    from metalog.storage.snapshot import SnapshotWriter
 
     store = SnapshotStore(str(tmp_path))
     sid = m.SnapshotId(3, 1)
@@ -154,7 +154,7 @@ def test_producer_state_in_the_log_is_refused():
 
 
 def test_a_duplicate_is_answered_with_the_original_offset_only_once_committed():
-    from protocol.errors import Errors
+    from metalog.protocol.errors import Errors
 
     guard = ProducerGuard(60_000)
     guard.on_append(headers(pbatch(0, 7, 0, 3, leader_epoch=4)))
@@ -174,7 +174,7 @@ def test_a_duplicate_is_answered_with_the_original_offset_only_once_committed():
 
 
 def test_producer_ids_come_from_the_leader_epoch_and_never_repeat():
-    from broker.idempotence import IDS_PER_EPOCH, ProducerIdAllocator
+    from metalog.broker.server.idempotence import IDS_PER_EPOCH, ProducerIdAllocator
 
     alloc = ProducerIdAllocator()
     cl = m.LeaderIdAndEpoch(1, 3)
@@ -185,7 +185,7 @@ def test_producer_ids_come_from_the_leader_epoch_and_never_repeat():
 
 
 def test_malformed_producer_fields_are_refused_by_name():
-    from broker.idempotence import validate_produce
+    from metalog.broker.server.idempotence import validate_produce
 
     def req(**kw):
         return m.ProduceRequest(cluster_id="c", records=[b"x"], **kw)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from storage.errors import QuorumStateError
-from storage.quorum_state import QuorumStateFile
+from metalog.storage.errors import QuorumStateError
+from metalog.storage.quorum_state import QuorumStateFile
 
 
 def test_missing_file_reads_as_none(tmp_path):

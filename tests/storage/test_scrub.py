@@ -1,4 +1,4 @@
-"""The background scrubber (storage.scrub): finds damage in sealed segments and
+"""The background scrubber (metalog.storage.scrub): finds damage in sealed segments and
 snapshots that start-up's cheap check trusts, at a bounded rate, and never
 reports a segment the owner changed under it."""
 
@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from broker.metrics import BrokerMetrics
-from protocol.messages import SnapshotId
-from storage.batch import CorruptBatchError
-from storage.log import segment_file_name
-from storage.scrub import Scrubber
-from storage.snapshot import SnapshotStore, SnapshotWriter
+from metalog.broker.server.metrics import BrokerMetrics
+from metalog.protocol.messages import SnapshotId
+from metalog.storage.batch import CorruptBatchError
+from metalog.storage.segmented_log import segment_file_name
+from metalog.storage.scrub import Scrubber
+from metalog.storage.snapshot import SnapshotStore, SnapshotWriter
 from tests.storage.helpers import append_batches
 from tests.storage.test_integrity import MID_BATCH_POS, open_log
 from tests.storage.test_recovery import BATCH_BYTES, flip_bit

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from storage.log import QUARANTINE_FILE, SegmentedLog, segment_file_name
+from metalog.storage.segmented_log import QUARANTINE_FILE, SegmentedLog, segment_file_name
 from tests.storage.helpers import append_batches
 from tests.storage.test_integrity import MID_BATCH_POS, open_log
 from tests.storage.test_recovery import BATCH_BYTES, flip_bit
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def metalog(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.cli", "storage", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "metalog.tools.cli", "storage", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
 
 

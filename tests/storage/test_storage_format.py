@@ -10,10 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from broker.config import load_config
-from broker.local_state import recover_local_state
-from broker.metrics import BrokerMetrics
-from storage.snapshot import BOOTSTRAP_SNAPSHOT_ID, SnapshotStore, snapshot_filename
+from metalog.broker.server.config import load_config
+from metalog.broker.server.recovery import recover_local_state
+from metalog.broker.server.metrics import BrokerMetrics
+from metalog.storage.snapshot import BOOTSTRAP_SNAPSHOT_ID, SnapshotStore, snapshot_filename
 
 REPO = Path(__file__).resolve().parents[2]
 PART = "__cluster_metadata-0"
@@ -21,7 +21,7 @@ DIR_A, DIR_B = "AAAAAAAAAAAAAAAAAAAAAg", "AAAAAAAAAAAAAAAAAAAAAw"
 
 
 def metalog(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.cli", "storage", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "metalog.tools.cli", "storage", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
 
 

@@ -1,10 +1,10 @@
-"""``python -m tools.bench ARGS`` is ``metalog bench ARGS``; ``python -m tools.bench worker SPEC``
+"""``python -m metalog.tools.bench ARGS`` is ``metalog bench ARGS``; ``python -m metalog.tools.bench worker SPEC``
 is one load-generator process that ``metalog bench`` starts."""
 
 import sys
 
-from tools.bench.bench import worker_main
-from tools.cli import main
+from metalog.tools.bench.bench import worker_main
+from metalog.tools.cli import main
 
 if len(sys.argv) > 1 and sys.argv[1] == "worker":
     sys.exit(worker_main(sys.argv[2:]))

@@ -1,6 +1,6 @@
-"""Cost of the authorization gate per request: ``python -m tools.bench.authz``.
+"""Cost of the authorization gate per request: ``python -m metalog.tools.bench.authz``.
 
-Measures ``broker.authz.authorize`` (what a connection's first request of a
+Measures ``metalog.broker.controller.acl.authorize`` (what a connection's first request of a
 kind, and every replica RPC, costs) for a user with 1, 10 and 100 ACLs in the
 view, and a replica Fetch by a node. The runtime caches decisions per
 connection and kind of request, and lets super users skip the ACL walk, so a
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import timeit
 
-from broker import authz as a
-from broker.principal import Principal, node_principal
-from protocol import messages as m
-from protocol.apis import ApiKey
+from metalog.broker.controller import acl as a
+from metalog.broker.net.principal import Principal, node_principal
+from metalog.protocol import messages as m
+from metalog.protocol.apis import ApiKey
 
 
 def _acls(n: int) -> tuple:

@@ -43,16 +43,16 @@ import time
 from typing import Any
 
 
-from broker import commit_trace
-from broker.client import MetalogClient
-from broker.logs import configure_logging
-from broker.tls import TlsFiles, TlsPaths
-from storage import metadata_records
-from tools.bench import commit_profile
-from tools.bench import etcd as bench_etcd
-from tools.bench.etcd import EtcdPutter
-from tools.bench.common import CLUSTER_ID, latency_summary_ms, metalog_cluster, percentile  # noqa: F401 (bench.X)
-from tools.cluster.launcher import REPO_ROOT, LocalCluster
+from metalog.broker.server import commit_trace
+from metalog.broker.client.client import MetalogClient
+from metalog.broker.server.logging_setup import configure_logging
+from metalog.broker.net.tls import TlsFiles, TlsPaths
+from metalog.storage import metadata_records
+from metalog.tools.bench import commit_profile
+from metalog.tools.bench import etcd as bench_etcd
+from metalog.tools.bench.etcd import EtcdPutter
+from metalog.tools.bench.common import CLUSTER_ID, latency_summary_ms, metalog_cluster, percentile  # noqa: F401 (bench.X)
+from metalog.tools.cluster.launcher import REPO_ROOT, LocalCluster
 
 
 def _uvloop_run(coro):
@@ -171,7 +171,7 @@ async def _etcd_load(url: str, clients: int, warmup_s: float, duration_s: float,
 
 
 def worker_main(argv: list[str]) -> int:
-    """python -m tools.bench worker '<json spec>': run a load share (start
+    """python -m metalog.tools.bench worker '<json spec>': run a load share (start
     barrier on stdin/stdout, see _ready_then_start_at), write its JSON result."""
     configure_logging("warning", sys.stderr)  # stdout carries only the ready line
     spec = json.loads(argv[0])
@@ -195,13 +195,13 @@ def run_load(target: dict, clients: int, procs: int, warmup_s: float, duration_s
     procs = max(1, min(procs, clients))
     shares = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
     out_dir = tempfile.mkdtemp(prefix="metalog-bench-load-")
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ)
     children = []
     for i, share in enumerate(shares):
         spec = dict(target, clients=share, warmup_s=warmup_s, duration_s=duration_s,
                     value_bytes=value_bytes, tag=f"{tag}-p{i}", out=os.path.join(out_dir, f"load-{i}.json"))
         with open(os.path.join(out_dir, f"load-{i}.stderr"), "wb") as err:
-            children.append(subprocess.Popen([sys.executable, "-m", "tools.bench", "worker", json.dumps(spec)],
+            children.append(subprocess.Popen([sys.executable, "-m", "metalog.tools.bench", "worker", json.dumps(spec)],
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
                                              cwd=REPO_ROOT))
     try:
@@ -403,8 +403,8 @@ def _wait_rejoined(cluster: LocalCluster, node: int) -> None:
 
 def bench_profile_commit(args, root: str, report: dict) -> None:
     """--profile-commit: one client against a 3-voter TLS (--plaintext: PLAINTEXT) cluster whose brokers
-    record commit-path timestamps (broker.commit_trace; on for this cluster
-    only, through its environment); the per-stage table (tools.bench.commit_profile)."""
+    record commit-path timestamps (metalog.broker.server.commit_trace; on for this cluster
+    only, through its environment); the per-stage table (metalog.tools.bench.commit_profile)."""
     trace_dir = os.path.join(root, "profile-trace")
     os.makedirs(trace_dir, exist_ok=True)
     cluster = metalog_cluster(os.path.join(root, "profile"), insecure=args.plaintext,
@@ -560,7 +560,7 @@ def format_table(report: dict) -> str:
         lines.append(f"failover: {f['kills']} kill -9 of the leader, next commit after p50 {f['p50_ms']} ms, "
                      f"p99 {f['p99_ms']} ms (min {f['min_ms']}, max {f['max_ms']})")
     if "scale" in report:
-        from tools.bench import catchup as scale_catchup  # on use: every metalog command imports this module
+        from metalog.tools.bench import catchup as scale_catchup  # on use: every metalog command imports this module
 
         lines.append(scale_catchup.format_report(report["scale"]))
     if "catchup" in report:
@@ -578,12 +578,12 @@ SMOKE = dict(clients=50, duration_s=2.0, warmup_s=0.5, light_duration_s=1.0, fai
              catchup_records=2000, catchup_keys=50, rounds=1)
 
 
-SCALE_SECTIONS = {"scale-catchup": "catchup", "scale-commit": "commit"}  # --only name: tools.bench.catchup's
+SCALE_SECTIONS = {"scale-catchup": "catchup", "scale-commit": "commit"}  # --only name: metalog.tools.bench.catchup's
 
 
 def cmd_bench(args) -> int:
     if args.scale:
-        from tools.bench import scale  # on use: every metalog command imports this module
+        from metalog.tools.bench import scale  # on use: every metalog command imports this module
 
         return scale.cmd_scale(args)
     if args.smoke:
@@ -624,7 +624,7 @@ def cmd_bench(args) -> int:
             bench_profile_commit(args, root, report)
         scale_sections = [SCALE_SECTIONS[s] for s in sections if s in SCALE_SECTIONS]
         if scale_sections:
-            from tools.bench import catchup as scale_catchup  # on use: every metalog command imports this module
+            from metalog.tools.bench import catchup as scale_catchup  # on use: every metalog command imports this module
 
             report["scale"] = scale_catchup.run(args.scale_partitions or scale_catchup.DEFAULT_PARTITIONS,
                                                 scale_sections, root=os.path.join(root, "scale"), keep=True)
@@ -658,7 +658,7 @@ def register_cli(subparsers) -> None:
                                             "(optionally against etcd)")
     d = _DEFAULTS
     p.add_argument("--only", help="comma list of sections: throughput,light,failover,catchup (default all); "
-                                  "also profile, scale-catchup, scale-commit (tools.bench.catchup)")
+                                  "also profile, scale-catchup, scale-commit (metalog.tools.bench.catchup)")
     p.add_argument("--vs", choices=["etcd"], help="also run the load sections against a 3-member etcd cluster")
     p.add_argument("--clients", type=int, default=d["clients"], help="concurrent logical clients (throughput)")
     p.add_argument("--duration-s", type=float, default=d["duration_s"], help="measured window per run")
@@ -678,7 +678,7 @@ def register_cli(subparsers) -> None:
                         "the time of a commit goes, stage by stage (p50/p99)")
     p.add_argument("--smoke", action="store_true", help="tiny CI mode: must work, not be fast")
     p.add_argument("--scale", action="store_true",
-                   help="issue 19's scale goals: tools.bench.snapshot plus the real-process catch-up and "
+                   help="issue 19's scale goals: metalog.tools.bench.snapshot plus the real-process catch-up and "
                         "commit-during-snapshot benches at --scale-partitions; writes the figures table into "
                         "--scale-docs")
     p.add_argument("--scale-partitions", type=int, default=None,

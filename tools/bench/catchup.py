@@ -1,12 +1,12 @@
 """Scale benchmarks on real processes (issue 19 items 2 and 3, and the broker
 side of items 1 and 4).
 
-    .venv/bin/python -m tools.bench.catchup [--partitions 200000] [--only catchup,commit]
+    .venv/bin/python -m metalog.tools.bench.catchup [--partitions 200000] [--only catchup,commit]
     .venv/bin/metalog bench --only scale-catchup --scale-partitions 2000000
 
 A 3-voter cluster (real brokers, mutual TLS as by default) holding a large
 metadata state whose data dirs are written offline, through the storage APIs
-(the log by ``tools.bench.snapshot.build_log``, the same log on every voter;
+(the log by ``metalog.tools.bench.snapshot.build_log``, the same log on every voter;
 for the snapshot variant a controller snapshot at the log end, the log
 emptied past it, as a leader that has snapshotted and cleaned):
 
@@ -46,17 +46,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.client import MetalogClient
-from broker.controller import Controller, write_controller_snapshot
-from broker.local_state import PARTITION_DIR
-from broker.logs import configure_logging
-from protocol.messages import SnapshotId
-from storage import batch as b
-from storage.log import SegmentedLog
-from storage.snapshot import PART_SUFFIX, SnapshotStore
-from tools.bench.common import CLUSTER_ID, latency_summary_ms, metalog_cluster
-from tools.bench.snapshot import build_log
-from tools.cluster.launcher import LocalCluster
+from metalog.broker.client.client import MetalogClient
+from metalog.broker.controller.state import Controller, write_controller_snapshot
+from metalog.broker.server.recovery import PARTITION_DIR
+from metalog.broker.server.logging_setup import configure_logging
+from metalog.protocol.messages import SnapshotId
+from metalog.storage import batch as b
+from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.snapshot import PART_SUFFIX, SnapshotStore
+from metalog.tools.bench.common import CLUSTER_ID, latency_summary_ms, metalog_cluster
+from metalog.tools.bench.snapshot import build_log
+from metalog.tools.cluster.launcher import LocalCluster
 
 PARTITIONS_PER_TOPIC = 100
 DEFAULT_PARTITIONS = 200_000  # about a minute for both sections here; 2,000,000 is the issue's headline
@@ -623,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = set(sections) - {"catchup", "commit", "reads"}
     if unknown:
-        print(f"tools.bench.catchup: unknown section(s) {sorted(unknown)}; choose from catchup, commit, reads",
+        print(f"metalog.tools.bench.catchup: unknown section(s) {sorted(unknown)}; choose from catchup, commit, reads",
               file=sys.stderr)
         return 2
     rep = run(args.partitions, sections, root=args.dir, commit_threshold_records=args.commit_threshold_records,

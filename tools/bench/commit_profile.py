@@ -1,7 +1,7 @@
 """``metalog bench --profile-commit``: where the time of one commit goes.
 
 One client writes one record at a time to a 3-voter TLS cluster whose brokers
-record commit-path timestamps (broker.commit_trace, turned on through the
+record commit-path timestamps (metalog.broker.server.commit_trace, turned on through the
 environment for this cluster only). Every write is then followed through the
 brokers' marks by its offset:
 
@@ -24,7 +24,7 @@ import os
 from collections import defaultdict
 from typing import Any
 
-from broker.commit_trace import load
+from metalog.broker.server.commit_trace import load
 
 # The first writes warm connections and caches up: not part of the figures.
 SKIP_FIRST_OPS = 50

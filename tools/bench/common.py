@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tools.cluster.launcher import LocalCluster
+from metalog.tools.cluster.launcher import LocalCluster
 
 CLUSTER_ID = "metalog-bench"
 

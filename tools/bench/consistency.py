@@ -1,6 +1,6 @@
-"""Cost of the cross-replica consistency check (broker.consistency.LogDigest).
+"""Cost of the cross-replica consistency check (metalog.broker.server.consistency.LogDigest).
 
-    .venv/bin/python -m tools.bench.consistency [--batches 1000000]
+    .venv/bin/python -m metalog.tools.bench.consistency [--batches 1000000]
 
 Prints the time a voter needs to answer a ConsistencyCheck over N batches (64
 chunk digests) and the bookkeeping the digest adds to every append.
@@ -12,8 +12,8 @@ import argparse
 import time
 from array import array
 
-from broker.consistency import ENTRY, LogDigest
-from storage.batch import encode_batch
+from metalog.broker.server.consistency import ENTRY, LogDigest
+from metalog.storage.batch import encode_batch
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,8 +30,8 @@ import subprocess
 import time
 import urllib.request
 
-from tools.cluster import certs
-from tools.cluster.launcher import free_ports
+from metalog.tools.cluster import certs
+from metalog.tools.cluster.launcher import free_ports
 
 
 def etcd_binary() -> str | None:
@@ -67,7 +67,7 @@ class EtcdCluster:
     """Three etcd members on loopback under `root`.
 
     With `cert_dir` (a directory holding the cluster CA's ca.crt/ca.key, as
-    ``tools.cluster.certs`` writes it) etcd is secured like metalog: TLS on client and
+    ``metalog.tools.cluster.certs`` writes it) etcd is secured like metalog: TLS on client and
     peer URLs with ``--client-cert-auth --peer-client-cert-auth
     --trusted-ca-file``, member certificates and a `bench` client certificate
     issued by that same CA."""

@@ -1,6 +1,6 @@
 """Quorum commit latency idle vs. under hostile connections (issue 13, item 5).
 
-    .venv/bin/python -m tools.bench.hostile --hostile 200 --duration-s 10
+    .venv/bin/python -m metalog.tools.bench.hostile --hostile 200 --duration-s 10
 
 Starts a local 3-voter cluster (mutual TLS, default hygiene settings), measures
 one client's commit latency (produce, await commit, repeat) for
@@ -32,10 +32,10 @@ import time
 
 import uvloop
 
-from broker.client import MetalogClient
-from tools.bench.bench import latency_summary_ms
-from tools.cluster import certs
-from tools.cluster.launcher import REPO_ROOT, LocalCluster
+from metalog.broker.client.client import MetalogClient
+from metalog.tools.bench.bench import latency_summary_ms
+from metalog.tools.cluster import certs
+from metalog.tools.cluster.launcher import REPO_ROOT, LocalCluster
 
 CLUSTER_ID = "metalog-hostile"
 
@@ -122,8 +122,8 @@ def run(hostile: int, duration_s: float, root: str) -> dict:
         leader, _ = cluster.wait_for_leader(30)
         idle = asyncio.run(_measure(cluster, duration_s))
         host, port = cluster.host, cluster.nodes[leader].port
-        env = dict(os.environ, PYTHONPATH=REPO_ROOT)
-        attacker = subprocess.Popen([sys.executable, "-m", "tools.bench.hostile", "attacker", host, str(port),
+        env = dict(os.environ)
+        attacker = subprocess.Popen([sys.executable, "-m", "metalog.tools.bench.hostile", "attacker", host, str(port),
                                      str(hostile), str(duration_s + 3), bad], cwd=REPO_ROOT, env=env,
                                     stdout=subprocess.PIPE, text=True)
         time.sleep(2)  # a warm-up: let the hostile connections pile up before measuring
@@ -146,7 +146,7 @@ def run(hostile: int, duration_s: float, root: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.bench.hostile", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m metalog.tools.bench.hostile", description=__doc__.split("\n\n")[0])
     p.add_argument("--hostile", type=int, default=200, help="concurrent hostile connections")
     p.add_argument("--duration-s", type=float, default=10.0, help="measured window, idle and under attack")
     p.add_argument("--dir", help="keep the cluster here (default: a temp dir)")

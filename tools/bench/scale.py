@@ -3,10 +3,10 @@ figures table in docs/bench.md.
 
 Runs, at ``--scale-partitions`` (default 2,000,000, the issue's headline):
 
-* ``tools.bench.snapshot`` in a fresh process (items 1 and 4 in-process:
+* ``metalog.tools.bench.snapshot`` in a fresh process (items 1 and 4 in-process:
   full log replay records/s, snapshot write and load, replay/load ratio,
   one-topic and one-broker read cost as view + JSON);
-* ``tools.bench.catchup`` (real brokers over TLS: the voters' snapshot load
+* ``metalog.tools.bench.catchup`` (real brokers over TLS: the voters' snapshot load
   time and RSS holding the state (item 1), commit p99 during snapshot
   generation vs idle (item 2), a new observer's catch-up by FetchSnapshot vs
   by log with its memory while downloading (item 3), admin API reads (item 4));
@@ -27,9 +27,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from storage.atomic import atomic_write
-from tools.bench import catchup
-from tools.cluster.launcher import REPO_ROOT
+from metalog.storage.atomic import atomic_write
+from metalog.tools.bench import catchup
+from metalog.tools.cluster.launcher import REPO_ROOT
 
 SECTION_BEGIN = "<!-- scale:begin -->"
 SECTION_END = "<!-- scale:end -->"
@@ -57,8 +57,8 @@ def _fmt(x, digits: int = 2) -> str:
 
 
 def rows_from(snap: dict, rep: dict) -> list[Row]:
-    """One Row per goal from tools.bench.snapshot's JSON figures and
-    tools.bench.catchup's report. A figure that is missing fails its goal
+    """One Row per goal from metalog.tools.bench.snapshot's JSON figures and
+    metalog.tools.bench.catchup's report. A figure that is missing fails its goal
     (passed None only for rows that print a figure without a goal)."""
     rows: list[Row] = []
     cu = rep.get("catchup", {})
@@ -179,17 +179,17 @@ def write_docs(path: str, section: str) -> None:
 
 # ------------------------------------------------------------------ running it
 def run_snapshot_bench(partitions: int, out_dir: str) -> dict:
-    """tools.bench.snapshot in a fresh process at the same shape as the cluster
+    """metalog.tools.bench.snapshot in a fresh process at the same shape as the cluster
     benches; its JSON figures."""
     topics, brokers, records = catchup.sizes_for(partitions)
     path = os.path.join(out_dir, "snapshot-bench.json")
-    cmd = [sys.executable, "-m", "tools.bench.snapshot", "--records", str(records), "--topics", str(topics),
+    cmd = [sys.executable, "-m", "metalog.tools.bench.snapshot", "--records", str(records), "--topics", str(topics),
            "--partitions", str(catchup.PARTITIONS_PER_TOPIC), "--brokers", str(brokers), "--json", path]
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ)
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
     sys.stderr.write(proc.stdout)
     if proc.returncode != 0:
-        raise RuntimeError(f"tools.bench.snapshot failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        raise RuntimeError(f"metalog.tools.bench.snapshot failed ({proc.returncode}): {proc.stderr[-2000:]}")
     with open(path) as f:
         return json.load(f)
 
@@ -199,7 +199,7 @@ def cmd_scale(args) -> int:
     root = args.dir or tempfile.mkdtemp(prefix="metalog-bench-scale-")
     os.makedirs(root, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    catchup.progress(f"tools.bench.snapshot at {partitions:,} partitions")
+    catchup.progress(f"metalog.tools.bench.snapshot at {partitions:,} partitions")
     snap = run_snapshot_bench(partitions, root)
     rep = catchup.run(partitions, ["catchup", "commit"], root=os.path.join(root, "clusters"), keep=args.keep)
     rows = rows_from(snap, rep)

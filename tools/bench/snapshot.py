@@ -1,6 +1,6 @@
 """Benchmark: snapshot generation and load for N committed metadata records.
 
-    .venv/bin/python -m tools.bench.snapshot [--records 1000000] [--topics 1000]
+    .venv/bin/python -m metalog.tools.bench.snapshot [--records 1000000] [--topics 1000]
 
 Builds a metadata log in memory (brokers, topics, then ISR/leader changes,
 configs and a few fence/unfence cycles up to N records), applies it to a
@@ -28,13 +28,13 @@ import tempfile
 import threading
 import time
 
-from broker import metadata_views as views
-from broker.controller import Controller, load_latest, write_controller_snapshot
-from broker.state_copy import COPY_SLICE_ENTRIES, IncrementalCopy
-from protocol.messages import SnapshotId
-from storage import batch as b
-from storage import metadata_records as r
-from storage.snapshot import SnapshotStore
+from metalog.broker.controller import views
+from metalog.broker.controller.state import Controller, load_latest, write_controller_snapshot
+from metalog.broker.controller.state_copy import COPY_SLICE_ENTRIES, IncrementalCopy
+from metalog.protocol.messages import SnapshotId
+from metalog.storage import batch as b
+from metalog.storage import metadata_records as r
+from metalog.storage.snapshot import SnapshotStore
 
 
 def build_log(n_records: int, n_topics: int, partitions: int, n_brokers: int,
@@ -155,7 +155,7 @@ def load_only(directory: str) -> dict:
 def fresh_process_load(directory: str) -> dict:
     """load_only in a new Python process (no replayed state beside it, the
     imports of a broker), as a broker's boot pays it."""
-    out = subprocess.run([sys.executable, "-m", "tools.bench.snapshot", "--load-only", directory],
+    out = subprocess.run([sys.executable, "-m", "metalog.tools.bench.snapshot", "--load-only", directory],
                          capture_output=True, text=True)
     if out.returncode != 0:  # the child's own error, not a bare CalledProcessError
         raise SystemExit(f"snapshot load in a fresh process failed (exit {out.returncode}): "

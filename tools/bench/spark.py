@@ -1,7 +1,7 @@
 """Replay throughput of the Spark job (records/s), local mode by default.
 
-    .venv/bin/python -m tools.bench.spark                      # 10,000,000 records
-    .venv/bin/python -m tools.bench.spark --records 1000000 --master 'local[2]'
+    .venv/bin/python -m metalog.tools.bench.spark                      # 10,000,000 records
+    .venv/bin/python -m metalog.tools.bench.spark --records 1000000 --master 'local[2]'
 
 (``python tools/bench_spark.py ...``, the older spelling, does the same.)
 
@@ -30,11 +30,11 @@ import tempfile
 import threading
 import time
 
-from broker.controller import Controller
-from storage import batch as b
-from storage import metadata_records as r
-from storage.log import SegmentedLog
-from tools.spark import job as spark_job
+from metalog.broker.controller.state import Controller
+from metalog.storage import batch as b
+from metalog.storage import metadata_records as r
+from metalog.storage.segmented_log import SegmentedLog
+from metalog.tools.spark import job as spark_job
 
 BATCH_RECORDS = 500
 
@@ -100,7 +100,7 @@ def generate(data_dir: str, records: int, seed: int = 1) -> None:
 
 def broker_replay(data_dir: str, records_max: int) -> tuple[int, float]:
     """The broker's own single-process replay of the same log (what
-    ``python -m tools.bench.snapshot`` measures: Controller.apply_batches over
+    ``python -m metalog.tools.bench.snapshot`` measures: Controller.apply_batches over
     whole segments), up to records_max records: (records applied, seconds)."""
     pdir = os.path.join(data_dir, "__cluster_metadata-0")
     c = Controller()

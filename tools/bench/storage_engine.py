@@ -1,6 +1,6 @@
 """Storage benchmark: append throughput with and without fsync, verified reads, and recovery time.
 
-    python -m tools.bench.storage_engine [--recovery-bytes 1073741824] [--dir DIR] [--one-segment]
+    python -m metalog.tools.bench.storage_engine [--recovery-bytes 1073741824] [--dir DIR] [--one-segment]
 
 Prints appended records/s and MB/s (100-byte records, 100 per batch by
 default) when every batch is followed by flush() (fdatasync) and when no
@@ -33,8 +33,8 @@ import struct
 import tempfile
 import time
 
-from storage.batch import encode_batch
-from storage.log import CLEAN_SHUTDOWN_FILE, DEFAULT_SEGMENT_BYTES_MAX, RECOVERY_POINT_FILE, SegmentedLog
+from metalog.storage.batch import encode_batch
+from metalog.storage.segmented_log import CLEAN_SHUTDOWN_FILE, DEFAULT_SEGMENT_BYTES_MAX, RECOVERY_POINT_FILE, SegmentedLog
 
 
 class _Quiet:

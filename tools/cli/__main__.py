@@ -1,7 +1,7 @@
-"""``python -m tools.cli ...`` runs the ``metalog`` command (what the console script runs)."""
+"""``python -m metalog.tools.cli ...`` runs the ``metalog`` command (what the console script runs)."""
 
 import sys
 
-from tools.cli import main
+from metalog.tools.cli import main
 
 sys.exit(main())

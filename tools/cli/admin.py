@@ -28,10 +28,10 @@ import sys
 import urllib.error
 import urllib.parse
 
-from broker.client import AuthorizationError, ClusterUnavailable, MetalogError
-from broker.client_config import admin_get
-from storage.metadata_records import RESOURCE_BROKER, RESOURCE_TOPIC
-from tools.cli.client_options import add_client_args, add_credential_args, client_settings, make_client
+from metalog.broker.client.client import AuthorizationError, ClusterUnavailable, MetalogError
+from metalog.broker.client.config import admin_get
+from metalog.storage.metadata_records import RESOURCE_BROKER, RESOURCE_TOPIC
+from metalog.tools.cli.client_options import add_client_args, add_credential_args, client_settings, make_client
 
 
 EXIT_NOT_AUTHORIZED = 3

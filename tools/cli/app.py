@@ -26,25 +26,25 @@ import sys
 import time
 import traceback
 
-from broker.client import AuthorizationError, ClusterUnavailable, LogTruncationError, MetalogError
-from broker.client_config import ClientConfigError
-from broker.local_state import META_FILE
-from broker.logs import configure_logging
-from broker.tls import TlsConfigError
-from protocol.messages import LIST_OFFSETS_EARLIEST, LIST_OFFSETS_LATEST
-from tools.bench import bench
-from tools.cli import admin as admin_cli
-from tools.cli import certs as certs_cli
-from tools.cli import cluster as cluster_cli
-from tools.cli import dump
-from tools.cli import storage as storage_cli
-from tools.cli.client_options import DEFAULT_CLUSTER_ID, add_client_args, make_client
-from tools.cli.cluster import ClusterCliError, dir_flag, running_nodes
-from tools.cli.dump import record_json
-from tools.cluster.compose import cluster_from_compose
-from tools.cluster.launcher import LocalCluster
-from tools.drill import drill
-from tools.spark import job as spark_job
+from metalog.broker.client.client import AuthorizationError, ClusterUnavailable, LogTruncationError, MetalogError
+from metalog.broker.client.config import ClientConfigError
+from metalog.broker.server.recovery import META_FILE
+from metalog.broker.server.logging_setup import configure_logging
+from metalog.broker.net.tls import TlsConfigError
+from metalog.protocol.messages import LIST_OFFSETS_EARLIEST, LIST_OFFSETS_LATEST
+from metalog.tools.bench import bench
+from metalog.tools.cli import admin as admin_cli
+from metalog.tools.cli import certs as certs_cli
+from metalog.tools.cli import cluster as cluster_cli
+from metalog.tools.cli import dump
+from metalog.tools.cli import storage as storage_cli
+from metalog.tools.cli.client_options import DEFAULT_CLUSTER_ID, add_client_args, make_client
+from metalog.tools.cli.cluster import ClusterCliError, dir_flag, running_nodes
+from metalog.tools.cli.dump import record_json
+from metalog.tools.cluster.compose import cluster_from_compose
+from metalog.tools.cluster.launcher import LocalCluster
+from metalog.tools.drill import drill
+from metalog.tools.spark import job as spark_job
 
 
 # ------------------------------------------------------------------ cluster
@@ -447,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      epilog="--debug (anywhere on the line): show the traceback of a failure")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    # Parsed by broker.main (tools/cli/__init__.py dispatches it); listed here for --help.
+    # Parsed by metalog.broker.server.main (tools/cli/__init__.py dispatches it); listed here for --help.
     sub.add_parser("broker", help="run one broker: metalog broker --config FILE [--set key=value ...] (--help-config: every key)",
                    add_help=False)
 

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from tools.cluster import certs
+from metalog.tools.cluster import certs
 
 
 def _node(args) -> int:

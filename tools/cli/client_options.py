@@ -10,8 +10,8 @@ import argparse
 import os
 import sys
 
-from broker.client import MetalogClient
-from broker.client_config import ClientConfigError, find_client_config
+from metalog.broker.client.client import MetalogClient
+from metalog.broker.client.config import ClientConfigError, find_client_config
 
 
 def _endpoints(text: str) -> list[tuple[str, int]]:

@@ -19,8 +19,8 @@ import signal
 import sys
 import time
 
-from tools.cluster import membership
-from tools.cluster.launcher import LocalCluster
+from metalog.tools.cluster import membership
+from metalog.tools.cluster.launcher import LocalCluster
 
 POLL_S = 0.05
 

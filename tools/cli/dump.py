@@ -28,9 +28,9 @@ import os
 import sys
 from typing import TextIO
 
-from storage import batch as b
-from storage.snapshot import CorruptSnapshotError, parse_snapshot_filename, verify_snapshot_bytes
-from tools.record_json import record_json, value_json  # noqa: F401  (re-exported: app.py, tests)
+from metalog.storage import batch as b
+from metalog.storage.snapshot import CorruptSnapshotError, parse_snapshot_filename, verify_snapshot_bytes
+from metalog.tools.record_json import record_json, value_json  # noqa: F401  (re-exported: app.py, tests)
 
 
 def batch_json(pos: int, h: b.BatchHeader) -> dict:
@@ -131,7 +131,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register_cli(subparsers) -> None:
-    """Hook for tools.cli: adds `metalog dump`."""
+    """Hook for metalog.tools.cli: adds `metalog dump`."""
     p = subparsers.add_parser("dump", help="decode a .checkpoint snapshot or .log segment")
     _add_args(p)
     p.set_defaults(func=_run)

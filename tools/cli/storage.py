@@ -34,9 +34,9 @@ import os
 import re
 import sys
 
-from storage.errors import CorruptionReport
-from storage.log import SegmentedLog, segment_file_name
-from storage.scrub import verify_segment_fd
+from metalog.storage.errors import CorruptionReport
+from metalog.storage.segmented_log import SegmentedLog, segment_file_name
+from metalog.storage.scrub import verify_segment_fd
 
 PARTITION_DIR = "__cluster_metadata-0"
 _SEGMENT = re.compile(r"^(\d{20})\.log$")
@@ -94,7 +94,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_upgrade(args) -> int:
-    from storage.format_upgrade import FORMAT_VERSION, FormatError, upgrade_data_dir
+    from metalog.storage.format_upgrade import FORMAT_VERSION, FormatError, upgrade_data_dir
 
     try:
         report = upgrade_data_dir(args.data_dir)
@@ -148,7 +148,7 @@ def _segment_paths(log) -> set[str]:
 def parse_initial_controllers(text: str) -> list[tuple[int, str, int, str]]:
     """id@host:port:directory-id,... -> [(id, host, port, directory id)];
     ValueError naming the bad entry."""
-    from broker.local_state import valid_directory_id
+    from metalog.broker.server.recovery import valid_directory_id
 
     out: list[tuple[int, str, int, str]] = []
     for item in (x.strip() for x in text.split(",")):
@@ -167,8 +167,8 @@ def parse_initial_controllers(text: str) -> list[tuple[int, str, int, str]]:
 
 
 def cmd_format(args) -> int:
-    from broker.config import ConfigError, load_config
-    from broker.local_state import StartupError, format_data_dir, new_directory_id
+    from metalog.broker.server.config import ConfigError, load_config
+    from metalog.broker.server.recovery import StartupError, format_data_dir, new_directory_id
 
     try:
         cfg = load_config(args.config)

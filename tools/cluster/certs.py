@@ -2,7 +2,7 @@
 
 A cluster has one CA; every broker gets a node certificate and every person
 or program a user certificate, both signed by that CA (see
-``broker/principal.py`` for how a certificate becomes a principal):
+``broker/net/principal.py`` for how a certificate becomes a principal):
 
 * node certificate: CN ``node-<id>``, SAN URI ``urn:metalog:node:<id>``, SAN
   DNS/IP entries for the names the node is dialled by, serverAuth+clientAuth
@@ -27,8 +27,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from broker.principal import NODE_URI_PREFIX, USER_URI_PREFIX
-from storage.atomic import atomic_write
+from metalog.broker.net.principal import NODE_URI_PREFIX, USER_URI_PREFIX
+from metalog.storage.atomic import atomic_write
 
 CA_VALID_DAYS = 3650
 CERT_VALID_DAYS = 365

@@ -4,7 +4,7 @@ No Docker engine runs on our machines, so the compose file is exercised two
 ways without one:
 
 * ``load_topology(path)`` parses ``docker-compose.yml`` and checks every broker
-  service against the broker's own config schema (``broker.config``): each
+  service against the broker's own config schema (``metalog.broker.server.config``): each
   service's effective config (the ``configs:`` file it mounts at the path its
   ``--config`` names, plus its ``--set`` overrides) must validate; node ids,
   listen ports, admin ports and published ports are unique; every broker
@@ -13,13 +13,13 @@ ways without one:
   other broker mounts; the healthcheck requests ``/health`` on the admin port.
   Any breach raises ``ComposeError`` naming the service and the key. The
   metrics services (``prometheus``, ``grafana`` and their one-shot helpers)
-  are checked on top of this by ``tools.cluster.monitoring.check_monitoring``.
+  are checked on top of this by ``metalog.tools.cluster.monitoring.check_monitoring``.
 
 * ``cluster_from_compose(path, root_dir)`` turns the broker services into a
   ``LocalCluster`` that runs the services' own command lines as local
   processes. The mapping is deterministic:
 
-  - ``metalog broker ARGS`` -> ``<python> -m tools.cli broker ARGS`` (the
+  - ``metalog broker ARGS`` -> ``<python> -m metalog.tools.cli broker ARGS`` (the
     console script's own entry point);
   - a service hostname (or ``0.0.0.0``) -> ``127.0.0.1``;
   - container port P -> local port ``P + port_offset`` (container ports are
@@ -43,8 +43,8 @@ from typing import Any
 
 import yaml
 
-from broker.config import BrokerConfig, ConfigError, config_from_dict, parse_voters
-from tools.cluster.launcher import LocalCluster, NodeSpec
+from metalog.broker.server.config import BrokerConfig, ConfigError, config_from_dict, parse_voters
+from metalog.tools.cluster.launcher import LocalCluster, NodeSpec
 
 
 class ComposeError(ValueError):
@@ -353,8 +353,8 @@ class LocalMapping:
     def command(self, b: BrokerService) -> list[str]:
         args = [self.rewrite(a, b.mounts) for a in b.command[2:]]
         # The service's own command line, through the same CLI entry point the
-        # console script runs (`metalog` -> tools.cli:main).
-        return [sys.executable, "-m", "tools.cli", "broker", *args]
+        # console script runs (`metalog` -> metalog.tools.cli:main).
+        return [sys.executable, "-m", "metalog.tools.cli", "broker", *args]
 
 
 def cluster_from_compose(path: str, root_dir: str, port_offset: int | None = None, insecure: bool = False):

@@ -36,11 +36,11 @@ from typing import Any
 
 import yaml
 
-from broker.client_config import ClientConfig
-from broker.local_state import META_FILE, format_data_dir, new_directory_id
-from broker.tls import TlsFiles, TlsPaths
-from storage.atomic import atomic_write
-from tools.cluster.certs import cluster_certs
+from metalog.broker.client.config import ClientConfig
+from metalog.broker.server.recovery import META_FILE, format_data_dir, new_directory_id
+from metalog.broker.net.tls import TlsFiles, TlsPaths
+from metalog.storage.atomic import atomic_write
+from metalog.tools.cluster.certs import cluster_certs
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -96,7 +96,7 @@ class NodeSpec:
     admin_port: int
     voter: bool
     extra: dict[str, Any] = field(default_factory=dict)
-    command: list[str] | None = None  # default: python -m broker.main --config <file>
+    command: list[str] | None = None  # default: python -m metalog.broker.server.main --config <file>
     # Dynamic clusters: the directory id the launcher formats the data dir with
     # (a first voter's is in every first voter's bootstrap checkpoint), and
     # whether that format is done (never again: a wiped dir is a new replica).
@@ -319,10 +319,9 @@ class LocalCluster:
         path = self.write_config(node_id)
         if self.dynamic and not self.nodes[node_id].formatted:
             self.format_node(node_id)
-        cmd = self.nodes[node_id].command or [sys.executable, "-m", "broker.main", "--config", path]
+        cmd = self.nodes[node_id].command or [sys.executable, "-m", "metalog.broker.server.main", "--config", path]
         stderr = open(os.path.join(self.node_dir(node_id), "stderr.log"), "ab")
         env = dict(os.environ)
-        env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
         proc = subprocess.Popen(cmd, stdout=stderr, stderr=stderr, env=env, cwd=REPO_ROOT,
                                 start_new_session=True)
         stderr.close()

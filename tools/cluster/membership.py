@@ -20,9 +20,9 @@ import asyncio
 import os
 import socket
 
-from broker.client import MetalogClient, MetalogError
-from broker.local_state import new_directory_id
-from tools.cluster.launcher import LocalCluster, NodeSpec, free_ports
+from metalog.broker.client.client import MetalogClient, MetalogError
+from metalog.broker.server.recovery import new_directory_id
+from metalog.tools.cluster.launcher import LocalCluster, NodeSpec, free_ports
 
 LISTENER_NAME = "CONTROLLER"  # the listener name a VotersRecord gives the local brokers' endpoint
 

@@ -1,7 +1,7 @@
 """The compose file's monitoring: Prometheus scrape config and Grafana provisioning.
 
 ``check_monitoring(topo)`` validates the `prometheus` and `grafana` services
-of a docker-compose file that ``tools.cluster.compose.load_topology`` already
+of a docker-compose file that ``metalog.tools.cluster.compose.load_topology`` already
 accepted, without a Docker engine:
 
 * Prometheus: the config file the service mounts at its ``--config.file``
@@ -17,7 +17,7 @@ accepted, without a Docker engine:
   at the prometheus service's port; the dashboard provider's path is a
   mounted directory; every dashboard JSON parses, each panel queries that
   datasource, each query names at least one metric the broker exports
-  (checked against ``broker.metrics.BrokerMetrics``'s registry) and no other
+  (checked against ``metalog.broker.server.metrics.BrokerMetrics``'s registry) and no other
   metalog_/kafka_ name, and every query is valid PromQL (``promtool check
   rules``).
 
@@ -38,9 +38,9 @@ from typing import Any
 
 import yaml
 
-from broker.client_config import ClientConfig
-from broker.metrics import BrokerMetrics
-from tools.cluster.compose import ComposeError, Topology
+from metalog.broker.client.config import ClientConfig
+from metalog.broker.server.metrics import BrokerMetrics
+from metalog.tools.cluster.compose import ComposeError, Topology
 
 PROMETHEUS_DEFAULT_CONFIG = "/etc/prometheus/prometheus.yml"
 PROMETHEUS_DEFAULT_PORT = 9090

@@ -21,7 +21,7 @@ ever created, appended, ftruncated or unlinked, never re-linked, so the inode
 was live throughout). A broker's HW only covers records in its own log that
 match the leader's committed log, and committed records are never rewritten,
 so the batches of that inode ending at or below ``committed_end`` are
-committed bytes. The checker (``tools.drill.checker``) compares them byte for
+committed bytes. The checker (``metalog.tools.drill.checker``) compares them byte for
 byte with every other source and uses them for the offsets below the final
 logs' start.
 

@@ -9,7 +9,7 @@ commit_end)`` returns a ``CheckResult``; every breach carries the evidence:
 * every acknowledged write is present exactly once, at its acknowledged
   offset. The committed log is assembled from the replicas' final logs and,
   below their log start (segments a snapshot removed), from the drill's
-  segment archive (``tools.drill.archive``: hard links of every segment every
+  segment archive (``metalog.tools.drill.archive``: hard links of every segment every
   broker ever had, each with the HW its broker vouched for while the segment
   was live); what consumers read is a last resort, counted separately;
 * the committed prefixes of all replicas are identical byte for byte (batch
@@ -31,8 +31,8 @@ import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from storage import batch as B
-from storage.log import SegmentedLog
+from metalog.storage import batch as B
+from metalog.storage.segmented_log import SegmentedLog
 
 PARTITION_DIR = "__cluster_metadata-0"
 
@@ -231,7 +231,7 @@ def check_prefixes(replicas: list[ReplicaLog], commit_end: int) -> list[Breach]:
 
 
 def read_archived(seg, commit_end: int) -> tuple[list[tuple[int, int, int, bytes]], str | None]:
-    """The batches of an archived segment (``tools.drill.archive.ArchivedSegment``) that its
+    """The batches of an archived segment (``metalog.tools.drill.archive.ArchivedSegment``) that its
     broker vouched for (ending at or below its committed_end) and below `commit_end`;
     plus a problem if the file is damaged below that bound."""
     bound = min(seg.committed_end, commit_end)

@@ -16,7 +16,7 @@ a ``FaultProxy`` between every pair of brokers, and runs for ``--duration-s``:
   an out-of-range answer -- a snapshot moved the log start past the consumer --
   is recorded as a reset, then the consumer seeks to the log start);
 * every broker's segment files are hard-linked into ``<dir>/archive`` as they
-  appear (``tools.drill.archive``), so the records a snapshot later removes
+  appear (``metalog.tools.drill.archive``), so the records a snapshot later removes
   from every log stay checkable;
 * a monitor thread per broker polls its admin ``/quorum`` (role, epoch, HW)
   per broker process (incarnation); a separate thread scans the data dirs
@@ -35,8 +35,8 @@ directory id, its old identity is removed, the new one added.
 
 At the end every fault is repaired, writers stop, the cluster is left to
 converge (every broker at the leader's HW), stopped gracefully, and each
-broker's log is read back from its data dir for ``tools.drill.checker``.
-``tools.drill.report`` writes ``<report>.json`` and ``<report>.png``.
+broker's log is read back from its data dir for ``metalog.tools.drill.checker``.
+``metalog.tools.drill.report`` writes ``<report>.json`` and ``<report>.png``.
 Exit code 0 = clean, 1 = a checker breach (printed with evidence), 2 = the
 drill itself could not run (e.g. no leader ever elected).
 """
@@ -54,17 +54,17 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from broker.client import LogTruncationError, MetalogClient, MetalogError, OffsetOutOfRangeError
-from broker.logs import configure_logging
-from protocol.messages import LIST_OFFSETS_EARLIEST
-from tools.cluster.compose import cluster_from_compose
-from tools.cluster import membership
-from tools.cluster.launcher import LocalCluster
-from tools.drill.archive import SegmentArchive
-from tools.drill.checker import Ack, History, HwSample, Reset, RoleEvent, Seen, Truncation, check, read_replica
-from tools.drill.faultproxy import FaultProxy
-from tools.drill.report import build_report, write_report
-from tools.extras import PLOT_MODULES, missing
+from metalog.broker.client.client import LogTruncationError, MetalogClient, MetalogError, OffsetOutOfRangeError
+from metalog.broker.server.logging_setup import configure_logging
+from metalog.protocol.messages import LIST_OFFSETS_EARLIEST
+from metalog.tools.cluster.compose import cluster_from_compose
+from metalog.tools.cluster import membership
+from metalog.tools.cluster.launcher import LocalCluster
+from metalog.tools.drill.archive import SegmentArchive
+from metalog.tools.drill.checker import Ack, History, HwSample, Reset, RoleEvent, Seen, Truncation, check, read_replica
+from metalog.tools.drill.faultproxy import FaultProxy
+from metalog.tools.drill.report import build_report, write_report
+from metalog.tools.extras import PLOT_MODULES, missing
 
 FAULTS = {
     "kill_leader": "kill -9 the leader, restart it after the hold",
@@ -161,7 +161,7 @@ class Drill:
         self.incarnation = {nid: 0 for nid in cluster.nodes}
         self.proxy: FaultProxy | None = None
         # Hard links of every segment every broker ever had: the checker reads the offsets a
-        # snapshot removed from every log there (see tools.drill.archive).
+        # snapshot removed from every log there (see metalog.tools.drill.archive).
         self.archive = SegmentArchive(os.path.join(cluster.root, "archive"),
                                       {nid: cluster.data_dir(nid) for nid in cluster.nodes})
         self._stop_monitor = threading.Event()

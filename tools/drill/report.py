@@ -335,8 +335,8 @@ def render_png(report: dict, drill, path: str) -> None:
     plt.close(fig)
 
 
-if __name__ == "__main__":  # python -m tools.drill.report REPORT: redraw REPORT.png
+if __name__ == "__main__":  # python -m metalog.tools.drill.report REPORT: redraw REPORT.png
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m tools.drill.report REPORT  (redraws REPORT.png from REPORT.json "
+        sys.exit("usage: python -m metalog.tools.drill.report REPORT  (redraws REPORT.png from REPORT.json "
                  "and REPORT.timeline.json)")
     print(rerender(sys.argv[1]))

@@ -17,8 +17,8 @@ apart by ``kind``:
 * ``meta``  the text of a small file (meta.properties, log-start-offset,
             quorum-state).
 
-Everything is decoded with the broker's own code (storage.batch,
-storage.snapshot, storage.metadata_records). Pure Python; no Spark import,
+Everything is decoded with the broker's own code (metalog.storage.batch,
+metalog.storage.snapshot, metalog.storage.metadata_records). Pure Python; no Spark import,
 so it is testable alone and cheap to ship to executors.
 """
 
@@ -30,11 +30,11 @@ import re
 from itertools import repeat
 from typing import Iterator
 
-from storage import batch as b
-from storage import control_records as cr
-from storage import metadata_records as r
-from storage.snapshot import CorruptSnapshotError, parse_snapshot_filename, verify_snapshot_bytes
-from tools.spark import fold
+from metalog.storage import batch as b
+from metalog.storage import control_records as cr
+from metalog.storage import metadata_records as r
+from metalog.storage.snapshot import CorruptSnapshotError, parse_snapshot_filename, verify_snapshot_bytes
+from metalog.tools.spark import fold
 
 PARTITION_DIR = "__cluster_metadata-0"
 SEGMENT_RE = re.compile(r"(\d{20})\.log")

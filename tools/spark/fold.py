@@ -1,6 +1,6 @@
 """The distributed replay of the metadata log, as pure per-key folds.
 
-``broker.controller.ControllerState`` applies records one by one over the
+``metalog.broker.controller.state.ControllerState`` applies records one by one over the
 whole state. The Spark job cannot hold the whole state in one place, so it
 splits the replay into folds that each see one *entity* (its key), with its
 records in offset order, plus a few small side tables that carry the
@@ -50,9 +50,9 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 
 import msgspec
 
-from broker.authz import acl_problem
-from broker.controller import ControllerState, _partition_problem
-from storage import metadata_records as r
+from metalog.broker.controller.acl import acl_problem
+from metalog.broker.controller.state import ControllerState, _partition_problem
+from metalog.storage import metadata_records as r
 
 _replace = msgspec.structs.replace
 

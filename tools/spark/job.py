@@ -12,7 +12,7 @@ Plan (details in docs/spark.md):
 1. Spark's binaryFile source lists ``*.log``, ``*.checkpoint``,
    ``meta.properties``, ``log-start-offset`` and ``quorum-state`` under every input (recursive,
    any Hadoop path). ``mapInArrow`` decodes each file inside the executors
-   with the broker's own decoders (``tools.spark.decode``): one row per
+   with the broker's own decoders (``metalog.tools.spark.decode``): one row per
    record, plus small per-file summaries and error rows -- only those small
    rows reach the driver.
 2. Every batch is validated (CRC, contiguous offsets, non-decreasing epochs)
@@ -26,16 +26,16 @@ Plan (details in docs/spark.md):
    with no such majority, unless ``--upto/--hw`` names one. Per replica: the
    first offset where it differs from the majority, and on which side of the
    HW it lies.
-4. Replay (``tools.spark.fold``): committed data records keyed by entity,
+4. Replay (``metalog.tools.spark.fold``): committed data records keyed by entity,
    hash-partitioned and sorted by key in one shuffle, each partition's runs
    of one key folded by one ``mapInArrow`` call; topic lifecycle and broker status
    timelines are small side tables broadcast to the partition/config folds.
 5. The state at the HW is streamed to the driver in ``to_records()`` order and
-   written with ``storage.snapshot.SnapshotWriter``: the broker's format and
+   written with ``metalog.storage.snapshot.SnapshotWriter``: the broker's format and
    name. States at the offsets of the brokers' own snapshots are compared
    with those snapshots entity by entity (a distributed outer join).
 
-6. Queryable output (``tools.spark.tables``, ``tools.spark.plots``): Parquet
+6. Queryable output (``metalog.tools.spark.tables``, ``metalog.tools.spark.plots``): Parquet
    tables of the state at the HW, the committed history and the audit under
    ``OUT/tables``, plots and ``report.html``; ``metalog spark sql`` queries them.
 
@@ -69,18 +69,18 @@ from collections import Counter
 if __package__ in (None, ""):  # spark-submit tools/spark/job.py: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from protocol.messages import SnapshotId  # noqa: E402
-from storage import control_records as cr  # noqa: E402
-from storage import metadata_records  # noqa: E402
-from storage.atomic import fsync_dir  # noqa: E402
-from storage.errors import QuorumStateError  # noqa: E402
-from storage.quorum_state import QuorumStateFile  # noqa: E402
-from storage.snapshot import SnapshotWriter, snapshot_filename  # noqa: E402
-from tools.extras import SPARK_MODULES, missing  # noqa: E402
-from tools.spark import decode as D  # noqa: E402
-from tools.spark import fold as F  # noqa: E402
-from tools.spark.decode import DECODED_FIELDS, FIELD_NAMES, decode_file_columns  # noqa: E402
-from tools.spark.fold import key_of  # noqa: E402
+from metalog.protocol.messages import SnapshotId  # noqa: E402
+from metalog.storage import control_records as cr  # noqa: E402
+from metalog.storage import metadata_records  # noqa: E402
+from metalog.storage.atomic import fsync_dir  # noqa: E402
+from metalog.storage.errors import QuorumStateError  # noqa: E402
+from metalog.storage.quorum_state import QuorumStateFile  # noqa: E402
+from metalog.storage.snapshot import SnapshotWriter, snapshot_filename  # noqa: E402
+from metalog.tools.extras import SPARK_MODULES, missing  # noqa: E402
+from metalog.tools.spark import decode as D  # noqa: E402
+from metalog.tools.spark import fold as F  # noqa: E402
+from metalog.tools.spark.decode import DECODED_FIELDS, FIELD_NAMES, decode_file_columns  # noqa: E402
+from metalog.tools.spark.fold import key_of  # noqa: E402
 
 # pyspark and pyarrow are imported inside the functions that use them: they are
 # the optional [spark] extra, and they cost ~0.8 s of start-up that every
@@ -1442,8 +1442,8 @@ def _write_tables(args, an: Analysis, report: dict, progress: Progress, state_to
     """Queryable output under --out: the audit table always; the state tables
     and the history only when every check passed (they describe the state the
     published .checkpoint holds); then the plots and report.html."""
-    from tools.spark import plots
-    from tools.spark import tables as TB
+    from metalog.tools.spark import plots
+    from metalog.tools.spark import tables as TB
 
     out = args.out
     spark = an.spark
@@ -1490,7 +1490,7 @@ SQL_EXAMPLE = ("SELECT offset, timestamp_ms, record_type, get_json_object(body, 
 def run_sql(args) -> int:
     """metalog spark sql: one query over the tables of a job's --out dir, each
     registered as a view named after its directory (history, partitions, ...)."""
-    from tools.spark import tables as TB
+    from metalog.tools.spark import tables as TB
 
     absent = missing(SPARK_MODULES, "spark")
     if absent is not None:

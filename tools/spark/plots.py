@@ -17,7 +17,7 @@ from __future__ import annotations
 import html
 import os
 
-from tools.extras import PLOT_MODULES, missing
+from metalog.tools.extras import PLOT_MODULES, missing
 
 TIME_BUCKETS = 100
 TYPES_PLOTTED_MAX = 12  # the rest are summed into "other"

@@ -10,7 +10,7 @@ Besides the ``.checkpoint``, ``metalog spark snapshot`` writes under
   below it are applied, as a snapshot's end offset);
 * ``history``: every committed record (offset, leader epoch, batch
   timestamp, control bit, record type, version, JSON body), decoded with
-  ``tools.record_json`` exactly as ``metalog consume`` prints it;
+  ``metalog.tools.record_json`` exactly as ``metalog consume`` prints it;
 * ``audit``: one row per replica (log start/end, the HW, verdict, category).
 
 ``metalog spark sql "SELECT ..."`` registers each table directory as a
@@ -27,9 +27,9 @@ import json
 import re
 from typing import Callable, Iterable, Iterator
 
-from storage import metadata_records as r
-from tools.record_json import record_json
-from tools.spark import fold as F
+from metalog.storage import metadata_records as r
+from metalog.tools.record_json import record_json
+from metalog.tools.spark import fold as F
 
 TABLES_DIR = "tables"
 ARROW_ROWS_PER_BATCH = 8192

@@ -6,7 +6,7 @@ a production broker never records anything). When on, the runtime marks each
 step of a commit's journey with ``time.monotonic_ns()`` -- system-wide on
 Linux, so the marks of the three brokers and the client line up -- and the
 marks are written as JSON to ``<dir>/node-<id>.json`` when the broker stops.
-``tools.bench.commit_profile`` turns them into the per-stage table.
+``metalog.tools.bench.commit_profile`` turns them into the per-stage table.
 
 A mark is (ns, event, offset, peer). Events (offset meaning in brackets):
 
@@ -29,7 +29,7 @@ import json
 import os
 import time
 
-from storage.atomic import atomic_write
+from metalog.storage.atomic import atomic_write
 
 ENV_VAR = "METALOG_COMMIT_TRACE_DIR"
 # Bound on the marks kept (about 40 bytes each); later marks are dropped.

@@ -1,7 +1,7 @@
 """The leader's side of the cross-replica consistency check (asyncio).
 
 Every ``consistency_check_interval_ms`` the leader asks each voter for the
-digests of a committed range both hold (``broker.consistency`` computes and
+digests of a committed range both hold (``metalog.broker.server.consistency`` computes and
 compares them) and raises the divergence alarm on a mismatch: one
 ``divergence_detected`` error event, ``metalog_divergence_detected_total``
 and /health "degraded" with the reason.
@@ -12,15 +12,15 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from broker.consistency import compare
-from broker.net import NetError
-from protocol import messages as m
-from protocol.apis import ApiKey
-from protocol.codec import ProtocolError
-from protocol.errors import Errors
+from metalog.broker.server.consistency import compare
+from metalog.broker.net.channel import NetError
+from metalog.protocol import messages as m
+from metalog.protocol.apis import ApiKey
+from metalog.protocol.codec import ProtocolError
+from metalog.protocol.errors import Errors
 
 if TYPE_CHECKING:  # the runtime imports this module: no cycle at run time
-    from broker.runtime import Broker
+    from metalog.broker.server.runtime import Broker
 
 
 class ConsistencyChecker:

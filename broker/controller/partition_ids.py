@@ -78,7 +78,7 @@ def ids_extend_dense(counts: dict[str, int], sparse: SparseIds, topic_ids: list[
 
 def columns_extend_dense(counts: dict[str, int], sparse: SparseIds, topic_names: list[str], topic_index,
                          pids) -> bool:
-    """ids_extend_dense over a storage.partition_runs.PartitionRun's columns
+    """ids_extend_dense over a metalog.storage.partition_runs.PartitionRun's columns
     (a slice of them): row i is partition pids[i] of topic_names[topic_index[i]].
     Vector operations, no per-row Python."""
     import numpy as np  # the loader's only, like the runs themselves

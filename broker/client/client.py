@@ -56,12 +56,12 @@ from typing import Any, Callable, Iterable
 
 import structlog
 
-from broker.backoff import Backoff
-from broker.net import ConnectionLost, NetError, Overloaded, PeerChannel, RequestTimeout, TlsHandshakeError
-from protocol import messages as m
-from protocol.apis import ApiKey
-from protocol.errors import Errors, error_name
-from storage.batch import HEADER_SIZE, CorruptBatchError, decode_header, decode_records, verify_crc
+from metalog.broker.net.backoff import Backoff
+from metalog.broker.net.channel import ConnectionLost, NetError, Overloaded, PeerChannel, RequestTimeout, TlsHandshakeError
+from metalog.protocol import messages as m
+from metalog.protocol.apis import ApiKey
+from metalog.protocol.errors import Errors, error_name
+from metalog.storage.batch import HEADER_SIZE, CorruptBatchError, decode_header, decode_records, verify_crc
 
 NO_EPOCH = m.NO_EPOCH
 # Slack on top of a server-side wait (fetch long poll) before the client gives
@@ -200,7 +200,7 @@ class MetalogClient:
         resolve_address: Callable[[tuple[str, int]], tuple[str, int]] | None = None,
         idempotent: bool = True,
     ):
-        # tls: broker.tls.TlsFiles (or an ssl.SSLContext) with our client certificate; None = plaintext.
+        # tls: metalog.broker.net.tls.TlsFiles (or an ssl.SSLContext) with our client certificate; None = plaintext.
         self.tls = tls
         # resolve_address: the public hook for where to connect to a broker that Metadata
         # names at (host, port); default as advertised. E.g. the fault drill maps the

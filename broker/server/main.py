@@ -1,8 +1,8 @@
-"""Run one broker process: ``python -m broker.main --config broker.yaml``.
+"""Run one broker process: ``python -m metalog.broker.server.main --config broker.yaml``.
 
 SIGHUP re-reads the TLS certificate files (rotation without restart).
 
-``--help-config`` prints every config key (generated from broker/config.py).
+``--help-config`` prints every config key (generated from broker/server/config.py).
 
 Exit codes: 0 after a graceful stop (SIGTERM/SIGINT), 2 for a bad config,
 3 when the broker refuses to start (wrong cluster id, corrupt log...), 4 after
@@ -18,8 +18,8 @@ import sys
 
 import uvloop
 
-from broker.config import ConfigError, help_text, load_config
-from broker.logs import configure_logging
+from metalog.broker.server.config import ConfigError, help_text, load_config
+from metalog.broker.server.logging_setup import configure_logging
 
 
 def parse_overrides(items: list[str]) -> dict:
@@ -33,12 +33,12 @@ def parse_overrides(items: list[str]) -> dict:
 
 
 async def run(cfg) -> int:
-    from broker.local_state import StartupError
-    from broker.runtime import Broker
-    from storage.batch import CorruptBatchError
-    from storage.epochs import EpochCheckpointError
-    from storage.errors import StorageError
-    from storage.snapshot import CorruptSnapshotError
+    from metalog.broker.server.recovery import StartupError
+    from metalog.broker.server.runtime import Broker
+    from metalog.storage.batch import CorruptBatchError
+    from metalog.storage.epochs import EpochCheckpointError
+    from metalog.storage.errors import StorageError
+    from metalog.storage.snapshot import CorruptSnapshotError
 
     stream = open(cfg.log_file, "a", buffering=1) if cfg.log_file else None
     logger = configure_logging(cfg.log_level, stream)

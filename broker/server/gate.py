@@ -1,7 +1,7 @@
 """The broker's authorization gate: every request passes it before anything
 else sees it (the quorum core included).
 
-Decisions come from ``broker.authz`` (pure policy); this module keeps them
+Decisions come from ``metalog.broker.controller.acl`` (pure policy); this module keeps them
 cheap on the hot path and bounded: the view of the ACLs is rebuilt only when
 the controller's committed ACLs change, each connection caches its decisions
 per (api, command) under one view, a super user's client requests skip the
@@ -14,11 +14,11 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable
 
-from broker import authz
-from broker.metrics import BrokerMetrics
-from protocol import messages as m
-from protocol.apis import APIS, ApiKey
-from protocol.errors import Errors
+from metalog.broker.controller import acl as authz
+from metalog.broker.server.metrics import BrokerMetrics
+from metalog.protocol import messages as m
+from metalog.protocol.apis import APIS, ApiKey
+from metalog.protocol.errors import Errors
 
 MAX_CACHED_PER_CONNECTION = 64  # command names come from the client: bounded
 

@@ -18,7 +18,7 @@ def wall_clock_ms() -> int:
 
 class SystemClock:
     """These two clocks as the core's Environment carries them
-    (broker.quorum.env.Clock); the simulator passes its fake one instead."""
+    (metalog.broker.quorum.env.Clock); the simulator passes its fake one instead."""
 
     now_ms = staticmethod(now_ms)
     wall_clock_ms = staticmethod(wall_clock_ms)

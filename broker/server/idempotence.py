@@ -3,7 +3,7 @@
 * ``ProducerIdAllocator``: the ids InitProducerId hands out, unique from
   the leader epoch (no record, no wait).
 * ``ProducerGuard``: the producer state as of the log END (appended, not only
-  committed; storage.producer_state), fed with every batch the log appends
+  committed; metalog.storage.producer_state), fed with every batch the log appends
   (the leader's own and a follower's fetched ones alike), rebuilt after a
   truncation or a snapshot install from the controller's committed copy plus
   the log after it. ``check`` judges a produce before it is appended; a
@@ -18,10 +18,10 @@ from __future__ import annotations
 import collections
 from typing import Any, Callable, Iterable, Iterator
 
-from protocol import messages as m
-from protocol.errors import Errors
-from storage.batch import BatchHeader
-from storage.producer_state import BatchMeta, Check, ProducerStateTable, Verdict
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
+from metalog.storage.batch import BatchHeader
+from metalog.storage.producer_state import BatchMeta, Check, ProducerStateTable, Verdict
 
 # Duplicates waiting for their original's commit; each is a request in flight
 # on some connection, so the connections' in-flight limits bound this too.

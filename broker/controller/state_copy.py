@@ -3,7 +3,7 @@
 A copy of the state in one go held the event loop for about 430 ms at 2
 million partitions, so every commit waiting behind it stalled (issue 19 item
 2). The partitions are now copied on write topic by topic
-(broker/partition_map.py: a copy is O(topics)); what remains large is the
+(broker/controller/partition_map.py: a copy is O(topics)); what remains large is the
 configs map, one flat dict. ``IncrementalCopy`` copies it in slices of a
 bounded number of entries, between which the event loop runs and the
 controller keeps applying records. While a copy runs the map records every
@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from broker.controller import ControllerState
+    from metalog.broker.controller.state import ControllerState
 
 COPY_SLICE_ENTRIES = 5_000  # about 1-2 ms of copying per slice here (5 ms on a loaded machine)
 

@@ -17,19 +17,19 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from broker.config import BrokerConfig
-from broker.controller import Controller, load_latest
-from broker.metrics import BrokerMetrics
-from broker.quorum import api as qa
-from broker.quorum.voters import voter_set_of, voter_sets_in
-from storage.atomic import atomic_write
-from storage.epochs import EpochCheckpointError, EpochHistory, read_checkpoint
-from storage.format_upgrade import (FORMAT_KEY, FORMAT_VERSION, PARTITION_DIR, UPGRADABLE_VERSIONS, format_version_of,
+from metalog.broker.server.config import BrokerConfig
+from metalog.broker.controller.state import Controller, load_latest
+from metalog.broker.server.metrics import BrokerMetrics
+from metalog.broker.quorum import api as qa
+from metalog.broker.quorum.voters import voter_set_of, voter_sets_in
+from metalog.storage.atomic import atomic_write
+from metalog.storage.epochs import EpochCheckpointError, EpochHistory, read_checkpoint
+from metalog.storage.format_upgrade import (FORMAT_KEY, FORMAT_VERSION, PARTITION_DIR, UPGRADABLE_VERSIONS, format_version_of,
                                     holds_data, read_props)
-from storage.errors import CorruptionReport, CorruptLogError
-from storage.log import SegmentedLog
-from storage.quorum_state import QuorumStateError, QuorumStateFile
-from storage.snapshot import CorruptSnapshotError, SnapshotInvariantError, SnapshotStore, read_snapshot_voters
+from metalog.storage.errors import CorruptionReport, CorruptLogError
+from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.quorum_state import QuorumStateError, QuorumStateFile
+from metalog.storage.snapshot import CorruptSnapshotError, SnapshotInvariantError, SnapshotStore, read_snapshot_voters
 
 META_FILE = "meta.properties"
 PARTITION_DIR = "__cluster_metadata-0"  # the metadata log's directory inside a data dir
@@ -165,7 +165,7 @@ def format_data_dir(data_dir: str, cluster_id: str, node_id: int, directory_id: 
     dynamic cluster, write the bootstrap checkpoint holding `controllers`
     [(node id, host, port, directory id)] as the first voter set (None: a node
     that joins later). Returns (meta.properties path, checkpoint path or None)."""
-    from storage import control_records as cr
+    from metalog.storage import control_records as cr
 
     meta = format_meta(data_dir, cluster_id, node_id, directory_id)
     if controllers is None:

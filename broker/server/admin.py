@@ -44,20 +44,20 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from broker import authz
-from broker import metadata_views as views
-from broker.clocks import now_ms
-from broker.principal import ANONYMOUS, Principal, principal_from_cert
-from broker.tls import INSECURE_DETAIL
-from protocol.errors import Errors
+from metalog.broker.controller import acl as authz
+from metalog.broker.controller import views
+from metalog.broker.server.clocks import now_ms
+from metalog.broker.net.principal import ANONYMOUS, Principal, principal_from_cert
+from metalog.broker.net.tls import INSECURE_DETAIL
+from metalog.protocol.errors import Errors
 
 # Admin denials are logged once per (client address, principal, path); HTTP
 # has no long-lived connection to key on. Bounded so a flood cannot grow it.
 MAX_LOGGED_ADMIN_DENIALS = 1024
 
 if TYPE_CHECKING:
-    from broker.config import Endpoint
-    from broker.runtime import Broker
+    from metalog.broker.server.config import Endpoint
+    from metalog.broker.server.runtime import Broker
 
 
 def request_principal(request: web.Request) -> Principal:

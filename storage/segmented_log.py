@@ -2,7 +2,7 @@
 
 One directory holds the log as a run of segments. Each segment is a pair
 
-* ``<base offset, 20 digits>.log``   -- whole record batches (storage.batch format)
+* ``<base offset, 20 digits>.log``   -- whole record batches (metalog.storage.batch format)
   back to back, the first one starting at the base offset;
 * ``<base offset, 20 digits>.index`` -- a sparse offset index, Kafka's: 8-byte
   entries ``relative offset u32 | file position u32`` (big-endian), one for a
@@ -24,7 +24,7 @@ One directory holds the log as a run of segments. Each segment is a pair
   sealed segment gets its final entry too).
 
 Small files sit next to them: ``log-start-offset`` (JSON, written with
-storage.atomic), ``.clean-shutdown`` (written by ``close()``, removed on
+metalog.storage.atomic), ``.clean-shutdown`` (written by ``close()``, removed on
 open), ``recovery-point-offset-checkpoint`` and, while a quarantine lasts,
 ``quarantine-state`` (both below). ``.lock`` holds an flock so two processes
 never open one directory. Quarantined segments are kept as
@@ -48,7 +48,7 @@ After recovery everything on disk counts as flushed.
 Recovery point and full verification (issue 12)
 ------------------------------------------------
 ``recovery-point-offset-checkpoint`` (named as in Kafka; written with
-storage.atomic) holds the offset below which the log was flushed and verified.
+metalog.storage.atomic) holds the offset below which the log was flushed and verified.
 It moves when a flush syncs a rolled (sealed) segment, at clean close and after
 open's verification, and is lowered before a truncation below it: not on every
 fsync, which would add a file write, an fsync and a directory fsync to the
@@ -56,12 +56,12 @@ commit path. After an UNCLEAN shutdown every segment holding records at or past
 the recovery point is verified in full (header, length, magic, CRC-32C,
 contiguous offsets, monotonic epochs), not only the last one and not only after
 its last index entry; ``log_verified`` logs the bytes and seconds it took. After
-a clean shutdown the cheap check stays (the scrubber, storage.scrub, re-reads
+a clean shutdown the cheap check stays (the scrubber, metalog.storage.scrub, re-reads
 sealed data in the background).
 
 Corruption that is not a torn tail is handled by ``on_corruption``: "raise"
 (CorruptLogError naming file, position and offset) or "quarantine": persist a
-``quarantine-state`` file (storage.errors.QuarantineState: the log end the
+``quarantine-state`` file (metalog.storage.errors.QuarantineState: the log end the
 replica had, which it must re-replicate past before it may vote), rename the
 damaged segment and every later one to ``<name>.log.corrupt`` /
 ``<name>.index.corrupt`` (never deleted), keep the verified prefix of the
@@ -69,7 +69,7 @@ damaged segment, and fsync the directory. ``quarantine_from()`` does the same at
 run time for corruption found by the scrubber or a read.
 
 Reads verify: ``read()`` checks the CRC of every batch it returns (unless
-opened with ``verify_reads=False``) and raises storage.batch.CorruptBatchError
+opened with ``verify_reads=False``) and raises metalog.storage.batch.CorruptBatchError
 carrying a CorruptionReport instead of returning damaged bytes.
 
 CRC coverage: as in Kafka, the CRC covers ``attributes .. end``; the base
@@ -109,9 +109,9 @@ from typing import Any, Callable, Iterator, NamedTuple
 import crc32c
 import structlog
 
-from storage import batch as B
-from storage.atomic import atomic_write, fsync_dir, read_file_if_exists
-from storage.errors import CorruptionReport, CorruptLogError, LogWriteError, QuarantineState
+from metalog.storage import batch as B
+from metalog.storage.atomic import atomic_write, fsync_dir, read_file_if_exists
+from metalog.storage.errors import CorruptionReport, CorruptLogError, LogWriteError, QuarantineState
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -382,7 +382,7 @@ class SegmentedLog:
             os.close(lock_fd)
             raise RuntimeError(f"log directory {directory} is already open (another process or log object holds {LOCK_FILE})") from None
         log = cls(directory, segment_bytes_max, index_interval_bytes,
-                  logger if logger is not None else structlog.get_logger("storage.log"),
+                  logger if logger is not None else structlog.get_logger("metalog.storage.segmented_log"),
                   lock_fd, verify_appends, verify_reads, on_corruption)
         try:
             log._load()

@@ -1,7 +1,7 @@
 """The controller: the metadata log materialized into cluster state.
 
 ``ControllerState`` is a deterministic state machine over the metadata records
-of ``storage.metadata_records``: every replica that applies the same committed
+of ``metalog.storage.metadata_records``: every replica that applies the same committed
 records in the same order ends in the same state. It is pure (no asyncio, no
 I/O) so the Spark job can reuse ``apply`` as is. ``Controller`` wraps it for
 the broker: it decodes committed batches, counts records since the last
@@ -50,7 +50,7 @@ same way. A record value that does not decode counts as invalid too.
   topic configs.
 * FeatureLevel: sets the level; level 0 removes the feature.
 * AccessControlEntry: invalid if the id is live or the entry is malformed
-  (``broker.authz.acl_problem``); otherwise adds it.
+  (``metalog.broker.controller.acl.acl_problem``); otherwise adds it.
 * RemoveAccessControlEntry: invalid if the id is unknown; removes it.
 * NoOp: nothing.
 * UnknownRecord (a Kafka record type we do not model, e.g. ProducerIds): no
@@ -75,15 +75,16 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import msgspec
 import structlog
 
-from broker import authz
-from broker import partition_ids, partition_map
-from broker.partition_map import PartitionMap
-from broker.state_copy import StateDict
-from protocol import messages as m
-from protocol.errors import Errors as ErrorCode
-from storage import batch as b
-from storage import metadata_records as r
-from storage.producer_state import RETAINED_BATCHES, BatchMeta, ProducerEntry, ProducerStateTable
+from metalog.broker.controller import acl as authz
+from metalog.broker.controller import partition_ids
+from metalog.broker.controller import partition_map
+from metalog.broker.controller.partition_map import PartitionMap
+from metalog.broker.controller.state_copy import StateDict
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors as ErrorCode
+from metalog.storage import batch as b
+from metalog.storage import metadata_records as r
+from metalog.storage.producer_state import RETAINED_BATCHES, BatchMeta, ProducerEntry, ProducerStateTable
 
 log = structlog.get_logger(__name__)
 
@@ -129,9 +130,9 @@ def _assignment_problem(p: r.Partition) -> str | None:
 
 
 def _shared_rows(a) -> list[tuple[int, ...]]:
-    """Each row of the int array `a` as a storage.metadata_records.shared_ints
+    """Each row of the int array `a` as a metalog.storage.metadata_records.shared_ints
     tuple: built once per distinct row, not once per row."""
-    from storage.partition_runs import distinct_rows  # numpy: for the loader only
+    from metalog.storage.partition_runs import distinct_rows  # numpy: for the loader only
 
     uniq, inverse = distinct_rows(a)
     tuples = [r.shared_ints(tuple(x)) for x in uniq.tolist()]
@@ -218,7 +219,7 @@ class _PreparedRows:
 
     def extends_dense(self, counts: dict[str, int], sparse: partition_ids.SparseIds, start: int, stop: int) -> bool:
         """Whether rows[start:stop] leave every topic they touch dense
-        (broker/partition_ids.py), so that raising the counts keeps the index."""
+        (broker/controller/partition_ids.py), so that raising the counts keeps the index."""
         if stop - start < 512:
             return partition_ids.ids_extend_dense(counts, sparse, self._run.topic_ids[start:stop],
                                                   self.pids[start:stop])
@@ -289,13 +290,13 @@ class ControllerState:
         self.brokers: dict[int, r.RegisterBroker] = {}
         self.topics: dict[str, r.Topic] = {}  # by topic id
         self.topic_ids: dict[str, str] = {}  # name -> topic id
-        # Topic by topic, copied on write (broker/partition_map.py); configs a
-        # StateDict that an IncrementalCopy (broker/state_copy.py) can track.
+        # Topic by topic, copied on write (broker/controller/partition_map.py); configs a
+        # StateDict that an IncrementalCopy (broker/controller/state_copy.py) can track.
         self.partitions = PartitionMap()
         self.configs: dict[ConfigKey, str] = StateDict()
         # Indexes for reads and removals that must not scan every partition or
         # config (2M partitions): a topic's partitions are ids 0..count-1, as
-        # in Kafka, unless a record opened a gap (broker/partition_ids.py); a
+        # in Kafka, unless a record opened a gap (broker/controller/partition_ids.py); a
         # resource's config names, sorted; topic names and ACL ids sorted for
         # paging, built by the first read that pages them and kept sorted
         # from then on (None: not built, nothing to maintain).
@@ -307,7 +308,7 @@ class ControllerState:
         self.features: dict[str, int] = {}
         self.acls: dict[str, r.AccessControlEntry] = {}  # by ACL id
         self.acl_version = 0  # bumped on every ACL change: lets the authorizer cache its view
-        # Idempotent producers as of the committed batches (storage.producer_state):
+        # Idempotent producers as of the committed batches (metalog.storage.producer_state):
         # carried in snapshots so that a replica loading one knows them. Not part
         # of equality (the runtime expires idle producers locally).
         self.producers = ProducerStateTable(end_offset=offset)
@@ -450,9 +451,9 @@ class ControllerState:
         return True
 
     def _apply_partition_run(self, run) -> None:
-        """Apply a storage.partition_runs.PartitionRun as a snapshot's load
+        """Apply a metalog.storage.partition_runs.PartitionRun as a snapshot's load
         does: the same as _partition on each of its records, checked as
-        columns and kept as columns (broker/partition_map.py) until written."""
+        columns and kept as columns (broker/controller/partition_map.py) until written."""
         rows = _PreparedRows(run)
         if not self._rows_insertable(rows, 0, run.count):
             self._insert_rows(rows, 0, run.count)  # record by record
@@ -474,7 +475,7 @@ class ControllerState:
         when every one is valid, else record by record, so that a rejection
         and its message are exactly _partition's."""
         if not self._rows_insertable(rows, start, stop):
-            # a rejection, or a gap in a topic's partition ids (broker/partition_ids.py)
+            # a rejection, or a gap in a topic's partition ids (broker/controller/partition_ids.py)
             for rec in rows.records[start:stop]:
                 self._partition(rec)
             return
@@ -682,7 +683,7 @@ class ControllerState:
 
     def partition_ids(self, topic_id: str) -> Sequence[int]:
         """The topic's partition ids, ascending: every one is in `partitions`
-        (broker/partition_ids.py; the live index: do not modify)."""
+        (broker/controller/partition_ids.py; the live index: do not modify)."""
         return partition_ids.ids_of(self.partition_counts, self.sparse_partition_ids, topic_id)
 
     def topic_by_name(self, name: str) -> r.Topic | None:
@@ -692,7 +693,7 @@ class ControllerState:
     def to_json(self) -> dict:
         """The whole state as one dict, for tests and tools on small states
         (`offset` is the next offset reflected). The admin API never builds
-        it: it serves pages (broker.metadata_views)."""
+        it: it serves pages (metalog.broker.controller.views)."""
         brokers = []
         for bid in sorted(self.brokers):
             br = self.brokers[bid]
@@ -799,7 +800,7 @@ class Controller:
     def __init__(self, state: ControllerState | None = None) -> None:
         self.state = state or ControllerState()
         self.records_since_snapshot = 0
-        self._topic_names = None  # storage.partition_runs.TopicNames, once a batch is read as columns
+        self._topic_names = None  # metalog.storage.partition_runs.TopicNames, once a batch is read as columns
 
     @property
     def applied_offset(self) -> int:
@@ -866,11 +867,11 @@ class Controller:
 
     def _apply_batch_columns(self, batch: memoryview, h: b.BatchHeader) -> int:
         """Apply a whole data batch with its PartitionRecords read as columns
-        (storage.partition_runs.read_batch): a topic's creation is a
+        (metalog.storage.partition_runs.read_batch): a topic's creation is a
         TopicRecord and its partitions in one batch. The same state as record
         by record; the batch is read whole before the first record applies,
         so one that does not parse changes nothing (as with decode_records)."""
-        from storage import partition_runs as pr  # numpy: on the first such batch
+        from metalog.storage import partition_runs as pr  # numpy: on the first such batch
 
         if self._topic_names is None:
             self._topic_names = pr.TopicNames()
@@ -1017,7 +1018,7 @@ class Controller:
             raise CommandError("config name must not be empty")
         return [r.encode_record(r.Config(resource_type, resource_name, name, value))]
 
-    # -- ACLs: args as the CLI sends them (names, not codes); see broker.authz
+    # -- ACLs: args as the CLI sends them (names, not codes); see metalog.broker.controller.acl
 
     @staticmethod
     def _acl_from_args(args: dict) -> r.AccessControlEntry:
@@ -1075,7 +1076,7 @@ def write_controller_snapshot(store, state: ControllerState, snapshot_id: m.Snap
                               cpu_share: float = 1.0) -> SnapshotResult:
     """Serialize `state` into the snapshot `snapshot_id` of `store`.
 
-    Made to run off the event loop: in a forked child (broker/snapshot_fork.py,
+    Made to run off the event loop: in a forked child (broker/server/snapshot_fork.py,
     the default), whose copy-on-write memory holds the state as it was at the
     fork, or in a worker thread given a copy taken on the loop at the moment
     state.offset == snapshot_id.end_offset (the copy shares only frozen
@@ -1085,7 +1086,7 @@ def write_controller_snapshot(store, state: ControllerState, snapshot_id: m.Snap
     log has one (KIP-853); it travels in the snapshot. `part_path`: the
     temporary file's name, if the caller must be able to remove it.
     """
-    from storage.snapshot import SnapshotWriter  # storage must not import broker
+    from metalog.storage.snapshot import SnapshotWriter  # storage must not import broker
 
     assert state.offset == snapshot_id.end_offset, (
         f"state reflects offset {state.offset}, snapshot id says {snapshot_id.end_offset}")
@@ -1133,19 +1134,19 @@ class SnapshotLoadError(ValueError):
 class SnapshotLoader:
     """A ControllerState rebuilt from a snapshot's data records, fed in file
     order: by load_snapshot from a verified file, and by a download as its
-    chunks arrive, each batch CRC-checked first (broker/snapshot_io.py), so
+    chunks arrive, each batch CRC-checked first (broker/server/snapshot_work.py), so
     that a catch-up's load overlaps its download instead of following it."""
 
     def __init__(self, snapshot_id: m.SnapshotId) -> None:
         self.snapshot_id = snapshot_id
         self.state = ControllerState()
         self.records = 0  # applied so far
-        self._names = None  # storage.partition_runs.TopicNames, shared by the batches
+        self._names = None  # metalog.storage.partition_runs.TopicNames, shared by the batches
 
     def add_batch(self, batch: bytes | memoryview, h: b.BatchHeader) -> None:
         """One whole data batch, CRC already checked. Raises
         b.CorruptBatchError (a record's framing) or SnapshotLoadError."""
-        from storage import partition_runs as pr  # numpy: for loads only
+        from metalog.storage import partition_runs as pr  # numpy: for loads only
 
         assert not h.is_control, "control batches are the snapshot's framing, not state"
         if self._names is None:
@@ -1161,7 +1162,7 @@ class SnapshotLoader:
         gc.disable()
         try:
             for item in items:
-                if type(item) is not bytes:  # a PartitionRun (storage.partition_runs)
+                if type(item) is not bytes:  # a PartitionRun (metalog.storage.partition_runs)
                     state._apply_partition_run(item)
                     self.records += item.count
                     continue
@@ -1190,7 +1191,7 @@ class SnapshotLoader:
 
 def load_snapshot(store, snapshot_id: m.SnapshotId) -> ControllerState:
     """Load one snapshot; raises CorruptSnapshotError or SnapshotLoadError."""
-    from storage.snapshot import read_snapshot
+    from metalog.storage.snapshot import read_snapshot
 
     sid, _header, items = read_snapshot(store.path(snapshot_id), partition_runs=True)
     loader = SnapshotLoader(sid)
@@ -1201,7 +1202,7 @@ def load_snapshot(store, snapshot_id: m.SnapshotId) -> ControllerState:
 def load_latest(store) -> tuple[ControllerState, m.SnapshotId] | None:
     """Load the newest snapshot that loads; a bad one is quarantined
     (renamed ``.corrupt``, never loaded again) and the next older one tried."""
-    from storage.snapshot import CorruptSnapshotError
+    from metalog.storage.snapshot import CorruptSnapshotError
 
     for sid in reversed(store.list()):
         try:

@@ -58,11 +58,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from broker.principal import Principal
-from protocol import messages as m
-from protocol.apis import ApiKey
-from protocol.errors import Errors
-from storage import metadata_records as r
+from metalog.broker.net.principal import Principal
+from metalog.protocol import messages as m
+from metalog.protocol.apis import ApiKey
+from metalog.protocol.errors import Errors
+from metalog.storage import metadata_records as r
 
 METADATA_TOPIC = "__cluster_metadata"
 CLUSTER_RESOURCE_NAME = "kafka-cluster"  # Kafka's name for the one cluster resource

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from broker.quorum.roles import Role
+from metalog.broker.quorum.roles import Role
 
 # fetch: found on our disk while serving a Fetch; fetched: in a fetch answer
 # this follower received (the network's or the sender's damage; dropped, fetched again).

@@ -6,7 +6,7 @@ together do not come back together. Pure: the caller passes the attempt
 number and a random source (``random`` itself, or a seeded
 ``random.Random``), and sleeps or schedules by the result.
 
-The listener's refusal of addresses that keep failing (``broker.net``'s
+The listener's refusal of addresses that keep failing (``metalog.broker.net.server``'s
 ``failed_connection_backoff_ms``) is a penalty imposed on others, not a
 retry of our own, and keeps its own rule.
 """

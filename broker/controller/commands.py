@@ -19,10 +19,10 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from broker import metadata_views as views
-from broker.controller import CommandError, Controller
-from protocol import messages as m
-from protocol.errors import Errors
+from metalog.broker.controller import views
+from metalog.broker.controller.state import CommandError, Controller
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
 
 MAX_QUEUED_COMMANDS = 1024
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from broker.quorum.api import (
+from metalog.broker.quorum.api import (
     AdvanceLogStart,
     AppendBatches,
     ClearQuarantine,
@@ -19,11 +19,11 @@ from broker.quorum.api import (
     TruncateLog,
     WriteEpochCheckpoint,
 )
-from broker.quorum.outbox import Outbox
-from broker.quorum.voters import VoterSet, VoterSetHistory, voter_sets_in
-from protocol import messages as m
-from storage.batch import CorruptBatchError, iter_batches
-from storage.epochs import EpochHistory
+from metalog.broker.quorum.outbox import Outbox
+from metalog.broker.quorum.voters import VoterSet, VoterSetHistory, voter_sets_in
+from metalog.protocol import messages as m
+from metalog.storage.batch import CorruptBatchError, iter_batches
+from metalog.storage.epochs import EpochHistory
 
 NO_OFFSET = m.NO_OFFSET
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from broker.tls import TlsFiles, TlsPaths
+from metalog.broker.net.tls import TlsFiles, TlsPaths
 
 ENV_VAR = "METALOG_CLIENT_CONFIG"
 DEFAULT_PATH = os.path.join("run", "cluster", "client.yaml")
@@ -73,7 +73,7 @@ class ClientConfig:
             value = getattr(self, key)
             if value:
                 data[key] = os.path.relpath(value, base)
-        from storage.atomic import atomic_write
+        from metalog.storage.atomic import atomic_write
 
         atomic_write(path, yaml.safe_dump(data, sort_keys=False).encode())
 

@@ -6,12 +6,12 @@
   log and the digest to its end and hands the state to the controller, or
   rolls back cleanly (the partial is deleted, the log kept) and hands back
   the ``SnapshotInstallFailed`` event the core must see next.
-* Our own snapshots: after records are applied, ``broker.snapshot_policy``
+* Our own snapshots: after records are applied, ``metalog.broker.server.snapshot_policy``
   says whether one is due; one at a time, fed to the core as
   ``SnapshotCreated`` once durable. ``storage.snapshot_generation`` says how:
   ``fork`` (default) writes it in a child process whose memory is the state
-  at that instant (broker/snapshot_fork.py); ``thread`` copies the state a
-  slice at a time on the loop (broker/state_copy.py) and writes the copy on
+  at that instant (broker/server/snapshot_fork.py); ``thread`` copies the state a
+  slice at a time on the loop (broker/controller/state_copy.py) and writes the copy on
   a worker thread, which shares the GIL with the loop.
 """
 
@@ -21,19 +21,19 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Callable
 
-from broker.controller import SnapshotLoader, SnapshotLoadError, load_snapshot, write_controller_snapshot
-from broker.quorum import api as qa
-from broker.quorum.voters import voters_record
-from broker.snapshot_fork import ForkedWrite, fork_available
-from broker.snapshot_policy import SnapshotPolicy
-from broker.state_copy import IncrementalCopy
-from protocol import messages as m
-from storage import batch as sb
-from storage.errors import StorageError
-from storage.snapshot import CorruptSnapshotError, PartialSnapshot, generation_part_path, verify_snapshot_file
+from metalog.broker.controller.state import SnapshotLoader, SnapshotLoadError, load_snapshot, write_controller_snapshot
+from metalog.broker.quorum import api as qa
+from metalog.broker.quorum.voters import voters_record
+from metalog.broker.server.snapshot_fork import ForkedWrite, fork_available
+from metalog.broker.server.snapshot_policy import SnapshotPolicy
+from metalog.broker.controller.state_copy import IncrementalCopy
+from metalog.protocol import messages as m
+from metalog.storage import batch as sb
+from metalog.storage.errors import StorageError
+from metalog.storage.snapshot import CorruptSnapshotError, PartialSnapshot, generation_part_path, verify_snapshot_file
 
 if TYPE_CHECKING:  # the runtime imports this module: no cycle at run time
-    from broker.runtime import Broker
+    from metalog.broker.server.runtime import Broker
 
 
 class SnapshotWork:
@@ -41,7 +41,7 @@ class SnapshotWork:
                  feed: Callable[[qa.Event], None], generation: str = "fork", cpu_share: float = 1.0):
         assert generation in ("fork", "thread"), generation
         assert 0.0 < cpu_share <= 1.0, cpu_share
-        self.cpu_share = cpu_share  # of one CPU, for the writer (broker.controller._paced)
+        self.cpu_share = cpu_share  # of one CPU, for the writer (metalog.broker.controller.state._paced)
         self.broker = broker  # its log, snapshot store, digest, controller, core, metrics and logger
         self.policy = SnapshotPolicy(min_records)
         self._now_ms = now_ms

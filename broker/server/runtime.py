@@ -1,10 +1,10 @@
 """The asyncio broker: a thin driver around the pure quorum core.
 
-Everything that decides anything lives in ``broker.quorum.core``. This module
+Everything that decides anything lives in ``metalog.broker.quorum.core``. This module
 only moves bytes and time: it feeds the core events (requests from the wire,
 responses from peers, ticks, flush completions, client appends) and executes
 the actions the core returns, in order, following the rules in
-``broker.quorum.api``:
+``metalog.broker.quorum.api``:
 
     persist (quorum-state fsync, append, truncate)  ->  send / respond  ->
     flush (async, group commit)  ->  apply committed records to the controller
@@ -19,13 +19,13 @@ appended at the end of the loop turn they arrived in; while a flush runs
 they wait and become one batch when it completes (or after
 ``append_linger_ms`` if that is set above 0).
 
-The binary protocol is served by ``broker.net``; the HTTP admin API by
-``broker.admin``. The parts that are not driving the core live beside it:
-group commit's policy in ``storage.group_commit``, controller commands in
-``broker.controller_commands``, snapshot timing in ``broker.snapshot_policy``
-(downloads and writing in ``broker.snapshot_io``), boot-time recovery of the
-data dir in ``broker.local_state``, the authorization gate in ``broker.gate``
-and the leader's consistency check in ``broker.consistency_check``.
+The binary protocol is served by ``metalog.broker.net.server``; the HTTP admin API by
+``metalog.broker.server.admin``. The parts that are not driving the core live beside it:
+group commit's policy in ``metalog.storage.group_commit``, controller commands in
+``metalog.broker.controller.commands``, snapshot timing in ``metalog.broker.server.snapshot_policy``
+(downloads and writing in ``metalog.broker.server.snapshot_work``), boot-time recovery of the
+data dir in ``metalog.broker.server.recovery``, the authorization gate in ``metalog.broker.server.gate``
+and the leader's consistency check in ``metalog.broker.server.consistency_check``.
 
 Fail-stop (issue 12): whatever this process cannot go on from safely -- an
 invariant breach the core reports, a failed append or fsync, an error
@@ -49,36 +49,39 @@ from typing import Any
 
 import msgspec
 
-from broker import authz, commit_trace, consistency
-from broker.clocks import SystemClock, now_ms, wall_clock_ms
-from broker.config import BrokerConfig
-from broker.consistency import LogDigest
-from broker.consistency_check import ConsistencyChecker
-from broker.controller_commands import CommandQueue, CommandToken, LeaderView
-from broker.gate import Gate
-from broker.gc_watch import GcWatch
-from broker.idempotence import ProducerGuard, ProducerIdAllocator, refusal, split_by_producer, validate_produce
-from broker.local_state import no_copy_message, recover_local_state
-from broker.metrics import IDLE_SAMPLE_S, BrokerMetrics, RaftView
-from broker.net import Connection, ListenerLimits, NetError, PeerPool, Server, serve
-from broker.quorum import api as qa
-from broker.quorum.answers import api_versions_response, check_cluster_id
-from broker.quorum.core import QuorumCore
-from broker.quorum.env import Environment
-from broker.snapshot_io import SnapshotWork
-from broker.tls import INSECURE_DETAIL
-from protocol import messages as m
-from protocol.apis import APIS, REQUEST_API_KEY, ApiKey
-from protocol.codec import ProtocolError
-from protocol.errors import Errors
-from storage.batch import CorruptBatchError
-from storage.epochs import EpochHistory, write_checkpoint
-from storage.errors import CorruptionReport, LogWriteError, StorageError
-from storage.group_commit import Arm, GroupCommit
-from storage.producer_state import Check, Verdict
-from storage.log import SegmentedLog
-from storage.scrub import Scrubber
-from storage.snapshot import SnapshotStore
+from metalog.broker.controller import acl as authz
+from metalog.broker.server import commit_trace
+from metalog.broker.server import consistency
+from metalog.broker.server.clocks import SystemClock, now_ms, wall_clock_ms
+from metalog.broker.server.config import BrokerConfig
+from metalog.broker.server.consistency import LogDigest
+from metalog.broker.server.consistency_check import ConsistencyChecker
+from metalog.broker.controller.commands import CommandQueue, CommandToken, LeaderView
+from metalog.broker.server.gate import Gate
+from metalog.broker.server.gc_watch import GcWatch
+from metalog.broker.server.idempotence import ProducerGuard, ProducerIdAllocator, refusal, split_by_producer, validate_produce
+from metalog.broker.server.recovery import no_copy_message, recover_local_state
+from metalog.broker.server.metrics import IDLE_SAMPLE_S, BrokerMetrics, RaftView
+from metalog.broker.net.channel import NetError, PeerPool
+from metalog.broker.net.server import Connection, ListenerLimits, Server, serve
+from metalog.broker.quorum import api as qa
+from metalog.broker.quorum.answers import api_versions_response, check_cluster_id
+from metalog.broker.quorum.core import QuorumCore
+from metalog.broker.quorum.env import Environment
+from metalog.broker.server.snapshot_work import SnapshotWork
+from metalog.broker.net.tls import INSECURE_DETAIL
+from metalog.protocol import messages as m
+from metalog.protocol.apis import APIS, REQUEST_API_KEY, ApiKey
+from metalog.protocol.codec import ProtocolError
+from metalog.protocol.errors import Errors
+from metalog.storage.batch import CorruptBatchError
+from metalog.storage.epochs import EpochHistory, write_checkpoint
+from metalog.storage.errors import CorruptionReport, LogWriteError, StorageError
+from metalog.storage.group_commit import Arm, GroupCommit
+from metalog.storage.producer_state import Check, Verdict
+from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.scrub import Scrubber
+from metalog.storage.snapshot import SnapshotStore
 
 PARTITION_DIR = "__cluster_metadata-0"
 APPLY_BYTES_PER_STEP = 4 << 20  # bound the committed bytes applied per loop turn
@@ -151,7 +154,7 @@ class Broker:
         # the connections' in-flight limits): answered KAFKA_STORAGE_ERROR if
         # the disk fails before the core acknowledges them.
         self._unanswered_produce: set = set()
-        # Idempotent produce (broker.idempotence): the producer state at the log
+        # Idempotent produce (metalog.broker.server.idempotence): the producer state at the log
         # end, the queued idempotent requests by token (each becomes its own
         # batch), and the producer ids this node hands out while it leads.
         self.producers = ProducerGuard(cfg.storage.producer_id_expiration_ms)
@@ -164,15 +167,15 @@ class Broker:
         self.stopped = asyncio.Event()
         self.server: Server | None = None
         self.admin_runner = None
-        self.tls: Any = None  # broker.tls.TlsFiles, None in insecure mode
+        self.tls: Any = None  # metalog.broker.net.tls.TlsFiles, None in insecure mode
         # Authorization is on exactly when TLS is: without TLS every peer is
         # ANONYMOUS and no identity can be checked (insecure mode, opt-in).
         self.authz_enabled = cfg.tls_enabled
         self.super_users = frozenset(cfg.security.super_users)
         self.gate: Gate | None = None  # built at start, from authz_enabled then
-        self.admin_denials_logged: set[tuple] = set()  # see broker.admin
+        self.admin_denials_logged: set[tuple] = set()  # see metalog.broker.server.admin
         # Commit-path timestamps for `metalog bench --profile-commit`; None
-        # (nothing recorded) unless the bench turned it on (broker.commit_trace).
+        # (nothing recorded) unless the bench turned it on (metalog.broker.server.commit_trace).
         self.trace = commit_trace.from_env(cfg.node_id)
         self._trace_fetchers: dict[Any, int] = {}  # parked/served Fetch token -> replica id (trace only)
 
@@ -203,7 +206,7 @@ class Broker:
         self.metrics.bind_raft_view(self._raft_view)
         self._sample_loop_idle()
         if cfg.tls_enabled:
-            from broker.tls import TlsFiles
+            from metalog.broker.net.tls import TlsFiles
 
             # Raises TlsConfigError (a ValueError: "refusing to start") for unreadable or mismatched files.
             self.tls = TlsFiles(cfg.tls_paths(), check_interval_s=cfg.security.ssl_reload_check_ms / 1000,
@@ -221,7 +224,7 @@ class Broker:
         )
         self._react_to_boot_corruption()
         if self.fatal is not None:
-            return  # no other copy of the damaged data: broker.main exits (the fatal event is logged)
+            return  # no other copy of the damaged data: metalog.broker.server.main exits (the fatal event is logged)
         ep = cfg.listen_endpoint()
         limits = ListenerLimits(
             ssl_handshake_timeout_ms=cfg.security.ssl_handshake_timeout_ms,
@@ -236,7 +239,7 @@ class Broker:
                                   max_frame_bytes=cfg.network.max_frame_bytes, logger=self.log, tls=self.tls,
                                   limits=limits)
         if cfg.admin_endpoint() is not None:
-            from broker.admin import start_admin
+            from metalog.broker.server.admin import start_admin
 
             self.admin_runner = await start_admin(self, cfg.admin_endpoint())
         if not self.authz_enabled:
@@ -450,7 +453,7 @@ class Broker:
             self._step(event)
 
     def _fatal(self, cause: str, reason: str, exc: BaseException | None = None, **fields) -> None:
-        """Fail-stop: ONE structured `fatal` event, then exit code 4 (broker.main).
+        """Fail-stop: ONE structured `fatal` event, then exit code 4 (metalog.broker.server.main).
         Later failures while stopping add nothing: the first cause is the story."""
         if self.fatal is not None:
             return
@@ -678,7 +681,7 @@ class Broker:
             unknown_voter_connections=sum(1 for v in core.config.voters if v != self.cfg.node_id and v not in known))
 
     def _sample_loop_idle(self) -> None:
-        """Sample the loop thread's CPU time for poll-idle-ratio-avg (broker.metrics)."""
+        """Sample the loop thread's CPU time for poll-idle-ratio-avg (metalog.broker.server.metrics)."""
         self.metrics.loop_idle.sample()
         if not self._stopping:
             self._idle_timer = asyncio.get_running_loop().call_later(IDLE_SAMPLE_S, self._sample_loop_idle)
@@ -972,7 +975,7 @@ class Broker:
         return nodes
 
     def metadata_response(self) -> m.MetadataResponse:
-        # Built by the core (broker.quorum.answers), with our voters' endpoints:
+        # Built by the core (metalog.broker.quorum.answers), with our voters' endpoints:
         # the config's, then (KIP-853) the log's voter set's, then where our
         # leader said it listens -- a voter added online is in no config.
         endpoints = {nid: (ep.host, ep.port) for nid, ep in self.voters.items()}
@@ -1122,7 +1125,7 @@ class Broker:
             self.controller.state.producers.expire(now)
 
     def _init_producer_id(self, conn: Connection, correlation_id: int) -> None:
-        """InitProducerId: a new id from this leader's epoch (broker.idempotence)."""
+        """InitProducerId: a new id from this leader's epoch (metalog.broker.server.idempotence)."""
         core = self.core
         if not core.is_leader:
             conn.send_response(correlation_id, m.InitProducerIdResponse(

@@ -31,8 +31,8 @@ from typing import Iterable
 
 import crc32c
 
-from protocol import messages as m
-from storage.batch import BatchHeader, iter_batches
+from metalog.protocol import messages as m
+from metalog.storage.batch import BatchHeader, iter_batches
 
 ENTRY = struct.Struct(">qqiI")  # base offset, next offset, leader epoch, batch CRC-32C
 BUILD_CHUNK_BYTES = 8 << 20  # bound on what one read of the boot-time build holds
@@ -153,7 +153,7 @@ class LogDigest:
         start = max(req.start_offset, self.first_base)
         end = min(req.end_offset, self.end_offset)
         if start >= end or not self.boundary(start) or not self.boundary(end):
-            from protocol.errors import Errors
+            from metalog.protocol.errors import Errors
 
             return m.ConsistencyCheckResponse(
                 error_code=Errors.OFFSET_OUT_OF_RANGE,

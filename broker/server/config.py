@@ -2,9 +2,9 @@
 
 Every setting is declared once, in its section's class, with its unit in the
 name, its default, a one-line description and its range
-(``broker.quorum.settings.setting``); cross-field rules live in the section's
+(``metalog.broker.quorum.settings.setting``); cross-field rules live in the section's
 ``validate``. ``--help-config`` and docs/config.md are generated from the
-same declarations (``python -m broker.config --markdown``).
+same declarations (``python -m metalog.broker.server.config --markdown``).
 
 Sections: the top level (node identity, addresses, logging), ``quorum``
 (``QuorumConfig``, handed to the core as is), ``storage``, ``network`` and
@@ -40,9 +40,9 @@ from typing import Any
 import msgspec
 import yaml
 
-from broker.principal import Principal
-from broker.quorum.api import QuorumConfig
-from broker.quorum.settings import SettingSpec, check_settings, setting, setting_fields
+from metalog.broker.net.principal import Principal
+from metalog.broker.quorum.api import QuorumConfig
+from metalog.broker.quorum.settings import SettingSpec, check_settings, setting, setting_fields
 
 
 class ConfigError(ValueError):
@@ -140,7 +140,7 @@ class SecurityConfig:
     ssl_reload_check_ms: int = setting(1000, "how often the certificate files' mtimes are checked for rotation",
                                        gt=0)
     ssl_handshake_timeout_ms: int = setting(5000, "a TLS handshake not done by then is cut", gt=0)
-    # They never bypass replica identity binding: see broker/authz.py.
+    # They never bypass replica identity binding: see broker/controller/acl.py.
     super_users: list[str] = setting(
         default_factory=list, doc="principals (User:admin, Node:1) that bypass ACLs (Kafka's super.users)")
 
@@ -208,7 +208,7 @@ class BrokerConfig:
         return self.security.tls_enabled
 
     def tls_paths(self):
-        from broker.tls import TlsPaths
+        from metalog.broker.net.tls import TlsPaths
 
         s = self.security
         assert s.tls_enabled and s.ssl_ca_file and s.ssl_cert_file and s.ssl_key_file
@@ -485,8 +485,8 @@ def help_text() -> str:
 
 def markdown() -> str:
     out = ["# Broker configuration (broker.yaml)", "",
-           "Generated from the setting declarations in `broker/config.py` and `broker/quorum/api.py` "
-           "by `python -m broker.config --markdown > docs/config.md` (a test checks it is up to date); "
+           "Generated from the setting declarations in `broker/server/config.py` and `broker/quorum/api.py` "
+           "by `python -m metalog.broker.server.config --markdown > docs/config.md` (a test checks it is up to date); "
            "`metalog broker --help-config` prints the same table.", "",
            "Keys may be given flat (`election_timeout_ms: 1000`, the historical form) or nested in "
            "their section (`quorum: {election_timeout_ms: 1000}`); `--set` takes either spelling "

@@ -37,7 +37,7 @@ from itertools import repeat
 from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from storage import metadata_records as r
+from metalog.storage import metadata_records as r
 
 _EMPTY: Mapping[int, Any] = MappingProxyType({})  # an unknown topic's partitions: read only
 _MISSING = object()

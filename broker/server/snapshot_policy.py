@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from protocol import messages as m
+from metalog.protocol import messages as m
 
 
 class SnapshotPolicy:

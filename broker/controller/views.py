@@ -10,9 +10,9 @@ and configs, listings are pages in a stable order with a ``next`` cursor
 Every page is at most PAGE_LIMIT_MAX items, and so is every list inside an
 answer (a topic's or a broker's configs: the rest through /metadata/configs).
 
-Pure functions over a ``ControllerState`` (broker/controller.py), which keeps
+Pure functions over a ``ControllerState`` (broker/controller/state.py), which keeps
 the indexes they need, maintained as records are applied: each topic's
-partition ids (broker/partition_ids.py), each resource's config names, the
+partition ids (broker/controller/partition_ids.py), each resource's config names, the
 topic names and ACL ids, each sorted. A page costs O(log n + its items).
 
 A view's partitions are ``PartitionView`` structs, not dicts: ``encode``
@@ -28,8 +28,8 @@ from typing import Any
 
 import msgspec
 
-from broker import authz
-from storage import metadata_records as r
+from metalog.broker.controller import acl as authz
+from metalog.storage import metadata_records as r
 
 PAGE_LIMIT_DEFAULT = 100
 PAGE_LIMIT_MAX = 1000

@@ -1,0 +1,1 @@
+"""The network: the request server, outbound peer channels, TLS, principals and back-off."""
