@@ -1,8 +1,8 @@
-"""The documented command lines keep working after tools/ was grouped by job:
-the console script's module, ``python -m metalog.tools.cli``, and the old module and
-script paths that README and docs name (thin shims that forward to the new
-modules). Each is run with --help in a fresh interpreter from the repo root;
-a broken shim would exit non-zero with an ImportError on stderr."""
+"""The documented command lines work: the console script's module
+(``python -m metalog.tools.cli``), the benches and the simulator as modules
+of the ``metalog`` namespace, and the Spark job as a script for spark-submit.
+Each is run with --help in a fresh interpreter from the repo root; a broken
+entry point exits non-zero with an ImportError on stderr."""
 
 from __future__ import annotations
 
@@ -17,11 +17,10 @@ ENTRY_POINTS = [
     (["-m", "metalog.tools.cli", "--help"], "usage: metalog"),
     (["-m", "metalog.tools.simulate", "--help"], "--seeds"),
     (["-m", "metalog.tools.bench", "--help"], "usage: metalog bench"),
-    (["-m", "metalog.tools.bench_storage", "--help"], "--recovery-bytes"),
-    (["-m", "metalog.tools.bench_snapshot", "--help"], "--records"),
-    (["-m", "metalog.tools.bench_hostile", "--help"], "--hostile"),
-    (["tools/bench_spark.py", "--help"], "--records"),
-    (["tools/spark_job.py", "--help"], "{snapshot,audit,sql,package}"),
+    (["-m", "metalog.tools.bench.storage_engine", "--help"], "--recovery-bytes"),
+    (["-m", "metalog.tools.bench.snapshot", "--help"], "--records"),
+    (["-m", "metalog.tools.bench.hostile", "--help"], "--hostile"),
+    (["-m", "metalog.tools.bench.spark", "--help"], "--records"),
     (["tools/spark/job.py", "--help"], "{snapshot,audit,sql,package}"),
 ]
 

@@ -3,8 +3,6 @@
     .venv/bin/python -m metalog.tools.bench.spark                      # 10,000,000 records
     .venv/bin/python -m metalog.tools.bench.spark --records 1000000 --master 'local[2]'
 
-(``python tools/bench_spark.py ...``, the older spelling, does the same.)
-
 Generates one broker data dir once (kept in --dir and reused when the record
 count matches): 100 brokers, 1000 topics x 10 partitions, then a stream of
 mostly PartitionChange and Config records with broker fences/unfences mixed

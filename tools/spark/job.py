@@ -1690,7 +1690,7 @@ def register_cli(subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="spark_job.py")
+    parser = argparse.ArgumentParser(prog="metalog spark")
     register_cli(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["spark"] + list(sys.argv[1:] if argv is None else argv))
     return args.func(args)
