@@ -1,5 +1,12 @@
 """The async Python client of a metalog cluster: produce, consume, metadata.
 
+The shortest way in reads the client config that ``metalog cluster up``
+writes (the same search as the CLI: ``$METALOG_CLIENT_CONFIG``, else
+``./run/cluster/client.yaml``)::
+
+    client = MetalogClient.from_config()
+    offset, epoch = await client.produce([b"hello"])
+
 ``MetalogClient`` finds the cluster from a bootstrap list (MetadataRequest to
 any reachable node), tracks the leader (from Metadata answers and from the
 ``current_leader`` hint carried by NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH
@@ -20,31 +27,14 @@ reuses its sequence, so the leader answers a retry of an already appended
 request with the original offset instead of appending it again: a produce
 call that returns was stored exactly once. See docs/client.md.
 
-``Consumer`` (``client.consumer(reset_policy)``) reads committed records with
-Fetch (replica_id = CONSUMER_REPLICA_ID) and detects log truncation as KIP-320
-asks of consumers:
+``client.consumer(reset_policy)`` reads records (``metalog.broker.client.consumer``);
+what the client raises is in ``metalog.broker.client.errors``.
 
-* it remembers the leader epoch of the last record it consumed;
-* after a leader change (a new leader epoch seen in metadata or in a hint, a
-  FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH answer) or after ``seek(offset,
-  epoch)``, it asks the leader OffsetsForLeaderEpoch(last consumed epoch)
-  before fetching again; a Fetch answer carrying ``diverging_epoch`` is the
-  same answer delivered early;
-* if the leader's end offset for that epoch is below the consumer's position,
-  the records from that end offset on were truncated: with reset_policy
-  "none" ``poll`` raises ``LogTruncationError(first_diverging_offset, epoch)``
-  (and keeps raising until the user seeks); with "earliest" or "latest" the
-  consumer resets precisely to that end offset (KIP-320's precise auto-reset;
-  the policy name only matters when there is no position at all).
-* an undefined answer (the leader knows no epoch <= ours) or
-  OFFSET_OUT_OF_RANGE is out of range: "none" raises OffsetOutOfRangeError,
-  the others reset to the earliest / latest offset via ListOffsets.
-
-Every batch received is checked (Kafka's ``check.crcs``: header, length, CRC-32C)
-before any record of it is handed out. A damaged batch raises
-``CorruptRecordError`` naming the offset, the epoch and the broker that sent
-it; the records before it in the same answer are returned first, and the
-position stays at the damaged batch (the next poll raises). Never a silent stop.
+Logging: a library is silent. Without a logger argument the client logs
+through ``metalog.broker.net.library_logging``: to structlog if the
+application configured it (the broker's tools do), else to the standard
+``logging`` logger ``metalog.client``, which prints nothing unless the
+application configures logging.
 """
 
 from __future__ import annotations
@@ -54,123 +44,32 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-import structlog
-
+from metalog.broker.client.config import ClientConfigError, find_client_config
+from metalog.broker.client.consumer import Consumer
+from metalog.broker.client.errors import (
+    AUTHORIZATION_ERRORS,
+    LEADER_ERRORS,
+    RETRIABLE,
+    AuthorizationError,
+    ClusterUnavailable,
+    MetalogError,
+    TlsFailure,
+    error_for,
+)
+from metalog.broker.client.request_size import REQUEST_OVERHEAD_BYTES, split_records
 from metalog.broker.net.backoff import Backoff
 from metalog.broker.net.channel import ConnectionLost, NetError, Overloaded, PeerChannel, RequestTimeout, TlsHandshakeError
+from metalog.broker.net.library_logging import library_logger
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
 from metalog.protocol.errors import Errors, error_name
-from metalog.storage.batch import HEADER_SIZE, CorruptBatchError, decode_header, decode_records, verify_crc
+from metalog.protocol.invariants import InvariantViolation
 
 NO_EPOCH = m.NO_EPOCH
 # Slack on top of a server-side wait (fetch long poll) before the client gives
 # up on the answer.
 NETWORK_SLACK_MS = 1000
-# Bytes a record costs in a request besides its value (msgpack framing, generous).
-RECORD_OVERHEAD_BYTES = 16
-# Request framing besides the records (header, cluster id, timeout).
-REQUEST_OVERHEAD_BYTES = 512
 RETRY_BACKOFF_MAX_MS = 2000
-
-# Answers that mean "ask again, maybe elsewhere".
-LEADER_ERRORS = frozenset({
-    Errors.NOT_LEADER_OR_FOLLOWER, Errors.FENCED_LEADER_EPOCH, Errors.UNKNOWN_LEADER_EPOCH,
-    Errors.LEADER_NOT_AVAILABLE, Errors.BROKER_NOT_AVAILABLE,
-})
-RETRIABLE = LEADER_ERRORS | {Errors.REQUEST_TIMED_OUT, Errors.KAFKA_STORAGE_ERROR}
-
-
-class MetalogError(Exception):
-    """An error answer from the cluster, with its Kafka error code."""
-
-    def __init__(self, error_code: int, message: str = ""):
-        self.error_code = error_code
-        self.error_name = error_name(error_code)
-        super().__init__(f"{self.error_name}: {message}" if message else self.error_name)
-
-
-AUTHORIZATION_ERRORS = frozenset({Errors.TOPIC_AUTHORIZATION_FAILED, Errors.CLUSTER_AUTHORIZATION_FAILED})
-
-
-class AuthorizationError(MetalogError):
-    """The cluster refused this principal (TOPIC/CLUSTER_AUTHORIZATION_FAILED):
-    permanent until an admin adds an ACL, so never retried."""
-
-    def __init__(self, error_code: int, message: str = ""):
-        super().__init__(error_code, message)
-        self.args = (message or f"not authorized ({self.error_name})",)
-
-
-def _error(code: int, message: str) -> MetalogError:
-    return AuthorizationError(code, message) if code in AUTHORIZATION_ERRORS else MetalogError(code, message)
-
-
-class CorruptRecordError(MetalogError):
-    """A fetched batch failed verification (Kafka's check.crcs): the broker
-    sent bytes that are not what was written. Names the offset, epoch and broker."""
-
-    def __init__(self, offset: int, epoch: int | None, broker_id: int, broker_address: str,
-                 position: int, reason: str):
-        self.offset = offset
-        self.epoch = epoch
-        self.broker_id = broker_id
-        self.broker_address = broker_address
-        self.position = position
-        self.reason = reason
-        super().__init__(Errors.CORRUPT_MESSAGE,
-                         f"corrupt batch at offset {offset} (epoch {epoch}) from broker {broker_id} "
-                         f"({broker_address}), byte {position} of the fetch answer: {reason}")
-
-
-class ClusterUnavailable(Exception):
-    """No node answered Metadata (or every retry failed)."""
-
-
-class TlsFailure(ClusterUnavailable):
-    """The TLS handshake failed (unknown CA, expired certificate, wrong host name,
-    plaintext/TLS mismatch): retrying would only repeat it, so it is raised at once.
-    The message is one line, e.g. ``TLS handshake with 127.0.0.1:9091 failed: ...``."""
-
-
-class LogTruncationError(Exception):
-    """The leader's log no longer holds records this consumer returned (KIP-320)."""
-
-    def __init__(self, first_diverging_offset: int, epoch: int, position: int):
-        self.first_diverging_offset = first_diverging_offset
-        self.epoch = epoch
-        self.position = position
-        super().__init__(
-            f"log truncated: the leader's log ends epoch {epoch} at offset {first_diverging_offset}, "
-            f"below the consumer position {position}; records from offset {first_diverging_offset} "
-            f"on were not kept. seek() to resume."
-        )
-
-
-class OffsetOutOfRangeError(Exception):
-    def __init__(self, position: int | None, reason: str):
-        self.position = position
-        super().__init__(f"consumer position {position} is out of range: {reason}")
-
-
-class NoOffsetError(Exception):
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumedRecord:
-    offset: int
-    leader_epoch: int
-    value: bytes
-
-
-# The consumer handles fencing and range errors itself (they trigger validation or reset).
-_FETCH_PASSTHROUGH = frozenset({Errors.FENCED_LEADER_EPOCH, Errors.UNKNOWN_LEADER_EPOCH, Errors.OFFSET_OUT_OF_RANGE})
-_FETCH_RETRIABLE = RETRIABLE - _FETCH_PASSTHROUGH
-
-
-class _Revalidate(Exception):
-    """The leader epoch changed under a pending fetch: validate the position first."""
 
 
 @dataclass
@@ -183,6 +82,9 @@ class _Producer:
 
 
 class MetalogClient:
+    """One application's connection to a cluster (see the module docstring);
+    ``MetalogClient.from_config()`` builds one from the client config file."""
+
     def __init__(
         self,
         bootstrap: Iterable[tuple[str, int]],
@@ -232,7 +134,7 @@ class MetalogClient:
         self.max_retries = max_retries
         self.connect_timeout_ms = connect_timeout_ms
         self.client_id = client_id
-        self._log = logger if logger is not None else structlog.get_logger("metalog.client")
+        self._log = logger if logger is not None else library_logger("metalog.client")
         self._channels: dict[tuple[str, int], PeerChannel] = {}
         self._endpoints: dict[int, tuple[str, int]] = {}
         self.leader_id = m.NO_LEADER
@@ -246,6 +148,20 @@ class MetalogClient:
         self.idempotent = idempotent
         self._idle_producers: list[_Producer] = []
         self.producers_initialized = 0
+
+    @classmethod
+    def from_config(cls, path: str | None = None, **options: Any) -> MetalogClient:
+        """A client of the cluster a client config file names (bootstrap,
+        cluster id, TLS files): `path`, else ``$METALOG_CLIENT_CONFIG``, else
+        ``./run/cluster/client.yaml`` (the search the CLI does). `options`:
+        the constructor's keywords (``delivery_timeout_ms=...``). Raises
+        ClientConfigError if no file is found or it is not valid."""
+        config = find_client_config(path)
+        if config is None:
+            raise ClientConfigError(
+                "no client config: pass a path, set $METALOG_CLIENT_CONFIG, or run from the directory where "
+                "`bash run.sh cluster` wrote run/cluster/client.yaml")
+        return cls(config.endpoints(), config.cluster_id, tls=config.tls(), **options)
 
     # -- public calls ------------------------------------------------------
 
@@ -283,24 +199,7 @@ class MetalogClient:
 
     def split_requests(self, records: list[bytes]) -> list[list[bytes]]:
         """Consecutive chunks of `records`, each fitting in max_request_bytes."""
-        budget = self.max_request_bytes - REQUEST_OVERHEAD_BYTES
-        chunks: list[list[bytes]] = []
-        current: list[bytes] = []
-        size = 0
-        for i, value in enumerate(records):
-            cost = len(value) + RECORD_OVERHEAD_BYTES
-            if cost > budget:
-                raise MetalogError(Errors.MESSAGE_TOO_LARGE,
-                                   f"record {i} has {len(value)} bytes; max_request_bytes "
-                                   f"{self.max_request_bytes} fits at most {budget - RECORD_OVERHEAD_BYTES}")
-            if current and size + cost > budget:
-                chunks.append(current)
-                current, size = [], 0
-            current.append(value)
-            size += cost
-        if current:
-            chunks.append(current)
-        return chunks
+        return split_records(records, self.max_request_bytes)
 
     async def produce(self, records: list[bytes]) -> tuple[int, int]:
         """Append `records` and wait for commit; returns (base_offset, leader_epoch)
@@ -333,7 +232,8 @@ class MetalogClient:
                 )
                 if first is None:
                     first = (resp.base_offset, resp.leader_epoch)
-            assert first is not None
+            if first is None:
+                raise InvariantViolation("split_requests made no request of a non-empty list")
             return first
         producer = self._idle_producers.pop() if self._idle_producers else None
         first: tuple[int, int] | None = None
@@ -341,7 +241,8 @@ class MetalogClient:
             producer, resp = await self._produce_chunk(producer, chunk)
             if first is None:
                 first = (resp.base_offset, resp.leader_epoch)
-        assert first is not None and producer is not None
+        if first is None or producer is None:
+            raise InvariantViolation("split_requests made no request of a non-empty list")
         # Only a producer whose every request was answered is used again: after a
         # failure its next sequence could not be judged against the unknown outcome.
         self._idle_producers.append(producer)
@@ -380,7 +281,7 @@ class MetalogClient:
                 return producer, resp
             self._log.info("producer_id_unknown", producer_id=pid, message=resp.error_message)
             producer = None
-        raise AssertionError("unreachable: the second attempt raises or succeeds")
+        raise InvariantViolation("unreachable: the second attempt raises or succeeds")
 
     async def command(self, command: str, **args: Any) -> tuple[int, int]:
         """Run a controller command on the leader (create_topic, delete_topic,
@@ -616,7 +517,7 @@ class MetalogClient:
                 # BROKER_NOT_AVAILABLE with a message is the controller refusing a
                 # command about a broker that is unknown or not live: asking again
                 # cannot change it. Without one, the broker itself is not ready.
-                raise _error(code, message)
+                raise error_for(code, message)
             last_error = MetalogError(code, message)
             if code in LEADER_ERRORS and not self._apply_hint(getattr(resp, "current_leader", None)):
                 if code != Errors.UNKNOWN_LEADER_EPOCH:  # that one: the leader just lags; ask it again
@@ -627,191 +528,3 @@ class MetalogClient:
             f"{api_key.name} failed after {attempts} attempt(s) in {self.delivery_timeout_ms} ms "
             f"(delivery_timeout_ms) or {self.max_retries + 1} attempts (max_retries): {last_error}"
         ) from last_error
-
-
-class Consumer:
-    """Reads committed records in order; see the module docstring for truncation handling."""
-
-    def __init__(self, client: MetalogClient, reset_policy: str = "earliest"):
-        if reset_policy not in ("earliest", "latest", "none"):
-            raise ValueError(f"reset_policy must be 'earliest', 'latest' or 'none', not {reset_policy!r}")
-        self._client = client
-        self.reset_policy = reset_policy
-        self.position: int | None = None  # next offset to return
-        self.last_epoch = NO_EPOCH  # leader epoch of the last consumed record (or of the seek)
-        self._validated_leader_epoch = NO_EPOCH  # leader epoch the position was last checked under
-        self._needs_validation = False
-        self._max_wait_ms = 500  # of the poll in progress, read by _fetch_body
-
-    def seek(self, offset: int, epoch: int = NO_EPOCH) -> None:
-        """Continue at `offset`; with the `epoch` of the record before it, the position is validated first."""
-        if offset < 0:
-            raise ValueError(f"seek offset must be >= 0, not {offset}")
-        self.position = offset
-        self.last_epoch = epoch
-        self._needs_validation = epoch != NO_EPOCH
-
-    async def poll(self, max_wait_ms: int = 500) -> list[ConsumedRecord]:
-        """Records from the position on (possibly none after max_wait_ms); advances the position."""
-        c = self._client
-        for attempt in range(c.max_retries + 1):
-            if attempt:
-                await c._backoff(attempt)
-            if self.position is None:
-                await self._reset()
-            # Validate after every leader change; bounded, each round follows a newer epoch.
-            for _ in range(c.max_retries + 1):
-                if self.last_epoch == NO_EPOCH or not (
-                    self._needs_validation or c.leader_epoch != self._validated_leader_epoch
-                ):
-                    break
-                await self._validate()
-            if self.position is None:
-                continue  # validation found us out of range: reset first
-            resp = await self._fetch_checked(max_wait_ms)
-            if resp is None:
-                continue  # the leader epoch moved while fetching: validate again
-            code = resp.error_code
-            if code in (Errors.FENCED_LEADER_EPOCH, Errors.UNKNOWN_LEADER_EPOCH):
-                if not c._apply_hint(resp.current_leader) and code == Errors.FENCED_LEADER_EPOCH:
-                    c.leader_id = m.NO_LEADER
-                self._needs_validation = True
-                continue
-            if code == Errors.OFFSET_OUT_OF_RANGE:
-                self._out_of_range("the leader answered OFFSET_OUT_OF_RANGE")
-                continue
-            if code != Errors.NONE:
-                raise _error(code, resp.error_message or "")
-            if resp.diverging_epoch is not None:
-                d = resp.diverging_epoch
-                if d.end_offset < self.position:
-                    self._truncated(d.end_offset, d.epoch)
-                else:
-                    self._needs_validation = True
-                continue
-            if resp.snapshot_id is not None:
-                self._out_of_range(f"offset below the log start (snapshot {resp.snapshot_id})")
-                continue
-            return self._take(resp)
-        raise ClusterUnavailable(f"poll gave up after {c.max_retries + 1} attempts")
-
-    # -- internals -----------------------------------------------------------
-
-    def _fetch_body(self) -> m.FetchRequest:
-        c = self._client
-        if self.last_epoch != NO_EPOCH and c.leader_epoch != self._validated_leader_epoch:
-            raise _Revalidate()
-        assert self.position is not None
-        return m.FetchRequest(
-            cluster_id=c.cluster_id, replica_id=m.CONSUMER_REPLICA_ID, max_wait_ms=self._max_wait_ms,
-            current_leader_epoch=c.leader_epoch, fetch_offset=self.position,
-            last_fetched_epoch=self.last_epoch,
-        )
-
-    async def _fetch_checked(self, max_wait_ms: int) -> m.FetchResponse | None:
-        self._max_wait_ms = max_wait_ms
-        try:
-            return await self._client._leader_request(
-                ApiKey.FETCH, self._fetch_body, max_wait_ms + self._client.request_timeout_ms,
-                retriable=_FETCH_RETRIABLE, passthrough=_FETCH_PASSTHROUGH,
-            )
-        except _Revalidate:
-            return None
-
-    def _take(self, resp: m.FetchResponse) -> list[ConsumedRecord]:
-        assert self.position is not None
-        hw = resp.high_watermark
-        out: list[ConsumedRecord] = []
-        records = resp.records
-        view = memoryview(records)
-        pos = 0
-        while pos < len(view):
-            try:
-                h = self._checked_header(view, pos)
-            except CorruptRecordError:
-                if out:
-                    return out  # the good records first; the next poll raises
-                raise
-            batch_pos, pos = pos, pos + h.size
-            if h.next_offset <= self.position:
-                continue
-            if hw != m.NO_OFFSET and h.base_offset >= hw:
-                break  # never hand out an uncommitted record, whatever the server sent
-            if h.base_offset > self.position:
-                # A gap would silently skip records: a server bug, never papered over.
-                raise MetalogError(Errors.CORRUPT_MESSAGE,
-                                   f"fetch at offset {self.position} answered from offset {h.base_offset}")
-            end = h.next_offset if hw == m.NO_OFFSET else min(h.next_offset, hw)
-            if not h.is_control:
-                values = decode_records(view[batch_pos:batch_pos + h.size], h)
-                for off in range(max(self.position, h.base_offset), end):
-                    out.append(ConsumedRecord(off, h.leader_epoch, values[off - h.base_offset]))
-            self.position = end
-            self.last_epoch = h.leader_epoch
-        return out
-
-    def _checked_header(self, view: memoryview, pos: int):
-        """The header of the batch at `pos`, after checking it is whole and its CRC."""
-        try:
-            left = len(view) - pos
-            if left < HEADER_SIZE:
-                raise CorruptBatchError(f"{left} trailing bytes, fewer than a batch header", pos)
-            h = decode_header(view, pos)
-            if h.size > left:
-                raise CorruptBatchError(f"batch of {h.size} bytes but only {left} in the answer", pos,
-                                        h.base_offset, leader_epoch=h.leader_epoch)
-            verify_crc(view, pos, h)
-            return h
-        except CorruptBatchError as exc:
-            broker_id, address = self._client.answered_by
-            offset = exc.base_offset if exc.base_offset is not None else self.position
-            raise CorruptRecordError(offset, exc.leader_epoch, broker_id, address, pos, str(exc)) from None
-
-    async def _reset(self) -> None:
-        if self.reset_policy == "none":
-            raise NoOffsetError("consumer has no position and reset_policy='none': call seek() first")
-        ts = m.LIST_OFFSETS_EARLIEST if self.reset_policy == "earliest" else m.LIST_OFFSETS_LATEST
-        resp = await self._client.list_offsets(ts)
-        self.position = resp.offset
-        self.last_epoch = resp.leader_epoch
-        self._validated_leader_epoch = self._client.leader_epoch
-        self._needs_validation = False
-
-    async def _validate(self) -> None:
-        c = self._client
-        used_epoch = NO_EPOCH
-
-        def body() -> m.OffsetsForLeaderEpochRequest:
-            nonlocal used_epoch
-            used_epoch = c.leader_epoch
-            return m.OffsetsForLeaderEpochRequest(
-                cluster_id=c.cluster_id, replica_id=m.CONSUMER_REPLICA_ID,
-                current_leader_epoch=used_epoch, leader_epoch=self.last_epoch,
-            )
-
-        resp = await c._leader_request(ApiKey.OFFSET_FOR_LEADER_EPOCH, body, c.request_timeout_ms)
-        assert self.position is not None
-        if resp.end_offset == m.NO_OFFSET or resp.leader_epoch == NO_EPOCH:
-            self._out_of_range(f"the leader knows no epoch <= {self.last_epoch}")
-        elif resp.end_offset < self.position:
-            self._truncated(resp.end_offset, resp.leader_epoch)
-        self._validated_leader_epoch = used_epoch
-        self._needs_validation = False
-
-    def _truncated(self, end_offset: int, epoch: int) -> None:
-        assert self.position is not None
-        self._client._log.warning("log_truncation_detected", position=self.position,
-                                  diverging_offset=end_offset, epoch=epoch, reset_policy=self.reset_policy)
-        if self.reset_policy == "none":
-            self._needs_validation = True  # keep raising until the user seeks
-            raise LogTruncationError(end_offset, epoch, self.position)
-        self.position = end_offset
-        self.last_epoch = epoch
-
-    def _out_of_range(self, reason: str) -> None:
-        if self.reset_policy == "none":
-            raise OffsetOutOfRangeError(self.position, reason)
-        self._client._log.warning("offset_out_of_range", position=self.position, reason=reason,
-                                  reset_policy=self.reset_policy)
-        self.position = None
-        self.last_epoch = NO_EPOCH

@@ -10,9 +10,11 @@
     ssl_cert_file: certs/admin.crt
     ssl_key_file: certs/admin.key
 
-The CLI takes the first of: ``--client-config FILE``, ``$METALOG_CLIENT_CONFIG``,
-``run/cluster/client.yaml`` under the current directory (the local cluster of
-``bash run.sh cluster``). Explicit ``--bootstrap`` / ``--cluster-id`` flags
+Where a client looks for it (``find_client_config``): the file it is given,
+else ``$METALOG_CLIENT_CONFIG``, else ``run/cluster/client.yaml`` under the
+current directory (the local cluster of ``bash run.sh cluster``). The CLI
+gives it ``--client-config FILE``; ``MetalogClient.from_config(path=None)``
+its `path`. The CLI's explicit ``--bootstrap`` / ``--cluster-id`` flags
 override the file's values.
 """
 
@@ -60,7 +62,10 @@ class ClientConfig:
         """The client's TLS files (reloaded when they change), None in PLAINTEXT mode."""
         if self.security_protocol == "PLAINTEXT":
             return None
-        assert self.ssl_ca_file and self.ssl_cert_file and self.ssl_key_file
+        if not (self.ssl_ca_file and self.ssl_cert_file and self.ssl_key_file):
+            missing = [k for k in ("ssl_ca_file", "ssl_cert_file", "ssl_key_file") if not getattr(self, k)]
+            raise ClientConfigError(f"client config {self.path or '(not from a file)'}: security_protocol "
+                                    f"{self.security_protocol} needs {', '.join(missing)}")
         return TlsFiles(TlsPaths(self.ssl_ca_file, self.ssl_cert_file, self.ssl_key_file))
 
     def write(self, path: str) -> None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol
 
+from metalog.protocol.invariants import invariant
+
 MAX_DOUBLINGS = 30  # 2**30 * base exceeds any cap: stops the power from growing without bound
 
 
@@ -30,12 +32,14 @@ class Backoff:
     jitter: float = 0.2  # ±20%, as Kafka's clients
 
     def __post_init__(self) -> None:
-        assert 0 <= self.base_ms <= self.max_ms, f"back-off needs 0 <= base_ms <= max_ms, got {self}"
-        assert 0 <= self.jitter < 1, f"jitter must be in [0, 1), got {self.jitter}"
+        if not 0 <= self.base_ms <= self.max_ms:
+            raise ValueError(f"back-off needs 0 <= base_ms <= max_ms, got {self}")
+        if not 0 <= self.jitter < 1:
+            raise ValueError(f"jitter must be in [0, 1), got {self.jitter}")
 
     def delay_ms(self, attempt: int, rng: RandomSource) -> float:
         """How long to wait before retry number `attempt` (1 = the first retry)."""
-        assert attempt >= 1, f"attempt counts from 1, got {attempt}"
+        invariant(attempt >= 1, "attempt counts from 1, got %d", attempt)
         capped = min(self.base_ms * 2 ** min(attempt - 1, MAX_DOUBLINGS), self.max_ms)
         if not self.jitter:
             return capped

@@ -19,14 +19,14 @@ import ssl
 from collections.abc import Coroutine
 from typing import Any
 
-import structlog
-
 from metalog.broker.net.backoff import Backoff
+from metalog.broker.net.library_logging import library_logger
 from metalog.broker.net.server import DEFAULT_WRITE_HIGH_WATER_BYTES
 from metalog.protocol import codec
 from metalog.protocol import messages as m
 from metalog.protocol.apis import APIS
 from metalog.protocol.codec import NEED_DATA
+from metalog.protocol.invariants import InvariantViolation
 
 _MAX_CORRELATION_ID = (1 << 31) - 1
 
@@ -93,7 +93,8 @@ class _ClientProtocol(asyncio.Protocol):
             ch._log.warning("bad_response_stream", peer=ch.peer, error=type(exc).__name__,
                             detail=str(exc), action="close")
             self.lost = True
-            assert self.transport is not None
+            if self.transport is None:
+                raise InvariantViolation("a frame arrived on a connection without a transport")
             self.transport.abort()
             ch._on_lost(self, f"bad response stream from {ch.peer}: {exc}")
 
@@ -155,7 +156,9 @@ class PeerChannel:
         tls: Any = None,
         server_hostname: str | None = None,
     ):
-        assert max_queued_requests > 0 and connect_timeout_ms > 0
+        if max_queued_requests <= 0 or connect_timeout_ms <= 0:
+            raise ValueError(f"need max_queued_requests > 0 and connect_timeout_ms > 0, got "
+                             f"{max_queued_requests} and {connect_timeout_ms}")
         # tls: a metalog.broker.net.tls.TlsFiles (its client context, reloaded on rotation) or an ssl.SSLContext.
         self.tls = tls
         self.server_hostname = server_hostname or host
@@ -169,7 +172,7 @@ class PeerChannel:
         self.reconnect_backoff_max_ms = reconnect_backoff_max_ms
         self._backoff = Backoff(min(reconnect_backoff_ms, reconnect_backoff_max_ms), reconnect_backoff_max_ms)
         self.max_queued_requests = max_queued_requests
-        self._log = logger if logger is not None else structlog.get_logger("metalog.net")
+        self._log = logger if logger is not None else library_logger("metalog.net")
         self._proto: _ClientProtocol | None = None
         self._connecting: asyncio.Future | None = None
         self._failures = 0  # consecutive failed connects / losses, drives the backoff
@@ -252,7 +255,8 @@ class PeerChannel:
                 await self._wait(proto.can_write.wait(), deadline, api_key, timeout_ms)
                 if proto.lost:
                     raise ConnectionLost(f"connection to {self.peer} lost while waiting to write")
-            assert proto.transport is not None
+            if proto.transport is None:
+                raise InvariantViolation(f"connection to {self.peer} made without a transport")
             if proto.lost or proto.transport.is_closing():
                 # Closed under us (reset, closed by the peer) before connection_lost
                 # ran: uvloop would raise RuntimeError on write.

@@ -7,10 +7,9 @@
   answered with an ErrorResponse where the header was readable and closes the
   connection otherwise (see ``metalog.protocol.codec``); either way one structured log
   line, and the server keeps serving everyone else.
-* ``PeerChannel`` is one reusable TCP connection to one peer carrying many
-  concurrent requests, with per-request timeouts, reconnect with exponential
-  backoff, and a bounded number of outstanding requests.
-* ``PeerPool`` maps node ids to channels.
+* The outbound side (``PeerChannel``, one reusable connection to one peer
+  carrying many concurrent requests, and ``PeerPool``) is
+  ``metalog.broker.net.channel``.
 
 Both sides use ``asyncio.Protocol`` (not streams): it gives direct control of
 pause/resume reading for the bounds below and dispatches requests without a
@@ -44,14 +43,13 @@ import ssl
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import structlog
-
+from metalog.broker.net.library_logging import library_logger
 from metalog.broker.net.principal import ANONYMOUS, Principal, principal_from_cert
-
 from metalog.protocol import codec
 from metalog.protocol import messages as m
 from metalog.protocol.codec import NEED_DATA, RequestHeader
 from metalog.protocol.errors import Errors
+from metalog.protocol.invariants import InvariantViolation
 
 Handler = Callable[["Connection", RequestHeader, m.Body], Any]
 
@@ -67,7 +65,8 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, handler: Handler, max_frame_bytes: int, max_inflight: int, logger: Any,
                  listener: "Listener | None" = None):
-        assert max_inflight > 0
+        if max_inflight <= 0:
+            raise ValueError(f"max_inflight must be > 0, got {max_inflight}")
         self._listener = listener
         self.principal: Principal = ANONYMOUS  # set before the first request is dispatched
         self.ready = False  # handshake done (always, without TLS); requests are dispatched only then
@@ -162,7 +161,8 @@ class Connection(asyncio.Protocol):
         self.closed = True
         if self._counted:
             self._counted = False
-            assert self._listener is not None
+            if self._listener is None:
+                raise InvariantViolation("a connection counted without a listener")
             self._listener.release(self)
 
     def data_received(self, data: bytes) -> None:
@@ -182,7 +182,8 @@ class Connection(asyncio.Protocol):
         self._transport = None
         if self._counted:
             self._counted = False
-            assert self._listener is not None
+            if self._listener is None:
+                raise InvariantViolation("a connection counted without a listener")
             self._listener.release(self)
         callbacks, self._close_callbacks = self._close_callbacks, []
         for cb in callbacks:
@@ -205,7 +206,8 @@ class Connection(asyncio.Protocol):
 
     def send_response(self, correlation_id: int, body: m.Body) -> bool:
         """Answer one request. Returns False (and drops the answer) if the connection is gone."""
-        assert self.inflight > 0, "send_response without a request in flight"
+        if self.inflight <= 0:
+            raise InvariantViolation("send_response without a request in flight")
         self.inflight -= 1
         if self.closed or self._transport is None:
             return False
@@ -515,7 +517,7 @@ async def serve(
     mutual TLS; `limits` the connection hygiene (defaults otherwise). The
     listener is ``server.listener``.
     """
-    log = logger if logger is not None else structlog.get_logger("metalog.net")
+    log = logger if logger is not None else library_logger("metalog.net")
     loop = asyncio.get_running_loop()
     listener = Listener(tls, limits or ListenerLimits(), log)
     server = await loop.create_server(

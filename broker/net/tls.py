@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
+from metalog.broker.net.library_logging import library_logger
+from metalog.protocol.invariants import InvariantViolation
 
 # What the broker log and /health say about a PLAINTEXT (insecure) broker.
 INSECURE_DETAIL = ("security_protocol PLAINTEXT: no encryption and no authentication; anyone who can "
@@ -117,7 +118,7 @@ class TlsFiles:
     def __init__(self, paths: TlsPaths, *, check_interval_s: float = 1.0, logger: Any = None):
         self.paths = paths
         self.check_interval_s = check_interval_s
-        self._log = logger if logger is not None else structlog.get_logger("metalog.tls")
+        self._log = logger if logger is not None else library_logger("metalog.tls")
         self._server: ssl.SSLContext | None = None
         self._client: ssl.SSLContext | None = None
         self._mtimes = self._stat()
@@ -147,7 +148,8 @@ class TlsFiles:
 
     def server(self) -> ssl.SSLContext:
         self.maybe_reload()
-        assert self._server is not None
+        if self._server is None:
+            raise InvariantViolation("TlsFiles built without a server context")
         return self._server
 
     def _use_current(self, sslobj: ssl.SSLObject, _server_name: str | None, ctx: ssl.SSLContext) -> None:
@@ -170,7 +172,8 @@ class TlsFiles:
 
     def client(self) -> ssl.SSLContext:
         self.maybe_reload()
-        assert self._client is not None
+        if self._client is None:
+            raise InvariantViolation("TlsFiles built without a client context")
         return self._client
 
     def maybe_reload(self) -> bool:

@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from metalog.broker.client.client import MetalogClient
+from metalog.broker.client import MetalogClient
 
 pytestmark = pytest.mark.slow
 

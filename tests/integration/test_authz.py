@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from metalog.broker.client.client import AuthorizationError, MetalogClient
+from metalog.broker.client import AuthorizationError, MetalogClient
 from metalog.broker.controller.state import load_latest
 from metalog.broker.net.channel import PeerChannel, RequestTimeout
 from metalog.broker.net.tls import TlsFiles, TlsPaths

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from metalog.broker.client.client import MetalogClient
+from metalog.broker.client import MetalogClient
 from metalog.broker.net.channel import PeerChannel
 from metalog.protocol import codec
 from metalog.protocol import messages as m

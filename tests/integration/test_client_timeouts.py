@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from metalog.broker.client.client import RETRY_BACKOFF_MAX_MS, MetalogClient, MetalogError
+from metalog.broker.client import MetalogClient, MetalogError
+from metalog.broker.client.client import RETRY_BACKOFF_MAX_MS
 from metalog.broker.quorum.api import QuorumConfig
 from metalog.protocol.errors import Errors
 from metalog.tools.cluster.launcher import REPO_ROOT

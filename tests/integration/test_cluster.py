@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from metalog.broker.client.client import LogTruncationError, MetalogClient
+from metalog.broker.client import LogTruncationError, MetalogClient
 from metalog.storage.batch import decode_records, iter_batches
 from metalog.storage.segmented_log import SegmentedLog
 
@@ -212,7 +212,7 @@ async def test_sigterm_leader_hands_over_quickly_and_exits_cleanly(make_cluster)
 
 
 async def test_list_offsets_earliest_latest_by_timestamp_and_fenced_by_epoch(make_cluster):
-    from metalog.broker.client.client import MetalogError
+    from metalog.broker.client import MetalogError
     from metalog.protocol import messages as m
     from metalog.protocol.errors import Errors
 

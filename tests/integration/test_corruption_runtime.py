@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from metalog.broker.client.client import MetalogClient
+from metalog.broker.client import MetalogClient
 from metalog.storage.batch import HEADER_SIZE, iter_batches
 from tests.integration.test_cluster import FAST, committed_values, produce_all
 

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from metalog.broker.client.client import ClusterUnavailable, MetalogClient, MetalogError
+from metalog.broker.client import ClusterUnavailable, MetalogClient, MetalogError
 from metalog.storage.batch import iter_batches
 from tests.integration.conftest import limit_file_size
 from metalog.storage.segmented_log import SegmentedLog

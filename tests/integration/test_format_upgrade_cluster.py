@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from metalog.broker.client.client import MetalogClient
+from metalog.broker.client import MetalogClient
 from metalog.storage.snapshot import SnapshotId, snapshot_filename
 from tests.formats.test_format_upgrade import PART, expected_state, v2_workload, value_v3, write_v1_dir, write_v2_dir
 from metalog.tools.cluster.launcher import REPO_ROOT

@@ -15,7 +15,7 @@ import struct
 import crc32c
 import pytest
 
-from metalog.broker.client.client import MetalogClient
+from metalog.broker.client import MetalogClient
 from metalog.storage.batch import CRC_OFFSET, CRC_START, HEADER_SIZE, iter_batches
 from tests.integration.test_cluster import FAST, committed_values, produce_all
 

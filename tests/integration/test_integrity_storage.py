@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from metalog.broker.client.client import MetalogClient
+from metalog.broker.client import MetalogClient
 from metalog.storage.batch import HEADER_SIZE, iter_batches
 
 pytestmark = pytest.mark.slow

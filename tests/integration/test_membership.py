@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from metalog.broker.client.client import MetalogClient
+from metalog.broker.client import MetalogClient
 from metalog.tools.cluster import membership
 from metalog.tools.cluster.launcher import REPO_ROOT
 from metalog.tools.drill.checker import check_prefixes, read_replica

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from metalog.broker.client.client import MetalogClient
+from metalog.broker.client import MetalogClient
 from metalog.broker.server.metrics import RAFT_METRIC_NAMES
 from metalog.broker.net.tls import TlsFiles, TlsPaths
 from metalog.tools.cluster.certs import issue_user

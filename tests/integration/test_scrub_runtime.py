@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from metalog.broker.client.client import MetalogClient
+from metalog.broker.client import MetalogClient
 from metalog.storage.batch import HEADER_SIZE, iter_batches
 from metalog.storage.segmented_log import SegmentedLog
 from tests.integration.test_cluster import FAST

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from metalog.broker.client.client import MetalogClient
+from metalog.broker.client import MetalogClient
 from metalog.broker.controller.state import Controller, load_snapshot
 from metalog.protocol.messages import SnapshotId
 from metalog.storage.segmented_log import SegmentedLog

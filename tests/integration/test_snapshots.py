@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from metalog.broker.client.client import MetalogClient
+from metalog.broker.client import MetalogClient
 from metalog.tools.cluster.launcher import REPO_ROOT
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from metalog.broker.client.client import MetalogClient
+from metalog.broker.client import MetalogClient
 from metalog.broker.server.recovery import format_data_dir
 from metalog.storage.batch import encode_batch, iter_batches
 from metalog.storage.segmented_log import SegmentedLog

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from metalog.broker.client.client import MetalogClient, TlsFailure
+from metalog.broker.client import MetalogClient, TlsFailure
 from metalog.broker.client.config import ClientConfig
 from metalog.broker.net.channel import PeerChannel, TlsHandshakeError
 from metalog.broker.net.tls import TlsFiles, TlsPaths

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from metalog.broker.net.backoff import Backoff
+from metalog.protocol.invariants import InvariantViolation
 
 
 class Fixed:
@@ -50,17 +51,18 @@ def test_same_seed_same_delays():
     (dict(base_ms=10, max_ms=100, jitter=1.0), "jitter must be in"),
 ])
 def test_bad_parameters_are_refused(kwargs, message):
-    with pytest.raises(AssertionError, match=message):
+    with pytest.raises(ValueError, match=message):
         Backoff(**kwargs)
 
 
 def test_attempt_counts_from_one():
-    with pytest.raises(AssertionError, match="attempt counts from 1"):
+    with pytest.raises(InvariantViolation, match="attempt counts from 1"):
         Backoff(10, 100).delay_ms(0, random)
 
 
 def test_client_and_peer_channel_use_it_with_their_settings():
-    from metalog.broker.client.client import RETRY_BACKOFF_MAX_MS, MetalogClient
+    from metalog.broker.client import MetalogClient
+    from metalog.broker.client.client import RETRY_BACKOFF_MAX_MS
     from metalog.broker.net.channel import PeerChannel
 
     client = MetalogClient([("127.0.0.1", 1)], "c", retry_backoff_ms=100)
@@ -70,3 +72,12 @@ def test_client_and_peer_channel_use_it_with_their_settings():
     # A base above the cap waits the cap, as before.
     assert PeerChannel("127.0.0.1", 1, reconnect_backoff_ms=500, reconnect_backoff_max_ms=100)._backoff \
         == Backoff(100, 100)
+
+
+def test_bad_parameters_are_refused_under_python_O_too():
+    import subprocess
+    import sys
+
+    code = "from metalog.broker.net.backoff import Backoff\nBackoff(200, 100)\n"
+    proc = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "ValueError: back-off needs 0 <= base_ms <= max_ms" in proc.stderr

@@ -14,7 +14,7 @@ import asyncio
 
 import pytest
 
-from metalog.broker.client.client import (
+from metalog.broker.client import (
     ClusterUnavailable, ConsumedRecord, CorruptRecordError, LogTruncationError, MetalogClient, MetalogError, NoOffsetError,
 )
 from metalog.broker.net.server import serve

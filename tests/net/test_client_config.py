@@ -57,3 +57,35 @@ def test_plaintext_config_needs_no_files(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("bootstrap: h:1\ncluster_id: c\nsecurity_protocol: PLAINTEXT\n")
     assert load_client_config(str(path)).tls() is None
+
+
+def test_from_config_searches_as_the_cli_does(tmp_path, monkeypatch):
+    """MetalogClient.from_config(): the path given, else $METALOG_CLIENT_CONFIG,
+    else ./run/cluster/client.yaml; the file's bootstrap, cluster id and TLS
+    files, the constructor's keywords passed through."""
+    from metalog.broker.client import MetalogClient
+
+    certs.cluster_certs(str(tmp_path / "certs"), {}, users=("admin",))
+    given = _write(tmp_path / "given.yaml", tmp_path / "certs", "127.0.0.1:1")
+    env = _write(tmp_path / "env.yaml", tmp_path / "certs", "127.0.0.1:2")
+    os.makedirs(tmp_path / "repo" / "run" / "cluster")
+    _write(tmp_path / "repo" / "run" / "cluster" / "client.yaml", tmp_path / "certs", "127.0.0.1:3")
+    monkeypatch.chdir(tmp_path / "repo")
+    monkeypatch.setenv("METALOG_CLIENT_CONFIG", env)
+    client = MetalogClient.from_config(given, delivery_timeout_ms=5000)
+    assert (client.bootstrap, client.cluster_id, client.delivery_timeout_ms) == ([("127.0.0.1", 1)], "c", 5000)
+    assert client.tls.paths.cert_file == str(tmp_path / "certs" / "admin.crt")
+    assert MetalogClient.from_config().bootstrap == [("127.0.0.1", 2)]
+    monkeypatch.delenv("METALOG_CLIENT_CONFIG")
+    assert MetalogClient.from_config().bootstrap == [("127.0.0.1", 3)]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ClientConfigError, match="no client config: pass a path, set \\$METALOG_CLIENT_CONFIG"):
+        MetalogClient.from_config()
+
+
+def test_ssl_config_without_its_files_is_a_config_error_not_an_assert():
+    """A ClientConfig built in code (not loaded) that says SSL but lacks files:
+    a ClientConfigError naming what is missing, under python -O too."""
+    cfg = ClientConfig(bootstrap="h:1", cluster_id="c", ssl_ca_file="ca.crt")
+    with pytest.raises(ClientConfigError, match="security_protocol SSL needs ssl_cert_file, ssl_key_file"):
+        cfg.tls()

@@ -44,7 +44,7 @@ from typing import Any
 
 
 from metalog.broker.server import commit_trace
-from metalog.broker.client.client import MetalogClient
+from metalog.broker.client import MetalogClient
 from metalog.broker.server.logging_setup import configure_logging
 from metalog.broker.net.tls import TlsFiles, TlsPaths
 from metalog.storage import metadata_records

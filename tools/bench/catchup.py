@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from metalog.broker.client.client import MetalogClient
+from metalog.broker.client import MetalogClient
 from metalog.broker.controller.state import Controller, write_controller_snapshot
 from metalog.broker.server.recovery import PARTITION_DIR
 from metalog.broker.server.logging_setup import configure_logging

@@ -32,7 +32,7 @@ import time
 
 import uvloop
 
-from metalog.broker.client.client import MetalogClient
+from metalog.broker.client import MetalogClient
 from metalog.tools.bench.bench import latency_summary_ms
 from metalog.tools.cluster import certs
 from metalog.tools.cluster.launcher import REPO_ROOT, LocalCluster

@@ -28,7 +28,7 @@ import sys
 import urllib.error
 import urllib.parse
 
-from metalog.broker.client.client import AuthorizationError, ClusterUnavailable, MetalogError
+from metalog.broker.client import AuthorizationError, ClusterUnavailable, MetalogError
 from metalog.broker.client.config import admin_get
 from metalog.storage.metadata_records import RESOURCE_BROKER, RESOURCE_TOPIC
 from metalog.tools.cli.client_options import add_client_args, add_credential_args, client_settings, make_client

@@ -26,7 +26,7 @@ import sys
 import time
 import traceback
 
-from metalog.broker.client.client import AuthorizationError, ClusterUnavailable, LogTruncationError, MetalogError
+from metalog.broker.client import AuthorizationError, ClusterUnavailable, LogTruncationError, MetalogError
 from metalog.broker.client.config import ClientConfigError
 from metalog.broker.server.recovery import META_FILE
 from metalog.broker.server.logging_setup import configure_logging

@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from metalog.broker.client.client import MetalogClient
+from metalog.broker.client import MetalogClient
 from metalog.broker.client.config import ClientConfigError, find_client_config
 
 

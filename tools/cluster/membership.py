@@ -20,7 +20,7 @@ import asyncio
 import os
 import socket
 
-from metalog.broker.client.client import MetalogClient, MetalogError
+from metalog.broker.client import MetalogClient, MetalogError
 from metalog.broker.server.recovery import new_directory_id
 from metalog.tools.cluster.launcher import LocalCluster, NodeSpec, free_ports
 

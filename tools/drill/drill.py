@@ -54,7 +54,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from metalog.broker.client.client import LogTruncationError, MetalogClient, MetalogError, OffsetOutOfRangeError
+from metalog.broker.client import LogTruncationError, MetalogClient, MetalogError, OffsetOutOfRangeError
 from metalog.broker.server.logging_setup import configure_logging
 from metalog.protocol.messages import LIST_OFFSETS_EARLIEST
 from metalog.tools.cluster.compose import cluster_from_compose

@@ -1,0 +1,40 @@
+"""How a produce call's records are cut into requests: consecutive runs of
+records, each request at most ``max_request_bytes`` (Kafka's
+max.request.size), counting each record's framing and the request's own.
+
+A record that cannot fit in any request is refused before anything is sent
+(MESSAGE_TOO_LARGE, naming the record), so a produce call never stores part
+of its records because a later one was too large.
+"""
+
+from __future__ import annotations
+
+from metalog.broker.client.errors import MetalogError
+from metalog.protocol.errors import Errors
+
+# Bytes a record costs in a request besides its value (msgpack framing, generous).
+RECORD_OVERHEAD_BYTES = 16
+# Request framing besides the records (header, cluster id, timeout).
+REQUEST_OVERHEAD_BYTES = 512
+
+
+def split_records(records: list[bytes], max_request_bytes: int) -> list[list[bytes]]:
+    """Consecutive chunks of `records`, each fitting in `max_request_bytes`."""
+    budget_bytes = max_request_bytes - REQUEST_OVERHEAD_BYTES
+    chunks: list[list[bytes]] = []
+    current: list[bytes] = []
+    size_bytes = 0
+    for i, value in enumerate(records):
+        cost_bytes = len(value) + RECORD_OVERHEAD_BYTES
+        if cost_bytes > budget_bytes:
+            raise MetalogError(Errors.MESSAGE_TOO_LARGE,
+                               f"record {i} has {len(value)} bytes; max_request_bytes "
+                               f"{max_request_bytes} fits at most {budget_bytes - RECORD_OVERHEAD_BYTES}")
+        if current and size_bytes + cost_bytes > budget_bytes:
+            chunks.append(current)
+            current, size_bytes = [], 0
+        current.append(value)
+        size_bytes += cost_bytes
+    if current:
+        chunks.append(current)
+    return chunks
