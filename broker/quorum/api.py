@@ -351,7 +351,7 @@ class QuorumConfig:
     """The core's settings (section ``quorum`` of broker.yaml) plus this node's
     identity. Each setting is declared once (default, description, range) with
     ``setting``; ``validate`` holds the range checks and the cross-field rules,
-    and the core asserts them. The identity (node_id, voters, cluster_id, directory_id) is
+    and the core checks them. The identity (node_id, voters, cluster_id, directory_id) is
     not a setting: the driver fills it in (``BrokerConfig`` from its top-level
     keys, the simulator from its cluster)."""
 

@@ -114,6 +114,7 @@ from metalog.broker.quorum.roles import ALLOWED_TRANSITIONS, MEMORY_TRANSITIONS,
 from metalog.broker.quorum.voters import VoterSet
 from metalog.protocol import messages as m
 from metalog.protocol.errors import Errors
+from metalog.protocol.invariants import InvariantViolation, invariant
 from metalog.storage.epochs import EpochHistory
 
 __all__ = ["QuorumCore", "ReplicaProgress", "Role"]
@@ -406,10 +407,13 @@ class QuorumCore:
         current role, let it start, then let the old one answer what only it
         could (a former leader's waiting writes and parked fetches)."""
         old = self.state
-        assert new.role in ALLOWED_TRANSITIONS[old.role], f"no transition from {old.role} to {new.role}"
-        assert new.epoch >= old.epoch, f"epoch would go back from {old.epoch} to {new.epoch}"
+        # The table is checked in production too (not an assert: python -O keeps it).
+        invariant(new.role in ALLOWED_TRANSITIONS[old.role], "no transition from %s to %s", old.role, new.role)
+        invariant(new.epoch >= old.epoch, "epoch would go back from %d to %d", old.epoch, new.epoch)
         if (old.role, new.role) in MEMORY_TRANSITIONS:
-            assert self.election_state(new) == self.election_state(old)
+            invariant(self.election_state(new) == self.election_state(old),
+                      "%s -> %s keeps the election on disk, yet %s differs from %s", old.role, new.role,
+                      self.election_state(new), self.election_state(old))
         elif self.election_state(new) != self.election_state(old):
             self._persist(new)
         # (else the disk already says it: e.g. a prospective back to following
@@ -420,7 +424,7 @@ class QuorumCore:
 
     def become_unattached(self, epoch: int, now: int) -> None:
         old = self.state
-        assert epoch > old.epoch, f"unattached in epoch {epoch}, not past {old.epoch}"
+        invariant(epoch > old.epoch, "unattached in epoch %d, not past %d", epoch, old.epoch)
         if self.is_voter:
             self.transition(UnattachedState(self, epoch), now)
             return
@@ -439,7 +443,7 @@ class QuorumCore:
         the epoch, the leader we know and the vote we cast in it. A leader
         gets here once the VotersRecord that removed it is committed."""
         st = self.state
-        assert not self.is_voter
+        invariant(not self.is_voter, "node %d is a voter: it cannot become an observer", self.node_id)
         leader = st.leader_id if st.leader_id != self.node_id else NO_LEADER
         self.transition(FollowerState(self, st.epoch, leader, st.voted_id), now)
 
@@ -447,7 +451,9 @@ class QuorumCore:
         """A follower with no leader that the voter set just made a voter:
         unattached, or voted if it voted in this epoch (the vote is kept)."""
         st = self.state
-        assert isinstance(st, FollowerState) and st.leader_id < 0 and self.is_voter
+        if not (isinstance(st, FollowerState) and st.leader_id < 0 and self.is_voter):
+            raise InvariantViolation(f"a leaderless voter comes from a leaderless follower, not {st.role} "
+                                     f"(leader {st.leader_id}, voter {self.is_voter})")
         new = VotedState(self, st.epoch, st.voted_id) if st.voted_id >= 0 else UnattachedState(self, st.epoch)
         self.transition(new, now)
 
@@ -457,7 +463,7 @@ class QuorumCore:
     def stand(self, now: int) -> None:
         """Start an election -- unless quarantined: first ask the voters for
         pre-votes (KIP-996) in our epoch + 1, bumping and persisting nothing."""
-        assert self.is_voter
+        invariant(self.is_voter, "node %d stands but is not a voter", self.node_id)
         if self.quarantined:
             # Not before we hold again everything we may have acknowledged.
             self.state.postpone_candidacy(now)
@@ -469,7 +475,8 @@ class QuorumCore:
         """A majority would vote for us: stand for real in the next epoch
         (persisted vote for ourselves)."""
         st = self.state
-        assert isinstance(st, ProspectiveState), f"a candidate comes from prospective, not {st.role}"
+        if not isinstance(st, ProspectiveState):
+            raise InvariantViolation(f"a candidate comes from prospective, not {st.role}")
         if self.quarantined:
             self.state.postpone_candidacy(now)
             election.probe_for_leader(self)
@@ -565,12 +572,14 @@ class QuorumCore:
 
     def become_leader(self, now: int) -> None:
         cand = self.state
-        assert isinstance(cand, CandidateState)
+        if not isinstance(cand, CandidateState):
+            raise InvariantViolation(f"a leader comes from candidate, not {cand.role}")
         self.election_retries = 0
         self.transition(LeaderState(self, cand.epoch, cand.voted_id, sorted(cand.granted), now), now)
 
     def become_follower(self, epoch: int, leader_id: int, now: int) -> None:
-        assert leader_id >= 0 and leader_id != self.node_id
+        invariant(leader_id >= 0 and leader_id != self.node_id, "node %d cannot follow leader %d",
+                  self.node_id, leader_id)
         old = self.state
         voted = old.voted_id if epoch == old.epoch else -1
         self.election_retries = 0
@@ -579,7 +588,8 @@ class QuorumCore:
     def resign(self, now: int) -> None:
         """Leader steps down but keeps the epoch (graceful, check-quorum, quarantine)."""
         leader = self.state
-        assert isinstance(leader, LeaderState)
+        if not isinstance(leader, LeaderState):
+            raise InvariantViolation(f"only a leader resigns, not {leader.role}")
         self.transition(ResignedState(self, leader.epoch, leader.voted_id, leader.successors()), now)
 
     def learn_leader(self, leader_id: int, epoch: int, now: int) -> None:

@@ -14,6 +14,7 @@ from metalog.broker.quorum.leader import LeaderState
 from metalog.broker.quorum.leader_reads import LeaderReads, fetch_problem
 from metalog.protocol import messages as m
 from metalog.protocol.errors import Errors
+from metalog.protocol.invariants import InvariantViolation
 
 if TYPE_CHECKING:
     from metalog.broker.quorum.core import QuorumCore
@@ -24,7 +25,8 @@ NO_EPOCH = m.NO_EPOCH
 def _reads(core: QuorumCore) -> LeaderReads:
     """The leader's reads; only reached once fencing said we lead."""
     st = core.state
-    assert isinstance(st, LeaderState), f"serving a leader's read as {st.role}"
+    if not isinstance(st, LeaderState):
+        raise InvariantViolation(f"serving a leader's read as {st.role}")
     return st.reads
 
 

@@ -17,6 +17,7 @@ from metalog.broker.quorum.roles import Role, RoleState
 from metalog.broker.quorum.voters import VoterSet, voters_record
 from metalog.protocol import messages as m
 from metalog.protocol.errors import Errors
+from metalog.protocol.invariants import InvariantViolation, invariant
 from metalog.storage.batch import encode_batch
 from metalog.storage.control_records import KRaftVersionRecord, LeaderChange, encode_control
 
@@ -58,7 +59,8 @@ class LeaderState(NotifyingRole, RoleState):
             # bootstrap checkpoint. Put it in the log, as Kafka's first leader
             # does, so that every replica and snapshot gets it from there.
             rec = voters_record(vs)
-            assert rec is not None
+            if rec is None:
+                raise InvariantViolation("a kraft version 1 set has a VotersRecord")
             base = log.log_end_offset
             self.append(encode_batch(base, self.epoch, [encode_control(KRaftVersionRecord(1)), encode_control(rec)],
                                      core.timestamp(now), is_control=True), 2)
@@ -234,7 +236,7 @@ class LeaderState(NotifyingRole, RoleState):
         if plain_from < pos:
             parts.append(encode_batch(offset, epoch, records[plain_from:pos], ts))
             offset += pos - plain_from
-        assert offset == base + len(records)
+        invariant(offset == base + len(records), "batches end at %d, not %d", offset, base + len(records))
         return b"".join(parts)
 
     def append(self, batch: bytes, count: int) -> None:
@@ -261,7 +263,8 @@ class LeaderState(NotifyingRole, RoleState):
         leos.sort(reverse=True)
         new_hw = leos[core.hw_index]
         if new_hw > self.epoch_start_offset and new_hw > log.high_watermark:
-            assert new_hw <= log.log_end_offset
+            invariant(new_hw <= log.log_end_offset, "high watermark %d past the log end %d",
+                      new_hw, log.log_end_offset)
             log.high_watermark = new_hw
             self._on_hw_advanced(now)
 
@@ -289,7 +292,8 @@ class LeaderState(NotifyingRole, RoleState):
         core = self.core
         offset = core.log.log_end_offset
         rec = voters_record(voter_set)
-        assert rec is not None, "static voters are never written"
+        if rec is None:
+            raise InvariantViolation("static voters are never written")
         batch = encode_batch(offset, self.epoch, [encode_control(rec)], core.timestamp(now), is_control=True)
         self.append(batch, 1)
         core.log.add_voter_set(offset, voter_set)
@@ -301,9 +305,11 @@ class LeaderState(NotifyingRole, RoleState):
         static voters, as a freshly formatted cluster's first leader writes
         it; the set counts from now on. Returns the VotersRecord's offset."""
         core = self.core
-        assert core.voter_set.kraft_version == 0 and voter_set.kraft_version == 1
+        invariant(core.voter_set.kraft_version == 0 and voter_set.kraft_version == 1,
+                  "kraft.version upgrade from %d to %d", core.voter_set.kraft_version, voter_set.kraft_version)
         rec = voters_record(voter_set)
-        assert rec is not None
+        if rec is None:
+            raise InvariantViolation("a kraft version 1 set has a VotersRecord")
         base = core.log.log_end_offset
         self.append(encode_batch(base, self.epoch, [encode_control(KRaftVersionRecord(1)), encode_control(rec)],
                                  core.timestamp(now), is_control=True), 2)

@@ -22,6 +22,7 @@ from metalog.broker.quorum.api import (
 from metalog.broker.quorum.outbox import Outbox
 from metalog.broker.quorum.voters import VoterSet, VoterSetHistory, voter_sets_in
 from metalog.protocol import messages as m
+from metalog.protocol.invariants import InvariantViolation, invariant
 from metalog.storage.batch import CorruptBatchError, iter_batches
 from metalog.storage.epochs import EpochHistory
 
@@ -61,7 +62,8 @@ class LocalLog:
         # once appended; `voters_changed` tells the core when it changes.
         self.static_voters = static_voters
         base = view.voter_set or static_voters
-        assert base is not None, "a voter set: from the log view or the config"
+        if base is None:
+            raise InvariantViolation("a voter set: from the log view or the config")
         for offset, _ in view.voter_history:
             if not view.log_start_offset <= offset < view.log_end_offset:
                 raise ValueError(f"voter set at offset {offset} is outside the log "
@@ -253,7 +255,9 @@ class LocalLog:
             self.advance_log_start(best)
 
     def advance_log_start(self, target: int) -> None:
-        assert self.log_start_offset < target <= self.log_end_offset
+        invariant(self.log_start_offset < target <= self.log_end_offset,
+                  "log start %d -> %d, not in (%d, log end %d]", self.log_start_offset, target,
+                  self.log_start_offset, self.log_end_offset)
         self.outbox.actions.append(AdvanceLogStart(target))
         self.log_start_offset = target
         if self.epochs.truncate_from_start(target):

@@ -7,7 +7,7 @@ raft's per-role step functions). The base class holds what every role has:
 the epoch, the leader and vote as known in it, and the election timer.
 
 ``ALLOWED_TRANSITIONS`` lists every role change the core may make;
-``QuorumCore.transition`` asserts it, persists the election state first and
+``QuorumCore.transition`` checks it (an invariant, kept under python -O), persists the election state first and
 only then makes the new role observable (Kafka's durableTransitionTo).
 """
 

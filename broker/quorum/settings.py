@@ -8,13 +8,15 @@ docs/config.md from the same metadata. Fields declared without ``setting``
 are not user settings (e.g. the node identity the driver fills into
 ``QuorumConfig``).
 
-Pure: no IO, so the quorum core can assert its own config.
+Pure: no IO, so the quorum core can check its own config.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
+
+from metalog.protocol.invariants import invariant
 
 _KEY = "metalog_setting"
 
@@ -34,7 +36,7 @@ def setting(default: Any = dataclasses.MISSING, doc: str = "", *, default_factor
             gt: float | None = None, ge: float | None = None, choices: tuple[Any, ...] | None = None,
             nonempty: bool = False, note: str = "", le: float | None = None) -> Any:
     """A dataclass field that is a user setting (no default: required)."""
-    assert doc, "every setting needs a one-line description"
+    invariant(doc, "every setting needs a one-line description")
     spec = SettingSpec(doc, gt, ge, choices, nonempty, note, le)
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata={_KEY: spec})

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from metalog.protocol import messages as m
+from metalog.protocol.invariants import invariant
 from metalog.storage import control_records as cr
 from metalog.storage.batch import decode_records, iter_batches
 
@@ -42,11 +43,11 @@ class VoterSet:
     unknown: bool = False
 
     def __post_init__(self) -> None:
-        assert self.directory_ids, "a voter set needs at least one voter"
-        assert self.kraft_version in (0, 1), f"unknown kraft version {self.kraft_version}"
-        assert not self.unknown or self.kraft_version == 1
-        assert self.kraft_version == 1 or all(d == NO_DIRECTORY_ID for d in self.directory_ids.values()), \
-            "static voters (kraft version 0) have no directory ids"
+        invariant(self.directory_ids, "a voter set needs at least one voter")
+        invariant(self.kraft_version in (0, 1), "unknown kraft version %d", self.kraft_version)
+        invariant(not self.unknown or self.kraft_version == 1, "an unknown voter set is kraft version 1")
+        invariant(self.kraft_version == 1 or all(d == NO_DIRECTORY_ID for d in self.directory_ids.values()),
+                  "static voters (kraft version 0) have no directory ids")
 
     @classmethod
     def static(cls, voter_ids: Iterable[int]) -> VoterSet:
@@ -149,8 +150,9 @@ class VoterSetHistory:
         return self.entries[-1][1] if self.entries else self.base
 
     def add(self, offset: int, voter_set: VoterSet) -> None:
-        assert not self.entries or offset > self.entries[-1][0], \
-            f"voter set at offset {offset} is not past the last one ({self.entries[-1][0]})"
+        invariant(not self.entries or offset > self.entries[-1][0],
+                  "voter set at offset %d is not past the last one (%d)", offset,
+                  self.entries[-1][0] if self.entries else -1)
         self.entries.append((offset, voter_set))
 
     def at(self, end_offset: int) -> VoterSet:

@@ -17,6 +17,7 @@ from metalog.broker.quorum.roles import ALLOWED_TRANSITIONS, Role
 from metalog.protocol import messages as m
 from metalog.protocol.apis import APIS
 from metalog.protocol.errors import Errors
+from metalog.protocol.invariants import InvariantViolation
 from tests.quorum.harness import CLUSTER, Node, make_leader, of, sent, stand
 
 QUORUM_DIR = pathlib.Path(__file__).resolve().parents[2] / "broker" / "quorum"
@@ -44,14 +45,14 @@ def test_the_transition_table_in_the_docs_is_the_one_the_core_asserts():
 
 
 def test_a_transition_outside_the_table_is_refused_before_anything_is_persisted():
-    """A follower cannot jump to leader: transition() raises AssertionError
+    """A follower cannot jump to leader: transition() raises InvariantViolation
     naming both roles, emits no PersistQuorumState and keeps the old role."""
     n = Node(1)
     n.step(a.Tick(0))
     follower = FollowerState(n.core, 3, 2, -1)
     n.core.transition(follower, 0)  # unattached -> follower: allowed
     n.core.outbox.take()
-    with pytest.raises(AssertionError, match="no transition from follower to leader"):
+    with pytest.raises(InvariantViolation, match="no transition from follower to leader"):
         n.core.transition(LeaderState(n.core, 3, -1, [1], 0), 0)
     assert n.core.state is follower
     assert not of(n.core.outbox.take(), a.PersistQuorumState)
