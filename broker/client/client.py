@@ -58,7 +58,14 @@ from metalog.broker.client.errors import (
 )
 from metalog.broker.client.request_size import REQUEST_OVERHEAD_BYTES, split_records
 from metalog.broker.net.backoff import Backoff
-from metalog.broker.net.channel import ConnectionLost, NetError, Overloaded, PeerChannel, RequestTimeout, TlsHandshakeError
+from metalog.broker.net.channel import (
+    ConnectionLost,
+    NetError,
+    Overloaded,
+    PeerChannel,
+    RequestTimeout,
+    TlsHandshakeError,
+)
 from metalog.broker.net.library_logging import library_logger
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
@@ -454,7 +461,7 @@ class MetalogClient:
         """
         last_error: Exception | None = None
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.delivery_timeout_ms / 1000
+        deadline_s = loop.time() + self.delivery_timeout_ms / 1000
         attempts = 0
         attempt = 0
         polling = False
@@ -464,7 +471,7 @@ class MetalogClient:
             elif attempt:
                 await self._backoff(attempt)
             polling = False
-            remaining_ms = int((deadline - loop.time()) * 1000)
+            remaining_ms = int((deadline_s - loop.time()) * 1000)
             if remaining_ms <= 0:
                 break
             if self.leader_id not in self._endpoints:

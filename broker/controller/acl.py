@@ -62,6 +62,7 @@ from metalog.broker.net.principal import Principal
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
 from metalog.protocol.errors import Errors
+from metalog.protocol.invariants import InvariantViolation
 from metalog.storage import metadata_records as r
 
 METADATA_TOPIC = "__cluster_metadata"
@@ -297,7 +298,7 @@ def _required(api_key: ApiKey, body: m.Body) -> tuple[Operation, ResourceType, s
         return Operation.WRITE, ResourceType.CLUSTER, CLUSTER_RESOURCE_NAME
     if api_key in (ApiKey.API_VERSIONS, ApiKey.METADATA):
         return None
-    raise AssertionError(f"no authorization rule for {api_key!r}")  # a new api must get one
+    raise InvariantViolation(f"no authorization rule for {api_key!r}")  # a new api must get one
 
 
 def authorize_operation(principal: Principal, host: str, operation: Operation, resource_type: ResourceType,

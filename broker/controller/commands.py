@@ -23,6 +23,7 @@ from metalog.broker.controller import views
 from metalog.broker.controller.state import CommandError, Controller
 from metalog.protocol import messages as m
 from metalog.protocol.errors import Errors
+from metalog.protocol.invariants import invariant
 
 MAX_QUEUED_COMMANDS = 1024
 
@@ -63,7 +64,7 @@ BUILDERS: dict[Command, Callable[[Controller, dict], list[bytes]]] = {
     Command.REMOVE_ACL: lambda c, a: c.remove_acl(a),
     Command.SET_CONFIG: _set_config,
 }
-assert set(BUILDERS) == set(Command) - {Command.LIST_ACLS}, "every writing command needs a builder"
+invariant(set(BUILDERS) == set(Command) - {Command.LIST_ACLS}, "every writing command needs a builder")
 
 
 def parse_command(name: str) -> Command:
@@ -121,7 +122,8 @@ Answer = tuple[CommandToken, m.ControllerCommandResponse]
 
 class CommandQueue:
     def __init__(self, max_queued: int = MAX_QUEUED_COMMANDS):
-        assert max_queued > 0
+        if max_queued <= 0:
+            raise ValueError(f"max_queued must be > 0, got {max_queued}")
         self.max_queued = max_queued
         self._queue: collections.deque[tuple[CommandToken, m.ControllerCommandRequest]] = collections.deque()
         self.in_flight: CommandToken | None = None
@@ -187,7 +189,7 @@ class CommandQueue:
 
     def done(self, token: CommandToken, response: m.ProduceResponse) -> Answer:
         """The core answered the in-flight command's append."""
-        assert token is self.in_flight, "an answer for a command that is not in flight"
+        invariant(token is self.in_flight, "an answer for a command that is not in flight")
         self.in_flight = None
         return token, m.ControllerCommandResponse(
             error_code=response.error_code, error_message=response.error_message,

@@ -37,6 +37,7 @@ from itertools import repeat
 from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from metalog.protocol.invariants import InvariantViolation, invariant
 from metalog.storage import metadata_records as r
 
 _EMPTY: Mapping[int, Any] = MappingProxyType({})  # an unknown topic's partitions: read only
@@ -53,8 +54,9 @@ class PartitionColumns:
 
     def __init__(self, replicas, isr, leaders, leader_epochs, partition_epochs) -> None:
         k = len(leaders)
-        assert replicas.ndim == 2 and len(replicas) == k and (isr is None or len(isr) == k)
-        assert len(leader_epochs) == k and len(partition_epochs) == k
+        invariant(replicas.ndim == 2 and len(replicas) == k and (isr is None or len(isr) == k)
+                  and len(leader_epochs) == k and len(partition_epochs) == k,
+                  "partition columns of unequal lengths (%d leaders)", k)
         self.replicas = replicas
         self.isr = isr
         self.leaders = leaders
@@ -85,7 +87,8 @@ class TopicColumns(_MappingABC):
     __slots__ = ("topic_id", "columns", "start", "stop", "first_pid")
 
     def __init__(self, topic_id: str, columns: PartitionColumns, start: int, stop: int, first_pid: int) -> None:
-        assert 0 <= start < stop <= len(columns.leaders) and first_pid >= 0
+        invariant(0 <= start < stop <= len(columns.leaders) and first_pid >= 0,
+                  "rows %d..%d (first id %d) outside columns of %d rows", start, stop, first_pid, len(columns.leaders))
         self.topic_id = topic_id
         self.columns = columns
         self.start = start
@@ -246,7 +249,8 @@ class PartitionMap:
         """Set the record of a partition that exists (a PartitionChange): the
         apply path's write, without the count's bookkeeping."""
         parts = self._topics[topic_id] if topic_id in self._owned else self._writable(topic_id)
-        assert partition_id in parts, f"replace of a missing partition {topic_id}/{partition_id}"
+        if partition_id not in parts:
+            raise InvariantViolation(f"replace of a missing partition {topic_id}/{partition_id}")
         parts[partition_id] = value
 
     def __delitem__(self, key: tuple[str, int]) -> None:
@@ -276,7 +280,8 @@ class PartitionMap:
     def add_rows(self, topic_id: str, partition_ids: list[int], records: list[r.Partition]) -> None:
         """Insert one topic's rows in bulk (a snapshot's or a creation's run):
         one dict built or updated, not a key tuple per row."""
-        assert len(partition_ids) == len(records)
+        invariant(len(partition_ids) == len(records), "%d partition ids for %d records", len(partition_ids),
+                  len(records))
         parts = self._topics.get(topic_id)
         if parts is None:
             self._topics[topic_id] = dict(zip(partition_ids, records))

@@ -77,11 +77,12 @@ import structlog
 
 from metalog.broker.controller import acl as authz
 from metalog.broker.controller import partition_ids
-from metalog.broker.controller import partition_map
+from metalog.broker.controller import partition_map, views
 from metalog.broker.controller.partition_map import PartitionMap
 from metalog.broker.controller.state_copy import StateDict
 from metalog.protocol import messages as m
 from metalog.protocol.errors import Errors as ErrorCode
+from metalog.protocol.invariants import InvariantViolation, invariant
 from metalog.storage import batch as b
 from metalog.storage import metadata_records as r
 from metalog.storage.producer_state import RETAINED_BATCHES, BatchMeta, ProducerEntry, ProducerStateTable
@@ -323,8 +324,8 @@ class ControllerState:
 
     def apply(self, offset: int, record: r.MetadataRecord) -> bool:
         """Apply the record at `offset`; False if it was invalid and ignored."""
-        assert offset >= self.offset, (
-            f"records must be applied in offset order: got {offset}, next is {self.offset}")
+        if offset < self.offset:
+            raise InvariantViolation(f"records must be applied in offset order: got {offset}, next is {self.offset}")
         if type(record) is r.ProducerState:
             # Snapshot-only: in the log it would let a writer forge another producer's state.
             self.offset = offset + 1
@@ -338,7 +339,9 @@ class ControllerState:
         try:
             record = r.decode_record(value)
         except r.MetadataRecordError as exc:
-            assert offset >= self.offset
+            if offset < self.offset:
+                raise InvariantViolation(f"records must be applied in offset order: got {offset}, "
+                                         f"next is {self.offset}")
             self.offset = offset + 1
             self._invalid(f"offset {offset}: {exc}")
             return False
@@ -346,7 +349,8 @@ class ControllerState:
 
     def skip_to(self, next_offset: int) -> None:
         """Offsets that hold no metadata record (control batches)."""
-        assert next_offset >= self.offset
+        if next_offset < self.offset:
+            raise InvariantViolation(f"skip_to({next_offset}) would go back from {self.offset}")
         self.offset = next_offset
 
     def _invalid(self, why: str) -> bool:
@@ -692,35 +696,8 @@ class ControllerState:
 
     def to_json(self) -> dict:
         """The whole state as one dict, for tests and tools on small states
-        (`offset` is the next offset reflected). The admin API never builds
-        it: it serves pages (metalog.broker.controller.views)."""
-        brokers = []
-        for bid in sorted(self.brokers):
-            br = self.brokers[bid]
-            brokers.append({
-                "broker_id": br.broker_id, "incarnation_id": br.incarnation_id,
-                "broker_epoch": br.broker_epoch, "rack": br.rack, "fenced": br.fenced,
-                "endpoints": [{"name": e.name, "host": e.host, "port": e.port}
-                              for e in br.endpoints],
-            })
-        topics = [{"name": name, "topic_id": self.topic_ids[name],
-                   "partitions": len(self.partition_ids(self.topic_ids[name]))}
-                  for name in sorted(self.topic_ids)]
-        partitions = []
-        for (tid, pid) in sorted(self.partitions, key=lambda k: (self.topics[k[0]].name, k[1])):
-            p = self.partitions[(tid, pid)]
-            partitions.append({
-                "topic": self.topics[tid].name, "topic_id": tid, "partition": pid,
-                "replicas": list(p.replicas), "isr": list(p.isr), "leader": p.leader,
-                "leader_epoch": p.leader_epoch, "partition_epoch": p.partition_epoch,
-            })
-        configs = [{"resource_type": rt, "resource_name": rn, "name": n,
-                    "value": self.configs[(rt, rn, n)]}
-                   for (rt, rn, n) in sorted(self.configs)]
-        return {"offset": self.offset, "brokers": brokers, "topics": topics,
-                "partitions": partitions, "configs": configs,
-                "features": dict(sorted(self.features.items())),
-                "acls": [authz.acl_to_dict(self.acls[i]) for i in sorted(self.acls)]}
+        (metalog.broker.controller.views.state_json; the admin API serves pages)."""
+        return views.state_json(self)
 
 
 _HANDLERS = {
@@ -889,7 +866,8 @@ class Controller:
             else:
                 state.apply_value(offset, item)
                 offset += 1
-        assert offset == h.next_offset and (rows is None or row == len(rows.records)), (offset, row, h)
+        invariant(offset == h.next_offset and (rows is None or row == len(rows.records)),
+                  "column read of batch %s ended at offset %d, row %d", h, offset, row)
         return h.records_count
 
     # -- builders: each returns encoded record values to append as one batch
@@ -1088,18 +1066,18 @@ def write_controller_snapshot(store, state: ControllerState, snapshot_id: m.Snap
     """
     from metalog.storage.snapshot import SnapshotWriter  # storage must not import broker
 
-    assert state.offset == snapshot_id.end_offset, (
-        f"state reflects offset {state.offset}, snapshot id says {snapshot_id.end_offset}")
-    start = time.perf_counter()
+    invariant(state.offset == snapshot_id.end_offset, "state reflects offset %d, snapshot id says %d",
+              state.offset, snapshot_id.end_offset)
+    start_s = time.perf_counter()
     writer = SnapshotWriter(store.directory, snapshot_id, last_contained_log_timestamp_ms,
                             cluster_id, batch_bytes_max=batch_bytes_max, voters=voters,
                             part_path=part_path, sync_every_bytes=sync_every_bytes)
     values = (r.encode_record(rec) for rec in state.to_records())
     if cpu_share < 1.0:
         values = _paced(values, cpu_share)
-    path, size, count = writer.write_all(values)
-    return SnapshotResult(snapshot_id, path, size, count,
-                          (time.perf_counter() - start) * 1000.0)
+    path, size_bytes, count = writer.write_all(values)
+    return SnapshotResult(snapshot_id, path, size_bytes, count,
+                          (time.perf_counter() - start_s) * 1000.0)
 
 
 # Work between two pauses of a paced write. Short slices matter more than the
@@ -1111,7 +1089,7 @@ PACE_SLICE_S = 0.00025
 def _paced(values: Iterator[bytes], cpu_share: float) -> Iterator[bytes]:
     """`values`, pausing so that the caller runs at most `cpu_share` of the
     time: about PACE_SLICE_S of work, then a sleep."""
-    assert 0.0 < cpu_share < 1.0, cpu_share
+    invariant(0.0 < cpu_share < 1.0, "a paced write needs 0 < cpu_share < 1, got %s", cpu_share)
     pause_s = PACE_SLICE_S * (1.0 - cpu_share) / cpu_share
     clock, sleep = time.perf_counter, time.sleep
     t = clock()
@@ -1148,7 +1126,7 @@ class SnapshotLoader:
         b.CorruptBatchError (a record's framing) or SnapshotLoadError."""
         from metalog.storage import partition_runs as pr  # numpy: for loads only
 
-        assert not h.is_control, "control batches are the snapshot's framing, not state"
+        invariant(not h.is_control, "control batches are the snapshot's framing, not state")
         if self._names is None:
             self._names = pr.TopicNames()
         self.apply(pr.iter_batch(batch, h, self._names))

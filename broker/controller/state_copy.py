@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from metalog.protocol.invariants import invariant
+
 if TYPE_CHECKING:
     from metalog.broker.controller.state import ControllerState
 
@@ -75,7 +77,7 @@ class TrackedDict(StateDict):
 
 
 def _track(d: StateDict) -> None:
-    assert type(d) is StateDict and d.changed is None, "one incremental copy at a time"
+    invariant(type(d) is StateDict and d.changed is None, "one incremental copy at a time")
     d.changed = set()
     d.__class__ = TrackedDict
 
@@ -92,7 +94,8 @@ class IncrementalCopy:
     loop``, then ``c.finish()``; ``abort()`` if the state was replaced."""
 
     def __init__(self, state: "ControllerState", slice_entries: int = COPY_SLICE_ENTRIES) -> None:
-        assert slice_entries > 0
+        if slice_entries <= 0:
+            raise ValueError(f"slice_entries must be > 0, got {slice_entries}")
         self.state = state
         self.slice_entries = slice_entries
         self.configs = StateDict()
@@ -103,7 +106,7 @@ class IncrementalCopy:
 
     def step(self) -> bool:
         """Copy up to `slice_entries` entries; True once every one is copied."""
-        assert not self.done
+        invariant(not self.done, "step() of an incremental copy already finished")
         keys, csrc, cdst = self._config_keys, self.state.configs, self.configs
         end = min(len(keys), self._config_i + self.slice_entries)
         for k in keys[self._config_i:end]:
@@ -128,8 +131,8 @@ class IncrementalCopy:
             else:
                 d[k] = v
         c = st.copy(configs=self.configs)
-        assert len(c.partitions) == len(st.partitions) and len(c.configs) == len(st.configs), \
-            "incremental copy lost entries"
+        invariant(len(c.partitions) == len(st.partitions) and len(c.configs) == len(st.configs),
+                  "incremental copy lost entries")
         return c
 
     def abort(self) -> None:

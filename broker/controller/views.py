@@ -96,6 +96,32 @@ def summary(state: Any) -> dict:
     }
 
 
+def state_json(state: Any) -> dict:
+    """The whole state as one dict (`offset` is the next offset reflected),
+    for tests and tools on small states (``ControllerState.to_json``): the
+    admin API never builds it, it serves the pages below."""
+    topic_ids, topics = state.topic_ids, state.topics
+    partitions = []
+    for (tid, pid) in sorted(state.partitions, key=lambda k: (topics[k[0]].name, k[1])):
+        p = state.partitions[(tid, pid)]
+        partitions.append({
+            "topic": topics[tid].name, "topic_id": tid, "partition": pid,
+            "replicas": list(p.replicas), "isr": list(p.isr), "leader": p.leader,
+            "leader_epoch": p.leader_epoch, "partition_epoch": p.partition_epoch,
+        })
+    return {
+        "offset": state.offset,
+        "brokers": [broker_json(state.brokers[bid]) for bid in sorted(state.brokers)],
+        "topics": [{"name": name, "topic_id": topic_ids[name], "partitions": partition_count(state, topic_ids[name])}
+                   for name in sorted(topic_ids)],
+        "partitions": partitions,
+        "configs": [{"resource_type": rt, "resource_name": rn, "name": n, "value": state.configs[(rt, rn, n)]}
+                    for (rt, rn, n) in sorted(state.configs)],
+        "features": dict(sorted(state.features.items())),
+        "acls": [authz.acl_to_dict(state.acls[i]) for i in sorted(state.acls)],
+    }
+
+
 def broker_json(br: r.RegisterBroker) -> dict:
     return {"broker_id": br.broker_id, "incarnation_id": br.incarnation_id,
             "broker_epoch": br.broker_epoch, "rack": br.rack, "fenced": br.fenced,

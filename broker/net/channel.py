@@ -176,7 +176,7 @@ class PeerChannel:
         self._proto: _ClientProtocol | None = None
         self._connecting: asyncio.Future | None = None
         self._failures = 0  # consecutive failed connects / losses, drives the backoff
-        self._next_connect_at = 0.0  # loop.time() before which we do not connect
+        self._next_connect_at_s = 0.0  # loop.time() before which we do not connect
         # correlation id -> (future, response type)
         self._pending: dict[int, tuple[asyncio.Future, type[m.Body]]] = {}
         self._outstanding = 0  # requests inside request(), connected or not
@@ -203,20 +203,20 @@ class PeerChannel:
                 or not proto.can_write.is_set() or proto.transport is None or proto.transport.is_closing()):
             return self.request(api_key, body, timeout_ms)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_ms / 1000
+        deadline_s = loop.time() + timeout_ms / 1000
         self._outstanding += 1
         try:
             corr, fut = self._write(loop, proto, api_key, body)
         except BaseException:
             self._outstanding -= 1
             raise
-        return self._answer(fut, corr, deadline, api_key, timeout_ms)
+        return self._answer(fut, corr, deadline_s, api_key, timeout_ms)
 
-    async def _answer(self, fut: asyncio.Future, corr: int, deadline: float, api_key: int,
+    async def _answer(self, fut: asyncio.Future, corr: int, deadline_s: float, api_key: int,
                       timeout_ms: int) -> m.Body:
         """The answer to a request request_eager wrote."""
         loop = asyncio.get_running_loop()
-        timer = loop.call_at(deadline, self._expire, corr, api_key, timeout_ms)
+        timer = loop.call_at(deadline_s, self._expire, corr, api_key, timeout_ms)
         try:
             return await fut
         finally:
@@ -245,14 +245,14 @@ class PeerChannel:
                 f"(max_queued_requests={self.max_queued_requests})"
             )
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_ms / 1000
+        deadline_s = loop.time() + timeout_ms / 1000
         self._outstanding += 1
         try:
             proto = self._proto
             if proto is None or proto.lost:
-                proto = await self._wait(self._connect(), deadline, api_key, timeout_ms)
+                proto = await self._wait(self._connect(), deadline_s, api_key, timeout_ms)
             if not proto.can_write.is_set():
-                await self._wait(proto.can_write.wait(), deadline, api_key, timeout_ms)
+                await self._wait(proto.can_write.wait(), deadline_s, api_key, timeout_ms)
                 if proto.lost:
                     raise ConnectionLost(f"connection to {self.peer} lost while waiting to write")
             if proto.transport is None:
@@ -266,7 +266,7 @@ class PeerChannel:
                     raise TlsHandshakeError(f"TLS handshake with {self.peer} failed: {_REFUSED_DURING_HANDSHAKE}")
                 raise ConnectionLost(f"connection to {self.peer} closed before the request was written")
             corr, fut = self._write(loop, proto, api_key, body)
-            timer = loop.call_at(deadline, self._expire, corr, api_key, timeout_ms)
+            timer = loop.call_at(deadline_s, self._expire, corr, api_key, timeout_ms)
             try:
                 return await fut
             finally:
@@ -284,9 +284,9 @@ class PeerChannel:
 
     # internals ---------------------------------------------------------------
 
-    async def _wait(self, aw: Any, deadline: float, api_key: int, timeout_ms: int) -> Any:
+    async def _wait(self, aw: Any, deadline_s: float, api_key: int, timeout_ms: int) -> Any:
         try:
-            async with asyncio.timeout_at(deadline):
+            async with asyncio.timeout_at(deadline_s):
                 return await aw
         except TimeoutError:
             raise RequestTimeout(
@@ -302,9 +302,9 @@ class PeerChannel:
 
     async def _do_connect(self) -> _ClientProtocol:
         loop = asyncio.get_running_loop()
-        delay = self._next_connect_at - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)  # reconnect backoff, not a stand-in for a condition
+        delay_s = self._next_connect_at_s - loop.time()
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)  # reconnect backoff, not a stand-in for a condition
         ctx = None
         if self.tls is not None:
             ctx = self.tls if isinstance(self.tls, ssl.SSLContext) else self.tls.client()
@@ -349,7 +349,7 @@ class PeerChannel:
 
     def _schedule_backoff(self, loop: asyncio.AbstractEventLoop) -> None:
         self._failures += 1
-        self._next_connect_at = loop.time() + self._backoff.delay_ms(self._failures, random) / 1000
+        self._next_connect_at_s = loop.time() + self._backoff.delay_ms(self._failures, random) / 1000
 
     def _expire(self, corr: int, api_key: int, timeout_ms: int) -> None:
         entry = self._pending.pop(corr, None)

@@ -70,7 +70,7 @@ class Connection(asyncio.Protocol):
         self._listener = listener
         self.principal: Principal = ANONYMOUS  # set before the first request is dispatched
         self.ready = False  # handshake done (always, without TLS); requests are dispatched only then
-        self.last_active = 0.0  # loop.time() of the last byte in or out, for the idle timeout
+        self.last_active_s = 0.0  # loop.time() of the last byte in or out, for the idle timeout
         self._counted = False  # holds a slot in the listener's connection counts
         self._handler = handler
         self._decoder = codec.FrameDecoder(max_frame_bytes)
@@ -93,7 +93,7 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.peer_host = peer[0] if peer else "?"
-        self.last_active = asyncio.get_running_loop().time()
+        self.last_active_s = asyncio.get_running_loop().time()
         listener = self._listener
         if listener is None:
             self._ready(transport, ANONYMOUS)
@@ -168,7 +168,7 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        self.last_active = asyncio.get_running_loop().time()
+        self.last_active_s = asyncio.get_running_loop().time()
         try:
             self._decoder.feed(data)
         except codec.FrameError as exc:
@@ -211,7 +211,7 @@ class Connection(asyncio.Protocol):
         self.inflight -= 1
         if self.closed or self._transport is None:
             return False
-        self.last_active = asyncio.get_running_loop().time()
+        self.last_active_s = asyncio.get_running_loop().time()
         self._transport.write(codec.encode_response(correlation_id, body))
         # Reading is paused exactly when frames may wait in the decoder.
         if self._read_paused and not self._processing and self.inflight < self._max_inflight:
@@ -383,11 +383,11 @@ class ListenerLimits:
 
 
 class _AddressState:
-    __slots__ = ("failures", "blocked_until", "backoff_ms", "refused")
+    __slots__ = ("failures", "blocked_until_s", "backoff_ms", "refused")
 
     def __init__(self) -> None:
         self.failures = 0
-        self.blocked_until = 0.0
+        self.blocked_until_s = 0.0
         self.backoff_ms = 0
         self.refused = 0  # connections refused in the current back-off period
 
@@ -405,7 +405,7 @@ class Listener:
         self._addresses: collections.OrderedDict[str, _AddressState] = collections.OrderedDict()
         self._tasks: set[asyncio.Task] = set()
         self._sweeper: asyncio.Task | None = None
-        self._cap_logged_at = 0.0
+        self._cap_logged_at_s = 0.0
         self.refused_total = 0
 
     def start(self) -> None:
@@ -424,18 +424,18 @@ class Listener:
 
     # admission ------------------------------------------------------------
     def admit(self, conn: Connection) -> bool:
-        loop_now = asyncio.get_running_loop().time()
+        now_s = asyncio.get_running_loop().time()
         host = conn.peer_host
         st = self._addresses.get(host)
-        if st is not None and loop_now < st.blocked_until:
+        if st is not None and now_s < st.blocked_until_s:
             st.refused += 1
             self.refused_total += 1
             return False  # logged once, when the back-off period started
         lim = self.limits
         if len(self.connections) >= lim.max_connections or self.per_ip[host] >= lim.max_connections_per_ip:
             self.refused_total += 1
-            if loop_now - self._cap_logged_at >= 1.0:  # at most one line per second under a flood
-                self._cap_logged_at = loop_now
+            if now_s - self._cap_logged_at_s >= 1.0:  # at most one line per second under a flood
+                self._cap_logged_at_s = now_s
                 self._log.warning("connection_refused", peer=conn.peer, reason="connection limit",
                                   connections=len(self.connections), from_this_address=self.per_ip[host],
                                   max_connections=lim.max_connections,
@@ -477,7 +477,7 @@ class Listener:
             return
         st.backoff_ms = min(max(st.backoff_ms * 2, lim.failed_connection_backoff_ms),
                             lim.failed_connection_backoff_max_ms)
-        st.blocked_until = asyncio.get_running_loop().time() + st.backoff_ms / 1000
+        st.blocked_until_s = asyncio.get_running_loop().time() + st.backoff_ms / 1000
         self._log.warning("connection_backoff", address=host, failures=st.failures,
                           backoff_ms=st.backoff_ms, refused_in_previous_period=st.refused)
         st.refused = 0
@@ -491,8 +491,8 @@ class Listener:
             await asyncio.sleep(interval_s)  # a periodic timer, not a stand-in for a condition
             if self.tls is not None:
                 self.tls.maybe_reload()  # rotation is noticed (and logged) without waiting for a handshake
-            cutoff = loop.time() - idle_ms / 1000
-            for conn in [c for c in self.connections if c.ready and c.last_active < cutoff and c.inflight == 0]:
+            cutoff_s = loop.time() - idle_ms / 1000
+            for conn in [c for c in self.connections if c.ready and c.last_active_s < cutoff_s and c.inflight == 0]:
                 if not conn.closed:
                     conn.idle_close(idle_ms)
 

@@ -122,7 +122,7 @@ class TlsFiles:
         self._server: ssl.SSLContext | None = None
         self._client: ssl.SSLContext | None = None
         self._mtimes = self._stat()
-        self._next_check = 0.0
+        self._next_check_s = 0.0
         self.generation = 0  # bumped on every successful (re)load
         self._build()
 
@@ -178,10 +178,10 @@ class TlsFiles:
 
     def maybe_reload(self) -> bool:
         """Cheap: stats three files at most once per check interval."""
-        now = time.monotonic()
-        if now < self._next_check:
+        now_s = time.monotonic()
+        if now_s < self._next_check_s:
             return False
-        self._next_check = now + self.check_interval_s
+        self._next_check_s = now_s + self.check_interval_s
         mtimes = self._stat()
         if mtimes == self._mtimes:
             return False

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from metalog.broker.controller.state import CommandError, Controller, ControllerState, LogGapError
+from metalog.protocol.invariants import InvariantViolation
 from metalog.storage import batch as b
 from metalog.storage import control_records as cr
 from metalog.storage import metadata_records as r
@@ -177,7 +178,7 @@ def test_remove_topic_drops_partitions_and_configs():
 def test_records_strictly_in_offset_order():
     s = ControllerState()
     s.apply(5, r.NoOp())
-    with pytest.raises(AssertionError, match="offset order: got 3, next is 6"):
+    with pytest.raises(InvariantViolation, match="offset order: got 3, next is 6"):
         s.apply(3, r.NoOp())
 
 
@@ -294,3 +295,17 @@ def test_to_records_rebuilds_the_state_exactly(cmds):
     again = ControllerState.from_records(
         (r.decode_record(r.encode_record(x)) for x in s.to_records()), s.offset)
     assert again == s
+
+
+def test_offset_order_is_checked_under_python_O_too():
+    """A production invariant, not an assert: python -O keeps it."""
+    import subprocess
+    import sys
+
+    code = ("from metalog.broker.controller.state import ControllerState\n"
+            "from metalog.storage import metadata_records as r\n"
+            "s = ControllerState(); s.apply(5, r.NoOp()); s.apply(3, r.NoOp())\n")
+    proc = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "metalog.protocol.invariants.InvariantViolation: records must be applied in offset order: got 3, next is 6")

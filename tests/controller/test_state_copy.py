@@ -9,6 +9,7 @@ import pytest
 
 from metalog.broker.controller.state import ControllerState
 from metalog.broker.controller.state_copy import IncrementalCopy, StateDict, TrackedDict
+from metalog.protocol.invariants import InvariantViolation
 from metalog.storage import metadata_records as r
 
 
@@ -82,7 +83,7 @@ def test_tracking_costs_nothing_outside_a_copy_and_one_copy_runs_at_a_time():
     assert type(s.configs) is StateDict  # no Python-level __setitem__ on the apply path
     c = IncrementalCopy(s)
     assert type(s.configs) is TrackedDict
-    with pytest.raises(AssertionError, match="one incremental copy at a time"):
+    with pytest.raises(InvariantViolation, match="one incremental copy at a time"):
         IncrementalCopy(s)
     c.abort()
     assert type(s.configs) is StateDict
