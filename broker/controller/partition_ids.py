@@ -22,7 +22,7 @@ import bisect
 from array import array
 from typing import Sequence
 
-from metalog.protocol.invariants import invariant
+from metalog.protocol.invariants import InvariantViolation
 
 SparseIds = dict[str, array]  # topic id -> its partition ids, ascending ('q': any id a record may carry)
 
@@ -40,7 +40,8 @@ def add_sparse(sparse: SparseIds, topic_id: str, partition_id: int, count: int) 
     0..count-1 while it was dense). The caller updates the count."""
     ids = sparse.get(topic_id)
     if ids is None:
-        invariant(partition_id > count, "a dense topic becomes sparse only at a gap: %d <= %d", partition_id, count)
+        if partition_id <= count:
+            raise InvariantViolation(f"a dense topic becomes sparse only at a gap: {partition_id} <= {count}")
         ids = sparse[topic_id] = array("q", range(count))
     i = bisect.bisect_left(ids, partition_id)
     if i == len(ids) or ids[i] != partition_id:  # a new id, not a replacement

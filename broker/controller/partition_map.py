@@ -87,8 +87,9 @@ class TopicColumns(_MappingABC):
     __slots__ = ("topic_id", "columns", "start", "stop", "first_pid")
 
     def __init__(self, topic_id: str, columns: PartitionColumns, start: int, stop: int, first_pid: int) -> None:
-        invariant(0 <= start < stop <= len(columns.leaders) and first_pid >= 0,
-                  "rows %d..%d (first id %d) outside columns of %d rows", start, stop, first_pid, len(columns.leaders))
+        if not (0 <= start < stop <= len(columns.leaders) and first_pid >= 0):  # one per topic of a load: inline
+            raise InvariantViolation(f"rows {start}..{stop} (first id {first_pid}) outside columns of "
+                                     f"{len(columns.leaders)} rows")
         self.topic_id = topic_id
         self.columns = columns
         self.start = start
@@ -280,8 +281,8 @@ class PartitionMap:
     def add_rows(self, topic_id: str, partition_ids: list[int], records: list[r.Partition]) -> None:
         """Insert one topic's rows in bulk (a snapshot's or a creation's run):
         one dict built or updated, not a key tuple per row."""
-        invariant(len(partition_ids) == len(records), "%d partition ids for %d records", len(partition_ids),
-                  len(records))
+        if len(partition_ids) != len(records):
+            raise InvariantViolation(f"{len(partition_ids)} partition ids for {len(records)} records")
         parts = self._topics.get(topic_id)
         if parts is None:
             self._topics[topic_id] = dict(zip(partition_ids, records))
