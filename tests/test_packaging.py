@@ -74,3 +74,20 @@ def test_metalog_drill_without_matplotlib_says_which_extra_before_starting(tmp_p
         "metalog drill: the report's timeline picture needs matplotlib; matplotlib is not installed: "
         "pip install 'metalog[bench]'"]
     assert not (tmp_path / "run").exists() and not list(tmp_path.glob("report*"))
+
+
+def test_pyproject_lists_every_package_folder_under_the_metalog_namespace():
+    """pyproject.toml names each package (setuptools cannot find packages
+    through a package-dir mapping): a new folder missing from the list would
+    be left out of the wheel, and the installed CLI would fail with
+    ModuleNotFoundError. The list and the folders must agree."""
+    import tomllib
+    from pathlib import Path
+
+    with open(Path(REPO_ROOT) / "pyproject.toml", "rb") as f:
+        setuptools_cfg = tomllib.load(f)["tool"]["setuptools"]
+    folders = {"metalog." + ".".join(init.parent.relative_to(REPO_ROOT).parts)
+               for root in ("broker", "protocol", "storage", "sim", "tools")
+               for init in (Path(REPO_ROOT) / root).rglob("__init__.py")}
+    assert sorted(setuptools_cfg["packages"]) == sorted(folders)
+    assert setuptools_cfg["package-dir"] == {f"metalog.{r}": r for r in ("broker", "protocol", "storage", "sim", "tools")}
