@@ -89,3 +89,21 @@ def test_ssl_config_without_its_files_is_a_config_error_not_an_assert():
     cfg = ClientConfig(bootstrap="h:1", cluster_id="c", ssl_ca_file="ca.crt")
     with pytest.raises(ClientConfigError, match="security_protocol SSL needs ssl_cert_file, ssl_key_file"):
         cfg.tls()
+
+
+def test_the_client_package_exports_the_user_names_and_loads_nothing_of_the_server():
+    """A user's import line: every public name from the package, and in a
+    fresh interpreter not one module of the server, the quorum or the controller."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from metalog.broker.client import (MetalogClient, Consumer, ConsumedRecord, MetalogError,\n"
+            "    AuthorizationError, CorruptRecordError, ClusterUnavailable, TlsFailure, LogTruncationError,\n"
+            "    OffsetOutOfRangeError, NoOffsetError, ClientConfig, ClientConfigError, load_client_config,\n"
+            "    find_client_config)\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('metalog.broker.server', "
+            "'metalog.broker.quorum', 'metalog.broker.controller', 'metalog.tools'))))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
