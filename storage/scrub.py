@@ -38,7 +38,7 @@ import structlog
 
 from metalog.storage import batch as B
 from metalog.storage.errors import CorruptionReport
-from metalog.storage.segmented_log import SegmentRef, SegmentedLog, corruption_report_at
+from metalog.storage.segments import SegmentRef, SegmentedLog, corruption_report_at
 from metalog.storage.snapshot import CorruptSnapshotError, SnapshotStore, verify_snapshot_fd
 
 DEFAULT_CHUNK_BYTES = 1 << 20  # one pread; the rate limiter waits between them

@@ -27,7 +27,7 @@ from metalog.storage.epochs import EpochCheckpointError, EpochHistory, read_chec
 from metalog.storage.format_upgrade import (FORMAT_KEY, FORMAT_VERSION, PARTITION_DIR, UPGRADABLE_VERSIONS, format_version_of,
                                     holds_data, read_props)
 from metalog.storage.errors import CorruptionReport, CorruptLogError
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 from metalog.storage.quorum_state import QuorumStateError, QuorumStateFile
 from metalog.storage.snapshot import CorruptSnapshotError, SnapshotInvariantError, SnapshotStore, read_snapshot_voters
 

@@ -79,7 +79,7 @@ from metalog.storage.epochs import EpochHistory, write_checkpoint
 from metalog.storage.errors import CorruptionReport, LogWriteError, StorageError
 from metalog.storage.group_commit import Arm, GroupCommit
 from metalog.storage.producer_state import Check, Verdict
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 from metalog.storage.scrub import Scrubber
 from metalog.storage.snapshot import SnapshotStore
 

@@ -6,7 +6,7 @@ import os
 import shutil
 
 from metalog.storage.batch import encode_batch
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 from metalog.tools.drill.archive import ArchivedSegment, SegmentArchive
 from metalog.tools.drill.checker import Ack, History, ReplicaLog, Reset, Seen, check, read_replica
 

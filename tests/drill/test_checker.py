@@ -2,7 +2,7 @@
 
 
 from metalog.storage.batch import encode_batch
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 from metalog.tools.drill.checker import (Ack, History, HwSample, ReplicaLog, RoleEvent, Seen, Truncation, check,
                                  read_replica)
 

@@ -18,7 +18,7 @@ from metalog.storage import batch as b
 from metalog.storage import metadata_records as mr
 from metalog.storage import control_records as cr
 from metalog.storage.format_upgrade import FORMAT_KEY, FormatError, convert_file, upgrade_data_dir
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 from metalog.storage.snapshot import (SnapshotId, SnapshotStore, SnapshotWriter, read_snapshot, snapshot_filename,
                               verify_snapshot)
 from tests.formats.v1 import v1_batch, v1_control, v2_metadata_value

@@ -28,7 +28,7 @@ from metalog.storage import batch as b
 from metalog.storage import control_records as cr
 from metalog.storage import metadata_records as mr
 from metalog.storage.kafka_flexible import uuid_from_bytes
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 from metalog.storage.snapshot import SnapshotId, SnapshotWriter
 
 DIR_ID = uuid_from_bytes(bytes(range(1, 17)))

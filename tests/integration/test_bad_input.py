@@ -191,7 +191,7 @@ def test_fuzzed_frames_never_crash_or_stall_a_live_broker(live_broker, data):
 def test_corrupt_batch_in_the_middle_of_the_log_refuses_to_start_naming_file_position_and_offset(tmp_path):
     from metalog.storage.batch import encode_batch
     from metalog.storage.format_upgrade import FORMAT_VERSION
-    from metalog.storage.segmented_log import SegmentedLog
+    from metalog.storage.segments import SegmentedLog
 
     cfg = base_config(tmp_path)
     part = tmp_path / "data" / "__cluster_metadata-0"

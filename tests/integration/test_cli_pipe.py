@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from metalog.storage.batch import encode_batch
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 
 
 def test_dump_into_a_closed_pipe_exits_quietly(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 
 from metalog.broker.client import LogTruncationError, MetalogClient
 from metalog.storage.batch import decode_records, iter_batches
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ import pytest
 from metalog.broker.client import ClusterUnavailable, MetalogClient, MetalogError
 from metalog.storage.batch import iter_batches
 from tests.integration.conftest import limit_file_size
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 from metalog.broker.server.config import config_from_dict
 from metalog.broker.server.runtime import Broker
 from metalog.storage import batch as b
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 from metalog.tools.cluster.launcher import free_ports
 
 PART = "__cluster_metadata-0"

@@ -13,7 +13,7 @@ import pytest
 
 from metalog.broker.client import MetalogClient
 from metalog.storage.batch import HEADER_SIZE, iter_batches
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 from tests.integration.test_cluster import FAST
 from tests.integration.test_corruption_runtime import PART, caught_up, events, health, segments
 from tests.integration.test_integrity_storage import http_get

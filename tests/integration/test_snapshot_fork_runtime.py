@@ -16,7 +16,7 @@ import pytest
 from metalog.broker.client import MetalogClient
 from metalog.broker.controller.state import Controller, load_snapshot
 from metalog.protocol.messages import SnapshotId
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 from metalog.storage.snapshot import PART_SUFFIX, SnapshotStore
 from tests.integration.conftest import limit_file_size
 from tests.integration.test_metrics import scrape

@@ -17,7 +17,7 @@ import pytest
 from metalog.broker.client import MetalogClient
 from metalog.broker.server.recovery import format_data_dir
 from metalog.storage.batch import encode_batch, iter_batches
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 from metalog.storage.snapshot import read_snapshot_voters
 from metalog.tools.cluster.launcher import REPO_ROOT, LocalCluster, NodeSpec
 

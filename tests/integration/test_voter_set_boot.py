@@ -12,7 +12,7 @@ import pytest
 
 from metalog.storage import control_records as cr
 from metalog.storage.batch import encode_batch
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 from tests.integration.test_cluster import FAST
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,7 @@ from metalog.broker.server.snapshot_work import SnapshotWork
 from metalog.protocol.messages import SnapshotId
 from metalog.storage import batch as b
 from metalog.storage import metadata_records as r
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 from metalog.storage.snapshot import SnapshotStore
 
 

@@ -1,5 +1,5 @@
 """The Spark job end to end on a real local SparkSession (local[2], UI off),
-over segment files written by metalog.storage.segmented_log.SegmentedLog as a broker writes them."""
+over segment files written by metalog.storage.segments.SegmentedLog as a broker writes them."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from metalog.protocol.messages import SnapshotId
 from metalog.storage import batch as b
 from metalog.storage import metadata_records as r
 from metalog.storage import control_records as cr
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 from metalog.storage.snapshot import SnapshotStore, read_snapshot, read_snapshot_voters, verify_snapshot
 from tests.spark.workload import PARTITION_DIR, random_records, sequential_state, write_log
 from metalog.tools.spark import job as spark_job

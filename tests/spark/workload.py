@@ -1,5 +1,5 @@
 """Random metadata workloads (mostly valid, some invalid on purpose) and
-segment files written by metalog.storage.segmented_log.SegmentedLog exactly as a broker writes
+segment files written by metalog.storage.segments.SegmentedLog exactly as a broker writes
 them. Shared by the fold tests, the Spark job tests and the benchmark."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from metalog.broker.controller.state import ControllerState
 from metalog.storage import batch as b
 from metalog.storage import control_records as cr
 from metalog.storage import metadata_records as r
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 
 PARTITION_DIR = "__cluster_metadata-0"
 

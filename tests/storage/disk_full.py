@@ -17,7 +17,7 @@ import sys
 
 from metalog.storage.batch import iter_batches
 from metalog.storage.errors import LogWriteError
-from metalog.storage.segmented_log import SegmentedLog, segment_file_name
+from metalog.storage.segments import SegmentedLog, segment_file_name
 from tests.storage.helpers import batch
 
 MAX_APPENDS = 100_000  # bound: the limit is far smaller

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from metalog.storage import segmented_log as log_module
+from metalog.storage.segments import segmented_log as log_module
 from metalog.storage.errors import LogWriteError
 from tests.storage.helpers import RecordingLogger, append_batches
 from tests.storage.test_integrity import open_log

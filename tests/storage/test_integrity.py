@@ -11,7 +11,7 @@ import pytest
 
 from metalog.storage.batch import CorruptBatchError
 from metalog.storage.errors import CorruptLogError, QuarantineState
-from metalog.storage.segmented_log import QUARANTINE_FILE, RECOVERY_POINT_FILE, SegmentedLog, segment_file_name
+from metalog.storage.segments import QUARANTINE_FILE, RECOVERY_POINT_FILE, SegmentedLog, segment_file_name
 from tests.storage.helpers import RecordingLogger, append_batches
 from tests.storage.test_recovery import BATCH_BYTES, INTERVAL, SEG_MAX, flip_bit
 

@@ -105,7 +105,7 @@ def test_the_log_finds_its_control_batches_by_header(tmp_path):
     whole, from the log start (metalog.broker.server.recovery)."""
     from metalog.broker.quorum.voters import VoterSet, voter_sets_in
     from metalog.storage.batch import encode_batch
-    from metalog.storage.segmented_log import SegmentedLog
+    from metalog.storage.segments import SegmentedLog
 
     voters = cr.VotersRecord([cr.Voter(1, DIR, [cr.VoterEndpoint("CONTROLLER", "h", 1)])])
     control = encode_batch(3, 1, [cr.encode_control(voters)], 0, is_control=True)

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from metalog.storage.batch import HEADER_SIZE, CorruptBatchError, decode_header, encode_batch
-from metalog.storage.segmented_log import SegmentedLog, segment_file_name
+from metalog.storage.segments import SegmentedLog, segment_file_name
 from tests.storage.helpers import RecordingLogger, append_batches, base_offsets, batch
 
 BATCH_BYTES = len(batch(0))  # 142: 3 records of 20 bytes

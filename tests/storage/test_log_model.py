@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from metalog.storage.batch import encode_batch, iter_batches
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 from tests.storage.helpers import RecordingLogger
 
 SEG_MAX = 600

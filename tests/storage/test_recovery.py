@@ -8,13 +8,13 @@ import shutil
 import pytest
 
 from metalog.storage.errors import CorruptLogError
-from metalog.storage.segmented_log import CLEAN_SHUTDOWN_FILE, SegmentedLog, segment_file_name
+from metalog.storage.segments import CLEAN_SHUTDOWN_FILE, SegmentedLog, segment_file_name
 from tests.storage.helpers import RecordingLogger, append_batches, base_offsets
 
 SEG_MAX = 1000  # 7 batches of 142 bytes per segment
 INTERVAL = 300
 BATCH_BYTES = 142
-EPOCH_FIELD = range(12, 16)  # not covered by the CRC (as in Kafka): see storage/segmented_log.py
+EPOCH_FIELD = range(12, 16)  # not covered by the CRC (as in Kafka): see storage/segments/scan.py
 
 
 def open_log(path, logger=None):

@@ -12,7 +12,7 @@ import pytest
 from metalog.broker.server.metrics import BrokerMetrics
 from metalog.protocol.messages import SnapshotId
 from metalog.storage.batch import CorruptBatchError
-from metalog.storage.segmented_log import segment_file_name
+from metalog.storage.segments import segment_file_name
 from metalog.storage.scrub import Scrubber
 from metalog.storage.snapshot import SnapshotStore, SnapshotWriter
 from tests.storage.helpers import append_batches

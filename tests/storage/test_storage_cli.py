@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from metalog.storage.segmented_log import QUARANTINE_FILE, SegmentedLog, segment_file_name
+from metalog.storage.segments import QUARANTINE_FILE, SegmentedLog, segment_file_name
 from tests.storage.helpers import append_batches
 from tests.storage.test_integrity import MID_BATCH_POS, open_log
 from tests.storage.test_recovery import BATCH_BYTES, flip_bit

@@ -52,7 +52,7 @@ from metalog.broker.server.recovery import PARTITION_DIR
 from metalog.broker.server.logging_setup import configure_logging
 from metalog.protocol.messages import SnapshotId
 from metalog.storage import batch as b
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 from metalog.storage.snapshot import PART_SUFFIX, SnapshotStore
 from metalog.tools.bench.common import CLUSTER_ID, latency_summary_ms, metalog_cluster
 from metalog.tools.bench.snapshot import build_log

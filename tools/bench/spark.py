@@ -31,7 +31,7 @@ import time
 from metalog.broker.controller.state import Controller
 from metalog.storage import batch as b
 from metalog.storage import metadata_records as r
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 from metalog.tools.spark import job as spark_job
 
 BATCH_RECORDS = 500

@@ -34,7 +34,7 @@ import tempfile
 import time
 
 from metalog.storage.batch import encode_batch
-from metalog.storage.segmented_log import CLEAN_SHUTDOWN_FILE, DEFAULT_SEGMENT_BYTES_MAX, RECOVERY_POINT_FILE, SegmentedLog
+from metalog.storage.segments import CLEAN_SHUTDOWN_FILE, DEFAULT_SEGMENT_BYTES_MAX, RECOVERY_POINT_FILE, SegmentedLog
 
 
 class _Quiet:
@@ -141,7 +141,7 @@ def bench_checkpoint_write(directory: str, n: int = 50) -> float:
     log = SegmentedLog.open(directory, logger=_Quiet())
     t0 = time.perf_counter()
     for i in range(n):
-        log._write_recovery_point(i)
+        log._rp.write(i)
     elapsed = (time.perf_counter() - t0) / n
     log.close()
     return elapsed

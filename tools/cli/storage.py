@@ -35,7 +35,7 @@ import re
 import sys
 
 from metalog.storage.errors import CorruptionReport
-from metalog.storage.segmented_log import SegmentedLog, segment_file_name
+from metalog.storage.segments import SegmentedLog, segment_file_name
 from metalog.storage.scrub import verify_segment_fd
 
 PARTITION_DIR = "__cluster_metadata-0"

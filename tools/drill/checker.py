@@ -32,7 +32,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from metalog.storage import batch as B
-from metalog.storage.segmented_log import SegmentedLog
+from metalog.storage.segments import SegmentedLog
 
 PARTITION_DIR = "__cluster_metadata-0"
 
