@@ -183,7 +183,7 @@ def test_shipped_code_is_used_and_removed(tmp_path):
     cleanup removes its temp dir (no metalog-spark-*/ left)."""
     env = job_env(tmp_path)
     proc = subprocess.run([sys.executable, "-c", SHIP_SNIPPET], cwd=tmp_path, env=dict(
-        env, PYTHONPATH=REPO_ROOT, PYSPARK_PYTHON=sys.executable), capture_output=True, text=True,
+        env, PYSPARK_PYTHON=sys.executable), capture_output=True, text=True,
         timeout=RUN_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()

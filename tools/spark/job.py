@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import importlib
 import os
 import re
 import shlex
@@ -349,15 +350,20 @@ LOG4J2_CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.p
 
 
 def build_package(path: str) -> str:
-    """The packages executors import, zipped (for --py-files); returns the path."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    """The packages executors import, zipped (for --py-files) as the installed
+    namespace lays them out (metalog/<package>/..., `metalog` a namespace
+    package, so an executor's own install and the zip can both hold parts of
+    it; the zip comes first on the executor's path); returns the path."""
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        # zipimport sees a namespace package only by its directory entry
+        z.writestr(zipfile.ZipInfo("metalog/"), b"")
         for pkg in CODE_PACKAGES:
-            for dirpath, _dirs, files in os.walk(os.path.join(root, pkg)):
+            src = importlib.import_module(f"metalog.{pkg}").__path__[0]
+            for dirpath, _dirs, files in os.walk(src):
                 for f in sorted(files):
                     if f.endswith(".py"):
                         full = os.path.join(dirpath, f)
-                        z.write(full, os.path.relpath(full, root))
+                        z.write(full, os.path.join("metalog", pkg, os.path.relpath(full, src)))
     return path
 
 
