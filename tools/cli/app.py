@@ -110,6 +110,7 @@ def cmd_cluster_up(args) -> int:
         cluster = LocalCluster.create(args.dir, voters=args.voters, observers=args.observers,
                                       base_port=args.base_port, cluster_id=args.cluster_id,
                                       insecure=args.insecure, dynamic=not args.static_voters)
+    cluster_cli.apply_up_settings(cluster, args)  # --set/--node-set; a hand-edited broker.yaml: refused
     if cluster.insecure:
         print("metalog: WARNING: --insecure: brokers talk plaintext without authentication", file=sys.stderr)
     stop = {"now": False}
@@ -471,6 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--detach", action="store_true",
                     help="start the brokers in the background and return once there is a leader "
                          "(`metalog cluster down` stops them)")
+    cluster_cli.add_settings_args(up)
     up.set_defaults(func=cmd_cluster_up)
     cluster_cli.register(csub, default_dir="run/cluster")
 

@@ -20,7 +20,7 @@ import sys
 import time
 
 from metalog.tools.cluster import membership
-from metalog.tools.cluster.launcher import LocalCluster
+from metalog.tools.cluster.launcher import ConfigEditedError, LocalCluster
 
 POLL_S = 0.05
 
@@ -65,6 +65,53 @@ def _wait_gone(cluster: LocalCluster, node_ids: list[int], timeout_s: float) -> 
 
 def running_nodes(cluster: LocalCluster) -> list[int]:
     return [nid for nid in sorted(cluster.nodes) if cluster.running_pid(nid) is not None]
+
+
+# ------------------------------------------------------------------ up: broker settings
+def add_settings_args(up: argparse.ArgumentParser) -> None:
+    """`cluster up --set` / `--node-set`: broker settings kept in cluster.json."""
+    up.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                    help="a broker setting for every broker (`metalog broker --help-config` lists them), kept "
+                         "in cluster.json for later starts; repeat for more")
+    up.add_argument("--node-set", action="append", default=[], metavar="N:KEY=VALUE", dest="node_settings",
+                    help="a broker setting for node N only, kept in cluster.json; repeat for more")
+
+
+def _key_value(flag: str, text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ClusterCliError(f"{flag} {text!r}: expected KEY=VALUE")
+    return key.strip(), value
+
+
+def parse_settings(args) -> tuple[dict[str, str], dict[int, dict[str, str]]]:
+    """(every broker's, per node) settings from --set and --node-set, as text."""
+    common = dict(_key_value("--set", item) for item in args.settings)
+    per_node: dict[int, dict[str, str]] = {}
+    for item in args.node_settings:
+        node_s, sep, rest = item.partition(":")
+        if not sep or not node_s.strip().isdigit():
+            raise ClusterCliError(f"--node-set {item!r}: expected N:KEY=VALUE (N a node id)")
+        key, value = _key_value("--node-set", rest)
+        per_node.setdefault(int(node_s), {})[key] = value
+    return common, per_node
+
+
+def apply_up_settings(cluster: LocalCluster, args) -> None:
+    """Before `cluster up` starts anything: take --set/--node-set into the
+    cluster (checked against the broker's config keys) and refuse a
+    broker.yaml edited by hand since `cluster up` wrote it."""
+    common, per_node = parse_settings(args)
+    if (common or per_node) and getattr(args, "compose", None):
+        raise ClusterCliError("--set/--node-set do not apply with --compose: the compose file holds the brokers' "
+                              "settings (its broker config and each service's `--set` arguments)")
+    try:
+        cluster.apply_settings(common, per_node)
+    except ValueError as exc:
+        raise ClusterCliError(str(exc)) from None
+    edits = cluster.hand_edits([nid for nid in sorted(cluster.nodes) if not cluster.nodes[nid].removed])
+    if edits:
+        raise ClusterCliError(f"{edits[0]}; nothing was started")
 
 
 # ------------------------------------------------------------------ status
@@ -165,6 +212,10 @@ def cmd_resume(args) -> int:
 def cmd_restart(args) -> int:
     cluster = load(args.dir)
     nid = _node(cluster, args.node, args.dir)
+    # Before stopping it: a broker.yaml edited by hand is not overwritten.
+    edit = cluster.hand_edit(nid) if cluster.nodes[nid].command is None else None
+    if edit is not None:
+        raise ClusterCliError(f"{edit}; node {nid} was left as it is")
     pid = cluster.running_pid(nid)
     if pid is not None:
         os.kill(pid, signal.SIGCONT)
@@ -176,7 +227,10 @@ def cmd_restart(args) -> int:
     if cluster.nodes[nid].removed:  # brought back by hand: `cluster up` starts it again too
         cluster.nodes[nid].removed = False
         cluster.save_state()
-    proc = cluster.start_node(nid)
+    try:
+        proc = cluster.start_node(nid)
+    except ConfigEditedError as exc:  # edited between the check and the start
+        raise ClusterCliError(str(exc)) from None
     deadline = time.monotonic() + args.ready_timeout_s
     while cluster.quorum(nid) is None:
         if proc.poll() is not None:

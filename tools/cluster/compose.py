@@ -387,12 +387,16 @@ def cluster_from_compose(path: str, root_dir: str, port_offset: int | None = Non
         for spec in specs:
             assert spec.command is not None
             spec.command += ["--set", "security_protocol=PLAINTEXT"]
-    cluster = LocalCluster(mapping.root, specs, cluster_id=first.config.cluster_id,
-                           host=LOOPBACK, voter_addrs=voter_addrs, insecure=not secure)
+    cert_dir = None
     if secure:
+        # The certs volume: kept in cluster.json, so `metalog cluster status|restart ...`
+        # from another process reach the brokers with the same CA and admin certificate.
         cert_file = first.config.security.ssl_cert_file
-        assert cert_file is not None
-        cluster.cert_dir = os.path.dirname(mapping.rewrite(cert_file, first.mounts))
+        if cert_file is None:
+            raise ComposeError(f"{path}: service {first.name}: ssl_cert_file is required with TLS")
+        cert_dir = os.path.dirname(mapping.rewrite(cert_file, first.mounts))
+    cluster = LocalCluster(mapping.root, specs, cluster_id=first.config.cluster_id,
+                           host=LOOPBACK, voter_addrs=voter_addrs, insecure=not secure, cert_dir=cert_dir)
     cluster.compose_mapping = mapping
     return cluster
 

@@ -16,14 +16,25 @@ then only whom to ask for the leader, and the voter set changes online
 ``dynamic=False`` keeps static voters from the config (kraft.version 0).
 A data dir wiped later is not formatted again: the broker binds it with a new
 directory id and it comes back as an observer, never as the old voter.
+
+Everything another process needs to find and manage the cluster is in
+``<root>/cluster.json`` (``save_state``/``load``): node ids, ports, voters,
+TLS or not and where the certificates are (``<root>/certs``, or the compose
+layout's certs volume), so every ``metalog cluster`` subcommand sees the
+cluster the way ``cluster up`` started it. Broker settings a user gives
+(``cluster up --set``/``--node-set``, ``apply_settings``) are kept there too:
+``node-N/broker.yaml`` is written from it at every start, and a broker.yaml
+edited by hand since is never overwritten (``ConfigEditedError``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import os
 import random
+import shlex
 import signal
 import socket
 import subprocess
@@ -37,6 +48,7 @@ from typing import Any
 import yaml
 
 from metalog.broker.client.config import ClientConfig
+from metalog.broker.server.config import SECTIONS, ConfigError, config_from_dict, normalize
 from metalog.broker.server.recovery import META_FILE, format_data_dir, new_directory_id
 from metalog.broker.net.tls import TlsFiles, TlsPaths
 from metalog.storage.atomic import atomic_write
@@ -79,6 +91,10 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def _under(path: str, root: str) -> bool:
+    return os.path.commonpath([os.path.abspath(path), root]) == root
+
+
 def _proc_stat(pid: int) -> tuple[str, str] | None:
     """(state letter, start time in clock ticks) of a process from /proc, None if gone."""
     try:
@@ -104,17 +120,45 @@ class NodeSpec:
     formatted: bool = False
     # Taken out by `cluster remove-node`: kept (its dir too) but not started by `cluster up`.
     removed: bool = False
+    # sha256 of the node-N/broker.yaml the launcher last wrote: a file that no
+    # longer matches it was edited by hand, and is not overwritten.
+    config_sha256: str | None = None
+
+
+# Set by the launcher from the cluster's layout (ids, addresses, directories,
+# voters, TLS files): `cluster up --set` cannot change them, the layout flags do.
+LAYOUT_KEYS = frozenset({"node_id", "cluster_id", "data_dir", "listen", "admin_listen", "voters", "log_file",
+                         "dynamic_voters", "security_protocol", "ssl_ca_file", "ssl_cert_file", "ssl_key_file"})
+
+
+class ConfigEditedError(Exception):
+    """node-N/broker.yaml was edited by hand since the launcher wrote it; the
+    message (one line) says where settings belong and how to keep the edit."""
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _flag_value(value: Any) -> str | None:
+    """A broker.yaml value as `--set` takes it, None if it has no such form."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    return None
 
 
 class LocalCluster:
     def __init__(self, root: str, nodes: list[NodeSpec], cluster_id: str = "metalog-local",
                  host: str = "127.0.0.1", common: dict[str, Any] | None = None,
                  voter_addrs: dict[int, tuple[str, int]] | None = None, insecure: bool = False,
-                 dynamic: bool = False):
+                 dynamic: bool = False, cert_dir: str | None = None):
         self.root = os.path.abspath(root)
-        # Secure by default: a CA, node certificates and an `admin` user certificate in <root>/certs.
+        # Secure by default: a CA, node certificates and an `admin` user certificate in
+        # <root>/certs, or where the layout keeps them (a compose file's certs volume).
         self.insecure = insecure
-        self.cert_dir = os.path.join(self.root, "certs")
+        self.cert_dir = os.path.join(self.root, cert_dir or "certs")
         self._client_tls: Any = None
         self._admin_conns: dict[tuple[int, int], Any] = {}  # (thread, node) -> kept-alive admin connection
         self.nodes = {n.node_id: n for n in nodes}
@@ -235,11 +279,14 @@ class LocalCluster:
         os.makedirs(self.root, exist_ok=True)
         state = {
             "cluster_id": self.cluster_id, "host": self.host, "insecure": self.insecure, "dynamic": self.dynamic,
+            # Relative to root when under it: a moved cluster directory still finds its certificates.
+            "cert_dir": os.path.relpath(self.cert_dir, self.root) if _under(self.cert_dir, self.root)
+            else self.cert_dir,
             "common": self.common, "voter_addrs": {str(k): list(v) for k, v in self.voter_addrs.items()},
             "nodes": [{"node_id": n.node_id, "port": n.port, "admin_port": n.admin_port, "voter": n.voter,
                        "extra": n.extra, "command": n.command, "directory_id": n.directory_id,
-                       "formatted": n.formatted, "removed": n.removed} for n in sorted(self.nodes.values(),
-                                                                              key=lambda n: n.node_id)],
+                       "formatted": n.formatted, "removed": n.removed, "config_sha256": n.config_sha256}
+                      for n in sorted(self.nodes.values(), key=lambda n: n.node_id)],
         }
         atomic_write(self.state_path, (json.dumps(state, indent=2) + "\n").encode())
 
@@ -252,12 +299,12 @@ class LocalCluster:
             state = json.load(f)
         nodes = [NodeSpec(n["node_id"], n["port"], n["admin_port"], n["voter"], n.get("extra") or {},
                           n.get("command"), n.get("directory_id"), bool(n.get("formatted")),
-                          bool(n.get("removed")))
+                          bool(n.get("removed")), n.get("config_sha256"))
                  for n in state["nodes"]]
         voter_addrs = {int(k): (v[0], int(v[1])) for k, v in state.get("voter_addrs", {}).items()} or None
         return cls(root, nodes, cluster_id=state["cluster_id"], host=state["host"],
                    common=state.get("common"), voter_addrs=voter_addrs, insecure=state["insecure"],
-                   dynamic=bool(state.get("dynamic", False)))
+                   dynamic=bool(state.get("dynamic", False)), cert_dir=state.get("cert_dir"))
 
     def running_pid(self, node_id: int) -> int | None:
         """The pid in node-N/broker.pid if that process is still the one started
@@ -281,18 +328,113 @@ class LocalCluster:
         stat = _proc_stat(pid)
         return stat is not None and stat[0] in ("T", "t")
 
+    def config_path(self, node_id: int) -> str:
+        return os.path.join(self.node_dir(node_id), "broker.yaml")
+
     def write_config(self, node_id: int) -> str:
+        """Write node-N/broker.yaml from the cluster's state (ConfigEditedError
+        if the file there was edited by hand since the last write)."""
+        edit = self.hand_edit(node_id)
+        if edit is not None:
+            raise ConfigEditedError(edit)
         self.ensure_certs()
         os.makedirs(self.node_dir(node_id), exist_ok=True)
-        path = os.path.join(self.node_dir(node_id), "broker.yaml")
-        with open(path, "w") as f:
-            yaml.safe_dump(self.config_for(node_id), f, sort_keys=False)
+        text = yaml.safe_dump(self.config_for(node_id), sort_keys=False).encode()
+        path = self.config_path(node_id)
+        atomic_write(path, text)
+        self.nodes[node_id].config_sha256 = _sha256(text)
         return path
+
+    def hand_edit(self, node_id: int) -> str | None:
+        """None if node-N/broker.yaml may be (re)written: absent, as the launcher
+        last wrote it, or saying what the launcher would write now; else the
+        one-line refusal: what changed, where settings belong, how to keep it."""
+        path, spec = self.config_path(node_id), self.nodes[node_id]
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        # No record: written by a launcher from before the records (or never by one); ours to write.
+        if spec.config_sha256 is None or _sha256(data) == spec.config_sha256:
+            return None
+        want = self.config_for(node_id)
+        try:
+            edited = yaml.safe_load(data)
+        except yaml.YAMLError:
+            edited = None
+        if edited == want:
+            return None
+        changed = {k: v for k, v in edited.items() if want.get(k) != v} if isinstance(edited, dict) else {}
+        flags = [f"{node_id}:{k}={_flag_value(v)}" for k, v in changed.items()
+                 if k not in LAYOUT_KEYS and _flag_value(v) is not None]
+        keep = (f"to keep this edit, add `{' '.join(f'--node-set {shlex.quote(f)}' for f in flags)}` to "
+                f"`metalog cluster up`; " if flags and len(flags) == len(changed) else "")
+        return (f"{path} was edited by hand since `metalog cluster up` wrote it (it is rewritten from cluster.json "
+                f"at every start): broker settings belong in `--set KEY=VALUE` (every broker) or "
+                f"`--node-set {node_id}:KEY=VALUE` (this one), which cluster.json keeps; {keep}"
+                f"to drop it, delete {path}")
+
+    def hand_edits(self, node_ids: list[int] | None = None) -> list[str]:
+        """hand_edit's refusals for the nodes the launcher writes a broker.yaml for."""
+        ids = node_ids or sorted(self.nodes)
+        return [e for e in (self.hand_edit(nid) for nid in ids if self.nodes[nid].command is None) if e]
+
+    def apply_settings(self, common: dict[str, str], per_node: dict[int, dict[str, str]]) -> None:
+        """Broker settings for every node (`common`) or one (`per_node`), each as
+        ``key=value`` text: checked against the broker's config schema and typed
+        as the broker reads them, then kept (cluster.json's `common`, each
+        node's `extra`). Raises ValueError, one line naming the setting."""
+        for nid in per_node:
+            if nid not in self.nodes:
+                raise ValueError(f"--node-set {nid}:...: no node {nid} in the cluster "
+                                 f"(nodes: {', '.join(map(str, sorted(self.nodes)))})")
+        typed_common = dict(self._typed_setting(f"--set {k}={v}", min(self.nodes), k, v) for k, v in common.items())
+        typed_nodes = {nid: dict(self._typed_setting(f"--node-set {nid}:{k}={v}", nid, k, v) for k, v in s.items())
+                       for nid, s in per_node.items()}
+        self.common.update(typed_common)
+        for nid, settings in typed_nodes.items():
+            self.nodes[nid].extra.update(settings)
+        for nid in sorted(self.nodes):  # together, too: the cross-setting rules
+            try:
+                config_from_dict(self.config_for(nid), check_files=False)
+            except ConfigError as exc:
+                raise ValueError(f"node {nid} with --set/--node-set: {exc}") from None
+
+    def _typed_setting(self, flag: str, node_id: int, key: str, text: str) -> tuple[str, Any]:
+        """(canonical flat key, value as the broker reads it) for one `--set`."""
+        try:
+            nested, _ = normalize({key: text})
+        except ConfigError as exc:
+            raise ValueError(f"{flag}: {exc}") from None
+        section, value = next(iter(nested.items()))
+        name = next(iter(value)) if section in SECTIONS else section
+        if name in LAYOUT_KEYS:
+            raise ValueError(f"{flag}: {name} comes from the cluster's layout (--voters, --observers, "
+                             f"--base-port, --cluster-id, --insecure, --static-voters), not from --set")
+        first_error: Exception | None = None
+        # As text first (what `metalog broker --set` passes), then as YAML (lists: super_users=[User:a]).
+        for as_yaml in (False, True):
+            try:
+                candidate = yaml.safe_load(text) if as_yaml else text
+                cfg = config_from_dict({**self.config_for(node_id), name: candidate}, check_files=False)
+            except (ConfigError, yaml.YAMLError) as exc:
+                first_error = first_error or exc
+                continue
+            got = getattr(getattr(cfg, section), name) if section in SECTIONS else getattr(cfg, name)
+            return (name, list(got) if isinstance(got, tuple) else got)
+        raise ValueError(f"{flag}: {first_error}")
 
     # ----------------------------------------------------------- lifecycle
     def start(self, node_ids: list[int] | None = None) -> None:
+        """Start the nodes (all by default); nothing starts if a node's
+        broker.yaml was edited by hand (ConfigEditedError)."""
+        ids = node_ids or sorted(self.nodes)
+        edits = self.hand_edits(ids)
+        if edits:
+            raise ConfigEditedError(edits[0])
         self.save_state()
-        for nid in node_ids or sorted(self.nodes):
+        for nid in ids:
             self.start_node(nid)
 
     def initial_controllers(self) -> list[tuple[int, str, int, str]]:
@@ -316,10 +458,19 @@ class LocalCluster:
 
     def start_node(self, node_id: int) -> subprocess.Popen:
         assert node_id not in self.procs or self.procs[node_id].poll() is not None, f"node {node_id} running"
-        path = self.write_config(node_id)
-        if self.dynamic and not self.nodes[node_id].formatted:
+        spec = self.nodes[node_id]
+        cmd = spec.command
+        if cmd is None:  # a node with its own command line (a compose service) has its own config
+            written = spec.config_sha256
+            path = self.write_config(node_id)
+            if spec.config_sha256 != written:  # another process must know this file is the launcher's
+                self.save_state()
+            cmd = [sys.executable, "-m", "metalog.broker.server.main", "--config", path]
+        else:
+            self.ensure_certs()
+            os.makedirs(self.node_dir(node_id), exist_ok=True)
+        if self.dynamic and not spec.formatted:
             self.format_node(node_id)
-        cmd = self.nodes[node_id].command or [sys.executable, "-m", "metalog.broker.server.main", "--config", path]
         stderr = open(os.path.join(self.node_dir(node_id), "stderr.log"), "ab")
         env = dict(os.environ)
         proc = subprocess.Popen(cmd, stdout=stderr, stderr=stderr, env=env, cwd=REPO_ROOT,

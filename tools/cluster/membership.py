@@ -90,8 +90,12 @@ def _run_client(cluster: LocalCluster, timeout_s: float, call) -> None:
 
 def _require_dynamic(cluster: LocalCluster) -> None:
     if not cluster.dynamic:
+        # A compose file's brokers run their own command lines, their voters fixed by its `voters` setting.
+        how = ("the compose file fixes them in its brokers' `voters` setting"
+               if any(spec.command for spec in cluster.nodes.values())
+               else "`metalog cluster up` without --static-voters")
         raise MembershipError(f"the cluster in {cluster.root} has static voters (kraft.version 0): voter changes "
-                              f"need a dynamic quorum (`metalog cluster up` without --static-voters)")
+                              f"need a dynamic quorum ({how})")
 
 
 def add_voter(cluster: LocalCluster, node_id: int, timeout_s: float = 60.0) -> str:
