@@ -21,7 +21,8 @@ Two ways to use it:
 * ``run_random_seed(seed)``: mixed faults and a client workload, then heal,
   settle and check final consistency (tests/sim/test_random.py, tools/simulate.py);
 * by hand in scenario tests: ``intercept`` decides per message whether it is
-  delivered, held (``release`` later) or dropped; ``run_until`` moves time.
+  delivered, held (``release`` later), dropped or, for a fetch answer with
+  records, corrupted on the wire (one bit flipped); ``run_until`` moves time.
 """
 
 from __future__ import annotations
@@ -32,21 +33,29 @@ import hashlib
 import heapq
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, assert_never
 
 from metalog.broker.quorum import api
 from metalog.broker.quorum.core import QuorumCore
 from metalog.broker.quorum.env import Environment
 from metalog.broker.quorum.voters import VoterSet
 from metalog.protocol import messages as m
+from metalog.protocol.invariants import InvariantViolation, invariant
 from metalog.sim.disk import SimDisk, SimDiskError
 from metalog.sim.invariants import InvariantChecker, Violation, is_leader
-from metalog.sim.network import NetworkConfig, SimNetwork
+from metalog.sim.network import NetworkConfig, SimNetwork, WireFlip
 
 TRACE_TAIL = 60
 MAX_EVENTS_PER_RUN = 3_000_000
 MAX_SAME_TIME_TICKS = 200
 INBOX_MAX = 100_000  # events held for a paused node
+WIRE_SEED_SALT = 0xF11B  # the wire-corruption stream: seeded apart from the root stream (see network.py)
+
+
+def wire_rng(seed: int) -> random.Random:
+    """The wire-corruption dice of a seed: not split from the root stream, so
+    that turning the fault on reshuffles no other stream."""
+    return random.Random((seed << 20) ^ WIRE_SEED_SALT)
 
 
 def default_core_factory():
@@ -162,6 +171,9 @@ class SimNode:
         self.silent_down = False  # down by host loss: nothing answers, not even a refusal
         # Messages sent by incarnations below this one are void: that life's disk was wiped.
         self.void_before_incarnation = 0
+        # Fetch answers refused as corrupt (FetchedBatchCorrupt): the runtime's
+        # metalog_corrupt_batches_total{source="fetched"} of this node.
+        self.fetched_corrupt_count = 0
 
     def quarantine_mark(self) -> int:
         """The end this node's quarantine makes it vote by and re-replicate to
@@ -223,7 +235,7 @@ class SimCluster:
         self.rng_flush = random.Random(root.getrandbits(64))
         self.rng_cores = random.Random(root.getrandbits(64))
         self.core_cls = (core_factory or default_core_factory)()
-        self.network = SimNetwork(self.rng_net, self.config.network)
+        self.network = SimNetwork(self.rng_net, self.config.network, rng_wire=wire_rng(seed))
         self.now_ms = 0
         self.clock = SimClock(self)
         self._heap: list[tuple[int, int, str, tuple]] = []
@@ -244,7 +256,7 @@ class SimCluster:
         self.spin_ticks = 0
         self.truncations: list[tuple[int, int, int]] = []  # (time, node, end offset)
         self.checker = InvariantChecker(self)
-        # Scenario control: decide per message "deliver" | "hold" | "drop".
+        # Scenario control: decide per message "deliver" | "hold" | "drop" | "corrupt".
         self.intercept: Callable[[Message], str] | None = None
         self.held: list[Message] = []
         # Client bookkeeping
@@ -260,7 +272,8 @@ class SimCluster:
 
     # ------------------------------------------------------------------ time
     def schedule(self, at_ms: int, kind: str, *args: Any) -> None:
-        assert at_ms >= self.now_ms, f"scheduling {kind} in the past ({at_ms} < {self.now_ms})"
+        if at_ms < self.now_ms:
+            raise InvariantViolation(f"scheduling {kind} in the past ({at_ms} < {self.now_ms})")
         self._seq += 1
         heapq.heappush(self._heap, (at_ms, self._seq, kind, args))
 
@@ -326,7 +339,7 @@ class SimCluster:
 
     def boot(self, node_id: int) -> None:
         n = self.nodes[node_id]
-        assert not n.alive
+        invariant(not n.alive, "boot of n%d, which is running", node_id)
         n.incarnation += 1
         env = Environment(self.clock, random.Random(self.rng_cores.getrandbits(64)))
         n.core = self.core_cls(self.quorum_config(node_id), n.disk.log_view(), n.disk, n.disk.quorum_state, env)
@@ -394,7 +407,7 @@ class SimCluster:
         """Corruption of a node's durable data while it is down (found at the
         next open): kind "bit_flip" or "lost_fsync" (see sim/disk.py)."""
         n = self.nodes[node_id]
-        assert not n.alive, "corrupt a node while it is down"
+        invariant(not n.alive, "corrupt n%d while it is down, not running", node_id)
         got = getattr(n.disk, kind)(rng)
         if got is None:
             return False
@@ -511,12 +524,15 @@ class SimCluster:
         n = self._for_node(msg.dst, None, "deliver", (msg,))
         if n is None:
             return
+        body = msg.body
+        if body is None:
+            raise InvariantViolation(f"a request without a body: {msg!r}")
         token = ("net", msg.src, msg.src_incarnation, msg.request_id)
         n.open_tokens.add(token)
         if isinstance(msg.body, m.VoteRequest):
             n.vote_requests[token] = msg.body
         self.trace(f"n{n.node_id} <= {msg!r}")
-        self.step(n, api.RequestReceived(self.now_ms, token, msg.body))
+        self.step(n, api.RequestReceived(self.now_ms, token, body))
 
     def _deliver_response(self, msg: Message) -> None:
         if msg.kind == "response" and not self.network.reachable(msg.src, msg.dst):
@@ -531,6 +547,8 @@ class SimCluster:
             self.step(n, api.RequestFailed(self.now_ms, msg.request_id, msg.src, "connection refused"))
         elif msg.kind == "reset":
             self.step(n, api.RequestFailed(self.now_ms, msg.request_id, msg.src, "connection reset by peer"))
+        elif msg.body is None:
+            raise InvariantViolation(f"a response without a body: {msg!r}")
         else:
             self.step(n, api.ResponseReceived(self.now_ms, msg.request_id, msg.src, msg.body))
 
@@ -555,7 +573,7 @@ class SimCluster:
 
     # -------------------------------------------------------------- the step
     def step(self, n: SimNode, event: Any) -> list:
-        assert n.alive and not n.paused
+        invariant(n.alive and not n.paused, "a step of n%d, which is down or paused", n.node_id)
         n.last_event = event
         actions = n.core.step(event)
         if self.config.dynamic:
@@ -592,82 +610,122 @@ class SimCluster:
             n.next_tick_ms = d
             self.schedule(d, "tick", n.node_id, n.incarnation, d)
 
-    def _execute(self, n: SimNode, a: Any) -> None:
+    def _execute(self, n: SimNode, a: api.Action) -> None:
+        """One action, as broker/quorum/api.py demands of a driver. The match
+        is exhaustive over the Action union: a new action type that has no
+        case here is a type error (assert_never; tests/test_types.py)."""
         disk = n.disk
-        if isinstance(a, api.PersistQuorumState):
-            disk.persist_quorum_state(a.state)
-        elif isinstance(a, api.AppendBatches):
-            disk.append(a.data, a.base_offset, a.next_offset)
-        elif isinstance(a, api.TruncateLog):
-            self.truncations.append((self.now_ms, n.node_id, a.end_offset))
-            self.checker.on_truncate(n, a.end_offset)
-            disk.truncate(a.end_offset)
-        elif isinstance(a, api.WriteEpochCheckpoint):
-            disk.write_epoch_checkpoint(a.entries)
-        elif isinstance(a, api.FlushLog):
-            lo, hi = self.config.flush_latency_ms
-            done = max(self.now_ms + self.rng_flush.randint(lo, hi), n.last_flush_done_ms)
-            n.last_flush_done_ms = done
-            self.schedule(done, "flush", n.node_id, n.incarnation, disk.log_end_offset)
-        elif isinstance(a, api.SendRequest):
-            if (isinstance(a.request, m.VoteRequest) and disk.must_reach_offset >= 0
-                    and (a.request.last_offset >= 0 or role_name(n.core) == "candidate")):
-                # (a probe claiming an empty log, which no voter grants, is allowed)
-                self.fail(f"quarantined voter n{n.node_id} stood for election before re-replicating "
-                          f"past {disk.must_reach_offset}")
-            if a.request_id in n.pending_requests:
-                self.fail(f"n{n.node_id} reused request id {a.request_id} while it is outstanding")
-            n.pending_requests[a.request_id] = a.destination
-            self.schedule(self.now_ms + a.timeout_ms, "timeout", n.node_id, n.incarnation, a.request_id)
-            self._send(Message("request", n.node_id, a.destination, n.incarnation, a.request_id, a.request))
-        elif isinstance(a, api.Respond):
-            vote = n.vote_requests.pop(a.token, None)
-            if (isinstance(a.response, m.VoteResponse) and a.response.vote_granted
-                    and disk.must_reach_offset >= 0):
-                # A quarantined voter votes only for a log at least as up to
-                # date as the one it had up to its mark (the disk's, or a
-                # leader's high watermark when it was quarantined).
-                mark = n.quarantine_mark()
-                mark_epoch = disk.epoch_before(mark) if mark > 0 else -1
-                if mark_epoch is None:
-                    self.fail(f"n{n.node_id}: no epoch known for its quarantine mark {mark}")
-                elif vote is None or (vote.last_offset_epoch, vote.last_offset) < (mark_epoch, mark):
-                    self.fail(f"quarantined voter n{n.node_id} granted a vote to a log behind what it had "
-                              f"(mark {mark} in epoch {mark_epoch}; flushed end {disk.flushed_end_offset})")
-            if vote is not None and not vote.pre_vote and a.response.vote_granted:
-                self._check_vote_identity(n, vote)
-            self._respond(n, a)
-        elif isinstance(a, api.WriteSnapshotChunk):
-            disk.write_snapshot_chunk(a.snapshot_id, a.position, a.data)
-        elif isinstance(a, api.InstallSnapshot):
-            p = self.config.snapshot_install_fail_probability
-            if p > 0 and self.rng_disk.random() < p:
-                disk.partial_snapshots.pop(a.snapshot_id, None)  # verification failed: partial deleted
-                ok = False
-            else:
-                ok = disk.install_snapshot(a.snapshot_id, a.size)
-            self.trace(f"n{n.node_id} install snapshot {a.snapshot_id} ok={ok}")
-            if not ok:
-                self.checker.on_quarantine(n)  # its HW falls back with its log
-                n.follow_up.append(api.SnapshotInstallFailed(self.now_ms, a.snapshot_id, "verification failed"))
-        elif isinstance(a, api.AdvanceLogStart):
-            disk.advance_log_start(a.log_start_offset)
-        elif isinstance(a, api.ClearQuarantine):
-            # A node that may vote later (a voter, or anyone once the set is in
-            # the log) clears only once it re-replicated; a static observer at once.
-            floor = n.quarantine_floor
-            if a.must_reach_offset < disk.must_reach_offset and (floor is None or a.must_reach_offset < floor):
-                self.fail(f"n{n.node_id} cleared its quarantine at {a.must_reach_offset}, below the disk's "
-                          f"{disk.must_reach_offset}, without being a leader whose high watermark was there")
-            disk.clear_quarantine(a.must_reach_offset, n.is_voter or n.core.voter_set.kraft_version == 1)
-            n.quarantine_floor = None
-            self.trace(f"n{n.node_id} quarantine cleared at {a.must_reach_offset}")
-        elif isinstance(a, api.CorruptionFound):
-            self.fail(f"n{n.node_id} reported corruption the simulated disk never serves: {a.error}")
-        elif isinstance(a, api.Fatal):
-            self.fail(f"n{n.node_id} raised Fatal: {a.reason}")
+        match a:
+            case api.PersistQuorumState():
+                disk.persist_quorum_state(a.state)
+            case api.AppendBatches():
+                self.checker.wire.on_append(n, a.data, a.base_offset, a.next_offset)
+                disk.append(a.data, a.base_offset, a.next_offset)
+            case api.TruncateLog():
+                self.truncations.append((self.now_ms, n.node_id, a.end_offset))
+                self.checker.on_truncate(n, a.end_offset)
+                disk.truncate(a.end_offset)
+            case api.WriteEpochCheckpoint():
+                disk.write_epoch_checkpoint(a.entries)
+            case api.FlushLog():
+                self._flush_later(n)
+            case api.SendRequest():
+                self._send_request(n, a)
+            case api.Respond():
+                self._check_vote_answer(n, a)
+                self._respond(n, a)
+            case api.WriteSnapshotChunk():
+                disk.write_snapshot_chunk(a.snapshot_id, a.position, a.data)
+            case api.InstallSnapshot():
+                self._install_snapshot(n, a)
+            case api.AdvanceLogStart():
+                disk.advance_log_start(a.log_start_offset)
+            case api.ClearQuarantine():
+                self._clear_quarantine(n, a)
+            case api.FetchedBatchCorrupt():
+                self._fetched_corrupt(n, a)
+            case api.CorruptionFound():
+                self.fail(f"n{n.node_id} reported corruption the simulated disk never serves: {a.error}")
+            case api.Fatal():
+                self.fail(f"n{n.node_id} raised Fatal: {a.reason}")
+            case _:
+                assert_never(a)
+
+    def _flush_later(self, n: SimNode) -> None:
+        """FlushLog: completes after a drawn latency, never before an earlier flush."""
+        lo_ms, hi_ms = self.config.flush_latency_ms
+        done_ms = max(self.now_ms + self.rng_flush.randint(lo_ms, hi_ms), n.last_flush_done_ms)
+        n.last_flush_done_ms = done_ms
+        self.schedule(done_ms, "flush", n.node_id, n.incarnation, n.disk.log_end_offset)
+
+    def _send_request(self, n: SimNode, a: api.SendRequest) -> None:
+        disk = n.disk
+        if (isinstance(a.request, m.VoteRequest) and disk.must_reach_offset >= 0
+                and (a.request.last_offset >= 0 or role_name(n.core) == "candidate")):
+            # (a probe claiming an empty log, which no voter grants, is allowed)
+            self.fail(f"quarantined voter n{n.node_id} stood for election before re-replicating "
+                      f"past {disk.must_reach_offset}")
+        if a.request_id in n.pending_requests:
+            self.fail(f"n{n.node_id} reused request id {a.request_id} while it is outstanding")
+        self.checker.wire.on_send(n, a.request)
+        n.pending_requests[a.request_id] = a.destination
+        self.schedule(self.now_ms + a.timeout_ms, "timeout", n.node_id, n.incarnation, a.request_id)
+        self._send(Message("request", n.node_id, a.destination, n.incarnation, a.request_id, a.request))
+
+    def _check_vote_answer(self, n: SimNode, a: api.Respond) -> None:
+        """QuarantinedVoterVotesByItsOldLog and WipedNodeNeverVotesWithItsOldIdentity
+        on an answer to a VoteRequest (or pre-vote)."""
+        vote = n.vote_requests.pop(a.token, None)
+        granted = isinstance(a.response, m.VoteResponse) and a.response.vote_granted
+        disk = n.disk
+        if granted and disk.must_reach_offset >= 0:
+            # A quarantined voter votes only for a log at least as up to
+            # date as the one it had up to its mark (the disk's, or a
+            # leader's high watermark when it was quarantined).
+            mark = n.quarantine_mark()
+            mark_epoch = disk.epoch_before(mark) if mark > 0 else -1
+            if mark_epoch is None:
+                self.fail(f"n{n.node_id}: no epoch known for its quarantine mark {mark}")
+            elif vote is None or (vote.last_offset_epoch, vote.last_offset) < (mark_epoch, mark):
+                self.fail(f"quarantined voter n{n.node_id} granted a vote to a log behind what it had "
+                          f"(mark {mark} in epoch {mark_epoch}; flushed end {disk.flushed_end_offset})")
+        if vote is not None and not vote.pre_vote and granted:
+            self._check_vote_identity(n, vote)
+
+    def _install_snapshot(self, n: SimNode, a: api.InstallSnapshot) -> None:
+        disk = n.disk
+        p = self.config.snapshot_install_fail_probability
+        if p > 0 and self.rng_disk.random() < p:
+            disk.partial_snapshots.pop(a.snapshot_id, None)  # verification failed: partial deleted
+            ok = False
         else:
-            self.fail(f"n{n.node_id} returned an unknown action {a!r}")
+            ok = disk.install_snapshot(a.snapshot_id, a.size)
+        self.trace(f"n{n.node_id} install snapshot {a.snapshot_id} ok={ok}")
+        if ok:
+            self.checker.wire.on_log_replaced(n)
+        else:
+            self.checker.on_quarantine(n)  # its HW falls back with its log
+            n.follow_up.append(api.SnapshotInstallFailed(self.now_ms, a.snapshot_id, "verification failed"))
+
+    def _clear_quarantine(self, n: SimNode, a: api.ClearQuarantine) -> None:
+        # A node that may vote later (a voter, or anyone once the set is in
+        # the log) clears only once it re-replicated; a static observer at once.
+        disk = n.disk
+        floor = n.quarantine_floor
+        if a.must_reach_offset < disk.must_reach_offset and (floor is None or a.must_reach_offset < floor):
+            self.fail(f"n{n.node_id} cleared its quarantine at {a.must_reach_offset}, below the disk's "
+                      f"{disk.must_reach_offset}, without being a leader whose high watermark was there")
+        disk.clear_quarantine(a.must_reach_offset, n.is_voter or n.core.voter_set.kraft_version == 1)
+        n.quarantine_floor = None
+        self.trace(f"n{n.node_id} quarantine cleared at {a.must_reach_offset}")
+
+    def _fetched_corrupt(self, n: SimNode, a: api.FetchedBatchCorrupt) -> None:
+        """As the runtime executes it: counted (its metric), reported, and
+        nothing else -- the disk is sound, so no quarantine; the core has
+        already dropped the batch and will fetch it again."""
+        n.fetched_corrupt_count += 1
+        self.trace(f"n{n.node_id} fetched batch corrupt at {a.base_offset} (epoch {a.fetch_epoch}): {a.reason}")
+        self.checker.wire.on_fetched_corrupt(n, a)
 
     def _check_vote_identity(self, n: SimNode, vote: m.VoteRequest) -> None:
         """WipedNodeNeverVotesWithItsOldIdentity (KIP-853): a granted vote comes
@@ -693,12 +751,32 @@ class SimCluster:
         if decision == "drop":
             self.trace(f"dropped {msg!r}")
             return
-        assert decision == "deliver", decision
-        transit = self.network.transit_ms(msg.src, msg.dst)
-        if transit is None:
+        invariant(decision in ("deliver", "corrupt"), "intercept decided %r for %r", decision, msg)
+        transit_ms = self.network.transit_ms(msg.src, msg.dst)
+        if transit_ms is None:
             self.trace(f"lost {msg!r}")
             return
-        self.schedule(self.now_ms + transit, "deliver", msg)
+        if msg.kind == "response":
+            msg = self._through_the_wire(msg, decision == "corrupt")
+        self.schedule(self.now_ms + transit_ms, "deliver", msg)
+
+    def _through_the_wire(self, msg: Message, flip: bool) -> Message:
+        """The response as it arrives: with a bit flipped in a fetch answer's
+        batches when the intercept said "corrupt", or by the network's own
+        chance (traced only when it happens: seeds without it replay as before)."""
+        got: tuple[m.FetchResponse, WireFlip] | None
+        if flip:
+            if not isinstance(msg.body, m.FetchResponse) or not msg.body.records:
+                raise ValueError(f"only a fetch answer with records can be corrupted, not {msg!r}")
+            got = self.network.flip(msg.body)
+        else:
+            got = self.network.maybe_flip(msg.body)
+        if got is None:
+            return msg
+        body, where = got
+        self.trace(f"wire flip {msg!r}: batch {where.base_offset} byte {where.byte_position} bit {where.bit}")
+        self.checker.wire.on_flip(msg.dst, where)
+        return Message(msg.kind, msg.src, msg.dst, msg.src_incarnation, msg.request_id, body)
 
     def release(self, msg: Message, delay_ms: int = 0) -> None:
         """Deliver a held message `delay_ms` from now (scenario tests)."""

@@ -42,7 +42,7 @@ import random
 from dataclasses import dataclass
 
 from metalog.broker.quorum.api import LogView, QuorumStateData
-from metalog.broker.quorum.voters import voter_sets_in
+from metalog.broker.quorum.voters import VoterSet, voter_sets_in
 from metalog.protocol import messages as m
 from metalog.storage.batch import BatchHeader, decode_records, iter_batches
 from metalog.storage.epochs import EpochHistory
@@ -90,7 +90,7 @@ class SimDisk:
         # KIP-853: the bootstrap checkpoint `storage format --initial-controllers`
         # writes (a dynamic cluster's initial voters); None: static voters, or
         # formatted with --no-initial-controllers, or lost with a wiped disk.
-        self.bootstrap_voters = None
+        self.bootstrap_voters: VoterSet | None = None
         self.epoch_checkpoint: tuple[tuple[int, int], ...] = ()
         self.snapshots: dict[m.SnapshotId, bytes] = {}  # complete snapshots
         self.partial_snapshots: dict[m.SnapshotId, bytearray] = {}

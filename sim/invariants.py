@@ -27,6 +27,21 @@ After every event (the reference's RaftEventSimulationTest list, plus ours):
   the lost copy harmless (docs/integrity.md, "How a quarantined voter votes").
 * The core's view of its log (start, end) matches the disk the driver wrote.
 
+Fetched-batch corruption (a bit flipped on the wire, sim/network.py), checked
+by ``FetchedCorruptionChecker`` as the driver executes the actions:
+
+* CorruptBatchNeverAppended: every AppendBatches is whole batches with sound
+  headers and CRCs (so nothing damaged is ever applied: a node applies only
+  what it appended and committed).
+* FetchedCorruptionOnlyFromTheWire: a FetchedBatchCorrupt names a batch whose
+  bits the wire flipped on its way to that node (the leader's disk is sound).
+* RefusedBatchNeverAcknowledged: a Fetch acknowledges (by its fetch offset)
+  only records its sender holds, and never past a batch it refused, until a
+  sound copy of that batch (or a snapshot past it) replaced it.
+* FetchedCorruptionConverges (at the end): each node that refused a batch
+  holds that offset with the committed record, unless a later leader's log
+  ended before it (the uncommitted tail it was part of was truncated).
+
 At the end, ``check_final``: ConsistentCommittedData (all nodes agree on every
 offset below their HW, snapshots included), every acknowledged record is
 committed, and every node has caught up to the leader's HW.
@@ -35,13 +50,21 @@ committed, and every node has caught up to the leader's HW.
 from __future__ import annotations
 
 import bisect
+import collections
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from metalog.broker.quorum.api import SnapshotInstallFailed
+from metalog.protocol import messages as m
 from metalog.sim.disk import split_batches
-from metalog.storage.batch import decode_records
+from metalog.storage.batch import batches_sound, decode_records
 
 if TYPE_CHECKING:
+    from metalog.broker.quorum.api import FetchedBatchCorrupt
     from metalog.sim.cluster import ClientAck, SimCluster, SimNode
+    from metalog.sim.network import WireFlip
+
+FLIPS_REMEMBERED_MAX = 64  # per node: flipped answers in flight to it that it may still refuse
 
 
 class Violation(AssertionError):
@@ -62,6 +85,105 @@ def epoch_entries(core: Any) -> list[tuple[int, int]]:
     return [(int(e[0]), int(e[1])) for e in entries]
 
 
+@dataclass
+class Refusal:
+    """A node refused a fetched batch (FetchedBatchCorrupt) and has not yet
+    replaced it with a sound copy."""
+
+    node_id: int
+    base_offset: int
+    at_ms: int
+    refetched: bool = False  # a later Fetch asked for that very offset
+
+
+class FetchedCorruptionChecker:
+    """The invariants of fetched-batch corruption (module docstring), fed by
+    the driver: the flips the wire made, the refusals the cores reported, the
+    appends, Fetches and snapshot installs the driver executed."""
+
+    def __init__(self, cluster: "SimCluster"):
+        self.cluster = cluster
+        self.flips: dict[int, collections.deque[WireFlip]] = {}  # node -> flips sent its way
+        self.pending: dict[int, list[Refusal]] = {}  # node -> refusals not yet replaced
+        self.refusals: list[Refusal] = []  # every one, for the final check and the counts
+        self.flip_count = 0
+        self.resolved_count = 0
+
+    def on_flip(self, dst: int, flip: "WireFlip") -> None:
+        self.flip_count += 1
+        self.flips.setdefault(dst, collections.deque(maxlen=FLIPS_REMEMBERED_MAX)).append(flip)
+
+    def on_fetched_corrupt(self, n: "SimNode", a: "FetchedBatchCorrupt") -> None:
+        """FetchedCorruptionOnlyFromTheWire, then remember the refusal."""
+        flipped = [f for f in self.flips.get(n.node_id, ()) if f.base_offset == a.base_offset]
+        if not flipped:
+            self.cluster.fail(f"n{n.node_id} refused a fetched batch at {a.base_offset} (epoch {a.fetch_epoch}: "
+                              f"{a.reason}) that the wire never damaged: the leader served bad bytes")
+        if a.base_offset is None or n.disk.log_end_offset > a.base_offset:
+            self.cluster.fail(f"n{n.node_id} refused the batch at {a.base_offset} but its log ends at "
+                              f"{n.disk.log_end_offset}, past it")
+        r = Refusal(n.node_id, a.base_offset, self.cluster.now_ms)
+        self.refusals.append(r)
+        self.pending.setdefault(n.node_id, []).append(r)
+
+    def on_append(self, n: "SimNode", data: bytes, base_offset: int, next_offset: int) -> None:
+        """CorruptBatchNeverAppended; a sound batch over a refused offset resolves it."""
+        if not batches_sound(data):
+            self.cluster.fail(f"n{n.node_id} appended a damaged batch at {base_offset}..{next_offset} "
+                              f"(a header or CRC check fails)")
+        self._resolve(n, lambda b: base_offset <= b < next_offset)
+
+    def on_log_replaced(self, n: "SimNode") -> None:
+        """A snapshot install moved the log past some refused offsets: resolved."""
+        end = n.disk.log_end_offset
+        self._resolve(n, lambda b: b < end)
+
+    def _resolve(self, n: "SimNode", covers: Any) -> None:
+        pending = self.pending.get(n.node_id)
+        if not pending:
+            return
+        keep = [r for r in pending if not covers(r.base_offset)]
+        self.resolved_count += len(pending) - len(keep)
+        self.pending[n.node_id] = keep
+
+    def on_send(self, n: "SimNode", request: m.Body) -> None:
+        """RefusedBatchNeverAcknowledged, on every Fetch a node sends."""
+        if not isinstance(request, m.FetchRequest):
+            return
+        offset = request.fetch_offset
+        if offset in self._failing_installs(n):
+            # The core asks past the snapshot whose install fails in this very
+            # step (it learns so from SnapshotInstallFailed, fed next, and rolls
+            # back): the claim names a snapshot, which holds only records
+            # committed before it was written, so it moves no high watermark.
+            return
+        if offset > n.disk.log_end_offset:
+            self.cluster.fail(f"n{n.node_id} fetches at {offset}, acknowledging records past its log end "
+                              f"{n.disk.log_end_offset}")
+        for r in self.pending.get(n.node_id, ()):
+            if offset > r.base_offset:
+                self.cluster.fail(f"n{n.node_id} fetches at {offset}, acknowledging the batch at "
+                                  f"{r.base_offset} it refused as corrupt at t={r.at_ms}")
+            r.refetched |= offset == r.base_offset
+
+    @staticmethod
+    def _failing_installs(n: "SimNode") -> set[int]:
+        return {e.snapshot_id.end_offset for e in n.follow_up if isinstance(e, SnapshotInstallFailed)}
+
+    def check_final(self, leader: "SimNode") -> None:
+        """FetchedCorruptionConverges: each refused offset the cluster committed
+        is held by the node that refused it, as the leader holds it."""
+        hw = leader.core.high_watermark
+        for r in self.refusals:
+            if r.base_offset >= hw:
+                continue  # that tail was never committed: a later leader's log replaced it
+            n = self.cluster.nodes[r.node_id]
+            mine, theirs = n.disk.any_record_at(r.base_offset), leader.disk.any_record_at(r.base_offset)
+            if mine is None or mine != theirs:
+                self.cluster.fail(f"FetchedCorruptionConverges: n{r.node_id} refused the batch at {r.base_offset} "
+                                  f"at t={r.at_ms} and now holds {mine} there, the leader {theirs}")
+
+
 class InvariantChecker:
     def __init__(self, cluster: "SimCluster"):
         self.cluster = cluster
@@ -72,6 +194,7 @@ class InvariantChecker:
         self.acked_offsets: list[int] = []
         self.checked: dict[int, tuple[int, int]] = {}  # node -> (disk version, offsets verified below)
         self.checked_changes: dict[int, tuple[int, int, int]] = {}  # node -> its latest voter change checked
+        self.wire = FetchedCorruptionChecker(cluster)
 
     def fail(self, reason: str) -> None:
         self.cluster.fail(reason)
@@ -322,3 +445,4 @@ def check_final(cluster: "SimCluster") -> None:
         if ref.get(o) != (ack.epoch, ack.value):
             cluster.fail(f"acknowledged record at {o} ({ack.value!r}, epoch {ack.epoch}) is "
                          f"{ref.get(o)} in the leader's committed log")
+    cluster.checker.wire.check_final(leader)

@@ -1,10 +1,23 @@
-"""SimNetwork: who can reach whom, and how long a message takes.
+"""SimNetwork: who can reach whom, how long a message takes, and what the wire
+does to the bytes of a fetch answer.
 
 The network decides the fate of one message at send time: dropped (random
 loss, an isolated node, a one-way cut) or delivered after ``delay + jitter``
 milliseconds. Jitter alone reorders messages. A cut made while a message is in
 flight also drops it on arrival (``reachable`` is asked again at delivery).
-All randomness comes from the ``random.Random`` handed in.
+The timing randomness comes from the ``random.Random`` handed in as ``rng``.
+
+Wire corruption (``fetch_flip_probability``): a fetch answer that carries
+records may arrive with one bit flipped in one of its batches, the fault the
+follower's CRC check exists for (the core drops that batch and what follows
+and fetches it again: ``FetchedBatchCorrupt``). The bit is chosen where the
+batch's own checks see it, from the magic byte to the end (magic, the CRC,
+and the CRC-covered attributes, counts and records). A flip in the base
+offset, length or leader epoch is outside the CRC in Kafka's format as in
+ours (TCP's checksum and TLS's MAC are what guard those): injecting it would
+test the format, not the code. Its dice are a stream of their own
+(``rng_wire``), never ``rng``: a seed whose answers are never flipped replays
+exactly as it did before the fault existed.
 """
 
 from __future__ import annotations
@@ -12,12 +25,32 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+import msgspec
+
+from metalog.protocol import messages as m
+from metalog.storage.batch import CRC_OFFSET, iter_batches
+
+MAGIC_POSITION = CRC_OFFSET - 1  # the byte before the CRC: the first one a batch's checks cover
+
 
 @dataclass
 class NetworkConfig:
     delay_ms: int = 1
     jitter_ms: int = 4
     drop_probability: float = 0.0
+    # Per fetch answer carrying records: the chance that one bit of it flips on the wire.
+    fetch_flip_probability: float = 0.0
+
+
+@dataclass(frozen=True)
+class WireFlip:
+    """One bit flipped in a fetch answer: which batch, where, and its bytes as they arrive."""
+
+    base_offset: int  # of the damaged batch (the flip never touches this field)
+    batch_epoch: int
+    byte_position: int  # in the batch
+    bit: int
+    corrupt_batch: bytes  # the damaged batch, as the follower receives it
 
 
 @dataclass
@@ -26,6 +59,8 @@ class SimNetwork:
     config: NetworkConfig = field(default_factory=NetworkConfig)
     isolated: set[int] = field(default_factory=set)
     cuts: set[tuple[int, int]] = field(default_factory=set)  # (src, dst): src's messages to dst are lost
+    # The wire-corruption dice (see the module docstring); the cluster seeds it from the seed.
+    rng_wire: random.Random = field(default_factory=lambda: random.Random(0))
 
     def reachable(self, src: int, dst: int) -> bool:
         if src == dst:
@@ -40,8 +75,32 @@ class SimNetwork:
             return None
         if self.config.drop_probability and self.rng.random() < self.config.drop_probability:
             return None
-        jitter = self.rng.randint(0, self.config.jitter_ms) if self.config.jitter_ms else 0
-        return self.config.delay_ms + jitter
+        jitter_ms = self.rng.randint(0, self.config.jitter_ms) if self.config.jitter_ms else 0
+        return self.config.delay_ms + jitter_ms
+
+    def maybe_flip(self, body: m.Body | None) -> tuple[m.FetchResponse, WireFlip] | None:
+        """By the configured chance, `body` (a fetch answer with records) as it
+        arrives with one bit flipped, and where; None: it arrives intact. Draws
+        nothing for any other message, nor when the chance is 0."""
+        p = self.config.fetch_flip_probability
+        if not p or not isinstance(body, m.FetchResponse) or not body.records:
+            return None
+        if self.rng_wire.random() >= p:
+            return None
+        return self.flip(body)
+
+    def flip(self, body: m.FetchResponse) -> tuple[m.FetchResponse, WireFlip]:
+        """`body` with one bit flipped in one of its batches (chosen by rng_wire)."""
+        batches = [(pos, h) for pos, h in iter_batches(body.records)]
+        if not batches:
+            raise ValueError("a fetch answer without a whole batch has nothing to flip")
+        pos, h = self.rng_wire.choice(batches)
+        at = self.rng_wire.randrange(MAGIC_POSITION, h.size)
+        bit = self.rng_wire.randrange(8)
+        records = bytearray(body.records)
+        records[pos + at] ^= 1 << bit
+        flip = WireFlip(h.base_offset, h.leader_epoch, at, bit, bytes(records[pos:pos + h.size]))
+        return msgspec.structs.replace(body, records=bytes(records)), flip
 
     def isolate(self, node: int) -> None:
         self.isolated.add(node)

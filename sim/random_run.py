@@ -10,7 +10,15 @@ silent) and restart it later,
 crash the leader, kill all nodes, kill-and-wipe, pause a node (a zombie: it
 resumes later with stale state and a backlog), pause the leader, isolate a
 node or the leader, cut one direction between two nodes, a burst of packet
-loss.
+loss, corruption of a node's disk (while it is down, or found by the scrubber
+of a running node).
+
+Besides these, two kinds run from streams of their own, so that a seed
+without them replays exactly as it did before they existed: voter changes
+(KIP-853) in half the seeds, and wire corruption in half the seeds (a bit
+flipped in a fetch answer's batches on its way to a follower, by a chance
+per answer drawn for the seed; see sim/network.py). SIM_MEMBERSHIP=0 and
+SIM_WIRE_FLIPS=0 turn them off.
 
 Kill-and-wipe and Raft: a voter that loses its log AND its vote could vote
 twice in one epoch and elect a leader without committed data -- unsafe by
@@ -38,6 +46,11 @@ SILENT_CRASH_PROBABILITY = 0.25
 # the other seeds replay exactly as before (SIM_MEMBERSHIP=0: none).
 MEMBERSHIP_SEED_SHARE = 0.5
 STATIC_START_SHARE = 0.25
+# The share of seeds whose fetch answers may arrive with a bit flipped, and
+# the chances per answer a seed draws from (one stream of their own).
+WIRE_FLIP_SEED_SHARE = 0.5
+WIRE_FLIP_PROBABILITIES = (0.02, 0.05, 0.1)
+WIRE_SALT = 0xF11C
 AUTO_JOIN_SHARE = 0.33
 MEMBERSHIP_WEIGHTS = (("add_voter", 3), ("remove_voter", 2), ("remove_leader", 1), ("replace_voter", 2))
 FAULT_WEIGHTS = (
@@ -58,7 +71,8 @@ class RunResult:
     # One per watched isolation of a follower (see RandomRun._watch_rejoin):
     # (epochs bumped in the window, healed within it?, lossless network?)
     rejoin_samples: list[tuple[int, bool, bool]] = field(default_factory=list)
-    faults: dict[str, int] = field(default_factory=dict)
+    faults: dict[str, int] = field(default_factory=dict)  # kind -> how many were injected
+    drawn: dict[str, int] = field(default_factory=dict)  # kind -> how many times the dice chose it
 
 
 def config_for_seed(rng_seed: int, snapshots: bool) -> SimConfig:
@@ -80,6 +94,8 @@ class RandomRun:
                            and self.rng_members.random() < MEMBERSHIP_SEED_SHARE)
         config = config_for_seed(seed, snapshots)
         config.dynamic = self.membership
+        self.wire_flip_probability = wire_flip_probability(seed)
+        config.network.fetch_flip_probability = self.wire_flip_probability
         if self.membership:
             # A quarter start as static voters and upgrade online (kraft.version
             # 0 -> 1, UpdateFeatures); a third run with auto-join (KIP-1186) on.
@@ -92,6 +108,7 @@ class RandomRun:
         self.rng = self.cluster.rng_faults
         self.base_drop = self.cluster.config.network.drop_probability
         self.fault_counts: dict[str, int] = {}
+        self.drawn_counts: dict[str, int] = {}  # fault kinds drawn, injected or not
         self.member_counts: dict[str, int] = {}  # voter changes asked for (KIP-853)
         self.faults_on = True
         self.client_on = True
@@ -122,6 +139,7 @@ class RandomRun:
         kinds = [k for k, _ in FAULT_WEIGHTS]
         weights = [w for _, w in FAULT_WEIGHTS]
         kind = self.rng.choices(kinds, weights)[0]
+        self.drawn_counts[kind] = self.drawn_counts.get(kind, 0) + 1
         for w in list(self.rejoin_watches):
             self._close_rejoin(w)  # another fault strikes: judge the window as it stands
         c.note_fault()
@@ -261,6 +279,7 @@ class RandomRun:
             return
         kinds = [k for k, _ in MEMBERSHIP_WEIGHTS]
         kind = r.choices(kinds, [w for _, w in MEMBERSHIP_WEIGHTS])[0]
+        self.drawn_counts[kind] = self.drawn_counts.get(kind, 0) + 1
         outside = [n for n in sorted(c.nodes) if n not in vs.directory_ids]
         if kind == "add_voter" and outside:
             nid = r.choice(outside)
@@ -456,6 +475,7 @@ class RandomRun:
         for w in list(self.rejoin_watches):
             self._close_rejoin(w)
         self.cluster.network.config.drop_probability = self.base_drop
+        self.cluster.network.config.fetch_flip_probability = 0.0  # the wire heals too
         self._heal(None)
         for n in c.nodes.values():
             if not n.alive:
@@ -469,8 +489,20 @@ class RandomRun:
         leader = c.current_leader()
         return RunResult(self.seed, c.trace_hash, c.events_processed, len(c.acks),
                          leader.core.high_watermark, list(c.failover_samples),
-                         faults={**self.fault_counts, **self.member_counts},
-                         rejoin_samples=list(self.rejoin_samples))
+                         faults={**self.fault_counts, **self.member_counts, **self._wire_counts()},
+                         drawn=self._drawn(), rejoin_samples=list(self.rejoin_samples))
+
+    def _wire_counts(self) -> dict[str, int]:
+        """Bits flipped on the wire, and fetched batches refused for it (only kinds that happened)."""
+        wire = self.cluster.checker.wire
+        counts = {"wire_flip": wire.flip_count, "fetched_corrupt_refused": len(wire.refusals)}
+        return {k: v for k, v in counts.items() if v}
+
+    def _drawn(self) -> dict[str, int]:
+        drawn = dict(self.drawn_counts)
+        if self.wire_flip_probability:
+            drawn["wire_flip"] = 1  # drawn once per seed: its chance per fetch answer
+        return drawn
 
     def _settled(self) -> bool:
         c = self.cluster
@@ -479,6 +511,14 @@ class RandomRun:
             return False
         hw = leader.core.high_watermark
         return hw == leader.core.log_end_offset and all(n.core.high_watermark == hw for n in c.nodes.values())
+
+
+def wire_flip_probability(seed: int) -> float:
+    """The chance per fetch answer that a bit flips on the wire in this seed (0: never)."""
+    if os.environ.get("SIM_WIRE_FLIPS", "1") == "0":
+        return 0.0
+    r = random.Random((seed << 16) ^ WIRE_SALT)
+    return r.choice(WIRE_FLIP_PROBABILITIES) if r.random() < WIRE_FLIP_SEED_SHARE else 0.0
 
 
 def run_seed(seed: int, duration_ms: int | None = None, settle_ms: int = 15000,

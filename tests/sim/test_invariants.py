@@ -15,7 +15,7 @@ from metalog.broker.quorum.voters import VoterSet, VoterSetHistory
 from metalog.protocol import messages as m
 from metalog.storage.batch import encode_batch
 from metalog.sim.cluster import SimCluster, SimConfig
-from metalog.sim.invariants import Violation, check_final
+from metalog.sim.invariants import Refusal, Violation, check_final
 
 
 class PuppetCore:
@@ -213,3 +213,60 @@ def test_final_check_reports_a_node_that_has_not_caught_up():
         c.step(c.nodes[node], api.Tick(c.now_ms))
     with pytest.raises(Violation, match="n3 has not caught up: HW 0, leader HW 2"):
         check_final(c)
+
+
+# -------------------------------------------------- fetched-batch corruption
+
+
+def fetch(c: SimCluster, node: int, offset: int) -> None:
+    """The puppet at `node` sends a Fetch claiming everything below `offset`."""
+    c.nodes[node].core.script = [api.SendRequest(1, 500 + offset, m.FetchRequest(
+        cluster_id="sim-cluster", replica_id=node, max_wait_ms=0, current_leader_epoch=1,
+        fetch_offset=offset, last_fetched_epoch=1), 1000)]
+    c.step(c.nodes[node], api.Tick(c.now_ms))
+
+
+def test_appending_a_damaged_batch_is_a_violation():
+    c = cluster()
+    bad = bytearray(encode_batch(0, 1, [b"x0", b"x1"], 0))
+    bad[-1] ^= 0x04  # in the CRC-covered records
+    c.nodes[2].core.script = [api.AppendBatches(bytes(bad), 0, 2)]
+    with pytest.raises(Violation, match="n2 appended a damaged batch at 0..2"):
+        c.step(c.nodes[2], api.Tick(c.now_ms))
+
+
+def test_refusing_a_batch_the_wire_never_damaged_is_a_violation():
+    c = cluster()
+    c.nodes[2].core.script = [api.FetchedBatchCorrupt(0, 1, "CRC mismatch")]
+    with pytest.raises(Violation, match="n2 refused a fetched batch at 0 .* that the wire never damaged"):
+        c.step(c.nodes[2], api.Tick(c.now_ms))
+
+
+def test_a_fetch_past_a_refused_batch_or_past_the_log_end_is_a_violation():
+    c = cluster()
+    append(c, 2, 0, 1, n=2)
+    body = m.FetchResponse(high_watermark=0, records=encode_batch(2, 1, [b"x2", b"x3"], 0))
+    _, flip = c.network.flip(body)
+    c.checker.wire.on_flip(2, flip)  # as the driver reports a flip on its way to n2
+    c.nodes[2].core.script = [api.FetchedBatchCorrupt(2, 1, "CRC mismatch")]
+    c.step(c.nodes[2], api.Tick(c.now_ms))
+    assert c.nodes[2].fetched_corrupt_count == 1 and c.checker.wire.pending[2][0].base_offset == 2
+    fetch(c, 2, 2)  # asking for it again: fine
+    assert c.checker.wire.pending[2][0].refetched
+    # A Fetch claiming the refused batch it does not hold.
+    with pytest.raises(Violation, match="n2 fetches at 4, acknowledging records past its log end 2"):
+        fetch(c, 2, 4)
+    c2 = cluster()
+    append(c2, 2, 0, 1, n=4)
+    c2.checker.wire.pending[2] = [Refusal(2, 2, 0)]  # refused at 2, and still unresolved though the log is past it
+    with pytest.raises(Violation, match="n2 fetches at 4, acknowledging the batch at 2 it refused"):
+        fetch(c2, 2, 4)
+
+
+def test_a_sound_copy_of_a_refused_batch_resolves_it():
+    c = cluster()
+    append(c, 2, 0, 1, n=2)
+    c.checker.wire.pending[2] = [Refusal(2, 2, 0)]
+    append(c, 2, 2, 1, n=2)
+    assert c.checker.wire.pending[2] == [] and c.checker.wire.resolved_count == 1
+    fetch(c, 2, 4)  # now it may acknowledge past it
