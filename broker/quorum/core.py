@@ -179,13 +179,13 @@ class QuorumCore:
             # none is newer than the epoch we were in.
             self.log.must_reach_epoch = max(self.state.epoch, self.log.last_epoch())
         self._handlers = {
-            RequestReceived: lambda ev, now: inbound.on_request(self, ev.token, ev.request, now),
+            RequestReceived: lambda ev, now_ms: inbound.on_request(self, ev.token, ev.request, now_ms),
             ResponseReceived: self._on_response,
-            Tick: lambda ev, now: self._learn_wall_clock(ev.wall_clock_ms, now),
+            Tick: lambda ev, now_ms: self._learn_wall_clock(ev.wall_clock_ms, now_ms),
             FlushCompleted: self._on_flush,
             ClientAppend: self._on_client_append,
             RequestFailed: self._on_request_failed,
-            SnapshotCreated: lambda ev, now: self.log.add_snapshot(ev.snapshot_id),
+            SnapshotCreated: lambda ev, now_ms: self.log.add_snapshot(ev.snapshot_id),
             Shutdown: self._on_shutdown,
             StallReads: self._on_stall_reads,
             LogQuarantined: self._on_quarantined,
@@ -341,34 +341,34 @@ class QuorumCore:
     def step(self, event: Event) -> list[Action]:
         if self._fatal is not None:
             return []
-        now = event.now_ms
-        if now < self.now_ms:
-            now = self.now_ms  # time never runs backwards inside the core
-        self.now_ms = now
+        now_ms = event.now_ms
+        if now_ms < self.now_ms:
+            now_ms = self.now_ms  # time never runs backwards inside the core
+        self.now_ms = now_ms
         self.outbox.actions = []
         self.appended_this_step = False
         if not self._booted:
-            self._boot(now)
-        self.state.before_event(now)
+            self._boot(now_ms)
+        self.state.before_event(now_ms)
         handler = self._handlers.get(type(event))
         if handler is None:
             raise TypeError(f"unknown event type {type(event).__name__}")
-        handler(event, now)
+        handler(event, now_ms)
         if self._voters_changed_in_step and self._fatal is None:
             self._voters_changed_in_step = False
-            self.state.on_voters_changed(now)
-        self._poll_until_settled(now)
+            self.state.on_voters_changed(now_ms)
+        self._poll_until_settled(now_ms)
         if (self._fatal is None and not self.is_voter and not self.state.is_leader
                 and self.state.role is not Role.OBSERVER):
             # KIP-853: a leader whose removal was pending resigned (check-quorum,
             # shutdown, a newer epoch): no voter role is left for it, and a
             # resigned non-voter would neither stand nor fetch. (Static
             # observers never get here: they are observers from the start.)
-            self.become_observer(now)
-            self.state.poll(now)
+            self.become_observer(now_ms)
+            self.state.poll(now_ms)
         return self.outbox.take()
 
-    def _poll_until_settled(self, now: int) -> None:
+    def _poll_until_settled(self, now_ms: int) -> None:
         """Poll the current role; a role that a poll replaced is polled too, in
         the same step: a prospective whose round times out becomes a follower
         inside its own poll, and that follower's first Fetch must go out now,
@@ -380,16 +380,16 @@ class QuorumCore:
             if self._fatal is not None:
                 return
             polled = self.state
-            polled.poll(now)
+            polled.poll(now_ms)
             if self.state is polled:
                 return
 
-    def _boot(self, now: int) -> None:
+    def _boot(self, now_ms: int) -> None:
         self._booted = True
         if self._persist_on_boot:
             self._persist(self.state)
         self.log.maybe_clear_quarantine(self.may_vote_later)
-        self.state.on_boot(now)
+        self.state.on_boot(now_ms)
 
     # ------------------------------------------------------------------
     # role transitions: the only place the role changes
@@ -401,7 +401,7 @@ class QuorumCore:
         """What PersistQuorumState writes for `state`."""
         return QuorumStateData(state.epoch, state.persisted_leader_id(), state.voted_id, self.voters)
 
-    def transition(self, new: RoleState, now: int) -> None:
+    def transition(self, new: RoleState, now_ms: int) -> None:
         """Kafka's durableTransitionTo: persist the new role's election state
         (the action comes before any answer the new role gives), make it the
         current role, let it start, then let the old one answer what only it
@@ -419,35 +419,35 @@ class QuorumCore:
         # (else the disk already says it: e.g. a prospective back to following
         # its leader, KIP-996 -- no write, no fsync)
         self.state = new
-        new.on_enter(now)
-        old.on_exit(now)
+        new.on_enter(now_ms)
+        old.on_exit(now_ms)
 
-    def become_unattached(self, epoch: int, now: int) -> None:
+    def become_unattached(self, epoch: int, now_ms: int) -> None:
         old = self.state
         invariant(epoch > old.epoch, "unattached in epoch %d, not past %d", epoch, old.epoch)
         if self.is_voter:
-            self.transition(UnattachedState(self, epoch), now)
+            self.transition(UnattachedState(self, epoch), now_ms)
             return
         if not isinstance(old, FollowerState):
             # A voter role (or a leader) whose node a VotersRecord of this
             # step removed (KIP-853): an observer now, in the new epoch.
-            self.transition(FollowerState(self, epoch, NO_LEADER, -1), now)
+            self.transition(FollowerState(self, epoch, NO_LEADER, -1), now_ms)
             return
         # An observer stays one, without a leader; its fetch loop keeps its pace.
         self.transition(FollowerState(self, epoch, NO_LEADER, -1, start=False,
                                       fetch_retry_at_ms=old.fetch_retry_at_ms,
-                                      need_epoch_check=old.need_epoch_check), now)
+                                      need_epoch_check=old.need_epoch_check), now_ms)
 
-    def become_observer(self, now: int) -> None:
+    def become_observer(self, now_ms: int) -> None:
         """We left the voter set (KIP-853): replicate as an observer, keeping
         the epoch, the leader we know and the vote we cast in it. A leader
         gets here once the VotersRecord that removed it is committed."""
         st = self.state
         invariant(not self.is_voter, "node %d is a voter: it cannot become an observer", self.node_id)
         leader = st.leader_id if st.leader_id != self.node_id else NO_LEADER
-        self.transition(FollowerState(self, st.epoch, leader, st.voted_id), now)
+        self.transition(FollowerState(self, st.epoch, leader, st.voted_id), now_ms)
 
-    def become_leaderless_voter(self, now: int) -> None:
+    def become_leaderless_voter(self, now_ms: int) -> None:
         """A follower with no leader that the voter set just made a voter:
         unattached, or voted if it voted in this epoch (the vote is kept)."""
         st = self.state
@@ -455,33 +455,33 @@ class QuorumCore:
             raise InvariantViolation(f"a leaderless voter comes from a leaderless follower, not {st.role} "
                                      f"(leader {st.leader_id}, voter {self.is_voter})")
         new = VotedState(self, st.epoch, st.voted_id) if st.voted_id >= 0 else UnattachedState(self, st.epoch)
-        self.transition(new, now)
+        self.transition(new, now_ms)
 
-    def become_voted(self, candidate_id: int, now: int) -> None:
-        self.transition(VotedState(self, self.state.epoch, candidate_id), now)
+    def become_voted(self, candidate_id: int, now_ms: int) -> None:
+        self.transition(VotedState(self, self.state.epoch, candidate_id), now_ms)
 
-    def stand(self, now: int) -> None:
+    def stand(self, now_ms: int) -> None:
         """Start an election -- unless quarantined: first ask the voters for
         pre-votes (KIP-996) in our epoch + 1, bumping and persisting nothing."""
         invariant(self.is_voter, "node %d stands but is not a voter", self.node_id)
         if self.quarantined:
             # Not before we hold again everything we may have acknowledged.
-            self.state.postpone_candidacy(now)
+            self.state.postpone_candidacy(now_ms)
             election.probe_for_leader(self)
             return
-        self.transition(ProspectiveState(self, self.state), now)
+        self.transition(ProspectiveState(self, self.state), now_ms)
 
-    def become_candidate(self, now: int) -> None:
+    def become_candidate(self, now_ms: int) -> None:
         """A majority would vote for us: stand for real in the next epoch
         (persisted vote for ourselves)."""
         st = self.state
         if not isinstance(st, ProspectiveState):
             raise InvariantViolation(f"a candidate comes from prospective, not {st.role}")
         if self.quarantined:
-            self.state.postpone_candidacy(now)
+            self.state.postpone_candidacy(now_ms)
             election.probe_for_leader(self)
             return
-        self.transition(CandidateState(self, st.epoch + 1), now)
+        self.transition(CandidateState(self, st.epoch + 1), now_ms)
 
     @property
     def may_vote_later(self) -> bool:
@@ -551,58 +551,58 @@ class QuorumCore:
             candidate_directory_id=self.directory_id, voter_id=voter,
             voter_directory_id=self.voter_set.directory_id_of(voter))
 
-    def note_leader_contact(self, now: int) -> None:
+    def note_leader_contact(self, now_ms: int) -> None:
         """The leader of our epoch answered or spoke to us just now."""
-        self._leader_contact = (self.state.epoch, now)
+        self._leader_contact = (self.state.epoch, now_ms)
 
     def forget_leader_contact(self) -> None:
         """The leader is leaving or gone (EndQuorumEpoch, its connection reset)."""
         self._leader_contact = (-1, 0)
 
-    def note_pre_vote_granted(self, now: int) -> None:
-        self._pre_vote_granted = (self.state.epoch, now)
+    def note_pre_vote_granted(self, now_ms: int) -> None:
+        self._pre_vote_granted = (self.state.epoch, now_ms)
 
-    def granted_pre_vote_recently(self, now: int) -> bool:
+    def granted_pre_vote_recently(self, now_ms: int) -> bool:
         epoch, at_ms = self._pre_vote_granted
-        return epoch == self.state.epoch and now - at_ms < self.config.election_timeout_ms
+        return epoch == self.state.epoch and now_ms - at_ms < self.config.election_timeout_ms
 
-    def heard_from_leader_recently(self, now: int) -> bool:
+    def heard_from_leader_recently(self, now_ms: int) -> bool:
         epoch, at_ms = self._leader_contact
-        return epoch == self.state.epoch and now - at_ms < self.config.fetch_timeout_ms
+        return epoch == self.state.epoch and now_ms - at_ms < self.config.fetch_timeout_ms
 
-    def become_leader(self, now: int) -> None:
+    def become_leader(self, now_ms: int) -> None:
         cand = self.state
         if not isinstance(cand, CandidateState):
             raise InvariantViolation(f"a leader comes from candidate, not {cand.role}")
         self.election_retries = 0
-        self.transition(LeaderState(self, cand.epoch, cand.voted_id, sorted(cand.granted), now), now)
+        self.transition(LeaderState(self, cand.epoch, cand.voted_id, sorted(cand.granted), now_ms), now_ms)
 
-    def become_follower(self, epoch: int, leader_id: int, now: int) -> None:
+    def become_follower(self, epoch: int, leader_id: int, now_ms: int) -> None:
         invariant(leader_id >= 0 and leader_id != self.node_id, "node %d cannot follow leader %d",
                   self.node_id, leader_id)
         old = self.state
         voted = old.voted_id if epoch == old.epoch else -1
         self.election_retries = 0
-        self.transition(FollowerState(self, epoch, leader_id, voted), now)
+        self.transition(FollowerState(self, epoch, leader_id, voted), now_ms)
 
-    def resign(self, now: int) -> None:
+    def resign(self, now_ms: int) -> None:
         """Leader steps down but keeps the epoch (graceful, check-quorum, quarantine)."""
         leader = self.state
         if not isinstance(leader, LeaderState):
             raise InvariantViolation(f"only a leader resigns, not {leader.role}")
-        self.transition(ResignedState(self, leader.epoch, leader.voted_id, leader.successors()), now)
+        self.transition(ResignedState(self, leader.epoch, leader.voted_id, leader.successors()), now_ms)
 
-    def learn_leader(self, leader_id: int, epoch: int, now: int) -> None:
+    def learn_leader(self, leader_id: int, epoch: int, now_ms: int) -> None:
         """Someone told us (leader_id, epoch): move forward if it is news."""
         st = self.state
         if epoch > st.epoch:
             if leader_id >= 0 and leader_id != self.node_id:
-                self.become_follower(epoch, leader_id, now)
+                self.become_follower(epoch, leader_id, now_ms)
             else:
-                self.become_unattached(epoch, now)
+                self.become_unattached(epoch, now_ms)
         elif epoch == st.epoch and leader_id >= 0 and leader_id != self.node_id:
             if st.leader_id == NO_LEADER:
-                st.on_leader_claimed(leader_id, epoch, now)
+                st.on_leader_claimed(leader_id, epoch, now_ms)
             elif st.leader_id != leader_id:
                 self.fail(f"two leaders in epoch {epoch}: {st.leader_id} and {leader_id}")
 
@@ -624,13 +624,13 @@ class QuorumCore:
         bound = 2 << min(retries - 1, 20)
         return min(RETRY_BACKOFF_BASE_MS * self.random.randrange(bound), self.config.election_backoff_max_ms)
 
-    def _learn_wall_clock(self, wall_clock_ms: int, now: int) -> None:
+    def _learn_wall_clock(self, wall_clock_ms: int, now_ms: int) -> None:
         if wall_clock_ms >= 0:
-            self._wall_minus_now_ms = wall_clock_ms - now
+            self._wall_minus_now_ms = wall_clock_ms - now_ms
 
-    def timestamp(self, now: int) -> int:
+    def timestamp(self, now_ms: int) -> int:
         """Batch timestamp: the driver's wall clock, as of its last report."""
-        return max(0, now + self._wall_minus_now_ms)
+        return max(0, now_ms + self._wall_minus_now_ms)
 
     def send(self, destination: int, body: m.Body, kind: RequestKind, position: int = 0) -> int:
         return self.outbox.send(destination, body, kind, self.state.epoch, position)
@@ -644,18 +644,18 @@ class QuorumCore:
     def error_response(self, req: m.Body, code: int, message: str | None = None) -> m.Body:
         return error_response(req, code, message, self.current_leader())
 
-    def handle_fetch(self, token: Any, req: m.FetchRequest, now: int, completing: bool) -> None:
+    def handle_fetch(self, token: Any, req: m.FetchRequest, now_ms: int, completing: bool) -> None:
         """A Fetch, new or parked (completing): see metalog.broker.quorum.inbound."""
-        inbound.handle_fetch(self, token, req, now, completing)
+        inbound.handle_fetch(self, token, req, now_ms, completing)
 
     # ------------------------------------------------------------------
     # other events
 
-    def _on_client_append(self, ev: ClientAppend, now: int) -> None:
-        self._learn_wall_clock(ev.wall_clock_ms, now)
-        self.client_append(now, ev.waiters, ev.records, ev.producers)
+    def _on_client_append(self, ev: ClientAppend, now_ms: int) -> None:
+        self._learn_wall_clock(ev.wall_clock_ms, now_ms)
+        self.client_append(now_ms, ev.waiters, ev.records, ev.producers)
 
-    def client_append(self, now: int, waiters: list[AppendWaiter], records: list[bytes],
+    def client_append(self, now_ms: int, waiters: list[AppendWaiter], records: list[bytes],
                       producers: list[tuple[int, int, int] | None] | None = None) -> None:
         total = sum(n for _, n in waiters)
         if total != len(records) or any(n <= 0 for _, n in waiters):
@@ -675,25 +675,25 @@ class QuorumCore:
                     # Both would have been judged against the same producer state.
                     raise ValueError(f"producer id {p[0]} appears twice in one ClientAppend")
                 seen.add(p[0])
-        self.state.client_append(waiters, records, now, producers)
+        self.state.client_append(waiters, records, now_ms, producers)
 
-    def _on_flush(self, ev: FlushCompleted, now: int) -> None:
+    def _on_flush(self, ev: FlushCompleted, now_ms: int) -> None:
         if self.log.on_flushed(ev.flushed_end_offset):
-            self.state.on_flushed(now)
+            self.state.on_flushed(now_ms)
             self.log.maybe_clear_quarantine(self.may_vote_later)
 
-    def _on_shutdown(self, ev: Shutdown, now: int) -> None:
+    def _on_shutdown(self, ev: Shutdown, now_ms: int) -> None:
         self.shutting_down = True
         self.state.election_deadline_ms = None
-        self.state.on_shutdown(now)
+        self.state.on_shutdown(now_ms)
 
-    def _on_stall_reads(self, ev: StallReads, now: int) -> None:
+    def _on_stall_reads(self, ev: StallReads, now_ms: int) -> None:
         self.read_stall_until_ms = max(self.read_stall_until_ms, ev.until_ms)
         reads = getattr(self.state, "reads", None)
         if reads is not None:
             reads.stall(self.read_stall_until_ms)  # fetches parked before it have not been read yet either
 
-    def _on_quarantined(self, ev: LogQuarantined, now: int) -> None:
+    def _on_quarantined(self, ev: LogQuarantined, now_ms: int) -> None:
         """The driver cut the log at the last good batch (the quarantine state
         is already durable). Fix our view; then each role does what it must (a
         leader resigns, a candidate withdraws, a follower re-validates)."""
@@ -707,29 +707,29 @@ class QuorumCore:
             # is in that tail), no leader could ever be elected (sim seed 1127).
             must = min(must, uncommitted)
         self.log.cut_for_quarantine(ev.log_end_offset, must, self.state.epoch)
-        self.state.on_log_cut(now)
+        self.state.on_log_cut(now_ms)
         self.log.maybe_clear_quarantine(self.may_vote_later)
 
-    def _on_install_failed(self, ev: SnapshotInstallFailed, now: int) -> None:
+    def _on_install_failed(self, ev: SnapshotInstallFailed, now_ms: int) -> None:
         """The driver rejected the download and kept its log: so do we."""
         self.log.rollback_install(ev.snapshot_id)
-        self.state.on_log_rewound(now)
+        self.state.on_log_rewound(now_ms)
 
-    def _on_request_failed(self, ev: RequestFailed, now: int) -> None:
+    def _on_request_failed(self, ev: RequestFailed, now_ms: int) -> None:
         req = self.outbox.settle(ev.request_id)
         if req is None:
             return
         if req.kind in FETCH_LOOP:
-            self.state.fetch_failed(ev.request_id, ev.destination, ev.reason, req.epoch, now)
+            self.state.fetch_failed(ev.request_id, ev.destination, ev.reason, req.epoch, now_ms)
         elif req.kind in NOTIFICATIONS:
-            self.state.notification_failed(req.destination, ev.request_id, now)
+            self.state.notification_failed(req.destination, ev.request_id, now_ms)
         elif req.kind is RequestKind.MEMBERSHIP:
-            self.state.on_membership_failed(ev.request_id, now)
+            self.state.on_membership_failed(ev.request_id, now_ms)
         elif req.kind in (RequestKind.VOTE, RequestKind.PRE_VOTE):
-            self.state.vote_request_failed(ev.destination, ev.request_id, now)
+            self.state.vote_request_failed(ev.destination, ev.request_id, now_ms)
         # PROBE: the quarantined voter keeps waiting for its election timeout.
 
-    def _on_response(self, ev: ResponseReceived, now: int) -> None:
+    def _on_response(self, ev: ResponseReceived, now_ms: int) -> None:
         req = self.outbox.settle(ev.request_id)
         if req is None:
             return
@@ -737,9 +737,9 @@ class QuorumCore:
         # Whatever the request, a newer epoch in the answer is news we act on.
         cl = getattr(resp, "current_leader", None)
         if cl is not None:
-            self.learn_leader(cl.leader_id, cl.leader_epoch, now)
+            self.learn_leader(cl.leader_id, cl.leader_epoch, now_ms)
         elif isinstance(resp, (m.VoteResponse, m.BeginQuorumEpochResponse, m.EndQuorumEpochResponse)):
-            self.learn_leader(resp.leader_id, resp.leader_epoch, now)
+            self.learn_leader(resp.leader_id, resp.leader_epoch, now_ms)
         if self._fatal is not None:
             return
         kind = req.kind
@@ -751,13 +751,13 @@ class QuorumCore:
         if req.epoch != self.state.epoch or kind is RequestKind.PROBE:
             return  # KAFKA-7786: sent under an older epoch; a probe's news was learnt above
         if kind is RequestKind.MEMBERSHIP:
-            self.state.on_membership_answer(ev.request_id, resp, now)
+            self.state.on_membership_answer(ev.request_id, resp, now_ms)
         elif kind is RequestKind.VOTE:
-            self.state.on_vote_answer(ev.destination, resp, now)
+            self.state.on_vote_answer(ev.destination, resp, now_ms)
         elif kind is RequestKind.PRE_VOTE:
-            self.state.on_pre_vote_answer(ev.destination, resp, now)
+            self.state.on_pre_vote_answer(ev.destination, resp, now_ms)
         elif kind in NOTIFICATIONS:
             ok = getattr(resp, "error_code", -1) == Errors.NONE
-            self.state.notification_judged(req.destination, ok, now)
+            self.state.notification_judged(req.destination, ok, now_ms)
         else:
-            self.state.on_fetch_answer(kind, ev.destination, req.position, resp, now)
+            self.state.on_fetch_answer(kind, ev.destination, req.position, resp, now_ms)

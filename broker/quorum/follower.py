@@ -71,12 +71,12 @@ class FollowerState(RoleState):
         self.membership_at_ms = 0
         self.voter_updated = False
 
-    def on_enter(self, now: int) -> None:
+    def on_enter(self, now_ms: int) -> None:
         if self._start:
-            self.start_following(now)
+            self.start_following(now_ms)
 
-    def on_boot(self, now: int) -> None:
-        self.start_following(now)
+    def on_boot(self, now_ms: int) -> None:
+        self.start_following(now_ms)
 
     def sync_voter_role(self) -> None:
         """KIP-853: the voter set changed; Kafka's FollowerState serves voters
@@ -84,19 +84,19 @@ class FollowerState(RoleState):
         on disk -- epoch, leader, vote -- is the same)."""
         self.role = Role.FOLLOWER if self.core.is_voter else Role.OBSERVER
 
-    def on_voters_changed(self, now: int) -> None:
+    def on_voters_changed(self, now_ms: int) -> None:
         """An observer that knew no leader became a voter (KIP-853, sim seed
         932): a voter without a leader must wait for an election (and stand
         when its timer runs out), not sit still as a leaderless follower."""
         if self.core.is_voter and self.leader_id < 0:
-            self.core.become_leaderless_voter(now)
+            self.core.become_leaderless_voter(now_ms)
 
-    def start_following(self, now: int) -> None:
+    def start_following(self, now_ms: int) -> None:
         log = self.core.log
         self.fetch_inflight = None
         self.download = None
-        self.fetch_retry_at_ms = now
-        self.fetch_deadline_ms = now + self.core.config.fetch_timeout_ms
+        self.fetch_retry_at_ms = now_ms
+        self.fetch_deadline_ms = now_ms + self.core.config.fetch_timeout_ms
         # KIP-320: a new leader (or epoch) first validates our log's end.
         self.need_epoch_check = self.leader_id >= 0 and log.log_end_offset > log.log_start_offset
 
@@ -105,32 +105,32 @@ class FollowerState(RoleState):
     def running_deadline(self) -> int | None:
         return self.election_deadline_ms if self.election_deadline_ms is not None else self.fetch_deadline_ms
 
-    def deadlines(self, now: int) -> list[int]:
+    def deadlines(self, now_ms: int) -> list[int]:
         ds = []
         if self.fetch_deadline_ms is not None and self.leader_id >= 0:
             ds.append(self.fetch_deadline_ms)
-        if self.membership_at_ms > now and self.membership_inflight is None and self._membership_request():
+        if self.membership_at_ms > now_ms and self.membership_inflight is None and self._membership_request():
             ds.append(self.membership_at_ms)
         # While our appended data is unflushed, FlushCompleted wakes us: no tick.
         log = self.core.log
-        if (self.fetch_inflight is None and self.fetch_retry_at_ms > now
+        if (self.fetch_inflight is None and self.fetch_retry_at_ms > now_ms
                 and log.flushed_end_offset >= log.log_end_offset):
             ds.append(self.fetch_retry_at_ms)
         return ds
 
-    def poll(self, now: int) -> None:
+    def poll(self, now_ms: int) -> None:
         core = self.core
-        if self.leader_id >= 0 and self.fetch_deadline_ms is not None and now >= self.fetch_deadline_ms:
+        if self.leader_id >= 0 and self.fetch_deadline_ms is not None and now_ms >= self.fetch_deadline_ms:
             if core.is_voter:
                 if not core.shutting_down:
-                    core.stand(now)
+                    core.stand(now_ms)
                 return
             # An observer forgets the silent leader and rediscovers one.
-            core.transition(FollowerState(core, self.epoch, NO_LEADER, self.voted_id), now)
-            core.state.maybe_send_fetch(now)
+            core.transition(FollowerState(core, self.epoch, NO_LEADER, self.voted_id), now_ms)
+            core.state.maybe_send_fetch(now_ms)
             return
-        self.maybe_send_fetch(now)
-        if now >= self.membership_at_ms and self.membership_inflight is None:
+        self.maybe_send_fetch(now_ms)
+        if now_ms >= self.membership_at_ms and self.membership_inflight is None:
             req = self._membership_request()
             if req is not None:
                 self.membership_inflight = self.core.send(self.leader_id, req, RequestKind.MEMBERSHIP)
@@ -174,7 +174,7 @@ class FollowerState(RoleState):
                                      voter_directory_id=core.directory_id, listeners=listeners,
                                      timeout_ms=timeout_ms)
 
-    def on_membership_answer(self, request_id: int, resp: m.Body, now: int) -> None:
+    def on_membership_answer(self, request_id: int, resp: m.Body, now_ms: int) -> None:
         if self.membership_inflight != request_id:
             return
         self.membership_inflight = None
@@ -184,13 +184,13 @@ class FollowerState(RoleState):
         # Refused (not caught up yet, another change in progress, ...) or
         # done (an add or a removal committed: we see it once we replicate
         # it): look again after a fetch timeout, as Kafka's timer does.
-        self.membership_at_ms = now + self.core.config.fetch_timeout_ms
+        self.membership_at_ms = now_ms + self.core.config.fetch_timeout_ms
 
-    def on_membership_failed(self, request_id: int, now: int) -> None:
-        self.on_membership_answer(request_id, m.ErrorResponse(error_code=Errors.REQUEST_TIMED_OUT), now)
+    def on_membership_failed(self, request_id: int, now_ms: int) -> None:
+        self.on_membership_answer(request_id, m.ErrorResponse(error_code=Errors.REQUEST_TIMED_OUT), now_ms)
 
 
-    def grant_vote(self, req: m.VoteRequest, running_deadline: int | None, now: int) -> bool:
+    def grant_vote(self, req: m.VoteRequest, running_deadline: int | None, now_ms: int) -> bool:
         """Only an observer addressed by its own voter key gets here with a
         chance (KIP-853: a voter that has not replicated the VotersRecord
         adding it). One persisted vote per epoch, none while a leader of
@@ -207,14 +207,14 @@ class FollowerState(RoleState):
         # Still an observer (it keeps fetching); the vote is persisted before the answer.
         core.transition(FollowerState(core, self.epoch, NO_LEADER, req.candidate_id, start=False,
                                       fetch_retry_at_ms=self.fetch_retry_at_ms,
-                                      need_epoch_check=self.need_epoch_check), now)
+                                      need_epoch_check=self.need_epoch_check), now_ms)
         return True
 
-    def postpone_candidacy(self, now: int) -> None:
-        super().postpone_candidacy(now)
-        self.fetch_deadline_ms = now + self.core.config.fetch_timeout_ms
+    def postpone_candidacy(self, now_ms: int) -> None:
+        super().postpone_candidacy(now_ms)
+        self.fetch_deadline_ms = now_ms + self.core.config.fetch_timeout_ms
 
-    def on_end_quorum_epoch(self, req: m.EndQuorumEpochRequest, now: int) -> None:
+    def on_end_quorum_epoch(self, req: m.EndQuorumEpochRequest, now_ms: int) -> None:
         core = self.core
         if not core.is_voter or self.leader_id != req.leader_id or core.shutting_down:
             return
@@ -229,21 +229,21 @@ class FollowerState(RoleState):
             backoff = 0 if pos == 0 else min(RETRY_BACKOFF_BASE_MS << (pos - 1), backoff_max_ms)
         else:
             backoff = backoff_max_ms
-        self.fetch_deadline_ms = min(self.fetch_deadline_ms or now + backoff, now + backoff)
+        self.fetch_deadline_ms = min(self.fetch_deadline_ms or now_ms + backoff, now_ms + backoff)
 
     # -- the log changed under us ---------------------------------------------
 
-    def on_log_cut(self, now: int) -> None:
-        self.start_following(now)  # re-validate the end with the leader, re-fetch
+    def on_log_cut(self, now_ms: int) -> None:
+        self.start_following(now_ms)  # re-validate the end with the leader, re-fetch
 
-    def on_log_rewound(self, now: int) -> None:
+    def on_log_rewound(self, now_ms: int) -> None:
         self.fetch_inflight = None  # a Fetch sent under the dropped view: its answer is ignored
-        self.start_following(now)
+        self.start_following(now_ms)
 
     # -- sending ---------------------------------------------------------------
 
-    def maybe_send_fetch(self, now: int) -> None:
-        if self.fetch_inflight is not None or now < self.fetch_retry_at_ms:
+    def maybe_send_fetch(self, now_ms: int) -> None:
+        if self.fetch_inflight is not None or now_ms < self.fetch_retry_at_ms:
             return
         core = self.core
         log = core.log
@@ -289,19 +289,19 @@ class FollowerState(RoleState):
 
     # -- answers -----------------------------------------------------------------
 
-    def _retry_later(self, now: int) -> None:
-        self.fetch_retry_at_ms = now + RETRY_BACKOFF_MS
+    def _retry_later(self, now_ms: int) -> None:
+        self.fetch_retry_at_ms = now_ms + RETRY_BACKOFF_MS
 
-    def fetch_failed(self, request_id: int, destination: int, reason: str, sent_epoch: int, now: int) -> None:
+    def fetch_failed(self, request_id: int, destination: int, reason: str, sent_epoch: int, now_ms: int) -> None:
         if self.fetch_inflight != request_id:
             return
         self.fetch_inflight = None
-        self._retry_later(now)
+        self._retry_later(now_ms)
         if (sent_epoch == self.epoch and destination == self.leader_id >= 0
                 and self.fetch_deadline_ms is not None and is_connection_failure(reason)):
-            self._on_leader_unreachable(now)
+            self._on_leader_unreachable(now_ms)
 
-    def _on_leader_unreachable(self, now: int) -> None:
+    def _on_leader_unreachable(self, now_ms: int) -> None:
         """The leader's process refused or reset our connection: it has crashed
         (a slow or partitioned leader times out instead). Rather than wait out the
         whole fetch timeout, give up on it after a short randomized delay,
@@ -313,9 +313,9 @@ class FollowerState(RoleState):
         the same resets). Safety does not depend on it: an election is only
         an election."""
         self.core.forget_leader_contact()
-        self.stand_soon(now)
+        self.stand_soon(now_ms)
 
-    def stand_soon(self, now: int) -> None:
+    def stand_soon(self, now_ms: int) -> None:
         """Give the leader a short randomized grace, uniform in
         [election_timeout_ms / 10, election_timeout_ms / 2], instead of a
         whole fetch timeout before we stand (ask for pre-votes) again."""
@@ -324,7 +324,7 @@ class FollowerState(RoleState):
         t = self.core.config.election_timeout_ms
         lo = t // 10
         delay = lo + (self.core.random.randrange(t // 2 - lo + 1) if t // 2 > lo else 0)
-        self.fetch_deadline_ms = min(self.fetch_deadline_ms, now + delay)
+        self.fetch_deadline_ms = min(self.fetch_deadline_ms, now_ms + delay)
 
     def fetch_answered(self, request_id: int) -> bool:
         if self.fetch_inflight != request_id:
@@ -333,18 +333,18 @@ class FollowerState(RoleState):
         return True
 
     def on_fetch_answer(self, kind: RequestKind, destination: int, position: int, resp: m.Body,
-                        now: int) -> None:
+                        now_ms: int) -> None:
         if self.leader_id < 0 or destination != self.leader_id:
-            self._retry_later(now)
+            self._retry_later(now_ms)
             return  # a discovery answer that named no leader
         if kind is RequestKind.FETCH:
-            self._on_fetch_response(resp, now)
+            self._on_fetch_response(resp, now_ms)
         elif kind is RequestKind.EPOCH_CHECK:
-            self._on_epoch_check_response(resp, now)
+            self._on_epoch_check_response(resp, now_ms)
         else:
-            self._on_fetch_snapshot_response(resp, position, now)
+            self._on_fetch_snapshot_response(resp, position, now_ms)
 
-    def _heard_from_leader(self, resp: m.Body, expected: type, now: int) -> bool:
+    def _heard_from_leader(self, resp: m.Body, expected: type, now_ms: int) -> bool:
         """A good answer of the expected type restarts the fetch timeout; any
         other is retried after a pause."""
         if not isinstance(resp, expected) or resp.error_code != Errors.NONE:
@@ -354,14 +354,14 @@ class FollowerState(RoleState):
                 # Our leader says it no longer leads our epoch (it resigned:
                 # check-quorum, or restarted, KAFKA-10527): grant pre-votes.
                 self.core.forget_leader_contact()
-            self._retry_later(now)
+            self._retry_later(now_ms)
             return False
-        self.fetch_deadline_ms = now + self.core.config.fetch_timeout_ms
-        self.core.note_leader_contact(now)
+        self.fetch_deadline_ms = now_ms + self.core.config.fetch_timeout_ms
+        self.core.note_leader_contact(now_ms)
         return True
 
-    def _on_fetch_response(self, resp: m.Body, now: int) -> None:
-        if not self._heard_from_leader(resp, m.FetchResponse, now):
+    def _on_fetch_response(self, resp: m.Body, now_ms: int) -> None:
+        if not self._heard_from_leader(resp, m.FetchResponse, now_ms):
             return
         core = self.core
         log = core.log
@@ -381,13 +381,13 @@ class FollowerState(RoleState):
             return
         if resp.records:
             if not log.append_fetched(resp.records, self.epoch):
-                self._retry_later(now)
+                self._retry_later(now_ms)
                 return
         log.follower_hw(resp.high_watermark)
         log.follower_log_start(resp.log_start_offset)
 
-    def _on_epoch_check_response(self, resp: m.Body, now: int) -> None:
-        if not self._heard_from_leader(resp, m.OffsetsForLeaderEpochResponse, now):
+    def _on_epoch_check_response(self, resp: m.Body, now_ms: int) -> None:
+        if not self._heard_from_leader(resp, m.OffsetsForLeaderEpochResponse, now_ms):
             return
         core = self.core
         log = core.log
@@ -409,7 +409,7 @@ class FollowerState(RoleState):
             and log.log_end_offset > log.log_start_offset
         )
 
-    def _on_fetch_snapshot_response(self, resp: m.Body, position: int, now: int) -> None:
+    def _on_fetch_snapshot_response(self, resp: m.Body, position: int, now_ms: int) -> None:
         d = self.download
         if d is None:
             return
@@ -418,15 +418,15 @@ class FollowerState(RoleState):
                 or resp.size <= 0):
             # SNAPSHOT_NOT_FOUND, POSITION_OUT_OF_RANGE...: rediscover with a Fetch.
             self.download = None
-            self._retry_later(now)
+            self._retry_later(now_ms)
             return
         core = self.core
-        self.fetch_deadline_ms = now + core.config.fetch_timeout_ms
-        core.note_leader_contact(now)
+        self.fetch_deadline_ms = now_ms + core.config.fetch_timeout_ms
+        core.note_leader_contact(now_ms)
         data = resp.unaligned_records
         if not data and position < resp.size:
             self.download = None
-            self._retry_later(now)
+            self._retry_later(now_ms)
             return
         d.position = position + len(data)
         more = d.position < resp.size
@@ -435,7 +435,7 @@ class FollowerState(RoleState):
             # leader reads and sends it while the driver writes, checks and
             # loads this one. A FetchSnapshot acknowledges nothing, so no
             # write need be durable before it is sent.
-            self.maybe_send_fetch(now)
+            self.maybe_send_fetch(now_ms)
         core.outbox.actions.append(WriteSnapshotChunk(d.snapshot_id, position, data))
         try:
             d.scan(data)

@@ -50,7 +50,7 @@ def fence(core: QuorumCore, current_leader_epoch: int) -> int:
     return Errors.NONE
 
 
-def on_request(core: QuorumCore, token: Any, req: m.Body, now: int) -> None:
+def on_request(core: QuorumCore, token: Any, req: m.Body, now_ms: int) -> None:
     """RequestReceived: every request ends in exactly one Respond (maybe later)."""
     wrong_cluster = check_cluster_id(core.config.cluster_id, req, core.current_leader())
     if wrong_cluster is not None:
@@ -58,7 +58,7 @@ def on_request(core: QuorumCore, token: Any, req: m.Body, now: int) -> None:
         return
     t = type(req)
     if t is m.FetchRequest:
-        handle_fetch(core, token, req, now, completing=False)
+        handle_fetch(core, token, req, now_ms, completing=False)
         return
     if (t in (m.BeginQuorumEpochRequest, m.EndQuorumEpochRequest) and req.leader_id not in core.voters
             and core.voter_set.kraft_version == 0):
@@ -71,11 +71,11 @@ def on_request(core: QuorumCore, token: Any, req: m.Body, now: int) -> None:
         core.respond(token, core.error_response(req, Errors.INVALID_VOTER_KEY))
         return
     if t is m.VoteRequest:
-        election.handle_vote(core, token, req, now)
+        election.handle_vote(core, token, req, now_ms)
     elif t is m.BeginQuorumEpochRequest:
-        election.handle_begin_epoch(core, token, req, now)
+        election.handle_begin_epoch(core, token, req, now_ms)
     elif t is m.EndQuorumEpochRequest:
-        election.handle_end_epoch(core, token, req, now)
+        election.handle_end_epoch(core, token, req, now_ms)
     elif t is m.OffsetsForLeaderEpochRequest:
         code = fence_client(core, req.current_leader_epoch, sentinel_allowed=req.replica_id < 0)
         if code != Errors.NONE:
@@ -87,19 +87,19 @@ def on_request(core: QuorumCore, token: Any, req: m.Body, now: int) -> None:
         if code != Errors.NONE:
             core.respond(token, core.error_response(req, code))
         else:
-            _reads(core).serve_fetch_snapshot(token, req, now)
+            _reads(core).serve_fetch_snapshot(token, req, now_ms)
     elif t is m.ProduceRequest:
         if not req.records:
             core.respond(token, core.error_response(
                 req, Errors.INVALID_REQUEST, "a produce request must carry at least one record"))
             return
-        core.client_append(now, [AppendWaiter(token, len(req.records))], list(req.records))
+        core.client_append(now_ms, [AppendWaiter(token, len(req.records))], list(req.records))
     elif t in (m.AddRaftVoterRequest, m.RemoveRaftVoterRequest, m.UpdateRaftVoterRequest):
-        membership.handle(core, token, req, now)
+        membership.handle(core, token, req, now_ms)
     elif t is m.UpdateFeaturesRequest:
-        membership.handle_update_features(core, token, req, now)
+        membership.handle_update_features(core, token, req, now_ms)
     elif t is m.DescribeQuorumRequest:
-        core.respond(token, core.describe_quorum(now))
+        core.respond(token, core.describe_quorum(now_ms))
     elif t is m.ListOffsetsRequest:
         code = fence_client(core, req.current_leader_epoch, sentinel_allowed=True)
         if code != Errors.NONE:
@@ -115,7 +115,7 @@ def on_request(core: QuorumCore, token: Any, req: m.Body, now: int) -> None:
             error_code=Errors.INVALID_REQUEST, error_message=f"the quorum does not serve {t.__name__}"))
 
 
-def handle_fetch(core: QuorumCore, token: Any, req: m.FetchRequest, now: int, completing: bool) -> None:
+def handle_fetch(core: QuorumCore, token: Any, req: m.FetchRequest, now_ms: int, completing: bool) -> None:
     """A Fetch, new or parked (completing): validated and fenced here, then
     served by the leader."""
     bad = fetch_problem(req, core.node_id)
@@ -126,4 +126,4 @@ def handle_fetch(core: QuorumCore, token: Any, req: m.FetchRequest, now: int, co
     if code != Errors.NONE:
         core.respond(token, core.error_response(req, code))
         return
-    _reads(core).serve_fetch(token, req, now, completing)
+    _reads(core).serve_fetch(token, req, now_ms, completing)

@@ -30,13 +30,13 @@ class LeaderState(NotifyingRole, RoleState):
                  "epoch_start_offset", "granted", "pending_change")
     is_leader = True
 
-    def __init__(self, core: QuorumCore, epoch: int, voted_id: int, granted: list[int], now: int):
+    def __init__(self, core: QuorumCore, epoch: int, voted_id: int, granted: list[int], now_ms: int):
         super().__init__(core, Role.LEADER, epoch, core.node_id, voted_id)
         self.granted = granted  # the voters that elected us (LeaderChange)
-        self.progress = ProgressTable(core.others, core.voter_set, now)
+        self.progress = ProgressTable(core.others, core.voter_set, now_ms)
         self.reads = LeaderReads(self)
         self.waiters: deque[ProduceWaiter] = deque()
-        self.notifier = Notifier(RequestKind.BEGIN, core.others, now)
+        self.notifier = Notifier(RequestKind.BEGIN, core.others, now_ms)
         self.lbo_wait: tuple[int, int] | None = None  # (candidate LBO, since ms)
         # The HW may not pass the start of our epoch (KAFKA-12619).
         self.epoch_start_offset = core.log.log_end_offset
@@ -45,13 +45,13 @@ class LeaderState(NotifyingRole, RoleState):
         # KIP-853: the voter change waiting for its VotersRecord to commit.
         self.pending_change: membership.PendingChange | None = None
 
-    def on_enter(self, now: int) -> None:
+    def on_enter(self, now_ms: int) -> None:
         core = self.core
         log = core.log
         # The epoch's first record: LeaderChange. The HW may not move until it is
         # committed (KAFKA-12619), which is what makes the HW safe to expose.
         value = encode_control(LeaderChange(core.node_id, list(core.voters), self.granted))
-        self.append(encode_batch(log.log_end_offset, self.epoch, [value], core.timestamp(now),
+        self.append(encode_batch(log.log_end_offset, self.epoch, [value], core.timestamp(now_ms),
                                  is_control=True), 1)
         vs = core.voter_set
         if vs.kraft_version == 1 and not log.voters.entries and log.log_start_offset == 0:
@@ -63,10 +63,10 @@ class LeaderState(NotifyingRole, RoleState):
                 raise InvariantViolation("a kraft version 1 set has a VotersRecord")
             base = log.log_end_offset
             self.append(encode_batch(base, self.epoch, [encode_control(KRaftVersionRecord(1)), encode_control(rec)],
-                                     core.timestamp(now), is_control=True), 2)
+                                     core.timestamp(now_ms), is_control=True), 2)
             log.add_voter_set(base + 1, vs)
 
-    def on_exit(self, now: int) -> None:
+    def on_exit(self, now_ms: int) -> None:
         """Answer everyone who waited on us as leader: we no longer are."""
         core = self.core
         cl = core.current_leader()
@@ -77,7 +77,7 @@ class LeaderState(NotifyingRole, RoleState):
                 error_code=Errors.NOT_LEADER_OR_FOLLOWER, current_leader=cl,
                 error_message="leadership lost before the records were committed",
             ))
-        self.reads.fail_parked(now)
+        self.reads.fail_parked(now_ms)
         pc = self.pending_change
         if pc is not None:
             self.pending_change = None
@@ -86,52 +86,52 @@ class LeaderState(NotifyingRole, RoleState):
 
     # -- time ----------------------------------------------------------------
 
-    def before_event(self, now: int) -> None:
+    def before_event(self, now_ms: int) -> None:
         if self.reads.parked:
             # The driver has applied the appends that woke these: read them now.
-            self.reads.complete_parked(now, lambda p: p.woken)
+            self.reads.complete_parked(now_ms, lambda p: p.woken)
 
-    def deadlines(self, now: int) -> list[int]:
+    def deadlines(self, now_ms: int) -> list[int]:
         ds = []
         if self.check_quorum_deadline_ms is not None:
             ds.append(self.check_quorum_deadline_ms)
         for p in self.reads.parked:
-            ds.append(max(p.not_before_ms, now) if p.woken else p.deadline_ms)
+            ds.append(max(p.not_before_ms, now_ms) if p.woken else p.deadline_ms)
         if self.lbo_wait is not None:
             ds.append(self.lbo_wait[1] + self.core.config.max_replication_lag_ms)
         if self.pending_change is not None:
             ds.append(self.pending_change.deadline_ms)
-        ds.extend(self.notifier.deadlines(now))
+        ds.extend(self.notifier.deadlines(now_ms))
         return ds
 
-    def poll(self, now: int) -> None:
+    def poll(self, now_ms: int) -> None:
         core = self.core
         entries = core.log.voters.entries
         if not core.is_voter and entries and entries[-1][0] < core.log.high_watermark:
             # The set that removed us is committed: step down to an observer
             # (KIP-853); the voters elect a leader among themselves.
-            core.become_observer(now)
+            core.become_observer(now_ms)
             return
-        if self.check_quorum_deadline_ms is not None and now >= self.check_quorum_deadline_ms:
+        if self.check_quorum_deadline_ms is not None and now_ms >= self.check_quorum_deadline_ms:
             self.update_check_quorum_deadline()
-            if now >= self.check_quorum_deadline_ms:
-                core.resign(now)  # a majority has gone quiet: step down
-                core.state.poll(now)
+            if now_ms >= self.check_quorum_deadline_ms:
+                core.resign(now_ms)  # a majority has gone quiet: step down
+                core.state.poll(now_ms)
                 return
         if self.reads.parked:
-            self.reads.complete_parked(now, lambda p: p.deadline_ms <= now)
+            self.reads.complete_parked(now_ms, lambda p: p.deadline_ms <= now_ms)
         pc = self.pending_change
-        if pc is not None and now >= pc.deadline_ms:
+        if pc is not None and now_ms >= pc.deadline_ms:
             # Kafka's answer; the VotersRecord stays and still commits (or is
             # truncated) like any record: a retry then sees what happened.
             self.pending_change = None
             membership.answer(core, pc.token, pc.request, Errors.REQUEST_TIMED_OUT,
                               f"the voter change at offset {pc.offset} was not committed in time")
-        self.notifier.send_due(now, self._begin_epoch_request, core.send)
-        self.maybe_advance_log_start(now)
-        self.maybe_update_own_endpoints(now)
+        self.notifier.send_due(now_ms, self._begin_epoch_request, core.send)
+        self.maybe_advance_log_start(now_ms)
+        self.maybe_update_own_endpoints(now_ms)
 
-    def maybe_update_own_endpoints(self, now: int) -> None:
+    def maybe_update_own_endpoints(self, now_ms: int) -> None:
         """KIP-853 (Kafka's leader does this when it takes an epoch): if our
         advertised endpoints differ from our entry in a kraft version 1 set,
         record them with a VotersRecord -- as an UpdateRaftVoter from us would,
@@ -150,7 +150,7 @@ class LeaderState(NotifyingRole, RoleState):
         endpoints = dict(vs.endpoints)
         endpoints[core.node_id] = listeners
         self.append_voters(VoterSet(dict(vs.directory_ids), kraft_version=1, endpoints=endpoints,
-                                    kraft_ranges=dict(vs.kraft_ranges)), now)
+                                    kraft_ranges=dict(vs.kraft_ranges)), now_ms)
 
     def _begin_epoch_request(self, voter: int) -> m.BeginQuorumEpochRequest:
         core = self.core
@@ -171,10 +171,10 @@ class LeaderState(NotifyingRole, RoleState):
         contacts = sorted((voters[v].last_contact_ms for v in core.others), reverse=True)
         self.check_quorum_deadline_ms = contacts[need - 1] + (3 * core.config.fetch_timeout_ms) // 2
 
-    def on_shutdown(self, now: int) -> None:
-        self.core.resign(now)
+    def on_shutdown(self, now_ms: int) -> None:
+        self.core.resign(now_ms)
 
-    def grant_pre_vote(self, req: m.VoteRequest, now: int) -> bool:
+    def grant_pre_vote(self, req: m.VoteRequest, now_ms: int) -> bool:
         return False  # we are the leader the voters have heard from
 
     def uncommitted_from(self) -> int | None:
@@ -184,22 +184,22 @@ class LeaderState(NotifyingRole, RoleState):
         hw = self.core.log.high_watermark
         return hw if hw > self.epoch_start_offset else None
 
-    def on_log_cut(self, now: int) -> None:
+    def on_log_cut(self, now_ms: int) -> None:
         # It may no longer hold records it served or counted, and must not append
         # at an offset its followers may already hold under this epoch.
-        self.core.resign(now)
+        self.core.resign(now_ms)
 
     # -- writes and the high watermark ---------------------------------------
 
-    def client_append(self, waiters: list, records: list[bytes], now: int,
+    def client_append(self, waiters: list, records: list[bytes], now_ms: int,
                       producers: list | None = None) -> None:
         core = self.core
         if core.shutting_down:
-            super().client_append(waiters, records, now)
+            super().client_append(waiters, records, now_ms)
             return
         base = core.log.log_end_offset
         epoch = self.epoch
-        ts = core.timestamp(now)
+        ts = core.timestamp(now_ms)
         if producers is None:
             data = encode_batch(base, epoch, records, ts)
         else:
@@ -248,10 +248,10 @@ class LeaderState(NotifyingRole, RoleState):
             # Replicas waiting at the old end have data now; consumers wait for the HW.
             self.reads.complete_parked(core.now_ms, lambda p: p.request.replica_id >= 0)
 
-    def on_flushed(self, now: int) -> None:
-        self.maybe_advance_hw(now)
+    def on_flushed(self, now_ms: int) -> None:
+        self.maybe_advance_hw(now_ms)
 
-    def maybe_advance_hw(self, now: int) -> None:
+    def maybe_advance_hw(self, now_ms: int) -> None:
         core = self.core
         log = core.log
         # Our own unflushed tail never counts (KAFKA-10533); nor our log at all
@@ -266,9 +266,9 @@ class LeaderState(NotifyingRole, RoleState):
             invariant(new_hw <= log.log_end_offset, "high watermark %d past the log end %d",
                       new_hw, log.log_end_offset)
             log.high_watermark = new_hw
-            self._on_hw_advanced(now)
+            self._on_hw_advanced(now_ms)
 
-    def _on_hw_advanced(self, now: int) -> None:
+    def _on_hw_advanced(self, now_ms: int) -> None:
         core = self.core
         hw = core.log.high_watermark
         cl = None
@@ -279,7 +279,7 @@ class LeaderState(NotifyingRole, RoleState):
             core.respond(w.token, m.ProduceResponse(base_offset=w.base_offset, leader_epoch=w.epoch,
                                                     current_leader=cl))
         if self.reads.parked:
-            self.reads.on_hw_advanced(now)
+            self.reads.on_hw_advanced(now_ms)
         pc = self.pending_change
         if pc is not None and pc.offset < hw:
             self.pending_change = None
@@ -287,19 +287,19 @@ class LeaderState(NotifyingRole, RoleState):
 
     # -- voter changes (KIP-853, metalog.broker.quorum.membership) --------------------
 
-    def append_voters(self, voter_set: VoterSet, now: int) -> int:
+    def append_voters(self, voter_set: VoterSet, now_ms: int) -> int:
         """Append a VotersRecord of `voter_set`; it counts from now on. Returns its offset."""
         core = self.core
         offset = core.log.log_end_offset
         rec = voters_record(voter_set)
         if rec is None:
             raise InvariantViolation("static voters are never written")
-        batch = encode_batch(offset, self.epoch, [encode_control(rec)], core.timestamp(now), is_control=True)
+        batch = encode_batch(offset, self.epoch, [encode_control(rec)], core.timestamp(now_ms), is_control=True)
         self.append(batch, 1)
         core.log.add_voter_set(offset, voter_set)
         return offset
 
-    def append_kraft_upgrade(self, voter_set: VoterSet, now: int) -> int:
+    def append_kraft_upgrade(self, voter_set: VoterSet, now_ms: int) -> int:
         """kraft.version 0 -> 1 (membership.handle_update_features): one
         control batch, KRaftVersionRecord(1) then the VotersRecord of the
         static voters, as a freshly formatted cluster's first leader writes
@@ -312,24 +312,24 @@ class LeaderState(NotifyingRole, RoleState):
             raise InvariantViolation("a kraft version 1 set has a VotersRecord")
         base = core.log.log_end_offset
         self.append(encode_batch(base, self.epoch, [encode_control(KRaftVersionRecord(1)), encode_control(rec)],
-                                 core.timestamp(now), is_control=True), 2)
+                                 core.timestamp(now_ms), is_control=True), 2)
         core.log.add_voter_set(base + 1, voter_set)
         return base + 1
 
-    def on_voters_changed(self, now: int) -> None:
+    def on_voters_changed(self, now_ms: int) -> None:
         """End of a step in which the latest voter set changed."""
-        self.sync_progress(now)
+        self.sync_progress(now_ms)
         self.update_check_quorum_deadline()
-        self.maybe_advance_hw(now)
+        self.maybe_advance_hw(now_ms)
 
-    def sync_progress(self, now: int) -> None:
+    def sync_progress(self, now_ms: int) -> None:
         """The latest voter set changed (our own VotersRecord, or a quarantine
         cut that took one back), at once: progress per the new voters, each
         keeping what we knew of it as an observer or a voter; a voter that
         left is an observer to us from now on. Idempotent."""
         core = self.core
         old = self.progress
-        new = ProgressTable(core.others, core.voter_set, now)
+        new = ProgressTable(core.others, core.voter_set, now_ms)
         carried: dict[tuple[int, str], ReplicaProgress] = dict(old.observers)
         for v, st in old.voters.items():
             carried[(v, st.directory_id)] = st
@@ -342,7 +342,7 @@ class LeaderState(NotifyingRole, RoleState):
         self.progress = new
         self.notifier.unacked &= set(core.others)
 
-    def maybe_advance_log_start(self, now: int) -> None:
+    def maybe_advance_log_start(self, now_ms: int) -> None:
         """KIP-630: the leader moves its LBO to a snapshot once every live replica
         has it, or once it has waited max_replication_lag_ms."""
         log = self.core.log
@@ -353,15 +353,15 @@ class LeaderState(NotifyingRole, RoleState):
             self.lbo_wait = None
             return
         if self.lbo_wait is None or self.lbo_wait[0] != target:
-            self.lbo_wait = (target, now)
+            self.lbo_wait = (target, now_ms)
         cfg = self.core.config
         lag_max = cfg.replica_lag_time_max_ms
         all_have = all(
             st.log_end_offset >= target
             for st in self.progress.all()
-            if st.last_fetch_ms >= 0 and now - st.last_fetch_ms <= lag_max
+            if st.last_fetch_ms >= 0 and now_ms - st.last_fetch_ms <= lag_max
         )
-        if all_have or now - self.lbo_wait[1] >= cfg.max_replication_lag_ms:
+        if all_have or now_ms - self.lbo_wait[1] >= cfg.max_replication_lag_ms:
             self.lbo_wait = None
             log.advance_log_start(target)
 
@@ -372,7 +372,7 @@ class LeaderState(NotifyingRole, RoleState):
         voters = self.progress.voters
         return sorted(self.core.others, key=lambda v: (-voters[v].log_end_offset, v))
 
-    def is_in_sync(self, replica_id: int, now: int) -> bool:
+    def is_in_sync(self, replica_id: int, now_ms: int) -> bool:
         core = self.core
         if replica_id == core.node_id:
             return True
@@ -380,24 +380,24 @@ class LeaderState(NotifyingRole, RoleState):
             (o for (rid, _), o in self.progress.observers.items() if rid == replica_id), None)
         if st is None:
             return False
-        return st.in_sync(core.log.log_end_offset, now, core.config)
+        return st.in_sync(core.log.log_end_offset, now_ms, core.config)
 
-    def describe_quorum(self, now: int) -> m.DescribeQuorumResponse:
+    def describe_quorum(self, now_ms: int) -> m.DescribeQuorumResponse:
         core = self.core
         voters = []
         for v in core.voters:
             if v == core.node_id:
-                voters.append(m.ReplicaState(v, core.log.log_end_offset, now, now, True, core.directory_id))
+                voters.append(m.ReplicaState(v, core.log.log_end_offset, now_ms, now_ms, True, core.directory_id))
             else:
-                voters.append(self._replica_state(self.progress.voters[v], now))
-        observers = [self._replica_state(st, now) for st in self.progress.observers.values()]
+                voters.append(self._replica_state(self.progress.voters[v], now_ms))
+        observers = [self._replica_state(st, now_ms) for st in self.progress.observers.values()]
         return m.DescribeQuorumResponse(
             leader_id=core.node_id, leader_epoch=self.epoch,
             high_watermark=core.log.high_watermark, voters=voters, observers=observers,
         )
 
-    def _replica_state(self, st: ReplicaProgress, now: int) -> m.ReplicaState:
-        in_sync = st.in_sync(self.core.log.log_end_offset, now, self.core.config)
+    def _replica_state(self, st: ReplicaProgress, now_ms: int) -> m.ReplicaState:
+        in_sync = st.in_sync(self.core.log.log_end_offset, now_ms, self.core.config)
         return m.ReplicaState(st.replica_id, st.log_end_offset, st.last_fetch_ms, st.last_caught_up_ms,
                               in_sync, st.directory_id)
 

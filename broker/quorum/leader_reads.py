@@ -60,7 +60,7 @@ class LeaderReads:
 
     # -- Fetch -----------------------------------------------------------------
 
-    def serve_fetch(self, token: Any, req: m.FetchRequest, now: int, completing: bool) -> None:
+    def serve_fetch(self, token: Any, req: m.FetchRequest, now_ms: int, completing: bool) -> None:
         leader = self.leader
         core = leader.core
         log = core.log
@@ -112,13 +112,13 @@ class LeaderReads:
             st = progress.progress_for(req.replica_id, req.replica_directory_id)
             if not completing:
                 st.log_end_offset = fetch_offset
-                st.last_fetch_ms = now
-                st.last_contact_ms = now
+                st.last_fetch_ms = now_ms
+                st.last_contact_ms = now_ms
                 # Only the voter itself (its node id and directory id, KIP-853)
                 # acknowledges our epoch and counts toward the HW.
                 if progress.voter(req.replica_id, req.replica_directory_id) is st:
                     leader.notifier.unacked.discard(req.replica_id)  # a fetch acknowledges our epoch
-                    leader.maybe_advance_hw(now)
+                    leader.maybe_advance_hw(now_ms)
                     if core.state is not leader:  # every voter fetch: one identity test, no call
                         raise InvariantViolation("advancing the HW never changes the role")
             upper = log.log_end_offset
@@ -126,7 +126,7 @@ class LeaderReads:
             upper = max(log.high_watermark, lso)
 
         has_data = fetch_offset < upper
-        stalled = now < core.read_stall_until_ms
+        stalled = now_ms < core.read_stall_until_ms
         # Park an empty fetch. One that just moved the HW waits only
         # fetch_hw_linger_ms (the replica should learn the HW soon, not
         # max_wait_ms later), and a consumer's not at all.
@@ -135,7 +135,7 @@ class LeaderReads:
             wait_ms = 0 if consumer else min(wait_ms, core.config.fetch_hw_linger_ms)
         if not completing and (stalled or (not has_data and wait_ms > 0)):
             if len(self.parked) < MAX_PARKED_FETCHES:
-                self._park(token, req, now, has_data, st, wait_ms)
+                self._park(token, req, now_ms, has_data, st, wait_ms)
                 return
         records = b""
         if has_data:
@@ -146,13 +146,13 @@ class LeaderReads:
                                     f"{fetch_offset}: {exc}")
                 return
         if st is not None:
-            st.on_fetch_served(fetch_offset, log.log_end_offset, now,
+            st.on_fetch_served(fetch_offset, log.log_end_offset, now_ms,
                                core.config.follower_fetch_pending_reads_insync_enable)
         core.respond(token, m.FetchResponse(
             high_watermark=log.high_watermark, log_start_offset=log.log_start_offset,
             records=records, current_leader=cl))
 
-    def _park(self, token: Any, req: m.FetchRequest, now: int, has_data: bool,
+    def _park(self, token: Any, req: m.FetchRequest, now_ms: int, has_data: bool,
               st: ReplicaProgress | None, wait_ms: int) -> None:
         core = self.leader.core
         stall = core.read_stall_until_ms
@@ -161,13 +161,13 @@ class LeaderReads:
             for p in list(self.parked):
                 if p.request.replica_id == req.replica_id:
                     self.parked.remove(p)
-                    core.handle_fetch(p.token, p.request, now, completing=True)
+                    core.handle_fetch(p.token, p.request, now_ms, completing=True)
             st.pending_offset = req.fetch_offset
             st.pending_prev_leo = st.leader_leo_at_last_read
-        deadline = now if has_data else now + wait_ms
-        self.parked.append(ParkedFetch(token, req, now, max(deadline, stall), stall))
+        deadline = now_ms if has_data else now_ms + wait_ms
+        self.parked.append(ParkedFetch(token, req, now_ms, max(deadline, stall), stall))
 
-    def complete_parked(self, now: int, which: Callable[[ParkedFetch], bool]) -> None:
+    def complete_parked(self, now_ms: int, which: Callable[[ParkedFetch], bool]) -> None:
         core = self.leader.core
         if core.appended_this_step:
             # Reads go through the LogReader, which will not see this step's
@@ -179,12 +179,12 @@ class LeaderReads:
         keep: list[ParkedFetch] = []
         done: list[ParkedFetch] = []
         for p in self.parked:
-            (done if p.not_before_ms <= now and which(p) else keep).append(p)
+            (done if p.not_before_ms <= now_ms and which(p) else keep).append(p)
         if not done:
             return
         self.parked = keep
         for p in done:
-            core.handle_fetch(p.token, p.request, now, completing=True)
+            core.handle_fetch(p.token, p.request, now_ms, completing=True)
 
     def stall(self, until_ms: int) -> None:
         """StallReads: no parked fetch is read before `until_ms` either."""
@@ -192,35 +192,35 @@ class LeaderReads:
             p.not_before_ms = max(p.not_before_ms, until_ms)
             p.deadline_ms = max(p.deadline_ms, until_ms)
 
-    def on_hw_advanced(self, now: int) -> None:
+    def on_hw_advanced(self, now_ms: int) -> None:
         """Consumers waiting for the HW read now; replicas learn it with the
         next records, or with the HW alone after fetch_hw_linger_ms: their
         Fetch stays parked for those records meanwhile, rather than being
         answered and sent again (a round trip racing the next append)."""
         linger_ms = self.leader.core.config.fetch_hw_linger_ms
         if linger_ms > 0:
-            due = now + linger_ms
+            due = now_ms + linger_ms
             for p in self.parked:
                 if p.request.replica_id >= 0 and p.deadline_ms > due:
                     p.deadline_ms = max(due, p.not_before_ms)  # a stalled read stays stalled
-            self.complete_parked(now, lambda p: p.request.replica_id < 0)
+            self.complete_parked(now_ms, lambda p: p.request.replica_id < 0)
         else:
-            self.complete_parked(now, lambda p: True)
+            self.complete_parked(now_ms, lambda p: True)
 
-    def fail_parked(self, now: int) -> None:
+    def fail_parked(self, now_ms: int) -> None:
         """Leadership is lost: every parked fetch is answered as the new role
         answers it (NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH)."""
         parked, self.parked = self.parked, []
         for p in parked:
-            self.leader.core.handle_fetch(p.token, p.request, now, completing=True)
+            self.leader.core.handle_fetch(p.token, p.request, now_ms, completing=True)
 
     # -- other reads -------------------------------------------------------------
 
-    def serve_fetch_snapshot(self, token: Any, req: m.FetchSnapshotRequest, now: int) -> None:
+    def serve_fetch_snapshot(self, token: Any, req: m.FetchSnapshotRequest, now_ms: int) -> None:
         core = self.leader.core
         st = self.leader.progress.voter(req.replica_id, req.replica_directory_id)
         if st is not None:
-            st.last_contact_ms = now
+            st.last_contact_ms = now_ms
         size = core.reader.snapshot_size(req.snapshot_id)
         if size is None:
             core.respond(token, core.error_response(req, Errors.SNAPSHOT_NOT_FOUND))

@@ -82,7 +82,7 @@ def answer(core: QuorumCore, token: Any, req: VoterChangeRequest, code: int, mes
         core.respond(token, _RESPONSE[type(req)](error_code=code, error_message=message))
 
 
-def handle(core: QuorumCore, token: Any, req: VoterChangeRequest, now: int) -> None:
+def handle(core: QuorumCore, token: Any, req: VoterChangeRequest, now_ms: int) -> None:
     """RequestReceived of AddRaftVoter / RemoveRaftVoter / UpdateRaftVoter
     (every one is answered, now or when its change commits)."""
     st = core.state
@@ -94,7 +94,7 @@ def handle(core: QuorumCore, token: Any, req: VoterChangeRequest, now: int) -> N
     if refused_unless_leader(core, st, token, req):
         return
     try:
-        new_set = _new_voter_set(core, st, req, now)
+        new_set = _new_voter_set(core, st, req, now_ms)
     except ChangeRefused as refused:
         answer(core, token, req, refused.code, refused.message)
         return
@@ -102,11 +102,11 @@ def handle(core: QuorumCore, token: Any, req: VoterChangeRequest, now: int) -> N
         answer(core, token, req, Errors.NONE)
         return
     timeout_ms = getattr(req, "timeout_ms", core.config.request_timeout_ms)
-    offset = st.append_voters(new_set, now)
-    st.pending_change = PendingChange(token, req, offset, now + max(0, timeout_ms))
+    offset = st.append_voters(new_set, now_ms)
+    st.pending_change = PendingChange(token, req, offset, now_ms + max(0, timeout_ms))
 
 
-def _new_voter_set(core: QuorumCore, st: LeaderState, req: VoterChangeRequest, now: int) -> VoterSet | None:
+def _new_voter_set(core: QuorumCore, st: LeaderState, req: VoterChangeRequest, now_ms: int) -> VoterSet | None:
     """The voter set after `req`, or None if it changes nothing; ChangeRefused
     with Kafka's error when it may not be made now."""
     log = core.log
@@ -149,7 +149,7 @@ def _new_voter_set(core: QuorumCore, st: LeaderState, req: VoterChangeRequest, n
         listeners = _listeners(req)
         progress = st.progress.observers.get((vid, vdir))
         fetch_timeout_ms = core.config.fetch_timeout_ms
-        if progress is None or progress.last_fetch_ms < 0 or now - progress.last_fetch_ms > fetch_timeout_ms:
+        if progress is None or progress.last_fetch_ms < 0 or now_ms - progress.last_fetch_ms > fetch_timeout_ms:
             raise ChangeRefused(Errors.REQUEST_TIMED_OUT,
                                 f"replica {vid} with directory id {vdir!r} is not fetching from the leader; "
                                 f"start it as an observer first")
@@ -206,7 +206,7 @@ def _listeners(req: m.AddRaftVoterRequest | m.UpdateRaftVoterRequest) -> tuple[t
 # -- kraft.version 0 -> 1 online (Kafka's `kafka-features upgrade --feature kraft.version=1`) --
 
 
-def handle_update_features(core: QuorumCore, token: Any, req: m.UpdateFeaturesRequest, now: int) -> None:
+def handle_update_features(core: QuorumCore, token: Any, req: m.UpdateFeaturesRequest, now_ms: int) -> None:
     """UpdateFeatures (57) for kraft.version: a cluster of static voters
     (kraft version 0) upgrades online. The leader, once it has committed a
     record of its epoch and knows every static voter's directory id (the one
@@ -236,18 +236,18 @@ def handle_update_features(core: QuorumCore, token: Any, req: m.UpdateFeaturesRe
     if refused_unless_leader(core, st, token, req):
         return
     try:
-        new_set = _upgraded_voter_set(core, st, level, now)
+        new_set = _upgraded_voter_set(core, st, level, now_ms)
     except ChangeRefused as refused:
         answer(core, token, req, refused.code, refused.message)
         return
     if new_set is None or req.validate_only:
         answer(core, token, req, Errors.NONE)
         return
-    offset = st.append_kraft_upgrade(new_set, now)
-    st.pending_change = PendingChange(token, req, offset, now + max(0, req.timeout_ms))
+    offset = st.append_kraft_upgrade(new_set, now_ms)
+    st.pending_change = PendingChange(token, req, offset, now_ms + max(0, req.timeout_ms))
 
 
-def _upgraded_voter_set(core: QuorumCore, st: LeaderState, level: int, now: int) -> VoterSet | None:
+def _upgraded_voter_set(core: QuorumCore, st: LeaderState, level: int, now_ms: int) -> VoterSet | None:
     """The set kraft.version `level` writes (None: already there), or ChangeRefused."""
     vs = core.voter_set
     hw = core.log.high_watermark

@@ -13,43 +13,43 @@ from metalog.protocol import messages as m
 class Notifier:
     __slots__ = ("kind", "unacked", "inflight", "retry_at")
 
-    def __init__(self, kind: RequestKind, voters: tuple[int, ...], now: int):
+    def __init__(self, kind: RequestKind, voters: tuple[int, ...], now_ms: int):
         self.kind = kind
         self.unacked = set(voters)  # not acknowledged yet
         self.inflight: dict[int, int] = {}  # voter -> request id
-        self.retry_at = {v: now for v in voters}
+        self.retry_at = {v: now_ms for v in voters}
 
-    def send_due(self, now: int, body: Callable[[int], m.Body],
+    def send_due(self, now_ms: int, body: Callable[[int], m.Body],
                  send: Callable[[int, m.Body, RequestKind], int]) -> None:
         for v in sorted(self.unacked):
-            if v in self.inflight or now < self.retry_at.get(v, 0):
+            if v in self.inflight or now_ms < self.retry_at.get(v, 0):
                 continue
             self.inflight[v] = send(v, body(v), self.kind)
 
-    def deadlines(self, now: int) -> list[int]:
+    def deadlines(self, now_ms: int) -> list[int]:
         # Retries already due were sent by the last step; only future ones count.
         out = []
         for v in self.unacked:
             at = self.retry_at.get(v, 0)
-            if v not in self.inflight and at > now:
+            if v not in self.inflight and at > now_ms:
                 out.append(at)
         return out
 
-    def failed(self, voter: int, request_id: int, now: int) -> None:
+    def failed(self, voter: int, request_id: int, now_ms: int) -> None:
         if self.inflight.get(voter) == request_id:
             del self.inflight[voter]
-            self.retry_at[voter] = now + RETRY_BACKOFF_MS
+            self.retry_at[voter] = now_ms + RETRY_BACKOFF_MS
 
     def answered(self, voter: int, request_id: int) -> None:
         if self.inflight.get(voter) == request_id:
             del self.inflight[voter]
 
-    def judged(self, voter: int, ok: bool, now: int) -> None:
+    def judged(self, voter: int, ok: bool, now_ms: int) -> None:
         """An answer sent in our epoch: acknowledged, or to be re-sent."""
         if ok:
             self.unacked.discard(voter)
         else:
-            self.retry_at[voter] = now + RETRY_BACKOFF_MS
+            self.retry_at[voter] = now_ms + RETRY_BACKOFF_MS
 
 
 class NotifyingRole:
@@ -59,11 +59,11 @@ class NotifyingRole:
     __slots__ = ()
     notifier: Notifier
 
-    def notification_failed(self, voter: int, request_id: int, now: int) -> None:
-        self.notifier.failed(voter, request_id, now)
+    def notification_failed(self, voter: int, request_id: int, now_ms: int) -> None:
+        self.notifier.failed(voter, request_id, now_ms)
 
     def notification_answered(self, voter: int, request_id: int) -> None:
         self.notifier.answered(voter, request_id)
 
-    def notification_judged(self, voter: int, ok: bool, now: int) -> None:
-        self.notifier.judged(voter, ok, now)
+    def notification_judged(self, voter: int, ok: bool, now_ms: int) -> None:
+        self.notifier.judged(voter, ok, now_ms)

@@ -46,24 +46,24 @@ class ReplicaProgress:
         self.pending_offset = None
         self.pending_prev_leo = NO_OFFSET
 
-    def on_fetch_served(self, fetch_offset: int, leader_leo: int, now: int, pending_reads_insync: bool) -> None:
+    def on_fetch_served(self, fetch_offset: int, leader_leo: int, now_ms: int, pending_reads_insync: bool) -> None:
         """KIP-501 / Kafka's updateFetchState, at the moment the read is served."""
         if fetch_offset >= leader_leo:
-            self.last_caught_up_ms = max(self.last_caught_up_ms, now)
+            self.last_caught_up_ms = max(self.last_caught_up_ms, now_ms)
         elif fetch_offset >= self.leader_leo_at_last_read >= 0:
-            t = now if pending_reads_insync else self.last_read_ms
+            t = now_ms if pending_reads_insync else self.last_read_ms
             self.last_caught_up_ms = max(self.last_caught_up_ms, t)
-        self.last_read_ms = now
+        self.last_read_ms = now_ms
         self.leader_leo_at_last_read = leader_leo
         self.pending_offset = None
 
-    def in_sync(self, leader_leo: int, now: int, cfg: QuorumConfig) -> bool:
+    def in_sync(self, leader_leo: int, now_ms: int, cfg: QuorumConfig) -> bool:
         """KIP-501 in-sync rule, evaluated on the leader."""
         if self.log_end_offset < 0:
             return False
         if self.log_end_offset >= leader_leo:
             return True  # same LEO as the leader: in sync whatever the clock says
-        if self.last_caught_up_ms >= 0 and now - self.last_caught_up_ms <= cfg.replica_lag_time_max_ms:
+        if self.last_caught_up_ms >= 0 and now_ms - self.last_caught_up_ms <= cfg.replica_lag_time_max_ms:
             return True
         return (
             cfg.follower_fetch_pending_reads_insync_enable
@@ -84,9 +84,9 @@ class ProgressTable:
 
     __slots__ = ("voters", "observers", "voter_set")
 
-    def __init__(self, other_voters: tuple[int, ...], voter_set: VoterSet, now: int):
+    def __init__(self, other_voters: tuple[int, ...], voter_set: VoterSet, now_ms: int):
         self.voter_set = voter_set
-        self.voters = {v: ReplicaProgress(v, voter_set.directory_id_of(v), last_contact_ms=now)
+        self.voters = {v: ReplicaProgress(v, voter_set.directory_id_of(v), last_contact_ms=now_ms)
                        for v in other_voters}
         self.observers: dict[tuple[int, str], ReplicaProgress] = {}
 

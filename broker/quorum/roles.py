@@ -94,80 +94,80 @@ class RoleState:
 
     # -- lifecycle (QuorumCore.transition and boot) --------------------------
 
-    def on_enter(self, now: int) -> None:
+    def on_enter(self, now_ms: int) -> None:
         """The role is observable and persisted: arm timers, send requests."""
 
-    def on_exit(self, now: int) -> None:
+    def on_exit(self, now_ms: int) -> None:
         """After the next role was entered: answer what only this role could."""
 
-    def on_boot(self, now: int) -> None:
+    def on_boot(self, now_ms: int) -> None:
         """First step of a process life, in the role read from disk."""
 
     # -- time ----------------------------------------------------------------
 
-    def deadlines(self, now: int) -> list[int]:
+    def deadlines(self, now_ms: int) -> list[int]:
         return []
 
-    def poll(self, now: int) -> None:
+    def poll(self, now_ms: int) -> None:
         """Timers: run at the end of every step."""
 
-    def before_event(self, now: int) -> None:
+    def before_event(self, now_ms: int) -> None:
         """Start of a step, before its event is handled."""
 
     # -- election ------------------------------------------------------------
 
-    def grant_vote(self, req: m.VoteRequest, running_deadline: int | None, now: int) -> bool:
+    def grant_vote(self, req: m.VoteRequest, running_deadline: int | None, now_ms: int) -> bool:
         return False
 
-    def grant_pre_vote(self, req: m.VoteRequest, now: int) -> bool:
+    def grant_pre_vote(self, req: m.VoteRequest, now_ms: int) -> bool:
         """KIP-996: would we vote for this candidate in the next epoch? Yes iff
         its log is at least as up to date as ours and no leader of our epoch
         has been heard from within the fetch timeout. Records nothing."""
         core = self.core
         log = core.log
         up_to_date = log.up_to_date(req.last_offset_epoch, req.last_offset)
-        return up_to_date and not core.heard_from_leader_recently(now)
+        return up_to_date and not core.heard_from_leader_recently(now_ms)
 
-    def on_leader_claimed(self, leader_id: int, epoch: int, now: int) -> None:
+    def on_leader_claimed(self, leader_id: int, epoch: int, now_ms: int) -> None:
         """Another node leads our epoch and we knew no leader in it."""
-        self.core.become_follower(epoch, leader_id, now)
+        self.core.become_follower(epoch, leader_id, now_ms)
 
-    def on_end_quorum_epoch(self, req: m.EndQuorumEpochRequest, now: int) -> None:
+    def on_end_quorum_epoch(self, req: m.EndQuorumEpochRequest, now_ms: int) -> None:
         """Our epoch's leader resigns."""
 
     def running_deadline(self) -> int | None:
         """The timer that would make us stand ourselves."""
         return self.election_deadline_ms
 
-    def postpone_candidacy(self, now: int) -> None:
+    def postpone_candidacy(self, now_ms: int) -> None:
         """A quarantined voter may not stand: try again after an election timeout."""
-        self.election_deadline_ms = now + self.core.election_timeout()
+        self.election_deadline_ms = now_ms + self.core.election_timeout()
 
-    def stand_soon(self, now: int) -> None:
+    def stand_soon(self, now_ms: int) -> None:
         """Our leader is probably gone: stand again after a short grace (a
         follower of a known leader; no other role waits on a leader)."""
 
-    def vote_request_failed(self, voter: int, request_id: int, now: int) -> None:
+    def vote_request_failed(self, voter: int, request_id: int, now_ms: int) -> None:
         """A Vote (or pre-vote) of ours got no answer (timeout, connection)."""
 
-    def on_vote_answer(self, voter: int, resp: m.Body, now: int) -> None:
+    def on_vote_answer(self, voter: int, resp: m.Body, now_ms: int) -> None:
         """A VoteResponse of our epoch (only a candidate counts it)."""
 
-    def on_pre_vote_answer(self, voter: int, resp: m.Body, now: int) -> None:
+    def on_pre_vote_answer(self, voter: int, resp: m.Body, now_ms: int) -> None:
         """An answer to a pre-vote sent in our epoch (only a prospective counts it)."""
 
-    def on_membership_answer(self, request_id: int, resp: m.Body, now: int) -> None:
+    def on_membership_answer(self, request_id: int, resp: m.Body, now_ms: int) -> None:
         """The leader answered our own voter-set request (followers only)."""
 
-    def on_membership_failed(self, request_id: int, now: int) -> None:
+    def on_membership_failed(self, request_id: int, now_ms: int) -> None:
         """Our own voter-set request got no answer (followers only)."""
 
-    def on_leader_alive(self, now: int) -> None:
+    def on_leader_alive(self, now_ms: int) -> None:
         """Our epoch's known leader spoke to us (BeginQuorumEpoch, an answer)."""
 
     # -- answers to what a role sent (QuorumCore routes them by request kind) --
 
-    def fetch_failed(self, request_id: int, destination: int, reason: str, sent_epoch: int, now: int) -> None:
+    def fetch_failed(self, request_id: int, destination: int, reason: str, sent_epoch: int, now_ms: int) -> None:
         """A fetch-loop request failed (no answer will come)."""
 
     def fetch_answered(self, request_id: int) -> bool:
@@ -175,19 +175,19 @@ class RoleState:
         return False
 
     def on_fetch_answer(self, kind: RequestKind, destination: int, position: int, resp: m.Body,
-                        now: int) -> None:
+                        now_ms: int) -> None:
         """A fetch-loop answer this role waited for, sent in the current epoch."""
 
-    def notification_failed(self, voter: int, request_id: int, now: int) -> None:
+    def notification_failed(self, voter: int, request_id: int, now_ms: int) -> None:
         """A BeginQuorumEpoch / EndQuorumEpoch failed."""
 
     def notification_answered(self, voter: int, request_id: int) -> None:
         """A BeginQuorumEpoch / EndQuorumEpoch was answered (any epoch)."""
 
-    def notification_judged(self, voter: int, ok: bool, now: int) -> None:
+    def notification_judged(self, voter: int, ok: bool, now_ms: int) -> None:
         """The answer to a notification sent in the current epoch."""
 
-    def client_append(self, waiters: list, records: list[bytes], now: int,
+    def client_append(self, waiters: list, records: list[bytes], now_ms: int,
                       producers: list | None = None) -> None:
         core = self.core
         cl = core.current_leader()
@@ -198,10 +198,10 @@ class RoleState:
 
     # -- the local log changed under us --------------------------------------
 
-    def on_flushed(self, now: int) -> None:
+    def on_flushed(self, now_ms: int) -> None:
         """The flushed log end moved."""
 
-    def on_log_cut(self, now: int) -> None:
+    def on_log_cut(self, now_ms: int) -> None:
         """LogQuarantined: the log lost its tail to corruption."""
 
     def uncommitted_from(self) -> int | None:
@@ -210,27 +210,27 @@ class RoleState:
         None when records past our high watermark may be committed elsewhere."""
         return None
 
-    def on_log_rewound(self, now: int) -> None:
+    def on_log_rewound(self, now_ms: int) -> None:
         """SnapshotInstallFailed: the log is back as it was before the install."""
 
-    def on_voters_changed(self, now: int) -> None:
+    def on_voters_changed(self, now_ms: int) -> None:
         """The latest voter set changed in this step (KIP-853). A voter role
         whose node is no longer a voter becomes an observer; a follower is
         one already (FollowerState serves both, its role is set in place)."""
         core = self.core
         if not core.is_voter and self.role not in (Role.OBSERVER, Role.LEADER):
-            core.become_observer(now)
+            core.become_observer(now_ms)
 
-    def on_shutdown(self, now: int) -> None:
+    def on_shutdown(self, now_ms: int) -> None:
         """Graceful stop (the election timer is already disarmed)."""
 
     # -- exposure ------------------------------------------------------------
 
-    def describe_quorum(self, now: int) -> m.DescribeQuorumResponse:
+    def describe_quorum(self, now_ms: int) -> m.DescribeQuorumResponse:
         return m.DescribeQuorumResponse(
             error_code=Errors.NOT_LEADER_OR_FOLLOWER, leader_id=self.leader_id, leader_epoch=self.epoch)
 
-    def is_in_sync(self, replica_id: int, now: int) -> bool:
+    def is_in_sync(self, replica_id: int, now_ms: int) -> bool:
         return False
 
     def replica_states(self) -> dict[int, ReplicaProgress]:
