@@ -7,7 +7,14 @@ import math
 
 from prometheus_client import generate_latest
 
-from metalog.broker.server.metrics import RAFT_METRIC_NAMES, WINDOW_S, BrokerMetrics, LoopIdleRatio, RaftStats, RaftView, WindowedStat
+import types
+
+import pytest
+
+from metalog.broker.quorum.roles import Role
+from metalog.broker.server.metrics import (RAFT_METRIC_NAMES, WINDOW_S, BrokerMetrics, LoopIdleRatio, RaftStats, RaftView,
+                                          WindowedStat, raft_view)
+from metalog.protocol.invariants import InvariantViolation
 
 
 class FakeClock:
@@ -137,3 +144,33 @@ def test_requests_are_counted_by_api_name():
     text = generate_latest(metrics.registry).decode()
     assert 'metalog_requests_total{api="PRODUCE"} 2.0' in text
     assert 'metalog_requests_total{api="FETCH"} 1.0' in text
+
+
+def _core(role: Role, **fields):
+    """The members raft_view reads of a quorum core."""
+    base = dict(voted_id=3, leader_id=2, epoch=9, high_watermark=40, log_end_offset=44,
+                log=types.SimpleNamespace(last_epoch=lambda: 8), config=types.SimpleNamespace(voters=(1, 2, 3, 4)))
+    base.update(fields)
+    return types.SimpleNamespace(role=role, **base)
+
+
+def test_raft_view_votes_as_kafka_says_and_counts_voters_without_an_address():
+    # A leader or candidate has voted for itself; a voter for its vote; others for nobody.
+    assert raft_view(_core(Role.LEADER), 1, {1: "a", 2: "b"}).voted_id == 1
+    assert raft_view(_core(Role.CANDIDATE), 1, {}).voted_id == 1
+    assert raft_view(_core(Role.VOTED), 1, {}).voted_id == 3
+    assert raft_view(_core(Role.FOLLOWER), 1, {}).voted_id == -1
+    view = raft_view(_core(Role.FOLLOWER, leader_id=-7), 1, {1: "a", 2: "b"})
+    assert view == RaftView(state="follower", leader_id=-1, voted_id=-1, epoch=9, high_watermark=40,
+                            log_end_offset=44, log_end_epoch=8, unknown_voter_connections=2)  # voters 3 and 4
+
+
+def test_appends_that_do_not_go_forward_are_invariant_breaches():
+    stats = RaftStats(FakeClock())
+    stats.on_append(True, 0, 5)
+    with pytest.raises(InvariantViolation, match="from 5 to 5"):
+        stats.on_append(True, 5, 5)
+    with pytest.raises(InvariantViolation, match="leader appends go forward: 3 after 5"):
+        stats.on_append(True, 2, 3)
+    with pytest.raises(ValueError, match="bucket_s"):
+        WindowedStat(FakeClock(), window_s=1.0, bucket_s=2.0)

@@ -39,25 +39,65 @@ the binary port): super users, node certificates, or an ACL. A refusal is a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from metalog.broker.controller import acl as authz
 from metalog.broker.controller import views
-from metalog.broker.server.clocks import now_ms
+from metalog.broker.controller.state import Controller, ControllerState
 from metalog.broker.net.principal import ANONYMOUS, Principal, principal_from_cert
 from metalog.broker.net.tls import INSECURE_DETAIL
+from metalog.broker.quorum.core import QuorumCore
+from metalog.broker.server.clocks import now_ms
+from metalog.broker.server.config import Endpoint
+from metalog.broker.server.metrics import BrokerMetrics
 from metalog.protocol.errors import Errors
+from metalog.storage.snapshot import SnapshotStore
 
 # Admin denials are logged once per (client address, principal, path); HTTP
 # has no long-lived connection to key on. Bounded so a flood cannot grow it.
 MAX_LOGGED_ADMIN_DENIALS = 1024
+OPEN_PATHS = frozenset({"/health"})
 
-if TYPE_CHECKING:
-    from metalog.broker.server.config import Endpoint
-    from metalog.broker.server.runtime import Broker
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class AdminSource(Protocol):
+    """What the admin API reads of the broker, afresh at every request."""
+
+    @property
+    def core(self) -> QuorumCore: ...
+
+    @property
+    def snapshots(self) -> SnapshotStore: ...
+
+    @property
+    def controller(self) -> Controller: ...
+
+    @property
+    def directory_id(self) -> str: ...
+
+    @property
+    def fatal(self) -> str | None: ...
+
+    @property
+    def health_problems(self) -> dict[str, str]: ...
+
+
+@dataclass(frozen=True)
+class AdminSetup:
+    """What the admin API is set up with, fixed for the process's life."""
+
+    node_id: int
+    cluster_id: str
+    authz_enabled: bool
+    tls: Any  # metalog.broker.net.tls.TlsFiles, None in insecure mode
+    metrics: BrokerMetrics
+    log: Any
+    authz_view: Callable[[], authz.AuthzView]  # the committed ACLs, as the binary port's gate sees them
 
 
 def request_principal(request: web.Request) -> Principal:
@@ -69,32 +109,31 @@ def request_principal(request: web.Request) -> Principal:
     return principal_from_cert(transport.get_extra_info("peercert"))
 
 
-def quorum_view(broker: "Broker") -> dict:
+def quorum_view(broker: AdminSource, setup: AdminSetup) -> dict[str, Any]:
     core = broker.core
-    view = {
-        "node_id": broker.cfg.node_id,
-        "cluster_id": broker.cfg.cluster_id,
+    view: dict[str, Any] = {
+        "node_id": setup.node_id,
+        "cluster_id": setup.cluster_id,
         "role": str(core.role),
         "epoch": core.epoch,
         "leader_id": core.leader_id,
-        "voted_id": getattr(core, "voted_id", None),
+        "voted_id": core.voted_id,
         "high_watermark": core.high_watermark,
         "log_end_offset": core.log_end_offset,
         "flushed_end_offset": core.flushed_end_offset,
         "log_start_offset": core.log_start_offset,
         "snapshots": [[s.end_offset, s.epoch] for s in broker.snapshots.list()],
         # The core's voter set (KIP-853: the log's latest, else the config's).
-        "voters": sorted(getattr(core, "voters", broker.voters)),
-        "kraft_version": getattr(getattr(core, "voter_set", None), "kraft_version", 0),
-        "directory_id": getattr(broker, "directory_id", None),
+        "voters": sorted(core.voters),
+        "kraft_version": core.voter_set.kraft_version,
+        "directory_id": broker.directory_id,
         "applied_offset": broker.controller.applied_offset,
         # -1, or the log end a quarantined voter must reach again before it votes
-        "must_reach_offset": getattr(core, "must_reach_offset", -1),
+        "must_reach_offset": core.must_reach_offset,
         "fatal": broker.fatal,
     }
-    describe = getattr(core, "describe_quorum", None)
-    if describe is not None and core.is_leader:
-        resp = describe(now_ms())
+    if core.is_leader:
+        resp = core.describe_quorum(now_ms())
         view["replicas"] = {
             "voters": [_replica(r) for r in resp.voters],
             "observers": [_replica(r) for r in resp.observers],
@@ -105,7 +144,7 @@ def quorum_view(broker: "Broker") -> dict:
     return view
 
 
-def _replica(r) -> dict:
+def _replica(r: Any) -> dict[str, Any]:
     return {
         "replica_id": r.replica_id,
         "directory_id": r.replica_directory_id or None,
@@ -116,12 +155,9 @@ def _replica(r) -> dict:
     }
 
 
-OPEN_PATHS = frozenset({"/health"})
-
-
-def admin_denial(broker: "Broker", request: web.Request) -> authz.Denial | None:
+def admin_denial(setup: AdminSetup, request: web.Request) -> authz.Denial | None:
     """None if the request may proceed; the same rules as the binary port."""
-    if not broker.authz_enabled or request.path in OPEN_PATHS:
+    if not setup.authz_enabled or request.path in OPEN_PATHS:
         return None
     peer = request.remote or "?"
     try:
@@ -130,124 +166,146 @@ def admin_denial(broker: "Broker", request: web.Request) -> authz.Denial | None:
         return authz.Denial(Errors.CLUSTER_AUTHORIZATION_FAILED, "(none)", f"GET {request.path}", "Describe",
                             f"Cluster:{authz.CLUSTER_RESOURCE_NAME}", str(exc))
     return authz.authorize_operation(principal, peer, authz.Operation.DESCRIBE, authz.ResourceType.CLUSTER,
-                                     authz.CLUSTER_RESOURCE_NAME, broker.authz_view(), f"GET {request.path}")
+                                     authz.CLUSTER_RESOURCE_NAME, setup.authz_view(), f"GET {request.path}")
 
 
-async def start_admin(broker: "Broker", endpoint: "Endpoint") -> web.AppRunner:
+class _Api:
+    """The admin API's handlers."""
+
+    def __init__(self, broker: AdminSource, setup: AdminSetup):
+        self._broker = broker
+        self._setup = setup
+        self._denials_logged: set[tuple[Any, ...]] = set()  # at most MAX_LOGGED_ADMIN_DENIALS
+
     @web.middleware
-    async def authorize(request: web.Request, handler):
-        denial = admin_denial(broker, request)
+    async def authorize(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        setup = self._setup
+        denial = admin_denial(setup, request)
         if denial is None:
             return await handler(request)
-        broker.metrics.authorization_failures.labels(api="ADMIN_HTTP").inc()
+        setup.metrics.authorization_failures.labels(api="ADMIN_HTTP").inc()
         key = (request.remote, denial.principal, request.path)
-        logged = broker.admin_denials_logged
+        logged = self._denials_logged
         if key not in logged and len(logged) < MAX_LOGGED_ADMIN_DENIALS:
             logged.add(key)
-            broker.log.warning("authorization_failed", peer=request.remote, principal=denial.principal,
-                               api=denial.api, operation=denial.operation, resource=denial.resource,
-                               reason=denial.reason, error="CLUSTER_AUTHORIZATION_FAILED")
+            setup.log.warning("authorization_failed", peer=request.remote, principal=denial.principal,
+                              api=denial.api, operation=denial.operation, resource=denial.resource,
+                              reason=denial.reason, error="CLUSTER_AUTHORIZATION_FAILED")
         return web.json_response({"error": "CLUSTER_AUTHORIZATION_FAILED", "message": denial.message()},
                                  status=403)
 
-    async def health(_request: web.Request) -> web.Response:
+    async def health(self, _request: web.Request) -> web.Response:
+        broker, setup = self._broker, self._setup
         if broker.fatal is not None:
             return web.json_response({"status": "fatal", "reason": broker.fatal}, status=503)
-        body = {"status": "ok", "role": str(broker.core.role), "epoch": broker.core.epoch}
+        role, epoch = str(broker.core.role), broker.core.epoch
+        body: dict[str, Any] = {"status": "ok", "role": role, "epoch": epoch}
         status = 200
         if broker.health_problems:
-            body = {"status": "degraded", "problems": dict(broker.health_problems),
-                    "role": str(broker.core.role), "epoch": broker.core.epoch}
+            body = {"status": "degraded", "problems": dict(broker.health_problems), "role": role, "epoch": epoch}
             status = 503
-        body["authorization"] = "on" if broker.authz_enabled else "off"
-        if broker.tls is None:
+        body["authorization"] = "on" if setup.authz_enabled else "off"
+        if setup.tls is None:
             body["insecure"] = INSECURE_DETAIL + " (authorization is off: every client is ANONYMOUS, a super user)"
         return web.json_response(body, status=status)
 
-    async def quorum(_request: web.Request) -> web.Response:
-        return web.json_response(quorum_view(broker))
+    async def quorum(self, _request: web.Request) -> web.Response:
+        return web.json_response(quorum_view(self._broker, self._setup))
 
-    def state():
-        return broker.controller.state
+    async def metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self._setup.metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    def ok(view) -> web.Response:
-        return web.Response(body=views.encode(view), content_type="application/json", charset="utf-8")
+    # -- /metadata: the controller's committed state, a page at a time -----------
+    def _state(self) -> ControllerState:
+        return self._broker.controller.state
 
-    def not_found(what: str) -> web.Response:
-        return web.json_response({"error": "NOT_FOUND", "message": what}, status=404)
+    async def metadata(self, _request: web.Request) -> web.Response:
+        return _ok(views.summary(self._state()))
 
-    def paged(build):
-        async def handler(request: web.Request) -> web.Response:
-            try:
-                return build(request, views.page_limit(request.query.get("limit")))
-            except views.PageError as exc:
-                return web.json_response({"error": "INVALID_REQUEST", "message": str(exc)}, status=400)
-        return handler
-
-    async def metadata(_request: web.Request) -> web.Response:
-        return ok(views.summary(state()))
-
-    def brokers(request: web.Request, limit: int) -> web.Response:
+    def brokers(self, request: web.Request, limit: int) -> web.Response:
         after = views.int_cursor(request.query.get("after"), "after")
-        return ok(views.brokers_page(state(), after, limit))
+        return _ok(views.brokers_page(self._state(), after, limit))
 
-    async def one_broker(request: web.Request) -> web.Response:
+    async def one_broker(self, request: web.Request) -> web.Response:
         try:
             broker_id = int(request.match_info["id"])
         except ValueError:
-            return web.json_response({"error": "INVALID_REQUEST",
-                                      "message": f"broker id must be an integer, got {request.match_info['id']!r}"},
-                                     status=400)
-        body = views.broker(state(), broker_id)
-        return not_found(f"no broker {broker_id}") if body is None else ok(body)
+            return _error(400, "INVALID_REQUEST", f"broker id must be an integer, got {request.match_info['id']!r}")
+        body = views.broker(self._state(), broker_id)
+        return _error(404, "NOT_FOUND", f"no broker {broker_id}") if body is None else _ok(body)
 
-    def topics(request: web.Request, limit: int) -> web.Response:
-        return ok(views.topics_page(state(), request.query.get("after") or None, limit))
+    def topics(self, request: web.Request, limit: int) -> web.Response:
+        return _ok(views.topics_page(self._state(), request.query.get("after") or None, limit))
 
-    def one_topic(request: web.Request, limit: int) -> web.Response:
+    def one_topic(self, request: web.Request, limit: int) -> web.Response:
         name = request.match_info["name"]
-        body = views.topic(state(), name, limit if "limit" in request.query else views.PAGE_LIMIT_MAX)
-        return not_found(f"no topic {name!r}") if body is None else ok(body)
+        body = views.topic(self._state(), name, limit if "limit" in request.query else views.PAGE_LIMIT_MAX)
+        return _error(404, "NOT_FOUND", f"no topic {name!r}") if body is None else _ok(body)
 
-    def partitions(request: web.Request, limit: int) -> web.Response:
+    def partitions(self, request: web.Request, limit: int) -> web.Response:
         name = request.match_info["name"]
-        if name not in state().topic_ids:
-            return not_found(f"no topic {name!r}")
+        state = self._state()
+        if name not in state.topic_ids:
+            return _error(404, "NOT_FOUND", f"no topic {name!r}")
         after = views.int_cursor(request.query.get("after"), "after")
-        return ok(views.partitions_page(state(), name, after, limit))
+        return _ok(views.partitions_page(state, name, after, limit))
 
-    def configs(request: web.Request, limit: int) -> web.Response:
+    def configs(self, request: web.Request, limit: int) -> web.Response:
         kinds = {v: k for k, v in views.RESOURCE_NAMES.items()}
         kind = request.query.get("type")
         if kind not in kinds or "name" not in request.query:
-            return web.json_response({"error": "INVALID_REQUEST",
-                                      "message": "give type=topic|broker and name=NAME"}, status=400)
+            return _error(400, "INVALID_REQUEST", "give type=topic|broker and name=NAME")
         name = request.query["name"]
-        page, after = views.configs_page(state(), kinds[kind], name, request.query.get("after") or None, limit)
-        return ok({"offset": state().offset, "type": kind, "name": name, "configs": page, "next": after})
+        state = self._state()
+        page, after = views.configs_page(state, kinds[kind], name, request.query.get("after") or None, limit)
+        return _ok({"offset": state.offset, "type": kind, "name": name, "configs": page, "next": after})
 
-    def acls(request: web.Request, limit: int) -> web.Response:
-        return ok(views.acls_page(state(), request.query.get("after") or None, limit))
+    def acls(self, request: web.Request, limit: int) -> web.Response:
+        return _ok(views.acls_page(self._state(), request.query.get("after") or None, limit))
 
-    async def metrics(_request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(broker.metrics.registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    app = web.Application(middlewares=[authorize])
-    app.router.add_get("/health", health)
-    app.router.add_get("/quorum", quorum)
-    app.router.add_get("/metadata", metadata)
-    app.router.add_get("/metadata/brokers", paged(brokers))
-    app.router.add_get("/metadata/brokers/{id}", one_broker)
-    app.router.add_get("/metadata/topics", paged(topics))
-    app.router.add_get("/metadata/topics/{name}", paged(one_topic))
-    app.router.add_get("/metadata/topics/{name}/partitions", paged(partitions))
-    app.router.add_get("/metadata/acls", paged(acls))
-    app.router.add_get("/metadata/configs", paged(configs))
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app, access_log=None)
+def _ok(view: Any) -> web.Response:
+    return web.Response(body=views.encode(view), content_type="application/json", charset="utf-8")
+
+
+def _error(status: int, error: str, message: str) -> web.Response:
+    return web.json_response({"error": error, "message": message}, status=status)
+
+
+def _paged(build: Callable[[web.Request, int], web.Response]) -> Handler:
+    """A handler of a paged view: `limit` checked (a bad one is a 400), then `build`."""
+    async def handler(request: web.Request) -> web.Response:
+        try:
+            return build(request, views.page_limit(request.query.get("limit")))
+        except views.PageError as exc:
+            return _error(400, "INVALID_REQUEST", str(exc))
+    return handler
+
+
+def admin_app(broker: AdminSource, setup: AdminSetup) -> web.Application:
+    """The admin API's routes (see the module's docstring)."""
+    api = _Api(broker, setup)
+    app = web.Application(middlewares=[api.authorize])
+    app.router.add_get("/health", api.health)
+    app.router.add_get("/quorum", api.quorum)
+    app.router.add_get("/metadata", api.metadata)
+    app.router.add_get("/metadata/brokers", _paged(api.brokers))
+    app.router.add_get("/metadata/brokers/{id}", api.one_broker)
+    app.router.add_get("/metadata/topics", _paged(api.topics))
+    app.router.add_get("/metadata/topics/{name}", _paged(api.one_topic))
+    app.router.add_get("/metadata/topics/{name}/partitions", _paged(api.partitions))
+    app.router.add_get("/metadata/acls", _paged(api.acls))
+    app.router.add_get("/metadata/configs", _paged(api.configs))
+    app.router.add_get("/metrics", api.metrics)
+    return app
+
+
+async def start_admin(broker: AdminSource, setup: AdminSetup, endpoint: Endpoint) -> web.AppRunner:
+    """Serve the admin API at `endpoint` (over TLS when the broker has it)."""
+    runner = web.AppRunner(admin_app(broker, setup), access_log=None)
     await runner.setup()
-    ssl_context = broker.tls.server() if broker.tls is not None else None
+    ssl_context = setup.tls.server() if setup.tls is not None else None
     site = web.TCPSite(runner, endpoint.host, endpoint.port, reuse_address=True, ssl_context=ssl_context)
     await site.start()
     return runner

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any
 
 from metalog.storage.atomic import atomic_write
 
@@ -52,6 +53,13 @@ class CommitTrace:
 
     def dump(self) -> None:
         atomic_write(self.path, json.dumps({"marks": self.marks, "dropped": self.dropped}).encode())
+
+    def dump_or_warn(self, log: Any) -> None:
+        """dump(), at stop: a trace that cannot be written is a warning, not a failure."""
+        try:
+            self.dump()
+        except OSError as exc:
+            log.warning("commit_trace_not_written", path=self.path, error=str(exc))
 
 
 def from_env(node_id: int) -> CommitTrace | None:

@@ -43,6 +43,7 @@ import yaml
 from metalog.broker.net.principal import Principal
 from metalog.broker.quorum.api import QuorumConfig
 from metalog.broker.quorum.settings import SettingSpec, check_settings, setting, setting_fields
+from metalog.protocol.invariants import InvariantViolation, invariant
 
 
 class ConfigError(ValueError):
@@ -211,7 +212,10 @@ class BrokerConfig:
         from metalog.broker.net.tls import TlsPaths
 
         s = self.security
-        assert s.tls_enabled and s.ssl_ca_file and s.ssl_cert_file and s.ssl_key_file
+        if not (s.tls_enabled and s.ssl_ca_file and s.ssl_cert_file and s.ssl_key_file):
+            # validate() refuses SSL without the three files; PLAINTEXT has none to ask for.
+            raise InvariantViolation(f"tls_paths() of a config without TLS files "
+                                     f"(security_protocol {s.security_protocol})")
         return TlsPaths(s.ssl_ca_file, s.ssl_cert_file, s.ssl_key_file)
 
     def _advertised_listeners(self) -> tuple[tuple[str, str, int], ...]:
@@ -274,7 +278,7 @@ TOP_LEVEL_KEYS: tuple[str, ...] = tuple(f.name for f, _ in setting_fields(Broker
 SECTION_OF: dict[str, str] = {}
 for _section, _cls in SECTIONS.items():
     for _f, _ in setting_fields(_cls):
-        assert _f.name not in SECTION_OF and _f.name not in TOP_LEVEL_KEYS, f"setting {_f.name} defined twice"
+        invariant(_f.name not in SECTION_OF and _f.name not in TOP_LEVEL_KEYS, "setting %s defined twice", _f.name)
         SECTION_OF[_f.name] = _section
 
 

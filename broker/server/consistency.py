@@ -32,6 +32,7 @@ from typing import Iterable
 import crc32c
 
 from metalog.protocol import messages as m
+from metalog.protocol.invariants import InvariantViolation
 from metalog.storage.batch import BatchHeader, iter_batches
 
 ENTRY = struct.Struct(">qqiI")  # base offset, next offset, leader epoch, batch CRC-32C
@@ -82,9 +83,8 @@ class LogDigest:
         """The headers of whole batches just appended at the log end (as the
         log's append parsed them)."""
         for h in headers:
-            if self._nexts:
-                assert h.base_offset == self._nexts[-1], (
-                    f"digest: batch at {h.base_offset} appended after {self._nexts[-1]}")
+            if self._nexts and h.base_offset != self._nexts[-1]:
+                raise InvariantViolation(f"digest: batch at {h.base_offset} appended after {self._nexts[-1]}")
             self._bases.append(h.base_offset)
             self._nexts.append(h.next_offset)
             self._entries += ENTRY.pack(h.base_offset, h.next_offset, h.leader_epoch, h.crc)

@@ -30,7 +30,8 @@ SLOW_GC_PAUSE_MS = 10.0
 
 class GcWatch:
     def __init__(self, histogram: Any, log: Any, slow_ms: float = SLOW_GC_PAUSE_MS) -> None:
-        assert slow_ms >= 0, slow_ms
+        if slow_ms < 0:
+            raise ValueError(f"slow_ms must be >= 0, got {slow_ms}")
         self._histogram = histogram  # labelled by generation
         self._log = log
         self._slow_s = slow_ms / 1000
@@ -40,7 +41,8 @@ class GcWatch:
         """Time collections from now on; with `young_threshold`, also set
         the first gc threshold (the older generations keep theirs)."""
         if young_threshold is not None:
-            assert young_threshold > 0, young_threshold
+            if young_threshold <= 0:
+                raise ValueError(f"gc_young_threshold must be > 0, got {young_threshold}")
             _young, older, oldest = gc.get_threshold()
             gc.set_threshold(young_threshold, older, oldest)
         if self._callback not in gc.callbacks:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from metalog.protocol import messages as m
 from metalog.protocol.errors import Errors
+from metalog.protocol.invariants import invariant
 from metalog.storage.batch import BatchHeader
 from metalog.storage.producer_state import BatchMeta, Check, ProducerStateTable, Verdict
 
@@ -50,9 +51,10 @@ class ProducerIdAllocator:
         self._next = 0
 
     def allocate(self, leader_epoch: int, current_leader: m.LeaderIdAndEpoch) -> m.InitProducerIdResponse:
-        assert leader_epoch >= 0
+        invariant(leader_epoch >= 0, "producer ids allocated in epoch %d", leader_epoch)
         if leader_epoch != self._epoch:
-            assert leader_epoch > self._epoch, "a leader's epoch only grows"
+            invariant(leader_epoch > self._epoch, "a leader's epoch only grows: %d after %d", leader_epoch,
+                      self._epoch)
             self._epoch, self._next = leader_epoch, 0
         if self._next >= IDS_PER_EPOCH or leader_epoch >= 1 << 31:
             return m.InitProducerIdResponse(
@@ -140,7 +142,7 @@ class ProducerGuard:
             if not data:
                 break
             table.apply_data(data, skip_below=offset)
-            assert table.end_offset > offset, "rebuild made no progress"
+            invariant(table.end_offset > offset, "producer state rebuild made no progress at offset %d", offset)
             offset = table.end_offset
         self.table = table
 

@@ -23,12 +23,13 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from metalog.broker.quorum.roles import Role
+from metalog.protocol.invariants import InvariantViolation
 
 # fetch: found on our disk while serving a Fetch; fetched: in a fetch answer
 # this follower received (the network's or the sender's damage; dropped, fetched again).
@@ -56,17 +57,18 @@ class WindowedStat:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, window_s: float = WINDOW_S,
                  bucket_s: float = BUCKET_S):
-        assert 0 < bucket_s <= window_s
+        if not 0 < bucket_s <= window_s:
+            raise ValueError(f"need 0 < bucket_s <= window_s, got bucket_s {bucket_s}, window_s {window_s}")
         self._clock = clock
         self._window_s = window_s
         self._bucket_s = bucket_s
-        self._created = clock()
+        self._created_s = clock()
         # [bucket start, count, total, max]; one per bucket_s, the oldest fall off
         self._buckets: deque[list[float]] = deque(maxlen=int(math.ceil(window_s / bucket_s)) + 1)
 
     def record(self, value: float) -> None:
-        now = self._clock()
-        start = math.floor(now / self._bucket_s) * self._bucket_s
+        now_s = self._clock()
+        start = math.floor(now_s / self._bucket_s) * self._bucket_s
         if not self._buckets or self._buckets[-1][0] != start:
             self._buckets.append([start, 0, 0.0, -math.inf])
         b = self._buckets[-1]
@@ -75,8 +77,8 @@ class WindowedStat:
         b[3] = max(b[3], value)
 
     def _live(self) -> tuple[float, list[list[float]]]:
-        now = self._clock()
-        return now, [b for b in self._buckets if b[0] + self._bucket_s > now - self._window_s]
+        now_s = self._clock()
+        return now_s, [b for b in self._buckets if b[0] + self._bucket_s > now_s - self._window_s]
 
     def avg(self) -> float:
         """Mean of the values in the window; NaN if none (as Kafka's Avg)."""
@@ -93,8 +95,8 @@ class WindowedStat:
         """Sum of the values in the window per second of the window (of the
         stat's lifetime while it is younger than the window, at least one
         bucket); 0 if none."""
-        now, live = self._live()
-        elapsed_s = min(self._window_s, max(self._bucket_s, now - self._created))
+        now_s, live = self._live()
+        elapsed_s = min(self._window_s, max(self._bucket_s, now_s - self._created_s))
         return sum(b[2] for b in live) / elapsed_s
 
 
@@ -148,7 +150,7 @@ class RaftStats:
         self.append_records = WindowedStat(clock)
         # (next offset after the batch, time the leader appended it), in offset order
         self._pending: deque[tuple[int, float]] = deque(maxlen=MAX_PENDING_COMMITS)
-        self._election_start: float | None = None
+        self._election_start_s: float | None = None
 
     def on_role(self, role: str) -> None:
         """The exposed role changed (or the epoch did, in the same role).
@@ -158,13 +160,13 @@ class RaftStats:
         or follows an elected leader. Re-standing after a lost round keeps the
         first start: the election is still going on. Kafka restarts the clock
         at each candidacy; we measure the whole election as its help text says."""
-        now = self._clock()
+        now_s = self._clock()
         if role in ELECTION_ROLES:
-            if self._election_start is None:
-                self._election_start = now
-        elif role in ("leader", "follower") and self._election_start is not None:
-            self.election_latency_ms.record((now - self._election_start) * 1000)
-            self._election_start = None
+            if self._election_start_s is None:
+                self._election_start_s = now_s
+        elif role in ("leader", "follower") and self._election_start_s is not None:
+            self.election_latency_ms.record((now_s - self._election_start_s) * 1000)
+            self._election_start_s = None
         if role != "leader":
             # Batches of a leadership we lost are not committed by us (they may
             # even be truncated): no commit latency for them.
@@ -174,10 +176,12 @@ class RaftStats:
         """Batches were appended to the local log: by the leader (client
         writes, control records) or from a Fetch answer (follower, observer)."""
         records = next_offset - base_offset
-        assert records > 0, (base_offset, next_offset)
+        if records <= 0:
+            raise InvariantViolation(f"an append of batches from {base_offset} to {next_offset}")
         if is_leader:
             self.append_records.record(records)
-            assert not self._pending or self._pending[-1][0] < next_offset, "leader appends go forward"
+            if self._pending and self._pending[-1][0] >= next_offset:
+                raise InvariantViolation(f"leader appends go forward: {next_offset} after {self._pending[-1][0]}")
             self._pending.append((next_offset, self._clock()))
         else:
             self.fetch_records.record(records)
@@ -186,10 +190,10 @@ class RaftStats:
         """The leader's high watermark: every batch below it is committed."""
         if not self._pending:
             return
-        now = self._clock()
+        now_s = self._clock()
         while self._pending and self._pending[0][0] <= high_watermark:
-            _, appended = self._pending.popleft()
-            self.commit_latency_ms.record((now - appended) * 1000)
+            _, appended_s = self._pending.popleft()
+            self.commit_latency_ms.record((now_s - appended_s) * 1000)
 
 
 class RaftView(NamedTuple):
@@ -203,6 +207,51 @@ class RaftView(NamedTuple):
     log_end_offset: int
     log_end_epoch: int
     unknown_voter_connections: int
+
+
+class RaftCore(Protocol):
+    """What the raft view reads of the quorum core."""
+
+    @property
+    def role(self) -> Role: ...
+
+    @property
+    def voted_id(self) -> int: ...
+
+    @property
+    def leader_id(self) -> int: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def high_watermark(self) -> int: ...
+
+    @property
+    def log_end_offset(self) -> int: ...
+
+    @property
+    def log(self) -> Any: ...  # its last_epoch()
+
+    @property
+    def config(self) -> Any: ...  # its voters
+
+
+def raft_view(core: RaftCore, node_id: int, known_voters: Iterable[int]) -> RaftView:
+    """Kafka's instantaneous raft metrics, read from the core at scrape time."""
+    role = str(core.role)
+    if role in ("leader", "candidate"):
+        vote = node_id  # Kafka: a leader or candidate has voted for itself
+    elif role == "voted":
+        vote = core.voted_id
+    else:
+        vote = -1
+    known = set(known_voters)
+    return RaftView(
+        state=role, leader_id=core.leader_id if core.leader_id >= 0 else -1, voted_id=vote,
+        epoch=core.epoch, high_watermark=core.high_watermark, log_end_offset=core.log_end_offset,
+        log_end_epoch=core.log.last_epoch(),
+        unknown_voter_connections=sum(1 for v in core.config.voters if v != node_id and v not in known))
 
 
 class RaftCollector:

@@ -16,19 +16,22 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from metalog.broker.server.config import BrokerConfig
 from metalog.broker.controller.state import Controller, load_latest
 from metalog.broker.server.metrics import BrokerMetrics
 from metalog.broker.quorum import api as qa
-from metalog.broker.quorum.voters import voter_set_of, voter_sets_in
+from metalog.broker.quorum.voters import VoterSet, voter_set_of, voter_sets_in
+from metalog.protocol import messages as m
+from metalog.storage.batch import CorruptBatchError
 from metalog.storage.atomic import atomic_write
 from metalog.storage.epochs import EpochCheckpointError, EpochHistory, read_checkpoint
 from metalog.storage.format_upgrade import (FORMAT_KEY, FORMAT_VERSION, PARTITION_DIR, UPGRADABLE_VERSIONS, format_version_of,
                                     holds_data, read_props)
-from metalog.storage.errors import CorruptionReport, CorruptLogError
+from metalog.storage.errors import CorruptionReport, CorruptLogError, QuorumStateError, StorageError
 from metalog.storage.segments import SegmentedLog
-from metalog.storage.quorum_state import QuorumStateError, QuorumStateFile
+from metalog.storage.quorum_state import QuorumStateFile
 from metalog.storage.snapshot import CorruptSnapshotError, SnapshotInvariantError, SnapshotStore, read_snapshot_voters
 
 META_FILE = "meta.properties"
@@ -184,35 +187,83 @@ def no_copy_message(report: CorruptionReport, data_dir: str) -> str:
             f"lost), run: metalog storage recover --data-dir {data_dir} --truncate-at-corruption")
 
 
-def recover_local_state(cfg: BrokerConfig, part_dir: str, log, metrics: BrokerMetrics) -> LocalState:
+def recover_local_state(cfg: BrokerConfig, part_dir: str, log: Any, metrics: BrokerMetrics) -> LocalState:
     """Open the log (crash recovery), clean up and load snapshots (KIP-630
     boot rules), rebuild the epoch history if needed, read the quorum
-    state: everything the core is built from. StartupError says why not."""
-    health_problems: dict[str, str] = {}
-    corruption_seen: set[tuple[str, int]] = set()
+    state: everything the core is built from. One function per phase, in
+    this order; each refuses with a StartupError that says what failed, in
+    which file, and what to do."""
     voters = cfg.voter_endpoints()
-    os.makedirs(cfg.data_dir, exist_ok=True)
-    directory_id = check_meta(cfg.data_dir, cfg.cluster_id, cfg.node_id, log)  # before writing anything there
-    os.makedirs(part_dir, exist_ok=True)
+    directory_id = _bind_data_dir(cfg, log)  # before writing anything there
     # Another copy can exist (more than one voter, or we are an observer):
     # corruption found at open is quarantined and re-replicated. A single
     # voter has no other copy: refuse to start and say what to do.
-    sole_voter = len(voters) == 1 and cfg.node_id in voters
+    seg_log = _open_log(cfg, part_dir, log, sole_voter=len(voters) == 1 and cfg.node_id in voters)
+    health_problems, corruption_seen = _startup_damage(seg_log, log, metrics)
+    snapshots = _clean_up_snapshots(part_dir, seg_log, log)
+    controller, loaded = _load_snapshot(snapshots, seg_log, log, metrics)
+    epochs = _epoch_history(part_dir, seg_log, loaded, log)
+    qs_file, qs = _read_quorum_state(part_dir)
+    base_voters = _base_voter_set(snapshots, seg_log, loaded, log)
+    voter_history = _voter_history(cfg, seg_log, base_voters, log)
+    view = qa.LogView(
+        log_start_offset=seg_log.log_start_offset,
+        log_end_offset=seg_log.log_end_offset,
+        epochs=[(e[0], e[1]) for e in epochs.entries],
+        snapshots=snapshots.list(),
+        must_reach_offset=seg_log.quarantine.must_reach_offset if seg_log.quarantine else -1,
+        voter_set=base_voters,
+        voter_history=voter_history,
+    )
+    return LocalState(seg_log, snapshots, controller, qs_file, view, qs, health_problems, corruption_seen,
+                      directory_id)
+
+
+def _bind_data_dir(cfg: BrokerConfig, log: Any) -> str:
+    """Phase 1: the data dir exists and is bound to this cluster and node (meta.properties)."""
     try:
+        os.makedirs(cfg.data_dir, exist_ok=True)
+        return check_meta(cfg.data_dir, cfg.cluster_id, cfg.node_id, log)
+    except OSError as exc:
+        raise StartupError(
+            f"cannot use data dir {cfg.data_dir} ({exc.filename or cfg.data_dir}: {exc.strerror or exc}): "
+            f"refusing to start. Check that data_dir names the right path and that this user may create "
+            f"and write files there") from None
+
+
+def _open_log(cfg: BrokerConfig, part_dir: str, log: Any, sole_voter: bool) -> SegmentedLog:
+    """Phase 2: the log, with crash recovery (torn tail cut, segments verified
+    from the recovery point); corruption is quarantined, or refused when no
+    other copy exists."""
+    try:
+        os.makedirs(part_dir, exist_ok=True)
         # verify_appends=False: every AppendBatches is either the leader's own
         # freshly encoded batches or a fetch answer whose CRCs the core checked
         # on receipt (QuorumLog.append_fetched, the network boundary); append
         # still checks headers, lengths and offsets.
-        seg_log = SegmentedLog.open(part_dir, segment_bytes_max=cfg.storage.segment_bytes_max,
-                                    logger=log, on_corruption="raise" if sole_voter else "quarantine",
-                                    verify_appends=False)
+        return SegmentedLog.open(part_dir, segment_bytes_max=cfg.storage.segment_bytes_max,
+                                 logger=log, on_corruption="raise" if sole_voter else "quarantine",
+                                 verify_appends=False)
     except CorruptLogError as exc:
         raise StartupError(no_copy_message(exc.report, cfg.data_dir)) from None
+    except (StorageError, OSError) as exc:
+        raise StartupError(
+            f"cannot open the metadata log in {part_dir}: {exc}: refusing to start. Check the disk "
+            f"(free space, permissions, the kernel log). If its files cannot be read and other voters hold "
+            f"the log, move the data dir aside and restart: the node re-replicates from the leader") from None
+
+
+def _startup_damage(seg_log: SegmentedLog, log: Any,
+                    metrics: BrokerMetrics) -> tuple[dict[str, str], set[tuple[str, int]]]:
+    """Phase 3: what the log's open found damaged and quarantined: /health's
+    reasons and the (file, position) already reported."""
+    health_problems: dict[str, str] = {}
+    corruption_seen: set[tuple[str, int]] = set()
     for report in seg_log.startup_reports:  # already logged by the log (corruption_detected)
         corruption_seen.add((report.path, report.position))
         metrics.corrupt_batches.labels(source="startup").inc()
-    if seg_log.quarantine is not None:
-        q = seg_log.quarantine
+    q = seg_log.quarantine
+    if q is not None:
         health_problems["quarantine"] = (
             f"log cut to {seg_log.log_end_offset} after corruption "
             f"({', '.join(r.path for r in q.reports)}); not voting until the log reaches "
@@ -222,8 +273,14 @@ def recover_local_state(cfg: BrokerConfig, part_dir: str, log, metrics: BrokerMe
                 f"corrupt data in {r.path} at byte {r.position} (offset {r.base_offset}, found at "
                 f"start): {r.reason}; kept as .corrupt")
         log.warning("started_quarantined", must_reach_offset=q.must_reach_offset,
-                         log_end_offset=seg_log.log_end_offset,
-                         reports=[r.as_log_fields() for r in q.reports])
+                    log_end_offset=seg_log.log_end_offset, reports=[r.as_log_fields() for r in q.reports])
+    return health_problems, corruption_seen
+
+
+def _clean_up_snapshots(part_dir: str, seg_log: SegmentedLog, log: Any) -> SnapshotStore:
+    """Phase 4: KIP-630's boot rules on the snapshot files (partials and
+    snapshots no longer needed go); if no snapshot covers the log start,
+    the log is treated as empty and bootstrapped from the leader."""
     snapshots = SnapshotStore(part_dir)
     try:
         boot = snapshots.boot_cleanup(seg_log.log_start_offset)
@@ -232,44 +289,77 @@ def recover_local_state(cfg: BrokerConfig, part_dir: str, log, metrics: BrokerMe
     except SnapshotInvariantError as exc:
         # KIP-630's boot invariant failed: no snapshot covers the log start.
         # Treat the log as empty and bootstrap from the leader.
-        log.warning("log_reset_no_covering_snapshot", error=str(exc),
-                         log_start_offset=seg_log.log_start_offset)
+        log.warning("log_reset_no_covering_snapshot", error=str(exc), log_start_offset=seg_log.log_start_offset)
         seg_log.truncate_fully(0)
         for sid in snapshots.list():
             snapshots.delete(sid)
+    except OSError as exc:
+        raise StartupError(
+            f"cannot clean up the snapshots in {part_dir} ({exc.filename}: {exc.strerror or exc}): refusing "
+            f"to start. Check the disk and the permissions of the files there") from None
+    return snapshots
+
+
+def _load_snapshot(snapshots: SnapshotStore, seg_log: SegmentedLog, log: Any,
+                   metrics: BrokerMetrics) -> tuple[Controller, m.SnapshotId | None]:
+    """Phase 5: the newest snapshot that loads becomes the controller's state
+    (a damaged one is kept as .corrupt and the next older one tried); the log
+    restarts at it if it is ahead of the log."""
     controller = Controller()
-    t0 = time.perf_counter()
-    loaded = load_latest(snapshots)
-    if loaded is not None:
-        state, snap_id = loaded
-        controller.load(state)
-        controller.snapshot_taken(snap_id.end_offset)
-        metrics.snapshot_load_seconds.observe(time.perf_counter() - t0)
-        log.info("snapshot_loaded", snapshot=[snap_id.end_offset, snap_id.epoch],
-                      seconds=round(time.perf_counter() - t0, 4))
-        if seg_log.log_end_offset < snap_id.end_offset or seg_log.log_start_offset > snap_id.end_offset:
-            # The snapshot is ahead of the log (installed, then crashed before
-            # the log was reset) or the log starts past it: restart the log there.
-            seg_log.truncate_fully(snap_id.end_offset)
-    elif seg_log.log_start_offset > 0:
-        log.warning("log_reset_no_loadable_snapshot", log_start_offset=seg_log.log_start_offset)
-        seg_log.truncate_fully(0)
+    t0_s = time.perf_counter()
+    try:
+        loaded = load_latest(snapshots)
+    except OSError as exc:
+        raise StartupError(
+            f"cannot read the snapshots in {snapshots.directory} ({exc.filename}: {exc.strerror or exc}): "
+            f"refusing to start. Check the disk and the permissions of the files there") from None
+    if loaded is None:
+        if seg_log.log_start_offset > 0:
+            log.warning("log_reset_no_loadable_snapshot", log_start_offset=seg_log.log_start_offset)
+            seg_log.truncate_fully(0)
+        return controller, None
+    state, snap_id = loaded
+    controller.load(state)
+    controller.snapshot_taken(snap_id.end_offset)
+    metrics.snapshot_load_seconds.observe(time.perf_counter() - t0_s)
+    log.info("snapshot_loaded", snapshot=[snap_id.end_offset, snap_id.epoch],
+             seconds=round(time.perf_counter() - t0_s, 4))
+    if seg_log.log_end_offset < snap_id.end_offset or seg_log.log_start_offset > snap_id.end_offset:
+        # The snapshot is ahead of the log (installed, then crashed before
+        # the log was reset) or the log starts past it: restart the log there.
+        seg_log.truncate_fully(snap_id.end_offset)
+    return controller, snap_id
+
+
+def _epoch_history(part_dir: str, seg_log: SegmentedLog, loaded: m.SnapshotId | None, log: Any) -> EpochHistory:
+    """Phase 6: the leader-epoch history, from its checkpoint, else rebuilt
+    from the log's batch headers (derived data: a damaged file is kept as
+    .corrupt), cut to the log."""
     checkpoint = os.path.join(part_dir, "leader-epoch-checkpoint")
     try:
         epochs = read_checkpoint(checkpoint)
     except EpochCheckpointError as exc:
-        # Derived data: the batches carry their epochs. Rebuild it from the
-        # log (below) and keep the damaged file for the operator.
         log.warning("epoch_checkpoint_unreadable", file=checkpoint, error=str(exc),
-                         action="rebuilt from the log's batch headers; the damaged file is kept as .corrupt")
-        os.replace(checkpoint, checkpoint + ".corrupt")
+                    action="rebuilt from the log's batch headers; the damaged file is kept as .corrupt")
+        try:
+            os.replace(checkpoint, checkpoint + ".corrupt")
+        except OSError as move_exc:
+            raise StartupError(
+                f"{checkpoint} is damaged ({exc}) and cannot be moved aside ({move_exc.strerror or move_exc}): "
+                f"refusing to start. Move it aside yourself (mv {checkpoint} {checkpoint}.corrupt): the "
+                f"broker rebuilds it from the log") from None
         epochs = EpochHistory()
     if not epochs.entries and seg_log.log_end_offset > seg_log.log_start_offset:
         epochs = EpochHistory(seg_log.batch_epochs())
     epochs.truncate_from_end(seg_log.log_end_offset)
     epochs.truncate_from_start(seg_log.log_start_offset)
     if loaded is not None and not epochs.entries:
-        epochs.assign(loaded[1].epoch, loaded[1].end_offset)
+        epochs.assign(loaded.epoch, loaded.end_offset)
+    return epochs
+
+
+def _read_quorum_state(part_dir: str) -> tuple[QuorumStateFile, qa.QuorumStateData | None]:
+    """Phase 7: the epoch and the vote this voter cast (quorum-state)."""
     qs_file = QuorumStateFile(os.path.join(part_dir, "quorum-state"))
     try:
         qs_raw = qs_file.read()
@@ -280,43 +370,60 @@ def recover_local_state(cfg: BrokerConfig, part_dir: str, log, metrics: BrokerMe
             f"been down for longer than an election takes (its epoch is over), move the file aside "
             f"(mv {qs_file.path} {qs_file.path}.corrupt): it then starts without a vote in "
             f"the epoch of its log's last batch and learns the current one from the leader") from None
-    qs = None
-    if qs_raw is not None:
-        qs = qa.QuorumStateData(
-            leader_epoch=qs_raw["leader_epoch"], leader_id=qs_raw["leader_id"],
-            voted_id=qs_raw["voted_id"], voters=tuple(qs_raw.get("voters", ())),
-        )
-    # KIP-853: the voter set of the snapshot the log starts at, then every
-    # VotersRecord in the log, at its offset (the latest counts).
-    base_voters = None
+    if qs_raw is None:
+        return qs_file, None
+    return qs_file, qa.QuorumStateData(
+        leader_epoch=qs_raw["leader_epoch"], leader_id=qs_raw["leader_id"],
+        voted_id=qs_raw["voted_id"], voters=tuple(qs_raw.get("voters", ())),
+    )
+
+
+def _base_voter_set(snapshots: SnapshotStore, seg_log: SegmentedLog, loaded: m.SnapshotId | None,
+                    log: Any) -> VoterSet | None:
+    """Phase 8 (KIP-853): the voter set below the log: the one of the snapshot
+    the log starts at, else a formatted dir's bootstrap checkpoint; None:
+    the config's static voters."""
     if loaded is not None:
-        rec = read_snapshot_voters(snapshots.path(loaded[1]))
-        base_voters = voter_set_of(rec) if rec is not None else None
-    if base_voters is None and seg_log.log_start_offset == 0:
-        # A dir formatted with --standalone / --initial-controllers: the first
-        # voter set, until the first leader has put it in the log.
+        path = snapshots.path(loaded)
         try:
-            rec = snapshots.bootstrap_voters()
+            rec = read_snapshot_voters(path)
         except CorruptSnapshotError as exc:
             raise StartupError(
-                f"bootstrap checkpoint {exc.path} is damaged ({exc.reason}): it holds the first voter set; "
-                f"format the data dir again (metalog storage format) or restore the file") from None
-        base_voters = voter_set_of(rec) if rec is not None else None
+                f"snapshot {path} loaded but its voter set is unreadable ({exc.reason}): refusing to start. "
+                f"Move the file aside (mv {path} {path}.corrupt) and restart: the broker starts from an older "
+                f"snapshot, or with an empty log that re-replicates from the leader (a sole voter has no "
+                f"other copy: restore the file from a backup instead)") from None
         if rec is not None:
-            log.info("bootstrap_voters", voters={v.voter_id: v.directory_id for v in rec.voters})
-    voter_history = voter_sets_in(b"".join(seg_log.control_batches()))
+            return voter_set_of(rec)
+    if seg_log.log_start_offset != 0:
+        return None
+    # A dir formatted with --standalone / --initial-controllers: the first
+    # voter set, until the first leader has put it in the log.
+    try:
+        rec = snapshots.bootstrap_voters()
+    except CorruptSnapshotError as exc:
+        raise StartupError(
+            f"bootstrap checkpoint {exc.path} is damaged ({exc.reason}): it holds the first voter set; "
+            f"format the data dir again (metalog storage format) or restore the file") from None
+    if rec is None:
+        return None
+    log.info("bootstrap_voters", voters={v.voter_id: v.directory_id for v in rec.voters})
+    return voter_set_of(rec)
+
+
+def _voter_history(cfg: BrokerConfig, seg_log: SegmentedLog, base_voters: VoterSet | None,
+                   log: Any) -> list[tuple[int, VoterSet]]:
+    """Phase 9 (KIP-853): every VotersRecord in the log, at its offset (the latest counts)."""
+    try:
+        voter_history = voter_sets_in(b"".join(seg_log.control_batches()))
+    except CorruptBatchError as exc:
+        where = exc.report.path if exc.report is not None else seg_log.directory
+        raise StartupError(
+            f"a control batch of the log is damaged ({where}, offset {exc.base_offset}): {exc}: refusing to "
+            f"start. Control batches hold the voter set; in a cluster, move the data dir aside and restart to "
+            f"re-replicate from the leader") from None
     if base_voters is None and cfg.dynamic_voters and not voter_history:
         log.warning("no_voter_set", data_dir=cfg.data_dir,
                     reason="dynamic_voters and no voter set in the data dir (formatted with "
                            "--no-initial-controllers, or wiped): an observer until the log gives one")
-    view = qa.LogView(
-        log_start_offset=seg_log.log_start_offset,
-        log_end_offset=seg_log.log_end_offset,
-        epochs=[tuple(e) for e in epochs.entries],
-        snapshots=snapshots.list(),
-        must_reach_offset=seg_log.quarantine.must_reach_offset if seg_log.quarantine else -1,
-        voter_set=base_voters,
-        voter_history=voter_history,
-    )
-    return LocalState(seg_log, snapshots, controller, qs_file, view, qs, health_problems, corruption_seen,
-                      directory_id)
+    return voter_history

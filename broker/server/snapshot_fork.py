@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from metalog.protocol.invariants import InvariantViolation, invariant
+
 # The child runs under SCHED_IDLE where the OS has it (else nice 19): on a
 # machine short of cores every other runnable process, the quorum's event
 # loops first of all, preempts it at once; the snapshot just takes longer.
@@ -77,7 +79,7 @@ class ForkedWrite:
         self._t0 = 0.0
 
     def start(self) -> int:
-        assert self.pid is None, "a ForkedWrite forks once"
+        invariant(self.pid is None, "a ForkedWrite forks once")
         r, w = os.pipe()
         parent = os.getpid()
         self._t0 = time.perf_counter()
@@ -100,8 +102,9 @@ class ForkedWrite:
     async def wait(self) -> ChildResult:
         """Reap the child without blocking the loop; a child that did not
         report success has its partial file removed here."""
-        assert self.pid is not None and self._read_fd is not None, "start() first"
         pid, fd = self.pid, self._read_fd
+        if pid is None or fd is None:
+            raise InvariantViolation("ForkedWrite.wait() before start()")
         try:
             try:
                 _, status = await asyncio.to_thread(os.waitpid, pid, 0)

@@ -16,11 +16,13 @@ from __future__ import annotations
 from typing import Callable
 
 from metalog.protocol import messages as m
+from metalog.protocol.invariants import invariant
 
 
 class SnapshotPolicy:
     def __init__(self, min_records: int):
-        assert min_records > 0, f"snapshot_min_records must be > 0, got {min_records}"
+        if min_records <= 0:
+            raise ValueError(f"snapshot_min_records must be > 0, got {min_records}")
         self.min_records = min_records
 
     def next_snapshot(self, *, records_since_snapshot: int, applied_offset: int,
@@ -30,7 +32,8 @@ class SnapshotPolicy:
         (or the broker is stopping); `exists`: that snapshot is on disk already."""
         if busy or records_since_snapshot < self.min_records:
             return None
-        assert applied_offset > 0, "records applied since the last snapshot, yet nothing applied"
+        invariant(applied_offset > 0, "%d records applied since the last snapshot, yet nothing applied",
+                  records_since_snapshot)
         snap_id = m.SnapshotId(applied_offset, epoch_for_offset(applied_offset - 1))
         if exists(snap_id):
             return None

@@ -19,30 +19,85 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable, Protocol
 
-from metalog.broker.controller.state import SnapshotLoader, SnapshotLoadError, load_snapshot, write_controller_snapshot
+from metalog.broker.controller.state import (Controller, SnapshotLoader, SnapshotLoadError, load_snapshot,
+                                             write_controller_snapshot)
 from metalog.broker.quorum import api as qa
-from metalog.broker.quorum.voters import voters_record
+from metalog.broker.quorum.voters import VoterSet, voters_record
+from metalog.broker.server.consistency import LogDigest
+from metalog.broker.server.metrics import BrokerMetrics
 from metalog.broker.server.snapshot_fork import ForkedWrite, fork_available
 from metalog.broker.server.snapshot_policy import SnapshotPolicy
 from metalog.broker.controller.state_copy import IncrementalCopy
 from metalog.protocol import messages as m
 from metalog.storage import batch as sb
+from metalog.storage.epochs import EpochHistory
 from metalog.storage.errors import StorageError
-from metalog.storage.snapshot import CorruptSnapshotError, PartialSnapshot, generation_part_path, verify_snapshot_file
+from metalog.storage.segments import SegmentedLog
+from metalog.storage.snapshot import (CorruptSnapshotError, PartialSnapshot, SnapshotStore, generation_part_path,
+                                      verify_snapshot_file)
 
-if TYPE_CHECKING:  # the runtime imports this module: no cycle at run time
-    from metalog.broker.server.runtime import Broker
+SNAPSHOT_GENERATIONS = ("fork", "thread")
+
+
+class SnapshotCore(Protocol):
+    """What snapshot work reads of the quorum core."""
+
+    @property
+    def epochs(self) -> EpochHistory: ...
+
+    def voter_set_at(self, end_offset: int) -> VoterSet: ...
+
+
+class SnapshotHost(Protocol):
+    """What snapshot work uses of the broker. The log, the store, the digest
+    and the controller exist once the broker has started; so does the core,
+    which only our own snapshots read (an install never does)."""
+
+    @property
+    def seg_log(self) -> SegmentedLog: ...
+
+    @property
+    def snapshots(self) -> SnapshotStore: ...
+
+    @property
+    def digest(self) -> LogDigest: ...
+
+    @property
+    def controller(self) -> Controller: ...
+
+    @property
+    def core(self) -> SnapshotCore: ...
+
+    @property
+    def cluster_id(self) -> str: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def metrics(self) -> BrokerMetrics: ...
+
+    @property
+    def log(self) -> Any: ...
+
+    def unlink_later(self, path: str) -> None:
+        """Unlink a file already renamed out of the store's view, off the loop."""
+
+    def storage_failed(self, reason: str, exc: BaseException | None = None) -> None: ...
 
 
 class SnapshotWork:
-    def __init__(self, broker: "Broker", min_records: int, now_ms: Callable[[], int],
+    def __init__(self, broker: SnapshotHost, min_records: int, now_ms: Callable[[], int],
                  feed: Callable[[qa.Event], None], generation: str = "fork", cpu_share: float = 1.0):
-        assert generation in ("fork", "thread"), generation
-        assert 0.0 < cpu_share <= 1.0, cpu_share
+        if generation not in SNAPSHOT_GENERATIONS:
+            raise ValueError(f"snapshot_generation must be one of {', '.join(SNAPSHOT_GENERATIONS)}, "
+                             f"got {generation!r}")
+        if not 0.0 < cpu_share <= 1.0:
+            raise ValueError(f"snapshot_cpu_share must be in (0, 1], got {cpu_share}")
         self.cpu_share = cpu_share  # of one CPU, for the writer (metalog.broker.controller.state._paced)
-        self.broker = broker  # its log, snapshot store, digest, controller, core, metrics and logger
+        self.broker = broker
         self.policy = SnapshotPolicy(min_records)
         self._now_ms = now_ms
         self._feed = feed  # steps the core with an event
@@ -58,15 +113,24 @@ class SnapshotWork:
 
     # -- downloads from the leader --------------------------------------------
     def write_chunk(self, a: qa.WriteSnapshotChunk) -> None:
-        part = self._partials.get(a.snapshot_id)
-        if part is None or a.position == 0:
-            if part is not None:
-                part.abort()
-            # One load in progress at most: it holds a partial state in memory.
-            self._loads.clear()
-            load = self._loads[a.snapshot_id] = _StreamedLoad(a.snapshot_id)
-            part = self._partials[a.snapshot_id] = self.broker.snapshots.partial(a.snapshot_id, load.add)
-        part.write_at(a.position, a.data)
+        try:
+            part = self._partials.get(a.snapshot_id)
+            if part is None or a.position == 0:
+                if part is not None:
+                    part.abort()
+                # One load in progress at most: it holds a partial state in memory.
+                self._loads.clear()
+                load = self._loads[a.snapshot_id] = _StreamedLoad(a.snapshot_id)
+                part = self._partials[a.snapshot_id] = self.broker.snapshots.partial(a.snapshot_id, load.add)
+            part.write_at(a.position, a.data)
+        except OSError as exc:
+            # A full disk (ENOSPC, EFBIG) or a failing one: fail-stop as for
+            # an append, after deleting the partial so that its space is
+            # free for the restart, which downloads again.
+            self.abandon_downloads()
+            self.broker.storage_failed(f"snapshot download {a.snapshot_id.end_offset}-{a.snapshot_id.epoch}: "
+                                       f"write of {len(a.data)} bytes at position {a.position} failed: "
+                                       f"{exc.strerror or exc}", exc)
 
     def abandon_downloads(self) -> None:
         """The follower is appending the leader's log: any download it had
@@ -89,9 +153,10 @@ class SnapshotWork:
         if part is None:
             b.log.error("snapshot_install_without_download", snapshot=[sid.end_offset, sid.epoch])
             return None
-        t0 = time.perf_counter()
+        t0_s = time.perf_counter()
         # Whether every batch was checked and loaded as it came: the state is ready.
-        streamed = load is not None and load.error is None and part.streamed
+        loader = load.loader if load is not None and load.error is None and part.streamed else None
+        streamed = loader is not None
         try:
             part.complete(a.size)
         except (StorageError, OSError, ValueError) as exc:
@@ -101,7 +166,7 @@ class SnapshotWork:
             b.log.error("snapshot_download_rejected", snapshot=[sid.end_offset, sid.epoch],
                         error=str(exc), action="partial deleted, log kept, downloading again")
             return qa.SnapshotInstallFailed(self._now_ms(), sid, str(exc))
-        t_checked = time.perf_counter()
+        checked_s = time.perf_counter()
         # Before the log is reset, the file is read back from disk with every
         # CRC checked again (a CRC pass: tens of milliseconds at 150 MB; the
         # load itself is done): a bad byte rolls back as a bad download does,
@@ -109,9 +174,9 @@ class SnapshotWork:
         # failed is made again from the file, which says what is wrong as a
         # boot's load would.
         try:
-            if streamed:
+            if loader is not None:
                 verify_snapshot_file(b.snapshots.path(sid), sid)
-                state = load.loader.finish()
+                state = loader.finish()
             else:
                 state = load_snapshot(b.snapshots, sid)
         except CorruptSnapshotError as exc:
@@ -119,19 +184,19 @@ class SnapshotWork:
             b.log.error("snapshot_download_rejected", snapshot=[sid.end_offset, sid.epoch], error=str(exc),
                         action="snapshot quarantined, log kept, downloading again")
             return qa.SnapshotInstallFailed(self._now_ms(), sid, str(exc))
-        t_loaded = time.perf_counter()
+        loaded_s = time.perf_counter()
         b.seg_log.truncate_fully(sid.end_offset)
         b.digest.reset(sid.end_offset)
         b.snapshots.delete_before(sid, unlink=b.unlink_later)
         b.controller.load(state)
-        t_done = time.perf_counter()
-        b.metrics.snapshot_load_seconds.observe(t_done - t0)
+        done_s = time.perf_counter()
+        b.metrics.snapshot_load_seconds.observe(done_s - t0_s)
         # Where an install's time goes: the download's check and fsync, the
         # log's truncation, the load.
         b.log.info("snapshot_installed", snapshot=[sid.end_offset, sid.epoch], size=a.size,
                    loaded_while_downloading=streamed,
-                   seconds=round(t_done - t0, 4), check_s=round(t_checked - t0, 4),
-                   load_s=round(t_loaded - t_checked, 4), truncate_s=round(t_done - t_loaded, 4))
+                   seconds=round(done_s - t0_s, 4), check_s=round(checked_s - t0_s, 4),
+                   load_s=round(loaded_s - checked_s, 4), truncate_s=round(done_s - loaded_s, 4))
         return None
 
     # -- our own snapshots ------------------------------------------------------
@@ -159,7 +224,7 @@ class SnapshotWork:
                 return
             voters = voters_record(b.core.voter_set_at(end))
             part_path = generation_part_path(b.snapshots.directory, snap_id)
-            store, ts_ms, cluster_id = b.snapshots, int(time.time() * 1000), b.cfg.cluster_id
+            store, ts_ms, cluster_id = b.snapshots, int(time.time() * 1000), b.cluster_id
             cpu_share = self.cpu_share
 
             def write() -> dict:  # runs in the child
@@ -171,7 +236,7 @@ class SnapshotWork:
             # point instead of being retried at every applied batch.
             b.controller.snapshot_taken(end)
             child = ForkedWrite(write, part_path)
-            t0 = time.perf_counter()
+            t0_s = time.perf_counter()
             try:
                 child.start()
             except OSError as exc:  # EAGAIN/ENOMEM: no child, nothing written
@@ -179,7 +244,7 @@ class SnapshotWork:
                 b.log.error("snapshot_write_failed", snapshot=[snap_id.end_offset, snap_id.epoch], path="fork",
                             error=f"fork failed: {exc}", action="nothing written; the next due point tries again")
                 return
-            fork_ms = (time.perf_counter() - t0) * 1000
+            fork_ms = (time.perf_counter() - t0_s) * 1000
             self._child = child
             try:
                 res = await child.wait()
@@ -189,7 +254,7 @@ class SnapshotWork:
                 b.log.info("snapshot_abandoned", snapshot=[snap_id.end_offset, snap_id.epoch], path="fork",
                            reason="broker stopping", child_exit=res.exit_status)
                 return
-            if not res.ok:
+            if not res.ok or res.value is None:
                 b.metrics.snapshot_generation_failures.labels(path="fork").inc()
                 b.log.error("snapshot_write_failed", snapshot=[snap_id.end_offset, snap_id.epoch], path="fork",
                             pid=res.pid, child_exit=res.exit_status, error=res.error,
@@ -228,25 +293,25 @@ class SnapshotWork:
 
     async def _write(self, snap_id: m.SnapshotId, frozen, voters) -> None:
         b = self.broker
-        t0 = time.perf_counter()
+        t0_s = time.perf_counter()
         try:
             result = await asyncio.to_thread(write_controller_snapshot, b.snapshots, frozen, snap_id,
-                                             int(time.time() * 1000), b.cfg.cluster_id, voters=voters,
+                                             int(time.time() * 1000), b.cluster_id, voters=voters,
                                              cpu_share=self.cpu_share)
-            size = result.size_bytes
+            size_bytes = result.size_bytes
         except Exception as exc:  # noqa: BLE001 - logged; the next due point tries again
             b.metrics.snapshot_generation_failures.labels(path="thread").inc()
             b.log.error("snapshot_write_failed", snapshot=[snap_id.end_offset, snap_id.epoch], path="thread",
                         error=str(exc))
             return
-        self._created(snap_id, "thread", size, time.perf_counter() - t0)
+        self._created(snap_id, "thread", size_bytes, time.perf_counter() - t0_s)
 
-    def _created(self, snap_id: m.SnapshotId, path: str, size: int, seconds: float, **fields) -> None:
+    def _created(self, snap_id: m.SnapshotId, path: str, size_bytes: int, seconds: float, **fields: Any) -> None:
         b = self.broker
         b.metrics.snapshot_generation_seconds.observe(seconds)
         b.metrics.snapshot_generations.labels(path=path).inc()
-        b.metrics.snapshot_bytes.set(size)
-        b.log.info("snapshot_created", snapshot=[snap_id.end_offset, snap_id.epoch], size=size,
+        b.metrics.snapshot_bytes.set(size_bytes)
+        b.log.info("snapshot_created", snapshot=[snap_id.end_offset, snap_id.epoch], size=size_bytes,
                    seconds=round(seconds, 4), path=path, **fields)
         self._feed(qa.SnapshotCreated(self._now_ms(), snap_id))
 

@@ -44,7 +44,7 @@ class FakeConn:
         pass
 
     async def call(self, broker: Broker, api: ApiKey, body: m.Body, cid: int) -> m.Body:
-        broker._on_request(self, RequestHeader(int(api), 0, cid, "test"), body)
+        broker.inbound.on_request(self, RequestHeader(int(api), 0, cid, "test"), body)
         deadline = time.monotonic() + 5
         while cid not in self.responses:
             assert time.monotonic() < deadline, f"no answer to {api.name}"

@@ -15,7 +15,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from metalog.broker.server import runtime
+from metalog.broker.server import corruption
 from metalog.broker.server.config import config_from_dict
 from metalog.broker.quorum import api as qa
 from metalog.broker.server.runtime import Broker
@@ -54,7 +54,7 @@ async def test_a_damaged_fetched_batch_is_one_rate_limited_warning_and_counted(t
                                "suppressed": 0, "action": "dropped; fetching it again"}]
             assert count() == 3
             # A second later the next one is logged, saying how many were not.
-            broker._fetched_corrupt_warned_ms -= runtime.FETCHED_CORRUPT_WARN_INTERVAL_MS
+            broker.corruption.fetched_warned_ms -= corruption.FETCHED_CORRUPT_WARN_INTERVAL_MS
             broker._execute(qa.FetchedBatchCorrupt(20, 6, reason))
             warned = [e for e in logs if e["event"] == "fetched_batch_corrupt"]
             assert [(e["offset"], e["suppressed"]) for e in warned] == [(13, 0), (20, 2)]

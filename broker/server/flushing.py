@@ -1,0 +1,170 @@
+"""The log's fsyncs (group commit's flush side) and the unlink thread.
+
+The core asks for a flush with ``FlushLog``; nothing it counts toward the
+high watermark is acknowledged before the flush says it is durable
+(``FlushCompleted``). One fdatasync covers every append that happened
+before it started (group commit), and flushes never overlap
+(``metalog.storage.group_commit.GroupCommit`` says when to start one).
+
+A leader's fdatasync runs on a worker thread while the loop keeps appending
+and its records travel to the followers; a follower syncs on the loop
+thread (see ``Flusher.start``). Old snapshot and segment files, renamed
+``.deleted`` on the loop, are unlinked on a second thread
+(``Flusher.unlink_later``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import time
+from typing import Any, Callable, Protocol
+
+from metalog.broker.server.commit_trace import CommitTrace
+from metalog.broker.server.metrics import BrokerMetrics
+from metalog.storage.errors import StorageError
+from metalog.storage.group_commit import GroupCommit
+
+
+class FlushHost(Protocol):
+    """What the flusher needs of the driver."""
+
+    @property
+    def fatal(self) -> str | None: ...
+
+    def flushed(self, flushed_end_offset: int) -> None:
+        """Everything below `flushed_end_offset` is durable: tell the core."""
+
+    def release_writes(self) -> None:
+        """Hand the writes that waited for this flush to the core (one batch)."""
+
+    def storage_failed(self, reason: str, exc: BaseException | None = None) -> None: ...
+
+    def fail(self, cause: str, reason: str, exc: BaseException | None = None, **fields: Any) -> None: ...
+
+
+class Flusher:
+    def __init__(self, host: FlushHost, group_commit: GroupCommit, flush_log: Callable[[], int],
+                 log_end_offset: Callable[[], int], is_leader: Callable[[], bool], metrics: BrokerMetrics,
+                 trace: CommitTrace | None, logger: Any):
+        self._host = host
+        self._gc = group_commit
+        self._flush_log = flush_log  # fdatasync of the log; returns the flushed end offset
+        self._log_end_offset = log_end_offset  # for the commit trace's flush_start mark
+        self._is_leader = is_leader
+        self._metrics = metrics
+        self._trace = trace
+        self._log = logger
+        # fdatasyncs run here, one at a time (group commit never overlaps them).
+        self._flush_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flush")
+        # Old snapshot and segment files, renamed .deleted on the loop, are
+        # unlinked here: a 150 MB unlink held the loop about 30 ms. A few per
+        # snapshot, so the queue is bounded by the files there are; boot
+        # removes any left over.
+        self._unlink_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="unlink")
+        self.start_wanted = False  # a FlushLog of the current step, started when the step ends
+        self._abandoned = False  # stopping is past its drain: completions are no longer fed
+
+    def request(self, executing: bool) -> None:
+        """The core's FlushLog. Mid-step (`executing`) the flush starts at the
+        end of the step, after its sends (and the immediate Tick's, which
+        answers the parked replica fetches this append woke): the flush
+        thread's start then does not compete for the GIL with the encryption
+        of those answers."""
+        if self._gc.request_flush():
+            if executing:
+                self.start_wanted = True
+            else:
+                self.start()
+
+    def start_if_wanted(self) -> None:
+        """Start the flush the step asked for (the driver calls this once the step's sends are out)."""
+        if self.start_wanted and self._host.fatal is None:
+            self.start_wanted = False
+            self.start()
+
+    def start(self) -> None:
+        """Start one fdatasync now, in this loop turn (not a task that starts
+        a turn later).
+
+        A leader hands it to the flush thread: it runs while the records
+        travel to the followers and new produces are read, and its completion
+        comes back with one call_soon_threadsafe (_done). A follower or
+        observer syncs on the loop thread, as Kafka's raft thread does: its
+        next Fetch reports the flushed end, so it has nothing to do on the
+        commit path until the sync ends, and the two thread hand-offs cost
+        more than they overlap (issue 19 item 6: docs/bench.md)."""
+        gc = self._gc
+        gc.flush_starting()
+        if self._trace is not None:
+            self._trace.mark("flush_start", self._log_end_offset())
+        started_s = time.perf_counter()
+        if not self._is_leader():
+            done: concurrent.futures.Future[int] = concurrent.futures.Future()
+            try:
+                done.set_result(self._flush_log())
+            except (OSError, StorageError) as exc:
+                done.set_exception(exc)  # _done's fail-stop, as from the thread
+            except Exception as exc:  # noqa: BLE001 - as from the thread: fatal, never swallowed
+                gc.flush_stopped()
+                self._host.fail("flush_failed", f"flush raised {type(exc).__name__}: {exc}", exc=exc)
+                return
+            self._done(done, started_s)
+            return
+        loop = asyncio.get_running_loop()
+
+        def completed(fut: concurrent.futures.Future[int]) -> None:  # on the flush thread (or here, if done)
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._done, fut, started_s)
+
+        self._flush_executor.submit(self._flush_log).add_done_callback(completed)
+
+    def _done(self, fut: concurrent.futures.Future[int], started_s: float) -> None:
+        gc = self._gc
+        host = self._host
+        if self._abandoned or host.fatal is not None:
+            gc.flush_stopped()  # stopping flushes on its own; a failed broker acknowledges nothing
+            return
+        try:
+            flushed = fut.result()
+        except (OSError, StorageError) as exc:
+            gc.flush_stopped()
+            host.storage_failed(f"flush failed: {exc}", exc)
+            return
+        # Anything else escapes to the loop's exception handler: fatal.
+        self._metrics.flush_seconds.observe(time.perf_counter() - started_s)
+        if self._trace is not None:
+            self._trace.mark("flush_done", flushed)
+        host.flushed(flushed)
+        if gc.flush_completed():
+            host.release_writes()
+        if self._failed():  # the step or the writes may have failed the broker
+            gc.flush_stopped()
+        elif gc.flush_again():
+            self.start()
+
+    def _failed(self) -> bool:
+        return self._host.fatal is not None
+
+    def unlink_later(self, path: str) -> None:
+        """Unlink a file already out of every store's view (renamed .deleted) on the unlink thread."""
+        log = self._log
+
+        def unlink() -> None:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:  # left for boot's cleanup; the file is out of use already
+                log.error("unlink_failed", path=path, error=str(exc), action="boot removes it")
+
+        self._unlink_executor.submit(unlink)
+
+    def abandon(self) -> None:
+        """Stopping: completions are no longer fed to the core."""
+        self._abandoned = True
+
+    def close(self) -> None:
+        self._flush_executor.shutdown(wait=False)
+        self._unlink_executor.shutdown(wait=False)  # a file not unlinked yet is boot's to remove

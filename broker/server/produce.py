@@ -1,0 +1,270 @@
+"""The produce path: client Produce requests become core appends.
+
+A Produce request is checked (records given, producer fields well formed)
+and queued in group commit (``metalog.storage.group_commit``): when the
+disk is idle the queue is appended at the end of the loop turn it arrived
+in; while a flush runs it waits and becomes one batch when the flush
+completes (or after ``append_linger_ms`` if that is set above 0). The
+batch is handed to the core as ONE ``ClientAppend`` (one append, one
+flush), and each request is answered when the core acknowledges it.
+
+Idempotent produce (KIP-98, ``metalog.broker.server.idempotence``): a request
+with a producer id is judged against the producer state at the log end
+before its batch is formed. A duplicate is answered with its original's
+offset once that is committed; an out-of-order or fenced one is refused.
+``rebuild_producer_state`` rebuilds that state from the log (after a start,
+a truncation, a snapshot install).
+
+The runtime driver owns the core; this module only sees what
+``ProduceCore`` names of it and steps it through the ``step`` it is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Protocol, cast
+
+from metalog.broker.net.server import Connection
+from metalog.broker.quorum import api as qa
+from metalog.broker.server.clocks import now_ms, wall_clock_ms
+from metalog.broker.server.idempotence import (REBUILD_READ_BYTES, ProducerGuard, ProducerIdAllocator, refusal,
+                                               split_by_producer, validate_produce)
+from metalog.broker.server.metrics import BrokerMetrics
+from metalog.protocol import messages as m
+from metalog.protocol.errors import Errors
+from metalog.protocol.invariants import InvariantViolation
+from metalog.storage.batch import CorruptBatchError
+from metalog.storage.errors import CorruptionReport
+from metalog.storage.group_commit import Arm, GroupCommit
+from metalog.storage.producer_state import BatchMeta, Check, ProducerStateTable, Verdict
+from metalog.storage.segments import SegmentedLog
+
+# Expired producers are dropped from memory at most this often (check()
+# ignores expired ones anyway: this only bounds the tables' size).
+PRODUCER_EXPIRY_INTERVAL_MS = 60_000
+
+Token = tuple[Connection, int]  # (connection, correlation id): where a Produce is answered
+
+
+class ProduceCore(Protocol):
+    """What the produce path reads of the quorum core."""
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def high_watermark(self) -> int: ...
+
+    def current_leader(self) -> m.LeaderIdAndEpoch: ...
+
+
+def rebuild_producer_state(guard: ProducerGuard, committed: ProducerStateTable,
+                           seg_log: SegmentedLog) -> CorruptionReport | None:
+    """The producer state at the log end: the controller's committed copy
+    plus the log after it. Returns the first damaged batch met, if any.
+
+    A read from disk, so every CRC is checked (integrity.md: every read);
+    a header that looks sane in a batch whose CRC fails must not become a
+    producer's last sequence. On a damaged batch the table stops before
+    the chunk that holds it (it never names a batch the quarantine cut
+    will drop: a retry would be answered with an offset that is gone); the
+    caller reacts as to any corruption (quarantine from the damage,
+    re-fetch), and that cut rebuilds the table again from what is left."""
+    damaged: list[CorruptBatchError] = []
+
+    def read(offset: int) -> bytes:
+        try:
+            return seg_log.read(max(offset, seg_log.log_start_offset), seg_log.log_end_offset, REBUILD_READ_BYTES)
+        except CorruptBatchError as exc:
+            damaged.append(exc)
+            return b""  # rebuild stops here
+
+    guard.rebuild(committed, read, seg_log.log_end_offset)
+    return damaged[0].report if damaged else None
+
+
+class ProducePath:
+    """Group commit of Produce requests, idempotence, InitProducerId."""
+
+    def __init__(self, node_id: int, core: ProduceCore, group_commit: GroupCommit, guard: ProducerGuard,
+                 metrics: BrokerMetrics, logger: Any, *, step: Callable[[qa.Event], None],
+                 failed: Callable[[], bool], committed_producers: Callable[[], ProducerStateTable]):
+        self._node_id = node_id
+        self._core = core
+        self.group_commit = group_commit
+        self.guard = guard  # the producer state at the log end (the driver feeds it every append)
+        self._metrics = metrics
+        self._log = logger
+        self._step = step  # steps the core with an event
+        self._failed = failed  # the broker is failing (fatal): nothing more is appended
+        self._committed_producers = committed_producers  # the controller's copy, expired with ours
+        # Produce tokens handed to the core and not yet answered (bounded by
+        # the connections' in-flight limits): answered KAFKA_STORAGE_ERROR if
+        # the disk fails before the core acknowledges them. The driver
+        # discards a token when the core answers it.
+        self.unanswered: set[Any] = set()
+        # Queued idempotent requests by token (each becomes its own batch).
+        self._idempotent: dict[Any, m.ProduceRequest] = {}
+        self._producer_ids = ProducerIdAllocator()  # the ids this node hands out while it leads
+        self._expired_at_ms = 0  # wall clock of the last expiry of producers from memory
+        self._linger_handle: asyncio.Handle | None = None  # group commit's linger timer or call_soon
+
+    # ------------------------------------------------------------ queueing
+    def enqueue(self, token: Token, body: m.ProduceRequest) -> None:
+        """A Produce request from the wire: refused now, or queued for the next batch."""
+        problem = "a produce request needs at least one record" if not body.records else validate_produce(body)
+        if problem is not None:
+            conn, cid = token
+            conn.send_response(cid, m.ProduceResponse(error_code=Errors.INVALID_REQUEST, error_message=problem))
+            return
+        if body.producer_id >= 0:
+            # Judged against the producer state when its batch is formed
+            # (flush), after every batch queued before it.
+            self._idempotent[token] = body
+        arm = self.group_commit.offer(token, body.records)
+        if arm is Arm.APPEND_NOW:
+            self.flush()
+        elif arm is Arm.LINGER:
+            self._linger_handle = asyncio.get_running_loop().call_later(
+                self.group_commit.linger_ms / 1000, self.flush)
+        elif arm is Arm.END_OF_TURN:
+            self._linger_handle = asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Hand everything queued to the core as one append (group commit)."""
+        if self._linger_handle is not None:  # a TimerHandle or a call_soon Handle
+            self._linger_handle.cancel()
+            self._linger_handle = None
+        batch = self.group_commit.take()
+        if batch is None:
+            return
+        waiters, records = batch
+        if self._idempotent:
+            self._append_group(waiters, records)
+            return
+        self.unanswered.update(token for token, _n in waiters)
+        self._metrics.appended_records.inc(len(records))
+        # (token, count) pairs are what AppendWaiter is: no copy on the commit path.
+        self._step(qa.ClientAppend(now_ms(), cast("list[qa.AppendWaiter]", waiters), records, wall_clock_ms()))
+
+    # ------------------------------------------------- idempotent produce
+    def _append_group(self, waiters: list[tuple[Any, int]], records: list[bytes]) -> None:
+        """One group commit holding idempotent requests: ONE core step (one
+        append, one flush) with one batch per idempotent request (its producer
+        fields in the header) and one per run of plain requests, every
+        idempotent request judged against the producer state before the step.
+        A producer id appears at most once per step (split_by_producer): a
+        group holding two requests of one producer takes one step more."""
+        if self._failed():
+            for token, _n in waiters:
+                self._idempotent.pop(token, None)
+                conn, cid = token
+                conn.send_response(cid, m.ProduceResponse(error_code=Errors.BROKER_NOT_AVAILABLE))
+            return
+        # Every token counts as handed to the core until answered here, so a
+        # storage failure in one of the steps answers the rest too.
+        self.unanswered.update(token for token, _n in waiters)
+        records_of: dict[Any, list[bytes]] = {}
+        pos = 0
+        for token, n in waiters:
+            records_of[token] = records[pos:pos + n]
+            pos += n
+        bodies = self._idempotent
+        runs = split_by_producer(waiters, lambda token: bodies[token].producer_id if token in bodies else None)
+        parked = False
+        for run in runs:
+            if self._failed():
+                return  # the storage failure answered every unanswered token
+            parked |= self._append_run(run, records_of)
+        if parked and not self._failed():
+            self.release_duplicates()  # an original may be committed already
+
+    def _append_run(self, run: list[tuple[Any, int]], records_of: dict[Any, list[bytes]]) -> bool:
+        """One step of _append_group; True if a duplicate was parked."""
+        now_wall_ms = wall_clock_ms()
+        is_leader = self._core.is_leader
+        step_waiters: list[tuple[Any, int]] = []
+        step_records: list[bytes] = []
+        step_producers: list[tuple[int, int, int] | None] = []
+        parked = False
+        for token, n in run:
+            body = self._idempotent.pop(token, None)
+            producer: tuple[int, int, int] | None
+            if body is not None and is_leader:
+                check = self.guard.check(body, now_wall_ms)
+                if check.verdict is not Verdict.APPEND:
+                    parked |= self._answer_unappended(token, body, check)
+                    continue
+                producer = (body.producer_id, body.producer_epoch, body.base_sequence)
+            else:
+                # Plain; or not the leader, and the core answers every waiter
+                # NOT_LEADER_OR_FOLLOWER (the client retries at the leader).
+                producer = None
+            step_waiters.append((token, n))
+            step_records.extend(records_of[token])
+            step_producers.append(producer)
+        if step_waiters:
+            self._metrics.appended_records.inc(len(step_records))
+            idempotent = any(p is not None for p in step_producers)
+            self._step(qa.ClientAppend(now_ms(), cast("list[qa.AppendWaiter]", step_waiters), step_records,
+                                       wall_clock_ms(),
+                                       producers=step_producers if idempotent else None))
+        return parked
+
+    def _answer_unappended(self, token: Token, body: m.ProduceRequest, check: Check) -> bool:
+        """A duplicate (parked until its original is committed) or a refusal;
+        True if parked."""
+        self.unanswered.discard(token)
+        conn, cid = token
+        if check.verdict is Verdict.DUPLICATE:
+            original = check.original
+            if not isinstance(original, BatchMeta):  # the table names the original of every duplicate
+                raise InvariantViolation(f"duplicate of producer {body.producer_id} without its original batch")
+            self._log.info("produce_duplicate", producer_id=body.producer_id, producer_epoch=body.producer_epoch,
+                           base_sequence=body.base_sequence, original_base_offset=original.base_offset)
+            if self.guard.park_duplicate(token, original):
+                return True
+            conn.send_response(cid, m.ProduceResponse(error_code=Errors.REQUEST_TIMED_OUT,
+                                                      error_message="too many duplicate produces waiting"))
+            return False
+        self._log.warning("produce_refused", producer_id=body.producer_id, verdict=check.verdict.value,
+                          reason=check.message)
+        conn.send_response(cid, refusal(check))
+        return False
+
+    def release_duplicates(self) -> None:
+        """Answer the parked duplicates whose original is committed (after each step)."""
+        core = self._core
+        for (conn, cid), response in self.guard.release(core.high_watermark, core.is_leader,
+                                                        core.current_leader()):
+            conn.send_response(cid, response)
+        wall_ms = wall_clock_ms()
+        if wall_ms - self._expired_at_ms >= PRODUCER_EXPIRY_INTERVAL_MS:
+            self._expired_at_ms = wall_ms
+            self.guard.table.expire(wall_ms)
+            self._committed_producers().expire(wall_ms)
+
+    def init_producer_id(self, conn: Connection, correlation_id: int) -> None:
+        """InitProducerId: a new id from this leader's epoch (metalog.broker.server.idempotence)."""
+        core = self._core
+        if not core.is_leader:
+            conn.send_response(correlation_id, m.InitProducerIdResponse(
+                error_code=Errors.NOT_LEADER_OR_FOLLOWER, current_leader=core.current_leader(),
+                error_message=f"node {self._node_id} is not the leader"))
+            return
+        conn.send_response(correlation_id, self._producer_ids.allocate(core.epoch, core.current_leader()))
+
+    # ------------------------------------------------------- disk failure
+    def reject_pending(self, message: str) -> None:
+        """The disk failed: every write queued here, or handed to the core and
+        not acknowledged (its batch may not be durable), or parked as a
+        duplicate is answered KAFKA_STORAGE_ERROR; none will be acknowledged
+        by this process."""
+        tokens = self.group_commit.drop_all() + list(self.unanswered) + self.guard.drop_parked()
+        self.unanswered.clear()
+        self._idempotent.clear()
+        for conn, cid in tokens:
+            conn.send_response(cid, m.ProduceResponse(error_code=Errors.KAFKA_STORAGE_ERROR, error_message=message))
