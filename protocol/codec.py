@@ -41,8 +41,9 @@ If neither decodes, ``ResponseDecodeError`` is raised (the peer's fault).
 
 from __future__ import annotations
 
+import enum
 import struct
-from typing import Any, NamedTuple
+from typing import Final, NamedTuple
 
 import msgspec
 
@@ -62,14 +63,17 @@ DEFAULT_MAX_FRAME_BYTES = 8 << 20
 _COMPACT_BYTES = 64 << 10
 
 
-class _NeedData:
-    __slots__ = ()
+class NeedData(enum.Enum):
+    """The type of NEED_DATA: a one-member enum, so that a type checker
+    narrows ``frame is NEED_DATA`` (an ``object()`` sentinel would not)."""
+
+    NEED_DATA = "NEED_DATA"
 
     def __repr__(self) -> str:
         return "NEED_DATA"
 
 
-NEED_DATA: Any = _NeedData()
+NEED_DATA: Final = NeedData.NEED_DATA
 """Returned by ``FrameDecoder.next_frame`` when no whole frame is buffered."""
 
 
@@ -155,11 +159,11 @@ class ResponseDecodeError(ProtocolError):
 # Cached encoder and decoders: building them is the expensive part.
 
 _ENCODER = msgspec.msgpack.Encoder()
-_REQUEST_TYPES: dict[int, tuple[msgspec.msgpack.Decoder, int, int]] = {}
-_DECODERS: dict[type, msgspec.msgpack.Decoder] = {}
+_REQUEST_TYPES: dict[int, tuple[msgspec.msgpack.Decoder[m.Body], int, int]] = {}
+_DECODERS: dict[type[m.Body], msgspec.msgpack.Decoder[m.Body]] = {}
 
 
-def decoder_for(body_type: type) -> msgspec.msgpack.Decoder:
+def decoder_for(body_type: type[m.Body]) -> msgspec.msgpack.Decoder[m.Body]:
     dec = _DECODERS.get(body_type)
     if dec is None:
         dec = _DECODERS[body_type] = msgspec.msgpack.Decoder(body_type)
@@ -208,7 +212,7 @@ def encode_body(body: m.Body) -> bytes:
 # Decoding
 
 
-def decode_request_header(frame: bytes) -> tuple[RequestHeader, int]:
+def decode_request_header(frame: bytes | bytearray) -> tuple[RequestHeader, int]:
     """The header of a request frame (without length prefix) and where its body starts."""
     n = len(frame)
     if n < _REQ_FIXED.size:
@@ -235,7 +239,7 @@ def decode_request_header(frame: bytes) -> tuple[RequestHeader, int]:
     return RequestHeader(api_key, api_version, correlation_id, client_id), pos
 
 
-def decode_request(frame: bytes) -> tuple[RequestHeader, m.Body]:
+def decode_request(frame: bytes | bytearray) -> tuple[RequestHeader, m.Body]:
     """Header and body of one request frame (the payload after the length prefix).
 
     Raises HeaderDecodeError, UnknownApiKey, UnsupportedVersion or
@@ -259,14 +263,15 @@ def decode_request(frame: bytes) -> tuple[RequestHeader, m.Body]:
     return header, body
 
 
-def response_correlation_id(frame: bytes) -> int:
+def response_correlation_id(frame: bytes | bytearray) -> int:
     """The correlation id of a response frame (the payload after the length prefix)."""
     if len(frame) < _CORRELATION.size:
         raise ResponseDecodeError(f"response of {len(frame)} bytes has no correlation id")
-    return _CORRELATION.unpack_from(frame, 0)[0]
+    correlation_id: int = _CORRELATION.unpack_from(frame, 0)[0]
+    return correlation_id
 
 
-def decode_response(frame: bytes, expected_type: type[m.Body]) -> m.Body:
+def decode_response(frame: bytes | bytearray, expected_type: type[m.Body]) -> m.Body:
     """The body of a response frame: `expected_type`, or the ErrorResponse fallback."""
     view = memoryview(frame)[_CORRELATION.size:]
     try:
@@ -311,7 +316,7 @@ class FrameDecoder:
             raise self._error
         self._buf += data
 
-    def next_frame(self) -> bytes | bytearray:
+    def next_frame(self) -> bytes | bytearray | NeedData:
         """The next whole frame's payload (without length prefix), or NEED_DATA.
 
         The payload is a fresh bytearray (one copy out of the buffer); every

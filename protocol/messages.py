@@ -82,7 +82,7 @@ class NodeEndpoint(msgspec.Struct, array_like=True, frozen=True):
 # ApiVersions (18)
 
 
-class ApiVersionsRequest(Body):
+class ApiVersionsRequest(Body, frozen=True):
     client_software_name: str = "metalog"
 
 
@@ -102,7 +102,7 @@ class FinalizedFeature(msgspec.Struct, array_like=True, frozen=True):
     min_version_level: int
 
 
-class ApiVersionsResponse(Body):
+class ApiVersionsResponse(Body, frozen=True):
     error_code: int = 0
     api_keys: list[ApiVersionRange] = []
     # Kafka's tagged fields of ApiVersions v3 (what `kafka-features describe`
@@ -116,7 +116,7 @@ class ApiVersionsResponse(Body):
 # Vote (52), BeginQuorumEpoch (53), EndQuorumEpoch (54)
 
 
-class VoteRequest(Body):
+class VoteRequest(Body, frozen=True):
     cluster_id: str
     candidate_epoch: int  # a pre-vote names the epoch it would stand in (its own + 1)
     candidate_id: int
@@ -134,7 +134,7 @@ class VoteRequest(Body):
     voter_directory_id: str = NO_DIRECTORY_ID
 
 
-class VoteResponse(Body):
+class VoteResponse(Body, frozen=True):
     error_code: int = 0
     leader_id: int = NO_LEADER
     leader_epoch: int = NO_EPOCH
@@ -149,7 +149,7 @@ class RaftListener(msgspec.Struct, array_like=True, frozen=True):
     port: int
 
 
-class BeginQuorumEpochRequest(Body):
+class BeginQuorumEpochRequest(Body, frozen=True):
     cluster_id: str
     leader_id: int
     leader_epoch: int
@@ -162,13 +162,13 @@ class BeginQuorumEpochRequest(Body):
     leader_endpoints: list[RaftListener] = []
 
 
-class BeginQuorumEpochResponse(Body):
+class BeginQuorumEpochResponse(Body, frozen=True):
     error_code: int = 0
     leader_id: int = NO_LEADER
     leader_epoch: int = NO_EPOCH
 
 
-class EndQuorumEpochRequest(Body):
+class EndQuorumEpochRequest(Body, frozen=True):
     cluster_id: str
     leader_id: int
     leader_epoch: int
@@ -176,7 +176,7 @@ class EndQuorumEpochRequest(Body):
     preferred_successors: list[int] = []
 
 
-class EndQuorumEpochResponse(Body):
+class EndQuorumEpochResponse(Body, frozen=True):
     error_code: int = 0
     leader_id: int = NO_LEADER
     leader_epoch: int = NO_EPOCH
@@ -186,7 +186,7 @@ class EndQuorumEpochResponse(Body):
 # Fetch (1): followers, observers and consumers
 
 
-class FetchRequest(Body):
+class FetchRequest(Body, frozen=True):
     cluster_id: str
     replica_id: int  # CONSUMER_REPLICA_ID for a consumer
     max_wait_ms: int
@@ -198,7 +198,7 @@ class FetchRequest(Body):
     replica_directory_id: str = NO_DIRECTORY_ID  # KIP-853 (Fetch v17's ReplicaDirectoryId)
 
 
-class FetchResponse(Body):
+class FetchResponse(Body, frozen=True):
     error_code: int = 0
     high_watermark: int = NO_OFFSET
     log_start_offset: int = NO_OFFSET
@@ -213,14 +213,14 @@ class FetchResponse(Body):
 # OffsetForLeaderEpoch (23)
 
 
-class OffsetsForLeaderEpochRequest(Body):
+class OffsetsForLeaderEpochRequest(Body, frozen=True):
     cluster_id: str
     replica_id: int  # CONSUMER_REPLICA_ID for a consumer
     current_leader_epoch: int  # fenced like Fetch; NO_EPOCH skips the check
     leader_epoch: int  # the epoch whose end offset is asked for
 
 
-class OffsetsForLeaderEpochResponse(Body):
+class OffsetsForLeaderEpochResponse(Body, frozen=True):
     error_code: int = 0
     # The largest epoch <= the requested one, and its end offset (KIP-320).
     leader_epoch: int = NO_EPOCH
@@ -233,7 +233,7 @@ class OffsetsForLeaderEpochResponse(Body):
 # FetchSnapshot (59)
 
 
-class FetchSnapshotRequest(Body):
+class FetchSnapshotRequest(Body, frozen=True):
     cluster_id: str
     replica_id: int
     current_leader_epoch: int
@@ -243,7 +243,7 @@ class FetchSnapshotRequest(Body):
     replica_directory_id: str = NO_DIRECTORY_ID  # KIP-853 (FetchSnapshot v1)
 
 
-class FetchSnapshotResponse(Body):
+class FetchSnapshotResponse(Body, frozen=True):
     error_code: int = 0
     snapshot_id: SnapshotId | None = None
     size: int = -1  # total size of the snapshot file in bytes
@@ -256,11 +256,11 @@ class FetchSnapshotResponse(Body):
 # DescribeQuorum (55)
 
 
-class DescribeQuorumRequest(Body):
+class DescribeQuorumRequest(Body, frozen=True):
     pass
 
 
-class DescribeQuorumResponse(Body):
+class DescribeQuorumResponse(Body, frozen=True):
     error_code: int = 0
     leader_id: int = NO_LEADER
     leader_epoch: int = NO_EPOCH
@@ -278,7 +278,7 @@ class DescribeQuorumResponse(Body):
 # Consumers read with Fetch and replica_id = CONSUMER_REPLICA_ID.
 
 
-class ProduceRequest(Body):
+class ProduceRequest(Body, frozen=True):
     cluster_id: str
     records: list[bytes]
     timeout_ms: int = 5000
@@ -290,7 +290,7 @@ class ProduceRequest(Body):
     base_sequence: int = -1
 
 
-class ProduceResponse(Body):
+class ProduceResponse(Body, frozen=True):
     error_code: int = 0
     base_offset: int = NO_OFFSET  # offset of the first record written
     leader_epoch: int = NO_EPOCH  # epoch the records were written under
@@ -304,7 +304,7 @@ class ProduceResponse(Body):
 # (unique across leaders: see metalog.broker.server.idempotence and docs/client.md).
 
 
-class InitProducerIdRequest(Body):
+class InitProducerIdRequest(Body, frozen=True):
     cluster_id: str
     transactional_id: str | None = None
     transaction_timeout_ms: int = -1
@@ -313,7 +313,7 @@ class InitProducerIdRequest(Body):
     timeout_ms: int = 5000
 
 
-class InitProducerIdResponse(Body):
+class InitProducerIdResponse(Body, frozen=True):
     error_code: int = 0
     producer_id: int = -1
     producer_epoch: int = -1
@@ -325,14 +325,14 @@ LIST_OFFSETS_EARLIEST = -2
 LIST_OFFSETS_LATEST = -1
 
 
-class ListOffsetsRequest(Body):
+class ListOffsetsRequest(Body, frozen=True):
     cluster_id: str
     current_leader_epoch: int  # NO_EPOCH skips the fence (KIP-320)
     # LIST_OFFSETS_EARLIEST, LIST_OFFSETS_LATEST (the HW) or a timestamp in ms.
     timestamp_ms: int
 
 
-class ListOffsetsResponse(Body):
+class ListOffsetsResponse(Body, frozen=True):
     error_code: int = 0
     offset: int = NO_OFFSET
     timestamp_ms: int = -1
@@ -343,11 +343,11 @@ class ListOffsetsResponse(Body):
     error_message: str | None = None
 
 
-class MetadataRequest(Body):
+class MetadataRequest(Body, frozen=True):
     pass
 
 
-class MetadataResponse(Body):
+class MetadataResponse(Body, frozen=True):
     error_code: int = 0
     cluster_id: str = ""
     node_id: int = NO_REPLICA  # the answering node
@@ -360,7 +360,7 @@ class MetadataResponse(Body):
     error_message: str | None = None
 
 
-class ErrorResponse(Body):
+class ErrorResponse(Body, frozen=True):
     """Sent when a request's header was readable but its body was not."""
 
     error_code: int
@@ -379,7 +379,7 @@ class DescribeQuorumNode(msgspec.Struct, array_like=True, frozen=True):
     listeners: list[RaftListener] = []
 
 
-class AddRaftVoterRequest(Body):
+class AddRaftVoterRequest(Body, frozen=True):
     cluster_id: str
     voter_id: int
     voter_directory_id: str
@@ -387,24 +387,24 @@ class AddRaftVoterRequest(Body):
     timeout_ms: int = 30000  # answered REQUEST_TIMED_OUT if not committed by then
 
 
-class AddRaftVoterResponse(Body):
+class AddRaftVoterResponse(Body, frozen=True):
     error_code: int = 0
     error_message: str | None = None
 
 
-class RemoveRaftVoterRequest(Body):
+class RemoveRaftVoterRequest(Body, frozen=True):
     cluster_id: str
     voter_id: int
     voter_directory_id: str
     timeout_ms: int = 30000
 
 
-class RemoveRaftVoterResponse(Body):
+class RemoveRaftVoterResponse(Body, frozen=True):
     error_code: int = 0
     error_message: str | None = None
 
 
-class UpdateRaftVoterRequest(Body):
+class UpdateRaftVoterRequest(Body, frozen=True):
     """A voter tells the leader its endpoints (and supported kraft versions)."""
 
     cluster_id: str
@@ -416,7 +416,7 @@ class UpdateRaftVoterRequest(Body):
     kraft_version_max: int = 1
 
 
-class UpdateRaftVoterResponse(Body):
+class UpdateRaftVoterResponse(Body, frozen=True):
     error_code: int = 0
     error_message: str | None = None
     current_leader: LeaderIdAndEpoch | None = None
@@ -437,7 +437,7 @@ class FeatureUpdate(msgspec.Struct, array_like=True, frozen=True):
     upgrade_type: int = UPGRADE_TYPE_UPGRADE
 
 
-class UpdateFeaturesRequest(Body):
+class UpdateFeaturesRequest(Body, frozen=True):
     cluster_id: str
     feature_updates: list[FeatureUpdate] = []
     timeout_ms: int = 60000
@@ -450,7 +450,7 @@ class UpdatableFeatureResult(msgspec.Struct, array_like=True, frozen=True):
     error_message: str | None = None
 
 
-class UpdateFeaturesResponse(Body):
+class UpdateFeaturesResponse(Body, frozen=True):
     error_code: int = 0  # the first failing feature's, else NONE
     error_message: str | None = None
     results: list[UpdatableFeatureResult] = []
@@ -465,7 +465,7 @@ class UpdateFeaturesResponse(Body):
 # resulting records are committed.
 
 
-class ControllerCommandRequest(Body):
+class ControllerCommandRequest(Body, frozen=True):
     cluster_id: str
     command: str  # create_topic, delete_topic, register_broker, unregister_broker,
     #               fence_broker, unfence_broker, set_config, add_acl, remove_acl, list_acls
@@ -473,7 +473,7 @@ class ControllerCommandRequest(Body):
     timeout_ms: int = 5000
 
 
-class ControllerCommandResponse(Body):
+class ControllerCommandResponse(Body, frozen=True):
     error_code: int = 0
     error_message: str | None = None
     base_offset: int = NO_OFFSET  # offset of the first record the command wrote
@@ -490,7 +490,7 @@ class ControllerCommandResponse(Body):
 # a mismatch can be located (see metalog.broker.server.consistency).
 
 
-class ConsistencyCheckRequest(Body):
+class ConsistencyCheckRequest(Body, frozen=True):
     cluster_id: str
     leader_id: int
     leader_epoch: int
@@ -505,7 +505,7 @@ class ConsistencyChunk(msgspec.Struct, array_like=True, frozen=True):
     digest: int  # CRC-32C over the (base, next, epoch, batch CRC) entries of its batches
 
 
-class ConsistencyCheckResponse(Body):
+class ConsistencyCheckResponse(Body, frozen=True):
     error_code: int = 0
     error_message: str | None = None
     start_offset: int = NO_OFFSET

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 
-def fsync_dir(path: str | os.PathLike) -> None:
+def fsync_dir(path: str | os.PathLike[str]) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -17,7 +17,7 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
+def atomic_write(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
     """`mode` applies from the first byte (0o600 for private keys)."""
     path = os.fspath(path)
     tmp = f"{path}.tmp"
@@ -36,7 +36,7 @@ def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> Non
     fsync_dir(os.path.dirname(path) or ".")
 
 
-def read_file_if_exists(path: str | os.PathLike) -> bytes | None:
+def read_file_if_exists(path: str | os.PathLike[str]) -> bytes | None:
     """The whole content of a small state file written by atomic_write, or
     None if it does not exist (a fresh directory)."""
     try:

@@ -33,6 +33,7 @@ job all decode with this module.
 
 from __future__ import annotations
 
+import mmap
 import struct
 from typing import Iterator, NamedTuple, Sequence
 
@@ -41,6 +42,9 @@ import crc32c
 from metalog.storage.errors import CorruptionReport
 
 MAGIC = 2
+# What the header readers take: any bytes-like object (a log read, an mmap of a segment).
+Buffer = bytes | bytearray | memoryview | mmap.mmap
+
 HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61
 LOG_OVERHEAD = 12  # base_offset + length: the bytes not counted by `length`
@@ -221,14 +225,14 @@ _new_tuple = tuple.__new__
 _LENGTH_MIN = HEADER_SIZE - LOG_OVERHEAD
 
 
-def _refused(t: tuple) -> bool:
+def _refused(t: tuple[int, ...]) -> bool:
     """The header rules, on an unpacked header tuple (base_offset, length,
     leader_epoch, magic, crc, attributes, last_offset_delta, timestamps (2),
     producer id/epoch, base sequence, count): magic, length, record count."""
     return t[3] != MAGIC or not _LENGTH_MIN <= t[1] <= MAX_BATCH_BYTES or t[12] < 1 or t[6] != t[12] - 1
 
 
-def decode_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
+def decode_header(buf: Buffer, pos: int = 0) -> BatchHeader:
     """Parse the header at `pos`. The caller checks that HEADER_SIZE bytes exist.
 
     Every batch a node appends, serves, applies or checks passes here, at
@@ -249,7 +253,7 @@ def decode_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
     return _new_tuple(BatchHeader, t)
 
 
-def verify_crc(buf: bytes | memoryview, pos: int, header: BatchHeader) -> None:
+def verify_crc(buf: Buffer, pos: int, header: BatchHeader) -> None:
     end = pos + header.size
     actual = crc32c.crc32c(memoryview(buf)[pos + CRC_START:end])
     if actual != header.crc:

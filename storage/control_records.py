@@ -21,6 +21,7 @@ unknown tagged field and otherwise ignore.
 from __future__ import annotations
 
 import struct
+from typing import Any, Callable
 
 import msgspec
 
@@ -200,8 +201,13 @@ def _decode_voters(r: kf.Reader) -> VotersRecord:
     return VotersRecord(voters)
 
 
-# Every control record's body in Kafka's encoding: (encode, decode).
-_KAFKA_BODIES = {
+ControlRecord = LeaderChange | SnapshotHeader | SnapshotFooter | KRaftVersionRecord | VotersRecord
+
+
+# Every control record's body in Kafka's encoding: (encode, decode). An
+# encoder takes the one record type of its row; a table of them can only say
+# "some control record" for the argument.
+_KAFKA_BODIES: dict[int, tuple[Callable[[Any], bytes], Callable[[kf.Reader], ControlRecord]]] = {
     LEADER_CHANGE: (_encode_leader_change, _decode_leader_change),
     SNAPSHOT_HEADER: (_encode_snapshot_header, _decode_snapshot_header),
     SNAPSHOT_FOOTER: (_encode_snapshot_footer, _decode_snapshot_footer),
@@ -210,7 +216,7 @@ _KAFKA_BODIES = {
 }
 
 
-_TYPES: dict[int, type[msgspec.Struct]] = {
+_TYPES: dict[int, type[ControlRecord]] = {
     LEADER_CHANGE: LeaderChange,
     SNAPSHOT_HEADER: SnapshotHeader,
     SNAPSHOT_FOOTER: SnapshotFooter,
@@ -224,7 +230,6 @@ class ControlRecordError(ValueError):
     pass
 
 
-ControlRecord = LeaderChange | SnapshotHeader | SnapshotFooter | KRaftVersionRecord | VotersRecord
 
 
 def encode_control(record: ControlRecord) -> bytes:
@@ -237,7 +242,8 @@ def control_type(record: bytes) -> int:
     """The type in a control record's key (ControlRecordError if it has none)."""
     if len(record) < _KEY.size:
         raise ControlRecordError(f"control record of {len(record)} bytes is too short for its key")
-    return _KEY.unpack_from(record)[1]
+    rtype: int = _KEY.unpack_from(record)[1]
+    return rtype
 
 
 def decode_control(record: bytes) -> ControlRecord:

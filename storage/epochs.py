@@ -131,14 +131,14 @@ class EpochCheckpointError(Exception):
     pass
 
 
-def write_checkpoint(path: str | os.PathLike, history: EpochHistory) -> None:
+def write_checkpoint(path: str | os.PathLike[str], history: EpochHistory) -> None:
     lines = [str(CHECKPOINT_VERSION), str(len(history.entries))]
     lines += [f"{e.epoch} {e.start_offset}" for e in history.entries]
     body = ("\n".join(lines) + "\n").encode()
     atomic_write(path, body + f"{_CRC_PREFIX}{crc32c.crc32c(body):#010x}\n".encode())
 
 
-def read_checkpoint(path: str | os.PathLike) -> EpochHistory:
+def read_checkpoint(path: str | os.PathLike[str]) -> EpochHistory:
     """Read a leader-epoch-checkpoint; a missing file is an empty history."""
     try:
         with open(path, "rb") as f:

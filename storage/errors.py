@@ -12,6 +12,7 @@ carries a ``.report`` too.
 from __future__ import annotations
 
 import json
+from typing import Any
 from dataclasses import asdict, dataclass
 
 
@@ -27,7 +28,7 @@ class CorruptionReport:
     actual_crc: int | None  # the CRC computed over the bytes read
     reason: str
 
-    def as_log_fields(self) -> dict:
+    def as_log_fields(self) -> dict[str, object]:
         """Fields for one structured log event (CRCs in hex, as Kafka prints them)."""
         return {
             "file": self.path,
@@ -39,11 +40,11 @@ class CorruptionReport:
             "reason": self.reason,
         }
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, raw: dict) -> "CorruptionReport":
+    def from_json(cls, raw: dict[str, Any]) -> "CorruptionReport":
         return cls(path=str(raw["path"]), position=int(raw["position"]),
                    base_offset=_opt_int(raw.get("base_offset")), leader_epoch=_opt_int(raw.get("leader_epoch")),
                    expected_crc=_opt_int(raw.get("expected_crc")), actual_crc=_opt_int(raw.get("actual_crc")),

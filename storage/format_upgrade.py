@@ -68,7 +68,8 @@ _LEGACY_TYPES = {
     9: mr.RemoveTopic, 12: mr.FeatureLevel, 16: mr.RemoveAccessControlEntry, 20: mr.NoOp,
     1000: mr.ProducerState,
 }
-_LEGACY_DECODERS = {key: msgspec.msgpack.Decoder(cls) for key, cls in _LEGACY_TYPES.items()}
+_LEGACY_DECODERS: dict[int, msgspec.msgpack.Decoder[mr.MetadataRecord]] = {
+    key: msgspec.msgpack.Decoder(cls) for key, cls in _LEGACY_TYPES.items()}
 
 
 def legacy_metadata_record(value: bytes) -> mr.MetadataRecord | None:

@@ -16,7 +16,19 @@ one runs is remembered and run right after it.
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+# Whatever the driver hands in with a write to recognise it when it is taken
+# (the runtime's connection and correlation id); the policy never looks
+# inside. A driver names it (GroupCommit[Token]); one that does not gets Any,
+# as before the class was generic (PEP 696 default, seen by the type checker
+# only: typing.TypeVar takes no default before Python 3.13).
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar as _TypeVarWithDefault
+
+    TokenT = _TypeVarWithDefault("TokenT", default=Any)
+else:
+    TokenT = TypeVar("TokenT")
 
 
 class Arm(enum.Enum):
@@ -28,19 +40,19 @@ class Arm(enum.Enum):
     WAIT = "wait"  # nothing: a timer is armed already, or the running flush's completion takes it
 
 
-class GroupCommit:
+class GroupCommit(Generic[TokenT]):
     def __init__(self, linger_ms: float, batch_records_max: int):
         assert linger_ms >= 0 and batch_records_max > 0, (linger_ms, batch_records_max)
         self.linger_ms = linger_ms
         self.batch_records_max = batch_records_max
-        self._pending: list[tuple[Any, list[bytes]]] = []
+        self._pending: list[tuple[TokenT, list[bytes]]] = []
         self.pending_records = 0
         self._armed = False  # the driver holds a linger timer or end-of-turn callback for take()
         self.flush_running = False
         self._flush_wanted = False
 
     # -- client writes -----------------------------------------------------
-    def offer(self, token: Any, records: list[bytes]) -> Arm:
+    def offer(self, token: TokenT, records: list[bytes]) -> Arm:
         """Queue one request's records (bounded by the connections' in-flight
         limits and by batch_records_max, which empties the queue)."""
         assert records, "an empty write is refused before it is queued"
@@ -58,7 +70,7 @@ class GroupCommit:
             return Arm.END_OF_TURN
         return Arm.WAIT  # the disk is busy: flush_completed() releases the batch
 
-    def take(self) -> tuple[list[tuple[Any, int]], list[bytes]] | None:
+    def take(self) -> tuple[list[tuple[TokenT, int]], list[bytes]] | None:
         """Everything queued as one batch: (waiters as (token, record count),
         records), or None if nothing is queued. Disarms: the driver cancels
         its timer if one is still pending."""
@@ -71,7 +83,7 @@ class GroupCommit:
         records = [r for _token, recs in pending for r in recs]
         return waiters, records
 
-    def drop_all(self) -> list[Any]:
+    def drop_all(self) -> list[TokenT]:
         """Forget every queued write (the disk failed); their tokens, to answer."""
         tokens = [token for token, _recs in self._pending]
         self._pending = []

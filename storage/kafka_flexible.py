@@ -99,13 +99,16 @@ class Reader:
         return raw
 
     def int16(self) -> int:
-        return _I16.unpack(self.take(2))[0]
+        value: int = _I16.unpack(self.take(2))[0]
+        return value
 
     def uint16(self) -> int:
-        return _U16.unpack(self.take(2))[0]
+        value: int = _U16.unpack(self.take(2))[0]
+        return value
 
     def int32(self) -> int:
-        return _I32.unpack(self.take(4))[0]
+        value: int = _I32.unpack(self.take(4))[0]
+        return value
 
     def uvarint(self) -> int:
         v = shift = 0

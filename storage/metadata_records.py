@@ -36,7 +36,7 @@ varints: replay and snapshot load are dominated by it.
 from __future__ import annotations
 
 import struct
-from typing import Union
+from typing import Any, Callable, Protocol, Sequence, TypeVar, Union
 
 import msgspec
 
@@ -90,7 +90,7 @@ class Endpoint(msgspec.Struct, array_like=True, frozen=True, gc=False):
         return SECURITY_PROTOCOLS.get(self.name.upper(), 0)
 
 
-class RegisterBroker(_Rec):
+class RegisterBroker(_Rec, frozen=True):
     broker_id: int
     incarnation_id: str
     broker_epoch: int
@@ -99,17 +99,17 @@ class RegisterBroker(_Rec):
     fenced: bool = True
 
 
-class UnregisterBroker(_Rec):
+class UnregisterBroker(_Rec, frozen=True):
     broker_id: int
     broker_epoch: int
 
 
-class Topic(_Rec):
+class Topic(_Rec, frozen=True):
     name: str
     topic_id: str  # uuid, as text
 
 
-class Partition(_Rec):
+class Partition(_Rec, frozen=True):
     topic_id: str
     partition_id: int
     replicas: tuple[int, ...]
@@ -119,14 +119,14 @@ class Partition(_Rec):
     partition_epoch: int = 0
 
 
-class Config(_Rec):
+class Config(_Rec, frozen=True):
     resource_type: int  # RESOURCE_TOPIC or RESOURCE_BROKER
     resource_name: str  # topic name, broker id as text, or "" for the cluster default
     name: str
     value: str | None  # None deletes the key
 
 
-class PartitionChange(_Rec):
+class PartitionChange(_Rec, frozen=True):
     topic_id: str
     partition_id: int
     isr: tuple[int, ...] | None = None  # None: unchanged
@@ -134,12 +134,12 @@ class PartitionChange(_Rec):
     replicas: tuple[int, ...] | None = None  # None: unchanged
 
 
-class FenceBroker(_Rec):
+class FenceBroker(_Rec, frozen=True):
     id: int
     epoch: int
 
 
-class FenceBrokerImplicit(_Rec):
+class FenceBrokerImplicit(_Rec, frozen=True):
     """metalog's own (key 1001): a FenceBroker written by format versions 1
     and 2, whose apply also shrinks ISRs and moves leaders (metalog.broker.controller.state).
     `metalog storage upgrade` turns each old FenceBroker into one so that an
@@ -150,21 +150,21 @@ class FenceBrokerImplicit(_Rec):
     epoch: int
 
 
-class UnfenceBroker(_Rec):
+class UnfenceBroker(_Rec, frozen=True):
     id: int
     epoch: int
 
 
-class RemoveTopic(_Rec):
+class RemoveTopic(_Rec, frozen=True):
     topic_id: str
 
 
-class FeatureLevel(_Rec):
+class FeatureLevel(_Rec, frozen=True):
     name: str
     feature_level: int  # 0 removes the feature
 
 
-class AccessControlEntry(_Rec):
+class AccessControlEntry(_Rec, frozen=True):
     """Kafka's AccessControlEntryRecord; the codes are Kafka's (see metalog.broker.controller.acl)."""
 
     id: str  # uuid, as text: what a RemoveAccessControlEntry names
@@ -177,15 +177,15 @@ class AccessControlEntry(_Rec):
     permission_type: int  # 2 deny, 3 allow
 
 
-class RemoveAccessControlEntry(_Rec):
+class RemoveAccessControlEntry(_Rec, frozen=True):
     id: str
 
 
-class NoOp(_Rec):
+class NoOp(_Rec, frozen=True):
     pass
 
 
-class ProducerState(_Rec):
+class ProducerState(_Rec, frozen=True):
     """One producer's idempotence state, in controller snapshots only
     (metalog.storage.producer_state). Batches are (first_seq, last_seq, base_offset,
     last_offset, leader_epoch), oldest first."""
@@ -196,7 +196,7 @@ class ProducerState(_Rec):
     batches: tuple[tuple[int, int, int, int, int], ...] = ()
 
 
-class UnknownRecord(_Rec):
+class UnknownRecord(_Rec, frozen=True):
     """A framed record of a type this build does not model (a Kafka type such
     as ProducerIds 15 or BrokerRegistrationChange 17): kept whole so that
     replay counts it by type and dump shows it, never dropped or guessed at."""
@@ -327,7 +327,7 @@ def _w_nstr(out: bytearray, s: str | None) -> None:
         _w_str(out, s)
 
 
-def _w_i32s(out: bytearray, xs) -> None:
+def _w_i32s(out: bytearray, xs: Sequence[int]) -> None:
     n = len(xs)
     if n < 126:
         out.append(n + 1)
@@ -418,10 +418,27 @@ def _w_tag(out: bytearray, tag: int, raw: bytes) -> None:
     out += raw
 
 
-def _i32s_bytes(xs) -> bytes:
+def _i32s_bytes(xs: Sequence[int]) -> bytes:
     out = bytearray()
     _w_i32s(out, xs)
     return bytes(out)
+
+
+# The record types one body decoder serves (each constructor takes the same fields).
+_BrokerEpochRec = TypeVar("_BrokerEpochRec", UnregisterBroker, FenceBroker, UnfenceBroker, FenceBrokerImplicit)
+_UuidRec = TypeVar("_UuidRec", RemoveTopic, RemoveAccessControlEntry)
+_R_co = TypeVar("_R_co", covariant=True)
+
+
+class _Decoder(Protocol[_R_co]):
+    """Reads a body of `version` at `pos`: the record and where it ends."""
+
+    def __call__(self, buf: bytes, pos: int, version: int, /) -> tuple[_R_co, int]: ...
+
+
+# An encoder appends the body of the one record type its _CODECS row names;
+# a table of them can only say "some record" for the argument.
+_Encoder = Callable[[bytearray, Any], None]
 
 
 # ------------------------------------------------------------ per-type bodies
@@ -447,7 +464,7 @@ def _enc_register_broker(out: bytearray, rec: RegisterBroker) -> None:
     out.append(0)
 
 
-def _dec_register_broker(buf: bytes, pos: int, version: int):
+def _dec_register_broker(buf: bytes, pos: int, version: int) -> tuple[RegisterBroker, int]:
     (broker_id,) = _I32.unpack_from(buf, pos)
     pos += 4
     if version >= 2:
@@ -478,17 +495,17 @@ def _dec_register_broker(buf: bytes, pos: int, version: int):
     return RegisterBroker(broker_id, incarnation, epoch, tuple(eps), rack, fenced), pos
 
 
-def _enc_broker_epoch(out: bytearray, rec) -> None:
+def _enc_broker_epoch(out: bytearray, rec: UnregisterBroker | FenceBroker | UnfenceBroker | FenceBrokerImplicit) -> None:
     # UnregisterBroker / FenceBroker / UnfenceBroker v0: int32, int64.
-    if type(rec) is UnregisterBroker:
+    if isinstance(rec, UnregisterBroker):
         out += _I32_I64.pack(rec.broker_id, rec.broker_epoch)
     else:
         out += _I32_I64.pack(rec.id, rec.epoch)
     out.append(0)
 
 
-def _dec_broker_epoch(cls):
-    def dec(buf: bytes, pos: int, version: int):
+def _dec_broker_epoch(cls: type[_BrokerEpochRec]) -> _Decoder[_BrokerEpochRec]:
+    def dec(buf: bytes, pos: int, version: int) -> tuple[_BrokerEpochRec, int]:
         a, e = _I32_I64.unpack_from(buf, pos)
         return cls(a, e), _skip_tags(buf, pos + 12)
     return dec
@@ -500,7 +517,7 @@ def _enc_topic(out: bytearray, rec: Topic) -> None:
     out.append(0)
 
 
-def _dec_topic(buf: bytes, pos: int, version: int):
+def _dec_topic(buf: bytes, pos: int, version: int) -> tuple[Topic, int]:
     name, pos = _str(buf, pos)
     tid = uuid_text(buf[pos:pos + 16])
     if pos + 16 > len(buf):
@@ -520,7 +537,7 @@ def _enc_partition(out: bytearray, rec: Partition) -> None:
     out.append(0)
 
 
-def _dec_partition(buf: bytes, pos: int, version: int):
+def _dec_partition(buf: bytes, pos: int, version: int) -> tuple[Partition, int]:
     # The hot path of replay and snapshot load: the common shape (arrays under
     # 127 elements, empty removing/adding, no tagged fields) read inline.
     pid, raw_tid = _I32_UUID.unpack_from(buf, pos)
@@ -577,7 +594,7 @@ def _tag_i32s(raw: bytes, what: str) -> tuple[int, ...] | None:
     return value
 
 
-def _dec_partition_change(buf: bytes, pos: int, version: int):
+def _dec_partition_change(buf: bytes, pos: int, version: int) -> tuple[PartitionChange, int]:
     pid, raw_tid = _I32_UUID.unpack_from(buf, pos)
     pos += 20
     isr = replicas = None
@@ -607,7 +624,7 @@ def _enc_config(out: bytearray, rec: Config) -> None:
     out.append(0)
 
 
-def _dec_config(buf: bytes, pos: int, version: int):
+def _dec_config(buf: bytes, pos: int, version: int) -> tuple[Config, int]:
     (rtype,) = _I8.unpack_from(buf, pos)
     rname, pos = _str(buf, pos + 1)
     name, pos = _str(buf, pos)
@@ -620,8 +637,8 @@ def _enc_remove_topic(out: bytearray, rec: RemoveTopic) -> None:
     out.append(0)
 
 
-def _dec_uuid_only(cls):
-    def dec(buf: bytes, pos: int, version: int):
+def _dec_uuid_only(cls: type[_UuidRec]) -> _Decoder[_UuidRec]:
+    def dec(buf: bytes, pos: int, version: int) -> tuple[_UuidRec, int]:
         if pos + 16 > len(buf):
             raise IndexError("uuid runs past the end")
         return cls(uuid_text(buf[pos:pos + 16])), _skip_tags(buf, pos + 16)
@@ -634,7 +651,7 @@ def _enc_feature_level(out: bytearray, rec: FeatureLevel) -> None:
     out.append(0)
 
 
-def _dec_feature_level(buf: bytes, pos: int, version: int):
+def _dec_feature_level(buf: bytes, pos: int, version: int) -> tuple[FeatureLevel, int]:
     name, pos = _str(buf, pos)
     (level,) = _I16.unpack_from(buf, pos)
     return FeatureLevel(name, level), _skip_tags(buf, pos + 2)
@@ -653,7 +670,7 @@ def _enc_acl(out: bytearray, rec: AccessControlEntry) -> None:
     out.append(0)
 
 
-def _dec_acl(buf: bytes, pos: int, version: int):
+def _dec_acl(buf: bytes, pos: int, version: int) -> tuple[AccessControlEntry, int]:
     if pos + 17 > len(buf):
         raise IndexError("uuid runs past the end")
     acl_id = uuid_text(buf[pos:pos + 16])
@@ -676,7 +693,7 @@ def _enc_no_op(out: bytearray, rec: NoOp) -> None:
     out.append(0)
 
 
-def _dec_no_op(buf: bytes, pos: int, version: int):
+def _dec_no_op(buf: bytes, pos: int, version: int) -> tuple[NoOp, int]:
     return NoOp(), _skip_tags(buf, pos)
 
 
@@ -696,7 +713,7 @@ def _enc_producer_state(out: bytearray, rec: ProducerState) -> None:
     out.append(0)
 
 
-def _dec_producer_state(buf: bytes, pos: int, version: int):
+def _dec_producer_state(buf: bytes, pos: int, version: int) -> tuple[ProducerState, int]:
     pid, epoch, ts = _PRODUCER_HEAD.unpack_from(buf, pos)
     n, pos = _uv(buf, pos + _PRODUCER_HEAD.size)
     batches = []
@@ -708,7 +725,7 @@ def _dec_producer_state(buf: bytes, pos: int, version: int):
 
 # api key -> (class, highest version we can decode, encoder, decoder). The
 # highest versions are Kafka's (metadata/*.json validVersions).
-_CODECS = {
+_CODECS: dict[int, tuple[type[_Rec], int, _Encoder, _Decoder[MetadataRecord]]] = {
     REGISTER_BROKER: (RegisterBroker, 3, _enc_register_broker, _dec_register_broker),
     UNREGISTER_BROKER: (UnregisterBroker, 0, _enc_broker_epoch, _dec_broker_epoch(UnregisterBroker)),
     TOPIC: (Topic, 0, _enc_topic, _dec_topic),
@@ -825,8 +842,9 @@ def decode_record(value: bytes | memoryview) -> MetadataRecord:
     return rec
 
 
-def record_to_dict(rec: MetadataRecord) -> dict:
+def record_to_dict(rec: MetadataRecord) -> dict[str, Any]:
     """Fields by name (for dumps and JSON); an UnknownRecord's body as hex."""
     if type(rec) is UnknownRecord:
         return {"api_key": rec.api_key, "version": rec.version, "raw": rec.raw.hex()}
-    return msgspec.to_builtins(msgspec.structs.asdict(rec))
+    fields: dict[str, Any] = msgspec.to_builtins(msgspec.structs.asdict(rec))
+    return fields

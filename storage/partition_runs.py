@@ -30,11 +30,12 @@ tests/controller/test_column_replay.py).
 
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
 from metalog.storage import batch as b
+from metalog.protocol.invariants import InvariantViolation
 from metalog.storage.metadata_records import uuid_text
 
 PARTITION_RECORD_PREFIX = b"\x01\x03\x00"  # frame version 1, api key 3 (PartitionRecord), version 0
@@ -146,14 +147,18 @@ def _layout(n: int, m: int, od_width: int) -> _Layout:
             ("tail", "u1", (2,)),  # no tagged fields, no headers
         ])
         assert dtype.itemsize == len(head) - 2 + body, (dtype, body)
-        at, constant = [], []
+        fields = dtype.fields
+        if fields is None:
+            raise InvariantViolation("a structured dtype has fields")
+        at: list[int] = []
+        constant: list[int] = []
         for name, value in (("head", head), ("mid", mid), ("nb", bytes([n + 1])), ("mb", bytes([m + 1])),
                             ("ra", b"\x01\x01"), ("tail", b"\x00\x00")):
-            start = dtype.fields[name][1]
+            start = fields[name][1]
             at += range(start, start + len(value))
             constant += value
         got = _layouts[key] = _Layout(dtype, np.asarray(at, np.intp), np.asarray(constant, np.uint8),
-                                      dtype.fields["od"][1], od_width)
+                                      fields["od"][1], od_width)
     return got
 
 
@@ -229,7 +234,7 @@ def _run(data: bytes, pos: int, index: int, count: int, n: int, m: int,
     batch of 15,000 partitions is one run, not three): (run or None, bytes
     taken, index of the next attempt if None). Its start is guessed from two
     records before any numpy call."""
-    parts = []  # the run's rows, one structured array per width region
+    parts: list[np.ndarray] = []  # the run's rows, one structured array per width region
     i, p = index, pos
     while i < count:
         region_end = min(_region_end(i), count)
@@ -318,7 +323,7 @@ class BatchRows(NamedTuple):
     read as partition rows their count (int); `run` holds those rows, in
     order, as one PartitionRun (None if there are none)."""
 
-    items: list[bytes | int]
+    items: Sequence[bytes | int]
     run: PartitionRun | None
 
 
@@ -371,7 +376,7 @@ def read_batch(batch: bytes, h: b.BatchHeader, names: TopicNames | None = None) 
     shape = None
     if starts is not None:
         shape = next(filter(None, (_shape(data, starts[i], i) for i in range(count))), None)
-    if shape is None:
+    if shape is None or starts is None:
         return BatchRows(b.decode_records(batch, h), None)
     n, m = shape
     at = np.asarray(starts, np.int64)
@@ -419,7 +424,7 @@ def _framing_ok(raw: np.ndarray, lay: _Layout, index: np.ndarray) -> np.ndarray:
     """Per row of `raw` (the record at index[row], as bytes): whether it
     holds exactly the expected framing, offset delta included. Only the
     constant bytes are read (a fifth of a row), not the whole row."""
-    ok = (raw[:, lay.constant_at] == lay.constant).all(axis=1)
+    ok: np.ndarray = (raw[:, lay.constant_at] == lay.constant).all(axis=1)
     z = 2 * index.astype(np.int64)
     for k in range(lay.od_width):
         ok &= raw[:, lay.od_at + k] == (((z >> (7 * k)) & 0x7F) | (0x80 if k < lay.od_width - 1 else 0))

@@ -65,7 +65,7 @@ class ProducerEntry:
         return (self.producer_id, self.producer_epoch, self.last_timestamp_ms, list(self.batches)) == (
             other.producer_id, other.producer_epoch, other.last_timestamp_ms, list(other.batches))
 
-    __hash__ = None  # mutable
+    __hash__ = None  # type: ignore[assignment]  # mutable: unhashable, as Python spells it (typeshed types __hash__ as a method)
 
     def __repr__(self) -> str:
         return (f"ProducerEntry(id={self.producer_id}, epoch={self.producer_epoch}, "
@@ -207,4 +207,4 @@ class ProducerStateTable:
             return NotImplemented
         return self.end_offset == other.end_offset and self.producers == other.producers
 
-    __hash__ = None  # mutable
+    __hash__ = None  # type: ignore[assignment]  # mutable: unhashable, as Python spells it (typeshed types __hash__ as a method)

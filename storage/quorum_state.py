@@ -48,7 +48,7 @@ def _is_int(v: Any) -> bool:
 
 
 class QuorumStateFile:
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike[str]):
         self.path = os.fspath(path)
 
     def _error(self, what: str) -> QuorumStateError:

@@ -32,14 +32,38 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple, Protocol
 
 import structlog
 
+from metalog.protocol.messages import SnapshotId
 from metalog.storage import batch as B
 from metalog.storage.errors import CorruptionReport
+from metalog.storage.event_logger import EventLogger
 from metalog.storage.segments import SegmentRef, SegmentedLog, corruption_report_at
 from metalog.storage.snapshot import CorruptSnapshotError, SnapshotStore, verify_snapshot_fd
+
+# What the scrubber remembers of a file it read: a segment by (path,
+# generation), a snapshot by (path, inode, size).
+_FileKey = tuple[str, int] | tuple[str, int, int]
+
+
+class _Gauge(Protocol):
+    def set(self, value: float) -> None: ...
+
+
+class _Counter(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class ScrubMetrics(Protocol):
+    """The two metrics the scrubber keeps (prometheus_client's types fit)."""
+
+    @property
+    def scrub_bytes(self) -> _Counter: ...
+
+    @property
+    def scrub_last_complete_pass(self) -> _Gauge: ...
 
 DEFAULT_CHUNK_BYTES = 1 << 20  # one pread; the rate limiter waits between them
 DEFAULT_IDLE_WAIT_MS = 60_000  # nothing sealed to scrub: list the files again after this
@@ -59,8 +83,8 @@ class Scrubber:
     """Re-reads sealed segments and snapshots at `bytes_per_s` (0 = disabled)."""
 
     def __init__(self, log: SegmentedLog, snapshots: SnapshotStore | None, bytes_per_s: int,
-                 on_corruption: Callable[[CorruptionReport], None], *, logger: Any = None,
-                 metrics: Any = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 on_corruption: Callable[[CorruptionReport], None], *, logger: EventLogger | None = None,
+                 metrics: ScrubMetrics | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  idle_wait_ms: int = DEFAULT_IDLE_WAIT_MS):
         if bytes_per_s < 0:
             raise ValueError(f"bytes_per_s must be >= 0 (0 disables), got {bytes_per_s}")
@@ -90,11 +114,11 @@ class Scrubber:
         # Files read (whole) since they appeared, so a wake-up reads only the
         # new ones: a segment by (path, generation), a snapshot by (path,
         # inode, size). Pruned to the files that exist at each look: bounded.
-        self._seen: set[tuple] = set()
+        self._seen: set[_FileKey] = set()
         self._reading_new = False  # inside scrub_new: no nested wake-up handling
         # Keys (as in _seen) of the files being read now: a wake-up in the
         # middle of one does not read it again, the read under way finishes it.
-        self._in_progress: set[tuple] = set()
+        self._in_progress: set[_FileKey] = set()
 
     # ------------------------------------------------------------ lifecycle
     @property
@@ -211,10 +235,10 @@ class Scrubber:
         total = segments = snaps = skipped = 0
         corrupt: list[CorruptionReport] = []
         refs = self._log.sealed_segments()
-        sids = self._snapshots.list() if self._snapshots is not None else []
-        snap_keys = {}
-        for sid in sids:
-            path = self._snapshots.path(sid)
+        store = self._snapshots
+        paths = [(sid, store.path(sid)) for sid in store.list()] if store is not None else []
+        snap_keys: dict[SnapshotId, tuple[str, int, int]] = {}
+        for sid, path in paths:
             try:
                 st = os.stat(path)
             except FileNotFoundError:
@@ -307,7 +331,7 @@ class Scrubber:
             return check.bytes_read, None, 1  # truncated/renamed/deleted meanwhile: not corruption
         return check.bytes_read, self._found(check.report), 0
 
-    def _scrub_snapshot(self, path: str, sid) -> tuple[int, CorruptionReport | None, int]:
+    def _scrub_snapshot(self, path: str, sid: SnapshotId) -> tuple[int, CorruptionReport | None, int]:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:

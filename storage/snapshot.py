@@ -27,12 +27,14 @@ Life cycle of files in the directory (names as in Kafka's raft module):
 
 from __future__ import annotations
 
+import builtins
 import os
 import re
 import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from types import TracebackType
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Literal, Sequence, overload
 
 import structlog
 
@@ -41,6 +43,9 @@ from metalog.storage import batch as b
 from metalog.storage import control_records as cr
 from metalog.storage.atomic import fsync_dir
 from metalog.storage.errors import CorruptionReport, StorageError
+
+if TYPE_CHECKING:  # numpy: imported at run time by the loader only
+    from metalog.storage.partition_runs import PartitionRun
 
 log = structlog.get_logger(__name__)
 
@@ -157,7 +162,7 @@ class SnapshotWriter:
             self._pending = []
             self._pending_bytes = 0
 
-    def append(self, records: list[bytes]) -> None:
+    def append(self, records: Sequence[bytes]) -> None:
         assert not self._closed, "snapshot writer already frozen or aborted"
         for value in records:
             self._pending.append(value)
@@ -209,7 +214,8 @@ class SnapshotWriter:
     def __enter__(self) -> "SnapshotWriter":
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if exc_type is not None or not self._closed:
             self.abort()
 
@@ -403,8 +409,18 @@ def read_snapshot_voters(path: str) -> cr.VotersRecord | None:
     return None
 
 
+@overload
+def read_snapshot(path: str, partition_runs: Literal[False] = False
+                  ) -> tuple[SnapshotId, cr.SnapshotHeader, Iterator[bytes]]: ...
+
+
+@overload
+def read_snapshot(path: str, partition_runs: bool
+                  ) -> tuple[SnapshotId, cr.SnapshotHeader, Iterator[bytes | PartitionRun]]: ...
+
+
 def read_snapshot(path: str, partition_runs: bool = False
-                  ) -> tuple[SnapshotId, cr.SnapshotHeader, Iterator[bytes]]:
+                  ) -> tuple[SnapshotId, cr.SnapshotHeader, Iterator[bytes | PartitionRun]]:
     """Verify the whole file first (so a bad file never yields a record), then
     return its id, header and an iterator over the data record values.
 
@@ -421,7 +437,7 @@ def read_snapshot(path: str, partition_runs: bool = False
         raise CorruptSnapshotError(path, 0, f"{name!r} is not a snapshot file name")
     layout = verify_snapshot_file(path, sid)
 
-    def values() -> Iterator[bytes]:
+    def values() -> Iterator[bytes | PartitionRun]:
         if partition_runs:
             from metalog.storage import partition_runs as pr  # numpy: imported by the loader only
 
@@ -679,7 +695,7 @@ class SnapshotStore:
         (unlink or os.unlink)(marked)
 
     def delete_before(self, snapshot_id: SnapshotId,
-                      unlink: Callable[[str], None] | None = None) -> list[SnapshotId]:
+                      unlink: Callable[[str], None] | None = None) -> builtins.list[SnapshotId]:
         """Delete every snapshot older than `snapshot_id` (`unlink`: see delete)."""
         gone = [sid for sid in self.list() if sid < snapshot_id]
         for sid in gone:
