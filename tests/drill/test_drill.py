@@ -55,6 +55,14 @@ def test_short_drill_loses_nothing(tmp_path):
     not_replaced = [f for f in report["failovers"] if f["failover_ms"] is None]
     assert not [f for f in not_replaced if f["kind"] == "kill_leader"], not_replaced
     assert len(not_replaced) < len(report["failovers"]), not_replaced
+    # A figure only for a fault that removed the leader, and then one within that fault's
+    # own window (before the next fault began), never a later fault's election.
+    starts = sorted(f["t_s"] for f in report["faults"])
+    for f in report["failovers"]:
+        assert f["leader_changed"] or f["failover_ms"] is None, f
+        later = [t for t in starts if t > f["t_s"]]
+        if f["failover_ms"] is not None and later:
+            assert f["t_s"] + f["failover_ms"] / 1000 <= later[0] + 0.001, (f, later[0])
     assert os.path.getsize(tmp_path / "report.png") > 10_000
     with open(tmp_path / "report.json") as f:
         assert json.load(f)["summary"]["writes_lost"] == 0

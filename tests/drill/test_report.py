@@ -67,10 +67,10 @@ def test_failover_is_reported_per_fault_kind_with_its_percentiles():
     for f, commit in zip(fo, (700.0, 800.0, 1000.0, 200.0, None)):
         f["leader_commit_ms"] = commit
     got = failover_by_kind(fo)
-    assert got["pause_leader"] == {"n": 3, "p50": 1100.0, "p99": 1300.0, "max": 1300.0,
+    assert got["pause_leader"] == {"faults": 3, "leader_kept": 0, "n": 3, "p50": 1100.0, "p99": 1300.0, "max": 1300.0,
                                    "commit_n": 3, "commit_p50": 800.0, "commit_p99": 1000.0, "commit_max": 1000.0}
     # A fault after which no newer epoch ever acknowledged a write (or committed) is not a sample.
-    assert got["kill_leader"] == {"n": 1, "p50": 300.0, "p99": 300.0, "max": 300.0,
+    assert got["kill_leader"] == {"faults": 2, "leader_kept": 0, "n": 1, "p50": 300.0, "p99": 300.0, "max": 300.0,
                                   "commit_n": 1, "commit_p50": 200.0, "commit_p99": 200.0, "commit_max": 200.0}
 
 

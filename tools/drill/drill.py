@@ -63,7 +63,7 @@ from metalog.tools.cluster.launcher import LocalCluster
 from metalog.tools.drill.archive import SegmentArchive
 from metalog.tools.drill.checker import Ack, History, HwSample, Reset, RoleEvent, Seen, Truncation, check, read_replica
 from metalog.tools.drill.faultproxy import FaultProxy
-from metalog.tools.drill.report import build_report, write_report
+from metalog.tools.drill.report import build_report, failover_lines, write_report
 from metalog.tools.extras import PLOT_MODULES, missing
 
 FAULTS = {
@@ -570,10 +570,8 @@ def run_drill(args) -> tuple[int, dict]:
           f"{s['writes_duplicated']}, unverifiable {s['writes_unverifiable']}, faults {s['faults']} "
           f"({s['kill_restart_cycles']} kill/restart cycles), "
           f"failover p50 {s['failover_ms_p50']} ms, p99 {s['failover_ms_p99']} ms")
-    for kind, k in s["failover_by_kind"].items():
-        print(f"failover after {kind} (to the first write acknowledged in a newer epoch): n={k['n']} "
-              f"p50 {k['p50']} ms, p99 {k['p99']} ms, max {k['max']} ms; to the new leader's first commit: "
-              f"n={k['commit_n']} p50 {k['commit_p50']} ms, p99 {k['commit_p99']} ms, max {k['commit_max']} ms")
+    for line in failover_lines(s["failover_by_kind"]):
+        print(line)
     print(f"report: {paths['json']}  timeline: {paths['png']}")
     return (0 if res.ok and not out["problems"] else 1), report
 

@@ -9,11 +9,19 @@ The PNG has three panels over one time axis (seconds since the drill began):
 3. acknowledged writes per second, unavailability windows (no ack for longer
    than ``UNAVAILABLE_GAP_S``) shaded, and for every fault that took the
    leader away the measured time to the next commit in a newer epoch.
+
+A failover figure belongs to a fault that removed the leader: one of
+``LEADER_FAULTS`` (killed, paused, isolated, left in a minority) after which a
+newer epoch showed before the next fault began. A leader that rode its fault
+out (a pause shorter than an election, an isolation its followers did not
+notice) gets no figure, only ``leader_changed: false``: timed to whatever
+later fault changed the leader, the figure would be that fault's, not its own.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from collections import Counter
@@ -59,18 +67,36 @@ def first_commit_ts(drill, after_ts: float, epoch_before: int) -> float | None:
     return s.ts if s else None
 
 
+def newer_epoch_ts(drill, after_ts: float, before_ts: float, epoch_before: int) -> float | None:
+    """When an epoch newer than `epoch_before` first showed in (after_ts,
+    before_ts): a broker's /quorum sample, a role change in its broker.log, or
+    a write acknowledged in it. None: the leader of `epoch_before` kept its job."""
+    seen = [s.ts for s in drill.samples if s.epoch is not None and s.epoch > epoch_before]
+    seen += [r.ts for r in drill.history.roles if r.epoch > epoch_before]
+    seen += [a.ts for a in drill.history.acks if a.epoch > epoch_before]
+    return min((ts for ts in seen if after_ts < ts < before_ts), default=None)
+
+
 def failovers(drill) -> list[dict]:
-    """For each fault that took the leader away: ms from the fault to the
-    first ack in a newer epoch (what a writer sees, client rediscovery
-    included) and to the new leader's first commit."""
+    """For each leader fault: did it remove the leader (a newer epoch before
+    the next fault began), and if so ms from the fault to the first ack in a
+    newer epoch (what a writer sees, client rediscovery included) and to the
+    new leader's first commit, both before the next fault began."""
     out = []
     acks = sorted(drill.history.acks, key=lambda a: a.ts)
-    for f in drill.faults:
+    faults = sorted(drill.faults, key=lambda f: f.ts_start)
+    for i, f in enumerate(faults):
         if f.kind not in LEADER_FAULTS or f.epoch_before is None:
             continue
-        nxt = next((a for a in acks if a.ts > f.ts_start and a.epoch > f.epoch_before), None)
+        window_end = faults[i + 1].ts_start if i + 1 < len(faults) else math.inf
+        changed = newer_epoch_ts(drill, f.ts_start, window_end, f.epoch_before) is not None
+        nxt = next((a for a in acks if f.ts_start < a.ts < window_end and a.epoch > f.epoch_before), None)
         commit = first_commit_ts(drill, f.ts_start, f.epoch_before)
-        out.append({"kind": f.kind, "node": f.node, "ts": f.ts_start,
+        if not changed:
+            nxt = commit = None
+        if commit is not None and commit >= window_end:
+            commit = None
+        out.append({"kind": f.kind, "node": f.node, "ts": f.ts_start, "leader_changed": changed,
                     "next_commit_ts": nxt.ts if nxt else None,
                     "failover_ms": round((nxt.ts - f.ts_start) * 1000, 1) if nxt else None,
                     "leader_commit_ms": round((commit - f.ts_start) * 1000, 1) if commit else None,
@@ -79,18 +105,40 @@ def failovers(drill) -> list[dict]:
 
 
 def failover_by_kind(fo: list[dict]) -> dict[str, dict]:
-    """Per leader fault kind: how many, and p50 / p99 / max of the failover
-    (ms from the fault to the first ack in a newer epoch, and to the new
-    leader's first commit: ``commit_*``). pause_leader is
+    """Per leader fault kind: how many faults, after how many the leader did
+    not change (``leader_kept``: no figure), and p50 / p99 / max of the
+    failover of the others (ms from the fault to the first ack in a newer
+    epoch, and to the new leader's first commit: ``commit_*``). pause_leader is
     the silent case (a frozen process: no reset, its followers must time out)."""
     out = {}
     for kind in sorted({f["kind"] for f in fo}):
-        ms = [f["failover_ms"] for f in fo if f["kind"] == kind and f["failover_ms"] is not None]
-        cm = [f["leader_commit_ms"] for f in fo if f["kind"] == kind and f.get("leader_commit_ms") is not None]
-        out[kind] = {"n": len(ms), "p50": _pct(ms, 50), "p99": _pct(ms, 99), "max": max(ms) if ms else None,
+        mine = [f for f in fo if f["kind"] == kind]
+        ms = [f["failover_ms"] for f in mine if f["failover_ms"] is not None]
+        cm = [f["leader_commit_ms"] for f in mine if f.get("leader_commit_ms") is not None]
+        out[kind] = {"faults": len(mine), "leader_kept": sum(1 for f in mine if f.get("leader_changed") is False),
+                     "n": len(ms), "p50": _pct(ms, 50), "p99": _pct(ms, 99), "max": max(ms) if ms else None,
                      "commit_n": len(cm), "commit_p50": _pct(cm, 50), "commit_p99": _pct(cm, 99),
                      "commit_max": max(cm) if cm else None}
     return out
+
+
+def failover_lines(by_kind: dict[str, dict]) -> list[str]:
+    """The drill's failover lines, one per leader fault kind: the figures of
+    the faults that removed the leader, and how many did not."""
+    lines = []
+    for kind, k in by_kind.items():
+        kept = k.get("leader_kept", 0)
+        if kept == k.get("faults", k["n"]) and kept:
+            lines.append(f"after {kind}: the leader did not change (no newer epoch before the next fault) after "
+                         f"any of its {kept} fault(s): no failover figure")
+            continue
+        line = (f"failover after {kind} (to the first write acknowledged in a newer epoch): n={k['n']} "
+                f"p50 {k['p50']} ms, p99 {k['p99']} ms, max {k['max']} ms; to the new leader's first commit: "
+                f"n={k['commit_n']} p50 {k['commit_p50']} ms, p99 {k['commit_p99']} ms, max {k['commit_max']} ms")
+        if kept:
+            line += f"; the leader did not change after {kept} of its {k['faults']} fault(s) (no figure for those)"
+        lines.append(line)
+    return lines
 
 
 def unavailability(drill, t_start: float, t_end: float) -> list[tuple[float, float]]:
