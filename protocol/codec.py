@@ -47,6 +47,7 @@ from typing import Final, NamedTuple
 
 import msgspec
 
+from metalog.protocol.invariants import invariant
 from metalog.protocol import messages as m
 from metalog.protocol.apis import APIS, ApiKey, request_version, version_problem
 
@@ -301,7 +302,7 @@ class FrameDecoder:
     __slots__ = ("max_frame_bytes", "_buf", "_pos", "_error")
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
-        assert max_frame_bytes > 0
+        invariant(max_frame_bytes > 0, "max_frame_bytes %r must be positive", max_frame_bytes)
         self.max_frame_bytes = max_frame_bytes
         self._buf = bytearray()
         self._pos = 0  # start of the unconsumed bytes in _buf

@@ -39,6 +39,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 import crc32c
 
+from metalog.protocol.invariants import InvariantViolation
 from metalog.storage.errors import CorruptionReport
 
 MAGIC = 2
@@ -179,15 +180,18 @@ def encode_batch(
 
     The producer fields are Kafka's (KIP-98): -1 for a batch of no idempotent
     producer; else the producer's id, epoch and the sequence of its first record."""
-    assert records, "a batch holds at least one record"
-    assert base_offset >= 0 and leader_epoch >= 0
-    assert (producer_id < 0) == (base_sequence < 0), "an idempotent batch has both id and sequence"
+    if not records or base_offset < 0 or leader_epoch < 0 or (producer_id < 0) != (base_sequence < 0):
+        raise InvariantViolation(  # one test on the encode path; the message says which rule broke
+            f"encode_batch: {len(records)} records (at least 1), base offset {base_offset} and leader epoch "
+            f"{leader_epoch} (both >= 0), producer id {producer_id} and base sequence {base_sequence} "
+            "(an idempotent batch has both)")
     parts: list[bytes] = []
     add = parts.extend
     n = len(records)
     if is_control:
         for i, rec in enumerate(records):
-            assert len(rec) >= CONTROL_KEY_SIZE, "a control record starts with its 4-byte key"
+            if len(rec) < CONTROL_KEY_SIZE:
+                raise InvariantViolation("a control record starts with its 4-byte key")
             value_len = _vi(len(rec) - CONTROL_KEY_SIZE)
             mid = b"\x00\x00" + _vi(i)
             add((_vi(len(mid) + 1 + len(rec) + len(value_len) + 1), mid, _CONTROL_KEY_LEN,

@@ -26,6 +26,7 @@ from typing import Iterable, NamedTuple
 
 import crc32c
 
+from metalog.protocol.invariants import InvariantViolation
 from metalog.storage.atomic import atomic_write
 
 NO_EPOCH = -1
@@ -86,10 +87,11 @@ class EpochHistory:
             last = self._entries[-1]
             if epoch == last.epoch:
                 return False
-            assert epoch > last.epoch, f"epoch {epoch} after {last.epoch}"
-            assert start_offset >= last.start_offset, (
-                f"epoch {epoch} start {start_offset} before {last.epoch} start {last.start_offset}"
-            )
+            if epoch < last.epoch:
+                raise InvariantViolation(f"epoch {epoch} after {last.epoch}")
+            if start_offset < last.start_offset:
+                raise InvariantViolation(
+                    f"epoch {epoch} start {start_offset} before {last.epoch} start {last.start_offset}")
             if start_offset == last.start_offset:
                 # The previous epoch holds no records: replace it.
                 self._entries.pop()

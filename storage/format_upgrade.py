@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from metalog.protocol.invariants import invariant
 from metalog.storage import batch as b
 from metalog.storage import control_records as cr
 from metalog.storage import metadata_records as mr
@@ -194,7 +195,7 @@ def convert_batch(raw: bytes, h: b.BatchHeader) -> bytes:
     out = b.encode_batch(h.base_offset, h.leader_epoch, records, h.first_timestamp_ms, is_control=h.is_control,
                          producer_id=h.producer_id, producer_epoch=h.producer_epoch,
                          base_sequence=h.base_sequence)
-    assert b.decode_records(out) == records
+    invariant(b.decode_records(out) == records, "a re-encoded batch decodes to other records")
     return out
 
 

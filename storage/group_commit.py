@@ -18,6 +18,8 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from metalog.protocol.invariants import InvariantViolation, invariant
+
 # Whatever the driver hands in with a write to recognise it when it is taken
 # (the runtime's connection and correlation id); the policy never looks
 # inside. A driver names it (GroupCommit[Token]); one that does not gets Any,
@@ -42,7 +44,8 @@ class Arm(enum.Enum):
 
 class GroupCommit(Generic[TokenT]):
     def __init__(self, linger_ms: float, batch_records_max: int):
-        assert linger_ms >= 0 and batch_records_max > 0, (linger_ms, batch_records_max)
+        invariant(linger_ms >= 0 and batch_records_max > 0, "linger_ms %r, batch_records_max %r",
+                  linger_ms, batch_records_max)
         self.linger_ms = linger_ms
         self.batch_records_max = batch_records_max
         self._pending: list[tuple[TokenT, list[bytes]]] = []
@@ -55,7 +58,8 @@ class GroupCommit(Generic[TokenT]):
     def offer(self, token: TokenT, records: list[bytes]) -> Arm:
         """Queue one request's records (bounded by the connections' in-flight
         limits and by batch_records_max, which empties the queue)."""
-        assert records, "an empty write is refused before it is queued"
+        if not records:
+            raise InvariantViolation("an empty write is refused before it is queued")
         self._pending.append((token, records))
         self.pending_records += len(records)
         if self.pending_records >= self.batch_records_max:
@@ -103,7 +107,7 @@ class GroupCommit(Generic[TokenT]):
 
     def flush_starting(self) -> None:
         """A flush begins: it covers every append made before this point."""
-        assert self.flush_running
+        invariant(self.flush_running, "flush_starting without a flush granted by want_flush")
         self._flush_wanted = False
 
     def flush_completed(self) -> bool:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import base64
 import struct
 
+from metalog.protocol.invariants import invariant
+
 _I16 = struct.Struct(">h")
 _U16 = struct.Struct(">H")
 _I32 = struct.Struct(">i")
@@ -59,7 +61,7 @@ class Writer:
         self.out += _I32.pack(v)
 
     def uvarint(self, v: int) -> None:
-        assert v >= 0
+        invariant(v >= 0, "uvarint of a negative number %d", v)
         while v >= 0x80:
             self.out.append((v & 0x7F) | 0x80)
             v >>= 7

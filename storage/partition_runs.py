@@ -35,7 +35,7 @@ from typing import Iterator, NamedTuple, Sequence
 import numpy as np
 
 from metalog.storage import batch as b
-from metalog.protocol.invariants import InvariantViolation
+from metalog.protocol.invariants import InvariantViolation, invariant
 from metalog.storage.metadata_records import uuid_text
 
 PARTITION_RECORD_PREFIX = b"\x01\x03\x00"  # frame version 1, api key 3 (PartitionRecord), version 0
@@ -146,7 +146,7 @@ def _layout(n: int, m: int, od_width: int) -> _Layout:
             ("mb", "u1"), ("isr", ">i4", (m,)), ("ra", "u1", (2,)), ("lil", ">i4", (3,)),
             ("tail", "u1", (2,)),  # no tagged fields, no headers
         ])
-        assert dtype.itemsize == len(head) - 2 + body, (dtype, body)
+        invariant(dtype.itemsize == len(head) - 2 + body, "layout %r of a %d-byte body", dtype, body)
         fields = dtype.fields
         if fields is None:
             raise InvariantViolation("a structured dtype has fields")
@@ -280,7 +280,8 @@ def iter_batch(batch: bytes, h: b.BatchHeader, names: TopicNames | None = None
     a value (bytes) per record, except runs of common-shape PartitionRecords,
     which come as PartitionRun. Raises CorruptBatchError as
     metalog.storage.batch.decode_records does."""
-    assert not h.attributes & b.ATTR_CONTROL, "control batches take decode_records"
+    if h.attributes & b.ATTR_CONTROL:
+        raise InvariantViolation("control batches take decode_records")
     names = names or TopicNames()
     data = bytes(memoryview(batch)[b.HEADER_SIZE:h.size])
     end = len(data)
@@ -368,7 +369,8 @@ def read_batch(batch: bytes, h: b.BatchHeader, names: TopicNames | None = None) 
     """The records of one whole data batch (CRC already checked), its
     PartitionRecords of one shape (the first one's) as columns, the rest as
     values. Raises CorruptBatchError as metalog.storage.batch.decode_records does."""
-    assert not h.attributes & b.ATTR_CONTROL, "control batches take decode_records"
+    if h.attributes & b.ATTR_CONTROL:
+        raise InvariantViolation("control batches take decode_records")
     names = names or TopicNames()
     data = bytes(memoryview(batch)[b.HEADER_SIZE:h.size])
     count = h.records_count
@@ -412,7 +414,8 @@ def read_batch(batch: bytes, h: b.BatchHeader, names: TopicNames | None = None) 
         if i > prev:
             items.append(i - prev)
         value, pos = b.next_value(data, starts[i], end, i, h)
-        assert pos == starts[i + 1], (i, pos, starts[i + 1])
+        if pos != starts[i + 1]:
+            raise InvariantViolation(f"record {i} ends at {pos}, its length said {starts[i + 1]}")
         items.append(value)
         prev = i + 1
     if prev < count:

@@ -23,6 +23,7 @@ import enum
 from collections import deque
 from typing import Iterable, NamedTuple
 
+from metalog.protocol.invariants import InvariantViolation, invariant
 from metalog.storage.batch import ATTR_CONTROL, BatchHeader, iter_batches
 
 NO_PRODUCER_ID = -1
@@ -90,7 +91,7 @@ class ProducerStateTable:
     """Producer id -> ProducerEntry, as of ``end_offset`` (every batch below it applied)."""
 
     def __init__(self, expiration_ms: int = DEFAULT_EXPIRATION_MS, end_offset: int = 0) -> None:
-        assert expiration_ms > 0, expiration_ms
+        invariant(expiration_ms > 0, "expiration_ms %r must be positive", expiration_ms)
         self.expiration_ms = expiration_ms
         self.end_offset = end_offset
         self.producers: dict[int, ProducerEntry] = {}
@@ -102,8 +103,8 @@ class ProducerStateTable:
         Runs for every batch a node appends or applies (one per idempotent
         request), so it reads the header's fields directly."""
         base = h.base_offset
-        assert base >= self.end_offset, (
-            f"batches must be applied in log order: got {base}, next is {self.end_offset}")
+        if base < self.end_offset:
+            raise InvariantViolation(f"batches must be applied in log order: got {base}, next is {self.end_offset}")
         last = base + h.last_offset_delta
         self.end_offset = last + 1
         pid = h.producer_id
@@ -138,7 +139,8 @@ class ProducerStateTable:
     # -- the leader's check before appending --------------------------------
     def check(self, producer_id: int, producer_epoch: int, first_seq: int, record_count: int,
               now_ms: int) -> Check:
-        assert producer_id >= 0 and record_count > 0
+        if producer_id < 0 or record_count <= 0:
+            raise InvariantViolation(f"check of producer id {producer_id} with {record_count} records")
         last_seq_new = first_seq + record_count - 1
         entry = self.producers.get(producer_id)
         if entry is not None and self.expired(entry, now_ms):
@@ -195,7 +197,8 @@ class ProducerStateTable:
                      expiration_ms: int = DEFAULT_EXPIRATION_MS) -> "ProducerStateTable":
         t = cls(expiration_ms, end_offset)
         for e in entries:
-            assert e.producer_id not in t.producers, f"producer id {e.producer_id} twice"
+            if e.producer_id in t.producers:
+                raise InvariantViolation(f"producer id {e.producer_id} twice")
             t.producers[e.producer_id] = e.copy()
         return t
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import crc32c
 
+from metalog.protocol.invariants import invariant
 from metalog.storage.atomic import atomic_write, read_file_if_exists
 from metalog.storage.errors import QuorumStateError
 
@@ -141,7 +142,7 @@ class QuorumStateFile:
 
     def write(self, leader_epoch: int, leader_id: int, voted_id: int, voters: tuple[int, ...] | list[int]) -> None:
         """Durably replace the state (fsync of file and directory before returning)."""
-        assert leader_epoch >= 0, f"leader_epoch {leader_epoch} must be >= 0"
+        invariant(leader_epoch >= 0, "leader_epoch %d must be >= 0", leader_epoch)
         state = {
             "clusterId": "",
             "leaderId": int(leader_id),

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Literal, Sequenc
 
 import structlog
 
+from metalog.protocol.invariants import InvariantViolation, invariant
 from metalog.protocol.messages import SnapshotId
 from metalog.storage import batch as b
 from metalog.storage import control_records as cr
@@ -86,7 +87,8 @@ class SnapshotInvariantError(StorageError):
 
 
 def snapshot_filename(snapshot_id: SnapshotId) -> str:
-    assert 0 <= snapshot_id.end_offset < 10**20 and 0 <= snapshot_id.epoch < 10**10
+    invariant(0 <= snapshot_id.end_offset < 10**20 and 0 <= snapshot_id.epoch < 10**10,
+              "snapshot id %r does not fit the file name's digits", snapshot_id)
     return f"{snapshot_id.end_offset:020d}-{snapshot_id.epoch:010d}{SUFFIX}"
 
 
@@ -116,14 +118,16 @@ class SnapshotWriter:
                  batch_bytes_max: int = 1 << 20, timestamp_ms: int | None = None,
                  voters: cr.VotersRecord | None = None, part_path: str | None = None,
                  sync_every_bytes: int | None = None) -> None:
-        assert batch_bytes_max > 0 and (sync_every_bytes is None or sync_every_bytes > 0)
+        invariant(batch_bytes_max > 0 and (sync_every_bytes is None or sync_every_bytes > 0),
+                  "batch_bytes_max %r, sync_every_bytes %r", batch_bytes_max, sync_every_bytes)
         self.directory = os.fspath(directory)
         self.snapshot_id = snapshot_id
         self.final_path = os.path.join(self.directory, snapshot_filename(snapshot_id))
         # part_path: chosen by a caller that must clean up after a writer that
         # dies without aborting (a forked child killed mid-write).
         self.part_path = part_path or generation_part_path(self.directory, snapshot_id)
-        assert os.path.dirname(self.part_path) == self.directory and self.part_path.endswith(PART_SUFFIX)
+        invariant(os.path.dirname(self.part_path) == self.directory and self.part_path.endswith(PART_SUFFIX),
+                  "part file %r outside %r", self.part_path, self.directory)
         self.batch_bytes_max = batch_bytes_max
         self._timestamp_ms = (last_contained_log_timestamp_ms if timestamp_ms is None
                               else timestamp_ms)
@@ -163,7 +167,7 @@ class SnapshotWriter:
             self._pending_bytes = 0
 
     def append(self, records: Sequence[bytes]) -> None:
-        assert not self._closed, "snapshot writer already frozen or aborted"
+        invariant(not self._closed, "snapshot writer already frozen or aborted")
         for value in records:
             self._pending.append(value)
             self._pending_bytes += len(value) + 4
@@ -187,7 +191,7 @@ class SnapshotWriter:
     def freeze(self) -> tuple[str, int]:
         """Footer, fsync, close, rename to .checkpoint, fsync the directory.
         Returns (path, size in bytes)."""
-        assert not self._closed, "snapshot writer already frozen or aborted"
+        invariant(not self._closed, "snapshot writer already frozen or aborted")
         self._flush_pending()
         self._write_batch([cr.encode_control(cr.SnapshotFooter())], control=True)
         self._file.flush()
@@ -333,7 +337,7 @@ def verify_snapshot_fd(fd: int, snapshot_id: SnapshotId, path: str,
 
     on_read(n) after each read of n bytes (the scrubber's rate limit); None
     is returned only if `stop` is set before the check is done."""
-    assert block_bytes > 0, block_bytes
+    invariant(block_bytes > 0, "block_bytes %r must be positive", block_bytes)
     check = _SnapshotCheck(snapshot_id, path)
     buf = bytearray(block_bytes)  # one buffer, reused: its bytes [0, filled) are the file's from `base`
     base = filled = 0
@@ -373,7 +377,8 @@ def verify_snapshot_file(path: str, snapshot_id: SnapshotId) -> SnapshotLayout:
         layout = verify_snapshot_fd(fd, snapshot_id, path)
     finally:
         os.close(fd)
-    assert layout is not None, "no stop event, yet the check stopped"
+    if layout is None:
+        raise InvariantViolation("no stop event, yet the check stopped")
     return layout
 
 

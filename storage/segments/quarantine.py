@@ -12,6 +12,7 @@ from __future__ import annotations
 import mmap
 import os
 
+from metalog.protocol.invariants import InvariantViolation
 from metalog.storage import batch as B
 from metalog.storage.atomic import fsync_dir
 from metalog.storage.errors import CorruptionReport, CorruptLogError, QuarantineState
@@ -150,7 +151,8 @@ class Quarantine:
     def _segment_of_prefix(self, base_offset: int, prefix: bytes, res: ScanResult) -> Segment:
         """A new segment file at `base_offset` holding `prefix`, synced, with its indexes."""
         fresh = Segment(self._dir, base_offset)
-        assert fresh.size == 0, f"{fresh.log_path} exists after the rename"
+        if fresh.size != 0:
+            raise InvariantViolation(f"{fresh.log_path} exists after the rename")
         if prefix:
             write_all(fresh.fd, prefix)
             os.fsync(fresh.fd)

@@ -33,6 +33,7 @@ from typing import Callable, Iterator
 
 import structlog
 
+from metalog.protocol.invariants import InvariantViolation, invariant
 from metalog.storage import batch as B
 from metalog.storage.atomic import atomic_write, fsync_dir
 from metalog.storage.errors import CorruptionReport, LogWriteError, QuarantineState
@@ -269,7 +270,8 @@ class SegmentedLog:
             start = AppendStart(active.base_offset, active.size, end, t.last_epoch, active.last_index_pos,
                                 active.max_ts, active.max_rel, active.time_ts[-1] if active.time_ts else -1)
         plan = plan_append(view, start, self._index_interval_bytes, self._verify_appends)
-        assert start.file_start + n <= U32_MAX, "segment positions must fit the u32 index"
+        # A roll happens before a segment passes segment_bytes_max (<= U32_MAX).
+        invariant(start.file_start + n <= U32_MAX, "segment positions must fit the u32 index")
         if roll:
             self._roll(start.seg_base)
             active = t.segments[-1]
@@ -316,7 +318,8 @@ class SegmentedLog:
         t = self._table
         seal_time_index(t.segments[-1], t.lock, self._log)  # Kafka's onBecomeInactiveSegment
         seg = Segment(self._dir, base_offset)
-        assert seg.size == 0, f"{seg.log_path} already exists with {seg.size} bytes"
+        if seg.size != 0:
+            raise InvariantViolation(f"{seg.log_path} already exists with {seg.size} bytes")
         with t.lock:
             t.unsynced_rolled.append(t.segments[-1])
             t.segments.append(seg)
@@ -362,7 +365,8 @@ class SegmentedLog:
             with t.lock:
                 cap = t.flush_cap
                 t.flush_cap = None
-                assert cap is not None
+                if cap is None:
+                    raise InvariantViolation("flush_cap cleared while a flush held the flush lock")
                 if cap > t.flushed_end_offset:
                     t.flushed_end_offset = cap
                 t.forget_unsynced(rolled)

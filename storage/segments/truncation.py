@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from metalog.protocol.invariants import InvariantViolation
 from metalog.storage.atomic import fsync_dir
 from metalog.storage.segments.checkpoints import RecoveryPoint, write_log_start_file
 from metalog.storage.segments.indexes import unseal_time_index
@@ -28,7 +29,8 @@ def cut_tail(table: SegmentTable, rp: RecoveryPoint, directory: str, end_offset:
         doomed, keep, new_end, cut = table.segments[k:], k, end_offset, None
     else:
         found = seg.locate(end_offset)
-        assert found is not None, f"offset {end_offset} below the end must be in {seg.log_path}"
+        if found is None:
+            raise InvariantViolation(f"offset {end_offset} below the log end is not in {seg.log_path}")
         cut, new_end = found[0], found[1]
         doomed, keep = table.segments[k + 1:], k + 1
     with table.lock:
@@ -73,7 +75,8 @@ def restart_empty(table: SegmentTable, rp: RecoveryPoint, directory: str, new_st
     for s in doomed:
         s.delete()
     seg = Segment(directory, new_start_offset)
-    assert seg.size == 0
+    if seg.size != 0:
+        raise InvariantViolation(f"{seg.log_path} exists with {seg.size} bytes after every segment was deleted")
     fsync_dir(directory)
     with table.lock:
         table.segments, table.bases = [seg], [new_start_offset]
