@@ -58,7 +58,7 @@ _REQ_FRAME = struct.Struct(">ihhih")  # length + _REQ_FIXED, for encoding in one
 _RESP_FRAME = struct.Struct(">ii")  # length, correlation_id
 _CORRELATION = struct.Struct(">i")
 
-DEFAULT_MAX_FRAME_BYTES = 8 << 20
+DEFAULT_FRAME_BYTES_MAX = 8 << 20
 # Compact the decoder buffer once this many consumed bytes sit in front of it
 # (and they are at least half of the buffer), so each byte moves O(1) times.
 _COMPACT_BYTES = 64 << 10
@@ -98,12 +98,12 @@ class FrameError(ProtocolError):
 
 
 class FrameTooLarge(FrameError):
-    def __init__(self, length: int, max_frame_bytes: int):
-        super().__init__(
-            f"peer announced a frame of {length} bytes, above max_frame_bytes={max_frame_bytes}"
+    def __init__(self, length: int, frame_bytes_max: int):
+        super().__init__(  # names the broker setting an operator raises (network.max_frame_bytes)
+            f"peer announced a frame of {length} bytes, above max_frame_bytes={frame_bytes_max}"
         )
         self.length = length
-        self.max_frame_bytes = max_frame_bytes
+        self.frame_bytes_max = frame_bytes_max
 
 
 class MalformedFrame(FrameError):
@@ -293,17 +293,17 @@ def decode_response(frame: bytes | bytearray, expected_type: type[m.Body]) -> m.
 class FrameDecoder:
     """Splits a byte stream into frames: ``feed`` bytes, then ``next_frame`` until NEED_DATA.
 
-    The announced length is checked against ``max_frame_bytes`` as soon as its
+    The announced length is checked against ``frame_bytes_max`` as soon as its
     four bytes arrive, before the body is waited for, so a hostile length never
     makes us buffer (or allocate) the body. After a FrameError the decoder is
     broken for good: the caller closes the connection.
     """
 
-    __slots__ = ("max_frame_bytes", "_buf", "_pos", "_error")
+    __slots__ = ("frame_bytes_max", "_buf", "_pos", "_error")
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
-        invariant(max_frame_bytes > 0, "max_frame_bytes %r must be positive", max_frame_bytes)
-        self.max_frame_bytes = max_frame_bytes
+    def __init__(self, frame_bytes_max: int = DEFAULT_FRAME_BYTES_MAX):
+        invariant(frame_bytes_max > 0, "frame_bytes_max %r must be positive", frame_bytes_max)
+        self.frame_bytes_max = frame_bytes_max
         self._buf = bytearray()
         self._pos = 0  # start of the unconsumed bytes in _buf
         self._error: FrameError | None = None
@@ -334,8 +334,8 @@ class FrameDecoder:
         if length < 0:
             self._error = MalformedFrame(f"negative frame length {length}")
             raise self._error
-        if length > self.max_frame_bytes:
-            self._error = FrameTooLarge(length, self.max_frame_bytes)
+        if length > self.frame_bytes_max:
+            self._error = FrameTooLarge(length, self.frame_bytes_max)
             raise self._error
         end = pos + LENGTH_SIZE + length
         if end > len(buf):

@@ -88,11 +88,11 @@ def data_mid(index: int) -> bytes:
     return _DATA_MID[index] if index < _TABLE_N else b"\x00\x00" + _zigzag_varint(index) + b"\x01"
 
 
-def _read_varint(buf: bytes, pos: int, end: int, max_bytes: int = 5) -> tuple[int, int]:
+def _read_varint(buf: bytes, pos: int, end: int, bytes_max: int = 5) -> tuple[int, int]:
     """(value, new position) of the zig-zag varint at `pos`; ValueError when it
-    runs past `end` or is longer than `max_bytes` (5 for an int, 10 for a long)."""
+    runs past `end` or is longer than `bytes_max` (5 for an int, 10 for a long)."""
     z = shift = 0
-    for i in range(max_bytes):
+    for i in range(bytes_max):
         if pos >= end:
             raise ValueError("varint runs past the record end")
         byte = buf[pos]
@@ -101,7 +101,7 @@ def _read_varint(buf: bytes, pos: int, end: int, max_bytes: int = 5) -> tuple[in
         if not byte & 0x80:
             return (z >> 1) ^ -(z & 1), pos
         shift += 7
-    raise ValueError(f"varint longer than {max_bytes} bytes")
+    raise ValueError(f"varint longer than {bytes_max} bytes")
 
 
 class Record(NamedTuple):

@@ -165,10 +165,10 @@ class Scrubber:
                                   corrupt=len(result.corrupt))
             self._pause(self._idle_wait_s if result.bytes_read == 0 else PASS_PAUSE_S)
 
-    def _pause(self, seconds: float) -> None:
-        """Wait `seconds` before the next full pass; a notify() meanwhile has
+    def _pause(self, wait_s: float) -> None:
+        """Wait `wait_s` before the next full pass; a notify() meanwhile has
         the new files read at once (then the wait goes on)."""
-        deadline = time.monotonic() + seconds
+        deadline = time.monotonic() + wait_s
         while not self._stop.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
@@ -316,7 +316,7 @@ class Scrubber:
             key = (ref.log_path, ref.generation)
             self._in_progress.add(key)
             try:
-                check = verify_segment_fd(fd, ref.log_path, ref.size, ref.base_offset, ref.next_offset,
+                check = verify_segment_fd(fd, ref.log_path, ref.size_bytes, ref.base_offset, ref.next_offset,
                                           ref.prev_epoch, self._chunk, self._throttle, self._stop)
             finally:
                 self._in_progress.discard(key)
@@ -379,11 +379,11 @@ class SegmentCheck(NamedTuple):
     stopped: bool
 
 
-def verify_segment_fd(fd: int, path: str, size: int, base_offset: int, next_offset: int | None,
+def verify_segment_fd(fd: int, path: str, size_bytes: int, base_offset: int, next_offset: int | None,
                       prev_epoch: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                       on_read: Callable[[int], None] | None = None,
                       stop: threading.Event | None = None) -> SegmentCheck:
-    """Verify every batch of one segment file (the first `size` bytes of fd)
+    """Verify every batch of one segment file (the first `size_bytes` bytes of fd)
     in chunk_bytes preads: header, length, magic, CRC-32C, offsets contiguous
     from base_offset (and ending at next_offset when given), epochs monotonic
     from prev_epoch. Stops at the first problem and reports it."""
@@ -392,12 +392,12 @@ def verify_segment_fd(fd: int, path: str, size: int, base_offset: int, next_offs
     read_pos = 0
     expected, epoch = base_offset, prev_epoch
     problem: tuple[int, str] | None = None
-    while read_pos < size and problem is None:
+    while read_pos < size_bytes and problem is None:
         if stop is not None and stop.is_set():
             return SegmentCheck(read_pos, expected, epoch, None, True)
-        chunk = os.pread(fd, min(chunk_bytes, size - read_pos), read_pos)
+        chunk = os.pread(fd, min(chunk_bytes, size_bytes - read_pos), read_pos)
         if not chunk:
-            problem = (read_pos, f"short read at byte {read_pos} of {size}")
+            problem = (read_pos, f"short read at byte {read_pos} of {size_bytes}")
             break
         read_pos += len(chunk)
         if on_read is not None:
@@ -433,7 +433,7 @@ def verify_segment_fd(fd: int, path: str, size: int, base_offset: int, next_offs
     if problem is None and buf:
         problem = (buf_pos, f"{len(buf)} bytes at the end are not a whole batch")
     if problem is None and next_offset is not None and expected != next_offset:
-        problem = (size, f"segment ends at offset {expected} but the next segment starts at {next_offset}")
+        problem = (size_bytes, f"segment ends at offset {expected} but the next segment starts at {next_offset}")
     if problem is None:
         return SegmentCheck(read_pos, expected, epoch, None, False)
     pos, reason = problem

@@ -233,7 +233,7 @@ class SnapshotLayout:
 
     header: cr.SnapshotHeader
     data_batches: list[tuple[int, b.BatchHeader]]  # (position, header)
-    size: int
+    size_bytes: int
     records: int
     voters: cr.VotersRecord | None = None  # KIP-853: the voter set it holds, if any
 
@@ -291,18 +291,18 @@ class _SnapshotCheck:
         else:
             self.batches.append((pos, h))
 
-    def finish(self, size: int) -> SnapshotLayout:
+    def finish(self, size_bytes: int) -> SnapshotLayout:
         path, end = self.path, self.end
-        if size == 0:
+        if size_bytes == 0:
             raise CorruptSnapshotError(path, 0, "empty file")
-        if end != size:
+        if end != size_bytes:
             raise CorruptSnapshotError(
-                path, end, f"truncated: {size - end} byte(s) after the last whole batch")
+                path, end, f"truncated: {size_bytes - end} byte(s) after the last whole batch")
         if self.header is None:
             raise CorruptSnapshotError(path, 0, "no SnapshotHeader (file shorter than one batch)")
         if not self.footer_seen:
             raise CorruptSnapshotError(path, end, "truncated: no SnapshotFooter")
-        return SnapshotLayout(self.header, self.batches, size,
+        return SnapshotLayout(self.header, self.batches, size_bytes,
                               sum(h.records_count for _, h in self.batches), self.voters)
 
 
@@ -502,7 +502,7 @@ class PartialSnapshot:
         self._written = 0  # bytes written in order from position 0
         self._error: CorruptSnapshotError | None = None
 
-    def size(self) -> int:
+    def size_bytes(self) -> int:
         try:
             return os.path.getsize(self.part_path)
         except FileNotFoundError:
@@ -513,7 +513,7 @@ class PartialSnapshot:
         if position == 0:
             fd = os.open(self.part_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         else:
-            have = self.size()
+            have = self.size_bytes()
             if position < 0 or position > have:
                 raise PositionOutOfRangeError(
                     f"{self.part_path}: chunk at position {position} but only {have} "
@@ -559,16 +559,16 @@ class PartialSnapshot:
         """Whether on_data_batch was handed every data batch of the bytes
         written, once each, in order, all of them checked."""
         return (self._on_data_batch is not None and self._check is not None and self._error is None
-                and self._written == self.size() and self._batches.position == self._written)
+                and self._written == self.size_bytes() and self._batches.position == self._written)
 
-    def complete(self, size: int) -> str:
-        """Verify size and every CRC, fsync, rename to .checkpoint, fsync dir.
+    def complete(self, size_bytes: int) -> str:
+        """Verify the size and every CRC, fsync, rename to .checkpoint, fsync dir.
         A bad download is deleted and CorruptSnapshotError raised."""
         try:
-            have = self.size()
-            if have != size:
+            have = self.size_bytes()
+            if have != size_bytes:
                 raise CorruptSnapshotError(
-                    self.part_path, have, f"download has {have} byte(s), leader said {size}")
+                    self.part_path, have, f"download has {have} byte(s), leader said {size_bytes}")
             if self._check is not None and self._written == have:
                 if self._error is not None:
                     raise self._error
@@ -659,8 +659,8 @@ class SnapshotStore:
         except FileNotFoundError:
             return None
 
-    def read_chunk(self, snapshot_id: SnapshotId, position: int, max_bytes: int) -> bytes:
-        """Bytes [position, position + max_bytes) for FetchSnapshot."""
+    def read_chunk(self, snapshot_id: SnapshotId, position: int, bytes_max: int) -> bytes:
+        """Bytes [position, position + bytes_max) for FetchSnapshot."""
         try:
             fd = os.open(self.path(snapshot_id), os.O_RDONLY)
         except FileNotFoundError:
@@ -677,7 +677,7 @@ class SnapshotStore:
                 # Raises CorruptSnapshotError: never serve a damaged snapshot.
                 verify_snapshot_fd(fd, snapshot_id, self.path(snapshot_id))  # no stop: never None
                 self._verified[snapshot_id] = ident
-            return os.pread(fd, max(0, min(max_bytes, size - position)), position)
+            return os.pread(fd, max(0, min(bytes_max, size - position)), position)
         finally:
             os.close(fd)
 

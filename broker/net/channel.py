@@ -147,7 +147,7 @@ class PeerChannel:
         port: int,
         *,
         client_id: str | None = None,
-        max_frame_bytes: int = codec.DEFAULT_MAX_FRAME_BYTES,
+        max_frame_bytes: int = codec.DEFAULT_FRAME_BYTES_MAX,
         connect_timeout_ms: int = 1000,
         reconnect_backoff_ms: int = 50,
         reconnect_backoff_max_ms: int = 1000,

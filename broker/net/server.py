@@ -502,7 +502,7 @@ async def serve(
     port: int,
     handler: Handler,
     *,
-    max_frame_bytes: int = codec.DEFAULT_MAX_FRAME_BYTES,
+    max_frame_bytes: int = codec.DEFAULT_FRAME_BYTES_MAX,
     max_inflight_per_conn: int = 1024,
     logger: Any = None,
     tls: Any = None,

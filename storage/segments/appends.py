@@ -21,9 +21,9 @@ class AppendStart(NamedTuple):
     expected_offset: int  # the log end offset
     last_epoch: int  # the log's last batch epoch
     last_index_pos: int  # position of the segment's last .index entry
-    max_ts: int  # largest batch max timestamp of the segment so far, -1 if none
+    max_ts_ms: int  # largest batch max timestamp of the segment so far, -1 if none
     max_rel: int  # relative last offset of its batch
-    last_time_ts: int  # timestamp of the segment's last .timeindex entry, -1 if none
+    last_time_ts_ms: int  # timestamp of the segment's last .timeindex entry, -1 if none
 
 
 class AppendPlan(NamedTuple):
@@ -35,7 +35,7 @@ class AppendPlan(NamedTuple):
     index_pos: list[int]
     last_index_pos: int
     time_entries: bytes  # to append to the .timeindex
-    max_ts: int
+    max_ts_ms: int
     max_rel: int
 
 
@@ -44,8 +44,8 @@ def plan_append(view: memoryview, start: AppendStart, index_interval_bytes: int,
     buffer) and compute the index entries its write adds."""
     n = len(view)
     seg_base, file_start = start.seg_base, start.file_start
-    last_index_pos, last_time_ts = start.last_index_pos, start.last_time_ts
-    max_ts, max_rel = start.max_ts, start.max_rel
+    last_index_pos, last_time_ts_ms = start.last_index_pos, start.last_time_ts_ms
+    max_ts_ms, max_rel = start.max_ts_ms, start.max_rel
     expected, epoch = start.expected_offset, start.last_epoch
     new_index: list[bytes] = []
     new_rel: list[int] = []
@@ -72,20 +72,20 @@ def plan_append(view: memoryview, start: AppendStart, index_interval_bytes: int,
             raise ValueError(f"append: batch at offset {h.base_offset} has leader epoch "
                              f"{h.leader_epoch}, older than the log's last epoch {epoch}")
         file_pos = file_start + pos
-        if h.max_timestamp_ms > max_ts:
-            max_ts, max_rel = h.max_timestamp_ms, h.base_offset + h.last_offset_delta - seg_base
+        if h.max_timestamp_ms > max_ts_ms:
+            max_ts_ms, max_rel = h.max_timestamp_ms, h.base_offset + h.last_offset_delta - seg_base
         if file_pos - last_index_pos >= index_interval_bytes:
             rel = h.base_offset + h.last_offset_delta - seg_base  # the batch's last offset
             new_index.append(INDEX_ENTRY.pack(rel, file_pos))
             new_rel.append(rel)
             new_pos.append(file_pos)
             last_index_pos = file_pos
-            if max_ts > last_time_ts:
-                new_time.append(TIME_ENTRY.pack(max_ts, max_rel))
-                last_time_ts = max_ts
+            if max_ts_ms > last_time_ts_ms:
+                new_time.append(TIME_ENTRY.pack(max_ts_ms, max_rel))
+                last_time_ts_ms = max_ts_ms
         expected = h.next_offset
         epoch = h.leader_epoch
         headers.append(h)
         pos += h.size
     return AppendPlan(headers, expected, epoch, b"".join(new_index), new_rel, new_pos, last_index_pos,
-                      b"".join(new_time), max_ts, max_rel)
+                      b"".join(new_time), max_ts_ms, max_rel)

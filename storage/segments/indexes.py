@@ -41,7 +41,7 @@ def load_offset_index(seg: Segment, next_base: int | None) -> bool:
     pos = array("I")
     prev_r, prev_p = -1, 0
     for r, p in INDEX_ENTRY.iter_unpack(raw):
-        if r <= prev_r or p <= prev_p or p >= seg.size:
+        if r <= prev_r or p <= prev_p or p >= seg.size_bytes:
             return False
         rel.append(r)
         pos.append(p)
@@ -57,7 +57,7 @@ def load_time_index(seg: Segment, next_base: int | None) -> bool:
     offsets never decreasing, none past the last .index entry's offset
     but, on a sealed segment (next_base given), one final entry within
     the segment (the roll's, checked against the data by the loader's quick
-    check). Sets max_ts/max_rel to the last entry at an .index entry."""
+    check). Sets max_ts_ms/max_rel to the last entry at an .index entry."""
     raw = os.pread(seg.time_fd, os.fstat(seg.time_fd).st_size, 0)
     if len(raw) % TIME_ENTRY.size:
         return False
@@ -79,8 +79,8 @@ def load_time_index(seg: Segment, next_base: int | None) -> bool:
         prev_t, prev_r = t, r
     if (at_index == 0) != (not seg.index_rel):
         return False
-    seg.time_ts, seg.time_rel = ts, rel
-    seg.max_ts, seg.max_rel = (ts[at_index - 1], rel[at_index - 1]) if at_index else (-1, 0)
+    seg.time_ts_ms, seg.time_rel = ts, rel
+    seg.max_ts_ms, seg.max_rel = (ts[at_index - 1], rel[at_index - 1]) if at_index else (-1, 0)
     return True
 
 
@@ -89,18 +89,18 @@ def final_time_entry(seg: Segment) -> tuple[int, int] | None:
     sealed: (largest timestamp, relative offset of its batch), or None
     when the last entry already holds that timestamp (only a larger one
     is appended)."""
-    if seg.max_ts <= (seg.time_ts[-1] if seg.time_ts else -1):
+    if seg.max_ts_ms <= (seg.time_ts_ms[-1] if seg.time_ts_ms else -1):
         return None
     if seg.time_rel and seg.max_rel < seg.time_rel[-1]:
         return None  # cannot happen from our own appends; never write a decreasing offset
-    return seg.max_ts, seg.max_rel
+    return seg.max_ts_ms, seg.max_rel
 
 
 def add_final_time_entry(seg: Segment) -> None:
     """In memory only: the sealed segment's final entry, as the roll wrote it."""
     entry = final_time_entry(seg)
     if entry is not None:
-        seg.time_ts.append(entry[0])
+        seg.time_ts_ms.append(entry[0])
         seg.time_rel.append(entry[1])
 
 
@@ -111,7 +111,7 @@ def seal_time_index(seg: Segment, lock: threading.Lock, logger: EventLogger) -> 
     entry = final_time_entry(seg)
     if entry is None:
         return
-    pre = len(seg.time_ts) * TIME_ENTRY.size
+    pre = len(seg.time_ts_ms) * TIME_ENTRY.size
     try:
         write_all(seg.time_fd, TIME_ENTRY.pack(*entry))
     except OSError as exc:
@@ -122,7 +122,7 @@ def seal_time_index(seg: Segment, lock: threading.Lock, logger: EventLogger) -> 
         logger.warning("timeindex_final_entry_failed", segment=seg.timeindex_path, error=exc.strerror)
         return
     with lock:
-        seg.time_ts.append(entry[0])
+        seg.time_ts_ms.append(entry[0])
         seg.time_rel.append(entry[1])
 
 
@@ -131,8 +131,8 @@ def unseal_time_index(seg: Segment, lock: threading.Lock) -> None:
     every later one): drop its final entry, so that an active segment's
     entries all sit at .index entries."""
     keep = bisect.bisect_right(seg.time_rel, seg.index_rel[-1]) if seg.index_rel else 0
-    if keep < len(seg.time_ts):
+    if keep < len(seg.time_ts_ms):
         os.ftruncate(seg.time_fd, keep * TIME_ENTRY.size)
         with lock:
-            del seg.time_ts[keep:]
+            del seg.time_ts_ms[keep:]
             del seg.time_rel[keep:]

@@ -85,7 +85,7 @@ class LogLoader:
         try:
             if not clean:
                 # A segment created by a roll just before a crash may hold nothing.
-                while len(segments) >= 2 and segments[-1].size == 0:
+                while len(segments) >= 2 and segments[-1].size_bytes == 0:
                     seg = segments.pop()
                     seg.delete()
                     self._log.warning("empty_segment_removed", segment=seg.log_path)
@@ -132,11 +132,11 @@ class LogLoader:
             prev_epoch = table.prev_epoch(i)
             try:
                 if is_last and not clean:
-                    verified_bytes += seg.size
+                    verified_bytes += seg.size_bytes
                     self.recover_last(seg, prev_epoch)
                 elif not clean and next_base is not None and next_base > recovery_point:
                     # Holds records at or past the recovery point: verify all of it.
-                    verified_bytes += seg.size
+                    verified_bytes += seg.size_bytes
                     self.rebuild_index(seg, next_base, prev_epoch, log_rebuilt=False)
                 elif not self.quick_check(seg, next_base, prev_epoch):
                     if next_base is None:  # clean marker but the tail disagrees: recover anyway
@@ -164,14 +164,14 @@ class LogLoader:
                                                 res.error or ""))
         del mm
         seg.set_index(res.index_rel, res.index_pos)
-        seg.set_time_index(res.time_ts, res.time_rel, res.max_ts, res.max_rel)
+        seg.set_time_index(res.time_ts_ms, res.time_rel, res.max_ts_ms, res.max_rel)
         seg.next_offset = res.next_offset
         seg.last_epoch = res.last_epoch if res.end_pos else -1
         if res.error_pos is not None:
-            truncated = seg.size - res.end_pos
+            truncated = seg.size_bytes - res.end_pos
             os.ftruncate(seg.fd, res.end_pos)
             os.fsync(seg.fd)
-            seg.size = res.end_pos
+            seg.size_bytes = res.end_pos
             self._log.warning("log_recovered", segment=seg.log_path, truncated_bytes=truncated,
                               from_offset=res.next_offset, position=res.end_pos, reason=res.error)
         seg.write_index_file()
@@ -182,9 +182,9 @@ class LogLoader:
         must end exactly at the file end (and at the next segment's base)."""
         if not load_offset_index(seg, next_base):
             return False
-        final = ((seg.time_ts[-1], seg.time_rel[-1])
+        final = ((seg.time_ts_ms[-1], seg.time_rel[-1])
                  if seg.time_rel and seg.time_rel[-1] > (seg.index_rel[-1] if seg.index_rel else -1) else None)
-        if not seg.index_rel and seg.size > self._interval:
+        if not seg.index_rel and seg.size_bytes > self._interval:
             return self._check_unindexed(seg, next_base, prev_epoch)
         start_pos = seg.last_index_pos
         start_offset = seg.base_offset
@@ -200,18 +200,18 @@ class LogLoader:
             if h.last_offset != seg.base_offset + seg.index_rel[-1]:
                 return False
             start_offset = h.base_offset
-        tail = os.pread(seg.fd, seg.size - start_pos, start_pos)
+        tail = os.pread(seg.fd, seg.size_bytes - start_pos, start_pos)
         # At the last .index entry the max timestamp so far is the last .timeindex entry's.
-        res = scan(tail, start_offset, -1, seg.base_offset, self._interval, seg.max_ts, seg.max_rel)
-        if res.error is not None or (seg.size and res.end_pos == 0):
+        res = scan(tail, start_offset, -1, seg.base_offset, self._interval, seg.max_ts_ms, seg.max_rel)
+        if res.error is not None or (seg.size_bytes and res.end_pos == 0):
             return False
         if next_base is not None and res.next_offset != next_base:
             return False
-        if final is not None and final != (res.max_ts, res.max_rel):
+        if final is not None and final != (res.max_ts_ms, res.max_rel):
             return False  # the roll's entry must name the segment's largest timestamp and its batch
-        seg.max_ts, seg.max_rel = res.max_ts, res.max_rel
+        seg.max_ts_ms, seg.max_rel = res.max_ts_ms, res.max_rel
         seg.next_offset = res.next_offset
-        seg.last_epoch = res.last_epoch if seg.size else -1
+        seg.last_epoch = res.last_epoch if seg.size_bytes else -1
         if seg.last_epoch >= 0 and seg.last_epoch < prev_epoch:
             return False
         return True
@@ -219,11 +219,11 @@ class LogLoader:
     def _check_unindexed(self, seg: Segment, next_base: int | None, prev_epoch: int) -> bool:
         """An empty index on a big segment: probably lost. The quick check's
         scan would cover the whole segment anyway, so rebuild it from that scan."""
-        tail = os.pread(seg.fd, seg.size, 0)
+        tail = os.pread(seg.fd, seg.size_bytes, 0)
         res = scan(tail, seg.base_offset, prev_epoch, seg.base_offset, self._interval)
         if res.error is not None or (next_base is not None and res.next_offset != next_base):
             return False
-        seg.set_time_index(res.time_ts, res.time_rel, res.max_ts, res.max_rel)
+        seg.set_time_index(res.time_ts_ms, res.time_rel, res.max_ts_ms, res.max_rel)
         if next_base is not None:
             add_final_time_entry(seg)
         if res.index_rel:
@@ -254,10 +254,10 @@ class LogLoader:
                 f"{seg.log_path} ends at offset {res.next_offset} (byte {res.end_pos}) but the "
                 f"next segment starts at offset {next_base}", seg.log_path, res.end_pos, res.next_offset)
         seg.set_index(res.index_rel, res.index_pos)
-        seg.set_time_index(res.time_ts, res.time_rel, res.max_ts, res.max_rel)
+        seg.set_time_index(res.time_ts_ms, res.time_rel, res.max_ts_ms, res.max_rel)
         add_final_time_entry(seg)  # sealed: as the roll wrote it
         seg.next_offset = res.next_offset
-        seg.last_epoch = res.last_epoch if seg.size else -1
+        seg.last_epoch = res.last_epoch if seg.size_bytes else -1
         seg.write_index_file()
         seg.sync_index_files()
         if log_rebuilt:

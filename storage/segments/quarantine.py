@@ -73,8 +73,8 @@ class Quarantine:
             raise ValueError(f"{report.path} is not a segment of the log in {self._dir} "
                              "(already quarantined or deleted?)")
         seg = segments[k]
-        if not 0 <= report.position <= seg.size:
-            raise ValueError(f"position {report.position} outside {seg.log_path} ({seg.size} bytes)")
+        if not 0 <= report.position <= seg.size_bytes:
+            raise ValueError(f"position {report.position} outside {seg.log_path} ({seg.size_bytes} bytes)")
         state = self.persist(self._table.end_offset, report)
         self.cut_and_rename(k, report.position)
         return state
@@ -151,14 +151,14 @@ class Quarantine:
     def _segment_of_prefix(self, base_offset: int, prefix: bytes, res: ScanResult) -> Segment:
         """A new segment file at `base_offset` holding `prefix`, synced, with its indexes."""
         fresh = Segment(self._dir, base_offset)
-        if fresh.size != 0:
+        if fresh.size_bytes != 0:
             raise InvariantViolation(f"{fresh.log_path} exists after the rename")
         if prefix:
             write_all(fresh.fd, prefix)
             os.fsync(fresh.fd)
-        fresh.size = len(prefix)
+        fresh.size_bytes = len(prefix)
         fresh.set_index(res.index_rel, res.index_pos)
-        fresh.set_time_index(res.time_ts, res.time_rel, res.max_ts, res.max_rel)
+        fresh.set_time_index(res.time_ts_ms, res.time_rel, res.max_ts_ms, res.max_rel)
         fresh.next_offset = res.next_offset
         fresh.last_epoch = res.last_epoch if prefix else -1
         fresh.write_index_file()

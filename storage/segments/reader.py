@@ -14,10 +14,10 @@ from metalog.storage.segments.segment import BatchInfo, Segment
 from metalog.storage.segments.segment_table import SegmentTable
 
 
-def read_range(table: SegmentTable, start_offset: int, end_offset: int, max_bytes: int, verify: bool) -> bytes:
+def read_range(table: SegmentTable, start_offset: int, end_offset: int, bytes_max: int, verify: bool) -> bytes:
     """Whole batches from the one containing start_offset, none with an
     offset >= end_offset (which the caller clamped to the log end), at most
-    max_bytes but always at least one batch when one qualifies."""
+    bytes_max but always at least one batch when one qualifies."""
     segments = table.segments
     k = table.index_for(start_offset)
     parts: list[bytes] = []
@@ -32,8 +32,8 @@ def read_range(table: SegmentTable, start_offset: int, end_offset: int, max_byte
         first_pos = found[0]
         end_pos = first_pos
         stop = False
-        for pos, _base, size, _epoch, nxt, _attrs in seg.walk(first_pos, seg.size):
-            if nxt > end_offset or (total + size > max_bytes and total):
+        for pos, _base, size, _epoch, nxt, _attrs in seg.walk(first_pos, seg.size_bytes):
+            if nxt > end_offset or (total + size > bytes_max and total):
                 stop = True
                 break
             total += size
@@ -85,5 +85,5 @@ def iter_headers(table: SegmentTable, offset: int) -> Iterator[BatchInfo]:
     for seg in table.segments[k:]:
         found = seg.locate(offset) if seg.base_offset <= offset else None
         pos = found[0] if found else 0
-        for p, base, size, epoch, nxt, attrs in seg.walk(pos, seg.size):
+        for p, base, size, epoch, nxt, attrs in seg.walk(pos, seg.size_bytes):
             yield BatchInfo(base, nxt, epoch, size, seg.base_offset, p, bool(attrs & B.ATTR_CONTROL))

@@ -32,16 +32,16 @@ class ScanResult(NamedTuple):
     index_rel: list[int]
     index_pos: list[int]
     last_index_pos: int
-    time_ts: list[int]  # the .timeindex entries
+    time_ts_ms: list[int]  # the .timeindex entries
     time_rel: list[int]
-    max_ts: int  # the largest batch max timestamp scanned, -1 if none
+    max_ts_ms: int  # the largest batch max timestamp scanned, -1 if none
     max_rel: int  # relative (last) offset of the batch holding it
     error_pos: int | None  # where the first bad byte run starts, None if clean
     error: str | None
 
 
 def scan(view: memoryview | bytes, start_offset: int, prev_epoch: int, seg_base: int,
-         index_interval_bytes: int, max_ts: int = -1, max_rel: int = 0) -> ScanResult:
+         index_interval_bytes: int, max_ts_ms: int = -1, max_rel: int = 0) -> ScanResult:
     """Verify batches (length, offsets, epoch order, CRC) from the start to
     the end of `view`; stop at the first problem and say where. Index and
     time-index entries are computed as append() would have written them."""
@@ -50,9 +50,9 @@ def scan(view: memoryview | bytes, start_offset: int, prev_epoch: int, seg_base:
     last_index_pos = 0
     rel: list[int] = []
     positions: list[int] = []
-    time_ts: list[int] = []
+    time_ts_ms: list[int] = []
     time_rel: list[int] = []
-    last_time_ts = max_ts  # a tail scan continues after an entry of this timestamp
+    last_time_ts_ms = max_ts_ms  # a tail scan continues after an entry of this timestamp
     error = None
     while pos < size:
         if size - pos < B.HEADER_SIZE:
@@ -77,21 +77,21 @@ def scan(view: memoryview | bytes, start_offset: int, prev_epoch: int, seg_base:
         except B.CorruptBatchError as exc:
             error = str(exc)
             break
-        if h.max_timestamp_ms > max_ts:
-            max_ts, max_rel = h.max_timestamp_ms, h.base_offset + h.last_offset_delta - seg_base
+        if h.max_timestamp_ms > max_ts_ms:
+            max_ts_ms, max_rel = h.max_timestamp_ms, h.base_offset + h.last_offset_delta - seg_base
         if pos - last_index_pos >= index_interval_bytes:
             rel.append(h.base_offset + h.last_offset_delta - seg_base)
             positions.append(pos)
             last_index_pos = pos
-            if max_ts > last_time_ts:
-                time_ts.append(max_ts)
+            if max_ts_ms > last_time_ts_ms:
+                time_ts_ms.append(max_ts_ms)
                 time_rel.append(max_rel)
-                last_time_ts = max_ts
+                last_time_ts_ms = max_ts_ms
         expected = h.next_offset
         epoch = h.leader_epoch
         pos += h.size
-    return ScanResult(pos, expected, epoch, rel, positions, last_index_pos, time_ts, time_rel,
-                      max_ts, max_rel, pos if error else None, error)
+    return ScanResult(pos, expected, epoch, rel, positions, last_index_pos, time_ts_ms, time_rel,
+                      max_ts_ms, max_rel, pos if error else None, error)
 
 
 def valid_batch_after(view: mmap.mmap | bytes, pos: int, expected: int) -> int | None:

@@ -39,7 +39,7 @@ class BatchInfo(NamedTuple):
     base_offset: int
     next_offset: int  # last offset + 1
     leader_epoch: int
-    size: int  # bytes on disk
+    size_bytes: int  # on disk
     segment_base_offset: int
     position: int  # byte position inside the segment file
     is_control: bool = False  # the control bit of the batch's attributes
@@ -53,7 +53,7 @@ class SegmentRef(NamedTuple):
     next_offset: int
     prev_epoch: int  # last epoch before this segment (-1 if none)
     log_path: str
-    size: int
+    size_bytes: int
     inode: int
     generation: int  # bumped when the owner truncates it or makes it active again
 
@@ -61,9 +61,9 @@ class SegmentRef(NamedTuple):
 class Segment:
     """One .log/.index/.timeindex triple and its in-memory index entries."""
 
-    __slots__ = ("base_offset", "log_path", "index_path", "fd", "index_fd", "size",
+    __slots__ = ("base_offset", "log_path", "index_path", "fd", "index_fd", "size_bytes",
                  "next_offset", "last_epoch", "index_rel", "index_pos", "last_index_pos", "generation",
-                 "timeindex_path", "time_fd", "time_ts", "time_rel", "max_ts", "max_rel")
+                 "timeindex_path", "time_fd", "time_ts_ms", "time_rel", "max_ts_ms", "max_rel")
 
     def __init__(self, directory: str, base_offset: int):
         self.base_offset = base_offset
@@ -82,20 +82,20 @@ class Segment:
         except BaseException:
             os.close(self.fd)
             raise
-        self.size = os.fstat(self.fd).st_size
+        self.size_bytes = os.fstat(self.fd).st_size
         self.next_offset = base_offset
         self.last_epoch = -1
         self.index_rel = array("I")
         self.index_pos = array("I")
         self.last_index_pos = 0
-        # The .timeindex entries; max_ts/max_rel: the largest batch max
+        # The .timeindex entries; max_ts_ms/max_rel: the largest batch max
         # timestamp (ms) of the segment and the relative last offset of its batch.
-        self.time_ts = array("q")
+        self.time_ts_ms = array("q")
         self.time_rel = array("I")
-        self.max_ts = -1
+        self.max_ts_ms = -1
         self.max_rel = 0
         # Unique per segment object and renewed whenever the content below
-        # `size` may change (truncation), so the scrubber can tell "same
+        # `size_bytes` may change (truncation), so the scrubber can tell "same
         # name, same size, even the same (reused) inode, other bytes" (ABA).
         self.generation = new_generation()
 
@@ -104,17 +104,17 @@ class Segment:
         self.index_pos = array("I", pos)
         self.last_index_pos = self.index_pos[-1] if self.index_pos else 0
 
-    def set_time_index(self, time_ts: list[int], time_rel: list[int], max_ts: int, max_rel: int) -> None:
-        self.time_ts = array("q", time_ts)
+    def set_time_index(self, time_ts_ms: list[int], time_rel: list[int], max_ts_ms: int, max_rel: int) -> None:
+        self.time_ts_ms = array("q", time_ts_ms)
         self.time_rel = array("I", time_rel)
-        self.max_ts, self.max_rel = max_ts, max_rel
+        self.max_ts_ms, self.max_rel = max_ts_ms, max_rel
 
     def write_index_file(self) -> None:
         """Replace the .index and .timeindex content with the in-memory entries."""
         data = b"".join(INDEX_ENTRY.pack(r, p) for r, p in zip(self.index_rel, self.index_pos))
         os.ftruncate(self.index_fd, 0)
         write_all(self.index_fd, data)
-        data = b"".join(TIME_ENTRY.pack(t, r) for t, r in zip(self.time_ts, self.time_rel))
+        data = b"".join(TIME_ENTRY.pack(t, r) for t, r in zip(self.time_ts_ms, self.time_rel))
         os.ftruncate(self.time_fd, 0)
         write_all(self.time_fd, data)
 
@@ -161,29 +161,29 @@ class Segment:
 
     def forget_past(self, cut: int, n_keep: int, t_keep: int, next_offset: int) -> None:
         """In memory, after `cut_files` (under the log's lock): the segment ends at `cut`."""
-        self.size = cut
+        self.size_bytes = cut
         del self.index_rel[n_keep:]
         del self.index_pos[n_keep:]
-        del self.time_ts[t_keep:]
+        del self.time_ts_ms[t_keep:]
         del self.time_rel[t_keep:]
         self.last_index_pos = self.index_pos[-1] if self.index_pos else 0
         self.next_offset = next_offset
 
     def map(self) -> mmap.mmap | bytes:
         """The whole .log, read-only mapped (b"" when empty: mmap refuses 0 bytes)."""
-        if self.size == 0:
+        if self.size_bytes == 0:
             return b""
-        return mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ)
+        return mmap.mmap(self.fd, self.size_bytes, access=mmap.ACCESS_READ)
 
-    def walk(self, pos: int, limit: int) -> Iterator[HeaderWalk]:
+    def walk(self, pos: int, end_pos: int) -> Iterator[HeaderWalk]:
         """(position, base offset, size, epoch, next offset, attributes) of each
-        batch from `pos` to `limit`, reading headers in SCAN_CHUNK_BYTES preads."""
+        batch from `pos` to `end_pos`, reading headers in SCAN_CHUNK_BYTES preads."""
         buf = b""
         buf_start = pos
-        while pos < limit:
+        while pos < end_pos:
             rel = pos - buf_start
             if rel + B.HEADER_SIZE > len(buf):
-                buf = os.pread(self.fd, min(SCAN_CHUNK_BYTES, limit - pos), pos)
+                buf = os.pread(self.fd, min(SCAN_CHUNK_BYTES, end_pos - pos), pos)
                 buf_start, rel = pos, 0
                 if len(buf) < B.HEADER_SIZE:
                     raise CorruptLogError(f"{self.log_path}: short read of a batch header at byte {pos}",
@@ -192,7 +192,7 @@ class Segment:
             (delta,) = LAST_DELTA.unpack_from(buf, rel + LAST_DELTA_POS)
             (attributes,) = ATTRIBUTES.unpack_from(buf, rel + ATTRIBUTES_POS)
             size = B.LOG_OVERHEAD + length
-            if length < B.HEADER_SIZE - B.LOG_OVERHEAD or pos + size > limit:
+            if length < B.HEADER_SIZE - B.LOG_OVERHEAD or pos + size > end_pos:
                 raise CorruptLogError(f"{self.log_path}: bad batch length {length} at byte {pos}",
                                       self.log_path, pos, base)
             yield pos, base, size, epoch, base + delta + 1, attributes
@@ -207,7 +207,7 @@ class Segment:
         else:
             pos, expect = 0, None
         first = True
-        for item in self.walk(pos, self.size):
+        for item in self.walk(pos, self.size_bytes):
             if first and (item[1] != self.base_offset if expect is None else item[4] - 1 != expect):
                 got, want = (item[1], self.base_offset) if expect is None else (item[4] - 1, expect)
                 what = "base" if expect is None else "last"
@@ -221,7 +221,7 @@ class Segment:
     def tail_epoch(self) -> int:
         """Leader epoch of the last batch (walking from the last .index entry), -1 if none."""
         epoch = -1
-        for _pos, _base, _size, e, _nxt, _attrs in self.walk(self.last_index_pos, self.size):
+        for _pos, _base, _size, e, _nxt, _attrs in self.walk(self.last_index_pos, self.size_bytes):
             epoch = e
         return epoch
 
@@ -229,8 +229,8 @@ class Segment:
         """(largest batch max timestamp, its batch's relative last offset) of
         the segment: the last .timeindex entry's, then the batches after the
         last .index entry (which the entry does not cover)."""
-        best = (self.time_ts[-1], self.time_rel[-1]) if self.time_ts else (-1, 0)
-        tail = os.pread(self.fd, self.size - self.last_index_pos, self.last_index_pos)
+        best = (self.time_ts_ms[-1], self.time_rel[-1]) if self.time_ts_ms else (-1, 0)
+        tail = os.pread(self.fd, self.size_bytes - self.last_index_pos, self.last_index_pos)
         for _pos, h in B.iter_batches(tail, verify=False):
             if h.max_timestamp_ms > best[0]:
                 best = (h.max_timestamp_ms, h.last_offset - self.base_offset)

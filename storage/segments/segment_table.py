@@ -47,10 +47,10 @@ class SegmentTable:
 
     def prev_epoch(self, i: int) -> int:
         """Epoch of the last batch before segment i, -1 if none."""
-        return next((s.last_epoch for s in reversed(self.segments[:i]) if s.size), -1)
+        return next((s.last_epoch for s in reversed(self.segments[:i]) if s.size_bytes), -1)
 
     def epoch_of_last_batch(self) -> int:
-        return next((s.last_epoch for s in reversed(self.segments) if s.size), -1)
+        return next((s.last_epoch for s in reversed(self.segments) if s.size_bytes), -1)
 
     def forget_unsynced(self, doomed: list[Segment]) -> None:
         """Under `lock`: a flush must not sync segments that are going away."""
@@ -77,7 +77,7 @@ class SegmentTable:
                 except OSError:  # closed by a concurrent truncation
                     continue
                 out.append(SegmentRef(seg.base_offset, self.segments[i + 1].base_offset,
-                                      self.prev_epoch(i), seg.log_path, seg.size, inode, seg.generation))
+                                      self.prev_epoch(i), seg.log_path, seg.size_bytes, inode, seg.generation))
             return out
 
     def unchanged(self, ref: SegmentRef) -> bool:
@@ -87,7 +87,7 @@ class SegmentTable:
             for seg in self.segments[:-1]:
                 if seg.base_offset == ref.base_offset and seg.log_path == ref.log_path:
                     try:
-                        return (seg.size == ref.size and seg.generation == ref.generation
+                        return (seg.size_bytes == ref.size_bytes and seg.generation == ref.generation
                                 and os.fstat(seg.fd).st_ino == ref.inode)
                     except OSError:
                         return False

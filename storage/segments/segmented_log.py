@@ -262,13 +262,13 @@ class SegmentedLog:
         t = self._table
         active = t.segments[-1]
         end = t.end_offset
-        roll = active.size > 0 and (
-            active.size + n > self._segment_bytes_max or end - active.base_offset >= RELATIVE_OFFSET_ROLL)
+        roll = active.size_bytes > 0 and (
+            active.size_bytes + n > self._segment_bytes_max or end - active.base_offset >= RELATIVE_OFFSET_ROLL)
         if roll:
             start = AppendStart(end, 0, end, t.last_epoch, 0, -1, 0, -1)
         else:
-            start = AppendStart(active.base_offset, active.size, end, t.last_epoch, active.last_index_pos,
-                                active.max_ts, active.max_rel, active.time_ts[-1] if active.time_ts else -1)
+            start = AppendStart(active.base_offset, active.size_bytes, end, t.last_epoch, active.last_index_pos,
+                                active.max_ts_ms, active.max_rel, active.time_ts_ms[-1] if active.time_ts_ms else -1)
         plan = plan_append(view, start, self._index_interval_bytes, self._verify_appends)
         # A roll happens before a segment passes segment_bytes_max (<= U32_MAX).
         invariant(start.file_start + n <= U32_MAX, "segment positions must fit the u32 index")
@@ -277,7 +277,7 @@ class SegmentedLog:
             active = t.segments[-1]
         self._write_or_roll_back(active, view, plan)
         with t.lock:
-            active.size += n
+            active.size_bytes += n
             active.next_offset = plan.next_offset
             active.last_epoch = plan.last_epoch
             if plan.index_rel:
@@ -285,9 +285,9 @@ class SegmentedLog:
                 active.index_pos.extend(plan.index_pos)
                 active.last_index_pos = plan.last_index_pos
             for ts, r in TIME_ENTRY.iter_unpack(plan.time_entries):
-                active.time_ts.append(ts)
+                active.time_ts_ms.append(ts)
                 active.time_rel.append(r)
-            active.max_ts, active.max_rel = plan.max_ts, plan.max_rel
+            active.max_ts_ms, active.max_rel = plan.max_ts_ms, plan.max_rel
             t.end_offset = plan.next_offset
             t.last_epoch = plan.last_epoch
         return plan.headers
@@ -295,9 +295,9 @@ class SegmentedLog:
     def _write_or_roll_back(self, active: Segment, view: memoryview, plan: AppendPlan) -> None:
         """Write the batches and their index entries; on an OSError cut every
         file back to its size before and raise LogWriteError."""
-        pre_size = active.size
+        pre_size = active.size_bytes
         pre_index_bytes = len(active.index_rel) * INDEX_ENTRY.size
-        pre_time_bytes = len(active.time_ts) * TIME_ENTRY.size
+        pre_time_bytes = len(active.time_ts_ms) * TIME_ENTRY.size
         try:
             write_all(active.fd, view)
             if plan.index_entries:
@@ -318,8 +318,8 @@ class SegmentedLog:
         t = self._table
         seal_time_index(t.segments[-1], t.lock, self._log)  # Kafka's onBecomeInactiveSegment
         seg = Segment(self._dir, base_offset)
-        if seg.size != 0:
-            raise InvariantViolation(f"{seg.log_path} already exists with {seg.size} bytes")
+        if seg.size_bytes != 0:
+            raise InvariantViolation(f"{seg.log_path} already exists with {seg.size_bytes} bytes")
         with t.lock:
             t.unsynced_rolled.append(t.segments[-1])
             t.segments.append(seg)
@@ -379,9 +379,9 @@ class SegmentedLog:
             return flushed
 
     # ------------------------------------------------------------------ read
-    def read(self, start_offset: int, end_offset: int, max_bytes: int, verify: bool | None = None) -> bytes:
+    def read(self, start_offset: int, end_offset: int, bytes_max: int, verify: bool | None = None) -> bytes:
         """Whole batches from the one containing start_offset, none with an
-        offset >= end_offset, at most max_bytes but always at least one batch
+        offset >= end_offset, at most bytes_max but always at least one batch
         when one qualifies; b"" when none does. Crosses segment boundaries.
         `verify` overrides verify_reads for this call (False only for callers
         that never serve the bytes: the consistency digest takes the stored CRCs)."""
@@ -391,7 +391,7 @@ class SegmentedLog:
         end_offset = min(end_offset, self._table.end_offset)
         if start_offset >= end_offset:
             return b""
-        return read_range(self._table, start_offset, end_offset, max_bytes,
+        return read_range(self._table, start_offset, end_offset, bytes_max,
                           self._verify_reads if verify is None else verify)
 
     def iter_batch_headers(self, start_offset: int | None = None) -> Iterator[BatchInfo]:
@@ -407,7 +407,7 @@ class SegmentedLog:
         KIP-853 voter records): found by header, read one by one."""
         for info in self.iter_batch_headers():
             if info.is_control and info.base_offset >= self._table.log_start_offset:
-                yield self.read(info.base_offset, info.next_offset, info.size)
+                yield self.read(info.base_offset, info.next_offset, info.size_bytes)
 
     def batch_epochs(self) -> list[tuple[int, int]]:
         """(epoch, start offset) at each epoch change from the log start, to

@@ -57,7 +57,7 @@ def cut_tail(table: SegmentTable, rp: RecoveryPoint, directory: str, end_offset:
         unseal_time_index(active, table.lock)  # active again: the roll's entry goes
     else:
         active.last_epoch = active.tail_epoch()
-        active.max_ts, active.max_rel = active.max_timestamp()
+        active.max_ts_ms, active.max_rel = active.max_timestamp()
     table.last_epoch = table.epoch_of_last_batch()
     if doomed:
         fsync_dir(directory)
@@ -75,8 +75,8 @@ def restart_empty(table: SegmentTable, rp: RecoveryPoint, directory: str, new_st
     for s in doomed:
         s.delete()
     seg = Segment(directory, new_start_offset)
-    if seg.size != 0:
-        raise InvariantViolation(f"{seg.log_path} exists with {seg.size} bytes after every segment was deleted")
+    if seg.size_bytes != 0:
+        raise InvariantViolation(f"{seg.log_path} exists with {seg.size_bytes} bytes after every segment was deleted")
     fsync_dir(directory)
     with table.lock:
         table.segments, table.bases = [seg], [new_start_offset]

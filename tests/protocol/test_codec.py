@@ -283,7 +283,7 @@ def test_truncated_frame_is_need_data():
 
 
 def test_oversized_length_rejected_before_the_body_arrives():
-    dec = FrameDecoder(max_frame_bytes=1000)
+    dec = FrameDecoder(frame_bytes_max=1000)
     dec.feed(struct.pack(">i", 1001))  # only the length: no body was sent or buffered
     with pytest.raises(codec.FrameTooLarge, match="frame of 1001 bytes, above max_frame_bytes=1000"):
         dec.next_frame()
@@ -293,7 +293,7 @@ def test_oversized_length_rejected_before_the_body_arrives():
 
 
 def test_huge_length_does_not_allocate():
-    dec = FrameDecoder(max_frame_bytes=1 << 20)
+    dec = FrameDecoder(frame_bytes_max=1 << 20)
     dec.feed(b"\x7f\xff\xff\xff")
     with pytest.raises(codec.FrameTooLarge):
         dec.next_frame()
@@ -311,7 +311,7 @@ def test_negative_length_is_malformed():
 @given(st.binary(max_size=300))
 def test_garbage_gives_only_documented_outcomes(garbage):
     """Random bytes through decoder and request decoding: frames or documented errors, nothing else."""
-    dec = FrameDecoder(max_frame_bytes=256)
+    dec = FrameDecoder(frame_bytes_max=256)
     dec.feed(garbage)
     while True:
         try:

@@ -58,7 +58,7 @@ def test_verifying_a_file_holds_a_block_not_the_file(big):
     size = os.path.getsize(path)
     assert size > 5 * READ_BLOCK_BYTES
     layout, peak = peak_alloc_bytes(lambda: verify_snapshot_file(path, SID))
-    assert layout.size == size
+    assert layout.size_bytes == size
     # A block, the batch straddling it, and the layout's headers; the whole
     # file (what the check read before) is 24 MiB.
     assert peak < READ_BLOCK_BYTES + 4 * MIB, f"peak {peak / MIB:.1f} MiB for a {size / MIB:.1f} MiB file"

@@ -105,7 +105,7 @@ def dump(path: str, out: TextIO, err: TextIO, max_records: int | None = None, *,
             print(f"metalog dump: {exc}", file=err)
             return 1
         print(json.dumps({"snapshot": {"end_offset": sid.end_offset, "epoch": sid.epoch,
-                                       "records": layout.records, "bytes": layout.size}}), file=out)
+                                       "records": layout.records, "bytes": layout.size_bytes}}), file=out)
     return 0
 
 

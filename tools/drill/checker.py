@@ -165,7 +165,7 @@ def read_replica(node: int, data_dir: str) -> ReplicaLog:
         for info in log.iter_batch_headers():
             raw = log.read(max(info.base_offset, log.log_start_offset), info.next_offset, 1 << 30)
             assert raw, f"node {node}: batch at {info.base_offset} read back empty"
-            batches.append((info.base_offset, info.next_offset, info.leader_epoch, bytes(raw[:info.size])))
+            batches.append((info.base_offset, info.next_offset, info.leader_epoch, bytes(raw[:info.size_bytes])))
         return ReplicaLog(node, log.log_start_offset, log.log_end_offset, batches)
     finally:
         log.close()
