@@ -26,7 +26,7 @@ import sys
 import time
 import traceback
 
-from metalog.broker.client import AuthorizationError, ClusterUnavailable, LogTruncationError, MetalogError
+from metalog.broker.client import AuthorizationError, ClusterUnavailable, LogTruncationError, MetalogError, TlsFailure
 from metalog.broker.client.config import ClientConfigError
 from metalog.broker.server.recovery import META_FILE
 from metalog.broker.server.logging_setup import configure_logging
@@ -38,7 +38,7 @@ from metalog.tools.cli import certs as certs_cli
 from metalog.tools.cli import cluster as cluster_cli
 from metalog.tools.cli import dump
 from metalog.tools.cli import storage as storage_cli
-from metalog.tools.cli.client_options import DEFAULT_CLUSTER_ID, add_client_args, make_client
+from metalog.tools.cli.client_options import DEFAULT_CLUSTER_ID, add_client_args, make_client, tls_hint
 from metalog.tools.cli.cluster import ClusterCliError, dir_flag, running_nodes
 from metalog.tools.cli.dump import record_json
 from metalog.tools.cluster.compose import cluster_from_compose
@@ -579,6 +579,8 @@ def main(argv: list[str]) -> int:
         if getattr(args, "insecure", False) and isinstance(exc, ClusterUnavailable):
             # A TLS broker closes a plaintext connection (or never answers it): say the likely cause.
             hint = " (plaintext to a TLS port? if the cluster uses TLS, drop --insecure)"
+        elif isinstance(exc, TlsFailure):  # whose CA and certificate: perhaps another cluster's
+            hint = tls_hint(args)
         print(f"metalog: error: {exc}{hint}", file=sys.stderr)
         return 1
     except (OSError, TimeoutError) as exc:
