@@ -54,7 +54,7 @@ def error_response(req: m.Body, code: int, message: str | None,
         return m.RemoveRaftVoterResponse(error_code=code, error_message=message)
     if t is m.UpdateRaftVoterRequest:
         return m.UpdateRaftVoterResponse(error_code=code, error_message=message, current_leader=cl)
-    if t is m.UpdateFeaturesRequest:
+    if isinstance(req, m.UpdateFeaturesRequest):
         return m.UpdateFeaturesResponse(error_code=code, error_message=message, results=[
             m.UpdatableFeatureResult(u.feature, code, message) for u in req.feature_updates])
     return m.ErrorResponse(error_code=code, error_message=message or "")

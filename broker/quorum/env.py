@@ -14,6 +14,10 @@ import random
 from dataclasses import dataclass
 from typing import Protocol
 
+# The type of the core's randomness, for the modules that annotate with it
+# (only this module imports `random`).
+Random = random.Random
+
 
 class Clock(Protocol):
     def now_ms(self) -> int:

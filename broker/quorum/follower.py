@@ -5,20 +5,23 @@ fetch timeout that makes a voter stand when its leader goes quiet."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeGuard, TypeVar
 
 from metalog.broker.quorum.api import WriteSnapshotChunk
 from metalog.broker.quorum.outbox import RETRY_BACKOFF_MS, RequestKind
-from metalog.broker.quorum.roles import RETRY_BACKOFF_BASE_MS, Role, RoleState
+from metalog.broker.quorum.roles import RETRY_BACKOFF_BASE_MS, Role, RoleContext, RoleState
 from metalog.broker.quorum.voters import VoterSet, voter_sets_in
 from metalog.protocol import messages as m
 from metalog.protocol.errors import Errors
 from metalog.storage.batch import BatchStream, CorruptBatchError
 
 if TYPE_CHECKING:
-    from metalog.broker.quorum.core import QuorumCore
+    from metalog.broker.quorum.api import Action
+    from metalog.broker.quorum.env import Random
 
 NO_LEADER = m.NO_LEADER
+# The answers of the fetch loop that restart the fetch timeout.
+_Answer = TypeVar("_Answer", m.FetchResponse, m.OffsetsForLeaderEpochResponse)
 # A connection-level failure of a request to the leader (refused, reset: the
 # driver's reason names it) means its process is gone, not slow -- what TCP
 # reports after kill -9 while the host is up. Reasons that contain one of these.
@@ -48,6 +51,30 @@ class SnapshotDownload:
                 self.voter_set = found[-1][1]
 
 
+class FollowerContext(RoleContext, Protocol):
+    """What a follower or observer may use of its owner, beyond RoleContext."""
+
+    @property
+    def random(self) -> Random:
+        """Whom an observer with no leader asks."""
+        ...
+
+    @property
+    def fatal_reason(self) -> str | None: ...
+
+    def emit(self, action: Action) -> None:
+        """Add an action to the step's list (a snapshot chunk to write)."""
+        ...
+
+    def stand(self, now_ms: int) -> None: ...
+
+    def transition(self, new: RoleState, now_ms: int) -> None:
+        """Make `new` the role (an observer that loses its leader or votes)."""
+        ...
+
+    def become_leaderless_voter(self, now_ms: int) -> None: ...
+
+
 class FollowerState(RoleState):
     """A voter following the epoch's leader, or an observer (a non-voter,
     with or without a known leader: without one it asks a random voter)."""
@@ -55,9 +82,11 @@ class FollowerState(RoleState):
     __slots__ = ("fetch_deadline_ms", "fetch_inflight", "fetch_retry_at_ms", "need_epoch_check", "download",
                  "_start", "membership_inflight", "membership_at_ms", "voter_updated")
 
-    def __init__(self, core: QuorumCore, epoch: int, leader_id: int, voted_id: int, *, start: bool = True,
+    ctx: FollowerContext
+
+    def __init__(self, ctx: FollowerContext, epoch: int, leader_id: int, voted_id: int, *, start: bool = True,
                  fetch_retry_at_ms: int = 0, need_epoch_check: bool = False):
-        super().__init__(core, Role.FOLLOWER if core.is_voter else Role.OBSERVER, epoch, leader_id, voted_id)
+        super().__init__(ctx, Role.FOLLOWER if ctx.electorate.is_voter else Role.OBSERVER, epoch, leader_id, voted_id)
         self.fetch_deadline_ms: int | None = None
         self.fetch_inflight: int | None = None  # request id of the fetch-loop request in flight
         self.fetch_retry_at_ms = fetch_retry_at_ms
@@ -82,27 +111,27 @@ class FollowerState(RoleState):
         """KIP-853: the voter set changed; Kafka's FollowerState serves voters
         and observers alike, so the role changes in place (the election state
         on disk -- epoch, leader, vote -- is the same)."""
-        self.role = Role.FOLLOWER if self.core.is_voter else Role.OBSERVER
+        self.role = Role.FOLLOWER if self.ctx.electorate.is_voter else Role.OBSERVER
 
     def on_voters_changed(self, now_ms: int) -> None:
         """An observer that knew no leader became a voter (KIP-853, sim seed
         932): a voter without a leader must wait for an election (and stand
         when its timer runs out), not sit still as a leaderless follower."""
-        if self.core.is_voter and self.leader_id < 0:
-            self.core.become_leaderless_voter(now_ms)
+        if self.ctx.electorate.is_voter and self.leader_id < 0:
+            self.ctx.become_leaderless_voter(now_ms)
 
     def start_following(self, now_ms: int) -> None:
-        log = self.core.log
+        log = self.ctx.log
         self.fetch_inflight = None
         self.download = None
         self.fetch_retry_at_ms = now_ms
-        self.fetch_deadline_ms = now_ms + self.core.config.fetch_timeout_ms
+        self.fetch_deadline_ms = now_ms + self.ctx.config.fetch_timeout_ms
         # KIP-320: a new leader (or epoch) first validates our log's end.
         self.need_epoch_check = self.leader_id >= 0 and log.log_end_offset > log.log_start_offset
 
     # -- time ----------------------------------------------------------------
 
-    def running_deadline(self) -> int | None:
+    def running_deadline_ms(self) -> int | None:
         return self.election_deadline_ms if self.election_deadline_ms is not None else self.fetch_deadline_ms
 
     def deadlines(self, now_ms: int) -> list[int]:
@@ -112,28 +141,29 @@ class FollowerState(RoleState):
         if self.membership_at_ms > now_ms and self.membership_inflight is None and self._membership_request():
             ds.append(self.membership_at_ms)
         # While our appended data is unflushed, FlushCompleted wakes us: no tick.
-        log = self.core.log
+        log = self.ctx.log
         if (self.fetch_inflight is None and self.fetch_retry_at_ms > now_ms
                 and log.flushed_end_offset >= log.log_end_offset):
             ds.append(self.fetch_retry_at_ms)
         return ds
 
     def poll(self, now_ms: int) -> None:
-        core = self.core
+        ctx = self.ctx
         if self.leader_id >= 0 and self.fetch_deadline_ms is not None and now_ms >= self.fetch_deadline_ms:
-            if core.is_voter:
-                if not core.shutting_down:
-                    core.stand(now_ms)
+            if ctx.electorate.is_voter:
+                if not ctx.shutting_down:
+                    ctx.stand(now_ms)
                 return
             # An observer forgets the silent leader and rediscovers one.
-            core.transition(FollowerState(core, self.epoch, NO_LEADER, self.voted_id), now_ms)
-            core.state.maybe_send_fetch(now_ms)
+            nobody = FollowerState(ctx, self.epoch, NO_LEADER, self.voted_id)
+            ctx.transition(nobody, now_ms)
+            nobody.maybe_send_fetch(now_ms)
             return
         self.maybe_send_fetch(now_ms)
         if now_ms >= self.membership_at_ms and self.membership_inflight is None:
             req = self._membership_request()
             if req is not None:
-                self.membership_inflight = self.core.send(self.leader_id, req, RequestKind.MEMBERSHIP)
+                self.membership_inflight = self.ctx.send(self.leader_id, req, RequestKind.MEMBERSHIP)
 
     # -- our own place in the voter set (KIP-853 UpdateRaftVoter, KIP-1186) ----
 
@@ -149,29 +179,29 @@ class FollowerState(RoleState):
           for that stale voter first; else AddRaftVoter for our own key. The
           leader refuses (REQUEST_TIMED_OUT) until we are caught up.
         """
-        core = self.core
-        vs = core.voter_set
-        cfg = core.config
+        ctx = self.ctx
+        vs = ctx.electorate.voter_set
+        cfg = ctx.config
         if (self.leader_id < 0 or vs.kraft_version != 1 or vs.unknown or not cfg.listeners
-                or core.shutting_down or core.directory_id == m.NO_DIRECTORY_ID):
+                or ctx.shutting_down or ctx.electorate.directory_id == m.NO_DIRECTORY_ID):
             return None
         listeners = [m.RaftListener(*ln) for ln in cfg.listeners]
-        if core.is_voter:
-            if self.voter_updated or tuple(vs.endpoints.get(core.node_id, ())) == cfg.listeners:
+        if ctx.electorate.is_voter:
+            if self.voter_updated or tuple(vs.endpoints.get(ctx.electorate.node_id, ())) == cfg.listeners:
                 return None
             return m.UpdateRaftVoterRequest(
-                cluster_id=cfg.cluster_id, current_leader_epoch=self.epoch, voter_id=core.node_id,
-                voter_directory_id=core.directory_id, listeners=listeners)
+                cluster_id=cfg.cluster_id, current_leader_epoch=self.epoch, voter_id=ctx.electorate.node_id,
+                voter_directory_id=ctx.electorate.directory_id, listeners=listeners)
         if not cfg.auto_join_enable:
             return None
         # The leader answers once the change commits, or at this timeout: before ours.
         timeout_ms = cfg.request_timeout_ms * 3 // 4
-        stale = vs.directory_ids.get(core.node_id)
+        stale = vs.directory_ids.get(ctx.electorate.node_id)
         if stale is not None:
-            return m.RemoveRaftVoterRequest(cluster_id=cfg.cluster_id, voter_id=core.node_id,
+            return m.RemoveRaftVoterRequest(cluster_id=cfg.cluster_id, voter_id=ctx.electorate.node_id,
                                             voter_directory_id=stale, timeout_ms=timeout_ms)
-        return m.AddRaftVoterRequest(cluster_id=cfg.cluster_id, voter_id=core.node_id,
-                                     voter_directory_id=core.directory_id, listeners=listeners,
+        return m.AddRaftVoterRequest(cluster_id=cfg.cluster_id, voter_id=ctx.electorate.node_id,
+                                     voter_directory_id=ctx.electorate.directory_id, listeners=listeners,
                                      timeout_ms=timeout_ms)
 
     def on_membership_answer(self, request_id: int, resp: m.Body, now_ms: int) -> None:
@@ -184,52 +214,52 @@ class FollowerState(RoleState):
         # Refused (not caught up yet, another change in progress, ...) or
         # done (an add or a removal committed: we see it once we replicate
         # it): look again after a fetch timeout, as Kafka's timer does.
-        self.membership_at_ms = now_ms + self.core.config.fetch_timeout_ms
+        self.membership_at_ms = now_ms + self.ctx.config.fetch_timeout_ms
 
     def on_membership_failed(self, request_id: int, now_ms: int) -> None:
         self.on_membership_answer(request_id, m.ErrorResponse(error_code=Errors.REQUEST_TIMED_OUT), now_ms)
 
 
-    def grant_vote(self, req: m.VoteRequest, running_deadline: int | None, now_ms: int) -> bool:
+    def grant_vote(self, req: m.VoteRequest, running_deadline_ms: int | None, now_ms: int) -> bool:
         """Only an observer addressed by its own voter key gets here with a
         chance (KIP-853: a voter that has not replicated the VotersRecord
         adding it). One persisted vote per epoch, none while a leader of
         the epoch is known, only for a log at least as up to date. A voter
         following a leader never grants (it hears from that leader)."""
-        core = self.core
-        if core.is_voter or self.leader_id >= 0:
+        ctx = self.ctx
+        if ctx.electorate.is_voter or self.leader_id >= 0:
             return False
         if self.voted_id >= 0:
             return self.voted_id == req.candidate_id
-        log = core.log
+        log = ctx.log
         if not log.up_to_date(req.last_offset_epoch, req.last_offset):
             return False
         # Still an observer (it keeps fetching); the vote is persisted before the answer.
-        core.transition(FollowerState(core, self.epoch, NO_LEADER, req.candidate_id, start=False,
+        ctx.transition(FollowerState(ctx, self.epoch, NO_LEADER, req.candidate_id, start=False,
                                       fetch_retry_at_ms=self.fetch_retry_at_ms,
                                       need_epoch_check=self.need_epoch_check), now_ms)
         return True
 
     def postpone_candidacy(self, now_ms: int) -> None:
         super().postpone_candidacy(now_ms)
-        self.fetch_deadline_ms = now_ms + self.core.config.fetch_timeout_ms
+        self.fetch_deadline_ms = now_ms + self.ctx.config.fetch_timeout_ms
 
     def on_end_quorum_epoch(self, req: m.EndQuorumEpochRequest, now_ms: int) -> None:
-        core = self.core
-        if not core.is_voter or self.leader_id != req.leader_id or core.shutting_down:
+        ctx = self.ctx
+        if not ctx.electorate.is_voter or self.leader_id != req.leader_id or ctx.shutting_down:
             return
         # The leader is leaving: the most caught-up successor goes first, and
         # we grant the others' pre-votes (KIP-996) without waiting out the
         # fetch timeout.
-        core.forget_leader_contact()
+        ctx.elections.forget_leader_contact()
         succ = req.preferred_successors
-        backoff_max_ms = core.config.election_backoff_max_ms
-        if core.node_id in succ:
-            pos = succ.index(core.node_id)
-            backoff = 0 if pos == 0 else min(RETRY_BACKOFF_BASE_MS << (pos - 1), backoff_max_ms)
+        backoff_max_ms = ctx.config.election_backoff_max_ms
+        if ctx.electorate.node_id in succ:
+            pos = succ.index(ctx.electorate.node_id)
+            backoff_ms = 0 if pos == 0 else min(RETRY_BACKOFF_BASE_MS << (pos - 1), backoff_max_ms)
         else:
-            backoff = backoff_max_ms
-        self.fetch_deadline_ms = min(self.fetch_deadline_ms or now_ms + backoff, now_ms + backoff)
+            backoff_ms = backoff_max_ms
+        self.fetch_deadline_ms = min(self.fetch_deadline_ms or now_ms + backoff_ms, now_ms + backoff_ms)
 
     # -- the log changed under us ---------------------------------------------
 
@@ -245,46 +275,47 @@ class FollowerState(RoleState):
     def maybe_send_fetch(self, now_ms: int) -> None:
         if self.fetch_inflight is not None or now_ms < self.fetch_retry_at_ms:
             return
-        core = self.core
-        log = core.log
+        ctx = self.ctx
+        log = ctx.log
         if log.flushed_end_offset < log.log_end_offset:
             return  # never report an unflushed offset: wait for FlushCompleted
         leader = self.leader_id
-        cfg = core.config
+        cfg = ctx.config
         if leader < 0:
-            if core.is_voter or not core.others:
+            others = ctx.electorate.others
+            if ctx.electorate.is_voter or not others:
                 return
             # Observer: ask a random voter; any answer names the leader. Never
             # ourselves: a wiped voter's node id is still in the set (KIP-853).
-            dest = core.others[core.random.randrange(len(core.others))]
-            self.fetch_inflight = core.send(dest, self._fetch_request(), RequestKind.FETCH)
+            dest = others[ctx.random.randrange(len(others))]
+            self.fetch_inflight = ctx.send(dest, self._fetch_request(), RequestKind.FETCH)
             return
         if self.download is not None:
             d = self.download
-            self.fetch_inflight = core.send(leader, m.FetchSnapshotRequest(
-                cluster_id=cfg.cluster_id, replica_id=core.node_id, current_leader_epoch=self.epoch,
+            self.fetch_inflight = ctx.send(leader, m.FetchSnapshotRequest(
+                cluster_id=cfg.cluster_id, replica_id=ctx.electorate.node_id, current_leader_epoch=self.epoch,
                 snapshot_id=d.snapshot_id, position=d.position, max_bytes=cfg.snapshot_chunk_bytes,
-                replica_directory_id=core.directory_id,
+                replica_directory_id=ctx.electorate.directory_id,
             ), RequestKind.FETCH_SNAPSHOT, d.position)
         elif self.need_epoch_check:
-            self.fetch_inflight = core.send(leader, m.OffsetsForLeaderEpochRequest(
-                cluster_id=cfg.cluster_id, replica_id=core.node_id, current_leader_epoch=self.epoch,
+            self.fetch_inflight = ctx.send(leader, m.OffsetsForLeaderEpochRequest(
+                cluster_id=cfg.cluster_id, replica_id=ctx.electorate.node_id, current_leader_epoch=self.epoch,
                 leader_epoch=log.last_epoch(),
             ), RequestKind.EPOCH_CHECK)
         else:
-            self.fetch_inflight = core.send(leader, self._fetch_request(), RequestKind.FETCH)
+            self.fetch_inflight = ctx.send(leader, self._fetch_request(), RequestKind.FETCH)
 
     def _fetch_request(self) -> m.FetchRequest:
-        core = self.core
-        cfg = core.config
-        log = core.log
+        ctx = self.ctx
+        cfg = ctx.config
+        log = ctx.log
         return m.FetchRequest(
-            cluster_id=cfg.cluster_id, replica_id=core.node_id,
+            cluster_id=cfg.cluster_id, replica_id=ctx.electorate.node_id,
             max_wait_ms=cfg.fetch_max_wait_ms, current_leader_epoch=self.epoch,
             fetch_offset=log.flushed_end_offset,
             last_fetched_epoch=max(log.last_epoch(), 0),
             log_start_offset=log.log_start_offset, max_bytes=cfg.fetch_max_bytes,
-            replica_directory_id=core.directory_id,
+            replica_directory_id=ctx.electorate.directory_id,
         )
 
     # -- answers -----------------------------------------------------------------
@@ -312,7 +343,7 @@ class FollowerState(RoleState):
         We also stop refusing the other followers' pre-votes for it (they see
         the same resets). Safety does not depend on it: an election is only
         an election."""
-        self.core.forget_leader_contact()
+        self.ctx.elections.forget_leader_contact()
         self.stand_soon(now_ms)
 
     def stand_soon(self, now_ms: int) -> None:
@@ -321,10 +352,7 @@ class FollowerState(RoleState):
         whole fetch timeout before we stand (ask for pre-votes) again."""
         if self.leader_id < 0 or self.fetch_deadline_ms is None:
             return  # no leader to wait for (an observer of nobody)
-        t = self.core.config.election_timeout_ms
-        lo = t // 10
-        delay = lo + (self.core.random.randrange(t // 2 - lo + 1) if t // 2 > lo else 0)
-        self.fetch_deadline_ms = min(self.fetch_deadline_ms, now_ms + delay)
+        self.fetch_deadline_ms = min(self.fetch_deadline_ms, now_ms + self.ctx.elections.grace_ms())
 
     def fetch_answered(self, request_id: int) -> bool:
         if self.fetch_inflight != request_id:
@@ -344,7 +372,7 @@ class FollowerState(RoleState):
         else:
             self._on_fetch_snapshot_response(resp, position, now_ms)
 
-    def _heard_from_leader(self, resp: m.Body, expected: type, now_ms: int) -> bool:
+    def _heard_from_leader(self, resp: m.Body, expected: type[_Answer], now_ms: int) -> TypeGuard[_Answer]:
         """A good answer of the expected type restarts the fetch timeout; any
         other is retried after a pause."""
         if not isinstance(resp, expected) or resp.error_code != Errors.NONE:
@@ -353,28 +381,28 @@ class FollowerState(RoleState):
                     and cl.leader_epoch == self.epoch and cl.leader_id == NO_LEADER):
                 # Our leader says it no longer leads our epoch (it resigned:
                 # check-quorum, or restarted, KAFKA-10527): grant pre-votes.
-                self.core.forget_leader_contact()
+                self.ctx.elections.forget_leader_contact()
             self._retry_later(now_ms)
             return False
-        self.fetch_deadline_ms = now_ms + self.core.config.fetch_timeout_ms
-        self.core.note_leader_contact(now_ms)
+        self.fetch_deadline_ms = now_ms + self.ctx.config.fetch_timeout_ms
+        self.ctx.elections.note_leader_contact(self.epoch, now_ms)
         return True
 
     def _on_fetch_response(self, resp: m.Body, now_ms: int) -> None:
         if not self._heard_from_leader(resp, m.FetchResponse, now_ms):
             return
-        core = self.core
-        log = core.log
+        ctx = self.ctx
+        log = ctx.log
         if resp.diverging_epoch is not None:
             de = resp.diverging_epoch
             log.truncate_to_leader(de.epoch, de.end_offset, "DivergingEpoch")
-            if core.fatal_reason is None:
+            if ctx.fatal_reason is None:
                 log.follower_hw(resp.high_watermark)
             return
         if resp.snapshot_id is not None:
             sid = resp.snapshot_id
             if log.high_watermark > sid.end_offset:
-                core.fail(f"leader redirected us to snapshot {sid.end_offset}-{sid.epoch}, below "
+                ctx.fail(f"leader redirected us to snapshot {sid.end_offset}-{sid.epoch}, below "
                           f"our high watermark {log.high_watermark}")
                 return
             self.download = SnapshotDownload(sid, 0)
@@ -389,8 +417,8 @@ class FollowerState(RoleState):
     def _on_epoch_check_response(self, resp: m.Body, now_ms: int) -> None:
         if not self._heard_from_leader(resp, m.OffsetsForLeaderEpochResponse, now_ms):
             return
-        core = self.core
-        log = core.log
+        ctx = self.ctx
+        log = ctx.log
         asked = log.last_epoch()
         if resp.leader_epoch > asked:
             # The leader's history starts past our last epoch (it answered with the
@@ -399,7 +427,7 @@ class FollowerState(RoleState):
             self.need_epoch_check = False
             return
         log.truncate_to_leader(resp.leader_epoch, resp.end_offset, "OffsetsForLeaderEpoch")
-        if core.fatal_reason is not None:
+        if ctx.fatal_reason is not None:
             return
         # Done unless the leader answered an older epoch we also hold and our log
         # still ends in a later epoch of our own (Kafka asks again then).
@@ -420,9 +448,9 @@ class FollowerState(RoleState):
             self.download = None
             self._retry_later(now_ms)
             return
-        core = self.core
-        self.fetch_deadline_ms = now_ms + core.config.fetch_timeout_ms
-        core.note_leader_contact(now_ms)
+        ctx = self.ctx
+        self.fetch_deadline_ms = now_ms + ctx.config.fetch_timeout_ms
+        ctx.elections.note_leader_contact(self.epoch, now_ms)
         data = resp.unaligned_records
         if not data and position < resp.size:
             self.download = None
@@ -436,7 +464,7 @@ class FollowerState(RoleState):
             # loads this one. A FetchSnapshot acknowledges nothing, so no
             # write need be durable before it is sent.
             self.maybe_send_fetch(now_ms)
-        core.outbox.actions.append(WriteSnapshotChunk(d.snapshot_id, position, data))
+        ctx.emit(WriteSnapshotChunk(d.snapshot_id, position, data))
         try:
             d.scan(data)
         except CorruptBatchError:
@@ -444,5 +472,5 @@ class FollowerState(RoleState):
         if more:
             return
         self.download = None
-        core.log.install_snapshot(d.snapshot_id, resp.size, d.voter_set)
+        ctx.log.install_snapshot(d.snapshot_id, resp.size, d.voter_set)
         self.need_epoch_check = False

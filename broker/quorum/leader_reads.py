@@ -1,15 +1,17 @@
 """What a leader serves from its log: Fetch (with long-poll parking, snapshot
 redirects and DivergingEpoch), FetchSnapshot, OffsetsForLeaderEpoch and
 ListOffsets. The checks every role makes first (cluster id, validation,
-KIP-320 fencing) are done by QuorumCore before a request gets here."""
+KIP-320 fencing) are done by the core (metalog.broker.quorum.inbound) before a
+request gets here; ``ReadsContext`` is what the reads use of it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from metalog.broker.quorum.api import CorruptionFound
 from metalog.broker.quorum.progress import ParkedFetch, ReplicaProgress
+from metalog.broker.quorum.roles import RoleContext, RoleState
 from metalog.protocol import messages as m
 from metalog.protocol.errors import Errors
 from metalog.protocol.invariants import InvariantViolation
@@ -17,6 +19,7 @@ from metalog.storage.batch import CorruptBatchError, iter_batches
 from metalog.storage.errors import StorageError
 
 if TYPE_CHECKING:
+    from metalog.broker.quorum.api import Action, LogReader
     from metalog.broker.quorum.leader import LeaderState
 
 NO_EPOCH = m.NO_EPOCH
@@ -44,33 +47,62 @@ def fetch_problem(req: m.FetchRequest, node_id: int) -> str | None:
     return None
 
 
+class ReadsContext(RoleContext, Protocol):
+    """What the leader's reads use of the core, beyond RoleContext."""
+
+    @property
+    def reader(self) -> LogReader:
+        """The driver's synchronous reads of the local log and snapshots."""
+        ...
+
+    @property
+    def read_stall_until_ms(self) -> int:
+        """StallReads: no read is answered before this."""
+        ...
+
+    @property
+    def state(self) -> RoleState:
+        """The current role (an invariant checks it is still this leader)."""
+        ...
+
+    def emit(self, action: Action) -> None: ...
+
+    def error_response(self, req: m.Body, code: int, message: str | None = None) -> m.Body: ...
+
+    def handle_fetch(self, token: Any, req: m.FetchRequest, now_ms: int, completing: bool) -> None:
+        """A parked Fetch, answered as the current role answers it (fenced
+        again: the leader that parked it may be gone)."""
+        ...
+
+
 class LeaderReads:
-    __slots__ = ("leader", "parked")
+    __slots__ = ("leader", "ctx", "parked")
 
     def __init__(self, leader: LeaderState):
         self.leader = leader
+        self.ctx: ReadsContext = leader.ctx
         self.parked: list[ParkedFetch] = []
 
     def _storage_error(self, token: Any, req: m.Body, exc: Exception, message: str | None = None) -> None:
         """Never send bytes that failed verification; the driver quarantines
         and feeds LogQuarantined."""
-        core = self.leader.core
-        core.outbox.actions.append(CorruptionFound(exc))
-        core.respond(token, core.error_response(req, Errors.KAFKA_STORAGE_ERROR, message))
+        ctx = self.ctx
+        ctx.emit(CorruptionFound(exc))
+        ctx.respond(token, ctx.error_response(req, Errors.KAFKA_STORAGE_ERROR, message))
 
     # -- Fetch -----------------------------------------------------------------
 
     def serve_fetch(self, token: Any, req: m.FetchRequest, now_ms: int, completing: bool) -> None:
         leader = self.leader
-        core = leader.core
-        log = core.log
+        ctx = self.ctx
+        log = ctx.log
         consumer = req.replica_id < 0
         hw = log.high_watermark
         lso = log.log_start_offset
         leo = log.log_end_offset
         fetch_offset = req.fetch_offset
         lfe = req.last_fetched_epoch
-        cl = core.current_leader()
+        cl = ctx.current_leader()
         progress = leader.progress
 
         if not consumer and not completing:
@@ -86,7 +118,7 @@ class LeaderReads:
         # sends it there (the client calls that out of range).
         snap = log.snapshot_redirect(fetch_offset, lfe) if not consumer or fetch_offset < lso else None
         if snap is not None:
-            core.respond(token, m.FetchResponse(
+            ctx.respond(token, m.FetchResponse(
                 high_watermark=hw, log_start_offset=lso, snapshot_id=snap, current_leader=cl))
             return
         # DivergingEpoch (the latest epoch is the hot path: no search).
@@ -96,12 +128,12 @@ class LeaderReads:
             else:
                 end_epoch, end_offset = log.end_offset_for_epoch(lfe)
             if end_epoch != lfe or end_offset < fetch_offset:
-                core.respond(token, m.FetchResponse(
+                ctx.respond(token, m.FetchResponse(
                     high_watermark=hw, log_start_offset=lso, current_leader=cl,
                     diverging_epoch=m.EpochEndOffset(end_epoch, end_offset)))
                 return
         if consumer and fetch_offset > leo:
-            core.respond(token, core.error_response(
+            ctx.respond(token, ctx.error_response(
                 req, Errors.OFFSET_OUT_OF_RANGE, f"fetch offset {fetch_offset} is past the log end offset {leo}"))
             return
 
@@ -119,20 +151,20 @@ class LeaderReads:
                 if progress.voter(req.replica_id, req.replica_directory_id) is st:
                     leader.notifier.unacked.discard(req.replica_id)  # a fetch acknowledges our epoch
                     leader.maybe_advance_hw(now_ms)
-                    if core.state is not leader:  # every voter fetch: one identity test, no call
+                    if ctx.state is not leader:  # every voter fetch: one identity test, no call
                         raise InvariantViolation("advancing the HW never changes the role")
             upper = log.log_end_offset
         else:
             upper = max(log.high_watermark, lso)
 
         has_data = fetch_offset < upper
-        stalled = now_ms < core.read_stall_until_ms
+        stalled = now_ms < ctx.read_stall_until_ms
         # Park an empty fetch. One that just moved the HW waits only
         # fetch_hw_linger_ms (the replica should learn the HW soon, not
         # max_wait_ms later), and a consumer's not at all.
         wait_ms = req.max_wait_ms
         if log.high_watermark != hw_before:
-            wait_ms = 0 if consumer else min(wait_ms, core.config.fetch_hw_linger_ms)
+            wait_ms = 0 if consumer else min(wait_ms, ctx.config.fetch_hw_linger_ms)
         if not completing and (stalled or (not has_data and wait_ms > 0)):
             if len(self.parked) < MAX_PARKED_FETCHES:
                 self._park(token, req, now_ms, has_data, st, wait_ms)
@@ -140,36 +172,36 @@ class LeaderReads:
         records = b""
         if has_data:
             try:
-                records = core.reader.read(fetch_offset, upper, req.max_bytes)
+                records = ctx.reader.read(fetch_offset, upper, req.max_bytes)
             except (CorruptBatchError, StorageError) as exc:
-                self._storage_error(token, req, exc, f"node {core.node_id} failed to read offset "
+                self._storage_error(token, req, exc, f"node {ctx.electorate.node_id} failed to read offset "
                                     f"{fetch_offset}: {exc}")
                 return
         if st is not None:
             st.on_fetch_served(fetch_offset, log.log_end_offset, now_ms,
-                               core.config.follower_fetch_pending_reads_insync_enable)
-        core.respond(token, m.FetchResponse(
+                               ctx.config.follower_fetch_pending_reads_insync_enable)
+        ctx.respond(token, m.FetchResponse(
             high_watermark=log.high_watermark, log_start_offset=log.log_start_offset,
             records=records, current_leader=cl))
 
     def _park(self, token: Any, req: m.FetchRequest, now_ms: int, has_data: bool,
               st: ReplicaProgress | None, wait_ms: int) -> None:
-        core = self.leader.core
-        stall = core.read_stall_until_ms
+        ctx = self.ctx
+        stall_until_ms = ctx.read_stall_until_ms
         if st is not None:
             # One pending fetch per replica: answer an older one first.
             for p in list(self.parked):
                 if p.request.replica_id == req.replica_id:
                     self.parked.remove(p)
-                    core.handle_fetch(p.token, p.request, now_ms, completing=True)
+                    ctx.handle_fetch(p.token, p.request, now_ms, completing=True)
             st.pending_offset = req.fetch_offset
             st.pending_prev_leo = st.leader_leo_at_last_read
-        deadline = now_ms if has_data else now_ms + wait_ms
-        self.parked.append(ParkedFetch(token, req, now_ms, max(deadline, stall), stall))
+        deadline_ms = now_ms if has_data else now_ms + wait_ms
+        self.parked.append(ParkedFetch(token, req, now_ms, max(deadline_ms, stall_until_ms), stall_until_ms))
 
     def complete_parked(self, now_ms: int, which: Callable[[ParkedFetch], bool]) -> None:
-        core = self.leader.core
-        if core.appended_this_step:
+        ctx = self.ctx
+        if ctx.log.appended_this_step:
             # Reads go through the LogReader, which will not see this step's
             # AppendBatches until the driver executes them: answer next step.
             for p in self.parked:
@@ -184,7 +216,7 @@ class LeaderReads:
             return
         self.parked = keep
         for p in done:
-            core.handle_fetch(p.token, p.request, now_ms, completing=True)
+            ctx.handle_fetch(p.token, p.request, now_ms, completing=True)
 
     def stall(self, until_ms: int) -> None:
         """StallReads: no parked fetch is read before `until_ms` either."""
@@ -197,7 +229,7 @@ class LeaderReads:
         next records, or with the HW alone after fetch_hw_linger_ms: their
         Fetch stays parked for those records meanwhile, rather than being
         answered and sent again (a round trip racing the next append)."""
-        linger_ms = self.leader.core.config.fetch_hw_linger_ms
+        linger_ms = self.ctx.config.fetch_hw_linger_ms
         if linger_ms > 0:
             due = now_ms + linger_ms
             for p in self.parked:
@@ -212,81 +244,81 @@ class LeaderReads:
         answers it (NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH)."""
         parked, self.parked = self.parked, []
         for p in parked:
-            self.leader.core.handle_fetch(p.token, p.request, now_ms, completing=True)
+            self.ctx.handle_fetch(p.token, p.request, now_ms, completing=True)
 
     # -- other reads -------------------------------------------------------------
 
     def serve_fetch_snapshot(self, token: Any, req: m.FetchSnapshotRequest, now_ms: int) -> None:
-        core = self.leader.core
+        ctx = self.ctx
         st = self.leader.progress.voter(req.replica_id, req.replica_directory_id)
         if st is not None:
             st.last_contact_ms = now_ms
-        size = core.reader.snapshot_size(req.snapshot_id)
-        if size is None:
-            core.respond(token, core.error_response(req, Errors.SNAPSHOT_NOT_FOUND))
+        size_bytes = ctx.reader.snapshot_size(req.snapshot_id)
+        if size_bytes is None:
+            ctx.respond(token, ctx.error_response(req, Errors.SNAPSHOT_NOT_FOUND))
             return
-        if req.position < 0 or req.position >= size:
-            core.respond(token, core.error_response(req, Errors.POSITION_OUT_OF_RANGE))
+        if req.position < 0 or req.position >= size_bytes:
+            ctx.respond(token, ctx.error_response(req, Errors.POSITION_OUT_OF_RANGE))
             return
-        max_bytes = max(1, min(req.max_bytes, core.config.snapshot_chunk_bytes))
+        max_bytes = max(1, min(req.max_bytes, ctx.config.snapshot_chunk_bytes))
         try:
-            data = core.reader.read_snapshot(req.snapshot_id, req.position, max_bytes)
+            data = ctx.reader.read_snapshot(req.snapshot_id, req.position, max_bytes)
         except (CorruptBatchError, StorageError) as exc:
             self._storage_error(token, req, exc)
             return
-        core.respond(token, m.FetchSnapshotResponse(
-            snapshot_id=req.snapshot_id, size=size, position=req.position,
-            unaligned_records=data, current_leader=core.current_leader()))
+        ctx.respond(token, m.FetchSnapshotResponse(
+            snapshot_id=req.snapshot_id, size=size_bytes, position=req.position,
+            unaligned_records=data, current_leader=ctx.current_leader()))
 
     def serve_offsets_for_epoch(self, token: Any, req: m.OffsetsForLeaderEpochRequest) -> None:
-        core = self.leader.core
-        log = core.log
+        ctx = self.ctx
+        log = ctx.log
         epoch, end = log.end_offset_for_epoch(req.leader_epoch)
         if req.replica_id < 0 and end > log.high_watermark:
             end = max(log.high_watermark, log.log_start_offset)  # consumers see committed data only
-        core.respond(token, m.OffsetsForLeaderEpochResponse(
-            leader_epoch=epoch, end_offset=end, current_leader=core.current_leader()))
+        ctx.respond(token, m.OffsetsForLeaderEpochResponse(
+            leader_epoch=epoch, end_offset=end, current_leader=ctx.current_leader()))
 
     def serve_list_offsets(self, token: Any, req: m.ListOffsetsRequest) -> None:
-        core = self.leader.core
-        log = core.log
+        ctx = self.ctx
+        log = ctx.log
         if log.high_watermark < 0:
             # Our first record is not committed yet.
-            core.respond(token, core.error_response(req, Errors.LEADER_NOT_AVAILABLE))
+            ctx.respond(token, ctx.error_response(req, Errors.LEADER_NOT_AVAILABLE))
             return
-        cl = core.current_leader()
+        cl = ctx.current_leader()
         hw = log.high_watermark
         lso = log.log_start_offset
         if req.timestamp_ms == m.LIST_OFFSETS_EARLIEST:
-            offset, ts = lso, -1
+            offset, timestamp_ms = lso, -1
         elif req.timestamp_ms == m.LIST_OFFSETS_LATEST:
-            offset, ts = hw, -1
+            offset, timestamp_ms = hw, -1
         else:
             try:
-                offset, ts = self._offset_for_timestamp(req.timestamp_ms, lso, hw)
+                offset, timestamp_ms = self._offset_for_timestamp(req.timestamp_ms, lso, hw)
             except (CorruptBatchError, StorageError) as exc:
                 self._storage_error(token, req, exc)
                 return
             if offset < 0:
-                core.respond(token, m.ListOffsetsResponse(current_leader=cl))
+                ctx.respond(token, m.ListOffsetsResponse(current_leader=cl))
                 return
         # The epoch of the last record before `offset` lets the client validate it.
         epoch = log.epochs.epoch_for_offset(offset - 1) if offset > lso else NO_EPOCH
         if epoch == NO_EPOCH:
             base = log.snapshot_at(lso)
             epoch = base.epoch if base is not None else log.epochs.epoch_for_offset(offset)
-        core.respond(token, m.ListOffsetsResponse(
-            offset=offset, timestamp_ms=ts, leader_epoch=epoch, current_leader=cl))
+        ctx.respond(token, m.ListOffsetsResponse(
+            offset=offset, timestamp_ms=timestamp_ms, leader_epoch=epoch, current_leader=cl))
 
-    def _offset_for_timestamp(self, ts: int, start: int, end: int) -> tuple[int, int]:
-        """First committed batch whose max timestamp is >= ts: (base offset, its ts)."""
-        reader = self.leader.core.reader
+    def _offset_for_timestamp(self, timestamp_ms: int, start: int, end: int) -> tuple[int, int]:
+        """First committed batch whose max timestamp is >= timestamp_ms: (its base offset, its max timestamp)."""
+        reader = self.ctx.reader
         pos = start
         while pos < end:
             data = reader.read(pos, end, SCAN_CHUNK_BYTES)
             last_next = pos
             for _, h in iter_batches(data, verify=False):
-                if h.next_offset > pos and h.max_timestamp_ms >= ts:
+                if h.next_offset > pos and h.max_timestamp_ms >= timestamp_ms:
                     return max(h.base_offset, pos), h.max_timestamp_ms
                 last_next = h.next_offset
             if last_next <= pos:

@@ -7,6 +7,7 @@ executes them in order."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from metalog.broker.quorum.api import (
     AdvanceLogStart,
@@ -24,15 +25,29 @@ from metalog.broker.quorum.voters import VoterSet, VoterSetHistory, voter_sets_i
 from metalog.protocol import messages as m
 from metalog.protocol.invariants import InvariantViolation, invariant
 from metalog.storage.batch import CorruptBatchError, iter_batches
-from metalog.storage.epochs import EpochHistory
+from metalog.storage.epochs import EpochEntry, EpochHistory
 
 NO_OFFSET = m.NO_OFFSET
 
 
+class _PreInstall(NamedTuple):
+    """Our log as it was before an InstallSnapshot, until the install is
+    known to have succeeded (SnapshotInstallFailed rolls back to it)."""
+
+    snapshot_id: m.SnapshotId
+    log_start_offset: int
+    log_end_offset: int
+    flushed_end_offset: int
+    epochs: list[EpochEntry]
+    snapshots: list[m.SnapshotId]
+    high_watermark: int
+    voters: VoterSetHistory
+
+
 class LocalLog:
     __slots__ = ("outbox", "fail", "log_start_offset", "log_end_offset", "flushed_end_offset", "epochs",
-                 "snapshots", "high_watermark", "must_reach_offset", "must_reach_epoch", "pre_install", "voters", "static_voters",
-                 "voters_changed")
+                 "snapshots", "high_watermark", "must_reach_offset", "must_reach_epoch", "pre_install", "voters",
+                 "static_voters", "voters_changed", "appended_this_step")
 
     def __init__(self, view: LogView, outbox: Outbox, fail: Callable[[str], None],
                  static_voters: VoterSet | None = None, voters_changed: Callable[[], None] = lambda: None):
@@ -56,7 +71,7 @@ class LocalLog:
         self.must_reach_epoch = -1
         # Our log as it was before the last InstallSnapshot, until it is known
         # to have succeeded (rolled back by SnapshotInstallFailed).
-        self.pre_install: tuple | None = None
+        self.pre_install: _PreInstall | None = None
         # KIP-853: the voter set as of each offset (VotersRecords in the log,
         # over the snapshot's or the config's set). The latest one counts
         # once appended; `voters_changed` tells the core when it changes.
@@ -70,6 +85,10 @@ class LocalLog:
                                  f"[{view.log_start_offset}, {view.log_end_offset})")
         self.voters = VoterSetHistory(base, view.voter_history)
         self.voters_changed = voters_changed
+        # The leader appended in this step (the core clears it at each step):
+        # the LogReader will not see those records until the driver has
+        # executed the step's AppendBatches.
+        self.appended_this_step = False
 
     def _checkpoint(self) -> None:
         self.outbox.actions.append(WriteEpochCheckpoint(tuple(self.epochs.entries)))
@@ -132,6 +151,13 @@ class LocalLog:
                 return latest
         return None
 
+    def finalized_kraft_version(self) -> tuple[int, int]:
+        """(kraft.version, the offset of the record that set it; -1 for
+        static voters) as committed: the voter set below our HW."""
+        hw = max(self.high_watermark, 0)
+        at = [off for off, _ in self.voters.entries if off < hw]
+        return self.voters.at(hw).kraft_version, (at[-1] if at else -1)
+
     def snapshot_at(self, end_offset: int) -> m.SnapshotId | None:
         for s in self.snapshots:
             if s.end_offset == end_offset:
@@ -145,6 +171,7 @@ class LocalLog:
         whole batches holding `count` records (one write, one flush)."""
         base = self.log_end_offset
         actions = self.outbox.actions
+        self.appended_this_step = True
         actions.append(AppendBatches(batch, base, base + count))
         self.log_end_offset = base + count
         if self.epochs.assign(epoch, base):
@@ -283,17 +310,20 @@ class LocalLog:
             self.snapshots.append(sid)
             self.snapshots.sort()
 
-    def install_snapshot(self, sid: m.SnapshotId, size: int, voter_set: VoterSet | None) -> None:
+    def install_snapshot(self, sid: m.SnapshotId, size_bytes: int, voter_set: VoterSet | None) -> None:
         """A downloaded snapshot replaces the whole log (kept for a rollback);
         `voter_set` is the one it holds (None: static voters, kraft version 0)."""
-        self.pre_install = (sid, self.log_start_offset, self.log_end_offset, self.flushed_end_offset,
-                            list(self.epochs.entries), list(self.snapshots), self.high_watermark,
-                            self.voters.copy())
+        self.pre_install = _PreInstall(sid, self.log_start_offset, self.log_end_offset, self.flushed_end_offset,
+                                       list(self.epochs.entries), list(self.snapshots), self.high_watermark,
+                                       self.voters.copy())
         before = self.voters.latest
-        self.voters.reset(voter_set or self.static_voters)
+        base = voter_set or self.static_voters
+        if base is None:
+            raise InvariantViolation(f"snapshot {sid} holds no voter set and there are no static voters")
+        self.voters.reset(base)
         if self.voters.latest != before:
             self.voters_changed()
-        self.outbox.actions.append(InstallSnapshot(sid, size))
+        self.outbox.actions.append(InstallSnapshot(sid, size_bytes))
         # The log now starts and ends at the snapshot; its epoch is our last epoch
         # (KIP-630: the snapshot stands for every record below end_offset).
         self.log_start_offset = sid.end_offset
@@ -308,27 +338,37 @@ class LocalLog:
     def rollback_install(self, sid: m.SnapshotId) -> None:
         """The driver rejected the download and kept its log: so do we."""
         pre = self.pre_install
-        if pre is None or pre[0] != sid:
+        if pre is None or pre.snapshot_id != sid:
             raise ValueError(f"SnapshotInstallFailed for {sid} without a matching InstallSnapshot")
         self.pre_install = None
         before = self.voters.latest
-        (_, self.log_start_offset, self.log_end_offset, self.flushed_end_offset, entries,
-         self.snapshots, hw, self.voters) = pre
+        self.log_start_offset, self.log_end_offset = pre.log_start_offset, pre.log_end_offset
+        self.flushed_end_offset = pre.flushed_end_offset
+        self.snapshots, self.voters = pre.snapshots, pre.voters
         if self.voters.latest != before:
             self.voters_changed()
-        self.epochs = EpochHistory(entries)
+        self.epochs = EpochHistory(pre.epochs)
         self._checkpoint()
         # Back to the HW we had: the snapshot's end was committed, but the old
         # log past our old HW may hold records that diverge from it.
-        self.high_watermark = hw
+        self.high_watermark = pre.high_watermark
 
     # -- quarantine (issue 12) ----------------------------------------------
 
-    def cut_for_quarantine(self, end: int, must_reach_offset: int, epoch_bound: int) -> None:
+    def cut_for_quarantine(self, end: int, must_reach_offset: int, uncommitted_from: int | None,
+                           epoch_bound: int) -> None:
         """The driver cut our log to `end`; we may vote again for candidates at
         least as up to date as our log up to `must_reach_offset` (whose last
         epoch we read before the cut; `epoch_bound`, the quorum epoch, bounds
-        it when the mark is past what we hold)."""
+        it when the mark is past what we hold). `uncommitted_from`: where no
+        record can have been committed, if our role knows it (a leader)."""
+        if uncommitted_from is not None:
+            # A leader that lost only records nobody can have committed has
+            # forgotten nothing a vote depends on: it needs to re-replicate only
+            # up to its high watermark. Otherwise, if the only other copy of the
+            # lost tail is on a replica that never stands (a voter whose removal
+            # is in that tail), no leader could ever be elected (sim seed 1127).
+            must_reach_offset = min(must_reach_offset, uncommitted_from)
         if end < self.log_start_offset or end > self.log_end_offset:
             raise ValueError(f"quarantine cut the log to {end}, outside [log start "
                              f"{self.log_start_offset}, log end {self.log_end_offset}]")

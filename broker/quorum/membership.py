@@ -27,19 +27,19 @@ HW, then steps down to an observer (metalog.broker.quorum.leader).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from metalog.broker.quorum.voters import VoterSet
 from metalog.protocol import messages as m
 from metalog.protocol.errors import Errors
 
 if TYPE_CHECKING:
-    from metalog.broker.quorum.core import QuorumCore
     from metalog.broker.quorum.leader import LeaderState
+    from metalog.broker.quorum.roles import RoleContext, RoleState
 
 NO_DIRECTORY_ID = m.NO_DIRECTORY_ID
-VoterChangeRequest = (m.AddRaftVoterRequest | m.RemoveRaftVoterRequest | m.UpdateRaftVoterRequest
-                      | m.UpdateFeaturesRequest)
+VoterRequest = m.AddRaftVoterRequest | m.RemoveRaftVoterRequest | m.UpdateRaftVoterRequest
+VoterChangeRequest = VoterRequest | m.UpdateFeaturesRequest
 _RESPONSE = {m.AddRaftVoterRequest: m.AddRaftVoterResponse, m.RemoveRaftVoterRequest: m.RemoveRaftVoterResponse,
              m.UpdateRaftVoterRequest: m.UpdateRaftVoterResponse}
 
@@ -61,56 +61,55 @@ class ChangeRefused(Exception):
         self.message = message
 
 
-def refused_unless_leader(core: QuorumCore, st, token: Any, req) -> bool:
-    """Answer NOT_LEADER_OR_FOLLOWER (naming epoch and leader) unless we lead."""
+def _leads(st: RoleState, ctx: RoleContext, token: Any, req: VoterChangeRequest) -> TypeGuard[LeaderState]:
+    """Does `st` lead? If not, answer NOT_LEADER_OR_FOLLOWER (naming epoch and leader)."""
     if st.is_leader:
-        return False
-    answer(core, token, req, Errors.NOT_LEADER_OR_FOLLOWER,
-           f"node {core.node_id} is not the leader (epoch {st.epoch}, leader {st.leader_id})")
-    return True
+        return True
+    answer(ctx, token, req, Errors.NOT_LEADER_OR_FOLLOWER,
+           f"node {ctx.electorate.node_id} is not the leader (epoch {st.epoch}, leader {st.leader_id})")
+    return False
 
 
-def answer(core: QuorumCore, token: Any, req: VoterChangeRequest, code: int, message: str | None = None) -> None:
+def answer(ctx: RoleContext, token: Any, req: VoterChangeRequest, code: int, message: str | None = None) -> None:
     """The response type `req` expects, with `code`."""
-    if type(req) is m.UpdateRaftVoterRequest:
-        core.respond(token, m.UpdateRaftVoterResponse(error_code=code, error_message=message,
-                                                      current_leader=core.current_leader()))
-    elif type(req) is m.UpdateFeaturesRequest:
-        core.respond(token, m.UpdateFeaturesResponse(error_code=code, error_message=message, results=[
+    if isinstance(req, m.UpdateRaftVoterRequest):
+        ctx.respond(token, m.UpdateRaftVoterResponse(error_code=code, error_message=message,
+                                                      current_leader=ctx.current_leader()))
+    elif isinstance(req, m.UpdateFeaturesRequest):
+        ctx.respond(token, m.UpdateFeaturesResponse(error_code=code, error_message=message, results=[
             m.UpdatableFeatureResult(u.feature, code, message) for u in req.feature_updates]))
     else:
-        core.respond(token, _RESPONSE[type(req)](error_code=code, error_message=message))
+        ctx.respond(token, _RESPONSE[type(req)](error_code=code, error_message=message))
 
 
-def handle(core: QuorumCore, token: Any, req: VoterChangeRequest, now_ms: int) -> None:
-    """RequestReceived of AddRaftVoter / RemoveRaftVoter / UpdateRaftVoter
-    (every one is answered, now or when its change commits)."""
-    st = core.state
-    if type(req) is m.UpdateRaftVoterRequest and req.current_leader_epoch != st.epoch:
+def handle(ctx: RoleContext, st: RoleState, token: Any, req: VoterRequest, now_ms: int) -> None:
+    """RequestReceived of AddRaftVoter / RemoveRaftVoter / UpdateRaftVoter in
+    role `st` (every one is answered, now or when its change commits)."""
+    if isinstance(req, m.UpdateRaftVoterRequest) and req.current_leader_epoch != st.epoch:
         # KIP-320 fencing, as inbound.fence: the voter's view of the epoch is off.
         code = Errors.FENCED_LEADER_EPOCH if req.current_leader_epoch < st.epoch else Errors.UNKNOWN_LEADER_EPOCH
-        answer(core, token, req, code, f"epoch {req.current_leader_epoch} is not ours ({st.epoch})")
+        answer(ctx, token, req, code, f"epoch {req.current_leader_epoch} is not ours ({st.epoch})")
         return
-    if refused_unless_leader(core, st, token, req):
+    if not _leads(st, ctx, token, req):
         return
     try:
-        new_set = _new_voter_set(core, st, req, now_ms)
+        new_set = _new_voter_set(ctx, st, req, now_ms)
     except ChangeRefused as refused:
-        answer(core, token, req, refused.code, refused.message)
+        answer(ctx, token, req, refused.code, refused.message)
         return
     if new_set is None:  # nothing to change (an update naming the endpoints it has)
-        answer(core, token, req, Errors.NONE)
+        answer(ctx, token, req, Errors.NONE)
         return
-    timeout_ms = getattr(req, "timeout_ms", core.config.request_timeout_ms)
+    timeout_ms = getattr(req, "timeout_ms", ctx.config.request_timeout_ms)
     offset = st.append_voters(new_set, now_ms)
     st.pending_change = PendingChange(token, req, offset, now_ms + max(0, timeout_ms))
 
 
-def _new_voter_set(core: QuorumCore, st: LeaderState, req: VoterChangeRequest, now_ms: int) -> VoterSet | None:
+def _new_voter_set(ctx: RoleContext, st: LeaderState, req: VoterRequest, now_ms: int) -> VoterSet | None:
     """The voter set after `req`, or None if it changes nothing; ChangeRefused
     with Kafka's error when it may not be made now."""
-    log = core.log
-    vs = core.voter_set
+    log = ctx.log
+    vs = ctx.electorate.voter_set
     hw = log.high_watermark
     # In Kafka's order: a change of ours pending, our epoch not committed
     # yet, static voters, any VotersRecord not committed yet.
@@ -122,7 +121,7 @@ def _new_voter_set(core: QuorumCore, st: LeaderState, req: VoterChangeRequest, n
         raise ChangeRefused(Errors.REQUEST_TIMED_OUT,
                             f"the leader has not committed a record of its epoch {st.epoch} yet; retry")
     if vs.kraft_version == 0:
-        if type(req) is m.UpdateRaftVoterRequest:
+        if isinstance(req, m.UpdateRaftVoterRequest):
             _check_kraft_range(req, 0)
             return None  # static voters: the config holds the endpoints; nothing to record (as Kafka)
         raise ChangeRefused(Errors.UNSUPPORTED_VERSION,
@@ -132,7 +131,7 @@ def _new_voter_set(core: QuorumCore, st: LeaderState, req: VoterChangeRequest, n
         raise ChangeRefused(Errors.REQUEST_TIMED_OUT,
                             f"another voter change is in progress (its VotersRecord at offset "
                             f"{log.voters.entries[-1][0]} is not committed yet, high watermark {hw}); retry")
-    if type(req) is m.UpdateRaftVoterRequest:
+    if isinstance(req, m.UpdateRaftVoterRequest):
         _check_kraft_range(req, vs.kraft_version)
     vid, vdir = req.voter_id, req.voter_directory_id
     if vid < 0 or vdir == NO_DIRECTORY_ID:
@@ -141,14 +140,14 @@ def _new_voter_set(core: QuorumCore, st: LeaderState, req: VoterChangeRequest, n
     endpoints = {k: e for k, e in vs.endpoints.items()}
     ranges = dict(vs.kraft_ranges)
     ids = dict(vs.directory_ids)
-    if type(req) is m.AddRaftVoterRequest:
+    if isinstance(req, m.AddRaftVoterRequest):
         if vid in ids:
             raise ChangeRefused(Errors.DUPLICATE_VOTER,
                                 f"node {vid} is already a voter (directory id {ids[vid]!r}); "
                                 f"remove it first to replace its directory")
         listeners = _listeners(req)
         progress = st.progress.observers.get((vid, vdir))
-        fetch_timeout_ms = core.config.fetch_timeout_ms
+        fetch_timeout_ms = ctx.config.fetch_timeout_ms
         if progress is None or progress.last_fetch_ms < 0 or now_ms - progress.last_fetch_ms > fetch_timeout_ms:
             raise ChangeRefused(Errors.REQUEST_TIMED_OUT,
                                 f"replica {vid} with directory id {vdir!r} is not fetching from the leader; "
@@ -164,7 +163,7 @@ def _new_voter_set(core: QuorumCore, st: LeaderState, req: VoterChangeRequest, n
             where = f"(its directory id is {ids[vid]!r})" if vid in ids else "(no such node id in the set)"
             raise ChangeRefused(Errors.VOTER_NOT_FOUND,
                                 f"replica {vid} with directory id {vdir!r} is not a voter {where}")
-        if type(req) is m.RemoveRaftVoterRequest:
+        if isinstance(req, m.RemoveRaftVoterRequest):
             if len(ids) == 1:
                 raise ChangeRefused(Errors.INVALID_REQUEST, f"node {vid} is the only voter: it cannot be removed")
             del ids[vid]
@@ -206,7 +205,8 @@ def _listeners(req: m.AddRaftVoterRequest | m.UpdateRaftVoterRequest) -> tuple[t
 # -- kraft.version 0 -> 1 online (Kafka's `kafka-features upgrade --feature kraft.version=1`) --
 
 
-def handle_update_features(core: QuorumCore, token: Any, req: m.UpdateFeaturesRequest, now_ms: int) -> None:
+def handle_update_features(ctx: RoleContext, st: RoleState, token: Any, req: m.UpdateFeaturesRequest,
+                           now_ms: int) -> None:
     """UpdateFeatures (57) for kraft.version: a cluster of static voters
     (kraft version 0) upgrades online. The leader, once it has committed a
     record of its epoch and knows every static voter's directory id (the one
@@ -219,38 +219,37 @@ def handle_update_features(core: QuorumCore, token: Any, req: m.UpdateFeaturesRe
     endpoint is unknown (INVALID_UPDATE_VERSION, naming it), the epoch not
     committed yet or an upgrade / voter change pending (REQUEST_TIMED_OUT:
     retry). Level 1 when the cluster is at 1 already: NONE, nothing written."""
-    st = core.state
     updates = req.feature_updates
     if not updates:
-        answer(core, token, req, Errors.INVALID_REQUEST, "no feature to update")
+        answer(ctx, token, req, Errors.INVALID_REQUEST, "no feature to update")
         return
     for u in updates:
         if u.feature != m.KRAFT_VERSION_FEATURE:
-            answer(core, token, req, Errors.INVALID_UPDATE_VERSION,
+            answer(ctx, token, req, Errors.INVALID_UPDATE_VERSION,
                    f"unknown feature {u.feature!r}: the quorum has only {m.KRAFT_VERSION_FEATURE}")
             return
     if len(updates) > 1:
-        answer(core, token, req, Errors.INVALID_REQUEST, f"{m.KRAFT_VERSION_FEATURE} named more than once")
+        answer(ctx, token, req, Errors.INVALID_REQUEST, f"{m.KRAFT_VERSION_FEATURE} named more than once")
         return
     level = updates[0].max_version_level
-    if refused_unless_leader(core, st, token, req):
+    if not _leads(st, ctx, token, req):
         return
     try:
-        new_set = _upgraded_voter_set(core, st, level, now_ms)
+        new_set = _upgraded_voter_set(ctx, st, level, now_ms)
     except ChangeRefused as refused:
-        answer(core, token, req, refused.code, refused.message)
+        answer(ctx, token, req, refused.code, refused.message)
         return
     if new_set is None or req.validate_only:
-        answer(core, token, req, Errors.NONE)
+        answer(ctx, token, req, Errors.NONE)
         return
     offset = st.append_kraft_upgrade(new_set, now_ms)
     st.pending_change = PendingChange(token, req, offset, now_ms + max(0, req.timeout_ms))
 
 
-def _upgraded_voter_set(core: QuorumCore, st: LeaderState, level: int, now_ms: int) -> VoterSet | None:
+def _upgraded_voter_set(ctx: RoleContext, st: LeaderState, level: int, now_ms: int) -> VoterSet | None:
     """The set kraft.version `level` writes (None: already there), or ChangeRefused."""
-    vs = core.voter_set
-    hw = core.log.high_watermark
+    vs = ctx.electorate.voter_set
+    hw = ctx.log.high_watermark
     if level > 1:
         raise ChangeRefused(Errors.INVALID_UPDATE_VERSION,
                             f"{m.KRAFT_VERSION_FEATURE} {level} is not supported (this build supports 0..1)")
@@ -263,10 +262,10 @@ def _upgraded_voter_set(core: QuorumCore, st: LeaderState, level: int, now_ms: i
         raise ChangeRefused(Errors.INVALID_UPDATE_VERSION,
                             f"{m.KRAFT_VERSION_FEATURE} cannot be downgraded from {vs.kraft_version} to {level}")
     if level == vs.kraft_version:
-        if core.log.voters.entries and core.log.voters.entries[-1][0] >= hw:
+        if ctx.log.voters.entries and ctx.log.voters.entries[-1][0] >= hw:
             raise ChangeRefused(Errors.REQUEST_TIMED_OUT,
                                 f"the change to {m.KRAFT_VERSION_FEATURE} {level} at offset "
-                                f"{core.log.voters.entries[-1][0]} is not committed yet; retry")
+                                f"{ctx.log.voters.entries[-1][0]} is not committed yet; retry")
         return None
     if hw <= st.epoch_start_offset:
         raise ChangeRefused(Errors.REQUEST_TIMED_OUT,
@@ -274,7 +273,7 @@ def _upgraded_voter_set(core: QuorumCore, st: LeaderState, level: int, now_ms: i
     ids: dict[int, str] = {}
     unknown = []
     for v in vs.ids:
-        d = core.directory_id if v == core.node_id else st.progress.voter_directory_id(v)
+        d = ctx.electorate.directory_id if v == ctx.electorate.node_id else st.progress.voter_directory_id(v)
         if d == NO_DIRECTORY_ID:
             unknown.append(v)
         ids[v] = d
@@ -282,7 +281,7 @@ def _upgraded_voter_set(core: QuorumCore, st: LeaderState, level: int, now_ms: i
         raise ChangeRefused(Errors.INVALID_UPDATE_VERSION,
                             f"the directory id of voter(s) {unknown} is not known to the leader (a voter "
                             f"tells it in its fetches: start it, with a data dir formatted with a directory.id)")
-    endpoints = {nid: ((name, host, port),) for nid, name, host, port in core.config.voter_endpoints}
+    endpoints = {nid: ((name, host, port),) for nid, name, host, port in ctx.config.voter_endpoints}
     missing = [v for v in vs.ids if v not in endpoints]
     if missing:
         raise ChangeRefused(Errors.INVALID_UPDATE_VERSION,

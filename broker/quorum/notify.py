@@ -11,18 +11,18 @@ from metalog.protocol import messages as m
 
 
 class Notifier:
-    __slots__ = ("kind", "unacked", "inflight", "retry_at")
+    __slots__ = ("kind", "unacked", "inflight", "retry_at_ms")
 
     def __init__(self, kind: RequestKind, voters: tuple[int, ...], now_ms: int):
         self.kind = kind
         self.unacked = set(voters)  # not acknowledged yet
         self.inflight: dict[int, int] = {}  # voter -> request id
-        self.retry_at = {v: now_ms for v in voters}
+        self.retry_at_ms = {v: now_ms for v in voters}
 
     def send_due(self, now_ms: int, body: Callable[[int], m.Body],
                  send: Callable[[int, m.Body, RequestKind], int]) -> None:
         for v in sorted(self.unacked):
-            if v in self.inflight or now_ms < self.retry_at.get(v, 0):
+            if v in self.inflight or now_ms < self.retry_at_ms.get(v, 0):
                 continue
             self.inflight[v] = send(v, body(v), self.kind)
 
@@ -30,15 +30,15 @@ class Notifier:
         # Retries already due were sent by the last step; only future ones count.
         out = []
         for v in self.unacked:
-            at = self.retry_at.get(v, 0)
-            if v not in self.inflight and at > now_ms:
-                out.append(at)
+            at_ms = self.retry_at_ms.get(v, 0)
+            if v not in self.inflight and at_ms > now_ms:
+                out.append(at_ms)
         return out
 
     def failed(self, voter: int, request_id: int, now_ms: int) -> None:
         if self.inflight.get(voter) == request_id:
             del self.inflight[voter]
-            self.retry_at[voter] = now_ms + RETRY_BACKOFF_MS
+            self.retry_at_ms[voter] = now_ms + RETRY_BACKOFF_MS
 
     def answered(self, voter: int, request_id: int) -> None:
         if self.inflight.get(voter) == request_id:
@@ -49,7 +49,7 @@ class Notifier:
         if ok:
             self.unacked.discard(voter)
         else:
-            self.retry_at[voter] = now_ms + RETRY_BACKOFF_MS
+            self.retry_at_ms[voter] = now_ms + RETRY_BACKOFF_MS
 
 
 class NotifyingRole:

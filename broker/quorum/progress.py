@@ -51,8 +51,8 @@ class ReplicaProgress:
         if fetch_offset >= leader_leo:
             self.last_caught_up_ms = max(self.last_caught_up_ms, now_ms)
         elif fetch_offset >= self.leader_leo_at_last_read >= 0:
-            t = now_ms if pending_reads_insync else self.last_read_ms
-            self.last_caught_up_ms = max(self.last_caught_up_ms, t)
+            caught_up_ms = now_ms if pending_reads_insync else self.last_read_ms
+            self.last_caught_up_ms = max(self.last_caught_up_ms, caught_up_ms)
         self.last_read_ms = now_ms
         self.leader_leo_at_last_read = leader_leo
         self.pending_offset = None

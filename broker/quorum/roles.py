@@ -6,6 +6,15 @@ through the methods below, which each role overrides where it cares (etcd
 raft's per-role step functions). The base class holds what every role has:
 the epoch, the leader and vote as known in it, and the election timer.
 
+A role never holds the QuorumCore. It gets a context, a ``typing.Protocol``
+naming exactly what it may use of its owner: ``RoleContext`` here for what
+every role uses, and one extension per role module (``ElectionContext``,
+``FollowerContext``, ``LeaderContext``). The core implements them all (mypy
+checks it where the core builds a role); a test builds a role against a
+small fake of its context (tests/quorum/test_role_alone.py). As in Kafka's
+EpochState, a role answers questions and asks for a transition; the owner
+makes it (``become_*``, ``stand``, ``resign``), persisting first.
+
 ``ALLOWED_TRANSITIONS`` lists every role change the core may make;
 ``QuorumCore.transition`` checks it (an invariant, kept under python -O), persists the election state first and
 only then makes the new role observable (Kafka's durableTransitionTo).
@@ -14,15 +23,18 @@ only then makes the new role observable (Kafka's durableTransitionTo).
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from metalog.protocol import messages as m
 from metalog.protocol.errors import Errors
 
 if TYPE_CHECKING:
-    from metalog.broker.quorum.core import QuorumCore
+    from metalog.broker.quorum.api import AppendWaiter, QuorumConfig
+    from metalog.broker.quorum.election import ElectionMemory
+    from metalog.broker.quorum.local_log import LocalLog
     from metalog.broker.quorum.outbox import RequestKind
     from metalog.broker.quorum.progress import ReplicaProgress
+    from metalog.broker.quorum.voters import Electorate
 
 
 class Role(enum.StrEnum):
@@ -74,15 +86,62 @@ MEMORY_TRANSITIONS = frozenset({(R.LEADER, R.RESIGNED)} | {
     (r, R.PROSPECTIVE) for r in (R.UNATTACHED, R.VOTED, R.PROSPECTIVE, R.CANDIDATE, R.RESIGNED, R.FOLLOWER)})
 
 
+class RoleContext(Protocol):
+    """What every role may use of its owner (the QuorumCore)."""
+
+    @property
+    def config(self) -> QuorumConfig: ...
+
+    @property
+    def log(self) -> LocalLog:
+        """The local log's view, shared by every role."""
+        ...
+
+    @property
+    def electorate(self) -> Electorate:
+        """This node and the latest voter set."""
+        ...
+
+    @property
+    def elections(self) -> ElectionMemory:
+        """What elections remember across roles, and their random timers."""
+        ...
+
+    @property
+    def shutting_down(self) -> bool: ...
+
+    def send(self, destination: int, body: m.Body, kind: RequestKind, position: int = 0) -> int:
+        """Send a request under our epoch; its id."""
+        ...
+
+    def respond(self, token: Any, body: m.Body) -> None: ...
+
+    def current_leader(self) -> m.LeaderIdAndEpoch: ...
+
+    def fail(self, reason: str) -> None:
+        """An invariant of the quorum broke: stop the node (Fatal)."""
+        ...
+
+    def become_follower(self, epoch: int, leader_id: int, now_ms: int) -> RoleState:
+        """Follow `leader_id` in `epoch`; the role in place after it."""
+        ...
+
+    def become_observer(self, now_ms: int) -> None:
+        """We left the voter set (KIP-853)."""
+        ...
+
+
 class RoleState:
     """What every role has, and what a role does with an event it does not
     handle itself (mostly: nothing, or refuse)."""
 
-    __slots__ = ("core", "role", "epoch", "leader_id", "voted_id", "election_deadline_ms")
+    __slots__ = ("ctx", "role", "epoch", "leader_id", "voted_id", "election_deadline_ms")
     is_leader = False
 
-    def __init__(self, core: QuorumCore, role: Role, epoch: int, leader_id: int, voted_id: int):
-        self.core = core
+    ctx: RoleContext
+
+    def __init__(self, ctx: RoleContext, role: Role, epoch: int, leader_id: int, voted_id: int):
+        self.ctx = ctx
         self.role = role
         self.epoch = epoch
         self.leader_id = leader_id  # NO_LEADER if unknown
@@ -116,32 +175,31 @@ class RoleState:
 
     # -- election ------------------------------------------------------------
 
-    def grant_vote(self, req: m.VoteRequest, running_deadline: int | None, now_ms: int) -> bool:
+    def grant_vote(self, req: m.VoteRequest, running_deadline_ms: int | None, now_ms: int) -> bool:
         return False
 
     def grant_pre_vote(self, req: m.VoteRequest, now_ms: int) -> bool:
         """KIP-996: would we vote for this candidate in the next epoch? Yes iff
         its log is at least as up to date as ours and no leader of our epoch
         has been heard from within the fetch timeout. Records nothing."""
-        core = self.core
-        log = core.log
-        up_to_date = log.up_to_date(req.last_offset_epoch, req.last_offset)
-        return up_to_date and not core.heard_from_leader_recently(now_ms)
+        ctx = self.ctx
+        up_to_date = ctx.log.up_to_date(req.last_offset_epoch, req.last_offset)
+        return up_to_date and not ctx.elections.heard_from_leader_recently(self.epoch, now_ms)
 
     def on_leader_claimed(self, leader_id: int, epoch: int, now_ms: int) -> None:
         """Another node leads our epoch and we knew no leader in it."""
-        self.core.become_follower(epoch, leader_id, now_ms)
+        self.ctx.become_follower(epoch, leader_id, now_ms)
 
     def on_end_quorum_epoch(self, req: m.EndQuorumEpochRequest, now_ms: int) -> None:
         """Our epoch's leader resigns."""
 
-    def running_deadline(self) -> int | None:
+    def running_deadline_ms(self) -> int | None:
         """The timer that would make us stand ourselves."""
         return self.election_deadline_ms
 
     def postpone_candidacy(self, now_ms: int) -> None:
         """A quarantined voter may not stand: try again after an election timeout."""
-        self.election_deadline_ms = now_ms + self.core.election_timeout()
+        self.election_deadline_ms = now_ms + self.ctx.elections.timeout_ms()
 
     def stand_soon(self, now_ms: int) -> None:
         """Our leader is probably gone: stand again after a short grace (a
@@ -187,14 +245,14 @@ class RoleState:
     def notification_judged(self, voter: int, ok: bool, now_ms: int) -> None:
         """The answer to a notification sent in the current epoch."""
 
-    def client_append(self, waiters: list, records: list[bytes], now_ms: int,
-                      producers: list | None = None) -> None:
-        core = self.core
-        cl = core.current_leader()
+    def client_append(self, waiters: list[AppendWaiter], records: list[bytes], now_ms: int,
+                      producers: list[tuple[int, int, int] | None] | None = None) -> None:
+        ctx = self.ctx
+        cl = ctx.current_leader()
         for token, _ in waiters:
-            core.respond(token, m.ProduceResponse(
+            ctx.respond(token, m.ProduceResponse(
                 error_code=Errors.NOT_LEADER_OR_FOLLOWER, current_leader=cl,
-                error_message=f"node {core.node_id} is not the leader"))
+                error_message=f"node {ctx.electorate.node_id} is not the leader"))
 
     # -- the local log changed under us --------------------------------------
 
@@ -217,9 +275,9 @@ class RoleState:
         """The latest voter set changed in this step (KIP-853). A voter role
         whose node is no longer a voter becomes an observer; a follower is
         one already (FollowerState serves both, its role is set in place)."""
-        core = self.core
-        if not core.is_voter and self.role not in (Role.OBSERVER, Role.LEADER):
-            core.become_observer(now_ms)
+        ctx = self.ctx
+        if not ctx.electorate.is_voter and self.role not in (Role.OBSERVER, Role.LEADER):
+            ctx.become_observer(now_ms)
 
     def on_shutdown(self, now_ms: int) -> None:
         """Graceful stop (the election timer is already disarmed)."""
@@ -237,4 +295,8 @@ class RoleState:
         return {}
 
     def observer_ids(self) -> list[int]:
+        return []
+
+    def parked_fetch_replicas(self) -> list[int]:
+        """The replica id of every fetch parked waiting for data (a leader's)."""
         return []

@@ -43,12 +43,12 @@ def setting(default: Any = dataclasses.MISSING, doc: str = "", *, default_factor
     return dataclasses.field(default=default, metadata={_KEY: spec})
 
 
-def setting_fields(cls) -> list[tuple[dataclasses.Field, SettingSpec]]:
+def setting_fields(cls: type[Any]) -> list[tuple[dataclasses.Field[Any], SettingSpec]]:
     """The fields of a config class that are user settings, in declaration order."""
     return [(f, f.metadata[_KEY]) for f in dataclasses.fields(cls) if _KEY in f.metadata]
 
 
-def check_settings(obj) -> tuple[str, str] | None:
+def check_settings(obj: Any) -> tuple[str, str] | None:
     """The first setting of `obj` outside its declared range, as (key, why)."""
     for f, spec in setting_fields(type(obj)):
         value = getattr(obj, f.name)

@@ -184,3 +184,66 @@ class VoterSetHistory:
 
     def copy(self) -> VoterSetHistory:
         return VoterSetHistory(self.base, self.entries)
+
+
+class Electorate:
+    """This node's place in the latest voter set (KIP-853), in the form the
+    hot paths read it. The core refreshes it whenever the log's latest set
+    changes; the roles and the request handlers only read it."""
+
+    __slots__ = ("node_id", "directory_id", "voter_set", "voters", "others", "is_voter", "hw_index")
+
+    def __init__(self, node_id: int, directory_id: str, voter_set: VoterSet) -> None:
+        self.node_id = node_id
+        self.directory_id = directory_id
+        self.refresh(voter_set)
+
+    def refresh(self, voter_set: VoterSet) -> None:
+        self.voter_set = voter_set
+        self.voters = voter_set.ids
+        self.others = tuple(v for v in self.voters if v != self.node_id)
+        # A wiped dir has a new directory id: not the voter the set names.
+        self.is_voter = voter_set.is_voter(self.node_id, self.directory_id)
+        # The voters' log ends sorted descending: a majority holds the one at this index.
+        self.hw_index = len(self.voters) // 2
+
+    @property
+    def may_vote_later(self) -> bool:
+        """Could this node vote without restarting? A voter; or anyone once
+        the voter set lives in the log (KIP-853): replicating a VotersRecord
+        can make it one. A quarantine is kept until re-replicated for it."""
+        return self.is_voter or self.voter_set.kraft_version == 1
+
+    def is_majority(self, ids: Iterable[int]) -> bool:
+        """Do `ids` make a majority of the voter set? (The one place elections
+        count voters.)"""
+        return self.voter_set.is_majority(ids)
+
+    def may_be_candidate(self, candidate_id: int, directory_id: str) -> bool:
+        """May (candidate_id, directory_id) ask for our vote? A voter of our
+        set may. With the voter set in the log (KIP-853) so may a node our
+        set does not name at all: our set may lag the candidate's (a
+        VotersRecord we have not replicated yet added it), and the candidate
+        counts its majority in its own set. A node id our set names with
+        another directory is a wiped replica: never."""
+        vs = self.voter_set
+        if vs.is_voter(candidate_id, directory_id):
+            return True
+        return (vs.kraft_version == 1 and directory_id != NO_DIRECTORY_ID
+                and (vs.unknown or candidate_id not in vs.directory_ids))
+
+    def addressed_by_own_key(self, voter_id: int, voter_directory_id: str) -> bool:
+        """Does a Vote name this very replica, node id and directory id both
+        (KIP-853)? Such a request comes from a candidate whose voter set has
+        us as a voter, even if ours does not yet: we vote, by the usual rules."""
+        return (voter_id == self.node_id and self.directory_id != NO_DIRECTORY_ID
+                and voter_directory_id == self.directory_id)
+
+    def addressed_to_me(self, voter_id: int, voter_directory_id: str) -> bool:
+        """Kafka's isValidVoterKey: a Vote or BeginQuorumEpoch naming the voter
+        it is for names this node and, if both sides know it, this very
+        directory (a wiped and reformatted dir is another replica)."""
+        if voter_id >= 0 and voter_id != self.node_id:
+            return False
+        return (voter_directory_id == NO_DIRECTORY_ID or self.directory_id == NO_DIRECTORY_ID
+                or voter_directory_id == self.directory_id)
