@@ -254,7 +254,7 @@ class SimCluster:
         self._trace_hash = hashlib.sha256()
         self.events_processed = 0
         self.spin_ticks = 0
-        self.truncations: list[tuple[int, int, int]] = []  # (time, node, end offset)
+        self.truncations: list[tuple[int, int, int]] = []  # (time ms, node, end offset)
         self.checker = InvariantChecker(self)
         # Scenario control: decide per message "deliver" | "hold" | "drop" | "corrupt".
         self.intercept: Callable[[Message], str] | None = None
@@ -264,7 +264,7 @@ class SimCluster:
         self.client_pending: dict[Any, tuple[int, list[bytes]]] = {}
         self.client_results: list[tuple[Any, m.Body]] = []
         self.acks: dict[int, ClientAck] = {}
-        # Failover latency: (crash time, epoch of the crashed leader, clean?, silent crash?)
+        # Failover latency: (crash time ms, epoch of the crashed leader, clean?, silent crash?)
         self.failover_pending: tuple[int, int, bool, bool] | None = None
         self.failover_samples: list[tuple[int, bool, bool]] = []  # (ms, clean?, silent crash?)
         self.listeners: list[Callable[[SimNode], None]] = []  # called after every step
@@ -283,8 +283,8 @@ class SimCluster:
         if stop is not None and stop():
             return True
         while self._heap and self._heap[0][0] <= until_ms:
-            at, _, kind, args = heapq.heappop(self._heap)
-            self.now_ms = at
+            at_ms, _, kind, args = heapq.heappop(self._heap)
+            self.now_ms = at_ms
             self._dispatch(kind, args)
             self.events_processed += 1
             if self.events_processed > MAX_EVENTS_PER_RUN:
@@ -294,8 +294,8 @@ class SimCluster:
         self.now_ms = max(self.now_ms, until_ms)
         return stop() if stop is not None else True
 
-    def advance(self, ms: int) -> None:
-        self.run_until(self.now_ms + ms)
+    def advance(self, duration_ms: int) -> None:
+        self.run_until(self.now_ms + duration_ms)
 
     def run_until_true(self, cond: Callable[[], bool], within_ms: int, what: str) -> None:
         if not self.run_until(self.now_ms + within_ms, cond):
@@ -857,16 +857,16 @@ class SimCluster:
     def note_fault(self) -> None:
         """A new fault began: an ongoing failover measurement is no longer clean."""
         if self.failover_pending is not None:
-            t, e, _, silent = self.failover_pending
-            self.failover_pending = (t, e, False, silent)
+            crash_ms, epoch, _, silent = self.failover_pending
+            self.failover_pending = (crash_ms, epoch, False, silent)
 
     def check_failover(self, n: SimNode) -> None:
         if self.failover_pending is None:
             return
-        t, epoch, clean, silent = self.failover_pending
+        crash_ms, epoch, clean, silent = self.failover_pending
         core = n.core
         if is_leader(core) and core.epoch > epoch and core.high_watermark > self.checker.epoch_start(n, core.epoch):
-            self.failover_samples.append((self.now_ms - t, clean, silent))
+            self.failover_samples.append((self.now_ms - crash_ms, clean, silent))
             self.failover_pending = None
 
     # -------------------------------------------------------------- snapshots
@@ -891,8 +891,8 @@ class SimCluster:
         b = d.batch_at(hw - 1)
         if b is None:
             return None
-        end = hw if b.next_offset == hw else b.base_offset
-        sid = d.create_snapshot(end)
+        end_offset = hw if b.next_offset == hw else b.base_offset
+        sid = d.create_snapshot(end_offset)
         if sid is None:
             return None
         self.trace(f"n{n.node_id} snapshot {sid}")

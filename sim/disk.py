@@ -63,12 +63,12 @@ class SimDiskError(AssertionError):
 
 def split_batches(data: bytes) -> list[StoredBatch]:
     out = []
-    end = 0
+    end_pos = 0
     for pos, h in iter_batches(data):
         out.append(_stored(data[pos:pos + h.size], h))
-        end = pos + h.size
-    if end != len(data):
-        raise SimDiskError(f"AppendBatches data has {len(data) - end} trailing bytes that are not a whole batch")
+        end_pos = pos + h.size
+    if end_pos != len(data):
+        raise SimDiskError(f"AppendBatches data has {len(data) - end_pos} trailing bytes that are not a whole batch")
     return out
 
 
@@ -108,15 +108,15 @@ class SimDisk:
         if i is None:
             return b""
         out: list[bytes] = []
-        size = 0
+        size_bytes = 0
         while i < len(self.batches):
             b = self.batches[i]
             if b.next_offset > end_offset:
                 break
-            if out and size + len(b.data) > max_bytes:
+            if out and size_bytes + len(b.data) > max_bytes:
                 break
             out.append(b.data)
-            size += len(b.data)
+            size_bytes += len(b.data)
             i += 1
         return b"".join(out)
 
@@ -226,9 +226,9 @@ class SimDisk:
             raise SimDiskError(f"snapshot chunk at {position} of {snapshot_id} but the .part file holds {have} bytes")
         part.extend(data)
 
-    def install_snapshot(self, snapshot_id: m.SnapshotId, size: int) -> bool:
+    def install_snapshot(self, snapshot_id: m.SnapshotId, size_bytes: int) -> bool:
         part = self.partial_snapshots.pop(snapshot_id, None)
-        if part is None or len(part) != size:
+        if part is None or len(part) != size_bytes:
             return False  # verification failed: the core re-fetches later
         self.snapshots = {sid: d for sid, d in self.snapshots.items() if sid > snapshot_id}
         self.snapshots[snapshot_id] = bytes(part)
@@ -370,16 +370,16 @@ class SimDisk:
         return found[-1][1] if found else None
 
     def log_view(self) -> LogView:
-        end = self.log_end_offset
+        end_offset = self.log_end_offset
         history = EpochHistory(self.epoch_checkpoint)
-        history.truncate_from_end(end)
+        history.truncate_from_end(end_offset)
         # Recovery rebuilds epochs the checkpoint missed from the batches (as Kafka does).
         for b in self.batches:
             if b.epoch > history.latest_epoch:
                 history.assign(b.epoch, b.base_offset)
         return LogView(
             log_start_offset=self.log_start_offset,
-            log_end_offset=end,
+            log_end_offset=end_offset,
             epochs=[(e.epoch, e.start_offset) for e in history.entries],
             snapshots=sorted(self.snapshots),
             must_reach_offset=self.must_reach_offset,

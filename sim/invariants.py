@@ -52,7 +52,7 @@ from __future__ import annotations
 import bisect
 import collections
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from metalog.broker.quorum.api import SnapshotInstallFailed
 from metalog.protocol import messages as m
@@ -105,7 +105,8 @@ class FetchedCorruptionChecker:
         self.cluster = cluster
         self.flips: dict[int, collections.deque[WireFlip]] = {}  # node -> flips sent its way
         self.pending: dict[int, list[Refusal]] = {}  # node -> refusals not yet replaced
-        self.refusals: list[Refusal] = []  # every one, for the final check and the counts
+        # Every one, for the final check and the counts: at most one per flip.
+        self.refusals: list[Refusal] = []
         self.flip_count = 0
         self.resolved_count = 0
 
@@ -135,10 +136,10 @@ class FetchedCorruptionChecker:
 
     def on_log_replaced(self, n: "SimNode") -> None:
         """A snapshot install moved the log past some refused offsets: resolved."""
-        end = n.disk.log_end_offset
-        self._resolve(n, lambda b: b < end)
+        end_offset = n.disk.log_end_offset
+        self._resolve(n, lambda b: b < end_offset)
 
-    def _resolve(self, n: "SimNode", covers: Any) -> None:
+    def _resolve(self, n: "SimNode", covers: Callable[[int], bool]) -> None:
         pending = self.pending.get(n.node_id)
         if not pending:
             return
@@ -381,17 +382,17 @@ class InvariantChecker:
                   f"{len(n.core.voters) // 2 + 1}")
 
     def _check_acks_below_hw(self, n: "SimNode", hw: int) -> None:
-        version, upto = self.checked.get(n.node_id, (-1, 0))
+        version, verified_end_offset = self.checked.get(n.node_id, (-1, 0))
         if version != n.disk.version:
-            upto = 0
-        lo = max(upto, n.disk.log_start_offset)
-        if hw > lo and self.acked_offsets:
+            verified_end_offset = 0
+        lo_offset = max(verified_end_offset, n.disk.log_start_offset)
+        if hw > lo_offset and self.acked_offsets:
             acks = self.cluster.acks
-            i = bisect.bisect_left(self.acked_offsets, lo)
+            i = bisect.bisect_left(self.acked_offsets, lo_offset)
             while i < len(self.acked_offsets) and self.acked_offsets[i] < hw:
                 self._check_ack_on(n, acks[self.acked_offsets[i]])
                 i += 1
-        self.checked[n.node_id] = (n.disk.version, max(upto, hw))
+        self.checked[n.node_id] = (n.disk.version, max(verified_end_offset, hw))
 
 
 def committed_records(n: "SimNode") -> dict[int, tuple[int, bytes]]:

@@ -95,11 +95,11 @@ class SimNetwork:
         if not batches:
             raise ValueError("a fetch answer without a whole batch has nothing to flip")
         pos, h = self.rng_wire.choice(batches)
-        at = self.rng_wire.randrange(MAGIC_POSITION, h.size)
+        byte_position = self.rng_wire.randrange(MAGIC_POSITION, h.size)
         bit = self.rng_wire.randrange(8)
         records = bytearray(body.records)
-        records[pos + at] ^= 1 << bit
-        flip = WireFlip(h.base_offset, h.leader_epoch, at, bit, bytes(records[pos:pos + h.size]))
+        records[pos + byte_position] ^= 1 << bit
+        flip = WireFlip(h.base_offset, h.leader_epoch, byte_position, bit, bytes(records[pos:pos + h.size]))
         return msgspec.structs.replace(body, records=bytes(records)), flip
 
     def isolate(self, node: int) -> None:

@@ -150,8 +150,8 @@ class RandomRun:
     def _live(self) -> list[SimNode]:
         return [n for n in self.cluster.nodes.values() if n.alive]
 
-    def _later(self, lo: int, hi: int, fn) -> None:
-        self.cluster.schedule(self.cluster.now_ms + self.rng.randint(lo, hi), "call", fn)
+    def _later(self, lo_ms: int, hi_ms: int, fn) -> None:
+        self.cluster.schedule(self.cluster.now_ms + self.rng.randint(lo_ms, hi_ms), "call", fn)
 
     def _restart(self, node_id: int):
         def go() -> None:

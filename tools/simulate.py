@@ -12,7 +12,10 @@ split by kind: a killed process (its host resets the connections: followers
 notice at once) or a lost host (silence: followers wait out the fetch
 timeout). Default timeouts: election 1000 ms, fetch 1000 ms. Then the
 RejoinNoEpochBump windows (a follower isolated from a healthy cluster; see
-sim/random_run.py): how many, and in how many an epoch was bumped.
+sim/random_run.py): how many, and in how many an epoch was bumped. Last, wire
+corruption (a bit flipped in a fetch answer, drawn in half the seeds): in how
+many seeds it fired, how many bits flipped and how many batches followers
+refused for it (SIM_WIRE_FLIPS=0 turns it off).
 """
 
 from __future__ import annotations
@@ -28,15 +31,15 @@ from metalog.sim.random_run import run_seed
 
 
 def _one(args: tuple[int, int, bool]) -> tuple[int, str | None, list[tuple[int, bool, bool]], int,
-                                                list[tuple[int, bool, bool]]]:
+                                                list[tuple[int, bool, bool]], dict[str, int]]:
     seed, duration_ms, snapshots = args
     try:
         r = run_seed(seed, duration_ms=duration_ms, snapshots=snapshots)
-        return seed, None, r.failover_samples, r.events, r.rejoin_samples
+        return seed, None, r.failover_samples, r.events, r.rejoin_samples, r.faults
     except Violation as v:
-        return seed, str(v), [], 0, []
+        return seed, str(v), [], 0, [], {}
     except Exception as exc:  # a crash of the harness or the core is a failure too
-        return seed, f"SIM_SEED={seed} exception: {exc!r}\n{traceback.format_exc()}", [], 0, []
+        return seed, f"SIM_SEED={seed} exception: {exc!r}\n{traceback.format_exc()}", [], 0, [], {}
 
 
 def percentile(values: list[int], p: float) -> int:
@@ -66,21 +69,27 @@ def main(argv: list[str] | None = None) -> int:
     silent_by_seed: list[tuple[int, int]] = []  # (ms, seed)
     every: list[int] = []
     rejoins: list[tuple[int, bool, bool]] = []
+    wire = [0, 0, 0]  # seeds where a bit flipped on the wire, bits flipped, batches refused
     events = 0
     with multiprocessing.Pool(args.workers) as pool:
-        for i, (seed, err, samples, n_events, rejoin) in enumerate(pool.imap_unordered(_one, jobs, chunksize=4), 1):
+        for i, (seed, err, samples, n_events, rejoin, faults) in enumerate(
+                pool.imap_unordered(_one, jobs, chunksize=4), 1):
             events += n_events
             rejoins.extend(rejoin)
+            if faults.get("wire_flip"):
+                wire[0] += 1
+                wire[1] += faults["wire_flip"]
+                wire[2] += faults.get("fetched_corrupt_refused", 0)
             if err is not None:
                 failures.append((seed, err))
                 print(err.splitlines()[0], file=sys.stderr, flush=True)
-            for ms, is_clean, silent in samples:
-                every.append(ms)
+            for latency_ms, is_clean, silent in samples:
+                every.append(latency_ms)
                 if is_clean:
-                    clean.append(ms)
-                    (clean_silent if silent else clean_kill).append(ms)
+                    clean.append(latency_ms)
+                    (clean_silent if silent else clean_kill).append(latency_ms)
                     if silent:
-                        silent_by_seed.append((ms, seed))
+                        silent_by_seed.append((latency_ms, seed))
             if i % 500 == 0:
                 print(f"... {i}/{len(jobs)} seeds, {len(failures)} violations, "
                       f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
@@ -103,13 +112,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"failover, {name}: no samples")
     if args.slowest:
         worst = sorted(silent_by_seed, reverse=True)[:args.slowest]
-        print("slowest silent failovers: " + (", ".join(f"{ms} ms (seed {sd})" for ms, sd in worst) or "none"))
+        print("slowest silent failovers: " + (", ".join(f"{latency_ms} ms (seed {sd})" for latency_ms, sd in worst) or "none"))
     lossless = [(b, healed) for b, healed, no_loss in rejoins if no_loss]
     lossy = [b for b, _, no_loss in rejoins if not no_loss]
     print(f"follower isolated from a healthy cluster (RejoinNoEpochBump): {len(rejoins)} windows, "
           f"{sum(1 for _, h, _ in rejoins if h)} healed within; epoch bumped in "
           f"{sum(1 for b, _ in lossless if b)} of {len(lossless)} lossless (checked) and "
           f"{sum(1 for b in lossy if b)} of {len(lossy)} lossy")
+    print(f"wire corruption (a bit flipped in a fetch answer): fired in {wire[0]} of {len(jobs)} seeds, "
+          f"{wire[1]} bits flipped, {wire[2]} batches refused by followers")
     return 1 if failures else 0
 
 
