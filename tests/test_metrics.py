@@ -12,8 +12,8 @@ import types
 import pytest
 
 from metalog.broker.quorum.roles import Role
-from metalog.broker.server.metrics import (RAFT_METRIC_NAMES, WINDOW_S, BrokerMetrics, LoopIdleRatio, RaftStats, RaftView,
-                                          WindowedStat, raft_view)
+from metalog.broker.server.metrics import (RAFT_METRIC_NAMES, WINDOW_S, BrokerMetrics, LoopIdleRatio, RaftStats,
+                                          RaftView, WindowedStat, raft_view)
 from metalog.protocol.invariants import InvariantViolation
 
 

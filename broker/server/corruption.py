@@ -142,8 +142,8 @@ class CorruptionHandler:
             self._snapshot_corrupt(report)
             return
         if self._sole_voter:
-            self._host.fail("corruption_no_other_copy", no_copy_message(report, self._data_dir),
-                            **report.as_log_fields())
+            fields: dict[str, Any] = report.as_log_fields()
+            self._host.fail("corruption_no_other_copy", no_copy_message(report, self._data_dir), **fields)
             return
         seg_log = self._seg_log
         try:

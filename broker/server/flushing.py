@@ -1,4 +1,4 @@
-"""The log's fsyncs (group commit's flush side) and the unlink thread.
+"""The log's fsyncs (group commit's flush side), and the unlink thread.
 
 The core asks for a flush with ``FlushLog``; nothing it counts toward the
 high watermark is acknowledged before the flush says it is durable
@@ -9,8 +9,7 @@ before it started (group commit), and flushes never overlap
 A leader's fdatasync runs on a worker thread while the loop keeps appending
 and its records travel to the followers; a follower syncs on the loop
 thread (see ``Flusher.start``). Old snapshot and segment files, renamed
-``.deleted`` on the loop, are unlinked on a second thread
-(``Flusher.unlink_later``).
+``.deleted`` on the loop, are unlinked on a second thread (``Unlinker``).
 """
 
 from __future__ import annotations
@@ -47,7 +46,7 @@ class FlushHost(Protocol):
 class Flusher:
     def __init__(self, host: FlushHost, group_commit: GroupCommit, flush_log: Callable[[], int],
                  log_end_offset: Callable[[], int], is_leader: Callable[[], bool], metrics: BrokerMetrics,
-                 trace: CommitTrace | None, logger: Any):
+                 trace: CommitTrace | None):
         self._host = host
         self._gc = group_commit
         self._flush_log = flush_log  # fdatasync of the log; returns the flushed end offset
@@ -55,14 +54,8 @@ class Flusher:
         self._is_leader = is_leader
         self._metrics = metrics
         self._trace = trace
-        self._log = logger
         # fdatasyncs run here, one at a time (group commit never overlaps them).
         self._flush_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flush")
-        # Old snapshot and segment files, renamed .deleted on the loop, are
-        # unlinked here: a 150 MB unlink held the loop about 30 ms. A few per
-        # snapshot, so the queue is bounded by the files there are; boot
-        # removes any left over.
-        self._unlink_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="unlink")
         self.start_wanted = False  # a FlushLog of the current step, started when the step ends
         self._abandoned = False  # stopping is past its drain: completions are no longer fed
 
@@ -147,6 +140,24 @@ class Flusher:
     def _failed(self) -> bool:
         return self._host.fatal is not None
 
+    def abandon(self) -> None:
+        """Stopping: completions are no longer fed to the core."""
+        self._abandoned = True
+
+    def close(self) -> None:
+        self._flush_executor.shutdown(wait=False)
+
+
+class Unlinker:
+    """Old snapshot and segment files, renamed .deleted on the loop, are
+    unlinked on a thread of their own: a 150 MB unlink held the loop about
+    30 ms. A few per snapshot, so the queue is bounded by the files there
+    are; boot removes any left over."""
+
+    def __init__(self, logger: Any):
+        self._log = logger
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="unlink")
+
     def unlink_later(self, path: str) -> None:
         """Unlink a file already out of every store's view (renamed .deleted) on the unlink thread."""
         log = self._log
@@ -159,12 +170,7 @@ class Flusher:
             except OSError as exc:  # left for boot's cleanup; the file is out of use already
                 log.error("unlink_failed", path=path, error=str(exc), action="boot removes it")
 
-        self._unlink_executor.submit(unlink)
-
-    def abandon(self) -> None:
-        """Stopping: completions are no longer fed to the core."""
-        self._abandoned = True
+        self._executor.submit(unlink)
 
     def close(self) -> None:
-        self._flush_executor.shutdown(wait=False)
-        self._unlink_executor.shutdown(wait=False)  # a file not unlinked yet is boot's to remove
+        self._executor.shutdown(wait=False)  # a file not unlinked yet is boot's to remove

@@ -35,7 +35,7 @@ class GcWatch:
         self._histogram = histogram  # labelled by generation
         self._log = log
         self._slow_s = slow_ms / 1000
-        self._started: float | None = None
+        self._started_s: float | None = None
 
     def install(self, young_threshold: int | None = None) -> None:
         """Time collections from now on; with `young_threshold`, also set
@@ -56,12 +56,12 @@ class GcWatch:
         if info["generation"] == 0:
             return
         if phase == "start":
-            self._started = time.perf_counter()
+            self._started_s = time.perf_counter()
             return
-        if self._started is None:  # installed mid-collection
+        if self._started_s is None:  # installed mid-collection
             return
-        seconds = time.perf_counter() - self._started
-        self._started = None
+        seconds = time.perf_counter() - self._started_s
+        self._started_s = None
         generation = info["generation"]
         self._histogram.labels(generation=str(generation)).observe(seconds)
         if seconds >= self._slow_s:

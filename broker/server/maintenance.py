@@ -23,24 +23,24 @@ from metalog.storage.snapshot import SnapshotStore
 class Maintenance:
     def __init__(self, cfg: BrokerConfig, seg_log: SegmentedLog, snapshots: SnapshotStore, metrics: BrokerMetrics,
                  logger: Any, *, corruption_found: Callable[[CorruptionReport, str], None],
-                 checker: ConsistencyChecker | None, task_done: Callable[[asyncio.Task[Any]], None]):
+                 task_done: Callable[[asyncio.Task[Any]], None]):
         self._cfg = cfg
         self._seg_log = seg_log
         self._snapshots = snapshots
         self._metrics = metrics
         self._log = logger
         self._corruption_found = corruption_found  # on the loop: report and react
-        self._checker = checker  # None: the check is off (consistency_check_interval_ms 0)
         self._task_done = task_done  # an exception ending the check's task is fatal
         self.scrubber: Scrubber | None = None
         self._gc_watch: GcWatch | None = None
         self._consistency_task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
+    def start(self, checker: ConsistencyChecker) -> None:
+        """Start the scrubber, the GC watch and, if consistency_check_interval_ms is above 0, `checker`."""
         cfg = self._cfg
         loop = asyncio.get_running_loop()
-        if self._checker is not None:
-            self._consistency_task = loop.create_task(self._checker.run())
+        if cfg.storage.consistency_check_interval_ms > 0:
+            self._consistency_task = loop.create_task(checker.run())
             self._consistency_task.add_done_callback(self._task_done)
 
         def found(report: CorruptionReport) -> None:  # on the scrubber's thread: handled on the loop

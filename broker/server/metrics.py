@@ -68,9 +68,9 @@ class WindowedStat:
 
     def record(self, value: float) -> None:
         now_s = self._clock()
-        start = math.floor(now_s / self._bucket_s) * self._bucket_s
-        if not self._buckets or self._buckets[-1][0] != start:
-            self._buckets.append([start, 0, 0.0, -math.inf])
+        start_s = math.floor(now_s / self._bucket_s) * self._bucket_s
+        if not self._buckets or self._buckets[-1][0] != start_s:
+            self._buckets.append([start_s, 0, 0.0, -math.inf])
         b = self._buckets[-1]
         b[1] += 1
         b[2] += value

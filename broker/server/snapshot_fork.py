@@ -76,13 +76,13 @@ class ForkedWrite:
         self.part_path = part_path  # removed by the parent if the child dies mid-write
         self.pid: int | None = None
         self._read_fd: int | None = None
-        self._t0 = 0.0
+        self._t0_s = 0.0
 
     def start(self) -> int:
         invariant(self.pid is None, "a ForkedWrite forks once")
         r, w = os.pipe()
         parent = os.getpid()
-        self._t0 = time.perf_counter()
+        self._t0_s = time.perf_counter()
         try:
             pid = os.fork()
         except OSError:
@@ -114,7 +114,7 @@ class ForkedWrite:
         finally:
             os.close(fd)
             self._read_fd = None
-        seconds = time.perf_counter() - self._t0
+        seconds = time.perf_counter() - self._t0_s
         exit_status = "unknown (reaped elsewhere)" if status is None else _describe(status)
         code = 0 if status is None else os.waitstatus_to_exitcode(status)
         if code == 0 and report is not None and "error" not in report:
