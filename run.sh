@@ -2,7 +2,8 @@
 # The README's two commands live here.
 #   bash run.sh cluster   set up, then start a local multi-broker cluster (3 voters + 1 observer)
 #   bash run.sh test      set up, then run the whole test suite
-#   bash run.sh setup     only set up (virtualenv, dependencies, Java for Spark, promtool)
+#   bash run.sh setup     only set up (virtualenv, dependencies, Java for Spark, promtool,
+#                         Apache Kafka's jars for tests/kafka)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -31,6 +32,38 @@ setup() {
   # setuptools warns about every editable install (a UserWarning of its build
   # backend): noise for a user of this repo, so it is silenced here only.
   PYTHONWARNINGS="ignore::UserWarning" .venv/bin/python -m pip install -q -e '.[dev,spark,bench]'
+  kafka_setup
+}
+
+# Apache Kafka, the judge of our files (tests/kafka, metalog.tools.kafka): the
+# release pinned in tools/kafka/pom.xml, its jars copied by Maven into
+# .kafka/lib (git-ignored). Fetched once: skipped while the pinned version's
+# jars are there, so no network is needed after the first setup.
+kafka_setup() {
+  local version lib=.kafka/lib
+  version="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' tools/kafka/pom.xml)"
+  if [ -f "$lib/kafka-shell-$version.jar" ] && [ -f "$lib/kafka-tools-$version.jar" ]; then
+    return 0
+  fi
+  if ! command -v mvn >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo -n"; fi
+    echo "run.sh: installing maven (to fetch Apache Kafka's jars)" >&2
+    { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends maven >/dev/null; } || true
+  fi
+  if ! command -v mvn >/dev/null 2>&1; then
+    echo "run.sh: mvn not found: Apache Kafka's jars were not fetched, so tests/kafka will fail (install Maven, then bash run.sh setup)" >&2
+    return 0
+  fi
+  if ! command -v java >/dev/null 2>&1; then
+    echo "run.sh: java not found: Apache Kafka's tools cannot run, so tests/kafka will fail (install Java 17, then bash run.sh setup)" >&2
+    return 0
+  fi
+  echo "run.sh: fetching Apache Kafka $version's jars into $lib (Maven)" >&2
+  rm -rf "$lib.part" "$lib"
+  mvn -q -B -f tools/kafka/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+    -DoutputDirectory="$PWD/$lib.part"
+  mv "$lib.part" "$lib"
 }
 
 cmd="${1:-}"
