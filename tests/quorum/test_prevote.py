@@ -182,16 +182,42 @@ def test_a_peer_too_old_for_vote_v2_makes_the_prospective_stand_at_once():
 
 
 def test_a_prospective_that_hears_nothing_retries_without_ever_bumping_the_epoch():
-    """The partitioned follower: it keeps asking, never stands, and when the
-    partition heals a refusal naming the leader puts it back."""
+    """The partitioned follower: its pre-votes go unanswered, so each round
+    ends at its election timer (at most 2 x election_timeout_ms), it falls
+    back to following its leader for a grace of at most election_timeout_ms
+    / 2 and asks every other voter again; it never stands, never bumps or
+    persists its epoch. When the partition heals, its leader's refusal
+    naming itself puts it back to following it, in the same epoch."""
+    election_ms = a.QuorumConfig(node_id=3, voters=(1, 2, 3), cluster_id=CLUSTER).election_timeout_ms
+    longest_round_ms = 2 * election_ms + election_ms // 2
+    span_ms = 10 * election_ms
     n, acts = timed_out()
-    now = 2100
-    for _ in range(20):
+    start = now = 2100
+    rounds = [(now, sent(acts, m.VoteRequest))]  # (when, the pre-votes sent)
+    for _ in range(1000):  # bounded: every tick is at the core's next deadline, later than the last
+        if now - start >= span_ms and n.core.role == "prospective":
+            break
+        assert n.core.next_deadline_ms > now
         now = n.core.next_deadline_ms
         acts = n.step(a.Tick(now))
         assert n.core.epoch == 4 and not of(acts, a.PersistQuorumState)
-        assert not [s for s in sent(acts, m.VoteRequest) if not s.request.pre_vote]
-    assert n.core.role in ("prospective", "follower")
+        votes = sent(acts, m.VoteRequest)
+        assert all(v.request.pre_vote and v.request.candidate_epoch == 5 for v in votes)
+        if votes:
+            rounds.append((now, votes))
+    else:
+        raise AssertionError("the loop did not reach its span")
+    assert all(sorted(v.destination for v in votes) == [1, 2] for _, votes in rounds)
+    gaps = [b - a_ for (a_, _), (b, _) in zip(rounds, rounds[1:])]
+    assert len(rounds) >= span_ms // longest_round_ms and max(gaps) <= longest_round_ms, gaps
+    # Pinned at the end: prospective, still in epoch 4 under leader 1, no vote cast.
+    assert election_state(n) == ("prospective", 4, 1, -1)
+
+    # The partition heals: leader 1 answers the latest round's pre-vote.
+    to_1 = next(v for v in rounds[-1][1] if v.destination == 1)
+    acts = answer(n, to_1, now + 1, granted=False, leader=1)
+    assert election_state(n) == ("follower", 4, 1, -1)
+    assert [f.destination for f in sent(acts, m.FetchRequest)] == [1] and not of(acts, a.PersistQuorumState)
 
 
 def test_a_candidate_that_lost_asks_for_pre_votes_again_before_another_epoch():
