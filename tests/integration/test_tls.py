@@ -325,8 +325,10 @@ def test_tls_1_1_is_refused(one_node):
     ctx2.load_verify_locations(os.path.join(one_node.cert_dir, "ca.crt"))
     ctx2.load_cert_chain(os.path.join(one_node.cert_dir, "admin.crt"), os.path.join(one_node.cert_dir, "admin.key"))
     try:
-        ctx2.minimum_version = ssl.TLSVersion.TLSv1
-        ctx2.maximum_version = ssl.TLSVersion.TLSv1_1
+        # the very point of the test is an old protocol: Python warns that it is deprecated
+        with pytest.warns(DeprecationWarning, match="TLSv1"):
+            ctx2.minimum_version = ssl.TLSVersion.TLSv1
+            ctx2.maximum_version = ssl.TLSVersion.TLSv1_1
     except (ValueError, ssl.SSLError):
         pytest.skip("this OpenSSL cannot even offer TLS 1.1")
     with socket.create_connection((host, port), timeout=5) as raw:

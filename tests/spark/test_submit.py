@@ -94,9 +94,12 @@ def test_package_holds_the_executor_code(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"wrote {out} (") and f"--py-files {out}" in proc.stdout
     names = set(zipfile.ZipFile(out).namelist())
-    assert {"tools/spark/job.py", "tools/spark/decode.py", "tools/spark/fold.py", "storage/snapshot.py",
-            "broker/controller/state.py", "protocol/messages.py"} <= names
-    assert not [n for n in names if not n.endswith(".py")]
+    # laid out as installed: metalog/<package>/..., with the namespace's directory entry
+    assert {"metalog/tools/spark/job.py", "metalog/tools/spark/decode.py", "metalog/tools/spark/fold.py",
+            "metalog/storage/snapshot.py", "metalog/broker/controller/state.py",
+            "metalog/protocol/messages.py", "metalog/"} <= names
+    assert not [n for n in names if n != "metalog/" and not (n.startswith("metalog/") and n.endswith(".py"))]
+    assert "metalog/__init__.py" not in names  # a namespace: an executor's own install may hold other parts
 
 
 def test_direct_run_starts_the_jvm_with_its_defaults(tmp_path):
