@@ -105,12 +105,15 @@ def caught_up(cluster, node: int, hw: int):
 
 async def test_bit_flip_in_a_sealed_segment_of_a_follower_is_quarantined_and_refetched(make_cluster):
     """The user sees, on the follower: one `corruption_detected` error event
-    (file, byte position, offset, expected and actual CRC), `started_quarantined`
-    (or `log_quarantined` when found at run time),
-    the bad segment and later ones kept as *.corrupt, /health 503 "degraded"
-    naming the file; then `quarantine_cleared` once it re-replicated past the
-    end it had. Every acknowledged record is readable from the cluster and
-    from the follower's own log."""
+    with source "startup" (file, byte position, offset, expected and actual
+    CRC) and `started_quarantined`, never `log_quarantined` (which is run
+    time's): SMALL's 4 KiB segments hold no index entry (one is written every
+    4096 bytes), so even the cheap check after a clean stop verifies each of
+    them whole and the log's open finds the flip before anything reads it.
+    Then the bad segment and later ones kept as *.corrupt, /health 503
+    "degraded" naming the file; then `quarantine_cleared` once it
+    re-replicated past the end it had. Every acknowledged record is readable
+    from the cluster and from the follower's own log."""
     cluster = make_cluster(voters=3, **SMALL)
     leader, _ = await asyncio.to_thread(cluster.wait_for_leader, 20)
     acked = await produce_records(cluster, 600, "f")
@@ -122,14 +125,15 @@ async def test_bit_flip_in_a_sealed_segment_of_a_follower_is_quarantined_and_ref
     cluster.start_node(victim)
     found = await asyncio.to_thread(cluster.wait_for, lambda: events(cluster, victim, "corruption_detected"), 20,
                                     "the corruption to be found")
-    ev = found[0]
-    assert ev["level"] == "error" and ev["file"] == path and ev["offset"] == bad
+    (ev,) = found
+    assert ev["level"] == "error" and ev["source"] == "startup" and ev["file"] == path and ev["offset"] == bad
     assert ev["expected_crc"] != ev["actual_crc"] and ev["position"] > 0
+    (started,) = events(cluster, victim, "started_quarantined")
+    assert [r["file"] for r in started["reports"]] == [path] and started["log_end_offset"] == bad
+    assert not events(cluster, victim, "log_quarantined"), "found at open, not at run time"
     await asyncio.to_thread(cluster.wait_for, lambda: events(cluster, victim, "quarantine_cleared"), 30,
                             "the follower to re-replicate past its old end")
     assert cluster.quorum(victim)["must_reach_offset"] == -1
-    # Found by the verification at open (started_quarantined) or at run time (log_quarantined).
-    assert events(cluster, victim, "started_quarantined") or events(cluster, victim, "log_quarantined")
     assert os.path.exists(path + ".corrupt")
     code, body = health(cluster, victim)
     assert code == 503 and body["status"] == "degraded" and any(path in v for v in body["problems"].values())
@@ -149,8 +153,9 @@ async def test_bit_flip_in_a_sealed_segment_of_the_leader_makes_it_resign(make_c
     client retries elsewhere); the user sees `corruption_detected` (source
     fetch) on the leader, which resigns (EndQuorumEpoch): another broker leads
     a newer epoch, the old leader quarantines, re-replicates and leaves
-    quarantine. Every acknowledged record is read back, and writes go on."""
-    cluster = make_cluster(voters=3, **SMALL)
+    quarantine. Every acknowledged record is read back, and writes go on.
+    The scrubber is off, so the read answering the Fetch is the one finder."""
+    cluster = make_cluster(voters=3, **SMALL, log_scrub_bytes_per_s=0)
     leader, epoch = await asyncio.to_thread(cluster.wait_for_leader, 20)
     acked = await produce_records(cluster, 600, "l")
     hw = max(off for off, _ in acked.values()) + 1
@@ -159,8 +164,8 @@ async def test_bit_flip_in_a_sealed_segment_of_the_leader_makes_it_resign(make_c
     assert all(got.get(v) == acked[v] for v in acked)
     new_leader, new_epoch = await asyncio.to_thread(cluster.wait_for_leader, 30, {leader})
     assert new_epoch > epoch
-    ev = events(cluster, leader, "corruption_detected")
-    assert ev and ev[0]["source"] in ("fetch", "scrub") and ev[0]["offset"] == bad and ev[0]["file"] == path
+    (ev,) = events(cluster, leader, "corruption_detected")
+    assert (ev["source"], ev["offset"], ev["file"]) == ("fetch", bad, path)
     await asyncio.to_thread(cluster.wait_for, lambda: events(cluster, leader, "quarantine_cleared"), 30,
                             "the old leader to leave quarantine")
     acked.update(await produce_records(cluster, 50, "after"))
@@ -172,7 +177,8 @@ async def test_bit_flip_in_a_sealed_segment_of_the_leader_makes_it_resign(make_c
 
 async def test_bit_flip_in_every_copy_leaves_no_leader_and_says_so(make_cluster):
     """The same batch is damaged on every voter while they are down. Each finds
-    it, quarantines and abstains, so no leader is elected (no voter can prove
+    it at open (4 KiB segments are verified whole), starts quarantined and
+    abstains, so no leader is elected (no voter can prove
     it holds what it acknowledged): every /health is 503 "degraded" naming the
     quarantine, and no broker exits with a traceback. Recovery needs the
     operator (docs/integrity.md: metalog storage recover --truncate-at-corruption)."""
@@ -190,8 +196,7 @@ async def test_bit_flip_in_every_copy_leaves_no_leader_and_says_so(make_cluster)
     cluster.start()
 
     def all_quarantined():
-        return all(events(cluster, n, "log_quarantined") or events(cluster, n, "started_quarantined")
-                   for n in cluster.nodes)
+        return all(events(cluster, n, "started_quarantined") for n in cluster.nodes)
 
     await asyncio.to_thread(cluster.wait_for, all_quarantined, 30, "every voter to quarantine")
     await asyncio.sleep(3)  # several election timeouts: nobody may win
@@ -233,23 +238,24 @@ async def test_a_zeroed_tail_is_cut_and_refetched(make_cluster):
 
 async def test_a_sole_voter_with_corruption_refuses_and_names_the_recover_command(make_cluster):
     """One voter: no other copy exists, so a damaged sealed segment is not cut
-    away silently. The broker exits non-zero with ONE `fatal` event and a
-    stderr line naming the file, the offset and the exact command that
-    truncates there with the operator's consent."""
+    away silently. The log's open finds the flip (SMALL's 4 KiB segments have
+    no index entry, so the cheap check verifies them whole) and the broker
+    refuses to start: exit 3 (docs/integrity.md; 4 is for damage found while
+    it runs), ONE `fatal` event and a stderr line naming the file, the offset
+    and the exact command that truncates there with the operator's consent."""
     cluster = make_cluster(voters=1, **SMALL)
     await asyncio.to_thread(cluster.wait_for_leader, 20)
     await produce_records(cluster, 400, "s")
     assert cluster.stop_node(1) == 0
     path, bad = flip_bit_in_sealed_segment(cluster.data_dir(1))
     cluster.start_node(1)
-    code = await asyncio.to_thread(cluster.procs[1].wait, 30)
-    assert code in (3, 4)  # refused at open (3) or stopped when the scrubber finds it (4)
+    assert await asyncio.to_thread(cluster.procs[1].wait, 30) == 3
     fatal = events(cluster, 1, "fatal")
-    assert len(fatal) == 1
+    assert len(fatal) == 1 and fatal[0]["cause"] == "refused_to_start"
     want = f"metalog storage recover --data-dir {cluster.data_dir(1)} --truncate-at-corruption"
     assert want in fatal[0]["reason"] and path in fatal[0]["reason"] and f"offset {bad}" in fatal[0]["reason"]
-    if code == 3:
-        assert want in open(os.path.join(cluster.node_dir(1), "stderr.log")).read()
+    (line,) = [ln for ln in open(os.path.join(cluster.node_dir(1), "stderr.log")) if "refusing to start" in ln]
+    assert want in line and path in line and f"offset {bad}" in line
     assert os.path.exists(path) and not os.path.exists(path + ".corrupt"), "nothing cut without consent"
 
 
