@@ -142,7 +142,9 @@ class CorruptionHandler:
             self._snapshot_corrupt(report)
             return
         if self._sole_voter:
-            fields: dict[str, Any] = report.as_log_fields()
+            # The report's own reason is in the message: as a field it would
+            # collide with fail()'s `reason` (a TypeError instead of the fatal event).
+            fields: dict[str, Any] = {k: v for k, v in report.as_log_fields().items() if k != "reason"}
             self._host.fail("corruption_no_other_copy", no_copy_message(report, self._data_dir), **fields)
             return
         seg_log = self._seg_log

@@ -75,7 +75,8 @@ from metalog.broker.server.maintenance import Maintenance
 from metalog.broker.server.metrics import BrokerMetrics, raft_view
 from metalog.broker.server.outbound import Outbound, peer_pool, tls_files
 from metalog.broker.server.produce import ProducePath, rebuild_producer_state
-from metalog.broker.server.recovery import PARTITION_DIR, LocalState, recover_local_state
+from metalog.broker.server.recovery import (PARTITION_DIR, LocalState, StartupError, no_copy_message,
+                                            recover_local_state)
 from metalog.broker.server.snapshot_work import SnapshotWork
 from metalog.broker.server.supervision import BackgroundTasks, loop_exception_handler
 from metalog.broker.server.timers import CoreTimer, IdleSampler
@@ -168,15 +169,17 @@ class Broker:
         asyncio.get_running_loop().set_exception_handler(loop_exception_handler(self.log, self.fail))
         local = recover_local_state(self.cfg, self.part_dir, self.log, self.metrics)
         boot_damage = self._open(local)
+        if boot_damage is not None and len(self.voters) == 1 and self.cfg.node_id in self.voters:
+            # No other copy, found before serving: refused as at the log's open (exit 3).
+            raise StartupError(no_copy_message(boot_damage, self.cfg.data_dir))
         self._build_core(local)
         self._connect_peers()
         if boot_damage is not None:
-            # Damage the boot-time producer rebuild found: reacted to (quarantine,
-            # or fail-stop with no other copy) now that the core and the peers
-            # exist, before the broker serves anything.
+            # Damage the boot-time producer rebuild found: quarantined now that
+            # the core and the peers exist, before the broker serves anything.
             self.corruption.report(boot_damage, "producer_state")
         if self.fatal is not None:
-            return  # no other copy of the damaged data: metalog.broker.server.main exits (the fatal event is logged)
+            return  # the quarantine failed (storage_failed): metalog.broker.server.main exits with 4
         await self._serve()
         self._tick()
         self._maintenance.start(ConsistencyChecker(self, self.cfg, self.core, self.digest, self.peers, self.seg_log,

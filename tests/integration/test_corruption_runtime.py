@@ -259,6 +259,51 @@ async def test_a_sole_voter_with_corruption_refuses_and_names_the_recover_comman
     assert os.path.exists(path) and not os.path.exists(path + ".corrupt"), "nothing cut without consent"
 
 
+async def test_a_sole_voter_whose_boot_rebuild_meets_corruption_refuses_to_start_the_same_way(make_cluster):
+    """The flip where the log's open does not look: 16 KiB segments carry
+    index entries, a clean stop makes the open trust what lies before a
+    segment's last entry, and the boot-time producer-state rebuild is the
+    reader that meets the damage. That is still before the broker serves
+    anything, so it is the same refusal to start (docs/integrity.md): exit 3,
+    ONE `fatal` event (refused_to_start) and the stderr line naming the file,
+    the offset and the recover command; nothing cut."""
+    from tests.integration.test_integrity_storage import SEGMENT_BYTES, flip_mid_segment_bit, produce_values
+
+    cluster = make_cluster(voters=1, **dict(FAST, segment_bytes_max=SEGMENT_BYTES), log_scrub_bytes_per_s=0)
+    await asyncio.to_thread(cluster.wait_for_leader, 20)
+    await produce_values(cluster)
+    assert cluster.stop_node(1) == 0  # a clean stop: the next open trusts sealed bodies
+    path, _pos, bad = flip_mid_segment_bit(os.path.join(cluster.data_dir(1), PART))
+    cluster.start_node(1)
+    assert await asyncio.to_thread(cluster.procs[1].wait, 30) == 3
+    fatal = events(cluster, 1, "fatal")
+    assert len(fatal) == 1 and fatal[0]["cause"] == "refused_to_start"
+    want = f"metalog storage recover --data-dir {cluster.data_dir(1)} --truncate-at-corruption"
+    assert want in fatal[0]["reason"] and path in fatal[0]["reason"] and f"offset {bad}" in fatal[0]["reason"]
+    (line,) = [ln for ln in open(os.path.join(cluster.node_dir(1), "stderr.log")) if "refusing to start" in ln]
+    assert want in line and path in line and f"offset {bad}" in line
+    assert os.path.exists(path) and not os.path.exists(path + ".corrupt"), "nothing cut without consent"
+
+
+async def test_a_sole_voter_whose_scrubber_finds_corruption_stops_naming_the_recover_command(make_cluster):
+    """Damage found while a sole voter runs (the scrubber reads a segment
+    flipped under it) is no refusal to start: the broker stops with exit 4
+    and ONE `fatal` event of cause corruption_no_other_copy naming the file,
+    the offset and the recover command; nothing cut."""
+    cluster = make_cluster(voters=1, **SMALL, log_scrub_bytes_per_s=2_000_000)
+    await asyncio.to_thread(cluster.wait_for_leader, 20)
+    await produce_records(cluster, 400, "r")
+    path, bad = flip_bit_in_sealed_segment(cluster.data_dir(1))
+    assert await asyncio.to_thread(cluster.procs[1].wait, 30) == 4
+    fatal = events(cluster, 1, "fatal")
+    assert len(fatal) == 1 and fatal[0]["cause"] == "corruption_no_other_copy", fatal
+    want = f"metalog storage recover --data-dir {cluster.data_dir(1)} --truncate-at-corruption"
+    assert want in fatal[0]["reason"] and path in fatal[0]["reason"] and f"offset {bad}" in fatal[0]["reason"]
+    (found,) = events(cluster, 1, "corruption_detected")
+    assert (found["source"], found["file"], found["offset"]) == ("scrub", path, bad)
+    assert os.path.exists(path) and not os.path.exists(path + ".corrupt"), "nothing cut without consent"
+
+
 async def test_damaged_quorum_state_is_a_clear_refusal_and_a_damaged_epoch_checkpoint_is_rebuilt(make_cluster):
     """quorum-state holds this voter's vote: a bit flip that breaks it makes the
     broker refuse to start (exit 3, one `fatal` event, stderr says why and what
