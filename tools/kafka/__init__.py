@@ -41,6 +41,8 @@ DEFAULT_LIB = os.path.join(REPO_ROOT, ".kafka", "lib")
 DUMP_LOG_SEGMENTS = "org.apache.kafka.tools.DumpLogSegments"
 METADATA_SHELL = "org.apache.kafka.shell.MetadataShell"
 
+TIMED_OUT = -9  # run_class's return code for a tool killed at its timeout
+
 # The jars whose presence says the fetch was done (the tools above live in them).
 _REQUIRED_JARS = ("kafka-tools-*.jar", "kafka-shell-*.jar", "kafka-metadata-*.jar", "kafka-clients-*.jar")
 
@@ -81,11 +83,19 @@ def classpath() -> str:
 def run_class(main_class: str, args: Sequence[str], timeout_s: float = 300.0,
               heap_mb: int = 512) -> subprocess.CompletedProcess[str]:
     """Run one of Kafka's tool classes to its end; stdout and stderr captured
-    as text. A tool that outlives `timeout_s` is killed (subprocess.TimeoutExpired):
-    the metadata shell, for one, waits for ever on a snapshot it cannot load."""
+    as text. A tool that outlives `timeout_s` is killed and its return code is
+    TIMED_OUT, with what it printed until then: the metadata shell, for one,
+    waits for ever on a snapshot it cannot load."""
     command = [java(), f"-Xmx{heap_mb}m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
                f"-Dlog4j2.configurationFile={LOG4J2_CONF}", "-cp", classpath(), main_class, *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        # What the tool said before it was killed is the evidence: keep it.
+        def text(out: str | bytes | None) -> str:
+            return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
+        return subprocess.CompletedProcess(command, TIMED_OUT, text(exc.stdout), text(exc.stderr)
+                                           + f"\nmetalog.tools.kafka: {main_class} killed after {timeout_s:g} s\n")
 
 
 def dump_log_segments(files: Sequence[str], cluster_metadata: bool = True, deep_iteration: bool = True,

@@ -10,6 +10,8 @@ DumpLogSegments (``--deep-iteration``, with ``--cluster-metadata-decoder`` or
     | offset: 0 CreateTime: ... headerKeys: [] LeaderChange: {...}
     | offset: 1 CreateTime: ... headerKeys: [] payload: {"type":"TOPIC_RECORD",...}
     Found <n> invalid bytes at the end of <name>    (bytes past the last whole batch)
+    offset: <last offset> position: <n>             (an .index entry)
+    timestamp: <ms> offset: <n>                     (a .timeindex entry)
 
 ``parse_dump`` keeps every batch field and, per record, the control record
 Kafka decoded (its JSON), the metadata record (type, version, data) or the
@@ -40,6 +42,8 @@ _RECORD = re.compile(
 _CONTROL = re.compile(r"^ (?P<kind>LeaderChange:|SnapshotHeader|SnapshotFooter|KRaftVersion|KRaftVoters"
                       r"|endTxnMarker:|controlType:) (?P<body>.*)$")
 _METADATA_ERROR = re.compile(r"^Error at (?P<offset>-?\d+), skipping\. (?P<message>.*)$")
+_INDEX_ENTRY = re.compile(r"^offset: (?P<offset>-?\d+) position: (?P<position>\d+)$")
+_TIME_INDEX_ENTRY = re.compile(r"^timestamp: (?P<ts>-?\d+) offset: (?P<offset>-?\d+)$")
 _TRAILING = re.compile(r"^Found (?P<n>\d+) invalid bytes at the end of (?P<name>.+)$")
 
 
@@ -81,9 +85,11 @@ class DumpedBatch:
 @dataclass
 class DumpedFile:
     path: str
-    header: str = ""  # "Log starting offset: 0" or "Snapshot end offset: 120, epoch: 2"
+    header: str = ""  # "Log starting offset: 0", "Snapshot end offset: 120, epoch: 2" or "<path> is empty."
     batches: list[DumpedBatch] = field(default_factory=list)
     invalid_trailing_bytes: int = 0
+    # An .index file: (last offset of a batch, its position); a .timeindex: (timestamp, offset).
+    index_entries: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -150,6 +156,9 @@ def parse_dump(stdout: str) -> Dump:
         if current is None:
             dump.unparsed.append(line)
             continue
+        if line == f"{current.path} is empty." or line == f"{current.path} passed sanity check.":
+            current.header = line  # an index with no entry, or --index-sanity-check's word
+            continue
         if line.startswith(("Log starting offset: ", "Snapshot end offset: ")):
             current.header = line
             continue
@@ -161,6 +170,13 @@ def parse_dump(stdout: str) -> Dump:
         parsed = _record(record) if record and current.batches else None
         if parsed is not None:
             current.batches[-1].records.append(parsed)
+            continue
+        index_entry, time_entry = _INDEX_ENTRY.match(line), _TIME_INDEX_ENTRY.match(line)
+        if index_entry and not current.batches:
+            current.index_entries.append((int(index_entry["offset"]), int(index_entry["position"])))
+            continue
+        if time_entry and not current.batches:
+            current.index_entries.append((int(time_entry["ts"]), int(time_entry["offset"])))
             continue
         trailing = _TRAILING.match(line)
         if trailing:
