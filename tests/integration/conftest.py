@@ -3,6 +3,8 @@ TCP on loopback, with real files and fsync."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 import pytest
@@ -43,3 +45,21 @@ def limit_file_size(cluster: LocalCluster, node: int, limit_bytes: int) -> None:
         "from metalog.broker.server.main import main; "
         f"sys.exit(main(['--config', {path!r}]))",
     ]
+
+
+@pytest.fixture
+def detached(tmp_path):
+    """tmp_path/c, for a cluster `metalog cluster up --detach` starts there;
+    whatever broker still runs from it at the end is killed (SIGCONT first,
+    in case a test paused it)."""
+    root = str(tmp_path / "c")
+    yield root
+    try:
+        cluster = LocalCluster.load(root)
+    except FileNotFoundError:
+        return
+    for nid in cluster.nodes:
+        pid = cluster.running_pid(nid)
+        if pid is not None:
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)

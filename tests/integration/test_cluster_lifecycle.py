@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 
@@ -21,21 +20,6 @@ pytestmark = pytest.mark.slow
 def metalog(*args: str, timeout_s: float = 90) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "metalog.tools.cli", *args], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=timeout_s)
-
-
-@pytest.fixture
-def detached(tmp_path):
-    """A detached cluster in tmp_path/c; whatever still runs at the end is killed."""
-    root = str(tmp_path / "c")
-    yield root
-    try:
-        cluster = LocalCluster.load(root)
-    except FileNotFoundError:
-        return
-    for nid in cluster.nodes:
-        pid = cluster.running_pid(nid)
-        if pid is not None:
-            os.kill(pid, signal.SIGKILL)
 
 
 def _status(root: str) -> dict[int, dict]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -49,22 +48,6 @@ def compose_port_offset() -> int:
     raise OSError("no free port range for the compose file's brokers")
 
 
-@pytest.fixture
-def cluster_dir(tmp_path):
-    """tmp_path/c; whatever broker still runs from it at the end is killed."""
-    root = str(tmp_path / "c")
-    yield root
-    try:
-        cluster = LocalCluster.load(root)
-    except FileNotFoundError:
-        return
-    for nid in cluster.nodes:
-        pid = cluster.running_pid(nid)
-        if pid is not None:
-            os.kill(pid, signal.SIGCONT)
-            os.kill(pid, signal.SIGKILL)
-
-
 def status(root: str) -> dict[int, dict]:
     out = metalog("cluster", "status", "--dir", root, "-o", "json")
     assert out.returncode in (0, 3), out.stderr
@@ -79,11 +62,11 @@ def wait_roles(root: str, want: list[str], timeout_s: float = 30) -> dict[int, d
 
 
 # ------------------------------------------------------------------ item 1: every mode, every subcommand
-def test_status_and_drills_reach_a_compose_run_cluster_through_its_certs_volume(cluster_dir):
+def test_status_and_drills_reach_a_compose_run_cluster_through_its_certs_volume(detached):
     """The compose layout keeps its certificates under D/volumes/certs; status,
     pause, restart and the rest use them (they showed every node
     `unreachable`), and add-node says why a compose cluster's voters are fixed."""
-    root = cluster_dir
+    root = detached
     env = dict(os.environ, METALOG_COMPOSE_PORT_OFFSET=str(compose_port_offset()))
     up = metalog("cluster", "up", "--compose", COMPOSE, "--detach", "--dir", root, env=env)
     assert up.returncode == 0, up.stdout + up.stderr
@@ -118,9 +101,9 @@ def test_status_and_drills_reach_a_compose_run_cluster_through_its_certs_volume(
     assert {r["role"] for r in status(root).values()} == {"down"}
 
 
-def test_status_and_voter_changes_on_an_insecure_cluster(cluster_dir):
+def test_status_and_voter_changes_on_an_insecure_cluster(detached):
     """--insecure: plain HTTP to the admin API, no certificates anywhere."""
-    root = cluster_dir
+    root = detached
     up = metalog("cluster", "up", "--insecure", "--voters", "1", "--observers", "1", "--base-port", "0",
                  "--detach", "--dir", root)
     assert up.returncode == 0, up.stdout + up.stderr
@@ -149,12 +132,12 @@ def produce_big_records(root: str, n: int) -> None:
         assert out.returncode == 0, out.stderr
 
 
-def test_a_setting_given_to_cluster_up_reaches_the_broker_and_outlives_a_restart(cluster_dir):
+def test_a_setting_given_to_cluster_up_reaches_the_broker_and_outlives_a_restart(detached):
     """--set goes to every broker and --node-set to one, both kept in cluster.json:
     after `cluster down` and a plain `cluster up` the brokers still run with them.
     A broker.yaml edited by hand is refused (one line: where settings belong and
     the exact flag that keeps the edit), nothing started; that flag then works."""
-    root = cluster_dir
+    root = detached
     up = metalog("cluster", "up", "--insecure", "--voters", "1", "--observers", "1", "--base-port", "0",
                  "--detach", "--dir", root, "--set", "segment_bytes_max=4096", "--node-set", "2:log_level=debug")
     assert up.returncode == 0, up.stdout + up.stderr
