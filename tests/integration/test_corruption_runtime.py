@@ -103,6 +103,20 @@ def caught_up(cluster, node: int, hw: int):
     return lambda: (cluster.quorum(node) or {}).get("high_watermark", -1) >= hw
 
 
+async def assert_refused_to_start(cluster, path: str, bad: int) -> None:
+    """What a sole voter with damaged data shows at start (docs/integrity.md):
+    exit 3, ONE `fatal` event (refused_to_start) and the stderr line naming
+    the file, the offset and the recover command; nothing cut."""
+    assert await asyncio.to_thread(cluster.procs[1].wait, 30) == 3
+    fatal = events(cluster, 1, "fatal")
+    assert len(fatal) == 1 and fatal[0]["cause"] == "refused_to_start"
+    want = f"metalog storage recover --data-dir {cluster.data_dir(1)} --truncate-at-corruption"
+    assert want in fatal[0]["reason"] and path in fatal[0]["reason"] and f"offset {bad}" in fatal[0]["reason"]
+    (line,) = [ln for ln in open(os.path.join(cluster.node_dir(1), "stderr.log")) if "refusing to start" in ln]
+    assert want in line and path in line and f"offset {bad}" in line
+    assert os.path.exists(path) and not os.path.exists(path + ".corrupt"), "nothing cut without consent"
+
+
 async def test_bit_flip_in_a_sealed_segment_of_a_follower_is_quarantined_and_refetched(make_cluster):
     """The user sees, on the follower: one `corruption_detected` error event
     with source "startup" (file, byte position, offset, expected and actual
@@ -249,14 +263,7 @@ async def test_a_sole_voter_with_corruption_refuses_and_names_the_recover_comman
     assert cluster.stop_node(1) == 0
     path, bad = flip_bit_in_sealed_segment(cluster.data_dir(1))
     cluster.start_node(1)
-    assert await asyncio.to_thread(cluster.procs[1].wait, 30) == 3
-    fatal = events(cluster, 1, "fatal")
-    assert len(fatal) == 1 and fatal[0]["cause"] == "refused_to_start"
-    want = f"metalog storage recover --data-dir {cluster.data_dir(1)} --truncate-at-corruption"
-    assert want in fatal[0]["reason"] and path in fatal[0]["reason"] and f"offset {bad}" in fatal[0]["reason"]
-    (line,) = [ln for ln in open(os.path.join(cluster.node_dir(1), "stderr.log")) if "refusing to start" in ln]
-    assert want in line and path in line and f"offset {bad}" in line
-    assert os.path.exists(path) and not os.path.exists(path + ".corrupt"), "nothing cut without consent"
+    await assert_refused_to_start(cluster, path, bad)
 
 
 async def test_a_sole_voter_whose_boot_rebuild_meets_corruption_refuses_to_start_the_same_way(make_cluster):
@@ -275,14 +282,7 @@ async def test_a_sole_voter_whose_boot_rebuild_meets_corruption_refuses_to_start
     assert cluster.stop_node(1) == 0  # a clean stop: the next open trusts sealed bodies
     path, _pos, bad = flip_mid_segment_bit(os.path.join(cluster.data_dir(1), PART))
     cluster.start_node(1)
-    assert await asyncio.to_thread(cluster.procs[1].wait, 30) == 3
-    fatal = events(cluster, 1, "fatal")
-    assert len(fatal) == 1 and fatal[0]["cause"] == "refused_to_start"
-    want = f"metalog storage recover --data-dir {cluster.data_dir(1)} --truncate-at-corruption"
-    assert want in fatal[0]["reason"] and path in fatal[0]["reason"] and f"offset {bad}" in fatal[0]["reason"]
-    (line,) = [ln for ln in open(os.path.join(cluster.node_dir(1), "stderr.log")) if "refusing to start" in ln]
-    assert want in line and path in line and f"offset {bad}" in line
-    assert os.path.exists(path) and not os.path.exists(path + ".corrupt"), "nothing cut without consent"
+    await assert_refused_to_start(cluster, path, bad)
 
 
 async def test_a_sole_voter_whose_scrubber_finds_corruption_stops_naming_the_recover_command(make_cluster):
