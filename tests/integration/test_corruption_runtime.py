@@ -142,7 +142,9 @@ async def test_bit_flip_in_a_sealed_segment_of_a_follower_is_quarantined_and_ref
     (ev,) = found
     assert ev["level"] == "error" and ev["source"] == "startup" and ev["file"] == path and ev["offset"] == bad
     assert ev["expected_crc"] != ev["actual_crc"] and ev["position"] > 0
-    (started,) = events(cluster, victim, "started_quarantined")
+    # Logged a moment after corruption_detected, once the open is done: await it.
+    (started,) = await asyncio.to_thread(cluster.wait_for, lambda: events(cluster, victim, "started_quarantined"),
+                                         20, "the broker to start quarantined")
     assert [r["file"] for r in started["reports"]] == [path] and started["log_end_offset"] == bad
     assert not events(cluster, victim, "log_quarantined"), "found at open, not at run time"
     await asyncio.to_thread(cluster.wait_for, lambda: events(cluster, victim, "quarantine_cleared"), 30,
