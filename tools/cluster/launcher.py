@@ -123,6 +123,11 @@ class NodeSpec:
     # sha256 of the node-N/broker.yaml the launcher last wrote: a file that no
     # longer matches it was edited by hand, and is not overwritten.
     config_sha256: str | None = None
+    # A node on its own host (a drill's network namespace): the address it listens on and is
+    # dialled at (default: the cluster's host), and what its command line runs under
+    # (e.g. ["ip", "netns", "exec", "mlg-1a2b-n1"]).
+    host: str | None = None
+    exec_prefix: list[str] | None = None
 
 
 # Set by the launcher from the cluster's layout (ids, addresses, directories,
@@ -166,7 +171,7 @@ class LocalCluster:
         self.host = host
         self.common = dict(common or {})
         # Where voters are dialled (a fault proxy may stand in between).
-        self.voter_addrs = voter_addrs or {n.node_id: (host, n.port) for n in nodes if n.voter}
+        self.voter_addrs = voter_addrs or {n.node_id: (n.host or host, n.port) for n in nodes if n.voter}
         self.procs: dict[int, subprocess.Popen] = {}
         self.dynamic = dynamic
         if dynamic:
@@ -193,6 +198,9 @@ class LocalCluster:
     def voters_string(self) -> str:
         return ",".join(f"{nid}@{h}:{p}" for nid, (h, p) in sorted(self.voter_addrs.items()))
 
+    def node_host(self, node_id: int) -> str:
+        return self.nodes[node_id].host or self.host
+
     def node_dir(self, node_id: int) -> str:
         return os.path.join(self.root, f"node-{node_id}")
 
@@ -208,8 +216,8 @@ class LocalCluster:
             "node_id": node_id,
             "cluster_id": self.cluster_id,
             "data_dir": self.data_dir(node_id),
-            "listen": f"{self.host}:{spec.port}",
-            "admin_listen": f"{self.host}:{spec.admin_port}",
+            "listen": f"{self.node_host(node_id)}:{spec.port}",
+            "admin_listen": f"{self.node_host(node_id)}:{spec.admin_port}",
             "voters": self.voters_string,
             "log_file": self.log_path(node_id),
             # The launcher's admin user certificate bypasses ACLs (Kafka's super.users).
@@ -233,14 +241,14 @@ class LocalCluster:
         across restarts. Also writes <root>/client.yaml for the CLI."""
         os.makedirs(self.root, exist_ok=True)
         if not self.insecure:
-            hosts = {nid: sorted({self.host, "127.0.0.1", "localhost",
+            hosts = {nid: sorted({self.host, self.node_host(nid), "127.0.0.1", "localhost",
                                   *(h for vid, (h, _) in self.voter_addrs.items() if vid == nid)})
                      for nid in self.nodes}
             cluster_certs(self.cert_dir, hosts, users=("admin",))
         first = min(self.nodes)
         ClientConfig(
             bootstrap=",".join(f"{h}:{p}" for h, p in self.bootstrap()), cluster_id=self.cluster_id,
-            admin=f"{self.admin_scheme}://{self.host}:{self.nodes[first].admin_port}",
+            admin=f"{self.admin_scheme}://{self.node_host(first)}:{self.nodes[first].admin_port}",
             security_protocol="PLAINTEXT" if self.insecure else "SSL",
             ssl_ca_file=None if self.insecure else os.path.join(self.cert_dir, "ca.crt"),
             ssl_cert_file=None if self.insecure else os.path.join(self.cert_dir, "admin.crt"),
@@ -285,7 +293,8 @@ class LocalCluster:
             "common": self.common, "voter_addrs": {str(k): list(v) for k, v in self.voter_addrs.items()},
             "nodes": [{"node_id": n.node_id, "port": n.port, "admin_port": n.admin_port, "voter": n.voter,
                        "extra": n.extra, "command": n.command, "directory_id": n.directory_id,
-                       "formatted": n.formatted, "removed": n.removed, "config_sha256": n.config_sha256}
+                       "formatted": n.formatted, "removed": n.removed, "config_sha256": n.config_sha256,
+                       "host": n.host, "exec_prefix": n.exec_prefix}
                       for n in sorted(self.nodes.values(), key=lambda n: n.node_id)],
         }
         atomic_write(self.state_path, (json.dumps(state, indent=2) + "\n").encode())
@@ -299,7 +308,7 @@ class LocalCluster:
             state = json.load(f)
         nodes = [NodeSpec(n["node_id"], n["port"], n["admin_port"], n["voter"], n.get("extra") or {},
                           n.get("command"), n.get("directory_id"), bool(n.get("formatted")),
-                          bool(n.get("removed")), n.get("config_sha256"))
+                          bool(n.get("removed")), n.get("config_sha256"), n.get("host"), n.get("exec_prefix"))
                  for n in state["nodes"]]
         voter_addrs = {int(k): (v[0], int(v[1])) for k, v in state.get("voter_addrs", {}).items()} or None
         return cls(root, nodes, cluster_id=state["cluster_id"], host=state["host"],
@@ -471,6 +480,7 @@ class LocalCluster:
             os.makedirs(self.node_dir(node_id), exist_ok=True)
         if self.dynamic and not spec.formatted:
             self.format_node(node_id)
+        cmd = (spec.exec_prefix or []) + cmd
         stderr = open(os.path.join(self.node_dir(node_id), "stderr.log"), "ab")
         env = dict(os.environ)
         proc = subprocess.Popen(cmd, stdout=stderr, stderr=stderr, env=env, cwd=REPO_ROOT,
@@ -549,9 +559,9 @@ class LocalCluster:
             fresh = conn is None
             try:
                 if conn is None:
-                    port = self.nodes[node_id].admin_port
-                    conn = (http.client.HTTPConnection(self.host, port, timeout=timeout_s) if self.insecure else
-                            http.client.HTTPSConnection(self.host, port, timeout=timeout_s,
+                    port, host = self.nodes[node_id].admin_port, self.node_host(node_id)
+                    conn = (http.client.HTTPConnection(host, port, timeout=timeout_s) if self.insecure else
+                            http.client.HTTPSConnection(host, port, timeout=timeout_s,
                                                         context=self.client_tls().client()))
                     self._admin_conns[key] = conn
                 conn.timeout = timeout_s
@@ -650,7 +660,7 @@ class LocalCluster:
         return self.wait_for(has_leader, timeout_s, "a leader")
 
     def bootstrap(self) -> list[tuple[str, int]]:
-        return [(self.host, spec.port) for spec in self.nodes.values()]
+        return [(spec.host or self.host, spec.port) for spec in self.nodes.values()]
 
     def read_log_lines(self, node_id: int) -> list[dict]:
         out = []
