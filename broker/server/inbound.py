@@ -21,7 +21,8 @@ import msgspec
 
 from metalog.broker.controller.commands import CommandQueue, CommandToken, LeaderView
 from metalog.broker.controller.state import Controller
-from metalog.broker.net.server import Connection, ListenerLimits
+from metalog.broker.net.listener import ListenerLimits
+from metalog.broker.net.server import Connection
 from metalog.broker.quorum import api as qa
 from metalog.broker.quorum.answers import api_versions_response, check_cluster_id
 from metalog.broker.quorum.core import QuorumCore

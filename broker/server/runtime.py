@@ -56,7 +56,7 @@ import msgspec
 from metalog.broker.controller.commands import CommandQueue, CommandToken
 from metalog.broker.controller.state import Controller
 from metalog.broker.net.channel import PeerPool
-from metalog.broker.net.server import Server, serve
+from metalog.broker.net.listener import Server, serve
 from metalog.broker.quorum import api as qa
 from metalog.broker.quorum.core import QuorumCore
 from metalog.broker.quorum.env import Environment

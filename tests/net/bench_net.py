@@ -11,7 +11,7 @@ import asyncio
 import time
 
 from metalog.broker.net.channel import PeerChannel
-from metalog.broker.net.server import serve
+from metalog.broker.net.listener import serve
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
 

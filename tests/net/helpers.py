@@ -40,7 +40,7 @@ async def wait_for_condition(cond, timeout_s: float = 5.0, what: str = "conditio
 
 SERVER_SCRIPT = r'''
 import asyncio, os, sys
-from metalog.broker.net.server import serve
+from metalog.broker.net.listener import serve
 from metalog.protocol import messages as m
 
 async def main(port):

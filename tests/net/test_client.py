@@ -17,7 +17,7 @@ import pytest
 from metalog.broker.client import (
     ClusterUnavailable, ConsumedRecord, CorruptRecordError, LogTruncationError, MetalogClient, MetalogError, NoOffsetError,
 )
-from metalog.broker.net.server import serve
+from metalog.broker.net.listener import serve
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
 from metalog.protocol.errors import Errors

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from metalog.broker.net.channel import PeerChannel
-from metalog.broker.net.server import serve
+from metalog.broker.net.listener import serve
 from metalog.protocol import codec
 from metalog.protocol import messages as m
 from metalog.protocol.apis import APIS, ApiKey

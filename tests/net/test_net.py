@@ -9,7 +9,7 @@ import pytest
 import uvloop
 
 from metalog.broker.net.channel import ConnectionLost, Overloaded, PeerChannel, PeerPool, RequestTimeout
-from metalog.broker.net.server import serve
+from metalog.broker.net.listener import serve
 from metalog.protocol import codec
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey

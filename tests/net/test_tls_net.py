@@ -8,7 +8,7 @@ import ssl
 import pytest
 
 from metalog.broker.net.channel import PeerChannel
-from metalog.broker.net.server import ListenerLimits, serve
+from metalog.broker.net.listener import ListenerLimits, serve
 from metalog.broker.net.tls import TlsFiles, TlsPaths
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
