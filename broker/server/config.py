@@ -50,6 +50,9 @@ class ConfigError(ValueError):
     pass
 
 
+_WILDCARD_HOSTS = ("0.0.0.0", "::", "", "[::]")  # bind addresses no peer or client can connect to
+
+
 class Endpoint(msgspec.Struct, frozen=True):
     host: str
     port: int
@@ -183,6 +186,14 @@ class BrokerConfig:
                "never takes `voters` as the voter set")
     admin_listen: str | None = setting(None, "host:port of the HTTP admin API (/health, /metrics ...); "
                                              "none if unset")
+    kafka_listen: str | None = setting(
+        None, "host:port of a second listener that speaks only Kafka's wire protocol (Kafka clients' "
+              "bootstrap.servers), with the same security_protocol, certificates and ACLs as `listen` "
+              "(docs/kafka-listener.md); none if unset")
+    kafka_endpoints: str | None = setting(
+        None, "id@host:port,... of every node's Kafka listener, as clients reach it (Metadata's and "
+              "DescribeCluster's brokers; Kafka's advertised.listeners of each node); this node's own entry "
+              "defaults to kafka_listen")
     log_level: str = setting("info", "structured log level", choices=("debug", "info", "warning", "error"))
     log_file: str | None = setting(None, "append the JSON log here instead of stderr")
     gc_young_threshold: int = setting(
@@ -203,6 +214,18 @@ class BrokerConfig:
 
     def admin_endpoint(self) -> Endpoint | None:
         return parse_endpoint("admin_listen", self.admin_listen) if self.admin_listen else None
+
+    def kafka_endpoint(self) -> Endpoint | None:
+        return parse_endpoint("kafka_listen", self.kafka_listen) if self.kafka_listen else None
+
+    def kafka_node_endpoints(self) -> dict[int, Endpoint]:
+        """Where each node's Kafka listener is reached (kafka_endpoints), ours
+        from kafka_listen unless given or a wildcard address."""
+        nodes = parse_voters(self.kafka_endpoints, "kafka_endpoints") if self.kafka_endpoints else {}
+        own = self.kafka_endpoint()
+        if own is not None and self.node_id not in nodes and own.host not in _WILDCARD_HOSTS:
+            nodes[self.node_id] = own
+        return nodes
 
     @property
     def tls_enabled(self) -> bool:
@@ -225,7 +248,7 @@ class BrokerConfig:
         reach: then nothing is advertised and the voter set keeps what the
         operator gave add-voter."""
         ep = self.listen_endpoint()
-        if ep.host in ("0.0.0.0", "::", "", "[::]"):
+        if ep.host in _WILDCARD_HOSTS:
             return ()
         return (("CONTROLLER", ep.host, ep.port),)
 
@@ -237,6 +260,7 @@ class BrokerConfig:
         _raise_first(self)
         self.listen_endpoint()
         self.admin_endpoint()
+        self.kafka_node_endpoints()
         voters = self.voter_endpoints()
         if not voters:
             raise _SettingError("voters", "at least one voter is required")
@@ -353,20 +377,20 @@ def parse_endpoint(key: str, text: str) -> Endpoint:
     return Endpoint(host, port)
 
 
-def parse_voters(text: str) -> dict[int, Endpoint]:
-    """Parse Kafka's "id@host:port,id@host:port" voter list."""
+def parse_voters(text: str, key: str = "voters") -> dict[int, Endpoint]:
+    """Parse Kafka's "id@host:port,id@host:port" voter list (`key`: the setting, for errors)."""
     voters: dict[int, Endpoint] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         id_s, sep, addr = item.partition("@")
         if not sep:
-            raise ConfigError(f"voters: expected id@host:port, got {item!r}")
+            raise ConfigError(f"{key}: expected id@host:port, got {item!r}")
         try:
             node_id = int(id_s)
         except ValueError:
-            raise ConfigError(f"voters: node id must be a number, got {id_s!r}") from None
+            raise ConfigError(f"{key}: node id must be a number, got {id_s!r}") from None
         if node_id in voters:
-            raise ConfigError(f"voters: node id {node_id} listed twice")
-        voters[node_id] = parse_endpoint("voters", addr)
+            raise ConfigError(f"{key}: node id {node_id} listed twice")
+        voters[node_id] = parse_endpoint(key, addr)
     return voters
 
 

@@ -1,0 +1,228 @@
+"""A connection that speaks Kafka's wire protocol (issue 32), and its listener.
+
+The accept loop, admission, mutual-TLS handshake, idle sweep and back-off
+are the msgpack server's (``metalog.broker.net.server.Connection`` and its
+``Listener``): ``KafkaConnection`` subclasses that connection and replaces
+only what happens to a frame once it is whole:
+
+* decode it with ``metalog.protocol.kafka.wire.decode_request`` against the
+  served ``supported`` ranges (api key -> (min, max) version);
+* wrap it in a ``KafkaExchange`` (header, decoded body, the slot of its
+  answer) and call ``handler(exchange)``; the handler answers now or later
+  with ``exchange.respond(kafka_response_body)``, or ``respond_nothing()``
+  for a request Kafka never answers (Produce with acks=0);
+* answers leave **in request order**: an answer that is ready before an
+  earlier one waits in its slot (Java clients and librdkafka treat an
+  out-of-order answer as a broken connection). At most ``max_inflight``
+  requests are read and not yet answered; above that the connection stops
+  reading and TCP pushes back on the client. A write buffer past its
+  high-water mark also stops reading (as for the msgpack connection).
+
+Bad input, each with one structured log line and nothing else disturbed:
+
+* an unreadable frame or header (no correlation id to answer): close;
+* a known header with an api or version we do not serve: Kafka's answer --
+  ``api_versions_fallback`` for ApiVersions (a v0 answer with
+  UNSUPPORTED_VERSION and our ranges, so the client steps down), otherwise
+  ``error_answer(header, UNSUPPORTED_VERSION)``;
+* a known header with an unreadable body: ``error_answer(header,
+  INVALID_REQUEST)``;
+* where Kafka has no answer (``error_answer`` returns None): close.
+
+A handler that raises is answered with UNKNOWN_SERVER_ERROR the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+from typing import Any, Callable, Mapping
+
+from metalog.broker.net.library_logging import library_logger
+from metalog.broker.net.listener import Listener, ListenerLimits, Server
+from metalog.broker.net.server import Connection
+from metalog.protocol import codec
+from metalog.protocol.codec import NEED_DATA
+from metalog.protocol.errors import Errors
+from metalog.protocol.invariants import InvariantViolation
+from metalog.protocol.kafka import wire
+
+KafkaHandler = Callable[["KafkaExchange"], Any]
+
+# Requests read and not yet answered, per connection. librdkafka pipelines up
+# to max.in.flight (default 1,000,000), Java clients 5: above this bound we
+# stop reading instead of buffering without limit.
+KAFKA_INFLIGHT_PER_CONN_MAX = 256
+API_VERSIONS_KEY = 18  # Kafka's ApiVersions: its own fallback answer
+
+
+class KafkaExchange:
+    """One request and the slot of its answer, in the connection's order."""
+
+    __slots__ = ("conn", "header", "body", "answer", "answered")
+
+    def __init__(self, conn: "KafkaConnection", header: wire.RequestHeader, body: Any):
+        self.conn = conn
+        self.header = header
+        self.body = body  # a metalog.protocol.kafka.messages struct of header.api_version
+        self.answer: bytes = b""
+        self.answered = False
+
+    @property
+    def version(self) -> int:
+        return int(self.header.api_version)
+
+    def respond(self, body: Any) -> None:
+        """Answer with a response struct of this request's api, at its version."""
+        self.conn.finish(self, wire.encode_response(self.header, body))
+
+    def respond_nothing(self) -> None:
+        """No answer goes out (Produce with acks=0); later answers may leave."""
+        self.conn.finish(self, b"")
+
+    def fail(self, error_code: int) -> None:
+        """Kafka's error answer to this request; closes where Kafka would."""
+        if self.answered:
+            return
+        data = wire.error_answer(self.header, error_code)
+        if data is None:
+            self.conn.finish(self, b"")
+            self.conn.close_now("no_error_answer", api_key=self.header.api_key,
+                                api_version=self.header.api_version, error_code=error_code)
+        else:
+            self.conn.finish(self, data)
+
+
+class KafkaConnection(Connection):
+    """An accepted connection speaking Kafka's protocol; see the module doc."""
+
+    def __init__(self, handler: KafkaHandler, supported: Mapping[int, tuple[int, int]], max_frame_bytes: int,
+                 max_inflight: int, logger: Any, listener: Listener | None = None):
+        super().__init__(_msgpack_never, max_frame_bytes, max_inflight, logger, listener)
+        self._kafka_handler = handler
+        self._supported = supported
+        self._queue: collections.deque[KafkaExchange] = collections.deque()  # request order
+        self.context: Any = None  # the dispatcher's state for this connection (metalog.broker.server.kafka)
+
+    # answers, in order ---------------------------------------------------------
+    def finish(self, exchange: KafkaExchange, data: bytes) -> None:
+        """`exchange` is answered with `data` (b"": nothing to send); every
+        answer at the head of the queue leaves now."""
+        if exchange.answered:
+            raise InvariantViolation(f"api {exchange.header.api_key} correlation id "
+                                     f"{exchange.header.correlation_id} answered twice")
+        exchange.answer, exchange.answered = data, True
+        queue = self._queue
+        transport = None if self.closed else self._transport
+        wrote = False
+        while queue and queue[0].answered:
+            head = queue.popleft()
+            if head.answer and transport is not None:
+                transport.write(head.answer)
+                wrote = True
+            head.answer = b""
+        self.inflight = len(queue)
+        if wrote:
+            self.last_active_s = asyncio.get_running_loop().time()
+        # Reading is paused exactly when frames may wait in the decoder.
+        if self._read_paused and not self._processing and self.inflight < self._max_inflight:
+            self._process()
+
+    def send_response(self, correlation_id: int, body: Any) -> bool:
+        raise InvariantViolation("a Kafka connection answers through its KafkaExchange, not send_response")
+
+    def close_now(self, event: str, **fields: Any) -> None:
+        self._log.warning(event, peer=self.peer, principal=str(self.principal), action="close", **fields)
+        self.closed = True
+        if self._transport is not None:
+            self._transport.abort()
+
+    # reading ---------------------------------------------------------------------
+    def _process_frames(self) -> None:
+        decoder = self._decoder
+        while not self.closed and not self._write_paused and self.inflight < self._max_inflight:
+            try:
+                frame = decoder.next_frame()
+            except codec.FrameError as exc:
+                self._abort("bad_frame", exc)
+                return
+            if frame is NEED_DATA:
+                break
+            self._take(frame)
+
+    def _take(self, frame: Any) -> None:
+        try:
+            header, body = wire.decode_request(frame, self._supported)
+        except wire.HeaderError as exc:
+            self._abort("bad_header", exc)
+            return
+        except (wire.UnsupportedApi, wire.UnsupportedVersion) as exc:
+            self._refuse(exc.header, exc, Errors.UNSUPPORTED_VERSION)
+            return
+        except wire.RequestBodyError as exc:
+            self._refuse(exc.header, exc, Errors.INVALID_REQUEST)
+            return
+        exchange = self._open(header, body)
+        try:
+            result = self._kafka_handler(exchange)
+        except Exception as exc:  # a handler bug: answered, logged, the connection goes on
+            self._handler_failed_kafka(exchange, exc)
+            return
+        if result is not None and inspect.isawaitable(result):
+            task = asyncio.ensure_future(result)
+            task.add_done_callback(lambda t, ex=exchange: self._async_done_kafka(t, ex))
+
+    def _open(self, header: wire.RequestHeader, body: Any) -> KafkaExchange:
+        exchange = KafkaExchange(self, header, body)
+        self._queue.append(exchange)
+        self.inflight = len(self._queue)
+        return exchange
+
+    def _refuse(self, header: wire.RequestHeader, exc: Exception, error_code: int) -> None:
+        self._log.warning("bad_request", peer=self.peer, principal=str(self.principal), api_key=header.api_key,
+                          api_version=header.api_version, correlation_id=header.correlation_id,
+                          error=type(exc).__name__, detail=str(exc), protocol="kafka")
+        exchange = self._open(header, None)
+        if error_code == Errors.UNSUPPORTED_VERSION and header.api_key == API_VERSIONS_KEY:
+            self.finish(exchange, wire.api_versions_fallback(header, self._supported))
+        else:
+            exchange.fail(error_code)
+        if self.closed:
+            self._record_failure()
+
+    def _async_done_kafka(self, task: asyncio.Future, exchange: KafkaExchange) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._handler_failed_kafka(exchange, task.exception())
+
+    def _handler_failed_kafka(self, exchange: KafkaExchange, exc: BaseException | None) -> None:
+        self._log.error("handler_failed", peer=self.peer, api_key=exchange.header.api_key,
+                        api_version=exchange.header.api_version,
+                        correlation_id=exchange.header.correlation_id, error=repr(exc), protocol="kafka")
+        exchange.fail(Errors.UNKNOWN_SERVER_ERROR)
+
+    def _record_failure(self) -> None:
+        if self._listener is not None:
+            self._listener.record_failure(self.peer_host)
+
+
+def _msgpack_never(conn: Any, header: Any, body: Any) -> None:
+    raise InvariantViolation("a Kafka connection never dispatches a msgpack request")
+
+
+async def serve_kafka(host: str, port: int, handler: KafkaHandler, supported: Mapping[int, tuple[int, int]], *,
+                      max_frame_bytes: int = codec.DEFAULT_FRAME_BYTES_MAX,
+                      max_inflight_per_conn: int = KAFKA_INFLIGHT_PER_CONN_MAX, logger: Any = None,
+                      tls: Any = None, limits: ListenerLimits | None = None) -> Server:
+    """Listen on (host, port) for Kafka clients (port 0: a free one). The
+    listener is its own (own limits, own accept loop), with the same TLS
+    provider as the msgpack one. `supported` may grow after the call (the
+    dispatcher's table is read per request)."""
+    log = logger if logger is not None else library_logger("metalog.net")
+    loop = asyncio.get_running_loop()
+    listener = Listener(tls, limits or ListenerLimits(), log)
+    server = await loop.create_server(
+        lambda: KafkaConnection(handler, supported, max_frame_bytes, max_inflight_per_conn, log, listener),
+        host, port)
+    listener.start()
+    return Server(server, listener)

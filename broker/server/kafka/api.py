@@ -1,0 +1,42 @@
+"""The types every Kafka api handler shares (see the package docstring)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
+
+if TYPE_CHECKING:
+    from metalog.broker.net.kafka_conn import KafkaExchange
+from metalog.protocol import messages as m
+from metalog.protocol.apis import ApiKey
+
+# Kafka's fixed topic of the metadata log and its fixed topic id
+# (Uuid.METADATA_TOPIC_ID, printed AAAAAAAAAAAAAAAAAAAAAQ): partition 0 is our log.
+METADATA_TOPIC = "__cluster_metadata"
+METADATA_TOPIC_ID = bytes(15) + b"\x01"
+METADATA_PARTITION = 0
+
+
+class KafkaContext(Protocol):
+    """What a handler may use of the broker."""
+
+    @property
+    def node_id(self) -> int: ...
+
+    @property
+    def cluster_id(self) -> str: ...
+
+    @property
+    def listener_name(self) -> str: ...
+
+    def ask(self, ex: "KafkaExchange", api_key: ApiKey, body: m.Body, on_answer: Callable[[Any], None]) -> None: ...
+
+    def endpoints(self) -> dict[int, tuple[str, int]]: ...
+
+    def supported(self) -> dict[int, tuple[int, int]]: ...
+
+
+class KafkaApi(NamedTuple):
+    request: type  # the generated request class (metalog.protocol.kafka.messages)
+    min_version: int
+    max_version: int
+    handle: Callable[[KafkaContext, "KafkaExchange"], None]

@@ -1,0 +1,181 @@
+"""Each Kafka exchange to its handler; the handlers' way into the broker.
+
+``KafkaDispatch`` is the handler ``metalog.broker.net.kafka_conn.serve_kafka``
+calls for every decoded request. It looks the api up in the served table
+(``cluster.APIS`` and ``data.APIS`` merged) and calls its handler with
+itself as the ``KafkaContext``.
+
+``ask`` is how a handler reaches the broker's existing request router
+(``metalog.broker.server.inbound.RequestRouter``) with one of our own flat
+requests: the router sees a ``_Face`` of the Kafka connection -- the
+connection's principal and address, so the authorization gate decides and
+caches per connection as for a msgpack client -- and answers it with
+``send_response(id, internal_response)`` as it answers any connection
+(directly, from the produce path or from the core's Respond). The face
+numbers its questions itself: a Kafka client's correlation ids are its own
+business and may repeat.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Collection, Mapping, Protocol
+
+from metalog.broker.net.kafka_conn import KafkaConnection, KafkaExchange
+from metalog.broker.quorum.voters import VoterSet
+from metalog.broker.server.kafka import cluster, data
+from metalog.broker.server.kafka.api import KafkaApi
+from metalog.protocol import messages as m
+from metalog.protocol.apis import ApiKey
+from metalog.protocol.codec import RequestHeader
+from metalog.protocol.errors import Errors
+
+# Questions a face may have open at once (one Kafka request may ask a few);
+# the connection's own bound on requests in flight keeps it far below.
+ASKED_PER_CONN_MAX = 4096
+
+
+class Router(Protocol):
+    """The broker's request router, as the dispatch uses it."""
+
+    def on_request(self, conn: Any, header: Any, body: Any) -> None: ...
+
+
+class VoterSetView(Protocol):
+    """Where the quorum core says its voters listen (KIP-853)."""
+
+    @property
+    def voter_set(self) -> VoterSet: ...
+
+    @property
+    def voters(self) -> Collection[int]: ...
+
+
+def served_apis() -> dict[int, KafkaApi]:
+    table = dict(cluster.APIS)
+    for key, api in data.APIS.items():
+        table.setdefault(key, api)
+    return table
+
+
+class _Face:
+    """A Kafka connection as the request router sees it (see the module doc)."""
+
+    def __init__(self, conn: KafkaConnection, logger: Any):
+        self._conn = conn
+        self._log = logger
+        self.principal = conn.principal
+        self.peer = conn.peer
+        self.peer_host = conn.peer_host
+        self._asked: dict[int, tuple[KafkaExchange, Callable[[Any], None]]] = {}
+        self._next_id = 0
+        conn.add_close_callback(lambda _conn: self._asked.clear())  # answers to a closed connection go nowhere
+
+    @property
+    def closed(self) -> bool:
+        return self._conn.closed
+
+    def ask(self, router: Router, ex: KafkaExchange, api_key: ApiKey, body: m.Body,
+            on_answer: Callable[[Any], None]) -> None:
+        if len(self._asked) >= ASKED_PER_CONN_MAX:
+            ex.fail(Errors.UNKNOWN_SERVER_ERROR)  # a handler leaking questions: refuse, do not grow
+            self._log.error("kafka_asked_overflow", peer=self.peer, asked=len(self._asked))
+            return
+        self._next_id = (self._next_id + 1) & 0x7FFFFFFF
+        ask_id = self._next_id
+        self._asked[ask_id] = (ex, on_answer)
+        router.on_request(self, RequestHeader(int(api_key), 0, ask_id, ex.header.client_id), body)
+
+    def send_response(self, ask_id: int, response: m.Body) -> bool:
+        asked = self._asked.pop(ask_id, None)
+        if asked is None or self._conn.closed:
+            return False
+        ex, on_answer = asked
+        try:
+            on_answer(response)
+        except Exception as exc:  # a mapping bug: this request's error, never the router's
+            self._log.error("kafka_answer_failed", peer=self.peer, api_key=ex.header.api_key,
+                            api_version=ex.header.api_version, error=repr(exc))
+            ex.fail(Errors.UNKNOWN_SERVER_ERROR)
+        return True
+
+    def add_close_callback(self, cb: Callable[[Any], None]) -> None:
+        self._conn.add_close_callback(lambda _conn: cb(self))
+
+
+class KafkaDispatch:
+    """The Kafka listener's handler and the handlers' ``KafkaContext``."""
+
+    def __init__(self, router: Router, *, node_id: int, cluster_id: str, listener_name: str,
+                 static_endpoints: Mapping[int, tuple[str, int]], core: VoterSetView, logger: Any):
+        self._router = router
+        self._node_id = node_id
+        self._cluster_id = cluster_id
+        self._listener_name = listener_name
+        self._static = dict(static_endpoints)
+        self._core = core
+        self._log = logger
+        self.apis = served_apis()
+        self._supported = {key: (api.min_version, api.max_version) for key, api in self.apis.items()}
+
+    # the listener's handler ----------------------------------------------------
+    def __call__(self, ex: KafkaExchange) -> None:
+        api = self.apis.get(ex.header.api_key)
+        if api is None:  # decode_request checked `supported`: only a table changed under us
+            ex.fail(Errors.UNSUPPORTED_VERSION)
+            return
+        api.handle(self, ex)
+
+    # KafkaContext ----------------------------------------------------------------
+    @property
+    def node_id(self) -> int:
+        return self._node_id
+
+    @property
+    def cluster_id(self) -> str:
+        return self._cluster_id
+
+    @property
+    def listener_name(self) -> str:
+        return self._listener_name
+
+    def supported(self) -> dict[int, tuple[int, int]]:
+        return self._supported
+
+    def ask(self, ex: KafkaExchange, api_key: ApiKey, body: m.Body, on_answer: Callable[[Any], None]) -> None:
+        conn = ex.conn
+        face = conn.context
+        if face is None:
+            face = conn.context = _Face(conn, self._log)
+        face.ask(self._router, ex, api_key, body, on_answer)
+
+    def endpoints(self) -> dict[int, tuple[str, int]]:
+        """Every node's Kafka listener: the static map of the config
+        (``kafka_endpoints``), overridden by a listener of our name that a
+        voter advertises in the log's voter set (KIP-853)."""
+        out = dict(self._static)
+        for nid, listeners in self._core.voter_set.endpoints.items():
+            for name, host, port in listeners:
+                if name == self._listener_name:
+                    out[nid] = (host, port)
+        return out
+
+
+async def start_kafka_listener(cfg: Any, router: Router, core: VoterSetView, tls: Any, limits: Any,
+                               logger: Any) -> Any:
+    """The Kafka listener of `cfg.kafka_listen` (None when unset): its own
+    accept loop and limits, the msgpack listener's TLS provider and limits'
+    values. Returns the ``metalog.broker.net.server.Server``."""
+    from metalog.broker.net.kafka_conn import serve_kafka
+
+    ep = cfg.kafka_endpoint()
+    if ep is None:
+        return None
+    dispatch = KafkaDispatch(router, node_id=cfg.node_id, cluster_id=cfg.cluster_id,
+                             listener_name=cfg.security.security_protocol,
+                             static_endpoints={nid: (e.host, e.port) for nid, e in cfg.kafka_node_endpoints().items()},
+                             core=core, logger=logger)
+    server = await serve_kafka(ep.host, ep.port, dispatch, dispatch.supported(),
+                               max_frame_bytes=cfg.network.max_frame_bytes, logger=logger, tls=tls, limits=limits)
+    logger.info("kafka_listener_started", kafka_listen=str(ep), security_protocol=cfg.security.security_protocol,
+                apis={key: list(rng) for key, rng in sorted(dispatch.supported().items())})
+    return server
