@@ -57,7 +57,7 @@ def test_detached_cluster_status_hints_drills_and_down(detached):
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[1].split() == ["NODE", "ROLE", "EPOCH", "HIGH-WATERMARK", "LOG-END", "LAG", "PID", "PORT",
-                                "ADMIN-PORT"]
+                                "ADMIN-PORT", "KAFKA-PORT"]
     assert [line.split()[0] for line in lines[2:]] == ["1", "2", "3", "4"]
     assert all(str(status[int(line.split()[0])]["port"]) in line for line in lines[2:])
 

@@ -154,6 +154,10 @@ def cmd_cluster_up(args) -> int:
         print(f"{nid:>4}  {q.get('role', '?'):10} {cluster.host + ':' + str(spec.port):22} "
               f"{cluster.admin_scheme + '://' + cluster.host + ':' + str(spec.admin_port):22} {cluster.data_dir(nid)}")
     print(f"\nclient config (bootstrap, CA, admin certificate): {cluster.client_config_path}")
+    kafka = ",".join(f"{h}:{p}" for _, h, p in cluster.kafka_bootstrap())
+    if kafka:
+        print(f"Kafka clients: bootstrap.servers={kafka} (librdkafka/Java properties: "
+              f"{cluster.kafka_properties_path})")
     if not cluster.insecure:
         print(f"certificates: {cluster.cert_dir} (CA, node-N, admin)")
     # Every hint runs exactly as printed (a test runs them).
@@ -162,6 +166,8 @@ def cmd_cluster_up(args) -> int:
     print(f"      metalog consume --client-config {cluster.client_config_path} --from earliest --idle-exit-s 1")
     print(f"      metalog cluster status {d}")
     print(f"      metalog cluster logs {d} {min(cluster.nodes)}")
+    if kafka:
+        print(f"      kcat -F {cluster.kafka_properties_path} -L")
     print("      (from the repo root, run/cluster/client.yaml is found without --client-config)")
     sys.stdout.flush()
     if args.exit_when_ready:

@@ -128,7 +128,8 @@ def status_rows(cluster: LocalCluster) -> list[dict]:
         role = "down" if pid is None else "paused" if paused else q.get("role", "unreachable")
         rows.append({"node": nid, "role": role, "voter": spec.voter, "epoch": q.get("epoch"),
                      "high_watermark": q.get("high_watermark"), "log_end_offset": q.get("log_end_offset"),
-                     "lag": None, "pid": pid, "port": spec.port, "admin_port": spec.admin_port})
+                     "lag": None, "pid": pid, "port": spec.port, "admin_port": spec.admin_port,
+                     "kafka_port": spec.kafka_port})
     leaders = [v for v in views.values() if v and v.get("role") == "leader"]
     if leaders:
         leader = max(leaders, key=lambda v: v["epoch"])
@@ -149,13 +150,16 @@ def _cell(value) -> str:
 def cmd_status(args) -> int:
     cluster = load(args.dir)
     rows = status_rows(cluster)
+    kafka = ",".join(f"{h}:{p}" for _, h, p in cluster.kafka_bootstrap())
     if args.output == "json":
-        print(json.dumps({"cluster_id": cluster.cluster_id, "dir": cluster.root, "nodes": rows}, indent=2))
+        print(json.dumps({"cluster_id": cluster.cluster_id, "dir": cluster.root, "nodes": rows,
+                          "kafka_bootstrap_servers": kafka or None}, indent=2))
     else:
         print(f"cluster {cluster.cluster_id!r} in {cluster.root}")
-        header = ["NODE", "ROLE", "EPOCH", "HIGH-WATERMARK", "LOG-END", "LAG", "PID", "PORT", "ADMIN-PORT"]
+        header = ["NODE", "ROLE", "EPOCH", "HIGH-WATERMARK", "LOG-END", "LAG", "PID", "PORT", "ADMIN-PORT",
+                  "KAFKA-PORT"]
         table = [header] + [[_cell(r[k]) for k in ("node", "role", "epoch", "high_watermark", "log_end_offset",
-                                                    "lag", "pid", "port", "admin_port")] for r in rows]
+                                                    "lag", "pid", "port", "admin_port", "kafka_port")] for r in rows]
         widths = [max(len(row[i]) for row in table) for i in range(len(header))]
         for row in table:
             print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())

@@ -128,11 +128,13 @@ class NodeSpec:
     # (e.g. ["ip", "netns", "exec", "mlg-1a2b-n1"]).
     host: str | None = None
     exec_prefix: list[str] | None = None
+    kafka_port: int | None = None  # its Kafka-protocol listener (kafka_listen); None: none
 
 
 # Set by the launcher from the cluster's layout (ids, addresses, directories,
 # voters, TLS files): `cluster up --set` cannot change them, the layout flags do.
 LAYOUT_KEYS = frozenset({"node_id", "cluster_id", "data_dir", "listen", "admin_listen", "voters", "log_file",
+                         "kafka_listen", "kafka_endpoints",
                          "dynamic_voters", "security_protocol", "ssl_ca_file", "ssl_cert_file", "ssl_key_file"})
 
 
@@ -187,10 +189,12 @@ class LocalCluster:
         if base_port:
             ports = [base_port + i for i in range(n)]
             admin_ports = [base_port + 1000 + i for i in range(n)]
+            kafka_ports = [base_port + 2000 + i for i in range(n)]
         else:
-            got = free_ports(2 * n)
-            ports, admin_ports = got[:n], got[n:]
-        specs = [NodeSpec(i + 1, ports[i], admin_ports[i], voter=i < voters) for i in range(n)]
+            got = free_ports(3 * n)
+            ports, admin_ports, kafka_ports = got[:n], got[n:2 * n], got[2 * n:]
+        specs = [NodeSpec(i + 1, ports[i], admin_ports[i], voter=i < voters, kafka_port=kafka_ports[i])
+                 for i in range(n)]
         return cls(root, specs, cluster_id=cluster_id, common=common, insecure=insecure, dynamic=dynamic)
 
     # ----------------------------------------------------------- config
@@ -220,6 +224,7 @@ class LocalCluster:
             "admin_listen": f"{self.node_host(node_id)}:{spec.admin_port}",
             "voters": self.voters_string,
             "log_file": self.log_path(node_id),
+            **self._kafka_settings(node_id),
             # The launcher's admin user certificate bypasses ACLs (Kafka's super.users).
             "super_users": ["User:admin"],
         }
@@ -234,6 +239,35 @@ class LocalCluster:
         cfg.update(self.common)
         cfg.update(spec.extra)
         return cfg
+
+    def kafka_bootstrap(self) -> list[tuple[int, str, int]]:
+        """(node id, host, port) of every node's Kafka listener: Kafka clients' bootstrap.servers."""
+        return [(nid, self.node_host(nid), spec.kafka_port) for nid, spec in sorted(self.nodes.items())
+                if spec.kafka_port is not None and not spec.removed]
+
+    def _kafka_settings(self, node_id: int) -> dict[str, str]:
+        port = self.nodes[node_id].kafka_port
+        if port is None:
+            return {}
+        return {"kafka_listen": f"{self.node_host(node_id)}:{port}",
+                "kafka_endpoints": ",".join(f"{nid}@{h}:{p}" for nid, h, p in self.kafka_bootstrap())}
+
+    @property
+    def kafka_properties_path(self) -> str:
+        """<root>/kafka-client.properties: librdkafka's and Java's client
+        properties for this cluster (``kcat -F``, confluent-kafka, kafka-*.sh --command-config)."""
+        return os.path.join(self.root, "kafka-client.properties")
+
+    def _write_kafka_properties(self) -> None:
+        lines = ["# Kafka clients of this local cluster (written by metalog cluster up)",
+                 "bootstrap.servers=" + ",".join(f"{h}:{p}" for _, h, p in self.kafka_bootstrap())]
+        if self.insecure:
+            lines.append("security.protocol=PLAINTEXT")
+        else:
+            d = self.cert_dir
+            lines += ["security.protocol=SSL", f"ssl.ca.location={d}/ca.crt",
+                      f"ssl.certificate.location={d}/admin.crt", f"ssl.key.location={d}/admin.key"]
+        atomic_write(self.kafka_properties_path, ("\n".join(lines) + "\n").encode())
 
     def ensure_certs(self) -> None:
         """CA + one certificate per node (SANs: the host it listens on and the
@@ -254,6 +288,8 @@ class LocalCluster:
             ssl_cert_file=None if self.insecure else os.path.join(self.cert_dir, "admin.crt"),
             ssl_key_file=None if self.insecure else os.path.join(self.cert_dir, "admin.key"),
         ).write(self.client_config_path)
+        if self.kafka_bootstrap():
+            self._write_kafka_properties()
 
     @property
     def client_config_path(self) -> str:
@@ -294,7 +330,7 @@ class LocalCluster:
             "nodes": [{"node_id": n.node_id, "port": n.port, "admin_port": n.admin_port, "voter": n.voter,
                        "extra": n.extra, "command": n.command, "directory_id": n.directory_id,
                        "formatted": n.formatted, "removed": n.removed, "config_sha256": n.config_sha256,
-                       "host": n.host, "exec_prefix": n.exec_prefix}
+                       "host": n.host, "exec_prefix": n.exec_prefix, "kafka_port": n.kafka_port}
                       for n in sorted(self.nodes.values(), key=lambda n: n.node_id)],
         }
         atomic_write(self.state_path, (json.dumps(state, indent=2) + "\n").encode())
@@ -308,7 +344,8 @@ class LocalCluster:
             state = json.load(f)
         nodes = [NodeSpec(n["node_id"], n["port"], n["admin_port"], n["voter"], n.get("extra") or {},
                           n.get("command"), n.get("directory_id"), bool(n.get("formatted")),
-                          bool(n.get("removed")), n.get("config_sha256"), n.get("host"), n.get("exec_prefix"))
+                          bool(n.get("removed")), n.get("config_sha256"), n.get("host"), n.get("exec_prefix"),
+                          n.get("kafka_port"))
                  for n in state["nodes"]]
         voter_addrs = {int(k): (v[0], int(v[1])) for k, v in state.get("voter_addrs", {}).items()} or None
         return cls(root, nodes, cluster_id=state["cluster_id"], host=state["host"],
