@@ -2,7 +2,7 @@
 # The README's two commands live here.
 #   bash run.sh cluster   set up, then start a local multi-broker cluster (3 voters + 1 observer)
 #   bash run.sh test      set up, then run the whole test suite
-#   bash run.sh setup     only set up (virtualenv, dependencies, Java for Spark, promtool,
+#   bash run.sh setup     only set up (virtualenv, dependencies, Java for Spark, promtool, kcat,
 #                         Apache Kafka's jars for tests/kafka)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -23,6 +23,16 @@ setup() {
     { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive \
         apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
       || echo "run.sh: could not install prometheus; the promtool checks will fail" >&2
+  fi
+  # kcat (Debian package kcat, librdkafka's command-line client) reads the
+  # cluster's metadata over the Kafka listener in tests/kafka_clients:
+  # best-effort, as promtool; without it that test says so and fails.
+  if ! command -v kcat >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo -n"; fi
+    echo "run.sh: installing kcat (Kafka's command-line client, for tests/kafka_clients)" >&2
+    { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends kcat >/dev/null; } \
+      || echo "run.sh: could not install kcat; the kcat test in tests/kafka_clients will fail" >&2
   fi
   if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
