@@ -108,14 +108,22 @@ class ClientAppend:
     its own whose header carries its (producer id, producer epoch, base
     sequence), and consecutive plain waiters around it share one batch. The
     driver has judged those sequences against its producer state (at most
-    one waiter per producer id per ClientAppend); the core only records them."""
+    one waiter per producer id per ClientAppend); the core only records them.
+
+    ``prebuilt`` (a Kafka client's Produce, issue 32): ``records`` holds one
+    whole RecordBatch v2 per waiter, as the client built it (keys, headers,
+    timestamps, its producer fields), each holding its waiter's record count;
+    the leader appends them as they are, stamping only the base offset and
+    the partition leader epoch (both outside the CRC). ``producers`` is then
+    None: the driver judged the batches' producer fields already."""
 
     now_ms: int
     waiters: list[AppendWaiter]  # in the order of their records
-    records: list[bytes]
+    records: list[bytes]  # (prebuilt: bytes-like whole batches, one per waiter)
     wall_clock_ms: int = -1  # see Tick
     # None: every waiter is plain. Else one entry per waiter, in order.
     producers: list[tuple[int, int, int] | None] | None = None
+    prebuilt: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -373,7 +373,7 @@ class QuorumCore:
             if ev.wall_clock_ms >= 0:
                 self._wall_minus_now_ms = ev.wall_clock_ms - now_ms
             if isinstance(ev, ClientAppend):
-                self.client_append(now_ms, ev.waiters, ev.records, ev.producers)
+                self.client_append(now_ms, ev.waiters, ev.records, ev.producers, ev.prebuilt)
         elif isinstance(ev, FlushCompleted):
             if self.log.on_flushed(ev.flushed_end_offset):
                 self.state.on_flushed(now_ms)
@@ -428,11 +428,11 @@ class QuorumCore:
         self.state.on_boot(now_ms)
 
     def client_append(self, now_ms: int, waiters: list[AppendWaiter], records: list[bytes],
-                      producers: list[tuple[int, int, int] | None] | None = None) -> None:
+                      producers: list[tuple[int, int, int] | None] | None = None, prebuilt: bool = False) -> None:
         """Records to append as one (ClientAppend, a Produce): the leader
         appends them, any other role refuses them."""
-        inbound.check_client_append(waiters, records, producers)
-        self.state.client_append(waiters, records, now_ms, producers)
+        inbound.check_client_append(waiters, records, producers, prebuilt)
+        self.state.client_append(waiters, records, now_ms, producers, prebuilt)
 
     # ------------------------------------------------------------------
     # role transitions: the only place the role changes

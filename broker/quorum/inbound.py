@@ -9,17 +9,19 @@ itself: they decide transitions, which the roles only ask for."""
 
 from __future__ import annotations
 
+import struct
 from typing import TYPE_CHECKING, Any
 
 from metalog.broker.quorum import membership
 from metalog.broker.quorum.answers import api_versions_response, check_cluster_id
 from metalog.broker.quorum.api import AppendWaiter, RequestFailed, ResponseReceived
-from metalog.broker.quorum.leader import LeaderState
+from metalog.broker.quorum.leader import STAMP, LeaderState
 from metalog.broker.quorum.leader_reads import LeaderReads, fetch_problem
 from metalog.broker.quorum.outbox import FETCH_LOOP, NOTIFICATIONS, RequestKind
 from metalog.protocol import messages as m
 from metalog.protocol.errors import Errors
 from metalog.protocol.invariants import InvariantViolation
+from metalog.storage.batch import HEADER_SIZE, LOG_OVERHEAD, MAGIC
 
 if TYPE_CHECKING:
     from metalog.broker.quorum.core import QuorumCore
@@ -126,8 +128,11 @@ def _serve_read(core: QuorumCore, token: Any,
 
 
 def check_client_append(waiters: list[AppendWaiter], records: list[bytes],
-                        producers: list[tuple[int, int, int] | None] | None) -> None:
+                        producers: list[tuple[int, int, int] | None] | None, prebuilt: bool = False) -> None:
     """ValueError if a ClientAppend (or a Produce) is malformed: the driver's bug."""
+    if prebuilt:
+        _check_prebuilt(waiters, records, producers)
+        return
     total = sum(n for _, n in waiters)
     if total != len(records) or any(n <= 0 for _, n in waiters):
         raise ValueError(
@@ -147,6 +152,26 @@ def check_client_append(waiters: list[AppendWaiter], records: list[bytes],
             # Both would have been judged against the same producer state.
             raise ValueError(f"producer id {p[0]} appears twice in one ClientAppend")
         seen.add(p[0])
+
+
+_I32 = struct.Struct(">i")
+MAGIC_OFFSET = STAMP.size  # the magic byte follows the stamped fields
+RECORDS_COUNT_OFFSET = HEADER_SIZE - 4  # the header's last field
+
+
+def _check_prebuilt(waiters: list[AppendWaiter], batches: list[bytes],
+                    producers: list[tuple[int, int, int] | None] | None) -> None:
+    """A prebuilt ClientAppend: one whole v2 batch per waiter, holding its
+    waiter's record count (the header's fields only: the driver checked the
+    CRC and the records before it queued the batch)."""
+    if producers is not None or len(batches) != len(waiters):
+        raise ValueError(f"a prebuilt ClientAppend has one batch per waiter and no producers: "
+                         f"{len(waiters)} waiter(s), {len(batches)} batch(es)")
+    for (_token, n), batch in zip(waiters, batches):
+        size = len(batch)
+        if size < HEADER_SIZE or batch[MAGIC_OFFSET] != MAGIC or LOG_OVERHEAD + _I32.unpack_from(batch, 8)[0] != size \
+                or _I32.unpack_from(batch, RECORDS_COUNT_OFFSET)[0] != n or n <= 0:
+            raise ValueError(f"a prebuilt batch of {size} bytes is not one whole v2 batch of {n} record(s)")
 
 
 # -- answers to our own requests, and their failures -------------------------------

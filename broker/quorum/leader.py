@@ -5,6 +5,7 @@ in metalog.broker.quorum.leader_reads."""
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
@@ -18,11 +19,29 @@ from metalog.broker.quorum.voters import VoterSet, voters_record
 from metalog.protocol import messages as m
 from metalog.protocol.errors import Errors
 from metalog.protocol.invariants import InvariantViolation, invariant
-from metalog.storage.batch import encode_batch
+from metalog.storage.batch import LOG_OVERHEAD, encode_batch
 from metalog.storage.control_records import KRaftVersionRecord, LeaderChange, encode_control
 
 if TYPE_CHECKING:
     from metalog.broker.quorum.api import AppendWaiter
+
+# A prebuilt batch's first 16 bytes: base offset, length, partition leader
+# epoch -- what the leader stamps (the CRC covers none of it).
+STAMP = struct.Struct(">qii")
+
+
+def stamp_batches(base_offset: int, epoch: int, waiters: list[AppendWaiter], batches: list[bytes]) -> bytes:
+    """Whole prebuilt batches (one per waiter, a waiter's record count each)
+    at `base_offset` on, under `epoch`: one join, the only copy of their
+    bytes, as encode_batch's is for plain records."""
+    parts: list[bytes | memoryview] = []
+    offset = base_offset
+    pack = STAMP.pack
+    for (_token, n), batch in zip(waiters, batches):
+        parts.append(pack(offset, len(batch) - LOG_OVERHEAD, epoch))
+        parts.append(memoryview(batch)[STAMP.size:])
+        offset += n
+    return b"".join(parts)
 
 
 class LeaderContext(ReadsContext, Protocol):
@@ -202,7 +221,7 @@ class LeaderState(NotifyingRole, RoleState):
     # -- writes and the high watermark ---------------------------------------
 
     def client_append(self, waiters: list[AppendWaiter], records: list[bytes], now_ms: int,
-                      producers: list[tuple[int, int, int] | None] | None = None) -> None:
+                      producers: list[tuple[int, int, int] | None] | None = None, prebuilt: bool = False) -> None:
         ctx = self.ctx
         if ctx.shutting_down:
             super().client_append(waiters, records, now_ms)
@@ -210,7 +229,11 @@ class LeaderState(NotifyingRole, RoleState):
         base = ctx.log.log_end_offset
         epoch = self.epoch
         timestamp_ms = ctx.timestamp_ms(now_ms)
-        if producers is None:
+        count = len(records)
+        if prebuilt:  # one client-built batch per waiter: kept as built (api.ClientAppend)
+            data = stamp_batches(base, epoch, waiters, records)
+            count = sum(n for _token, n in waiters)
+        elif producers is None:
             data = encode_batch(base, epoch, records, timestamp_ms)
         else:
             data = self._encode_mixed(base, epoch, timestamp_ms, waiters, records, producers)
@@ -218,7 +241,7 @@ class LeaderState(NotifyingRole, RoleState):
         for token, n in waiters:
             self.waiters.append(ProduceWaiter(offset + n, token, offset, epoch))
             offset += n
-        self.append(data, len(records), now_ms)
+        self.append(data, count, now_ms)
 
     @staticmethod
     def _encode_mixed(base: int, epoch: int, timestamp_ms: int, waiters: list[AppendWaiter], records: list[bytes],

@@ -246,7 +246,7 @@ class RoleState:
         """The answer to a notification sent in the current epoch."""
 
     def client_append(self, waiters: list[AppendWaiter], records: list[bytes], now_ms: int,
-                      producers: list[tuple[int, int, int] | None] | None = None) -> None:
+                      producers: list[tuple[int, int, int] | None] | None = None, prebuilt: bool = False) -> None:
         ctx = self.ctx
         cl = ctx.current_leader()
         for token, _ in waiters:

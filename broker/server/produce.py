@@ -8,6 +8,15 @@ completes (or after ``append_linger_ms`` if that is set above 0). The
 batch is handed to the core as ONE ``ClientAppend`` (one append, one
 flush), and each request is answered when the core acknowledges it.
 
+A Kafka client's Produce (issue 32, ``metalog.broker.server.kafka.data``)
+arrives as a ``PrebuiltProduce``: one whole RecordBatch v2 as the client
+built it (CRC and records already checked). It queues in the same group
+commit and is judged by the same producer state; its step hands the core
+the batch itself (``ClientAppend(prebuilt=True)``), which appends it as
+built, stamping only its base offset and partition leader epoch: no record
+is re-encoded. A group mixing both kinds takes one core step per run of one
+kind (one append each; the flusher's one fsync covers them all).
+
 Idempotent produce (KIP-98, ``metalog.broker.server.idempotence``): a request
 with a producer id is judged against the producer state at the log end
 before its batch is formed. A duplicate is answered with its original's
@@ -22,7 +31,7 @@ The runtime driver owns the core; this module only sees what
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Protocol, cast
+from typing import Any, Callable, Container, NamedTuple, Protocol, cast
 
 from metalog.broker.net.server import Connection
 from metalog.broker.quorum import api as qa
@@ -44,6 +53,21 @@ from metalog.storage.segments import SegmentedLog
 PRODUCER_EXPIRY_INTERVAL_MS = 60_000
 
 Token = tuple[Connection, int]  # (connection, correlation id): where a Produce is answered
+# A producer as a produce names it: (id, epoch, base sequence, record count).
+Ident = tuple[int, int, int, int]
+
+
+class PrebuiltProduce(NamedTuple):
+    """A Produce whose records are one whole RecordBatch v2 built by the client
+    (a Kafka client's, issue 32): its CRC and records checked by whoever built
+    this, its producer fields read from its header (-1: not idempotent)."""
+
+    cluster_id: str | None  # None: the Kafka protocol carries none (the router's check skips it)
+    batch: bytes | memoryview  # the client's bytes, not copied until the append joins them
+    record_count: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
 
 
 class ProduceCore(Protocol):
@@ -86,6 +110,25 @@ def rebuild_producer_state(guard: ProducerGuard, committed: ProducerStateTable,
     return damaged[0].report if damaged else None
 
 
+def split_by_kind(runs: list[list[tuple[Any, int]]], prebuilt: Container[Any]) -> list[list[tuple[Any, int]]]:
+    """Cut each run where it changes between plain records and client-built
+    batches (a token in `prebuilt`): one core step appends one kind."""
+    out: list[list[tuple[Any, int]]] = []
+    for run in runs:
+        cur: list[tuple[Any, int]] = []
+        kind = False
+        for waiter in run:
+            built = waiter[0] in prebuilt
+            if cur and built is not kind:
+                out.append(cur)
+                cur = []
+            kind = built
+            cur.append(waiter)
+        if cur:
+            out.append(cur)
+    return out
+
+
 class ProducePath:
     """Group commit of Produce requests, idempotence, InitProducerId."""
 
@@ -108,13 +151,22 @@ class ProducePath:
         self.unanswered: set[Any] = set()
         # Queued idempotent requests by token (each becomes its own batch).
         self._idempotent: dict[Any, m.ProduceRequest] = {}
+        # Queued client-built batches by token (a Kafka client's Produce).
+        self._prebuilt: dict[Any, PrebuiltProduce] = {}
         self._producer_ids = ProducerIdAllocator()  # the ids this node hands out while it leads
         self._expired_at_ms = 0  # wall clock of the last expiry of producers from memory
         self._linger_handle: asyncio.Handle | None = None  # group commit's linger timer or call_soon
 
     # ------------------------------------------------------------ queueing
-    def enqueue(self, token: Token, body: m.ProduceRequest) -> None:
+    def enqueue(self, token: Token, body: m.ProduceRequest | PrebuiltProduce) -> None:
         """A Produce request from the wire: refused now, or queued for the next batch."""
+        if type(body) is PrebuiltProduce:
+            # Counts as one record toward append_batch_records_max (a batch
+            # of its own in the append, whatever it holds).
+            self._prebuilt[token] = body
+            self._arm(self.group_commit.offer(token, [cast(bytes, body.batch)]))
+            return
+        body = cast(m.ProduceRequest, body)
         problem = "a produce request needs at least one record" if not body.records else validate_produce(body)
         if problem is not None:
             conn, cid = token
@@ -124,7 +176,9 @@ class ProducePath:
             # Judged against the producer state when its batch is formed
             # (flush), after every batch queued before it.
             self._idempotent[token] = body
-        arm = self.group_commit.offer(token, body.records)
+        self._arm(self.group_commit.offer(token, body.records))
+
+    def _arm(self, arm: Arm) -> None:
         if arm is Arm.APPEND_NOW:
             self.flush()
         elif arm is Arm.LINGER:
@@ -142,7 +196,7 @@ class ProducePath:
         if batch is None:
             return
         waiters, records = batch
-        if self._idempotent:
+        if self._idempotent or self._prebuilt:
             self._append_group(waiters, records)
             return
         self.unanswered.update(token for token, _n in waiters)
@@ -161,6 +215,7 @@ class ProducePath:
         if self._failed():
             for token, _n in waiters:
                 self._idempotent.pop(token, None)
+                self._prebuilt.pop(token, None)
                 conn, cid = token
                 conn.send_response(cid, m.ProduceResponse(error_code=Errors.BROKER_NOT_AVAILABLE))
             return
@@ -172,8 +227,7 @@ class ProducePath:
         for token, n in waiters:
             records_of[token] = records[pos:pos + n]
             pos += n
-        bodies = self._idempotent
-        runs = split_by_producer(waiters, lambda token: bodies[token].producer_id if token in bodies else None)
+        runs = split_by_kind(split_by_producer(waiters, self._producer_of), self._prebuilt)
         parked = False
         for run in runs:
             if self._failed():
@@ -182,23 +236,44 @@ class ProducePath:
         if parked and not self._failed():
             self.release_duplicates()  # an original may be committed already
 
+    def _producer_of(self, token: Any) -> int | None:
+        body = self._idempotent.get(token)
+        if body is not None:
+            return body.producer_id
+        built = self._prebuilt.get(token)
+        return built.producer_id if built is not None and built.producer_id >= 0 else None
+
+    def _take_ident(self, token: Any, n: int) -> tuple[Ident | None, int]:
+        """The queued request's producer (None: plain) and record count, forgotten here."""
+        built = self._prebuilt.pop(token, None)
+        if built is not None:
+            ident = (built.producer_id, built.producer_epoch, built.base_sequence, built.record_count)
+            return (ident if built.producer_id >= 0 else None), built.record_count
+        body = self._idempotent.pop(token, None)
+        if body is None:
+            return None, n
+        return (body.producer_id, body.producer_epoch, body.base_sequence, len(body.records)), n
+
     def _append_run(self, run: list[tuple[Any, int]], records_of: dict[Any, list[bytes]]) -> bool:
-        """One step of _append_group; True if a duplicate was parked."""
+        """One step of _append_group (a run of one kind: records or client-built
+        batches); True if a duplicate was parked."""
         now_wall_ms = wall_clock_ms()
         is_leader = self._core.is_leader
+        prebuilt = run[0][0] in self._prebuilt
         step_waiters: list[tuple[Any, int]] = []
         step_records: list[bytes] = []
         step_producers: list[tuple[int, int, int] | None] = []
         parked = False
-        for token, n in run:
-            body = self._idempotent.pop(token, None)
+        appended = 0
+        for token, queued in run:
+            ident, n = self._take_ident(token, queued)
             producer: tuple[int, int, int] | None
-            if body is not None and is_leader:
-                check = self.guard.check(body, now_wall_ms)
+            if ident is not None and is_leader:
+                check = self.guard.table.check(*ident, now_wall_ms)
                 if check.verdict is not Verdict.APPEND:
-                    parked |= self._answer_unappended(token, body, check)
+                    parked |= self._answer_unappended(token, ident, check)
                     continue
-                producer = (body.producer_id, body.producer_epoch, body.base_sequence)
+                producer = ident[:3]
             else:
                 # Plain; or not the leader, and the core answers every waiter
                 # NOT_LEADER_OR_FOLLOWER (the client retries at the leader).
@@ -206,31 +281,34 @@ class ProducePath:
             step_waiters.append((token, n))
             step_records.extend(records_of[token])
             step_producers.append(producer)
+            appended += n
         if step_waiters:
-            self._metrics.appended_records.inc(len(step_records))
-            idempotent = any(p is not None for p in step_producers)
+            self._metrics.appended_records.inc(appended)
+            # (a prebuilt batch carries its producer in its header: the core needs no entry)
+            idempotent = not prebuilt and any(p is not None for p in step_producers)
             self._step(qa.ClientAppend(now_ms(), cast("list[qa.AppendWaiter]", step_waiters), step_records,
                                        wall_clock_ms(),
-                                       producers=step_producers if idempotent else None))
+                                       producers=step_producers if idempotent else None, prebuilt=prebuilt))
         return parked
 
-    def _answer_unappended(self, token: Token, body: m.ProduceRequest, check: Check) -> bool:
+    def _answer_unappended(self, token: Token, ident: Ident, check: Check) -> bool:
         """A duplicate (parked until its original is committed) or a refusal;
         True if parked."""
         self.unanswered.discard(token)
         conn, cid = token
+        producer_id, producer_epoch, base_sequence, _count = ident
         if check.verdict is Verdict.DUPLICATE:
             original = check.original
             if not isinstance(original, BatchMeta):  # the table names the original of every duplicate
-                raise InvariantViolation(f"duplicate of producer {body.producer_id} without its original batch")
-            self._log.info("produce_duplicate", producer_id=body.producer_id, producer_epoch=body.producer_epoch,
-                           base_sequence=body.base_sequence, original_base_offset=original.base_offset)
+                raise InvariantViolation(f"duplicate of producer {producer_id} without its original batch")
+            self._log.info("produce_duplicate", producer_id=producer_id, producer_epoch=producer_epoch,
+                           base_sequence=base_sequence, original_base_offset=original.base_offset)
             if self.guard.park_duplicate(token, original):
                 return True
             conn.send_response(cid, m.ProduceResponse(error_code=Errors.REQUEST_TIMED_OUT,
                                                       error_message="too many duplicate produces waiting"))
             return False
-        self._log.warning("produce_refused", producer_id=body.producer_id, verdict=check.verdict.value,
+        self._log.warning("produce_refused", producer_id=producer_id, verdict=check.verdict.value,
                           reason=check.message)
         conn.send_response(cid, refusal(check))
         return False
@@ -266,5 +344,6 @@ class ProducePath:
         tokens = self.group_commit.drop_all() + list(self.unanswered) + self.guard.drop_parked()
         self.unanswered.clear()
         self._idempotent.clear()
+        self._prebuilt.clear()
         for conn, cid in tokens:
             conn.send_response(cid, m.ProduceResponse(error_code=Errors.KAFKA_STORAGE_ERROR, error_message=message))
