@@ -1,0 +1,17 @@
+"""Kafka's wire protocol: message bodies generated from Kafka's JSON schemas.
+
+* ``schemas/``: Apache Kafka 4.3.1's message schemas, vendored unchanged
+  (Apache-2.0; see schemas/NOTICE).
+* ``generate.py``: ``python -m metalog.protocol.kafka.generate`` writes
+  ``messages.py`` from them (deterministic; a test regenerates and diffs).
+* ``messages.py`` (generated, committed): one msgspec Struct per message and
+  nested struct, with ``write``/``read``/``encode``/``decode`` per version,
+  ``REQUESTS``/``RESPONSES`` by api key, the header-version rules.
+* ``primitives.py``: the wire's primitive types the generated code uses.
+* ``wire.py``: request/response frames around the bodies, the ApiVersions
+  fallback and error answers (sans-IO).
+* ``errors.py``: ``KafkaDecodeError`` (the only exception bad bytes raise)
+  and ``UnsupportedVersionError``.
+* ``bench.py``: ``python -m metalog.protocol.kafka.bench`` prints the codec's
+  speed on a Produce request and a Fetch response.
+"""
