@@ -34,6 +34,15 @@ setup() {
         apt-get install -y -qq --no-install-recommends kcat >/dev/null; } \
       || echo "run.sh: could not install kcat; the kcat test in tests/kafka_clients will fail" >&2
   fi
+  # nftables (nft) makes the drill's packet faults inside network namespaces
+  # (tests/drill, metalog drill): best-effort, as promtool; without it those say so and fail.
+  if ! command -v nft >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo -n"; fi
+    echo "run.sh: installing nftables (for the drill's packet faults)" >&2
+    { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends nftables iproute2 >/dev/null; } \
+      || echo "run.sh: could not install nftables; the drill's namespace faults will fail" >&2
+  fi
   if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
   fi

@@ -1,4 +1,5 @@
-"""The CI drill: a real 3+1 cluster under load through leader kills, a partition, a pause and a wipe."""
+"""The CI drill: a real 3+1 cluster on network namespaces under load through leader kills, partitions, a pause
+and a wipe, each fault verified to take effect."""
 
 import argparse
 import json
@@ -43,18 +44,19 @@ def test_short_drill_loses_nothing(tmp_path):
     # snapshots removed segments from every log: the archive, not the consumers, covered them
     assert stats["verified_from_archive"] > 0 and stats["verified_from_consumers_only"] == 0, stats
     assert report["converged"]["ok"]
-    # the wiped follower came back from a snapshot (the leader's log start had moved past 0)
-    assert all(w["rejoined"] and w["snapshot_seen"] for w in report["wipes"]), report["wipes"]
+    # the wiped follower came back by installing the leader's snapshot (its broker.log says
+    # snapshot_installed), not by re-replicating from offset 0 and taking one of its own
+    assert all(w["rejoined"] and w["snapshot_installed"] for w in report["wipes"]), report["wipes"]
+    # every fault took effect (issue 35/37): on namespaces, a partition drops packets and the
+    # cut-off leader commits nothing while a newer epoch appears; a kill is a SIGKILL and a new leader
+    assert s["network"] == "netns" and s["faults_verified"] == s["faults"], report["faults"]
     # inside the static quorum's fault model: every voter held the committed log when one was
     # wiped, and the wiped voter caught up before the next fault
     assert all(w["voters_caught_up_before"] and w["caught_up_after"] for w in report["wipes"]), report["wipes"]
-    # A killed leader is always replaced: a write is acknowledged in a newer
-    # epoch. An isolated or frozen one may outlast its 2 s fault on a loaded
-    # machine (its followers' pre-votes not yet won) and simply lead on; the
-    # drill already fails if no write is acknowledged after any fault.
+    # Every leader fault replaced the leader (the drill's verification demands a newer epoch,
+    # held 3 s against a 1 s fetch timeout): a write acknowledged in a newer epoch each time.
     not_replaced = [f for f in report["failovers"] if f["failover_ms"] is None]
-    assert not [f for f in not_replaced if f["kind"] == "kill_leader"], not_replaced
-    assert len(not_replaced) < len(report["failovers"]), not_replaced
+    assert not not_replaced, not_replaced
     # A figure only for a fault that removed the leader, and then one within that fault's
     # own window (before the next fault began), never a later fault's election.
     starts = sorted(f["t_s"] for f in report["faults"])
@@ -103,7 +105,8 @@ def test_dynamic_drill_refuses_proxy_faults(tmp_path, capsys):
     is refused before any broker starts: exit 2, the reason on stderr."""
     p = argparse.ArgumentParser()
     add_arguments(p)
-    args = p.parse_args(["--dynamic", "--schedule", "isolate_leader", "--dir", str(tmp_path / "run")])
+    args = p.parse_args(["--dynamic", "--network", "proxy", "--schedule", "isolate_leader",
+                         "--dir", str(tmp_path / "run")])
     assert cmd_drill(args) == 2
     assert capsys.readouterr().err == ("metalog drill: fault 'isolate_leader' needs the fault proxy, which a "
                                        "--dynamic drill cannot use\n")

@@ -1,8 +1,13 @@
 """``metalog drill``: kill, pause, partition and wipe a real cluster under load, then check it.
 
 The drill starts a local cluster (``LocalCluster``: 3 voters + 1 observer by
-default, or the broker services of a compose file with ``--compose``), puts
-a ``FaultProxy`` between every pair of brokers, and runs for ``--duration-s``:
+default, or the broker services of a compose file with ``--compose``), as root
+each broker in its own network namespace (``metalog.tools.cluster.netns``;
+faults as nftables rules and tc inside them, ``metalog.tools.drill.netfaults``),
+else with a ``FaultProxy`` between every pair of brokers (``--network``), and
+runs for ``--duration-s``. Every fault is verified to have taken effect
+(``metalog.tools.drill.verify``): one that did not stops the drill with one
+line naming it (exit 1).
 
 * writers produce unique values (``d<writer>-<seq>``); every acknowledged
   write is recorded with its offset and epoch. Writers are idempotent
@@ -45,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import shutil
@@ -63,6 +69,10 @@ from metalog.tools.cluster.launcher import LocalCluster
 from metalog.tools.drill.archive import SegmentArchive
 from metalog.tools.drill.checker import Ack, History, HwSample, Reset, RoleEvent, Seen, Truncation, check, read_replica
 from metalog.tools.drill.faultproxy import FaultProxy
+from metalog.tools.drill import netfaults
+from metalog.tools.drill.netfaults import NET_FAULTS, PACKET_FAULTS, NetnsFaults, ProxyFaults
+from metalog.tools.drill.verify import why_not_bitten
+from metalog.tools.cluster.netns import NetnsError, NetnsHosts, unavailable as netns_unavailable
 from metalog.tools.drill.report import build_report, failover_lines, write_report
 from metalog.tools.extras import PLOT_MODULES, missing
 
@@ -75,10 +85,14 @@ FAULTS = {
     "isolate_leader": "cut the leader off from every broker, both directions, then heal",
     "cut_one_way": "drop what the leader sends to one follower (one direction), then heal",
     "split_majority": "partition {leader, observer} | {other voters}: the leader is in the minority",
+    "loss_10": "(namespaces only) 10% random packet loss each way on the link leader <-> a follower",
+    "loss_30": "(namespaces only) 30% random packet loss each way on the link leader <-> a follower",
+    "bandwidth_cap": "(namespaces only) cap the leader's egress at 1 mbit/s (a tc token bucket)",
+    "mtu_blackhole": "(namespaces only) the leader's link drops every packet over 1,200 bytes",
     "wipe_follower": "kill -9 a follower, delete its data dir, restart it: it must rejoin by snapshot",
     "reconfigure": "(--dynamic only) remove a voter, the leader half of the time, and add it back (KIP-853)",
 }
-PROXY_FAULTS = ("isolate_leader", "cut_one_way", "split_majority")  # need the fault proxy: static quorums only
+PROXY_FAULTS = netfaults.PROXY_NET_FAULTS  # on the proxy: static quorums only
 DYNAMIC_ONLY_FAULTS = ("reconfigure",)
 # A voter change waits for a caught-up observer and a commit: give it room on a loaded machine.
 MEMBERSHIP_TIMEOUT_S = 60.0
@@ -131,12 +145,14 @@ class Sample:
 class Drill:
     def __init__(self, cluster: LocalCluster, *, duration_s: float, seed: int, schedule: list[str] | None,
                  writers: int = 3, consumers: int = 2, hold_s: float = 2.0, settle_timeout_s: float = 20.0,
-                 broker_settings: dict | None = None, log=print):
+                 broker_settings: dict | None = None, log=print, network: str = "proxy"):
         assert 1 <= writers <= MAX_WRITERS
         for kind in schedule or []:
             if kind not in FAULTS:
                 raise ValueError(f"unknown fault {kind!r}; choose from {', '.join(FAULTS)}")
-            if cluster.dynamic and kind in PROXY_FAULTS:
+            if kind in PACKET_FAULTS and network != "netns":
+                raise ValueError(f"fault {kind!r} needs network namespaces (--network netns, as root)")
+            if cluster.dynamic and kind in PROXY_FAULTS and network != "netns":
                 raise ValueError(f"fault {kind!r} needs the fault proxy, which a --dynamic drill cannot use")
             if not cluster.dynamic and kind in DYNAMIC_ONLY_FAULTS:
                 raise ValueError(f"fault {kind!r} changes the voter set: run the drill with --dynamic")
@@ -160,6 +176,8 @@ class Drill:
         self.write_errors = 0
         self.incarnation = {nid: 0 for nid in cluster.nodes}
         self.proxy: FaultProxy | None = None
+        self.network = network  # "netns" or "proxy": where the network faults are made
+        self.net: netfaults.NetworkFaults | None = None
         # Hard links of every segment every broker ever had: the checker reads the offsets a
         # snapshot removed from every log there (see metalog.tools.drill.archive).
         self.archive = SegmentArchive(os.path.join(cluster.root, "archive"),
@@ -173,6 +191,7 @@ class Drill:
         c = self.cluster
         voters = {nid: (c.host, s.port) for nid, s in c.nodes.items() if s.voter}
         self.proxy = FaultProxy(voters, sources=list(c.nodes)).start()
+        self.net = ProxyFaults(self.proxy)
         for nid, spec in c.nodes.items():
             value = self.proxy.voters_for(nid)
             if spec.command:  # a compose service: its own command line, plus overrides
@@ -317,7 +336,9 @@ class Drill:
     def _pick_kind(self, i: int) -> str:
         if self.schedule:
             return self.schedule[i % len(self.schedule)]
-        excluded = PROXY_FAULTS if self.cluster.dynamic else DYNAMIC_ONLY_FAULTS
+        excluded = set() if self.cluster.dynamic else set(DYNAMIC_ONLY_FAULTS)
+        if self.network != "netns":
+            excluded |= set(PACKET_FAULTS) | (set(PROXY_FAULTS) if self.cluster.dynamic else set())
         return self.rng.choice([k for k in FAULTS if k not in excluded])
 
     async def _membership(self, rec: FaultRecord, step: str, fn, *args) -> str | None:
@@ -338,17 +359,18 @@ class Drill:
         observers = [n for n, s in c.nodes.items() if not s.voter]
         rec = FaultRecord(kind, None, time.time(), leader_before=leader, epoch_before=epoch)
         self.faults.append(rec)
-        p = self.proxy
         if kind == "kill_leader":
             rec.node = leader
             await asyncio.to_thread(c.kill, leader)
             rec.detail["killed_at"] = time.time()
+            rec.detail["exit_code"] = c.procs[leader].returncode
             await asyncio.sleep(self.hold_s)
             self.start_node(leader)
         elif kind in ("kill_follower", "kill_observer"):
             pool = followers if kind == "kill_follower" else (observers or followers)
             rec.node = self.rng.choice(pool)
             await asyncio.to_thread(c.kill, rec.node)
+            rec.detail["exit_code"] = c.procs[rec.node].returncode
             await asyncio.sleep(self.hold_s)
             self.start_node(rec.node)
         elif kind == "term_restart":
@@ -358,27 +380,17 @@ class Drill:
         elif kind == "pause_leader":
             rec.node = leader
             c.signal(leader, signal.SIGSTOP)
+            rec.detail["stopped"] = await asyncio.to_thread(self._seen_stopped, leader)
             await asyncio.sleep(self.hold_s * 1.5)
             c.signal(leader, signal.SIGCONT)
-        elif kind == "isolate_leader":
+        elif kind in NET_FAULTS:
             rec.node = leader
-            p.isolate(leader)
+            before = self.net.counters()
+            rec.detail.update(netfaults.apply(kind, self.net, self.rng, leader, followers, observers))
             await asyncio.sleep(self.hold_s * 1.5)
-            p.heal()
-        elif kind == "cut_one_way":
-            rec.node = leader
-            other = self.rng.choice(followers)
-            rec.detail["to"] = other
-            p.block(leader, other)
-            await asyncio.sleep(self.hold_s * 1.5)
-            p.heal()
-        elif kind == "split_majority":
-            rec.node = leader
-            minority = {leader, *observers}
-            rec.detail["groups"] = [sorted(minority), sorted(followers)]
-            p.partition([minority, set(followers)])
-            await asyncio.sleep(self.hold_s * 1.5)
-            p.heal()
+            after = self.net.counters()  # before heal: the namespaces' counters go with their rules
+            rec.detail["net"] = {k: v - before.get(k, 0) for k, v in after.items()}
+            self.net.heal()
         elif kind == "wipe_follower":
             # A static voter set survives one lost disk only while every other voter holds the
             # committed log: the wiped voter has forgotten its vote and its log, so a stale voter
@@ -392,6 +404,7 @@ class Drill:
             await asyncio.to_thread(c.kill, rec.node)
             self.archive.scan(rec.node, self.incarnation[rec.node])  # the last bytes before the wipe
             shutil.rmtree(c.data_dir(rec.node), ignore_errors=True)
+            rec.detail["wiped"] = not os.path.exists(c.data_dir(rec.node))
             self.archive.forget_live(rec.node)
             self.start_node(rec.node)
             if c.dynamic:
@@ -414,6 +427,15 @@ class Drill:
             raise AssertionError(kind)
         rec.ts_end = time.time()
         return rec
+
+    def _seen_stopped(self, nid: int, timeout_s: float = 2.0) -> bool:
+        """Whether the kernel shows the process stopped (SIGSTOP is delivered asynchronously)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.cluster.paused(nid):
+                return True
+            time.sleep(0.01)
+        return False
 
     # ---------------------------------------------------------- run
     async def run(self) -> dict:
@@ -446,6 +468,13 @@ class Drill:
                                     f"of node {rec.node}")
                     self.log(f"  !! {problems[-1]}")
                     break
+                why = why_not_bitten(self, rec, time.time())
+                rec.detail["took_effect"] = why is None
+                if why is not None:
+                    problems.append(f"fault did not take effect: {kind} of node {rec.node} at "
+                                    f"{rec.ts_start - self.t0:.1f}s on the {self.network}: {why}")
+                    self.log(f"  !! {problems[-1]}")
+                    break
         finally:
             self._stop_load.set()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -472,8 +501,8 @@ class Drill:
     def _converge(self) -> dict:
         """Repair everything and wait until every broker is at the leader's HW."""
         c = self.cluster
-        if self.proxy:
-            self.proxy.heal()
+        if self.net:
+            self.net.heal()
         for nid in c.nodes:
             c.signal(nid, signal.SIGCONT)
             if not c.alive(nid):
@@ -537,28 +566,66 @@ def build_cluster(args) -> LocalCluster:
                                dynamic=args.dynamic)
 
 
+def choose_network(args) -> str:
+    """"netns" or "proxy" for --network auto|netns|proxy; auto says in one line why it falls back."""
+    if args.network == "proxy":
+        return "proxy"
+    why = "a compose file's services bring their own addresses" if args.compose else netns_unavailable()
+    if why is None:
+        return "netns"
+    if args.network == "netns":
+        raise ValueError(f"--network netns: {why}")
+    print(f"metalog drill: no network namespaces ({why}): network faults go through the user-space "
+          f"proxy, each verified to take effect", file=sys.stderr)
+    return "proxy"
+
+
+def place_on_hosts(cluster: LocalCluster, hosts: NetnsHosts) -> None:
+    """Every broker on its own namespace: listen, advertised and certificate address, command prefix."""
+    for nid, spec in cluster.nodes.items():
+        spec.host = hosts.addr(nid)
+        spec.exec_prefix = hosts.exec_prefix(nid)
+    cluster.voter_addrs = {nid: (spec.host, spec.port) for nid, spec in cluster.nodes.items() if spec.voter}
+
+
 def run_drill(args) -> tuple[int, dict]:
     if os.path.exists(args.dir):
         shutil.rmtree(args.dir)
     os.makedirs(args.dir, exist_ok=True)
     # Client and storage-reader log lines go to a file, not over the drill's output.
     configure_logging("info", open(os.path.join(args.dir, "drill-clients.log"), "a", buffering=1))
+    network = choose_network(args)
     cluster = build_cluster(args)
     schedule = [s.strip() for s in args.schedule.split(",") if s.strip()] if args.schedule else None
     drill = Drill(cluster, duration_s=args.duration_s, seed=args.seed, schedule=schedule,
                   broker_settings=drill_broker_settings(args),
                   writers=args.writers, consumers=args.consumers, hold_s=args.hold_s,
-                  log=(lambda *_: None) if args.quiet else print)
-    if not cluster.dynamic:
-        drill.wire_proxy()
+                  log=(lambda *_: None) if args.quiet else print, network=network)
+    hosts = None
     try:
-        out = asyncio.run(drill.run())
-    except (DrillAborted, TimeoutError) as exc:
-        cluster.stop()
+        if network == "netns":
+            try:
+                hosts = NetnsHosts(sorted(cluster.nodes)).create()
+            except NetnsError as exc:
+                raise ValueError(f"could not make the network namespaces: {exc}") from None
+            place_on_hosts(cluster, hosts)
+            drill.net = NetnsFaults(hosts, {nid: s.admin_port for nid, s in cluster.nodes.items()})
+        elif not cluster.dynamic:
+            drill.wire_proxy()
+        try:
+            # The drill's clients (writers, consumers, monitor) live on their own host too.
+            with hosts.client_namespace() if hosts else contextlib.nullcontext():
+                out = asyncio.run(drill.run())
+        except (DrillAborted, TimeoutError) as exc:
+            cluster.stop()
+            print(f"metalog drill: could not run: {exc}; see {cluster.root}/node-*/broker.log", file=sys.stderr)
+            return 2, {}
+    finally:
         if drill.proxy:
             drill.proxy.stop()
-        print(f"metalog drill: could not run: {exc}; see {cluster.root}/node-*/broker.log", file=sys.stderr)
-        return 2, {}
+        if hosts:
+            cluster.stop()
+            hosts.remove()
     report = build_report(drill, out)
     paths = write_report(report, drill, args.report)
     res = out["result"]
@@ -570,6 +637,8 @@ def run_drill(args) -> tuple[int, dict]:
           f"{s['writes_duplicated']}, unverifiable {s['writes_unverifiable']}, faults {s['faults']} "
           f"({s['kill_restart_cycles']} kill/restart cycles), "
           f"failover p50 {s['failover_ms_p50']} ms, p99 {s['failover_ms_p99']} ms")
+    print(f"faults verified to take effect: {s['faults_verified']} of {s['faults']} (network faults on the "
+          f"{s['network']})")
     for line in failover_lines(s["failover_by_kind"]):
         print(line)
     print(f"report: {paths['json']}  timeline: {paths['png']}")
@@ -608,6 +677,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dynamic", action="store_true",
                    help="a dynamic quorum (KIP-853) with the reconfigure fault; without the fault proxy, so "
                         "without " + ", ".join(PROXY_FAULTS))
+    p.add_argument("--network", choices=("auto", "netns", "proxy"), default="auto",
+                   help="where network faults are made: each broker in its own network namespace (netns: "
+                        "root; nftables for the packet faults), the user-space proxy, or netns when it can "
+                        "be made (auto)")
     p.add_argument("--quiet", action="store_true")
 
 

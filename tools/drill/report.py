@@ -168,9 +168,14 @@ def build_report(drill, out: dict) -> dict:
     for f in drill.faults:
         if f.kind == "wipe_follower":
             later = [s for s in drill.samples if s.node == f.node and s.ts > f.ts_end and s.role]
+            # Rejoined by snapshot: the wiped node installed the leader's snapshot (its
+            # broker.log says so), not merely took one of its own after re-replicating from 0.
+            installs = [line for line in drill.cluster.read_log_lines(f.node)
+                        if line.get("event") == "snapshot_installed" and float(line.get("ts", 0)) > f.ts_start]
             wipes.append({"node": f.node, "ts": f.ts_start,
                           "rejoined": bool(later),
                           "snapshot_seen": any(s.snapshots > 0 for s in later),
+                          "snapshot_installed": bool(installs),
                           "log_start_after": max((s.log_start or 0 for s in later), default=None),
                           "voters_caught_up_before": f.detail.get("voters_caught_up_before"),
                           "caught_up_after": f.detail.get("wiped_caught_up")})
@@ -187,6 +192,8 @@ def build_report(drill, out: dict) -> dict:
             "faults": len(drill.faults),
             "kill_restart_cycles": restarts,
             "faults_by_kind": dict(kinds),
+            "network": getattr(drill, "network", None),
+            "faults_verified": sum(1 for f in drill.faults if f.detail.get("took_effect")),
             "failover_ms_p50": _pct(fo_ms, 50),
             "failover_ms_p99": _pct(fo_ms, 99),
             "failover_ms_max": max(fo_ms) if fo_ms else None,

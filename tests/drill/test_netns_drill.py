@@ -1,0 +1,102 @@
+"""The drill on network namespaces: every fault verified to take effect, and a fault that does not bite fails it.
+
+Runs as root (CI does): each broker in its own namespace on a private bridge,
+faults as nftables DROP rules and a tc token bucket inside them.
+"""
+
+import argparse
+import os
+import signal
+import subprocess
+
+import pytest
+
+from metalog.tools.cluster.certs import describe
+from metalog.tools.cluster.netns import NetnsHosts, cleanup_leftovers, run, unavailable
+from metalog.tools.drill.drill import add_arguments, run_drill
+
+
+def drill_args(tmp_path, *extra):
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(["--dir", str(tmp_path / "run"), "--report", str(tmp_path / "report"), "--quiet",
+                         "--snapshot-min-records", "1500", *extra])
+
+
+def test_namespaces_can_be_made_here():
+    """CI runs as root: a host where namespaces cannot be made fails here, naming why."""
+    assert unavailable() is None
+
+
+def mlg_names() -> str:
+    return run(["ip", "netns", "list"]) + run(["ip", "-o", "link", "show"])
+
+
+@pytest.mark.slow
+def test_netns_drill_faults_bite_and_nothing_acknowledged_is_lost(tmp_path):
+    args = drill_args(tmp_path, "--network", "netns", "--duration-s", "20",
+                      "--schedule", "isolate_leader,cut_one_way,loss_30,bandwidth_cap,split_majority")
+    rc, report = run_drill(args)
+    s = report["summary"]
+    assert report["checker"]["ok"] and rc == 0, report["problems"]
+    assert s["network"] == "netns"
+    assert s["writes_acknowledged"] > 200 and s["writes_lost"] == 0 and s["writes_duplicated"] == 0
+    kinds = s["faults_by_kind"]
+    assert kinds.get("isolate_leader", 0) >= 1 and kinds.get("cut_one_way", 0) >= 1, kinds
+    # every fault bit: packets dropped by the rules, and the effect each kind must have
+    assert s["faults_verified"] == s["faults"], report["faults"]
+    for f in report["faults"]:
+        assert f["took_effect"], f
+        if f["kind"] in ("isolate_leader", "cut_one_way", "split_majority", "loss_30"):
+            assert f["net"]["dropped_packets"] > 0, f
+    # an isolated leader is replaced within its own fault's window
+    isolations = [f for f in report["failovers"] if f["kind"] == "isolate_leader"]
+    assert isolations and all(f["leader_changed"] and f["failover_ms"] for f in isolations), isolations
+    # brokers listened on their namespace's address, and their certificates carry it
+    with open(tmp_path / "run" / "node-1" / "broker.yaml") as fh:
+        assert "listen: 10.213.0.11:" in fh.read()
+    assert "10.213.0.11" in describe(str(tmp_path / "run" / "certs" / "node-1.crt"))["san"]
+    # the run's namespaces and links are gone
+    assert f"mlg-{os.getpid():x}-" not in mlg_names() and f"mlg{os.getpid():x}" not in mlg_names()
+
+
+@pytest.mark.slow
+def test_a_fault_that_does_not_bite_fails_the_drill(tmp_path):
+    """The user-space proxy's isolation is a no-op since leaders advertise their real
+    address (KIP-853): followers dial around the proxy. The drill must say so and fail."""
+    rc, report = run_drill(drill_args(tmp_path, "--network", "proxy", "--duration-s", "8",
+                                      "--schedule", "isolate_leader"))
+    assert rc == 1
+    assert len(report["problems"]) == 1, report["problems"]
+    line = report["problems"][0]
+    assert line.startswith("fault did not take effect: isolate_leader of node "), line
+    assert "on the proxy: the cut-off leader's high watermark moved" in line, line
+    assert report["faults"][0]["took_effect"] is False
+    assert report["checker"]["ok"]  # nothing lost: the fault just did not happen
+
+
+def test_a_crashed_runs_namespaces_are_cleaned_at_the_next_start():
+    """Hosts of a run whose process is gone (and a broker still running inside one)
+    are removed when the next run creates its hosts; a live run's hosts are left alone."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    leftover = NetnsHosts([1, 2], run_id=f"{dead.pid:x}").create()
+    inside = subprocess.Popen(leftover.exec_prefix(1) + ["sleep", "300"])
+    live = None
+    try:
+        names = mlg_names()
+        assert leftover.ns(1) in names and leftover.bridge in names
+        live = NetnsHosts([1], run_id=f"{os.getpid():x}").create()  # the next start
+        assert inside.wait(timeout=10) == -signal.SIGKILL
+        names = mlg_names()
+        assert f"mlg-{dead.pid:x}-" not in names and f"mlg{dead.pid:x}" not in names, names
+        assert live.ns(1) in names and live.client_ns in names and live.bridge in names
+        assert not {live.ns(1), live.client_ns, live.bridge} & set(cleanup_leftovers())  # never a leftover
+        assert live.ns(1) in mlg_names()
+    finally:
+        if inside.poll() is None:
+            inside.kill()
+        if live:
+            live.remove()
+        leftover.remove()
+    assert f"mlg{os.getpid():x}" not in mlg_names()
