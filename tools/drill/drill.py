@@ -87,7 +87,7 @@ FAULTS = {
     "split_majority": "partition {leader, observer} | {other voters}: the leader is in the minority",
     "loss_10": "(namespaces only) 10% random packet loss each way on the link leader <-> a follower",
     "loss_30": "(namespaces only) 30% random packet loss each way on the link leader <-> a follower",
-    "bandwidth_cap": "(namespaces only) cap the leader's egress at 1 mbit/s (a tc token bucket)",
+    "bandwidth_cap": "(namespaces only) cap the leader's egress at 200 kbit/s (a tc token bucket)",
     "mtu_blackhole": "(namespaces only) the leader's link drops every packet over 1,200 bytes",
     "wipe_follower": "kill -9 a follower, delete its data dir, restart it: it must rejoin by snapshot",
     "reconfigure": "(--dynamic only) remove a voter, the leader half of the time, and add it back (KIP-853)",

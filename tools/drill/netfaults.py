@@ -30,7 +30,7 @@ from metalog.tools.cluster.netns import NetnsError, NetnsHosts
 
 TABLE = "mlg_fault"
 MTU_BLACKHOLE_BYTES = 1200
-BANDWIDTH_CAP = "1mbit"  # the leader's egress: replication answers and client answers share it
+BANDWIDTH_CAP = "200kbit"  # the leader's egress (replication and client answers share it): below the drill's least load
 LOSS_PCT = {"loss_10": 10, "loss_30": 30}
 # Faults of the network: the proxy has the first three, namespaces all of them.
 PROXY_NET_FAULTS = ("isolate_leader", "cut_one_way", "split_majority")
@@ -142,7 +142,7 @@ class NetnsFaults:
     def bandwidth_cap(self, node: int) -> None:
         self.events.append(f"bandwidth cap {BANDWIDTH_CAP} {node}")
         self.hosts.run_in(node, ["tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", BANDWIDTH_CAP,
-                                 "burst", "16kb", "latency", "300ms"])
+                                 "burst", "8kb", "latency", "300ms"])
         self._shaped.add(node)
 
     def heal(self) -> None:
