@@ -647,6 +647,10 @@ def emit_read_tags(code: Code, s: Struct) -> None:
         code(d, "else:")
         code(d + 1, "pos += 1")
         return
+    code(d, "if buf[pos] == 0:")  # the common case: no tagged field set
+    code(d + 1, "pos += 1")
+    code(d, "else:")
+    d += 1
     code(d, "_n, pos = read_tag_count(buf, pos)")
     code(d, "for _ in range(_n):")
     code(d + 1, "_tag, pos, _end = read_tag(buf, pos)")
