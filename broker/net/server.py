@@ -74,6 +74,7 @@ class Connection(asyncio.Protocol):
         self.ready = False  # handshake done (always, without TLS); requests are dispatched only then
         self.last_active_s = 0.0  # loop.time() of the last byte in or out, for the idle timeout
         self._counted = False  # holds a slot in the listener's connection counts
+        self._proven = False  # the address's run of failures is over (handshake done, or a good request)
         self._handler = handler
         self._decoder = codec.FrameDecoder(max_frame_bytes)
         self._max_inflight = max_inflight
@@ -113,7 +114,7 @@ class Connection(asyncio.Protocol):
         # uvloop starts reading right after connection_made returns, and a
         # ClientHello read by this protocol would be lost to the handshake.
         started = _Started(asyncio.get_running_loop().start_tls(
-            transport, self, listener.tls.server(), server_side=True,
+            transport, self, listener.server_context(), server_side=True,
             ssl_handshake_timeout=listener.handshake_timeout_ms / 1000,
         ))
         listener.spawn(self._handshake(transport, started, listener))
@@ -155,7 +156,10 @@ class Connection(asyncio.Protocol):
         self.principal = principal
         self.ready = True
         transport.set_write_buffer_limits(high=DEFAULT_WRITE_HIGH_WATER_BYTES)
-        if self._listener is not None:
+        if self._listener is not None and self._listener.tls is not None:
+            # A completed handshake ends the address's run of failures (without TLS: its
+            # first well-formed request does, see _process_frames).
+            self._proven = True
             self._listener.succeeded(self)
         self._process()  # bytes that arrived with the end of the handshake
 
@@ -234,10 +238,13 @@ class Connection(asyncio.Protocol):
     def idle_close(self, idle_ms: int) -> None:
         """Cut a connection idle past the limit (half-sent frame or not)."""
         partial = self._decoder.buffered_bytes
-        self._log.info("connection_idle_closed", peer=self.peer, principal=str(self.principal),
-                       idle_ms=idle_ms, partial_frame_bytes=partial)
-        if partial and self._listener is not None:
-            self._listener.record_failure(self.peer_host)
+        fields = dict(peer=self.peer, principal=str(self.principal), idle_ms=idle_ms, partial_frame_bytes=partial)
+        if self._listener is None:
+            self._log.info("connection_idle_closed", **fields)
+        else:  # an attacker can open idle connections at will: bounded logging
+            self._listener.refused("connection_idle_closed", self.peer_host, **fields)
+            if partial:
+                self._listener.record_failure(self.peer_host)
         self.closed = True
         transport = self._transport if self._transport is not None else self._raw_transport
         if transport is not None:
@@ -280,7 +287,7 @@ class Connection(asyncio.Protocol):
             try:
                 header, body = codec.decode_request(frame)
             except codec.RequestError as exc:
-                self._log.warning(
+                self._refused(
                     "bad_request", peer=self.peer, api_key=exc.header.api_key,
                     api_version=exc.header.api_version, correlation_id=exc.header.correlation_id,
                     error=type(exc).__name__, detail=str(exc),
@@ -292,6 +299,8 @@ class Connection(asyncio.Protocol):
                 self._abort("bad_header", exc)
                 return
             self.inflight += 1
+            if not self._proven:
+                self._prove()
             self._dispatch(header, body)
 
     def _dispatch(self, header: RequestHeader, body: m.Body) -> None:
@@ -324,15 +333,25 @@ class Connection(asyncio.Protocol):
             )
 
     def _abort(self, event: str, exc: Exception) -> None:
-        self._log.warning(
-            event, peer=self.peer, principal=str(self.principal), error=type(exc).__name__,
-            detail=str(exc), action="close"
-        )
+        self._refused(event, peer=self.peer, principal=str(self.principal), error=type(exc).__name__,
+                      detail=str(exc), action="close")
         if self._listener is not None:
             self._listener.record_failure(self.peer_host)
         self.closed = True
         if self._transport is not None:
             self._transport.abort()
+
+    def _prove(self) -> None:
+        self._proven = True
+        if self._listener is not None:
+            self._listener.succeeded(self)
+
+    def _refused(self, event: str, **fields: Any) -> None:
+        """Bad input: through the listener's bounded log (an attacker repeats it at will)."""
+        if self._listener is not None:
+            self._listener.refused(event, self.peer_host, **fields)
+        else:
+            self._log.warning(event, **fields)
 
 
 class _Started:

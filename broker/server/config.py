@@ -117,11 +117,34 @@ class NetworkConfig:
     max_connections_per_ip: int = setting(1024, "open connections per client address; <= max_connections",
                                           gt=0)
     failed_connections_before_backoff: int = setting(
-        5, "consecutive failed handshakes / bad frames from one address before it is refused for a while",
+        5, "consecutive failed handshakes / bad frames from one address before its new connections are "
+           "delayed for a while",
         gt=0)
     failed_connection_backoff_ms: int = setting(
-        1000, "first refusal period for such an address; doubles per further failure", gt=0)
-    failed_connection_backoff_max_ms: int = setting(60_000, "cap of that refusal period", gt=0)
+        1000, "first delay period for such an address; doubles per further failure", gt=0)
+    failed_connection_backoff_max_ms: int = setting(60_000, "cap of that delay period", gt=0)
+    # Connection-rate limits (KIP-612): a connection above a rate is accepted and held (nothing read, no
+    # handshake) until its turn, not refused. The voters' hosts are exempt from every connection limit.
+    max_connection_creation_rate: float = setting(
+        1000.0, "new connections a second a listener starts; faster ones wait their turn (Kafka's "
+                "max.connection.creation.rate)", ge=0, note="0 = no limit")
+    connection_creation_rate_per_ip: float = setting(
+        100.0, "new connections a second from one client address, a burst of as many at once; faster ones "
+               "wait their turn (Kafka's connection_creation_rate quota of an IP)", ge=0, note="0 = no limit")
+    ssl_handshake_loop_share: float = setting(
+        0.25, "share of the event loop's time TLS handshakes of new connections may take (measured); "
+              "more wait their turn, so a handshake flood cannot starve open connections", ge=0, le=1,
+        note="0 = not paced")
+    max_delayed_connections: int = setting(
+        1024, "accepted connections waiting for their turn, per listener; above it the listener stops "
+              "accepting (the kernel's backlog holds the rest)", gt=0)
+    connection_limits_exempt_hosts: list[str] = setting(
+        default_factory=list, doc="hosts (names or addresses) never delayed or refused by the connection "
+                                  "limits, e.g. observers; the voters' hosts always are")
+    refusal_log_interval_ms: int = setting(
+        10_000, "repeated refusals (failed handshakes, bad frames, limits) are logged in full a few times "
+                "per reason per interval, then as one summary line with the count", gt=0)
+    refusal_log_lines_max: int = setting(5, "full log lines per refusal reason per interval", ge=0)
 
     def validate(self) -> None:
         _raise_first(self)

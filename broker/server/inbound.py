@@ -56,7 +56,13 @@ def listener_limits(cfg: BrokerConfig) -> ListenerLimits:
         max_connections_per_ip=net.max_connections_per_ip,
         failed_connections_before_backoff=net.failed_connections_before_backoff,
         failed_connection_backoff_ms=net.failed_connection_backoff_ms,
-        failed_connection_backoff_max_ms=net.failed_connection_backoff_max_ms)
+        failed_connection_backoff_max_ms=net.failed_connection_backoff_max_ms,
+        max_connection_creation_rate=net.max_connection_creation_rate,
+        connection_creation_rate_per_ip=net.connection_creation_rate_per_ip,
+        ssl_handshake_loop_share=net.ssl_handshake_loop_share, max_delayed_connections=net.max_delayed_connections,
+        exempt_hosts=frozenset([*(ep.host for ep in cfg.voter_endpoints().values()),
+                                *net.connection_limits_exempt_hosts]),
+        refusal_log_interval_ms=net.refusal_log_interval_ms, refusal_log_lines_max=net.refusal_log_lines_max)
 
 
 class InboundHost(Protocol):

@@ -26,7 +26,7 @@ from collections import deque
 from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from metalog.broker.quorum.roles import Role
 from metalog.protocol.invariants import InvariantViolation
@@ -312,6 +312,73 @@ RAFT_METRIC_NAMES = tuple(RAFT_PREFIX + n for n in (
     "poll_idle_ratio_avg"))
 
 
+class ListenerStatsView(Protocol):
+    """What the metrics read of a listener's counters (``metalog.broker.net.guard.ListenerStats``)."""
+
+    accepted_total: int
+    delayed_total: Any  # Counter: why -> connections delayed
+    delay_seconds_total: float
+    refused_total: Any  # Counter: why -> connections refused
+    failures_total: Any  # Counter: event -> refusals of bad input, failed handshakes, back-offs
+    delayed_now: int
+    connections_now: int
+    accept_pauses_total: int
+
+
+class HandshakeMeterView(Protocol):
+    seconds_total: float
+    handshakes_total: int
+
+
+class ListenerCollector:
+    """metalog_listener_* and metalog_tls_handshake_*: read from the listeners at every scrape."""
+
+    def __init__(self) -> None:
+        self.listeners: dict[str, ListenerStatsView] = {}
+        self.meter: HandshakeMeterView | None = None
+
+    def collect(self) -> Iterable[Any]:
+        def labelled(kind: type, name: str, help_text: str, label: str, read: Callable[[Any], Any]) -> Any:
+            family = kind(name, help_text, labels=["listener", label])
+            for lname, st in self.listeners.items():
+                for key, value in sorted(read(st).items()):
+                    family.add_metric([lname, key], value)
+            return family
+
+        def per_listener(kind: type, name: str, help_text: str, read: Callable[[Any], float]) -> Any:
+            family = kind(name, help_text, labels=["listener"])
+            for lname, st in self.listeners.items():
+                family.add_metric([lname], read(st))
+            return family
+
+        yield per_listener(CounterMetricFamily, "metalog_listener_connections_started",
+                           "Connections that reached their handshake (or first read)", lambda s: s.accepted_total)
+        yield labelled(CounterMetricFamily, "metalog_listener_connections_delayed",
+                       "Connections held before their handshake, by why (rate_per_ip, backoff, rate_listener, "
+                       "handshake_budget)", "reason", lambda s: s.delayed_total)
+        yield per_listener(CounterMetricFamily, "metalog_listener_connection_delay_seconds",
+                           "Time connections waited before their handshake", lambda s: s.delay_seconds_total)
+        yield labelled(CounterMetricFamily, "metalog_listener_connections_refused",
+                       "Connections closed before their handshake, by why (max_connections, "
+                       "max_connections_per_ip, abandoned)", "reason", lambda s: s.refused_total)
+        yield labelled(CounterMetricFamily, "metalog_listener_refusals",
+                       "Bad input and failures, by log event (tls_handshake_failed, bad_frame, bad_header, "
+                       "bad_request, connection_idle_closed, connection_backoff ...)", "event",
+                       lambda s: s.failures_total)
+        yield per_listener(CounterMetricFamily, "metalog_listener_accept_pauses",
+                           "Times the listener stopped accepting (max_delayed_connections waiting)",
+                           lambda s: s.accept_pauses_total)
+        yield per_listener(GaugeMetricFamily, "metalog_listener_connections_delayed_now",
+                           "Connections accepted and waiting for their turn", lambda s: s.delayed_now)
+        yield per_listener(GaugeMetricFamily, "metalog_listener_connections_open",
+                           "Open connections", lambda s: s.connections_now)
+        if self.meter is not None:
+            yield CounterMetricFamily("metalog_tls_handshake_seconds", "Event-loop time spent in TLS handshakes "
+                                      "(server side, every listener)", value=self.meter.seconds_total)
+            yield CounterMetricFamily("metalog_tls_handshakes", "TLS handshakes started (server side)",
+                                      value=self.meter.handshakes_total)
+
+
 class BrokerMetrics:
     def __init__(self, node_id: int, clock: Callable[[], float] = time.monotonic):
         self.registry = r = CollectorRegistry()
@@ -369,6 +436,8 @@ class BrokerMetrics:
         self.loop_idle = LoopIdleRatio(clock=clock)
         self._raft_view: Callable[[], RaftView | None] = lambda: None
         r.register(RaftCollector(lambda: self._raft_view(), self.raft, self.loop_idle))
+        self._listeners = ListenerCollector()
+        r.register(self._listeners)
 
     def count_request(self, api_key: Any) -> None:
         """One request received (`api_key` an ApiKey: its name is the label)."""
@@ -376,6 +445,12 @@ class BrokerMetrics:
         if child is None:
             child = self._request_counts[api_key] = self.requests.labels(api=api_key.name)
         child.inc()
+
+    def bind_listener(self, name: str, stats: ListenerStatsView, meter: HandshakeMeterView | None) -> None:
+        """Export a listener's counters (labelled `name`) and the process's handshake meter."""
+        self._listeners.listeners[name] = stats
+        if meter is not None:
+            self._listeners.meter = meter
 
     def bind_raft_view(self, view: Callable[[], RaftView | None]) -> None:
         self._raft_view = view

@@ -56,6 +56,7 @@ import msgspec
 from metalog.broker.controller.commands import CommandQueue, CommandToken
 from metalog.broker.controller.state import Controller
 from metalog.broker.net.channel import PeerPool
+from metalog.broker.net.guard import HANDSHAKE_METER
 from metalog.broker.net.listener import Server, serve
 from metalog.broker.quorum import api as qa
 from metalog.broker.quorum.core import QuorumCore
@@ -240,6 +241,7 @@ class Broker:
         self.server = await serve(ep.host, ep.port, self.inbound.on_request,
                                   max_frame_bytes=cfg.network.max_frame_bytes, logger=self.log, tls=self.tls,
                                   limits=listener_limits(cfg))
+        self.metrics.bind_listener("binary", self.server.listener.stats, HANDSHAKE_METER)
         admin_ep = cfg.admin_endpoint()
         if admin_ep is not None:
             from metalog.broker.server.admin import AdminSetup, start_admin

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from metalog.broker.net.channel import PeerChannel
-from metalog.broker.net.listener import serve
+from metalog.broker.net.listener import ListenerLimits, serve
 from metalog.protocol import codec
 from metalog.protocol import messages as m
 from metalog.protocol.apis import APIS, ApiKey
@@ -39,8 +39,10 @@ class LiveServer:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.log = ListLogger()
+        # Bad frames from one address on purpose: no back-off for it here (its new connections would wait).
         self.server = self.run(serve("127.0.0.1", 0, self.handler, max_frame_bytes=MAX_FRAME_BYTES,
-                                     max_inflight_per_conn=8, logger=self.log))
+                                     max_inflight_per_conn=8, logger=self.log,
+                                     limits=ListenerLimits(failed_connections_before_backoff=1_000_000)))
         self.port = self.server.sockets[0].getsockname()[1]
         self.good = PeerChannel("127.0.0.1", self.port, client_id="good")
 

@@ -78,7 +78,7 @@ async def test_a_connection_that_never_handshakes_is_cut_after_the_timeout(pki):
         writer.close()
         await wait_for_condition(lambda: log.named("tls_handshake_failed"), 5, "the log line")
         assert log.named("tls_handshake_failed")[0]["reason"] == "handshake timed out"
-        assert server.listener._addresses["127.0.0.1"].failures == 1
+        assert server.listener.addresses.get("127.0.0.1").failures == 1
         await wait_for_condition(lambda: not server.listener.connections, 5, "the slot to be released")
     finally:
         server.close()
