@@ -18,7 +18,8 @@ only what happens to a frame once it is whole:
   reading and TCP pushes back on the client. A write buffer past its
   high-water mark also stops reading (as for the msgpack connection).
 
-Bad input, each with one structured log line and nothing else disturbed:
+Bad input, each logged through the listener's bounded log (one line, or
+one summary line per interval under a flood) and nothing else disturbed:
 
 * an unreadable frame or header (no correlation id to answer): close;
 * a known header with an api or version we do not serve: Kafka's answer --
@@ -36,11 +37,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import inspect
 from typing import Any, Callable, Mapping
 
 from metalog.broker.net.library_logging import library_logger
-from metalog.broker.net.listener import Listener, ListenerLimits, Server
+from metalog.broker.net.listener import Listener, ListenerLimits, Server, listen
 from metalog.broker.net.server import Connection
 from metalog.protocol import codec
 from metalog.protocol.codec import NEED_DATA
@@ -48,7 +48,7 @@ from metalog.protocol.errors import Errors
 from metalog.protocol.invariants import InvariantViolation
 from metalog.protocol.kafka import wire
 
-KafkaHandler = Callable[["KafkaExchange"], Any]
+KafkaHandler = Callable[["KafkaExchange"], None]  # answers now or later through the exchange
 
 # Requests read and not yet answered, per connection. librdkafka pipelines up
 # to max.in.flight (default 1,000,000), Java clients 5: above this bound we
@@ -133,7 +133,7 @@ class KafkaConnection(Connection):
         raise InvariantViolation("a Kafka connection answers through its KafkaExchange, not send_response")
 
     def close_now(self, event: str, **fields: Any) -> None:
-        self._log.warning(event, peer=self.peer, principal=str(self.principal), action="close", **fields)
+        self._refused(event, peer=self.peer, principal=str(self.principal), action="close", **fields)
         self.closed = True
         if self._transport is not None:
             self._transport.abort()
@@ -164,14 +164,12 @@ class KafkaConnection(Connection):
             self._refuse(exc.header, exc, Errors.INVALID_REQUEST)
             return
         exchange = self._open(header, body)
+        if not self._proven:  # a well-formed request ends the address's run of failures
+            self._prove()
         try:
-            result = self._kafka_handler(exchange)
+            self._kafka_handler(exchange)
         except Exception as exc:  # a handler bug: answered, logged, the connection goes on
             self._handler_failed_kafka(exchange, exc)
-            return
-        if result is not None and inspect.isawaitable(result):
-            task = asyncio.ensure_future(result)
-            task.add_done_callback(lambda t, ex=exchange: self._async_done_kafka(t, ex))
 
     def _open(self, header: wire.RequestHeader, body: Any) -> KafkaExchange:
         exchange = KafkaExchange(self, header, body)
@@ -180,9 +178,9 @@ class KafkaConnection(Connection):
         return exchange
 
     def _refuse(self, header: wire.RequestHeader, exc: Exception, error_code: int) -> None:
-        self._log.warning("bad_request", peer=self.peer, principal=str(self.principal), api_key=header.api_key,
-                          api_version=header.api_version, correlation_id=header.correlation_id,
-                          error=type(exc).__name__, detail=str(exc), protocol="kafka")
+        self._refused("bad_request", peer=self.peer, principal=str(self.principal), api_key=header.api_key,
+                      api_version=header.api_version, correlation_id=header.correlation_id,
+                      error=type(exc).__name__, detail=str(exc), protocol="kafka")
         exchange = self._open(header, None)
         if error_code == Errors.UNSUPPORTED_VERSION and header.api_key == API_VERSIONS_KEY:
             self.finish(exchange, wire.api_versions_fallback(header, self._supported))
@@ -191,11 +189,7 @@ class KafkaConnection(Connection):
         if self.closed:
             self._record_failure()
 
-    def _async_done_kafka(self, task: asyncio.Future, exchange: KafkaExchange) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self._handler_failed_kafka(exchange, task.exception())
-
-    def _handler_failed_kafka(self, exchange: KafkaExchange, exc: BaseException | None) -> None:
+    def _handler_failed_kafka(self, exchange: KafkaExchange, exc: Exception) -> None:
         self._log.error("handler_failed", peer=self.peer, api_key=exchange.header.api_key,
                         api_version=exchange.header.api_version,
                         correlation_id=exchange.header.correlation_id, error=repr(exc), protocol="kafka")
@@ -219,10 +213,6 @@ async def serve_kafka(host: str, port: int, handler: KafkaHandler, supported: Ma
     provider as the msgpack one. `supported` may grow after the call (the
     dispatcher's table is read per request)."""
     log = logger if logger is not None else library_logger("metalog.net")
-    loop = asyncio.get_running_loop()
     listener = Listener(tls, limits or ListenerLimits(), log)
-    server = await loop.create_server(
-        lambda: KafkaConnection(handler, supported, max_frame_bytes, max_inflight_per_conn, log, listener),
-        host, port)
-    listener.start()
-    return Server(server, listener)
+    return await listen(host, port, lambda: KafkaConnection(handler, supported, max_frame_bytes,
+                                                            max_inflight_per_conn, log, listener), listener)

@@ -72,6 +72,7 @@ from metalog.broker.server.flushing import Flusher, Unlinker
 from metalog.broker.server.gate import Gate
 from metalog.broker.server.idempotence import ProducerGuard
 from metalog.broker.server.inbound import RequestRouter, listener_limits
+from metalog.broker.server.kafka.dispatch import start_kafka_listener
 from metalog.broker.server.maintenance import Maintenance
 from metalog.broker.server.metrics import BrokerMetrics, raft_view
 from metalog.broker.server.outbound import Outbound, peer_pool, tls_files
@@ -154,6 +155,7 @@ class Broker:
         self.storage_error: str | None = None
         self.stopped = asyncio.Event()
         self.server: Server | None = None
+        self.kafka_server: Server | None = None  # cfg.kafka_listen's (metalog.broker.server.kafka)
         self.admin_runner: Any = None  # aiohttp's AppRunner when the admin API is on
         self.tls: Any = None  # metalog.broker.net.tls.TlsFiles, None in insecure mode
         # Authorization is on exactly when TLS is: without TLS every peer is
@@ -242,6 +244,8 @@ class Broker:
                                   max_frame_bytes=cfg.network.max_frame_bytes, logger=self.log, tls=self.tls,
                                   limits=listener_limits(cfg))
         self.metrics.bind_listener("binary", self.server.listener.stats, HANDSHAKE_METER)
+        self.kafka_server = await start_kafka_listener(cfg, self.inbound, self.core, self.tls, listener_limits(cfg),
+                                                       self.log, self.metrics)
         admin_ep = cfg.admin_endpoint()
         if admin_ep is not None:
             from metalog.broker.server.admin import AdminSetup, start_admin
@@ -280,6 +284,8 @@ class Broker:
             self._idle.cancel()
         if self.server is not None:
             self.server.close()
+        if self.kafka_server is not None:
+            self.kafka_server.close()
         if self.admin_runner is not None:
             await self.admin_runner.cleanup()
         if self.booted:

@@ -104,8 +104,8 @@ def _metadata_topic(resp: m.MetadataResponse, version: int) -> Any:
         partition.leader_epoch = resp.leader_epoch
     topic = km.MetadataResponseMetadataResponseTopic(error_code=Errors.NONE, name=METADATA_TOPIC,
                                                      partitions=[partition])
-    if version >= 1:
-        topic.is_internal = True
+    # Not internal (v1+'s IsInternal stays false): Kafka clients produce to it
+    # here, and kafka-python's producer refuses a topic marked internal.
     if version >= 10:
         topic.topic_id = METADATA_TOPIC_ID
     return topic

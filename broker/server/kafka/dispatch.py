@@ -161,10 +161,11 @@ class KafkaDispatch:
 
 
 async def start_kafka_listener(cfg: Any, router: Router, core: VoterSetView, tls: Any, limits: Any,
-                               logger: Any) -> Any:
+                               logger: Any, metrics: Any) -> Any:
     """The Kafka listener of `cfg.kafka_listen` (None when unset): its own
     accept loop and limits, the msgpack listener's TLS provider and limits'
-    values. Returns the ``metalog.broker.net.server.Server``."""
+    values, its counters exported as listener "kafka". Returns the
+    ``metalog.broker.net.listener.Server``."""
     from metalog.broker.net.kafka_conn import serve_kafka
 
     ep = cfg.kafka_endpoint()
@@ -176,6 +177,7 @@ async def start_kafka_listener(cfg: Any, router: Router, core: VoterSetView, tls
                              core=core, logger=logger)
     server = await serve_kafka(ep.host, ep.port, dispatch, dispatch.supported(),
                                max_frame_bytes=cfg.network.max_frame_bytes, logger=logger, tls=tls, limits=limits)
+    metrics.bind_listener("kafka", server.listener.stats, None)
     logger.info("kafka_listener_started", kafka_listen=str(ep), security_protocol=cfg.security.security_protocol,
                 apis={key: list(rng) for key, rng in sorted(dispatch.supported().items())})
     return server

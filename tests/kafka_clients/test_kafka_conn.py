@@ -1,0 +1,147 @@
+"""The Kafka connection alone (metalog.broker.net.kafka_conn), in process over
+TCP on 127.0.0.1: answers in request order whatever order the handler
+answers in, a bound on requests in flight, acks=0's silence, a handler bug
+answered. Requests and answers are written and read with kio's classes."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import struct
+
+from metalog.broker.net.kafka_conn import serve_kafka
+from metalog.protocol.kafka import messages as km
+from tests.net.helpers import ListLogger, wait_for_condition
+
+SUPPORTED = {18: (0, 4), 60: (0, 1)}
+
+
+def _request(body, correlation_id: int) -> bytes:
+    from kio.serial import entity_writer
+
+    header_type = type(body).__header_schema__
+    buf = io.BytesIO()
+    entity_writer(header_type)(buf, header_type(request_api_key=type(body).__api_key__,
+                                                request_api_version=type(body).__version__,
+                                                correlation_id=correlation_id, client_id="t"))
+    entity_writer(type(body))(buf, body)
+    return struct.pack(">i", len(buf.getvalue())) + buf.getvalue()
+
+
+async def _response(reader: asyncio.StreamReader, response_type):
+    from kio.serial import entity_reader
+
+    size = struct.unpack(">i", await asyncio.wait_for(reader.readexactly(4), 10))[0]
+    frame = await asyncio.wait_for(reader.readexactly(size), 10)
+    header, pos = entity_reader(response_type.__header_schema__)(frame, 0)  # (value, bytes read)
+    body, size = entity_reader(response_type)(frame, pos)
+    pos += size
+    assert pos == len(frame), f"{len(frame) - pos} bytes left after the answer"
+    return header.correlation_id, body
+
+
+def _describe_cluster():
+    from kio.schema.describe_cluster.v1.request import DescribeClusterRequest
+
+    return DescribeClusterRequest(include_cluster_authorized_operations=False)
+
+
+class Parking:
+    def __init__(self):
+        self.parked = []
+
+    def __call__(self, ex):
+        self.parked.append(ex)
+
+
+async def _serve(handler, **kw):
+    server = await serve_kafka("127.0.0.1", 0, handler, SUPPORTED, logger=ListLogger(), **kw)
+    port = server.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    return server, reader, writer
+
+
+async def test_answers_leave_in_request_order_and_acks0_sends_nothing():
+    from kio.schema.describe_cluster.v1.response import DescribeClusterResponse
+
+    parking = Parking()
+    server, reader, writer = await _serve(parking)
+    try:
+        writer.write(b"".join(_request(_describe_cluster(), 10 + i) for i in range(6)))
+        await wait_for_condition(lambda: len(parking.parked) == 6, what="six requests dispatched")
+        # Answered last to first; the third is answered with nothing (as Produce acks=0 is).
+        for ex in reversed(parking.parked):
+            if ex.header.correlation_id == 12:
+                ex.respond_nothing()
+            else:
+                ex.respond(km.DescribeClusterResponse(cluster_id=f"c{ex.header.correlation_id}", endpoint_type=1))
+        got = [await _response(reader, DescribeClusterResponse) for _ in range(5)]
+    finally:
+        writer.close()
+        server.close()
+    assert [(cid, r.cluster_id) for cid, r in got] == [(c, f"c{c}") for c in (10, 11, 13, 14, 15)]
+
+
+async def test_reading_stops_at_the_inflight_bound():
+    from kio.schema.describe_cluster.v1.response import DescribeClusterResponse
+
+    parking = Parking()
+    server, reader, writer = await _serve(parking, max_inflight_per_conn=3)
+    try:
+        writer.write(b"".join(_request(_describe_cluster(), i) for i in range(8)))
+        await wait_for_condition(lambda: len(parking.parked) == 3, what="three requests dispatched")
+        await asyncio.sleep(0.1)  # give the connection every chance to read past its bound
+        assert len(parking.parked) == 3
+        parking.parked[0].respond(km.DescribeClusterResponse(cluster_id="x"))
+        await wait_for_condition(lambda: len(parking.parked) == 4, what="one more after one answer")
+        for ex in parking.parked[1:]:
+            ex.respond(km.DescribeClusterResponse(cluster_id="x"))
+        await wait_for_condition(lambda: len(parking.parked) == 7, what="three more")
+        for ex in parking.parked[4:]:
+            ex.respond(km.DescribeClusterResponse(cluster_id="x"))
+        await wait_for_condition(lambda: len(parking.parked) == 8, what="the last")
+        parking.parked[7].respond(km.DescribeClusterResponse(cluster_id="x"))
+        got = [(await _response(reader, DescribeClusterResponse))[0] for _ in range(8)]
+    finally:
+        writer.close()
+        server.close()
+    assert got == list(range(8))
+
+
+async def test_a_handler_that_raises_is_answered_and_the_connection_goes_on():
+    from kio.schema.describe_cluster.v1.response import DescribeClusterResponse
+
+    calls = []
+
+    def handler(ex):
+        calls.append(ex.header.correlation_id)
+        if ex.header.correlation_id == 1:
+            raise RuntimeError("a bug")
+        ex.respond(km.DescribeClusterResponse(cluster_id="ok"))
+
+    server, reader, writer = await _serve(handler)
+    try:
+        writer.write(_request(_describe_cluster(), 1) + _request(_describe_cluster(), 2))
+        first = await _response(reader, DescribeClusterResponse)
+        second = await _response(reader, DescribeClusterResponse)
+    finally:
+        writer.close()
+        server.close()
+    assert (first[0], first[1].error_code) == (1, -1)  # UNKNOWN_SERVER_ERROR
+    assert (second[0], second[1].error_code, second[1].cluster_id) == (2, 0, "ok")
+
+
+async def test_an_unreadable_header_closes_only_that_connection():
+    parking = Parking()
+    server, reader, writer = await _serve(parking)
+    reader2, writer2 = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+    try:
+        writer.write(struct.pack(">i", 3) + b"\x00\x12\x00")  # three bytes: no correlation id
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed
+        writer2.write(_request(_describe_cluster(), 5))
+        await wait_for_condition(lambda: len(parking.parked) == 1, what="the other connection's request")
+    finally:
+        writer.close()
+        writer2.close()
+        server.close()
+    assert parking.parked[0].header.correlation_id == 5
