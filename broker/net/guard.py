@@ -29,40 +29,50 @@ import time
 from typing import Any, Callable
 
 METER_DECAY_S = 1.0  # the meter's memory: "the share of the last second"
+MEAN_DECAY_S = 30.0  # the memory of the mean cost of a handshake
 DEFAULT_HANDSHAKE_COST_S = 0.001  # until measured: a full TLS 1.3 handshake on one core, about 1 ms
 PACER_BURST = 2  # handshakes that may start back to back after a quiet period
 
 
 class HandshakeMeter:
-    """Loop seconds spent in TLS handshakes: a total, and a decayed recent share."""
+    """Loop seconds spent in TLS handshakes: a total, the share of the last
+    second, and the mean cost of a finished handshake (over the last
+    ``MEAN_DECAY_S``, so that a burst after a quiet period is still paced by
+    what handshakes cost)."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter, decay_s: float = METER_DECAY_S):
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, decay_s: float = METER_DECAY_S,
+                 mean_decay_s: float = MEAN_DECAY_S):
         self._clock = clock
         self._decay_s = decay_s
+        self._mean_decay_s = mean_decay_s
         self.seconds_total = 0.0
-        self.handshakes_total = 0
-        self._recent_s = 0.0  # decayed seconds spent
-        self._recent_n = 0.0  # decayed handshakes started
+        self.handshakes_total = 0  # started
+        self._recent_s = 0.0  # seconds spent, decayed over decay_s
+        self._mean_s = 0.0  # seconds spent, decayed over mean_decay_s
+        self._mean_n = 0.0  # handshakes finished, decayed alike
         self._at_s = clock()
 
-    def _decay(self) -> float:
+    def _decay(self) -> None:
         now_s = self._clock()
         if now_s > self._at_s:
-            f = math.exp((self._at_s - now_s) / self._decay_s)
-            self._recent_s *= f
-            self._recent_n *= f
+            elapsed_s = now_s - self._at_s
+            self._recent_s *= math.exp(-elapsed_s / self._decay_s)
+            f = math.exp(-elapsed_s / self._mean_decay_s)
+            self._mean_s *= f
+            self._mean_n *= f
             self._at_s = now_s
-        return now_s
 
     def started(self) -> None:
-        self._decay()
         self.handshakes_total += 1
-        self._recent_n += 1
 
-    def spent(self, seconds: float) -> None:
+    def spent(self, seconds: float, finished: bool) -> None:
+        """One handshake step took `seconds`; `finished`: it was the handshake's last."""
         self._decay()
         self.seconds_total += seconds
         self._recent_s += seconds
+        self._mean_s += seconds
+        if finished:
+            self._mean_n += 1
 
     def share(self) -> float:
         """Share of the loop's recent time spent in handshakes (~ the last second)."""
@@ -71,9 +81,9 @@ class HandshakeMeter:
 
     def mean_cost_s(self) -> float:
         self._decay()
-        if self._recent_n < 1:
+        if self._mean_n < 1e-9:
             return DEFAULT_HANDSHAKE_COST_S
-        return max(self._recent_s / self._recent_n, 1e-5)
+        return max(self._mean_s / self._mean_n, 1e-5)
 
 
 HANDSHAKE_METER = HandshakeMeter()
@@ -84,10 +94,14 @@ class TimedSSLObject(ssl.SSLObject):
 
     def do_handshake(self) -> None:
         t0 = time.perf_counter()
+        finished = True
         try:
             super().do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            finished = False  # waits for the peer's next flight
+            raise
         finally:
-            HANDSHAKE_METER.spent(time.perf_counter() - t0)
+            HANDSHAKE_METER.spent(time.perf_counter() - t0, finished)
 
 
 def meter_handshakes(ctx: ssl.SSLContext) -> ssl.SSLContext:

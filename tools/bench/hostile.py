@@ -1,20 +1,31 @@
-"""Quorum commit latency idle vs. under hostile connections (issue 13, item 5).
+"""Quorum commit latency idle vs. under hostile load (issues 13 and 34).
 
-    .venv/bin/python -m metalog.tools.bench.hostile --hostile 200 --duration-s 10
+    .venv/bin/python -m metalog.tools.bench.hostile --hostile 200 --flood-per-s 1000 --duration-s 8
+    metalog bench --only hostile          (the same, as a section of the bench)
 
-Starts a local 3-voter cluster (mutual TLS, default hygiene settings), measures
-one client's commit latency (produce, await commit, repeat) for
-``--duration-s``, then again while ``--hostile`` connections hammer the
-leader's port from a separate process. Each hostile connection loops over one
-of three behaviours, reconnecting at once when cut:
+Starts a local 3-voter cluster (mutual TLS, default settings), measures one
+client's commit latency (produce, await commit, repeat) for ``--duration-s``
+idle, then under each attack, run from a separate process against the
+leader's port:
 
-* stalled: connects, sends 3 bytes of a frame, then nothing;
-* garbage: connects and sends random bytes;
-* bad handshake: TLS with a certificate from another CA.
+* **connections**: ``--hostile`` connections, each looping over one of three
+  behaviours and reconnecting at once when cut: stalled (3 bytes of a frame,
+  then nothing), garbage (random bytes), bad handshake (TLS with a
+  certificate of another CA); from 127.0.1.x;
+* **flood**: ``--flood-per-s`` new connections a second, each sending a
+  TLS ClientHello (made once, replayed: the attacker spends nothing on
+  crypto, the server a key exchange and a signature per answer) and waiting
+  up to 2 s for the answer; from 127.0.2.x (other addresses than the first
+  attack's, whose back-offs would otherwise still hold them).
 
-They come from many loopback source addresses (127.0.1.x), as an attacker's
-would from other hosts; the legitimate client and the peers use 127.0.0.1.
-Prints both p50/p99 and the ratio (the goal: p99 within 2x of idle).
+The attackers come from many loopback addresses, as an attacker's would from
+other hosts; the client and the peers use 127.0.0.1 (the voters' host: exempt
+from the connection limits, which it does not need: it keeps one connection).
+Prints, per attack: idle and attacked p50/p99, the p99 ratio (goal <= 2x),
+commits per second both ways (goal: attacked >= 80% of idle), errors, the
+share of the leader's loop spent in TLS handshakes (its
+``metalog_tls_handshake_seconds`` over the window) and how many log lines the
+leader wrote per refusal event.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import ssl
 import subprocess
 import sys
@@ -38,6 +50,11 @@ from metalog.tools.cluster import certs
 from metalog.tools.cluster.launcher import REPO_ROOT, LocalCluster
 
 CLUSTER_ID = "metalog-hostile"
+WARMUP_S = 2.0  # the attack runs this long before the client measures
+FLOOD_GIVE_UP_S = 2.0  # a flood connection not done by then is dropped by the attacker
+FLOOD_INFLIGHT_MAX = 4000  # attacker's open flood connections (its file descriptors)
+LOG_EVENTS = ("tls_handshake_failed", "bad_frame", "bad_header", "connection_idle_closed", "connection_refused",
+              "connection_backoff", "connection_refusals_summary")
 
 
 async def _measure(cluster: LocalCluster, duration_s: float) -> dict:
@@ -63,12 +80,17 @@ async def _measure(cluster: LocalCluster, duration_s: float) -> dict:
     return out
 
 
-# ---------------------------------------------------------------- the attacker (own process)
-async def _attacker(host: str, port: int, n: int, duration_s: float, bad_ca_dir: str) -> dict:
+# ---------------------------------------------------------------- the attackers (own process)
+def _bad_context(bad_ca_dir: str) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
     ctx.load_cert_chain(os.path.join(bad_ca_dir, "mallory.crt"), os.path.join(bad_ca_dir, "mallory.key"))
+    return ctx
+
+
+async def _connections(host: str, port: int, n: int, duration_s: float, bad_ca_dir: str) -> dict:
+    ctx = _bad_context(bad_ca_dir)
     stats = {"connects": 0, "connect_errors": 0}
     stop = time.monotonic() + duration_s
     rng = random.Random(7)
@@ -105,59 +127,169 @@ async def _attacker(host: str, port: int, n: int, duration_s: float, bad_ca_dir:
     return stats
 
 
+def _client_hello(ctx: ssl.SSLContext) -> bytes:
+    """A TLS ClientHello, made once: the flood replays it (the server's cost, not the attacker's)."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ctx.wrap_bio(incoming, outgoing, server_hostname="metalog")
+    try:
+        obj.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return outgoing.read()
+
+
+async def _flood(host: str, port: int, per_s: int, duration_s: float, bad_ca_dir: str) -> dict:
+    """`per_s` new connections a second, each sending a ClientHello and waiting (up to
+    FLOOD_GIVE_UP_S) for the server's answer to it, its key share and certificate, which
+    cost the server a signature: the cheap-for-us, costly-for-them handshake flood."""
+    hello = _client_hello(_bad_context(bad_ca_dir))
+    stats = {"opened": 0, "server_answered": 0, "gave_up": 0, "connect_errors": 0, "skipped_at_cap": 0}
+    inflight: set[asyncio.Task] = set()
+
+    async def one(i: int) -> None:
+        writer = None
+        try:
+            async with asyncio.timeout(FLOOD_GIVE_UP_S):
+                reader, writer = await asyncio.open_connection(host, port, local_addr=(f"127.0.2.{1 + i % 250}", 0))
+                writer.write(hello)
+                answered = await reader.read(1 << 16)
+            stats["server_answered" if answered else "connect_errors"] += 1
+        except TimeoutError:
+            stats["gave_up"] += 1
+        except OSError:
+            stats["connect_errors"] += 1
+        finally:
+            if writer is not None:
+                writer.close()
+
+    loop = asyncio.get_running_loop()
+    start_s = loop.time()
+    i = 0
+    while loop.time() - start_s < duration_s:
+        due = int((loop.time() - start_s) * per_s)
+        while i < due:
+            if len(inflight) >= FLOOD_INFLIGHT_MAX:
+                stats["skipped_at_cap"] += 1
+            else:
+                task = asyncio.ensure_future(one(i))
+                inflight.add(task)
+                task.add_done_callback(inflight.discard)
+                stats["opened"] += 1
+            i += 1
+        await asyncio.sleep(0.005)  # the pacing tick of the flood
+    if inflight:
+        await asyncio.wait(inflight, timeout=FLOOD_GIVE_UP_S + 1)
+    return stats
+
+
 def attacker_main(argv: list[str]) -> int:
-    host, port, n, duration_s, bad = argv[0], int(argv[1]), int(argv[2]), float(argv[3]), argv[4]
-    print(json.dumps(uvloop.run(_attacker(host, port, n, duration_s, bad))), flush=True)
+    kind, host, port, n, duration_s, bad = argv[0], argv[1], int(argv[2]), int(argv[3]), float(argv[4]), argv[5]
+    attack = _connections if kind == "connections" else _flood
+    print(json.dumps(uvloop.run(attack(host, port, n, duration_s, bad))), flush=True)
     return 0
 
 
-def run(hostile: int, duration_s: float, root: str) -> dict:
+# ---------------------------------------------------------------- the bench
+def _metric(cluster: LocalCluster, node: int, name: str) -> float | None:
+    """One sample of the node's /metrics (None if the admin API does not answer)."""
+    import urllib.request
+
+    url = f"{cluster.admin_scheme}://{cluster.node_host(node)}:{cluster.nodes[node].admin_port}/metrics"
+    ctx = None if cluster.insecure else cluster.client_tls().client()
+    try:
+        with urllib.request.urlopen(url, timeout=5, context=ctx) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    found = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+    return float(found.group(1)) if found else None
+
+
+def _under_attack(cluster: LocalCluster, leader: int, kind: str, amount: int, duration_s: float, bad: str) -> dict:
+    host, port = cluster.host, cluster.nodes[leader].port
+    log_before = _event_counts(cluster, leader)
+    hs_before = _metric(cluster, leader, "metalog_tls_handshake_seconds_total")
+    attacker = subprocess.Popen([sys.executable, "-m", "metalog.tools.bench.hostile", "attacker", kind, host,
+                                 str(port), str(amount), str(duration_s + WARMUP_S + 1), bad], cwd=REPO_ROOT,
+                                stdout=subprocess.PIPE, text=True)
+    time.sleep(WARMUP_S)  # let the attack build up before measuring
+    try:
+        t0 = time.monotonic()
+        under = asyncio.run(_measure(cluster, duration_s))
+        window_s = time.monotonic() - t0
+        hs_after = _metric(cluster, leader, "metalog_tls_handshake_seconds_total")
+    finally:
+        out, _ = attacker.communicate(timeout=duration_s + 60)
+    log_after = _event_counts(cluster, leader)
+    share = None if hs_before is None or hs_after is None else round((hs_after - hs_before) / window_s, 3)
+    return {"attack": kind, "amount": amount, "under_attack": under,
+            "attacker": json.loads(out.strip().splitlines()[-1]) if out.strip() else {},
+            "leader_handshake_loop_share": share,
+            "leader_log_lines": {e: log_after[e] - log_before[e] for e in LOG_EVENTS}}
+
+
+def _event_counts(cluster: LocalCluster, node: int) -> dict[str, int]:
+    log = cluster.read_log_lines(node)
+    return {e: sum(1 for x in log if x.get("event") == e) for e in LOG_EVENTS}
+
+
+def run(hostile: int, flood_per_s: int, duration_s: float, root: str) -> dict:
     cluster = LocalCluster.create(os.path.join(root, "cluster"), voters=3, observers=0, cluster_id=CLUSTER_ID,
                                   common={"log_level": "warning"})
     bad = os.path.join(root, "other-ca")
     certs.init_ca(bad, name="attacker-ca")
     certs.issue_user(bad, bad, "mallory")
     cluster.start()
+    attacks = []
     try:
         leader, _ = cluster.wait_for_leader(30)
         idle = asyncio.run(_measure(cluster, duration_s))
-        host, port = cluster.host, cluster.nodes[leader].port
-        env = dict(os.environ)
-        attacker = subprocess.Popen([sys.executable, "-m", "metalog.tools.bench.hostile", "attacker", host, str(port),
-                                     str(hostile), str(duration_s + 3), bad], cwd=REPO_ROOT, env=env,
-                                    stdout=subprocess.PIPE, text=True)
-        time.sleep(2)  # a warm-up: let the hostile connections pile up before measuring
-        try:
-            under = asyncio.run(_measure(cluster, duration_s))
-        finally:
-            out, _ = attacker.communicate(timeout=duration_s + 60)
-        attack = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+        for kind, amount in (("connections", hostile), ("flood", flood_per_s)):
+            if amount:
+                attacks.append(_under_attack(cluster, leader, kind, amount, duration_s, bad))
         still_leader = cluster.leader()
-        log = cluster.read_log_lines(leader)
-        counts = {e: sum(1 for x in log if x.get("event") == e)
-                  for e in ("tls_handshake_failed", "bad_frame", "connection_idle_closed", "connection_refused",
-                            "connection_backoff")}
     finally:
         cluster.stop()
-    ratio = (under["p99_ms"] / idle["p99_ms"]) if idle.get("p99_ms") and under.get("p99_ms") else None
-    return {"hostile_connections": hostile, "duration_s": duration_s, "idle": idle, "under_attack": under,
-            "p99_ratio": None if ratio is None else round(ratio, 2), "attacker": attack,
-            "leader_log_events": counts, "leader_after": still_leader}
+    for a in attacks:
+        u = a["under_attack"]
+        a["p99_ratio"] = round(u["p99_ms"] / idle["p99_ms"], 2) if idle.get("p99_ms") and u.get("p99_ms") else None
+        a["commits_share"] = (round(u["commits_per_s"] / idle["commits_per_s"], 2) if idle["commits_per_s"]
+                              else None)
+    return {"duration_s": duration_s, "idle": idle, "attacks": attacks, "leader": leader,
+            "leader_after": still_leader}
+
+
+def format_report(result: dict) -> str:
+    i = result["idle"]
+    lines = [f"hostile: one client's commits idle: p50 {i['p50_ms']} ms p99 {i['p99_ms']} ms, "
+             f"{i['commits_per_s']}/s, {i['errors']} errors"]
+    for a in result["attacks"]:
+        u = a["under_attack"]
+        what = (f"{a['amount']} hostile connections" if a["attack"] == "connections"
+                else f"a flood of {a['amount']} new connections/s")
+        logged = sum(a["leader_log_lines"].values())
+        lines.append(f"  under {what}: p50 {u['p50_ms']} ms p99 {u['p99_ms']} ms, {u['commits_per_s']}/s, "
+                     f"{u['errors']} errors; p99 {a['p99_ratio']}x idle (goal <= 2x), commits "
+                     f"{a['commits_share']} of idle (goal >= 0.8); leader: {a['leader_handshake_loop_share']} of "
+                     f"its loop in TLS handshakes, {logged} refusal log lines")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m metalog.tools.bench.hostile", description=__doc__.split("\n\n")[0])
-    p.add_argument("--hostile", type=int, default=200, help="concurrent hostile connections")
-    p.add_argument("--duration-s", type=float, default=10.0, help="measured window, idle and under attack")
+    p.add_argument("--hostile", type=int, default=200, help="concurrent hostile connections (0: skip)")
+    p.add_argument("--flood-per-s", type=int, default=1000, help="new hostile connections a second (0: skip)")
+    p.add_argument("--duration-s", type=float, default=8.0, help="measured window, idle and under each attack")
     p.add_argument("--dir", help="keep the cluster here (default: a temp dir)")
+    p.add_argument("--json", help="also write the result here")
     args = p.parse_args(argv)
     root = args.dir or tempfile.mkdtemp(prefix="metalog-hostile-")
-    result = run(args.hostile, args.duration_s, root)
+    result = run(args.hostile, args.flood_per_s, args.duration_s, root)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
     print(json.dumps(result, indent=2))
-    i, u = result["idle"], result["under_attack"]
-    print(f"commit latency idle: p50 {i['p50_ms']} ms p99 {i['p99_ms']} ms ({i['commits_per_s']}/s); "
-          f"under {args.hostile} hostile connections: p50 {u['p50_ms']} ms p99 {u['p99_ms']} ms "
-          f"({u['commits_per_s']}/s, {u['errors']} errors); p99 ratio {result['p99_ratio']}x (goal <= 2x)")
+    print(format_report(result))
     return 0
 
 

@@ -1,0 +1,79 @@
+"""The handshake budget (metalog.broker.net.guard): measured handshake time paces new handshakes."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+import pytest
+
+from metalog.broker.net.channel import PeerChannel
+from metalog.broker.net.guard import HANDSHAKE_METER, HandshakeMeter, HandshakePacer, TimedSSLObject
+from metalog.broker.net.listener import ListenerLimits, serve
+from metalog.broker.net.tls import TlsFiles, TlsPaths
+from metalog.protocol import messages as m
+from metalog.protocol.apis import ApiKey
+from metalog.tools.cluster import certs
+from tests.net.helpers import ListLogger
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_starts_are_spaced_by_the_mean_cost_over_the_share():
+    clock = Clock()
+    meter = HandshakeMeter(clock)
+    pacer = HandshakePacer(0.25, meter)
+    for _ in range(10):  # measured: 2 ms a handshake, in two steps
+        meter.started()
+        meter.spent(0.0015, finished=False)
+        meter.spent(0.0005, finished=True)
+    clock.now_s += 10  # a while ago: the share has decayed, the mean (a ratio of decayed sums) stays
+    assert meter.mean_cost_s() == pytest.approx(0.002)
+    now = clock.now_s
+    starts = []
+    for _ in range(6):
+        at = pacer.next_start_s(now)
+        starts.append(at - now)
+        pacer.took(at)
+    # a burst of 2, then one per 2 ms / 0.25 = 8 ms
+    assert starts == pytest.approx([0, 0, 0.008, 0.016, 0.024, 0.032], abs=1e-9)
+
+
+def test_no_start_while_the_measured_share_is_above_the_budget():
+    clock = Clock()
+    meter = HandshakeMeter(clock)
+    pacer = HandshakePacer(0.25, meter)
+    meter.started()
+    meter.spent(0.5, finished=True)  # one handshake step that took half a second of the loop
+    assert meter.share() == pytest.approx(0.5)
+    wait_s = pacer.next_start_s(clock.now_s) - clock.now_s
+    assert wait_s == pytest.approx(0.25)
+    assert HandshakePacer(0, meter).next_start_s(clock.now_s) == clock.now_s  # 0: not paced
+
+
+async def test_server_handshakes_are_measured_on_the_meter(tmp_path):
+    d = str(tmp_path)
+    certs.cluster_certs(d, {1: ["127.0.0.1"]}, users=("alice",))
+
+    def files(name: str) -> TlsFiles:
+        return TlsFiles(TlsPaths(f"{d}/ca.crt", f"{d}/{name}.crt", f"{d}/{name}.key"))
+
+    server = await serve("127.0.0.1", 0, lambda c, h, b: c.send_response(h.correlation_id, m.MetadataResponse()),
+                         tls=files("node-1"), limits=ListenerLimits(), logger=ListLogger())
+    before_s, before_n = HANDSHAKE_METER.seconds_total, HANDSHAKE_METER.handshakes_total
+    ch = PeerChannel("127.0.0.1", server.sockets[0].getsockname()[1], tls=files("alice"), connect_timeout_ms=10_000)
+    try:
+        assert await ch.request(ApiKey.METADATA, m.MetadataRequest(), 10_000) == m.MetadataResponse()
+    finally:
+        await ch.close()
+        server.close()
+    assert HANDSHAKE_METER.handshakes_total == before_n + 1
+    assert HANDSHAKE_METER.seconds_total > before_s
+    assert files("node-1").server().sslobject_class in (None, ssl.SSLObject)  # a fresh context is not touched
+    assert issubclass(TimedSSLObject, ssl.SSLObject)
