@@ -3,7 +3,7 @@
 #   bash run.sh cluster   set up, then start a local multi-broker cluster (3 voters + 1 observer)
 #   bash run.sh test      set up, then run the whole test suite
 #   bash run.sh setup     only set up (virtualenv, dependencies, Java for Spark, promtool, kcat,
-#                         Apache Kafka's jars for tests/kafka)
+#                         Apache Kafka's jars for tests/kafka, the drill's Porcupine checker)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -52,6 +52,25 @@ setup() {
   # backend): noise for a user of this repo, so it is silenced here only.
   PYTHONWARNINGS="ignore::UserWarning" .venv/bin/python -m pip install -q -e '.[dev,spark,bench]'
   kafka_setup
+  porcupine_setup
+}
+
+# metalog-porcupine (tools/drill/porcupine): Porcupine, a linearizability
+# checker we did not write, over the drill's history; Go appears only here.
+# Built into .bin (git-ignored) at every setup (seconds once Go's build cache
+# is warm); the module comes from the Go module proxy into Go's module cache
+# (go.sum pins it), so no network is needed afterwards. Best effort: without
+# it metalog drill and tests/drill say so and fail.
+porcupine_setup() {
+  local go
+  go="$(command -v go || true)"
+  if [ -z "$go" ] && [ -x /usr/local/go/bin/go ]; then go=/usr/local/go/bin/go; fi
+  if [ -z "$go" ]; then
+    echo "run.sh: go not found: the drill's checker .bin/metalog-porcupine was not built, so metalog drill and tests/drill will fail (install Go, then bash run.sh setup)" >&2
+    return 0
+  fi
+  (cd tools/drill/porcupine && GOFLAGS=-mod=readonly "$go" build -trimpath -o ../../../.bin/metalog-porcupine .) \
+    || echo "run.sh: could not build .bin/metalog-porcupine (Porcupine from the Go module proxy); metalog drill and tests/drill will fail" >&2
 }
 
 # Apache Kafka, the judge of our files (tests/kafka, metalog.tools.kafka): the

@@ -138,6 +138,10 @@ class Breach:
 class CheckResult:
     breaches: list[Breach]
     stats: dict
+    # The committed log as the copies showed it (offset -> value of data records, and the
+    # control records' offsets): read back into the history for the independent checker.
+    log: dict[int, bytes] = field(default_factory=dict)
+    control: set[int] = field(default_factory=set)
 
     @property
     def ok(self) -> bool:
@@ -429,4 +433,5 @@ def check(history: History, replicas: list[ReplicaLog], commit_end: int, archive
              "offsets_skipped_by_reset": skipped_by_reset,
              "epochs": len({r.epoch for r in history.roles}),
              "replicas": len(replicas)}
-    return CheckResult(breaches, stats)
+    from_copies = {off: v for off, (v, _e, _src) in recs.items()}
+    return CheckResult(breaches, stats, log=from_copies, control=control)

@@ -69,6 +69,7 @@ from metalog.tools.cluster.launcher import LocalCluster
 from metalog.tools.drill.archive import SegmentArchive
 from metalog.tools.drill.checker import Ack, History, HwSample, Reset, RoleEvent, Seen, Truncation, check, read_replica
 from metalog.tools.drill.faultproxy import FaultProxy
+from metalog.tools.drill.history import PORCUPINE_BIN, HistoryFile, run_porcupine, text
 from metalog.tools.drill import netfaults
 from metalog.tools.drill.netfaults import NET_FAULTS, PACKET_FAULTS, NetnsFaults, ProxyFaults
 from metalog.tools.drill.verify import why_not_bitten
@@ -171,6 +172,8 @@ class Drill:
         self.settle_timeout_s = settle_timeout_s
         self.log = log
         self.history = History()
+        # Every produce and read as invoke/ok/fail/info lines, for Porcupine (metalog.tools.drill.history).
+        self.hist: HistoryFile | None = None
         self.faults: list[FaultRecord] = []
         self.samples: list[Sample] = []
         self.write_errors = 0
@@ -260,12 +263,16 @@ class Drill:
                 values = [f"d{wid}-{seq + i}".encode() for i in range(n)]
                 seq += n
                 self.history.attempted.update(values)
+                op = {"values": [text(v) for v in values]}
+                self.hist.invoke(f"w{wid}", "append", op)
                 try:
                     base, epoch = await client.produce(values)
-                except Exception:  # any failure: outcome unknown, never resent
+                except Exception as exc:  # any failure: outcome unknown, never resent
+                    self.hist.complete(f"w{wid}", "append", "info", op, error=repr(exc))
                     self.write_errors += 1
                     await asyncio.sleep(0.05)  # pace retries against a leaderless cluster
                     continue
+                self.hist.complete(f"w{wid}", "append", "ok", {**op, "offset": base, "epoch": epoch})
                 ts = time.time()
                 for i, v in enumerate(values):
                     self.history.acks.append(Ack(v, base + i, epoch, ts, wid))
@@ -278,32 +285,41 @@ class Drill:
         consumer.seek(0)
         try:
             while not self._stop_load.is_set():
+                start = consumer.position
+                self.hist.invoke(f"c{cid}", "read", {"from": start})
                 try:
                     records = await consumer.poll(max_wait_ms=300)
-                except LogTruncationError as exc:
-                    self.history.truncations.append(Truncation(cid, time.time(), exc.first_diverging_offset))
-                    consumer.seek(exc.first_diverging_offset, exc.epoch)
+                except Exception as exc:  # a read that failed claims nothing
+                    self.hist.complete(f"c{cid}", "read", "fail", {"from": start}, error=repr(exc))
+                    await self._consumer_error(client, consumer, cid, exc)
                     continue
-                except OffsetOutOfRangeError as exc:
-                    # A snapshot moved the log start past us (KIP-630): resume at the log start, as
-                    # reset_policy="earliest" would, but record the jump so the checker can tell
-                    # the offsets skipped here from a record the client dropped.
-                    try:
-                        resp = await client.list_offsets(LIST_OFFSETS_EARLIEST)
-                    except Exception:
-                        await asyncio.sleep(0.05)
-                        continue
-                    self.history.resets.append(Reset(cid, time.time(), exc.position, resp.offset))
-                    consumer.seek(resp.offset, resp.leader_epoch)
-                    continue
-                except Exception:
-                    await asyncio.sleep(0.05)
-                    continue
+                self.hist.complete(f"c{cid}", "read", "ok", {
+                    "from": start, "next": consumer.position,
+                    "records": [[r.offset, text(r.value), r.leader_epoch] for r in records]})
                 ts = time.time()
                 for r in records:
                     self.history.seen.append(Seen(cid, r.offset, r.leader_epoch, r.value, ts))
         finally:
             await client.close()
+
+    async def _consumer_error(self, client, consumer, cid: int, exc: Exception) -> None:
+        """Record a consumer's truncation or reset and seek on; wait out any other error."""
+        if isinstance(exc, LogTruncationError):
+            self.history.truncations.append(Truncation(cid, time.time(), exc.first_diverging_offset))
+            consumer.seek(exc.first_diverging_offset, exc.epoch)
+        elif isinstance(exc, OffsetOutOfRangeError):
+            # A snapshot moved the log start past us (KIP-630): resume at the log start, as
+            # reset_policy="earliest" would, but record the jump so the checker can tell
+            # the offsets skipped here from a record the client dropped.
+            try:
+                resp = await client.list_offsets(LIST_OFFSETS_EARLIEST)
+            except Exception:
+                await asyncio.sleep(0.05)
+                return
+            self.history.resets.append(Reset(cid, time.time(), exc.position, resp.offset))
+            consumer.seek(resp.offset, resp.leader_epoch)
+        else:
+            await asyncio.sleep(0.05)
 
     # ---------------------------------------------------------- faults
     async def _leader(self, timeout_s: float = 20.0, exclude: set[int] = frozenset()) -> tuple[int, int]:
@@ -441,6 +457,7 @@ class Drill:
     async def run(self) -> dict:
         c = self.cluster
         self.t0 = time.time()
+        self.hist = HistoryFile(os.path.join(c.root, "history.jsonl"))
         for nid in sorted(c.nodes):
             self.start_node(nid)
         await self._leader(timeout_s=30)
@@ -492,11 +509,20 @@ class Drill:
         self._collect_roles()
         replicas = [read_replica(nid, c.data_dir(nid)) for nid in sorted(c.nodes)]
         result = check(self.history, replicas, commit_end, self.archive.list())
+        porcupine = self._independent_check(result, commit_end)
         if not converged.get("ok"):
             problems.append(f"cluster did not converge: {converged.get('why')}")
-        return {"result": result, "problems": problems, "commit_end": commit_end, "converged": converged,
+        return {"result": result, "porcupine": porcupine, "problems": problems, "commit_end": commit_end,
+                "converged": converged,
                 "archive": self.archive.stats(),
                 "replicas": {r.node: {"log_start": r.log_start, "log_end": r.log_end} for r in replicas}}
+
+    def _independent_check(self, result, commit_end: int):
+        """Porcupine's verdict on the history, the committed log read back from the files
+        appended as the last reads (an acknowledged write no consumer read is checked too)."""
+        self.hist.final_reads(result.log, result.control, commit_end)
+        self.hist.close()
+        return run_porcupine(self.hist.path, vis_path=os.path.join(self.cluster.root, "porcupine.html"))
 
     def _converge(self) -> dict:
         """Repair everything and wait until every broker is at the leader's HW."""
@@ -628,8 +654,10 @@ def run_drill(args) -> tuple[int, dict]:
             hosts.remove()
     report = build_report(drill, out)
     paths = write_report(report, drill, args.report)
-    res = out["result"]
+    res, porcupine = out["result"], out["porcupine"]
     print(res.summary())
+    for line in porcupine.output or [porcupine.summary]:  # its verdict and any failing window
+        print(line)
     for p in out["problems"]:
         print(f"problem: {p}")
     s = report["summary"]
@@ -642,13 +670,17 @@ def run_drill(args) -> tuple[int, dict]:
     for line in failover_lines(s["failover_by_kind"]):
         print(line)
     print(f"report: {paths['json']}  timeline: {paths['png']}")
-    return (0 if res.ok and not out["problems"] else 1), report
+    return (0 if report["ok"] else 1), report
 
 
 def cmd_drill(args) -> int:
     absent = missing(PLOT_MODULES, "bench")
     if absent is not None:  # found out now, not after the drill when the report is drawn
         print(f"metalog drill: the report's timeline picture needs matplotlib; {absent}", file=sys.stderr)
+        return 2
+    if not os.access(PORCUPINE_BIN, os.X_OK):  # found out now, not after the drill
+        print(f"metalog drill: the independent checker {PORCUPINE_BIN} is missing: build it with "
+              f"`bash run.sh setup` (needs Go)", file=sys.stderr)
         return 2
     try:
         rc, _ = run_drill(args)

@@ -179,8 +179,9 @@ def build_report(drill, out: dict) -> dict:
                           "log_start_after": max((s.log_start or 0 for s in later), default=None),
                           "voters_caught_up_before": f.detail.get("voters_caught_up_before"),
                           "caught_up_after": f.detail.get("wiped_caught_up")})
+    porcupine = out.get("porcupine")
     return {
-        "ok": res.ok and not out["problems"],
+        "ok": res.ok and not out["problems"] and (porcupine is None or porcupine.ok),
         "seed": drill.seed,
         "duration_s": round(t_end - drill.t0, 1),
         "summary": {
@@ -206,6 +207,7 @@ def build_report(drill, out: dict) -> dict:
             "committed_end": out["commit_end"],
         },
         "checker": res.to_json(),
+        "porcupine": porcupine.to_json() if porcupine is not None else None,
         "problems": out["problems"],
         "converged": out["converged"],
         "replicas": out["replicas"],
