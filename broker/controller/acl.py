@@ -359,6 +359,11 @@ def authorize(principal: Principal, host: str, api_key: ApiKey, body: m.Body, vi
     if api_key in (ApiKey.FETCH, ApiKey.OFFSET_FOR_LEADER_EPOCH) and body.replica_id != m.CONSUMER_REPLICA_ID:
         # Any other id (even a negative one other than the consumer's) is a replica claim.
         return _check_replica(principal, api_key, body.replica_id, view, voter_only=False)
+    if api_key is ApiKey.INIT_PRODUCER_ID and principal.node_id is not None:
+        # A node asks the leader for a producer id on behalf of a client its own
+        # gate admitted (metalog.broker.server.produce: as Kafka's brokers ask
+        # their controller); an id is no data, and no write follows from it.
+        return None
     need = _required(api_key, body)
     if need is None:
         return None

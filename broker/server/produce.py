@@ -31,8 +31,9 @@ The runtime driver owns the core; this module only sees what
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Container, NamedTuple, Protocol, cast
+from typing import Any, Awaitable, Callable, Container, Coroutine, NamedTuple, Protocol, cast
 
+from metalog.broker.net.channel import NetError, PeerPool
 from metalog.broker.net.server import Connection
 from metalog.broker.quorum import api as qa
 from metalog.broker.server.clocks import now_ms, wall_clock_ms
@@ -40,6 +41,7 @@ from metalog.broker.server.idempotence import (REBUILD_READ_BYTES, ProducerGuard
                                                split_by_producer, validate_produce)
 from metalog.broker.server.metrics import BrokerMetrics
 from metalog.protocol import messages as m
+from metalog.protocol.apis import ApiKey
 from metalog.protocol.errors import Errors
 from metalog.protocol.invariants import InvariantViolation
 from metalog.storage.batch import CorruptBatchError
@@ -70,6 +72,12 @@ class PrebuiltProduce(NamedTuple):
     base_sequence: int
 
 
+class Spawner(Protocol):
+    """Runs a background task whose escaping exception is fatal (the broker's BackgroundTasks)."""
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
+
+
 class ProduceCore(Protocol):
     """What the produce path reads of the quorum core."""
 
@@ -83,6 +91,25 @@ class ProduceCore(Protocol):
     def high_watermark(self) -> int: ...
 
     def current_leader(self) -> m.LeaderIdAndEpoch: ...
+
+
+class PeersHost(Protocol):
+    """Where the broker keeps its channels to the other nodes (built after the produce path)."""
+
+    cluster_id: str
+    cfg: Any
+    peers: PeerPool
+
+
+def leader_asker(host: PeersHost) -> Callable[[int], Awaitable[m.Body]]:
+    """ProducePath's `ask_leader`: an InitProducerId to the leader over the
+    peers' channels, in this node's name (its certificate), bounded by the
+    quorum's request timeout."""
+    def ask(leader_id: int) -> Awaitable[m.Body]:
+        return host.peers.channel(leader_id).request(ApiKey.INIT_PRODUCER_ID, m.InitProducerIdRequest(
+            cluster_id=host.cluster_id), host.cfg.quorum.request_timeout_ms)
+
+    return ask
 
 
 def rebuild_producer_state(guard: ProducerGuard, committed: ProducerStateTable,
@@ -134,7 +161,8 @@ class ProducePath:
 
     def __init__(self, node_id: int, core: ProduceCore, group_commit: GroupCommit, guard: ProducerGuard,
                  metrics: BrokerMetrics, logger: Any, *, step: Callable[[qa.Event], None],
-                 failed: Callable[[], bool], committed_producers: Callable[[], ProducerStateTable]):
+                 failed: Callable[[], bool], committed_producers: Callable[[], ProducerStateTable],
+                 ask_leader: Callable[[int], Awaitable[m.Body]] | None = None, forwards: Spawner | None = None):
         self._node_id = node_id
         self._core = core
         self.group_commit = group_commit
@@ -144,6 +172,10 @@ class ProducePath:
         self._step = step  # steps the core with an event
         self._failed = failed  # the broker is failing (fatal): nothing more is appended
         self._committed_producers = committed_producers  # the controller's copy, expired with ours
+        # A follower asks the leader for a client's producer id (init_producer_id):
+        # ask_leader(leader id) -> its InitProducerIdResponse, awaited in a task of `forwards`.
+        self._ask_leader = ask_leader if forwards is not None else None
+        self._forwards = cast(Spawner, forwards)
         # Produce tokens handed to the core and not yet answered (bounded by
         # the connections' in-flight limits): answered KAFKA_STORAGE_ERROR if
         # the disk fails before the core acknowledges them. The driver
@@ -326,14 +358,37 @@ class ProducePath:
             self._committed_producers().expire(wall_ms)
 
     def init_producer_id(self, conn: Connection, correlation_id: int) -> None:
-        """InitProducerId: a new id from this leader's epoch (metalog.broker.server.idempotence)."""
+        """InitProducerId: a new id from this leader's epoch (metalog.broker.server.idempotence).
+
+        Not the leader: a client's request is asked of the leader in this
+        node's name (``ask_leader``), as Kafka's brokers get producer ids from
+        their controller: Kafka's clients ask any broker they are connected
+        to for an idempotent producer's id (librdkafka keeps asking the first
+        one up). Ids come only from the leader's epoch, so they stay unique.
+        A request from a node (a forward) is not forwarded again."""
         core = self._core
+        leader_id = core.current_leader().leader_id
+        if (not core.is_leader and self._ask_leader is not None and 0 <= leader_id != self._node_id
+                and getattr(conn.principal, "node_id", None) is None):
+            self._forwards.spawn(self._forward_init(leader_id, conn, correlation_id))
+            return
         if not core.is_leader:
             conn.send_response(correlation_id, m.InitProducerIdResponse(
                 error_code=Errors.NOT_LEADER_OR_FOLLOWER, current_leader=core.current_leader(),
                 error_message=f"node {self._node_id} is not the leader"))
             return
         conn.send_response(correlation_id, self._producer_ids.allocate(core.epoch, core.current_leader()))
+
+    async def _forward_init(self, leader_id: int, conn: Connection, correlation_id: int) -> None:
+        if self._ask_leader is None:
+            raise InvariantViolation("an InitProducerId forwarded without a way to the leader")
+        try:
+            response = await self._ask_leader(leader_id)
+        except (NetError, KeyError) as exc:  # the leader unreachable or unknown: the client retries
+            response = m.InitProducerIdResponse(
+                error_code=Errors.NOT_LEADER_OR_FOLLOWER, current_leader=self._core.current_leader(),
+                error_message=f"node {self._node_id} could not ask leader {leader_id} for a producer id: {exc}")
+        conn.send_response(correlation_id, response)
 
     # ------------------------------------------------------- disk failure
     def reject_pending(self, message: str) -> None:

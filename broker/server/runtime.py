@@ -76,7 +76,7 @@ from metalog.broker.server.kafka.dispatch import start_kafka_listener
 from metalog.broker.server.maintenance import Maintenance
 from metalog.broker.server.metrics import BrokerMetrics, raft_view
 from metalog.broker.server.outbound import Outbound, peer_pool, tls_files
-from metalog.broker.server.produce import ProducePath, rebuild_producer_state
+from metalog.broker.server.produce import ProducePath, leader_asker, rebuild_producer_state
 from metalog.broker.server.recovery import (PARTITION_DIR, LocalState, StartupError, no_copy_message,
                                             recover_local_state)
 from metalog.broker.server.snapshot_work import SnapshotWork
@@ -210,8 +210,8 @@ class Broker:
                                       Environment(SystemClock(), random.Random()))
         self.booted = True
         self.produce = ProducePath(cfg.node_id, core, self.group_commit, self.producers, self.metrics, self.log,
-                                   step=self.step, failed=lambda: self.fatal is not None,
-                                   committed_producers=lambda: self.controller.state.producers)
+                                   step=self.step, failed=lambda: self.fatal is not None, ask_leader=leader_asker(self),
+                                   committed_producers=lambda: self.controller.state.producers, forwards=self._tasks)
         self._unanswered_produce = self.produce.unanswered
         self.inbound = RequestRouter(self, cfg, core, gate=self.gate, authz_enabled=self.authz_enabled,
                                      produce=self.produce, commands=CommandQueue(), controller=self.controller,
