@@ -669,7 +669,7 @@ def emit_read_tags(code: Code, s: Struct) -> None:
 
 def emit_class(code: Code, s: Struct) -> None:
     m = s.message
-    code(0, f"class {s.cls}(Message, kw_only=True):")
+    code(0, f"class {s.cls}(Message, kw_only=True, gc=False):")
     if m is not None:
         key = f"api key {m.api_key}, " if m.api_key >= 0 else ""
         code(1, f'"""Kafka\'s {m.name} ({key}versions {m.valid.lo}-{m.valid.hi}), from schemas/{m.name}.json."""')
@@ -700,7 +700,9 @@ generator writes).
 
 One msgspec Struct per message and per nested struct (``<Message><Struct>``),
 each with ``write``/``read`` (and, from ``Message``, ``encode``/``decode``).
-See ``metalog.protocol.kafka`` for the contract.
+See ``metalog.protocol.kafka`` for the contract. The classes are ``gc=False``
+(msgspec: not tracked by the cycle collector, which a decode of many small
+structs would otherwise wake): never make a message contain itself.
 """
 
 # fmt: off

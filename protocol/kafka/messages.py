@@ -5,7 +5,9 @@ generator writes).
 
 One msgspec Struct per message and per nested struct (``<Message><Struct>``),
 each with ``write``/``read`` (and, from ``Message``, ``encode``/``decode``).
-See ``metalog.protocol.kafka`` for the contract.
+See ``metalog.protocol.kafka`` for the contract. The classes are ``gc=False``
+(msgspec: not tracked by the cycle collector, which a decode of many small
+structs would otherwise wake): never make a message contain itself.
 """
 
 # fmt: off
@@ -169,7 +171,7 @@ _S_qi = struct.Struct(">qi")
 _S_qq = struct.Struct(">qq")
 
 
-class AddRaftVoterRequestListener(Message, kw_only=True):
+class AddRaftVoterRequestListener(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -207,7 +209,7 @@ class AddRaftVoterRequestListener(Message, kw_only=True):
 _D_AddRaftVoterRequestListener = AddRaftVoterRequestListener()
 
 
-class AddRaftVoterRequest(Message, kw_only=True):
+class AddRaftVoterRequest(Message, kw_only=True, gc=False):
     """Kafka's AddRaftVoterRequest (api key 80, versions 0-1), from schemas/AddRaftVoterRequest.json."""
 
     API_KEY: ClassVar[int] = 80
@@ -268,7 +270,7 @@ class AddRaftVoterRequest(Message, kw_only=True):
         return cls(cluster_id=v_cluster_id, timeout_ms=v_timeout_ms, voter_id=v_voter_id, voter_directory_id=v_voter_directory_id, listeners=v_listeners, ack_when_committed=v_ack_when_committed), pos
 
 
-class AddRaftVoterResponse(Message, kw_only=True):
+class AddRaftVoterResponse(Message, kw_only=True, gc=False):
     """Kafka's AddRaftVoterResponse (api key 80, versions 0-1), from schemas/AddRaftVoterResponse.json."""
 
     API_KEY: ClassVar[int] = 80
@@ -304,7 +306,7 @@ class AddRaftVoterResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, error_code=v_error_code, error_message=v_error_message), pos
 
 
-class ApiVersionsRequest(Message, kw_only=True):
+class ApiVersionsRequest(Message, kw_only=True, gc=False):
     """Kafka's ApiVersionsRequest (api key 18, versions 0-4), from schemas/ApiVersionsRequest.json."""
 
     API_KEY: ClassVar[int] = 18
@@ -343,7 +345,7 @@ class ApiVersionsRequest(Message, kw_only=True):
         return cls(client_software_name=v_client_software_name, client_software_version=v_client_software_version), pos
 
 
-class ApiVersionsResponseApiVersion(Message, kw_only=True):
+class ApiVersionsResponseApiVersion(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 4
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 3
@@ -379,7 +381,7 @@ class ApiVersionsResponseApiVersion(Message, kw_only=True):
 _D_ApiVersionsResponseApiVersion = ApiVersionsResponseApiVersion()
 
 
-class ApiVersionsResponseSupportedFeatureKey(Message, kw_only=True):
+class ApiVersionsResponseSupportedFeatureKey(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 3
     HIGHEST_VERSION: ClassVar[int] = 4
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 3
@@ -415,7 +417,7 @@ class ApiVersionsResponseSupportedFeatureKey(Message, kw_only=True):
 _D_ApiVersionsResponseSupportedFeatureKey = ApiVersionsResponseSupportedFeatureKey()
 
 
-class ApiVersionsResponseFinalizedFeatureKey(Message, kw_only=True):
+class ApiVersionsResponseFinalizedFeatureKey(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 3
     HIGHEST_VERSION: ClassVar[int] = 4
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 3
@@ -451,7 +453,7 @@ class ApiVersionsResponseFinalizedFeatureKey(Message, kw_only=True):
 _D_ApiVersionsResponseFinalizedFeatureKey = ApiVersionsResponseFinalizedFeatureKey()
 
 
-class ApiVersionsResponse(Message, kw_only=True):
+class ApiVersionsResponse(Message, kw_only=True, gc=False):
     """Kafka's ApiVersionsResponse (api key 18, versions 0-4), from schemas/ApiVersionsResponse.json."""
 
     API_KEY: ClassVar[int] = 18
@@ -579,7 +581,7 @@ class ApiVersionsResponse(Message, kw_only=True):
         return cls(error_code=v_error_code, api_keys=v_api_keys, throttle_time_ms=v_throttle_time_ms, supported_features=v_supported_features, finalized_features_epoch=v_finalized_features_epoch, finalized_features=v_finalized_features, zk_migration_ready=v_zk_migration_ready), pos
 
 
-class BeginQuorumEpochRequestPartitionData(Message, kw_only=True):
+class BeginQuorumEpochRequestPartitionData(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 1
@@ -624,7 +626,7 @@ class BeginQuorumEpochRequestPartitionData(Message, kw_only=True):
 _D_BeginQuorumEpochRequestPartitionData = BeginQuorumEpochRequestPartitionData()
 
 
-class BeginQuorumEpochRequestTopicData(Message, kw_only=True):
+class BeginQuorumEpochRequestTopicData(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 1
@@ -685,7 +687,7 @@ class BeginQuorumEpochRequestTopicData(Message, kw_only=True):
 _D_BeginQuorumEpochRequestTopicData = BeginQuorumEpochRequestTopicData()
 
 
-class BeginQuorumEpochRequestLeaderEndpoint(Message, kw_only=True):
+class BeginQuorumEpochRequestLeaderEndpoint(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 1
@@ -723,7 +725,7 @@ class BeginQuorumEpochRequestLeaderEndpoint(Message, kw_only=True):
 _D_BeginQuorumEpochRequestLeaderEndpoint = BeginQuorumEpochRequestLeaderEndpoint()
 
 
-class BeginQuorumEpochRequest(Message, kw_only=True):
+class BeginQuorumEpochRequest(Message, kw_only=True, gc=False):
     """Kafka's BeginQuorumEpochRequest (api key 53, versions 0-1), from schemas/BeginQuorumEpochRequest.json."""
 
     API_KEY: ClassVar[int] = 53
@@ -804,7 +806,7 @@ class BeginQuorumEpochRequest(Message, kw_only=True):
         return cls(cluster_id=v_cluster_id, voter_id=v_voter_id, topics=v_topics, leader_endpoints=v_leader_endpoints), pos
 
 
-class BeginQuorumEpochResponsePartitionData(Message, kw_only=True):
+class BeginQuorumEpochResponsePartitionData(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 1
@@ -842,7 +844,7 @@ class BeginQuorumEpochResponsePartitionData(Message, kw_only=True):
 _D_BeginQuorumEpochResponsePartitionData = BeginQuorumEpochResponsePartitionData()
 
 
-class BeginQuorumEpochResponseTopicData(Message, kw_only=True):
+class BeginQuorumEpochResponseTopicData(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 1
@@ -903,7 +905,7 @@ class BeginQuorumEpochResponseTopicData(Message, kw_only=True):
 _D_BeginQuorumEpochResponseTopicData = BeginQuorumEpochResponseTopicData()
 
 
-class BeginQuorumEpochResponseNodeEndpoint(Message, kw_only=True):
+class BeginQuorumEpochResponseNodeEndpoint(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 1
@@ -942,7 +944,7 @@ class BeginQuorumEpochResponseNodeEndpoint(Message, kw_only=True):
 _D_BeginQuorumEpochResponseNodeEndpoint = BeginQuorumEpochResponseNodeEndpoint()
 
 
-class BeginQuorumEpochResponse(Message, kw_only=True):
+class BeginQuorumEpochResponse(Message, kw_only=True, gc=False):
     """Kafka's BeginQuorumEpochResponse (api key 53, versions 0-1), from schemas/BeginQuorumEpochResponse.json."""
 
     API_KEY: ClassVar[int] = 53
@@ -1023,7 +1025,7 @@ class BeginQuorumEpochResponse(Message, kw_only=True):
         return cls(error_code=v_error_code, topics=v_topics, node_endpoints=v_node_endpoints), pos
 
 
-class BrokerHeartbeatRequest(Message, kw_only=True):
+class BrokerHeartbeatRequest(Message, kw_only=True, gc=False):
     """Kafka's BrokerHeartbeatRequest (api key 63, versions 0-2), from schemas/BrokerHeartbeatRequest.json."""
 
     API_KEY: ClassVar[int] = 63
@@ -1109,7 +1111,7 @@ class BrokerHeartbeatRequest(Message, kw_only=True):
         return cls(broker_id=v_broker_id, broker_epoch=v_broker_epoch, current_metadata_offset=v_current_metadata_offset, want_fence=v_want_fence, want_shut_down=v_want_shut_down, offline_log_dirs=v_offline_log_dirs, cordoned_log_dirs=v_cordoned_log_dirs), pos
 
 
-class BrokerHeartbeatResponse(Message, kw_only=True):
+class BrokerHeartbeatResponse(Message, kw_only=True, gc=False):
     """Kafka's BrokerHeartbeatResponse (api key 63, versions 0-2), from schemas/BrokerHeartbeatResponse.json."""
 
     API_KEY: ClassVar[int] = 63
@@ -1147,7 +1149,7 @@ class BrokerHeartbeatResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, error_code=v_error_code, is_caught_up=v_is_caught_up, is_fenced=v_is_fenced, should_shut_down=v_should_shut_down), pos
 
 
-class BrokerRegistrationRequestListener(Message, kw_only=True):
+class BrokerRegistrationRequestListener(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 4
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -1187,7 +1189,7 @@ class BrokerRegistrationRequestListener(Message, kw_only=True):
 _D_BrokerRegistrationRequestListener = BrokerRegistrationRequestListener()
 
 
-class BrokerRegistrationRequestFeature(Message, kw_only=True):
+class BrokerRegistrationRequestFeature(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 4
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -1223,7 +1225,7 @@ class BrokerRegistrationRequestFeature(Message, kw_only=True):
 _D_BrokerRegistrationRequestFeature = BrokerRegistrationRequestFeature()
 
 
-class BrokerRegistrationRequest(Message, kw_only=True):
+class BrokerRegistrationRequest(Message, kw_only=True, gc=False):
     """Kafka's BrokerRegistrationRequest (api key 62, versions 0-4), from schemas/BrokerRegistrationRequest.json."""
 
     API_KEY: ClassVar[int] = 62
@@ -1317,7 +1319,7 @@ class BrokerRegistrationRequest(Message, kw_only=True):
         return cls(broker_id=v_broker_id, cluster_id=v_cluster_id, incarnation_id=v_incarnation_id, listeners=v_listeners, features=v_features, rack=v_rack, is_migrating_zk_broker=v_is_migrating_zk_broker, log_dirs=v_log_dirs, previous_broker_epoch=v_previous_broker_epoch), pos
 
 
-class BrokerRegistrationResponse(Message, kw_only=True):
+class BrokerRegistrationResponse(Message, kw_only=True, gc=False):
     """Kafka's BrokerRegistrationResponse (api key 62, versions 0-4), from schemas/BrokerRegistrationResponse.json."""
 
     API_KEY: ClassVar[int] = 62
@@ -1351,7 +1353,7 @@ class BrokerRegistrationResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, error_code=v_error_code, broker_epoch=v_broker_epoch), pos
 
 
-class CreateAclsRequestAclCreation(Message, kw_only=True):
+class CreateAclsRequestAclCreation(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 3
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 2
@@ -1425,7 +1427,7 @@ class CreateAclsRequestAclCreation(Message, kw_only=True):
 _D_CreateAclsRequestAclCreation = CreateAclsRequestAclCreation()
 
 
-class CreateAclsRequest(Message, kw_only=True):
+class CreateAclsRequest(Message, kw_only=True, gc=False):
     """Kafka's CreateAclsRequest (api key 30, versions 1-3), from schemas/CreateAclsRequest.json."""
 
     API_KEY: ClassVar[int] = 30
@@ -1476,7 +1478,7 @@ class CreateAclsRequest(Message, kw_only=True):
         return cls(creations=v_creations), pos
 
 
-class CreateAclsResponseAclCreationResult(Message, kw_only=True):
+class CreateAclsResponseAclCreationResult(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 3
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 2
@@ -1518,7 +1520,7 @@ class CreateAclsResponseAclCreationResult(Message, kw_only=True):
 _D_CreateAclsResponseAclCreationResult = CreateAclsResponseAclCreationResult()
 
 
-class CreateAclsResponse(Message, kw_only=True):
+class CreateAclsResponse(Message, kw_only=True, gc=False):
     """Kafka's CreateAclsResponse (api key 30, versions 1-3), from schemas/CreateAclsResponse.json."""
 
     API_KEY: ClassVar[int] = 30
@@ -1574,7 +1576,7 @@ class CreateAclsResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, results=v_results), pos
 
 
-class CreatePartitionsRequestCreatePartitionsAssignment(Message, kw_only=True):
+class CreatePartitionsRequestCreatePartitionsAssignment(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 3
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 2
@@ -1619,7 +1621,7 @@ class CreatePartitionsRequestCreatePartitionsAssignment(Message, kw_only=True):
 _D_CreatePartitionsRequestCreatePartitionsAssignment = CreatePartitionsRequestCreatePartitionsAssignment()
 
 
-class CreatePartitionsRequestCreatePartitionsTopic(Message, kw_only=True):
+class CreatePartitionsRequestCreatePartitionsTopic(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 3
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 2
@@ -1697,7 +1699,7 @@ class CreatePartitionsRequestCreatePartitionsTopic(Message, kw_only=True):
 _D_CreatePartitionsRequestCreatePartitionsTopic = CreatePartitionsRequestCreatePartitionsTopic()
 
 
-class CreatePartitionsRequest(Message, kw_only=True):
+class CreatePartitionsRequest(Message, kw_only=True, gc=False):
     """Kafka's CreatePartitionsRequest (api key 37, versions 0-3), from schemas/CreatePartitionsRequest.json."""
 
     API_KEY: ClassVar[int] = 37
@@ -1755,7 +1757,7 @@ class CreatePartitionsRequest(Message, kw_only=True):
         return cls(topics=v_topics, timeout_ms=v_timeout_ms, validate_only=v_validate_only), pos
 
 
-class CreatePartitionsResponseCreatePartitionsTopicResult(Message, kw_only=True):
+class CreatePartitionsResponseCreatePartitionsTopicResult(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 3
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 2
@@ -1807,7 +1809,7 @@ class CreatePartitionsResponseCreatePartitionsTopicResult(Message, kw_only=True)
 _D_CreatePartitionsResponseCreatePartitionsTopicResult = CreatePartitionsResponseCreatePartitionsTopicResult()
 
 
-class CreatePartitionsResponse(Message, kw_only=True):
+class CreatePartitionsResponse(Message, kw_only=True, gc=False):
     """Kafka's CreatePartitionsResponse (api key 37, versions 0-3), from schemas/CreatePartitionsResponse.json."""
 
     API_KEY: ClassVar[int] = 37
@@ -1863,7 +1865,7 @@ class CreatePartitionsResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, results=v_results), pos
 
 
-class CreateTopicsRequestCreatableReplicaAssignment(Message, kw_only=True):
+class CreateTopicsRequestCreatableReplicaAssignment(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 2
     HIGHEST_VERSION: ClassVar[int] = 7
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 5
@@ -1913,7 +1915,7 @@ class CreateTopicsRequestCreatableReplicaAssignment(Message, kw_only=True):
 _D_CreateTopicsRequestCreatableReplicaAssignment = CreateTopicsRequestCreatableReplicaAssignment()
 
 
-class CreateTopicsRequestCreatableTopicConfig(Message, kw_only=True):
+class CreateTopicsRequestCreatableTopicConfig(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 2
     HIGHEST_VERSION: ClassVar[int] = 7
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 5
@@ -1960,7 +1962,7 @@ class CreateTopicsRequestCreatableTopicConfig(Message, kw_only=True):
 _D_CreateTopicsRequestCreatableTopicConfig = CreateTopicsRequestCreatableTopicConfig()
 
 
-class CreateTopicsRequestCreatableTopic(Message, kw_only=True):
+class CreateTopicsRequestCreatableTopic(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 2
     HIGHEST_VERSION: ClassVar[int] = 7
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 5
@@ -2052,7 +2054,7 @@ class CreateTopicsRequestCreatableTopic(Message, kw_only=True):
 _D_CreateTopicsRequestCreatableTopic = CreateTopicsRequestCreatableTopic()
 
 
-class CreateTopicsRequest(Message, kw_only=True):
+class CreateTopicsRequest(Message, kw_only=True, gc=False):
     """Kafka's CreateTopicsRequest (api key 19, versions 2-7), from schemas/CreateTopicsRequest.json."""
 
     API_KEY: ClassVar[int] = 19
@@ -2110,7 +2112,7 @@ class CreateTopicsRequest(Message, kw_only=True):
         return cls(topics=v_topics, timeout_ms=v_timeout_ms, validate_only=v_validate_only), pos
 
 
-class CreateTopicsResponseCreatableTopicConfigs(Message, kw_only=True):
+class CreateTopicsResponseCreatableTopicConfigs(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 5
     HIGHEST_VERSION: ClassVar[int] = 7
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 5
@@ -2152,7 +2154,7 @@ class CreateTopicsResponseCreatableTopicConfigs(Message, kw_only=True):
 _D_CreateTopicsResponseCreatableTopicConfigs = CreateTopicsResponseCreatableTopicConfigs()
 
 
-class CreateTopicsResponseCreatableTopicResult(Message, kw_only=True):
+class CreateTopicsResponseCreatableTopicResult(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 2
     HIGHEST_VERSION: ClassVar[int] = 7
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 5
@@ -2255,7 +2257,7 @@ class CreateTopicsResponseCreatableTopicResult(Message, kw_only=True):
 _D_CreateTopicsResponseCreatableTopicResult = CreateTopicsResponseCreatableTopicResult()
 
 
-class CreateTopicsResponse(Message, kw_only=True):
+class CreateTopicsResponse(Message, kw_only=True, gc=False):
     """Kafka's CreateTopicsResponse (api key 19, versions 2-7), from schemas/CreateTopicsResponse.json."""
 
     API_KEY: ClassVar[int] = 19
@@ -2311,7 +2313,7 @@ class CreateTopicsResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, topics=v_topics), pos
 
 
-class DeleteAclsRequestDeleteAclsFilter(Message, kw_only=True):
+class DeleteAclsRequestDeleteAclsFilter(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 3
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 2
@@ -2385,7 +2387,7 @@ class DeleteAclsRequestDeleteAclsFilter(Message, kw_only=True):
 _D_DeleteAclsRequestDeleteAclsFilter = DeleteAclsRequestDeleteAclsFilter()
 
 
-class DeleteAclsRequest(Message, kw_only=True):
+class DeleteAclsRequest(Message, kw_only=True, gc=False):
     """Kafka's DeleteAclsRequest (api key 31, versions 1-3), from schemas/DeleteAclsRequest.json."""
 
     API_KEY: ClassVar[int] = 31
@@ -2436,7 +2438,7 @@ class DeleteAclsRequest(Message, kw_only=True):
         return cls(filters=v_filters), pos
 
 
-class DeleteAclsResponseDeleteAclsMatchingAcl(Message, kw_only=True):
+class DeleteAclsResponseDeleteAclsMatchingAcl(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 3
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 2
@@ -2525,7 +2527,7 @@ class DeleteAclsResponseDeleteAclsMatchingAcl(Message, kw_only=True):
 _D_DeleteAclsResponseDeleteAclsMatchingAcl = DeleteAclsResponseDeleteAclsMatchingAcl()
 
 
-class DeleteAclsResponseDeleteAclsFilterResult(Message, kw_only=True):
+class DeleteAclsResponseDeleteAclsFilterResult(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 3
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 2
@@ -2591,7 +2593,7 @@ class DeleteAclsResponseDeleteAclsFilterResult(Message, kw_only=True):
 _D_DeleteAclsResponseDeleteAclsFilterResult = DeleteAclsResponseDeleteAclsFilterResult()
 
 
-class DeleteAclsResponse(Message, kw_only=True):
+class DeleteAclsResponse(Message, kw_only=True, gc=False):
     """Kafka's DeleteAclsResponse (api key 31, versions 1-3), from schemas/DeleteAclsResponse.json."""
 
     API_KEY: ClassVar[int] = 31
@@ -2647,7 +2649,7 @@ class DeleteAclsResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, filter_results=v_filter_results), pos
 
 
-class DeleteTopicsRequestDeleteTopicState(Message, kw_only=True):
+class DeleteTopicsRequestDeleteTopicState(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 6
     HIGHEST_VERSION: ClassVar[int] = 6
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 4
@@ -2680,7 +2682,7 @@ class DeleteTopicsRequestDeleteTopicState(Message, kw_only=True):
 _D_DeleteTopicsRequestDeleteTopicState = DeleteTopicsRequestDeleteTopicState()
 
 
-class DeleteTopicsRequest(Message, kw_only=True):
+class DeleteTopicsRequest(Message, kw_only=True, gc=False):
     """Kafka's DeleteTopicsRequest (api key 20, versions 1-6), from schemas/DeleteTopicsRequest.json."""
 
     API_KEY: ClassVar[int] = 20
@@ -2754,7 +2756,7 @@ class DeleteTopicsRequest(Message, kw_only=True):
         return cls(topics=v_topics, topic_names=v_topic_names, timeout_ms=v_timeout_ms), pos
 
 
-class DeleteTopicsResponseDeletableTopicResult(Message, kw_only=True):
+class DeleteTopicsResponseDeletableTopicResult(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 6
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 4
@@ -2812,7 +2814,7 @@ class DeleteTopicsResponseDeletableTopicResult(Message, kw_only=True):
 _D_DeleteTopicsResponseDeletableTopicResult = DeleteTopicsResponseDeletableTopicResult()
 
 
-class DeleteTopicsResponse(Message, kw_only=True):
+class DeleteTopicsResponse(Message, kw_only=True, gc=False):
     """Kafka's DeleteTopicsResponse (api key 20, versions 1-6), from schemas/DeleteTopicsResponse.json."""
 
     API_KEY: ClassVar[int] = 20
@@ -2868,7 +2870,7 @@ class DeleteTopicsResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, responses=v_responses), pos
 
 
-class DescribeAclsRequest(Message, kw_only=True):
+class DescribeAclsRequest(Message, kw_only=True, gc=False):
     """Kafka's DescribeAclsRequest (api key 29, versions 1-3), from schemas/DescribeAclsRequest.json."""
 
     API_KEY: ClassVar[int] = 29
@@ -2942,7 +2944,7 @@ class DescribeAclsRequest(Message, kw_only=True):
         return cls(resource_type_filter=v_resource_type_filter, resource_name_filter=v_resource_name_filter, pattern_type_filter=v_pattern_type_filter, principal_filter=v_principal_filter, host_filter=v_host_filter, operation=v_operation, permission_type=v_permission_type), pos
 
 
-class DescribeAclsResponseAclDescription(Message, kw_only=True):
+class DescribeAclsResponseAclDescription(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 3
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 2
@@ -2996,7 +2998,7 @@ class DescribeAclsResponseAclDescription(Message, kw_only=True):
 _D_DescribeAclsResponseAclDescription = DescribeAclsResponseAclDescription()
 
 
-class DescribeAclsResponseDescribeAclsResource(Message, kw_only=True):
+class DescribeAclsResponseDescribeAclsResource(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 3
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 2
@@ -3067,7 +3069,7 @@ class DescribeAclsResponseDescribeAclsResource(Message, kw_only=True):
 _D_DescribeAclsResponseDescribeAclsResource = DescribeAclsResponseDescribeAclsResource()
 
 
-class DescribeAclsResponse(Message, kw_only=True):
+class DescribeAclsResponse(Message, kw_only=True, gc=False):
     """Kafka's DescribeAclsResponse (api key 29, versions 1-3), from schemas/DescribeAclsResponse.json."""
 
     API_KEY: ClassVar[int] = 29
@@ -3135,7 +3137,7 @@ class DescribeAclsResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, error_code=v_error_code, error_message=v_error_message, resources=v_resources), pos
 
 
-class DescribeClusterRequest(Message, kw_only=True):
+class DescribeClusterRequest(Message, kw_only=True, gc=False):
     """Kafka's DescribeClusterRequest (api key 60, versions 0-2), from schemas/DescribeClusterRequest.json."""
 
     API_KEY: ClassVar[int] = 60
@@ -3185,7 +3187,7 @@ class DescribeClusterRequest(Message, kw_only=True):
         return cls(include_cluster_authorized_operations=v_include_cluster_authorized_operations, endpoint_type=v_endpoint_type, include_fenced_brokers=v_include_fenced_brokers), pos
 
 
-class DescribeClusterResponseDescribeClusterBroker(Message, kw_only=True):
+class DescribeClusterResponseDescribeClusterBroker(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 2
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -3238,7 +3240,7 @@ class DescribeClusterResponseDescribeClusterBroker(Message, kw_only=True):
 _D_DescribeClusterResponseDescribeClusterBroker = DescribeClusterResponseDescribeClusterBroker()
 
 
-class DescribeClusterResponse(Message, kw_only=True):
+class DescribeClusterResponse(Message, kw_only=True, gc=False):
     """Kafka's DescribeClusterResponse (api key 60, versions 0-2), from schemas/DescribeClusterResponse.json."""
 
     API_KEY: ClassVar[int] = 60
@@ -3309,7 +3311,7 @@ class DescribeClusterResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, error_code=v_error_code, error_message=v_error_message, endpoint_type=v_endpoint_type, cluster_id=v_cluster_id, controller_id=v_controller_id, brokers=v_brokers, cluster_authorized_operations=v_cluster_authorized_operations), pos
 
 
-class DescribeConfigsRequestDescribeConfigsResource(Message, kw_only=True):
+class DescribeConfigsRequestDescribeConfigsResource(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 4
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 4
@@ -3387,7 +3389,7 @@ class DescribeConfigsRequestDescribeConfigsResource(Message, kw_only=True):
 _D_DescribeConfigsRequestDescribeConfigsResource = DescribeConfigsRequestDescribeConfigsResource()
 
 
-class DescribeConfigsRequest(Message, kw_only=True):
+class DescribeConfigsRequest(Message, kw_only=True, gc=False):
     """Kafka's DescribeConfigsRequest (api key 32, versions 1-4), from schemas/DescribeConfigsRequest.json."""
 
     API_KEY: ClassVar[int] = 32
@@ -3453,7 +3455,7 @@ class DescribeConfigsRequest(Message, kw_only=True):
         return cls(resources=v_resources, include_synonyms=v_include_synonyms, include_documentation=v_include_documentation), pos
 
 
-class DescribeConfigsResponseDescribeConfigsSynonym(Message, kw_only=True):
+class DescribeConfigsResponseDescribeConfigsSynonym(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 4
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 4
@@ -3505,7 +3507,7 @@ class DescribeConfigsResponseDescribeConfigsSynonym(Message, kw_only=True):
 _D_DescribeConfigsResponseDescribeConfigsSynonym = DescribeConfigsResponseDescribeConfigsSynonym()
 
 
-class DescribeConfigsResponseDescribeConfigsResourceResult(Message, kw_only=True):
+class DescribeConfigsResponseDescribeConfigsResourceResult(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 4
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 4
@@ -3604,7 +3606,7 @@ class DescribeConfigsResponseDescribeConfigsResourceResult(Message, kw_only=True
 _D_DescribeConfigsResponseDescribeConfigsResourceResult = DescribeConfigsResponseDescribeConfigsResourceResult()
 
 
-class DescribeConfigsResponseDescribeConfigsResult(Message, kw_only=True):
+class DescribeConfigsResponseDescribeConfigsResult(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 4
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 4
@@ -3685,7 +3687,7 @@ class DescribeConfigsResponseDescribeConfigsResult(Message, kw_only=True):
 _D_DescribeConfigsResponseDescribeConfigsResult = DescribeConfigsResponseDescribeConfigsResult()
 
 
-class DescribeConfigsResponse(Message, kw_only=True):
+class DescribeConfigsResponse(Message, kw_only=True, gc=False):
     """Kafka's DescribeConfigsResponse (api key 32, versions 1-4), from schemas/DescribeConfigsResponse.json."""
 
     API_KEY: ClassVar[int] = 32
@@ -3741,7 +3743,7 @@ class DescribeConfigsResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, results=v_results), pos
 
 
-class DescribeQuorumRequestPartitionData(Message, kw_only=True):
+class DescribeQuorumRequestPartitionData(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 2
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -3771,7 +3773,7 @@ class DescribeQuorumRequestPartitionData(Message, kw_only=True):
 _D_DescribeQuorumRequestPartitionData = DescribeQuorumRequestPartitionData()
 
 
-class DescribeQuorumRequestTopicData(Message, kw_only=True):
+class DescribeQuorumRequestTopicData(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 2
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -3811,7 +3813,7 @@ class DescribeQuorumRequestTopicData(Message, kw_only=True):
 _D_DescribeQuorumRequestTopicData = DescribeQuorumRequestTopicData()
 
 
-class DescribeQuorumRequest(Message, kw_only=True):
+class DescribeQuorumRequest(Message, kw_only=True, gc=False):
     """Kafka's DescribeQuorumRequest (api key 55, versions 0-2), from schemas/DescribeQuorumRequest.json."""
 
     API_KEY: ClassVar[int] = 55
@@ -3847,7 +3849,7 @@ class DescribeQuorumRequest(Message, kw_only=True):
         return cls(topics=v_topics), pos
 
 
-class DescribeQuorumResponseReplicaState(Message, kw_only=True):
+class DescribeQuorumResponseReplicaState(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 2
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -3900,7 +3902,7 @@ class DescribeQuorumResponseReplicaState(Message, kw_only=True):
 _D_DescribeQuorumResponseReplicaState = DescribeQuorumResponseReplicaState()
 
 
-class DescribeQuorumResponsePartitionData(Message, kw_only=True):
+class DescribeQuorumResponsePartitionData(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 2
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -3969,7 +3971,7 @@ class DescribeQuorumResponsePartitionData(Message, kw_only=True):
 _D_DescribeQuorumResponsePartitionData = DescribeQuorumResponsePartitionData()
 
 
-class DescribeQuorumResponseTopicData(Message, kw_only=True):
+class DescribeQuorumResponseTopicData(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 2
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -4009,7 +4011,7 @@ class DescribeQuorumResponseTopicData(Message, kw_only=True):
 _D_DescribeQuorumResponseTopicData = DescribeQuorumResponseTopicData()
 
 
-class DescribeQuorumResponseListener(Message, kw_only=True):
+class DescribeQuorumResponseListener(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 2
     HIGHEST_VERSION: ClassVar[int] = 2
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -4047,7 +4049,7 @@ class DescribeQuorumResponseListener(Message, kw_only=True):
 _D_DescribeQuorumResponseListener = DescribeQuorumResponseListener()
 
 
-class DescribeQuorumResponseNode(Message, kw_only=True):
+class DescribeQuorumResponseNode(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 2
     HIGHEST_VERSION: ClassVar[int] = 2
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -4088,7 +4090,7 @@ class DescribeQuorumResponseNode(Message, kw_only=True):
 _D_DescribeQuorumResponseNode = DescribeQuorumResponseNode()
 
 
-class DescribeQuorumResponse(Message, kw_only=True):
+class DescribeQuorumResponse(Message, kw_only=True, gc=False):
     """Kafka's DescribeQuorumResponse (api key 55, versions 0-2), from schemas/DescribeQuorumResponse.json."""
 
     API_KEY: ClassVar[int] = 55
@@ -4151,7 +4153,7 @@ class DescribeQuorumResponse(Message, kw_only=True):
         return cls(error_code=v_error_code, error_message=v_error_message, topics=v_topics, nodes=v_nodes), pos
 
 
-class EndQuorumEpochRequestReplicaInfo(Message, kw_only=True):
+class EndQuorumEpochRequestReplicaInfo(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 1
@@ -4185,7 +4187,7 @@ class EndQuorumEpochRequestReplicaInfo(Message, kw_only=True):
 _D_EndQuorumEpochRequestReplicaInfo = EndQuorumEpochRequestReplicaInfo()
 
 
-class EndQuorumEpochRequestPartitionData(Message, kw_only=True):
+class EndQuorumEpochRequestPartitionData(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 1
@@ -4244,7 +4246,7 @@ class EndQuorumEpochRequestPartitionData(Message, kw_only=True):
 _D_EndQuorumEpochRequestPartitionData = EndQuorumEpochRequestPartitionData()
 
 
-class EndQuorumEpochRequestTopicData(Message, kw_only=True):
+class EndQuorumEpochRequestTopicData(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 1
@@ -4305,7 +4307,7 @@ class EndQuorumEpochRequestTopicData(Message, kw_only=True):
 _D_EndQuorumEpochRequestTopicData = EndQuorumEpochRequestTopicData()
 
 
-class EndQuorumEpochRequestLeaderEndpoint(Message, kw_only=True):
+class EndQuorumEpochRequestLeaderEndpoint(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 1
@@ -4343,7 +4345,7 @@ class EndQuorumEpochRequestLeaderEndpoint(Message, kw_only=True):
 _D_EndQuorumEpochRequestLeaderEndpoint = EndQuorumEpochRequestLeaderEndpoint()
 
 
-class EndQuorumEpochRequest(Message, kw_only=True):
+class EndQuorumEpochRequest(Message, kw_only=True, gc=False):
     """Kafka's EndQuorumEpochRequest (api key 54, versions 0-1), from schemas/EndQuorumEpochRequest.json."""
 
     API_KEY: ClassVar[int] = 54
@@ -4417,7 +4419,7 @@ class EndQuorumEpochRequest(Message, kw_only=True):
         return cls(cluster_id=v_cluster_id, topics=v_topics, leader_endpoints=v_leader_endpoints), pos
 
 
-class EndQuorumEpochResponsePartitionData(Message, kw_only=True):
+class EndQuorumEpochResponsePartitionData(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 1
@@ -4455,7 +4457,7 @@ class EndQuorumEpochResponsePartitionData(Message, kw_only=True):
 _D_EndQuorumEpochResponsePartitionData = EndQuorumEpochResponsePartitionData()
 
 
-class EndQuorumEpochResponseTopicData(Message, kw_only=True):
+class EndQuorumEpochResponseTopicData(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 1
@@ -4516,7 +4518,7 @@ class EndQuorumEpochResponseTopicData(Message, kw_only=True):
 _D_EndQuorumEpochResponseTopicData = EndQuorumEpochResponseTopicData()
 
 
-class EndQuorumEpochResponseNodeEndpoint(Message, kw_only=True):
+class EndQuorumEpochResponseNodeEndpoint(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 1
@@ -4555,7 +4557,7 @@ class EndQuorumEpochResponseNodeEndpoint(Message, kw_only=True):
 _D_EndQuorumEpochResponseNodeEndpoint = EndQuorumEpochResponseNodeEndpoint()
 
 
-class EndQuorumEpochResponse(Message, kw_only=True):
+class EndQuorumEpochResponse(Message, kw_only=True, gc=False):
     """Kafka's EndQuorumEpochResponse (api key 54, versions 0-1), from schemas/EndQuorumEpochResponse.json."""
 
     API_KEY: ClassVar[int] = 54
@@ -4636,7 +4638,7 @@ class EndQuorumEpochResponse(Message, kw_only=True):
         return cls(error_code=v_error_code, topics=v_topics, node_endpoints=v_node_endpoints), pos
 
 
-class FetchRequestReplicaState(Message, kw_only=True):
+class FetchRequestReplicaState(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 15
     HIGHEST_VERSION: ClassVar[int] = 18
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 12
@@ -4668,7 +4670,7 @@ class FetchRequestReplicaState(Message, kw_only=True):
 _D_FetchRequestReplicaState = FetchRequestReplicaState()
 
 
-class FetchRequestFetchPartition(Message, kw_only=True):
+class FetchRequestFetchPartition(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 4
     HIGHEST_VERSION: ClassVar[int] = 18
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 12
@@ -4762,7 +4764,7 @@ class FetchRequestFetchPartition(Message, kw_only=True):
 _D_FetchRequestFetchPartition = FetchRequestFetchPartition()
 
 
-class FetchRequestFetchTopic(Message, kw_only=True):
+class FetchRequestFetchTopic(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 4
     HIGHEST_VERSION: ClassVar[int] = 18
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 12
@@ -4831,7 +4833,7 @@ class FetchRequestFetchTopic(Message, kw_only=True):
 _D_FetchRequestFetchTopic = FetchRequestFetchTopic()
 
 
-class FetchRequestForgottenTopic(Message, kw_only=True):
+class FetchRequestForgottenTopic(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 7
     HIGHEST_VERSION: ClassVar[int] = 18
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 12
@@ -4894,7 +4896,7 @@ class FetchRequestForgottenTopic(Message, kw_only=True):
 _D_FetchRequestForgottenTopic = FetchRequestForgottenTopic()
 
 
-class FetchRequest(Message, kw_only=True):
+class FetchRequest(Message, kw_only=True, gc=False):
     """Kafka's FetchRequest (api key 1, versions 4-18), from schemas/FetchRequest.json."""
 
     API_KEY: ClassVar[int] = 1
@@ -5046,7 +5048,7 @@ class FetchRequest(Message, kw_only=True):
         return cls(cluster_id=v_cluster_id, replica_id=v_replica_id, replica_state=v_replica_state, max_wait_ms=v_max_wait_ms, min_bytes=v_min_bytes, max_bytes=v_max_bytes, isolation_level=v_isolation_level, session_id=v_session_id, session_epoch=v_session_epoch, topics=v_topics, forgotten_topics_data=v_forgotten_topics_data, rack_id=v_rack_id), pos
 
 
-class FetchResponseEpochEndOffset(Message, kw_only=True):
+class FetchResponseEpochEndOffset(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 12
     HIGHEST_VERSION: ClassVar[int] = 18
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 12
@@ -5078,7 +5080,7 @@ class FetchResponseEpochEndOffset(Message, kw_only=True):
 _D_FetchResponseEpochEndOffset = FetchResponseEpochEndOffset()
 
 
-class FetchResponseLeaderIdAndEpoch(Message, kw_only=True):
+class FetchResponseLeaderIdAndEpoch(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 12
     HIGHEST_VERSION: ClassVar[int] = 18
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 12
@@ -5110,7 +5112,7 @@ class FetchResponseLeaderIdAndEpoch(Message, kw_only=True):
 _D_FetchResponseLeaderIdAndEpoch = FetchResponseLeaderIdAndEpoch()
 
 
-class FetchResponseSnapshotId(Message, kw_only=True):
+class FetchResponseSnapshotId(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 12
     HIGHEST_VERSION: ClassVar[int] = 18
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 12
@@ -5142,7 +5144,7 @@ class FetchResponseSnapshotId(Message, kw_only=True):
 _D_FetchResponseSnapshotId = FetchResponseSnapshotId()
 
 
-class FetchResponseAbortedTransaction(Message, kw_only=True):
+class FetchResponseAbortedTransaction(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 4
     HIGHEST_VERSION: ClassVar[int] = 18
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 12
@@ -5176,7 +5178,7 @@ class FetchResponseAbortedTransaction(Message, kw_only=True):
 _D_FetchResponseAbortedTransaction = FetchResponseAbortedTransaction()
 
 
-class FetchResponsePartitionData(Message, kw_only=True):
+class FetchResponsePartitionData(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 4
     HIGHEST_VERSION: ClassVar[int] = 18
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 12
@@ -5324,7 +5326,7 @@ class FetchResponsePartitionData(Message, kw_only=True):
 _D_FetchResponsePartitionData = FetchResponsePartitionData()
 
 
-class FetchResponseFetchableTopicResponse(Message, kw_only=True):
+class FetchResponseFetchableTopicResponse(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 4
     HIGHEST_VERSION: ClassVar[int] = 18
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 12
@@ -5393,7 +5395,7 @@ class FetchResponseFetchableTopicResponse(Message, kw_only=True):
 _D_FetchResponseFetchableTopicResponse = FetchResponseFetchableTopicResponse()
 
 
-class FetchResponseNodeEndpoint(Message, kw_only=True):
+class FetchResponseNodeEndpoint(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 16
     HIGHEST_VERSION: ClassVar[int] = 18
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 12
@@ -5436,7 +5438,7 @@ class FetchResponseNodeEndpoint(Message, kw_only=True):
 _D_FetchResponseNodeEndpoint = FetchResponseNodeEndpoint()
 
 
-class FetchResponse(Message, kw_only=True):
+class FetchResponse(Message, kw_only=True, gc=False):
     """Kafka's FetchResponse (api key 1, versions 4-18), from schemas/FetchResponse.json."""
 
     API_KEY: ClassVar[int] = 1
@@ -5529,7 +5531,7 @@ class FetchResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, error_code=v_error_code, session_id=v_session_id, responses=v_responses, node_endpoints=v_node_endpoints), pos
 
 
-class FetchSnapshotRequestSnapshotId(Message, kw_only=True):
+class FetchSnapshotRequestSnapshotId(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -5561,7 +5563,7 @@ class FetchSnapshotRequestSnapshotId(Message, kw_only=True):
 _D_FetchSnapshotRequestSnapshotId = FetchSnapshotRequestSnapshotId()
 
 
-class FetchSnapshotRequestPartitionSnapshot(Message, kw_only=True):
+class FetchSnapshotRequestPartitionSnapshot(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -5619,7 +5621,7 @@ class FetchSnapshotRequestPartitionSnapshot(Message, kw_only=True):
 _D_FetchSnapshotRequestPartitionSnapshot = FetchSnapshotRequestPartitionSnapshot()
 
 
-class FetchSnapshotRequestTopicSnapshot(Message, kw_only=True):
+class FetchSnapshotRequestTopicSnapshot(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -5659,7 +5661,7 @@ class FetchSnapshotRequestTopicSnapshot(Message, kw_only=True):
 _D_FetchSnapshotRequestTopicSnapshot = FetchSnapshotRequestTopicSnapshot()
 
 
-class FetchSnapshotRequest(Message, kw_only=True):
+class FetchSnapshotRequest(Message, kw_only=True, gc=False):
     """Kafka's FetchSnapshotRequest (api key 59, versions 0-1), from schemas/FetchSnapshotRequest.json."""
 
     API_KEY: ClassVar[int] = 59
@@ -5718,7 +5720,7 @@ class FetchSnapshotRequest(Message, kw_only=True):
         return cls(cluster_id=v_cluster_id, replica_id=v_replica_id, max_bytes=v_max_bytes, topics=v_topics), pos
 
 
-class FetchSnapshotResponseSnapshotId(Message, kw_only=True):
+class FetchSnapshotResponseSnapshotId(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -5750,7 +5752,7 @@ class FetchSnapshotResponseSnapshotId(Message, kw_only=True):
 _D_FetchSnapshotResponseSnapshotId = FetchSnapshotResponseSnapshotId()
 
 
-class FetchSnapshotResponseLeaderIdAndEpoch(Message, kw_only=True):
+class FetchSnapshotResponseLeaderIdAndEpoch(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -5782,7 +5784,7 @@ class FetchSnapshotResponseLeaderIdAndEpoch(Message, kw_only=True):
 _D_FetchSnapshotResponseLeaderIdAndEpoch = FetchSnapshotResponseLeaderIdAndEpoch()
 
 
-class FetchSnapshotResponsePartitionSnapshot(Message, kw_only=True):
+class FetchSnapshotResponsePartitionSnapshot(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -5847,7 +5849,7 @@ class FetchSnapshotResponsePartitionSnapshot(Message, kw_only=True):
 _D_FetchSnapshotResponsePartitionSnapshot = FetchSnapshotResponsePartitionSnapshot()
 
 
-class FetchSnapshotResponseTopicSnapshot(Message, kw_only=True):
+class FetchSnapshotResponseTopicSnapshot(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -5887,7 +5889,7 @@ class FetchSnapshotResponseTopicSnapshot(Message, kw_only=True):
 _D_FetchSnapshotResponseTopicSnapshot = FetchSnapshotResponseTopicSnapshot()
 
 
-class FetchSnapshotResponseNodeEndpoint(Message, kw_only=True):
+class FetchSnapshotResponseNodeEndpoint(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -5926,7 +5928,7 @@ class FetchSnapshotResponseNodeEndpoint(Message, kw_only=True):
 _D_FetchSnapshotResponseNodeEndpoint = FetchSnapshotResponseNodeEndpoint()
 
 
-class FetchSnapshotResponse(Message, kw_only=True):
+class FetchSnapshotResponse(Message, kw_only=True, gc=False):
     """Kafka's FetchSnapshotResponse (api key 59, versions 0-1), from schemas/FetchSnapshotResponse.json."""
 
     API_KEY: ClassVar[int] = 59
@@ -5994,7 +5996,7 @@ class FetchSnapshotResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, error_code=v_error_code, topics=v_topics, node_endpoints=v_node_endpoints), pos
 
 
-class IncrementalAlterConfigsRequestAlterableConfig(Message, kw_only=True):
+class IncrementalAlterConfigsRequestAlterableConfig(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 1
@@ -6046,7 +6048,7 @@ class IncrementalAlterConfigsRequestAlterableConfig(Message, kw_only=True):
 _D_IncrementalAlterConfigsRequestAlterableConfig = IncrementalAlterConfigsRequestAlterableConfig()
 
 
-class IncrementalAlterConfigsRequestAlterConfigsResource(Message, kw_only=True):
+class IncrementalAlterConfigsRequestAlterConfigsResource(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 1
@@ -6112,7 +6114,7 @@ class IncrementalAlterConfigsRequestAlterConfigsResource(Message, kw_only=True):
 _D_IncrementalAlterConfigsRequestAlterConfigsResource = IncrementalAlterConfigsRequestAlterConfigsResource()
 
 
-class IncrementalAlterConfigsRequest(Message, kw_only=True):
+class IncrementalAlterConfigsRequest(Message, kw_only=True, gc=False):
     """Kafka's IncrementalAlterConfigsRequest (api key 44, versions 0-1), from schemas/IncrementalAlterConfigsRequest.json."""
 
     API_KEY: ClassVar[int] = 44
@@ -6168,7 +6170,7 @@ class IncrementalAlterConfigsRequest(Message, kw_only=True):
         return cls(resources=v_resources, validate_only=v_validate_only), pos
 
 
-class IncrementalAlterConfigsResponseAlterConfigsResourceResponse(Message, kw_only=True):
+class IncrementalAlterConfigsResponseAlterConfigsResourceResponse(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 1
@@ -6225,7 +6227,7 @@ class IncrementalAlterConfigsResponseAlterConfigsResourceResponse(Message, kw_on
 _D_IncrementalAlterConfigsResponseAlterConfigsResourceResponse = IncrementalAlterConfigsResponseAlterConfigsResourceResponse()
 
 
-class IncrementalAlterConfigsResponse(Message, kw_only=True):
+class IncrementalAlterConfigsResponse(Message, kw_only=True, gc=False):
     """Kafka's IncrementalAlterConfigsResponse (api key 44, versions 0-1), from schemas/IncrementalAlterConfigsResponse.json."""
 
     API_KEY: ClassVar[int] = 44
@@ -6281,7 +6283,7 @@ class IncrementalAlterConfigsResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, responses=v_responses), pos
 
 
-class InitProducerIdRequest(Message, kw_only=True):
+class InitProducerIdRequest(Message, kw_only=True, gc=False):
     """Kafka's InitProducerIdRequest (api key 22, versions 0-6), from schemas/InitProducerIdRequest.json."""
 
     API_KEY: ClassVar[int] = 22
@@ -6351,7 +6353,7 @@ class InitProducerIdRequest(Message, kw_only=True):
         return cls(transactional_id=v_transactional_id, transaction_timeout_ms=v_transaction_timeout_ms, producer_id=v_producer_id, producer_epoch=v_producer_epoch, enable2_pc=v_enable2_pc, keep_prepared_txn=v_keep_prepared_txn), pos
 
 
-class InitProducerIdResponse(Message, kw_only=True):
+class InitProducerIdResponse(Message, kw_only=True, gc=False):
     """Kafka's InitProducerIdResponse (api key 22, versions 0-6), from schemas/InitProducerIdResponse.json."""
 
     API_KEY: ClassVar[int] = 22
@@ -6403,7 +6405,7 @@ class InitProducerIdResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, error_code=v_error_code, producer_id=v_producer_id, producer_epoch=v_producer_epoch, ongoing_txn_producer_id=v_ongoing_txn_producer_id, ongoing_txn_producer_epoch=v_ongoing_txn_producer_epoch), pos
 
 
-class ListOffsetsRequestListOffsetsPartition(Message, kw_only=True):
+class ListOffsetsRequestListOffsetsPartition(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 11
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 6
@@ -6447,7 +6449,7 @@ class ListOffsetsRequestListOffsetsPartition(Message, kw_only=True):
 _D_ListOffsetsRequestListOffsetsPartition = ListOffsetsRequestListOffsetsPartition()
 
 
-class ListOffsetsRequestListOffsetsTopic(Message, kw_only=True):
+class ListOffsetsRequestListOffsetsTopic(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 11
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 6
@@ -6508,7 +6510,7 @@ class ListOffsetsRequestListOffsetsTopic(Message, kw_only=True):
 _D_ListOffsetsRequestListOffsetsTopic = ListOffsetsRequestListOffsetsTopic()
 
 
-class ListOffsetsRequest(Message, kw_only=True):
+class ListOffsetsRequest(Message, kw_only=True, gc=False):
     """Kafka's ListOffsetsRequest (api key 2, versions 1-11), from schemas/ListOffsetsRequest.json."""
 
     API_KEY: ClassVar[int] = 2
@@ -6581,7 +6583,7 @@ class ListOffsetsRequest(Message, kw_only=True):
         return cls(replica_id=v_replica_id, isolation_level=v_isolation_level, topics=v_topics, timeout_ms=v_timeout_ms), pos
 
 
-class ListOffsetsResponseListOffsetsPartitionResponse(Message, kw_only=True):
+class ListOffsetsResponseListOffsetsPartitionResponse(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 11
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 6
@@ -6629,7 +6631,7 @@ class ListOffsetsResponseListOffsetsPartitionResponse(Message, kw_only=True):
 _D_ListOffsetsResponseListOffsetsPartitionResponse = ListOffsetsResponseListOffsetsPartitionResponse()
 
 
-class ListOffsetsResponseListOffsetsTopicResponse(Message, kw_only=True):
+class ListOffsetsResponseListOffsetsTopicResponse(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 11
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 6
@@ -6690,7 +6692,7 @@ class ListOffsetsResponseListOffsetsTopicResponse(Message, kw_only=True):
 _D_ListOffsetsResponseListOffsetsTopicResponse = ListOffsetsResponseListOffsetsTopicResponse()
 
 
-class ListOffsetsResponse(Message, kw_only=True):
+class ListOffsetsResponse(Message, kw_only=True, gc=False):
     """Kafka's ListOffsetsResponse (api key 2, versions 1-11), from schemas/ListOffsetsResponse.json."""
 
     API_KEY: ClassVar[int] = 2
@@ -6748,7 +6750,7 @@ class ListOffsetsResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, topics=v_topics), pos
 
 
-class MetadataRequestMetadataRequestTopic(Message, kw_only=True):
+class MetadataRequestMetadataRequestTopic(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 13
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 9
@@ -6795,7 +6797,7 @@ class MetadataRequestMetadataRequestTopic(Message, kw_only=True):
 _D_MetadataRequestMetadataRequestTopic = MetadataRequestMetadataRequestTopic()
 
 
-class MetadataRequest(Message, kw_only=True):
+class MetadataRequest(Message, kw_only=True, gc=False):
     """Kafka's MetadataRequest (api key 3, versions 0-13), from schemas/MetadataRequest.json."""
 
     API_KEY: ClassVar[int] = 3
@@ -6901,7 +6903,7 @@ class MetadataRequest(Message, kw_only=True):
         return cls(topics=v_topics, allow_auto_topic_creation=v_allow_auto_topic_creation, include_cluster_authorized_operations=v_include_cluster_authorized_operations, include_topic_authorized_operations=v_include_topic_authorized_operations), pos
 
 
-class MetadataResponseMetadataResponseBroker(Message, kw_only=True):
+class MetadataResponseMetadataResponseBroker(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 13
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 9
@@ -6960,7 +6962,7 @@ class MetadataResponseMetadataResponseBroker(Message, kw_only=True):
 _D_MetadataResponseMetadataResponseBroker = MetadataResponseMetadataResponseBroker()
 
 
-class MetadataResponseMetadataResponsePartition(Message, kw_only=True):
+class MetadataResponseMetadataResponsePartition(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 13
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 9
@@ -7059,7 +7061,7 @@ class MetadataResponseMetadataResponsePartition(Message, kw_only=True):
 _D_MetadataResponseMetadataResponsePartition = MetadataResponseMetadataResponsePartition()
 
 
-class MetadataResponseMetadataResponseTopic(Message, kw_only=True):
+class MetadataResponseMetadataResponseTopic(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 13
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 9
@@ -7152,7 +7154,7 @@ class MetadataResponseMetadataResponseTopic(Message, kw_only=True):
 _D_MetadataResponseMetadataResponseTopic = MetadataResponseMetadataResponseTopic()
 
 
-class MetadataResponse(Message, kw_only=True):
+class MetadataResponse(Message, kw_only=True, gc=False):
     """Kafka's MetadataResponse (api key 3, versions 0-13), from schemas/MetadataResponse.json."""
 
     API_KEY: ClassVar[int] = 3
@@ -7270,7 +7272,7 @@ class MetadataResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, brokers=v_brokers, cluster_id=v_cluster_id, controller_id=v_controller_id, topics=v_topics, cluster_authorized_operations=v_cluster_authorized_operations, error_code=v_error_code), pos
 
 
-class OffsetForLeaderEpochRequestOffsetForLeaderPartition(Message, kw_only=True):
+class OffsetForLeaderEpochRequestOffsetForLeaderPartition(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 2
     HIGHEST_VERSION: ClassVar[int] = 4
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 4
@@ -7306,7 +7308,7 @@ class OffsetForLeaderEpochRequestOffsetForLeaderPartition(Message, kw_only=True)
 _D_OffsetForLeaderEpochRequestOffsetForLeaderPartition = OffsetForLeaderEpochRequestOffsetForLeaderPartition()
 
 
-class OffsetForLeaderEpochRequestOffsetForLeaderTopic(Message, kw_only=True):
+class OffsetForLeaderEpochRequestOffsetForLeaderTopic(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 2
     HIGHEST_VERSION: ClassVar[int] = 4
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 4
@@ -7367,7 +7369,7 @@ class OffsetForLeaderEpochRequestOffsetForLeaderTopic(Message, kw_only=True):
 _D_OffsetForLeaderEpochRequestOffsetForLeaderTopic = OffsetForLeaderEpochRequestOffsetForLeaderTopic()
 
 
-class OffsetForLeaderEpochRequest(Message, kw_only=True):
+class OffsetForLeaderEpochRequest(Message, kw_only=True, gc=False):
     """Kafka's OffsetForLeaderEpochRequest (api key 23, versions 2-4), from schemas/OffsetForLeaderEpochRequest.json."""
 
     API_KEY: ClassVar[int] = 23
@@ -7425,7 +7427,7 @@ class OffsetForLeaderEpochRequest(Message, kw_only=True):
         return cls(replica_id=v_replica_id, topics=v_topics), pos
 
 
-class OffsetForLeaderEpochResponseEpochEndOffset(Message, kw_only=True):
+class OffsetForLeaderEpochResponseEpochEndOffset(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 2
     HIGHEST_VERSION: ClassVar[int] = 4
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 4
@@ -7463,7 +7465,7 @@ class OffsetForLeaderEpochResponseEpochEndOffset(Message, kw_only=True):
 _D_OffsetForLeaderEpochResponseEpochEndOffset = OffsetForLeaderEpochResponseEpochEndOffset()
 
 
-class OffsetForLeaderEpochResponseOffsetForLeaderTopicResult(Message, kw_only=True):
+class OffsetForLeaderEpochResponseOffsetForLeaderTopicResult(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 2
     HIGHEST_VERSION: ClassVar[int] = 4
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 4
@@ -7524,7 +7526,7 @@ class OffsetForLeaderEpochResponseOffsetForLeaderTopicResult(Message, kw_only=Tr
 _D_OffsetForLeaderEpochResponseOffsetForLeaderTopicResult = OffsetForLeaderEpochResponseOffsetForLeaderTopicResult()
 
 
-class OffsetForLeaderEpochResponse(Message, kw_only=True):
+class OffsetForLeaderEpochResponse(Message, kw_only=True, gc=False):
     """Kafka's OffsetForLeaderEpochResponse (api key 23, versions 2-4), from schemas/OffsetForLeaderEpochResponse.json."""
 
     API_KEY: ClassVar[int] = 23
@@ -7580,7 +7582,7 @@ class OffsetForLeaderEpochResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, topics=v_topics), pos
 
 
-class ProduceRequestPartitionProduceData(Message, kw_only=True):
+class ProduceRequestPartitionProduceData(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 3
     HIGHEST_VERSION: ClassVar[int] = 13
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 9
@@ -7622,7 +7624,7 @@ class ProduceRequestPartitionProduceData(Message, kw_only=True):
 _D_ProduceRequestPartitionProduceData = ProduceRequestPartitionProduceData()
 
 
-class ProduceRequestTopicProduceData(Message, kw_only=True):
+class ProduceRequestTopicProduceData(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 3
     HIGHEST_VERSION: ClassVar[int] = 13
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 9
@@ -7691,7 +7693,7 @@ class ProduceRequestTopicProduceData(Message, kw_only=True):
 _D_ProduceRequestTopicProduceData = ProduceRequestTopicProduceData()
 
 
-class ProduceRequest(Message, kw_only=True):
+class ProduceRequest(Message, kw_only=True, gc=False):
     """Kafka's ProduceRequest (api key 0, versions 3-13), from schemas/ProduceRequest.json."""
 
     API_KEY: ClassVar[int] = 0
@@ -7759,7 +7761,7 @@ class ProduceRequest(Message, kw_only=True):
         return cls(transactional_id=v_transactional_id, acks=v_acks, timeout_ms=v_timeout_ms, topic_data=v_topic_data), pos
 
 
-class ProduceResponseBatchIndexAndErrorMessage(Message, kw_only=True):
+class ProduceResponseBatchIndexAndErrorMessage(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 8
     HIGHEST_VERSION: ClassVar[int] = 13
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 9
@@ -7801,7 +7803,7 @@ class ProduceResponseBatchIndexAndErrorMessage(Message, kw_only=True):
 _D_ProduceResponseBatchIndexAndErrorMessage = ProduceResponseBatchIndexAndErrorMessage()
 
 
-class ProduceResponseLeaderIdAndEpoch(Message, kw_only=True):
+class ProduceResponseLeaderIdAndEpoch(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 10
     HIGHEST_VERSION: ClassVar[int] = 13
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 9
@@ -7833,7 +7835,7 @@ class ProduceResponseLeaderIdAndEpoch(Message, kw_only=True):
 _D_ProduceResponseLeaderIdAndEpoch = ProduceResponseLeaderIdAndEpoch()
 
 
-class ProduceResponsePartitionProduceResponse(Message, kw_only=True):
+class ProduceResponsePartitionProduceResponse(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 3
     HIGHEST_VERSION: ClassVar[int] = 13
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 9
@@ -7935,7 +7937,7 @@ class ProduceResponsePartitionProduceResponse(Message, kw_only=True):
 _D_ProduceResponsePartitionProduceResponse = ProduceResponsePartitionProduceResponse()
 
 
-class ProduceResponseTopicProduceResponse(Message, kw_only=True):
+class ProduceResponseTopicProduceResponse(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 3
     HIGHEST_VERSION: ClassVar[int] = 13
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 9
@@ -8004,7 +8006,7 @@ class ProduceResponseTopicProduceResponse(Message, kw_only=True):
 _D_ProduceResponseTopicProduceResponse = ProduceResponseTopicProduceResponse()
 
 
-class ProduceResponseNodeEndpoint(Message, kw_only=True):
+class ProduceResponseNodeEndpoint(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 10
     HIGHEST_VERSION: ClassVar[int] = 13
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 9
@@ -8047,7 +8049,7 @@ class ProduceResponseNodeEndpoint(Message, kw_only=True):
 _D_ProduceResponseNodeEndpoint = ProduceResponseNodeEndpoint()
 
 
-class ProduceResponse(Message, kw_only=True):
+class ProduceResponse(Message, kw_only=True, gc=False):
     """Kafka's ProduceResponse (api key 0, versions 3-13), from schemas/ProduceResponse.json."""
 
     API_KEY: ClassVar[int] = 0
@@ -8128,7 +8130,7 @@ class ProduceResponse(Message, kw_only=True):
         return cls(responses=v_responses, throttle_time_ms=v_throttle_time_ms, node_endpoints=v_node_endpoints), pos
 
 
-class RemoveRaftVoterRequest(Message, kw_only=True):
+class RemoveRaftVoterRequest(Message, kw_only=True, gc=False):
     """Kafka's RemoveRaftVoterRequest (api key 81, versions 0-0), from schemas/RemoveRaftVoterRequest.json."""
 
     API_KEY: ClassVar[int] = 81
@@ -8166,7 +8168,7 @@ class RemoveRaftVoterRequest(Message, kw_only=True):
         return cls(cluster_id=v_cluster_id, voter_id=v_voter_id, voter_directory_id=v_voter_directory_id), pos
 
 
-class RemoveRaftVoterResponse(Message, kw_only=True):
+class RemoveRaftVoterResponse(Message, kw_only=True, gc=False):
     """Kafka's RemoveRaftVoterResponse (api key 81, versions 0-0), from schemas/RemoveRaftVoterResponse.json."""
 
     API_KEY: ClassVar[int] = 81
@@ -8202,7 +8204,7 @@ class RemoveRaftVoterResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, error_code=v_error_code, error_message=v_error_message), pos
 
 
-class RequestHeader(Message, kw_only=True):
+class RequestHeader(Message, kw_only=True, gc=False):
     """Kafka's RequestHeader (versions 1-2), from schemas/RequestHeader.json."""
 
     LOWEST_VERSION: ClassVar[int] = 1
@@ -8241,7 +8243,7 @@ class RequestHeader(Message, kw_only=True):
         return cls(request_api_key=v_request_api_key, request_api_version=v_request_api_version, correlation_id=v_correlation_id, client_id=v_client_id), pos
 
 
-class ResponseHeader(Message, kw_only=True):
+class ResponseHeader(Message, kw_only=True, gc=False):
     """Kafka's ResponseHeader (versions 0-1), from schemas/ResponseHeader.json."""
 
     LOWEST_VERSION: ClassVar[int] = 0
@@ -8272,7 +8274,7 @@ class ResponseHeader(Message, kw_only=True):
         return cls(correlation_id=v_correlation_id), pos
 
 
-class UpdateFeaturesRequestFeatureUpdateKey(Message, kw_only=True):
+class UpdateFeaturesRequestFeatureUpdateKey(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 2
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -8326,7 +8328,7 @@ class UpdateFeaturesRequestFeatureUpdateKey(Message, kw_only=True):
 _D_UpdateFeaturesRequestFeatureUpdateKey = UpdateFeaturesRequestFeatureUpdateKey()
 
 
-class UpdateFeaturesRequest(Message, kw_only=True):
+class UpdateFeaturesRequest(Message, kw_only=True, gc=False):
     """Kafka's UpdateFeaturesRequest (api key 57, versions 0-2), from schemas/UpdateFeaturesRequest.json."""
 
     API_KEY: ClassVar[int] = 57
@@ -8377,7 +8379,7 @@ class UpdateFeaturesRequest(Message, kw_only=True):
         return cls(timeout_ms=v_timeout_ms, feature_updates=v_feature_updates, validate_only=v_validate_only), pos
 
 
-class UpdateFeaturesResponseUpdatableFeatureResult(Message, kw_only=True):
+class UpdateFeaturesResponseUpdatableFeatureResult(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 1
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -8415,7 +8417,7 @@ class UpdateFeaturesResponseUpdatableFeatureResult(Message, kw_only=True):
 _D_UpdateFeaturesResponseUpdatableFeatureResult = UpdateFeaturesResponseUpdatableFeatureResult()
 
 
-class UpdateFeaturesResponse(Message, kw_only=True):
+class UpdateFeaturesResponse(Message, kw_only=True, gc=False):
     """Kafka's UpdateFeaturesResponse (api key 57, versions 0-2), from schemas/UpdateFeaturesResponse.json."""
 
     API_KEY: ClassVar[int] = 57
@@ -8464,7 +8466,7 @@ class UpdateFeaturesResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, error_code=v_error_code, error_message=v_error_message, results=v_results), pos
 
 
-class UpdateRaftVoterRequestListener(Message, kw_only=True):
+class UpdateRaftVoterRequestListener(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 0
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -8502,7 +8504,7 @@ class UpdateRaftVoterRequestListener(Message, kw_only=True):
 _D_UpdateRaftVoterRequestListener = UpdateRaftVoterRequestListener()
 
 
-class UpdateRaftVoterRequestKRaftVersionFeature(Message, kw_only=True):
+class UpdateRaftVoterRequestKRaftVersionFeature(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 0
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -8534,7 +8536,7 @@ class UpdateRaftVoterRequestKRaftVersionFeature(Message, kw_only=True):
 _D_UpdateRaftVoterRequestKRaftVersionFeature = UpdateRaftVoterRequestKRaftVersionFeature()
 
 
-class UpdateRaftVoterRequest(Message, kw_only=True):
+class UpdateRaftVoterRequest(Message, kw_only=True, gc=False):
     """Kafka's UpdateRaftVoterRequest (api key 82, versions 0-0), from schemas/UpdateRaftVoterRequest.json."""
 
     API_KEY: ClassVar[int] = 82
@@ -8590,7 +8592,7 @@ class UpdateRaftVoterRequest(Message, kw_only=True):
         return cls(cluster_id=v_cluster_id, current_leader_epoch=v_current_leader_epoch, voter_id=v_voter_id, voter_directory_id=v_voter_directory_id, listeners=v_listeners, k_raft_version_feature=v_k_raft_version_feature), pos
 
 
-class UpdateRaftVoterResponseCurrentLeader(Message, kw_only=True):
+class UpdateRaftVoterResponseCurrentLeader(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 0
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -8631,7 +8633,7 @@ class UpdateRaftVoterResponseCurrentLeader(Message, kw_only=True):
 _D_UpdateRaftVoterResponseCurrentLeader = UpdateRaftVoterResponseCurrentLeader()
 
 
-class UpdateRaftVoterResponse(Message, kw_only=True):
+class UpdateRaftVoterResponse(Message, kw_only=True, gc=False):
     """Kafka's UpdateRaftVoterResponse (api key 82, versions 0-0), from schemas/UpdateRaftVoterResponse.json."""
 
     API_KEY: ClassVar[int] = 82
@@ -8680,7 +8682,7 @@ class UpdateRaftVoterResponse(Message, kw_only=True):
         return cls(throttle_time_ms=v_throttle_time_ms, error_code=v_error_code, current_leader=v_current_leader), pos
 
 
-class VoteRequestPartitionData(Message, kw_only=True):
+class VoteRequestPartitionData(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 2
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -8743,7 +8745,7 @@ class VoteRequestPartitionData(Message, kw_only=True):
 _D_VoteRequestPartitionData = VoteRequestPartitionData()
 
 
-class VoteRequestTopicData(Message, kw_only=True):
+class VoteRequestTopicData(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 2
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -8783,7 +8785,7 @@ class VoteRequestTopicData(Message, kw_only=True):
 _D_VoteRequestTopicData = VoteRequestTopicData()
 
 
-class VoteRequest(Message, kw_only=True):
+class VoteRequest(Message, kw_only=True, gc=False):
     """Kafka's VoteRequest (api key 52, versions 0-2), from schemas/VoteRequest.json."""
 
     API_KEY: ClassVar[int] = 52
@@ -8830,7 +8832,7 @@ class VoteRequest(Message, kw_only=True):
         return cls(cluster_id=v_cluster_id, voter_id=v_voter_id, topics=v_topics), pos
 
 
-class VoteResponsePartitionData(Message, kw_only=True):
+class VoteResponsePartitionData(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 2
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -8868,7 +8870,7 @@ class VoteResponsePartitionData(Message, kw_only=True):
 _D_VoteResponsePartitionData = VoteResponsePartitionData()
 
 
-class VoteResponseTopicData(Message, kw_only=True):
+class VoteResponseTopicData(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 0
     HIGHEST_VERSION: ClassVar[int] = 2
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -8908,7 +8910,7 @@ class VoteResponseTopicData(Message, kw_only=True):
 _D_VoteResponseTopicData = VoteResponseTopicData()
 
 
-class VoteResponseNodeEndpoint(Message, kw_only=True):
+class VoteResponseNodeEndpoint(Message, kw_only=True, gc=False):
     LOWEST_VERSION: ClassVar[int] = 1
     HIGHEST_VERSION: ClassVar[int] = 2
     FLEXIBLE_MIN_VERSION: ClassVar[int] = 0
@@ -8947,7 +8949,7 @@ class VoteResponseNodeEndpoint(Message, kw_only=True):
 _D_VoteResponseNodeEndpoint = VoteResponseNodeEndpoint()
 
 
-class VoteResponse(Message, kw_only=True):
+class VoteResponse(Message, kw_only=True, gc=False):
     """Kafka's VoteResponse (api key 52, versions 0-2), from schemas/VoteResponse.json."""
 
     API_KEY: ClassVar[int] = 52
@@ -9095,70 +9097,68 @@ def _fault(exc: Exception, where: str, pos: int) -> KafkaDecodeError:
 
 
 _FIELD_AT_LINE: dict[int, str] = {
-    192: 'name',
-    193: 'host',
-    194: 'port',
-    195: 'port',
-    196: '(tagged fields)',
-    197: '(tagged fields)',
+    194: 'name',
+    195: 'host',
+    196: 'port',
+    197: 'port',
     198: '(tagged fields)',
     199: '(tagged fields)',
-    248: 'cluster_id',
-    249: 'timeout_ms',
-    250: 'timeout_ms',
-    251: 'voter_directory_id',
-    252: 'listeners',
-    253: 'listeners',
+    200: '(tagged fields)',
+    201: '(tagged fields)',
+    250: 'cluster_id',
+    251: 'timeout_ms',
+    252: 'timeout_ms',
+    253: 'voter_directory_id',
     254: 'listeners',
     255: 'listeners',
     256: 'listeners',
     257: 'listeners',
-    258: 'ack_when_committed',
-    259: 'ack_when_committed',
-    260: '(tagged fields)',
-    261: '(tagged fields)',
+    258: 'listeners',
+    259: 'listeners',
+    260: 'ack_when_committed',
+    261: 'ack_when_committed',
     262: '(tagged fields)',
     263: '(tagged fields)',
-    293: 'throttle_time_ms',
-    294: 'throttle_time_ms',
-    295: 'error_message',
-    296: '(tagged fields)',
-    297: '(tagged fields)',
+    264: '(tagged fields)',
+    265: '(tagged fields)',
+    295: 'throttle_time_ms',
+    296: 'throttle_time_ms',
+    297: 'error_message',
     298: '(tagged fields)',
     299: '(tagged fields)',
-    331: 'client_software_name',
-    332: 'client_software_name',
-    333: 'client_software_version',
-    334: '(tagged fields)',
-    335: '(tagged fields)',
+    300: '(tagged fields)',
+    301: '(tagged fields)',
+    333: 'client_software_name',
+    334: 'client_software_name',
+    335: 'client_software_version',
     336: '(tagged fields)',
     337: '(tagged fields)',
     338: '(tagged fields)',
-    365: 'api_key',
-    366: 'api_key',
-    367: '(tagged fields)',
-    368: '(tagged fields)',
+    339: '(tagged fields)',
+    340: '(tagged fields)',
+    367: 'api_key',
+    368: 'api_key',
     369: '(tagged fields)',
     370: '(tagged fields)',
     371: '(tagged fields)',
-    401: 'name',
-    402: 'min_version',
-    403: 'min_version',
-    404: '(tagged fields)',
-    405: '(tagged fields)',
+    372: '(tagged fields)',
+    373: '(tagged fields)',
+    403: 'name',
+    404: 'min_version',
+    405: 'min_version',
     406: '(tagged fields)',
     407: '(tagged fields)',
-    437: 'name',
-    438: 'max_version_level',
-    439: 'max_version_level',
-    440: '(tagged fields)',
-    441: '(tagged fields)',
+    408: '(tagged fields)',
+    409: '(tagged fields)',
+    439: 'name',
+    440: 'max_version_level',
+    441: 'max_version_level',
     442: '(tagged fields)',
     443: '(tagged fields)',
-    527: 'error_code',
-    528: 'error_code',
-    529: 'api_keys',
-    530: 'api_keys',
+    444: '(tagged fields)',
+    445: '(tagged fields)',
+    529: 'error_code',
+    530: 'error_code',
     531: 'api_keys',
     532: 'api_keys',
     533: 'api_keys',
@@ -9170,10 +9170,10 @@ _FIELD_AT_LINE: dict[int, str] = {
     539: 'api_keys',
     540: 'api_keys',
     541: 'api_keys',
-    542: 'throttle_time_ms',
-    543: 'throttle_time_ms',
-    544: '(tagged fields)',
-    545: '(tagged fields)',
+    542: 'api_keys',
+    543: 'api_keys',
+    544: 'throttle_time_ms',
+    545: 'throttle_time_ms',
     546: '(tagged fields)',
     547: '(tagged fields)',
     548: '(tagged fields)',
@@ -9181,45 +9181,45 @@ _FIELD_AT_LINE: dict[int, str] = {
     550: '(tagged fields)',
     551: '(tagged fields)',
     552: '(tagged fields)',
-    553: 'supported_features',
-    554: 'supported_features',
+    553: '(tagged fields)',
+    554: '(tagged fields)',
     555: 'supported_features',
     556: 'supported_features',
     557: 'supported_features',
     558: 'supported_features',
-    559: '(tagged fields)',
-    560: 'finalized_features_epoch',
-    561: 'finalized_features_epoch',
+    559: 'supported_features',
+    560: 'supported_features',
+    561: '(tagged fields)',
     562: 'finalized_features_epoch',
-    563: '(tagged fields)',
-    564: 'finalized_features',
-    565: 'finalized_features',
+    563: 'finalized_features_epoch',
+    564: 'finalized_features_epoch',
+    565: '(tagged fields)',
     566: 'finalized_features',
     567: 'finalized_features',
     568: 'finalized_features',
     569: 'finalized_features',
-    570: '(tagged fields)',
-    571: 'zk_migration_ready',
-    572: 'zk_migration_ready',
+    570: 'finalized_features',
+    571: 'finalized_features',
+    572: '(tagged fields)',
     573: 'zk_migration_ready',
-    574: '(tagged fields)',
-    606: 'partition_index',
-    607: 'partition_index',
+    574: 'zk_migration_ready',
+    575: 'zk_migration_ready',
+    576: '(tagged fields)',
     608: 'partition_index',
-    609: 'voter_directory_id',
-    610: 'leader_id',
-    611: 'leader_id',
-    612: '(tagged fields)',
-    613: '(tagged fields)',
+    609: 'partition_index',
+    610: 'partition_index',
+    611: 'voter_directory_id',
+    612: 'leader_id',
+    613: 'leader_id',
     614: '(tagged fields)',
     615: '(tagged fields)',
     616: '(tagged fields)',
-    657: 'topic_name',
-    658: 'topic_name',
+    617: '(tagged fields)',
+    618: '(tagged fields)',
     659: 'topic_name',
     660: 'topic_name',
-    661: 'partitions',
-    662: 'partitions',
+    661: 'topic_name',
+    662: 'topic_name',
     663: 'partitions',
     664: 'partitions',
     665: 'partitions',
@@ -9230,28 +9230,28 @@ _FIELD_AT_LINE: dict[int, str] = {
     670: 'partitions',
     671: 'partitions',
     672: 'partitions',
-    673: '(tagged fields)',
-    674: '(tagged fields)',
+    673: 'partitions',
+    674: 'partitions',
     675: '(tagged fields)',
     676: '(tagged fields)',
     677: '(tagged fields)',
-    708: 'name',
-    709: 'host',
-    710: 'port',
-    711: 'port',
-    712: '(tagged fields)',
-    713: '(tagged fields)',
+    678: '(tagged fields)',
+    679: '(tagged fields)',
+    710: 'name',
+    711: 'host',
+    712: 'port',
+    713: 'port',
     714: '(tagged fields)',
     715: '(tagged fields)',
-    770: 'cluster_id',
-    771: 'cluster_id',
+    716: '(tagged fields)',
+    717: '(tagged fields)',
     772: 'cluster_id',
     773: 'cluster_id',
     774: 'cluster_id',
-    775: 'voter_id',
-    776: 'voter_id',
-    777: 'topics',
-    778: 'topics',
+    775: 'cluster_id',
+    776: 'cluster_id',
+    777: 'voter_id',
+    778: 'voter_id',
     779: 'topics',
     780: 'topics',
     781: 'topics',
@@ -9263,29 +9263,29 @@ _FIELD_AT_LINE: dict[int, str] = {
     787: 'topics',
     788: 'topics',
     789: 'topics',
-    790: 'leader_endpoints',
-    791: 'leader_endpoints',
+    790: 'topics',
+    791: 'topics',
     792: 'leader_endpoints',
     793: 'leader_endpoints',
     794: 'leader_endpoints',
-    795: '(tagged fields)',
-    796: '(tagged fields)',
+    795: 'leader_endpoints',
+    796: 'leader_endpoints',
     797: '(tagged fields)',
     798: '(tagged fields)',
     799: '(tagged fields)',
-    828: 'partition_index',
-    829: 'partition_index',
-    830: '(tagged fields)',
-    831: '(tagged fields)',
+    800: '(tagged fields)',
+    801: '(tagged fields)',
+    830: 'partition_index',
+    831: 'partition_index',
     832: '(tagged fields)',
     833: '(tagged fields)',
     834: '(tagged fields)',
-    875: 'topic_name',
-    876: 'topic_name',
+    835: '(tagged fields)',
+    836: '(tagged fields)',
     877: 'topic_name',
     878: 'topic_name',
-    879: 'partitions',
-    880: 'partitions',
+    879: 'topic_name',
+    880: 'topic_name',
     881: 'partitions',
     882: 'partitions',
     883: 'partitions',
@@ -9296,24 +9296,24 @@ _FIELD_AT_LINE: dict[int, str] = {
     888: 'partitions',
     889: 'partitions',
     890: 'partitions',
-    891: '(tagged fields)',
-    892: '(tagged fields)',
+    891: 'partitions',
+    892: 'partitions',
     893: '(tagged fields)',
     894: '(tagged fields)',
     895: '(tagged fields)',
-    926: 'node_id',
-    927: 'node_id',
-    928: 'host',
-    929: 'port',
-    930: 'port',
-    931: '(tagged fields)',
-    932: '(tagged fields)',
+    896: '(tagged fields)',
+    897: '(tagged fields)',
+    928: 'node_id',
+    929: 'node_id',
+    930: 'host',
+    931: 'port',
+    932: 'port',
     933: '(tagged fields)',
     934: '(tagged fields)',
-    989: 'error_code',
-    990: 'error_code',
-    991: 'topics',
-    992: 'topics',
+    935: '(tagged fields)',
+    936: '(tagged fields)',
+    991: 'error_code',
+    992: 'error_code',
     993: 'topics',
     994: 'topics',
     995: 'topics',
@@ -9324,8 +9324,8 @@ _FIELD_AT_LINE: dict[int, str] = {
     1000: 'topics',
     1001: 'topics',
     1002: 'topics',
-    1003: '(tagged fields)',
-    1004: '(tagged fields)',
+    1003: 'topics',
+    1004: 'topics',
     1005: '(tagged fields)',
     1006: '(tagged fields)',
     1007: '(tagged fields)',
@@ -9333,32 +9333,32 @@ _FIELD_AT_LINE: dict[int, str] = {
     1009: '(tagged fields)',
     1010: '(tagged fields)',
     1011: '(tagged fields)',
-    1012: 'node_endpoints',
-    1013: 'node_endpoints',
+    1012: '(tagged fields)',
+    1013: '(tagged fields)',
     1014: 'node_endpoints',
     1015: 'node_endpoints',
     1016: 'node_endpoints',
     1017: 'node_endpoints',
-    1018: '(tagged fields)',
-    1078: 'broker_id',
-    1079: 'broker_id',
-    1080: '(tagged fields)',
-    1081: '(tagged fields)',
+    1018: 'node_endpoints',
+    1019: 'node_endpoints',
+    1020: '(tagged fields)',
+    1080: 'broker_id',
+    1081: 'broker_id',
     1082: '(tagged fields)',
     1083: '(tagged fields)',
     1084: '(tagged fields)',
     1085: '(tagged fields)',
     1086: '(tagged fields)',
     1087: '(tagged fields)',
-    1088: 'offline_log_dirs',
-    1089: 'offline_log_dirs',
+    1088: '(tagged fields)',
+    1089: '(tagged fields)',
     1090: 'offline_log_dirs',
     1091: 'offline_log_dirs',
     1092: 'offline_log_dirs',
     1093: 'offline_log_dirs',
-    1094: '(tagged fields)',
-    1095: 'cordoned_log_dirs',
-    1096: 'cordoned_log_dirs',
+    1094: 'offline_log_dirs',
+    1095: 'offline_log_dirs',
+    1096: '(tagged fields)',
     1097: 'cordoned_log_dirs',
     1098: 'cordoned_log_dirs',
     1099: 'cordoned_log_dirs',
@@ -9366,90 +9366,90 @@ _FIELD_AT_LINE: dict[int, str] = {
     1101: 'cordoned_log_dirs',
     1102: 'cordoned_log_dirs',
     1103: 'cordoned_log_dirs',
-    1104: '(tagged fields)',
-    1137: 'throttle_time_ms',
-    1138: 'throttle_time_ms',
-    1139: '(tagged fields)',
-    1140: '(tagged fields)',
+    1104: 'cordoned_log_dirs',
+    1105: 'cordoned_log_dirs',
+    1106: '(tagged fields)',
+    1139: 'throttle_time_ms',
+    1140: 'throttle_time_ms',
     1141: '(tagged fields)',
     1142: '(tagged fields)',
-    1172: 'name',
-    1173: 'host',
-    1174: 'port',
-    1175: 'port',
-    1176: '(tagged fields)',
-    1177: '(tagged fields)',
+    1143: '(tagged fields)',
+    1144: '(tagged fields)',
+    1174: 'name',
+    1175: 'host',
+    1176: 'port',
+    1177: 'port',
     1178: '(tagged fields)',
     1179: '(tagged fields)',
-    1209: 'name',
-    1210: 'min_supported_version',
-    1211: 'min_supported_version',
-    1212: '(tagged fields)',
-    1213: '(tagged fields)',
+    1180: '(tagged fields)',
+    1181: '(tagged fields)',
+    1211: 'name',
+    1212: 'min_supported_version',
+    1213: 'min_supported_version',
     1214: '(tagged fields)',
     1215: '(tagged fields)',
-    1282: 'broker_id',
-    1283: 'broker_id',
-    1284: 'cluster_id',
-    1285: 'incarnation_id',
-    1286: 'listeners',
-    1287: 'listeners',
+    1216: '(tagged fields)',
+    1217: '(tagged fields)',
+    1284: 'broker_id',
+    1285: 'broker_id',
+    1286: 'cluster_id',
+    1287: 'incarnation_id',
     1288: 'listeners',
     1289: 'listeners',
     1290: 'listeners',
-    1291: 'features',
-    1292: 'features',
+    1291: 'listeners',
+    1292: 'listeners',
     1293: 'features',
     1294: 'features',
     1295: 'features',
-    1296: 'rack',
-    1297: 'rack',
-    1298: 'is_migrating_zk_broker',
-    1299: 'is_migrating_zk_broker',
+    1296: 'features',
+    1297: 'features',
+    1298: 'rack',
+    1299: 'rack',
     1300: 'is_migrating_zk_broker',
-    1301: 'log_dirs',
-    1302: 'log_dirs',
+    1301: 'is_migrating_zk_broker',
+    1302: 'is_migrating_zk_broker',
     1303: 'log_dirs',
     1304: 'log_dirs',
     1305: 'log_dirs',
     1306: 'log_dirs',
-    1307: 'previous_broker_epoch',
-    1308: 'previous_broker_epoch',
-    1309: '(tagged fields)',
-    1310: '(tagged fields)',
+    1307: 'log_dirs',
+    1308: 'log_dirs',
+    1309: 'previous_broker_epoch',
+    1310: 'previous_broker_epoch',
     1311: '(tagged fields)',
     1312: '(tagged fields)',
-    1341: 'throttle_time_ms',
-    1342: 'throttle_time_ms',
-    1343: '(tagged fields)',
-    1344: '(tagged fields)',
+    1313: '(tagged fields)',
+    1314: '(tagged fields)',
+    1343: 'throttle_time_ms',
+    1344: 'throttle_time_ms',
     1345: '(tagged fields)',
     1346: '(tagged fields)',
-    1395: 'resource_type',
-    1396: 'resource_type',
-    1397: 'resource_name',
-    1398: 'resource_name',
+    1347: '(tagged fields)',
+    1348: '(tagged fields)',
+    1397: 'resource_type',
+    1398: 'resource_type',
     1399: 'resource_name',
     1400: 'resource_name',
-    1401: 'resource_pattern_type',
-    1402: 'resource_pattern_type',
-    1403: 'principal',
-    1404: 'principal',
+    1401: 'resource_name',
+    1402: 'resource_name',
+    1403: 'resource_pattern_type',
+    1404: 'resource_pattern_type',
     1405: 'principal',
     1406: 'principal',
-    1407: 'host',
-    1408: 'host',
+    1407: 'principal',
+    1408: 'principal',
     1409: 'host',
     1410: 'host',
-    1411: 'operation',
-    1412: 'operation',
-    1413: '(tagged fields)',
-    1414: '(tagged fields)',
+    1411: 'host',
+    1412: 'host',
+    1413: 'operation',
+    1414: 'operation',
     1415: '(tagged fields)',
     1416: '(tagged fields)',
     1417: '(tagged fields)',
-    1455: 'creations',
-    1456: 'creations',
+    1418: '(tagged fields)',
+    1419: '(tagged fields)',
     1457: 'creations',
     1458: 'creations',
     1459: 'creations',
@@ -9460,26 +9460,26 @@ _FIELD_AT_LINE: dict[int, str] = {
     1464: 'creations',
     1465: 'creations',
     1466: 'creations',
-    1467: '(tagged fields)',
-    1468: '(tagged fields)',
+    1467: 'creations',
+    1468: 'creations',
     1469: '(tagged fields)',
     1470: '(tagged fields)',
     1471: '(tagged fields)',
-    1500: 'error_code',
-    1501: 'error_code',
-    1502: 'error_message',
-    1503: 'error_message',
+    1472: '(tagged fields)',
+    1473: '(tagged fields)',
+    1502: 'error_code',
+    1503: 'error_code',
     1504: 'error_message',
     1505: 'error_message',
-    1506: '(tagged fields)',
-    1507: '(tagged fields)',
+    1506: 'error_message',
+    1507: 'error_message',
     1508: '(tagged fields)',
     1509: '(tagged fields)',
     1510: '(tagged fields)',
-    1551: 'throttle_time_ms',
-    1552: 'throttle_time_ms',
-    1553: 'results',
-    1554: 'results',
+    1511: '(tagged fields)',
+    1512: '(tagged fields)',
+    1553: 'throttle_time_ms',
+    1554: 'throttle_time_ms',
     1555: 'results',
     1556: 'results',
     1557: 'results',
@@ -9490,32 +9490,32 @@ _FIELD_AT_LINE: dict[int, str] = {
     1562: 'results',
     1563: 'results',
     1564: 'results',
-    1565: '(tagged fields)',
-    1566: '(tagged fields)',
+    1565: 'results',
+    1566: 'results',
     1567: '(tagged fields)',
     1568: '(tagged fields)',
     1569: '(tagged fields)',
-    1599: 'broker_ids',
-    1600: 'broker_ids',
+    1570: '(tagged fields)',
+    1571: '(tagged fields)',
     1601: 'broker_ids',
     1602: 'broker_ids',
     1603: 'broker_ids',
     1604: 'broker_ids',
     1605: 'broker_ids',
     1606: 'broker_ids',
-    1607: '(tagged fields)',
-    1608: '(tagged fields)',
+    1607: 'broker_ids',
+    1608: 'broker_ids',
     1609: '(tagged fields)',
     1610: '(tagged fields)',
     1611: '(tagged fields)',
-    1661: 'name',
-    1662: 'name',
+    1612: '(tagged fields)',
+    1613: '(tagged fields)',
     1663: 'name',
     1664: 'name',
-    1665: 'count',
-    1666: 'count',
-    1667: 'assignments',
-    1668: 'assignments',
+    1665: 'name',
+    1666: 'name',
+    1667: 'count',
+    1668: 'count',
     1669: 'assignments',
     1670: 'assignments',
     1671: 'assignments',
@@ -9532,13 +9532,13 @@ _FIELD_AT_LINE: dict[int, str] = {
     1682: 'assignments',
     1683: 'assignments',
     1684: 'assignments',
-    1685: '(tagged fields)',
-    1686: '(tagged fields)',
+    1685: 'assignments',
+    1686: 'assignments',
     1687: '(tagged fields)',
     1688: '(tagged fields)',
     1689: '(tagged fields)',
-    1732: 'topics',
-    1733: 'topics',
+    1690: '(tagged fields)',
+    1691: '(tagged fields)',
     1734: 'topics',
     1735: 'topics',
     1736: 'topics',
@@ -9549,32 +9549,32 @@ _FIELD_AT_LINE: dict[int, str] = {
     1741: 'topics',
     1742: 'topics',
     1743: 'topics',
-    1744: 'timeout_ms',
-    1745: 'timeout_ms',
-    1746: '(tagged fields)',
-    1747: '(tagged fields)',
+    1744: 'topics',
+    1745: 'topics',
+    1746: 'timeout_ms',
+    1747: 'timeout_ms',
     1748: '(tagged fields)',
     1749: '(tagged fields)',
     1750: '(tagged fields)',
-    1785: 'name',
-    1786: 'name',
+    1751: '(tagged fields)',
+    1752: '(tagged fields)',
     1787: 'name',
     1788: 'name',
-    1789: 'error_code',
-    1790: 'error_code',
-    1791: 'error_message',
-    1792: 'error_message',
+    1789: 'name',
+    1790: 'name',
+    1791: 'error_code',
+    1792: 'error_code',
     1793: 'error_message',
     1794: 'error_message',
-    1795: '(tagged fields)',
-    1796: '(tagged fields)',
+    1795: 'error_message',
+    1796: 'error_message',
     1797: '(tagged fields)',
     1798: '(tagged fields)',
     1799: '(tagged fields)',
-    1840: 'throttle_time_ms',
-    1841: 'throttle_time_ms',
-    1842: 'results',
-    1843: 'results',
+    1800: '(tagged fields)',
+    1801: '(tagged fields)',
+    1842: 'throttle_time_ms',
+    1843: 'throttle_time_ms',
     1844: 'results',
     1845: 'results',
     1846: 'results',
@@ -9585,47 +9585,47 @@ _FIELD_AT_LINE: dict[int, str] = {
     1851: 'results',
     1852: 'results',
     1853: 'results',
-    1854: '(tagged fields)',
-    1855: '(tagged fields)',
+    1854: 'results',
+    1855: 'results',
     1856: '(tagged fields)',
     1857: '(tagged fields)',
     1858: '(tagged fields)',
-    1891: 'partition_index',
-    1892: 'partition_index',
-    1893: 'broker_ids',
-    1894: 'broker_ids',
+    1859: '(tagged fields)',
+    1860: '(tagged fields)',
+    1893: 'partition_index',
+    1894: 'partition_index',
     1895: 'broker_ids',
     1896: 'broker_ids',
     1897: 'broker_ids',
     1898: 'broker_ids',
     1899: 'broker_ids',
     1900: 'broker_ids',
-    1901: '(tagged fields)',
-    1902: '(tagged fields)',
+    1901: 'broker_ids',
+    1902: 'broker_ids',
     1903: '(tagged fields)',
     1904: '(tagged fields)',
     1905: '(tagged fields)',
-    1940: 'name',
-    1941: 'name',
+    1906: '(tagged fields)',
+    1907: '(tagged fields)',
     1942: 'name',
     1943: 'name',
-    1944: 'value',
-    1945: 'value',
+    1944: 'name',
+    1945: 'name',
     1946: 'value',
     1947: 'value',
-    1948: '(tagged fields)',
-    1949: '(tagged fields)',
+    1948: 'value',
+    1949: 'value',
     1950: '(tagged fields)',
     1951: '(tagged fields)',
     1952: '(tagged fields)',
-    2010: 'name',
-    2011: 'name',
+    1953: '(tagged fields)',
+    1954: '(tagged fields)',
     2012: 'name',
     2013: 'name',
-    2014: 'num_partitions',
-    2015: 'num_partitions',
-    2016: 'assignments',
-    2017: 'assignments',
+    2014: 'name',
+    2015: 'name',
+    2016: 'num_partitions',
+    2017: 'num_partitions',
     2018: 'assignments',
     2019: 'assignments',
     2020: 'assignments',
@@ -9636,8 +9636,8 @@ _FIELD_AT_LINE: dict[int, str] = {
     2025: 'assignments',
     2026: 'assignments',
     2027: 'assignments',
-    2028: 'configs',
-    2029: 'configs',
+    2028: 'assignments',
+    2029: 'assignments',
     2030: 'configs',
     2031: 'configs',
     2032: 'configs',
@@ -9648,13 +9648,13 @@ _FIELD_AT_LINE: dict[int, str] = {
     2037: 'configs',
     2038: 'configs',
     2039: 'configs',
-    2040: '(tagged fields)',
-    2041: '(tagged fields)',
+    2040: 'configs',
+    2041: 'configs',
     2042: '(tagged fields)',
     2043: '(tagged fields)',
     2044: '(tagged fields)',
-    2087: 'topics',
-    2088: 'topics',
+    2045: '(tagged fields)',
+    2046: '(tagged fields)',
     2089: 'topics',
     2090: 'topics',
     2091: 'topics',
@@ -9665,47 +9665,47 @@ _FIELD_AT_LINE: dict[int, str] = {
     2096: 'topics',
     2097: 'topics',
     2098: 'topics',
-    2099: 'timeout_ms',
-    2100: 'timeout_ms',
-    2101: '(tagged fields)',
-    2102: '(tagged fields)',
+    2099: 'topics',
+    2100: 'topics',
+    2101: 'timeout_ms',
+    2102: 'timeout_ms',
     2103: '(tagged fields)',
     2104: '(tagged fields)',
     2105: '(tagged fields)',
-    2137: 'name',
-    2138: 'value',
-    2139: 'read_only',
-    2140: 'read_only',
-    2141: '(tagged fields)',
-    2142: '(tagged fields)',
+    2106: '(tagged fields)',
+    2107: '(tagged fields)',
+    2139: 'name',
+    2140: 'value',
+    2141: 'read_only',
+    2142: 'read_only',
     2143: '(tagged fields)',
     2144: '(tagged fields)',
-    2211: 'name',
-    2212: 'name',
+    2145: '(tagged fields)',
+    2146: '(tagged fields)',
     2213: 'name',
     2214: 'name',
     2215: 'name',
-    2216: 'topic_id',
-    2217: 'error_code',
-    2218: 'error_code',
-    2219: 'error_message',
-    2220: 'error_message',
+    2216: 'name',
+    2217: 'name',
+    2218: 'topic_id',
+    2219: 'error_code',
+    2220: 'error_code',
     2221: 'error_message',
     2222: 'error_message',
     2223: 'error_message',
-    2224: 'num_partitions',
-    2225: 'num_partitions',
+    2224: 'error_message',
+    2225: 'error_message',
     2226: 'num_partitions',
-    2227: 'configs',
-    2228: 'configs',
+    2227: 'num_partitions',
+    2228: 'num_partitions',
     2229: 'configs',
     2230: 'configs',
     2231: 'configs',
     2232: 'configs',
     2233: 'configs',
     2234: 'configs',
-    2235: '(tagged fields)',
-    2236: '(tagged fields)',
+    2235: 'configs',
+    2236: 'configs',
     2237: '(tagged fields)',
     2238: '(tagged fields)',
     2239: '(tagged fields)',
@@ -9713,14 +9713,14 @@ _FIELD_AT_LINE: dict[int, str] = {
     2241: '(tagged fields)',
     2242: '(tagged fields)',
     2243: '(tagged fields)',
-    2244: 'topic_config_error_code',
-    2245: 'topic_config_error_code',
+    2244: '(tagged fields)',
+    2245: '(tagged fields)',
     2246: 'topic_config_error_code',
-    2247: '(tagged fields)',
-    2288: 'throttle_time_ms',
-    2289: 'throttle_time_ms',
-    2290: 'topics',
-    2291: 'topics',
+    2247: 'topic_config_error_code',
+    2248: 'topic_config_error_code',
+    2249: '(tagged fields)',
+    2290: 'throttle_time_ms',
+    2291: 'throttle_time_ms',
     2292: 'topics',
     2293: 'topics',
     2294: 'topics',
@@ -9731,36 +9731,36 @@ _FIELD_AT_LINE: dict[int, str] = {
     2299: 'topics',
     2300: 'topics',
     2301: 'topics',
-    2302: '(tagged fields)',
-    2303: '(tagged fields)',
+    2302: 'topics',
+    2303: 'topics',
     2304: '(tagged fields)',
     2305: '(tagged fields)',
     2306: '(tagged fields)',
-    2355: 'resource_type_filter',
-    2356: 'resource_type_filter',
-    2357: 'resource_name_filter',
-    2358: 'resource_name_filter',
+    2307: '(tagged fields)',
+    2308: '(tagged fields)',
+    2357: 'resource_type_filter',
+    2358: 'resource_type_filter',
     2359: 'resource_name_filter',
     2360: 'resource_name_filter',
-    2361: 'pattern_type_filter',
-    2362: 'pattern_type_filter',
-    2363: 'principal_filter',
-    2364: 'principal_filter',
+    2361: 'resource_name_filter',
+    2362: 'resource_name_filter',
+    2363: 'pattern_type_filter',
+    2364: 'pattern_type_filter',
     2365: 'principal_filter',
     2366: 'principal_filter',
-    2367: 'host_filter',
-    2368: 'host_filter',
+    2367: 'principal_filter',
+    2368: 'principal_filter',
     2369: 'host_filter',
     2370: 'host_filter',
-    2371: 'operation',
-    2372: 'operation',
-    2373: '(tagged fields)',
-    2374: '(tagged fields)',
+    2371: 'host_filter',
+    2372: 'host_filter',
+    2373: 'operation',
+    2374: 'operation',
     2375: '(tagged fields)',
     2376: '(tagged fields)',
     2377: '(tagged fields)',
-    2415: 'filters',
-    2416: 'filters',
+    2378: '(tagged fields)',
+    2379: '(tagged fields)',
     2417: 'filters',
     2418: 'filters',
     2419: 'filters',
@@ -9771,48 +9771,48 @@ _FIELD_AT_LINE: dict[int, str] = {
     2424: 'filters',
     2425: 'filters',
     2426: 'filters',
-    2427: '(tagged fields)',
-    2428: '(tagged fields)',
+    2427: 'filters',
+    2428: 'filters',
     2429: '(tagged fields)',
     2430: '(tagged fields)',
     2431: '(tagged fields)',
-    2489: 'error_code',
-    2490: 'error_code',
-    2491: 'error_message',
-    2492: 'error_message',
+    2432: '(tagged fields)',
+    2433: '(tagged fields)',
+    2491: 'error_code',
+    2492: 'error_code',
     2493: 'error_message',
     2494: 'error_message',
-    2495: 'resource_type',
-    2496: 'resource_type',
-    2497: 'resource_name',
-    2498: 'resource_name',
+    2495: 'error_message',
+    2496: 'error_message',
+    2497: 'resource_type',
+    2498: 'resource_type',
     2499: 'resource_name',
     2500: 'resource_name',
-    2501: 'pattern_type',
-    2502: 'pattern_type',
-    2503: 'principal',
-    2504: 'principal',
+    2501: 'resource_name',
+    2502: 'resource_name',
+    2503: 'pattern_type',
+    2504: 'pattern_type',
     2505: 'principal',
     2506: 'principal',
-    2507: 'host',
-    2508: 'host',
+    2507: 'principal',
+    2508: 'principal',
     2509: 'host',
     2510: 'host',
-    2511: 'operation',
-    2512: 'operation',
-    2513: '(tagged fields)',
-    2514: '(tagged fields)',
+    2511: 'host',
+    2512: 'host',
+    2513: 'operation',
+    2514: 'operation',
     2515: '(tagged fields)',
     2516: '(tagged fields)',
     2517: '(tagged fields)',
-    2561: 'error_code',
-    2562: 'error_code',
-    2563: 'error_message',
-    2564: 'error_message',
+    2518: '(tagged fields)',
+    2519: '(tagged fields)',
+    2563: 'error_code',
+    2564: 'error_code',
     2565: 'error_message',
     2566: 'error_message',
-    2567: 'matching_acls',
-    2568: 'matching_acls',
+    2567: 'error_message',
+    2568: 'error_message',
     2569: 'matching_acls',
     2570: 'matching_acls',
     2571: 'matching_acls',
@@ -9823,15 +9823,15 @@ _FIELD_AT_LINE: dict[int, str] = {
     2576: 'matching_acls',
     2577: 'matching_acls',
     2578: 'matching_acls',
-    2579: '(tagged fields)',
-    2580: '(tagged fields)',
+    2579: 'matching_acls',
+    2580: 'matching_acls',
     2581: '(tagged fields)',
     2582: '(tagged fields)',
     2583: '(tagged fields)',
-    2624: 'throttle_time_ms',
-    2625: 'throttle_time_ms',
-    2626: 'filter_results',
-    2627: 'filter_results',
+    2584: '(tagged fields)',
+    2585: '(tagged fields)',
+    2626: 'throttle_time_ms',
+    2627: 'throttle_time_ms',
     2628: 'filter_results',
     2629: 'filter_results',
     2630: 'filter_results',
@@ -9842,25 +9842,25 @@ _FIELD_AT_LINE: dict[int, str] = {
     2635: 'filter_results',
     2636: 'filter_results',
     2637: 'filter_results',
-    2638: '(tagged fields)',
-    2639: '(tagged fields)',
+    2638: 'filter_results',
+    2639: 'filter_results',
     2640: '(tagged fields)',
     2641: '(tagged fields)',
     2642: '(tagged fields)',
-    2667: 'name',
-    2668: 'topic_id',
-    2669: '(tagged fields)',
-    2670: '(tagged fields)',
+    2643: '(tagged fields)',
+    2644: '(tagged fields)',
+    2669: 'name',
+    2670: 'topic_id',
     2671: '(tagged fields)',
     2672: '(tagged fields)',
-    2725: 'topics',
-    2726: 'topics',
+    2673: '(tagged fields)',
+    2674: '(tagged fields)',
     2727: 'topics',
     2728: 'topics',
     2729: 'topics',
     2730: 'topics',
-    2731: 'topic_names',
-    2732: 'topic_names',
+    2731: 'topics',
+    2732: 'topics',
     2733: 'topic_names',
     2734: 'topic_names',
     2735: 'topic_names',
@@ -9871,34 +9871,34 @@ _FIELD_AT_LINE: dict[int, str] = {
     2740: 'topic_names',
     2741: 'topic_names',
     2742: 'topic_names',
-    2743: 'timeout_ms',
-    2744: 'timeout_ms',
-    2745: '(tagged fields)',
-    2746: '(tagged fields)',
+    2743: 'topic_names',
+    2744: 'topic_names',
+    2745: 'timeout_ms',
+    2746: 'timeout_ms',
     2747: '(tagged fields)',
     2748: '(tagged fields)',
     2749: '(tagged fields)',
-    2788: 'name',
-    2789: 'name',
+    2750: '(tagged fields)',
+    2751: '(tagged fields)',
     2790: 'name',
     2791: 'name',
     2792: 'name',
     2793: 'name',
     2794: 'name',
-    2795: 'topic_id',
-    2796: 'error_code',
-    2797: 'error_code',
+    2795: 'name',
+    2796: 'name',
+    2797: 'topic_id',
     2798: 'error_code',
-    2799: 'error_message',
-    2800: '(tagged fields)',
-    2801: '(tagged fields)',
+    2799: 'error_code',
+    2800: 'error_code',
+    2801: 'error_message',
     2802: '(tagged fields)',
     2803: '(tagged fields)',
     2804: '(tagged fields)',
-    2845: 'throttle_time_ms',
-    2846: 'throttle_time_ms',
-    2847: 'responses',
-    2848: 'responses',
+    2805: '(tagged fields)',
+    2806: '(tagged fields)',
+    2847: 'throttle_time_ms',
+    2848: 'throttle_time_ms',
     2849: 'responses',
     2850: 'responses',
     2851: 'responses',
@@ -9909,59 +9909,59 @@ _FIELD_AT_LINE: dict[int, str] = {
     2856: 'responses',
     2857: 'responses',
     2858: 'responses',
-    2859: '(tagged fields)',
-    2860: '(tagged fields)',
+    2859: 'responses',
+    2860: 'responses',
     2861: '(tagged fields)',
     2862: '(tagged fields)',
     2863: '(tagged fields)',
-    2915: 'resource_type_filter',
-    2916: 'resource_type_filter',
-    2917: 'resource_name_filter',
-    2918: 'resource_name_filter',
+    2864: '(tagged fields)',
+    2865: '(tagged fields)',
+    2917: 'resource_type_filter',
+    2918: 'resource_type_filter',
     2919: 'resource_name_filter',
     2920: 'resource_name_filter',
-    2921: 'pattern_type_filter',
-    2922: 'pattern_type_filter',
-    2923: 'principal_filter',
-    2924: 'principal_filter',
+    2921: 'resource_name_filter',
+    2922: 'resource_name_filter',
+    2923: 'pattern_type_filter',
+    2924: 'pattern_type_filter',
     2925: 'principal_filter',
     2926: 'principal_filter',
-    2927: 'host_filter',
-    2928: 'host_filter',
+    2927: 'principal_filter',
+    2928: 'principal_filter',
     2929: 'host_filter',
     2930: 'host_filter',
-    2931: 'operation',
-    2932: 'operation',
-    2933: '(tagged fields)',
-    2934: '(tagged fields)',
+    2931: 'host_filter',
+    2932: 'host_filter',
+    2933: 'operation',
+    2934: 'operation',
     2935: '(tagged fields)',
     2936: '(tagged fields)',
     2937: '(tagged fields)',
-    2974: 'principal',
-    2975: 'principal',
+    2938: '(tagged fields)',
+    2939: '(tagged fields)',
     2976: 'principal',
     2977: 'principal',
-    2978: 'host',
-    2979: 'host',
+    2978: 'principal',
+    2979: 'principal',
     2980: 'host',
     2981: 'host',
-    2982: 'operation',
-    2983: 'operation',
-    2984: '(tagged fields)',
-    2985: '(tagged fields)',
+    2982: 'host',
+    2983: 'host',
+    2984: 'operation',
+    2985: 'operation',
     2986: '(tagged fields)',
     2987: '(tagged fields)',
     2988: '(tagged fields)',
-    3035: 'resource_type',
-    3036: 'resource_type',
-    3037: 'resource_name',
-    3038: 'resource_name',
+    2989: '(tagged fields)',
+    2990: '(tagged fields)',
+    3037: 'resource_type',
+    3038: 'resource_type',
     3039: 'resource_name',
     3040: 'resource_name',
-    3041: 'pattern_type',
-    3042: 'pattern_type',
-    3043: 'acls',
-    3044: 'acls',
+    3041: 'resource_name',
+    3042: 'resource_name',
+    3043: 'pattern_type',
+    3044: 'pattern_type',
     3045: 'acls',
     3046: 'acls',
     3047: 'acls',
@@ -9972,19 +9972,19 @@ _FIELD_AT_LINE: dict[int, str] = {
     3052: 'acls',
     3053: 'acls',
     3054: 'acls',
-    3055: '(tagged fields)',
-    3056: '(tagged fields)',
+    3055: 'acls',
+    3056: 'acls',
     3057: '(tagged fields)',
     3058: '(tagged fields)',
     3059: '(tagged fields)',
-    3108: 'throttle_time_ms',
-    3109: 'throttle_time_ms',
-    3110: 'error_message',
-    3111: 'error_message',
+    3060: '(tagged fields)',
+    3061: '(tagged fields)',
+    3110: 'throttle_time_ms',
+    3111: 'throttle_time_ms',
     3112: 'error_message',
     3113: 'error_message',
-    3114: 'resources',
-    3115: 'resources',
+    3114: 'error_message',
+    3115: 'error_message',
     3116: 'resources',
     3117: 'resources',
     3118: 'resources',
@@ -9995,64 +9995,64 @@ _FIELD_AT_LINE: dict[int, str] = {
     3123: 'resources',
     3124: 'resources',
     3125: 'resources',
-    3126: '(tagged fields)',
-    3127: '(tagged fields)',
+    3126: 'resources',
+    3127: 'resources',
     3128: '(tagged fields)',
     3129: '(tagged fields)',
     3130: '(tagged fields)',
-    3169: 'include_cluster_authorized_operations',
-    3170: 'include_cluster_authorized_operations',
+    3131: '(tagged fields)',
+    3132: '(tagged fields)',
     3171: 'include_cluster_authorized_operations',
-    3172: 'endpoint_type',
-    3173: 'endpoint_type',
+    3172: 'include_cluster_authorized_operations',
+    3173: 'include_cluster_authorized_operations',
     3174: 'endpoint_type',
-    3175: 'include_fenced_brokers',
-    3176: 'include_fenced_brokers',
-    3177: '(tagged fields)',
-    3178: '(tagged fields)',
+    3175: 'endpoint_type',
+    3176: 'endpoint_type',
+    3177: 'include_fenced_brokers',
+    3178: 'include_fenced_brokers',
     3179: '(tagged fields)',
     3180: '(tagged fields)',
-    3218: 'broker_id',
-    3219: 'broker_id',
-    3220: 'host',
-    3221: 'port',
-    3222: 'port',
-    3223: 'rack',
-    3224: 'rack',
-    3225: 'is_fenced',
-    3226: 'is_fenced',
-    3227: '(tagged fields)',
-    3228: '(tagged fields)',
+    3181: '(tagged fields)',
+    3182: '(tagged fields)',
+    3220: 'broker_id',
+    3221: 'broker_id',
+    3222: 'host',
+    3223: 'port',
+    3224: 'port',
+    3225: 'rack',
+    3226: 'rack',
+    3227: 'is_fenced',
+    3228: 'is_fenced',
     3229: '(tagged fields)',
     3230: '(tagged fields)',
-    3285: 'throttle_time_ms',
-    3286: 'throttle_time_ms',
-    3287: 'error_message',
-    3288: 'error_message',
-    3289: 'endpoint_type',
-    3290: 'endpoint_type',
-    3291: 'cluster_id',
-    3292: 'controller_id',
-    3293: 'controller_id',
-    3294: 'brokers',
-    3295: 'brokers',
+    3231: '(tagged fields)',
+    3232: '(tagged fields)',
+    3287: 'throttle_time_ms',
+    3288: 'throttle_time_ms',
+    3289: 'error_message',
+    3290: 'error_message',
+    3291: 'endpoint_type',
+    3292: 'endpoint_type',
+    3293: 'cluster_id',
+    3294: 'controller_id',
+    3295: 'controller_id',
     3296: 'brokers',
     3297: 'brokers',
     3298: 'brokers',
-    3299: 'cluster_authorized_operations',
-    3300: 'cluster_authorized_operations',
-    3301: '(tagged fields)',
-    3302: '(tagged fields)',
+    3299: 'brokers',
+    3300: 'brokers',
+    3301: 'cluster_authorized_operations',
+    3302: 'cluster_authorized_operations',
     3303: '(tagged fields)',
     3304: '(tagged fields)',
-    3351: 'resource_type',
-    3352: 'resource_type',
-    3353: 'resource_name',
-    3354: 'resource_name',
+    3305: '(tagged fields)',
+    3306: '(tagged fields)',
+    3353: 'resource_type',
+    3354: 'resource_type',
     3355: 'resource_name',
     3356: 'resource_name',
-    3357: 'configuration_keys',
-    3358: 'configuration_keys',
+    3357: 'resource_name',
+    3358: 'resource_name',
     3359: 'configuration_keys',
     3360: 'configuration_keys',
     3361: 'configuration_keys',
@@ -10069,13 +10069,13 @@ _FIELD_AT_LINE: dict[int, str] = {
     3372: 'configuration_keys',
     3373: 'configuration_keys',
     3374: 'configuration_keys',
-    3375: '(tagged fields)',
-    3376: '(tagged fields)',
+    3375: 'configuration_keys',
+    3376: 'configuration_keys',
     3377: '(tagged fields)',
     3378: '(tagged fields)',
     3379: '(tagged fields)',
-    3427: 'resources',
-    3428: 'resources',
+    3380: '(tagged fields)',
+    3381: '(tagged fields)',
     3429: 'resources',
     3430: 'resources',
     3431: 'resources',
@@ -10086,43 +10086,43 @@ _FIELD_AT_LINE: dict[int, str] = {
     3436: 'resources',
     3437: 'resources',
     3438: 'resources',
-    3439: 'include_synonyms',
-    3440: 'include_synonyms',
+    3439: 'resources',
+    3440: 'resources',
     3441: 'include_synonyms',
-    3442: 'include_documentation',
-    3443: 'include_documentation',
-    3444: '(tagged fields)',
-    3445: '(tagged fields)',
+    3442: 'include_synonyms',
+    3443: 'include_synonyms',
+    3444: 'include_documentation',
+    3445: 'include_documentation',
     3446: '(tagged fields)',
     3447: '(tagged fields)',
     3448: '(tagged fields)',
-    3483: 'name',
-    3484: 'name',
+    3449: '(tagged fields)',
+    3450: '(tagged fields)',
     3485: 'name',
     3486: 'name',
-    3487: 'value',
-    3488: 'value',
+    3487: 'name',
+    3488: 'name',
     3489: 'value',
     3490: 'value',
-    3491: 'source',
-    3492: 'source',
-    3493: '(tagged fields)',
-    3494: '(tagged fields)',
+    3491: 'value',
+    3492: 'value',
+    3493: 'source',
+    3494: 'source',
     3495: '(tagged fields)',
     3496: '(tagged fields)',
     3497: '(tagged fields)',
-    3562: 'name',
-    3563: 'name',
+    3498: '(tagged fields)',
+    3499: '(tagged fields)',
     3564: 'name',
     3565: 'name',
-    3566: 'value',
-    3567: 'value',
+    3566: 'name',
+    3567: 'name',
     3568: 'value',
     3569: 'value',
-    3570: 'read_only',
-    3571: 'read_only',
-    3572: 'synonyms',
-    3573: 'synonyms',
+    3570: 'value',
+    3571: 'value',
+    3572: 'read_only',
+    3573: 'read_only',
     3574: 'synonyms',
     3575: 'synonyms',
     3576: 'synonyms',
@@ -10134,32 +10134,32 @@ _FIELD_AT_LINE: dict[int, str] = {
     3582: 'synonyms',
     3583: 'synonyms',
     3584: 'synonyms',
-    3585: 'config_type',
-    3586: 'config_type',
+    3585: 'synonyms',
+    3586: 'synonyms',
     3587: 'config_type',
-    3588: 'documentation',
-    3589: 'documentation',
+    3588: 'config_type',
+    3589: 'config_type',
     3590: 'documentation',
     3591: 'documentation',
-    3592: '(tagged fields)',
-    3593: '(tagged fields)',
+    3592: 'documentation',
+    3593: 'documentation',
     3594: '(tagged fields)',
     3595: '(tagged fields)',
     3596: '(tagged fields)',
-    3649: 'error_code',
-    3650: 'error_code',
-    3651: 'error_message',
-    3652: 'error_message',
+    3597: '(tagged fields)',
+    3598: '(tagged fields)',
+    3651: 'error_code',
+    3652: 'error_code',
     3653: 'error_message',
     3654: 'error_message',
-    3655: 'resource_type',
-    3656: 'resource_type',
-    3657: 'resource_name',
-    3658: 'resource_name',
+    3655: 'error_message',
+    3656: 'error_message',
+    3657: 'resource_type',
+    3658: 'resource_type',
     3659: 'resource_name',
     3660: 'resource_name',
-    3661: 'configs',
-    3662: 'configs',
+    3661: 'resource_name',
+    3662: 'resource_name',
     3663: 'configs',
     3664: 'configs',
     3665: 'configs',
@@ -10170,15 +10170,15 @@ _FIELD_AT_LINE: dict[int, str] = {
     3670: 'configs',
     3671: 'configs',
     3672: 'configs',
-    3673: '(tagged fields)',
-    3674: '(tagged fields)',
+    3673: 'configs',
+    3674: 'configs',
     3675: '(tagged fields)',
     3676: '(tagged fields)',
     3677: '(tagged fields)',
-    3718: 'throttle_time_ms',
-    3719: 'throttle_time_ms',
-    3720: 'results',
-    3721: 'results',
+    3678: '(tagged fields)',
+    3679: '(tagged fields)',
+    3720: 'throttle_time_ms',
+    3721: 'throttle_time_ms',
     3722: 'results',
     3723: 'results',
     3724: 'results',
@@ -10189,147 +10189,147 @@ _FIELD_AT_LINE: dict[int, str] = {
     3729: 'results',
     3730: 'results',
     3731: 'results',
-    3732: '(tagged fields)',
-    3733: '(tagged fields)',
+    3732: 'results',
+    3733: 'results',
     3734: '(tagged fields)',
     3735: '(tagged fields)',
     3736: '(tagged fields)',
-    3758: 'partition_index',
-    3759: 'partition_index',
-    3760: '(tagged fields)',
-    3761: '(tagged fields)',
+    3737: '(tagged fields)',
+    3738: '(tagged fields)',
+    3760: 'partition_index',
+    3761: 'partition_index',
     3762: '(tagged fields)',
     3763: '(tagged fields)',
-    3794: 'topic_name',
-    3795: 'partitions',
-    3796: 'partitions',
+    3764: '(tagged fields)',
+    3765: '(tagged fields)',
+    3796: 'topic_name',
     3797: 'partitions',
     3798: 'partitions',
     3799: 'partitions',
-    3800: '(tagged fields)',
-    3801: '(tagged fields)',
+    3800: 'partitions',
+    3801: 'partitions',
     3802: '(tagged fields)',
     3803: '(tagged fields)',
-    3834: 'topics',
-    3835: 'topics',
+    3804: '(tagged fields)',
+    3805: '(tagged fields)',
     3836: 'topics',
     3837: 'topics',
     3838: 'topics',
-    3839: '(tagged fields)',
-    3840: '(tagged fields)',
+    3839: 'topics',
+    3840: 'topics',
     3841: '(tagged fields)',
     3842: '(tagged fields)',
-    3880: 'replica_id',
-    3881: 'replica_id',
+    3843: '(tagged fields)',
+    3844: '(tagged fields)',
     3882: 'replica_id',
-    3883: 'replica_directory_id',
-    3884: 'log_end_offset',
-    3885: 'log_end_offset',
+    3883: 'replica_id',
+    3884: 'replica_id',
+    3885: 'replica_directory_id',
     3886: 'log_end_offset',
-    3887: 'last_fetch_timestamp',
-    3888: 'last_fetch_timestamp',
-    3889: '(tagged fields)',
-    3890: '(tagged fields)',
+    3887: 'log_end_offset',
+    3888: 'log_end_offset',
+    3889: 'last_fetch_timestamp',
+    3890: 'last_fetch_timestamp',
     3891: '(tagged fields)',
     3892: '(tagged fields)',
-    3942: 'partition_index',
-    3943: 'partition_index',
+    3893: '(tagged fields)',
+    3894: '(tagged fields)',
     3944: 'partition_index',
-    3945: 'error_message',
-    3946: 'leader_id',
-    3947: 'leader_id',
-    3948: 'current_voters',
-    3949: 'current_voters',
+    3945: 'partition_index',
+    3946: 'partition_index',
+    3947: 'error_message',
+    3948: 'leader_id',
+    3949: 'leader_id',
     3950: 'current_voters',
     3951: 'current_voters',
     3952: 'current_voters',
-    3953: 'observers',
-    3954: 'observers',
+    3953: 'current_voters',
+    3954: 'current_voters',
     3955: 'observers',
     3956: 'observers',
     3957: 'observers',
-    3958: '(tagged fields)',
-    3959: '(tagged fields)',
+    3958: 'observers',
+    3959: 'observers',
     3960: '(tagged fields)',
     3961: '(tagged fields)',
-    3992: 'topic_name',
-    3993: 'partitions',
-    3994: 'partitions',
+    3962: '(tagged fields)',
+    3963: '(tagged fields)',
+    3994: 'topic_name',
     3995: 'partitions',
     3996: 'partitions',
     3997: 'partitions',
-    3998: '(tagged fields)',
-    3999: '(tagged fields)',
+    3998: 'partitions',
+    3999: 'partitions',
     4000: '(tagged fields)',
     4001: '(tagged fields)',
-    4032: 'name',
-    4033: 'host',
-    4034: 'port',
-    4035: 'port',
-    4036: '(tagged fields)',
-    4037: '(tagged fields)',
+    4002: '(tagged fields)',
+    4003: '(tagged fields)',
+    4034: 'name',
+    4035: 'host',
+    4036: 'port',
+    4037: 'port',
     4038: '(tagged fields)',
     4039: '(tagged fields)',
-    4070: 'node_id',
-    4071: 'node_id',
-    4072: 'listeners',
-    4073: 'listeners',
+    4040: '(tagged fields)',
+    4041: '(tagged fields)',
+    4072: 'node_id',
+    4073: 'node_id',
     4074: 'listeners',
     4075: 'listeners',
     4076: 'listeners',
-    4077: '(tagged fields)',
-    4078: '(tagged fields)',
+    4077: 'listeners',
+    4078: 'listeners',
     4079: '(tagged fields)',
     4080: '(tagged fields)',
-    4128: 'error_code',
-    4129: 'error_code',
+    4081: '(tagged fields)',
+    4082: '(tagged fields)',
     4130: 'error_code',
-    4131: 'error_message',
-    4132: 'topics',
-    4133: 'topics',
+    4131: 'error_code',
+    4132: 'error_code',
+    4133: 'error_message',
     4134: 'topics',
     4135: 'topics',
     4136: 'topics',
     4137: 'topics',
-    4138: 'nodes',
-    4139: 'nodes',
+    4138: 'topics',
+    4139: 'topics',
     4140: 'nodes',
     4141: 'nodes',
     4142: 'nodes',
-    4143: '(tagged fields)',
-    4144: '(tagged fields)',
+    4143: 'nodes',
+    4144: 'nodes',
     4145: '(tagged fields)',
     4146: '(tagged fields)',
-    4171: 'candidate_id',
-    4172: 'candidate_id',
-    4173: 'candidate_directory_id',
-    4174: '(tagged fields)',
-    4175: '(tagged fields)',
+    4147: '(tagged fields)',
+    4148: '(tagged fields)',
+    4173: 'candidate_id',
+    4174: 'candidate_id',
+    4175: 'candidate_directory_id',
     4176: '(tagged fields)',
     4177: '(tagged fields)',
-    4220: 'partition_index',
-    4221: 'partition_index',
+    4178: '(tagged fields)',
+    4179: '(tagged fields)',
     4222: 'partition_index',
-    4223: 'preferred_successors',
-    4224: 'preferred_successors',
+    4223: 'partition_index',
+    4224: 'partition_index',
     4225: 'preferred_successors',
     4226: 'preferred_successors',
-    4227: 'preferred_candidates',
-    4228: 'preferred_candidates',
+    4227: 'preferred_successors',
+    4228: 'preferred_successors',
     4229: 'preferred_candidates',
     4230: 'preferred_candidates',
     4231: 'preferred_candidates',
-    4232: '(tagged fields)',
-    4233: '(tagged fields)',
+    4232: 'preferred_candidates',
+    4233: 'preferred_candidates',
     4234: '(tagged fields)',
     4235: '(tagged fields)',
     4236: '(tagged fields)',
-    4277: 'topic_name',
-    4278: 'topic_name',
+    4237: '(tagged fields)',
+    4238: '(tagged fields)',
     4279: 'topic_name',
     4280: 'topic_name',
-    4281: 'partitions',
-    4282: 'partitions',
+    4281: 'topic_name',
+    4282: 'topic_name',
     4283: 'partitions',
     4284: 'partitions',
     4285: 'partitions',
@@ -10340,25 +10340,25 @@ _FIELD_AT_LINE: dict[int, str] = {
     4290: 'partitions',
     4291: 'partitions',
     4292: 'partitions',
-    4293: '(tagged fields)',
-    4294: '(tagged fields)',
+    4293: 'partitions',
+    4294: 'partitions',
     4295: '(tagged fields)',
     4296: '(tagged fields)',
     4297: '(tagged fields)',
-    4328: 'name',
-    4329: 'host',
-    4330: 'port',
-    4331: 'port',
-    4332: '(tagged fields)',
-    4333: '(tagged fields)',
+    4298: '(tagged fields)',
+    4299: '(tagged fields)',
+    4330: 'name',
+    4331: 'host',
+    4332: 'port',
+    4333: 'port',
     4334: '(tagged fields)',
     4335: '(tagged fields)',
-    4386: 'cluster_id',
-    4387: 'cluster_id',
+    4336: '(tagged fields)',
+    4337: '(tagged fields)',
     4388: 'cluster_id',
     4389: 'cluster_id',
-    4390: 'topics',
-    4391: 'topics',
+    4390: 'cluster_id',
+    4391: 'cluster_id',
     4392: 'topics',
     4393: 'topics',
     4394: 'topics',
@@ -10370,29 +10370,29 @@ _FIELD_AT_LINE: dict[int, str] = {
     4400: 'topics',
     4401: 'topics',
     4402: 'topics',
-    4403: 'leader_endpoints',
-    4404: 'leader_endpoints',
+    4403: 'topics',
+    4404: 'topics',
     4405: 'leader_endpoints',
     4406: 'leader_endpoints',
     4407: 'leader_endpoints',
-    4408: '(tagged fields)',
-    4409: '(tagged fields)',
+    4408: 'leader_endpoints',
+    4409: 'leader_endpoints',
     4410: '(tagged fields)',
     4411: '(tagged fields)',
     4412: '(tagged fields)',
-    4441: 'partition_index',
-    4442: 'partition_index',
-    4443: '(tagged fields)',
-    4444: '(tagged fields)',
+    4413: '(tagged fields)',
+    4414: '(tagged fields)',
+    4443: 'partition_index',
+    4444: 'partition_index',
     4445: '(tagged fields)',
     4446: '(tagged fields)',
     4447: '(tagged fields)',
-    4488: 'topic_name',
-    4489: 'topic_name',
+    4448: '(tagged fields)',
+    4449: '(tagged fields)',
     4490: 'topic_name',
     4491: 'topic_name',
-    4492: 'partitions',
-    4493: 'partitions',
+    4492: 'topic_name',
+    4493: 'topic_name',
     4494: 'partitions',
     4495: 'partitions',
     4496: 'partitions',
@@ -10403,24 +10403,24 @@ _FIELD_AT_LINE: dict[int, str] = {
     4501: 'partitions',
     4502: 'partitions',
     4503: 'partitions',
-    4504: '(tagged fields)',
-    4505: '(tagged fields)',
+    4504: 'partitions',
+    4505: 'partitions',
     4506: '(tagged fields)',
     4507: '(tagged fields)',
     4508: '(tagged fields)',
-    4539: 'node_id',
-    4540: 'node_id',
-    4541: 'host',
-    4542: 'port',
-    4543: 'port',
-    4544: '(tagged fields)',
-    4545: '(tagged fields)',
+    4509: '(tagged fields)',
+    4510: '(tagged fields)',
+    4541: 'node_id',
+    4542: 'node_id',
+    4543: 'host',
+    4544: 'port',
+    4545: 'port',
     4546: '(tagged fields)',
     4547: '(tagged fields)',
-    4602: 'error_code',
-    4603: 'error_code',
-    4604: 'topics',
-    4605: 'topics',
+    4548: '(tagged fields)',
+    4549: '(tagged fields)',
+    4604: 'error_code',
+    4605: 'error_code',
     4606: 'topics',
     4607: 'topics',
     4608: 'topics',
@@ -10431,8 +10431,8 @@ _FIELD_AT_LINE: dict[int, str] = {
     4613: 'topics',
     4614: 'topics',
     4615: 'topics',
-    4616: '(tagged fields)',
-    4617: '(tagged fields)',
+    4616: 'topics',
+    4617: 'topics',
     4618: '(tagged fields)',
     4619: '(tagged fields)',
     4620: '(tagged fields)',
@@ -10440,36 +10440,36 @@ _FIELD_AT_LINE: dict[int, str] = {
     4622: '(tagged fields)',
     4623: '(tagged fields)',
     4624: '(tagged fields)',
-    4625: 'node_endpoints',
-    4626: 'node_endpoints',
+    4625: '(tagged fields)',
+    4626: '(tagged fields)',
     4627: 'node_endpoints',
     4628: 'node_endpoints',
     4629: 'node_endpoints',
     4630: 'node_endpoints',
-    4631: '(tagged fields)',
-    4655: 'replica_id',
-    4656: 'replica_id',
-    4657: '(tagged fields)',
-    4658: '(tagged fields)',
+    4631: 'node_endpoints',
+    4632: 'node_endpoints',
+    4633: '(tagged fields)',
+    4657: 'replica_id',
+    4658: 'replica_id',
     4659: '(tagged fields)',
     4660: '(tagged fields)',
-    4724: 'partition',
-    4725: 'partition',
+    4661: '(tagged fields)',
+    4662: '(tagged fields)',
     4726: 'partition',
-    4727: 'current_leader_epoch',
-    4728: 'current_leader_epoch',
-    4729: 'fetch_offset',
-    4730: 'fetch_offset',
+    4727: 'partition',
+    4728: 'partition',
+    4729: 'current_leader_epoch',
+    4730: 'current_leader_epoch',
     4731: 'fetch_offset',
-    4732: 'last_fetched_epoch',
-    4733: 'last_fetched_epoch',
+    4732: 'fetch_offset',
+    4733: 'fetch_offset',
     4734: 'last_fetched_epoch',
-    4735: 'log_start_offset',
-    4736: 'log_start_offset',
-    4737: 'partition_max_bytes',
-    4738: 'partition_max_bytes',
-    4739: '(tagged fields)',
-    4740: '(tagged fields)',
+    4735: 'last_fetched_epoch',
+    4736: 'last_fetched_epoch',
+    4737: 'log_start_offset',
+    4738: 'log_start_offset',
+    4739: 'partition_max_bytes',
+    4740: 'partition_max_bytes',
     4741: '(tagged fields)',
     4742: '(tagged fields)',
     4743: '(tagged fields)',
@@ -10477,21 +10477,21 @@ _FIELD_AT_LINE: dict[int, str] = {
     4745: '(tagged fields)',
     4746: '(tagged fields)',
     4747: '(tagged fields)',
-    4748: 'replica_directory_id',
-    4749: 'replica_directory_id',
-    4750: '(tagged fields)',
-    4751: 'high_watermark',
-    4752: 'high_watermark',
+    4748: '(tagged fields)',
+    4749: '(tagged fields)',
+    4750: 'replica_directory_id',
+    4751: 'replica_directory_id',
+    4752: '(tagged fields)',
     4753: 'high_watermark',
-    4754: '(tagged fields)',
-    4801: 'topic',
-    4802: 'topic',
+    4754: 'high_watermark',
+    4755: 'high_watermark',
+    4756: '(tagged fields)',
     4803: 'topic',
     4804: 'topic',
     4805: 'topic',
-    4806: 'topic_id',
-    4807: 'partitions',
-    4808: 'partitions',
+    4806: 'topic',
+    4807: 'topic',
+    4808: 'topic_id',
     4809: 'partitions',
     4810: 'partitions',
     4811: 'partitions',
@@ -10502,39 +10502,39 @@ _FIELD_AT_LINE: dict[int, str] = {
     4816: 'partitions',
     4817: 'partitions',
     4818: 'partitions',
-    4819: '(tagged fields)',
-    4820: '(tagged fields)',
+    4819: 'partitions',
+    4820: 'partitions',
     4821: '(tagged fields)',
     4822: '(tagged fields)',
     4823: '(tagged fields)',
-    4868: 'topic',
-    4869: 'topic',
+    4824: '(tagged fields)',
+    4825: '(tagged fields)',
     4870: 'topic',
     4871: 'topic',
     4872: 'topic',
-    4873: 'topic_id',
-    4874: 'partitions',
-    4875: 'partitions',
+    4873: 'topic',
+    4874: 'topic',
+    4875: 'topic_id',
     4876: 'partitions',
     4877: 'partitions',
     4878: 'partitions',
     4879: 'partitions',
     4880: 'partitions',
     4881: 'partitions',
-    4882: '(tagged fields)',
-    4883: '(tagged fields)',
+    4882: 'partitions',
+    4883: 'partitions',
     4884: '(tagged fields)',
     4885: '(tagged fields)',
     4886: '(tagged fields)',
-    4990: 'replica_id',
-    4991: 'replica_id',
-    4992: 'max_wait_ms',
-    4993: 'max_wait_ms',
+    4887: '(tagged fields)',
+    4888: '(tagged fields)',
+    4992: 'replica_id',
+    4993: 'replica_id',
     4994: 'max_wait_ms',
-    4995: 'session_id',
-    4996: 'session_id',
-    4997: 'topics',
-    4998: 'topics',
+    4995: 'max_wait_ms',
+    4996: 'max_wait_ms',
+    4997: 'session_id',
+    4998: 'session_id',
     4999: 'topics',
     5000: 'topics',
     5001: 'topics',
@@ -10546,8 +10546,8 @@ _FIELD_AT_LINE: dict[int, str] = {
     5007: 'topics',
     5008: 'topics',
     5009: 'topics',
-    5010: 'forgotten_topics_data',
-    5011: 'forgotten_topics_data',
+    5010: 'topics',
+    5011: 'topics',
     5012: 'forgotten_topics_data',
     5013: 'forgotten_topics_data',
     5014: 'forgotten_topics_data',
@@ -10559,12 +10559,12 @@ _FIELD_AT_LINE: dict[int, str] = {
     5020: 'forgotten_topics_data',
     5021: 'forgotten_topics_data',
     5022: 'forgotten_topics_data',
-    5023: 'rack_id',
-    5024: 'rack_id',
+    5023: 'forgotten_topics_data',
+    5024: 'forgotten_topics_data',
     5025: 'rack_id',
     5026: 'rack_id',
-    5027: '(tagged fields)',
-    5028: '(tagged fields)',
+    5027: 'rack_id',
+    5028: 'rack_id',
     5029: '(tagged fields)',
     5030: '(tagged fields)',
     5031: '(tagged fields)',
@@ -10572,44 +10572,44 @@ _FIELD_AT_LINE: dict[int, str] = {
     5033: '(tagged fields)',
     5034: '(tagged fields)',
     5035: '(tagged fields)',
-    5036: 'cluster_id',
-    5037: 'cluster_id',
-    5038: '(tagged fields)',
-    5039: 'replica_state',
-    5040: 'replica_state',
-    5041: '(tagged fields)',
-    5065: 'epoch',
-    5066: 'epoch',
-    5067: '(tagged fields)',
-    5068: '(tagged fields)',
+    5036: '(tagged fields)',
+    5037: '(tagged fields)',
+    5038: 'cluster_id',
+    5039: 'cluster_id',
+    5040: '(tagged fields)',
+    5041: 'replica_state',
+    5042: 'replica_state',
+    5043: '(tagged fields)',
+    5067: 'epoch',
+    5068: 'epoch',
     5069: '(tagged fields)',
     5070: '(tagged fields)',
-    5097: 'leader_id',
-    5098: 'leader_id',
-    5099: '(tagged fields)',
-    5100: '(tagged fields)',
+    5071: '(tagged fields)',
+    5072: '(tagged fields)',
+    5099: 'leader_id',
+    5100: 'leader_id',
     5101: '(tagged fields)',
     5102: '(tagged fields)',
-    5129: 'end_offset',
-    5130: 'end_offset',
-    5131: '(tagged fields)',
-    5132: '(tagged fields)',
+    5103: '(tagged fields)',
+    5104: '(tagged fields)',
+    5131: 'end_offset',
+    5132: 'end_offset',
     5133: '(tagged fields)',
     5134: '(tagged fields)',
-    5162: 'producer_id',
-    5163: 'producer_id',
-    5164: '(tagged fields)',
-    5165: '(tagged fields)',
+    5135: '(tagged fields)',
+    5136: '(tagged fields)',
+    5164: 'producer_id',
+    5165: 'producer_id',
     5166: '(tagged fields)',
     5167: '(tagged fields)',
     5168: '(tagged fields)',
-    5269: 'partition_index',
-    5270: 'partition_index',
+    5169: '(tagged fields)',
+    5170: '(tagged fields)',
     5271: 'partition_index',
-    5272: 'log_start_offset',
-    5273: 'log_start_offset',
-    5274: 'aborted_transactions',
-    5275: 'aborted_transactions',
+    5272: 'partition_index',
+    5273: 'partition_index',
+    5274: 'log_start_offset',
+    5275: 'log_start_offset',
     5276: 'aborted_transactions',
     5277: 'aborted_transactions',
     5278: 'aborted_transactions',
@@ -10627,14 +10627,14 @@ _FIELD_AT_LINE: dict[int, str] = {
     5290: 'aborted_transactions',
     5291: 'aborted_transactions',
     5292: 'aborted_transactions',
-    5293: 'preferred_read_replica',
-    5294: 'preferred_read_replica',
-    5295: 'records',
-    5296: 'records',
+    5293: 'aborted_transactions',
+    5294: 'aborted_transactions',
+    5295: 'preferred_read_replica',
+    5296: 'preferred_read_replica',
     5297: 'records',
     5298: 'records',
-    5299: '(tagged fields)',
-    5300: '(tagged fields)',
+    5299: 'records',
+    5300: 'records',
     5301: '(tagged fields)',
     5302: '(tagged fields)',
     5303: '(tagged fields)',
@@ -10642,23 +10642,23 @@ _FIELD_AT_LINE: dict[int, str] = {
     5305: '(tagged fields)',
     5306: '(tagged fields)',
     5307: '(tagged fields)',
-    5308: 'diverging_epoch',
-    5309: 'diverging_epoch',
-    5310: '(tagged fields)',
-    5311: 'current_leader',
-    5312: 'current_leader',
-    5313: '(tagged fields)',
-    5314: 'snapshot_id',
-    5315: 'snapshot_id',
-    5316: '(tagged fields)',
-    5363: 'topic',
-    5364: 'topic',
+    5308: '(tagged fields)',
+    5309: '(tagged fields)',
+    5310: 'diverging_epoch',
+    5311: 'diverging_epoch',
+    5312: '(tagged fields)',
+    5313: 'current_leader',
+    5314: 'current_leader',
+    5315: '(tagged fields)',
+    5316: 'snapshot_id',
+    5317: 'snapshot_id',
+    5318: '(tagged fields)',
     5365: 'topic',
     5366: 'topic',
     5367: 'topic',
-    5368: 'topic_id',
-    5369: 'partitions',
-    5370: 'partitions',
+    5368: 'topic',
+    5369: 'topic',
+    5370: 'topic_id',
     5371: 'partitions',
     5372: 'partitions',
     5373: 'partitions',
@@ -10669,28 +10669,28 @@ _FIELD_AT_LINE: dict[int, str] = {
     5378: 'partitions',
     5379: 'partitions',
     5380: 'partitions',
-    5381: '(tagged fields)',
-    5382: '(tagged fields)',
+    5381: 'partitions',
+    5382: 'partitions',
     5383: '(tagged fields)',
     5384: '(tagged fields)',
     5385: '(tagged fields)',
-    5419: 'node_id',
-    5420: 'node_id',
-    5421: 'host',
-    5422: 'port',
-    5423: 'port',
-    5424: 'rack',
-    5425: '(tagged fields)',
-    5426: '(tagged fields)',
+    5386: '(tagged fields)',
+    5387: '(tagged fields)',
+    5421: 'node_id',
+    5422: 'node_id',
+    5423: 'host',
+    5424: 'port',
+    5425: 'port',
+    5426: 'rack',
     5427: '(tagged fields)',
     5428: '(tagged fields)',
-    5492: 'throttle_time_ms',
-    5493: 'throttle_time_ms',
+    5429: '(tagged fields)',
+    5430: '(tagged fields)',
     5494: 'throttle_time_ms',
-    5495: 'error_code',
-    5496: 'error_code',
-    5497: 'responses',
-    5498: 'responses',
+    5495: 'throttle_time_ms',
+    5496: 'throttle_time_ms',
+    5497: 'error_code',
+    5498: 'error_code',
     5499: 'responses',
     5500: 'responses',
     5501: 'responses',
@@ -10701,8 +10701,8 @@ _FIELD_AT_LINE: dict[int, str] = {
     5506: 'responses',
     5507: 'responses',
     5508: 'responses',
-    5509: '(tagged fields)',
-    5510: '(tagged fields)',
+    5509: 'responses',
+    5510: 'responses',
     5511: '(tagged fields)',
     5512: '(tagged fields)',
     5513: '(tagged fields)',
@@ -10710,156 +10710,156 @@ _FIELD_AT_LINE: dict[int, str] = {
     5515: '(tagged fields)',
     5516: '(tagged fields)',
     5517: '(tagged fields)',
-    5518: 'node_endpoints',
-    5519: 'node_endpoints',
+    5518: '(tagged fields)',
+    5519: '(tagged fields)',
     5520: 'node_endpoints',
     5521: 'node_endpoints',
     5522: 'node_endpoints',
     5523: 'node_endpoints',
-    5524: '(tagged fields)',
-    5548: 'end_offset',
-    5549: 'end_offset',
-    5550: '(tagged fields)',
-    5551: '(tagged fields)',
+    5524: 'node_endpoints',
+    5525: 'node_endpoints',
+    5526: '(tagged fields)',
+    5550: 'end_offset',
+    5551: 'end_offset',
     5552: '(tagged fields)',
     5553: '(tagged fields)',
-    5596: 'partition',
-    5597: 'partition',
-    5598: 'snapshot_id',
-    5599: 'position',
-    5600: 'position',
-    5601: '(tagged fields)',
-    5602: '(tagged fields)',
+    5554: '(tagged fields)',
+    5555: '(tagged fields)',
+    5598: 'partition',
+    5599: 'partition',
+    5600: 'snapshot_id',
+    5601: 'position',
+    5602: 'position',
     5603: '(tagged fields)',
     5604: '(tagged fields)',
     5605: '(tagged fields)',
     5606: '(tagged fields)',
     5607: '(tagged fields)',
     5608: '(tagged fields)',
-    5609: 'replica_directory_id',
-    5610: 'replica_directory_id',
-    5611: '(tagged fields)',
-    5642: 'name',
-    5643: 'partitions',
-    5644: 'partitions',
+    5609: '(tagged fields)',
+    5610: '(tagged fields)',
+    5611: 'replica_directory_id',
+    5612: 'replica_directory_id',
+    5613: '(tagged fields)',
+    5644: 'name',
     5645: 'partitions',
     5646: 'partitions',
     5647: 'partitions',
-    5648: '(tagged fields)',
-    5649: '(tagged fields)',
+    5648: 'partitions',
+    5649: 'partitions',
     5650: '(tagged fields)',
     5651: '(tagged fields)',
-    5696: 'replica_id',
-    5697: 'replica_id',
-    5698: 'topics',
-    5699: 'topics',
+    5652: '(tagged fields)',
+    5653: '(tagged fields)',
+    5698: 'replica_id',
+    5699: 'replica_id',
     5700: 'topics',
     5701: 'topics',
     5702: 'topics',
-    5703: '(tagged fields)',
-    5704: '(tagged fields)',
+    5703: 'topics',
+    5704: 'topics',
     5705: '(tagged fields)',
     5706: '(tagged fields)',
     5707: '(tagged fields)',
     5708: '(tagged fields)',
     5709: '(tagged fields)',
     5710: '(tagged fields)',
-    5711: 'cluster_id',
-    5712: 'cluster_id',
-    5713: '(tagged fields)',
-    5737: 'end_offset',
-    5738: 'end_offset',
-    5739: '(tagged fields)',
-    5740: '(tagged fields)',
+    5711: '(tagged fields)',
+    5712: '(tagged fields)',
+    5713: 'cluster_id',
+    5714: 'cluster_id',
+    5715: '(tagged fields)',
+    5739: 'end_offset',
+    5740: 'end_offset',
     5741: '(tagged fields)',
     5742: '(tagged fields)',
-    5769: 'leader_id',
-    5770: 'leader_id',
-    5771: '(tagged fields)',
-    5772: '(tagged fields)',
+    5743: '(tagged fields)',
+    5744: '(tagged fields)',
+    5771: 'leader_id',
+    5772: 'leader_id',
     5773: '(tagged fields)',
     5774: '(tagged fields)',
-    5823: 'index',
-    5824: 'index',
-    5825: 'snapshot_id',
-    5826: 'size',
-    5827: 'size',
-    5828: 'unaligned_records',
-    5829: '(tagged fields)',
-    5830: '(tagged fields)',
+    5775: '(tagged fields)',
+    5776: '(tagged fields)',
+    5825: 'index',
+    5826: 'index',
+    5827: 'snapshot_id',
+    5828: 'size',
+    5829: 'size',
+    5830: 'unaligned_records',
     5831: '(tagged fields)',
     5832: '(tagged fields)',
     5833: '(tagged fields)',
     5834: '(tagged fields)',
     5835: '(tagged fields)',
     5836: '(tagged fields)',
-    5837: 'current_leader',
-    5838: 'current_leader',
-    5839: '(tagged fields)',
-    5870: 'name',
-    5871: 'partitions',
-    5872: 'partitions',
+    5837: '(tagged fields)',
+    5838: '(tagged fields)',
+    5839: 'current_leader',
+    5840: 'current_leader',
+    5841: '(tagged fields)',
+    5872: 'name',
     5873: 'partitions',
     5874: 'partitions',
     5875: 'partitions',
-    5876: '(tagged fields)',
-    5877: '(tagged fields)',
+    5876: 'partitions',
+    5877: 'partitions',
     5878: '(tagged fields)',
     5879: '(tagged fields)',
-    5910: 'node_id',
-    5911: 'node_id',
-    5912: 'host',
-    5913: 'port',
-    5914: 'port',
-    5915: '(tagged fields)',
-    5916: '(tagged fields)',
+    5880: '(tagged fields)',
+    5881: '(tagged fields)',
+    5912: 'node_id',
+    5913: 'node_id',
+    5914: 'host',
+    5915: 'port',
+    5916: 'port',
     5917: '(tagged fields)',
     5918: '(tagged fields)',
-    5968: 'throttle_time_ms',
-    5969: 'throttle_time_ms',
-    5970: 'topics',
-    5971: 'topics',
+    5919: '(tagged fields)',
+    5920: '(tagged fields)',
+    5970: 'throttle_time_ms',
+    5971: 'throttle_time_ms',
     5972: 'topics',
     5973: 'topics',
     5974: 'topics',
-    5975: '(tagged fields)',
-    5976: '(tagged fields)',
+    5975: 'topics',
+    5976: 'topics',
     5977: '(tagged fields)',
     5978: '(tagged fields)',
     5979: '(tagged fields)',
     5980: '(tagged fields)',
     5981: '(tagged fields)',
     5982: '(tagged fields)',
-    5983: 'node_endpoints',
-    5984: 'node_endpoints',
+    5983: '(tagged fields)',
+    5984: '(tagged fields)',
     5985: 'node_endpoints',
     5986: 'node_endpoints',
     5987: 'node_endpoints',
     5988: 'node_endpoints',
-    5989: '(tagged fields)',
-    6024: 'name',
-    6025: 'name',
+    5989: 'node_endpoints',
+    5990: 'node_endpoints',
+    5991: '(tagged fields)',
     6026: 'name',
     6027: 'name',
-    6028: 'config_operation',
-    6029: 'config_operation',
-    6030: 'value',
-    6031: 'value',
+    6028: 'name',
+    6029: 'name',
+    6030: 'config_operation',
+    6031: 'config_operation',
     6032: 'value',
     6033: 'value',
-    6034: '(tagged fields)',
-    6035: '(tagged fields)',
+    6034: 'value',
+    6035: 'value',
     6036: '(tagged fields)',
     6037: '(tagged fields)',
     6038: '(tagged fields)',
-    6082: 'resource_type',
-    6083: 'resource_type',
-    6084: 'resource_name',
-    6085: 'resource_name',
+    6039: '(tagged fields)',
+    6040: '(tagged fields)',
+    6084: 'resource_type',
+    6085: 'resource_type',
     6086: 'resource_name',
     6087: 'resource_name',
-    6088: 'configs',
-    6089: 'configs',
+    6088: 'resource_name',
+    6089: 'resource_name',
     6090: 'configs',
     6091: 'configs',
     6092: 'configs',
@@ -10870,13 +10870,13 @@ _FIELD_AT_LINE: dict[int, str] = {
     6097: 'configs',
     6098: 'configs',
     6099: 'configs',
-    6100: '(tagged fields)',
-    6101: '(tagged fields)',
+    6100: 'configs',
+    6101: 'configs',
     6102: '(tagged fields)',
     6103: '(tagged fields)',
     6104: '(tagged fields)',
-    6145: 'resources',
-    6146: 'resources',
+    6105: '(tagged fields)',
+    6106: '(tagged fields)',
     6147: 'resources',
     6148: 'resources',
     6149: 'resources',
@@ -10887,34 +10887,34 @@ _FIELD_AT_LINE: dict[int, str] = {
     6154: 'resources',
     6155: 'resources',
     6156: 'resources',
-    6157: 'validate_only',
-    6158: 'validate_only',
-    6159: '(tagged fields)',
-    6160: '(tagged fields)',
+    6157: 'resources',
+    6158: 'resources',
+    6159: 'validate_only',
+    6160: 'validate_only',
     6161: '(tagged fields)',
     6162: '(tagged fields)',
     6163: '(tagged fields)',
-    6201: 'error_code',
-    6202: 'error_code',
-    6203: 'error_message',
-    6204: 'error_message',
+    6164: '(tagged fields)',
+    6165: '(tagged fields)',
+    6203: 'error_code',
+    6204: 'error_code',
     6205: 'error_message',
     6206: 'error_message',
-    6207: 'resource_type',
-    6208: 'resource_type',
-    6209: 'resource_name',
-    6210: 'resource_name',
+    6207: 'error_message',
+    6208: 'error_message',
+    6209: 'resource_type',
+    6210: 'resource_type',
     6211: 'resource_name',
     6212: 'resource_name',
-    6213: '(tagged fields)',
-    6214: '(tagged fields)',
+    6213: 'resource_name',
+    6214: 'resource_name',
     6215: '(tagged fields)',
     6216: '(tagged fields)',
     6217: '(tagged fields)',
-    6258: 'throttle_time_ms',
-    6259: 'throttle_time_ms',
-    6260: 'responses',
-    6261: 'responses',
+    6218: '(tagged fields)',
+    6219: '(tagged fields)',
+    6260: 'throttle_time_ms',
+    6261: 'throttle_time_ms',
     6262: 'responses',
     6263: 'responses',
     6264: 'responses',
@@ -10925,56 +10925,56 @@ _FIELD_AT_LINE: dict[int, str] = {
     6269: 'responses',
     6270: 'responses',
     6271: 'responses',
-    6272: '(tagged fields)',
-    6273: '(tagged fields)',
+    6272: 'responses',
+    6273: 'responses',
     6274: '(tagged fields)',
     6275: '(tagged fields)',
     6276: '(tagged fields)',
-    6330: 'transactional_id',
-    6331: 'transactional_id',
+    6277: '(tagged fields)',
+    6278: '(tagged fields)',
     6332: 'transactional_id',
     6333: 'transactional_id',
-    6334: 'transaction_timeout_ms',
-    6335: 'transaction_timeout_ms',
+    6334: 'transactional_id',
+    6335: 'transactional_id',
     6336: 'transaction_timeout_ms',
-    6337: 'producer_id',
-    6338: 'producer_id',
+    6337: 'transaction_timeout_ms',
+    6338: 'transaction_timeout_ms',
     6339: 'producer_id',
-    6340: 'enable2_pc',
-    6341: 'enable2_pc',
-    6342: '(tagged fields)',
-    6343: '(tagged fields)',
+    6340: 'producer_id',
+    6341: 'producer_id',
+    6342: 'enable2_pc',
+    6343: 'enable2_pc',
     6344: '(tagged fields)',
     6345: '(tagged fields)',
     6346: '(tagged fields)',
-    6389: 'throttle_time_ms',
-    6390: 'throttle_time_ms',
+    6347: '(tagged fields)',
+    6348: '(tagged fields)',
     6391: 'throttle_time_ms',
-    6392: 'ongoing_txn_producer_id',
-    6393: 'ongoing_txn_producer_id',
-    6394: '(tagged fields)',
-    6395: '(tagged fields)',
+    6392: 'throttle_time_ms',
+    6393: 'throttle_time_ms',
+    6394: 'ongoing_txn_producer_id',
+    6395: 'ongoing_txn_producer_id',
     6396: '(tagged fields)',
     6397: '(tagged fields)',
     6398: '(tagged fields)',
-    6428: 'partition_index',
-    6429: 'partition_index',
+    6399: '(tagged fields)',
+    6400: '(tagged fields)',
     6430: 'partition_index',
-    6431: 'current_leader_epoch',
-    6432: 'current_leader_epoch',
-    6433: 'timestamp',
-    6434: 'timestamp',
-    6435: '(tagged fields)',
-    6436: '(tagged fields)',
+    6431: 'partition_index',
+    6432: 'partition_index',
+    6433: 'current_leader_epoch',
+    6434: 'current_leader_epoch',
+    6435: 'timestamp',
+    6436: 'timestamp',
     6437: '(tagged fields)',
     6438: '(tagged fields)',
     6439: '(tagged fields)',
-    6480: 'name',
-    6481: 'name',
+    6440: '(tagged fields)',
+    6441: '(tagged fields)',
     6482: 'name',
     6483: 'name',
-    6484: 'partitions',
-    6485: 'partitions',
+    6484: 'name',
+    6485: 'name',
     6486: 'partitions',
     6487: 'partitions',
     6488: 'partitions',
@@ -10985,18 +10985,18 @@ _FIELD_AT_LINE: dict[int, str] = {
     6493: 'partitions',
     6494: 'partitions',
     6495: 'partitions',
-    6496: '(tagged fields)',
-    6497: '(tagged fields)',
+    6496: 'partitions',
+    6497: 'partitions',
     6498: '(tagged fields)',
     6499: '(tagged fields)',
     6500: '(tagged fields)',
-    6552: 'replica_id',
-    6553: 'replica_id',
+    6501: '(tagged fields)',
+    6502: '(tagged fields)',
     6554: 'replica_id',
-    6555: 'isolation_level',
-    6556: 'isolation_level',
-    6557: 'topics',
-    6558: 'topics',
+    6555: 'replica_id',
+    6556: 'replica_id',
+    6557: 'isolation_level',
+    6558: 'isolation_level',
     6559: 'topics',
     6560: 'topics',
     6561: 'topics',
@@ -11008,29 +11008,29 @@ _FIELD_AT_LINE: dict[int, str] = {
     6567: 'topics',
     6568: 'topics',
     6569: 'topics',
-    6570: 'timeout_ms',
-    6571: 'timeout_ms',
-    6572: '(tagged fields)',
-    6573: '(tagged fields)',
+    6570: 'topics',
+    6571: 'topics',
+    6572: 'timeout_ms',
+    6573: 'timeout_ms',
     6574: '(tagged fields)',
     6575: '(tagged fields)',
     6576: '(tagged fields)',
-    6612: 'partition_index',
-    6613: 'partition_index',
+    6577: '(tagged fields)',
+    6578: '(tagged fields)',
     6614: 'partition_index',
-    6615: 'leader_epoch',
-    6616: 'leader_epoch',
-    6617: '(tagged fields)',
-    6618: '(tagged fields)',
+    6615: 'partition_index',
+    6616: 'partition_index',
+    6617: 'leader_epoch',
+    6618: 'leader_epoch',
     6619: '(tagged fields)',
     6620: '(tagged fields)',
     6621: '(tagged fields)',
-    6662: 'name',
-    6663: 'name',
+    6622: '(tagged fields)',
+    6623: '(tagged fields)',
     6664: 'name',
     6665: 'name',
-    6666: 'partitions',
-    6667: 'partitions',
+    6666: 'name',
+    6667: 'name',
     6668: 'partitions',
     6669: 'partitions',
     6670: 'partitions',
@@ -11041,15 +11041,15 @@ _FIELD_AT_LINE: dict[int, str] = {
     6675: 'partitions',
     6676: 'partitions',
     6677: 'partitions',
-    6678: '(tagged fields)',
-    6679: '(tagged fields)',
+    6678: 'partitions',
+    6679: 'partitions',
     6680: '(tagged fields)',
     6681: '(tagged fields)',
     6682: '(tagged fields)',
-    6725: 'throttle_time_ms',
-    6726: 'throttle_time_ms',
-    6727: 'topics',
-    6728: 'topics',
+    6683: '(tagged fields)',
+    6684: '(tagged fields)',
+    6727: 'throttle_time_ms',
+    6728: 'throttle_time_ms',
     6729: 'topics',
     6730: 'topics',
     6731: 'topics',
@@ -11060,25 +11060,25 @@ _FIELD_AT_LINE: dict[int, str] = {
     6736: 'topics',
     6737: 'topics',
     6738: 'topics',
-    6739: '(tagged fields)',
-    6740: '(tagged fields)',
+    6739: 'topics',
+    6740: 'topics',
     6741: '(tagged fields)',
     6742: '(tagged fields)',
     6743: '(tagged fields)',
-    6776: 'topic_id',
-    6777: 'name',
-    6778: 'name',
+    6744: '(tagged fields)',
+    6745: '(tagged fields)',
+    6778: 'topic_id',
     6779: 'name',
     6780: 'name',
     6781: 'name',
     6782: 'name',
-    6783: '(tagged fields)',
-    6784: '(tagged fields)',
+    6783: 'name',
+    6784: 'name',
     6785: '(tagged fields)',
     6786: '(tagged fields)',
     6787: '(tagged fields)',
-    6859: 'topics',
-    6860: 'topics',
+    6788: '(tagged fields)',
+    6789: '(tagged fields)',
     6861: 'topics',
     6862: 'topics',
     6863: 'topics',
@@ -11102,52 +11102,52 @@ _FIELD_AT_LINE: dict[int, str] = {
     6881: 'topics',
     6882: 'topics',
     6883: 'topics',
-    6884: 'allow_auto_topic_creation',
-    6885: 'allow_auto_topic_creation',
+    6884: 'topics',
+    6885: 'topics',
     6886: 'allow_auto_topic_creation',
-    6887: 'include_cluster_authorized_operations',
-    6888: 'include_cluster_authorized_operations',
+    6887: 'allow_auto_topic_creation',
+    6888: 'allow_auto_topic_creation',
     6889: 'include_cluster_authorized_operations',
-    6890: 'include_topic_authorized_operations',
-    6891: 'include_topic_authorized_operations',
-    6892: '(tagged fields)',
-    6893: '(tagged fields)',
+    6890: 'include_cluster_authorized_operations',
+    6891: 'include_cluster_authorized_operations',
+    6892: 'include_topic_authorized_operations',
+    6893: 'include_topic_authorized_operations',
     6894: '(tagged fields)',
     6895: '(tagged fields)',
     6896: '(tagged fields)',
-    6935: 'node_id',
-    6936: 'node_id',
-    6937: 'host',
-    6938: 'host',
+    6897: '(tagged fields)',
+    6898: '(tagged fields)',
+    6937: 'node_id',
+    6938: 'node_id',
     6939: 'host',
     6940: 'host',
-    6941: 'port',
-    6942: 'port',
+    6941: 'host',
+    6942: 'host',
     6943: 'port',
-    6944: 'rack',
-    6945: 'rack',
+    6944: 'port',
+    6945: 'port',
     6946: 'rack',
     6947: 'rack',
-    6948: '(tagged fields)',
-    6949: '(tagged fields)',
+    6948: 'rack',
+    6949: 'rack',
     6950: '(tagged fields)',
     6951: '(tagged fields)',
     6952: '(tagged fields)',
-    7017: 'error_code',
-    7018: 'error_code',
+    6953: '(tagged fields)',
+    6954: '(tagged fields)',
     7019: 'error_code',
-    7020: 'leader_epoch',
-    7021: 'leader_epoch',
-    7022: 'replica_nodes',
-    7023: 'replica_nodes',
+    7020: 'error_code',
+    7021: 'error_code',
+    7022: 'leader_epoch',
+    7023: 'leader_epoch',
     7024: 'replica_nodes',
     7025: 'replica_nodes',
     7026: 'replica_nodes',
     7027: 'replica_nodes',
     7028: 'replica_nodes',
     7029: 'replica_nodes',
-    7030: 'isr_nodes',
-    7031: 'isr_nodes',
+    7030: 'replica_nodes',
+    7031: 'replica_nodes',
     7032: 'isr_nodes',
     7033: 'isr_nodes',
     7034: 'isr_nodes',
@@ -11155,34 +11155,34 @@ _FIELD_AT_LINE: dict[int, str] = {
     7036: 'isr_nodes',
     7037: 'isr_nodes',
     7038: 'isr_nodes',
-    7039: 'offline_replicas',
-    7040: 'offline_replicas',
+    7039: 'isr_nodes',
+    7040: 'isr_nodes',
     7041: 'offline_replicas',
     7042: 'offline_replicas',
     7043: 'offline_replicas',
     7044: 'offline_replicas',
     7045: 'offline_replicas',
     7046: 'offline_replicas',
-    7047: '(tagged fields)',
-    7048: '(tagged fields)',
+    7047: 'offline_replicas',
+    7048: 'offline_replicas',
     7049: '(tagged fields)',
     7050: '(tagged fields)',
     7051: '(tagged fields)',
-    7112: 'error_code',
-    7113: 'error_code',
-    7114: 'name',
-    7115: 'name',
+    7052: '(tagged fields)',
+    7053: '(tagged fields)',
+    7114: 'error_code',
+    7115: 'error_code',
     7116: 'name',
     7117: 'name',
     7118: 'name',
     7119: 'name',
     7120: 'name',
-    7121: 'topic_id',
-    7122: 'topic_id',
-    7123: 'is_internal',
-    7124: 'is_internal',
-    7125: 'partitions',
-    7126: 'partitions',
+    7121: 'name',
+    7122: 'name',
+    7123: 'topic_id',
+    7124: 'topic_id',
+    7125: 'is_internal',
+    7126: 'is_internal',
     7127: 'partitions',
     7128: 'partitions',
     7129: 'partitions',
@@ -11194,17 +11194,17 @@ _FIELD_AT_LINE: dict[int, str] = {
     7135: 'partitions',
     7136: 'partitions',
     7137: 'partitions',
-    7138: 'topic_authorized_operations',
-    7139: 'topic_authorized_operations',
-    7140: '(tagged fields)',
-    7141: '(tagged fields)',
+    7138: 'partitions',
+    7139: 'partitions',
+    7140: 'topic_authorized_operations',
+    7141: 'topic_authorized_operations',
     7142: '(tagged fields)',
     7143: '(tagged fields)',
     7144: '(tagged fields)',
-    7221: 'throttle_time_ms',
-    7222: 'throttle_time_ms',
-    7223: 'brokers',
-    7224: 'brokers',
+    7145: '(tagged fields)',
+    7146: '(tagged fields)',
+    7223: 'throttle_time_ms',
+    7224: 'throttle_time_ms',
     7225: 'brokers',
     7226: 'brokers',
     7227: 'brokers',
@@ -11216,15 +11216,15 @@ _FIELD_AT_LINE: dict[int, str] = {
     7233: 'brokers',
     7234: 'brokers',
     7235: 'brokers',
-    7236: 'cluster_id',
-    7237: 'cluster_id',
+    7236: 'brokers',
+    7237: 'brokers',
     7238: 'cluster_id',
     7239: 'cluster_id',
     7240: 'cluster_id',
-    7241: 'controller_id',
-    7242: 'controller_id',
-    7243: 'topics',
-    7244: 'topics',
+    7241: 'cluster_id',
+    7242: 'cluster_id',
+    7243: 'controller_id',
+    7244: 'controller_id',
     7245: 'topics',
     7246: 'topics',
     7247: 'topics',
@@ -11236,29 +11236,29 @@ _FIELD_AT_LINE: dict[int, str] = {
     7253: 'topics',
     7254: 'topics',
     7255: 'topics',
-    7256: 'cluster_authorized_operations',
-    7257: 'cluster_authorized_operations',
+    7256: 'topics',
+    7257: 'topics',
     7258: 'cluster_authorized_operations',
-    7259: 'error_code',
-    7260: 'error_code',
-    7261: '(tagged fields)',
-    7262: '(tagged fields)',
+    7259: 'cluster_authorized_operations',
+    7260: 'cluster_authorized_operations',
+    7261: 'error_code',
+    7262: 'error_code',
     7263: '(tagged fields)',
     7264: '(tagged fields)',
     7265: '(tagged fields)',
-    7292: 'partition',
-    7293: 'partition',
-    7294: '(tagged fields)',
-    7295: '(tagged fields)',
+    7266: '(tagged fields)',
+    7267: '(tagged fields)',
+    7294: 'partition',
+    7295: 'partition',
     7296: '(tagged fields)',
     7297: '(tagged fields)',
     7298: '(tagged fields)',
-    7339: 'topic',
-    7340: 'topic',
+    7299: '(tagged fields)',
+    7300: '(tagged fields)',
     7341: 'topic',
     7342: 'topic',
-    7343: 'partitions',
-    7344: 'partitions',
+    7343: 'topic',
+    7344: 'topic',
     7345: 'partitions',
     7346: 'partitions',
     7347: 'partitions',
@@ -11269,15 +11269,15 @@ _FIELD_AT_LINE: dict[int, str] = {
     7352: 'partitions',
     7353: 'partitions',
     7354: 'partitions',
-    7355: '(tagged fields)',
-    7356: '(tagged fields)',
+    7355: 'partitions',
+    7356: 'partitions',
     7357: '(tagged fields)',
     7358: '(tagged fields)',
     7359: '(tagged fields)',
-    7402: 'replica_id',
-    7403: 'replica_id',
-    7404: 'topics',
-    7405: 'topics',
+    7360: '(tagged fields)',
+    7361: '(tagged fields)',
+    7404: 'replica_id',
+    7405: 'replica_id',
     7406: 'topics',
     7407: 'topics',
     7408: 'topics',
@@ -11288,24 +11288,24 @@ _FIELD_AT_LINE: dict[int, str] = {
     7413: 'topics',
     7414: 'topics',
     7415: 'topics',
-    7416: '(tagged fields)',
-    7417: '(tagged fields)',
+    7416: 'topics',
+    7417: 'topics',
     7418: '(tagged fields)',
     7419: '(tagged fields)',
     7420: '(tagged fields)',
-    7449: 'error_code',
-    7450: 'error_code',
-    7451: '(tagged fields)',
-    7452: '(tagged fields)',
+    7421: '(tagged fields)',
+    7422: '(tagged fields)',
+    7451: 'error_code',
+    7452: 'error_code',
     7453: '(tagged fields)',
     7454: '(tagged fields)',
     7455: '(tagged fields)',
-    7496: 'topic',
-    7497: 'topic',
+    7456: '(tagged fields)',
+    7457: '(tagged fields)',
     7498: 'topic',
     7499: 'topic',
-    7500: 'partitions',
-    7501: 'partitions',
+    7500: 'topic',
+    7501: 'topic',
     7502: 'partitions',
     7503: 'partitions',
     7504: 'partitions',
@@ -11316,15 +11316,15 @@ _FIELD_AT_LINE: dict[int, str] = {
     7509: 'partitions',
     7510: 'partitions',
     7511: 'partitions',
-    7512: '(tagged fields)',
-    7513: '(tagged fields)',
+    7512: 'partitions',
+    7513: 'partitions',
     7514: '(tagged fields)',
     7515: '(tagged fields)',
     7516: '(tagged fields)',
-    7557: 'throttle_time_ms',
-    7558: 'throttle_time_ms',
-    7559: 'topics',
-    7560: 'topics',
+    7517: '(tagged fields)',
+    7518: '(tagged fields)',
+    7559: 'throttle_time_ms',
+    7560: 'throttle_time_ms',
     7561: 'topics',
     7562: 'topics',
     7563: 'topics',
@@ -11335,30 +11335,30 @@ _FIELD_AT_LINE: dict[int, str] = {
     7568: 'topics',
     7569: 'topics',
     7570: 'topics',
-    7571: '(tagged fields)',
-    7572: '(tagged fields)',
+    7571: 'topics',
+    7572: 'topics',
     7573: '(tagged fields)',
     7574: '(tagged fields)',
     7575: '(tagged fields)',
-    7604: 'index',
-    7605: 'index',
-    7606: 'records',
-    7607: 'records',
+    7576: '(tagged fields)',
+    7577: '(tagged fields)',
+    7606: 'index',
+    7607: 'index',
     7608: 'records',
     7609: 'records',
-    7610: '(tagged fields)',
-    7611: '(tagged fields)',
+    7610: 'records',
+    7611: 'records',
     7612: '(tagged fields)',
     7613: '(tagged fields)',
     7614: '(tagged fields)',
-    7661: 'name',
-    7662: 'name',
+    7615: '(tagged fields)',
+    7616: '(tagged fields)',
     7663: 'name',
     7664: 'name',
     7665: 'name',
-    7666: 'topic_id',
-    7667: 'partition_data',
-    7668: 'partition_data',
+    7666: 'name',
+    7667: 'name',
+    7668: 'topic_id',
     7669: 'partition_data',
     7670: 'partition_data',
     7671: 'partition_data',
@@ -11369,19 +11369,19 @@ _FIELD_AT_LINE: dict[int, str] = {
     7676: 'partition_data',
     7677: 'partition_data',
     7678: 'partition_data',
-    7679: '(tagged fields)',
-    7680: '(tagged fields)',
+    7679: 'partition_data',
+    7680: 'partition_data',
     7681: '(tagged fields)',
     7682: '(tagged fields)',
     7683: '(tagged fields)',
-    7732: 'transactional_id',
-    7733: 'transactional_id',
+    7684: '(tagged fields)',
+    7685: '(tagged fields)',
     7734: 'transactional_id',
     7735: 'transactional_id',
-    7736: 'acks',
-    7737: 'acks',
-    7738: 'topic_data',
-    7739: 'topic_data',
+    7736: 'transactional_id',
+    7737: 'transactional_id',
+    7738: 'acks',
+    7739: 'acks',
     7740: 'topic_data',
     7741: 'topic_data',
     7742: 'topic_data',
@@ -11392,36 +11392,36 @@ _FIELD_AT_LINE: dict[int, str] = {
     7747: 'topic_data',
     7748: 'topic_data',
     7749: 'topic_data',
-    7750: '(tagged fields)',
-    7751: '(tagged fields)',
+    7750: 'topic_data',
+    7751: 'topic_data',
     7752: '(tagged fields)',
     7753: '(tagged fields)',
     7754: '(tagged fields)',
-    7783: 'batch_index',
-    7784: 'batch_index',
-    7785: 'batch_index_error_message',
-    7786: 'batch_index_error_message',
+    7755: '(tagged fields)',
+    7756: '(tagged fields)',
+    7785: 'batch_index',
+    7786: 'batch_index',
     7787: 'batch_index_error_message',
     7788: 'batch_index_error_message',
-    7789: '(tagged fields)',
-    7790: '(tagged fields)',
+    7789: 'batch_index_error_message',
+    7790: 'batch_index_error_message',
     7791: '(tagged fields)',
     7792: '(tagged fields)',
     7793: '(tagged fields)',
-    7820: 'leader_id',
-    7821: 'leader_id',
-    7822: '(tagged fields)',
-    7823: '(tagged fields)',
+    7794: '(tagged fields)',
+    7795: '(tagged fields)',
+    7822: 'leader_id',
+    7823: 'leader_id',
     7824: '(tagged fields)',
     7825: '(tagged fields)',
-    7893: 'index',
-    7894: 'index',
+    7826: '(tagged fields)',
+    7827: '(tagged fields)',
     7895: 'index',
-    7896: 'log_start_offset',
-    7897: 'log_start_offset',
+    7896: 'index',
+    7897: 'index',
     7898: 'log_start_offset',
-    7899: 'record_errors',
-    7900: 'record_errors',
+    7899: 'log_start_offset',
+    7900: 'log_start_offset',
     7901: 'record_errors',
     7902: 'record_errors',
     7903: 'record_errors',
@@ -11433,12 +11433,12 @@ _FIELD_AT_LINE: dict[int, str] = {
     7909: 'record_errors',
     7910: 'record_errors',
     7911: 'record_errors',
-    7912: 'error_message',
-    7913: 'error_message',
+    7912: 'record_errors',
+    7913: 'record_errors',
     7914: 'error_message',
     7915: 'error_message',
-    7916: '(tagged fields)',
-    7917: '(tagged fields)',
+    7916: 'error_message',
+    7917: 'error_message',
     7918: '(tagged fields)',
     7919: '(tagged fields)',
     7920: '(tagged fields)',
@@ -11446,17 +11446,17 @@ _FIELD_AT_LINE: dict[int, str] = {
     7922: '(tagged fields)',
     7923: '(tagged fields)',
     7924: '(tagged fields)',
-    7925: 'current_leader',
-    7926: 'current_leader',
-    7927: '(tagged fields)',
-    7974: 'name',
-    7975: 'name',
+    7925: '(tagged fields)',
+    7926: '(tagged fields)',
+    7927: 'current_leader',
+    7928: 'current_leader',
+    7929: '(tagged fields)',
     7976: 'name',
     7977: 'name',
     7978: 'name',
-    7979: 'topic_id',
-    7980: 'partition_responses',
-    7981: 'partition_responses',
+    7979: 'name',
+    7980: 'name',
+    7981: 'topic_id',
     7982: 'partition_responses',
     7983: 'partition_responses',
     7984: 'partition_responses',
@@ -11467,23 +11467,23 @@ _FIELD_AT_LINE: dict[int, str] = {
     7989: 'partition_responses',
     7990: 'partition_responses',
     7991: 'partition_responses',
-    7992: '(tagged fields)',
-    7993: '(tagged fields)',
+    7992: 'partition_responses',
+    7993: 'partition_responses',
     7994: '(tagged fields)',
     7995: '(tagged fields)',
     7996: '(tagged fields)',
-    8030: 'node_id',
-    8031: 'node_id',
-    8032: 'host',
-    8033: 'port',
-    8034: 'port',
-    8035: 'rack',
-    8036: '(tagged fields)',
-    8037: '(tagged fields)',
+    7997: '(tagged fields)',
+    7998: '(tagged fields)',
+    8032: 'node_id',
+    8033: 'node_id',
+    8034: 'host',
+    8035: 'port',
+    8036: 'port',
+    8037: 'rack',
     8038: '(tagged fields)',
     8039: '(tagged fields)',
-    8094: 'responses',
-    8095: 'responses',
+    8040: '(tagged fields)',
+    8041: '(tagged fields)',
     8096: 'responses',
     8097: 'responses',
     8098: 'responses',
@@ -11494,10 +11494,10 @@ _FIELD_AT_LINE: dict[int, str] = {
     8103: 'responses',
     8104: 'responses',
     8105: 'responses',
-    8106: 'throttle_time_ms',
-    8107: 'throttle_time_ms',
-    8108: '(tagged fields)',
-    8109: '(tagged fields)',
+    8106: 'responses',
+    8107: 'responses',
+    8108: 'throttle_time_ms',
+    8109: 'throttle_time_ms',
     8110: '(tagged fields)',
     8111: '(tagged fields)',
     8112: '(tagged fields)',
@@ -11505,224 +11505,226 @@ _FIELD_AT_LINE: dict[int, str] = {
     8114: '(tagged fields)',
     8115: '(tagged fields)',
     8116: '(tagged fields)',
-    8117: 'node_endpoints',
-    8118: 'node_endpoints',
+    8117: '(tagged fields)',
+    8118: '(tagged fields)',
     8119: 'node_endpoints',
     8120: 'node_endpoints',
     8121: 'node_endpoints',
     8122: 'node_endpoints',
-    8123: '(tagged fields)',
-    8154: 'cluster_id',
-    8155: 'voter_id',
-    8156: 'voter_id',
-    8157: 'voter_directory_id',
-    8158: '(tagged fields)',
-    8159: '(tagged fields)',
+    8123: 'node_endpoints',
+    8124: 'node_endpoints',
+    8125: '(tagged fields)',
+    8156: 'cluster_id',
+    8157: 'voter_id',
+    8158: 'voter_id',
+    8159: 'voter_directory_id',
     8160: '(tagged fields)',
     8161: '(tagged fields)',
-    8191: 'throttle_time_ms',
-    8192: 'throttle_time_ms',
-    8193: 'error_message',
-    8194: '(tagged fields)',
-    8195: '(tagged fields)',
+    8162: '(tagged fields)',
+    8163: '(tagged fields)',
+    8193: 'throttle_time_ms',
+    8194: 'throttle_time_ms',
+    8195: 'error_message',
     8196: '(tagged fields)',
     8197: '(tagged fields)',
-    8229: 'request_api_key',
-    8230: 'request_api_key',
-    8231: 'client_id',
-    8232: '(tagged fields)',
-    8233: '(tagged fields)',
+    8198: '(tagged fields)',
+    8199: '(tagged fields)',
+    8231: 'request_api_key',
+    8232: 'request_api_key',
+    8233: 'client_id',
     8234: '(tagged fields)',
     8235: '(tagged fields)',
     8236: '(tagged fields)',
-    8261: 'correlation_id',
-    8262: 'correlation_id',
-    8263: '(tagged fields)',
-    8264: '(tagged fields)',
+    8237: '(tagged fields)',
+    8238: '(tagged fields)',
+    8263: 'correlation_id',
+    8264: 'correlation_id',
     8265: '(tagged fields)',
     8266: '(tagged fields)',
     8267: '(tagged fields)',
-    8306: 'feature',
-    8307: 'max_version_level',
-    8308: 'max_version_level',
+    8268: '(tagged fields)',
+    8269: '(tagged fields)',
+    8308: 'feature',
     8309: 'max_version_level',
-    8310: 'allow_downgrade',
-    8311: 'allow_downgrade',
+    8310: 'max_version_level',
+    8311: 'max_version_level',
     8312: 'allow_downgrade',
-    8313: 'upgrade_type',
-    8314: 'upgrade_type',
-    8315: '(tagged fields)',
-    8316: '(tagged fields)',
+    8313: 'allow_downgrade',
+    8314: 'allow_downgrade',
+    8315: 'upgrade_type',
+    8316: 'upgrade_type',
     8317: '(tagged fields)',
     8318: '(tagged fields)',
-    8359: 'timeout_ms',
-    8360: 'timeout_ms',
-    8361: 'feature_updates',
-    8362: 'feature_updates',
+    8319: '(tagged fields)',
+    8320: '(tagged fields)',
+    8361: 'timeout_ms',
+    8362: 'timeout_ms',
     8363: 'feature_updates',
     8364: 'feature_updates',
     8365: 'feature_updates',
     8366: 'feature_updates',
-    8367: 'validate_only',
-    8368: 'validate_only',
-    8369: '(tagged fields)',
-    8370: '(tagged fields)',
+    8367: 'feature_updates',
+    8368: 'feature_updates',
+    8369: 'validate_only',
+    8370: 'validate_only',
     8371: '(tagged fields)',
     8372: '(tagged fields)',
-    8400: 'feature',
-    8401: 'error_code',
-    8402: 'error_code',
-    8403: 'error_message',
-    8404: '(tagged fields)',
-    8405: '(tagged fields)',
+    8373: '(tagged fields)',
+    8374: '(tagged fields)',
+    8402: 'feature',
+    8403: 'error_code',
+    8404: 'error_code',
+    8405: 'error_message',
     8406: '(tagged fields)',
     8407: '(tagged fields)',
-    8447: 'throttle_time_ms',
-    8448: 'throttle_time_ms',
-    8449: 'error_message',
-    8450: 'error_message',
-    8451: 'results',
-    8452: 'results',
+    8408: '(tagged fields)',
+    8409: '(tagged fields)',
+    8449: 'throttle_time_ms',
+    8450: 'throttle_time_ms',
+    8451: 'error_message',
+    8452: 'error_message',
     8453: 'results',
     8454: 'results',
     8455: 'results',
-    8456: '(tagged fields)',
-    8457: '(tagged fields)',
+    8456: 'results',
+    8457: 'results',
     8458: '(tagged fields)',
     8459: '(tagged fields)',
-    8487: 'name',
-    8488: 'host',
-    8489: 'port',
-    8490: 'port',
-    8491: '(tagged fields)',
-    8492: '(tagged fields)',
+    8460: '(tagged fields)',
+    8461: '(tagged fields)',
+    8489: 'name',
+    8490: 'host',
+    8491: 'port',
+    8492: 'port',
     8493: '(tagged fields)',
     8494: '(tagged fields)',
-    8521: 'min_supported_version',
-    8522: 'min_supported_version',
-    8523: '(tagged fields)',
-    8524: '(tagged fields)',
+    8495: '(tagged fields)',
+    8496: '(tagged fields)',
+    8523: 'min_supported_version',
+    8524: 'min_supported_version',
     8525: '(tagged fields)',
     8526: '(tagged fields)',
-    8572: 'cluster_id',
-    8573: 'current_leader_epoch',
-    8574: 'current_leader_epoch',
-    8575: 'voter_directory_id',
-    8576: 'listeners',
-    8577: 'listeners',
+    8527: '(tagged fields)',
+    8528: '(tagged fields)',
+    8574: 'cluster_id',
+    8575: 'current_leader_epoch',
+    8576: 'current_leader_epoch',
+    8577: 'voter_directory_id',
     8578: 'listeners',
     8579: 'listeners',
     8580: 'listeners',
-    8581: 'k_raft_version_feature',
-    8582: '(tagged fields)',
-    8583: '(tagged fields)',
+    8581: 'listeners',
+    8582: 'listeners',
+    8583: 'k_raft_version_feature',
     8584: '(tagged fields)',
     8585: '(tagged fields)',
-    8615: 'leader_id',
-    8616: 'leader_id',
-    8617: 'host',
-    8618: 'port',
-    8619: 'port',
-    8620: '(tagged fields)',
-    8621: '(tagged fields)',
+    8586: '(tagged fields)',
+    8587: '(tagged fields)',
+    8617: 'leader_id',
+    8618: 'leader_id',
+    8619: 'host',
+    8620: 'port',
+    8621: 'port',
     8622: '(tagged fields)',
     8623: '(tagged fields)',
-    8663: 'throttle_time_ms',
-    8664: 'throttle_time_ms',
-    8665: '(tagged fields)',
-    8666: '(tagged fields)',
+    8624: '(tagged fields)',
+    8625: '(tagged fields)',
+    8665: 'throttle_time_ms',
+    8666: 'throttle_time_ms',
     8667: '(tagged fields)',
     8668: '(tagged fields)',
     8669: '(tagged fields)',
     8670: '(tagged fields)',
     8671: '(tagged fields)',
     8672: '(tagged fields)',
-    8673: 'current_leader',
-    8674: 'current_leader',
-    8675: '(tagged fields)',
-    8721: 'partition_index',
-    8722: 'partition_index',
+    8673: '(tagged fields)',
+    8674: '(tagged fields)',
+    8675: 'current_leader',
+    8676: 'current_leader',
+    8677: '(tagged fields)',
     8723: 'partition_index',
-    8724: 'replica_directory_id',
-    8725: 'replica_directory_id',
-    8726: 'voter_directory_id',
-    8727: 'last_offset_epoch',
-    8728: 'last_offset_epoch',
+    8724: 'partition_index',
+    8725: 'partition_index',
+    8726: 'replica_directory_id',
+    8727: 'replica_directory_id',
+    8728: 'voter_directory_id',
     8729: 'last_offset_epoch',
-    8730: 'pre_vote',
-    8731: 'pre_vote',
-    8732: '(tagged fields)',
-    8733: '(tagged fields)',
+    8730: 'last_offset_epoch',
+    8731: 'last_offset_epoch',
+    8732: 'pre_vote',
+    8733: 'pre_vote',
     8734: '(tagged fields)',
     8735: '(tagged fields)',
-    8766: 'topic_name',
-    8767: 'partitions',
-    8768: 'partitions',
+    8736: '(tagged fields)',
+    8737: '(tagged fields)',
+    8768: 'topic_name',
     8769: 'partitions',
     8770: 'partitions',
     8771: 'partitions',
-    8772: '(tagged fields)',
-    8773: '(tagged fields)',
+    8772: 'partitions',
+    8773: 'partitions',
     8774: '(tagged fields)',
     8775: '(tagged fields)',
-    8813: 'cluster_id',
-    8814: 'cluster_id',
-    8815: 'voter_id',
-    8816: 'voter_id',
-    8817: 'topics',
-    8818: 'topics',
+    8776: '(tagged fields)',
+    8777: '(tagged fields)',
+    8815: 'cluster_id',
+    8816: 'cluster_id',
+    8817: 'voter_id',
+    8818: 'voter_id',
     8819: 'topics',
     8820: 'topics',
     8821: 'topics',
-    8822: '(tagged fields)',
-    8823: '(tagged fields)',
+    8822: 'topics',
+    8823: 'topics',
     8824: '(tagged fields)',
     8825: '(tagged fields)',
-    8855: 'partition_index',
-    8856: 'partition_index',
-    8857: '(tagged fields)',
-    8858: '(tagged fields)',
+    8826: '(tagged fields)',
+    8827: '(tagged fields)',
+    8857: 'partition_index',
+    8858: 'partition_index',
     8859: '(tagged fields)',
     8860: '(tagged fields)',
-    8891: 'topic_name',
-    8892: 'partitions',
-    8893: 'partitions',
+    8861: '(tagged fields)',
+    8862: '(tagged fields)',
+    8893: 'topic_name',
     8894: 'partitions',
     8895: 'partitions',
     8896: 'partitions',
-    8897: '(tagged fields)',
-    8898: '(tagged fields)',
+    8897: 'partitions',
+    8898: 'partitions',
     8899: '(tagged fields)',
     8900: '(tagged fields)',
-    8931: 'node_id',
-    8932: 'node_id',
-    8933: 'host',
-    8934: 'port',
-    8935: 'port',
-    8936: '(tagged fields)',
-    8937: '(tagged fields)',
+    8901: '(tagged fields)',
+    8902: '(tagged fields)',
+    8933: 'node_id',
+    8934: 'node_id',
+    8935: 'host',
+    8936: 'port',
+    8937: 'port',
     8938: '(tagged fields)',
     8939: '(tagged fields)',
-    8987: 'error_code',
-    8988: 'error_code',
-    8989: 'topics',
-    8990: 'topics',
+    8940: '(tagged fields)',
+    8941: '(tagged fields)',
+    8989: 'error_code',
+    8990: 'error_code',
     8991: 'topics',
     8992: 'topics',
     8993: 'topics',
-    8994: '(tagged fields)',
-    8995: '(tagged fields)',
+    8994: 'topics',
+    8995: 'topics',
     8996: '(tagged fields)',
     8997: '(tagged fields)',
     8998: '(tagged fields)',
     8999: '(tagged fields)',
     9000: '(tagged fields)',
     9001: '(tagged fields)',
-    9002: 'node_endpoints',
-    9003: 'node_endpoints',
+    9002: '(tagged fields)',
+    9003: '(tagged fields)',
     9004: 'node_endpoints',
     9005: 'node_endpoints',
     9006: 'node_endpoints',
     9007: 'node_endpoints',
-    9008: '(tagged fields)',
+    9008: 'node_endpoints',
+    9009: 'node_endpoints',
+    9010: '(tagged fields)',
 }

@@ -38,7 +38,7 @@ def test_every_api_and_version_is_judged():
 
 
 @pytest.mark.parametrize(("cls", "version"), CASES)
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_both_directions_agree_with_kio(cls, version, data):
     kio_type = kio_class(cls, version)
