@@ -14,4 +14,13 @@
   and ``UnsupportedVersionError``.
 * ``bench.py``: ``python -m metalog.protocol.kafka.bench`` prints the codec's
   speed on a Produce request and a Fetch response.
+
+Beyond the contract (additions, names kept): ``wire.encode_response_buffer``
+(the frame as a bytearray, without ``encode_response``'s final copy, for the
+Fetch path); ``wire.read_request_header``; every ``read`` turns a fault into
+``KafkaDecodeError`` (not only ``decode``); the wire exceptions are all
+``KafkaDecodeError`` subclasses; ``decode_request`` ignores bytes after a
+request body as Kafka does (librdkafka sends some), while ``Message.decode``
+refuses them. Splitting a byte stream into frames stays
+``metalog.protocol.codec.FrameDecoder``'s job.
 """
