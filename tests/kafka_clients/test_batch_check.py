@@ -5,13 +5,17 @@ refused with the code Kafka answers. No cluster: milliseconds."""
 
 from __future__ import annotations
 
+import random
+import struct
+
+import crc32c
 import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from metalog.broker.server.kafka.batch_check import INVALID_RECORD, UNSUPPORTED_COMPRESSION_TYPE, check_batch
 from metalog.broker.server.produce import PrebuiltProduce
 from metalog.protocol.errors import Errors
-from metalog.storage.batch import decode_full_records, decode_header
+from metalog.storage.batch import CorruptBatchError, decode_full_records, decode_header
 
 GZIP = 1
 
@@ -77,3 +81,46 @@ def test_a_null_value_is_refused_the_controller_reads_values():
 def test_nothing_to_produce_is_refused():
     assert check_batch(None)[0] == INVALID_RECORD
     assert check_batch(b"")[0] == INVALID_RECORD
+
+
+def _with_crc(data: bytearray) -> bytes:
+    """`data` with its CRC recomputed: damage the CRC cannot catch (a client's bug)."""
+    struct.pack_into(">I", data, 17, crc32c.crc32c(bytes(data[21:])))
+    return bytes(data)
+
+
+def test_records_that_do_not_parse_are_invalid_record_even_with_a_good_crc():
+    data = bytearray(kafka_batch([(None, b"v0", []), (None, b"v1", [])]))
+    assert isinstance(check_batch(_with_crc(data)), PrebuiltProduce)
+    twice = bytearray(data)
+    second = 61 + 1 + data[61] // 2  # the second record starts after the first (one-byte length)
+    twice[second + 3] = 0  # its offset delta 1 -> 0 (zig-zag 2 -> 0)
+    code, message = check_batch(_with_crc(twice))
+    assert (code, "offset delta 0" in message) == (INVALID_RECORD, True)
+    longer = bytearray(data)
+    longer[61] += 2  # the first record's length past its bytes
+    assert check_batch(_with_crc(longer))[0] == INVALID_RECORD
+
+
+def test_the_check_accepts_exactly_what_our_reader_parses():
+    """Bytes changed at random inside the records (CRC recomputed, as a buggy
+    client would send them): the check accepts a batch exactly when our own
+    storage reader parses every record with a value -- what the controller
+    needs of every committed record."""
+    rng = random.Random(32)
+    base = bytearray(kafka_batch(RECORDS + [(b"k" * 70, b"v" * 200, [("x" * 65, b"y" * 130)])]))
+    accepted = refused = 0
+    for _ in range(3000):
+        data = bytearray(base)
+        for _ in range(rng.randint(1, 3)):
+            data[rng.randrange(61, len(data))] = rng.choice((0, 1, 2, 0x7F, 0x80, 0xFF, rng.randrange(256)))
+        data = bytearray(_with_crc(data))
+        try:
+            reader_ok = all(r.value is not None for r in decode_full_records(bytes(data), decode_header(data, 0)))
+        except CorruptBatchError:
+            reader_ok = False
+        got = check_batch(bytes(data))
+        assert isinstance(got, PrebuiltProduce) == reader_ok, (bytes(data).hex(), got)
+        accepted += reader_ok
+        refused += not reader_ok
+    assert accepted > 500 and refused > 200  # both sides met

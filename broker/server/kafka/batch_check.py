@@ -99,41 +99,84 @@ def _varint(view: memoryview, pos: int, end: int, bytes_max: int) -> tuple[int, 
 
 def _records_problem(view: memoryview, count: int) -> Problem | None:
     """Every record of the batch well formed (Kafka's DefaultRecord), in
-    offset-delta order, each with a value, the last ending at the batch end."""
+    offset-delta order, each with a value, the last ending at the batch end.
+    Per record, the varints of up to two bytes (lengths under 8 KiB, small
+    deltas) are read inline, anything longer by _varint: this runs on every
+    record a Kafka client produces."""
     end = len(view)
     pos = HEADER_SIZE
+    index = 0
+    varint = _varint
     try:
         for index in range(count):
-            length, pos = _varint(view, pos, end, 5)
+            # length (the record's bytes after it)
+            b = view[pos] if pos < end else 0xFF
+            if b < 0x80:
+                z, pos = b, pos + 1
+            elif pos + 1 < end and view[pos + 1] < 0x80:
+                z, pos = (b & 0x7F) | (view[pos + 1] << 7), pos + 2
+            else:
+                length, pos = varint(view, pos, end, 5)
+                z = length << 1 if length >= 0 else 1
+            length = (z >> 1) ^ -(z & 1)
             rend = pos + length
             if length <= 0 or rend > end:
                 raise ValueError(f"length {length} runs past the batch")
-            pos += 1  # attributes (unused in v2)
-            _ts_delta, pos = _varint(view, pos, rend, 10)
-            delta, pos = _varint(view, pos, rend, 5)
-            if delta != index:
-                raise ValueError(f"offset delta {delta}")
-            pos = _field(view, pos, rend, "key")
-            pos = _field(view, pos, rend, "value", nullable=False)
-            headers, pos = _varint(view, pos, rend, 5)
-            if headers < 0:
-                raise ValueError(f"header count {headers}")
-            for _ in range(headers):
-                pos = _field(view, pos, rend, "header key", nullable=False)
-                pos = _field(view, pos, rend, "header value")
+            # attributes, timestamp delta (one byte, else a varlong), offset delta
+            if pos + 1 < rend and view[pos + 1] < 0x80:
+                pos += 2
+            else:
+                _ts_delta, pos = varint(view, pos + 1, rend, 10)
+            b = view[pos] if pos < rend else 0xFF
+            if b < 0x80:
+                z, pos = b, pos + 1
+            elif pos + 1 < rend and view[pos + 1] < 0x80:
+                z, pos = (b & 0x7F) | (view[pos + 1] << 7), pos + 2
+            else:
+                delta, pos = varint(view, pos, rend, 5)
+                z = delta << 1 if delta >= 0 else -1
+            if z != index << 1:
+                raise ValueError(f"offset delta {(z >> 1) ^ -(z & 1)}")
+            pos = _field(view, pos, rend, "key", True)
+            pos = _field(view, pos, rend, "value", False)
+            if pos < rend and view[pos] == 0:
+                pos += 1  # no headers
+            else:
+                pos = _headers(view, pos, rend)
             if pos != rend:
                 raise ValueError(f"{rend - pos} bytes left inside it")
         if pos != end:
             raise ValueError(f"{end - pos} bytes after the last record")
-    except ValueError as exc:
+    except (ValueError, IndexError) as exc:  # (IndexError: a bound check this walk missed, still a bad record)
         return INVALID_RECORD, f"record {index}: {exc}"
     return None
 
 
-def _field(view: memoryview, pos: int, rend: int, what: str, nullable: bool = True) -> int:
-    """Skip a length-prefixed field (-1: null); the position after it."""
-    n, pos = _varint(view, pos, rend, 5)
-    if n < -1 or (n == -1 and not nullable) or pos + max(n, 0) > rend:
-        raise ValueError(f"a null {what}" if n == -1 else f"bad {what} length {n}")
-    return pos + max(n, 0)
+def _headers(view: memoryview, pos: int, rend: int) -> int:
+    headers, pos = _varint(view, pos, rend, 5)
+    if headers < 0:
+        raise ValueError(f"header count {headers}")
+    for _ in range(headers):
+        pos = _field(view, pos, rend, "header key", False)
+        pos = _field(view, pos, rend, "header value", True)
+    return pos
 
+
+def _field(view: memoryview, pos: int, rend: int, what: str, nullable: bool) -> int:
+    """Skip a length-prefixed field (-1: null); the position after it."""
+    b = view[pos] if pos < rend else 0xFF
+    if b < 0x80:
+        z, pos = b, pos + 1
+    elif pos + 1 < rend and view[pos + 1] < 0x80:
+        z, pos = (b & 0x7F) | (view[pos + 1] << 7), pos + 2
+    else:
+        n, pos = _varint(view, pos, rend, 5)
+        z = n << 1 if n >= 0 else (-n << 1) - 1
+    if z & 1:  # negative: null (-1) or bad
+        if z != 1 or not nullable:
+            raise ValueError(f"a null {what}" if z == 1 else f"bad {what} length {(z >> 1) ^ -1}")
+        return pos
+    pos += z >> 1
+    if pos > rend:
+        raise ValueError(f"{what} of {z >> 1} bytes runs past its record")
+    return pos
