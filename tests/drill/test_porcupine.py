@@ -126,3 +126,31 @@ def test_the_drill_refuses_to_start_without_the_checker(tmp_path, capsys, monkey
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the independent checker" in err and "is missing" in err, err
     assert not os.path.exists(tmp_path / "run" / "node-1")
+
+
+def test_per_fault_figures_stay_in_their_own_window():
+    """Item 5's figures on a constructed run: a kill at +0 s (writes stall 1.5 s, node 2 lags
+    until +3.2 s after the restart at +2 s), a cut at +5 s; an ack of the cut's window is lost."""
+    from types import SimpleNamespace
+
+    from metalog.tools.drill.checker import Ack, History
+    from metalog.tools.drill.drill import FaultRecord, Sample
+    from metalog.tools.drill.figures import by_kind, per_fault
+
+    t0 = 100.0
+    acks = [Ack(b"v%d" % k, k, 1, t0 + k / 10) for k in range(100) if not 0 <= k < 15]
+    samples = [Sample(t0 + k / 10, n, 1, "follower", 1, 1, hw=(k if n != 2 or k >= 32 else min(k, 10)))
+               for k in range(100) for n in (1, 2, 3)]
+    faults = [FaultRecord("kill_leader", 1, t0, t0 + 2.0, leader_before=1, epoch_before=1),
+              FaultRecord("cut_one_way", 1, t0 + 5.0, t0 + 8.0, leader_before=1, epoch_before=1)]
+    drill = SimpleNamespace(t0=t0, faults=faults, samples=samples, history=History(acks=acks),
+                            cluster=SimpleNamespace(nodes={1: None, 2: None, 3: None}))
+    log = {a.offset: a.value for a in acks if a.offset != 60}  # offset 60 (acked at +6 s) holds another value
+    log[60] = b"other"
+    rows = per_fault(drill, SimpleNamespace(log=log), [{"ts": t0, "leader_commit_ms": 1400.0}], t0 + 10, 100)
+    assert [(r["acknowledged"], r["lost"], r["duplicated"]) for r in rows] == [(35, 0, 0), (50, 1, 0)]
+    assert rows[0]["longest_no_ack_ms"] == 1500.0 and rows[1]["longest_no_ack_ms"] == 100.0
+    assert rows[0]["new_leader_commit_ms"] == 1400.0 and rows[1]["new_leader_commit_ms"] is None
+    assert rows[0]["heal_to_converged_ms"] == 1200.0  # node 2 reached the HW of the restart at +3.2 s
+    kinds = by_kind(rows, {"ours": False, "porcupine": False})
+    assert kinds["cut_one_way"]["lost"] == 1 and kinds["kill_leader"]["lost"] == 0

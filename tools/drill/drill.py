@@ -74,6 +74,7 @@ from metalog.tools.drill import netfaults
 from metalog.tools.drill.netfaults import NET_FAULTS, PACKET_FAULTS, NetnsFaults, ProxyFaults
 from metalog.tools.drill.verify import why_not_bitten
 from metalog.tools.cluster.netns import NetnsError, NetnsHosts, unavailable as netns_unavailable
+from metalog.tools.drill.figures import lines as fault_lines
 from metalog.tools.drill.report import build_report, failover_lines, write_report
 from metalog.tools.extras import PLOT_MODULES, missing
 
@@ -668,6 +669,8 @@ def run_drill(args) -> tuple[int, dict]:
     print(f"faults verified to take effect: {s['faults_verified']} of {s['faults']} (network faults on the "
           f"{s['network']})")
     for line in failover_lines(s["failover_by_kind"]):
+        print(line)
+    for line in fault_lines(s["fault_kinds"]):
         print(line)
     print(f"report: {paths['json']}  timeline: {paths['png']}")
     return (0 if report["ok"] else 1), report

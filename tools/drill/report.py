@@ -27,6 +27,8 @@ import sys
 from collections import Counter
 from types import SimpleNamespace
 
+from metalog.tools.drill import figures
+
 UNAVAILABLE_GAP_S = 0.5
 THROUGHPUT_BIN_S = 0.5
 LEADER_FAULTS = ("kill_leader", "pause_leader", "isolate_leader", "split_majority")
@@ -180,6 +182,8 @@ def build_report(drill, out: dict) -> dict:
                           "voters_caught_up_before": f.detail.get("voters_caught_up_before"),
                           "caught_up_after": f.detail.get("wiped_caught_up")})
     porcupine = out.get("porcupine")
+    rows = figures.per_fault(drill, res, fo, t_end, out["commit_end"])
+    checkers = {"ours": res.ok, "porcupine": porcupine.ok if porcupine is not None else None}
     return {
         "ok": res.ok and not out["problems"] and (porcupine is None or porcupine.ok),
         "seed": drill.seed,
@@ -199,6 +203,7 @@ def build_report(drill, out: dict) -> dict:
             "failover_ms_p99": _pct(fo_ms, 99),
             "failover_ms_max": max(fo_ms) if fo_ms else None,
             "failover_by_kind": failover_by_kind(fo),
+            "fault_kinds": figures.by_kind(rows, checkers),
             "unavailable_s_total": round(sum(b - a for a, b in windows), 2),
             "records_consumed": len(drill.history.seen),
             "truncations_told": len(drill.history.truncations),
@@ -216,6 +221,7 @@ def build_report(drill, out: dict) -> dict:
                     "held_s": round((f.ts_end or f.ts_start) - f.ts_start, 3), "leader_before": f.leader_before,
                     "epoch_before": f.epoch_before, **f.detail} for f in drill.faults],
         "failovers": [{**f, "t_s": round(f["ts"] - drill.t0, 3)} for f in fo],
+        "fault_windows": rows,
         "unavailable_windows_s": [[round(a - drill.t0, 3), round(b - drill.t0, 3)] for a, b in windows],
         "wipes": wipes,
         "consumer_resets": [{"consumer": r.consumer, "t_s": round(r.ts - drill.t0, 3), "from_offset": r.from_offset,
