@@ -36,7 +36,7 @@ PACER_BURST = 2  # handshakes that may start back to back after a quiet period
 
 class HandshakeMeter:
     """Loop seconds spent in TLS handshakes: a total, the share of the last
-    second, and the mean cost of a finished handshake (over the last
+    second, and the mean cost of a handshake (over the last
     ``MEAN_DECAY_S``, so that a burst after a quiet period is still paced by
     what handshakes cost)."""
 
@@ -49,7 +49,7 @@ class HandshakeMeter:
         self.handshakes_total = 0  # started
         self._recent_s = 0.0  # seconds spent, decayed over decay_s
         self._mean_s = 0.0  # seconds spent, decayed over mean_decay_s
-        self._mean_n = 0.0  # handshakes finished, decayed alike
+        self._mean_n = 0.0  # handshakes that took a first step, decayed alike
         self._at_s = clock()
 
     def _decay(self) -> None:
@@ -65,13 +65,13 @@ class HandshakeMeter:
     def started(self) -> None:
         self.handshakes_total += 1
 
-    def spent(self, seconds: float, finished: bool) -> None:
-        """One handshake step took `seconds`; `finished`: it was the handshake's last."""
+    def spent(self, seconds: float, first: bool) -> None:
+        """One handshake step took `seconds`; `first`: the handshake's first step."""
         self._decay()
         self.seconds_total += seconds
         self._recent_s += seconds
         self._mean_s += seconds
-        if finished:
+        if first:
             self._mean_n += 1
 
     def share(self) -> float:
@@ -93,15 +93,16 @@ class TimedSSLObject(ssl.SSLObject):
     """An SSLObject that tells ``HANDSHAKE_METER`` how long each handshake step took."""
 
     def do_handshake(self) -> None:
+        # A handshake counts toward the mean at its first step, the costly one for a server (the
+        # answer to a ClientHello is a key exchange and a signature): a flood that never finishes
+        # its handshakes still teaches the meter what they cost.
+        first = not getattr(self, "_metered", False)
+        self._metered = True
         t0 = time.perf_counter()
-        finished = True
         try:
             super().do_handshake()
-        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-            finished = False  # waits for the peer's next flight
-            raise
         finally:
-            HANDSHAKE_METER.spent(time.perf_counter() - t0, finished)
+            HANDSHAKE_METER.spent(time.perf_counter() - t0, first)
 
 
 def meter_handshakes(ctx: ssl.SSLContext) -> ssl.SSLContext:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import heapq
 import itertools
 import socket
@@ -416,9 +417,9 @@ class _Acceptor:
         self._listener.starting(w.host, now_s, w.arrived_s)
         self._listener.stats.delayed_now = self.delayed
         task = self._loop.create_task(self._loop.connect_accepted_socket(self._make, w.sock))
-        task.add_done_callback(lambda t, w=w: self._started(t, w))
+        task.add_done_callback(functools.partial(self._started, w))
 
-    def _started(self, task: asyncio.Task, w: _Waiting) -> None:
+    def _started(self, w: _Waiting, task: asyncio.Task) -> None:
         if task.cancelled() or task.exception() is not None:
             self._listener.refused("connection_start_failed", w.host, peer=w.peer,
                                    error="cancelled" if task.cancelled() else repr(task.exception()))

@@ -78,7 +78,7 @@ def test_an_established_client_is_answered_through_a_handshake_flood(make_cluste
     assert len(took) >= 20 and max(took) < COMMIT_DEADLINE_S
     # the flood reached the broker and its handshakes were paced, not all started at once
     handshakes = metric(cluster, 1, "metalog_tls_handshakes_total") - handshakes_before
-    assert handshakes >= 50
+    assert handshakes >= 10
     delayed = metric(cluster, 1, 'metalog_listener_connections_delayed_total{listener="binary",'
                                  'reason="handshake_budget"}')
     assert delayed > 0

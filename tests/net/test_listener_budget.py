@@ -31,8 +31,8 @@ def test_starts_are_spaced_by_the_mean_cost_over_the_share():
     pacer = HandshakePacer(0.25, meter)
     for _ in range(10):  # measured: 2 ms a handshake, in two steps
         meter.started()
-        meter.spent(0.0015, finished=False)
-        meter.spent(0.0005, finished=True)
+        meter.spent(0.0015, first=True)
+        meter.spent(0.0005, first=False)
     clock.now_s += 10  # a while ago: the share has decayed, the mean (a ratio of decayed sums) stays
     assert meter.mean_cost_s() == pytest.approx(0.002)
     now = clock.now_s
@@ -50,7 +50,7 @@ def test_no_start_while_the_measured_share_is_above_the_budget():
     meter = HandshakeMeter(clock)
     pacer = HandshakePacer(0.25, meter)
     meter.started()
-    meter.spent(0.5, finished=True)  # one handshake step that took half a second of the loop
+    meter.spent(0.5, first=True)  # one handshake step that took half a second of the loop
     assert meter.share() == pytest.approx(0.5)
     wait_s = pacer.next_start_s(clock.now_s) - clock.now_s
     assert wait_s == pytest.approx(0.25)

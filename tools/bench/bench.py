@@ -569,6 +569,10 @@ def format_table(report: dict) -> str:
                      f"by snapshot {c['by_snapshot']['catchup_seconds']} s, speed-up {c['snapshot_speedup']}x "
                      f"(process boot excluded: {c['by_log']['process_boot_seconds']} / "
                      f"{c['by_snapshot']['process_boot_seconds']} s)")
+    if "hostile" in report:
+        from metalog.tools.bench import hostile  # on use: every metalog command imports this module
+
+        lines.append(hostile.format_report(report["hostile"]))
     if report.get("vs") == "etcd" and not etcd_on:
         lines.append("etcd comparison skipped: " + report["etcd"].get("why", ""))
     return "\n".join(lines)
@@ -592,10 +596,10 @@ def cmd_bench(args) -> int:
                 setattr(args, k, v)
     sections = [s.strip() for s in args.only.split(",")] if args.only else ["throughput", "light", "failover",
                                                                            "catchup"]
-    unknown = set(sections) - {"throughput", "light", "failover", "catchup", "profile", *SCALE_SECTIONS}
+    unknown = set(sections) - {"throughput", "light", "failover", "catchup", "profile", "hostile", *SCALE_SECTIONS}
     if unknown:
         print(f"metalog bench: unknown section(s) {sorted(unknown)}; choose from throughput, light, failover, "
-              f"catchup, profile, scale-catchup, scale-commit", file=sys.stderr)
+              f"catchup, profile, hostile, scale-catchup, scale-commit", file=sys.stderr)
         return 2
     report: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(),
                               "vs": args.vs, "argv": sys.argv[1:],
@@ -622,6 +626,11 @@ def cmd_bench(args) -> int:
             bench_catchup(args, root, report)
         if args.profile_commit or "profile" in sections:
             bench_profile_commit(args, root, report)
+        if "hostile" in sections:
+            from metalog.tools.bench import hostile  # on use: every metalog command imports this module
+
+            _progress("hostile: idle, 200 hostile connections, a flood of 1000 new connections/s")
+            report["hostile"] = hostile.run(200, 1000, 2.0 if args.smoke else 8.0, os.path.join(root, "hostile"))
         scale_sections = [SCALE_SECTIONS[s] for s in sections if s in SCALE_SECTIONS]
         if scale_sections:
             from metalog.tools.bench import catchup as scale_catchup  # on use: every metalog command imports this module
@@ -658,7 +667,8 @@ def register_cli(subparsers) -> None:
                                             "(optionally against etcd)")
     d = _DEFAULTS
     p.add_argument("--only", help="comma list of sections: throughput,light,failover,catchup (default all); "
-                                  "also profile, scale-catchup, scale-commit (metalog.tools.bench.catchup)")
+                                  "also profile, hostile (metalog.tools.bench.hostile: commits idle and under "
+                                  "attack), scale-catchup, scale-commit (metalog.tools.bench.catchup)")
     p.add_argument("--vs", choices=["etcd"], help="also run the load sections against a 3-member etcd cluster")
     p.add_argument("--clients", type=int, default=d["clients"], help="concurrent logical clients (throughput)")
     p.add_argument("--duration-s", type=float, default=d["duration_s"], help="measured window per run")

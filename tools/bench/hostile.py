@@ -36,6 +36,7 @@ import json
 import os
 import random
 import re
+import resource
 import ssl
 import subprocess
 import sys
@@ -43,6 +44,7 @@ import tempfile
 import time
 
 import uvloop
+import yaml
 
 from metalog.broker.client import MetalogClient
 from metalog.tools.bench.bench import latency_summary_ms
@@ -185,7 +187,10 @@ async def _flood(host: str, port: int, per_s: int, duration_s: float, bad_ca_dir
 def attacker_main(argv: list[str]) -> int:
     kind, host, port, n, duration_s, bad = argv[0], argv[1], int(argv[2]), int(argv[3]), float(argv[4]), argv[5]
     attack = _connections if kind == "connections" else _flood
-    print(json.dumps(uvloop.run(attack(host, port, n, duration_s, bad))), flush=True)
+    stats = uvloop.run(attack(host, port, n, duration_s, bad))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    stats["cpu_per_s"] = round((usage.ru_utime + usage.ru_stime) / duration_s, 2)  # the attacker's own share of a core
+    print(json.dumps(stats), flush=True)
     return 0
 
 
@@ -205,6 +210,28 @@ def _metric(cluster: LocalCluster, node: int, name: str) -> float | None:
     return float(found.group(1)) if found else None
 
 
+def _cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds of process `pid` so far (Linux /proc)."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _measure_with_cpu(cluster: LocalCluster, leader: int, duration_s: float) -> dict:
+    """`_measure`, plus the share of one core the leader's process used meanwhile."""
+    pid = cluster.running_pid(leader)
+    cpu0, t0 = _cpu_s(pid), time.monotonic()
+    out = asyncio.run(_measure(cluster, duration_s))
+    cpu1, t1 = _cpu_s(pid), time.monotonic()
+    out["leader_cpu"] = None if cpu0 is None or cpu1 is None else round((cpu1 - cpu0) / (t1 - t0), 2)
+    return out
+
+
 def _under_attack(cluster: LocalCluster, leader: int, kind: str, amount: int, duration_s: float, bad: str) -> dict:
     host, port = cluster.host, cluster.nodes[leader].port
     log_before = _event_counts(cluster, leader)
@@ -215,7 +242,7 @@ def _under_attack(cluster: LocalCluster, leader: int, kind: str, amount: int, du
     time.sleep(WARMUP_S)  # let the attack build up before measuring
     try:
         t0 = time.monotonic()
-        under = asyncio.run(_measure(cluster, duration_s))
+        under = _measure_with_cpu(cluster, leader, duration_s)
         window_s = time.monotonic() - t0
         hs_after = _metric(cluster, leader, "metalog_tls_handshake_seconds_total")
     finally:
@@ -233,9 +260,9 @@ def _event_counts(cluster: LocalCluster, node: int) -> dict[str, int]:
     return {e: sum(1 for x in log if x.get("event") == e) for e in LOG_EVENTS}
 
 
-def run(hostile: int, flood_per_s: int, duration_s: float, root: str) -> dict:
+def run(hostile: int, flood_per_s: int, duration_s: float, root: str, settings: dict | None = None) -> dict:
     cluster = LocalCluster.create(os.path.join(root, "cluster"), voters=3, observers=0, cluster_id=CLUSTER_ID,
-                                  common={"log_level": "warning"})
+                                  common={"log_level": "warning", **(settings or {})})
     bad = os.path.join(root, "other-ca")
     certs.init_ca(bad, name="attacker-ca")
     certs.issue_user(bad, bad, "mallory")
@@ -243,7 +270,7 @@ def run(hostile: int, flood_per_s: int, duration_s: float, root: str) -> dict:
     attacks = []
     try:
         leader, _ = cluster.wait_for_leader(30)
-        idle = asyncio.run(_measure(cluster, duration_s))
+        idle = _measure_with_cpu(cluster, leader, duration_s)
         for kind, amount in (("connections", hostile), ("flood", flood_per_s)):
             if amount:
                 attacks.append(_under_attack(cluster, leader, kind, amount, duration_s, bad))
@@ -255,14 +282,14 @@ def run(hostile: int, flood_per_s: int, duration_s: float, root: str) -> dict:
         a["p99_ratio"] = round(u["p99_ms"] / idle["p99_ms"], 2) if idle.get("p99_ms") and u.get("p99_ms") else None
         a["commits_share"] = (round(u["commits_per_s"] / idle["commits_per_s"], 2) if idle["commits_per_s"]
                               else None)
-    return {"duration_s": duration_s, "idle": idle, "attacks": attacks, "leader": leader,
-            "leader_after": still_leader}
+    return {"duration_s": duration_s, "settings": settings or {}, "idle": idle, "attacks": attacks,
+            "leader": leader, "leader_after": still_leader}
 
 
 def format_report(result: dict) -> str:
     i = result["idle"]
     lines = [f"hostile: one client's commits idle: p50 {i['p50_ms']} ms p99 {i['p99_ms']} ms, "
-             f"{i['commits_per_s']}/s, {i['errors']} errors"]
+             f"{i['commits_per_s']}/s, {i['errors']} errors; leader CPU {i.get('leader_cpu')} of a core"]
     for a in result["attacks"]:
         u = a["under_attack"]
         what = (f"{a['amount']} hostile connections" if a["attack"] == "connections"
@@ -270,8 +297,9 @@ def format_report(result: dict) -> str:
         logged = sum(a["leader_log_lines"].values())
         lines.append(f"  under {what}: p50 {u['p50_ms']} ms p99 {u['p99_ms']} ms, {u['commits_per_s']}/s, "
                      f"{u['errors']} errors; p99 {a['p99_ratio']}x idle (goal <= 2x), commits "
-                     f"{a['commits_share']} of idle (goal >= 0.8); leader: {a['leader_handshake_loop_share']} of "
-                     f"its loop in TLS handshakes, {logged} refusal log lines")
+                     f"{a['commits_share']} of idle (goal >= 0.8); leader: CPU {u.get('leader_cpu')} of a core, "
+                     f"{a['leader_handshake_loop_share']} of its loop in TLS handshakes, {logged} refusal log "
+                     f"lines; attacker CPU {a['attacker'].get('cpu_per_s')} of a core")
     return "\n".join(lines)
 
 
@@ -282,9 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration-s", type=float, default=8.0, help="measured window, idle and under each attack")
     p.add_argument("--dir", help="keep the cluster here (default: a temp dir)")
     p.add_argument("--json", help="also write the result here")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a broker setting (YAML value), e.g. ssl_handshake_loop_share=0.1; repeatable")
     args = p.parse_args(argv)
     root = args.dir or tempfile.mkdtemp(prefix="metalog-hostile-")
-    result = run(args.hostile, args.flood_per_s, args.duration_s, root)
+    settings = {k: yaml.safe_load(v) for k, _, v in (x.partition("=") for x in args.set)}
+    result = run(args.hostile, args.flood_per_s, args.duration_s, root, settings)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
