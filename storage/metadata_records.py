@@ -11,14 +11,20 @@ tagged-field section at the end of each struct. The api keys are Kafka's::
 
     RegisterBroker 0, UnregisterBroker 1, Topic 2, Partition 3, Config 4,
     PartitionChange 5, FenceBroker 7, UnfenceBroker 8, RemoveTopic 9,
-    FeatureLevel 12, AccessControlEntry 18, RemoveAccessControlEntry 19, NoOp 20
+    FeatureLevel 12, BrokerRegistrationChange 17 (read: Kafka's fence and
+    unfence), AccessControlEntry 18, RemoveAccessControlEntry 19, NoOp 20
 
-plus metalog's own ProducerState 1000 (snapshots only) and FenceBrokerImplicit
-1001 (old logs' fences, converted by the upgrade), outside the keys Kafka uses
-(0..27 today). We write version 0 of each Kafka type and read every
+plus metalog's own FenceBrokerImplicit 1001 (old logs' fences, converted by
+the upgrade), outside the keys Kafka uses (0..27 today). metalog's
+ProducerState (controller snapshots only) is written as a NoOpRecord whose
+tagged-field section holds it under tag 10000: Kafka skips a tag it does not
+know (KIP-482) and replays a NoOpRecord as nothing, so its tools read our
+snapshots whole; we decode that NoOp as the ProducerState it carries. Older
+snapshots carried it as a record of its own, api key 1000, which this build
+still reads (never writes). We write version 0 of each Kafka type and read every
 version Kafka defines (newer fields we do not model are read and dropped); a
 version past those is refused with MetadataRecordError. A record type Kafka
-has and we do not model (ProducerIds 15, BrokerRegistrationChange 17, ...)
+has and we do not model (ProducerIds 15, RegisterController 27, ...)
 decodes to ``UnknownRecord`` carrying its bytes, so replay can count it by
 type instead of failing or dropping it silently.
 
@@ -49,12 +55,30 @@ PARTITION_CHANGE = 5
 FENCE_BROKER = 7
 UNFENCE_BROKER = 8
 REMOVE_TOPIC = 9
+BROKER_REGISTRATION_CHANGE = 17
 FEATURE_LEVEL = 12
 ACCESS_CONTROL_ENTRY = 18
 REMOVE_ACCESS_CONTROL_ENTRY = 19
 NO_OP = 20
-PRODUCER_STATE = 1000  # metalog's own (Kafka keeps producer state in separate files)
+# A NoOpRecord's tag that carries one ProducerState (docs/formats.md): a high
+# number, clear of the tags Kafka may one day give NoOpRecord (it counts from 0).
+PRODUCER_STATE_TAG = 10000
+# metalog's own key of a ProducerState before it rode in a NoOp: read, never written.
+LEGACY_PRODUCER_STATE = 1000
 FENCE_BROKER_IMPLICIT = 1001  # metalog's own: a FenceBroker of format versions 1-2 (see below)
+
+# Kafka's metadata.version feature (a FeatureLevelRecord). A Kafka controller
+# writes it at bootstrap; a metalog cluster is born at METADATA_VERSION_LEVEL
+# without a record (the controller state starts with it) and writes it first
+# in every snapshot, where Kafka's loaders need it. 21 is 3.9-IV0, the first
+# level Kafka allows kraft.version 1 at (KRaftVersion.KRAFT_VERSION_1's
+# bootstrap level), and a static quorum of ours can upgrade to kraft.version 1
+# online; Kafka 4.3.1 accepts levels 7 (3.3-IV3) to 31. At 21 Kafka writes
+# later versions of three records than our v0 (RegisterBroker v3, Partition v1
+# and PartitionChange v1: directories); it reads v0 at any level.
+METADATA_VERSION = "metadata.version"
+METADATA_VERSION_LEVEL = 21
+METADATA_VERSION_LEVEL_MIN = 7  # Kafka's lowest (MetadataVersion.MINIMUM_VERSION, 3.3-IV3)
 
 # Config resource types (Kafka's ConfigResource.Type ids).
 RESOURCE_TOPIC = 2
@@ -139,6 +163,20 @@ class FenceBroker(_Rec, frozen=True):
     epoch: int
 
 
+class BrokerRegistrationChange(_Rec, frozen=True):
+    """Kafka's fence and unfence since metadata.version 3.3
+    (BrokerRegistrationChangeRecord; its FenceBroker/UnfenceBroker records are
+    for older levels): `fenced` 1 fences the broker, -1 unfences it, 0 leaves
+    it; `in_controlled_shutdown` 1 says it is shutting down (Kafka's
+    BrokerRegistrationInControlledShutdownChange), which we read and do not
+    model. metalog's controller never writes one; Kafka's logs hold them."""
+
+    broker_id: int
+    broker_epoch: int
+    fenced: int = 0
+    in_controlled_shutdown: int = 0
+
+
 class FenceBrokerImplicit(_Rec, frozen=True):
     """metalog's own (key 1001): a FenceBroker written by format versions 1
     and 2, whose apply also shrinks ISRs and moves leaders (metalog.broker.controller.state).
@@ -198,7 +236,7 @@ class ProducerState(_Rec, frozen=True):
 
 class UnknownRecord(_Rec, frozen=True):
     """A framed record of a type this build does not model (a Kafka type such
-    as ProducerIds 15 or BrokerRegistrationChange 17): kept whole so that
+    as ProducerIds 15 or RegisterController 27): kept whole so that
     replay counts it by type and dump shows it, never dropped or guessed at."""
 
     api_key: int
@@ -209,7 +247,7 @@ class UnknownRecord(_Rec, frozen=True):
 MetadataRecord = Union[
     RegisterBroker, UnregisterBroker, Topic, Partition, Config, PartitionChange,
     FenceBroker, UnfenceBroker, RemoveTopic, FeatureLevel, AccessControlEntry,
-    RemoveAccessControlEntry, NoOp, ProducerState, FenceBrokerImplicit, UnknownRecord,
+    RemoveAccessControlEntry, NoOp, ProducerState, FenceBrokerImplicit, BrokerRegistrationChange, UnknownRecord,
 ]
 
 # Kafka's metadata record types by api key (its metadata/*.json), with the
@@ -491,7 +529,7 @@ def _dec_register_broker(buf: bytes, pos: int, version: int) -> tuple[RegisterBr
     pos += 1
     if version >= 1:
         pos += 1  # InControlledShutdown
-    pos = _skip_tags(buf, pos)  # v3: LogDirs (tag 0)
+    pos = _skip_tags(buf, pos)  # v3: LogDirs (tag 0); v4 (Kafka 4.3): CordonedLogDirs (tag 1)
     return RegisterBroker(broker_id, incarnation, epoch, tuple(eps), rack, fenced), pos
 
 
@@ -509,6 +547,28 @@ def _dec_broker_epoch(cls: type[_BrokerEpochRec]) -> _Decoder[_BrokerEpochRec]:
         a, e = _I32_I64.unpack_from(buf, pos)
         return cls(a, e), _skip_tags(buf, pos + 12)
     return dec
+
+
+def _enc_broker_registration_change(out: bytearray, rec: BrokerRegistrationChange) -> None:
+    # v0: BrokerId, BrokerEpoch, Fenced int8 as tag 0 when not 0. InControlledShutdown
+    # is a v1 field (tag 1): version 0 cannot carry it, as Kafka's writer refuses it there.
+    if rec.in_controlled_shutdown:
+        raise ValueError("BrokerRegistrationChange v0 cannot carry InControlledShutdown")
+    out += _I32_I64.pack(rec.broker_id, rec.broker_epoch)
+    if rec.fenced:
+        out.append(1)
+        _w_tag(out, 0, _I8.pack(rec.fenced))
+    else:
+        out.append(0)
+
+
+def _dec_broker_registration_change(buf: bytes, pos: int, version: int) -> tuple[BrokerRegistrationChange, int]:
+    # Tags: 0 Fenced int8, 1 InControlledShutdown int8 (v1+), 2 LogDirs (v2+), 3 CordonedLogDirs (v3+).
+    broker_id, epoch = _I32_I64.unpack_from(buf, pos)
+    tags, end = _tags(buf, pos + 12)
+    fenced = _I8.unpack(tags[0])[0] if 0 in tags else 0
+    shutdown = _I8.unpack(tags[1])[0] if 1 in tags else 0
+    return BrokerRegistrationChange(broker_id, epoch, fenced, shutdown), end
 
 
 def _enc_topic(out: bytearray, rec: Topic) -> None:
@@ -693,24 +753,29 @@ def _enc_no_op(out: bytearray, rec: NoOp) -> None:
     out.append(0)
 
 
-def _dec_no_op(buf: bytes, pos: int, version: int) -> tuple[NoOp, int]:
-    return NoOp(), _skip_tags(buf, pos)
-
-
 _PRODUCER_HEAD = struct.Struct(">qhq")
 _PRODUCER_BATCH = struct.Struct(">iiqqi")
 
 
-def _enc_producer_state(out: bytearray, rec: ProducerState) -> None:
-    # metalog's own, in the same flexible style: ProducerId i64, ProducerEpoch
+def _enc_producer_state_body(out: bytearray, rec: ProducerState) -> None:
+    # metalog's own, in Kafka's flexible style: ProducerId i64, ProducerEpoch
     # i16, LastTimestampMs i64, Batches [FirstSeq i32, LastSeq i32, BaseOffset
-    # i64, LastOffset i64, LeaderEpoch i32].
+    # i64, LastOffset i64, LeaderEpoch i32], a (empty) tag section per struct.
     out += _PRODUCER_HEAD.pack(rec.producer_id, rec.producer_epoch, rec.last_timestamp_ms)
     _w_uv(out, len(rec.batches) + 1)
     for meta in rec.batches:
         out += _PRODUCER_BATCH.pack(*meta)
         out.append(0)
     out.append(0)
+
+
+def _enc_producer_state(out: bytearray, rec: ProducerState) -> None:
+    # NoOpRecord v0 has no fields: its body is its tag section, here one
+    # field, PRODUCER_STATE_TAG, whose bytes are the ProducerState body.
+    body = bytearray()
+    _enc_producer_state_body(body, rec)
+    out.append(1)
+    _w_tag(out, PRODUCER_STATE_TAG, bytes(body))
 
 
 def _dec_producer_state(buf: bytes, pos: int, version: int) -> tuple[ProducerState, int]:
@@ -723,10 +788,26 @@ def _dec_producer_state(buf: bytes, pos: int, version: int) -> tuple[ProducerSta
     return ProducerState(pid, epoch, ts, tuple(batches)), _skip_tags(buf, pos)
 
 
+def _dec_no_op(buf: bytes, pos: int, version: int) -> tuple[NoOp | ProducerState, int]:
+    """A NoOp, or the ProducerState one carries in its PRODUCER_STATE_TAG field
+    (other tags, Kafka's or anyone's, are skipped as Kafka skips them)."""
+    if buf[pos] == 0:
+        return NoOp(), pos + 1
+    tags, end = _tags(buf, pos)
+    raw = tags.get(PRODUCER_STATE_TAG)
+    if raw is None:
+        return NoOp(), end
+    rec, used = _dec_producer_state(raw, 0, 0)
+    if used != len(raw):
+        raise MetadataRecordError(f"ProducerState in NoOp tag {PRODUCER_STATE_TAG}: "
+                                  f"{len(raw) - used} byte(s) after its body")
+    return rec, end
+
+
 # api key -> (class, highest version we can decode, encoder, decoder). The
 # highest versions are Kafka's (metadata/*.json validVersions).
 _CODECS: dict[int, tuple[type[_Rec], int, _Encoder, _Decoder[MetadataRecord]]] = {
-    REGISTER_BROKER: (RegisterBroker, 3, _enc_register_broker, _dec_register_broker),
+    REGISTER_BROKER: (RegisterBroker, 4, _enc_register_broker, _dec_register_broker),
     UNREGISTER_BROKER: (UnregisterBroker, 0, _enc_broker_epoch, _dec_broker_epoch(UnregisterBroker)),
     TOPIC: (Topic, 0, _enc_topic, _dec_topic),
     PARTITION: (Partition, 2, _enc_partition, _dec_partition),
@@ -740,12 +821,17 @@ _CODECS: dict[int, tuple[type[_Rec], int, _Encoder, _Decoder[MetadataRecord]]] =
     REMOVE_ACCESS_CONTROL_ENTRY: (RemoveAccessControlEntry, 0, _enc_remove_acl,
                                   _dec_uuid_only(RemoveAccessControlEntry)),
     NO_OP: (NoOp, 0, _enc_no_op, _dec_no_op),
-    PRODUCER_STATE: (ProducerState, 0, _enc_producer_state, _dec_producer_state),
+    # Read only (old snapshots): ProducerState is written as a NoOp (API_KEY_OF).
+    LEGACY_PRODUCER_STATE: (ProducerState, 0, _enc_producer_state, _dec_producer_state),
     # FenceBroker's body under our own key.
+    BROKER_REGISTRATION_CHANGE: (BrokerRegistrationChange, 3, _enc_broker_registration_change,
+                                 _dec_broker_registration_change),
     FENCE_BROKER_IMPLICIT: (FenceBrokerImplicit, 0, _enc_broker_epoch, _dec_broker_epoch(FenceBrokerImplicit)),
 }
 RECORD_TYPES: dict[int, tuple[type[_Rec], int]] = {k: (c[0], c[1]) for k, c in _CODECS.items()}
-API_KEY_OF: dict[type, int] = {c[0]: k for k, c in _CODECS.items()}
+# The key each type is written under: its own, but ProducerState rides in a NoOp.
+API_KEY_OF: dict[type, int] = {c[0]: k for k, c in _CODECS.items() if k != LEGACY_PRODUCER_STATE}
+API_KEY_OF[ProducerState] = NO_OP
 
 
 def _frame(api_key: int, version: int) -> bytes:
@@ -757,7 +843,7 @@ def _frame(api_key: int, version: int) -> bytes:
 
 
 # class -> (frame prefix, encoder)
-_ENCODERS = {c[0]: (_frame(k, 0), c[2]) for k, c in _CODECS.items()}
+_ENCODERS = {c[0]: (_frame(API_KEY_OF[c[0]], 0), c[2]) for k, c in _CODECS.items()}
 # 3-byte frame prefix (frame 1, key < 128, version < 128) -> (class, decoder, version)
 _FAST = {bytes((FRAME_VERSION, k, v)): (c[0], c[3], v)
          for k, c in _CODECS.items() if k < 0x80 for v in range(c[1] + 1)}

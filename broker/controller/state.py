@@ -38,6 +38,11 @@ same way. A record value that does not decode counts as invalid too.
 * UnfenceBroker(id, epoch): invalid if unknown or the epoch differs. Marks the
   broker unfenced; partitions are not touched (the command builder adds
   PartitionChange records to bring offline partitions back).
+* BrokerRegistrationChange(broker_id, broker_epoch, fenced, in_controlled_shutdown)
+  (Kafka's fence/unfence since metadata.version 3.3; we never write it):
+  invalid if the broker is unknown, the epoch differs, fenced is not -1, 0 or
+  1 or in_controlled_shutdown not 0 or 1. fenced 1 fences, -1 unfences;
+  partitions are not touched (Kafka writes their PartitionChange records).
 * Topic: invalid if the name or the id exists.
 * Partition: inserts or replaces. Invalid if the topic id is unknown, or the
   partition is malformed (see ``_partition_problem``).
@@ -48,7 +53,10 @@ same way. A record value that does not decode counts as invalid too.
   value None deletes the key (deleting a missing key is valid and a no-op).
 * RemoveTopic: invalid if unknown; removes the topic, its partitions and its
   topic configs.
-* FeatureLevel: sets the level; level 0 removes the feature.
+* FeatureLevel: sets the level; level 0 removes the feature. A state starts
+  with ``metadata.version`` at ``r.METADATA_VERSION_LEVEL`` (our clusters
+  write no bootstrap record: every snapshot carries it, first), and a
+  ``metadata.version`` below Kafka's lowest level (7) is invalid, removal included.
 * AccessControlEntry: invalid if the id is live or the entry is malformed
   (``metalog.broker.controller.acl.acl_problem``); otherwise adds it.
 * RemoveAccessControlEntry: invalid if the id is unknown; removes it.
@@ -306,7 +314,7 @@ class ControllerState:
         self.config_names: dict[tuple[int, str], list[str]] = {}
         self._sorted_names: list[str] | None = None
         self._sorted_acl_ids: list[str] | None = None
-        self.features: dict[str, int] = {}
+        self.features: dict[str, int] = {r.METADATA_VERSION: r.METADATA_VERSION_LEVEL}
         self.acls: dict[str, r.AccessControlEntry] = {}  # by ACL id
         self.acl_version = 0  # bumped on every ACL change: lets the authorizer cache its view
         # Idempotent producers as of the committed batches (metalog.storage.producer_state):
@@ -429,6 +437,16 @@ class ControllerState:
         if old is None or old.broker_epoch != rec.epoch:
             return self._invalid(f"UnfenceBroker of unknown broker {rec.id} epoch {rec.epoch}")
         self.brokers[rec.id] = _replace(old, fenced=False)
+        return True
+
+    def _broker_registration_change(self, rec: r.BrokerRegistrationChange) -> bool:
+        old = self.brokers.get(rec.broker_id)
+        if (old is None or old.broker_epoch != rec.broker_epoch or rec.fenced not in (-1, 0, 1)
+                or rec.in_controlled_shutdown not in (0, 1)):
+            return self._invalid(f"BrokerRegistrationChange of broker {rec.broker_id} epoch {rec.broker_epoch} "
+                                 f"(fenced {rec.fenced}, in controlled shutdown {rec.in_controlled_shutdown})")
+        if rec.fenced:
+            self.brokers[rec.broker_id] = _replace(old, fenced=rec.fenced == 1)
         return True
 
     def _topic(self, rec: r.Topic) -> bool:
@@ -555,6 +573,9 @@ class ControllerState:
     def _feature_level(self, rec: r.FeatureLevel) -> bool:
         if rec.feature_level < 0:
             return self._invalid(f"FeatureLevel {rec.name!r} with negative level")
+        if rec.name == r.METADATA_VERSION and rec.feature_level < r.METADATA_VERSION_LEVEL_MIN:
+            return self._invalid(f"FeatureLevel metadata.version {rec.feature_level}: Kafka's levels start "
+                                 f"at {r.METADATA_VERSION_LEVEL_MIN}")
         if rec.feature_level == 0:
             self.features.pop(rec.name, None)
         else:
@@ -625,9 +646,16 @@ class ControllerState:
 
     def to_records(self) -> Iterator[r.MetadataRecord]:
         """The state as records that rebuild it exactly (in dependency order:
-        features, brokers, topics, partitions, configs, ACLs), sorted for determinism."""
+        features, brokers, topics, partitions, configs, ACLs, producers), sorted
+        for determinism. metadata.version comes first, as in Kafka's snapshots
+        (FeaturesImage.write): Kafka's loaders read the rest by it. Producers
+        are NoOp records to Kafka (metadata_records.PRODUCER_STATE_TAG)."""
+        mv = self.features.get(r.METADATA_VERSION)
+        if mv is not None:
+            yield r.FeatureLevel(r.METADATA_VERSION, mv)
         for name in sorted(self.features):
-            yield r.FeatureLevel(name, self.features[name])
+            if name != r.METADATA_VERSION:
+                yield r.FeatureLevel(name, self.features[name])
         for bid in sorted(self.brokers):
             yield self.brokers[bid]
         for tid in sorted(self.topics):
@@ -706,6 +734,7 @@ _HANDLERS = {
     r.FenceBroker: ControllerState._fence_broker,
     r.FenceBrokerImplicit: ControllerState._fence_broker_implicit,
     r.UnfenceBroker: ControllerState._unfence_broker,
+    r.BrokerRegistrationChange: ControllerState._broker_registration_change,
     r.Topic: ControllerState._topic,
     r.Partition: ControllerState._partition,
     r.PartitionChange: ControllerState._partition_change,

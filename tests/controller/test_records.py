@@ -35,7 +35,8 @@ records = st.one_of(
     st.just(r.NoOp()),
     st.builds(r.ProducerState, small, small, small,
               st.lists(st.tuples(small, small, small, small, small), max_size=3).map(tuple)),
-    st.builds(r.UnknownRecord, st.sampled_from([15, 17, 27]), st.integers(0, 3), st.binary(max_size=20)),
+    st.builds(r.BrokerRegistrationChange, small, small, st.sampled_from([-1, 0, 1])),
+    st.builds(r.UnknownRecord, st.sampled_from([15, 27]), st.integers(0, 3), st.binary(max_size=20)),
 )
 
 
@@ -98,8 +99,10 @@ UB = "0f8e4a2c5b1d4c3e9a7f2d6b8c1e3f40"  # its 16 bytes
     (r.RegisterBroker(1, U, 2, (r.Endpoint("SSL", "h", 9093),), None, True),
      "01 00 00" "00000001" + UB + "0000000000000002" "02" "04 53534c" "02 68" "2385" "0001" "00"
      "01" "00" "01" "00"),
-    # ProducerState, metalog's own key 1000: uvarint e8 07.
-    (r.ProducerState(5, 1, 9), "01 e807 00" "0000000000000005" "0001" "0000000000000009" "01" "00"),
+    # ProducerState, metalog's own, rides in a NoOpRecord (key 20, v0): its tag section holds one
+    # field, tag 10000 (uvarint 90 4e), 20 bytes (14): ProducerId, ProducerEpoch, LastTimestampMs,
+    # Batches [] (compact: 01), the body's own empty tag section.
+    (r.ProducerState(5, 1, 9), "01 14 00" "01" "904e 14" "0000000000000005" "0001" "0000000000000009" "01" "00"),
 ])
 def test_golden_bytes(rec, golden):
     value = r.encode_record(rec)
@@ -117,16 +120,62 @@ def test_newer_kafka_versions_decode_and_drop_what_we_do_not_model():
         "01" "00 11 02" + UB + "")  # tag 0 (LogDirs): one uuid
     rec = r.decode_record(v3)
     assert rec == r.RegisterBroker(4, U, 9, (), "r1A", False)
+    # RegisterBrokerRecord v4 (Kafka 4.3, metadata.version 4.3-IV0) as Kafka 4.3.1's generated code
+    # writes it: v3 plus CordonedLogDirs, tag 1 (here LogDirs [(3, 4)], CordonedLogDirs [(5, 6)]).
+    v4 = bytes.fromhex("01 00 04" "00000001" "00" "00000000000000010000000000000002" "0000000000000005" "01" "01"
+                       "00" "00" "00" "02" "00 11 02 00000000000000030000000000000004"
+                       "01 11 02 00000000000000050000000000000006")
+    assert r.decode_record(v4) == r.RegisterBroker(1, "00000000-0000-0001-0000-000000000002", 5, (), None, False)
     p1 = bytes.fromhex("01 03 01" "00000000" + UB + "02 00000001" "02 00000001" "01" "01"
                        "00000001" "00000000" "00000000" "02" + UB + "00")
     assert r.decode_record(p1) == r.Partition(U, 0, (1,), (1,), 1, 0, 0)
+
+
+def test_broker_registration_change_as_kafka_writes_it():
+    """BrokerRegistrationChangeRecord (key 17), Kafka's fence and unfence:
+    bytes Kafka 4.3.1 wrote (a broker fenced at its shutdown), and v1-v3
+    with InControlledShutdown (tag 1) and LogDirs (tag 2)."""
+    fenced = bytes.fromhex("01 11 00" "00000064" "0000000000000010" "01" "00 01 01")
+    rec = r.decode_record(fenced)
+    assert rec == r.BrokerRegistrationChange(100, 16, fenced=1)
+    assert r.encode_record(rec) == fenced
+    unfenced = r.BrokerRegistrationChange(100, 16, fenced=-1)
+    assert r.encode_record(unfenced).hex() == "011100" "00000064" "0000000000000010" "01" "0001ff"
+    v2 = bytes.fromhex("01 11 02" "00000001" "0000000000000002" "02" "01 01 01" "02 11 02" + UB)
+    assert r.decode_record(v2) == r.BrokerRegistrationChange(1, 2, fenced=0, in_controlled_shutdown=1)
+    with pytest.raises(ValueError, match="InControlledShutdown"):
+        r.encode_record(r.decode_record(v2))
 
 
 def test_kafka_api_keys():
     assert r.decode_frame(r.encode_record(r.FenceBroker(1, 2)))[:2] == (7, 0)
     assert r.decode_frame(r.encode_record(r.AccessControlEntry(U, 2, "t", 3, "User:a", "*", 4, 3)))[0] == 18
     assert r.decode_frame(r.encode_record(r.RemoveAccessControlEntry(U)))[0] == 19
-    assert r.PRODUCER_STATE > max(r.KAFKA_RECORD_NAMES)  # ours stay outside Kafka's keys
+    assert r.FENCE_BROKER_IMPLICIT > max(r.KAFKA_RECORD_NAMES)  # ours stay outside Kafka's keys
+    # ProducerState is a NoOp to Kafka (its tag is skipped by Kafka's reader).
+    assert r.decode_frame(r.encode_record(r.ProducerState(1, 0, 0)))[:2] == (r.NO_OP, 0)
+
+
+# A ProducerState as snapshots wrote it before it rode in a NoOp: metalog's key 1000
+# (uvarint e8 07), the same body. Read, never written.
+LEGACY_PRODUCER_STATE = ("01 e807 00" "0000000000000005" "0001" "0000000000000009"
+                         "02" "00000000" "00000002" "000000000000000a" "000000000000000c" "00000003" "00" "00")
+
+
+def test_a_producer_state_of_an_old_snapshot_still_decodes():
+    rec = r.ProducerState(5, 1, 9, ((0, 2, 10, 12, 3),))
+    assert r.decode_record(bytes.fromhex(LEGACY_PRODUCER_STATE.replace(" ", ""))) == rec
+    assert r.encode_record(rec)[:3] == bytes.fromhex("011400")  # written as a NoOp
+
+
+def test_a_noop_with_other_tags_is_a_noop_and_a_bad_producer_tag_is_refused():
+    # Tag 3 (someone else's, 2 bytes): skipped, as Kafka skips unknown tags.
+    assert r.decode_record(bytes.fromhex("011400" "01" "03 02 abcd")) == r.NoOp()
+    # Our tag holding a ProducerState body with a byte too many.
+    body = r.encode_record(r.ProducerState(5, 1, 9))[7:] + b"\x00"
+    bad = bytes.fromhex("011400" "01" "904e") + bytes([len(body)]) + body
+    with pytest.raises(r.MetadataRecordError, match="1 byte\\(s\\) after its body"):
+        r.decode_record(bad)
 
 
 def test_uuids_are_16_bytes_and_canonical_text():

@@ -61,6 +61,26 @@ def test_kafkas_fence_broker_only_marks_the_broker():
     assert s.brokers[0].fenced and s.partitions == before
 
 
+def test_kafkas_broker_registration_change_fences_and_unfences_only_the_broker():
+    s = _fence_setup()
+    before = dict(s.partitions)
+    assert s.apply(s.offset, r.BrokerRegistrationChange(0, 1, fenced=1))
+    assert s.brokers[0].fenced and s.partitions == before
+    assert s.apply(s.offset, r.BrokerRegistrationChange(0, 1, in_controlled_shutdown=1))  # not modelled: no change
+    assert s.brokers[0].fenced
+    assert s.apply(s.offset, r.BrokerRegistrationChange(0, 1, fenced=-1))
+    assert not s.brokers[0].fenced and s.invalid_records == 0
+
+
+def test_a_state_is_born_at_metadata_version_21_and_snapshots_write_it_first():
+    s = _fence_setup()
+    assert ControllerState().features == {"metadata.version": 21}
+    assert s.apply(s.offset, r.FeatureLevel("a.feature", 2))
+    assert list(s.to_records())[:2] == [r.FeatureLevel("metadata.version", 21), r.FeatureLevel("a.feature", 2)]
+    assert s.apply(s.offset, r.FeatureLevel("metadata.version", 30))  # a Kafka log's bootstrap record
+    assert s.features["metadata.version"] == 30
+
+
 def test_fence_command_writes_explicit_partition_changes_equal_to_the_implicit_rule():
     """Controller.fence_broker writes FenceBroker + one PartitionChange per
     changed partition (only the changed fields); applied, they give the state
@@ -135,6 +155,10 @@ def test_fence_with_wrong_epoch_is_ignored_and_counted():
     (r.Config(2, "zz", "a", "b"), "unknown topic 'zz'"),
     (r.RemoveTopic("00000000-0000-0000-0000-00000000dead"), "unknown topic id"),
     (r.UnfenceBroker(7, 1), "unknown broker 7"),
+    (r.BrokerRegistrationChange(0, 2, fenced=1), "BrokerRegistrationChange of broker 0 epoch 2"),
+    (r.BrokerRegistrationChange(0, 1, fenced=2), "(fenced 2, in controlled shutdown 0)"),
+    (r.FeatureLevel("metadata.version", 6), "metadata.version 6: Kafka's levels start at 7"),
+    (r.FeatureLevel("metadata.version", 0), "metadata.version 0"),
     (r.RegisterBroker(0, INC, 0), "older than registered epoch 1"),
 ])
 def test_invalid_records_are_ignored_deterministically(rec, why):

@@ -38,16 +38,39 @@ def test_dump_snapshot(tmp_path):
     assert rc == 0 and err == ""
     recs = records(lines)
     assert recs[0]["type"] == "SnapshotHeader" and recs[0]["control"] and recs[0]["epoch"] == 3
-    assert recs[1]["type"] == "RegisterBroker" and recs[1]["fields"]["broker_id"] == 0
-    assert recs[4] == {"offset": 4, "epoch": 3, "type": "Partition", "version": 0,
+    assert recs[1] == {"offset": 1, "epoch": 3, "type": "FeatureLevel", "version": 0,
+                       "fields": {"name": "metadata.version", "feature_level": 21}}
+    assert recs[2]["type"] == "RegisterBroker" and recs[2]["fields"]["broker_id"] == 0
+    assert recs[5] == {"offset": 5, "epoch": 3, "type": "Partition", "version": 0,
                        "fields": {"topic_id": "00000000-0000-0000-0000-0000000000a1", "partition_id": 0, "replicas": [0, 1], "isr": [0, 1],
                                   "leader": 0, "leader_epoch": 0, "partition_epoch": 0}}
-    assert recs[5]["type"] == "SnapshotFooter"
-    assert lines[-1] == {"snapshot": {"end_offset": res.snapshot_id.end_offset, "epoch": 3, "records": 4,
+    assert recs[6]["type"] == "SnapshotFooter"
+    assert lines[-1] == {"snapshot": {"end_offset": res.snapshot_id.end_offset, "epoch": 3, "records": 5,
                                       "bytes": res.size_bytes}}
     # Each batch line comes before its records, with its offsets, epoch and position.
     assert lines[0]["batch"]["base_offset"] == 0 and lines[0]["batch"]["is_control"]
     assert lines[0]["batch"]["position"] == 0 and lines[0]["batch"]["epoch"] == 3
+
+
+def test_dump_shows_producer_state_written_either_way(tmp_path):
+    """A snapshot's producers print as ProducerState records, whether this
+    build wrote them (in NoOp records) or an older one (metalog's key 1000)."""
+    from metalog.broker.controller.state import Controller
+    from tests.storage.helpers import rewrite_snapshot_the_old_way
+
+    c = Controller()
+    c.apply_batches(b.encode_batch(0, 1, [b"a", b"b"], 0, producer_id=7, producer_epoch=0, base_sequence=0))
+    shown = {}
+    for way in ("new", "old"):
+        store = SnapshotStore(str(tmp_path / way))
+        res = write_controller_snapshot(store, c.state.copy(), SnapshotId(2, 1), 0)
+        if way == "old":
+            rewrite_snapshot_the_old_way(res.path)
+        rc, lines, err = run(res.path)
+        assert rc == 0 and err == "", way
+        shown[way] = [(x["type"], x["fields"]) for x in records(lines) if x["type"] == "ProducerState"]
+    assert shown["new"] == shown["old"] == [("ProducerState", {
+        "producer_id": 7, "producer_epoch": 0, "last_timestamp_ms": 0, "batches": [[0, 1, 0, 1, 1]]})]
 
 
 def test_dump_truncated_snapshot(tmp_path):
@@ -129,7 +152,7 @@ def test_dump_of_a_kafka_dir_names_unmodelled_types(tmp_path):
 
     info = write_kafka_dir(str(tmp_path))
     part = tmp_path / PART
-    for name, want in (("00000000000000000000.log", {"BrokerRegistrationChange": 1, "ProducerIds": 2}),
+    for name, want in (("00000000000000000000.log", {"ProducerIds": 2}),
                        (info["snapshot"], {"ProducerIds": 1})):
         proc = subprocess.run([sys.executable, "-m", "metalog.tools.cli", "dump", "--print-data-log", str(part / name)],
                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)

@@ -166,3 +166,28 @@ def test_a_download_given_up_leaves_no_partial_file_or_state(tmp_path):
     download(work, store, sid)
     assert installed(work, sid, size)["loaded_while_downloading"] is True
     assert broker.controller.state == leader.state
+
+
+def test_an_install_carries_the_producers_written_either_way(tmp_path):
+    """A follower installing a snapshot by FetchSnapshot gets the leader's
+    idempotent producers, from a snapshot of this build (ProducerState in
+    NoOp records) and from one written the old way (key 1000)."""
+    from metalog.storage.producer_state import Verdict
+    from tests.storage.helpers import rewrite_snapshot_the_old_way
+
+    for way in ("new", "old"):
+        c = Controller()
+        data = (b.encode_batch(0, 1, [b"a", b"b"], 0, producer_id=7, producer_epoch=0, base_sequence=0)
+                + b.encode_batch(2, 1, [b"c"], 0, producer_id=9, producer_epoch=2, base_sequence=0))
+        c.apply_batches(data)
+        store = SnapshotStore(str(tmp_path / way / "leader"))
+        sid = SnapshotId(c.state.offset, 1)
+        write_controller_snapshot(store, c.state.copy(), sid, 0, "cluster")
+        if way == "old":
+            assert rewrite_snapshot_the_old_way(store.path(sid)) == 2
+        broker, work = follower(tmp_path / way)
+        size = download(work, store, sid)
+        installed(work, sid, size)
+        got = broker.controller.state.producers
+        assert got == c.state.producers and set(got.producers) == {7, 9}, way
+        assert got.check(7, 0, 0, 2, 0).verdict is Verdict.DUPLICATE, way

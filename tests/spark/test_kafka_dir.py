@@ -20,20 +20,20 @@ def test_spark_rebuilds_and_audits_a_kafka_dir_listing_unmodelled_types(spark, t
     out = tmp_path / "out"
     code, rep = run_job(spark, "snapshot", d, "--out", str(out), "--report", str(out / "r.json"))
     assert code == 0, rep
-    assert rep["replay"]["unmodelled_records"] == {"BrokerRegistrationChange": 1, "ProducerIds": 2}
+    assert rep["replay"]["unmodelled_records"] == {"ProducerIds": 2}
     assert rep["replay"]["invalid_records"] == 0 and rep["replay"]["data_records"] == 0
     [cmp] = rep["comparisons"]
     assert cmp["end_offset"] == SNAPSHOT_END and cmp["equal"], cmp
     assert cmp["unmodelled_records"] == {"ProducerIds": 1}
     stdout = capsys.readouterr().out
-    assert "record types not modelled (counted, not applied): BrokerRegistrationChange x1, ProducerIds x2" in stdout
+    assert "record types not modelled (counted, not applied): ProducerIds x2" in stdout
     assert "not compared, not modelled: ProducerIds x1" in stdout
     # The rebuilt checkpoint is the state our controller replays from the same segment.
     c = Controller()
     with open(os.path.join(d, PART, "00000000000000000000.log"), "rb") as fh:
         c.apply_batches(fh.read())
     assert c.applied_offset == info["log_end_offset"]
-    assert c.state.unknown_records == {"BrokerRegistrationChange": 1, "ProducerIds": 2}
+    assert c.state.unknown_records == {"ProducerIds": 2}  # BrokerRegistrationChange is modelled
     built = state_of_checkpoint(rep["snapshot"]["path"])
     assert built == c.state
     assert [(p.isr, p.leader) for _, p in sorted(built.partitions.items())] == [((1,), 1), ((2,), -1)]

@@ -131,6 +131,37 @@ def test_controller_state_carries_producers_through_a_snapshot(tmp_path):
     assert again.producers == c.state.producers
 
 
+def test_a_snapshot_written_the_old_way_loads_its_producers(tmp_path):
+    """Snapshots written before producer state rode in NoOp records held it
+    under metalog's key 1000 and no metadata.version: they load to the same
+    producers, at the metadata.version a metalog cluster is born at."""
+    from tests.storage.helpers import rewrite_snapshot_the_old_way
+
+    c = Controller()
+    c.apply_batches(pbatch(0, 7, 0, 2) + plain(2, 1) + pbatch(3, 7, 2, 1) + pbatch(4, 11, 0, 3, epoch=1))
+    store = SnapshotStore(str(tmp_path))
+    sid = m.SnapshotId(7, 1)
+    write_controller_snapshot(store, c.state.copy(), sid, T0)
+    new_records = [r.decode_record(v) for _, v in _data_values(store.path(sid))]
+    assert new_records[0] == r.FeatureLevel("metadata.version", 21)
+    assert [type(x) for x in new_records[1:]] == [r.ProducerState, r.ProducerState]
+    assert rewrite_snapshot_the_old_way(store.path(sid)) == 2
+    assert [v[:4] for _, v in _data_values(store.path(sid))] == [bytes.fromhex("01e80700")] * 2
+    loaded = load_snapshot(store, sid)
+    assert loaded.producers == c.state.producers and loaded.producers.end_offset == 7
+    assert loaded.features == {"metadata.version": 21} and loaded == c.state
+    assert loaded.producers.check(7, 0, 2, 1, T0).verdict is Verdict.DUPLICATE
+
+
+def _data_values(path: str) -> list[tuple[int, bytes]]:
+    from metalog.storage.batch import decode_records
+
+    with open(path, "rb") as f:
+        data = f.read()
+    return [(h.base_offset, bytes(v)) for pos, h in iter_batches(data) if not h.is_control
+            for v in decode_records(data[pos:pos + h.size], h)]
+
+
 def test_a_snapshot_without_producer_records_still_loads(tmp_path):
     """Snapshots written before idempotent produce hold no ProducerState records:
     they load with an empty producer table."""
@@ -138,9 +169,9 @@ def test_a_snapshot_without_producer_records_still_loads(tmp_path):
 
     store = SnapshotStore(str(tmp_path))
     sid = m.SnapshotId(3, 1)
-    SnapshotWriter(store.directory, sid, T0, "").write_all([r.encode_record(r.FeatureLevel("metadata.version", 1))])
+    SnapshotWriter(store.directory, sid, T0, "").write_all([r.encode_record(r.FeatureLevel("metadata.version", 17))])
     state = load_snapshot(store, sid)
-    assert state.features == {"metadata.version": 1}
+    assert state.features == {"metadata.version": 17}
     assert len(state.producers) == 0 and state.producers.end_offset == 3
 
 

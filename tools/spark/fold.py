@@ -10,7 +10,8 @@ cross-entity facts exactly:
    form one namespace (a Topic is invalid if its name *or* its id is live), so
    these few records fold together. Output: the live intervals
    ``[created_at, removed_at)`` of every topic id (and so of every name).
-2. **brokers** (key ``B``/broker id): Register/Unregister/Fence/Unfence.
+2. **brokers** (key ``B``/broker id): Register/Unregister/Fence/Unfence and
+   Kafka's BrokerRegistrationChange.
    Output: the broker's status timeline ``(offset, registered, fenced)`` after
    each valid record, and the offsets of its *valid* FenceBrokerImplicit
    records (an old log's fences; Kafka's FenceBroker only marks the broker,
@@ -25,7 +26,11 @@ cross-entity facts exactly:
    that offset*.
 4. **configs** (key ``C``/(type, name, key)): validity of a topic config needs
    the name to be live at that offset; the topic's removal deletes the key.
-5. **features** (key ``F``/name).
+5. **features** (key ``F``/name). ``metadata.version`` starts at
+   ``r.METADATA_VERSION_LEVEL`` as in ControllerState: ``seed_records()`` is
+   one FeatureLevel at ``SEED_OFFSET`` (before any record, a snapshot's
+   included) that every replay adds to its input, so the fold of that key
+   always runs.
 6. **ACLs** (key ``A``/ACL id): AccessControlEntry and its removal; an ACL's
    validity depends on its own id and fields only.
 
@@ -44,6 +49,7 @@ shuffle; tests compare it (and the Spark job) with ControllerState.
 from __future__ import annotations
 
 import bisect
+import itertools
 import struct
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, NamedTuple, Sequence
@@ -73,6 +79,15 @@ SEC_FEATURE, SEC_BROKER, SEC_TOPIC, SEC_PARTITION, SEC_CONFIG, SEC_ACL = range(6
 SEC_UNMODELLED = 99  # a Kafka record type in a snapshot that we do not model: listed, not compared
 
 _SEP = "\x00"
+
+# Before every offset a replay sees (a base snapshot's records take -(records + 1)..-2).
+SEED_OFFSET = -(1 << 62)
+
+
+def seed_records() -> list[tuple[int, bytes]]:
+    """What a ControllerState holds before its first record, as records:
+    metadata.version at the level a metalog cluster is born at."""
+    return [(SEED_OFFSET, r.encode_record(r.FeatureLevel(r.METADATA_VERSION, r.METADATA_VERSION_LEVEL)))]
 
 
 # Frame prefixes (frame version, api key, record version) of PartitionChange, the
@@ -111,6 +126,8 @@ def key_of(value: bytes) -> tuple[str, str]:
         return K_BROKER, str(rec.broker_id)
     if t in (r.FenceBroker, r.UnfenceBroker, r.FenceBrokerImplicit):
         return K_BROKER, str(rec.id)
+    if t is r.BrokerRegistrationChange:
+        return K_BROKER, str(rec.broker_id)
     if t in (r.Topic, r.RemoveTopic):
         return K_TOPICS, ""
     if t in (r.Partition, r.PartitionChange):
@@ -309,6 +326,15 @@ def fold_broker(records: Iterable[tuple[int, bytes]], cuts: Sequence[int]
                 continue
             bid = cur.broker_id
             cur = None
+        elif t is r.BrokerRegistrationChange:
+            # Kafka's fence/unfence: partitions change by their own PartitionChange records.
+            if (cur is None or cur.broker_epoch != rec.broker_epoch or rec.fenced not in (-1, 0, 1)
+                    or rec.in_controlled_shutdown not in (0, 1)):
+                invalid += 1
+                continue
+            if rec.fenced:
+                cur = _replace(cur, fenced=rec.fenced == 1)
+            bid = rec.broker_id
         else:
             assert t in (r.FenceBroker, r.UnfenceBroker, r.FenceBrokerImplicit), t
             if cur is None or cur.broker_epoch != rec.epoch:
@@ -521,7 +547,8 @@ def fold_feature(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequence[
     for offset, value in sorted(records, key=lambda x: x[0]):
         ci = _emit_cuts(cuts, ci, offset, emit)
         rec = r.decode_record(value)
-        if rec.feature_level < 0:
+        if rec.feature_level < 0 or (key == r.METADATA_VERSION
+                                     and rec.feature_level < r.METADATA_VERSION_LEVEL_MIN):
             invalid += 1
             continue
         level = rec.feature_level
@@ -579,7 +606,7 @@ def replay_sequential(records: Iterable[tuple[int, bytes]], cuts: Sequence[int]
     the invalid record count."""
     cuts = sorted(set(cuts))
     groups: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
-    for offset, value in records:
+    for offset, value in itertools.chain(seed_records(), records):
         if offset >= cuts[-1]:
             continue
         groups.setdefault(key_of(value), []).append((offset, value))

@@ -919,6 +919,9 @@ class Replay:
             # Snapshot records replay first, in file order, at offsets below the log's.
             data = snap.select((f.col("position") - f.lit(b["records"] + 1) - f.lit(0)).alias("offset"),
                                "value").unionByName(data)
+        # What a state holds before any record (metadata.version): folded like a record, not counted as one.
+        seed = F.seed_records()
+        data = data.unionByName(spark.createDataFrame(seed, data.schema))
         # One shuffle for both fold stages: keyed, hash-partitioned by key and
         # sorted by (kind, key, offset) once, cached; each stage filters its
         # kinds out of the cache (a filter keeps the order) and folds.
@@ -929,7 +932,7 @@ class Replay:
         keyed.persist(StorageLevel.MEMORY_AND_DISK)
         report = an.report
         t = time.monotonic()
-        self.records_replayed = keyed.count()
+        self.records_replayed = keyed.count() - len(seed)
         t = lap(report, "key_shuffle_sort", t)
 
         self.progress.set_phase("replay: topic directory and broker folds")
@@ -1019,6 +1022,14 @@ class Replay:
                       recs.filter(f.col("sec") == F.SEC_UNMODELLED).groupBy("s1").count().collect()}
         theirs = (recs.filter(f.col("sec") != F.SEC_UNMODELLED)
                   .select(*keys, f.col("value").alias("broker")))
+        # A snapshot without metadata.version (ours before it was written, a
+        # bootstrap checkpoint) is at the level a cluster is born at: the
+        # broker's loader reads it so (ControllerState starts there).
+        mv = (f.col("sec") == F.SEC_FEATURE) & (f.col("s1") == metadata_records.METADATA_VERSION)
+        if not theirs.filter(mv).limit(1).collect():
+            (_, seed), = F.seed_records()
+            born = [(F.SEC_FEATURE, metadata_records.METADATA_VERSION, 0, "", "", seed)]
+            theirs = theirs.unionByName(self.an.spark.createDataFrame(born, theirs.schema))
         diff = (built.join(theirs, keys, "full_outer")
                 .filter(~f.col("built").eqNullSafe(f.col("broker"))))
         n = diff.count()
