@@ -244,8 +244,7 @@ class Broker:
                                   max_frame_bytes=cfg.network.max_frame_bytes, logger=self.log, tls=self.tls,
                                   limits=listener_limits(cfg))
         self.metrics.bind_listener("binary", self.server.listener.stats, HANDSHAKE_METER)
-        self.kafka_server = await start_kafka_listener(cfg, self.inbound, self.core, self.tls, listener_limits(cfg),
-                                                       self.log, self.metrics)
+        self.kafka_server = await start_kafka_listener(self, listener_limits(cfg))
         admin_ep = cfg.admin_endpoint()
         if admin_ep is not None:
             from metalog.broker.server.admin import AdminSetup, start_admin

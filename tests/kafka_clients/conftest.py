@@ -41,13 +41,15 @@ class KafkaCluster:
     def leader(self) -> tuple[int, int]:
         return self.cluster.wait_for_leader(30)
 
-    def raw(self, node_id: int | None = None, certificate: bool = True) -> "RawKafka":
-        """A bare TLS socket to one node's Kafka listener (the leader's by default)."""
+    def raw(self, node_id: int | None = None, certificate: bool = True,
+            cert_files: tuple[str, str] | None = None) -> "RawKafka":
+        """A bare TLS socket to one node's Kafka listener (the leader's by
+        default), as User:admin unless `cert_files` (certificate, key) say otherwise."""
         nid = node_id if node_id is not None else self.leader()[0]
         host, port = self.kafka_ports[nid]
         ctx = ssl.create_default_context(cafile=self.cert("ca.crt"))
         if certificate:
-            ctx.load_cert_chain(self.cert("admin.crt"), self.cert("admin.key"))
+            ctx.load_cert_chain(*(cert_files or (self.cert("admin.crt"), self.cert("admin.key"))))
         sock = ctx.wrap_socket(socket.create_connection((host, port), timeout=10), server_hostname=host)
         return RawKafka(sock)
 

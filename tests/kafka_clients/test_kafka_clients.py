@@ -212,3 +212,72 @@ def test_a_client_without_a_certificate_is_refused(kafka_cluster):
         assert resp.error_code == 0
     finally:
         raw.close()
+
+
+def _java_client_config(kafka_cluster, tmp_path) -> str:
+    """Kafka's Java clients read PEM files: the admin key and certificate in one keystore file."""
+    pem = tmp_path / "admin.pem"
+    pem.write_text(open(kafka_cluster.cert("admin.key")).read() + open(kafka_cluster.cert("admin.crt")).read())
+    props = tmp_path / "java-client.properties"
+    props.write_text(f"security.protocol=SSL\nssl.truststore.type=PEM\nssl.truststore.location="
+                     f"{kafka_cluster.cert('ca.crt')}\nssl.keystore.type=PEM\nssl.keystore.location={pem}\n"
+                     "default.api.timeout.ms=30000\n")
+    return str(props)
+
+
+def test_kafkas_metadata_quorum_tool_describes_the_quorum(kafka_cluster, tmp_path):
+    """Kafka's own kafka-metadata-quorum (Java, Apache Kafka 4.3.1's jars from
+    bash run.sh setup): --bootstrap-controller (DescribeCluster with
+    EndpointType 2, then DescribeQuorum v2 to the leader) and
+    --bootstrap-server (DescribeQuorum to any node, forwarded to the leader)."""
+    from metalog.tools import kafka
+
+    leader, _ = kafka_cluster.leader()
+    props = _java_client_config(kafka_cluster, tmp_path)
+    follower = min(n for n in (1, 2, 3) if n != leader)
+    host, port = kafka_cluster.kafka_ports[follower]
+    status = kafka.run_class("org.apache.kafka.tools.MetadataQuorumCommand", [
+        "--bootstrap-controller", f"{host}:{port}", "--command-config", props, "describe", "--status"], timeout_s=120)
+    assert status.returncode == 0, status.stderr
+    fields = dict(line.split(":", 1) for line in status.stdout.splitlines() if ":" in line)
+    assert fields["ClusterId"].strip() == kafka_cluster.cluster.cluster_id
+    assert int(fields["LeaderId"]) == leader
+    voters = json.loads(fields["CurrentVoters"])
+    assert sorted(v["id"] for v in voters) == [1, 2, 3]
+    for v in voters:
+        h, p = kafka_cluster.kafka_ports[v["id"]]
+        assert f"SSL://{h}:{p}" in v["endpoints"]
+    assert [o["id"] for o in json.loads(fields["CurrentObservers"])] == [4]
+
+    replication = kafka.run_class("org.apache.kafka.tools.MetadataQuorumCommand", [
+        "--bootstrap-server", f"{host}:{port}", "--command-config", props, "describe", "--replication"],
+        timeout_s=120)
+    assert replication.returncode == 0, replication.stderr
+    rows = [line.split() for line in replication.stdout.splitlines()[1:] if line.strip()]
+    assert sorted((int(r[0]), r[-1]) for r in rows) == sorted(
+        [(n, "Leader" if n == leader else "Follower") for n in (1, 2, 3)] + [(4, "Observer")])
+
+
+def test_a_user_without_acls_gets_routing_but_not_the_quorum(kafka_cluster, tmp_path):
+    """The gate of the msgpack port holds here: User:alice (a valid certificate,
+    no ACL) may learn where the leader is, not describe the quorum."""
+    from kio.schema.describe_quorum.v2.request import DescribeQuorumRequest, PartitionData, TopicData
+    from kio.schema.describe_quorum.v2.response import DescribeQuorumResponse
+    from kio.schema.metadata.v12.request import MetadataRequest
+    from kio.schema.metadata.v12.response import MetadataResponse
+
+    from metalog.tools.cluster.certs import issue_user
+
+    issue_user(kafka_cluster.cluster.cert_dir, str(tmp_path), "alice")
+    leader, _ = kafka_cluster.leader()
+    raw = kafka_cluster.raw(node_id=leader, cert_files=(str(tmp_path / "alice.crt"), str(tmp_path / "alice.key")))
+    try:
+        _, quorum = raw.ask(DescribeQuorumRequest(topics=(TopicData(topic_name=METADATA_TOPIC, partitions=(
+            PartitionData(partition_index=0),)),)), DescribeQuorumResponse)
+        _, meta = raw.ask(MetadataRequest(topics=None, allow_auto_topic_creation=False,
+                                          include_topic_authorized_operations=False), MetadataResponse)
+    finally:
+        raw.close()
+    assert (quorum.error_code, quorum.topics) == (31, ())  # CLUSTER_AUTHORIZATION_FAILED, nothing else
+    (topic,) = meta.topics
+    assert (topic.name, topic.partitions[0].leader_id, meta.controller_id) == (METADATA_TOPIC, leader, leader)

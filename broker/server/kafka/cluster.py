@@ -13,7 +13,9 @@ its flat answer to Kafka's nesting (docs/kafka-listener.md).
   ``bootstrap.controllers``, KIP-919) is echoed and gets the voters only;
   controller id = the leader.
 * DescribeQuorum: our DescribeQuorum answer nested topic -> partition, each
-  node with its listeners (ours, and the Kafka one).
+  node with its listeners (ours, and the Kafka one); a node that is not the
+  leader forwards it to the leader, as a Kafka broker forwards it to the
+  active controller.
 """
 
 from __future__ import annotations
@@ -142,8 +144,18 @@ def describe_quorum(ctx: KafkaContext, ex: KafkaExchange) -> None:
     if asked != [(METADATA_TOPIC, METADATA_PARTITION)]:
         ex.respond(_describe_quorum_unknown(ex))
         return
-    ctx.ask(ex, ApiKey.DESCRIBE_QUORUM, m.DescribeQuorumRequest(),
-            lambda resp: ex.respond(_describe_quorum(ctx, ex.version, resp)))
+    def answer(resp: m.DescribeQuorumResponse) -> None:
+        ex.respond(_describe_quorum(ctx, ex.version, resp))
+
+    def local(resp: m.DescribeQuorumResponse) -> None:
+        if resp.error_code == Errors.NOT_LEADER_OR_FOLLOWER and resp.leader_id not in (-1, ctx.node_id):
+            # As a Kafka broker forwards to the active controller (kafka-metadata-quorum
+            # --bootstrap-server asks any broker); our own gate has let the client through.
+            ctx.forward(ex, resp.leader_id, ApiKey.DESCRIBE_QUORUM, m.DescribeQuorumRequest(), answer, resp)
+        else:
+            answer(resp)
+
+    ctx.ask(ex, ApiKey.DESCRIBE_QUORUM, m.DescribeQuorumRequest(), local)
 
 
 def _describe_quorum_unknown(ex: KafkaExchange) -> Any:

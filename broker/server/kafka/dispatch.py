@@ -18,7 +18,8 @@ business and may repeat.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Collection, Mapping, Protocol
+import asyncio
+from typing import Any, Awaitable, Callable, Collection, Mapping, Protocol
 
 from metalog.broker.net.kafka_conn import KafkaConnection, KafkaExchange
 from metalog.broker.quorum.voters import VoterSet
@@ -106,7 +107,8 @@ class KafkaDispatch:
     """The Kafka listener's handler and the handlers' ``KafkaContext``."""
 
     def __init__(self, router: Router, *, node_id: int, cluster_id: str, listener_name: str,
-                 static_endpoints: Mapping[int, tuple[str, int]], core: VoterSetView, logger: Any):
+                 static_endpoints: Mapping[int, tuple[str, int]], core: VoterSetView, logger: Any,
+                 ask_node: Callable[[int, ApiKey, m.Body], Awaitable[m.Body]] | None = None):
         self._router = router
         self._node_id = node_id
         self._cluster_id = cluster_id
@@ -114,6 +116,8 @@ class KafkaDispatch:
         self._static = dict(static_endpoints)
         self._core = core
         self._log = logger
+        self._ask_node = ask_node
+        self._forwards: set[asyncio.Future[m.Body]] = set()  # bounded: one per request in flight
         self.apis = served_apis()
         self._supported = {key: (api.min_version, api.max_version) for key, api in self.apis.items()}
 
@@ -148,6 +152,34 @@ class KafkaDispatch:
             face = conn.context = _Face(conn, self._log)
         face.ask(self._router, ex, api_key, body, on_answer)
 
+    def forward(self, ex: KafkaExchange, node_id: int, api_key: ApiKey, body: m.Body,
+                on_answer: Callable[[Any], None], fallback: m.Body) -> None:
+        """Ask node `node_id` (the leader) over the peers' channel, in this
+        node's name, as a Kafka broker forwards to its controller: only after
+        this node's own gate let the client's request through. On any failure
+        `on_answer(fallback)` (this node's own answer)."""
+        if self._ask_node is None:
+            on_answer(fallback)
+            return
+        future = asyncio.ensure_future(self._ask_node(node_id, api_key, body))
+        self._forwards.add(future)
+        future.add_done_callback(lambda f: self._forwarded(f, ex, on_answer, fallback))
+
+    def _forwarded(self, future: "asyncio.Future[m.Body]", ex: KafkaExchange, on_answer: Callable[[Any], None],
+                   fallback: m.Body) -> None:
+        self._forwards.discard(future)
+        if ex.conn.closed or ex.answered:
+            return
+        exc = None if future.cancelled() else future.exception()
+        answer = fallback if future.cancelled() or exc is not None else future.result()
+        if exc is not None:
+            self._log.info("kafka_forward_failed", peer=ex.conn.peer, api_key=ex.header.api_key, error=repr(exc))
+        try:
+            on_answer(answer)
+        except Exception as err:  # a mapping bug: this request's error
+            self._log.error("kafka_answer_failed", peer=ex.conn.peer, api_key=ex.header.api_key, error=repr(err))
+            ex.fail(Errors.UNKNOWN_SERVER_ERROR)
+
     def endpoints(self) -> dict[int, tuple[str, int]]:
         """Every node's Kafka listener: the static map of the config
         (``kafka_endpoints``), overridden by a listener of our name that a
@@ -160,24 +192,55 @@ class KafkaDispatch:
         return out
 
 
-async def start_kafka_listener(cfg: Any, router: Router, core: VoterSetView, tls: Any, limits: Any,
-                               logger: Any, metrics: Any) -> Any:
-    """The Kafka listener of `cfg.kafka_listen` (None when unset): its own
-    accept loop and limits, the msgpack listener's TLS provider and limits'
-    values, its counters exported as listener "kafka". Returns the
+class KafkaHost(Protocol):
+    """What the Kafka listener takes from the broker (metalog.broker.server.runtime.Broker)."""
+
+    @property
+    def cfg(self) -> Any: ...  # BrokerConfig
+
+    @property
+    def inbound(self) -> Router: ...
+
+    @property
+    def core(self) -> VoterSetView: ...
+
+    @property
+    def tls(self) -> Any: ...  # metalog.broker.net.tls.TlsFiles or None
+
+    @property
+    def log(self) -> Any: ...
+
+    @property
+    def metrics(self) -> Any: ...  # BrokerMetrics: bind_listener
+
+    @property
+    def peers(self) -> Any: ...  # metalog.broker.net.channel.PeerPool: channel(node_id).request(...)
+
+
+async def start_kafka_listener(host: KafkaHost, limits: Any) -> Any:
+    """The Kafka listener of ``host.cfg.kafka_listen`` (None when unset): its
+    own accept loop, `limits` (the msgpack listener's values), the broker's TLS
+    provider, its counters exported as listener "kafka". Returns the
     ``metalog.broker.net.listener.Server``."""
     from metalog.broker.net.kafka_conn import serve_kafka
 
+    cfg, logger = host.cfg, host.log
     ep = cfg.kafka_endpoint()
     if ep is None:
         return None
-    dispatch = KafkaDispatch(router, node_id=cfg.node_id, cluster_id=cfg.cluster_id,
+    timeout_ms = cfg.quorum.request_timeout_ms
+
+    def ask_node(node_id: int, api_key: ApiKey, body: m.Body) -> Awaitable[m.Body]:
+        return host.peers.channel(node_id).request(api_key, body, timeout_ms)  # type: ignore[no-any-return]
+
+    dispatch = KafkaDispatch(host.inbound, node_id=cfg.node_id, cluster_id=cfg.cluster_id,
                              listener_name=cfg.security.security_protocol,
                              static_endpoints={nid: (e.host, e.port) for nid, e in cfg.kafka_node_endpoints().items()},
-                             core=core, logger=logger)
+                             core=host.core, logger=logger, ask_node=ask_node)
     server = await serve_kafka(ep.host, ep.port, dispatch, dispatch.supported(),
-                               max_frame_bytes=cfg.network.max_frame_bytes, logger=logger, tls=tls, limits=limits)
-    metrics.bind_listener("kafka", server.listener.stats, None)
+                               max_frame_bytes=cfg.network.max_frame_bytes, logger=logger, tls=host.tls,
+                               limits=limits)
+    host.metrics.bind_listener("kafka", server.listener.stats, None)
     logger.info("kafka_listener_started", kafka_listen=str(ep), security_protocol=cfg.security.security_protocol,
                 apis={key: list(rng) for key, rng in sorted(dispatch.supported().items())})
     return server
