@@ -274,6 +274,58 @@ def test_a_damaged_batch_is_corrupt_message_and_nothing_is_appended(kafka_cluste
     assert (again.error_code, again.base_offset) == (0, first.base_offset + 1)
 
 
+def test_a_follower_answers_produce_with_the_current_leader(kafka_cluster):
+    """NOT_LEADER_OR_FOLLOWER with v10's CurrentLeader and the leader's Kafka
+    endpoint in NodeEndpoints (decoded by kio), so a client refreshes at once."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+    from kio.schema.produce.v10.request import PartitionProduceData, ProduceRequest, TopicProduceData
+    from kio.schema.produce.v10.response import ProduceResponse
+
+    kc = kafka_cluster
+    leader, epoch = kc.leader()
+    follower = min(nid for nid in kc.kafka_ports if nid != leader)
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+                                        producer_epoch=-1, base_sequence=-1, batch_size=1 << 16)
+    builder.append(0, timestamp=int(time.time() * 1000), key=b"to-a-follower", value=b"refused", headers=[])
+    req = ProduceRequest(acks=-1, timeout=datetime.timedelta(seconds=10), topic_data=(TopicProduceData(
+        name=TOPIC, partition_data=(PartitionProduceData(index=0, records=bytes(builder.build())),)),))
+    raw = kc.raw(follower)
+    try:
+        _cid, resp = raw.ask(req, ProduceResponse, 31)
+    finally:
+        raw.close()
+    (part,) = resp.responses[0].partition_responses
+    assert (part.error_code, part.current_leader.leader_id, part.current_leader.leader_epoch) == (6, leader, epoch)
+    assert [(n.node_id, n.host, n.port) for n in resp.node_endpoints] == [(leader, *kc.kafka_ports[leader])]
+
+
+def test_acks_0_gets_no_answer_and_its_batch_is_appended(kafka_cluster):
+    """Kafka never answers a Produce with acks=0: the next answer on the
+    connection is the next request's; the batch is stored all the same."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+    from kio.schema.api_versions.v3.request import ApiVersionsRequest
+    from kio.schema.api_versions.v3.response import ApiVersionsResponse
+    from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
+
+    kc = kafka_cluster
+    prefix = run_id()
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+                                        producer_epoch=-1, base_sequence=-1, batch_size=1 << 16)
+    builder.append(0, timestamp=int(time.time() * 1000), key=f"{prefix}-0".encode(), value=b"fire and forget",
+                   headers=[])
+    req = ProduceRequest(acks=0, timeout=datetime.timedelta(seconds=10), topic_data=(TopicProduceData(
+        name=TOPIC, partition_data=(PartitionProduceData(index=0, records=bytes(builder.build())),)),))
+    raw = kc.raw()
+    try:
+        raw.send_frame(raw.request_bytes(req, 21))
+        cid, _resp = raw.ask(ApiVersionsRequest(client_software_name="t", client_software_version="1"),
+                             ApiVersionsResponse, 22)
+        assert cid == 22
+    finally:
+        raw.close()
+    assert [g[2] for g in consume_librdkafka(kc, prefix, 1)] == [b"fire and forget"]
+
+
 def test_a_fetch_past_the_end_is_offset_out_of_range_for_the_client(kafka_cluster):
     from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import OffsetOutOfRangeError
