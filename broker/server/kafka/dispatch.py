@@ -241,6 +241,11 @@ async def start_kafka_listener(host: KafkaHost, limits: Any) -> Any:
                                max_frame_bytes=cfg.network.max_frame_bytes, logger=logger, tls=host.tls,
                                limits=limits)
     host.metrics.bind_listener("kafka", server.listener.stats, None)
+    tls_off = host.tls is None
+    if tls_off:  # as loud as the msgpack port's authorization_disabled
+        logger.warning("kafka_listener_insecure", kafka_listen=str(ep), security_protocol="PLAINTEXT",
+                       detail="Kafka clients connect without TLS as User:ANONYMOUS with super-user rights")
     logger.info("kafka_listener_started", kafka_listen=str(ep), security_protocol=cfg.security.security_protocol,
+                tls=not tls_off,
                 apis={key: list(rng) for key, rng in sorted(dispatch.supported().items())})
     return server
