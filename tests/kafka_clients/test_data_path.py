@@ -299,6 +299,36 @@ def test_a_follower_answers_produce_with_the_current_leader(kafka_cluster):
     assert [(n.node_id, n.host, n.port) for n in resp.node_endpoints] == [(leader, *kc.kafka_ports[leader])]
 
 
+def test_offset_for_leader_epoch_and_its_fencing_as_kip_320_wants(kafka_cluster):
+    """What librdkafka asks after a leader change to validate its position:
+    the end offset of its epoch (for a consumer: at most the high watermark,
+    as ListOffsets latest reports it), with CurrentLeaderEpoch fenced;
+    partition 1 does not exist."""
+    from confluent_kafka import Consumer, TopicPartition
+    from kio.schema.offset_for_leader_epoch.v4.request import (OffsetForLeaderEpochRequest, OffsetForLeaderPartition,
+                                                              OffsetForLeaderTopic)
+    from kio.schema.offset_for_leader_epoch.v4.response import OffsetForLeaderEpochResponse
+
+    kc = kafka_cluster
+    produce_librdkafka(kc, run_id(), 3)  # something committed in this epoch
+    leader, epoch = kc.leader()
+    consumer = Consumer(kc.librdkafka_conf(**{"group.id": "t-epochs"}))
+    try:
+        _low, hw = consumer.get_watermark_offsets(TopicPartition(TOPIC, 0), timeout=20)
+    finally:
+        consumer.close()
+    asks = [(0, epoch, epoch), (0, epoch + 5, epoch), (0, epoch - 1, epoch - 1), (1, epoch, epoch)]
+    req = OffsetForLeaderEpochRequest(replica_id=-1, topics=(OffsetForLeaderTopic(topic=TOPIC, partitions=tuple(
+        OffsetForLeaderPartition(partition=p, current_leader_epoch=cur, leader_epoch=asked) for p, cur, asked in asks)),))
+    raw = kc.raw(leader)
+    try:
+        _cid, resp = raw.ask(req, OffsetForLeaderEpochResponse, 41)
+    finally:
+        raw.close()
+    got = [(p.partition, p.error_code, p.leader_epoch, p.end_offset) for p in resp.topics[0].partitions]
+    assert got == [(0, 0, epoch, hw), (0, 75, -1, -1), (0, 74, -1, -1), (1, 3, -1, -1)]
+
+
 def test_acks_0_gets_no_answer_and_its_batch_is_appended(kafka_cluster):
     """Kafka never answers a Produce with acks=0: the next answer on the
     connection is the next request's; the batch is stored all the same."""
