@@ -47,6 +47,7 @@ from metalog.protocol.codec import NEED_DATA
 from metalog.protocol.errors import Errors
 from metalog.protocol.invariants import InvariantViolation
 from metalog.protocol.kafka import wire
+from metalog.protocol.kafka.errors import KafkaDecodeError
 
 KafkaHandler = Callable[["KafkaExchange"], None]  # answers now or later through the exchange
 
@@ -162,6 +163,9 @@ class KafkaConnection(Connection):
             return
         except wire.RequestBodyError as exc:
             self._refuse(exc.header, exc, Errors.INVALID_REQUEST)
+            return
+        except KafkaDecodeError as exc:  # the codec's promise is the four above; a fifth must not reach the loop
+            self._abort("bad_header", exc)
             return
         exchange = self._open(header, body)
         if not self._proven:  # a well-formed request ends the address's run of failures

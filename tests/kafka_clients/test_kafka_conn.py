@@ -6,6 +6,7 @@ answered. Requests and answers are written and read with kio's classes."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import io
 import struct
 
@@ -145,3 +146,42 @@ async def test_an_unreadable_header_closes_only_that_connection():
         writer2.close()
         server.close()
     assert parking.parked[0].header.correlation_id == 5
+
+
+async def test_unserved_apis_and_versions_are_answered_as_kafka_does():
+    """Api key 999, and CreateTopics (served by Kafka, not by this table), have
+    no error code Kafka could answer with: the connection closes. DescribeCluster
+    v2 (in Kafka's schema, above the v1 served here) is answered
+    UNSUPPORTED_VERSION, and the connection goes on. One log line each."""
+    from kio.schema.create_topics.v7.request import CreateTopicsRequest
+    from kio.schema.describe_cluster.v1.response import DescribeClusterResponse
+    from kio.schema.describe_cluster.v2.request import DescribeClusterRequest as DescribeClusterV2
+    from kio.schema.describe_cluster.v2.response import DescribeClusterResponse as DescribeClusterResponseV2
+    from kio.static.primitive import i32Timedelta
+
+    logger = ListLogger()
+    parking = Parking()
+    server = await serve_kafka("127.0.0.1", 0, parking, SUPPORTED, logger=logger)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        for frame in (struct.pack(">ihhih", 10, 999, 0, 3, 0),  # header v1, empty client id, no body
+                      _request(CreateTopicsRequest(topics=(), timeout=i32Timedelta.parse(datetime.timedelta(seconds=1)),
+                                                   validate_only=False), 4)):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(frame)
+            assert await asyncio.wait_for(reader.read(), 10) == b""  # closed, nothing answered
+            writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_request(DescribeClusterV2(include_cluster_authorized_operations=False,
+                                                include_fenced_brokers=False), 5))
+        writer.write(_request(_describe_cluster(), 6))
+        cid, resp = await _response(reader, DescribeClusterResponseV2)
+        assert (cid, resp.error_code) == (5, 35)  # UNSUPPORTED_VERSION
+        await wait_for_condition(lambda: len(parking.parked) == 1, what="the v1 request after it")
+        parking.parked[0].respond(km.DescribeClusterResponse(cluster_id="still here"))
+        cid, resp = await _response(reader, DescribeClusterResponse)
+        assert (cid, resp.cluster_id) == (6, "still here")
+        writer.close()
+    finally:
+        server.close()
+    assert [kw["api_key"] for level, e, kw in logger.events if e == "bad_request"] == [999, 19, 60]
