@@ -281,3 +281,27 @@ def test_a_user_without_acls_gets_routing_but_not_the_quorum(kafka_cluster, tmp_
     assert (quorum.error_code, quorum.topics) == (31, ())  # CLUSTER_AUTHORIZATION_FAILED, nothing else
     (topic,) = meta.topics
     assert (topic.name, topic.partitions[0].leader_id, meta.controller_id) == (METADATA_TOPIC, leader, leader)
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 4])
+def test_api_versions_at_every_version(kafka_cluster, version):
+    """Our ranges at every ApiVersions version; from v3, the features as our
+    own ApiVersions reports them (kraft.version finalized at 1: a dynamic quorum)."""
+    import importlib
+
+    req = importlib.import_module(f"kio.schema.api_versions.v{version}.request").ApiVersionsRequest
+    resp_type = importlib.import_module(f"kio.schema.api_versions.v{version}.response").ApiVersionsResponse
+    body = req(client_software_name="t", client_software_version="1") if version >= 3 else req()
+    raw = kafka_cluster.raw()
+    try:
+        cid, resp = raw.ask(body, resp_type, 40 + version)
+    finally:
+        raw.close()
+    ranges = {k.api_key: (k.min_version, k.max_version) for k in resp.api_keys}
+    assert (cid, resp.error_code) == (40 + version, 0)
+    assert {18: (0, 4), 60: (0, 1), 55: (0, 2)}.items() <= ranges.items()
+    assert ranges[3] == (0, 13)
+    if version >= 3:
+        finalized = {f.name: (f.min_version_level, f.max_version_level) for f in resp.finalized_features}
+        assert finalized == {"kraft.version": (1, 1)}
+        assert "kraft.version" in {f.name for f in resp.supported_features}
