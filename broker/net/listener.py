@@ -109,6 +109,8 @@ class Listener:
         self.exempt: set[str] = set(limits.exempt_hosts)  # resolved to addresses by resolve_exempt()
         self.connections: set[Connection] = set()
         self.per_ip: collections.Counter[str] = collections.Counter()  # open and waiting, per address
+        self.waiting_per_ip: collections.Counter[str] = collections.Counter()  # accepted, not started yet
+        self.acceptors: list[_Acceptor] = []  # registered by listen(): their waiting rooms are swept
         self.addresses = AddressPolicy(
             limits.connection_creation_rate_per_ip, max(1, int(limits.connection_creation_rate_per_ip)),
             limits.failed_connections_before_backoff, limits.failed_connection_backoff_ms,
@@ -156,10 +158,16 @@ class Listener:
         if host in self.exempt:
             return None
         lim = self.limits
+        pace = self.addresses.get(host)
         if len(self.connections) + len(self._arrived) >= lim.max_connections:
             why = "max_connections"
         elif self.per_ip[host] >= lim.max_connections_per_ip:
             why = "max_connections_per_ip"
+        elif (self.waiting_per_ip[host] and pace is not None
+              and pace.blocked_until_s > asyncio.get_running_loop().time()):
+            # An address in back-off has proven hostile: one of its connections may wait out
+            # the period, the others would only fill the waiting room (max_delayed_connections).
+            why = "backoff"
         else:
             return None
         self.stats.refused_total[why] += 1
@@ -170,12 +178,20 @@ class Listener:
 
     def count_arrival(self, host: str, peer: str) -> None:
         self.per_ip[host] += 1
+        self.waiting_per_ip[host] += 1
         self._arrived.add(peer)
 
-    def uncount_arrival(self, host: str, peer: str) -> None:
-        """A counted socket that never became a Connection (closed while waiting, or failed to start)."""
+    def uncount_arrival(self, host: str, peer: str, started: bool = False) -> None:
+        """A counted socket that never became a Connection (dropped while waiting, or failed to start)."""
+        if not started:
+            self._unwait(host)
         self._arrived.discard(peer)
         self._release_host(host)
+
+    def _unwait(self, host: str) -> None:
+        self.waiting_per_ip[host] -= 1
+        if self.waiting_per_ip[host] <= 0:
+            del self.waiting_per_ip[host]
 
     def address_due_s(self, host: str, now_s: float) -> float:
         """When a new connection from `host` may start (its rate and back-off)."""
@@ -199,6 +215,7 @@ class Listener:
 
     def starting(self, host: str, now_s: float, arrived_s: float) -> None:
         """A counted connection starts (its handshake, or its first read without TLS)."""
+        self._unwait(host)
         self.stats.accepted_total += 1
         if arrived_s < now_s:
             self.stats.delay_seconds_total += now_s - arrived_s
@@ -265,6 +282,8 @@ class Listener:
             if self.tls is not None:
                 self.tls.maybe_reload()  # rotation is noticed (and logged) without waiting for a handshake
             self.refusals.flush()
+            for acceptor in self.acceptors:
+                acceptor.drop_abandoned()
             cutoff_s = loop.time() - idle_ms / 1000
             for conn in [c for c in self.connections if c.ready and c.last_active_s < cutoff_s and c.inflight == 0]:
                 if not conn.closed:
@@ -312,6 +331,26 @@ class _Acceptor:
         self._waiting.clear()
         self._ready.clear()
         self.sock.close()
+
+    def drop_abandoned(self) -> None:
+        """Close the waiting sockets whose clients gave up (a back-off holds one for up to a minute)."""
+        kept = []
+        for w in self._waiting:
+            if _abandoned(w.sock):
+                self._drop(w)
+            else:
+                kept.append(w)
+        if len(kept) != len(self._waiting):
+            heapq.heapify(kept)
+            self._waiting = kept
+            self._listener.stats.delayed_now = self.delayed
+            if self.delayed < self._listener.limits.max_delayed_connections:
+                self.resume()
+
+    def _drop(self, w: _Waiting) -> None:
+        self._listener.stats.refused_total["abandoned"] += 1
+        w.sock.close()
+        self._listener.uncount_arrival(w.host, w.peer)
 
     def _on_readable(self) -> None:
         for _ in range(ACCEPT_BATCH_MAX):
@@ -391,9 +430,7 @@ class _Acceptor:
                 return
             self._ready.popleft()
             if _abandoned(w.sock):  # its peer gave up while it waited: no handshake for nobody
-                listener.stats.refused_total["abandoned"] += 1
-                w.sock.close()
-                listener.uncount_arrival(w.host, w.peer)
+                self._drop(w)
                 continue
             self._start(w, now_s)
 
@@ -425,7 +462,7 @@ class _Acceptor:
                                    error="cancelled" if task.cancelled() else repr(task.exception()))
             w.sock.close()
             if w.peer in self._listener._arrived:  # never reached connection_made
-                self._listener.uncount_arrival(w.host, w.peer)
+                self._listener.uncount_arrival(w.host, w.peer, started=True)
 
 
 def _abandoned(sock: socket.socket) -> bool:
@@ -486,6 +523,7 @@ async def listen(host: str, port: int, make_connection: Callable[[], Connection]
     `make_connection()` (whose listener is `listener`), admitted by it."""
     await listener.resolve_exempt()
     acceptors = [_Acceptor(sock, make_connection, listener) for sock in await _listening_sockets(host, port)]
+    listener.acceptors.extend(acceptors)
     for a in acceptors:
         a.resume()
     listener.start()

@@ -124,6 +124,7 @@ async def test_a_peers_address_is_exempt_from_rates_caps_and_back_off():
 
 
 async def test_an_address_that_keeps_failing_is_delayed_for_its_back_off():
+    """Its next connection waits (accepted, nothing read); a second one meanwhile is closed."""
     limits = ListenerLimits(failed_connections_before_backoff=2, failed_connection_backoff_ms=1000, **NO_RATES)
     server, port, started, log = await start(limits)
     try:
@@ -135,10 +136,15 @@ async def test_an_address_that_keeps_failing_is_delayed_for_its_back_off():
         await wait_for_condition(lambda: log.named("connection_backoff"), 5, "the back-off line")
         t0 = asyncio.get_running_loop().time()
         r, w = await connect(port, "127.0.0.12")  # accepted by the kernel, then held by the listener
+        await wait_for_condition(lambda: server.listener.stats.delayed_total["backoff"] == 1, 5, "held")
+        # one connection of an address in back-off waits it out; more from it are closed, not piled up
+        r2, w2 = await connect(port, "127.0.0.12")
+        assert await closed_by_server(r2)
+        assert server.listener.stats.refused_total == {"backoff": 1}
         await wait_for_condition(lambda: len(started) == 3, 10, "the third connection started")
         assert started[-1][0] - t0 >= 0.8
-        assert server.listener.stats.delayed_total["backoff"] == 1 and not server.listener.stats.refused_total
         w.close()
+        w2.close()
     finally:
         server.close()
 
@@ -182,3 +188,41 @@ async def test_refusals_of_the_next_interval_are_logged_and_summarized_again():
     assert len(log.named("bad_frame")) == 2  # one full line per interval
     assert [(x["count"], x["first_address"]) for x in log.named("connection_refusals_summary")] == [
         (5, "127.0.3.1"), (5, "127.0.3.2")]
+
+
+def test_the_brokers_listener_exempts_the_voters_hosts_and_the_configured_ones():
+    from metalog.broker.server.config import BrokerConfig, NetworkConfig
+    from metalog.broker.server.inbound import listener_limits
+
+    cfg = BrokerConfig(node_id=1, cluster_id="c", data_dir="d", listen="10.0.0.1:9000",
+                       voters="1@10.0.0.1:9000,2@node-b:9000,3@10.0.0.3:9000",
+                       network=NetworkConfig(connection_limits_exempt_hosts=["observer-1"],
+                                             max_connection_creation_rate=50, connection_creation_rate_per_ip=5))
+    limits = listener_limits(cfg)
+    assert limits.exempt_hosts == {"10.0.0.1", "node-b", "10.0.0.3", "observer-1"}
+    assert (limits.max_connection_creation_rate, limits.connection_creation_rate_per_ip) == (50, 5)
+
+
+async def test_exempt_host_names_are_resolved_to_addresses():
+    listener = Listener(None, ListenerLimits(exempt_hosts=frozenset({"localhost", "no-such-host.invalid"})),
+                        log := ListLogger())
+    await listener.resolve_exempt()
+    assert "127.0.0.1" in listener.exempt
+    assert log.named("exempt_host_unresolved")[0]["host"] == "no-such-host.invalid"
+
+
+async def test_a_waiting_connection_whose_client_gave_up_is_dropped_without_a_start():
+    limits = ListenerLimits(failed_connections_before_backoff=1, failed_connection_backoff_ms=60_000,
+                            connections_max_idle_ms=400, **NO_RATES)  # the sweep runs every 0.1 s
+    server, port, started, log = await start(limits)
+    try:
+        r, w = await connect(port, "127.0.0.13")
+        w.write(b"\xff\xff\xff\xf0")
+        assert await closed_by_server(r)
+        r, w = await connect(port, "127.0.0.13")  # held for a minute
+        await wait_for_condition(lambda: server.listener.stats.delayed_now == 1, 5, "held")
+        w.close()  # the client gives up
+        await wait_for_condition(lambda: server.listener.stats.refused_total["abandoned"] == 1, 5, "dropped")
+        assert len(started) == 1 and not server.listener.per_ip and server.listener.stats.delayed_now == 0
+    finally:
+        server.close()

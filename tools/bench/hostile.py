@@ -21,7 +21,9 @@ leader's port:
 The attackers come from many loopback addresses, as an attacker's would from
 other hosts; the client and the peers use 127.0.0.1 (the voters' host: exempt
 from the connection limits, which it does not need: it keeps one connection).
-Prints, per attack: idle and attacked p50/p99, the p99 ratio (goal <= 2x),
+Prints, per attack (each after an idle window of its own, so that other
+work on the machine skews both alike): idle and attacked p50/p99, the p99
+ratio (goal <= 2x),
 commits per second both ways (goal: attacked >= 80% of idle), errors, the
 share of the leader's loop spent in TLS handshakes (its
 ``metalog_tls_handshake_seconds`` over the window) and how many log lines the
@@ -270,31 +272,33 @@ def run(hostile: int, flood_per_s: int, duration_s: float, root: str, settings: 
     attacks = []
     try:
         leader, _ = cluster.wait_for_leader(30)
-        idle = _measure_with_cpu(cluster, leader, duration_s)
         for kind, amount in (("connections", hostile), ("flood", flood_per_s)):
             if amount:
-                attacks.append(_under_attack(cluster, leader, kind, amount, duration_s, bad))
+                # idle right before each attack: the ratio compares neighbouring windows, so
+                # that other work on the machine skews both alike
+                idle = _measure_with_cpu(cluster, leader, duration_s)
+                attacks.append({"idle": idle, **_under_attack(cluster, leader, kind, amount, duration_s, bad)})
         still_leader = cluster.leader()
     finally:
         cluster.stop()
     for a in attacks:
-        u = a["under_attack"]
-        a["p99_ratio"] = round(u["p99_ms"] / idle["p99_ms"], 2) if idle.get("p99_ms") and u.get("p99_ms") else None
-        a["commits_share"] = (round(u["commits_per_s"] / idle["commits_per_s"], 2) if idle["commits_per_s"]
-                              else None)
-    return {"duration_s": duration_s, "settings": settings or {}, "idle": idle, "attacks": attacks,
-            "leader": leader, "leader_after": still_leader}
+        i, u = a["idle"], a["under_attack"]
+        a["p99_ratio"] = round(u["p99_ms"] / i["p99_ms"], 2) if i.get("p99_ms") and u.get("p99_ms") else None
+        a["commits_share"] = round(u["commits_per_s"] / i["commits_per_s"], 2) if i["commits_per_s"] else None
+    return {"duration_s": duration_s, "settings": settings or {}, "attacks": attacks, "leader": leader,
+            "leader_after": still_leader, "load_average": os.getloadavg()}
 
 
 def format_report(result: dict) -> str:
-    i = result["idle"]
-    lines = [f"hostile: one client's commits idle: p50 {i['p50_ms']} ms p99 {i['p99_ms']} ms, "
-             f"{i['commits_per_s']}/s, {i['errors']} errors; leader CPU {i.get('leader_cpu')} of a core"]
+    lines = [f"hostile (one client's commits; load average {', '.join(f'{x:.1f}' for x in result['load_average'])} "
+             f"at the end):"]
     for a in result["attacks"]:
-        u = a["under_attack"]
+        i, u = a["idle"], a["under_attack"]
         what = (f"{a['amount']} hostile connections" if a["attack"] == "connections"
                 else f"a flood of {a['amount']} new connections/s")
         logged = sum(a["leader_log_lines"].values())
+        lines.append(f"  idle:  p50 {i['p50_ms']} ms p99 {i['p99_ms']} ms, {i['commits_per_s']}/s, {i['errors']} "
+                     f"errors; leader CPU {i.get('leader_cpu')} of a core")
         lines.append(f"  under {what}: p50 {u['p50_ms']} ms p99 {u['p99_ms']} ms, {u['commits_per_s']}/s, "
                      f"{u['errors']} errors; p99 {a['p99_ratio']}x idle (goal <= 2x), commits "
                      f"{a['commits_share']} of idle (goal >= 0.8); leader: CPU {u.get('leader_cpu')} of a core, "
