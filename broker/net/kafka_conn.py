@@ -61,7 +61,7 @@ API_VERSIONS_KEY = 18  # Kafka's ApiVersions: its own fallback answer
 class KafkaExchange:
     """One request and the slot of its answer, in the connection's order."""
 
-    __slots__ = ("conn", "header", "body", "answer", "answered")
+    __slots__ = ("conn", "header", "body", "answer", "answered", "close_after")
 
     def __init__(self, conn: "KafkaConnection", header: wire.RequestHeader, body: Any):
         self.conn = conn
@@ -69,6 +69,7 @@ class KafkaExchange:
         self.body = body  # a metalog.protocol.kafka.messages struct of header.api_version
         self.answer: bytes = b""
         self.answered = False
+        self.close_after: int | None = None  # an error code: close once the earlier answers have left
 
     @property
     def version(self) -> int:
@@ -87,10 +88,9 @@ class KafkaExchange:
         if self.answered:
             return
         data = wire.error_answer(self.header, error_code)
-        if data is None:
+        if data is None:  # Kafka closes instead: after the answers to earlier requests
+            self.close_after = error_code
             self.conn.finish(self, b"")
-            self.conn.close_now("no_error_answer", api_key=self.header.api_key,
-                                api_version=self.header.api_version, error_code=error_code)
         else:
             self.conn.finish(self, data)
 
@@ -104,6 +104,7 @@ class KafkaConnection(Connection):
         self._kafka_handler = handler
         self._supported = supported
         self._queue: collections.deque[KafkaExchange] = collections.deque()  # request order
+        self._closing = False  # a request Kafka answers by closing is queued: read nothing more
         self.context: Any = None  # the dispatcher's state for this connection (metalog.broker.server.kafka)
 
     # answers, in order ---------------------------------------------------------
@@ -114,6 +115,8 @@ class KafkaConnection(Connection):
             raise InvariantViolation(f"api {exchange.header.api_key} correlation id "
                                      f"{exchange.header.correlation_id} answered twice")
         exchange.answer, exchange.answered = data, True
+        if exchange.close_after is not None:
+            self._closing = True  # nothing after it is read
         queue = self._queue
         transport = None if self.closed else self._transport
         wrote = False
@@ -123,6 +126,10 @@ class KafkaConnection(Connection):
                 transport.write(head.answer)
                 wrote = True
             head.answer = b""
+            if head.close_after is not None:
+                self.close_now("no_error_answer", api_key=head.header.api_key, api_version=head.header.api_version,
+                               correlation_id=head.header.correlation_id, error_code=head.close_after)
+                break
         self.inflight = len(queue)
         if wrote:
             self.last_active_s = asyncio.get_running_loop().time()
@@ -134,15 +141,17 @@ class KafkaConnection(Connection):
         raise InvariantViolation("a Kafka connection answers through its KafkaExchange, not send_response")
 
     def close_now(self, event: str, **fields: Any) -> None:
+        """Close after what was written (a TLS close, so the written answers are delivered)."""
         self._refused(event, peer=self.peer, principal=str(self.principal), action="close", **fields)
         self.closed = True
         if self._transport is not None:
-            self._transport.abort()
+            self._transport.close()
 
     # reading ---------------------------------------------------------------------
     def _process_frames(self) -> None:
         decoder = self._decoder
-        while not self.closed and not self._write_paused and self.inflight < self._max_inflight:
+        while (not self.closed and not self._closing and not self._write_paused
+               and self.inflight < self._max_inflight):
             try:
                 frame = decoder.next_frame()
             except codec.FrameError as exc:
@@ -190,8 +199,8 @@ class KafkaConnection(Connection):
             self.finish(exchange, wire.api_versions_fallback(header, self._supported))
         else:
             exchange.fail(error_code)
-        if self.closed:
-            self._record_failure()
+            if exchange.close_after is not None:  # bad input we close on counts toward the address's back-off
+                self._record_failure()
 
     def _handler_failed_kafka(self, exchange: KafkaExchange, exc: Exception) -> None:
         self._log.error("handler_failed", peer=self.peer, api_key=exchange.header.api_key,

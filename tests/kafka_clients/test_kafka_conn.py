@@ -185,3 +185,26 @@ async def test_unserved_apis_and_versions_are_answered_as_kafka_does():
     finally:
         server.close()
     assert [kw["api_key"] for level, e, kw in logger.events if e == "bad_request"] == [999, 19, 60]
+
+
+async def test_a_request_answered_by_closing_closes_after_the_earlier_answers():
+    """Kafka closes on an api it cannot answer; the answer to a request before
+    it still arrives first, and nothing after it is read."""
+    from kio.schema.describe_cluster.v1.response import DescribeClusterResponse
+
+    parking = Parking()
+    server, reader, writer = await _serve(parking)
+    try:
+        writer.write(_request(_describe_cluster(), 1) + struct.pack(">ihhih", 10, 999, 0, 2, 0)
+                     + _request(_describe_cluster(), 3))
+        await wait_for_condition(lambda: len(parking.parked) == 1, what="the first request")
+        await asyncio.sleep(0.05)  # the third is never dispatched: nothing to wait for but time
+        assert len(parking.parked) == 1
+        parking.parked[0].respond(km.DescribeClusterResponse(cluster_id="first"))
+        cid, resp = await _response(reader, DescribeClusterResponse)
+        assert (cid, resp.cluster_id) == (1, "first")
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # then closed
+    finally:
+        writer.close()
+        server.close()
+    assert len(parking.parked) == 1
