@@ -276,20 +276,31 @@ class _SnapshotCheck:
             except cr.ControlRecordError as exc:
                 raise CorruptSnapshotError(path, pos, str(exc)) from exc
             if pos == 0:
-                if len(recs) != 1 or not isinstance(recs[0], cr.SnapshotHeader):
+                if not recs or not isinstance(recs[0], cr.SnapshotHeader):
                     raise CorruptSnapshotError(path, 0, "first batch is not a SnapshotHeader")
                 self.header = recs[0]
+                if len(recs) == 3 and self._voter_set(recs[1:]):
+                    pass  # Kafka 4.x writes the voter set in the header's batch
+                elif len(recs) != 1:
+                    raise CorruptSnapshotError(path, 0, "the SnapshotHeader's batch holds more than the header "
+                                                        "and a voter set (KRaftVersion, KRaftVoters)")
             elif len(recs) == 1 and isinstance(recs[0], cr.SnapshotFooter):
                 self.footer_seen = True
-            elif (self.voters is None and not self.batches and len(recs) == 2
-                  and isinstance(recs[0], cr.KRaftVersionRecord) and isinstance(recs[1], cr.VotersRecord)):
-                self.voters = recs[1]  # right after the header, before any data
+            elif self.voters is None and not self.batches and self._voter_set(recs):
+                pass  # right after the header, before any data (the batch metalog writes)
             else:
                 raise CorruptSnapshotError(path, pos, "unexpected control batch")
         elif pos == 0:
             raise CorruptSnapshotError(path, 0, "first batch is not a SnapshotHeader")
         else:
             self.batches.append((pos, h))
+
+    def _voter_set(self, recs: list[cr.ControlRecord]) -> bool:
+        """KRaftVersion then KRaftVoters (KIP-853): kept as the snapshot's voter set."""
+        if len(recs) == 2 and isinstance(recs[0], cr.KRaftVersionRecord) and isinstance(recs[1], cr.VotersRecord):
+            self.voters = recs[1]
+            return True
+        return False
 
     def finish(self, size_bytes: int) -> SnapshotLayout:
         path, end = self.path, self.end

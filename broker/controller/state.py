@@ -66,8 +66,10 @@ same way. A record value that does not decode counts as invalid too.
   replay of a Kafka log says what it could not model.
 
 A partition is malformed when: replicas is empty or has duplicates or a
-negative id, the ISR is empty, has duplicates or holds a non-replica, or the
-leader is neither -1 nor in the ISR, or a partition id is negative.
+negative id, the ISR has duplicates or holds a non-replica, or the leader is
+neither -1 nor in the ISR, or a partition id is negative. An empty ISR is
+valid (leaderless, then): Kafka writes one since KIP-966 (ELR) when the last
+in-sync replica is fenced; metalog's own fence keeps the last member.
 """
 
 from __future__ import annotations
@@ -129,7 +131,10 @@ def _assignment_problem(p: r.Partition) -> str | None:
         return "empty replica list"
     if len(set(p.replicas)) != len(p.replicas) or min(p.replicas) < 0:
         return f"bad replica list {list(p.replicas)}"
-    if not p.isr or len(set(p.isr)) != len(p.isr):
+    # An empty ISR is Kafka's since KIP-966 (eligible leader replicas): the last
+    # in-sync replica fenced, the partition has no leader and its ISR is empty
+    # (a leader must be in the ISR, so only a leaderless partition has one).
+    if len(set(p.isr)) != len(p.isr):
         return f"bad ISR {list(p.isr)}"
     if not set(p.isr) <= set(p.replicas):
         return f"ISR {list(p.isr)} is not a subset of replicas {list(p.replicas)}"
@@ -794,6 +799,24 @@ def settle_heap() -> None:
     gc.freeze()
 
 
+def _check_replication(replication_factor: int, live: Sequence[int]) -> None:
+    if replication_factor > len(live):
+        raise CommandError(
+            f"replication factor {replication_factor} is larger than the "
+            f"{len(live)} live broker(s) {list(live)}", ErrorCode.INVALID_REPLICATION_FACTOR)
+
+
+def _placed(tid: str, pids: Iterable[int], replication_factor: int, live: Sequence[int]) -> list[bytes]:
+    """Partition records, replicas round robin over `live`, shifted per
+    partition so leaders spread over brokers."""
+    n = len(live)
+    out = []
+    for pid in pids:
+        replicas = tuple(live[(pid + i) % n] for i in range(replication_factor))
+        out.append(r.encode_record(r.Partition(tid, pid, replicas, replicas, replicas[0])))
+    return out
+
+
 class Controller:
     """The state machine fed with committed batches, plus command builders.
 
@@ -909,11 +932,13 @@ class Controller:
             raise CommandError(
                 f"invalid topic name {name!r}: use 1-249 of [a-zA-Z0-9._-], not '.' or '..'")
         if name in st.topic_ids:
-            raise CommandError(f"topic {name!r} already exists")
+            raise CommandError(f"topic {name!r} already exists", ErrorCode.TOPIC_ALREADY_EXISTS)
         if partitions < 1:
-            raise CommandError(f"number of partitions must be at least 1, got {partitions}")
+            raise CommandError(f"number of partitions must be at least 1, got {partitions}",
+                               ErrorCode.INVALID_PARTITIONS)
         if replication_factor < 1:
-            raise CommandError(f"replication factor must be at least 1, got {replication_factor}")
+            raise CommandError(f"replication factor must be at least 1, got {replication_factor}",
+                               ErrorCode.INVALID_REPLICATION_FACTOR)
         if live_brokers is None:
             live = sorted(bid for bid, br in st.brokers.items() if not br.fenced)
         else:
@@ -923,20 +948,29 @@ class Controller:
                     raise CommandError(f"broker {bid} is not registered and unfenced",
                                        ErrorCode.BROKER_NOT_AVAILABLE)
             live = sorted(set(live_brokers))
-        if replication_factor > len(live):
-            raise CommandError(
-                f"replication factor {replication_factor} is larger than the "
-                f"{len(live)} live broker(s) {live}", ErrorCode.BROKER_NOT_AVAILABLE)
+        _check_replication(replication_factor, live)
         tid = _uuid_arg("topic id", topic_id)
         if tid in st.topics:
             raise CommandError(f"topic id {tid} already exists")
-        out = [r.encode_record(r.Topic(name, tid))]
-        n = len(live)
-        for pid in range(partitions):
-            # Round robin, shifted per partition so leaders spread over brokers.
-            replicas = tuple(live[(pid + i) % n] for i in range(replication_factor))
-            out.append(r.encode_record(r.Partition(tid, pid, replicas, replicas, replicas[0])))
-        return out
+        return [r.encode_record(r.Topic(name, tid))] + _placed(tid, range(partitions), replication_factor, live)
+
+    def create_partitions(self, name: str, count: int) -> list[bytes]:
+        """Grow topic `name` to `count` partitions (Kafka's CreatePartitions):
+        the new ones after its highest id, placed as create_topic places them,
+        with the replication factor of its first partition."""
+        st = self.state
+        topic = st.topic_by_name(name)
+        if topic is None:
+            raise CommandError(f"unknown topic {name!r}", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        ids = st.partition_ids(topic.topic_id)
+        if count <= len(ids):
+            raise CommandError(f"topic {name!r} has {len(ids)} partition(s); the count can only grow, "
+                               f"got {count}", ErrorCode.INVALID_PARTITIONS)
+        replication_factor = len(st.partitions[(topic.topic_id, ids[0])].replicas) if ids else 1
+        live = sorted(bid for bid, br in st.brokers.items() if not br.fenced)
+        _check_replication(replication_factor, live)
+        first = ids[-1] + 1 if ids else 0
+        return _placed(topic.topic_id, range(first, first + count - len(ids)), replication_factor, live)
 
     def delete_topic(self, name: str) -> list[bytes]:
         topic = self.state.topic_by_name(name)

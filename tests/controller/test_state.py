@@ -61,6 +61,15 @@ def test_kafkas_fence_broker_only_marks_the_broker():
     assert s.brokers[0].fenced and s.partitions == before
 
 
+def test_an_empty_isr_without_a_leader_is_kafkas_eligible_leader_replicas_state():
+    """KIP-966: Kafka 4.x fences the last in-sync replica out of the ISR
+    (PartitionRecord/PartitionChange with Isr [] and Leader -1)."""
+    s = _fence_setup()
+    assert s.apply(s.offset, r.PartitionChange(T, 3, isr=(), leader=-1))
+    assert s.partitions[(T, 3)].isr == () and s.partitions[(T, 3)].leader == -1
+    assert s.apply(s.offset, r.Partition(T, 4, (0,), (), -1)) and s.invalid_records == 0
+
+
 def test_kafkas_broker_registration_change_fences_and_unfences_only_the_broker():
     s = _fence_setup()
     before = dict(s.partitions)
@@ -148,7 +157,8 @@ def test_fence_with_wrong_epoch_is_ignored_and_counted():
     (r.Partition(T, 0, (0, 0), (0,), 0), "bad replica list"),
     (r.Partition(T, 0, (0, 1), (2,), 2), "not a subset"),
     (r.Partition(T, 0, (0, 1), (0,), 1), "leader 1 is not in the ISR"),
-    (r.Partition(T, 0, (0,), (), -1), "bad ISR"),
+    (r.Partition(T, 0, (0,), (0, 0), 0), "bad ISR"),
+    (r.Partition(T, 0, (0,), (), 0), "leader 0 is not in the ISR []"),
     (r.PartitionChange(T, 9, leader=0), "unknown partition"),
     (r.Topic("t", "other-id"), "already exists"),
     (r.Config(3, "t", "a", "b"), "unknown resource type 3"),

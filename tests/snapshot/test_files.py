@@ -7,7 +7,7 @@ import pytest
 from metalog.protocol.messages import SnapshotId
 from metalog.storage import batch as b
 from metalog.storage import control_records as cr
-from metalog.storage.snapshot import (CorruptSnapshotError, SnapshotWriter, parse_snapshot_filename,
+from metalog.storage.snapshot import (CorruptSnapshotError, SnapshotWriter, parse_snapshot_filename, verify_snapshot_bytes,
                               read_snapshot, snapshot_filename, verify_snapshot)
 
 SID = SnapshotId(1234, 5)
@@ -142,3 +142,21 @@ def test_bad_file_name(tmp_path):
     open(p, "wb").write(b"")
     with pytest.raises(CorruptSnapshotError, match="'snap.checkpoint' is not a snapshot file name"):
         read_snapshot(p)
+
+
+def test_kafka_4_layout_with_the_voter_set_in_the_header_batch(tmp_path):
+    """Kafka 4.x writes SnapshotHeader, KRaftVersion and KRaftVoters in one
+    control batch (seen in Kafka 4.3.1's own checkpoints, bootstrap 0-0
+    included); metalog writes the voter set in a batch of its own. Both
+    verify, with the voter set; anything else in the header's batch is refused."""
+    voters = cr.VotersRecord([cr.Voter(1, "AAAAAAAAAAAAAAAAAAAAAQ", [cr.VoterEndpoint("CONTROLLER", "h", 9093)])])
+    head = [cr.encode_control(cr.SnapshotHeader(5)), cr.encode_control(cr.KRaftVersionRecord(1)),
+            cr.encode_control(voters)]
+    footer = b.encode_batch(3, 0, [cr.encode_control(cr.SnapshotFooter())], 5, is_control=True)
+    kafka_bootstrap = b.encode_batch(0, 0, head, 5, is_control=True) + footer
+    layout = verify_snapshot_bytes(kafka_bootstrap, SnapshotId(0, 0), "00000000000000000000-0000000000.checkpoint")
+    assert layout.voters == voters and layout.records == 0
+    odd = b.encode_batch(0, 0, head[:2], 5, is_control=True) + b.encode_batch(
+        2, 0, [cr.encode_control(cr.SnapshotFooter())], 5, is_control=True)
+    with pytest.raises(CorruptSnapshotError, match="holds more than the header and a voter set"):
+        verify_snapshot_bytes(odd, SnapshotId(0, 0), "x.checkpoint")
