@@ -274,8 +274,14 @@ class LeaderReads:
         ctx = self.ctx
         log = ctx.log
         epoch, end = log.end_offset_for_epoch(req.leader_epoch)
-        if req.replica_id < 0 and end > log.high_watermark:
-            end = max(log.high_watermark, log.log_start_offset)  # consumers see committed data only
+        # Consumers see no further than committed data. A new leader's HW is its follower's
+        # stale view until a record of its epoch commits (Raft 5.4.2), below what the old
+        # leader committed; every committed record is below our epoch's start (leader
+        # completeness), so never cut below that: a cut there told consumers at a committed
+        # position of a truncation that never happened (the drill's 809 < 811, docs/drills.md).
+        visible = max(log.high_watermark, self.leader.epoch_start_offset)
+        if req.replica_id < 0 and end > visible:
+            end = max(visible, log.log_start_offset)
         ctx.respond(token, m.OffsetsForLeaderEpochResponse(
             leader_epoch=epoch, end_offset=end, current_leader=ctx.current_leader()))
 
