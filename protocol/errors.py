@@ -19,6 +19,11 @@ class Errors(enum.IntEnum):
     TOPIC_AUTHORIZATION_FAILED = 29  # the principal lacks an ACL on the topic
     CLUSTER_AUTHORIZATION_FAILED = 31  # lacks an ACL on the cluster, or is not the replica it claims
     UNSUPPORTED_VERSION = 35
+    TOPIC_ALREADY_EXISTS = 36  # CreateTopics: the name is taken
+    INVALID_PARTITIONS = 37  # CreateTopics / CreatePartitions: a partition count that cannot be
+    INVALID_REPLICATION_FACTOR = 38  # more replicas than live brokers, or fewer than 1
+    INVALID_CONFIG = 40  # IncrementalAlterConfigs: an operation or value the controller does not take
+    NOT_CONTROLLER = 41  # an admin request at a node that is not the leader: the client retries there
     INVALID_REQUEST = 42
     OUT_OF_ORDER_SEQUENCE_NUMBER = 45  # idempotent produce: a gap in the producer's sequence
     INVALID_PRODUCER_EPOCH = 47  # the producer's epoch is older than the one the leader knows

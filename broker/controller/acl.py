@@ -35,10 +35,17 @@ Kafka error code. Two kinds of rules:
   UpdateFeatures                          (a node's own certificate may add or
                                           remove its own node id: KIP-1186)
   ControllerCommand add_acl/remove_acl    Alter      cluster
-  ControllerCommand list_acls             Describe   cluster
+  ControllerCommand list_acls,            Describe   cluster
+  describe_configs
   any other ControllerCommand             Write      cluster
   ApiVersions, Metadata                   (open to every authenticated peer)
   ======================================  =========  ==================
+
+A ControllerCommand whose args hold ``forwarded_for`` ({"principal", "host"})
+is a node forwarding its client's command to the leader (the Kafka
+listener, metalog.broker.server.kafka.admin; Kafka's envelope, KIP-590):
+only a node certificate may send one, and the leader judges the named
+client principal and host by the rule above, with its own ACLs.
 
 Metadata is open as in Kafka, where any authenticated client learns the
 brokers and the controller: a client must find the leader before it can be
@@ -56,7 +63,7 @@ from __future__ import annotations
 import enum
 import uuid
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 from metalog.broker.net.principal import Principal
 from metalog.protocol import messages as m
@@ -107,9 +114,12 @@ REPLICA_APIS = frozenset({ApiKey.VOTE, ApiKey.BEGIN_QUORUM_EPOCH, ApiKey.END_QUO
                           ApiKey.FETCH, ApiKey.OFFSET_FOR_LEADER_EPOCH, ApiKey.CONSISTENCY_CHECK,
                           ApiKey.UPDATE_RAFT_VOTER})
 
+# ControllerCommand args key: the client a node forwards the command for (see the module doc).
+FORWARDED_FOR = "forwarded_for"
+
 # ControllerCommand name -> the cluster operation it needs.
 ACL_COMMANDS_ALTER = frozenset({"add_acl", "remove_acl"})
-ACL_COMMANDS_DESCRIBE = frozenset({"list_acls"})
+ACL_COMMANDS_DESCRIBE = frozenset({"list_acls", "describe_configs"})
 
 
 def pretty_name(enum_value: enum.IntEnum) -> str:
@@ -364,8 +374,27 @@ def authorize(principal: Principal, host: str, api_key: ApiKey, body: m.Body, vi
         # gate admitted (metalog.broker.server.produce: as Kafka's brokers ask
         # their controller); an id is no data, and no write follows from it.
         return None
+    if api_key is ApiKey.CONTROLLER_COMMAND and FORWARDED_FOR in body.args:
+        return _authorize_forwarded(principal, body, view)
     need = _required(api_key, body)
     if need is None:
         return None
     operation, resource_type, name = need
     return authorize_operation(principal, host, operation, resource_type, name, view, api_key.name)
+
+
+def _authorize_forwarded(principal: Principal, body: Any, view: AuthzView) -> Denial | None:
+    """A node speaks for a client its own gate admitted (Kafka's envelope):
+    the client's principal and host are judged here, by this node's ACLs."""
+    api = ApiKey.CONTROLLER_COMMAND
+    if principal.node_id is None:
+        return _deny_replica(principal, api, -1, "only a node certificate may forward a client's command")
+    client = body.args[FORWARDED_FOR]
+    try:
+        client_principal = Principal.parse(str(client["principal"]))
+        client_host = str(client["host"])
+    except (KeyError, TypeError, ValueError) as exc:
+        return _deny_replica(principal, api, principal.node_id, f"bad {FORWARDED_FOR}: {exc}")
+    operation, resource_type, name = _required(api, body) or (Operation.WRITE, ResourceType.CLUSTER,
+                                                                CLUSTER_RESOURCE_NAME)
+    return authorize_operation(client_principal, client_host, operation, resource_type, name, view, api.name)

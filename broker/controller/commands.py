@@ -3,7 +3,10 @@
 A ControllerCommand request names a command (``create_topic``,
 ``add_acl`` ...) and its arguments. ``Command`` lists them; ``BUILDERS``
 maps each writing command to the ``Controller`` builder that turns its
-arguments into records (``CommandError`` if the state refuses it).
+arguments into records (``CommandError`` if the state refuses it);
+``READERS`` answers the read-only ones (``list_acls``, ``describe_configs``)
+from the applied state. A writing command whose args hold
+``validate_only: true`` is validated and answered, and writes nothing.
 
 ``CommandQueue`` runs queued commands one at a time on the leader, each
 validated against a state that reflects every record in the log (so two
@@ -24,8 +27,12 @@ from metalog.broker.controller.state import CommandError, Controller
 from metalog.protocol import messages as m
 from metalog.protocol.errors import Errors
 from metalog.protocol.invariants import invariant
+from metalog.storage.metadata_records import RESOURCE_BROKER, RESOURCE_TOPIC
 
 MAX_QUEUED_COMMANDS = 1024
+# An argument of any writing command: validate against the state, answer, write nothing
+# (Kafka's validate_only of CreateTopics, CreatePartitions, IncrementalAlterConfigs).
+VALIDATE_ONLY = "validate_only"
 
 
 class Command(enum.StrEnum):
@@ -38,7 +45,9 @@ class Command(enum.StrEnum):
     ADD_ACL = "add_acl"
     REMOVE_ACL = "remove_acl"
     SET_CONFIG = "set_config"
+    CREATE_PARTITIONS = "create_partitions"
     LIST_ACLS = "list_acls"  # read-only: answered from the applied state, no records, a page at a time
+    DESCRIBE_CONFIGS = "describe_configs"  # read-only: one resource's configs, a page at a time
 
 
 def _register_broker(c: Controller, args: dict) -> list[bytes]:
@@ -54,8 +63,9 @@ def _set_config(c: Controller, args: dict) -> list[bytes]:
 
 BUILDERS: dict[Command, Callable[[Controller, dict], list[bytes]]] = {
     Command.CREATE_TOPIC: lambda c, a: c.create_topic(str(a["name"]), int(a["partitions"]),
-                                                      int(a["replication_factor"])),
+                                                      int(a["replication_factor"]), topic_id=a.get("topic_id")),
     Command.DELETE_TOPIC: lambda c, a: c.delete_topic(str(a["name"])),
+    Command.CREATE_PARTITIONS: lambda c, a: c.create_partitions(str(a["name"]), int(a["count"])),
     Command.REGISTER_BROKER: _register_broker,
     Command.UNREGISTER_BROKER: lambda c, a: c.unregister_broker(int(a["broker_id"])),
     Command.FENCE_BROKER: lambda c, a: c.fence_broker(int(a["broker_id"])),
@@ -64,7 +74,6 @@ BUILDERS: dict[Command, Callable[[Controller, dict], list[bytes]]] = {
     Command.REMOVE_ACL: lambda c, a: c.remove_acl(a),
     Command.SET_CONFIG: _set_config,
 }
-invariant(set(BUILDERS) == set(Command) - {Command.LIST_ACLS}, "every writing command needs a builder")
 
 
 def parse_command(name: str) -> Command:
@@ -85,6 +94,31 @@ def list_acls_page(controller: Controller, args: dict) -> dict:
         raise CommandError(f"limit must be an integer between 1 and {views.PAGE_LIMIT_MAX}, got {limit!r}")
     page = views.acls_page(controller.state, after or None, limit)
     return {"acls": page["acls"], "next": page["next"]}
+
+
+def describe_configs_page(controller: Controller, args: dict) -> dict:
+    """describe_configs: {"configs": {name: value}, "next": name or None} of
+    one resource (``resource_type`` 2 topic / 4 broker, ``resource_name``),
+    at most PAGE_LIMIT_MAX after ``after``; CommandError for an unknown topic
+    (UNKNOWN_TOPIC_OR_PARTITION) or resource type."""
+    rtype, name, after = args.get("resource_type"), args.get("resource_name"), args.get("after")
+    if not isinstance(name, str) or (after is not None and not isinstance(after, str)):
+        raise CommandError(f"resource_name and after must be text, got {name!r}, {after!r}")
+    state = controller.state
+    if rtype == RESOURCE_TOPIC and name not in state.topic_ids:
+        raise CommandError(f"unknown topic {name!r}", Errors.UNKNOWN_TOPIC_OR_PARTITION)
+    if rtype not in (RESOURCE_TOPIC, RESOURCE_BROKER):
+        raise CommandError(f"unknown config resource type {rtype!r} (2 = topic, 4 = broker)")
+    configs, cursor = views.configs_page(state, rtype, name, after or None, views.PAGE_LIMIT_MAX)
+    return {"configs": configs, "next": cursor}
+
+
+# Read-only commands: answered from the applied state, no records.
+READERS: dict[str, Callable[[Controller, dict], dict]] = {
+    Command.LIST_ACLS: list_acls_page,
+    Command.DESCRIBE_CONFIGS: describe_configs_page,
+}
+invariant(set(BUILDERS) == set(Command) - set(READERS), "every writing command needs a builder")
 
 
 def build_command(controller: Controller, command: str, args: dict) -> list[bytes]:
@@ -158,9 +192,10 @@ class CommandQueue:
             if controller.applied_offset < core.log_end_offset:
                 break  # earlier records not applied yet: pumped again after the next step
             token, body = self._queue.popleft()
-            if body.command == Command.LIST_ACLS:
+            reader = READERS.get(body.command)
+            if reader is not None:
                 try:
-                    page = list_acls_page(controller, body.args)
+                    page = reader(controller, body.args)
                 except CommandError as exc:
                     answers.append((token, m.ControllerCommandResponse(error_code=exc.error_code,
                                                                        error_message=str(exc))))
@@ -179,7 +214,7 @@ class CommandQueue:
                     error_code=Errors.INVALID_REQUEST,
                     error_message=f"bad arguments for {body.command!r}: {type(exc).__name__}: {exc}")))
                 continue
-            if not records:
+            if not records or body.args.get(VALIDATE_ONLY) is True:  # validated, nothing to write
                 answers.append((token, m.ControllerCommandResponse(base_offset=core.log_end_offset,
                                                                    leader_epoch=core.epoch)))
                 continue

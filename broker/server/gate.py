@@ -70,6 +70,9 @@ class Gate:
     def check(self, conn, api_key: ApiKey, body: m.Body) -> authz.Denial | None:
         facts = self._facts(conn)
         is_super, host, decided_under, decisions = facts
+        if api_key is ApiKey.CONTROLLER_COMMAND and authz.FORWARDED_FOR in body.args:
+            # A node speaking for its client: judged per client, never cached per connection.
+            return authz.authorize(conn.principal, host, api_key, body, self.view())
         claims_replica = api_key in authz.REPLICA_APIS and not (
             api_key in (ApiKey.FETCH, ApiKey.OFFSET_FOR_LEADER_EPOCH) and body.replica_id == m.CONSUMER_REPLICA_ID)
         if is_super and not claims_replica:
