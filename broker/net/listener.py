@@ -435,6 +435,7 @@ class _Acceptor:
             self._start(w, now_s)
 
     def _schedule(self) -> None:
+        self._listener.stats.delayed_now = self.delayed
         now_s = self._loop.time()
         if self._ready:
             at_s = max(self._listener.handshake_due_s(self._ready[0].host, now_s), now_s + 0.0005)
@@ -448,7 +449,6 @@ class _Acceptor:
             self._timer.cancel()
         self._timer_s = at_s
         self._timer = self._loop.call_at(at_s, self._pump)
-        self._listener.stats.delayed_now = self.delayed
 
     def _start(self, w: _Waiting, now_s: float) -> None:
         self._listener.starting(w.host, now_s, w.arrived_s)
