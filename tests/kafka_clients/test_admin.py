@@ -215,3 +215,33 @@ def test_a_user_without_acls_changes_nothing(kafka_cluster, admin, tmp_path):
     assert _state(kafka_cluster, "/metadata/topics/evil") is None
     assert _acls_listed(kafka_cluster) == acls_before
     assert "x" not in _state(kafka_cluster, "/metadata/brokers/1")["configs"]
+
+
+def test_only_a_node_may_forward_and_the_leader_judges_the_client():
+    """The envelope rule of the gate (metalog.broker.controller.acl), alone."""
+    from metalog.broker.controller import acl as authz
+    from metalog.broker.net.principal import Principal
+    from metalog.protocol import messages as m
+    from metalog.protocol.apis import ApiKey
+
+    bob_alters = authz.new_acl("User:bob", authz.Operation.ALTER, authz.Permission.ALLOW, authz.ResourceType.CLUSTER,
+                               authz.CLUSTER_RESOURCE_NAME, host="10.0.0.7")
+    view = authz.AuthzView(enabled=True, voters=frozenset({1, 2, 3}), super_users=frozenset({"User:admin"}),
+                           acls=(bob_alters,))
+
+    def forwarded(client: str, host: str, command: str = "add_acl") -> m.ControllerCommandRequest:
+        return m.ControllerCommandRequest(cluster_id="c", command=command, args={
+            "principal": "User:x", authz.FORWARDED_FOR: {"principal": client, "host": host}})
+
+    def decide(sender: str, body: m.ControllerCommandRequest):
+        return authz.authorize(Principal.parse(sender), "127.0.0.1", ApiKey.CONTROLLER_COMMAND, body, view)
+
+    assert decide("Node:2", forwarded("User:bob", "10.0.0.7")) is None
+    assert decide("Node:2", forwarded("User:admin", "10.0.0.9")) is None  # a super user, as itself
+    denied = decide("Node:2", forwarded("User:bob", "10.0.0.8"))  # bob's ACL names another host
+    assert denied is not None and denied.principal == "User:bob"
+    assert decide("Node:2", forwarded("User:bob", "10.0.0.7", command="create_topic")) is not None  # Write, not Alter
+    # A user certificate never speaks for another, not even a super user's.
+    assert decide("User:admin", forwarded("User:bob", "10.0.0.7")) is not None
+    assert decide("Node:2", m.ControllerCommandRequest(cluster_id="c", command="add_acl", args={
+        authz.FORWARDED_FOR: {"host": "10.0.0.7"}})) is not None  # no principal named
