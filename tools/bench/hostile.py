@@ -49,7 +49,7 @@ import uvloop
 import yaml
 
 from metalog.broker.client import MetalogClient
-from metalog.tools.bench.bench import latency_summary_ms
+from metalog.tools.bench.common import latency_summary_ms
 from metalog.tools.cluster import certs
 from metalog.tools.cluster.launcher import REPO_ROOT, LocalCluster
 
