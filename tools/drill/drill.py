@@ -71,8 +71,8 @@ from metalog.tools.drill.checker import Ack, History, HwSample, Reset, RoleEvent
 from metalog.tools.drill.faultproxy import FaultProxy
 from metalog.tools.drill.history import PORCUPINE_BIN, HistoryFile, run_porcupine, text
 from metalog.tools.drill import netfaults
-from metalog.tools.drill.netfaults import NET_FAULTS, PACKET_FAULTS, NetnsFaults, ProxyFaults
-from metalog.tools.drill.verify import why_not_bitten
+from metalog.tools.drill.netfaults import LINK_FAULTS, NET_FAULTS, PACKET_FAULTS, NetnsFaults, ProxyFaults
+from metalog.tools.drill.verify import lagging, must_follow, why_not_bitten
 from metalog.tools.cluster.netns import NetnsError, NetnsHosts, unavailable as netns_unavailable
 from metalog.tools.drill.figures import lines as fault_lines
 from metalog.tools.drill.report import build_report, failover_lines, write_report
@@ -114,6 +114,8 @@ MONITOR_INTERVAL_S = 0.05  # per broker, between /quorum polls
 QUORUM_TIMEOUT_S = 1.0
 ARCHIVE_SCAN_INTERVAL_S = 0.02  # between archive scans of all brokers (a few directory listings)
 WRITE_TIMEOUT_MS = 1500
+# Before a fault, between checks that its targets follow the leader (verify.must_follow).
+FOLLOW_POLL_S = 0.1
 # Retries of one produce (same producer id and sequence: idempotent), bounded in time.
 WRITE_RETRIES = 5
 WRITE_DELIVERY_TIMEOUT_MS = 8000
@@ -142,13 +144,17 @@ class Sample:
     hw: int | None = None
     log_start: int | None = None
     snapshots: int = 0
+    sent_ts: float | None = None  # when the /quorum request went out (ts: when its answer came)
 
 
 class Drill:
     def __init__(self, cluster: LocalCluster, *, duration_s: float, seed: int, schedule: list[str] | None,
                  writers: int = 3, consumers: int = 2, hold_s: float = 2.0, settle_timeout_s: float = 20.0,
-                 broker_settings: dict | None = None, log=print, network: str = "proxy"):
+                 broker_settings: dict | None = None, log=print, network: str = "proxy",
+                 faults_max: int | None = None):
         assert 1 <= writers <= MAX_WRITERS
+        if faults_max is not None and faults_max < 1:
+            raise ValueError(f"--faults must be at least 1, not {faults_max}")
         for kind in schedule or []:
             if kind not in FAULTS:
                 raise ValueError(f"unknown fault {kind!r}; choose from {', '.join(FAULTS)}")
@@ -164,6 +170,9 @@ class Drill:
         # applied to compose services' command lines; a local cluster gets them at creation
         self.broker_settings = dict(DRILL_BROKER_SETTINGS if broker_settings is None else broker_settings)
         self.duration_s = duration_s
+        # Stop after this many faults, however long they take (a fault may wait for a broker
+        # still booting, verify.must_follow), instead of after duration_s.
+        self.faults_max = faults_max
         self.rng = random.Random(seed)
         self.seed = seed
         self.schedule = schedule
@@ -231,6 +240,7 @@ class Drill:
         c = self.cluster
         while not self._stop_monitor.is_set():
             inc = self.incarnation[nid]
+            sent_wall_ts = time.time()
             sent_ts = time.monotonic()
             q = c.admin(nid, "/quorum", timeout_s=QUORUM_TIMEOUT_S) if c.alive(nid) else None
             received_ts = time.monotonic()
@@ -246,7 +256,8 @@ class Drill:
                     self.archive.vouch(nid, hw, sent_ts, received_ts)
                     self.history.hw.append(HwSample(nid, inc, ts, hw))
                 self.samples.append(Sample(ts, nid, inc, q.get("role"), q.get("epoch"), q.get("leader_id"),
-                                           hw, q.get("log_start_offset"), len(q.get("snapshots") or [])))
+                                           hw, q.get("log_start_offset"), len(q.get("snapshots") or []),
+                                           sent_wall_ts))
             self._stop_monitor.wait(MONITOR_INTERVAL_S)
 
     # ---------------------------------------------------------- workload
@@ -368,13 +379,51 @@ class Drill:
             self.membership_errors.append(f"{rec.kind} of node {rec.node}, {step}: {exc}")
             return None
 
+    def _await_observable(self, kind: str, voters: list[int], draw: float) -> tuple[int, int, int | None, dict]:
+        """(leader, epoch, the far end of a link fault, the delay for the report) once the
+        brokers fault `kind`'s verification reads can show its effect: they answer /quorum and
+        follow the leader with a HW past the leader's at the first look (verify.must_follow).
+        A fault right after a kill, restart or wipe waits here for the broker still booting.
+        `draw` picks the link's far end among the followers, the same one while we wait.
+        Raises FaultNotObservable after settle_timeout_s: a fault whose effect cannot be
+        seen is never injected (verify would only say "cannot tell")."""
+        c = self.cluster
+        started = time.monotonic()
+        deadline = started + self.settle_timeout_s
+        hw_from: tuple[int, int, int] | None = None  # (leader, epoch, its HW at the first look)
+        delayed_for = None
+        while True:
+            leader, epoch = c.wait_for_leader(max(0.5, deadline - time.monotonic()))
+            followers = sorted(n for n in voters if n != leader)
+            other = followers[int(draw * len(followers))] if kind in LINK_FAULTS else None
+            nodes = must_follow(kind, followers, other)
+            if not nodes:
+                return leader, epoch, other, {}
+            if hw_from is not None and hw_from[:2] == (leader, epoch):
+                why = lagging(c.quorum, nodes, leader, epoch, hw_from[2])
+            else:  # a first look (or a new leader): where the leader's HW is now; never enough
+                hw = (c.quorum(leader) or {}).get("high_watermark")
+                hw_from = (leader, epoch, hw) if hw is not None else None
+                why = "" if hw is not None else f"leader {leader} gives no high watermark"
+            if why is None:
+                detail = {} if delayed_for is None else {
+                    "delayed_s": round(time.monotonic() - started, 2), "delayed_for": delayed_for}
+                return leader, epoch, other, detail
+            if why and delayed_for is None:
+                delayed_for = why
+            if time.monotonic() > deadline:
+                raise FaultNotObservable(f"{kind} not injected: its targets could not show its effect within "
+                                         f"{self.settle_timeout_s:.0f}s: {why or delayed_for}")
+            time.sleep(FOLLOW_POLL_S)
+
     async def inject(self, kind: str) -> FaultRecord:
         c = self.cluster
-        leader, epoch = await self._leader()
         voters = [n for n, s in c.nodes.items() if s.voter]
+        leader, epoch, other, delay = await asyncio.to_thread(self._await_observable, kind, voters,
+                                                              self.rng.random())
         followers = [n for n in voters if n != leader]
         observers = [n for n, s in c.nodes.items() if not s.voter]
-        rec = FaultRecord(kind, None, time.time(), leader_before=leader, epoch_before=epoch)
+        rec = FaultRecord(kind, None, time.time(), leader_before=leader, epoch_before=epoch, detail=delay)
         self.faults.append(rec)
         if kind == "kill_leader":
             rec.node = leader
@@ -403,10 +452,13 @@ class Drill:
         elif kind in NET_FAULTS:
             rec.node = leader
             before = self.net.counters()
-            rec.detail.update(netfaults.apply(kind, self.net, self.rng, leader, followers, observers))
+            rec.detail.update(netfaults.apply(kind, self.net, leader, followers, observers, other))
             await asyncio.sleep(self.hold_s * 1.5)
             after = self.net.counters()  # before heal: the namespaces' counters go with their rules
             rec.detail["net"] = {k: v - before.get(k, 0) for k, v in after.items()}
+            # The cut ends when the heal begins (ts_end comes after it, a few nft calls later):
+            # what the verification reads "while cut" must come before this.
+            rec.detail["heal_ts"] = time.time()
             self.net.heal()
         elif kind == "wipe_follower":
             # A static voter set survives one lost disk only while every other voter holds the
@@ -475,10 +527,18 @@ class Drill:
                 raise DrillAborted("no write was acknowledged after the cluster came up")
             end = time.monotonic() + self.duration_s
             i = 0
-            while time.monotonic() < end:
+            while i < self.faults_max if self.faults_max is not None else time.monotonic() < end:
                 kind = self._pick_kind(i)
                 i += 1
-                rec = await self.inject(kind)
+                try:
+                    rec = await self.inject(kind)
+                except FaultNotObservable as exc:
+                    problems.append(str(exc))
+                    self.log(f"  !! {problems[-1]}")
+                    break
+                if "delayed_s" in rec.detail:
+                    self.log(f"  {kind} waited {rec.detail['delayed_s']}s for its targets: "
+                             f"{rec.detail['delayed_for']}")
                 self.log(f"[{rec.ts_start - self.t0:7.2f}s] {kind} node {rec.node} "
                          f"(leader was {rec.leader_before}) {rec.detail or ''}")
                 if await self._wait_progress(rec.ts_end, self.settle_timeout_s) is None:
@@ -574,6 +634,10 @@ class DrillAborted(Exception):
     pass
 
 
+class FaultNotObservable(Exception):
+    """A fault's targets never got where they could show its effect (the drill stops, exit 1)."""
+
+
 # ------------------------------------------------------------------ CLI
 def drill_broker_settings(args) -> dict:
     return dict(DRILL_BROKER_SETTINGS, snapshot_min_records=args.snapshot_min_records)
@@ -627,7 +691,7 @@ def run_drill(args) -> tuple[int, dict]:
     drill = Drill(cluster, duration_s=args.duration_s, seed=args.seed, schedule=schedule,
                   broker_settings=drill_broker_settings(args),
                   writers=args.writers, consumers=args.consumers, hold_s=args.hold_s,
-                  log=(lambda *_: None) if args.quiet else print, network=network)
+                  log=(lambda *_: None) if args.quiet else print, network=network, faults_max=args.faults)
     hosts = None
     try:
         if network == "netns":
@@ -667,7 +731,7 @@ def run_drill(args) -> tuple[int, dict]:
           f"({s['kill_restart_cycles']} kill/restart cycles), "
           f"failover p50 {s['failover_ms_p50']} ms, p99 {s['failover_ms_p99']} ms")
     print(f"faults verified to take effect: {s['faults_verified']} of {s['faults']} (network faults on the "
-          f"{s['network']})")
+          f"{s['network']}; {s['faults_delayed']} delayed until their targets followed the leader)")
     for line in failover_lines(s["failover_by_kind"]):
         print(line)
     for line in fault_lines(s["fault_kinds"]):
@@ -695,6 +759,9 @@ def cmd_drill(args) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration-s", type=float, default=60.0, help="how long to inject faults")
+    p.add_argument("--faults", type=int, default=None,
+                   help="inject exactly this many faults, however long they take (instead of --duration-s): "
+                        "with a schedule that long, every fault of it once")
     p.add_argument("--seed", type=int, default=1, help="seeds the fault choice when no --schedule is given")
     p.add_argument("--schedule", help="comma-separated faults, cycled: " + ", ".join(FAULTS))
     p.add_argument("--hold-s", type=float, default=2.0, help="how long a fault lasts before it is repaired")

@@ -23,7 +23,6 @@ what it did (for the report and the verification).
 from __future__ import annotations
 
 import json
-import random
 from typing import Protocol
 
 from metalog.tools.cluster.netns import NetnsError, NetnsHosts
@@ -36,6 +35,8 @@ LOSS_PCT = {"loss_10": 10, "loss_30": 30}
 PROXY_NET_FAULTS = ("isolate_leader", "cut_one_way", "split_majority")
 PACKET_FAULTS = ("loss_10", "loss_30", "bandwidth_cap", "mtu_blackhole")
 NET_FAULTS = PROXY_NET_FAULTS + PACKET_FAULTS
+# Faults on the link between the leader and one follower.
+LINK_FAULTS = ("cut_one_way", "loss_10", "loss_30")
 
 
 class NetworkFaults(Protocol):
@@ -183,14 +184,16 @@ class NetnsFaults:
         return out
 
 
-def apply(kind: str, net, rng: random.Random, leader: int, followers: list[int], observers: list[int]) -> dict:
-    """Inject one network fault (see ``NET_FAULTS``); the node it centres on is the leader.
-    Returns the report's detail for it."""
+def apply(kind: str, net, leader: int, followers: list[int], observers: list[int], other: int | None) -> dict:
+    """Inject one network fault (see ``NET_FAULTS``); the node it centres on is the leader,
+    ``other`` the follower at the far end of a ``LINK_FAULTS`` link (the caller draws it, and
+    waits until it can show the fault's effect). Returns the report's detail for it."""
+    if kind in LINK_FAULTS and other not in followers:
+        raise ValueError(f"{kind} needs a follower of leader {leader} at the far end, not {other}")
     if kind == "isolate_leader":
         net.isolate(leader)
         return {}
     if kind == "cut_one_way":
-        other = rng.choice(followers)
         net.block(leader, other)
         return {"to": other}
     if kind == "split_majority":
@@ -198,7 +201,6 @@ def apply(kind: str, net, rng: random.Random, leader: int, followers: list[int],
         net.partition([minority, set(followers)])
         return {"groups": [sorted(minority), sorted(followers)]}
     if kind in LOSS_PCT:
-        other = rng.choice(followers)
         net.loss(leader, other, LOSS_PCT[kind])
         return {"link": [leader, other], "loss_pct": LOSS_PCT[kind]}
     if kind == "bandwidth_cap":

@@ -199,6 +199,8 @@ def build_report(drill, out: dict) -> dict:
             "faults_by_kind": dict(kinds),
             "network": getattr(drill, "network", None),
             "faults_verified": sum(1 for f in drill.faults if f.detail.get("took_effect")),
+            # held back until their targets could show the effect (a broker still booting)
+            "faults_delayed": sum(1 for f in drill.faults if "delayed_s" in f.detail),
             "failover_ms_p50": _pct(fo_ms, 50),
             "failover_ms_p99": _pct(fo_ms, 99),
             "failover_ms_max": max(fo_ms) if fo_ms else None,

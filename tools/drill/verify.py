@@ -16,7 +16,8 @@ naming the fault when it is missing:
   ``GRACE_S`` for answers in flight), and a newer epoch showed: the majority
   elected a new leader;
 * cut_one_way (leader -> follower F): packets dropped, and F's high
-  watermark did not move while cut (its fetches got no answers);
+  watermark did not move while cut (its fetches got no answers) in the
+  leader's epoch (F may win a newer one);
 * loss_10 / loss_30: packets on that link dropped and some passed (loss, not
   a cut); bandwidth_cap: the token bucket held packets back (overlimits);
   mtu_blackhole: large packets dropped;
@@ -24,6 +25,15 @@ naming the fault when it is missing:
 
 High watermarks come from the drill's /quorum samples of each broker, which
 travel on the admin port the network faults leave alone.
+
+A check that cannot be made is a failure ("cannot tell"), so the drill must not
+inject a fault whose effect its targets cannot show: ``must_follow`` names,
+per fault, the brokers that have to answer /quorum and follow the current
+leader with a fresh high watermark before the fault starts (a leader killed
+2 s earlier and restarted 0.1 s before a one-way cut to it answered nothing
+while cut, and a follower still booting cannot show a frozen HW, nor help
+elect the leader a pause or an isolation must produce). The drill waits for
+them, with a deadline, and records the delay in the fault's report.
 """
 
 from __future__ import annotations
@@ -34,11 +44,16 @@ GRACE_S = 0.5  # answers in flight when a cut begins may still land
 MIN_SAMPLES = 2  # /quorum answers needed to say a high watermark stood still
 
 
-def _hw_moved(drill, node: int, t_from: float, t_to: float) -> tuple[int, int] | str | None:
-    """(first, last) HW of node's samples in [t_from, t_to] if it moved, None if it stood
-    still, or a reason it cannot be told (too few samples)."""
+def _hw_moved(drill, node: int, t_from: float, t_to: float, epoch: int | None) -> tuple[int, int] | str | None:
+    """(first, last) HW of node's samples asked and answered within [t_from, t_to], in the
+    fault's `epoch`, if it moved; None if it stood still, or a reason it cannot be told
+    (too few samples). An answer asked for before t_from may tell the state before the
+    cut (a slow answer on a loaded machine); one that came after t_to, the state after
+    the heal; one of a newer epoch, a new leader's commits (cut off from the old leader,
+    a follower may win an election: that is the cut biting, not a path around it)."""
     hws = [s.hw for s in sorted(drill.samples, key=lambda s: s.ts)
-           if s.node == node and t_from <= s.ts <= t_to and s.hw is not None]
+           if s.node == node and t_from <= (s.sent_ts if s.sent_ts is not None else s.ts) and s.ts <= t_to
+           and s.hw is not None and (epoch is None or s.epoch == epoch)]
     if len(hws) < MIN_SAMPLES:
         return f"only {len(hws)} /quorum answer(s) from node {node} while it was cut, cannot tell"
     return (hws[0], hws[-1]) if hws[-1] != hws[0] else None
@@ -58,12 +73,48 @@ def _new_epoch(drill, rec, now_ts: float) -> str | None:
 
 
 def _frozen(drill, rec, node: int, who: str) -> str | None:
-    moved = _hw_moved(drill, node, rec.ts_start + GRACE_S, rec.ts_end or rec.ts_start)
+    cut_end = rec.detail.get("heal_ts") or rec.ts_end or rec.ts_start  # the heal began: no longer cut
+    moved = _hw_moved(drill, node, rec.ts_start + GRACE_S, cut_end, rec.epoch_before)
     if moved is None:
         return None
     if isinstance(moved, str):
         return moved
     return f"{who}'s high watermark moved {moved[0]} -> {moved[1]} while it was cut off"
+
+
+def must_follow(kind: str, followers: list[int], other: int | None) -> list[int]:
+    """The brokers that must follow the leader with a fresh HW before fault `kind` can show
+    its effect: the far end of a loss link (packets must flow on it for loss to drop some);
+    for a one-way cut its far end (its HW must be moving to be seen frozen) and every
+    other follower (with one still booting, the leader has no majority without the cut-off
+    follower, which then wins an election with the booting voter's vote: its HW moves as
+    a leader's, CI 2026-11-28); every follower for a fault that must end in a new leader
+    (a majority able to elect) or whose effect is the leader's replication traffic (a
+    bandwidth cap, an MTU black hole). Kills, restarts and wipes need none: their effect
+    is the process's exit."""
+    if kind in ("loss_10", "loss_30"):
+        return [] if other is None else [other]
+    if kind == "cut_one_way":
+        return [] if other is None else [other] + [n for n in followers if n != other]
+    if kind in ("isolate_leader", "split_majority", "pause_leader", "bandwidth_cap", "mtu_blackhole"):
+        return list(followers)
+    return []
+
+
+def lagging(quorum, nodes: list[int], leader: int, epoch: int, hw_from: int) -> str | None:
+    """None if every node in `nodes` follows `leader` in `epoch` with a HW past `hw_from`
+    (it got a fetch answer since then), else why the first one does not. `quorum(node)`
+    is its /quorum answer or None."""
+    for nid in nodes:
+        q = quorum(nid)
+        if not q:
+            return f"node {nid} does not answer /quorum"
+        if q.get("epoch") != epoch or q.get("leader_id") != leader:
+            return f"node {nid} follows leader {q.get('leader_id')} in epoch {q.get('epoch')}, not {leader} in {epoch}"
+        hw = q.get("high_watermark")
+        if hw is None or hw <= hw_from:
+            return f"node {nid}'s high watermark {hw} has not passed the leader's {hw_from}"
+    return None
 
 
 def why_not_bitten(drill, rec, now_ts: float) -> str | None:
