@@ -508,7 +508,11 @@ async def _listening_sockets(host: str, port: int) -> list[socket.socket]:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(sockaddr)
+            try:
+                sock.bind(sockaddr)
+            except OSError as exc:  # name the address, as loop.create_server does: the user sees this line
+                raise OSError(exc.errno, f"error while attempting to bind on address {sockaddr!r}: "
+                                         f"{(exc.strerror or str(exc)).lower()}") from None
             sock.listen(LISTEN_BACKLOG)
             sock.setblocking(False)
     except OSError:
