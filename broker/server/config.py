@@ -217,6 +217,10 @@ class BrokerConfig:
         None, "id@host:port,... of every node's Kafka listener, as clients reach it (Metadata's and "
               "DescribeCluster's brokers; Kafka's advertised.listeners of each node); this node's own entry "
               "defaults to kafka_listen")
+    kafka_in_voter_set: bool = setting(
+        False, "also advertise this node's Kafka listener (named as security_protocol) in its entry of the "
+               "log's voter set (KIP-853: AddRaftVoter, UpdateRaftVoter), so that every node's Metadata lists "
+               "it without a kafka_endpoints entry; `metalog cluster add-node` sets it on the nodes it adds")
     log_level: str = setting("info", "structured log level", choices=("debug", "info", "warning", "error"))
     log_file: str | None = setting(None, "append the JSON log here instead of stderr")
     gc_young_threshold: int = setting(
@@ -267,13 +271,18 @@ class BrokerConfig:
     def _advertised_listeners(self) -> tuple[tuple[str, str, int], ...]:
         """What this node tells the leader it listens on (UpdateRaftVoter,
         KIP-853): `listen`, as `metalog storage format --standalone` records
-        it. A wildcard address (0.0.0.0, ::) is not an address peers can
-        reach: then nothing is advertised and the voter set keeps what the
-        operator gave add-voter."""
+        it, then the Kafka listener where kafka_in_voter_set asks. A wildcard
+        address (0.0.0.0, ::) is not an address peers can reach: then nothing
+        is advertised and the voter set keeps what the operator gave add-voter."""
         ep = self.listen_endpoint()
         if ep.host in _WILDCARD_HOSTS:
             return ()
-        return (("CONTROLLER", ep.host, ep.port),)
+        kafka = self.kafka_node_endpoints().get(self.node_id) if self.kafka_in_voter_set else None
+        if kafka is None:
+            return (("CONTROLLER", ep.host, ep.port),)
+        # A node added online is in no other node's kafka_endpoints: they learn
+        # its Kafka listener from the voter set, as they learn its address.
+        return (("CONTROLLER", ep.host, ep.port), (self.security.security_protocol, kafka.host, kafka.port))
 
     def validate(self, check_files: bool = True) -> "BrokerConfig":
         """Every section's ranges and rules. Fills the node identity into

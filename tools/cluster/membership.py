@@ -2,7 +2,11 @@
 
 ``add_node`` starts a new broker whose data dir is formatted
 ``--no-initial-controllers``, waits until the leader sees it fetching as a
-caught-up observer under its directory id, then sends AddRaftVoter.
+caught-up observer under its directory id, then sends AddRaftVoter. The new
+node gets a Kafka listener as `cluster up`'s nodes do (base port + 2000 + i,
+or a free port); the running nodes' ``kafka_endpoints`` do not name it, so
+it advertises that listener in its voter-set entry (``kafka_in_voter_set``),
+from where every node's Metadata reads it -- the way they learn its address.
 ``remove_node`` sends RemoveRaftVoter for the directory id the leader's
 voter set holds, waits until a leader other than that node reports the
 smaller set, then stops the node. Both record the change in the launcher's
@@ -130,7 +134,7 @@ def add_voter(cluster: LocalCluster, node_id: int, timeout_s: float = 60.0) -> s
                                         f"node {node_id} to fetch from the leader as a caught-up observer")
     except TimeoutError as exc:
         raise MembershipError(f"{exc} (see {cluster.log_path(node_id)})") from None
-    listeners = [(LISTENER_NAME, cluster.host, spec.port)]
+    listeners = _listeners(cluster, node_id)
     _change(cluster, timeout_s, lambda c: c.add_voter(node_id, directory_id, listeners), "DUPLICATE_VOTER",
             lambda voters: voters.get(node_id) == directory_id)
     spec.voter = True
@@ -144,6 +148,18 @@ def add_voter(cluster: LocalCluster, node_id: int, timeout_s: float = 60.0) -> s
     return directory_id
 
 
+def _listeners(cluster: LocalCluster, node_id: int) -> list[tuple[str, str, int]]:
+    """What node_id's AddRaftVoter names: its peers' listener, and its Kafka
+    listener where its config advertises that in the voter set too (a node
+    add_node started: no other node's kafka_endpoints names it). Exactly what
+    the node itself advertises, or it would UpdateRaftVoter its entry back."""
+    spec = cluster.nodes[node_id]
+    listeners = [(LISTENER_NAME, cluster.host, spec.port)]
+    if spec.kafka_port is not None and cluster.config_for(node_id).get("kafka_in_voter_set"):
+        listeners.append(("PLAINTEXT" if cluster.insecure else "SSL", cluster.node_host(node_id), spec.kafka_port))
+    return listeners
+
+
 def _port_free(port: int) -> bool:
     s = socket.socket()
     try:
@@ -155,17 +171,21 @@ def _port_free(port: int) -> bool:
         s.close()
 
 
-def _ports_for(cluster: LocalCluster, node_id: int) -> tuple[int, int]:
-    """The ports `cluster up` would have given node_id (base + id - first), if free; else any free pair."""
+def _ports_for(cluster: LocalCluster, node_id: int) -> tuple[int, int, int | None]:
+    """(port, admin port, Kafka port) as `cluster up` would have given node_id
+    (each base + id - first), if free; else free ones. No Kafka port where the
+    cluster's nodes have none (a cluster from before the Kafka listener)."""
     first = min(cluster.nodes)
-    port = cluster.nodes[first].port + node_id - first
-    admin_port = cluster.nodes[first].admin_port + node_id - first
-    taken = {p for s in cluster.nodes.values() for p in (s.port, s.admin_port)}
-    if port < 65536 and admin_port < 65536 and not {port, admin_port} & taken \
-            and _port_free(port) and _port_free(admin_port):
-        return port, admin_port
-    port, admin_port = free_ports(2)
-    return port, admin_port
+    with_kafka = cluster.nodes[first].kafka_port is not None
+    wanted = [cluster.nodes[first].port + node_id - first, cluster.nodes[first].admin_port + node_id - first]
+    if with_kafka:
+        wanted.append(cluster.nodes[first].kafka_port + node_id - first)
+    taken = {p for s in cluster.nodes.values() for p in (s.port, s.admin_port, s.kafka_port) if p is not None}
+    if all(p < 65536 for p in wanted) and not set(wanted) & taken and all(_port_free(p) for p in wanted):
+        ports = wanted
+    else:
+        ports = free_ports(len(wanted))
+    return ports[0], ports[1], ports[2] if with_kafka else None
 
 
 def add_node(cluster: LocalCluster, timeout_s: float = 60.0) -> tuple[int, str]:
@@ -176,8 +196,12 @@ def add_node(cluster: LocalCluster, timeout_s: float = 60.0) -> tuple[int, str]:
     node_id = max(cluster.nodes) + 1
     while os.path.exists(cluster.node_dir(node_id)):  # never reuse a dir some earlier node left behind
         node_id += 1
-    port, admin_port = _ports_for(cluster, node_id)
-    cluster.nodes[node_id] = NodeSpec(node_id, port, admin_port, voter=False, directory_id=new_directory_id())
+    port, admin_port, kafka_port = _ports_for(cluster, node_id)
+    # No other node's kafka_endpoints names the new node: it advertises its
+    # Kafka listener in its voter-set entry, which every node reads.
+    extra = {"kafka_in_voter_set": True} if kafka_port is not None else {}
+    cluster.nodes[node_id] = NodeSpec(node_id, port, admin_port, voter=False, extra=extra,
+                                      directory_id=new_directory_id(), kafka_port=kafka_port)
     cluster.save_state()
     proc = cluster.start_node(node_id)
     try:

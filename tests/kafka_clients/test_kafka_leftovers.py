@@ -1,0 +1,120 @@
+"""The Kafka listener's loose ends, as a user sees them (docs/kafka-listener.md):
+
+* `metalog cluster add-node` gives the new node a Kafka listener; kcat
+  through it lists every broker, and every old node -- whose kafka_endpoints
+  do not name it -- lists it too (from the voter set), as `cluster status` does.
+
+The module's cluster (conftest: 3 voters, 1 observer) grows to 5 nodes in
+the add-node test.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+
+import pytest
+
+from metalog.tools.cluster import membership
+from metalog.tools.cluster.launcher import REPO_ROOT, LocalCluster
+
+from .conftest import RawKafka
+
+def _metalog(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "metalog.tools.cli", *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def grown(kafka_cluster):
+    """The module's cluster after `metalog cluster add-node` (another process,
+    as a user runs it); the node it started is stopped at the end (by its pid
+    file: this process did not start it)."""
+    root = kafka_cluster.cluster.root
+    out = _metalog("cluster", "add-node", "--dir", root, "--timeout-s", "90")
+    try:
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert out.stdout.startswith("node 5: a voter"), out.stdout
+        yield LocalCluster.load(root)
+    finally:
+        on_disk = LocalCluster.load(root)
+        for nid in sorted(set(on_disk.nodes) - set(kafka_cluster.cluster.nodes)):
+            on_disk.terminate(nid, 30)
+
+
+def _metadata_brokers(kafka_cluster, host: str, port: int) -> dict[int, tuple[str, int]]:
+    """Metadata v12 (kio's classes) straight to one node's Kafka listener: its broker list."""
+    from kio.schema.metadata.v12.request import MetadataRequest
+    from kio.schema.metadata.v12.response import MetadataResponse
+
+    ctx = ssl.create_default_context(cafile=kafka_cluster.cert("ca.crt"))
+    ctx.load_cert_chain(kafka_cluster.cert("admin.crt"), kafka_cluster.cert("admin.key"))
+    raw = RawKafka(ctx.wrap_socket(socket.create_connection((host, port), timeout=10), server_hostname=host))
+    try:
+        _, resp = raw.ask(MetadataRequest(topics=None, allow_auto_topic_creation=False,
+                                          include_topic_authorized_operations=False), MetadataResponse)
+    finally:
+        raw.close()
+    return {b.node_id: (b.host, b.port) for b in resp.brokers}
+
+
+def test_add_node_gives_the_new_node_a_kafka_listener_every_node_lists(kafka_cluster, grown):
+    new = grown.nodes[5]
+    assert new.kafka_port is not None
+    expected = {nid: (h, p) for nid, h, p in grown.kafka_bootstrap()}
+    assert sorted(expected) == [1, 2, 3, 4, 5]
+
+    # kcat through the new node's Kafka port alone: every broker, node 5 a replica of the log.
+    kcat = shutil.which("kcat")
+    assert kcat, "kcat is not installed: bash run.sh setup installs it (Debian package kcat)"
+    certs = grown.cert_dir
+    out = subprocess.run([kcat, "-b", f"{grown.node_host(5)}:{new.kafka_port}", "-X", "security.protocol=SSL",
+                          "-X", f"ssl.ca.location={certs}/ca.crt", "-X", f"ssl.certificate.location={certs}/admin.crt",
+                          "-X", f"ssl.key.location={certs}/admin.key", "-L", "-J", "-m", "20"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    meta = json.loads(out.stdout)
+    assert {b["id"]: b["name"] for b in meta["brokers"]} == {nid: f"{h}:{p}" for nid, (h, p) in expected.items()}
+    (partition,) = meta["topics"][0]["partitions"]
+    assert sorted(r["id"] for r in partition["replicas"]) == [1, 2, 3, 5]
+
+    # Every node that was running before add-node lists node 5 at its Kafka port
+    # (their kafka_endpoints do not name it: they read it from the voter set).
+    for nid in (1, 2, 3, 4):
+        h, p = expected[nid]
+        assert _metadata_brokers(kafka_cluster, h, p) == expected, f"node {nid}"
+
+    # confluent-kafka bootstrapped at an old node only.
+    from confluent_kafka.admin import AdminClient
+
+    h1, p1 = expected[1]
+    md = AdminClient(kafka_cluster.librdkafka_conf(**{"bootstrap.servers": f"{h1}:{p1}"})).list_topics(timeout=20)
+    assert {b.id: (b.host, b.port) for b in md.brokers.values()} == expected
+
+    # `metalog cluster status` shows its Kafka port, and the bootstrap list has it.
+    status = _metalog("cluster", "status", "--dir", grown.root, "-o", "json")
+    assert status.returncode == 0, status.stderr
+    doc = json.loads(status.stdout)
+    assert {r["node"]: r["kafka_port"] for r in doc["nodes"]}[5] == new.kafka_port
+    assert f"{expected[5][0]}:{expected[5][1]}" in doc["kafka_bootstrap_servers"].split(",")
+    with open(grown.kafka_properties_path) as f:
+        assert f"{expected[5][0]}:{expected[5][1]}" in f.read()
+
+
+def test_add_node_follows_the_launchers_port_rule(tmp_path):
+    """base port + 2000 + i for the Kafka port, as `cluster up --base-port` gives its nodes."""
+    rng = random.Random()
+    for _ in range(50):  # a base whose fourth node's three ports are free here
+        base = rng.randrange(21_000, 26_000)
+        if all(membership._port_free(p) for p in (base + 3, base + 1003, base + 2003)):
+            break
+    cluster = LocalCluster.create(str(tmp_path / "c"), voters=3, observers=0, base_port=base)
+    assert membership._ports_for(cluster, 4) == (base + 3, base + 1003, base + 2003)
+    for spec in cluster.nodes.values():  # a cluster from before the Kafka listener: none for a new node either
+        spec.kafka_port = None
+    assert membership._ports_for(cluster, 4) == (base + 3, base + 1003, None)
