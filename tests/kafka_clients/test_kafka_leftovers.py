@@ -1,22 +1,28 @@
 """The Kafka listener's loose ends, as a user sees them (docs/kafka-listener.md):
 
+* Apache Kafka 4.3.1's own kafka-metadata-quorum prints the voters' last
+  fetch and caught-up times as wall-clock ages ("N ms ago"): small and
+  non-negative for caught-up voters, asked at the leader or forwarded by a
+  follower (the core's clock is monotonic; the listener converts).
 * `metalog cluster add-node` gives the new node a Kafka listener; kcat
   through it lists every broker, and every old node -- whose kafka_endpoints
   do not name it -- lists it too (from the voter set), as `cluster status` does.
 
 The module's cluster (conftest: 3 voters, 1 observer) grows to 5 nodes in
-the add-node test.
+the add-node test, so the quorum tool's test runs first.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import random
 import shutil
 import socket
 import ssl
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -24,10 +30,62 @@ from metalog.tools.cluster import membership
 from metalog.tools.cluster.launcher import REPO_ROOT, LocalCluster
 
 from .conftest import RawKafka
+from .test_kafka_clients import _java_client_config
+
+METADATA_QUORUM = "org.apache.kafka.tools.MetadataQuorumCommand"
+# Generous for a loaded 2-core machine: the leader's view of a follower's
+# last fetch is at most a fetch wait (100 ms here) old plus scheduling delays.
+AGE_MAX_MS = 15_000
+
 
 def _metalog(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "metalog.tools.cli", *args], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=180)
+
+
+def _replication(props: str, bootstrap: str, *flags: str) -> dict[int, dict[str, str]]:
+    """kafka-metadata-quorum describe --replication, rows by node id (columns by header name)."""
+    from metalog.tools import kafka
+
+    out = kafka.run_class(METADATA_QUORUM, ["--bootstrap-server", bootstrap, "--command-config", props,
+                                            "describe", "--replication", *flags], timeout_s=120)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.strip()]
+    # Tab-separated columns, padded with spaces ("123 ms ago" is one cell).
+    header, *body = [[cell.strip() for cell in line.rstrip().split("\t")] for line in lines]
+    rows = {}
+    for cells in body:
+        assert len(cells) == len(header), (header, cells)
+        row = dict(zip(header, cells))
+        rows[int(row["NodeId"])] = row
+    return rows
+
+
+@pytest.mark.parametrize("ask", ["leader", "follower"])
+def test_kafka_metadata_quorum_prints_wall_clock_ages(kafka_cluster, tmp_path, ask):
+    leader, _ = kafka_cluster.leader()
+    nid = leader if ask == "leader" else min(n for n in (1, 2, 3) if n != leader)
+    host, port = kafka_cluster.kafka_ports[nid]
+    props = _java_client_config(kafka_cluster, tmp_path)
+
+    before_ms = int(time.time() * 1000)
+    raw_rows = _replication(props, f"{host}:{port}")
+    after_ms = int(time.time() * 1000)
+    assert sorted(raw_rows) == [1, 2, 3, 4]
+    for node, row in raw_rows.items():
+        for column in ("LastFetchTimestamp", "LastCaughtUpTimestamp"):
+            ts_ms = int(row[column])  # Kafka's unit: wall-clock epoch milliseconds
+            assert before_ms - AGE_MAX_MS <= ts_ms <= after_ms, (node, column, ts_ms, before_ms, after_ms)
+
+    aged = _replication(props, f"{host}:{port}", "--human-readable")
+    assert sorted(aged) == [1, 2, 3, 4]
+    for node in (1, 2, 3):  # caught-up voters
+        row = aged[node]
+        assert int(row["Lag"]) == 0, row  # nothing is written meanwhile
+        for column in ("LastFetchTimestamp", "LastCaughtUpTimestamp"):
+            m = re.fullmatch(r"(\d+) ms ago", row[column])
+            assert m, (node, column, row[column])
+            assert 0 <= int(m.group(1)) <= AGE_MAX_MS, (node, column, row[column])
 
 
 @pytest.fixture(scope="module")

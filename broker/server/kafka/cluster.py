@@ -20,9 +20,10 @@ its flat answer to Kafka's nesting (docs/kafka-listener.md).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from metalog.broker.net.kafka_conn import KafkaExchange
+from metalog.broker.server.clocks import now_ms, wall_clock_ms
 from metalog.broker.server.kafka.api import (METADATA_PARTITION, METADATA_TOPIC, METADATA_TOPIC_ID, KafkaApi,
                                              KafkaContext)
 from metalog.protocol import messages as m
@@ -171,11 +172,12 @@ def _describe_quorum(ctx: KafkaContext, version: int, resp: m.DescribeQuorumResp
         if version >= 2:
             out.error_message = resp.error_message
         return out
+    to_wall = _to_wall_clock(resp)
     partition = km.DescribeQuorumResponsePartitionData(
         partition_index=METADATA_PARTITION, error_code=resp.error_code, leader_id=resp.leader_id,
         leader_epoch=resp.leader_epoch, high_watermark=resp.high_watermark,
-        current_voters=[_replica(r, version) for r in resp.voters],
-        observers=[_replica(r, version) for r in resp.observers])
+        current_voters=[_replica(r, version, to_wall) for r in resp.voters],
+        observers=[_replica(r, version, to_wall) for r in resp.observers])
     out = km.DescribeQuorumResponse(topics=[km.DescribeQuorumResponseTopicData(
         topic_name=METADATA_TOPIC, partitions=[partition])])
     if version >= 2:
@@ -184,11 +186,27 @@ def _describe_quorum(ctx: KafkaContext, version: int, resp: m.DescribeQuorumResp
     return out
 
 
-def _replica(r: m.ReplicaState, version: int) -> Any:
+def _to_wall_clock(resp: m.DescribeQuorumResponse) -> Callable[[int], int]:
+    """The core's timestamps are its monotonic clock (its timers survive
+    wall-clock jumps); Kafka's are wall-clock epoch ms, which
+    kafka-metadata-quorum prints as "N ms ago". The leader's own entry
+    carries the leader's now (Kafka's leader reports itself as fetched now),
+    so each timestamp is turned into an age on the leader's clock and put
+    before our wall clock: right also for an answer forwarded from a leader on
+    another host, whose monotonic clock has another origin. Without a leader
+    entry the answer is this node's own, on this node's clock. -1 stays -1."""
+    leader_now_ms = next((r.last_fetch_timestamp_ms for r in resp.voters if r.replica_id == resp.leader_id), -1)
+    if leader_now_ms < 0:
+        leader_now_ms = now_ms()
+    wall_now_ms = wall_clock_ms()
+    return lambda ts_ms: ts_ms if ts_ms < 0 else wall_now_ms - (leader_now_ms - ts_ms)
+
+
+def _replica(r: m.ReplicaState, version: int, to_wall: Callable[[int], int]) -> Any:
     out = km.DescribeQuorumResponseReplicaState(replica_id=r.replica_id, log_end_offset=r.log_end_offset)
     if version >= 1:
-        out.last_fetch_timestamp = r.last_fetch_timestamp_ms
-        out.last_caught_up_timestamp = r.last_caught_up_timestamp_ms
+        out.last_fetch_timestamp = to_wall(r.last_fetch_timestamp_ms)
+        out.last_caught_up_timestamp = to_wall(r.last_caught_up_timestamp_ms)
     if version >= 2 and r.replica_directory_id:
         out.replica_directory_id = uuid_from_str(r.replica_directory_id)
     return out
