@@ -142,8 +142,24 @@ def decode_request(
     except KafkaDecodeError as exc:
         raise RequestBodyError(header, f"{body_type.__name__} v{version}: {exc}") from None
     # Bytes after the body are ignored, as Kafka's parser ignores them
-    # (RequestContext.parseRequest): librdkafka 2.x sends 3 stray bytes after
-    # a Metadata v13 request for all topics, and Kafka brokers answer it.
+    # (RequestContext.parseRequest), for librdkafka's sake. Its Metadata
+    # request for all topics at a flexible version (v9+: librdkafka 2.1 to at
+    # least 2.16, e.g. AdminClient.list_topics) is `00 00 00 00 01 00 00`
+    # after the header: rd_kafka_MetadataRequest0 (src/rdkafka_request.c)
+    # reserves the topic count with rd_kafka_buf_write_arraycnt_pos, an i32
+    # placeholder (src/rdkafka_buf.h), and on that path ("v9+: keep 0,
+    # varint encoded null, all topics") never calls
+    # rd_kafka_buf_finalize_arraycnt, which would shrink it to one varint. So
+    # four zero bytes stand where one (null Topics) belongs; then come its
+    # real AllowAutoTopicCreation (01), IncludeTopicAuthorizedOperations (00)
+    # and the body's empty tagged fields (00). Read as Kafka reads it: Topics
+    # null, AllowAutoTopicCreation false, IncludeTopicAuthorizedOperations
+    # false, no tags -- the three bytes left are librdkafka's own fields, not
+    # a tagged-field section. The header is read right (request header v2:
+    # ClientId a non-compact nullable string, then tags; RequestHeader.json
+    # gives ClientId "flexibleVersions": "none"), which librdkafka writes the
+    # same way (rd_kafka_buf_new_request0). The misread flag changes nothing:
+    # no topic is ever created here, and Kafka auto-creates named topics only.
     return header, body
 
 

@@ -7,6 +7,9 @@
 * `metalog cluster add-node` gives the new node a Kafka listener; kcat
   through it lists every broker, and every old node -- whose kafka_endpoints
   do not name it -- lists it too (from the voter set), as `cluster status` does.
+* librdkafka's all-topics Metadata request, caught on a bare socket: our
+  header parse is right, and the 3 bytes left after the body are its own
+  fields behind an unshrunk i32 placeholder (protocol/kafka/wire.py).
 
 The module's cluster (conftest: 3 voters, 1 observer) grows to 5 nodes in
 the add-node test, so the quorum tool's test runs first.
@@ -22,6 +25,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -176,3 +180,92 @@ def test_add_node_follows_the_launchers_port_rule(tmp_path):
     for spec in cluster.nodes.values():  # a cluster from before the Kafka listener: none for a new node either
         spec.kafka_port = None
     assert membership._ports_for(cluster, 4) == (base + 3, base + 1003, None)
+
+
+def test_librdkafkas_all_topics_metadata_request_and_its_three_extra_bytes():
+    """What librdkafka (confluent-kafka's) really sends for list_topics(), caught
+    by a bare server that answers its ApiVersions and Metadata: request header
+    v2 as we read it (client id a non-compact string, then empty tags), then
+    four zero bytes where a null Topics takes one (its i32 placeholder, never
+    shrunk to a varint on this path) and its real AllowAutoTopicCreation (01),
+    IncludeTopicAuthorizedOperations (00) and empty tags (00).
+    protocol/kafka/wire.py's decode_request says where in librdkafka's source."""
+    from confluent_kafka.admin import AdminClient
+
+    from metalog.protocol.kafka import messages as km
+    from metalog.protocol.kafka import wire
+
+    served = {18: (0, 4), 3: (0, 13)}
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(1)
+    port = server.getsockname()[1]
+    metadata_frames: list[bytes] = []
+    all_topics = threading.Event()
+
+    def answer(header, body) -> bytes:
+        if header.api_key == 18:
+            return wire.encode_response(header, km.ApiVersionsResponse(api_keys=[
+                km.ApiVersionsResponseApiVersion(api_key=k, min_version=lo, max_version=hi)
+                for k, (lo, hi) in served.items()]))
+        return wire.encode_response(header, km.MetadataResponse(
+            brokers=[km.MetadataResponseMetadataResponseBroker(node_id=1, host="127.0.0.1", port=port)],
+            cluster_id="c", controller_id=1, topics=[]))
+
+    def connection(conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(30)
+            for _ in range(20):  # bounded: a few ApiVersions and Metadata requests
+                try:
+                    frame = _read_frame(conn)
+                except (EOFError, OSError):
+                    return
+                header, body = wire.decode_request(frame, served)
+                if header.api_key == 3:
+                    metadata_frames.append(frame)
+                    if body.topics is None:
+                        all_topics.set()
+                conn.sendall(answer(header, body))
+
+    def accept() -> None:
+        for _ in range(60):  # bounded: a second each
+            if all_topics.is_set():
+                return
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=connection, args=(conn,), daemon=True).start()
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}", "client.id": "rdk"})
+    md = admin.list_topics(timeout=20)
+    assert list(md.brokers) == [1]
+    assert all_topics.wait(20), [f.hex(" ") for f in metadata_frames]
+    acceptor.join(5)
+    server.close()
+    after_header = {f[2 + 2 + 4 + 2 + len("rdk"):] for f in metadata_frames}
+    assert {f[:4] for f in metadata_frames} == {bytes.fromhex("0003000d")}  # Metadata v13 only
+    # A brokers-only refresh (Topics an empty compact array, 01) is well formed;
+    # the all-topics request of list_topics() carries the 3 bytes.
+    quirk = b"\x00" + b"\x00\x00\x00\x00" + b"\x01\x00\x00"
+    assert quirk in after_header, [f.hex(" ") for f in after_header]
+    assert after_header <= {quirk, b"\x00" + b"\x01\x00\x00\x00"}, [f.hex(" ") for f in after_header]
+    # Read as Kafka reads it: Topics null, both flags false, three bytes left over.
+    header, body = wire.decode_request(next(f for f in metadata_frames if f.endswith(quirk)), served)
+    assert header.client_id == "rdk"
+    assert (body.topics, body.allow_auto_topic_creation, body.include_topic_authorized_operations) == (
+        None, False, False)
+
+
+def _read_frame(conn: socket.socket) -> bytes:
+    def exactly(n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = conn.recv(n - len(out))
+            if not chunk:
+                raise EOFError(f"closed after {len(out)} of {n} bytes")
+            out += chunk
+        return out
+
+    return exactly(int.from_bytes(exactly(4), "big", signed=True))
