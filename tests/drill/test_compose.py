@@ -29,7 +29,14 @@ def test_shipped_compose_is_three_voters_one_observer():
     assert sorted(nodes) == [1, 2, 3, 4]
     assert topo.voter_ids == {1, 2, 3}
     ports = topo.container_ports()
-    assert len(ports) == len(set(ports)) == 8
+    assert len(ports) == len(set(ports)) == 12  # listen, admin and Kafka ports of 4 brokers
+    # Kafka clients on the Docker host: each broker's Kafka listener published
+    # and advertised at localhost on the same port.
+    for b in topo.brokers:
+        kafka = b.config.kafka_endpoint()
+        assert kafka is not None and kafka.port == 11090 + b.config.node_id
+        assert (kafka.port, kafka.port) in b.published
+        assert str(b.config.kafka_node_endpoints()[b.config.node_id]) == f"localhost:{kafka.port}"
     for b in topo.brokers:
         assert b.health_url[1] == b.config.admin_endpoint().port
         assert b.config.data_dir.startswith("/var/lib/metalog/")
@@ -98,6 +105,19 @@ def _set(cmd, key, value):
     (lambda d: d["configs"]["broker-config"].update(
         content="cluster_id: x\nvoters: \"1@broker1:9091,2@broker2:9092,3@broker3:9999\"\n"),
      "voter 3@broker3:9999: service broker3 listens on port 9093"),
+    (lambda d: _set(_svc_cmd(d, "broker2"), "kafka_listen", "0.0.0.0:9091"),
+     "service broker2: kafka_listen port 9091 is also used by service broker1"),
+    (lambda d: d["services"]["broker3"].update(ports=["9093:9093", "8093:8093"]),
+     "service broker3: kafka_endpoints advertises 3@localhost:11093 but the service does not publish 11093:11093"),
+    (lambda d: _svc_cmd(d, "observer4").extend(["--set", "kafka_endpoints=1@localhost:11091"]),
+     "service observer4: kafka_endpoints '1@localhost:11091' differ from service broker1's"),
+    (lambda d: d["configs"]["broker-config"].update(content=d["configs"]["broker-config"]["content"].replace(
+        ",4@localhost:11094", "")),
+     "service observer4: kafka_listen is set but kafka_endpoints does not name node 4"),
+    (lambda d: d["configs"]["broker-config"].update(content=d["configs"]["broker-config"]["content"].replace(
+        "2@localhost:11092", "2@broker3:11092")),
+     "service broker2: kafka_endpoints advertises 2@broker3:11092, which is not this service's hostname and "
+     "kafka_listen port (broker2:11092)"),
 ])
 def test_broken_compose_files_are_refused_with_the_reason(mutate, message):
     d = copy.deepcopy(doc())
@@ -115,18 +135,22 @@ def test_local_mapping_is_deterministic(tmp_path):
     assert cmd[:4] == [sys.executable, "-m", "metalog.tools.cli", "broker"]
     assert f"data_dir={tmp_path}/node-2/data" in cmd and f"log_file={tmp_path}/node-2/broker.log" in cmd
     assert "listen=127.0.0.1:10092" in cmd
+    assert "kafka_listen=127.0.0.1:12092" in cmd
+    assert {n: s.kafka_port for n, s in c.nodes.items()} == {1: 12091, 2: 12092, 3: 12093, 4: 12094}
     cfg = yaml.safe_load(open(cmd[cmd.index("--config") + 1]))
     assert {k: str(v) for k, v in parse_voters(cfg["voters"]).items()} == {
         1: "127.0.0.1:10091", 2: "127.0.0.1:10092", 3: "127.0.0.1:10093"}
+    assert {k: str(v) for k, v in parse_voters(cfg["kafka_endpoints"], "kafka_endpoints").items()} == {
+        n: f"127.0.0.1:{12090 + n}" for n in (1, 2, 3, 4)}
 
 
 def _free_offset() -> int:
-    """An offset that puts all 8 container ports (8091-8094, 9091-9094) on free local ports."""
+    """An offset that puts all 12 container ports (8091-8094, 9091-9094, 11091-11094) on free local ports."""
     for base in free_ports(20):
         offset = base - 8091
-        if offset < 1000 or base + 1010 > 65000:
+        if offset < 1000 or base + 3010 > 65000:
             continue
-        probe = [p + offset for p in (8091, 8092, 8093, 8094, 9091, 9092, 9093, 9094)]
+        probe = [p + offset for p in (8091, 8092, 8093, 8094, 9091, 9092, 9093, 9094, 11091, 11092, 11093, 11094)]
         import socket
         ok = True
         for p in probe:
@@ -159,6 +183,34 @@ def test_cluster_up_from_compose_elects_a_leader(tmp_path):
 
 
 # ------------------------------------------------------------ monitoring
+@pytest.mark.slow
+def test_a_compose_cluster_serves_kafka_clients(tmp_path):
+    """The compose file's brokers, run locally: kcat with the cluster's
+    kafka-client.properties lists the 4 brokers at their advertised Kafka
+    ports (the compose file's localhost:1109N, shifted by the offset) and the
+    leader of __cluster_metadata, as against `metalog cluster up`."""
+    offset = _free_offset()
+    cluster = cluster_from_compose(COMPOSE, str(tmp_path), port_offset=offset)
+    try:
+        cluster.start()
+        leader, _ = cluster.wait_for_leader(30)
+        with open(cluster.kafka_properties_path) as f:
+            props = f.read()
+        assert f"bootstrap.servers={','.join(f'127.0.0.1:{11090 + n + offset}' for n in (1, 2, 3, 4))}" in props
+        kcat = shutil.which("kcat")
+        assert kcat, "kcat is not installed: bash run.sh setup installs it (Debian package kcat)"
+        out = subprocess.run([kcat, "-F", cluster.kafka_properties_path, "-L", "-J", "-m", "30"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        meta = json.loads(out.stdout)
+        assert {b["id"]: b["name"] for b in meta["brokers"]} == {
+            n: f"127.0.0.1:{11090 + n + offset}" for n in (1, 2, 3, 4)}
+        (partition,) = meta["topics"][0]["partitions"]
+        assert partition["leader"] == leader
+    finally:
+        cluster.stop()
+
+
 def test_shipped_monitoring_is_valid_and_scrapes_every_broker():
     """The shipped prometheus and grafana services pass the whole check
     (promtool check config and rules included); Prometheus scrapes each

@@ -21,7 +21,8 @@ from metalog.tools.cluster.launcher import REPO_ROOT, LocalCluster, free_ports
 pytestmark = pytest.mark.slow
 
 COMPOSE = os.path.join(REPO_ROOT, "docker-compose.yml")
-COMPOSE_PORTS = (8091, 8092, 8093, 8094, 9091, 9092, 9093, 9094)  # the shipped file's container ports
+COMPOSE_PORTS = (8091, 8092, 8093, 8094, 9091, 9092, 9093, 9094,  # the shipped file's container ports
+                 11091, 11092, 11093, 11094)
 
 
 def metalog(*args: str, env: dict | None = None, timeout_s: float = 90) -> subprocess.CompletedProcess:

@@ -7,10 +7,12 @@ ways without one:
   service against the broker's own config schema (``metalog.broker.server.config``): each
   service's effective config (the ``configs:`` file it mounts at the path its
   ``--config`` names, plus its ``--set`` overrides) must validate; node ids,
-  listen ports, admin ports and published ports are unique; every broker
+  listen, admin and Kafka ports and published ports are unique; every broker
   lists the same voters and every voter names a broker service by hostname
   and listen port; data and log live on a named, declared volume that no
-  other broker mounts; the healthcheck requests ``/health`` on the admin port.
+  other broker mounts; the healthcheck requests ``/health`` on the admin port;
+  every broker lists the same ``kafka_endpoints``, which name each Kafka
+  listener where a client reaches it (``_check_kafka``).
   Any breach raises ``ComposeError`` naming the service and the key. The
   metrics services (``prometheus``, ``grafana`` and their one-shot helpers)
   are checked on top of this by ``metalog.tools.cluster.monitoring.check_monitoring``.
@@ -87,8 +89,9 @@ class Topology:
         out = []
         for b in self.brokers:
             out.append(b.config.listen_endpoint().port)
-            if b.config.admin_endpoint():
-                out.append(b.config.admin_endpoint().port)
+            for ep in (b.config.admin_endpoint(), b.config.kafka_endpoint()):
+                if ep is not None:
+                    out.append(ep.port)
         return out
 
 
@@ -237,7 +240,11 @@ def _check(topo: Topology) -> None:
         admin = cfg.admin_endpoint()
         if admin is None:
             raise ComposeError(f"{where}: admin_listen is required (healthchecks use the admin API)")
-        for key, port in (("listen", cfg.listen_endpoint().port), ("admin_listen", admin.port)):
+        kafka = cfg.kafka_endpoint()
+        for key, port in (("listen", cfg.listen_endpoint().port), ("admin_listen", admin.port),
+                          ("kafka_listen", kafka.port if kafka else None)):
+            if port is None:
+                continue
             if port in seen_ports:
                 raise ComposeError(f"{where}: {key} port {port} is also used by {seen_ports[port]} "
                                    "(container ports must be distinct so the local mapping is 1:1)")
@@ -282,6 +289,41 @@ def _check(topo: Topology) -> None:
         if owner.config.listen_endpoint().port != ep.port:
             raise ComposeError(f"{path}: voter {vid}@{ep}: service {owner.name} listens on port "
                                f"{owner.config.listen_endpoint().port}")
+    _check_kafka(topo, by_host)
+
+
+def _check_kafka(topo: Topology, by_host: dict[str, BrokerService]) -> None:
+    """Kafka clients find every broker: the same kafka_endpoints everywhere,
+    naming each broker with a Kafka listener at an address that reaches it --
+    its service hostname and kafka_listen port (clients inside the compose
+    network), or localhost / 127.0.0.1 and a port published to it (clients
+    on the Docker host, as the shipped file does)."""
+    path = topo.path
+    first = topo.brokers[0]
+    endpoints = first.config.kafka_node_endpoints() if first.config.kafka_endpoints else {}
+    for b in topo.brokers:
+        where = f"{path}: service {b.name}"
+        cfg = b.config
+        if (cfg.kafka_endpoints or None) != (first.config.kafka_endpoints or None):
+            raise ComposeError(f"{where}: kafka_endpoints {cfg.kafka_endpoints!r} differ from service "
+                               f"{first.name}'s {first.config.kafka_endpoints!r}; every broker must list the same")
+        kafka = cfg.kafka_endpoint()
+        if kafka is None:
+            continue
+        ep = endpoints.get(cfg.node_id)
+        if ep is None:
+            raise ComposeError(f"{where}: kafka_listen is set but kafka_endpoints does not name node "
+                               f"{cfg.node_id}: Kafka clients would never be told where it is")
+        if ep.host in ("localhost", LOOPBACK):
+            if (ep.port, kafka.port) not in b.published:
+                raise ComposeError(f"{where}: kafka_endpoints advertises {cfg.node_id}@{ep} but the service does "
+                                   f"not publish {ep.port}:{kafka.port} (its kafka_listen port)")
+        elif by_host.get(ep.host) is not b or ep.port != kafka.port:
+            raise ComposeError(f"{where}: kafka_endpoints advertises {cfg.node_id}@{ep}, which is not this "
+                               f"service's hostname and kafka_listen port ({b.hostname}:{kafka.port})")
+    unknown = sorted(set(endpoints) - {b.config.node_id for b in topo.brokers if b.config.kafka_endpoint()})
+    if unknown:
+        raise ComposeError(f"{path}: kafka_endpoints names node {unknown[0]}, which runs no Kafka listener here")
 
 
 def load_topology(path: str) -> Topology:
@@ -377,9 +419,11 @@ def cluster_from_compose(path: str, root_dir: str, port_offset: int | None = Non
     specs = []
     for b in topo.brokers:
         cfg = b.config
+        kafka = cfg.kafka_endpoint()
         specs.append(NodeSpec(node_id=cfg.node_id, port=mapping.port(cfg.listen_endpoint().port),
                               admin_port=mapping.port(cfg.admin_endpoint().port),
-                              voter=cfg.node_id in voters, command=mapping.command(b)))
+                              voter=cfg.node_id in voters, command=mapping.command(b),
+                              kafka_port=mapping.port(kafka.port) if kafka else None))
     voter_addrs = {vid: (LOOPBACK, mapping.port(ep.port)) for vid, ep in voters.items()}
     first = topo.brokers[0]
     secure = first.config.tls_enabled and not insecure
