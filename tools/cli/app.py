@@ -38,6 +38,7 @@ from metalog.tools.cli import certs as certs_cli
 from metalog.tools.cli import cluster as cluster_cli
 from metalog.tools.cli import dump
 from metalog.tools.cli import storage as storage_cli
+from metalog.tools.kafka import follow as kafka_follow
 from metalog.tools.cli.client_options import DEFAULT_CLUSTER_ID, add_client_args, make_client, tls_hint
 from metalog.tools.cli.cluster import ClusterCliError, dir_flag, running_nodes
 from metalog.tools.cli.dump import record_json
@@ -547,7 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_metadata)
 
     # Subcommands that live with their tools: each module adds its own parsers.
-    for module in (admin_cli, dump, spark_job, drill, bench, storage_cli, certs_cli):
+    for module in (admin_cli, dump, spark_job, drill, bench, storage_cli, certs_cli, kafka_follow):
         module.register_cli(sub)
     return parser
 
