@@ -341,3 +341,22 @@ def test_an_answer_we_cannot_use_is_one_line(followed, tmp_path):
     [line] = out.stderr.strip().splitlines()
     assert "AnotherClusterIdAAAAAA" in line and c.cluster_id in line, line
 
+
+
+def test_diverging_epoch_truncates_as_kafkas_truncate_to_end_offset(tmp_path):
+    """No Kafka needed: LocalReplica's DivergingEpoch rule is Kafka's
+    ReplicatedLog.truncateToEndOffset (ours for that epoch, or the leader's
+    end offset if smaller), and never goes below our high watermark."""
+    from metalog.tools.kafka.follow import KafkaAnswerError, LocalReplica
+
+    replica = LocalReplica(str(tmp_path / "d"), OBSERVER_ID)
+    data = b"".join(b.encode_batch(offset, epoch, [b"x", b"y"], 0) for offset, epoch in ((0, 1), (2, 1), (4, 3), (6, 3)))
+    assert replica.append(memoryview(data)) == (4, len(data))
+    assert replica.append(memoryview(data)) == (0, 0)  # batches we hold already are skipped
+    assert replica.truncate_to_end_offset(3, 7) == 6  # epoch 3 is ours: the leader's end (batch boundary)
+    assert replica.truncate_to_end_offset(2, 5) == 4  # epoch 2 unknown here: where our epoch 1 ends
+    assert replica.last_fetched_epoch() == 1
+    replica.high_watermark = 4
+    with pytest.raises(KafkaAnswerError, match="below our high watermark 4"):
+        replica.truncate_to_end_offset(1, 2)
+    replica.close()
