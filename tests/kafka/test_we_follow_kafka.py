@@ -350,7 +350,8 @@ def test_diverging_epoch_truncates_as_kafkas_truncate_to_end_offset(tmp_path):
     from metalog.tools.kafka.follow import KafkaAnswerError, LocalReplica
 
     replica = LocalReplica(str(tmp_path / "d"), OBSERVER_ID)
-    data = b"".join(b.encode_batch(offset, epoch, [b"x", b"y"], 0) for offset, epoch in ((0, 1), (2, 1), (4, 3), (6, 3)))
+    data = b"".join(b.encode_batch(offset, epoch, [b"x", b"y"], 0)
+                    for offset, epoch in ((0, 1), (2, 1), (4, 3), (6, 3)))
     assert replica.append(memoryview(data)) == (4, len(data))
     assert replica.append(memoryview(data)) == (0, 0)  # batches we hold already are skipped
     assert replica.truncate_to_end_offset(3, 7) == 6  # epoch 3 is ours: the leader's end (batch boundary)
