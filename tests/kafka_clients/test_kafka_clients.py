@@ -286,7 +286,8 @@ def test_a_user_without_acls_gets_routing_but_not_the_quorum(kafka_cluster, tmp_
 @pytest.mark.parametrize("version", [0, 1, 2, 3, 4])
 def test_api_versions_at_every_version(kafka_cluster, version):
     """Our ranges at every ApiVersions version; from v3, the features as our
-    own ApiVersions reports them (kraft.version finalized at 1: a dynamic quorum)."""
+    own ApiVersions reports them (kraft.version finalized at 1: a dynamic quorum) and
+    metadata.version as the controller state holds it."""
     import importlib
 
     req = importlib.import_module(f"kio.schema.api_versions.v{version}.request").ApiVersionsRequest
@@ -303,5 +304,7 @@ def test_api_versions_at_every_version(kafka_cluster, version):
     assert ranges[3] == (0, 13)
     if version >= 3:
         finalized = {f.name: (f.min_version_level, f.max_version_level) for f in resp.finalized_features}
-        assert finalized == {"kraft.version": (1, 1)}
-        assert "kraft.version" in {f.name for f in resp.supported_features}
+        # metadata.version from the controller state: 3.9-IV0 (21), as our snapshots write it.
+        assert finalized == {"kraft.version": (1, 1), "metadata.version": (21, 21)}
+        supported = {f.name: (f.min_version, f.max_version) for f in resp.supported_features}
+        assert supported == {"kraft.version": (0, 1), "metadata.version": (7, 21)}

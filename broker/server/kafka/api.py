@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from metalog.broker.net.kafka_conn import KafkaExchange
@@ -36,6 +36,8 @@ class KafkaContext(Protocol):
     def endpoints(self) -> dict[int, tuple[str, int]]: ...
 
     def supported(self) -> dict[int, tuple[int, int]]: ...
+
+    def finalized_features(self) -> Mapping[str, int]: ...  # FeatureLevelRecords applied: name -> level
 
 
 class KafkaApi(NamedTuple):

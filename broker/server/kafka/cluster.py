@@ -3,7 +3,8 @@ protocol: each asks the broker's own handler (``KafkaContext.ask``) and maps
 its flat answer to Kafka's nesting (docs/kafka-listener.md).
 
 * ApiVersions: the served table's ranges; supported and finalized features
-  (kraft.version) as our own ApiVersions reports them (v3+: tagged).
+  (v3+: tagged): kraft.version as our own ApiVersions reports it,
+  metadata.version as the node's controller state holds it.
 * Metadata: one topic, ``__cluster_metadata`` (Kafka's fixed topic id),
   partition 0: leader = the raft leader and its epoch, replicas and ISR =
   the voters; brokers = every node with its Kafka listener; controller id =
@@ -31,6 +32,7 @@ from metalog.protocol.apis import ApiKey
 from metalog.protocol.errors import Errors
 from metalog.protocol.kafka import messages as km
 from metalog.protocol.kafka.messages import ZERO_UUID, uuid_from_str
+from metalog.storage.metadata_records import METADATA_VERSION, METADATA_VERSION_LEVEL, METADATA_VERSION_LEVEL_MIN
 
 UNKNOWN_TOPIC_ID = 100
 UNSUPPORTED_ENDPOINT_TYPE = 115
@@ -46,15 +48,30 @@ def api_versions(ctx: KafkaContext, ex: KafkaExchange) -> None:
             api_keys=[km.ApiVersionsResponseApiVersion(api_key=key, min_version=lo, max_version=hi)
                       for key, (lo, hi) in sorted(ctx.supported().items())])
         if ex.version >= 3:  # the features are v3's tagged fields
+            supported, finalized = _features(ctx, resp)
             out.supported_features = [km.ApiVersionsResponseSupportedFeatureKey(
-                name=f.name, min_version=f.min_version, max_version=f.max_version) for f in resp.supported_features]
+                name=name, min_version=lo, max_version=hi) for name, (lo, hi) in supported]
             out.finalized_features_epoch = resp.finalized_features_epoch
             out.finalized_features = [km.ApiVersionsResponseFinalizedFeatureKey(
-                name=f.name, max_version_level=f.max_version_level, min_version_level=f.min_version_level)
-                for f in resp.finalized_features]
+                name=name, max_version_level=level, min_version_level=level) for name, level in finalized]
         ex.respond(out)
 
     ctx.ask(ex, ApiKey.API_VERSIONS, m.ApiVersionsRequest(), answer)
+
+
+def _features(ctx: KafkaContext, resp: m.ApiVersionsResponse) -> tuple[list[tuple[str, tuple[int, int]]],
+                                                                        list[tuple[str, int]]]:
+    """Supported ranges and finalized levels, by name: kraft.version as the
+    quorum core reports it, metadata.version (and any other feature a
+    FeatureLevelRecord finalized) as this node's controller state applied it
+    from the log -- what Kafka's ApiVersions reports, and what
+    ``kafka-features describe`` prints. metalog writes the records of
+    metadata.version 3.9-IV0 (level 21) and reads Kafka's from 3.3-IV3 (7) on."""
+    supported = {f.name: (f.min_version, f.max_version) for f in resp.supported_features}
+    supported.setdefault(METADATA_VERSION, (METADATA_VERSION_LEVEL_MIN, METADATA_VERSION_LEVEL))
+    finalized = {name: level for name, level in ctx.finalized_features().items() if level > 0}
+    finalized.update((f.name, f.max_version_level) for f in resp.finalized_features)  # the core's kraft.version
+    return sorted(supported.items()), sorted(finalized.items())
 
 
 # ------------------------------------------------------------------- Metadata

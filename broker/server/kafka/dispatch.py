@@ -108,7 +108,8 @@ class KafkaDispatch:
 
     def __init__(self, router: Router, *, node_id: int, cluster_id: str, listener_name: str,
                  static_endpoints: Mapping[int, tuple[str, int]], core: VoterSetView, logger: Any,
-                 ask_node: Callable[[int, ApiKey, m.Body], Awaitable[m.Body]] | None = None):
+                 ask_node: Callable[[int, ApiKey, m.Body], Awaitable[m.Body]] | None = None,
+                 features: Callable[[], Mapping[str, int]] = dict):
         self._router = router
         self._node_id = node_id
         self._cluster_id = cluster_id
@@ -117,6 +118,7 @@ class KafkaDispatch:
         self._core = core
         self._log = logger
         self._ask_node = ask_node
+        self._features = features  # the controller state's finalized features (metadata.version)
         self._forwards: set[asyncio.Future[m.Body]] = set()  # bounded: one per request in flight
         self.apis = served_apis()
         self._supported = {key: (api.min_version, api.max_version) for key, api in self.apis.items()}
@@ -144,6 +146,9 @@ class KafkaDispatch:
 
     def supported(self) -> dict[int, tuple[int, int]]:
         return self._supported
+
+    def finalized_features(self) -> Mapping[str, int]:
+        return self._features()
 
     def ask(self, ex: KafkaExchange, api_key: ApiKey, body: m.Body, on_answer: Callable[[Any], None]) -> None:
         conn = ex.conn
@@ -216,6 +221,9 @@ class KafkaHost(Protocol):
     @property
     def peers(self) -> Any: ...  # metalog.broker.net.channel.PeerPool: channel(node_id).request(...)
 
+    @property
+    def controller(self) -> Any: ...  # metalog.broker.controller.state.Controller: .state.features
+
 
 async def start_kafka_listener(host: KafkaHost, limits: Any) -> Any:
     """The Kafka listener of ``host.cfg.kafka_listen`` (None when unset): its
@@ -236,7 +244,8 @@ async def start_kafka_listener(host: KafkaHost, limits: Any) -> Any:
     dispatch = KafkaDispatch(host.inbound, node_id=cfg.node_id, cluster_id=cfg.cluster_id,
                              listener_name=cfg.security.security_protocol,
                              static_endpoints={nid: (e.host, e.port) for nid, e in cfg.kafka_node_endpoints().items()},
-                             core=host.core, logger=logger, ask_node=ask_node)
+                             core=host.core, logger=logger, ask_node=ask_node,
+                             features=lambda: host.controller.state.features)
     server = await serve_kafka(ep.host, ep.port, dispatch, dispatch.supported(),
                                max_frame_bytes=cfg.network.max_frame_bytes, logger=logger, tls=host.tls,
                                limits=limits)
