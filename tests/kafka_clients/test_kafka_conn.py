@@ -208,3 +208,51 @@ async def test_a_request_answered_by_closing_closes_after_the_earlier_answers():
         writer.close()
         server.close()
     assert len(parking.parked) == 1
+
+
+async def test_a_flood_of_garbage_is_logged_boundedly_with_a_summary_of_the_count():
+    """What an operator sees when N connections each send garbage to the Kafka port:
+    a few lines per kind of bad input, then one summary line carrying the count."""
+    from metalog.broker.net.listener import ListenerLimits
+
+    flood = 40  # connections per kind of garbage
+    lines_max = 3
+    log = ListLogger()
+    # No back-off and no rate per address: every garbage connection is read (the log, not
+    # admission, is under test); the interval is long so only close() ends it.
+    limits = ListenerLimits(failed_connections_before_backoff=1_000_000, connection_creation_rate_per_ip=0,
+                            max_connection_creation_rate=0, refusal_log_lines_max=lines_max,
+                            refusal_log_interval_ms=600_000)
+    server = await serve_kafka("127.0.0.1", 0, Parking(), SUPPORTED, logger=log, limits=limits,
+                               max_frame_bytes=1 << 20)
+    port = server.sockets[0].getsockname()[1]
+    garbage = {
+        "bad_frame": struct.pack(">i", 1 << 30),  # a size past max_frame_bytes
+        "bad_header": struct.pack(">i", 3) + b"\x00\x12\x00",  # no correlation id
+        "bad_request": struct.pack(">ihhih", 10, 999, 0, 3, 0),  # api 999: Kafka has no answer, closes
+    }
+
+    async def send_and_wait_for_close(data: bytes) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(data)
+            assert await asyncio.wait_for(reader.read(), 30) == b""  # the broker closed it
+        finally:
+            writer.close()
+
+    try:
+        for data in garbage.values():
+            await asyncio.gather(*(send_and_wait_for_close(data) for _ in range(flood)))
+        stats = server.listener.stats
+        assert {e: stats.failures_total[e] for e in garbage} == {e: flood for e in garbage}
+    finally:
+        server.close()  # ends the interval: the summaries are written
+    for event in garbage:
+        assert len(log.named(event)) == lines_max, event  # not one line per connection
+        (summary,) = [s for s in log.named("connection_refusals_summary") if s["reason"] == event]
+        assert (summary["count"], summary["not_logged"]) == (flood, flood - lines_max)
+        assert summary["first_address"] == "127.0.0.1"
+    # api 999 is also logged as the close it causes (no_error_answer), bounded the same way
+    assert len(log.named("no_error_answer")) == lines_max
+    # 120 bad connections, 16 lines in all: nothing else is logged per connection
+    assert len(log.events) == (len(garbage) + 1) * (lines_max + 1), [e for _, e, _ in log.events]
