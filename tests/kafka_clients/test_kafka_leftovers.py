@@ -102,7 +102,12 @@ def grown(kafka_cluster):
     try:
         assert out.returncode == 0, out.stdout + out.stderr
         assert out.stdout.startswith("node 5: a voter"), out.stdout
-        yield LocalCluster.load(root)
+        grown = LocalCluster.load(root)
+        # What the user is told: where to reach the new node, Kafka clients included.
+        new, host = grown.nodes[5], grown.node_host(5)
+        assert (f"listen {host}:{new.port}, admin {grown.admin_scheme}://{host}:{new.admin_port}, "
+                f"kafka {host}:{new.kafka_port}); voters now 1, 2, 3, 5") in out.stdout, out.stdout
+        yield grown
     finally:
         on_disk = LocalCluster.load(root)
         for nid in sorted(set(on_disk.nodes) - set(kafka_cluster.cluster.nodes)):

@@ -264,8 +264,10 @@ def cmd_add_node(args) -> int:
         raise ClusterCliError(str(exc)) from None
     spec = cluster.nodes[nid]
     voters = sorted(n for n, s in cluster.nodes.items() if s.voter)
-    print(f"node {nid}: a voter (directory id {directory_id}, listen {cluster.host}:{spec.port}, admin "
-          f"{cluster.admin_scheme}://{cluster.host}:{spec.admin_port}); voters now {', '.join(map(str, voters))}")
+    host = cluster.node_host(nid)
+    kafka = f", kafka {host}:{spec.kafka_port}" if spec.kafka_port is not None else ""  # Kafka clients' bootstrap
+    print(f"node {nid}: a voter (directory id {directory_id}, listen {host}:{spec.port}, admin "
+          f"{cluster.admin_scheme}://{host}:{spec.admin_port}{kafka}); voters now {', '.join(map(str, voters))}")
     return 0
 
 
