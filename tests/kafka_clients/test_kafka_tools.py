@@ -94,7 +94,8 @@ KAFKA_ENDPOINTS = ("ID         HOST      PORT       RACK       ENDPOINT_TYPE  \n
                    "1          127.0.0.1 59137      null       controller     \n"
                    "2          127.0.0.1 47359      null       controller     \n"
                    "3          127.0.0.1 55871      null       controller     \n")
-KAFKA_ADDED = "Added controller 3 with directory id hy5Xha6KT6SOLjx0E1tnhQ and endpoints: CONTROLLER://127.0.0.1:52183\n"
+KAFKA_ADDED = ("Added controller 3 with directory id hy5Xha6KT6SOLjx0E1tnhQ and endpoints: "
+               "CONTROLLER://127.0.0.1:52183\n")
 KAFKA_REMOVED = "Removed  KRaft controller 3 with directory id hy5Xha6KT6SOLjx0E1tnhQ\n"  # two spaces: Kafka's
 KAFKA_REMOVE_UNKNOWN = "org.apache.kafka.common.errors.VoterNotFoundException"
 
@@ -224,7 +225,10 @@ def test_features_describe_prints_kraft_and_metadata_version_as_kafka_does(contr
     def cells(rest: str) -> dict[str, str]:
         return dict(re.findall(r"(\w+): (\S+)", rest))
 
-    assert re.sub(r"Epoch: \d+", "", ours["kraft.version"]) == re.sub(r"Epoch: \d+", "", KAFKA_FEATURES["kraft.version"])
+    def without_epoch(rest: str) -> str:
+        return re.sub(r"Epoch: \d+", "", rest)
+
+    assert without_epoch(ours["kraft.version"]) == without_epoch(KAFKA_FEATURES["kraft.version"])
     mv, kafka_mv = cells(ours["metadata.version"]), cells(KAFKA_FEATURES["metadata.version"])
     assert list(mv) == list(kafka_mv)
     assert (mv["SupportedMinVersion"], mv["FinalizedVersionLevel"]) == ("3.3-IV3", "3.9-IV0") == (
@@ -289,8 +293,9 @@ def test_add_and_remove_controller_as_kafka_does(kafka_cluster, controllers, cli
     directory_id = _directory_id(kafka_cluster, 4)
     listen = cluster.config_for(4)["listen"]  # host:port of its CONTROLLER (peers') listener
     props = tmp_path / "node-4-controller.properties"
-    props.write_text(open(client_config).read() + f"node.id=4\nprocess.roles=controller\nlog.dirs={cluster.data_dir(4)}\n"
-                     f"controller.listener.names=CONTROLLER\nlisteners=CONTROLLER://{listen}\n")
+    props.write_text(open(client_config).read() + f"node.id=4\nprocess.roles=controller\n"
+                     f"log.dirs={cluster.data_dir(4)}\ncontroller.listener.names=CONTROLLER\n"
+                     f"listeners=CONTROLLER://{listen}\n")
 
     added = _tool(METADATA_QUORUM, controllers, str(props), "add-controller").stdout
     assert added == re.sub(r"directory id \S+ and endpoints: CONTROLLER://\S+",
