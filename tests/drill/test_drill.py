@@ -123,3 +123,17 @@ def test_dynamic_drill_refuses_proxy_faults(tmp_path, capsys):
     assert capsys.readouterr().err == ("metalog drill: fault 'isolate_leader' needs the fault proxy, which a "
                                        "--dynamic drill cannot use\n")
     assert not os.path.exists(tmp_path / "run" / "node-1")
+
+
+def test_dynamic_help_says_partition_faults_work_on_namespaces():
+    """`metalog drill --help`: --dynamic limits the partition faults only without
+    namespaces (on them every fault works); mtu_blackhole says what it sends."""
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    text = " ".join(p.format_help().split())
+    assert ("a dynamic quorum (KIP-853) with the reconfigure fault; every network fault on network namespaces, "
+            "but without namespaces (the fault proxy cannot route a dynamic quorum) not isolate_leader, "
+            "cut_one_way, split_majority") in text, text
+    assert "mtu_blackhole" in text
+    from metalog.tools.drill.drill import FAULTS
+    assert "4,000-byte records" in FAULTS["mtu_blackhole"]

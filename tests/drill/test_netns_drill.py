@@ -5,6 +5,7 @@ faults as nftables DROP rules and a tc token bucket inside them.
 """
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -35,7 +36,7 @@ def mlg_names() -> str:
 @pytest.mark.slow
 def test_netns_drill_faults_bite_and_nothing_acknowledged_is_lost(tmp_path):
     args = drill_args(tmp_path, "--network", "netns", "--duration-s", "20",
-                      "--schedule", "isolate_leader,cut_one_way,loss_30,bandwidth_cap,split_majority")
+                      "--schedule", "isolate_leader,cut_one_way,mtu_blackhole,loss_30,bandwidth_cap,split_majority")
     rc, report = run_drill(args)
     s = report["summary"]
     assert report["checker"]["ok"] and rc == 0, report["problems"]
@@ -43,12 +44,26 @@ def test_netns_drill_faults_bite_and_nothing_acknowledged_is_lost(tmp_path):
     assert s["writes_acknowledged"] > 200 and s["writes_lost"] == 0 and s["writes_duplicated"] == 0
     kinds = s["faults_by_kind"]
     assert kinds.get("isolate_leader", 0) >= 1 and kinds.get("cut_one_way", 0) >= 1, kinds
+    assert kinds.get("mtu_blackhole", 0) >= 1, kinds
     # every fault bit: packets dropped by the rules, and the effect each kind must have
     assert s["faults_verified"] == s["faults"], report["faults"]
     for f in report["faults"]:
         assert f["took_effect"], f
-        if f["kind"] in ("isolate_leader", "cut_one_way", "split_majority", "loss_30"):
+        if f["kind"] in ("isolate_leader", "cut_one_way", "split_majority", "loss_30", "mtu_blackhole"):
             assert f["net"]["dropped_packets"] > 0, f
+    # An MTU black hole as a user sees it: a large record (one more writer's, while it is on)
+    # is held until the heal -- its packets dropped, TCP retransmitting into the hole -- and
+    # then acknowledged; the small writes went on (every fault's window has acks).
+    with open(tmp_path / "run" / "history.jsonl") as fh:
+        history = [json.loads(line) for line in fh]
+    for f in (f for f in report["faults"] if f["kind"] == "mtu_blackhole"):
+        ops = [h for h in history if h.get("process") == f"w{f['large_writer']['writer']}"]
+        assert all(len(v) >= 4000 for h in ops for v in h["value"]["values"]), ops
+        acked = [h for h in ops if h["type"] == "ok"]
+        assert acked, ops
+        # the hold (1.5 x --hold-s 2) ended before the heal; history times and t_s share the drill's start
+        hold_end_s = f["t_s"] + 3.0 - 0.05
+        assert acked[0]["time"] / 1e9 > hold_end_s, (acked[0]["time"] / 1e9, f)
     # an isolated leader is replaced within its own fault's window
     isolations = [f for f in report["failovers"] if f["kind"] == "isolate_leader"]
     assert isolations and all(f["leader_changed"] and f["failover_ms"] for f in isolations), isolations

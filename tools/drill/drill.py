@@ -30,10 +30,11 @@ line naming it (exit 1).
   drawn from ``--seed``; see ``FAULTS``. Each fault is held ``--hold-s``, then
   repaired, and the next one waits until writes are being acknowledged again.
 
-``--dynamic`` runs a KIP-853 quorum (the launcher's dynamic format) without
-the fault proxy (a VotersRecord gives each voter one address for everyone,
-so per-broker proxy addresses cannot be routed): the proxy faults are not
-available, ``reconfigure`` removes a voter (the leader half of the time)
+``--dynamic`` runs a KIP-853 quorum (the launcher's dynamic format). On
+network namespaces every network fault is available; without them the
+partition faults (isolate_leader, cut_one_way, split_majority) are not (a
+VotersRecord gives each voter one address for everyone, so the fault proxy's
+per-broker addresses cannot be routed). ``reconfigure`` removes a voter (the leader half of the time)
 and adds it back under load, and ``wipe_follower`` becomes a disk
 replacement: the wiped voter comes back as an observer under a new
 directory id, its old identity is removed, the new one added.
@@ -90,7 +91,8 @@ FAULTS = {
     "loss_10": "(namespaces only) 10% random packet loss each way on the link leader <-> a follower",
     "loss_30": "(namespaces only) 30% random packet loss each way on the link leader <-> a follower",
     "bandwidth_cap": "(namespaces only) cap the leader's egress at 200 kbit/s (a tc token bucket)",
-    "mtu_blackhole": "(namespaces only) the leader's link drops every packet over 1,200 bytes",
+    "mtu_blackhole": "(namespaces only) the leader's link drops every packet over 1,200 bytes; meanwhile one "
+                     "more writer sends 4,000-byte records, held until the heal",
     "wipe_follower": "kill -9 a follower, delete its data dir, restart it: it must rejoin by snapshot",
     "reconfigure": "(--dynamic only) remove a voter, the leader half of the time, and add it back (KIP-853)",
 }
@@ -120,6 +122,10 @@ FOLLOW_POLL_S = 0.1
 WRITE_RETRIES = 5
 WRITE_DELIVERY_TIMEOUT_MS = 8000
 MAX_WRITERS = 32
+# While an MTU black hole is on, one more writer sends records this large (the others' stay
+# small): a produce of one spans full-size TCP segments, the packets the black hole drops,
+# as a user's large message would. (The drill's own records never fill a 1,200-byte packet.)
+LARGE_VALUE_BYTES = 4000
 
 
 @dataclass
@@ -197,6 +203,7 @@ class Drill:
                                       {nid: cluster.data_dir(nid) for nid in cluster.nodes})
         self._stop_monitor = threading.Event()
         self._stop_load = asyncio.Event()
+        self._fault_tasks: list[asyncio.Task] = []  # load a fault adds (the large writer): awaited at the end
         self.t0 = time.time()
 
     # ---------------------------------------------------------- set up
@@ -265,14 +272,16 @@ class Drill:
         return MetalogClient(self.cluster.bootstrap(), self.cluster.cluster_id, tls=self.cluster.client_tls(),
                              resolve_address=lambda addr: self.addr_map.get(addr, addr), **kw)
 
-    async def _writer(self, wid: int) -> None:
+    async def _writer(self, wid: int, until: asyncio.Event | None = None, pad_bytes: int = 0) -> None:
+        """Produce unique values until the load stops (or `until` is set), each padded to
+        `pad_bytes` (the large writer of an MTU black hole)."""
         client = self._client(request_timeout_ms=WRITE_TIMEOUT_MS, max_retries=WRITE_RETRIES,
                               delivery_timeout_ms=WRITE_DELIVERY_TIMEOUT_MS)
         seq = 0
         try:
-            while not self._stop_load.is_set():
+            while not self._stop_load.is_set() and not (until is not None and until.is_set()):
                 n = 1 + seq % 3  # batches of 1-3 records
-                values = [f"d{wid}-{seq + i}".encode() for i in range(n)]
+                values = [f"d{wid}-{seq + i}".encode().ljust(pad_bytes, b".") for i in range(n)]
                 seq += n
                 self.history.attempted.update(values)
                 op = {"values": [text(v) for v in values]}
@@ -453,7 +462,13 @@ class Drill:
             rec.node = leader
             before = self.net.counters()
             rec.detail.update(netfaults.apply(kind, self.net, leader, followers, observers, other))
+            large_done = asyncio.Event()
+            if kind == "mtu_blackhole":  # what the black hole bites on: large records (see LARGE_VALUE_BYTES)
+                wid = MAX_WRITERS + len(self.faults)  # a writer id of its own (the history's process)
+                self._fault_tasks.append(asyncio.create_task(self._writer(wid, large_done, LARGE_VALUE_BYTES)))
+                rec.detail["large_writer"] = {"writer": wid, "value_bytes": LARGE_VALUE_BYTES}
             await asyncio.sleep(self.hold_s * 1.5)
+            large_done.set()  # its produce in flight finishes (or is given up) in the background
             after = self.net.counters()  # before heal: the namespaces' counters go with their rules
             rec.detail["net"] = {k: v - before.get(k, 0) for k, v in after.items()}
             # The cut ends when the heal begins (ts_end comes after it, a few nft calls later):
@@ -555,7 +570,7 @@ class Drill:
                     break
         finally:
             self._stop_load.set()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, *self._fault_tasks, return_exceptions=True)
         problems += self.membership_errors
         converged = await asyncio.to_thread(self._converge)
         self._stop_monitor.set()
@@ -777,8 +792,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="brokers snapshot after this many records (a short drill on a slow machine "
                         "needs fewer to see snapshots, segment deletion and a rejoin by snapshot)")
     p.add_argument("--dynamic", action="store_true",
-                   help="a dynamic quorum (KIP-853) with the reconfigure fault; without the fault proxy, so "
-                        "without " + ", ".join(PROXY_FAULTS))
+                   help="a dynamic quorum (KIP-853) with the reconfigure fault; every network fault on "
+                        "network namespaces, but without namespaces (the fault proxy cannot route a dynamic "
+                        "quorum) not " + ", ".join(PROXY_FAULTS))
     p.add_argument("--network", choices=("auto", "netns", "proxy"), default="auto",
                    help="where network faults are made: each broker in its own network namespace (netns: "
                         "root; nftables for the packet faults), the user-space proxy, or netns when it can "
