@@ -46,7 +46,9 @@ setup() {
   if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
   fi
-  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  # setuptools with pip, before the project: the editable install and
+  # tests/integration/test_wheel.py build with the venv's own setuptools.
+  .venv/bin/python -m pip install -q --upgrade pip 'setuptools>=68' >/dev/null
   # Every extra: the test suite runs the Spark job, the drill and the benches.
   # setuptools warns about every editable install (a UserWarning of its build
   # backend): noise for a user of this repo, so it is silenced here only.
