@@ -39,6 +39,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from metalog.protocol.invariants import InvariantViolation
+
 HERE = Path(__file__).resolve().parent
 SCHEMA_DIR = HERE / "schemas"
 OUTPUT = HERE / "messages.py"
@@ -258,7 +260,8 @@ def py_type(f: Field) -> str:
     elif elem == "uuid":
         base = "bytes"
     else:
-        assert f.struct is not None
+        if f.struct is None:  # not assert: python -O drops it
+            raise InvariantViolation(f"field {f.attr} is a struct but carries none")
         base = f.struct.cls
     if f.is_array:
         base = f"list[{base}]"
@@ -277,7 +280,8 @@ def default_expr(f: Field) -> str:
     if d == "ZERO_UUID":
         return "ZERO_UUID"
     if d == "STRUCT":
-        assert f.struct is not None
+        if f.struct is None:  # not assert: python -O drops it
+            raise InvariantViolation(f"field {f.attr} is a struct but carries none")
         return f"_D_{f.struct.cls}"
     return repr(d)
 
@@ -287,7 +291,8 @@ def field_decl(f: Field) -> str:
     if f.is_array and d is not None:
         value = "msgspec.field(default_factory=list)"
     elif d == "STRUCT":
-        assert f.struct is not None
+        if f.struct is None:  # not assert: python -O drops it
+            raise InvariantViolation(f"field {f.attr} is a struct but carries none")
         value = f"msgspec.field(default_factory={f.struct.cls})"
     else:
         value = default_expr(f)
@@ -430,7 +435,8 @@ def read_value(code: Code, d: int, f: Field, var: str, buf: str, flex: bool, nul
         elif elem in ("bytes", "records"):
             code(d + 1, f"_s_{f.attr}, pos = read_{c}bytes({buf}, pos)")
         else:
-            assert f.struct is not None
+            if f.struct is None:  # not assert: python -O drops it
+                raise InvariantViolation(f"field {f.attr} is a struct but carries none")
             code(d + 1, f"_s_{f.attr}, pos = {f.struct.cls}.read({buf}, pos, version)")
         code(d + 1, f"{var}.append(_s_{f.attr})")
         return
@@ -445,7 +451,8 @@ def read_value(code: Code, d: int, f: Field, var: str, buf: str, flex: bool, nul
     elif elem == "uuid":
         code(d, f"{var}, pos = read_uuid({buf}, pos)")
     else:
-        assert f.struct is not None
+        if f.struct is None:  # not assert: python -O drops it
+            raise InvariantViolation(f"field {f.attr} is a struct but carries none")
         if nullable:
             code(d, f"if {buf}[pos] & 0x80:")
             code(d + 1, f"{var} = None")
@@ -623,7 +630,8 @@ def emit_read(code: Code, s: Struct) -> None:
 
 def fresh_default(f: Field) -> str:
     if f.default == "STRUCT":
-        assert f.struct is not None
+        if f.struct is None:  # not assert: python -O drops it
+            raise InvariantViolation(f"field {f.attr} is a struct but carries none")
         return f"{f.struct.cls}()"
     return default_expr(f)
 
