@@ -7,6 +7,21 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
+# apt_best_effort COMMAND "PACKAGES" "WHY": install PACKAGES with apt-get when
+# COMMAND is missing; on failure say so and go on.
+apt_best_effort() {
+  local cmd="$1" pkgs="$2" why="$3" SUDO
+  if command -v "$cmd" >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
+    return 0
+  fi
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo -n"; fi
+  echo "run.sh: installing $why" >&2
+  # shellcheck disable=SC2086  # PACKAGES is a list
+  { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -qq --no-install-recommends $pkgs >/dev/null; } \
+    || echo "run.sh: could not install $pkgs; the tests that need $cmd will fail" >&2
+}
+
 setup() {
   if ! command -v java >/dev/null 2>&1; then
     echo "run.sh: Java not found; installing a JRE for Spark" >&2
@@ -14,35 +29,14 @@ setup() {
     $SUDO apt-get update -qq
     $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
   fi
-  # promtool (Debian package prometheus) checks the /metrics text and the
-  # Prometheus scrape config in the tests: best-effort, where apt-get and
-  # root or sudo exist; without it those checks say so and fail.
-  if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo -n"; fi
-    echo "run.sh: installing prometheus (for promtool)" >&2
-    { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
-      || echo "run.sh: could not install prometheus; the promtool checks will fail" >&2
-  fi
-  # kcat (Debian package kcat, librdkafka's command-line client) reads the
-  # cluster's metadata over the Kafka listener in tests/kafka_clients:
-  # best-effort, as promtool; without it that test says so and fails.
-  if ! command -v kcat >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo -n"; fi
-    echo "run.sh: installing kcat (Kafka's command-line client, for tests/kafka_clients)" >&2
-    { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -qq --no-install-recommends kcat >/dev/null; } \
-      || echo "run.sh: could not install kcat; the kcat test in tests/kafka_clients will fail" >&2
-  fi
-  # nftables (nft) makes the drill's packet faults inside network namespaces
-  # (tests/drill, metalog drill): best-effort, as promtool; without it those say so and fail.
-  if ! command -v nft >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo -n"; fi
-    echo "run.sh: installing nftables (for the drill's packet faults)" >&2
-    { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -qq --no-install-recommends nftables iproute2 >/dev/null; } \
-      || echo "run.sh: could not install nftables; the drill's namespace faults will fail" >&2
-  fi
+  # Best effort, where apt-get and root or sudo exist; without them the tests
+  # that need the tool say so and fail.
+  # promtool checks the /metrics text and the Prometheus scrape config.
+  apt_best_effort promtool "prometheus" "promtool, for the /metrics checks"
+  # kcat (librdkafka's command-line client) reads and consumes over the Kafka listener.
+  apt_best_effort kcat "kcat" "kcat, Kafka's command-line client, for tests/kafka_clients"
+  # nft makes the drill's packet faults inside network namespaces.
+  apt_best_effort nft "nftables iproute2" "nftables, for the drill's packet faults"
   if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
   fi
