@@ -143,3 +143,8 @@ def decode_response(edge: Edge, frame: bytes | memoryview) -> m.Body:
         raise
     except (ValueError, IndexError, KeyError, TypeError, AttributeError) as exc:
         raise ResponseDecodeError(f"api {edge.api_key} v{edge.version} response does not map: {exc!r}") from None
+
+
+# The edge modules register themselves at import (they import this module:
+# these lines come last, once everything above is defined).
+from metalog.protocol.kafka import edge_quorum  # noqa: E402,F401  (the peers' apis)
