@@ -44,6 +44,7 @@ from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
 from metalog.protocol.errors import Errors
 from metalog.protocol.kafka import messages as km
+from metalog.protocol.kafka.edge_quorum import dir_from_kafka
 from metalog.protocol.kafka.messages import ZERO_UUID, uuid_to_str
 from metalog.storage.metadata_records import RESOURCE_BROKER, RESOURCE_TOPIC
 
@@ -73,23 +74,32 @@ def command(ctx: KafkaContext, ex: KafkaExchange, name: str, args: dict[str, Any
             timeout_ms: int = 5000) -> None:
     """Run controller command `name` for this Kafka request: through this
     node's gate, then at the leader (forwarded for the client if this node
-    does not lead); `on_answer` gets the ControllerCommandResponse."""
+    does not lead); `on_answer` gets the ControllerCommandResponse, a
+    not-the-leader answer as Kafka's NOT_CONTROLLER."""
     timeout_ms = min(max(timeout_ms, 1), COMMAND_TIMEOUT_MS_MAX)
     body = m.ControllerCommandRequest(cluster_id=ctx.cluster_id, command=name, args=args, timeout_ms=timeout_ms)
+    run_command(ctx, ex, body, lambda resp: on_answer(_leaderless(resp)))
 
+
+def run_command(ctx: KafkaContext, ex: KafkaExchange, body: m.ControllerCommandRequest, on_answer: Answer) -> None:
+    """``body`` through this node's gate, then at the leader: forwarded for
+    the client (its principal and host in ``forwarded_for``) when this node
+    does not lead. A command that is itself forwarded is never forwarded
+    again: its leader moved, and its forwarder answers its client with ours."""
     def local(resp: m.ControllerCommandResponse) -> None:
         leader = resp.current_leader.leader_id if resp.current_leader is not None else m.NO_LEADER
-        if resp.error_code != Errors.NOT_LEADER_OR_FOLLOWER or leader in (m.NO_LEADER, ctx.node_id):
-            on_answer(_leaderless(resp))
+        if (resp.error_code != Errors.NOT_LEADER_OR_FOLLOWER or leader in (m.NO_LEADER, ctx.node_id)
+                or authz.FORWARDED_FOR in body.args):
+            on_answer(resp)
             return
         client = {"principal": str(ex.conn.principal), "host": ex.conn.peer_host}
-        forwarded = m.ControllerCommandRequest(cluster_id=ctx.cluster_id, command=name, timeout_ms=timeout_ms,
-                                               args={**args, authz.FORWARDED_FOR: client})
+        forwarded = m.ControllerCommandRequest(cluster_id=body.cluster_id, command=body.command,
+                                               timeout_ms=body.timeout_ms,
+                                               args={**body.args, authz.FORWARDED_FOR: client})
         unreachable = m.ControllerCommandResponse(
             error_code=Errors.NOT_CONTROLLER, error_message=f"node {ctx.node_id} could not reach the leader, "
                                                             f"node {leader}; retry")
-        ctx.forward(ex, leader, ApiKey.CONTROLLER_COMMAND, forwarded, lambda r: on_answer(_leaderless(r)),
-                    unreachable)
+        ctx.forward(ex, leader, ApiKey.CONTROLLER_COMMAND, forwarded, on_answer, unreachable)
 
     ctx.ask(ex, ApiKey.CONTROLLER_COMMAND, body, local)
 
@@ -532,7 +542,7 @@ def add_raft_voter(ctx: KafkaContext, ex: KafkaExchange) -> None:
     req = ex.body
     body = m.AddRaftVoterRequest(
         cluster_id=ctx.cluster_id if req.cluster_id is None else req.cluster_id, voter_id=req.voter_id,
-        voter_directory_id=uuid_to_str(req.voter_directory_id), timeout_ms=req.timeout_ms,
+        voter_directory_id=dir_from_kafka(req.voter_directory_id), timeout_ms=req.timeout_ms,
         listeners=[m.RaftListener(ln.name, ln.host, ln.port) for ln in req.listeners])
     ctx.ask(ex, ApiKey.ADD_RAFT_VOTER, body, lambda resp: ex.respond(km.AddRaftVoterResponse(
         error_code=_leader_code(resp.error_code), error_message=resp.error_message)))
@@ -541,7 +551,7 @@ def add_raft_voter(ctx: KafkaContext, ex: KafkaExchange) -> None:
 def remove_raft_voter(ctx: KafkaContext, ex: KafkaExchange) -> None:
     req = ex.body
     body = m.RemoveRaftVoterRequest(cluster_id=ctx.cluster_id if req.cluster_id is None else req.cluster_id,
-                                    voter_id=req.voter_id, voter_directory_id=uuid_to_str(req.voter_directory_id))
+                                    voter_id=req.voter_id, voter_directory_id=dir_from_kafka(req.voter_directory_id))
     ctx.ask(ex, ApiKey.REMOVE_RAFT_VOTER, body, lambda resp: ex.respond(km.RemoveRaftVoterResponse(
         error_code=_leader_code(resp.error_code), error_message=resp.error_message)))
 
