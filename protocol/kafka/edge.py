@@ -18,7 +18,7 @@ peers and by the client library) turns one into the other:
   to a flat response with an error code, or raise ``ResponseDecodeError``.
 * ``register(flat_request_type, edge)``: done once per type, at import, by
   the edge modules (``edge_quorum``: the peers' apis; ``edge_client``: the
-  client's), which this module imports at its end.
+  client's), which this module imports on the first ``edge_for``.
 * ``encode_request`` / ``decode_response``: whole frames (request header v1
   or v2, response header v0 or v1, by the api's flexible versions).
 
@@ -37,6 +37,7 @@ the variable.
 
 from __future__ import annotations
 
+import importlib
 import os
 import struct
 from typing import Any, Callable, Final, NamedTuple
@@ -99,9 +100,29 @@ def register(flat_request_type: type[m.Body], edge: Edge) -> None:
     _EDGES[flat_request_type] = edge
 
 
+# The edge modules: each registers its types when imported. They import this
+# module (and edge_client imports edge_quorum's helpers), so they are loaded
+# on the first look-up rather than at the end of this module: whichever of
+# them a program imports first, no import cycle can find one half-made.
+_EDGE_MODULES: Final = ("metalog.protocol.kafka.edge_quorum",  # the peers' apis
+                        "metalog.protocol.kafka.edge_client")  # the client's apis and our extensions
+_loaded = False
+
+
+def _load_edges() -> None:
+    global _loaded
+    if not _loaded:
+        for name in _EDGE_MODULES:
+            importlib.import_module(name)
+        _loaded = True
+
+
 def edge_for(body: m.Body) -> Edge:
     """The edge of ``body``'s type; a ValueError naming it when there is none."""
     edge = _EDGES.get(type(body))
+    if edge is None:
+        _load_edges()
+        edge = _EDGES.get(type(body))
     if edge is None:
         known = ", ".join(sorted(t.__name__ for t in _EDGES))
         raise ValueError(f"{type(body).__name__} cannot be sent in Kafka's protocol (registered: {known})")
@@ -144,7 +165,3 @@ def decode_response(edge: Edge, frame: bytes | memoryview) -> m.Body:
     except (ValueError, IndexError, KeyError, TypeError, AttributeError) as exc:
         raise ResponseDecodeError(f"api {edge.api_key} v{edge.version} response does not map: {exc!r}") from None
 
-
-# The edge modules register themselves at import (they import this module:
-# these lines come last, once everything above is defined).
-from metalog.protocol.kafka import edge_quorum  # noqa: E402,F401  (the peers' apis)

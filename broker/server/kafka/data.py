@@ -1,5 +1,5 @@
 """The data path in Kafka's protocol (issue 32 item 3): Produce v3-v10,
-Fetch v4-v16 for consumers, ListOffsets v1-v7, InitProducerId v0-v4 and
+Fetch v4-v17 (consumers here; a replica's, ReplicaId >= 0, in ``quorum.py``), ListOffsets v1-v7, InitProducerId v0-v4 and
 OffsetForLeaderEpoch v2-v4, each mapped onto the broker's own handlers
 through ``KafkaContext.ask`` (see the package docstring), so a Kafka client
 meets the same refusals, ACLs, group commit, idempotence and long-poll as
@@ -45,6 +45,7 @@ from typing import Any, Callable
 from metalog.broker.net.kafka_conn import KafkaExchange
 from metalog.broker.server.kafka.api import (METADATA_PARTITION, METADATA_TOPIC, METADATA_TOPIC_ID, KafkaApi,
                                              KafkaContext)
+from metalog.broker.server.kafka import quorum
 from metalog.broker.server.kafka.batch_check import check_batch
 from metalog.broker.server.produce import PrebuiltProduce
 from metalog.protocol import messages as m
@@ -170,6 +171,9 @@ def fetch(ctx: KafkaContext, ex: KafkaExchange) -> None:
 
     def build() -> km.FetchResponse:
         out = km.FetchResponse(responses=topics)
+        if replica_id >= 0:  # about the request as a whole: Kafka's raft leader says so at the top level
+            out.error_code = next((p.error_code for t in topics for p in t.partitions
+                                   if p.error_code in quorum.TOP_LEVEL_ERRORS), Errors.NONE)
         if version >= 16:
             out.node_endpoints = [km.FetchResponseNodeEndpoint(node_id=nid, host=host, port=port)
                                   for leader in leaders.values() for nid, host, port in _leader_endpoint(ctx, leader)]
@@ -188,8 +192,9 @@ def fetch(ctx: KafkaContext, ex: KafkaExchange) -> None:
             parts.append(slot)
             if not known or p.partition != METADATA_PARTITION:
                 slot.error_code = UNKNOWN_TOPIC_ID if version >= 13 and not known else Errors.UNKNOWN_TOPIC_OR_PARTITION
-            elif replica_id >= 0:
-                slot.error_code = Errors.INVALID_REQUEST  # replicas fetch on the peers' protocol
+            elif replica_id >= 0:  # a replica (quorum.py): raft's semantics, the replica-identity gate
+                gather.ask(ctx, ApiKey.FETCH, quorum.replica_fetch_body(ctx, req, p, replica_id, version),
+                           quorum.replica_fetch_fill(slot, version))
             else:
                 body = m.FetchRequest(
                     cluster_id=ctx.cluster_id, replica_id=m.CONSUMER_REPLICA_ID, max_wait_ms=max_wait_ms,
@@ -271,11 +276,9 @@ def offset_for_leader_epoch(ctx: KafkaContext, ex: KafkaExchange) -> None:
             parts.append(slot)
             if not _ours(t.topic, p.partition):
                 slot.error_code = Errors.UNKNOWN_TOPIC_OR_PARTITION
-            elif req.replica_id >= 0:
-                slot.error_code = Errors.INVALID_REQUEST  # replicas ask on the peers' protocol
-            else:
+            else:  # a replica (ReplicaId >= 0) is judged by the replica-identity gate
                 body = m.OffsetsForLeaderEpochRequest(
-                    cluster_id=ctx.cluster_id, replica_id=m.CONSUMER_REPLICA_ID,
+                    cluster_id=ctx.cluster_id, replica_id=max(req.replica_id, m.CONSUMER_REPLICA_ID),
                     current_leader_epoch=p.current_leader_epoch, leader_epoch=p.leader_epoch)
                 gather.ask(ctx, ApiKey.OFFSET_FOR_LEADER_EPOCH, body, _epoch_fill(slot))
     gather.done()
@@ -318,7 +321,7 @@ COORDINATOR_NOT_AVAILABLE = 15
 
 APIS: dict[int, KafkaApi] = {
     ApiKey.PRODUCE: KafkaApi(km.ProduceRequest, 3, 10, produce),
-    ApiKey.FETCH: KafkaApi(km.FetchRequest, 4, 16, fetch),
+    ApiKey.FETCH: KafkaApi(km.FetchRequest, 4, 17, fetch),
     ApiKey.LIST_OFFSETS: KafkaApi(km.ListOffsetsRequest, 1, 7, list_offsets),
     ApiKey.INIT_PRODUCER_ID: KafkaApi(km.InitProducerIdRequest, 0, 4, init_producer_id),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: KafkaApi(km.OffsetForLeaderEpochRequest, 2, 4, offset_for_leader_epoch),

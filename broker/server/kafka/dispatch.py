@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable, Collection, Mapping, Protocol
 
 from metalog.broker.net.kafka_conn import KafkaConnection, KafkaExchange
 from metalog.broker.quorum.voters import VoterSet
-from metalog.broker.server.kafka import admin, cluster, data
+from metalog.broker.server.kafka import admin, cluster, data, quorum
 from metalog.broker.server.kafka.api import KafkaApi
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
@@ -53,7 +53,7 @@ class VoterSetView(Protocol):
 
 def served_apis() -> dict[int, KafkaApi]:
     table = dict(cluster.APIS)
-    for key, api in (*data.APIS.items(), *admin.APIS.items()):
+    for key, api in (*data.APIS.items(), *admin.APIS.items(), *quorum.APIS.items()):
         table.setdefault(key, api)
     return table
 
