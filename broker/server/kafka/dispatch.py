@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable, Collection, Mapping, Protocol
 
 from metalog.broker.net.kafka_conn import KafkaConnection, KafkaExchange
 from metalog.broker.quorum.voters import VoterSet
-from metalog.broker.server.kafka import admin, cluster, data, quorum
+from metalog.broker.server.kafka import admin, cluster, data, extensions, quorum
 from metalog.broker.server.kafka.api import KafkaApi
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
@@ -53,7 +53,7 @@ class VoterSetView(Protocol):
 
 def served_apis() -> dict[int, KafkaApi]:
     table = dict(cluster.APIS)
-    for key, api in (*data.APIS.items(), *admin.APIS.items(), *quorum.APIS.items()):
+    for key, api in (*data.APIS.items(), *admin.APIS.items(), *quorum.APIS.items(), *extensions.APIS.items()):
         table.setdefault(key, api)
     return table
 
@@ -230,25 +230,12 @@ async def start_kafka_listener(host: KafkaHost, limits: Any) -> Any:
     own accept loop, `limits` (the msgpack listener's values), the broker's TLS
     provider, its counters exported as listener "kafka". Returns the
     ``metalog.broker.net.listener.Server``."""
-    from metalog.broker.net.kafka_conn import serve_kafka
-
     cfg, logger = host.cfg, host.log
     ep = cfg.kafka_endpoint()
     if ep is None:
         return None
-    timeout_ms = cfg.quorum.request_timeout_ms
-
-    def ask_node(node_id: int, api_key: ApiKey, body: m.Body) -> Awaitable[m.Body]:
-        return host.peers.channel(node_id).request(api_key, body, timeout_ms)  # type: ignore[no-any-return]
-
-    dispatch = KafkaDispatch(host.inbound, node_id=cfg.node_id, cluster_id=cfg.cluster_id,
-                             listener_name=cfg.security.security_protocol,
-                             static_endpoints={nid: (e.host, e.port) for nid, e in cfg.kafka_node_endpoints().items()},
-                             core=host.core, logger=logger, ask_node=ask_node,
-                             features=lambda: host.controller.state.features)
-    server = await serve_kafka(ep.host, ep.port, dispatch, dispatch.supported(),
-                               max_frame_bytes=cfg.network.max_frame_bytes, logger=logger, tls=host.tls,
-                               limits=limits)
+    static = {nid: (e.host, e.port) for nid, e in cfg.kafka_node_endpoints().items()}
+    server, dispatch = await _start(host, limits, ep, cfg.security.security_protocol, static)
     host.metrics.bind_listener("kafka", server.listener.stats, None)
     tls_off = host.tls is None
     if tls_off:  # as loud as the msgpack port's authorization_disabled
@@ -258,3 +245,43 @@ async def start_kafka_listener(host: KafkaHost, limits: Any) -> Any:
                 tls=not tls_off,
                 apis={key: list(rng) for key, rng in sorted(dispatch.supported().items())})
     return server
+
+
+CONTROLLER_LISTENER = "CONTROLLER"  # Kafka's name of the quorum's listener (the voter set's endpoints)
+
+
+async def start_controller_listener(host: KafkaHost, limits: Any) -> Any:
+    """The ``listen`` port in Kafka's protocol (METALOG_WIRE=kafka, issue 34
+    item 1): Kafka's CONTROLLER listener, for the quorum's peers, our client
+    and CLI and admin tools bootstrapped with --bootstrap-controller. Its own
+    accept loop and `limits`; the endpoints it advertises (Metadata,
+    NodeEndpoints, DescribeCluster) are every node's ``listen`` endpoint: the
+    config's voters, overridden by the CONTROLLER listeners of the log's voter
+    set. The caller exports its counters. Returns the ``Server``."""
+    cfg = host.cfg
+    ep = cfg.listen_endpoint()
+    static = {nid: (e.host, e.port) for nid, e in cfg.voter_endpoints().items()}
+    if ep.host not in ("", "0.0.0.0", "::"):
+        static.setdefault(cfg.node_id, (ep.host, ep.port))  # an observer is in no voters list
+    server, _dispatch = await _start(host, limits, ep, CONTROLLER_LISTENER, static)
+    return server
+
+
+async def _start(host: KafkaHost, limits: Any, ep: Any, listener_name: str,
+                 static: Mapping[int, tuple[str, int]]) -> tuple[Any, KafkaDispatch]:
+    """A listener on `ep` served by a KafkaDispatch of its own."""
+    from metalog.broker.net.kafka_conn import serve_kafka
+
+    cfg, logger = host.cfg, host.log
+    timeout_ms = cfg.quorum.request_timeout_ms
+
+    def ask_node(node_id: int, api_key: ApiKey, body: m.Body) -> Awaitable[m.Body]:
+        return host.peers.channel(node_id).request(api_key, body, timeout_ms)  # type: ignore[no-any-return]
+
+    dispatch = KafkaDispatch(host.inbound, node_id=cfg.node_id, cluster_id=cfg.cluster_id,
+                             listener_name=listener_name, static_endpoints=static, core=host.core, logger=logger,
+                             ask_node=ask_node, features=lambda: host.controller.state.features)
+    server = await serve_kafka(ep.host, ep.port, dispatch, dispatch.supported(),
+                               max_frame_bytes=cfg.network.max_frame_bytes, logger=logger, tls=host.tls,
+                               limits=limits)
+    return server, dispatch
