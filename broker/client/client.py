@@ -44,6 +44,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+import msgspec
+
 from metalog.broker.client.config import ClientConfigError, find_client_config
 from metalog.broker.client.consumer import Consumer
 from metalog.broker.client.errors import (
@@ -146,6 +148,7 @@ class MetalogClient:
         self._endpoints: dict[int, tuple[str, int]] = {}
         self.leader_id = m.NO_LEADER
         self.answered_by: tuple[int, str] = (m.NO_LEADER, "")  # (node id, host:port) of the last answer
+        self._answered_epoch = NO_EPOCH  # the leader epoch this client knew when it sent the last answered request
         self.leader_epoch = NO_EPOCH
         # Idempotent produce: producers (id and epoch from InitProducerId, the
         # sequence of the next record) not in use. Each produce call takes one
@@ -173,8 +176,17 @@ class MetalogClient:
     # -- public calls ------------------------------------------------------
 
     async def metadata(self) -> m.MetadataResponse:
-        """Fresh metadata from the first node that answers (the leader first if known)."""
-        return await self._refresh_metadata()
+        """Fresh metadata from the first node that answers (the leader first if known).
+
+        Kafka's Metadata (the answer over Kafka's protocol) carries no high
+        watermark or log start: then they are asked of the leader, where Kafka
+        has them (ListOffsets latest and earliest)."""
+        resp = await self._refresh_metadata()
+        if resp.high_watermark != m.NO_OFFSET or resp.leader_id == m.NO_LEADER:
+            return resp
+        latest = await self.list_offsets(m.LIST_OFFSETS_LATEST)
+        earliest = await self.list_offsets(m.LIST_OFFSETS_EARLIEST)
+        return msgspec.structs.replace(resp, high_watermark=latest.offset, log_start_offset=earliest.offset)
 
     async def describe_quorum(self) -> m.DescribeQuorumResponse:
         return await self._leader_request(
@@ -238,7 +250,7 @@ class MetalogClient:
                     self.request_timeout_ms,
                 )
                 if first is None:
-                    first = (resp.base_offset, resp.leader_epoch)
+                    first = (resp.base_offset, self._written_epoch(resp))
             if first is None:
                 raise InvariantViolation("split_requests made no request of a non-empty list")
             return first
@@ -247,13 +259,20 @@ class MetalogClient:
         for chunk in chunks:
             producer, resp = await self._produce_chunk(producer, chunk)
             if first is None:
-                first = (resp.base_offset, resp.leader_epoch)
+                first = (resp.base_offset, self._written_epoch(resp))
         if first is None or producer is None:
             raise InvariantViolation("split_requests made no request of a non-empty list")
         # Only a producer whose every request was answered is used again: after a
         # failure its next sequence could not be judged against the unknown outcome.
         self._idle_producers.append(producer)
         return first
+
+    def _written_epoch(self, resp: m.ProduceResponse) -> int:
+        """The epoch a produce answer's records were written under. Kafka's
+        Produce answer does not say it: then it is the epoch of the leader
+        that answered, as this client knew it when it sent (read right after
+        the answer, before any other task ran)."""
+        return resp.leader_epoch if resp.leader_epoch != NO_EPOCH else self._answered_epoch
 
     async def init_producer_id(self) -> tuple[int, int]:
         """A new producer id and epoch from the leader (InitProducerId)."""
@@ -500,9 +519,11 @@ class MetalogClient:
             attempt += 1
             attempts += 1
             ch = self._channel(addr)
+            sent_epoch = self.leader_epoch
             try:
                 resp = await ch.request(api_key, make_body(), min(timeout_ms, remaining_ms))
                 self.answered_by = (self.leader_id, f"{addr[0]}:{addr[1]}")
+                self._answered_epoch = sent_epoch
                 self._suspects.pop(addr, None)
             except Overloaded as exc:
                 last_error = exc

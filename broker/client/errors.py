@@ -19,10 +19,17 @@ from __future__ import annotations
 
 from metalog.protocol.errors import Errors, error_name
 
-# Answers that mean "ask again, maybe elsewhere".
+# Kafka's answer of a follower to InitProducerId (its brokers ask a
+# coordinator for producer ids; ours come from the leader): ask the leader.
+COORDINATOR_NOT_AVAILABLE = 15
+
+# Answers that mean "ask again, maybe elsewhere". NOT_CONTROLLER and
+# COORDINATOR_NOT_AVAILABLE are how a follower says "not the leader" in the
+# Kafka handlers of AddRaftVoter, RemoveRaftVoter, UpdateFeatures and
+# InitProducerId (Kafka's own clients retry at the controller on them).
 LEADER_ERRORS = frozenset({
     Errors.NOT_LEADER_OR_FOLLOWER, Errors.FENCED_LEADER_EPOCH, Errors.UNKNOWN_LEADER_EPOCH,
-    Errors.LEADER_NOT_AVAILABLE, Errors.BROKER_NOT_AVAILABLE,
+    Errors.LEADER_NOT_AVAILABLE, Errors.BROKER_NOT_AVAILABLE, Errors.NOT_CONTROLLER, COORDINATOR_NOT_AVAILABLE,
 })
 RETRIABLE = LEADER_ERRORS | {Errors.REQUEST_TIMED_OUT, Errors.KAFKA_STORAGE_ERROR}
 

@@ -21,6 +21,7 @@ from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
 from metalog.protocol.codec import ProtocolError
 from metalog.protocol.errors import Errors
+from metalog.protocol.kafka.edge import ResponseDecodeError
 from metalog.storage.segments import SegmentedLog
 
 
@@ -101,7 +102,7 @@ class ConsistencyChecker:
                                         leader_epoch=core.epoch, start_offset=start, end_offset=end)
         try:
             resp = await self._peers.channel(voter).request(ApiKey.CONSISTENCY_CHECK, req, self._request_timeout_ms)
-        except (NetError, ProtocolError, OSError, asyncio.TimeoutError) as exc:
+        except (NetError, ProtocolError, ResponseDecodeError, OSError, asyncio.TimeoutError) as exc:
             self._log.info("consistency_check_failed", replica=voter, error=f"{type(exc).__name__}: {exc}")
             return "failed"
         if not isinstance(resp, m.ConsistencyCheckResponse) or resp.error_code != Errors.NONE:

@@ -271,11 +271,12 @@ def cmd_consume(args) -> int:
 def cmd_quorum(args) -> int:
     async def go(client):
         resp = await client.describe_quorum()
+        leader_leo = next((r.log_end_offset for r in resp.voters if r.replica_id == resp.leader_id), None)
         print(json.dumps({
             "leader_id": resp.leader_id, "leader_epoch": resp.leader_epoch,
             "high_watermark": resp.high_watermark,
-            "voters": [_replica(r) for r in resp.voters],
-            "observers": [_replica(r) for r in resp.observers],
+            "voters": [_replica(r, leader_leo) for r in resp.voters],
+            "observers": [_replica(r, leader_leo) for r in resp.observers],
         }, indent=2))
         return 0
 
@@ -429,9 +430,13 @@ def cmd_features_upgrade(args) -> int:
     return asyncio.run(_with_client(args, go))
 
 
-def _replica(r) -> dict:
+def _replica(r, leader_leo: int | None) -> dict:
+    """One replica of DescribeQuorum. Its lag behind the leader's log end, not
+    an in-sync flag: Kafka's DescribeQuorum has none (the admin API's /quorum
+    reports in_sync by KIP-501's rule)."""
     return {"replica_id": r.replica_id, "directory_id": r.replica_directory_id or None,
-            "log_end_offset": r.log_end_offset, "in_sync": r.in_sync,
+            "log_end_offset": r.log_end_offset,
+            "lag": None if leader_leo is None else max(0, leader_leo - r.log_end_offset),
             "last_fetch_timestamp_ms": r.last_fetch_timestamp_ms,
             "last_caught_up_timestamp_ms": r.last_caught_up_timestamp_ms}
 
