@@ -139,7 +139,7 @@ def add_voter(cluster: LocalCluster, node_id: int, timeout_s: float = 60.0) -> s
             lambda voters: voters.get(node_id) == directory_id)
     spec.voter = True
     spec.removed = False
-    cluster.voter_addrs[node_id] = (cluster.host, spec.port)
+    cluster.voter_addrs[node_id] = (cluster.node_host(node_id), spec.port)
     cluster.save_state()
     # The change is committed; wait until the node has replicated it, so it
     # votes in the next election (a voter that has not learnt it is one cannot).
@@ -154,7 +154,7 @@ def _listeners(cluster: LocalCluster, node_id: int) -> list[tuple[str, str, int]
     add_node started: no other node's kafka_endpoints names it). Exactly what
     the node itself advertises, or it would UpdateRaftVoter its entry back."""
     spec = cluster.nodes[node_id]
-    listeners = [(LISTENER_NAME, cluster.host, spec.port)]
+    listeners = [(LISTENER_NAME, cluster.node_host(node_id), spec.port)]
     if spec.kafka_port is not None and cluster.config_for(node_id).get("kafka_in_voter_set"):
         listeners.append(("PLAINTEXT" if cluster.insecure else "SSL", cluster.node_host(node_id), spec.kafka_port))
     return listeners
