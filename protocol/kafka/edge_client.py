@@ -200,6 +200,8 @@ def init_producer_id_to_kafka(body: m.InitProducerIdRequest) -> km.InitProducerI
 
 def init_producer_id_from_kafka(resp: Any, version: int) -> m.Body:
     r = cast(km.InitProducerIdResponse, resp)
+    if r.error_code != Errors.NONE:  # no id: the flat answer's -1s, not Kafka's default epoch 0
+        return m.InitProducerIdResponse(error_code=r.error_code)
     return m.InitProducerIdResponse(error_code=r.error_code, producer_id=r.producer_id,
                                     producer_epoch=r.producer_epoch)
 
