@@ -81,6 +81,25 @@ NETWORK_SLACK_MS = 1000
 RETRY_BACKOFF_MAX_MS = 2000
 
 
+async def _with_offsets(client: "MetalogClient", resp: m.MetadataResponse) -> m.MetadataResponse:
+    """Kafka's Metadata (the answer over Kafka's protocol) carries no high
+    watermark or log start: then they are asked of the leader, where Kafka
+    has them (ListOffsets latest and earliest)."""
+    if resp.high_watermark != m.NO_OFFSET or resp.leader_id == m.NO_LEADER:
+        return resp
+    latest = await client.list_offsets(m.LIST_OFFSETS_LATEST)
+    earliest = await client.list_offsets(m.LIST_OFFSETS_EARLIEST)
+    return msgspec.structs.replace(resp, high_watermark=latest.offset, log_start_offset=earliest.offset)
+
+
+def _written_epoch(resp: m.ProduceResponse, answered_epoch: int) -> int:
+    """The epoch a produce answer's records were written under. Kafka's
+    Produce answer does not say it: then it is the epoch of the leader that
+    answered as the client knew it when it sent (``answered_epoch``, read
+    right after the answer, before any other task ran)."""
+    return resp.leader_epoch if resp.leader_epoch != NO_EPOCH else answered_epoch
+
+
 @dataclass
 class _Producer:
     """One idempotent producer of a client (KIP-98)."""
@@ -176,17 +195,8 @@ class MetalogClient:
     # -- public calls ------------------------------------------------------
 
     async def metadata(self) -> m.MetadataResponse:
-        """Fresh metadata from the first node that answers (the leader first if known).
-
-        Kafka's Metadata (the answer over Kafka's protocol) carries no high
-        watermark or log start: then they are asked of the leader, where Kafka
-        has them (ListOffsets latest and earliest)."""
-        resp = await self._refresh_metadata()
-        if resp.high_watermark != m.NO_OFFSET or resp.leader_id == m.NO_LEADER:
-            return resp
-        latest = await self.list_offsets(m.LIST_OFFSETS_LATEST)
-        earliest = await self.list_offsets(m.LIST_OFFSETS_EARLIEST)
-        return msgspec.structs.replace(resp, high_watermark=latest.offset, log_start_offset=earliest.offset)
+        """Fresh metadata from the first node that answers (the leader first if known)."""
+        return await _with_offsets(self, await self._refresh_metadata())
 
     async def describe_quorum(self) -> m.DescribeQuorumResponse:
         return await self._leader_request(
@@ -250,7 +260,7 @@ class MetalogClient:
                     self.request_timeout_ms,
                 )
                 if first is None:
-                    first = (resp.base_offset, self._written_epoch(resp))
+                    first = (resp.base_offset, _written_epoch(resp, self._answered_epoch))
             if first is None:
                 raise InvariantViolation("split_requests made no request of a non-empty list")
             return first
@@ -259,20 +269,13 @@ class MetalogClient:
         for chunk in chunks:
             producer, resp = await self._produce_chunk(producer, chunk)
             if first is None:
-                first = (resp.base_offset, self._written_epoch(resp))
+                first = (resp.base_offset, _written_epoch(resp, self._answered_epoch))
         if first is None or producer is None:
             raise InvariantViolation("split_requests made no request of a non-empty list")
         # Only a producer whose every request was answered is used again: after a
         # failure its next sequence could not be judged against the unknown outcome.
         self._idle_producers.append(producer)
         return first
-
-    def _written_epoch(self, resp: m.ProduceResponse) -> int:
-        """The epoch a produce answer's records were written under. Kafka's
-        Produce answer does not say it: then it is the epoch of the leader
-        that answered, as this client knew it when it sent (read right after
-        the answer, before any other task ran)."""
-        return resp.leader_epoch if resp.leader_epoch != NO_EPOCH else self._answered_epoch
 
     async def init_producer_id(self) -> tuple[int, int]:
         """A new producer id and epoch from the leader (InitProducerId)."""
