@@ -8,6 +8,15 @@ cluster. The serving side is ``metalog.broker.net.server``.
 
 Built on ``asyncio.Protocol`` (not streams), as the server is: see that
 module's docstring for why. Works on the default loop and on uvloop.
+
+Dialect (issue 32's transition switch, ``metalog.protocol.kafka.edge.wire()``,
+read when a channel is made): "msgpack", the old flat bodies
+(``metalog.protocol.codec``), or "kafka": every request is Kafka's, built by
+``edge.encode_request`` (request header v1/v2 by the api's flexible
+versions) and its answer read by ``edge.decode_response`` (response header
+v0/v1) back into the flat response the caller awaits. A Kafka server answers
+in request order on a connection; answers are still matched by correlation
+id, so a late answer to a request that timed out is dropped, not misread.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from metalog.protocol import messages as m
 from metalog.protocol.apis import APIS
 from metalog.protocol.codec import NEED_DATA
 from metalog.protocol.invariants import InvariantViolation
+from metalog.protocol.kafka import edge
 
 _MAX_CORRELATION_ID = (1 << 31) - 1
 
@@ -177,8 +187,9 @@ class PeerChannel:
         self._connecting: asyncio.Future | None = None
         self._failures = 0  # consecutive failed connects / losses, drives the backoff
         self._next_connect_at_s = 0.0  # loop.time() before which we do not connect
-        # correlation id -> (future, response type)
-        self._pending: dict[int, tuple[asyncio.Future, type[m.Body]]] = {}
+        self._kafka = edge.wire() == "kafka"
+        # correlation id -> (future, response type (msgpack) or the request's edge.Edge (kafka))
+        self._pending: dict[int, tuple[asyncio.Future, Any]] = {}
         self._outstanding = 0  # requests inside request(), connected or not
         self._ids = itertools.count(1)
         self._closed = False
@@ -231,9 +242,16 @@ class PeerChannel:
         if corr > _MAX_CORRELATION_ID:
             self._ids = itertools.count(1)
             corr = next(self._ids)
+        how: Any  # what reads the answer: the api's response type (msgpack) or the request's edge (kafka)
+        if self._kafka:
+            how, frame = edge.encode_request(body, corr, self.client_id)  # raises before anything is pending
+            if how.api_key != api_key:
+                raise InvariantViolation(f"{type(body).__name__} travels as api {how.api_key}, asked as {api_key}")
+        else:
+            how, frame = APIS[api_key][1], codec.encode_request(api_key, corr, self.client_id, body)
         fut = loop.create_future()
-        self._pending[corr] = (fut, APIS[api_key][1])
-        proto.transport.write(codec.encode_request(api_key, corr, self.client_id, body))
+        self._pending[corr] = (fut, how)
+        proto.transport.write(frame)
         return corr, fut
 
     async def request(self, api_key: int, body: m.Body, timeout_ms: int) -> m.Body:
@@ -363,12 +381,12 @@ class PeerChannel:
         entry = self._pending.pop(corr, None)
         if entry is None:
             return  # the request timed out already
-        fut, resp_type = entry
+        fut, how = entry
         if fut.done():
             return
         try:
-            fut.set_result(codec.decode_response(frame, resp_type))
-        except codec.ResponseDecodeError as exc:
+            fut.set_result(edge.decode_response(how, frame) if self._kafka else codec.decode_response(frame, how))
+        except (codec.ResponseDecodeError, edge.ResponseDecodeError) as exc:
             fut.set_exception(exc)
 
     def _on_lost(self, proto: _ClientProtocol, reason: str, tls_failure: bool = False) -> None:

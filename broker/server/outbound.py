@@ -30,6 +30,7 @@ from metalog.protocol import messages as m
 from metalog.protocol.apis import REQUEST_API_KEY, ApiKey
 from metalog.protocol.codec import ProtocolError
 from metalog.protocol.errors import Errors
+from metalog.protocol.kafka.errors import KafkaDecodeError
 
 
 def tls_files(cfg: BrokerConfig, log: Any) -> Any:
@@ -107,7 +108,7 @@ class Outbound:
             return
         try:
             response = await answer
-        except (NetError, ProtocolError, OSError, asyncio.TimeoutError) as exc:
+        except (NetError, ProtocolError, KafkaDecodeError, OSError, asyncio.TimeoutError) as exc:
             # timeouts, refused connections, resets, a peer's garbled answer;
             # anything else is a bug and escapes to the task's end (fatal).
             step(qa.RequestFailed(now_ms(), a.request_id, a.destination, f"{type(exc).__name__}: {exc}"))

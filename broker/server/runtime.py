@@ -72,7 +72,7 @@ from metalog.broker.server.flushing import Flusher, Unlinker
 from metalog.broker.server.gate import Gate
 from metalog.broker.server.idempotence import ProducerGuard
 from metalog.broker.server.inbound import RequestRouter, listener_limits
-from metalog.broker.server.kafka.dispatch import start_kafka_listener
+from metalog.broker.server.kafka.dispatch import start_controller_listener, start_kafka_listener
 from metalog.broker.server.maintenance import Maintenance
 from metalog.broker.server.metrics import BrokerMetrics, raft_view
 from metalog.broker.server.outbound import Outbound, peer_pool, tls_files
@@ -84,6 +84,7 @@ from metalog.broker.server.supervision import BackgroundTasks, loop_exception_ha
 from metalog.broker.server.timers import CoreTimer, IdleSampler
 from metalog.protocol import messages as m
 from metalog.protocol.invariants import InvariantViolation, invariant
+from metalog.protocol.kafka.edge import wire
 from metalog.storage.batch import CorruptBatchError
 from metalog.storage.epochs import EpochHistory, write_checkpoint
 from metalog.storage.errors import CorruptionReport, LogWriteError
@@ -102,6 +103,17 @@ class _Reader:
         self.read = seg_log.read
         self.snapshot_size = snapshots.size
         self.read_snapshot = snapshots.read_chunk
+
+
+async def _serve_listen(broker: "Broker") -> Server:
+    """The `listen` port: Kafka's controller listener under METALOG_WIRE=kafka
+    (issue 32's transition switch), else the msgpack server."""
+    cfg = broker.cfg
+    if wire() == "kafka":
+        return await start_controller_listener(broker, listener_limits(cfg))  # type: ignore[no-any-return]
+    ep = cfg.listen_endpoint()
+    return await serve(ep.host, ep.port, broker.inbound.on_request, max_frame_bytes=cfg.network.max_frame_bytes,
+                       logger=broker.log, tls=broker.tls, limits=listener_limits(cfg))
 
 
 class Broker:
@@ -240,9 +252,7 @@ class Broker:
     async def _serve(self) -> None:
         cfg = self.cfg
         ep = cfg.listen_endpoint()
-        self.server = await serve(ep.host, ep.port, self.inbound.on_request,
-                                  max_frame_bytes=cfg.network.max_frame_bytes, logger=self.log, tls=self.tls,
-                                  limits=listener_limits(cfg))
+        self.server = await _serve_listen(self)
         self.metrics.bind_listener("binary", self.server.listener.stats, HANDSHAKE_METER)
         self.kafka_server = await start_kafka_listener(self, listener_limits(cfg))
         admin_ep = cfg.admin_endpoint()
@@ -257,7 +267,7 @@ class Broker:
                              detail="every connection is User:ANONYMOUS with super-user rights: anyone who can "
                                     "reach the port can act as a replica, write and change ACLs")
         self.log.info(
-            "broker_started", listen=str(ep), security_protocol=cfg.security.security_protocol,
+            "broker_started", listen=str(ep), wire=wire(), security_protocol=cfg.security.security_protocol,
             directory_id=self.directory_id, voters={k: str(v) for k, v in self.voters.items()},
             log_start_offset=self.seg_log.log_start_offset, log_end_offset=self.seg_log.log_end_offset,
             epoch=self.core.epoch, role=str(self.core.role))

@@ -151,7 +151,7 @@ def encode_request(body: m.Body, correlation_id: int, client_id: str | None) -> 
     return edge, bytes(out)
 
 
-def decode_response(edge: Edge, frame: bytes | memoryview) -> m.Body:
+def decode_response(edge: Edge, frame: bytes | bytearray | memoryview) -> m.Body:
     """The flat response in ``frame`` (without its length prefix), the answer
     to a request sent through ``edge``. Raises ``ResponseDecodeError``."""
     try:

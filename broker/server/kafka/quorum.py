@@ -235,7 +235,7 @@ def update_raft_voter(ctx: KafkaContext, ex: KafkaExchange) -> None:
     ctx.ask(ex, ApiKey.UPDATE_RAFT_VOTER, body, answer)
 
 
-def _api(request: type, lo: int, hi: int, handle: Any) -> KafkaApi:
+def _api(request: Any, lo: int, hi: int, handle: Any) -> KafkaApi:
     return KafkaApi(request, max(lo, request.LOWEST_VERSION), min(hi, request.HIGHEST_VERSION), handle)
 
 
