@@ -3,7 +3,8 @@
 #   bash run.sh cluster   set up, then start a local multi-broker cluster (3 voters + 1 observer)
 #   bash run.sh test      set up, then run the whole test suite
 #   bash run.sh setup     only set up (virtualenv, dependencies, Java for Spark, promtool, kcat,
-#                         Apache Kafka's jars for tests/kafka, the drill's Porcupine checker)
+#                         Apache Kafka's jars for tests/kafka, the drill's Porcupine checker,
+#                         the Kubernetes manifests' checker)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -49,6 +50,7 @@ setup() {
   PYTHONWARNINGS="ignore::UserWarning" .venv/bin/python -m pip install -q -e '.[dev,spark,bench]'
   kafka_setup
   porcupine_setup
+  kubecheck_setup
 }
 
 # metalog-porcupine (tools/drill/porcupine): Porcupine, a linearizability
@@ -67,6 +69,21 @@ porcupine_setup() {
   fi
   (cd tools/drill/porcupine && GOFLAGS=-mod=readonly "$go" build -trimpath -o ../../../.bin/metalog-porcupine .) \
     || echo "run.sh: could not build .bin/metalog-porcupine (Porcupine from the Go module proxy); metalog drill and tests/drill will fail" >&2
+}
+
+# metalog-kubecheck (tools/deploy/kubecheck): decodes the Kubernetes manifests
+# strictly into k8s.io/api's types and checks what ties them together
+# (tests/deploy). Built like metalog-porcupine: Go, the Go module proxy, go.sum.
+kubecheck_setup() {
+  local go
+  go="$(command -v go || true)"
+  if [ -z "$go" ] && [ -x /usr/local/go/bin/go ]; then go=/usr/local/go/bin/go; fi
+  if [ -z "$go" ]; then
+    echo "run.sh: go not found: .bin/metalog-kubecheck was not built, so tests/deploy will fail (install Go, then bash run.sh setup)" >&2
+    return 0
+  fi
+  (cd tools/deploy/kubecheck && GOFLAGS=-mod=readonly "$go" build -trimpath -o ../../../.bin/metalog-kubecheck .) \
+    || echo "run.sh: could not build .bin/metalog-kubecheck (k8s.io/api from the Go module proxy); tests/deploy will fail" >&2
 }
 
 # Apache Kafka, the judge of our files (tests/kafka, metalog.tools.kafka): the

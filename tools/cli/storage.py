@@ -4,8 +4,8 @@ broker must be stopped; the log's lock file enforces it for ``recover``).
     metalog storage verify  --data-dir DIR
         Verify every batch of every segment (header, length, magic, CRC-32C,
         offsets, epochs). Exit 0 if whole, 1 if anything is damaged.
-    metalog storage format --config FILE (--standalone | --initial-controllers LIST
-                           | --no-initial-controllers)
+    metalog storage format --config FILE [--set KEY=VALUE ...] (--standalone
+                           | --initial-controllers LIST | --no-initial-controllers)
         KIP-853, as kafka-storage format: bind a new data dir (meta.properties
         with a new directory.id) and, for the first voters of a dynamic
         cluster, write the bootstrap checkpoint
@@ -168,10 +168,11 @@ def parse_initial_controllers(text: str) -> list[tuple[int, str, int, str]]:
 
 def cmd_format(args) -> int:
     from metalog.broker.server.config import ConfigError, load_config
+    from metalog.broker.server.main import parse_overrides
     from metalog.broker.server.recovery import StartupError, format_data_dir, new_directory_id
 
     try:
-        cfg = load_config(args.config)
+        cfg = load_config(args.config, parse_overrides(args.settings))
         controllers = parse_initial_controllers(args.initial_controllers) if args.initial_controllers else None
     except (ConfigError, ValueError) as exc:
         print(f"metalog storage format: {exc}", file=sys.stderr)
@@ -217,6 +218,9 @@ def register_cli(sub) -> None:
     r.set_defaults(func=cmd_recover)
     f = ssub.add_parser("format", help="bind a new data dir; the first voter set of a dynamic cluster (KIP-853)")
     f.add_argument("--config", required=True, help="the broker's config file (node_id, cluster_id, data_dir)")
+    f.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                   help="override a config key, as `metalog broker --set` (repeatable): one shared config "
+                        "file, the node's own keys on its command line (a Kubernetes StatefulSet's pods)")
     how = f.add_mutually_exclusive_group(required=True)
     how.add_argument("--standalone", action="store_true", help="this node is the only voter")
     how.add_argument("--initial-controllers", metavar="ID@HOST:PORT:DIRECTORY-ID,...",
