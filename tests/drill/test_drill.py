@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+import yaml
 
 from metalog.tools.drill.drill import add_arguments, cmd_drill, run_drill
 
@@ -83,22 +84,15 @@ def test_short_drill_loses_nothing(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "known core liveness bug, about half the runs: a voter that misses its removal, or a killed "
-    "leader restarting into a changed voter set, never learns the current leader and never "
-    "fetches again (the checker's breach is missing_committed on that node). Not strict: it "
-    "passes when the drill's timing avoids the bug. To be fixed in the core, then unmarked."))
 def test_dynamic_drill_with_voter_changes_loses_nothing(tmp_path):
     """`metalog drill --dynamic`: a KIP-853 quorum under load while voters are
     removed and added back (the leader among them) and a wiped follower is
     replaced (old identity removed, new one added); the checker finds nothing
     lost, duplicated or diverging and every voter change went through.
-    FAILS in about half the runs today, on a core liveness bug (reported with
-    test_membership.py::test_a_voter_removed_while_behind_replicates_as_an_observer):
-    a voter that misses its removal, or a killed leader restarting into a
-    changed set, never learns the current leader and never fetches again
-    (never acknowledged writes lost: the breach is missing_committed on that
-    node, and the add-back times out)."""
+    It failed about half the runs (a wiped voter never found the leader) while
+    `add_voter` put a re-added voter back into the cluster's bootstrap list at
+    127.0.0.1 instead of its own namespace address: the next node started from
+    that list (the wiped one) dialled addresses nobody listens on."""
     p = argparse.ArgumentParser()
     add_arguments(p)
     args = p.parse_args(["--dynamic", "--duration-s", "20", "--seed", "3",
@@ -115,6 +109,17 @@ def test_dynamic_drill_with_voter_changes_loses_nothing(tmp_path):
     assert kinds["reconfigure"] >= 2 and kinds["wipe_follower"] >= 1, kinds
     assert report["converged"]["ok"]
     assert all(w["caught_up_after"] for w in report["wipes"]), report["wipes"]
+    # The cause of its old failures: every node's bootstrap list names each voter where it listens.
+    configs = {}
+    for name in os.listdir(tmp_path / "run"):
+        if name.startswith("node-"):
+            with open(tmp_path / "run" / name / "broker.yaml") as f:
+                cfg = yaml.safe_load(f)
+            configs[cfg["node_id"]] = cfg
+    for cfg in configs.values():
+        for entry in cfg["voters"].split(","):
+            vid, addr = entry.split("@")
+            assert addr == configs[int(vid)]["listen"], (cfg["node_id"], entry)
 
 
 def test_dynamic_drill_refuses_proxy_faults(tmp_path, capsys):
