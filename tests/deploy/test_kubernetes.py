@@ -12,6 +12,10 @@ cluster runs here.
 - The init container's format script, run for real on a temporary dir,
   formats an empty dir once and leaves a formatted one alone.
 - The probe script answers as the probes need against a real TLS server.
+- The quorum the manifests describe runs on loopback (node <n>'s stable name
+  becomes 127.0.0.<n>): the pods' command lines, config, certificate layout,
+  format step and probes; then the doc's scale-out and voter replacement
+  commands, as written there.
 """
 
 from __future__ import annotations
@@ -392,3 +396,180 @@ def test_probe_script_fails_when_nothing_answers(tmp_path, tls_health):
     proc = subprocess.run([sys.executable, str(script), "alive", "1"], env=env, capture_output=True, text=True,
                           timeout=30)
     assert proc.returncode == 1 and "https://localhost:1/health:" in proc.stdout
+
+
+# -- the manifests' quorum, run for real on loopback -----------------------------------
+# The pods' own command lines, config, certificate layout, format step and probe,
+# with one substitution a machine without Kubernetes needs: node <n>'s stable
+# name becomes 127.0.0.<n> (its certificate names that address) and the ports
+# free ones. The admin port gets the node's address too: three brokers here
+# share one host, where pods have one each.
+def loopback(text: str, ports: dict[str, int]) -> str:
+    for n in NODE_IDS:
+        text = text.replace(fqdn(n), f"127.0.0.{n}")
+    return text.replace(":9091", f":{ports['peer']}").replace(":9092", f":{ports['kafka']}")
+
+
+@pytest.fixture(scope="module")
+def loopback_quorum(tmp_path_factory):
+    """(root, ports, start, stop): nodes 1-3 started; start(n, bootstrap) formats and starts node n as
+    its pod would (bootstrap: while the metalog-bootstrap ConfigMap exists), stop(n) stops it (SIGTERM)."""
+    from metalog.tools.cluster.launcher import free_ports
+
+    root = tmp_path_factory.mktemp("quorum")
+    ports = dict(zip(("peer", "kafka", "admin"), free_ports(3)))
+    certs.init_ca(str(root / "ca"))
+    certs.issue_user(str(root / "ca"), str(root / "ca"), "admin")
+    config = root / "broker.yaml"
+    config.write_text(loopback(config_data()["broker.yaml"], ports))
+    (root / "format.sh").write_text(config_data()["format.sh"])
+    bin_dir = os.path.dirname(sys.executable)
+    procs: dict[int, subprocess.Popen] = {}
+
+    def start(n: int, bootstrap: bool = True) -> None:
+        node = root / "certs" / f"node-{n}"  # the projected volume's layout
+        if not node.exists():
+            certs.issue_node(str(root / "ca"), str(root / "ca"), n, [f"127.0.0.{n}"])
+            node.mkdir(parents=True)
+            shutil.copy(root / "ca" / "ca.crt", node / "ca.crt")
+            shutil.copy(root / "ca" / f"node-{n}.crt", node / "tls.crt")
+            shutil.copy(root / "ca" / f"node-{n}.key", node / "tls.key")
+        env = dict(pod_env(container("format", init=True), n), DATA_DIR=str(root / f"data-{n}"),
+                   METALOG_CONFIG=str(config), POD_FQDN=f"127.0.0.{n}",
+                   PATH=bin_dir + os.pathsep + os.environ["PATH"])
+        if bootstrap:
+            env["INITIAL_CONTROLLERS"] = loopback(initial_controllers(), ports)
+        fmt = subprocess.run(["sh", str(root / "format.sh")], env=env, capture_output=True, text=True, timeout=120)
+        assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+        broker = container("broker")
+        env = dict(pod_env(broker, n), DATA_DIR=str(root / f"data-{n}"), POD_FQDN=f"127.0.0.{n}",
+                   CERT_DIR=str(node))
+        argv = [loopback(expand(a, env), ports) for a in broker["command"]]
+        argv[argv.index("/etc/metalog/config/broker.yaml")] = str(config)
+        argv = [os.path.join(bin_dir, argv[0]), *argv[1:], "--set", f"admin_listen=127.0.0.{n}:{ports['admin']}"]
+        with open(root / f"broker-{n}.log", "a") as log:
+            procs[n] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+    def stop(n: int) -> None:
+        procs[n].terminate()
+        assert procs[n].wait(timeout=30) == 0  # a graceful stop
+
+    try:
+        for n in NODE_IDS:
+            start(n)
+        yield root, ports, start, stop
+    finally:
+        for p in procs.values():
+            p.terminate()
+        for p in procs.values():
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+
+
+def probe(root, ports, n: int, what: str) -> subprocess.CompletedProcess:
+    script = root / "probe.py"
+    script.write_text(config_data()["probe.py"])
+    env = dict(os.environ, CERT_DIR=str(root / "certs" / f"node-{n}"), POD_FQDN=f"127.0.0.{n}")
+    return subprocess.run([sys.executable, str(script), what, str(ports["admin"])], env=env, capture_output=True,
+                          text=True, timeout=30)
+
+
+def wait_ready(root, ports, nodes) -> None:
+    import time
+
+    deadline = time.monotonic() + 90
+    pending = set(nodes)
+    while pending and time.monotonic() < deadline:  # each probe call takes its own time: no sleep needed
+        pending = {n for n in pending if probe(root, ports, n, "ready").returncode != 0}
+    logs = {n: (root / f"broker-{n}.log").read_text()[-2000:] for n in pending}
+    assert not pending, f"not ready: {sorted(pending)}\n{logs}"
+
+
+def admin_cli(root, ports, command: list[str]) -> str:
+    """`metalog ...` as the metalog-admin pod runs it, with its client.yaml."""
+    client = root / "client.yaml"
+    client.write_text(config_data()["client.yaml"].replace("metalog.metalog.svc.cluster.local:9091",
+                                                           f"127.0.0.1:{ports['peer']}")
+                      .replace("/etc/metalog/admin/ca.crt", str(root / "ca" / "ca.crt"))
+                      .replace("/etc/metalog/admin/tls.crt", str(root / "ca" / "admin.crt"))
+                      .replace("/etc/metalog/admin/tls.key", str(root / "ca" / "admin.key")))
+    proc = subprocess.run([sys.executable, "-m", "metalog.tools.cli", *command], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, METALOG_CLIENT_CONFIG=str(client)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def quorum_status(root, ports) -> dict:
+    return json.loads(admin_cli(root, ports, ["quorum", "describe", "--status", "-o", "json"]))
+
+
+def test_the_manifests_quorum_starts_elects_and_is_ready(loopback_quorum):
+    root, ports, _start, _stop = loopback_quorum
+    wait_ready(root, ports, NODE_IDS)
+    assert all(probe(root, ports, n, "alive").returncode == 0 for n in NODE_IDS)
+    status = quorum_status(root, ports)
+    voters = {v["id"]: v for v in status["CurrentVoters"]}
+    assert sorted(voters) == list(NODE_IDS)
+    bootstrap = dict(re.findall(r"(\d)@[^,]+:([A-Za-z0-9_-]{22})", initial_controllers()))
+    assert {str(i): v["directoryId"] for i, v in voters.items()} == bootstrap
+    assert status["LeaderId"] in voters
+
+
+def test_scale_out_as_the_doc_says(loopback_quorum):
+    # docs/kubernetes.md "Scale out": the new pod formats itself without a voter
+    # set, follows as an observer, and the doc's add-voter command makes it a voter.
+    root, ports, start, _stop = loopback_quorum
+    wait_ready(root, ports, NODE_IDS)
+    start(4)
+    wait_ready(root, ports, [4])
+    with open(root / "data-4" / "meta.properties") as f:
+        directory_id = re.search(r"^directory\.id=(\S+)$", f.read(), re.M).group(1)
+    assert 4 not in {v["id"] for v in quorum_status(root, ports)["CurrentVoters"]}
+    add = next(c for c in doc_commands() if c.startswith("metalog quorum add-voter --controller-id 4 "))
+    argv = shlex.split(add.replace("<DIRECTORY-ID>", directory_id).replace(fqdn(4), "127.0.0.4"))
+    argv = [a.replace(":9091", f":{ports['peer']}").replace(":9092", f":{ports['kafka']}") for a in argv]
+    assert json.loads(admin_cli(root, ports, argv[1:])) == {"added": 4, "directory_id": directory_id}
+    voters = {v["id"]: v for v in quorum_status(root, ports)["CurrentVoters"]}
+    assert sorted(voters) == [1, 2, 3, 4] and voters[4]["directoryId"] == directory_id
+    assert f"SSL://127.0.0.4:{ports['kafka']}" in voters[4]["endpoints"]
+
+
+def doc_command(prefix: str, ports: dict[str, int], **placeholders: str) -> list[str]:
+    """The doc's command that starts with `prefix`, looped back, placeholders filled."""
+    command = next(c for c in doc_commands() if c.startswith(prefix))
+    for name, value in placeholders.items():
+        command = command.replace(f"<{name}>", value)
+    return shlex.split(loopback(command, ports))[1:]
+
+
+def directory_id_of(root, n: int) -> str:
+    with open(root / f"data-{n}" / "meta.properties") as f:
+        return re.search(r"^directory\.id=(\S+)$", f.read(), re.M).group(1)
+
+
+def test_replace_a_voter_as_the_doc_says(loopback_quorum):
+    # docs/kubernetes.md "Replace a voter": once the bootstrap ConfigMap is gone,
+    # node 2's lost volume comes back as a new replica, never as the old voter,
+    # and the doc's remove-voter / add-voter swap the identities.
+    root, ports, start, stop = loopback_quorum
+    wait_ready(root, ports, NODE_IDS)
+    old = directory_id_of(root, 2)
+    stop(2)
+    shutil.rmtree(root / "data-2")  # the PVC deleted: a new, empty volume
+    start(2, bootstrap=False)
+    new = directory_id_of(root, 2)
+    assert new != old
+    wait_ready(root, ports, [2])
+    voters = {v["id"]: v["directoryId"] for v in quorum_status(root, ports)["CurrentVoters"]}
+    assert voters[2] == old  # the new replica does not vote as the old one
+    removed = admin_cli(root, ports, doc_command("metalog quorum remove-voter --controller-id 2 ", ports,
+                                                 **{"OLD-DIRECTORY-ID": old}))
+    assert json.loads(removed) == {"removed": 2, "directory_id": old}
+    added = admin_cli(root, ports, doc_command("metalog quorum add-voter --controller-id 2 ", ports,
+                                               **{"NEW-DIRECTORY-ID": new}))
+    assert json.loads(added) == {"added": 2, "directory_id": new}
+    voters = {v["id"]: v["directoryId"] for v in quorum_status(root, ports)["CurrentVoters"]}
+    assert voters[2] == new
