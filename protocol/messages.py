@@ -1,8 +1,12 @@
-"""Request and response bodies of the metalog wire protocol.
+"""The flat request and response bodies of metalog's core (no longer a wire format).
 
-Every body is a msgspec Struct, encoded as a msgpack array (``array_like``) so
-that field names never travel on the wire. The api key in the frame header says
-which body follows (see ``metalog.protocol.apis``), so bodies carry no type tag.
+On the wire every message is Kafka's (``metalog.protocol.kafka.messages``);
+the quorum core, the request router, the authorization gate and our client
+library think in these flat bodies instead: one msgspec Struct per request
+or response (``metalog.protocol.apis`` says which belong to which api key).
+The two are mapped at the edge: the sending side through
+``metalog.protocol.kafka.edge``, the serving side in the handlers of
+``metalog.broker.server.kafka``.
 
 The field names follow Kafka's message schemas (KIP-320, KIP-595, KIP-630) in
 snake_case; the single replicated log (``__cluster_metadata``) means there are
@@ -122,13 +126,10 @@ class VoteRequest(Body, frozen=True):
     candidate_id: int
     last_offset_epoch: int
     last_offset: int  # the candidate's log end offset
-    # Version 2 (KIP-996, Kafka's PreVote): only asks whether the voter would
-    # vote; it records nothing. Sent as version 2 (metalog.protocol.apis.request_version)
-    # so that a peer that knows only version 0 answers UNSUPPORTED_VERSION
-    # instead of reading it as a real vote (msgpack arrays drop extra fields).
+    # KIP-996 (Kafka's PreVote, Vote v2): only asks whether the voter would
+    # vote; it records nothing. The edge sends every Vote as v2.
     pre_vote: bool = False
-    # KIP-853 (Kafka's Vote v1 fields; appended here so that every older body
-    # still decodes, and an older peer drops them: an unknown directory id).
+    # KIP-853 (Kafka's Vote v1 fields).
     candidate_directory_id: str = NO_DIRECTORY_ID
     voter_id: int = NO_REPLICA  # the voter addressed; NO_REPLICA: not said
     voter_directory_id: str = NO_DIRECTORY_ID

@@ -12,10 +12,9 @@ from __future__ import annotations
 from metalog.broker.client.errors import MetalogError
 from metalog.protocol.errors import Errors
 
-# Bytes a record costs in a request besides its value, generous for both
-# wires: msgpack's bin header (at most 5), or a Kafka RecordBatch v2 record's
-# length, attributes, timestamp and offset deltas, key length, value length
-# and header count (at most 5 + 1 + 1 + 5 + 1 + 5 + 1 = 19).
+# Bytes a record costs in a request besides its value, generously: a Kafka
+# RecordBatch v2 record's length, attributes, timestamp and offset deltas, key
+# length, value length and header count (at most 5 + 1 + 1 + 5 + 1 + 5 + 1 = 19).
 RECORD_OVERHEAD_BYTES = 24
 # Request framing besides the records (header, cluster id, timeout; Kafka's
 # Produce: the topic and partition nesting and the 61-byte batch header).

@@ -9,14 +9,16 @@ cluster. The serving side is ``metalog.broker.net.server``.
 Built on ``asyncio.Protocol`` (not streams), as the server is: see that
 module's docstring for why. Works on the default loop and on uvloop.
 
-Dialect (issue 32's transition switch, ``metalog.protocol.kafka.edge.wire()``,
-read when a channel is made): "msgpack", the old flat bodies
-(``metalog.protocol.codec``), or "kafka": every request is Kafka's, built by
-``edge.encode_request`` (request header v1/v2 by the api's flexible
-versions) and its answer read by ``edge.decode_response`` (response header
-v0/v1) back into the flat response the caller awaits. A Kafka server answers
-in request order on a connection; answers are still matched by correlation
-id, so a late answer to a request that timed out is dropped, not misread.
+Kafka's protocol: a caller hands a flat request (``metalog.protocol.messages``);
+the request that leaves is Kafka's, built by ``metalog.protocol.kafka.edge``'s
+``encode_request`` (request header v1/v2 by the api's flexible versions),
+and its answer is read by ``edge.decode_response`` (response header v0/v1)
+back into the flat response the caller awaits. A Kafka server answers in
+request order on a connection; answers are still matched by correlation id,
+so a late answer to a request that timed out is dropped, not misread. In
+order also means that an answer the server holds (a long-polling Fetch)
+holds every later answer on the same connection: a caller that must not
+wait behind one uses a channel of its own.
 """
 
 from __future__ import annotations
@@ -31,12 +33,11 @@ from typing import Any
 from metalog.broker.net.backoff import Backoff
 from metalog.broker.net.library_logging import library_logger
 from metalog.broker.net.server import DEFAULT_WRITE_HIGH_WATER_BYTES
-from metalog.protocol import codec
 from metalog.protocol import messages as m
-from metalog.protocol.apis import APIS
-from metalog.protocol.codec import NEED_DATA
 from metalog.protocol.invariants import InvariantViolation
 from metalog.protocol.kafka import edge
+from metalog.protocol.kafka.framing import (DEFAULT_FRAME_BYTES_MAX, NEED_DATA, FrameDecoder, ProtocolError,
+                                            response_correlation_id)
 
 _MAX_CORRELATION_ID = (1 << 31) - 1
 
@@ -79,7 +80,7 @@ class _ClientProtocol(asyncio.Protocol):
     def __init__(self, channel: PeerChannel):
         self._channel = channel
         self.transport: Any = None  # asyncio or uvloop transport
-        self.decoder = codec.FrameDecoder(channel.max_frame_bytes)
+        self.decoder = FrameDecoder(channel.max_frame_bytes)
         self.can_write = asyncio.Event()
         self.can_write.set()
         self.lost = False
@@ -99,7 +100,7 @@ class _ClientProtocol(asyncio.Protocol):
                 if frame is NEED_DATA:
                     return
                 ch._on_frame(self, frame)
-        except codec.ProtocolError as exc:
+        except ProtocolError as exc:
             ch._log.warning("bad_response_stream", peer=ch.peer, error=type(exc).__name__,
                             detail=str(exc), action="close")
             self.lost = True
@@ -140,8 +141,9 @@ class _ClientProtocol(asyncio.Protocol):
 class PeerChannel:
     """Requests to one peer over one reused TCP connection.
 
-    ``await request(api_key, body, timeout_ms)`` returns the response body (of
-    the api's response type, or ``ErrorResponse`` per the codec's rule).
+    ``await request(api_key, body, timeout_ms)`` returns the flat response
+    body (``edge.decode_response``; an answer that does not decode or map
+    raises ``edge.ResponseDecodeError``).
     Failures: ``RequestTimeout`` (this request only; timeout_ms covers waiting
     for a connection and for the answer), ``ConnectionLost`` (every request in
     flight when the connection broke, or connecting failed), ``Overloaded``
@@ -157,7 +159,7 @@ class PeerChannel:
         port: int,
         *,
         client_id: str | None = None,
-        max_frame_bytes: int = codec.DEFAULT_FRAME_BYTES_MAX,
+        max_frame_bytes: int = DEFAULT_FRAME_BYTES_MAX,
         connect_timeout_ms: int = 1000,
         reconnect_backoff_ms: int = 50,
         reconnect_backoff_max_ms: int = 1000,
@@ -187,9 +189,8 @@ class PeerChannel:
         self._connecting: asyncio.Future | None = None
         self._failures = 0  # consecutive failed connects / losses, drives the backoff
         self._next_connect_at_s = 0.0  # loop.time() before which we do not connect
-        self._kafka = edge.wire() == "kafka"
-        # correlation id -> (future, response type (msgpack) or the request's edge.Edge (kafka))
-        self._pending: dict[int, tuple[asyncio.Future, Any]] = {}
+        # correlation id -> (future, the request's edge: what reads the answer)
+        self._pending: dict[int, tuple[asyncio.Future, edge.Edge]] = {}
         self._outstanding = 0  # requests inside request(), connected or not
         self._ids = itertools.count(1)
         self._closed = False
@@ -242,13 +243,9 @@ class PeerChannel:
         if corr > _MAX_CORRELATION_ID:
             self._ids = itertools.count(1)
             corr = next(self._ids)
-        how: Any  # what reads the answer: the api's response type (msgpack) or the request's edge (kafka)
-        if self._kafka:
-            how, frame = edge.encode_request(body, corr, self.client_id)  # raises before anything is pending
-            if how.api_key != api_key:
-                raise InvariantViolation(f"{type(body).__name__} travels as api {how.api_key}, asked as {api_key}")
-        else:
-            how, frame = APIS[api_key][1], codec.encode_request(api_key, corr, self.client_id, body)
+        how, frame = edge.encode_request(body, corr, self.client_id)  # raises before anything is pending
+        if how.api_key != api_key:
+            raise InvariantViolation(f"{type(body).__name__} travels as api {how.api_key}, asked as {api_key}")
         fut = loop.create_future()
         self._pending[corr] = (fut, how)
         proto.transport.write(frame)
@@ -377,7 +374,7 @@ class PeerChannel:
             )
 
     def _on_frame(self, proto: _ClientProtocol, frame: bytes | bytearray) -> None:
-        corr = codec.response_correlation_id(frame)
+        corr = response_correlation_id(frame)
         entry = self._pending.pop(corr, None)
         if entry is None:
             return  # the request timed out already
@@ -385,8 +382,8 @@ class PeerChannel:
         if fut.done():
             return
         try:
-            fut.set_result(edge.decode_response(how, frame) if self._kafka else codec.decode_response(frame, how))
-        except (codec.ResponseDecodeError, edge.ResponseDecodeError) as exc:
+            fut.set_result(edge.decode_response(how, frame))
+        except edge.ResponseDecodeError as exc:
             fut.set_exception(exc)
 
     def _on_lost(self, proto: _ClientProtocol, reason: str, tls_failure: bool = False) -> None:

@@ -1,9 +1,13 @@
 """A connection that speaks Kafka's wire protocol (issue 32), and its listener.
 
-The accept loop, admission, mutual-TLS handshake, idle sweep and back-off
-are the msgpack server's (``metalog.broker.net.server.Connection`` and its
-``Listener``): ``KafkaConnection`` subclasses that connection and replaces
-only what happens to a frame once it is whole:
+Kafka's protocol is metalog's only protocol: both broker ports are served by
+``KafkaConnection`` (``listen``, Kafka's controller listener, and
+``kafka_listen``, the client listener), each with its own accept loop,
+limits and dispatcher (``metalog.broker.server.kafka.dispatch``). The accept
+loop, admission, mutual-TLS handshake, idle sweep and back-off are the
+transport's (``metalog.broker.net.server.Connection`` and its ``Listener``);
+``KafkaConnection`` subclasses that connection and says what happens to a
+frame once it is whole:
 
 * decode it with ``metalog.protocol.kafka.wire.decode_request`` against the
   served ``supported`` ranges (api key -> (min, max) version);
@@ -16,7 +20,7 @@ only what happens to a frame once it is whole:
   out-of-order answer as a broken connection). At most ``max_inflight``
   requests are read and not yet answered; above that the connection stops
   reading and TCP pushes back on the client. A write buffer past its
-  high-water mark also stops reading (as for the msgpack connection).
+  high-water mark also stops reading.
 
 Bad input, each logged through the listener's bounded log (one line, or
 one summary line per interval under a flood) and nothing else disturbed:
@@ -42,12 +46,11 @@ from typing import Any, Callable, Mapping
 from metalog.broker.net.library_logging import library_logger
 from metalog.broker.net.listener import Listener, ListenerLimits, Server, listen
 from metalog.broker.net.server import Connection
-from metalog.protocol import codec
-from metalog.protocol.codec import NEED_DATA
 from metalog.protocol.errors import Errors
 from metalog.protocol.invariants import InvariantViolation
 from metalog.protocol.kafka import wire
 from metalog.protocol.kafka.errors import KafkaDecodeError
+from metalog.protocol.kafka.framing import DEFAULT_FRAME_BYTES_MAX
 
 KafkaHandler = Callable[["KafkaExchange"], None]  # answers now or later through the exchange
 
@@ -100,7 +103,7 @@ class KafkaConnection(Connection):
 
     def __init__(self, handler: KafkaHandler, supported: Mapping[int, tuple[int, int]], max_frame_bytes: int,
                  max_inflight: int, logger: Any, listener: Listener | None = None):
-        super().__init__(_msgpack_never, max_frame_bytes, max_inflight, logger, listener)
+        super().__init__(max_frame_bytes, max_inflight, logger, listener)
         self._kafka_handler = handler
         self._supported = supported
         self._queue: collections.deque[KafkaExchange] = collections.deque()  # request order
@@ -137,9 +140,6 @@ class KafkaConnection(Connection):
         if self._read_paused and not self._processing and self.inflight < self._max_inflight:
             self._process()
 
-    def send_response(self, correlation_id: int, body: Any) -> bool:
-        raise InvariantViolation("a Kafka connection answers through its KafkaExchange, not send_response")
-
     def close_now(self, event: str, **fields: Any) -> None:
         """Close after what was written (a TLS close, so the written answers are delivered)."""
         self._refused(event, peer=self.peer, principal=str(self.principal), action="close", **fields)
@@ -148,18 +148,8 @@ class KafkaConnection(Connection):
             self._transport.close()
 
     # reading ---------------------------------------------------------------------
-    def _process_frames(self) -> None:
-        decoder = self._decoder
-        while (not self.closed and not self._closing and not self._write_paused
-               and self.inflight < self._max_inflight):
-            try:
-                frame = decoder.next_frame()
-            except codec.FrameError as exc:
-                self._abort("bad_frame", exc)
-                return
-            if frame is NEED_DATA:
-                break
-            self._take(frame)
+    def _reading(self) -> bool:
+        return not self._closing and super()._reading()  # nothing is read after a request Kafka closes on
 
     def _take(self, frame: Any) -> None:
         try:
@@ -213,17 +203,13 @@ class KafkaConnection(Connection):
             self._listener.record_failure(self.peer_host)
 
 
-def _msgpack_never(conn: Any, header: Any, body: Any) -> None:
-    raise InvariantViolation("a Kafka connection never dispatches a msgpack request")
-
-
 async def serve_kafka(host: str, port: int, handler: KafkaHandler, supported: Mapping[int, tuple[int, int]], *,
-                      max_frame_bytes: int = codec.DEFAULT_FRAME_BYTES_MAX,
+                      max_frame_bytes: int = DEFAULT_FRAME_BYTES_MAX,
                       max_inflight_per_conn: int = KAFKA_INFLIGHT_PER_CONN_MAX, logger: Any = None,
                       tls: Any = None, limits: ListenerLimits | None = None) -> Server:
     """Listen on (host, port) for Kafka clients (port 0: a free one). The
-    listener is its own (own limits, own accept loop), with the same TLS
-    provider as the msgpack one. `supported` may grow after the call (the
+    listener is its own (own limits, own accept loop); `tls` (a
+    ``metalog.broker.net.tls.TlsFiles``) turns on mutual TLS. `supported` may grow after the call (the
     dispatcher's table is read per request)."""
     log = logger if logger is not None else library_logger("metalog.net")
     listener = Listener(tls, limits or ListenerLimits(), log)

@@ -1,7 +1,7 @@
-"""The accepting side of the request server: listening sockets, admission, ``serve``.
+"""The accepting side of the request server: listening sockets and admission.
 
-``serve()`` (or ``listen()`` with any ``Connection`` factory, e.g. the Kafka
-protocol's) opens listening sockets whose connections share one
+``listen()`` with a ``Connection`` factory (``metalog.broker.net.kafka_conn.serve_kafka``
+passes ``KafkaConnection``'s) opens listening sockets whose connections share one
 ``Listener``: the policy of that listener. It decides, for each accepted
 socket and before its TLS handshake, whether and when it starts:
 
@@ -27,8 +27,8 @@ few lines per reason per interval, then one summary line with the count)
 and counted in ``Listener.stats`` (the broker's metrics). The idle sweep
 closes connections idle longer than ``connections_max_idle_ms``.
 
-A connection's own life (framing, dispatch, bounds, the handshake itself)
-is ``metalog.broker.net.server``.
+A connection's own life (framing, bounds, the handshake itself) is
+``metalog.broker.net.server``; its protocol, ``metalog.broker.net.kafka_conn``.
 """
 
 from __future__ import annotations
@@ -46,8 +46,7 @@ from typing import Any, Callable
 from metalog.broker.net.backoff import AddressPolicy, RateSlots
 from metalog.broker.net.guard import HandshakePacer, ListenerStats, RefusalLog, meter_handshakes
 from metalog.broker.net.library_logging import library_logger
-from metalog.broker.net.server import Connection, Handler
-from metalog.protocol import codec
+from metalog.broker.net.server import Connection
 
 ACCEPT_BATCH_MAX = 64  # sockets accepted per readiness callback: other callbacks run between batches
 STARTS_PER_TURN_MAX = 16  # delayed connections started per timer callback
@@ -532,29 +531,3 @@ async def listen(host: str, port: int, make_connection: Callable[[], Connection]
         a.resume()
     listener.start()
     return Server(acceptors, listener)
-
-
-async def serve(
-    host: str,
-    port: int,
-    handler: Handler,
-    *,
-    max_frame_bytes: int = codec.DEFAULT_FRAME_BYTES_MAX,
-    max_inflight_per_conn: int = 1024,
-    logger: Any = None,
-    tls: Any = None,
-    limits: ListenerLimits | None = None,
-) -> Server:
-    """Listen on (host, port); port 0 picks a free one (see ``server.sockets``).
-
-    `handler(conn, header, body)` is called once per well-formed request; it
-    may return a coroutine (run as a task). Exactly one ``conn.send_response``
-    per request is expected; if the handler raises, the request is answered
-    with UNKNOWN_SERVER_ERROR. `tls` (a ``metalog.broker.net.tls.TlsFiles``) turns on
-    mutual TLS; `limits` the connection hygiene (defaults otherwise). The
-    listener is ``server.listener``.
-    """
-    log = logger if logger is not None else library_logger("metalog.net")
-    listener = Listener(tls, limits or ListenerLimits(), log)
-    return await listen(host, port, lambda: Connection(handler, max_frame_bytes, max_inflight_per_conn, log, listener),
-                        listener)

@@ -1,22 +1,18 @@
-"""The asyncio request server's connections (the outbound side is ``metalog.broker.net.channel``).
+"""The transport half of an accepted connection (the protocol half is ``metalog.broker.net.kafka_conn``).
 
-* ``serve()`` (``metalog.broker.net.listener``: listening sockets, admission
-  and their limits) accepts connections and turns each decoded request into a call
-  ``handler(conn, header, body)``; the handler answers whenever it likes with
-  ``conn.send_response(header.correlation_id, response_body)`` (responses may
-  go out in any order, the correlation id matches them up). Bad input is
-  answered with an ErrorResponse where the header was readable and closes the
-  connection otherwise (see ``metalog.protocol.codec``); either way one structured log
-  line, and the server keeps serving everyone else.
-* The outbound side (``PeerChannel``, one reusable connection to one peer
-  carrying many concurrent requests, and ``PeerPool``) is
-  ``metalog.broker.net.channel``.
+``Connection`` is the base of ``KafkaConnection``, the connection of both
+broker ports (``listen``, Kafka's controller listener, and ``kafka_listen``,
+its client listener). It owns what does not depend on the protocol: the
+mutual-TLS handshake, admission by its ``Listener``, the frame decoder
+(``metalog.protocol.kafka.framing``), the idle timeout, the bounds on reading,
+and the bounded logging of bad input. A subclass says what happens to one
+whole frame (``_take``) and how it is answered. The outbound side
+(``PeerChannel``, one reusable connection to one peer carrying many
+concurrent requests, and ``PeerPool``) is ``metalog.broker.net.channel``.
 
 Both sides use ``asyncio.Protocol`` (not streams): it gives direct control of
 pause/resume reading for the bounds below and dispatches requests without a
-task per connection. Throughput against a stream-based server was about equal
-in ``python -m tests.net.bench_net [--streams] [--uvloop]`` (the client side
-dominates). Works on the default loop and on uvloop.
+task per connection. Works on the default loop and on uvloop.
 
 Security (docs/security.md): with a ``tls`` provider (``metalog.broker.net.tls.TlsFiles``)
 every accepted connection does a mutual-TLS handshake (``loop.start_tls``,
@@ -29,31 +25,26 @@ address, and a back-off for addresses that keep failing (handshakes, bad
 frames, idle half-frames), and it closes connections idle longer than
 ``connections_max_idle_ms``, a half-sent frame included.
 
-Bounds: a connection dispatches at most ``max_inflight_per_conn`` requests
-that have not been answered yet; above that it stops reading (TCP pushes back
-on the peer). When the socket's write buffer passes its high-water mark the
-connection also stops reading, so unsent response bytes stay below the
-high-water mark plus the answers to the requests already in flight.
+Bounds: a connection reads at most ``max_inflight`` requests that have not
+been answered yet (``inflight``, kept by the subclass); above that it stops
+reading (TCP pushes back on the peer). When the socket's write buffer passes
+its high-water mark the connection also stops reading, so unsent response
+bytes stay below the high-water mark plus the answers to the requests already
+in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import ssl
 from typing import TYPE_CHECKING, Any, Callable
 
 from metalog.broker.net.principal import ANONYMOUS, Principal, principal_from_cert
-from metalog.protocol import codec
-from metalog.protocol import messages as m
-from metalog.protocol.codec import NEED_DATA, RequestHeader
-from metalog.protocol.errors import Errors
 from metalog.protocol.invariants import InvariantViolation
+from metalog.protocol.kafka.framing import NEED_DATA, FrameDecoder, FrameError
 
 if TYPE_CHECKING:  # the listener imports this module: a name for annotations only
     from metalog.broker.net.listener import Listener
-
-Handler = Callable[["Connection", RequestHeader, m.Body], Any]
 
 DEFAULT_WRITE_HIGH_WATER_BYTES = 1 << 20
 
@@ -63,10 +54,9 @@ DEFAULT_WRITE_HIGH_WATER_BYTES = 1 << 20
 
 
 class Connection(asyncio.Protocol):
-    """One accepted connection. Handlers answer through ``send_response``."""
+    """One accepted connection, up to whole frames; a subclass reads them (``_take``)."""
 
-    def __init__(self, handler: Handler, max_frame_bytes: int, max_inflight: int, logger: Any,
-                 listener: "Listener | None" = None):
+    def __init__(self, max_frame_bytes: int, max_inflight: int, logger: Any, listener: "Listener | None" = None):
         if max_inflight <= 0:
             raise ValueError(f"max_inflight must be > 0, got {max_inflight}")
         self._listener = listener
@@ -75,8 +65,7 @@ class Connection(asyncio.Protocol):
         self.last_active_s = 0.0  # loop.time() of the last byte in or out, for the idle timeout
         self._counted = False  # holds a slot in the listener's connection counts
         self._proven = False  # the address's run of failures is over (handshake done, or a good request)
-        self._handler = handler
-        self._decoder = codec.FrameDecoder(max_frame_bytes)
+        self._decoder = FrameDecoder(max_frame_bytes)
         self._max_inflight = max_inflight
         self._log = logger
         self._transport: Any = None  # asyncio or uvloop transport
@@ -87,7 +76,7 @@ class Connection(asyncio.Protocol):
         self.closed = False
         self._read_paused = False
         self._write_paused = False
-        self._processing = False  # guards _process against re-entry from send_response
+        self._processing = False  # guards _process against re-entry from an answer sent while it runs
         self._close_callbacks: list[Callable[[Connection], None]] = []
 
     # asyncio.Protocol ------------------------------------------------------
@@ -177,7 +166,7 @@ class Connection(asyncio.Protocol):
         self.last_active_s = asyncio.get_running_loop().time()
         try:
             self._decoder.feed(data)
-        except codec.FrameError as exc:
+        except FrameError as exc:
             self._abort("bad_frame", exc)
             return
         if self.ready:
@@ -209,20 +198,6 @@ class Connection(asyncio.Protocol):
             self._process()
 
     # public -----------------------------------------------------------------
-
-    def send_response(self, correlation_id: int, body: m.Body) -> bool:
-        """Answer one request. Returns False (and drops the answer) if the connection is gone."""
-        if self.inflight <= 0:
-            raise InvariantViolation("send_response without a request in flight")
-        self.inflight -= 1
-        if self.closed or self._transport is None:
-            return False
-        self.last_active_s = asyncio.get_running_loop().time()
-        self._transport.write(codec.encode_response(correlation_id, body))
-        # Reading is paused exactly when frames may wait in the decoder.
-        if self._read_paused and not self._processing and self.inflight < self._max_inflight:
-            self._process()
-        return True
 
     def add_close_callback(self, cb: Callable[[Connection], None]) -> None:
         """Call `cb(conn)` once when the connection closes (e.g. to drop parked requests)."""
@@ -274,63 +249,25 @@ class Connection(asyncio.Protocol):
             self._processing = False
         self._update_reading()
 
+    def _reading(self) -> bool:
+        """Whether another buffered frame may be read now."""
+        return not self.closed and not self._write_paused and self.inflight < self._max_inflight
+
     def _process_frames(self) -> None:
         decoder = self._decoder
-        while not self.closed and not self._write_paused and self.inflight < self._max_inflight:
+        while self._reading():
             try:
                 frame = decoder.next_frame()
-            except codec.FrameError as exc:
+            except FrameError as exc:
                 self._abort("bad_frame", exc)
                 return
             if frame is NEED_DATA:
                 break
-            try:
-                header, body = codec.decode_request(frame)
-            except codec.RequestError as exc:
-                self._refused(
-                    "bad_request", peer=self.peer, api_key=exc.header.api_key,
-                    api_version=exc.header.api_version, correlation_id=exc.header.correlation_id,
-                    error=type(exc).__name__, detail=str(exc),
-                )
-                self.inflight += 1
-                self.send_response(exc.header.correlation_id, exc.error_response())
-                continue
-            except codec.HeaderDecodeError as exc:
-                self._abort("bad_header", exc)
-                return
-            self.inflight += 1
-            if not self._proven:
-                self._prove()
-            self._dispatch(header, body)
+            self._take(frame)
 
-    def _dispatch(self, header: RequestHeader, body: m.Body) -> None:
-        try:
-            result = self._handler(self, header, body)
-        except Exception as exc:
-            self._handler_failed(header, exc)
-            return
-        if result is not None and inspect.isawaitable(result):  # most handlers answer inline
-            task = asyncio.ensure_future(result)
-            task.add_done_callback(lambda t, h=header: self._async_done(t, h))
-
-    def _async_done(self, task: asyncio.Future, header: RequestHeader) -> None:
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None:
-            self._handler_failed(header, exc)
-
-    def _handler_failed(self, header: RequestHeader, exc: BaseException) -> None:
-        # A handler bug must not leave the requester waiting until its timeout.
-        self._log.error(
-            "handler_failed", peer=self.peer, api_key=header.api_key,
-            correlation_id=header.correlation_id, error=repr(exc),
-        )
-        if self.inflight > 0:
-            self.send_response(
-                header.correlation_id,
-                m.ErrorResponse(error_code=Errors.UNKNOWN_SERVER_ERROR, error_message=repr(exc)),
-            )
+    def _take(self, frame: bytes | bytearray) -> None:
+        """One whole request frame: decode it, count it in ``inflight``, hand it on."""
+        raise NotImplementedError
 
     def _abort(self, event: str, exc: Exception) -> None:
         self._refused(event, peer=self.peer, principal=str(self.principal), error=type(exc).__name__,

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from metalog.protocol import messages as m
-from metalog.protocol.apis import APIS
 from metalog.protocol.errors import Errors
 
 
@@ -72,14 +71,17 @@ def check_cluster_id(expected: str, req: m.Body, current_leader: m.LeaderIdAndEp
 
 # kraft.version levels this build supports (KIP-853): 0 static voters, 1 the set in the log.
 KRAFT_VERSION_MIN, KRAFT_VERSION_MAX = 0, 1
+# The core says which features it supports; the api version ranges are the
+# listener's (metalog.broker.server.kafka: each port answers ApiVersions with
+# the versions its handlers serve), so the core's answer lists no api.
 _API_VERSIONS = m.ApiVersionsResponse(
-    api_keys=[m.ApiVersionRange(int(k), lo, hi) for k, (_, _, lo, hi) in APIS.items()],
+    api_keys=[],
     supported_features=[m.SupportedFeature(m.KRAFT_VERSION_FEATURE, KRAFT_VERSION_MIN, KRAFT_VERSION_MAX)])
 
 
 def api_versions_response(kraft_version: int | None = None, features_epoch: int = -1) -> m.ApiVersionsResponse:
-    """Every api this build serves, with its version range, and the features
-    it supports (immutable: shared). With `kraft_version` (the committed
+    """The features this build supports (immutable: shared; the api ranges
+    are the listener's, see _API_VERSIONS). With `kraft_version` (the committed
     level this node knows; `features_epoch` the offset that set it) the
     answer also carries it as finalized, as Kafka's ApiVersions v3 does."""
     if kraft_version is None:

@@ -19,9 +19,9 @@ from metalog.broker.server.consistency import LogDigest, compare
 from metalog.broker.server.metrics import BrokerMetrics
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
-from metalog.protocol.codec import ProtocolError
 from metalog.protocol.errors import Errors
 from metalog.protocol.kafka.edge import ResponseDecodeError
+from metalog.protocol.kafka.framing import ProtocolError
 from metalog.storage.segments import SegmentedLog
 
 

@@ -22,7 +22,6 @@ import msgspec
 from metalog.broker.controller.commands import CommandQueue, CommandToken, LeaderView
 from metalog.broker.controller.state import Controller
 from metalog.broker.net.listener import ListenerLimits
-from metalog.broker.net.server import Connection
 from metalog.broker.quorum import api as qa
 from metalog.broker.quorum.answers import api_versions_response, check_cluster_id
 from metalog.broker.quorum.core import QuorumCore
@@ -34,7 +33,7 @@ from metalog.broker.server.config import BrokerConfig, Endpoint
 from metalog.broker.server.consistency import LogDigest
 from metalog.broker.server.gate import Gate
 from metalog.broker.server.metrics import BrokerMetrics
-from metalog.broker.server.produce import ProducePath
+from metalog.broker.server.produce import ProducePath, Requester
 from metalog.protocol import messages as m
 from metalog.protocol.apis import APIS, ApiKey
 from metalog.protocol.errors import Errors
@@ -97,7 +96,7 @@ class RequestRouter:
         self._log = logger
         self._trace_fetchers: dict[Any, int] = {}  # parked/served Fetch token -> replica id (trace only)
 
-    def on_request(self, conn: Connection, header: Any, body: Any) -> None:
+    def on_request(self, conn: Requester, header: Any, body: Any) -> None:
         """The network server's handler of every request."""
         api_key = ApiKey(header.api_key)
         self._metrics.count_request(api_key)
@@ -126,7 +125,7 @@ class RequestRouter:
                 return
         self._route(conn, cid, api_key, body)
 
-    def _route(self, conn: Connection, cid: int, api_key: ApiKey, body: Any) -> None:
+    def _route(self, conn: Requester, cid: int, api_key: ApiKey, body: Any) -> None:
         token = (conn, cid)
         core = self._core
         if api_key is ApiKey.API_VERSIONS:

@@ -28,9 +28,9 @@ from metalog.broker.server.config import BrokerConfig, Endpoint
 from metalog.broker.server.gate import Gate
 from metalog.protocol import messages as m
 from metalog.protocol.apis import REQUEST_API_KEY, ApiKey
-from metalog.protocol.codec import ProtocolError
 from metalog.protocol.errors import Errors
 from metalog.protocol.kafka.errors import KafkaDecodeError
+from metalog.protocol.kafka.framing import ProtocolError
 
 
 def tls_files(cfg: BrokerConfig, log: Any) -> Any:

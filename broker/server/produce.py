@@ -34,7 +34,6 @@ import asyncio
 from typing import Any, Awaitable, Callable, Container, Coroutine, NamedTuple, Protocol, cast
 
 from metalog.broker.net.channel import NetError, PeerPool
-from metalog.broker.net.server import Connection
 from metalog.broker.quorum import api as qa
 from metalog.broker.server.clocks import now_ms, wall_clock_ms
 from metalog.broker.server.idempotence import (REBUILD_READ_BYTES, ProducerGuard, ProducerIdAllocator, refusal,
@@ -54,7 +53,20 @@ from metalog.storage.segments import SegmentedLog
 # ignores expired ones anyway: this only bounds the tables' size).
 PRODUCER_EXPIRY_INTERVAL_MS = 60_000
 
-Token = tuple[Connection, int]  # (connection, correlation id): where a Produce is answered
+class Requester(Protocol):
+    """Who asked a flat request and takes its flat answer: the router's view of
+    a Kafka connection (``metalog.broker.server.kafka.dispatch``'s face)."""
+
+    @property
+    def principal(self) -> Any: ...  # metalog.broker.net.principal.Principal
+
+    @property
+    def peer(self) -> str: ...
+
+    def send_response(self, correlation_id: int, body: m.Body) -> bool: ...
+
+
+Token = tuple[Requester, int]  # (connection, correlation id): where a Produce is answered
 # A producer as a produce names it: (id, epoch, base sequence, record count).
 Ident = tuple[int, int, int, int]
 
@@ -357,7 +369,7 @@ class ProducePath:
             self.guard.table.expire(wall_ms)
             self._committed_producers().expire(wall_ms)
 
-    def init_producer_id(self, conn: Connection, correlation_id: int) -> None:
+    def init_producer_id(self, conn: Requester, correlation_id: int) -> None:
         """InitProducerId: a new id from this leader's epoch (metalog.broker.server.idempotence).
 
         Not the leader: a client's request is asked of the leader in this
@@ -379,7 +391,7 @@ class ProducePath:
             return
         conn.send_response(correlation_id, self._producer_ids.allocate(core.epoch, core.current_leader()))
 
-    async def _forward_init(self, leader_id: int, conn: Connection, correlation_id: int) -> None:
+    async def _forward_init(self, leader_id: int, conn: Requester, correlation_id: int) -> None:
         if self._ask_leader is None:
             raise InvariantViolation("an InitProducerId forwarded without a way to the leader")
         try:

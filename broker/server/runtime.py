@@ -30,8 +30,11 @@ it uses (a Protocol or the few objects it needs):
     answers.py            Metadata and DescribeQuorum completed with endpoints
     admin.py              the HTTP admin API; gate.py: the authorization gate
 
-The binary protocol is served by ``metalog.broker.net.server``; controller
-commands queue in ``metalog.broker.controller.commands``.
+Both ports speak Kafka's wire protocol (``metalog.broker.net.kafka_conn``,
+dispatched by ``metalog.broker.server.kafka.dispatch``): ``listen`` is the
+controller listener (peers, our client and CLI, --bootstrap-controller),
+``kafka_listen`` the client listener; controller commands queue in
+``metalog.broker.controller.commands``.
 
 Fail-stop (issue 12): whatever this process cannot go on from safely -- an
 invariant breach the core reports, a failed append or fsync, an error
@@ -57,7 +60,7 @@ from metalog.broker.controller.commands import CommandQueue, CommandToken
 from metalog.broker.controller.state import Controller
 from metalog.broker.net.channel import PeerPool
 from metalog.broker.net.guard import HANDSHAKE_METER
-from metalog.broker.net.listener import Server, serve
+from metalog.broker.net.listener import Server
 from metalog.broker.quorum import api as qa
 from metalog.broker.quorum.core import QuorumCore
 from metalog.broker.quorum.env import Environment
@@ -84,7 +87,6 @@ from metalog.broker.server.supervision import BackgroundTasks, loop_exception_ha
 from metalog.broker.server.timers import CoreTimer, IdleSampler
 from metalog.protocol import messages as m
 from metalog.protocol.invariants import InvariantViolation, invariant
-from metalog.protocol.kafka.edge import wire
 from metalog.storage.batch import CorruptBatchError
 from metalog.storage.epochs import EpochHistory, write_checkpoint
 from metalog.storage.errors import CorruptionReport, LogWriteError
@@ -103,17 +105,6 @@ class _Reader:
         self.read = seg_log.read
         self.snapshot_size = snapshots.size
         self.read_snapshot = snapshots.read_chunk
-
-
-async def _serve_listen(broker: "Broker") -> Server:
-    """The `listen` port: Kafka's controller listener under METALOG_WIRE=kafka
-    (issue 32's transition switch), else the msgpack server."""
-    cfg = broker.cfg
-    if wire() == "kafka":
-        return await start_controller_listener(broker, listener_limits(cfg))  # type: ignore[no-any-return]
-    ep = cfg.listen_endpoint()
-    return await serve(ep.host, ep.port, broker.inbound.on_request, max_frame_bytes=cfg.network.max_frame_bytes,
-                       logger=broker.log, tls=broker.tls, limits=listener_limits(cfg))
 
 
 class Broker:
@@ -252,7 +243,8 @@ class Broker:
     async def _serve(self) -> None:
         cfg = self.cfg
         ep = cfg.listen_endpoint()
-        self.server = await _serve_listen(self)
+        # `listen`: Kafka's CONTROLLER listener (its metrics keep the label "binary")
+        self.server = await start_controller_listener(self, listener_limits(cfg))
         self.metrics.bind_listener("binary", self.server.listener.stats, HANDSHAKE_METER)
         self.kafka_server = await start_kafka_listener(self, listener_limits(cfg))
         admin_ep = cfg.admin_endpoint()
@@ -267,7 +259,7 @@ class Broker:
                              detail="every connection is User:ANONYMOUS with super-user rights: anyone who can "
                                     "reach the port can act as a replica, write and change ACLs")
         self.log.info(
-            "broker_started", listen=str(ep), wire=wire(), security_protocol=cfg.security.security_protocol,
+            "broker_started", listen=str(ep), security_protocol=cfg.security.security_protocol,
             directory_id=self.directory_id, voters={k: str(v) for k, v in self.voters.items()},
             log_start_offset=self.seg_log.log_start_offset, log_end_offset=self.seg_log.log_end_offset,
             epoch=self.core.epoch, role=str(self.core.role))

@@ -13,7 +13,7 @@ import asyncio
 from typing import Any, Callable, Coroutine, Protocol
 
 from metalog.broker.net.channel import NetError
-from metalog.protocol.codec import ProtocolError
+from metalog.protocol.kafka.framing import ProtocolError
 
 
 class Fail(Protocol):

@@ -8,8 +8,13 @@
   nested struct, with ``write``/``read``/``encode``/``decode`` per version,
   ``REQUESTS``/``RESPONSES`` by api key, the header-version rules.
 * ``primitives.py``: the wire's primitive types the generated code uses.
-* ``wire.py``: request/response frames around the bodies, the ApiVersions
-  fallback and error answers (sans-IO).
+* ``framing.py``: a byte stream split into frames (``FrameDecoder``, the
+  frame-size limit) and the errors of a broken stream (``ProtocolError``).
+* ``wire.py``: request/response headers and frames around the bodies, the
+  ApiVersions fallback and error answers (sans-IO).
+* ``edge.py`` (with ``edge_quorum.py`` and ``edge_client.py``): the sending
+  side's mapping between our flat bodies (``metalog.protocol.messages``) and
+  Kafka's messages.
 * ``errors.py``: ``KafkaDecodeError`` (the only exception bad bytes raise)
   and ``UnsupportedVersionError``.
 * ``bench.py``: ``python -m metalog.protocol.kafka.bench`` prints the codec's
@@ -21,6 +26,8 @@ Fetch path); ``wire.read_request_header``; every ``read`` turns a fault into
 ``KafkaDecodeError`` (not only ``decode``); the wire exceptions are all
 ``KafkaDecodeError`` subclasses; ``decode_request`` ignores bytes after a
 request body as Kafka does (librdkafka sends some), while ``Message.decode``
-refuses them. Splitting a byte stream into frames stays
-``metalog.protocol.codec.FrameDecoder``'s job.
+refuses them. Splitting a byte stream into frames is ``framing.py``'s job.
+
+Kafka's protocol is metalog's only protocol, on both broker ports and every
+outbound channel.
 """

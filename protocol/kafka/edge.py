@@ -25,20 +25,11 @@ peers and by the client library) turns one into the other:
 The server side maps the other way in its handlers
 (``metalog.broker.server.kafka``). Record bytes are not copied on the way in:
 a decoded Fetch response's records are a ``memoryview`` slice of the frame.
-
-Transition switch (issue 32): ``wire()`` says which dialect the ``listen``
-port and every outbound channel speak, from the environment variable
-``METALOG_WIRE``: "msgpack" (the default until the flip: the old msgpack
-bodies of ``metalog.protocol.codec``) or "kafka" (this module). The server
-and the channels read it at construction; subprocess brokers inherit it.
-Unset or empty means the default; any other value is a ValueError naming
-the variable.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 import struct
 from typing import Any, Callable, Final, NamedTuple
 
@@ -52,26 +43,13 @@ from metalog.protocol.kafka.wire import decode_response as _decode_kafka_respons
 __all__ = [
     "Edge",
     "ResponseDecodeError",
-    "WIRE_ENV",
     "decode_response",
     "edge_for",
     "encode_request",
     "register",
-    "wire",
 ]
 
-WIRE_ENV: Final = "METALOG_WIRE"
-_WIRES: Final = ("msgpack", "kafka")
-_WIRE_DEFAULT: Final = "msgpack"  # becomes "kafka" at the flip
 _HEADER_FIXED: Final = struct.Struct(">hhi")  # api key, api version, correlation id
-
-
-def wire() -> str:
-    """The dialect of the ``listen`` port and outbound channels: "msgpack" or "kafka"."""
-    value = os.environ.get(WIRE_ENV, "") or _WIRE_DEFAULT
-    if value not in _WIRES:
-        raise ValueError(f"{WIRE_ENV}={value!r}: expected one of {', '.join(_WIRES)} (unset: {_WIRE_DEFAULT})")
-    return value
 
 
 class ResponseDecodeError(KafkaDecodeError):

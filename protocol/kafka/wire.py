@@ -1,7 +1,7 @@
 """Kafka's request and response frames, around the generated bodies (sans-IO).
 
-A connection's byte stream is split into frames by the existing
-``metalog.protocol.codec.FrameDecoder`` (int32 length, then the payload);
+A connection's byte stream is split into frames by
+``metalog.protocol.kafka.framing.FrameDecoder`` (int32 length, then the payload);
 this module reads and writes what is inside a frame::
 
     request  = api_key i16 | api_version i16 | correlation_id i32

@@ -1,5 +1,7 @@
 """The runtime's authorization gate with a real broker (one voter, real files
-and fsync, in this process) and plain objects standing in for connections:
+and fsync, in this process) and plain objects standing in for connections
+(the face a Kafka connection shows the request router, with flat bodies:
+what the router sees is the same whichever listener the request came in on):
 a refused request never reaches the core, is answered with Kafka's code and
 a message, and is logged once per connection."""
 
@@ -17,8 +19,8 @@ from metalog.broker.net.principal import Principal, node_principal
 from metalog.broker.server.runtime import Broker
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
-from metalog.protocol.codec import RequestHeader
 from metalog.protocol.errors import Errors
+from metalog.protocol.kafka.wire import RequestHeader
 from metalog.tools.cluster.launcher import free_ports
 
 CID = "gate-test"

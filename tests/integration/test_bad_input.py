@@ -1,6 +1,9 @@
 """What a user sees when they give a real broker bad input: bad config values,
 a data dir from another cluster, a wrong cluster id or a non-voter on the wire,
-and random or mutated frames (the broker keeps serving everyone else)."""
+an unknown api or version, a huge length, random or mutated Kafka frames on
+the `listen` port (Kafka's controller listener): Kafka's answer where Kafka
+has one, else the connection closed, and the broker keeps serving everyone
+else."""
 
 from __future__ import annotations
 
@@ -18,10 +21,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from metalog.broker.client import MetalogClient
 from metalog.broker.net.channel import PeerChannel
-from metalog.protocol import codec
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
 from metalog.protocol.errors import Errors
+from metalog.protocol.kafka import edge, wire
+from metalog.protocol.kafka import messages as km
 from metalog.tools.cluster.launcher import REPO_ROOT
 
 pytestmark = pytest.mark.slow
@@ -95,7 +99,9 @@ async def test_wrong_cluster_id_and_non_voter_requests_are_refused_on_the_wire(m
     host, port = cluster.bootstrap()[0]
     ch = PeerChannel(host, port, tls=cluster.client_tls())
     try:
-        resp = await ch.request(ApiKey.PRODUCE, m.ProduceRequest(cluster_id="wrong", records=[b"x"]), 5000)
+        # Kafka's Produce carries no cluster id; our ControllerCommand extension does.
+        command = m.ControllerCommandRequest(cluster_id="wrong", command="list_acls")
+        resp = await ch.request(ApiKey.CONTROLLER_COMMAND, command, 5000)
         assert resp.error_code == Errors.INCONSISTENT_CLUSTER_ID
         # The same check and message as the core's (metalog.broker.quorum.answers.check_cluster_id).
         assert resp.error_message == f"cluster id 'wrong' does not match ours {cluster.cluster_id!r}"
@@ -121,7 +127,7 @@ def _valid_frames(cluster_id: str) -> list[bytes]:
                                       current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1)),
         (ApiKey.DESCRIBE_QUORUM, m.DescribeQuorumRequest()),
     ]
-    return [codec.encode_request(k, 7, "fuzz", b) for k, b in bodies]
+    return [edge.encode_request(b, 7, "fuzz")[1] for _k, b in bodies]  # as our client sends them
 
 
 @pytest.fixture(scope="module")
@@ -136,19 +142,65 @@ def live_broker(tmp_path_factory):
     cluster.stop()
 
 
-def _send_raw(host: str, port: int, data: bytes, tls) -> None:
+def _send_raw(host: str, port: int, data: bytes, tls, half_close: bool = True) -> tuple[bytes, bool]:
     """Send bytes inside an authenticated TLS session, then read whatever comes
-    back until the broker answers or closes, within a deadline (a hang fails
-    the test through the timeout)."""
+    back until the broker closes or a deadline passes: (the bytes, whether the
+    broker closed). With `half_close` the broker sees end of stream after them."""
+    out = bytearray()
     with tls.client().wrap_socket(socket.create_connection((host, port), timeout=5), server_hostname=host) as s:
         s.sendall(data)
-        s.shutdown(socket.SHUT_WR)  # TCP FIN without close_notify: the broker sees end of stream
-        s.settimeout(5)
+        if half_close:
+            s.shutdown(socket.SHUT_WR)  # TCP FIN without close_notify: the broker sees end of stream
+        s.settimeout(5 if half_close else 2)
         try:
-            while s.recv(65536):
-                pass
-        except (ConnectionResetError, socket.timeout, ssl.SSLError):
-            pass
+            while chunk := s.recv(65536):
+                out += chunk
+        except (ConnectionResetError, ssl.SSLError):
+            return bytes(out), True
+        except socket.timeout:
+            return bytes(out), False
+    return bytes(out), True
+
+
+def _frames(data: bytes) -> list[bytes]:
+    out, pos = [], 0
+    while pos + 4 <= len(data):
+        (size,) = struct.unpack_from(">i", data, pos)
+        out.append(data[pos + 4:pos + 4 + size])
+        pos += 4 + size
+    assert pos == len(data), "a partial answer frame"
+    return out
+
+
+def test_the_listen_port_answers_bad_input_as_kafka_does(live_broker):
+    """What a Kafka client (or a confused one) sees on `listen`: an ApiVersions
+    of a version we do not serve gets Kafka's fallback (a v0 answer with
+    UNSUPPORTED_VERSION and our ranges, so it steps down); a request it cannot
+    read gets INVALID_REQUEST where Kafka's answer has an error code and the
+    connection stays; an unknown api, a huge length or garbage close that
+    connection and nothing else."""
+    host, port = live_broker.bootstrap()[0]
+    tls = live_broker.client_tls()
+    metadata = wire.encode_request(wire.RequestHeader(3, 12, 9, "user"), km.MetadataRequest(topics=None))
+
+    data, closed = _send_raw(host, port, struct.pack(">ihhih", 10, 18, 99, 5, -1) + metadata, tls, half_close=False)
+    (fallback, md) = _frames(data)
+    _, versions = wire.decode_response(fallback, 18, 0)
+    assert versions.error_code == Errors.UNSUPPORTED_VERSION and {k.api_key for k in versions.api_keys} >= {18, 52}
+    _, md = wire.decode_response(md, 3, 12)
+    assert not closed and md.topics[0].partitions[0].leader_id == 1
+
+    vote_truncated = struct.pack(">ihhih", 12, 52, 2, 6, -1) + b"\x00\x05"
+    data, closed = _send_raw(host, port, vote_truncated + metadata, tls, half_close=False)
+    (invalid, _md) = _frames(data)
+    assert wire.decode_response(invalid, 52, 2)[1].error_code == Errors.INVALID_REQUEST and not closed
+
+    for payload in (struct.pack(">ihhih", 10, 999, 0, 7, -1) + metadata,  # unknown api: Kafka closes
+                    struct.pack(">i", 2**31 - 1) + b"x" * 10,  # a huge length
+                    b"\xff" * 64):  # garbage: a negative length
+        data, closed = _send_raw(host, port, payload, tls, half_close=False)
+        assert (data, closed) == (b"", True), payload[:8]
+    assert live_broker.alive(1)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -171,7 +223,8 @@ def test_fuzzed_frames_never_crash_or_stall_a_live_broker(live_broker, data):
         frame = data.draw(st.sampled_from(frames))
         payload = frame[: data.draw(st.integers(1, len(frame) - 1))]
     else:
-        payload = codec.encode_request(data.draw(st.integers(100, 999)), 1, "fuzz", m.MetadataRequest())
+        body = struct.pack(">hhih", data.draw(st.integers(100, 999)), 0, 1, -1) + b"\x00" * 8
+        payload = struct.pack(">i", len(body)) + body
     _send_raw(host, port, payload, live_broker.client_tls())
 
     # Another, well-behaved client is still served, promptly.

@@ -259,7 +259,7 @@ def test_kafkas_metadata_quorum_tool_describes_the_quorum(kafka_cluster, tmp_pat
 
 
 def test_a_user_without_acls_gets_routing_but_not_the_quorum(kafka_cluster, tmp_path):
-    """The gate of the msgpack port holds here: User:alice (a valid certificate,
+    """The gate of the listen port holds here too: User:alice (a valid certificate,
     no ACL) may learn where the leader is, not describe the quorum."""
     from kio.schema.describe_quorum.v2.request import DescribeQuorumRequest, PartitionData, TopicData
     from kio.schema.describe_quorum.v2.response import DescribeQuorumResponse

@@ -1,6 +1,6 @@
-"""The quorum in Kafka's protocol (issue 32's switch METALOG_WIRE=kafka, in
-the brokers' environment): every peer request is Kafka's, and `listen` is
-Kafka's controller listener (issue 34 item 1). Three voters as processes,
+"""The quorum in Kafka's protocol (issue 32: metalog's only protocol): every
+peer request is Kafka's, and `listen` is Kafka's controller listener (issue
+34 item 1). Three voters as processes,
 mutual TLS on; records are written with librdkafka on the client listener.
 
 * a leader is elected through KIP-996's pre-vote (a prospective first);
@@ -9,12 +9,11 @@ mutual TLS on; records are written with librdkafka on the client listener.
 * a voter that fell behind the leader's log start installs a snapshot
   (FetchSnapshot), and ends with the same high watermark;
 * `listen` answers Kafka's ApiVersions; a peer api from a certificate that is
-  not the node's is refused (CLUSTER_AUTHORIZATION_FAILED), as on msgpack.
+  not the node's is refused (CLUSTER_AUTHORIZATION_FAILED).
 """
 
 from __future__ import annotations
 
-import os
 import socket
 import ssl
 import uuid
@@ -32,8 +31,6 @@ FAST = dict(election_timeout_ms=300, fetch_timeout_ms=800, request_timeout_ms=80
 
 @pytest.fixture(scope="module")
 def kafka_wire_cluster(tmp_path_factory):
-    before = os.environ.get("METALOG_WIRE")
-    os.environ["METALOG_WIRE"] = "kafka"  # the brokers inherit it (LocalCluster starts them with our environment)
     cluster = LocalCluster.create(str(tmp_path_factory.mktemp("kafka_wire") / "cluster"), voters=3,
                                   dynamic=True, common=dict(FAST))
     try:
@@ -41,10 +38,6 @@ def kafka_wire_cluster(tmp_path_factory):
         yield KafkaCluster(cluster)
     finally:
         cluster.stop()
-        if before is None:
-            os.environ.pop("METALOG_WIRE", None)
-        else:
-            os.environ["METALOG_WIRE"] = before
 
 
 def _produce(kc: KafkaCluster, count: int, tag: str) -> None:

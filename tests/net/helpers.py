@@ -40,15 +40,15 @@ async def wait_for_condition(cond, timeout_s: float = 5.0, what: str = "conditio
 
 SERVER_SCRIPT = r'''
 import asyncio, os, sys
-from metalog.broker.net.listener import serve
 from metalog.protocol import messages as m
+from tests.net.flat_server import serve_flat
 
 async def main(port):
     def handler(conn, header, body):
         if isinstance(body, m.MetadataRequest):
-            conn.send_response(header.correlation_id, m.MetadataResponse(node_id=os.getpid()))
+            conn.send_response(header.correlation_id, m.MetadataResponse(leader_id=os.getpid()))
         # anything else is parked forever, so it is in flight when we are killed
-    server = await serve("127.0.0.1", port, handler)
+    server = await serve_flat("127.0.0.1", port, handler)
     print(server.sockets[0].getsockname()[1], flush=True)
     await asyncio.Event().wait()
 
@@ -57,7 +57,7 @@ asyncio.run(main(int(sys.argv[1])))
 
 
 async def start_server_process(port: int = 0) -> tuple[asyncio.subprocess.Process, int]:
-    """A real server process answering Metadata with its pid; returns (process, port)."""
+    """A real Kafka listener process answering Metadata with its pid as the leader; returns (process, port)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", SERVER_SCRIPT, str(port),
         stdout=asyncio.subprocess.PIPE, cwd=str(REPO),

@@ -1,7 +1,8 @@
 """MetalogClient and Consumer against an in-test fake cluster.
 
 FakeCluster is a TEST DOUBLE for these client tests only: a few nodes served
-by the real ``serve()`` over loopback TCP that answer Metadata, Produce,
+by a real Kafka listener (``tests.net.flat_server.serve_flat``: the real
+``serve_kafka`` and ``KafkaDispatch``) over loopback TCP that answer Metadata, Produce,
 Fetch, OffsetsForLeaderEpoch, ListOffsets and DescribeQuorum from one
 in-memory list of batches (everything is committed at once; the "leader" is
 whatever the test says). It is not the broker; end-to-end client tests
@@ -17,13 +18,13 @@ import pytest
 from metalog.broker.client import (
     ClusterUnavailable, ConsumedRecord, CorruptRecordError, LogTruncationError, MetalogClient, MetalogError, NoOffsetError,
 )
-from metalog.broker.net.listener import serve
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
 from metalog.protocol.errors import Errors
 from metalog.storage.batch import encode_batch
 from metalog.storage.control_records import LeaderChange, encode_control
 from metalog.storage.epochs import EpochHistory
+from tests.net.flat_server import serve_flat, values_of
 from tests.net.helpers import ListLogger
 
 CLUSTER = "fake-cluster"
@@ -61,9 +62,12 @@ class FakeCluster:
 
     async def start(self, nodes=(1, 2)) -> None:
         for node in nodes:
-            self.servers[node] = await serve(
-                "127.0.0.1", 0, lambda c, h, b, node=node: self.handle(node, c, h, b), logger=ListLogger()
-            )
+            self.servers[node] = await serve_flat(
+                "127.0.0.1", 0, lambda c, h, b, node=node: self.handle(node, c, h, b), logger=ListLogger(),
+                node_id=node, cluster_id=CLUSTER, endpoints=self.endpoints)
+
+    def endpoints(self) -> dict[int, tuple[str, int]]:
+        return {n: self.advertised.get(n, ("127.0.0.1", self.port(n))) for n in self.servers}
 
     def port(self, node: int) -> int:
         return self.servers[node].sockets[0].getsockname()[1]
@@ -92,7 +96,7 @@ class FakeCluster:
                 voters=[m.NodeEndpoint(n, *self.advertised.get(n, ("127.0.0.1", self.port(n))))
                         for n in self.servers],
             )
-        if getattr(body, "cluster_id", CLUSTER) != CLUSTER:
+        if getattr(body, "cluster_id", None) not in (None, CLUSTER):  # None: Kafka's Produce carries none
             return resp_type(error_code=Errors.INCONSISTENT_CLUSTER_ID)
         if node != self.leader_id:
             kw = {} if api_key == ApiKey.DESCRIBE_QUORUM else {"current_leader": self.hint()}
@@ -111,7 +115,7 @@ class FakeCluster:
             if self.drop_produce_once:
                 self.drop_produce_once = False
                 return m.ProduceResponse(error_code=Errors.REQUEST_TIMED_OUT)
-            return m.ProduceResponse(base_offset=self.append(body.records), leader_epoch=self.leader_epoch)
+            return m.ProduceResponse(base_offset=self.append(values_of(body)), leader_epoch=self.leader_epoch)
         if api_key == ApiKey.FETCH:
             if body.last_fetched_epoch != m.NO_EPOCH and body.fetch_offset > 0:
                 e, end = self.epochs.end_offset_for_epoch(body.last_fetched_epoch, self.end_offset)
@@ -163,7 +167,8 @@ async def poll_until(consumer, n: int, max_polls: int = 20) -> list[ConsumedReco
 async def test_bootstrap_discovers_leader_and_produces(cluster):
     client = make_client(cluster)
     md = await client.metadata()
-    assert (md.leader_id, md.leader_epoch, md.node_id) == (1, 1, 2)
+    assert (md.leader_id, md.leader_epoch) == (1, 1)  # (Kafka's Metadata names no answering node)
+    assert [v.node_id for v in md.voters] == [1, 2]
     assert await client.produce([b"a", b"b"]) == (0, 1)
     assert await client.produce([b"c"]) == (2, 1)
     # Produce went to the leader (node 1) even though bootstrap named node 2.
@@ -403,7 +408,7 @@ async def test_consumer_raises_on_a_batch_cut_short(cluster):
 
 
 def produces(fc: FakeCluster) -> list[tuple[list[bytes], int, int, int]]:
-    return [(list(b.records), b.producer_id, b.producer_epoch, b.base_sequence)
+    return [(values_of(b), b.producer_id, b.producer_epoch, b.base_sequence)
             for _n, k, b in fc.requests if k == ApiKey.PRODUCE]
 
 

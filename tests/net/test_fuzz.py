@@ -1,4 +1,6 @@
-"""Protocol fuzz: random and mutated frames against a live serve().
+"""Protocol fuzz: random and mutated Kafka frames against a live Kafka listener
+(the real serve_kafka + KafkaDispatch of tests.net.flat_server, the handlers
+of every served api behind it).
 
 The server and a well-behaved PeerChannel live on an event loop in a
 background thread for the whole module; each hypothesis example opens a raw
@@ -15,19 +17,20 @@ import socket
 import struct
 import threading
 
-import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from metalog.broker.net.channel import PeerChannel
-from metalog.broker.net.listener import ListenerLimits, serve
-from metalog.protocol import codec
+from metalog.broker.net.listener import ListenerLimits
+from metalog.broker.server.kafka.dispatch import served_apis
 from metalog.protocol import messages as m
 from metalog.protocol.apis import APIS, ApiKey
 from metalog.protocol.errors import Errors
+from metalog.protocol.kafka.framing import NEED_DATA, FrameDecoder, response_correlation_id
+from tests.net.flat_server import serve_flat as serve
 from tests.net.helpers import ListLogger
-from tests.protocol.test_codec import SAMPLES
+from tests.protocol.kafka.test_bad_input import CORPUS
 
 MAX_FRAME_BYTES = 4096
 IO_TIMEOUT_S = 5.0
@@ -48,7 +51,7 @@ class LiveServer:
 
     @staticmethod
     def handler(conn, header, body):
-        # Answer every well-formed request with its own response type's default.
+        # Answer every flat request the Kafka handlers ask with its own response type's default.
         conn.send_response(header.correlation_id, APIS[header.api_key][1]())
 
     def run(self, coro):
@@ -71,7 +74,16 @@ def live():
     srv.close()
 
 
-VALID_FRAMES = [codec.encode_request(key, i, "fuzz", SAMPLES[req]) for i, (key, (req, _, _, _)) in enumerate(APIS.items())]
+def _served_request_frames() -> list[bytes]:
+    """The kept corpus's request frames (every api at its lowest and highest
+    version, tests/protocol/kafka/make_corpus.py) of the apis a broker serves,
+    with their length prefix."""
+    served = {api.request.__name__ for api in served_apis().values()}
+    frames = [p.read_bytes() for p in CORPUS if p.name.split("-v")[0] in served]
+    return [struct.pack(">i", len(f)) + f for f in frames]
+
+
+VALID_FRAMES = _served_request_frames()
 
 
 @st.composite
@@ -128,19 +140,17 @@ def exchange(port: int, data: bytes) -> bytes:
 def test_fuzzed_frames_never_break_the_server(live, data):
     answer = exchange(live.port, data)
     # Whatever came back is whole, decodable answer frames.
-    dec = codec.FrameDecoder(1 << 20)
+    dec = FrameDecoder(1 << 20)
     dec.feed(answer)
-    while (frame := dec.next_frame()) is not codec.NEED_DATA:
-        codec.response_correlation_id(frame)
-        # The test does not track which request each answer is for: check the
-        # shape every answer shares, a msgpack array starting with error_code.
-        body = msgspec.msgpack.decode(bytes(frame[4:]))
-        assert isinstance(body, list)
-        assert body[0] in (Errors.NONE, Errors.UNSUPPORTED_VERSION, Errors.INVALID_REQUEST)
+    while (frame := dec.next_frame()) is not NEED_DATA:
+        # The test does not track which request each answer is for (a mutated
+        # frame may carry any api and version): every answer is a whole frame
+        # that starts with a correlation id.
+        response_correlation_id(frame)
     assert dec.buffered_bytes == 0, "server sent a partial frame"
     # The well-behaved client on the same server is still served.
     resp = live.run(live.good.request(ApiKey.METADATA, m.MetadataRequest(), int(IO_TIMEOUT_S * 1000)))
-    assert resp == m.MetadataResponse()
+    assert resp.error_code == Errors.NONE
 
 
 def test_fuzz_logged_bad_input(live):

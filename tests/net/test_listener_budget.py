@@ -9,11 +9,12 @@ import pytest
 
 from metalog.broker.net.channel import PeerChannel
 from metalog.broker.net.guard import HANDSHAKE_METER, HandshakeMeter, HandshakePacer, TimedSSLObject
-from metalog.broker.net.listener import ListenerLimits, serve
+from metalog.broker.net.listener import ListenerLimits
 from metalog.broker.net.tls import TlsFiles, TlsPaths
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
 from metalog.tools.cluster import certs
+from tests.net.flat_server import serve_flat as serve
 from tests.net.helpers import ListLogger
 
 
@@ -64,12 +65,13 @@ async def test_server_handshakes_are_measured_on_the_meter(tmp_path):
     def files(name: str) -> TlsFiles:
         return TlsFiles(TlsPaths(f"{d}/ca.crt", f"{d}/{name}.crt", f"{d}/{name}.key"))
 
-    server = await serve("127.0.0.1", 0, lambda c, h, b: c.send_response(h.correlation_id, m.MetadataResponse()),
+    server = await serve("127.0.0.1", 0,
+                         lambda c, h, b: c.send_response(h.correlation_id, m.MetadataResponse(leader_id=1)),
                          tls=files("node-1"), limits=ListenerLimits(), logger=ListLogger())
     before_s, before_n = HANDSHAKE_METER.seconds_total, HANDSHAKE_METER.handshakes_total
     ch = PeerChannel("127.0.0.1", server.sockets[0].getsockname()[1], tls=files("alice"), connect_timeout_ms=10_000)
     try:
-        assert await ch.request(ApiKey.METADATA, m.MetadataRequest(), 10_000) == m.MetadataResponse()
+        assert (await ch.request(ApiKey.METADATA, m.MetadataRequest(), 10_000)).leader_id == 1
     finally:
         await ch.close()
         server.close()

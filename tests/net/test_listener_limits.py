@@ -10,15 +10,15 @@ from __future__ import annotations
 import asyncio
 
 from metalog.broker.net.listener import Listener, ListenerLimits, listen
+from metalog.broker.net.kafka_conn import KafkaConnection
 from metalog.broker.net.server import Connection
-from metalog.protocol import messages as m
 from tests.net.helpers import ListLogger, wait_for_condition
 
 NO_RATES = dict(connection_creation_rate_per_ip=0, max_connection_creation_rate=0)
 
 
-def answer(conn, header, body):
-    conn.send_response(header.correlation_id, m.MetadataResponse(node_id=1))
+def answer(exchange):
+    exchange.fail(35)  # these tests send no well-formed request
 
 
 async def start(limits: ListenerLimits):
@@ -29,7 +29,7 @@ async def start(limits: ListenerLimits):
     loop = asyncio.get_running_loop()
 
     def make() -> Connection:
-        conn = Connection(answer, 1 << 20, 16, log, listener)
+        conn = KafkaConnection(answer, {}, 1 << 20, 16, log, listener)
         started.append((loop.time(), conn))
         return conn
 

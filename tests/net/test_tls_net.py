@@ -8,10 +8,11 @@ import ssl
 import pytest
 
 from metalog.broker.net.channel import PeerChannel
-from metalog.broker.net.listener import ListenerLimits, serve
+from metalog.broker.net.listener import ListenerLimits
 from metalog.broker.net.tls import TlsFiles, TlsPaths
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
+from tests.net.flat_server import serve_flat as serve
 from tests.net.helpers import ListLogger, wait_for_condition
 from metalog.tools.cluster import certs
 
@@ -32,7 +33,7 @@ def pki(tmp_path):
 async def _server(handler_log, tls, limits=None, logger=None):
     def handler(conn, header, body):
         handler_log.append((str(conn.principal), conn.peer))
-        conn.send_response(header.correlation_id, m.MetadataResponse(node_id=1))
+        conn.send_response(header.correlation_id, m.MetadataResponse(leader_id=1))
     server = await serve("127.0.0.1", 0, handler, tls=tls, limits=limits, logger=logger or ListLogger())
     return server, server.sockets[0].getsockname()[1]
 

@@ -56,7 +56,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO, TypeVar
 
-from metalog.protocol.codec import NEED_DATA, FrameDecoder
+from metalog.protocol.kafka.framing import NEED_DATA, FrameDecoder
 from metalog.protocol.errors import Errors, error_name
 from metalog.protocol.kafka import messages as km
 from metalog.protocol.kafka.errors import KafkaDecodeError, UnsupportedVersionError

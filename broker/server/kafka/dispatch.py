@@ -9,7 +9,7 @@ itself as the ``KafkaContext``.
 (``metalog.broker.server.inbound.RequestRouter``) with one of our own flat
 requests: the router sees a ``_Face`` of the Kafka connection -- the
 connection's principal and address, so the authorization gate decides and
-caches per connection as for a msgpack client -- and answers it with
+caches per connection -- and answers it with
 ``send_response(id, internal_response)`` as it answers any connection
 (directly, from the produce path or from the core's Respond). The face
 numbers its questions itself: a Kafka client's correlation ids are its own
@@ -27,8 +27,8 @@ from metalog.broker.server.kafka import admin, cluster, data, extensions, quorum
 from metalog.broker.server.kafka.api import KafkaApi
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
-from metalog.protocol.codec import RequestHeader
 from metalog.protocol.errors import Errors
+from metalog.protocol.kafka.wire import RequestHeader
 
 # Questions a face may have open at once (one Kafka request may ask a few);
 # the connection's own bound on requests in flight keeps it far below.
@@ -227,7 +227,7 @@ class KafkaHost(Protocol):
 
 async def start_kafka_listener(host: KafkaHost, limits: Any) -> Any:
     """The Kafka listener of ``host.cfg.kafka_listen`` (None when unset): its
-    own accept loop, `limits` (the msgpack listener's values), the broker's TLS
+    own accept loop, `limits` (the same values as the controller listener's), the broker's TLS
     provider, its counters exported as listener "kafka". Returns the
     ``metalog.broker.net.listener.Server``."""
     cfg, logger = host.cfg, host.log
@@ -238,7 +238,7 @@ async def start_kafka_listener(host: KafkaHost, limits: Any) -> Any:
     server, dispatch = await _start(host, limits, ep, cfg.security.security_protocol, static)
     host.metrics.bind_listener("kafka", server.listener.stats, None)
     tls_off = host.tls is None
-    if tls_off:  # as loud as the msgpack port's authorization_disabled
+    if tls_off:  # as loud as the listen port's authorization_disabled
         logger.warning("kafka_listener_insecure", kafka_listen=str(ep), security_protocol="PLAINTEXT",
                        detail="Kafka clients connect without TLS as User:ANONYMOUS with super-user rights")
     logger.info("kafka_listener_started", kafka_listen=str(ep), security_protocol=cfg.security.security_protocol,
@@ -251,8 +251,7 @@ CONTROLLER_LISTENER = "CONTROLLER"  # Kafka's name of the quorum's listener (the
 
 
 async def start_controller_listener(host: KafkaHost, limits: Any) -> Any:
-    """The ``listen`` port in Kafka's protocol (METALOG_WIRE=kafka, issue 34
-    item 1): Kafka's CONTROLLER listener, for the quorum's peers, our client
+    """The ``listen`` port (issue 34 item 1): Kafka's CONTROLLER listener, for the quorum's peers, our client
     and CLI and admin tools bootstrapped with --bootstrap-controller. Its own
     accept loop and `limits`; the endpoints it advertises (Metadata,
     NodeEndpoints, DescribeCluster) are every node's ``listen`` endpoint: the

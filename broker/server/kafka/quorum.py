@@ -2,8 +2,8 @@
 
 Vote v0-2, BeginQuorumEpoch v0-1, EndQuorumEpoch v0-1, FetchSnapshot v0-1
 and UpdateRaftVoter v0 from a peer are mapped onto our flat bodies and asked
-of the broker's ``RequestRouter`` (``KafkaContext.ask``) exactly as a msgpack
-peer's request is: the same refusals, the same authorization gate -- a
+of the broker's ``RequestRouter`` (``KafkaContext.ask``) as every request
+is: the same refusals, the same authorization gate -- a
 replica's request only from a node certificate of that node id (the
 replica-identity binding), Vote/BeginQuorumEpoch/EndQuorumEpoch only from a
 voter -- and the same core. A replica's Fetch (ReplicaState.ReplicaId >= 0)
