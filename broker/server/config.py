@@ -199,7 +199,9 @@ class BrokerConfig:
     cluster_id: str = setting(doc="the cluster this broker and its data dir belong to", nonempty=True)
     data_dir: str = setting(doc="directory of the log, snapshots and quorum state (relative: to the config file)",
                             nonempty=True)
-    listen: str = setting(doc="host:port of the binary protocol")
+    listen: str = setting(doc="host:port of the controller listener: Kafka's wire protocol (Kafka's CONTROLLER "
+                                  "listener) for the quorum's peers, our CLI and client, and admin tools with "
+                                  "--bootstrap-controller")
     voters: str = setting(doc="id@host:port,... of every voter (Kafka's controller.quorum.voters); with "
                               "dynamic_voters: whom to ask for the leader (controller.quorum.bootstrap.servers)")
     dynamic_voters: bool = setting(
@@ -210,7 +212,7 @@ class BrokerConfig:
     admin_listen: str | None = setting(None, "host:port of the HTTP admin API (/health, /metrics ...); "
                                              "none if unset")
     kafka_listen: str | None = setting(
-        None, "host:port of a second listener that speaks only Kafka's wire protocol (Kafka clients' "
+        None, "host:port of the client listener, also Kafka's wire protocol (Kafka clients' "
               "bootstrap.servers), with the same security_protocol, certificates and ACLs as `listen` "
               "(docs/kafka-listener.md); none if unset")
     kafka_endpoints: str | None = setting(

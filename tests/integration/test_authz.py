@@ -114,10 +114,8 @@ def test_client_and_stolen_node_certificates_cannot_act_as_replicas(make_cluster
         claim = m.FetchRequest(cluster_id=cid, replica_id=followers[1], max_wait_ms=0, current_leader_epoch=ep,
                                fetch_offset=leo, last_fetched_epoch=ep)
         resp = await impostor.request(ApiKey.FETCH, claim, 3000)
+        # (Kafka's Fetch answer has no error message: the reason is in the leader's log, checked below)
         assert resp.error_code == Errors.CLUSTER_AUTHORIZATION_FAILED
-        assert resp.error_message == (f"not authorized: Node:{followers[0]} may not ReplicaAction cluster "
-                                      f"kafka-cluster (as replica {followers[1]}: the certificate is for node "
-                                      f"{followers[0]})")
         vote = m.VoteRequest(cluster_id=cid, candidate_epoch=ep + 1, candidate_id=followers[1],
                              last_offset_epoch=ep, last_offset=leo + 100)
         assert (await impostor.request(ApiKey.VOTE, vote, 3000)).error_code == Errors.CLUSTER_AUTHORIZATION_FAILED
@@ -153,7 +151,8 @@ def test_client_and_stolen_node_certificates_cannot_act_as_replicas(make_cluster
     fetch_line = next(e for e in mallory_lines if e["api"] == "FETCH")
     assert fetch_line["operation"] == "ReplicaAction" and fetch_line["error"] == "CLUSTER_AUTHORIZATION_FAILED"
     assert fetch_line["peer"].startswith("127.0.0.1:") and fetch_line["resource"] == "Cluster:kafka-cluster"
-    assert any(e["principal"] == f"Node:{followers[0]}" for e in failures)
+    impostor_line = next(e for e in failures if e["principal"] == f"Node:{followers[0]}" and e["api"] == "FETCH")
+    assert f"as replica {followers[1]}: the certificate is for node {followers[0]}" in impostor_line["reason"]
 
 
 def test_a_client_needs_an_acl_and_acls_survive_a_snapshot_and_a_restart(make_cluster):

@@ -14,7 +14,7 @@
 An authorization refusal is one line on stderr (``metalog: error: not
 authorized: ...``) and exit code 3; other refusals exit 1.
 
-Writes go to the leader over the binary protocol (ControllerCommand) and
+Writes go to the leader over Kafka's protocol (our ControllerCommand extension) and
 return once committed; reads come from a broker's admin API (/metadata/...),
 one topic or broker at a time or page by page.
 """
