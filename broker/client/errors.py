@@ -51,7 +51,10 @@ class AuthorizationError(MetalogError):
 
     def __init__(self, error_code: int, message: str = ""):
         super().__init__(error_code, message)
-        self.args = (message or f"not authorized ({self.error_name})",)
+        # Some of Kafka's answers carry no message (InitProducerId, Fetch's
+        # top level): the broker logs the reason (authorization_failed).
+        self.args = (message or f"not authorized ({self.error_name}; the broker's authorization_failed log line "
+                                f"says which principal, operation and resource)",)
 
 
 def error_for(code: int, message: str) -> MetalogError:
