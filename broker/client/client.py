@@ -96,7 +96,9 @@ def _written_epoch(resp: m.ProduceResponse, answered_epoch: int) -> int:
     """The epoch a produce answer's records were written under. Kafka's
     Produce answer does not say it: then it is the epoch of the leader that
     answered as the client knew it when it sent (``answered_epoch``, read
-    right after the answer, before any other task ran)."""
+    right after the answer, before any other task ran). One case differs
+    from the truth: a retried write answered as a duplicate by a later leader
+    was written under an earlier epoch than the one reported."""
     return resp.leader_epoch if resp.leader_epoch != NO_EPOCH else answered_epoch
 
 

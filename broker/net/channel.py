@@ -14,8 +14,10 @@ the request that leaves is Kafka's, built by ``metalog.protocol.kafka.edge``'s
 ``encode_request`` (request header v1/v2 by the api's flexible versions),
 and its answer is read by ``edge.decode_response`` (response header v0/v1)
 back into the flat response the caller awaits. A Kafka server answers in
-request order on a connection; answers are still matched by correlation id,
-so a late answer to a request that timed out is dropped, not misread. In
+request order on a connection; answers are still matched by correlation id.
+A request that times out closes its connection, as Kafka's clients do: the
+answers behind it would otherwise wait for one that may never come, and the
+other requests on it fail with ConnectionLost (their callers retry). In
 order also means that an answer the server holds (a long-polling Fetch)
 holds every later answer on the same connection: a caller that must not
 wait behind one uses a channel of its own.
@@ -368,10 +370,22 @@ class PeerChannel:
 
     def _expire(self, corr: int, api_key: int, timeout_ms: int) -> None:
         entry = self._pending.pop(corr, None)
-        if entry is not None and not entry[0].done():
-            entry[0].set_exception(
-                RequestTimeout(f"api key {api_key} to {self.peer}: no answer within timeout_ms={timeout_ms}")
-            )
+        if entry is None or entry[0].done():
+            return
+        entry[0].set_exception(
+            RequestTimeout(f"api key {api_key} to {self.peer}: no answer within timeout_ms={timeout_ms}")
+        )
+        # Kafka's answers leave in request order: every later answer on this
+        # connection now queues behind one that may never come (a produce the
+        # leader cannot commit holds up the Metadata that would find the new
+        # leader). Kafka's clients disconnect on a request timeout (Java's
+        # NetworkClient, librdkafka); so do we, and the others on it are retried.
+        proto = self._proto
+        if proto is not None and not proto.lost and proto.transport is not None:
+            proto.lost = True
+            proto.transport.abort()
+            self._on_lost(proto, f"request to {self.peer} timed out (api key {api_key}, timeout_ms={timeout_ms}): "
+                                 "answers come in order, so the connection is closed")
 
     def _on_frame(self, proto: _ClientProtocol, frame: bytes | bytearray) -> None:
         corr = response_correlation_id(frame)

@@ -76,7 +76,13 @@ async def test_concurrent_requests_on_one_connection_each_get_their_own_answer(p
     await ch.close()
 
 
-async def test_timeout_fails_only_that_request(parking_server):
+async def test_a_timeout_closes_the_connection_as_kafkas_clients_do(parking_server):
+    """Kafka's answers leave in request order, so an answer that never comes
+    holds up every later one on its connection. On a request timeout the
+    channel closes the connection (as Java's NetworkClient and librdkafka do):
+    the timed-out request fails with RequestTimeout, the others on it with
+    ConnectionLost naming the timeout (callers retry), and the next request
+    opens a new connection."""
     server, handler, _ = parking_server
     ch = PeerChannel("127.0.0.1", port_of(server))
     slow = asyncio.ensure_future(ch.request(ApiKey.PRODUCE, produce(-1), 100))
@@ -84,12 +90,15 @@ async def test_timeout_fails_only_that_request(parking_server):
     await wait_for_condition(lambda: len(handler.parked) == 2)
     with pytest.raises(RequestTimeout, match="api key 0 to 127.0.0.1:.*no answer within timeout_ms=100"):
         await slow
-    assert not fast.done()
-    # The late answer to the timed-out request is ignored; the other one still lands.
-    for conn, header, body in handler.parked:
-        conn.send_response(header.correlation_id, m.ProduceResponse(base_offset=int(values_of(body)[0])))
-    assert (await fast).base_offset == 1
-    assert len(handler.connections) == 1 and ch.connected
+    with pytest.raises(ConnectionLost, match="timed out \\(api key 0, timeout_ms=100\\): answers come in order"):
+        await fast
+    assert not ch.connected
+    again = asyncio.ensure_future(ch.request(ApiKey.PRODUCE, produce(2), 5000))
+    await wait_for_condition(lambda: len(handler.parked) == 3)
+    conn, header, body = handler.parked[2]
+    conn.send_response(header.correlation_id, m.ProduceResponse(base_offset=int(values_of(body)[0])))
+    assert (await again).base_offset == 2
+    assert len(handler.connections) == 2 and ch.connected
     await ch.close()
 
 
