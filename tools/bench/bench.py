@@ -586,6 +586,10 @@ SCALE_SECTIONS = {"scale-catchup": "catchup", "scale-commit": "commit"}  # --onl
 
 
 def cmd_bench(args) -> int:
+    if args.vs == "kafka":
+        from metalog.tools.bench import vs_kafka  # on use: every metalog command imports this module
+
+        return vs_kafka.cmd_vs_kafka(args)
     if args.scale:
         from metalog.tools.bench import scale  # on use: every metalog command imports this module
 
@@ -669,7 +673,11 @@ def register_cli(subparsers) -> None:
     p.add_argument("--only", help="comma list of sections: throughput,light,failover,catchup (default all); "
                                   "also profile, hostile (metalog.tools.bench.hostile: commits idle and under "
                                   "attack), scale-catchup, scale-commit (metalog.tools.bench.catchup)")
-    p.add_argument("--vs", choices=["etcd"], help="also run the load sections against a 3-member etcd cluster")
+    p.add_argument("--vs", choices=["etcd", "kafka"],
+                   help="etcd: also run the load sections against a 3-member etcd cluster; kafka: instead, admin "
+                        "writes/s, latency, failover, RSS and start-up of metalog vs a 3-controller Apache Kafka "
+                        "KRaft quorum, both mutual TLS, through librdkafka (metalog.tools.bench.vs_kafka; uses "
+                        "--rounds, --duration-s, --warmup-s, --smoke, --json, --dir, --keep)")
     p.add_argument("--clients", type=int, default=d["clients"], help="concurrent logical clients (throughput)")
     p.add_argument("--duration-s", type=float, default=d["duration_s"], help="measured window per run")
     p.add_argument("--warmup-s", type=float, default=d["warmup_s"], help="unmeasured warm-up per run")

@@ -19,6 +19,19 @@ orderly shutdown) and waits for them. Snapshots come often
 a NoOpRecord every ``metadata.max.idle.interval.ms``, so a short run leaves
 segments and snapshots to read.
 
+With ``tls_dir`` (a directory holding a CA as ``metalog certs`` makes it,
+``ca.crt``/``ca.key``; one is made there if absent) every listener is SSL with
+``ssl.client.auth=required``: each node gets a node certificate of that CA
+(CN ``node-<id>``, SAN 127.0.0.1) as a PKCS12 keystore built with Python's
+cryptography, the CA as a PEM truststore (Kafka reads PEM, KIP-651), and
+``ssl.principal.mapping.rules`` maps a certificate to ``User:<CN>``, as
+metalog does; ``client_tls()`` issues the ``admin`` user's PEM files for a
+client. ``overrides`` replaces any property (the bench restores Kafka's
+defaults where COMMON shrinks them for tests) and ``jvm_flags`` the JVM's
+flags (the bench runs Kafka's stock ``kafka-server-start.sh`` flags).
+``launch()`` spawns every node without waiting and ``elected_leader()``
+reads the highest-epoch leader a controller's log announced.
+
 Nothing here is metalog: the dirs are Kafka's, written by Kafka.
 """
 
@@ -26,6 +39,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -50,6 +64,9 @@ CONTROLLER_IDS = (1, 2, 3)
 BROKER_ID = 100
 STARTED = "Kafka Server started"  # KafkaRaftServer's line once a node serves
 START_TIMEOUT_S = 120.0
+STORE_PASSWORD = "metalog-kafka"  # of the generated local keystores; nothing secret is in them
+# KafkaRaftClient's QuorumState logs "Completed transition to Leader(localVoterNode=..., epoch=N, ...".
+LEADER_LINE = re.compile(r"Completed transition to Leader\(.*?, epoch=(\d+)")
 STOP_TIMEOUT_S = 60.0
 
 # What every node shares; small snapshot interval and idle NoOps so a short run snapshots.
@@ -119,12 +136,17 @@ class KafkaCluster:
     cluster_id: str
     nodes: dict[int, KafkaNode] = field(default_factory=dict)
     heap_mb: int = 256
+    tls_dir: str = ""  # a CA's dir: SSL with client auth on every listener (see the module doc)
+    overrides: dict[str, str] = field(default_factory=dict)  # properties over COMMON/BROKER/TLS
+    jvm_flags: list[str] | None = None  # instead of the small-machine flags of _spawn
 
     @classmethod
-    def create(cls, root: str, brokers: int = 1, heap_mb: int = 256) -> "KafkaCluster":
+    def create(cls, root: str, brokers: int = 1, heap_mb: int = 256, tls_dir: str = "",
+               overrides: dict[str, str] | None = None, jvm_flags: list[str] | None = None) -> "KafkaCluster":
         """Write every node's properties and format its dir with Kafka's StorageTool."""
         os.makedirs(root, exist_ok=True)
-        c = cls(root, kafka_uuid(), heap_mb=heap_mb)
+        c = cls(root, kafka_uuid(), heap_mb=heap_mb, tls_dir=tls_dir, overrides=dict(overrides or {}),
+                jvm_flags=jvm_flags)
         for node_id in CONTROLLER_IDS:
             c.nodes[node_id] = c._node(node_id, "controller")
             c.nodes[node_id].directory_id = kafka_uuid()
@@ -163,8 +185,63 @@ class KafkaCluster:
             props.update(BROKER, **{"process.roles": "broker", "listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
                                     "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
                                     "inter.broker.listener.name": "PLAINTEXT"})
+        if self.tls_dir:
+            props.update(self._tls_props(node))
+        props.update(self.overrides)
         with open(node.props_path, "w") as f:
             f.writelines(f"{k}={v}\n" for k, v in props.items())
+
+    # ------------------------------------------------------------------- TLS
+
+    def _tls_props(self, node: KafkaNode) -> dict[str, str]:
+        """SSL on every listener (the broker's is named SSL), client certificates
+        required, principals User:<CN>; super users: the admin and every node."""
+        keystore = self._keystore(node.node_id)
+        out = {"listener.security.protocol.map": "CONTROLLER:SSL,SSL:SSL",
+               "ssl.client.auth": "required",
+               "ssl.keystore.type": "PKCS12", "ssl.keystore.location": keystore,
+               "ssl.keystore.password": STORE_PASSWORD, "ssl.key.password": STORE_PASSWORD,
+               "ssl.truststore.type": "PEM", "ssl.truststore.location": os.path.join(self.tls_dir, "ca.crt"),
+               "ssl.principal.mapping.rules": "RULE:^CN=([^,]+)$/$1/,DEFAULT",
+               "super.users": ";".join(["User:admin", *(f"User:node-{n}" for n in sorted(self.nodes))])}
+        if node.role == "broker":
+            out.update({"listeners": f"SSL://127.0.0.1:{node.port}",
+                        "advertised.listeners": f"SSL://127.0.0.1:{node.port}", "inter.broker.listener.name": "SSL"})
+        return out
+
+    def _keystore(self, node_id: int) -> str:
+        """<tls_dir>/kafka/node-<id>.p12: the node's certificate and key of the CA in tls_dir."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.serialization import pkcs12
+
+        from metalog.tools.cluster import certs
+
+        if not os.path.exists(os.path.join(self.tls_dir, "ca.crt")):
+            certs.init_ca(self.tls_dir)
+        out = os.path.join(self.tls_dir, "kafka")
+        issued = certs.issue_node(self.tls_dir, out, node_id, ["127.0.0.1", "localhost"])
+        with open(issued.key_path, "rb") as f:
+            key = serialization.load_pem_private_key(f.read(), None)
+        with open(issued.cert_path, "rb") as f:
+            cert = x509.load_pem_x509_certificate(f.read())
+        path = os.path.join(out, f"node-{node_id}.p12")
+        with open(path, "wb") as f:
+            f.write(pkcs12.serialize_key_and_certificates(
+                f"node-{node_id}".encode(), key, cert, None,  # type: ignore[arg-type]
+                serialization.BestAvailableEncryption(STORE_PASSWORD.encode())))
+        return path
+
+    def client_tls(self, user: str = "admin") -> dict[str, str]:
+        """librdkafka's SSL settings for `user` (a user certificate of the CA in tls_dir, issued once)."""
+        from metalog.tools.cluster import certs
+
+        out = os.path.join(self.tls_dir, "kafka")
+        if not os.path.exists(os.path.join(out, f"{user}.crt")):
+            certs.issue_user(self.tls_dir, out, user)
+        return {"security.protocol": "SSL", "ssl.ca.location": os.path.join(self.tls_dir, "ca.crt"),
+                "ssl.certificate.location": os.path.join(out, f"{user}.crt"),
+                "ssl.key.location": os.path.join(out, f"{user}.key")}
 
     def _format(self) -> None:
         """Kafka's StorageTool on every node, the JVMs side by side (each
@@ -197,9 +274,26 @@ class KafkaCluster:
                           f"Kafka node {node.node_id} to start", node)
         return time.monotonic() - t0
 
+    def launch(self, nodes: Sequence[KafkaNode] | None = None) -> None:
+        """Spawn `nodes` (every node, controllers first, by default) without waiting for any."""
+        for node in nodes if nodes is not None else self.controllers + self.brokers:
+            self._spawn(node)
+
+    def elected_leader(self) -> tuple[int, int] | None:
+        """(node id, epoch) of the highest-epoch Leader state a controller's
+        log announced (a killed leader's last line stays: a caller after a
+        failover looks for a higher epoch)."""
+        best = None
+        for node in self.controllers:
+            epochs = [int(e) for e in LEADER_LINE.findall(node.output())]
+            if epochs and (best is None or max(epochs) > best[1]):
+                best = (node.node_id, max(epochs))
+        return best
+
     def _spawn(self, node: KafkaNode) -> None:
-        command = [kafka.java(), f"-Xmx{self.heap_mb}m", "-Xms32m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-                   "-XX:CICompilerCount=1", f"-Dlog4j2.configurationFile={SERVER_LOG4J2}",
+        flags = self.jvm_flags if self.jvm_flags is not None else [
+            f"-Xmx{self.heap_mb}m", "-Xms32m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:CICompilerCount=1"]
+        command = [kafka.java(), *flags, f"-Dlog4j2.configurationFile={SERVER_LOG4J2}",
                    "-cp", kafka.classpath(), SERVER, node.props_path]
         with open(node.out_path, "ab") as out:
             node.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
