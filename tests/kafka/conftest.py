@@ -177,3 +177,13 @@ def written(tmp_path_factory, kafka_jars) -> Written:
     finally:
         cluster.stop()  # Kafka judges files at rest: no batch half written
     return w
+
+
+@pytest.fixture(scope="session")
+def reported(tmp_path_factory):
+    """One real Kafka 4.3.1 cluster driven by Kafka's tools, then stopped, for
+    every module that judges its files (test_we_judge_kafka: our readers,
+    test_spark_judges_kafka: the Spark job): it takes minutes, so once."""
+    from tests.kafka.test_we_judge_kafka import run_and_report
+
+    return run_and_report(tmp_path_factory)

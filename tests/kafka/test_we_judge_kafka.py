@@ -183,8 +183,8 @@ def _snapshot_ends(node: kq.KafkaNode) -> list[int]:
                   for p in glob.glob(os.path.join(node.metadata_dir, "*.checkpoint")))
 
 
-@pytest.fixture(scope="module")
-def reported(tmp_path_factory) -> Reported:
+def run_and_report(tmp_path_factory) -> Reported:
+    """The cluster driven and reported on, then stopped: conftest's session fixture `reported`."""
     try:
         kafka.classpath()
         kafka.java()

@@ -264,7 +264,8 @@ def entity_key(value: bytes) -> tuple[int, str, int, str, str]:
     try:
         rec = r.decode_record(value)
     except r.MetadataRecordError:
-        return -1, "", 0, "", ""
+        unread = fold.unread_version(value)  # a newer version of a type we model: listed, not compared
+        return (fold.SEC_UNMODELLED, unread, 0, "", "") if unread is not None else (-1, "", 0, "", "")
     t = type(rec)
     if t is r.UnknownRecord:
         return fold.SEC_UNMODELLED, r.type_name(rec), 0, "", ""

@@ -58,6 +58,7 @@ import os
 import re
 import shlex
 import shutil
+import struct
 import sys
 import tempfile
 import threading
@@ -465,11 +466,16 @@ DISCOVERY_ENTRIES_MAX = 200_000  # bound on the directory walk
 DISCOVERY_DEPTH_MAX = 8
 
 
-def discover(spark, inputs: list[str]) -> list[str]:
+def discover(spark, inputs: list[str], skipped: list[str] | None = None) -> list[str]:
     """Directories under the inputs that hold metadata log files, found with
     the Hadoop FileSystem API (so any Hadoop path works). Spark's own recursive
     listing skips names starting with '_' -- and every log lives in
-    ``__cluster_metadata-0`` -- so the job passes these directories explicitly."""
+    ``__cluster_metadata-0`` -- so the job passes these directories explicitly.
+
+    Beside a ``__cluster_metadata-0`` only that one is read: a Kafka broker's
+    log dir also holds its topics' partitions (``orders-0``, ...), whose
+    segments are no replica of the metadata log (read as one, the audit called
+    them a second leader at offset 0). Those dirs go to `skipped`."""
     jvm = spark.sparkContext._jvm
     conf = spark.sparkContext._jsc.hadoopConfiguration()
     wanted = re.compile(r".*\.(log|checkpoint)|meta\.properties|log-start-offset|quorum-state")
@@ -492,14 +498,19 @@ def discover(spark, inputs: list[str]) -> list[str]:
         while stack:
             d, depth = stack.pop()
             has = False
-            for st in fs.listStatus(d):
-                seen += 1
-                if seen > DISCOVERY_ENTRIES_MAX:
-                    raise InputError(f"more than {DISCOVERY_ENTRIES_MAX} entries under the inputs: "
-                                     "point the job at the broker data dirs")
+            entries = list(fs.listStatus(d))
+            seen += len(entries)
+            if seen > DISCOVERY_ENTRIES_MAX:
+                raise InputError(f"more than {DISCOVERY_ENTRIES_MAX} entries under the inputs: "
+                                 "point the job at the broker data dirs")
+            metadata_only = any(st.isDirectory() and st.getPath().getName() == D.PARTITION_DIR for st in entries)
+            for st in entries:
                 name = st.getPath().getName()
                 if st.isDirectory():
-                    if depth < DISCOVERY_DEPTH_MAX and not name.startswith("."):
+                    if metadata_only and name != D.PARTITION_DIR:
+                        if skipped is not None and not name.startswith("."):
+                            skipped.append(st.getPath().toString())
+                    elif depth < DISCOVERY_DEPTH_MAX and not name.startswith("."):
                         stack.append((st.getPath(), depth + 1))
                 elif wanted.fullmatch(name):
                     has = True
@@ -529,7 +540,9 @@ class Analysis:
         from pyspark.sql import functions as f
 
         self.progress.set_phase("listing input directories")
-        dirs = discover(self.spark, self.inputs)
+        skipped: list[str] = []
+        dirs = discover(self.spark, self.inputs, skipped)
+        self.report["skipped_dirs"] = sorted(skipped)[:DIFFS_LISTED_MAX]
         self.progress.set_phase("decoding files")
         try:
             files = (self.spark.read.format("binaryFile").option("pathGlobFilter", GLOB)
@@ -541,6 +554,12 @@ class Analysis:
         t0 = time.monotonic()
         small = (self.decoded.filter(~f.col("kind").isin("rec", "snaprec"))
                  .drop("value").collect())
+        # KIP-853 voter sets in the logs (VotersRecord control records: a few per
+        # voter change), for a quorum-state that lists no voters (Kafka 4.x's).
+        voters_type = bytearray(struct.pack(">hh", cr.KEY_VERSION, cr.KRAFT_VOTERS))  # the record key
+        self.log_voter_rows = (self.decoded.filter((f.col("kind") == "rec") & f.col("control")
+                                                   & (f.substring("value", 1, 4) == f.lit(voters_type)))
+                               .select("replica", "offset", "value").collect())
         self._summarize(small)
         segs = [sg for rp in self.replicas.values() for sg in rp["segments"]]
         records = sum(sg["records"] for sg in segs)
@@ -643,6 +662,7 @@ class Analysis:
                                      "warning": f"snapshot from another cluster: its header says cluster "
                                                 f"{s['cluster_id']!r}, this cluster is {self.cluster_id!r}; "
                                                 "not used"})
+        self.snapshots_seen = snaps
         self.voters, self.observers = self._voter_set(foreign, warnings)
         # Damage in an excluded replica does not fail the job: it is not this cluster's.
         errors = [e for e in errors if e.get("replica") not in foreign]
@@ -683,14 +703,24 @@ class Analysis:
             if rp.get("quorum_state") is not None:
                 states.append(rp["quorum_state"])
         newest = max(states, key=lambda q: (q["leader_epoch"], bool(q["voters"])), default=None)
-        if newest is None or not newest["voters"]:
-            warnings.append({"category": "configuration", "replica": "(all replicas)", "file": "quorum-state",
-                             "warning": "voters unknown (no replica has a readable quorum-state with a "
-                                        "voter list): every replica given votes for the HW"})
-            self.report["voters"] = None
-            return None, set()
-        voters = set(newest["voters"])
+        if newest is not None and newest["voters"]:
+            voters = set(newest["voters"])
+            source = f"the quorum-state of leader epoch {newest['leader_epoch']}"
+        else:
+            # Kafka 4.x (KIP-853, quorum-state data_version 1) keeps the voter set in
+            # the log and the snapshots only, as Kafka itself reads it.
+            found = self._newest_voters_record(foreign)
+            if found is None:
+                warnings.append({"category": "configuration", "replica": "(all replicas)",
+                                 "file": "quorum-state",
+                                 "warning": "voters unknown (no replica has a readable quorum-state with a "
+                                            "voter list, and no VotersRecord in the logs or snapshots): "
+                                            "every replica given votes for the HW"})
+                self.report["voters"] = None
+                return None, set()
+            voters, source = found
         self.report["voters"] = sorted(voters)
+        self.report["voters_source"] = source
         observers = set()
         for name, rp in sorted(self.replicas.items()):
             if name in foreign:
@@ -705,10 +735,41 @@ class Analysis:
             who = f"node {node}" if node is not None else "replica without a node.id in meta.properties"
             warnings.append({"category": "configuration", "replica": name,
                              "file": f"{D.PARTITION_DIR}/quorum-state",
-                             "warning": f"{who} is not a voter (voters {sorted(voters)}, from the "
-                                        f"quorum-state of leader epoch {newest['leader_epoch']}): audited "
-                                        "but excluded from the HW vote"})
+                             "warning": f"{who} is not a voter (voters {sorted(voters)}, from "
+                                        f"{source}): audited but excluded from the HW vote"})
         return voters, observers
+
+    def _newest_voters_record(self, foreign: set[str]) -> tuple[set[int], str] | None:
+        """(voter ids, where they come from) of the newest KIP-853 voter set
+        among this cluster's replicas: the VotersRecord at the highest log
+        offset, or a snapshot's set if a snapshot ends past it (a snapshot
+        carries the set in force at its end offset). Kafka reads the latest
+        set in its log, committed or not, so this does too; replicas that
+        disagree at one offset: the set most of them hold there."""
+        at: dict[int, Counter] = {}
+        for row in self.log_voter_rows:
+            if row["replica"] not in foreign:
+                at.setdefault(row["offset"], Counter())[bytes(row["value"])] += 1
+        best: tuple[int, bytes, str] | None = None
+        if at:
+            offset = max(at)
+            value = at[offset].most_common(1)[0][0]
+            best = (offset + 1, value, f"the VotersRecord at offset {offset} of the log")
+        for snap in self.snapshots_seen:
+            if snap["replica"] in foreign or snap.get("foreign") or not snap.get("voters"):
+                continue
+            if best is None or snap["end_offset"] > best[0]:
+                best = (snap["end_offset"], bytes.fromhex(snap["voters"]),
+                        f"the voter set of snapshot {snap['file']}")
+        if best is None:
+            return None
+        try:
+            rec = cr.decode_control(best[1])
+        except cr.ControlRecordError:
+            return None  # the audit names undecodable records; no voter set from one
+        if not isinstance(rec, cr.VotersRecord):
+            return None
+        return {v.voter_id for v in rec.voters}, best[2]
 
     def vote(self, hw_override: int | None) -> None:
         """Majority per offset, the HW, and each replica's first difference."""
@@ -865,6 +926,40 @@ def _record_json(value: bytes | None):
         return f"undecodable: {exc}"
 
 
+# Kafka's ControlRecordType names (metalog.storage.control_records models 2-6;
+# 0 and 1 end transactions, which a metadata log never holds).
+CONTROL_TYPE_NAMES = {0: "Abort", 1: "Commit", cr.LEADER_CHANGE: "LeaderChange", cr.SNAPSHOT_HEADER: "SnapshotHeader",
+                      cr.SNAPSHOT_FOOTER: "SnapshotFooter", cr.KRAFT_VERSION: "KRaftVersion",
+                      cr.KRAFT_VOTERS: "KRaftVoters"}
+MODELLED_CONTROL_TYPES = {"LeaderChange", "SnapshotHeader", "SnapshotFooter", "KRaftVersion", "KRaftVoters"}
+
+
+# Kafka's metadata transactions (KIP-868): BeginTransaction 23, EndTransaction
+# 24, AbortTransaction 25, by their frame prefix (frame version 1, api key).
+BEGIN_TRANSACTION, END_TRANSACTION, ABORT_TRANSACTION = 23, 24, 25
+TRANSACTION_PREFIXES = [bytearray((metadata_records.FRAME_VERSION, k))
+                        for k in (BEGIN_TRANSACTION, END_TRANSACTION, ABORT_TRANSACTION)]
+
+
+def metadata_transactions(rows) -> tuple[list[tuple[int, int]], int | None]:
+    """(aborted offset ranges [begin, abort], the begin offset of a transaction
+    still open at the end or None) from the transaction markers in offset
+    order. Kafka drops an aborted transaction's records (a new leader aborts
+    the one its predecessor left open); the markers themselves change no state."""
+    aborted: list[tuple[int, int]] = []
+    begun: int | None = None
+    for row in rows:
+        key = bytes(row["value"])[1]
+        if key == BEGIN_TRANSACTION:
+            begun = row["offset"]
+        elif key == ABORT_TRANSACTION and begun is not None:
+            aborted.append((begun, row["offset"]))
+            begun = None
+        elif key == END_TRANSACTION:
+            begun = None
+    return aborted, begun
+
+
 class Replay:
     """Steps 4-5: the committed prefix folded per key, at several cuts."""
 
@@ -912,6 +1007,12 @@ class Replay:
         self.source = src or "majority of replicas"
         self.committed = committed  # control records too: the history table shows them
         data = committed.filter(~f.col("control")).select("offset", "value")
+        # KIP-868: the records of a metadata transaction Kafka aborted are never applied.
+        self.aborted, self.open_transaction = metadata_transactions(
+            committed.filter(~f.col("control") & f.substring("value", 1, 2).isin(*TRANSACTION_PREFIXES))
+            .select("offset", "value").orderBy("offset").collect())
+        for lo, hi in self.aborted:
+            data = data.filter(~f.col("offset").between(lo, hi))
         if self.base is not None:
             b = self.base
             snap = an.decoded.filter((f.col("kind") == "snaprec") & (f.col("replica") == b["replica"])
@@ -962,7 +1063,25 @@ class Replay:
         self.unknown_records = {x["name"]: int(x["invalid"]) for x in
                                 out.filter(f.col("rowtype") == "unknown").select("name", "invalid").collect()}
         self.states = out.filter(f.col("rowtype") == "state")
+        self.control_records = self._control_counts()
         lap(report, "fold_partitions_configs", t)
+
+    def _control_counts(self) -> dict[str, int]:
+        """Committed control records by type name (the key's type field). They
+        change no controller state; the voter sets among them go into the
+        checkpoint (voters_at). A type this build does not know is named
+        'control type N' so the report lists it instead of passing over it."""
+        from pyspark.sql import functions as f
+
+        rows = (self.committed.filter(f.col("control"))
+                .groupBy(f.substring("value", 1, 4).alias("key")).count().collect())
+        out: dict[str, int] = {}
+        for row in rows:
+            key = bytes(row["key"])
+            rtype = struct.unpack(">hh", key)[1] if len(key) == 4 else -1
+            name = CONTROL_TYPE_NAMES.get(rtype, f"control type {rtype}")
+            out[name] = out.get(name, 0) + int(row["count"])
+        return dict(sorted(out.items()))
 
     def voters_at(self, cut: int) -> cr.VotersRecord | None:
         """The voter set at `cut` (KIP-853), for the checkpoint to carry as
@@ -1084,11 +1203,16 @@ def _summary_lines(report: dict) -> list[str]:
         lines.append(f"  cluster {report['cluster_id']!r}, {len(report.get('replicas', {}))} replica(s), "
                      f"HW {report.get('hw')} ({report.get('hw_source', '-')}), "
                      f"majority agrees up to {report.get('majority_end_offset')}")
+    if report.get("voters") is not None:
+        lines.append(f"  voters {report['voters']} (from {report.get('voters_source')})")
     for name, a in sorted(report.get("audit", {}).items()):
         where = ("" if a.get("first_diff_offset") is None else
                  f" at offset {a['first_diff_offset']} epoch {a.get('first_diff_epoch')}")
         role = ", observer: not voting" if a.get("in_vote") is False else ""
         lines.append(f"  replica {name} (node {a.get('node_id')}{role}): {a['status']}{where}")
+    if report.get("skipped_dirs"):
+        lines.append(f"  not read: {len(report['skipped_dirs'])} dir(s) beside a {D.PARTITION_DIR} (a Kafka "
+                     f"broker's topic partitions), e.g. {report['skipped_dirs'][0]}")
     for w in report.get("warnings", [])[:10]:  # e.g. a replica of another cluster, left out above
         lines.append(f"  warning: {w['replica']}/{w['file']}: {w['warning']}")
     for e in report.get("errors", [])[:10]:
@@ -1109,10 +1233,17 @@ def _summary_lines(report: dict) -> list[str]:
             lines.append(f"  no checkpoint written: {s['name']} was built but failed validation")
     if report.get("removed_earlier_checkpoint"):
         lines.append(f"  removed {report['removed_earlier_checkpoint']}, an earlier run's output, from the out dir")
-    unmodelled = report.get("replay", {}).get("unmodelled_records")
+    unmodelled = dict(report.get("replay", {}).get("unmodelled_records") or {})
+    unmodelled.update({name: n for name, n in (report.get("replay", {}).get("control_records") or {}).items()
+                       if name not in MODELLED_CONTROL_TYPES})
     if unmodelled:
         lines.append("  record types not modelled (counted, not applied): "
                      + ", ".join(f"{name} x{n}" for name, n in unmodelled.items()))
+    for lo, hi in report.get("replay", {}).get("aborted_transactions") or []:
+        lines.append(f"  metadata transaction aborted at offset {hi}: its records {lo}..{hi} not applied")
+    if report.get("replay", {}).get("open_transaction_at") is not None:
+        lines.append(f"  warning: a metadata transaction begun at offset {report['replay']['open_transaction_at']} "
+                     "is still open at the end offset: its records are applied")
     for c in report.get("comparisons", []):
         lines.append(f"  vs broker snapshot {c['snapshot']}: "
                      + ("equal" if c["equal"] else f"{c['differing_entities']} entity(ies) differ")
@@ -1440,6 +1571,11 @@ def _snapshot(args, an: Analysis, report: dict, progress: Progress) -> dict:
                         "invalid_records": replay.invalid, "data_records": replay.data_records,
                         # Kafka record types we do not model, by name: listed, neither pass nor fail
                         "unmodelled_records": dict(sorted(replay.unknown_records.items())),
+                        # by type; the ones outside MODELLED_CONTROL_TYPES are also in the summary line
+                        "control_records": replay.control_records,
+                        # KIP-868: offset ranges of aborted metadata transactions, not applied
+                        "aborted_transactions": [list(x) for x in replay.aborted],
+                        "open_transaction_at": replay.open_transaction,
                         "start_offset": an.start,
                         "base_snapshot": replay.base and replay.base["file"],
                         "side_table_rows": replay.side_rows, "seconds": round(elapsed, 2),
