@@ -220,19 +220,21 @@ class Writer:
     admin: Any
     tag: str
 
-    def write(self, op: str, client: int, seq: int, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    def write(self, op: str, phase: str, client: int, seq: int, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         """One write, awaited (raises what the client raised)."""
-        for future in self.submit(op, client, seq, timeout_s):
+        for future in self.submit(op, phase, client, seq, timeout_s):
             future.result(timeout=timeout_s + 5)
 
-    def submit(self, op: str, client: int, seq: int, timeout_s: float = REQUEST_TIMEOUT_S) -> list[Any]:
-        """One write sent; its futures (concurrent.futures.Future)."""
+    def submit(self, op: str, phase: str, client: int, seq: int, timeout_s: float = REQUEST_TIMEOUT_S) -> list[Any]:
+        """One write sent; its futures (concurrent.futures.Future). Names hold
+        the phase, so that no write repeats an earlier one (a repeated ACL
+        would write nothing; a repeated topic is refused)."""
         from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AlterConfigOpType,
                                            ConfigEntry, ConfigResource, NewTopic, ResourcePatternType,
                                            ResourceType)
 
         if op == "topics":
-            futures = self.admin.create_topics([NewTopic(f"bench-{self.tag}-{client}-{seq}", 1, 1)],
+            futures = self.admin.create_topics([NewTopic(f"bench-{self.tag}-{phase}-{client}-{seq}", 1, 1)],
                                                request_timeout=timeout_s)
         elif op == "configs":
             entry = ConfigEntry("retention.ms", str(86_400_000 + client * 1_000_000 + seq),
@@ -242,7 +244,7 @@ class Writer:
                 request_timeout=timeout_s)
         else:
             binding = AclBinding(ResourceType.TOPIC, ACL_TOPIC, ResourcePatternType.LITERAL,
-                                 f"User:bench-{self.tag}-{client}-{seq}", "*", AclOperation.READ,
+                                 f"User:bench-{self.tag}-{phase}-{client}-{seq}", "*", AclOperation.READ,
                                  AclPermissionType.ALLOW)
             futures = self.admin.create_acls([binding], request_timeout=timeout_s)
         return list(futures.values())
@@ -286,7 +288,7 @@ def run_phase(writers: list[Writer], op: str, clients: int, warmup_s: float, dur
         while time.monotonic() < window[1]:
             t0 = time.monotonic()
             try:
-                writers[client].write(op, client, seq)
+                writers[client].write(op, f"{clients}c", client, seq)
                 ok = True
             except Exception as exc:  # noqa: BLE001 (counted and reported, the loop goes on)
                 ok = False
@@ -335,7 +337,7 @@ def measure_failover(side: Side, writer: Writer) -> dict[str, Any]:
     from a Metadata answer, which it asks for every 5 minutes by itself
     (topic.metadata.refresh.interval.ms), see docs/bench.md."""
     for seq in range(3):  # the connections are up and warm before the kill
-        writer.write("acls", 0, seq)
+        writer.write("acls", "warm", 0, seq)
     leader = side.leader()
     first_ok: list[float] = []
     errors: list[str] = []
@@ -348,17 +350,18 @@ def measure_failover(side: Side, writer: Writer) -> dict[str, Any]:
         elif len(errors) < 5:
             errors.append(repr(future.exception())[:200])
 
-    killed_at = time.monotonic()
+    killed_at, killed_at_unix = time.monotonic(), time.time()  # the wall clock: to read the logs against
     side.kill(leader)
     attempts = 0
     while not done.is_set() and time.monotonic() - killed_at < FAILOVER_DEADLINE_S:
         attempts += 1
-        for future in writer.submit("acls", 0, 1000 + attempts, timeout_s=FAILOVER_DEADLINE_S):
+        for future in writer.submit("acls", "failover", 0, attempts, timeout_s=FAILOVER_DEADLINE_S):
             future.add_done_callback(finished)
         _refresh_metadata(writer.admin)
         done.wait(FAILOVER_EVERY_S)
     next_ms = round((min(first_ok) - killed_at) * 1000, 1) if first_ok else None
-    return {"leader_killed": leader, "next_write_ms": next_ms, "attempts": attempts, "errors": errors}
+    return {"leader_killed": leader, "next_write_ms": next_ms, "attempts": attempts, "errors": errors,
+            "killed_at_unix": round(killed_at_unix, 3)}
 
 
 # ---------------------------------------------------------------- one side, one round
