@@ -401,7 +401,7 @@ def run(root: str, rounds: int, warmup_s: float, duration_s: float,
                               "duration_s": duration_s, "client_counts": list(CLIENT_COUNTS),
                               "load_before": [round(x, 2) for x in os.getloadavg()]}
     runs: dict[str, list[dict[str, Any]]] = {"metalog": [], "kafka": []}
-    makers = {"metalog": MetalogSide, "kafka": KafkaSide}
+    makers: dict[str, Callable[[str, str], Side]] = {"metalog": MetalogSide, "kafka": KafkaSide}
     for r in range(rounds):
         order = ("metalog", "kafka") if r % 2 == 0 else ("kafka", "metalog")
         for name in order:
