@@ -78,10 +78,6 @@ def test_election_by_pre_vote_and_writes_replicate(kafka_wire_cluster):
     kc = kafka_wire_cluster
     cluster = kc.cluster
     leader, epoch = cluster.wait_for_leader(30)
-    for nid in cluster.nodes:
-        started = cluster.wait_for(lambda: [ln for ln in cluster.read_log_lines(nid)
-                                            if ln.get("event") == "broker_started"], 30, f"node {nid} to serve")
-        assert started[-1]["wire"] == "kafka"
     roles = [ln.get("role") for ln in cluster.read_log_lines(leader) if ln.get("event") == "role_changed"]
     assert "prospective" in roles and roles.index("prospective") < roles.index("leader"), roles
     _produce(kc, 50, "first")
@@ -109,14 +105,15 @@ def test_a_voter_behind_the_log_start_installs_a_snapshot(kafka_wire_cluster):
     leader, _ = cluster.wait_for_leader(30)
     behind = next(n for n in cluster.nodes if n != leader)
     cluster.kill(behind)
-    start = cluster.quorum(leader)["log_start_offset"]
+    start_view = cluster.quorum(leader)
+    start, hw_before = start_view["log_start_offset"], start_view["high_watermark"]
     _produce(kc, 400, "while-down")  # past snapshot_min_records (150): snapshots, the log start moves
     others = [n for n in cluster.nodes if n != behind]
     cluster.wait_for(lambda: all(v and v["log_start_offset"] > start and v["snapshots"]
                                  for v in _views(cluster, others)), 60, "a snapshot and a later log start")
     cluster.start_node(behind)
     views = cluster.wait_for(lambda: _caught_up(cluster, cluster.nodes, 0), 60, "the voter to catch up")
-    assert views[0]["high_watermark"] >= 470
+    assert views[0]["high_watermark"] >= hw_before + 400
     installed = [ln for ln in cluster.read_log_lines(behind) if ln.get("event") == "snapshot_installed"]
     assert installed, "the voter caught up without a snapshot"
 
