@@ -25,10 +25,18 @@ START_DEADLINE_S = 90
 RUN_TIMEOUT_S = 240
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: all bound at once, so that no two are the
+    same (one port at a time, CI once gave a worker's web UI the master's UI
+    port, and /json/ answered the worker's HTML)."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _spark_home() -> str:
@@ -46,7 +54,7 @@ def standalone(tmp_path):
                SPARK_WORKER_DIR=str(tmp_path / "spark-work"), TMPDIR=str(tmp_path / "tmp"))
     env.pop("PYSPARK_SUBMIT_ARGS", None)
     os.makedirs(env["TMPDIR"], exist_ok=True)
-    port, ui_port = _free_port(), _free_port()
+    port, ui_port, *worker_ui_ports = _free_ports(4)
     url = f"spark://127.0.0.1:{port}"
     spark_class = os.path.join(home, "bin", "spark-class")
     procs: list[subprocess.Popen] = []
@@ -63,7 +71,7 @@ def standalone(tmp_path):
               "--port", str(port), "--webui-port", str(ui_port))
         for i in (1, 2):
             start(f"worker{i}", "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
-                  "--cores", "1", "--memory", "700m", "--webui-port", str(_free_port()),
+                  "--cores", "1", "--memory", "700m", "--webui-port", str(worker_ui_ports[i - 1]),
                   "--work-dir", str(tmp_path / f"work{i}"))
         deadline = time.monotonic() + START_DEADLINE_S
         alive = -1
