@@ -46,7 +46,9 @@ from typing import Any, Callable, Iterable
 
 import msgspec
 
+from metalog.broker.client.batching import PRODUCE_INFLIGHT_MAX, ProduceBatcher
 from metalog.broker.client.config import ClientConfigError, find_client_config
+from metalog.broker.client.quorum_admin import QuorumAdminCalls
 from metalog.broker.client.consumer import Consumer
 from metalog.broker.client.errors import (
     AUTHORIZATION_ERRORS,
@@ -111,7 +113,7 @@ class _Producer:
     next_sequence: int = 0
 
 
-class MetalogClient:
+class MetalogClient(QuorumAdminCalls):
     """One application's connection to a cluster (see the module docstring);
     ``MetalogClient.from_config()`` builds one from the client config file."""
 
@@ -131,6 +133,7 @@ class MetalogClient:
         tls: Any = None,
         resolve_address: Callable[[tuple[str, int]], tuple[str, int]] | None = None,
         idempotent: bool = True,
+        produce_inflight_max: int = PRODUCE_INFLIGHT_MAX,
     ):
         # tls: metalog.broker.net.tls.TlsFiles (or an ssl.SSLContext) with our client certificate; None = plaintext.
         self.tls = tls
@@ -179,6 +182,8 @@ class MetalogClient:
         self.idempotent = idempotent
         self._idle_producers: list[_Producer] = []
         self.producers_initialized = 0
+        # Concurrent produce calls share requests (metalog.broker.client.batching).
+        self._batcher = ProduceBatcher(self._produce_one_request, max_request_bytes, produce_inflight_max)
 
     @classmethod
     def from_config(cls, path: str | None = None, **options: Any) -> MetalogClient:
@@ -236,6 +241,10 @@ class MetalogClient:
         """Append `records` and wait for commit; returns (base_offset, leader_epoch)
         of the first record.
 
+        Calls made at the same time share requests, as a Kafka producer's
+        records share batches (``metalog.broker.client.batching``): a call
+        that fits in one request waits only while ``produce_inflight_max``
+        requests are out, and its records stay consecutive.
         Records beyond max_request_bytes go in several requests, in order, each
         committed before the next is sent: the records of one request are
         consecutive, but another producer's records may fall between two
@@ -251,33 +260,47 @@ class MetalogClient:
         """
         if not records:
             raise ValueError("produce needs at least one record")
-        chunks = self.split_requests(records)
-        if not self.idempotent:
-            first: tuple[int, int] | None = None
-            for chunk in chunks:
-                resp = await self._leader_request(
-                    ApiKey.PRODUCE,
-                    lambda chunk=chunk: m.ProduceRequest(cluster_id=self.cluster_id, records=chunk,
-                                                         timeout_ms=self._server_wait_ms),
-                    self.request_timeout_ms,
-                )
-                if first is None:
-                    first = (resp.base_offset, _written_epoch(resp, self._answered_epoch))
-            if first is None:
-                raise InvariantViolation("split_requests made no request of a non-empty list")
-            return first
-        producer = self._idle_producers.pop() if self._idle_producers else None
+        if self._batcher.fits(records):
+            return await self._batcher.produce(records)
+        producer: _Producer | None = None
         first: tuple[int, int] | None = None
-        for chunk in chunks:
-            producer, resp = await self._produce_chunk(producer, chunk)
-            if first is None:
-                first = (resp.base_offset, _written_epoch(resp, self._answered_epoch))
-        if first is None or producer is None:
+        for chunk in self.split_requests(records):
+            producer, answer = await self._send_records(producer, chunk)
+            first = answer if first is None else first
+        if first is None:
             raise InvariantViolation("split_requests made no request of a non-empty list")
-        # Only a producer whose every request was answered is used again: after a
-        # failure its next sequence could not be judged against the unknown outcome.
-        self._idle_producers.append(producer)
+        if producer is not None:
+            self._idle_producers.append(producer)
         return first
+
+    async def _produce_one_request(self, records: list[bytes]) -> tuple[int, int]:
+        """One request of `records` (the batcher's calls)."""
+        producer, answer = await self._send_records(None, records)
+        if producer is not None:
+            self._idle_producers.append(producer)
+        return answer
+
+    async def _send_records(self, producer: _Producer | None,
+                            records: list[bytes]) -> tuple[_Producer | None, tuple[int, int]]:
+        """One request, retried: (the producer to use next, (base offset, epoch)).
+        Only a producer whose every request was answered is used again: after a
+        failure its next sequence could not be judged against the unknown outcome."""
+        if not self.idempotent:
+            resp = await self._leader_request(
+                ApiKey.PRODUCE,
+                lambda: m.ProduceRequest(cluster_id=self.cluster_id, records=records, timeout_ms=self._server_wait_ms),
+                self.request_timeout_ms,
+            )
+            return None, (resp.base_offset, _written_epoch(resp, self._answered_epoch))
+        if producer is None and self._idle_producers:
+            producer = self._idle_producers.pop()
+        used, resp = await self._produce_chunk(producer, records)
+        return used, (resp.base_offset, _written_epoch(resp, self._answered_epoch))
+
+    @property
+    def produce_requests_sent(self) -> int:
+        """Requests that carried the produce calls that fit in one (calls / this: the batching)."""
+        return self._batcher.requests_sent
 
     async def init_producer_id(self) -> tuple[int, int]:
         """A new producer id and epoch from the leader (InitProducerId)."""
@@ -329,48 +352,6 @@ class MetalogClient:
             self.request_timeout_ms,
         )
         return resp.base_offset, resp.leader_epoch
-
-    async def add_voter(self, voter_id: int, directory_id: str, listeners: list[tuple[str, str, int]]) -> None:
-        """AddRaftVoter (KIP-853): returns once the leader committed the new
-        voter set. REQUEST_TIMED_OUT (not caught up yet, another change in
-        progress) is retried until delivery_timeout_ms; DUPLICATE_VOTER,
-        INVALID_REQUEST, UNSUPPORTED_VERSION ... raise MetalogError."""
-        await self._leader_request(
-            ApiKey.ADD_RAFT_VOTER,
-            lambda: m.AddRaftVoterRequest(cluster_id=self.cluster_id, voter_id=voter_id,
-                                          voter_directory_id=directory_id,
-                                          listeners=[m.RaftListener(*ln) for ln in listeners],
-                                          timeout_ms=self._server_wait_ms),
-            self.request_timeout_ms)
-
-    async def remove_voter(self, voter_id: int, directory_id: str) -> None:
-        """RemoveRaftVoter (KIP-853): returns once the change is committed
-        (VOTER_NOT_FOUND ... raise MetalogError)."""
-        await self._leader_request(
-            ApiKey.REMOVE_RAFT_VOTER,
-            lambda: m.RemoveRaftVoterRequest(cluster_id=self.cluster_id, voter_id=voter_id,
-                                             voter_directory_id=directory_id, timeout_ms=self._server_wait_ms),
-            self.request_timeout_ms)
-
-    async def update_kraft_version(self, level: int, validate_only: bool = False) -> None:
-        """UpdateFeatures (57) for kraft.version (Kafka's `kafka-features
-        upgrade --feature kraft.version=1`): returns once the leader committed
-        the upgrade. REQUEST_TIMED_OUT (the leader's epoch not committed yet,
-        an upgrade or voter change in progress) is retried until
-        delivery_timeout_ms; INVALID_UPDATE_VERSION (a voter's directory id
-        unknown, a downgrade, a level not supported) raises MetalogError."""
-        await self._leader_request(
-            ApiKey.UPDATE_FEATURES,
-            lambda: m.UpdateFeaturesRequest(
-                cluster_id=self.cluster_id, feature_updates=[m.FeatureUpdate(m.KRAFT_VERSION_FEATURE, level)],
-                timeout_ms=self._server_wait_ms, validate_only=validate_only),
-            self.request_timeout_ms)
-
-    async def describe_features(self) -> m.ApiVersionsResponse:
-        """The leader's ApiVersions: supported features and the committed
-        (finalized) levels, as `kafka-features describe` shows them."""
-        return await self._leader_request(ApiKey.API_VERSIONS, lambda: m.ApiVersionsRequest(),
-                                          self.request_timeout_ms)
 
     async def list_acls(self) -> list[dict]:
         """Every ACL in the leader's committed state (needs Describe on the

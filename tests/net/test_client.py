@@ -41,7 +41,7 @@ class FakeCluster:
         self.drop_produce_once = False
         self.advertised: dict[int, tuple[str, int]] = {}  # node -> address Metadata names (default: its own)
         self.next_producer_id = 100
-        self.produce_errors: list[int] = []  # error codes the next produces get, in order
+        self.produce_errors: list[int] = []  # error codes the next produces get, in order (NONE: appended)
 
     @property
     def end_offset(self) -> int:
@@ -111,7 +111,9 @@ class FakeCluster:
             return m.InitProducerIdResponse(producer_id=self.next_producer_id - 1, producer_epoch=0)
         if api_key == ApiKey.PRODUCE:
             if self.produce_errors:
-                return m.ProduceResponse(error_code=self.produce_errors.pop(0), error_message="fake refusal")
+                code = self.produce_errors.pop(0)
+                if code != Errors.NONE:  # NONE: this one is appended as usual
+                    return m.ProduceResponse(error_code=code, error_message="fake refusal")
             if self.drop_produce_once:
                 self.drop_produce_once = False
                 return m.ProduceResponse(error_code=Errors.REQUEST_TIMED_OUT)
@@ -459,3 +461,50 @@ async def test_concurrent_produces_use_separate_producers_and_plain_mode_sends_n
     assert produces(cluster)[-1] == ([b"z"], -1, -1, -1)
     await client.close()
     await plain.close()
+
+
+async def test_concurrent_calls_share_a_request_and_each_gets_its_own_first_offset(cluster):
+    """While the client's requests are out, later calls wait and leave
+    together, as a Kafka producer's records share a batch; each call's
+    records stay consecutive and its answer is its own first offset."""
+    client = make_client(cluster, produce_inflight_max=1)
+    calls = [[b"c%d-%d" % (i, j) for j in range(1 + i % 3)] for i in range(10)]
+    answers = await asyncio.gather(*(client.produce(records) for records in calls))
+    sent = produces(cluster)
+    assert [records for records, *_ in sent] == [calls[0], [r for c in calls[1:] for r in c]]
+    assert client.produce_requests_sent == 2
+    stored = [r for records, *_ in sent for r in records]
+    for records, (offset, epoch) in zip(calls, answers):
+        assert stored[offset:offset + len(records)] == records
+        assert epoch == 1
+    # One producer, its sequences in order: the batch is one request of it.
+    assert [(pid, seq) for _r, pid, _e, seq in sent] == [(100, 0), (100, 1)]
+    await client.close()
+
+
+async def test_a_failed_shared_request_fails_each_of_its_calls(cluster):
+    """The user sees the request's error on every call it carried; the calls
+    after it use a new producer, as after a failed call of its own."""
+    client = make_client(cluster, produce_inflight_max=1)
+    await client.produce([b"a"])
+    cluster.produce_errors = [Errors.NONE, Errors.OUT_OF_ORDER_SEQUENCE_NUMBER]
+    results = await asyncio.gather(*(client.produce([b"x%d" % i]) for i in range(4)), return_exceptions=True)
+    assert results[0] == (1, 1)
+    for failed in results[1:]:
+        assert isinstance(failed, MetalogError) and failed.error_code == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert await client.produce([b"b"]) == (2, 1)
+    assert produces(cluster)[-1] == ([b"b"], 101, 0, 0)
+    await client.close()
+
+
+async def test_a_cancelled_waiting_call_is_not_sent(cluster):
+    client = make_client(cluster, produce_inflight_max=1)
+    first = asyncio.ensure_future(client.produce([b"first"]))
+    waiting = asyncio.ensure_future(client.produce([b"cancelled"]))
+    later = asyncio.ensure_future(client.produce([b"later"]))
+    await asyncio.sleep(0)  # each call queued; only the first request is out
+    waiting.cancel()
+    assert await first == (0, 1)
+    assert await later == (1, 1)
+    assert [records for records, *_ in produces(cluster)] == [[b"first"], [b"later"]]
+    await client.close()

@@ -91,15 +91,16 @@ async def _closed_loop(clients: int, start_at: float, warmup_s: float, duration_
     measure_from = start_at + warmup_s
     stop_at = measure_from + duration_s
     lat_us: list[int] = []
-    errors = 0
+    errors = calls = 0
 
     async def one(i: int) -> None:
-        nonlocal errors
+        nonlocal errors, calls
         seq = 0
         while True:
             now = time.monotonic()
             if now >= stop_at:
                 return
+            calls += 1
             try:
                 await write_one(i, seq)
             except Exception:
@@ -114,16 +115,17 @@ async def _closed_loop(clients: int, start_at: float, warmup_s: float, duration_
 
     await asyncio.sleep(max(0.0, start_at - time.monotonic()))
     await asyncio.gather(*(one(i) for i in range(clients)))
-    return {"ops": len(lat_us), "errors": errors, "latencies_us": lat_us}
+    return {"ops": len(lat_us), "errors": errors, "latencies_us": lat_us, "calls": calls}
 
 
 async def _metalog_load(endpoints: list[tuple[str, int]], clients: int, warmup_s: float, duration_s: float,
                         value_bytes: int, tag: str, tls_files: list[str] | None = None,
-                        trace: bool = False) -> dict:
+                        trace: bool = False, produce_inflight_max: int | None = None) -> dict:
     tls = None
     if tls_files:
         tls = TlsFiles(TlsPaths(*tls_files))
-    client = MetalogClient(endpoints, CLUSTER_ID, request_timeout_ms=10000, max_retries=20, tls=tls)
+    options = {} if produce_inflight_max is None else {"produce_inflight_max": produce_inflight_max}
+    client = MetalogClient(endpoints, CLUSTER_ID, request_timeout_ms=10000, max_retries=20, tls=tls, **options)
     await client.metadata()
     start_at = await _ready_then_start_at()
     pad = b"x" * value_bytes
@@ -141,10 +143,15 @@ async def _metalog_load(endpoints: list[tuple[str, int]], clients: int, warmup_s
         base_offset, _epoch = await client.produce([value])
         trace_ops.append((sent_ns, time.monotonic_ns(), base_offset))
 
+    calls_before = client.produce_requests_sent
     try:
         result = await _closed_loop(clients, start_at, warmup_s, duration_s, write_one)
     finally:
         await client.close()
+    # Calls (one record each) and the requests that carried them, warm-up
+    # included: the client's batching (metalog.broker.client.batching).
+    result["produce_calls"] = result.pop("calls")
+    result["produce_requests"] = client.produce_requests_sent - calls_before
     if trace:
         result["trace_ops"] = trace_ops
     return result
@@ -178,7 +185,7 @@ def worker_main(argv: list[str]) -> int:
     if spec["system"] == "metalog":
         coro = _metalog_load([tuple(e) for e in spec["endpoints"]], spec["clients"],
                              spec["warmup_s"], spec["duration_s"], spec["value_bytes"], spec["tag"],
-                             spec.get("tls"), spec.get("trace", False))
+                             spec.get("tls"), spec.get("trace", False), spec.get("produce_inflight_max"))
     else:
         coro = _etcd_load(spec["url"], spec["clients"], spec["warmup_s"],
                           spec["duration_s"], spec["value_bytes"], spec["tag"], spec.get("tls"))
@@ -212,7 +219,7 @@ def run_load(target: dict, clients: int, procs: int, warmup_s: float, duration_s
             child.wait()
         raise
     lat: list[int] = []
-    ops = errors = 0
+    ops = errors = calls = requests = 0
     transport = None
     trace_ops: list = []
     for i, child in enumerate(children):
@@ -227,11 +234,15 @@ def run_load(target: dict, clients: int, procs: int, warmup_s: float, duration_s
         errors += res["errors"]
         transport = res.get("transport", transport)
         trace_ops += res.get("trace_ops", [])
+        calls += res.get("produce_calls", 0)
+        requests += res.get("produce_requests", 0)
     shutil.rmtree(out_dir, ignore_errors=True)
     out = {"clients": clients, "load_procs": procs, "duration_s": duration_s, "ops": ops, "errors": errors,
            "records_per_s": round(ops / duration_s, 1), **latency_summary_ms(lat)}
     if transport:
         out["transport"] = transport
+    if requests:
+        out["records_per_request"] = round(calls / requests, 1)
     if target.get("trace"):
         out["trace_ops"] = trace_ops
     return out
@@ -292,13 +303,17 @@ def bench_load(args, root: str, clients: int, rounds: int, label: str, report: d
             cluster = metalog_cluster(os.path.join(root, f"{label}-{key}-{r}"), insecure=insecure, cert_dir=cert_dir)
             try:
                 _start(cluster)
-                res = run_load(_metalog_target(cluster), clients, args.load_procs, args.warmup_s, args.duration_s,
+                target = _metalog_target(cluster)
+                if getattr(args, "produce_inflight_max", None):
+                    target["produce_inflight_max"] = args.produce_inflight_max
+                res = run_load(target, clients, args.load_procs, args.warmup_s, args.duration_s,
                                args.value_bytes, f"{label}{r}")
             finally:
                 cluster.stop()
             runs[key].append(res)
             what = "metalog TLS" if key == "metalog" else "metalog plaintext"
-            _progress(f"{label} round {r + 1}/{rounds} {what}: {res['records_per_s']} rec/s p99 {res['p99_ms']} ms")
+            _progress(f"{label} round {r + 1}/{rounds} {what}: {res['records_per_s']} rec/s p99 {res['p99_ms']} ms, "
+                      f"{res.get('records_per_request', '?')} records per request")
         if args.vs == "etcd" and report["etcd"]["available"]:
             etcd = bench_etcd.EtcdCluster(os.path.join(root, f"{label}-etcd-{r}"), cert_dir=cert_dir)
             try:
@@ -683,6 +698,9 @@ def register_cli(subparsers) -> None:
     p.add_argument("--warmup-s", type=float, default=d["warmup_s"], help="unmeasured warm-up per run")
     p.add_argument("--light-duration-s", type=float, default=d["light_duration_s"])
     p.add_argument("--value-bytes", type=int, default=d["value_bytes"])
+    p.add_argument("--produce-inflight-max", type=int, default=None,
+                   help="the load clients' produce_inflight_max (default: the client's, 8); at least the clients "
+                        "per load process sends one request per record, as before the client batched")
     p.add_argument("--load-procs", type=int, default=d["load_procs"], help="load generator processes")
     p.add_argument("--rounds", type=int, default=d["rounds"], help="interleaved rounds per system")
     p.add_argument("--failovers", type=int, default=d["failovers"], help="leader kills")
