@@ -14,6 +14,7 @@ mutual TLS on; records are written with librdkafka on the client listener.
 
 from __future__ import annotations
 
+import datetime
 import socket
 import ssl
 import uuid
@@ -144,3 +145,57 @@ def test_listen_speaks_kafka_and_binds_replicas_to_their_certificates(kafka_wire
     finally:
         raw.close()
     assert kc.cluster.wait_for_leader(30)[1] == epoch  # and it changed nothing
+
+
+def test_the_client_listener_serves_no_quorum_request(kafka_wire_cluster):
+    """Issue 34 item 1: the quorum's own requests are served on the
+    controller listener only, so an operator can firewall `listen` to the
+    voters and observers. On the client listener, with a node's own
+    certificate: ApiVersions lists none of them, a Vote is answered
+    UNSUPPORTED_VERSION (35), and a replica's Fetch of the metadata log gets
+    UNKNOWN_TOPIC_OR_PARTITION (3), as from a Kafka broker; the same Fetch
+    on `listen` is served."""
+    from kio.schema.api_versions.v3.request import ApiVersionsRequest
+    from kio.schema.api_versions.v3.response import ApiVersionsResponse
+    from kio.schema.fetch.v17.request import FetchPartition, FetchRequest, FetchTopic, ReplicaState
+    from kio.schema.fetch.v17.response import FetchResponse
+    from kio.schema.vote.v2.request import PartitionData, TopicData, VoteRequest
+    from kio.schema.vote.v2.response import VoteResponse
+    from kio.static.primitive import i8, i32, i32Timedelta, i64
+
+    kc = kafka_wire_cluster
+    leader, epoch = kc.cluster.wait_for_leader(30)
+    other = next(n for n in kc.cluster.nodes if n != leader)
+    node_cert = (kc.cert(f"node-{other}.crt"), kc.cert(f"node-{other}.key"))
+    fetch = FetchRequest(
+        cluster_id=kc.cluster.cluster_id, replica_state=ReplicaState(replica_id=i32(other), replica_epoch=i64(-1)),
+        max_wait=i32Timedelta.parse(datetime.timedelta(0)), min_bytes=i32(0), max_bytes=i32(1 << 20), isolation_level=i8(0),
+        session_id=i32(0), session_epoch=i32(-1), rack_id="", forgotten_topics_data=(), topics=(FetchTopic(
+            topic_id=uuid.UUID(int=1), partitions=(FetchPartition(
+                partition=i32(0), current_leader_epoch=i32(epoch), fetch_offset=i64(0), last_fetched_epoch=i32(0),
+                log_start_offset=i64(-1), partition_max_bytes=i32(1 << 20), replica_directory_id=uuid.UUID(int=0)),)),))
+    raw = kc.raw(leader, cert_files=node_cert)
+    try:
+        _, versions = raw.ask(ApiVersionsRequest(client_software_name="t", client_software_version="1"),
+                              ApiVersionsResponse, 1)
+        served = {k.api_key for k in versions.api_keys}
+        assert served.isdisjoint({52, 53, 54, 59, 82}) and {0, 1, 3, 55} <= served
+        vote = VoteRequest(cluster_id=kc.cluster.cluster_id, voter_id=i32(leader), topics=(TopicData(
+            topic_name="__cluster_metadata", partitions=(PartitionData(
+                partition_index=i32(0), replica_epoch=i32(epoch + 1), replica_id=i32(other),
+                replica_directory_id=uuid.UUID(int=0), voter_directory_id=None, last_offset_epoch=i32(epoch),
+                last_offset=i64(10**9), pre_vote=False),)),))
+        _, answer = raw.ask(vote, VoteResponse, 2)
+        assert answer.error_code.value == 35
+        _, fetched = raw.ask(fetch, FetchResponse, 3)
+        assert fetched.responses[0].partitions[0].error_code.value == 3
+    finally:
+        raw.close()
+    listen = _raw_to_listen(kc, leader, f"node-{other}")
+    try:
+        _, fetched = listen.ask(fetch, FetchResponse, 4)
+        part = fetched.responses[0].partitions[0]
+        assert part.error_code.value == 0 and part.high_watermark > 0
+    finally:
+        listen.close()
+    assert kc.cluster.wait_for_leader(30)[1] == epoch  # none of it moved the quorum

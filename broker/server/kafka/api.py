@@ -14,6 +14,10 @@ from metalog.protocol.apis import ApiKey
 METADATA_TOPIC = "__cluster_metadata"
 METADATA_TOPIC_ID = bytes(15) + b"\x01"
 METADATA_PARTITION = 0
+# Kafka's name of the quorum's listener (``listen``: the voter set's endpoints).
+# Only it serves the quorum's own requests (issue 34 item 1): an operator can
+# firewall it to the voters and observers and leave the client listener open.
+CONTROLLER_LISTENER = "CONTROLLER"
 
 
 class KafkaContext(Protocol):

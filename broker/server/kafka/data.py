@@ -43,8 +43,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from metalog.broker.net.kafka_conn import KafkaExchange
-from metalog.broker.server.kafka.api import (METADATA_PARTITION, METADATA_TOPIC, METADATA_TOPIC_ID, KafkaApi,
-                                             KafkaContext)
+from metalog.broker.server.kafka.api import (CONTROLLER_LISTENER, METADATA_PARTITION, METADATA_TOPIC,
+                                             METADATA_TOPIC_ID, KafkaApi, KafkaContext)
 from metalog.broker.server.kafka import quorum
 from metalog.broker.server.kafka.batch_check import check_batch
 from metalog.broker.server.produce import PrebuiltProduce
@@ -192,6 +192,10 @@ def fetch(ctx: KafkaContext, ex: KafkaExchange) -> None:
             parts.append(slot)
             if not known or p.partition != METADATA_PARTITION:
                 slot.error_code = UNKNOWN_TOPIC_ID if version >= 13 and not known else Errors.UNKNOWN_TOPIC_OR_PARTITION
+            elif replica_id >= 0 and ctx.listener_name != CONTROLLER_LISTENER:
+                # Replicas fetch on the controller listener only (as from a
+                # Kafka broker, which hosts no replica of the metadata log).
+                slot.error_code = Errors.UNKNOWN_TOPIC_OR_PARTITION
             elif replica_id >= 0:  # a replica (quorum.py): raft's semantics, the replica-identity gate
                 gather.ask(ctx, ApiKey.FETCH, quorum.replica_fetch_body(ctx, req, p, replica_id, version),
                            quorum.replica_fetch_fill(slot, version))

@@ -24,7 +24,7 @@ from typing import Any, Awaitable, Callable, Collection, Mapping, Protocol
 from metalog.broker.net.kafka_conn import KafkaConnection, KafkaExchange
 from metalog.broker.quorum.voters import VoterSet
 from metalog.broker.server.kafka import admin, cluster, data, extensions, quorum
-from metalog.broker.server.kafka.api import KafkaApi
+from metalog.broker.server.kafka.api import CONTROLLER_LISTENER, KafkaApi
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
 from metalog.protocol.errors import Errors
@@ -51,9 +51,13 @@ class VoterSetView(Protocol):
     def voters(self) -> Collection[int]: ...
 
 
-def served_apis() -> dict[int, KafkaApi]:
+def served_apis(listener_name: str = CONTROLLER_LISTENER) -> dict[int, KafkaApi]:
+    """The apis a listener serves: the quorum's own (Vote, BeginQuorumEpoch,
+    EndQuorumEpoch, FetchSnapshot, UpdateRaftVoter) on the controller listener
+    only, as a Kafka broker's listeners do not serve them."""
+    peers = quorum.APIS if listener_name == CONTROLLER_LISTENER else {}
     table = dict(cluster.APIS)
-    for key, api in (*data.APIS.items(), *admin.APIS.items(), *quorum.APIS.items(), *extensions.APIS.items()):
+    for key, api in (*data.APIS.items(), *admin.APIS.items(), *peers.items(), *extensions.APIS.items()):
         table.setdefault(key, api)
     return table
 
@@ -120,7 +124,7 @@ class KafkaDispatch:
         self._ask_node = ask_node
         self._features = features  # the controller state's finalized features (metadata.version)
         self._forwards: set[asyncio.Future[m.Body]] = set()  # bounded: one per request in flight
-        self.apis = served_apis()
+        self.apis = served_apis(listener_name)
         self._supported = {key: (api.min_version, api.max_version) for key, api in self.apis.items()}
 
     # the listener's handler ----------------------------------------------------
@@ -245,9 +249,6 @@ async def start_kafka_listener(host: KafkaHost, limits: Any) -> Any:
                 tls=not tls_off,
                 apis={key: list(rng) for key, rng in sorted(dispatch.supported().items())})
     return server
-
-
-CONTROLLER_LISTENER = "CONTROLLER"  # Kafka's name of the quorum's listener (the voter set's endpoints)
 
 
 async def start_controller_listener(host: KafkaHost, limits: Any) -> Any:
