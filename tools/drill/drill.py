@@ -71,7 +71,8 @@ from metalog.tools.drill.archive import SegmentArchive
 from metalog.tools.drill.checker import Ack, History, HwSample, Reset, RoleEvent, Seen, Truncation, check, read_replica
 from metalog.tools.drill.faultproxy import FaultProxy
 from metalog.tools.drill.history import PORCUPINE_BIN, HistoryFile, run_porcupine, text
-from metalog.tools.drill import netfaults
+from metalog.tools.drill import compound, netfaults
+from metalog.tools.drill.compound import COMPOUND_FAULTS
 from metalog.tools.drill.netfaults import LINK_FAULTS, NET_FAULTS, PACKET_FAULTS, NetnsFaults, ProxyFaults
 from metalog.tools.drill.verify import lagging, must_follow, why_not_bitten
 from metalog.tools.cluster.netns import NetnsError, NetnsHosts, unavailable as netns_unavailable
@@ -95,6 +96,7 @@ FAULTS = {
                      "more writer sends 4,000-byte records, held until the heal",
     "wipe_follower": "kill -9 a follower, delete its data dir, restart it: it must rejoin by snapshot",
     "reconfigure": "(--dynamic only) remove a voter, the leader half of the time, and add it back (KIP-853)",
+    **compound.DESCRIPTIONS,
 }
 PROXY_FAULTS = netfaults.PROXY_NET_FAULTS  # on the proxy: static quorums only
 DYNAMIC_ONLY_FAULTS = ("reconfigure",)
@@ -107,9 +109,12 @@ MEMBERSHIP_TIMEOUT_S = 60.0
 # A segment (~1500 drill records at 64 KiB) still goes at nearly every snapshot, but lives
 # seconds, not a fraction of one, after its records commit: long enough for the archive to
 # see a bracketed HW that covers it even on a loaded machine (16 KiB segments were missed).
+# A snapshot answer of 2 KiB (the product's: 1 MiB) makes a download span many FetchSnapshot
+# answers, so that partition_snapshot can cut one mid-way (compound.BALLAST_CONFIGS).
 DRILL_BROKER_SETTINGS = {
     "snapshot_min_records": 3000,
     "segment_bytes_max": 65536,
+    "snapshot_chunk_bytes": 2048,
 }
 MONITOR_INTERVAL_S = 0.05  # per broker, between /quorum polls
 # A slow answer still counts (it is bracketed by its send and receive times) and stalls no other broker.
@@ -164,7 +169,7 @@ class Drill:
         for kind in schedule or []:
             if kind not in FAULTS:
                 raise ValueError(f"unknown fault {kind!r}; choose from {', '.join(FAULTS)}")
-            if kind in PACKET_FAULTS and network != "netns":
+            if (kind in PACKET_FAULTS or kind in COMPOUND_FAULTS) and network != "netns":
                 raise ValueError(f"fault {kind!r} needs network namespaces (--network netns, as root)")
             if cluster.dynamic and kind in PROXY_FAULTS and network != "netns":
                 raise ValueError(f"fault {kind!r} needs the fault proxy, which a --dynamic drill cannot use")
@@ -203,6 +208,7 @@ class Drill:
                                       {nid: cluster.data_dir(nid) for nid in cluster.nodes})
         self._stop_monitor = threading.Event()
         self._stop_load = asyncio.Event()
+        self.ballast_end: int | None = None  # the last ballast config's offset (compound.ensure_ballast)
         self._fault_tasks: list[asyncio.Task] = []  # load a fault adds (the large writer): awaited at the end
         self.t0 = time.time()
 
@@ -375,7 +381,7 @@ class Drill:
             return self.schedule[i % len(self.schedule)]
         excluded = set() if self.cluster.dynamic else set(DYNAMIC_ONLY_FAULTS)
         if self.network != "netns":
-            excluded |= set(PACKET_FAULTS) | (set(PROXY_FAULTS) if self.cluster.dynamic else set())
+            excluded |= set(PACKET_FAULTS) | set(COMPOUND_FAULTS) | (set(PROXY_FAULTS) if self.cluster.dynamic else set())
         return self.rng.choice([k for k in FAULTS if k not in excluded])
 
     async def _membership(self, rec: FaultRecord, step: str, fn, *args) -> str | None:
@@ -458,6 +464,8 @@ class Drill:
             rec.detail["stopped"] = await asyncio.to_thread(self._seen_stopped, leader)
             await asyncio.sleep(self.hold_s * 1.5)
             c.signal(leader, signal.SIGCONT)
+        elif kind in COMPOUND_FAULTS:
+            await compound.inject(self, kind, rec, leader, followers, voters, other)
         elif kind in NET_FAULTS:
             rec.node = leader
             before = self.net.counters()

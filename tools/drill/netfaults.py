@@ -35,8 +35,9 @@ LOSS_PCT = {"loss_10": 10, "loss_30": 30}
 PROXY_NET_FAULTS = ("isolate_leader", "cut_one_way", "split_majority")
 PACKET_FAULTS = ("loss_10", "loss_30", "bandwidth_cap", "mtu_blackhole")
 NET_FAULTS = PROXY_NET_FAULTS + PACKET_FAULTS
-# Faults on the link between the leader and one follower.
-LINK_FAULTS = ("cut_one_way", "loss_10", "loss_30")
+# Faults on the link between the leader and one follower (the last two: compound faults, see
+# metalog.tools.drill.compound; the drill draws the follower for them too).
+LINK_FAULTS = ("cut_one_way", "loss_10", "loss_30", "pause_under_loss", "wipe_under_cut")
 
 
 class NetworkFaults(Protocol):

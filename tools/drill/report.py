@@ -31,7 +31,8 @@ from metalog.tools.drill import figures
 
 UNAVAILABLE_GAP_S = 0.5
 THROUGHPUT_BIN_S = 0.5
-LEADER_FAULTS = ("kill_leader", "pause_leader", "isolate_leader", "split_majority")
+LEADER_FAULTS = ("kill_leader", "pause_leader", "isolate_leader", "split_majority", "kill_under_partition",
+                 "pause_under_loss")
 ROLE_COLORS = {"leader": "#d62728", "follower": "#1f77b4", "candidate": "#ff7f0e",
                "prospective": "#ffbb78", "unattached": "#9e9e9e", "observer": "#17becf", "resigned": "#8c564b"}
 DOWN_COLOR = "#222222"
@@ -40,7 +41,8 @@ FAULT_STYLE = {
     "kill_leader": ("KL", "#d62728"), "kill_follower": ("KF", "#1f77b4"), "kill_observer": ("KO", "#17becf"),
     "term_restart": ("TR", "#9467bd"), "pause_leader": ("PL", "#8c564b"), "isolate_leader": ("IL", "#e377c2"),
     "cut_one_way": ("C1", "#7f7f7f"), "split_majority": ("SM", "#bcbd22"), "wipe_follower": ("WF", "#ff7f0e"),
-    "reconfigure": ("RC", "#2ca02c"),
+    "reconfigure": ("RC", "#2ca02c"), "partition_snapshot": ("PS", "#aec7e8"),
+    "kill_under_partition": ("KP", "#98df8a"), "pause_under_loss": ("PU", "#c49c94"), "wipe_under_cut": ("WC", "#f7b6d2"),
 }
 FULL_LABELS_MAX_FAULTS = 30  # beyond this, labels are the short codes
 LABEL_ROWS = 4
@@ -165,7 +167,9 @@ def build_report(drill, out: dict) -> dict:
     dup = sum(len(b.evidence) for b in res.breaches if b.kind == "duplicated_write")
     kinds = Counter(f.kind for f in drill.faults)
     restarts = sum(v for k, v in kinds.items() if k in ("kill_leader", "kill_follower", "kill_observer",
-                                                          "term_restart", "wipe_follower"))
+                                                          "term_restart", "wipe_follower",
+                                                          "partition_snapshot", "kill_under_partition",
+                                                          "wipe_under_cut"))
     wipes = []
     for f in drill.faults:
         if f.kind == "wipe_follower":

@@ -21,7 +21,16 @@ naming the fault when it is missing:
 * loss_10 / loss_30: packets on that link dropped and some passed (loss, not
   a cut); bandwidth_cap: the token bucket held packets back (overlimits);
   mtu_blackhole: large packets dropped;
-* wipe_follower: the data dir was deleted; reconfigure: the voter was removed.
+* wipe_follower: the data dir was deleted; reconfigure: the voter was removed;
+* the compound faults (``metalog.tools.drill.compound``), both halves: packets
+  dropped, and kill_under_partition: the isolated leader's HW frozen, the
+  majority follower dead by SIGKILL, a majority leader of a newer epoch
+  elected while the isolation held; pause_under_loss: the leader seen
+  stopped, a newer epoch; wipe_under_cut: the dir deleted and the follower
+  caught up after the heal; partition_snapshot: the follower's download was
+  on its disk, unfinished, when the cut was in force, no snapshot appeared
+  under a real name while cut, it installed a snapshot after the heal and
+  caught up, and its dir then holds only whole snapshots and no partial.
 
 High watermarks come from the drill's /quorum samples of each broker, which
 travel on the admin port the network faults leave alone.
@@ -38,6 +47,7 @@ them, with a deadline, and records the delay in the fault's report.
 
 from __future__ import annotations
 
+from metalog.tools.drill import compound
 from metalog.tools.drill.report import newer_epoch_ts
 
 GRACE_S = 0.5  # answers in flight when a cut begins may still land
@@ -96,7 +106,8 @@ def must_follow(kind: str, followers: list[int], other: int | None) -> list[int]
         return [] if other is None else [other]
     if kind == "cut_one_way":
         return [] if other is None else [other] + [n for n in followers if n != other]
-    if kind in ("isolate_leader", "split_majority", "pause_leader", "bandwidth_cap", "mtu_blackhole"):
+    if kind in ("isolate_leader", "split_majority", "pause_leader", "bandwidth_cap", "mtu_blackhole",
+                *compound.COMPOUND_FAULTS):
         return list(followers)
     return []
 
@@ -150,6 +161,13 @@ def why_not_bitten(drill, rec, now_ts: float) -> str | None:
         checks.append(_dropped(rec))
     elif k == "wipe_follower":
         checks.append(None if d.get("wiped") else "the data dir was not deleted")
+    elif k in compound.COMPOUND_FAULTS:
+        checks.append(_dropped(rec))
+        if k == "kill_under_partition":
+            checks.append(_frozen(drill, rec, rec.node, "the isolated leader"))
+        checks.append(compound.why_not_bitten(rec))
+        if k in ("kill_under_partition", "pause_under_loss"):
+            checks.append(_new_epoch(drill, rec, now_ts))
     elif k == "reconfigure":
         checks.append(None if d.get("removed_dir") is not None else "the voter was not removed")
     return next((c for c in checks if c is not None), None)
