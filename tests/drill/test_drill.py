@@ -147,3 +147,18 @@ def test_dynamic_help_says_partition_faults_work_on_namespaces():
     assert "mtu_blackhole" in text
     from metalog.tools.drill.drill import FAULTS
     assert "4,000-byte records" in FAULTS["mtu_blackhole"]
+
+
+def test_compound_faults_need_namespaces(tmp_path, capsys):
+    """The compound faults cut links the brokers dial around the proxy: refused on it, before
+    any broker starts; `--help` lists them."""
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    text = " ".join(p.format_help().split())
+    for kind in ("partition_snapshot", "kill_under_partition", "pause_under_loss", "wipe_under_cut"):
+        assert kind in text, kind
+        args = p.parse_args(["--network", "proxy", "--schedule", kind, "--dir", str(tmp_path / "run")])
+        assert cmd_drill(args) == 2
+        assert capsys.readouterr().err == (f"metalog drill: fault {kind!r} needs network namespaces "
+                                           f"(--network netns, as root)\n")
+    assert not os.path.exists(tmp_path / "run" / "node-1")

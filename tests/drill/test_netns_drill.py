@@ -76,6 +76,60 @@ def test_netns_drill_faults_bite_and_nothing_acknowledged_is_lost(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_partition_healed_during_a_snapshot_download(tmp_path):
+    """A wiped follower downloads the leader's snapshot in 2 KiB FetchSnapshot answers; its
+    link to the leader is cut mid-download and healed: it must install a whole snapshot
+    (never the half it had), leave no partial, and catch up; nothing acknowledged is lost."""
+    rc, report = run_drill(drill_args(tmp_path, "--network", "netns", "--faults", "1",
+                                      "--schedule", "partition_snapshot"))
+    s = report["summary"]
+    assert report["checker"]["ok"] and rc == 0, report["problems"]
+    assert s["writes_lost"] == 0 and s["writes_duplicated"] == 0 and s["writes_acknowledged"] > 200
+    (f,) = report["faults"]
+    assert f["took_effect"] and f["net"]["dropped_packets"] > 0, f
+    # cut mid-way: more than one answer on disk, and the whole snapshot is many answers long
+    assert f["at_cut"]["part_bytes"] > 2048 and not f["at_cut"]["checkpoints"], f
+    # nothing came while cut but what was already in the follower's socket (an answer or two)
+    assert f["before_heal"]["part_bytes"] <= f["at_cut"]["part_bytes"] + 2 * 2048, f
+    end, epoch, size = f["after"]["checkpoints"][-1]
+    assert size > f["at_cut"]["part_bytes"] and size > 20 * 2048, f
+    assert [end, epoch] in f["installs_after_heal"] and f["caught_up_s"] is not None, f
+    assert f["after"]["parts"] == [] and f["after"]["bad_checkpoints"] == [], f
+    # the follower's own log says it gave up no corrupt snapshot and installed after the heal
+    node_log = tmp_path / "run" / f"node-{f['node']}" / "broker.log"
+    events = [json.loads(line).get("event") for line in node_log.read_text().splitlines() if line.startswith("{")]
+    assert "snapshot_download_rejected" not in events and "snapshot_installed" in events
+    row = s["fault_kinds"]["partition_snapshot"]
+    assert row["lost"] == 0 and row["duplicated"] == 0 and row["acknowledged"] > 0, row
+
+
+@pytest.mark.slow
+def test_kill_pause_and_wipe_under_network_faults(tmp_path):
+    """kill -9 of a majority follower while the leader is isolated, SIGSTOP of the leader
+    under 30% loss, a wipe under a one-way cut: each bit both ways, nothing lost."""
+    rc, report = run_drill(drill_args(tmp_path, "--network", "netns", "--faults", "3",
+                                      "--schedule", "kill_under_partition,pause_under_loss,wipe_under_cut"))
+    s = report["summary"]
+    assert report["checker"]["ok"] and rc == 0, report["problems"]
+    assert s["writes_lost"] == 0 and s["writes_duplicated"] == 0
+    by_kind = {f["kind"]: f for f in report["faults"]}
+    assert sorted(by_kind) == ["kill_under_partition", "pause_under_loss", "wipe_under_cut"], by_kind
+    for f in by_kind.values():
+        assert f["took_effect"] and f["net"]["dropped_packets"] > 0, f
+    kill = by_kind["kill_under_partition"]
+    assert kill["exit_code"] == -signal.SIGKILL and kill["killed"] != kill["node"], kill
+    assert kill["majority_leader"][0] != kill["node"] and kill["majority_leader"][1] > kill["epoch_before"], kill
+    pause = by_kind["pause_under_loss"]
+    assert pause["stopped"] and pause["net"]["matched_packets"] > pause["net"]["dropped_packets"], pause
+    assert by_kind["wipe_under_cut"]["wiped"] and by_kind["wipe_under_cut"]["wiped_caught_up"]
+    # the leader faults replaced the leader, and the drill prints their figures per kind
+    changed = {f["kind"]: f for f in report["failovers"]}
+    assert changed["kill_under_partition"]["leader_changed"] and changed["pause_under_loss"]["leader_changed"]
+    for kind in by_kind:
+        assert s["fault_kinds"][kind]["faults"] == 1 and s["fault_kinds"][kind]["lost"] == 0, s["fault_kinds"]
+
+
+@pytest.mark.slow
 def test_a_fault_that_does_not_bite_fails_the_drill(tmp_path):
     """The user-space proxy's isolation is a no-op since leaders advertise their real
     address (KIP-853): followers dial around the proxy. The drill must say so and fail."""

@@ -65,7 +65,8 @@ FETCH_PART = "-fetch" + PART_SUFFIX  # a download's partial (storage.snapshot.Pa
 # ------------------------------------------------------------------ the follower's disk
 def download_state(data_dir: str) -> dict:
     """What the follower's data dir holds: its download's partial (bytes), and its complete
-    snapshots, each checked whole (every batch's CRC, its end offset) as a boot would."""
+    snapshots ([end offset, epoch, bytes]), each checked whole (every batch's CRC, its end
+    offset) as a boot would: a damaged one is named in ``bad_checkpoints``."""
     parts = glob.glob(os.path.join(data_dir, "*", "*" + FETCH_PART)) + glob.glob(os.path.join(data_dir, "*" + FETCH_PART))
     part_bytes = 0
     for p in parts:
@@ -79,12 +80,13 @@ def download_state(data_dir: str) -> dict:
         if sid is None:
             continue
         try:
+            size = os.path.getsize(p)
             verify_snapshot_file(p, sid)
         except FileNotFoundError:
             continue  # replaced by a newer snapshot meanwhile
         except Exception as exc:  # any damage: a half-written snapshot under a real name
             bad.append(f"{os.path.basename(p)}: {exc}")
-        checkpoints.append([sid.end_offset, sid.epoch])
+        checkpoints.append([sid.end_offset, sid.epoch, size])
     return {"parts": [os.path.basename(p) for p in parts], "part_bytes": part_bytes,
             "checkpoints": checkpoints, "bad_checkpoints": bad}
 
@@ -201,12 +203,16 @@ async def partition_snapshot(drill, rec, leader: int, followers: list[int], vote
         return  # verify says so: the download never showed
     before = drill.net.counters()
     _cut_both_ways(drill.net, node, leader)
-    d["cut_ts"] = time.time()
+    d["cut_ts"], d["cut_from"] = time.time(), leader
     # After the rules are in force: a partial still there means the download was cut mid-way.
     d["at_cut"] = download_state(data_dir)
     d["installs_before_heal"] = _installs_after(c, node, rec.ts_start)
+    # Whom the follower was downloading from (the admin port is outside the cut): the leader
+    # may have changed while it booted, and a cut from an old leader interrupts nothing.
+    d["follower_leader"] = (c.quorum(node) or {}).get("leader_id")
     await asyncio.sleep(drill.hold_s * 1.5)
     d["before_heal"] = download_state(data_dir)
+    d["installs_while_cut"] = _installs_after(c, node, d["cut_ts"])
     d["net"] = {k: v - before.get(k, 0) for k, v in drill.net.counters().items()}
     d["heal_ts"] = time.time()
     drill.net.heal()
@@ -325,6 +331,10 @@ def _snapshot_not_bitten(d: dict) -> str | None:
     if not at_cut.get("parts") or at_cut.get("checkpoints") or d.get("installs_before_heal"):
         return f"the download was not in progress when the cut was in force (at the cut: {at_cut}, " \
                f"installed: {d.get('installs_before_heal')})"
+    if d.get("follower_leader") not in (None, d.get("cut_from")):
+        return f"the follower followed leader {d.get('follower_leader')}, not the cut-off {d.get('cut_from')}"
+    if d.get("installs_while_cut"):
+        return f"the download completed while the follower was cut off: {d.get('installs_while_cut')}"
     while_cut = d.get("before_heal") or {}
     if while_cut.get("checkpoints"):
         return f"a snapshot appeared under a real name while the follower was cut off: {while_cut}"
