@@ -20,6 +20,10 @@ fault proxy cannot cut a link the brokers dial around, ``netfaults``):
   way), then that follower is wiped while the cut holds: it rejoins with an
   empty log that the leader cannot reach, and after the heal must catch up.
 
+With ``--dynamic`` (KIP-853) a wiped voter is a new disk, as for
+``wipe_follower``: after the heal its old identity is removed from the voter
+set and the new one added.
+
 ``inject`` runs one and fills the fault's record: what ``verify`` checks
 (both halves: the network's drop counters and the process's exit, stop or
 wipe) and what the report prints per kind.
@@ -35,6 +39,7 @@ import signal
 import time
 
 from metalog.storage import metadata_records as r
+from metalog.tools.cluster import membership
 from metalog.storage.snapshot import PART_SUFFIX, SUFFIX, parse_snapshot_filename, verify_snapshot_file
 from metalog.tools.drill.checker import Ack
 from metalog.tools.drill.history import text
@@ -182,6 +187,16 @@ async def _wipe(drill, node: int) -> bool:
     return wiped
 
 
+async def _replace_identity(drill, rec, node: int) -> None:
+    """In a KIP-853 quorum a wiped voter is a new disk: it came back as an observer under a
+    new directory id; its old identity leaves the voter set and the new one joins (as
+    wipe_follower does), after the network fault is healed."""
+    if not drill.cluster.dynamic:
+        return
+    rec.detail["removed_dir"] = await drill._membership(rec, "remove old identity", membership.remove_voter, node)
+    rec.detail["added_dir"] = await drill._membership(rec, "add new identity", membership.add_voter, node)
+
+
 def _cut_both_ways(net, a: int, b: int) -> None:
     net.block(a, b)
     net.block(b, a)
@@ -219,6 +234,7 @@ async def partition_snapshot(drill, rec, leader: int, followers: list[int], vote
     d["caught_up_s"] = await asyncio.to_thread(_caught_up, c, node, drill.settle_timeout_s * 2)
     d["installs_after_heal"] = _installs_after(c, node, d["heal_ts"])
     d["after"] = download_state(data_dir)
+    await _replace_identity(drill, rec, node)
 
 
 async def kill_under_partition(drill, rec, leader: int, followers: list[int]) -> None:
@@ -282,6 +298,7 @@ async def wipe_under_cut(drill, rec, leader: int, other: int, voters: list[int])
     d["net"] = {k: v - before.get(k, 0) for k, v in drill.net.counters().items()}
     d["heal_ts"] = time.time()
     drill.net.heal()
+    await _replace_identity(drill, rec, other)
     d["wiped_caught_up"] = await asyncio.to_thread(drill._voters_caught_up, voters, drill.settle_timeout_s)
 
 
