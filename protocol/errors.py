@@ -31,11 +31,15 @@ class Errors(enum.IntEnum):
     UNKNOWN_PRODUCER_ID = 59  # no state for the producer (expired): the client re-inits
     FENCED_LEADER_EPOCH = 74  # the request's epoch is older than ours
     UNKNOWN_LEADER_EPOCH = 75  # the request's epoch is newer than ours
+    STALE_BROKER_EPOCH = 77  # BrokerHeartbeat: not the epoch of the broker's current registration
     INCONSISTENT_VOTER_SET = 94
     INVALID_UPDATE_VERSION = 95  # UpdateFeatures: a level this build or cluster cannot take now
     SNAPSHOT_NOT_FOUND = 98
     POSITION_OUT_OF_RANGE = 99
+    DUPLICATE_BROKER_REGISTRATION = 101  # BrokerRegistration: a live broker (valid session) holds the id
+    BROKER_ID_NOT_REGISTERED = 102  # BrokerHeartbeat of a broker id with no registration
     INCONSISTENT_CLUSTER_ID = 104
+    INVALID_REGISTRATION = 119  # BrokerRegistration: log dirs missing, reserved, repeated or another broker's
     INVALID_VOTER_KEY = 125  # KIP-853: the request names another directory id of this node
     DUPLICATE_VOTER = 126  # KIP-853 AddRaftVoter: that replica is already a voter
     VOTER_NOT_FOUND = 127  # KIP-853 RemoveRaftVoter / UpdateRaftVoter: no such voter

@@ -121,6 +121,10 @@ class RegisterBroker(_Rec, frozen=True):
     endpoints: tuple[Endpoint, ...] = ()
     rack: str | None = None
     fenced: bool = True
+    # Directory ids (uuid text) a Kafka broker registered (BrokerRegistration v2+): written as
+    # RegisterBrokerRecord v3's LogDirs, which a Kafka broker at metadata.version 3.7-IV2 or
+    # later must find in its registration (else it registers again). Empty: written as v0.
+    log_dirs: tuple[str, ...] = ()
 
 
 class UnregisterBroker(_Rec, frozen=True):
@@ -486,8 +490,13 @@ _Encoder = Callable[[bytearray, Any], None]
 
 def _enc_register_broker(out: bytearray, rec: RegisterBroker) -> None:
     # RegisterBrokerRecord v0: BrokerId, IncarnationId, BrokerEpoch, EndPoints
-    # [Name, Host, Port u16, SecurityProtocol i16], Features [], Rack?, Fenced.
+    # [Name, Host, Port u16, SecurityProtocol i16], Features [], Rack?, Fenced;
+    # v3 (with log_dirs, see encode_record): IsMigratingZkBroker after BrokerId,
+    # InControlledShutdown after Fenced, LogDirs as tag 0.
+    v3 = bool(rec.log_dirs)
     out += _I32.pack(rec.broker_id)
+    if v3:
+        out.append(0)  # IsMigratingZkBroker
     out += uuid_bytes(rec.incarnation_id)
     out += _I64.pack(rec.broker_epoch)
     _w_uv(out, len(rec.endpoints) + 1)
@@ -499,7 +508,16 @@ def _enc_register_broker(out: bytearray, rec: RegisterBroker) -> None:
     out.append(1)  # no features (compact array of 0)
     _w_nstr(out, rec.rack)
     out.append(1 if rec.fenced else 0)
-    out.append(0)
+    if not v3:
+        out.append(0)
+        return
+    out.append(0)  # InControlledShutdown
+    dirs = bytearray()
+    _w_uv(dirs, len(rec.log_dirs) + 1)
+    for d in rec.log_dirs:
+        dirs += uuid_bytes(d)
+    out.append(1)
+    _w_tag(out, 0, bytes(dirs))
 
 
 def _dec_register_broker(buf: bytes, pos: int, version: int) -> tuple[RegisterBroker, int]:
@@ -529,8 +547,14 @@ def _dec_register_broker(buf: bytes, pos: int, version: int) -> tuple[RegisterBr
     pos += 1
     if version >= 1:
         pos += 1  # InControlledShutdown
-    pos = _skip_tags(buf, pos)  # v3: LogDirs (tag 0); v4 (Kafka 4.3): CordonedLogDirs (tag 1)
-    return RegisterBroker(broker_id, incarnation, epoch, tuple(eps), rack, fenced), pos
+    # v3: LogDirs (tag 0); v4 (Kafka 4.3): CordonedLogDirs (tag 1, skipped).
+    tags, pos = _tags(buf, pos)
+    raw = tags.get(0)
+    dirs: tuple[str, ...] = ()
+    if raw is not None:
+        count, at = _uv(raw, 0)
+        dirs = tuple(uuid_text(raw[at + 16 * i:at + 16 * (i + 1)]) for i in range(count - 1))
+    return RegisterBroker(broker_id, incarnation, epoch, tuple(eps), rack, fenced, dirs), pos
 
 
 def _enc_broker_epoch(out: bytearray, rec: UnregisterBroker | FenceBroker | UnfenceBroker | FenceBrokerImplicit) -> None:
@@ -874,6 +898,8 @@ def encode_record(rec: MetadataRecord) -> bytes:
     if entry is None:
         raise TypeError(f"not a metadata record: {type(rec).__name__}")
     prefix, enc = entry
+    if type(rec) is RegisterBroker and rec.log_dirs:
+        prefix = _frame(REGISTER_BROKER, 3)  # LogDirs is a v3 field
     out = bytearray(prefix)
     enc(out, rec)
     return bytes(out)

@@ -120,6 +120,9 @@ FORWARDED_FOR = "forwarded_for"
 # ControllerCommand name -> the cluster operation it needs.
 ACL_COMMANDS_ALTER = frozenset({"add_acl", "remove_acl"})
 ACL_COMMANDS_DESCRIBE = frozenset({"list_acls", "describe_configs"})
+# Kafka brokers' BrokerRegistration and BrokerHeartbeat (commands.LIFECYCLE): ClusterAction on
+# the cluster as in Kafka, and a node certificate (Node:<id>) acts for broker <id> only.
+BROKER_LIFECYCLE_COMMANDS = frozenset({"broker_registration", "broker_heartbeat"})
 
 
 def pretty_name(enum_value: enum.IntEnum) -> str:
@@ -301,6 +304,8 @@ def _required(api_key: ApiKey, body: m.Body) -> tuple[Operation, ResourceType, s
     if api_key in (ApiKey.ADD_RAFT_VOTER, ApiKey.REMOVE_RAFT_VOTER, ApiKey.UPDATE_FEATURES):
         return Operation.ALTER, ResourceType.CLUSTER, CLUSTER_RESOURCE_NAME  # as Kafka (KIP-853, KIP-584)
     if api_key is ApiKey.CONTROLLER_COMMAND:
+        if body.command in BROKER_LIFECYCLE_COMMANDS:
+            return Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_RESOURCE_NAME
         if body.command in ACL_COMMANDS_ALTER:
             return Operation.ALTER, ResourceType.CLUSTER, CLUSTER_RESOURCE_NAME
         if body.command in ACL_COMMANDS_DESCRIBE:
@@ -374,6 +379,8 @@ def authorize(principal: Principal, host: str, api_key: ApiKey, body: m.Body, vi
         # gate admitted (metalog.broker.server.produce: as Kafka's brokers ask
         # their controller); an id is no data, and no write follows from it.
         return None
+    if api_key is ApiKey.CONTROLLER_COMMAND and body.command in BROKER_LIFECYCLE_COMMANDS:
+        return _authorize_broker_lifecycle(principal, host, body, view)
     if api_key is ApiKey.CONTROLLER_COMMAND and FORWARDED_FOR in body.args:
         return _authorize_forwarded(principal, body, view)
     need = _required(api_key, body)
@@ -381,6 +388,23 @@ def authorize(principal: Principal, host: str, api_key: ApiKey, body: m.Body, vi
         return None
     operation, resource_type, name = need
     return authorize_operation(principal, host, operation, resource_type, name, view, api_key.name)
+
+
+def _authorize_broker_lifecycle(principal: Principal, host: str, body: Any, view: AuthzView) -> Denial | None:
+    """A broker's registration or heartbeat: from the broker itself (its node
+    certificate names its id; the replica-identity binding) or from a
+    principal with ClusterAction on the cluster; never forwarded."""
+    api = ApiKey.CONTROLLER_COMMAND
+    try:
+        broker_id = int(body.args["broker_id"])
+    except (KeyError, TypeError, ValueError):
+        broker_id = -1
+    if FORWARDED_FOR in body.args:
+        return _deny_replica(principal, api, broker_id, "a broker's registration is never forwarded")
+    if principal.node_id is not None:
+        return _check_replica(principal, api, broker_id, view, voter_only=False)
+    return authorize_operation(principal, host, Operation.CLUSTER_ACTION, ResourceType.CLUSTER,
+                               CLUSTER_RESOURCE_NAME, view, api.name)
 
 
 def _authorize_forwarded(principal: Principal, body: Any, view: AuthzView) -> Denial | None:

@@ -8,11 +8,18 @@ arguments into records (``CommandError`` if the state refuses it);
 from the applied state. A writing command whose args hold
 ``validate_only: true`` is validated and answered, and writes nothing.
 
+``LIFECYCLE`` are Kafka brokers' registration and heartbeats
+(``broker_registration``, ``broker_heartbeat``: ``brokers.py``, served as
+Kafka's BrokerRegistration and BrokerHeartbeat on the controller listener):
+they need the leader's broker sessions and the time, and answer fields
+(the broker epoch; caught up, fenced, shut down) besides their records.
+
 ``CommandQueue`` runs queued commands one at a time on the leader, each
 validated against a state that reflects every record in the log (so two
-commands never both pass against the same stale state). It is sans-IO: it
-returns the answers to send and the records to append, and the runtime
-sends and appends them.
+commands never both pass against the same stale state). It also fences a
+broker whose session expired (``sessions_due``; one per check). It is
+sans-IO: it returns the answers to send and the records to append, and the
+runtime sends and appends them.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from metalog.broker.controller import views
+from metalog.broker.controller import brokers, views
 from metalog.broker.controller.state import CommandError, Controller
 from metalog.protocol import messages as m
 from metalog.protocol.errors import Errors
@@ -48,6 +55,12 @@ class Command(enum.StrEnum):
     CREATE_PARTITIONS = "create_partitions"
     LIST_ACLS = "list_acls"  # read-only: answered from the applied state, no records, a page at a time
     DESCRIBE_CONFIGS = "describe_configs"  # read-only: one resource's configs, a page at a time
+    BROKER_REGISTRATION = "broker_registration"  # Kafka's BrokerRegistration (brokers.register)
+    BROKER_HEARTBEAT = "broker_heartbeat"  # Kafka's BrokerHeartbeat (brokers.heartbeat)
+
+
+# Commands run with the leader's broker sessions and the time (brokers.py).
+LIFECYCLE = frozenset({Command.BROKER_REGISTRATION, Command.BROKER_HEARTBEAT})
 
 
 def _register_broker(c: Controller, args: dict) -> list[bytes]:
@@ -118,7 +131,7 @@ READERS: dict[str, Callable[[Controller, dict], dict]] = {
     Command.LIST_ACLS: list_acls_page,
     Command.DESCRIBE_CONFIGS: describe_configs_page,
 }
-invariant(set(BUILDERS) == set(Command) - set(READERS), "every writing command needs a builder")
+invariant(set(BUILDERS) == set(Command) - set(READERS) - LIFECYCLE, "every writing command needs a builder")
 
 
 def build_command(controller: Controller, command: str, args: dict) -> list[bytes]:
@@ -149,18 +162,37 @@ class LeaderView:
     leader_id: int  # m.NO_LEADER if unknown
     epoch: int
     log_end_offset: int
+    now_ms: int = 0  # the leader's monotonic clock: broker sessions
+
+
+class _SessionFence:
+    """The 'connection' of a fence the queue starts itself (an expired broker
+    session): the answer reports the fenced broker to `on_fenced`."""
+
+    def __init__(self, broker_id: int, on_fenced: Callable[[int, int], None]):
+        self._broker_id = broker_id
+        self._on_fenced = on_fenced
+
+    def send_response(self, _correlation_id: int, response: m.ControllerCommandResponse) -> bool:
+        self._on_fenced(self._broker_id, response.error_code)
+        return True
 
 
 Answer = tuple[CommandToken, m.ControllerCommandResponse]
 
 
 class CommandQueue:
-    def __init__(self, max_queued: int = MAX_QUEUED_COMMANDS):
+    def __init__(self, max_queued: int = MAX_QUEUED_COMMANDS,
+                 session_timeout_ms: int = brokers.SESSION_TIMEOUT_MS_DEFAULT,
+                 on_session_fenced: Callable[[int, int], None] = lambda _broker_id, _error_code: None):
         if max_queued <= 0:
             raise ValueError(f"max_queued must be > 0, got {max_queued}")
         self.max_queued = max_queued
         self._queue: collections.deque[tuple[CommandToken, m.ControllerCommandRequest]] = collections.deque()
         self.in_flight: CommandToken | None = None
+        self._in_flight_result: Any = None  # a lifecycle command's answer fields, sent once its records commit
+        self.sessions = brokers.BrokerSessions(session_timeout_ms)
+        self._on_session_fenced = on_session_fenced  # (broker id, error code of the fence's append)
 
     def offer(self, conn: Any, correlation_id: int,
               body: m.ControllerCommandRequest) -> m.ControllerCommandResponse | None:
@@ -174,6 +206,31 @@ class CommandQueue:
     @property
     def runnable(self) -> bool:
         return bool(self._queue) and self.in_flight is None
+
+    def sessions_due(self, is_leader: bool, now_ms: int) -> bool:
+        """Whether the leader should look for an expired broker session now (then pump)."""
+        return is_leader and self.in_flight is None and self.sessions.check_due(now_ms)
+
+    def _fence_stale(self, controller: Controller, core: LeaderView) -> tuple[CommandToken, list[bytes]] | None:
+        sessions = self.sessions
+        sessions.adopt(core.epoch, controller.state.brokers, core.now_ms)
+        if not sessions.check_due(core.now_ms):
+            return None
+        found = brokers.fence_stale(controller, sessions, core.now_ms)
+        if found is None:
+            return None
+        broker_id, records = found
+        self.in_flight = CommandToken(_SessionFence(broker_id, self._on_session_fenced), 0)
+        self._in_flight_result = None
+        return self.in_flight, records
+
+    def _run_lifecycle(self, controller: Controller, body: m.ControllerCommandRequest,
+                       core: LeaderView) -> tuple[list[bytes], dict[str, Any]]:
+        self.sessions.adopt(core.epoch, controller.state.brokers, core.now_ms)
+        if body.command == Command.BROKER_REGISTRATION:
+            return brokers.register(controller, self.sessions, body.args, write_offset=core.log_end_offset,
+                                    now_ms=core.now_ms)
+        return brokers.heartbeat(controller, self.sessions, body.args, now_ms=core.now_ms)
 
     def pump(self, controller: Controller,
              core: LeaderView) -> tuple[list[Answer], tuple[CommandToken, list[bytes]] | None]:
@@ -191,6 +248,9 @@ class CommandQueue:
                 break
             if controller.applied_offset < core.log_end_offset:
                 break  # earlier records not applied yet: pumped again after the next step
+            fence = self._fence_stale(controller, core)
+            if fence is not None:
+                return answers, fence
             token, body = self._queue.popleft()
             reader = READERS.get(body.command)
             if reader is not None:
@@ -203,8 +263,12 @@ class CommandQueue:
                 answers.append((token, m.ControllerCommandResponse(
                     base_offset=controller.applied_offset, leader_epoch=core.epoch, result=page)))
                 continue
+            result = None
             try:
-                records = build_command(controller, body.command, body.args)
+                if body.command in LIFECYCLE:
+                    records, result = self._run_lifecycle(controller, body, core)
+                else:
+                    records = build_command(controller, body.command, body.args)
             except CommandError as exc:
                 answers.append((token, m.ControllerCommandResponse(error_code=exc.error_code,
                                                                    error_message=str(exc))))
@@ -216,24 +280,30 @@ class CommandQueue:
                 continue
             if not records or body.args.get(VALIDATE_ONLY) is True:  # validated, nothing to write
                 answers.append((token, m.ControllerCommandResponse(base_offset=core.log_end_offset,
-                                                                   leader_epoch=core.epoch)))
+                                                                   leader_epoch=core.epoch, result=result)))
                 continue
             self.in_flight = token
+            self._in_flight_result = result
             return answers, (token, records)
+        if not self._queue and self.in_flight is None and core.is_leader \
+                and controller.applied_offset >= core.log_end_offset:
+            return answers, self._fence_stale(controller, core)
         return answers, None
 
     def done(self, token: CommandToken, response: m.ProduceResponse) -> Answer:
         """The core answered the in-flight command's append."""
         invariant(token is self.in_flight, "an answer for a command that is not in flight")
         self.in_flight = None
+        result, self._in_flight_result = self._in_flight_result, None
         return token, m.ControllerCommandResponse(
             error_code=response.error_code, error_message=response.error_message,
             base_offset=response.base_offset, leader_epoch=response.leader_epoch,
-            current_leader=response.current_leader)
+            current_leader=response.current_leader, result=None if response.error_code else result)
 
     def fail_all(self, error_code: int, message: str) -> list[Answer]:
         """Answer the in-flight command and every queued one with an error."""
         tokens = ([self.in_flight] if self.in_flight is not None else []) + [t for t, _b in self._queue]
         self.in_flight = None
+        self._in_flight_result = None
         self._queue.clear()
         return [(t, m.ControllerCommandResponse(error_code=error_code, error_message=message)) for t in tokens]

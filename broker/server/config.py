@@ -225,6 +225,9 @@ class BrokerConfig:
                "it without a kafka_endpoints entry; `metalog cluster add-node` sets it on the nodes it adds")
     log_level: str = setting("info", "structured log level", choices=("debug", "info", "warning", "error"))
     log_file: str | None = setting(None, "append the JSON log here instead of stderr")
+    broker_session_timeout_ms: int = setting(
+        9000, "a Kafka broker that registered through BrokerRegistration and sent no heartbeat for this long "
+              "is fenced by the leader (Kafka's broker.session.timeout.ms)", gt=0)
     gc_young_threshold: int = setting(
         10_000, "net new objects between young garbage collections (Python's first gc threshold, 700 by "
                 "default): a broker allocates for every request, and at 700 it spent several percent of "

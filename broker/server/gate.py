@@ -74,7 +74,8 @@ class Gate:
             # A node speaking for its client: judged per client, never cached per connection.
             return authz.authorize(conn.principal, host, api_key, body, self.view())
         claims_replica = api_key in authz.REPLICA_APIS and not (
-            api_key in (ApiKey.FETCH, ApiKey.OFFSET_FOR_LEADER_EPOCH) and body.replica_id == m.CONSUMER_REPLICA_ID)
+            api_key in (ApiKey.FETCH, ApiKey.OFFSET_FOR_LEADER_EPOCH) and body.replica_id == m.CONSUMER_REPLICA_ID) or (
+            api_key is ApiKey.CONTROLLER_COMMAND and body.command in authz.BROKER_LIFECYCLE_COMMANDS)
         if is_super and not claims_replica:
             return None  # the hot path of the admin/bench clients: no ACL walk
         view = self.view()

@@ -177,7 +177,7 @@ class RequestRouter:
         core = self._core
         answers, append = self.commands.pump(self._controller, LeaderView(
             is_leader=core.is_leader, epoch=core.epoch, log_end_offset=core.log_end_offset,
-            leader_id=core.leader_id if core.leader_id is not None else m.NO_LEADER))
+            leader_id=core.leader_id if core.leader_id is not None else m.NO_LEADER, now_ms=now_ms()))
         self._send_answers(answers)
         if append is not None:
             token, records = append

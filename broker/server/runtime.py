@@ -107,6 +107,15 @@ class _Reader:
         self.read_snapshot = snapshots.read_chunk
 
 
+def _command_queue(cfg: BrokerConfig, logger: Any) -> CommandQueue:
+    """The leader's controller command queue; it logs each broker it fences for an expired session."""
+    def fenced(broker_id: int, error_code: int) -> None:
+        logger.info("broker_session_expired", broker_id=broker_id, fenced=error_code == 0,
+                    session_timeout_ms=cfg.broker_session_timeout_ms, error_code=error_code)
+
+    return CommandQueue(session_timeout_ms=cfg.broker_session_timeout_ms, on_session_fenced=fenced)
+
+
 class Broker:
     # Built by start() from the recovered data dir; a request, a step or a
     # timer only ever runs after start() built them.
@@ -217,7 +226,7 @@ class Broker:
                                    committed_producers=lambda: self.controller.state.producers, forwards=self._tasks)
         self._unanswered_produce = self.produce.unanswered
         self.inbound = RequestRouter(self, cfg, core, gate=self.gate, authz_enabled=self.authz_enabled,
-                                     produce=self.produce, commands=CommandQueue(), controller=self.controller,
+                                     produce=self.produce, commands=_command_queue(cfg, self.log), controller=self.controller,
                                      digest=self.digest, voters=self.voters, metrics=self.metrics, trace=self.trace,
                                      logger=self.log)
         self.corruption = CorruptionHandler(
@@ -485,7 +494,8 @@ class Broker:
             self.metrics.raft.on_high_watermark(hw)
         if hw is not None and hw > self.controller.applied_offset:
             self._apply_committed(hw)
-        if self.inbound.commands.runnable:
+        commands = self.inbound.commands
+        if commands.runnable or commands.sessions_due(core.is_leader, now_ms()):
             self.inbound.pump_commands()
         self.produce.release_duplicates()
         self._timer.schedule()

@@ -112,20 +112,25 @@ def test_golden_bytes(rec, golden):
 
 def test_newer_kafka_versions_decode_and_drop_what_we_do_not_model():
     """RegisterBrokerRecord v3 (IsMigratingZkBroker, InControlledShutdown, a
-    feature range, LogDirs as tag 0) and PartitionRecord v1 (Directories)."""
+    feature range, LogDirs as tag 0: kept, a Kafka broker needs its log dirs
+    in its registration) and PartitionRecord v1 (Directories)."""
     v3 = bytes.fromhex(
         "01 00 03" "00000004" "00" + UB + "0000000000000009" "01"
         "02" "11 6d657461646174612e76657273696f6e" "0001" "0015" "00"  # Features [metadata.version 1..21]
         "04 723141" "00" "00"  # Rack "r1A", Fenced false, InControlledShutdown false
         "01" "00 11 02" + UB + "")  # tag 0 (LogDirs): one uuid
     rec = r.decode_record(v3)
-    assert rec == r.RegisterBroker(4, U, 9, (), "r1A", False)
+    assert rec == r.RegisterBroker(4, U, 9, (), "r1A", False, (U,))
+    # Written back as v3 with the same layout (no feature ranges: we do not model them).
+    assert r.encode_record(rec).hex() == ("01 00 03" "00000004" "00" + UB + "0000000000000009" "01" "01"
+                                          "04 723141" "00" "00" "01" "00 11 02" + UB).replace(" ", "")
     # RegisterBrokerRecord v4 (Kafka 4.3, metadata.version 4.3-IV0) as Kafka 4.3.1's generated code
     # writes it: v3 plus CordonedLogDirs, tag 1 (here LogDirs [(3, 4)], CordonedLogDirs [(5, 6)]).
     v4 = bytes.fromhex("01 00 04" "00000001" "00" "00000000000000010000000000000002" "0000000000000005" "01" "01"
                        "00" "00" "00" "02" "00 11 02 00000000000000030000000000000004"
                        "01 11 02 00000000000000050000000000000006")
-    assert r.decode_record(v4) == r.RegisterBroker(1, "00000000-0000-0001-0000-000000000002", 5, (), None, False)
+    assert r.decode_record(v4) == r.RegisterBroker(1, "00000000-0000-0001-0000-000000000002", 5, (), None, False,
+                                                   ("00000000-0000-0003-0000-000000000004",))
     p1 = bytes.fromhex("01 03 01" "00000000" + UB + "02 00000001" "02 00000001" "01" "01"
                        "00000001" "00000000" "00000000" "02" + UB + "00")
     assert r.decode_record(p1) == r.Partition(U, 0, (1,), (1,), 1, 0, 0)

@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable, Collection, Mapping, Protocol
 
 from metalog.broker.net.kafka_conn import KafkaConnection, KafkaExchange
 from metalog.broker.quorum.voters import VoterSet
-from metalog.broker.server.kafka import admin, cluster, data, extensions, quorum
+from metalog.broker.server.kafka import admin, brokers, cluster, data, extensions, quorum
 from metalog.broker.server.kafka.api import CONTROLLER_LISTENER, KafkaApi
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
@@ -53,9 +53,10 @@ class VoterSetView(Protocol):
 
 def served_apis(listener_name: str = CONTROLLER_LISTENER) -> dict[int, KafkaApi]:
     """The apis a listener serves: the quorum's own (Vote, BeginQuorumEpoch,
-    EndQuorumEpoch, FetchSnapshot, UpdateRaftVoter) on the controller listener
-    only, as a Kafka broker's listeners do not serve them."""
-    peers = quorum.APIS if listener_name == CONTROLLER_LISTENER else {}
+    EndQuorumEpoch, FetchSnapshot, UpdateRaftVoter) and Kafka brokers'
+    BrokerRegistration and BrokerHeartbeat on the controller listener only,
+    as a Kafka broker's listeners do not serve them."""
+    peers = {**quorum.APIS, **brokers.APIS} if listener_name == CONTROLLER_LISTENER else {}
     table = dict(cluster.APIS)
     for key, api in (*data.APIS.items(), *admin.APIS.items(), *peers.items(), *extensions.APIS.items()):
         table.setdefault(key, api)

@@ -1,0 +1,98 @@
+"""Kafka brokers' registration and heartbeats (issue 32 item 4), served on
+the controller listener as a KRaft controller serves them: BrokerRegistration
+(api 62) and BrokerHeartbeat (api 63), the two requests a Kafka broker
+(``process.roles=broker``) sends to the active controller besides its Fetch
+of the metadata log.
+
+Each becomes a controller command (``broker_registration``,
+``broker_heartbeat``: ``metalog.broker.controller.brokers`` holds Kafka's
+rules) that runs through this node's gate (ClusterAction on the cluster; a
+node certificate only for its own broker id) and the leader's command queue,
+so its records commit through the quorum like any command's, and its answer
+leaves once they are committed. A node that is not the leader answers
+NOT_CONTROLLER, as Kafka's controllers do: a broker sends these to the
+leader it learnt from the metadata log, never through a forwarder.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Callable
+
+from metalog.broker.net.kafka_conn import KafkaExchange
+from metalog.broker.server.kafka.api import KafkaApi, KafkaContext
+from metalog.protocol import messages as m
+from metalog.protocol.apis import ApiKey
+from metalog.protocol.errors import Errors
+from metalog.protocol.kafka import messages as km
+
+REGISTRATION = "broker_registration"
+HEARTBEAT = "broker_heartbeat"
+# A registration or heartbeat waits at most this long for its records to commit
+# (Kafka brokers time these requests out after their request timeout, 30 s by default).
+COMMAND_TIMEOUT_MS = 10_000
+
+
+def _uuid(raw: bytes) -> str:
+    return str(uuid.UUID(bytes=bytes(raw)))
+
+
+def _code(resp: m.ControllerCommandResponse) -> int:
+    """Our leaderless answer as Kafka's controllers give it."""
+    return Errors.NOT_CONTROLLER if resp.error_code == Errors.NOT_LEADER_OR_FOLLOWER else resp.error_code
+
+
+def _ask(ctx: KafkaContext, ex: KafkaExchange, command: str, args: dict[str, Any],
+         on_answer: Callable[[m.ControllerCommandResponse], None]) -> None:
+    body = m.ControllerCommandRequest(cluster_id=ctx.cluster_id, command=command, args=args,
+                                      timeout_ms=COMMAND_TIMEOUT_MS)
+    ctx.ask(ex, ApiKey.CONTROLLER_COMMAND, body, on_answer)
+
+
+def registration_args(req: km.BrokerRegistrationRequest) -> dict[str, Any]:
+    """The ``broker_registration`` command's arguments of a Kafka request."""
+    return {
+        "broker_id": req.broker_id,
+        "incarnation_id": _uuid(req.incarnation_id),
+        "listeners": [[ls.name, ls.host, ls.port, ls.security_protocol] for ls in req.listeners],
+        "features": {f.name: [f.min_supported_version, f.max_supported_version] for f in req.features},
+        "rack": req.rack,
+        "log_dirs": [_uuid(d) for d in req.log_dirs],
+    }
+
+
+def broker_registration(ctx: KafkaContext, ex: KafkaExchange) -> None:
+    req: km.BrokerRegistrationRequest = ex.body
+    if req.cluster_id != ctx.cluster_id:
+        ex.respond(km.BrokerRegistrationResponse(error_code=Errors.INCONSISTENT_CLUSTER_ID))
+        return
+    if req.is_migrating_zk_broker:
+        ex.respond(km.BrokerRegistrationResponse(error_code=Errors.BROKER_ID_NOT_REGISTERED))
+        return
+
+    def answer(resp: m.ControllerCommandResponse) -> None:
+        epoch = int(resp.result["broker_epoch"]) if resp.error_code == Errors.NONE and resp.result else -1
+        ex.respond(km.BrokerRegistrationResponse(error_code=_code(resp), broker_epoch=epoch))
+
+    _ask(ctx, ex, REGISTRATION, registration_args(req), answer)
+
+
+def broker_heartbeat(ctx: KafkaContext, ex: KafkaExchange) -> None:
+    req: km.BrokerHeartbeatRequest = ex.body
+    args = {"broker_id": req.broker_id, "broker_epoch": req.broker_epoch,
+            "current_metadata_offset": req.current_metadata_offset, "want_fence": req.want_fence,
+            "want_shut_down": req.want_shut_down}
+
+    def answer(resp: m.ControllerCommandResponse) -> None:
+        result = resp.result if resp.error_code == Errors.NONE and resp.result else {}
+        ex.respond(km.BrokerHeartbeatResponse(
+            error_code=_code(resp), is_caught_up=bool(result.get("is_caught_up", False)),
+            is_fenced=bool(result.get("is_fenced", True)), should_shut_down=bool(result.get("should_shut_down"))))
+
+    _ask(ctx, ex, HEARTBEAT, args, answer)
+
+
+APIS: dict[int, KafkaApi] = {
+    km.BrokerRegistrationRequest.API_KEY: KafkaApi(km.BrokerRegistrationRequest, 0, 4, broker_registration),
+    km.BrokerHeartbeatRequest.API_KEY: KafkaApi(km.BrokerHeartbeatRequest, 0, 2, broker_heartbeat),
+}
