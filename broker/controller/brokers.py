@@ -22,7 +22,10 @@ Rules (Kafka's):
   the registration (same epoch, same fenced state); a new one registers
   fenced with a new broker epoch = the offset of its RegisterBrokerRecord
   (after fencing the old incarnation if it was unfenced: Kafka's unclean
-  shutdown cleanup).
+  shutdown cleanup), preceded by a FeatureLevelRecord of the finalized
+  metadata.version: a Kafka controller writes one when it bootstraps the log,
+  a metalog cluster is born at its level without one, and a Kafka broker's
+  metadata loader cannot publish a log that has none.
 * Heartbeat: unknown broker -> BROKER_ID_NOT_REGISTERED, another epoch ->
   STALE_BROKER_EPOCH. Caught up = the broker's metadata offset has reached
   its registration's offset (our broker epochs are those offsets). Fenced and
@@ -193,6 +196,10 @@ def register(controller: Controller, sessions: BrokerSessions, args: Mapping[str
     if existing is not None and existing.incarnation_id == incarnation:  # amended: same epoch and state
         epoch, fenced = existing.broker_epoch, existing.fenced
     else:
+        # metalog's log holds no metadata.version record until a snapshot (the cluster is born
+        # at a level); a Kafka broker's metadata loader refuses a log without one ("Unknown
+        # metadata version for FeaturesImage"): its registration carries the finalized level.
+        records.append(r.encode_record(r.FeatureLevel(r.METADATA_VERSION, features.get(r.METADATA_VERSION, r.METADATA_VERSION_LEVEL))))
         if existing is not None and not existing.fenced:  # the old incarnation died unfenced
             records += fence_records(controller, broker_id)
         epoch, fenced = write_offset + len(records), True

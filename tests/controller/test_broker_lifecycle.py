@@ -82,20 +82,22 @@ class Quorum:
 
 def test_register_fenced_with_the_record_offset_as_epoch_then_unfence_when_caught_up():
     qu = Quorum()
-    qu.log.commit([r.encode_record(r.NoOp())] * 5)  # the record lands at offset 5
+    qu.log.commit([r.encode_record(r.NoOp())] * 5)
     resp = qu.register()
-    assert resp.error_code == 0 and resp.result == {"broker_epoch": 5}
+    # metadata.version at offset 5 (a Kafka broker's loader needs one), the registration at 6.
+    assert [r.decode_record(v) for _, v in qu.appended][:1] == [r.FeatureLevel(r.METADATA_VERSION, 21)]
+    assert resp.error_code == 0 and resp.result == {"broker_epoch": 6}
     br = qu.c.state.brokers[100]
-    assert br.fenced and br.broker_epoch == 5 and br.log_dirs == (DIR_A,) and br.incarnation_id == INC_A
-    # Not caught up (offset 4 < 5): stays fenced.
-    assert qu.heartbeat(offset=4).result == {"is_caught_up": False, "is_fenced": True, "should_shut_down": False}
+    assert br.fenced and br.broker_epoch == 6 and br.log_dirs == (DIR_A,) and br.incarnation_id == INC_A
+    # Not caught up (offset 5 < 6): stays fenced.
+    assert qu.heartbeat(offset=5).result == {"is_caught_up": False, "is_fenced": True, "should_shut_down": False}
     # Caught up but wanting fence: stays fenced.
     assert qu.heartbeat(want_fence=True).result["is_fenced"] is True
     end = qu.log.next_offset
     assert qu.heartbeat().result == {"is_caught_up": True, "is_fenced": False, "should_shut_down": False}
     assert not qu.c.state.brokers[100].fenced
     # What Kafka's controller writes from metadata.version 3.3: BrokerRegistrationChangeRecord.
-    assert [r.decode_record(v) for off, v in qu.appended if off >= end] == [r.BrokerRegistrationChange(100, 5, -1, 0)]
+    assert [r.decode_record(v) for off, v in qu.appended if off >= end] == [r.BrokerRegistrationChange(100, 6, -1, 0)]
 
 
 def test_same_incarnation_amends_new_incarnation_gets_a_new_epoch():

@@ -198,7 +198,7 @@ def fetch(ctx: KafkaContext, ex: KafkaExchange) -> None:
                 slot.error_code = Errors.UNKNOWN_TOPIC_OR_PARTITION
             elif replica_id >= 0:  # a replica (quorum.py): raft's semantics, the replica-identity gate
                 gather.ask(ctx, ApiKey.FETCH, quorum.replica_fetch_body(ctx, req, p, replica_id, version),
-                           quorum.replica_fetch_fill(slot, version))
+                           quorum.replica_fetch_fill(slot, version, leaders))
             else:
                 body = m.FetchRequest(
                     cluster_id=ctx.cluster_id, replica_id=m.CONSUMER_REPLICA_ID, max_wait_ms=max_wait_ms,

@@ -150,10 +150,14 @@ def replica_fetch_body(ctx: KafkaContext, req: Any, p: Any, replica_id: int, ver
         replica_directory_id=dir_from_kafka(p.replica_directory_id) if version >= 17 else m.NO_DIRECTORY_ID)
 
 
-def replica_fetch_fill(slot: km.FetchResponsePartitionData, version: int) -> Callable[[Any], None]:
+def replica_fetch_fill(slot: km.FetchResponsePartitionData, version: int,
+                       leaders: dict[int, m.LeaderIdAndEpoch] | None = None) -> Callable[[Any], None]:
     """Fills a replica's partition from our answer: records as the log holds
     them (not copied), DivergingEpoch, SnapshotId and CurrentLeader as Kafka's
-    raft leader answers them (absent: both fields -1)."""
+    raft leader answers them (absent: both fields -1). A leader it names goes
+    into `leaders`, for the response's NodeEndpoints: a Kafka observer that
+    bootstrapped from a follower knows no voter, and its raft client dies on a
+    leader id without an endpoint ("Unknown leader endpoints")."""
     def fill(resp: Any) -> None:
         slot.error_code = _code(resp)
         if not isinstance(resp, m.FetchResponse):
@@ -169,6 +173,8 @@ def replica_fetch_fill(slot: km.FetchResponsePartitionData, version: int) -> Cal
             if resp.current_leader is not None:
                 slot.current_leader = km.FetchResponseLeaderIdAndEpoch(
                     leader_id=resp.current_leader.leader_id, leader_epoch=resp.current_leader.leader_epoch)
+                if leaders is not None and resp.current_leader.leader_id >= 0:
+                    leaders[resp.current_leader.leader_id] = resp.current_leader
             if resp.snapshot_id is not None:
                 slot.snapshot_id = km.FetchResponseSnapshotId(end_offset=resp.snapshot_id.end_offset,
                                                               epoch=resp.snapshot_id.epoch)

@@ -1,0 +1,133 @@
+"""A real Apache Kafka 4.3.1 broker (``process.roles=broker``, node 100) with
+a metalog quorum as its controllers (issue 32 item 4, issue 33 item 4):
+Kafka's own broker code judges our BrokerRegistration and BrokerHeartbeat,
+our Fetch and FetchSnapshot of the metadata log, and the records it replays.
+
+One secured 3-voter metalog cluster per module (mutual TLS; its cluster id
+in Kafka's form, since Kafka's StorageTool formats the broker's dir with
+it), and one Kafka broker whose keystore holds a node certificate of the
+metalog cluster's CA (``Node:100`` to metalog: it may register broker 100
+only). The broker follows the metadata log as an observer, registers,
+heartbeats and is unfenced (Kafka says so in its log; ``metalog`` shows it);
+killed with SIGKILL it is fenced by the leader after
+``broker_session_timeout_ms``; restarted, it registers a new incarnation and
+is unfenced again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from metalog.tools.cluster.launcher import REPO_ROOT, LocalCluster
+from metalog.tools.kafka.quorum import BROKER_ID, KafkaCluster, kafka_uuid
+
+FAST = dict(election_timeout_ms=300, fetch_timeout_ms=800, request_timeout_ms=800, fetch_max_wait_ms=100)
+SESSION_TIMEOUT_MS = 4000  # below Kafka's 9000: the fence after kill -9 comes sooner
+# Kafka's BrokerLifecycleManager, once a heartbeat answers is_fenced=false.
+UNFENCED_LINE = "The broker has been unfenced. Transitioning from RECOVERY to RUNNING"
+RUNNING_LINE = "Kafka Server started"
+START_TIMEOUT_S = 120.0
+
+
+def metalog(*args: str) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, "-m", "metalog.tools.cli", *args], cwd=REPO_ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, f"metalog {' '.join(args)}: {out.stderr}"
+    return out
+
+
+class Setup:
+    def __init__(self, cluster: LocalCluster, kafka_side: KafkaCluster):
+        self.cluster = cluster
+        self.kafka = kafka_side
+
+    @property
+    def broker(self):
+        return self.kafka.nodes[BROKER_ID]
+
+    def registration(self) -> dict | None:
+        """Broker 100 as the leader's applied controller state shows it (its admin API)."""
+        leader, _ = self.cluster.wait_for_leader(30)
+        return self.cluster.admin(leader, f"/metadata/brokers/{BROKER_ID}")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kafka_broker")
+    cluster = LocalCluster.create(str(root / "metalog"), voters=3, observers=0, dynamic=True,
+                                  cluster_id=kafka_uuid(),
+                                  common=dict(FAST, broker_session_timeout_ms=SESSION_TIMEOUT_MS))
+    side = None
+    try:
+        cluster.start()
+        cluster.wait_for_leader(30)
+        controllers = ",".join(f"{h}:{p}" for h, p in cluster.bootstrap())
+        os.makedirs(root / "kafka")
+        side = KafkaCluster(str(root / "kafka"), cluster.cluster_id, tls_dir=cluster.cert_dir, overrides={
+            "controller.quorum.bootstrap.servers": controllers,
+            "broker.session.timeout.ms": str(SESSION_TIMEOUT_MS),
+            "super.users": "User:admin",
+        })
+        node = side.nodes[BROKER_ID] = side._node(BROKER_ID, "broker")
+        side._write_props(node)
+        side._format()
+        side.launch([node])
+        yield Setup(cluster, side)
+    finally:
+        if side is not None:
+            for node in side.nodes.values():
+                if node.proc is not None and node.proc.poll() is None:
+                    node.proc.kill()
+                    node.proc.wait(30)
+        cluster.stop()
+
+
+def _await(what: str, check, deadline_s: float = 60.0):
+    """check() until truthy (its value), or fail naming `what` with the last value seen."""
+    end = time.monotonic() + deadline_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"{what}: not within {deadline_s:.0f} s (last seen: {value!r})")
+        time.sleep(0.2)
+
+
+def test_kafka_broker_registers_and_is_unfenced(setup):
+    s = setup
+    s.kafka.wait_for(lambda: UNFENCED_LINE in s.broker.output(), START_TIMEOUT_S,
+                     "the Kafka broker to be unfenced", s.broker)
+    s.kafka.wait_for(lambda: RUNNING_LINE in s.broker.output(), 60, "the Kafka broker to run", s.broker)
+    br = _await("broker 100 unfenced in metalog's state", lambda: (s.registration() or {}).get("fenced") is False
+                and s.registration())
+    assert br["broker_id"] == BROKER_ID
+    # Its SSL listener, as Kafka's broker registered it; its epoch is its registration record's offset.
+    assert br["endpoints"] == [{"name": "SSL", "host": "127.0.0.1", "port": s.broker.port}], br
+    assert br["broker_epoch"] > 0
+
+
+def test_killed_broker_is_fenced_then_reregisters(setup):
+    s = setup
+    first = s.registration()
+    assert first is not None and first["fenced"] is False
+    killed_at = time.monotonic()
+    s.broker.proc.send_signal(signal.SIGKILL)
+    s.broker.proc.wait(30)
+    _await("broker 100 fenced after its session expired", lambda: (s.registration() or {}).get("fenced") is True,
+           SESSION_TIMEOUT_MS / 1000 + 30)
+    # Not before its session ran out (the leader counts from its last heartbeat, <= 2 s before the kill).
+    assert time.monotonic() - killed_at >= SESSION_TIMEOUT_MS / 1000 - 2.5
+    s.kafka.launch([s.broker])
+    s.kafka.wait_for(lambda: s.broker.output().count(UNFENCED_LINE) >= 2, START_TIMEOUT_S,
+                     "the restarted Kafka broker to be unfenced", s.broker)
+    again = _await("broker 100 unfenced again", lambda: (s.registration() or {}).get("fenced") is False
+                   and s.registration())
+    assert again["incarnation_id"] != first["incarnation_id"], (first, again)
+    assert again["broker_epoch"] > first["broker_epoch"], (first, again)
