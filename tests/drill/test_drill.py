@@ -8,7 +8,7 @@ import os
 import pytest
 import yaml
 
-from metalog.tools.drill.drill import add_arguments, cmd_drill, run_drill
+from metalog.tools.drill.drill import FAULTS, add_arguments, cmd_drill, fault_table, run_drill
 
 SCHEDULE = "kill_leader,isolate_leader,kill_leader,pause_leader,split_majority,kill_leader,cut_one_way,wipe_follower"
 
@@ -162,3 +162,7 @@ def test_compound_faults_need_namespaces(tmp_path, capsys):
         assert capsys.readouterr().err == (f"metalog drill: fault {kind!r} needs network namespaces "
                                            f"(--network netns, as root)\n")
     assert not os.path.exists(tmp_path / "run" / "node-1")
+    table = fault_table()  # the epilog of `metalog drill --help`: every kind with what it does
+    assert "  partition_snapshot    (namespaces only) wipe a follower; once its snapshot download is on disk" in table
+    for kind in FAULTS:
+        assert f"\n  {kind} " in table, kind

@@ -27,7 +27,10 @@ line naming it (exit 1).
   per broker process (incarnation); a separate thread scans the data dirs
   for the archive every few milliseconds, so slow HTTP never delays it;
 * faults come from ``--schedule kill_leader,pause_leader,...`` (cycled) or are
-  drawn from ``--seed``; see ``FAULTS``. Each fault is held ``--hold-s``, then
+  drawn from ``--seed``; see ``FAULTS`` (the table at the end of ``--help``).
+  The compound faults (``metalog.tools.drill.compound``: a kill -9, SIGSTOP or
+  wipe inside a network fault, a partition healed during a snapshot download)
+  need network namespaces. Each fault is held ``--hold-s``, then
   repaired, and the next one waits until writes are being acknowledged again.
 
 ``--dynamic`` runs a KIP-853 quorum (the launcher's dynamic format). On
@@ -57,6 +60,7 @@ import random
 import shutil
 import signal
 import sys
+import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
@@ -810,8 +814,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true")
 
 
+def fault_table(width: int = 100) -> str:
+    """`metalog drill --help`'s table of the schedule's faults: each kind and what it does."""
+    name_w = max(map(len, FAULTS)) + 2
+    rows = ["faults (--schedule):"]
+    for kind, what in FAULTS.items():
+        lines = textwrap.wrap(what, width - name_w - 2) or [""]
+        rows.append(f"  {kind:<{name_w}}{lines[0]}")
+        rows += [" " * (name_w + 2) + line for line in lines[1:]]
+    return "\n".join(rows)
+
+
 def register_cli(subparsers) -> None:
     p = subparsers.add_parser("drill", help="fault drill: kill/pause/partition/wipe brokers under load, then check",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__, epilog=fault_table(),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     p.set_defaults(func=cmd_drill)
