@@ -34,6 +34,7 @@ class Errors(enum.IntEnum):
     STALE_BROKER_EPOCH = 77  # BrokerHeartbeat: not the epoch of the broker's current registration
     INCONSISTENT_VOTER_SET = 94
     INVALID_UPDATE_VERSION = 95  # UpdateFeatures: a level this build or cluster cannot take now
+    PRINCIPAL_DESERIALIZATION_FAILURE = 97  # Envelope: the forwarded client principal cannot be read
     SNAPSHOT_NOT_FOUND = 98
     POSITION_OUT_OF_RANGE = 99
     DUPLICATE_BROKER_REGISTRATION = 101  # BrokerRegistration: a live broker (valid session) holds the id

@@ -25,6 +25,7 @@ import time
 import pytest
 
 from metalog.tools.cluster.launcher import REPO_ROOT, LocalCluster
+from metalog.tools.kafka import quorum as kq
 from metalog.tools.kafka.quorum import BROKER_ID, KafkaCluster, kafka_uuid
 
 FAST = dict(election_timeout_ms=300, fetch_timeout_ms=800, request_timeout_ms=800, fetch_max_wait_ms=100)
@@ -131,3 +132,31 @@ def test_killed_broker_is_fenced_then_reregisters(setup):
                    and s.registration())
     assert again["incarnation_id"] != first["incarnation_id"], (first, again)
     assert again["broker_epoch"] > first["broker_epoch"], (first, again)
+
+
+def test_kafka_topics_through_the_kafka_broker_lands_in_metalog(setup, tmp_path):
+    """kafka-topics --bootstrap-server <the Kafka broker> --create: the broker
+    forwards CreateTopics to its controller, the metalog leader, inside an
+    Envelope; the topic is placed on the one unfenced broker, 100."""
+    s = setup
+    s.kafka.wait_for(lambda: s.broker.proc is not None and UNFENCED_LINE in s.broker.output(), START_TIMEOUT_S,
+                     "the Kafka broker to be unfenced", s.broker)
+    _await("broker 100 unfenced", lambda: (s.registration() or {}).get("fenced") is False)
+    certs = s.cluster.cert_dir
+    pem = tmp_path / "admin.pem"
+    pem.write_text(open(f"{certs}/admin.key").read() + open(f"{certs}/admin.crt").read())
+    props = tmp_path / "admin.properties"
+    props.write_text(f"security.protocol=SSL\nssl.truststore.type=PEM\nssl.truststore.location={certs}/ca.crt\n"
+                     f"ssl.keystore.type=PEM\nssl.keystore.location={pem}\n")
+    bootstrap = f"127.0.0.1:{s.broker.port}"
+    s.kafka.tool(kq.TOPICS, ["--bootstrap-server", bootstrap, "--command-config", str(props), "--create",
+                             "--topic", "through-kafka", "--partitions", "2", "--replication-factor", "1"])
+    leader, _ = s.cluster.wait_for_leader(30)
+    topic = _await("the topic in metalog's state",
+                   lambda: s.cluster.admin(leader, "/metadata/topics/through-kafka"))
+    assert [(p["partition"], p["replicas"], p["leader"]) for p in topic["partitions"]] == [
+        (0, [BROKER_ID], BROKER_ID), (1, [BROKER_ID], BROKER_ID)], topic
+    # Kafka's broker hosts it: its own Metadata says broker 100 leads both partitions.
+    out = s.kafka.tool(kq.TOPICS, ["--bootstrap-server", bootstrap, "--command-config", str(props), "--describe",
+                                   "--topic", "through-kafka"]).stdout
+    assert out.count("Leader: 100") == 2, out

@@ -16,15 +16,23 @@ leader it learnt from the metadata log, never through a forwarder.
 
 from __future__ import annotations
 
+import ipaddress
+import re
+import struct
 import uuid
 from typing import Any, Callable
 
 from metalog.broker.net.kafka_conn import KafkaExchange
+from metalog.broker.net.principal import Principal
+from metalog.broker.server.kafka import admin
 from metalog.broker.server.kafka.api import KafkaApi, KafkaContext
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
 from metalog.protocol.errors import Errors
 from metalog.protocol.kafka import messages as km
+from metalog.protocol.kafka import wire
+from metalog.protocol.kafka.errors import KafkaDecodeError
+from metalog.protocol.kafka.primitives import read_cstr
 
 REGISTRATION = "broker_registration"
 HEARTBEAT = "broker_heartbeat"
@@ -92,7 +100,79 @@ def broker_heartbeat(ctx: KafkaContext, ex: KafkaExchange) -> None:
     _ask(ctx, ex, HEARTBEAT, args, answer)
 
 
+# --------------------------------------------------------------------- Envelope
+_NODE_USER = re.compile(r"node-(\d+)")
+
+
+def forwarded_principal(raw: bytes) -> Principal:
+    """DefaultPrincipalData v0 after its int16 version: Type, Name (compact
+    strings), TokenAuthenticated, tags. ValueError if it is not one we know."""
+    buf = memoryview(raw)
+    (version,) = struct.unpack_from(">h", buf, 0)
+    if version != 0:
+        raise ValueError(f"DefaultPrincipalData version {version}")
+    kind, pos = read_cstr(buf, 2)
+    name, pos = read_cstr(buf, pos)
+    node = _NODE_USER.fullmatch(name)
+    if kind == "User" and node is not None:
+        return Principal("Node", str(int(node.group(1))))
+    return Principal.parse(f"{kind}:{name}")
+
+
+class _Forwarded:
+    """The client's connection, as the inner request's handler and the gate see
+    it: the forwarded principal and address; its one answer goes back inside
+    the envelope's."""
+
+    def __init__(self, outer: KafkaExchange, principal: Principal, host: str):
+        self._outer = outer
+        self.principal = principal
+        self.peer_host = host
+        self.peer = f"{host}:0"
+        self.context: Any = None
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._outer.conn.closed)
+
+    def add_close_callback(self, cb: Callable[[Any], None]) -> None:
+        self._outer.conn.add_close_callback(lambda _conn: cb(self))
+
+    def finish(self, inner: KafkaExchange, data: bytes) -> None:
+        inner.answer, inner.answered = data, True
+        if self._outer.answered:
+            return
+        if data:  # a whole frame: its length prefix off, the response header and body in
+            self._outer.respond(km.EnvelopeResponse(response_data=data[4:]))
+        else:  # Kafka would close the client's connection: the forwarding broker gets the error
+            self._outer.respond(km.EnvelopeResponse(error_code=inner.close_after or Errors.INVALID_REQUEST))
+
+
+def envelope(ctx: KafkaContext, ex: KafkaExchange) -> None:
+    req: km.EnvelopeRequest = ex.body
+    if ex.conn.principal.node_id is None:
+        ex.respond(km.EnvelopeResponse(error_code=Errors.CLUSTER_AUTHORIZATION_FAILED))
+        return
+    try:
+        principal = forwarded_principal(bytes(req.request_principal or b""))
+        host = str(ipaddress.ip_address(bytes(req.client_host_address)))
+    except (ValueError, struct.error, KafkaDecodeError, IndexError):
+        ex.respond(km.EnvelopeResponse(error_code=Errors.PRINCIPAL_DESERIALIZATION_FAILURE))
+        return
+    try:
+        header, body = wire.decode_request(req.request_data, ctx.supported())
+    except KafkaDecodeError:
+        ex.respond(km.EnvelopeResponse(error_code=Errors.INVALID_REQUEST))
+        return
+    api = admin.APIS.get(header.api_key)
+    if api is None:  # only what a broker forwards; never an Envelope in an Envelope
+        ex.respond(km.EnvelopeResponse(error_code=Errors.INVALID_REQUEST))
+        return
+    api.handle(ctx, KafkaExchange(_Forwarded(ex, principal, host), header, body))  # type: ignore[arg-type]
+
+
 APIS: dict[int, KafkaApi] = {
+    km.EnvelopeRequest.API_KEY: KafkaApi(km.EnvelopeRequest, 0, 0, envelope),
     km.BrokerRegistrationRequest.API_KEY: KafkaApi(km.BrokerRegistrationRequest, 0, 4, broker_registration),
     km.BrokerHeartbeatRequest.API_KEY: KafkaApi(km.BrokerHeartbeatRequest, 0, 2, broker_heartbeat),
 }
