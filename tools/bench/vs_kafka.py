@@ -40,7 +40,9 @@ Leader" log line; both polled every 50 ms).
 Rounds interleave (metalog then Kafka, then Kafka then metalog, ...), each
 side on a fresh cluster alone on the machine, so load from other work hurts
 both alike; figures are medians over rounds, every round is in the JSON.
-Left out: a new node catching up on 1M records (see docs/bench.md).
+Then the killed node is restarted and a new node catches up on 1M records
+(tools/bench/vs_kafka_catchup.py: what is written on each side, how, and
+what is measured).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from metalog.tools.bench import vs_kafka_catchup as catchup
 from metalog.tools.bench.common import latency_summary_ms, metalog_cluster
 
 OPS = ("topics", "configs", "acls")
@@ -89,7 +92,15 @@ class Side(Protocol):
     def extra_pids(self) -> dict[str, int]: ...
     def leader(self) -> int: ...
     def kill(self, node_id: int) -> None: ...
+    def restart(self, node_id: int) -> None: ...
     def stop(self) -> None: ...
+    # and what the catch-up needs: vs_kafka_catchup.CatchupSide
+    def controller_endpoints(self) -> list[tuple[str, int]]: ...
+    def tls_files(self) -> tuple[str, str, str]: ...
+    def start_observer(self) -> None: ...
+    def observer_dir(self) -> str: ...
+    def metadata_dir(self, node_id: int) -> str: ...
+    def applied_offset(self) -> int | None: ...
 
 
 # ---------------------------------------------------------------- the sides
@@ -97,7 +108,9 @@ class MetalogSide:
     name = "metalog"
 
     def __init__(self, root: str, cert_dir: str):
-        self.cluster = metalog_cluster(root, cert_dir=cert_dir)
+        # Observer 4 is the catch-up's new node: formatted with the others, started last.
+        self.cluster = metalog_cluster(root, cert_dir=cert_dir, observers=1)
+        self.voters = sorted(self.cluster.voter_addrs)
 
     def start(self) -> float:
         c = self.cluster
@@ -106,17 +119,17 @@ class MetalogSide:
             os.makedirs(c.node_dir(nid), exist_ok=True)
             c.format_node(nid)
         t0 = time.monotonic()
-        c.start()
+        c.start(self.voters)
         c.wait_for(c.leader, LEADER_TIMEOUT_S, "metalog's first leader", poll_s=POLL_S)
         return time.monotonic() - t0
 
     def ready(self) -> None:
         c = self.cluster
-        for _, host, port in c.kafka_bootstrap():
+        for _, host, port in (x for x in c.kafka_bootstrap() if x[0] in self.voters):
             c.wait_for(lambda h=host, p=port: _accepts(h, p), 60, f"Kafka listener {host}:{port}")
         # A registered broker, so that a topic's replica can be placed (Kafka's broker registers itself).
         out = subprocess.run([sys.executable, "-m", "metalog.tools.cli", "brokers", "register", "1",
-                              "--bootstrap", ",".join(f"{h}:{p}" for h, p in c.bootstrap()),
+                              "--bootstrap", ",".join(f"{h}:{p}" for h, p in self.controller_endpoints()),
                               "--cluster-id", c.cluster_id, "--client-config", c.client_config_path,
                               "--endpoint", "SSL:127.0.0.1:9001"], capture_output=True, text=True, timeout=120)
         if out.returncode != 0:
@@ -124,12 +137,13 @@ class MetalogSide:
 
     def client_conf(self) -> dict[str, Any]:
         d = self.cluster.cert_dir
-        return {"bootstrap.servers": ",".join(f"{h}:{p}" for _, h, p in self.cluster.kafka_bootstrap()),
+        return {"bootstrap.servers": ",".join(f"{h}:{p}" for nid, h, p in self.cluster.kafka_bootstrap()
+                                              if nid in self.voters),
                 "security.protocol": "SSL", "ssl.ca.location": f"{d}/ca.crt",
                 "ssl.certificate.location": f"{d}/admin.crt", "ssl.key.location": f"{d}/admin.key"}
 
     def quorum_pids(self) -> dict[int, int]:
-        return {nid: p.pid for nid, p in self.cluster.procs.items() if p.poll() is None}
+        return {nid: p.pid for nid, p in self.cluster.procs.items() if p.poll() is None and nid in self.voters}
 
     def extra_pids(self) -> dict[str, int]:
         return {}
@@ -140,8 +154,33 @@ class MetalogSide:
     def kill(self, node_id: int) -> None:
         os.kill(self.cluster.procs[node_id].pid, signal.SIGKILL)
 
+    def restart(self, node_id: int) -> None:
+        self.cluster.procs[node_id].wait(10)
+        self.cluster.start_node(node_id)
+
     def stop(self) -> None:
         self.cluster.stop()
+
+    def controller_endpoints(self) -> list[tuple[str, int]]:
+        return [self.cluster.voter_addrs[nid] for nid in self.voters]
+
+    def tls_files(self) -> tuple[str, str, str]:
+        d = self.cluster.cert_dir
+        return f"{d}/ca.crt", f"{d}/admin.crt", f"{d}/admin.key"
+
+    def start_observer(self) -> None:
+        self.cluster.start_node(catchup.OBSERVER_ID)
+
+    def observer_dir(self) -> str:
+        return self.metadata_dir(catchup.OBSERVER_ID)
+
+    def metadata_dir(self, node_id: int) -> str:
+        from metalog.broker.server.recovery import PARTITION_DIR
+
+        return os.path.join(self.cluster.data_dir(node_id), PARTITION_DIR)
+
+    def applied_offset(self) -> int | None:
+        return (self.cluster.quorum(catchup.OBSERVER_ID) or {}).get("applied_offset")
 
 
 class KafkaSide:
@@ -151,7 +190,7 @@ class KafkaSide:
         from metalog.tools.kafka.quorum import KafkaCluster  # on use: every metalog command imports the bench CLI
 
         self.cluster = KafkaCluster.create(root, brokers=1, tls_dir=cert_dir, overrides=KAFKA_DEFAULTS,
-                                           jvm_flags=KAFKA_STOCK_JVM)
+                                           jvm_flags=KAFKA_STOCK_JVM, observers=1)
 
     def start(self) -> float:
         c = self.cluster
@@ -166,7 +205,7 @@ class KafkaSide:
         from metalog.tools.kafka.quorum import STARTED
 
         c = self.cluster
-        c.wait_for(lambda: all(STARTED in n.output() for n in c.nodes.values()), LEADER_TIMEOUT_S,
+        c.wait_for(lambda: all(STARTED in n.output() for n in c.controllers + c.brokers), LEADER_TIMEOUT_S,
                    "every Kafka node to start")
 
     def client_conf(self) -> dict[str, Any]:
@@ -189,8 +228,33 @@ class KafkaSide:
         assert proc is not None
         os.kill(proc.pid, signal.SIGKILL)
 
+    def restart(self, node_id: int) -> None:
+        node = self.cluster.nodes[node_id]
+        assert node.proc is not None
+        node.proc.wait(10)
+        self.cluster.launch([node])
+
     def stop(self) -> None:
         self.cluster.stop()
+
+    def controller_endpoints(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", n.port) for n in self.cluster.controllers]
+
+    def tls_files(self) -> tuple[str, str, str]:
+        tls = self.cluster.client_tls()
+        return tls["ssl.ca.location"], tls["ssl.certificate.location"], tls["ssl.key.location"]
+
+    def start_observer(self) -> None:
+        self.cluster.launch(self.cluster.observers)
+
+    def observer_dir(self) -> str:
+        return self.cluster.observers[0].metadata_dir
+
+    def metadata_dir(self, node_id: int) -> str:
+        return self.cluster.nodes[node_id].metadata_dir
+
+    def applied_offset(self) -> int | None:
+        return None  # Kafka tells it in JMX metrics only; the leader's DescribeQuorum view is the measure
 
 
 def _accepts(host: str, port: int) -> bool:
@@ -366,7 +430,7 @@ def measure_failover(side: Side, writer: Writer) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- one side, one round
 def run_side(side: Side, warmup_s: float, duration_s: float, tag: str,
-             progress: Callable[[str], None]) -> dict[str, Any]:
+             progress: Callable[[str], None], catchup_records: int = catchup.RECORDS) -> dict[str, Any]:
     result: dict[str, Any] = {}
     try:
         result["startup_s"] = round(side.start(), 3)
@@ -385,6 +449,10 @@ def run_side(side: Side, warmup_s: float, duration_s: float, tag: str,
         result["rss_mb_other"] = {name: rss_mb(pid) for name, pid in side.extra_pids().items()}
         result["failover"] = measure_failover(side, Writer(admin_client(side.client_conf()), tag + "f"))
         progress(f"{tag} {side.name} start-up {result['startup_s']} s, failover {result['failover']}")
+        # The killed leader comes back as it would (the writes below need no more than a majority).
+        side.restart(result["failover"]["leader_killed"])
+        writer = catchup.write_metalog if side.name == "metalog" else catchup.write_kafka
+        result["catchup"] = catchup.run_catchup(side, writer, catchup_records, tag, progress)
     finally:
         side.stop()
     return result
@@ -392,13 +460,14 @@ def run_side(side: Side, warmup_s: float, duration_s: float, tag: str,
 
 # ---------------------------------------------------------------- the run
 def run(root: str, rounds: int, warmup_s: float, duration_s: float,
-        progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+        progress: Callable[[str], None] = lambda s: None, catchup_records: int = catchup.RECORDS) -> dict[str, Any]:
     """Interleaved rounds of both sides; the report (figures, ratios, rounds)."""
     from metalog.tools import kafka
 
     cert_dir = os.path.join(root, "certs")  # one CA for both sides
     report: dict[str, Any] = {"kafka_version": kafka.kafka_version(), "rounds": rounds, "warmup_s": warmup_s,
                               "duration_s": duration_s, "client_counts": list(CLIENT_COUNTS),
+                              "catchup_records": catchup_records,
                               "load_before": [round(x, 2) for x in os.getloadavg()]}
     runs: dict[str, list[dict[str, Any]]] = {"metalog": [], "kafka": []}
     makers: dict[str, Callable[[str, str], Side]] = {"metalog": MetalogSide, "kafka": KafkaSide}
@@ -406,7 +475,7 @@ def run(root: str, rounds: int, warmup_s: float, duration_s: float,
         order = ("metalog", "kafka") if r % 2 == 0 else ("kafka", "metalog")
         for name in order:
             side = makers[name](os.path.join(root, f"{name}-{r}"), cert_dir)
-            runs[name].append(run_side(side, warmup_s, duration_s, f"r{r}", progress))
+            runs[name].append(run_side(side, warmup_s, duration_s, f"r{r}", progress, catchup_records))
     report["load_after"] = [round(x, 2) for x in os.getloadavg()]
     report["rounds_detail"] = runs
     report["figures"] = figures(runs)
@@ -430,6 +499,8 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, float | None]:
                 out[f"{op}_p99_ms_1"] = _median([p["p99_ms"] for p in phases])
     out["failover_ms"] = _median([r["failover"]["next_write_ms"] for r in rounds])
     out["startup_s"] = _median([r["startup_s"] for r in rounds])
+    out["catchup_s"] = _median([r["catchup"]["seconds"] for r in rounds])
+    out["catchup_records_per_s"] = _median([r["catchup"]["records_per_s"] for r in rounds])
     out["rss_mb_mean"] = _median([statistics.mean(v for v in r["rss_mb"].values() if v) for r in rounds])
     out["rss_mb_max"] = _median([max(v for v in r["rss_mb"].values() if v) for r in rounds])
     return out
@@ -445,6 +516,8 @@ ROWS: list[tuple[str, str, bool]] = [
       for q in ("p50", "p99")],
     ("failover_ms", "next write after kill -9 (ms)", False),
     ("startup_s", "start-up to leader (s)", False),
+    ("catchup_s", "new node caught up (s)", False),
+    ("catchup_records_per_s", "new node catch-up (records/s)", True),
     ("rss_mb_mean", "RSS per quorum node, mean (MiB)", False),
     ("rss_mb_max", "RSS per quorum node, max (MiB)", False),
 ]
@@ -473,7 +546,7 @@ def format_table(report: dict[str, Any]) -> str:
                  f"{row['ratio_metalog_over_kafka']!s:>13}", f"{row['better'] or '-'}"]
         lines.append("  ".join(cells))
     lines.append(f"load average before {report['load_before']}, after {report['load_after']} (1/5/15 min); "
-                 "new-node catch-up left out (docs/bench.md)")
+                 f"catch-up: a new node after {report['catchup_records']:,} ACLs written (docs/bench.md)")
     return "\n".join(lines)
 
 
@@ -490,13 +563,15 @@ def cmd_vs_kafka(args: Any) -> int:
         print(f"metalog bench --vs kafka: {exc}", file=sys.stderr)
         return 2
     warmup_s, duration_s, rounds = args.warmup_s, args.duration_s, args.rounds
+    catchup_records = catchup.RECORDS
     if args.smoke:
-        warmup_s, duration_s, rounds = 0.5, 1.5, 1
+        warmup_s, duration_s, rounds, catchup_records = 0.5, 1.5, 1, catchup.SMOKE_RECORDS
     root = args.dir or tempfile.mkdtemp(prefix="metalog-bench-kafka-")
     os.makedirs(root, exist_ok=True)
     try:
         report = run(root, rounds, warmup_s, duration_s,
-                     progress=lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True))
+                     progress=lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True),
+                     catchup_records=catchup_records)
     finally:
         if not args.keep and not args.dir:
             shutil.rmtree(root, ignore_errors=True)

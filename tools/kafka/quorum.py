@@ -30,7 +30,11 @@ client. ``overrides`` replaces any property (the bench restores Kafka's
 defaults where COMMON shrinks them for tests) and ``jvm_flags`` the JVM's
 flags (the bench runs Kafka's stock ``kafka-server-start.sh`` flags).
 ``launch()`` spawns every node without waiting and ``elected_leader()``
-reads the highest-epoch leader a controller's log announced.
+reads the highest-epoch leader a controller's log announced. ``observers=N``
+lays out N more controller-only nodes (ids 4, 5, ...) formatted with
+``--no-initial-controllers``: observers of the dynamic quorum, never started
+by ``start()``/``launch()`` (``launch(cluster.observers)`` starts them; the
+bench's new node catching up).
 
 Nothing here is metalog: the dirs are Kafka's, written by Kafka.
 """
@@ -142,7 +146,8 @@ class KafkaCluster:
 
     @classmethod
     def create(cls, root: str, brokers: int = 1, heap_mb: int = 256, tls_dir: str = "",
-               overrides: dict[str, str] | None = None, jvm_flags: list[str] | None = None) -> "KafkaCluster":
+               overrides: dict[str, str] | None = None, jvm_flags: list[str] | None = None,
+               observers: int = 0) -> "KafkaCluster":
         """Write every node's properties and format its dir with Kafka's StorageTool."""
         os.makedirs(root, exist_ok=True)
         c = cls(root, kafka_uuid(), heap_mb=heap_mb, tls_dir=tls_dir, overrides=dict(overrides or {}),
@@ -152,6 +157,9 @@ class KafkaCluster:
             c.nodes[node_id].directory_id = kafka_uuid()
         for i in range(brokers):
             c.nodes[BROKER_ID + i] = c._node(BROKER_ID + i, "broker")
+        for i in range(observers):
+            node_id = max(CONTROLLER_IDS) + 1 + i
+            c.nodes[node_id] = c._node(node_id, "observer")
         for node in c.nodes.values():
             c._write_props(node)
         c._format()
@@ -167,6 +175,11 @@ class KafkaCluster:
         return [n for n in self.nodes.values() if n.role == "controller"]
 
     @property
+    def observers(self) -> list[KafkaNode]:
+        """Controller-only nodes outside the voter set (``create(observers=N)``)."""
+        return [n for n in self.nodes.values() if n.role == "observer"]
+
+    @property
     def brokers(self) -> list[KafkaNode]:
         return [n for n in self.nodes.values() if n.role == "broker"]
 
@@ -179,7 +192,7 @@ class KafkaCluster:
     def _write_props(self, node: KafkaNode) -> None:
         props = dict(COMMON, **{"node.id": str(node.node_id), "log.dirs": node.log_dir,
                                 "controller.quorum.bootstrap.servers": self.bootstrap_controllers()})
-        if node.role == "controller":
+        if node.role in ("controller", "observer"):
             props.update({"process.roles": "controller", "listeners": f"CONTROLLER://127.0.0.1:{node.port}"})
         else:
             props.update(BROKER, **{"process.roles": "broker", "listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
@@ -311,7 +324,7 @@ class KafkaCluster:
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM (Kafka's orderly shutdown), broker first; SIGKILL past the timeout."""
-        for group in (self.brokers, self.controllers):
+        for group in (self.brokers, self.observers, self.controllers):
             for node in group:
                 if node.proc is not None and node.proc.poll() is None:
                     node.proc.send_signal(signal.SIGTERM)
