@@ -160,3 +160,42 @@ def test_kafka_topics_through_the_kafka_broker_lands_in_metalog(setup, tmp_path)
     out = s.kafka.tool(kq.TOPICS, ["--bootstrap-server", bootstrap, "--command-config", str(props), "--describe",
                                    "--topic", "through-kafka"]).stdout
     assert out.count("Leader: 100") == 2, out
+
+
+def test_librdkafka_produces_and_consumes_through_the_kafka_broker(setup):
+    """The topic of the test above, served by the Kafka broker whose controller
+    quorum is metalog: librdkafka produces (acks=all) and reads every record
+    back, in order. Not idempotent: the Kafka broker would ask its controller
+    for a block of producer ids (AllocateProducerIds, api 67), which metalog
+    does not serve (docs/kafka-listener.md)."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    s = setup
+    certs = s.cluster.cert_dir
+    conf = {"bootstrap.servers": f"127.0.0.1:{s.broker.port}", "security.protocol": "SSL",
+            "ssl.ca.location": f"{certs}/ca.crt", "ssl.certificate.location": f"{certs}/admin.crt",
+            "ssl.key.location": f"{certs}/admin.key"}
+    producer = Producer({**conf, "acks": "all", "message.timeout.ms": 60000, "max.in.flight": 1})
+    acked = []
+
+    def delivered(err, msg):
+        assert err is None, err
+        acked.append((msg.partition(), msg.offset(), msg.value()))
+
+    values = [f"record-{i}".encode() for i in range(50)]
+    for v in values:
+        producer.produce("through-kafka", v, partition=0, on_delivery=delivered)
+    assert producer.flush(60) == 0
+    assert [a[2] for a in acked] == values and [a[1] for a in acked] == list(range(50))
+    consumer = Consumer({**conf, "group.id": "unused", "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition("through-kafka", 0, 0)])
+        got = []
+        end = time.monotonic() + 60
+        while len(got) < len(values) and time.monotonic() < end:
+            msg = consumer.poll(1.0)
+            if msg is not None and msg.error() is None:
+                got.append(msg.value())
+        assert got == values
+    finally:
+        consumer.close()
