@@ -116,10 +116,12 @@ class SnapshotWork:
         try:
             part = self._partials.get(a.snapshot_id)
             if part is None or a.position == 0:
-                if part is not None:
-                    part.abort()
-                # One load in progress at most: it holds a partial state in memory.
-                self._loads.clear()
+                # A download begins (the core starts one at position 0 whenever it finds
+                # the leader's snapshot): every other partial is superseded. One download
+                # on disk and one load in memory at most: a download cut off by a partition,
+                # the leader's snapshot newer by the heal, left its .part (and an open file)
+                # until the next append or boot (the drill's partition_snapshot found it).
+                self.abandon_downloads()
                 load = self._loads[a.snapshot_id] = _StreamedLoad(a.snapshot_id)
                 part = self._partials[a.snapshot_id] = self.broker.snapshots.partial(a.snapshot_id, load.add)
             part.write_at(a.position, a.data)

@@ -91,9 +91,11 @@ def test_a_partition_healed_during_a_snapshot_download(tmp_path):
     assert f["at_cut"]["part_bytes"] > 2048 and not f["at_cut"]["checkpoints"], f
     # nothing came while cut but what was already in the follower's socket (an answer or two)
     assert f["before_heal"]["part_bytes"] <= f["at_cut"]["part_bytes"] + 2 * 2048, f
-    end, epoch, size = f["after"]["checkpoints"][-1]
-    assert size > f["at_cut"]["part_bytes"] and size > 20 * 2048, f
-    assert [end, epoch] in f["installs_after_heal"] and f["caught_up_s"] is not None, f
+    # a snapshot installed after the heal; by the check the follower may have taken its own since
+    installed = f["installs_after_heal"][0]
+    sizes = [size for _end, _epoch, size in f["after"]["checkpoints"]]
+    assert installed[0] > 0 and f["caught_up_s"] is not None and sizes, f
+    assert min(sizes) > f["at_cut"]["part_bytes"] and min(sizes) > 20 * 2048, f
     assert f["after"]["parts"] == [] and f["after"]["bad_checkpoints"] == [], f
     # the follower's own log says it gave up no corrupt snapshot and installed after the heal
     node_log = tmp_path / "run" / f"node-{f['node']}" / "broker.log"
