@@ -219,6 +219,9 @@ class SimDisk:
 
     def write_snapshot_chunk(self, snapshot_id: m.SnapshotId, position: int, data: bytes) -> None:
         if position == 0:
+            # A download begins: every other partial is superseded, as the runtime deletes
+            # them (broker/server/snapshot_work.py): one download on disk at most.
+            self.partial_snapshots.clear()
             self.partial_snapshots[snapshot_id] = bytearray()
         part = self.partial_snapshots.get(snapshot_id)
         if part is None or len(part) != position:

@@ -252,3 +252,44 @@ def test_a_follower_rejoining_after_a_partition_bumps_no_epoch_and_keeps_the_lea
     c.advance(3 * cfg.fetch_timeout_ms)
     assert c.current_leader() is lead and "candidate" not in roles_seen
     assert {n.core.epoch for n in c.nodes.values()} == {epoch}
+
+
+def test_a_snapshot_download_cut_by_a_partition_leaves_no_partial_once_a_newer_one_is_installed():
+    """The drill's partition_snapshot (issue 35): a wiped observer downloads the leader's
+    snapshot a chunk at a time; its link is cut mid-download; meanwhile the leader takes a
+    newer snapshot and moves its log start past the first; after the heal the observer
+    downloads and installs the newer one. The first download's partial must be gone then:
+    one download on disk at most (broker/server/snapshot_work.py abandons every other
+    partial when a download begins; the runtime kept it until the next append or boot)."""
+    c = make(35, voters=(1, 2, 3), observers=(4,), snapshot_chunk_bytes=64, max_replication_lag_ms=100)
+    lead = wait_settled(c)
+
+    def write_and_snapshot(tag: bytes) -> None:
+        for i in range(30):
+            c.client_append(lead.node_id, [tag + b"-%02d-" % i + b"x" * 40])
+            c.advance(5)
+        voters = [c.nodes[v] for v in (1, 2, 3)]
+        c.run_until_true(lambda: all(v.core.high_watermark == lead.core.log_end_offset for v in voters), 5000,
+                         "the voters caught up")
+        for n in voters:
+                c.maybe_snapshot(n, min_records=1)
+        c.run_until_true(lambda: lead.disk.log_start_offset == max(s.end_offset for s in lead.disk.snapshots),
+                         5000, "the leader's log start at its newest snapshot")
+
+    write_and_snapshot(b"a")
+    c.crash(4, wipe="all")
+    c.boot(4)
+    obs = c.nodes[4]
+    c.run_until_true(lambda: any(len(p) > 64 for p in obs.disk.partial_snapshots.values()), 5000,
+                     "the observer's download past its first chunk")
+    first = set(obs.disk.partial_snapshots)
+    c.network.isolate(4)
+    c.advance(10)
+    assert set(obs.disk.partial_snapshots) == first and not obs.disk.snapshots  # cut mid-download
+    write_and_snapshot(b"b")
+    newer = max(lead.disk.snapshots)
+    assert newer > max(first)
+    c.network.heal(4)
+    c.run_until_true(lambda: newer in obs.disk.snapshots, 10000, "the observer's install of the newer snapshot")
+    assert obs.disk.partial_snapshots == {}, f"partials left after the install: {list(obs.disk.partial_snapshots)}"
+    wait_settled(c)
