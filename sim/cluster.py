@@ -43,6 +43,7 @@ from metalog.protocol import messages as m
 from metalog.protocol.invariants import InvariantViolation, invariant
 from metalog.sim.disk import SimDisk, SimDiskError
 from metalog.sim.invariants import InvariantChecker, Violation, is_leader
+from metalog.sim.kafka_wire import KafkaWire
 from metalog.sim.network import NetworkConfig, SimNetwork, WireFlip
 
 TRACE_TAIL = 60
@@ -92,6 +93,9 @@ class SimConfig:
     # voters, no bootstrap checkpoint) that may upgrade online to kraft
     # version 1 (UpdateFeatures); from then on the log's set decides.
     static_start: bool = False
+    # Every message between nodes as Kafka's bytes, mapped by the brokers' own
+    # edge and handlers (sim/kafka_wire.py); off: the flat bodies travel as they are.
+    kafka_wire: bool = False
 
 
 @dataclass
@@ -124,7 +128,7 @@ def brief(body: Any) -> str:
         if v is not None and v is not False:
             parts.append(f"{name}={v}")
     recs = getattr(body, "records", None)
-    if isinstance(recs, bytes) and recs:
+    if isinstance(recs, (bytes, bytearray, memoryview)) and len(recs):  # memoryview: off Kafka's wire
         parts.append(f"records={len(recs)}B")
     for name in ("diverging_epoch", "snapshot_id", "current_leader"):
         v = getattr(body, name, None)
@@ -256,6 +260,7 @@ class SimCluster:
         self.spin_ticks = 0
         self.truncations: list[tuple[int, int, int]] = []  # (time ms, node, end offset)
         self.checker = InvariantChecker(self)
+        self.kafka = KafkaWire(self.config.cluster_id) if self.config.kafka_wire else None
         # Scenario control: decide per message "deliver" | "hold" | "drop" | "corrupt".
         self.intercept: Callable[[Message], str] | None = None
         self.held: list[Message] = []
@@ -346,6 +351,8 @@ class SimCluster:
         n.alive = True
         n.paused = False
         n.pending_requests.clear()
+        if self.kafka is not None:
+            self.kafka.forget(n.open_tokens)
         n.open_tokens.clear()
         n.vote_requests.clear()
         n.inbox.clear()
@@ -397,6 +404,8 @@ class SimCluster:
             # disk-loss unsafety that Raft has by design, not a bug to find.
             n.void_before_incarnation = n.incarnation
         n.pending_requests.clear()
+        if self.kafka is not None:
+            self.kafka.forget(n.open_tokens)
         n.open_tokens.clear()
         n.inbox.clear()
         n.next_tick_ms = None
@@ -528,11 +537,31 @@ class SimCluster:
         if body is None:
             raise InvariantViolation(f"a request without a body: {msg!r}")
         token = ("net", msg.src, msg.src_incarnation, msg.request_id)
+        if self.kafka is not None:
+            body, answer = self.kafka.arrive(n.node_id, lambda: self._endpoints_seen_by(n), token, msg.src,
+                                             msg.request_id, body)
+            if answer is not None:  # the listener's handler answered it (e.g. INVALID_REQUEST)
+                self.trace(f"n{n.node_id} <= {msg!r}, answered at the edge: {brief(answer)}")
+                self._send(Message("response", n.node_id, msg.src, msg.src_incarnation, msg.request_id, answer))
+                return
+            if body is None:
+                raise InvariantViolation(f"the edge gave {msg!r} neither a body nor an answer")
         n.open_tokens.add(token)
-        if isinstance(msg.body, m.VoteRequest):
-            n.vote_requests[token] = msg.body
+        if isinstance(body, m.VoteRequest):
+            n.vote_requests[token] = body
         self.trace(f"n{n.node_id} <= {msg!r}")
         self.step(n, api.RequestReceived(self.now_ms, token, body))
+
+    def _endpoints_seen_by(self, n: SimNode) -> dict[int, tuple[str, int]]:
+        """A node's controller-listener endpoints of every voter (the brokers'
+        KafkaDispatch.endpoints: the configured voters, overridden by the
+        CONTROLLER listeners its voter set names)."""
+        out = {v: sim_endpoints(v)[0][1:] for v in self.config.voters}
+        for nid, listeners in n.core.voter_set.endpoints.items():
+            for name, host, port in listeners:
+                if name == "CONTROLLER":
+                    out[nid] = (host, port)
+        return out
 
     def _deliver_response(self, msg: Message) -> None:
         if msg.kind == "response" and not self.network.reachable(msg.src, msg.dst):
@@ -792,7 +821,8 @@ class SimCluster:
         n.open_tokens.discard(a.token)
         if a.token[0] == "net":
             _, src, src_inc, rid = a.token
-            self._send(Message("response", n.node_id, src, src_inc, rid, a.response))
+            response = a.response if self.kafka is None else self.kafka.leave(a.token, a.response)
+            self._send(Message("response", n.node_id, src, src_inc, rid, response))
         elif a.token[0] == "inject":
             self.trace(f"n{n.node_id} answered injected #{a.token[1]}: {brief(a.response)}")
             self.injected[a.token[1]] = a.response

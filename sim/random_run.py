@@ -85,7 +85,7 @@ def config_for_seed(rng_seed: int, snapshots: bool) -> SimConfig:
 
 
 class RandomRun:
-    def __init__(self, seed: int, duration_ms: int, settle_ms: int, snapshots: bool):
+    def __init__(self, seed: int, duration_ms: int, settle_ms: int, snapshots: bool, kafka_wire: bool = False):
         self.seed = seed
         # Voter changes draw from their own stream (never from the fault,
         # client or network ones): seeds without them replay as they did.
@@ -94,6 +94,7 @@ class RandomRun:
                            and self.rng_members.random() < MEMBERSHIP_SEED_SHARE)
         config = config_for_seed(seed, snapshots)
         config.dynamic = self.membership
+        config.kafka_wire = kafka_wire
         self.wire_flip_probability = wire_flip_probability(seed)
         config.network.fetch_flip_probability = self.wire_flip_probability
         if self.membership:
@@ -522,9 +523,14 @@ def wire_flip_probability(seed: int) -> float:
 
 
 def run_seed(seed: int, duration_ms: int | None = None, settle_ms: int = 15000,
-             snapshots: bool | None = None) -> RunResult:
+             snapshots: bool | None = None, kafka_wire: bool | None = None) -> RunResult:
+    """One seed. `kafka_wire` (default: $SIM_KAFKA_WIRE=1) puts every message
+    between nodes through Kafka's bytes (sim/kafka_wire.py); it draws nothing,
+    so a seed makes the same choices either way."""
     if duration_ms is None:
         duration_ms = int(os.environ.get("SIM_DURATION_MS", "25000"))
     if snapshots is None:
         snapshots = os.environ.get("SIM_SNAPSHOTS", "1") != "0"
-    return RandomRun(seed, duration_ms, settle_ms, snapshots).run()
+    if kafka_wire is None:
+        kafka_wire = os.environ.get("SIM_KAFKA_WIRE", "0") == "1"
+    return RandomRun(seed, duration_ms, settle_ms, snapshots, kafka_wire).run()

@@ -30,11 +30,11 @@ from metalog.sim.invariants import Violation
 from metalog.sim.random_run import run_seed
 
 
-def _one(args: tuple[int, int, bool]) -> tuple[int, str | None, list[tuple[int, bool, bool]], int,
-                                                list[tuple[int, bool, bool]], dict[str, int]]:
-    seed, duration_ms, snapshots = args
+def _one(args: tuple[int, int, bool, bool]) -> tuple[int, str | None, list[tuple[int, bool, bool]], int,
+                                                      list[tuple[int, bool, bool]], dict[str, int]]:
+    seed, duration_ms, snapshots, kafka_wire = args
     try:
-        r = run_seed(seed, duration_ms=duration_ms, snapshots=snapshots)
+        r = run_seed(seed, duration_ms=duration_ms, snapshots=snapshots, kafka_wire=kafka_wire)
         return seed, None, r.failover_samples, r.events, r.rejoin_samples, r.faults
     except Violation as v:
         return seed, str(v), [], 0, [], {}
@@ -54,13 +54,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="processes")
     ap.add_argument("--duration-ms", type=int, default=25000, help="simulated fault phase per seed")
     ap.add_argument("--no-snapshots", action="store_true")
+    ap.add_argument("--kafka-wire", action="store_true",
+                    help="every message between nodes through Kafka's bytes and the brokers' own mapping "
+                         "(sim/kafka_wire.py; replay a seed with SIM_KAFKA_WIRE=1)")
     ap.add_argument("--slowest", type=int, default=0, metavar="N",
                     help="also print the N slowest silent failovers with their seeds (to replay them)")
     args = ap.parse_args(argv)
     if args.seeds <= 0 or args.workers <= 0:
         ap.error("--seeds and --workers must be positive")
 
-    jobs = [(s, args.duration_ms, not args.no_snapshots) for s in range(args.start, args.start + args.seeds)]
+    jobs = [(s, args.duration_ms, not args.no_snapshots, args.kafka_wire)
+            for s in range(args.start, args.start + args.seeds)]
     started = time.monotonic()
     failures: list[tuple[int, str]] = []
     clean: list[int] = []

@@ -26,7 +26,10 @@ def error_response(req: m.Body, code: int, message: str | None,
     if t is m.FetchRequest:
         return m.FetchResponse(error_code=code, current_leader=cl, error_message=message)
     if t is m.OffsetsForLeaderEpochRequest:
-        return m.OffsetsForLeaderEpochResponse(error_code=code, current_leader=cl)
+        # No leader: Kafka's OffsetForLeaderEpoch answer has no field for it,
+        # so no requester ever sees one (the simulator on Kafka's wire found
+        # the flat answer carrying a hint the brokers' never can).
+        return m.OffsetsForLeaderEpochResponse(error_code=code)
     if t is m.FetchSnapshotRequest:
         return m.FetchSnapshotResponse(error_code=code, current_leader=cl)
     if t is m.ProduceRequest:

@@ -376,9 +376,7 @@ class FollowerState(RoleState):
         """A good answer of the expected type restarts the fetch timeout; any
         other is retried after a pause."""
         if not isinstance(resp, expected) or resp.error_code != Errors.NONE:
-            cl = getattr(resp, "current_leader", None)
-            if (getattr(resp, "error_code", None) == Errors.NOT_LEADER_OR_FOLLOWER and cl is not None
-                    and cl.leader_epoch == self.epoch and cl.leader_id == NO_LEADER):
+            if self._leader_resigned(resp):
                 # Our leader says it no longer leads our epoch (it resigned:
                 # check-quorum, or restarted, KAFKA-10527): grant pre-votes.
                 self.ctx.elections.forget_leader_contact()
@@ -387,6 +385,21 @@ class FollowerState(RoleState):
         self.fetch_deadline_ms = now_ms + self.ctx.config.fetch_timeout_ms
         self.ctx.elections.note_leader_contact(self.epoch, now_ms)
         return True
+
+    def _leader_resigned(self, resp: m.Body) -> bool:
+        """NOT_LEADER_OR_FOLLOWER from the leader we follow, about our epoch.
+        A Fetch or FetchSnapshot answer says it with its current leader (none,
+        in our epoch). Kafka's OffsetForLeaderEpoch answer has no such field,
+        but a replica's epoch check is always fenced (inbound.fence): a later
+        epoch would answer FENCED_LEADER_EPOCH, an earlier one
+        UNKNOWN_LEADER_EPOCH, so NOT_LEADER_OR_FOLLOWER is our epoch, and the
+        one node that led it no longer does."""
+        if getattr(resp, "error_code", None) != Errors.NOT_LEADER_OR_FOLLOWER:
+            return False
+        if isinstance(resp, m.OffsetsForLeaderEpochResponse):
+            return True
+        cl = getattr(resp, "current_leader", None)
+        return cl is not None and cl.leader_epoch == self.epoch and cl.leader_id == NO_LEADER
 
     def _on_fetch_response(self, resp: m.Body, now_ms: int) -> None:
         if not self._heard_from_leader(resp, m.FetchResponse, now_ms):

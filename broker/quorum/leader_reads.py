@@ -282,8 +282,8 @@ class LeaderReads:
         visible = max(log.high_watermark, self.leader.epoch_start_offset)
         if req.replica_id < 0 and end > visible:
             end = max(visible, log.log_start_offset)
-        ctx.respond(token, m.OffsetsForLeaderEpochResponse(
-            leader_epoch=epoch, end_offset=end, current_leader=ctx.current_leader()))
+        # No current leader: Kafka's answer cannot carry one (see answers.py).
+        ctx.respond(token, m.OffsetsForLeaderEpochResponse(leader_epoch=epoch, end_offset=end))
 
     def serve_list_offsets(self, token: Any, req: m.ListOffsetsRequest) -> None:
         ctx = self.ctx
