@@ -119,12 +119,22 @@ def test_a_voter_behind_the_log_start_installs_a_snapshot(kafka_wire_cluster):
     assert installed, "the voter caught up without a snapshot"
 
 
+def _vote_of(kc: KafkaCluster, leader: int, candidate: int, epoch: int):
+    """kio's Vote v2: `candidate` asks `leader` for its vote in the next epoch."""
+    from kio.schema.vote.v2.request import PartitionData, TopicData, VoteRequest
+    from kio.static.primitive import i32, i64
+
+    return VoteRequest(cluster_id=kc.cluster.cluster_id, voter_id=i32(leader), topics=(TopicData(
+        topic_name="__cluster_metadata", partitions=(PartitionData(
+            partition_index=i32(0), replica_epoch=i32(epoch + 1), replica_id=i32(candidate),
+            replica_directory_id=uuid.UUID(int=0), voter_directory_id=None, last_offset_epoch=i32(epoch),
+            last_offset=i64(10**9), pre_vote=False),)),))
+
+
 def test_listen_speaks_kafka_and_binds_replicas_to_their_certificates(kafka_wire_cluster):
     from kio.schema.api_versions.v3.request import ApiVersionsRequest
     from kio.schema.api_versions.v3.response import ApiVersionsResponse
-    from kio.schema.vote.v2.request import PartitionData, TopicData, VoteRequest
     from kio.schema.vote.v2.response import VoteResponse
-    from kio.static.primitive import i32, i64
 
     kc = kafka_wire_cluster
     leader, epoch = kc.cluster.wait_for_leader(30)
@@ -135,12 +145,7 @@ def test_listen_speaks_kafka_and_binds_replicas_to_their_certificates(kafka_wire
         served = {k.api_key: (k.min_version, k.max_version) for k in versions.api_keys}
         assert served[52] == (0, 2) and served[1][1] >= 17 and served[59] == (0, 1)
         other = next(n for n in kc.cluster.nodes if n != leader)
-        vote = VoteRequest(cluster_id=kc.cluster.cluster_id, voter_id=i32(leader), topics=(TopicData(
-            topic_name="__cluster_metadata", partitions=(PartitionData(
-                partition_index=i32(0), replica_epoch=i32(epoch + 1), replica_id=i32(other),
-                replica_directory_id=uuid.UUID(int=0), voter_directory_id=None, last_offset_epoch=i32(epoch),
-                last_offset=i64(10**9), pre_vote=False),)),))
-        _, answer = raw.ask(vote, VoteResponse, 2)
+        _, answer = raw.ask(_vote_of(kc, leader, other, epoch), VoteResponse, 2)
         assert answer.error_code.value == 31  # CLUSTER_AUTHORIZATION_FAILED: admin is not node `other`
     finally:
         raw.close()
@@ -159,7 +164,6 @@ def test_the_client_listener_serves_no_quorum_request(kafka_wire_cluster):
     from kio.schema.api_versions.v3.response import ApiVersionsResponse
     from kio.schema.fetch.v17.request import FetchPartition, FetchRequest, FetchTopic, ReplicaState
     from kio.schema.fetch.v17.response import FetchResponse
-    from kio.schema.vote.v2.request import PartitionData, TopicData, VoteRequest
     from kio.schema.vote.v2.response import VoteResponse
     from kio.static.primitive import i8, i32, i32Timedelta, i64
 
@@ -180,12 +184,7 @@ def test_the_client_listener_serves_no_quorum_request(kafka_wire_cluster):
                               ApiVersionsResponse, 1)
         served = {k.api_key for k in versions.api_keys}
         assert served.isdisjoint({52, 53, 54, 59, 82}) and {0, 1, 3, 55} <= served
-        vote = VoteRequest(cluster_id=kc.cluster.cluster_id, voter_id=i32(leader), topics=(TopicData(
-            topic_name="__cluster_metadata", partitions=(PartitionData(
-                partition_index=i32(0), replica_epoch=i32(epoch + 1), replica_id=i32(other),
-                replica_directory_id=uuid.UUID(int=0), voter_directory_id=None, last_offset_epoch=i32(epoch),
-                last_offset=i64(10**9), pre_vote=False),)),))
-        _, answer = raw.ask(vote, VoteResponse, 2)
+        _, answer = raw.ask(_vote_of(kc, leader, other, epoch), VoteResponse, 2)
         assert answer.error_code.value == 35
         _, fetched = raw.ask(fetch, FetchResponse, 3)
         assert fetched.responses[0].partitions[0].error_code.value == 3
