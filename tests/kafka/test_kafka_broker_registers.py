@@ -16,6 +16,7 @@ is unfenced again.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -112,6 +113,13 @@ def test_kafka_broker_registers_and_is_unfenced(setup):
     # Its SSL listener, as Kafka's broker registered it; its epoch is its registration record's offset.
     assert br["endpoints"] == [{"name": "SSL", "host": "127.0.0.1", "port": s.broker.port}], br
     assert br["broker_epoch"] > 0
+    # What a user sees: `metalog brokers describe 100` (through a node's admin API).
+    leader, _ = s.cluster.wait_for_leader(30)
+    admin = f"https://{s.cluster.host}:{s.cluster.nodes[leader].admin_port}"
+    out = metalog("brokers", "describe", str(BROKER_ID), "--client-config", s.cluster.client_config_path,
+                  "--admin", admin)
+    described = json.loads(out.stdout)
+    assert (described["fenced"], described["endpoints"]) == (False, br["endpoints"]), described
 
 
 def test_killed_broker_is_fenced_then_reregisters(setup):
