@@ -35,6 +35,8 @@ SESSION_TIMEOUT_MS = 4000  # below Kafka's 9000: the fence after kill -9 comes s
 UNFENCED_LINE = "The broker has been unfenced. Transitioning from RECOVERY to RUNNING"
 RUNNING_LINE = "Kafka Server started"
 START_TIMEOUT_S = 120.0
+# Kafka's BrokerLifecycleManager once a heartbeat answers should_shut_down.
+SHUTDOWN_LINE = "The controller has asked us to exit"
 
 
 def metalog(*args: str) -> subprocess.CompletedProcess:
@@ -207,3 +209,15 @@ def test_librdkafka_produces_and_consumes_through_the_kafka_broker(setup):
         assert got == values
     finally:
         consumer.close()
+
+
+def test_sigterm_shuts_the_broker_down_through_its_controller(setup):
+    """Kafka's orderly shutdown: heartbeats with want_shut_down; metalog's
+    leader fences the broker and answers should_shut_down, and the broker
+    exits (no controlled-shutdown state: it is fenced at once)."""
+    s = setup
+    _await("broker 100 unfenced", lambda: (s.registration() or {}).get("fenced") is False)
+    s.broker.proc.send_signal(signal.SIGTERM)
+    assert s.broker.proc.wait(60) in (0, 143), s.broker.output()[-3000:]
+    assert SHUTDOWN_LINE in s.broker.output(), s.broker.output()[-3000:]
+    assert (s.registration() or {}).get("fenced") is True
