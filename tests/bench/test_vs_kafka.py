@@ -2,8 +2,8 @@
 quorum (plus its broker) and a real 3-voter metalog quorum, both mutual TLS,
 driven by librdkafka's AdminClient for seconds each. It must work, not be
 fast: the table has every row with both sides' figures and the ratio, both
-sides did writes without errors in every phase, and every figure is positive
-and within a sane range (no speed is asserted; docs/bench.md has one run's
+sides did writes without errors in every phase, a new node caught up on each
+side (3,000 ACLs), and every figure is positive and within a sane range (no speed is asserted; docs/bench.md has one run's
 figures). Fails, never skips, without Kafka's jars (`bash run.sh setup`)."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import json
 import pytest
 
 from metalog.tools import kafka
-from metalog.tools.bench import vs_kafka
+from metalog.tools.bench import vs_kafka, vs_kafka_catchup
 from metalog.tools.cli import main as metalog_main
 
-# Two JVM start-ups, two clusters, 12 short phases: about 1.5 minutes on a loaded 2-core machine.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+# Two JVM start-ups (and a new node each), two clusters, 12 short phases: about 3 minutes on a loaded 2-core machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +76,26 @@ def test_both_sides_wrote_in_every_phase_and_the_figures_are_sane(report_and_tab
         assert failover["leader_killed"] in (1, 2, 3)
     assert list(report["rounds_detail"]["kafka"][0]["rss_mb_other"]) == ["broker-100"]
     assert all(row["metalog"] > 0 and row["kafka"] > 0 for row in report["figures"])
+
+
+def test_a_new_node_caught_up_on_both_sides_on_the_same_records(report_and_table):
+    """The catch-up ran the 1M-record code on SMOKE_RECORDS ACLs: each new
+    node reached the leader's high watermark of its spawn, and both leaders'
+    snapshot + log hold every ACL written as one AccessControlEntryRecord,
+    of the same size on both sides (the doc's figure is per record)."""
+    report, _ = report_and_table
+    assert report["catchup_records"] == vs_kafka_catchup.SMOKE_RECORDS
+    per_record = {}
+    for side in ("metalog", "kafka"):
+        c = report["rounds_detail"][side][0]["catchup"]
+        assert c["acls_written"] == vs_kafka_catchup.SMOKE_RECORDS
+        assert c["target_offset"] > vs_kafka_catchup.SMOKE_RECORDS, (side, c)
+        assert 0 < c["seconds"] < vs_kafka_catchup.CATCHUP_DEADLINE_S
+        assert c["records_per_s"] == pytest.approx(c["target_offset"] / c["seconds"], rel=0.01)
+        held = c["leader_log"]["records"].get("AccessControlEntry", 0)
+        # The write phases' and the failover's ACLs are in the log too.
+        assert held >= vs_kafka_catchup.SMOKE_RECORDS, (side, c["leader_log"])
+        per_record[side] = c["leader_log"]["value_bytes"]["AccessControlEntry"] / held
+        assert isinstance(c["snapshot_installed"], bool)
+    assert report["rounds_detail"]["metalog"][0]["catchup"]["applied_seconds"] is not None
+    assert per_record["metalog"] == pytest.approx(per_record["kafka"], rel=0.10), per_record
