@@ -87,15 +87,14 @@ def principal(tag: str, i: int) -> str:
 
 def write_kafka(conf: dict[str, Any], count: int, tag: str, progress: Callable[[str], None]) -> None:
     """`count` ACLs through CreateAcls, ACLS_PER_REQUEST per request, KAFKA_WRITERS clients."""
-    from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
-
-    from metalog.tools.bench.vs_kafka import admin_client
+    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient,
+                                       ResourcePatternType, ResourceType)
 
     requests = [range(i, min(i + ACLS_PER_REQUEST, count)) for i in range(0, count, ACLS_PER_REQUEST)]
     lock, failures = threading.Lock(), []
 
     def one(worker: int) -> None:
-        admin = admin_client(conf)
+        admin = AdminClient({**conf, "log_level": 0})  # as vs_kafka.admin_client (which imports this module)
         for req in requests[worker::KAFKA_WRITERS]:
             bindings = [AclBinding(ResourceType.TOPIC, ACL_TOPIC, ResourcePatternType.LITERAL, principal(tag, i),
                                    "*", AclOperation.READ, AclPermissionType.ALLOW) for i in req]
