@@ -28,6 +28,7 @@ import pytest
 from metalog.tools.cluster.launcher import REPO_ROOT, LocalCluster
 from metalog.tools.kafka import quorum as kq
 from metalog.tools.kafka.quorum import BROKER_ID, KafkaCluster, kafka_uuid
+from tests.polling import await_value
 
 FAST = dict(election_timeout_ms=300, fetch_timeout_ms=800, request_timeout_ms=800, fetch_max_wait_ms=100)
 SESSION_TIMEOUT_MS = 4000  # below Kafka's 9000: the fence after kill -9 comes sooner
@@ -94,14 +95,7 @@ def setup(tmp_path_factory):
 
 def _await(what: str, check, deadline_s: float = 60.0):
     """check() until truthy (its value), or fail naming `what` with the last value seen."""
-    end = time.monotonic() + deadline_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"{what}: not within {deadline_s:.0f} s (last seen: {value!r})")
-        time.sleep(0.2)
+    return await_value(what, check, deadline_s, interval_s=0.2)
 
 
 def test_kafka_broker_registers_and_is_unfenced(setup):

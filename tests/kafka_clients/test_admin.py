@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -20,6 +19,7 @@ from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, A
                                    ResourcePatternType, ResourceType)
 
 from tests.kafka_clients.test_kafka_clients import _java_client_config
+from tests.polling import await_value
 
 DEADLINE_S = 30
 
@@ -54,14 +54,7 @@ def _state(kafka_cluster, path: str):
 
 
 def _await(what: str, check, deadline_s: float = DEADLINE_S):
-    end = time.monotonic() + deadline_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    return await_value(what, check, deadline_s)
 
 
 def _error(future) -> int:
