@@ -29,7 +29,7 @@ import asyncio
 import collections
 from typing import Awaitable, Callable
 
-from metalog.broker.client.request_size import RECORD_OVERHEAD_BYTES, REQUEST_OVERHEAD_BYTES
+from metalog.broker.client.request_size import REQUEST_OVERHEAD_BYTES, records_cost_bytes
 
 # Sends one request's records and answers (base offset, leader epoch) of its first record.
 SendRecords = Callable[[list[bytes]], Awaitable[tuple[int, int]]]
@@ -46,7 +46,7 @@ class _Call:
 
     def __init__(self, records: list[bytes], answer: asyncio.Future[tuple[int, int]]):
         self.records = records
-        self.cost_bytes = sum(len(r) for r in records) + RECORD_OVERHEAD_BYTES * len(records)
+        self.cost_bytes = records_cost_bytes(records)
         self.answer = answer
 
 
@@ -66,7 +66,7 @@ class ProduceBatcher:
 
     def fits(self, records: list[bytes]) -> bool:
         """Whether `records` fit in one request (else the caller splits them)."""
-        return sum(len(r) for r in records) + RECORD_OVERHEAD_BYTES * len(records) <= self._budget_bytes
+        return records_cost_bytes(records) <= self._budget_bytes
 
     async def produce(self, records: list[bytes]) -> tuple[int, int]:
         """Queue one call (records that fit in one request); (base offset, epoch) of its first record."""

@@ -21,6 +21,11 @@ RECORD_OVERHEAD_BYTES = 24
 REQUEST_OVERHEAD_BYTES = 512
 
 
+def records_cost_bytes(records: list[bytes]) -> int:
+    """What `records` take of a request's budget (values and their framing)."""
+    return sum(len(value) for value in records) + RECORD_OVERHEAD_BYTES * len(records)
+
+
 def split_records(records: list[bytes], max_request_bytes: int) -> list[list[bytes]]:
     """Consecutive chunks of `records`, each fitting in `max_request_bytes`."""
     budget_bytes = max_request_bytes - REQUEST_OVERHEAD_BYTES
