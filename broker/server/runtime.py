@@ -60,6 +60,7 @@ from metalog.broker.controller.commands import CommandQueue, CommandToken
 from metalog.broker.controller.state import Controller
 from metalog.broker.net.channel import PeerPool
 from metalog.broker.net.guard import HANDSHAKE_METER
+from metalog.broker.net.kafka_conn import answer_writes
 from metalog.broker.net.listener import Server
 from metalog.broker.quorum import api as qa
 from metalog.broker.quorum.core import QuorumCore
@@ -319,9 +320,14 @@ class Broker:
 
     # ------------------------------------------------------------- the step
     def step(self, event: qa.Event) -> None:
-        self._step_once(event)
+        with answer_writes:  # the step's answers leave before its fdatasync starts
+            self._step_once(event)
         if self.flusher.start_wanted:
-            self.flusher.start_if_wanted()  # FlushLog of this step (Flusher.request): the step's sends are out
+            # FlushLog of this step (Flusher.request), once its answers are
+            # written: a step nested in another (the immediate Tick that answers
+            # the replicas' parked fetches) or in a connection's reading leaves
+            # the start to the outermost scope's end.
+            answer_writes.after_writes(self.flusher.start_if_wanted)
 
     def _step_once(self, event: qa.Event) -> None:
         failed = self.fatal is not None  # (a local: an action may set self.fatal, checked again below)
