@@ -66,7 +66,9 @@ class AnswerWrites:
     connection, before anything the caller does next.
 
     The broker's step (one core step and its actions) and a connection's
-    reading of its buffered frames are scopes. A step that commits answers
+    reading of its buffered frames are scopes; a step also writes its
+    answers as soon as its actions are done (``write_pending``), before the
+    work after it (applying what it committed). A step that commits answers
     hundreds of produces at once, and one write per connection for all of
     them is what keeps a saturated leader's loop free (issue 32 item 8); the
     answers also leave before the step's fdatasync starts, instead of a loop
@@ -88,14 +90,20 @@ class AnswerWrites:
         self.depth -= 1
         if self.depth:
             return
-        if self.dirty:
-            dirty, self.dirty = self.dirty, []
-            for conn in dirty:
-                conn._write_out()
+        self.write_pending()
         if self._then:
             then, self._then = self._then, []
             for fn in then:
                 fn()
+
+    def write_pending(self) -> None:
+        """Write what the scope has answered so far, now: a step's answers
+        leave once its actions are done, before the bookkeeping after it
+        (applying what it committed) delays them."""
+        if self.dirty:
+            dirty, self.dirty = self.dirty, []
+            for conn in dirty:
+                conn._write_out()
 
     def after_writes(self, fn: Callable[[], None]) -> None:
         """Call `fn` once the scope's answers are written (now, outside any

@@ -354,6 +354,7 @@ class Broker:
                     return
         finally:
             self._executing = False
+        answer_writes.write_pending()  # the actions' answers leave before the step's bookkeeping
         if self._follow_up:
             # Events the contract says come before any other (SnapshotInstallFailed).
             follow_up, self._follow_up = self._follow_up, []
