@@ -42,7 +42,9 @@ def test_confluent_admin_lists_topics_and_describes_the_cluster(kafka_cluster):
     admin = AdminClient(kafka_cluster.librdkafka_conf())
     md = admin.list_topics(timeout=20)
     assert md.cluster_id == kafka_cluster.cluster.cluster_id
-    assert md.controller_id == leader
+    # The controller is the node that answered (alive; it forwards to the leader), as Kafka's brokers name
+    # a live broker: librdkafka's admin client must not wait on a dead leader (test_admin_failover.py).
+    assert md.controller_id in kafka_cluster.kafka_ports
     assert {b.id: (b.host, b.port) for b in md.brokers.values()} == kafka_cluster.kafka_ports
     assert list(md.topics) == [METADATA_TOPIC]
     partition = md.topics[METADATA_TOPIC].partitions[0]
@@ -50,7 +52,7 @@ def test_confluent_admin_lists_topics_and_describes_the_cluster(kafka_cluster):
 
     described = admin.describe_cluster(request_timeout=20).result(timeout=30)
     assert described.cluster_id == kafka_cluster.cluster.cluster_id
-    assert described.controller.id == leader
+    assert described.controller.id in kafka_cluster.kafka_ports
     assert {n.id: (n.host, n.port) for n in described.nodes} == kafka_cluster.kafka_ports
 
 
@@ -74,7 +76,7 @@ def test_kafka_python_admin_and_consumer_bootstrap(kafka_cluster):
     try:
         described = admin.describe_cluster()
         assert described["cluster_id"] == kafka_cluster.cluster.cluster_id
-        assert described["controller_id"] == leader
+        assert described["controller_id"] in kafka_cluster.kafka_ports
         assert {b["broker_id"]: (b["host"], b["port"]) for b in described["brokers"]} == kafka_cluster.kafka_ports
         (topic,) = admin.describe_topics([METADATA_TOPIC])
         assert (topic["error_code"], topic["is_internal"]) == (0, False)  # clients produce to it

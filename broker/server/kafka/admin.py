@@ -24,15 +24,18 @@ channel, in its own name but carrying the client's principal and host
 (``forwarded_for``: Kafka's envelope), after its own gate let the client
 through; the leader's gate judges the client again by its ACLs. Kafka's
 admin clients send ACL and config requests to any node, so every node must
-serve them. The quorum's voter and feature changes are not forwarded (a
-node's certificate may change its own voter entry: the leader could not
-tell): there a follower answers NOT_CONTROLLER and the client retries at the
-controller (DescribeCluster's ControllerId, the leader).
+serve them. The quorum's voter and feature changes (UpdateFeatures,
+AddRaftVoter, RemoveRaftVoter) go to the leader whole, in Kafka's Envelope
+(KIP-590) with the client's principal and address: a node's certificate may
+change its own voter entry, so a node must not ask for them in its own name.
+Where no leader is known, or it cannot be reached, the answer is
+NOT_CONTROLLER, which Kafka's clients retry.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 import uuid
 from typing import Any, Callable
 
@@ -60,6 +63,12 @@ SOURCE_TOPIC, SOURCE_BROKER, SOURCE_BROKER_DEFAULT = 1, 2, 3
 KAFKA_DEFAULT_PARTITIONS = KAFKA_DEFAULT_REPLICATION_FACTOR = 1  # num.partitions, default.replication.factor
 
 Answer = Callable[[m.ControllerCommandResponse], None]
+# How long a node keeps trying to reach a leader for a Kafka admin request
+# (LeaderWait): a few elections' worth, below the clients' request timeouts
+# (librdkafka 60 s, Kafka's Admin 30 s).
+LEADER_WAIT_MS = 15_000
+LEADER_WAIT_TRIES_MAX = 100
+_NO_LEADER_CODES = frozenset({Errors.NOT_LEADER_OR_FOLLOWER, Errors.NOT_CONTROLLER})
 
 
 def _leaderless(resp: Any) -> Any:
@@ -74,23 +83,65 @@ def command(ctx: KafkaContext, ex: KafkaExchange, name: str, args: dict[str, Any
             timeout_ms: int = 5000) -> None:
     """Run controller command `name` for this Kafka request: through this
     node's gate, then at the leader (forwarded for the client if this node
-    does not lead); `on_answer` gets the ControllerCommandResponse, a
-    not-the-leader answer as Kafka's NOT_CONTROLLER."""
+    does not lead, waiting out a leader election: ``LeaderWait``);
+    `on_answer` gets the ControllerCommandResponse, a not-the-leader answer
+    as Kafka's NOT_CONTROLLER."""
     timeout_ms = min(max(timeout_ms, 1), COMMAND_TIMEOUT_MS_MAX)
     body = m.ControllerCommandRequest(cluster_id=ctx.cluster_id, command=name, args=args, timeout_ms=timeout_ms)
-    run_command(ctx, ex, body, lambda resp: on_answer(_leaderless(resp)))
+    run_command(ctx, ex, body, lambda resp: on_answer(_leaderless(resp)), wait_for_leader=True)
 
 
-def run_command(ctx: KafkaContext, ex: KafkaExchange, body: m.ControllerCommandRequest, on_answer: Answer) -> None:
+class LeaderWait:
+    """Another attempt while no leader can be reached, as Kafka's brokers
+    keep a forwarded request until the active controller is known and
+    answers (KIP-590's forwarding manager): a leader killed -9 leaves the
+    others without one for an election timeout or two, and the client's
+    request, sent to a live node, should land at the next leader rather than
+    fail NOT_CONTROLLER -- librdkafka's admin client does not retry that.
+    Bounded by ``LEADER_WAIT_MS`` and ``LEADER_WAIT_TRIES_MAX``, backing off
+    from 50 ms to 500 ms; never for a request forwarded to this node (its
+    forwarder waits) or one whose client has gone."""
+
+    def __init__(self, ctx: KafkaContext, ex: KafkaExchange, attempt: Callable[[], None]):
+        self._ctx = ctx
+        self._ex = ex
+        self._attempt = attempt
+        self._deadline_s = time.monotonic() + LEADER_WAIT_MS / 1000
+        self._tries = 0
+
+    def start(self) -> None:
+        self._attempt()
+
+    def again(self) -> bool:
+        """Schedule another attempt (True), or say the wait is over (False)."""
+        ex = self._ex
+        if (self._tries >= LEADER_WAIT_TRIES_MAX or time.monotonic() >= self._deadline_s or ex.conn.closed
+                or ex.answered or self._ctx.is_forwarded(ex)):
+            return False
+        self._tries += 1
+        self._ctx.later(min(0.05 * self._tries, 0.5), self._attempt)
+        return True
+
+
+def run_command(ctx: KafkaContext, ex: KafkaExchange, body: m.ControllerCommandRequest, on_answer: Answer,
+                wait_for_leader: bool = False) -> None:
     """``body`` through this node's gate, then at the leader: forwarded for
     the client (its principal and host in ``forwarded_for``) when this node
     does not lead. A command that is itself forwarded is never forwarded
-    again: its leader moved, and its forwarder answers its client with ours."""
+    again: its leader moved, and its forwarder answers its client with ours
+    (or, `wait_for_leader`, tries again: ``LeaderWait``)."""
+    def settle(resp: m.ControllerCommandResponse) -> None:
+        if resp.error_code not in _NO_LEADER_CODES or not (wait_for_leader and wait.again()):
+            on_answer(resp)
+
     def local(resp: m.ControllerCommandResponse) -> None:
         leader = resp.current_leader.leader_id if resp.current_leader is not None else m.NO_LEADER
-        if (resp.error_code != Errors.NOT_LEADER_OR_FOLLOWER or leader in (m.NO_LEADER, ctx.node_id)
+        if (resp.error_code != Errors.NOT_LEADER_OR_FOLLOWER or leader == ctx.node_id
                 or authz.FORWARDED_FOR in body.args):
             on_answer(resp)
+            return
+        if leader == m.NO_LEADER:
+            settle(resp)
             return
         client = {"principal": str(ex.conn.principal), "host": ex.conn.peer_host}
         forwarded = m.ControllerCommandRequest(cluster_id=body.cluster_id, command=body.command,
@@ -99,9 +150,10 @@ def run_command(ctx: KafkaContext, ex: KafkaExchange, body: m.ControllerCommandR
         unreachable = m.ControllerCommandResponse(
             error_code=Errors.NOT_CONTROLLER, error_message=f"node {ctx.node_id} could not reach the leader, "
                                                             f"node {leader}; retry")
-        ctx.forward(ex, leader, ApiKey.CONTROLLER_COMMAND, forwarded, on_answer, unreachable)
+        ctx.forward(ex, leader, ApiKey.CONTROLLER_COMMAND, forwarded, settle, unreachable)
 
-    ctx.ask(ex, ApiKey.CONTROLLER_COMMAND, body, local)
+    wait = LeaderWait(ctx, ex, lambda: ctx.ask(ex, ApiKey.CONTROLLER_COMMAND, body, local))
+    wait.start()
 
 
 def _chain(ctx: KafkaContext, ex: KafkaExchange, steps: list[tuple[str, dict[str, Any]]], done: Answer,
@@ -519,6 +571,30 @@ def _leader_code(code: int) -> int:
     return Errors.NOT_CONTROLLER if code == Errors.NOT_LEADER_OR_FOLLOWER else code
 
 
+def _at_leader(ctx: KafkaContext, ex: KafkaExchange, api_key: ApiKey, body: m.Body,
+               answer: Callable[[Any], None]) -> None:
+    """One of the quorum's own admin requests: this node's answer, unless it
+    does not lead. Then the client's request goes to the leader whole, in an
+    Envelope with the client's principal and address
+    (``KafkaContext.forward_request``), so the leader's gate judges the
+    client -- a node's own certificate may change its own voter entry, so the
+    node must not ask in its own name. While no leader can be reached it
+    tries again (``LeaderWait``); then `answer` gets this node's answer
+    (NOT_CONTROLLER, once mapped)."""
+    def local(resp: Any) -> None:
+        leader = ctx.leader_id() if resp.error_code == Errors.NOT_LEADER_OR_FOLLOWER else ctx.node_id
+        if leader == ctx.node_id:
+            answer(resp)
+        elif leader == m.NO_LEADER:
+            if not wait.again():
+                answer(resp)
+        else:
+            ctx.forward_request(ex, leader, lambda: None if wait.again() else answer(resp))
+
+    wait = LeaderWait(ctx, ex, lambda: ctx.ask(ex, api_key, body, local))
+    wait.start()
+
+
 def update_features(ctx: KafkaContext, ex: KafkaExchange) -> None:
     req, version = ex.body, ex.version
     updates = [m.FeatureUpdate(u.feature, u.max_version_level,
@@ -535,7 +611,7 @@ def update_features(ctx: KafkaContext, ex: KafkaExchange) -> None:
                 for r in resp.results]
         ex.respond(out)
 
-    ctx.ask(ex, ApiKey.UPDATE_FEATURES, body, answer)
+    _at_leader(ctx, ex, ApiKey.UPDATE_FEATURES, body, answer)
 
 
 def add_raft_voter(ctx: KafkaContext, ex: KafkaExchange) -> None:
@@ -544,7 +620,7 @@ def add_raft_voter(ctx: KafkaContext, ex: KafkaExchange) -> None:
         cluster_id=ctx.cluster_id if req.cluster_id is None else req.cluster_id, voter_id=req.voter_id,
         voter_directory_id=dir_from_kafka(req.voter_directory_id), timeout_ms=req.timeout_ms,
         listeners=[m.RaftListener(ln.name, ln.host, ln.port) for ln in req.listeners])
-    ctx.ask(ex, ApiKey.ADD_RAFT_VOTER, body, lambda resp: ex.respond(km.AddRaftVoterResponse(
+    _at_leader(ctx, ex, ApiKey.ADD_RAFT_VOTER, body, lambda resp: ex.respond(km.AddRaftVoterResponse(
         error_code=_leader_code(resp.error_code), error_message=resp.error_message)))
 
 
@@ -552,7 +628,7 @@ def remove_raft_voter(ctx: KafkaContext, ex: KafkaExchange) -> None:
     req = ex.body
     body = m.RemoveRaftVoterRequest(cluster_id=ctx.cluster_id if req.cluster_id is None else req.cluster_id,
                                     voter_id=req.voter_id, voter_directory_id=dir_from_kafka(req.voter_directory_id))
-    ctx.ask(ex, ApiKey.REMOVE_RAFT_VOTER, body, lambda resp: ex.respond(km.RemoveRaftVoterResponse(
+    _at_leader(ctx, ex, ApiKey.REMOVE_RAFT_VOTER, body, lambda resp: ex.respond(km.RemoveRaftVoterResponse(
         error_code=_leader_code(resp.error_code), error_message=resp.error_message)))
 
 

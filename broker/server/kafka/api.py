@@ -34,8 +34,16 @@ class KafkaContext(Protocol):
 
     def ask(self, ex: "KafkaExchange", api_key: ApiKey, body: m.Body, on_answer: Callable[[Any], None]) -> None: ...
 
-    def forward(self, ex: "KafkaExchange", node_id: int, api_key: ApiKey, body: m.Body,
-                on_answer: Callable[[Any], None], fallback: m.Body) -> None: ...
+    def forward(self, ex: "KafkaExchange", node_id: int, api_key: int, body: m.Body,
+                on_answer: Callable[[Any], None], fallback: m.Body | None) -> None: ...
+
+    def leader_id(self) -> int: ...  # the leader this node knows of, -1 for none
+
+    def forward_request(self, ex: "KafkaExchange", node_id: int, unreachable: Callable[[], None]) -> None: ...
+
+    def is_forwarded(self, ex: "KafkaExchange") -> bool: ...  # came in an Envelope
+
+    def later(self, delay_s: float, fn: Callable[[], None]) -> None: ...  # fn on the loop after delay_s
 
     def endpoints(self) -> dict[int, tuple[str, int]]: ...
 

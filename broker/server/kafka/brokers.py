@@ -1,4 +1,5 @@
-"""Kafka brokers' registration and heartbeats (issue 32 item 4), served on
+"""Kafka brokers' registration and heartbeats (issue 32 item 4), and the
+Envelope (api 58, KIP-590) both ways, served on
 the controller listener as a KRaft controller serves them: BrokerRegistration
 (api 62) and BrokerHeartbeat (api 63), the two requests a Kafka broker
 (``process.roles=broker``) sends to the active controller besides its Fetch
@@ -12,6 +13,14 @@ so its records commit through the quorum like any command's, and its answer
 leaves once they are committed. A node that is not the leader answers
 NOT_CONTROLLER, as Kafka's controllers do: a broker sends these to the
 leader it learnt from the metadata log, never through a forwarder.
+
+The Envelope carries a client's request, its principal and its address from
+the node the client asked to the leader: ``envelope`` unwraps one (from a
+node certificate only) and runs the admin api inside as that client;
+``EnvelopeRequest``/``envelope_of`` are the sending side, with which a node
+that is not the leader forwards the quorum's own admin requests
+(UpdateFeatures, AddRaftVoter, RemoveRaftVoter) so that the leader judges
+the client and not the forwarding node (``admin``).
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ import ipaddress
 import re
 import struct
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from metalog.broker.net.kafka_conn import KafkaExchange
 from metalog.broker.net.principal import Principal
@@ -32,7 +41,8 @@ from metalog.protocol.errors import Errors
 from metalog.protocol.kafka import messages as km
 from metalog.protocol.kafka import wire
 from metalog.protocol.kafka.errors import KafkaDecodeError
-from metalog.protocol.kafka.primitives import read_cstr
+from metalog.protocol.kafka.edge import Edge, register
+from metalog.protocol.kafka.primitives import read_cstr, write_cstr
 
 REGISTRATION = "broker_registration"
 HEARTBEAT = "broker_heartbeat"
@@ -117,6 +127,61 @@ def forwarded_principal(raw: bytes) -> Principal:
     if kind == "User" and node is not None:
         return Principal("Node", str(int(node.group(1))))
     return Principal.parse(f"{kind}:{name}")
+
+
+def principal_data(principal: Principal) -> bytes:
+    """``forwarded_principal``'s inverse: Kafka's DefaultPrincipalData v0, a
+    node as Kafka names it (User:node-N), not token-authenticated, no tags."""
+    node = principal.node_id
+    kind, name = ("User", f"node-{node}") if node is not None else (principal.kind, principal.name)
+    out = bytearray(struct.pack(">h", 0))
+    write_cstr(out, kind)
+    write_cstr(out, name)
+    out += b"\x00\x00"  # TokenAuthenticated false, no tagged fields
+    return bytes(out)
+
+
+class EnvelopeRequest(m.Body, frozen=True):
+    """The sending side's flat Envelope: the inner request frame (no length
+    prefix), the client's DefaultPrincipalData and its address's bytes."""
+
+    request_data: bytes
+    request_principal: bytes
+    client_host_address: bytes
+
+
+class EnvelopeResponse(m.Body, frozen=True):
+    error_code: int = 0
+    response_data: bytes | None = None  # the inner response frame, no length prefix
+
+
+def _envelope_to_kafka(body: m.Body) -> km.EnvelopeRequest:
+    b = cast(EnvelopeRequest, body)  # the edge of EnvelopeRequest is given nothing else
+    return km.EnvelopeRequest(request_data=b.request_data, request_principal=b.request_principal,
+                              client_host_address=b.client_host_address)
+
+
+def _envelope_from_kafka(resp: Any, version: int) -> m.Body:
+    data = resp.response_data
+    return EnvelopeResponse(error_code=resp.error_code, response_data=None if data is None else bytes(data))
+
+
+register(EnvelopeRequest, Edge(km.EnvelopeRequest.API_KEY, 0, _envelope_to_kafka, _envelope_from_kafka))
+
+
+def envelope_of(ex: KafkaExchange) -> EnvelopeRequest:
+    """``ex``'s request as the client sent it (re-encoded at its version, its
+    own correlation id kept), wrapped for the leader with its principal and
+    host. ValueError if the client's address is not an IP address (the
+    leader's ACLs may name hosts: never forward it as some other address)."""
+    frame = wire.encode_request(ex.header, ex.body)
+    return EnvelopeRequest(request_data=frame[4:], request_principal=principal_data(ex.conn.principal),
+                           client_host_address=ipaddress.ip_address(ex.conn.peer_host).packed)
+
+
+def is_forwarded(ex: KafkaExchange) -> bool:
+    """Whether ``ex`` came inside an Envelope (never to be forwarded again)."""
+    return isinstance(ex.conn, _Forwarded)
 
 
 class _Forwarded:

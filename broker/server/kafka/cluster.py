@@ -8,11 +8,19 @@ its flat answer to Kafka's nesting (docs/kafka-listener.md).
 * Metadata: one topic, ``__cluster_metadata`` (Kafka's fixed topic id),
   partition 0: leader = the raft leader and its epoch, replicas and ISR =
   the voters; brokers = every node with its Kafka listener; controller id =
-  the leader. Any other topic is UNKNOWN_TOPIC_OR_PARTITION (by id:
+  this node (below). Any other topic is UNKNOWN_TOPIC_OR_PARTITION (by id:
   UNKNOWN_TOPIC_ID); nothing is ever auto-created.
-* DescribeCluster: the same nodes; EndpointType 2 (a client bootstrapped with
-  ``bootstrap.controllers``, KIP-919) is echoed and gets the voters only;
-  controller id = the leader.
+* DescribeCluster: the same nodes, controller id = this node; EndpointType 2
+  (a client bootstrapped with ``bootstrap.controllers``, KIP-919) is echoed
+  and gets the voters only, controller id = the leader, as Kafka's
+  controllers answer it.
+
+Why "this node" as the controller: Kafka's brokers name a random live broker
+(KIP-590: every broker forwards the controller's requests), and every node
+here forwards every admin request to the leader (``admin``). The node that
+answers is the one a client is sure is alive; naming the Raft leader left
+librdkafka's admin client waiting on a killed leader ("Failed while waiting
+for controller") until its next metadata refresh, minutes later.
 * DescribeQuorum: our DescribeQuorum answer nested topic -> partition, each
   node with its listeners (ours, and the Kafka one); a node that is not the
   leader forwards it to the leader, as a Kafka broker forwards it to the
@@ -91,7 +99,7 @@ def _metadata(ctx: KafkaContext, ex: KafkaExchange, resp: m.MetadataResponse) ->
                  for nid, (host, port) in sorted(ctx.endpoints().items())],
         topics=topics)
     if version >= 1:
-        out.controller_id = resp.leader_id
+        out.controller_id = ctx.node_id  # alive, and it forwards to the leader (module doc)
     if version >= 2:
         out.cluster_id = resp.cluster_id or ctx.cluster_id
     return out
@@ -136,7 +144,8 @@ def describe_cluster(ctx: KafkaContext, ex: KafkaExchange) -> None:
     endpoint_type = ex.body.endpoint_type if ex.version >= 1 else ENDPOINT_BROKERS
 
     def answer(resp: m.MetadataResponse) -> None:
-        out = km.DescribeClusterResponse(cluster_id=resp.cluster_id or ctx.cluster_id, controller_id=resp.leader_id)
+        controller = resp.leader_id if endpoint_type == ENDPOINT_CONTROLLERS else ctx.node_id  # module doc
+        out = km.DescribeClusterResponse(cluster_id=resp.cluster_id or ctx.cluster_id, controller_id=controller)
         if ex.version >= 1:
             out.endpoint_type = endpoint_type
         if resp.error_code != Errors.NONE:

@@ -28,7 +28,8 @@ from metalog.broker.server.kafka.api import CONTROLLER_LISTENER, KafkaApi
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
 from metalog.protocol.errors import Errors
-from metalog.protocol.kafka.wire import RequestHeader
+from metalog.protocol.kafka import messages as km
+from metalog.protocol.kafka.wire import RequestHeader, decode_response
 
 # Questions a face may have open at once (one Kafka request may ask a few);
 # the connection's own bound on requests in flight keeps it far below.
@@ -49,6 +50,9 @@ class VoterSetView(Protocol):
 
     @property
     def voters(self) -> Collection[int]: ...
+
+    @property
+    def leader_id(self) -> int: ...
 
 
 def served_apis(listener_name: str = CONTROLLER_LISTENER) -> dict[int, KafkaApi]:
@@ -113,7 +117,7 @@ class KafkaDispatch:
 
     def __init__(self, router: Router, *, node_id: int, cluster_id: str, listener_name: str,
                  static_endpoints: Mapping[int, tuple[str, int]], core: VoterSetView, logger: Any,
-                 ask_node: Callable[[int, ApiKey, m.Body], Awaitable[m.Body]] | None = None,
+                 ask_node: Callable[[int, int, m.Body], Awaitable[m.Body]] | None = None,
                  features: Callable[[], Mapping[str, int]] = dict):
         self._router = router
         self._node_id = node_id
@@ -162,8 +166,8 @@ class KafkaDispatch:
             face = conn.context = _Face(conn, self._log)
         face.ask(self._router, ex, api_key, body, on_answer)
 
-    def forward(self, ex: KafkaExchange, node_id: int, api_key: ApiKey, body: m.Body,
-                on_answer: Callable[[Any], None], fallback: m.Body) -> None:
+    def forward(self, ex: KafkaExchange, node_id: int, api_key: int, body: m.Body,
+                on_answer: Callable[[Any], None], fallback: m.Body | None) -> None:
         """Ask node `node_id` (the leader) over the peers' channel, in this
         node's name, as a Kafka broker forwards to its controller: only after
         this node's own gate let the client's request through. On any failure
@@ -175,8 +179,45 @@ class KafkaDispatch:
         self._forwards.add(future)
         future.add_done_callback(lambda f: self._forwarded(f, ex, on_answer, fallback))
 
+    def is_forwarded(self, ex: KafkaExchange) -> bool:
+        return brokers.is_forwarded(ex)
+
+    def later(self, delay_s: float, fn: Callable[[], None]) -> None:
+        asyncio.get_running_loop().call_later(delay_s, fn)
+
+    def leader_id(self) -> int:
+        """The leader this node knows of (-1: none)."""
+        return int(self._core.leader_id)
+
+    def forward_request(self, ex: KafkaExchange, node_id: int, unreachable: Callable[[], None]) -> None:
+        """``ex`` as the client sent it, in an Envelope to node `node_id` (the
+        leader) carrying the client's principal and address (KIP-590), so the
+        leader's gate judges the client, not this node; the leader's answer
+        goes back to the client as it is. A request that came in an Envelope
+        is never forwarded again, and any failure (unreachable leader, an
+        Envelope error) is `unreachable()`: this node's own answer."""
+        try:
+            body = None if brokers.is_forwarded(ex) else brokers.envelope_of(ex)
+        except ValueError:
+            body = None
+        if body is None:
+            unreachable()
+            return
+
+        def answered(resp: brokers.EnvelopeResponse | None) -> None:
+            if resp is None or resp.error_code != Errors.NONE or not resp.response_data:
+                if resp is not None:
+                    self._log.info("kafka_envelope_refused", peer=ex.conn.peer, api_key=ex.header.api_key,
+                                   leader=node_id, error_code=resp.error_code)
+                unreachable()
+                return
+            _corr, inner = decode_response(resp.response_data, ex.header.api_key, ex.version)
+            ex.respond(inner)
+
+        self.forward(ex, node_id, km.EnvelopeRequest.API_KEY, body, answered, None)
+
     def _forwarded(self, future: "asyncio.Future[m.Body]", ex: KafkaExchange, on_answer: Callable[[Any], None],
-                   fallback: m.Body) -> None:
+                   fallback: m.Body | None) -> None:
         self._forwards.discard(future)
         if ex.conn.closed or ex.answered:
             return
@@ -276,7 +317,7 @@ async def _start(host: KafkaHost, limits: Any, ep: Any, listener_name: str,
     cfg, logger = host.cfg, host.log
     timeout_ms = cfg.quorum.request_timeout_ms
 
-    def ask_node(node_id: int, api_key: ApiKey, body: m.Body) -> Awaitable[m.Body]:
+    def ask_node(node_id: int, api_key: int, body: m.Body) -> Awaitable[m.Body]:
         return host.peers.channel(node_id).request(api_key, body, timeout_ms)  # type: ignore[no-any-return]
 
     dispatch = KafkaDispatch(host.inbound, node_id=cfg.node_id, cluster_id=cfg.cluster_id,
