@@ -34,7 +34,8 @@ from metalog.broker.controller.state import CommandError, Controller
 from metalog.protocol import messages as m
 from metalog.protocol.errors import Errors
 from metalog.protocol.invariants import invariant
-from metalog.storage.metadata_records import RESOURCE_BROKER, RESOURCE_TOPIC
+from metalog.storage.metadata_records import (METADATA_VERSION, METADATA_VERSION_LEVEL, RESOURCE_BROKER,
+                                              RESOURCE_TOPIC, FeatureLevel, encode_record)
 
 MAX_QUEUED_COMMANDS = 1024
 # An argument of any writing command: validate against the state, answer, write nothing
@@ -141,7 +142,14 @@ def build_command(controller: Controller, command: str, args: dict) -> list[byte
     builder = BUILDERS.get(cmd)
     if builder is None:
         raise CommandError(f"controller command {command!r} writes nothing")
-    return builder(controller, args)
+    records = builder(controller, args)
+    state = controller.state
+    if records and not state.metadata_version_logged:
+        # Kafka's log holds metadata.version before any metadata record (its controller's
+        # bootstrap); a Kafka controller or broker replaying ours stops without it.
+        level = state.features.get(METADATA_VERSION, METADATA_VERSION_LEVEL)
+        records.insert(0, encode_record(FeatureLevel(METADATA_VERSION, level)))
+    return records
 
 
 class CommandToken:

@@ -55,8 +55,10 @@ same way. A record value that does not decode counts as invalid too.
   topic configs.
 * FeatureLevel: sets the level; level 0 removes the feature. A state starts
   with ``metadata.version`` at ``r.METADATA_VERSION_LEVEL`` (our clusters
-  write no bootstrap record: every snapshot carries it, first), and a
-  ``metadata.version`` below Kafka's lowest level (7) is invalid, removal included.
+  write no bootstrap record at birth: every snapshot carries it, first, and
+  the first metadata command of a log without one writes it, see
+  ``metadata_version_logged``), and a ``metadata.version`` below Kafka's
+  lowest level (7) is invalid, removal included.
 * AccessControlEntry: invalid if the id is live or the entry is malformed
   (``metalog.broker.controller.acl.acl_problem``); otherwise adds it.
 * RemoveAccessControlEntry: invalid if the id is unknown; removes it.
@@ -295,7 +297,7 @@ class ControllerState:
 
     __slots__ = ("offset", "brokers", "topics", "topic_ids", "partitions", "configs",
                  "features", "acls", "acl_version", "invalid_records", "last_invalid", "producers",
-                 "unknown_records",
+                 "unknown_records", "metadata_version_logged",
                  "partition_counts", "sparse_partition_ids", "config_names", "_sorted_names",
                  "_sorted_acl_ids")
 
@@ -332,6 +334,10 @@ class ControllerState:
         self.last_invalid: str | None = None
         # Diagnostic, like invalid_records: records of types we do not model, by type name.
         self.unknown_records: dict[str, int] = {}
+        # Whether a metadata.version FeatureLevel is in the log or snapshot this state came
+        # from: Kafka's replay (its MetadataLoader, its controller) stops at a metadata record
+        # before one ("Unknown metadata version for FeaturesImage"). Not part of equality.
+        self.metadata_version_logged = False
 
     # ---------------------------------------------------------------- apply
 
@@ -581,6 +587,8 @@ class ControllerState:
         if rec.name == r.METADATA_VERSION and rec.feature_level < r.METADATA_VERSION_LEVEL_MIN:
             return self._invalid(f"FeatureLevel metadata.version {rec.feature_level}: Kafka's levels start "
                                  f"at {r.METADATA_VERSION_LEVEL_MIN}")
+        if rec.name == r.METADATA_VERSION:
+            self.metadata_version_logged = True
         if rec.feature_level == 0:
             self.features.pop(rec.name, None)
         else:
@@ -646,6 +654,7 @@ class ControllerState:
         c.invalid_records = self.invalid_records
         c.last_invalid = self.last_invalid
         c.unknown_records = dict(self.unknown_records)
+        c.metadata_version_logged = self.metadata_version_logged
         c.producers = self.producers.copy()  # entries are mutable: copied
         return c
 

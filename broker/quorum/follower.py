@@ -33,6 +33,13 @@ def is_connection_failure(reason: str) -> bool:
     return any(mark in low for mark in CONNECTION_FAILURE_MARKERS)
 
 
+def closed_by_peer(reason: str) -> bool:
+    """The peer took the connection and then closed or reset it (not a refusal,
+    not a timeout): a TLS layer may report that as a failed handshake."""
+    low = reason.lower()
+    return "refused" not in low and any(mark in low for mark in ("connectionlost", "reset", "closed"))
+
+
 @dataclass(slots=True)
 class SnapshotDownload:
     snapshot_id: m.SnapshotId
@@ -328,6 +335,14 @@ class FollowerState(RoleState):
             return
         self.fetch_inflight = None
         self._retry_later(now_ms)
+        if self.download is None and self.need_epoch_check and closed_by_peer(reason):
+            # The leader took our epoch check (OffsetForLeaderEpoch) and closed the
+            # connection. A Kafka controller does: it does not serve that api on its
+            # controller listener ("Received request for disabled api with key 23"); its
+            # own followers validate with Fetch's LastFetchedEpoch alone (DivergingEpoch),
+            # as we do next. A leader really gone refuses that Fetch, and then we stand.
+            self.need_epoch_check = False
+            return
         if (sent_epoch == self.epoch and destination == self.leader_id >= 0
                 and self.fetch_deadline_ms is not None and is_connection_failure(reason)):
             self._on_leader_unreachable(now_ms)

@@ -36,9 +36,31 @@ def test_every_command_but_the_readers_has_a_builder():
 def test_build_command_dispatches_by_name_and_converts_arguments():
     c = Controller()
     recs = build_command(c, "register_broker", {"broker_id": "7", "endpoints": [["PLAINTEXT", "h", "9092"]]})
-    rec = r.decode_record(recs[0])
+    rec = r.decode_record(recs[-1])  # after the log's first metadata.version (test below)
     assert isinstance(rec, r.RegisterBroker) and rec.broker_id == 7
     assert rec.endpoints == (r.Endpoint("PLAINTEXT", "h", 9092),)
+
+
+def test_the_first_command_of_a_log_without_metadata_version_writes_it_first():
+    """Kafka's log holds a metadata.version FeatureLevelRecord before any
+    metadata record (its controller's bootstrap); a Kafka controller or broker
+    replaying a log without one stops ("Unknown metadata version for
+    FeaturesImage"). The first command writes it, once; a state that has one
+    from its log or snapshot writes none."""
+    c = Controller()
+    first = build_command(c, "add_acl", {"principal": "User:a", "operation": "read", "resource_type": "topic",
+                                         "resource_name": "t"})
+    assert r.decode_record(first[0]) == r.FeatureLevel(r.METADATA_VERSION, r.METADATA_VERSION_LEVEL)
+    assert isinstance(r.decode_record(first[1]), r.AccessControlEntry) and len(first) == 2
+    commit(c, first)
+    assert c.state.metadata_version_logged
+    again = build_command(c, "register_broker", {"broker_id": 7})
+    assert [type(r.decode_record(x)) for x in again] == [r.RegisterBroker]
+    assert c.state.copy().metadata_version_logged
+    loaded = Controller()
+    commit(loaded, [r.encode_record(r.FeatureLevel(r.METADATA_VERSION, 25))])  # as a snapshot's first record
+    assert [type(r.decode_record(x)) for x in build_command(loaded, "register_broker", {"broker_id": 7})] == [
+        r.RegisterBroker]
 
 
 @pytest.mark.parametrize("command, message", [
@@ -58,7 +80,7 @@ def test_queue_runs_one_command_at_a_time_and_answers_from_the_core_response():
     answers, append = q.pump(c, LEADER)
     assert answers == [] and append is not None
     token, records = append
-    assert isinstance(token, CommandToken) and token.correlation_id == 1 and len(records) == 1
+    assert isinstance(token, CommandToken) and token.correlation_id == 1 and len(records) == 2  # + metadata.version
     assert not q.runnable  # the second waits for the first
     again, none = q.pump(c, LEADER)
     assert again == [] and none is None

@@ -242,3 +242,23 @@ def test_failed_snapshot_install_rolls_back_to_the_log_we_kept_and_downloads_aga
     assert a.WriteEpochCheckpoint(((1, 0), (3, 5))) in acts
     (again,) = sent(acts)
     assert isinstance(again.request, m.OffsetsForLeaderEpochRequest)
+
+
+def test_a_leader_that_closes_the_connection_on_an_epoch_check_is_followed_by_fetch_alone():
+    """A Kafka controller leading does not serve OffsetForLeaderEpoch on its
+    controller listener: it closes the connection. The follower does not take
+    that for a dead leader; it validates its log with Fetch's LastFetchedEpoch
+    (DivergingEpoch), as Kafka's own followers do, and keeps its fetch timeout."""
+    n, acts = follower()
+    (check,) = sent(acts)
+    assert isinstance(check.request, m.OffsetsForLeaderEpochRequest)
+    deadline = n.core.next_deadline_ms
+    # As our TLS channel reports it when Kafka closes at once (TLS 1.3: the handshake is not over for us yet).
+    n.step(a.RequestFailed(5, check.request_id, 2, "TlsHandshakeError: TLS handshake with 127.0.0.1:9093 failed: "
+                                                   "the broker closed the connection during the TLS handshake"))
+    (fetch,) = sent(n.step(a.Tick(55)))
+    assert isinstance(fetch.request, m.FetchRequest)
+    assert (fetch.request.fetch_offset, fetch.request.last_fetched_epoch) == (10, 3)
+    assert n.core.role == "follower" and n.core.next_deadline_ms >= deadline
+    acts = answer(n, fetch, m.FetchResponse(high_watermark=8, diverging_epoch=m.EpochEndOffset(3, 8)), now=60)
+    assert a.TruncateLog(8) in acts and n.core.log_end_offset == 8  # to the leader's end of epoch 3
