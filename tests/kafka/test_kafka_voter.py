@@ -6,9 +6,10 @@ in Kafka's form), and one Kafka controller formatted by Kafka's StorageTool
 with ``--no-initial-controllers`` (KIP-853), its keystore holding a node
 certificate of the metalog cluster's CA (``Node:4`` to metalog). It starts
 as an observer fetching from our leader, replays our metadata records, and
-``metalog quorum add-voter`` makes it the fourth voter. The log holds
-metadata records only (ACLs written through Kafka's own kafka-acls with
-``--bootstrap-controller``): Kafka's controller replays every record.
+Kafka's ``kafka-metadata-quorum add-controller`` makes it the fourth voter.
+The log holds metadata records only (ACLs written through Kafka's own
+kafka-acls with ``--bootstrap-controller``): Kafka's controller replays
+every record.
 
 The elections are steered by timeouts, said here because the outcome
 depends on them: metalog node 1 has the tests' short election timeout, so it
@@ -17,7 +18,8 @@ controller's fetch timeout is 1 s. Of 4 voters a majority is 3: after a
 kill -9 of node 1 the three left (2, 3 and Kafka) must agree, and Kafka
 stands first, so Kafka leads and metalog's followers Fetch from it. Then
 node 1 comes back (a follower of Kafka), and a kill -9 of the Kafka
-controller leaves 1, 2 and 3: node 1 leads again.
+controller leaves 1, 2 and 3: a metalog node leads again (node 1 stands
+first) and the restarted Kafka controller follows it.
 
 After each step the committed logs are compared byte for byte: every batch
 below the high watermark, read raw from Kafka's segment files and ours
@@ -219,8 +221,14 @@ def test_a_kafka_controller_joins_as_an_observer_then_a_voter(mixed):
                     m.kafka)
     m.side.wait_for(lambda: REPLAYED_ACL in m.kafka.output(), WAIT_S, "Kafka to replay our ACL record", m.kafka)
     directory_id = _directory_id(m.kafka.log_dir)
-    metalog("quorum", "add-voter", "--client-config", m.cluster.client_config_path, "--controller-id", str(KAFKA_ID),
-            "--controller-directory-id", directory_id, "--listener", f"CONTROLLER=127.0.0.1:{m.kafka.port}")
+    # Kafka's own tool adds it (AddRaftVoter at our leader), reading the node's config and dir (its
+    # id, directory id, listener); the client is SSL with the node's keystore: a node certificate
+    # may add its own node (KIP-1186's rule), no admin rights needed.
+    node_config = os.path.join(m.root, "controller-4-client.properties")
+    with open(m.kafka.props_path) as src, open(node_config, "w") as out:
+        out.write(src.read() + "security.protocol=SSL\n")
+    m.side.tool(kq.METADATA_QUORUM, ["--bootstrap-controller", m.bootstrap(False), "--command-config", node_config,
+                                     "add-controller"])
     status = m.status()
     assert status["LeaderId"] == "1", status
     assert sorted(int(v) for v in re.findall(r'"id": ?(\d+)', status["CurrentVoters"])) == [1, 2, 3, KAFKA_ID], status
