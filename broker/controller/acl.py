@@ -122,7 +122,7 @@ ACL_COMMANDS_ALTER = frozenset({"add_acl", "remove_acl"})
 ACL_COMMANDS_DESCRIBE = frozenset({"list_acls", "describe_configs"})
 # Kafka brokers' BrokerRegistration and BrokerHeartbeat (commands.LIFECYCLE): ClusterAction on
 # the cluster as in Kafka, and a node certificate (Node:<id>) acts for broker <id> only.
-BROKER_LIFECYCLE_COMMANDS = frozenset({"broker_registration", "broker_heartbeat"})
+BROKER_LIFECYCLE_COMMANDS = frozenset({"broker_registration", "broker_heartbeat", "allocate_producer_ids"})
 
 
 def pretty_name(enum_value: enum.IntEnum) -> str:
@@ -391,7 +391,7 @@ def authorize(principal: Principal, host: str, api_key: ApiKey, body: m.Body, vi
 
 
 def _authorize_broker_lifecycle(principal: Principal, host: str, body: Any, view: AuthzView) -> Denial | None:
-    """A broker's registration or heartbeat: from the broker itself (its node
+    """A broker's registration, heartbeat or request for producer ids: from the broker itself (its node
     certificate names its id; the replica-identity binding) or from a
     principal with ClusterAction on the cluster; never forwarded."""
     api = ApiKey.CONTROLLER_COMMAND

@@ -10,7 +10,9 @@ from the applied state. A writing command whose args hold
 
 ``LIFECYCLE`` are Kafka brokers' registration and heartbeats
 (``broker_registration``, ``broker_heartbeat``: ``brokers.py``, served as
-Kafka's BrokerRegistration and BrokerHeartbeat on the controller listener):
+Kafka's BrokerRegistration and BrokerHeartbeat on the controller listener)
+and their blocks of producer ids (``allocate_producer_ids``:
+``producer_blocks.py``, Kafka's AllocateProducerIds):
 they need the leader's broker sessions and the time, and answer fields
 (the broker epoch; caught up, fenced, shut down) besides their records.
 
@@ -29,7 +31,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from metalog.broker.controller import brokers, views
+from metalog.broker.controller import brokers, producer_blocks, views
 from metalog.broker.controller.state import CommandError, Controller
 from metalog.protocol import messages as m
 from metalog.protocol.errors import Errors
@@ -58,10 +60,11 @@ class Command(enum.StrEnum):
     DESCRIBE_CONFIGS = "describe_configs"  # read-only: one resource's configs, a page at a time
     BROKER_REGISTRATION = "broker_registration"  # Kafka's BrokerRegistration (brokers.register)
     BROKER_HEARTBEAT = "broker_heartbeat"  # Kafka's BrokerHeartbeat (brokers.heartbeat)
+    ALLOCATE_PRODUCER_IDS = "allocate_producer_ids"  # Kafka's AllocateProducerIds (producer_blocks.allocate)
 
 
 # Commands run with the leader's broker sessions and the time (brokers.py).
-LIFECYCLE = frozenset({Command.BROKER_REGISTRATION, Command.BROKER_HEARTBEAT})
+LIFECYCLE = frozenset({Command.BROKER_REGISTRATION, Command.BROKER_HEARTBEAT, Command.ALLOCATE_PRODUCER_IDS})
 
 
 def _register_broker(c: Controller, args: dict) -> list[bytes]:
@@ -235,6 +238,11 @@ class CommandQueue:
     def _run_lifecycle(self, controller: Controller, body: m.ControllerCommandRequest,
                        core: LeaderView) -> tuple[list[bytes], dict[str, Any]]:
         self.sessions.adopt(core.epoch, controller.state.brokers, core.now_ms)
+        if body.command == Command.ALLOCATE_PRODUCER_IDS:
+            try:
+                return producer_blocks.allocate(controller.state, body.args)
+            except producer_blocks.BlockError as exc:
+                raise CommandError(str(exc), exc.error_code) from None
         if body.command == Command.BROKER_REGISTRATION:
             return brokers.register(controller, self.sessions, body.args, write_offset=core.log_end_offset,
                                     now_ms=core.now_ms)

@@ -63,9 +63,11 @@ same way. A record value that does not decode counts as invalid too.
   (``metalog.broker.controller.acl.acl_problem``); otherwise adds it.
 * RemoveAccessControlEntry: invalid if the id is unknown; removes it.
 * NoOp: nothing.
-* UnknownRecord (a Kafka record type we do not model, e.g. ProducerIds): no
+* UnknownRecord (a Kafka record type we do not model, e.g. RegisterController): no
   state change, valid; counted by type name in ``unknown_records`` so that a
-  replay of a Kafka log says what it could not model.
+  replay of a Kafka log says what it could not model. ProducerIds (15) is
+  counted too, and moves ``next_producer_id`` forward (``producer_blocks``):
+  invalid if it does not.
 
 A partition is malformed when: replicas is empty or has duplicates or a
 negative id, the ISR has duplicates or holds a non-replica, or the leader is
@@ -88,7 +90,7 @@ import msgspec
 import structlog
 
 from metalog.broker.controller import acl as authz
-from metalog.broker.controller import partition_ids
+from metalog.broker.controller import partition_ids, producer_blocks
 from metalog.broker.controller import partition_map, views
 from metalog.broker.controller.partition_map import PartitionMap
 from metalog.broker.controller.state_copy import StateDict
@@ -297,7 +299,7 @@ class ControllerState:
 
     __slots__ = ("offset", "brokers", "topics", "topic_ids", "partitions", "configs",
                  "features", "acls", "acl_version", "invalid_records", "last_invalid", "producers",
-                 "unknown_records", "metadata_version_logged",
+                 "unknown_records", "metadata_version_logged", "next_producer_id",
                  "partition_counts", "sparse_partition_ids", "config_names", "_sorted_names",
                  "_sorted_acl_ids")
 
@@ -334,6 +336,8 @@ class ControllerState:
         self.last_invalid: str | None = None
         # Diagnostic, like invalid_records: records of types we do not model, by type name.
         self.unknown_records: dict[str, int] = {}
+        # The first id of the next block of producer ids for Kafka brokers (producer_blocks).
+        self.next_producer_id = 0
         # Whether a metadata.version FeatureLevel is in the log or snapshot this state came
         # from: Kafka's replay (its MetadataLoader, its controller) stops at a metadata record
         # before one ("Unknown metadata version for FeaturesImage"). Not part of equality.
@@ -619,6 +623,10 @@ class ControllerState:
         return True
 
     def _unknown(self, rec: r.UnknownRecord) -> bool:
+        if rec.api_key == producer_blocks.RECORD_TYPE:  # the one such type we keep state of
+            problem = producer_blocks.replay(self, rec)
+            if problem is not None:
+                return self._invalid(problem)
         name = r.type_name(rec)
         self.unknown_records[name] = self.unknown_records.get(name, 0) + 1
         return True
@@ -654,6 +662,7 @@ class ControllerState:
         c.invalid_records = self.invalid_records
         c.last_invalid = self.last_invalid
         c.unknown_records = dict(self.unknown_records)
+        c.next_producer_id = self.next_producer_id
         c.metadata_version_logged = self.metadata_version_logged
         c.producers = self.producers.copy()  # entries are mutable: copied
         return c
@@ -664,29 +673,7 @@ class ControllerState:
         for determinism. metadata.version comes first, as in Kafka's snapshots
         (FeaturesImage.write): Kafka's loaders read the rest by it. Producers
         are NoOp records to Kafka (metadata_records.PRODUCER_STATE_TAG)."""
-        mv = self.features.get(r.METADATA_VERSION)
-        if mv is not None:
-            yield r.FeatureLevel(r.METADATA_VERSION, mv)
-        for name in sorted(self.features):
-            if name != r.METADATA_VERSION:
-                yield r.FeatureLevel(name, self.features[name])
-        for bid in sorted(self.brokers):
-            yield self.brokers[bid]
-        for tid in sorted(self.topics):
-            yield self.topics[tid]
-        # Topic by topic, partition ids ascending: the order of sorted keys,
-        # without one sort of every key. That sort is one C call holding the
-        # GIL for seconds at 2M partitions, stalling the event loop while a
-        # worker thread writes the snapshot (issue 19 item 2).
-        for tid in sorted(self.partition_counts):
-            yield from self.partitions.ordered(tid, self.partition_ids(tid))
-        for (rtype, rname, name) in sorted(self.configs):
-            yield r.Config(rtype, rname, name, self.configs[(rtype, rname, name)])
-        for acl_id in sorted(self.acls):
-            yield self.acls[acl_id]
-        for e in self.producers.to_entries():
-            yield r.ProducerState(e.producer_id, e.producer_epoch, e.last_timestamp_ms,
-                                  tuple(tuple(meta) for meta in e.batches))
+        return _records_of(self)
 
     @classmethod
     def from_records(cls, records: Iterable[r.MetadataRecord], offset: int) -> "ControllerState":
@@ -700,7 +687,7 @@ class ControllerState:
 
     def _key(self) -> tuple:
         return (self.offset, self.brokers, self.topics, self.partitions, self.configs,
-                self.features, self.acls)
+                self.features, self.acls, self.next_producer_id)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ControllerState):
@@ -764,6 +751,36 @@ _HANDLERS = {
 
 
 # ------------------------------------------------------------------ commands
+
+
+def _records_of(state: "ControllerState") -> Iterator[r.MetadataRecord]:
+    """``ControllerState.to_records``: out of the class, which must stay short enough to read."""
+    mv = state.features.get(r.METADATA_VERSION)
+    if mv is not None:
+        yield r.FeatureLevel(r.METADATA_VERSION, mv)
+    for name in sorted(state.features):
+        if name != r.METADATA_VERSION:
+            yield r.FeatureLevel(name, state.features[name])
+    for bid in sorted(state.brokers):
+        yield state.brokers[bid]
+    for tid in sorted(state.topics):
+        yield state.topics[tid]
+    # Topic by topic, partition ids ascending: the order of sorted keys,
+    # without one sort of every key. That sort is one C call holding the
+    # GIL for seconds at 2M partitions, stalling the event loop while a
+    # worker thread writes the snapshot (issue 19 item 2).
+    for tid in sorted(state.partition_counts):
+        yield from state.partitions.ordered(tid, state.partition_ids(tid))
+    for (rtype, rname, name) in sorted(state.configs):
+        yield r.Config(rtype, rname, name, state.configs[(rtype, rname, name)])
+    for acl_id in sorted(state.acls):
+        yield state.acls[acl_id]
+    blocks = producer_blocks.snapshot_record(state)
+    if blocks is not None:
+        yield blocks
+    for e in state.producers.to_entries():
+        yield r.ProducerState(e.producer_id, e.producer_epoch, e.last_timestamp_ms,
+                              tuple(tuple(meta) for meta in e.batches))
 
 
 class CommandError(ValueError):

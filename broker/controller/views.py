@@ -90,6 +90,7 @@ def summary(state: Any) -> dict:
                    "partitions": len(state.partitions), "configs": len(state.configs),
                    "acls": len(state.acls)},
         "features": dict(sorted(state.features.items())),
+        "next_producer_id": state.next_producer_id,  # of Kafka brokers' blocks (producer_blocks)
         "paths": ["/metadata/brokers", "/metadata/brokers/{id}", "/metadata/topics",
                   "/metadata/topics/{name}", "/metadata/topics/{name}/partitions", "/metadata/acls",
                   "/metadata/configs?type=topic|broker&name=NAME"],

@@ -224,9 +224,9 @@ def test_apply_batches_control_batches_undecodable_and_rereads():
     assert c.applied_offset == 3 and c.records_since_snapshot == 2
     assert c.state.invalid_records == 1
     assert c.state.last_invalid == "offset 2: not a metadata record: frame version 0 (only 1 exists)"
-    # A Kafka type we do not model is valid, changes nothing, and is counted by name.
-    lg.commit([bytes.fromhex("01 0f 00 00000001 0000000000000000 0000000000000000 00")])
-    assert c.applied_offset == 4 and c.state.invalid_records == 1
+    # A Kafka type we keep whole is valid and counted by name (ProducerIds: it moves the next block, too).
+    lg.commit([bytes.fromhex("01 0f 00 00000001 0000000000000000 00000000000003e8 00")])
+    assert c.applied_offset == 4 and c.state.invalid_records == 1 and c.state.next_producer_id == 1000
     assert c.state.unknown_records == {"ProducerIds": 1}
     # Re-reading from the start applies nothing twice.
     assert c.apply_batches(bytes(lg.data)) == 0

@@ -9,6 +9,8 @@ it), and one Kafka broker whose keystore holds a node certificate of the
 metalog cluster's CA (``Node:100`` to metalog: it may register broker 100
 only). The broker follows the metadata log as an observer, registers,
 heartbeats and is unfenced (Kafka says so in its log; ``metalog`` shows it);
+its idempotent producers' ids come from blocks metalog's leader allocates
+(AllocateProducerIds);
 killed with SIGKILL it is fenced by the leader after
 ``broker_session_timeout_ms``; restarted, it registers a new incarnation and
 is unfenced again.
@@ -168,10 +170,8 @@ def test_kafka_topics_through_the_kafka_broker_lands_in_metalog(setup, tmp_path)
 
 def test_librdkafka_produces_and_consumes_through_the_kafka_broker(setup):
     """The topic of the test above, served by the Kafka broker whose controller
-    quorum is metalog: librdkafka produces (acks=all) and reads every record
-    back, in order. Not idempotent: the Kafka broker would ask its controller
-    for a block of producer ids (AllocateProducerIds, api 67), which metalog
-    does not serve (docs/kafka-listener.md)."""
+    quorum is metalog: librdkafka produces (acks=all, not idempotent) and
+    reads every record back, in order."""
     from confluent_kafka import Consumer, Producer, TopicPartition
 
     s = setup
@@ -203,6 +203,56 @@ def test_librdkafka_produces_and_consumes_through_the_kafka_broker(setup):
         assert got == values
     finally:
         consumer.close()
+
+
+def _producer_ids_in(log_dir: str) -> set[int]:
+    """The producer ids of the batches in a Kafka partition's segment files (our own batch reader)."""
+    from metalog.storage.batch import iter_batches
+
+    ids = set()
+    for name in sorted(os.listdir(log_dir)):
+        if name.endswith(".log"):
+            with open(os.path.join(log_dir, name), "rb") as f:
+                ids |= {h.producer_id for _pos, h in iter_batches(f.read())}
+    return ids
+
+
+def test_librdkafka_idempotent_producer_through_the_kafka_broker(setup):
+    """enable.idempotence=true: the Kafka broker answers librdkafka's
+    InitProducerId from a block of producer ids it asks its controller for
+    (AllocateProducerIds, api 67), and metalog's leader commits the block as
+    a ProducerIdsRecord (next_producer_id moves by Kafka's 1000) before it
+    answers. Every record is acknowledged once, in order, and Kafka's own log
+    holds them under a producer id from that block."""
+    from confluent_kafka import Producer
+
+    s = setup
+    _await("broker 100 unfenced", lambda: (s.registration() or {}).get("fenced") is False)
+    leader, _ = s.cluster.wait_for_leader(30)
+    before = s.cluster.admin(leader, "/metadata")["next_producer_id"]
+    certs = s.cluster.cert_dir
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{s.broker.port}", "security.protocol": "SSL",
+                         "ssl.ca.location": f"{certs}/ca.crt", "ssl.certificate.location": f"{certs}/admin.crt",
+                         "ssl.key.location": f"{certs}/admin.key", "enable.idempotence": True, "acks": "all",
+                         "message.timeout.ms": 60000})
+    acked = []
+
+    def delivered(err, msg):
+        assert err is None, err
+        acked.append((msg.offset(), msg.value()))
+
+    values = [f"idempotent-{i}".encode() for i in range(100)]
+    for v in values:
+        producer.produce("through-kafka", v, partition=1, on_delivery=delivered)
+    assert producer.flush(60) == 0
+    assert acked == list(enumerate(values))
+    leader, _ = s.cluster.wait_for_leader(30)
+    after = _await("the block in the leader's state",
+                   lambda: (s.cluster.admin(leader, "/metadata") or {}).get("next_producer_id") != before
+                   and s.cluster.admin(leader, "/metadata")["next_producer_id"])
+    assert after == before + 1000, (before, after)
+    ids = _producer_ids_in(os.path.join(s.broker.log_dir, "through-kafka-1"))
+    assert len(ids) == 1 and before <= ids.pop() < after, ids
 
 
 def test_sigterm_shuts_the_broker_down_through_its_controller(setup):

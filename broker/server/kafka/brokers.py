@@ -1,14 +1,15 @@
-"""Kafka brokers' registration and heartbeats (issue 32 item 4), and the
-Envelope (api 58, KIP-590) both ways, served on
-the controller listener as a KRaft controller serves them: BrokerRegistration
-(api 62) and BrokerHeartbeat (api 63), the two requests a Kafka broker
-(``process.roles=broker``) sends to the active controller besides its Fetch
-of the metadata log.
+"""What a Kafka broker (``process.roles=broker``) asks of its controllers
+besides its Fetch of the metadata log (issue 32 item 4), served on the
+controller listener as a KRaft controller serves them: BrokerRegistration
+(api 62), BrokerHeartbeat (api 63), AllocateProducerIds (api 67, a block of
+producer ids for its idempotent producers) and the Envelope (api 58,
+KIP-590) both ways.
 
-Each becomes a controller command (``broker_registration``,
+The first three become controller commands (``broker_registration``,
 ``broker_heartbeat``: ``metalog.broker.controller.brokers`` holds Kafka's
-rules) that runs through this node's gate (ClusterAction on the cluster; a
-node certificate only for its own broker id) and the leader's command queue,
+rules; ``allocate_producer_ids``: ``metalog.broker.controller
+.producer_blocks``), each run through this node's gate (ClusterAction on the
+cluster; a node certificate only for its own broker id) and the leader's command queue,
 so its records commit through the quorum like any command's, and its answer
 leaves once they are committed. A node that is not the leader answers
 NOT_CONTROLLER, as Kafka's controllers do: a broker sends these to the
@@ -46,6 +47,7 @@ from metalog.protocol.kafka.primitives import read_cstr, write_cstr
 
 REGISTRATION = "broker_registration"
 HEARTBEAT = "broker_heartbeat"
+ALLOCATE_PRODUCER_IDS = "allocate_producer_ids"
 # A registration or heartbeat waits at most this long for its records to commit
 # (Kafka brokers time these requests out after their request timeout, 30 s by default).
 COMMAND_TIMEOUT_MS = 10_000
@@ -108,6 +110,21 @@ def broker_heartbeat(ctx: KafkaContext, ex: KafkaExchange) -> None:
             is_fenced=bool(result.get("is_fenced", True)), should_shut_down=bool(result.get("should_shut_down"))))
 
     _ask(ctx, ex, HEARTBEAT, args, answer)
+
+
+def allocate_producer_ids(ctx: KafkaContext, ex: KafkaExchange) -> None:
+    """AllocateProducerIds (api 67): a block of producer ids for the asking
+    broker's idempotent producers, committed as a ProducerIdsRecord before
+    the answer (``metalog.broker.controller.producer_blocks``)."""
+    req: km.AllocateProducerIdsRequest = ex.body
+
+    def answer(resp: m.ControllerCommandResponse) -> None:
+        result = resp.result if resp.error_code == Errors.NONE and resp.result else {}
+        ex.respond(km.AllocateProducerIdsResponse(
+            error_code=_code(resp), producer_id_start=int(result.get("producer_id_start", -1)),
+            producer_id_len=int(result.get("producer_id_len", 0))))
+
+    _ask(ctx, ex, ALLOCATE_PRODUCER_IDS, {"broker_id": req.broker_id, "broker_epoch": req.broker_epoch}, answer)
 
 
 # --------------------------------------------------------------------- Envelope
@@ -240,4 +257,5 @@ APIS: dict[int, KafkaApi] = {
     km.EnvelopeRequest.API_KEY: KafkaApi(km.EnvelopeRequest, 0, 0, envelope),
     km.BrokerRegistrationRequest.API_KEY: KafkaApi(km.BrokerRegistrationRequest, 0, 4, broker_registration),
     km.BrokerHeartbeatRequest.API_KEY: KafkaApi(km.BrokerHeartbeatRequest, 0, 2, broker_heartbeat),
+    km.AllocateProducerIdsRequest.API_KEY: KafkaApi(km.AllocateProducerIdsRequest, 0, 0, allocate_producer_ids),
 }
