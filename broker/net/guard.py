@@ -132,6 +132,12 @@ class HandshakePacer:
             at_s = max(at_s, now_s + over * METER_DECAY_S)
         return at_s
 
+    def rate_per_s(self) -> float:
+        """Handshakes a second the share allows at the measured mean cost (0 share: unbounded)."""
+        if not self.share:
+            return math.inf
+        return self.share / self._meter.mean_cost_s()
+
     def took(self, now_s: float) -> None:
         """A handshake starts now."""
         self._meter.started()

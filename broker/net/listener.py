@@ -7,7 +7,12 @@ socket and before its TLS handshake, whether and when it starts:
 
 * **refused** (closed at once, before any handshake) above
   ``max_connections`` open-or-waiting connections on the listener or
-  ``max_connections_per_ip`` from one address;
+  ``max_connections_per_ip`` from one address, and while the handshake
+  queue is full: as many connections wait for the handshake pacer as it
+  starts in ``HANDSHAKE_QUEUE_WAIT_S`` (a flood's connections cost an
+  accept and a close instead of a wait the client gives up on, and a peer
+  never waits behind them: holding them in the kernel's backlog would hold
+  the peers too);
 * **delayed** (held, accepted but not read from, no handshake, as KIP-612
   throttles) until its address's slot comes up: at most
   ``connection_creation_rate_per_ip`` new connections a second from one
@@ -38,6 +43,7 @@ import collections
 import functools
 import heapq
 import itertools
+import math
 import socket
 import ssl
 from dataclasses import dataclass
@@ -53,6 +59,8 @@ STARTS_PER_TURN_MAX = 16  # delayed connections started per timer callback
 ACCEPT_RETRY_S = 0.1  # after accept() fails (out of file descriptors): try again this much later
 LISTEN_BACKLOG = 1024  # the kernel's queue of connections we have not accepted yet (capped by somaxconn)
 TCP_ESTABLISHED = 1  # tcp_info.tcpi_state of a connection its peer has not closed (Linux)
+HANDSHAKE_QUEUE_WAIT_S = 0.25  # the handshake queue holds what the pacer starts in this long...
+HANDSHAKE_QUEUE_MIN = 16  # ...and at least this many
 
 
 @dataclass(frozen=True)
@@ -175,6 +183,12 @@ class Listener:
                             max_connections=lim.max_connections, max_connections_per_ip=lim.max_connections_per_ip)
         return why
 
+    def refuse_queue_full(self, host: str, peer: str) -> None:
+        """A stranger arriving while the handshake queue is full: closed at once."""
+        self.stats.refused_total["handshake_queue_full"] += 1
+        self.refusals.event("connection_refused", host, peer=peer, reason="handshake queue full",
+                            limit="handshake_queue_full", waiting=self.stats.delayed_now)
+
     def count_arrival(self, host: str, peer: str) -> None:
         self.per_ip[host] += 1
         self.waiting_per_ip[host] += 1
@@ -211,6 +225,13 @@ class Listener:
 
     def handshake_due_s(self, host: str, now_s: float) -> float:
         return now_s if host in self.exempt else self.pacer.next_start_s(now_s)
+
+    def handshake_queue_max(self) -> int | None:
+        """How many due connections may wait for the pacer (None: not paced)."""
+        rate_per_s = self.pacer.rate_per_s()
+        if math.isinf(rate_per_s):
+            return None
+        return max(HANDSHAKE_QUEUE_MIN, int(rate_per_s * HANDSHAKE_QUEUE_WAIT_S))
 
     def starting(self, host: str, now_s: float, arrived_s: float) -> None:
         """A counted connection starts (its handshake, or its first read without TLS)."""
@@ -351,6 +372,11 @@ class _Acceptor:
         w.sock.close()
         self._listener.uncount_arrival(w.host, w.peer)
 
+    def _queue_full(self) -> bool:
+        """Whether as many due connections wait for the pacer as it starts in HANDSHAKE_QUEUE_WAIT_S."""
+        bound = self._listener.handshake_queue_max()
+        return bound is not None and len(self._ready) >= bound
+
     def _on_readable(self) -> None:
         for _ in range(ACCEPT_BATCH_MAX):
             try:
@@ -373,6 +399,10 @@ class _Acceptor:
         peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else "?"
         listener = self._listener
         if listener.refuse_at_accept(host, peer) is not None:
+            sock.close()
+            return
+        if host not in listener.exempt and self._queue_full():
+            listener.refuse_queue_full(host, peer)
             sock.close()
             return
         sock.setblocking(False)

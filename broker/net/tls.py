@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import ssl
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,9 @@ from metalog.protocol.invariants import InvariantViolation
 # What the broker log and /health say about a PLAINTEXT (insecure) broker.
 INSECURE_DETAIL = ("security_protocol PLAINTEXT: no encryption and no authentication; anyone who can "
                    "reach the ports can read the log and act as a replica or a client")
+
+
+CHAIN_DEPTH_MAX = 8  # issuers looked up in the CA file for the certificate chain
 
 
 class TlsConfigError(ValueError):
@@ -49,10 +53,52 @@ def _base_context(purpose: ssl.Purpose, paths: TlsPaths) -> ssl.SSLContext:
     except (OSError, ssl.SSLError) as exc:
         raise TlsConfigError(f"ssl_ca_file {paths.ca_file}: {_reason(exc)}") from None
     try:
-        ctx.load_cert_chain(paths.cert_file, paths.key_file)
+        chain = _issuer_chain_pem(paths)
+        if chain is None:
+            ctx.load_cert_chain(paths.cert_file, paths.key_file)
+        else:
+            with tempfile.TemporaryDirectory(prefix="metalog-chain-") as tmp:
+                chain_file = os.path.join(tmp, "chain.pem")
+                with open(chain_file, "wb") as f:
+                    f.write(chain)
+                ctx.load_cert_chain(chain_file, paths.key_file)
     except (OSError, ssl.SSLError) as exc:
         raise TlsConfigError(f"ssl_cert_file {paths.cert_file} / ssl_key_file {paths.key_file}: {_reason(exc)}") from None
     return ctx
+
+
+def _issuer_chain_pem(paths: TlsPaths) -> bytes | None:
+    """The certificate followed by its issuers from the CA file, when the
+    certificate file holds the certificate alone (None: load it as it is).
+
+    Without a chain OpenSSL builds one for every handshake, verifying the
+    certificate against the CA store each time: a third of what a server
+    spends answering a ClientHello (issue 34: a handshake flood pays it per
+    connection). Given the chain, it sends it as is."""
+    from cryptography import x509
+
+    try:
+        with open(paths.cert_file, "rb") as f:
+            own = x509.load_pem_x509_certificates(f.read())
+        with open(paths.ca_file, "rb") as f:
+            cas = x509.load_pem_x509_certificates(f.read())
+    except (OSError, ValueError):
+        return None  # load_cert_chain / load_verify_locations say what is wrong
+    if len(own) != 1:
+        return None  # a chain already, or not one certificate
+    chain = [own[0]]
+    for _ in range(CHAIN_DEPTH_MAX):
+        issuer = next((ca for ca in cas if ca.subject == chain[-1].issuer and ca not in chain), None)
+        if issuer is None:
+            break
+        chain.append(issuer)
+        if issuer.issuer == issuer.subject:  # self-signed: the root
+            break
+    if len(chain) == 1:
+        return None  # the CA file does not hold its issuer: leave the chain to OpenSSL
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    return b"".join(cert.public_bytes(Encoding.PEM) for cert in chain)
 
 
 def server_context(paths: TlsPaths) -> ssl.SSLContext:

@@ -15,7 +15,7 @@ from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
 from metalog.tools.cluster import certs
 from tests.net.flat_server import serve_flat as serve
-from tests.net.helpers import ListLogger
+from tests.net.helpers import ListLogger, wait_for_condition
 
 
 class Clock:
@@ -79,3 +79,47 @@ async def test_server_handshakes_are_measured_on_the_meter(tmp_path):
     assert HANDSHAKE_METER.seconds_total > before_s
     assert files("node-1").server().sslobject_class in (None, ssl.SSLObject)  # a fresh context is not touched
     assert issubclass(TimedSSLObject, ssl.SSLObject)
+
+
+async def test_a_full_handshake_queue_refuses_strangers_at_once_and_a_peer_still_starts(tmp_path):
+    """At a share that starts a handshake every few seconds the pacer's queue fills: the next
+    stranger is closed at once (not held for a wait its client would give up on), and a peer
+    (an exempt address) still completes its handshake, ahead of the queue."""
+    d = str(tmp_path)
+    certs.cluster_certs(d, {1: ["127.0.0.1"]}, users=("alice",))
+
+    def files(name: str) -> TlsFiles:
+        return TlsFiles(TlsPaths(f"{d}/ca.crt", f"{d}/{name}.crt", f"{d}/{name}.key"))
+
+    limits = ListenerLimits(ssl_handshake_loop_share=0.0001, connection_creation_rate_per_ip=0,
+                            max_connection_creation_rate=0, exempt_hosts=frozenset({"127.0.0.1"}))
+    log = ListLogger()
+    server = await serve("127.0.0.1", 0,
+                         lambda c, h, b: c.send_response(h.correlation_id, m.MetadataResponse(leader_id=1)),
+                         tls=files("node-1"), limits=limits, logger=log)
+    port = server.sockets[0].getsockname()[1]
+    listener = server.listener
+    bound = listener.handshake_queue_max()
+    assert bound is not None and bound >= 16
+    strangers = []
+    ch = PeerChannel("127.0.0.1", port, tls=files("alice"), connect_timeout_ms=10_000)
+    try:
+        async with asyncio.timeout(20):
+            # two may start at once (the pacer's burst): the queue is full after at most bound + 2
+            st = listener.stats
+            while not st.refused_total["handshake_queue_full"]:
+                strangers.append(await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.30", 0)))
+                await wait_for_condition(  # the listener has taken this one (started, queued or refused)
+                    lambda: st.accepted_total + st.delayed_now + sum(st.refused_total.values()) == len(strangers),
+                    10, "the connection accepted")
+            assert len(strangers) <= bound + 3
+            assert await strangers[-1][0].read() == b""  # closed before anything was read
+        assert listener.stats.delayed_now == bound
+        assert log.named("connection_refused")[0]["limit"] == "handshake_queue_full"
+        async with asyncio.timeout(10):  # queued behind the strangers it would wait minutes
+            assert (await ch.request(ApiKey.METADATA, m.MetadataRequest(), 10_000)).leader_id == 1
+    finally:
+        await ch.close()
+        for _, w in strangers:
+            w.close()
+        server.close()

@@ -123,3 +123,23 @@ async def test_a_half_rotated_pair_keeps_the_previous_context(pki, tmp_path):
     ev = log.named("tls_reload_failed")
     assert ev and "ssl_cert_file" in ev[0]["error"] and ev[0]["action"] == "keep_previous"
     assert tls.server() is before
+
+
+def test_a_lone_certificate_is_loaded_with_its_issuer_from_the_ca_file(pki, tmp_path):
+    """OpenSSL would otherwise build (and verify) the chain on every handshake."""
+    from cryptography import x509
+
+    from metalog.broker.net.tls import _issuer_chain_pem
+
+    d, _ = pki
+    paths = TlsPaths(f"{d}/ca.crt", f"{d}/node-1.crt", f"{d}/node-1.key")
+    chain = x509.load_pem_x509_certificates(_issuer_chain_pem(paths))
+    ca = certs.load_cert(f"{d}/ca.crt")
+    assert [c.subject for c in chain] == [certs.load_cert(f"{d}/node-1.crt").subject, ca.subject]
+    # a CA file without the issuer, or a certificate file that is a chain already: loaded as they are
+    other = str(tmp_path / "other")
+    certs.init_ca(other, name="other-ca")
+    assert _issuer_chain_pem(TlsPaths(f"{other}/ca.crt", paths.cert_file, paths.key_file)) is None
+    with open(tmp_path / "chain.crt", "wb") as f:
+        f.write(_issuer_chain_pem(paths))
+    assert _issuer_chain_pem(TlsPaths(paths.ca_file, str(tmp_path / "chain.crt"), paths.key_file)) is None
