@@ -256,7 +256,6 @@ class Broker:
 
     async def _serve(self) -> None:
         cfg = self.cfg
-        ep = cfg.listen_endpoint()
         # `listen`: Kafka's CONTROLLER listener (its metrics keep the label "binary")
         self.server = await start_controller_listener(self, listener_limits(cfg))
         self.metrics.bind_listener("binary", self.server.listener.stats, HANDSHAKE_METER)
@@ -268,15 +267,7 @@ class Broker:
             self.admin_runner = await start_admin(self, AdminSetup(
                 cfg.node_id, cfg.cluster_id, self.authz_enabled, self.tls, self.metrics, self.log, self.gate.view),
                 admin_ep)
-        if not self.authz_enabled:
-            self.log.warning("authorization_disabled", security_protocol="PLAINTEXT",
-                             detail="every connection is User:ANONYMOUS with super-user rights: anyone who can "
-                                    "reach the port can act as a replica, write and change ACLs")
-        self.log.info(
-            "broker_started", listen=str(ep), security_protocol=cfg.security.security_protocol,
-            directory_id=self.directory_id, voters={k: str(v) for k, v in self.voters.items()},
-            log_start_offset=self.seg_log.log_start_offset, log_end_offset=self.seg_log.log_end_offset,
-            epoch=self.core.epoch, role=str(self.core.role))
+        _log_serving(self)
 
     # ------------------------------------------------------------------ stop
     async def stop(self, graceful: bool = True) -> None:
@@ -575,3 +566,16 @@ class Broker:
         self.produce.reject_pending(message)
         self.inbound.fail_commands(message)
         self.fail("storage_failed", reason, exc=exc)
+
+
+def _log_serving(b: Broker) -> None:
+    """The broker serves: one line saying how (and a loud one if unauthenticated)."""
+    if not b.authz_enabled:
+        b.log.warning("authorization_disabled", security_protocol="PLAINTEXT",
+                      detail="every connection is User:ANONYMOUS with super-user rights: anyone who can "
+                             "reach the port can act as a replica, write and change ACLs")
+    b.log.info(
+        "broker_started", listen=str(b.cfg.listen_endpoint()), security_protocol=b.cfg.security.security_protocol,
+        directory_id=b.directory_id, voters={k: str(v) for k, v in b.voters.items()},
+        log_start_offset=b.seg_log.log_start_offset, log_end_offset=b.seg_log.log_end_offset,
+        epoch=b.core.epoch, role=str(b.core.role))
