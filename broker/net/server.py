@@ -36,7 +36,10 @@ in flight.
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import ssl
+import struct
 from typing import TYPE_CHECKING, Any, Callable
 
 from metalog.broker.net.principal import ANONYMOUS, Principal, principal_from_cert
@@ -47,6 +50,20 @@ if TYPE_CHECKING:  # the listener imports this module: a name for annotations on
     from metalog.broker.net.listener import Listener
 
 DEFAULT_WRITE_HIGH_WATER_BYTES = 1 << 20
+TCP_INFO_BYTES = 256  # room for Linux's struct tcp_info
+TCPI_BYTES_ACKED_OFFSET = 120  # its tcpi_bytes_acked (Linux 4.2 and later), a u64
+LEFT_AFTER_ANSWER = "the peer left after our answer to its ClientHello"
+
+
+def _dup_fd(transport: Any) -> int:
+    """A duplicate of `transport`'s socket (-1 without one): still readable after uvloop closes its own."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or not hasattr(socket, "TCP_INFO"):
+        return -1
+    try:
+        return os.dup(sock.fileno())
+    except OSError:
+        return -1
 
 
 # --------------------------------------------------------------------------
@@ -72,6 +89,7 @@ class Connection(asyncio.Protocol):
         self.peer: str = "?"
         self.peer_host: str = "?"
         self._raw_transport: Any = None  # the TCP transport while the TLS handshake runs
+        self._probe_fd = -1  # a stranger's socket while it handshakes (a dup: it outlives a reset)
         self.inflight = 0
         self.closed = False
         self._read_paused = False
@@ -99,6 +117,8 @@ class Connection(asyncio.Protocol):
             self._ready(transport, ANONYMOUS)
             return
         self._raw_transport = transport
+        if self.peer_host not in listener.exempt:
+            self._probe_fd = _dup_fd(transport)
         # start_tls must take the transport over now, inside connection_made:
         # uvloop starts reading right after connection_made returns, and a
         # ClientHello read by this protocol would be lost to the handshake.
@@ -114,11 +134,14 @@ class Connection(asyncio.Protocol):
         except (OSError, TimeoutError, EOFError) as exc:  # ssl.SSLError is an OSError
             from metalog.broker.net.tls import handshake_failure_reason, is_handshake_timeout
 
-            # Resets and EOFs also come from restarts and fault proxies; only
-            # protocol errors and stalls count toward the address's back-off.
+            # Resets and EOFs also come from restarts and fault proxies; they count toward
+            # the address's back-off only once the peer has had our answer to its
+            # ClientHello (what a handshake flood does: costly for us, free for it), as
+            # protocol errors and stalls do.
+            left = not isinstance(exc, ssl.SSLError) and self._peer_had_our_answer()
             listener.failed(self, "tls_handshake_failed",
-                            count=isinstance(exc, ssl.SSLError) or is_handshake_timeout(exc),
-                            reason=handshake_failure_reason(exc))
+                            count=isinstance(exc, ssl.SSLError) or is_handshake_timeout(exc) or left,
+                            reason=LEFT_AFTER_ANSWER if left else handshake_failure_reason(exc))
             # close, not abort: the TLS alert (unknown CA, expired...) reaches the
             # client, which can then tell its user why.
             transport.close()
@@ -128,6 +151,8 @@ class Connection(asyncio.Protocol):
             transport.abort()
             self._closed_before_ready()
             raise
+        finally:
+            self._close_probe()
         if self.closed:
             ssl_transport.abort()
             return
@@ -139,6 +164,25 @@ class Connection(asyncio.Protocol):
             self._closed_before_ready()
             return
         self._ready(ssl_transport, principal)
+
+    def _peer_had_our_answer(self) -> bool:
+        """Whether the peer acknowledged bytes we sent (our answer to its ClientHello)."""
+        fd, self._probe_fd = self._probe_fd, -1
+        if fd < 0:
+            return False
+        with socket.socket(fileno=fd) as sock:
+            try:
+                info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_BYTES)
+            except OSError:
+                return False
+        if len(info) < TCPI_BYTES_ACKED_OFFSET + 8:
+            return False
+        return struct.unpack_from("=Q", info, TCPI_BYTES_ACKED_OFFSET)[0] > 1  # 1: our SYN
+
+    def _close_probe(self) -> None:
+        if self._probe_fd >= 0:
+            os.close(self._probe_fd)
+            self._probe_fd = -1
 
     def _ready(self, transport: Any, principal: Principal) -> None:
         self._transport = transport
@@ -154,6 +198,7 @@ class Connection(asyncio.Protocol):
 
     def _closed_before_ready(self) -> None:
         self.closed = True
+        self._close_probe()
         if self._counted:
             self._counted = False
             if self._listener is None:
@@ -174,6 +219,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._close_probe()
         self._transport = None
         if self._counted:
             self._counted = False

@@ -123,3 +123,43 @@ async def test_a_full_handshake_queue_refuses_strangers_at_once_and_a_peer_still
         for _, w in strangers:
             w.close()
         server.close()
+
+
+def _client_hello() -> bytes:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    out = ssl.MemoryBIO()
+    obj = ctx.wrap_bio(ssl.MemoryBIO(), out, server_hostname="x")
+    with pytest.raises(ssl.SSLWantReadError):
+        obj.do_handshake()
+    return out.read()
+
+
+async def test_a_stranger_leaving_after_our_answer_to_its_client_hello_counts_toward_its_back_off(tmp_path):
+    """The cheap flood: a ClientHello, our costly answer, then gone. A bare connect and close
+    (a port probe, a restart) costs us nothing and does not count."""
+    d = str(tmp_path)
+    certs.cluster_certs(d, {1: ["127.0.0.1"]})
+    tls = TlsFiles(TlsPaths(f"{d}/ca.crt", f"{d}/node-1.crt", f"{d}/node-1.key"))
+    limits = ListenerLimits(failed_connections_before_backoff=1, failed_connection_backoff_ms=60_000,
+                            connection_creation_rate_per_ip=0, max_connection_creation_rate=0)
+    log = ListLogger()
+    server = await serve("127.0.0.1", 0, lambda c, h, b: None, tls=tls, limits=limits, logger=log)
+    port = server.sockets[0].getsockname()[1]
+    st = server.listener.stats
+    try:
+        _, w = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.31", 0))
+        w.close()  # connect and close
+        await wait_for_condition(lambda: st.failures_total["tls_handshake_failed"] == 1, 10, "the reset seen")
+        assert "connection_backoff" not in st.failures_total
+        r, w = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.32", 0))
+        w.write(_client_hello())
+        assert await r.read(1 << 16)  # the server's answer: a key exchange and a signature
+        w.close()
+        await wait_for_condition(lambda: st.failures_total["connection_backoff"] == 1, 10, "the back-off")
+        failed = log.named("tls_handshake_failed")
+        assert failed[-1]["reason"] == "the peer left after our answer to its ClientHello"
+        assert server.listener.addresses.get("127.0.0.32").blocked_until_s > 0
+        assert server.listener.addresses.get("127.0.0.31").failures == 0
+    finally:
+        server.close()
