@@ -57,6 +57,7 @@ CLUSTER_ID = "metalog-hostile"
 WARMUP_S = 2.0  # the attack runs this long before the client measures
 FLOOD_GIVE_UP_S = 2.0  # a flood connection not done by then is dropped by the attacker
 FLOOD_INFLIGHT_MAX = 4000  # attacker's open flood connections (its file descriptors)
+REFUSED_REASONS = ("handshake_queue_full", "backoff")  # the leader's refusals before a handshake, told in the report
 LOG_EVENTS = ("tls_handshake_failed", "bad_frame", "bad_header", "connection_idle_closed", "connection_refused",
               "connection_backoff", "connection_refusals_summary")
 
@@ -238,6 +239,7 @@ def _under_attack(cluster: LocalCluster, leader: int, kind: str, amount: int, du
     host, port = cluster.host, cluster.nodes[leader].port
     log_before = _event_counts(cluster, leader)
     hs_before = _metric(cluster, leader, "metalog_tls_handshake_seconds_total")
+    refused_before = _refused(cluster, leader)
     attacker = subprocess.Popen([sys.executable, "-m", "metalog.tools.bench.hostile", "attacker", kind, host,
                                  str(port), str(amount), str(duration_s + WARMUP_S + 1), bad], cwd=REPO_ROOT,
                                 stdout=subprocess.PIPE, text=True)
@@ -251,10 +253,18 @@ def _under_attack(cluster: LocalCluster, leader: int, kind: str, amount: int, du
         out, _ = attacker.communicate(timeout=duration_s + 60)
     log_after = _event_counts(cluster, leader)
     share = None if hs_before is None or hs_after is None else round((hs_after - hs_before) / window_s, 3)
-    return {"attack": kind, "amount": amount, "under_attack": under,
+    refused_after = _refused(cluster, leader)
+    refused = {why: refused_after[why] - refused_before[why] for why in REFUSED_REASONS}
+    return {"attack": kind, "amount": amount, "under_attack": under, "leader_refused": refused,
             "attacker": json.loads(out.strip().splitlines()[-1]) if out.strip() else {},
             "leader_handshake_loop_share": share,
             "leader_log_lines": {e: log_after[e] - log_before[e] for e in LOG_EVENTS}}
+
+
+def _refused(cluster: LocalCluster, node: int) -> dict[str, float]:
+    """The node's connections refused before a handshake so far, by REFUSED_REASONS (0: none yet)."""
+    return {why: _metric(cluster, node, f'metalog_listener_connections_refused_total{{listener="binary",'
+                                        f'reason="{why}"}}') or 0.0 for why in REFUSED_REASONS}
 
 
 def _event_counts(cluster: LocalCluster, node: int) -> dict[str, int]:
@@ -303,7 +313,8 @@ def format_report(result: dict) -> str:
                      f"{u['errors']} errors; p99 {a['p99_ratio']}x idle (goal <= 2x), commits "
                      f"{a['commits_share']} of idle (goal >= 0.8); leader: CPU {u.get('leader_cpu')} of a core, "
                      f"{a['leader_handshake_loop_share']} of its loop in TLS handshakes, {logged} refusal log "
-                     f"lines; attacker CPU {a['attacker'].get('cpu_per_s')} of a core")
+                     f"lines, refused before a handshake {a.get('leader_refused')}; "
+                     f"attacker CPU {a['attacker'].get('cpu_per_s')} of a core")
     return "\n".join(lines)
 
 
