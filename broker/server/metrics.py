@@ -360,7 +360,7 @@ class ListenerCollector:
                            "Time connections waited before their handshake", lambda s: s.delay_seconds_total)
         yield labelled(CounterMetricFamily, "metalog_listener_connections_refused",
                        "Connections closed before their handshake, by why (max_connections, "
-                       "max_connections_per_ip, abandoned)", "reason", lambda s: s.refused_total)
+                       "max_connections_per_ip, abandoned, handshake_queue_full, backoff)", "reason", lambda s: s.refused_total)
         yield labelled(CounterMetricFamily, "metalog_listener_refusals",
                        "Bad input and failures, by log event (tls_handshake_failed, bad_frame, bad_header, "
                        "bad_request, connection_idle_closed, connection_backoff ...)", "event",
