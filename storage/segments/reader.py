@@ -25,14 +25,11 @@ def read_range(table: SegmentTable, start_offset: int, end_offset: int, bytes_ma
     offset = start_offset
     while k < len(segments):
         seg = segments[k]
-        found = seg.locate(offset)
-        if found is None:
-            k += 1
-            continue
-        first_pos = found[0]
-        end_pos = first_pos
+        first_pos = end_pos = -1  # nothing of this segment yet
         stop = False
-        for pos, _base, size, _epoch, nxt, _attrs in seg.walk(first_pos, seg.size_bytes):
+        for pos, _base, size, _epoch, nxt, _attrs in seg.batches_from(offset):
+            if first_pos < 0:
+                first_pos = end_pos = pos
             if nxt > end_offset or (total + size > bytes_max and total):
                 stop = True
                 break

@@ -288,6 +288,7 @@ class SegmentedLog:
                 active.time_ts_ms.append(ts)
                 active.time_rel.append(r)
             active.max_ts_ms, active.max_rel = plan.max_ts_ms, plan.max_rel
+            active.note_appended(plan.headers, active.size_bytes - n)
             t.end_offset = plan.next_offset
             t.last_epoch = plan.last_epoch
         return plan.headers

@@ -148,6 +148,22 @@ class LogMachine(RuleBasedStateMachine):
         self.end = recovered
         self.flushed = self.end
 
+    @rule(data=st.data())
+    def read_one_batch(self, data):
+        """A read from inside any batch (the recent ones are found from the
+        tail the log remembers, the rest by their headers) starts at that
+        batch, and stops at the end asked or at bytes_max."""
+        live = [b for b in self.batches if b[1] > self.start]
+        if not live:
+            return
+        i = data.draw(st.integers(0, len(live) - 1))
+        base, nxt, _epoch, raw = live[i]
+        offset = data.draw(st.integers(max(base, self.start), nxt - 1))
+        assert self.log.read(offset, self.end, 1) == raw
+        assert self.log.read(offset, nxt, 1 << 30) == raw
+        want = b"".join(b[3] for b in live[i:])
+        assert self.log.read(offset, self.end, 1 << 30) == want
+
     # ------------------------------------------------------- invariants
     @invariant()
     def agrees_with_model(self):
