@@ -166,6 +166,11 @@ class ProducerGuard:
         self._parked.append((token, original))
         return True
 
+    @property
+    def has_parked(self) -> bool:
+        """Some duplicate waits for its original's commit (release has work)."""
+        return bool(self._parked)
+
     def release(self, high_watermark: int | None, is_leader: bool,
                 current_leader: m.LeaderIdAndEpoch) -> Iterator[tuple[Any, m.ProduceResponse]]:
         """Answers for parked duplicates: committed ones with their original

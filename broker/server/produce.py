@@ -360,9 +360,10 @@ class ProducePath:
     def release_duplicates(self) -> None:
         """Answer the parked duplicates whose original is committed (after each step)."""
         core = self._core
-        for (conn, cid), response in self.guard.release(core.high_watermark, core.is_leader,
-                                                        core.current_leader()):
-            conn.send_response(cid, response)
+        if self.guard.has_parked:  # (after every step: no leader struct built for nothing)
+            for (conn, cid), response in self.guard.release(core.high_watermark, core.is_leader,
+                                                            core.current_leader()):
+                conn.send_response(cid, response)
         wall_ms = wall_clock_ms()
         if wall_ms - self._expired_at_ms >= PRODUCER_EXPIRY_INTERVAL_MS:
             self._expired_at_ms = wall_ms

@@ -156,7 +156,7 @@ class Broker:
                                           generation=cfg.storage.snapshot_generation,
                                           cpu_share=cfg.storage.snapshot_cpu_share)
         self._tasks = BackgroundTasks(self.fail)
-        self._last_exposed: tuple[str, int, int] | None = None
+        self._last_exposed: tuple[Any, int, int] | None = None
         self.stopping = False
         self.fatal: str | None = None
         self._follow_up: list[qa.Event] = []  # fed right after the current step's actions
@@ -484,13 +484,14 @@ class Broker:
             # applying what this step's HW committed, not after.
             self.flusher.start_if_wanted()
         self.outbound.follow_core()
-        exposed = (str(core.role), core.epoch, core.leader_id)
+        exposed = (core.role, core.epoch, core.leader_id)  # (str(role) only when it changed)
         if exposed != self._last_exposed:
             self._last_exposed = exposed
-            self.log.info("role_changed", role=exposed[0], epoch=core.epoch, leader_id=core.leader_id,
+            role = str(exposed[0])
+            self.log.info("role_changed", role=role, epoch=core.epoch, leader_id=core.leader_id,
                           high_watermark=core.high_watermark)
-            self.metrics.set_role(exposed[0], core.epoch)
-            self.metrics.raft.on_role(exposed[0])
+            self.metrics.set_role(role, core.epoch)
+            self.metrics.raft.on_role(role)
         hw = core.high_watermark
         if core.is_leader:
             self.metrics.raft.on_high_watermark(hw)

@@ -130,6 +130,11 @@ class KafkaDispatch:
         self._features = features  # the controller state's finalized features (metadata.version)
         self._forwards: set[asyncio.Future[m.Body]] = set()  # bounded: one per request in flight
         self.apis = served_apis(listener_name)
+        # endpoints() as last built, and the voter set it was built from (a
+        # frozen VoterSet, replaced when the log's voters change): a replica's
+        # Fetch answer names the leader's endpoint every time.
+        self._endpoints_of: VoterSet | None = None
+        self._endpoints: dict[int, tuple[str, int]] = {}
         self._supported = {key: (api.min_version, api.max_version) for key, api in self.apis.items()}
 
     # the listener's handler ----------------------------------------------------
@@ -234,12 +239,16 @@ class KafkaDispatch:
     def endpoints(self) -> dict[int, tuple[str, int]]:
         """Every node's Kafka listener: the static map of the config
         (``kafka_endpoints``), overridden by a listener of our name that a
-        voter advertises in the log's voter set (KIP-853)."""
+        voter advertises in the log's voter set (KIP-853). Shared: read it, never change it."""
+        voter_set = self._core.voter_set
+        if voter_set is self._endpoints_of:
+            return self._endpoints
         out = dict(self._static)
-        for nid, listeners in self._core.voter_set.endpoints.items():
+        for nid, listeners in voter_set.endpoints.items():
             for name, host, port in listeners:
                 if name == self._listener_name:
                     out[nid] = (host, port)
+        self._endpoints_of, self._endpoints = voter_set, out
         return out
 
 
