@@ -37,14 +37,6 @@ class CoreTimer:
         deadline_ms = self._core.next_deadline_ms
         if deadline_ms is None or self._stopping():
             return
-        if self._timer is not None and self._timer_deadline_ms is not None and self._timer_deadline_ms <= deadline_ms:
-            # Armed for this deadline or an earlier one: leave it (a cancel and
-            # a call_later per step was 2% of a leader's CPU; most steps only
-            # move deadlines later). Firing early, it re-arms instead of ticking.
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         delay_ms = deadline_ms - now_ms()
         if delay_ms <= 0 and not self._ticking_now:
             # Due already -- typically replica fetches parked at the old log
@@ -53,14 +45,22 @@ class CoreTimer:
             # fsync runs (Kafka's and etcd's leaders write to followers in
             # parallel with their disk write; the HW still counts our log only
             # up to its flushed end). One immediate tick per step at most: a
-            # deadline that stays due goes through the timer below.
-            self._timer_deadline_ms = None
+            # deadline that stays due goes through the timer below. A timer
+            # already armed stays: the tick's own step re-arms it if need be.
             self._ticking_now = True
             try:
                 self._tick()
             finally:
                 self._ticking_now = False
             return
+        if self._timer is not None:
+            if self._timer_deadline_ms is not None and self._timer_deadline_ms <= deadline_ms:
+                # Armed for this deadline or an earlier one: leave it (a cancel
+                # and a call_later per step were 2% of a leader's CPU; most
+                # steps only move deadlines later). Firing early, it re-arms
+                # instead of ticking (_on_timer).
+                return
+            self._timer.cancel()
         self._timer_deadline_ms = deadline_ms
         self._timer = asyncio.get_running_loop().call_later(max(0.0, delay_ms / 1000), self._on_timer)
 
