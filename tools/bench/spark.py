@@ -2,6 +2,17 @@
 
     .venv/bin/python -m metalog.tools.bench.spark                      # 10,000,000 records
     .venv/bin/python -m metalog.tools.bench.spark --records 1000000 --master 'local[2]'
+    .venv/bin/python -m metalog.tools.bench.spark --kafka --master 'local[2]'  # a real Kafka log
+
+With ``--kafka`` the log is a real one, written by Apache Kafka 4.3.1 (the
+harness of metalog.tools.kafka.quorum: three controllers and a broker from
+.kafka/lib) while Kafka's own admin client (librdkafka, confluent_kafka)
+drives it: 1000 topics x 10 partitions, then IncrementalAlterConfigs of 8
+topic configs over every topic per request (8,000 ConfigRecords, under the
+controller's 10,000 records per operation) until the log holds --records
+records. Kafka keeps every segment (metadata.max.retention.bytes/ms = -1).
+The first controller's dir is cached under .bench/ (git-ignored) and reused
+by the next run with the same record count; generation prints its time.
 
 Generates one broker data dir once (kept in --dir and reused when the record
 count matches): 100 brokers, 1000 topics x 10 partitions, then a stream of
@@ -94,6 +105,55 @@ def generate(data_dir: str, records: int, seed: int = 1) -> None:
         log.close()
     with open(os.path.join(data_dir, "bench.json"), "w") as fh:
         json.dump({"records": records, "seed": seed}, fh)
+
+
+KAFKA_TOPICS = 1000
+KAFKA_CONFIG_KEYS = ("retention.ms", "segment.ms", "retention.bytes", "segment.bytes", "max.message.bytes",
+                     "flush.ms", "delete.retention.ms", "min.compaction.lag.ms")
+KAFKA_INFLIGHT_MAX = 8  # requests in flight: keeps Kafka's controller busy without an unbounded queue
+KAFKA_KEEP_ALL = {"metadata.max.retention.bytes": "-1", "metadata.max.retention.ms": "-1",
+                  # Snapshots are not needed (the job replays the whole log); fewer of them, less work.
+                  "metadata.log.max.snapshot.interval.ms": "3600000",
+                  "metadata.log.max.record.bytes.between.snapshots": str(1 << 40)}
+
+
+def generate_kafka(root: str, records: int, seed: int = 1) -> str:
+    """A real Kafka controller quorum writes a metadata log of at least
+    `records` records under root; returns the first controller's log dir."""
+    from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic,
+                                       ResourceType)
+
+    from metalog.tools.kafka import quorum as kq
+
+    rng = random.Random(seed)
+    cluster = kq.KafkaCluster.create(root, brokers=1, heap_mb=512, overrides=KAFKA_KEEP_ALL)
+    cluster.start()
+    try:
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers(), "log_level": 0})
+        topics = [f"topic-{t}" for t in range(KAFKA_TOPICS)]
+        for i in range(0, len(topics), 500):  # 500 x 11 records: under 10,000 per operation
+            for fut in admin.create_topics([NewTopic(t, 10, 1) for t in topics[i:i + 500]],
+                                           operation_timeout=120).values():
+                fut.result()
+        sent, inflight, t0 = 0, [], time.monotonic()
+        set_op = AlterConfigOpType.SET
+        while sent < records:
+            request = [ConfigResource(ResourceType.TOPIC, t, incremental_configs=[
+                ConfigEntry(k, str(rng.randrange(1 << 20, 1 << 30)), incremental_operation=set_op)
+                for k in KAFKA_CONFIG_KEYS]) for t in topics]
+            inflight.append(admin.incremental_alter_configs(request))
+            sent += len(topics) * len(KAFKA_CONFIG_KEYS)
+            if len(inflight) >= KAFKA_INFLIGHT_MAX:
+                for fut in inflight.pop(0).values():
+                    fut.result()
+            if sent % 1_000_000 < len(topics) * len(KAFKA_CONFIG_KEYS):
+                print(f"kafka: {sent:,} config records sent ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
+        for futs in inflight:
+            for fut in futs.values():
+                fut.result()
+    finally:
+        cluster.stop()
+    return cluster.controllers[0].log_dir
 
 
 def broker_replay(data_dir: str, records_max: int) -> tuple[int, float]:
@@ -189,6 +249,36 @@ class TreeCpu:
         return round(sum(self.cpu_by_pid.values()) - sum(self.base_by_pid.values()), 1)
 
 
+def own_data(args) -> str:
+    """Our own generated log (cached in a temp dir per record count)."""
+    base = args.dir or os.path.join(tempfile.gettempdir(), f"metalog-bench-spark-{args.records}")
+    data_dir = os.path.join(base, "data")
+    marker = os.path.join(data_dir, "bench.json")
+    if not (os.path.exists(marker) and json.load(open(marker))["records"] == args.records):
+        shutil.rmtree(base, ignore_errors=True)
+        t0 = time.monotonic()
+        generate(data_dir, args.records)
+        print(f"generated {args.records:,} records in {time.monotonic() - t0:.1f} s into {data_dir}")
+    return data_dir
+
+
+def kafka_data(args) -> str:
+    """A real Kafka log, cached under .bench/ of the checkout (git-ignored)."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    base = args.dir or os.path.join(repo, ".bench", f"spark-kafka-{args.records}")
+    marker = os.path.join(base, "bench.json")
+    if os.path.exists(marker):
+        return json.load(open(marker))["data_dir"]
+    shutil.rmtree(base, ignore_errors=True)
+    t0 = time.monotonic()
+    data_dir = generate_kafka(os.path.join(base, "kafka"), args.records)
+    seconds = time.monotonic() - t0
+    print(f"Kafka wrote {args.records:,}+ records in {seconds:.1f} s into {data_dir}")
+    with open(marker, "w") as fh:
+        json.dump({"records": args.records, "data_dir": data_dir, "generate_seconds": round(seconds, 1)}, fh)
+    return data_dir
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=10_000_000)
@@ -201,18 +291,16 @@ def main() -> int:
     ap.add_argument("--tables", action="store_true",
                     help="also write the Parquet tables and plots (default: --no-tables, the "
                          ".checkpoint and report only)")
+    ap.add_argument("--kafka", action="store_true",
+                    help="replay a real Kafka log (generated once by Kafka 4.3.1, cached under .bench/)")
     args = ap.parse_args()
-    base = args.dir or os.path.join(tempfile.gettempdir(), f"metalog-bench-spark-{args.records}")
-    data_dir = os.path.join(base, "data")
-    marker = os.path.join(data_dir, "bench.json")
-    if not (os.path.exists(marker) and json.load(open(marker))["records"] == args.records):
-        shutil.rmtree(base, ignore_errors=True)
-        t0 = time.monotonic()
-        generate(data_dir, args.records)
-        print(f"generated {args.records:,} records in {time.monotonic() - t0:.1f} s into {data_dir}")
-    broker_n, broker_s = broker_replay(data_dir, min(args.broker_records, args.records))
-    print(f"broker replay (Controller.apply_batches, one process): {broker_n:,} records in "
-          f"{broker_s:.1f} s = {broker_n / broker_s:,.0f} records/s", file=sys.stderr)
+    data_dir = kafka_data(args) if args.kafka else own_data(args)
+    base = os.path.dirname(data_dir)
+    broker_n, broker_s = 0, 0.0
+    if not args.kafka:  # our controller's rate on our own log only: Kafka's log has Kafka's records
+        broker_n, broker_s = broker_replay(data_dir, min(args.broker_records, args.records))
+        print(f"broker replay (Controller.apply_batches, one process): {broker_n:,} records in "
+              f"{broker_s:.1f} s = {broker_n / broker_s:,.0f} records/s", file=sys.stderr)
     out = os.path.join(base, "out")
     t0 = time.monotonic()
     with TreeCpu() as cpu:
@@ -226,14 +314,15 @@ def main() -> int:
     vote_s = rep.get("vote", {}).get("seconds")
     after_start = (read.get("seconds") or 0) + (vote_s or 0) + (replay.get("seconds") or 0)
     stages = rep.get("stages_s", {})
-    spark_rate = round(args.records / after_start) if after_start else None
-    broker_rate = round(broker_n / broker_s)
+    records = read.get("records") or args.records  # Kafka's log: what Kafka wrote, a little over --records
+    spark_rate = round(records / after_start) if after_start else None
+    broker_rate = round(broker_n / broker_s) if broker_s else None
     print("stages (s): " + ", ".join(f"{k} {v}" for k, v in stages.items()), file=sys.stderr)
     print(f"spark {args.master}: {spark_rate:,} records/s (read, vote, replay, checkpoint) beside the "
-          f"broker's own replay: {broker_rate:,} records/s (one process); job CPU {cpu.seconds} s "
-          f"(all processes) for {args.records:,} records", file=sys.stderr)
+          f"broker's own replay: {broker_rate} records/s (one process); job CPU {cpu.seconds} s "
+          f"(all processes) for {records:,} records", file=sys.stderr)
     print(json.dumps({
-        "records": args.records, "master": args.master, "exit_code": code, "tables": args.tables,
+        "records": records, "kafka": args.kafka, "master": args.master, "exit_code": code, "tables": args.tables,
         "read_decode_seconds": read.get("seconds"), "read_records_per_s": read.get("records_per_s"),
         "vote_seconds": vote_s,
         "replay_records": replay.get("records"), "replay_seconds": replay.get("seconds"),
@@ -243,9 +332,9 @@ def main() -> int:
         "stages_s": stages,
         "job_cpu_seconds": cpu.seconds,
         "job_cpu_seconds_by_process": cpu.by_name() if cpu.available else None,
-        "cpu_us_per_record": round(cpu.seconds / args.records * 1e6, 1) if cpu.seconds else None,
+        "cpu_us_per_record": round(cpu.seconds / records * 1e6, 1) if cpu.seconds else None,
         "job_wall_seconds": round(wall, 1),
-        "end_to_end_records_per_s": round(args.records / wall),
+        "end_to_end_records_per_s": round(records / wall),
         "broker_replay_records": broker_n, "broker_replay_seconds": round(broker_s, 2),
         "broker_replay_records_per_s": broker_rate,
         "snapshot_records": rep.get("snapshot", {}).get("records"),
