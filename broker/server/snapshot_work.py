@@ -204,6 +204,8 @@ class SnapshotWork:
     # -- our own snapshots ------------------------------------------------------
     def maybe_start(self) -> None:
         b = self.broker
+        if self.task is not None or b.stopping or b.controller.records_since_snapshot < self.policy.min_records:
+            return  # the policy's answer, before its arguments are built (after every apply)
         snap_id = self.policy.next_snapshot(
             records_since_snapshot=b.controller.records_since_snapshot,
             applied_offset=b.controller.applied_offset, epoch_for_offset=b.core.epochs.epoch_for_offset,

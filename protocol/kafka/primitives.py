@@ -64,10 +64,19 @@ def uuid_to_str(raw: BytesLike) -> str:
     return text
 
 
+_UUID_RAW: dict[str, bytes] = {}  # the reverse of _UUID_TEXT: a follower names its directory in every Fetch
+
+
 def uuid_from_str(text: str) -> bytes:
+    raw = _UUID_RAW.get(text)
+    if raw is not None:
+        return raw
     raw = base64.urlsafe_b64decode(text + "==")
     if len(raw) != 16:
         raise ValueError(f"{text!r} is not a Kafka UUID (22 base64url characters)")
+    if len(_UUID_RAW) >= _UUID_TEXT_MAX:
+        _UUID_RAW.clear()
+    _UUID_RAW[text] = raw
     return raw
 
 
