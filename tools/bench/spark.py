@@ -10,7 +10,8 @@ harness of metalog.tools.kafka.quorum: three controllers and a broker from
 drives it: 1000 topics x 10 partitions, then IncrementalAlterConfigs of 8
 topic configs over every topic per request (8,000 ConfigRecords, under the
 controller's 10,000 records per operation) until the log holds --records
-records. Kafka keeps every segment (metadata.max.retention.bytes/ms = -1).
+records. Kafka keeps every segment (metadata.max.retention.bytes/ms = -1), rolled at
+64 MiB (the job reads one file per task).
 The first controller's dir is cached under .bench/ (git-ignored) and reused
 by the next run with the same record count; generation prints its time.
 
@@ -114,7 +115,10 @@ KAFKA_INFLIGHT_MAX = 8  # requests in flight: keeps Kafka's controller busy with
 KAFKA_KEEP_ALL = {"metadata.max.retention.bytes": "-1", "metadata.max.retention.ms": "-1",
                   # Snapshots are not needed (the job replays the whole log); fewer of them, less work.
                   "metadata.log.max.snapshot.interval.ms": "3600000",
-                  "metadata.log.max.record.bytes.between.snapshots": str(1 << 40)}
+                  "metadata.log.max.record.bytes.between.snapshots": str(1 << 40),
+                  # 64 MiB segments, not Kafka's 1 GiB: the job reads a file per task, so
+                  # one file would be one core's work (our own logs roll at 8 MiB).
+                  "metadata.log.segment.bytes": str(64 << 20)}
 
 
 def generate_kafka(root: str, records: int, seed: int = 1) -> str:
