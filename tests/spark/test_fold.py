@@ -7,6 +7,7 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
+from metalog.broker.controller.state import ControllerState
 from metalog.storage import metadata_records as r
 from tests.spark.workload import random_records, sequential_state
 from metalog.tools.spark import fold
@@ -36,7 +37,7 @@ def test_produced_records_are_data_not_invalid():
     assert fold.key_of(b"\x01")[0] == fold.K_DATA  # ends inside the frame
     broken = r.encode_record(r.FenceBroker(1, 1))[:5]
     assert fold.key_of(broken)[0] == fold.K_INVALID
-    assert fold.key_of(bytes.fromhex("01 0f 00 00")) == (fold.K_UNKNOWN, "ProducerIds")
+    assert fold.key_of(bytes.fromhex("01 0f 00 00")) == (fold.K_PRODUCER_IDS, "")
 
 
 @settings(max_examples=60, deadline=None)
@@ -129,3 +130,25 @@ def test_partition_change_keyed_from_its_head_and_invalid_if_the_rest_is_broken(
     _check(values, [9, 11, 13, 100])
     by_cut, invalid = fold.replay_sequential([(i * 2 + 1, v) for i, v in enumerate(values)], [100])
     assert invalid == 2
+
+
+def test_producer_ids_fold_as_the_controller_replays_them():
+    """Kafka's ProducerIdsRecords: the next id only moves forward; a record
+    that does not (or does not decode) is invalid, the rest are counted by
+    type as well; the rebuilt state's next_producer_id is the controller's."""
+    from metalog.broker.controller import producer_blocks
+
+    values = [r.encode_record(producer_blocks.record(1, 2, 1000)),
+              r.encode_record(producer_blocks.record(1, 2, 500)),  # backwards: invalid
+              bytes.fromhex("01 0f 00 00"),  # too short: invalid
+              r.encode_record(producer_blocks.record(2, 5, 2000))]
+    recs = list(enumerate(values))
+    states, invalid, valid = fold.fold_producer_ids(recs, [2, 4])
+    assert (invalid, valid) == (2, 2)
+    by_cut = {row.cut: producer_blocks.decode(r.decode_record(row.value).raw)[2] for row in states}
+    assert by_cut == {2: 1000, 4: 2000}
+    state = ControllerState()
+    for offset, value in recs:
+        state.apply(offset, r.decode_record(value))
+    assert state.next_producer_id == 2000 and state.invalid_records == 2
+    assert state.unknown_records == {"ProducerIds": 2}

@@ -33,6 +33,10 @@ cross-entity facts exactly:
    always runs.
 6. **ACLs** (key ``A``/ACL id): AccessControlEntry and its removal; an ACL's
    validity depends on its own id and fields only.
+7. **producer ids** (key ``I``): Kafka's ProducerIdsRecord, the blocks of
+   producer ids the controller hands Kafka brokers; the next id only moves
+   forward (controller.producer_blocks). A type the record codec keeps whole,
+   so it is also counted by name with the unmodelled types.
 
 Side tables hold one row per topic lifecycle record / broker record, which in
 any metadata log are few next to partition and config records; the Spark job
@@ -56,6 +60,7 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 
 import msgspec
 
+from metalog.broker.controller import producer_blocks
 from metalog.broker.controller.acl import acl_problem
 from metalog.broker.controller.state import ControllerState, _partition_problem
 from metalog.storage import metadata_records as r
@@ -73,9 +78,10 @@ K_NOOP = "N"
 K_INVALID = "X"  # a metadata record (known api key) that does not decode: invalid
 K_UNKNOWN = "U"  # a Kafka record type we do not model (key: its type name): counted by type
 K_DATA = "D"  # not a metadata record at all (a produced record): no state, counted apart
+K_PRODUCER_IDS = "I"  # Kafka's ProducerIdsRecord: folded (next_producer_id) and counted by type too
 
 # Snapshot sections, in to_records() order.
-SEC_FEATURE, SEC_BROKER, SEC_TOPIC, SEC_PARTITION, SEC_CONFIG, SEC_ACL = range(6)
+SEC_FEATURE, SEC_BROKER, SEC_TOPIC, SEC_PARTITION, SEC_CONFIG, SEC_ACL, SEC_PRODUCER_IDS = range(7)
 SEC_UNMODELLED = 99  # a Kafka record type in a snapshot that we do not model: listed, not compared
 
 _SEP = "\x00"
@@ -138,6 +144,8 @@ def key_of(value: bytes) -> tuple[str, str]:
     if t is r.Config:  # first: most of a config-heavy log (Kafka's IncrementalAlterConfigs)
         return K_CONFIG, f"{rec.resource_type}{_SEP}{rec.resource_name}{_SEP}{rec.name}"
     if t is r.UnknownRecord:
+        if rec.api_key == producer_blocks.RECORD_TYPE:  # the one such type the controller keeps state of
+            return K_PRODUCER_IDS, ""
         return K_UNKNOWN, r.type_name(rec)
     if t in (r.RegisterBroker, r.UnregisterBroker):
         return K_BROKER, str(rec.broker_id)
@@ -575,6 +583,39 @@ def fold_feature(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequence[
     return states, invalid
 
 
+def fold_producer_ids(records: Iterable[tuple[int, bytes]], cuts: Sequence[int]
+                      ) -> tuple[list[StateRow], int, int]:
+    """Kafka's ProducerIdsRecords, as the controller replays them
+    (broker.controller.producer_blocks): the next producer id only moves
+    forward. (states, invalid, valid): the valid ones are also counted by
+    type, as the controller's unknown_records counts them."""
+    next_id = 0
+    states: list[StateRow] = []
+    invalid = 0
+
+    def emit(cut: int) -> None:
+        if next_id > 0:
+            states.append(StateRow(cut, SEC_PRODUCER_IDS, "", 0, "", "",
+                                   r.encode_record(producer_blocks.record(-1, -1, next_id))))
+
+    ci = 0
+    recs = sorted(records, key=lambda x: x[0])
+    for offset, value in recs:
+        ci = _emit_cuts(cuts, ci, offset, emit)
+        rec = r.decode_record(value)
+        try:
+            _broker, _epoch, candidate = producer_blocks.decode(rec.raw)
+        except ValueError:
+            invalid += 1
+            continue
+        if candidate <= next_id:
+            invalid += 1
+            continue
+        next_id = candidate
+    _emit_cuts(cuts, ci, 1 << 62, emit)
+    return states, invalid, len(recs) - invalid
+
+
 def fold_acl(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequence[int]
              ) -> tuple[list[StateRow], int]:
     """One ACL id: controller.py's AccessControlEntry / RemoveAccessControlEntry rules."""
@@ -651,6 +692,8 @@ def replay_sequential(records: Iterable[tuple[int, bytes]], cuts: Sequence[int]
             st, inv = fold_feature(key, recs, cuts)
         elif kind == K_ACL:
             st, inv = fold_acl(key, recs, cuts)
+        elif kind == K_PRODUCER_IDS:
+            st, inv, _valid = fold_producer_ids(recs, cuts)
         else:
             continue
         rows += st
