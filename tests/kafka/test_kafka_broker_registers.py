@@ -88,10 +88,7 @@ def setup(tmp_path_factory):
         yield Setup(cluster, side)
     finally:
         if side is not None:
-            for node in side.nodes.values():
-                if node.proc is not None and node.proc.poll() is None:
-                    node.proc.kill()
-                    node.proc.wait(30)
+            side.kill()
         cluster.stop()
 
 

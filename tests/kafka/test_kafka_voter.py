@@ -176,10 +176,7 @@ def mixed(tmp_path_factory, kafka_jars):
         yield mixed
     finally:
         if side is not None:
-            for node in side.nodes.values():
-                if node.proc is not None and node.proc.poll() is None:
-                    node.proc.kill()
-                    node.proc.wait(30)
+            side.kill()
         cluster.stop()
 
 

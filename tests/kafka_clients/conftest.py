@@ -119,14 +119,19 @@ def kafka_cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("kafka_clients")
     cluster = LocalCluster.create(str(root / "cluster"), voters=3, observers=1, dynamic=True, common=dict(FAST))
     try:
-        cluster.start()
-        leader, _ = cluster.wait_for_leader(30)
-        # Every node knows the leader before a client asks any of them.
-        cluster.wait_for(lambda: all((cluster.quorum(n) or {}).get("leader_id") == leader for n in cluster.nodes),
-                         30, "every node to know the leader")
-        kc = KafkaCluster(cluster)
-        for nid, (host, port) in kc.kafka_ports.items():
-            cluster.wait_for(lambda: _accepts(host, port), 30, f"node {nid}'s Kafka listener")
-        yield kc
+        yield start_for_clients(cluster)
     finally:
         cluster.stop()
+
+
+def start_for_clients(cluster: LocalCluster) -> "KafkaCluster":
+    """Start `cluster` and return once every node knows the leader (before a
+    client asks any of them) and every Kafka listener accepts."""
+    cluster.start()
+    leader, _ = cluster.wait_for_leader(30)
+    cluster.wait_for(lambda: all((cluster.quorum(n) or {}).get("leader_id") == leader for n in cluster.nodes),
+                     30, "every node to know the leader")
+    kc = KafkaCluster(cluster)
+    for nid, (host, port) in kc.kafka_ports.items():
+        cluster.wait_for(lambda: _accepts(host, port), 30, f"node {nid}'s Kafka listener")
+    return kc

@@ -23,7 +23,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from metalog.tools.cluster.launcher import LocalCluster
-from tests.kafka_clients.conftest import FAST, KafkaCluster, _accepts
+from tests.kafka_clients.conftest import FAST, KafkaCluster, start_for_clients
 
 DEADLINE_S = 30
 NOT_CONTROLLER, INVALID_UPDATE_VERSION, CLUSTER_AUTHORIZATION_FAILED = 41, 95, 31
@@ -34,13 +34,7 @@ def voters3(tmp_path_factory):
     root = tmp_path_factory.mktemp("admin_failover")
     cluster = LocalCluster.create(str(root / "cluster"), voters=3, observers=0, dynamic=True, common=dict(FAST))
     try:
-        cluster.start()
-        leader, _ = cluster.wait_for_leader(30)
-        cluster.wait_for(lambda: all((cluster.quorum(n) or {}).get("leader_id") == leader for n in cluster.nodes),
-                         30, "every node to know the leader")
-        kc = KafkaCluster(cluster)
-        for nid, (host, port) in kc.kafka_ports.items():
-            cluster.wait_for(lambda: _accepts(host, port), 30, f"node {nid}'s Kafka listener")
+        kc = start_for_clients(cluster)
         # create_topic places replicas on registered brokers: one is enough for replication factor 1.
         out = subprocess.run([sys.executable, "-m", "metalog.tools.cli", "brokers", "register", "1", "--bootstrap",
                               ",".join(f"{h}:{p}" for h, p in cluster.bootstrap()), "--cluster-id",

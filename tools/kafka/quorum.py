@@ -337,6 +337,13 @@ class KafkaCluster:
                     node.proc.kill()
                     node.proc.wait(10)
 
+    def kill(self, timeout_s: float = 30.0) -> None:
+        """kill -9 every node still running (a test's teardown: nothing to shut down in order)."""
+        for node in self.nodes.values():
+            if node.proc is not None and node.proc.poll() is None:
+                node.proc.kill()
+                node.proc.wait(timeout_s)
+
     # ----------------------------------------------------------------- tools
 
     def tool(self, main_class: str, args: Sequence[str], timeout_s: float = 120.0,
