@@ -202,6 +202,7 @@ class CommandQueue:
         self._queue: collections.deque[tuple[CommandToken, m.ControllerCommandRequest]] = collections.deque()
         self.in_flight: CommandToken | None = None
         self._in_flight_result: Any = None  # a lifecycle command's answer fields, sent once its records commit
+        self._in_flight_skip = 0  # records before the in-flight command's own (metadata.version)
         self.sessions = brokers.BrokerSessions(session_timeout_ms)
         self._on_session_fenced = on_session_fenced  # (broker id, error code of the fence's append)
 
@@ -280,10 +281,15 @@ class CommandQueue:
                     base_offset=controller.applied_offset, leader_epoch=core.epoch, result=page)))
                 continue
             result = None
+            skip = 0
             try:
                 if body.command in LIFECYCLE:
                     records, result = self._run_lifecycle(controller, body, core)
                 else:
+                    # The record build_command puts first on a log without
+                    # metadata.version is not the command's: its answer names
+                    # the offset of its own first record.
+                    skip = 0 if controller.state.metadata_version_logged else 1
                     records = build_command(controller, body.command, body.args)
             except CommandError as exc:
                 answers.append((token, m.ControllerCommandResponse(error_code=exc.error_code,
@@ -300,6 +306,7 @@ class CommandQueue:
                 continue
             self.in_flight = token
             self._in_flight_result = result
+            self._in_flight_skip = skip if records else 0
             return answers, (token, records)
         if not self._queue and self.in_flight is None and core.is_leader \
                 and controller.applied_offset >= core.log_end_offset:
@@ -311,9 +318,11 @@ class CommandQueue:
         invariant(token is self.in_flight, "an answer for a command that is not in flight")
         self.in_flight = None
         result, self._in_flight_result = self._in_flight_result, None
+        skip, self._in_flight_skip = self._in_flight_skip, 0
+        base_offset = response.base_offset + skip if response.error_code == Errors.NONE else response.base_offset
         return token, m.ControllerCommandResponse(
             error_code=response.error_code, error_message=response.error_message,
-            base_offset=response.base_offset, leader_epoch=response.leader_epoch,
+            base_offset=base_offset, leader_epoch=response.leader_epoch,
             current_leader=response.current_leader, result=None if response.error_code else result)
 
     def fail_all(self, error_code: int, message: str) -> list[Answer]:

@@ -86,10 +86,13 @@ def test_queue_runs_one_command_at_a_time_and_answers_from_the_core_response():
     assert again == [] and none is None
     end = commit(c, records)
     tok, resp = q.done(token, m.ProduceResponse(base_offset=0, leader_epoch=3))
-    assert tok is token and resp.error_code == Errors.NONE and resp.base_offset == 0
+    # the answer names the command's own record (offset 1), not the metadata.version before it
+    assert tok is token and resp.error_code == Errors.NONE and resp.base_offset == 1
     assert q.runnable
-    answers, (token2, _records) = q.pump(c, LeaderView(True, 1, 3, end))
-    assert token2.correlation_id == 2
+    answers, (token2, records2) = q.pump(c, LeaderView(True, 1, 3, end))
+    assert token2.correlation_id == 2 and len(records2) == 1
+    _tok, resp2 = q.done(token2, m.ProduceResponse(base_offset=end, leader_epoch=3))
+    assert resp2.base_offset == end  # nothing before the second command's record
 
 
 def test_queue_waits_until_every_record_in_the_log_is_applied():

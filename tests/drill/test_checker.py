@@ -150,3 +150,29 @@ def test_read_replica_from_a_real_log_dir(tmp_path):
     assert (rep.log_start, rep.log_end, len(rep.batches)) == (0, 5, 3)
     assert rep.records(5)[3] == (b"b3", 2)
     assert run(clean_history(), [rep, replica(1, BATCHES)]).ok
+
+
+def test_metadata_version_the_quorum_writes_is_not_a_write_to_account_for():
+    """The controller puts a metadata.version FeatureLevelRecord before the
+    first metadata record of a log (as Kafka's log holds one): no client wrote
+    it, so it is accounted like a control record, and a consumer that read it
+    is no breach; a client's record with the same name prefix is still data."""
+    from metalog.storage import metadata_records as MR
+    from metalog.tools.drill.checker import written_by_quorum
+
+    mv = MR.encode_record(MR.FeatureLevel(MR.METADATA_VERSION, 21))
+    assert written_by_quorum(mv)
+    assert not written_by_quorum(MR.encode_record(MR.FeatureLevel("kraft.version", 1)))
+    assert not written_by_quorum(mv[:-3] + b"garbage")
+    batches = [(0, 1, [b"a0", b"a1"]), (2, 1, [mv]), (3, 1, [b"a3"])]
+    h = History()
+    for off, v in ((0, b"a0"), (1, b"a1"), (3, b"a3")):
+        h.acks.append(Ack(v, off, 1, ts=float(off)))
+        h.attempted.add(v)
+    h.roles = [RoleEvent(1, 0.0, "leader", 1, 1)]
+    h.seen = [Seen(0, off, 1, v, ts=10.0) for off, v in ((0, b"a0"), (1, b"a1"), (2, mv), (3, b"a3"))]
+    res = run(h, [replica(n, batches) for n in (1, 2, 3)], commit_end=4)
+    assert res.ok, res.summary()
+    assert 2 in res.control and res.stats["verified_offsets"] == 3
+    h.acks.append(Ack(b"a2", 2, 1, ts=2.0))  # a write acknowledged at the quorum's own record's offset
+    assert not run(h, [replica(n, batches) for n in (1, 2, 3)], commit_end=4).ok

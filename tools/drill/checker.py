@@ -32,6 +32,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from metalog.storage import batch as B
+from metalog.storage import metadata_records as MR
 from metalog.storage.segments import SegmentedLog
 
 PARTITION_DIR = "__cluster_metadata-0"
@@ -284,7 +285,8 @@ class _Committed:
             prev = (base, nxt, source)
 
     def records(self) -> tuple[dict[int, tuple[bytes, int, str]], set[int]]:
-        """offset -> (value, epoch, source) of data records, and the offsets of control records."""
+        """offset -> (value, epoch, source) of data records, and the offsets of
+        control records and of records the quorum writes itself (written_by_quorum)."""
         out: dict[int, tuple[bytes, int, str]] = {}
         control: set[int] = set()
         for base, (nxt, epoch, raw, source) in self.batches.items():
@@ -293,8 +295,28 @@ class _Committed:
                 control.update(range(base, nxt))
                 continue
             for i, value in enumerate(B.decode_records(raw, h)):
-                out[base + i] = (value, epoch, source)
+                if written_by_quorum(value):
+                    control.add(base + i)
+                else:
+                    out[base + i] = (value, epoch, source)
         return out, control
+
+
+_METADATA_VERSION_PREFIX = MR.encode_record(MR.FeatureLevel(MR.METADATA_VERSION, 1))[:-3]
+
+
+def written_by_quorum(value: bytes) -> bool:
+    """A record no client wrote: the metadata.version FeatureLevelRecord the
+    controller puts before the first metadata record of a log, as Kafka's log
+    holds one. The drill never writes one; like a control record it is not a
+    write to account for."""
+    if not value.startswith(_METADATA_VERSION_PREFIX):
+        return False
+    try:
+        rec = MR.decode_record(value)
+    except MR.MetadataRecordError:
+        return False
+    return type(rec) is MR.FeatureLevel and rec.name == MR.METADATA_VERSION
 
 
 def check_consumer_gaps(history: History, control: set[int], known: set[int]) -> tuple[list[Breach], int]:

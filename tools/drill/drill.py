@@ -72,7 +72,8 @@ from metalog.tools.cluster.compose import cluster_from_compose
 from metalog.tools.cluster import membership
 from metalog.tools.cluster.launcher import LocalCluster
 from metalog.tools.drill.archive import SegmentArchive
-from metalog.tools.drill.checker import Ack, History, HwSample, Reset, RoleEvent, Seen, Truncation, check, read_replica
+from metalog.tools.drill.checker import (Ack, History, HwSample, Reset, RoleEvent, Seen, Truncation, check,
+                                         read_replica, written_by_quorum)
 from metalog.tools.drill.faultproxy import FaultProxy
 from metalog.tools.drill.history import PORCUPINE_BIN, HistoryFile, run_porcupine, text
 from metalog.tools.drill import compound, netfaults
@@ -326,7 +327,8 @@ class Drill:
                     continue
                 self.hist.complete(f"c{cid}", "read", "ok", {
                     "from": start, "next": consumer.position,
-                    "records": [[r.offset, text(r.value), r.leader_epoch] for r in records]})
+                    "records": [[r.offset, text(r.value), r.leader_epoch] for r in records
+                                if not written_by_quorum(r.value)]})
                 ts = time.time()
                 for r in records:
                     self.history.seen.append(Seen(cid, r.offset, r.leader_epoch, r.value, ts))
