@@ -235,7 +235,7 @@ class Broker:
             data_dir=cfg.data_dir, metrics=self.metrics, logger=self.log, health_problems=self.health_problems,
             seen=set(local.corruption_seen))
         self.flusher = Flusher(self, self.group_commit, self.seg_log.flush, lambda: self.seg_log.log_end_offset,
-                               lambda: core.is_leader, self.metrics, self.trace)
+                               lambda: cfg.storage.leader_flush_thread and core.is_leader, self.metrics, self.trace)
         self._timer = CoreTimer(core, self._tick, stopping=lambda: self.stopping)
         self.metrics.bind_raft_view(lambda: raft_view(core, cfg.node_id, self.voters))
         self._idle = IdleSampler(self.metrics.loop_idle, stopping=lambda: self.stopping)
