@@ -1,17 +1,23 @@
 """What keeps a listener's cost bounded under hostile load (issue 34).
 
-* ``HANDSHAKE_METER``: the event-loop time spent inside TLS handshakes,
-  measured where it is spent (every ``do_handshake`` call of a server-side
-  ``ssl.SSLObject``, uvloop's and asyncio's alike: both create it through
-  ``SSLContext.wrap_bio``, which makes a ``TimedSSLObject`` once
-  ``meter_handshakes(ctx)`` has set the context's ``sslobject_class``). One
-  meter per process: the loop's time is one budget, whichever listener
-  spends it.
+* ``HANDSHAKE_METER``: the time spent inside server-side TLS handshakes.
+  The listeners of ``metalog.broker.net.listener`` run them in a handshake
+  thread (``metalog.broker.net.tls_transport``), which reports each step's
+  thread CPU time; a handshake run by uvloop's or asyncio's own SSL
+  transport (a connection of another accept loop) runs on the loop and is
+  measured where it is spent (every ``do_handshake`` call of a
+  ``TimedSSLObject``, which ``SSLContext.wrap_bio`` makes once
+  ``meter_handshakes(ctx)`` has set the context's ``sslobject_class``),
+  counted apart in ``loop_seconds_total``. One meter per process: the
+  handshakes share one budget, whichever listener spends it.
 * ``HandshakePacer``: when a listener may start its next handshake so that
-  handshakes take at most ``share`` of the loop: starts are spaced by the
+  handshakes take at most ``share`` of one core (the handshake thread's, or
+  the loop's for handshakes on the loop): starts are spaced by the
   measured mean cost of a handshake divided by the share (1 ms at 0.25: one
   start per 4 ms, 250 a second), and none starts while the measured share
-  of the last second is above it.
+  of the last second is above it. Off the loop it bounds what a flood takes
+  from the machine (the broker's other threads and processes share its
+  cores), no longer the loop's own time.
 * ``RefusalLog``: refusals an attacker controls (failed handshakes, bad
   frames, refused or delayed connections, back-offs) are logged in full up
   to ``lines_max`` times per reason per interval; the rest are counted and
@@ -45,7 +51,8 @@ class HandshakeMeter:
         self._clock = clock
         self._decay_s = decay_s
         self._mean_decay_s = mean_decay_s
-        self.seconds_total = 0.0
+        self.seconds_total = 0.0  # every handshake step, on the loop or in a handshake thread
+        self.loop_seconds_total = 0.0  # of which on the loop thread (uvloop's or asyncio's own SSL transports)
         self.handshakes_total = 0  # started
         self._recent_s = 0.0  # seconds spent, decayed over decay_s
         self._mean_s = 0.0  # seconds spent, decayed over mean_decay_s
@@ -65,10 +72,13 @@ class HandshakeMeter:
     def started(self) -> None:
         self.handshakes_total += 1
 
-    def spent(self, seconds: float, first: bool) -> None:
-        """One handshake step took `seconds`; `first`: the handshake's first step."""
+    def spent(self, seconds: float, first: bool, on_loop: bool = True) -> None:
+        """One handshake step took `seconds`; `first`: the handshake's first step;
+        `on_loop`: it ran on the loop thread (else in a handshake thread)."""
         self._decay()
         self.seconds_total += seconds
+        if on_loop:
+            self.loop_seconds_total += seconds
         self._recent_s += seconds
         self._mean_s += seconds
         if first:

@@ -20,8 +20,9 @@ socket and before its TLS handshake, whether and when it starts:
   ``failed_connections_before_backoff`` failures (handshakes, bad frames,
   idle half-frames; ``metalog.broker.net.backoff.AddressPolicy``), at most
   ``max_connection_creation_rate`` a second on the whole listener, and TLS
-  handshakes paced to at most ``ssl_handshake_loop_share`` of the event
-  loop's time (``metalog.broker.net.guard``). When
+  handshakes paced to at most ``ssl_handshake_loop_share`` of a core
+  (``metalog.broker.net.guard``; they run in a handshake thread,
+  ``metalog.broker.net.tls_transport``, not on the loop). When
   ``max_delayed_connections`` wait, the listener stops accepting: the rest
   wait in the kernel's backlog, then in the peer's SYN retries;
 * the ``exempt_hosts`` (the quorum's own peers) are never delayed or
@@ -44,6 +45,7 @@ import functools
 import heapq
 import itertools
 import math
+import os
 import socket
 import ssl
 from dataclasses import dataclass
@@ -53,6 +55,7 @@ from metalog.broker.net.backoff import AddressPolicy, RateSlots
 from metalog.broker.net.guard import HandshakePacer, ListenerStats, RefusalLog, meter_handshakes
 from metalog.broker.net.library_logging import library_logger
 from metalog.broker.net.server import Connection
+from metalog.broker.net.tls_transport import TlsSocketTransport
 
 ACCEPT_BATCH_MAX = 64  # sockets accepted per readiness callback: other callbacks run between batches
 STARTS_PER_TURN_MAX = 16  # delayed connections started per timer callback
@@ -61,6 +64,9 @@ LISTEN_BACKLOG = 1024  # the kernel's queue of connections we have not accepted 
 TCP_ESTABLISHED = 1  # tcp_info.tcpi_state of a connection its peer has not closed (Linux)
 HANDSHAKE_QUEUE_WAIT_S = 0.25  # the handshake queue holds what the pacer starts in this long...
 HANDSHAKE_QUEUE_MIN = 16  # ...and at least this many
+# Handshakes in a handshake thread on our own transport (tls_transport); "0" in the environment
+# keeps them in uvloop's transport on the loop thread: the benches' A/B switch, not a setting.
+HANDSHAKE_THREADS_ON = os.environ.get("METALOG_TLS_HANDSHAKE_THREADS", "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,7 @@ class ListenerLimits:
     failed_connections_before_backoff: int = 5
     failed_connection_backoff_ms: int = 1000
     failed_connection_backoff_max_ms: int = 60_000
-    ssl_handshake_loop_share: float = 0.25  # of the event loop's time for handshakes; 0: not paced
+    ssl_handshake_loop_share: float = 0.25  # of a core for handshakes (the handshake thread's); 0: not paced
     max_delayed_connections: int = 1024  # accepted and waiting; above it accepting stops
     exempt_hosts: frozenset[str] = frozenset()  # names or addresses never delayed or refused (the peers)
     refusal_log_interval_ms: int = 10_000
@@ -480,10 +486,29 @@ class _Acceptor:
         self._timer = self._loop.call_at(at_s, self._pump)
 
     def _start(self, w: _Waiting, now_s: float) -> None:
-        self._listener.starting(w.host, now_s, w.arrived_s)
-        self._listener.stats.delayed_now = self.delayed
+        listener = self._listener
+        listener.starting(w.host, now_s, w.arrived_s)
+        listener.stats.delayed_now = self.delayed
+        if listener.tls is not None and HANDSHAKE_THREADS_ON:
+            self._start_tls(w)
+            return
         task = self._loop.create_task(self._loop.connect_accepted_socket(self._make, w.sock))
         task.add_done_callback(functools.partial(self._started, w))
+
+    def _start_tls(self, w: _Waiting) -> None:
+        """A TLS connection on our own transport: its handshake runs in a handshake thread."""
+        listener = self._listener
+        try:
+            transport = TlsSocketTransport.accept(w.sock, listener.server_context(), w.sock.getpeername(),
+                                                  exempt=w.host in listener.exempt)
+        except (OSError, ValueError) as exc:  # the peer already left (ENOTCONN), or the context is unusable
+            listener.refused("connection_start_failed", w.host, peer=w.peer, error=repr(exc))
+            w.sock.close()
+            listener.uncount_arrival(w.host, w.peer, started=True)
+            return
+        conn = self._make()
+        transport.set_protocol(conn)
+        conn.connection_made(transport)
 
     def _started(self, w: _Waiting, task: asyncio.Task) -> None:
         if task.cancelled() or task.exception() is not None:

@@ -15,8 +15,11 @@ pause/resume reading for the bounds below and dispatches requests without a
 task per connection. Works on the default loop and on uvloop.
 
 Security (docs/security.md): with a ``tls`` provider (``metalog.broker.net.tls.TlsFiles``)
-every accepted connection does a mutual-TLS handshake (``loop.start_tls``,
-bounded by ``handshake_timeout_ms``) before its first request is read;
+every accepted connection does a mutual-TLS handshake (bounded by
+``handshake_timeout_ms``) before its first request is read: in a handshake
+thread on a transport of our own (``metalog.broker.net.tls_transport``) for
+connections of our ``Listener``'s accept loop, ``loop.start_tls`` for a
+transport made by another (``loop.create_server``);
 ``conn.principal`` is then the peer certificate's principal (``ANONYMOUS``
 without TLS) and ``conn.peer`` its address. A ``Listener``
 (``metalog.broker.net.listener``) decides before
@@ -119,16 +122,19 @@ class Connection(asyncio.Protocol):
         self._raw_transport = transport
         if self.peer_host not in listener.exempt:
             self._probe_fd = _dup_fd(transport)
-        # start_tls must take the transport over now, inside connection_made:
-        # uvloop starts reading right after connection_made returns, and a
-        # ClientHello read by this protocol would be lost to the handshake.
-        started = _Started(asyncio.get_running_loop().start_tls(
-            transport, self, listener.server_context(), server_side=True,
-            ssl_handshake_timeout=listener.handshake_timeout_ms / 1000,
-        ))
+        timeout_s = listener.handshake_timeout_ms / 1000
+        handshake = getattr(transport, "handshake", None)
+        if handshake is not None:  # our listener's TlsSocketTransport: the handshake runs in a thread
+            started: Any = handshake(timeout_s)
+        else:
+            # start_tls must take the transport over now, inside connection_made:
+            # uvloop starts reading right after connection_made returns, and a
+            # ClientHello read by this protocol would be lost to the handshake.
+            started = _Started(asyncio.get_running_loop().start_tls(
+                transport, self, listener.server_context(), server_side=True, ssl_handshake_timeout=timeout_s))
         listener.spawn(self._handshake(transport, started, listener))
 
-    async def _handshake(self, transport: Any, started: "_Started", listener: "Listener") -> None:
+    async def _handshake(self, transport: Any, started: Any, listener: "Listener") -> None:
         try:
             ssl_transport = await started
         except (OSError, TimeoutError, EOFError) as exc:  # ssl.SSLError is an OSError
@@ -138,9 +144,10 @@ class Connection(asyncio.Protocol):
             # the address's back-off only once the peer has had our answer to its
             # ClientHello (what a handshake flood does: costly for us, free for it), as
             # protocol errors and stalls do.
-            left = not isinstance(exc, ssl.SSLError) and self._peer_had_our_answer()
+            timed_out = is_handshake_timeout(exc)
+            left = not isinstance(exc, ssl.SSLError) and not timed_out and self._peer_had_our_answer()
             listener.failed(self, "tls_handshake_failed",
-                            count=isinstance(exc, ssl.SSLError) or is_handshake_timeout(exc) or left,
+                            count=isinstance(exc, ssl.SSLError) or timed_out or left,
                             reason=LEFT_AFTER_ANSWER if left else handshake_failure_reason(exc))
             # close, not abort: the TLS alert (unknown CA, expired...) reaches the
             # client, which can then tell its user why.

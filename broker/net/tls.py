@@ -198,9 +198,13 @@ class TlsFiles:
             raise InvariantViolation("TlsFiles built without a server context")
         return self._server
 
-    def _use_current(self, sslobj: ssl.SSLObject, _server_name: str | None, ctx: ssl.SSLContext) -> None:
-        current = self.server()
-        if ctx is not current:
+    def _use_current(self, sslobj: Any, _server_name: str | None, ctx: ssl.SSLContext) -> None:
+        # Runs inside a handshake, in a handshake thread for our own listeners
+        # (metalog.broker.net.tls_transport): it reads the current context and
+        # leaves the reload (file checks, a rebuild) to the loop thread, which
+        # checks before every handshake and on the listener's sweep.
+        current = self._server
+        if current is not None and ctx is not current:
             sslobj.context = current
 
     def own_cert_problem(self) -> str | None:
