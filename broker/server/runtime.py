@@ -21,7 +21,7 @@ it uses (a Protocol or the few objects it needs):
     inbound.py            requests from the wire, each to the one that handles it
     produce.py            Produce requests: group commit, idempotence, InitProducerId
     outbound.py           SendRequest to the peers, and where the peers are
-    flushing.py           the log's fsyncs (a worker thread for a leader), the unlink thread
+    flushing.py           the log's fsyncs (on the loop; a thread with leader_flush_thread), the unlink thread
     timers.py             the core's next deadline, the loop-idle sampler
     corruption.py         damaged data found while running: quarantine, re-fetch, fail-stop
     snapshot_work.py      snapshot downloads and installs, our own snapshots
