@@ -1,7 +1,7 @@
 """Group commit of client writes: when queued records become one append.
 
 Sans-IO policy the runtime drives (no asyncio, no clock): the runtime owns
-the timers and the flush thread and tells the policy what happened; the
+the timers and the fsyncs and tells the policy what happened; the
 policy keeps the queue and says what to do next.
 
 Adaptive by default (``linger_ms`` = 0): while the disk is idle a write is
