@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import os
 import socket
 import ssl
 import threading
@@ -45,6 +46,10 @@ RECV_BYTES = 256 * 1024  # per recv call: more than one TLS record (16 KiB), so 
 TLS_RECORD_BYTES_MAX = 16 * 1024  # plaintext bytes of a full TLS record
 READ_BYTES_PER_CALL_MAX = 1 << 20  # per readiness callback: other callbacks run between such batches
 DEFAULT_HIGH_WATER_BYTES = 64 * 1024  # asyncio's defaults for a transport's write buffer
+# Strangers' handshakes yield the CPU to the loop and to the other processes of a busy machine
+# (a quorum's peers, its clients): off the loop, the scheduler can tell them apart. Peers' are not
+# lowered. Raising a nice value needs no privilege.
+STRANGERS_THREAD_NICE = int(os.environ.get("METALOG_TLS_HANDSHAKE_NICE", "10"))
 _DONE, _WANT_READ, _WANT_WRITE = "done", "want_read", "want_write"
 
 
@@ -79,8 +84,19 @@ class HandshakeThreads:
         pool = self._pools.get(exempt)
         if pool is None:
             name = "metalog-tls-peers" if exempt else "metalog-tls"
-            pool = self._pools[exempt] = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+            nice = 0 if exempt else STRANGERS_THREAD_NICE
+            pool = self._pools[exempt] = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix=name, initializer=_lower_priority, initargs=(nice,))
         return pool
+
+
+def _lower_priority(nice: int) -> None:
+    """Make the calling thread `nice` steps less favoured by the scheduler (Linux: per thread)."""
+    if nice and hasattr(os, "setpriority") and hasattr(threading, "get_native_id"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        except OSError:
+            pass  # not allowed here: the handshakes run at the process's priority
 
 
 HANDSHAKE_THREADS = HandshakeThreads()

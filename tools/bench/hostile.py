@@ -25,9 +25,10 @@ Prints, per attack (each after an idle window of its own, so that other
 work on the machine skews both alike): idle and attacked p50/p99, the p99
 ratio (goal <= 2x),
 commits per second both ways (goal: attacked >= 80% of idle), errors, the
-share of the leader's loop spent in TLS handshakes (its
-``metalog_tls_handshake_seconds`` over the window) and how many log lines the
-leader wrote per refusal event.
+share of a core the leader spent in TLS handshakes (its
+``metalog_tls_handshake_seconds`` over the window: the CPU time of its
+handshake thread, off the loop since issue 34's handshake threads) and how
+many log lines the leader wrote per refusal event.
 """
 
 from __future__ import annotations
@@ -312,7 +313,7 @@ def format_report(result: dict) -> str:
         lines.append(f"  under {what}: p50 {u['p50_ms']} ms p99 {u['p99_ms']} ms, {u['commits_per_s']}/s, "
                      f"{u['errors']} errors; p99 {a['p99_ratio']}x idle (goal <= 2x), commits "
                      f"{a['commits_share']} of idle (goal >= 0.8); leader: CPU {u.get('leader_cpu')} of a core, "
-                     f"{a['leader_handshake_loop_share']} of its loop in TLS handshakes, {logged} refusal log "
+                     f"{a['leader_handshake_loop_share']} of a core in TLS handshakes, {logged} refusal log "
                      f"lines, refused before a handshake {a.get('leader_refused')}; "
                      f"attacker CPU {a['attacker'].get('cpu_per_s')} of a core")
     return "\n".join(lines)
