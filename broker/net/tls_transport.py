@@ -94,7 +94,8 @@ def _lower_priority(nice: int) -> None:
     """Make the calling thread `nice` steps less favoured by the scheduler (Linux: per thread)."""
     if nice and hasattr(os, "setpriority") and hasattr(threading, "get_native_id"):
         try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
         except OSError:
             pass  # not allowed here: the handshakes run at the process's priority
 

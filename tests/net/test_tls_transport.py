@@ -16,7 +16,7 @@ from metalog.broker.net.channel import PeerChannel
 from metalog.broker.net.guard import HANDSHAKE_METER
 from metalog.broker.net.listener import ListenerLimits
 from metalog.broker.net.tls import TlsFiles, TlsPaths
-from metalog.broker.net.tls_transport import HANDSHAKE_THREADS, TlsSocketTransport
+from metalog.broker.net.tls_transport import HANDSHAKE_THREADS, STRANGERS_THREAD_NICE, TlsSocketTransport
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
 from metalog.tools.cluster import certs
@@ -223,6 +223,12 @@ async def test_a_client_hello_flood_is_answered_in_the_handshake_thread_and_a_pe
     assert HANDSHAKE_METER.loop_seconds_total == loop_seconds  # ...and none on the loop
     assert {"metalog-tls_0", "metalog-tls-peers_0"} <= HANDSHAKE_THREADS.thread_names
     assert threading.current_thread().name not in HANDSHAKE_THREADS.thread_names
+    # the strangers' thread yields the CPU to the rest (unless the process is as low as it goes)
+    nice = {t.name: os.getpriority(os.PRIO_PROCESS, t.native_id) for t in threading.enumerate()
+            if t.name in ("metalog-tls_0", "metalog-tls-peers_0")}
+    process_nice = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread's
+    assert nice["metalog-tls-peers_0"] == process_nice
+    assert nice["metalog-tls_0"] == min(19, process_nice + STRANGERS_THREAD_NICE)
     lateness_s.sort()
     # Loose bounds (a loaded machine delays any timer): a handshake on the loop costs ~1 ms
     # each, back to back under a flood; here the ticker waits for the flood thread's GIL only.
