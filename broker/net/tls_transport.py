@@ -149,6 +149,7 @@ class TlsSocketTransport(asyncio.Transport):
         """Run the handshake (its steps in a handshake thread); raises as ``loop.start_tls`` would."""
         first = True
         async with asyncio.timeout(timeout_s):
+            await self._ready_for(False)  # the ClientHello (a port probe that sends nothing costs no thread step)
             for _ in range(HANDSHAKE_STEPS_MAX):
                 outcome, seconds, error = await self._run_step()
                 self._meter.spent(seconds, first, on_loop=False)
@@ -196,17 +197,22 @@ class TlsSocketTransport(asyncio.Transport):
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         if name == "peername":
             return self._peername
-        if name == "socket":
-            return None if self._closed else self._sock
-        if name in ("ssl_object", "sslcontext", "peercert", "cipher", "sockname"):
-            if self._closed or not self._ready and name in ("peercert", "cipher"):
-                return default
-            try:
-                return {"ssl_object": lambda: self._sock, "sslcontext": lambda: self._sock.context,
-                        "peercert": self._sock.getpeercert, "cipher": self._sock.cipher,
-                        "sockname": self._sock.getsockname}[name]()
-            except (OSError, ValueError):
-                return default
+        if self._closed:
+            return default
+        sock = self._sock
+        if name in ("socket", "ssl_object"):
+            return sock
+        if name == "sslcontext":
+            return sock.context
+        try:
+            if name == "sockname":
+                return sock.getsockname()
+            if name == "peercert" and self._ready:
+                return sock.getpeercert()
+            if name == "cipher" and self._ready:
+                return sock.cipher()
+        except (OSError, ValueError):
+            pass
         return default
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
