@@ -13,9 +13,21 @@ from tests.spark.workload import random_records, sequential_state
 from metalog.tools.spark import fold
 
 
-def _check(values: list[bytes], cuts: list[int]) -> None:
+def _files(offsets: list[tuple[int, bytes]], rng: random.Random) -> list[tuple[int, bytes, str]]:
+    """The records cut into 1-4 'files' at random points, the files in a random
+    order (a task may hold several, not adjacent), each file's records in order."""
+    bounds = sorted(rng.sample(range(1, len(offsets)), min(3, len(offsets) - 1))) if len(offsets) > 1 else []
+    files = [offsets[a:b] for a, b in zip([0, *bounds], [*bounds, len(offsets)])]
+    rng.shuffle(files)
+    return [(o, v, f"f{o0}") for part in files for o0 in [part[0][0]] for o, v in part]
+
+
+def _check(values: list[bytes], cuts: list[int], rng: random.Random | None = None) -> None:
     offsets = [(i * 2 + 1, v) for i, v in enumerate(values)]  # gaps stand for control batches
-    by_cut, invalid = fold.replay_sequential(offsets, cuts)
+    if rng is None:
+        by_cut, invalid = fold.replay_sequential(offsets, cuts)
+    else:  # the Spark job's map-side combine: superseded config writes dropped per file and cut
+        by_cut, invalid = fold.replay_sequential(_files(offsets, rng), cuts, combine=True)
     for cut in cuts:
         expected = sequential_state(offsets, cut)
         got, rejected = fold.state_from_rows(by_cut[cut], cut)
@@ -48,6 +60,33 @@ def test_folds_equal_sequential_state(seed, n):
     end = 2 * n + 1
     cuts = sorted({end, rng.randrange(1, end + 1), rng.randrange(1, end + 1)})
     _check(values, cuts)
+    _check(values, cuts, rng)
+
+
+def test_combine_keeps_what_a_cut_can_see():
+    """A config key written many times across cuts, its topic deleted and
+    re-created between writes, writes to the deleted name (invalid) inside a
+    run: the combined replay equals ControllerState at every cut, invalid
+    count included, and the combine did drop rows."""
+    tid1, tid2 = "00000000-0000-0000-0000-0000000000a1", "00000000-0000-0000-0000-0000000000a2"
+
+    def cfg(v):
+        return r.Config(r.RESOURCE_TOPIC, "t", "retention.ms", v)
+
+    recs = [r.Topic("t", tid1), *[cfg(str(i)) for i in range(10)], r.RemoveTopic(tid1),
+            *[cfg(f"dead{i}") for i in range(5)], r.Topic("t", tid2), *[cfg(str(i)) for i in range(20, 30)],
+            cfg(None), cfg("last"), r.RemoveTopic(tid2), cfg("after"), r.Topic("t", tid1)]
+    values = [r.encode_record(x) for x in recs]
+    offsets = [(i * 2 + 1, v) for i, v in enumerate(values)]
+    end = 2 * len(values) + 1
+    cuts = sorted({end, 8, 14, 23, 36, 41, 60, 63, 66})
+    for rng in (None, random.Random(1), random.Random(2)):
+        _check(values, cuts, rng)
+    combiner = fold.Combiner(cuts)
+    rows = [row for o, v in offsets for row in combiner.feed(o, v, "f")] + list(combiner.flush())
+    assert sum(x.n for x in rows) == len(values)  # every record counted once
+    configs = sum(isinstance(x, r.Config) for x in recs)
+    assert len([x for x in rows if x.kind == fold.K_CONFIG]) < configs / 2
 
 
 def test_fence_expansion_elects_by_status_at_that_offset():

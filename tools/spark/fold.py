@@ -184,6 +184,67 @@ def _emit_cuts(cuts: Sequence[int], ci: int, upto: int, emit) -> int:
     return ci
 
 
+# ------------------------------------------------------------------ map-side combine
+
+
+COMBINE_KEYS_MAX = 1 << 17  # open runs per task: past it they are all emitted (memory bound)
+
+
+class KeyedRow(NamedTuple):
+    offset: int
+    kind: str
+    key: str
+    value: bytes
+    n: int  # records this row stands for: 1, or a combined run's length
+
+
+class Combiner:
+    """Keys records (key_of) and drops the config writes no state can see,
+    before the shuffle: of a run of writes to one config key, only the last
+    can be in force at a cut. A run is a config key's writes inside one cut
+    interval [cut_i, cut_i+1) of one file with no topic lifecycle record
+    (Topic, RemoveTopic) between them. Within such a run the key's topic is
+    live at every write or at none (liveness changes only at a lifecycle
+    record, and a file's records reach one task in offset order, so the task
+    sees every record between two of its writes), so fold_config counts the
+    run's invalid records from its last one times ``n``; the last write of
+    the run is the one the state keeps at the next cut, or a removal after it
+    clears it either way. Every other kind passes through (a partition's
+    fold needs every record: fences, elections). Feed records in the order
+    of their file; ``file`` names the file (a run never spans two)."""
+
+    def __init__(self, cuts: Sequence[int], combine: bool = True) -> None:
+        self.cuts = sorted(set(cuts))
+        self.combine = combine
+        self.runs: dict[str, list] = {}  # config key -> [offset, value, n, interval, file]
+
+    def feed(self, offset: int, value: bytes, file: str) -> Iterator[KeyedRow]:
+        kind, key = key_of(value)
+        if not self.combine:
+            yield KeyedRow(offset, kind, key, value, 1)
+            return
+        if kind == K_CONFIG:
+            interval = bisect.bisect_right(self.cuts, offset)
+            run = self.runs.get(key)
+            if run is not None and run[3] == interval and run[4] == file and offset > run[0]:
+                run[0], run[1], run[2] = offset, value, run[2] + 1
+                return
+            if run is not None:
+                yield KeyedRow(run[0], K_CONFIG, key, run[1], run[2])
+            elif len(self.runs) >= COMBINE_KEYS_MAX:
+                yield from self.flush()
+            self.runs[key] = [offset, value, 1, interval, file]
+            return
+        if kind == K_TOPICS:  # liveness may change here: no run spans it
+            yield from self.flush()
+        yield KeyedRow(offset, kind, key, value, 1)
+
+    def flush(self) -> Iterator[KeyedRow]:
+        runs, self.runs = self.runs, {}
+        for key, (offset, value, n, _interval, _file) in runs.items():
+            yield KeyedRow(offset, K_CONFIG, key, value, n)
+
+
 # ------------------------------------------------------------------ topic directory
 
 
@@ -518,7 +579,7 @@ def fold_partition(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequenc
 _EV_RECORD, _EV_REMOVE = 0, 1
 
 
-def fold_config(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequence[int],
+def fold_config(key: str, records: Iterable[tuple], cuts: Sequence[int],
                 topics: TopicTable) -> tuple[list[StateRow], int]:
     rt_text, rname, name = key.split(_SEP, 2)
     rtype = int(rt_text)
@@ -527,9 +588,12 @@ def fold_config(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequence[i
     # them (key_of decoded every one already, so none here can fail), not
     # once per record: a config-heavy log (Kafka's IncrementalAlterConfigs)
     # spent a decode per record here for nothing.
-    events: list[tuple[int, int, bytes | None]] = [(o, _EV_RECORD, v) for o, v in records]
+    # A record is (offset, value) or (offset, value, n): the last of a run of
+    # n writes the Combiner kept, whose validity is the run's (see Combiner).
+    events: list[tuple[int, int, bytes | None, int]] = [
+        (rec[0], _EV_RECORD, rec[1], rec[2] if len(rec) > 2 else 1) for rec in records]  # type: ignore[misc]
     if rtype == r.RESOURCE_TOPIC:
-        events.extend((o, _EV_REMOVE, None) for o in topics.name_removals(rname) if o < limit)
+        events.extend((o, _EV_REMOVE, None, 0) for o in topics.name_removals(rname) if o < limit)
     events.sort(key=lambda e: (e[0], e[1]))
     last: bytes | None = None  # the bytes of the record in force, None when removed
     states: list[StateRow] = []
@@ -542,17 +606,17 @@ def fold_config(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequence[i
                                    r.encode_record(r.Config(rtype, rname, name, value))))
 
     ci = 0
-    for offset, kind, rec in events:
+    for offset, kind, rec, n in events:
         ci = _emit_cuts(cuts, ci, offset, emit)
         if kind == _EV_REMOVE:
             last = None
             continue
         if rtype == r.RESOURCE_TOPIC:
             if not topics.name_live(rname, offset):
-                invalid += 1
+                invalid += n
                 continue
         elif rtype != r.RESOURCE_BROKER:
-            invalid += 1
+            invalid += n
             continue
         last = rec
     _emit_cuts(cuts, ci, 1 << 62, emit)
@@ -659,17 +723,23 @@ def state_from_rows(rows: Iterable[StateRow], offset: int) -> tuple[ControllerSt
     return st, st.invalid_records
 
 
-def replay_sequential(records: Iterable[tuple[int, bytes]], cuts: Sequence[int]
+def replay_sequential(records: Iterable[tuple], cuts: Sequence[int], combine: bool = False
                       ) -> tuple[dict[int, list[StateRow]], int]:
     """The distributed plan with a dict for the shuffle: records (offset, value)
-    of the committed prefix, data records only. Returns state rows per cut and
-    the invalid record count."""
+    or (offset, value, file) of the committed prefix, data records only, in
+    each file's order. With combine the Combiner keys them as the Spark job
+    does. Returns state rows per cut and the invalid record count."""
     cuts = sorted(set(cuts))
-    groups: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
-    for offset, value in itertools.chain(seed_records(), records):
-        if offset >= cuts[-1]:
-            continue
-        groups.setdefault(key_of(value), []).append((offset, value))
+    groups: dict[tuple[str, str], list[tuple]] = {}
+    combiner = Combiner(cuts, combine)
+    keyed: list[KeyedRow] = []
+    for rec in itertools.chain(seed_records(), records):
+        if rec[0] < cuts[-1]:
+            keyed.extend(combiner.feed(rec[0], rec[1], rec[2] if len(rec) > 2 else ""))
+    keyed.extend(combiner.flush())
+    for row in sorted(keyed, key=lambda k: k.offset):  # the shuffle's sort: offset order per key
+        groups.setdefault((row.kind, row.key), []).append(
+            (row.offset, row.value, row.n) if row.kind == K_CONFIG else (row.offset, row.value))
     rows: list[StateRow] = []
     invalid = sum(len(v) for (k, _), v in groups.items() if k == K_INVALID)
     intervals, st, inv = fold_topics(groups.get((K_TOPICS, ""), []), cuts)

@@ -147,28 +147,32 @@ def _decode_partition(batches):
         yield pa.RecordBatch.from_pydict(cols, schema=schema)
 
 
-KEYED_FIELDS = [("offset", "long"), ("kind", "string"), ("key", "string"), ("value", "binary")]
+KEYED_FIELDS = [("offset", "long"), ("kind", "string"), ("key", "string"), ("value", "binary"), ("n", "long")]
 
 
-def _key_partition(batches):
-    import pyarrow as pa
+def _make_key_fn(cuts: list[int], combine: bool):
+    """mapInArrow body: (offset, value, file) rows in each file's order ->
+    KEYED_FIELDS rows, the superseded config writes dropped before the
+    shuffle (fold.Combiner; combine=False keys every record)."""
 
-    schema = _arrow_schema(KEYED_FIELDS)
-    def col(rb, name):
-        c = rb.column(name)
-        return c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
+    def fn(batches):
+        import pyarrow as pa
 
-    for rb in batches:
-        values = rb.column("value").to_pylist()
-        kinds, keys = [], []
-        for v in values:
-            k, key = key_of(v)
-            kinds.append(k)
-            keys.append(key)
-        table = pa.Table.from_arrays(
-            [col(rb, "offset"), pa.array(kinds, pa.string()), pa.array(keys, pa.string()),
-             col(rb, "value")], schema=schema)
-        yield from table.to_batches()
+        schema = _arrow_schema(KEYED_FIELDS)
+        combiner = F.Combiner(cuts, combine)
+        out: list[F.KeyedRow] = []
+        for rb in batches:
+            for offset, value, file in zip(rb.column("offset").to_pylist(), rb.column("value").to_pylist(),
+                                           rb.column("file").to_pylist()):
+                out.extend(combiner.feed(offset, value, file))
+            if len(out) >= ARROW_ROWS_PER_BATCH:
+                yield pa.RecordBatch.from_arrays([pa.array(c) for c in zip(*out)], schema=schema)
+                out = []
+        out.extend(combiner.flush())
+        if out:
+            yield pa.RecordBatch.from_arrays([pa.array(c) for c in zip(*out)], schema=schema)
+
+    return fn
 
 
 FOLD_FIELDS = [
@@ -250,7 +254,8 @@ def _make_fold_fn(cuts, tables_bc):
             keys = rb.column("key").to_pylist()
             offsets = rb.column("offset").to_pylist()
             values = rb.column("value").to_pylist()
-            for kind, key, offset, value in zip(kinds, keys, offsets, values):
+            weights = rb.column("n").to_pylist()
+            for kind, key, offset, value, n in zip(kinds, keys, offsets, values, weights):
                 if key != cur_key or kind != cur_kind:
                     if recs:
                         out += _fold_group(cur_kind, cur_key, recs, cuts, tables)
@@ -259,7 +264,7 @@ def _make_fold_fn(cuts, tables_bc):
                     # A key folded twice would emit two partial states for one entity.
                     assert (kind, key) not in folded, f"key {kind}/{key!r} not contiguous in its partition"
                     cur_kind, cur_key = kind, key
-                recs.append((offset, value))
+                recs.append((offset, value, n) if kind == F.K_CONFIG else (offset, value))
             if len(out) >= FOLD_ROWS_PER_BATCH:
                 yield from _fold_table(out).to_batches()
                 out = []
@@ -1011,7 +1016,7 @@ class Replay:
             committed = recs.filter(rng).join(mj, ["offset", "epoch", "digest"]).dropDuplicates(["offset"])
         self.source = src or "majority of replicas"
         self.committed = committed  # control records too: the history table shows them
-        data = committed.filter(~f.col("control")).select("offset", "value")
+        data = committed.filter(~f.col("control")).select("offset", "value", "file")
         # KIP-868: the records of a metadata transaction Kafka aborted are never applied.
         self.aborted, self.open_transaction = metadata_transactions(
             committed.filter(~f.col("control") & f.substring("value", 1, 2).isin(*TRANSACTION_PREFIXES))
@@ -1024,21 +1029,24 @@ class Replay:
                                      & (f.col("file") == b["file"]))
             # Snapshot records replay first, in file order, at offsets below the log's.
             data = snap.select((f.col("position") - f.lit(b["records"] + 1) - f.lit(0)).alias("offset"),
-                               "value").unionByName(data)
+                               "value", "file").unionByName(data)
         # What a state holds before any record (metadata.version): folded like a record, not counted as one.
         seed = F.seed_records()
-        data = data.unionByName(spark.createDataFrame(seed, data.schema))
+        data = data.unionByName(spark.createDataFrame([(o, v, "") for o, v in seed], data.schema))
         # One shuffle for both fold stages: keyed, hash-partitioned by key and
         # sorted by (kind, key, offset) once, cached; each stage filters its
         # kinds out of the cache (a filter keeps the order) and folds.
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
-        keyed = (data.mapInArrow(_key_partition, _schema(KEYED_FIELDS))
+        # The combine needs each file's records in order in one task: so with one
+        # source replica; the majority join's rows come in hash order.
+        keyed = (data.mapInArrow(_make_key_fn(cuts, combine=src is not None), _schema(KEYED_FIELDS))
                  .repartition(partitions, "kind", "key")
                  .sortWithinPartitions("kind", "key", "offset"))
         keyed.persist(StorageLevel.MEMORY_AND_DISK)
         report = an.report
         t = time.monotonic()
-        self.records_replayed = keyed.count() - len(seed)
+        self.records_replayed = int(keyed.agg(f.sum("n")).first()[0]) - len(seed)
+        self.keyed_rows = keyed.count()  # cached by the sum: what the combine left to shuffle
         t = lap(report, "key_shuffle_sort", t)
 
         self.progress.set_phase("replay: topic directory and broker folds")
@@ -1586,7 +1594,9 @@ def _snapshot(args, an: Analysis, report: dict, progress: Progress) -> dict:
                         "open_transaction_at": replay.open_transaction,
                         "start_offset": an.start,
                         "base_snapshot": replay.base and replay.base["file"],
-                        "side_table_rows": replay.side_rows, "seconds": round(elapsed, 2),
+                        "side_table_rows": replay.side_rows,
+                        "shuffled_rows": replay.keyed_rows,  # after the map-side combine
+                        "seconds": round(elapsed, 2),
                         "records_per_s": round(replay.records_replayed / elapsed) if elapsed else None}
     report["snapshot"] = {"path": None, "name": os.path.basename(final), "published": False,
                           "end_offset": sid.end_offset, "epoch": sid.epoch,
