@@ -16,7 +16,12 @@ leader's port:
   TLS ClientHello (made once, replayed: the attacker spends nothing on
   crypto, the server a key exchange and a signature per answer) and waiting
   up to 2 s for the answer; from 127.0.2.x (other addresses than the first
-  attack's, whose back-offs would otherwise still hold them).
+  attack's, whose back-offs would otherwise still hold them);
+* with ``--flood-sink``, the same flood at a bare listener of its own
+  process beside the cluster, which closes each connection at once: the
+  commits it costs are what the flood costs through the machine (the
+  attacker's CPU, the kernel's connections) on cores the cluster shares,
+  with no broker in the way, the floor under the leader's own figure.
 
 The attackers come from many loopback addresses, as an attacker's would from
 other hosts; the client and the peers use 127.0.0.1 (the voters' host: exempt
@@ -188,6 +193,18 @@ async def _flood(host: str, port: int, per_s: int, duration_s: float, bad_ca_dir
     return stats
 
 
+async def _sink(duration_s: float) -> None:
+    """A bare listener that closes each connection at once: what the flood costs the machine
+    (the attacker, the kernel's connections) with no broker in the way."""
+    async def close(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.transport.abort()
+
+    server = await asyncio.start_server(close, "127.0.0.1", 0, backlog=1024)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.sleep(duration_s)  # the sink lives as long as the attack it receives
+    server.close()
+
+
 def attacker_main(argv: list[str]) -> int:
     kind, host, port, n, duration_s, bad = argv[0], argv[1], int(argv[2]), int(argv[3]), float(argv[4]), argv[5]
     attack = _connections if kind == "connections" else _flood
@@ -237,7 +254,20 @@ def _measure_with_cpu(cluster: LocalCluster, leader: int, duration_s: float) -> 
 
 
 def _under_attack(cluster: LocalCluster, leader: int, kind: str, amount: int, duration_s: float, bad: str) -> dict:
-    host, port = cluster.host, cluster.nodes[leader].port
+    if kind == "sink":  # the flood, at a bare listener of its own instead of the leader
+        sink = subprocess.Popen([sys.executable, "-m", "metalog.tools.bench.hostile", "sink",
+                                 str(duration_s + WARMUP_S + 5)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+        try:
+            host, port = "127.0.0.1", int(sink.stdout.readline())  # type: ignore[union-attr]
+            return _attack(cluster, leader, "flood", amount, duration_s, bad, host, port) | {"attack": "sink"}
+        finally:
+            sink.kill()
+            sink.wait()
+    return _attack(cluster, leader, kind, amount, duration_s, bad, cluster.host, cluster.nodes[leader].port)
+
+
+def _attack(cluster: LocalCluster, leader: int, kind: str, amount: int, duration_s: float, bad: str,
+            host: str, port: int) -> dict:
     log_before = _event_counts(cluster, leader)
     hs_before = _metric(cluster, leader, "metalog_tls_handshake_seconds_total")
     refused_before = _refused(cluster, leader)
@@ -273,7 +303,8 @@ def _event_counts(cluster: LocalCluster, node: int) -> dict[str, int]:
     return {e: sum(1 for x in log if x.get("event") == e) for e in LOG_EVENTS}
 
 
-def run(hostile: int, flood_per_s: int, duration_s: float, root: str, settings: dict | None = None) -> dict:
+def run(hostile: int, flood_per_s: int, duration_s: float, root: str, settings: dict | None = None,
+        flood_sink: bool = False) -> dict:
     cluster = LocalCluster.create(os.path.join(root, "cluster"), voters=3, observers=0, cluster_id=CLUSTER_ID,
                                   common={"log_level": "warning", **(settings or {})})
     bad = os.path.join(root, "other-ca")
@@ -283,7 +314,8 @@ def run(hostile: int, flood_per_s: int, duration_s: float, root: str, settings: 
     attacks = []
     try:
         leader, _ = cluster.wait_for_leader(30)
-        for kind, amount in (("connections", hostile), ("flood", flood_per_s)):
+        for kind, amount in (("connections", hostile), ("flood", flood_per_s),
+                             ("sink", flood_per_s if flood_sink else 0)):
             if amount:
                 # idle right before each attack: the ratio compares neighbouring windows, so
                 # that other work on the machine skews both alike
@@ -305,8 +337,9 @@ def format_report(result: dict) -> str:
              f"at the end):"]
     for a in result["attacks"]:
         i, u = a["idle"], a["under_attack"]
-        what = (f"{a['amount']} hostile connections" if a["attack"] == "connections"
-                else f"a flood of {a['amount']} new connections/s")
+        what = {"connections": f"{a['amount']} hostile connections",
+                "flood": f"a flood of {a['amount']} new connections/s",
+                "sink": f"the same flood at a bare listener beside the cluster (the machine's share)"}[a["attack"]]
         logged = sum(a["leader_log_lines"].values())
         lines.append(f"  idle:  p50 {i['p50_ms']} ms p99 {i['p99_ms']} ms, {i['commits_per_s']}/s, {i['errors']} "
                      f"errors; leader CPU {i.get('leader_cpu')} of a core")
@@ -324,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hostile", type=int, default=200, help="concurrent hostile connections (0: skip)")
     p.add_argument("--flood-per-s", type=int, default=1000, help="new hostile connections a second (0: skip)")
     p.add_argument("--duration-s", type=float, default=8.0, help="measured window, idle and under each attack")
+    p.add_argument("--flood-sink", action="store_true",
+                   help="also run the flood against a bare listener beside the cluster: what the flood costs "
+                        "the client through the machine (the attacker's CPU, the kernel), with no broker in the way")
     p.add_argument("--dir", help="keep the cluster here (default: a temp dir)")
     p.add_argument("--json", help="also write the result here")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -331,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     root = args.dir or tempfile.mkdtemp(prefix="metalog-hostile-")
     settings = {k: yaml.safe_load(v) for k, _, v in (x.partition("=") for x in args.set)}
-    result = run(args.hostile, args.flood_per_s, args.duration_s, root, settings)
+    result = run(args.hostile, args.flood_per_s, args.duration_s, root, settings, args.flood_sink)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
@@ -343,4 +379,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "attacker":
         sys.exit(attacker_main(sys.argv[2:]))
+    if len(sys.argv) > 1 and sys.argv[1] == "sink":
+        sys.exit(uvloop.run(_sink(float(sys.argv[2]))))
     sys.exit(main())
