@@ -417,31 +417,43 @@ class PeerChannel:
                 fut.set_exception(error(reason))
 
 
+QUORUM_LANE = "quorum"  # the quorum's own requests (Vote, Fetch, ...) and short asks
+FORWARD_LANE = "forward"  # admin requests forwarded to the leader, answered after a commit
+
+
 class PeerPool:
-    """One PeerChannel per node id, created on first use."""
+    """One PeerChannel per node id and lane, created on first use.
+
+    Answers on a channel come in order, and a request that times out closes
+    its connection with every request in flight on it. A forwarded admin
+    request (answered once its records commit) therefore has a connection of
+    its own, as Kafka's brokers forward on a channel apart from replication:
+    a replica Fetch timing out under load must not cut it, leaving its client
+    to retry a command the leader may already have written (a second
+    CreateTopics then meets TOPIC_ALREADY_EXISTS)."""
 
     def __init__(self, endpoints: dict[int, tuple[str, int]], **channel_kwargs: Any):
         self._endpoints = dict(endpoints)
         self._channel_kwargs = channel_kwargs
-        self._channels: dict[int, PeerChannel] = {}
+        self._channels: dict[tuple[int, str], PeerChannel] = {}  # bounded: nodes x the two lanes
 
-    def channel(self, node_id: int) -> PeerChannel:
-        ch = self._channels.get(node_id)
+    def channel(self, node_id: int, lane: str = QUORUM_LANE) -> PeerChannel:
+        key = (node_id, lane)
+        ch = self._channels.get(key)
         if ch is None:
             if node_id not in self._endpoints:
                 raise KeyError(f"unknown node id {node_id} (known: {sorted(self._endpoints)})")
             host, port = self._endpoints[node_id]
-            ch = self._channels[node_id] = PeerChannel(host, port, **self._channel_kwargs)
+            ch = self._channels[key] = PeerChannel(host, port, **self._channel_kwargs)
         return ch
 
     def set_endpoint(self, node_id: int, host: str, port: int) -> None:
-        """Add or move a node; a moved node's old channel is closed in the background."""
+        """Add or move a node; a moved node's old channels are closed in the background."""
         if self._endpoints.get(node_id) == (host, port):
             return
         self._endpoints[node_id] = (host, port)
-        old = self._channels.pop(node_id, None)
-        if old is not None:
-            asyncio.ensure_future(old.close())
+        for key in [k for k in self._channels if k[0] == node_id]:
+            asyncio.ensure_future(self._channels.pop(key).close())
 
     async def close(self) -> None:
         channels, self._channels = self._channels, {}

@@ -9,7 +9,7 @@ import struct
 import pytest
 import uvloop
 
-from metalog.broker.net.channel import ConnectionLost, Overloaded, PeerChannel, PeerPool, RequestTimeout
+from metalog.broker.net.channel import FORWARD_LANE, ConnectionLost, Overloaded, PeerChannel, PeerPool, RequestTimeout
 from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
 from metalog.protocol.errors import Errors
@@ -214,6 +214,27 @@ async def test_peer_pool():
     s1.close()
     s2.close()
     del handler
+
+
+async def test_a_forward_lane_request_outlives_a_timeout_on_the_quorum_lane(parking_server):
+    """The pool's lanes are separate connections to the same node: a quorum
+    request timing out closes its own connection only, and the forwarded
+    request parked at the node (as a command waits for its commit) is
+    still answered on the forward lane."""
+    server, handler, _ = parking_server
+    pool = PeerPool({1: ("127.0.0.1", port_of(server))}, client_id="pool")
+    assert pool.channel(1, FORWARD_LANE) is not pool.channel(1)
+    forwarded = asyncio.ensure_future(pool.channel(1, FORWARD_LANE).request(ApiKey.PRODUCE, produce(7), 10_000))
+    fetch = asyncio.ensure_future(pool.channel(1).request(ApiKey.PRODUCE, produce(-1), 100))
+    await wait_for_condition(lambda: len(handler.parked) == 2, what="both requests parked")
+    assert len(handler.connections) == 2
+    with pytest.raises(RequestTimeout):
+        await fetch
+    assert not pool.channel(1).connected and pool.channel(1, FORWARD_LANE).connected
+    conn, header, body = next(p for p in handler.parked if values_of(p[2]) == [b"7"])
+    conn.send_response(header.correlation_id, m.ProduceResponse(base_offset=7))
+    assert (await forwarded).base_offset == 7
+    await pool.close()
 
 
 # --------------------------------------------------------------------------

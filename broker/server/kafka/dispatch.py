@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable, Collection, Mapping, Protocol
 
+from metalog.broker.net.channel import FORWARD_LANE
 from metalog.broker.net.kafka_conn import KafkaConnection, KafkaExchange
 from metalog.broker.quorum.voters import VoterSet
 from metalog.broker.server.kafka import admin, brokers, cluster, data, extensions, quorum
@@ -318,6 +319,21 @@ async def start_controller_listener(host: KafkaHost, limits: Any) -> Any:
     return server
 
 
+# A forwarded request in an Envelope (UpdateFeatures, Add/RemoveRaftVoter)
+# waits at the leader for its commit; Kafka's brokers give a forwarded
+# request their request.timeout.ms, 30 s by default.
+ENVELOPE_FORWARD_TIMEOUT_MS = 30_000
+
+
+def forward_timeout_ms(body: m.Body, request_timeout_ms: int) -> int:
+    """How long a forward waits for the leader's answer: past the time the
+    leader itself takes to answer (a command's own timeout), so the forward
+    does not give up on a command the leader may still write and answer."""
+    if isinstance(body, m.ControllerCommandRequest):
+        return int(body.timeout_ms) + request_timeout_ms
+    return max(request_timeout_ms, ENVELOPE_FORWARD_TIMEOUT_MS)
+
+
 async def _start(host: KafkaHost, limits: Any, ep: Any, listener_name: str,
                  static: Mapping[int, tuple[str, int]]) -> tuple[Any, KafkaDispatch]:
     """A listener on `ep` served by a KafkaDispatch of its own."""
@@ -327,7 +343,8 @@ async def _start(host: KafkaHost, limits: Any, ep: Any, listener_name: str,
     timeout_ms = cfg.quorum.request_timeout_ms
 
     def ask_node(node_id: int, api_key: int, body: m.Body) -> Awaitable[m.Body]:
-        return host.peers.channel(node_id).request(api_key, body, timeout_ms)  # type: ignore[no-any-return]
+        channel = host.peers.channel(node_id, FORWARD_LANE)
+        return channel.request(api_key, body, forward_timeout_ms(body, timeout_ms))  # type: ignore[no-any-return]
 
     dispatch = KafkaDispatch(host.inbound, node_id=cfg.node_id, cluster_id=cfg.cluster_id,
                              listener_name=listener_name, static_endpoints=static, core=host.core, logger=logger,
