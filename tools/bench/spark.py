@@ -11,7 +11,10 @@ drives it: 1000 topics x 10 partitions, then IncrementalAlterConfigs of 8
 topic configs over every topic per request (8,000 ConfigRecords, under the
 controller's 10,000 records per operation) until the log holds --records
 records. Kafka keeps every segment (metadata.max.retention.bytes/ms = -1), rolled at
-64 MiB (the job reads one file per task).
+64 MiB (the job reads one file per task), and takes no snapshot while the
+workload runs; then its controllers are restarted with a 1 s snapshot
+interval until controller 1 has a snapshot of the whole log (snapshot_at_end),
+so the job's compare stage checks its final state against Kafka's own.
 The first controller's dir is cached under .bench/ (git-ignored) and reused
 by the next run with the same record count; generation prints its time.
 
@@ -113,7 +116,8 @@ KAFKA_CONFIG_KEYS = ("retention.ms", "segment.ms", "retention.bytes", "segment.b
                      "flush.ms", "delete.retention.ms", "min.compaction.lag.ms")
 KAFKA_INFLIGHT_MAX = 8  # requests in flight: keeps Kafka's controller busy without an unbounded queue
 KAFKA_KEEP_ALL = {"metadata.max.retention.bytes": "-1", "metadata.max.retention.ms": "-1",
-                  # Snapshots are not needed (the job replays the whole log); fewer of them, less work.
+                  # No snapshot while the workload runs (the job replays the whole log; they
+                  # would cost Kafka's write rate): snapshot_at_end takes one of the whole log.
                   "metadata.log.max.snapshot.interval.ms": "3600000",
                   "metadata.log.max.record.bytes.between.snapshots": str(1 << 40),
                   # 64 MiB segments, not Kafka's 1 GiB: the job reads a file per task, so
@@ -157,7 +161,56 @@ def generate_kafka(root: str, records: int, seed: int = 1) -> str:
                 fut.result()
     finally:
         cluster.stop()
+    snapshot_at_end(root)
     return cluster.controllers[0].log_dir
+
+
+FINAL_SNAPSHOT_INTERVAL_MS = 1000
+FINAL_SNAPSHOT_TIMEOUT_S = 900.0  # the controllers first replay the whole log (10M records)
+
+
+def _log_end_base(metadata_dir: str) -> int:
+    """Base offset of the newest segment: a snapshot past it is near the log's end."""
+    return max(int(n[:20]) for n in os.listdir(metadata_dir) if n.endswith(".log"))
+
+
+def _checkpoints(metadata_dir: str) -> list[int]:
+    return sorted(int(n[:20]) for n in os.listdir(metadata_dir) if n.endswith(".checkpoint"))
+
+
+def snapshot_at_end(root: str) -> int:
+    """Restart the three controllers of the stopped Kafka cluster under root
+    (same ports and dirs: the voter set in the log names them) with a snapshot
+    interval of FINAL_SNAPSHOT_INTERVAL_MS, so each writes a snapshot of the
+    whole log (the workload ran with snapshots off: they would have cost it),
+    then stop them. Returns the end offset of controller 1's newest snapshot,
+    past the base of its last segment: what the job's compare stage checks its
+    final state against."""
+    from metalog.tools.kafka import quorum as kq
+
+    cluster = kq.KafkaCluster(root, "", heap_mb=512)
+    for node_id in kq.CONTROLLER_IDS:
+        props_path = os.path.join(root, f"controller-{node_id}.properties")
+        props = dict(line.rstrip("\n").split("=", 1) for line in open(props_path) if "=" in line)
+        props["metadata.log.max.snapshot.interval.ms"] = str(FINAL_SNAPSHOT_INTERVAL_MS)
+        with open(props_path, "w") as fh:
+            fh.writelines(f"{k}={v}\n" for k, v in props.items())
+        port = int(props["listeners"].rsplit(":", 1)[1])
+        cluster.nodes[node_id] = kq.KafkaNode(node_id, "controller", port, props["log.dirs"], props_path,
+                                              out_path=os.path.join(root, f"controller-{node_id}.out"))
+    first = cluster.controllers[0].metadata_dir
+    wanted = _log_end_base(first)
+    t0 = time.monotonic()
+    cluster.launch(cluster.controllers)
+    try:
+        cluster.wait_for(lambda: any(o > wanted for o in _checkpoints(first)), FINAL_SNAPSHOT_TIMEOUT_S,
+                         "controller 1's snapshot of the whole log")
+    finally:
+        cluster.stop()
+    end = _checkpoints(first)[-1]
+    print(f"kafka: controllers restarted with snapshots on; controller 1 wrote a snapshot at offset "
+          f"{end:,} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
+    return end
 
 
 def broker_replay(data_dir: str, records_max: int) -> tuple[int, float]:
@@ -272,14 +325,21 @@ def kafka_data(args) -> str:
     base = args.dir or os.path.join(repo, ".bench", f"spark-kafka-{args.records}")
     marker = os.path.join(base, "bench.json")
     if os.path.exists(marker):
-        return json.load(open(marker))["data_dir"]
+        info = json.load(open(marker))
+        if "final_snapshot" not in info:  # cached before the bench took one: take it now
+            info["final_snapshot"] = snapshot_at_end(os.path.dirname(info["data_dir"]))
+            with open(marker, "w") as fh:
+                json.dump(info, fh)
+        return info["data_dir"]
     shutil.rmtree(base, ignore_errors=True)
     t0 = time.monotonic()
     data_dir = generate_kafka(os.path.join(base, "kafka"), args.records)
     seconds = time.monotonic() - t0
+    final = _checkpoints(os.path.join(data_dir, "__cluster_metadata-0"))[-1]
     print(f"Kafka wrote {args.records:,}+ records in {seconds:.1f} s into {data_dir}")
     with open(marker, "w") as fh:
-        json.dump({"records": args.records, "data_dir": data_dir, "generate_seconds": round(seconds, 1)}, fh)
+        json.dump({"records": args.records, "data_dir": data_dir, "generate_seconds": round(seconds, 1),
+                   "final_snapshot": final}, fh)
     return data_dir
 
 

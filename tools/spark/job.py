@@ -162,9 +162,8 @@ def _make_key_fn(cuts: list[int], combine: bool):
         combiner = F.Combiner(cuts, combine)
         out: list[F.KeyedRow] = []
         for rb in batches:
-            for offset, value, file in zip(rb.column("offset").to_pylist(), rb.column("value").to_pylist(),
-                                           rb.column("file").to_pylist()):
-                out.extend(combiner.feed(offset, value, file))
+            combiner.feed_columns(rb.column("offset").to_pylist(), rb.column("value").to_pylist(),
+                                  rb.column("file").to_pylist(), out)
             if len(out) >= ARROW_ROWS_PER_BATCH:
                 yield pa.RecordBatch.from_arrays([pa.array(c) for c in zip(*out)], schema=schema)
                 out = []
@@ -561,14 +560,16 @@ class Analysis:
         self.decoded = files.mapInArrow(_decode_partition, _schema(D.DECODED_FIELDS))
         self.decoded.persist(StorageLevel.MEMORY_AND_DISK)
         t0 = time.monotonic()
-        small = (self.decoded.filter(~f.col("kind").isin("rec", "snaprec"))
-                 .drop("value").collect())
         # KIP-853 voter sets in the logs (VotersRecord control records: a few per
-        # voter change), for a quorum-state that lists no voters (Kafka 4.x's).
+        # voter change), for a quorum-state that lists no voters (Kafka 4.x's),
+        # fetched in the same scan of the cache as the small rows (a scan of 10M
+        # cached rows costs the JVM seconds).
         voters_type = bytearray(struct.pack(">hh", cr.KEY_VERSION, cr.KRAFT_VOTERS))  # the record key
-        self.log_voter_rows = (self.decoded.filter((f.col("kind") == "rec") & f.col("control")
-                                                   & (f.substring("value", 1, 4) == f.lit(voters_type)))
-                               .select("replica", "offset", "value").collect())
+        is_voters = ((f.col("kind") == "rec") & f.col("control")
+                     & (f.substring("value", 1, 4) == f.lit(voters_type)))
+        rows = self.decoded.filter(~f.col("kind").isin("rec", "snaprec") | is_voters).collect()
+        small = [row for row in rows if row["kind"] != "rec"]
+        self.log_voter_rows = [row for row in rows if row["kind"] == "rec"]
         self._summarize(small)
         segs = [sg for rp in self.replicas.values() for sg in rp["segments"]]
         records = sum(sg["records"] for sg in segs)
@@ -1039,7 +1040,9 @@ class Replay:
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
         # The combine needs each file's records in order in one task: so with one
         # source replica; the majority join's rows come in hash order.
-        keyed = (data.mapInArrow(_make_key_fn(cuts, combine=src is not None), _schema(KEYED_FIELDS))
+        # METALOG_SPARK_COMBINE=0 keys every record (A/B of the combine in the benchmark).
+        combine = src is not None and os.environ.get("METALOG_SPARK_COMBINE", "1") != "0"
+        keyed = (data.mapInArrow(_make_key_fn(cuts, combine), _schema(KEYED_FIELDS))
                  .repartition(partitions, "kind", "key")
                  .sortWithinPartitions("kind", "key", "offset"))
         keyed.persist(StorageLevel.MEMORY_AND_DISK)
