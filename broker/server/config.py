@@ -136,8 +136,9 @@ class NetworkConfig:
         100.0, "new connections a second from one client address, a burst of as many at once; faster ones "
                "wait their turn (Kafka's connection_creation_rate quota of an IP)", ge=0, note="0 = no limit")
     ssl_handshake_loop_share: float = setting(
-        0.25, "share of the event loop's time TLS handshakes of new connections may take (measured); "
-              "more wait their turn, so a handshake flood cannot starve open connections", ge=0, le=1,
+        0.25, "share of one core TLS handshakes of new connections may take (measured; they run in a "
+              "handshake thread); more wait their turn, so a handshake flood cannot starve open connections",
+        ge=0, le=1,
         note="0 = not paced")
     max_delayed_connections: int = setting(
         1024, "accepted connections waiting for their turn, per listener; above it the listener stops "

@@ -373,8 +373,12 @@ class ListenerCollector:
         yield per_listener(GaugeMetricFamily, "metalog_listener_connections_open",
                            "Open connections", lambda s: s.connections_now)
         if self.meter is not None:
-            yield CounterMetricFamily("metalog_tls_handshake_seconds", "Event-loop time spent in TLS handshakes "
-                                      "(server side, every listener)", value=self.meter.seconds_total)
+            yield CounterMetricFamily("metalog_tls_handshake_seconds", "CPU time spent in TLS handshakes, "
+                                      "in the handshake threads and on the loop (server side, every listener)",
+                                      value=self.meter.seconds_total)
+            yield CounterMetricFamily("metalog_tls_handshake_loop_seconds", "Of that, event-loop time (a "
+                                      "listener on the loop's own TLS transport)",
+                                      value=self.meter.loop_seconds_total)
             yield CounterMetricFamily("metalog_tls_handshakes", "TLS handshakes started (server side)",
                                       value=self.meter.handshakes_total)
 
