@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 import sys
 from pathlib import Path
 
@@ -66,3 +67,16 @@ async def start_server_process(port: int = 0) -> tuple[asyncio.subprocess.Proces
     line = await asyncio.wait_for(proc.stdout.readline(), 20)
     assert line, "server process exited before listening"
     return proc, int(line)
+
+
+def client_hello() -> bytes:
+    """A TLS ClientHello's bytes, as a flood replays it (no certificate, no verification)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    out = ssl.MemoryBIO()
+    obj = ctx.wrap_bio(ssl.MemoryBIO(), out, server_hostname="x")
+    try:
+        obj.do_handshake()
+    except ssl.SSLWantReadError:
+        return out.read()
+    raise AssertionError("a client handshake finished without the server's answer")

@@ -15,7 +15,7 @@ from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
 from metalog.tools.cluster import certs
 from tests.net.flat_server import serve_flat as serve
-from tests.net.helpers import ListLogger, wait_for_condition
+from tests.net.helpers import ListLogger, client_hello, wait_for_condition
 
 
 class Clock:
@@ -125,16 +125,6 @@ async def test_a_full_handshake_queue_refuses_strangers_at_once_and_a_peer_still
         server.close()
 
 
-def _client_hello() -> bytes:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-    out = ssl.MemoryBIO()
-    obj = ctx.wrap_bio(ssl.MemoryBIO(), out, server_hostname="x")
-    with pytest.raises(ssl.SSLWantReadError):
-        obj.do_handshake()
-    return out.read()
-
-
 async def test_a_stranger_leaving_after_our_answer_to_its_client_hello_counts_toward_its_back_off(tmp_path):
     """The cheap flood: a ClientHello, our costly answer, then gone. A bare connect and close
     (a port probe, a restart) costs us nothing and does not count."""
@@ -153,7 +143,7 @@ async def test_a_stranger_leaving_after_our_answer_to_its_client_hello_counts_to
         await wait_for_condition(lambda: st.failures_total["tls_handshake_failed"] == 1, 10, "the reset seen")
         assert "connection_backoff" not in st.failures_total
         r, w = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.32", 0))
-        w.write(_client_hello())
+        w.write(client_hello())
         assert await r.read(1 << 16)  # the server's answer: a key exchange and a signature
         w.close()
         await wait_for_condition(lambda: st.failures_total["connection_backoff"] == 1, 10, "the back-off")

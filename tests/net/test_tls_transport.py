@@ -21,7 +21,7 @@ from metalog.protocol import messages as m
 from metalog.protocol.apis import ApiKey
 from metalog.tools.cluster import certs
 from tests.net.flat_server import serve_flat as serve
-from tests.net.helpers import ListLogger, wait_for_condition
+from tests.net.helpers import ListLogger, client_hello, wait_for_condition
 
 TIMEOUT_S = 30  # generous: the machine may be loaded
 
@@ -159,16 +159,6 @@ async def test_the_server_closes_with_a_close_notify_after_what_it_wrote(pki):
         lsock.close()
 
 
-def _client_hello() -> bytes:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-    out = ssl.MemoryBIO()
-    obj = ctx.wrap_bio(ssl.MemoryBIO(), out, server_hostname="x")
-    with pytest.raises(ssl.SSLWantReadError):
-        obj.do_handshake()
-    return out.read()
-
-
 def _flood(port: int, hello: bytes, n: int, stop: threading.Event) -> int:
     """`n` connections from 127.0.0.x (x >= 100): a replayed ClientHello, our answer read, gone."""
     answered = 0
@@ -202,7 +192,7 @@ async def test_a_client_hello_flood_is_answered_in_the_handshake_thread_and_a_pe
                                       HANDSHAKE_METER.handshakes_total)
     HANDSHAKE_THREADS.thread_names.clear()
     stop = threading.Event()
-    flood = asyncio.ensure_future(asyncio.to_thread(_flood, port, _client_hello(), 400, stop))
+    flood = asyncio.ensure_future(asyncio.to_thread(_flood, port, client_hello(), 400, stop))
     lateness_s: list[float] = []
     ch = PeerChannel("127.0.0.1", port, tls=files("alice"), connect_timeout_ms=TIMEOUT_S * 1000)
     try:
@@ -269,7 +259,7 @@ async def test_a_handshake_that_times_out_in_the_middle_is_cut_and_counted(pki):
     port = server.sockets[0].getsockname()[1]
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(_client_hello())
+        writer.write(client_hello())
         assert await asyncio.wait_for(reader.read(1), TIMEOUT_S)  # our answer
         assert await asyncio.wait_for(reader.read(), TIMEOUT_S) is not None  # then the cut (EOF or alert)
         st = server.listener.stats
