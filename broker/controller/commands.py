@@ -141,6 +141,13 @@ invariant(set(BUILDERS) == set(Command) - set(READERS) - LIFECYCLE, "every writi
 def build_command(controller: Controller, command: str, args: dict) -> list[bytes]:
     """Records for one writing controller command; CommandError if the state
     refuses it or the command is unknown (or read-only)."""
+    return build_command_records(controller, command, args)[0]
+
+
+def build_command_records(controller: Controller, command: str, args: dict) -> tuple[list[bytes], int]:
+    """``build_command``'s records and how many of them come before the
+    command's own (the quorum's metadata.version record, on a log without
+    one): the command's answer names the offset of its own first record."""
     cmd = parse_command(command)
     builder = BUILDERS.get(cmd)
     if builder is None:
@@ -152,7 +159,8 @@ def build_command(controller: Controller, command: str, args: dict) -> list[byte
         # bootstrap); a Kafka controller or broker replaying ours stops without it.
         level = state.features.get(METADATA_VERSION, METADATA_VERSION_LEVEL)
         records.insert(0, encode_record(FeatureLevel(METADATA_VERSION, level)))
-    return records
+        return records, 1
+    return records, 0
 
 
 class CommandToken:
@@ -286,11 +294,7 @@ class CommandQueue:
                 if body.command in LIFECYCLE:
                     records, result = self._run_lifecycle(controller, body, core)
                 else:
-                    # The record build_command puts first on a log without
-                    # metadata.version is not the command's: its answer names
-                    # the offset of its own first record.
-                    skip = 0 if controller.state.metadata_version_logged else 1
-                    records = build_command(controller, body.command, body.args)
+                    records, skip = build_command_records(controller, body.command, body.args)
             except CommandError as exc:
                 answers.append((token, m.ControllerCommandResponse(error_code=exc.error_code,
                                                                    error_message=str(exc))))
@@ -306,7 +310,7 @@ class CommandQueue:
                 continue
             self.in_flight = token
             self._in_flight_result = result
-            self._in_flight_skip = skip if records else 0
+            self._in_flight_skip = skip
             return answers, (token, records)
         if not self._queue and self.in_flight is None and core.is_leader \
                 and controller.applied_offset >= core.log_end_offset:

@@ -25,12 +25,17 @@ class SnapshotPolicy:
             raise ValueError(f"snapshot_min_records must be > 0, got {min_records}")
         self.min_records = min_records
 
+    def due(self, records_since_snapshot: int, busy: bool) -> bool:
+        """Whether a snapshot may be wanted at all: cheap, so a caller asks
+        it after every apply before building ``next_snapshot``'s arguments."""
+        return not busy and records_since_snapshot >= self.min_records
+
     def next_snapshot(self, *, records_since_snapshot: int, applied_offset: int,
                       epoch_for_offset: Callable[[int], int], exists: Callable[[m.SnapshotId], bool],
                       busy: bool) -> m.SnapshotId | None:
         """The snapshot to write now, or None. `busy`: one is being written
         (or the broker is stopping); `exists`: that snapshot is on disk already."""
-        if busy or records_since_snapshot < self.min_records:
+        if not self.due(records_since_snapshot, busy):
             return None
         invariant(applied_offset > 0, "%d records applied since the last snapshot, yet nothing applied",
                   records_since_snapshot)

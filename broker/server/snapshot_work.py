@@ -204,12 +204,13 @@ class SnapshotWork:
     # -- our own snapshots ------------------------------------------------------
     def maybe_start(self) -> None:
         b = self.broker
-        if self.task is not None or b.stopping or b.controller.records_since_snapshot < self.policy.min_records:
-            return  # the policy's answer, before its arguments are built (after every apply)
+        busy = self.task is not None or b.stopping
+        if not self.policy.due(b.controller.records_since_snapshot, busy):
+            return  # before next_snapshot's arguments are built: this runs after every apply
         snap_id = self.policy.next_snapshot(
             records_since_snapshot=b.controller.records_since_snapshot,
             applied_offset=b.controller.applied_offset, epoch_for_offset=b.core.epochs.epoch_for_offset,
-            exists=lambda sid: b.snapshots.size(sid) is not None, busy=self.task is not None or b.stopping)
+            exists=lambda sid: b.snapshots.size(sid) is not None, busy=busy)
         if snap_id is None:
             return
         take = self._take_forked() if self.generation == "fork" else self._take()
