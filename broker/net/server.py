@@ -46,6 +46,7 @@ import struct
 from typing import TYPE_CHECKING, Any, Callable
 
 from metalog.broker.net.principal import ANONYMOUS, Principal, principal_from_cert
+from metalog.broker.net.tls_transport import TlsSocketTransport
 from metalog.protocol.invariants import InvariantViolation
 from metalog.protocol.kafka.framing import NEED_DATA, FrameDecoder, FrameError
 
@@ -123,9 +124,8 @@ class Connection(asyncio.Protocol):
         if self.peer_host not in listener.exempt:
             self._probe_fd = _dup_fd(transport)
         timeout_s = listener.handshake_timeout_ms / 1000
-        handshake = getattr(transport, "handshake", None)
-        if handshake is not None:  # our listener's TlsSocketTransport: the handshake runs in a thread
-            started: Any = handshake(timeout_s)
+        if isinstance(transport, TlsSocketTransport):  # our listener's: the handshake runs in a thread
+            started: Any = transport.handshake(timeout_s)
         else:
             # start_tls must take the transport over now, inside connection_made:
             # uvloop starts reading right after connection_made returns, and a
