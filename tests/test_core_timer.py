@@ -9,6 +9,7 @@ import asyncio
 
 from metalog.broker.server.clocks import now_ms
 from metalog.broker.server.timers import CoreTimer
+from tests.net.helpers import wait_for_condition
 
 
 class _Core:
@@ -25,11 +26,7 @@ def _timer(core: _Core, ticks: list[int]) -> CoreTimer:
 
 
 async def _first_tick(ticks: list[int], within_s: float = 10.0) -> int:
-    loop = asyncio.get_running_loop()
-    end_s = loop.time() + within_s
-    while not ticks and loop.time() < end_s:
-        await asyncio.sleep(0.005)
-    assert ticks, "no tick"
+    await wait_for_condition(lambda: ticks, within_s, "a tick")
     return ticks[0]
 
 
