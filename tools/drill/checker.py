@@ -31,6 +31,7 @@ import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from metalog.protocol.invariants import InvariantViolation
 from metalog.storage import batch as B
 from metalog.storage import metadata_records as MR
 from metalog.storage.segments import SegmentedLog
@@ -169,7 +170,8 @@ def read_replica(node: int, data_dir: str) -> ReplicaLog:
         batches = []
         for info in log.iter_batch_headers():
             raw = log.read(max(info.base_offset, log.log_start_offset), info.next_offset, 1 << 30)
-            assert raw, f"node {node}: batch at {info.base_offset} read back empty"
+            if not raw:
+                raise InvariantViolation(f"node {node}: batch at {info.base_offset} read back empty")
             batches.append((info.base_offset, info.next_offset, info.leader_epoch, bytes(raw[:info.size_bytes])))
         return ReplicaLog(node, log.log_start_offset, log.log_end_offset, batches)
     finally:

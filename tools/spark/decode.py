@@ -30,6 +30,7 @@ import re
 from itertools import repeat
 from typing import Iterator
 
+from metalog.protocol.invariants import InvariantViolation
 from metalog.storage import batch as b
 from metalog.storage import control_records as cr
 from metalog.storage import metadata_records as r
@@ -222,7 +223,8 @@ def _decode_segment(replica: str, name: str, data: bytes,
 
 def _decode_snapshot(replica: str, name: str, data: bytes) -> Iterator[dict]:
     sid = parse_snapshot_filename(name)
-    assert sid is not None
+    if sid is None:
+        raise InvariantViolation(f"{name}: not a snapshot file name")
     try:
         layout = verify_snapshot_bytes(data, sid, name)
     except CorruptSnapshotError as exc:

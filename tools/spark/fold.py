@@ -63,6 +63,7 @@ import msgspec
 from metalog.broker.controller import producer_blocks
 from metalog.broker.controller.acl import acl_problem
 from metalog.broker.controller.state import ControllerState, _partition_problem
+from metalog.protocol.invariants import InvariantViolation
 from metalog.storage import metadata_records as r
 
 _replace = msgspec.structs.replace
@@ -366,7 +367,8 @@ def fold_topics(records: Iterable[tuple[int, bytes]], cuts: Sequence[int]
             names[rec.name] = rec.topic_id
             started[rec.topic_id] = offset
         else:
-            assert type(rec) is r.RemoveTopic, type(rec)
+            if type(rec) is not r.RemoveTopic:
+                raise InvariantViolation(f"topic fold: {type(rec).__name__} is not RemoveTopic")
             old = live.pop(rec.topic_id, None)
             if old is None:
                 invalid += 1
@@ -466,7 +468,8 @@ def fold_broker(records: Iterable[tuple[int, bytes]], cuts: Sequence[int]
                 cur = _replace(cur, fenced=rec.fenced == 1)
             bid = rec.broker_id
         else:
-            assert t in (r.FenceBroker, r.UnfenceBroker, r.FenceBrokerImplicit), t
+            if t not in (r.FenceBroker, r.UnfenceBroker, r.FenceBrokerImplicit):
+                raise InvariantViolation(f"broker fold: {t.__name__} is not a fence record")
             if cur is None or cur.broker_epoch != rec.epoch:
                 invalid += 1
                 continue
@@ -597,7 +600,8 @@ def fold_partition(key: str, records: Iterable[tuple[int, bytes]], cuts: Sequenc
             cur = rec
             refresh()
         else:
-            assert type(rec) is PartitionChange, type(rec)
+            if type(rec) is not PartitionChange:
+                raise InvariantViolation(f"partition fold: {type(rec).__name__} is not PartitionChange")
             if cur is None:
                 invalid += 1
                 continue

@@ -71,6 +71,7 @@ from collections import Counter
 if __package__ in (None, ""):  # spark-submit tools/spark/job.py: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from metalog.protocol.invariants import InvariantViolation  # noqa: E402
 from metalog.protocol.messages import SnapshotId  # noqa: E402
 from metalog.storage import control_records as cr  # noqa: E402
 from metalog.storage import metadata_records  # noqa: E402
@@ -261,7 +262,8 @@ def _make_fold_fn(cuts, tables_bc):
                         folded.add((cur_kind, cur_key))
                         recs = []
                     # A key folded twice would emit two partial states for one entity.
-                    assert (kind, key) not in folded, f"key {kind}/{key!r} not contiguous in its partition"
+                    if (kind, key) in folded:
+                        raise InvariantViolation(f"key {kind}/{key!r} not contiguous in its partition")
                     cur_kind, cur_key = kind, key
                 recs.append((offset, value, n) if kind == F.K_CONFIG else (offset, value))
             if len(out) >= FOLD_ROWS_PER_BATCH:
@@ -1117,7 +1119,8 @@ class Replay:
             since = latest["end_offset"]
             if latest.get("voters"):
                 voters = cr.decode_control(bytes.fromhex(latest["voters"]))
-                assert isinstance(voters, cr.VotersRecord), latest
+                if not isinstance(voters, cr.VotersRecord):
+                    raise InvariantViolation(f"snapshot voters are not a VotersRecord: {latest}")
                 kraft_version = 1
         controls = (self.committed.filter(f.col("control") & (f.col("offset") >= since)
                                           & (f.col("offset") < cut))
