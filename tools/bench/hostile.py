@@ -40,11 +40,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import errno
 import json
 import os
 import random
 import re
 import resource
+import selectors
+import socket
 import ssl
 import subprocess
 import sys
@@ -149,48 +153,105 @@ def _client_hello(ctx: ssl.SSLContext) -> bytes:
     return outgoing.read()
 
 
-async def _flood(host: str, port: int, per_s: int, duration_s: float, bad_ca_dir: str) -> dict:
+def _flood(host: str, port: int, per_s: int, duration_s: float, bad_ca_dir: str) -> dict:
     """`per_s` new connections a second, each sending a ClientHello and waiting (up to
     FLOOD_GIVE_UP_S) for the server's answer to it, its key share and certificate, which
-    cost the server a signature: the cheap-for-us, costly-for-them handshake flood."""
+    cost the server a signature: the cheap-for-us, costly-for-them handshake flood.
+
+    Bare non-blocking sockets under one selector rather than asyncio streams: the attacker
+    shares the cluster's cores, and a Task, a StreamReader and a timeout per connection cost
+    it about 150 us of CPU a connection where bare sockets take 90 (most of it the kernel's
+    connect), CPU an attacker on another host would not take from the cluster. The server
+    sees the same traffic."""
     hello = _client_hello(_bad_context(bad_ca_dir))
     stats = {"opened": 0, "server_answered": 0, "gave_up": 0, "connect_errors": 0, "skipped_at_cap": 0}
-    inflight: set[asyncio.Task] = set()
-
-    async def one(i: int) -> None:
-        writer = None
-        try:
-            async with asyncio.timeout(FLOOD_GIVE_UP_S):
-                reader, writer = await asyncio.open_connection(host, port, local_addr=(f"127.0.2.{1 + i % 250}", 0))
-                writer.write(hello)
-                answered = await reader.read(1 << 16)
-            stats["server_answered" if answered else "connect_errors"] += 1
-        except TimeoutError:
-            stats["gave_up"] += 1
-        except OSError:
-            stats["connect_errors"] += 1
-        finally:
-            if writer is not None:
-                writer.close()
-
-    loop = asyncio.get_running_loop()
-    start_s = loop.time()
+    flood = _LeanFlood(host, port, hello, stats)
+    start_s = time.monotonic()
     i = 0
-    while loop.time() - start_s < duration_s:
-        due = int((loop.time() - start_s) * per_s)
-        while i < due:
-            if len(inflight) >= FLOOD_INFLIGHT_MAX:
-                stats["skipped_at_cap"] += 1
-            else:
-                task = asyncio.ensure_future(one(i))
-                inflight.add(task)
-                task.add_done_callback(inflight.discard)
-                stats["opened"] += 1
-            i += 1
-        await asyncio.sleep(0.005)  # the pacing tick of the flood
-    if inflight:
-        await asyncio.wait(inflight, timeout=FLOOD_GIVE_UP_S + 1)
+    while True:
+        elapsed_s = time.monotonic() - start_s
+        if elapsed_s < duration_s:
+            due = int(elapsed_s * per_s)
+            while i < due:  # bounded: at most per_s * duration_s openings in all
+                if flood.open_count() >= FLOOD_INFLIGHT_MAX:
+                    stats["skipped_at_cap"] += 1
+                else:
+                    flood.open(f"127.0.2.{1 + i % 250}")
+                i += 1
+        elif flood.open_count() == 0 or elapsed_s > duration_s + FLOOD_GIVE_UP_S + 1:
+            break
+        flood.poll(0.005)  # also the pacing tick of the flood
+    flood.close_all()
     return stats
+
+
+class _LeanFlood:
+    """The flood's connections: connect, send the ClientHello, wait for an answer or give up."""
+
+    def __init__(self, host: str, port: int, hello: bytes, stats: dict) -> None:
+        self.address, self.hello, self.stats = (host, port), hello, stats
+        self.selector = selectors.DefaultSelector()
+        self.give_up: collections.deque[tuple[float, socket.socket]] = collections.deque()  # in opening order
+
+    def open_count(self) -> int:
+        return len(self.selector.get_map())
+
+    def open(self, source: str) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        self.stats["opened"] += 1
+        try:
+            sock.bind((source, 0))
+            err = sock.connect_ex(self.address)
+        except OSError:
+            err = -1
+        if err not in (0, errno.EINPROGRESS):
+            self.stats["connect_errors"] += 1
+            sock.close()
+            return
+        self.selector.register(sock, selectors.EVENT_WRITE, "connecting")
+        self.give_up.append((time.monotonic() + FLOOD_GIVE_UP_S, sock))
+
+    def poll(self, timeout_s: float) -> None:
+        for key, _ in self.selector.select(timeout_s):
+            sock = key.fileobj
+            if key.data == "connecting":
+                self._connected(sock)  # type: ignore[arg-type]
+            else:
+                self._answered(sock)  # type: ignore[arg-type]
+        now_s = time.monotonic()
+        while self.give_up and self.give_up[0][0] <= now_s:
+            _, sock = self.give_up.popleft()
+            if sock.fileno() >= 0:
+                self._finish(sock, "gave_up")
+
+    def _connected(self, sock: socket.socket) -> None:
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            return self._finish(sock, "connect_errors")
+        try:
+            sock.send(self.hello)
+        except OSError:
+            return self._finish(sock, "connect_errors")
+        self.selector.modify(sock, selectors.EVENT_READ, "waiting")
+
+    def _answered(self, sock: socket.socket) -> None:
+        try:
+            answered = sock.recv(1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            answered = b""
+        self._finish(sock, "server_answered" if answered else "connect_errors")
+
+    def _finish(self, sock: socket.socket, outcome: str) -> None:
+        self.stats[outcome] += 1
+        self.selector.unregister(sock)
+        sock.close()
+
+    def close_all(self) -> None:
+        for key in list(self.selector.get_map().values()):
+            self._finish(key.fileobj, "gave_up")  # type: ignore[arg-type]
+        self.selector.close()
 
 
 async def _sink(duration_s: float) -> None:
@@ -207,10 +268,14 @@ async def _sink(duration_s: float) -> None:
 
 def attacker_main(argv: list[str]) -> int:
     kind, host, port, n, duration_s, bad = argv[0], argv[1], int(argv[2]), int(argv[3]), float(argv[4]), argv[5]
-    attack = _connections if kind == "connections" else _flood
-    stats = uvloop.run(attack(host, port, n, duration_s, bad))
+    before = resource.getrusage(resource.RUSAGE_SELF)  # after the imports: the attack's own CPU only
+    if kind == "connections":
+        stats = uvloop.run(_connections(host, port, n, duration_s, bad))
+    else:
+        stats = _flood(host, port, n, duration_s, bad)
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    stats["cpu_per_s"] = round((usage.ru_utime + usage.ru_stime) / duration_s, 2)  # the attacker's own share of a core
+    cpu_s = usage.ru_utime + usage.ru_stime - before.ru_utime - before.ru_stime
+    stats["cpu_per_s"] = round(cpu_s / duration_s, 2)  # the attacker's own share of a core
     print(json.dumps(stats), flush=True)
     return 0
 
