@@ -19,7 +19,19 @@ own observers send them) into our segmented log:
 3. ``metalog storage verify`` finds our copy whole, and our controller state
    from our copy (snapshot + log) holds the topics kafka-topics describes;
 4. an answer we cannot use (a broker's listener: no FetchSnapshot) or a dir
-   of another cluster is one line on stderr, no traceback.
+   of another cluster is one line on stderr, no traceback;
+5. ``metalog spark audit`` over our copy and Kafka's three controllers' dirs
+   (Kafka stopped) finds Kafka's voters, a high watermark at or past the one
+   kafka-metadata-quorum reported, and our copy (an observer, not voting)
+   equal to Kafka's below it.
+
+Secure as a user runs it: every Kafka listener is SSL with client
+certificates required and Kafka's StandardAuthorizer with
+``allow.everyone.if.no.acl.found=false``; the follower dials with the CA,
+checks the controllers' host names, and presents a node certificate whose
+principal Kafka lets replicate (a super user, as Kafka's own brokers are).
+A wrong CA, a certificate of another CA, and a principal Kafka does not
+authorize are each one line and exit 1.
 """
 
 from __future__ import annotations
@@ -58,9 +70,24 @@ def metalog(*args: str, timeout_s: float = 180.0) -> subprocess.CompletedProcess
                           text=True, timeout=timeout_s)
 
 
+def tls_args(c: kq.KafkaCluster, name: str = f"node-{OBSERVER_ID}") -> list[str]:
+    """The follower's TLS flags: the cluster's CA, and a certificate of it for `name`
+    (node-<id>: a node certificate, User:node-<id> to Kafka; else a user's)."""
+    from metalog.tools.cluster import certs
+
+    out = os.path.join(c.tls_dir, "follower")
+    if not os.path.exists(os.path.join(out, f"{name}.crt")):
+        if name.startswith("node-"):
+            certs.issue_node(c.tls_dir, out, int(name.removeprefix("node-")), ["127.0.0.1"])
+        else:
+            certs.issue_user(c.tls_dir, out, name)
+    return ["--tls-ca", os.path.join(c.tls_dir, "ca.crt"), "--tls-cert", os.path.join(out, f"{name}.crt"),
+            "--tls-key", os.path.join(out, f"{name}.key")]
+
+
 def follow_args(c: kq.KafkaCluster, data_dir: str, *extra: str) -> list[str]:
     return ["kafka", "follow", "--bootstrap-controller", c.bootstrap_controllers(), "--data-dir", data_dir,
-            "--node-id", str(OBSERVER_ID), "--snapshot-chunk-bytes-max", str(CHUNK_BYTES), *extra]
+            "--node-id", str(OBSERVER_ID), "--snapshot-chunk-bytes-max", str(CHUNK_BYTES), *tls_args(c), *extra]
 
 
 def events(text: str) -> list[dict]:
@@ -194,7 +221,8 @@ def _phase_two(c: kq.KafkaCluster, f: Followed) -> None:
                 "--add-config", "cleanup.policy=compact")
         f.topics = c.admin(kq.TOPICS, "--describe").stdout
         st = kq.describe_status(c.tool(kq.METADATA_QUORUM, ["--bootstrap-controller", ",".join(
-            f"127.0.0.1:{n.port}" for n in c.controllers if n is not old), "describe", "--status"]).stdout)
+            f"127.0.0.1:{n.port}" for n in c.controllers if n is not old), *c.command_config(),
+            "describe", "--status"]).stdout)
         f.hw_after, f.leader_after = int(st["HighWatermark"]), int(st["LeaderId"])
         assert f.leader_after != old.node_id
         follower.wait_for(lambda e: e["event"] == "progress" and e["leader_id"] == f.leader_after
@@ -214,7 +242,9 @@ def followed(tmp_path_factory) -> Followed:
         pytest.fail(str(exc))
     root = tmp_path_factory.mktemp("follow")
     t0 = time.monotonic()
-    c = kq.KafkaCluster.create(str(root / "kafka"))
+    supers = ["User:admin", *(f"User:node-{n}" for n in (*kq.CONTROLLER_IDS, kq.BROKER_ID, OBSERVER_ID))]
+    c = kq.KafkaCluster.create(str(root / "kafka"), tls_dir=str(root / "ca"), overrides={
+        "allow.everyone.if.no.acl.found": "false", "super.users": ";".join(supers)})
     f = Followed(c, str(root / "ours"))
     try:
         c.start()
@@ -326,7 +356,7 @@ def test_an_answer_we_cannot_use_is_one_line(followed, tmp_path):
     c = followed.cluster
     # A broker's listener serves Fetch to consumers, not FetchSnapshot: it is no controller.
     out = metalog("kafka", "follow", "--bootstrap-controller", c.bootstrap_servers(), "--data-dir",
-                  str(tmp_path / "broker"), "--until-caught-up", "--timeout-s", "30")
+                  str(tmp_path / "broker"), "--until-caught-up", "--timeout-s", "30", *tls_args(c))
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     [line] = out.stderr.strip().splitlines()
     assert "FetchSnapshot" in line and "api key 59" in line, line
@@ -336,10 +366,67 @@ def test_an_answer_we_cannot_use_is_one_line(followed, tmp_path):
     (other / "meta.properties").write_text(f"version=1\nnode.id={OBSERVER_ID}\ncluster.id=AnotherClusterIdAAAAAA\n")
     live = [n for n in c.controllers if n.proc is not None and n.proc.poll() is None]
     out = metalog("kafka", "follow", "--bootstrap-controller", f"127.0.0.1:{live[0].port}", "--data-dir",
-                  str(other), "--node-id", str(OBSERVER_ID), "--until-caught-up", "--timeout-s", "30")
+                  str(other), "--node-id", str(OBSERVER_ID), "--until-caught-up", "--timeout-s", "30",
+                  *tls_args(c))
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     [line] = out.stderr.strip().splitlines()
     assert "AnotherClusterIdAAAAAA" in line and c.cluster_id in line, line
+
+
+def one_line_refusal(c: kq.KafkaCluster, data_dir: str, *flags: str) -> str:
+    """`metalog kafka follow` with these TLS flags at a live controller: exit 1 with one line."""
+    live = [n for n in c.controllers if n.proc is not None and n.proc.poll() is None]
+    out = metalog("kafka", "follow", "--bootstrap-controller", f"127.0.0.1:{live[0].port}", "--data-dir", data_dir,
+                  "--until-caught-up", "--timeout-s", "60", *flags)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    [line] = out.stderr.strip().splitlines()
+    return line
+
+
+def test_tls_and_authorization_refusals_are_one_line(followed, tmp_path):
+    from metalog.tools.cluster import certs
+
+    c = followed.cluster
+    other = str(tmp_path / "other-ca")
+    certs.init_ca(other, name="another-ca")
+    certs.issue_node(other, other, OBSERVER_ID, ["127.0.0.1"])
+    ours = tls_args(c)
+    theirs_unverified = one_line_refusal(c, str(tmp_path / "a"), "--tls-ca", os.path.join(other, "ca.crt"),
+                                         *ours[2:])
+    ours_refused = one_line_refusal(c, str(tmp_path / "b"), *ours[:2],
+                                    "--tls-cert", os.path.join(other, f"node-{OBSERVER_ID}.crt"),
+                                    "--tls-key", os.path.join(other, f"node-{OBSERVER_ID}.key"))
+    not_authorized = one_line_refusal(c, str(tmp_path / "c"), *tls_args(c, "stranger"))
+    print("\n" + "\n".join((theirs_unverified, ours_refused, not_authorized)))
+    # Their certificate is not of the CA we were given.
+    assert theirs_unverified.startswith("metalog: error: TLS with 127.0.0.1:"), theirs_unverified
+    assert "certificate verify failed" in theirs_unverified, theirs_unverified
+    # Ours is not of the CA Kafka trusts: Kafka refuses it with an alert.
+    assert ours_refused.startswith("metalog: error: TLS with 127.0.0.1:") and "alert" in ours_refused, ours_refused
+    # A certificate of the right CA whose principal Kafka's authorizer does not let replicate.
+    assert "CLUSTER_AUTHORIZATION_FAILED" in not_authorized, not_authorized
+
+
+def test_spark_audit_of_our_copy_agrees_with_kafkas_high_watermark(followed, tmp_path):
+    """Last in the module: it stops Kafka (the job reads files at rest)."""
+    f, c = followed, followed.cluster
+    c.stop()
+    report = str(tmp_path / "audit.json")
+    out = metalog("spark", "audit", f.ours, *(n.log_dir for n in c.controllers), "--report", report,
+                  "--master", "local[2]", "--shuffle-partitions", "2", timeout_s=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    with open(report) as fh:
+        rep = json.load(fh)
+    assert rep["voters"] == sorted(kq.CONTROLLER_IDS) and not rep["errors"]
+    # At or past what kafka-metadata-quorum reported live (NoOps came after), within the voters' logs.
+    assert rep["hw"] >= f.hw_after
+    [(name, mine)] = [(n, a) for n, a in rep["audit"].items() if int(a["node_id"]) == OBSERVER_ID]
+    assert not mine["in_vote"] and mine["log_end_offset"] >= f.hw_after
+    # Equal to Kafka's below the HW: the copy may end short of it (we stopped first), never differ.
+    assert mine["status"] in ("agrees", "behind"), (name, mine)
+    assert mine.get("first_diff_offset") is None
+    for n, a in rep["audit"].items():
+        assert a.get("first_diff_offset") is None or a["first_diff_offset"] >= rep["hw"], (n, a)
 
 
 

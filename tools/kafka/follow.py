@@ -38,7 +38,11 @@ leader-epoch-checkpoint: what ``metalog storage verify`` and ``metalog dump``
 read. On stdout, one JSON line per event (connected, leader, snapshot,
 truncated, progress at most once a second, caught_up). TLS: ``--tls-ca`` (and
 ``--tls-cert``/``--tls-key`` for mutual TLS) wrap every connection; the
-Kafka harness of the tests is plaintext, so only plaintext is tested.
+controller's certificate must name the host we dial (Kafka's default
+``ssl.endpoint.identification.algorithm=https``; ``--tls-no-hostname-check``
+turns that off, loudly). A TLS failure (their certificate not verified by
+our CA or not naming the host, ours refused by them) is one line and exit 1:
+retrying cannot fix a configuration.
 """
 
 from __future__ import annotations
@@ -434,6 +438,8 @@ class Follower:
                     await self._fetch_once()
                 except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
                     where = f"{self._target[0]}:{self._target[1]}" if self._target else "?"
+                    if is_tls_refusal(exc):  # a configuration, not a network fault: retrying cannot fix it
+                        raise KafkaAnswerError(f"TLS with {where} failed: {tls_failure_text(exc)}") from None
                     self.emit("disconnected", address=where, reason=str(exc) or type(exc).__name__)
                     self._leader_lost()
                     await self._back_off()
@@ -619,15 +625,40 @@ def parse_bootstrap(text: str) -> list[tuple[str, int]]:
     return out
 
 
-def tls_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext | None:
-    """Kafka's SSL controller listener: verify it with `ca`; `cert`/`key` for mutual TLS."""
+def tls_context(ca: str | None, cert: str | None, key: str | None,
+                check_hostname: bool = True) -> ssl.SSLContext | None:
+    """Kafka's SSL controller listener: verify it with `ca` (and that its certificate names
+    the host we dial, as Kafka's clients do by default); `cert`/`key` for mutual TLS."""
     if ca is None and cert is None:
         return None
-    ctx = ssl.create_default_context(cafile=ca)
-    ctx.check_hostname = False  # Kafka's default ssl.endpoint.identification.algorithm is https; certs here name nodes
-    if cert is not None:
-        ctx.load_cert_chain(cert, key)
+    try:
+        ctx = ssl.create_default_context(cafile=ca)
+        ctx.check_hostname = check_hostname
+        if cert is not None:
+            ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise KafkaAnswerError(f"--tls-ca {ca} / --tls-cert {cert} / --tls-key {key}: "
+                               f"{tls_failure_text(exc)}") from None
     return ctx
+
+
+def is_tls_refusal(exc: BaseException) -> bool:
+    """Whether a TLS error says one side refused the other (an unverified certificate, an
+    alert: unknown CA, bad certificate, certificate required, access denied; a plaintext
+    listener), not that a connection broke (an unclean EOF when a controller dies)."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return True
+    reason = exc.reason if isinstance(exc, ssl.SSLError) else None
+    return bool(reason) and ("ALERT" in reason or reason == "WRONG_VERSION_NUMBER")
+
+
+def tls_failure_text(exc: BaseException) -> str:
+    """One line for a TLS failure: OpenSSL's verify message or reason, else the error."""
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        return f"certificate verify failed: {exc.verify_message}"
+    if isinstance(exc, ssl.SSLError) and exc.reason:
+        return exc.reason.lower().replace("_", " ")
+    return str(exc) or type(exc).__name__
 
 
 async def follow(options: FollowOptions) -> int:
@@ -648,7 +679,10 @@ def cmd_follow(args: argparse.Namespace) -> int:
             bootstrap=parse_bootstrap(args.bootstrap_controller), data_dir=args.data_dir, node_id=args.node_id,
             until_caught_up=args.until_caught_up, timeout_s=args.timeout_s,
             snapshot_chunk_bytes_max=args.snapshot_chunk_bytes_max,
-            tls=tls_context(args.tls_ca, args.tls_cert, args.tls_key))
+            tls=tls_context(args.tls_ca, args.tls_cert, args.tls_key, check_hostname=not args.tls_no_hostname_check))
+        if args.tls_no_hostname_check:
+            print("metalog: warning: --tls-no-hostname-check: any certificate of the CA is taken for any "
+                  "controller (a man in the middle holding one is not detected)", file=sys.stderr)
         return asyncio.run(follow(options))
     except (KafkaAnswerError, UnsupportedVersionError) as exc:
         print(f"metalog: error: {exc}", file=sys.stderr)
@@ -673,4 +707,7 @@ def register_cli(sub: Any) -> None:
     f.add_argument("--tls-ca", help="CA file: speak TLS to an SSL controller listener")
     f.add_argument("--tls-cert", help="our certificate (mutual TLS)")
     f.add_argument("--tls-key", help="its key")
+    f.add_argument("--tls-no-hostname-check", action="store_true",
+                   help="accept a controller certificate that does not name the host dialled (insecure; "
+                        "Kafka's ssl.endpoint.identification.algorithm= empty)")
     f.set_defaults(func=cmd_follow)

@@ -26,7 +26,8 @@ With ``tls_dir`` (a directory holding a CA as ``metalog certs`` makes it,
 cryptography, the CA as a PEM truststore (Kafka reads PEM, KIP-651), and
 ``ssl.principal.mapping.rules`` maps a certificate to ``User:<CN>``, as
 metalog does; ``client_tls()`` issues the ``admin`` user's PEM files for a
-client. ``overrides`` replaces any property (the bench restores Kafka's
+client, and ``quorum()``/``admin()`` pass Kafka's tools ``command_config()``,
+the same files as an SSL client's properties. ``overrides`` replaces any property (the bench restores Kafka's
 defaults where COMMON shrinks them for tests) and ``jvm_flags`` the JVM's
 flags (the bench runs Kafka's stock ``kafka-server-start.sh`` flags).
 ``launch()`` spawns every node without waiting and ``elected_leader()``
@@ -357,12 +358,31 @@ class KafkaCluster:
 
     def quorum(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """kafka-metadata-quorum against the controllers (bootstrap.controllers)."""
-        return self.tool(METADATA_QUORUM, ["--bootstrap-controller", self.bootstrap_controllers(), *args],
-                         check=check)
+        return self.tool(METADATA_QUORUM, ["--bootstrap-controller", self.bootstrap_controllers(),
+                                           *self.command_config(), *args], check=check)
 
     def admin(self, main_class: str, *args: str) -> subprocess.CompletedProcess[str]:
         """kafka-topics / -configs / -acls / -features against the broker."""
-        return self.tool(main_class, ["--bootstrap-server", self.bootstrap_servers(), *args])
+        return self.tool(main_class, ["--bootstrap-server", self.bootstrap_servers(), *self.command_config(), *args])
+
+    def command_config(self, user: str = "admin") -> list[str]:
+        """`--command-config FILE` for Kafka's tools as `user` over SSL (none without tls_dir):
+        the CA as a PEM truststore, the user's key and certificate as a PEM keystore."""
+        if not self.tls_dir:
+            return []
+        path = os.path.join(self.root, f"{user}-client.properties")
+        if not os.path.exists(path):
+            pem = self.client_tls(user)
+            keystore = os.path.join(self.root, f"{user}-keystore.pem")
+            with open(keystore, "w") as out:
+                for part in ("ssl.key.location", "ssl.certificate.location"):
+                    with open(pem[part]) as f:
+                        out.write(f.read())
+            with open(path, "w") as out:
+                out.write(f"security.protocol=SSL\nssl.truststore.type=PEM\n"
+                          f"ssl.truststore.location={pem['ssl.ca.location']}\n"
+                          f"ssl.keystore.type=PEM\nssl.keystore.location={keystore}\n")
+        return ["--command-config", path]
 
 
 def describe_status(text: str) -> dict[str, str]:
