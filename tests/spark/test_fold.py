@@ -89,6 +89,24 @@ def test_combine_keeps_what_a_cut_can_see():
     assert len([x for x in rows if x.kind == fold.K_CONFIG]) < configs / 2
 
 
+def test_combine_never_spans_a_transaction_marker():
+    """The fused decode combines before the job drops an aborted transaction's
+    range: a run spanning BeginTransaction would leave only its last write,
+    inside the range, and the write before it would be lost with it."""
+    tid = "00000000-0000-0000-0000-0000000000a1"
+
+    def cfg(v):
+        return r.encode_record(r.Config(r.RESOURCE_TOPIC, "t", "retention.ms", v))
+
+    begin, abort = r.encode_record(r.UnknownRecord(23, 0, b"\x00")), r.encode_record(r.UnknownRecord(25, 0, b"\x00"))
+    values = [r.encode_record(r.Topic("t", tid)), cfg("1"), cfg("2"), begin, cfg("3"), cfg("4"), abort, cfg("5")]
+    combiner = fold.Combiner([100])
+    rows = [row for o, v in enumerate(values) for row in combiner.feed(o, v, "f")] + list(combiner.flush())
+    kept = [(x.offset, x.n) for x in rows if x.kind == fold.K_CONFIG]
+    assert kept == [(2, 2), (5, 2), (7, 1)]  # one run each side of each marker
+    assert sum(x.n for x in rows) == len(values)
+
+
 def test_fence_expansion_elects_by_status_at_that_offset():
     """A fence elects the first usable replica as of the fence offset: a broker
     unfenced later must not count, one fenced earlier must not count."""

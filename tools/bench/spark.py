@@ -382,6 +382,8 @@ def main() -> int:
     spark_rate = round(records / after_start) if after_start else None
     broker_rate = round(broker_n / broker_s) if broker_s else None
     print("stages (s): " + ", ".join(f"{k} {v}" for k, v in stages.items()), file=sys.stderr)
+    print(f"path: {read.get('path')} ({read.get('path_why')}); {replay.get('shuffled_rows')} rows shuffled",
+          file=sys.stderr)
     print(f"spark {args.master}: {spark_rate:,} records/s (read, vote, replay, checkpoint) beside the "
           f"broker's own replay: {broker_rate} records/s (one process); job CPU {cpu.seconds} s "
           f"(all processes) for {records:,} records", file=sys.stderr)
@@ -394,6 +396,7 @@ def main() -> int:
         "read_vote_replay_seconds": round(after_start, 1),
         "read_vote_replay_records_per_s": spark_rate,
         "stages_s": stages,
+        "path": read.get("path"), "path_why": read.get("path_why"), "shuffled_rows": replay.get("shuffled_rows"),
         "job_cpu_seconds": cpu.seconds,
         "job_cpu_seconds_by_process": cpu.by_name() if cpu.available else None,
         "cpu_us_per_record": round(cpu.seconds / records * 1e6, 1) if cpu.seconds else None,

@@ -15,7 +15,19 @@ apart by ``kind``:
 * ``snaprec`` one record of a snapshot with its entity sort key (for the
             distributed comparison with the rebuilt state);
 * ``meta``  the text of a small file (meta.properties, log-start-offset,
-            quorum-state).
+            quorum-state);
+* ``krec``  (the fused path only, ``Fused``) a data record already keyed and
+            combined for the replay: offset, value, fold kind in ``s1``, key
+            in ``s2``, the records it stands for in ``n1``; control records
+            stay ``rec`` rows;
+* ``mark``  (fused path) the epoch and batch timestamp of the record at one
+            offset: each ``Fused.marks`` offset and each segment's last record
+            (what the checkpoint's name and header need at the HW).
+
+The fused path (one clean replica, known before decoding) keys and combines
+in the same pass that decodes (``fold.Combiner`` per file, cut at every
+snapshot offset of the listing and a given end offset), so the rows the job
+caches are the few combined ones, not one per record.
 
 Everything is decoded with the broker's own code (metalog.storage.batch,
 metalog.storage.snapshot, metalog.storage.metadata_records). Pure Python; no Spark import,
@@ -27,8 +39,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from bisect import bisect_left
 from itertools import repeat
-from typing import Iterator
+from typing import Iterator, NamedTuple, Sequence
 
 from metalog.protocol.invariants import InvariantViolation
 from metalog.storage import batch as b
@@ -50,6 +63,16 @@ DECODED_FIELDS = [
     ("sec", "int"), ("s1", "string"), ("n1", "long"), ("s2", "string"), ("s3", "string"),
 ]
 FIELD_NAMES = [n for n, _ in DECODED_FIELDS]
+
+
+class Fused(NamedTuple):
+    """How the fused decode keys and combines: ``cuts`` (sorted: every offset
+    the replay may emit a state at, except the log end) bound the combined
+    runs; ``marks`` (sorted) are the offsets whose epoch and timestamp the
+    driver needs (each cut - 1)."""
+
+    cuts: Sequence[int]
+    marks: Sequence[int]
 
 
 def split_path(path: str) -> tuple[str, str, str]:
@@ -101,11 +124,13 @@ def decode_file(path: str, content: bytes) -> Iterator[dict]:
         yield _row("ignored", replica, name, info=f"ignored {name!r}: not a metadata log file")
 
 
-def decode_file_columns(path: str, content: bytes, cols: dict[str, list]) -> Iterator[int]:
+def decode_file_columns(path: str, content: bytes, cols: dict[str, list],
+                        fused: Fused | None = None) -> Iterator[int]:
     """decode_file's rows appended straight to column lists (``cols[name]`` for
     every name of FIELD_NAMES): a segment's records go in per batch with list
     extends, no dict per record (the executors' hot loop). Yields the row count
-    so far after each batch, so the caller can cut Arrow batches."""
+    so far after each batch, so the caller can cut Arrow batches. With
+    `fused`, a segment's data records come out keyed and combined (``krec``)."""
     replica, _dirname, name = split_path(path)
     if classify(path) != "segment":
         for row in decode_file(path, content):
@@ -113,7 +138,7 @@ def decode_file_columns(path: str, content: bytes, cols: dict[str, list]) -> Ite
                 cols[n].append(row[n])
         yield len(cols["kind"])
         return
-    for row in _decode_segment(replica, name, content, cols):
+    for row in _decode_segment(replica, name, content, cols, fused):
         if row is None:  # a batch of records went into cols
             yield len(cols["kind"])
             continue
@@ -125,10 +150,89 @@ def decode_file_columns(path: str, content: bytes, cols: dict[str, list]) -> Ite
 _NONE_COLS = ("info", "sec", "s1", "n1", "s2", "s3")
 
 
-def _decode_segment(replica: str, name: str, data: bytes,
-                    cols: dict[str, list] | None = None) -> Iterator[dict | None]:
+def _append_records(cols: dict[str, list], replica: str, name: str, h, pos: int, values: list) -> None:
+    """One ``rec`` row per record of a batch, appended to the columns."""
+    k = len(values)
+    cols["kind"].extend(repeat("rec", k))
+    cols["replica"].extend(repeat(replica, k))
+    cols["file"].extend(repeat(name, k))
+    cols["offset"].extend(range(h.base_offset, h.base_offset + k))
+    cols["epoch"].extend(repeat(h.leader_epoch, k))
+    cols["position"].extend(repeat(pos, k))
+    cols["control"].extend(repeat(h.is_control, k))
+    cols["digest"].extend([digest64(v) for v in values])
+    cols["ts"].extend(repeat(h.max_timestamp_ms, k))
+    cols["value"].extend(values)
+    for col in _NONE_COLS:
+        cols[col].extend(repeat(None, k))
+
+
+def _append_keyed(cols: dict[str, list], replica: str, name: str, rows: list) -> None:
+    """``krec`` rows (fold.KeyedRow: offset, kind, key, value, n) appended to the columns."""
+    k = len(rows)
+    if not k:
+        return
+    offsets, kinds, keys, values, weights = zip(*rows)
+    cols["kind"].extend(repeat("krec", k))
+    cols["replica"].extend(repeat(replica, k))
+    cols["file"].extend(repeat(name, k))
+    cols["offset"].extend(offsets)
+    cols["control"].extend(repeat(False, k))
+    cols["value"].extend(values)
+    cols["s1"].extend(kinds)
+    cols["s2"].extend(keys)
+    cols["n1"].extend(weights)
+    for col in _NONE_FOR_KEYED:
+        cols[col].extend(repeat(None, k))
+
+
+_NONE_FOR_KEYED = ("epoch", "position", "digest", "ts", "info", "sec", "s3")
+
+
+class _FusedSegment:
+    """The fused path's state over one segment: its Combiner (runs never span
+    two files) and the marks it has emitted."""
+
+    def __init__(self, fused: Fused, replica: str, name: str) -> None:
+        self.fused = fused
+        self.replica = replica
+        self.name = name
+        self.combiner = fold.Combiner(fused.cuts)
+        self.marked: set[int] = set()
+
+    def batch(self, cols: dict[str, list], h, values: list) -> Iterator[dict]:
+        """Keys and combines a data batch into cols (a control batch's records
+        are rows of their own already); yields the batch's mark rows."""
+        end = h.base_offset + len(values)
+        if values and not h.is_control:
+            out: list = []
+            self.combiner.feed_columns(range(h.base_offset, end), values, repeat(self.name), out)
+            _append_keyed(cols, self.replica, self.name, out)
+        marks = self.fused.marks
+        i = bisect_left(marks, h.base_offset)
+        while i < len(marks) and marks[i] < end:
+            yield self._mark(marks[i], h.leader_epoch, h.max_timestamp_ms)
+            i += 1
+
+    def _mark(self, offset: int, epoch: int, ts: int) -> dict:
+        self.marked.add(offset)
+        return _row("mark", self.replica, self.name, offset=offset, epoch=epoch, ts=ts)
+
+    def finish(self, cols: dict[str, list], last: tuple[int, int, int] | None) -> Iterator[dict]:
+        """Flushes the open runs; the mark of the segment's last record
+        (`last`: offset, epoch, batch timestamp)."""
+        _append_keyed(cols, self.replica, self.name, list(self.combiner.flush()))
+        if last is not None and last[0] not in self.marked:
+            yield self._mark(*last)
+
+
+def _decode_segment(replica: str, name: str, data: bytes, cols: dict[str, list] | None = None,
+                    fused: Fused | None = None) -> Iterator[dict | None]:
     """Rows of one segment; with `cols`, the record rows are appended to those
-    columns (and None yielded per batch) instead of yielded as dicts."""
+    columns (and None yielded per batch) instead of yielded as dicts; with
+    `fused` too, data records are appended keyed and combined (``krec``)."""
+    fz = _FusedSegment(fused, replica, name) if fused is not None and cols is not None else None
+    last: tuple[int, int, int] | None = None
     base = int(name[:20])
     view = memoryview(data)
     n = len(view)
@@ -193,20 +297,15 @@ def _decode_segment(replica: str, name: str, data: bytes,
             pos += h.size
             continue
         ctl = h.is_control
-        if cols is not None:
-            k = len(values)
-            cols["kind"].extend(repeat("rec", k))
-            cols["replica"].extend(repeat(replica, k))
-            cols["file"].extend(repeat(name, k))
-            cols["offset"].extend(range(h.base_offset, h.base_offset + k))
-            cols["epoch"].extend(repeat(h.leader_epoch, k))
-            cols["position"].extend(repeat(pos, k))
-            cols["control"].extend(repeat(ctl, k))
-            cols["digest"].extend([digest(v) for v in values])
-            cols["ts"].extend(repeat(h.max_timestamp_ms, k))
-            cols["value"].extend(values)
-            for col in _NONE_COLS:
-                cols[col].extend(repeat(None, k))
+        if values:
+            last = (h.base_offset + len(values) - 1, h.leader_epoch, h.max_timestamp_ms)
+        if fz is not None and not ctl:
+            yield from fz.batch(cols, h, values)
+            yield None
+        elif cols is not None:
+            _append_records(cols, replica, name, h, pos, values)
+            if fz is not None:  # a control batch: its records stay rows, and it may hold a mark
+                yield from fz.batch(cols, h, values)
             yield None
         else:
             for i, value in enumerate(values):
@@ -215,6 +314,8 @@ def _decode_segment(replica: str, name: str, data: bytes,
                            value=value)
         records += len(values)
         pos += h.size
+    if fz is not None:
+        yield from fz.finish(cols, last)
     yield _row("file", replica, name, info=json.dumps({
         "base_offset": base, "end_offset": expected, "first_epoch": first_epoch,
         "last_epoch": last_epoch, "batches": batches, "records": records, "bytes": n,

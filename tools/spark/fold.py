@@ -216,6 +216,11 @@ def _config_key_bytes(value: bytes) -> bytes | None:
     return value[3:q]
 
 
+# KIP-868 markers (key_of names them K_UNKNOWN): the job drops an aborted
+# transaction's offsets after keying when the combine runs in the decode step.
+TRANSACTION_MARKERS = frozenset({"BeginTransaction", "EndTransaction", "AbortTransaction"})
+
+
 class KeyedRow(NamedTuple):
     offset: int
     kind: str
@@ -229,15 +234,17 @@ class Combiner:
     before the shuffle: of a run of writes to one config key, only the last
     can be in force at a cut. A run is a config key's writes inside one cut
     interval [cut_i, cut_i+1) of one file with no topic lifecycle record
-    (Topic, RemoveTopic) between them. Within such a run the key's topic is
-    live at every write or at none (liveness changes only at a lifecycle
-    record, and a file's records reach one task in offset order, so the task
-    sees every record between two of its writes), so fold_config counts the
-    run's invalid records from its last one times ``n``; the last write of
-    the run is the one the state keeps at the next cut, or a removal after it
-    clears it either way. Every other kind passes through (a partition's
-    fold needs every record: fences, elections). Feed records in the order
-    of their file; ``file`` names the file (a run never spans two)."""
+    (Topic, RemoveTopic) or metadata transaction marker (an aborted
+    transaction's range is dropped whole) between them. Within such a run
+    the key's topic is live at every write or at none (liveness changes only
+    at a lifecycle record, and a file's records reach one task in offset
+    order, so the task sees every record between two of its writes), so
+    fold_config counts the run's invalid records from its last one times
+    ``n``; the last write of the run is the one the state keeps at the next
+    cut, or a removal after it clears it either way. Every other kind passes
+    through (a partition's fold needs every record: fences, elections). Feed
+    records in the order of their file; ``file`` names the file (a run never
+    spans two). More cuts than the replay's are safe: runs only get shorter."""
 
     def __init__(self, cuts: Sequence[int], combine: bool = True) -> None:
         self.cuts = sorted(set(cuts))
@@ -281,7 +288,9 @@ class Combiner:
                     runs = self.runs
                 runs[rkey] = [offset, value, 1, bisect_right(cuts, offset), file, key]
                 continue
-            if kind == K_TOPICS:  # liveness may change here: no run spans it
+            if kind == K_TOPICS or (kind == K_UNKNOWN and key in TRANSACTION_MARKERS):
+                # Liveness may change at a lifecycle record; a transaction marker
+                # bounds a range the job may drop whole (aborted): no run spans either.
                 out.extend(self.flush())
                 runs = self.runs
             out.append(KeyedRow(offset, kind, key, value, 1))

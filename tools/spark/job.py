@@ -78,7 +78,7 @@ from metalog.storage import metadata_records  # noqa: E402
 from metalog.storage.atomic import fsync_dir  # noqa: E402
 from metalog.storage.errors import QuorumStateError  # noqa: E402
 from metalog.storage.quorum_state import QuorumStateFile  # noqa: E402
-from metalog.storage.snapshot import SnapshotWriter, snapshot_filename  # noqa: E402
+from metalog.storage.snapshot import SnapshotWriter, parse_snapshot_filename, snapshot_filename  # noqa: E402
 from metalog.tools.extras import SPARK_MODULES, missing  # noqa: E402
 from metalog.tools.spark import decode as D  # noqa: E402
 from metalog.tools.spark import fold as F  # noqa: E402
@@ -129,23 +129,31 @@ def _arrow_schema(fields):
     return pa.schema([(n, _arrow_type(t)) for n, t in fields])
 
 
-def _decode_partition(batches):
-    """mapInArrow body: binaryFile rows in, DECODED_FIELDS rows out."""
-    import pyarrow as pa
+def _make_decode_fn(fused: D.Fused | None = None):
+    """mapInArrow body: binaryFile rows in, DECODED_FIELDS rows out (with
+    `fused`, a segment's data records keyed and combined: decode.Fused)."""
 
-    schema = _arrow_schema(DECODED_FIELDS)
-    cols: dict[str, list] = {n: [] for n in FIELD_NAMES}
-    for rb in batches:
-        paths = rb.column("path").to_pylist()
-        contents = rb.column("content")
-        for i, path in enumerate(paths):
-            for count in decode_file_columns(path, contents[i].as_py(), cols):
-                if count >= ARROW_ROWS_PER_BATCH:
-                    yield pa.RecordBatch.from_pydict(cols, schema=schema)  # copies: then reuse the lists
-                    for column in cols.values():  # in place: decode_file_columns holds this dict
-                        column.clear()
-    if cols["kind"]:
-        yield pa.RecordBatch.from_pydict(cols, schema=schema)
+    def fn(batches):
+        import pyarrow as pa
+
+        schema = _arrow_schema(DECODED_FIELDS)
+        cols: dict[str, list] = {n: [] for n in FIELD_NAMES}
+        for rb in batches:
+            paths = rb.column("path").to_pylist()
+            contents = rb.column("content")
+            for i, path in enumerate(paths):
+                for count in decode_file_columns(path, contents[i].as_py(), cols, fused):
+                    if count >= ARROW_ROWS_PER_BATCH:
+                        yield pa.RecordBatch.from_pydict(cols, schema=schema)  # copies: then reuse the lists
+                        for column in cols.values():  # in place: decode_file_columns holds this dict
+                            column.clear()
+        if cols["kind"]:
+            yield pa.RecordBatch.from_pydict(cols, schema=schema)
+
+    return fn
+
+
+_decode_partition = _make_decode_fn()  # the general path's decode
 
 
 KEYED_FIELDS = [("offset", "long"), ("kind", "string"), ("key", "string"), ("value", "binary"), ("n", "long")]
@@ -544,10 +552,15 @@ class Analysis:
         self.report = report
         self.cluster_id = cluster_id
 
-    def load(self) -> None:
+    def load(self, upto: int | None = None, fuse: bool = False) -> None:
+        """Lists, decodes and summarizes the inputs. With `fuse` (a snapshot
+        run) and one replica in the listing, the decode keys and combines the
+        data records itself (decode.Fused), so only the combined rows are
+        cached; if the files then show that the fused path's assumptions do
+        not hold (damage, another cluster, an observer), they are decoded
+        again on the general path (`report.read.path` and `path_why` say which ran)."""
         from pyspark import StorageLevel
         from pyspark.errors import AnalysisException
-        from pyspark.sql import functions as f
 
         self.progress.set_phase("listing input directories")
         skipped: list[str] = []
@@ -555,34 +568,68 @@ class Analysis:
         self.report["skipped_dirs"] = sorted(skipped)[:DIFFS_LISTED_MAX]
         self.progress.set_phase("decoding files")
         try:
-            files = (self.spark.read.format("binaryFile").option("pathGlobFilter", GLOB)
-                     .load(dirs))
+            self.files = (self.spark.read.format("binaryFile").option("pathGlobFilter", GLOB)
+                          .load(dirs))
         except AnalysisException as exc:
             raise InputError(f"cannot read the inputs: {str(exc).splitlines()[0]}") from None
-        self.decoded = files.mapInArrow(_decode_partition, _schema(D.DECODED_FIELDS))
+        self.fused, why = _fused_plan(self.spark, dirs, upto) if fuse else (None, "not a snapshot run")
+        self.decoded = self.files.mapInArrow(_make_decode_fn(self.fused), _schema(D.DECODED_FIELDS))
         self.decoded.persist(StorageLevel.MEMORY_AND_DISK)
         t0 = time.monotonic()
-        # KIP-853 voter sets in the logs (VotersRecord control records: a few per
-        # voter change), for a quorum-state that lists no voters (Kafka 4.x's),
-        # fetched in the same scan of the cache as the small rows (a scan of 10M
-        # cached rows costs the JVM seconds).
-        voters_type = bytearray(struct.pack(">hh", cr.KEY_VERSION, cr.KRAFT_VOTERS))  # the record key
-        is_voters = ((f.col("kind") == "rec") & f.col("control")
-                     & (f.substring("value", 1, 4) == f.lit(voters_type)))
-        rows = self.decoded.filter(~f.col("kind").isin("rec", "snaprec") | is_voters).collect()
-        small = [row for row in rows if row["kind"] != "rec"]
-        self.log_voter_rows = [row for row in rows if row["kind"] == "rec"]
-        self._summarize(small)
+        self._collect_small()
+        if self.fused is not None:
+            why = self._fused_unfit()
+            if why is not None:  # the general path: decoded again, each record a cached row
+                self.decoded.unpersist()
+                self.fused = None
+                self.decoded = self.files.mapInArrow(_decode_partition, _schema(D.DECODED_FIELDS))
+                self.decoded.persist(StorageLevel.MEMORY_AND_DISK)
+            else:
+                why = f"one clean replica; cut at {list(self.fused.cuts)} and its log end"
         segs = [sg for rp in self.replicas.values() for sg in rp["segments"]]
         records = sum(sg["records"] for sg in segs)
         batches = sum(sg.get("batches", 0) for sg in segs)
         elapsed = max(time.monotonic() - t0, 1e-6)
         self.report["read"] = {"files": len(segs), "batches": batches, "records": records,
-                               "seconds": round(elapsed, 2), "records_per_s": round(records / elapsed)}
+                               "seconds": round(elapsed, 2), "records_per_s": round(records / elapsed),
+                               "path": "general" if self.fused is None else "fused", "path_why": why}
         lap(self.report, "read_decode", t0)
         self.progress.set_phase(f"read {records} records in {batches} batches from {len(segs)} "
                                 f"segment(s) of {len(self.replicas)} replica(s), "
                                 f"{records / elapsed:,.0f} records/s")
+
+    def _collect_small(self) -> None:
+        """The small rows (file summaries, errors, meta files, snapshots,
+        marks) and the KIP-853 voter sets in the logs (VotersRecord control
+        records: a few per voter change, for a quorum-state that lists no
+        voters, Kafka 4.x's) in one scan of the cache (a scan of 10M cached
+        rows costs the JVM seconds); then _summarize."""
+        from pyspark.sql import functions as f
+
+        voters_type = bytearray(struct.pack(">hh", cr.KEY_VERSION, cr.KRAFT_VOTERS))  # the record key
+        is_voters = ((f.col("kind") == "rec") & f.col("control")
+                     & (f.substring("value", 1, 4) == f.lit(voters_type)))
+        rows = self.decoded.filter(~f.col("kind").isin("rec", "snaprec", "krec") | is_voters).collect()
+        small = [row for row in rows if row["kind"] not in ("rec", "mark")]
+        self.log_voter_rows = [row for row in rows if row["kind"] == "rec"]
+        # fused path: (epoch, batch timestamp) at the offsets the checkpoint may end before
+        self.marks = {row["offset"]: (row["epoch"], row["ts"]) for row in rows if row["kind"] == "mark"}
+        self._summarize(small)
+
+    def _fused_unfit(self) -> str | None:
+        """Why the fused decode's output cannot stand for the log, or None: it
+        assumes one voting replica whose files are clean (so its whole valid
+        log is the committed prefix and every record is read in file order)."""
+        if len(self.replicas) != 1:
+            return f"{len(self.replicas)} replicas"
+        if self.errors:
+            return f"{len(self.errors)} error(s) in the files (e.g. {self.errors[0]['error'][:80]})"
+        [(name, rp)] = self.replicas.items()
+        if name in self.excluded or name in self.observers:
+            return "the replica is not a voter of this cluster"
+        if rp["log_start"] is None:
+            return "no log segments"
+        return None
 
     def _summarize(self, small) -> None:
         rep = self.report
@@ -822,7 +869,8 @@ class Analysis:
         # differs. The count shuffle and the two joins below would say the same at 10M-row cost.
         alone = n == 1 and len(with_log) == 1 and not any(e["replica"] in with_log for e in self.errors)
         if alone:
-            self.majority = recs.select("offset", "epoch", "digest", "ts")
+            # The fused path has no row per record: the marks give the epoch at the end.
+            self.majority = None if self.fused is not None else recs.select("offset", "epoch", "digest", "ts")
         else:
             counts = (vrecs.groupBy("offset", "epoch", "digest")
                       .agg(f.count(f.lit(1)).alias("cnt"), f.max("ts").alias("ts"),
@@ -831,15 +879,17 @@ class Analysis:
                              .filter((f.col("cnt") * 2 > f.lit(n) - f.col("abstain"))
                                      & (f.col("cnt") + f.col("abstain") >= quorum))
                              .select("offset", "epoch", "digest", "ts"))
-        self.majority.persist(StorageLevel.MEMORY_AND_DISK)
-        moff = self.majority.select("offset")
-        first_nonmajority = None if alone else (
-            vrecs.select("offset").distinct().join(moff, "offset", "left_anti").agg(f.min("offset")).first()[0])
+        if self.majority is not None:
+            self.majority.persist(StorageLevel.MEMORY_AND_DISK)
+        first_nonmajority = None
         if alone:  # clean files: its records are exactly [log start, log end)
             [only] = with_log.values()
             has_start = only["log_start"] < only["log_end"]
             first_gap = only["log_end"] if has_start else None
         else:
+            moff = self.majority.select("offset")
+            first_nonmajority = (vrecs.select("offset").distinct().join(moff, "offset", "left_anti")
+                                 .agg(f.min("offset")).first()[0])
             first_gap = (moff.select((f.col("offset") + 1).alias("offset")).join(moff, "offset", "left_anti")
                          .agg(f.min("offset")).first()[0])
             has_start = moff.filter(f.col("offset") == self.start).limit(1).count() > 0
@@ -855,8 +905,8 @@ class Analysis:
 
         # Per replica: first offset whose (epoch, digest) is not the majority's.
         self.progress.set_phase("voting: first difference per replica")
-        mj = self.majority.select("offset", f.col("epoch").alias("m_epoch"),
-                                  f.col("digest").alias("m_digest"))
+        mj = None if alone else self.majority.select("offset", f.col("epoch").alias("m_epoch"),
+                                                     f.col("digest").alias("m_digest"))
         diffs = [] if alone else (recs.select("replica", "offset", "epoch", "digest").join(mj, "offset", "left")
                  .filter(f.col("m_digest").isNull() | (f.col("m_epoch") != f.col("epoch"))
                          | (f.col("m_digest") != f.col("digest")))
@@ -898,6 +948,32 @@ class Analysis:
         self.report["audit"] = audit
         self.report["vote"] = {"seconds": round(time.monotonic() - t0, 2)}
         lap(self.report, "vote", t0)
+
+
+FUSED_ENV = "METALOG_SPARK_FUSED"  # "0": always the general path (A/B in the benchmark, tests)
+
+
+def _fused_plan(spark, dirs: list[str], upto: int | None) -> tuple[D.Fused | None, str]:
+    """The fused decode's cuts when the listing shows one replica: the end
+    offset of every snapshot file in its dirs (a superset of the cuts the
+    replay will ask for) and `upto`; the log end needs no cut (no record
+    lies past it). (None, why) otherwise."""
+    if os.environ.get(FUSED_ENV, "1") == "0":
+        return None, f"{FUSED_ENV}=0"
+    replicas = {D.split_path(d.rstrip("/") + "/x")[0] for d in dirs}
+    if len(replicas) != 1:
+        return None, f"{len(replicas)} replicas"
+    jvm = spark.sparkContext._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    cuts = set() if upto is None else {upto}
+    for d in dirs:
+        path = jvm.org.apache.hadoop.fs.Path(d)
+        for st in path.getFileSystem(conf).listStatus(path):
+            sid = parse_snapshot_filename(st.getPath().getName())
+            if sid is not None:
+                cuts.add(sid.end_offset)
+    ordered = sorted(cuts)
+    return D.Fused(ordered, [c - 1 for c in ordered if c > 0]), ""
 
 
 def lap(report: dict, stage: str, since: float) -> float:
@@ -988,69 +1064,21 @@ class Replay:
         an = self.an
         spark = an.spark
         self.cuts = cuts = sorted(set(cuts))
-        recs = an.recs
-        start = an.start
-        self.base = None
-        if start > 0:
-            # The log was truncated under a snapshot: start from one of those.
-            usable = sorted((s for s in an.snapshots if start <= s["end_offset"] <= self.target),
-                            key=lambda s: s["end_offset"])
-            if not usable:
-                raise InputError(f"every log starts at offset {start} or later and no snapshot "
-                                 f"between {start} and {self.target} exists to start the replay from")
-            self.base = usable[0]
-            start = self.base["end_offset"]
-        # One source replica that agrees with the majority over the whole range
-        # avoids a join; otherwise take the majority value per offset.
-        src = None
-        for name, rp in sorted(an.replicas.items(), key=lambda kv: kv[0]):
-            fd = an.first_diff.get(name)
-            if name in an.excluded:
-                continue  # another cluster's replica: its records are not in an.recs
-            if (rp["log_start"] is not None and rp["log_start"] <= start
-                    and rp["log_end"] >= self.target and (fd is None or fd[0] >= self.target)):
-                src = name
-                break
-        rng = (f.col("offset") >= start) & (f.col("offset") < self.target)
-        if src is not None:
-            committed = recs.filter((f.col("replica") == src) & rng)
-        else:
-            mj = an.majority.filter(rng).select("offset", "epoch", "digest")
-            committed = recs.filter(rng).join(mj, ["offset", "epoch", "digest"]).dropDuplicates(["offset"])
+        start = self._start()
+        src = self._source(start)
         self.source = src or "majority of replicas"
-        self.committed = committed  # control records too: the history table shows them
-        data = committed.filter(~f.col("control")).select("offset", "value", "file")
-        # KIP-868: the records of a metadata transaction Kafka aborted are never applied.
-        self.aborted, self.open_transaction = metadata_transactions(
-            committed.filter(~f.col("control") & f.substring("value", 1, 2).isin(*TRANSACTION_PREFIXES))
-            .select("offset", "value").orderBy("offset").collect())
-        for lo, hi in self.aborted:
-            data = data.filter(~f.col("offset").between(lo, hi))
-        if self.base is not None:
-            b = self.base
-            snap = an.decoded.filter((f.col("kind") == "snaprec") & (f.col("replica") == b["replica"])
-                                     & (f.col("file") == b["file"]))
-            # Snapshot records replay first, in file order, at offsets below the log's.
-            data = snap.select((f.col("position") - f.lit(b["records"] + 1) - f.lit(0)).alias("offset"),
-                               "value", "file").unionByName(data)
-        # What a state holds before any record (metadata.version): folded like a record, not counted as one.
-        seed = F.seed_records()
-        data = data.unionByName(spark.createDataFrame([(o, v, "") for o, v in seed], data.schema))
+        rng = (f.col("offset") >= start) & (f.col("offset") < self.target)
+        keyed = (self._keyed_fused(src, rng, cuts) if an.fused is not None
+                 else self._keyed_general(src, rng, cuts))
         # One shuffle for both fold stages: keyed, hash-partitioned by key and
         # sorted by (kind, key, offset) once, cached; each stage filters its
         # kinds out of the cache (a filter keeps the order) and folds.
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
-        # The combine needs each file's records in order in one task: so with one
-        # source replica; the majority join's rows come in hash order.
-        # METALOG_SPARK_COMBINE=0 keys every record (A/B of the combine in the benchmark).
-        combine = src is not None and os.environ.get("METALOG_SPARK_COMBINE", "1") != "0"
-        keyed = (data.mapInArrow(_make_key_fn(cuts, combine), _schema(KEYED_FIELDS))
-                 .repartition(partitions, "kind", "key")
-                 .sortWithinPartitions("kind", "key", "offset"))
+        keyed = keyed.repartition(partitions, "kind", "key").sortWithinPartitions("kind", "key", "offset")
         keyed.persist(StorageLevel.MEMORY_AND_DISK)
         report = an.report
         t = time.monotonic()
-        self.records_replayed = int(keyed.agg(f.sum("n")).first()[0]) - len(seed)
+        self.records_replayed = int(keyed.agg(f.sum("n")).first()[0]) - len(F.seed_records())
         self.keyed_rows = keyed.count()  # cached by the sum: what the combine left to shuffle
         t = lap(report, "key_shuffle_sort", t)
 
@@ -1084,6 +1112,110 @@ class Replay:
         self.control_records = self._control_counts()
         lap(report, "fold_partitions_configs", t)
 
+    def _start(self) -> int:
+        """The first offset replayed from the log: the log start, or the end
+        of the snapshot the replay starts from (self.base) when the log was
+        truncated under one."""
+        an = self.an
+        self.base = None
+        if an.start == 0:
+            return 0
+        usable = sorted((s for s in an.snapshots if an.start <= s["end_offset"] <= self.target),
+                        key=lambda s: s["end_offset"])
+        if not usable:
+            raise InputError(f"every log starts at offset {an.start} or later and no snapshot "
+                             f"between {an.start} and {self.target} exists to start the replay from")
+        self.base = usable[0]
+        return self.base["end_offset"]
+
+    def _source(self, start: int) -> str | None:
+        """One replica that agrees with the majority over the whole range
+        (it avoids a join), or None: the majority value per offset is taken."""
+        an = self.an
+        for name, rp in sorted(an.replicas.items(), key=lambda kv: kv[0]):
+            fd = an.first_diff.get(name)
+            if name in an.excluded:
+                continue  # another cluster's replica: its records are not in an.recs
+            if (rp["log_start"] is not None and rp["log_start"] <= start
+                    and rp["log_end"] >= self.target and (fd is None or fd[0] >= self.target)):
+                return name
+        return None
+
+    def _base_and_seed(self, schema):
+        """(offset, value, file) rows replayed before the log: the base
+        snapshot's records at offsets below the log's, and the seed (what a
+        state holds before any record: metadata.version; folded like a
+        record, not counted as one)."""
+        from pyspark.sql import functions as f
+
+        an = self.an
+        rows = an.spark.createDataFrame([(o, v, "") for o, v in F.seed_records()], schema)
+        if self.base is not None:
+            b = self.base
+            snap = an.decoded.filter((f.col("kind") == "snaprec") & (f.col("replica") == b["replica"])
+                                     & (f.col("file") == b["file"]))
+            rows = rows.unionByName(snap.select((f.col("position") - f.lit(b["records"] + 1)).alias("offset"),
+                                                "value", "file"))
+        return rows
+
+    def _transactions(self, marker_rows) -> None:
+        """KIP-868: the ranges of aborted metadata transactions (never applied)
+        and a transaction still open at the end, from the marker records."""
+        from pyspark.sql import functions as f
+
+        self.aborted, self.open_transaction = metadata_transactions(
+            marker_rows.filter(f.substring("value", 1, 2).isin(*TRANSACTION_PREFIXES))
+            .select("offset", "value").orderBy("offset").collect())
+
+    def _keyed_general(self, src: str | None, rng, cuts: list[int]):
+        """KEYED_FIELDS rows of the committed range from the cached row per
+        record: one source replica's, or the majority's (a join)."""
+        from pyspark.sql import functions as f
+
+        an = self.an
+        if src is not None:
+            committed = an.recs.filter((f.col("replica") == src) & rng)
+        else:
+            mj = an.majority.filter(rng).select("offset", "epoch", "digest")
+            committed = an.recs.filter(rng).join(mj, ["offset", "epoch", "digest"]).dropDuplicates(["offset"])
+        self.committed = committed  # control records too: the history table shows them
+        self.committed_controls = committed
+        data = committed.filter(~f.col("control")).select("offset", "value", "file")
+        self._transactions(data)
+        for lo, hi in self.aborted:
+            data = data.filter(~f.col("offset").between(lo, hi))
+        data = data.unionByName(self._base_and_seed(data.schema))
+        # The combine needs each file's records in order in one task: so with one
+        # source replica; the majority join's rows come in hash order.
+        # METALOG_SPARK_COMBINE=0 keys every record (A/B of the combine in the benchmark).
+        combine = src is not None and os.environ.get("METALOG_SPARK_COMBINE", "1") != "0"
+        return data.mapInArrow(_make_key_fn(cuts, combine), _schema(KEYED_FIELDS))
+
+    def _keyed_fused(self, src: str | None, rng, cuts: list[int]):
+        """KEYED_FIELDS rows of the committed range on the fused path: the
+        decode's keyed and combined rows (runs cut at every snapshot offset
+        and --upto, so none spans a cut of this replay or the range's ends;
+        none spans a transaction marker, so an aborted range drops whole)."""
+        from pyspark.sql import functions as f
+
+        an = self.an
+        if src is None:
+            raise InvariantViolation("fused path without a source replica")
+        mine = (f.col("replica") == src) & rng
+        self.committed_controls = an.recs.filter(mine)  # the decode's rec rows: control records
+        # Every committed record for the history table, decoded again from the
+        # files when (and only if) the tables are written: nothing caches it.
+        full = an.files.mapInArrow(_decode_partition, _schema(D.DECODED_FIELDS))
+        self.committed = full.filter((f.col("kind") == "rec") & mine)
+        krecs = an.decoded.filter((f.col("kind") == "krec") & mine)
+        self._transactions(krecs)
+        for lo, hi in self.aborted:
+            krecs = krecs.filter(~f.col("offset").between(lo, hi))
+        extra = self._base_and_seed(_schema([("offset", "long"), ("value", "binary"), ("file", "string")]))
+        return (krecs.select("offset", f.col("s1").alias("kind"), f.col("s2").alias("key"), "value",
+                             f.col("n1").alias("n"))
+                .unionByName(extra.mapInArrow(_make_key_fn(cuts, False), _schema(KEYED_FIELDS))))
+
     def _control_counts(self) -> dict[str, int]:
         """Committed control records by type name (the key's type field). They
         change no controller state; the voter sets among them go into the
@@ -1091,7 +1223,7 @@ class Replay:
         'control type N' so the report lists it instead of passing over it."""
         from pyspark.sql import functions as f
 
-        rows = (self.committed.filter(f.col("control"))
+        rows = (self.committed_controls.filter(f.col("control"))
                 .groupBy(f.substring("value", 1, 4).alias("key")).count().collect())
         out: dict[str, int] = {}
         for row in rows:
@@ -1122,7 +1254,7 @@ class Replay:
                 if not isinstance(voters, cr.VotersRecord):
                     raise InvariantViolation(f"snapshot voters are not a VotersRecord: {latest}")
                 kraft_version = 1
-        controls = (self.committed.filter(f.col("control") & (f.col("offset") >= since)
+        controls = (self.committed_controls.filter(f.col("control") & (f.col("offset") >= since)
                                           & (f.col("offset") < cut))
                     .select("offset", "value").orderBy("offset").collect())
         for row in controls:
@@ -1191,6 +1323,13 @@ def _epoch_and_ts_at(an: Analysis, offset: int) -> tuple[int, int]:
 
     if offset < 0:
         return 0, 0
+    if an.fused is not None:  # marked in the decode: each cut - 1 and each segment's last record
+        if offset not in an.marks:
+            if offset < an.start:  # below the log (the general path finds no majority row either)
+                return 0, 0
+            raise InvariantViolation(f"fused path: no mark at offset {offset} (marks {sorted(an.marks)[:8]})")
+        epoch, ts = an.marks[offset]
+        return int(epoch), int(ts or 0)
     row = an.majority.filter(f.col("offset") == offset).select("epoch", "ts").first()
     if row is None:
         return 0, 0
@@ -1385,7 +1524,7 @@ def run(args) -> int:
             raise EnvironmentFailure(f"cannot start Spark ({master}): {chain}") from None
         progress = Progress(spark, enabled=not args.quiet).start()
         an = Analysis(spark, args.inputs, progress, report, cluster_id=args.cluster_id)
-        an.load()
+        an.load(args.upto, fuse=args.spark_command == "snapshot")
         an.vote(args.upto)
         if args.spark_command == "snapshot":
             staged = _snapshot(args, an, report, progress)
@@ -1602,6 +1741,8 @@ def _snapshot(args, an: Analysis, report: dict, progress: Progress) -> dict:
                         "base_snapshot": replay.base and replay.base["file"],
                         "side_table_rows": replay.side_rows,
                         "shuffled_rows": replay.keyed_rows,  # after the map-side combine
+                        # "fused": keyed and combined in the decode (one clean replica; report.read.path_why)
+                        "path": "general" if an.fused is None else "fused",
                         "seconds": round(elapsed, 2),
                         "records_per_s": round(replay.records_replayed / elapsed) if elapsed else None}
     report["snapshot"] = {"path": None, "name": os.path.basename(final), "published": False,
