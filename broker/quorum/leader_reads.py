@@ -170,7 +170,10 @@ class LeaderReads:
                 self._park(token, req, now_ms, has_data, st, wait_ms)
                 return
         records = b""
-        if has_data:
+        tail = log.step_tail_from(fetch_offset) if has_data and upper == log.log_end_offset else None
+        if tail is not None and len(tail) <= req.max_bytes:
+            records = tail  # appended in this step: not readable through the LogReader yet
+        elif has_data:
             try:
                 records = ctx.reader.read(fetch_offset, upper, req.max_bytes)
             except (CorruptBatchError, StorageError) as exc:
@@ -201,17 +204,28 @@ class LeaderReads:
 
     def complete_parked(self, now_ms: int, which: Callable[[ParkedFetch], bool]) -> None:
         ctx = self.ctx
-        if ctx.log.appended_this_step:
-            # Reads go through the LogReader, which will not see this step's
-            # AppendBatches until the driver executes them: answer next step.
-            for p in self.parked:
-                if which(p):
-                    p.woken = True
-            return
         keep: list[ParkedFetch] = []
         done: list[ParkedFetch] = []
-        for p in self.parked:
-            (done if p.not_before_ms <= now_ms and which(p) else keep).append(p)
+        if ctx.log.appended_this_step:
+            # Reads go through the LogReader, which will not see this step's
+            # AppendBatches until the driver executes them. A replica parked
+            # at the old log end is answered now with the step's own bytes
+            # (LocalLog.step_tail_from: the usual commit, one step instead of
+            # two); any other is woken and answered next step.
+            log = ctx.log
+            tail_base, tail_bytes = log.step_tail_base, sum(len(b) for b in log.step_tail)
+            for p in self.parked:
+                if not which(p):
+                    keep.append(p)
+                elif (p.not_before_ms <= now_ms and p.request.replica_id >= 0
+                      and p.request.fetch_offset == tail_base and tail_bytes <= p.request.max_bytes):
+                    done.append(p)
+                else:
+                    p.woken = True
+                    keep.append(p)
+        else:
+            for p in self.parked:
+                (done if p.not_before_ms <= now_ms and which(p) else keep).append(p)
         if not done:
             return
         self.parked = keep

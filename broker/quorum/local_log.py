@@ -47,7 +47,7 @@ class _PreInstall(NamedTuple):
 class LocalLog:
     __slots__ = ("outbox", "fail", "log_start_offset", "log_end_offset", "flushed_end_offset", "epochs",
                  "snapshots", "high_watermark", "must_reach_offset", "must_reach_epoch", "pre_install", "voters",
-                 "static_voters", "voters_changed", "appended_this_step")
+                 "static_voters", "voters_changed", "appended_this_step", "step_tail_base", "step_tail")
 
     def __init__(self, view: LogView, outbox: Outbox, fail: Callable[[str], None],
                  static_voters: VoterSet | None = None, voters_changed: Callable[[], None] = lambda: None):
@@ -89,11 +89,25 @@ class LocalLog:
         # the LogReader will not see those records until the driver has
         # executed the step's AppendBatches.
         self.appended_this_step = False
+        # What this step appended, from its first base offset to the log end:
+        # the bytes the core itself hands the driver, so a replica's fetch at
+        # that offset can be answered in the same step (step_tail_from).
+        self.step_tail_base = NO_OFFSET
+        self.step_tail: list[bytes] = []
 
     def _checkpoint(self) -> None:
         self.outbox.actions.append(WriteEpochCheckpoint(tuple(self.epochs.entries)))
 
     # -- reading -----------------------------------------------------------
+
+    def step_tail_from(self, offset: int) -> bytes | None:
+        """This step's own appends, `offset` to the log end, when `offset` is where the
+        first of them starts (None otherwise): the bytes of the step's AppendBatches,
+        which the LogReader sees only once the driver has executed them."""
+        if not self.appended_this_step or offset != self.step_tail_base:
+            return None
+        tail = self.step_tail
+        return tail[0] if len(tail) == 1 else b"".join(tail)
 
     def vote_position(self) -> tuple[int, int]:
         """(last epoch, end offset) a candidate's log must reach for our vote:
@@ -171,7 +185,11 @@ class LocalLog:
         whole batches holding `count` records (one write, one flush)."""
         base = self.log_end_offset
         actions = self.outbox.actions
-        self.appended_this_step = True
+        if self.appended_this_step:
+            self.step_tail.append(batch)
+        else:
+            self.appended_this_step = True
+            self.step_tail_base, self.step_tail = base, [batch]
         actions.append(AppendBatches(batch, base, base + count))
         self.log_end_offset = base + count
         if self.epochs.assign(epoch, base):

@@ -319,8 +319,8 @@ class Broker:
             self._step_once(event)
         if self.flusher.start_wanted:
             # FlushLog of this step (Flusher.request), once its answers are
-            # written: a step nested in another (the immediate Tick that answers
-            # the replicas' parked fetches) or in a connection's reading leaves
+            # written: a step nested in another (an immediate Tick that answers
+            # woken replica fetches) or in a connection's reading leaves
             # the start to the outermost scope's end.
             answer_writes.after_writes(self.flusher.start_if_wanted)
 

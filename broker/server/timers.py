@@ -39,8 +39,9 @@ class CoreTimer:
             return
         delay_ms = deadline_ms - now_ms()
         if delay_ms <= 0 and not self._ticking_now:
-            # Due already -- typically replica fetches parked at the old log
-            # end, woken by this step's append: tick now rather than a timer
+            # Due already -- e.g. replica fetches woken by this step's append
+            # that its own bytes could not answer (LeaderReads.complete_parked
+            # answers the usual one in the step itself): tick now rather than a timer
             # hop later, so the records reach the followers while our own
             # fsync runs (Kafka's and etcd's leaders write to followers in
             # parallel with their disk write; the HW still counts our log only

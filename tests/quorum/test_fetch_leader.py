@@ -94,15 +94,31 @@ def test_consumer_skips_fencing_with_no_epoch_and_reads_only_below_hw(leader):
     assert -1 not in leader.core.replica_states
 
 
-def test_empty_fetch_is_parked_until_data_arrives(leader):
+def test_empty_fetch_is_parked_until_data_arrives_and_gets_it_in_the_appends_own_step(leader):
     t = leader.now
     fetch(leader, t + 10, 3, 5, 1, max_wait_ms=0)  # voter 3 moves the HW to 5
     acts = fetch(leader, t + 10, 2, 5, 1, max_wait_ms=500, token="park")
     assert not of(acts, a.Respond)
     assert leader.core.next_deadline_ms == t + 510
     acts = append(leader, t + 20, 2)
-    # The driver applies the append before the next event; the core reads then.
-    assert not of(acts, a.Respond) or "park" not in [x.token for x in of(acts, a.Respond)]
+    # Answered in the append's own step with the bytes the step hands the driver (the LogReader
+    # cannot see them yet), after the AppendBatches: no second step, no Tick at once.
+    [appended] = of(acts, a.AppendBatches)
+    r = one_response(acts, "park")
+    assert r.records == appended.data and [h.base_offset for _, h in iter_batches(r.records)] == [5]
+    assert acts.index(appended) < next(i for i, x in enumerate(acts) if isinstance(x, a.Respond) and x.token == "park")
+    assert leader.core.next_deadline_ms > t + 20
+
+
+def test_a_parked_fetch_the_appends_bytes_do_not_fit_is_read_the_next_step(leader):
+    t = leader.now
+    fetch(leader, t + 10, 3, 5, 1, max_wait_ms=0)  # voter 3 moves the HW to 5
+    small = req(replica_id=2, fetch_offset=5, last_fetched_epoch=1, max_wait_ms=500, max_bytes=10)
+    assert not of(leader.step(a.RequestReceived(t + 10, "park", small)), a.Respond)
+    acts = append(leader, t + 20, 2)
+    # Its max_bytes is below the step's batch: the LogReader's rules (a whole first batch) apply,
+    # and the reader sees the append once the driver has applied it, at the next step.
+    assert "park" not in [x.token for x in of(acts, a.Respond)]
     assert leader.core.next_deadline_ms == t + 20
     r = one_response(leader.step(a.Tick(t + 20)), "park")
     assert [h.base_offset for _, h in iter_batches(r.records)] == [5]
@@ -124,8 +140,7 @@ def test_fetch_that_moves_the_hw_waits_for_records_to_carry_it(leader):
     assert leader.core.config.fetch_hw_linger_ms == 2
     assert not responses(_hw_moving_fetch(leader, t + 10), "first")
     assert leader.core.next_deadline_ms == t + 12  # the linger, not max_wait_ms
-    append(leader, t + 11, 2)
-    r = one_response(leader.step(a.Tick(t + 11)), "first")
+    r = one_response(append(leader, t + 11, 2), "first")  # in the append's own step
     assert [h.base_offset for _, h in iter_batches(r.records)] == [5]
     assert r.high_watermark == 5
 
