@@ -420,6 +420,7 @@ class SparkSetup:
     def __init__(self) -> None:
         self.submitted = under_spark_submit()
         self.temp_dirs: list[str] = []
+        self.session = None  # the SparkSession once made
 
     def cleanup(self) -> None:
         for d in self.temp_dirs:
@@ -695,32 +696,7 @@ class Analysis:
                                         "excluded from the vote"})
         self.excluded = foreign
         for name, rp in sorted(self.replicas.items()):
-            segs = sorted(rp["segments"], key=lambda s: s["base_offset"])
-            rp["segments"] = segs
-            rp["node_id"] = rp["props"].get("node.id")
-            for prev, nxt in zip(segs, segs[1:]):
-                if prev["end_offset"] != nxt["base_offset"]:
-                    errors.append({"category": "corruption", "replica": name, "file": nxt["file"],
-                                   "position": 0, "offset": nxt["base_offset"], "epoch": nxt["first_epoch"],
-                                   "error": f"segment starts at {nxt['base_offset']} but the previous "
-                                            f"one ({prev['file']}) ends at {prev['end_offset']}"})
-                if nxt["first_epoch"] >= 0 and nxt["first_epoch"] < prev["last_epoch"]:
-                    errors.append({"category": "corruption", "replica": name, "file": nxt["file"],
-                                   "position": 0, "offset": nxt["base_offset"], "epoch": nxt["first_epoch"],
-                                   "error": f"epoch went backwards across segments: "
-                                            f"{nxt['first_epoch']} after {prev['last_epoch']}"})
-            # The log-start-offset file may be past the first segment's base
-            # (whole segments are deleted lazily): records below it do not count.
-            rp["log_start"] = (max(segs[0]["base_offset"], rp.get("log_start_file", 0))
-                               if segs else None)
-            rp["log_end"] = segs[-1]["end_offset"] if segs else None
-            for s in rp["snapshots"]:
-                if self.cluster_id and s["cluster_id"] and s["cluster_id"] != self.cluster_id:
-                    s["foreign"] = True
-                    warnings.append({"category": "configuration", "replica": name, "file": s["file"],
-                                     "warning": f"snapshot from another cluster: its header says cluster "
-                                                f"{s['cluster_id']!r}, this cluster is {self.cluster_id!r}; "
-                                                "not used"})
+            self._check_replica(name, rp, errors, warnings)
         self.snapshots_seen = snaps
         self.voters, self.observers = self._voter_set(foreign, warnings)
         # Damage in an excluded replica does not fail the job: it is not this cluster's.
@@ -740,6 +716,36 @@ class Analysis:
                    "records": sum(s["records"] for s in rp["segments"]),
                    "snapshots": [s["file"] for s in rp["snapshots"]]}
             for name, rp in sorted(self.replicas.items())}
+
+    def _check_replica(self, name: str, rp: dict, errors: list[dict], warnings: list[dict]) -> None:
+        """One replica's segments in order, checked for continuity across
+        files; its log start and end; its snapshots of another cluster marked."""
+        segs = sorted(rp["segments"], key=lambda s: s["base_offset"])
+        rp["segments"] = segs
+        rp["node_id"] = rp["props"].get("node.id")
+        for prev, nxt in zip(segs, segs[1:]):
+            if prev["end_offset"] != nxt["base_offset"]:
+                errors.append({"category": "corruption", "replica": name, "file": nxt["file"],
+                               "position": 0, "offset": nxt["base_offset"], "epoch": nxt["first_epoch"],
+                               "error": f"segment starts at {nxt['base_offset']} but the previous "
+                                        f"one ({prev['file']}) ends at {prev['end_offset']}"})
+            if nxt["first_epoch"] >= 0 and nxt["first_epoch"] < prev["last_epoch"]:
+                errors.append({"category": "corruption", "replica": name, "file": nxt["file"],
+                               "position": 0, "offset": nxt["base_offset"], "epoch": nxt["first_epoch"],
+                               "error": f"epoch went backwards across segments: "
+                                        f"{nxt['first_epoch']} after {prev['last_epoch']}"})
+        # The log-start-offset file may be past the first segment's base
+        # (whole segments are deleted lazily): records below it do not count.
+        rp["log_start"] = (max(segs[0]["base_offset"], rp.get("log_start_file", 0))
+                           if segs else None)
+        rp["log_end"] = segs[-1]["end_offset"] if segs else None
+        for s in rp["snapshots"]:
+            if self.cluster_id and s["cluster_id"] and s["cluster_id"] != self.cluster_id:
+                s["foreign"] = True
+                warnings.append({"category": "configuration", "replica": name, "file": s["file"],
+                                 "warning": f"snapshot from another cluster: its header says cluster "
+                                            f"{s['cluster_id']!r}, this cluster is {self.cluster_id!r}; "
+                                            "not used"})
 
     def _voter_set(self, foreign: set[str], warnings: list[dict]) -> tuple[set[int] | None, set[str]]:
         """(voter ids, names of the replicas that are not voters). The voters are
@@ -921,7 +927,16 @@ class Analysis:
                 cur = first_diff.get(rname)
                 if cur is None or off < cur[0]:
                     first_diff[rname] = (off, e["epoch"], "corruption: " + e["error"])
-        audit = {}
+        audit = self._audit(with_log, voting, first_diff)
+        self.first_diff = first_diff
+        self.report["audit"] = audit
+        self.report["vote"] = {"seconds": round(time.monotonic() - t0, 2)}
+        lap(self.report, "vote", t0)
+
+    def _audit(self, with_log: dict, voting: dict, first_diff: dict) -> dict[str, dict]:
+        """Per replica: agrees, behind, or where it first differs and on which
+        side of the HW (self.breach: some replica differs below it)."""
+        audit: dict[str, dict] = {}
         self.breach = False
         for name, rp in sorted(with_log.items()):
             fd = first_diff.get(name)
@@ -944,10 +959,7 @@ class Analysis:
                                      else "uncommitted tail (differs at or above the HW)"))
                 self.breach |= below
             audit[name] = entry
-        self.first_diff = first_diff
-        self.report["audit"] = audit
-        self.report["vote"] = {"seconds": round(time.monotonic() - t0, 2)}
-        lap(self.report, "vote", t0)
+        return audit
 
 
 FUSED_ENV = "METALOG_SPARK_FUSED"  # "0": always the general path (A/B in the benchmark, tests)
@@ -1064,6 +1076,7 @@ class Replay:
         an = self.an
         spark = an.spark
         self.cuts = cuts = sorted(set(cuts))
+        self.progress.set_phase("replay: keying, shuffling and sorting the committed records")
         start = self._start()
         src = self._source(start)
         self.source = src or "majority of replicas"
@@ -1473,6 +1486,53 @@ def first_failure(report: dict) -> dict | None:
     return None
 
 
+def _start_spark(args, setup: SparkSetup, report: dict):
+    """The session (the JVM started here unless under spark-submit), its
+    settings in the report; EnvironmentFailure or InputError (a setting
+    Spark rejects) when it cannot start."""
+    global _jvm_stderr
+    try:
+        absent = missing(SPARK_MODULES, "spark")
+        if absent is not None:
+            raise EnvironmentFailure(absent)
+        if not setup.submitted and not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+            raise EnvironmentFailure("no Java found: install a JDK (17 or 21) or set JAVA_HOME")
+        if not args.verbose:
+            quiet_python_warnings()
+        spark = get_spark(args.master, ui=args.ui, shuffle_partitions=args.shuffle_partitions,
+                          driver_memory=args.driver_memory, extra_conf=args.conf, setup=setup,
+                          quiet_log=not args.verbose)
+        report["master"] = spark.sparkContext.master
+        setup.session = spark  # run() stops it even if a step below fails
+        if setup.submitted:
+            _jvm_stderr = spark.sparkContext._jvm.System.err
+            if args.master:
+                err_line(f"metalog spark: warning: --master {args.master} ignored: under "
+                         "spark-submit the master is spark-submit's --master")
+        report["spark_submit"] = setup.submitted
+        conf = spark.sparkContext.getConf()
+        report["spark_conf"] = {k: conf.get(k, None) for k in ("spark.driver.memory", "spark.app.name")}
+        report["spark_conf"].update({k: conf.get(k, None) for k in args.conf})
+        report["driver_heap_mb"] = round(
+            spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() / (1 << 20))
+        if not args.verbose:
+            spark.sparkContext.setLogLevel("ERROR")
+        # The SQL session state is built lazily, on first use; build it now, so
+        # that a SQL setting Spark rejects is a start-up failure, not a "job failed".
+        spark.conf.get("spark.sql.shuffle.partitions")
+    except EnvironmentFailure:
+        raise
+    except Exception as exc:  # the JVM did not start, bad master URL, a --conf Spark rejects ...
+        chain = cause_chain(exc)
+        if "INVALID_CONF_VALUE" in chain:  # a usage error: say which setting, exit 2
+            raise InputError(f"Spark rejects a setting (--conf or spark-defaults): {chain}") from None
+        if "JAVA_GATEWAY_EXITED" in chain and not setup.submitted:
+            chain += " (the JVM's own message is on the lines above; check --driver-memory and --conf)"
+        master = args.master or ("spark-submit's master" if setup.submitted else "local[*]")
+        raise EnvironmentFailure(f"cannot start Spark ({master}): {chain}") from None
+    return spark
+
+
 def run(args) -> int:
     """Both commands; returns the exit code and prints the summary."""
     _normalize(args)
@@ -1483,45 +1543,7 @@ def run(args) -> int:
     setup = SparkSetup()
     staged = None
     try:
-        try:
-            absent = missing(SPARK_MODULES, "spark")
-            if absent is not None:
-                raise EnvironmentFailure(absent)
-            if not setup.submitted and not (os.environ.get("JAVA_HOME") or shutil.which("java")):
-                raise EnvironmentFailure("no Java found: install a JDK (17 or 21) or set JAVA_HOME")
-            if not args.verbose:
-                quiet_python_warnings()
-            spark = get_spark(args.master, ui=args.ui, shuffle_partitions=args.shuffle_partitions,
-                              driver_memory=args.driver_memory, extra_conf=args.conf, setup=setup,
-                              quiet_log=not args.verbose)
-            report["master"] = spark.sparkContext.master
-            if setup.submitted:
-                global _jvm_stderr
-                _jvm_stderr = spark.sparkContext._jvm.System.err
-                if args.master:
-                    err_line(f"metalog spark: warning: --master {args.master} ignored: under "
-                             "spark-submit the master is spark-submit's --master")
-            report["spark_submit"] = setup.submitted
-            conf = spark.sparkContext.getConf()
-            report["spark_conf"] = {k: conf.get(k, None) for k in ("spark.driver.memory", "spark.app.name")}
-            report["spark_conf"].update({k: conf.get(k, None) for k in args.conf})
-            report["driver_heap_mb"] = round(
-                spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() / (1 << 20))
-            if not args.verbose:
-                spark.sparkContext.setLogLevel("ERROR")
-            # The SQL session state is built lazily, on first use; build it now, so
-            # that a SQL setting Spark rejects is a start-up failure, not a "job failed".
-            spark.conf.get("spark.sql.shuffle.partitions")
-        except EnvironmentFailure:
-            raise
-        except Exception as exc:  # the JVM did not start, bad master URL, a --conf Spark rejects ...
-            chain = cause_chain(exc)
-            if "INVALID_CONF_VALUE" in chain:  # a usage error: say which setting, exit 2
-                raise InputError(f"Spark rejects a setting (--conf or spark-defaults): {chain}") from None
-            if "JAVA_GATEWAY_EXITED" in chain and not setup.submitted:
-                chain += " (the JVM's own message is on the lines above; check --driver-memory and --conf)"
-            master = args.master or ("spark-submit's master" if setup.submitted else "local[*]")
-            raise EnvironmentFailure(f"cannot start Spark ({master}): {chain}") from None
+        spark = _start_spark(args, setup, report)
         progress = Progress(spark, enabled=not args.quiet).start()
         an = Analysis(spark, args.inputs, progress, report, cluster_id=args.cluster_id)
         an.load(args.upto, fuse=args.spark_command == "snapshot")
@@ -1580,6 +1602,7 @@ def run(args) -> int:
             err_line(f"metalog spark: cannot write the report: {cause_chain(exc)}")
             report.pop("report_path", None)
             code = code or EXIT_FAILED
+        spark = spark or setup.session
         if spark is not None and not args.keep_session:
             spark.stop()
         setup.cleanup()
