@@ -39,6 +39,12 @@ Plan (details in docs/spark.md):
    tables of the state at the HW, the committed history and the audit under
    ``OUT/tables``, plots and ``report.html``; ``metalog spark sql`` queries them.
 
+With one replica (``snapshot``), steps 1 and 4 fuse: the decode keys and
+combines the records itself (``decode.Fused``), so the cache holds the
+combined rows, not one row per record; the files are decoded again on the
+general path above if they turn out damaged or not this cluster's voter
+(``report.read.path``).
+
 Under spark-submit the session takes spark-submit's master and conf; run
 directly, the job starts the JVM itself (PYSPARK_SUBMIT_ARGS). The
 .checkpoint is staged and published only when every check passed.
