@@ -51,7 +51,7 @@ def _base_context(purpose: ssl.Purpose, paths: TlsPaths) -> ssl.SSLContext:
     try:
         ctx.load_verify_locations(cafile=paths.ca_file)
     except (OSError, ssl.SSLError) as exc:
-        raise TlsConfigError(f"ssl_ca_file {paths.ca_file}: {_reason(exc)}") from None
+        raise TlsConfigError(f"ssl_ca_file {paths.ca_file}: {tls_error_text(exc)}") from None
     try:
         chain = _issuer_chain_pem(paths)
         if chain is None:
@@ -63,7 +63,7 @@ def _base_context(purpose: ssl.Purpose, paths: TlsPaths) -> ssl.SSLContext:
                     f.write(chain)
                 ctx.load_cert_chain(chain_file, paths.key_file)
     except (OSError, ssl.SSLError) as exc:
-        raise TlsConfigError(f"ssl_cert_file {paths.cert_file} / ssl_key_file {paths.key_file}: {_reason(exc)}") from None
+        raise TlsConfigError(f"ssl_cert_file {paths.cert_file} / ssl_key_file {paths.key_file}: {tls_error_text(exc)}") from None
     return ctx
 
 
@@ -113,7 +113,9 @@ def client_context(paths: TlsPaths) -> ssl.SSLContext:
     return ctx
 
 
-def _reason(exc: BaseException) -> str:
+def tls_error_text(exc: BaseException) -> str:
+    """One short line for a TLS or file error: OpenSSL's verify message or reason
+    (``certificate verify failed: ...``, ``sslv3 alert certificate unknown``), the OS's."""
     if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
         return f"certificate verify failed: {exc.verify_message}"
     if isinstance(exc, ssl.SSLError) and exc.reason:
@@ -144,7 +146,7 @@ def handshake_failure_reason(exc: BaseException) -> str:
         return "the peer refused our certificate (bad certificate)"
     if isinstance(exc, ssl.SSLError) and exc.reason == "TLSV13_ALERT_CERTIFICATE_REQUIRED":
         return "the peer requires a client certificate"
-    return _reason(exc)
+    return tls_error_text(exc)
 
 
 def _cert_validity(path: str):
@@ -154,7 +156,7 @@ def _cert_validity(path: str):
         with open(path, "rb") as f:
             cert = x509.load_pem_x509_certificate(f.read())
     except (OSError, ValueError) as exc:
-        raise TlsConfigError(f"ssl_cert_file {path}: {_reason(exc) if isinstance(exc, OSError) else exc}") from None
+        raise TlsConfigError(f"ssl_cert_file {path}: {tls_error_text(exc) if isinstance(exc, OSError) else exc}") from None
     return cert.not_valid_before_utc, cert.not_valid_after_utc
 
 

@@ -170,8 +170,8 @@ class LeaderReads:
                 self._park(token, req, now_ms, has_data, st, wait_ms)
                 return
         records = b""
-        tail = log.step_tail_from(fetch_offset) if has_data and upper == log.log_end_offset else None
-        if tail is not None and len(tail) <= req.max_bytes:
+        tail = log.step_tail_from(fetch_offset, req.max_bytes) if has_data and upper == log.log_end_offset else None
+        if tail is not None:
             records = tail  # appended in this step: not readable through the LogReader yet
         elif has_data:
             try:
@@ -213,13 +213,12 @@ class LeaderReads:
             # (LocalLog.step_tail_from: the usual commit, one step instead of
             # two); any other is woken and answered next step.
             log = ctx.log
-            tail_base, tail_bytes = log.step_tail_base, sum(len(b) for b in log.step_tail)
             for p in self.parked:
                 if not which(p):
                     keep.append(p)
                 elif (p.not_before_ms <= now_ms and p.request.replica_id >= 0
-                      and p.request.fetch_offset == tail_base and tail_bytes <= p.request.max_bytes):
-                    done.append(p)
+                      and log.step_tail_from(p.request.fetch_offset, p.request.max_bytes) is not None):
+                    done.append(p)  # serve_fetch reads it with the same call
                 else:
                     p.woken = True
                     keep.append(p)

@@ -100,14 +100,16 @@ class LocalLog:
 
     # -- reading -----------------------------------------------------------
 
-    def step_tail_from(self, offset: int) -> bytes | None:
+    def step_tail_from(self, offset: int, max_bytes: int) -> bytes | None:
         """This step's own appends, `offset` to the log end, when `offset` is where the
-        first of them starts (None otherwise): the bytes of the step's AppendBatches,
-        which the LogReader sees only once the driver has executed them."""
+        first of them starts and they fit in `max_bytes` (None otherwise: the LogReader's
+        rules apply, a whole first batch past max_bytes among them): the bytes of the
+        step's AppendBatches, which the LogReader sees only once the driver has executed them."""
         if not self.appended_this_step or offset != self.step_tail_base:
             return None
         tail = self.step_tail
-        return tail[0] if len(tail) == 1 else b"".join(tail)
+        data = tail[0] if len(tail) == 1 else b"".join(tail)
+        return data if len(data) <= max_bytes else None
 
     def vote_position(self) -> tuple[int, int]:
         """(last epoch, end offset) a candidate's log must reach for our vote:

@@ -137,7 +137,7 @@ def test_killed_broker_is_fenced_then_reregisters(setup):
     assert again["broker_epoch"] > first["broker_epoch"], (first, again)
 
 
-def test_kafka_topics_through_the_kafka_broker_lands_in_metalog(setup, tmp_path):
+def test_kafka_topics_through_the_kafka_broker_lands_in_metalog(setup):
     """kafka-topics --bootstrap-server <the Kafka broker> --create: the broker
     forwards CreateTopics to its controller, the metalog leader, inside an
     Envelope; the topic is placed on the one unfenced broker, 100."""
@@ -145,14 +145,9 @@ def test_kafka_topics_through_the_kafka_broker_lands_in_metalog(setup, tmp_path)
     s.kafka.wait_for(lambda: s.broker.proc is not None and UNFENCED_LINE in s.broker.output(), START_TIMEOUT_S,
                      "the Kafka broker to be unfenced", s.broker)
     _await("broker 100 unfenced", lambda: (s.registration() or {}).get("fenced") is False)
-    certs = s.cluster.cert_dir
-    pem = tmp_path / "admin.pem"
-    pem.write_text(open(f"{certs}/admin.key").read() + open(f"{certs}/admin.crt").read())
-    props = tmp_path / "admin.properties"
-    props.write_text(f"security.protocol=SSL\nssl.truststore.type=PEM\nssl.truststore.location={certs}/ca.crt\n"
-                     f"ssl.keystore.type=PEM\nssl.keystore.location={pem}\n")
+    admin = s.kafka.command_config()  # the admin user of metalog's CA, over SSL
     bootstrap = f"127.0.0.1:{s.broker.port}"
-    s.kafka.tool(kq.TOPICS, ["--bootstrap-server", bootstrap, "--command-config", str(props), "--create",
+    s.kafka.tool(kq.TOPICS, ["--bootstrap-server", bootstrap, *admin, "--create",
                              "--topic", "through-kafka", "--partitions", "2", "--replication-factor", "1"])
     leader, _ = s.cluster.wait_for_leader(30)
     topic = _await("the topic in metalog's state",
@@ -160,7 +155,7 @@ def test_kafka_topics_through_the_kafka_broker_lands_in_metalog(setup, tmp_path)
     assert [(p["partition"], p["replicas"], p["leader"]) for p in topic["partitions"]] == [
         (0, [BROKER_ID], BROKER_ID), (1, [BROKER_ID], BROKER_ID)], topic
     # Kafka's broker hosts it: its own Metadata says broker 100 leads both partitions.
-    out = s.kafka.tool(kq.TOPICS, ["--bootstrap-server", bootstrap, "--command-config", str(props), "--describe",
+    out = s.kafka.tool(kq.TOPICS, ["--bootstrap-server", bootstrap, *admin, "--describe",
                                    "--topic", "through-kafka"]).stdout
     assert out.count("Leader: 100") == 2, out
 

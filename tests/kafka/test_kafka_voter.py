@@ -97,7 +97,6 @@ class Mixed:
         self.cluster = cluster
         self.side = side
         self.root = root
-        self.admin_props = os.path.join(root, "admin.properties")
         # Whether Kafka's tools may bootstrap from the Kafka controller too: only while it
         # leads. A Kafka controller answers DescribeCluster with the controllers that
         # registered (RegisterControllerRecord); metalog's voters never do, so while it
@@ -121,8 +120,7 @@ class Mixed:
     def kafka_tool(self, main_class: str, *args: str) -> str:
         """One of Kafka's tools against the quorum's controllers, as the admin user."""
         return self.side.tool(main_class, ["--bootstrap-controller", self.bootstrap(self.kafka_leading),
-                                           "--command-config",
-                                           self.admin_props, *args]).stdout
+                                           *self.side.command_config(), *args]).stdout
 
     def status(self) -> dict[str, str]:
         """kafka-metadata-quorum describe --status, through Kafka's admin client."""
@@ -140,15 +138,6 @@ class Mixed:
     def add_acl(self, principal: str) -> None:
         self.kafka_tool(kq.ACLS, "--add", "--allow-principal", principal, "--operation", "Read",
                         "--topic", "kafka-voter")
-
-
-def _admin_properties(cert_dir: str, path: str) -> None:
-    pem = path + ".pem"
-    with open(pem, "w") as f:
-        f.write(open(os.path.join(cert_dir, "admin.key")).read() + open(os.path.join(cert_dir, "admin.crt")).read())
-    with open(path, "w") as f:
-        f.write(f"security.protocol=SSL\nssl.truststore.type=PEM\nssl.truststore.location={cert_dir}/ca.crt\n"
-                f"ssl.keystore.type=PEM\nssl.keystore.location={pem}\n")
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +158,6 @@ def mixed(tmp_path_factory, kafka_jars):
             # Every metalog node's certificate is User:node-<id> to Kafka: its peers.
             "super.users": ";".join(["User:admin"] + [f"User:node-{n}" for n in (1, 2, 3, KAFKA_ID)])})
         mixed = Mixed(cluster, side, root)
-        _admin_properties(cluster.cert_dir, mixed.admin_props)
         node = side.nodes[KAFKA_ID] = side._node(KAFKA_ID, "observer")  # formatted --no-initial-controllers
         side._write_props(node)
         side._format()

@@ -60,6 +60,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO, TypeVar
 
+from metalog.broker.net.tls import tls_error_text
 from metalog.protocol.kafka.framing import NEED_DATA, FrameDecoder
 from metalog.protocol.errors import Errors, error_name
 from metalog.protocol.kafka import messages as km
@@ -439,7 +440,7 @@ class Follower:
                 except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
                     where = f"{self._target[0]}:{self._target[1]}" if self._target else "?"
                     if is_tls_refusal(exc):  # a configuration, not a network fault: retrying cannot fix it
-                        raise KafkaAnswerError(f"TLS with {where} failed: {tls_failure_text(exc)}") from None
+                        raise KafkaAnswerError(f"TLS with {where} failed: {tls_error_text(exc)}") from None
                     self.emit("disconnected", address=where, reason=str(exc) or type(exc).__name__)
                     self._leader_lost()
                     await self._back_off()
@@ -638,7 +639,7 @@ def tls_context(ca: str | None, cert: str | None, key: str | None,
             ctx.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as exc:
         raise KafkaAnswerError(f"--tls-ca {ca} / --tls-cert {cert} / --tls-key {key}: "
-                               f"{tls_failure_text(exc)}") from None
+                               f"{tls_error_text(exc)}") from None
     return ctx
 
 
@@ -650,15 +651,6 @@ def is_tls_refusal(exc: BaseException) -> bool:
         return True
     reason = exc.reason if isinstance(exc, ssl.SSLError) else None
     return bool(reason) and ("ALERT" in reason or reason == "WRONG_VERSION_NUMBER")
-
-
-def tls_failure_text(exc: BaseException) -> str:
-    """One line for a TLS failure: OpenSSL's verify message or reason, else the error."""
-    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
-        return f"certificate verify failed: {exc.verify_message}"
-    if isinstance(exc, ssl.SSLError) and exc.reason:
-        return exc.reason.lower().replace("_", " ")
-    return str(exc) or type(exc).__name__
 
 
 async def follow(options: FollowOptions) -> int:
