@@ -70,13 +70,11 @@ async def start_server_process(port: int = 0) -> tuple[asyncio.subprocess.Proces
 
 
 def client_hello() -> bytes:
-    """A TLS ClientHello's bytes, as a flood replays it (no certificate, no verification)."""
+    """A TLS ClientHello's bytes, as the hostile bench's flood replays it (no certificate)."""
+    from metalog.tools.bench.hostile import client_hello as made_by
+
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-    out = ssl.MemoryBIO()
-    obj = ctx.wrap_bio(ssl.MemoryBIO(), out, server_hostname="x")
-    try:
-        obj.do_handshake()
-    except ssl.SSLWantReadError:
-        return out.read()
-    raise AssertionError("a client handshake finished without the server's answer")
+    hello = made_by(ctx)
+    assert hello, "no ClientHello made"
+    return hello

@@ -142,7 +142,7 @@ async def _connections(host: str, port: int, n: int, duration_s: float, bad_ca_d
     return stats
 
 
-def _client_hello(ctx: ssl.SSLContext) -> bytes:
+def client_hello(ctx: ssl.SSLContext) -> bytes:
     """A TLS ClientHello, made once: the flood replays it (the server's cost, not the attacker's)."""
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     obj = ctx.wrap_bio(incoming, outgoing, server_hostname="metalog")
@@ -163,7 +163,7 @@ def _flood(host: str, port: int, per_s: int, duration_s: float, bad_ca_dir: str)
     it about 150 us of CPU a connection where bare sockets take 90 (most of it the kernel's
     connect), CPU an attacker on another host would not take from the cluster. The server
     sees the same traffic."""
-    hello = _client_hello(_bad_context(bad_ca_dir))
+    hello = client_hello(_bad_context(bad_ca_dir))
     stats = {"opened": 0, "server_answered": 0, "gave_up": 0, "connect_errors": 0, "skipped_at_cap": 0}
     flood = _LeanFlood(host, port, hello, stats)
     start_s = time.monotonic()
