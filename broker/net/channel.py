@@ -29,9 +29,11 @@ import asyncio
 import itertools
 import random
 import ssl
+import time
 from collections.abc import Coroutine
 from typing import Any
 
+from metalog.broker.net import codec_clock
 from metalog.broker.net.backoff import Backoff
 from metalog.broker.net.library_logging import library_logger
 from metalog.broker.net.server import DEFAULT_WRITE_HIGH_WATER_BYTES
@@ -245,7 +247,11 @@ class PeerChannel:
         if corr > _MAX_CORRELATION_ID:
             self._ids = itertools.count(1)
             corr = next(self._ids)
+        meter = codec_clock.meter
+        started_ns = 0 if meter is None else time.perf_counter_ns()
         how, frame = edge.encode_request(body, corr, self.client_id)  # raises before anything is pending
+        if meter is not None:
+            meter.codec_sample(codec_clock.ENCODE_REQUEST, how.api_key, time.perf_counter_ns() - started_ns)
         if how.api_key != api_key:
             raise InvariantViolation(f"{type(body).__name__} travels as api {how.api_key}, asked as {api_key}")
         fut = loop.create_future()
@@ -395,10 +401,16 @@ class PeerChannel:
         fut, how = entry
         if fut.done():
             return
+        meter = codec_clock.meter
+        started_ns = 0 if meter is None else time.perf_counter_ns()
         try:
-            fut.set_result(edge.decode_response(how, frame))
+            body = edge.decode_response(how, frame)
         except edge.ResponseDecodeError as exc:
             fut.set_exception(exc)
+            return
+        if meter is not None:
+            meter.codec_sample(codec_clock.DECODE_RESPONSE, how.api_key, time.perf_counter_ns() - started_ns)
+        fut.set_result(body)
 
     def _on_lost(self, proto: _ClientProtocol, reason: str, tls_failure: bool = False) -> None:
         if proto is not self._proto:

@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from typing import Any, Callable, Mapping
 
+from metalog.broker.net import codec_clock
 from metalog.broker.net.library_logging import library_logger
 from metalog.broker.net.listener import Listener, ListenerLimits, Server, listen
 from metalog.broker.net.server import Connection
@@ -138,7 +140,14 @@ class KafkaExchange:
 
     def respond(self, body: Any) -> None:
         """Answer with a response struct of this request's api, at its version."""
-        self.conn.finish(self, wire.encode_response(self.header, body))
+        meter = codec_clock.meter
+        if meter is None:
+            self.conn.finish(self, wire.encode_response(self.header, body))
+            return
+        started_ns = time.perf_counter_ns()
+        data = wire.encode_response(self.header, body)
+        meter.codec_sample(codec_clock.ENCODE_RESPONSE, self.header.api_key, time.perf_counter_ns() - started_ns)
+        self.conn.finish(self, data)
 
     def respond_nothing(self) -> None:
         """No answer goes out (Produce with acks=0); later answers may leave."""
@@ -238,6 +247,8 @@ class KafkaConnection(Connection):
         return not self._closing and super()._reading()  # nothing is read after a request Kafka closes on
 
     def _take(self, frame: Any) -> None:
+        meter = codec_clock.meter
+        started_ns = 0 if meter is None else time.perf_counter_ns()
         try:
             header, body = wire.decode_request(frame, self._supported)
         except wire.HeaderError as exc:
@@ -252,6 +263,8 @@ class KafkaConnection(Connection):
         except KafkaDecodeError as exc:  # the codec's promise is the four above; a fifth must not reach the loop
             self._abort("bad_header", exc)
             return
+        if meter is not None:
+            meter.codec_sample(codec_clock.DECODE_REQUEST, header.api_key, time.perf_counter_ns() - started_ns)
         exchange = self._open(header, body)
         if not self._proven:  # a well-formed request ends the address's run of failures
             self._prove()

@@ -21,6 +21,11 @@ A mark is (ns, event, offset, peer). Events (offset meaning in brackets):
     fetch_resp     follower read a Fetch answer with records  [log end after]
     fetch_action   follower's core asked for a Fetch          [fetch offset]
     fetch_sent     follower wrote that Fetch on the socket    [fetch offset]
+
+Beside the marks, the trace is the process's codec meter
+(``metalog.broker.net.codec_clock``): how long each decode and encode of a
+Kafka frame took, by operation and api key, which the profile prints per
+request.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import os
 import time
 from typing import Any
 
+from metalog.broker.net import codec_clock
 from metalog.storage.atomic import atomic_write
 
 ENV_VAR = "METALOG_COMMIT_TRACE_DIR"
@@ -38,12 +44,23 @@ MAX_MARKS = 500_000
 
 
 class CommitTrace:
-    __slots__ = ("path", "marks", "dropped")
+    __slots__ = ("path", "marks", "dropped", "codec", "codec_kept")
 
     def __init__(self, path: str):
         self.path = path
         self.marks: list[tuple[int, str, int, int]] = []
         self.dropped = 0
+        # "<operation>:<api key>" -> durations (ns); MAX_MARKS in all, later ones dropped.
+        self.codec: dict[str, list[int]] = {}
+        self.codec_kept = 0
+
+    def codec_sample(self, op: str, api_key: int, ns: int) -> None:
+        """One decode or encode of a Kafka frame (codec_clock's meter)."""
+        if self.codec_kept >= MAX_MARKS:
+            self.dropped += 1
+            return
+        self.codec_kept += 1
+        self.codec.setdefault(f"{op}:{api_key}", []).append(ns)
 
     def mark(self, event: str, offset: int, peer: int = -1, ns: int | None = None) -> None:
         if len(self.marks) >= MAX_MARKS:
@@ -52,7 +69,8 @@ class CommitTrace:
         self.marks.append((time.monotonic_ns() if ns is None else ns, event, offset, peer))
 
     def dump(self) -> None:
-        atomic_write(self.path, json.dumps({"marks": self.marks, "dropped": self.dropped}).encode())
+        atomic_write(self.path, json.dumps({"marks": self.marks, "codec": self.codec,
+                                            "dropped": self.dropped}).encode())
 
     def dump_or_warn(self, log: Any) -> None:
         """dump(), at stop: a trace that cannot be written is a warning, not a failure."""
@@ -63,13 +81,28 @@ class CommitTrace:
 
 
 def from_env(node_id: int) -> CommitTrace | None:
-    """The trace this broker records into, or None (the default: off)."""
+    """The trace this broker records into, or None (the default: off). A
+    trace is also the process's codec meter from now on (one broker, one
+    process, one trace)."""
     trace_dir = os.environ.get(ENV_VAR)
     if not trace_dir:
         return None
-    return CommitTrace(os.path.join(trace_dir, f"node-{node_id}.json"))
+    trace = CommitTrace(os.path.join(trace_dir, f"node-{node_id}.json"))
+    codec_clock.set_meter(trace)
+    return trace
 
 
 def load(path: str) -> list[tuple[int, str, int, int]]:
     with open(path, encoding="utf-8") as f:
         return [tuple(mk) for mk in json.load(f)["marks"]]
+
+
+def load_codec(path: str) -> dict[tuple[str, int], list[int]]:
+    """The codec durations (ns) of one node's trace, by (operation, api key)."""
+    with open(path, encoding="utf-8") as f:
+        raw = json.load(f).get("codec", {})
+    out: dict[tuple[str, int], list[int]] = {}
+    for key, durations in raw.items():
+        op, api_key = key.rsplit(":", 1)
+        out[(op, int(api_key))] = durations
+    return out

@@ -311,7 +311,10 @@ def read_tag(buf: memoryview, pos: int) -> tuple[int, int, int]:
     """One tagged field's header: (tag, start of its data, end of its data)."""
     tag, pos = read_uvarint(buf, pos)
     size, pos = read_uvarint(buf, pos)
-    return tag, pos, _span(buf, pos, size, f"tagged field {tag}")
+    end = pos + size
+    if end > len(buf):  # (the message is formatted only here: this runs for every tagged field read)
+        raise Malformed(f"tagged field {tag} of {size} bytes runs past the frame ({len(buf) - pos} left)")
+    return tag, pos, end
 
 
 def read_tag_count(buf: memoryview, pos: int) -> tuple[int, int]:

@@ -134,5 +134,12 @@ def test_smoke_profile_commit(tmp_path, capsys):
     assert 0 < total["p50_us"] <= total["p99_us"]
     # The parts of a commit's critical path come before its end.
     assert stages["follower appended -> fsync done"]["p50_us"] < total["p50_us"]
+    # The codec's cost per request, timed inside the brokers (issue 32 item 8).
+    codec = {(r["node"], r["op"], r["api"]): r for r in prof["codec"]["rows"]}
+    for key in [("leader", "decode request", "Produce"), ("leader", "decode request", "Fetch"),
+                ("follower", "decode answer", "Fetch"), ("follower", "encode request", "Fetch")]:
+        assert codec[key]["count"] > 0 and 0 < codec[key]["p50_us"] <= codec[key]["p99_us"], key
+    assert 0 < prof["codec"]["per_commit_p50_us"] < total["p50_us"]
     out = capsys.readouterr().out
     assert "commit profile:" in out and "next Fetch written -> leader read it" in out
+    assert "the codec on one commit's path" in out

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 
+from metalog.broker.net import codec_clock
 from metalog.broker.server import commit_trace
 from metalog.tools.bench import commit_profile
 
 
-def write_trace(path, marks) -> None:
-    path.write_text(json.dumps({"marks": marks, "dropped": 0}))
+def write_trace(path, marks, codec=None) -> None:
+    path.write_text(json.dumps({"marks": marks, "codec": codec or {}, "dropped": 0}))
 
 
 def one_commit(t0: int, base: int) -> tuple[list, list, list, tuple]:
@@ -62,6 +63,7 @@ def test_follow_times_each_stage_through_the_follower_that_advanced_the_hw(tmp_p
     write_trace(tmp_path / "node-3.json", f3)
     followed = commit_profile.follow(str(tmp_path), ops)
     assert followed["leader"] == 1 and followed["followed"] == 10 and followed["skipped"] == 0
+    assert commit_profile.summarize_codec(followed) == {"rows": [], "per_commit_p50_us": None}
     assert followed["leader_fsync_on_critical_path"] == 0  # 300 µs < follower 2's Fetch at 400 µs
     rows = {r["stage"]: r["p50_us"] for r in commit_profile.summarize(followed)}
     assert rows["client send -> leader read Produce"] == 10
@@ -76,11 +78,42 @@ def test_follow_times_each_stage_through_the_follower_that_advanced_the_hw(tmp_p
 
 
 def test_trace_is_off_unless_the_environment_names_a_directory(tmp_path, monkeypatch):
+    monkeypatch.setattr(codec_clock, "meter", None)  # restored after the test: from_env sets it
     monkeypatch.delenv(commit_trace.ENV_VAR, raising=False)
     assert commit_trace.from_env(1) is None
+    assert codec_clock.meter is None
     monkeypatch.setenv(commit_trace.ENV_VAR, str(tmp_path))
     trace = commit_trace.from_env(7)
+    assert codec_clock.meter is trace  # the trace is the process's codec meter too
     trace.mark("append", 5, 4)
     trace.dump()
     marks = commit_trace.load(str(tmp_path / "node-7.json"))
     assert [(e, o, p) for _ns, e, o, p in marks] == [("append", 5, 4)]
+
+
+def test_codec_rows_by_node_role_and_the_sum_over_one_commits_path(tmp_path):
+    """The leader's and the followers' codec timings (ns) become rows by
+    (leader|follower, operation, api), the followers pooled; the six frames a
+    commit's path goes through are summed from their p50s."""
+    leader, f2, f3, op = one_commit(1_000_000_000, 100)
+    write_trace(tmp_path / "node-1.json", leader, {
+        "decode request:0": [20_000] * 3,           # Produce
+        "encode answer:0": [10_000] * 3,
+        "decode request:1": [30_000, 30_000, 90_000],  # Fetch: p50 30, p99 90
+        "encode answer:1": [15_000] * 3,
+        "decode request:18": [50_000],             # ApiVersions: a row, not on the path
+    })
+    write_trace(tmp_path / "node-2.json", f2, {"decode answer:1": [40_000], "encode request:1": [25_000]})
+    write_trace(tmp_path / "node-3.json", f3, {"decode answer:1": [60_000], "encode request:1": [25_000]})
+    followed = commit_profile.follow(str(tmp_path), [op])
+    codec = commit_profile.summarize_codec(followed)
+    rows = {(r["node"], r["op"], r["api"]): r for r in codec["rows"]}
+    assert rows[("leader", "decode request", "Fetch")] == {
+        "node": "leader", "op": "decode request", "api": "Fetch", "api_key": 1, "count": 3,
+        "p50_us": 30.0, "p99_us": 90.0}
+    assert rows[("follower", "decode answer", "Fetch")]["count"] == 2  # both followers, pooled
+    assert rows[("leader", "decode request", "ApiVersions")]["p50_us"] == 50.0
+    # 20 + 15 + 40 (the lower of the followers' 40 and 60) + 25 + 30 + 10
+    assert codec["per_commit_p50_us"] == 140.0
+    table = commit_profile.format_profile(followed)
+    assert "leader decode request Fetch" in table and "the codec on one commit's path" in table and "140.0 us" in table

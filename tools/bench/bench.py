@@ -438,7 +438,8 @@ def bench_profile_commit(args, root: str, report: dict) -> None:
     report["commit_profile"] = {"load": res, "leader": followed["leader"], "followed": followed["followed"],
                                 "skipped": followed["skipped"],
                                 "leader_fsync_on_critical_path": followed["leader_fsync_on_critical_path"],
-                                "stages": commit_profile.summarize(followed)}
+                                "stages": commit_profile.summarize(followed),
+                                "codec": commit_profile.summarize_codec(followed)}
     _progress(f"commit profile: {res['records_per_s']} rec/s p50 {res['p50_ms']} ms p99 {res['p99_ms']} ms")
     print(commit_profile.format_profile(followed))
 

@@ -14,6 +14,11 @@ brokers' marks by its offset:
 and the table gives p50 and p99 of each stage (the follower whose Fetch
 advanced the HW first is the one followed). All marks are
 ``time.monotonic_ns()``, one clock for every process on the machine.
+
+A second table gives the Kafka codec's cost per request (issue 32 item 8):
+the brokers time every decode and encode of a frame while they trace
+(``metalog.broker.net.codec_clock``), and the rows the commit path goes
+through are summed into the codec's share of one commit.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ import os
 from collections import defaultdict
 from typing import Any
 
-from metalog.broker.server.commit_trace import load
+from metalog.broker.net import codec_clock as cc
+from metalog.broker.server.commit_trace import load, load_codec
+from metalog.protocol.apis import ApiKey
 
 # The first writes warm connections and caches up: not part of the figures.
 SKIP_FIRST_OPS = 50
@@ -44,6 +51,19 @@ STAGES = [
     ("HW advanced -> Produce answer written", "hw", "reply"),
     ("Produce answer -> client read it", "reply", "client_recv"),
     ("total (client send -> answer)", "send", "client_recv"),
+]
+
+
+# The codec's work on one commit's path: (whose, operation, api, times per commit).
+# The leader reads the Produce and one replica's Fetch and writes their
+# answers; that follower reads the Fetch answer and writes its next Fetch.
+CODEC_PATH = [
+    ("leader", cc.DECODE_REQUEST, ApiKey.PRODUCE),
+    ("leader", cc.ENCODE_RESPONSE, ApiKey.FETCH),
+    ("follower", cc.DECODE_RESPONSE, ApiKey.FETCH),
+    ("follower", cc.ENCODE_REQUEST, ApiKey.FETCH),
+    ("leader", cc.DECODE_REQUEST, ApiKey.FETCH),
+    ("leader", cc.ENCODE_RESPONSE, ApiKey.PRODUCE),
 ]
 
 
@@ -134,7 +154,38 @@ def follow(trace_dir: str, ops: list) -> dict[str, Any]:
         for name, a, b in STAGES:
             durations[name].append((t[b] - t[a]) // 1000)
     return {"leader": leader, "followed": followed, "skipped": skipped,
-            "leader_fsync_on_critical_path": leader_fsync_last, "durations_us": dict(durations)}
+            "leader_fsync_on_critical_path": leader_fsync_last, "durations_us": dict(durations),
+            "codec_ns": _codec(trace_dir, leader)}
+
+
+def _codec(trace_dir: str, leader: int) -> dict[tuple[str, str, int], list[int]]:
+    """Codec durations (ns) by (leader|follower, operation, api key), the followers' pooled."""
+    out: dict[tuple[str, str, int], list[int]] = defaultdict(list)
+    for path in glob.glob(os.path.join(trace_dir, "node-*.json")):
+        whose = "leader" if int(os.path.basename(path)[len("node-"):-len(".json")]) == leader else "follower"
+        for (op, api_key), durations in load_codec(path).items():
+            out[(whose, op, api_key)].extend(durations)
+    return dict(out)
+
+
+def summarize_codec(followed: dict[str, Any]) -> dict[str, Any]:
+    """Per (whose, operation, api): count and p50/p99 µs (one decimal); and the
+    p50s of CODEC_PATH summed: the codec's time in one commit."""
+    rows = []
+    for (whose, op, api_key), ns in sorted(followed.get("codec_ns", {}).items()):
+        rows.append({"node": whose, "op": op, "api": _api_name(api_key), "api_key": api_key, "count": len(ns),
+                     "p50_us": round(_pct(ns, 50) / 1000, 1), "p99_us": round(_pct(ns, 99) / 1000, 1)})
+    by_key = {(r["node"], r["op"], r["api_key"]): r for r in rows}
+    path = [by_key.get((whose, op, int(api))) for whose, op, api in CODEC_PATH]
+    per_commit = round(sum(r["p50_us"] for r in path), 1) if all(path) else None
+    return {"rows": rows, "per_commit_p50_us": per_commit}
+
+
+def _api_name(api_key: int) -> str:
+    try:
+        return ApiKey(api_key).name.title().replace("_", "")
+    except ValueError:
+        return f"api {api_key}"
 
 
 def _pct(vals: list[int], q: float) -> int:
@@ -157,4 +208,14 @@ def format_profile(followed: dict[str, Any]) -> str:
              f"{'stage':40}  {'p50 us':>8}  {'p99 us':>8}"]
     for row in summarize(followed):
         lines.append(f"{row['stage']:40}  {row['p50_us']:>8}  {row['p99_us']:>8}")
+    codec = summarize_codec(followed)
+    if codec["rows"]:
+        lines.append("")
+        lines.append(f"{'Kafka codec, per frame':40}  {'count':>8}  {'p50 us':>8}  {'p99 us':>8}")
+        for r in codec["rows"]:
+            name = f"{r['node']} {r['op']} {r['api']}"
+            lines.append(f"{name:40}  {r['count']:>8}  {r['p50_us']:>8}  {r['p99_us']:>8}")
+        if codec["per_commit_p50_us"] is not None:
+            lines.append(f"the codec on one commit's path (the six p50s it goes through): "
+                         f"{codec['per_commit_p50_us']} us")
     return "\n".join(lines)
