@@ -153,35 +153,56 @@ __all__ = [
 _FAULTS = (struct.error, IndexError, ValueError, OverflowError, Malformed)
 
 _S_oo = struct.Struct(">??")
+_S_ooo = struct.Struct(">???")
+_S_ob = struct.Struct(">?b")
 _S_obo = struct.Struct(">?b?")
 _S_Hh = struct.Struct(">Hh")
 _S_bb = struct.Struct(">bb")
+_S_ho = struct.Struct(">h?")
+_S_hb = struct.Struct(">hb")
 _S_hh = struct.Struct(">hh")
 _S_hhh = struct.Struct(">hhh")
 _S_hhi = struct.Struct(">hhi")
 _S_hi = struct.Struct(">hi")
 _S_hii = struct.Struct(">hii")
+_S_hiii = struct.Struct(">hiii")
 _S_hiiq = struct.Struct(">hiiq")
 _S_io = struct.Struct(">i?")
+_S_ib = struct.Struct(">ib")
 _S_ih = struct.Struct(">ih")
 _S_ihooo = struct.Struct(">ih???")
+_S_ihi = struct.Struct(">ihi")
 _S_ihii = struct.Struct(">ihii")
 _S_ihiio = struct.Struct(">ihii?")
+_S_ihiiq = struct.Struct(">ihiiq")
 _S_ihq = struct.Struct(">ihq")
 _S_ihqh = struct.Struct(">ihqh")
+_S_ihqhqh = struct.Struct(">ihqhqh")
 _S_ihqi = struct.Struct(">ihqi")
 _S_ihqq = struct.Struct(">ihqq")
+_S_ihqqi = struct.Struct(">ihqqi")
+_S_ihqqq = struct.Struct(">ihqqq")
 _S_ii = struct.Struct(">ii")
 _S_iii = struct.Struct(">iii")
-_S_iiib = struct.Struct(">iiib")
+_S_iiibii = struct.Struct(">iiibii")
+_S_iiiib = struct.Struct(">iiiib")
+_S_iiiibii = struct.Struct(">iiiibii")
+_S_iiiiq = struct.Struct(">iiiiq")
 _S_iiq = struct.Struct(">iiq")
+_S_iiqiqi = struct.Struct(">iiqiqi")
 _S_iiqqi = struct.Struct(">iiqqi")
 _S_iq = struct.Struct(">iq")
+_S_iqo = struct.Struct(">iq?")
+_S_iqh = struct.Struct(">iqh")
+_S_iqhoo = struct.Struct(">iqh??")
+_S_iqi = struct.Struct(">iqi")
 _S_iqqoo = struct.Struct(">iqq??")
-_S_qh = struct.Struct(">qh")
+_S_iqqi = struct.Struct(">iqqi")
+_S_iqqq = struct.Struct(">iqqq")
 _S_qi = struct.Struct(">qi")
 _S_qq = struct.Struct(">qq")
 _S_qqI = struct.Struct(">qqI")
+_S_qqq = struct.Struct(">qqq")
 
 
 class AddRaftVoterRequestListener(Message, kw_only=True, gc=False):
@@ -193,8 +214,18 @@ class AddRaftVoterRequestListener(Message, kw_only=True, gc=False):
     port: int = 0
 
     def write(self, out: bytearray, version: int) -> None:
-        write_cstr(out, self.name)
-        write_cstr(out, self.host)
+        _v_name = self.name
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+            out.append(len(_v_name) + 1)
+            out += _v_name.encode()
+        else:
+            write_cstr(out, _v_name)
+        _v_host = self.host
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
+            out.append(len(_v_host) + 1)
+            out += _v_host.encode()
+        else:
+            write_cstr(out, _v_host)
         out += U16.pack(self.port)
         out.append(0)
 
@@ -204,8 +235,18 @@ class AddRaftVoterRequestListener(Message, kw_only=True, gc=False):
         v_host: str
         v_port: int
         try:
-            v_name, pos = read_cstr(buf, pos)
-            v_host, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_name = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_name, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_host = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_host, pos = read_cstr(buf, pos)
             v_port = U16.unpack_from(buf, pos)[0]
             pos += 2
             if buf[pos]:
@@ -237,16 +278,47 @@ class AddRaftVoterRequest(Message, kw_only=True, gc=False):
     ack_when_committed: bool = True
 
     def write(self, out: bytearray, version: int) -> None:
-        write_ncstr(out, self.cluster_id)
-        out += _S_ii.pack(self.timeout_ms, self.voter_id)
-        write_uuid(out, self.voter_directory_id)
-        _a_listeners = self.listeners
-        write_uvarint(out, len(_a_listeners) + 1)
-        for _e_listeners in _a_listeners:
-            _e_listeners.write(out, version)
         if version >= 1:
+            _v_cluster_id = self.cluster_id
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+                out.append(len(_v_cluster_id) + 1)
+                out += _v_cluster_id.encode()
+            else:
+                write_ncstr(out, _v_cluster_id)
+            out += _S_ii.pack(self.timeout_ms, self.voter_id)
+            _v_voter_directory_id = self.voter_directory_id
+            if len(_v_voter_directory_id) == 16:
+                out += _v_voter_directory_id
+            else:
+                write_uuid(out, _v_voter_directory_id)  # the error
+            _a_listeners = self.listeners
+            if len(_a_listeners) < 0x7F:
+                out.append(len(_a_listeners) + 1)
+            else:
+                write_uvarint(out, len(_a_listeners) + 1)
+            for _e_listeners in _a_listeners:
+                _e_listeners.write(out, version)
             out += BOOL.pack(self.ack_when_committed)
         else:
+            _v_cluster_id = self.cluster_id
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+                out.append(len(_v_cluster_id) + 1)
+                out += _v_cluster_id.encode()
+            else:
+                write_ncstr(out, _v_cluster_id)
+            out += _S_ii.pack(self.timeout_ms, self.voter_id)
+            _v_voter_directory_id = self.voter_directory_id
+            if len(_v_voter_directory_id) == 16:
+                out += _v_voter_directory_id
+            else:
+                write_uuid(out, _v_voter_directory_id)  # the error
+            _a_listeners = self.listeners
+            if len(_a_listeners) < 0x7F:
+                out.append(len(_a_listeners) + 1)
+            else:
+                write_uvarint(out, len(_a_listeners) + 1)
+            for _e_listeners in _a_listeners:
+                _e_listeners.write(out, version)
             if self.ack_when_committed != True:
                 raise unsupported("AddRaftVoterRequest.ack_when_committed", version)
         out.append(0)
@@ -260,18 +332,56 @@ class AddRaftVoterRequest(Message, kw_only=True, gc=False):
         v_listeners: list[AddRaftVoterRequestListener]
         v_ack_when_committed: bool = True
         try:
-            v_cluster_id, pos = read_ncstr(buf, pos)
-            v_timeout_ms, v_voter_id = _S_ii.unpack_from(buf, pos)
-            pos += 8
-            v_voter_directory_id, pos = read_uuid(buf, pos)
-            _c, pos = read_ccount(buf, pos)
-            v_listeners = []
-            for _ in range(_c):
-                _s_listeners, pos = AddRaftVoterRequestListener.read(buf, pos, version)
-                v_listeners.append(_s_listeners)
             if version >= 1:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_cluster_id, pos = read_ncstr(buf, pos)
+                v_timeout_ms, v_voter_id = _S_ii.unpack_from(buf, pos)
+                pos += 8
+                if pos + 16 <= len(buf):
+                    v_voter_directory_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_listeners = []
+                for _ in range(_c):
+                    _s_listeners, pos = AddRaftVoterRequestListener.read(buf, pos, version)
+                    v_listeners.append(_s_listeners)
                 v_ack_when_committed = BOOL.unpack_from(buf, pos)[0]
                 pos += 1
+            else:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_cluster_id, pos = read_ncstr(buf, pos)
+                v_timeout_ms, v_voter_id = _S_ii.unpack_from(buf, pos)
+                pos += 8
+                if pos + 16 <= len(buf):
+                    v_voter_directory_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_listeners = []
+                for _ in range(_c):
+                    _s_listeners, pos = AddRaftVoterRequestListener.read(buf, pos, version)
+                    v_listeners.append(_s_listeners)
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -296,7 +406,12 @@ class AddRaftVoterResponse(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         out += _S_ih.pack(self.throttle_time_ms, self.error_code)
-        write_ncstr(out, self.error_message)
+        _v_error_message = self.error_message
+        if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+            out.append(len(_v_error_message) + 1)
+            out += _v_error_message.encode()
+        else:
+            write_ncstr(out, _v_error_message)
         out.append(0)
 
     @classmethod
@@ -307,7 +422,12 @@ class AddRaftVoterResponse(Message, kw_only=True, gc=False):
         try:
             v_throttle_time_ms, v_error_code = _S_ih.unpack_from(buf, pos)
             pos += 6
-            v_error_message, pos = read_ncstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_error_message, pos = read_ncstr(buf, pos)
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -399,9 +519,20 @@ class ApiVersionsRequest(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         if version >= 3:
-            write_cstr(out, self.client_software_name)
-        if version >= 3:
-            write_cstr(out, self.client_software_version)
+            _v_client_software_name = self.client_software_name
+            if _v_client_software_name is not None and len(_v_client_software_name) < 0x7F and _v_client_software_name.isascii():
+                out.append(len(_v_client_software_name) + 1)
+                out += _v_client_software_name.encode()
+            else:
+                write_cstr(out, _v_client_software_name)
+            _v_client_software_version = self.client_software_version
+            if _v_client_software_version is not None and len(_v_client_software_version) < 0x7F and _v_client_software_version.isascii():
+                out.append(len(_v_client_software_version) + 1)
+                out += _v_client_software_version.encode()
+            else:
+                write_cstr(out, _v_client_software_version)
+        else:
+            pass
         if version >= 3:
             out.append(0)
 
@@ -411,9 +542,20 @@ class ApiVersionsRequest(Message, kw_only=True, gc=False):
         v_client_software_version: str = ''
         try:
             if version >= 3:
-                v_client_software_name, pos = read_cstr(buf, pos)
-            if version >= 3:
-                v_client_software_version, pos = read_cstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_client_software_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_client_software_name, pos = read_cstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_client_software_version = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_client_software_version, pos = read_cstr(buf, pos)
+            else:
+                pass
             if version >= 3:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -471,7 +613,12 @@ class ApiVersionsResponseSupportedFeatureKey(Message, kw_only=True, gc=False):
     max_version: int = 0
 
     def write(self, out: bytearray, version: int) -> None:
-        write_cstr(out, self.name)
+        _v_name = self.name
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+            out.append(len(_v_name) + 1)
+            out += _v_name.encode()
+        else:
+            write_cstr(out, _v_name)
         out += _S_hh.pack(self.min_version, self.max_version)
         out.append(0)
 
@@ -481,7 +628,12 @@ class ApiVersionsResponseSupportedFeatureKey(Message, kw_only=True, gc=False):
         v_min_version: int
         v_max_version: int
         try:
-            v_name, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_name = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_name, pos = read_cstr(buf, pos)
             v_min_version, v_max_version = _S_hh.unpack_from(buf, pos)
             pos += 4
             if buf[pos]:
@@ -507,7 +659,12 @@ class ApiVersionsResponseFinalizedFeatureKey(Message, kw_only=True, gc=False):
     min_version_level: int = 0
 
     def write(self, out: bytearray, version: int) -> None:
-        write_cstr(out, self.name)
+        _v_name = self.name
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+            out.append(len(_v_name) + 1)
+            out += _v_name.encode()
+        else:
+            write_cstr(out, _v_name)
         out += _S_hh.pack(self.max_version_level, self.min_version_level)
         out.append(0)
 
@@ -517,7 +674,12 @@ class ApiVersionsResponseFinalizedFeatureKey(Message, kw_only=True, gc=False):
         v_max_version_level: int
         v_min_version_level: int
         try:
-            v_name, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_name = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_name, pos = read_cstr(buf, pos)
             v_max_version_level, v_min_version_level = _S_hh.unpack_from(buf, pos)
             pos += 4
             if buf[pos]:
@@ -550,19 +712,29 @@ class ApiVersionsResponse(Message, kw_only=True, gc=False):
     zk_migration_ready: bool = False
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I16.pack(self.error_code)
-        if version <= 2:
+        if version >= 3:
+            out += I16.pack(self.error_code)
+            _a_api_keys = self.api_keys
+            if len(_a_api_keys) < 0x7F:
+                out.append(len(_a_api_keys) + 1)
+            else:
+                write_uvarint(out, len(_a_api_keys) + 1)
+            for _e_api_keys in _a_api_keys:
+                _e_api_keys.write(out, version)
+            out += I32.pack(self.throttle_time_ms)
+        elif version >= 1:
+            out += I16.pack(self.error_code)
             _a_api_keys = self.api_keys
             out += I32.pack(len(_a_api_keys))
             for _e_api_keys in _a_api_keys:
                 _e_api_keys.write(out, version)
+            out += I32.pack(self.throttle_time_ms)
         else:
+            out += I16.pack(self.error_code)
             _a_api_keys = self.api_keys
-            write_uvarint(out, len(_a_api_keys) + 1)
+            out += I32.pack(len(_a_api_keys))
             for _e_api_keys in _a_api_keys:
                 _e_api_keys.write(out, version)
-        if version >= 1:
-            out += I32.pack(self.throttle_time_ms)
         if version >= 3:
             _n = 0
             if len(self.supported_features) != 0:
@@ -577,7 +749,10 @@ class ApiVersionsResponse(Message, kw_only=True, gc=False):
             if len(self.supported_features) != 0:
                 _t = bytearray()
                 _a_supported_features = self.supported_features
-                write_uvarint(_t, len(_a_supported_features) + 1)
+                if len(_a_supported_features) < 0x7F:
+                    _t.append(len(_a_supported_features) + 1)
+                else:
+                    write_uvarint(_t, len(_a_supported_features) + 1)
                 for _e_supported_features in _a_supported_features:
                     _e_supported_features.write(_t, version)
                 write_tagged(out, 0, _t)
@@ -588,7 +763,10 @@ class ApiVersionsResponse(Message, kw_only=True, gc=False):
             if len(self.finalized_features) != 0:
                 _t = bytearray()
                 _a_finalized_features = self.finalized_features
-                write_uvarint(_t, len(_a_finalized_features) + 1)
+                if len(_a_finalized_features) < 0x7F:
+                    _t.append(len(_a_finalized_features) + 1)
+                else:
+                    write_uvarint(_t, len(_a_finalized_features) + 1)
                 for _e_finalized_features in _a_finalized_features:
                     _e_finalized_features.write(_t, version)
                 write_tagged(out, 2, _t)
@@ -607,53 +785,92 @@ class ApiVersionsResponse(Message, kw_only=True, gc=False):
         v_finalized_features: list[ApiVersionsResponseFinalizedFeatureKey] = []
         v_zk_migration_ready: bool = False
         try:
-            v_error_code = I16.unpack_from(buf, pos)[0]
-            pos += 2
-            if version <= 2:
+            if version >= 3:
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_api_keys = []
+                for _ in range(_c):
+                    _s_api_keys, pos = ApiVersionsResponseApiVersion.read(buf, pos, version)
+                    v_api_keys.append(_s_api_keys)
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+            elif version >= 1:
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
                 _c, pos = read_count(buf, pos)
                 v_api_keys = []
                 for _ in range(_c):
                     _s_api_keys, pos = ApiVersionsResponseApiVersion.read(buf, pos, version)
                     v_api_keys.append(_s_api_keys)
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _c, pos = read_count(buf, pos)
                 v_api_keys = []
                 for _ in range(_c):
                     _s_api_keys, pos = ApiVersionsResponseApiVersion.read(buf, pos, version)
                     v_api_keys.append(_s_api_keys)
-            if version >= 1:
-                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
-                pos += 4
             if version >= 3:
                 if buf[pos] == 0:
                     pos += 1
                 else:
-                    _n, pos = read_tag_count(buf, pos)
+                    _n = buf[pos]
+                    if _n < 0x80 and 2 * _n < len(buf) - pos:
+                        pos += 1
+                    else:
+                        _n, pos = read_tag_count(buf, pos)
                     for _ in range(_n):
-                        _tag, pos, _end = read_tag(buf, pos)
+                        _tag = buf[pos]
+                        _size = buf[pos + 1]
+                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
+                            pos += 2
+                        else:
+                            _tag, pos, _end = read_tag(buf, pos)
                         _sub = buf[:_end]
                         if _tag == 0:
-                            _c, pos = read_ccount(_sub, pos)
+                            _b = _sub[pos]
+                            if 0 < _b < 0x80 and _b <= len(_sub) - pos:
+                                _c = _b - 1
+                                pos += 1
+                            else:
+                                _c, pos = read_ccount(_sub, pos)
                             v_supported_features = []
                             for _ in range(_c):
                                 _s_supported_features, pos = ApiVersionsResponseSupportedFeatureKey.read(_sub, pos, version)
                                 v_supported_features.append(_s_supported_features)
-                            check_tag_end(pos, _end, _tag)
+                            if pos != _end:
+                                check_tag_end(pos, _end, _tag)
                         elif _tag == 1:
                             v_finalized_features_epoch = I64.unpack_from(_sub, pos)[0]
                             pos += 8
-                            check_tag_end(pos, _end, _tag)
+                            if pos != _end:
+                                check_tag_end(pos, _end, _tag)
                         elif _tag == 2:
-                            _c, pos = read_ccount(_sub, pos)
+                            _b = _sub[pos]
+                            if 0 < _b < 0x80 and _b <= len(_sub) - pos:
+                                _c = _b - 1
+                                pos += 1
+                            else:
+                                _c, pos = read_ccount(_sub, pos)
                             v_finalized_features = []
                             for _ in range(_c):
                                 _s_finalized_features, pos = ApiVersionsResponseFinalizedFeatureKey.read(_sub, pos, version)
                                 v_finalized_features.append(_s_finalized_features)
-                            check_tag_end(pos, _end, _tag)
+                            if pos != _end:
+                                check_tag_end(pos, _end, _tag)
                         elif _tag == 3:
                             v_zk_migration_ready = BOOL.unpack_from(_sub, pos)[0]
                             pos += 1
-                            check_tag_end(pos, _end, _tag)
+                            if pos != _end:
+                                check_tag_end(pos, _end, _tag)
                         pos = _end
         except KafkaDecodeError:
             raise
@@ -672,10 +889,16 @@ class BeginQuorumEpochRequestPartitionData(Message, kw_only=True, gc=False):
     leader_epoch: int = 0
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.partition_index)
         if version >= 1:
-            write_uuid(out, self.voter_directory_id)
-        out += _S_ii.pack(self.leader_id, self.leader_epoch)
+            out += I32.pack(self.partition_index)
+            _v_voter_directory_id = self.voter_directory_id
+            if len(_v_voter_directory_id) == 16:
+                out += _v_voter_directory_id
+            else:
+                write_uuid(out, _v_voter_directory_id)  # the error
+            out += _S_ii.pack(self.leader_id, self.leader_epoch)
+        else:
+            out += _S_iii.pack(self.partition_index, self.leader_id, self.leader_epoch)
         if version >= 1:
             out.append(0)
 
@@ -686,12 +909,19 @@ class BeginQuorumEpochRequestPartitionData(Message, kw_only=True, gc=False):
         v_leader_id: int
         v_leader_epoch: int
         try:
-            v_partition_index = I32.unpack_from(buf, pos)[0]
-            pos += 4
             if version >= 1:
-                v_voter_directory_id, pos = read_uuid(buf, pos)
-            v_leader_id, v_leader_epoch = _S_ii.unpack_from(buf, pos)
-            pos += 8
+                v_partition_index = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                if pos + 16 <= len(buf):
+                    v_voter_directory_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
+                v_leader_id, v_leader_epoch = _S_ii.unpack_from(buf, pos)
+                pos += 8
+            else:
+                v_partition_index, v_leader_id, v_leader_epoch = _S_iii.unpack_from(buf, pos)
+                pos += 12
             if version >= 1:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -715,18 +945,24 @@ class BeginQuorumEpochRequestTopicData(Message, kw_only=True, gc=False):
     partitions: list[BeginQuorumEpochRequestPartitionData] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 0:
-            write_str(out, self.topic_name)
-        else:
-            write_cstr(out, self.topic_name)
-        if version <= 0:
+        if version >= 1:
+            _v_topic_name = self.topic_name
+            if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii():
+                out.append(len(_v_topic_name) + 1)
+                out += _v_topic_name.encode()
+            else:
+                write_cstr(out, _v_topic_name)
             _a_partitions = self.partitions
-            out += I32.pack(len(_a_partitions))
+            if len(_a_partitions) < 0x7F:
+                out.append(len(_a_partitions) + 1)
+            else:
+                write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         else:
+            write_str(out, self.topic_name)
             _a_partitions = self.partitions
-            write_uvarint(out, len(_a_partitions) + 1)
+            out += I32.pack(len(_a_partitions))
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         if version >= 1:
@@ -737,18 +973,26 @@ class BeginQuorumEpochRequestTopicData(Message, kw_only=True, gc=False):
         v_topic_name: str
         v_partitions: list[BeginQuorumEpochRequestPartitionData]
         try:
-            if version <= 0:
-                v_topic_name, pos = read_str(buf, pos)
-            else:
-                v_topic_name, pos = read_cstr(buf, pos)
-            if version <= 0:
-                _c, pos = read_count(buf, pos)
+            if version >= 1:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_topic_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_topic_name, pos = read_cstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = BeginQuorumEpochRequestPartitionData.read(buf, pos, version)
                     v_partitions.append(_s_partitions)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_topic_name, pos = read_str(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = BeginQuorumEpochRequestPartitionData.read(buf, pos, version)
@@ -777,8 +1021,18 @@ class BeginQuorumEpochRequestLeaderEndpoint(Message, kw_only=True, gc=False):
     port: int = 0
 
     def write(self, out: bytearray, version: int) -> None:
-        write_cstr(out, self.name)
-        write_cstr(out, self.host)
+        _v_name = self.name
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+            out.append(len(_v_name) + 1)
+            out += _v_name.encode()
+        else:
+            write_cstr(out, _v_name)
+        _v_host = self.host
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
+            out.append(len(_v_host) + 1)
+            out += _v_host.encode()
+        else:
+            write_cstr(out, _v_host)
         out += U16.pack(self.port)
         out.append(0)
 
@@ -788,8 +1042,18 @@ class BeginQuorumEpochRequestLeaderEndpoint(Message, kw_only=True, gc=False):
         v_host: str
         v_port: int
         try:
-            v_name, pos = read_cstr(buf, pos)
-            v_host, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_name = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_name, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_host = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_host, pos = read_cstr(buf, pos)
             v_port = U16.unpack_from(buf, pos)[0]
             pos += 2
             if buf[pos]:
@@ -819,27 +1083,34 @@ class BeginQuorumEpochRequest(Message, kw_only=True, gc=False):
     leader_endpoints: list[BeginQuorumEpochRequestLeaderEndpoint] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 0:
-            write_nstr(out, self.cluster_id)
-        else:
-            write_ncstr(out, self.cluster_id)
         if version >= 1:
+            _v_cluster_id = self.cluster_id
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+                out.append(len(_v_cluster_id) + 1)
+                out += _v_cluster_id.encode()
+            else:
+                write_ncstr(out, _v_cluster_id)
             out += I32.pack(self.voter_id)
-        if version <= 0:
+            _a_topics = self.topics
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
+            _a_leader_endpoints = self.leader_endpoints
+            if len(_a_leader_endpoints) < 0x7F:
+                out.append(len(_a_leader_endpoints) + 1)
+            else:
+                write_uvarint(out, len(_a_leader_endpoints) + 1)
+            for _e_leader_endpoints in _a_leader_endpoints:
+                _e_leader_endpoints.write(out, version)
+        else:
+            write_nstr(out, self.cluster_id)
             _a_topics = self.topics
             out += I32.pack(len(_a_topics))
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
-        else:
-            _a_topics = self.topics
-            write_uvarint(out, len(_a_topics) + 1)
-            for _e_topics in _a_topics:
-                _e_topics.write(out, version)
-        if version >= 1:
-            _a_leader_endpoints = self.leader_endpoints
-            write_uvarint(out, len(_a_leader_endpoints) + 1)
-            for _e_leader_endpoints in _a_leader_endpoints:
-                _e_leader_endpoints.write(out, version)
         if version >= 1:
             out.append(0)
 
@@ -850,31 +1121,42 @@ class BeginQuorumEpochRequest(Message, kw_only=True, gc=False):
         v_topics: list[BeginQuorumEpochRequestTopicData]
         v_leader_endpoints: list[BeginQuorumEpochRequestLeaderEndpoint] = []
         try:
-            if version <= 0:
-                v_cluster_id, pos = read_nstr(buf, pos)
-            else:
-                v_cluster_id, pos = read_ncstr(buf, pos)
             if version >= 1:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_cluster_id, pos = read_ncstr(buf, pos)
                 v_voter_id = I32.unpack_from(buf, pos)[0]
                 pos += 4
-            if version <= 0:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = BeginQuorumEpochRequestTopicData.read(buf, pos, version)
+                    v_topics.append(_s_topics)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_leader_endpoints = []
+                for _ in range(_c):
+                    _s_leader_endpoints, pos = BeginQuorumEpochRequestLeaderEndpoint.read(buf, pos, version)
+                    v_leader_endpoints.append(_s_leader_endpoints)
+            else:
+                v_cluster_id, pos = read_nstr(buf, pos)
                 _c, pos = read_count(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = BeginQuorumEpochRequestTopicData.read(buf, pos, version)
                     v_topics.append(_s_topics)
-            else:
-                _c, pos = read_ccount(buf, pos)
-                v_topics = []
-                for _ in range(_c):
-                    _s_topics, pos = BeginQuorumEpochRequestTopicData.read(buf, pos, version)
-                    v_topics.append(_s_topics)
-            if version >= 1:
-                _c, pos = read_ccount(buf, pos)
-                v_leader_endpoints = []
-                for _ in range(_c):
-                    _s_leader_endpoints, pos = BeginQuorumEpochRequestLeaderEndpoint.read(buf, pos, version)
-                    v_leader_endpoints.append(_s_leader_endpoints)
             if version >= 1:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -933,18 +1215,24 @@ class BeginQuorumEpochResponseTopicData(Message, kw_only=True, gc=False):
     partitions: list[BeginQuorumEpochResponsePartitionData] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 0:
-            write_str(out, self.topic_name)
-        else:
-            write_cstr(out, self.topic_name)
-        if version <= 0:
+        if version >= 1:
+            _v_topic_name = self.topic_name
+            if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii():
+                out.append(len(_v_topic_name) + 1)
+                out += _v_topic_name.encode()
+            else:
+                write_cstr(out, _v_topic_name)
             _a_partitions = self.partitions
-            out += I32.pack(len(_a_partitions))
+            if len(_a_partitions) < 0x7F:
+                out.append(len(_a_partitions) + 1)
+            else:
+                write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         else:
+            write_str(out, self.topic_name)
             _a_partitions = self.partitions
-            write_uvarint(out, len(_a_partitions) + 1)
+            out += I32.pack(len(_a_partitions))
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         if version >= 1:
@@ -955,18 +1243,26 @@ class BeginQuorumEpochResponseTopicData(Message, kw_only=True, gc=False):
         v_topic_name: str
         v_partitions: list[BeginQuorumEpochResponsePartitionData]
         try:
-            if version <= 0:
-                v_topic_name, pos = read_str(buf, pos)
-            else:
-                v_topic_name, pos = read_cstr(buf, pos)
-            if version <= 0:
-                _c, pos = read_count(buf, pos)
+            if version >= 1:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_topic_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_topic_name, pos = read_cstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = BeginQuorumEpochResponsePartitionData.read(buf, pos, version)
                     v_partitions.append(_s_partitions)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_topic_name, pos = read_str(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = BeginQuorumEpochResponsePartitionData.read(buf, pos, version)
@@ -996,7 +1292,12 @@ class BeginQuorumEpochResponseNodeEndpoint(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         out += I32.pack(self.node_id)
-        write_cstr(out, self.host)
+        _v_host = self.host
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
+            out.append(len(_v_host) + 1)
+            out += _v_host.encode()
+        else:
+            write_cstr(out, _v_host)
         out += U16.pack(self.port)
         out.append(0)
 
@@ -1008,7 +1309,12 @@ class BeginQuorumEpochResponseNodeEndpoint(Message, kw_only=True, gc=False):
         try:
             v_node_id = I32.unpack_from(buf, pos)[0]
             pos += 4
-            v_host, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_host = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_host, pos = read_cstr(buf, pos)
             v_port = U16.unpack_from(buf, pos)[0]
             pos += 2
             if buf[pos]:
@@ -1037,15 +1343,19 @@ class BeginQuorumEpochResponse(Message, kw_only=True, gc=False):
     node_endpoints: list[BeginQuorumEpochResponseNodeEndpoint] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I16.pack(self.error_code)
-        if version <= 0:
+        if version >= 1:
+            out += I16.pack(self.error_code)
             _a_topics = self.topics
-            out += I32.pack(len(_a_topics))
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         else:
+            out += I16.pack(self.error_code)
             _a_topics = self.topics
-            write_uvarint(out, len(_a_topics) + 1)
+            out += I32.pack(len(_a_topics))
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         if not (version >= 1) and len(self.node_endpoints) != 0:
@@ -1058,7 +1368,10 @@ class BeginQuorumEpochResponse(Message, kw_only=True, gc=False):
             if len(self.node_endpoints) != 0:
                 _t = bytearray()
                 _a_node_endpoints = self.node_endpoints
-                write_uvarint(_t, len(_a_node_endpoints) + 1)
+                if len(_a_node_endpoints) < 0x7F:
+                    _t.append(len(_a_node_endpoints) + 1)
+                else:
+                    write_uvarint(_t, len(_a_node_endpoints) + 1)
                 for _e_node_endpoints in _a_node_endpoints:
                     _e_node_endpoints.write(_t, version)
                 write_tagged(out, 0, _t)
@@ -1069,16 +1382,23 @@ class BeginQuorumEpochResponse(Message, kw_only=True, gc=False):
         v_topics: list[BeginQuorumEpochResponseTopicData]
         v_node_endpoints: list[BeginQuorumEpochResponseNodeEndpoint] = []
         try:
-            v_error_code = I16.unpack_from(buf, pos)[0]
-            pos += 2
-            if version <= 0:
-                _c, pos = read_count(buf, pos)
+            if version >= 1:
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = BeginQuorumEpochResponseTopicData.read(buf, pos, version)
                     v_topics.append(_s_topics)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _c, pos = read_count(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = BeginQuorumEpochResponseTopicData.read(buf, pos, version)
@@ -1087,17 +1407,32 @@ class BeginQuorumEpochResponse(Message, kw_only=True, gc=False):
                 if buf[pos] == 0:
                     pos += 1
                 else:
-                    _n, pos = read_tag_count(buf, pos)
+                    _n = buf[pos]
+                    if _n < 0x80 and 2 * _n < len(buf) - pos:
+                        pos += 1
+                    else:
+                        _n, pos = read_tag_count(buf, pos)
                     for _ in range(_n):
-                        _tag, pos, _end = read_tag(buf, pos)
+                        _tag = buf[pos]
+                        _size = buf[pos + 1]
+                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
+                            pos += 2
+                        else:
+                            _tag, pos, _end = read_tag(buf, pos)
                         _sub = buf[:_end]
                         if _tag == 0:
-                            _c, pos = read_ccount(_sub, pos)
+                            _b = _sub[pos]
+                            if 0 < _b < 0x80 and _b <= len(_sub) - pos:
+                                _c = _b - 1
+                                pos += 1
+                            else:
+                                _c, pos = read_ccount(_sub, pos)
                             v_node_endpoints = []
                             for _ in range(_c):
                                 _s_node_endpoints, pos = BeginQuorumEpochResponseNodeEndpoint.read(_sub, pos, version)
                                 v_node_endpoints.append(_s_node_endpoints)
-                            check_tag_end(pos, _end, _tag)
+                            if pos != _end:
+                                check_tag_end(pos, _end, _tag)
                         pos = _end
         except KafkaDecodeError:
             raise
@@ -1136,14 +1471,20 @@ class BrokerHeartbeatRequest(Message, kw_only=True, gc=False):
         if version >= 1 and len(self.offline_log_dirs) != 0:
             _t = bytearray()
             _a_offline_log_dirs = self.offline_log_dirs
-            write_uvarint(_t, len(_a_offline_log_dirs) + 1)
+            if len(_a_offline_log_dirs) < 0x7F:
+                _t.append(len(_a_offline_log_dirs) + 1)
+            else:
+                write_uvarint(_t, len(_a_offline_log_dirs) + 1)
             for _e_offline_log_dirs in _a_offline_log_dirs:
                 write_uuid(_t, _e_offline_log_dirs)
             write_tagged(out, 0, _t)
         if version >= 2 and self.cordoned_log_dirs is not None:
             _t = bytearray()
             _a_cordoned_log_dirs = self.cordoned_log_dirs
-            write_uvarint(_t, len(_a_cordoned_log_dirs) + 1)
+            if len(_a_cordoned_log_dirs) < 0x7F:
+                _t.append(len(_a_cordoned_log_dirs) + 1)
+            else:
+                write_uvarint(_t, len(_a_cordoned_log_dirs) + 1)
             for _e_cordoned_log_dirs in _a_cordoned_log_dirs:
                 write_uuid(_t, _e_cordoned_log_dirs)
             write_tagged(out, 1, _t)
@@ -1163,19 +1504,39 @@ class BrokerHeartbeatRequest(Message, kw_only=True, gc=False):
             if buf[pos] == 0:
                 pos += 1
             else:
-                _n, pos = read_tag_count(buf, pos)
+                _n = buf[pos]
+                if _n < 0x80 and 2 * _n < len(buf) - pos:
+                    pos += 1
+                else:
+                    _n, pos = read_tag_count(buf, pos)
                 for _ in range(_n):
-                    _tag, pos, _end = read_tag(buf, pos)
+                    _tag = buf[pos]
+                    _size = buf[pos + 1]
+                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
+                        pos += 2
+                    else:
+                        _tag, pos, _end = read_tag(buf, pos)
                     _sub = buf[:_end]
                     if _tag == 0 and version >= 1:
-                        _c, pos = read_ccount(_sub, pos)
+                        _b = _sub[pos]
+                        if 0 < _b < 0x80 and _b <= len(_sub) - pos:
+                            _c = _b - 1
+                            pos += 1
+                        else:
+                            _c, pos = read_ccount(_sub, pos)
                         v_offline_log_dirs = []
                         for _ in range(_c):
                             _s_offline_log_dirs, pos = read_uuid(_sub, pos)
                             v_offline_log_dirs.append(_s_offline_log_dirs)
-                        check_tag_end(pos, _end, _tag)
+                        if pos != _end:
+                            check_tag_end(pos, _end, _tag)
                     elif _tag == 1 and version >= 2:
-                        _c, pos = read_nccount(_sub, pos)
+                        _b = _sub[pos]
+                        if _b < 0x80 and _b <= len(_sub) - pos:
+                            _c = _b - 1
+                            pos += 1
+                        else:
+                            _c, pos = read_nccount(_sub, pos)
                         if _c < 0:
                             v_cordoned_log_dirs = None
                         else:
@@ -1183,7 +1544,8 @@ class BrokerHeartbeatRequest(Message, kw_only=True, gc=False):
                             for _ in range(_c):
                                 _s_cordoned_log_dirs, pos = read_uuid(_sub, pos)
                                 v_cordoned_log_dirs.append(_s_cordoned_log_dirs)
-                        check_tag_end(pos, _end, _tag)
+                        if pos != _end:
+                            check_tag_end(pos, _end, _tag)
                     pos = _end
         except KafkaDecodeError:
             raise
@@ -1240,8 +1602,18 @@ class BrokerRegistrationRequestListener(Message, kw_only=True, gc=False):
     security_protocol: int = 0
 
     def write(self, out: bytearray, version: int) -> None:
-        write_cstr(out, self.name)
-        write_cstr(out, self.host)
+        _v_name = self.name
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+            out.append(len(_v_name) + 1)
+            out += _v_name.encode()
+        else:
+            write_cstr(out, _v_name)
+        _v_host = self.host
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
+            out.append(len(_v_host) + 1)
+            out += _v_host.encode()
+        else:
+            write_cstr(out, _v_host)
         out += _S_Hh.pack(self.port, self.security_protocol)
         out.append(0)
 
@@ -1252,8 +1624,18 @@ class BrokerRegistrationRequestListener(Message, kw_only=True, gc=False):
         v_port: int
         v_security_protocol: int
         try:
-            v_name, pos = read_cstr(buf, pos)
-            v_host, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_name = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_name, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_host = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_host, pos = read_cstr(buf, pos)
             v_port, v_security_protocol = _S_Hh.unpack_from(buf, pos)
             pos += 4
             if buf[pos]:
@@ -1279,7 +1661,12 @@ class BrokerRegistrationRequestFeature(Message, kw_only=True, gc=False):
     max_supported_version: int = 0
 
     def write(self, out: bytearray, version: int) -> None:
-        write_cstr(out, self.name)
+        _v_name = self.name
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+            out.append(len(_v_name) + 1)
+            out += _v_name.encode()
+        else:
+            write_cstr(out, _v_name)
         out += _S_hh.pack(self.min_supported_version, self.max_supported_version)
         out.append(0)
 
@@ -1289,7 +1676,12 @@ class BrokerRegistrationRequestFeature(Message, kw_only=True, gc=False):
         v_min_supported_version: int
         v_max_supported_version: int
         try:
-            v_name, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_name = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_name, pos = read_cstr(buf, pos)
             v_min_supported_version, v_max_supported_version = _S_hh.unpack_from(buf, pos)
             pos += 4
             if buf[pos]:
@@ -1324,30 +1716,158 @@ class BrokerRegistrationRequest(Message, kw_only=True, gc=False):
     previous_broker_epoch: int = -1
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.broker_id)
-        write_cstr(out, self.cluster_id)
-        write_uuid(out, self.incarnation_id)
-        _a_listeners = self.listeners
-        write_uvarint(out, len(_a_listeners) + 1)
-        for _e_listeners in _a_listeners:
-            _e_listeners.write(out, version)
-        _a_features = self.features
-        write_uvarint(out, len(_a_features) + 1)
-        for _e_features in _a_features:
-            _e_features.write(out, version)
-        write_ncstr(out, self.rack)
-        if version >= 1:
+        if version >= 3:
+            out += I32.pack(self.broker_id)
+            _v_cluster_id = self.cluster_id
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+                out.append(len(_v_cluster_id) + 1)
+                out += _v_cluster_id.encode()
+            else:
+                write_cstr(out, _v_cluster_id)
+            _v_incarnation_id = self.incarnation_id
+            if len(_v_incarnation_id) == 16:
+                out += _v_incarnation_id
+            else:
+                write_uuid(out, _v_incarnation_id)  # the error
+            _a_listeners = self.listeners
+            if len(_a_listeners) < 0x7F:
+                out.append(len(_a_listeners) + 1)
+            else:
+                write_uvarint(out, len(_a_listeners) + 1)
+            for _e_listeners in _a_listeners:
+                _e_listeners.write(out, version)
+            _a_features = self.features
+            if len(_a_features) < 0x7F:
+                out.append(len(_a_features) + 1)
+            else:
+                write_uvarint(out, len(_a_features) + 1)
+            for _e_features in _a_features:
+                _e_features.write(out, version)
+            _v_rack = self.rack
+            if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii():
+                out.append(len(_v_rack) + 1)
+                out += _v_rack.encode()
+            else:
+                write_ncstr(out, _v_rack)
             out += BOOL.pack(self.is_migrating_zk_broker)
-        else:
-            if self.is_migrating_zk_broker != False:
-                raise unsupported("BrokerRegistrationRequest.is_migrating_zk_broker", version)
-        if version >= 2:
             _a_log_dirs = self.log_dirs
-            write_uvarint(out, len(_a_log_dirs) + 1)
+            if len(_a_log_dirs) < 0x7F:
+                out.append(len(_a_log_dirs) + 1)
+            else:
+                write_uvarint(out, len(_a_log_dirs) + 1)
             for _e_log_dirs in _a_log_dirs:
                 write_uuid(out, _e_log_dirs)
-        if version >= 3:
             out += I64.pack(self.previous_broker_epoch)
+        elif version >= 2:
+            out += I32.pack(self.broker_id)
+            _v_cluster_id = self.cluster_id
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+                out.append(len(_v_cluster_id) + 1)
+                out += _v_cluster_id.encode()
+            else:
+                write_cstr(out, _v_cluster_id)
+            _v_incarnation_id = self.incarnation_id
+            if len(_v_incarnation_id) == 16:
+                out += _v_incarnation_id
+            else:
+                write_uuid(out, _v_incarnation_id)  # the error
+            _a_listeners = self.listeners
+            if len(_a_listeners) < 0x7F:
+                out.append(len(_a_listeners) + 1)
+            else:
+                write_uvarint(out, len(_a_listeners) + 1)
+            for _e_listeners in _a_listeners:
+                _e_listeners.write(out, version)
+            _a_features = self.features
+            if len(_a_features) < 0x7F:
+                out.append(len(_a_features) + 1)
+            else:
+                write_uvarint(out, len(_a_features) + 1)
+            for _e_features in _a_features:
+                _e_features.write(out, version)
+            _v_rack = self.rack
+            if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii():
+                out.append(len(_v_rack) + 1)
+                out += _v_rack.encode()
+            else:
+                write_ncstr(out, _v_rack)
+            out += BOOL.pack(self.is_migrating_zk_broker)
+            _a_log_dirs = self.log_dirs
+            if len(_a_log_dirs) < 0x7F:
+                out.append(len(_a_log_dirs) + 1)
+            else:
+                write_uvarint(out, len(_a_log_dirs) + 1)
+            for _e_log_dirs in _a_log_dirs:
+                write_uuid(out, _e_log_dirs)
+        elif version >= 1:
+            out += I32.pack(self.broker_id)
+            _v_cluster_id = self.cluster_id
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+                out.append(len(_v_cluster_id) + 1)
+                out += _v_cluster_id.encode()
+            else:
+                write_cstr(out, _v_cluster_id)
+            _v_incarnation_id = self.incarnation_id
+            if len(_v_incarnation_id) == 16:
+                out += _v_incarnation_id
+            else:
+                write_uuid(out, _v_incarnation_id)  # the error
+            _a_listeners = self.listeners
+            if len(_a_listeners) < 0x7F:
+                out.append(len(_a_listeners) + 1)
+            else:
+                write_uvarint(out, len(_a_listeners) + 1)
+            for _e_listeners in _a_listeners:
+                _e_listeners.write(out, version)
+            _a_features = self.features
+            if len(_a_features) < 0x7F:
+                out.append(len(_a_features) + 1)
+            else:
+                write_uvarint(out, len(_a_features) + 1)
+            for _e_features in _a_features:
+                _e_features.write(out, version)
+            _v_rack = self.rack
+            if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii():
+                out.append(len(_v_rack) + 1)
+                out += _v_rack.encode()
+            else:
+                write_ncstr(out, _v_rack)
+            out += BOOL.pack(self.is_migrating_zk_broker)
+        else:
+            out += I32.pack(self.broker_id)
+            _v_cluster_id = self.cluster_id
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+                out.append(len(_v_cluster_id) + 1)
+                out += _v_cluster_id.encode()
+            else:
+                write_cstr(out, _v_cluster_id)
+            _v_incarnation_id = self.incarnation_id
+            if len(_v_incarnation_id) == 16:
+                out += _v_incarnation_id
+            else:
+                write_uuid(out, _v_incarnation_id)  # the error
+            _a_listeners = self.listeners
+            if len(_a_listeners) < 0x7F:
+                out.append(len(_a_listeners) + 1)
+            else:
+                write_uvarint(out, len(_a_listeners) + 1)
+            for _e_listeners in _a_listeners:
+                _e_listeners.write(out, version)
+            _a_features = self.features
+            if len(_a_features) < 0x7F:
+                out.append(len(_a_features) + 1)
+            else:
+                write_uvarint(out, len(_a_features) + 1)
+            for _e_features in _a_features:
+                _e_features.write(out, version)
+            _v_rack = self.rack
+            if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii():
+                out.append(len(_v_rack) + 1)
+                out += _v_rack.encode()
+            else:
+                write_ncstr(out, _v_rack)
+            if self.is_migrating_zk_broker != False:
+                raise unsupported("BrokerRegistrationRequest.is_migrating_zk_broker", version)
         out.append(0)
 
     @classmethod
@@ -1362,33 +1882,194 @@ class BrokerRegistrationRequest(Message, kw_only=True, gc=False):
         v_log_dirs: list[bytes] = []
         v_previous_broker_epoch: int = -1
         try:
-            v_broker_id = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            v_cluster_id, pos = read_cstr(buf, pos)
-            v_incarnation_id, pos = read_uuid(buf, pos)
-            _c, pos = read_ccount(buf, pos)
-            v_listeners = []
-            for _ in range(_c):
-                _s_listeners, pos = BrokerRegistrationRequestListener.read(buf, pos, version)
-                v_listeners.append(_s_listeners)
-            _c, pos = read_ccount(buf, pos)
-            v_features = []
-            for _ in range(_c):
-                _s_features, pos = BrokerRegistrationRequestFeature.read(buf, pos, version)
-                v_features.append(_s_features)
-            v_rack, pos = read_ncstr(buf, pos)
-            if version >= 1:
+            if version >= 3:
+                v_broker_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_cluster_id, pos = read_cstr(buf, pos)
+                if pos + 16 <= len(buf):
+                    v_incarnation_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_incarnation_id, pos = read_uuid(buf, pos)  # the error
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_listeners = []
+                for _ in range(_c):
+                    _s_listeners, pos = BrokerRegistrationRequestListener.read(buf, pos, version)
+                    v_listeners.append(_s_listeners)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_features = []
+                for _ in range(_c):
+                    _s_features, pos = BrokerRegistrationRequestFeature.read(buf, pos, version)
+                    v_features.append(_s_features)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_rack = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_rack, pos = read_ncstr(buf, pos)
                 v_is_migrating_zk_broker = BOOL.unpack_from(buf, pos)[0]
                 pos += 1
-            if version >= 2:
-                _c, pos = read_ccount(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_log_dirs = []
                 for _ in range(_c):
                     _s_log_dirs, pos = read_uuid(buf, pos)
                     v_log_dirs.append(_s_log_dirs)
-            if version >= 3:
                 v_previous_broker_epoch = I64.unpack_from(buf, pos)[0]
                 pos += 8
+            elif version >= 2:
+                v_broker_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_cluster_id, pos = read_cstr(buf, pos)
+                if pos + 16 <= len(buf):
+                    v_incarnation_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_incarnation_id, pos = read_uuid(buf, pos)  # the error
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_listeners = []
+                for _ in range(_c):
+                    _s_listeners, pos = BrokerRegistrationRequestListener.read(buf, pos, version)
+                    v_listeners.append(_s_listeners)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_features = []
+                for _ in range(_c):
+                    _s_features, pos = BrokerRegistrationRequestFeature.read(buf, pos, version)
+                    v_features.append(_s_features)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_rack = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_rack, pos = read_ncstr(buf, pos)
+                v_is_migrating_zk_broker = BOOL.unpack_from(buf, pos)[0]
+                pos += 1
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_log_dirs = []
+                for _ in range(_c):
+                    _s_log_dirs, pos = read_uuid(buf, pos)
+                    v_log_dirs.append(_s_log_dirs)
+            elif version >= 1:
+                v_broker_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_cluster_id, pos = read_cstr(buf, pos)
+                if pos + 16 <= len(buf):
+                    v_incarnation_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_incarnation_id, pos = read_uuid(buf, pos)  # the error
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_listeners = []
+                for _ in range(_c):
+                    _s_listeners, pos = BrokerRegistrationRequestListener.read(buf, pos, version)
+                    v_listeners.append(_s_listeners)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_features = []
+                for _ in range(_c):
+                    _s_features, pos = BrokerRegistrationRequestFeature.read(buf, pos, version)
+                    v_features.append(_s_features)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_rack = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_rack, pos = read_ncstr(buf, pos)
+                v_is_migrating_zk_broker = BOOL.unpack_from(buf, pos)[0]
+                pos += 1
+            else:
+                v_broker_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_cluster_id, pos = read_cstr(buf, pos)
+                if pos + 16 <= len(buf):
+                    v_incarnation_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_incarnation_id, pos = read_uuid(buf, pos)  # the error
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_listeners = []
+                for _ in range(_c):
+                    _s_listeners, pos = BrokerRegistrationRequestListener.read(buf, pos, version)
+                    v_listeners.append(_s_listeners)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_features = []
+                for _ in range(_c):
+                    _s_features, pos = BrokerRegistrationRequestFeature.read(buf, pos, version)
+                    v_features.append(_s_features)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_rack = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_rack, pos = read_ncstr(buf, pos)
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -1447,21 +2128,35 @@ class CreateAclsRequestAclCreation(Message, kw_only=True, gc=False):
     permission_type: int = 0
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I8.pack(self.resource_type)
-        if version <= 1:
+        if version >= 2:
+            out += I8.pack(self.resource_type)
+            _v_resource_name = self.resource_name
+            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii():
+                out.append(len(_v_resource_name) + 1)
+                out += _v_resource_name.encode()
+            else:
+                write_cstr(out, _v_resource_name)
+            out += I8.pack(self.resource_pattern_type)
+            _v_principal = self.principal
+            if _v_principal is not None and len(_v_principal) < 0x7F and _v_principal.isascii():
+                out.append(len(_v_principal) + 1)
+                out += _v_principal.encode()
+            else:
+                write_cstr(out, _v_principal)
+            _v_host = self.host
+            if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
+                out.append(len(_v_host) + 1)
+                out += _v_host.encode()
+            else:
+                write_cstr(out, _v_host)
+            out += _S_bb.pack(self.operation, self.permission_type)
+        else:
+            out += I8.pack(self.resource_type)
             write_str(out, self.resource_name)
-        else:
-            write_cstr(out, self.resource_name)
-        out += I8.pack(self.resource_pattern_type)
-        if version <= 1:
+            out += I8.pack(self.resource_pattern_type)
             write_str(out, self.principal)
-        else:
-            write_cstr(out, self.principal)
-        if version <= 1:
             write_str(out, self.host)
-        else:
-            write_cstr(out, self.host)
-        out += _S_bb.pack(self.operation, self.permission_type)
+            out += _S_bb.pack(self.operation, self.permission_type)
         if version >= 2:
             out.append(0)
 
@@ -1475,24 +2170,41 @@ class CreateAclsRequestAclCreation(Message, kw_only=True, gc=False):
         v_operation: int
         v_permission_type: int
         try:
-            v_resource_type = I8.unpack_from(buf, pos)[0]
-            pos += 1
-            if version <= 1:
+            if version >= 2:
+                v_resource_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_resource_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_resource_name, pos = read_cstr(buf, pos)
+                v_resource_pattern_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_principal = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_principal, pos = read_cstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_host = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_host, pos = read_cstr(buf, pos)
+                v_operation, v_permission_type = _S_bb.unpack_from(buf, pos)
+                pos += 2
+            else:
+                v_resource_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
                 v_resource_name, pos = read_str(buf, pos)
-            else:
-                v_resource_name, pos = read_cstr(buf, pos)
-            v_resource_pattern_type = I8.unpack_from(buf, pos)[0]
-            pos += 1
-            if version <= 1:
+                v_resource_pattern_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
                 v_principal, pos = read_str(buf, pos)
-            else:
-                v_principal, pos = read_cstr(buf, pos)
-            if version <= 1:
                 v_host, pos = read_str(buf, pos)
-            else:
-                v_host, pos = read_cstr(buf, pos)
-            v_operation, v_permission_type = _S_bb.unpack_from(buf, pos)
-            pos += 2
+                v_operation, v_permission_type = _S_bb.unpack_from(buf, pos)
+                pos += 2
             if version >= 2:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -1518,14 +2230,17 @@ class CreateAclsRequest(Message, kw_only=True, gc=False):
     creations: list[CreateAclsRequestAclCreation] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 1:
+        if version >= 2:
             _a_creations = self.creations
-            out += I32.pack(len(_a_creations))
+            if len(_a_creations) < 0x7F:
+                out.append(len(_a_creations) + 1)
+            else:
+                write_uvarint(out, len(_a_creations) + 1)
             for _e_creations in _a_creations:
                 _e_creations.write(out, version)
         else:
             _a_creations = self.creations
-            write_uvarint(out, len(_a_creations) + 1)
+            out += I32.pack(len(_a_creations))
             for _e_creations in _a_creations:
                 _e_creations.write(out, version)
         if version >= 2:
@@ -1535,14 +2250,19 @@ class CreateAclsRequest(Message, kw_only=True, gc=False):
     def read(cls, buf: memoryview, pos: int, version: int) -> tuple[Self, int]:
         v_creations: list[CreateAclsRequestAclCreation]
         try:
-            if version <= 1:
-                _c, pos = read_count(buf, pos)
+            if version >= 2:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_creations = []
                 for _ in range(_c):
                     _s_creations, pos = CreateAclsRequestAclCreation.read(buf, pos, version)
                     v_creations.append(_s_creations)
             else:
-                _c, pos = read_ccount(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_creations = []
                 for _ in range(_c):
                     _s_creations, pos = CreateAclsRequestAclCreation.read(buf, pos, version)
@@ -1567,11 +2287,17 @@ class CreateAclsResponseAclCreationResult(Message, kw_only=True, gc=False):
     error_message: str | None = ''
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I16.pack(self.error_code)
-        if version <= 1:
-            write_nstr(out, self.error_message)
+        if version >= 2:
+            out += I16.pack(self.error_code)
+            _v_error_message = self.error_message
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+                out.append(len(_v_error_message) + 1)
+                out += _v_error_message.encode()
+            else:
+                write_ncstr(out, _v_error_message)
         else:
-            write_ncstr(out, self.error_message)
+            out += I16.pack(self.error_code)
+            write_nstr(out, self.error_message)
         if version >= 2:
             out.append(0)
 
@@ -1580,12 +2306,19 @@ class CreateAclsResponseAclCreationResult(Message, kw_only=True, gc=False):
         v_error_code: int
         v_error_message: str | None
         try:
-            v_error_code = I16.unpack_from(buf, pos)[0]
-            pos += 2
-            if version <= 1:
-                v_error_message, pos = read_nstr(buf, pos)
+            if version >= 2:
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_error_message, pos = read_ncstr(buf, pos)
             else:
-                v_error_message, pos = read_ncstr(buf, pos)
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                v_error_message, pos = read_nstr(buf, pos)
             if version >= 2:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -1612,15 +2345,19 @@ class CreateAclsResponse(Message, kw_only=True, gc=False):
     results: list[CreateAclsResponseAclCreationResult] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.throttle_time_ms)
-        if version <= 1:
+        if version >= 2:
+            out += I32.pack(self.throttle_time_ms)
             _a_results = self.results
-            out += I32.pack(len(_a_results))
+            if len(_a_results) < 0x7F:
+                out.append(len(_a_results) + 1)
+            else:
+                write_uvarint(out, len(_a_results) + 1)
             for _e_results in _a_results:
                 _e_results.write(out, version)
         else:
+            out += I32.pack(self.throttle_time_ms)
             _a_results = self.results
-            write_uvarint(out, len(_a_results) + 1)
+            out += I32.pack(len(_a_results))
             for _e_results in _a_results:
                 _e_results.write(out, version)
         if version >= 2:
@@ -1631,16 +2368,23 @@ class CreateAclsResponse(Message, kw_only=True, gc=False):
         v_throttle_time_ms: int
         v_results: list[CreateAclsResponseAclCreationResult]
         try:
-            v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            if version <= 1:
-                _c, pos = read_count(buf, pos)
+            if version >= 2:
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_results = []
                 for _ in range(_c):
                     _s_results, pos = CreateAclsResponseAclCreationResult.read(buf, pos, version)
                     v_results.append(_s_results)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _c, pos = read_count(buf, pos)
                 v_results = []
                 for _ in range(_c):
                     _s_results, pos = CreateAclsResponseAclCreationResult.read(buf, pos, version)
@@ -1664,13 +2408,16 @@ class CreatePartitionsRequestCreatePartitionsAssignment(Message, kw_only=True, g
     broker_ids: list[int] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 1:
+        if version >= 2:
             _a_broker_ids = self.broker_ids
-            out += I32.pack(len(_a_broker_ids))
+            if len(_a_broker_ids) < 0x7F:
+                out.append(len(_a_broker_ids) + 1)
+            else:
+                write_uvarint(out, len(_a_broker_ids) + 1)
             out += struct.pack(">%di" % len(_a_broker_ids), *_a_broker_ids)
         else:
             _a_broker_ids = self.broker_ids
-            write_uvarint(out, len(_a_broker_ids) + 1)
+            out += I32.pack(len(_a_broker_ids))
             out += struct.pack(">%di" % len(_a_broker_ids), *_a_broker_ids)
         if version >= 2:
             out.append(0)
@@ -1679,12 +2426,17 @@ class CreatePartitionsRequestCreatePartitionsAssignment(Message, kw_only=True, g
     def read(cls, buf: memoryview, pos: int, version: int) -> tuple[Self, int]:
         v_broker_ids: list[int]
         try:
-            if version <= 1:
-                _c, pos = read_count(buf, pos)
+            if version >= 2:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_broker_ids = list(struct.unpack_from(">%di" % _c, buf, pos))
                 pos += 4 * _c
             else:
-                _c, pos = read_ccount(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_broker_ids = list(struct.unpack_from(">%di" % _c, buf, pos))
                 pos += 4 * _c
             if version >= 2:
@@ -1711,25 +2463,32 @@ class CreatePartitionsRequestCreatePartitionsTopic(Message, kw_only=True, gc=Fal
     assignments: list[CreatePartitionsRequestCreatePartitionsAssignment] | None = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 1:
-            write_str(out, self.name)
+        if version >= 2:
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_cstr(out, _v_name)
+            out += I32.pack(self.count)
+            _a_assignments = self.assignments
+            if _a_assignments is None:
+                out.append(0)
+            else:
+                if len(_a_assignments) < 0x7F:
+                    out.append(len(_a_assignments) + 1)
+                else:
+                    write_uvarint(out, len(_a_assignments) + 1)
+                for _e_assignments in _a_assignments:
+                    _e_assignments.write(out, version)
         else:
-            write_cstr(out, self.name)
-        out += I32.pack(self.count)
-        if version <= 1:
+            write_str(out, self.name)
+            out += I32.pack(self.count)
             _a_assignments = self.assignments
             if _a_assignments is None:
                 out += b"\xff\xff\xff\xff"
             else:
                 out += I32.pack(len(_a_assignments))
-                for _e_assignments in _a_assignments:
-                    _e_assignments.write(out, version)
-        else:
-            _a_assignments = self.assignments
-            if _a_assignments is None:
-                out.append(0)
-            else:
-                write_uvarint(out, len(_a_assignments) + 1)
                 for _e_assignments in _a_assignments:
                     _e_assignments.write(out, version)
         if version >= 2:
@@ -1741,14 +2500,21 @@ class CreatePartitionsRequestCreatePartitionsTopic(Message, kw_only=True, gc=Fal
         v_count: int
         v_assignments: list[CreatePartitionsRequestCreatePartitionsAssignment] | None
         try:
-            if version <= 1:
-                v_name, pos = read_str(buf, pos)
-            else:
-                v_name, pos = read_cstr(buf, pos)
-            v_count = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            if version <= 1:
-                _c, pos = read_ncount(buf, pos)
+            if version >= 2:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_name, pos = read_cstr(buf, pos)
+                v_count = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_nccount(buf, pos)
                 if _c < 0:
                     v_assignments = None
                 else:
@@ -1757,7 +2523,10 @@ class CreatePartitionsRequestCreatePartitionsTopic(Message, kw_only=True, gc=Fal
                         _s_assignments, pos = CreatePartitionsRequestCreatePartitionsAssignment.read(buf, pos, version)
                         v_assignments.append(_s_assignments)
             else:
-                _c, pos = read_nccount(buf, pos)
+                v_name, pos = read_str(buf, pos)
+                v_count = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _c, pos = read_ncount(buf, pos)
                 if _c < 0:
                     v_assignments = None
                 else:
@@ -1792,17 +2561,21 @@ class CreatePartitionsRequest(Message, kw_only=True, gc=False):
     validate_only: bool = False
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 1:
+        if version >= 2:
+            _a_topics = self.topics
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
+            out += _S_io.pack(self.timeout_ms, self.validate_only)
+        else:
             _a_topics = self.topics
             out += I32.pack(len(_a_topics))
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
-        else:
-            _a_topics = self.topics
-            write_uvarint(out, len(_a_topics) + 1)
-            for _e_topics in _a_topics:
-                _e_topics.write(out, version)
-        out += _S_io.pack(self.timeout_ms, self.validate_only)
+            out += _S_io.pack(self.timeout_ms, self.validate_only)
         if version >= 2:
             out.append(0)
 
@@ -1812,20 +2585,27 @@ class CreatePartitionsRequest(Message, kw_only=True, gc=False):
         v_timeout_ms: int
         v_validate_only: bool
         try:
-            if version <= 1:
+            if version >= 2:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = CreatePartitionsRequestCreatePartitionsTopic.read(buf, pos, version)
+                    v_topics.append(_s_topics)
+                v_timeout_ms, v_validate_only = _S_io.unpack_from(buf, pos)
+                pos += 5
+            else:
                 _c, pos = read_count(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = CreatePartitionsRequestCreatePartitionsTopic.read(buf, pos, version)
                     v_topics.append(_s_topics)
-            else:
-                _c, pos = read_ccount(buf, pos)
-                v_topics = []
-                for _ in range(_c):
-                    _s_topics, pos = CreatePartitionsRequestCreatePartitionsTopic.read(buf, pos, version)
-                    v_topics.append(_s_topics)
-            v_timeout_ms, v_validate_only = _S_io.unpack_from(buf, pos)
-            pos += 5
+                v_timeout_ms, v_validate_only = _S_io.unpack_from(buf, pos)
+                pos += 5
             if version >= 2:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -1847,15 +2627,24 @@ class CreatePartitionsResponseCreatePartitionsTopicResult(Message, kw_only=True,
     error_message: str | None = None
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 1:
+        if version >= 2:
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_cstr(out, _v_name)
+            out += I16.pack(self.error_code)
+            _v_error_message = self.error_message
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+                out.append(len(_v_error_message) + 1)
+                out += _v_error_message.encode()
+            else:
+                write_ncstr(out, _v_error_message)
+        else:
             write_str(out, self.name)
-        else:
-            write_cstr(out, self.name)
-        out += I16.pack(self.error_code)
-        if version <= 1:
+            out += I16.pack(self.error_code)
             write_nstr(out, self.error_message)
-        else:
-            write_ncstr(out, self.error_message)
         if version >= 2:
             out.append(0)
 
@@ -1865,16 +2654,26 @@ class CreatePartitionsResponseCreatePartitionsTopicResult(Message, kw_only=True,
         v_error_code: int
         v_error_message: str | None
         try:
-            if version <= 1:
+            if version >= 2:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_name, pos = read_cstr(buf, pos)
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_error_message, pos = read_ncstr(buf, pos)
+            else:
                 v_name, pos = read_str(buf, pos)
-            else:
-                v_name, pos = read_cstr(buf, pos)
-            v_error_code = I16.unpack_from(buf, pos)[0]
-            pos += 2
-            if version <= 1:
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
                 v_error_message, pos = read_nstr(buf, pos)
-            else:
-                v_error_message, pos = read_ncstr(buf, pos)
             if version >= 2:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -1901,15 +2700,19 @@ class CreatePartitionsResponse(Message, kw_only=True, gc=False):
     results: list[CreatePartitionsResponseCreatePartitionsTopicResult] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.throttle_time_ms)
-        if version <= 1:
+        if version >= 2:
+            out += I32.pack(self.throttle_time_ms)
             _a_results = self.results
-            out += I32.pack(len(_a_results))
+            if len(_a_results) < 0x7F:
+                out.append(len(_a_results) + 1)
+            else:
+                write_uvarint(out, len(_a_results) + 1)
             for _e_results in _a_results:
                 _e_results.write(out, version)
         else:
+            out += I32.pack(self.throttle_time_ms)
             _a_results = self.results
-            write_uvarint(out, len(_a_results) + 1)
+            out += I32.pack(len(_a_results))
             for _e_results in _a_results:
                 _e_results.write(out, version)
         if version >= 2:
@@ -1920,16 +2723,23 @@ class CreatePartitionsResponse(Message, kw_only=True, gc=False):
         v_throttle_time_ms: int
         v_results: list[CreatePartitionsResponseCreatePartitionsTopicResult]
         try:
-            v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            if version <= 1:
-                _c, pos = read_count(buf, pos)
+            if version >= 2:
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_results = []
                 for _ in range(_c):
                     _s_results, pos = CreatePartitionsResponseCreatePartitionsTopicResult.read(buf, pos, version)
                     v_results.append(_s_results)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _c, pos = read_count(buf, pos)
                 v_results = []
                 for _ in range(_c):
                     _s_results, pos = CreatePartitionsResponseCreatePartitionsTopicResult.read(buf, pos, version)
@@ -1954,14 +2764,18 @@ class CreateTopicsRequestCreatableReplicaAssignment(Message, kw_only=True, gc=Fa
     broker_ids: list[int] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.partition_index)
-        if version <= 4:
+        if version >= 5:
+            out += I32.pack(self.partition_index)
             _a_broker_ids = self.broker_ids
-            out += I32.pack(len(_a_broker_ids))
+            if len(_a_broker_ids) < 0x7F:
+                out.append(len(_a_broker_ids) + 1)
+            else:
+                write_uvarint(out, len(_a_broker_ids) + 1)
             out += struct.pack(">%di" % len(_a_broker_ids), *_a_broker_ids)
         else:
+            out += I32.pack(self.partition_index)
             _a_broker_ids = self.broker_ids
-            write_uvarint(out, len(_a_broker_ids) + 1)
+            out += I32.pack(len(_a_broker_ids))
             out += struct.pack(">%di" % len(_a_broker_ids), *_a_broker_ids)
         if version >= 5:
             out.append(0)
@@ -1971,14 +2785,21 @@ class CreateTopicsRequestCreatableReplicaAssignment(Message, kw_only=True, gc=Fa
         v_partition_index: int
         v_broker_ids: list[int]
         try:
-            v_partition_index = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            if version <= 4:
-                _c, pos = read_count(buf, pos)
+            if version >= 5:
+                v_partition_index = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_broker_ids = list(struct.unpack_from(">%di" % _c, buf, pos))
                 pos += 4 * _c
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_partition_index = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _c, pos = read_count(buf, pos)
                 v_broker_ids = list(struct.unpack_from(">%di" % _c, buf, pos))
                 pos += 4 * _c
             if version >= 5:
@@ -2004,14 +2825,22 @@ class CreateTopicsRequestCreatableTopicConfig(Message, kw_only=True, gc=False):
     value: str | None = ''
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 4:
+        if version >= 5:
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_cstr(out, _v_name)
+            _v_value = self.value
+            if _v_value is not None and len(_v_value) < 0x7F and _v_value.isascii():
+                out.append(len(_v_value) + 1)
+                out += _v_value.encode()
+            else:
+                write_ncstr(out, _v_value)
+        else:
             write_str(out, self.name)
-        else:
-            write_cstr(out, self.name)
-        if version <= 4:
             write_nstr(out, self.value)
-        else:
-            write_ncstr(out, self.value)
         if version >= 5:
             out.append(0)
 
@@ -2020,14 +2849,22 @@ class CreateTopicsRequestCreatableTopicConfig(Message, kw_only=True, gc=False):
         v_name: str
         v_value: str | None
         try:
-            if version <= 4:
+            if version >= 5:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_name, pos = read_cstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_value = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_value, pos = read_ncstr(buf, pos)
+            else:
                 v_name, pos = read_str(buf, pos)
-            else:
-                v_name, pos = read_cstr(buf, pos)
-            if version <= 4:
                 v_value, pos = read_nstr(buf, pos)
-            else:
-                v_value, pos = read_ncstr(buf, pos)
             if version >= 5:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -2054,29 +2891,37 @@ class CreateTopicsRequestCreatableTopic(Message, kw_only=True, gc=False):
     configs: list[CreateTopicsRequestCreatableTopicConfig] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 4:
-            write_str(out, self.name)
+        if version >= 5:
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_cstr(out, _v_name)
+            out += _S_ih.pack(self.num_partitions, self.replication_factor)
+            _a_assignments = self.assignments
+            if len(_a_assignments) < 0x7F:
+                out.append(len(_a_assignments) + 1)
+            else:
+                write_uvarint(out, len(_a_assignments) + 1)
+            for _e_assignments in _a_assignments:
+                _e_assignments.write(out, version)
+            _a_configs = self.configs
+            if len(_a_configs) < 0x7F:
+                out.append(len(_a_configs) + 1)
+            else:
+                write_uvarint(out, len(_a_configs) + 1)
+            for _e_configs in _a_configs:
+                _e_configs.write(out, version)
         else:
-            write_cstr(out, self.name)
-        out += _S_ih.pack(self.num_partitions, self.replication_factor)
-        if version <= 4:
+            write_str(out, self.name)
+            out += _S_ih.pack(self.num_partitions, self.replication_factor)
             _a_assignments = self.assignments
             out += I32.pack(len(_a_assignments))
             for _e_assignments in _a_assignments:
                 _e_assignments.write(out, version)
-        else:
-            _a_assignments = self.assignments
-            write_uvarint(out, len(_a_assignments) + 1)
-            for _e_assignments in _a_assignments:
-                _e_assignments.write(out, version)
-        if version <= 4:
             _a_configs = self.configs
             out += I32.pack(len(_a_configs))
-            for _e_configs in _a_configs:
-                _e_configs.write(out, version)
-        else:
-            _a_configs = self.configs
-            write_uvarint(out, len(_a_configs) + 1)
             for _e_configs in _a_configs:
                 _e_configs.write(out, version)
         if version >= 5:
@@ -2090,32 +2935,45 @@ class CreateTopicsRequestCreatableTopic(Message, kw_only=True, gc=False):
         v_assignments: list[CreateTopicsRequestCreatableReplicaAssignment]
         v_configs: list[CreateTopicsRequestCreatableTopicConfig]
         try:
-            if version <= 4:
-                v_name, pos = read_str(buf, pos)
-            else:
-                v_name, pos = read_cstr(buf, pos)
-            v_num_partitions, v_replication_factor = _S_ih.unpack_from(buf, pos)
-            pos += 6
-            if version <= 4:
-                _c, pos = read_count(buf, pos)
+            if version >= 5:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_name, pos = read_cstr(buf, pos)
+                v_num_partitions, v_replication_factor = _S_ih.unpack_from(buf, pos)
+                pos += 6
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_assignments = []
                 for _ in range(_c):
                     _s_assignments, pos = CreateTopicsRequestCreatableReplicaAssignment.read(buf, pos, version)
                     v_assignments.append(_s_assignments)
-            else:
-                _c, pos = read_ccount(buf, pos)
-                v_assignments = []
-                for _ in range(_c):
-                    _s_assignments, pos = CreateTopicsRequestCreatableReplicaAssignment.read(buf, pos, version)
-                    v_assignments.append(_s_assignments)
-            if version <= 4:
-                _c, pos = read_count(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_configs = []
                 for _ in range(_c):
                     _s_configs, pos = CreateTopicsRequestCreatableTopicConfig.read(buf, pos, version)
                     v_configs.append(_s_configs)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_name, pos = read_str(buf, pos)
+                v_num_partitions, v_replication_factor = _S_ih.unpack_from(buf, pos)
+                pos += 6
+                _c, pos = read_count(buf, pos)
+                v_assignments = []
+                for _ in range(_c):
+                    _s_assignments, pos = CreateTopicsRequestCreatableReplicaAssignment.read(buf, pos, version)
+                    v_assignments.append(_s_assignments)
+                _c, pos = read_count(buf, pos)
                 v_configs = []
                 for _ in range(_c):
                     _s_configs, pos = CreateTopicsRequestCreatableTopicConfig.read(buf, pos, version)
@@ -2147,17 +3005,21 @@ class CreateTopicsRequest(Message, kw_only=True, gc=False):
     validate_only: bool = False
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 4:
+        if version >= 5:
+            _a_topics = self.topics
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
+            out += _S_io.pack(self.timeout_ms, self.validate_only)
+        else:
             _a_topics = self.topics
             out += I32.pack(len(_a_topics))
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
-        else:
-            _a_topics = self.topics
-            write_uvarint(out, len(_a_topics) + 1)
-            for _e_topics in _a_topics:
-                _e_topics.write(out, version)
-        out += _S_io.pack(self.timeout_ms, self.validate_only)
+            out += _S_io.pack(self.timeout_ms, self.validate_only)
         if version >= 5:
             out.append(0)
 
@@ -2167,20 +3029,27 @@ class CreateTopicsRequest(Message, kw_only=True, gc=False):
         v_timeout_ms: int
         v_validate_only: bool
         try:
-            if version <= 4:
+            if version >= 5:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = CreateTopicsRequestCreatableTopic.read(buf, pos, version)
+                    v_topics.append(_s_topics)
+                v_timeout_ms, v_validate_only = _S_io.unpack_from(buf, pos)
+                pos += 5
+            else:
                 _c, pos = read_count(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = CreateTopicsRequestCreatableTopic.read(buf, pos, version)
                     v_topics.append(_s_topics)
-            else:
-                _c, pos = read_ccount(buf, pos)
-                v_topics = []
-                for _ in range(_c):
-                    _s_topics, pos = CreateTopicsRequestCreatableTopic.read(buf, pos, version)
-                    v_topics.append(_s_topics)
-            v_timeout_ms, v_validate_only = _S_io.unpack_from(buf, pos)
-            pos += 5
+                v_timeout_ms, v_validate_only = _S_io.unpack_from(buf, pos)
+                pos += 5
             if version >= 5:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -2204,8 +3073,18 @@ class CreateTopicsResponseCreatableTopicConfigs(Message, kw_only=True, gc=False)
     is_sensitive: bool = False
 
     def write(self, out: bytearray, version: int) -> None:
-        write_cstr(out, self.name)
-        write_ncstr(out, self.value)
+        _v_name = self.name
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+            out.append(len(_v_name) + 1)
+            out += _v_name.encode()
+        else:
+            write_cstr(out, _v_name)
+        _v_value = self.value
+        if _v_value is not None and len(_v_value) < 0x7F and _v_value.isascii():
+            out.append(len(_v_value) + 1)
+            out += _v_value.encode()
+        else:
+            write_ncstr(out, _v_value)
         out += _S_obo.pack(self.read_only, self.config_source, self.is_sensitive)
         out.append(0)
 
@@ -2217,8 +3096,18 @@ class CreateTopicsResponseCreatableTopicConfigs(Message, kw_only=True, gc=False)
         v_config_source: int
         v_is_sensitive: bool
         try:
-            v_name, pos = read_cstr(buf, pos)
-            v_value, pos = read_ncstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_name = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_name, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_value = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_value, pos = read_ncstr(buf, pos)
             v_read_only, v_config_source, v_is_sensitive = _S_obo.unpack_from(buf, pos)
             pos += 3
             if buf[pos]:
@@ -2249,27 +3138,65 @@ class CreateTopicsResponseCreatableTopicResult(Message, kw_only=True, gc=False):
     configs: list[CreateTopicsResponseCreatableTopicConfigs] | None = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 4:
-            write_str(out, self.name)
-        else:
-            write_cstr(out, self.name)
         if version >= 7:
-            write_uuid(out, self.topic_id)
-        out += I16.pack(self.error_code)
-        if version <= 4:
-            write_nstr(out, self.error_message)
-        else:
-            write_ncstr(out, self.error_message)
-        if version >= 5:
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_cstr(out, _v_name)
+            _v_topic_id = self.topic_id
+            if len(_v_topic_id) == 16:
+                out += _v_topic_id
+            else:
+                write_uuid(out, _v_topic_id)  # the error
+            out += I16.pack(self.error_code)
+            _v_error_message = self.error_message
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+                out.append(len(_v_error_message) + 1)
+                out += _v_error_message.encode()
+            else:
+                write_ncstr(out, _v_error_message)
             out += _S_ih.pack(self.num_partitions, self.replication_factor)
-        if version >= 5:
             _a_configs = self.configs
             if _a_configs is None:
                 out.append(0)
             else:
-                write_uvarint(out, len(_a_configs) + 1)
+                if len(_a_configs) < 0x7F:
+                    out.append(len(_a_configs) + 1)
+                else:
+                    write_uvarint(out, len(_a_configs) + 1)
                 for _e_configs in _a_configs:
                     _e_configs.write(out, version)
+        elif version >= 5:
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_cstr(out, _v_name)
+            out += I16.pack(self.error_code)
+            _v_error_message = self.error_message
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+                out.append(len(_v_error_message) + 1)
+                out += _v_error_message.encode()
+            else:
+                write_ncstr(out, _v_error_message)
+            out += _S_ih.pack(self.num_partitions, self.replication_factor)
+            _a_configs = self.configs
+            if _a_configs is None:
+                out.append(0)
+            else:
+                if len(_a_configs) < 0x7F:
+                    out.append(len(_a_configs) + 1)
+                else:
+                    write_uvarint(out, len(_a_configs) + 1)
+                for _e_configs in _a_configs:
+                    _e_configs.write(out, version)
+        else:
+            write_str(out, self.name)
+            out += I16.pack(self.error_code)
+            write_nstr(out, self.error_message)
         if version >= 5:
             _n = 0
             if self.topic_config_error_code != 0:
@@ -2291,23 +3218,34 @@ class CreateTopicsResponseCreatableTopicResult(Message, kw_only=True, gc=False):
         v_replication_factor: int = -1
         v_configs: list[CreateTopicsResponseCreatableTopicConfigs] | None = []
         try:
-            if version <= 4:
-                v_name, pos = read_str(buf, pos)
-            else:
-                v_name, pos = read_cstr(buf, pos)
             if version >= 7:
-                v_topic_id, pos = read_uuid(buf, pos)
-            v_error_code = I16.unpack_from(buf, pos)[0]
-            pos += 2
-            if version <= 4:
-                v_error_message, pos = read_nstr(buf, pos)
-            else:
-                v_error_message, pos = read_ncstr(buf, pos)
-            if version >= 5:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_name, pos = read_cstr(buf, pos)
+                if pos + 16 <= len(buf):
+                    v_topic_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_topic_id, pos = read_uuid(buf, pos)  # the error
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_error_message, pos = read_ncstr(buf, pos)
                 v_num_partitions, v_replication_factor = _S_ih.unpack_from(buf, pos)
                 pos += 6
-            if version >= 5:
-                _c, pos = read_nccount(buf, pos)
+                _b = buf[pos]
+                if _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_nccount(buf, pos)
                 if _c < 0:
                     v_configs = None
                 else:
@@ -2315,18 +3253,63 @@ class CreateTopicsResponseCreatableTopicResult(Message, kw_only=True, gc=False):
                     for _ in range(_c):
                         _s_configs, pos = CreateTopicsResponseCreatableTopicConfigs.read(buf, pos, version)
                         v_configs.append(_s_configs)
+            elif version >= 5:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_name, pos = read_cstr(buf, pos)
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_error_message, pos = read_ncstr(buf, pos)
+                v_num_partitions, v_replication_factor = _S_ih.unpack_from(buf, pos)
+                pos += 6
+                _b = buf[pos]
+                if _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_nccount(buf, pos)
+                if _c < 0:
+                    v_configs = None
+                else:
+                    v_configs = []
+                    for _ in range(_c):
+                        _s_configs, pos = CreateTopicsResponseCreatableTopicConfigs.read(buf, pos, version)
+                        v_configs.append(_s_configs)
+            else:
+                v_name, pos = read_str(buf, pos)
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                v_error_message, pos = read_nstr(buf, pos)
             if version >= 5:
                 if buf[pos] == 0:
                     pos += 1
                 else:
-                    _n, pos = read_tag_count(buf, pos)
+                    _n = buf[pos]
+                    if _n < 0x80 and 2 * _n < len(buf) - pos:
+                        pos += 1
+                    else:
+                        _n, pos = read_tag_count(buf, pos)
                     for _ in range(_n):
-                        _tag, pos, _end = read_tag(buf, pos)
+                        _tag = buf[pos]
+                        _size = buf[pos + 1]
+                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
+                            pos += 2
+                        else:
+                            _tag, pos, _end = read_tag(buf, pos)
                         _sub = buf[:_end]
                         if _tag == 0:
                             v_topic_config_error_code = I16.unpack_from(_sub, pos)[0]
                             pos += 2
-                            check_tag_end(pos, _end, _tag)
+                            if pos != _end:
+                                check_tag_end(pos, _end, _tag)
                         pos = _end
         except KafkaDecodeError:
             raise
@@ -2349,15 +3332,19 @@ class CreateTopicsResponse(Message, kw_only=True, gc=False):
     topics: list[CreateTopicsResponseCreatableTopicResult] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.throttle_time_ms)
-        if version <= 4:
+        if version >= 5:
+            out += I32.pack(self.throttle_time_ms)
             _a_topics = self.topics
-            out += I32.pack(len(_a_topics))
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         else:
+            out += I32.pack(self.throttle_time_ms)
             _a_topics = self.topics
-            write_uvarint(out, len(_a_topics) + 1)
+            out += I32.pack(len(_a_topics))
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         if version >= 5:
@@ -2368,16 +3355,23 @@ class CreateTopicsResponse(Message, kw_only=True, gc=False):
         v_throttle_time_ms: int
         v_topics: list[CreateTopicsResponseCreatableTopicResult]
         try:
-            v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            if version <= 4:
-                _c, pos = read_count(buf, pos)
+            if version >= 5:
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = CreateTopicsResponseCreatableTopicResult.read(buf, pos, version)
                     v_topics.append(_s_topics)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _c, pos = read_count(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = CreateTopicsResponseCreatableTopicResult.read(buf, pos, version)
@@ -2407,21 +3401,35 @@ class DeleteAclsRequestDeleteAclsFilter(Message, kw_only=True, gc=False):
     permission_type: int = 0
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I8.pack(self.resource_type_filter)
-        if version <= 1:
+        if version >= 2:
+            out += I8.pack(self.resource_type_filter)
+            _v_resource_name_filter = self.resource_name_filter
+            if _v_resource_name_filter is not None and len(_v_resource_name_filter) < 0x7F and _v_resource_name_filter.isascii():
+                out.append(len(_v_resource_name_filter) + 1)
+                out += _v_resource_name_filter.encode()
+            else:
+                write_ncstr(out, _v_resource_name_filter)
+            out += I8.pack(self.pattern_type_filter)
+            _v_principal_filter = self.principal_filter
+            if _v_principal_filter is not None and len(_v_principal_filter) < 0x7F and _v_principal_filter.isascii():
+                out.append(len(_v_principal_filter) + 1)
+                out += _v_principal_filter.encode()
+            else:
+                write_ncstr(out, _v_principal_filter)
+            _v_host_filter = self.host_filter
+            if _v_host_filter is not None and len(_v_host_filter) < 0x7F and _v_host_filter.isascii():
+                out.append(len(_v_host_filter) + 1)
+                out += _v_host_filter.encode()
+            else:
+                write_ncstr(out, _v_host_filter)
+            out += _S_bb.pack(self.operation, self.permission_type)
+        else:
+            out += I8.pack(self.resource_type_filter)
             write_nstr(out, self.resource_name_filter)
-        else:
-            write_ncstr(out, self.resource_name_filter)
-        out += I8.pack(self.pattern_type_filter)
-        if version <= 1:
+            out += I8.pack(self.pattern_type_filter)
             write_nstr(out, self.principal_filter)
-        else:
-            write_ncstr(out, self.principal_filter)
-        if version <= 1:
             write_nstr(out, self.host_filter)
-        else:
-            write_ncstr(out, self.host_filter)
-        out += _S_bb.pack(self.operation, self.permission_type)
+            out += _S_bb.pack(self.operation, self.permission_type)
         if version >= 2:
             out.append(0)
 
@@ -2435,24 +3443,41 @@ class DeleteAclsRequestDeleteAclsFilter(Message, kw_only=True, gc=False):
         v_operation: int
         v_permission_type: int
         try:
-            v_resource_type_filter = I8.unpack_from(buf, pos)[0]
-            pos += 1
-            if version <= 1:
+            if version >= 2:
+                v_resource_type_filter = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_resource_name_filter = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_resource_name_filter, pos = read_ncstr(buf, pos)
+                v_pattern_type_filter = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_principal_filter = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_principal_filter, pos = read_ncstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_host_filter = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_host_filter, pos = read_ncstr(buf, pos)
+                v_operation, v_permission_type = _S_bb.unpack_from(buf, pos)
+                pos += 2
+            else:
+                v_resource_type_filter = I8.unpack_from(buf, pos)[0]
+                pos += 1
                 v_resource_name_filter, pos = read_nstr(buf, pos)
-            else:
-                v_resource_name_filter, pos = read_ncstr(buf, pos)
-            v_pattern_type_filter = I8.unpack_from(buf, pos)[0]
-            pos += 1
-            if version <= 1:
+                v_pattern_type_filter = I8.unpack_from(buf, pos)[0]
+                pos += 1
                 v_principal_filter, pos = read_nstr(buf, pos)
-            else:
-                v_principal_filter, pos = read_ncstr(buf, pos)
-            if version <= 1:
                 v_host_filter, pos = read_nstr(buf, pos)
-            else:
-                v_host_filter, pos = read_ncstr(buf, pos)
-            v_operation, v_permission_type = _S_bb.unpack_from(buf, pos)
-            pos += 2
+                v_operation, v_permission_type = _S_bb.unpack_from(buf, pos)
+                pos += 2
             if version >= 2:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -2478,14 +3503,17 @@ class DeleteAclsRequest(Message, kw_only=True, gc=False):
     filters: list[DeleteAclsRequestDeleteAclsFilter] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 1:
+        if version >= 2:
             _a_filters = self.filters
-            out += I32.pack(len(_a_filters))
+            if len(_a_filters) < 0x7F:
+                out.append(len(_a_filters) + 1)
+            else:
+                write_uvarint(out, len(_a_filters) + 1)
             for _e_filters in _a_filters:
                 _e_filters.write(out, version)
         else:
             _a_filters = self.filters
-            write_uvarint(out, len(_a_filters) + 1)
+            out += I32.pack(len(_a_filters))
             for _e_filters in _a_filters:
                 _e_filters.write(out, version)
         if version >= 2:
@@ -2495,14 +3523,19 @@ class DeleteAclsRequest(Message, kw_only=True, gc=False):
     def read(cls, buf: memoryview, pos: int, version: int) -> tuple[Self, int]:
         v_filters: list[DeleteAclsRequestDeleteAclsFilter]
         try:
-            if version <= 1:
-                _c, pos = read_count(buf, pos)
+            if version >= 2:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_filters = []
                 for _ in range(_c):
                     _s_filters, pos = DeleteAclsRequestDeleteAclsFilter.read(buf, pos, version)
                     v_filters.append(_s_filters)
             else:
-                _c, pos = read_ccount(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_filters = []
                 for _ in range(_c):
                     _s_filters, pos = DeleteAclsRequestDeleteAclsFilter.read(buf, pos, version)
@@ -2534,26 +3567,44 @@ class DeleteAclsResponseDeleteAclsMatchingAcl(Message, kw_only=True, gc=False):
     permission_type: int = 0
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I16.pack(self.error_code)
-        if version <= 1:
+        if version >= 2:
+            out += I16.pack(self.error_code)
+            _v_error_message = self.error_message
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+                out.append(len(_v_error_message) + 1)
+                out += _v_error_message.encode()
+            else:
+                write_ncstr(out, _v_error_message)
+            out += I8.pack(self.resource_type)
+            _v_resource_name = self.resource_name
+            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii():
+                out.append(len(_v_resource_name) + 1)
+                out += _v_resource_name.encode()
+            else:
+                write_cstr(out, _v_resource_name)
+            out += I8.pack(self.pattern_type)
+            _v_principal = self.principal
+            if _v_principal is not None and len(_v_principal) < 0x7F and _v_principal.isascii():
+                out.append(len(_v_principal) + 1)
+                out += _v_principal.encode()
+            else:
+                write_cstr(out, _v_principal)
+            _v_host = self.host
+            if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
+                out.append(len(_v_host) + 1)
+                out += _v_host.encode()
+            else:
+                write_cstr(out, _v_host)
+            out += _S_bb.pack(self.operation, self.permission_type)
+        else:
+            out += I16.pack(self.error_code)
             write_nstr(out, self.error_message)
-        else:
-            write_ncstr(out, self.error_message)
-        out += I8.pack(self.resource_type)
-        if version <= 1:
+            out += I8.pack(self.resource_type)
             write_str(out, self.resource_name)
-        else:
-            write_cstr(out, self.resource_name)
-        out += I8.pack(self.pattern_type)
-        if version <= 1:
+            out += I8.pack(self.pattern_type)
             write_str(out, self.principal)
-        else:
-            write_cstr(out, self.principal)
-        if version <= 1:
             write_str(out, self.host)
-        else:
-            write_cstr(out, self.host)
-        out += _S_bb.pack(self.operation, self.permission_type)
+            out += _S_bb.pack(self.operation, self.permission_type)
         if version >= 2:
             out.append(0)
 
@@ -2569,30 +3620,52 @@ class DeleteAclsResponseDeleteAclsMatchingAcl(Message, kw_only=True, gc=False):
         v_operation: int
         v_permission_type: int
         try:
-            v_error_code = I16.unpack_from(buf, pos)[0]
-            pos += 2
-            if version <= 1:
+            if version >= 2:
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_error_message, pos = read_ncstr(buf, pos)
+                v_resource_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_resource_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_resource_name, pos = read_cstr(buf, pos)
+                v_pattern_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_principal = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_principal, pos = read_cstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_host = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_host, pos = read_cstr(buf, pos)
+                v_operation, v_permission_type = _S_bb.unpack_from(buf, pos)
+                pos += 2
+            else:
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
                 v_error_message, pos = read_nstr(buf, pos)
-            else:
-                v_error_message, pos = read_ncstr(buf, pos)
-            v_resource_type = I8.unpack_from(buf, pos)[0]
-            pos += 1
-            if version <= 1:
+                v_resource_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
                 v_resource_name, pos = read_str(buf, pos)
-            else:
-                v_resource_name, pos = read_cstr(buf, pos)
-            v_pattern_type = I8.unpack_from(buf, pos)[0]
-            pos += 1
-            if version <= 1:
+                v_pattern_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
                 v_principal, pos = read_str(buf, pos)
-            else:
-                v_principal, pos = read_cstr(buf, pos)
-            if version <= 1:
                 v_host, pos = read_str(buf, pos)
-            else:
-                v_host, pos = read_cstr(buf, pos)
-            v_operation, v_permission_type = _S_bb.unpack_from(buf, pos)
-            pos += 2
+                v_operation, v_permission_type = _S_bb.unpack_from(buf, pos)
+                pos += 2
             if version >= 2:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -2617,19 +3690,26 @@ class DeleteAclsResponseDeleteAclsFilterResult(Message, kw_only=True, gc=False):
     matching_acls: list[DeleteAclsResponseDeleteAclsMatchingAcl] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I16.pack(self.error_code)
-        if version <= 1:
-            write_nstr(out, self.error_message)
-        else:
-            write_ncstr(out, self.error_message)
-        if version <= 1:
+        if version >= 2:
+            out += I16.pack(self.error_code)
+            _v_error_message = self.error_message
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+                out.append(len(_v_error_message) + 1)
+                out += _v_error_message.encode()
+            else:
+                write_ncstr(out, _v_error_message)
             _a_matching_acls = self.matching_acls
-            out += I32.pack(len(_a_matching_acls))
+            if len(_a_matching_acls) < 0x7F:
+                out.append(len(_a_matching_acls) + 1)
+            else:
+                write_uvarint(out, len(_a_matching_acls) + 1)
             for _e_matching_acls in _a_matching_acls:
                 _e_matching_acls.write(out, version)
         else:
+            out += I16.pack(self.error_code)
+            write_nstr(out, self.error_message)
             _a_matching_acls = self.matching_acls
-            write_uvarint(out, len(_a_matching_acls) + 1)
+            out += I32.pack(len(_a_matching_acls))
             for _e_matching_acls in _a_matching_acls:
                 _e_matching_acls.write(out, version)
         if version >= 2:
@@ -2641,20 +3721,30 @@ class DeleteAclsResponseDeleteAclsFilterResult(Message, kw_only=True, gc=False):
         v_error_message: str | None
         v_matching_acls: list[DeleteAclsResponseDeleteAclsMatchingAcl]
         try:
-            v_error_code = I16.unpack_from(buf, pos)[0]
-            pos += 2
-            if version <= 1:
-                v_error_message, pos = read_nstr(buf, pos)
-            else:
-                v_error_message, pos = read_ncstr(buf, pos)
-            if version <= 1:
-                _c, pos = read_count(buf, pos)
+            if version >= 2:
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_error_message, pos = read_ncstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_matching_acls = []
                 for _ in range(_c):
                     _s_matching_acls, pos = DeleteAclsResponseDeleteAclsMatchingAcl.read(buf, pos, version)
                     v_matching_acls.append(_s_matching_acls)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                v_error_message, pos = read_nstr(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_matching_acls = []
                 for _ in range(_c):
                     _s_matching_acls, pos = DeleteAclsResponseDeleteAclsMatchingAcl.read(buf, pos, version)
@@ -2685,15 +3775,19 @@ class DeleteAclsResponse(Message, kw_only=True, gc=False):
     filter_results: list[DeleteAclsResponseDeleteAclsFilterResult] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.throttle_time_ms)
-        if version <= 1:
+        if version >= 2:
+            out += I32.pack(self.throttle_time_ms)
             _a_filter_results = self.filter_results
-            out += I32.pack(len(_a_filter_results))
+            if len(_a_filter_results) < 0x7F:
+                out.append(len(_a_filter_results) + 1)
+            else:
+                write_uvarint(out, len(_a_filter_results) + 1)
             for _e_filter_results in _a_filter_results:
                 _e_filter_results.write(out, version)
         else:
+            out += I32.pack(self.throttle_time_ms)
             _a_filter_results = self.filter_results
-            write_uvarint(out, len(_a_filter_results) + 1)
+            out += I32.pack(len(_a_filter_results))
             for _e_filter_results in _a_filter_results:
                 _e_filter_results.write(out, version)
         if version >= 2:
@@ -2704,16 +3798,23 @@ class DeleteAclsResponse(Message, kw_only=True, gc=False):
         v_throttle_time_ms: int
         v_filter_results: list[DeleteAclsResponseDeleteAclsFilterResult]
         try:
-            v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            if version <= 1:
-                _c, pos = read_count(buf, pos)
+            if version >= 2:
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_filter_results = []
                 for _ in range(_c):
                     _s_filter_results, pos = DeleteAclsResponseDeleteAclsFilterResult.read(buf, pos, version)
                     v_filter_results.append(_s_filter_results)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _c, pos = read_count(buf, pos)
                 v_filter_results = []
                 for _ in range(_c):
                     _s_filter_results, pos = DeleteAclsResponseDeleteAclsFilterResult.read(buf, pos, version)
@@ -2738,8 +3839,17 @@ class DeleteTopicsRequestDeleteTopicState(Message, kw_only=True, gc=False):
     topic_id: bytes = ZERO_UUID
 
     def write(self, out: bytearray, version: int) -> None:
-        write_ncstr(out, self.name)
-        write_uuid(out, self.topic_id)
+        _v_name = self.name
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+            out.append(len(_v_name) + 1)
+            out += _v_name.encode()
+        else:
+            write_ncstr(out, _v_name)
+        _v_topic_id = self.topic_id
+        if len(_v_topic_id) == 16:
+            out += _v_topic_id
+        else:
+            write_uuid(out, _v_topic_id)  # the error
         out.append(0)
 
     @classmethod
@@ -2747,8 +3857,17 @@ class DeleteTopicsRequestDeleteTopicState(Message, kw_only=True, gc=False):
         v_name: str | None
         v_topic_id: bytes
         try:
-            v_name, pos = read_ncstr(buf, pos)
-            v_topic_id, pos = read_uuid(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_name = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_name, pos = read_ncstr(buf, pos)
+            if pos + 16 <= len(buf):
+                v_topic_id = bytes(buf[pos:pos + 16])
+                pos += 16
+            else:
+                v_topic_id, pos = read_uuid(buf, pos)  # the error
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -2777,24 +3896,32 @@ class DeleteTopicsRequest(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 6:
             _a_topics = self.topics
-            write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
-        else:
+            out += I32.pack(self.timeout_ms)
+        elif version >= 4:
+            _a_topic_names = self.topic_names
+            if len(_a_topic_names) < 0x7F:
+                out.append(len(_a_topic_names) + 1)
+            else:
+                write_uvarint(out, len(_a_topic_names) + 1)
+            for _e_topic_names in _a_topic_names:
+                write_cstr(out, _e_topic_names)
+            out += I32.pack(self.timeout_ms)
             if len(self.topics) != 0:
                 raise unsupported("DeleteTopicsRequest.topics", version)
-        if version <= 5:
-            if version <= 3:
-                _a_topic_names = self.topic_names
-                out += I32.pack(len(_a_topic_names))
-                for _e_topic_names in _a_topic_names:
-                    write_str(out, _e_topic_names)
-            else:
-                _a_topic_names = self.topic_names
-                write_uvarint(out, len(_a_topic_names) + 1)
-                for _e_topic_names in _a_topic_names:
-                    write_cstr(out, _e_topic_names)
-        out += I32.pack(self.timeout_ms)
+        else:
+            _a_topic_names = self.topic_names
+            out += I32.pack(len(_a_topic_names))
+            for _e_topic_names in _a_topic_names:
+                write_str(out, _e_topic_names)
+            out += I32.pack(self.timeout_ms)
+            if len(self.topics) != 0:
+                raise unsupported("DeleteTopicsRequest.topics", version)
         if version >= 4:
             out.append(0)
 
@@ -2805,26 +3932,39 @@ class DeleteTopicsRequest(Message, kw_only=True, gc=False):
         v_timeout_ms: int
         try:
             if version >= 6:
-                _c, pos = read_ccount(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = DeleteTopicsRequestDeleteTopicState.read(buf, pos, version)
                     v_topics.append(_s_topics)
-            if version <= 5:
-                if version <= 3:
-                    _c, pos = read_count(buf, pos)
-                    v_topic_names = []
-                    for _ in range(_c):
-                        _s_topic_names, pos = read_str(buf, pos)
-                        v_topic_names.append(_s_topic_names)
+                v_timeout_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+            elif version >= 4:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
                 else:
                     _c, pos = read_ccount(buf, pos)
-                    v_topic_names = []
-                    for _ in range(_c):
-                        _s_topic_names, pos = read_cstr(buf, pos)
-                        v_topic_names.append(_s_topic_names)
-            v_timeout_ms = I32.unpack_from(buf, pos)[0]
-            pos += 4
+                v_topic_names = []
+                for _ in range(_c):
+                    _s_topic_names, pos = read_cstr(buf, pos)
+                    v_topic_names.append(_s_topic_names)
+                v_timeout_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+            else:
+                _c, pos = read_count(buf, pos)
+                v_topic_names = []
+                for _ in range(_c):
+                    _s_topic_names, pos = read_str(buf, pos)
+                    v_topic_names.append(_s_topic_names)
+                v_timeout_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
             if version >= 4:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -2847,17 +3987,50 @@ class DeleteTopicsResponseDeletableTopicResult(Message, kw_only=True, gc=False):
     error_message: str | None = None
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 3:
-            write_str(out, self.name)
-        elif 4 <= version <= 5:
-            write_cstr(out, self.name)
-        else:
-            write_ncstr(out, self.name)
         if version >= 6:
-            write_uuid(out, self.topic_id)
-        out += I16.pack(self.error_code)
-        if version >= 5:
-            write_ncstr(out, self.error_message)
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_ncstr(out, _v_name)
+            _v_topic_id = self.topic_id
+            if len(_v_topic_id) == 16:
+                out += _v_topic_id
+            else:
+                write_uuid(out, _v_topic_id)  # the error
+            out += I16.pack(self.error_code)
+            _v_error_message = self.error_message
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+                out.append(len(_v_error_message) + 1)
+                out += _v_error_message.encode()
+            else:
+                write_ncstr(out, _v_error_message)
+        elif version >= 5:
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_cstr(out, _v_name)
+            out += I16.pack(self.error_code)
+            _v_error_message = self.error_message
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+                out.append(len(_v_error_message) + 1)
+                out += _v_error_message.encode()
+            else:
+                write_ncstr(out, _v_error_message)
+        elif version >= 4:
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_cstr(out, _v_name)
+            out += I16.pack(self.error_code)
+        else:
+            write_str(out, self.name)
+            out += I16.pack(self.error_code)
         if version >= 4:
             out.append(0)
 
@@ -2868,18 +4041,54 @@ class DeleteTopicsResponseDeletableTopicResult(Message, kw_only=True, gc=False):
         v_error_code: int
         v_error_message: str | None = None
         try:
-            if version <= 3:
-                v_name, pos = read_str(buf, pos)
-            elif 4 <= version <= 5:
-                v_name, pos = read_cstr(buf, pos)
-            else:
-                v_name, pos = read_ncstr(buf, pos)
             if version >= 6:
-                v_topic_id, pos = read_uuid(buf, pos)
-            v_error_code = I16.unpack_from(buf, pos)[0]
-            pos += 2
-            if version >= 5:
-                v_error_message, pos = read_ncstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_name, pos = read_ncstr(buf, pos)
+                if pos + 16 <= len(buf):
+                    v_topic_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_topic_id, pos = read_uuid(buf, pos)  # the error
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_error_message, pos = read_ncstr(buf, pos)
+            elif version >= 5:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_name, pos = read_cstr(buf, pos)
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_error_message, pos = read_ncstr(buf, pos)
+            elif version >= 4:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_name, pos = read_cstr(buf, pos)
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+            else:
+                v_name, pos = read_str(buf, pos)
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
             if version >= 4:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -2906,15 +4115,19 @@ class DeleteTopicsResponse(Message, kw_only=True, gc=False):
     responses: list[DeleteTopicsResponseDeletableTopicResult] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.throttle_time_ms)
-        if version <= 3:
+        if version >= 4:
+            out += I32.pack(self.throttle_time_ms)
             _a_responses = self.responses
-            out += I32.pack(len(_a_responses))
+            if len(_a_responses) < 0x7F:
+                out.append(len(_a_responses) + 1)
+            else:
+                write_uvarint(out, len(_a_responses) + 1)
             for _e_responses in _a_responses:
                 _e_responses.write(out, version)
         else:
+            out += I32.pack(self.throttle_time_ms)
             _a_responses = self.responses
-            write_uvarint(out, len(_a_responses) + 1)
+            out += I32.pack(len(_a_responses))
             for _e_responses in _a_responses:
                 _e_responses.write(out, version)
         if version >= 4:
@@ -2925,16 +4138,23 @@ class DeleteTopicsResponse(Message, kw_only=True, gc=False):
         v_throttle_time_ms: int
         v_responses: list[DeleteTopicsResponseDeletableTopicResult]
         try:
-            v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            if version <= 3:
-                _c, pos = read_count(buf, pos)
+            if version >= 4:
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_responses = []
                 for _ in range(_c):
                     _s_responses, pos = DeleteTopicsResponseDeletableTopicResult.read(buf, pos, version)
                     v_responses.append(_s_responses)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _c, pos = read_count(buf, pos)
                 v_responses = []
                 for _ in range(_c):
                     _s_responses, pos = DeleteTopicsResponseDeletableTopicResult.read(buf, pos, version)
@@ -2967,21 +4187,35 @@ class DescribeAclsRequest(Message, kw_only=True, gc=False):
     permission_type: int = 0
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I8.pack(self.resource_type_filter)
-        if version <= 1:
+        if version >= 2:
+            out += I8.pack(self.resource_type_filter)
+            _v_resource_name_filter = self.resource_name_filter
+            if _v_resource_name_filter is not None and len(_v_resource_name_filter) < 0x7F and _v_resource_name_filter.isascii():
+                out.append(len(_v_resource_name_filter) + 1)
+                out += _v_resource_name_filter.encode()
+            else:
+                write_ncstr(out, _v_resource_name_filter)
+            out += I8.pack(self.pattern_type_filter)
+            _v_principal_filter = self.principal_filter
+            if _v_principal_filter is not None and len(_v_principal_filter) < 0x7F and _v_principal_filter.isascii():
+                out.append(len(_v_principal_filter) + 1)
+                out += _v_principal_filter.encode()
+            else:
+                write_ncstr(out, _v_principal_filter)
+            _v_host_filter = self.host_filter
+            if _v_host_filter is not None and len(_v_host_filter) < 0x7F and _v_host_filter.isascii():
+                out.append(len(_v_host_filter) + 1)
+                out += _v_host_filter.encode()
+            else:
+                write_ncstr(out, _v_host_filter)
+            out += _S_bb.pack(self.operation, self.permission_type)
+        else:
+            out += I8.pack(self.resource_type_filter)
             write_nstr(out, self.resource_name_filter)
-        else:
-            write_ncstr(out, self.resource_name_filter)
-        out += I8.pack(self.pattern_type_filter)
-        if version <= 1:
+            out += I8.pack(self.pattern_type_filter)
             write_nstr(out, self.principal_filter)
-        else:
-            write_ncstr(out, self.principal_filter)
-        if version <= 1:
             write_nstr(out, self.host_filter)
-        else:
-            write_ncstr(out, self.host_filter)
-        out += _S_bb.pack(self.operation, self.permission_type)
+            out += _S_bb.pack(self.operation, self.permission_type)
         if version >= 2:
             out.append(0)
 
@@ -2995,24 +4229,41 @@ class DescribeAclsRequest(Message, kw_only=True, gc=False):
         v_operation: int
         v_permission_type: int
         try:
-            v_resource_type_filter = I8.unpack_from(buf, pos)[0]
-            pos += 1
-            if version <= 1:
+            if version >= 2:
+                v_resource_type_filter = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_resource_name_filter = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_resource_name_filter, pos = read_ncstr(buf, pos)
+                v_pattern_type_filter = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_principal_filter = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_principal_filter, pos = read_ncstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_host_filter = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_host_filter, pos = read_ncstr(buf, pos)
+                v_operation, v_permission_type = _S_bb.unpack_from(buf, pos)
+                pos += 2
+            else:
+                v_resource_type_filter = I8.unpack_from(buf, pos)[0]
+                pos += 1
                 v_resource_name_filter, pos = read_nstr(buf, pos)
-            else:
-                v_resource_name_filter, pos = read_ncstr(buf, pos)
-            v_pattern_type_filter = I8.unpack_from(buf, pos)[0]
-            pos += 1
-            if version <= 1:
+                v_pattern_type_filter = I8.unpack_from(buf, pos)[0]
+                pos += 1
                 v_principal_filter, pos = read_nstr(buf, pos)
-            else:
-                v_principal_filter, pos = read_ncstr(buf, pos)
-            if version <= 1:
                 v_host_filter, pos = read_nstr(buf, pos)
-            else:
-                v_host_filter, pos = read_ncstr(buf, pos)
-            v_operation, v_permission_type = _S_bb.unpack_from(buf, pos)
-            pos += 2
+                v_operation, v_permission_type = _S_bb.unpack_from(buf, pos)
+                pos += 2
             if version >= 2:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -3035,15 +4286,24 @@ class DescribeAclsResponseAclDescription(Message, kw_only=True, gc=False):
     permission_type: int = 0
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 1:
+        if version >= 2:
+            _v_principal = self.principal
+            if _v_principal is not None and len(_v_principal) < 0x7F and _v_principal.isascii():
+                out.append(len(_v_principal) + 1)
+                out += _v_principal.encode()
+            else:
+                write_cstr(out, _v_principal)
+            _v_host = self.host
+            if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
+                out.append(len(_v_host) + 1)
+                out += _v_host.encode()
+            else:
+                write_cstr(out, _v_host)
+            out += _S_bb.pack(self.operation, self.permission_type)
+        else:
             write_str(out, self.principal)
-        else:
-            write_cstr(out, self.principal)
-        if version <= 1:
             write_str(out, self.host)
-        else:
-            write_cstr(out, self.host)
-        out += _S_bb.pack(self.operation, self.permission_type)
+            out += _S_bb.pack(self.operation, self.permission_type)
         if version >= 2:
             out.append(0)
 
@@ -3054,16 +4314,26 @@ class DescribeAclsResponseAclDescription(Message, kw_only=True, gc=False):
         v_operation: int
         v_permission_type: int
         try:
-            if version <= 1:
+            if version >= 2:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_principal = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_principal, pos = read_cstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_host = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_host, pos = read_cstr(buf, pos)
+                v_operation, v_permission_type = _S_bb.unpack_from(buf, pos)
+                pos += 2
+            else:
                 v_principal, pos = read_str(buf, pos)
-            else:
-                v_principal, pos = read_cstr(buf, pos)
-            if version <= 1:
                 v_host, pos = read_str(buf, pos)
-            else:
-                v_host, pos = read_cstr(buf, pos)
-            v_operation, v_permission_type = _S_bb.unpack_from(buf, pos)
-            pos += 2
+                v_operation, v_permission_type = _S_bb.unpack_from(buf, pos)
+                pos += 2
             if version >= 2:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -3089,20 +4359,28 @@ class DescribeAclsResponseDescribeAclsResource(Message, kw_only=True, gc=False):
     acls: list[DescribeAclsResponseAclDescription] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I8.pack(self.resource_type)
-        if version <= 1:
-            write_str(out, self.resource_name)
-        else:
-            write_cstr(out, self.resource_name)
-        out += I8.pack(self.pattern_type)
-        if version <= 1:
+        if version >= 2:
+            out += I8.pack(self.resource_type)
+            _v_resource_name = self.resource_name
+            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii():
+                out.append(len(_v_resource_name) + 1)
+                out += _v_resource_name.encode()
+            else:
+                write_cstr(out, _v_resource_name)
+            out += I8.pack(self.pattern_type)
             _a_acls = self.acls
-            out += I32.pack(len(_a_acls))
+            if len(_a_acls) < 0x7F:
+                out.append(len(_a_acls) + 1)
+            else:
+                write_uvarint(out, len(_a_acls) + 1)
             for _e_acls in _a_acls:
                 _e_acls.write(out, version)
         else:
+            out += I8.pack(self.resource_type)
+            write_str(out, self.resource_name)
+            out += I8.pack(self.pattern_type)
             _a_acls = self.acls
-            write_uvarint(out, len(_a_acls) + 1)
+            out += I32.pack(len(_a_acls))
             for _e_acls in _a_acls:
                 _e_acls.write(out, version)
         if version >= 2:
@@ -3115,22 +4393,34 @@ class DescribeAclsResponseDescribeAclsResource(Message, kw_only=True, gc=False):
         v_pattern_type: int
         v_acls: list[DescribeAclsResponseAclDescription]
         try:
-            v_resource_type = I8.unpack_from(buf, pos)[0]
-            pos += 1
-            if version <= 1:
-                v_resource_name, pos = read_str(buf, pos)
-            else:
-                v_resource_name, pos = read_cstr(buf, pos)
-            v_pattern_type = I8.unpack_from(buf, pos)[0]
-            pos += 1
-            if version <= 1:
-                _c, pos = read_count(buf, pos)
+            if version >= 2:
+                v_resource_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_resource_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_resource_name, pos = read_cstr(buf, pos)
+                v_pattern_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_acls = []
                 for _ in range(_c):
                     _s_acls, pos = DescribeAclsResponseAclDescription.read(buf, pos, version)
                     v_acls.append(_s_acls)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_resource_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                v_resource_name, pos = read_str(buf, pos)
+                v_pattern_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                _c, pos = read_count(buf, pos)
                 v_acls = []
                 for _ in range(_c):
                     _s_acls, pos = DescribeAclsResponseAclDescription.read(buf, pos, version)
@@ -3163,19 +4453,26 @@ class DescribeAclsResponse(Message, kw_only=True, gc=False):
     resources: list[DescribeAclsResponseDescribeAclsResource] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += _S_ih.pack(self.throttle_time_ms, self.error_code)
-        if version <= 1:
-            write_nstr(out, self.error_message)
-        else:
-            write_ncstr(out, self.error_message)
-        if version <= 1:
+        if version >= 2:
+            out += _S_ih.pack(self.throttle_time_ms, self.error_code)
+            _v_error_message = self.error_message
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+                out.append(len(_v_error_message) + 1)
+                out += _v_error_message.encode()
+            else:
+                write_ncstr(out, _v_error_message)
             _a_resources = self.resources
-            out += I32.pack(len(_a_resources))
+            if len(_a_resources) < 0x7F:
+                out.append(len(_a_resources) + 1)
+            else:
+                write_uvarint(out, len(_a_resources) + 1)
             for _e_resources in _a_resources:
                 _e_resources.write(out, version)
         else:
+            out += _S_ih.pack(self.throttle_time_ms, self.error_code)
+            write_nstr(out, self.error_message)
             _a_resources = self.resources
-            write_uvarint(out, len(_a_resources) + 1)
+            out += I32.pack(len(_a_resources))
             for _e_resources in _a_resources:
                 _e_resources.write(out, version)
         if version >= 2:
@@ -3188,20 +4485,30 @@ class DescribeAclsResponse(Message, kw_only=True, gc=False):
         v_error_message: str | None
         v_resources: list[DescribeAclsResponseDescribeAclsResource]
         try:
-            v_throttle_time_ms, v_error_code = _S_ih.unpack_from(buf, pos)
-            pos += 6
-            if version <= 1:
-                v_error_message, pos = read_nstr(buf, pos)
-            else:
-                v_error_message, pos = read_ncstr(buf, pos)
-            if version <= 1:
-                _c, pos = read_count(buf, pos)
+            if version >= 2:
+                v_throttle_time_ms, v_error_code = _S_ih.unpack_from(buf, pos)
+                pos += 6
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_error_message, pos = read_ncstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_resources = []
                 for _ in range(_c):
                     _s_resources, pos = DescribeAclsResponseDescribeAclsResource.read(buf, pos, version)
                     v_resources.append(_s_resources)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_throttle_time_ms, v_error_code = _S_ih.unpack_from(buf, pos)
+                pos += 6
+                v_error_message, pos = read_nstr(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_resources = []
                 for _ in range(_c):
                     _s_resources, pos = DescribeAclsResponseDescribeAclsResource.read(buf, pos, version)
@@ -3230,15 +4537,16 @@ class DescribeClusterRequest(Message, kw_only=True, gc=False):
     include_fenced_brokers: bool = False
 
     def write(self, out: bytearray, version: int) -> None:
-        out += BOOL.pack(self.include_cluster_authorized_operations)
-        if version >= 1:
-            out += I8.pack(self.endpoint_type)
+        if version >= 2:
+            out += _S_obo.pack(self.include_cluster_authorized_operations, self.endpoint_type, self.include_fenced_brokers)
+        elif version >= 1:
+            out += _S_ob.pack(self.include_cluster_authorized_operations, self.endpoint_type)
+            if self.include_fenced_brokers != False:
+                raise unsupported("DescribeClusterRequest.include_fenced_brokers", version)
         else:
+            out += BOOL.pack(self.include_cluster_authorized_operations)
             if self.endpoint_type != 1:
                 raise unsupported("DescribeClusterRequest.endpoint_type", version)
-        if version >= 2:
-            out += BOOL.pack(self.include_fenced_brokers)
-        else:
             if self.include_fenced_brokers != False:
                 raise unsupported("DescribeClusterRequest.include_fenced_brokers", version)
         out.append(0)
@@ -3249,13 +4557,14 @@ class DescribeClusterRequest(Message, kw_only=True, gc=False):
         v_endpoint_type: int = 1
         v_include_fenced_brokers: bool = False
         try:
-            v_include_cluster_authorized_operations = BOOL.unpack_from(buf, pos)[0]
-            pos += 1
-            if version >= 1:
-                v_endpoint_type = I8.unpack_from(buf, pos)[0]
-                pos += 1
             if version >= 2:
-                v_include_fenced_brokers = BOOL.unpack_from(buf, pos)[0]
+                v_include_cluster_authorized_operations, v_endpoint_type, v_include_fenced_brokers = _S_obo.unpack_from(buf, pos)
+                pos += 3
+            elif version >= 1:
+                v_include_cluster_authorized_operations, v_endpoint_type = _S_ob.unpack_from(buf, pos)
+                pos += 2
+            else:
+                v_include_cluster_authorized_operations = BOOL.unpack_from(buf, pos)[0]
                 pos += 1
             if buf[pos]:
                 pos = skip_tags(buf, pos)
@@ -3279,13 +4588,37 @@ class DescribeClusterResponseDescribeClusterBroker(Message, kw_only=True, gc=Fal
     is_fenced: bool = False
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.broker_id)
-        write_cstr(out, self.host)
-        out += I32.pack(self.port)
-        write_ncstr(out, self.rack)
         if version >= 2:
+            out += I32.pack(self.broker_id)
+            _v_host = self.host
+            if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
+                out.append(len(_v_host) + 1)
+                out += _v_host.encode()
+            else:
+                write_cstr(out, _v_host)
+            out += I32.pack(self.port)
+            _v_rack = self.rack
+            if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii():
+                out.append(len(_v_rack) + 1)
+                out += _v_rack.encode()
+            else:
+                write_ncstr(out, _v_rack)
             out += BOOL.pack(self.is_fenced)
         else:
+            out += I32.pack(self.broker_id)
+            _v_host = self.host
+            if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
+                out.append(len(_v_host) + 1)
+                out += _v_host.encode()
+            else:
+                write_cstr(out, _v_host)
+            out += I32.pack(self.port)
+            _v_rack = self.rack
+            if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii():
+                out.append(len(_v_rack) + 1)
+                out += _v_rack.encode()
+            else:
+                write_ncstr(out, _v_rack)
             if self.is_fenced != False:
                 raise unsupported("DescribeClusterResponseDescribeClusterBroker.is_fenced", version)
         out.append(0)
@@ -3298,15 +4631,42 @@ class DescribeClusterResponseDescribeClusterBroker(Message, kw_only=True, gc=Fal
         v_rack: str | None
         v_is_fenced: bool = False
         try:
-            v_broker_id = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            v_host, pos = read_cstr(buf, pos)
-            v_port = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            v_rack, pos = read_ncstr(buf, pos)
             if version >= 2:
+                v_broker_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_host = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_host, pos = read_cstr(buf, pos)
+                v_port = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_rack = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_rack, pos = read_ncstr(buf, pos)
                 v_is_fenced = BOOL.unpack_from(buf, pos)[0]
                 pos += 1
+            else:
+                v_broker_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_host = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_host, pos = read_cstr(buf, pos)
+                v_port = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_rack = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_rack, pos = read_ncstr(buf, pos)
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -3338,20 +4698,55 @@ class DescribeClusterResponse(Message, kw_only=True, gc=False):
     cluster_authorized_operations: int = -2147483648
 
     def write(self, out: bytearray, version: int) -> None:
-        out += _S_ih.pack(self.throttle_time_ms, self.error_code)
-        write_ncstr(out, self.error_message)
         if version >= 1:
+            out += _S_ih.pack(self.throttle_time_ms, self.error_code)
+            _v_error_message = self.error_message
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+                out.append(len(_v_error_message) + 1)
+                out += _v_error_message.encode()
+            else:
+                write_ncstr(out, _v_error_message)
             out += I8.pack(self.endpoint_type)
+            _v_cluster_id = self.cluster_id
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+                out.append(len(_v_cluster_id) + 1)
+                out += _v_cluster_id.encode()
+            else:
+                write_cstr(out, _v_cluster_id)
+            out += I32.pack(self.controller_id)
+            _a_brokers = self.brokers
+            if len(_a_brokers) < 0x7F:
+                out.append(len(_a_brokers) + 1)
+            else:
+                write_uvarint(out, len(_a_brokers) + 1)
+            for _e_brokers in _a_brokers:
+                _e_brokers.write(out, version)
+            out += I32.pack(self.cluster_authorized_operations)
         else:
+            out += _S_ih.pack(self.throttle_time_ms, self.error_code)
+            _v_error_message = self.error_message
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+                out.append(len(_v_error_message) + 1)
+                out += _v_error_message.encode()
+            else:
+                write_ncstr(out, _v_error_message)
+            _v_cluster_id = self.cluster_id
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+                out.append(len(_v_cluster_id) + 1)
+                out += _v_cluster_id.encode()
+            else:
+                write_cstr(out, _v_cluster_id)
+            out += I32.pack(self.controller_id)
+            _a_brokers = self.brokers
+            if len(_a_brokers) < 0x7F:
+                out.append(len(_a_brokers) + 1)
+            else:
+                write_uvarint(out, len(_a_brokers) + 1)
+            for _e_brokers in _a_brokers:
+                _e_brokers.write(out, version)
+            out += I32.pack(self.cluster_authorized_operations)
             if self.endpoint_type != 1:
                 raise unsupported("DescribeClusterResponse.endpoint_type", version)
-        write_cstr(out, self.cluster_id)
-        out += I32.pack(self.controller_id)
-        _a_brokers = self.brokers
-        write_uvarint(out, len(_a_brokers) + 1)
-        for _e_brokers in _a_brokers:
-            _e_brokers.write(out, version)
-        out += I32.pack(self.cluster_authorized_operations)
         out.append(0)
 
     @classmethod
@@ -3365,22 +4760,66 @@ class DescribeClusterResponse(Message, kw_only=True, gc=False):
         v_brokers: list[DescribeClusterResponseDescribeClusterBroker]
         v_cluster_authorized_operations: int
         try:
-            v_throttle_time_ms, v_error_code = _S_ih.unpack_from(buf, pos)
-            pos += 6
-            v_error_message, pos = read_ncstr(buf, pos)
             if version >= 1:
+                v_throttle_time_ms, v_error_code = _S_ih.unpack_from(buf, pos)
+                pos += 6
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_error_message, pos = read_ncstr(buf, pos)
                 v_endpoint_type = I8.unpack_from(buf, pos)[0]
                 pos += 1
-            v_cluster_id, pos = read_cstr(buf, pos)
-            v_controller_id = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            _c, pos = read_ccount(buf, pos)
-            v_brokers = []
-            for _ in range(_c):
-                _s_brokers, pos = DescribeClusterResponseDescribeClusterBroker.read(buf, pos, version)
-                v_brokers.append(_s_brokers)
-            v_cluster_authorized_operations = I32.unpack_from(buf, pos)[0]
-            pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_cluster_id, pos = read_cstr(buf, pos)
+                v_controller_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_brokers = []
+                for _ in range(_c):
+                    _s_brokers, pos = DescribeClusterResponseDescribeClusterBroker.read(buf, pos, version)
+                    v_brokers.append(_s_brokers)
+                v_cluster_authorized_operations = I32.unpack_from(buf, pos)[0]
+                pos += 4
+            else:
+                v_throttle_time_ms, v_error_code = _S_ih.unpack_from(buf, pos)
+                pos += 6
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_error_message, pos = read_ncstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_cluster_id, pos = read_cstr(buf, pos)
+                v_controller_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_brokers = []
+                for _ in range(_c):
+                    _s_brokers, pos = DescribeClusterResponseDescribeClusterBroker.read(buf, pos, version)
+                    v_brokers.append(_s_brokers)
+                v_cluster_authorized_operations = I32.unpack_from(buf, pos)[0]
+                pos += 4
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -3401,12 +4840,27 @@ class DescribeConfigsRequestDescribeConfigsResource(Message, kw_only=True, gc=Fa
     configuration_keys: list[str] | None = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I8.pack(self.resource_type)
-        if version <= 3:
-            write_str(out, self.resource_name)
+        if version >= 4:
+            out += I8.pack(self.resource_type)
+            _v_resource_name = self.resource_name
+            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii():
+                out.append(len(_v_resource_name) + 1)
+                out += _v_resource_name.encode()
+            else:
+                write_cstr(out, _v_resource_name)
+            _a_configuration_keys = self.configuration_keys
+            if _a_configuration_keys is None:
+                out.append(0)
+            else:
+                if len(_a_configuration_keys) < 0x7F:
+                    out.append(len(_a_configuration_keys) + 1)
+                else:
+                    write_uvarint(out, len(_a_configuration_keys) + 1)
+                for _e_configuration_keys in _a_configuration_keys:
+                    write_cstr(out, _e_configuration_keys)
         else:
-            write_cstr(out, self.resource_name)
-        if version <= 3:
+            out += I8.pack(self.resource_type)
+            write_str(out, self.resource_name)
             _a_configuration_keys = self.configuration_keys
             if _a_configuration_keys is None:
                 out += b"\xff\xff\xff\xff"
@@ -3414,14 +4868,6 @@ class DescribeConfigsRequestDescribeConfigsResource(Message, kw_only=True, gc=Fa
                 out += I32.pack(len(_a_configuration_keys))
                 for _e_configuration_keys in _a_configuration_keys:
                     write_str(out, _e_configuration_keys)
-        else:
-            _a_configuration_keys = self.configuration_keys
-            if _a_configuration_keys is None:
-                out.append(0)
-            else:
-                write_uvarint(out, len(_a_configuration_keys) + 1)
-                for _e_configuration_keys in _a_configuration_keys:
-                    write_cstr(out, _e_configuration_keys)
         if version >= 4:
             out.append(0)
 
@@ -3431,13 +4877,32 @@ class DescribeConfigsRequestDescribeConfigsResource(Message, kw_only=True, gc=Fa
         v_resource_name: str
         v_configuration_keys: list[str] | None
         try:
-            v_resource_type = I8.unpack_from(buf, pos)[0]
-            pos += 1
-            if version <= 3:
-                v_resource_name, pos = read_str(buf, pos)
+            if version >= 4:
+                v_resource_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_resource_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_resource_name, pos = read_cstr(buf, pos)
+                _b = buf[pos]
+                if _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_nccount(buf, pos)
+                if _c < 0:
+                    v_configuration_keys = None
+                else:
+                    v_configuration_keys = []
+                    for _ in range(_c):
+                        _s_configuration_keys, pos = read_cstr(buf, pos)
+                        v_configuration_keys.append(_s_configuration_keys)
             else:
-                v_resource_name, pos = read_cstr(buf, pos)
-            if version <= 3:
+                v_resource_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                v_resource_name, pos = read_str(buf, pos)
                 _c, pos = read_ncount(buf, pos)
                 if _c < 0:
                     v_configuration_keys = None
@@ -3445,15 +4910,6 @@ class DescribeConfigsRequestDescribeConfigsResource(Message, kw_only=True, gc=Fa
                     v_configuration_keys = []
                     for _ in range(_c):
                         _s_configuration_keys, pos = read_str(buf, pos)
-                        v_configuration_keys.append(_s_configuration_keys)
-            else:
-                _c, pos = read_nccount(buf, pos)
-                if _c < 0:
-                    v_configuration_keys = None
-                else:
-                    v_configuration_keys = []
-                    for _ in range(_c):
-                        _s_configuration_keys, pos = read_cstr(buf, pos)
                         v_configuration_keys.append(_s_configuration_keys)
             if version >= 4:
                 if buf[pos]:
@@ -3482,20 +4938,27 @@ class DescribeConfigsRequest(Message, kw_only=True, gc=False):
     include_documentation: bool = False
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 3:
+        if version >= 4:
+            _a_resources = self.resources
+            if len(_a_resources) < 0x7F:
+                out.append(len(_a_resources) + 1)
+            else:
+                write_uvarint(out, len(_a_resources) + 1)
+            for _e_resources in _a_resources:
+                _e_resources.write(out, version)
+            out += _S_oo.pack(self.include_synonyms, self.include_documentation)
+        elif version >= 3:
             _a_resources = self.resources
             out += I32.pack(len(_a_resources))
             for _e_resources in _a_resources:
                 _e_resources.write(out, version)
+            out += _S_oo.pack(self.include_synonyms, self.include_documentation)
         else:
             _a_resources = self.resources
-            write_uvarint(out, len(_a_resources) + 1)
+            out += I32.pack(len(_a_resources))
             for _e_resources in _a_resources:
                 _e_resources.write(out, version)
-        out += BOOL.pack(self.include_synonyms)
-        if version >= 3:
-            out += BOOL.pack(self.include_documentation)
-        else:
+            out += BOOL.pack(self.include_synonyms)
             if self.include_documentation != False:
                 raise unsupported("DescribeConfigsRequest.include_documentation", version)
         if version >= 4:
@@ -3507,22 +4970,34 @@ class DescribeConfigsRequest(Message, kw_only=True, gc=False):
         v_include_synonyms: bool
         v_include_documentation: bool = False
         try:
-            if version <= 3:
+            if version >= 4:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_resources = []
+                for _ in range(_c):
+                    _s_resources, pos = DescribeConfigsRequestDescribeConfigsResource.read(buf, pos, version)
+                    v_resources.append(_s_resources)
+                v_include_synonyms, v_include_documentation = _S_oo.unpack_from(buf, pos)
+                pos += 2
+            elif version >= 3:
                 _c, pos = read_count(buf, pos)
                 v_resources = []
                 for _ in range(_c):
                     _s_resources, pos = DescribeConfigsRequestDescribeConfigsResource.read(buf, pos, version)
                     v_resources.append(_s_resources)
+                v_include_synonyms, v_include_documentation = _S_oo.unpack_from(buf, pos)
+                pos += 2
             else:
-                _c, pos = read_ccount(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_resources = []
                 for _ in range(_c):
                     _s_resources, pos = DescribeConfigsRequestDescribeConfigsResource.read(buf, pos, version)
                     v_resources.append(_s_resources)
-            v_include_synonyms = BOOL.unpack_from(buf, pos)[0]
-            pos += 1
-            if version >= 3:
-                v_include_documentation = BOOL.unpack_from(buf, pos)[0]
+                v_include_synonyms = BOOL.unpack_from(buf, pos)[0]
                 pos += 1
             if version >= 4:
                 if buf[pos]:
@@ -3545,15 +5020,24 @@ class DescribeConfigsResponseDescribeConfigsSynonym(Message, kw_only=True, gc=Fa
     source: int = 0
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 3:
+        if version >= 4:
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_cstr(out, _v_name)
+            _v_value = self.value
+            if _v_value is not None and len(_v_value) < 0x7F and _v_value.isascii():
+                out.append(len(_v_value) + 1)
+                out += _v_value.encode()
+            else:
+                write_ncstr(out, _v_value)
+            out += I8.pack(self.source)
+        else:
             write_str(out, self.name)
-        else:
-            write_cstr(out, self.name)
-        if version <= 3:
             write_nstr(out, self.value)
-        else:
-            write_ncstr(out, self.value)
-        out += I8.pack(self.source)
+            out += I8.pack(self.source)
         if version >= 4:
             out.append(0)
 
@@ -3563,16 +5047,26 @@ class DescribeConfigsResponseDescribeConfigsSynonym(Message, kw_only=True, gc=Fa
         v_value: str | None
         v_source: int
         try:
-            if version <= 3:
+            if version >= 4:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_name, pos = read_cstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_value = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_value, pos = read_ncstr(buf, pos)
+                v_source = I8.unpack_from(buf, pos)[0]
+                pos += 1
+            else:
                 v_name, pos = read_str(buf, pos)
-            else:
-                v_name, pos = read_cstr(buf, pos)
-            if version <= 3:
                 v_value, pos = read_nstr(buf, pos)
-            else:
-                v_value, pos = read_ncstr(buf, pos)
-            v_source = I8.unpack_from(buf, pos)[0]
-            pos += 1
+                v_source = I8.unpack_from(buf, pos)[0]
+                pos += 1
             if version >= 4:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -3602,32 +5096,52 @@ class DescribeConfigsResponseDescribeConfigsResourceResult(Message, kw_only=True
     documentation: str | None = ''
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 3:
+        if version >= 4:
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_cstr(out, _v_name)
+            _v_value = self.value
+            if _v_value is not None and len(_v_value) < 0x7F and _v_value.isascii():
+                out.append(len(_v_value) + 1)
+                out += _v_value.encode()
+            else:
+                write_ncstr(out, _v_value)
+            out += _S_obo.pack(self.read_only, self.config_source, self.is_sensitive)
+            _a_synonyms = self.synonyms
+            if len(_a_synonyms) < 0x7F:
+                out.append(len(_a_synonyms) + 1)
+            else:
+                write_uvarint(out, len(_a_synonyms) + 1)
+            for _e_synonyms in _a_synonyms:
+                _e_synonyms.write(out, version)
+            out += I8.pack(self.config_type)
+            _v_documentation = self.documentation
+            if _v_documentation is not None and len(_v_documentation) < 0x7F and _v_documentation.isascii():
+                out.append(len(_v_documentation) + 1)
+                out += _v_documentation.encode()
+            else:
+                write_ncstr(out, _v_documentation)
+        elif version >= 3:
             write_str(out, self.name)
-        else:
-            write_cstr(out, self.name)
-        if version <= 3:
             write_nstr(out, self.value)
-        else:
-            write_ncstr(out, self.value)
-        out += _S_obo.pack(self.read_only, self.config_source, self.is_sensitive)
-        if version <= 3:
+            out += _S_obo.pack(self.read_only, self.config_source, self.is_sensitive)
             _a_synonyms = self.synonyms
             out += I32.pack(len(_a_synonyms))
             for _e_synonyms in _a_synonyms:
                 _e_synonyms.write(out, version)
+            out += I8.pack(self.config_type)
+            write_nstr(out, self.documentation)
         else:
+            write_str(out, self.name)
+            write_nstr(out, self.value)
+            out += _S_obo.pack(self.read_only, self.config_source, self.is_sensitive)
             _a_synonyms = self.synonyms
-            write_uvarint(out, len(_a_synonyms) + 1)
+            out += I32.pack(len(_a_synonyms))
             for _e_synonyms in _a_synonyms:
                 _e_synonyms.write(out, version)
-        if version >= 3:
-            out += I8.pack(self.config_type)
-        if version >= 3:
-            if version <= 3:
-                write_nstr(out, self.documentation)
-            else:
-                write_ncstr(out, self.documentation)
         if version >= 4:
             out.append(0)
 
@@ -3642,36 +5156,62 @@ class DescribeConfigsResponseDescribeConfigsResourceResult(Message, kw_only=True
         v_config_type: int = 0
         v_documentation: str | None = ''
         try:
-            if version <= 3:
+            if version >= 4:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_name, pos = read_cstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_value = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_value, pos = read_ncstr(buf, pos)
+                v_read_only, v_config_source, v_is_sensitive = _S_obo.unpack_from(buf, pos)
+                pos += 3
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_synonyms = []
+                for _ in range(_c):
+                    _s_synonyms, pos = DescribeConfigsResponseDescribeConfigsSynonym.read(buf, pos, version)
+                    v_synonyms.append(_s_synonyms)
+                v_config_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_documentation = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_documentation, pos = read_ncstr(buf, pos)
+            elif version >= 3:
                 v_name, pos = read_str(buf, pos)
-            else:
-                v_name, pos = read_cstr(buf, pos)
-            if version <= 3:
                 v_value, pos = read_nstr(buf, pos)
-            else:
-                v_value, pos = read_ncstr(buf, pos)
-            v_read_only, v_config_source, v_is_sensitive = _S_obo.unpack_from(buf, pos)
-            pos += 3
-            if version <= 3:
+                v_read_only, v_config_source, v_is_sensitive = _S_obo.unpack_from(buf, pos)
+                pos += 3
                 _c, pos = read_count(buf, pos)
                 v_synonyms = []
                 for _ in range(_c):
                     _s_synonyms, pos = DescribeConfigsResponseDescribeConfigsSynonym.read(buf, pos, version)
                     v_synonyms.append(_s_synonyms)
+                v_config_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                v_documentation, pos = read_nstr(buf, pos)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_name, pos = read_str(buf, pos)
+                v_value, pos = read_nstr(buf, pos)
+                v_read_only, v_config_source, v_is_sensitive = _S_obo.unpack_from(buf, pos)
+                pos += 3
+                _c, pos = read_count(buf, pos)
                 v_synonyms = []
                 for _ in range(_c):
                     _s_synonyms, pos = DescribeConfigsResponseDescribeConfigsSynonym.read(buf, pos, version)
                     v_synonyms.append(_s_synonyms)
-            if version >= 3:
-                v_config_type = I8.unpack_from(buf, pos)[0]
-                pos += 1
-            if version >= 3:
-                if version <= 3:
-                    v_documentation, pos = read_nstr(buf, pos)
-                else:
-                    v_documentation, pos = read_ncstr(buf, pos)
             if version >= 4:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -3698,24 +5238,35 @@ class DescribeConfigsResponseDescribeConfigsResult(Message, kw_only=True, gc=Fal
     configs: list[DescribeConfigsResponseDescribeConfigsResourceResult] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I16.pack(self.error_code)
-        if version <= 3:
-            write_nstr(out, self.error_message)
-        else:
-            write_ncstr(out, self.error_message)
-        out += I8.pack(self.resource_type)
-        if version <= 3:
-            write_str(out, self.resource_name)
-        else:
-            write_cstr(out, self.resource_name)
-        if version <= 3:
+        if version >= 4:
+            out += I16.pack(self.error_code)
+            _v_error_message = self.error_message
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+                out.append(len(_v_error_message) + 1)
+                out += _v_error_message.encode()
+            else:
+                write_ncstr(out, _v_error_message)
+            out += I8.pack(self.resource_type)
+            _v_resource_name = self.resource_name
+            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii():
+                out.append(len(_v_resource_name) + 1)
+                out += _v_resource_name.encode()
+            else:
+                write_cstr(out, _v_resource_name)
             _a_configs = self.configs
-            out += I32.pack(len(_a_configs))
+            if len(_a_configs) < 0x7F:
+                out.append(len(_a_configs) + 1)
+            else:
+                write_uvarint(out, len(_a_configs) + 1)
             for _e_configs in _a_configs:
                 _e_configs.write(out, version)
         else:
+            out += I16.pack(self.error_code)
+            write_nstr(out, self.error_message)
+            out += I8.pack(self.resource_type)
+            write_str(out, self.resource_name)
             _a_configs = self.configs
-            write_uvarint(out, len(_a_configs) + 1)
+            out += I32.pack(len(_a_configs))
             for _e_configs in _a_configs:
                 _e_configs.write(out, version)
         if version >= 4:
@@ -3729,26 +5280,41 @@ class DescribeConfigsResponseDescribeConfigsResult(Message, kw_only=True, gc=Fal
         v_resource_name: str
         v_configs: list[DescribeConfigsResponseDescribeConfigsResourceResult]
         try:
-            v_error_code = I16.unpack_from(buf, pos)[0]
-            pos += 2
-            if version <= 3:
-                v_error_message, pos = read_nstr(buf, pos)
-            else:
-                v_error_message, pos = read_ncstr(buf, pos)
-            v_resource_type = I8.unpack_from(buf, pos)[0]
-            pos += 1
-            if version <= 3:
-                v_resource_name, pos = read_str(buf, pos)
-            else:
-                v_resource_name, pos = read_cstr(buf, pos)
-            if version <= 3:
-                _c, pos = read_count(buf, pos)
+            if version >= 4:
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_error_message, pos = read_ncstr(buf, pos)
+                v_resource_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_resource_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_resource_name, pos = read_cstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_configs = []
                 for _ in range(_c):
                     _s_configs, pos = DescribeConfigsResponseDescribeConfigsResourceResult.read(buf, pos, version)
                     v_configs.append(_s_configs)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                v_error_message, pos = read_nstr(buf, pos)
+                v_resource_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                v_resource_name, pos = read_str(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_configs = []
                 for _ in range(_c):
                     _s_configs, pos = DescribeConfigsResponseDescribeConfigsResourceResult.read(buf, pos, version)
@@ -3779,15 +5345,19 @@ class DescribeConfigsResponse(Message, kw_only=True, gc=False):
     results: list[DescribeConfigsResponseDescribeConfigsResult] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.throttle_time_ms)
-        if version <= 3:
+        if version >= 4:
+            out += I32.pack(self.throttle_time_ms)
             _a_results = self.results
-            out += I32.pack(len(_a_results))
+            if len(_a_results) < 0x7F:
+                out.append(len(_a_results) + 1)
+            else:
+                write_uvarint(out, len(_a_results) + 1)
             for _e_results in _a_results:
                 _e_results.write(out, version)
         else:
+            out += I32.pack(self.throttle_time_ms)
             _a_results = self.results
-            write_uvarint(out, len(_a_results) + 1)
+            out += I32.pack(len(_a_results))
             for _e_results in _a_results:
                 _e_results.write(out, version)
         if version >= 4:
@@ -3798,16 +5368,23 @@ class DescribeConfigsResponse(Message, kw_only=True, gc=False):
         v_throttle_time_ms: int
         v_results: list[DescribeConfigsResponseDescribeConfigsResult]
         try:
-            v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            if version <= 3:
-                _c, pos = read_count(buf, pos)
+            if version >= 4:
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_results = []
                 for _ in range(_c):
                     _s_results, pos = DescribeConfigsResponseDescribeConfigsResult.read(buf, pos, version)
                     v_results.append(_s_results)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _c, pos = read_count(buf, pos)
                 v_results = []
                 for _ in range(_c):
                     _s_results, pos = DescribeConfigsResponseDescribeConfigsResult.read(buf, pos, version)
@@ -3862,9 +5439,17 @@ class DescribeQuorumRequestTopicData(Message, kw_only=True, gc=False):
     partitions: list[DescribeQuorumRequestPartitionData] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        write_cstr(out, self.topic_name)
+        _v_topic_name = self.topic_name
+        if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii():
+            out.append(len(_v_topic_name) + 1)
+            out += _v_topic_name.encode()
+        else:
+            write_cstr(out, _v_topic_name)
         _a_partitions = self.partitions
-        write_uvarint(out, len(_a_partitions) + 1)
+        if len(_a_partitions) < 0x7F:
+            out.append(len(_a_partitions) + 1)
+        else:
+            write_uvarint(out, len(_a_partitions) + 1)
         for _e_partitions in _a_partitions:
             _e_partitions.write(out, version)
         out.append(0)
@@ -3874,8 +5459,18 @@ class DescribeQuorumRequestTopicData(Message, kw_only=True, gc=False):
         v_topic_name: str
         v_partitions: list[DescribeQuorumRequestPartitionData]
         try:
-            v_topic_name, pos = read_cstr(buf, pos)
-            _c, pos = read_ccount(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_topic_name = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_topic_name, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                _c = _b - 1
+                pos += 1
+            else:
+                _c, pos = read_ccount(buf, pos)
             v_partitions = []
             for _ in range(_c):
                 _s_partitions, pos = DescribeQuorumRequestPartitionData.read(buf, pos, version)
@@ -3905,7 +5500,10 @@ class DescribeQuorumRequest(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _a_topics = self.topics
-        write_uvarint(out, len(_a_topics) + 1)
+        if len(_a_topics) < 0x7F:
+            out.append(len(_a_topics) + 1)
+        else:
+            write_uvarint(out, len(_a_topics) + 1)
         for _e_topics in _a_topics:
             _e_topics.write(out, version)
         out.append(0)
@@ -3914,7 +5512,12 @@ class DescribeQuorumRequest(Message, kw_only=True, gc=False):
     def read(cls, buf: memoryview, pos: int, version: int) -> tuple[Self, int]:
         v_topics: list[DescribeQuorumRequestTopicData]
         try:
-            _c, pos = read_ccount(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                _c = _b - 1
+                pos += 1
+            else:
+                _c, pos = read_ccount(buf, pos)
             v_topics = []
             for _ in range(_c):
                 _s_topics, pos = DescribeQuorumRequestTopicData.read(buf, pos, version)
@@ -3941,15 +5544,22 @@ class DescribeQuorumResponseReplicaState(Message, kw_only=True, gc=False):
     last_caught_up_timestamp: int = -1
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.replica_id)
         if version >= 2:
-            write_uuid(out, self.replica_directory_id)
-        else:
+            out += I32.pack(self.replica_id)
+            _v_replica_directory_id = self.replica_directory_id
+            if len(_v_replica_directory_id) == 16:
+                out += _v_replica_directory_id
+            else:
+                write_uuid(out, _v_replica_directory_id)  # the error
+            out += _S_qqq.pack(self.log_end_offset, self.last_fetch_timestamp, self.last_caught_up_timestamp)
+        elif version >= 1:
+            out += _S_iqqq.pack(self.replica_id, self.log_end_offset, self.last_fetch_timestamp, self.last_caught_up_timestamp)
             if self.replica_directory_id != ZERO_UUID:
                 raise unsupported("DescribeQuorumResponseReplicaState.replica_directory_id", version)
-        out += I64.pack(self.log_end_offset)
-        if version >= 1:
-            out += _S_qq.pack(self.last_fetch_timestamp, self.last_caught_up_timestamp)
+        else:
+            out += _S_iq.pack(self.replica_id, self.log_end_offset)
+            if self.replica_directory_id != ZERO_UUID:
+                raise unsupported("DescribeQuorumResponseReplicaState.replica_directory_id", version)
         out.append(0)
 
     @classmethod
@@ -3960,15 +5570,22 @@ class DescribeQuorumResponseReplicaState(Message, kw_only=True, gc=False):
         v_last_fetch_timestamp: int = -1
         v_last_caught_up_timestamp: int = -1
         try:
-            v_replica_id = I32.unpack_from(buf, pos)[0]
-            pos += 4
             if version >= 2:
-                v_replica_directory_id, pos = read_uuid(buf, pos)
-            v_log_end_offset = I64.unpack_from(buf, pos)[0]
-            pos += 8
-            if version >= 1:
-                v_last_fetch_timestamp, v_last_caught_up_timestamp = _S_qq.unpack_from(buf, pos)
-                pos += 16
+                v_replica_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                if pos + 16 <= len(buf):
+                    v_replica_directory_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_replica_directory_id, pos = read_uuid(buf, pos)  # the error
+                v_log_end_offset, v_last_fetch_timestamp, v_last_caught_up_timestamp = _S_qqq.unpack_from(buf, pos)
+                pos += 24
+            elif version >= 1:
+                v_replica_id, v_log_end_offset, v_last_fetch_timestamp, v_last_caught_up_timestamp = _S_iqqq.unpack_from(buf, pos)
+                pos += 28
+            else:
+                v_replica_id, v_log_end_offset = _S_iq.unpack_from(buf, pos)
+                pos += 12
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -3997,18 +5614,45 @@ class DescribeQuorumResponsePartitionData(Message, kw_only=True, gc=False):
     observers: list[DescribeQuorumResponseReplicaState] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += _S_ih.pack(self.partition_index, self.error_code)
         if version >= 2:
-            write_ncstr(out, self.error_message)
-        out += _S_iiq.pack(self.leader_id, self.leader_epoch, self.high_watermark)
-        _a_current_voters = self.current_voters
-        write_uvarint(out, len(_a_current_voters) + 1)
-        for _e_current_voters in _a_current_voters:
-            _e_current_voters.write(out, version)
-        _a_observers = self.observers
-        write_uvarint(out, len(_a_observers) + 1)
-        for _e_observers in _a_observers:
-            _e_observers.write(out, version)
+            out += _S_ih.pack(self.partition_index, self.error_code)
+            _v_error_message = self.error_message
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+                out.append(len(_v_error_message) + 1)
+                out += _v_error_message.encode()
+            else:
+                write_ncstr(out, _v_error_message)
+            out += _S_iiq.pack(self.leader_id, self.leader_epoch, self.high_watermark)
+            _a_current_voters = self.current_voters
+            if len(_a_current_voters) < 0x7F:
+                out.append(len(_a_current_voters) + 1)
+            else:
+                write_uvarint(out, len(_a_current_voters) + 1)
+            for _e_current_voters in _a_current_voters:
+                _e_current_voters.write(out, version)
+            _a_observers = self.observers
+            if len(_a_observers) < 0x7F:
+                out.append(len(_a_observers) + 1)
+            else:
+                write_uvarint(out, len(_a_observers) + 1)
+            for _e_observers in _a_observers:
+                _e_observers.write(out, version)
+        else:
+            out += _S_ihiiq.pack(self.partition_index, self.error_code, self.leader_id, self.leader_epoch, self.high_watermark)
+            _a_current_voters = self.current_voters
+            if len(_a_current_voters) < 0x7F:
+                out.append(len(_a_current_voters) + 1)
+            else:
+                write_uvarint(out, len(_a_current_voters) + 1)
+            for _e_current_voters in _a_current_voters:
+                _e_current_voters.write(out, version)
+            _a_observers = self.observers
+            if len(_a_observers) < 0x7F:
+                out.append(len(_a_observers) + 1)
+            else:
+                write_uvarint(out, len(_a_observers) + 1)
+            for _e_observers in _a_observers:
+                _e_observers.write(out, version)
         out.append(0)
 
     @classmethod
@@ -4022,22 +5666,60 @@ class DescribeQuorumResponsePartitionData(Message, kw_only=True, gc=False):
         v_current_voters: list[DescribeQuorumResponseReplicaState]
         v_observers: list[DescribeQuorumResponseReplicaState]
         try:
-            v_partition_index, v_error_code = _S_ih.unpack_from(buf, pos)
-            pos += 6
             if version >= 2:
-                v_error_message, pos = read_ncstr(buf, pos)
-            v_leader_id, v_leader_epoch, v_high_watermark = _S_iiq.unpack_from(buf, pos)
-            pos += 16
-            _c, pos = read_ccount(buf, pos)
-            v_current_voters = []
-            for _ in range(_c):
-                _s_current_voters, pos = DescribeQuorumResponseReplicaState.read(buf, pos, version)
-                v_current_voters.append(_s_current_voters)
-            _c, pos = read_ccount(buf, pos)
-            v_observers = []
-            for _ in range(_c):
-                _s_observers, pos = DescribeQuorumResponseReplicaState.read(buf, pos, version)
-                v_observers.append(_s_observers)
+                v_partition_index, v_error_code = _S_ih.unpack_from(buf, pos)
+                pos += 6
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_error_message, pos = read_ncstr(buf, pos)
+                v_leader_id, v_leader_epoch, v_high_watermark = _S_iiq.unpack_from(buf, pos)
+                pos += 16
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_current_voters = []
+                for _ in range(_c):
+                    _s_current_voters, pos = DescribeQuorumResponseReplicaState.read(buf, pos, version)
+                    v_current_voters.append(_s_current_voters)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_observers = []
+                for _ in range(_c):
+                    _s_observers, pos = DescribeQuorumResponseReplicaState.read(buf, pos, version)
+                    v_observers.append(_s_observers)
+            else:
+                v_partition_index, v_error_code, v_leader_id, v_leader_epoch, v_high_watermark = _S_ihiiq.unpack_from(buf, pos)
+                pos += 22
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_current_voters = []
+                for _ in range(_c):
+                    _s_current_voters, pos = DescribeQuorumResponseReplicaState.read(buf, pos, version)
+                    v_current_voters.append(_s_current_voters)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_observers = []
+                for _ in range(_c):
+                    _s_observers, pos = DescribeQuorumResponseReplicaState.read(buf, pos, version)
+                    v_observers.append(_s_observers)
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -4060,9 +5742,17 @@ class DescribeQuorumResponseTopicData(Message, kw_only=True, gc=False):
     partitions: list[DescribeQuorumResponsePartitionData] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        write_cstr(out, self.topic_name)
+        _v_topic_name = self.topic_name
+        if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii():
+            out.append(len(_v_topic_name) + 1)
+            out += _v_topic_name.encode()
+        else:
+            write_cstr(out, _v_topic_name)
         _a_partitions = self.partitions
-        write_uvarint(out, len(_a_partitions) + 1)
+        if len(_a_partitions) < 0x7F:
+            out.append(len(_a_partitions) + 1)
+        else:
+            write_uvarint(out, len(_a_partitions) + 1)
         for _e_partitions in _a_partitions:
             _e_partitions.write(out, version)
         out.append(0)
@@ -4072,8 +5762,18 @@ class DescribeQuorumResponseTopicData(Message, kw_only=True, gc=False):
         v_topic_name: str
         v_partitions: list[DescribeQuorumResponsePartitionData]
         try:
-            v_topic_name, pos = read_cstr(buf, pos)
-            _c, pos = read_ccount(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_topic_name = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_topic_name, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                _c = _b - 1
+                pos += 1
+            else:
+                _c, pos = read_ccount(buf, pos)
             v_partitions = []
             for _ in range(_c):
                 _s_partitions, pos = DescribeQuorumResponsePartitionData.read(buf, pos, version)
@@ -4101,8 +5801,18 @@ class DescribeQuorumResponseListener(Message, kw_only=True, gc=False):
     port: int = 0
 
     def write(self, out: bytearray, version: int) -> None:
-        write_cstr(out, self.name)
-        write_cstr(out, self.host)
+        _v_name = self.name
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+            out.append(len(_v_name) + 1)
+            out += _v_name.encode()
+        else:
+            write_cstr(out, _v_name)
+        _v_host = self.host
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
+            out.append(len(_v_host) + 1)
+            out += _v_host.encode()
+        else:
+            write_cstr(out, _v_host)
         out += U16.pack(self.port)
         out.append(0)
 
@@ -4112,8 +5822,18 @@ class DescribeQuorumResponseListener(Message, kw_only=True, gc=False):
         v_host: str
         v_port: int
         try:
-            v_name, pos = read_cstr(buf, pos)
-            v_host, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_name = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_name, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_host = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_host, pos = read_cstr(buf, pos)
             v_port = U16.unpack_from(buf, pos)[0]
             pos += 2
             if buf[pos]:
@@ -4140,7 +5860,10 @@ class DescribeQuorumResponseNode(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         out += I32.pack(self.node_id)
         _a_listeners = self.listeners
-        write_uvarint(out, len(_a_listeners) + 1)
+        if len(_a_listeners) < 0x7F:
+            out.append(len(_a_listeners) + 1)
+        else:
+            write_uvarint(out, len(_a_listeners) + 1)
         for _e_listeners in _a_listeners:
             _e_listeners.write(out, version)
         out.append(0)
@@ -4152,7 +5875,12 @@ class DescribeQuorumResponseNode(Message, kw_only=True, gc=False):
         try:
             v_node_id = I32.unpack_from(buf, pos)[0]
             pos += 4
-            _c, pos = read_ccount(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                _c = _b - 1
+                pos += 1
+            else:
+                _c, pos = read_ccount(buf, pos)
             v_listeners = []
             for _ in range(_c):
                 _s_listeners, pos = DescribeQuorumResponseListener.read(buf, pos, version)
@@ -4184,19 +5912,37 @@ class DescribeQuorumResponse(Message, kw_only=True, gc=False):
     nodes: list[DescribeQuorumResponseNode] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I16.pack(self.error_code)
         if version >= 2:
-            write_ncstr(out, self.error_message)
-        _a_topics = self.topics
-        write_uvarint(out, len(_a_topics) + 1)
-        for _e_topics in _a_topics:
-            _e_topics.write(out, version)
-        if version >= 2:
+            out += I16.pack(self.error_code)
+            _v_error_message = self.error_message
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+                out.append(len(_v_error_message) + 1)
+                out += _v_error_message.encode()
+            else:
+                write_ncstr(out, _v_error_message)
+            _a_topics = self.topics
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
             _a_nodes = self.nodes
-            write_uvarint(out, len(_a_nodes) + 1)
+            if len(_a_nodes) < 0x7F:
+                out.append(len(_a_nodes) + 1)
+            else:
+                write_uvarint(out, len(_a_nodes) + 1)
             for _e_nodes in _a_nodes:
                 _e_nodes.write(out, version)
         else:
+            out += I16.pack(self.error_code)
+            _a_topics = self.topics
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
             if len(self.nodes) != 0:
                 raise unsupported("DescribeQuorumResponse.nodes", version)
         out.append(0)
@@ -4208,21 +5954,48 @@ class DescribeQuorumResponse(Message, kw_only=True, gc=False):
         v_topics: list[DescribeQuorumResponseTopicData]
         v_nodes: list[DescribeQuorumResponseNode] = []
         try:
-            v_error_code = I16.unpack_from(buf, pos)[0]
-            pos += 2
             if version >= 2:
-                v_error_message, pos = read_ncstr(buf, pos)
-            _c, pos = read_ccount(buf, pos)
-            v_topics = []
-            for _ in range(_c):
-                _s_topics, pos = DescribeQuorumResponseTopicData.read(buf, pos, version)
-                v_topics.append(_s_topics)
-            if version >= 2:
-                _c, pos = read_ccount(buf, pos)
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_error_message, pos = read_ncstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = DescribeQuorumResponseTopicData.read(buf, pos, version)
+                    v_topics.append(_s_topics)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_nodes = []
                 for _ in range(_c):
                     _s_nodes, pos = DescribeQuorumResponseNode.read(buf, pos, version)
                     v_nodes.append(_s_nodes)
+            else:
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = DescribeQuorumResponseTopicData.read(buf, pos, version)
+                    v_topics.append(_s_topics)
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -4243,7 +6016,11 @@ class EndQuorumEpochRequestReplicaInfo(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         out += I32.pack(self.candidate_id)
-        write_uuid(out, self.candidate_directory_id)
+        _v_candidate_directory_id = self.candidate_directory_id
+        if len(_v_candidate_directory_id) == 16:
+            out += _v_candidate_directory_id
+        else:
+            write_uuid(out, _v_candidate_directory_id)  # the error
         out.append(0)
 
     @classmethod
@@ -4253,7 +6030,11 @@ class EndQuorumEpochRequestReplicaInfo(Message, kw_only=True, gc=False):
         try:
             v_candidate_id = I32.unpack_from(buf, pos)[0]
             pos += 4
-            v_candidate_directory_id, pos = read_uuid(buf, pos)
+            if pos + 16 <= len(buf):
+                v_candidate_directory_id = bytes(buf[pos:pos + 16])
+                pos += 16
+            else:
+                v_candidate_directory_id, pos = read_uuid(buf, pos)  # the error
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -4279,16 +6060,20 @@ class EndQuorumEpochRequestPartitionData(Message, kw_only=True, gc=False):
     preferred_candidates: list[EndQuorumEpochRequestReplicaInfo] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += _S_iii.pack(self.partition_index, self.leader_id, self.leader_epoch)
-        if version <= 0:
+        if version >= 1:
+            out += _S_iii.pack(self.partition_index, self.leader_id, self.leader_epoch)
+            _a_preferred_candidates = self.preferred_candidates
+            if len(_a_preferred_candidates) < 0x7F:
+                out.append(len(_a_preferred_candidates) + 1)
+            else:
+                write_uvarint(out, len(_a_preferred_candidates) + 1)
+            for _e_preferred_candidates in _a_preferred_candidates:
+                _e_preferred_candidates.write(out, version)
+        else:
+            out += _S_iii.pack(self.partition_index, self.leader_id, self.leader_epoch)
             _a_preferred_successors = self.preferred_successors
             out += I32.pack(len(_a_preferred_successors))
             out += struct.pack(">%di" % len(_a_preferred_successors), *_a_preferred_successors)
-        if version >= 1:
-            _a_preferred_candidates = self.preferred_candidates
-            write_uvarint(out, len(_a_preferred_candidates) + 1)
-            for _e_preferred_candidates in _a_preferred_candidates:
-                _e_preferred_candidates.write(out, version)
         if version >= 1:
             out.append(0)
 
@@ -4300,18 +6085,25 @@ class EndQuorumEpochRequestPartitionData(Message, kw_only=True, gc=False):
         v_preferred_successors: list[int] = []
         v_preferred_candidates: list[EndQuorumEpochRequestReplicaInfo] = []
         try:
-            v_partition_index, v_leader_id, v_leader_epoch = _S_iii.unpack_from(buf, pos)
-            pos += 12
-            if version <= 0:
-                _c, pos = read_count(buf, pos)
-                v_preferred_successors = list(struct.unpack_from(">%di" % _c, buf, pos))
-                pos += 4 * _c
             if version >= 1:
-                _c, pos = read_ccount(buf, pos)
+                v_partition_index, v_leader_id, v_leader_epoch = _S_iii.unpack_from(buf, pos)
+                pos += 12
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_preferred_candidates = []
                 for _ in range(_c):
                     _s_preferred_candidates, pos = EndQuorumEpochRequestReplicaInfo.read(buf, pos, version)
                     v_preferred_candidates.append(_s_preferred_candidates)
+            else:
+                v_partition_index, v_leader_id, v_leader_epoch = _S_iii.unpack_from(buf, pos)
+                pos += 12
+                _c, pos = read_count(buf, pos)
+                v_preferred_successors = list(struct.unpack_from(">%di" % _c, buf, pos))
+                pos += 4 * _c
             if version >= 1:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -4335,18 +6127,24 @@ class EndQuorumEpochRequestTopicData(Message, kw_only=True, gc=False):
     partitions: list[EndQuorumEpochRequestPartitionData] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 0:
-            write_str(out, self.topic_name)
-        else:
-            write_cstr(out, self.topic_name)
-        if version <= 0:
+        if version >= 1:
+            _v_topic_name = self.topic_name
+            if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii():
+                out.append(len(_v_topic_name) + 1)
+                out += _v_topic_name.encode()
+            else:
+                write_cstr(out, _v_topic_name)
             _a_partitions = self.partitions
-            out += I32.pack(len(_a_partitions))
+            if len(_a_partitions) < 0x7F:
+                out.append(len(_a_partitions) + 1)
+            else:
+                write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         else:
+            write_str(out, self.topic_name)
             _a_partitions = self.partitions
-            write_uvarint(out, len(_a_partitions) + 1)
+            out += I32.pack(len(_a_partitions))
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         if version >= 1:
@@ -4357,18 +6155,26 @@ class EndQuorumEpochRequestTopicData(Message, kw_only=True, gc=False):
         v_topic_name: str
         v_partitions: list[EndQuorumEpochRequestPartitionData]
         try:
-            if version <= 0:
-                v_topic_name, pos = read_str(buf, pos)
-            else:
-                v_topic_name, pos = read_cstr(buf, pos)
-            if version <= 0:
-                _c, pos = read_count(buf, pos)
+            if version >= 1:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_topic_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_topic_name, pos = read_cstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = EndQuorumEpochRequestPartitionData.read(buf, pos, version)
                     v_partitions.append(_s_partitions)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_topic_name, pos = read_str(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = EndQuorumEpochRequestPartitionData.read(buf, pos, version)
@@ -4397,8 +6203,18 @@ class EndQuorumEpochRequestLeaderEndpoint(Message, kw_only=True, gc=False):
     port: int = 0
 
     def write(self, out: bytearray, version: int) -> None:
-        write_cstr(out, self.name)
-        write_cstr(out, self.host)
+        _v_name = self.name
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+            out.append(len(_v_name) + 1)
+            out += _v_name.encode()
+        else:
+            write_cstr(out, _v_name)
+        _v_host = self.host
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
+            out.append(len(_v_host) + 1)
+            out += _v_host.encode()
+        else:
+            write_cstr(out, _v_host)
         out += U16.pack(self.port)
         out.append(0)
 
@@ -4408,8 +6224,18 @@ class EndQuorumEpochRequestLeaderEndpoint(Message, kw_only=True, gc=False):
         v_host: str
         v_port: int
         try:
-            v_name, pos = read_cstr(buf, pos)
-            v_host, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_name = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_name, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_host = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_host, pos = read_cstr(buf, pos)
             v_port = U16.unpack_from(buf, pos)[0]
             pos += 2
             if buf[pos]:
@@ -4438,25 +6264,33 @@ class EndQuorumEpochRequest(Message, kw_only=True, gc=False):
     leader_endpoints: list[EndQuorumEpochRequestLeaderEndpoint] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 0:
-            write_nstr(out, self.cluster_id)
+        if version >= 1:
+            _v_cluster_id = self.cluster_id
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+                out.append(len(_v_cluster_id) + 1)
+                out += _v_cluster_id.encode()
+            else:
+                write_ncstr(out, _v_cluster_id)
+            _a_topics = self.topics
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
+            _a_leader_endpoints = self.leader_endpoints
+            if len(_a_leader_endpoints) < 0x7F:
+                out.append(len(_a_leader_endpoints) + 1)
+            else:
+                write_uvarint(out, len(_a_leader_endpoints) + 1)
+            for _e_leader_endpoints in _a_leader_endpoints:
+                _e_leader_endpoints.write(out, version)
         else:
-            write_ncstr(out, self.cluster_id)
-        if version <= 0:
+            write_nstr(out, self.cluster_id)
             _a_topics = self.topics
             out += I32.pack(len(_a_topics))
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
-        else:
-            _a_topics = self.topics
-            write_uvarint(out, len(_a_topics) + 1)
-            for _e_topics in _a_topics:
-                _e_topics.write(out, version)
-        if version >= 1:
-            _a_leader_endpoints = self.leader_endpoints
-            write_uvarint(out, len(_a_leader_endpoints) + 1)
-            for _e_leader_endpoints in _a_leader_endpoints:
-                _e_leader_endpoints.write(out, version)
         if version >= 1:
             out.append(0)
 
@@ -4466,28 +6300,40 @@ class EndQuorumEpochRequest(Message, kw_only=True, gc=False):
         v_topics: list[EndQuorumEpochRequestTopicData]
         v_leader_endpoints: list[EndQuorumEpochRequestLeaderEndpoint] = []
         try:
-            if version <= 0:
-                v_cluster_id, pos = read_nstr(buf, pos)
+            if version >= 1:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_cluster_id, pos = read_ncstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = EndQuorumEpochRequestTopicData.read(buf, pos, version)
+                    v_topics.append(_s_topics)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_leader_endpoints = []
+                for _ in range(_c):
+                    _s_leader_endpoints, pos = EndQuorumEpochRequestLeaderEndpoint.read(buf, pos, version)
+                    v_leader_endpoints.append(_s_leader_endpoints)
             else:
-                v_cluster_id, pos = read_ncstr(buf, pos)
-            if version <= 0:
+                v_cluster_id, pos = read_nstr(buf, pos)
                 _c, pos = read_count(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = EndQuorumEpochRequestTopicData.read(buf, pos, version)
                     v_topics.append(_s_topics)
-            else:
-                _c, pos = read_ccount(buf, pos)
-                v_topics = []
-                for _ in range(_c):
-                    _s_topics, pos = EndQuorumEpochRequestTopicData.read(buf, pos, version)
-                    v_topics.append(_s_topics)
-            if version >= 1:
-                _c, pos = read_ccount(buf, pos)
-                v_leader_endpoints = []
-                for _ in range(_c):
-                    _s_leader_endpoints, pos = EndQuorumEpochRequestLeaderEndpoint.read(buf, pos, version)
-                    v_leader_endpoints.append(_s_leader_endpoints)
             if version >= 1:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -4546,18 +6392,24 @@ class EndQuorumEpochResponseTopicData(Message, kw_only=True, gc=False):
     partitions: list[EndQuorumEpochResponsePartitionData] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 0:
-            write_str(out, self.topic_name)
-        else:
-            write_cstr(out, self.topic_name)
-        if version <= 0:
+        if version >= 1:
+            _v_topic_name = self.topic_name
+            if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii():
+                out.append(len(_v_topic_name) + 1)
+                out += _v_topic_name.encode()
+            else:
+                write_cstr(out, _v_topic_name)
             _a_partitions = self.partitions
-            out += I32.pack(len(_a_partitions))
+            if len(_a_partitions) < 0x7F:
+                out.append(len(_a_partitions) + 1)
+            else:
+                write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         else:
+            write_str(out, self.topic_name)
             _a_partitions = self.partitions
-            write_uvarint(out, len(_a_partitions) + 1)
+            out += I32.pack(len(_a_partitions))
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         if version >= 1:
@@ -4568,18 +6420,26 @@ class EndQuorumEpochResponseTopicData(Message, kw_only=True, gc=False):
         v_topic_name: str
         v_partitions: list[EndQuorumEpochResponsePartitionData]
         try:
-            if version <= 0:
-                v_topic_name, pos = read_str(buf, pos)
-            else:
-                v_topic_name, pos = read_cstr(buf, pos)
-            if version <= 0:
-                _c, pos = read_count(buf, pos)
+            if version >= 1:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_topic_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_topic_name, pos = read_cstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = EndQuorumEpochResponsePartitionData.read(buf, pos, version)
                     v_partitions.append(_s_partitions)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_topic_name, pos = read_str(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = EndQuorumEpochResponsePartitionData.read(buf, pos, version)
@@ -4609,7 +6469,12 @@ class EndQuorumEpochResponseNodeEndpoint(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         out += I32.pack(self.node_id)
-        write_cstr(out, self.host)
+        _v_host = self.host
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
+            out.append(len(_v_host) + 1)
+            out += _v_host.encode()
+        else:
+            write_cstr(out, _v_host)
         out += U16.pack(self.port)
         out.append(0)
 
@@ -4621,7 +6486,12 @@ class EndQuorumEpochResponseNodeEndpoint(Message, kw_only=True, gc=False):
         try:
             v_node_id = I32.unpack_from(buf, pos)[0]
             pos += 4
-            v_host, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_host = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_host, pos = read_cstr(buf, pos)
             v_port = U16.unpack_from(buf, pos)[0]
             pos += 2
             if buf[pos]:
@@ -4650,15 +6520,19 @@ class EndQuorumEpochResponse(Message, kw_only=True, gc=False):
     node_endpoints: list[EndQuorumEpochResponseNodeEndpoint] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I16.pack(self.error_code)
-        if version <= 0:
+        if version >= 1:
+            out += I16.pack(self.error_code)
             _a_topics = self.topics
-            out += I32.pack(len(_a_topics))
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         else:
+            out += I16.pack(self.error_code)
             _a_topics = self.topics
-            write_uvarint(out, len(_a_topics) + 1)
+            out += I32.pack(len(_a_topics))
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         if not (version >= 1) and len(self.node_endpoints) != 0:
@@ -4671,7 +6545,10 @@ class EndQuorumEpochResponse(Message, kw_only=True, gc=False):
             if len(self.node_endpoints) != 0:
                 _t = bytearray()
                 _a_node_endpoints = self.node_endpoints
-                write_uvarint(_t, len(_a_node_endpoints) + 1)
+                if len(_a_node_endpoints) < 0x7F:
+                    _t.append(len(_a_node_endpoints) + 1)
+                else:
+                    write_uvarint(_t, len(_a_node_endpoints) + 1)
                 for _e_node_endpoints in _a_node_endpoints:
                     _e_node_endpoints.write(_t, version)
                 write_tagged(out, 0, _t)
@@ -4682,16 +6559,23 @@ class EndQuorumEpochResponse(Message, kw_only=True, gc=False):
         v_topics: list[EndQuorumEpochResponseTopicData]
         v_node_endpoints: list[EndQuorumEpochResponseNodeEndpoint] = []
         try:
-            v_error_code = I16.unpack_from(buf, pos)[0]
-            pos += 2
-            if version <= 0:
-                _c, pos = read_count(buf, pos)
+            if version >= 1:
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = EndQuorumEpochResponseTopicData.read(buf, pos, version)
                     v_topics.append(_s_topics)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _c, pos = read_count(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = EndQuorumEpochResponseTopicData.read(buf, pos, version)
@@ -4700,17 +6584,32 @@ class EndQuorumEpochResponse(Message, kw_only=True, gc=False):
                 if buf[pos] == 0:
                     pos += 1
                 else:
-                    _n, pos = read_tag_count(buf, pos)
+                    _n = buf[pos]
+                    if _n < 0x80 and 2 * _n < len(buf) - pos:
+                        pos += 1
+                    else:
+                        _n, pos = read_tag_count(buf, pos)
                     for _ in range(_n):
-                        _tag, pos, _end = read_tag(buf, pos)
+                        _tag = buf[pos]
+                        _size = buf[pos + 1]
+                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
+                            pos += 2
+                        else:
+                            _tag, pos, _end = read_tag(buf, pos)
                         _sub = buf[:_end]
                         if _tag == 0:
-                            _c, pos = read_ccount(_sub, pos)
+                            _b = _sub[pos]
+                            if 0 < _b < 0x80 and _b <= len(_sub) - pos:
+                                _c = _b - 1
+                                pos += 1
+                            else:
+                                _c, pos = read_ccount(_sub, pos)
                             v_node_endpoints = []
                             for _ in range(_c):
                                 _s_node_endpoints, pos = EndQuorumEpochResponseNodeEndpoint.read(_sub, pos, version)
                                 v_node_endpoints.append(_s_node_endpoints)
-                            check_tag_end(pos, _end, _tag)
+                            if pos != _end:
+                                check_tag_end(pos, _end, _tag)
                         pos = _end
         except KafkaDecodeError:
             raise
@@ -4742,9 +6641,33 @@ class EnvelopeRequest(Message, kw_only=True, gc=False):
         v_request_principal: BytesLike | None
         v_client_host_address: BytesLike
         try:
-            v_request_data, pos = read_cbytes(buf, pos)
-            v_request_principal, pos = read_ncbytes(buf, pos)
-            v_client_host_address, pos = read_cbytes(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_request_data = buf[pos + 1:_e]
+                pos = _e
+            elif _b & 0x80 and (_b2 := buf[pos + 1]) < 0x80 and _b2 and (_e := pos + 1 + ((_b & 0x7F) | (_b2 << 7))) <= len(buf):
+                v_request_data = buf[pos + 2:_e]
+                pos = _e
+            else:
+                v_request_data, pos = read_cbytes(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_request_principal = buf[pos + 1:_e]
+                pos = _e
+            elif _b & 0x80 and (_b2 := buf[pos + 1]) < 0x80 and _b2 and (_e := pos + 1 + ((_b & 0x7F) | (_b2 << 7))) <= len(buf):
+                v_request_principal = buf[pos + 2:_e]
+                pos = _e
+            else:
+                v_request_principal, pos = read_ncbytes(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_client_host_address = buf[pos + 1:_e]
+                pos = _e
+            elif _b & 0x80 and (_b2 := buf[pos + 1]) < 0x80 and _b2 and (_e := pos + 1 + ((_b & 0x7F) | (_b2 << 7))) <= len(buf):
+                v_client_host_address = buf[pos + 2:_e]
+                pos = _e
+            else:
+                v_client_host_address, pos = read_cbytes(buf, pos)
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -4776,7 +6699,15 @@ class EnvelopeResponse(Message, kw_only=True, gc=False):
         v_response_data: BytesLike | None
         v_error_code: int
         try:
-            v_response_data, pos = read_ncbytes(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_response_data = buf[pos + 1:_e]
+                pos = _e
+            elif _b & 0x80 and (_b2 := buf[pos + 1]) < 0x80 and _b2 and (_e := pos + 1 + ((_b & 0x7F) | (_b2 << 7))) <= len(buf):
+                v_response_data = buf[pos + 2:_e]
+                pos = _e
+            else:
+                v_response_data, pos = read_ncbytes(buf, pos)
             v_error_code = I16.unpack_from(buf, pos)[0]
             pos += 2
             if buf[pos]:
@@ -4836,18 +6767,20 @@ class FetchRequestFetchPartition(Message, kw_only=True, gc=False):
     high_watermark: int = 9223372036854775807
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.partition)
-        if version >= 9:
-            out += I32.pack(self.current_leader_epoch)
-        out += I64.pack(self.fetch_offset)
         if version >= 12:
-            out += I32.pack(self.last_fetched_epoch)
-        else:
+            out += _S_iiqiqi.pack(self.partition, self.current_leader_epoch, self.fetch_offset, self.last_fetched_epoch, self.log_start_offset, self.partition_max_bytes)
+        elif version >= 9:
+            out += _S_iiqqi.pack(self.partition, self.current_leader_epoch, self.fetch_offset, self.log_start_offset, self.partition_max_bytes)
             if self.last_fetched_epoch != -1:
                 raise unsupported("FetchRequestFetchPartition.last_fetched_epoch", version)
-        if version >= 5:
-            out += I64.pack(self.log_start_offset)
-        out += I32.pack(self.partition_max_bytes)
+        elif version >= 5:
+            out += _S_iqqi.pack(self.partition, self.fetch_offset, self.log_start_offset, self.partition_max_bytes)
+            if self.last_fetched_epoch != -1:
+                raise unsupported("FetchRequestFetchPartition.last_fetched_epoch", version)
+        else:
+            out += _S_iqi.pack(self.partition, self.fetch_offset, self.partition_max_bytes)
+            if self.last_fetched_epoch != -1:
+                raise unsupported("FetchRequestFetchPartition.last_fetched_epoch", version)
         if version >= 12:
             _n = 0
             if version >= 17 and self.replica_directory_id != ZERO_UUID:
@@ -4857,7 +6790,11 @@ class FetchRequestFetchPartition(Message, kw_only=True, gc=False):
             out.append(_n)
             if version >= 17 and self.replica_directory_id != ZERO_UUID:
                 _t = bytearray()
-                write_uuid(_t, self.replica_directory_id)
+                _v_replica_directory_id = self.replica_directory_id
+                if len(_v_replica_directory_id) == 16:
+                    _t += _v_replica_directory_id
+                else:
+                    write_uuid(_t, _v_replica_directory_id)  # the error
                 write_tagged(out, 0, _t)
             if version >= 18 and self.high_watermark != 9223372036854775807:
                 _t = bytearray()
@@ -4875,36 +6812,48 @@ class FetchRequestFetchPartition(Message, kw_only=True, gc=False):
         v_replica_directory_id: bytes = ZERO_UUID
         v_high_watermark: int = 9223372036854775807
         try:
-            v_partition = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            if version >= 9:
-                v_current_leader_epoch = I32.unpack_from(buf, pos)[0]
-                pos += 4
-            v_fetch_offset = I64.unpack_from(buf, pos)[0]
-            pos += 8
             if version >= 12:
-                v_last_fetched_epoch = I32.unpack_from(buf, pos)[0]
-                pos += 4
-            if version >= 5:
-                v_log_start_offset = I64.unpack_from(buf, pos)[0]
-                pos += 8
-            v_partition_max_bytes = I32.unpack_from(buf, pos)[0]
-            pos += 4
+                v_partition, v_current_leader_epoch, v_fetch_offset, v_last_fetched_epoch, v_log_start_offset, v_partition_max_bytes = _S_iiqiqi.unpack_from(buf, pos)
+                pos += 32
+            elif version >= 9:
+                v_partition, v_current_leader_epoch, v_fetch_offset, v_log_start_offset, v_partition_max_bytes = _S_iiqqi.unpack_from(buf, pos)
+                pos += 28
+            elif version >= 5:
+                v_partition, v_fetch_offset, v_log_start_offset, v_partition_max_bytes = _S_iqqi.unpack_from(buf, pos)
+                pos += 24
+            else:
+                v_partition, v_fetch_offset, v_partition_max_bytes = _S_iqi.unpack_from(buf, pos)
+                pos += 16
             if version >= 12:
                 if buf[pos] == 0:
                     pos += 1
                 else:
-                    _n, pos = read_tag_count(buf, pos)
+                    _n = buf[pos]
+                    if _n < 0x80 and 2 * _n < len(buf) - pos:
+                        pos += 1
+                    else:
+                        _n, pos = read_tag_count(buf, pos)
                     for _ in range(_n):
-                        _tag, pos, _end = read_tag(buf, pos)
+                        _tag = buf[pos]
+                        _size = buf[pos + 1]
+                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
+                            pos += 2
+                        else:
+                            _tag, pos, _end = read_tag(buf, pos)
                         _sub = buf[:_end]
                         if _tag == 0 and version >= 17:
-                            v_replica_directory_id, pos = read_uuid(_sub, pos)
-                            check_tag_end(pos, _end, _tag)
+                            if pos + 16 <= len(_sub):
+                                v_replica_directory_id = bytes(_sub[pos:pos + 16])
+                                pos += 16
+                            else:
+                                v_replica_directory_id, pos = read_uuid(_sub, pos)  # the error
+                            if pos != _end:
+                                check_tag_end(pos, _end, _tag)
                         elif _tag == 1 and version >= 18:
                             v_high_watermark = I64.unpack_from(_sub, pos)[0]
                             pos += 8
-                            check_tag_end(pos, _end, _tag)
+                            if pos != _end:
+                                check_tag_end(pos, _end, _tag)
                         pos = _end
         except KafkaDecodeError:
             raise
@@ -4925,21 +6874,37 @@ class FetchRequestFetchTopic(Message, kw_only=True, gc=False):
     partitions: list[FetchRequestFetchPartition] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 12:
-            if version <= 11:
-                write_str(out, self.topic)
-            else:
-                write_cstr(out, self.topic)
         if version >= 13:
-            write_uuid(out, self.topic_id)
-        if version <= 11:
+            _v_topic_id = self.topic_id
+            if len(_v_topic_id) == 16:
+                out += _v_topic_id
+            else:
+                write_uuid(out, _v_topic_id)  # the error
             _a_partitions = self.partitions
-            out += I32.pack(len(_a_partitions))
+            if len(_a_partitions) < 0x7F:
+                out.append(len(_a_partitions) + 1)
+            else:
+                write_uvarint(out, len(_a_partitions) + 1)
+            for _e_partitions in _a_partitions:
+                _e_partitions.write(out, version)
+        elif version >= 12:
+            _v_topic = self.topic
+            if _v_topic is not None and len(_v_topic) < 0x7F and _v_topic.isascii():
+                out.append(len(_v_topic) + 1)
+                out += _v_topic.encode()
+            else:
+                write_cstr(out, _v_topic)
+            _a_partitions = self.partitions
+            if len(_a_partitions) < 0x7F:
+                out.append(len(_a_partitions) + 1)
+            else:
+                write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         else:
+            write_str(out, self.topic)
             _a_partitions = self.partitions
-            write_uvarint(out, len(_a_partitions) + 1)
+            out += I32.pack(len(_a_partitions))
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         if version >= 12:
@@ -4951,21 +6916,42 @@ class FetchRequestFetchTopic(Message, kw_only=True, gc=False):
         v_topic_id: bytes = ZERO_UUID
         v_partitions: list[FetchRequestFetchPartition]
         try:
-            if version <= 12:
-                if version <= 11:
-                    v_topic, pos = read_str(buf, pos)
+            if version >= 13:
+                if pos + 16 <= len(buf):
+                    v_topic_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_topic_id, pos = read_uuid(buf, pos)  # the error
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_partitions = []
+                for _ in range(_c):
+                    _s_partitions, pos = FetchRequestFetchPartition.read(buf, pos, version)
+                    v_partitions.append(_s_partitions)
+            elif version >= 12:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_topic = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
                 else:
                     v_topic, pos = read_cstr(buf, pos)
-            if version >= 13:
-                v_topic_id, pos = read_uuid(buf, pos)
-            if version <= 11:
-                _c, pos = read_count(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = FetchRequestFetchPartition.read(buf, pos, version)
                     v_partitions.append(_s_partitions)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_topic, pos = read_str(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = FetchRequestFetchPartition.read(buf, pos, version)
@@ -4994,20 +6980,35 @@ class FetchRequestForgottenTopic(Message, kw_only=True, gc=False):
     partitions: list[int] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 12:
-            if version <= 11:
-                write_str(out, self.topic)
-            else:
-                write_cstr(out, self.topic)
         if version >= 13:
-            write_uuid(out, self.topic_id)
-        if version <= 11:
+            _v_topic_id = self.topic_id
+            if len(_v_topic_id) == 16:
+                out += _v_topic_id
+            else:
+                write_uuid(out, _v_topic_id)  # the error
             _a_partitions = self.partitions
-            out += I32.pack(len(_a_partitions))
+            if len(_a_partitions) < 0x7F:
+                out.append(len(_a_partitions) + 1)
+            else:
+                write_uvarint(out, len(_a_partitions) + 1)
+            out += struct.pack(">%di" % len(_a_partitions), *_a_partitions)
+        elif version >= 12:
+            _v_topic = self.topic
+            if _v_topic is not None and len(_v_topic) < 0x7F and _v_topic.isascii():
+                out.append(len(_v_topic) + 1)
+                out += _v_topic.encode()
+            else:
+                write_cstr(out, _v_topic)
+            _a_partitions = self.partitions
+            if len(_a_partitions) < 0x7F:
+                out.append(len(_a_partitions) + 1)
+            else:
+                write_uvarint(out, len(_a_partitions) + 1)
             out += struct.pack(">%di" % len(_a_partitions), *_a_partitions)
         else:
+            write_str(out, self.topic)
             _a_partitions = self.partitions
-            write_uvarint(out, len(_a_partitions) + 1)
+            out += I32.pack(len(_a_partitions))
             out += struct.pack(">%di" % len(_a_partitions), *_a_partitions)
         if version >= 12:
             out.append(0)
@@ -5018,19 +7019,38 @@ class FetchRequestForgottenTopic(Message, kw_only=True, gc=False):
         v_topic_id: bytes = ZERO_UUID
         v_partitions: list[int]
         try:
-            if version <= 12:
-                if version <= 11:
-                    v_topic, pos = read_str(buf, pos)
+            if version >= 13:
+                if pos + 16 <= len(buf):
+                    v_topic_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_topic_id, pos = read_uuid(buf, pos)  # the error
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_partitions = list(struct.unpack_from(">%di" % _c, buf, pos))
+                pos += 4 * _c
+            elif version >= 12:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_topic = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
                 else:
                     v_topic, pos = read_cstr(buf, pos)
-            if version >= 13:
-                v_topic_id, pos = read_uuid(buf, pos)
-            if version <= 11:
-                _c, pos = read_count(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_partitions = list(struct.unpack_from(">%di" % _c, buf, pos))
                 pos += 4 * _c
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_topic, pos = read_str(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_partitions = list(struct.unpack_from(">%di" % _c, buf, pos))
                 pos += 4 * _c
             if version >= 12:
@@ -5069,43 +7089,81 @@ class FetchRequest(Message, kw_only=True, gc=False):
     rack_id: str = ''
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 14:
-            out += I32.pack(self.replica_id)
-        else:
+        if version >= 15:
+            out += _S_iiibii.pack(self.max_wait_ms, self.min_bytes, self.max_bytes, self.isolation_level, self.session_id, self.session_epoch)
+            _a_topics = self.topics
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
+            _a_forgotten_topics_data = self.forgotten_topics_data
+            if len(_a_forgotten_topics_data) < 0x7F:
+                out.append(len(_a_forgotten_topics_data) + 1)
+            else:
+                write_uvarint(out, len(_a_forgotten_topics_data) + 1)
+            for _e_forgotten_topics_data in _a_forgotten_topics_data:
+                _e_forgotten_topics_data.write(out, version)
+            _v_rack_id = self.rack_id
+            if _v_rack_id is not None and len(_v_rack_id) < 0x7F and _v_rack_id.isascii():
+                out.append(len(_v_rack_id) + 1)
+                out += _v_rack_id.encode()
+            else:
+                write_cstr(out, _v_rack_id)
             if self.replica_id != -1:
                 raise unsupported("FetchRequest.replica_id", version)
-        out += _S_iiib.pack(self.max_wait_ms, self.min_bytes, self.max_bytes, self.isolation_level)
-        if version >= 7:
-            out += _S_ii.pack(self.session_id, self.session_epoch)
-        if version <= 11:
+        elif version >= 12:
+            out += _S_iiiibii.pack(self.replica_id, self.max_wait_ms, self.min_bytes, self.max_bytes, self.isolation_level, self.session_id, self.session_epoch)
+            _a_topics = self.topics
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
+            _a_forgotten_topics_data = self.forgotten_topics_data
+            if len(_a_forgotten_topics_data) < 0x7F:
+                out.append(len(_a_forgotten_topics_data) + 1)
+            else:
+                write_uvarint(out, len(_a_forgotten_topics_data) + 1)
+            for _e_forgotten_topics_data in _a_forgotten_topics_data:
+                _e_forgotten_topics_data.write(out, version)
+            _v_rack_id = self.rack_id
+            if _v_rack_id is not None and len(_v_rack_id) < 0x7F and _v_rack_id.isascii():
+                out.append(len(_v_rack_id) + 1)
+                out += _v_rack_id.encode()
+            else:
+                write_cstr(out, _v_rack_id)
+        elif version >= 11:
+            out += _S_iiiibii.pack(self.replica_id, self.max_wait_ms, self.min_bytes, self.max_bytes, self.isolation_level, self.session_id, self.session_epoch)
             _a_topics = self.topics
             out += I32.pack(len(_a_topics))
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
-        else:
+            _a_forgotten_topics_data = self.forgotten_topics_data
+            out += I32.pack(len(_a_forgotten_topics_data))
+            for _e_forgotten_topics_data in _a_forgotten_topics_data:
+                _e_forgotten_topics_data.write(out, version)
+            write_str(out, self.rack_id)
+        elif version >= 7:
+            out += _S_iiiibii.pack(self.replica_id, self.max_wait_ms, self.min_bytes, self.max_bytes, self.isolation_level, self.session_id, self.session_epoch)
             _a_topics = self.topics
-            write_uvarint(out, len(_a_topics) + 1)
+            out += I32.pack(len(_a_topics))
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
-        if version >= 7:
-            if version <= 11:
-                _a_forgotten_topics_data = self.forgotten_topics_data
-                out += I32.pack(len(_a_forgotten_topics_data))
-                for _e_forgotten_topics_data in _a_forgotten_topics_data:
-                    _e_forgotten_topics_data.write(out, version)
-            else:
-                _a_forgotten_topics_data = self.forgotten_topics_data
-                write_uvarint(out, len(_a_forgotten_topics_data) + 1)
-                for _e_forgotten_topics_data in _a_forgotten_topics_data:
-                    _e_forgotten_topics_data.write(out, version)
+            _a_forgotten_topics_data = self.forgotten_topics_data
+            out += I32.pack(len(_a_forgotten_topics_data))
+            for _e_forgotten_topics_data in _a_forgotten_topics_data:
+                _e_forgotten_topics_data.write(out, version)
         else:
+            out += _S_iiiib.pack(self.replica_id, self.max_wait_ms, self.min_bytes, self.max_bytes, self.isolation_level)
+            _a_topics = self.topics
+            out += I32.pack(len(_a_topics))
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
             if len(self.forgotten_topics_data) != 0:
                 raise unsupported("FetchRequest.forgotten_topics_data", version)
-        if version >= 11:
-            if version <= 11:
-                write_str(out, self.rack_id)
-            else:
-                write_cstr(out, self.rack_id)
         if not (version >= 15) and self.replica_state != _D_FetchRequestReplicaState:
             raise unsupported("FetchRequest.replica_state", version)
         if version >= 12:
@@ -5117,7 +7175,12 @@ class FetchRequest(Message, kw_only=True, gc=False):
             out.append(_n)
             if self.cluster_id is not None:
                 _t = bytearray()
-                write_cstr(_t, self.cluster_id)
+                _v_cluster_id = self.cluster_id
+                if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+                    _t.append(len(_v_cluster_id) + 1)
+                    _t += _v_cluster_id.encode()
+                else:
+                    write_cstr(_t, _v_cluster_id)
                 write_tagged(out, 0, _t)
             if version >= 15 and self.replica_state != _D_FetchRequestReplicaState:
                 _t = bytearray()
@@ -5140,58 +7203,129 @@ class FetchRequest(Message, kw_only=True, gc=False):
         v_forgotten_topics_data: list[FetchRequestForgottenTopic] = []
         v_rack_id: str = ''
         try:
-            if version <= 14:
-                v_replica_id = I32.unpack_from(buf, pos)[0]
-                pos += 4
-            v_max_wait_ms, v_min_bytes, v_max_bytes, v_isolation_level = _S_iiib.unpack_from(buf, pos)
-            pos += 13
-            if version >= 7:
-                v_session_id, v_session_epoch = _S_ii.unpack_from(buf, pos)
-                pos += 8
-            if version <= 11:
+            if version >= 15:
+                v_max_wait_ms, v_min_bytes, v_max_bytes, v_isolation_level, v_session_id, v_session_epoch = _S_iiibii.unpack_from(buf, pos)
+                pos += 21
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = FetchRequestFetchTopic.read(buf, pos, version)
+                    v_topics.append(_s_topics)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_forgotten_topics_data = []
+                for _ in range(_c):
+                    _s_forgotten_topics_data, pos = FetchRequestForgottenTopic.read(buf, pos, version)
+                    v_forgotten_topics_data.append(_s_forgotten_topics_data)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_rack_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_rack_id, pos = read_cstr(buf, pos)
+            elif version >= 12:
+                v_replica_id, v_max_wait_ms, v_min_bytes, v_max_bytes, v_isolation_level, v_session_id, v_session_epoch = _S_iiiibii.unpack_from(buf, pos)
+                pos += 25
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = FetchRequestFetchTopic.read(buf, pos, version)
+                    v_topics.append(_s_topics)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_forgotten_topics_data = []
+                for _ in range(_c):
+                    _s_forgotten_topics_data, pos = FetchRequestForgottenTopic.read(buf, pos, version)
+                    v_forgotten_topics_data.append(_s_forgotten_topics_data)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_rack_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_rack_id, pos = read_cstr(buf, pos)
+            elif version >= 11:
+                v_replica_id, v_max_wait_ms, v_min_bytes, v_max_bytes, v_isolation_level, v_session_id, v_session_epoch = _S_iiiibii.unpack_from(buf, pos)
+                pos += 25
                 _c, pos = read_count(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = FetchRequestFetchTopic.read(buf, pos, version)
                     v_topics.append(_s_topics)
-            else:
-                _c, pos = read_ccount(buf, pos)
+                _c, pos = read_count(buf, pos)
+                v_forgotten_topics_data = []
+                for _ in range(_c):
+                    _s_forgotten_topics_data, pos = FetchRequestForgottenTopic.read(buf, pos, version)
+                    v_forgotten_topics_data.append(_s_forgotten_topics_data)
+                v_rack_id, pos = read_str(buf, pos)
+            elif version >= 7:
+                v_replica_id, v_max_wait_ms, v_min_bytes, v_max_bytes, v_isolation_level, v_session_id, v_session_epoch = _S_iiiibii.unpack_from(buf, pos)
+                pos += 25
+                _c, pos = read_count(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = FetchRequestFetchTopic.read(buf, pos, version)
                     v_topics.append(_s_topics)
-            if version >= 7:
-                if version <= 11:
-                    _c, pos = read_count(buf, pos)
-                    v_forgotten_topics_data = []
-                    for _ in range(_c):
-                        _s_forgotten_topics_data, pos = FetchRequestForgottenTopic.read(buf, pos, version)
-                        v_forgotten_topics_data.append(_s_forgotten_topics_data)
-                else:
-                    _c, pos = read_ccount(buf, pos)
-                    v_forgotten_topics_data = []
-                    for _ in range(_c):
-                        _s_forgotten_topics_data, pos = FetchRequestForgottenTopic.read(buf, pos, version)
-                        v_forgotten_topics_data.append(_s_forgotten_topics_data)
-            if version >= 11:
-                if version <= 11:
-                    v_rack_id, pos = read_str(buf, pos)
-                else:
-                    v_rack_id, pos = read_cstr(buf, pos)
+                _c, pos = read_count(buf, pos)
+                v_forgotten_topics_data = []
+                for _ in range(_c):
+                    _s_forgotten_topics_data, pos = FetchRequestForgottenTopic.read(buf, pos, version)
+                    v_forgotten_topics_data.append(_s_forgotten_topics_data)
+            else:
+                v_replica_id, v_max_wait_ms, v_min_bytes, v_max_bytes, v_isolation_level = _S_iiiib.unpack_from(buf, pos)
+                pos += 17
+                _c, pos = read_count(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = FetchRequestFetchTopic.read(buf, pos, version)
+                    v_topics.append(_s_topics)
             if version >= 12:
                 if buf[pos] == 0:
                     pos += 1
                 else:
-                    _n, pos = read_tag_count(buf, pos)
+                    _n = buf[pos]
+                    if _n < 0x80 and 2 * _n < len(buf) - pos:
+                        pos += 1
+                    else:
+                        _n, pos = read_tag_count(buf, pos)
                     for _ in range(_n):
-                        _tag, pos, _end = read_tag(buf, pos)
+                        _tag = buf[pos]
+                        _size = buf[pos + 1]
+                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
+                            pos += 2
+                        else:
+                            _tag, pos, _end = read_tag(buf, pos)
                         _sub = buf[:_end]
                         if _tag == 0:
-                            v_cluster_id, pos = read_ncstr(_sub, pos)
-                            check_tag_end(pos, _end, _tag)
+                            _b = _sub[pos]
+                            if 0 < _b < 0x80 and (_e := pos + _b) <= len(_sub):
+                                v_cluster_id = str(_sub[pos + 1:_e], 'utf-8')
+                                pos = _e
+                            else:
+                                v_cluster_id, pos = read_ncstr(_sub, pos)
+                            if pos != _end:
+                                check_tag_end(pos, _end, _tag)
                         elif _tag == 1 and version >= 15:
                             v_replica_state, pos = FetchRequestReplicaState.read(_sub, pos, version)
-                            check_tag_end(pos, _end, _tag)
+                            if pos != _end:
+                                check_tag_end(pos, _end, _tag)
                         pos = _end
         except KafkaDecodeError:
             raise
@@ -5347,10 +7481,22 @@ class FetchResponsePartitionData(Message, kw_only=True, gc=False):
     records: BytesLike | None = None
 
     def write(self, out: bytearray, version: int) -> None:
-        out += _S_ihqq.pack(self.partition_index, self.error_code, self.high_watermark, self.last_stable_offset)
-        if version >= 5:
-            out += I64.pack(self.log_start_offset)
-        if version <= 11:
+        if version >= 12:
+            out += _S_ihqqq.pack(self.partition_index, self.error_code, self.high_watermark, self.last_stable_offset, self.log_start_offset)
+            _a_aborted_transactions = self.aborted_transactions
+            if _a_aborted_transactions is None:
+                out.append(0)
+            else:
+                if len(_a_aborted_transactions) < 0x7F:
+                    out.append(len(_a_aborted_transactions) + 1)
+                else:
+                    write_uvarint(out, len(_a_aborted_transactions) + 1)
+                for _e_aborted_transactions in _a_aborted_transactions:
+                    _e_aborted_transactions.write(out, version)
+            out += I32.pack(self.preferred_read_replica)
+            write_ncbytes(out, self.records)
+        elif version >= 11:
+            out += _S_ihqqq.pack(self.partition_index, self.error_code, self.high_watermark, self.last_stable_offset, self.log_start_offset)
             _a_aborted_transactions = self.aborted_transactions
             if _a_aborted_transactions is None:
                 out += b"\xff\xff\xff\xff"
@@ -5358,23 +7504,32 @@ class FetchResponsePartitionData(Message, kw_only=True, gc=False):
                 out += I32.pack(len(_a_aborted_transactions))
                 for _e_aborted_transactions in _a_aborted_transactions:
                     _e_aborted_transactions.write(out, version)
-        else:
+            out += I32.pack(self.preferred_read_replica)
+            write_nbytes(out, self.records)
+        elif version >= 5:
+            out += _S_ihqqq.pack(self.partition_index, self.error_code, self.high_watermark, self.last_stable_offset, self.log_start_offset)
             _a_aborted_transactions = self.aborted_transactions
             if _a_aborted_transactions is None:
-                out.append(0)
+                out += b"\xff\xff\xff\xff"
             else:
-                write_uvarint(out, len(_a_aborted_transactions) + 1)
+                out += I32.pack(len(_a_aborted_transactions))
                 for _e_aborted_transactions in _a_aborted_transactions:
                     _e_aborted_transactions.write(out, version)
-        if version >= 11:
-            out += I32.pack(self.preferred_read_replica)
-        else:
+            write_nbytes(out, self.records)
             if self.preferred_read_replica != -1:
                 raise unsupported("FetchResponsePartitionData.preferred_read_replica", version)
-        if version <= 11:
-            write_nbytes(out, self.records)
         else:
-            write_ncbytes(out, self.records)
+            out += _S_ihqq.pack(self.partition_index, self.error_code, self.high_watermark, self.last_stable_offset)
+            _a_aborted_transactions = self.aborted_transactions
+            if _a_aborted_transactions is None:
+                out += b"\xff\xff\xff\xff"
+            else:
+                out += I32.pack(len(_a_aborted_transactions))
+                for _e_aborted_transactions in _a_aborted_transactions:
+                    _e_aborted_transactions.write(out, version)
+            write_nbytes(out, self.records)
+            if self.preferred_read_replica != -1:
+                raise unsupported("FetchResponsePartitionData.preferred_read_replica", version)
         if not (version >= 12) and self.diverging_epoch != _D_FetchResponseEpochEndOffset:
             raise unsupported("FetchResponsePartitionData.diverging_epoch", version)
         if not (version >= 12) and self.current_leader != _D_FetchResponseLeaderIdAndEpoch:
@@ -5420,12 +7575,36 @@ class FetchResponsePartitionData(Message, kw_only=True, gc=False):
         v_preferred_read_replica: int = -1
         v_records: BytesLike | None
         try:
-            v_partition_index, v_error_code, v_high_watermark, v_last_stable_offset = _S_ihqq.unpack_from(buf, pos)
-            pos += 22
-            if version >= 5:
-                v_log_start_offset = I64.unpack_from(buf, pos)[0]
-                pos += 8
-            if version <= 11:
+            if version >= 12:
+                v_partition_index, v_error_code, v_high_watermark, v_last_stable_offset, v_log_start_offset = _S_ihqqq.unpack_from(buf, pos)
+                pos += 30
+                _b = buf[pos]
+                if _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_nccount(buf, pos)
+                if _c < 0:
+                    v_aborted_transactions = None
+                else:
+                    v_aborted_transactions = []
+                    for _ in range(_c):
+                        _s_aborted_transactions, pos = FetchResponseAbortedTransaction.read(buf, pos, version)
+                        v_aborted_transactions.append(_s_aborted_transactions)
+                v_preferred_read_replica = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_records = buf[pos + 1:_e]
+                    pos = _e
+                elif _b & 0x80 and (_b2 := buf[pos + 1]) < 0x80 and _b2 and (_e := pos + 1 + ((_b & 0x7F) | (_b2 << 7))) <= len(buf):
+                    v_records = buf[pos + 2:_e]
+                    pos = _e
+                else:
+                    v_records, pos = read_ncbytes(buf, pos)
+            elif version >= 11:
+                v_partition_index, v_error_code, v_high_watermark, v_last_stable_offset, v_log_start_offset = _S_ihqqq.unpack_from(buf, pos)
+                pos += 30
                 _c, pos = read_ncount(buf, pos)
                 if _c < 0:
                     v_aborted_transactions = None
@@ -5434,8 +7613,13 @@ class FetchResponsePartitionData(Message, kw_only=True, gc=False):
                     for _ in range(_c):
                         _s_aborted_transactions, pos = FetchResponseAbortedTransaction.read(buf, pos, version)
                         v_aborted_transactions.append(_s_aborted_transactions)
-            else:
-                _c, pos = read_nccount(buf, pos)
+                v_preferred_read_replica = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                v_records, pos = read_nbytes(buf, pos)
+            elif version >= 5:
+                v_partition_index, v_error_code, v_high_watermark, v_last_stable_offset, v_log_start_offset = _S_ihqqq.unpack_from(buf, pos)
+                pos += 30
+                _c, pos = read_ncount(buf, pos)
                 if _c < 0:
                     v_aborted_transactions = None
                 else:
@@ -5443,30 +7627,48 @@ class FetchResponsePartitionData(Message, kw_only=True, gc=False):
                     for _ in range(_c):
                         _s_aborted_transactions, pos = FetchResponseAbortedTransaction.read(buf, pos, version)
                         v_aborted_transactions.append(_s_aborted_transactions)
-            if version >= 11:
-                v_preferred_read_replica = I32.unpack_from(buf, pos)[0]
-                pos += 4
-            if version <= 11:
                 v_records, pos = read_nbytes(buf, pos)
             else:
-                v_records, pos = read_ncbytes(buf, pos)
+                v_partition_index, v_error_code, v_high_watermark, v_last_stable_offset = _S_ihqq.unpack_from(buf, pos)
+                pos += 22
+                _c, pos = read_ncount(buf, pos)
+                if _c < 0:
+                    v_aborted_transactions = None
+                else:
+                    v_aborted_transactions = []
+                    for _ in range(_c):
+                        _s_aborted_transactions, pos = FetchResponseAbortedTransaction.read(buf, pos, version)
+                        v_aborted_transactions.append(_s_aborted_transactions)
+                v_records, pos = read_nbytes(buf, pos)
             if version >= 12:
                 if buf[pos] == 0:
                     pos += 1
                 else:
-                    _n, pos = read_tag_count(buf, pos)
+                    _n = buf[pos]
+                    if _n < 0x80 and 2 * _n < len(buf) - pos:
+                        pos += 1
+                    else:
+                        _n, pos = read_tag_count(buf, pos)
                     for _ in range(_n):
-                        _tag, pos, _end = read_tag(buf, pos)
+                        _tag = buf[pos]
+                        _size = buf[pos + 1]
+                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
+                            pos += 2
+                        else:
+                            _tag, pos, _end = read_tag(buf, pos)
                         _sub = buf[:_end]
                         if _tag == 0:
                             v_diverging_epoch, pos = FetchResponseEpochEndOffset.read(_sub, pos, version)
-                            check_tag_end(pos, _end, _tag)
+                            if pos != _end:
+                                check_tag_end(pos, _end, _tag)
                         elif _tag == 1:
                             v_current_leader, pos = FetchResponseLeaderIdAndEpoch.read(_sub, pos, version)
-                            check_tag_end(pos, _end, _tag)
+                            if pos != _end:
+                                check_tag_end(pos, _end, _tag)
                         elif _tag == 2:
                             v_snapshot_id, pos = FetchResponseSnapshotId.read(_sub, pos, version)
-                            check_tag_end(pos, _end, _tag)
+                            if pos != _end:
+                                check_tag_end(pos, _end, _tag)
                         pos = _end
         except KafkaDecodeError:
             raise
@@ -5487,21 +7689,37 @@ class FetchResponseFetchableTopicResponse(Message, kw_only=True, gc=False):
     partitions: list[FetchResponsePartitionData] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 12:
-            if version <= 11:
-                write_str(out, self.topic)
-            else:
-                write_cstr(out, self.topic)
         if version >= 13:
-            write_uuid(out, self.topic_id)
-        if version <= 11:
+            _v_topic_id = self.topic_id
+            if len(_v_topic_id) == 16:
+                out += _v_topic_id
+            else:
+                write_uuid(out, _v_topic_id)  # the error
             _a_partitions = self.partitions
-            out += I32.pack(len(_a_partitions))
+            if len(_a_partitions) < 0x7F:
+                out.append(len(_a_partitions) + 1)
+            else:
+                write_uvarint(out, len(_a_partitions) + 1)
+            for _e_partitions in _a_partitions:
+                _e_partitions.write(out, version)
+        elif version >= 12:
+            _v_topic = self.topic
+            if _v_topic is not None and len(_v_topic) < 0x7F and _v_topic.isascii():
+                out.append(len(_v_topic) + 1)
+                out += _v_topic.encode()
+            else:
+                write_cstr(out, _v_topic)
+            _a_partitions = self.partitions
+            if len(_a_partitions) < 0x7F:
+                out.append(len(_a_partitions) + 1)
+            else:
+                write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         else:
+            write_str(out, self.topic)
             _a_partitions = self.partitions
-            write_uvarint(out, len(_a_partitions) + 1)
+            out += I32.pack(len(_a_partitions))
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         if version >= 12:
@@ -5513,21 +7731,42 @@ class FetchResponseFetchableTopicResponse(Message, kw_only=True, gc=False):
         v_topic_id: bytes = ZERO_UUID
         v_partitions: list[FetchResponsePartitionData]
         try:
-            if version <= 12:
-                if version <= 11:
-                    v_topic, pos = read_str(buf, pos)
+            if version >= 13:
+                if pos + 16 <= len(buf):
+                    v_topic_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_topic_id, pos = read_uuid(buf, pos)  # the error
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_partitions = []
+                for _ in range(_c):
+                    _s_partitions, pos = FetchResponsePartitionData.read(buf, pos, version)
+                    v_partitions.append(_s_partitions)
+            elif version >= 12:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_topic = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
                 else:
                     v_topic, pos = read_cstr(buf, pos)
-            if version >= 13:
-                v_topic_id, pos = read_uuid(buf, pos)
-            if version <= 11:
-                _c, pos = read_count(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = FetchResponsePartitionData.read(buf, pos, version)
                     v_partitions.append(_s_partitions)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_topic, pos = read_str(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = FetchResponsePartitionData.read(buf, pos, version)
@@ -5558,9 +7797,19 @@ class FetchResponseNodeEndpoint(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         out += I32.pack(self.node_id)
-        write_cstr(out, self.host)
+        _v_host = self.host
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
+            out.append(len(_v_host) + 1)
+            out += _v_host.encode()
+        else:
+            write_cstr(out, _v_host)
         out += I32.pack(self.port)
-        write_ncstr(out, self.rack)
+        _v_rack = self.rack
+        if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii():
+            out.append(len(_v_rack) + 1)
+            out += _v_rack.encode()
+        else:
+            write_ncstr(out, _v_rack)
         out.append(0)
 
     @classmethod
@@ -5572,10 +7821,20 @@ class FetchResponseNodeEndpoint(Message, kw_only=True, gc=False):
         try:
             v_node_id = I32.unpack_from(buf, pos)[0]
             pos += 4
-            v_host, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_host = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_host, pos = read_cstr(buf, pos)
             v_port = I32.unpack_from(buf, pos)[0]
             pos += 4
-            v_rack, pos = read_ncstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_rack = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_rack, pos = read_ncstr(buf, pos)
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -5604,22 +7863,29 @@ class FetchResponse(Message, kw_only=True, gc=False):
     node_endpoints: list[FetchResponseNodeEndpoint] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.throttle_time_ms)
-        if version >= 7:
-            out += _S_hi.pack(self.error_code, self.session_id)
-        else:
-            if self.session_id != 0:
-                raise unsupported("FetchResponse.session_id", version)
-        if version <= 11:
+        if version >= 12:
+            out += _S_ihi.pack(self.throttle_time_ms, self.error_code, self.session_id)
+            _a_responses = self.responses
+            if len(_a_responses) < 0x7F:
+                out.append(len(_a_responses) + 1)
+            else:
+                write_uvarint(out, len(_a_responses) + 1)
+            for _e_responses in _a_responses:
+                _e_responses.write(out, version)
+        elif version >= 7:
+            out += _S_ihi.pack(self.throttle_time_ms, self.error_code, self.session_id)
             _a_responses = self.responses
             out += I32.pack(len(_a_responses))
             for _e_responses in _a_responses:
                 _e_responses.write(out, version)
         else:
+            out += I32.pack(self.throttle_time_ms)
             _a_responses = self.responses
-            write_uvarint(out, len(_a_responses) + 1)
+            out += I32.pack(len(_a_responses))
             for _e_responses in _a_responses:
                 _e_responses.write(out, version)
+            if self.session_id != 0:
+                raise unsupported("FetchResponse.session_id", version)
         if not (version >= 16) and len(self.node_endpoints) != 0:
             raise unsupported("FetchResponse.node_endpoints", version)
         if version >= 12:
@@ -5630,7 +7896,10 @@ class FetchResponse(Message, kw_only=True, gc=False):
             if version >= 16 and len(self.node_endpoints) != 0:
                 _t = bytearray()
                 _a_node_endpoints = self.node_endpoints
-                write_uvarint(_t, len(_a_node_endpoints) + 1)
+                if len(_a_node_endpoints) < 0x7F:
+                    _t.append(len(_a_node_endpoints) + 1)
+                else:
+                    write_uvarint(_t, len(_a_node_endpoints) + 1)
                 for _e_node_endpoints in _a_node_endpoints:
                     _e_node_endpoints.write(_t, version)
                 write_tagged(out, 0, _t)
@@ -5643,19 +7912,31 @@ class FetchResponse(Message, kw_only=True, gc=False):
         v_responses: list[FetchResponseFetchableTopicResponse]
         v_node_endpoints: list[FetchResponseNodeEndpoint] = []
         try:
-            v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            if version >= 7:
-                v_error_code, v_session_id = _S_hi.unpack_from(buf, pos)
-                pos += 6
-            if version <= 11:
+            if version >= 12:
+                v_throttle_time_ms, v_error_code, v_session_id = _S_ihi.unpack_from(buf, pos)
+                pos += 10
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_responses = []
+                for _ in range(_c):
+                    _s_responses, pos = FetchResponseFetchableTopicResponse.read(buf, pos, version)
+                    v_responses.append(_s_responses)
+            elif version >= 7:
+                v_throttle_time_ms, v_error_code, v_session_id = _S_ihi.unpack_from(buf, pos)
+                pos += 10
                 _c, pos = read_count(buf, pos)
                 v_responses = []
                 for _ in range(_c):
                     _s_responses, pos = FetchResponseFetchableTopicResponse.read(buf, pos, version)
                     v_responses.append(_s_responses)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _c, pos = read_count(buf, pos)
                 v_responses = []
                 for _ in range(_c):
                     _s_responses, pos = FetchResponseFetchableTopicResponse.read(buf, pos, version)
@@ -5664,17 +7945,32 @@ class FetchResponse(Message, kw_only=True, gc=False):
                 if buf[pos] == 0:
                     pos += 1
                 else:
-                    _n, pos = read_tag_count(buf, pos)
+                    _n = buf[pos]
+                    if _n < 0x80 and 2 * _n < len(buf) - pos:
+                        pos += 1
+                    else:
+                        _n, pos = read_tag_count(buf, pos)
                     for _ in range(_n):
-                        _tag, pos, _end = read_tag(buf, pos)
+                        _tag = buf[pos]
+                        _size = buf[pos + 1]
+                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
+                            pos += 2
+                        else:
+                            _tag, pos, _end = read_tag(buf, pos)
                         _sub = buf[:_end]
                         if _tag == 0 and version >= 16:
-                            _c, pos = read_ccount(_sub, pos)
+                            _b = _sub[pos]
+                            if 0 < _b < 0x80 and _b <= len(_sub) - pos:
+                                _c = _b - 1
+                                pos += 1
+                            else:
+                                _c, pos = read_ccount(_sub, pos)
                             v_node_endpoints = []
                             for _ in range(_c):
                                 _s_node_endpoints, pos = FetchResponseNodeEndpoint.read(_sub, pos, version)
                                 v_node_endpoints.append(_s_node_endpoints)
-                            check_tag_end(pos, _end, _tag)
+                            if pos != _end:
+                                check_tag_end(pos, _end, _tag)
                         pos = _end
         except KafkaDecodeError:
             raise
@@ -5736,7 +8032,11 @@ class FetchSnapshotRequestPartitionSnapshot(Message, kw_only=True, gc=False):
         out.append(_n)
         if version >= 1 and self.replica_directory_id != ZERO_UUID:
             _t = bytearray()
-            write_uuid(_t, self.replica_directory_id)
+            _v_replica_directory_id = self.replica_directory_id
+            if len(_v_replica_directory_id) == 16:
+                _t += _v_replica_directory_id
+            else:
+                write_uuid(_t, _v_replica_directory_id)  # the error
             write_tagged(out, 0, _t)
 
     @classmethod
@@ -5755,13 +8055,27 @@ class FetchSnapshotRequestPartitionSnapshot(Message, kw_only=True, gc=False):
             if buf[pos] == 0:
                 pos += 1
             else:
-                _n, pos = read_tag_count(buf, pos)
+                _n = buf[pos]
+                if _n < 0x80 and 2 * _n < len(buf) - pos:
+                    pos += 1
+                else:
+                    _n, pos = read_tag_count(buf, pos)
                 for _ in range(_n):
-                    _tag, pos, _end = read_tag(buf, pos)
+                    _tag = buf[pos]
+                    _size = buf[pos + 1]
+                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
+                        pos += 2
+                    else:
+                        _tag, pos, _end = read_tag(buf, pos)
                     _sub = buf[:_end]
                     if _tag == 0 and version >= 1:
-                        v_replica_directory_id, pos = read_uuid(_sub, pos)
-                        check_tag_end(pos, _end, _tag)
+                        if pos + 16 <= len(_sub):
+                            v_replica_directory_id = bytes(_sub[pos:pos + 16])
+                            pos += 16
+                        else:
+                            v_replica_directory_id, pos = read_uuid(_sub, pos)  # the error
+                        if pos != _end:
+                            check_tag_end(pos, _end, _tag)
                     pos = _end
         except KafkaDecodeError:
             raise
@@ -5781,9 +8095,17 @@ class FetchSnapshotRequestTopicSnapshot(Message, kw_only=True, gc=False):
     partitions: list[FetchSnapshotRequestPartitionSnapshot] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        write_cstr(out, self.name)
+        _v_name = self.name
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+            out.append(len(_v_name) + 1)
+            out += _v_name.encode()
+        else:
+            write_cstr(out, _v_name)
         _a_partitions = self.partitions
-        write_uvarint(out, len(_a_partitions) + 1)
+        if len(_a_partitions) < 0x7F:
+            out.append(len(_a_partitions) + 1)
+        else:
+            write_uvarint(out, len(_a_partitions) + 1)
         for _e_partitions in _a_partitions:
             _e_partitions.write(out, version)
         out.append(0)
@@ -5793,8 +8115,18 @@ class FetchSnapshotRequestTopicSnapshot(Message, kw_only=True, gc=False):
         v_name: str
         v_partitions: list[FetchSnapshotRequestPartitionSnapshot]
         try:
-            v_name, pos = read_cstr(buf, pos)
-            _c, pos = read_ccount(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_name = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_name, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                _c = _b - 1
+                pos += 1
+            else:
+                _c, pos = read_ccount(buf, pos)
             v_partitions = []
             for _ in range(_c):
                 _s_partitions, pos = FetchSnapshotRequestPartitionSnapshot.read(buf, pos, version)
@@ -5828,7 +8160,10 @@ class FetchSnapshotRequest(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         out += _S_ii.pack(self.replica_id, self.max_bytes)
         _a_topics = self.topics
-        write_uvarint(out, len(_a_topics) + 1)
+        if len(_a_topics) < 0x7F:
+            out.append(len(_a_topics) + 1)
+        else:
+            write_uvarint(out, len(_a_topics) + 1)
         for _e_topics in _a_topics:
             _e_topics.write(out, version)
         _n = 0
@@ -5837,7 +8172,12 @@ class FetchSnapshotRequest(Message, kw_only=True, gc=False):
         out.append(_n)
         if self.cluster_id is not None:
             _t = bytearray()
-            write_cstr(_t, self.cluster_id)
+            _v_cluster_id = self.cluster_id
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+                _t.append(len(_v_cluster_id) + 1)
+                _t += _v_cluster_id.encode()
+            else:
+                write_cstr(_t, _v_cluster_id)
             write_tagged(out, 0, _t)
 
     @classmethod
@@ -5849,7 +8189,12 @@ class FetchSnapshotRequest(Message, kw_only=True, gc=False):
         try:
             v_replica_id, v_max_bytes = _S_ii.unpack_from(buf, pos)
             pos += 8
-            _c, pos = read_ccount(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                _c = _b - 1
+                pos += 1
+            else:
+                _c, pos = read_ccount(buf, pos)
             v_topics = []
             for _ in range(_c):
                 _s_topics, pos = FetchSnapshotRequestTopicSnapshot.read(buf, pos, version)
@@ -5857,13 +8202,28 @@ class FetchSnapshotRequest(Message, kw_only=True, gc=False):
             if buf[pos] == 0:
                 pos += 1
             else:
-                _n, pos = read_tag_count(buf, pos)
+                _n = buf[pos]
+                if _n < 0x80 and 2 * _n < len(buf) - pos:
+                    pos += 1
+                else:
+                    _n, pos = read_tag_count(buf, pos)
                 for _ in range(_n):
-                    _tag, pos, _end = read_tag(buf, pos)
+                    _tag = buf[pos]
+                    _size = buf[pos + 1]
+                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
+                        pos += 2
+                    else:
+                        _tag, pos, _end = read_tag(buf, pos)
                     _sub = buf[:_end]
                     if _tag == 0:
-                        v_cluster_id, pos = read_ncstr(_sub, pos)
-                        check_tag_end(pos, _end, _tag)
+                        _b = _sub[pos]
+                        if 0 < _b < 0x80 and (_e := pos + _b) <= len(_sub):
+                            v_cluster_id = str(_sub[pos + 1:_e], 'utf-8')
+                            pos = _e
+                        else:
+                            v_cluster_id, pos = read_ncstr(_sub, pos)
+                        if pos != _end:
+                            check_tag_end(pos, _end, _tag)
                     pos = _end
         except KafkaDecodeError:
             raise
@@ -5979,17 +8339,35 @@ class FetchSnapshotResponsePartitionSnapshot(Message, kw_only=True, gc=False):
             v_snapshot_id, pos = FetchSnapshotResponseSnapshotId.read(buf, pos, version)
             v_size, v_position = _S_qq.unpack_from(buf, pos)
             pos += 16
-            v_unaligned_records, pos = read_cbytes(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_unaligned_records = buf[pos + 1:_e]
+                pos = _e
+            elif _b & 0x80 and (_b2 := buf[pos + 1]) < 0x80 and _b2 and (_e := pos + 1 + ((_b & 0x7F) | (_b2 << 7))) <= len(buf):
+                v_unaligned_records = buf[pos + 2:_e]
+                pos = _e
+            else:
+                v_unaligned_records, pos = read_cbytes(buf, pos)
             if buf[pos] == 0:
                 pos += 1
             else:
-                _n, pos = read_tag_count(buf, pos)
+                _n = buf[pos]
+                if _n < 0x80 and 2 * _n < len(buf) - pos:
+                    pos += 1
+                else:
+                    _n, pos = read_tag_count(buf, pos)
                 for _ in range(_n):
-                    _tag, pos, _end = read_tag(buf, pos)
+                    _tag = buf[pos]
+                    _size = buf[pos + 1]
+                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
+                        pos += 2
+                    else:
+                        _tag, pos, _end = read_tag(buf, pos)
                     _sub = buf[:_end]
                     if _tag == 0:
                         v_current_leader, pos = FetchSnapshotResponseLeaderIdAndEpoch.read(_sub, pos, version)
-                        check_tag_end(pos, _end, _tag)
+                        if pos != _end:
+                            check_tag_end(pos, _end, _tag)
                     pos = _end
         except KafkaDecodeError:
             raise
@@ -6009,9 +8387,17 @@ class FetchSnapshotResponseTopicSnapshot(Message, kw_only=True, gc=False):
     partitions: list[FetchSnapshotResponsePartitionSnapshot] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        write_cstr(out, self.name)
+        _v_name = self.name
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+            out.append(len(_v_name) + 1)
+            out += _v_name.encode()
+        else:
+            write_cstr(out, _v_name)
         _a_partitions = self.partitions
-        write_uvarint(out, len(_a_partitions) + 1)
+        if len(_a_partitions) < 0x7F:
+            out.append(len(_a_partitions) + 1)
+        else:
+            write_uvarint(out, len(_a_partitions) + 1)
         for _e_partitions in _a_partitions:
             _e_partitions.write(out, version)
         out.append(0)
@@ -6021,8 +8407,18 @@ class FetchSnapshotResponseTopicSnapshot(Message, kw_only=True, gc=False):
         v_name: str
         v_partitions: list[FetchSnapshotResponsePartitionSnapshot]
         try:
-            v_name, pos = read_cstr(buf, pos)
-            _c, pos = read_ccount(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_name = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_name, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                _c = _b - 1
+                pos += 1
+            else:
+                _c, pos = read_ccount(buf, pos)
             v_partitions = []
             for _ in range(_c):
                 _s_partitions, pos = FetchSnapshotResponsePartitionSnapshot.read(buf, pos, version)
@@ -6051,7 +8447,12 @@ class FetchSnapshotResponseNodeEndpoint(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         out += I32.pack(self.node_id)
-        write_cstr(out, self.host)
+        _v_host = self.host
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
+            out.append(len(_v_host) + 1)
+            out += _v_host.encode()
+        else:
+            write_cstr(out, _v_host)
         out += U16.pack(self.port)
         out.append(0)
 
@@ -6063,7 +8464,12 @@ class FetchSnapshotResponseNodeEndpoint(Message, kw_only=True, gc=False):
         try:
             v_node_id = I32.unpack_from(buf, pos)[0]
             pos += 4
-            v_host, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_host = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_host, pos = read_cstr(buf, pos)
             v_port = U16.unpack_from(buf, pos)[0]
             pos += 2
             if buf[pos]:
@@ -6095,7 +8501,10 @@ class FetchSnapshotResponse(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         out += _S_ih.pack(self.throttle_time_ms, self.error_code)
         _a_topics = self.topics
-        write_uvarint(out, len(_a_topics) + 1)
+        if len(_a_topics) < 0x7F:
+            out.append(len(_a_topics) + 1)
+        else:
+            write_uvarint(out, len(_a_topics) + 1)
         for _e_topics in _a_topics:
             _e_topics.write(out, version)
         if not (version >= 1) and len(self.node_endpoints) != 0:
@@ -6107,7 +8516,10 @@ class FetchSnapshotResponse(Message, kw_only=True, gc=False):
         if version >= 1 and len(self.node_endpoints) != 0:
             _t = bytearray()
             _a_node_endpoints = self.node_endpoints
-            write_uvarint(_t, len(_a_node_endpoints) + 1)
+            if len(_a_node_endpoints) < 0x7F:
+                _t.append(len(_a_node_endpoints) + 1)
+            else:
+                write_uvarint(_t, len(_a_node_endpoints) + 1)
             for _e_node_endpoints in _a_node_endpoints:
                 _e_node_endpoints.write(_t, version)
             write_tagged(out, 0, _t)
@@ -6121,7 +8533,12 @@ class FetchSnapshotResponse(Message, kw_only=True, gc=False):
         try:
             v_throttle_time_ms, v_error_code = _S_ih.unpack_from(buf, pos)
             pos += 6
-            _c, pos = read_ccount(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                _c = _b - 1
+                pos += 1
+            else:
+                _c, pos = read_ccount(buf, pos)
             v_topics = []
             for _ in range(_c):
                 _s_topics, pos = FetchSnapshotResponseTopicSnapshot.read(buf, pos, version)
@@ -6129,17 +8546,32 @@ class FetchSnapshotResponse(Message, kw_only=True, gc=False):
             if buf[pos] == 0:
                 pos += 1
             else:
-                _n, pos = read_tag_count(buf, pos)
+                _n = buf[pos]
+                if _n < 0x80 and 2 * _n < len(buf) - pos:
+                    pos += 1
+                else:
+                    _n, pos = read_tag_count(buf, pos)
                 for _ in range(_n):
-                    _tag, pos, _end = read_tag(buf, pos)
+                    _tag = buf[pos]
+                    _size = buf[pos + 1]
+                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
+                        pos += 2
+                    else:
+                        _tag, pos, _end = read_tag(buf, pos)
                     _sub = buf[:_end]
                     if _tag == 0 and version >= 1:
-                        _c, pos = read_ccount(_sub, pos)
+                        _b = _sub[pos]
+                        if 0 < _b < 0x80 and _b <= len(_sub) - pos:
+                            _c = _b - 1
+                            pos += 1
+                        else:
+                            _c, pos = read_ccount(_sub, pos)
                         v_node_endpoints = []
                         for _ in range(_c):
                             _s_node_endpoints, pos = FetchSnapshotResponseNodeEndpoint.read(_sub, pos, version)
                             v_node_endpoints.append(_s_node_endpoints)
-                        check_tag_end(pos, _end, _tag)
+                        if pos != _end:
+                            check_tag_end(pos, _end, _tag)
                     pos = _end
         except KafkaDecodeError:
             raise
@@ -6157,15 +8589,24 @@ class IncrementalAlterConfigsRequestAlterableConfig(Message, kw_only=True, gc=Fa
     value: str | None = ''
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 0:
+        if version >= 1:
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_cstr(out, _v_name)
+            out += I8.pack(self.config_operation)
+            _v_value = self.value
+            if _v_value is not None and len(_v_value) < 0x7F and _v_value.isascii():
+                out.append(len(_v_value) + 1)
+                out += _v_value.encode()
+            else:
+                write_ncstr(out, _v_value)
+        else:
             write_str(out, self.name)
-        else:
-            write_cstr(out, self.name)
-        out += I8.pack(self.config_operation)
-        if version <= 0:
+            out += I8.pack(self.config_operation)
             write_nstr(out, self.value)
-        else:
-            write_ncstr(out, self.value)
         if version >= 1:
             out.append(0)
 
@@ -6175,16 +8616,26 @@ class IncrementalAlterConfigsRequestAlterableConfig(Message, kw_only=True, gc=Fa
         v_config_operation: int
         v_value: str | None
         try:
-            if version <= 0:
+            if version >= 1:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_name, pos = read_cstr(buf, pos)
+                v_config_operation = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_value = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_value, pos = read_ncstr(buf, pos)
+            else:
                 v_name, pos = read_str(buf, pos)
-            else:
-                v_name, pos = read_cstr(buf, pos)
-            v_config_operation = I8.unpack_from(buf, pos)[0]
-            pos += 1
-            if version <= 0:
+                v_config_operation = I8.unpack_from(buf, pos)[0]
+                pos += 1
                 v_value, pos = read_nstr(buf, pos)
-            else:
-                v_value, pos = read_ncstr(buf, pos)
             if version >= 1:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -6209,19 +8660,26 @@ class IncrementalAlterConfigsRequestAlterConfigsResource(Message, kw_only=True, 
     configs: list[IncrementalAlterConfigsRequestAlterableConfig] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I8.pack(self.resource_type)
-        if version <= 0:
-            write_str(out, self.resource_name)
-        else:
-            write_cstr(out, self.resource_name)
-        if version <= 0:
+        if version >= 1:
+            out += I8.pack(self.resource_type)
+            _v_resource_name = self.resource_name
+            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii():
+                out.append(len(_v_resource_name) + 1)
+                out += _v_resource_name.encode()
+            else:
+                write_cstr(out, _v_resource_name)
             _a_configs = self.configs
-            out += I32.pack(len(_a_configs))
+            if len(_a_configs) < 0x7F:
+                out.append(len(_a_configs) + 1)
+            else:
+                write_uvarint(out, len(_a_configs) + 1)
             for _e_configs in _a_configs:
                 _e_configs.write(out, version)
         else:
+            out += I8.pack(self.resource_type)
+            write_str(out, self.resource_name)
             _a_configs = self.configs
-            write_uvarint(out, len(_a_configs) + 1)
+            out += I32.pack(len(_a_configs))
             for _e_configs in _a_configs:
                 _e_configs.write(out, version)
         if version >= 1:
@@ -6233,20 +8691,30 @@ class IncrementalAlterConfigsRequestAlterConfigsResource(Message, kw_only=True, 
         v_resource_name: str
         v_configs: list[IncrementalAlterConfigsRequestAlterableConfig]
         try:
-            v_resource_type = I8.unpack_from(buf, pos)[0]
-            pos += 1
-            if version <= 0:
-                v_resource_name, pos = read_str(buf, pos)
-            else:
-                v_resource_name, pos = read_cstr(buf, pos)
-            if version <= 0:
-                _c, pos = read_count(buf, pos)
+            if version >= 1:
+                v_resource_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_resource_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_resource_name, pos = read_cstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_configs = []
                 for _ in range(_c):
                     _s_configs, pos = IncrementalAlterConfigsRequestAlterableConfig.read(buf, pos, version)
                     v_configs.append(_s_configs)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_resource_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                v_resource_name, pos = read_str(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_configs = []
                 for _ in range(_c):
                     _s_configs, pos = IncrementalAlterConfigsRequestAlterableConfig.read(buf, pos, version)
@@ -6277,17 +8745,21 @@ class IncrementalAlterConfigsRequest(Message, kw_only=True, gc=False):
     validate_only: bool = False
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 0:
+        if version >= 1:
+            _a_resources = self.resources
+            if len(_a_resources) < 0x7F:
+                out.append(len(_a_resources) + 1)
+            else:
+                write_uvarint(out, len(_a_resources) + 1)
+            for _e_resources in _a_resources:
+                _e_resources.write(out, version)
+            out += BOOL.pack(self.validate_only)
+        else:
             _a_resources = self.resources
             out += I32.pack(len(_a_resources))
             for _e_resources in _a_resources:
                 _e_resources.write(out, version)
-        else:
-            _a_resources = self.resources
-            write_uvarint(out, len(_a_resources) + 1)
-            for _e_resources in _a_resources:
-                _e_resources.write(out, version)
-        out += BOOL.pack(self.validate_only)
+            out += BOOL.pack(self.validate_only)
         if version >= 1:
             out.append(0)
 
@@ -6296,20 +8768,27 @@ class IncrementalAlterConfigsRequest(Message, kw_only=True, gc=False):
         v_resources: list[IncrementalAlterConfigsRequestAlterConfigsResource]
         v_validate_only: bool
         try:
-            if version <= 0:
+            if version >= 1:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_resources = []
+                for _ in range(_c):
+                    _s_resources, pos = IncrementalAlterConfigsRequestAlterConfigsResource.read(buf, pos, version)
+                    v_resources.append(_s_resources)
+                v_validate_only = BOOL.unpack_from(buf, pos)[0]
+                pos += 1
+            else:
                 _c, pos = read_count(buf, pos)
                 v_resources = []
                 for _ in range(_c):
                     _s_resources, pos = IncrementalAlterConfigsRequestAlterConfigsResource.read(buf, pos, version)
                     v_resources.append(_s_resources)
-            else:
-                _c, pos = read_ccount(buf, pos)
-                v_resources = []
-                for _ in range(_c):
-                    _s_resources, pos = IncrementalAlterConfigsRequestAlterConfigsResource.read(buf, pos, version)
-                    v_resources.append(_s_resources)
-            v_validate_only = BOOL.unpack_from(buf, pos)[0]
-            pos += 1
+                v_validate_only = BOOL.unpack_from(buf, pos)[0]
+                pos += 1
             if version >= 1:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -6332,16 +8811,26 @@ class IncrementalAlterConfigsResponseAlterConfigsResourceResponse(Message, kw_on
     resource_name: str = ''
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I16.pack(self.error_code)
-        if version <= 0:
+        if version >= 1:
+            out += I16.pack(self.error_code)
+            _v_error_message = self.error_message
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+                out.append(len(_v_error_message) + 1)
+                out += _v_error_message.encode()
+            else:
+                write_ncstr(out, _v_error_message)
+            out += I8.pack(self.resource_type)
+            _v_resource_name = self.resource_name
+            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii():
+                out.append(len(_v_resource_name) + 1)
+                out += _v_resource_name.encode()
+            else:
+                write_cstr(out, _v_resource_name)
+        else:
+            out += I16.pack(self.error_code)
             write_nstr(out, self.error_message)
-        else:
-            write_ncstr(out, self.error_message)
-        out += I8.pack(self.resource_type)
-        if version <= 0:
+            out += I8.pack(self.resource_type)
             write_str(out, self.resource_name)
-        else:
-            write_cstr(out, self.resource_name)
         if version >= 1:
             out.append(0)
 
@@ -6352,18 +8841,30 @@ class IncrementalAlterConfigsResponseAlterConfigsResourceResponse(Message, kw_on
         v_resource_type: int
         v_resource_name: str
         try:
-            v_error_code = I16.unpack_from(buf, pos)[0]
-            pos += 2
-            if version <= 0:
+            if version >= 1:
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_error_message, pos = read_ncstr(buf, pos)
+                v_resource_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_resource_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_resource_name, pos = read_cstr(buf, pos)
+            else:
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
                 v_error_message, pos = read_nstr(buf, pos)
-            else:
-                v_error_message, pos = read_ncstr(buf, pos)
-            v_resource_type = I8.unpack_from(buf, pos)[0]
-            pos += 1
-            if version <= 0:
+                v_resource_type = I8.unpack_from(buf, pos)[0]
+                pos += 1
                 v_resource_name, pos = read_str(buf, pos)
-            else:
-                v_resource_name, pos = read_cstr(buf, pos)
             if version >= 1:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -6390,15 +8891,19 @@ class IncrementalAlterConfigsResponse(Message, kw_only=True, gc=False):
     responses: list[IncrementalAlterConfigsResponseAlterConfigsResourceResponse] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.throttle_time_ms)
-        if version <= 0:
+        if version >= 1:
+            out += I32.pack(self.throttle_time_ms)
             _a_responses = self.responses
-            out += I32.pack(len(_a_responses))
+            if len(_a_responses) < 0x7F:
+                out.append(len(_a_responses) + 1)
+            else:
+                write_uvarint(out, len(_a_responses) + 1)
             for _e_responses in _a_responses:
                 _e_responses.write(out, version)
         else:
+            out += I32.pack(self.throttle_time_ms)
             _a_responses = self.responses
-            write_uvarint(out, len(_a_responses) + 1)
+            out += I32.pack(len(_a_responses))
             for _e_responses in _a_responses:
                 _e_responses.write(out, version)
         if version >= 1:
@@ -6409,16 +8914,23 @@ class IncrementalAlterConfigsResponse(Message, kw_only=True, gc=False):
         v_throttle_time_ms: int
         v_responses: list[IncrementalAlterConfigsResponseAlterConfigsResourceResponse]
         try:
-            v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            if version <= 0:
-                _c, pos = read_count(buf, pos)
+            if version >= 1:
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_responses = []
                 for _ in range(_c):
                     _s_responses, pos = IncrementalAlterConfigsResponseAlterConfigsResourceResponse.read(buf, pos, version)
                     v_responses.append(_s_responses)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _c, pos = read_count(buf, pos)
                 v_responses = []
                 for _ in range(_c):
                     _s_responses, pos = IncrementalAlterConfigsResponseAlterConfigsResourceResponse.read(buf, pos, version)
@@ -6450,21 +8962,49 @@ class InitProducerIdRequest(Message, kw_only=True, gc=False):
     keep_prepared_txn: bool = False
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 1:
-            write_nstr(out, self.transactional_id)
-        else:
-            write_ncstr(out, self.transactional_id)
-        out += I32.pack(self.transaction_timeout_ms)
-        if version >= 3:
-            out += _S_qh.pack(self.producer_id, self.producer_epoch)
-        else:
+        if version >= 6:
+            _v_transactional_id = self.transactional_id
+            if _v_transactional_id is not None and len(_v_transactional_id) < 0x7F and _v_transactional_id.isascii():
+                out.append(len(_v_transactional_id) + 1)
+                out += _v_transactional_id.encode()
+            else:
+                write_ncstr(out, _v_transactional_id)
+            out += _S_iqhoo.pack(self.transaction_timeout_ms, self.producer_id, self.producer_epoch, self.enable2_pc, self.keep_prepared_txn)
+        elif version >= 3:
+            _v_transactional_id = self.transactional_id
+            if _v_transactional_id is not None and len(_v_transactional_id) < 0x7F and _v_transactional_id.isascii():
+                out.append(len(_v_transactional_id) + 1)
+                out += _v_transactional_id.encode()
+            else:
+                write_ncstr(out, _v_transactional_id)
+            out += _S_iqh.pack(self.transaction_timeout_ms, self.producer_id, self.producer_epoch)
+            if self.enable2_pc != False:
+                raise unsupported("InitProducerIdRequest.enable2_pc", version)
+            if self.keep_prepared_txn != False:
+                raise unsupported("InitProducerIdRequest.keep_prepared_txn", version)
+        elif version >= 2:
+            _v_transactional_id = self.transactional_id
+            if _v_transactional_id is not None and len(_v_transactional_id) < 0x7F and _v_transactional_id.isascii():
+                out.append(len(_v_transactional_id) + 1)
+                out += _v_transactional_id.encode()
+            else:
+                write_ncstr(out, _v_transactional_id)
+            out += I32.pack(self.transaction_timeout_ms)
             if self.producer_id != -1:
                 raise unsupported("InitProducerIdRequest.producer_id", version)
             if self.producer_epoch != -1:
                 raise unsupported("InitProducerIdRequest.producer_epoch", version)
-        if version >= 6:
-            out += _S_oo.pack(self.enable2_pc, self.keep_prepared_txn)
+            if self.enable2_pc != False:
+                raise unsupported("InitProducerIdRequest.enable2_pc", version)
+            if self.keep_prepared_txn != False:
+                raise unsupported("InitProducerIdRequest.keep_prepared_txn", version)
         else:
+            write_nstr(out, self.transactional_id)
+            out += I32.pack(self.transaction_timeout_ms)
+            if self.producer_id != -1:
+                raise unsupported("InitProducerIdRequest.producer_id", version)
+            if self.producer_epoch != -1:
+                raise unsupported("InitProducerIdRequest.producer_epoch", version)
             if self.enable2_pc != False:
                 raise unsupported("InitProducerIdRequest.enable2_pc", version)
             if self.keep_prepared_txn != False:
@@ -6481,18 +9021,37 @@ class InitProducerIdRequest(Message, kw_only=True, gc=False):
         v_enable2_pc: bool = False
         v_keep_prepared_txn: bool = False
         try:
-            if version <= 1:
-                v_transactional_id, pos = read_nstr(buf, pos)
-            else:
-                v_transactional_id, pos = read_ncstr(buf, pos)
-            v_transaction_timeout_ms = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            if version >= 3:
-                v_producer_id, v_producer_epoch = _S_qh.unpack_from(buf, pos)
-                pos += 10
             if version >= 6:
-                v_enable2_pc, v_keep_prepared_txn = _S_oo.unpack_from(buf, pos)
-                pos += 2
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_transactional_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_transactional_id, pos = read_ncstr(buf, pos)
+                v_transaction_timeout_ms, v_producer_id, v_producer_epoch, v_enable2_pc, v_keep_prepared_txn = _S_iqhoo.unpack_from(buf, pos)
+                pos += 16
+            elif version >= 3:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_transactional_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_transactional_id, pos = read_ncstr(buf, pos)
+                v_transaction_timeout_ms, v_producer_id, v_producer_epoch = _S_iqh.unpack_from(buf, pos)
+                pos += 14
+            elif version >= 2:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_transactional_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_transactional_id, pos = read_ncstr(buf, pos)
+                v_transaction_timeout_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+            else:
+                v_transactional_id, pos = read_nstr(buf, pos)
+                v_transaction_timeout_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
             if version >= 2:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -6520,10 +9079,10 @@ class InitProducerIdResponse(Message, kw_only=True, gc=False):
     ongoing_txn_producer_epoch: int = -1
 
     def write(self, out: bytearray, version: int) -> None:
-        out += _S_ihqh.pack(self.throttle_time_ms, self.error_code, self.producer_id, self.producer_epoch)
         if version >= 6:
-            out += _S_qh.pack(self.ongoing_txn_producer_id, self.ongoing_txn_producer_epoch)
+            out += _S_ihqhqh.pack(self.throttle_time_ms, self.error_code, self.producer_id, self.producer_epoch, self.ongoing_txn_producer_id, self.ongoing_txn_producer_epoch)
         else:
+            out += _S_ihqh.pack(self.throttle_time_ms, self.error_code, self.producer_id, self.producer_epoch)
             if self.ongoing_txn_producer_id != -1:
                 raise unsupported("InitProducerIdResponse.ongoing_txn_producer_id", version)
             if self.ongoing_txn_producer_epoch != -1:
@@ -6540,11 +9099,12 @@ class InitProducerIdResponse(Message, kw_only=True, gc=False):
         v_ongoing_txn_producer_id: int = -1
         v_ongoing_txn_producer_epoch: int = -1
         try:
-            v_throttle_time_ms, v_error_code, v_producer_id, v_producer_epoch = _S_ihqh.unpack_from(buf, pos)
-            pos += 16
             if version >= 6:
-                v_ongoing_txn_producer_id, v_ongoing_txn_producer_epoch = _S_qh.unpack_from(buf, pos)
-                pos += 10
+                v_throttle_time_ms, v_error_code, v_producer_id, v_producer_epoch, v_ongoing_txn_producer_id, v_ongoing_txn_producer_epoch = _S_ihqhqh.unpack_from(buf, pos)
+                pos += 26
+            else:
+                v_throttle_time_ms, v_error_code, v_producer_id, v_producer_epoch = _S_ihqh.unpack_from(buf, pos)
+                pos += 16
             if version >= 2:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -6566,10 +9126,10 @@ class ListOffsetsRequestListOffsetsPartition(Message, kw_only=True, gc=False):
     timestamp: int = 0
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.partition_index)
         if version >= 4:
-            out += I32.pack(self.current_leader_epoch)
-        out += I64.pack(self.timestamp)
+            out += _S_iiq.pack(self.partition_index, self.current_leader_epoch, self.timestamp)
+        else:
+            out += _S_iq.pack(self.partition_index, self.timestamp)
         if version >= 6:
             out.append(0)
 
@@ -6579,13 +9139,12 @@ class ListOffsetsRequestListOffsetsPartition(Message, kw_only=True, gc=False):
         v_current_leader_epoch: int = -1
         v_timestamp: int
         try:
-            v_partition_index = I32.unpack_from(buf, pos)[0]
-            pos += 4
             if version >= 4:
-                v_current_leader_epoch = I32.unpack_from(buf, pos)[0]
-                pos += 4
-            v_timestamp = I64.unpack_from(buf, pos)[0]
-            pos += 8
+                v_partition_index, v_current_leader_epoch, v_timestamp = _S_iiq.unpack_from(buf, pos)
+                pos += 16
+            else:
+                v_partition_index, v_timestamp = _S_iq.unpack_from(buf, pos)
+                pos += 12
             if version >= 6:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -6609,18 +9168,24 @@ class ListOffsetsRequestListOffsetsTopic(Message, kw_only=True, gc=False):
     partitions: list[ListOffsetsRequestListOffsetsPartition] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 5:
-            write_str(out, self.name)
-        else:
-            write_cstr(out, self.name)
-        if version <= 5:
+        if version >= 6:
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_cstr(out, _v_name)
             _a_partitions = self.partitions
-            out += I32.pack(len(_a_partitions))
+            if len(_a_partitions) < 0x7F:
+                out.append(len(_a_partitions) + 1)
+            else:
+                write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         else:
+            write_str(out, self.name)
             _a_partitions = self.partitions
-            write_uvarint(out, len(_a_partitions) + 1)
+            out += I32.pack(len(_a_partitions))
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         if version >= 6:
@@ -6631,18 +9196,26 @@ class ListOffsetsRequestListOffsetsTopic(Message, kw_only=True, gc=False):
         v_name: str
         v_partitions: list[ListOffsetsRequestListOffsetsPartition]
         try:
-            if version <= 5:
-                v_name, pos = read_str(buf, pos)
-            else:
-                v_name, pos = read_cstr(buf, pos)
-            if version <= 5:
-                _c, pos = read_count(buf, pos)
+            if version >= 6:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_name, pos = read_cstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = ListOffsetsRequestListOffsetsPartition.read(buf, pos, version)
                     v_partitions.append(_s_partitions)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_name, pos = read_str(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = ListOffsetsRequestListOffsetsPartition.read(buf, pos, version)
@@ -6675,24 +9248,39 @@ class ListOffsetsRequest(Message, kw_only=True, gc=False):
     timeout_ms: int = 0
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.replica_id)
-        if version >= 2:
-            out += I8.pack(self.isolation_level)
-        else:
-            if self.isolation_level != 0:
-                raise unsupported("ListOffsetsRequest.isolation_level", version)
-        if version <= 5:
+        if version >= 10:
+            out += _S_ib.pack(self.replica_id, self.isolation_level)
+            _a_topics = self.topics
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
+            out += I32.pack(self.timeout_ms)
+        elif version >= 6:
+            out += _S_ib.pack(self.replica_id, self.isolation_level)
+            _a_topics = self.topics
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
+        elif version >= 2:
+            out += _S_ib.pack(self.replica_id, self.isolation_level)
             _a_topics = self.topics
             out += I32.pack(len(_a_topics))
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         else:
+            out += I32.pack(self.replica_id)
             _a_topics = self.topics
-            write_uvarint(out, len(_a_topics) + 1)
+            out += I32.pack(len(_a_topics))
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
-        if version >= 10:
-            out += I32.pack(self.timeout_ms)
+            if self.isolation_level != 0:
+                raise unsupported("ListOffsetsRequest.isolation_level", version)
         if version >= 6:
             out.append(0)
 
@@ -6703,26 +9291,50 @@ class ListOffsetsRequest(Message, kw_only=True, gc=False):
         v_topics: list[ListOffsetsRequestListOffsetsTopic]
         v_timeout_ms: int = 0
         try:
-            v_replica_id = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            if version >= 2:
-                v_isolation_level = I8.unpack_from(buf, pos)[0]
-                pos += 1
-            if version <= 5:
+            if version >= 10:
+                v_replica_id, v_isolation_level = _S_ib.unpack_from(buf, pos)
+                pos += 5
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = ListOffsetsRequestListOffsetsTopic.read(buf, pos, version)
+                    v_topics.append(_s_topics)
+                v_timeout_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+            elif version >= 6:
+                v_replica_id, v_isolation_level = _S_ib.unpack_from(buf, pos)
+                pos += 5
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = ListOffsetsRequestListOffsetsTopic.read(buf, pos, version)
+                    v_topics.append(_s_topics)
+            elif version >= 2:
+                v_replica_id, v_isolation_level = _S_ib.unpack_from(buf, pos)
+                pos += 5
                 _c, pos = read_count(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = ListOffsetsRequestListOffsetsTopic.read(buf, pos, version)
                     v_topics.append(_s_topics)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_replica_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _c, pos = read_count(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = ListOffsetsRequestListOffsetsTopic.read(buf, pos, version)
                     v_topics.append(_s_topics)
-            if version >= 10:
-                v_timeout_ms = I32.unpack_from(buf, pos)[0]
-                pos += 4
             if version >= 6:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -6746,10 +9358,10 @@ class ListOffsetsResponseListOffsetsPartitionResponse(Message, kw_only=True, gc=
     leader_epoch: int = -1
 
     def write(self, out: bytearray, version: int) -> None:
-        out += _S_ihqq.pack(self.partition_index, self.error_code, self.timestamp, self.offset)
         if version >= 4:
-            out += I32.pack(self.leader_epoch)
+            out += _S_ihqqi.pack(self.partition_index, self.error_code, self.timestamp, self.offset, self.leader_epoch)
         else:
+            out += _S_ihqq.pack(self.partition_index, self.error_code, self.timestamp, self.offset)
             if self.leader_epoch != -1:
                 raise unsupported("ListOffsetsResponseListOffsetsPartitionResponse.leader_epoch", version)
         if version >= 6:
@@ -6763,11 +9375,12 @@ class ListOffsetsResponseListOffsetsPartitionResponse(Message, kw_only=True, gc=
         v_offset: int
         v_leader_epoch: int = -1
         try:
-            v_partition_index, v_error_code, v_timestamp, v_offset = _S_ihqq.unpack_from(buf, pos)
-            pos += 22
             if version >= 4:
-                v_leader_epoch = I32.unpack_from(buf, pos)[0]
-                pos += 4
+                v_partition_index, v_error_code, v_timestamp, v_offset, v_leader_epoch = _S_ihqqi.unpack_from(buf, pos)
+                pos += 26
+            else:
+                v_partition_index, v_error_code, v_timestamp, v_offset = _S_ihqq.unpack_from(buf, pos)
+                pos += 22
             if version >= 6:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -6791,18 +9404,24 @@ class ListOffsetsResponseListOffsetsTopicResponse(Message, kw_only=True, gc=Fals
     partitions: list[ListOffsetsResponseListOffsetsPartitionResponse] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 5:
-            write_str(out, self.name)
-        else:
-            write_cstr(out, self.name)
-        if version <= 5:
+        if version >= 6:
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_cstr(out, _v_name)
             _a_partitions = self.partitions
-            out += I32.pack(len(_a_partitions))
+            if len(_a_partitions) < 0x7F:
+                out.append(len(_a_partitions) + 1)
+            else:
+                write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         else:
+            write_str(out, self.name)
             _a_partitions = self.partitions
-            write_uvarint(out, len(_a_partitions) + 1)
+            out += I32.pack(len(_a_partitions))
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         if version >= 6:
@@ -6813,18 +9432,26 @@ class ListOffsetsResponseListOffsetsTopicResponse(Message, kw_only=True, gc=Fals
         v_name: str
         v_partitions: list[ListOffsetsResponseListOffsetsPartitionResponse]
         try:
-            if version <= 5:
-                v_name, pos = read_str(buf, pos)
-            else:
-                v_name, pos = read_cstr(buf, pos)
-            if version <= 5:
-                _c, pos = read_count(buf, pos)
+            if version >= 6:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_name, pos = read_cstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = ListOffsetsResponseListOffsetsPartitionResponse.read(buf, pos, version)
                     v_partitions.append(_s_partitions)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_name, pos = read_str(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = ListOffsetsResponseListOffsetsPartitionResponse.read(buf, pos, version)
@@ -6855,16 +9482,24 @@ class ListOffsetsResponse(Message, kw_only=True, gc=False):
     topics: list[ListOffsetsResponseListOffsetsTopicResponse] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version >= 2:
+        if version >= 6:
             out += I32.pack(self.throttle_time_ms)
-        if version <= 5:
+            _a_topics = self.topics
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
+        elif version >= 2:
+            out += I32.pack(self.throttle_time_ms)
             _a_topics = self.topics
             out += I32.pack(len(_a_topics))
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         else:
             _a_topics = self.topics
-            write_uvarint(out, len(_a_topics) + 1)
+            out += I32.pack(len(_a_topics))
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         if version >= 6:
@@ -6875,17 +9510,29 @@ class ListOffsetsResponse(Message, kw_only=True, gc=False):
         v_throttle_time_ms: int = 0
         v_topics: list[ListOffsetsResponseListOffsetsTopicResponse]
         try:
-            if version >= 2:
+            if version >= 6:
                 v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
                 pos += 4
-            if version <= 5:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = ListOffsetsResponseListOffsetsTopicResponse.read(buf, pos, version)
+                    v_topics.append(_s_topics)
+            elif version >= 2:
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
                 _c, pos = read_count(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = ListOffsetsResponseListOffsetsTopicResponse.read(buf, pos, version)
                     v_topics.append(_s_topics)
             else:
-                _c, pos = read_ccount(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = ListOffsetsResponseListOffsetsTopicResponse.read(buf, pos, version)
@@ -6911,13 +9558,26 @@ class MetadataRequestMetadataRequestTopic(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         if version >= 10:
-            write_uuid(out, self.topic_id)
-        if version <= 8:
-            write_str(out, self.name)
-        elif version == 9:
-            write_cstr(out, self.name)
+            _v_topic_id = self.topic_id
+            if len(_v_topic_id) == 16:
+                out += _v_topic_id
+            else:
+                write_uuid(out, _v_topic_id)  # the error
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_ncstr(out, _v_name)
+        elif version >= 9:
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_cstr(out, _v_name)
         else:
-            write_ncstr(out, self.name)
+            write_str(out, self.name)
         if version >= 9:
             out.append(0)
 
@@ -6927,13 +9587,26 @@ class MetadataRequestMetadataRequestTopic(Message, kw_only=True, gc=False):
         v_name: str | None
         try:
             if version >= 10:
-                v_topic_id, pos = read_uuid(buf, pos)
-            if version <= 8:
-                v_name, pos = read_str(buf, pos)
-            elif version == 9:
-                v_name, pos = read_cstr(buf, pos)
+                if pos + 16 <= len(buf):
+                    v_topic_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_topic_id, pos = read_uuid(buf, pos)  # the error
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_name, pos = read_ncstr(buf, pos)
+            elif version >= 9:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_name, pos = read_cstr(buf, pos)
             else:
-                v_name, pos = read_ncstr(buf, pos)
+                v_name, pos = read_str(buf, pos)
             if version >= 9:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -6962,14 +9635,33 @@ class MetadataRequest(Message, kw_only=True, gc=False):
     include_topic_authorized_operations: bool = False
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 0:
+        if version >= 11:
             _a_topics = self.topics
             if _a_topics is None:
-                raise null_error("topics", version)
-            out += I32.pack(len(_a_topics))
-            for _e_topics in _a_topics:
-                _e_topics.write(out, version)
-        elif 1 <= version <= 8:
+                out.append(0)
+            else:
+                if len(_a_topics) < 0x7F:
+                    out.append(len(_a_topics) + 1)
+                else:
+                    write_uvarint(out, len(_a_topics) + 1)
+                for _e_topics in _a_topics:
+                    _e_topics.write(out, version)
+            out += _S_oo.pack(self.allow_auto_topic_creation, self.include_topic_authorized_operations)
+            if self.include_cluster_authorized_operations != False:
+                raise unsupported("MetadataRequest.include_cluster_authorized_operations", version)
+        elif version >= 9:
+            _a_topics = self.topics
+            if _a_topics is None:
+                out.append(0)
+            else:
+                if len(_a_topics) < 0x7F:
+                    out.append(len(_a_topics) + 1)
+                else:
+                    write_uvarint(out, len(_a_topics) + 1)
+                for _e_topics in _a_topics:
+                    _e_topics.write(out, version)
+            out += _S_ooo.pack(self.allow_auto_topic_creation, self.include_cluster_authorized_operations, self.include_topic_authorized_operations)
+        elif version >= 8:
             _a_topics = self.topics
             if _a_topics is None:
                 out += b"\xff\xff\xff\xff"
@@ -6977,27 +9669,45 @@ class MetadataRequest(Message, kw_only=True, gc=False):
                 out += I32.pack(len(_a_topics))
                 for _e_topics in _a_topics:
                     _e_topics.write(out, version)
+            out += _S_ooo.pack(self.allow_auto_topic_creation, self.include_cluster_authorized_operations, self.include_topic_authorized_operations)
+        elif version >= 4:
+            _a_topics = self.topics
+            if _a_topics is None:
+                out += b"\xff\xff\xff\xff"
+            else:
+                out += I32.pack(len(_a_topics))
+                for _e_topics in _a_topics:
+                    _e_topics.write(out, version)
+            out += BOOL.pack(self.allow_auto_topic_creation)
+            if self.include_cluster_authorized_operations != False:
+                raise unsupported("MetadataRequest.include_cluster_authorized_operations", version)
+            if self.include_topic_authorized_operations != False:
+                raise unsupported("MetadataRequest.include_topic_authorized_operations", version)
+        elif version >= 1:
+            _a_topics = self.topics
+            if _a_topics is None:
+                out += b"\xff\xff\xff\xff"
+            else:
+                out += I32.pack(len(_a_topics))
+                for _e_topics in _a_topics:
+                    _e_topics.write(out, version)
+            if self.allow_auto_topic_creation != True:
+                raise unsupported("MetadataRequest.allow_auto_topic_creation", version)
+            if self.include_cluster_authorized_operations != False:
+                raise unsupported("MetadataRequest.include_cluster_authorized_operations", version)
+            if self.include_topic_authorized_operations != False:
+                raise unsupported("MetadataRequest.include_topic_authorized_operations", version)
         else:
             _a_topics = self.topics
             if _a_topics is None:
-                out.append(0)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
-                for _e_topics in _a_topics:
-                    _e_topics.write(out, version)
-        if version >= 4:
-            out += BOOL.pack(self.allow_auto_topic_creation)
-        else:
+                raise null_error("topics", version)
+            out += I32.pack(len(_a_topics))
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
             if self.allow_auto_topic_creation != True:
                 raise unsupported("MetadataRequest.allow_auto_topic_creation", version)
-        if 8 <= version <= 10:
-            out += BOOL.pack(self.include_cluster_authorized_operations)
-        else:
             if self.include_cluster_authorized_operations != False:
                 raise unsupported("MetadataRequest.include_cluster_authorized_operations", version)
-        if version >= 8:
-            out += BOOL.pack(self.include_topic_authorized_operations)
-        else:
             if self.include_topic_authorized_operations != False:
                 raise unsupported("MetadataRequest.include_topic_authorized_operations", version)
         if version >= 9:
@@ -7010,13 +9720,61 @@ class MetadataRequest(Message, kw_only=True, gc=False):
         v_include_cluster_authorized_operations: bool = False
         v_include_topic_authorized_operations: bool = False
         try:
-            if version <= 0:
-                _c, pos = read_count(buf, pos)
-                v_topics = []
-                for _ in range(_c):
-                    _s_topics, pos = MetadataRequestMetadataRequestTopic.read(buf, pos, version)
-                    v_topics.append(_s_topics)
-            elif 1 <= version <= 8:
+            if version >= 11:
+                _b = buf[pos]
+                if _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_nccount(buf, pos)
+                if _c < 0:
+                    v_topics = None
+                else:
+                    v_topics = []
+                    for _ in range(_c):
+                        _s_topics, pos = MetadataRequestMetadataRequestTopic.read(buf, pos, version)
+                        v_topics.append(_s_topics)
+                v_allow_auto_topic_creation, v_include_topic_authorized_operations = _S_oo.unpack_from(buf, pos)
+                pos += 2
+            elif version >= 9:
+                _b = buf[pos]
+                if _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_nccount(buf, pos)
+                if _c < 0:
+                    v_topics = None
+                else:
+                    v_topics = []
+                    for _ in range(_c):
+                        _s_topics, pos = MetadataRequestMetadataRequestTopic.read(buf, pos, version)
+                        v_topics.append(_s_topics)
+                v_allow_auto_topic_creation, v_include_cluster_authorized_operations, v_include_topic_authorized_operations = _S_ooo.unpack_from(buf, pos)
+                pos += 3
+            elif version >= 8:
+                _c, pos = read_ncount(buf, pos)
+                if _c < 0:
+                    v_topics = None
+                else:
+                    v_topics = []
+                    for _ in range(_c):
+                        _s_topics, pos = MetadataRequestMetadataRequestTopic.read(buf, pos, version)
+                        v_topics.append(_s_topics)
+                v_allow_auto_topic_creation, v_include_cluster_authorized_operations, v_include_topic_authorized_operations = _S_ooo.unpack_from(buf, pos)
+                pos += 3
+            elif version >= 4:
+                _c, pos = read_ncount(buf, pos)
+                if _c < 0:
+                    v_topics = None
+                else:
+                    v_topics = []
+                    for _ in range(_c):
+                        _s_topics, pos = MetadataRequestMetadataRequestTopic.read(buf, pos, version)
+                        v_topics.append(_s_topics)
+                v_allow_auto_topic_creation = BOOL.unpack_from(buf, pos)[0]
+                pos += 1
+            elif version >= 1:
                 _c, pos = read_ncount(buf, pos)
                 if _c < 0:
                     v_topics = None
@@ -7026,23 +9784,11 @@ class MetadataRequest(Message, kw_only=True, gc=False):
                         _s_topics, pos = MetadataRequestMetadataRequestTopic.read(buf, pos, version)
                         v_topics.append(_s_topics)
             else:
-                _c, pos = read_nccount(buf, pos)
-                if _c < 0:
-                    v_topics = None
-                else:
-                    v_topics = []
-                    for _ in range(_c):
-                        _s_topics, pos = MetadataRequestMetadataRequestTopic.read(buf, pos, version)
-                        v_topics.append(_s_topics)
-            if version >= 4:
-                v_allow_auto_topic_creation = BOOL.unpack_from(buf, pos)[0]
-                pos += 1
-            if 8 <= version <= 10:
-                v_include_cluster_authorized_operations = BOOL.unpack_from(buf, pos)[0]
-                pos += 1
-            if version >= 8:
-                v_include_topic_authorized_operations = BOOL.unpack_from(buf, pos)[0]
-                pos += 1
+                _c, pos = read_count(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = MetadataRequestMetadataRequestTopic.read(buf, pos, version)
+                    v_topics.append(_s_topics)
             if version >= 9:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -7065,17 +9811,30 @@ class MetadataResponseMetadataResponseBroker(Message, kw_only=True, gc=False):
     rack: str | None = None
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.node_id)
-        if version <= 8:
-            write_str(out, self.host)
-        else:
-            write_cstr(out, self.host)
-        out += I32.pack(self.port)
-        if version >= 1:
-            if version <= 8:
-                write_nstr(out, self.rack)
+        if version >= 9:
+            out += I32.pack(self.node_id)
+            _v_host = self.host
+            if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
+                out.append(len(_v_host) + 1)
+                out += _v_host.encode()
             else:
-                write_ncstr(out, self.rack)
+                write_cstr(out, _v_host)
+            out += I32.pack(self.port)
+            _v_rack = self.rack
+            if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii():
+                out.append(len(_v_rack) + 1)
+                out += _v_rack.encode()
+            else:
+                write_ncstr(out, _v_rack)
+        elif version >= 1:
+            out += I32.pack(self.node_id)
+            write_str(out, self.host)
+            out += I32.pack(self.port)
+            write_nstr(out, self.rack)
+        else:
+            out += I32.pack(self.node_id)
+            write_str(out, self.host)
+            out += I32.pack(self.port)
         if version >= 9:
             out.append(0)
 
@@ -7086,19 +9845,36 @@ class MetadataResponseMetadataResponseBroker(Message, kw_only=True, gc=False):
         v_port: int
         v_rack: str | None = None
         try:
-            v_node_id = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            if version <= 8:
-                v_host, pos = read_str(buf, pos)
-            else:
-                v_host, pos = read_cstr(buf, pos)
-            v_port = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            if version >= 1:
-                if version <= 8:
-                    v_rack, pos = read_nstr(buf, pos)
+            if version >= 9:
+                v_node_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_host = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_host, pos = read_cstr(buf, pos)
+                v_port = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_rack = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
                 else:
                     v_rack, pos = read_ncstr(buf, pos)
+            elif version >= 1:
+                v_node_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                v_host, pos = read_str(buf, pos)
+                v_port = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                v_rack, pos = read_nstr(buf, pos)
+            else:
+                v_node_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                v_host, pos = read_str(buf, pos)
+                v_port = I32.unpack_from(buf, pos)[0]
+                pos += 4
             if version >= 9:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -7127,34 +9903,56 @@ class MetadataResponseMetadataResponsePartition(Message, kw_only=True, gc=False)
     offline_replicas: list[int] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += _S_hii.pack(self.error_code, self.partition_index, self.leader_id)
-        if version >= 7:
-            out += I32.pack(self.leader_epoch)
-        if version <= 8:
+        if version >= 9:
+            out += _S_hiii.pack(self.error_code, self.partition_index, self.leader_id, self.leader_epoch)
+            _a_replica_nodes = self.replica_nodes
+            if len(_a_replica_nodes) < 0x7F:
+                out.append(len(_a_replica_nodes) + 1)
+            else:
+                write_uvarint(out, len(_a_replica_nodes) + 1)
+            out += struct.pack(">%di" % len(_a_replica_nodes), *_a_replica_nodes)
+            _a_isr_nodes = self.isr_nodes
+            if len(_a_isr_nodes) < 0x7F:
+                out.append(len(_a_isr_nodes) + 1)
+            else:
+                write_uvarint(out, len(_a_isr_nodes) + 1)
+            out += struct.pack(">%di" % len(_a_isr_nodes), *_a_isr_nodes)
+            _a_offline_replicas = self.offline_replicas
+            if len(_a_offline_replicas) < 0x7F:
+                out.append(len(_a_offline_replicas) + 1)
+            else:
+                write_uvarint(out, len(_a_offline_replicas) + 1)
+            out += struct.pack(">%di" % len(_a_offline_replicas), *_a_offline_replicas)
+        elif version >= 7:
+            out += _S_hiii.pack(self.error_code, self.partition_index, self.leader_id, self.leader_epoch)
             _a_replica_nodes = self.replica_nodes
             out += I32.pack(len(_a_replica_nodes))
             out += struct.pack(">%di" % len(_a_replica_nodes), *_a_replica_nodes)
-        else:
-            _a_replica_nodes = self.replica_nodes
-            write_uvarint(out, len(_a_replica_nodes) + 1)
-            out += struct.pack(">%di" % len(_a_replica_nodes), *_a_replica_nodes)
-        if version <= 8:
             _a_isr_nodes = self.isr_nodes
             out += I32.pack(len(_a_isr_nodes))
             out += struct.pack(">%di" % len(_a_isr_nodes), *_a_isr_nodes)
-        else:
+            _a_offline_replicas = self.offline_replicas
+            out += I32.pack(len(_a_offline_replicas))
+            out += struct.pack(">%di" % len(_a_offline_replicas), *_a_offline_replicas)
+        elif version >= 5:
+            out += _S_hii.pack(self.error_code, self.partition_index, self.leader_id)
+            _a_replica_nodes = self.replica_nodes
+            out += I32.pack(len(_a_replica_nodes))
+            out += struct.pack(">%di" % len(_a_replica_nodes), *_a_replica_nodes)
             _a_isr_nodes = self.isr_nodes
-            write_uvarint(out, len(_a_isr_nodes) + 1)
+            out += I32.pack(len(_a_isr_nodes))
             out += struct.pack(">%di" % len(_a_isr_nodes), *_a_isr_nodes)
-        if version >= 5:
-            if version <= 8:
-                _a_offline_replicas = self.offline_replicas
-                out += I32.pack(len(_a_offline_replicas))
-                out += struct.pack(">%di" % len(_a_offline_replicas), *_a_offline_replicas)
-            else:
-                _a_offline_replicas = self.offline_replicas
-                write_uvarint(out, len(_a_offline_replicas) + 1)
-                out += struct.pack(">%di" % len(_a_offline_replicas), *_a_offline_replicas)
+            _a_offline_replicas = self.offline_replicas
+            out += I32.pack(len(_a_offline_replicas))
+            out += struct.pack(">%di" % len(_a_offline_replicas), *_a_offline_replicas)
+        else:
+            out += _S_hii.pack(self.error_code, self.partition_index, self.leader_id)
+            _a_replica_nodes = self.replica_nodes
+            out += I32.pack(len(_a_replica_nodes))
+            out += struct.pack(">%di" % len(_a_replica_nodes), *_a_replica_nodes)
+            _a_isr_nodes = self.isr_nodes
+            out += I32.pack(len(_a_isr_nodes))
+            out += struct.pack(">%di" % len(_a_isr_nodes), *_a_isr_nodes)
         if version >= 9:
             out.append(0)
 
@@ -7168,36 +9966,66 @@ class MetadataResponseMetadataResponsePartition(Message, kw_only=True, gc=False)
         v_isr_nodes: list[int]
         v_offline_replicas: list[int] = []
         try:
-            v_error_code, v_partition_index, v_leader_id = _S_hii.unpack_from(buf, pos)
-            pos += 10
-            if version >= 7:
-                v_leader_epoch = I32.unpack_from(buf, pos)[0]
-                pos += 4
-            if version <= 8:
-                _c, pos = read_count(buf, pos)
-                v_replica_nodes = list(struct.unpack_from(">%di" % _c, buf, pos))
-                pos += 4 * _c
-            else:
-                _c, pos = read_ccount(buf, pos)
-                v_replica_nodes = list(struct.unpack_from(">%di" % _c, buf, pos))
-                pos += 4 * _c
-            if version <= 8:
-                _c, pos = read_count(buf, pos)
-                v_isr_nodes = list(struct.unpack_from(">%di" % _c, buf, pos))
-                pos += 4 * _c
-            else:
-                _c, pos = read_ccount(buf, pos)
-                v_isr_nodes = list(struct.unpack_from(">%di" % _c, buf, pos))
-                pos += 4 * _c
-            if version >= 5:
-                if version <= 8:
-                    _c, pos = read_count(buf, pos)
-                    v_offline_replicas = list(struct.unpack_from(">%di" % _c, buf, pos))
-                    pos += 4 * _c
+            if version >= 9:
+                v_error_code, v_partition_index, v_leader_id, v_leader_epoch = _S_hiii.unpack_from(buf, pos)
+                pos += 14
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
                 else:
                     _c, pos = read_ccount(buf, pos)
-                    v_offline_replicas = list(struct.unpack_from(">%di" % _c, buf, pos))
-                    pos += 4 * _c
+                v_replica_nodes = list(struct.unpack_from(">%di" % _c, buf, pos))
+                pos += 4 * _c
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_isr_nodes = list(struct.unpack_from(">%di" % _c, buf, pos))
+                pos += 4 * _c
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_offline_replicas = list(struct.unpack_from(">%di" % _c, buf, pos))
+                pos += 4 * _c
+            elif version >= 7:
+                v_error_code, v_partition_index, v_leader_id, v_leader_epoch = _S_hiii.unpack_from(buf, pos)
+                pos += 14
+                _c, pos = read_count(buf, pos)
+                v_replica_nodes = list(struct.unpack_from(">%di" % _c, buf, pos))
+                pos += 4 * _c
+                _c, pos = read_count(buf, pos)
+                v_isr_nodes = list(struct.unpack_from(">%di" % _c, buf, pos))
+                pos += 4 * _c
+                _c, pos = read_count(buf, pos)
+                v_offline_replicas = list(struct.unpack_from(">%di" % _c, buf, pos))
+                pos += 4 * _c
+            elif version >= 5:
+                v_error_code, v_partition_index, v_leader_id = _S_hii.unpack_from(buf, pos)
+                pos += 10
+                _c, pos = read_count(buf, pos)
+                v_replica_nodes = list(struct.unpack_from(">%di" % _c, buf, pos))
+                pos += 4 * _c
+                _c, pos = read_count(buf, pos)
+                v_isr_nodes = list(struct.unpack_from(">%di" % _c, buf, pos))
+                pos += 4 * _c
+                _c, pos = read_count(buf, pos)
+                v_offline_replicas = list(struct.unpack_from(">%di" % _c, buf, pos))
+                pos += 4 * _c
+            else:
+                v_error_code, v_partition_index, v_leader_id = _S_hii.unpack_from(buf, pos)
+                pos += 10
+                _c, pos = read_count(buf, pos)
+                v_replica_nodes = list(struct.unpack_from(">%di" % _c, buf, pos))
+                pos += 4 * _c
+                _c, pos = read_count(buf, pos)
+                v_isr_nodes = list(struct.unpack_from(">%di" % _c, buf, pos))
+                pos += 4 * _c
             if version >= 9:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -7225,30 +10053,93 @@ class MetadataResponseMetadataResponseTopic(Message, kw_only=True, gc=False):
     topic_authorized_operations: int = -2147483648
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I16.pack(self.error_code)
-        if version <= 8:
-            write_str(out, self.name)
-        elif 9 <= version <= 11:
-            write_cstr(out, self.name)
-        else:
-            write_ncstr(out, self.name)
-        if version >= 10:
-            write_uuid(out, self.topic_id)
-        if version >= 1:
+        if version >= 12:
+            out += I16.pack(self.error_code)
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_ncstr(out, _v_name)
+            _v_topic_id = self.topic_id
+            if len(_v_topic_id) == 16:
+                out += _v_topic_id
+            else:
+                write_uuid(out, _v_topic_id)  # the error
             out += BOOL.pack(self.is_internal)
-        if version <= 8:
+            _a_partitions = self.partitions
+            if len(_a_partitions) < 0x7F:
+                out.append(len(_a_partitions) + 1)
+            else:
+                write_uvarint(out, len(_a_partitions) + 1)
+            for _e_partitions in _a_partitions:
+                _e_partitions.write(out, version)
+            out += I32.pack(self.topic_authorized_operations)
+        elif version >= 10:
+            out += I16.pack(self.error_code)
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_cstr(out, _v_name)
+            _v_topic_id = self.topic_id
+            if len(_v_topic_id) == 16:
+                out += _v_topic_id
+            else:
+                write_uuid(out, _v_topic_id)  # the error
+            out += BOOL.pack(self.is_internal)
+            _a_partitions = self.partitions
+            if len(_a_partitions) < 0x7F:
+                out.append(len(_a_partitions) + 1)
+            else:
+                write_uvarint(out, len(_a_partitions) + 1)
+            for _e_partitions in _a_partitions:
+                _e_partitions.write(out, version)
+            out += I32.pack(self.topic_authorized_operations)
+        elif version >= 9:
+            out += I16.pack(self.error_code)
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_cstr(out, _v_name)
+            out += BOOL.pack(self.is_internal)
+            _a_partitions = self.partitions
+            if len(_a_partitions) < 0x7F:
+                out.append(len(_a_partitions) + 1)
+            else:
+                write_uvarint(out, len(_a_partitions) + 1)
+            for _e_partitions in _a_partitions:
+                _e_partitions.write(out, version)
+            out += I32.pack(self.topic_authorized_operations)
+        elif version >= 8:
+            out += I16.pack(self.error_code)
+            write_str(out, self.name)
+            out += BOOL.pack(self.is_internal)
             _a_partitions = self.partitions
             out += I32.pack(len(_a_partitions))
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
-        else:
+            out += I32.pack(self.topic_authorized_operations)
+        elif version >= 1:
+            out += I16.pack(self.error_code)
+            write_str(out, self.name)
+            out += BOOL.pack(self.is_internal)
             _a_partitions = self.partitions
-            write_uvarint(out, len(_a_partitions) + 1)
+            out += I32.pack(len(_a_partitions))
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
-        if version >= 8:
-            out += I32.pack(self.topic_authorized_operations)
+            if self.topic_authorized_operations != -2147483648:
+                raise unsupported("MetadataResponseMetadataResponseTopic.topic_authorized_operations", version)
         else:
+            out += I16.pack(self.error_code)
+            write_str(out, self.name)
+            _a_partitions = self.partitions
+            out += I32.pack(len(_a_partitions))
+            for _e_partitions in _a_partitions:
+                _e_partitions.write(out, version)
             if self.topic_authorized_operations != -2147483648:
                 raise unsupported("MetadataResponseMetadataResponseTopic.topic_authorized_operations", version)
         if version >= 9:
@@ -7263,34 +10154,118 @@ class MetadataResponseMetadataResponseTopic(Message, kw_only=True, gc=False):
         v_partitions: list[MetadataResponseMetadataResponsePartition]
         v_topic_authorized_operations: int = -2147483648
         try:
-            v_error_code = I16.unpack_from(buf, pos)[0]
-            pos += 2
-            if version <= 8:
-                v_name, pos = read_str(buf, pos)
-            elif 9 <= version <= 11:
-                v_name, pos = read_cstr(buf, pos)
-            else:
-                v_name, pos = read_ncstr(buf, pos)
-            if version >= 10:
-                v_topic_id, pos = read_uuid(buf, pos)
-            if version >= 1:
+            if version >= 12:
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_name, pos = read_ncstr(buf, pos)
+                if pos + 16 <= len(buf):
+                    v_topic_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_topic_id, pos = read_uuid(buf, pos)  # the error
                 v_is_internal = BOOL.unpack_from(buf, pos)[0]
                 pos += 1
-            if version <= 8:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_partitions = []
+                for _ in range(_c):
+                    _s_partitions, pos = MetadataResponseMetadataResponsePartition.read(buf, pos, version)
+                    v_partitions.append(_s_partitions)
+                v_topic_authorized_operations = I32.unpack_from(buf, pos)[0]
+                pos += 4
+            elif version >= 10:
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_name, pos = read_cstr(buf, pos)
+                if pos + 16 <= len(buf):
+                    v_topic_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_topic_id, pos = read_uuid(buf, pos)  # the error
+                v_is_internal = BOOL.unpack_from(buf, pos)[0]
+                pos += 1
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_partitions = []
+                for _ in range(_c):
+                    _s_partitions, pos = MetadataResponseMetadataResponsePartition.read(buf, pos, version)
+                    v_partitions.append(_s_partitions)
+                v_topic_authorized_operations = I32.unpack_from(buf, pos)[0]
+                pos += 4
+            elif version >= 9:
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_name, pos = read_cstr(buf, pos)
+                v_is_internal = BOOL.unpack_from(buf, pos)[0]
+                pos += 1
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_partitions = []
+                for _ in range(_c):
+                    _s_partitions, pos = MetadataResponseMetadataResponsePartition.read(buf, pos, version)
+                    v_partitions.append(_s_partitions)
+                v_topic_authorized_operations = I32.unpack_from(buf, pos)[0]
+                pos += 4
+            elif version >= 8:
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                v_name, pos = read_str(buf, pos)
+                v_is_internal = BOOL.unpack_from(buf, pos)[0]
+                pos += 1
+                _c, pos = read_count(buf, pos)
+                v_partitions = []
+                for _ in range(_c):
+                    _s_partitions, pos = MetadataResponseMetadataResponsePartition.read(buf, pos, version)
+                    v_partitions.append(_s_partitions)
+                v_topic_authorized_operations = I32.unpack_from(buf, pos)[0]
+                pos += 4
+            elif version >= 1:
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                v_name, pos = read_str(buf, pos)
+                v_is_internal = BOOL.unpack_from(buf, pos)[0]
+                pos += 1
                 _c, pos = read_count(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = MetadataResponseMetadataResponsePartition.read(buf, pos, version)
                     v_partitions.append(_s_partitions)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+                v_name, pos = read_str(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = MetadataResponseMetadataResponsePartition.read(buf, pos, version)
                     v_partitions.append(_s_partitions)
-            if version >= 8:
-                v_topic_authorized_operations = I32.unpack_from(buf, pos)[0]
-                pos += 4
             if version >= 9:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -7322,42 +10297,144 @@ class MetadataResponse(Message, kw_only=True, gc=False):
     error_code: int = 0
 
     def write(self, out: bytearray, version: int) -> None:
-        if version >= 3:
+        if version >= 13:
             out += I32.pack(self.throttle_time_ms)
-        if version <= 8:
+            _a_brokers = self.brokers
+            if len(_a_brokers) < 0x7F:
+                out.append(len(_a_brokers) + 1)
+            else:
+                write_uvarint(out, len(_a_brokers) + 1)
+            for _e_brokers in _a_brokers:
+                _e_brokers.write(out, version)
+            _v_cluster_id = self.cluster_id
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+                out.append(len(_v_cluster_id) + 1)
+                out += _v_cluster_id.encode()
+            else:
+                write_ncstr(out, _v_cluster_id)
+            out += I32.pack(self.controller_id)
+            _a_topics = self.topics
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
+            out += I16.pack(self.error_code)
+            if self.cluster_authorized_operations != -2147483648:
+                raise unsupported("MetadataResponse.cluster_authorized_operations", version)
+        elif version >= 11:
+            out += I32.pack(self.throttle_time_ms)
+            _a_brokers = self.brokers
+            if len(_a_brokers) < 0x7F:
+                out.append(len(_a_brokers) + 1)
+            else:
+                write_uvarint(out, len(_a_brokers) + 1)
+            for _e_brokers in _a_brokers:
+                _e_brokers.write(out, version)
+            _v_cluster_id = self.cluster_id
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+                out.append(len(_v_cluster_id) + 1)
+                out += _v_cluster_id.encode()
+            else:
+                write_ncstr(out, _v_cluster_id)
+            out += I32.pack(self.controller_id)
+            _a_topics = self.topics
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
+            if self.cluster_authorized_operations != -2147483648:
+                raise unsupported("MetadataResponse.cluster_authorized_operations", version)
+        elif version >= 9:
+            out += I32.pack(self.throttle_time_ms)
+            _a_brokers = self.brokers
+            if len(_a_brokers) < 0x7F:
+                out.append(len(_a_brokers) + 1)
+            else:
+                write_uvarint(out, len(_a_brokers) + 1)
+            for _e_brokers in _a_brokers:
+                _e_brokers.write(out, version)
+            _v_cluster_id = self.cluster_id
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+                out.append(len(_v_cluster_id) + 1)
+                out += _v_cluster_id.encode()
+            else:
+                write_ncstr(out, _v_cluster_id)
+            out += I32.pack(self.controller_id)
+            _a_topics = self.topics
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
+            out += I32.pack(self.cluster_authorized_operations)
+        elif version >= 8:
+            out += I32.pack(self.throttle_time_ms)
             _a_brokers = self.brokers
             out += I32.pack(len(_a_brokers))
             for _e_brokers in _a_brokers:
                 _e_brokers.write(out, version)
-        else:
-            _a_brokers = self.brokers
-            write_uvarint(out, len(_a_brokers) + 1)
-            for _e_brokers in _a_brokers:
-                _e_brokers.write(out, version)
-        if version >= 2:
-            if version <= 8:
-                write_nstr(out, self.cluster_id)
-            else:
-                write_ncstr(out, self.cluster_id)
-        if version >= 1:
+            write_nstr(out, self.cluster_id)
             out += I32.pack(self.controller_id)
-        if version <= 8:
             _a_topics = self.topics
             out += I32.pack(len(_a_topics))
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
-        else:
+            out += I32.pack(self.cluster_authorized_operations)
+        elif version >= 3:
+            out += I32.pack(self.throttle_time_ms)
+            _a_brokers = self.brokers
+            out += I32.pack(len(_a_brokers))
+            for _e_brokers in _a_brokers:
+                _e_brokers.write(out, version)
+            write_nstr(out, self.cluster_id)
+            out += I32.pack(self.controller_id)
             _a_topics = self.topics
-            write_uvarint(out, len(_a_topics) + 1)
+            out += I32.pack(len(_a_topics))
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
-        if 8 <= version <= 10:
-            out += I32.pack(self.cluster_authorized_operations)
-        else:
             if self.cluster_authorized_operations != -2147483648:
                 raise unsupported("MetadataResponse.cluster_authorized_operations", version)
-        if version >= 13:
-            out += I16.pack(self.error_code)
+        elif version >= 2:
+            _a_brokers = self.brokers
+            out += I32.pack(len(_a_brokers))
+            for _e_brokers in _a_brokers:
+                _e_brokers.write(out, version)
+            write_nstr(out, self.cluster_id)
+            out += I32.pack(self.controller_id)
+            _a_topics = self.topics
+            out += I32.pack(len(_a_topics))
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
+            if self.cluster_authorized_operations != -2147483648:
+                raise unsupported("MetadataResponse.cluster_authorized_operations", version)
+        elif version >= 1:
+            _a_brokers = self.brokers
+            out += I32.pack(len(_a_brokers))
+            for _e_brokers in _a_brokers:
+                _e_brokers.write(out, version)
+            out += I32.pack(self.controller_id)
+            _a_topics = self.topics
+            out += I32.pack(len(_a_topics))
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
+            if self.cluster_authorized_operations != -2147483648:
+                raise unsupported("MetadataResponse.cluster_authorized_operations", version)
+        else:
+            _a_brokers = self.brokers
+            out += I32.pack(len(_a_brokers))
+            for _e_brokers in _a_brokers:
+                _e_brokers.write(out, version)
+            _a_topics = self.topics
+            out += I32.pack(len(_a_topics))
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
+            if self.cluster_authorized_operations != -2147483648:
+                raise unsupported("MetadataResponse.cluster_authorized_operations", version)
         if version >= 9:
             out.append(0)
 
@@ -7371,47 +10448,175 @@ class MetadataResponse(Message, kw_only=True, gc=False):
         v_cluster_authorized_operations: int = -2147483648
         v_error_code: int = 0
         try:
-            if version >= 3:
+            if version >= 13:
                 v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
                 pos += 4
-            if version <= 8:
-                _c, pos = read_count(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_brokers = []
                 for _ in range(_c):
                     _s_brokers, pos = MetadataResponseMetadataResponseBroker.read(buf, pos, version)
                     v_brokers.append(_s_brokers)
-            else:
-                _c, pos = read_ccount(buf, pos)
-                v_brokers = []
-                for _ in range(_c):
-                    _s_brokers, pos = MetadataResponseMetadataResponseBroker.read(buf, pos, version)
-                    v_brokers.append(_s_brokers)
-            if version >= 2:
-                if version <= 8:
-                    v_cluster_id, pos = read_nstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
                 else:
                     v_cluster_id, pos = read_ncstr(buf, pos)
-            if version >= 1:
                 v_controller_id = I32.unpack_from(buf, pos)[0]
                 pos += 4
-            if version <= 8:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = MetadataResponseMetadataResponseTopic.read(buf, pos, version)
+                    v_topics.append(_s_topics)
+                v_error_code = I16.unpack_from(buf, pos)[0]
+                pos += 2
+            elif version >= 11:
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_brokers = []
+                for _ in range(_c):
+                    _s_brokers, pos = MetadataResponseMetadataResponseBroker.read(buf, pos, version)
+                    v_brokers.append(_s_brokers)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_cluster_id, pos = read_ncstr(buf, pos)
+                v_controller_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = MetadataResponseMetadataResponseTopic.read(buf, pos, version)
+                    v_topics.append(_s_topics)
+            elif version >= 9:
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_brokers = []
+                for _ in range(_c):
+                    _s_brokers, pos = MetadataResponseMetadataResponseBroker.read(buf, pos, version)
+                    v_brokers.append(_s_brokers)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_cluster_id, pos = read_ncstr(buf, pos)
+                v_controller_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = MetadataResponseMetadataResponseTopic.read(buf, pos, version)
+                    v_topics.append(_s_topics)
+                v_cluster_authorized_operations = I32.unpack_from(buf, pos)[0]
+                pos += 4
+            elif version >= 8:
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _c, pos = read_count(buf, pos)
+                v_brokers = []
+                for _ in range(_c):
+                    _s_brokers, pos = MetadataResponseMetadataResponseBroker.read(buf, pos, version)
+                    v_brokers.append(_s_brokers)
+                v_cluster_id, pos = read_nstr(buf, pos)
+                v_controller_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _c, pos = read_count(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = MetadataResponseMetadataResponseTopic.read(buf, pos, version)
+                    v_topics.append(_s_topics)
+                v_cluster_authorized_operations = I32.unpack_from(buf, pos)[0]
+                pos += 4
+            elif version >= 3:
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _c, pos = read_count(buf, pos)
+                v_brokers = []
+                for _ in range(_c):
+                    _s_brokers, pos = MetadataResponseMetadataResponseBroker.read(buf, pos, version)
+                    v_brokers.append(_s_brokers)
+                v_cluster_id, pos = read_nstr(buf, pos)
+                v_controller_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _c, pos = read_count(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = MetadataResponseMetadataResponseTopic.read(buf, pos, version)
+                    v_topics.append(_s_topics)
+            elif version >= 2:
+                _c, pos = read_count(buf, pos)
+                v_brokers = []
+                for _ in range(_c):
+                    _s_brokers, pos = MetadataResponseMetadataResponseBroker.read(buf, pos, version)
+                    v_brokers.append(_s_brokers)
+                v_cluster_id, pos = read_nstr(buf, pos)
+                v_controller_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _c, pos = read_count(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = MetadataResponseMetadataResponseTopic.read(buf, pos, version)
+                    v_topics.append(_s_topics)
+            elif version >= 1:
+                _c, pos = read_count(buf, pos)
+                v_brokers = []
+                for _ in range(_c):
+                    _s_brokers, pos = MetadataResponseMetadataResponseBroker.read(buf, pos, version)
+                    v_brokers.append(_s_brokers)
+                v_controller_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
                 _c, pos = read_count(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = MetadataResponseMetadataResponseTopic.read(buf, pos, version)
                     v_topics.append(_s_topics)
             else:
-                _c, pos = read_ccount(buf, pos)
+                _c, pos = read_count(buf, pos)
+                v_brokers = []
+                for _ in range(_c):
+                    _s_brokers, pos = MetadataResponseMetadataResponseBroker.read(buf, pos, version)
+                    v_brokers.append(_s_brokers)
+                _c, pos = read_count(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = MetadataResponseMetadataResponseTopic.read(buf, pos, version)
                     v_topics.append(_s_topics)
-            if 8 <= version <= 10:
-                v_cluster_authorized_operations = I32.unpack_from(buf, pos)[0]
-                pos += 4
-            if version >= 13:
-                v_error_code = I16.unpack_from(buf, pos)[0]
-                pos += 2
             if version >= 9:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -7468,18 +10673,24 @@ class OffsetForLeaderEpochRequestOffsetForLeaderTopic(Message, kw_only=True, gc=
     partitions: list[OffsetForLeaderEpochRequestOffsetForLeaderPartition] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 3:
-            write_str(out, self.topic)
-        else:
-            write_cstr(out, self.topic)
-        if version <= 3:
+        if version >= 4:
+            _v_topic = self.topic
+            if _v_topic is not None and len(_v_topic) < 0x7F and _v_topic.isascii():
+                out.append(len(_v_topic) + 1)
+                out += _v_topic.encode()
+            else:
+                write_cstr(out, _v_topic)
             _a_partitions = self.partitions
-            out += I32.pack(len(_a_partitions))
+            if len(_a_partitions) < 0x7F:
+                out.append(len(_a_partitions) + 1)
+            else:
+                write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         else:
+            write_str(out, self.topic)
             _a_partitions = self.partitions
-            write_uvarint(out, len(_a_partitions) + 1)
+            out += I32.pack(len(_a_partitions))
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         if version >= 4:
@@ -7490,18 +10701,26 @@ class OffsetForLeaderEpochRequestOffsetForLeaderTopic(Message, kw_only=True, gc=
         v_topic: str
         v_partitions: list[OffsetForLeaderEpochRequestOffsetForLeaderPartition]
         try:
-            if version <= 3:
-                v_topic, pos = read_str(buf, pos)
-            else:
-                v_topic, pos = read_cstr(buf, pos)
-            if version <= 3:
-                _c, pos = read_count(buf, pos)
+            if version >= 4:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_topic = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_topic, pos = read_cstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = OffsetForLeaderEpochRequestOffsetForLeaderPartition.read(buf, pos, version)
                     v_partitions.append(_s_partitions)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_topic, pos = read_str(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = OffsetForLeaderEpochRequestOffsetForLeaderPartition.read(buf, pos, version)
@@ -7532,16 +10751,24 @@ class OffsetForLeaderEpochRequest(Message, kw_only=True, gc=False):
     topics: list[OffsetForLeaderEpochRequestOffsetForLeaderTopic] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version >= 3:
+        if version >= 4:
             out += I32.pack(self.replica_id)
-        if version <= 3:
+            _a_topics = self.topics
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
+        elif version >= 3:
+            out += I32.pack(self.replica_id)
             _a_topics = self.topics
             out += I32.pack(len(_a_topics))
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         else:
             _a_topics = self.topics
-            write_uvarint(out, len(_a_topics) + 1)
+            out += I32.pack(len(_a_topics))
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         if version >= 4:
@@ -7552,17 +10779,29 @@ class OffsetForLeaderEpochRequest(Message, kw_only=True, gc=False):
         v_replica_id: int = -2
         v_topics: list[OffsetForLeaderEpochRequestOffsetForLeaderTopic]
         try:
-            if version >= 3:
+            if version >= 4:
                 v_replica_id = I32.unpack_from(buf, pos)[0]
                 pos += 4
-            if version <= 3:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = OffsetForLeaderEpochRequestOffsetForLeaderTopic.read(buf, pos, version)
+                    v_topics.append(_s_topics)
+            elif version >= 3:
+                v_replica_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
                 _c, pos = read_count(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = OffsetForLeaderEpochRequestOffsetForLeaderTopic.read(buf, pos, version)
                     v_topics.append(_s_topics)
             else:
-                _c, pos = read_ccount(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = OffsetForLeaderEpochRequestOffsetForLeaderTopic.read(buf, pos, version)
@@ -7625,18 +10864,24 @@ class OffsetForLeaderEpochResponseOffsetForLeaderTopicResult(Message, kw_only=Tr
     partitions: list[OffsetForLeaderEpochResponseEpochEndOffset] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 3:
-            write_str(out, self.topic)
-        else:
-            write_cstr(out, self.topic)
-        if version <= 3:
+        if version >= 4:
+            _v_topic = self.topic
+            if _v_topic is not None and len(_v_topic) < 0x7F and _v_topic.isascii():
+                out.append(len(_v_topic) + 1)
+                out += _v_topic.encode()
+            else:
+                write_cstr(out, _v_topic)
             _a_partitions = self.partitions
-            out += I32.pack(len(_a_partitions))
+            if len(_a_partitions) < 0x7F:
+                out.append(len(_a_partitions) + 1)
+            else:
+                write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         else:
+            write_str(out, self.topic)
             _a_partitions = self.partitions
-            write_uvarint(out, len(_a_partitions) + 1)
+            out += I32.pack(len(_a_partitions))
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         if version >= 4:
@@ -7647,18 +10892,26 @@ class OffsetForLeaderEpochResponseOffsetForLeaderTopicResult(Message, kw_only=Tr
         v_topic: str
         v_partitions: list[OffsetForLeaderEpochResponseEpochEndOffset]
         try:
-            if version <= 3:
-                v_topic, pos = read_str(buf, pos)
-            else:
-                v_topic, pos = read_cstr(buf, pos)
-            if version <= 3:
-                _c, pos = read_count(buf, pos)
+            if version >= 4:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_topic = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_topic, pos = read_cstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = OffsetForLeaderEpochResponseEpochEndOffset.read(buf, pos, version)
                     v_partitions.append(_s_partitions)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_topic, pos = read_str(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = OffsetForLeaderEpochResponseEpochEndOffset.read(buf, pos, version)
@@ -7689,15 +10942,19 @@ class OffsetForLeaderEpochResponse(Message, kw_only=True, gc=False):
     topics: list[OffsetForLeaderEpochResponseOffsetForLeaderTopicResult] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.throttle_time_ms)
-        if version <= 3:
+        if version >= 4:
+            out += I32.pack(self.throttle_time_ms)
             _a_topics = self.topics
-            out += I32.pack(len(_a_topics))
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         else:
+            out += I32.pack(self.throttle_time_ms)
             _a_topics = self.topics
-            write_uvarint(out, len(_a_topics) + 1)
+            out += I32.pack(len(_a_topics))
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         if version >= 4:
@@ -7708,16 +10965,23 @@ class OffsetForLeaderEpochResponse(Message, kw_only=True, gc=False):
         v_throttle_time_ms: int
         v_topics: list[OffsetForLeaderEpochResponseOffsetForLeaderTopicResult]
         try:
-            v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            if version <= 3:
-                _c, pos = read_count(buf, pos)
+            if version >= 4:
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = OffsetForLeaderEpochResponseOffsetForLeaderTopicResult.read(buf, pos, version)
                     v_topics.append(_s_topics)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _c, pos = read_count(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = OffsetForLeaderEpochResponseOffsetForLeaderTopicResult.read(buf, pos, version)
@@ -7742,11 +11006,12 @@ class ProduceRequestPartitionProduceData(Message, kw_only=True, gc=False):
     records: BytesLike | None = None
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.index)
-        if version <= 8:
-            write_nbytes(out, self.records)
-        else:
+        if version >= 9:
+            out += I32.pack(self.index)
             write_ncbytes(out, self.records)
+        else:
+            out += I32.pack(self.index)
+            write_nbytes(out, self.records)
         if version >= 9:
             out.append(0)
 
@@ -7755,12 +11020,22 @@ class ProduceRequestPartitionProduceData(Message, kw_only=True, gc=False):
         v_index: int
         v_records: BytesLike | None
         try:
-            v_index = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            if version <= 8:
-                v_records, pos = read_nbytes(buf, pos)
+            if version >= 9:
+                v_index = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_records = buf[pos + 1:_e]
+                    pos = _e
+                elif _b & 0x80 and (_b2 := buf[pos + 1]) < 0x80 and _b2 and (_e := pos + 1 + ((_b & 0x7F) | (_b2 << 7))) <= len(buf):
+                    v_records = buf[pos + 2:_e]
+                    pos = _e
+                else:
+                    v_records, pos = read_ncbytes(buf, pos)
             else:
-                v_records, pos = read_ncbytes(buf, pos)
+                v_index = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                v_records, pos = read_nbytes(buf, pos)
             if version >= 9:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -7785,21 +11060,37 @@ class ProduceRequestTopicProduceData(Message, kw_only=True, gc=False):
     partition_data: list[ProduceRequestPartitionProduceData] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 12:
-            if version <= 8:
-                write_str(out, self.name)
-            else:
-                write_cstr(out, self.name)
         if version >= 13:
-            write_uuid(out, self.topic_id)
-        if version <= 8:
+            _v_topic_id = self.topic_id
+            if len(_v_topic_id) == 16:
+                out += _v_topic_id
+            else:
+                write_uuid(out, _v_topic_id)  # the error
             _a_partition_data = self.partition_data
-            out += I32.pack(len(_a_partition_data))
+            if len(_a_partition_data) < 0x7F:
+                out.append(len(_a_partition_data) + 1)
+            else:
+                write_uvarint(out, len(_a_partition_data) + 1)
+            for _e_partition_data in _a_partition_data:
+                _e_partition_data.write(out, version)
+        elif version >= 9:
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_cstr(out, _v_name)
+            _a_partition_data = self.partition_data
+            if len(_a_partition_data) < 0x7F:
+                out.append(len(_a_partition_data) + 1)
+            else:
+                write_uvarint(out, len(_a_partition_data) + 1)
             for _e_partition_data in _a_partition_data:
                 _e_partition_data.write(out, version)
         else:
+            write_str(out, self.name)
             _a_partition_data = self.partition_data
-            write_uvarint(out, len(_a_partition_data) + 1)
+            out += I32.pack(len(_a_partition_data))
             for _e_partition_data in _a_partition_data:
                 _e_partition_data.write(out, version)
         if version >= 9:
@@ -7811,21 +11102,42 @@ class ProduceRequestTopicProduceData(Message, kw_only=True, gc=False):
         v_topic_id: bytes = ZERO_UUID
         v_partition_data: list[ProduceRequestPartitionProduceData]
         try:
-            if version <= 12:
-                if version <= 8:
-                    v_name, pos = read_str(buf, pos)
+            if version >= 13:
+                if pos + 16 <= len(buf):
+                    v_topic_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_topic_id, pos = read_uuid(buf, pos)  # the error
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_partition_data = []
+                for _ in range(_c):
+                    _s_partition_data, pos = ProduceRequestPartitionProduceData.read(buf, pos, version)
+                    v_partition_data.append(_s_partition_data)
+            elif version >= 9:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
                 else:
                     v_name, pos = read_cstr(buf, pos)
-            if version >= 13:
-                v_topic_id, pos = read_uuid(buf, pos)
-            if version <= 8:
-                _c, pos = read_count(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_partition_data = []
                 for _ in range(_c):
                     _s_partition_data, pos = ProduceRequestPartitionProduceData.read(buf, pos, version)
                     v_partition_data.append(_s_partition_data)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_name, pos = read_str(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_partition_data = []
                 for _ in range(_c):
                     _s_partition_data, pos = ProduceRequestPartitionProduceData.read(buf, pos, version)
@@ -7858,19 +11170,26 @@ class ProduceRequest(Message, kw_only=True, gc=False):
     topic_data: list[ProduceRequestTopicProduceData] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 8:
-            write_nstr(out, self.transactional_id)
-        else:
-            write_ncstr(out, self.transactional_id)
-        out += _S_hi.pack(self.acks, self.timeout_ms)
-        if version <= 8:
+        if version >= 9:
+            _v_transactional_id = self.transactional_id
+            if _v_transactional_id is not None and len(_v_transactional_id) < 0x7F and _v_transactional_id.isascii():
+                out.append(len(_v_transactional_id) + 1)
+                out += _v_transactional_id.encode()
+            else:
+                write_ncstr(out, _v_transactional_id)
+            out += _S_hi.pack(self.acks, self.timeout_ms)
             _a_topic_data = self.topic_data
-            out += I32.pack(len(_a_topic_data))
+            if len(_a_topic_data) < 0x7F:
+                out.append(len(_a_topic_data) + 1)
+            else:
+                write_uvarint(out, len(_a_topic_data) + 1)
             for _e_topic_data in _a_topic_data:
                 _e_topic_data.write(out, version)
         else:
+            write_nstr(out, self.transactional_id)
+            out += _S_hi.pack(self.acks, self.timeout_ms)
             _a_topic_data = self.topic_data
-            write_uvarint(out, len(_a_topic_data) + 1)
+            out += I32.pack(len(_a_topic_data))
             for _e_topic_data in _a_topic_data:
                 _e_topic_data.write(out, version)
         if version >= 9:
@@ -7883,20 +11202,30 @@ class ProduceRequest(Message, kw_only=True, gc=False):
         v_timeout_ms: int
         v_topic_data: list[ProduceRequestTopicProduceData]
         try:
-            if version <= 8:
-                v_transactional_id, pos = read_nstr(buf, pos)
-            else:
-                v_transactional_id, pos = read_ncstr(buf, pos)
-            v_acks, v_timeout_ms = _S_hi.unpack_from(buf, pos)
-            pos += 6
-            if version <= 8:
-                _c, pos = read_count(buf, pos)
+            if version >= 9:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_transactional_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_transactional_id, pos = read_ncstr(buf, pos)
+                v_acks, v_timeout_ms = _S_hi.unpack_from(buf, pos)
+                pos += 6
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_topic_data = []
                 for _ in range(_c):
                     _s_topic_data, pos = ProduceRequestTopicProduceData.read(buf, pos, version)
                     v_topic_data.append(_s_topic_data)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_transactional_id, pos = read_nstr(buf, pos)
+                v_acks, v_timeout_ms = _S_hi.unpack_from(buf, pos)
+                pos += 6
+                _c, pos = read_count(buf, pos)
                 v_topic_data = []
                 for _ in range(_c):
                     _s_topic_data, pos = ProduceRequestTopicProduceData.read(buf, pos, version)
@@ -7921,11 +11250,17 @@ class ProduceResponseBatchIndexAndErrorMessage(Message, kw_only=True, gc=False):
     batch_index_error_message: str | None = None
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.batch_index)
-        if version <= 8:
-            write_nstr(out, self.batch_index_error_message)
+        if version >= 9:
+            out += I32.pack(self.batch_index)
+            _v_batch_index_error_message = self.batch_index_error_message
+            if _v_batch_index_error_message is not None and len(_v_batch_index_error_message) < 0x7F and _v_batch_index_error_message.isascii():
+                out.append(len(_v_batch_index_error_message) + 1)
+                out += _v_batch_index_error_message.encode()
+            else:
+                write_ncstr(out, _v_batch_index_error_message)
         else:
-            write_ncstr(out, self.batch_index_error_message)
+            out += I32.pack(self.batch_index)
+            write_nstr(out, self.batch_index_error_message)
         if version >= 9:
             out.append(0)
 
@@ -7934,12 +11269,19 @@ class ProduceResponseBatchIndexAndErrorMessage(Message, kw_only=True, gc=False):
         v_batch_index: int
         v_batch_index_error_message: str | None
         try:
-            v_batch_index = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            if version <= 8:
-                v_batch_index_error_message, pos = read_nstr(buf, pos)
+            if version >= 9:
+                v_batch_index = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_batch_index_error_message = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_batch_index_error_message, pos = read_ncstr(buf, pos)
             else:
-                v_batch_index_error_message, pos = read_ncstr(buf, pos)
+                v_batch_index = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                v_batch_index_error_message, pos = read_nstr(buf, pos)
             if version >= 9:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -8001,25 +11343,32 @@ class ProduceResponsePartitionProduceResponse(Message, kw_only=True, gc=False):
     current_leader: ProduceResponseLeaderIdAndEpoch = msgspec.field(default_factory=ProduceResponseLeaderIdAndEpoch)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += _S_ihqq.pack(self.index, self.error_code, self.base_offset, self.log_append_time_ms)
-        if version >= 5:
-            out += I64.pack(self.log_start_offset)
-        if version >= 8:
-            if version <= 8:
-                _a_record_errors = self.record_errors
-                out += I32.pack(len(_a_record_errors))
-                for _e_record_errors in _a_record_errors:
-                    _e_record_errors.write(out, version)
+        if version >= 9:
+            out += _S_ihqqq.pack(self.index, self.error_code, self.base_offset, self.log_append_time_ms, self.log_start_offset)
+            _a_record_errors = self.record_errors
+            if len(_a_record_errors) < 0x7F:
+                out.append(len(_a_record_errors) + 1)
             else:
-                _a_record_errors = self.record_errors
                 write_uvarint(out, len(_a_record_errors) + 1)
-                for _e_record_errors in _a_record_errors:
-                    _e_record_errors.write(out, version)
-        if version >= 8:
-            if version <= 8:
-                write_nstr(out, self.error_message)
+            for _e_record_errors in _a_record_errors:
+                _e_record_errors.write(out, version)
+            _v_error_message = self.error_message
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+                out.append(len(_v_error_message) + 1)
+                out += _v_error_message.encode()
             else:
-                write_ncstr(out, self.error_message)
+                write_ncstr(out, _v_error_message)
+        elif version >= 8:
+            out += _S_ihqqq.pack(self.index, self.error_code, self.base_offset, self.log_append_time_ms, self.log_start_offset)
+            _a_record_errors = self.record_errors
+            out += I32.pack(len(_a_record_errors))
+            for _e_record_errors in _a_record_errors:
+                _e_record_errors.write(out, version)
+            write_nstr(out, self.error_message)
+        elif version >= 5:
+            out += _S_ihqqq.pack(self.index, self.error_code, self.base_offset, self.log_append_time_ms, self.log_start_offset)
+        else:
+            out += _S_ihqq.pack(self.index, self.error_code, self.base_offset, self.log_append_time_ms)
         if not (version >= 10) and self.current_leader != _D_ProduceResponseLeaderIdAndEpoch:
             raise unsupported("ProduceResponsePartitionProduceResponse.current_leader", version)
         if version >= 9:
@@ -8044,40 +11393,61 @@ class ProduceResponsePartitionProduceResponse(Message, kw_only=True, gc=False):
         v_error_message: str | None = None
         v_current_leader: ProduceResponseLeaderIdAndEpoch = ProduceResponseLeaderIdAndEpoch()
         try:
-            v_index, v_error_code, v_base_offset, v_log_append_time_ms = _S_ihqq.unpack_from(buf, pos)
-            pos += 22
-            if version >= 5:
-                v_log_start_offset = I64.unpack_from(buf, pos)[0]
-                pos += 8
-            if version >= 8:
-                if version <= 8:
-                    _c, pos = read_count(buf, pos)
-                    v_record_errors = []
-                    for _ in range(_c):
-                        _s_record_errors, pos = ProduceResponseBatchIndexAndErrorMessage.read(buf, pos, version)
-                        v_record_errors.append(_s_record_errors)
+            if version >= 9:
+                v_index, v_error_code, v_base_offset, v_log_append_time_ms, v_log_start_offset = _S_ihqqq.unpack_from(buf, pos)
+                pos += 30
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
                 else:
                     _c, pos = read_ccount(buf, pos)
-                    v_record_errors = []
-                    for _ in range(_c):
-                        _s_record_errors, pos = ProduceResponseBatchIndexAndErrorMessage.read(buf, pos, version)
-                        v_record_errors.append(_s_record_errors)
-            if version >= 8:
-                if version <= 8:
-                    v_error_message, pos = read_nstr(buf, pos)
+                v_record_errors = []
+                for _ in range(_c):
+                    _s_record_errors, pos = ProduceResponseBatchIndexAndErrorMessage.read(buf, pos, version)
+                    v_record_errors.append(_s_record_errors)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
                 else:
                     v_error_message, pos = read_ncstr(buf, pos)
+            elif version >= 8:
+                v_index, v_error_code, v_base_offset, v_log_append_time_ms, v_log_start_offset = _S_ihqqq.unpack_from(buf, pos)
+                pos += 30
+                _c, pos = read_count(buf, pos)
+                v_record_errors = []
+                for _ in range(_c):
+                    _s_record_errors, pos = ProduceResponseBatchIndexAndErrorMessage.read(buf, pos, version)
+                    v_record_errors.append(_s_record_errors)
+                v_error_message, pos = read_nstr(buf, pos)
+            elif version >= 5:
+                v_index, v_error_code, v_base_offset, v_log_append_time_ms, v_log_start_offset = _S_ihqqq.unpack_from(buf, pos)
+                pos += 30
+            else:
+                v_index, v_error_code, v_base_offset, v_log_append_time_ms = _S_ihqq.unpack_from(buf, pos)
+                pos += 22
             if version >= 9:
                 if buf[pos] == 0:
                     pos += 1
                 else:
-                    _n, pos = read_tag_count(buf, pos)
+                    _n = buf[pos]
+                    if _n < 0x80 and 2 * _n < len(buf) - pos:
+                        pos += 1
+                    else:
+                        _n, pos = read_tag_count(buf, pos)
                     for _ in range(_n):
-                        _tag, pos, _end = read_tag(buf, pos)
+                        _tag = buf[pos]
+                        _size = buf[pos + 1]
+                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
+                            pos += 2
+                        else:
+                            _tag, pos, _end = read_tag(buf, pos)
                         _sub = buf[:_end]
                         if _tag == 0 and version >= 10:
                             v_current_leader, pos = ProduceResponseLeaderIdAndEpoch.read(_sub, pos, version)
-                            check_tag_end(pos, _end, _tag)
+                            if pos != _end:
+                                check_tag_end(pos, _end, _tag)
                         pos = _end
         except KafkaDecodeError:
             raise
@@ -8098,21 +11468,37 @@ class ProduceResponseTopicProduceResponse(Message, kw_only=True, gc=False):
     partition_responses: list[ProduceResponsePartitionProduceResponse] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 12:
-            if version <= 8:
-                write_str(out, self.name)
-            else:
-                write_cstr(out, self.name)
         if version >= 13:
-            write_uuid(out, self.topic_id)
-        if version <= 8:
+            _v_topic_id = self.topic_id
+            if len(_v_topic_id) == 16:
+                out += _v_topic_id
+            else:
+                write_uuid(out, _v_topic_id)  # the error
             _a_partition_responses = self.partition_responses
-            out += I32.pack(len(_a_partition_responses))
+            if len(_a_partition_responses) < 0x7F:
+                out.append(len(_a_partition_responses) + 1)
+            else:
+                write_uvarint(out, len(_a_partition_responses) + 1)
+            for _e_partition_responses in _a_partition_responses:
+                _e_partition_responses.write(out, version)
+        elif version >= 9:
+            _v_name = self.name
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+                out.append(len(_v_name) + 1)
+                out += _v_name.encode()
+            else:
+                write_cstr(out, _v_name)
+            _a_partition_responses = self.partition_responses
+            if len(_a_partition_responses) < 0x7F:
+                out.append(len(_a_partition_responses) + 1)
+            else:
+                write_uvarint(out, len(_a_partition_responses) + 1)
             for _e_partition_responses in _a_partition_responses:
                 _e_partition_responses.write(out, version)
         else:
+            write_str(out, self.name)
             _a_partition_responses = self.partition_responses
-            write_uvarint(out, len(_a_partition_responses) + 1)
+            out += I32.pack(len(_a_partition_responses))
             for _e_partition_responses in _a_partition_responses:
                 _e_partition_responses.write(out, version)
         if version >= 9:
@@ -8124,21 +11510,42 @@ class ProduceResponseTopicProduceResponse(Message, kw_only=True, gc=False):
         v_topic_id: bytes = ZERO_UUID
         v_partition_responses: list[ProduceResponsePartitionProduceResponse]
         try:
-            if version <= 12:
-                if version <= 8:
-                    v_name, pos = read_str(buf, pos)
+            if version >= 13:
+                if pos + 16 <= len(buf):
+                    v_topic_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_topic_id, pos = read_uuid(buf, pos)  # the error
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_partition_responses = []
+                for _ in range(_c):
+                    _s_partition_responses, pos = ProduceResponsePartitionProduceResponse.read(buf, pos, version)
+                    v_partition_responses.append(_s_partition_responses)
+            elif version >= 9:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_name = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
                 else:
                     v_name, pos = read_cstr(buf, pos)
-            if version >= 13:
-                v_topic_id, pos = read_uuid(buf, pos)
-            if version <= 8:
-                _c, pos = read_count(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_partition_responses = []
                 for _ in range(_c):
                     _s_partition_responses, pos = ProduceResponsePartitionProduceResponse.read(buf, pos, version)
                     v_partition_responses.append(_s_partition_responses)
             else:
-                _c, pos = read_ccount(buf, pos)
+                v_name, pos = read_str(buf, pos)
+                _c, pos = read_count(buf, pos)
                 v_partition_responses = []
                 for _ in range(_c):
                     _s_partition_responses, pos = ProduceResponsePartitionProduceResponse.read(buf, pos, version)
@@ -8169,9 +11576,19 @@ class ProduceResponseNodeEndpoint(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         out += I32.pack(self.node_id)
-        write_cstr(out, self.host)
+        _v_host = self.host
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
+            out.append(len(_v_host) + 1)
+            out += _v_host.encode()
+        else:
+            write_cstr(out, _v_host)
         out += I32.pack(self.port)
-        write_ncstr(out, self.rack)
+        _v_rack = self.rack
+        if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii():
+            out.append(len(_v_rack) + 1)
+            out += _v_rack.encode()
+        else:
+            write_ncstr(out, _v_rack)
         out.append(0)
 
     @classmethod
@@ -8183,10 +11600,20 @@ class ProduceResponseNodeEndpoint(Message, kw_only=True, gc=False):
         try:
             v_node_id = I32.unpack_from(buf, pos)[0]
             pos += 4
-            v_host, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_host = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_host, pos = read_cstr(buf, pos)
             v_port = I32.unpack_from(buf, pos)[0]
             pos += 4
-            v_rack, pos = read_ncstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_rack = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_rack, pos = read_ncstr(buf, pos)
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -8213,17 +11640,21 @@ class ProduceResponse(Message, kw_only=True, gc=False):
     node_endpoints: list[ProduceResponseNodeEndpoint] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        if version <= 8:
+        if version >= 9:
+            _a_responses = self.responses
+            if len(_a_responses) < 0x7F:
+                out.append(len(_a_responses) + 1)
+            else:
+                write_uvarint(out, len(_a_responses) + 1)
+            for _e_responses in _a_responses:
+                _e_responses.write(out, version)
+            out += I32.pack(self.throttle_time_ms)
+        else:
             _a_responses = self.responses
             out += I32.pack(len(_a_responses))
             for _e_responses in _a_responses:
                 _e_responses.write(out, version)
-        else:
-            _a_responses = self.responses
-            write_uvarint(out, len(_a_responses) + 1)
-            for _e_responses in _a_responses:
-                _e_responses.write(out, version)
-        out += I32.pack(self.throttle_time_ms)
+            out += I32.pack(self.throttle_time_ms)
         if not (version >= 10) and len(self.node_endpoints) != 0:
             raise unsupported("ProduceResponse.node_endpoints", version)
         if version >= 9:
@@ -8234,7 +11665,10 @@ class ProduceResponse(Message, kw_only=True, gc=False):
             if version >= 10 and len(self.node_endpoints) != 0:
                 _t = bytearray()
                 _a_node_endpoints = self.node_endpoints
-                write_uvarint(_t, len(_a_node_endpoints) + 1)
+                if len(_a_node_endpoints) < 0x7F:
+                    _t.append(len(_a_node_endpoints) + 1)
+                else:
+                    write_uvarint(_t, len(_a_node_endpoints) + 1)
                 for _e_node_endpoints in _a_node_endpoints:
                     _e_node_endpoints.write(_t, version)
                 write_tagged(out, 0, _t)
@@ -8245,35 +11679,57 @@ class ProduceResponse(Message, kw_only=True, gc=False):
         v_throttle_time_ms: int
         v_node_endpoints: list[ProduceResponseNodeEndpoint] = []
         try:
-            if version <= 8:
+            if version >= 9:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_responses = []
+                for _ in range(_c):
+                    _s_responses, pos = ProduceResponseTopicProduceResponse.read(buf, pos, version)
+                    v_responses.append(_s_responses)
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+            else:
                 _c, pos = read_count(buf, pos)
                 v_responses = []
                 for _ in range(_c):
                     _s_responses, pos = ProduceResponseTopicProduceResponse.read(buf, pos, version)
                     v_responses.append(_s_responses)
-            else:
-                _c, pos = read_ccount(buf, pos)
-                v_responses = []
-                for _ in range(_c):
-                    _s_responses, pos = ProduceResponseTopicProduceResponse.read(buf, pos, version)
-                    v_responses.append(_s_responses)
-            v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
-            pos += 4
+                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
             if version >= 9:
                 if buf[pos] == 0:
                     pos += 1
                 else:
-                    _n, pos = read_tag_count(buf, pos)
+                    _n = buf[pos]
+                    if _n < 0x80 and 2 * _n < len(buf) - pos:
+                        pos += 1
+                    else:
+                        _n, pos = read_tag_count(buf, pos)
                     for _ in range(_n):
-                        _tag, pos, _end = read_tag(buf, pos)
+                        _tag = buf[pos]
+                        _size = buf[pos + 1]
+                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
+                            pos += 2
+                        else:
+                            _tag, pos, _end = read_tag(buf, pos)
                         _sub = buf[:_end]
                         if _tag == 0 and version >= 10:
-                            _c, pos = read_ccount(_sub, pos)
+                            _b = _sub[pos]
+                            if 0 < _b < 0x80 and _b <= len(_sub) - pos:
+                                _c = _b - 1
+                                pos += 1
+                            else:
+                                _c, pos = read_ccount(_sub, pos)
                             v_node_endpoints = []
                             for _ in range(_c):
                                 _s_node_endpoints, pos = ProduceResponseNodeEndpoint.read(_sub, pos, version)
                                 v_node_endpoints.append(_s_node_endpoints)
-                            check_tag_end(pos, _end, _tag)
+                            if pos != _end:
+                                check_tag_end(pos, _end, _tag)
                         pos = _end
         except KafkaDecodeError:
             raise
@@ -8294,9 +11750,18 @@ class RemoveRaftVoterRequest(Message, kw_only=True, gc=False):
     voter_directory_id: bytes = ZERO_UUID
 
     def write(self, out: bytearray, version: int) -> None:
-        write_ncstr(out, self.cluster_id)
+        _v_cluster_id = self.cluster_id
+        if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+            out.append(len(_v_cluster_id) + 1)
+            out += _v_cluster_id.encode()
+        else:
+            write_ncstr(out, _v_cluster_id)
         out += I32.pack(self.voter_id)
-        write_uuid(out, self.voter_directory_id)
+        _v_voter_directory_id = self.voter_directory_id
+        if len(_v_voter_directory_id) == 16:
+            out += _v_voter_directory_id
+        else:
+            write_uuid(out, _v_voter_directory_id)  # the error
         out.append(0)
 
     @classmethod
@@ -8305,10 +11770,19 @@ class RemoveRaftVoterRequest(Message, kw_only=True, gc=False):
         v_voter_id: int
         v_voter_directory_id: bytes
         try:
-            v_cluster_id, pos = read_ncstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_cluster_id, pos = read_ncstr(buf, pos)
             v_voter_id = I32.unpack_from(buf, pos)[0]
             pos += 4
-            v_voter_directory_id, pos = read_uuid(buf, pos)
+            if pos + 16 <= len(buf):
+                v_voter_directory_id = bytes(buf[pos:pos + 16])
+                pos += 16
+            else:
+                v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -8333,7 +11807,12 @@ class RemoveRaftVoterResponse(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         out += _S_ih.pack(self.throttle_time_ms, self.error_code)
-        write_ncstr(out, self.error_message)
+        _v_error_message = self.error_message
+        if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+            out.append(len(_v_error_message) + 1)
+            out += _v_error_message.encode()
+        else:
+            write_ncstr(out, _v_error_message)
         out.append(0)
 
     @classmethod
@@ -8344,7 +11823,12 @@ class RemoveRaftVoterResponse(Message, kw_only=True, gc=False):
         try:
             v_throttle_time_ms, v_error_code = _S_ih.unpack_from(buf, pos)
             pos += 6
-            v_error_message, pos = read_ncstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_error_message, pos = read_ncstr(buf, pos)
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -8436,16 +11920,24 @@ class UpdateFeaturesRequestFeatureUpdateKey(Message, kw_only=True, gc=False):
     upgrade_type: int = 1
 
     def write(self, out: bytearray, version: int) -> None:
-        write_cstr(out, self.feature)
-        out += I16.pack(self.max_version_level)
-        if version <= 0:
-            out += BOOL.pack(self.allow_downgrade)
-        else:
+        if version >= 1:
+            _v_feature = self.feature
+            if _v_feature is not None and len(_v_feature) < 0x7F and _v_feature.isascii():
+                out.append(len(_v_feature) + 1)
+                out += _v_feature.encode()
+            else:
+                write_cstr(out, _v_feature)
+            out += _S_hb.pack(self.max_version_level, self.upgrade_type)
             if self.allow_downgrade != False:
                 raise unsupported("UpdateFeaturesRequestFeatureUpdateKey.allow_downgrade", version)
-        if version >= 1:
-            out += I8.pack(self.upgrade_type)
         else:
+            _v_feature = self.feature
+            if _v_feature is not None and len(_v_feature) < 0x7F and _v_feature.isascii():
+                out.append(len(_v_feature) + 1)
+                out += _v_feature.encode()
+            else:
+                write_cstr(out, _v_feature)
+            out += _S_ho.pack(self.max_version_level, self.allow_downgrade)
             if self.upgrade_type != 1:
                 raise unsupported("UpdateFeaturesRequestFeatureUpdateKey.upgrade_type", version)
         out.append(0)
@@ -8457,15 +11949,24 @@ class UpdateFeaturesRequestFeatureUpdateKey(Message, kw_only=True, gc=False):
         v_allow_downgrade: bool = False
         v_upgrade_type: int = 1
         try:
-            v_feature, pos = read_cstr(buf, pos)
-            v_max_version_level = I16.unpack_from(buf, pos)[0]
-            pos += 2
-            if version <= 0:
-                v_allow_downgrade = BOOL.unpack_from(buf, pos)[0]
-                pos += 1
             if version >= 1:
-                v_upgrade_type = I8.unpack_from(buf, pos)[0]
-                pos += 1
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_feature = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_feature, pos = read_cstr(buf, pos)
+                v_max_version_level, v_upgrade_type = _S_hb.unpack_from(buf, pos)
+                pos += 3
+            else:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_feature = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_feature, pos = read_cstr(buf, pos)
+                v_max_version_level, v_allow_downgrade = _S_ho.unpack_from(buf, pos)
+                pos += 3
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -8492,14 +11993,25 @@ class UpdateFeaturesRequest(Message, kw_only=True, gc=False):
     validate_only: bool = False
 
     def write(self, out: bytearray, version: int) -> None:
-        out += I32.pack(self.timeout_ms)
-        _a_feature_updates = self.feature_updates
-        write_uvarint(out, len(_a_feature_updates) + 1)
-        for _e_feature_updates in _a_feature_updates:
-            _e_feature_updates.write(out, version)
         if version >= 1:
+            out += I32.pack(self.timeout_ms)
+            _a_feature_updates = self.feature_updates
+            if len(_a_feature_updates) < 0x7F:
+                out.append(len(_a_feature_updates) + 1)
+            else:
+                write_uvarint(out, len(_a_feature_updates) + 1)
+            for _e_feature_updates in _a_feature_updates:
+                _e_feature_updates.write(out, version)
             out += BOOL.pack(self.validate_only)
         else:
+            out += I32.pack(self.timeout_ms)
+            _a_feature_updates = self.feature_updates
+            if len(_a_feature_updates) < 0x7F:
+                out.append(len(_a_feature_updates) + 1)
+            else:
+                write_uvarint(out, len(_a_feature_updates) + 1)
+            for _e_feature_updates in _a_feature_updates:
+                _e_feature_updates.write(out, version)
             if self.validate_only != False:
                 raise unsupported("UpdateFeaturesRequest.validate_only", version)
         out.append(0)
@@ -8510,16 +12022,34 @@ class UpdateFeaturesRequest(Message, kw_only=True, gc=False):
         v_feature_updates: list[UpdateFeaturesRequestFeatureUpdateKey]
         v_validate_only: bool = False
         try:
-            v_timeout_ms = I32.unpack_from(buf, pos)[0]
-            pos += 4
-            _c, pos = read_ccount(buf, pos)
-            v_feature_updates = []
-            for _ in range(_c):
-                _s_feature_updates, pos = UpdateFeaturesRequestFeatureUpdateKey.read(buf, pos, version)
-                v_feature_updates.append(_s_feature_updates)
             if version >= 1:
+                v_timeout_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_feature_updates = []
+                for _ in range(_c):
+                    _s_feature_updates, pos = UpdateFeaturesRequestFeatureUpdateKey.read(buf, pos, version)
+                    v_feature_updates.append(_s_feature_updates)
                 v_validate_only = BOOL.unpack_from(buf, pos)[0]
                 pos += 1
+            else:
+                v_timeout_ms = I32.unpack_from(buf, pos)[0]
+                pos += 4
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_feature_updates = []
+                for _ in range(_c):
+                    _s_feature_updates, pos = UpdateFeaturesRequestFeatureUpdateKey.read(buf, pos, version)
+                    v_feature_updates.append(_s_feature_updates)
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -8540,9 +12070,19 @@ class UpdateFeaturesResponseUpdatableFeatureResult(Message, kw_only=True, gc=Fal
     error_message: str | None = ''
 
     def write(self, out: bytearray, version: int) -> None:
-        write_cstr(out, self.feature)
+        _v_feature = self.feature
+        if _v_feature is not None and len(_v_feature) < 0x7F and _v_feature.isascii():
+            out.append(len(_v_feature) + 1)
+            out += _v_feature.encode()
+        else:
+            write_cstr(out, _v_feature)
         out += I16.pack(self.error_code)
-        write_ncstr(out, self.error_message)
+        _v_error_message = self.error_message
+        if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+            out.append(len(_v_error_message) + 1)
+            out += _v_error_message.encode()
+        else:
+            write_ncstr(out, _v_error_message)
         out.append(0)
 
     @classmethod
@@ -8551,10 +12091,20 @@ class UpdateFeaturesResponseUpdatableFeatureResult(Message, kw_only=True, gc=Fal
         v_error_code: int
         v_error_message: str | None
         try:
-            v_feature, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_feature = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_feature, pos = read_cstr(buf, pos)
             v_error_code = I16.unpack_from(buf, pos)[0]
             pos += 2
-            v_error_message, pos = read_ncstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_error_message, pos = read_ncstr(buf, pos)
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -8582,11 +12132,27 @@ class UpdateFeaturesResponse(Message, kw_only=True, gc=False):
     results: list[UpdateFeaturesResponseUpdatableFeatureResult] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        out += _S_ih.pack(self.throttle_time_ms, self.error_code)
-        write_ncstr(out, self.error_message)
-        if version <= 1:
+        if version >= 2:
+            out += _S_ih.pack(self.throttle_time_ms, self.error_code)
+            _v_error_message = self.error_message
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+                out.append(len(_v_error_message) + 1)
+                out += _v_error_message.encode()
+            else:
+                write_ncstr(out, _v_error_message)
+        else:
+            out += _S_ih.pack(self.throttle_time_ms, self.error_code)
+            _v_error_message = self.error_message
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+                out.append(len(_v_error_message) + 1)
+                out += _v_error_message.encode()
+            else:
+                write_ncstr(out, _v_error_message)
             _a_results = self.results
-            write_uvarint(out, len(_a_results) + 1)
+            if len(_a_results) < 0x7F:
+                out.append(len(_a_results) + 1)
+            else:
+                write_uvarint(out, len(_a_results) + 1)
             for _e_results in _a_results:
                 _e_results.write(out, version)
         out.append(0)
@@ -8598,11 +12164,30 @@ class UpdateFeaturesResponse(Message, kw_only=True, gc=False):
         v_error_message: str | None
         v_results: list[UpdateFeaturesResponseUpdatableFeatureResult] = []
         try:
-            v_throttle_time_ms, v_error_code = _S_ih.unpack_from(buf, pos)
-            pos += 6
-            v_error_message, pos = read_ncstr(buf, pos)
-            if version <= 1:
-                _c, pos = read_ccount(buf, pos)
+            if version >= 2:
+                v_throttle_time_ms, v_error_code = _S_ih.unpack_from(buf, pos)
+                pos += 6
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_error_message, pos = read_ncstr(buf, pos)
+            else:
+                v_throttle_time_ms, v_error_code = _S_ih.unpack_from(buf, pos)
+                pos += 6
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_error_message, pos = read_ncstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
                 v_results = []
                 for _ in range(_c):
                     _s_results, pos = UpdateFeaturesResponseUpdatableFeatureResult.read(buf, pos, version)
@@ -8627,8 +12212,18 @@ class UpdateRaftVoterRequestListener(Message, kw_only=True, gc=False):
     port: int = 0
 
     def write(self, out: bytearray, version: int) -> None:
-        write_cstr(out, self.name)
-        write_cstr(out, self.host)
+        _v_name = self.name
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
+            out.append(len(_v_name) + 1)
+            out += _v_name.encode()
+        else:
+            write_cstr(out, _v_name)
+        _v_host = self.host
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
+            out.append(len(_v_host) + 1)
+            out += _v_host.encode()
+        else:
+            write_cstr(out, _v_host)
         out += U16.pack(self.port)
         out.append(0)
 
@@ -8638,8 +12233,18 @@ class UpdateRaftVoterRequestListener(Message, kw_only=True, gc=False):
         v_host: str
         v_port: int
         try:
-            v_name, pos = read_cstr(buf, pos)
-            v_host, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_name = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_name, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_host = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_host, pos = read_cstr(buf, pos)
             v_port = U16.unpack_from(buf, pos)[0]
             pos += 2
             if buf[pos]:
@@ -8703,11 +12308,23 @@ class UpdateRaftVoterRequest(Message, kw_only=True, gc=False):
     k_raft_version_feature: UpdateRaftVoterRequestKRaftVersionFeature = msgspec.field(default_factory=UpdateRaftVoterRequestKRaftVersionFeature)
 
     def write(self, out: bytearray, version: int) -> None:
-        write_ncstr(out, self.cluster_id)
+        _v_cluster_id = self.cluster_id
+        if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+            out.append(len(_v_cluster_id) + 1)
+            out += _v_cluster_id.encode()
+        else:
+            write_ncstr(out, _v_cluster_id)
         out += _S_ii.pack(self.current_leader_epoch, self.voter_id)
-        write_uuid(out, self.voter_directory_id)
+        _v_voter_directory_id = self.voter_directory_id
+        if len(_v_voter_directory_id) == 16:
+            out += _v_voter_directory_id
+        else:
+            write_uuid(out, _v_voter_directory_id)  # the error
         _a_listeners = self.listeners
-        write_uvarint(out, len(_a_listeners) + 1)
+        if len(_a_listeners) < 0x7F:
+            out.append(len(_a_listeners) + 1)
+        else:
+            write_uvarint(out, len(_a_listeners) + 1)
         for _e_listeners in _a_listeners:
             _e_listeners.write(out, version)
         _v_k_raft_version_feature = self.k_raft_version_feature
@@ -8723,11 +12340,25 @@ class UpdateRaftVoterRequest(Message, kw_only=True, gc=False):
         v_listeners: list[UpdateRaftVoterRequestListener]
         v_k_raft_version_feature: UpdateRaftVoterRequestKRaftVersionFeature
         try:
-            v_cluster_id, pos = read_ncstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_cluster_id, pos = read_ncstr(buf, pos)
             v_current_leader_epoch, v_voter_id = _S_ii.unpack_from(buf, pos)
             pos += 8
-            v_voter_directory_id, pos = read_uuid(buf, pos)
-            _c, pos = read_ccount(buf, pos)
+            if pos + 16 <= len(buf):
+                v_voter_directory_id = bytes(buf[pos:pos + 16])
+                pos += 16
+            else:
+                v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
+            _b = buf[pos]
+            if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                _c = _b - 1
+                pos += 1
+            else:
+                _c, pos = read_ccount(buf, pos)
             v_listeners = []
             for _ in range(_c):
                 _s_listeners, pos = UpdateRaftVoterRequestListener.read(buf, pos, version)
@@ -8755,7 +12386,12 @@ class UpdateRaftVoterResponseCurrentLeader(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         out += _S_ii.pack(self.leader_id, self.leader_epoch)
-        write_cstr(out, self.host)
+        _v_host = self.host
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
+            out.append(len(_v_host) + 1)
+            out += _v_host.encode()
+        else:
+            write_cstr(out, _v_host)
         out += I32.pack(self.port)
         out.append(0)
 
@@ -8768,7 +12404,12 @@ class UpdateRaftVoterResponseCurrentLeader(Message, kw_only=True, gc=False):
         try:
             v_leader_id, v_leader_epoch = _S_ii.unpack_from(buf, pos)
             pos += 8
-            v_host, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_host = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_host, pos = read_cstr(buf, pos)
             v_port = I32.unpack_from(buf, pos)[0]
             pos += 4
             if buf[pos]:
@@ -8819,13 +12460,23 @@ class UpdateRaftVoterResponse(Message, kw_only=True, gc=False):
             if buf[pos] == 0:
                 pos += 1
             else:
-                _n, pos = read_tag_count(buf, pos)
+                _n = buf[pos]
+                if _n < 0x80 and 2 * _n < len(buf) - pos:
+                    pos += 1
+                else:
+                    _n, pos = read_tag_count(buf, pos)
                 for _ in range(_n):
-                    _tag, pos, _end = read_tag(buf, pos)
+                    _tag = buf[pos]
+                    _size = buf[pos + 1]
+                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
+                        pos += 2
+                    else:
+                        _tag, pos, _end = read_tag(buf, pos)
                     _sub = buf[:_end]
                     if _tag == 0:
                         v_current_leader, pos = UpdateRaftVoterResponseCurrentLeader.read(_sub, pos, version)
-                        check_tag_end(pos, _end, _tag)
+                        if pos != _end:
+                            check_tag_end(pos, _end, _tag)
                     pos = _end
         except KafkaDecodeError:
             raise
@@ -8848,15 +12499,36 @@ class VoteRequestPartitionData(Message, kw_only=True, gc=False):
     pre_vote: bool = False
 
     def write(self, out: bytearray, version: int) -> None:
-        out += _S_iii.pack(self.partition_index, self.replica_epoch, self.replica_id)
-        if version >= 1:
-            write_uuid(out, self.replica_directory_id)
-        if version >= 1:
-            write_uuid(out, self.voter_directory_id)
-        out += _S_iq.pack(self.last_offset_epoch, self.last_offset)
         if version >= 2:
-            out += BOOL.pack(self.pre_vote)
+            out += _S_iii.pack(self.partition_index, self.replica_epoch, self.replica_id)
+            _v_replica_directory_id = self.replica_directory_id
+            if len(_v_replica_directory_id) == 16:
+                out += _v_replica_directory_id
+            else:
+                write_uuid(out, _v_replica_directory_id)  # the error
+            _v_voter_directory_id = self.voter_directory_id
+            if len(_v_voter_directory_id) == 16:
+                out += _v_voter_directory_id
+            else:
+                write_uuid(out, _v_voter_directory_id)  # the error
+            out += _S_iqo.pack(self.last_offset_epoch, self.last_offset, self.pre_vote)
+        elif version >= 1:
+            out += _S_iii.pack(self.partition_index, self.replica_epoch, self.replica_id)
+            _v_replica_directory_id = self.replica_directory_id
+            if len(_v_replica_directory_id) == 16:
+                out += _v_replica_directory_id
+            else:
+                write_uuid(out, _v_replica_directory_id)  # the error
+            _v_voter_directory_id = self.voter_directory_id
+            if len(_v_voter_directory_id) == 16:
+                out += _v_voter_directory_id
+            else:
+                write_uuid(out, _v_voter_directory_id)  # the error
+            out += _S_iq.pack(self.last_offset_epoch, self.last_offset)
+            if self.pre_vote != False:
+                raise unsupported("VoteRequestPartitionData.pre_vote", version)
         else:
+            out += _S_iiiiq.pack(self.partition_index, self.replica_epoch, self.replica_id, self.last_offset_epoch, self.last_offset)
             if self.pre_vote != False:
                 raise unsupported("VoteRequestPartitionData.pre_vote", version)
         out.append(0)
@@ -8872,17 +12544,39 @@ class VoteRequestPartitionData(Message, kw_only=True, gc=False):
         v_last_offset: int
         v_pre_vote: bool = False
         try:
-            v_partition_index, v_replica_epoch, v_replica_id = _S_iii.unpack_from(buf, pos)
-            pos += 12
-            if version >= 1:
-                v_replica_directory_id, pos = read_uuid(buf, pos)
-            if version >= 1:
-                v_voter_directory_id, pos = read_uuid(buf, pos)
-            v_last_offset_epoch, v_last_offset = _S_iq.unpack_from(buf, pos)
-            pos += 12
             if version >= 2:
-                v_pre_vote = BOOL.unpack_from(buf, pos)[0]
-                pos += 1
+                v_partition_index, v_replica_epoch, v_replica_id = _S_iii.unpack_from(buf, pos)
+                pos += 12
+                if pos + 16 <= len(buf):
+                    v_replica_directory_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_replica_directory_id, pos = read_uuid(buf, pos)  # the error
+                if pos + 16 <= len(buf):
+                    v_voter_directory_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
+                v_last_offset_epoch, v_last_offset, v_pre_vote = _S_iqo.unpack_from(buf, pos)
+                pos += 13
+            elif version >= 1:
+                v_partition_index, v_replica_epoch, v_replica_id = _S_iii.unpack_from(buf, pos)
+                pos += 12
+                if pos + 16 <= len(buf):
+                    v_replica_directory_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_replica_directory_id, pos = read_uuid(buf, pos)  # the error
+                if pos + 16 <= len(buf):
+                    v_voter_directory_id = bytes(buf[pos:pos + 16])
+                    pos += 16
+                else:
+                    v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
+                v_last_offset_epoch, v_last_offset = _S_iq.unpack_from(buf, pos)
+                pos += 12
+            else:
+                v_partition_index, v_replica_epoch, v_replica_id, v_last_offset_epoch, v_last_offset = _S_iiiiq.unpack_from(buf, pos)
+                pos += 24
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -8905,9 +12599,17 @@ class VoteRequestTopicData(Message, kw_only=True, gc=False):
     partitions: list[VoteRequestPartitionData] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        write_cstr(out, self.topic_name)
+        _v_topic_name = self.topic_name
+        if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii():
+            out.append(len(_v_topic_name) + 1)
+            out += _v_topic_name.encode()
+        else:
+            write_cstr(out, _v_topic_name)
         _a_partitions = self.partitions
-        write_uvarint(out, len(_a_partitions) + 1)
+        if len(_a_partitions) < 0x7F:
+            out.append(len(_a_partitions) + 1)
+        else:
+            write_uvarint(out, len(_a_partitions) + 1)
         for _e_partitions in _a_partitions:
             _e_partitions.write(out, version)
         out.append(0)
@@ -8917,8 +12619,18 @@ class VoteRequestTopicData(Message, kw_only=True, gc=False):
         v_topic_name: str
         v_partitions: list[VoteRequestPartitionData]
         try:
-            v_topic_name, pos = read_cstr(buf, pos)
-            _c, pos = read_ccount(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_topic_name = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_topic_name, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                _c = _b - 1
+                pos += 1
+            else:
+                _c, pos = read_ccount(buf, pos)
             v_partitions = []
             for _ in range(_c):
                 _s_partitions, pos = VoteRequestPartitionData.read(buf, pos, version)
@@ -8949,13 +12661,35 @@ class VoteRequest(Message, kw_only=True, gc=False):
     topics: list[VoteRequestTopicData] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        write_ncstr(out, self.cluster_id)
         if version >= 1:
+            _v_cluster_id = self.cluster_id
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+                out.append(len(_v_cluster_id) + 1)
+                out += _v_cluster_id.encode()
+            else:
+                write_ncstr(out, _v_cluster_id)
             out += I32.pack(self.voter_id)
-        _a_topics = self.topics
-        write_uvarint(out, len(_a_topics) + 1)
-        for _e_topics in _a_topics:
-            _e_topics.write(out, version)
+            _a_topics = self.topics
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
+        else:
+            _v_cluster_id = self.cluster_id
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+                out.append(len(_v_cluster_id) + 1)
+                out += _v_cluster_id.encode()
+            else:
+                write_ncstr(out, _v_cluster_id)
+            _a_topics = self.topics
+            if len(_a_topics) < 0x7F:
+                out.append(len(_a_topics) + 1)
+            else:
+                write_uvarint(out, len(_a_topics) + 1)
+            for _e_topics in _a_topics:
+                _e_topics.write(out, version)
         out.append(0)
 
     @classmethod
@@ -8964,15 +12698,42 @@ class VoteRequest(Message, kw_only=True, gc=False):
         v_voter_id: int = -1
         v_topics: list[VoteRequestTopicData]
         try:
-            v_cluster_id, pos = read_ncstr(buf, pos)
             if version >= 1:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_cluster_id, pos = read_ncstr(buf, pos)
                 v_voter_id = I32.unpack_from(buf, pos)[0]
                 pos += 4
-            _c, pos = read_ccount(buf, pos)
-            v_topics = []
-            for _ in range(_c):
-                _s_topics, pos = VoteRequestTopicData.read(buf, pos, version)
-                v_topics.append(_s_topics)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = VoteRequestTopicData.read(buf, pos, version)
+                    v_topics.append(_s_topics)
+            else:
+                _b = buf[pos]
+                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                    pos = _e
+                else:
+                    v_cluster_id, pos = read_ncstr(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                    _c = _b - 1
+                    pos += 1
+                else:
+                    _c, pos = read_ccount(buf, pos)
+                v_topics = []
+                for _ in range(_c):
+                    _s_topics, pos = VoteRequestTopicData.read(buf, pos, version)
+                    v_topics.append(_s_topics)
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -9030,9 +12791,17 @@ class VoteResponseTopicData(Message, kw_only=True, gc=False):
     partitions: list[VoteResponsePartitionData] = msgspec.field(default_factory=list)
 
     def write(self, out: bytearray, version: int) -> None:
-        write_cstr(out, self.topic_name)
+        _v_topic_name = self.topic_name
+        if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii():
+            out.append(len(_v_topic_name) + 1)
+            out += _v_topic_name.encode()
+        else:
+            write_cstr(out, _v_topic_name)
         _a_partitions = self.partitions
-        write_uvarint(out, len(_a_partitions) + 1)
+        if len(_a_partitions) < 0x7F:
+            out.append(len(_a_partitions) + 1)
+        else:
+            write_uvarint(out, len(_a_partitions) + 1)
         for _e_partitions in _a_partitions:
             _e_partitions.write(out, version)
         out.append(0)
@@ -9042,8 +12811,18 @@ class VoteResponseTopicData(Message, kw_only=True, gc=False):
         v_topic_name: str
         v_partitions: list[VoteResponsePartitionData]
         try:
-            v_topic_name, pos = read_cstr(buf, pos)
-            _c, pos = read_ccount(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_topic_name = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_topic_name, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                _c = _b - 1
+                pos += 1
+            else:
+                _c, pos = read_ccount(buf, pos)
             v_partitions = []
             for _ in range(_c):
                 _s_partitions, pos = VoteResponsePartitionData.read(buf, pos, version)
@@ -9072,7 +12851,12 @@ class VoteResponseNodeEndpoint(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         out += I32.pack(self.node_id)
-        write_cstr(out, self.host)
+        _v_host = self.host
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
+            out.append(len(_v_host) + 1)
+            out += _v_host.encode()
+        else:
+            write_cstr(out, _v_host)
         out += U16.pack(self.port)
         out.append(0)
 
@@ -9084,7 +12868,12 @@ class VoteResponseNodeEndpoint(Message, kw_only=True, gc=False):
         try:
             v_node_id = I32.unpack_from(buf, pos)[0]
             pos += 4
-            v_host, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_host = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_host, pos = read_cstr(buf, pos)
             v_port = U16.unpack_from(buf, pos)[0]
             pos += 2
             if buf[pos]:
@@ -9115,7 +12904,10 @@ class VoteResponse(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         out += I16.pack(self.error_code)
         _a_topics = self.topics
-        write_uvarint(out, len(_a_topics) + 1)
+        if len(_a_topics) < 0x7F:
+            out.append(len(_a_topics) + 1)
+        else:
+            write_uvarint(out, len(_a_topics) + 1)
         for _e_topics in _a_topics:
             _e_topics.write(out, version)
         if not (version >= 1) and len(self.node_endpoints) != 0:
@@ -9127,7 +12919,10 @@ class VoteResponse(Message, kw_only=True, gc=False):
         if version >= 1 and len(self.node_endpoints) != 0:
             _t = bytearray()
             _a_node_endpoints = self.node_endpoints
-            write_uvarint(_t, len(_a_node_endpoints) + 1)
+            if len(_a_node_endpoints) < 0x7F:
+                _t.append(len(_a_node_endpoints) + 1)
+            else:
+                write_uvarint(_t, len(_a_node_endpoints) + 1)
             for _e_node_endpoints in _a_node_endpoints:
                 _e_node_endpoints.write(_t, version)
             write_tagged(out, 0, _t)
@@ -9140,7 +12935,12 @@ class VoteResponse(Message, kw_only=True, gc=False):
         try:
             v_error_code = I16.unpack_from(buf, pos)[0]
             pos += 2
-            _c, pos = read_ccount(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                _c = _b - 1
+                pos += 1
+            else:
+                _c, pos = read_ccount(buf, pos)
             v_topics = []
             for _ in range(_c):
                 _s_topics, pos = VoteResponseTopicData.read(buf, pos, version)
@@ -9148,17 +12948,32 @@ class VoteResponse(Message, kw_only=True, gc=False):
             if buf[pos] == 0:
                 pos += 1
             else:
-                _n, pos = read_tag_count(buf, pos)
+                _n = buf[pos]
+                if _n < 0x80 and 2 * _n < len(buf) - pos:
+                    pos += 1
+                else:
+                    _n, pos = read_tag_count(buf, pos)
                 for _ in range(_n):
-                    _tag, pos, _end = read_tag(buf, pos)
+                    _tag = buf[pos]
+                    _size = buf[pos + 1]
+                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
+                        pos += 2
+                    else:
+                        _tag, pos, _end = read_tag(buf, pos)
                     _sub = buf[:_end]
                     if _tag == 0 and version >= 1:
-                        _c, pos = read_ccount(_sub, pos)
+                        _b = _sub[pos]
+                        if 0 < _b < 0x80 and _b <= len(_sub) - pos:
+                            _c = _b - 1
+                            pos += 1
+                        else:
+                            _c, pos = read_ccount(_sub, pos)
                         v_node_endpoints = []
                         for _ in range(_c):
                             _s_node_endpoints, pos = VoteResponseNodeEndpoint.read(_sub, pos, version)
                             v_node_endpoints.append(_s_node_endpoints)
-                        check_tag_end(pos, _end, _tag)
+                        if pos != _end:
+                            check_tag_end(pos, _end, _tag)
                     pos = _end
         except KafkaDecodeError:
             raise
@@ -9182,7 +12997,12 @@ class ConsistencyCheckRequest(Message, kw_only=True, gc=False):
     chunks: int = 64
 
     def write(self, out: bytearray, version: int) -> None:
-        write_cstr(out, self.cluster_id)
+        _v_cluster_id = self.cluster_id
+        if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+            out.append(len(_v_cluster_id) + 1)
+            out += _v_cluster_id.encode()
+        else:
+            write_cstr(out, _v_cluster_id)
         out += _S_iiqqi.pack(self.leader_id, self.leader_epoch, self.start_offset, self.end_offset, self.chunks)
         out.append(0)
 
@@ -9195,7 +13015,12 @@ class ConsistencyCheckRequest(Message, kw_only=True, gc=False):
         v_end_offset: int
         v_chunks: int
         try:
-            v_cluster_id, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_cluster_id, pos = read_cstr(buf, pos)
             v_leader_id, v_leader_epoch, v_start_offset, v_end_offset, v_chunks = _S_iiqqi.unpack_from(buf, pos)
             pos += 28
             if buf[pos]:
@@ -9258,10 +13083,18 @@ class ConsistencyCheckResponse(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         out += I16.pack(self.error_code)
-        write_ncstr(out, self.error_message)
+        _v_error_message = self.error_message
+        if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+            out.append(len(_v_error_message) + 1)
+            out += _v_error_message.encode()
+        else:
+            write_ncstr(out, _v_error_message)
         out += _S_qq.pack(self.start_offset, self.end_offset)
         _a_chunks = self.chunks
-        write_uvarint(out, len(_a_chunks) + 1)
+        if len(_a_chunks) < 0x7F:
+            out.append(len(_a_chunks) + 1)
+        else:
+            write_uvarint(out, len(_a_chunks) + 1)
         for _e_chunks in _a_chunks:
             _e_chunks.write(out, version)
         out.append(0)
@@ -9276,10 +13109,20 @@ class ConsistencyCheckResponse(Message, kw_only=True, gc=False):
         try:
             v_error_code = I16.unpack_from(buf, pos)[0]
             pos += 2
-            v_error_message, pos = read_ncstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_error_message, pos = read_ncstr(buf, pos)
             v_start_offset, v_end_offset = _S_qq.unpack_from(buf, pos)
             pos += 16
-            _c, pos = read_ccount(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and _b <= len(buf) - pos:
+                _c = _b - 1
+                pos += 1
+            else:
+                _c, pos = read_ccount(buf, pos)
             v_chunks = []
             for _ in range(_c):
                 _s_chunks, pos = ConsistencyCheckResponseConsistencyChunk.read(buf, pos, version)
@@ -9308,9 +13151,24 @@ class ControllerCommandRequest(Message, kw_only=True, gc=False):
     timeout_ms: int = 5000
 
     def write(self, out: bytearray, version: int) -> None:
-        write_cstr(out, self.cluster_id)
-        write_cstr(out, self.command)
-        write_cstr(out, self.args)
+        _v_cluster_id = self.cluster_id
+        if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
+            out.append(len(_v_cluster_id) + 1)
+            out += _v_cluster_id.encode()
+        else:
+            write_cstr(out, _v_cluster_id)
+        _v_command = self.command
+        if _v_command is not None and len(_v_command) < 0x7F and _v_command.isascii():
+            out.append(len(_v_command) + 1)
+            out += _v_command.encode()
+        else:
+            write_cstr(out, _v_command)
+        _v_args = self.args
+        if _v_args is not None and len(_v_args) < 0x7F and _v_args.isascii():
+            out.append(len(_v_args) + 1)
+            out += _v_args.encode()
+        else:
+            write_cstr(out, _v_args)
         out += I32.pack(self.timeout_ms)
         out.append(0)
 
@@ -9321,9 +13179,24 @@ class ControllerCommandRequest(Message, kw_only=True, gc=False):
         v_args: str
         v_timeout_ms: int
         try:
-            v_cluster_id, pos = read_cstr(buf, pos)
-            v_command, pos = read_cstr(buf, pos)
-            v_args, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_cluster_id, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_command = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_command, pos = read_cstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_args = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_args, pos = read_cstr(buf, pos)
             v_timeout_ms = I32.unpack_from(buf, pos)[0]
             pos += 4
             if buf[pos]:
@@ -9385,9 +13258,19 @@ class ControllerCommandResponse(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         out += I16.pack(self.error_code)
-        write_ncstr(out, self.error_message)
+        _v_error_message = self.error_message
+        if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
+            out.append(len(_v_error_message) + 1)
+            out += _v_error_message.encode()
+        else:
+            write_ncstr(out, _v_error_message)
         out += _S_qi.pack(self.base_offset, self.leader_epoch)
-        write_ncstr(out, self.result)
+        _v_result = self.result
+        if _v_result is not None and len(_v_result) < 0x7F and _v_result.isascii():
+            out.append(len(_v_result) + 1)
+            out += _v_result.encode()
+        else:
+            write_ncstr(out, _v_result)
         _n = 0
         if self.current_leader != _D_ControllerCommandResponseLeaderIdAndEpoch:
             _n += 1
@@ -9409,20 +13292,40 @@ class ControllerCommandResponse(Message, kw_only=True, gc=False):
         try:
             v_error_code = I16.unpack_from(buf, pos)[0]
             pos += 2
-            v_error_message, pos = read_ncstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_error_message = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_error_message, pos = read_ncstr(buf, pos)
             v_base_offset, v_leader_epoch = _S_qi.unpack_from(buf, pos)
             pos += 12
-            v_result, pos = read_ncstr(buf, pos)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_result = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_result, pos = read_ncstr(buf, pos)
             if buf[pos] == 0:
                 pos += 1
             else:
-                _n, pos = read_tag_count(buf, pos)
+                _n = buf[pos]
+                if _n < 0x80 and 2 * _n < len(buf) - pos:
+                    pos += 1
+                else:
+                    _n, pos = read_tag_count(buf, pos)
                 for _ in range(_n):
-                    _tag, pos, _end = read_tag(buf, pos)
+                    _tag = buf[pos]
+                    _size = buf[pos + 1]
+                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
+                        pos += 2
+                    else:
+                        _tag, pos, _end = read_tag(buf, pos)
                     _sub = buf[:_end]
                     if _tag == 0:
                         v_current_leader, pos = ControllerCommandResponseLeaderIdAndEpoch.read(_sub, pos, version)
-                        check_tag_end(pos, _end, _tag)
+                        if pos != _end:
+                            check_tag_end(pos, _end, _tag)
                     pos = _end
         except KafkaDecodeError:
             raise
@@ -9523,2719 +13426,4907 @@ def _fault(exc: Exception, where: str, pos: int) -> KafkaDecodeError:
 
 
 _FIELD_AT_LINE: dict[int, str] = {
-    207: 'name',
-    208: 'host',
-    209: 'port',
-    210: 'port',
-    211: '(tagged fields)',
-    212: '(tagged fields)',
-    213: '(tagged fields)',
-    214: '(tagged fields)',
-    263: 'cluster_id',
-    264: 'timeout_ms',
-    265: 'timeout_ms',
-    266: 'voter_directory_id',
-    267: 'listeners',
-    268: 'listeners',
-    269: 'listeners',
-    270: 'listeners',
-    271: 'listeners',
-    272: 'listeners',
-    273: 'ack_when_committed',
-    274: 'ack_when_committed',
-    275: '(tagged fields)',
-    276: '(tagged fields)',
-    277: '(tagged fields)',
-    278: '(tagged fields)',
-    308: 'throttle_time_ms',
-    309: 'throttle_time_ms',
-    310: 'error_message',
-    311: '(tagged fields)',
-    312: '(tagged fields)',
-    313: '(tagged fields)',
-    314: '(tagged fields)',
-    341: 'broker_id',
-    342: 'broker_id',
-    343: '(tagged fields)',
-    344: '(tagged fields)',
-    345: '(tagged fields)',
-    346: '(tagged fields)',
-    377: 'throttle_time_ms',
-    378: 'throttle_time_ms',
-    379: '(tagged fields)',
-    380: '(tagged fields)',
-    381: '(tagged fields)',
-    382: '(tagged fields)',
-    414: 'client_software_name',
-    415: 'client_software_name',
-    416: 'client_software_version',
-    417: '(tagged fields)',
-    418: '(tagged fields)',
-    419: '(tagged fields)',
-    420: '(tagged fields)',
-    421: '(tagged fields)',
-    448: 'api_key',
-    449: 'api_key',
-    450: '(tagged fields)',
-    451: '(tagged fields)',
-    452: '(tagged fields)',
-    453: '(tagged fields)',
-    454: '(tagged fields)',
-    484: 'name',
-    485: 'min_version',
-    486: 'min_version',
-    487: '(tagged fields)',
-    488: '(tagged fields)',
-    489: '(tagged fields)',
-    490: '(tagged fields)',
-    520: 'name',
-    521: 'max_version_level',
-    522: 'max_version_level',
-    523: '(tagged fields)',
-    524: '(tagged fields)',
-    525: '(tagged fields)',
-    526: '(tagged fields)',
-    610: 'error_code',
-    611: 'error_code',
-    612: 'api_keys',
-    613: 'api_keys',
-    614: 'api_keys',
-    615: 'api_keys',
-    616: 'api_keys',
-    617: 'api_keys',
-    618: 'api_keys',
-    619: 'api_keys',
-    620: 'api_keys',
-    621: 'api_keys',
-    622: 'api_keys',
-    623: 'api_keys',
-    624: 'api_keys',
-    625: 'throttle_time_ms',
-    626: 'throttle_time_ms',
-    627: '(tagged fields)',
-    628: '(tagged fields)',
-    629: '(tagged fields)',
-    630: '(tagged fields)',
-    631: '(tagged fields)',
-    632: '(tagged fields)',
-    633: '(tagged fields)',
-    634: '(tagged fields)',
-    635: '(tagged fields)',
-    636: 'supported_features',
-    637: 'supported_features',
-    638: 'supported_features',
-    639: 'supported_features',
-    640: 'supported_features',
-    641: 'supported_features',
+    238: 'name',
+    239: 'name',
+    240: 'name',
+    241: 'name',
+    242: 'name',
+    243: 'name',
+    244: 'host',
+    245: 'host',
+    246: 'host',
+    247: 'host',
+    248: 'host',
+    249: 'host',
+    250: 'port',
+    251: 'port',
+    252: '(tagged fields)',
+    253: '(tagged fields)',
+    254: '(tagged fields)',
+    255: '(tagged fields)',
+    336: 'cluster_id',
+    337: 'cluster_id',
+    338: 'cluster_id',
+    339: 'cluster_id',
+    340: 'cluster_id',
+    341: 'cluster_id',
+    342: 'timeout_ms',
+    343: 'timeout_ms',
+    344: 'voter_directory_id',
+    345: 'voter_directory_id',
+    346: 'voter_directory_id',
+    347: 'voter_directory_id',
+    348: 'voter_directory_id',
+    349: 'listeners',
+    350: 'listeners',
+    351: 'listeners',
+    352: 'listeners',
+    353: 'listeners',
+    354: 'listeners',
+    355: 'listeners',
+    356: 'listeners',
+    357: 'listeners',
+    358: 'listeners',
+    359: 'ack_when_committed',
+    360: 'ack_when_committed',
+    361: 'ack_when_committed',
+    362: 'cluster_id',
+    363: 'cluster_id',
+    364: 'cluster_id',
+    365: 'cluster_id',
+    366: 'cluster_id',
+    367: 'cluster_id',
+    368: 'timeout_ms',
+    369: 'timeout_ms',
+    370: 'voter_directory_id',
+    371: 'voter_directory_id',
+    372: 'voter_directory_id',
+    373: 'voter_directory_id',
+    374: 'voter_directory_id',
+    375: 'listeners',
+    376: 'listeners',
+    377: 'listeners',
+    378: 'listeners',
+    379: 'listeners',
+    380: 'listeners',
+    381: 'listeners',
+    382: 'listeners',
+    383: 'listeners',
+    384: 'listeners',
+    385: '(tagged fields)',
+    386: '(tagged fields)',
+    387: '(tagged fields)',
+    388: '(tagged fields)',
+    423: 'throttle_time_ms',
+    424: 'throttle_time_ms',
+    425: 'error_message',
+    426: 'error_message',
+    427: 'error_message',
+    428: 'error_message',
+    429: 'error_message',
+    430: 'error_message',
+    431: '(tagged fields)',
+    432: '(tagged fields)',
+    433: '(tagged fields)',
+    434: '(tagged fields)',
+    461: 'broker_id',
+    462: 'broker_id',
+    463: '(tagged fields)',
+    464: '(tagged fields)',
+    465: '(tagged fields)',
+    466: '(tagged fields)',
+    497: 'throttle_time_ms',
+    498: 'throttle_time_ms',
+    499: '(tagged fields)',
+    500: '(tagged fields)',
+    501: '(tagged fields)',
+    502: '(tagged fields)',
+    545: 'client_software_name',
+    546: 'client_software_name',
+    547: 'client_software_name',
+    548: 'client_software_name',
+    549: 'client_software_name',
+    550: 'client_software_name',
+    551: 'client_software_version',
+    552: 'client_software_version',
+    553: 'client_software_version',
+    554: 'client_software_version',
+    555: 'client_software_version',
+    556: 'client_software_version',
+    557: 'client_software_version',
+    559: '(tagged fields)',
+    560: '(tagged fields)',
+    561: '(tagged fields)',
+    562: '(tagged fields)',
+    563: '(tagged fields)',
+    590: 'api_key',
+    591: 'api_key',
+    592: '(tagged fields)',
+    593: '(tagged fields)',
+    594: '(tagged fields)',
+    595: '(tagged fields)',
+    596: '(tagged fields)',
+    631: 'name',
+    632: 'name',
+    633: 'name',
+    634: 'name',
+    635: 'name',
+    636: 'name',
+    637: 'min_version',
+    638: 'min_version',
+    639: '(tagged fields)',
+    640: '(tagged fields)',
+    641: '(tagged fields)',
     642: '(tagged fields)',
-    643: 'finalized_features_epoch',
-    644: 'finalized_features_epoch',
-    645: 'finalized_features_epoch',
-    646: '(tagged fields)',
-    647: 'finalized_features',
-    648: 'finalized_features',
-    649: 'finalized_features',
-    650: 'finalized_features',
-    651: 'finalized_features',
-    652: 'finalized_features',
-    653: '(tagged fields)',
-    654: 'zk_migration_ready',
-    655: 'zk_migration_ready',
-    656: 'zk_migration_ready',
-    657: '(tagged fields)',
-    689: 'partition_index',
-    690: 'partition_index',
-    691: 'partition_index',
-    692: 'voter_directory_id',
-    693: 'leader_id',
-    694: 'leader_id',
-    695: '(tagged fields)',
-    696: '(tagged fields)',
-    697: '(tagged fields)',
-    698: '(tagged fields)',
-    699: '(tagged fields)',
-    740: 'topic_name',
-    741: 'topic_name',
-    742: 'topic_name',
-    743: 'topic_name',
-    744: 'partitions',
-    745: 'partitions',
-    746: 'partitions',
-    747: 'partitions',
-    748: 'partitions',
-    749: 'partitions',
-    750: 'partitions',
-    751: 'partitions',
-    752: 'partitions',
-    753: 'partitions',
-    754: 'partitions',
-    755: 'partitions',
-    756: '(tagged fields)',
-    757: '(tagged fields)',
-    758: '(tagged fields)',
-    759: '(tagged fields)',
-    760: '(tagged fields)',
-    791: 'name',
-    792: 'host',
-    793: 'port',
-    794: 'port',
-    795: '(tagged fields)',
-    796: '(tagged fields)',
-    797: '(tagged fields)',
-    798: '(tagged fields)',
-    853: 'cluster_id',
-    854: 'cluster_id',
-    855: 'cluster_id',
-    856: 'cluster_id',
-    857: 'cluster_id',
-    858: 'voter_id',
-    859: 'voter_id',
-    860: 'topics',
-    861: 'topics',
-    862: 'topics',
-    863: 'topics',
-    864: 'topics',
-    865: 'topics',
-    866: 'topics',
-    867: 'topics',
-    868: 'topics',
-    869: 'topics',
-    870: 'topics',
-    871: 'topics',
-    872: 'topics',
-    873: 'leader_endpoints',
-    874: 'leader_endpoints',
-    875: 'leader_endpoints',
-    876: 'leader_endpoints',
-    877: 'leader_endpoints',
-    878: '(tagged fields)',
-    879: '(tagged fields)',
-    880: '(tagged fields)',
-    881: '(tagged fields)',
-    882: '(tagged fields)',
-    911: 'partition_index',
-    912: 'partition_index',
-    913: '(tagged fields)',
-    914: '(tagged fields)',
-    915: '(tagged fields)',
-    916: '(tagged fields)',
-    917: '(tagged fields)',
-    958: 'topic_name',
-    959: 'topic_name',
-    960: 'topic_name',
-    961: 'topic_name',
-    962: 'partitions',
-    963: 'partitions',
-    964: 'partitions',
-    965: 'partitions',
-    966: 'partitions',
-    967: 'partitions',
-    968: 'partitions',
-    969: 'partitions',
-    970: 'partitions',
-    971: 'partitions',
-    972: 'partitions',
-    973: 'partitions',
-    974: '(tagged fields)',
-    975: '(tagged fields)',
-    976: '(tagged fields)',
-    977: '(tagged fields)',
-    978: '(tagged fields)',
-    1009: 'node_id',
-    1010: 'node_id',
-    1011: 'host',
-    1012: 'port',
-    1013: 'port',
-    1014: '(tagged fields)',
-    1015: '(tagged fields)',
-    1016: '(tagged fields)',
-    1017: '(tagged fields)',
-    1072: 'error_code',
-    1073: 'error_code',
-    1074: 'topics',
-    1075: 'topics',
-    1076: 'topics',
-    1077: 'topics',
-    1078: 'topics',
-    1079: 'topics',
-    1080: 'topics',
-    1081: 'topics',
-    1082: 'topics',
-    1083: 'topics',
-    1084: 'topics',
-    1085: 'topics',
-    1086: '(tagged fields)',
-    1087: '(tagged fields)',
-    1088: '(tagged fields)',
-    1089: '(tagged fields)',
-    1090: '(tagged fields)',
-    1091: '(tagged fields)',
-    1092: '(tagged fields)',
-    1093: '(tagged fields)',
-    1094: '(tagged fields)',
-    1095: 'node_endpoints',
-    1096: 'node_endpoints',
-    1097: 'node_endpoints',
-    1098: 'node_endpoints',
-    1099: 'node_endpoints',
-    1100: 'node_endpoints',
-    1101: '(tagged fields)',
-    1161: 'broker_id',
-    1162: 'broker_id',
+    677: 'name',
+    678: 'name',
+    679: 'name',
+    680: 'name',
+    681: 'name',
+    682: 'name',
+    683: 'max_version_level',
+    684: 'max_version_level',
+    685: '(tagged fields)',
+    686: '(tagged fields)',
+    687: '(tagged fields)',
+    688: '(tagged fields)',
+    789: 'error_code',
+    790: 'error_code',
+    791: 'api_keys',
+    792: 'api_keys',
+    793: 'api_keys',
+    794: 'api_keys',
+    795: 'api_keys',
+    796: 'api_keys',
+    797: 'api_keys',
+    798: 'api_keys',
+    799: 'api_keys',
+    800: 'api_keys',
+    801: 'throttle_time_ms',
+    802: 'throttle_time_ms',
+    803: 'throttle_time_ms',
+    804: 'error_code',
+    805: 'error_code',
+    806: 'api_keys',
+    807: 'api_keys',
+    808: 'api_keys',
+    809: 'api_keys',
+    810: 'api_keys',
+    811: 'throttle_time_ms',
+    812: 'throttle_time_ms',
+    813: 'throttle_time_ms',
+    814: 'error_code',
+    815: 'error_code',
+    816: 'api_keys',
+    817: 'api_keys',
+    818: 'api_keys',
+    819: 'api_keys',
+    820: 'api_keys',
+    821: '(tagged fields)',
+    822: '(tagged fields)',
+    823: '(tagged fields)',
+    824: '(tagged fields)',
+    825: '(tagged fields)',
+    826: '(tagged fields)',
+    827: '(tagged fields)',
+    828: '(tagged fields)',
+    829: '(tagged fields)',
+    830: '(tagged fields)',
+    831: '(tagged fields)',
+    832: '(tagged fields)',
+    833: '(tagged fields)',
+    834: '(tagged fields)',
+    835: '(tagged fields)',
+    836: '(tagged fields)',
+    837: '(tagged fields)',
+    838: '(tagged fields)',
+    839: 'supported_features',
+    840: 'supported_features',
+    841: 'supported_features',
+    842: 'supported_features',
+    843: 'supported_features',
+    844: 'supported_features',
+    845: 'supported_features',
+    846: 'supported_features',
+    847: 'supported_features',
+    848: 'supported_features',
+    849: 'supported_features',
+    850: 'supported_features',
+    851: '(tagged fields)',
+    852: 'finalized_features_epoch',
+    853: 'finalized_features_epoch',
+    854: 'finalized_features_epoch',
+    855: 'finalized_features_epoch',
+    856: '(tagged fields)',
+    857: 'finalized_features',
+    858: 'finalized_features',
+    859: 'finalized_features',
+    860: 'finalized_features',
+    861: 'finalized_features',
+    862: 'finalized_features',
+    863: 'finalized_features',
+    864: 'finalized_features',
+    865: 'finalized_features',
+    866: 'finalized_features',
+    867: 'finalized_features',
+    868: 'finalized_features',
+    869: '(tagged fields)',
+    870: 'zk_migration_ready',
+    871: 'zk_migration_ready',
+    872: 'zk_migration_ready',
+    873: 'zk_migration_ready',
+    874: '(tagged fields)',
+    913: 'partition_index',
+    914: 'partition_index',
+    915: 'voter_directory_id',
+    916: 'voter_directory_id',
+    917: 'voter_directory_id',
+    918: 'voter_directory_id',
+    919: 'voter_directory_id',
+    920: 'leader_id',
+    921: 'leader_id',
+    922: 'leader_id',
+    923: 'partition_index',
+    924: 'partition_index',
+    925: '(tagged fields)',
+    926: '(tagged fields)',
+    927: '(tagged fields)',
+    928: '(tagged fields)',
+    929: '(tagged fields)',
+    977: 'topic_name',
+    978: 'topic_name',
+    979: 'topic_name',
+    980: 'topic_name',
+    981: 'topic_name',
+    982: 'topic_name',
+    983: 'partitions',
+    984: 'partitions',
+    985: 'partitions',
+    986: 'partitions',
+    987: 'partitions',
+    988: 'partitions',
+    989: 'partitions',
+    990: 'partitions',
+    991: 'partitions',
+    992: 'partitions',
+    993: 'partitions',
+    994: 'topic_name',
+    995: 'partitions',
+    996: 'partitions',
+    997: 'partitions',
+    998: 'partitions',
+    999: 'partitions',
+    1000: '(tagged fields)',
+    1001: '(tagged fields)',
+    1002: '(tagged fields)',
+    1003: '(tagged fields)',
+    1004: '(tagged fields)',
+    1045: 'name',
+    1046: 'name',
+    1047: 'name',
+    1048: 'name',
+    1049: 'name',
+    1050: 'name',
+    1051: 'host',
+    1052: 'host',
+    1053: 'host',
+    1054: 'host',
+    1055: 'host',
+    1056: 'host',
+    1057: 'port',
+    1058: 'port',
+    1059: '(tagged fields)',
+    1060: '(tagged fields)',
+    1061: '(tagged fields)',
+    1062: '(tagged fields)',
+    1125: 'cluster_id',
+    1126: 'cluster_id',
+    1127: 'cluster_id',
+    1128: 'cluster_id',
+    1129: 'cluster_id',
+    1130: 'cluster_id',
+    1131: 'voter_id',
+    1132: 'voter_id',
+    1133: 'topics',
+    1134: 'topics',
+    1135: 'topics',
+    1136: 'topics',
+    1137: 'topics',
+    1138: 'topics',
+    1139: 'topics',
+    1140: 'topics',
+    1141: 'topics',
+    1142: 'topics',
+    1143: 'leader_endpoints',
+    1144: 'leader_endpoints',
+    1145: 'leader_endpoints',
+    1146: 'leader_endpoints',
+    1147: 'leader_endpoints',
+    1148: 'leader_endpoints',
+    1149: 'leader_endpoints',
+    1150: 'leader_endpoints',
+    1151: 'leader_endpoints',
+    1152: 'leader_endpoints',
+    1153: 'leader_endpoints',
+    1154: 'cluster_id',
+    1155: 'topics',
+    1156: 'topics',
+    1157: 'topics',
+    1158: 'topics',
+    1159: 'topics',
+    1160: '(tagged fields)',
+    1161: '(tagged fields)',
+    1162: '(tagged fields)',
     1163: '(tagged fields)',
     1164: '(tagged fields)',
-    1165: '(tagged fields)',
-    1166: '(tagged fields)',
-    1167: '(tagged fields)',
-    1168: '(tagged fields)',
-    1169: '(tagged fields)',
-    1170: '(tagged fields)',
-    1171: 'offline_log_dirs',
-    1172: 'offline_log_dirs',
-    1173: 'offline_log_dirs',
-    1174: 'offline_log_dirs',
-    1175: 'offline_log_dirs',
-    1176: 'offline_log_dirs',
-    1177: '(tagged fields)',
-    1178: 'cordoned_log_dirs',
-    1179: 'cordoned_log_dirs',
-    1180: 'cordoned_log_dirs',
-    1181: 'cordoned_log_dirs',
-    1182: 'cordoned_log_dirs',
-    1183: 'cordoned_log_dirs',
-    1184: 'cordoned_log_dirs',
-    1185: 'cordoned_log_dirs',
-    1186: 'cordoned_log_dirs',
-    1187: '(tagged fields)',
-    1220: 'throttle_time_ms',
-    1221: 'throttle_time_ms',
-    1222: '(tagged fields)',
-    1223: '(tagged fields)',
-    1224: '(tagged fields)',
-    1225: '(tagged fields)',
-    1255: 'name',
-    1256: 'host',
-    1257: 'port',
-    1258: 'port',
-    1259: '(tagged fields)',
-    1260: '(tagged fields)',
-    1261: '(tagged fields)',
-    1262: '(tagged fields)',
-    1292: 'name',
-    1293: 'min_supported_version',
-    1294: 'min_supported_version',
-    1295: '(tagged fields)',
-    1296: '(tagged fields)',
-    1297: '(tagged fields)',
-    1298: '(tagged fields)',
-    1365: 'broker_id',
-    1366: 'broker_id',
-    1367: 'cluster_id',
-    1368: 'incarnation_id',
-    1369: 'listeners',
-    1370: 'listeners',
-    1371: 'listeners',
-    1372: 'listeners',
-    1373: 'listeners',
-    1374: 'features',
-    1375: 'features',
-    1376: 'features',
-    1377: 'features',
-    1378: 'features',
-    1379: 'rack',
-    1380: 'rack',
-    1381: 'is_migrating_zk_broker',
-    1382: 'is_migrating_zk_broker',
-    1383: 'is_migrating_zk_broker',
-    1384: 'log_dirs',
-    1385: 'log_dirs',
-    1386: 'log_dirs',
-    1387: 'log_dirs',
-    1388: 'log_dirs',
-    1389: 'log_dirs',
-    1390: 'previous_broker_epoch',
-    1391: 'previous_broker_epoch',
-    1392: '(tagged fields)',
-    1393: '(tagged fields)',
-    1394: '(tagged fields)',
-    1395: '(tagged fields)',
-    1424: 'throttle_time_ms',
-    1425: 'throttle_time_ms',
-    1426: '(tagged fields)',
-    1427: '(tagged fields)',
-    1428: '(tagged fields)',
-    1429: '(tagged fields)',
-    1478: 'resource_type',
-    1479: 'resource_type',
-    1480: 'resource_name',
-    1481: 'resource_name',
-    1482: 'resource_name',
-    1483: 'resource_name',
-    1484: 'resource_pattern_type',
-    1485: 'resource_pattern_type',
-    1486: 'principal',
-    1487: 'principal',
-    1488: 'principal',
-    1489: 'principal',
-    1490: 'host',
-    1491: 'host',
-    1492: 'host',
-    1493: 'host',
-    1494: 'operation',
-    1495: 'operation',
-    1496: '(tagged fields)',
-    1497: '(tagged fields)',
-    1498: '(tagged fields)',
-    1499: '(tagged fields)',
-    1500: '(tagged fields)',
-    1538: 'creations',
-    1539: 'creations',
-    1540: 'creations',
-    1541: 'creations',
-    1542: 'creations',
-    1543: 'creations',
-    1544: 'creations',
-    1545: 'creations',
-    1546: 'creations',
-    1547: 'creations',
-    1548: 'creations',
-    1549: 'creations',
-    1550: '(tagged fields)',
-    1551: '(tagged fields)',
-    1552: '(tagged fields)',
-    1553: '(tagged fields)',
-    1554: '(tagged fields)',
-    1583: 'error_code',
-    1584: 'error_code',
-    1585: 'error_message',
-    1586: 'error_message',
-    1587: 'error_message',
-    1588: 'error_message',
-    1589: '(tagged fields)',
-    1590: '(tagged fields)',
-    1591: '(tagged fields)',
-    1592: '(tagged fields)',
-    1593: '(tagged fields)',
-    1634: 'throttle_time_ms',
-    1635: 'throttle_time_ms',
-    1636: 'results',
-    1637: 'results',
-    1638: 'results',
-    1639: 'results',
-    1640: 'results',
-    1641: 'results',
-    1642: 'results',
-    1643: 'results',
-    1644: 'results',
-    1645: 'results',
-    1646: 'results',
-    1647: 'results',
-    1648: '(tagged fields)',
-    1649: '(tagged fields)',
-    1650: '(tagged fields)',
-    1651: '(tagged fields)',
-    1652: '(tagged fields)',
-    1682: 'broker_ids',
-    1683: 'broker_ids',
-    1684: 'broker_ids',
-    1685: 'broker_ids',
-    1686: 'broker_ids',
-    1687: 'broker_ids',
-    1688: 'broker_ids',
-    1689: 'broker_ids',
+    1193: 'partition_index',
+    1194: 'partition_index',
+    1195: '(tagged fields)',
+    1196: '(tagged fields)',
+    1197: '(tagged fields)',
+    1198: '(tagged fields)',
+    1199: '(tagged fields)',
+    1247: 'topic_name',
+    1248: 'topic_name',
+    1249: 'topic_name',
+    1250: 'topic_name',
+    1251: 'topic_name',
+    1252: 'topic_name',
+    1253: 'partitions',
+    1254: 'partitions',
+    1255: 'partitions',
+    1256: 'partitions',
+    1257: 'partitions',
+    1258: 'partitions',
+    1259: 'partitions',
+    1260: 'partitions',
+    1261: 'partitions',
+    1262: 'partitions',
+    1263: 'partitions',
+    1264: 'topic_name',
+    1265: 'partitions',
+    1266: 'partitions',
+    1267: 'partitions',
+    1268: 'partitions',
+    1269: 'partitions',
+    1270: '(tagged fields)',
+    1271: '(tagged fields)',
+    1272: '(tagged fields)',
+    1273: '(tagged fields)',
+    1274: '(tagged fields)',
+    1310: 'node_id',
+    1311: 'node_id',
+    1312: 'host',
+    1313: 'host',
+    1314: 'host',
+    1315: 'host',
+    1316: 'host',
+    1317: 'host',
+    1318: 'port',
+    1319: 'port',
+    1320: '(tagged fields)',
+    1321: '(tagged fields)',
+    1322: '(tagged fields)',
+    1323: '(tagged fields)',
+    1386: 'error_code',
+    1387: 'error_code',
+    1388: 'topics',
+    1389: 'topics',
+    1390: 'topics',
+    1391: 'topics',
+    1392: 'topics',
+    1393: 'topics',
+    1394: 'topics',
+    1395: 'topics',
+    1396: 'topics',
+    1397: 'topics',
+    1398: 'topics',
+    1399: 'error_code',
+    1400: 'error_code',
+    1401: 'topics',
+    1402: 'topics',
+    1403: 'topics',
+    1404: 'topics',
+    1405: 'topics',
+    1406: '(tagged fields)',
+    1407: '(tagged fields)',
+    1408: '(tagged fields)',
+    1409: '(tagged fields)',
+    1410: '(tagged fields)',
+    1411: '(tagged fields)',
+    1412: '(tagged fields)',
+    1413: '(tagged fields)',
+    1414: '(tagged fields)',
+    1415: '(tagged fields)',
+    1416: '(tagged fields)',
+    1417: '(tagged fields)',
+    1418: '(tagged fields)',
+    1419: '(tagged fields)',
+    1420: '(tagged fields)',
+    1421: '(tagged fields)',
+    1422: '(tagged fields)',
+    1423: '(tagged fields)',
+    1424: 'node_endpoints',
+    1425: 'node_endpoints',
+    1426: 'node_endpoints',
+    1427: 'node_endpoints',
+    1428: 'node_endpoints',
+    1429: 'node_endpoints',
+    1430: 'node_endpoints',
+    1431: 'node_endpoints',
+    1432: 'node_endpoints',
+    1433: 'node_endpoints',
+    1434: 'node_endpoints',
+    1435: 'node_endpoints',
+    1436: '(tagged fields)',
+    1502: 'broker_id',
+    1503: 'broker_id',
+    1504: '(tagged fields)',
+    1505: '(tagged fields)',
+    1506: '(tagged fields)',
+    1507: '(tagged fields)',
+    1508: '(tagged fields)',
+    1509: '(tagged fields)',
+    1510: '(tagged fields)',
+    1511: '(tagged fields)',
+    1512: '(tagged fields)',
+    1513: '(tagged fields)',
+    1514: '(tagged fields)',
+    1515: '(tagged fields)',
+    1516: '(tagged fields)',
+    1517: '(tagged fields)',
+    1518: '(tagged fields)',
+    1519: '(tagged fields)',
+    1520: '(tagged fields)',
+    1521: 'offline_log_dirs',
+    1522: 'offline_log_dirs',
+    1523: 'offline_log_dirs',
+    1524: 'offline_log_dirs',
+    1525: 'offline_log_dirs',
+    1526: 'offline_log_dirs',
+    1527: 'offline_log_dirs',
+    1528: 'offline_log_dirs',
+    1529: 'offline_log_dirs',
+    1530: 'offline_log_dirs',
+    1531: 'offline_log_dirs',
+    1532: 'offline_log_dirs',
+    1533: '(tagged fields)',
+    1534: 'cordoned_log_dirs',
+    1535: 'cordoned_log_dirs',
+    1536: 'cordoned_log_dirs',
+    1537: 'cordoned_log_dirs',
+    1538: 'cordoned_log_dirs',
+    1539: 'cordoned_log_dirs',
+    1540: 'cordoned_log_dirs',
+    1541: 'cordoned_log_dirs',
+    1542: 'cordoned_log_dirs',
+    1543: 'cordoned_log_dirs',
+    1544: 'cordoned_log_dirs',
+    1545: 'cordoned_log_dirs',
+    1546: 'cordoned_log_dirs',
+    1547: 'cordoned_log_dirs',
+    1548: 'cordoned_log_dirs',
+    1549: '(tagged fields)',
+    1582: 'throttle_time_ms',
+    1583: 'throttle_time_ms',
+    1584: '(tagged fields)',
+    1585: '(tagged fields)',
+    1586: '(tagged fields)',
+    1587: '(tagged fields)',
+    1627: 'name',
+    1628: 'name',
+    1629: 'name',
+    1630: 'name',
+    1631: 'name',
+    1632: 'name',
+    1633: 'host',
+    1634: 'host',
+    1635: 'host',
+    1636: 'host',
+    1637: 'host',
+    1638: 'host',
+    1639: 'port',
+    1640: 'port',
+    1641: '(tagged fields)',
+    1642: '(tagged fields)',
+    1643: '(tagged fields)',
+    1644: '(tagged fields)',
+    1679: 'name',
+    1680: 'name',
+    1681: 'name',
+    1682: 'name',
+    1683: 'name',
+    1684: 'name',
+    1685: 'min_supported_version',
+    1686: 'min_supported_version',
+    1687: '(tagged fields)',
+    1688: '(tagged fields)',
+    1689: '(tagged fields)',
     1690: '(tagged fields)',
-    1691: '(tagged fields)',
-    1692: '(tagged fields)',
-    1693: '(tagged fields)',
-    1694: '(tagged fields)',
-    1744: 'name',
-    1745: 'name',
-    1746: 'name',
-    1747: 'name',
-    1748: 'count',
-    1749: 'count',
-    1750: 'assignments',
-    1751: 'assignments',
-    1752: 'assignments',
-    1753: 'assignments',
-    1754: 'assignments',
-    1755: 'assignments',
-    1756: 'assignments',
-    1757: 'assignments',
-    1758: 'assignments',
-    1759: 'assignments',
-    1760: 'assignments',
-    1761: 'assignments',
-    1762: 'assignments',
-    1763: 'assignments',
-    1764: 'assignments',
-    1765: 'assignments',
-    1766: 'assignments',
-    1767: 'assignments',
-    1768: '(tagged fields)',
-    1769: '(tagged fields)',
-    1770: '(tagged fields)',
-    1771: '(tagged fields)',
-    1772: '(tagged fields)',
-    1815: 'topics',
-    1816: 'topics',
-    1817: 'topics',
-    1818: 'topics',
-    1819: 'topics',
-    1820: 'topics',
-    1821: 'topics',
-    1822: 'topics',
-    1823: 'topics',
-    1824: 'topics',
-    1825: 'topics',
-    1826: 'topics',
-    1827: 'timeout_ms',
-    1828: 'timeout_ms',
-    1829: '(tagged fields)',
-    1830: '(tagged fields)',
-    1831: '(tagged fields)',
-    1832: '(tagged fields)',
-    1833: '(tagged fields)',
-    1868: 'name',
-    1869: 'name',
-    1870: 'name',
-    1871: 'name',
-    1872: 'error_code',
-    1873: 'error_code',
-    1874: 'error_message',
-    1875: 'error_message',
-    1876: 'error_message',
-    1877: 'error_message',
-    1878: '(tagged fields)',
-    1879: '(tagged fields)',
-    1880: '(tagged fields)',
-    1881: '(tagged fields)',
-    1882: '(tagged fields)',
-    1923: 'throttle_time_ms',
-    1924: 'throttle_time_ms',
-    1925: 'results',
-    1926: 'results',
-    1927: 'results',
-    1928: 'results',
-    1929: 'results',
-    1930: 'results',
-    1931: 'results',
-    1932: 'results',
-    1933: 'results',
-    1934: 'results',
-    1935: 'results',
-    1936: 'results',
-    1937: '(tagged fields)',
-    1938: '(tagged fields)',
-    1939: '(tagged fields)',
-    1940: '(tagged fields)',
-    1941: '(tagged fields)',
-    1974: 'partition_index',
-    1975: 'partition_index',
-    1976: 'broker_ids',
-    1977: 'broker_ids',
-    1978: 'broker_ids',
-    1979: 'broker_ids',
-    1980: 'broker_ids',
-    1981: 'broker_ids',
-    1982: 'broker_ids',
-    1983: 'broker_ids',
-    1984: '(tagged fields)',
-    1985: '(tagged fields)',
-    1986: '(tagged fields)',
-    1987: '(tagged fields)',
-    1988: '(tagged fields)',
-    2023: 'name',
-    2024: 'name',
-    2025: 'name',
-    2026: 'name',
-    2027: 'value',
-    2028: 'value',
-    2029: 'value',
-    2030: 'value',
-    2031: '(tagged fields)',
-    2032: '(tagged fields)',
-    2033: '(tagged fields)',
-    2034: '(tagged fields)',
-    2035: '(tagged fields)',
-    2093: 'name',
-    2094: 'name',
-    2095: 'name',
-    2096: 'name',
-    2097: 'num_partitions',
-    2098: 'num_partitions',
-    2099: 'assignments',
-    2100: 'assignments',
-    2101: 'assignments',
-    2102: 'assignments',
-    2103: 'assignments',
-    2104: 'assignments',
-    2105: 'assignments',
-    2106: 'assignments',
-    2107: 'assignments',
-    2108: 'assignments',
-    2109: 'assignments',
-    2110: 'assignments',
-    2111: 'configs',
-    2112: 'configs',
-    2113: 'configs',
-    2114: 'configs',
-    2115: 'configs',
-    2116: 'configs',
-    2117: 'configs',
-    2118: 'configs',
-    2119: 'configs',
-    2120: 'configs',
-    2121: 'configs',
-    2122: 'configs',
-    2123: '(tagged fields)',
-    2124: '(tagged fields)',
-    2125: '(tagged fields)',
-    2126: '(tagged fields)',
-    2127: '(tagged fields)',
-    2170: 'topics',
-    2171: 'topics',
-    2172: 'topics',
-    2173: 'topics',
-    2174: 'topics',
-    2175: 'topics',
-    2176: 'topics',
-    2177: 'topics',
-    2178: 'topics',
-    2179: 'topics',
-    2180: 'topics',
-    2181: 'topics',
-    2182: 'timeout_ms',
-    2183: 'timeout_ms',
-    2184: '(tagged fields)',
-    2185: '(tagged fields)',
-    2186: '(tagged fields)',
-    2187: '(tagged fields)',
-    2188: '(tagged fields)',
-    2220: 'name',
-    2221: 'value',
-    2222: 'read_only',
-    2223: 'read_only',
-    2224: '(tagged fields)',
-    2225: '(tagged fields)',
-    2226: '(tagged fields)',
-    2227: '(tagged fields)',
-    2294: 'name',
-    2295: 'name',
-    2296: 'name',
-    2297: 'name',
-    2298: 'name',
-    2299: 'topic_id',
-    2300: 'error_code',
-    2301: 'error_code',
-    2302: 'error_message',
-    2303: 'error_message',
-    2304: 'error_message',
-    2305: 'error_message',
-    2306: 'error_message',
-    2307: 'num_partitions',
-    2308: 'num_partitions',
-    2309: 'num_partitions',
-    2310: 'configs',
-    2311: 'configs',
-    2312: 'configs',
-    2313: 'configs',
-    2314: 'configs',
-    2315: 'configs',
-    2316: 'configs',
-    2317: 'configs',
-    2318: '(tagged fields)',
-    2319: '(tagged fields)',
-    2320: '(tagged fields)',
-    2321: '(tagged fields)',
+    1886: 'broker_id',
+    1887: 'broker_id',
+    1888: 'cluster_id',
+    1889: 'cluster_id',
+    1890: 'cluster_id',
+    1891: 'cluster_id',
+    1892: 'cluster_id',
+    1893: 'cluster_id',
+    1894: 'incarnation_id',
+    1895: 'incarnation_id',
+    1896: 'incarnation_id',
+    1897: 'incarnation_id',
+    1898: 'incarnation_id',
+    1899: 'listeners',
+    1900: 'listeners',
+    1901: 'listeners',
+    1902: 'listeners',
+    1903: 'listeners',
+    1904: 'listeners',
+    1905: 'listeners',
+    1906: 'listeners',
+    1907: 'listeners',
+    1908: 'listeners',
+    1909: 'features',
+    1910: 'features',
+    1911: 'features',
+    1912: 'features',
+    1913: 'features',
+    1914: 'features',
+    1915: 'features',
+    1916: 'features',
+    1917: 'features',
+    1918: 'features',
+    1919: 'rack',
+    1920: 'rack',
+    1921: 'rack',
+    1922: 'rack',
+    1923: 'rack',
+    1924: 'rack',
+    1925: 'is_migrating_zk_broker',
+    1926: 'is_migrating_zk_broker',
+    1927: 'log_dirs',
+    1928: 'log_dirs',
+    1929: 'log_dirs',
+    1930: 'log_dirs',
+    1931: 'log_dirs',
+    1932: 'log_dirs',
+    1933: 'log_dirs',
+    1934: 'log_dirs',
+    1935: 'log_dirs',
+    1936: 'log_dirs',
+    1937: 'previous_broker_epoch',
+    1938: 'previous_broker_epoch',
+    1939: 'previous_broker_epoch',
+    1940: 'broker_id',
+    1941: 'broker_id',
+    1942: 'cluster_id',
+    1943: 'cluster_id',
+    1944: 'cluster_id',
+    1945: 'cluster_id',
+    1946: 'cluster_id',
+    1947: 'cluster_id',
+    1948: 'incarnation_id',
+    1949: 'incarnation_id',
+    1950: 'incarnation_id',
+    1951: 'incarnation_id',
+    1952: 'incarnation_id',
+    1953: 'listeners',
+    1954: 'listeners',
+    1955: 'listeners',
+    1956: 'listeners',
+    1957: 'listeners',
+    1958: 'listeners',
+    1959: 'listeners',
+    1960: 'listeners',
+    1961: 'listeners',
+    1962: 'listeners',
+    1963: 'features',
+    1964: 'features',
+    1965: 'features',
+    1966: 'features',
+    1967: 'features',
+    1968: 'features',
+    1969: 'features',
+    1970: 'features',
+    1971: 'features',
+    1972: 'features',
+    1973: 'rack',
+    1974: 'rack',
+    1975: 'rack',
+    1976: 'rack',
+    1977: 'rack',
+    1978: 'rack',
+    1979: 'is_migrating_zk_broker',
+    1980: 'is_migrating_zk_broker',
+    1981: 'log_dirs',
+    1982: 'log_dirs',
+    1983: 'log_dirs',
+    1984: 'log_dirs',
+    1985: 'log_dirs',
+    1986: 'log_dirs',
+    1987: 'log_dirs',
+    1988: 'log_dirs',
+    1989: 'log_dirs',
+    1990: 'log_dirs',
+    1991: 'log_dirs',
+    1992: 'broker_id',
+    1993: 'broker_id',
+    1994: 'cluster_id',
+    1995: 'cluster_id',
+    1996: 'cluster_id',
+    1997: 'cluster_id',
+    1998: 'cluster_id',
+    1999: 'cluster_id',
+    2000: 'incarnation_id',
+    2001: 'incarnation_id',
+    2002: 'incarnation_id',
+    2003: 'incarnation_id',
+    2004: 'incarnation_id',
+    2005: 'listeners',
+    2006: 'listeners',
+    2007: 'listeners',
+    2008: 'listeners',
+    2009: 'listeners',
+    2010: 'listeners',
+    2011: 'listeners',
+    2012: 'listeners',
+    2013: 'listeners',
+    2014: 'listeners',
+    2015: 'features',
+    2016: 'features',
+    2017: 'features',
+    2018: 'features',
+    2019: 'features',
+    2020: 'features',
+    2021: 'features',
+    2022: 'features',
+    2023: 'features',
+    2024: 'features',
+    2025: 'rack',
+    2026: 'rack',
+    2027: 'rack',
+    2028: 'rack',
+    2029: 'rack',
+    2030: 'rack',
+    2031: 'is_migrating_zk_broker',
+    2032: 'is_migrating_zk_broker',
+    2033: 'is_migrating_zk_broker',
+    2034: 'broker_id',
+    2035: 'broker_id',
+    2036: 'cluster_id',
+    2037: 'cluster_id',
+    2038: 'cluster_id',
+    2039: 'cluster_id',
+    2040: 'cluster_id',
+    2041: 'cluster_id',
+    2042: 'incarnation_id',
+    2043: 'incarnation_id',
+    2044: 'incarnation_id',
+    2045: 'incarnation_id',
+    2046: 'incarnation_id',
+    2047: 'listeners',
+    2048: 'listeners',
+    2049: 'listeners',
+    2050: 'listeners',
+    2051: 'listeners',
+    2052: 'listeners',
+    2053: 'listeners',
+    2054: 'listeners',
+    2055: 'listeners',
+    2056: 'listeners',
+    2057: 'features',
+    2058: 'features',
+    2059: 'features',
+    2060: 'features',
+    2061: 'features',
+    2062: 'features',
+    2063: 'features',
+    2064: 'features',
+    2065: 'features',
+    2066: 'features',
+    2067: 'rack',
+    2068: 'rack',
+    2069: 'rack',
+    2070: 'rack',
+    2071: 'rack',
+    2072: 'rack',
+    2073: '(tagged fields)',
+    2074: '(tagged fields)',
+    2075: '(tagged fields)',
+    2076: '(tagged fields)',
+    2105: 'throttle_time_ms',
+    2106: 'throttle_time_ms',
+    2107: '(tagged fields)',
+    2108: '(tagged fields)',
+    2109: '(tagged fields)',
+    2110: '(tagged fields)',
+    2174: 'resource_type',
+    2175: 'resource_type',
+    2176: 'resource_name',
+    2177: 'resource_name',
+    2178: 'resource_name',
+    2179: 'resource_name',
+    2180: 'resource_name',
+    2181: 'resource_name',
+    2182: 'resource_pattern_type',
+    2183: 'resource_pattern_type',
+    2184: 'principal',
+    2185: 'principal',
+    2186: 'principal',
+    2187: 'principal',
+    2188: 'principal',
+    2189: 'principal',
+    2190: 'host',
+    2191: 'host',
+    2192: 'host',
+    2193: 'host',
+    2194: 'host',
+    2195: 'host',
+    2196: 'operation',
+    2197: 'operation',
+    2198: 'operation',
+    2199: 'resource_type',
+    2200: 'resource_type',
+    2201: 'resource_name',
+    2202: 'resource_pattern_type',
+    2203: 'resource_pattern_type',
+    2204: 'principal',
+    2205: 'host',
+    2206: 'operation',
+    2207: 'operation',
+    2208: '(tagged fields)',
+    2209: '(tagged fields)',
+    2210: '(tagged fields)',
+    2211: '(tagged fields)',
+    2212: '(tagged fields)',
+    2254: 'creations',
+    2255: 'creations',
+    2256: 'creations',
+    2257: 'creations',
+    2258: 'creations',
+    2259: 'creations',
+    2260: 'creations',
+    2261: 'creations',
+    2262: 'creations',
+    2263: 'creations',
+    2264: 'creations',
+    2265: 'creations',
+    2266: 'creations',
+    2267: 'creations',
+    2268: 'creations',
+    2269: 'creations',
+    2270: '(tagged fields)',
+    2271: '(tagged fields)',
+    2272: '(tagged fields)',
+    2273: '(tagged fields)',
+    2274: '(tagged fields)',
+    2310: 'error_code',
+    2311: 'error_code',
+    2312: 'error_message',
+    2313: 'error_message',
+    2314: 'error_message',
+    2315: 'error_message',
+    2316: 'error_message',
+    2317: 'error_message',
+    2318: 'error_message',
+    2319: 'error_code',
+    2320: 'error_code',
+    2321: 'error_message',
     2322: '(tagged fields)',
     2323: '(tagged fields)',
     2324: '(tagged fields)',
     2325: '(tagged fields)',
     2326: '(tagged fields)',
-    2327: 'topic_config_error_code',
-    2328: 'topic_config_error_code',
-    2329: 'topic_config_error_code',
-    2330: '(tagged fields)',
-    2371: 'throttle_time_ms',
     2372: 'throttle_time_ms',
-    2373: 'topics',
-    2374: 'topics',
-    2375: 'topics',
-    2376: 'topics',
-    2377: 'topics',
-    2378: 'topics',
-    2379: 'topics',
-    2380: 'topics',
-    2381: 'topics',
-    2382: 'topics',
-    2383: 'topics',
-    2384: 'topics',
-    2385: '(tagged fields)',
-    2386: '(tagged fields)',
-    2387: '(tagged fields)',
-    2388: '(tagged fields)',
-    2389: '(tagged fields)',
-    2438: 'resource_type_filter',
-    2439: 'resource_type_filter',
-    2440: 'resource_name_filter',
-    2441: 'resource_name_filter',
-    2442: 'resource_name_filter',
-    2443: 'resource_name_filter',
-    2444: 'pattern_type_filter',
-    2445: 'pattern_type_filter',
-    2446: 'principal_filter',
-    2447: 'principal_filter',
-    2448: 'principal_filter',
-    2449: 'principal_filter',
-    2450: 'host_filter',
-    2451: 'host_filter',
-    2452: 'host_filter',
-    2453: 'host_filter',
-    2454: 'operation',
-    2455: 'operation',
-    2456: '(tagged fields)',
-    2457: '(tagged fields)',
-    2458: '(tagged fields)',
-    2459: '(tagged fields)',
-    2460: '(tagged fields)',
-    2498: 'filters',
-    2499: 'filters',
-    2500: 'filters',
-    2501: 'filters',
-    2502: 'filters',
-    2503: 'filters',
-    2504: 'filters',
-    2505: 'filters',
-    2506: 'filters',
-    2507: 'filters',
-    2508: 'filters',
-    2509: 'filters',
-    2510: '(tagged fields)',
-    2511: '(tagged fields)',
-    2512: '(tagged fields)',
-    2513: '(tagged fields)',
-    2514: '(tagged fields)',
-    2572: 'error_code',
-    2573: 'error_code',
-    2574: 'error_message',
-    2575: 'error_message',
-    2576: 'error_message',
-    2577: 'error_message',
-    2578: 'resource_type',
-    2579: 'resource_type',
-    2580: 'resource_name',
-    2581: 'resource_name',
-    2582: 'resource_name',
-    2583: 'resource_name',
-    2584: 'pattern_type',
-    2585: 'pattern_type',
-    2586: 'principal',
-    2587: 'principal',
-    2588: 'principal',
-    2589: 'principal',
-    2590: 'host',
-    2591: 'host',
-    2592: 'host',
-    2593: 'host',
-    2594: 'operation',
-    2595: 'operation',
-    2596: '(tagged fields)',
-    2597: '(tagged fields)',
-    2598: '(tagged fields)',
-    2599: '(tagged fields)',
-    2600: '(tagged fields)',
-    2644: 'error_code',
-    2645: 'error_code',
-    2646: 'error_message',
-    2647: 'error_message',
-    2648: 'error_message',
-    2649: 'error_message',
-    2650: 'matching_acls',
-    2651: 'matching_acls',
-    2652: 'matching_acls',
-    2653: 'matching_acls',
-    2654: 'matching_acls',
-    2655: 'matching_acls',
-    2656: 'matching_acls',
-    2657: 'matching_acls',
-    2658: 'matching_acls',
-    2659: 'matching_acls',
-    2660: 'matching_acls',
-    2661: 'matching_acls',
-    2662: '(tagged fields)',
-    2663: '(tagged fields)',
-    2664: '(tagged fields)',
-    2665: '(tagged fields)',
-    2666: '(tagged fields)',
-    2707: 'throttle_time_ms',
-    2708: 'throttle_time_ms',
-    2709: 'filter_results',
-    2710: 'filter_results',
-    2711: 'filter_results',
-    2712: 'filter_results',
-    2713: 'filter_results',
-    2714: 'filter_results',
-    2715: 'filter_results',
-    2716: 'filter_results',
-    2717: 'filter_results',
-    2718: 'filter_results',
-    2719: 'filter_results',
-    2720: 'filter_results',
-    2721: '(tagged fields)',
-    2722: '(tagged fields)',
-    2723: '(tagged fields)',
-    2724: '(tagged fields)',
-    2725: '(tagged fields)',
-    2750: 'name',
-    2751: 'topic_id',
-    2752: '(tagged fields)',
-    2753: '(tagged fields)',
-    2754: '(tagged fields)',
-    2755: '(tagged fields)',
-    2808: 'topics',
-    2809: 'topics',
-    2810: 'topics',
-    2811: 'topics',
-    2812: 'topics',
-    2813: 'topics',
-    2814: 'topic_names',
-    2815: 'topic_names',
-    2816: 'topic_names',
-    2817: 'topic_names',
-    2818: 'topic_names',
-    2819: 'topic_names',
-    2820: 'topic_names',
-    2821: 'topic_names',
-    2822: 'topic_names',
-    2823: 'topic_names',
-    2824: 'topic_names',
-    2825: 'topic_names',
-    2826: 'timeout_ms',
-    2827: 'timeout_ms',
-    2828: '(tagged fields)',
-    2829: '(tagged fields)',
-    2830: '(tagged fields)',
-    2831: '(tagged fields)',
-    2832: '(tagged fields)',
-    2871: 'name',
-    2872: 'name',
-    2873: 'name',
-    2874: 'name',
-    2875: 'name',
-    2876: 'name',
-    2877: 'name',
-    2878: 'topic_id',
-    2879: 'error_code',
-    2880: 'error_code',
-    2881: 'error_code',
-    2882: 'error_message',
-    2883: '(tagged fields)',
-    2884: '(tagged fields)',
-    2885: '(tagged fields)',
-    2886: '(tagged fields)',
-    2887: '(tagged fields)',
-    2928: 'throttle_time_ms',
-    2929: 'throttle_time_ms',
-    2930: 'responses',
-    2931: 'responses',
-    2932: 'responses',
-    2933: 'responses',
-    2934: 'responses',
-    2935: 'responses',
-    2936: 'responses',
-    2937: 'responses',
-    2938: 'responses',
-    2939: 'responses',
-    2940: 'responses',
-    2941: 'responses',
-    2942: '(tagged fields)',
-    2943: '(tagged fields)',
-    2944: '(tagged fields)',
-    2945: '(tagged fields)',
-    2946: '(tagged fields)',
-    2998: 'resource_type_filter',
-    2999: 'resource_type_filter',
-    3000: 'resource_name_filter',
-    3001: 'resource_name_filter',
-    3002: 'resource_name_filter',
-    3003: 'resource_name_filter',
-    3004: 'pattern_type_filter',
-    3005: 'pattern_type_filter',
-    3006: 'principal_filter',
-    3007: 'principal_filter',
-    3008: 'principal_filter',
-    3009: 'principal_filter',
-    3010: 'host_filter',
-    3011: 'host_filter',
-    3012: 'host_filter',
-    3013: 'host_filter',
-    3014: 'operation',
-    3015: 'operation',
-    3016: '(tagged fields)',
-    3017: '(tagged fields)',
-    3018: '(tagged fields)',
-    3019: '(tagged fields)',
-    3020: '(tagged fields)',
-    3057: 'principal',
-    3058: 'principal',
-    3059: 'principal',
-    3060: 'principal',
-    3061: 'host',
-    3062: 'host',
-    3063: 'host',
-    3064: 'host',
-    3065: 'operation',
-    3066: 'operation',
-    3067: '(tagged fields)',
-    3068: '(tagged fields)',
-    3069: '(tagged fields)',
-    3070: '(tagged fields)',
-    3071: '(tagged fields)',
-    3118: 'resource_type',
-    3119: 'resource_type',
-    3120: 'resource_name',
-    3121: 'resource_name',
-    3122: 'resource_name',
-    3123: 'resource_name',
-    3124: 'pattern_type',
-    3125: 'pattern_type',
-    3126: 'acls',
-    3127: 'acls',
-    3128: 'acls',
-    3129: 'acls',
-    3130: 'acls',
-    3131: 'acls',
-    3132: 'acls',
-    3133: 'acls',
-    3134: 'acls',
-    3135: 'acls',
-    3136: 'acls',
-    3137: 'acls',
-    3138: '(tagged fields)',
-    3139: '(tagged fields)',
-    3140: '(tagged fields)',
-    3141: '(tagged fields)',
-    3142: '(tagged fields)',
-    3191: 'throttle_time_ms',
-    3192: 'throttle_time_ms',
-    3193: 'error_message',
-    3194: 'error_message',
-    3195: 'error_message',
-    3196: 'error_message',
-    3197: 'resources',
-    3198: 'resources',
-    3199: 'resources',
-    3200: 'resources',
-    3201: 'resources',
-    3202: 'resources',
-    3203: 'resources',
-    3204: 'resources',
-    3205: 'resources',
-    3206: 'resources',
-    3207: 'resources',
-    3208: 'resources',
-    3209: '(tagged fields)',
-    3210: '(tagged fields)',
-    3211: '(tagged fields)',
-    3212: '(tagged fields)',
-    3213: '(tagged fields)',
-    3252: 'include_cluster_authorized_operations',
-    3253: 'include_cluster_authorized_operations',
-    3254: 'include_cluster_authorized_operations',
-    3255: 'endpoint_type',
-    3256: 'endpoint_type',
-    3257: 'endpoint_type',
-    3258: 'include_fenced_brokers',
-    3259: 'include_fenced_brokers',
-    3260: '(tagged fields)',
-    3261: '(tagged fields)',
-    3262: '(tagged fields)',
-    3263: '(tagged fields)',
-    3301: 'broker_id',
-    3302: 'broker_id',
-    3303: 'host',
-    3304: 'port',
-    3305: 'port',
-    3306: 'rack',
-    3307: 'rack',
-    3308: 'is_fenced',
-    3309: 'is_fenced',
-    3310: '(tagged fields)',
-    3311: '(tagged fields)',
-    3312: '(tagged fields)',
+    2373: 'throttle_time_ms',
+    2374: 'results',
+    2375: 'results',
+    2376: 'results',
+    2377: 'results',
+    2378: 'results',
+    2379: 'results',
+    2380: 'results',
+    2381: 'results',
+    2382: 'results',
+    2383: 'results',
+    2384: 'results',
+    2385: 'throttle_time_ms',
+    2386: 'throttle_time_ms',
+    2387: 'results',
+    2388: 'results',
+    2389: 'results',
+    2390: 'results',
+    2391: 'results',
+    2392: '(tagged fields)',
+    2393: '(tagged fields)',
+    2394: '(tagged fields)',
+    2395: '(tagged fields)',
+    2396: '(tagged fields)',
+    2430: 'broker_ids',
+    2431: 'broker_ids',
+    2432: 'broker_ids',
+    2433: 'broker_ids',
+    2434: 'broker_ids',
+    2435: 'broker_ids',
+    2436: 'broker_ids',
+    2437: 'broker_ids',
+    2438: 'broker_ids',
+    2439: 'broker_ids',
+    2440: 'broker_ids',
+    2441: 'broker_ids',
+    2442: '(tagged fields)',
+    2443: '(tagged fields)',
+    2444: '(tagged fields)',
+    2445: '(tagged fields)',
+    2446: '(tagged fields)',
+    2504: 'name',
+    2505: 'name',
+    2506: 'name',
+    2507: 'name',
+    2508: 'name',
+    2509: 'name',
+    2510: 'count',
+    2511: 'count',
+    2512: 'assignments',
+    2513: 'assignments',
+    2514: 'assignments',
+    2515: 'assignments',
+    2516: 'assignments',
+    2517: 'assignments',
+    2518: 'assignments',
+    2519: 'assignments',
+    2520: 'assignments',
+    2521: 'assignments',
+    2522: 'assignments',
+    2523: 'assignments',
+    2524: 'assignments',
+    2525: 'assignments',
+    2526: 'name',
+    2527: 'count',
+    2528: 'count',
+    2529: 'assignments',
+    2530: 'assignments',
+    2531: 'assignments',
+    2532: 'assignments',
+    2533: 'assignments',
+    2534: 'assignments',
+    2535: 'assignments',
+    2536: 'assignments',
+    2537: '(tagged fields)',
+    2538: '(tagged fields)',
+    2539: '(tagged fields)',
+    2540: '(tagged fields)',
+    2541: '(tagged fields)',
+    2589: 'topics',
+    2590: 'topics',
+    2591: 'topics',
+    2592: 'topics',
+    2593: 'topics',
+    2594: 'topics',
+    2595: 'topics',
+    2596: 'topics',
+    2597: 'topics',
+    2598: 'topics',
+    2599: 'timeout_ms',
+    2600: 'timeout_ms',
+    2601: 'timeout_ms',
+    2602: 'topics',
+    2603: 'topics',
+    2604: 'topics',
+    2605: 'topics',
+    2606: 'topics',
+    2607: 'timeout_ms',
+    2608: 'timeout_ms',
+    2609: '(tagged fields)',
+    2610: '(tagged fields)',
+    2611: '(tagged fields)',
+    2612: '(tagged fields)',
+    2613: '(tagged fields)',
+    2658: 'name',
+    2659: 'name',
+    2660: 'name',
+    2661: 'name',
+    2662: 'name',
+    2663: 'name',
+    2664: 'error_code',
+    2665: 'error_code',
+    2666: 'error_message',
+    2667: 'error_message',
+    2668: 'error_message',
+    2669: 'error_message',
+    2670: 'error_message',
+    2671: 'error_message',
+    2672: 'error_message',
+    2673: 'name',
+    2674: 'error_code',
+    2675: 'error_code',
+    2676: 'error_message',
+    2677: '(tagged fields)',
+    2678: '(tagged fields)',
+    2679: '(tagged fields)',
+    2680: '(tagged fields)',
+    2681: '(tagged fields)',
+    2727: 'throttle_time_ms',
+    2728: 'throttle_time_ms',
+    2729: 'results',
+    2730: 'results',
+    2731: 'results',
+    2732: 'results',
+    2733: 'results',
+    2734: 'results',
+    2735: 'results',
+    2736: 'results',
+    2737: 'results',
+    2738: 'results',
+    2739: 'results',
+    2740: 'throttle_time_ms',
+    2741: 'throttle_time_ms',
+    2742: 'results',
+    2743: 'results',
+    2744: 'results',
+    2745: 'results',
+    2746: 'results',
+    2747: '(tagged fields)',
+    2748: '(tagged fields)',
+    2749: '(tagged fields)',
+    2750: '(tagged fields)',
+    2751: '(tagged fields)',
+    2789: 'partition_index',
+    2790: 'partition_index',
+    2791: 'broker_ids',
+    2792: 'broker_ids',
+    2793: 'broker_ids',
+    2794: 'broker_ids',
+    2795: 'broker_ids',
+    2796: 'broker_ids',
+    2797: 'broker_ids',
+    2798: 'broker_ids',
+    2799: 'broker_ids',
+    2800: 'partition_index',
+    2801: 'partition_index',
+    2802: 'broker_ids',
+    2803: 'broker_ids',
+    2804: 'broker_ids',
+    2805: '(tagged fields)',
+    2806: '(tagged fields)',
+    2807: '(tagged fields)',
+    2808: '(tagged fields)',
+    2809: '(tagged fields)',
+    2853: 'name',
+    2854: 'name',
+    2855: 'name',
+    2856: 'name',
+    2857: 'name',
+    2858: 'name',
+    2859: 'value',
+    2860: 'value',
+    2861: 'value',
+    2862: 'value',
+    2863: 'value',
+    2864: 'value',
+    2865: 'value',
+    2866: 'name',
+    2867: 'value',
+    2868: '(tagged fields)',
+    2869: '(tagged fields)',
+    2870: '(tagged fields)',
+    2871: '(tagged fields)',
+    2872: '(tagged fields)',
+    2939: 'name',
+    2940: 'name',
+    2941: 'name',
+    2942: 'name',
+    2943: 'name',
+    2944: 'name',
+    2945: 'num_partitions',
+    2946: 'num_partitions',
+    2947: 'assignments',
+    2948: 'assignments',
+    2949: 'assignments',
+    2950: 'assignments',
+    2951: 'assignments',
+    2952: 'assignments',
+    2953: 'assignments',
+    2954: 'assignments',
+    2955: 'assignments',
+    2956: 'assignments',
+    2957: 'configs',
+    2958: 'configs',
+    2959: 'configs',
+    2960: 'configs',
+    2961: 'configs',
+    2962: 'configs',
+    2963: 'configs',
+    2964: 'configs',
+    2965: 'configs',
+    2966: 'configs',
+    2967: 'configs',
+    2968: 'name',
+    2969: 'num_partitions',
+    2970: 'num_partitions',
+    2971: 'assignments',
+    2972: 'assignments',
+    2973: 'assignments',
+    2974: 'assignments',
+    2975: 'assignments',
+    2976: 'configs',
+    2977: 'configs',
+    2978: 'configs',
+    2979: 'configs',
+    2980: 'configs',
+    2981: '(tagged fields)',
+    2982: '(tagged fields)',
+    2983: '(tagged fields)',
+    2984: '(tagged fields)',
+    2985: '(tagged fields)',
+    3033: 'topics',
+    3034: 'topics',
+    3035: 'topics',
+    3036: 'topics',
+    3037: 'topics',
+    3038: 'topics',
+    3039: 'topics',
+    3040: 'topics',
+    3041: 'topics',
+    3042: 'topics',
+    3043: 'timeout_ms',
+    3044: 'timeout_ms',
+    3045: 'timeout_ms',
+    3046: 'topics',
+    3047: 'topics',
+    3048: 'topics',
+    3049: 'topics',
+    3050: 'topics',
+    3051: 'timeout_ms',
+    3052: 'timeout_ms',
+    3053: '(tagged fields)',
+    3054: '(tagged fields)',
+    3055: '(tagged fields)',
+    3056: '(tagged fields)',
+    3057: '(tagged fields)',
+    3099: 'name',
+    3100: 'name',
+    3101: 'name',
+    3102: 'name',
+    3103: 'name',
+    3104: 'name',
+    3105: 'value',
+    3106: 'value',
+    3107: 'value',
+    3108: 'value',
+    3109: 'value',
+    3110: 'value',
+    3111: 'read_only',
+    3112: 'read_only',
+    3113: '(tagged fields)',
+    3114: '(tagged fields)',
+    3115: '(tagged fields)',
+    3116: '(tagged fields)',
+    3222: 'name',
+    3223: 'name',
+    3224: 'name',
+    3225: 'name',
+    3226: 'name',
+    3227: 'name',
+    3228: 'topic_id',
+    3229: 'topic_id',
+    3230: 'topic_id',
+    3231: 'topic_id',
+    3232: 'topic_id',
+    3233: 'error_code',
+    3234: 'error_code',
+    3235: 'error_message',
+    3236: 'error_message',
+    3237: 'error_message',
+    3238: 'error_message',
+    3239: 'error_message',
+    3240: 'error_message',
+    3241: 'num_partitions',
+    3242: 'num_partitions',
+    3243: 'configs',
+    3244: 'configs',
+    3245: 'configs',
+    3246: 'configs',
+    3247: 'configs',
+    3248: 'configs',
+    3249: 'configs',
+    3250: 'configs',
+    3251: 'configs',
+    3252: 'configs',
+    3253: 'configs',
+    3254: 'configs',
+    3255: 'configs',
+    3256: 'configs',
+    3257: 'name',
+    3258: 'name',
+    3259: 'name',
+    3260: 'name',
+    3261: 'name',
+    3262: 'name',
+    3263: 'error_code',
+    3264: 'error_code',
+    3265: 'error_message',
+    3266: 'error_message',
+    3267: 'error_message',
+    3268: 'error_message',
+    3269: 'error_message',
+    3270: 'error_message',
+    3271: 'num_partitions',
+    3272: 'num_partitions',
+    3273: 'configs',
+    3274: 'configs',
+    3275: 'configs',
+    3276: 'configs',
+    3277: 'configs',
+    3278: 'configs',
+    3279: 'configs',
+    3280: 'configs',
+    3281: 'configs',
+    3282: 'configs',
+    3283: 'configs',
+    3284: 'configs',
+    3285: 'configs',
+    3286: 'configs',
+    3287: 'name',
+    3288: 'error_code',
+    3289: 'error_code',
+    3290: 'error_message',
+    3291: '(tagged fields)',
+    3292: '(tagged fields)',
+    3293: '(tagged fields)',
+    3294: '(tagged fields)',
+    3295: '(tagged fields)',
+    3296: '(tagged fields)',
+    3297: '(tagged fields)',
+    3298: '(tagged fields)',
+    3299: '(tagged fields)',
+    3300: '(tagged fields)',
+    3301: '(tagged fields)',
+    3302: '(tagged fields)',
+    3303: '(tagged fields)',
+    3304: '(tagged fields)',
+    3305: '(tagged fields)',
+    3306: '(tagged fields)',
+    3307: '(tagged fields)',
+    3308: '(tagged fields)',
+    3309: 'topic_config_error_code',
+    3310: 'topic_config_error_code',
+    3311: 'topic_config_error_code',
+    3312: 'topic_config_error_code',
     3313: '(tagged fields)',
-    3368: 'throttle_time_ms',
-    3369: 'throttle_time_ms',
-    3370: 'error_message',
-    3371: 'error_message',
-    3372: 'endpoint_type',
-    3373: 'endpoint_type',
-    3374: 'cluster_id',
-    3375: 'controller_id',
-    3376: 'controller_id',
-    3377: 'brokers',
-    3378: 'brokers',
-    3379: 'brokers',
-    3380: 'brokers',
-    3381: 'brokers',
-    3382: 'cluster_authorized_operations',
-    3383: 'cluster_authorized_operations',
-    3384: '(tagged fields)',
-    3385: '(tagged fields)',
-    3386: '(tagged fields)',
-    3387: '(tagged fields)',
-    3434: 'resource_type',
-    3435: 'resource_type',
-    3436: 'resource_name',
-    3437: 'resource_name',
-    3438: 'resource_name',
-    3439: 'resource_name',
-    3440: 'configuration_keys',
-    3441: 'configuration_keys',
-    3442: 'configuration_keys',
-    3443: 'configuration_keys',
-    3444: 'configuration_keys',
-    3445: 'configuration_keys',
-    3446: 'configuration_keys',
-    3447: 'configuration_keys',
-    3448: 'configuration_keys',
-    3449: 'configuration_keys',
-    3450: 'configuration_keys',
-    3451: 'configuration_keys',
-    3452: 'configuration_keys',
-    3453: 'configuration_keys',
-    3454: 'configuration_keys',
-    3455: 'configuration_keys',
-    3456: 'configuration_keys',
-    3457: 'configuration_keys',
-    3458: '(tagged fields)',
-    3459: '(tagged fields)',
-    3460: '(tagged fields)',
-    3461: '(tagged fields)',
-    3462: '(tagged fields)',
-    3510: 'resources',
-    3511: 'resources',
-    3512: 'resources',
-    3513: 'resources',
-    3514: 'resources',
-    3515: 'resources',
-    3516: 'resources',
-    3517: 'resources',
-    3518: 'resources',
-    3519: 'resources',
-    3520: 'resources',
-    3521: 'resources',
-    3522: 'include_synonyms',
-    3523: 'include_synonyms',
-    3524: 'include_synonyms',
-    3525: 'include_documentation',
-    3526: 'include_documentation',
-    3527: '(tagged fields)',
-    3528: '(tagged fields)',
-    3529: '(tagged fields)',
-    3530: '(tagged fields)',
-    3531: '(tagged fields)',
-    3566: 'name',
-    3567: 'name',
-    3568: 'name',
-    3569: 'name',
-    3570: 'value',
-    3571: 'value',
-    3572: 'value',
-    3573: 'value',
-    3574: 'source',
-    3575: 'source',
-    3576: '(tagged fields)',
-    3577: '(tagged fields)',
-    3578: '(tagged fields)',
-    3579: '(tagged fields)',
-    3580: '(tagged fields)',
-    3645: 'name',
-    3646: 'name',
-    3647: 'name',
-    3648: 'name',
-    3649: 'value',
-    3650: 'value',
-    3651: 'value',
-    3652: 'value',
-    3653: 'read_only',
-    3654: 'read_only',
-    3655: 'synonyms',
-    3656: 'synonyms',
-    3657: 'synonyms',
-    3658: 'synonyms',
-    3659: 'synonyms',
-    3660: 'synonyms',
-    3661: 'synonyms',
-    3662: 'synonyms',
-    3663: 'synonyms',
-    3664: 'synonyms',
-    3665: 'synonyms',
-    3666: 'synonyms',
-    3667: 'synonyms',
-    3668: 'config_type',
-    3669: 'config_type',
-    3670: 'config_type',
-    3671: 'documentation',
-    3672: 'documentation',
-    3673: 'documentation',
-    3674: 'documentation',
-    3675: '(tagged fields)',
-    3676: '(tagged fields)',
-    3677: '(tagged fields)',
-    3678: '(tagged fields)',
-    3679: '(tagged fields)',
-    3732: 'error_code',
-    3733: 'error_code',
-    3734: 'error_message',
-    3735: 'error_message',
-    3736: 'error_message',
-    3737: 'error_message',
-    3738: 'resource_type',
-    3739: 'resource_type',
-    3740: 'resource_name',
-    3741: 'resource_name',
-    3742: 'resource_name',
-    3743: 'resource_name',
-    3744: 'configs',
-    3745: 'configs',
-    3746: 'configs',
-    3747: 'configs',
-    3748: 'configs',
-    3749: 'configs',
-    3750: 'configs',
-    3751: 'configs',
-    3752: 'configs',
-    3753: 'configs',
-    3754: 'configs',
-    3755: 'configs',
+    3359: 'throttle_time_ms',
+    3360: 'throttle_time_ms',
+    3361: 'topics',
+    3362: 'topics',
+    3363: 'topics',
+    3364: 'topics',
+    3365: 'topics',
+    3366: 'topics',
+    3367: 'topics',
+    3368: 'topics',
+    3369: 'topics',
+    3370: 'topics',
+    3371: 'topics',
+    3372: 'throttle_time_ms',
+    3373: 'throttle_time_ms',
+    3374: 'topics',
+    3375: 'topics',
+    3376: 'topics',
+    3377: 'topics',
+    3378: 'topics',
+    3379: '(tagged fields)',
+    3380: '(tagged fields)',
+    3381: '(tagged fields)',
+    3382: '(tagged fields)',
+    3383: '(tagged fields)',
+    3447: 'resource_type_filter',
+    3448: 'resource_type_filter',
+    3449: 'resource_name_filter',
+    3450: 'resource_name_filter',
+    3451: 'resource_name_filter',
+    3452: 'resource_name_filter',
+    3453: 'resource_name_filter',
+    3454: 'resource_name_filter',
+    3455: 'pattern_type_filter',
+    3456: 'pattern_type_filter',
+    3457: 'principal_filter',
+    3458: 'principal_filter',
+    3459: 'principal_filter',
+    3460: 'principal_filter',
+    3461: 'principal_filter',
+    3462: 'principal_filter',
+    3463: 'host_filter',
+    3464: 'host_filter',
+    3465: 'host_filter',
+    3466: 'host_filter',
+    3467: 'host_filter',
+    3468: 'host_filter',
+    3469: 'operation',
+    3470: 'operation',
+    3471: 'operation',
+    3472: 'resource_type_filter',
+    3473: 'resource_type_filter',
+    3474: 'resource_name_filter',
+    3475: 'pattern_type_filter',
+    3476: 'pattern_type_filter',
+    3477: 'principal_filter',
+    3478: 'host_filter',
+    3479: 'operation',
+    3480: 'operation',
+    3481: '(tagged fields)',
+    3482: '(tagged fields)',
+    3483: '(tagged fields)',
+    3484: '(tagged fields)',
+    3485: '(tagged fields)',
+    3527: 'filters',
+    3528: 'filters',
+    3529: 'filters',
+    3530: 'filters',
+    3531: 'filters',
+    3532: 'filters',
+    3533: 'filters',
+    3534: 'filters',
+    3535: 'filters',
+    3536: 'filters',
+    3537: 'filters',
+    3538: 'filters',
+    3539: 'filters',
+    3540: 'filters',
+    3541: 'filters',
+    3542: 'filters',
+    3543: '(tagged fields)',
+    3544: '(tagged fields)',
+    3545: '(tagged fields)',
+    3546: '(tagged fields)',
+    3547: '(tagged fields)',
+    3624: 'error_code',
+    3625: 'error_code',
+    3626: 'error_message',
+    3627: 'error_message',
+    3628: 'error_message',
+    3629: 'error_message',
+    3630: 'error_message',
+    3631: 'error_message',
+    3632: 'resource_type',
+    3633: 'resource_type',
+    3634: 'resource_name',
+    3635: 'resource_name',
+    3636: 'resource_name',
+    3637: 'resource_name',
+    3638: 'resource_name',
+    3639: 'resource_name',
+    3640: 'pattern_type',
+    3641: 'pattern_type',
+    3642: 'principal',
+    3643: 'principal',
+    3644: 'principal',
+    3645: 'principal',
+    3646: 'principal',
+    3647: 'principal',
+    3648: 'host',
+    3649: 'host',
+    3650: 'host',
+    3651: 'host',
+    3652: 'host',
+    3653: 'host',
+    3654: 'operation',
+    3655: 'operation',
+    3656: 'operation',
+    3657: 'error_code',
+    3658: 'error_code',
+    3659: 'error_message',
+    3660: 'resource_type',
+    3661: 'resource_type',
+    3662: 'resource_name',
+    3663: 'pattern_type',
+    3664: 'pattern_type',
+    3665: 'principal',
+    3666: 'host',
+    3667: 'operation',
+    3668: 'operation',
+    3669: '(tagged fields)',
+    3670: '(tagged fields)',
+    3671: '(tagged fields)',
+    3672: '(tagged fields)',
+    3673: '(tagged fields)',
+    3725: 'error_code',
+    3726: 'error_code',
+    3727: 'error_message',
+    3728: 'error_message',
+    3729: 'error_message',
+    3730: 'error_message',
+    3731: 'error_message',
+    3732: 'error_message',
+    3733: 'matching_acls',
+    3734: 'matching_acls',
+    3735: 'matching_acls',
+    3736: 'matching_acls',
+    3737: 'matching_acls',
+    3738: 'matching_acls',
+    3739: 'matching_acls',
+    3740: 'matching_acls',
+    3741: 'matching_acls',
+    3742: 'matching_acls',
+    3743: 'matching_acls',
+    3744: 'error_code',
+    3745: 'error_code',
+    3746: 'error_message',
+    3747: 'matching_acls',
+    3748: 'matching_acls',
+    3749: 'matching_acls',
+    3750: 'matching_acls',
+    3751: 'matching_acls',
+    3752: '(tagged fields)',
+    3753: '(tagged fields)',
+    3754: '(tagged fields)',
+    3755: '(tagged fields)',
     3756: '(tagged fields)',
-    3757: '(tagged fields)',
-    3758: '(tagged fields)',
-    3759: '(tagged fields)',
-    3760: '(tagged fields)',
-    3801: 'throttle_time_ms',
     3802: 'throttle_time_ms',
-    3803: 'results',
-    3804: 'results',
-    3805: 'results',
-    3806: 'results',
-    3807: 'results',
-    3808: 'results',
-    3809: 'results',
-    3810: 'results',
-    3811: 'results',
-    3812: 'results',
-    3813: 'results',
-    3814: 'results',
-    3815: '(tagged fields)',
-    3816: '(tagged fields)',
-    3817: '(tagged fields)',
-    3818: '(tagged fields)',
-    3819: '(tagged fields)',
-    3841: 'partition_index',
-    3842: 'partition_index',
-    3843: '(tagged fields)',
-    3844: '(tagged fields)',
-    3845: '(tagged fields)',
-    3846: '(tagged fields)',
-    3877: 'topic_name',
-    3878: 'partitions',
-    3879: 'partitions',
-    3880: 'partitions',
-    3881: 'partitions',
-    3882: 'partitions',
-    3883: '(tagged fields)',
-    3884: '(tagged fields)',
-    3885: '(tagged fields)',
-    3886: '(tagged fields)',
-    3917: 'topics',
-    3918: 'topics',
-    3919: 'topics',
-    3920: 'topics',
-    3921: 'topics',
-    3922: '(tagged fields)',
-    3923: '(tagged fields)',
-    3924: '(tagged fields)',
-    3925: '(tagged fields)',
-    3963: 'replica_id',
-    3964: 'replica_id',
-    3965: 'replica_id',
-    3966: 'replica_directory_id',
-    3967: 'log_end_offset',
-    3968: 'log_end_offset',
-    3969: 'log_end_offset',
-    3970: 'last_fetch_timestamp',
-    3971: 'last_fetch_timestamp',
+    3803: 'throttle_time_ms',
+    3804: 'filter_results',
+    3805: 'filter_results',
+    3806: 'filter_results',
+    3807: 'filter_results',
+    3808: 'filter_results',
+    3809: 'filter_results',
+    3810: 'filter_results',
+    3811: 'filter_results',
+    3812: 'filter_results',
+    3813: 'filter_results',
+    3814: 'filter_results',
+    3815: 'throttle_time_ms',
+    3816: 'throttle_time_ms',
+    3817: 'filter_results',
+    3818: 'filter_results',
+    3819: 'filter_results',
+    3820: 'filter_results',
+    3821: 'filter_results',
+    3822: '(tagged fields)',
+    3823: '(tagged fields)',
+    3824: '(tagged fields)',
+    3825: '(tagged fields)',
+    3826: '(tagged fields)',
+    3860: 'name',
+    3861: 'name',
+    3862: 'name',
+    3863: 'name',
+    3864: 'name',
+    3865: 'name',
+    3866: 'topic_id',
+    3867: 'topic_id',
+    3868: 'topic_id',
+    3869: 'topic_id',
+    3870: 'topic_id',
+    3871: '(tagged fields)',
+    3872: '(tagged fields)',
+    3873: '(tagged fields)',
+    3874: '(tagged fields)',
+    3935: 'topics',
+    3936: 'topics',
+    3937: 'topics',
+    3938: 'topics',
+    3939: 'topics',
+    3940: 'topics',
+    3941: 'topics',
+    3942: 'topics',
+    3943: 'topics',
+    3944: 'topics',
+    3945: 'timeout_ms',
+    3946: 'timeout_ms',
+    3947: 'timeout_ms',
+    3948: 'topic_names',
+    3949: 'topic_names',
+    3950: 'topic_names',
+    3951: 'topic_names',
+    3952: 'topic_names',
+    3953: 'topic_names',
+    3954: 'topic_names',
+    3955: 'topic_names',
+    3956: 'topic_names',
+    3957: 'topic_names',
+    3958: 'timeout_ms',
+    3959: 'timeout_ms',
+    3960: 'timeout_ms',
+    3961: 'topic_names',
+    3962: 'topic_names',
+    3963: 'topic_names',
+    3964: 'topic_names',
+    3965: 'topic_names',
+    3966: 'timeout_ms',
+    3967: 'timeout_ms',
+    3968: '(tagged fields)',
+    3969: '(tagged fields)',
+    3970: '(tagged fields)',
+    3971: '(tagged fields)',
     3972: '(tagged fields)',
-    3973: '(tagged fields)',
-    3974: '(tagged fields)',
-    3975: '(tagged fields)',
-    4025: 'partition_index',
-    4026: 'partition_index',
-    4027: 'partition_index',
-    4028: 'error_message',
-    4029: 'leader_id',
-    4030: 'leader_id',
-    4031: 'current_voters',
-    4032: 'current_voters',
-    4033: 'current_voters',
-    4034: 'current_voters',
-    4035: 'current_voters',
-    4036: 'observers',
-    4037: 'observers',
-    4038: 'observers',
-    4039: 'observers',
-    4040: 'observers',
-    4041: '(tagged fields)',
-    4042: '(tagged fields)',
-    4043: '(tagged fields)',
-    4044: '(tagged fields)',
-    4075: 'topic_name',
-    4076: 'partitions',
-    4077: 'partitions',
-    4078: 'partitions',
-    4079: 'partitions',
-    4080: 'partitions',
-    4081: '(tagged fields)',
-    4082: '(tagged fields)',
-    4083: '(tagged fields)',
-    4084: '(tagged fields)',
-    4115: 'name',
-    4116: 'host',
-    4117: 'port',
-    4118: 'port',
-    4119: '(tagged fields)',
-    4120: '(tagged fields)',
-    4121: '(tagged fields)',
-    4122: '(tagged fields)',
-    4153: 'node_id',
-    4154: 'node_id',
-    4155: 'listeners',
-    4156: 'listeners',
-    4157: 'listeners',
-    4158: 'listeners',
-    4159: 'listeners',
-    4160: '(tagged fields)',
-    4161: '(tagged fields)',
+    4045: 'name',
+    4046: 'name',
+    4047: 'name',
+    4048: 'name',
+    4049: 'name',
+    4050: 'name',
+    4051: 'topic_id',
+    4052: 'topic_id',
+    4053: 'topic_id',
+    4054: 'topic_id',
+    4055: 'topic_id',
+    4056: 'error_code',
+    4057: 'error_code',
+    4058: 'error_message',
+    4059: 'error_message',
+    4060: 'error_message',
+    4061: 'error_message',
+    4062: 'error_message',
+    4063: 'error_message',
+    4064: 'error_message',
+    4065: 'name',
+    4066: 'name',
+    4067: 'name',
+    4068: 'name',
+    4069: 'name',
+    4070: 'name',
+    4071: 'error_code',
+    4072: 'error_code',
+    4073: 'error_message',
+    4074: 'error_message',
+    4075: 'error_message',
+    4076: 'error_message',
+    4077: 'error_message',
+    4078: 'error_message',
+    4079: 'error_message',
+    4080: 'name',
+    4081: 'name',
+    4082: 'name',
+    4083: 'name',
+    4084: 'name',
+    4085: 'name',
+    4086: 'error_code',
+    4087: 'error_code',
+    4088: 'error_code',
+    4089: 'name',
+    4090: 'error_code',
+    4091: 'error_code',
+    4092: '(tagged fields)',
+    4093: '(tagged fields)',
+    4094: '(tagged fields)',
+    4095: '(tagged fields)',
+    4096: '(tagged fields)',
+    4142: 'throttle_time_ms',
+    4143: 'throttle_time_ms',
+    4144: 'responses',
+    4145: 'responses',
+    4146: 'responses',
+    4147: 'responses',
+    4148: 'responses',
+    4149: 'responses',
+    4150: 'responses',
+    4151: 'responses',
+    4152: 'responses',
+    4153: 'responses',
+    4154: 'responses',
+    4155: 'throttle_time_ms',
+    4156: 'throttle_time_ms',
+    4157: 'responses',
+    4158: 'responses',
+    4159: 'responses',
+    4160: 'responses',
+    4161: 'responses',
     4162: '(tagged fields)',
     4163: '(tagged fields)',
-    4211: 'error_code',
-    4212: 'error_code',
-    4213: 'error_code',
-    4214: 'error_message',
-    4215: 'topics',
-    4216: 'topics',
-    4217: 'topics',
-    4218: 'topics',
-    4219: 'topics',
-    4220: 'topics',
-    4221: 'nodes',
-    4222: 'nodes',
-    4223: 'nodes',
-    4224: 'nodes',
-    4225: 'nodes',
-    4226: '(tagged fields)',
-    4227: '(tagged fields)',
-    4228: '(tagged fields)',
-    4229: '(tagged fields)',
-    4254: 'candidate_id',
-    4255: 'candidate_id',
-    4256: 'candidate_directory_id',
-    4257: '(tagged fields)',
-    4258: '(tagged fields)',
-    4259: '(tagged fields)',
-    4260: '(tagged fields)',
-    4303: 'partition_index',
-    4304: 'partition_index',
-    4305: 'partition_index',
-    4306: 'preferred_successors',
-    4307: 'preferred_successors',
-    4308: 'preferred_successors',
-    4309: 'preferred_successors',
-    4310: 'preferred_candidates',
-    4311: 'preferred_candidates',
-    4312: 'preferred_candidates',
-    4313: 'preferred_candidates',
-    4314: 'preferred_candidates',
-    4315: '(tagged fields)',
-    4316: '(tagged fields)',
-    4317: '(tagged fields)',
-    4318: '(tagged fields)',
-    4319: '(tagged fields)',
-    4360: 'topic_name',
-    4361: 'topic_name',
-    4362: 'topic_name',
-    4363: 'topic_name',
-    4364: 'partitions',
-    4365: 'partitions',
-    4366: 'partitions',
-    4367: 'partitions',
-    4368: 'partitions',
-    4369: 'partitions',
-    4370: 'partitions',
-    4371: 'partitions',
-    4372: 'partitions',
-    4373: 'partitions',
-    4374: 'partitions',
-    4375: 'partitions',
-    4376: '(tagged fields)',
-    4377: '(tagged fields)',
-    4378: '(tagged fields)',
-    4379: '(tagged fields)',
-    4380: '(tagged fields)',
-    4411: 'name',
-    4412: 'host',
-    4413: 'port',
-    4414: 'port',
-    4415: '(tagged fields)',
-    4416: '(tagged fields)',
-    4417: '(tagged fields)',
-    4418: '(tagged fields)',
-    4469: 'cluster_id',
-    4470: 'cluster_id',
-    4471: 'cluster_id',
-    4472: 'cluster_id',
-    4473: 'topics',
-    4474: 'topics',
-    4475: 'topics',
-    4476: 'topics',
-    4477: 'topics',
-    4478: 'topics',
-    4479: 'topics',
-    4480: 'topics',
-    4481: 'topics',
-    4482: 'topics',
-    4483: 'topics',
-    4484: 'topics',
-    4485: 'topics',
-    4486: 'leader_endpoints',
-    4487: 'leader_endpoints',
-    4488: 'leader_endpoints',
-    4489: 'leader_endpoints',
-    4490: 'leader_endpoints',
-    4491: '(tagged fields)',
-    4492: '(tagged fields)',
-    4493: '(tagged fields)',
-    4494: '(tagged fields)',
-    4495: '(tagged fields)',
-    4524: 'partition_index',
-    4525: 'partition_index',
-    4526: '(tagged fields)',
-    4527: '(tagged fields)',
-    4528: '(tagged fields)',
-    4529: '(tagged fields)',
-    4530: '(tagged fields)',
-    4571: 'topic_name',
-    4572: 'topic_name',
-    4573: 'topic_name',
-    4574: 'topic_name',
-    4575: 'partitions',
-    4576: 'partitions',
-    4577: 'partitions',
-    4578: 'partitions',
-    4579: 'partitions',
-    4580: 'partitions',
-    4581: 'partitions',
-    4582: 'partitions',
-    4583: 'partitions',
-    4584: 'partitions',
-    4585: 'partitions',
-    4586: 'partitions',
-    4587: '(tagged fields)',
-    4588: '(tagged fields)',
-    4589: '(tagged fields)',
-    4590: '(tagged fields)',
-    4591: '(tagged fields)',
-    4622: 'node_id',
-    4623: 'node_id',
-    4624: 'host',
-    4625: 'port',
-    4626: 'port',
-    4627: '(tagged fields)',
-    4628: '(tagged fields)',
-    4629: '(tagged fields)',
-    4630: '(tagged fields)',
-    4685: 'error_code',
-    4686: 'error_code',
-    4687: 'topics',
-    4688: 'topics',
-    4689: 'topics',
-    4690: 'topics',
-    4691: 'topics',
-    4692: 'topics',
-    4693: 'topics',
-    4694: 'topics',
-    4695: 'topics',
-    4696: 'topics',
-    4697: 'topics',
-    4698: 'topics',
-    4699: '(tagged fields)',
-    4700: '(tagged fields)',
-    4701: '(tagged fields)',
-    4702: '(tagged fields)',
-    4703: '(tagged fields)',
-    4704: '(tagged fields)',
-    4705: '(tagged fields)',
-    4706: '(tagged fields)',
-    4707: '(tagged fields)',
-    4708: 'node_endpoints',
-    4709: 'node_endpoints',
-    4710: 'node_endpoints',
-    4711: 'node_endpoints',
-    4712: 'node_endpoints',
-    4713: 'node_endpoints',
-    4714: '(tagged fields)',
-    4745: 'request_data',
-    4746: 'request_principal',
-    4747: 'client_host_address',
-    4748: '(tagged fields)',
-    4749: '(tagged fields)',
-    4750: '(tagged fields)',
-    4751: '(tagged fields)',
-    4779: 'response_data',
-    4780: 'error_code',
-    4781: 'error_code',
-    4782: '(tagged fields)',
-    4783: '(tagged fields)',
-    4784: '(tagged fields)',
-    4785: '(tagged fields)',
-    4809: 'replica_id',
-    4810: 'replica_id',
-    4811: '(tagged fields)',
-    4812: '(tagged fields)',
-    4813: '(tagged fields)',
-    4814: '(tagged fields)',
-    4878: 'partition',
-    4879: 'partition',
-    4880: 'partition',
-    4881: 'current_leader_epoch',
-    4882: 'current_leader_epoch',
-    4883: 'fetch_offset',
-    4884: 'fetch_offset',
-    4885: 'fetch_offset',
-    4886: 'last_fetched_epoch',
-    4887: 'last_fetched_epoch',
-    4888: 'last_fetched_epoch',
-    4889: 'log_start_offset',
-    4890: 'log_start_offset',
-    4891: 'partition_max_bytes',
-    4892: 'partition_max_bytes',
-    4893: '(tagged fields)',
-    4894: '(tagged fields)',
-    4895: '(tagged fields)',
-    4896: '(tagged fields)',
-    4897: '(tagged fields)',
-    4898: '(tagged fields)',
-    4899: '(tagged fields)',
-    4900: '(tagged fields)',
-    4901: '(tagged fields)',
-    4902: 'replica_directory_id',
-    4903: 'replica_directory_id',
-    4904: '(tagged fields)',
-    4905: 'high_watermark',
-    4906: 'high_watermark',
-    4907: 'high_watermark',
-    4908: '(tagged fields)',
-    4955: 'topic',
-    4956: 'topic',
-    4957: 'topic',
-    4958: 'topic',
-    4959: 'topic',
-    4960: 'topic_id',
-    4961: 'partitions',
-    4962: 'partitions',
-    4963: 'partitions',
-    4964: 'partitions',
-    4965: 'partitions',
-    4966: 'partitions',
-    4967: 'partitions',
-    4968: 'partitions',
-    4969: 'partitions',
-    4970: 'partitions',
-    4971: 'partitions',
-    4972: 'partitions',
-    4973: '(tagged fields)',
-    4974: '(tagged fields)',
-    4975: '(tagged fields)',
-    4976: '(tagged fields)',
-    4977: '(tagged fields)',
-    5022: 'topic',
-    5023: 'topic',
-    5024: 'topic',
-    5025: 'topic',
-    5026: 'topic',
-    5027: 'topic_id',
-    5028: 'partitions',
-    5029: 'partitions',
-    5030: 'partitions',
-    5031: 'partitions',
-    5032: 'partitions',
-    5033: 'partitions',
-    5034: 'partitions',
-    5035: 'partitions',
-    5036: '(tagged fields)',
-    5037: '(tagged fields)',
-    5038: '(tagged fields)',
-    5039: '(tagged fields)',
-    5040: '(tagged fields)',
-    5144: 'replica_id',
-    5145: 'replica_id',
-    5146: 'max_wait_ms',
-    5147: 'max_wait_ms',
-    5148: 'max_wait_ms',
-    5149: 'session_id',
-    5150: 'session_id',
-    5151: 'topics',
-    5152: 'topics',
-    5153: 'topics',
-    5154: 'topics',
-    5155: 'topics',
-    5156: 'topics',
-    5157: 'topics',
-    5158: 'topics',
-    5159: 'topics',
-    5160: 'topics',
-    5161: 'topics',
-    5162: 'topics',
-    5163: 'topics',
-    5164: 'forgotten_topics_data',
-    5165: 'forgotten_topics_data',
-    5166: 'forgotten_topics_data',
-    5167: 'forgotten_topics_data',
-    5168: 'forgotten_topics_data',
-    5169: 'forgotten_topics_data',
-    5170: 'forgotten_topics_data',
-    5171: 'forgotten_topics_data',
-    5172: 'forgotten_topics_data',
-    5173: 'forgotten_topics_data',
-    5174: 'forgotten_topics_data',
-    5175: 'forgotten_topics_data',
-    5176: 'forgotten_topics_data',
-    5177: 'rack_id',
-    5178: 'rack_id',
-    5179: 'rack_id',
-    5180: 'rack_id',
-    5181: '(tagged fields)',
-    5182: '(tagged fields)',
-    5183: '(tagged fields)',
-    5184: '(tagged fields)',
-    5185: '(tagged fields)',
-    5186: '(tagged fields)',
-    5187: '(tagged fields)',
-    5188: '(tagged fields)',
-    5189: '(tagged fields)',
-    5190: 'cluster_id',
-    5191: 'cluster_id',
-    5192: '(tagged fields)',
-    5193: 'replica_state',
-    5194: 'replica_state',
-    5195: '(tagged fields)',
-    5219: 'epoch',
-    5220: 'epoch',
-    5221: '(tagged fields)',
-    5222: '(tagged fields)',
-    5223: '(tagged fields)',
-    5224: '(tagged fields)',
-    5251: 'leader_id',
-    5252: 'leader_id',
-    5253: '(tagged fields)',
-    5254: '(tagged fields)',
-    5255: '(tagged fields)',
-    5256: '(tagged fields)',
-    5283: 'end_offset',
-    5284: 'end_offset',
-    5285: '(tagged fields)',
-    5286: '(tagged fields)',
-    5287: '(tagged fields)',
-    5288: '(tagged fields)',
-    5316: 'producer_id',
-    5317: 'producer_id',
-    5318: '(tagged fields)',
-    5319: '(tagged fields)',
-    5320: '(tagged fields)',
-    5321: '(tagged fields)',
+    4164: '(tagged fields)',
+    4165: '(tagged fields)',
+    4166: '(tagged fields)',
+    4233: 'resource_type_filter',
+    4234: 'resource_type_filter',
+    4235: 'resource_name_filter',
+    4236: 'resource_name_filter',
+    4237: 'resource_name_filter',
+    4238: 'resource_name_filter',
+    4239: 'resource_name_filter',
+    4240: 'resource_name_filter',
+    4241: 'pattern_type_filter',
+    4242: 'pattern_type_filter',
+    4243: 'principal_filter',
+    4244: 'principal_filter',
+    4245: 'principal_filter',
+    4246: 'principal_filter',
+    4247: 'principal_filter',
+    4248: 'principal_filter',
+    4249: 'host_filter',
+    4250: 'host_filter',
+    4251: 'host_filter',
+    4252: 'host_filter',
+    4253: 'host_filter',
+    4254: 'host_filter',
+    4255: 'operation',
+    4256: 'operation',
+    4257: 'operation',
+    4258: 'resource_type_filter',
+    4259: 'resource_type_filter',
+    4260: 'resource_name_filter',
+    4261: 'pattern_type_filter',
+    4262: 'pattern_type_filter',
+    4263: 'principal_filter',
+    4264: 'host_filter',
+    4265: 'operation',
+    4266: 'operation',
+    4267: '(tagged fields)',
+    4268: '(tagged fields)',
+    4269: '(tagged fields)',
+    4270: '(tagged fields)',
+    4271: '(tagged fields)',
+    4318: 'principal',
+    4319: 'principal',
+    4320: 'principal',
+    4321: 'principal',
+    4322: 'principal',
+    4323: 'principal',
+    4324: 'host',
+    4325: 'host',
+    4326: 'host',
+    4327: 'host',
+    4328: 'host',
+    4329: 'host',
+    4330: 'operation',
+    4331: 'operation',
+    4332: 'operation',
+    4333: 'principal',
+    4334: 'host',
+    4335: 'operation',
+    4336: 'operation',
+    4337: '(tagged fields)',
+    4338: '(tagged fields)',
+    4339: '(tagged fields)',
+    4340: '(tagged fields)',
+    4341: '(tagged fields)',
+    4397: 'resource_type',
+    4398: 'resource_type',
+    4399: 'resource_name',
+    4400: 'resource_name',
+    4401: 'resource_name',
+    4402: 'resource_name',
+    4403: 'resource_name',
+    4404: 'resource_name',
+    4405: 'pattern_type',
+    4406: 'pattern_type',
+    4407: 'acls',
+    4408: 'acls',
+    4409: 'acls',
+    4410: 'acls',
+    4411: 'acls',
+    4412: 'acls',
+    4413: 'acls',
+    4414: 'acls',
+    4415: 'acls',
+    4416: 'acls',
+    4417: 'acls',
+    4418: 'resource_type',
+    4419: 'resource_type',
+    4420: 'resource_name',
+    4421: 'pattern_type',
+    4422: 'pattern_type',
+    4423: 'acls',
+    4424: 'acls',
+    4425: 'acls',
+    4426: 'acls',
+    4427: 'acls',
+    4428: '(tagged fields)',
+    4429: '(tagged fields)',
+    4430: '(tagged fields)',
+    4431: '(tagged fields)',
+    4432: '(tagged fields)',
+    4489: 'throttle_time_ms',
+    4490: 'throttle_time_ms',
+    4491: 'error_message',
+    4492: 'error_message',
+    4493: 'error_message',
+    4494: 'error_message',
+    4495: 'error_message',
+    4496: 'error_message',
+    4497: 'resources',
+    4498: 'resources',
+    4499: 'resources',
+    4500: 'resources',
+    4501: 'resources',
+    4502: 'resources',
+    4503: 'resources',
+    4504: 'resources',
+    4505: 'resources',
+    4506: 'resources',
+    4507: 'resources',
+    4508: 'throttle_time_ms',
+    4509: 'throttle_time_ms',
+    4510: 'error_message',
+    4511: 'resources',
+    4512: 'resources',
+    4513: 'resources',
+    4514: 'resources',
+    4515: 'resources',
+    4516: '(tagged fields)',
+    4517: '(tagged fields)',
+    4518: '(tagged fields)',
+    4519: '(tagged fields)',
+    4520: '(tagged fields)',
+    4561: 'include_cluster_authorized_operations',
+    4562: 'include_cluster_authorized_operations',
+    4563: 'include_cluster_authorized_operations',
+    4564: 'include_cluster_authorized_operations',
+    4565: 'include_cluster_authorized_operations',
+    4566: 'include_cluster_authorized_operations',
+    4567: 'include_cluster_authorized_operations',
+    4568: 'include_cluster_authorized_operations',
+    4569: '(tagged fields)',
+    4570: '(tagged fields)',
+    4571: '(tagged fields)',
+    4572: '(tagged fields)',
+    4635: 'broker_id',
+    4636: 'broker_id',
+    4637: 'host',
+    4638: 'host',
+    4639: 'host',
+    4640: 'host',
+    4641: 'host',
+    4642: 'host',
+    4643: 'port',
+    4644: 'port',
+    4645: 'rack',
+    4646: 'rack',
+    4647: 'rack',
+    4648: 'rack',
+    4649: 'rack',
+    4650: 'rack',
+    4651: 'is_fenced',
+    4652: 'is_fenced',
+    4653: 'is_fenced',
+    4654: 'broker_id',
+    4655: 'broker_id',
+    4656: 'host',
+    4657: 'host',
+    4658: 'host',
+    4659: 'host',
+    4660: 'host',
+    4661: 'host',
+    4662: 'port',
+    4663: 'port',
+    4664: 'rack',
+    4665: 'rack',
+    4666: 'rack',
+    4667: 'rack',
+    4668: 'rack',
+    4669: 'rack',
+    4670: '(tagged fields)',
+    4671: '(tagged fields)',
+    4672: '(tagged fields)',
+    4673: '(tagged fields)',
+    4764: 'throttle_time_ms',
+    4765: 'throttle_time_ms',
+    4766: 'error_message',
+    4767: 'error_message',
+    4768: 'error_message',
+    4769: 'error_message',
+    4770: 'error_message',
+    4771: 'error_message',
+    4772: 'endpoint_type',
+    4773: 'endpoint_type',
+    4774: 'cluster_id',
+    4775: 'cluster_id',
+    4776: 'cluster_id',
+    4777: 'cluster_id',
+    4778: 'cluster_id',
+    4779: 'cluster_id',
+    4780: 'controller_id',
+    4781: 'controller_id',
+    4782: 'brokers',
+    4783: 'brokers',
+    4784: 'brokers',
+    4785: 'brokers',
+    4786: 'brokers',
+    4787: 'brokers',
+    4788: 'brokers',
+    4789: 'brokers',
+    4790: 'brokers',
+    4791: 'brokers',
+    4792: 'cluster_authorized_operations',
+    4793: 'cluster_authorized_operations',
+    4794: 'cluster_authorized_operations',
+    4795: 'throttle_time_ms',
+    4796: 'throttle_time_ms',
+    4797: 'error_message',
+    4798: 'error_message',
+    4799: 'error_message',
+    4800: 'error_message',
+    4801: 'error_message',
+    4802: 'error_message',
+    4803: 'cluster_id',
+    4804: 'cluster_id',
+    4805: 'cluster_id',
+    4806: 'cluster_id',
+    4807: 'cluster_id',
+    4808: 'cluster_id',
+    4809: 'controller_id',
+    4810: 'controller_id',
+    4811: 'brokers',
+    4812: 'brokers',
+    4813: 'brokers',
+    4814: 'brokers',
+    4815: 'brokers',
+    4816: 'brokers',
+    4817: 'brokers',
+    4818: 'brokers',
+    4819: 'brokers',
+    4820: 'brokers',
+    4821: 'cluster_authorized_operations',
+    4822: 'cluster_authorized_operations',
+    4823: '(tagged fields)',
+    4824: '(tagged fields)',
+    4825: '(tagged fields)',
+    4826: '(tagged fields)',
+    4881: 'resource_type',
+    4882: 'resource_type',
+    4883: 'resource_name',
+    4884: 'resource_name',
+    4885: 'resource_name',
+    4886: 'resource_name',
+    4887: 'resource_name',
+    4888: 'resource_name',
+    4889: 'configuration_keys',
+    4890: 'configuration_keys',
+    4891: 'configuration_keys',
+    4892: 'configuration_keys',
+    4893: 'configuration_keys',
+    4894: 'configuration_keys',
+    4895: 'configuration_keys',
+    4896: 'configuration_keys',
+    4897: 'configuration_keys',
+    4898: 'configuration_keys',
+    4899: 'configuration_keys',
+    4900: 'configuration_keys',
+    4901: 'configuration_keys',
+    4902: 'configuration_keys',
+    4903: 'resource_type',
+    4904: 'resource_type',
+    4905: 'resource_name',
+    4906: 'configuration_keys',
+    4907: 'configuration_keys',
+    4908: 'configuration_keys',
+    4909: 'configuration_keys',
+    4910: 'configuration_keys',
+    4911: 'configuration_keys',
+    4912: 'configuration_keys',
+    4913: 'configuration_keys',
+    4914: '(tagged fields)',
+    4915: '(tagged fields)',
+    4916: '(tagged fields)',
+    4917: '(tagged fields)',
+    4918: '(tagged fields)',
+    4974: 'resources',
+    4975: 'resources',
+    4976: 'resources',
+    4977: 'resources',
+    4978: 'resources',
+    4979: 'resources',
+    4980: 'resources',
+    4981: 'resources',
+    4982: 'resources',
+    4983: 'resources',
+    4984: 'include_synonyms',
+    4985: 'include_synonyms',
+    4986: 'include_synonyms',
+    4987: 'resources',
+    4988: 'resources',
+    4989: 'resources',
+    4990: 'resources',
+    4991: 'resources',
+    4992: 'include_synonyms',
+    4993: 'include_synonyms',
+    4994: 'include_synonyms',
+    4995: 'resources',
+    4996: 'resources',
+    4997: 'resources',
+    4998: 'resources',
+    4999: 'resources',
+    5000: 'include_synonyms',
+    5001: 'include_synonyms',
+    5002: '(tagged fields)',
+    5003: '(tagged fields)',
+    5004: '(tagged fields)',
+    5005: '(tagged fields)',
+    5006: '(tagged fields)',
+    5051: 'name',
+    5052: 'name',
+    5053: 'name',
+    5054: 'name',
+    5055: 'name',
+    5056: 'name',
+    5057: 'value',
+    5058: 'value',
+    5059: 'value',
+    5060: 'value',
+    5061: 'value',
+    5062: 'value',
+    5063: 'source',
+    5064: 'source',
+    5065: 'source',
+    5066: 'name',
+    5067: 'value',
+    5068: 'source',
+    5069: 'source',
+    5070: '(tagged fields)',
+    5071: '(tagged fields)',
+    5072: '(tagged fields)',
+    5073: '(tagged fields)',
+    5074: '(tagged fields)',
+    5160: 'name',
+    5161: 'name',
+    5162: 'name',
+    5163: 'name',
+    5164: 'name',
+    5165: 'name',
+    5166: 'value',
+    5167: 'value',
+    5168: 'value',
+    5169: 'value',
+    5170: 'value',
+    5171: 'value',
+    5172: 'read_only',
+    5173: 'read_only',
+    5174: 'synonyms',
+    5175: 'synonyms',
+    5176: 'synonyms',
+    5177: 'synonyms',
+    5178: 'synonyms',
+    5179: 'synonyms',
+    5180: 'synonyms',
+    5181: 'synonyms',
+    5182: 'synonyms',
+    5183: 'synonyms',
+    5184: 'config_type',
+    5185: 'config_type',
+    5186: 'documentation',
+    5187: 'documentation',
+    5188: 'documentation',
+    5189: 'documentation',
+    5190: 'documentation',
+    5191: 'documentation',
+    5192: 'documentation',
+    5193: 'name',
+    5194: 'value',
+    5195: 'read_only',
+    5196: 'read_only',
+    5197: 'synonyms',
+    5198: 'synonyms',
+    5199: 'synonyms',
+    5200: 'synonyms',
+    5201: 'synonyms',
+    5202: 'config_type',
+    5203: 'config_type',
+    5204: 'documentation',
+    5205: 'documentation',
+    5206: 'name',
+    5207: 'value',
+    5208: 'read_only',
+    5209: 'read_only',
+    5210: 'synonyms',
+    5211: 'synonyms',
+    5212: 'synonyms',
+    5213: 'synonyms',
+    5214: 'synonyms',
+    5215: '(tagged fields)',
+    5216: '(tagged fields)',
+    5217: '(tagged fields)',
+    5218: '(tagged fields)',
+    5219: '(tagged fields)',
+    5284: 'error_code',
+    5285: 'error_code',
+    5286: 'error_message',
+    5287: 'error_message',
+    5288: 'error_message',
+    5289: 'error_message',
+    5290: 'error_message',
+    5291: 'error_message',
+    5292: 'resource_type',
+    5293: 'resource_type',
+    5294: 'resource_name',
+    5295: 'resource_name',
+    5296: 'resource_name',
+    5297: 'resource_name',
+    5298: 'resource_name',
+    5299: 'resource_name',
+    5300: 'configs',
+    5301: 'configs',
+    5302: 'configs',
+    5303: 'configs',
+    5304: 'configs',
+    5305: 'configs',
+    5306: 'configs',
+    5307: 'configs',
+    5308: 'configs',
+    5309: 'configs',
+    5310: 'configs',
+    5311: 'error_code',
+    5312: 'error_code',
+    5313: 'error_message',
+    5314: 'resource_type',
+    5315: 'resource_type',
+    5316: 'resource_name',
+    5317: 'configs',
+    5318: 'configs',
+    5319: 'configs',
+    5320: 'configs',
+    5321: 'configs',
     5322: '(tagged fields)',
-    5423: 'partition_index',
-    5424: 'partition_index',
-    5425: 'partition_index',
-    5426: 'log_start_offset',
-    5427: 'log_start_offset',
-    5428: 'aborted_transactions',
-    5429: 'aborted_transactions',
-    5430: 'aborted_transactions',
-    5431: 'aborted_transactions',
-    5432: 'aborted_transactions',
-    5433: 'aborted_transactions',
-    5434: 'aborted_transactions',
-    5435: 'aborted_transactions',
-    5436: 'aborted_transactions',
-    5437: 'aborted_transactions',
-    5438: 'aborted_transactions',
-    5439: 'aborted_transactions',
-    5440: 'aborted_transactions',
-    5441: 'aborted_transactions',
-    5442: 'aborted_transactions',
-    5443: 'aborted_transactions',
-    5444: 'aborted_transactions',
-    5445: 'aborted_transactions',
-    5446: 'aborted_transactions',
-    5447: 'preferred_read_replica',
-    5448: 'preferred_read_replica',
-    5449: 'records',
-    5450: 'records',
-    5451: 'records',
-    5452: 'records',
-    5453: '(tagged fields)',
-    5454: '(tagged fields)',
-    5455: '(tagged fields)',
-    5456: '(tagged fields)',
-    5457: '(tagged fields)',
-    5458: '(tagged fields)',
-    5459: '(tagged fields)',
-    5460: '(tagged fields)',
-    5461: '(tagged fields)',
-    5462: 'diverging_epoch',
-    5463: 'diverging_epoch',
-    5464: '(tagged fields)',
-    5465: 'current_leader',
-    5466: 'current_leader',
-    5467: '(tagged fields)',
-    5468: 'snapshot_id',
-    5469: 'snapshot_id',
-    5470: '(tagged fields)',
-    5517: 'topic',
-    5518: 'topic',
-    5519: 'topic',
-    5520: 'topic',
-    5521: 'topic',
-    5522: 'topic_id',
-    5523: 'partitions',
-    5524: 'partitions',
-    5525: 'partitions',
-    5526: 'partitions',
-    5527: 'partitions',
-    5528: 'partitions',
-    5529: 'partitions',
-    5530: 'partitions',
-    5531: 'partitions',
-    5532: 'partitions',
-    5533: 'partitions',
-    5534: 'partitions',
-    5535: '(tagged fields)',
-    5536: '(tagged fields)',
-    5537: '(tagged fields)',
-    5538: '(tagged fields)',
-    5539: '(tagged fields)',
-    5573: 'node_id',
-    5574: 'node_id',
-    5575: 'host',
-    5576: 'port',
-    5577: 'port',
-    5578: 'rack',
-    5579: '(tagged fields)',
-    5580: '(tagged fields)',
-    5581: '(tagged fields)',
-    5582: '(tagged fields)',
-    5646: 'throttle_time_ms',
-    5647: 'throttle_time_ms',
-    5648: 'throttle_time_ms',
-    5649: 'error_code',
-    5650: 'error_code',
-    5651: 'responses',
-    5652: 'responses',
-    5653: 'responses',
-    5654: 'responses',
-    5655: 'responses',
-    5656: 'responses',
-    5657: 'responses',
-    5658: 'responses',
-    5659: 'responses',
-    5660: 'responses',
-    5661: 'responses',
-    5662: 'responses',
-    5663: '(tagged fields)',
-    5664: '(tagged fields)',
-    5665: '(tagged fields)',
-    5666: '(tagged fields)',
-    5667: '(tagged fields)',
-    5668: '(tagged fields)',
-    5669: '(tagged fields)',
-    5670: '(tagged fields)',
-    5671: '(tagged fields)',
-    5672: 'node_endpoints',
-    5673: 'node_endpoints',
-    5674: 'node_endpoints',
-    5675: 'node_endpoints',
-    5676: 'node_endpoints',
-    5677: 'node_endpoints',
-    5678: '(tagged fields)',
-    5702: 'end_offset',
-    5703: 'end_offset',
-    5704: '(tagged fields)',
-    5705: '(tagged fields)',
-    5706: '(tagged fields)',
-    5707: '(tagged fields)',
-    5750: 'partition',
-    5751: 'partition',
-    5752: 'snapshot_id',
-    5753: 'position',
-    5754: 'position',
-    5755: '(tagged fields)',
-    5756: '(tagged fields)',
-    5757: '(tagged fields)',
-    5758: '(tagged fields)',
-    5759: '(tagged fields)',
-    5760: '(tagged fields)',
-    5761: '(tagged fields)',
-    5762: '(tagged fields)',
-    5763: 'replica_directory_id',
-    5764: 'replica_directory_id',
-    5765: '(tagged fields)',
-    5796: 'name',
-    5797: 'partitions',
-    5798: 'partitions',
-    5799: 'partitions',
-    5800: 'partitions',
-    5801: 'partitions',
-    5802: '(tagged fields)',
-    5803: '(tagged fields)',
-    5804: '(tagged fields)',
-    5805: '(tagged fields)',
-    5850: 'replica_id',
-    5851: 'replica_id',
-    5852: 'topics',
-    5853: 'topics',
-    5854: 'topics',
-    5855: 'topics',
-    5856: 'topics',
-    5857: '(tagged fields)',
-    5858: '(tagged fields)',
-    5859: '(tagged fields)',
-    5860: '(tagged fields)',
-    5861: '(tagged fields)',
-    5862: '(tagged fields)',
-    5863: '(tagged fields)',
-    5864: '(tagged fields)',
-    5865: 'cluster_id',
-    5866: 'cluster_id',
-    5867: '(tagged fields)',
-    5891: 'end_offset',
-    5892: 'end_offset',
-    5893: '(tagged fields)',
-    5894: '(tagged fields)',
-    5895: '(tagged fields)',
-    5896: '(tagged fields)',
-    5923: 'leader_id',
-    5924: 'leader_id',
-    5925: '(tagged fields)',
-    5926: '(tagged fields)',
-    5927: '(tagged fields)',
-    5928: '(tagged fields)',
-    5977: 'index',
-    5978: 'index',
-    5979: 'snapshot_id',
-    5980: 'size',
-    5981: 'size',
-    5982: 'unaligned_records',
-    5983: '(tagged fields)',
-    5984: '(tagged fields)',
-    5985: '(tagged fields)',
-    5986: '(tagged fields)',
-    5987: '(tagged fields)',
-    5988: '(tagged fields)',
-    5989: '(tagged fields)',
-    5990: '(tagged fields)',
-    5991: 'current_leader',
-    5992: 'current_leader',
-    5993: '(tagged fields)',
-    6024: 'name',
-    6025: 'partitions',
-    6026: 'partitions',
-    6027: 'partitions',
-    6028: 'partitions',
-    6029: 'partitions',
-    6030: '(tagged fields)',
-    6031: '(tagged fields)',
-    6032: '(tagged fields)',
-    6033: '(tagged fields)',
-    6064: 'node_id',
-    6065: 'node_id',
-    6066: 'host',
-    6067: 'port',
-    6068: 'port',
-    6069: '(tagged fields)',
-    6070: '(tagged fields)',
-    6071: '(tagged fields)',
-    6072: '(tagged fields)',
-    6122: 'throttle_time_ms',
-    6123: 'throttle_time_ms',
-    6124: 'topics',
-    6125: 'topics',
-    6126: 'topics',
-    6127: 'topics',
-    6128: 'topics',
-    6129: '(tagged fields)',
-    6130: '(tagged fields)',
-    6131: '(tagged fields)',
-    6132: '(tagged fields)',
-    6133: '(tagged fields)',
-    6134: '(tagged fields)',
-    6135: '(tagged fields)',
-    6136: '(tagged fields)',
-    6137: 'node_endpoints',
-    6138: 'node_endpoints',
-    6139: 'node_endpoints',
-    6140: 'node_endpoints',
-    6141: 'node_endpoints',
-    6142: 'node_endpoints',
-    6143: '(tagged fields)',
-    6178: 'name',
-    6179: 'name',
-    6180: 'name',
-    6181: 'name',
-    6182: 'config_operation',
-    6183: 'config_operation',
-    6184: 'value',
-    6185: 'value',
-    6186: 'value',
-    6187: 'value',
-    6188: '(tagged fields)',
-    6189: '(tagged fields)',
-    6190: '(tagged fields)',
-    6191: '(tagged fields)',
-    6192: '(tagged fields)',
-    6236: 'resource_type',
-    6237: 'resource_type',
-    6238: 'resource_name',
-    6239: 'resource_name',
-    6240: 'resource_name',
-    6241: 'resource_name',
-    6242: 'configs',
-    6243: 'configs',
-    6244: 'configs',
-    6245: 'configs',
-    6246: 'configs',
-    6247: 'configs',
-    6248: 'configs',
-    6249: 'configs',
-    6250: 'configs',
-    6251: 'configs',
-    6252: 'configs',
-    6253: 'configs',
-    6254: '(tagged fields)',
-    6255: '(tagged fields)',
-    6256: '(tagged fields)',
-    6257: '(tagged fields)',
-    6258: '(tagged fields)',
-    6299: 'resources',
-    6300: 'resources',
-    6301: 'resources',
-    6302: 'resources',
-    6303: 'resources',
-    6304: 'resources',
-    6305: 'resources',
-    6306: 'resources',
-    6307: 'resources',
-    6308: 'resources',
-    6309: 'resources',
-    6310: 'resources',
-    6311: 'validate_only',
-    6312: 'validate_only',
-    6313: '(tagged fields)',
-    6314: '(tagged fields)',
-    6315: '(tagged fields)',
-    6316: '(tagged fields)',
-    6317: '(tagged fields)',
-    6355: 'error_code',
-    6356: 'error_code',
-    6357: 'error_message',
-    6358: 'error_message',
-    6359: 'error_message',
-    6360: 'error_message',
-    6361: 'resource_type',
-    6362: 'resource_type',
-    6363: 'resource_name',
-    6364: 'resource_name',
-    6365: 'resource_name',
-    6366: 'resource_name',
-    6367: '(tagged fields)',
-    6368: '(tagged fields)',
-    6369: '(tagged fields)',
-    6370: '(tagged fields)',
-    6371: '(tagged fields)',
-    6412: 'throttle_time_ms',
-    6413: 'throttle_time_ms',
-    6414: 'responses',
-    6415: 'responses',
-    6416: 'responses',
-    6417: 'responses',
-    6418: 'responses',
-    6419: 'responses',
-    6420: 'responses',
-    6421: 'responses',
-    6422: 'responses',
-    6423: 'responses',
-    6424: 'responses',
-    6425: 'responses',
-    6426: '(tagged fields)',
-    6427: '(tagged fields)',
-    6428: '(tagged fields)',
-    6429: '(tagged fields)',
-    6430: '(tagged fields)',
-    6484: 'transactional_id',
-    6485: 'transactional_id',
-    6486: 'transactional_id',
-    6487: 'transactional_id',
-    6488: 'transaction_timeout_ms',
-    6489: 'transaction_timeout_ms',
-    6490: 'transaction_timeout_ms',
-    6491: 'producer_id',
-    6492: 'producer_id',
-    6493: 'producer_id',
-    6494: 'enable2_pc',
-    6495: 'enable2_pc',
-    6496: '(tagged fields)',
+    5323: '(tagged fields)',
+    5324: '(tagged fields)',
+    5325: '(tagged fields)',
+    5326: '(tagged fields)',
+    5372: 'throttle_time_ms',
+    5373: 'throttle_time_ms',
+    5374: 'results',
+    5375: 'results',
+    5376: 'results',
+    5377: 'results',
+    5378: 'results',
+    5379: 'results',
+    5380: 'results',
+    5381: 'results',
+    5382: 'results',
+    5383: 'results',
+    5384: 'results',
+    5385: 'throttle_time_ms',
+    5386: 'throttle_time_ms',
+    5387: 'results',
+    5388: 'results',
+    5389: 'results',
+    5390: 'results',
+    5391: 'results',
+    5392: '(tagged fields)',
+    5393: '(tagged fields)',
+    5394: '(tagged fields)',
+    5395: '(tagged fields)',
+    5396: '(tagged fields)',
+    5418: 'partition_index',
+    5419: 'partition_index',
+    5420: '(tagged fields)',
+    5421: '(tagged fields)',
+    5422: '(tagged fields)',
+    5423: '(tagged fields)',
+    5462: 'topic_name',
+    5463: 'topic_name',
+    5464: 'topic_name',
+    5465: 'topic_name',
+    5466: 'topic_name',
+    5467: 'topic_name',
+    5468: 'partitions',
+    5469: 'partitions',
+    5470: 'partitions',
+    5471: 'partitions',
+    5472: 'partitions',
+    5473: 'partitions',
+    5474: 'partitions',
+    5475: 'partitions',
+    5476: 'partitions',
+    5477: 'partitions',
+    5478: '(tagged fields)',
+    5479: '(tagged fields)',
+    5480: '(tagged fields)',
+    5481: '(tagged fields)',
+    5515: 'topics',
+    5516: 'topics',
+    5517: 'topics',
+    5518: 'topics',
+    5519: 'topics',
+    5520: 'topics',
+    5521: 'topics',
+    5522: 'topics',
+    5523: 'topics',
+    5524: 'topics',
+    5525: '(tagged fields)',
+    5526: '(tagged fields)',
+    5527: '(tagged fields)',
+    5528: '(tagged fields)',
+    5574: 'replica_id',
+    5575: 'replica_id',
+    5576: 'replica_directory_id',
+    5577: 'replica_directory_id',
+    5578: 'replica_directory_id',
+    5579: 'replica_directory_id',
+    5580: 'replica_directory_id',
+    5581: 'log_end_offset',
+    5582: 'log_end_offset',
+    5583: 'log_end_offset',
+    5584: 'replica_id',
+    5585: 'replica_id',
+    5586: 'replica_id',
+    5587: 'replica_id',
+    5588: 'replica_id',
+    5589: '(tagged fields)',
+    5590: '(tagged fields)',
+    5591: '(tagged fields)',
+    5592: '(tagged fields)',
+    5670: 'partition_index',
+    5671: 'partition_index',
+    5672: 'error_message',
+    5673: 'error_message',
+    5674: 'error_message',
+    5675: 'error_message',
+    5676: 'error_message',
+    5677: 'error_message',
+    5678: 'leader_id',
+    5679: 'leader_id',
+    5680: 'current_voters',
+    5681: 'current_voters',
+    5682: 'current_voters',
+    5683: 'current_voters',
+    5684: 'current_voters',
+    5685: 'current_voters',
+    5686: 'current_voters',
+    5687: 'current_voters',
+    5688: 'current_voters',
+    5689: 'current_voters',
+    5690: 'observers',
+    5691: 'observers',
+    5692: 'observers',
+    5693: 'observers',
+    5694: 'observers',
+    5695: 'observers',
+    5696: 'observers',
+    5697: 'observers',
+    5698: 'observers',
+    5699: 'observers',
+    5700: 'observers',
+    5701: 'partition_index',
+    5702: 'partition_index',
+    5703: 'current_voters',
+    5704: 'current_voters',
+    5705: 'current_voters',
+    5706: 'current_voters',
+    5707: 'current_voters',
+    5708: 'current_voters',
+    5709: 'current_voters',
+    5710: 'current_voters',
+    5711: 'current_voters',
+    5712: 'current_voters',
+    5713: 'observers',
+    5714: 'observers',
+    5715: 'observers',
+    5716: 'observers',
+    5717: 'observers',
+    5718: 'observers',
+    5719: 'observers',
+    5720: 'observers',
+    5721: 'observers',
+    5722: 'observers',
+    5723: '(tagged fields)',
+    5724: '(tagged fields)',
+    5725: '(tagged fields)',
+    5726: '(tagged fields)',
+    5765: 'topic_name',
+    5766: 'topic_name',
+    5767: 'topic_name',
+    5768: 'topic_name',
+    5769: 'topic_name',
+    5770: 'topic_name',
+    5771: 'partitions',
+    5772: 'partitions',
+    5773: 'partitions',
+    5774: 'partitions',
+    5775: 'partitions',
+    5776: 'partitions',
+    5777: 'partitions',
+    5778: 'partitions',
+    5779: 'partitions',
+    5780: 'partitions',
+    5781: '(tagged fields)',
+    5782: '(tagged fields)',
+    5783: '(tagged fields)',
+    5784: '(tagged fields)',
+    5825: 'name',
+    5826: 'name',
+    5827: 'name',
+    5828: 'name',
+    5829: 'name',
+    5830: 'name',
+    5831: 'host',
+    5832: 'host',
+    5833: 'host',
+    5834: 'host',
+    5835: 'host',
+    5836: 'host',
+    5837: 'port',
+    5838: 'port',
+    5839: '(tagged fields)',
+    5840: '(tagged fields)',
+    5841: '(tagged fields)',
+    5842: '(tagged fields)',
+    5876: 'node_id',
+    5877: 'node_id',
+    5878: 'listeners',
+    5879: 'listeners',
+    5880: 'listeners',
+    5881: 'listeners',
+    5882: 'listeners',
+    5883: 'listeners',
+    5884: 'listeners',
+    5885: 'listeners',
+    5886: 'listeners',
+    5887: 'listeners',
+    5888: '(tagged fields)',
+    5889: '(tagged fields)',
+    5890: '(tagged fields)',
+    5891: '(tagged fields)',
+    5958: 'error_code',
+    5959: 'error_code',
+    5960: 'error_message',
+    5961: 'error_message',
+    5962: 'error_message',
+    5963: 'error_message',
+    5964: 'error_message',
+    5965: 'error_message',
+    5966: 'topics',
+    5967: 'topics',
+    5968: 'topics',
+    5969: 'topics',
+    5970: 'topics',
+    5971: 'topics',
+    5972: 'topics',
+    5973: 'topics',
+    5974: 'topics',
+    5975: 'topics',
+    5976: 'nodes',
+    5977: 'nodes',
+    5978: 'nodes',
+    5979: 'nodes',
+    5980: 'nodes',
+    5981: 'nodes',
+    5982: 'nodes',
+    5983: 'nodes',
+    5984: 'nodes',
+    5985: 'nodes',
+    5986: 'nodes',
+    5987: 'error_code',
+    5988: 'error_code',
+    5989: 'topics',
+    5990: 'topics',
+    5991: 'topics',
+    5992: 'topics',
+    5993: 'topics',
+    5994: 'topics',
+    5995: 'topics',
+    5996: 'topics',
+    5997: 'topics',
+    5998: 'topics',
+    5999: '(tagged fields)',
+    6000: '(tagged fields)',
+    6001: '(tagged fields)',
+    6002: '(tagged fields)',
+    6031: 'candidate_id',
+    6032: 'candidate_id',
+    6033: 'candidate_directory_id',
+    6034: 'candidate_directory_id',
+    6035: 'candidate_directory_id',
+    6036: 'candidate_directory_id',
+    6037: 'candidate_directory_id',
+    6038: '(tagged fields)',
+    6039: '(tagged fields)',
+    6040: '(tagged fields)',
+    6041: '(tagged fields)',
+    6089: 'partition_index',
+    6090: 'partition_index',
+    6091: 'preferred_candidates',
+    6092: 'preferred_candidates',
+    6093: 'preferred_candidates',
+    6094: 'preferred_candidates',
+    6095: 'preferred_candidates',
+    6096: 'preferred_candidates',
+    6097: 'preferred_candidates',
+    6098: 'preferred_candidates',
+    6099: 'preferred_candidates',
+    6100: 'preferred_candidates',
+    6101: 'preferred_candidates',
+    6102: 'partition_index',
+    6103: 'partition_index',
+    6104: 'preferred_successors',
+    6105: 'preferred_successors',
+    6106: 'preferred_successors',
+    6107: '(tagged fields)',
+    6108: '(tagged fields)',
+    6109: '(tagged fields)',
+    6110: '(tagged fields)',
+    6111: '(tagged fields)',
+    6159: 'topic_name',
+    6160: 'topic_name',
+    6161: 'topic_name',
+    6162: 'topic_name',
+    6163: 'topic_name',
+    6164: 'topic_name',
+    6165: 'partitions',
+    6166: 'partitions',
+    6167: 'partitions',
+    6168: 'partitions',
+    6169: 'partitions',
+    6170: 'partitions',
+    6171: 'partitions',
+    6172: 'partitions',
+    6173: 'partitions',
+    6174: 'partitions',
+    6175: 'partitions',
+    6176: 'topic_name',
+    6177: 'partitions',
+    6178: 'partitions',
+    6179: 'partitions',
+    6180: 'partitions',
+    6181: 'partitions',
+    6182: '(tagged fields)',
+    6183: '(tagged fields)',
+    6184: '(tagged fields)',
+    6185: '(tagged fields)',
+    6186: '(tagged fields)',
+    6227: 'name',
+    6228: 'name',
+    6229: 'name',
+    6230: 'name',
+    6231: 'name',
+    6232: 'name',
+    6233: 'host',
+    6234: 'host',
+    6235: 'host',
+    6236: 'host',
+    6237: 'host',
+    6238: 'host',
+    6239: 'port',
+    6240: 'port',
+    6241: '(tagged fields)',
+    6242: '(tagged fields)',
+    6243: '(tagged fields)',
+    6244: '(tagged fields)',
+    6304: 'cluster_id',
+    6305: 'cluster_id',
+    6306: 'cluster_id',
+    6307: 'cluster_id',
+    6308: 'cluster_id',
+    6309: 'cluster_id',
+    6310: 'topics',
+    6311: 'topics',
+    6312: 'topics',
+    6313: 'topics',
+    6314: 'topics',
+    6315: 'topics',
+    6316: 'topics',
+    6317: 'topics',
+    6318: 'topics',
+    6319: 'topics',
+    6320: 'leader_endpoints',
+    6321: 'leader_endpoints',
+    6322: 'leader_endpoints',
+    6323: 'leader_endpoints',
+    6324: 'leader_endpoints',
+    6325: 'leader_endpoints',
+    6326: 'leader_endpoints',
+    6327: 'leader_endpoints',
+    6328: 'leader_endpoints',
+    6329: 'leader_endpoints',
+    6330: 'leader_endpoints',
+    6331: 'cluster_id',
+    6332: 'topics',
+    6333: 'topics',
+    6334: 'topics',
+    6335: 'topics',
+    6336: 'topics',
+    6337: '(tagged fields)',
+    6338: '(tagged fields)',
+    6339: '(tagged fields)',
+    6340: '(tagged fields)',
+    6341: '(tagged fields)',
+    6370: 'partition_index',
+    6371: 'partition_index',
+    6372: '(tagged fields)',
+    6373: '(tagged fields)',
+    6374: '(tagged fields)',
+    6375: '(tagged fields)',
+    6376: '(tagged fields)',
+    6424: 'topic_name',
+    6425: 'topic_name',
+    6426: 'topic_name',
+    6427: 'topic_name',
+    6428: 'topic_name',
+    6429: 'topic_name',
+    6430: 'partitions',
+    6431: 'partitions',
+    6432: 'partitions',
+    6433: 'partitions',
+    6434: 'partitions',
+    6435: 'partitions',
+    6436: 'partitions',
+    6437: 'partitions',
+    6438: 'partitions',
+    6439: 'partitions',
+    6440: 'partitions',
+    6441: 'topic_name',
+    6442: 'partitions',
+    6443: 'partitions',
+    6444: 'partitions',
+    6445: 'partitions',
+    6446: 'partitions',
+    6447: '(tagged fields)',
+    6448: '(tagged fields)',
+    6449: '(tagged fields)',
+    6450: '(tagged fields)',
+    6451: '(tagged fields)',
+    6487: 'node_id',
+    6488: 'node_id',
+    6489: 'host',
+    6490: 'host',
+    6491: 'host',
+    6492: 'host',
+    6493: 'host',
+    6494: 'host',
+    6495: 'port',
+    6496: 'port',
     6497: '(tagged fields)',
     6498: '(tagged fields)',
     6499: '(tagged fields)',
     6500: '(tagged fields)',
-    6543: 'throttle_time_ms',
-    6544: 'throttle_time_ms',
-    6545: 'throttle_time_ms',
-    6546: 'ongoing_txn_producer_id',
-    6547: 'ongoing_txn_producer_id',
-    6548: '(tagged fields)',
-    6549: '(tagged fields)',
-    6550: '(tagged fields)',
-    6551: '(tagged fields)',
-    6552: '(tagged fields)',
-    6582: 'partition_index',
-    6583: 'partition_index',
-    6584: 'partition_index',
-    6585: 'current_leader_epoch',
-    6586: 'current_leader_epoch',
-    6587: 'timestamp',
-    6588: 'timestamp',
+    6563: 'error_code',
+    6564: 'error_code',
+    6565: 'topics',
+    6566: 'topics',
+    6567: 'topics',
+    6568: 'topics',
+    6569: 'topics',
+    6570: 'topics',
+    6571: 'topics',
+    6572: 'topics',
+    6573: 'topics',
+    6574: 'topics',
+    6575: 'topics',
+    6576: 'error_code',
+    6577: 'error_code',
+    6578: 'topics',
+    6579: 'topics',
+    6580: 'topics',
+    6581: 'topics',
+    6582: 'topics',
+    6583: '(tagged fields)',
+    6584: '(tagged fields)',
+    6585: '(tagged fields)',
+    6586: '(tagged fields)',
+    6587: '(tagged fields)',
+    6588: '(tagged fields)',
     6589: '(tagged fields)',
     6590: '(tagged fields)',
     6591: '(tagged fields)',
     6592: '(tagged fields)',
     6593: '(tagged fields)',
-    6634: 'name',
-    6635: 'name',
-    6636: 'name',
-    6637: 'name',
-    6638: 'partitions',
-    6639: 'partitions',
-    6640: 'partitions',
-    6641: 'partitions',
-    6642: 'partitions',
-    6643: 'partitions',
-    6644: 'partitions',
-    6645: 'partitions',
-    6646: 'partitions',
-    6647: 'partitions',
-    6648: 'partitions',
-    6649: 'partitions',
-    6650: '(tagged fields)',
-    6651: '(tagged fields)',
-    6652: '(tagged fields)',
-    6653: '(tagged fields)',
-    6654: '(tagged fields)',
-    6706: 'replica_id',
-    6707: 'replica_id',
-    6708: 'replica_id',
-    6709: 'isolation_level',
-    6710: 'isolation_level',
-    6711: 'topics',
-    6712: 'topics',
-    6713: 'topics',
-    6714: 'topics',
-    6715: 'topics',
-    6716: 'topics',
-    6717: 'topics',
-    6718: 'topics',
-    6719: 'topics',
-    6720: 'topics',
-    6721: 'topics',
-    6722: 'topics',
-    6723: 'topics',
-    6724: 'timeout_ms',
-    6725: 'timeout_ms',
-    6726: '(tagged fields)',
-    6727: '(tagged fields)',
-    6728: '(tagged fields)',
-    6729: '(tagged fields)',
-    6730: '(tagged fields)',
-    6766: 'partition_index',
-    6767: 'partition_index',
-    6768: 'partition_index',
-    6769: 'leader_epoch',
-    6770: 'leader_epoch',
-    6771: '(tagged fields)',
-    6772: '(tagged fields)',
-    6773: '(tagged fields)',
-    6774: '(tagged fields)',
-    6775: '(tagged fields)',
-    6816: 'name',
-    6817: 'name',
-    6818: 'name',
-    6819: 'name',
-    6820: 'partitions',
-    6821: 'partitions',
-    6822: 'partitions',
-    6823: 'partitions',
-    6824: 'partitions',
-    6825: 'partitions',
-    6826: 'partitions',
-    6827: 'partitions',
-    6828: 'partitions',
-    6829: 'partitions',
-    6830: 'partitions',
-    6831: 'partitions',
+    6594: '(tagged fields)',
+    6595: '(tagged fields)',
+    6596: '(tagged fields)',
+    6597: '(tagged fields)',
+    6598: '(tagged fields)',
+    6599: '(tagged fields)',
+    6600: '(tagged fields)',
+    6601: 'node_endpoints',
+    6602: 'node_endpoints',
+    6603: 'node_endpoints',
+    6604: 'node_endpoints',
+    6605: 'node_endpoints',
+    6606: 'node_endpoints',
+    6607: 'node_endpoints',
+    6608: 'node_endpoints',
+    6609: 'node_endpoints',
+    6610: 'node_endpoints',
+    6611: 'node_endpoints',
+    6612: 'node_endpoints',
+    6613: '(tagged fields)',
+    6644: 'request_data',
+    6645: 'request_data',
+    6646: 'request_data',
+    6647: 'request_data',
+    6648: 'request_data',
+    6649: 'request_data',
+    6650: 'request_data',
+    6651: 'request_data',
+    6652: 'request_data',
+    6653: 'request_principal',
+    6654: 'request_principal',
+    6655: 'request_principal',
+    6656: 'request_principal',
+    6657: 'request_principal',
+    6658: 'request_principal',
+    6659: 'request_principal',
+    6660: 'request_principal',
+    6661: 'request_principal',
+    6662: 'client_host_address',
+    6663: 'client_host_address',
+    6664: 'client_host_address',
+    6665: 'client_host_address',
+    6666: 'client_host_address',
+    6667: 'client_host_address',
+    6668: 'client_host_address',
+    6669: 'client_host_address',
+    6670: 'client_host_address',
+    6671: '(tagged fields)',
+    6672: '(tagged fields)',
+    6673: '(tagged fields)',
+    6674: '(tagged fields)',
+    6702: 'response_data',
+    6703: 'response_data',
+    6704: 'response_data',
+    6705: 'response_data',
+    6706: 'response_data',
+    6707: 'response_data',
+    6708: 'response_data',
+    6709: 'response_data',
+    6710: 'response_data',
+    6711: 'error_code',
+    6712: 'error_code',
+    6713: '(tagged fields)',
+    6714: '(tagged fields)',
+    6715: '(tagged fields)',
+    6716: '(tagged fields)',
+    6740: 'replica_id',
+    6741: 'replica_id',
+    6742: '(tagged fields)',
+    6743: '(tagged fields)',
+    6744: '(tagged fields)',
+    6745: '(tagged fields)',
+    6816: 'partition',
+    6817: 'partition',
+    6818: 'partition',
+    6819: 'partition',
+    6820: 'partition',
+    6821: 'partition',
+    6822: 'partition',
+    6823: 'partition',
+    6824: 'partition',
+    6825: 'partition',
+    6826: 'partition',
+    6827: '(tagged fields)',
+    6828: '(tagged fields)',
+    6829: '(tagged fields)',
+    6830: '(tagged fields)',
+    6831: '(tagged fields)',
     6832: '(tagged fields)',
     6833: '(tagged fields)',
     6834: '(tagged fields)',
     6835: '(tagged fields)',
     6836: '(tagged fields)',
-    6879: 'throttle_time_ms',
-    6880: 'throttle_time_ms',
-    6881: 'topics',
-    6882: 'topics',
-    6883: 'topics',
-    6884: 'topics',
-    6885: 'topics',
-    6886: 'topics',
-    6887: 'topics',
-    6888: 'topics',
-    6889: 'topics',
-    6890: 'topics',
-    6891: 'topics',
-    6892: 'topics',
-    6893: '(tagged fields)',
-    6894: '(tagged fields)',
-    6895: '(tagged fields)',
-    6896: '(tagged fields)',
-    6897: '(tagged fields)',
-    6930: 'topic_id',
-    6931: 'name',
-    6932: 'name',
-    6933: 'name',
-    6934: 'name',
-    6935: 'name',
-    6936: 'name',
-    6937: '(tagged fields)',
-    6938: '(tagged fields)',
-    6939: '(tagged fields)',
-    6940: '(tagged fields)',
-    6941: '(tagged fields)',
-    7013: 'topics',
-    7014: 'topics',
-    7015: 'topics',
-    7016: 'topics',
-    7017: 'topics',
-    7018: 'topics',
-    7019: 'topics',
-    7020: 'topics',
-    7021: 'topics',
-    7022: 'topics',
-    7023: 'topics',
-    7024: 'topics',
-    7025: 'topics',
-    7026: 'topics',
-    7027: 'topics',
-    7028: 'topics',
-    7029: 'topics',
-    7030: 'topics',
-    7031: 'topics',
-    7032: 'topics',
-    7033: 'topics',
-    7034: 'topics',
-    7035: 'topics',
-    7036: 'topics',
-    7037: 'topics',
-    7038: 'allow_auto_topic_creation',
-    7039: 'allow_auto_topic_creation',
-    7040: 'allow_auto_topic_creation',
-    7041: 'include_cluster_authorized_operations',
-    7042: 'include_cluster_authorized_operations',
-    7043: 'include_cluster_authorized_operations',
-    7044: 'include_topic_authorized_operations',
-    7045: 'include_topic_authorized_operations',
-    7046: '(tagged fields)',
-    7047: '(tagged fields)',
-    7048: '(tagged fields)',
-    7049: '(tagged fields)',
-    7050: '(tagged fields)',
-    7089: 'node_id',
-    7090: 'node_id',
-    7091: 'host',
-    7092: 'host',
-    7093: 'host',
-    7094: 'host',
-    7095: 'port',
-    7096: 'port',
-    7097: 'port',
-    7098: 'rack',
-    7099: 'rack',
-    7100: 'rack',
-    7101: 'rack',
-    7102: '(tagged fields)',
-    7103: '(tagged fields)',
-    7104: '(tagged fields)',
-    7105: '(tagged fields)',
-    7106: '(tagged fields)',
-    7171: 'error_code',
-    7172: 'error_code',
-    7173: 'error_code',
-    7174: 'leader_epoch',
-    7175: 'leader_epoch',
-    7176: 'replica_nodes',
-    7177: 'replica_nodes',
-    7178: 'replica_nodes',
-    7179: 'replica_nodes',
-    7180: 'replica_nodes',
-    7181: 'replica_nodes',
-    7182: 'replica_nodes',
-    7183: 'replica_nodes',
-    7184: 'isr_nodes',
-    7185: 'isr_nodes',
-    7186: 'isr_nodes',
-    7187: 'isr_nodes',
-    7188: 'isr_nodes',
-    7189: 'isr_nodes',
-    7190: 'isr_nodes',
-    7191: 'isr_nodes',
-    7192: 'isr_nodes',
-    7193: 'offline_replicas',
-    7194: 'offline_replicas',
-    7195: 'offline_replicas',
-    7196: 'offline_replicas',
-    7197: 'offline_replicas',
-    7198: 'offline_replicas',
-    7199: 'offline_replicas',
-    7200: 'offline_replicas',
-    7201: '(tagged fields)',
-    7202: '(tagged fields)',
-    7203: '(tagged fields)',
-    7204: '(tagged fields)',
-    7205: '(tagged fields)',
-    7266: 'error_code',
-    7267: 'error_code',
-    7268: 'name',
-    7269: 'name',
-    7270: 'name',
-    7271: 'name',
-    7272: 'name',
-    7273: 'name',
-    7274: 'name',
-    7275: 'topic_id',
-    7276: 'topic_id',
-    7277: 'is_internal',
-    7278: 'is_internal',
-    7279: 'partitions',
-    7280: 'partitions',
-    7281: 'partitions',
-    7282: 'partitions',
-    7283: 'partitions',
-    7284: 'partitions',
-    7285: 'partitions',
-    7286: 'partitions',
-    7287: 'partitions',
-    7288: 'partitions',
-    7289: 'partitions',
-    7290: 'partitions',
-    7291: 'partitions',
-    7292: 'topic_authorized_operations',
-    7293: 'topic_authorized_operations',
-    7294: '(tagged fields)',
-    7295: '(tagged fields)',
-    7296: '(tagged fields)',
-    7297: '(tagged fields)',
-    7298: '(tagged fields)',
-    7375: 'throttle_time_ms',
-    7376: 'throttle_time_ms',
-    7377: 'brokers',
-    7378: 'brokers',
-    7379: 'brokers',
-    7380: 'brokers',
-    7381: 'brokers',
-    7382: 'brokers',
-    7383: 'brokers',
-    7384: 'brokers',
-    7385: 'brokers',
-    7386: 'brokers',
-    7387: 'brokers',
-    7388: 'brokers',
-    7389: 'brokers',
-    7390: 'cluster_id',
-    7391: 'cluster_id',
-    7392: 'cluster_id',
-    7393: 'cluster_id',
-    7394: 'cluster_id',
-    7395: 'controller_id',
-    7396: 'controller_id',
-    7397: 'topics',
-    7398: 'topics',
-    7399: 'topics',
-    7400: 'topics',
-    7401: 'topics',
-    7402: 'topics',
-    7403: 'topics',
-    7404: 'topics',
-    7405: 'topics',
-    7406: 'topics',
-    7407: 'topics',
-    7408: 'topics',
-    7409: 'topics',
-    7410: 'cluster_authorized_operations',
-    7411: 'cluster_authorized_operations',
-    7412: 'cluster_authorized_operations',
-    7413: 'error_code',
-    7414: 'error_code',
-    7415: '(tagged fields)',
-    7416: '(tagged fields)',
-    7417: '(tagged fields)',
-    7418: '(tagged fields)',
+    6837: '(tagged fields)',
+    6838: '(tagged fields)',
+    6839: '(tagged fields)',
+    6840: '(tagged fields)',
+    6841: '(tagged fields)',
+    6842: '(tagged fields)',
+    6843: '(tagged fields)',
+    6844: '(tagged fields)',
+    6845: 'replica_directory_id',
+    6846: 'replica_directory_id',
+    6847: 'replica_directory_id',
+    6848: 'replica_directory_id',
+    6849: 'replica_directory_id',
+    6850: 'replica_directory_id',
+    6851: 'replica_directory_id',
+    6852: '(tagged fields)',
+    6853: 'high_watermark',
+    6854: 'high_watermark',
+    6855: 'high_watermark',
+    6856: 'high_watermark',
+    6857: '(tagged fields)',
+    6920: 'topic_id',
+    6921: 'topic_id',
+    6922: 'topic_id',
+    6923: 'topic_id',
+    6924: 'topic_id',
+    6925: 'partitions',
+    6926: 'partitions',
+    6927: 'partitions',
+    6928: 'partitions',
+    6929: 'partitions',
+    6930: 'partitions',
+    6931: 'partitions',
+    6932: 'partitions',
+    6933: 'partitions',
+    6934: 'partitions',
+    6935: 'partitions',
+    6936: 'topic',
+    6937: 'topic',
+    6938: 'topic',
+    6939: 'topic',
+    6940: 'topic',
+    6941: 'topic',
+    6942: 'partitions',
+    6943: 'partitions',
+    6944: 'partitions',
+    6945: 'partitions',
+    6946: 'partitions',
+    6947: 'partitions',
+    6948: 'partitions',
+    6949: 'partitions',
+    6950: 'partitions',
+    6951: 'partitions',
+    6952: 'partitions',
+    6953: 'topic',
+    6954: 'partitions',
+    6955: 'partitions',
+    6956: 'partitions',
+    6957: 'partitions',
+    6958: 'partitions',
+    6959: '(tagged fields)',
+    6960: '(tagged fields)',
+    6961: '(tagged fields)',
+    6962: '(tagged fields)',
+    6963: '(tagged fields)',
+    7023: 'topic_id',
+    7024: 'topic_id',
+    7025: 'topic_id',
+    7026: 'topic_id',
+    7027: 'topic_id',
+    7028: 'partitions',
+    7029: 'partitions',
+    7030: 'partitions',
+    7031: 'partitions',
+    7032: 'partitions',
+    7033: 'partitions',
+    7034: 'partitions',
+    7035: 'partitions',
+    7036: 'partitions',
+    7037: 'topic',
+    7038: 'topic',
+    7039: 'topic',
+    7040: 'topic',
+    7041: 'topic',
+    7042: 'topic',
+    7043: 'partitions',
+    7044: 'partitions',
+    7045: 'partitions',
+    7046: 'partitions',
+    7047: 'partitions',
+    7048: 'partitions',
+    7049: 'partitions',
+    7050: 'partitions',
+    7051: 'partitions',
+    7052: 'topic',
+    7053: 'partitions',
+    7054: 'partitions',
+    7055: 'partitions',
+    7056: '(tagged fields)',
+    7057: '(tagged fields)',
+    7058: '(tagged fields)',
+    7059: '(tagged fields)',
+    7060: '(tagged fields)',
+    7207: 'max_wait_ms',
+    7208: 'max_wait_ms',
+    7209: 'topics',
+    7210: 'topics',
+    7211: 'topics',
+    7212: 'topics',
+    7213: 'topics',
+    7214: 'topics',
+    7215: 'topics',
+    7216: 'topics',
+    7217: 'topics',
+    7218: 'topics',
+    7219: 'forgotten_topics_data',
+    7220: 'forgotten_topics_data',
+    7221: 'forgotten_topics_data',
+    7222: 'forgotten_topics_data',
+    7223: 'forgotten_topics_data',
+    7224: 'forgotten_topics_data',
+    7225: 'forgotten_topics_data',
+    7226: 'forgotten_topics_data',
+    7227: 'forgotten_topics_data',
+    7228: 'forgotten_topics_data',
+    7229: 'rack_id',
+    7230: 'rack_id',
+    7231: 'rack_id',
+    7232: 'rack_id',
+    7233: 'rack_id',
+    7234: 'rack_id',
+    7235: 'rack_id',
+    7236: 'replica_id',
+    7237: 'replica_id',
+    7238: 'topics',
+    7239: 'topics',
+    7240: 'topics',
+    7241: 'topics',
+    7242: 'topics',
+    7243: 'topics',
+    7244: 'topics',
+    7245: 'topics',
+    7246: 'topics',
+    7247: 'topics',
+    7248: 'forgotten_topics_data',
+    7249: 'forgotten_topics_data',
+    7250: 'forgotten_topics_data',
+    7251: 'forgotten_topics_data',
+    7252: 'forgotten_topics_data',
+    7253: 'forgotten_topics_data',
+    7254: 'forgotten_topics_data',
+    7255: 'forgotten_topics_data',
+    7256: 'forgotten_topics_data',
+    7257: 'forgotten_topics_data',
+    7258: 'rack_id',
+    7259: 'rack_id',
+    7260: 'rack_id',
+    7261: 'rack_id',
+    7262: 'rack_id',
+    7263: 'rack_id',
+    7264: 'rack_id',
+    7265: 'replica_id',
+    7266: 'replica_id',
+    7267: 'topics',
+    7268: 'topics',
+    7269: 'topics',
+    7270: 'topics',
+    7271: 'topics',
+    7272: 'forgotten_topics_data',
+    7273: 'forgotten_topics_data',
+    7274: 'forgotten_topics_data',
+    7275: 'forgotten_topics_data',
+    7276: 'forgotten_topics_data',
+    7277: 'rack_id',
+    7278: 'rack_id',
+    7279: 'replica_id',
+    7280: 'replica_id',
+    7281: 'topics',
+    7282: 'topics',
+    7283: 'topics',
+    7284: 'topics',
+    7285: 'topics',
+    7286: 'forgotten_topics_data',
+    7287: 'forgotten_topics_data',
+    7288: 'forgotten_topics_data',
+    7289: 'forgotten_topics_data',
+    7290: 'forgotten_topics_data',
+    7291: 'forgotten_topics_data',
+    7292: 'replica_id',
+    7293: 'replica_id',
+    7294: 'topics',
+    7295: 'topics',
+    7296: 'topics',
+    7297: 'topics',
+    7298: 'topics',
+    7299: '(tagged fields)',
+    7300: '(tagged fields)',
+    7301: '(tagged fields)',
+    7302: '(tagged fields)',
+    7303: '(tagged fields)',
+    7304: '(tagged fields)',
+    7305: '(tagged fields)',
+    7306: '(tagged fields)',
+    7307: '(tagged fields)',
+    7308: '(tagged fields)',
+    7309: '(tagged fields)',
+    7310: '(tagged fields)',
+    7311: '(tagged fields)',
+    7312: '(tagged fields)',
+    7313: '(tagged fields)',
+    7314: '(tagged fields)',
+    7315: '(tagged fields)',
+    7316: '(tagged fields)',
+    7317: 'cluster_id',
+    7318: 'cluster_id',
+    7319: 'cluster_id',
+    7320: 'cluster_id',
+    7321: 'cluster_id',
+    7322: 'cluster_id',
+    7323: 'cluster_id',
+    7324: 'cluster_id',
+    7325: '(tagged fields)',
+    7326: 'replica_state',
+    7327: 'replica_state',
+    7328: 'replica_state',
+    7329: '(tagged fields)',
+    7353: 'epoch',
+    7354: 'epoch',
+    7355: '(tagged fields)',
+    7356: '(tagged fields)',
+    7357: '(tagged fields)',
+    7358: '(tagged fields)',
+    7385: 'leader_id',
+    7386: 'leader_id',
+    7387: '(tagged fields)',
+    7388: '(tagged fields)',
+    7389: '(tagged fields)',
+    7390: '(tagged fields)',
+    7417: 'end_offset',
+    7418: 'end_offset',
     7419: '(tagged fields)',
-    7446: 'partition',
-    7447: 'partition',
-    7448: '(tagged fields)',
-    7449: '(tagged fields)',
-    7450: '(tagged fields)',
-    7451: '(tagged fields)',
+    7420: '(tagged fields)',
+    7421: '(tagged fields)',
+    7422: '(tagged fields)',
+    7450: 'producer_id',
+    7451: 'producer_id',
     7452: '(tagged fields)',
-    7493: 'topic',
-    7494: 'topic',
-    7495: 'topic',
-    7496: 'topic',
-    7497: 'partitions',
-    7498: 'partitions',
-    7499: 'partitions',
-    7500: 'partitions',
-    7501: 'partitions',
-    7502: 'partitions',
-    7503: 'partitions',
-    7504: 'partitions',
-    7505: 'partitions',
-    7506: 'partitions',
-    7507: 'partitions',
-    7508: 'partitions',
-    7509: '(tagged fields)',
-    7510: '(tagged fields)',
-    7511: '(tagged fields)',
-    7512: '(tagged fields)',
-    7513: '(tagged fields)',
-    7556: 'replica_id',
-    7557: 'replica_id',
-    7558: 'topics',
-    7559: 'topics',
-    7560: 'topics',
-    7561: 'topics',
-    7562: 'topics',
-    7563: 'topics',
-    7564: 'topics',
-    7565: 'topics',
-    7566: 'topics',
-    7567: 'topics',
-    7568: 'topics',
-    7569: 'topics',
-    7570: '(tagged fields)',
-    7571: '(tagged fields)',
-    7572: '(tagged fields)',
-    7573: '(tagged fields)',
-    7574: '(tagged fields)',
-    7603: 'error_code',
-    7604: 'error_code',
-    7605: '(tagged fields)',
-    7606: '(tagged fields)',
-    7607: '(tagged fields)',
-    7608: '(tagged fields)',
-    7609: '(tagged fields)',
-    7650: 'topic',
-    7651: 'topic',
-    7652: 'topic',
-    7653: 'topic',
-    7654: 'partitions',
-    7655: 'partitions',
-    7656: 'partitions',
-    7657: 'partitions',
-    7658: 'partitions',
-    7659: 'partitions',
-    7660: 'partitions',
-    7661: 'partitions',
-    7662: 'partitions',
-    7663: 'partitions',
-    7664: 'partitions',
-    7665: 'partitions',
-    7666: '(tagged fields)',
-    7667: '(tagged fields)',
+    7453: '(tagged fields)',
+    7454: '(tagged fields)',
+    7455: '(tagged fields)',
+    7456: '(tagged fields)',
+    7579: 'partition_index',
+    7580: 'partition_index',
+    7581: 'aborted_transactions',
+    7582: 'aborted_transactions',
+    7583: 'aborted_transactions',
+    7584: 'aborted_transactions',
+    7585: 'aborted_transactions',
+    7586: 'aborted_transactions',
+    7587: 'aborted_transactions',
+    7588: 'aborted_transactions',
+    7589: 'aborted_transactions',
+    7590: 'aborted_transactions',
+    7591: 'aborted_transactions',
+    7592: 'aborted_transactions',
+    7593: 'aborted_transactions',
+    7594: 'preferred_read_replica',
+    7595: 'preferred_read_replica',
+    7596: 'records',
+    7597: 'records',
+    7598: 'records',
+    7599: 'records',
+    7600: 'records',
+    7601: 'records',
+    7602: 'records',
+    7603: 'records',
+    7604: 'records',
+    7605: 'records',
+    7606: 'partition_index',
+    7607: 'partition_index',
+    7608: 'aborted_transactions',
+    7609: 'aborted_transactions',
+    7610: 'aborted_transactions',
+    7611: 'aborted_transactions',
+    7612: 'aborted_transactions',
+    7613: 'aborted_transactions',
+    7614: 'aborted_transactions',
+    7615: 'aborted_transactions',
+    7616: 'preferred_read_replica',
+    7617: 'preferred_read_replica',
+    7618: 'records',
+    7619: 'records',
+    7620: 'partition_index',
+    7621: 'partition_index',
+    7622: 'aborted_transactions',
+    7623: 'aborted_transactions',
+    7624: 'aborted_transactions',
+    7625: 'aborted_transactions',
+    7626: 'aborted_transactions',
+    7627: 'aborted_transactions',
+    7628: 'aborted_transactions',
+    7629: 'aborted_transactions',
+    7630: 'records',
+    7631: 'records',
+    7632: 'partition_index',
+    7633: 'partition_index',
+    7634: 'aborted_transactions',
+    7635: 'aborted_transactions',
+    7636: 'aborted_transactions',
+    7637: 'aborted_transactions',
+    7638: 'aborted_transactions',
+    7639: 'aborted_transactions',
+    7640: 'aborted_transactions',
+    7641: 'aborted_transactions',
+    7642: 'records',
+    7643: '(tagged fields)',
+    7644: '(tagged fields)',
+    7645: '(tagged fields)',
+    7646: '(tagged fields)',
+    7647: '(tagged fields)',
+    7648: '(tagged fields)',
+    7649: '(tagged fields)',
+    7650: '(tagged fields)',
+    7651: '(tagged fields)',
+    7652: '(tagged fields)',
+    7653: '(tagged fields)',
+    7654: '(tagged fields)',
+    7655: '(tagged fields)',
+    7656: '(tagged fields)',
+    7657: '(tagged fields)',
+    7658: '(tagged fields)',
+    7659: '(tagged fields)',
+    7660: '(tagged fields)',
+    7661: 'diverging_epoch',
+    7662: 'diverging_epoch',
+    7663: 'diverging_epoch',
+    7664: '(tagged fields)',
+    7665: 'current_leader',
+    7666: 'current_leader',
+    7667: 'current_leader',
     7668: '(tagged fields)',
-    7669: '(tagged fields)',
-    7670: '(tagged fields)',
-    7711: 'throttle_time_ms',
-    7712: 'throttle_time_ms',
-    7713: 'topics',
-    7714: 'topics',
-    7715: 'topics',
-    7716: 'topics',
-    7717: 'topics',
-    7718: 'topics',
-    7719: 'topics',
-    7720: 'topics',
-    7721: 'topics',
-    7722: 'topics',
-    7723: 'topics',
-    7724: 'topics',
-    7725: '(tagged fields)',
-    7726: '(tagged fields)',
-    7727: '(tagged fields)',
-    7728: '(tagged fields)',
-    7729: '(tagged fields)',
-    7758: 'index',
-    7759: 'index',
-    7760: 'records',
-    7761: 'records',
-    7762: 'records',
-    7763: 'records',
-    7764: '(tagged fields)',
-    7765: '(tagged fields)',
-    7766: '(tagged fields)',
-    7767: '(tagged fields)',
-    7768: '(tagged fields)',
-    7815: 'name',
-    7816: 'name',
-    7817: 'name',
-    7818: 'name',
-    7819: 'name',
-    7820: 'topic_id',
-    7821: 'partition_data',
-    7822: 'partition_data',
-    7823: 'partition_data',
-    7824: 'partition_data',
-    7825: 'partition_data',
-    7826: 'partition_data',
-    7827: 'partition_data',
-    7828: 'partition_data',
-    7829: 'partition_data',
-    7830: 'partition_data',
-    7831: 'partition_data',
-    7832: 'partition_data',
-    7833: '(tagged fields)',
-    7834: '(tagged fields)',
-    7835: '(tagged fields)',
-    7836: '(tagged fields)',
-    7837: '(tagged fields)',
-    7886: 'transactional_id',
-    7887: 'transactional_id',
-    7888: 'transactional_id',
-    7889: 'transactional_id',
-    7890: 'acks',
-    7891: 'acks',
-    7892: 'topic_data',
-    7893: 'topic_data',
-    7894: 'topic_data',
-    7895: 'topic_data',
-    7896: 'topic_data',
-    7897: 'topic_data',
-    7898: 'topic_data',
-    7899: 'topic_data',
-    7900: 'topic_data',
-    7901: 'topic_data',
-    7902: 'topic_data',
-    7903: 'topic_data',
-    7904: '(tagged fields)',
-    7905: '(tagged fields)',
-    7906: '(tagged fields)',
-    7907: '(tagged fields)',
-    7908: '(tagged fields)',
-    7937: 'batch_index',
-    7938: 'batch_index',
-    7939: 'batch_index_error_message',
-    7940: 'batch_index_error_message',
-    7941: 'batch_index_error_message',
-    7942: 'batch_index_error_message',
-    7943: '(tagged fields)',
+    7669: 'snapshot_id',
+    7670: 'snapshot_id',
+    7671: 'snapshot_id',
+    7672: '(tagged fields)',
+    7735: 'topic_id',
+    7736: 'topic_id',
+    7737: 'topic_id',
+    7738: 'topic_id',
+    7739: 'topic_id',
+    7740: 'partitions',
+    7741: 'partitions',
+    7742: 'partitions',
+    7743: 'partitions',
+    7744: 'partitions',
+    7745: 'partitions',
+    7746: 'partitions',
+    7747: 'partitions',
+    7748: 'partitions',
+    7749: 'partitions',
+    7750: 'partitions',
+    7751: 'topic',
+    7752: 'topic',
+    7753: 'topic',
+    7754: 'topic',
+    7755: 'topic',
+    7756: 'topic',
+    7757: 'partitions',
+    7758: 'partitions',
+    7759: 'partitions',
+    7760: 'partitions',
+    7761: 'partitions',
+    7762: 'partitions',
+    7763: 'partitions',
+    7764: 'partitions',
+    7765: 'partitions',
+    7766: 'partitions',
+    7767: 'partitions',
+    7768: 'topic',
+    7769: 'partitions',
+    7770: 'partitions',
+    7771: 'partitions',
+    7772: 'partitions',
+    7773: 'partitions',
+    7774: '(tagged fields)',
+    7775: '(tagged fields)',
+    7776: '(tagged fields)',
+    7777: '(tagged fields)',
+    7778: '(tagged fields)',
+    7822: 'node_id',
+    7823: 'node_id',
+    7824: 'host',
+    7825: 'host',
+    7826: 'host',
+    7827: 'host',
+    7828: 'host',
+    7829: 'host',
+    7830: 'port',
+    7831: 'port',
+    7832: 'rack',
+    7833: 'rack',
+    7834: 'rack',
+    7835: 'rack',
+    7836: 'rack',
+    7837: 'rack',
+    7838: '(tagged fields)',
+    7839: '(tagged fields)',
+    7840: '(tagged fields)',
+    7841: '(tagged fields)',
+    7916: 'throttle_time_ms',
+    7917: 'throttle_time_ms',
+    7918: 'responses',
+    7919: 'responses',
+    7920: 'responses',
+    7921: 'responses',
+    7922: 'responses',
+    7923: 'responses',
+    7924: 'responses',
+    7925: 'responses',
+    7926: 'responses',
+    7927: 'responses',
+    7928: 'responses',
+    7929: 'throttle_time_ms',
+    7930: 'throttle_time_ms',
+    7931: 'responses',
+    7932: 'responses',
+    7933: 'responses',
+    7934: 'responses',
+    7935: 'responses',
+    7936: 'responses',
+    7937: 'throttle_time_ms',
+    7938: 'throttle_time_ms',
+    7939: 'responses',
+    7940: 'responses',
+    7941: 'responses',
+    7942: 'responses',
+    7943: 'responses',
     7944: '(tagged fields)',
     7945: '(tagged fields)',
     7946: '(tagged fields)',
     7947: '(tagged fields)',
-    7974: 'leader_id',
-    7975: 'leader_id',
-    7976: '(tagged fields)',
-    7977: '(tagged fields)',
-    7978: '(tagged fields)',
-    7979: '(tagged fields)',
-    8047: 'index',
-    8048: 'index',
-    8049: 'index',
-    8050: 'log_start_offset',
-    8051: 'log_start_offset',
-    8052: 'log_start_offset',
-    8053: 'record_errors',
-    8054: 'record_errors',
-    8055: 'record_errors',
-    8056: 'record_errors',
-    8057: 'record_errors',
-    8058: 'record_errors',
-    8059: 'record_errors',
-    8060: 'record_errors',
-    8061: 'record_errors',
-    8062: 'record_errors',
-    8063: 'record_errors',
-    8064: 'record_errors',
-    8065: 'record_errors',
-    8066: 'error_message',
-    8067: 'error_message',
-    8068: 'error_message',
-    8069: 'error_message',
+    7948: '(tagged fields)',
+    7949: '(tagged fields)',
+    7950: '(tagged fields)',
+    7951: '(tagged fields)',
+    7952: '(tagged fields)',
+    7953: '(tagged fields)',
+    7954: '(tagged fields)',
+    7955: '(tagged fields)',
+    7956: '(tagged fields)',
+    7957: '(tagged fields)',
+    7958: '(tagged fields)',
+    7959: '(tagged fields)',
+    7960: '(tagged fields)',
+    7961: '(tagged fields)',
+    7962: 'node_endpoints',
+    7963: 'node_endpoints',
+    7964: 'node_endpoints',
+    7965: 'node_endpoints',
+    7966: 'node_endpoints',
+    7967: 'node_endpoints',
+    7968: 'node_endpoints',
+    7969: 'node_endpoints',
+    7970: 'node_endpoints',
+    7971: 'node_endpoints',
+    7972: 'node_endpoints',
+    7973: 'node_endpoints',
+    7974: '(tagged fields)',
+    7998: 'end_offset',
+    7999: 'end_offset',
+    8000: '(tagged fields)',
+    8001: '(tagged fields)',
+    8002: '(tagged fields)',
+    8003: '(tagged fields)',
+    8050: 'partition',
+    8051: 'partition',
+    8052: 'snapshot_id',
+    8053: 'position',
+    8054: 'position',
+    8055: '(tagged fields)',
+    8056: '(tagged fields)',
+    8057: '(tagged fields)',
+    8058: '(tagged fields)',
+    8059: '(tagged fields)',
+    8060: '(tagged fields)',
+    8061: '(tagged fields)',
+    8062: '(tagged fields)',
+    8063: '(tagged fields)',
+    8064: '(tagged fields)',
+    8065: '(tagged fields)',
+    8066: '(tagged fields)',
+    8067: '(tagged fields)',
+    8068: '(tagged fields)',
+    8069: '(tagged fields)',
     8070: '(tagged fields)',
     8071: '(tagged fields)',
-    8072: '(tagged fields)',
-    8073: '(tagged fields)',
-    8074: '(tagged fields)',
-    8075: '(tagged fields)',
-    8076: '(tagged fields)',
-    8077: '(tagged fields)',
-    8078: '(tagged fields)',
-    8079: 'current_leader',
-    8080: 'current_leader',
-    8081: '(tagged fields)',
-    8128: 'name',
-    8129: 'name',
-    8130: 'name',
-    8131: 'name',
-    8132: 'name',
-    8133: 'topic_id',
-    8134: 'partition_responses',
-    8135: 'partition_responses',
-    8136: 'partition_responses',
-    8137: 'partition_responses',
-    8138: 'partition_responses',
-    8139: 'partition_responses',
-    8140: 'partition_responses',
-    8141: 'partition_responses',
-    8142: 'partition_responses',
-    8143: 'partition_responses',
-    8144: 'partition_responses',
-    8145: 'partition_responses',
-    8146: '(tagged fields)',
-    8147: '(tagged fields)',
-    8148: '(tagged fields)',
-    8149: '(tagged fields)',
-    8150: '(tagged fields)',
-    8184: 'node_id',
-    8185: 'node_id',
-    8186: 'host',
-    8187: 'port',
-    8188: 'port',
-    8189: 'rack',
-    8190: '(tagged fields)',
-    8191: '(tagged fields)',
-    8192: '(tagged fields)',
-    8193: '(tagged fields)',
-    8248: 'responses',
-    8249: 'responses',
-    8250: 'responses',
-    8251: 'responses',
-    8252: 'responses',
-    8253: 'responses',
-    8254: 'responses',
-    8255: 'responses',
-    8256: 'responses',
-    8257: 'responses',
-    8258: 'responses',
-    8259: 'responses',
-    8260: 'throttle_time_ms',
-    8261: 'throttle_time_ms',
-    8262: '(tagged fields)',
-    8263: '(tagged fields)',
-    8264: '(tagged fields)',
-    8265: '(tagged fields)',
-    8266: '(tagged fields)',
-    8267: '(tagged fields)',
-    8268: '(tagged fields)',
-    8269: '(tagged fields)',
-    8270: '(tagged fields)',
-    8271: 'node_endpoints',
-    8272: 'node_endpoints',
-    8273: 'node_endpoints',
-    8274: 'node_endpoints',
-    8275: 'node_endpoints',
-    8276: 'node_endpoints',
-    8277: '(tagged fields)',
-    8308: 'cluster_id',
-    8309: 'voter_id',
-    8310: 'voter_id',
-    8311: 'voter_directory_id',
-    8312: '(tagged fields)',
-    8313: '(tagged fields)',
-    8314: '(tagged fields)',
-    8315: '(tagged fields)',
-    8345: 'throttle_time_ms',
-    8346: 'throttle_time_ms',
-    8347: 'error_message',
-    8348: '(tagged fields)',
-    8349: '(tagged fields)',
-    8350: '(tagged fields)',
+    8072: 'replica_directory_id',
+    8073: 'replica_directory_id',
+    8074: 'replica_directory_id',
+    8075: 'replica_directory_id',
+    8076: 'replica_directory_id',
+    8077: 'replica_directory_id',
+    8078: 'replica_directory_id',
+    8079: '(tagged fields)',
+    8118: 'name',
+    8119: 'name',
+    8120: 'name',
+    8121: 'name',
+    8122: 'name',
+    8123: 'name',
+    8124: 'partitions',
+    8125: 'partitions',
+    8126: 'partitions',
+    8127: 'partitions',
+    8128: 'partitions',
+    8129: 'partitions',
+    8130: 'partitions',
+    8131: 'partitions',
+    8132: 'partitions',
+    8133: 'partitions',
+    8134: '(tagged fields)',
+    8135: '(tagged fields)',
+    8136: '(tagged fields)',
+    8137: '(tagged fields)',
+    8190: 'replica_id',
+    8191: 'replica_id',
+    8192: 'topics',
+    8193: 'topics',
+    8194: 'topics',
+    8195: 'topics',
+    8196: 'topics',
+    8197: 'topics',
+    8198: 'topics',
+    8199: 'topics',
+    8200: 'topics',
+    8201: 'topics',
+    8202: '(tagged fields)',
+    8203: '(tagged fields)',
+    8204: '(tagged fields)',
+    8205: '(tagged fields)',
+    8206: '(tagged fields)',
+    8207: '(tagged fields)',
+    8208: '(tagged fields)',
+    8209: '(tagged fields)',
+    8210: '(tagged fields)',
+    8211: '(tagged fields)',
+    8212: '(tagged fields)',
+    8213: '(tagged fields)',
+    8214: '(tagged fields)',
+    8215: '(tagged fields)',
+    8216: '(tagged fields)',
+    8217: '(tagged fields)',
+    8218: '(tagged fields)',
+    8219: 'cluster_id',
+    8220: 'cluster_id',
+    8221: 'cluster_id',
+    8222: 'cluster_id',
+    8223: 'cluster_id',
+    8224: 'cluster_id',
+    8225: 'cluster_id',
+    8226: 'cluster_id',
+    8227: '(tagged fields)',
+    8251: 'end_offset',
+    8252: 'end_offset',
+    8253: '(tagged fields)',
+    8254: '(tagged fields)',
+    8255: '(tagged fields)',
+    8256: '(tagged fields)',
+    8283: 'leader_id',
+    8284: 'leader_id',
+    8285: '(tagged fields)',
+    8286: '(tagged fields)',
+    8287: '(tagged fields)',
+    8288: '(tagged fields)',
+    8337: 'index',
+    8338: 'index',
+    8339: 'snapshot_id',
+    8340: 'size',
+    8341: 'size',
+    8342: 'unaligned_records',
+    8343: 'unaligned_records',
+    8344: 'unaligned_records',
+    8345: 'unaligned_records',
+    8346: 'unaligned_records',
+    8347: 'unaligned_records',
+    8348: 'unaligned_records',
+    8349: 'unaligned_records',
+    8350: 'unaligned_records',
     8351: '(tagged fields)',
-    8383: 'request_api_key',
-    8384: 'request_api_key',
-    8385: 'client_id',
-    8386: '(tagged fields)',
-    8387: '(tagged fields)',
-    8388: '(tagged fields)',
-    8389: '(tagged fields)',
-    8390: '(tagged fields)',
-    8415: 'correlation_id',
-    8416: 'correlation_id',
-    8417: '(tagged fields)',
-    8418: '(tagged fields)',
-    8419: '(tagged fields)',
-    8420: '(tagged fields)',
-    8421: '(tagged fields)',
-    8460: 'feature',
-    8461: 'max_version_level',
-    8462: 'max_version_level',
-    8463: 'max_version_level',
-    8464: 'allow_downgrade',
-    8465: 'allow_downgrade',
-    8466: 'allow_downgrade',
-    8467: 'upgrade_type',
-    8468: 'upgrade_type',
-    8469: '(tagged fields)',
-    8470: '(tagged fields)',
-    8471: '(tagged fields)',
-    8472: '(tagged fields)',
-    8513: 'timeout_ms',
-    8514: 'timeout_ms',
-    8515: 'feature_updates',
-    8516: 'feature_updates',
-    8517: 'feature_updates',
-    8518: 'feature_updates',
-    8519: 'feature_updates',
-    8520: 'feature_updates',
-    8521: 'validate_only',
-    8522: 'validate_only',
-    8523: '(tagged fields)',
-    8524: '(tagged fields)',
-    8525: '(tagged fields)',
-    8526: '(tagged fields)',
-    8554: 'feature',
-    8555: 'error_code',
-    8556: 'error_code',
-    8557: 'error_message',
+    8352: '(tagged fields)',
+    8353: '(tagged fields)',
+    8354: '(tagged fields)',
+    8355: '(tagged fields)',
+    8356: '(tagged fields)',
+    8357: '(tagged fields)',
+    8358: '(tagged fields)',
+    8359: '(tagged fields)',
+    8360: '(tagged fields)',
+    8361: '(tagged fields)',
+    8362: '(tagged fields)',
+    8363: '(tagged fields)',
+    8364: '(tagged fields)',
+    8365: '(tagged fields)',
+    8366: '(tagged fields)',
+    8367: '(tagged fields)',
+    8368: 'current_leader',
+    8369: 'current_leader',
+    8370: 'current_leader',
+    8371: '(tagged fields)',
+    8410: 'name',
+    8411: 'name',
+    8412: 'name',
+    8413: 'name',
+    8414: 'name',
+    8415: 'name',
+    8416: 'partitions',
+    8417: 'partitions',
+    8418: 'partitions',
+    8419: 'partitions',
+    8420: 'partitions',
+    8421: 'partitions',
+    8422: 'partitions',
+    8423: 'partitions',
+    8424: 'partitions',
+    8425: 'partitions',
+    8426: '(tagged fields)',
+    8427: '(tagged fields)',
+    8428: '(tagged fields)',
+    8429: '(tagged fields)',
+    8465: 'node_id',
+    8466: 'node_id',
+    8467: 'host',
+    8468: 'host',
+    8469: 'host',
+    8470: 'host',
+    8471: 'host',
+    8472: 'host',
+    8473: 'port',
+    8474: 'port',
+    8475: '(tagged fields)',
+    8476: '(tagged fields)',
+    8477: '(tagged fields)',
+    8478: '(tagged fields)',
+    8534: 'throttle_time_ms',
+    8535: 'throttle_time_ms',
+    8536: 'topics',
+    8537: 'topics',
+    8538: 'topics',
+    8539: 'topics',
+    8540: 'topics',
+    8541: 'topics',
+    8542: 'topics',
+    8543: 'topics',
+    8544: 'topics',
+    8545: 'topics',
+    8546: '(tagged fields)',
+    8547: '(tagged fields)',
+    8548: '(tagged fields)',
+    8549: '(tagged fields)',
+    8550: '(tagged fields)',
+    8551: '(tagged fields)',
+    8552: '(tagged fields)',
+    8553: '(tagged fields)',
+    8554: '(tagged fields)',
+    8555: '(tagged fields)',
+    8556: '(tagged fields)',
+    8557: '(tagged fields)',
     8558: '(tagged fields)',
     8559: '(tagged fields)',
     8560: '(tagged fields)',
     8561: '(tagged fields)',
-    8601: 'throttle_time_ms',
-    8602: 'throttle_time_ms',
-    8603: 'error_message',
-    8604: 'error_message',
-    8605: 'results',
-    8606: 'results',
-    8607: 'results',
-    8608: 'results',
-    8609: 'results',
-    8610: '(tagged fields)',
-    8611: '(tagged fields)',
-    8612: '(tagged fields)',
-    8613: '(tagged fields)',
-    8641: 'name',
-    8642: 'host',
-    8643: 'port',
-    8644: 'port',
-    8645: '(tagged fields)',
-    8646: '(tagged fields)',
-    8647: '(tagged fields)',
-    8648: '(tagged fields)',
-    8675: 'min_supported_version',
-    8676: 'min_supported_version',
-    8677: '(tagged fields)',
-    8678: '(tagged fields)',
-    8679: '(tagged fields)',
-    8680: '(tagged fields)',
-    8726: 'cluster_id',
-    8727: 'current_leader_epoch',
-    8728: 'current_leader_epoch',
-    8729: 'voter_directory_id',
-    8730: 'listeners',
-    8731: 'listeners',
-    8732: 'listeners',
-    8733: 'listeners',
-    8734: 'listeners',
-    8735: 'k_raft_version_feature',
-    8736: '(tagged fields)',
-    8737: '(tagged fields)',
-    8738: '(tagged fields)',
-    8739: '(tagged fields)',
-    8769: 'leader_id',
-    8770: 'leader_id',
-    8771: 'host',
-    8772: 'port',
-    8773: 'port',
-    8774: '(tagged fields)',
-    8775: '(tagged fields)',
-    8776: '(tagged fields)',
-    8777: '(tagged fields)',
-    8817: 'throttle_time_ms',
-    8818: 'throttle_time_ms',
-    8819: '(tagged fields)',
-    8820: '(tagged fields)',
-    8821: '(tagged fields)',
-    8822: '(tagged fields)',
-    8823: '(tagged fields)',
-    8824: '(tagged fields)',
-    8825: '(tagged fields)',
-    8826: '(tagged fields)',
-    8827: 'current_leader',
-    8828: 'current_leader',
-    8829: '(tagged fields)',
-    8875: 'partition_index',
-    8876: 'partition_index',
-    8877: 'partition_index',
-    8878: 'replica_directory_id',
-    8879: 'replica_directory_id',
-    8880: 'voter_directory_id',
-    8881: 'last_offset_epoch',
-    8882: 'last_offset_epoch',
-    8883: 'last_offset_epoch',
-    8884: 'pre_vote',
-    8885: 'pre_vote',
-    8886: '(tagged fields)',
-    8887: '(tagged fields)',
-    8888: '(tagged fields)',
-    8889: '(tagged fields)',
-    8920: 'topic_name',
-    8921: 'partitions',
-    8922: 'partitions',
-    8923: 'partitions',
-    8924: 'partitions',
-    8925: 'partitions',
-    8926: '(tagged fields)',
-    8927: '(tagged fields)',
-    8928: '(tagged fields)',
-    8929: '(tagged fields)',
-    8967: 'cluster_id',
-    8968: 'cluster_id',
-    8969: 'voter_id',
-    8970: 'voter_id',
-    8971: 'topics',
-    8972: 'topics',
-    8973: 'topics',
-    8974: 'topics',
-    8975: 'topics',
-    8976: '(tagged fields)',
-    8977: '(tagged fields)',
-    8978: '(tagged fields)',
-    8979: '(tagged fields)',
-    9009: 'partition_index',
-    9010: 'partition_index',
-    9011: '(tagged fields)',
-    9012: '(tagged fields)',
-    9013: '(tagged fields)',
-    9014: '(tagged fields)',
-    9045: 'topic_name',
-    9046: 'partitions',
-    9047: 'partitions',
-    9048: 'partitions',
-    9049: 'partitions',
-    9050: 'partitions',
-    9051: '(tagged fields)',
-    9052: '(tagged fields)',
-    9053: '(tagged fields)',
-    9054: '(tagged fields)',
-    9085: 'node_id',
-    9086: 'node_id',
-    9087: 'host',
-    9088: 'port',
-    9089: 'port',
-    9090: '(tagged fields)',
-    9091: '(tagged fields)',
-    9092: '(tagged fields)',
-    9093: '(tagged fields)',
-    9141: 'error_code',
-    9142: 'error_code',
-    9143: 'topics',
-    9144: 'topics',
-    9145: 'topics',
-    9146: 'topics',
-    9147: 'topics',
+    8562: '(tagged fields)',
+    8563: 'node_endpoints',
+    8564: 'node_endpoints',
+    8565: 'node_endpoints',
+    8566: 'node_endpoints',
+    8567: 'node_endpoints',
+    8568: 'node_endpoints',
+    8569: 'node_endpoints',
+    8570: 'node_endpoints',
+    8571: 'node_endpoints',
+    8572: 'node_endpoints',
+    8573: 'node_endpoints',
+    8574: 'node_endpoints',
+    8575: '(tagged fields)',
+    8620: 'name',
+    8621: 'name',
+    8622: 'name',
+    8623: 'name',
+    8624: 'name',
+    8625: 'name',
+    8626: 'config_operation',
+    8627: 'config_operation',
+    8628: 'value',
+    8629: 'value',
+    8630: 'value',
+    8631: 'value',
+    8632: 'value',
+    8633: 'value',
+    8634: 'value',
+    8635: 'name',
+    8636: 'config_operation',
+    8637: 'config_operation',
+    8638: 'value',
+    8639: '(tagged fields)',
+    8640: '(tagged fields)',
+    8641: '(tagged fields)',
+    8642: '(tagged fields)',
+    8643: '(tagged fields)',
+    8695: 'resource_type',
+    8696: 'resource_type',
+    8697: 'resource_name',
+    8698: 'resource_name',
+    8699: 'resource_name',
+    8700: 'resource_name',
+    8701: 'resource_name',
+    8702: 'resource_name',
+    8703: 'configs',
+    8704: 'configs',
+    8705: 'configs',
+    8706: 'configs',
+    8707: 'configs',
+    8708: 'configs',
+    8709: 'configs',
+    8710: 'configs',
+    8711: 'configs',
+    8712: 'configs',
+    8713: 'configs',
+    8714: 'resource_type',
+    8715: 'resource_type',
+    8716: 'resource_name',
+    8717: 'configs',
+    8718: 'configs',
+    8719: 'configs',
+    8720: 'configs',
+    8721: 'configs',
+    8722: '(tagged fields)',
+    8723: '(tagged fields)',
+    8724: '(tagged fields)',
+    8725: '(tagged fields)',
+    8726: '(tagged fields)',
+    8772: 'resources',
+    8773: 'resources',
+    8774: 'resources',
+    8775: 'resources',
+    8776: 'resources',
+    8777: 'resources',
+    8778: 'resources',
+    8779: 'resources',
+    8780: 'resources',
+    8781: 'resources',
+    8782: 'validate_only',
+    8783: 'validate_only',
+    8784: 'validate_only',
+    8785: 'resources',
+    8786: 'resources',
+    8787: 'resources',
+    8788: 'resources',
+    8789: 'resources',
+    8790: 'validate_only',
+    8791: 'validate_only',
+    8792: '(tagged fields)',
+    8793: '(tagged fields)',
+    8794: '(tagged fields)',
+    8795: '(tagged fields)',
+    8796: '(tagged fields)',
+    8845: 'error_code',
+    8846: 'error_code',
+    8847: 'error_message',
+    8848: 'error_message',
+    8849: 'error_message',
+    8850: 'error_message',
+    8851: 'error_message',
+    8852: 'error_message',
+    8853: 'resource_type',
+    8854: 'resource_type',
+    8855: 'resource_name',
+    8856: 'resource_name',
+    8857: 'resource_name',
+    8858: 'resource_name',
+    8859: 'resource_name',
+    8860: 'resource_name',
+    8861: 'resource_name',
+    8862: 'error_code',
+    8863: 'error_code',
+    8864: 'error_message',
+    8865: 'resource_type',
+    8866: 'resource_type',
+    8867: 'resource_name',
+    8868: '(tagged fields)',
+    8869: '(tagged fields)',
+    8870: '(tagged fields)',
+    8871: '(tagged fields)',
+    8872: '(tagged fields)',
+    8918: 'throttle_time_ms',
+    8919: 'throttle_time_ms',
+    8920: 'responses',
+    8921: 'responses',
+    8922: 'responses',
+    8923: 'responses',
+    8924: 'responses',
+    8925: 'responses',
+    8926: 'responses',
+    8927: 'responses',
+    8928: 'responses',
+    8929: 'responses',
+    8930: 'responses',
+    8931: 'throttle_time_ms',
+    8932: 'throttle_time_ms',
+    8933: 'responses',
+    8934: 'responses',
+    8935: 'responses',
+    8936: 'responses',
+    8937: 'responses',
+    8938: '(tagged fields)',
+    8939: '(tagged fields)',
+    8940: '(tagged fields)',
+    8941: '(tagged fields)',
+    8942: '(tagged fields)',
+    9025: 'transactional_id',
+    9026: 'transactional_id',
+    9027: 'transactional_id',
+    9028: 'transactional_id',
+    9029: 'transactional_id',
+    9030: 'transactional_id',
+    9031: 'transaction_timeout_ms',
+    9032: 'transaction_timeout_ms',
+    9033: 'transaction_timeout_ms',
+    9034: 'transactional_id',
+    9035: 'transactional_id',
+    9036: 'transactional_id',
+    9037: 'transactional_id',
+    9038: 'transactional_id',
+    9039: 'transactional_id',
+    9040: 'transaction_timeout_ms',
+    9041: 'transaction_timeout_ms',
+    9042: 'transaction_timeout_ms',
+    9043: 'transactional_id',
+    9044: 'transactional_id',
+    9045: 'transactional_id',
+    9046: 'transactional_id',
+    9047: 'transactional_id',
+    9048: 'transactional_id',
+    9049: 'transaction_timeout_ms',
+    9050: 'transaction_timeout_ms',
+    9051: 'transaction_timeout_ms',
+    9052: 'transactional_id',
+    9053: 'transaction_timeout_ms',
+    9054: 'transaction_timeout_ms',
+    9055: '(tagged fields)',
+    9056: '(tagged fields)',
+    9057: '(tagged fields)',
+    9058: '(tagged fields)',
+    9059: '(tagged fields)',
+    9103: 'throttle_time_ms',
+    9104: 'throttle_time_ms',
+    9105: 'throttle_time_ms',
+    9106: 'throttle_time_ms',
+    9107: 'throttle_time_ms',
+    9108: '(tagged fields)',
+    9109: '(tagged fields)',
+    9110: '(tagged fields)',
+    9111: '(tagged fields)',
+    9112: '(tagged fields)',
+    9143: 'partition_index',
+    9144: 'partition_index',
+    9145: 'partition_index',
+    9146: 'partition_index',
+    9147: 'partition_index',
     9148: '(tagged fields)',
     9149: '(tagged fields)',
     9150: '(tagged fields)',
     9151: '(tagged fields)',
     9152: '(tagged fields)',
-    9153: '(tagged fields)',
-    9154: '(tagged fields)',
-    9155: '(tagged fields)',
-    9156: 'node_endpoints',
-    9157: 'node_endpoints',
-    9158: 'node_endpoints',
-    9159: 'node_endpoints',
-    9160: 'node_endpoints',
-    9161: 'node_endpoints',
-    9162: '(tagged fields)',
-    9198: 'cluster_id',
-    9199: 'leader_id',
-    9200: 'leader_id',
-    9201: '(tagged fields)',
-    9202: '(tagged fields)',
-    9203: '(tagged fields)',
-    9204: '(tagged fields)',
-    9230: 'start_offset',
-    9231: 'start_offset',
-    9232: '(tagged fields)',
-    9233: '(tagged fields)',
-    9234: '(tagged fields)',
-    9235: '(tagged fields)',
-    9277: 'error_code',
-    9278: 'error_code',
-    9279: 'error_message',
-    9280: 'start_offset',
-    9281: 'start_offset',
-    9282: 'chunks',
-    9283: 'chunks',
-    9284: 'chunks',
-    9285: 'chunks',
-    9286: 'chunks',
-    9287: '(tagged fields)',
-    9288: '(tagged fields)',
-    9289: '(tagged fields)',
-    9290: '(tagged fields)',
-    9324: 'cluster_id',
-    9325: 'command',
-    9326: 'args',
-    9327: 'timeout_ms',
-    9328: 'timeout_ms',
-    9329: '(tagged fields)',
-    9330: '(tagged fields)',
-    9331: '(tagged fields)',
-    9332: '(tagged fields)',
-    9356: 'leader_id',
-    9357: 'leader_id',
-    9358: '(tagged fields)',
-    9359: '(tagged fields)',
-    9360: '(tagged fields)',
-    9361: '(tagged fields)',
-    9410: 'error_code',
-    9411: 'error_code',
-    9412: 'error_message',
-    9413: 'base_offset',
-    9414: 'base_offset',
-    9415: 'result',
-    9416: '(tagged fields)',
-    9417: '(tagged fields)',
-    9418: '(tagged fields)',
-    9419: '(tagged fields)',
-    9420: '(tagged fields)',
-    9421: '(tagged fields)',
-    9422: '(tagged fields)',
-    9423: '(tagged fields)',
-    9424: 'current_leader',
-    9425: 'current_leader',
-    9426: '(tagged fields)',
+    9200: 'name',
+    9201: 'name',
+    9202: 'name',
+    9203: 'name',
+    9204: 'name',
+    9205: 'name',
+    9206: 'partitions',
+    9207: 'partitions',
+    9208: 'partitions',
+    9209: 'partitions',
+    9210: 'partitions',
+    9211: 'partitions',
+    9212: 'partitions',
+    9213: 'partitions',
+    9214: 'partitions',
+    9215: 'partitions',
+    9216: 'partitions',
+    9217: 'name',
+    9218: 'partitions',
+    9219: 'partitions',
+    9220: 'partitions',
+    9221: 'partitions',
+    9222: 'partitions',
+    9223: '(tagged fields)',
+    9224: '(tagged fields)',
+    9225: '(tagged fields)',
+    9226: '(tagged fields)',
+    9227: '(tagged fields)',
+    9295: 'replica_id',
+    9296: 'replica_id',
+    9297: 'topics',
+    9298: 'topics',
+    9299: 'topics',
+    9300: 'topics',
+    9301: 'topics',
+    9302: 'topics',
+    9303: 'topics',
+    9304: 'topics',
+    9305: 'topics',
+    9306: 'topics',
+    9307: 'timeout_ms',
+    9308: 'timeout_ms',
+    9309: 'timeout_ms',
+    9310: 'replica_id',
+    9311: 'replica_id',
+    9312: 'topics',
+    9313: 'topics',
+    9314: 'topics',
+    9315: 'topics',
+    9316: 'topics',
+    9317: 'topics',
+    9318: 'topics',
+    9319: 'topics',
+    9320: 'topics',
+    9321: 'topics',
+    9322: 'topics',
+    9323: 'replica_id',
+    9324: 'replica_id',
+    9325: 'topics',
+    9326: 'topics',
+    9327: 'topics',
+    9328: 'topics',
+    9329: 'topics',
+    9330: 'topics',
+    9331: 'replica_id',
+    9332: 'replica_id',
+    9333: 'topics',
+    9334: 'topics',
+    9335: 'topics',
+    9336: 'topics',
+    9337: 'topics',
+    9338: '(tagged fields)',
+    9339: '(tagged fields)',
+    9340: '(tagged fields)',
+    9341: '(tagged fields)',
+    9342: '(tagged fields)',
+    9379: 'partition_index',
+    9380: 'partition_index',
+    9381: 'partition_index',
+    9382: 'partition_index',
+    9383: 'partition_index',
+    9384: '(tagged fields)',
+    9385: '(tagged fields)',
+    9386: '(tagged fields)',
+    9387: '(tagged fields)',
+    9388: '(tagged fields)',
+    9436: 'name',
+    9437: 'name',
+    9438: 'name',
+    9439: 'name',
+    9440: 'name',
+    9441: 'name',
+    9442: 'partitions',
+    9443: 'partitions',
+    9444: 'partitions',
+    9445: 'partitions',
+    9446: 'partitions',
+    9447: 'partitions',
+    9448: 'partitions',
+    9449: 'partitions',
+    9450: 'partitions',
+    9451: 'partitions',
+    9452: 'partitions',
+    9453: 'name',
+    9454: 'partitions',
+    9455: 'partitions',
+    9456: 'partitions',
+    9457: 'partitions',
+    9458: 'partitions',
+    9459: '(tagged fields)',
+    9460: '(tagged fields)',
+    9461: '(tagged fields)',
+    9462: '(tagged fields)',
+    9463: '(tagged fields)',
+    9514: 'throttle_time_ms',
+    9515: 'throttle_time_ms',
+    9516: 'topics',
+    9517: 'topics',
+    9518: 'topics',
+    9519: 'topics',
+    9520: 'topics',
+    9521: 'topics',
+    9522: 'topics',
+    9523: 'topics',
+    9524: 'topics',
+    9525: 'topics',
+    9526: 'topics',
+    9527: 'throttle_time_ms',
+    9528: 'throttle_time_ms',
+    9529: 'topics',
+    9530: 'topics',
+    9531: 'topics',
+    9532: 'topics',
+    9533: 'topics',
+    9534: 'topics',
+    9535: 'topics',
+    9536: 'topics',
+    9537: 'topics',
+    9538: 'topics',
+    9539: 'topics',
+    9540: '(tagged fields)',
+    9541: '(tagged fields)',
+    9542: '(tagged fields)',
+    9543: '(tagged fields)',
+    9544: '(tagged fields)',
+    9590: 'topic_id',
+    9591: 'topic_id',
+    9592: 'topic_id',
+    9593: 'topic_id',
+    9594: 'topic_id',
+    9595: 'name',
+    9596: 'name',
+    9597: 'name',
+    9598: 'name',
+    9599: 'name',
+    9600: 'name',
+    9601: 'name',
+    9602: 'name',
+    9603: 'name',
+    9604: 'name',
+    9605: 'name',
+    9606: 'name',
+    9607: 'name',
+    9608: 'name',
+    9609: 'name',
+    9610: '(tagged fields)',
+    9611: '(tagged fields)',
+    9612: '(tagged fields)',
+    9613: '(tagged fields)',
+    9614: '(tagged fields)',
+    9724: 'topics',
+    9725: 'topics',
+    9726: 'topics',
+    9727: 'topics',
+    9728: 'topics',
+    9729: 'topics',
+    9730: 'topics',
+    9731: 'topics',
+    9732: 'topics',
+    9733: 'topics',
+    9734: 'topics',
+    9735: 'topics',
+    9736: 'topics',
+    9737: 'allow_auto_topic_creation',
+    9738: 'allow_auto_topic_creation',
+    9739: 'allow_auto_topic_creation',
+    9740: 'topics',
+    9741: 'topics',
+    9742: 'topics',
+    9743: 'topics',
+    9744: 'topics',
+    9745: 'topics',
+    9746: 'topics',
+    9747: 'topics',
+    9748: 'topics',
+    9749: 'topics',
+    9750: 'topics',
+    9751: 'topics',
+    9752: 'topics',
+    9753: 'allow_auto_topic_creation',
+    9754: 'allow_auto_topic_creation',
+    9755: 'allow_auto_topic_creation',
+    9756: 'topics',
+    9757: 'topics',
+    9758: 'topics',
+    9759: 'topics',
+    9760: 'topics',
+    9761: 'topics',
+    9762: 'topics',
+    9763: 'topics',
+    9764: 'allow_auto_topic_creation',
+    9765: 'allow_auto_topic_creation',
+    9766: 'allow_auto_topic_creation',
+    9767: 'topics',
+    9768: 'topics',
+    9769: 'topics',
+    9770: 'topics',
+    9771: 'topics',
+    9772: 'topics',
+    9773: 'topics',
+    9774: 'topics',
+    9775: 'allow_auto_topic_creation',
+    9776: 'allow_auto_topic_creation',
+    9777: 'allow_auto_topic_creation',
+    9778: 'topics',
+    9779: 'topics',
+    9780: 'topics',
+    9781: 'topics',
+    9782: 'topics',
+    9783: 'topics',
+    9784: 'topics',
+    9785: 'topics',
+    9786: 'topics',
+    9787: 'topics',
+    9788: 'topics',
+    9789: 'topics',
+    9790: 'topics',
+    9791: 'topics',
+    9792: '(tagged fields)',
+    9793: '(tagged fields)',
+    9794: '(tagged fields)',
+    9795: '(tagged fields)',
+    9796: '(tagged fields)',
+    9849: 'node_id',
+    9850: 'node_id',
+    9851: 'host',
+    9852: 'host',
+    9853: 'host',
+    9854: 'host',
+    9855: 'host',
+    9856: 'host',
+    9857: 'port',
+    9858: 'port',
+    9859: 'rack',
+    9860: 'rack',
+    9861: 'rack',
+    9862: 'rack',
+    9863: 'rack',
+    9864: 'rack',
+    9865: 'rack',
+    9866: 'node_id',
+    9867: 'node_id',
+    9868: 'host',
+    9869: 'port',
+    9870: 'port',
+    9871: 'rack',
+    9872: 'rack',
+    9873: 'node_id',
+    9874: 'node_id',
+    9875: 'host',
+    9876: 'port',
+    9877: 'port',
+    9878: '(tagged fields)',
+    9879: '(tagged fields)',
+    9880: '(tagged fields)',
+    9881: '(tagged fields)',
+    9882: '(tagged fields)',
+    9970: 'error_code',
+    9971: 'error_code',
+    9972: 'replica_nodes',
+    9973: 'replica_nodes',
+    9974: 'replica_nodes',
+    9975: 'replica_nodes',
+    9976: 'replica_nodes',
+    9977: 'replica_nodes',
+    9978: 'replica_nodes',
+    9979: 'replica_nodes',
+    9980: 'isr_nodes',
+    9981: 'isr_nodes',
+    9982: 'isr_nodes',
+    9983: 'isr_nodes',
+    9984: 'isr_nodes',
+    9985: 'isr_nodes',
+    9986: 'isr_nodes',
+    9987: 'isr_nodes',
+    9988: 'offline_replicas',
+    9989: 'offline_replicas',
+    9990: 'offline_replicas',
+    9991: 'offline_replicas',
+    9992: 'offline_replicas',
+    9993: 'offline_replicas',
+    9994: 'offline_replicas',
+    9995: 'offline_replicas',
+    9996: 'offline_replicas',
+    9997: 'error_code',
+    9998: 'error_code',
+    9999: 'replica_nodes',
+    10000: 'replica_nodes',
+    10001: 'replica_nodes',
+    10002: 'isr_nodes',
+    10003: 'isr_nodes',
+    10004: 'isr_nodes',
+    10005: 'offline_replicas',
+    10006: 'offline_replicas',
+    10007: 'offline_replicas',
+    10008: 'offline_replicas',
+    10009: 'error_code',
+    10010: 'error_code',
+    10011: 'replica_nodes',
+    10012: 'replica_nodes',
+    10013: 'replica_nodes',
+    10014: 'isr_nodes',
+    10015: 'isr_nodes',
+    10016: 'isr_nodes',
+    10017: 'offline_replicas',
+    10018: 'offline_replicas',
+    10019: 'offline_replicas',
+    10020: 'offline_replicas',
+    10021: 'error_code',
+    10022: 'error_code',
+    10023: 'replica_nodes',
+    10024: 'replica_nodes',
+    10025: 'replica_nodes',
+    10026: 'isr_nodes',
+    10027: 'isr_nodes',
+    10028: 'isr_nodes',
+    10029: '(tagged fields)',
+    10030: '(tagged fields)',
+    10031: '(tagged fields)',
+    10032: '(tagged fields)',
+    10033: '(tagged fields)',
+    10158: 'error_code',
+    10159: 'error_code',
+    10160: 'name',
+    10161: 'name',
+    10162: 'name',
+    10163: 'name',
+    10164: 'name',
+    10165: 'name',
+    10166: 'topic_id',
+    10167: 'topic_id',
+    10168: 'topic_id',
+    10169: 'topic_id',
+    10170: 'topic_id',
+    10171: 'is_internal',
+    10172: 'is_internal',
+    10173: 'partitions',
+    10174: 'partitions',
+    10175: 'partitions',
+    10176: 'partitions',
+    10177: 'partitions',
+    10178: 'partitions',
+    10179: 'partitions',
+    10180: 'partitions',
+    10181: 'partitions',
+    10182: 'partitions',
+    10183: 'topic_authorized_operations',
+    10184: 'topic_authorized_operations',
+    10185: 'topic_authorized_operations',
+    10186: 'error_code',
+    10187: 'error_code',
+    10188: 'name',
+    10189: 'name',
+    10190: 'name',
+    10191: 'name',
+    10192: 'name',
+    10193: 'name',
+    10194: 'topic_id',
+    10195: 'topic_id',
+    10196: 'topic_id',
+    10197: 'topic_id',
+    10198: 'topic_id',
+    10199: 'is_internal',
+    10200: 'is_internal',
+    10201: 'partitions',
+    10202: 'partitions',
+    10203: 'partitions',
+    10204: 'partitions',
+    10205: 'partitions',
+    10206: 'partitions',
+    10207: 'partitions',
+    10208: 'partitions',
+    10209: 'partitions',
+    10210: 'partitions',
+    10211: 'topic_authorized_operations',
+    10212: 'topic_authorized_operations',
+    10213: 'topic_authorized_operations',
+    10214: 'error_code',
+    10215: 'error_code',
+    10216: 'name',
+    10217: 'name',
+    10218: 'name',
+    10219: 'name',
+    10220: 'name',
+    10221: 'name',
+    10222: 'is_internal',
+    10223: 'is_internal',
+    10224: 'partitions',
+    10225: 'partitions',
+    10226: 'partitions',
+    10227: 'partitions',
+    10228: 'partitions',
+    10229: 'partitions',
+    10230: 'partitions',
+    10231: 'partitions',
+    10232: 'partitions',
+    10233: 'partitions',
+    10234: 'topic_authorized_operations',
+    10235: 'topic_authorized_operations',
+    10236: 'topic_authorized_operations',
+    10237: 'error_code',
+    10238: 'error_code',
+    10239: 'name',
+    10240: 'is_internal',
+    10241: 'is_internal',
+    10242: 'partitions',
+    10243: 'partitions',
+    10244: 'partitions',
+    10245: 'partitions',
+    10246: 'partitions',
+    10247: 'topic_authorized_operations',
+    10248: 'topic_authorized_operations',
+    10249: 'topic_authorized_operations',
+    10250: 'error_code',
+    10251: 'error_code',
+    10252: 'name',
+    10253: 'is_internal',
+    10254: 'is_internal',
+    10255: 'partitions',
+    10256: 'partitions',
+    10257: 'partitions',
+    10258: 'partitions',
+    10259: 'partitions',
+    10260: 'partitions',
+    10261: 'error_code',
+    10262: 'error_code',
+    10263: 'name',
+    10264: 'partitions',
+    10265: 'partitions',
+    10266: 'partitions',
+    10267: 'partitions',
+    10268: 'partitions',
+    10269: '(tagged fields)',
+    10270: '(tagged fields)',
+    10271: '(tagged fields)',
+    10272: '(tagged fields)',
+    10273: '(tagged fields)',
+    10452: 'throttle_time_ms',
+    10453: 'throttle_time_ms',
+    10454: 'brokers',
+    10455: 'brokers',
+    10456: 'brokers',
+    10457: 'brokers',
+    10458: 'brokers',
+    10459: 'brokers',
+    10460: 'brokers',
+    10461: 'brokers',
+    10462: 'brokers',
+    10463: 'brokers',
+    10464: 'cluster_id',
+    10465: 'cluster_id',
+    10466: 'cluster_id',
+    10467: 'cluster_id',
+    10468: 'cluster_id',
+    10469: 'cluster_id',
+    10470: 'controller_id',
+    10471: 'controller_id',
+    10472: 'topics',
+    10473: 'topics',
+    10474: 'topics',
+    10475: 'topics',
+    10476: 'topics',
+    10477: 'topics',
+    10478: 'topics',
+    10479: 'topics',
+    10480: 'topics',
+    10481: 'topics',
+    10482: 'error_code',
+    10483: 'error_code',
+    10484: 'error_code',
+    10485: 'throttle_time_ms',
+    10486: 'throttle_time_ms',
+    10487: 'brokers',
+    10488: 'brokers',
+    10489: 'brokers',
+    10490: 'brokers',
+    10491: 'brokers',
+    10492: 'brokers',
+    10493: 'brokers',
+    10494: 'brokers',
+    10495: 'brokers',
+    10496: 'brokers',
+    10497: 'cluster_id',
+    10498: 'cluster_id',
+    10499: 'cluster_id',
+    10500: 'cluster_id',
+    10501: 'cluster_id',
+    10502: 'cluster_id',
+    10503: 'controller_id',
+    10504: 'controller_id',
+    10505: 'topics',
+    10506: 'topics',
+    10507: 'topics',
+    10508: 'topics',
+    10509: 'topics',
+    10510: 'topics',
+    10511: 'topics',
+    10512: 'topics',
+    10513: 'topics',
+    10514: 'topics',
+    10515: 'topics',
+    10516: 'throttle_time_ms',
+    10517: 'throttle_time_ms',
+    10518: 'brokers',
+    10519: 'brokers',
+    10520: 'brokers',
+    10521: 'brokers',
+    10522: 'brokers',
+    10523: 'brokers',
+    10524: 'brokers',
+    10525: 'brokers',
+    10526: 'brokers',
+    10527: 'brokers',
+    10528: 'cluster_id',
+    10529: 'cluster_id',
+    10530: 'cluster_id',
+    10531: 'cluster_id',
+    10532: 'cluster_id',
+    10533: 'cluster_id',
+    10534: 'controller_id',
+    10535: 'controller_id',
+    10536: 'topics',
+    10537: 'topics',
+    10538: 'topics',
+    10539: 'topics',
+    10540: 'topics',
+    10541: 'topics',
+    10542: 'topics',
+    10543: 'topics',
+    10544: 'topics',
+    10545: 'topics',
+    10546: 'cluster_authorized_operations',
+    10547: 'cluster_authorized_operations',
+    10548: 'cluster_authorized_operations',
+    10549: 'throttle_time_ms',
+    10550: 'throttle_time_ms',
+    10551: 'brokers',
+    10552: 'brokers',
+    10553: 'brokers',
+    10554: 'brokers',
+    10555: 'brokers',
+    10556: 'cluster_id',
+    10557: 'controller_id',
+    10558: 'controller_id',
+    10559: 'topics',
+    10560: 'topics',
+    10561: 'topics',
+    10562: 'topics',
+    10563: 'topics',
+    10564: 'cluster_authorized_operations',
+    10565: 'cluster_authorized_operations',
+    10566: 'cluster_authorized_operations',
+    10567: 'throttle_time_ms',
+    10568: 'throttle_time_ms',
+    10569: 'brokers',
+    10570: 'brokers',
+    10571: 'brokers',
+    10572: 'brokers',
+    10573: 'brokers',
+    10574: 'cluster_id',
+    10575: 'controller_id',
+    10576: 'controller_id',
+    10577: 'topics',
+    10578: 'topics',
+    10579: 'topics',
+    10580: 'topics',
+    10581: 'topics',
+    10582: 'topics',
+    10583: 'brokers',
+    10584: 'brokers',
+    10585: 'brokers',
+    10586: 'brokers',
+    10587: 'brokers',
+    10588: 'cluster_id',
+    10589: 'controller_id',
+    10590: 'controller_id',
+    10591: 'topics',
+    10592: 'topics',
+    10593: 'topics',
+    10594: 'topics',
+    10595: 'topics',
+    10596: 'topics',
+    10597: 'brokers',
+    10598: 'brokers',
+    10599: 'brokers',
+    10600: 'brokers',
+    10601: 'brokers',
+    10602: 'controller_id',
+    10603: 'controller_id',
+    10604: 'topics',
+    10605: 'topics',
+    10606: 'topics',
+    10607: 'topics',
+    10608: 'topics',
+    10609: 'topics',
+    10610: 'brokers',
+    10611: 'brokers',
+    10612: 'brokers',
+    10613: 'brokers',
+    10614: 'brokers',
+    10615: 'topics',
+    10616: 'topics',
+    10617: 'topics',
+    10618: 'topics',
+    10619: 'topics',
+    10620: '(tagged fields)',
+    10621: '(tagged fields)',
+    10622: '(tagged fields)',
+    10623: '(tagged fields)',
+    10624: '(tagged fields)',
+    10651: 'partition',
+    10652: 'partition',
+    10653: '(tagged fields)',
+    10654: '(tagged fields)',
+    10655: '(tagged fields)',
+    10656: '(tagged fields)',
+    10657: '(tagged fields)',
+    10705: 'topic',
+    10706: 'topic',
+    10707: 'topic',
+    10708: 'topic',
+    10709: 'topic',
+    10710: 'topic',
+    10711: 'partitions',
+    10712: 'partitions',
+    10713: 'partitions',
+    10714: 'partitions',
+    10715: 'partitions',
+    10716: 'partitions',
+    10717: 'partitions',
+    10718: 'partitions',
+    10719: 'partitions',
+    10720: 'partitions',
+    10721: 'partitions',
+    10722: 'topic',
+    10723: 'partitions',
+    10724: 'partitions',
+    10725: 'partitions',
+    10726: 'partitions',
+    10727: 'partitions',
+    10728: '(tagged fields)',
+    10729: '(tagged fields)',
+    10730: '(tagged fields)',
+    10731: '(tagged fields)',
+    10732: '(tagged fields)',
+    10783: 'replica_id',
+    10784: 'replica_id',
+    10785: 'topics',
+    10786: 'topics',
+    10787: 'topics',
+    10788: 'topics',
+    10789: 'topics',
+    10790: 'topics',
+    10791: 'topics',
+    10792: 'topics',
+    10793: 'topics',
+    10794: 'topics',
+    10795: 'topics',
+    10796: 'replica_id',
+    10797: 'replica_id',
+    10798: 'topics',
+    10799: 'topics',
+    10800: 'topics',
+    10801: 'topics',
+    10802: 'topics',
+    10803: 'topics',
+    10804: 'topics',
+    10805: 'topics',
+    10806: 'topics',
+    10807: 'topics',
+    10808: 'topics',
+    10809: '(tagged fields)',
+    10810: '(tagged fields)',
+    10811: '(tagged fields)',
+    10812: '(tagged fields)',
+    10813: '(tagged fields)',
+    10842: 'error_code',
+    10843: 'error_code',
+    10844: '(tagged fields)',
+    10845: '(tagged fields)',
+    10846: '(tagged fields)',
+    10847: '(tagged fields)',
+    10848: '(tagged fields)',
+    10896: 'topic',
+    10897: 'topic',
+    10898: 'topic',
+    10899: 'topic',
+    10900: 'topic',
+    10901: 'topic',
+    10902: 'partitions',
+    10903: 'partitions',
+    10904: 'partitions',
+    10905: 'partitions',
+    10906: 'partitions',
+    10907: 'partitions',
+    10908: 'partitions',
+    10909: 'partitions',
+    10910: 'partitions',
+    10911: 'partitions',
+    10912: 'partitions',
+    10913: 'topic',
+    10914: 'partitions',
+    10915: 'partitions',
+    10916: 'partitions',
+    10917: 'partitions',
+    10918: 'partitions',
+    10919: '(tagged fields)',
+    10920: '(tagged fields)',
+    10921: '(tagged fields)',
+    10922: '(tagged fields)',
+    10923: '(tagged fields)',
+    10969: 'throttle_time_ms',
+    10970: 'throttle_time_ms',
+    10971: 'topics',
+    10972: 'topics',
+    10973: 'topics',
+    10974: 'topics',
+    10975: 'topics',
+    10976: 'topics',
+    10977: 'topics',
+    10978: 'topics',
+    10979: 'topics',
+    10980: 'topics',
+    10981: 'topics',
+    10982: 'throttle_time_ms',
+    10983: 'throttle_time_ms',
+    10984: 'topics',
+    10985: 'topics',
+    10986: 'topics',
+    10987: 'topics',
+    10988: 'topics',
+    10989: '(tagged fields)',
+    10990: '(tagged fields)',
+    10991: '(tagged fields)',
+    10992: '(tagged fields)',
+    10993: '(tagged fields)',
+    11024: 'index',
+    11025: 'index',
+    11026: 'records',
+    11027: 'records',
+    11028: 'records',
+    11029: 'records',
+    11030: 'records',
+    11031: 'records',
+    11032: 'records',
+    11033: 'records',
+    11034: 'records',
+    11035: 'records',
+    11036: 'index',
+    11037: 'index',
+    11038: 'records',
+    11039: '(tagged fields)',
+    11040: '(tagged fields)',
+    11041: '(tagged fields)',
+    11042: '(tagged fields)',
+    11043: '(tagged fields)',
+    11106: 'topic_id',
+    11107: 'topic_id',
+    11108: 'topic_id',
+    11109: 'topic_id',
+    11110: 'topic_id',
+    11111: 'partition_data',
+    11112: 'partition_data',
+    11113: 'partition_data',
+    11114: 'partition_data',
+    11115: 'partition_data',
+    11116: 'partition_data',
+    11117: 'partition_data',
+    11118: 'partition_data',
+    11119: 'partition_data',
+    11120: 'partition_data',
+    11121: 'partition_data',
+    11122: 'name',
+    11123: 'name',
+    11124: 'name',
+    11125: 'name',
+    11126: 'name',
+    11127: 'name',
+    11128: 'partition_data',
+    11129: 'partition_data',
+    11130: 'partition_data',
+    11131: 'partition_data',
+    11132: 'partition_data',
+    11133: 'partition_data',
+    11134: 'partition_data',
+    11135: 'partition_data',
+    11136: 'partition_data',
+    11137: 'partition_data',
+    11138: 'partition_data',
+    11139: 'name',
+    11140: 'partition_data',
+    11141: 'partition_data',
+    11142: 'partition_data',
+    11143: 'partition_data',
+    11144: 'partition_data',
+    11145: '(tagged fields)',
+    11146: '(tagged fields)',
+    11147: '(tagged fields)',
+    11148: '(tagged fields)',
+    11149: '(tagged fields)',
+    11206: 'transactional_id',
+    11207: 'transactional_id',
+    11208: 'transactional_id',
+    11209: 'transactional_id',
+    11210: 'transactional_id',
+    11211: 'transactional_id',
+    11212: 'acks',
+    11213: 'acks',
+    11214: 'topic_data',
+    11215: 'topic_data',
+    11216: 'topic_data',
+    11217: 'topic_data',
+    11218: 'topic_data',
+    11219: 'topic_data',
+    11220: 'topic_data',
+    11221: 'topic_data',
+    11222: 'topic_data',
+    11223: 'topic_data',
+    11224: 'topic_data',
+    11225: 'transactional_id',
+    11226: 'acks',
+    11227: 'acks',
+    11228: 'topic_data',
+    11229: 'topic_data',
+    11230: 'topic_data',
+    11231: 'topic_data',
+    11232: 'topic_data',
+    11233: '(tagged fields)',
+    11234: '(tagged fields)',
+    11235: '(tagged fields)',
+    11236: '(tagged fields)',
+    11237: '(tagged fields)',
+    11273: 'batch_index',
+    11274: 'batch_index',
+    11275: 'batch_index_error_message',
+    11276: 'batch_index_error_message',
+    11277: 'batch_index_error_message',
+    11278: 'batch_index_error_message',
+    11279: 'batch_index_error_message',
+    11280: 'batch_index_error_message',
+    11281: 'batch_index_error_message',
+    11282: 'batch_index',
+    11283: 'batch_index',
+    11284: 'batch_index_error_message',
+    11285: '(tagged fields)',
+    11286: '(tagged fields)',
+    11287: '(tagged fields)',
+    11288: '(tagged fields)',
+    11289: '(tagged fields)',
+    11316: 'leader_id',
+    11317: 'leader_id',
+    11318: '(tagged fields)',
+    11319: '(tagged fields)',
+    11320: '(tagged fields)',
+    11321: '(tagged fields)',
+    11397: 'index',
+    11398: 'index',
+    11399: 'record_errors',
+    11400: 'record_errors',
+    11401: 'record_errors',
+    11402: 'record_errors',
+    11403: 'record_errors',
+    11404: 'record_errors',
+    11405: 'record_errors',
+    11406: 'record_errors',
+    11407: 'record_errors',
+    11408: 'record_errors',
+    11409: 'error_message',
+    11410: 'error_message',
+    11411: 'error_message',
+    11412: 'error_message',
+    11413: 'error_message',
+    11414: 'error_message',
+    11415: 'error_message',
+    11416: 'index',
+    11417: 'index',
+    11418: 'record_errors',
+    11419: 'record_errors',
+    11420: 'record_errors',
+    11421: 'record_errors',
+    11422: 'record_errors',
+    11423: 'error_message',
+    11424: 'error_message',
+    11425: 'index',
+    11426: 'index',
+    11427: 'index',
+    11428: 'index',
+    11429: 'index',
+    11430: '(tagged fields)',
+    11431: '(tagged fields)',
+    11432: '(tagged fields)',
+    11433: '(tagged fields)',
+    11434: '(tagged fields)',
+    11435: '(tagged fields)',
+    11436: '(tagged fields)',
+    11437: '(tagged fields)',
+    11438: '(tagged fields)',
+    11439: '(tagged fields)',
+    11440: '(tagged fields)',
+    11441: '(tagged fields)',
+    11442: '(tagged fields)',
+    11443: '(tagged fields)',
+    11444: '(tagged fields)',
+    11445: '(tagged fields)',
+    11446: '(tagged fields)',
+    11447: '(tagged fields)',
+    11448: 'current_leader',
+    11449: 'current_leader',
+    11450: 'current_leader',
+    11451: '(tagged fields)',
+    11514: 'topic_id',
+    11515: 'topic_id',
+    11516: 'topic_id',
+    11517: 'topic_id',
+    11518: 'topic_id',
+    11519: 'partition_responses',
+    11520: 'partition_responses',
+    11521: 'partition_responses',
+    11522: 'partition_responses',
+    11523: 'partition_responses',
+    11524: 'partition_responses',
+    11525: 'partition_responses',
+    11526: 'partition_responses',
+    11527: 'partition_responses',
+    11528: 'partition_responses',
+    11529: 'partition_responses',
+    11530: 'name',
+    11531: 'name',
+    11532: 'name',
+    11533: 'name',
+    11534: 'name',
+    11535: 'name',
+    11536: 'partition_responses',
+    11537: 'partition_responses',
+    11538: 'partition_responses',
+    11539: 'partition_responses',
+    11540: 'partition_responses',
+    11541: 'partition_responses',
+    11542: 'partition_responses',
+    11543: 'partition_responses',
+    11544: 'partition_responses',
+    11545: 'partition_responses',
+    11546: 'partition_responses',
+    11547: 'name',
+    11548: 'partition_responses',
+    11549: 'partition_responses',
+    11550: 'partition_responses',
+    11551: 'partition_responses',
+    11552: 'partition_responses',
+    11553: '(tagged fields)',
+    11554: '(tagged fields)',
+    11555: '(tagged fields)',
+    11556: '(tagged fields)',
+    11557: '(tagged fields)',
+    11601: 'node_id',
+    11602: 'node_id',
+    11603: 'host',
+    11604: 'host',
+    11605: 'host',
+    11606: 'host',
+    11607: 'host',
+    11608: 'host',
+    11609: 'port',
+    11610: 'port',
+    11611: 'rack',
+    11612: 'rack',
+    11613: 'rack',
+    11614: 'rack',
+    11615: 'rack',
+    11616: 'rack',
+    11617: '(tagged fields)',
+    11618: '(tagged fields)',
+    11619: '(tagged fields)',
+    11620: '(tagged fields)',
+    11683: 'responses',
+    11684: 'responses',
+    11685: 'responses',
+    11686: 'responses',
+    11687: 'responses',
+    11688: 'responses',
+    11689: 'responses',
+    11690: 'responses',
+    11691: 'responses',
+    11692: 'responses',
+    11693: 'throttle_time_ms',
+    11694: 'throttle_time_ms',
+    11695: 'throttle_time_ms',
+    11696: 'responses',
+    11697: 'responses',
+    11698: 'responses',
+    11699: 'responses',
+    11700: 'responses',
+    11701: 'throttle_time_ms',
+    11702: 'throttle_time_ms',
+    11703: '(tagged fields)',
+    11704: '(tagged fields)',
+    11705: '(tagged fields)',
+    11706: '(tagged fields)',
+    11707: '(tagged fields)',
+    11708: '(tagged fields)',
+    11709: '(tagged fields)',
+    11710: '(tagged fields)',
+    11711: '(tagged fields)',
+    11712: '(tagged fields)',
+    11713: '(tagged fields)',
+    11714: '(tagged fields)',
+    11715: '(tagged fields)',
+    11716: '(tagged fields)',
+    11717: '(tagged fields)',
+    11718: '(tagged fields)',
+    11719: '(tagged fields)',
+    11720: '(tagged fields)',
+    11721: 'node_endpoints',
+    11722: 'node_endpoints',
+    11723: 'node_endpoints',
+    11724: 'node_endpoints',
+    11725: 'node_endpoints',
+    11726: 'node_endpoints',
+    11727: 'node_endpoints',
+    11728: 'node_endpoints',
+    11729: 'node_endpoints',
+    11730: 'node_endpoints',
+    11731: 'node_endpoints',
+    11732: 'node_endpoints',
+    11733: '(tagged fields)',
+    11773: 'cluster_id',
+    11774: 'cluster_id',
+    11775: 'cluster_id',
+    11776: 'cluster_id',
+    11777: 'cluster_id',
+    11778: 'cluster_id',
+    11779: 'voter_id',
+    11780: 'voter_id',
+    11781: 'voter_directory_id',
+    11782: 'voter_directory_id',
+    11783: 'voter_directory_id',
+    11784: 'voter_directory_id',
+    11785: 'voter_directory_id',
+    11786: '(tagged fields)',
+    11787: '(tagged fields)',
+    11788: '(tagged fields)',
+    11789: '(tagged fields)',
+    11824: 'throttle_time_ms',
+    11825: 'throttle_time_ms',
+    11826: 'error_message',
+    11827: 'error_message',
+    11828: 'error_message',
+    11829: 'error_message',
+    11830: 'error_message',
+    11831: 'error_message',
+    11832: '(tagged fields)',
+    11833: '(tagged fields)',
+    11834: '(tagged fields)',
+    11835: '(tagged fields)',
+    11867: 'request_api_key',
+    11868: 'request_api_key',
+    11869: 'client_id',
+    11870: '(tagged fields)',
+    11871: '(tagged fields)',
+    11872: '(tagged fields)',
+    11873: '(tagged fields)',
+    11874: '(tagged fields)',
+    11899: 'correlation_id',
+    11900: 'correlation_id',
+    11901: '(tagged fields)',
+    11902: '(tagged fields)',
+    11903: '(tagged fields)',
+    11904: '(tagged fields)',
+    11905: '(tagged fields)',
+    11953: 'feature',
+    11954: 'feature',
+    11955: 'feature',
+    11956: 'feature',
+    11957: 'feature',
+    11958: 'feature',
+    11959: 'max_version_level',
+    11960: 'max_version_level',
+    11961: 'max_version_level',
+    11962: 'feature',
+    11963: 'feature',
+    11964: 'feature',
+    11965: 'feature',
+    11966: 'feature',
+    11967: 'feature',
+    11968: 'max_version_level',
+    11969: 'max_version_level',
+    11970: '(tagged fields)',
+    11971: '(tagged fields)',
+    11972: '(tagged fields)',
+    11973: '(tagged fields)',
+    12026: 'timeout_ms',
+    12027: 'timeout_ms',
+    12028: 'feature_updates',
+    12029: 'feature_updates',
+    12030: 'feature_updates',
+    12031: 'feature_updates',
+    12032: 'feature_updates',
+    12033: 'feature_updates',
+    12034: 'feature_updates',
+    12035: 'feature_updates',
+    12036: 'feature_updates',
+    12037: 'feature_updates',
+    12038: 'validate_only',
+    12039: 'validate_only',
+    12040: 'validate_only',
+    12041: 'timeout_ms',
+    12042: 'timeout_ms',
+    12043: 'feature_updates',
+    12044: 'feature_updates',
+    12045: 'feature_updates',
+    12046: 'feature_updates',
+    12047: 'feature_updates',
+    12048: 'feature_updates',
+    12049: 'feature_updates',
+    12050: 'feature_updates',
+    12051: 'feature_updates',
+    12052: 'feature_updates',
+    12053: '(tagged fields)',
+    12054: '(tagged fields)',
+    12055: '(tagged fields)',
+    12056: '(tagged fields)',
+    12094: 'feature',
+    12095: 'feature',
+    12096: 'feature',
+    12097: 'feature',
+    12098: 'feature',
+    12099: 'feature',
+    12100: 'error_code',
+    12101: 'error_code',
+    12102: 'error_message',
+    12103: 'error_message',
+    12104: 'error_message',
+    12105: 'error_message',
+    12106: 'error_message',
+    12107: 'error_message',
+    12108: '(tagged fields)',
+    12109: '(tagged fields)',
+    12110: '(tagged fields)',
+    12111: '(tagged fields)',
+    12168: 'throttle_time_ms',
+    12169: 'throttle_time_ms',
+    12170: 'error_message',
+    12171: 'error_message',
+    12172: 'error_message',
+    12173: 'error_message',
+    12174: 'error_message',
+    12175: 'error_message',
+    12176: 'error_message',
+    12177: 'throttle_time_ms',
+    12178: 'throttle_time_ms',
+    12179: 'error_message',
+    12180: 'error_message',
+    12181: 'error_message',
+    12182: 'error_message',
+    12183: 'error_message',
+    12184: 'error_message',
+    12185: 'results',
+    12186: 'results',
+    12187: 'results',
+    12188: 'results',
+    12189: 'results',
+    12190: 'results',
+    12191: 'results',
+    12192: 'results',
+    12193: 'results',
+    12194: 'results',
+    12195: '(tagged fields)',
+    12196: '(tagged fields)',
+    12197: '(tagged fields)',
+    12198: '(tagged fields)',
+    12236: 'name',
+    12237: 'name',
+    12238: 'name',
+    12239: 'name',
+    12240: 'name',
+    12241: 'name',
+    12242: 'host',
+    12243: 'host',
+    12244: 'host',
+    12245: 'host',
+    12246: 'host',
+    12247: 'host',
+    12248: 'port',
+    12249: 'port',
+    12250: '(tagged fields)',
+    12251: '(tagged fields)',
+    12252: '(tagged fields)',
+    12253: '(tagged fields)',
+    12280: 'min_supported_version',
+    12281: 'min_supported_version',
+    12282: '(tagged fields)',
+    12283: '(tagged fields)',
+    12284: '(tagged fields)',
+    12285: '(tagged fields)',
+    12343: 'cluster_id',
+    12344: 'cluster_id',
+    12345: 'cluster_id',
+    12346: 'cluster_id',
+    12347: 'cluster_id',
+    12348: 'cluster_id',
+    12349: 'current_leader_epoch',
+    12350: 'current_leader_epoch',
+    12351: 'voter_directory_id',
+    12352: 'voter_directory_id',
+    12353: 'voter_directory_id',
+    12354: 'voter_directory_id',
+    12355: 'voter_directory_id',
+    12356: 'listeners',
+    12357: 'listeners',
+    12358: 'listeners',
+    12359: 'listeners',
+    12360: 'listeners',
+    12361: 'listeners',
+    12362: 'listeners',
+    12363: 'listeners',
+    12364: 'listeners',
+    12365: 'listeners',
+    12366: 'k_raft_version_feature',
+    12367: '(tagged fields)',
+    12368: '(tagged fields)',
+    12369: '(tagged fields)',
+    12370: '(tagged fields)',
+    12405: 'leader_id',
+    12406: 'leader_id',
+    12407: 'host',
+    12408: 'host',
+    12409: 'host',
+    12410: 'host',
+    12411: 'host',
+    12412: 'host',
+    12413: 'port',
+    12414: 'port',
+    12415: '(tagged fields)',
+    12416: '(tagged fields)',
+    12417: '(tagged fields)',
+    12418: '(tagged fields)',
+    12458: 'throttle_time_ms',
+    12459: 'throttle_time_ms',
+    12460: '(tagged fields)',
+    12461: '(tagged fields)',
+    12462: '(tagged fields)',
+    12463: '(tagged fields)',
+    12464: '(tagged fields)',
+    12465: '(tagged fields)',
+    12466: '(tagged fields)',
+    12467: '(tagged fields)',
+    12468: '(tagged fields)',
+    12469: '(tagged fields)',
+    12470: '(tagged fields)',
+    12471: '(tagged fields)',
+    12472: '(tagged fields)',
+    12473: '(tagged fields)',
+    12474: '(tagged fields)',
+    12475: '(tagged fields)',
+    12476: '(tagged fields)',
+    12477: 'current_leader',
+    12478: 'current_leader',
+    12479: 'current_leader',
+    12480: '(tagged fields)',
+    12548: 'partition_index',
+    12549: 'partition_index',
+    12550: 'replica_directory_id',
+    12551: 'replica_directory_id',
+    12552: 'replica_directory_id',
+    12553: 'replica_directory_id',
+    12554: 'replica_directory_id',
+    12555: 'voter_directory_id',
+    12556: 'voter_directory_id',
+    12557: 'voter_directory_id',
+    12558: 'voter_directory_id',
+    12559: 'voter_directory_id',
+    12560: 'last_offset_epoch',
+    12561: 'last_offset_epoch',
+    12562: 'last_offset_epoch',
+    12563: 'partition_index',
+    12564: 'partition_index',
+    12565: 'replica_directory_id',
+    12566: 'replica_directory_id',
+    12567: 'replica_directory_id',
+    12568: 'replica_directory_id',
+    12569: 'replica_directory_id',
+    12570: 'voter_directory_id',
+    12571: 'voter_directory_id',
+    12572: 'voter_directory_id',
+    12573: 'voter_directory_id',
+    12574: 'voter_directory_id',
+    12575: 'last_offset_epoch',
+    12576: 'last_offset_epoch',
+    12577: 'last_offset_epoch',
+    12578: 'partition_index',
+    12579: 'partition_index',
+    12580: '(tagged fields)',
+    12581: '(tagged fields)',
+    12582: '(tagged fields)',
+    12583: '(tagged fields)',
+    12622: 'topic_name',
+    12623: 'topic_name',
+    12624: 'topic_name',
+    12625: 'topic_name',
+    12626: 'topic_name',
+    12627: 'topic_name',
+    12628: 'partitions',
+    12629: 'partitions',
+    12630: 'partitions',
+    12631: 'partitions',
+    12632: 'partitions',
+    12633: 'partitions',
+    12634: 'partitions',
+    12635: 'partitions',
+    12636: 'partitions',
+    12637: 'partitions',
+    12638: '(tagged fields)',
+    12639: '(tagged fields)',
+    12640: '(tagged fields)',
+    12641: '(tagged fields)',
+    12702: 'cluster_id',
+    12703: 'cluster_id',
+    12704: 'cluster_id',
+    12705: 'cluster_id',
+    12706: 'cluster_id',
+    12707: 'cluster_id',
+    12708: 'voter_id',
+    12709: 'voter_id',
+    12710: 'topics',
+    12711: 'topics',
+    12712: 'topics',
+    12713: 'topics',
+    12714: 'topics',
+    12715: 'topics',
+    12716: 'topics',
+    12717: 'topics',
+    12718: 'topics',
+    12719: 'topics',
+    12720: 'topics',
+    12721: 'cluster_id',
+    12722: 'cluster_id',
+    12723: 'cluster_id',
+    12724: 'cluster_id',
+    12725: 'cluster_id',
+    12726: 'cluster_id',
+    12727: 'topics',
+    12728: 'topics',
+    12729: 'topics',
+    12730: 'topics',
+    12731: 'topics',
+    12732: 'topics',
+    12733: 'topics',
+    12734: 'topics',
+    12735: 'topics',
+    12736: 'topics',
+    12737: '(tagged fields)',
+    12738: '(tagged fields)',
+    12739: '(tagged fields)',
+    12740: '(tagged fields)',
+    12770: 'partition_index',
+    12771: 'partition_index',
+    12772: '(tagged fields)',
+    12773: '(tagged fields)',
+    12774: '(tagged fields)',
+    12775: '(tagged fields)',
+    12814: 'topic_name',
+    12815: 'topic_name',
+    12816: 'topic_name',
+    12817: 'topic_name',
+    12818: 'topic_name',
+    12819: 'topic_name',
+    12820: 'partitions',
+    12821: 'partitions',
+    12822: 'partitions',
+    12823: 'partitions',
+    12824: 'partitions',
+    12825: 'partitions',
+    12826: 'partitions',
+    12827: 'partitions',
+    12828: 'partitions',
+    12829: 'partitions',
+    12830: '(tagged fields)',
+    12831: '(tagged fields)',
+    12832: '(tagged fields)',
+    12833: '(tagged fields)',
+    12869: 'node_id',
+    12870: 'node_id',
+    12871: 'host',
+    12872: 'host',
+    12873: 'host',
+    12874: 'host',
+    12875: 'host',
+    12876: 'host',
+    12877: 'port',
+    12878: 'port',
+    12879: '(tagged fields)',
+    12880: '(tagged fields)',
+    12881: '(tagged fields)',
+    12882: '(tagged fields)',
+    12936: 'error_code',
+    12937: 'error_code',
+    12938: 'topics',
+    12939: 'topics',
+    12940: 'topics',
+    12941: 'topics',
+    12942: 'topics',
+    12943: 'topics',
+    12944: 'topics',
+    12945: 'topics',
+    12946: 'topics',
+    12947: 'topics',
+    12948: '(tagged fields)',
+    12949: '(tagged fields)',
+    12950: '(tagged fields)',
+    12951: '(tagged fields)',
+    12952: '(tagged fields)',
+    12953: '(tagged fields)',
+    12954: '(tagged fields)',
+    12955: '(tagged fields)',
+    12956: '(tagged fields)',
+    12957: '(tagged fields)',
+    12958: '(tagged fields)',
+    12959: '(tagged fields)',
+    12960: '(tagged fields)',
+    12961: '(tagged fields)',
+    12962: '(tagged fields)',
+    12963: '(tagged fields)',
+    12964: '(tagged fields)',
+    12965: 'node_endpoints',
+    12966: 'node_endpoints',
+    12967: 'node_endpoints',
+    12968: 'node_endpoints',
+    12969: 'node_endpoints',
+    12970: 'node_endpoints',
+    12971: 'node_endpoints',
+    12972: 'node_endpoints',
+    12973: 'node_endpoints',
+    12974: 'node_endpoints',
+    12975: 'node_endpoints',
+    12976: 'node_endpoints',
+    12977: '(tagged fields)',
+    13018: 'cluster_id',
+    13019: 'cluster_id',
+    13020: 'cluster_id',
+    13021: 'cluster_id',
+    13022: 'cluster_id',
+    13023: 'cluster_id',
+    13024: 'leader_id',
+    13025: 'leader_id',
+    13026: '(tagged fields)',
+    13027: '(tagged fields)',
+    13028: '(tagged fields)',
+    13029: '(tagged fields)',
+    13055: 'start_offset',
+    13056: 'start_offset',
+    13057: '(tagged fields)',
+    13058: '(tagged fields)',
+    13059: '(tagged fields)',
+    13060: '(tagged fields)',
+    13110: 'error_code',
+    13111: 'error_code',
+    13112: 'error_message',
+    13113: 'error_message',
+    13114: 'error_message',
+    13115: 'error_message',
+    13116: 'error_message',
+    13117: 'error_message',
+    13118: 'start_offset',
+    13119: 'start_offset',
+    13120: 'chunks',
+    13121: 'chunks',
+    13122: 'chunks',
+    13123: 'chunks',
+    13124: 'chunks',
+    13125: 'chunks',
+    13126: 'chunks',
+    13127: 'chunks',
+    13128: 'chunks',
+    13129: 'chunks',
+    13130: '(tagged fields)',
+    13131: '(tagged fields)',
+    13132: '(tagged fields)',
+    13133: '(tagged fields)',
+    13182: 'cluster_id',
+    13183: 'cluster_id',
+    13184: 'cluster_id',
+    13185: 'cluster_id',
+    13186: 'cluster_id',
+    13187: 'cluster_id',
+    13188: 'command',
+    13189: 'command',
+    13190: 'command',
+    13191: 'command',
+    13192: 'command',
+    13193: 'command',
+    13194: 'args',
+    13195: 'args',
+    13196: 'args',
+    13197: 'args',
+    13198: 'args',
+    13199: 'args',
+    13200: 'timeout_ms',
+    13201: 'timeout_ms',
+    13202: '(tagged fields)',
+    13203: '(tagged fields)',
+    13204: '(tagged fields)',
+    13205: '(tagged fields)',
+    13229: 'leader_id',
+    13230: 'leader_id',
+    13231: '(tagged fields)',
+    13232: '(tagged fields)',
+    13233: '(tagged fields)',
+    13234: '(tagged fields)',
+    13293: 'error_code',
+    13294: 'error_code',
+    13295: 'error_message',
+    13296: 'error_message',
+    13297: 'error_message',
+    13298: 'error_message',
+    13299: 'error_message',
+    13300: 'error_message',
+    13301: 'base_offset',
+    13302: 'base_offset',
+    13303: 'result',
+    13304: 'result',
+    13305: 'result',
+    13306: 'result',
+    13307: 'result',
+    13308: 'result',
+    13309: '(tagged fields)',
+    13310: '(tagged fields)',
+    13311: '(tagged fields)',
+    13312: '(tagged fields)',
+    13313: '(tagged fields)',
+    13314: '(tagged fields)',
+    13315: '(tagged fields)',
+    13316: '(tagged fields)',
+    13317: '(tagged fields)',
+    13318: '(tagged fields)',
+    13319: '(tagged fields)',
+    13320: '(tagged fields)',
+    13321: '(tagged fields)',
+    13322: '(tagged fields)',
+    13323: '(tagged fields)',
+    13324: '(tagged fields)',
+    13325: '(tagged fields)',
+    13326: 'current_leader',
+    13327: 'current_leader',
+    13328: 'current_leader',
+    13329: '(tagged fields)',
 }

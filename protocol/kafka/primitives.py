@@ -331,8 +331,12 @@ def check_tag_end(pos: int, end: int, tag: int) -> None:
 
 
 def write_tagged(out: bytearray, tag: int, data: bytearray) -> None:
-    write_uvarint(out, tag)
-    write_uvarint(out, len(data))
+    if tag < 0x80 and len(data) < 0x80:  # the usual tagged field: two one-byte varints, no calls
+        out.append(tag)
+        out.append(len(data))
+    else:
+        write_uvarint(out, tag)
+        write_uvarint(out, len(data))
     out += data
 
 

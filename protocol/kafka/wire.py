@@ -133,10 +133,14 @@ def decode_request(
     if not (versions[0] <= version <= versions[1] and body_type.LOWEST_VERSION <= version <= body_type.HIGHEST_VERSION):
         raise UnsupportedVersion(header)
     if version >= body_type.FLEXIBLE_MIN_VERSION:
-        try:
-            pos = skip_tags(buf, pos)
-        except (Malformed, IndexError) as exc:
-            raise HeaderError(f"request header's tagged fields at byte {pos}: {exc or 'the frame ends inside them'}")
+        if pos < len(buf) and buf[pos] == 0:  # no tagged field in the header: the common case, no call
+            pos += 1
+        else:
+            try:
+                pos = skip_tags(buf, pos)
+            except (Malformed, IndexError) as exc:
+                raise HeaderError(
+                    f"request header's tagged fields at byte {pos}: {exc or 'the frame ends inside them'}")
     try:
         body, _end = body_type.read(buf, pos, version)
     except KafkaDecodeError as exc:
@@ -206,7 +210,9 @@ def decode_response(frame: bytes | bytearray | memoryview, api_key: int, api_ver
         raise KafkaDecodeError(f"a response header takes 4 bytes, the frame has {len(buf)}")
     (correlation_id,) = I32.unpack_from(buf, 0)
     pos = 4
-    if response_header_version(api_key, api_version) >= 1:
+    if response_header_version(api_key, api_version) >= 1 and len(buf) > pos and buf[pos] == 0:
+        pos += 1  # no tagged field in the header: the common case, no call
+    elif response_header_version(api_key, api_version) >= 1:
         try:
             pos = skip_tags(buf, pos)
         except (Malformed, IndexError) as exc:
