@@ -99,7 +99,7 @@ def test_codec_rows_by_node_role_and_the_sum_over_one_commits_path(tmp_path):
     write_trace(tmp_path / "node-1.json", leader, {
         "decode request:0": [20_000] * 3,           # Produce
         "encode answer:0": [10_000] * 3,
-        "decode request:1": [30_000, 30_000, 90_000],  # Fetch: p50 30, p99 90
+        "decode request:1": [30_000] * 9 + [90_000],  # Fetch: p50 30, p99 90
         "encode answer:1": [15_000] * 3,
         "decode request:18": [50_000],             # ApiVersions: a row, not on the path
     })
@@ -109,11 +109,14 @@ def test_codec_rows_by_node_role_and_the_sum_over_one_commits_path(tmp_path):
     codec = commit_profile.summarize_codec(followed)
     rows = {(r["node"], r["op"], r["api"]): r for r in codec["rows"]}
     assert rows[("leader", "decode request", "Fetch")] == {
-        "node": "leader", "op": "decode request", "api": "Fetch", "api_key": 1, "count": 3,
+        "node": "leader", "op": "decode request", "api": "Fetch", "api_key": 1, "count": 10,
         "p50_us": 30.0, "p99_us": 90.0}
     assert rows[("follower", "decode answer", "Fetch")]["count"] == 2  # both followers, pooled
     assert rows[("leader", "decode request", "ApiVersions")]["p50_us"] == 50.0
     # 20 + 15 + 40 (the lower of the followers' 40 and 60) + 25 + 30 + 10
     assert codec["per_commit_p50_us"] == 140.0
     table = commit_profile.format_profile(followed)
-    assert "leader decode request Fetch" in table and "the codec on one commit's path" in table and "140.0 us" in table
+    assert "the codec on one commit's path" in table and "140.0 us" in table
+    # Rows seen fewer than CODEC_ROW_COUNT_MIN times are in the JSON only, and the table says so.
+    assert "leader decode request Fetch" in table and "leader encode answer Fetch" not in table
+    assert "6 rows of frames seen fewer than 10 times" in table

@@ -54,6 +54,10 @@ STAGES = [
 ]
 
 
+# Rows of the codec table for frames seen fewer times (elections, a client's
+# first requests) are left out of the printed table, not out of the JSON.
+CODEC_ROW_COUNT_MIN = 10
+
 # The codec's work on one commit's path: (whose, operation, api, times per commit).
 # The leader reads the Produce and one replica's Fetch and writes their
 # answers; that follower reads the Fetch answer and writes its next Fetch.
@@ -212,9 +216,16 @@ def format_profile(followed: dict[str, Any]) -> str:
     if codec["rows"]:
         lines.append("")
         lines.append(f"{'Kafka codec, per frame':40}  {'count':>8}  {'p50 us':>8}  {'p99 us':>8}")
+        rare = 0
         for r in codec["rows"]:
+            if r["count"] < CODEC_ROW_COUNT_MIN:
+                rare += 1
+                continue
             name = f"{r['node']} {r['op']} {r['api']}"
             lines.append(f"{name:40}  {r['count']:>8}  {r['p50_us']:>8}  {r['p99_us']:>8}")
+        if rare:
+            lines.append(f"({rare} rows of frames seen fewer than {CODEC_ROW_COUNT_MIN} times, the election's and "
+                         f"the client's first requests, are in the JSON report only)")
         if codec["per_commit_p50_us"] is not None:
             lines.append(f"the codec on one commit's path (the six p50s it goes through): "
                          f"{codec['per_commit_p50_us']} us")
