@@ -386,6 +386,16 @@ class Code:
         return name
 
 
+def inline_or_call(code: Code, d: int, test: str, inline: list[str], call: str) -> None:
+    """``if test:`` the inline statements (the common case, no Python call),
+    ``else:`` the primitive's call, which also raises every error."""
+    code(d, f"if {test}:")
+    for line in inline:
+        code(d + 1, line)
+    code(d, "else:")
+    code(d + 1, call)
+
+
 def write_value(code: Code, d: int, f: Field, expr: str, out: str, flex: bool, nullable: bool,
                 known_set: bool = False) -> None:
     """Statements appending ``expr`` (the field's value) to ``out`` (``known_set``:
@@ -404,10 +414,8 @@ def write_value(code: Code, d: int, f: Field, expr: str, out: str, flex: bool, n
             code(d, f"if {a} is None:")
             code(d + 1, f'raise null_error("{f.attr}", version)')
         if flex:  # a count below 127 is one byte: appended here, not by a call
-            code(d, f"if len({a}) < 0x7F:")
-            code(d + 1, f"{out}.append(len({a}) + 1)")
-            code(d, "else:")
-            code(d + 1, f"write_uvarint({out}, len({a}) + 1)")
+            inline_or_call(code, d, f"len({a}) < 0x7F", [f"{out}.append(len({a}) + 1)"],
+                           f"write_uvarint({out}, len({a}) + 1)")
         else:
             code(d, f"{out} += I32.pack(len({a}))")
         if elem in FIXED:
@@ -432,21 +440,16 @@ def write_value(code: Code, d: int, f: Field, expr: str, out: str, flex: bool, n
         # A short ASCII string (below 127 bytes) here; null, longer or
         # non-ASCII ones (and a null where none may be) through the helper.
         code(d, f"{v} = {expr}")
-        code(d, f"if {v} is not None and len({v}) < 0x7F and {v}.isascii():")
-        code(d + 1, f"{out}.append(len({v}) + 1)")
-        code(d + 1, f"{out} += {v}.encode()")
-        code(d, "else:")
-        code(d + 1, f"write_{'n' if nullable else ''}{c}str({out}, {v})")
+        inline_or_call(code, d, f"{v} is not None and len({v}) < 0x7F and {v}.isascii()",
+                       [f"{out}.append(len({v}) + 1)", f"{out} += {v}.encode()"],
+                       f"write_{'n' if nullable else ''}{c}str({out}, {v})")
     elif elem == "string":
         code(d, f"write_{'n' if nullable else ''}{c}str({out}, {expr})")
     elif elem in ("bytes", "records"):
         code(d, f"write_{'n' if nullable else ''}{c}bytes({out}, {expr})")
     elif elem == "uuid":
         code(d, f"{v} = {expr}")
-        code(d, f"if len({v}) == 16:")
-        code(d + 1, f"{out} += {v}")
-        code(d, "else:")
-        code(d + 1, f"write_uuid({out}, {v})  # the error")
+        inline_or_call(code, d, f"len({v}) == 16", [f"{out} += {v}"], f"write_uuid({out}, {v})  # the error")
     else:
         code(d, f"{v} = {expr}")
         if nullable:
@@ -472,11 +475,8 @@ def read_value(code: Code, d: int, f: Field, var: str, buf: str, flex: bool, nul
             # A compact count below 127 is one byte: read here, not by a call
             # (a Python call costs more than the rest of this); else the helper.
             code(d, f"_b = {buf}[pos]")
-            code(d, f"if {'' if nullable else '0 < '}_b < 0x80 and _b <= len({buf}) - pos:")
-            code(d + 1, "_c = _b - 1")
-            code(d + 1, "pos += 1")
-            code(d, "else:")
-            code(d + 1, f"_c, pos = read_{n}{c}count({buf}, pos)")
+            inline_or_call(code, d, f"{'' if nullable else '0 < '}_b < 0x80 and _b <= len({buf}) - pos",
+                           ["_c = _b - 1", "pos += 1"], f"_c, pos = read_{n}{c}count({buf}, pos)")
         else:
             code(d, f"_c, pos = read_{n}{c}count({buf}, pos)")
         if nullable:
@@ -528,11 +528,8 @@ def read_value(code: Code, d: int, f: Field, var: str, buf: str, flex: bool, nul
     elif elem in ("bytes", "records"):
         code(d, f"{var}, pos = read_{n}{c}bytes({buf}, pos)")
     elif elem == "uuid":
-        code(d, f"if pos + 16 <= len({buf}):")
-        code(d + 1, f"{var} = bytes({buf}[pos:pos + 16])")
-        code(d + 1, "pos += 16")
-        code(d, "else:")
-        code(d + 1, f"{var}, pos = read_uuid({buf}, pos)  # the error")
+        inline_or_call(code, d, f"pos + 16 <= len({buf})", [f"{var} = bytes({buf}[pos:pos + 16])", "pos += 16"],
+                       f"{var}, pos = read_uuid({buf}, pos)  # the error")
     else:
         if f.struct is None:  # not assert: python -O drops it
             raise InvariantViolation(f"field {f.attr} is a struct but carries none")
@@ -805,17 +802,12 @@ def emit_read_tags(code: Code, s: Struct) -> None:
     code(d, "else:")
     d += 1
     code(d, "_n = buf[pos]")
-    code(d, "if _n < 0x80 and 2 * _n < len(buf) - pos:")
-    code(d + 1, "pos += 1")
-    code(d, "else:")
-    code(d + 1, "_n, pos = read_tag_count(buf, pos)")
+    inline_or_call(code, d, "_n < 0x80 and 2 * _n < len(buf) - pos", ["pos += 1"], "_n, pos = read_tag_count(buf, pos)")
     code(d, "for _ in range(_n):")
     code(d + 1, "_tag = buf[pos]")  # a tag and a size below 127, one byte each: read here
     code(d + 1, "_size = buf[pos + 1]")
-    code(d + 1, "if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):")
-    code(d + 2, "pos += 2")
-    code(d + 1, "else:")
-    code(d + 2, "_tag, pos, _end = read_tag(buf, pos)")
+    inline_or_call(code, d + 1, "_tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf)",
+                   ["pos += 2"], "_tag, pos, _end = read_tag(buf, pos)")
     code(d + 1, "_sub = buf[:_end]")
     for i, f in enumerate(tagged):
         present = f.tagged & f.versions & s.versions
