@@ -184,6 +184,7 @@ _S_ihqqi = struct.Struct(">ihqqi")
 _S_ihqqq = struct.Struct(">ihqqq")
 _S_ii = struct.Struct(">ii")
 _S_iii = struct.Struct(">iii")
+_S_iiib = struct.Struct(">iiib")
 _S_iiibii = struct.Struct(">iiibii")
 _S_iiiib = struct.Struct(">iiiib")
 _S_iiiibii = struct.Struct(">iiiibii")
@@ -215,17 +216,11 @@ class AddRaftVoterRequestListener(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _v_name = self.name
-        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-            out.append(len(_v_name) + 1)
-            out += _v_name.encode()
-        else:
-            write_cstr(out, _v_name)
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+        else: write_cstr(out, _v_name)
         _v_host = self.host
-        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
-            out.append(len(_v_host) + 1)
-            out += _v_host.encode()
-        else:
-            write_cstr(out, _v_host)
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii(): out.append(len(_v_host) + 1); out += _v_host.encode()
+        else: write_cstr(out, _v_host)
         out += U16.pack(self.port)
         out.append(0)
 
@@ -280,43 +275,29 @@ class AddRaftVoterRequest(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 1:
             _v_cluster_id = self.cluster_id
-            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-                out.append(len(_v_cluster_id) + 1)
-                out += _v_cluster_id.encode()
-            else:
-                write_ncstr(out, _v_cluster_id)
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii(): out.append(len(_v_cluster_id) + 1); out += _v_cluster_id.encode()
+            else: write_ncstr(out, _v_cluster_id)
             out += _S_ii.pack(self.timeout_ms, self.voter_id)
             _v_voter_directory_id = self.voter_directory_id
-            if len(_v_voter_directory_id) == 16:
-                out += _v_voter_directory_id
-            else:
-                write_uuid(out, _v_voter_directory_id)  # the error
+            if len(_v_voter_directory_id) == 16: out += _v_voter_directory_id
+            else: write_uuid(out, _v_voter_directory_id)  # the error
             _a_listeners = self.listeners
-            if len(_a_listeners) < 0x7F:
-                out.append(len(_a_listeners) + 1)
-            else:
-                write_uvarint(out, len(_a_listeners) + 1)
+            if len(_a_listeners) < 0x7F: out.append(len(_a_listeners) + 1)
+            else: write_uvarint(out, len(_a_listeners) + 1)
             for _e_listeners in _a_listeners:
                 _e_listeners.write(out, version)
             out += BOOL.pack(self.ack_when_committed)
         else:
             _v_cluster_id = self.cluster_id
-            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-                out.append(len(_v_cluster_id) + 1)
-                out += _v_cluster_id.encode()
-            else:
-                write_ncstr(out, _v_cluster_id)
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii(): out.append(len(_v_cluster_id) + 1); out += _v_cluster_id.encode()
+            else: write_ncstr(out, _v_cluster_id)
             out += _S_ii.pack(self.timeout_ms, self.voter_id)
             _v_voter_directory_id = self.voter_directory_id
-            if len(_v_voter_directory_id) == 16:
-                out += _v_voter_directory_id
-            else:
-                write_uuid(out, _v_voter_directory_id)  # the error
+            if len(_v_voter_directory_id) == 16: out += _v_voter_directory_id
+            else: write_uuid(out, _v_voter_directory_id)  # the error
             _a_listeners = self.listeners
-            if len(_a_listeners) < 0x7F:
-                out.append(len(_a_listeners) + 1)
-            else:
-                write_uvarint(out, len(_a_listeners) + 1)
+            if len(_a_listeners) < 0x7F: out.append(len(_a_listeners) + 1)
+            else: write_uvarint(out, len(_a_listeners) + 1)
             for _e_listeners in _a_listeners:
                 _e_listeners.write(out, version)
             if self.ack_when_committed != True:
@@ -341,17 +322,11 @@ class AddRaftVoterRequest(Message, kw_only=True, gc=False):
                     v_cluster_id, pos = read_ncstr(buf, pos)
                 v_timeout_ms, v_voter_id = _S_ii.unpack_from(buf, pos)
                 pos += 8
-                if pos + 16 <= len(buf):
-                    v_voter_directory_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
+                if pos + 16 <= len(buf): v_voter_directory_id = bytes(buf[pos:pos + 16]); pos += 16
+                else: v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_listeners = []
                 for _ in range(_c):
                     _s_listeners, pos = AddRaftVoterRequestListener.read(buf, pos, version)
@@ -367,17 +342,11 @@ class AddRaftVoterRequest(Message, kw_only=True, gc=False):
                     v_cluster_id, pos = read_ncstr(buf, pos)
                 v_timeout_ms, v_voter_id = _S_ii.unpack_from(buf, pos)
                 pos += 8
-                if pos + 16 <= len(buf):
-                    v_voter_directory_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
+                if pos + 16 <= len(buf): v_voter_directory_id = bytes(buf[pos:pos + 16]); pos += 16
+                else: v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_listeners = []
                 for _ in range(_c):
                     _s_listeners, pos = AddRaftVoterRequestListener.read(buf, pos, version)
@@ -407,11 +376,8 @@ class AddRaftVoterResponse(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         out += _S_ih.pack(self.throttle_time_ms, self.error_code)
         _v_error_message = self.error_message
-        if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-            out.append(len(_v_error_message) + 1)
-            out += _v_error_message.encode()
-        else:
-            write_ncstr(out, _v_error_message)
+        if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+        else: write_ncstr(out, _v_error_message)
         out.append(0)
 
     @classmethod
@@ -520,17 +486,11 @@ class ApiVersionsRequest(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 3:
             _v_client_software_name = self.client_software_name
-            if _v_client_software_name is not None and len(_v_client_software_name) < 0x7F and _v_client_software_name.isascii():
-                out.append(len(_v_client_software_name) + 1)
-                out += _v_client_software_name.encode()
-            else:
-                write_cstr(out, _v_client_software_name)
+            if _v_client_software_name is not None and len(_v_client_software_name) < 0x7F and _v_client_software_name.isascii(): out.append(len(_v_client_software_name) + 1); out += _v_client_software_name.encode()
+            else: write_cstr(out, _v_client_software_name)
             _v_client_software_version = self.client_software_version
-            if _v_client_software_version is not None and len(_v_client_software_version) < 0x7F and _v_client_software_version.isascii():
-                out.append(len(_v_client_software_version) + 1)
-                out += _v_client_software_version.encode()
-            else:
-                write_cstr(out, _v_client_software_version)
+            if _v_client_software_version is not None and len(_v_client_software_version) < 0x7F and _v_client_software_version.isascii(): out.append(len(_v_client_software_version) + 1); out += _v_client_software_version.encode()
+            else: write_cstr(out, _v_client_software_version)
         else:
             pass
         if version >= 3:
@@ -614,11 +574,8 @@ class ApiVersionsResponseSupportedFeatureKey(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _v_name = self.name
-        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-            out.append(len(_v_name) + 1)
-            out += _v_name.encode()
-        else:
-            write_cstr(out, _v_name)
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+        else: write_cstr(out, _v_name)
         out += _S_hh.pack(self.min_version, self.max_version)
         out.append(0)
 
@@ -660,11 +617,8 @@ class ApiVersionsResponseFinalizedFeatureKey(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _v_name = self.name
-        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-            out.append(len(_v_name) + 1)
-            out += _v_name.encode()
-        else:
-            write_cstr(out, _v_name)
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+        else: write_cstr(out, _v_name)
         out += _S_hh.pack(self.max_version_level, self.min_version_level)
         out.append(0)
 
@@ -715,10 +669,8 @@ class ApiVersionsResponse(Message, kw_only=True, gc=False):
         if version >= 3:
             out += I16.pack(self.error_code)
             _a_api_keys = self.api_keys
-            if len(_a_api_keys) < 0x7F:
-                out.append(len(_a_api_keys) + 1)
-            else:
-                write_uvarint(out, len(_a_api_keys) + 1)
+            if len(_a_api_keys) < 0x7F: out.append(len(_a_api_keys) + 1)
+            else: write_uvarint(out, len(_a_api_keys) + 1)
             for _e_api_keys in _a_api_keys:
                 _e_api_keys.write(out, version)
             out += I32.pack(self.throttle_time_ms)
@@ -749,10 +701,8 @@ class ApiVersionsResponse(Message, kw_only=True, gc=False):
             if len(self.supported_features) != 0:
                 _t = bytearray()
                 _a_supported_features = self.supported_features
-                if len(_a_supported_features) < 0x7F:
-                    _t.append(len(_a_supported_features) + 1)
-                else:
-                    write_uvarint(_t, len(_a_supported_features) + 1)
+                if len(_a_supported_features) < 0x7F: _t.append(len(_a_supported_features) + 1)
+                else: write_uvarint(_t, len(_a_supported_features) + 1)
                 for _e_supported_features in _a_supported_features:
                     _e_supported_features.write(_t, version)
                 write_tagged(out, 0, _t)
@@ -763,10 +713,8 @@ class ApiVersionsResponse(Message, kw_only=True, gc=False):
             if len(self.finalized_features) != 0:
                 _t = bytearray()
                 _a_finalized_features = self.finalized_features
-                if len(_a_finalized_features) < 0x7F:
-                    _t.append(len(_a_finalized_features) + 1)
-                else:
-                    write_uvarint(_t, len(_a_finalized_features) + 1)
+                if len(_a_finalized_features) < 0x7F: _t.append(len(_a_finalized_features) + 1)
+                else: write_uvarint(_t, len(_a_finalized_features) + 1)
                 for _e_finalized_features in _a_finalized_features:
                     _e_finalized_features.write(_t, version)
                 write_tagged(out, 2, _t)
@@ -789,11 +737,8 @@ class ApiVersionsResponse(Message, kw_only=True, gc=False):
                 v_error_code = I16.unpack_from(buf, pos)[0]
                 pos += 2
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_api_keys = []
                 for _ in range(_c):
                     _s_api_keys, pos = ApiVersionsResponseApiVersion.read(buf, pos, version)
@@ -823,25 +768,18 @@ class ApiVersionsResponse(Message, kw_only=True, gc=False):
                     pos += 1
                 else:
                     _n = buf[pos]
-                    if _n < 0x80 and 2 * _n < len(buf) - pos:
-                        pos += 1
-                    else:
-                        _n, pos = read_tag_count(buf, pos)
+                    if _n < 0x80 and 2 * _n < len(buf) - pos: pos += 1
+                    else: _n, pos = read_tag_count(buf, pos)
                     for _ in range(_n):
                         _tag = buf[pos]
                         _size = buf[pos + 1]
-                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
-                            pos += 2
-                        else:
-                            _tag, pos, _end = read_tag(buf, pos)
+                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf): pos += 2
+                        else: _tag, pos, _end = read_tag(buf, pos)
                         _sub = buf[:_end]
                         if _tag == 0:
                             _b = _sub[pos]
-                            if 0 < _b < 0x80 and _b <= len(_sub) - pos:
-                                _c = _b - 1
-                                pos += 1
-                            else:
-                                _c, pos = read_ccount(_sub, pos)
+                            if 0 < _b < 0x80 and _b <= len(_sub) - pos: _c = _b - 1; pos += 1
+                            else: _c, pos = read_ccount(_sub, pos)
                             v_supported_features = []
                             for _ in range(_c):
                                 _s_supported_features, pos = ApiVersionsResponseSupportedFeatureKey.read(_sub, pos, version)
@@ -855,11 +793,8 @@ class ApiVersionsResponse(Message, kw_only=True, gc=False):
                                 check_tag_end(pos, _end, _tag)
                         elif _tag == 2:
                             _b = _sub[pos]
-                            if 0 < _b < 0x80 and _b <= len(_sub) - pos:
-                                _c = _b - 1
-                                pos += 1
-                            else:
-                                _c, pos = read_ccount(_sub, pos)
+                            if 0 < _b < 0x80 and _b <= len(_sub) - pos: _c = _b - 1; pos += 1
+                            else: _c, pos = read_ccount(_sub, pos)
                             v_finalized_features = []
                             for _ in range(_c):
                                 _s_finalized_features, pos = ApiVersionsResponseFinalizedFeatureKey.read(_sub, pos, version)
@@ -892,10 +827,8 @@ class BeginQuorumEpochRequestPartitionData(Message, kw_only=True, gc=False):
         if version >= 1:
             out += I32.pack(self.partition_index)
             _v_voter_directory_id = self.voter_directory_id
-            if len(_v_voter_directory_id) == 16:
-                out += _v_voter_directory_id
-            else:
-                write_uuid(out, _v_voter_directory_id)  # the error
+            if len(_v_voter_directory_id) == 16: out += _v_voter_directory_id
+            else: write_uuid(out, _v_voter_directory_id)  # the error
             out += _S_ii.pack(self.leader_id, self.leader_epoch)
         else:
             out += _S_iii.pack(self.partition_index, self.leader_id, self.leader_epoch)
@@ -912,11 +845,8 @@ class BeginQuorumEpochRequestPartitionData(Message, kw_only=True, gc=False):
             if version >= 1:
                 v_partition_index = I32.unpack_from(buf, pos)[0]
                 pos += 4
-                if pos + 16 <= len(buf):
-                    v_voter_directory_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
+                if pos + 16 <= len(buf): v_voter_directory_id = bytes(buf[pos:pos + 16]); pos += 16
+                else: v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
                 v_leader_id, v_leader_epoch = _S_ii.unpack_from(buf, pos)
                 pos += 8
             else:
@@ -947,16 +877,11 @@ class BeginQuorumEpochRequestTopicData(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 1:
             _v_topic_name = self.topic_name
-            if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii():
-                out.append(len(_v_topic_name) + 1)
-                out += _v_topic_name.encode()
-            else:
-                write_cstr(out, _v_topic_name)
+            if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii(): out.append(len(_v_topic_name) + 1); out += _v_topic_name.encode()
+            else: write_cstr(out, _v_topic_name)
             _a_partitions = self.partitions
-            if len(_a_partitions) < 0x7F:
-                out.append(len(_a_partitions) + 1)
-            else:
-                write_uvarint(out, len(_a_partitions) + 1)
+            if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+            else: write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         else:
@@ -981,11 +906,8 @@ class BeginQuorumEpochRequestTopicData(Message, kw_only=True, gc=False):
                 else:
                     v_topic_name, pos = read_cstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = BeginQuorumEpochRequestPartitionData.read(buf, pos, version)
@@ -1022,17 +944,11 @@ class BeginQuorumEpochRequestLeaderEndpoint(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _v_name = self.name
-        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-            out.append(len(_v_name) + 1)
-            out += _v_name.encode()
-        else:
-            write_cstr(out, _v_name)
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+        else: write_cstr(out, _v_name)
         _v_host = self.host
-        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
-            out.append(len(_v_host) + 1)
-            out += _v_host.encode()
-        else:
-            write_cstr(out, _v_host)
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii(): out.append(len(_v_host) + 1); out += _v_host.encode()
+        else: write_cstr(out, _v_host)
         out += U16.pack(self.port)
         out.append(0)
 
@@ -1085,24 +1001,17 @@ class BeginQuorumEpochRequest(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 1:
             _v_cluster_id = self.cluster_id
-            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-                out.append(len(_v_cluster_id) + 1)
-                out += _v_cluster_id.encode()
-            else:
-                write_ncstr(out, _v_cluster_id)
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii(): out.append(len(_v_cluster_id) + 1); out += _v_cluster_id.encode()
+            else: write_ncstr(out, _v_cluster_id)
             out += I32.pack(self.voter_id)
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
             _a_leader_endpoints = self.leader_endpoints
-            if len(_a_leader_endpoints) < 0x7F:
-                out.append(len(_a_leader_endpoints) + 1)
-            else:
-                write_uvarint(out, len(_a_leader_endpoints) + 1)
+            if len(_a_leader_endpoints) < 0x7F: out.append(len(_a_leader_endpoints) + 1)
+            else: write_uvarint(out, len(_a_leader_endpoints) + 1)
             for _e_leader_endpoints in _a_leader_endpoints:
                 _e_leader_endpoints.write(out, version)
         else:
@@ -1131,21 +1040,15 @@ class BeginQuorumEpochRequest(Message, kw_only=True, gc=False):
                 v_voter_id = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = BeginQuorumEpochRequestTopicData.read(buf, pos, version)
                     v_topics.append(_s_topics)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_leader_endpoints = []
                 for _ in range(_c):
                     _s_leader_endpoints, pos = BeginQuorumEpochRequestLeaderEndpoint.read(buf, pos, version)
@@ -1217,16 +1120,11 @@ class BeginQuorumEpochResponseTopicData(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 1:
             _v_topic_name = self.topic_name
-            if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii():
-                out.append(len(_v_topic_name) + 1)
-                out += _v_topic_name.encode()
-            else:
-                write_cstr(out, _v_topic_name)
+            if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii(): out.append(len(_v_topic_name) + 1); out += _v_topic_name.encode()
+            else: write_cstr(out, _v_topic_name)
             _a_partitions = self.partitions
-            if len(_a_partitions) < 0x7F:
-                out.append(len(_a_partitions) + 1)
-            else:
-                write_uvarint(out, len(_a_partitions) + 1)
+            if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+            else: write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         else:
@@ -1251,11 +1149,8 @@ class BeginQuorumEpochResponseTopicData(Message, kw_only=True, gc=False):
                 else:
                     v_topic_name, pos = read_cstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = BeginQuorumEpochResponsePartitionData.read(buf, pos, version)
@@ -1293,11 +1188,8 @@ class BeginQuorumEpochResponseNodeEndpoint(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         out += I32.pack(self.node_id)
         _v_host = self.host
-        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
-            out.append(len(_v_host) + 1)
-            out += _v_host.encode()
-        else:
-            write_cstr(out, _v_host)
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii(): out.append(len(_v_host) + 1); out += _v_host.encode()
+        else: write_cstr(out, _v_host)
         out += U16.pack(self.port)
         out.append(0)
 
@@ -1346,10 +1238,8 @@ class BeginQuorumEpochResponse(Message, kw_only=True, gc=False):
         if version >= 1:
             out += I16.pack(self.error_code)
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         else:
@@ -1368,10 +1258,8 @@ class BeginQuorumEpochResponse(Message, kw_only=True, gc=False):
             if len(self.node_endpoints) != 0:
                 _t = bytearray()
                 _a_node_endpoints = self.node_endpoints
-                if len(_a_node_endpoints) < 0x7F:
-                    _t.append(len(_a_node_endpoints) + 1)
-                else:
-                    write_uvarint(_t, len(_a_node_endpoints) + 1)
+                if len(_a_node_endpoints) < 0x7F: _t.append(len(_a_node_endpoints) + 1)
+                else: write_uvarint(_t, len(_a_node_endpoints) + 1)
                 for _e_node_endpoints in _a_node_endpoints:
                     _e_node_endpoints.write(_t, version)
                 write_tagged(out, 0, _t)
@@ -1386,11 +1274,8 @@ class BeginQuorumEpochResponse(Message, kw_only=True, gc=False):
                 v_error_code = I16.unpack_from(buf, pos)[0]
                 pos += 2
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = BeginQuorumEpochResponseTopicData.read(buf, pos, version)
@@ -1408,25 +1293,18 @@ class BeginQuorumEpochResponse(Message, kw_only=True, gc=False):
                     pos += 1
                 else:
                     _n = buf[pos]
-                    if _n < 0x80 and 2 * _n < len(buf) - pos:
-                        pos += 1
-                    else:
-                        _n, pos = read_tag_count(buf, pos)
+                    if _n < 0x80 and 2 * _n < len(buf) - pos: pos += 1
+                    else: _n, pos = read_tag_count(buf, pos)
                     for _ in range(_n):
                         _tag = buf[pos]
                         _size = buf[pos + 1]
-                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
-                            pos += 2
-                        else:
-                            _tag, pos, _end = read_tag(buf, pos)
+                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf): pos += 2
+                        else: _tag, pos, _end = read_tag(buf, pos)
                         _sub = buf[:_end]
                         if _tag == 0:
                             _b = _sub[pos]
-                            if 0 < _b < 0x80 and _b <= len(_sub) - pos:
-                                _c = _b - 1
-                                pos += 1
-                            else:
-                                _c, pos = read_ccount(_sub, pos)
+                            if 0 < _b < 0x80 and _b <= len(_sub) - pos: _c = _b - 1; pos += 1
+                            else: _c, pos = read_ccount(_sub, pos)
                             v_node_endpoints = []
                             for _ in range(_c):
                                 _s_node_endpoints, pos = BeginQuorumEpochResponseNodeEndpoint.read(_sub, pos, version)
@@ -1471,20 +1349,16 @@ class BrokerHeartbeatRequest(Message, kw_only=True, gc=False):
         if version >= 1 and len(self.offline_log_dirs) != 0:
             _t = bytearray()
             _a_offline_log_dirs = self.offline_log_dirs
-            if len(_a_offline_log_dirs) < 0x7F:
-                _t.append(len(_a_offline_log_dirs) + 1)
-            else:
-                write_uvarint(_t, len(_a_offline_log_dirs) + 1)
+            if len(_a_offline_log_dirs) < 0x7F: _t.append(len(_a_offline_log_dirs) + 1)
+            else: write_uvarint(_t, len(_a_offline_log_dirs) + 1)
             for _e_offline_log_dirs in _a_offline_log_dirs:
                 write_uuid(_t, _e_offline_log_dirs)
             write_tagged(out, 0, _t)
         if version >= 2 and self.cordoned_log_dirs is not None:
             _t = bytearray()
             _a_cordoned_log_dirs = self.cordoned_log_dirs
-            if len(_a_cordoned_log_dirs) < 0x7F:
-                _t.append(len(_a_cordoned_log_dirs) + 1)
-            else:
-                write_uvarint(_t, len(_a_cordoned_log_dirs) + 1)
+            if len(_a_cordoned_log_dirs) < 0x7F: _t.append(len(_a_cordoned_log_dirs) + 1)
+            else: write_uvarint(_t, len(_a_cordoned_log_dirs) + 1)
             for _e_cordoned_log_dirs in _a_cordoned_log_dirs:
                 write_uuid(_t, _e_cordoned_log_dirs)
             write_tagged(out, 1, _t)
@@ -1505,25 +1379,18 @@ class BrokerHeartbeatRequest(Message, kw_only=True, gc=False):
                 pos += 1
             else:
                 _n = buf[pos]
-                if _n < 0x80 and 2 * _n < len(buf) - pos:
-                    pos += 1
-                else:
-                    _n, pos = read_tag_count(buf, pos)
+                if _n < 0x80 and 2 * _n < len(buf) - pos: pos += 1
+                else: _n, pos = read_tag_count(buf, pos)
                 for _ in range(_n):
                     _tag = buf[pos]
                     _size = buf[pos + 1]
-                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
-                        pos += 2
-                    else:
-                        _tag, pos, _end = read_tag(buf, pos)
+                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf): pos += 2
+                    else: _tag, pos, _end = read_tag(buf, pos)
                     _sub = buf[:_end]
                     if _tag == 0 and version >= 1:
                         _b = _sub[pos]
-                        if 0 < _b < 0x80 and _b <= len(_sub) - pos:
-                            _c = _b - 1
-                            pos += 1
-                        else:
-                            _c, pos = read_ccount(_sub, pos)
+                        if 0 < _b < 0x80 and _b <= len(_sub) - pos: _c = _b - 1; pos += 1
+                        else: _c, pos = read_ccount(_sub, pos)
                         v_offline_log_dirs = []
                         for _ in range(_c):
                             _s_offline_log_dirs, pos = read_uuid(_sub, pos)
@@ -1532,11 +1399,8 @@ class BrokerHeartbeatRequest(Message, kw_only=True, gc=False):
                             check_tag_end(pos, _end, _tag)
                     elif _tag == 1 and version >= 2:
                         _b = _sub[pos]
-                        if _b < 0x80 and _b <= len(_sub) - pos:
-                            _c = _b - 1
-                            pos += 1
-                        else:
-                            _c, pos = read_nccount(_sub, pos)
+                        if _b < 0x80 and _b <= len(_sub) - pos: _c = _b - 1; pos += 1
+                        else: _c, pos = read_nccount(_sub, pos)
                         if _c < 0:
                             v_cordoned_log_dirs = None
                         else:
@@ -1603,17 +1467,11 @@ class BrokerRegistrationRequestListener(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _v_name = self.name
-        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-            out.append(len(_v_name) + 1)
-            out += _v_name.encode()
-        else:
-            write_cstr(out, _v_name)
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+        else: write_cstr(out, _v_name)
         _v_host = self.host
-        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
-            out.append(len(_v_host) + 1)
-            out += _v_host.encode()
-        else:
-            write_cstr(out, _v_host)
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii(): out.append(len(_v_host) + 1); out += _v_host.encode()
+        else: write_cstr(out, _v_host)
         out += _S_Hh.pack(self.port, self.security_protocol)
         out.append(0)
 
@@ -1662,11 +1520,8 @@ class BrokerRegistrationRequestFeature(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _v_name = self.name
-        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-            out.append(len(_v_name) + 1)
-            out += _v_name.encode()
-        else:
-            write_cstr(out, _v_name)
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+        else: write_cstr(out, _v_name)
         out += _S_hh.pack(self.min_supported_version, self.max_supported_version)
         out.append(0)
 
@@ -1719,155 +1574,84 @@ class BrokerRegistrationRequest(Message, kw_only=True, gc=False):
         if version >= 3:
             out += I32.pack(self.broker_id)
             _v_cluster_id = self.cluster_id
-            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-                out.append(len(_v_cluster_id) + 1)
-                out += _v_cluster_id.encode()
-            else:
-                write_cstr(out, _v_cluster_id)
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii(): out.append(len(_v_cluster_id) + 1); out += _v_cluster_id.encode()
+            else: write_cstr(out, _v_cluster_id)
             _v_incarnation_id = self.incarnation_id
-            if len(_v_incarnation_id) == 16:
-                out += _v_incarnation_id
-            else:
-                write_uuid(out, _v_incarnation_id)  # the error
+            if len(_v_incarnation_id) == 16: out += _v_incarnation_id
+            else: write_uuid(out, _v_incarnation_id)  # the error
             _a_listeners = self.listeners
-            if len(_a_listeners) < 0x7F:
-                out.append(len(_a_listeners) + 1)
-            else:
-                write_uvarint(out, len(_a_listeners) + 1)
+            if len(_a_listeners) < 0x7F: out.append(len(_a_listeners) + 1)
+            else: write_uvarint(out, len(_a_listeners) + 1)
             for _e_listeners in _a_listeners:
                 _e_listeners.write(out, version)
             _a_features = self.features
-            if len(_a_features) < 0x7F:
-                out.append(len(_a_features) + 1)
-            else:
-                write_uvarint(out, len(_a_features) + 1)
+            if len(_a_features) < 0x7F: out.append(len(_a_features) + 1)
+            else: write_uvarint(out, len(_a_features) + 1)
             for _e_features in _a_features:
                 _e_features.write(out, version)
             _v_rack = self.rack
-            if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii():
-                out.append(len(_v_rack) + 1)
-                out += _v_rack.encode()
-            else:
-                write_ncstr(out, _v_rack)
+            if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii(): out.append(len(_v_rack) + 1); out += _v_rack.encode()
+            else: write_ncstr(out, _v_rack)
             out += BOOL.pack(self.is_migrating_zk_broker)
             _a_log_dirs = self.log_dirs
-            if len(_a_log_dirs) < 0x7F:
-                out.append(len(_a_log_dirs) + 1)
-            else:
-                write_uvarint(out, len(_a_log_dirs) + 1)
+            if len(_a_log_dirs) < 0x7F: out.append(len(_a_log_dirs) + 1)
+            else: write_uvarint(out, len(_a_log_dirs) + 1)
             for _e_log_dirs in _a_log_dirs:
                 write_uuid(out, _e_log_dirs)
             out += I64.pack(self.previous_broker_epoch)
         elif version >= 2:
             out += I32.pack(self.broker_id)
             _v_cluster_id = self.cluster_id
-            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-                out.append(len(_v_cluster_id) + 1)
-                out += _v_cluster_id.encode()
-            else:
-                write_cstr(out, _v_cluster_id)
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii(): out.append(len(_v_cluster_id) + 1); out += _v_cluster_id.encode()
+            else: write_cstr(out, _v_cluster_id)
             _v_incarnation_id = self.incarnation_id
-            if len(_v_incarnation_id) == 16:
-                out += _v_incarnation_id
-            else:
-                write_uuid(out, _v_incarnation_id)  # the error
+            if len(_v_incarnation_id) == 16: out += _v_incarnation_id
+            else: write_uuid(out, _v_incarnation_id)  # the error
             _a_listeners = self.listeners
-            if len(_a_listeners) < 0x7F:
-                out.append(len(_a_listeners) + 1)
-            else:
-                write_uvarint(out, len(_a_listeners) + 1)
+            if len(_a_listeners) < 0x7F: out.append(len(_a_listeners) + 1)
+            else: write_uvarint(out, len(_a_listeners) + 1)
             for _e_listeners in _a_listeners:
                 _e_listeners.write(out, version)
             _a_features = self.features
-            if len(_a_features) < 0x7F:
-                out.append(len(_a_features) + 1)
-            else:
-                write_uvarint(out, len(_a_features) + 1)
+            if len(_a_features) < 0x7F: out.append(len(_a_features) + 1)
+            else: write_uvarint(out, len(_a_features) + 1)
             for _e_features in _a_features:
                 _e_features.write(out, version)
             _v_rack = self.rack
-            if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii():
-                out.append(len(_v_rack) + 1)
-                out += _v_rack.encode()
-            else:
-                write_ncstr(out, _v_rack)
+            if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii(): out.append(len(_v_rack) + 1); out += _v_rack.encode()
+            else: write_ncstr(out, _v_rack)
             out += BOOL.pack(self.is_migrating_zk_broker)
             _a_log_dirs = self.log_dirs
-            if len(_a_log_dirs) < 0x7F:
-                out.append(len(_a_log_dirs) + 1)
-            else:
-                write_uvarint(out, len(_a_log_dirs) + 1)
+            if len(_a_log_dirs) < 0x7F: out.append(len(_a_log_dirs) + 1)
+            else: write_uvarint(out, len(_a_log_dirs) + 1)
             for _e_log_dirs in _a_log_dirs:
                 write_uuid(out, _e_log_dirs)
-        elif version >= 1:
-            out += I32.pack(self.broker_id)
-            _v_cluster_id = self.cluster_id
-            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-                out.append(len(_v_cluster_id) + 1)
-                out += _v_cluster_id.encode()
-            else:
-                write_cstr(out, _v_cluster_id)
-            _v_incarnation_id = self.incarnation_id
-            if len(_v_incarnation_id) == 16:
-                out += _v_incarnation_id
-            else:
-                write_uuid(out, _v_incarnation_id)  # the error
-            _a_listeners = self.listeners
-            if len(_a_listeners) < 0x7F:
-                out.append(len(_a_listeners) + 1)
-            else:
-                write_uvarint(out, len(_a_listeners) + 1)
-            for _e_listeners in _a_listeners:
-                _e_listeners.write(out, version)
-            _a_features = self.features
-            if len(_a_features) < 0x7F:
-                out.append(len(_a_features) + 1)
-            else:
-                write_uvarint(out, len(_a_features) + 1)
-            for _e_features in _a_features:
-                _e_features.write(out, version)
-            _v_rack = self.rack
-            if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii():
-                out.append(len(_v_rack) + 1)
-                out += _v_rack.encode()
-            else:
-                write_ncstr(out, _v_rack)
-            out += BOOL.pack(self.is_migrating_zk_broker)
         else:
             out += I32.pack(self.broker_id)
             _v_cluster_id = self.cluster_id
-            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-                out.append(len(_v_cluster_id) + 1)
-                out += _v_cluster_id.encode()
-            else:
-                write_cstr(out, _v_cluster_id)
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii(): out.append(len(_v_cluster_id) + 1); out += _v_cluster_id.encode()
+            else: write_cstr(out, _v_cluster_id)
             _v_incarnation_id = self.incarnation_id
-            if len(_v_incarnation_id) == 16:
-                out += _v_incarnation_id
-            else:
-                write_uuid(out, _v_incarnation_id)  # the error
+            if len(_v_incarnation_id) == 16: out += _v_incarnation_id
+            else: write_uuid(out, _v_incarnation_id)  # the error
             _a_listeners = self.listeners
-            if len(_a_listeners) < 0x7F:
-                out.append(len(_a_listeners) + 1)
-            else:
-                write_uvarint(out, len(_a_listeners) + 1)
+            if len(_a_listeners) < 0x7F: out.append(len(_a_listeners) + 1)
+            else: write_uvarint(out, len(_a_listeners) + 1)
             for _e_listeners in _a_listeners:
                 _e_listeners.write(out, version)
             _a_features = self.features
-            if len(_a_features) < 0x7F:
-                out.append(len(_a_features) + 1)
-            else:
-                write_uvarint(out, len(_a_features) + 1)
+            if len(_a_features) < 0x7F: out.append(len(_a_features) + 1)
+            else: write_uvarint(out, len(_a_features) + 1)
             for _e_features in _a_features:
                 _e_features.write(out, version)
             _v_rack = self.rack
-            if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii():
-                out.append(len(_v_rack) + 1)
-                out += _v_rack.encode()
+            if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii(): out.append(len(_v_rack) + 1); out += _v_rack.encode()
+            else: write_ncstr(out, _v_rack)
+            if version >= 1:
+                out += BOOL.pack(self.is_migrating_zk_broker)
             else:
-                write_ncstr(out, _v_rack)
-            if self.is_migrating_zk_broker != False:
-                raise unsupported("BrokerRegistrationRequest.is_migrating_zk_broker", version)
+                if self.is_migrating_zk_broker != False:
+                    raise unsupported("BrokerRegistrationRequest.is_migrating_zk_broker", version)
         out.append(0)
 
     @classmethod
@@ -1882,194 +1666,50 @@ class BrokerRegistrationRequest(Message, kw_only=True, gc=False):
         v_log_dirs: list[bytes] = []
         v_previous_broker_epoch: int = -1
         try:
-            if version >= 3:
-                v_broker_id = I32.unpack_from(buf, pos)[0]
-                pos += 4
-                _b = buf[pos]
-                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
-                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
-                    pos = _e
-                else:
-                    v_cluster_id, pos = read_cstr(buf, pos)
-                if pos + 16 <= len(buf):
-                    v_incarnation_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_incarnation_id, pos = read_uuid(buf, pos)  # the error
-                _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
-                v_listeners = []
-                for _ in range(_c):
-                    _s_listeners, pos = BrokerRegistrationRequestListener.read(buf, pos, version)
-                    v_listeners.append(_s_listeners)
-                _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
-                v_features = []
-                for _ in range(_c):
-                    _s_features, pos = BrokerRegistrationRequestFeature.read(buf, pos, version)
-                    v_features.append(_s_features)
-                _b = buf[pos]
-                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
-                    v_rack = str(buf[pos + 1:_e], 'utf-8')
-                    pos = _e
-                else:
-                    v_rack, pos = read_ncstr(buf, pos)
+            v_broker_id = I32.unpack_from(buf, pos)[0]
+            pos += 4
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_cluster_id, pos = read_cstr(buf, pos)
+            if pos + 16 <= len(buf): v_incarnation_id = bytes(buf[pos:pos + 16]); pos += 16
+            else: v_incarnation_id, pos = read_uuid(buf, pos)  # the error
+            _b = buf[pos]
+            if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+            else: _c, pos = read_ccount(buf, pos)
+            v_listeners = []
+            for _ in range(_c):
+                _s_listeners, pos = BrokerRegistrationRequestListener.read(buf, pos, version)
+                v_listeners.append(_s_listeners)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+            else: _c, pos = read_ccount(buf, pos)
+            v_features = []
+            for _ in range(_c):
+                _s_features, pos = BrokerRegistrationRequestFeature.read(buf, pos, version)
+                v_features.append(_s_features)
+            _b = buf[pos]
+            if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                v_rack = str(buf[pos + 1:_e], 'utf-8')
+                pos = _e
+            else:
+                v_rack, pos = read_ncstr(buf, pos)
+            if version >= 1:
                 v_is_migrating_zk_broker = BOOL.unpack_from(buf, pos)[0]
                 pos += 1
+            if version >= 2:
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_log_dirs = []
                 for _ in range(_c):
                     _s_log_dirs, pos = read_uuid(buf, pos)
                     v_log_dirs.append(_s_log_dirs)
+            if version >= 3:
                 v_previous_broker_epoch = I64.unpack_from(buf, pos)[0]
                 pos += 8
-            elif version >= 2:
-                v_broker_id = I32.unpack_from(buf, pos)[0]
-                pos += 4
-                _b = buf[pos]
-                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
-                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
-                    pos = _e
-                else:
-                    v_cluster_id, pos = read_cstr(buf, pos)
-                if pos + 16 <= len(buf):
-                    v_incarnation_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_incarnation_id, pos = read_uuid(buf, pos)  # the error
-                _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
-                v_listeners = []
-                for _ in range(_c):
-                    _s_listeners, pos = BrokerRegistrationRequestListener.read(buf, pos, version)
-                    v_listeners.append(_s_listeners)
-                _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
-                v_features = []
-                for _ in range(_c):
-                    _s_features, pos = BrokerRegistrationRequestFeature.read(buf, pos, version)
-                    v_features.append(_s_features)
-                _b = buf[pos]
-                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
-                    v_rack = str(buf[pos + 1:_e], 'utf-8')
-                    pos = _e
-                else:
-                    v_rack, pos = read_ncstr(buf, pos)
-                v_is_migrating_zk_broker = BOOL.unpack_from(buf, pos)[0]
-                pos += 1
-                _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
-                v_log_dirs = []
-                for _ in range(_c):
-                    _s_log_dirs, pos = read_uuid(buf, pos)
-                    v_log_dirs.append(_s_log_dirs)
-            elif version >= 1:
-                v_broker_id = I32.unpack_from(buf, pos)[0]
-                pos += 4
-                _b = buf[pos]
-                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
-                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
-                    pos = _e
-                else:
-                    v_cluster_id, pos = read_cstr(buf, pos)
-                if pos + 16 <= len(buf):
-                    v_incarnation_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_incarnation_id, pos = read_uuid(buf, pos)  # the error
-                _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
-                v_listeners = []
-                for _ in range(_c):
-                    _s_listeners, pos = BrokerRegistrationRequestListener.read(buf, pos, version)
-                    v_listeners.append(_s_listeners)
-                _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
-                v_features = []
-                for _ in range(_c):
-                    _s_features, pos = BrokerRegistrationRequestFeature.read(buf, pos, version)
-                    v_features.append(_s_features)
-                _b = buf[pos]
-                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
-                    v_rack = str(buf[pos + 1:_e], 'utf-8')
-                    pos = _e
-                else:
-                    v_rack, pos = read_ncstr(buf, pos)
-                v_is_migrating_zk_broker = BOOL.unpack_from(buf, pos)[0]
-                pos += 1
-            else:
-                v_broker_id = I32.unpack_from(buf, pos)[0]
-                pos += 4
-                _b = buf[pos]
-                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
-                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
-                    pos = _e
-                else:
-                    v_cluster_id, pos = read_cstr(buf, pos)
-                if pos + 16 <= len(buf):
-                    v_incarnation_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_incarnation_id, pos = read_uuid(buf, pos)  # the error
-                _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
-                v_listeners = []
-                for _ in range(_c):
-                    _s_listeners, pos = BrokerRegistrationRequestListener.read(buf, pos, version)
-                    v_listeners.append(_s_listeners)
-                _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
-                v_features = []
-                for _ in range(_c):
-                    _s_features, pos = BrokerRegistrationRequestFeature.read(buf, pos, version)
-                    v_features.append(_s_features)
-                _b = buf[pos]
-                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
-                    v_rack = str(buf[pos + 1:_e], 'utf-8')
-                    pos = _e
-                else:
-                    v_rack, pos = read_ncstr(buf, pos)
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -2131,24 +1771,15 @@ class CreateAclsRequestAclCreation(Message, kw_only=True, gc=False):
         if version >= 2:
             out += I8.pack(self.resource_type)
             _v_resource_name = self.resource_name
-            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii():
-                out.append(len(_v_resource_name) + 1)
-                out += _v_resource_name.encode()
-            else:
-                write_cstr(out, _v_resource_name)
+            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii(): out.append(len(_v_resource_name) + 1); out += _v_resource_name.encode()
+            else: write_cstr(out, _v_resource_name)
             out += I8.pack(self.resource_pattern_type)
             _v_principal = self.principal
-            if _v_principal is not None and len(_v_principal) < 0x7F and _v_principal.isascii():
-                out.append(len(_v_principal) + 1)
-                out += _v_principal.encode()
-            else:
-                write_cstr(out, _v_principal)
+            if _v_principal is not None and len(_v_principal) < 0x7F and _v_principal.isascii(): out.append(len(_v_principal) + 1); out += _v_principal.encode()
+            else: write_cstr(out, _v_principal)
             _v_host = self.host
-            if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
-                out.append(len(_v_host) + 1)
-                out += _v_host.encode()
-            else:
-                write_cstr(out, _v_host)
+            if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii(): out.append(len(_v_host) + 1); out += _v_host.encode()
+            else: write_cstr(out, _v_host)
             out += _S_bb.pack(self.operation, self.permission_type)
         else:
             out += I8.pack(self.resource_type)
@@ -2232,10 +1863,8 @@ class CreateAclsRequest(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 2:
             _a_creations = self.creations
-            if len(_a_creations) < 0x7F:
-                out.append(len(_a_creations) + 1)
-            else:
-                write_uvarint(out, len(_a_creations) + 1)
+            if len(_a_creations) < 0x7F: out.append(len(_a_creations) + 1)
+            else: write_uvarint(out, len(_a_creations) + 1)
             for _e_creations in _a_creations:
                 _e_creations.write(out, version)
         else:
@@ -2252,11 +1881,8 @@ class CreateAclsRequest(Message, kw_only=True, gc=False):
         try:
             if version >= 2:
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_creations = []
                 for _ in range(_c):
                     _s_creations, pos = CreateAclsRequestAclCreation.read(buf, pos, version)
@@ -2290,11 +1916,8 @@ class CreateAclsResponseAclCreationResult(Message, kw_only=True, gc=False):
         if version >= 2:
             out += I16.pack(self.error_code)
             _v_error_message = self.error_message
-            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-                out.append(len(_v_error_message) + 1)
-                out += _v_error_message.encode()
-            else:
-                write_ncstr(out, _v_error_message)
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+            else: write_ncstr(out, _v_error_message)
         else:
             out += I16.pack(self.error_code)
             write_nstr(out, self.error_message)
@@ -2348,10 +1971,8 @@ class CreateAclsResponse(Message, kw_only=True, gc=False):
         if version >= 2:
             out += I32.pack(self.throttle_time_ms)
             _a_results = self.results
-            if len(_a_results) < 0x7F:
-                out.append(len(_a_results) + 1)
-            else:
-                write_uvarint(out, len(_a_results) + 1)
+            if len(_a_results) < 0x7F: out.append(len(_a_results) + 1)
+            else: write_uvarint(out, len(_a_results) + 1)
             for _e_results in _a_results:
                 _e_results.write(out, version)
         else:
@@ -2372,11 +1993,8 @@ class CreateAclsResponse(Message, kw_only=True, gc=False):
                 v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_results = []
                 for _ in range(_c):
                     _s_results, pos = CreateAclsResponseAclCreationResult.read(buf, pos, version)
@@ -2410,10 +2028,8 @@ class CreatePartitionsRequestCreatePartitionsAssignment(Message, kw_only=True, g
     def write(self, out: bytearray, version: int) -> None:
         if version >= 2:
             _a_broker_ids = self.broker_ids
-            if len(_a_broker_ids) < 0x7F:
-                out.append(len(_a_broker_ids) + 1)
-            else:
-                write_uvarint(out, len(_a_broker_ids) + 1)
+            if len(_a_broker_ids) < 0x7F: out.append(len(_a_broker_ids) + 1)
+            else: write_uvarint(out, len(_a_broker_ids) + 1)
             out += struct.pack(">%di" % len(_a_broker_ids), *_a_broker_ids)
         else:
             _a_broker_ids = self.broker_ids
@@ -2428,11 +2044,8 @@ class CreatePartitionsRequestCreatePartitionsAssignment(Message, kw_only=True, g
         try:
             if version >= 2:
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_broker_ids = list(struct.unpack_from(">%di" % _c, buf, pos))
                 pos += 4 * _c
             else:
@@ -2465,20 +2078,15 @@ class CreatePartitionsRequestCreatePartitionsTopic(Message, kw_only=True, gc=Fal
     def write(self, out: bytearray, version: int) -> None:
         if version >= 2:
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_cstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_cstr(out, _v_name)
             out += I32.pack(self.count)
             _a_assignments = self.assignments
             if _a_assignments is None:
                 out.append(0)
             else:
-                if len(_a_assignments) < 0x7F:
-                    out.append(len(_a_assignments) + 1)
-                else:
-                    write_uvarint(out, len(_a_assignments) + 1)
+                if len(_a_assignments) < 0x7F: out.append(len(_a_assignments) + 1)
+                else: write_uvarint(out, len(_a_assignments) + 1)
                 for _e_assignments in _a_assignments:
                     _e_assignments.write(out, version)
         else:
@@ -2510,11 +2118,8 @@ class CreatePartitionsRequestCreatePartitionsTopic(Message, kw_only=True, gc=Fal
                 v_count = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 _b = buf[pos]
-                if _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_nccount(buf, pos)
+                if _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_nccount(buf, pos)
                 if _c < 0:
                     v_assignments = None
                 else:
@@ -2563,10 +2168,8 @@ class CreatePartitionsRequest(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 2:
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
             out += _S_io.pack(self.timeout_ms, self.validate_only)
@@ -2587,11 +2190,8 @@ class CreatePartitionsRequest(Message, kw_only=True, gc=False):
         try:
             if version >= 2:
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = CreatePartitionsRequestCreatePartitionsTopic.read(buf, pos, version)
@@ -2629,18 +2229,12 @@ class CreatePartitionsResponseCreatePartitionsTopicResult(Message, kw_only=True,
     def write(self, out: bytearray, version: int) -> None:
         if version >= 2:
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_cstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_cstr(out, _v_name)
             out += I16.pack(self.error_code)
             _v_error_message = self.error_message
-            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-                out.append(len(_v_error_message) + 1)
-                out += _v_error_message.encode()
-            else:
-                write_ncstr(out, _v_error_message)
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+            else: write_ncstr(out, _v_error_message)
         else:
             write_str(out, self.name)
             out += I16.pack(self.error_code)
@@ -2703,10 +2297,8 @@ class CreatePartitionsResponse(Message, kw_only=True, gc=False):
         if version >= 2:
             out += I32.pack(self.throttle_time_ms)
             _a_results = self.results
-            if len(_a_results) < 0x7F:
-                out.append(len(_a_results) + 1)
-            else:
-                write_uvarint(out, len(_a_results) + 1)
+            if len(_a_results) < 0x7F: out.append(len(_a_results) + 1)
+            else: write_uvarint(out, len(_a_results) + 1)
             for _e_results in _a_results:
                 _e_results.write(out, version)
         else:
@@ -2727,11 +2319,8 @@ class CreatePartitionsResponse(Message, kw_only=True, gc=False):
                 v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_results = []
                 for _ in range(_c):
                     _s_results, pos = CreatePartitionsResponseCreatePartitionsTopicResult.read(buf, pos, version)
@@ -2767,10 +2356,8 @@ class CreateTopicsRequestCreatableReplicaAssignment(Message, kw_only=True, gc=Fa
         if version >= 5:
             out += I32.pack(self.partition_index)
             _a_broker_ids = self.broker_ids
-            if len(_a_broker_ids) < 0x7F:
-                out.append(len(_a_broker_ids) + 1)
-            else:
-                write_uvarint(out, len(_a_broker_ids) + 1)
+            if len(_a_broker_ids) < 0x7F: out.append(len(_a_broker_ids) + 1)
+            else: write_uvarint(out, len(_a_broker_ids) + 1)
             out += struct.pack(">%di" % len(_a_broker_ids), *_a_broker_ids)
         else:
             out += I32.pack(self.partition_index)
@@ -2789,11 +2376,8 @@ class CreateTopicsRequestCreatableReplicaAssignment(Message, kw_only=True, gc=Fa
                 v_partition_index = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_broker_ids = list(struct.unpack_from(">%di" % _c, buf, pos))
                 pos += 4 * _c
             else:
@@ -2827,17 +2411,11 @@ class CreateTopicsRequestCreatableTopicConfig(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 5:
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_cstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_cstr(out, _v_name)
             _v_value = self.value
-            if _v_value is not None and len(_v_value) < 0x7F and _v_value.isascii():
-                out.append(len(_v_value) + 1)
-                out += _v_value.encode()
-            else:
-                write_ncstr(out, _v_value)
+            if _v_value is not None and len(_v_value) < 0x7F and _v_value.isascii(): out.append(len(_v_value) + 1); out += _v_value.encode()
+            else: write_ncstr(out, _v_value)
         else:
             write_str(out, self.name)
             write_nstr(out, self.value)
@@ -2893,24 +2471,17 @@ class CreateTopicsRequestCreatableTopic(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 5:
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_cstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_cstr(out, _v_name)
             out += _S_ih.pack(self.num_partitions, self.replication_factor)
             _a_assignments = self.assignments
-            if len(_a_assignments) < 0x7F:
-                out.append(len(_a_assignments) + 1)
-            else:
-                write_uvarint(out, len(_a_assignments) + 1)
+            if len(_a_assignments) < 0x7F: out.append(len(_a_assignments) + 1)
+            else: write_uvarint(out, len(_a_assignments) + 1)
             for _e_assignments in _a_assignments:
                 _e_assignments.write(out, version)
             _a_configs = self.configs
-            if len(_a_configs) < 0x7F:
-                out.append(len(_a_configs) + 1)
-            else:
-                write_uvarint(out, len(_a_configs) + 1)
+            if len(_a_configs) < 0x7F: out.append(len(_a_configs) + 1)
+            else: write_uvarint(out, len(_a_configs) + 1)
             for _e_configs in _a_configs:
                 _e_configs.write(out, version)
         else:
@@ -2945,21 +2516,15 @@ class CreateTopicsRequestCreatableTopic(Message, kw_only=True, gc=False):
                 v_num_partitions, v_replication_factor = _S_ih.unpack_from(buf, pos)
                 pos += 6
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_assignments = []
                 for _ in range(_c):
                     _s_assignments, pos = CreateTopicsRequestCreatableReplicaAssignment.read(buf, pos, version)
                     v_assignments.append(_s_assignments)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_configs = []
                 for _ in range(_c):
                     _s_configs, pos = CreateTopicsRequestCreatableTopicConfig.read(buf, pos, version)
@@ -3007,10 +2572,8 @@ class CreateTopicsRequest(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 5:
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
             out += _S_io.pack(self.timeout_ms, self.validate_only)
@@ -3031,11 +2594,8 @@ class CreateTopicsRequest(Message, kw_only=True, gc=False):
         try:
             if version >= 5:
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = CreateTopicsRequestCreatableTopic.read(buf, pos, version)
@@ -3074,17 +2634,11 @@ class CreateTopicsResponseCreatableTopicConfigs(Message, kw_only=True, gc=False)
 
     def write(self, out: bytearray, version: int) -> None:
         _v_name = self.name
-        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-            out.append(len(_v_name) + 1)
-            out += _v_name.encode()
-        else:
-            write_cstr(out, _v_name)
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+        else: write_cstr(out, _v_name)
         _v_value = self.value
-        if _v_value is not None and len(_v_value) < 0x7F and _v_value.isascii():
-            out.append(len(_v_value) + 1)
-            out += _v_value.encode()
-        else:
-            write_ncstr(out, _v_value)
+        if _v_value is not None and len(_v_value) < 0x7F and _v_value.isascii(): out.append(len(_v_value) + 1); out += _v_value.encode()
+        else: write_ncstr(out, _v_value)
         out += _S_obo.pack(self.read_only, self.config_source, self.is_sensitive)
         out.append(0)
 
@@ -3140,57 +2694,39 @@ class CreateTopicsResponseCreatableTopicResult(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 7:
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_cstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_cstr(out, _v_name)
             _v_topic_id = self.topic_id
-            if len(_v_topic_id) == 16:
-                out += _v_topic_id
-            else:
-                write_uuid(out, _v_topic_id)  # the error
+            if len(_v_topic_id) == 16: out += _v_topic_id
+            else: write_uuid(out, _v_topic_id)  # the error
             out += I16.pack(self.error_code)
             _v_error_message = self.error_message
-            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-                out.append(len(_v_error_message) + 1)
-                out += _v_error_message.encode()
-            else:
-                write_ncstr(out, _v_error_message)
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+            else: write_ncstr(out, _v_error_message)
             out += _S_ih.pack(self.num_partitions, self.replication_factor)
             _a_configs = self.configs
             if _a_configs is None:
                 out.append(0)
             else:
-                if len(_a_configs) < 0x7F:
-                    out.append(len(_a_configs) + 1)
-                else:
-                    write_uvarint(out, len(_a_configs) + 1)
+                if len(_a_configs) < 0x7F: out.append(len(_a_configs) + 1)
+                else: write_uvarint(out, len(_a_configs) + 1)
                 for _e_configs in _a_configs:
                     _e_configs.write(out, version)
         elif version >= 5:
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_cstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_cstr(out, _v_name)
             out += I16.pack(self.error_code)
             _v_error_message = self.error_message
-            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-                out.append(len(_v_error_message) + 1)
-                out += _v_error_message.encode()
-            else:
-                write_ncstr(out, _v_error_message)
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+            else: write_ncstr(out, _v_error_message)
             out += _S_ih.pack(self.num_partitions, self.replication_factor)
             _a_configs = self.configs
             if _a_configs is None:
                 out.append(0)
             else:
-                if len(_a_configs) < 0x7F:
-                    out.append(len(_a_configs) + 1)
-                else:
-                    write_uvarint(out, len(_a_configs) + 1)
+                if len(_a_configs) < 0x7F: out.append(len(_a_configs) + 1)
+                else: write_uvarint(out, len(_a_configs) + 1)
                 for _e_configs in _a_configs:
                     _e_configs.write(out, version)
         else:
@@ -3225,11 +2761,8 @@ class CreateTopicsResponseCreatableTopicResult(Message, kw_only=True, gc=False):
                     pos = _e
                 else:
                     v_name, pos = read_cstr(buf, pos)
-                if pos + 16 <= len(buf):
-                    v_topic_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_topic_id, pos = read_uuid(buf, pos)  # the error
+                if pos + 16 <= len(buf): v_topic_id = bytes(buf[pos:pos + 16]); pos += 16
+                else: v_topic_id, pos = read_uuid(buf, pos)  # the error
                 v_error_code = I16.unpack_from(buf, pos)[0]
                 pos += 2
                 _b = buf[pos]
@@ -3241,11 +2774,8 @@ class CreateTopicsResponseCreatableTopicResult(Message, kw_only=True, gc=False):
                 v_num_partitions, v_replication_factor = _S_ih.unpack_from(buf, pos)
                 pos += 6
                 _b = buf[pos]
-                if _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_nccount(buf, pos)
+                if _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_nccount(buf, pos)
                 if _c < 0:
                     v_configs = None
                 else:
@@ -3271,11 +2801,8 @@ class CreateTopicsResponseCreatableTopicResult(Message, kw_only=True, gc=False):
                 v_num_partitions, v_replication_factor = _S_ih.unpack_from(buf, pos)
                 pos += 6
                 _b = buf[pos]
-                if _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_nccount(buf, pos)
+                if _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_nccount(buf, pos)
                 if _c < 0:
                     v_configs = None
                 else:
@@ -3293,17 +2820,13 @@ class CreateTopicsResponseCreatableTopicResult(Message, kw_only=True, gc=False):
                     pos += 1
                 else:
                     _n = buf[pos]
-                    if _n < 0x80 and 2 * _n < len(buf) - pos:
-                        pos += 1
-                    else:
-                        _n, pos = read_tag_count(buf, pos)
+                    if _n < 0x80 and 2 * _n < len(buf) - pos: pos += 1
+                    else: _n, pos = read_tag_count(buf, pos)
                     for _ in range(_n):
                         _tag = buf[pos]
                         _size = buf[pos + 1]
-                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
-                            pos += 2
-                        else:
-                            _tag, pos, _end = read_tag(buf, pos)
+                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf): pos += 2
+                        else: _tag, pos, _end = read_tag(buf, pos)
                         _sub = buf[:_end]
                         if _tag == 0:
                             v_topic_config_error_code = I16.unpack_from(_sub, pos)[0]
@@ -3335,10 +2858,8 @@ class CreateTopicsResponse(Message, kw_only=True, gc=False):
         if version >= 5:
             out += I32.pack(self.throttle_time_ms)
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         else:
@@ -3359,11 +2880,8 @@ class CreateTopicsResponse(Message, kw_only=True, gc=False):
                 v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = CreateTopicsResponseCreatableTopicResult.read(buf, pos, version)
@@ -3404,24 +2922,15 @@ class DeleteAclsRequestDeleteAclsFilter(Message, kw_only=True, gc=False):
         if version >= 2:
             out += I8.pack(self.resource_type_filter)
             _v_resource_name_filter = self.resource_name_filter
-            if _v_resource_name_filter is not None and len(_v_resource_name_filter) < 0x7F and _v_resource_name_filter.isascii():
-                out.append(len(_v_resource_name_filter) + 1)
-                out += _v_resource_name_filter.encode()
-            else:
-                write_ncstr(out, _v_resource_name_filter)
+            if _v_resource_name_filter is not None and len(_v_resource_name_filter) < 0x7F and _v_resource_name_filter.isascii(): out.append(len(_v_resource_name_filter) + 1); out += _v_resource_name_filter.encode()
+            else: write_ncstr(out, _v_resource_name_filter)
             out += I8.pack(self.pattern_type_filter)
             _v_principal_filter = self.principal_filter
-            if _v_principal_filter is not None and len(_v_principal_filter) < 0x7F and _v_principal_filter.isascii():
-                out.append(len(_v_principal_filter) + 1)
-                out += _v_principal_filter.encode()
-            else:
-                write_ncstr(out, _v_principal_filter)
+            if _v_principal_filter is not None and len(_v_principal_filter) < 0x7F and _v_principal_filter.isascii(): out.append(len(_v_principal_filter) + 1); out += _v_principal_filter.encode()
+            else: write_ncstr(out, _v_principal_filter)
             _v_host_filter = self.host_filter
-            if _v_host_filter is not None and len(_v_host_filter) < 0x7F and _v_host_filter.isascii():
-                out.append(len(_v_host_filter) + 1)
-                out += _v_host_filter.encode()
-            else:
-                write_ncstr(out, _v_host_filter)
+            if _v_host_filter is not None and len(_v_host_filter) < 0x7F and _v_host_filter.isascii(): out.append(len(_v_host_filter) + 1); out += _v_host_filter.encode()
+            else: write_ncstr(out, _v_host_filter)
             out += _S_bb.pack(self.operation, self.permission_type)
         else:
             out += I8.pack(self.resource_type_filter)
@@ -3505,10 +3014,8 @@ class DeleteAclsRequest(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 2:
             _a_filters = self.filters
-            if len(_a_filters) < 0x7F:
-                out.append(len(_a_filters) + 1)
-            else:
-                write_uvarint(out, len(_a_filters) + 1)
+            if len(_a_filters) < 0x7F: out.append(len(_a_filters) + 1)
+            else: write_uvarint(out, len(_a_filters) + 1)
             for _e_filters in _a_filters:
                 _e_filters.write(out, version)
         else:
@@ -3525,11 +3032,8 @@ class DeleteAclsRequest(Message, kw_only=True, gc=False):
         try:
             if version >= 2:
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_filters = []
                 for _ in range(_c):
                     _s_filters, pos = DeleteAclsRequestDeleteAclsFilter.read(buf, pos, version)
@@ -3570,31 +3074,19 @@ class DeleteAclsResponseDeleteAclsMatchingAcl(Message, kw_only=True, gc=False):
         if version >= 2:
             out += I16.pack(self.error_code)
             _v_error_message = self.error_message
-            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-                out.append(len(_v_error_message) + 1)
-                out += _v_error_message.encode()
-            else:
-                write_ncstr(out, _v_error_message)
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+            else: write_ncstr(out, _v_error_message)
             out += I8.pack(self.resource_type)
             _v_resource_name = self.resource_name
-            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii():
-                out.append(len(_v_resource_name) + 1)
-                out += _v_resource_name.encode()
-            else:
-                write_cstr(out, _v_resource_name)
+            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii(): out.append(len(_v_resource_name) + 1); out += _v_resource_name.encode()
+            else: write_cstr(out, _v_resource_name)
             out += I8.pack(self.pattern_type)
             _v_principal = self.principal
-            if _v_principal is not None and len(_v_principal) < 0x7F and _v_principal.isascii():
-                out.append(len(_v_principal) + 1)
-                out += _v_principal.encode()
-            else:
-                write_cstr(out, _v_principal)
+            if _v_principal is not None and len(_v_principal) < 0x7F and _v_principal.isascii(): out.append(len(_v_principal) + 1); out += _v_principal.encode()
+            else: write_cstr(out, _v_principal)
             _v_host = self.host
-            if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
-                out.append(len(_v_host) + 1)
-                out += _v_host.encode()
-            else:
-                write_cstr(out, _v_host)
+            if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii(): out.append(len(_v_host) + 1); out += _v_host.encode()
+            else: write_cstr(out, _v_host)
             out += _S_bb.pack(self.operation, self.permission_type)
         else:
             out += I16.pack(self.error_code)
@@ -3693,16 +3185,11 @@ class DeleteAclsResponseDeleteAclsFilterResult(Message, kw_only=True, gc=False):
         if version >= 2:
             out += I16.pack(self.error_code)
             _v_error_message = self.error_message
-            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-                out.append(len(_v_error_message) + 1)
-                out += _v_error_message.encode()
-            else:
-                write_ncstr(out, _v_error_message)
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+            else: write_ncstr(out, _v_error_message)
             _a_matching_acls = self.matching_acls
-            if len(_a_matching_acls) < 0x7F:
-                out.append(len(_a_matching_acls) + 1)
-            else:
-                write_uvarint(out, len(_a_matching_acls) + 1)
+            if len(_a_matching_acls) < 0x7F: out.append(len(_a_matching_acls) + 1)
+            else: write_uvarint(out, len(_a_matching_acls) + 1)
             for _e_matching_acls in _a_matching_acls:
                 _e_matching_acls.write(out, version)
         else:
@@ -3731,11 +3218,8 @@ class DeleteAclsResponseDeleteAclsFilterResult(Message, kw_only=True, gc=False):
                 else:
                     v_error_message, pos = read_ncstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_matching_acls = []
                 for _ in range(_c):
                     _s_matching_acls, pos = DeleteAclsResponseDeleteAclsMatchingAcl.read(buf, pos, version)
@@ -3778,10 +3262,8 @@ class DeleteAclsResponse(Message, kw_only=True, gc=False):
         if version >= 2:
             out += I32.pack(self.throttle_time_ms)
             _a_filter_results = self.filter_results
-            if len(_a_filter_results) < 0x7F:
-                out.append(len(_a_filter_results) + 1)
-            else:
-                write_uvarint(out, len(_a_filter_results) + 1)
+            if len(_a_filter_results) < 0x7F: out.append(len(_a_filter_results) + 1)
+            else: write_uvarint(out, len(_a_filter_results) + 1)
             for _e_filter_results in _a_filter_results:
                 _e_filter_results.write(out, version)
         else:
@@ -3802,11 +3284,8 @@ class DeleteAclsResponse(Message, kw_only=True, gc=False):
                 v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_filter_results = []
                 for _ in range(_c):
                     _s_filter_results, pos = DeleteAclsResponseDeleteAclsFilterResult.read(buf, pos, version)
@@ -3840,16 +3319,11 @@ class DeleteTopicsRequestDeleteTopicState(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _v_name = self.name
-        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-            out.append(len(_v_name) + 1)
-            out += _v_name.encode()
-        else:
-            write_ncstr(out, _v_name)
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+        else: write_ncstr(out, _v_name)
         _v_topic_id = self.topic_id
-        if len(_v_topic_id) == 16:
-            out += _v_topic_id
-        else:
-            write_uuid(out, _v_topic_id)  # the error
+        if len(_v_topic_id) == 16: out += _v_topic_id
+        else: write_uuid(out, _v_topic_id)  # the error
         out.append(0)
 
     @classmethod
@@ -3863,11 +3337,8 @@ class DeleteTopicsRequestDeleteTopicState(Message, kw_only=True, gc=False):
                 pos = _e
             else:
                 v_name, pos = read_ncstr(buf, pos)
-            if pos + 16 <= len(buf):
-                v_topic_id = bytes(buf[pos:pos + 16])
-                pos += 16
-            else:
-                v_topic_id, pos = read_uuid(buf, pos)  # the error
+            if pos + 16 <= len(buf): v_topic_id = bytes(buf[pos:pos + 16]); pos += 16
+            else: v_topic_id, pos = read_uuid(buf, pos)  # the error
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -3896,19 +3367,15 @@ class DeleteTopicsRequest(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 6:
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
             out += I32.pack(self.timeout_ms)
         elif version >= 4:
             _a_topic_names = self.topic_names
-            if len(_a_topic_names) < 0x7F:
-                out.append(len(_a_topic_names) + 1)
-            else:
-                write_uvarint(out, len(_a_topic_names) + 1)
+            if len(_a_topic_names) < 0x7F: out.append(len(_a_topic_names) + 1)
+            else: write_uvarint(out, len(_a_topic_names) + 1)
             for _e_topic_names in _a_topic_names:
                 write_cstr(out, _e_topic_names)
             out += I32.pack(self.timeout_ms)
@@ -3933,11 +3400,8 @@ class DeleteTopicsRequest(Message, kw_only=True, gc=False):
         try:
             if version >= 6:
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = DeleteTopicsRequestDeleteTopicState.read(buf, pos, version)
@@ -3946,11 +3410,8 @@ class DeleteTopicsRequest(Message, kw_only=True, gc=False):
                 pos += 4
             elif version >= 4:
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topic_names = []
                 for _ in range(_c):
                     _s_topic_names, pos = read_cstr(buf, pos)
@@ -3989,44 +3450,27 @@ class DeleteTopicsResponseDeletableTopicResult(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 6:
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_ncstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_ncstr(out, _v_name)
             _v_topic_id = self.topic_id
-            if len(_v_topic_id) == 16:
-                out += _v_topic_id
-            else:
-                write_uuid(out, _v_topic_id)  # the error
+            if len(_v_topic_id) == 16: out += _v_topic_id
+            else: write_uuid(out, _v_topic_id)  # the error
             out += I16.pack(self.error_code)
             _v_error_message = self.error_message
-            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-                out.append(len(_v_error_message) + 1)
-                out += _v_error_message.encode()
-            else:
-                write_ncstr(out, _v_error_message)
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+            else: write_ncstr(out, _v_error_message)
         elif version >= 5:
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_cstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_cstr(out, _v_name)
             out += I16.pack(self.error_code)
             _v_error_message = self.error_message
-            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-                out.append(len(_v_error_message) + 1)
-                out += _v_error_message.encode()
-            else:
-                write_ncstr(out, _v_error_message)
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+            else: write_ncstr(out, _v_error_message)
         elif version >= 4:
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_cstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_cstr(out, _v_name)
             out += I16.pack(self.error_code)
         else:
             write_str(out, self.name)
@@ -4048,11 +3492,8 @@ class DeleteTopicsResponseDeletableTopicResult(Message, kw_only=True, gc=False):
                     pos = _e
                 else:
                     v_name, pos = read_ncstr(buf, pos)
-                if pos + 16 <= len(buf):
-                    v_topic_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_topic_id, pos = read_uuid(buf, pos)  # the error
+                if pos + 16 <= len(buf): v_topic_id = bytes(buf[pos:pos + 16]); pos += 16
+                else: v_topic_id, pos = read_uuid(buf, pos)  # the error
                 v_error_code = I16.unpack_from(buf, pos)[0]
                 pos += 2
                 _b = buf[pos]
@@ -4118,10 +3559,8 @@ class DeleteTopicsResponse(Message, kw_only=True, gc=False):
         if version >= 4:
             out += I32.pack(self.throttle_time_ms)
             _a_responses = self.responses
-            if len(_a_responses) < 0x7F:
-                out.append(len(_a_responses) + 1)
-            else:
-                write_uvarint(out, len(_a_responses) + 1)
+            if len(_a_responses) < 0x7F: out.append(len(_a_responses) + 1)
+            else: write_uvarint(out, len(_a_responses) + 1)
             for _e_responses in _a_responses:
                 _e_responses.write(out, version)
         else:
@@ -4142,11 +3581,8 @@ class DeleteTopicsResponse(Message, kw_only=True, gc=False):
                 v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_responses = []
                 for _ in range(_c):
                     _s_responses, pos = DeleteTopicsResponseDeletableTopicResult.read(buf, pos, version)
@@ -4190,24 +3626,15 @@ class DescribeAclsRequest(Message, kw_only=True, gc=False):
         if version >= 2:
             out += I8.pack(self.resource_type_filter)
             _v_resource_name_filter = self.resource_name_filter
-            if _v_resource_name_filter is not None and len(_v_resource_name_filter) < 0x7F and _v_resource_name_filter.isascii():
-                out.append(len(_v_resource_name_filter) + 1)
-                out += _v_resource_name_filter.encode()
-            else:
-                write_ncstr(out, _v_resource_name_filter)
+            if _v_resource_name_filter is not None and len(_v_resource_name_filter) < 0x7F and _v_resource_name_filter.isascii(): out.append(len(_v_resource_name_filter) + 1); out += _v_resource_name_filter.encode()
+            else: write_ncstr(out, _v_resource_name_filter)
             out += I8.pack(self.pattern_type_filter)
             _v_principal_filter = self.principal_filter
-            if _v_principal_filter is not None and len(_v_principal_filter) < 0x7F and _v_principal_filter.isascii():
-                out.append(len(_v_principal_filter) + 1)
-                out += _v_principal_filter.encode()
-            else:
-                write_ncstr(out, _v_principal_filter)
+            if _v_principal_filter is not None and len(_v_principal_filter) < 0x7F and _v_principal_filter.isascii(): out.append(len(_v_principal_filter) + 1); out += _v_principal_filter.encode()
+            else: write_ncstr(out, _v_principal_filter)
             _v_host_filter = self.host_filter
-            if _v_host_filter is not None and len(_v_host_filter) < 0x7F and _v_host_filter.isascii():
-                out.append(len(_v_host_filter) + 1)
-                out += _v_host_filter.encode()
-            else:
-                write_ncstr(out, _v_host_filter)
+            if _v_host_filter is not None and len(_v_host_filter) < 0x7F and _v_host_filter.isascii(): out.append(len(_v_host_filter) + 1); out += _v_host_filter.encode()
+            else: write_ncstr(out, _v_host_filter)
             out += _S_bb.pack(self.operation, self.permission_type)
         else:
             out += I8.pack(self.resource_type_filter)
@@ -4288,17 +3715,11 @@ class DescribeAclsResponseAclDescription(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 2:
             _v_principal = self.principal
-            if _v_principal is not None and len(_v_principal) < 0x7F and _v_principal.isascii():
-                out.append(len(_v_principal) + 1)
-                out += _v_principal.encode()
-            else:
-                write_cstr(out, _v_principal)
+            if _v_principal is not None and len(_v_principal) < 0x7F and _v_principal.isascii(): out.append(len(_v_principal) + 1); out += _v_principal.encode()
+            else: write_cstr(out, _v_principal)
             _v_host = self.host
-            if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
-                out.append(len(_v_host) + 1)
-                out += _v_host.encode()
-            else:
-                write_cstr(out, _v_host)
+            if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii(): out.append(len(_v_host) + 1); out += _v_host.encode()
+            else: write_cstr(out, _v_host)
             out += _S_bb.pack(self.operation, self.permission_type)
         else:
             write_str(out, self.principal)
@@ -4362,17 +3783,12 @@ class DescribeAclsResponseDescribeAclsResource(Message, kw_only=True, gc=False):
         if version >= 2:
             out += I8.pack(self.resource_type)
             _v_resource_name = self.resource_name
-            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii():
-                out.append(len(_v_resource_name) + 1)
-                out += _v_resource_name.encode()
-            else:
-                write_cstr(out, _v_resource_name)
+            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii(): out.append(len(_v_resource_name) + 1); out += _v_resource_name.encode()
+            else: write_cstr(out, _v_resource_name)
             out += I8.pack(self.pattern_type)
             _a_acls = self.acls
-            if len(_a_acls) < 0x7F:
-                out.append(len(_a_acls) + 1)
-            else:
-                write_uvarint(out, len(_a_acls) + 1)
+            if len(_a_acls) < 0x7F: out.append(len(_a_acls) + 1)
+            else: write_uvarint(out, len(_a_acls) + 1)
             for _e_acls in _a_acls:
                 _e_acls.write(out, version)
         else:
@@ -4405,11 +3821,8 @@ class DescribeAclsResponseDescribeAclsResource(Message, kw_only=True, gc=False):
                 v_pattern_type = I8.unpack_from(buf, pos)[0]
                 pos += 1
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_acls = []
                 for _ in range(_c):
                     _s_acls, pos = DescribeAclsResponseAclDescription.read(buf, pos, version)
@@ -4456,16 +3869,11 @@ class DescribeAclsResponse(Message, kw_only=True, gc=False):
         if version >= 2:
             out += _S_ih.pack(self.throttle_time_ms, self.error_code)
             _v_error_message = self.error_message
-            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-                out.append(len(_v_error_message) + 1)
-                out += _v_error_message.encode()
-            else:
-                write_ncstr(out, _v_error_message)
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+            else: write_ncstr(out, _v_error_message)
             _a_resources = self.resources
-            if len(_a_resources) < 0x7F:
-                out.append(len(_a_resources) + 1)
-            else:
-                write_uvarint(out, len(_a_resources) + 1)
+            if len(_a_resources) < 0x7F: out.append(len(_a_resources) + 1)
+            else: write_uvarint(out, len(_a_resources) + 1)
             for _e_resources in _a_resources:
                 _e_resources.write(out, version)
         else:
@@ -4495,11 +3903,8 @@ class DescribeAclsResponse(Message, kw_only=True, gc=False):
                 else:
                     v_error_message, pos = read_ncstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_resources = []
                 for _ in range(_c):
                     _s_resources, pos = DescribeAclsResponseDescribeAclsResource.read(buf, pos, version)
@@ -4591,34 +3996,22 @@ class DescribeClusterResponseDescribeClusterBroker(Message, kw_only=True, gc=Fal
         if version >= 2:
             out += I32.pack(self.broker_id)
             _v_host = self.host
-            if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
-                out.append(len(_v_host) + 1)
-                out += _v_host.encode()
-            else:
-                write_cstr(out, _v_host)
+            if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii(): out.append(len(_v_host) + 1); out += _v_host.encode()
+            else: write_cstr(out, _v_host)
             out += I32.pack(self.port)
             _v_rack = self.rack
-            if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii():
-                out.append(len(_v_rack) + 1)
-                out += _v_rack.encode()
-            else:
-                write_ncstr(out, _v_rack)
+            if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii(): out.append(len(_v_rack) + 1); out += _v_rack.encode()
+            else: write_ncstr(out, _v_rack)
             out += BOOL.pack(self.is_fenced)
         else:
             out += I32.pack(self.broker_id)
             _v_host = self.host
-            if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
-                out.append(len(_v_host) + 1)
-                out += _v_host.encode()
-            else:
-                write_cstr(out, _v_host)
+            if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii(): out.append(len(_v_host) + 1); out += _v_host.encode()
+            else: write_cstr(out, _v_host)
             out += I32.pack(self.port)
             _v_rack = self.rack
-            if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii():
-                out.append(len(_v_rack) + 1)
-                out += _v_rack.encode()
-            else:
-                write_ncstr(out, _v_rack)
+            if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii(): out.append(len(_v_rack) + 1); out += _v_rack.encode()
+            else: write_ncstr(out, _v_rack)
             if self.is_fenced != False:
                 raise unsupported("DescribeClusterResponseDescribeClusterBroker.is_fenced", version)
         out.append(0)
@@ -4701,47 +4094,31 @@ class DescribeClusterResponse(Message, kw_only=True, gc=False):
         if version >= 1:
             out += _S_ih.pack(self.throttle_time_ms, self.error_code)
             _v_error_message = self.error_message
-            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-                out.append(len(_v_error_message) + 1)
-                out += _v_error_message.encode()
-            else:
-                write_ncstr(out, _v_error_message)
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+            else: write_ncstr(out, _v_error_message)
             out += I8.pack(self.endpoint_type)
             _v_cluster_id = self.cluster_id
-            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-                out.append(len(_v_cluster_id) + 1)
-                out += _v_cluster_id.encode()
-            else:
-                write_cstr(out, _v_cluster_id)
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii(): out.append(len(_v_cluster_id) + 1); out += _v_cluster_id.encode()
+            else: write_cstr(out, _v_cluster_id)
             out += I32.pack(self.controller_id)
             _a_brokers = self.brokers
-            if len(_a_brokers) < 0x7F:
-                out.append(len(_a_brokers) + 1)
-            else:
-                write_uvarint(out, len(_a_brokers) + 1)
+            if len(_a_brokers) < 0x7F: out.append(len(_a_brokers) + 1)
+            else: write_uvarint(out, len(_a_brokers) + 1)
             for _e_brokers in _a_brokers:
                 _e_brokers.write(out, version)
             out += I32.pack(self.cluster_authorized_operations)
         else:
             out += _S_ih.pack(self.throttle_time_ms, self.error_code)
             _v_error_message = self.error_message
-            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-                out.append(len(_v_error_message) + 1)
-                out += _v_error_message.encode()
-            else:
-                write_ncstr(out, _v_error_message)
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+            else: write_ncstr(out, _v_error_message)
             _v_cluster_id = self.cluster_id
-            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-                out.append(len(_v_cluster_id) + 1)
-                out += _v_cluster_id.encode()
-            else:
-                write_cstr(out, _v_cluster_id)
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii(): out.append(len(_v_cluster_id) + 1); out += _v_cluster_id.encode()
+            else: write_cstr(out, _v_cluster_id)
             out += I32.pack(self.controller_id)
             _a_brokers = self.brokers
-            if len(_a_brokers) < 0x7F:
-                out.append(len(_a_brokers) + 1)
-            else:
-                write_uvarint(out, len(_a_brokers) + 1)
+            if len(_a_brokers) < 0x7F: out.append(len(_a_brokers) + 1)
+            else: write_uvarint(out, len(_a_brokers) + 1)
             for _e_brokers in _a_brokers:
                 _e_brokers.write(out, version)
             out += I32.pack(self.cluster_authorized_operations)
@@ -4780,11 +4157,8 @@ class DescribeClusterResponse(Message, kw_only=True, gc=False):
                 v_controller_id = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_brokers = []
                 for _ in range(_c):
                     _s_brokers, pos = DescribeClusterResponseDescribeClusterBroker.read(buf, pos, version)
@@ -4809,11 +4183,8 @@ class DescribeClusterResponse(Message, kw_only=True, gc=False):
                 v_controller_id = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_brokers = []
                 for _ in range(_c):
                     _s_brokers, pos = DescribeClusterResponseDescribeClusterBroker.read(buf, pos, version)
@@ -4843,19 +4214,14 @@ class DescribeConfigsRequestDescribeConfigsResource(Message, kw_only=True, gc=Fa
         if version >= 4:
             out += I8.pack(self.resource_type)
             _v_resource_name = self.resource_name
-            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii():
-                out.append(len(_v_resource_name) + 1)
-                out += _v_resource_name.encode()
-            else:
-                write_cstr(out, _v_resource_name)
+            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii(): out.append(len(_v_resource_name) + 1); out += _v_resource_name.encode()
+            else: write_cstr(out, _v_resource_name)
             _a_configuration_keys = self.configuration_keys
             if _a_configuration_keys is None:
                 out.append(0)
             else:
-                if len(_a_configuration_keys) < 0x7F:
-                    out.append(len(_a_configuration_keys) + 1)
-                else:
-                    write_uvarint(out, len(_a_configuration_keys) + 1)
+                if len(_a_configuration_keys) < 0x7F: out.append(len(_a_configuration_keys) + 1)
+                else: write_uvarint(out, len(_a_configuration_keys) + 1)
                 for _e_configuration_keys in _a_configuration_keys:
                     write_cstr(out, _e_configuration_keys)
         else:
@@ -4887,11 +4253,8 @@ class DescribeConfigsRequestDescribeConfigsResource(Message, kw_only=True, gc=Fa
                 else:
                     v_resource_name, pos = read_cstr(buf, pos)
                 _b = buf[pos]
-                if _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_nccount(buf, pos)
+                if _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_nccount(buf, pos)
                 if _c < 0:
                     v_configuration_keys = None
                 else:
@@ -4940,10 +4303,8 @@ class DescribeConfigsRequest(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 4:
             _a_resources = self.resources
-            if len(_a_resources) < 0x7F:
-                out.append(len(_a_resources) + 1)
-            else:
-                write_uvarint(out, len(_a_resources) + 1)
+            if len(_a_resources) < 0x7F: out.append(len(_a_resources) + 1)
+            else: write_uvarint(out, len(_a_resources) + 1)
             for _e_resources in _a_resources:
                 _e_resources.write(out, version)
             out += _S_oo.pack(self.include_synonyms, self.include_documentation)
@@ -4972,11 +4333,8 @@ class DescribeConfigsRequest(Message, kw_only=True, gc=False):
         try:
             if version >= 4:
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_resources = []
                 for _ in range(_c):
                     _s_resources, pos = DescribeConfigsRequestDescribeConfigsResource.read(buf, pos, version)
@@ -5022,17 +4380,11 @@ class DescribeConfigsResponseDescribeConfigsSynonym(Message, kw_only=True, gc=Fa
     def write(self, out: bytearray, version: int) -> None:
         if version >= 4:
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_cstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_cstr(out, _v_name)
             _v_value = self.value
-            if _v_value is not None and len(_v_value) < 0x7F and _v_value.isascii():
-                out.append(len(_v_value) + 1)
-                out += _v_value.encode()
-            else:
-                write_ncstr(out, _v_value)
+            if _v_value is not None and len(_v_value) < 0x7F and _v_value.isascii(): out.append(len(_v_value) + 1); out += _v_value.encode()
+            else: write_ncstr(out, _v_value)
             out += I8.pack(self.source)
         else:
             write_str(out, self.name)
@@ -5098,32 +4450,21 @@ class DescribeConfigsResponseDescribeConfigsResourceResult(Message, kw_only=True
     def write(self, out: bytearray, version: int) -> None:
         if version >= 4:
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_cstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_cstr(out, _v_name)
             _v_value = self.value
-            if _v_value is not None and len(_v_value) < 0x7F and _v_value.isascii():
-                out.append(len(_v_value) + 1)
-                out += _v_value.encode()
-            else:
-                write_ncstr(out, _v_value)
+            if _v_value is not None and len(_v_value) < 0x7F and _v_value.isascii(): out.append(len(_v_value) + 1); out += _v_value.encode()
+            else: write_ncstr(out, _v_value)
             out += _S_obo.pack(self.read_only, self.config_source, self.is_sensitive)
             _a_synonyms = self.synonyms
-            if len(_a_synonyms) < 0x7F:
-                out.append(len(_a_synonyms) + 1)
-            else:
-                write_uvarint(out, len(_a_synonyms) + 1)
+            if len(_a_synonyms) < 0x7F: out.append(len(_a_synonyms) + 1)
+            else: write_uvarint(out, len(_a_synonyms) + 1)
             for _e_synonyms in _a_synonyms:
                 _e_synonyms.write(out, version)
             out += I8.pack(self.config_type)
             _v_documentation = self.documentation
-            if _v_documentation is not None and len(_v_documentation) < 0x7F and _v_documentation.isascii():
-                out.append(len(_v_documentation) + 1)
-                out += _v_documentation.encode()
-            else:
-                write_ncstr(out, _v_documentation)
+            if _v_documentation is not None and len(_v_documentation) < 0x7F and _v_documentation.isascii(): out.append(len(_v_documentation) + 1); out += _v_documentation.encode()
+            else: write_ncstr(out, _v_documentation)
         elif version >= 3:
             write_str(out, self.name)
             write_nstr(out, self.value)
@@ -5172,11 +4513,8 @@ class DescribeConfigsResponseDescribeConfigsResourceResult(Message, kw_only=True
                 v_read_only, v_config_source, v_is_sensitive = _S_obo.unpack_from(buf, pos)
                 pos += 3
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_synonyms = []
                 for _ in range(_c):
                     _s_synonyms, pos = DescribeConfigsResponseDescribeConfigsSynonym.read(buf, pos, version)
@@ -5241,23 +4579,15 @@ class DescribeConfigsResponseDescribeConfigsResult(Message, kw_only=True, gc=Fal
         if version >= 4:
             out += I16.pack(self.error_code)
             _v_error_message = self.error_message
-            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-                out.append(len(_v_error_message) + 1)
-                out += _v_error_message.encode()
-            else:
-                write_ncstr(out, _v_error_message)
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+            else: write_ncstr(out, _v_error_message)
             out += I8.pack(self.resource_type)
             _v_resource_name = self.resource_name
-            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii():
-                out.append(len(_v_resource_name) + 1)
-                out += _v_resource_name.encode()
-            else:
-                write_cstr(out, _v_resource_name)
+            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii(): out.append(len(_v_resource_name) + 1); out += _v_resource_name.encode()
+            else: write_cstr(out, _v_resource_name)
             _a_configs = self.configs
-            if len(_a_configs) < 0x7F:
-                out.append(len(_a_configs) + 1)
-            else:
-                write_uvarint(out, len(_a_configs) + 1)
+            if len(_a_configs) < 0x7F: out.append(len(_a_configs) + 1)
+            else: write_uvarint(out, len(_a_configs) + 1)
             for _e_configs in _a_configs:
                 _e_configs.write(out, version)
         else:
@@ -5298,11 +4628,8 @@ class DescribeConfigsResponseDescribeConfigsResult(Message, kw_only=True, gc=Fal
                 else:
                     v_resource_name, pos = read_cstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_configs = []
                 for _ in range(_c):
                     _s_configs, pos = DescribeConfigsResponseDescribeConfigsResourceResult.read(buf, pos, version)
@@ -5348,10 +4675,8 @@ class DescribeConfigsResponse(Message, kw_only=True, gc=False):
         if version >= 4:
             out += I32.pack(self.throttle_time_ms)
             _a_results = self.results
-            if len(_a_results) < 0x7F:
-                out.append(len(_a_results) + 1)
-            else:
-                write_uvarint(out, len(_a_results) + 1)
+            if len(_a_results) < 0x7F: out.append(len(_a_results) + 1)
+            else: write_uvarint(out, len(_a_results) + 1)
             for _e_results in _a_results:
                 _e_results.write(out, version)
         else:
@@ -5372,11 +4697,8 @@ class DescribeConfigsResponse(Message, kw_only=True, gc=False):
                 v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_results = []
                 for _ in range(_c):
                     _s_results, pos = DescribeConfigsResponseDescribeConfigsResult.read(buf, pos, version)
@@ -5440,16 +4762,11 @@ class DescribeQuorumRequestTopicData(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _v_topic_name = self.topic_name
-        if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii():
-            out.append(len(_v_topic_name) + 1)
-            out += _v_topic_name.encode()
-        else:
-            write_cstr(out, _v_topic_name)
+        if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii(): out.append(len(_v_topic_name) + 1); out += _v_topic_name.encode()
+        else: write_cstr(out, _v_topic_name)
         _a_partitions = self.partitions
-        if len(_a_partitions) < 0x7F:
-            out.append(len(_a_partitions) + 1)
-        else:
-            write_uvarint(out, len(_a_partitions) + 1)
+        if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+        else: write_uvarint(out, len(_a_partitions) + 1)
         for _e_partitions in _a_partitions:
             _e_partitions.write(out, version)
         out.append(0)
@@ -5466,11 +4783,8 @@ class DescribeQuorumRequestTopicData(Message, kw_only=True, gc=False):
             else:
                 v_topic_name, pos = read_cstr(buf, pos)
             _b = buf[pos]
-            if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                _c = _b - 1
-                pos += 1
-            else:
-                _c, pos = read_ccount(buf, pos)
+            if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+            else: _c, pos = read_ccount(buf, pos)
             v_partitions = []
             for _ in range(_c):
                 _s_partitions, pos = DescribeQuorumRequestPartitionData.read(buf, pos, version)
@@ -5500,10 +4814,8 @@ class DescribeQuorumRequest(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _a_topics = self.topics
-        if len(_a_topics) < 0x7F:
-            out.append(len(_a_topics) + 1)
-        else:
-            write_uvarint(out, len(_a_topics) + 1)
+        if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+        else: write_uvarint(out, len(_a_topics) + 1)
         for _e_topics in _a_topics:
             _e_topics.write(out, version)
         out.append(0)
@@ -5513,11 +4825,8 @@ class DescribeQuorumRequest(Message, kw_only=True, gc=False):
         v_topics: list[DescribeQuorumRequestTopicData]
         try:
             _b = buf[pos]
-            if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                _c = _b - 1
-                pos += 1
-            else:
-                _c, pos = read_ccount(buf, pos)
+            if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+            else: _c, pos = read_ccount(buf, pos)
             v_topics = []
             for _ in range(_c):
                 _s_topics, pos = DescribeQuorumRequestTopicData.read(buf, pos, version)
@@ -5547,10 +4856,8 @@ class DescribeQuorumResponseReplicaState(Message, kw_only=True, gc=False):
         if version >= 2:
             out += I32.pack(self.replica_id)
             _v_replica_directory_id = self.replica_directory_id
-            if len(_v_replica_directory_id) == 16:
-                out += _v_replica_directory_id
-            else:
-                write_uuid(out, _v_replica_directory_id)  # the error
+            if len(_v_replica_directory_id) == 16: out += _v_replica_directory_id
+            else: write_uuid(out, _v_replica_directory_id)  # the error
             out += _S_qqq.pack(self.log_end_offset, self.last_fetch_timestamp, self.last_caught_up_timestamp)
         elif version >= 1:
             out += _S_iqqq.pack(self.replica_id, self.log_end_offset, self.last_fetch_timestamp, self.last_caught_up_timestamp)
@@ -5573,11 +4880,8 @@ class DescribeQuorumResponseReplicaState(Message, kw_only=True, gc=False):
             if version >= 2:
                 v_replica_id = I32.unpack_from(buf, pos)[0]
                 pos += 4
-                if pos + 16 <= len(buf):
-                    v_replica_directory_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_replica_directory_id, pos = read_uuid(buf, pos)  # the error
+                if pos + 16 <= len(buf): v_replica_directory_id = bytes(buf[pos:pos + 16]); pos += 16
+                else: v_replica_directory_id, pos = read_uuid(buf, pos)  # the error
                 v_log_end_offset, v_last_fetch_timestamp, v_last_caught_up_timestamp = _S_qqq.unpack_from(buf, pos)
                 pos += 24
             elif version >= 1:
@@ -5617,40 +4921,29 @@ class DescribeQuorumResponsePartitionData(Message, kw_only=True, gc=False):
         if version >= 2:
             out += _S_ih.pack(self.partition_index, self.error_code)
             _v_error_message = self.error_message
-            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-                out.append(len(_v_error_message) + 1)
-                out += _v_error_message.encode()
-            else:
-                write_ncstr(out, _v_error_message)
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+            else: write_ncstr(out, _v_error_message)
             out += _S_iiq.pack(self.leader_id, self.leader_epoch, self.high_watermark)
             _a_current_voters = self.current_voters
-            if len(_a_current_voters) < 0x7F:
-                out.append(len(_a_current_voters) + 1)
-            else:
-                write_uvarint(out, len(_a_current_voters) + 1)
+            if len(_a_current_voters) < 0x7F: out.append(len(_a_current_voters) + 1)
+            else: write_uvarint(out, len(_a_current_voters) + 1)
             for _e_current_voters in _a_current_voters:
                 _e_current_voters.write(out, version)
             _a_observers = self.observers
-            if len(_a_observers) < 0x7F:
-                out.append(len(_a_observers) + 1)
-            else:
-                write_uvarint(out, len(_a_observers) + 1)
+            if len(_a_observers) < 0x7F: out.append(len(_a_observers) + 1)
+            else: write_uvarint(out, len(_a_observers) + 1)
             for _e_observers in _a_observers:
                 _e_observers.write(out, version)
         else:
             out += _S_ihiiq.pack(self.partition_index, self.error_code, self.leader_id, self.leader_epoch, self.high_watermark)
             _a_current_voters = self.current_voters
-            if len(_a_current_voters) < 0x7F:
-                out.append(len(_a_current_voters) + 1)
-            else:
-                write_uvarint(out, len(_a_current_voters) + 1)
+            if len(_a_current_voters) < 0x7F: out.append(len(_a_current_voters) + 1)
+            else: write_uvarint(out, len(_a_current_voters) + 1)
             for _e_current_voters in _a_current_voters:
                 _e_current_voters.write(out, version)
             _a_observers = self.observers
-            if len(_a_observers) < 0x7F:
-                out.append(len(_a_observers) + 1)
-            else:
-                write_uvarint(out, len(_a_observers) + 1)
+            if len(_a_observers) < 0x7F: out.append(len(_a_observers) + 1)
+            else: write_uvarint(out, len(_a_observers) + 1)
             for _e_observers in _a_observers:
                 _e_observers.write(out, version)
         out.append(0)
@@ -5678,21 +4971,15 @@ class DescribeQuorumResponsePartitionData(Message, kw_only=True, gc=False):
                 v_leader_id, v_leader_epoch, v_high_watermark = _S_iiq.unpack_from(buf, pos)
                 pos += 16
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_current_voters = []
                 for _ in range(_c):
                     _s_current_voters, pos = DescribeQuorumResponseReplicaState.read(buf, pos, version)
                     v_current_voters.append(_s_current_voters)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_observers = []
                 for _ in range(_c):
                     _s_observers, pos = DescribeQuorumResponseReplicaState.read(buf, pos, version)
@@ -5701,21 +4988,15 @@ class DescribeQuorumResponsePartitionData(Message, kw_only=True, gc=False):
                 v_partition_index, v_error_code, v_leader_id, v_leader_epoch, v_high_watermark = _S_ihiiq.unpack_from(buf, pos)
                 pos += 22
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_current_voters = []
                 for _ in range(_c):
                     _s_current_voters, pos = DescribeQuorumResponseReplicaState.read(buf, pos, version)
                     v_current_voters.append(_s_current_voters)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_observers = []
                 for _ in range(_c):
                     _s_observers, pos = DescribeQuorumResponseReplicaState.read(buf, pos, version)
@@ -5743,16 +5024,11 @@ class DescribeQuorumResponseTopicData(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _v_topic_name = self.topic_name
-        if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii():
-            out.append(len(_v_topic_name) + 1)
-            out += _v_topic_name.encode()
-        else:
-            write_cstr(out, _v_topic_name)
+        if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii(): out.append(len(_v_topic_name) + 1); out += _v_topic_name.encode()
+        else: write_cstr(out, _v_topic_name)
         _a_partitions = self.partitions
-        if len(_a_partitions) < 0x7F:
-            out.append(len(_a_partitions) + 1)
-        else:
-            write_uvarint(out, len(_a_partitions) + 1)
+        if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+        else: write_uvarint(out, len(_a_partitions) + 1)
         for _e_partitions in _a_partitions:
             _e_partitions.write(out, version)
         out.append(0)
@@ -5769,11 +5045,8 @@ class DescribeQuorumResponseTopicData(Message, kw_only=True, gc=False):
             else:
                 v_topic_name, pos = read_cstr(buf, pos)
             _b = buf[pos]
-            if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                _c = _b - 1
-                pos += 1
-            else:
-                _c, pos = read_ccount(buf, pos)
+            if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+            else: _c, pos = read_ccount(buf, pos)
             v_partitions = []
             for _ in range(_c):
                 _s_partitions, pos = DescribeQuorumResponsePartitionData.read(buf, pos, version)
@@ -5802,17 +5075,11 @@ class DescribeQuorumResponseListener(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _v_name = self.name
-        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-            out.append(len(_v_name) + 1)
-            out += _v_name.encode()
-        else:
-            write_cstr(out, _v_name)
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+        else: write_cstr(out, _v_name)
         _v_host = self.host
-        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
-            out.append(len(_v_host) + 1)
-            out += _v_host.encode()
-        else:
-            write_cstr(out, _v_host)
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii(): out.append(len(_v_host) + 1); out += _v_host.encode()
+        else: write_cstr(out, _v_host)
         out += U16.pack(self.port)
         out.append(0)
 
@@ -5860,10 +5127,8 @@ class DescribeQuorumResponseNode(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         out += I32.pack(self.node_id)
         _a_listeners = self.listeners
-        if len(_a_listeners) < 0x7F:
-            out.append(len(_a_listeners) + 1)
-        else:
-            write_uvarint(out, len(_a_listeners) + 1)
+        if len(_a_listeners) < 0x7F: out.append(len(_a_listeners) + 1)
+        else: write_uvarint(out, len(_a_listeners) + 1)
         for _e_listeners in _a_listeners:
             _e_listeners.write(out, version)
         out.append(0)
@@ -5876,11 +5141,8 @@ class DescribeQuorumResponseNode(Message, kw_only=True, gc=False):
             v_node_id = I32.unpack_from(buf, pos)[0]
             pos += 4
             _b = buf[pos]
-            if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                _c = _b - 1
-                pos += 1
-            else:
-                _c, pos = read_ccount(buf, pos)
+            if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+            else: _c, pos = read_ccount(buf, pos)
             v_listeners = []
             for _ in range(_c):
                 _s_listeners, pos = DescribeQuorumResponseListener.read(buf, pos, version)
@@ -5915,32 +5177,23 @@ class DescribeQuorumResponse(Message, kw_only=True, gc=False):
         if version >= 2:
             out += I16.pack(self.error_code)
             _v_error_message = self.error_message
-            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-                out.append(len(_v_error_message) + 1)
-                out += _v_error_message.encode()
-            else:
-                write_ncstr(out, _v_error_message)
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+            else: write_ncstr(out, _v_error_message)
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
             _a_nodes = self.nodes
-            if len(_a_nodes) < 0x7F:
-                out.append(len(_a_nodes) + 1)
-            else:
-                write_uvarint(out, len(_a_nodes) + 1)
+            if len(_a_nodes) < 0x7F: out.append(len(_a_nodes) + 1)
+            else: write_uvarint(out, len(_a_nodes) + 1)
             for _e_nodes in _a_nodes:
                 _e_nodes.write(out, version)
         else:
             out += I16.pack(self.error_code)
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
             if len(self.nodes) != 0:
@@ -5964,21 +5217,15 @@ class DescribeQuorumResponse(Message, kw_only=True, gc=False):
                 else:
                     v_error_message, pos = read_ncstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = DescribeQuorumResponseTopicData.read(buf, pos, version)
                     v_topics.append(_s_topics)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_nodes = []
                 for _ in range(_c):
                     _s_nodes, pos = DescribeQuorumResponseNode.read(buf, pos, version)
@@ -5987,11 +5234,8 @@ class DescribeQuorumResponse(Message, kw_only=True, gc=False):
                 v_error_code = I16.unpack_from(buf, pos)[0]
                 pos += 2
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = DescribeQuorumResponseTopicData.read(buf, pos, version)
@@ -6017,10 +5261,8 @@ class EndQuorumEpochRequestReplicaInfo(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         out += I32.pack(self.candidate_id)
         _v_candidate_directory_id = self.candidate_directory_id
-        if len(_v_candidate_directory_id) == 16:
-            out += _v_candidate_directory_id
-        else:
-            write_uuid(out, _v_candidate_directory_id)  # the error
+        if len(_v_candidate_directory_id) == 16: out += _v_candidate_directory_id
+        else: write_uuid(out, _v_candidate_directory_id)  # the error
         out.append(0)
 
     @classmethod
@@ -6030,11 +5272,8 @@ class EndQuorumEpochRequestReplicaInfo(Message, kw_only=True, gc=False):
         try:
             v_candidate_id = I32.unpack_from(buf, pos)[0]
             pos += 4
-            if pos + 16 <= len(buf):
-                v_candidate_directory_id = bytes(buf[pos:pos + 16])
-                pos += 16
-            else:
-                v_candidate_directory_id, pos = read_uuid(buf, pos)  # the error
+            if pos + 16 <= len(buf): v_candidate_directory_id = bytes(buf[pos:pos + 16]); pos += 16
+            else: v_candidate_directory_id, pos = read_uuid(buf, pos)  # the error
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -6063,10 +5302,8 @@ class EndQuorumEpochRequestPartitionData(Message, kw_only=True, gc=False):
         if version >= 1:
             out += _S_iii.pack(self.partition_index, self.leader_id, self.leader_epoch)
             _a_preferred_candidates = self.preferred_candidates
-            if len(_a_preferred_candidates) < 0x7F:
-                out.append(len(_a_preferred_candidates) + 1)
-            else:
-                write_uvarint(out, len(_a_preferred_candidates) + 1)
+            if len(_a_preferred_candidates) < 0x7F: out.append(len(_a_preferred_candidates) + 1)
+            else: write_uvarint(out, len(_a_preferred_candidates) + 1)
             for _e_preferred_candidates in _a_preferred_candidates:
                 _e_preferred_candidates.write(out, version)
         else:
@@ -6089,11 +5326,8 @@ class EndQuorumEpochRequestPartitionData(Message, kw_only=True, gc=False):
                 v_partition_index, v_leader_id, v_leader_epoch = _S_iii.unpack_from(buf, pos)
                 pos += 12
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_preferred_candidates = []
                 for _ in range(_c):
                     _s_preferred_candidates, pos = EndQuorumEpochRequestReplicaInfo.read(buf, pos, version)
@@ -6129,16 +5363,11 @@ class EndQuorumEpochRequestTopicData(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 1:
             _v_topic_name = self.topic_name
-            if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii():
-                out.append(len(_v_topic_name) + 1)
-                out += _v_topic_name.encode()
-            else:
-                write_cstr(out, _v_topic_name)
+            if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii(): out.append(len(_v_topic_name) + 1); out += _v_topic_name.encode()
+            else: write_cstr(out, _v_topic_name)
             _a_partitions = self.partitions
-            if len(_a_partitions) < 0x7F:
-                out.append(len(_a_partitions) + 1)
-            else:
-                write_uvarint(out, len(_a_partitions) + 1)
+            if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+            else: write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         else:
@@ -6163,11 +5392,8 @@ class EndQuorumEpochRequestTopicData(Message, kw_only=True, gc=False):
                 else:
                     v_topic_name, pos = read_cstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = EndQuorumEpochRequestPartitionData.read(buf, pos, version)
@@ -6204,17 +5430,11 @@ class EndQuorumEpochRequestLeaderEndpoint(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _v_name = self.name
-        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-            out.append(len(_v_name) + 1)
-            out += _v_name.encode()
-        else:
-            write_cstr(out, _v_name)
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+        else: write_cstr(out, _v_name)
         _v_host = self.host
-        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
-            out.append(len(_v_host) + 1)
-            out += _v_host.encode()
-        else:
-            write_cstr(out, _v_host)
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii(): out.append(len(_v_host) + 1); out += _v_host.encode()
+        else: write_cstr(out, _v_host)
         out += U16.pack(self.port)
         out.append(0)
 
@@ -6266,23 +5486,16 @@ class EndQuorumEpochRequest(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 1:
             _v_cluster_id = self.cluster_id
-            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-                out.append(len(_v_cluster_id) + 1)
-                out += _v_cluster_id.encode()
-            else:
-                write_ncstr(out, _v_cluster_id)
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii(): out.append(len(_v_cluster_id) + 1); out += _v_cluster_id.encode()
+            else: write_ncstr(out, _v_cluster_id)
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
             _a_leader_endpoints = self.leader_endpoints
-            if len(_a_leader_endpoints) < 0x7F:
-                out.append(len(_a_leader_endpoints) + 1)
-            else:
-                write_uvarint(out, len(_a_leader_endpoints) + 1)
+            if len(_a_leader_endpoints) < 0x7F: out.append(len(_a_leader_endpoints) + 1)
+            else: write_uvarint(out, len(_a_leader_endpoints) + 1)
             for _e_leader_endpoints in _a_leader_endpoints:
                 _e_leader_endpoints.write(out, version)
         else:
@@ -6308,21 +5521,15 @@ class EndQuorumEpochRequest(Message, kw_only=True, gc=False):
                 else:
                     v_cluster_id, pos = read_ncstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = EndQuorumEpochRequestTopicData.read(buf, pos, version)
                     v_topics.append(_s_topics)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_leader_endpoints = []
                 for _ in range(_c):
                     _s_leader_endpoints, pos = EndQuorumEpochRequestLeaderEndpoint.read(buf, pos, version)
@@ -6394,16 +5601,11 @@ class EndQuorumEpochResponseTopicData(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 1:
             _v_topic_name = self.topic_name
-            if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii():
-                out.append(len(_v_topic_name) + 1)
-                out += _v_topic_name.encode()
-            else:
-                write_cstr(out, _v_topic_name)
+            if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii(): out.append(len(_v_topic_name) + 1); out += _v_topic_name.encode()
+            else: write_cstr(out, _v_topic_name)
             _a_partitions = self.partitions
-            if len(_a_partitions) < 0x7F:
-                out.append(len(_a_partitions) + 1)
-            else:
-                write_uvarint(out, len(_a_partitions) + 1)
+            if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+            else: write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         else:
@@ -6428,11 +5630,8 @@ class EndQuorumEpochResponseTopicData(Message, kw_only=True, gc=False):
                 else:
                     v_topic_name, pos = read_cstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = EndQuorumEpochResponsePartitionData.read(buf, pos, version)
@@ -6470,11 +5669,8 @@ class EndQuorumEpochResponseNodeEndpoint(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         out += I32.pack(self.node_id)
         _v_host = self.host
-        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
-            out.append(len(_v_host) + 1)
-            out += _v_host.encode()
-        else:
-            write_cstr(out, _v_host)
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii(): out.append(len(_v_host) + 1); out += _v_host.encode()
+        else: write_cstr(out, _v_host)
         out += U16.pack(self.port)
         out.append(0)
 
@@ -6523,10 +5719,8 @@ class EndQuorumEpochResponse(Message, kw_only=True, gc=False):
         if version >= 1:
             out += I16.pack(self.error_code)
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         else:
@@ -6545,10 +5739,8 @@ class EndQuorumEpochResponse(Message, kw_only=True, gc=False):
             if len(self.node_endpoints) != 0:
                 _t = bytearray()
                 _a_node_endpoints = self.node_endpoints
-                if len(_a_node_endpoints) < 0x7F:
-                    _t.append(len(_a_node_endpoints) + 1)
-                else:
-                    write_uvarint(_t, len(_a_node_endpoints) + 1)
+                if len(_a_node_endpoints) < 0x7F: _t.append(len(_a_node_endpoints) + 1)
+                else: write_uvarint(_t, len(_a_node_endpoints) + 1)
                 for _e_node_endpoints in _a_node_endpoints:
                     _e_node_endpoints.write(_t, version)
                 write_tagged(out, 0, _t)
@@ -6563,11 +5755,8 @@ class EndQuorumEpochResponse(Message, kw_only=True, gc=False):
                 v_error_code = I16.unpack_from(buf, pos)[0]
                 pos += 2
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = EndQuorumEpochResponseTopicData.read(buf, pos, version)
@@ -6585,25 +5774,18 @@ class EndQuorumEpochResponse(Message, kw_only=True, gc=False):
                     pos += 1
                 else:
                     _n = buf[pos]
-                    if _n < 0x80 and 2 * _n < len(buf) - pos:
-                        pos += 1
-                    else:
-                        _n, pos = read_tag_count(buf, pos)
+                    if _n < 0x80 and 2 * _n < len(buf) - pos: pos += 1
+                    else: _n, pos = read_tag_count(buf, pos)
                     for _ in range(_n):
                         _tag = buf[pos]
                         _size = buf[pos + 1]
-                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
-                            pos += 2
-                        else:
-                            _tag, pos, _end = read_tag(buf, pos)
+                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf): pos += 2
+                        else: _tag, pos, _end = read_tag(buf, pos)
                         _sub = buf[:_end]
                         if _tag == 0:
                             _b = _sub[pos]
-                            if 0 < _b < 0x80 and _b <= len(_sub) - pos:
-                                _c = _b - 1
-                                pos += 1
-                            else:
-                                _c, pos = read_ccount(_sub, pos)
+                            if 0 < _b < 0x80 and _b <= len(_sub) - pos: _c = _b - 1; pos += 1
+                            else: _c, pos = read_ccount(_sub, pos)
                             v_node_endpoints = []
                             for _ in range(_c):
                                 _s_node_endpoints, pos = EndQuorumEpochResponseNodeEndpoint.read(_sub, pos, version)
@@ -6791,10 +5973,8 @@ class FetchRequestFetchPartition(Message, kw_only=True, gc=False):
             if version >= 17 and self.replica_directory_id != ZERO_UUID:
                 _t = bytearray()
                 _v_replica_directory_id = self.replica_directory_id
-                if len(_v_replica_directory_id) == 16:
-                    _t += _v_replica_directory_id
-                else:
-                    write_uuid(_t, _v_replica_directory_id)  # the error
+                if len(_v_replica_directory_id) == 16: _t += _v_replica_directory_id
+                else: write_uuid(_t, _v_replica_directory_id)  # the error
                 write_tagged(out, 0, _t)
             if version >= 18 and self.high_watermark != 9223372036854775807:
                 _t = bytearray()
@@ -6829,24 +6009,17 @@ class FetchRequestFetchPartition(Message, kw_only=True, gc=False):
                     pos += 1
                 else:
                     _n = buf[pos]
-                    if _n < 0x80 and 2 * _n < len(buf) - pos:
-                        pos += 1
-                    else:
-                        _n, pos = read_tag_count(buf, pos)
+                    if _n < 0x80 and 2 * _n < len(buf) - pos: pos += 1
+                    else: _n, pos = read_tag_count(buf, pos)
                     for _ in range(_n):
                         _tag = buf[pos]
                         _size = buf[pos + 1]
-                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
-                            pos += 2
-                        else:
-                            _tag, pos, _end = read_tag(buf, pos)
+                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf): pos += 2
+                        else: _tag, pos, _end = read_tag(buf, pos)
                         _sub = buf[:_end]
                         if _tag == 0 and version >= 17:
-                            if pos + 16 <= len(_sub):
-                                v_replica_directory_id = bytes(_sub[pos:pos + 16])
-                                pos += 16
-                            else:
-                                v_replica_directory_id, pos = read_uuid(_sub, pos)  # the error
+                            if pos + 16 <= len(_sub): v_replica_directory_id = bytes(_sub[pos:pos + 16]); pos += 16
+                            else: v_replica_directory_id, pos = read_uuid(_sub, pos)  # the error
                             if pos != _end:
                                 check_tag_end(pos, _end, _tag)
                         elif _tag == 1 and version >= 18:
@@ -6876,29 +6049,20 @@ class FetchRequestFetchTopic(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 13:
             _v_topic_id = self.topic_id
-            if len(_v_topic_id) == 16:
-                out += _v_topic_id
-            else:
-                write_uuid(out, _v_topic_id)  # the error
+            if len(_v_topic_id) == 16: out += _v_topic_id
+            else: write_uuid(out, _v_topic_id)  # the error
             _a_partitions = self.partitions
-            if len(_a_partitions) < 0x7F:
-                out.append(len(_a_partitions) + 1)
-            else:
-                write_uvarint(out, len(_a_partitions) + 1)
+            if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+            else: write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         elif version >= 12:
             _v_topic = self.topic
-            if _v_topic is not None and len(_v_topic) < 0x7F and _v_topic.isascii():
-                out.append(len(_v_topic) + 1)
-                out += _v_topic.encode()
-            else:
-                write_cstr(out, _v_topic)
+            if _v_topic is not None and len(_v_topic) < 0x7F and _v_topic.isascii(): out.append(len(_v_topic) + 1); out += _v_topic.encode()
+            else: write_cstr(out, _v_topic)
             _a_partitions = self.partitions
-            if len(_a_partitions) < 0x7F:
-                out.append(len(_a_partitions) + 1)
-            else:
-                write_uvarint(out, len(_a_partitions) + 1)
+            if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+            else: write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         else:
@@ -6917,17 +6081,11 @@ class FetchRequestFetchTopic(Message, kw_only=True, gc=False):
         v_partitions: list[FetchRequestFetchPartition]
         try:
             if version >= 13:
-                if pos + 16 <= len(buf):
-                    v_topic_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_topic_id, pos = read_uuid(buf, pos)  # the error
+                if pos + 16 <= len(buf): v_topic_id = bytes(buf[pos:pos + 16]); pos += 16
+                else: v_topic_id, pos = read_uuid(buf, pos)  # the error
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = FetchRequestFetchPartition.read(buf, pos, version)
@@ -6940,11 +6098,8 @@ class FetchRequestFetchTopic(Message, kw_only=True, gc=False):
                 else:
                     v_topic, pos = read_cstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = FetchRequestFetchPartition.read(buf, pos, version)
@@ -6982,28 +6137,19 @@ class FetchRequestForgottenTopic(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 13:
             _v_topic_id = self.topic_id
-            if len(_v_topic_id) == 16:
-                out += _v_topic_id
-            else:
-                write_uuid(out, _v_topic_id)  # the error
+            if len(_v_topic_id) == 16: out += _v_topic_id
+            else: write_uuid(out, _v_topic_id)  # the error
             _a_partitions = self.partitions
-            if len(_a_partitions) < 0x7F:
-                out.append(len(_a_partitions) + 1)
-            else:
-                write_uvarint(out, len(_a_partitions) + 1)
+            if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+            else: write_uvarint(out, len(_a_partitions) + 1)
             out += struct.pack(">%di" % len(_a_partitions), *_a_partitions)
         elif version >= 12:
             _v_topic = self.topic
-            if _v_topic is not None and len(_v_topic) < 0x7F and _v_topic.isascii():
-                out.append(len(_v_topic) + 1)
-                out += _v_topic.encode()
-            else:
-                write_cstr(out, _v_topic)
+            if _v_topic is not None and len(_v_topic) < 0x7F and _v_topic.isascii(): out.append(len(_v_topic) + 1); out += _v_topic.encode()
+            else: write_cstr(out, _v_topic)
             _a_partitions = self.partitions
-            if len(_a_partitions) < 0x7F:
-                out.append(len(_a_partitions) + 1)
-            else:
-                write_uvarint(out, len(_a_partitions) + 1)
+            if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+            else: write_uvarint(out, len(_a_partitions) + 1)
             out += struct.pack(">%di" % len(_a_partitions), *_a_partitions)
         else:
             write_str(out, self.topic)
@@ -7020,17 +6166,11 @@ class FetchRequestForgottenTopic(Message, kw_only=True, gc=False):
         v_partitions: list[int]
         try:
             if version >= 13:
-                if pos + 16 <= len(buf):
-                    v_topic_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_topic_id, pos = read_uuid(buf, pos)  # the error
+                if pos + 16 <= len(buf): v_topic_id = bytes(buf[pos:pos + 16]); pos += 16
+                else: v_topic_id, pos = read_uuid(buf, pos)  # the error
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partitions = list(struct.unpack_from(">%di" % _c, buf, pos))
                 pos += 4 * _c
             elif version >= 12:
@@ -7041,11 +6181,8 @@ class FetchRequestForgottenTopic(Message, kw_only=True, gc=False):
                 else:
                     v_topic, pos = read_cstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partitions = list(struct.unpack_from(">%di" % _c, buf, pos))
                 pos += 4 * _c
             else:
@@ -7092,49 +6229,35 @@ class FetchRequest(Message, kw_only=True, gc=False):
         if version >= 15:
             out += _S_iiibii.pack(self.max_wait_ms, self.min_bytes, self.max_bytes, self.isolation_level, self.session_id, self.session_epoch)
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
             _a_forgotten_topics_data = self.forgotten_topics_data
-            if len(_a_forgotten_topics_data) < 0x7F:
-                out.append(len(_a_forgotten_topics_data) + 1)
-            else:
-                write_uvarint(out, len(_a_forgotten_topics_data) + 1)
+            if len(_a_forgotten_topics_data) < 0x7F: out.append(len(_a_forgotten_topics_data) + 1)
+            else: write_uvarint(out, len(_a_forgotten_topics_data) + 1)
             for _e_forgotten_topics_data in _a_forgotten_topics_data:
                 _e_forgotten_topics_data.write(out, version)
             _v_rack_id = self.rack_id
-            if _v_rack_id is not None and len(_v_rack_id) < 0x7F and _v_rack_id.isascii():
-                out.append(len(_v_rack_id) + 1)
-                out += _v_rack_id.encode()
-            else:
-                write_cstr(out, _v_rack_id)
+            if _v_rack_id is not None and len(_v_rack_id) < 0x7F and _v_rack_id.isascii(): out.append(len(_v_rack_id) + 1); out += _v_rack_id.encode()
+            else: write_cstr(out, _v_rack_id)
             if self.replica_id != -1:
                 raise unsupported("FetchRequest.replica_id", version)
         elif version >= 12:
             out += _S_iiiibii.pack(self.replica_id, self.max_wait_ms, self.min_bytes, self.max_bytes, self.isolation_level, self.session_id, self.session_epoch)
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
             _a_forgotten_topics_data = self.forgotten_topics_data
-            if len(_a_forgotten_topics_data) < 0x7F:
-                out.append(len(_a_forgotten_topics_data) + 1)
-            else:
-                write_uvarint(out, len(_a_forgotten_topics_data) + 1)
+            if len(_a_forgotten_topics_data) < 0x7F: out.append(len(_a_forgotten_topics_data) + 1)
+            else: write_uvarint(out, len(_a_forgotten_topics_data) + 1)
             for _e_forgotten_topics_data in _a_forgotten_topics_data:
                 _e_forgotten_topics_data.write(out, version)
             _v_rack_id = self.rack_id
-            if _v_rack_id is not None and len(_v_rack_id) < 0x7F and _v_rack_id.isascii():
-                out.append(len(_v_rack_id) + 1)
-                out += _v_rack_id.encode()
-            else:
-                write_cstr(out, _v_rack_id)
+            if _v_rack_id is not None and len(_v_rack_id) < 0x7F and _v_rack_id.isascii(): out.append(len(_v_rack_id) + 1); out += _v_rack_id.encode()
+            else: write_cstr(out, _v_rack_id)
         elif version >= 11:
             out += _S_iiiibii.pack(self.replica_id, self.max_wait_ms, self.min_bytes, self.max_bytes, self.isolation_level, self.session_id, self.session_epoch)
             _a_topics = self.topics
@@ -7176,11 +6299,8 @@ class FetchRequest(Message, kw_only=True, gc=False):
             if self.cluster_id is not None:
                 _t = bytearray()
                 _v_cluster_id = self.cluster_id
-                if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-                    _t.append(len(_v_cluster_id) + 1)
-                    _t += _v_cluster_id.encode()
-                else:
-                    write_cstr(_t, _v_cluster_id)
+                if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii(): _t.append(len(_v_cluster_id) + 1); _t += _v_cluster_id.encode()
+                else: write_cstr(_t, _v_cluster_id)
                 write_tagged(out, 0, _t)
             if version >= 15 and self.replica_state != _D_FetchRequestReplicaState:
                 _t = bytearray()
@@ -7203,115 +6323,65 @@ class FetchRequest(Message, kw_only=True, gc=False):
         v_forgotten_topics_data: list[FetchRequestForgottenTopic] = []
         v_rack_id: str = ''
         try:
-            if version >= 15:
-                v_max_wait_ms, v_min_bytes, v_max_bytes, v_isolation_level, v_session_id, v_session_epoch = _S_iiibii.unpack_from(buf, pos)
-                pos += 21
-                _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
-                v_topics = []
-                for _ in range(_c):
-                    _s_topics, pos = FetchRequestFetchTopic.read(buf, pos, version)
-                    v_topics.append(_s_topics)
-                _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
-                v_forgotten_topics_data = []
-                for _ in range(_c):
-                    _s_forgotten_topics_data, pos = FetchRequestForgottenTopic.read(buf, pos, version)
-                    v_forgotten_topics_data.append(_s_forgotten_topics_data)
-                _b = buf[pos]
-                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
-                    v_rack_id = str(buf[pos + 1:_e], 'utf-8')
-                    pos = _e
-                else:
-                    v_rack_id, pos = read_cstr(buf, pos)
-            elif version >= 12:
-                v_replica_id, v_max_wait_ms, v_min_bytes, v_max_bytes, v_isolation_level, v_session_id, v_session_epoch = _S_iiiibii.unpack_from(buf, pos)
-                pos += 25
-                _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
-                v_topics = []
-                for _ in range(_c):
-                    _s_topics, pos = FetchRequestFetchTopic.read(buf, pos, version)
-                    v_topics.append(_s_topics)
-                _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
-                v_forgotten_topics_data = []
-                for _ in range(_c):
-                    _s_forgotten_topics_data, pos = FetchRequestForgottenTopic.read(buf, pos, version)
-                    v_forgotten_topics_data.append(_s_forgotten_topics_data)
-                _b = buf[pos]
-                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
-                    v_rack_id = str(buf[pos + 1:_e], 'utf-8')
-                    pos = _e
-                else:
-                    v_rack_id, pos = read_cstr(buf, pos)
-            elif version >= 11:
-                v_replica_id, v_max_wait_ms, v_min_bytes, v_max_bytes, v_isolation_level, v_session_id, v_session_epoch = _S_iiiibii.unpack_from(buf, pos)
-                pos += 25
+            if version <= 14:
+                v_replica_id = I32.unpack_from(buf, pos)[0]
+                pos += 4
+            v_max_wait_ms, v_min_bytes, v_max_bytes, v_isolation_level = _S_iiib.unpack_from(buf, pos)
+            pos += 13
+            if version >= 7:
+                v_session_id, v_session_epoch = _S_ii.unpack_from(buf, pos)
+                pos += 8
+            if version <= 11:
                 _c, pos = read_count(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = FetchRequestFetchTopic.read(buf, pos, version)
                     v_topics.append(_s_topics)
-                _c, pos = read_count(buf, pos)
-                v_forgotten_topics_data = []
-                for _ in range(_c):
-                    _s_forgotten_topics_data, pos = FetchRequestForgottenTopic.read(buf, pos, version)
-                    v_forgotten_topics_data.append(_s_forgotten_topics_data)
-                v_rack_id, pos = read_str(buf, pos)
-            elif version >= 7:
-                v_replica_id, v_max_wait_ms, v_min_bytes, v_max_bytes, v_isolation_level, v_session_id, v_session_epoch = _S_iiiibii.unpack_from(buf, pos)
-                pos += 25
-                _c, pos = read_count(buf, pos)
-                v_topics = []
-                for _ in range(_c):
-                    _s_topics, pos = FetchRequestFetchTopic.read(buf, pos, version)
-                    v_topics.append(_s_topics)
-                _c, pos = read_count(buf, pos)
-                v_forgotten_topics_data = []
-                for _ in range(_c):
-                    _s_forgotten_topics_data, pos = FetchRequestForgottenTopic.read(buf, pos, version)
-                    v_forgotten_topics_data.append(_s_forgotten_topics_data)
             else:
-                v_replica_id, v_max_wait_ms, v_min_bytes, v_max_bytes, v_isolation_level = _S_iiiib.unpack_from(buf, pos)
-                pos += 17
-                _c, pos = read_count(buf, pos)
+                _b = buf[pos]
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = FetchRequestFetchTopic.read(buf, pos, version)
                     v_topics.append(_s_topics)
+            if version >= 7:
+                if version <= 11:
+                    _c, pos = read_count(buf, pos)
+                    v_forgotten_topics_data = []
+                    for _ in range(_c):
+                        _s_forgotten_topics_data, pos = FetchRequestForgottenTopic.read(buf, pos, version)
+                        v_forgotten_topics_data.append(_s_forgotten_topics_data)
+                else:
+                    _b = buf[pos]
+                    if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                    else: _c, pos = read_ccount(buf, pos)
+                    v_forgotten_topics_data = []
+                    for _ in range(_c):
+                        _s_forgotten_topics_data, pos = FetchRequestForgottenTopic.read(buf, pos, version)
+                        v_forgotten_topics_data.append(_s_forgotten_topics_data)
+            if version >= 11:
+                if version <= 11:
+                    v_rack_id, pos = read_str(buf, pos)
+                else:
+                    _b = buf[pos]
+                    if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                        v_rack_id = str(buf[pos + 1:_e], 'utf-8')
+                        pos = _e
+                    else:
+                        v_rack_id, pos = read_cstr(buf, pos)
             if version >= 12:
                 if buf[pos] == 0:
                     pos += 1
                 else:
                     _n = buf[pos]
-                    if _n < 0x80 and 2 * _n < len(buf) - pos:
-                        pos += 1
-                    else:
-                        _n, pos = read_tag_count(buf, pos)
+                    if _n < 0x80 and 2 * _n < len(buf) - pos: pos += 1
+                    else: _n, pos = read_tag_count(buf, pos)
                     for _ in range(_n):
                         _tag = buf[pos]
                         _size = buf[pos + 1]
-                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
-                            pos += 2
-                        else:
-                            _tag, pos, _end = read_tag(buf, pos)
+                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf): pos += 2
+                        else: _tag, pos, _end = read_tag(buf, pos)
                         _sub = buf[:_end]
                         if _tag == 0:
                             _b = _sub[pos]
@@ -7487,10 +6557,8 @@ class FetchResponsePartitionData(Message, kw_only=True, gc=False):
             if _a_aborted_transactions is None:
                 out.append(0)
             else:
-                if len(_a_aborted_transactions) < 0x7F:
-                    out.append(len(_a_aborted_transactions) + 1)
-                else:
-                    write_uvarint(out, len(_a_aborted_transactions) + 1)
+                if len(_a_aborted_transactions) < 0x7F: out.append(len(_a_aborted_transactions) + 1)
+                else: write_uvarint(out, len(_a_aborted_transactions) + 1)
                 for _e_aborted_transactions in _a_aborted_transactions:
                     _e_aborted_transactions.write(out, version)
             out += I32.pack(self.preferred_read_replica)
@@ -7579,11 +6647,8 @@ class FetchResponsePartitionData(Message, kw_only=True, gc=False):
                 v_partition_index, v_error_code, v_high_watermark, v_last_stable_offset, v_log_start_offset = _S_ihqqq.unpack_from(buf, pos)
                 pos += 30
                 _b = buf[pos]
-                if _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_nccount(buf, pos)
+                if _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_nccount(buf, pos)
                 if _c < 0:
                     v_aborted_transactions = None
                 else:
@@ -7616,21 +6681,12 @@ class FetchResponsePartitionData(Message, kw_only=True, gc=False):
                 v_preferred_read_replica = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 v_records, pos = read_nbytes(buf, pos)
-            elif version >= 5:
-                v_partition_index, v_error_code, v_high_watermark, v_last_stable_offset, v_log_start_offset = _S_ihqqq.unpack_from(buf, pos)
-                pos += 30
-                _c, pos = read_ncount(buf, pos)
-                if _c < 0:
-                    v_aborted_transactions = None
-                else:
-                    v_aborted_transactions = []
-                    for _ in range(_c):
-                        _s_aborted_transactions, pos = FetchResponseAbortedTransaction.read(buf, pos, version)
-                        v_aborted_transactions.append(_s_aborted_transactions)
-                v_records, pos = read_nbytes(buf, pos)
             else:
                 v_partition_index, v_error_code, v_high_watermark, v_last_stable_offset = _S_ihqq.unpack_from(buf, pos)
                 pos += 22
+                if version >= 5:
+                    v_log_start_offset = I64.unpack_from(buf, pos)[0]
+                    pos += 8
                 _c, pos = read_ncount(buf, pos)
                 if _c < 0:
                     v_aborted_transactions = None
@@ -7645,17 +6701,13 @@ class FetchResponsePartitionData(Message, kw_only=True, gc=False):
                     pos += 1
                 else:
                     _n = buf[pos]
-                    if _n < 0x80 and 2 * _n < len(buf) - pos:
-                        pos += 1
-                    else:
-                        _n, pos = read_tag_count(buf, pos)
+                    if _n < 0x80 and 2 * _n < len(buf) - pos: pos += 1
+                    else: _n, pos = read_tag_count(buf, pos)
                     for _ in range(_n):
                         _tag = buf[pos]
                         _size = buf[pos + 1]
-                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
-                            pos += 2
-                        else:
-                            _tag, pos, _end = read_tag(buf, pos)
+                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf): pos += 2
+                        else: _tag, pos, _end = read_tag(buf, pos)
                         _sub = buf[:_end]
                         if _tag == 0:
                             v_diverging_epoch, pos = FetchResponseEpochEndOffset.read(_sub, pos, version)
@@ -7691,29 +6743,20 @@ class FetchResponseFetchableTopicResponse(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 13:
             _v_topic_id = self.topic_id
-            if len(_v_topic_id) == 16:
-                out += _v_topic_id
-            else:
-                write_uuid(out, _v_topic_id)  # the error
+            if len(_v_topic_id) == 16: out += _v_topic_id
+            else: write_uuid(out, _v_topic_id)  # the error
             _a_partitions = self.partitions
-            if len(_a_partitions) < 0x7F:
-                out.append(len(_a_partitions) + 1)
-            else:
-                write_uvarint(out, len(_a_partitions) + 1)
+            if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+            else: write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         elif version >= 12:
             _v_topic = self.topic
-            if _v_topic is not None and len(_v_topic) < 0x7F and _v_topic.isascii():
-                out.append(len(_v_topic) + 1)
-                out += _v_topic.encode()
-            else:
-                write_cstr(out, _v_topic)
+            if _v_topic is not None and len(_v_topic) < 0x7F and _v_topic.isascii(): out.append(len(_v_topic) + 1); out += _v_topic.encode()
+            else: write_cstr(out, _v_topic)
             _a_partitions = self.partitions
-            if len(_a_partitions) < 0x7F:
-                out.append(len(_a_partitions) + 1)
-            else:
-                write_uvarint(out, len(_a_partitions) + 1)
+            if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+            else: write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         else:
@@ -7732,17 +6775,11 @@ class FetchResponseFetchableTopicResponse(Message, kw_only=True, gc=False):
         v_partitions: list[FetchResponsePartitionData]
         try:
             if version >= 13:
-                if pos + 16 <= len(buf):
-                    v_topic_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_topic_id, pos = read_uuid(buf, pos)  # the error
+                if pos + 16 <= len(buf): v_topic_id = bytes(buf[pos:pos + 16]); pos += 16
+                else: v_topic_id, pos = read_uuid(buf, pos)  # the error
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = FetchResponsePartitionData.read(buf, pos, version)
@@ -7755,11 +6792,8 @@ class FetchResponseFetchableTopicResponse(Message, kw_only=True, gc=False):
                 else:
                     v_topic, pos = read_cstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = FetchResponsePartitionData.read(buf, pos, version)
@@ -7798,18 +6832,12 @@ class FetchResponseNodeEndpoint(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         out += I32.pack(self.node_id)
         _v_host = self.host
-        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
-            out.append(len(_v_host) + 1)
-            out += _v_host.encode()
-        else:
-            write_cstr(out, _v_host)
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii(): out.append(len(_v_host) + 1); out += _v_host.encode()
+        else: write_cstr(out, _v_host)
         out += I32.pack(self.port)
         _v_rack = self.rack
-        if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii():
-            out.append(len(_v_rack) + 1)
-            out += _v_rack.encode()
-        else:
-            write_ncstr(out, _v_rack)
+        if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii(): out.append(len(_v_rack) + 1); out += _v_rack.encode()
+        else: write_ncstr(out, _v_rack)
         out.append(0)
 
     @classmethod
@@ -7866,10 +6894,8 @@ class FetchResponse(Message, kw_only=True, gc=False):
         if version >= 12:
             out += _S_ihi.pack(self.throttle_time_ms, self.error_code, self.session_id)
             _a_responses = self.responses
-            if len(_a_responses) < 0x7F:
-                out.append(len(_a_responses) + 1)
-            else:
-                write_uvarint(out, len(_a_responses) + 1)
+            if len(_a_responses) < 0x7F: out.append(len(_a_responses) + 1)
+            else: write_uvarint(out, len(_a_responses) + 1)
             for _e_responses in _a_responses:
                 _e_responses.write(out, version)
         elif version >= 7:
@@ -7896,10 +6922,8 @@ class FetchResponse(Message, kw_only=True, gc=False):
             if version >= 16 and len(self.node_endpoints) != 0:
                 _t = bytearray()
                 _a_node_endpoints = self.node_endpoints
-                if len(_a_node_endpoints) < 0x7F:
-                    _t.append(len(_a_node_endpoints) + 1)
-                else:
-                    write_uvarint(_t, len(_a_node_endpoints) + 1)
+                if len(_a_node_endpoints) < 0x7F: _t.append(len(_a_node_endpoints) + 1)
+                else: write_uvarint(_t, len(_a_node_endpoints) + 1)
                 for _e_node_endpoints in _a_node_endpoints:
                     _e_node_endpoints.write(_t, version)
                 write_tagged(out, 0, _t)
@@ -7916,11 +6940,8 @@ class FetchResponse(Message, kw_only=True, gc=False):
                 v_throttle_time_ms, v_error_code, v_session_id = _S_ihi.unpack_from(buf, pos)
                 pos += 10
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_responses = []
                 for _ in range(_c):
                     _s_responses, pos = FetchResponseFetchableTopicResponse.read(buf, pos, version)
@@ -7946,25 +6967,18 @@ class FetchResponse(Message, kw_only=True, gc=False):
                     pos += 1
                 else:
                     _n = buf[pos]
-                    if _n < 0x80 and 2 * _n < len(buf) - pos:
-                        pos += 1
-                    else:
-                        _n, pos = read_tag_count(buf, pos)
+                    if _n < 0x80 and 2 * _n < len(buf) - pos: pos += 1
+                    else: _n, pos = read_tag_count(buf, pos)
                     for _ in range(_n):
                         _tag = buf[pos]
                         _size = buf[pos + 1]
-                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
-                            pos += 2
-                        else:
-                            _tag, pos, _end = read_tag(buf, pos)
+                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf): pos += 2
+                        else: _tag, pos, _end = read_tag(buf, pos)
                         _sub = buf[:_end]
                         if _tag == 0 and version >= 16:
                             _b = _sub[pos]
-                            if 0 < _b < 0x80 and _b <= len(_sub) - pos:
-                                _c = _b - 1
-                                pos += 1
-                            else:
-                                _c, pos = read_ccount(_sub, pos)
+                            if 0 < _b < 0x80 and _b <= len(_sub) - pos: _c = _b - 1; pos += 1
+                            else: _c, pos = read_ccount(_sub, pos)
                             v_node_endpoints = []
                             for _ in range(_c):
                                 _s_node_endpoints, pos = FetchResponseNodeEndpoint.read(_sub, pos, version)
@@ -8033,10 +7047,8 @@ class FetchSnapshotRequestPartitionSnapshot(Message, kw_only=True, gc=False):
         if version >= 1 and self.replica_directory_id != ZERO_UUID:
             _t = bytearray()
             _v_replica_directory_id = self.replica_directory_id
-            if len(_v_replica_directory_id) == 16:
-                _t += _v_replica_directory_id
-            else:
-                write_uuid(_t, _v_replica_directory_id)  # the error
+            if len(_v_replica_directory_id) == 16: _t += _v_replica_directory_id
+            else: write_uuid(_t, _v_replica_directory_id)  # the error
             write_tagged(out, 0, _t)
 
     @classmethod
@@ -8056,24 +7068,17 @@ class FetchSnapshotRequestPartitionSnapshot(Message, kw_only=True, gc=False):
                 pos += 1
             else:
                 _n = buf[pos]
-                if _n < 0x80 and 2 * _n < len(buf) - pos:
-                    pos += 1
-                else:
-                    _n, pos = read_tag_count(buf, pos)
+                if _n < 0x80 and 2 * _n < len(buf) - pos: pos += 1
+                else: _n, pos = read_tag_count(buf, pos)
                 for _ in range(_n):
                     _tag = buf[pos]
                     _size = buf[pos + 1]
-                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
-                        pos += 2
-                    else:
-                        _tag, pos, _end = read_tag(buf, pos)
+                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf): pos += 2
+                    else: _tag, pos, _end = read_tag(buf, pos)
                     _sub = buf[:_end]
                     if _tag == 0 and version >= 1:
-                        if pos + 16 <= len(_sub):
-                            v_replica_directory_id = bytes(_sub[pos:pos + 16])
-                            pos += 16
-                        else:
-                            v_replica_directory_id, pos = read_uuid(_sub, pos)  # the error
+                        if pos + 16 <= len(_sub): v_replica_directory_id = bytes(_sub[pos:pos + 16]); pos += 16
+                        else: v_replica_directory_id, pos = read_uuid(_sub, pos)  # the error
                         if pos != _end:
                             check_tag_end(pos, _end, _tag)
                     pos = _end
@@ -8096,16 +7101,11 @@ class FetchSnapshotRequestTopicSnapshot(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _v_name = self.name
-        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-            out.append(len(_v_name) + 1)
-            out += _v_name.encode()
-        else:
-            write_cstr(out, _v_name)
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+        else: write_cstr(out, _v_name)
         _a_partitions = self.partitions
-        if len(_a_partitions) < 0x7F:
-            out.append(len(_a_partitions) + 1)
-        else:
-            write_uvarint(out, len(_a_partitions) + 1)
+        if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+        else: write_uvarint(out, len(_a_partitions) + 1)
         for _e_partitions in _a_partitions:
             _e_partitions.write(out, version)
         out.append(0)
@@ -8122,11 +7122,8 @@ class FetchSnapshotRequestTopicSnapshot(Message, kw_only=True, gc=False):
             else:
                 v_name, pos = read_cstr(buf, pos)
             _b = buf[pos]
-            if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                _c = _b - 1
-                pos += 1
-            else:
-                _c, pos = read_ccount(buf, pos)
+            if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+            else: _c, pos = read_ccount(buf, pos)
             v_partitions = []
             for _ in range(_c):
                 _s_partitions, pos = FetchSnapshotRequestPartitionSnapshot.read(buf, pos, version)
@@ -8160,10 +7157,8 @@ class FetchSnapshotRequest(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         out += _S_ii.pack(self.replica_id, self.max_bytes)
         _a_topics = self.topics
-        if len(_a_topics) < 0x7F:
-            out.append(len(_a_topics) + 1)
-        else:
-            write_uvarint(out, len(_a_topics) + 1)
+        if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+        else: write_uvarint(out, len(_a_topics) + 1)
         for _e_topics in _a_topics:
             _e_topics.write(out, version)
         _n = 0
@@ -8173,11 +7168,8 @@ class FetchSnapshotRequest(Message, kw_only=True, gc=False):
         if self.cluster_id is not None:
             _t = bytearray()
             _v_cluster_id = self.cluster_id
-            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-                _t.append(len(_v_cluster_id) + 1)
-                _t += _v_cluster_id.encode()
-            else:
-                write_cstr(_t, _v_cluster_id)
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii(): _t.append(len(_v_cluster_id) + 1); _t += _v_cluster_id.encode()
+            else: write_cstr(_t, _v_cluster_id)
             write_tagged(out, 0, _t)
 
     @classmethod
@@ -8190,11 +7182,8 @@ class FetchSnapshotRequest(Message, kw_only=True, gc=False):
             v_replica_id, v_max_bytes = _S_ii.unpack_from(buf, pos)
             pos += 8
             _b = buf[pos]
-            if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                _c = _b - 1
-                pos += 1
-            else:
-                _c, pos = read_ccount(buf, pos)
+            if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+            else: _c, pos = read_ccount(buf, pos)
             v_topics = []
             for _ in range(_c):
                 _s_topics, pos = FetchSnapshotRequestTopicSnapshot.read(buf, pos, version)
@@ -8203,17 +7192,13 @@ class FetchSnapshotRequest(Message, kw_only=True, gc=False):
                 pos += 1
             else:
                 _n = buf[pos]
-                if _n < 0x80 and 2 * _n < len(buf) - pos:
-                    pos += 1
-                else:
-                    _n, pos = read_tag_count(buf, pos)
+                if _n < 0x80 and 2 * _n < len(buf) - pos: pos += 1
+                else: _n, pos = read_tag_count(buf, pos)
                 for _ in range(_n):
                     _tag = buf[pos]
                     _size = buf[pos + 1]
-                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
-                        pos += 2
-                    else:
-                        _tag, pos, _end = read_tag(buf, pos)
+                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf): pos += 2
+                    else: _tag, pos, _end = read_tag(buf, pos)
                     _sub = buf[:_end]
                     if _tag == 0:
                         _b = _sub[pos]
@@ -8352,17 +7337,13 @@ class FetchSnapshotResponsePartitionSnapshot(Message, kw_only=True, gc=False):
                 pos += 1
             else:
                 _n = buf[pos]
-                if _n < 0x80 and 2 * _n < len(buf) - pos:
-                    pos += 1
-                else:
-                    _n, pos = read_tag_count(buf, pos)
+                if _n < 0x80 and 2 * _n < len(buf) - pos: pos += 1
+                else: _n, pos = read_tag_count(buf, pos)
                 for _ in range(_n):
                     _tag = buf[pos]
                     _size = buf[pos + 1]
-                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
-                        pos += 2
-                    else:
-                        _tag, pos, _end = read_tag(buf, pos)
+                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf): pos += 2
+                    else: _tag, pos, _end = read_tag(buf, pos)
                     _sub = buf[:_end]
                     if _tag == 0:
                         v_current_leader, pos = FetchSnapshotResponseLeaderIdAndEpoch.read(_sub, pos, version)
@@ -8388,16 +7369,11 @@ class FetchSnapshotResponseTopicSnapshot(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _v_name = self.name
-        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-            out.append(len(_v_name) + 1)
-            out += _v_name.encode()
-        else:
-            write_cstr(out, _v_name)
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+        else: write_cstr(out, _v_name)
         _a_partitions = self.partitions
-        if len(_a_partitions) < 0x7F:
-            out.append(len(_a_partitions) + 1)
-        else:
-            write_uvarint(out, len(_a_partitions) + 1)
+        if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+        else: write_uvarint(out, len(_a_partitions) + 1)
         for _e_partitions in _a_partitions:
             _e_partitions.write(out, version)
         out.append(0)
@@ -8414,11 +7390,8 @@ class FetchSnapshotResponseTopicSnapshot(Message, kw_only=True, gc=False):
             else:
                 v_name, pos = read_cstr(buf, pos)
             _b = buf[pos]
-            if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                _c = _b - 1
-                pos += 1
-            else:
-                _c, pos = read_ccount(buf, pos)
+            if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+            else: _c, pos = read_ccount(buf, pos)
             v_partitions = []
             for _ in range(_c):
                 _s_partitions, pos = FetchSnapshotResponsePartitionSnapshot.read(buf, pos, version)
@@ -8448,11 +7421,8 @@ class FetchSnapshotResponseNodeEndpoint(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         out += I32.pack(self.node_id)
         _v_host = self.host
-        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
-            out.append(len(_v_host) + 1)
-            out += _v_host.encode()
-        else:
-            write_cstr(out, _v_host)
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii(): out.append(len(_v_host) + 1); out += _v_host.encode()
+        else: write_cstr(out, _v_host)
         out += U16.pack(self.port)
         out.append(0)
 
@@ -8501,10 +7471,8 @@ class FetchSnapshotResponse(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         out += _S_ih.pack(self.throttle_time_ms, self.error_code)
         _a_topics = self.topics
-        if len(_a_topics) < 0x7F:
-            out.append(len(_a_topics) + 1)
-        else:
-            write_uvarint(out, len(_a_topics) + 1)
+        if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+        else: write_uvarint(out, len(_a_topics) + 1)
         for _e_topics in _a_topics:
             _e_topics.write(out, version)
         if not (version >= 1) and len(self.node_endpoints) != 0:
@@ -8516,10 +7484,8 @@ class FetchSnapshotResponse(Message, kw_only=True, gc=False):
         if version >= 1 and len(self.node_endpoints) != 0:
             _t = bytearray()
             _a_node_endpoints = self.node_endpoints
-            if len(_a_node_endpoints) < 0x7F:
-                _t.append(len(_a_node_endpoints) + 1)
-            else:
-                write_uvarint(_t, len(_a_node_endpoints) + 1)
+            if len(_a_node_endpoints) < 0x7F: _t.append(len(_a_node_endpoints) + 1)
+            else: write_uvarint(_t, len(_a_node_endpoints) + 1)
             for _e_node_endpoints in _a_node_endpoints:
                 _e_node_endpoints.write(_t, version)
             write_tagged(out, 0, _t)
@@ -8534,11 +7500,8 @@ class FetchSnapshotResponse(Message, kw_only=True, gc=False):
             v_throttle_time_ms, v_error_code = _S_ih.unpack_from(buf, pos)
             pos += 6
             _b = buf[pos]
-            if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                _c = _b - 1
-                pos += 1
-            else:
-                _c, pos = read_ccount(buf, pos)
+            if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+            else: _c, pos = read_ccount(buf, pos)
             v_topics = []
             for _ in range(_c):
                 _s_topics, pos = FetchSnapshotResponseTopicSnapshot.read(buf, pos, version)
@@ -8547,25 +7510,18 @@ class FetchSnapshotResponse(Message, kw_only=True, gc=False):
                 pos += 1
             else:
                 _n = buf[pos]
-                if _n < 0x80 and 2 * _n < len(buf) - pos:
-                    pos += 1
-                else:
-                    _n, pos = read_tag_count(buf, pos)
+                if _n < 0x80 and 2 * _n < len(buf) - pos: pos += 1
+                else: _n, pos = read_tag_count(buf, pos)
                 for _ in range(_n):
                     _tag = buf[pos]
                     _size = buf[pos + 1]
-                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
-                        pos += 2
-                    else:
-                        _tag, pos, _end = read_tag(buf, pos)
+                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf): pos += 2
+                    else: _tag, pos, _end = read_tag(buf, pos)
                     _sub = buf[:_end]
                     if _tag == 0 and version >= 1:
                         _b = _sub[pos]
-                        if 0 < _b < 0x80 and _b <= len(_sub) - pos:
-                            _c = _b - 1
-                            pos += 1
-                        else:
-                            _c, pos = read_ccount(_sub, pos)
+                        if 0 < _b < 0x80 and _b <= len(_sub) - pos: _c = _b - 1; pos += 1
+                        else: _c, pos = read_ccount(_sub, pos)
                         v_node_endpoints = []
                         for _ in range(_c):
                             _s_node_endpoints, pos = FetchSnapshotResponseNodeEndpoint.read(_sub, pos, version)
@@ -8591,18 +7547,12 @@ class IncrementalAlterConfigsRequestAlterableConfig(Message, kw_only=True, gc=Fa
     def write(self, out: bytearray, version: int) -> None:
         if version >= 1:
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_cstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_cstr(out, _v_name)
             out += I8.pack(self.config_operation)
             _v_value = self.value
-            if _v_value is not None and len(_v_value) < 0x7F and _v_value.isascii():
-                out.append(len(_v_value) + 1)
-                out += _v_value.encode()
-            else:
-                write_ncstr(out, _v_value)
+            if _v_value is not None and len(_v_value) < 0x7F and _v_value.isascii(): out.append(len(_v_value) + 1); out += _v_value.encode()
+            else: write_ncstr(out, _v_value)
         else:
             write_str(out, self.name)
             out += I8.pack(self.config_operation)
@@ -8663,16 +7613,11 @@ class IncrementalAlterConfigsRequestAlterConfigsResource(Message, kw_only=True, 
         if version >= 1:
             out += I8.pack(self.resource_type)
             _v_resource_name = self.resource_name
-            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii():
-                out.append(len(_v_resource_name) + 1)
-                out += _v_resource_name.encode()
-            else:
-                write_cstr(out, _v_resource_name)
+            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii(): out.append(len(_v_resource_name) + 1); out += _v_resource_name.encode()
+            else: write_cstr(out, _v_resource_name)
             _a_configs = self.configs
-            if len(_a_configs) < 0x7F:
-                out.append(len(_a_configs) + 1)
-            else:
-                write_uvarint(out, len(_a_configs) + 1)
+            if len(_a_configs) < 0x7F: out.append(len(_a_configs) + 1)
+            else: write_uvarint(out, len(_a_configs) + 1)
             for _e_configs in _a_configs:
                 _e_configs.write(out, version)
         else:
@@ -8701,11 +7646,8 @@ class IncrementalAlterConfigsRequestAlterConfigsResource(Message, kw_only=True, 
                 else:
                     v_resource_name, pos = read_cstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_configs = []
                 for _ in range(_c):
                     _s_configs, pos = IncrementalAlterConfigsRequestAlterableConfig.read(buf, pos, version)
@@ -8747,10 +7689,8 @@ class IncrementalAlterConfigsRequest(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 1:
             _a_resources = self.resources
-            if len(_a_resources) < 0x7F:
-                out.append(len(_a_resources) + 1)
-            else:
-                write_uvarint(out, len(_a_resources) + 1)
+            if len(_a_resources) < 0x7F: out.append(len(_a_resources) + 1)
+            else: write_uvarint(out, len(_a_resources) + 1)
             for _e_resources in _a_resources:
                 _e_resources.write(out, version)
             out += BOOL.pack(self.validate_only)
@@ -8770,11 +7710,8 @@ class IncrementalAlterConfigsRequest(Message, kw_only=True, gc=False):
         try:
             if version >= 1:
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_resources = []
                 for _ in range(_c):
                     _s_resources, pos = IncrementalAlterConfigsRequestAlterConfigsResource.read(buf, pos, version)
@@ -8814,18 +7751,12 @@ class IncrementalAlterConfigsResponseAlterConfigsResourceResponse(Message, kw_on
         if version >= 1:
             out += I16.pack(self.error_code)
             _v_error_message = self.error_message
-            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-                out.append(len(_v_error_message) + 1)
-                out += _v_error_message.encode()
-            else:
-                write_ncstr(out, _v_error_message)
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+            else: write_ncstr(out, _v_error_message)
             out += I8.pack(self.resource_type)
             _v_resource_name = self.resource_name
-            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii():
-                out.append(len(_v_resource_name) + 1)
-                out += _v_resource_name.encode()
-            else:
-                write_cstr(out, _v_resource_name)
+            if _v_resource_name is not None and len(_v_resource_name) < 0x7F and _v_resource_name.isascii(): out.append(len(_v_resource_name) + 1); out += _v_resource_name.encode()
+            else: write_cstr(out, _v_resource_name)
         else:
             out += I16.pack(self.error_code)
             write_nstr(out, self.error_message)
@@ -8894,10 +7825,8 @@ class IncrementalAlterConfigsResponse(Message, kw_only=True, gc=False):
         if version >= 1:
             out += I32.pack(self.throttle_time_ms)
             _a_responses = self.responses
-            if len(_a_responses) < 0x7F:
-                out.append(len(_a_responses) + 1)
-            else:
-                write_uvarint(out, len(_a_responses) + 1)
+            if len(_a_responses) < 0x7F: out.append(len(_a_responses) + 1)
+            else: write_uvarint(out, len(_a_responses) + 1)
             for _e_responses in _a_responses:
                 _e_responses.write(out, version)
         else:
@@ -8918,11 +7847,8 @@ class IncrementalAlterConfigsResponse(Message, kw_only=True, gc=False):
                 v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_responses = []
                 for _ in range(_c):
                     _s_responses, pos = IncrementalAlterConfigsResponseAlterConfigsResourceResponse.read(buf, pos, version)
@@ -8964,19 +7890,13 @@ class InitProducerIdRequest(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 6:
             _v_transactional_id = self.transactional_id
-            if _v_transactional_id is not None and len(_v_transactional_id) < 0x7F and _v_transactional_id.isascii():
-                out.append(len(_v_transactional_id) + 1)
-                out += _v_transactional_id.encode()
-            else:
-                write_ncstr(out, _v_transactional_id)
+            if _v_transactional_id is not None and len(_v_transactional_id) < 0x7F and _v_transactional_id.isascii(): out.append(len(_v_transactional_id) + 1); out += _v_transactional_id.encode()
+            else: write_ncstr(out, _v_transactional_id)
             out += _S_iqhoo.pack(self.transaction_timeout_ms, self.producer_id, self.producer_epoch, self.enable2_pc, self.keep_prepared_txn)
         elif version >= 3:
             _v_transactional_id = self.transactional_id
-            if _v_transactional_id is not None and len(_v_transactional_id) < 0x7F and _v_transactional_id.isascii():
-                out.append(len(_v_transactional_id) + 1)
-                out += _v_transactional_id.encode()
-            else:
-                write_ncstr(out, _v_transactional_id)
+            if _v_transactional_id is not None and len(_v_transactional_id) < 0x7F and _v_transactional_id.isascii(): out.append(len(_v_transactional_id) + 1); out += _v_transactional_id.encode()
+            else: write_ncstr(out, _v_transactional_id)
             out += _S_iqh.pack(self.transaction_timeout_ms, self.producer_id, self.producer_epoch)
             if self.enable2_pc != False:
                 raise unsupported("InitProducerIdRequest.enable2_pc", version)
@@ -8984,11 +7904,8 @@ class InitProducerIdRequest(Message, kw_only=True, gc=False):
                 raise unsupported("InitProducerIdRequest.keep_prepared_txn", version)
         elif version >= 2:
             _v_transactional_id = self.transactional_id
-            if _v_transactional_id is not None and len(_v_transactional_id) < 0x7F and _v_transactional_id.isascii():
-                out.append(len(_v_transactional_id) + 1)
-                out += _v_transactional_id.encode()
-            else:
-                write_ncstr(out, _v_transactional_id)
+            if _v_transactional_id is not None and len(_v_transactional_id) < 0x7F and _v_transactional_id.isascii(): out.append(len(_v_transactional_id) + 1); out += _v_transactional_id.encode()
+            else: write_ncstr(out, _v_transactional_id)
             out += I32.pack(self.transaction_timeout_ms)
             if self.producer_id != -1:
                 raise unsupported("InitProducerIdRequest.producer_id", version)
@@ -9170,16 +8087,11 @@ class ListOffsetsRequestListOffsetsTopic(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 6:
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_cstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_cstr(out, _v_name)
             _a_partitions = self.partitions
-            if len(_a_partitions) < 0x7F:
-                out.append(len(_a_partitions) + 1)
-            else:
-                write_uvarint(out, len(_a_partitions) + 1)
+            if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+            else: write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         else:
@@ -9204,11 +8116,8 @@ class ListOffsetsRequestListOffsetsTopic(Message, kw_only=True, gc=False):
                 else:
                     v_name, pos = read_cstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = ListOffsetsRequestListOffsetsPartition.read(buf, pos, version)
@@ -9251,20 +8160,16 @@ class ListOffsetsRequest(Message, kw_only=True, gc=False):
         if version >= 10:
             out += _S_ib.pack(self.replica_id, self.isolation_level)
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
             out += I32.pack(self.timeout_ms)
         elif version >= 6:
             out += _S_ib.pack(self.replica_id, self.isolation_level)
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         elif version >= 2:
@@ -9295,11 +8200,8 @@ class ListOffsetsRequest(Message, kw_only=True, gc=False):
                 v_replica_id, v_isolation_level = _S_ib.unpack_from(buf, pos)
                 pos += 5
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = ListOffsetsRequestListOffsetsTopic.read(buf, pos, version)
@@ -9310,11 +8212,8 @@ class ListOffsetsRequest(Message, kw_only=True, gc=False):
                 v_replica_id, v_isolation_level = _S_ib.unpack_from(buf, pos)
                 pos += 5
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = ListOffsetsRequestListOffsetsTopic.read(buf, pos, version)
@@ -9406,16 +8305,11 @@ class ListOffsetsResponseListOffsetsTopicResponse(Message, kw_only=True, gc=Fals
     def write(self, out: bytearray, version: int) -> None:
         if version >= 6:
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_cstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_cstr(out, _v_name)
             _a_partitions = self.partitions
-            if len(_a_partitions) < 0x7F:
-                out.append(len(_a_partitions) + 1)
-            else:
-                write_uvarint(out, len(_a_partitions) + 1)
+            if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+            else: write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         else:
@@ -9440,11 +8334,8 @@ class ListOffsetsResponseListOffsetsTopicResponse(Message, kw_only=True, gc=Fals
                 else:
                     v_name, pos = read_cstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = ListOffsetsResponseListOffsetsPartitionResponse.read(buf, pos, version)
@@ -9485,10 +8376,8 @@ class ListOffsetsResponse(Message, kw_only=True, gc=False):
         if version >= 6:
             out += I32.pack(self.throttle_time_ms)
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         elif version >= 2:
@@ -9514,11 +8403,8 @@ class ListOffsetsResponse(Message, kw_only=True, gc=False):
                 v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = ListOffsetsResponseListOffsetsTopicResponse.read(buf, pos, version)
@@ -9559,23 +8445,15 @@ class MetadataRequestMetadataRequestTopic(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 10:
             _v_topic_id = self.topic_id
-            if len(_v_topic_id) == 16:
-                out += _v_topic_id
-            else:
-                write_uuid(out, _v_topic_id)  # the error
+            if len(_v_topic_id) == 16: out += _v_topic_id
+            else: write_uuid(out, _v_topic_id)  # the error
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_ncstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_ncstr(out, _v_name)
         elif version >= 9:
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_cstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_cstr(out, _v_name)
         else:
             write_str(out, self.name)
         if version >= 9:
@@ -9587,11 +8465,8 @@ class MetadataRequestMetadataRequestTopic(Message, kw_only=True, gc=False):
         v_name: str | None
         try:
             if version >= 10:
-                if pos + 16 <= len(buf):
-                    v_topic_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_topic_id, pos = read_uuid(buf, pos)  # the error
+                if pos + 16 <= len(buf): v_topic_id = bytes(buf[pos:pos + 16]); pos += 16
+                else: v_topic_id, pos = read_uuid(buf, pos)  # the error
                 _b = buf[pos]
                 if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
                     v_name = str(buf[pos + 1:_e], 'utf-8')
@@ -9640,10 +8515,8 @@ class MetadataRequest(Message, kw_only=True, gc=False):
             if _a_topics is None:
                 out.append(0)
             else:
-                if len(_a_topics) < 0x7F:
-                    out.append(len(_a_topics) + 1)
-                else:
-                    write_uvarint(out, len(_a_topics) + 1)
+                if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+                else: write_uvarint(out, len(_a_topics) + 1)
                 for _e_topics in _a_topics:
                     _e_topics.write(out, version)
             out += _S_oo.pack(self.allow_auto_topic_creation, self.include_topic_authorized_operations)
@@ -9654,10 +8527,8 @@ class MetadataRequest(Message, kw_only=True, gc=False):
             if _a_topics is None:
                 out.append(0)
             else:
-                if len(_a_topics) < 0x7F:
-                    out.append(len(_a_topics) + 1)
-                else:
-                    write_uvarint(out, len(_a_topics) + 1)
+                if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+                else: write_uvarint(out, len(_a_topics) + 1)
                 for _e_topics in _a_topics:
                     _e_topics.write(out, version)
             out += _S_ooo.pack(self.allow_auto_topic_creation, self.include_cluster_authorized_operations, self.include_topic_authorized_operations)
@@ -9722,11 +8593,8 @@ class MetadataRequest(Message, kw_only=True, gc=False):
         try:
             if version >= 11:
                 _b = buf[pos]
-                if _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_nccount(buf, pos)
+                if _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_nccount(buf, pos)
                 if _c < 0:
                     v_topics = None
                 else:
@@ -9738,11 +8606,8 @@ class MetadataRequest(Message, kw_only=True, gc=False):
                 pos += 2
             elif version >= 9:
                 _b = buf[pos]
-                if _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_nccount(buf, pos)
+                if _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_nccount(buf, pos)
                 if _c < 0:
                     v_topics = None
                 else:
@@ -9814,18 +8679,12 @@ class MetadataResponseMetadataResponseBroker(Message, kw_only=True, gc=False):
         if version >= 9:
             out += I32.pack(self.node_id)
             _v_host = self.host
-            if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
-                out.append(len(_v_host) + 1)
-                out += _v_host.encode()
-            else:
-                write_cstr(out, _v_host)
+            if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii(): out.append(len(_v_host) + 1); out += _v_host.encode()
+            else: write_cstr(out, _v_host)
             out += I32.pack(self.port)
             _v_rack = self.rack
-            if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii():
-                out.append(len(_v_rack) + 1)
-                out += _v_rack.encode()
-            else:
-                write_ncstr(out, _v_rack)
+            if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii(): out.append(len(_v_rack) + 1); out += _v_rack.encode()
+            else: write_ncstr(out, _v_rack)
         elif version >= 1:
             out += I32.pack(self.node_id)
             write_str(out, self.host)
@@ -9906,22 +8765,16 @@ class MetadataResponseMetadataResponsePartition(Message, kw_only=True, gc=False)
         if version >= 9:
             out += _S_hiii.pack(self.error_code, self.partition_index, self.leader_id, self.leader_epoch)
             _a_replica_nodes = self.replica_nodes
-            if len(_a_replica_nodes) < 0x7F:
-                out.append(len(_a_replica_nodes) + 1)
-            else:
-                write_uvarint(out, len(_a_replica_nodes) + 1)
+            if len(_a_replica_nodes) < 0x7F: out.append(len(_a_replica_nodes) + 1)
+            else: write_uvarint(out, len(_a_replica_nodes) + 1)
             out += struct.pack(">%di" % len(_a_replica_nodes), *_a_replica_nodes)
             _a_isr_nodes = self.isr_nodes
-            if len(_a_isr_nodes) < 0x7F:
-                out.append(len(_a_isr_nodes) + 1)
-            else:
-                write_uvarint(out, len(_a_isr_nodes) + 1)
+            if len(_a_isr_nodes) < 0x7F: out.append(len(_a_isr_nodes) + 1)
+            else: write_uvarint(out, len(_a_isr_nodes) + 1)
             out += struct.pack(">%di" % len(_a_isr_nodes), *_a_isr_nodes)
             _a_offline_replicas = self.offline_replicas
-            if len(_a_offline_replicas) < 0x7F:
-                out.append(len(_a_offline_replicas) + 1)
-            else:
-                write_uvarint(out, len(_a_offline_replicas) + 1)
+            if len(_a_offline_replicas) < 0x7F: out.append(len(_a_offline_replicas) + 1)
+            else: write_uvarint(out, len(_a_offline_replicas) + 1)
             out += struct.pack(">%di" % len(_a_offline_replicas), *_a_offline_replicas)
         elif version >= 7:
             out += _S_hiii.pack(self.error_code, self.partition_index, self.leader_id, self.leader_epoch)
@@ -9970,27 +8823,18 @@ class MetadataResponseMetadataResponsePartition(Message, kw_only=True, gc=False)
                 v_error_code, v_partition_index, v_leader_id, v_leader_epoch = _S_hiii.unpack_from(buf, pos)
                 pos += 14
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_replica_nodes = list(struct.unpack_from(">%di" % _c, buf, pos))
                 pos += 4 * _c
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_isr_nodes = list(struct.unpack_from(">%di" % _c, buf, pos))
                 pos += 4 * _c
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_offline_replicas = list(struct.unpack_from(">%di" % _c, buf, pos))
                 pos += 4 * _c
             elif version >= 7:
@@ -10056,61 +8900,42 @@ class MetadataResponseMetadataResponseTopic(Message, kw_only=True, gc=False):
         if version >= 12:
             out += I16.pack(self.error_code)
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_ncstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_ncstr(out, _v_name)
             _v_topic_id = self.topic_id
-            if len(_v_topic_id) == 16:
-                out += _v_topic_id
-            else:
-                write_uuid(out, _v_topic_id)  # the error
+            if len(_v_topic_id) == 16: out += _v_topic_id
+            else: write_uuid(out, _v_topic_id)  # the error
             out += BOOL.pack(self.is_internal)
             _a_partitions = self.partitions
-            if len(_a_partitions) < 0x7F:
-                out.append(len(_a_partitions) + 1)
-            else:
-                write_uvarint(out, len(_a_partitions) + 1)
+            if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+            else: write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
             out += I32.pack(self.topic_authorized_operations)
         elif version >= 10:
             out += I16.pack(self.error_code)
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_cstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_cstr(out, _v_name)
             _v_topic_id = self.topic_id
-            if len(_v_topic_id) == 16:
-                out += _v_topic_id
-            else:
-                write_uuid(out, _v_topic_id)  # the error
+            if len(_v_topic_id) == 16: out += _v_topic_id
+            else: write_uuid(out, _v_topic_id)  # the error
             out += BOOL.pack(self.is_internal)
             _a_partitions = self.partitions
-            if len(_a_partitions) < 0x7F:
-                out.append(len(_a_partitions) + 1)
-            else:
-                write_uvarint(out, len(_a_partitions) + 1)
+            if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+            else: write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
             out += I32.pack(self.topic_authorized_operations)
         elif version >= 9:
             out += I16.pack(self.error_code)
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_cstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_cstr(out, _v_name)
             out += BOOL.pack(self.is_internal)
             _a_partitions = self.partitions
-            if len(_a_partitions) < 0x7F:
-                out.append(len(_a_partitions) + 1)
-            else:
-                write_uvarint(out, len(_a_partitions) + 1)
+            if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+            else: write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
             out += I32.pack(self.topic_authorized_operations)
@@ -10163,19 +8988,13 @@ class MetadataResponseMetadataResponseTopic(Message, kw_only=True, gc=False):
                     pos = _e
                 else:
                     v_name, pos = read_ncstr(buf, pos)
-                if pos + 16 <= len(buf):
-                    v_topic_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_topic_id, pos = read_uuid(buf, pos)  # the error
+                if pos + 16 <= len(buf): v_topic_id = bytes(buf[pos:pos + 16]); pos += 16
+                else: v_topic_id, pos = read_uuid(buf, pos)  # the error
                 v_is_internal = BOOL.unpack_from(buf, pos)[0]
                 pos += 1
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = MetadataResponseMetadataResponsePartition.read(buf, pos, version)
@@ -10191,19 +9010,13 @@ class MetadataResponseMetadataResponseTopic(Message, kw_only=True, gc=False):
                     pos = _e
                 else:
                     v_name, pos = read_cstr(buf, pos)
-                if pos + 16 <= len(buf):
-                    v_topic_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_topic_id, pos = read_uuid(buf, pos)  # the error
+                if pos + 16 <= len(buf): v_topic_id = bytes(buf[pos:pos + 16]); pos += 16
+                else: v_topic_id, pos = read_uuid(buf, pos)  # the error
                 v_is_internal = BOOL.unpack_from(buf, pos)[0]
                 pos += 1
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = MetadataResponseMetadataResponsePartition.read(buf, pos, version)
@@ -10222,50 +9035,29 @@ class MetadataResponseMetadataResponseTopic(Message, kw_only=True, gc=False):
                 v_is_internal = BOOL.unpack_from(buf, pos)[0]
                 pos += 1
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = MetadataResponseMetadataResponsePartition.read(buf, pos, version)
                     v_partitions.append(_s_partitions)
                 v_topic_authorized_operations = I32.unpack_from(buf, pos)[0]
                 pos += 4
-            elif version >= 8:
-                v_error_code = I16.unpack_from(buf, pos)[0]
-                pos += 2
-                v_name, pos = read_str(buf, pos)
-                v_is_internal = BOOL.unpack_from(buf, pos)[0]
-                pos += 1
-                _c, pos = read_count(buf, pos)
-                v_partitions = []
-                for _ in range(_c):
-                    _s_partitions, pos = MetadataResponseMetadataResponsePartition.read(buf, pos, version)
-                    v_partitions.append(_s_partitions)
-                v_topic_authorized_operations = I32.unpack_from(buf, pos)[0]
-                pos += 4
-            elif version >= 1:
-                v_error_code = I16.unpack_from(buf, pos)[0]
-                pos += 2
-                v_name, pos = read_str(buf, pos)
-                v_is_internal = BOOL.unpack_from(buf, pos)[0]
-                pos += 1
-                _c, pos = read_count(buf, pos)
-                v_partitions = []
-                for _ in range(_c):
-                    _s_partitions, pos = MetadataResponseMetadataResponsePartition.read(buf, pos, version)
-                    v_partitions.append(_s_partitions)
             else:
                 v_error_code = I16.unpack_from(buf, pos)[0]
                 pos += 2
                 v_name, pos = read_str(buf, pos)
+                if version >= 1:
+                    v_is_internal = BOOL.unpack_from(buf, pos)[0]
+                    pos += 1
                 _c, pos = read_count(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = MetadataResponseMetadataResponsePartition.read(buf, pos, version)
                     v_partitions.append(_s_partitions)
+                if version >= 8:
+                    v_topic_authorized_operations = I32.unpack_from(buf, pos)[0]
+                    pos += 4
             if version >= 9:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -10300,24 +9092,17 @@ class MetadataResponse(Message, kw_only=True, gc=False):
         if version >= 13:
             out += I32.pack(self.throttle_time_ms)
             _a_brokers = self.brokers
-            if len(_a_brokers) < 0x7F:
-                out.append(len(_a_brokers) + 1)
-            else:
-                write_uvarint(out, len(_a_brokers) + 1)
+            if len(_a_brokers) < 0x7F: out.append(len(_a_brokers) + 1)
+            else: write_uvarint(out, len(_a_brokers) + 1)
             for _e_brokers in _a_brokers:
                 _e_brokers.write(out, version)
             _v_cluster_id = self.cluster_id
-            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-                out.append(len(_v_cluster_id) + 1)
-                out += _v_cluster_id.encode()
-            else:
-                write_ncstr(out, _v_cluster_id)
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii(): out.append(len(_v_cluster_id) + 1); out += _v_cluster_id.encode()
+            else: write_ncstr(out, _v_cluster_id)
             out += I32.pack(self.controller_id)
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
             out += I16.pack(self.error_code)
@@ -10326,24 +9111,17 @@ class MetadataResponse(Message, kw_only=True, gc=False):
         elif version >= 11:
             out += I32.pack(self.throttle_time_ms)
             _a_brokers = self.brokers
-            if len(_a_brokers) < 0x7F:
-                out.append(len(_a_brokers) + 1)
-            else:
-                write_uvarint(out, len(_a_brokers) + 1)
+            if len(_a_brokers) < 0x7F: out.append(len(_a_brokers) + 1)
+            else: write_uvarint(out, len(_a_brokers) + 1)
             for _e_brokers in _a_brokers:
                 _e_brokers.write(out, version)
             _v_cluster_id = self.cluster_id
-            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-                out.append(len(_v_cluster_id) + 1)
-                out += _v_cluster_id.encode()
-            else:
-                write_ncstr(out, _v_cluster_id)
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii(): out.append(len(_v_cluster_id) + 1); out += _v_cluster_id.encode()
+            else: write_ncstr(out, _v_cluster_id)
             out += I32.pack(self.controller_id)
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
             if self.cluster_authorized_operations != -2147483648:
@@ -10351,24 +9129,17 @@ class MetadataResponse(Message, kw_only=True, gc=False):
         elif version >= 9:
             out += I32.pack(self.throttle_time_ms)
             _a_brokers = self.brokers
-            if len(_a_brokers) < 0x7F:
-                out.append(len(_a_brokers) + 1)
-            else:
-                write_uvarint(out, len(_a_brokers) + 1)
+            if len(_a_brokers) < 0x7F: out.append(len(_a_brokers) + 1)
+            else: write_uvarint(out, len(_a_brokers) + 1)
             for _e_brokers in _a_brokers:
                 _e_brokers.write(out, version)
             _v_cluster_id = self.cluster_id
-            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-                out.append(len(_v_cluster_id) + 1)
-                out += _v_cluster_id.encode()
-            else:
-                write_ncstr(out, _v_cluster_id)
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii(): out.append(len(_v_cluster_id) + 1); out += _v_cluster_id.encode()
+            else: write_ncstr(out, _v_cluster_id)
             out += I32.pack(self.controller_id)
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
             out += I32.pack(self.cluster_authorized_operations)
@@ -10399,36 +9170,15 @@ class MetadataResponse(Message, kw_only=True, gc=False):
                 _e_topics.write(out, version)
             if self.cluster_authorized_operations != -2147483648:
                 raise unsupported("MetadataResponse.cluster_authorized_operations", version)
-        elif version >= 2:
-            _a_brokers = self.brokers
-            out += I32.pack(len(_a_brokers))
-            for _e_brokers in _a_brokers:
-                _e_brokers.write(out, version)
-            write_nstr(out, self.cluster_id)
-            out += I32.pack(self.controller_id)
-            _a_topics = self.topics
-            out += I32.pack(len(_a_topics))
-            for _e_topics in _a_topics:
-                _e_topics.write(out, version)
-            if self.cluster_authorized_operations != -2147483648:
-                raise unsupported("MetadataResponse.cluster_authorized_operations", version)
-        elif version >= 1:
-            _a_brokers = self.brokers
-            out += I32.pack(len(_a_brokers))
-            for _e_brokers in _a_brokers:
-                _e_brokers.write(out, version)
-            out += I32.pack(self.controller_id)
-            _a_topics = self.topics
-            out += I32.pack(len(_a_topics))
-            for _e_topics in _a_topics:
-                _e_topics.write(out, version)
-            if self.cluster_authorized_operations != -2147483648:
-                raise unsupported("MetadataResponse.cluster_authorized_operations", version)
         else:
             _a_brokers = self.brokers
             out += I32.pack(len(_a_brokers))
             for _e_brokers in _a_brokers:
                 _e_brokers.write(out, version)
+            if version >= 2:
+                write_nstr(out, self.cluster_id)
+            if version >= 1:
+                out += I32.pack(self.controller_id)
             _a_topics = self.topics
             out += I32.pack(len(_a_topics))
             for _e_topics in _a_topics:
@@ -10452,11 +9202,8 @@ class MetadataResponse(Message, kw_only=True, gc=False):
                 v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_brokers = []
                 for _ in range(_c):
                     _s_brokers, pos = MetadataResponseMetadataResponseBroker.read(buf, pos, version)
@@ -10470,153 +9217,62 @@ class MetadataResponse(Message, kw_only=True, gc=False):
                 v_controller_id = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = MetadataResponseMetadataResponseTopic.read(buf, pos, version)
                     v_topics.append(_s_topics)
                 v_error_code = I16.unpack_from(buf, pos)[0]
                 pos += 2
-            elif version >= 11:
-                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
-                pos += 4
-                _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
-                v_brokers = []
-                for _ in range(_c):
-                    _s_brokers, pos = MetadataResponseMetadataResponseBroker.read(buf, pos, version)
-                    v_brokers.append(_s_brokers)
-                _b = buf[pos]
-                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
-                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
-                    pos = _e
-                else:
-                    v_cluster_id, pos = read_ncstr(buf, pos)
-                v_controller_id = I32.unpack_from(buf, pos)[0]
-                pos += 4
-                _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
-                v_topics = []
-                for _ in range(_c):
-                    _s_topics, pos = MetadataResponseMetadataResponseTopic.read(buf, pos, version)
-                    v_topics.append(_s_topics)
-            elif version >= 9:
-                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
-                pos += 4
-                _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
-                v_brokers = []
-                for _ in range(_c):
-                    _s_brokers, pos = MetadataResponseMetadataResponseBroker.read(buf, pos, version)
-                    v_brokers.append(_s_brokers)
-                _b = buf[pos]
-                if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
-                    v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
-                    pos = _e
-                else:
-                    v_cluster_id, pos = read_ncstr(buf, pos)
-                v_controller_id = I32.unpack_from(buf, pos)[0]
-                pos += 4
-                _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
-                v_topics = []
-                for _ in range(_c):
-                    _s_topics, pos = MetadataResponseMetadataResponseTopic.read(buf, pos, version)
-                    v_topics.append(_s_topics)
-                v_cluster_authorized_operations = I32.unpack_from(buf, pos)[0]
-                pos += 4
-            elif version >= 8:
-                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
-                pos += 4
-                _c, pos = read_count(buf, pos)
-                v_brokers = []
-                for _ in range(_c):
-                    _s_brokers, pos = MetadataResponseMetadataResponseBroker.read(buf, pos, version)
-                    v_brokers.append(_s_brokers)
-                v_cluster_id, pos = read_nstr(buf, pos)
-                v_controller_id = I32.unpack_from(buf, pos)[0]
-                pos += 4
-                _c, pos = read_count(buf, pos)
-                v_topics = []
-                for _ in range(_c):
-                    _s_topics, pos = MetadataResponseMetadataResponseTopic.read(buf, pos, version)
-                    v_topics.append(_s_topics)
-                v_cluster_authorized_operations = I32.unpack_from(buf, pos)[0]
-                pos += 4
-            elif version >= 3:
-                v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
-                pos += 4
-                _c, pos = read_count(buf, pos)
-                v_brokers = []
-                for _ in range(_c):
-                    _s_brokers, pos = MetadataResponseMetadataResponseBroker.read(buf, pos, version)
-                    v_brokers.append(_s_brokers)
-                v_cluster_id, pos = read_nstr(buf, pos)
-                v_controller_id = I32.unpack_from(buf, pos)[0]
-                pos += 4
-                _c, pos = read_count(buf, pos)
-                v_topics = []
-                for _ in range(_c):
-                    _s_topics, pos = MetadataResponseMetadataResponseTopic.read(buf, pos, version)
-                    v_topics.append(_s_topics)
-            elif version >= 2:
-                _c, pos = read_count(buf, pos)
-                v_brokers = []
-                for _ in range(_c):
-                    _s_brokers, pos = MetadataResponseMetadataResponseBroker.read(buf, pos, version)
-                    v_brokers.append(_s_brokers)
-                v_cluster_id, pos = read_nstr(buf, pos)
-                v_controller_id = I32.unpack_from(buf, pos)[0]
-                pos += 4
-                _c, pos = read_count(buf, pos)
-                v_topics = []
-                for _ in range(_c):
-                    _s_topics, pos = MetadataResponseMetadataResponseTopic.read(buf, pos, version)
-                    v_topics.append(_s_topics)
-            elif version >= 1:
-                _c, pos = read_count(buf, pos)
-                v_brokers = []
-                for _ in range(_c):
-                    _s_brokers, pos = MetadataResponseMetadataResponseBroker.read(buf, pos, version)
-                    v_brokers.append(_s_brokers)
-                v_controller_id = I32.unpack_from(buf, pos)[0]
-                pos += 4
-                _c, pos = read_count(buf, pos)
-                v_topics = []
-                for _ in range(_c):
-                    _s_topics, pos = MetadataResponseMetadataResponseTopic.read(buf, pos, version)
-                    v_topics.append(_s_topics)
             else:
-                _c, pos = read_count(buf, pos)
-                v_brokers = []
-                for _ in range(_c):
-                    _s_brokers, pos = MetadataResponseMetadataResponseBroker.read(buf, pos, version)
-                    v_brokers.append(_s_brokers)
-                _c, pos = read_count(buf, pos)
-                v_topics = []
-                for _ in range(_c):
-                    _s_topics, pos = MetadataResponseMetadataResponseTopic.read(buf, pos, version)
-                    v_topics.append(_s_topics)
+                if version >= 3:
+                    v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
+                    pos += 4
+                if version <= 8:
+                    _c, pos = read_count(buf, pos)
+                    v_brokers = []
+                    for _ in range(_c):
+                        _s_brokers, pos = MetadataResponseMetadataResponseBroker.read(buf, pos, version)
+                        v_brokers.append(_s_brokers)
+                else:
+                    _b = buf[pos]
+                    if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                    else: _c, pos = read_ccount(buf, pos)
+                    v_brokers = []
+                    for _ in range(_c):
+                        _s_brokers, pos = MetadataResponseMetadataResponseBroker.read(buf, pos, version)
+                        v_brokers.append(_s_brokers)
+                if version >= 2:
+                    if version <= 8:
+                        v_cluster_id, pos = read_nstr(buf, pos)
+                    else:
+                        _b = buf[pos]
+                        if 0 < _b < 0x80 and (_e := pos + _b) <= len(buf):
+                            v_cluster_id = str(buf[pos + 1:_e], 'utf-8')
+                            pos = _e
+                        else:
+                            v_cluster_id, pos = read_ncstr(buf, pos)
+                if version >= 1:
+                    v_controller_id = I32.unpack_from(buf, pos)[0]
+                    pos += 4
+                if version <= 8:
+                    _c, pos = read_count(buf, pos)
+                    v_topics = []
+                    for _ in range(_c):
+                        _s_topics, pos = MetadataResponseMetadataResponseTopic.read(buf, pos, version)
+                        v_topics.append(_s_topics)
+                else:
+                    _b = buf[pos]
+                    if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                    else: _c, pos = read_ccount(buf, pos)
+                    v_topics = []
+                    for _ in range(_c):
+                        _s_topics, pos = MetadataResponseMetadataResponseTopic.read(buf, pos, version)
+                        v_topics.append(_s_topics)
+                if 8 <= version <= 10:
+                    v_cluster_authorized_operations = I32.unpack_from(buf, pos)[0]
+                    pos += 4
             if version >= 9:
                 if buf[pos]:
                     pos = skip_tags(buf, pos)
@@ -10675,16 +9331,11 @@ class OffsetForLeaderEpochRequestOffsetForLeaderTopic(Message, kw_only=True, gc=
     def write(self, out: bytearray, version: int) -> None:
         if version >= 4:
             _v_topic = self.topic
-            if _v_topic is not None and len(_v_topic) < 0x7F and _v_topic.isascii():
-                out.append(len(_v_topic) + 1)
-                out += _v_topic.encode()
-            else:
-                write_cstr(out, _v_topic)
+            if _v_topic is not None and len(_v_topic) < 0x7F and _v_topic.isascii(): out.append(len(_v_topic) + 1); out += _v_topic.encode()
+            else: write_cstr(out, _v_topic)
             _a_partitions = self.partitions
-            if len(_a_partitions) < 0x7F:
-                out.append(len(_a_partitions) + 1)
-            else:
-                write_uvarint(out, len(_a_partitions) + 1)
+            if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+            else: write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         else:
@@ -10709,11 +9360,8 @@ class OffsetForLeaderEpochRequestOffsetForLeaderTopic(Message, kw_only=True, gc=
                 else:
                     v_topic, pos = read_cstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = OffsetForLeaderEpochRequestOffsetForLeaderPartition.read(buf, pos, version)
@@ -10754,10 +9402,8 @@ class OffsetForLeaderEpochRequest(Message, kw_only=True, gc=False):
         if version >= 4:
             out += I32.pack(self.replica_id)
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         elif version >= 3:
@@ -10783,11 +9429,8 @@ class OffsetForLeaderEpochRequest(Message, kw_only=True, gc=False):
                 v_replica_id = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = OffsetForLeaderEpochRequestOffsetForLeaderTopic.read(buf, pos, version)
@@ -10866,16 +9509,11 @@ class OffsetForLeaderEpochResponseOffsetForLeaderTopicResult(Message, kw_only=Tr
     def write(self, out: bytearray, version: int) -> None:
         if version >= 4:
             _v_topic = self.topic
-            if _v_topic is not None and len(_v_topic) < 0x7F and _v_topic.isascii():
-                out.append(len(_v_topic) + 1)
-                out += _v_topic.encode()
-            else:
-                write_cstr(out, _v_topic)
+            if _v_topic is not None and len(_v_topic) < 0x7F and _v_topic.isascii(): out.append(len(_v_topic) + 1); out += _v_topic.encode()
+            else: write_cstr(out, _v_topic)
             _a_partitions = self.partitions
-            if len(_a_partitions) < 0x7F:
-                out.append(len(_a_partitions) + 1)
-            else:
-                write_uvarint(out, len(_a_partitions) + 1)
+            if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+            else: write_uvarint(out, len(_a_partitions) + 1)
             for _e_partitions in _a_partitions:
                 _e_partitions.write(out, version)
         else:
@@ -10900,11 +9538,8 @@ class OffsetForLeaderEpochResponseOffsetForLeaderTopicResult(Message, kw_only=Tr
                 else:
                     v_topic, pos = read_cstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partitions = []
                 for _ in range(_c):
                     _s_partitions, pos = OffsetForLeaderEpochResponseEpochEndOffset.read(buf, pos, version)
@@ -10945,10 +9580,8 @@ class OffsetForLeaderEpochResponse(Message, kw_only=True, gc=False):
         if version >= 4:
             out += I32.pack(self.throttle_time_ms)
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         else:
@@ -10969,11 +9602,8 @@ class OffsetForLeaderEpochResponse(Message, kw_only=True, gc=False):
                 v_throttle_time_ms = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = OffsetForLeaderEpochResponseOffsetForLeaderTopicResult.read(buf, pos, version)
@@ -11062,29 +9692,20 @@ class ProduceRequestTopicProduceData(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 13:
             _v_topic_id = self.topic_id
-            if len(_v_topic_id) == 16:
-                out += _v_topic_id
-            else:
-                write_uuid(out, _v_topic_id)  # the error
+            if len(_v_topic_id) == 16: out += _v_topic_id
+            else: write_uuid(out, _v_topic_id)  # the error
             _a_partition_data = self.partition_data
-            if len(_a_partition_data) < 0x7F:
-                out.append(len(_a_partition_data) + 1)
-            else:
-                write_uvarint(out, len(_a_partition_data) + 1)
+            if len(_a_partition_data) < 0x7F: out.append(len(_a_partition_data) + 1)
+            else: write_uvarint(out, len(_a_partition_data) + 1)
             for _e_partition_data in _a_partition_data:
                 _e_partition_data.write(out, version)
         elif version >= 9:
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_cstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_cstr(out, _v_name)
             _a_partition_data = self.partition_data
-            if len(_a_partition_data) < 0x7F:
-                out.append(len(_a_partition_data) + 1)
-            else:
-                write_uvarint(out, len(_a_partition_data) + 1)
+            if len(_a_partition_data) < 0x7F: out.append(len(_a_partition_data) + 1)
+            else: write_uvarint(out, len(_a_partition_data) + 1)
             for _e_partition_data in _a_partition_data:
                 _e_partition_data.write(out, version)
         else:
@@ -11103,17 +9724,11 @@ class ProduceRequestTopicProduceData(Message, kw_only=True, gc=False):
         v_partition_data: list[ProduceRequestPartitionProduceData]
         try:
             if version >= 13:
-                if pos + 16 <= len(buf):
-                    v_topic_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_topic_id, pos = read_uuid(buf, pos)  # the error
+                if pos + 16 <= len(buf): v_topic_id = bytes(buf[pos:pos + 16]); pos += 16
+                else: v_topic_id, pos = read_uuid(buf, pos)  # the error
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partition_data = []
                 for _ in range(_c):
                     _s_partition_data, pos = ProduceRequestPartitionProduceData.read(buf, pos, version)
@@ -11126,11 +9741,8 @@ class ProduceRequestTopicProduceData(Message, kw_only=True, gc=False):
                 else:
                     v_name, pos = read_cstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partition_data = []
                 for _ in range(_c):
                     _s_partition_data, pos = ProduceRequestPartitionProduceData.read(buf, pos, version)
@@ -11172,17 +9784,12 @@ class ProduceRequest(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 9:
             _v_transactional_id = self.transactional_id
-            if _v_transactional_id is not None and len(_v_transactional_id) < 0x7F and _v_transactional_id.isascii():
-                out.append(len(_v_transactional_id) + 1)
-                out += _v_transactional_id.encode()
-            else:
-                write_ncstr(out, _v_transactional_id)
+            if _v_transactional_id is not None and len(_v_transactional_id) < 0x7F and _v_transactional_id.isascii(): out.append(len(_v_transactional_id) + 1); out += _v_transactional_id.encode()
+            else: write_ncstr(out, _v_transactional_id)
             out += _S_hi.pack(self.acks, self.timeout_ms)
             _a_topic_data = self.topic_data
-            if len(_a_topic_data) < 0x7F:
-                out.append(len(_a_topic_data) + 1)
-            else:
-                write_uvarint(out, len(_a_topic_data) + 1)
+            if len(_a_topic_data) < 0x7F: out.append(len(_a_topic_data) + 1)
+            else: write_uvarint(out, len(_a_topic_data) + 1)
             for _e_topic_data in _a_topic_data:
                 _e_topic_data.write(out, version)
         else:
@@ -11212,11 +9819,8 @@ class ProduceRequest(Message, kw_only=True, gc=False):
                 v_acks, v_timeout_ms = _S_hi.unpack_from(buf, pos)
                 pos += 6
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topic_data = []
                 for _ in range(_c):
                     _s_topic_data, pos = ProduceRequestTopicProduceData.read(buf, pos, version)
@@ -11253,11 +9857,8 @@ class ProduceResponseBatchIndexAndErrorMessage(Message, kw_only=True, gc=False):
         if version >= 9:
             out += I32.pack(self.batch_index)
             _v_batch_index_error_message = self.batch_index_error_message
-            if _v_batch_index_error_message is not None and len(_v_batch_index_error_message) < 0x7F and _v_batch_index_error_message.isascii():
-                out.append(len(_v_batch_index_error_message) + 1)
-                out += _v_batch_index_error_message.encode()
-            else:
-                write_ncstr(out, _v_batch_index_error_message)
+            if _v_batch_index_error_message is not None and len(_v_batch_index_error_message) < 0x7F and _v_batch_index_error_message.isascii(): out.append(len(_v_batch_index_error_message) + 1); out += _v_batch_index_error_message.encode()
+            else: write_ncstr(out, _v_batch_index_error_message)
         else:
             out += I32.pack(self.batch_index)
             write_nstr(out, self.batch_index_error_message)
@@ -11346,18 +9947,13 @@ class ProduceResponsePartitionProduceResponse(Message, kw_only=True, gc=False):
         if version >= 9:
             out += _S_ihqqq.pack(self.index, self.error_code, self.base_offset, self.log_append_time_ms, self.log_start_offset)
             _a_record_errors = self.record_errors
-            if len(_a_record_errors) < 0x7F:
-                out.append(len(_a_record_errors) + 1)
-            else:
-                write_uvarint(out, len(_a_record_errors) + 1)
+            if len(_a_record_errors) < 0x7F: out.append(len(_a_record_errors) + 1)
+            else: write_uvarint(out, len(_a_record_errors) + 1)
             for _e_record_errors in _a_record_errors:
                 _e_record_errors.write(out, version)
             _v_error_message = self.error_message
-            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-                out.append(len(_v_error_message) + 1)
-                out += _v_error_message.encode()
-            else:
-                write_ncstr(out, _v_error_message)
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+            else: write_ncstr(out, _v_error_message)
         elif version >= 8:
             out += _S_ihqqq.pack(self.index, self.error_code, self.base_offset, self.log_append_time_ms, self.log_start_offset)
             _a_record_errors = self.record_errors
@@ -11397,11 +9993,8 @@ class ProduceResponsePartitionProduceResponse(Message, kw_only=True, gc=False):
                 v_index, v_error_code, v_base_offset, v_log_append_time_ms, v_log_start_offset = _S_ihqqq.unpack_from(buf, pos)
                 pos += 30
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_record_errors = []
                 for _ in range(_c):
                     _s_record_errors, pos = ProduceResponseBatchIndexAndErrorMessage.read(buf, pos, version)
@@ -11432,17 +10025,13 @@ class ProduceResponsePartitionProduceResponse(Message, kw_only=True, gc=False):
                     pos += 1
                 else:
                     _n = buf[pos]
-                    if _n < 0x80 and 2 * _n < len(buf) - pos:
-                        pos += 1
-                    else:
-                        _n, pos = read_tag_count(buf, pos)
+                    if _n < 0x80 and 2 * _n < len(buf) - pos: pos += 1
+                    else: _n, pos = read_tag_count(buf, pos)
                     for _ in range(_n):
                         _tag = buf[pos]
                         _size = buf[pos + 1]
-                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
-                            pos += 2
-                        else:
-                            _tag, pos, _end = read_tag(buf, pos)
+                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf): pos += 2
+                        else: _tag, pos, _end = read_tag(buf, pos)
                         _sub = buf[:_end]
                         if _tag == 0 and version >= 10:
                             v_current_leader, pos = ProduceResponseLeaderIdAndEpoch.read(_sub, pos, version)
@@ -11470,29 +10059,20 @@ class ProduceResponseTopicProduceResponse(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 13:
             _v_topic_id = self.topic_id
-            if len(_v_topic_id) == 16:
-                out += _v_topic_id
-            else:
-                write_uuid(out, _v_topic_id)  # the error
+            if len(_v_topic_id) == 16: out += _v_topic_id
+            else: write_uuid(out, _v_topic_id)  # the error
             _a_partition_responses = self.partition_responses
-            if len(_a_partition_responses) < 0x7F:
-                out.append(len(_a_partition_responses) + 1)
-            else:
-                write_uvarint(out, len(_a_partition_responses) + 1)
+            if len(_a_partition_responses) < 0x7F: out.append(len(_a_partition_responses) + 1)
+            else: write_uvarint(out, len(_a_partition_responses) + 1)
             for _e_partition_responses in _a_partition_responses:
                 _e_partition_responses.write(out, version)
         elif version >= 9:
             _v_name = self.name
-            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-                out.append(len(_v_name) + 1)
-                out += _v_name.encode()
-            else:
-                write_cstr(out, _v_name)
+            if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+            else: write_cstr(out, _v_name)
             _a_partition_responses = self.partition_responses
-            if len(_a_partition_responses) < 0x7F:
-                out.append(len(_a_partition_responses) + 1)
-            else:
-                write_uvarint(out, len(_a_partition_responses) + 1)
+            if len(_a_partition_responses) < 0x7F: out.append(len(_a_partition_responses) + 1)
+            else: write_uvarint(out, len(_a_partition_responses) + 1)
             for _e_partition_responses in _a_partition_responses:
                 _e_partition_responses.write(out, version)
         else:
@@ -11511,17 +10091,11 @@ class ProduceResponseTopicProduceResponse(Message, kw_only=True, gc=False):
         v_partition_responses: list[ProduceResponsePartitionProduceResponse]
         try:
             if version >= 13:
-                if pos + 16 <= len(buf):
-                    v_topic_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_topic_id, pos = read_uuid(buf, pos)  # the error
+                if pos + 16 <= len(buf): v_topic_id = bytes(buf[pos:pos + 16]); pos += 16
+                else: v_topic_id, pos = read_uuid(buf, pos)  # the error
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partition_responses = []
                 for _ in range(_c):
                     _s_partition_responses, pos = ProduceResponsePartitionProduceResponse.read(buf, pos, version)
@@ -11534,11 +10108,8 @@ class ProduceResponseTopicProduceResponse(Message, kw_only=True, gc=False):
                 else:
                     v_name, pos = read_cstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_partition_responses = []
                 for _ in range(_c):
                     _s_partition_responses, pos = ProduceResponsePartitionProduceResponse.read(buf, pos, version)
@@ -11577,18 +10148,12 @@ class ProduceResponseNodeEndpoint(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         out += I32.pack(self.node_id)
         _v_host = self.host
-        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
-            out.append(len(_v_host) + 1)
-            out += _v_host.encode()
-        else:
-            write_cstr(out, _v_host)
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii(): out.append(len(_v_host) + 1); out += _v_host.encode()
+        else: write_cstr(out, _v_host)
         out += I32.pack(self.port)
         _v_rack = self.rack
-        if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii():
-            out.append(len(_v_rack) + 1)
-            out += _v_rack.encode()
-        else:
-            write_ncstr(out, _v_rack)
+        if _v_rack is not None and len(_v_rack) < 0x7F and _v_rack.isascii(): out.append(len(_v_rack) + 1); out += _v_rack.encode()
+        else: write_ncstr(out, _v_rack)
         out.append(0)
 
     @classmethod
@@ -11642,10 +10207,8 @@ class ProduceResponse(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 9:
             _a_responses = self.responses
-            if len(_a_responses) < 0x7F:
-                out.append(len(_a_responses) + 1)
-            else:
-                write_uvarint(out, len(_a_responses) + 1)
+            if len(_a_responses) < 0x7F: out.append(len(_a_responses) + 1)
+            else: write_uvarint(out, len(_a_responses) + 1)
             for _e_responses in _a_responses:
                 _e_responses.write(out, version)
             out += I32.pack(self.throttle_time_ms)
@@ -11665,10 +10228,8 @@ class ProduceResponse(Message, kw_only=True, gc=False):
             if version >= 10 and len(self.node_endpoints) != 0:
                 _t = bytearray()
                 _a_node_endpoints = self.node_endpoints
-                if len(_a_node_endpoints) < 0x7F:
-                    _t.append(len(_a_node_endpoints) + 1)
-                else:
-                    write_uvarint(_t, len(_a_node_endpoints) + 1)
+                if len(_a_node_endpoints) < 0x7F: _t.append(len(_a_node_endpoints) + 1)
+                else: write_uvarint(_t, len(_a_node_endpoints) + 1)
                 for _e_node_endpoints in _a_node_endpoints:
                     _e_node_endpoints.write(_t, version)
                 write_tagged(out, 0, _t)
@@ -11681,11 +10242,8 @@ class ProduceResponse(Message, kw_only=True, gc=False):
         try:
             if version >= 9:
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_responses = []
                 for _ in range(_c):
                     _s_responses, pos = ProduceResponseTopicProduceResponse.read(buf, pos, version)
@@ -11705,25 +10263,18 @@ class ProduceResponse(Message, kw_only=True, gc=False):
                     pos += 1
                 else:
                     _n = buf[pos]
-                    if _n < 0x80 and 2 * _n < len(buf) - pos:
-                        pos += 1
-                    else:
-                        _n, pos = read_tag_count(buf, pos)
+                    if _n < 0x80 and 2 * _n < len(buf) - pos: pos += 1
+                    else: _n, pos = read_tag_count(buf, pos)
                     for _ in range(_n):
                         _tag = buf[pos]
                         _size = buf[pos + 1]
-                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
-                            pos += 2
-                        else:
-                            _tag, pos, _end = read_tag(buf, pos)
+                        if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf): pos += 2
+                        else: _tag, pos, _end = read_tag(buf, pos)
                         _sub = buf[:_end]
                         if _tag == 0 and version >= 10:
                             _b = _sub[pos]
-                            if 0 < _b < 0x80 and _b <= len(_sub) - pos:
-                                _c = _b - 1
-                                pos += 1
-                            else:
-                                _c, pos = read_ccount(_sub, pos)
+                            if 0 < _b < 0x80 and _b <= len(_sub) - pos: _c = _b - 1; pos += 1
+                            else: _c, pos = read_ccount(_sub, pos)
                             v_node_endpoints = []
                             for _ in range(_c):
                                 _s_node_endpoints, pos = ProduceResponseNodeEndpoint.read(_sub, pos, version)
@@ -11751,17 +10302,12 @@ class RemoveRaftVoterRequest(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _v_cluster_id = self.cluster_id
-        if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-            out.append(len(_v_cluster_id) + 1)
-            out += _v_cluster_id.encode()
-        else:
-            write_ncstr(out, _v_cluster_id)
+        if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii(): out.append(len(_v_cluster_id) + 1); out += _v_cluster_id.encode()
+        else: write_ncstr(out, _v_cluster_id)
         out += I32.pack(self.voter_id)
         _v_voter_directory_id = self.voter_directory_id
-        if len(_v_voter_directory_id) == 16:
-            out += _v_voter_directory_id
-        else:
-            write_uuid(out, _v_voter_directory_id)  # the error
+        if len(_v_voter_directory_id) == 16: out += _v_voter_directory_id
+        else: write_uuid(out, _v_voter_directory_id)  # the error
         out.append(0)
 
     @classmethod
@@ -11778,11 +10324,8 @@ class RemoveRaftVoterRequest(Message, kw_only=True, gc=False):
                 v_cluster_id, pos = read_ncstr(buf, pos)
             v_voter_id = I32.unpack_from(buf, pos)[0]
             pos += 4
-            if pos + 16 <= len(buf):
-                v_voter_directory_id = bytes(buf[pos:pos + 16])
-                pos += 16
-            else:
-                v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
+            if pos + 16 <= len(buf): v_voter_directory_id = bytes(buf[pos:pos + 16]); pos += 16
+            else: v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
             if buf[pos]:
                 pos = skip_tags(buf, pos)
             else:
@@ -11808,11 +10351,8 @@ class RemoveRaftVoterResponse(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         out += _S_ih.pack(self.throttle_time_ms, self.error_code)
         _v_error_message = self.error_message
-        if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-            out.append(len(_v_error_message) + 1)
-            out += _v_error_message.encode()
-        else:
-            write_ncstr(out, _v_error_message)
+        if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+        else: write_ncstr(out, _v_error_message)
         out.append(0)
 
     @classmethod
@@ -11922,21 +10462,15 @@ class UpdateFeaturesRequestFeatureUpdateKey(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 1:
             _v_feature = self.feature
-            if _v_feature is not None and len(_v_feature) < 0x7F and _v_feature.isascii():
-                out.append(len(_v_feature) + 1)
-                out += _v_feature.encode()
-            else:
-                write_cstr(out, _v_feature)
+            if _v_feature is not None and len(_v_feature) < 0x7F and _v_feature.isascii(): out.append(len(_v_feature) + 1); out += _v_feature.encode()
+            else: write_cstr(out, _v_feature)
             out += _S_hb.pack(self.max_version_level, self.upgrade_type)
             if self.allow_downgrade != False:
                 raise unsupported("UpdateFeaturesRequestFeatureUpdateKey.allow_downgrade", version)
         else:
             _v_feature = self.feature
-            if _v_feature is not None and len(_v_feature) < 0x7F and _v_feature.isascii():
-                out.append(len(_v_feature) + 1)
-                out += _v_feature.encode()
-            else:
-                write_cstr(out, _v_feature)
+            if _v_feature is not None and len(_v_feature) < 0x7F and _v_feature.isascii(): out.append(len(_v_feature) + 1); out += _v_feature.encode()
+            else: write_cstr(out, _v_feature)
             out += _S_ho.pack(self.max_version_level, self.allow_downgrade)
             if self.upgrade_type != 1:
                 raise unsupported("UpdateFeaturesRequestFeatureUpdateKey.upgrade_type", version)
@@ -11996,20 +10530,16 @@ class UpdateFeaturesRequest(Message, kw_only=True, gc=False):
         if version >= 1:
             out += I32.pack(self.timeout_ms)
             _a_feature_updates = self.feature_updates
-            if len(_a_feature_updates) < 0x7F:
-                out.append(len(_a_feature_updates) + 1)
-            else:
-                write_uvarint(out, len(_a_feature_updates) + 1)
+            if len(_a_feature_updates) < 0x7F: out.append(len(_a_feature_updates) + 1)
+            else: write_uvarint(out, len(_a_feature_updates) + 1)
             for _e_feature_updates in _a_feature_updates:
                 _e_feature_updates.write(out, version)
             out += BOOL.pack(self.validate_only)
         else:
             out += I32.pack(self.timeout_ms)
             _a_feature_updates = self.feature_updates
-            if len(_a_feature_updates) < 0x7F:
-                out.append(len(_a_feature_updates) + 1)
-            else:
-                write_uvarint(out, len(_a_feature_updates) + 1)
+            if len(_a_feature_updates) < 0x7F: out.append(len(_a_feature_updates) + 1)
+            else: write_uvarint(out, len(_a_feature_updates) + 1)
             for _e_feature_updates in _a_feature_updates:
                 _e_feature_updates.write(out, version)
             if self.validate_only != False:
@@ -12026,11 +10556,8 @@ class UpdateFeaturesRequest(Message, kw_only=True, gc=False):
                 v_timeout_ms = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_feature_updates = []
                 for _ in range(_c):
                     _s_feature_updates, pos = UpdateFeaturesRequestFeatureUpdateKey.read(buf, pos, version)
@@ -12041,11 +10568,8 @@ class UpdateFeaturesRequest(Message, kw_only=True, gc=False):
                 v_timeout_ms = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_feature_updates = []
                 for _ in range(_c):
                     _s_feature_updates, pos = UpdateFeaturesRequestFeatureUpdateKey.read(buf, pos, version)
@@ -12071,18 +10595,12 @@ class UpdateFeaturesResponseUpdatableFeatureResult(Message, kw_only=True, gc=Fal
 
     def write(self, out: bytearray, version: int) -> None:
         _v_feature = self.feature
-        if _v_feature is not None and len(_v_feature) < 0x7F and _v_feature.isascii():
-            out.append(len(_v_feature) + 1)
-            out += _v_feature.encode()
-        else:
-            write_cstr(out, _v_feature)
+        if _v_feature is not None and len(_v_feature) < 0x7F and _v_feature.isascii(): out.append(len(_v_feature) + 1); out += _v_feature.encode()
+        else: write_cstr(out, _v_feature)
         out += I16.pack(self.error_code)
         _v_error_message = self.error_message
-        if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-            out.append(len(_v_error_message) + 1)
-            out += _v_error_message.encode()
-        else:
-            write_ncstr(out, _v_error_message)
+        if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+        else: write_ncstr(out, _v_error_message)
         out.append(0)
 
     @classmethod
@@ -12135,24 +10653,16 @@ class UpdateFeaturesResponse(Message, kw_only=True, gc=False):
         if version >= 2:
             out += _S_ih.pack(self.throttle_time_ms, self.error_code)
             _v_error_message = self.error_message
-            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-                out.append(len(_v_error_message) + 1)
-                out += _v_error_message.encode()
-            else:
-                write_ncstr(out, _v_error_message)
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+            else: write_ncstr(out, _v_error_message)
         else:
             out += _S_ih.pack(self.throttle_time_ms, self.error_code)
             _v_error_message = self.error_message
-            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-                out.append(len(_v_error_message) + 1)
-                out += _v_error_message.encode()
-            else:
-                write_ncstr(out, _v_error_message)
+            if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+            else: write_ncstr(out, _v_error_message)
             _a_results = self.results
-            if len(_a_results) < 0x7F:
-                out.append(len(_a_results) + 1)
-            else:
-                write_uvarint(out, len(_a_results) + 1)
+            if len(_a_results) < 0x7F: out.append(len(_a_results) + 1)
+            else: write_uvarint(out, len(_a_results) + 1)
             for _e_results in _a_results:
                 _e_results.write(out, version)
         out.append(0)
@@ -12183,11 +10693,8 @@ class UpdateFeaturesResponse(Message, kw_only=True, gc=False):
                 else:
                     v_error_message, pos = read_ncstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_results = []
                 for _ in range(_c):
                     _s_results, pos = UpdateFeaturesResponseUpdatableFeatureResult.read(buf, pos, version)
@@ -12213,17 +10720,11 @@ class UpdateRaftVoterRequestListener(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _v_name = self.name
-        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii():
-            out.append(len(_v_name) + 1)
-            out += _v_name.encode()
-        else:
-            write_cstr(out, _v_name)
+        if _v_name is not None and len(_v_name) < 0x7F and _v_name.isascii(): out.append(len(_v_name) + 1); out += _v_name.encode()
+        else: write_cstr(out, _v_name)
         _v_host = self.host
-        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
-            out.append(len(_v_host) + 1)
-            out += _v_host.encode()
-        else:
-            write_cstr(out, _v_host)
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii(): out.append(len(_v_host) + 1); out += _v_host.encode()
+        else: write_cstr(out, _v_host)
         out += U16.pack(self.port)
         out.append(0)
 
@@ -12309,22 +10810,15 @@ class UpdateRaftVoterRequest(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _v_cluster_id = self.cluster_id
-        if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-            out.append(len(_v_cluster_id) + 1)
-            out += _v_cluster_id.encode()
-        else:
-            write_ncstr(out, _v_cluster_id)
+        if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii(): out.append(len(_v_cluster_id) + 1); out += _v_cluster_id.encode()
+        else: write_ncstr(out, _v_cluster_id)
         out += _S_ii.pack(self.current_leader_epoch, self.voter_id)
         _v_voter_directory_id = self.voter_directory_id
-        if len(_v_voter_directory_id) == 16:
-            out += _v_voter_directory_id
-        else:
-            write_uuid(out, _v_voter_directory_id)  # the error
+        if len(_v_voter_directory_id) == 16: out += _v_voter_directory_id
+        else: write_uuid(out, _v_voter_directory_id)  # the error
         _a_listeners = self.listeners
-        if len(_a_listeners) < 0x7F:
-            out.append(len(_a_listeners) + 1)
-        else:
-            write_uvarint(out, len(_a_listeners) + 1)
+        if len(_a_listeners) < 0x7F: out.append(len(_a_listeners) + 1)
+        else: write_uvarint(out, len(_a_listeners) + 1)
         for _e_listeners in _a_listeners:
             _e_listeners.write(out, version)
         _v_k_raft_version_feature = self.k_raft_version_feature
@@ -12348,17 +10842,11 @@ class UpdateRaftVoterRequest(Message, kw_only=True, gc=False):
                 v_cluster_id, pos = read_ncstr(buf, pos)
             v_current_leader_epoch, v_voter_id = _S_ii.unpack_from(buf, pos)
             pos += 8
-            if pos + 16 <= len(buf):
-                v_voter_directory_id = bytes(buf[pos:pos + 16])
-                pos += 16
-            else:
-                v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
+            if pos + 16 <= len(buf): v_voter_directory_id = bytes(buf[pos:pos + 16]); pos += 16
+            else: v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
             _b = buf[pos]
-            if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                _c = _b - 1
-                pos += 1
-            else:
-                _c, pos = read_ccount(buf, pos)
+            if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+            else: _c, pos = read_ccount(buf, pos)
             v_listeners = []
             for _ in range(_c):
                 _s_listeners, pos = UpdateRaftVoterRequestListener.read(buf, pos, version)
@@ -12387,11 +10875,8 @@ class UpdateRaftVoterResponseCurrentLeader(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         out += _S_ii.pack(self.leader_id, self.leader_epoch)
         _v_host = self.host
-        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
-            out.append(len(_v_host) + 1)
-            out += _v_host.encode()
-        else:
-            write_cstr(out, _v_host)
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii(): out.append(len(_v_host) + 1); out += _v_host.encode()
+        else: write_cstr(out, _v_host)
         out += I32.pack(self.port)
         out.append(0)
 
@@ -12461,17 +10946,13 @@ class UpdateRaftVoterResponse(Message, kw_only=True, gc=False):
                 pos += 1
             else:
                 _n = buf[pos]
-                if _n < 0x80 and 2 * _n < len(buf) - pos:
-                    pos += 1
-                else:
-                    _n, pos = read_tag_count(buf, pos)
+                if _n < 0x80 and 2 * _n < len(buf) - pos: pos += 1
+                else: _n, pos = read_tag_count(buf, pos)
                 for _ in range(_n):
                     _tag = buf[pos]
                     _size = buf[pos + 1]
-                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
-                        pos += 2
-                    else:
-                        _tag, pos, _end = read_tag(buf, pos)
+                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf): pos += 2
+                    else: _tag, pos, _end = read_tag(buf, pos)
                     _sub = buf[:_end]
                     if _tag == 0:
                         v_current_leader, pos = UpdateRaftVoterResponseCurrentLeader.read(_sub, pos, version)
@@ -12502,28 +10983,20 @@ class VoteRequestPartitionData(Message, kw_only=True, gc=False):
         if version >= 2:
             out += _S_iii.pack(self.partition_index, self.replica_epoch, self.replica_id)
             _v_replica_directory_id = self.replica_directory_id
-            if len(_v_replica_directory_id) == 16:
-                out += _v_replica_directory_id
-            else:
-                write_uuid(out, _v_replica_directory_id)  # the error
+            if len(_v_replica_directory_id) == 16: out += _v_replica_directory_id
+            else: write_uuid(out, _v_replica_directory_id)  # the error
             _v_voter_directory_id = self.voter_directory_id
-            if len(_v_voter_directory_id) == 16:
-                out += _v_voter_directory_id
-            else:
-                write_uuid(out, _v_voter_directory_id)  # the error
+            if len(_v_voter_directory_id) == 16: out += _v_voter_directory_id
+            else: write_uuid(out, _v_voter_directory_id)  # the error
             out += _S_iqo.pack(self.last_offset_epoch, self.last_offset, self.pre_vote)
         elif version >= 1:
             out += _S_iii.pack(self.partition_index, self.replica_epoch, self.replica_id)
             _v_replica_directory_id = self.replica_directory_id
-            if len(_v_replica_directory_id) == 16:
-                out += _v_replica_directory_id
-            else:
-                write_uuid(out, _v_replica_directory_id)  # the error
+            if len(_v_replica_directory_id) == 16: out += _v_replica_directory_id
+            else: write_uuid(out, _v_replica_directory_id)  # the error
             _v_voter_directory_id = self.voter_directory_id
-            if len(_v_voter_directory_id) == 16:
-                out += _v_voter_directory_id
-            else:
-                write_uuid(out, _v_voter_directory_id)  # the error
+            if len(_v_voter_directory_id) == 16: out += _v_voter_directory_id
+            else: write_uuid(out, _v_voter_directory_id)  # the error
             out += _S_iq.pack(self.last_offset_epoch, self.last_offset)
             if self.pre_vote != False:
                 raise unsupported("VoteRequestPartitionData.pre_vote", version)
@@ -12547,31 +11020,19 @@ class VoteRequestPartitionData(Message, kw_only=True, gc=False):
             if version >= 2:
                 v_partition_index, v_replica_epoch, v_replica_id = _S_iii.unpack_from(buf, pos)
                 pos += 12
-                if pos + 16 <= len(buf):
-                    v_replica_directory_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_replica_directory_id, pos = read_uuid(buf, pos)  # the error
-                if pos + 16 <= len(buf):
-                    v_voter_directory_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
+                if pos + 16 <= len(buf): v_replica_directory_id = bytes(buf[pos:pos + 16]); pos += 16
+                else: v_replica_directory_id, pos = read_uuid(buf, pos)  # the error
+                if pos + 16 <= len(buf): v_voter_directory_id = bytes(buf[pos:pos + 16]); pos += 16
+                else: v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
                 v_last_offset_epoch, v_last_offset, v_pre_vote = _S_iqo.unpack_from(buf, pos)
                 pos += 13
             elif version >= 1:
                 v_partition_index, v_replica_epoch, v_replica_id = _S_iii.unpack_from(buf, pos)
                 pos += 12
-                if pos + 16 <= len(buf):
-                    v_replica_directory_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_replica_directory_id, pos = read_uuid(buf, pos)  # the error
-                if pos + 16 <= len(buf):
-                    v_voter_directory_id = bytes(buf[pos:pos + 16])
-                    pos += 16
-                else:
-                    v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
+                if pos + 16 <= len(buf): v_replica_directory_id = bytes(buf[pos:pos + 16]); pos += 16
+                else: v_replica_directory_id, pos = read_uuid(buf, pos)  # the error
+                if pos + 16 <= len(buf): v_voter_directory_id = bytes(buf[pos:pos + 16]); pos += 16
+                else: v_voter_directory_id, pos = read_uuid(buf, pos)  # the error
                 v_last_offset_epoch, v_last_offset = _S_iq.unpack_from(buf, pos)
                 pos += 12
             else:
@@ -12600,16 +11061,11 @@ class VoteRequestTopicData(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _v_topic_name = self.topic_name
-        if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii():
-            out.append(len(_v_topic_name) + 1)
-            out += _v_topic_name.encode()
-        else:
-            write_cstr(out, _v_topic_name)
+        if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii(): out.append(len(_v_topic_name) + 1); out += _v_topic_name.encode()
+        else: write_cstr(out, _v_topic_name)
         _a_partitions = self.partitions
-        if len(_a_partitions) < 0x7F:
-            out.append(len(_a_partitions) + 1)
-        else:
-            write_uvarint(out, len(_a_partitions) + 1)
+        if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+        else: write_uvarint(out, len(_a_partitions) + 1)
         for _e_partitions in _a_partitions:
             _e_partitions.write(out, version)
         out.append(0)
@@ -12626,11 +11082,8 @@ class VoteRequestTopicData(Message, kw_only=True, gc=False):
             else:
                 v_topic_name, pos = read_cstr(buf, pos)
             _b = buf[pos]
-            if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                _c = _b - 1
-                pos += 1
-            else:
-                _c, pos = read_ccount(buf, pos)
+            if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+            else: _c, pos = read_ccount(buf, pos)
             v_partitions = []
             for _ in range(_c):
                 _s_partitions, pos = VoteRequestPartitionData.read(buf, pos, version)
@@ -12663,31 +11116,21 @@ class VoteRequest(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         if version >= 1:
             _v_cluster_id = self.cluster_id
-            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-                out.append(len(_v_cluster_id) + 1)
-                out += _v_cluster_id.encode()
-            else:
-                write_ncstr(out, _v_cluster_id)
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii(): out.append(len(_v_cluster_id) + 1); out += _v_cluster_id.encode()
+            else: write_ncstr(out, _v_cluster_id)
             out += I32.pack(self.voter_id)
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         else:
             _v_cluster_id = self.cluster_id
-            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-                out.append(len(_v_cluster_id) + 1)
-                out += _v_cluster_id.encode()
-            else:
-                write_ncstr(out, _v_cluster_id)
+            if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii(): out.append(len(_v_cluster_id) + 1); out += _v_cluster_id.encode()
+            else: write_ncstr(out, _v_cluster_id)
             _a_topics = self.topics
-            if len(_a_topics) < 0x7F:
-                out.append(len(_a_topics) + 1)
-            else:
-                write_uvarint(out, len(_a_topics) + 1)
+            if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+            else: write_uvarint(out, len(_a_topics) + 1)
             for _e_topics in _a_topics:
                 _e_topics.write(out, version)
         out.append(0)
@@ -12708,11 +11151,8 @@ class VoteRequest(Message, kw_only=True, gc=False):
                 v_voter_id = I32.unpack_from(buf, pos)[0]
                 pos += 4
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = VoteRequestTopicData.read(buf, pos, version)
@@ -12725,11 +11165,8 @@ class VoteRequest(Message, kw_only=True, gc=False):
                 else:
                     v_cluster_id, pos = read_ncstr(buf, pos)
                 _b = buf[pos]
-                if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                    _c = _b - 1
-                    pos += 1
-                else:
-                    _c, pos = read_ccount(buf, pos)
+                if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+                else: _c, pos = read_ccount(buf, pos)
                 v_topics = []
                 for _ in range(_c):
                     _s_topics, pos = VoteRequestTopicData.read(buf, pos, version)
@@ -12792,16 +11229,11 @@ class VoteResponseTopicData(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _v_topic_name = self.topic_name
-        if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii():
-            out.append(len(_v_topic_name) + 1)
-            out += _v_topic_name.encode()
-        else:
-            write_cstr(out, _v_topic_name)
+        if _v_topic_name is not None and len(_v_topic_name) < 0x7F and _v_topic_name.isascii(): out.append(len(_v_topic_name) + 1); out += _v_topic_name.encode()
+        else: write_cstr(out, _v_topic_name)
         _a_partitions = self.partitions
-        if len(_a_partitions) < 0x7F:
-            out.append(len(_a_partitions) + 1)
-        else:
-            write_uvarint(out, len(_a_partitions) + 1)
+        if len(_a_partitions) < 0x7F: out.append(len(_a_partitions) + 1)
+        else: write_uvarint(out, len(_a_partitions) + 1)
         for _e_partitions in _a_partitions:
             _e_partitions.write(out, version)
         out.append(0)
@@ -12818,11 +11250,8 @@ class VoteResponseTopicData(Message, kw_only=True, gc=False):
             else:
                 v_topic_name, pos = read_cstr(buf, pos)
             _b = buf[pos]
-            if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                _c = _b - 1
-                pos += 1
-            else:
-                _c, pos = read_ccount(buf, pos)
+            if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+            else: _c, pos = read_ccount(buf, pos)
             v_partitions = []
             for _ in range(_c):
                 _s_partitions, pos = VoteResponsePartitionData.read(buf, pos, version)
@@ -12852,11 +11281,8 @@ class VoteResponseNodeEndpoint(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         out += I32.pack(self.node_id)
         _v_host = self.host
-        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii():
-            out.append(len(_v_host) + 1)
-            out += _v_host.encode()
-        else:
-            write_cstr(out, _v_host)
+        if _v_host is not None and len(_v_host) < 0x7F and _v_host.isascii(): out.append(len(_v_host) + 1); out += _v_host.encode()
+        else: write_cstr(out, _v_host)
         out += U16.pack(self.port)
         out.append(0)
 
@@ -12904,10 +11330,8 @@ class VoteResponse(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         out += I16.pack(self.error_code)
         _a_topics = self.topics
-        if len(_a_topics) < 0x7F:
-            out.append(len(_a_topics) + 1)
-        else:
-            write_uvarint(out, len(_a_topics) + 1)
+        if len(_a_topics) < 0x7F: out.append(len(_a_topics) + 1)
+        else: write_uvarint(out, len(_a_topics) + 1)
         for _e_topics in _a_topics:
             _e_topics.write(out, version)
         if not (version >= 1) and len(self.node_endpoints) != 0:
@@ -12919,10 +11343,8 @@ class VoteResponse(Message, kw_only=True, gc=False):
         if version >= 1 and len(self.node_endpoints) != 0:
             _t = bytearray()
             _a_node_endpoints = self.node_endpoints
-            if len(_a_node_endpoints) < 0x7F:
-                _t.append(len(_a_node_endpoints) + 1)
-            else:
-                write_uvarint(_t, len(_a_node_endpoints) + 1)
+            if len(_a_node_endpoints) < 0x7F: _t.append(len(_a_node_endpoints) + 1)
+            else: write_uvarint(_t, len(_a_node_endpoints) + 1)
             for _e_node_endpoints in _a_node_endpoints:
                 _e_node_endpoints.write(_t, version)
             write_tagged(out, 0, _t)
@@ -12936,11 +11358,8 @@ class VoteResponse(Message, kw_only=True, gc=False):
             v_error_code = I16.unpack_from(buf, pos)[0]
             pos += 2
             _b = buf[pos]
-            if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                _c = _b - 1
-                pos += 1
-            else:
-                _c, pos = read_ccount(buf, pos)
+            if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+            else: _c, pos = read_ccount(buf, pos)
             v_topics = []
             for _ in range(_c):
                 _s_topics, pos = VoteResponseTopicData.read(buf, pos, version)
@@ -12949,25 +11368,18 @@ class VoteResponse(Message, kw_only=True, gc=False):
                 pos += 1
             else:
                 _n = buf[pos]
-                if _n < 0x80 and 2 * _n < len(buf) - pos:
-                    pos += 1
-                else:
-                    _n, pos = read_tag_count(buf, pos)
+                if _n < 0x80 and 2 * _n < len(buf) - pos: pos += 1
+                else: _n, pos = read_tag_count(buf, pos)
                 for _ in range(_n):
                     _tag = buf[pos]
                     _size = buf[pos + 1]
-                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
-                        pos += 2
-                    else:
-                        _tag, pos, _end = read_tag(buf, pos)
+                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf): pos += 2
+                    else: _tag, pos, _end = read_tag(buf, pos)
                     _sub = buf[:_end]
                     if _tag == 0 and version >= 1:
                         _b = _sub[pos]
-                        if 0 < _b < 0x80 and _b <= len(_sub) - pos:
-                            _c = _b - 1
-                            pos += 1
-                        else:
-                            _c, pos = read_ccount(_sub, pos)
+                        if 0 < _b < 0x80 and _b <= len(_sub) - pos: _c = _b - 1; pos += 1
+                        else: _c, pos = read_ccount(_sub, pos)
                         v_node_endpoints = []
                         for _ in range(_c):
                             _s_node_endpoints, pos = VoteResponseNodeEndpoint.read(_sub, pos, version)
@@ -12998,11 +11410,8 @@ class ConsistencyCheckRequest(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _v_cluster_id = self.cluster_id
-        if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-            out.append(len(_v_cluster_id) + 1)
-            out += _v_cluster_id.encode()
-        else:
-            write_cstr(out, _v_cluster_id)
+        if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii(): out.append(len(_v_cluster_id) + 1); out += _v_cluster_id.encode()
+        else: write_cstr(out, _v_cluster_id)
         out += _S_iiqqi.pack(self.leader_id, self.leader_epoch, self.start_offset, self.end_offset, self.chunks)
         out.append(0)
 
@@ -13084,17 +11493,12 @@ class ConsistencyCheckResponse(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         out += I16.pack(self.error_code)
         _v_error_message = self.error_message
-        if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-            out.append(len(_v_error_message) + 1)
-            out += _v_error_message.encode()
-        else:
-            write_ncstr(out, _v_error_message)
+        if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+        else: write_ncstr(out, _v_error_message)
         out += _S_qq.pack(self.start_offset, self.end_offset)
         _a_chunks = self.chunks
-        if len(_a_chunks) < 0x7F:
-            out.append(len(_a_chunks) + 1)
-        else:
-            write_uvarint(out, len(_a_chunks) + 1)
+        if len(_a_chunks) < 0x7F: out.append(len(_a_chunks) + 1)
+        else: write_uvarint(out, len(_a_chunks) + 1)
         for _e_chunks in _a_chunks:
             _e_chunks.write(out, version)
         out.append(0)
@@ -13118,11 +11522,8 @@ class ConsistencyCheckResponse(Message, kw_only=True, gc=False):
             v_start_offset, v_end_offset = _S_qq.unpack_from(buf, pos)
             pos += 16
             _b = buf[pos]
-            if 0 < _b < 0x80 and _b <= len(buf) - pos:
-                _c = _b - 1
-                pos += 1
-            else:
-                _c, pos = read_ccount(buf, pos)
+            if 0 < _b < 0x80 and _b <= len(buf) - pos: _c = _b - 1; pos += 1
+            else: _c, pos = read_ccount(buf, pos)
             v_chunks = []
             for _ in range(_c):
                 _s_chunks, pos = ConsistencyCheckResponseConsistencyChunk.read(buf, pos, version)
@@ -13152,23 +11553,14 @@ class ControllerCommandRequest(Message, kw_only=True, gc=False):
 
     def write(self, out: bytearray, version: int) -> None:
         _v_cluster_id = self.cluster_id
-        if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii():
-            out.append(len(_v_cluster_id) + 1)
-            out += _v_cluster_id.encode()
-        else:
-            write_cstr(out, _v_cluster_id)
+        if _v_cluster_id is not None and len(_v_cluster_id) < 0x7F and _v_cluster_id.isascii(): out.append(len(_v_cluster_id) + 1); out += _v_cluster_id.encode()
+        else: write_cstr(out, _v_cluster_id)
         _v_command = self.command
-        if _v_command is not None and len(_v_command) < 0x7F and _v_command.isascii():
-            out.append(len(_v_command) + 1)
-            out += _v_command.encode()
-        else:
-            write_cstr(out, _v_command)
+        if _v_command is not None and len(_v_command) < 0x7F and _v_command.isascii(): out.append(len(_v_command) + 1); out += _v_command.encode()
+        else: write_cstr(out, _v_command)
         _v_args = self.args
-        if _v_args is not None and len(_v_args) < 0x7F and _v_args.isascii():
-            out.append(len(_v_args) + 1)
-            out += _v_args.encode()
-        else:
-            write_cstr(out, _v_args)
+        if _v_args is not None and len(_v_args) < 0x7F and _v_args.isascii(): out.append(len(_v_args) + 1); out += _v_args.encode()
+        else: write_cstr(out, _v_args)
         out += I32.pack(self.timeout_ms)
         out.append(0)
 
@@ -13259,18 +11651,12 @@ class ControllerCommandResponse(Message, kw_only=True, gc=False):
     def write(self, out: bytearray, version: int) -> None:
         out += I16.pack(self.error_code)
         _v_error_message = self.error_message
-        if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii():
-            out.append(len(_v_error_message) + 1)
-            out += _v_error_message.encode()
-        else:
-            write_ncstr(out, _v_error_message)
+        if _v_error_message is not None and len(_v_error_message) < 0x7F and _v_error_message.isascii(): out.append(len(_v_error_message) + 1); out += _v_error_message.encode()
+        else: write_ncstr(out, _v_error_message)
         out += _S_qi.pack(self.base_offset, self.leader_epoch)
         _v_result = self.result
-        if _v_result is not None and len(_v_result) < 0x7F and _v_result.isascii():
-            out.append(len(_v_result) + 1)
-            out += _v_result.encode()
-        else:
-            write_ncstr(out, _v_result)
+        if _v_result is not None and len(_v_result) < 0x7F and _v_result.isascii(): out.append(len(_v_result) + 1); out += _v_result.encode()
+        else: write_ncstr(out, _v_result)
         _n = 0
         if self.current_leader != _D_ControllerCommandResponseLeaderIdAndEpoch:
             _n += 1
@@ -13310,17 +11696,13 @@ class ControllerCommandResponse(Message, kw_only=True, gc=False):
                 pos += 1
             else:
                 _n = buf[pos]
-                if _n < 0x80 and 2 * _n < len(buf) - pos:
-                    pos += 1
-                else:
-                    _n, pos = read_tag_count(buf, pos)
+                if _n < 0x80 and 2 * _n < len(buf) - pos: pos += 1
+                else: _n, pos = read_tag_count(buf, pos)
                 for _ in range(_n):
                     _tag = buf[pos]
                     _size = buf[pos + 1]
-                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf):
-                        pos += 2
-                    else:
-                        _tag, pos, _end = read_tag(buf, pos)
+                    if _tag < 0x80 and _size < 0x80 and (_end := pos + 2 + _size) <= len(buf): pos += 2
+                    else: _tag, pos, _end = read_tag(buf, pos)
                     _sub = buf[:_end]
                     if _tag == 0:
                         v_current_leader, pos = ControllerCommandResponseLeaderIdAndEpoch.read(_sub, pos, version)
@@ -13426,853 +11808,776 @@ def _fault(exc: Exception, where: str, pos: int) -> KafkaDecodeError:
 
 
 _FIELD_AT_LINE: dict[int, str] = {
+    233: 'name',
+    234: 'name',
+    235: 'name',
+    236: 'name',
+    237: 'name',
     238: 'name',
-    239: 'name',
-    240: 'name',
-    241: 'name',
-    242: 'name',
-    243: 'name',
+    239: 'host',
+    240: 'host',
+    241: 'host',
+    242: 'host',
+    243: 'host',
     244: 'host',
-    245: 'host',
-    246: 'host',
-    247: 'host',
-    248: 'host',
-    249: 'host',
-    250: 'port',
-    251: 'port',
-    252: '(tagged fields)',
-    253: '(tagged fields)',
-    254: '(tagged fields)',
-    255: '(tagged fields)',
-    336: 'cluster_id',
+    245: 'port',
+    246: 'port',
+    247: '(tagged fields)',
+    248: '(tagged fields)',
+    249: '(tagged fields)',
+    250: '(tagged fields)',
+    317: 'cluster_id',
+    318: 'cluster_id',
+    319: 'cluster_id',
+    320: 'cluster_id',
+    321: 'cluster_id',
+    322: 'cluster_id',
+    323: 'timeout_ms',
+    324: 'timeout_ms',
+    325: 'voter_directory_id',
+    326: 'voter_directory_id',
+    327: 'listeners',
+    328: 'listeners',
+    329: 'listeners',
+    330: 'listeners',
+    331: 'listeners',
+    332: 'listeners',
+    333: 'listeners',
+    334: 'ack_when_committed',
+    335: 'ack_when_committed',
+    336: 'ack_when_committed',
     337: 'cluster_id',
     338: 'cluster_id',
     339: 'cluster_id',
     340: 'cluster_id',
     341: 'cluster_id',
-    342: 'timeout_ms',
+    342: 'cluster_id',
     343: 'timeout_ms',
-    344: 'voter_directory_id',
+    344: 'timeout_ms',
     345: 'voter_directory_id',
     346: 'voter_directory_id',
-    347: 'voter_directory_id',
-    348: 'voter_directory_id',
+    347: 'listeners',
+    348: 'listeners',
     349: 'listeners',
     350: 'listeners',
     351: 'listeners',
     352: 'listeners',
     353: 'listeners',
-    354: 'listeners',
-    355: 'listeners',
-    356: 'listeners',
-    357: 'listeners',
-    358: 'listeners',
-    359: 'ack_when_committed',
-    360: 'ack_when_committed',
-    361: 'ack_when_committed',
-    362: 'cluster_id',
-    363: 'cluster_id',
-    364: 'cluster_id',
-    365: 'cluster_id',
-    366: 'cluster_id',
-    367: 'cluster_id',
-    368: 'timeout_ms',
-    369: 'timeout_ms',
-    370: 'voter_directory_id',
-    371: 'voter_directory_id',
-    372: 'voter_directory_id',
-    373: 'voter_directory_id',
-    374: 'voter_directory_id',
-    375: 'listeners',
-    376: 'listeners',
-    377: 'listeners',
-    378: 'listeners',
-    379: 'listeners',
-    380: 'listeners',
-    381: 'listeners',
-    382: 'listeners',
-    383: 'listeners',
-    384: 'listeners',
-    385: '(tagged fields)',
-    386: '(tagged fields)',
-    387: '(tagged fields)',
-    388: '(tagged fields)',
-    423: 'throttle_time_ms',
-    424: 'throttle_time_ms',
-    425: 'error_message',
-    426: 'error_message',
-    427: 'error_message',
-    428: 'error_message',
-    429: 'error_message',
-    430: 'error_message',
+    354: '(tagged fields)',
+    355: '(tagged fields)',
+    356: '(tagged fields)',
+    357: '(tagged fields)',
+    389: 'throttle_time_ms',
+    390: 'throttle_time_ms',
+    391: 'error_message',
+    392: 'error_message',
+    393: 'error_message',
+    394: 'error_message',
+    395: 'error_message',
+    396: 'error_message',
+    397: '(tagged fields)',
+    398: '(tagged fields)',
+    399: '(tagged fields)',
+    400: '(tagged fields)',
+    427: 'broker_id',
+    428: 'broker_id',
+    429: '(tagged fields)',
+    430: '(tagged fields)',
     431: '(tagged fields)',
     432: '(tagged fields)',
-    433: '(tagged fields)',
-    434: '(tagged fields)',
-    461: 'broker_id',
-    462: 'broker_id',
-    463: '(tagged fields)',
-    464: '(tagged fields)',
+    463: 'throttle_time_ms',
+    464: 'throttle_time_ms',
     465: '(tagged fields)',
     466: '(tagged fields)',
-    497: 'throttle_time_ms',
-    498: 'throttle_time_ms',
-    499: '(tagged fields)',
-    500: '(tagged fields)',
-    501: '(tagged fields)',
-    502: '(tagged fields)',
-    545: 'client_software_name',
-    546: 'client_software_name',
-    547: 'client_software_name',
-    548: 'client_software_name',
-    549: 'client_software_name',
-    550: 'client_software_name',
-    551: 'client_software_version',
-    552: 'client_software_version',
-    553: 'client_software_version',
-    554: 'client_software_version',
-    555: 'client_software_version',
-    556: 'client_software_version',
-    557: 'client_software_version',
-    559: '(tagged fields)',
-    560: '(tagged fields)',
-    561: '(tagged fields)',
-    562: '(tagged fields)',
-    563: '(tagged fields)',
-    590: 'api_key',
-    591: 'api_key',
-    592: '(tagged fields)',
-    593: '(tagged fields)',
-    594: '(tagged fields)',
-    595: '(tagged fields)',
+    467: '(tagged fields)',
+    468: '(tagged fields)',
+    505: 'client_software_name',
+    506: 'client_software_name',
+    507: 'client_software_name',
+    508: 'client_software_name',
+    509: 'client_software_name',
+    510: 'client_software_name',
+    511: 'client_software_version',
+    512: 'client_software_version',
+    513: 'client_software_version',
+    514: 'client_software_version',
+    515: 'client_software_version',
+    516: 'client_software_version',
+    517: 'client_software_version',
+    519: '(tagged fields)',
+    520: '(tagged fields)',
+    521: '(tagged fields)',
+    522: '(tagged fields)',
+    523: '(tagged fields)',
+    550: 'api_key',
+    551: 'api_key',
+    552: '(tagged fields)',
+    553: '(tagged fields)',
+    554: '(tagged fields)',
+    555: '(tagged fields)',
+    556: '(tagged fields)',
+    588: 'name',
+    589: 'name',
+    590: 'name',
+    591: 'name',
+    592: 'name',
+    593: 'name',
+    594: 'min_version',
+    595: 'min_version',
     596: '(tagged fields)',
+    597: '(tagged fields)',
+    598: '(tagged fields)',
+    599: '(tagged fields)',
     631: 'name',
     632: 'name',
     633: 'name',
     634: 'name',
     635: 'name',
     636: 'name',
-    637: 'min_version',
-    638: 'min_version',
+    637: 'max_version_level',
+    638: 'max_version_level',
     639: '(tagged fields)',
     640: '(tagged fields)',
     641: '(tagged fields)',
     642: '(tagged fields)',
-    677: 'name',
-    678: 'name',
-    679: 'name',
-    680: 'name',
-    681: 'name',
-    682: 'name',
-    683: 'max_version_level',
-    684: 'max_version_level',
-    685: '(tagged fields)',
-    686: '(tagged fields)',
-    687: '(tagged fields)',
-    688: '(tagged fields)',
-    789: 'error_code',
-    790: 'error_code',
-    791: 'api_keys',
-    792: 'api_keys',
-    793: 'api_keys',
-    794: 'api_keys',
-    795: 'api_keys',
-    796: 'api_keys',
-    797: 'api_keys',
-    798: 'api_keys',
-    799: 'api_keys',
-    800: 'api_keys',
-    801: 'throttle_time_ms',
-    802: 'throttle_time_ms',
-    803: 'throttle_time_ms',
-    804: 'error_code',
-    805: 'error_code',
-    806: 'api_keys',
-    807: 'api_keys',
-    808: 'api_keys',
-    809: 'api_keys',
-    810: 'api_keys',
-    811: 'throttle_time_ms',
-    812: 'throttle_time_ms',
-    813: 'throttle_time_ms',
-    814: 'error_code',
-    815: 'error_code',
-    816: 'api_keys',
-    817: 'api_keys',
-    818: 'api_keys',
-    819: 'api_keys',
-    820: 'api_keys',
-    821: '(tagged fields)',
-    822: '(tagged fields)',
-    823: '(tagged fields)',
-    824: '(tagged fields)',
-    825: '(tagged fields)',
-    826: '(tagged fields)',
-    827: '(tagged fields)',
-    828: '(tagged fields)',
-    829: '(tagged fields)',
-    830: '(tagged fields)',
-    831: '(tagged fields)',
-    832: '(tagged fields)',
-    833: '(tagged fields)',
-    834: '(tagged fields)',
-    835: '(tagged fields)',
-    836: '(tagged fields)',
-    837: '(tagged fields)',
-    838: '(tagged fields)',
-    839: 'supported_features',
-    840: 'supported_features',
-    841: 'supported_features',
-    842: 'supported_features',
-    843: 'supported_features',
-    844: 'supported_features',
-    845: 'supported_features',
-    846: 'supported_features',
-    847: 'supported_features',
-    848: 'supported_features',
-    849: 'supported_features',
-    850: 'supported_features',
-    851: '(tagged fields)',
-    852: 'finalized_features_epoch',
-    853: 'finalized_features_epoch',
-    854: 'finalized_features_epoch',
-    855: 'finalized_features_epoch',
+    737: 'error_code',
+    738: 'error_code',
+    739: 'api_keys',
+    740: 'api_keys',
+    741: 'api_keys',
+    742: 'api_keys',
+    743: 'api_keys',
+    744: 'api_keys',
+    745: 'api_keys',
+    746: 'throttle_time_ms',
+    747: 'throttle_time_ms',
+    748: 'throttle_time_ms',
+    749: 'error_code',
+    750: 'error_code',
+    751: 'api_keys',
+    752: 'api_keys',
+    753: 'api_keys',
+    754: 'api_keys',
+    755: 'api_keys',
+    756: 'throttle_time_ms',
+    757: 'throttle_time_ms',
+    758: 'throttle_time_ms',
+    759: 'error_code',
+    760: 'error_code',
+    761: 'api_keys',
+    762: 'api_keys',
+    763: 'api_keys',
+    764: 'api_keys',
+    765: 'api_keys',
+    766: '(tagged fields)',
+    767: '(tagged fields)',
+    768: '(tagged fields)',
+    769: '(tagged fields)',
+    770: '(tagged fields)',
+    771: '(tagged fields)',
+    772: '(tagged fields)',
+    773: '(tagged fields)',
+    774: '(tagged fields)',
+    775: '(tagged fields)',
+    776: '(tagged fields)',
+    777: '(tagged fields)',
+    778: '(tagged fields)',
+    779: '(tagged fields)',
+    780: 'supported_features',
+    781: 'supported_features',
+    782: 'supported_features',
+    783: 'supported_features',
+    784: 'supported_features',
+    785: 'supported_features',
+    786: 'supported_features',
+    787: 'supported_features',
+    788: 'supported_features',
+    789: '(tagged fields)',
+    790: 'finalized_features_epoch',
+    791: 'finalized_features_epoch',
+    792: 'finalized_features_epoch',
+    793: 'finalized_features_epoch',
+    794: '(tagged fields)',
+    795: 'finalized_features',
+    796: 'finalized_features',
+    797: 'finalized_features',
+    798: 'finalized_features',
+    799: 'finalized_features',
+    800: 'finalized_features',
+    801: 'finalized_features',
+    802: 'finalized_features',
+    803: 'finalized_features',
+    804: '(tagged fields)',
+    805: 'zk_migration_ready',
+    806: 'zk_migration_ready',
+    807: 'zk_migration_ready',
+    808: 'zk_migration_ready',
+    809: '(tagged fields)',
+    846: 'partition_index',
+    847: 'partition_index',
+    848: 'voter_directory_id',
+    849: 'voter_directory_id',
+    850: 'leader_id',
+    851: 'leader_id',
+    852: 'leader_id',
+    853: 'partition_index',
+    854: 'partition_index',
+    855: '(tagged fields)',
     856: '(tagged fields)',
-    857: 'finalized_features',
-    858: 'finalized_features',
-    859: 'finalized_features',
-    860: 'finalized_features',
-    861: 'finalized_features',
-    862: 'finalized_features',
-    863: 'finalized_features',
-    864: 'finalized_features',
-    865: 'finalized_features',
-    866: 'finalized_features',
-    867: 'finalized_features',
-    868: 'finalized_features',
-    869: '(tagged fields)',
-    870: 'zk_migration_ready',
-    871: 'zk_migration_ready',
-    872: 'zk_migration_ready',
-    873: 'zk_migration_ready',
-    874: '(tagged fields)',
-    913: 'partition_index',
-    914: 'partition_index',
-    915: 'voter_directory_id',
-    916: 'voter_directory_id',
-    917: 'voter_directory_id',
-    918: 'voter_directory_id',
-    919: 'voter_directory_id',
-    920: 'leader_id',
-    921: 'leader_id',
-    922: 'leader_id',
-    923: 'partition_index',
-    924: 'partition_index',
+    857: '(tagged fields)',
+    858: '(tagged fields)',
+    859: '(tagged fields)',
+    902: 'topic_name',
+    903: 'topic_name',
+    904: 'topic_name',
+    905: 'topic_name',
+    906: 'topic_name',
+    907: 'topic_name',
+    908: 'partitions',
+    909: 'partitions',
+    910: 'partitions',
+    911: 'partitions',
+    912: 'partitions',
+    913: 'partitions',
+    914: 'partitions',
+    915: 'partitions',
+    916: 'topic_name',
+    917: 'partitions',
+    918: 'partitions',
+    919: 'partitions',
+    920: 'partitions',
+    921: 'partitions',
+    922: '(tagged fields)',
+    923: '(tagged fields)',
+    924: '(tagged fields)',
     925: '(tagged fields)',
     926: '(tagged fields)',
-    927: '(tagged fields)',
-    928: '(tagged fields)',
-    929: '(tagged fields)',
-    977: 'topic_name',
-    978: 'topic_name',
-    979: 'topic_name',
-    980: 'topic_name',
-    981: 'topic_name',
-    982: 'topic_name',
-    983: 'partitions',
-    984: 'partitions',
-    985: 'partitions',
-    986: 'partitions',
-    987: 'partitions',
-    988: 'partitions',
-    989: 'partitions',
-    990: 'partitions',
-    991: 'partitions',
-    992: 'partitions',
-    993: 'partitions',
-    994: 'topic_name',
-    995: 'partitions',
-    996: 'partitions',
-    997: 'partitions',
-    998: 'partitions',
-    999: 'partitions',
-    1000: '(tagged fields)',
-    1001: '(tagged fields)',
-    1002: '(tagged fields)',
-    1003: '(tagged fields)',
-    1004: '(tagged fields)',
-    1045: 'name',
-    1046: 'name',
-    1047: 'name',
-    1048: 'name',
-    1049: 'name',
-    1050: 'name',
-    1051: 'host',
-    1052: 'host',
-    1053: 'host',
-    1054: 'host',
-    1055: 'host',
-    1056: 'host',
-    1057: 'port',
-    1058: 'port',
-    1059: '(tagged fields)',
-    1060: '(tagged fields)',
-    1061: '(tagged fields)',
-    1062: '(tagged fields)',
-    1125: 'cluster_id',
-    1126: 'cluster_id',
-    1127: 'cluster_id',
-    1128: 'cluster_id',
-    1129: 'cluster_id',
-    1130: 'cluster_id',
-    1131: 'voter_id',
-    1132: 'voter_id',
-    1133: 'topics',
-    1134: 'topics',
-    1135: 'topics',
-    1136: 'topics',
-    1137: 'topics',
-    1138: 'topics',
-    1139: 'topics',
-    1140: 'topics',
-    1141: 'topics',
-    1142: 'topics',
-    1143: 'leader_endpoints',
-    1144: 'leader_endpoints',
-    1145: 'leader_endpoints',
-    1146: 'leader_endpoints',
-    1147: 'leader_endpoints',
-    1148: 'leader_endpoints',
-    1149: 'leader_endpoints',
-    1150: 'leader_endpoints',
-    1151: 'leader_endpoints',
-    1152: 'leader_endpoints',
-    1153: 'leader_endpoints',
-    1154: 'cluster_id',
-    1155: 'topics',
-    1156: 'topics',
-    1157: 'topics',
-    1158: 'topics',
-    1159: 'topics',
-    1160: '(tagged fields)',
-    1161: '(tagged fields)',
-    1162: '(tagged fields)',
-    1163: '(tagged fields)',
-    1164: '(tagged fields)',
-    1193: 'partition_index',
-    1194: 'partition_index',
-    1195: '(tagged fields)',
-    1196: '(tagged fields)',
-    1197: '(tagged fields)',
-    1198: '(tagged fields)',
-    1199: '(tagged fields)',
-    1247: 'topic_name',
-    1248: 'topic_name',
-    1249: 'topic_name',
-    1250: 'topic_name',
-    1251: 'topic_name',
-    1252: 'topic_name',
-    1253: 'partitions',
-    1254: 'partitions',
-    1255: 'partitions',
-    1256: 'partitions',
-    1257: 'partitions',
-    1258: 'partitions',
-    1259: 'partitions',
-    1260: 'partitions',
-    1261: 'partitions',
-    1262: 'partitions',
-    1263: 'partitions',
-    1264: 'topic_name',
-    1265: 'partitions',
-    1266: 'partitions',
-    1267: 'partitions',
-    1268: 'partitions',
-    1269: 'partitions',
-    1270: '(tagged fields)',
-    1271: '(tagged fields)',
-    1272: '(tagged fields)',
-    1273: '(tagged fields)',
-    1274: '(tagged fields)',
-    1310: 'node_id',
-    1311: 'node_id',
-    1312: 'host',
-    1313: 'host',
-    1314: 'host',
-    1315: 'host',
-    1316: 'host',
-    1317: 'host',
-    1318: 'port',
-    1319: 'port',
-    1320: '(tagged fields)',
-    1321: '(tagged fields)',
-    1322: '(tagged fields)',
-    1323: '(tagged fields)',
-    1386: 'error_code',
-    1387: 'error_code',
-    1388: 'topics',
-    1389: 'topics',
-    1390: 'topics',
-    1391: 'topics',
-    1392: 'topics',
-    1393: 'topics',
-    1394: 'topics',
-    1395: 'topics',
-    1396: 'topics',
-    1397: 'topics',
-    1398: 'topics',
-    1399: 'error_code',
-    1400: 'error_code',
-    1401: 'topics',
-    1402: 'topics',
-    1403: 'topics',
-    1404: 'topics',
-    1405: 'topics',
-    1406: '(tagged fields)',
-    1407: '(tagged fields)',
-    1408: '(tagged fields)',
-    1409: '(tagged fields)',
-    1410: '(tagged fields)',
-    1411: '(tagged fields)',
-    1412: '(tagged fields)',
+    961: 'name',
+    962: 'name',
+    963: 'name',
+    964: 'name',
+    965: 'name',
+    966: 'name',
+    967: 'host',
+    968: 'host',
+    969: 'host',
+    970: 'host',
+    971: 'host',
+    972: 'host',
+    973: 'port',
+    974: 'port',
+    975: '(tagged fields)',
+    976: '(tagged fields)',
+    977: '(tagged fields)',
+    978: '(tagged fields)',
+    1034: 'cluster_id',
+    1035: 'cluster_id',
+    1036: 'cluster_id',
+    1037: 'cluster_id',
+    1038: 'cluster_id',
+    1039: 'cluster_id',
+    1040: 'voter_id',
+    1041: 'voter_id',
+    1042: 'topics',
+    1043: 'topics',
+    1044: 'topics',
+    1045: 'topics',
+    1046: 'topics',
+    1047: 'topics',
+    1048: 'topics',
+    1049: 'leader_endpoints',
+    1050: 'leader_endpoints',
+    1051: 'leader_endpoints',
+    1052: 'leader_endpoints',
+    1053: 'leader_endpoints',
+    1054: 'leader_endpoints',
+    1055: 'leader_endpoints',
+    1056: 'leader_endpoints',
+    1057: 'cluster_id',
+    1058: 'topics',
+    1059: 'topics',
+    1060: 'topics',
+    1061: 'topics',
+    1062: 'topics',
+    1063: '(tagged fields)',
+    1064: '(tagged fields)',
+    1065: '(tagged fields)',
+    1066: '(tagged fields)',
+    1067: '(tagged fields)',
+    1096: 'partition_index',
+    1097: 'partition_index',
+    1098: '(tagged fields)',
+    1099: '(tagged fields)',
+    1100: '(tagged fields)',
+    1101: '(tagged fields)',
+    1102: '(tagged fields)',
+    1145: 'topic_name',
+    1146: 'topic_name',
+    1147: 'topic_name',
+    1148: 'topic_name',
+    1149: 'topic_name',
+    1150: 'topic_name',
+    1151: 'partitions',
+    1152: 'partitions',
+    1153: 'partitions',
+    1154: 'partitions',
+    1155: 'partitions',
+    1156: 'partitions',
+    1157: 'partitions',
+    1158: 'partitions',
+    1159: 'topic_name',
+    1160: 'partitions',
+    1161: 'partitions',
+    1162: 'partitions',
+    1163: 'partitions',
+    1164: 'partitions',
+    1165: '(tagged fields)',
+    1166: '(tagged fields)',
+    1167: '(tagged fields)',
+    1168: '(tagged fields)',
+    1169: '(tagged fields)',
+    1202: 'node_id',
+    1203: 'node_id',
+    1204: 'host',
+    1205: 'host',
+    1206: 'host',
+    1207: 'host',
+    1208: 'host',
+    1209: 'host',
+    1210: 'port',
+    1211: 'port',
+    1212: '(tagged fields)',
+    1213: '(tagged fields)',
+    1214: '(tagged fields)',
+    1215: '(tagged fields)',
+    1274: 'error_code',
+    1275: 'error_code',
+    1276: 'topics',
+    1277: 'topics',
+    1278: 'topics',
+    1279: 'topics',
+    1280: 'topics',
+    1281: 'topics',
+    1282: 'topics',
+    1283: 'topics',
+    1284: 'error_code',
+    1285: 'error_code',
+    1286: 'topics',
+    1287: 'topics',
+    1288: 'topics',
+    1289: 'topics',
+    1290: 'topics',
+    1291: '(tagged fields)',
+    1292: '(tagged fields)',
+    1293: '(tagged fields)',
+    1294: '(tagged fields)',
+    1295: '(tagged fields)',
+    1296: '(tagged fields)',
+    1297: '(tagged fields)',
+    1298: '(tagged fields)',
+    1299: '(tagged fields)',
+    1300: '(tagged fields)',
+    1301: '(tagged fields)',
+    1302: '(tagged fields)',
+    1303: '(tagged fields)',
+    1304: '(tagged fields)',
+    1305: 'node_endpoints',
+    1306: 'node_endpoints',
+    1307: 'node_endpoints',
+    1308: 'node_endpoints',
+    1309: 'node_endpoints',
+    1310: 'node_endpoints',
+    1311: 'node_endpoints',
+    1312: 'node_endpoints',
+    1313: 'node_endpoints',
+    1314: '(tagged fields)',
+    1376: 'broker_id',
+    1377: 'broker_id',
+    1378: '(tagged fields)',
+    1379: '(tagged fields)',
+    1380: '(tagged fields)',
+    1381: '(tagged fields)',
+    1382: '(tagged fields)',
+    1383: '(tagged fields)',
+    1384: '(tagged fields)',
+    1385: '(tagged fields)',
+    1386: '(tagged fields)',
+    1387: '(tagged fields)',
+    1388: '(tagged fields)',
+    1389: '(tagged fields)',
+    1390: '(tagged fields)',
+    1391: 'offline_log_dirs',
+    1392: 'offline_log_dirs',
+    1393: 'offline_log_dirs',
+    1394: 'offline_log_dirs',
+    1395: 'offline_log_dirs',
+    1396: 'offline_log_dirs',
+    1397: 'offline_log_dirs',
+    1398: 'offline_log_dirs',
+    1399: 'offline_log_dirs',
+    1400: '(tagged fields)',
+    1401: 'cordoned_log_dirs',
+    1402: 'cordoned_log_dirs',
+    1403: 'cordoned_log_dirs',
+    1404: 'cordoned_log_dirs',
+    1405: 'cordoned_log_dirs',
+    1406: 'cordoned_log_dirs',
+    1407: 'cordoned_log_dirs',
+    1408: 'cordoned_log_dirs',
+    1409: 'cordoned_log_dirs',
+    1410: 'cordoned_log_dirs',
+    1411: 'cordoned_log_dirs',
+    1412: 'cordoned_log_dirs',
     1413: '(tagged fields)',
-    1414: '(tagged fields)',
-    1415: '(tagged fields)',
-    1416: '(tagged fields)',
-    1417: '(tagged fields)',
-    1418: '(tagged fields)',
-    1419: '(tagged fields)',
-    1420: '(tagged fields)',
-    1421: '(tagged fields)',
-    1422: '(tagged fields)',
-    1423: '(tagged fields)',
-    1424: 'node_endpoints',
-    1425: 'node_endpoints',
-    1426: 'node_endpoints',
-    1427: 'node_endpoints',
-    1428: 'node_endpoints',
-    1429: 'node_endpoints',
-    1430: 'node_endpoints',
-    1431: 'node_endpoints',
-    1432: 'node_endpoints',
-    1433: 'node_endpoints',
-    1434: 'node_endpoints',
-    1435: 'node_endpoints',
-    1436: '(tagged fields)',
-    1502: 'broker_id',
-    1503: 'broker_id',
-    1504: '(tagged fields)',
-    1505: '(tagged fields)',
-    1506: '(tagged fields)',
-    1507: '(tagged fields)',
-    1508: '(tagged fields)',
-    1509: '(tagged fields)',
-    1510: '(tagged fields)',
-    1511: '(tagged fields)',
-    1512: '(tagged fields)',
-    1513: '(tagged fields)',
-    1514: '(tagged fields)',
-    1515: '(tagged fields)',
-    1516: '(tagged fields)',
-    1517: '(tagged fields)',
-    1518: '(tagged fields)',
-    1519: '(tagged fields)',
-    1520: '(tagged fields)',
-    1521: 'offline_log_dirs',
-    1522: 'offline_log_dirs',
-    1523: 'offline_log_dirs',
-    1524: 'offline_log_dirs',
-    1525: 'offline_log_dirs',
-    1526: 'offline_log_dirs',
-    1527: 'offline_log_dirs',
-    1528: 'offline_log_dirs',
-    1529: 'offline_log_dirs',
-    1530: 'offline_log_dirs',
-    1531: 'offline_log_dirs',
-    1532: 'offline_log_dirs',
-    1533: '(tagged fields)',
-    1534: 'cordoned_log_dirs',
-    1535: 'cordoned_log_dirs',
-    1536: 'cordoned_log_dirs',
-    1537: 'cordoned_log_dirs',
-    1538: 'cordoned_log_dirs',
-    1539: 'cordoned_log_dirs',
-    1540: 'cordoned_log_dirs',
-    1541: 'cordoned_log_dirs',
-    1542: 'cordoned_log_dirs',
-    1543: 'cordoned_log_dirs',
-    1544: 'cordoned_log_dirs',
-    1545: 'cordoned_log_dirs',
-    1546: 'cordoned_log_dirs',
-    1547: 'cordoned_log_dirs',
-    1548: 'cordoned_log_dirs',
-    1549: '(tagged fields)',
-    1582: 'throttle_time_ms',
-    1583: 'throttle_time_ms',
-    1584: '(tagged fields)',
-    1585: '(tagged fields)',
-    1586: '(tagged fields)',
-    1587: '(tagged fields)',
-    1627: 'name',
-    1628: 'name',
-    1629: 'name',
-    1630: 'name',
-    1631: 'name',
-    1632: 'name',
-    1633: 'host',
-    1634: 'host',
-    1635: 'host',
-    1636: 'host',
-    1637: 'host',
-    1638: 'host',
-    1639: 'port',
-    1640: 'port',
-    1641: '(tagged fields)',
-    1642: '(tagged fields)',
-    1643: '(tagged fields)',
-    1644: '(tagged fields)',
-    1679: 'name',
-    1680: 'name',
-    1681: 'name',
-    1682: 'name',
-    1683: 'name',
-    1684: 'name',
-    1685: 'min_supported_version',
-    1686: 'min_supported_version',
-    1687: '(tagged fields)',
-    1688: '(tagged fields)',
-    1689: '(tagged fields)',
-    1690: '(tagged fields)',
-    1886: 'broker_id',
-    1887: 'broker_id',
-    1888: 'cluster_id',
-    1889: 'cluster_id',
-    1890: 'cluster_id',
-    1891: 'cluster_id',
-    1892: 'cluster_id',
-    1893: 'cluster_id',
-    1894: 'incarnation_id',
-    1895: 'incarnation_id',
-    1896: 'incarnation_id',
-    1897: 'incarnation_id',
-    1898: 'incarnation_id',
-    1899: 'listeners',
-    1900: 'listeners',
-    1901: 'listeners',
-    1902: 'listeners',
-    1903: 'listeners',
-    1904: 'listeners',
-    1905: 'listeners',
-    1906: 'listeners',
-    1907: 'listeners',
-    1908: 'listeners',
-    1909: 'features',
-    1910: 'features',
-    1911: 'features',
-    1912: 'features',
-    1913: 'features',
-    1914: 'features',
-    1915: 'features',
-    1916: 'features',
-    1917: 'features',
-    1918: 'features',
-    1919: 'rack',
-    1920: 'rack',
-    1921: 'rack',
-    1922: 'rack',
-    1923: 'rack',
-    1924: 'rack',
-    1925: 'is_migrating_zk_broker',
-    1926: 'is_migrating_zk_broker',
-    1927: 'log_dirs',
-    1928: 'log_dirs',
-    1929: 'log_dirs',
-    1930: 'log_dirs',
-    1931: 'log_dirs',
-    1932: 'log_dirs',
-    1933: 'log_dirs',
-    1934: 'log_dirs',
-    1935: 'log_dirs',
-    1936: 'log_dirs',
-    1937: 'previous_broker_epoch',
-    1938: 'previous_broker_epoch',
-    1939: 'previous_broker_epoch',
-    1940: 'broker_id',
-    1941: 'broker_id',
-    1942: 'cluster_id',
-    1943: 'cluster_id',
-    1944: 'cluster_id',
-    1945: 'cluster_id',
-    1946: 'cluster_id',
-    1947: 'cluster_id',
-    1948: 'incarnation_id',
-    1949: 'incarnation_id',
-    1950: 'incarnation_id',
-    1951: 'incarnation_id',
-    1952: 'incarnation_id',
-    1953: 'listeners',
-    1954: 'listeners',
-    1955: 'listeners',
-    1956: 'listeners',
-    1957: 'listeners',
-    1958: 'listeners',
-    1959: 'listeners',
-    1960: 'listeners',
-    1961: 'listeners',
-    1962: 'listeners',
-    1963: 'features',
-    1964: 'features',
-    1965: 'features',
-    1966: 'features',
-    1967: 'features',
-    1968: 'features',
-    1969: 'features',
-    1970: 'features',
-    1971: 'features',
-    1972: 'features',
-    1973: 'rack',
-    1974: 'rack',
-    1975: 'rack',
-    1976: 'rack',
-    1977: 'rack',
-    1978: 'rack',
-    1979: 'is_migrating_zk_broker',
-    1980: 'is_migrating_zk_broker',
-    1981: 'log_dirs',
-    1982: 'log_dirs',
-    1983: 'log_dirs',
-    1984: 'log_dirs',
-    1985: 'log_dirs',
-    1986: 'log_dirs',
-    1987: 'log_dirs',
-    1988: 'log_dirs',
-    1989: 'log_dirs',
-    1990: 'log_dirs',
-    1991: 'log_dirs',
-    1992: 'broker_id',
-    1993: 'broker_id',
-    1994: 'cluster_id',
-    1995: 'cluster_id',
-    1996: 'cluster_id',
-    1997: 'cluster_id',
-    1998: 'cluster_id',
-    1999: 'cluster_id',
-    2000: 'incarnation_id',
-    2001: 'incarnation_id',
-    2002: 'incarnation_id',
-    2003: 'incarnation_id',
-    2004: 'incarnation_id',
-    2005: 'listeners',
-    2006: 'listeners',
-    2007: 'listeners',
-    2008: 'listeners',
-    2009: 'listeners',
-    2010: 'listeners',
-    2011: 'listeners',
-    2012: 'listeners',
-    2013: 'listeners',
-    2014: 'listeners',
-    2015: 'features',
-    2016: 'features',
-    2017: 'features',
-    2018: 'features',
-    2019: 'features',
-    2020: 'features',
-    2021: 'features',
-    2022: 'features',
-    2023: 'features',
-    2024: 'features',
-    2025: 'rack',
-    2026: 'rack',
-    2027: 'rack',
-    2028: 'rack',
-    2029: 'rack',
-    2030: 'rack',
-    2031: 'is_migrating_zk_broker',
-    2032: 'is_migrating_zk_broker',
-    2033: 'is_migrating_zk_broker',
-    2034: 'broker_id',
-    2035: 'broker_id',
-    2036: 'cluster_id',
-    2037: 'cluster_id',
-    2038: 'cluster_id',
-    2039: 'cluster_id',
-    2040: 'cluster_id',
-    2041: 'cluster_id',
-    2042: 'incarnation_id',
-    2043: 'incarnation_id',
-    2044: 'incarnation_id',
-    2045: 'incarnation_id',
-    2046: 'incarnation_id',
-    2047: 'listeners',
-    2048: 'listeners',
-    2049: 'listeners',
-    2050: 'listeners',
-    2051: 'listeners',
-    2052: 'listeners',
-    2053: 'listeners',
-    2054: 'listeners',
-    2055: 'listeners',
-    2056: 'listeners',
-    2057: 'features',
-    2058: 'features',
-    2059: 'features',
-    2060: 'features',
-    2061: 'features',
-    2062: 'features',
-    2063: 'features',
-    2064: 'features',
-    2065: 'features',
-    2066: 'features',
-    2067: 'rack',
-    2068: 'rack',
-    2069: 'rack',
-    2070: 'rack',
-    2071: 'rack',
-    2072: 'rack',
-    2073: '(tagged fields)',
-    2074: '(tagged fields)',
-    2075: '(tagged fields)',
-    2076: '(tagged fields)',
-    2105: 'throttle_time_ms',
-    2106: 'throttle_time_ms',
-    2107: '(tagged fields)',
-    2108: '(tagged fields)',
-    2109: '(tagged fields)',
-    2110: '(tagged fields)',
-    2174: 'resource_type',
-    2175: 'resource_type',
-    2176: 'resource_name',
-    2177: 'resource_name',
-    2178: 'resource_name',
-    2179: 'resource_name',
-    2180: 'resource_name',
-    2181: 'resource_name',
-    2182: 'resource_pattern_type',
-    2183: 'resource_pattern_type',
-    2184: 'principal',
-    2185: 'principal',
-    2186: 'principal',
-    2187: 'principal',
-    2188: 'principal',
-    2189: 'principal',
-    2190: 'host',
-    2191: 'host',
-    2192: 'host',
-    2193: 'host',
-    2194: 'host',
-    2195: 'host',
-    2196: 'operation',
-    2197: 'operation',
-    2198: 'operation',
-    2199: 'resource_type',
-    2200: 'resource_type',
-    2201: 'resource_name',
-    2202: 'resource_pattern_type',
-    2203: 'resource_pattern_type',
-    2204: 'principal',
-    2205: 'host',
-    2206: 'operation',
-    2207: 'operation',
-    2208: '(tagged fields)',
+    1446: 'throttle_time_ms',
+    1447: 'throttle_time_ms',
+    1448: '(tagged fields)',
+    1449: '(tagged fields)',
+    1450: '(tagged fields)',
+    1451: '(tagged fields)',
+    1485: 'name',
+    1486: 'name',
+    1487: 'name',
+    1488: 'name',
+    1489: 'name',
+    1490: 'name',
+    1491: 'host',
+    1492: 'host',
+    1493: 'host',
+    1494: 'host',
+    1495: 'host',
+    1496: 'host',
+    1497: 'port',
+    1498: 'port',
+    1499: '(tagged fields)',
+    1500: '(tagged fields)',
+    1501: '(tagged fields)',
+    1502: '(tagged fields)',
+    1534: 'name',
+    1535: 'name',
+    1536: 'name',
+    1537: 'name',
+    1538: 'name',
+    1539: 'name',
+    1540: 'min_supported_version',
+    1541: 'min_supported_version',
+    1542: '(tagged fields)',
+    1543: '(tagged fields)',
+    1544: '(tagged fields)',
+    1545: '(tagged fields)',
+    1669: 'broker_id',
+    1670: 'broker_id',
+    1671: 'cluster_id',
+    1672: 'cluster_id',
+    1673: 'cluster_id',
+    1674: 'cluster_id',
+    1675: 'cluster_id',
+    1676: 'cluster_id',
+    1677: 'incarnation_id',
+    1678: 'incarnation_id',
+    1679: 'listeners',
+    1680: 'listeners',
+    1681: 'listeners',
+    1682: 'listeners',
+    1683: 'listeners',
+    1684: 'listeners',
+    1685: 'listeners',
+    1686: 'features',
+    1687: 'features',
+    1688: 'features',
+    1689: 'features',
+    1690: 'features',
+    1691: 'features',
+    1692: 'features',
+    1693: 'rack',
+    1694: 'rack',
+    1695: 'rack',
+    1696: 'rack',
+    1697: 'rack',
+    1698: 'rack',
+    1699: 'rack',
+    1700: 'is_migrating_zk_broker',
+    1701: 'is_migrating_zk_broker',
+    1702: 'is_migrating_zk_broker',
+    1703: 'log_dirs',
+    1704: 'log_dirs',
+    1705: 'log_dirs',
+    1706: 'log_dirs',
+    1707: 'log_dirs',
+    1708: 'log_dirs',
+    1709: 'log_dirs',
+    1710: 'log_dirs',
+    1711: 'previous_broker_epoch',
+    1712: 'previous_broker_epoch',
+    1713: '(tagged fields)',
+    1714: '(tagged fields)',
+    1715: '(tagged fields)',
+    1716: '(tagged fields)',
+    1745: 'throttle_time_ms',
+    1746: 'throttle_time_ms',
+    1747: '(tagged fields)',
+    1748: '(tagged fields)',
+    1749: '(tagged fields)',
+    1750: '(tagged fields)',
+    1805: 'resource_type',
+    1806: 'resource_type',
+    1807: 'resource_name',
+    1808: 'resource_name',
+    1809: 'resource_name',
+    1810: 'resource_name',
+    1811: 'resource_name',
+    1812: 'resource_name',
+    1813: 'resource_pattern_type',
+    1814: 'resource_pattern_type',
+    1815: 'principal',
+    1816: 'principal',
+    1817: 'principal',
+    1818: 'principal',
+    1819: 'principal',
+    1820: 'principal',
+    1821: 'host',
+    1822: 'host',
+    1823: 'host',
+    1824: 'host',
+    1825: 'host',
+    1826: 'host',
+    1827: 'operation',
+    1828: 'operation',
+    1829: 'operation',
+    1830: 'resource_type',
+    1831: 'resource_type',
+    1832: 'resource_name',
+    1833: 'resource_pattern_type',
+    1834: 'resource_pattern_type',
+    1835: 'principal',
+    1836: 'host',
+    1837: 'operation',
+    1838: 'operation',
+    1839: '(tagged fields)',
+    1840: '(tagged fields)',
+    1841: '(tagged fields)',
+    1842: '(tagged fields)',
+    1843: '(tagged fields)',
+    1883: 'creations',
+    1884: 'creations',
+    1885: 'creations',
+    1886: 'creations',
+    1887: 'creations',
+    1888: 'creations',
+    1889: 'creations',
+    1890: 'creations',
+    1891: 'creations',
+    1892: 'creations',
+    1893: 'creations',
+    1894: 'creations',
+    1895: 'creations',
+    1896: '(tagged fields)',
+    1897: '(tagged fields)',
+    1898: '(tagged fields)',
+    1899: '(tagged fields)',
+    1900: '(tagged fields)',
+    1933: 'error_code',
+    1934: 'error_code',
+    1935: 'error_message',
+    1936: 'error_message',
+    1937: 'error_message',
+    1938: 'error_message',
+    1939: 'error_message',
+    1940: 'error_message',
+    1941: 'error_message',
+    1942: 'error_code',
+    1943: 'error_code',
+    1944: 'error_message',
+    1945: '(tagged fields)',
+    1946: '(tagged fields)',
+    1947: '(tagged fields)',
+    1948: '(tagged fields)',
+    1949: '(tagged fields)',
+    1993: 'throttle_time_ms',
+    1994: 'throttle_time_ms',
+    1995: 'results',
+    1996: 'results',
+    1997: 'results',
+    1998: 'results',
+    1999: 'results',
+    2000: 'results',
+    2001: 'results',
+    2002: 'results',
+    2003: 'throttle_time_ms',
+    2004: 'throttle_time_ms',
+    2005: 'results',
+    2006: 'results',
+    2007: 'results',
+    2008: 'results',
+    2009: 'results',
+    2010: '(tagged fields)',
+    2011: '(tagged fields)',
+    2012: '(tagged fields)',
+    2013: '(tagged fields)',
+    2014: '(tagged fields)',
+    2046: 'broker_ids',
+    2047: 'broker_ids',
+    2048: 'broker_ids',
+    2049: 'broker_ids',
+    2050: 'broker_ids',
+    2051: 'broker_ids',
+    2052: 'broker_ids',
+    2053: 'broker_ids',
+    2054: 'broker_ids',
+    2055: '(tagged fields)',
+    2056: '(tagged fields)',
+    2057: '(tagged fields)',
+    2058: '(tagged fields)',
+    2059: '(tagged fields)',
+    2112: 'name',
+    2113: 'name',
+    2114: 'name',
+    2115: 'name',
+    2116: 'name',
+    2117: 'name',
+    2118: 'count',
+    2119: 'count',
+    2120: 'assignments',
+    2121: 'assignments',
+    2122: 'assignments',
+    2123: 'assignments',
+    2124: 'assignments',
+    2125: 'assignments',
+    2126: 'assignments',
+    2127: 'assignments',
+    2128: 'assignments',
+    2129: 'assignments',
+    2130: 'assignments',
+    2131: 'name',
+    2132: 'count',
+    2133: 'count',
+    2134: 'assignments',
+    2135: 'assignments',
+    2136: 'assignments',
+    2137: 'assignments',
+    2138: 'assignments',
+    2139: 'assignments',
+    2140: 'assignments',
+    2141: 'assignments',
+    2142: '(tagged fields)',
+    2143: '(tagged fields)',
+    2144: '(tagged fields)',
+    2145: '(tagged fields)',
+    2146: '(tagged fields)',
+    2192: 'topics',
+    2193: 'topics',
+    2194: 'topics',
+    2195: 'topics',
+    2196: 'topics',
+    2197: 'topics',
+    2198: 'topics',
+    2199: 'timeout_ms',
+    2200: 'timeout_ms',
+    2201: 'timeout_ms',
+    2202: 'topics',
+    2203: 'topics',
+    2204: 'topics',
+    2205: 'topics',
+    2206: 'topics',
+    2207: 'timeout_ms',
+    2208: 'timeout_ms',
     2209: '(tagged fields)',
     2210: '(tagged fields)',
     2211: '(tagged fields)',
     2212: '(tagged fields)',
-    2254: 'creations',
-    2255: 'creations',
-    2256: 'creations',
-    2257: 'creations',
-    2258: 'creations',
-    2259: 'creations',
-    2260: 'creations',
-    2261: 'creations',
-    2262: 'creations',
-    2263: 'creations',
-    2264: 'creations',
-    2265: 'creations',
-    2266: 'creations',
-    2267: 'creations',
-    2268: 'creations',
-    2269: 'creations',
-    2270: '(tagged fields)',
+    2213: '(tagged fields)',
+    2252: 'name',
+    2253: 'name',
+    2254: 'name',
+    2255: 'name',
+    2256: 'name',
+    2257: 'name',
+    2258: 'error_code',
+    2259: 'error_code',
+    2260: 'error_message',
+    2261: 'error_message',
+    2262: 'error_message',
+    2263: 'error_message',
+    2264: 'error_message',
+    2265: 'error_message',
+    2266: 'error_message',
+    2267: 'name',
+    2268: 'error_code',
+    2269: 'error_code',
+    2270: 'error_message',
     2271: '(tagged fields)',
     2272: '(tagged fields)',
     2273: '(tagged fields)',
     2274: '(tagged fields)',
-    2310: 'error_code',
-    2311: 'error_code',
-    2312: 'error_message',
-    2313: 'error_message',
-    2314: 'error_message',
-    2315: 'error_message',
-    2316: 'error_message',
-    2317: 'error_message',
-    2318: 'error_message',
-    2319: 'error_code',
-    2320: 'error_code',
-    2321: 'error_message',
-    2322: '(tagged fields)',
-    2323: '(tagged fields)',
-    2324: '(tagged fields)',
-    2325: '(tagged fields)',
-    2326: '(tagged fields)',
-    2372: 'throttle_time_ms',
-    2373: 'throttle_time_ms',
-    2374: 'results',
-    2375: 'results',
-    2376: 'results',
-    2377: 'results',
-    2378: 'results',
-    2379: 'results',
-    2380: 'results',
-    2381: 'results',
-    2382: 'results',
-    2383: 'results',
-    2384: 'results',
-    2385: 'throttle_time_ms',
-    2386: 'throttle_time_ms',
-    2387: 'results',
-    2388: 'results',
-    2389: 'results',
-    2390: 'results',
-    2391: 'results',
+    2275: '(tagged fields)',
+    2319: 'throttle_time_ms',
+    2320: 'throttle_time_ms',
+    2321: 'results',
+    2322: 'results',
+    2323: 'results',
+    2324: 'results',
+    2325: 'results',
+    2326: 'results',
+    2327: 'results',
+    2328: 'results',
+    2329: 'throttle_time_ms',
+    2330: 'throttle_time_ms',
+    2331: 'results',
+    2332: 'results',
+    2333: 'results',
+    2334: 'results',
+    2335: 'results',
+    2336: '(tagged fields)',
+    2337: '(tagged fields)',
+    2338: '(tagged fields)',
+    2339: '(tagged fields)',
+    2340: '(tagged fields)',
+    2376: 'partition_index',
+    2377: 'partition_index',
+    2378: 'broker_ids',
+    2379: 'broker_ids',
+    2380: 'broker_ids',
+    2381: 'broker_ids',
+    2382: 'broker_ids',
+    2383: 'broker_ids',
+    2384: 'partition_index',
+    2385: 'partition_index',
+    2386: 'broker_ids',
+    2387: 'broker_ids',
+    2388: 'broker_ids',
+    2389: '(tagged fields)',
+    2390: '(tagged fields)',
+    2391: '(tagged fields)',
     2392: '(tagged fields)',
     2393: '(tagged fields)',
-    2394: '(tagged fields)',
-    2395: '(tagged fields)',
-    2396: '(tagged fields)',
-    2430: 'broker_ids',
-    2431: 'broker_ids',
-    2432: 'broker_ids',
-    2433: 'broker_ids',
-    2434: 'broker_ids',
-    2435: 'broker_ids',
-    2436: 'broker_ids',
-    2437: 'broker_ids',
-    2438: 'broker_ids',
-    2439: 'broker_ids',
-    2440: 'broker_ids',
-    2441: 'broker_ids',
-    2442: '(tagged fields)',
-    2443: '(tagged fields)',
-    2444: '(tagged fields)',
-    2445: '(tagged fields)',
+    2431: 'name',
+    2432: 'name',
+    2433: 'name',
+    2434: 'name',
+    2435: 'name',
+    2436: 'name',
+    2437: 'value',
+    2438: 'value',
+    2439: 'value',
+    2440: 'value',
+    2441: 'value',
+    2442: 'value',
+    2443: 'value',
+    2444: 'name',
+    2445: 'value',
     2446: '(tagged fields)',
-    2504: 'name',
-    2505: 'name',
-    2506: 'name',
-    2507: 'name',
-    2508: 'name',
-    2509: 'name',
-    2510: 'count',
-    2511: 'count',
-    2512: 'assignments',
-    2513: 'assignments',
-    2514: 'assignments',
-    2515: 'assignments',
-    2516: 'assignments',
-    2517: 'assignments',
+    2447: '(tagged fields)',
+    2448: '(tagged fields)',
+    2449: '(tagged fields)',
+    2450: '(tagged fields)',
+    2510: 'name',
+    2511: 'name',
+    2512: 'name',
+    2513: 'name',
+    2514: 'name',
+    2515: 'name',
+    2516: 'num_partitions',
+    2517: 'num_partitions',
     2518: 'assignments',
     2519: 'assignments',
     2520: 'assignments',
@@ -14280,4053 +12585,3340 @@ _FIELD_AT_LINE: dict[int, str] = {
     2522: 'assignments',
     2523: 'assignments',
     2524: 'assignments',
-    2525: 'assignments',
-    2526: 'name',
-    2527: 'count',
-    2528: 'count',
-    2529: 'assignments',
-    2530: 'assignments',
-    2531: 'assignments',
-    2532: 'assignments',
-    2533: 'assignments',
-    2534: 'assignments',
-    2535: 'assignments',
+    2525: 'configs',
+    2526: 'configs',
+    2527: 'configs',
+    2528: 'configs',
+    2529: 'configs',
+    2530: 'configs',
+    2531: 'configs',
+    2532: 'configs',
+    2533: 'name',
+    2534: 'num_partitions',
+    2535: 'num_partitions',
     2536: 'assignments',
-    2537: '(tagged fields)',
-    2538: '(tagged fields)',
-    2539: '(tagged fields)',
-    2540: '(tagged fields)',
-    2541: '(tagged fields)',
-    2589: 'topics',
-    2590: 'topics',
-    2591: 'topics',
-    2592: 'topics',
-    2593: 'topics',
-    2594: 'topics',
-    2595: 'topics',
+    2537: 'assignments',
+    2538: 'assignments',
+    2539: 'assignments',
+    2540: 'assignments',
+    2541: 'configs',
+    2542: 'configs',
+    2543: 'configs',
+    2544: 'configs',
+    2545: 'configs',
+    2546: '(tagged fields)',
+    2547: '(tagged fields)',
+    2548: '(tagged fields)',
+    2549: '(tagged fields)',
+    2550: '(tagged fields)',
     2596: 'topics',
     2597: 'topics',
     2598: 'topics',
-    2599: 'timeout_ms',
-    2600: 'timeout_ms',
-    2601: 'timeout_ms',
+    2599: 'topics',
+    2600: 'topics',
+    2601: 'topics',
     2602: 'topics',
-    2603: 'topics',
-    2604: 'topics',
-    2605: 'topics',
+    2603: 'timeout_ms',
+    2604: 'timeout_ms',
+    2605: 'timeout_ms',
     2606: 'topics',
-    2607: 'timeout_ms',
-    2608: 'timeout_ms',
-    2609: '(tagged fields)',
-    2610: '(tagged fields)',
-    2611: '(tagged fields)',
-    2612: '(tagged fields)',
+    2607: 'topics',
+    2608: 'topics',
+    2609: 'topics',
+    2610: 'topics',
+    2611: 'timeout_ms',
+    2612: 'timeout_ms',
     2613: '(tagged fields)',
+    2614: '(tagged fields)',
+    2615: '(tagged fields)',
+    2616: '(tagged fields)',
+    2617: '(tagged fields)',
+    2653: 'name',
+    2654: 'name',
+    2655: 'name',
+    2656: 'name',
+    2657: 'name',
     2658: 'name',
-    2659: 'name',
-    2660: 'name',
-    2661: 'name',
-    2662: 'name',
-    2663: 'name',
-    2664: 'error_code',
-    2665: 'error_code',
-    2666: 'error_message',
-    2667: 'error_message',
-    2668: 'error_message',
-    2669: 'error_message',
-    2670: 'error_message',
-    2671: 'error_message',
-    2672: 'error_message',
-    2673: 'name',
-    2674: 'error_code',
-    2675: 'error_code',
-    2676: 'error_message',
-    2677: '(tagged fields)',
-    2678: '(tagged fields)',
-    2679: '(tagged fields)',
-    2680: '(tagged fields)',
-    2681: '(tagged fields)',
-    2727: 'throttle_time_ms',
-    2728: 'throttle_time_ms',
-    2729: 'results',
-    2730: 'results',
-    2731: 'results',
-    2732: 'results',
-    2733: 'results',
-    2734: 'results',
-    2735: 'results',
-    2736: 'results',
-    2737: 'results',
-    2738: 'results',
-    2739: 'results',
-    2740: 'throttle_time_ms',
-    2741: 'throttle_time_ms',
-    2742: 'results',
-    2743: 'results',
-    2744: 'results',
-    2745: 'results',
-    2746: 'results',
-    2747: '(tagged fields)',
-    2748: '(tagged fields)',
-    2749: '(tagged fields)',
-    2750: '(tagged fields)',
-    2751: '(tagged fields)',
-    2789: 'partition_index',
-    2790: 'partition_index',
-    2791: 'broker_ids',
-    2792: 'broker_ids',
-    2793: 'broker_ids',
-    2794: 'broker_ids',
-    2795: 'broker_ids',
-    2796: 'broker_ids',
-    2797: 'broker_ids',
-    2798: 'broker_ids',
-    2799: 'broker_ids',
-    2800: 'partition_index',
-    2801: 'partition_index',
-    2802: 'broker_ids',
-    2803: 'broker_ids',
-    2804: 'broker_ids',
-    2805: '(tagged fields)',
-    2806: '(tagged fields)',
-    2807: '(tagged fields)',
-    2808: '(tagged fields)',
-    2809: '(tagged fields)',
-    2853: 'name',
-    2854: 'name',
-    2855: 'name',
-    2856: 'name',
-    2857: 'name',
-    2858: 'name',
-    2859: 'value',
-    2860: 'value',
-    2861: 'value',
-    2862: 'value',
-    2863: 'value',
-    2864: 'value',
-    2865: 'value',
-    2866: 'name',
-    2867: 'value',
-    2868: '(tagged fields)',
-    2869: '(tagged fields)',
-    2870: '(tagged fields)',
-    2871: '(tagged fields)',
-    2872: '(tagged fields)',
-    2939: 'name',
-    2940: 'name',
-    2941: 'name',
-    2942: 'name',
-    2943: 'name',
-    2944: 'name',
-    2945: 'num_partitions',
-    2946: 'num_partitions',
-    2947: 'assignments',
-    2948: 'assignments',
-    2949: 'assignments',
-    2950: 'assignments',
-    2951: 'assignments',
-    2952: 'assignments',
-    2953: 'assignments',
-    2954: 'assignments',
-    2955: 'assignments',
-    2956: 'assignments',
-    2957: 'configs',
-    2958: 'configs',
-    2959: 'configs',
-    2960: 'configs',
-    2961: 'configs',
-    2962: 'configs',
-    2963: 'configs',
-    2964: 'configs',
-    2965: 'configs',
-    2966: 'configs',
-    2967: 'configs',
-    2968: 'name',
-    2969: 'num_partitions',
-    2970: 'num_partitions',
-    2971: 'assignments',
-    2972: 'assignments',
-    2973: 'assignments',
-    2974: 'assignments',
-    2975: 'assignments',
-    2976: 'configs',
-    2977: 'configs',
-    2978: 'configs',
-    2979: 'configs',
-    2980: 'configs',
-    2981: '(tagged fields)',
-    2982: '(tagged fields)',
-    2983: '(tagged fields)',
-    2984: '(tagged fields)',
-    2985: '(tagged fields)',
-    3033: 'topics',
-    3034: 'topics',
-    3035: 'topics',
-    3036: 'topics',
-    3037: 'topics',
-    3038: 'topics',
-    3039: 'topics',
-    3040: 'topics',
-    3041: 'topics',
-    3042: 'topics',
-    3043: 'timeout_ms',
-    3044: 'timeout_ms',
-    3045: 'timeout_ms',
-    3046: 'topics',
-    3047: 'topics',
-    3048: 'topics',
-    3049: 'topics',
-    3050: 'topics',
-    3051: 'timeout_ms',
-    3052: 'timeout_ms',
-    3053: '(tagged fields)',
-    3054: '(tagged fields)',
-    3055: '(tagged fields)',
-    3056: '(tagged fields)',
-    3057: '(tagged fields)',
-    3099: 'name',
-    3100: 'name',
-    3101: 'name',
-    3102: 'name',
-    3103: 'name',
-    3104: 'name',
-    3105: 'value',
-    3106: 'value',
-    3107: 'value',
-    3108: 'value',
-    3109: 'value',
-    3110: 'value',
-    3111: 'read_only',
-    3112: 'read_only',
-    3113: '(tagged fields)',
-    3114: '(tagged fields)',
-    3115: '(tagged fields)',
-    3116: '(tagged fields)',
-    3222: 'name',
-    3223: 'name',
-    3224: 'name',
-    3225: 'name',
-    3226: 'name',
-    3227: 'name',
-    3228: 'topic_id',
-    3229: 'topic_id',
-    3230: 'topic_id',
-    3231: 'topic_id',
-    3232: 'topic_id',
-    3233: 'error_code',
-    3234: 'error_code',
-    3235: 'error_message',
-    3236: 'error_message',
-    3237: 'error_message',
-    3238: 'error_message',
-    3239: 'error_message',
-    3240: 'error_message',
-    3241: 'num_partitions',
-    3242: 'num_partitions',
-    3243: 'configs',
-    3244: 'configs',
-    3245: 'configs',
-    3246: 'configs',
-    3247: 'configs',
-    3248: 'configs',
-    3249: 'configs',
-    3250: 'configs',
-    3251: 'configs',
-    3252: 'configs',
-    3253: 'configs',
-    3254: 'configs',
-    3255: 'configs',
-    3256: 'configs',
-    3257: 'name',
-    3258: 'name',
-    3259: 'name',
-    3260: 'name',
-    3261: 'name',
-    3262: 'name',
-    3263: 'error_code',
-    3264: 'error_code',
-    3265: 'error_message',
-    3266: 'error_message',
-    3267: 'error_message',
-    3268: 'error_message',
-    3269: 'error_message',
-    3270: 'error_message',
-    3271: 'num_partitions',
-    3272: 'num_partitions',
-    3273: 'configs',
-    3274: 'configs',
-    3275: 'configs',
-    3276: 'configs',
-    3277: 'configs',
-    3278: 'configs',
-    3279: 'configs',
-    3280: 'configs',
-    3281: 'configs',
-    3282: 'configs',
-    3283: 'configs',
-    3284: 'configs',
-    3285: 'configs',
-    3286: 'configs',
-    3287: 'name',
-    3288: 'error_code',
-    3289: 'error_code',
-    3290: 'error_message',
-    3291: '(tagged fields)',
-    3292: '(tagged fields)',
-    3293: '(tagged fields)',
-    3294: '(tagged fields)',
-    3295: '(tagged fields)',
-    3296: '(tagged fields)',
-    3297: '(tagged fields)',
-    3298: '(tagged fields)',
-    3299: '(tagged fields)',
-    3300: '(tagged fields)',
+    2659: 'value',
+    2660: 'value',
+    2661: 'value',
+    2662: 'value',
+    2663: 'value',
+    2664: 'value',
+    2665: 'read_only',
+    2666: 'read_only',
+    2667: '(tagged fields)',
+    2668: '(tagged fields)',
+    2669: '(tagged fields)',
+    2670: '(tagged fields)',
+    2758: 'name',
+    2759: 'name',
+    2760: 'name',
+    2761: 'name',
+    2762: 'name',
+    2763: 'name',
+    2764: 'topic_id',
+    2765: 'topic_id',
+    2766: 'error_code',
+    2767: 'error_code',
+    2768: 'error_message',
+    2769: 'error_message',
+    2770: 'error_message',
+    2771: 'error_message',
+    2772: 'error_message',
+    2773: 'error_message',
+    2774: 'num_partitions',
+    2775: 'num_partitions',
+    2776: 'configs',
+    2777: 'configs',
+    2778: 'configs',
+    2779: 'configs',
+    2780: 'configs',
+    2781: 'configs',
+    2782: 'configs',
+    2783: 'configs',
+    2784: 'configs',
+    2785: 'configs',
+    2786: 'configs',
+    2787: 'name',
+    2788: 'name',
+    2789: 'name',
+    2790: 'name',
+    2791: 'name',
+    2792: 'name',
+    2793: 'error_code',
+    2794: 'error_code',
+    2795: 'error_message',
+    2796: 'error_message',
+    2797: 'error_message',
+    2798: 'error_message',
+    2799: 'error_message',
+    2800: 'error_message',
+    2801: 'num_partitions',
+    2802: 'num_partitions',
+    2803: 'configs',
+    2804: 'configs',
+    2805: 'configs',
+    2806: 'configs',
+    2807: 'configs',
+    2808: 'configs',
+    2809: 'configs',
+    2810: 'configs',
+    2811: 'configs',
+    2812: 'configs',
+    2813: 'configs',
+    2814: 'name',
+    2815: 'error_code',
+    2816: 'error_code',
+    2817: 'error_message',
+    2818: '(tagged fields)',
+    2819: '(tagged fields)',
+    2820: '(tagged fields)',
+    2821: '(tagged fields)',
+    2822: '(tagged fields)',
+    2823: '(tagged fields)',
+    2824: '(tagged fields)',
+    2825: '(tagged fields)',
+    2826: '(tagged fields)',
+    2827: '(tagged fields)',
+    2828: '(tagged fields)',
+    2829: '(tagged fields)',
+    2830: '(tagged fields)',
+    2831: '(tagged fields)',
+    2832: 'topic_config_error_code',
+    2833: 'topic_config_error_code',
+    2834: 'topic_config_error_code',
+    2835: 'topic_config_error_code',
+    2836: '(tagged fields)',
+    2880: 'throttle_time_ms',
+    2881: 'throttle_time_ms',
+    2882: 'topics',
+    2883: 'topics',
+    2884: 'topics',
+    2885: 'topics',
+    2886: 'topics',
+    2887: 'topics',
+    2888: 'topics',
+    2889: 'topics',
+    2890: 'throttle_time_ms',
+    2891: 'throttle_time_ms',
+    2892: 'topics',
+    2893: 'topics',
+    2894: 'topics',
+    2895: 'topics',
+    2896: 'topics',
+    2897: '(tagged fields)',
+    2898: '(tagged fields)',
+    2899: '(tagged fields)',
+    2900: '(tagged fields)',
+    2901: '(tagged fields)',
+    2956: 'resource_type_filter',
+    2957: 'resource_type_filter',
+    2958: 'resource_name_filter',
+    2959: 'resource_name_filter',
+    2960: 'resource_name_filter',
+    2961: 'resource_name_filter',
+    2962: 'resource_name_filter',
+    2963: 'resource_name_filter',
+    2964: 'pattern_type_filter',
+    2965: 'pattern_type_filter',
+    2966: 'principal_filter',
+    2967: 'principal_filter',
+    2968: 'principal_filter',
+    2969: 'principal_filter',
+    2970: 'principal_filter',
+    2971: 'principal_filter',
+    2972: 'host_filter',
+    2973: 'host_filter',
+    2974: 'host_filter',
+    2975: 'host_filter',
+    2976: 'host_filter',
+    2977: 'host_filter',
+    2978: 'operation',
+    2979: 'operation',
+    2980: 'operation',
+    2981: 'resource_type_filter',
+    2982: 'resource_type_filter',
+    2983: 'resource_name_filter',
+    2984: 'pattern_type_filter',
+    2985: 'pattern_type_filter',
+    2986: 'principal_filter',
+    2987: 'host_filter',
+    2988: 'operation',
+    2989: 'operation',
+    2990: '(tagged fields)',
+    2991: '(tagged fields)',
+    2992: '(tagged fields)',
+    2993: '(tagged fields)',
+    2994: '(tagged fields)',
+    3034: 'filters',
+    3035: 'filters',
+    3036: 'filters',
+    3037: 'filters',
+    3038: 'filters',
+    3039: 'filters',
+    3040: 'filters',
+    3041: 'filters',
+    3042: 'filters',
+    3043: 'filters',
+    3044: 'filters',
+    3045: 'filters',
+    3046: 'filters',
+    3047: '(tagged fields)',
+    3048: '(tagged fields)',
+    3049: '(tagged fields)',
+    3050: '(tagged fields)',
+    3051: '(tagged fields)',
+    3116: 'error_code',
+    3117: 'error_code',
+    3118: 'error_message',
+    3119: 'error_message',
+    3120: 'error_message',
+    3121: 'error_message',
+    3122: 'error_message',
+    3123: 'error_message',
+    3124: 'resource_type',
+    3125: 'resource_type',
+    3126: 'resource_name',
+    3127: 'resource_name',
+    3128: 'resource_name',
+    3129: 'resource_name',
+    3130: 'resource_name',
+    3131: 'resource_name',
+    3132: 'pattern_type',
+    3133: 'pattern_type',
+    3134: 'principal',
+    3135: 'principal',
+    3136: 'principal',
+    3137: 'principal',
+    3138: 'principal',
+    3139: 'principal',
+    3140: 'host',
+    3141: 'host',
+    3142: 'host',
+    3143: 'host',
+    3144: 'host',
+    3145: 'host',
+    3146: 'operation',
+    3147: 'operation',
+    3148: 'operation',
+    3149: 'error_code',
+    3150: 'error_code',
+    3151: 'error_message',
+    3152: 'resource_type',
+    3153: 'resource_type',
+    3154: 'resource_name',
+    3155: 'pattern_type',
+    3156: 'pattern_type',
+    3157: 'principal',
+    3158: 'host',
+    3159: 'operation',
+    3160: 'operation',
+    3161: '(tagged fields)',
+    3162: '(tagged fields)',
+    3163: '(tagged fields)',
+    3164: '(tagged fields)',
+    3165: '(tagged fields)',
+    3212: 'error_code',
+    3213: 'error_code',
+    3214: 'error_message',
+    3215: 'error_message',
+    3216: 'error_message',
+    3217: 'error_message',
+    3218: 'error_message',
+    3219: 'error_message',
+    3220: 'matching_acls',
+    3221: 'matching_acls',
+    3222: 'matching_acls',
+    3223: 'matching_acls',
+    3224: 'matching_acls',
+    3225: 'matching_acls',
+    3226: 'matching_acls',
+    3227: 'matching_acls',
+    3228: 'error_code',
+    3229: 'error_code',
+    3230: 'error_message',
+    3231: 'matching_acls',
+    3232: 'matching_acls',
+    3233: 'matching_acls',
+    3234: 'matching_acls',
+    3235: 'matching_acls',
+    3236: '(tagged fields)',
+    3237: '(tagged fields)',
+    3238: '(tagged fields)',
+    3239: '(tagged fields)',
+    3240: '(tagged fields)',
+    3284: 'throttle_time_ms',
+    3285: 'throttle_time_ms',
+    3286: 'filter_results',
+    3287: 'filter_results',
+    3288: 'filter_results',
+    3289: 'filter_results',
+    3290: 'filter_results',
+    3291: 'filter_results',
+    3292: 'filter_results',
+    3293: 'filter_results',
+    3294: 'throttle_time_ms',
+    3295: 'throttle_time_ms',
+    3296: 'filter_results',
+    3297: 'filter_results',
+    3298: 'filter_results',
+    3299: 'filter_results',
+    3300: 'filter_results',
     3301: '(tagged fields)',
     3302: '(tagged fields)',
     3303: '(tagged fields)',
     3304: '(tagged fields)',
     3305: '(tagged fields)',
-    3306: '(tagged fields)',
-    3307: '(tagged fields)',
-    3308: '(tagged fields)',
-    3309: 'topic_config_error_code',
-    3310: 'topic_config_error_code',
-    3311: 'topic_config_error_code',
-    3312: 'topic_config_error_code',
-    3313: '(tagged fields)',
-    3359: 'throttle_time_ms',
-    3360: 'throttle_time_ms',
-    3361: 'topics',
-    3362: 'topics',
-    3363: 'topics',
-    3364: 'topics',
-    3365: 'topics',
-    3366: 'topics',
-    3367: 'topics',
-    3368: 'topics',
-    3369: 'topics',
-    3370: 'topics',
-    3371: 'topics',
-    3372: 'throttle_time_ms',
-    3373: 'throttle_time_ms',
-    3374: 'topics',
-    3375: 'topics',
-    3376: 'topics',
-    3377: 'topics',
-    3378: 'topics',
-    3379: '(tagged fields)',
-    3380: '(tagged fields)',
-    3381: '(tagged fields)',
-    3382: '(tagged fields)',
-    3383: '(tagged fields)',
-    3447: 'resource_type_filter',
-    3448: 'resource_type_filter',
-    3449: 'resource_name_filter',
-    3450: 'resource_name_filter',
-    3451: 'resource_name_filter',
-    3452: 'resource_name_filter',
-    3453: 'resource_name_filter',
-    3454: 'resource_name_filter',
-    3455: 'pattern_type_filter',
-    3456: 'pattern_type_filter',
-    3457: 'principal_filter',
-    3458: 'principal_filter',
-    3459: 'principal_filter',
-    3460: 'principal_filter',
-    3461: 'principal_filter',
-    3462: 'principal_filter',
-    3463: 'host_filter',
-    3464: 'host_filter',
-    3465: 'host_filter',
-    3466: 'host_filter',
-    3467: 'host_filter',
-    3468: 'host_filter',
-    3469: 'operation',
-    3470: 'operation',
-    3471: 'operation',
-    3472: 'resource_type_filter',
-    3473: 'resource_type_filter',
-    3474: 'resource_name_filter',
-    3475: 'pattern_type_filter',
-    3476: 'pattern_type_filter',
-    3477: 'principal_filter',
-    3478: 'host_filter',
-    3479: 'operation',
-    3480: 'operation',
-    3481: '(tagged fields)',
-    3482: '(tagged fields)',
-    3483: '(tagged fields)',
-    3484: '(tagged fields)',
-    3485: '(tagged fields)',
-    3527: 'filters',
-    3528: 'filters',
-    3529: 'filters',
-    3530: 'filters',
-    3531: 'filters',
-    3532: 'filters',
-    3533: 'filters',
-    3534: 'filters',
-    3535: 'filters',
-    3536: 'filters',
-    3537: 'filters',
-    3538: 'filters',
-    3539: 'filters',
-    3540: 'filters',
-    3541: 'filters',
-    3542: 'filters',
-    3543: '(tagged fields)',
-    3544: '(tagged fields)',
-    3545: '(tagged fields)',
-    3546: '(tagged fields)',
-    3547: '(tagged fields)',
-    3624: 'error_code',
-    3625: 'error_code',
-    3626: 'error_message',
-    3627: 'error_message',
-    3628: 'error_message',
-    3629: 'error_message',
-    3630: 'error_message',
-    3631: 'error_message',
-    3632: 'resource_type',
-    3633: 'resource_type',
-    3634: 'resource_name',
-    3635: 'resource_name',
-    3636: 'resource_name',
-    3637: 'resource_name',
-    3638: 'resource_name',
-    3639: 'resource_name',
-    3640: 'pattern_type',
-    3641: 'pattern_type',
-    3642: 'principal',
-    3643: 'principal',
-    3644: 'principal',
-    3645: 'principal',
-    3646: 'principal',
-    3647: 'principal',
-    3648: 'host',
-    3649: 'host',
-    3650: 'host',
-    3651: 'host',
-    3652: 'host',
-    3653: 'host',
-    3654: 'operation',
-    3655: 'operation',
-    3656: 'operation',
-    3657: 'error_code',
-    3658: 'error_code',
-    3659: 'error_message',
-    3660: 'resource_type',
-    3661: 'resource_type',
-    3662: 'resource_name',
-    3663: 'pattern_type',
-    3664: 'pattern_type',
-    3665: 'principal',
-    3666: 'host',
-    3667: 'operation',
-    3668: 'operation',
-    3669: '(tagged fields)',
-    3670: '(tagged fields)',
-    3671: '(tagged fields)',
-    3672: '(tagged fields)',
-    3673: '(tagged fields)',
-    3725: 'error_code',
-    3726: 'error_code',
-    3727: 'error_message',
-    3728: 'error_message',
-    3729: 'error_message',
-    3730: 'error_message',
-    3731: 'error_message',
-    3732: 'error_message',
-    3733: 'matching_acls',
-    3734: 'matching_acls',
-    3735: 'matching_acls',
-    3736: 'matching_acls',
-    3737: 'matching_acls',
-    3738: 'matching_acls',
-    3739: 'matching_acls',
-    3740: 'matching_acls',
-    3741: 'matching_acls',
-    3742: 'matching_acls',
-    3743: 'matching_acls',
-    3744: 'error_code',
-    3745: 'error_code',
-    3746: 'error_message',
-    3747: 'matching_acls',
-    3748: 'matching_acls',
-    3749: 'matching_acls',
-    3750: 'matching_acls',
-    3751: 'matching_acls',
-    3752: '(tagged fields)',
-    3753: '(tagged fields)',
-    3754: '(tagged fields)',
-    3755: '(tagged fields)',
-    3756: '(tagged fields)',
-    3802: 'throttle_time_ms',
-    3803: 'throttle_time_ms',
-    3804: 'filter_results',
-    3805: 'filter_results',
-    3806: 'filter_results',
-    3807: 'filter_results',
-    3808: 'filter_results',
-    3809: 'filter_results',
-    3810: 'filter_results',
-    3811: 'filter_results',
-    3812: 'filter_results',
-    3813: 'filter_results',
-    3814: 'filter_results',
-    3815: 'throttle_time_ms',
-    3816: 'throttle_time_ms',
-    3817: 'filter_results',
-    3818: 'filter_results',
-    3819: 'filter_results',
-    3820: 'filter_results',
-    3821: 'filter_results',
-    3822: '(tagged fields)',
-    3823: '(tagged fields)',
-    3824: '(tagged fields)',
-    3825: '(tagged fields)',
-    3826: '(tagged fields)',
-    3860: 'name',
-    3861: 'name',
-    3862: 'name',
-    3863: 'name',
-    3864: 'name',
-    3865: 'name',
-    3866: 'topic_id',
-    3867: 'topic_id',
-    3868: 'topic_id',
-    3869: 'topic_id',
-    3870: 'topic_id',
-    3871: '(tagged fields)',
-    3872: '(tagged fields)',
-    3873: '(tagged fields)',
-    3874: '(tagged fields)',
-    3935: 'topics',
-    3936: 'topics',
-    3937: 'topics',
-    3938: 'topics',
-    3939: 'topics',
-    3940: 'topics',
-    3941: 'topics',
-    3942: 'topics',
-    3943: 'topics',
-    3944: 'topics',
-    3945: 'timeout_ms',
-    3946: 'timeout_ms',
-    3947: 'timeout_ms',
-    3948: 'topic_names',
-    3949: 'topic_names',
-    3950: 'topic_names',
-    3951: 'topic_names',
-    3952: 'topic_names',
-    3953: 'topic_names',
-    3954: 'topic_names',
-    3955: 'topic_names',
-    3956: 'topic_names',
-    3957: 'topic_names',
-    3958: 'timeout_ms',
-    3959: 'timeout_ms',
-    3960: 'timeout_ms',
-    3961: 'topic_names',
-    3962: 'topic_names',
-    3963: 'topic_names',
-    3964: 'topic_names',
-    3965: 'topic_names',
-    3966: 'timeout_ms',
-    3967: 'timeout_ms',
-    3968: '(tagged fields)',
-    3969: '(tagged fields)',
-    3970: '(tagged fields)',
-    3971: '(tagged fields)',
-    3972: '(tagged fields)',
-    4045: 'name',
-    4046: 'name',
-    4047: 'name',
-    4048: 'name',
-    4049: 'name',
-    4050: 'name',
-    4051: 'topic_id',
-    4052: 'topic_id',
-    4053: 'topic_id',
-    4054: 'topic_id',
-    4055: 'topic_id',
-    4056: 'error_code',
-    4057: 'error_code',
-    4058: 'error_message',
-    4059: 'error_message',
-    4060: 'error_message',
-    4061: 'error_message',
-    4062: 'error_message',
-    4063: 'error_message',
-    4064: 'error_message',
-    4065: 'name',
-    4066: 'name',
-    4067: 'name',
-    4068: 'name',
-    4069: 'name',
-    4070: 'name',
-    4071: 'error_code',
-    4072: 'error_code',
-    4073: 'error_message',
-    4074: 'error_message',
-    4075: 'error_message',
-    4076: 'error_message',
-    4077: 'error_message',
-    4078: 'error_message',
-    4079: 'error_message',
-    4080: 'name',
-    4081: 'name',
-    4082: 'name',
-    4083: 'name',
-    4084: 'name',
-    4085: 'name',
-    4086: 'error_code',
-    4087: 'error_code',
-    4088: 'error_code',
-    4089: 'name',
-    4090: 'error_code',
-    4091: 'error_code',
-    4092: '(tagged fields)',
-    4093: '(tagged fields)',
-    4094: '(tagged fields)',
-    4095: '(tagged fields)',
-    4096: '(tagged fields)',
+    3334: 'name',
+    3335: 'name',
+    3336: 'name',
+    3337: 'name',
+    3338: 'name',
+    3339: 'name',
+    3340: 'topic_id',
+    3341: 'topic_id',
+    3342: '(tagged fields)',
+    3343: '(tagged fields)',
+    3344: '(tagged fields)',
+    3345: '(tagged fields)',
+    3402: 'topics',
+    3403: 'topics',
+    3404: 'topics',
+    3405: 'topics',
+    3406: 'topics',
+    3407: 'topics',
+    3408: 'topics',
+    3409: 'timeout_ms',
+    3410: 'timeout_ms',
+    3411: 'timeout_ms',
+    3412: 'topic_names',
+    3413: 'topic_names',
+    3414: 'topic_names',
+    3415: 'topic_names',
+    3416: 'topic_names',
+    3417: 'topic_names',
+    3418: 'topic_names',
+    3419: 'timeout_ms',
+    3420: 'timeout_ms',
+    3421: 'timeout_ms',
+    3422: 'topic_names',
+    3423: 'topic_names',
+    3424: 'topic_names',
+    3425: 'topic_names',
+    3426: 'topic_names',
+    3427: 'timeout_ms',
+    3428: 'timeout_ms',
+    3429: '(tagged fields)',
+    3430: '(tagged fields)',
+    3431: '(tagged fields)',
+    3432: '(tagged fields)',
+    3433: '(tagged fields)',
+    3489: 'name',
+    3490: 'name',
+    3491: 'name',
+    3492: 'name',
+    3493: 'name',
+    3494: 'name',
+    3495: 'topic_id',
+    3496: 'topic_id',
+    3497: 'error_code',
+    3498: 'error_code',
+    3499: 'error_message',
+    3500: 'error_message',
+    3501: 'error_message',
+    3502: 'error_message',
+    3503: 'error_message',
+    3504: 'error_message',
+    3505: 'error_message',
+    3506: 'name',
+    3507: 'name',
+    3508: 'name',
+    3509: 'name',
+    3510: 'name',
+    3511: 'name',
+    3512: 'error_code',
+    3513: 'error_code',
+    3514: 'error_message',
+    3515: 'error_message',
+    3516: 'error_message',
+    3517: 'error_message',
+    3518: 'error_message',
+    3519: 'error_message',
+    3520: 'error_message',
+    3521: 'name',
+    3522: 'name',
+    3523: 'name',
+    3524: 'name',
+    3525: 'name',
+    3526: 'name',
+    3527: 'error_code',
+    3528: 'error_code',
+    3529: 'error_code',
+    3530: 'name',
+    3531: 'error_code',
+    3532: 'error_code',
+    3533: '(tagged fields)',
+    3534: '(tagged fields)',
+    3535: '(tagged fields)',
+    3536: '(tagged fields)',
+    3537: '(tagged fields)',
+    3581: 'throttle_time_ms',
+    3582: 'throttle_time_ms',
+    3583: 'responses',
+    3584: 'responses',
+    3585: 'responses',
+    3586: 'responses',
+    3587: 'responses',
+    3588: 'responses',
+    3589: 'responses',
+    3590: 'responses',
+    3591: 'throttle_time_ms',
+    3592: 'throttle_time_ms',
+    3593: 'responses',
+    3594: 'responses',
+    3595: 'responses',
+    3596: 'responses',
+    3597: 'responses',
+    3598: '(tagged fields)',
+    3599: '(tagged fields)',
+    3600: '(tagged fields)',
+    3601: '(tagged fields)',
+    3602: '(tagged fields)',
+    3660: 'resource_type_filter',
+    3661: 'resource_type_filter',
+    3662: 'resource_name_filter',
+    3663: 'resource_name_filter',
+    3664: 'resource_name_filter',
+    3665: 'resource_name_filter',
+    3666: 'resource_name_filter',
+    3667: 'resource_name_filter',
+    3668: 'pattern_type_filter',
+    3669: 'pattern_type_filter',
+    3670: 'principal_filter',
+    3671: 'principal_filter',
+    3672: 'principal_filter',
+    3673: 'principal_filter',
+    3674: 'principal_filter',
+    3675: 'principal_filter',
+    3676: 'host_filter',
+    3677: 'host_filter',
+    3678: 'host_filter',
+    3679: 'host_filter',
+    3680: 'host_filter',
+    3681: 'host_filter',
+    3682: 'operation',
+    3683: 'operation',
+    3684: 'operation',
+    3685: 'resource_type_filter',
+    3686: 'resource_type_filter',
+    3687: 'resource_name_filter',
+    3688: 'pattern_type_filter',
+    3689: 'pattern_type_filter',
+    3690: 'principal_filter',
+    3691: 'host_filter',
+    3692: 'operation',
+    3693: 'operation',
+    3694: '(tagged fields)',
+    3695: '(tagged fields)',
+    3696: '(tagged fields)',
+    3697: '(tagged fields)',
+    3698: '(tagged fields)',
+    3739: 'principal',
+    3740: 'principal',
+    3741: 'principal',
+    3742: 'principal',
+    3743: 'principal',
+    3744: 'principal',
+    3745: 'host',
+    3746: 'host',
+    3747: 'host',
+    3748: 'host',
+    3749: 'host',
+    3750: 'host',
+    3751: 'operation',
+    3752: 'operation',
+    3753: 'operation',
+    3754: 'principal',
+    3755: 'host',
+    3756: 'operation',
+    3757: 'operation',
+    3758: '(tagged fields)',
+    3759: '(tagged fields)',
+    3760: '(tagged fields)',
+    3761: '(tagged fields)',
+    3762: '(tagged fields)',
+    3813: 'resource_type',
+    3814: 'resource_type',
+    3815: 'resource_name',
+    3816: 'resource_name',
+    3817: 'resource_name',
+    3818: 'resource_name',
+    3819: 'resource_name',
+    3820: 'resource_name',
+    3821: 'pattern_type',
+    3822: 'pattern_type',
+    3823: 'acls',
+    3824: 'acls',
+    3825: 'acls',
+    3826: 'acls',
+    3827: 'acls',
+    3828: 'acls',
+    3829: 'acls',
+    3830: 'acls',
+    3831: 'resource_type',
+    3832: 'resource_type',
+    3833: 'resource_name',
+    3834: 'pattern_type',
+    3835: 'pattern_type',
+    3836: 'acls',
+    3837: 'acls',
+    3838: 'acls',
+    3839: 'acls',
+    3840: 'acls',
+    3841: '(tagged fields)',
+    3842: '(tagged fields)',
+    3843: '(tagged fields)',
+    3844: '(tagged fields)',
+    3845: '(tagged fields)',
+    3897: 'throttle_time_ms',
+    3898: 'throttle_time_ms',
+    3899: 'error_message',
+    3900: 'error_message',
+    3901: 'error_message',
+    3902: 'error_message',
+    3903: 'error_message',
+    3904: 'error_message',
+    3905: 'resources',
+    3906: 'resources',
+    3907: 'resources',
+    3908: 'resources',
+    3909: 'resources',
+    3910: 'resources',
+    3911: 'resources',
+    3912: 'resources',
+    3913: 'throttle_time_ms',
+    3914: 'throttle_time_ms',
+    3915: 'error_message',
+    3916: 'resources',
+    3917: 'resources',
+    3918: 'resources',
+    3919: 'resources',
+    3920: 'resources',
+    3921: '(tagged fields)',
+    3922: '(tagged fields)',
+    3923: '(tagged fields)',
+    3924: '(tagged fields)',
+    3925: '(tagged fields)',
+    3966: 'include_cluster_authorized_operations',
+    3967: 'include_cluster_authorized_operations',
+    3968: 'include_cluster_authorized_operations',
+    3969: 'include_cluster_authorized_operations',
+    3970: 'include_cluster_authorized_operations',
+    3971: 'include_cluster_authorized_operations',
+    3972: 'include_cluster_authorized_operations',
+    3973: 'include_cluster_authorized_operations',
+    3974: '(tagged fields)',
+    3975: '(tagged fields)',
+    3976: '(tagged fields)',
+    3977: '(tagged fields)',
+    4028: 'broker_id',
+    4029: 'broker_id',
+    4030: 'host',
+    4031: 'host',
+    4032: 'host',
+    4033: 'host',
+    4034: 'host',
+    4035: 'host',
+    4036: 'port',
+    4037: 'port',
+    4038: 'rack',
+    4039: 'rack',
+    4040: 'rack',
+    4041: 'rack',
+    4042: 'rack',
+    4043: 'rack',
+    4044: 'is_fenced',
+    4045: 'is_fenced',
+    4046: 'is_fenced',
+    4047: 'broker_id',
+    4048: 'broker_id',
+    4049: 'host',
+    4050: 'host',
+    4051: 'host',
+    4052: 'host',
+    4053: 'host',
+    4054: 'host',
+    4055: 'port',
+    4056: 'port',
+    4057: 'rack',
+    4058: 'rack',
+    4059: 'rack',
+    4060: 'rack',
+    4061: 'rack',
+    4062: 'rack',
+    4063: '(tagged fields)',
+    4064: '(tagged fields)',
+    4065: '(tagged fields)',
+    4066: '(tagged fields)',
+    4141: 'throttle_time_ms',
     4142: 'throttle_time_ms',
-    4143: 'throttle_time_ms',
-    4144: 'responses',
-    4145: 'responses',
-    4146: 'responses',
-    4147: 'responses',
-    4148: 'responses',
-    4149: 'responses',
-    4150: 'responses',
-    4151: 'responses',
-    4152: 'responses',
-    4153: 'responses',
-    4154: 'responses',
-    4155: 'throttle_time_ms',
-    4156: 'throttle_time_ms',
-    4157: 'responses',
-    4158: 'responses',
-    4159: 'responses',
-    4160: 'responses',
-    4161: 'responses',
-    4162: '(tagged fields)',
-    4163: '(tagged fields)',
-    4164: '(tagged fields)',
-    4165: '(tagged fields)',
-    4166: '(tagged fields)',
-    4233: 'resource_type_filter',
-    4234: 'resource_type_filter',
-    4235: 'resource_name_filter',
-    4236: 'resource_name_filter',
-    4237: 'resource_name_filter',
-    4238: 'resource_name_filter',
-    4239: 'resource_name_filter',
-    4240: 'resource_name_filter',
-    4241: 'pattern_type_filter',
-    4242: 'pattern_type_filter',
-    4243: 'principal_filter',
-    4244: 'principal_filter',
-    4245: 'principal_filter',
-    4246: 'principal_filter',
-    4247: 'principal_filter',
-    4248: 'principal_filter',
-    4249: 'host_filter',
-    4250: 'host_filter',
-    4251: 'host_filter',
-    4252: 'host_filter',
-    4253: 'host_filter',
-    4254: 'host_filter',
-    4255: 'operation',
-    4256: 'operation',
-    4257: 'operation',
-    4258: 'resource_type_filter',
-    4259: 'resource_type_filter',
-    4260: 'resource_name_filter',
-    4261: 'pattern_type_filter',
-    4262: 'pattern_type_filter',
-    4263: 'principal_filter',
-    4264: 'host_filter',
-    4265: 'operation',
-    4266: 'operation',
-    4267: '(tagged fields)',
-    4268: '(tagged fields)',
-    4269: '(tagged fields)',
-    4270: '(tagged fields)',
-    4271: '(tagged fields)',
-    4318: 'principal',
-    4319: 'principal',
-    4320: 'principal',
-    4321: 'principal',
-    4322: 'principal',
-    4323: 'principal',
-    4324: 'host',
-    4325: 'host',
-    4326: 'host',
-    4327: 'host',
-    4328: 'host',
-    4329: 'host',
-    4330: 'operation',
-    4331: 'operation',
-    4332: 'operation',
-    4333: 'principal',
-    4334: 'host',
-    4335: 'operation',
-    4336: 'operation',
-    4337: '(tagged fields)',
-    4338: '(tagged fields)',
-    4339: '(tagged fields)',
-    4340: '(tagged fields)',
-    4341: '(tagged fields)',
-    4397: 'resource_type',
-    4398: 'resource_type',
-    4399: 'resource_name',
-    4400: 'resource_name',
-    4401: 'resource_name',
-    4402: 'resource_name',
-    4403: 'resource_name',
-    4404: 'resource_name',
-    4405: 'pattern_type',
-    4406: 'pattern_type',
-    4407: 'acls',
-    4408: 'acls',
-    4409: 'acls',
-    4410: 'acls',
-    4411: 'acls',
-    4412: 'acls',
-    4413: 'acls',
-    4414: 'acls',
-    4415: 'acls',
-    4416: 'acls',
-    4417: 'acls',
-    4418: 'resource_type',
-    4419: 'resource_type',
-    4420: 'resource_name',
-    4421: 'pattern_type',
-    4422: 'pattern_type',
-    4423: 'acls',
-    4424: 'acls',
-    4425: 'acls',
-    4426: 'acls',
-    4427: 'acls',
-    4428: '(tagged fields)',
-    4429: '(tagged fields)',
-    4430: '(tagged fields)',
-    4431: '(tagged fields)',
-    4432: '(tagged fields)',
-    4489: 'throttle_time_ms',
-    4490: 'throttle_time_ms',
-    4491: 'error_message',
-    4492: 'error_message',
-    4493: 'error_message',
-    4494: 'error_message',
-    4495: 'error_message',
-    4496: 'error_message',
-    4497: 'resources',
-    4498: 'resources',
-    4499: 'resources',
-    4500: 'resources',
-    4501: 'resources',
-    4502: 'resources',
-    4503: 'resources',
-    4504: 'resources',
-    4505: 'resources',
-    4506: 'resources',
-    4507: 'resources',
-    4508: 'throttle_time_ms',
-    4509: 'throttle_time_ms',
-    4510: 'error_message',
-    4511: 'resources',
-    4512: 'resources',
-    4513: 'resources',
-    4514: 'resources',
-    4515: 'resources',
-    4516: '(tagged fields)',
-    4517: '(tagged fields)',
-    4518: '(tagged fields)',
-    4519: '(tagged fields)',
-    4520: '(tagged fields)',
-    4561: 'include_cluster_authorized_operations',
-    4562: 'include_cluster_authorized_operations',
-    4563: 'include_cluster_authorized_operations',
-    4564: 'include_cluster_authorized_operations',
-    4565: 'include_cluster_authorized_operations',
-    4566: 'include_cluster_authorized_operations',
-    4567: 'include_cluster_authorized_operations',
-    4568: 'include_cluster_authorized_operations',
-    4569: '(tagged fields)',
-    4570: '(tagged fields)',
-    4571: '(tagged fields)',
-    4572: '(tagged fields)',
-    4635: 'broker_id',
-    4636: 'broker_id',
-    4637: 'host',
-    4638: 'host',
-    4639: 'host',
-    4640: 'host',
-    4641: 'host',
-    4642: 'host',
-    4643: 'port',
-    4644: 'port',
-    4645: 'rack',
-    4646: 'rack',
-    4647: 'rack',
-    4648: 'rack',
-    4649: 'rack',
-    4650: 'rack',
-    4651: 'is_fenced',
-    4652: 'is_fenced',
-    4653: 'is_fenced',
-    4654: 'broker_id',
-    4655: 'broker_id',
-    4656: 'host',
-    4657: 'host',
-    4658: 'host',
-    4659: 'host',
-    4660: 'host',
-    4661: 'host',
-    4662: 'port',
-    4663: 'port',
-    4664: 'rack',
-    4665: 'rack',
-    4666: 'rack',
-    4667: 'rack',
-    4668: 'rack',
-    4669: 'rack',
-    4670: '(tagged fields)',
-    4671: '(tagged fields)',
-    4672: '(tagged fields)',
-    4673: '(tagged fields)',
-    4764: 'throttle_time_ms',
-    4765: 'throttle_time_ms',
-    4766: 'error_message',
-    4767: 'error_message',
-    4768: 'error_message',
-    4769: 'error_message',
-    4770: 'error_message',
-    4771: 'error_message',
-    4772: 'endpoint_type',
-    4773: 'endpoint_type',
-    4774: 'cluster_id',
-    4775: 'cluster_id',
-    4776: 'cluster_id',
-    4777: 'cluster_id',
-    4778: 'cluster_id',
-    4779: 'cluster_id',
-    4780: 'controller_id',
-    4781: 'controller_id',
-    4782: 'brokers',
-    4783: 'brokers',
-    4784: 'brokers',
-    4785: 'brokers',
-    4786: 'brokers',
-    4787: 'brokers',
-    4788: 'brokers',
-    4789: 'brokers',
-    4790: 'brokers',
-    4791: 'brokers',
-    4792: 'cluster_authorized_operations',
-    4793: 'cluster_authorized_operations',
-    4794: 'cluster_authorized_operations',
-    4795: 'throttle_time_ms',
-    4796: 'throttle_time_ms',
-    4797: 'error_message',
-    4798: 'error_message',
-    4799: 'error_message',
-    4800: 'error_message',
-    4801: 'error_message',
-    4802: 'error_message',
-    4803: 'cluster_id',
-    4804: 'cluster_id',
-    4805: 'cluster_id',
-    4806: 'cluster_id',
-    4807: 'cluster_id',
-    4808: 'cluster_id',
-    4809: 'controller_id',
-    4810: 'controller_id',
-    4811: 'brokers',
-    4812: 'brokers',
-    4813: 'brokers',
-    4814: 'brokers',
-    4815: 'brokers',
-    4816: 'brokers',
-    4817: 'brokers',
-    4818: 'brokers',
-    4819: 'brokers',
-    4820: 'brokers',
-    4821: 'cluster_authorized_operations',
-    4822: 'cluster_authorized_operations',
-    4823: '(tagged fields)',
-    4824: '(tagged fields)',
-    4825: '(tagged fields)',
-    4826: '(tagged fields)',
-    4881: 'resource_type',
-    4882: 'resource_type',
-    4883: 'resource_name',
-    4884: 'resource_name',
-    4885: 'resource_name',
-    4886: 'resource_name',
-    4887: 'resource_name',
-    4888: 'resource_name',
-    4889: 'configuration_keys',
-    4890: 'configuration_keys',
-    4891: 'configuration_keys',
-    4892: 'configuration_keys',
-    4893: 'configuration_keys',
-    4894: 'configuration_keys',
-    4895: 'configuration_keys',
-    4896: 'configuration_keys',
-    4897: 'configuration_keys',
-    4898: 'configuration_keys',
-    4899: 'configuration_keys',
-    4900: 'configuration_keys',
-    4901: 'configuration_keys',
-    4902: 'configuration_keys',
-    4903: 'resource_type',
-    4904: 'resource_type',
-    4905: 'resource_name',
-    4906: 'configuration_keys',
-    4907: 'configuration_keys',
-    4908: 'configuration_keys',
-    4909: 'configuration_keys',
-    4910: 'configuration_keys',
-    4911: 'configuration_keys',
-    4912: 'configuration_keys',
-    4913: 'configuration_keys',
-    4914: '(tagged fields)',
-    4915: '(tagged fields)',
-    4916: '(tagged fields)',
-    4917: '(tagged fields)',
-    4918: '(tagged fields)',
-    4974: 'resources',
-    4975: 'resources',
-    4976: 'resources',
-    4977: 'resources',
-    4978: 'resources',
-    4979: 'resources',
-    4980: 'resources',
-    4981: 'resources',
-    4982: 'resources',
-    4983: 'resources',
-    4984: 'include_synonyms',
-    4985: 'include_synonyms',
-    4986: 'include_synonyms',
-    4987: 'resources',
-    4988: 'resources',
-    4989: 'resources',
-    4990: 'resources',
-    4991: 'resources',
-    4992: 'include_synonyms',
-    4993: 'include_synonyms',
-    4994: 'include_synonyms',
-    4995: 'resources',
-    4996: 'resources',
-    4997: 'resources',
-    4998: 'resources',
-    4999: 'resources',
-    5000: 'include_synonyms',
-    5001: 'include_synonyms',
-    5002: '(tagged fields)',
-    5003: '(tagged fields)',
+    4143: 'error_message',
+    4144: 'error_message',
+    4145: 'error_message',
+    4146: 'error_message',
+    4147: 'error_message',
+    4148: 'error_message',
+    4149: 'endpoint_type',
+    4150: 'endpoint_type',
+    4151: 'cluster_id',
+    4152: 'cluster_id',
+    4153: 'cluster_id',
+    4154: 'cluster_id',
+    4155: 'cluster_id',
+    4156: 'cluster_id',
+    4157: 'controller_id',
+    4158: 'controller_id',
+    4159: 'brokers',
+    4160: 'brokers',
+    4161: 'brokers',
+    4162: 'brokers',
+    4163: 'brokers',
+    4164: 'brokers',
+    4165: 'brokers',
+    4166: 'cluster_authorized_operations',
+    4167: 'cluster_authorized_operations',
+    4168: 'cluster_authorized_operations',
+    4169: 'throttle_time_ms',
+    4170: 'throttle_time_ms',
+    4171: 'error_message',
+    4172: 'error_message',
+    4173: 'error_message',
+    4174: 'error_message',
+    4175: 'error_message',
+    4176: 'error_message',
+    4177: 'cluster_id',
+    4178: 'cluster_id',
+    4179: 'cluster_id',
+    4180: 'cluster_id',
+    4181: 'cluster_id',
+    4182: 'cluster_id',
+    4183: 'controller_id',
+    4184: 'controller_id',
+    4185: 'brokers',
+    4186: 'brokers',
+    4187: 'brokers',
+    4188: 'brokers',
+    4189: 'brokers',
+    4190: 'brokers',
+    4191: 'brokers',
+    4192: 'cluster_authorized_operations',
+    4193: 'cluster_authorized_operations',
+    4194: '(tagged fields)',
+    4195: '(tagged fields)',
+    4196: '(tagged fields)',
+    4197: '(tagged fields)',
+    4247: 'resource_type',
+    4248: 'resource_type',
+    4249: 'resource_name',
+    4250: 'resource_name',
+    4251: 'resource_name',
+    4252: 'resource_name',
+    4253: 'resource_name',
+    4254: 'resource_name',
+    4255: 'configuration_keys',
+    4256: 'configuration_keys',
+    4257: 'configuration_keys',
+    4258: 'configuration_keys',
+    4259: 'configuration_keys',
+    4260: 'configuration_keys',
+    4261: 'configuration_keys',
+    4262: 'configuration_keys',
+    4263: 'configuration_keys',
+    4264: 'configuration_keys',
+    4265: 'configuration_keys',
+    4266: 'resource_type',
+    4267: 'resource_type',
+    4268: 'resource_name',
+    4269: 'configuration_keys',
+    4270: 'configuration_keys',
+    4271: 'configuration_keys',
+    4272: 'configuration_keys',
+    4273: 'configuration_keys',
+    4274: 'configuration_keys',
+    4275: 'configuration_keys',
+    4276: 'configuration_keys',
+    4277: '(tagged fields)',
+    4278: '(tagged fields)',
+    4279: '(tagged fields)',
+    4280: '(tagged fields)',
+    4281: '(tagged fields)',
+    4335: 'resources',
+    4336: 'resources',
+    4337: 'resources',
+    4338: 'resources',
+    4339: 'resources',
+    4340: 'resources',
+    4341: 'resources',
+    4342: 'include_synonyms',
+    4343: 'include_synonyms',
+    4344: 'include_synonyms',
+    4345: 'resources',
+    4346: 'resources',
+    4347: 'resources',
+    4348: 'resources',
+    4349: 'resources',
+    4350: 'include_synonyms',
+    4351: 'include_synonyms',
+    4352: 'include_synonyms',
+    4353: 'resources',
+    4354: 'resources',
+    4355: 'resources',
+    4356: 'resources',
+    4357: 'resources',
+    4358: 'include_synonyms',
+    4359: 'include_synonyms',
+    4360: '(tagged fields)',
+    4361: '(tagged fields)',
+    4362: '(tagged fields)',
+    4363: '(tagged fields)',
+    4364: '(tagged fields)',
+    4403: 'name',
+    4404: 'name',
+    4405: 'name',
+    4406: 'name',
+    4407: 'name',
+    4408: 'name',
+    4409: 'value',
+    4410: 'value',
+    4411: 'value',
+    4412: 'value',
+    4413: 'value',
+    4414: 'value',
+    4415: 'source',
+    4416: 'source',
+    4417: 'source',
+    4418: 'name',
+    4419: 'value',
+    4420: 'source',
+    4421: 'source',
+    4422: '(tagged fields)',
+    4423: '(tagged fields)',
+    4424: '(tagged fields)',
+    4425: '(tagged fields)',
+    4426: '(tagged fields)',
+    4501: 'name',
+    4502: 'name',
+    4503: 'name',
+    4504: 'name',
+    4505: 'name',
+    4506: 'name',
+    4507: 'value',
+    4508: 'value',
+    4509: 'value',
+    4510: 'value',
+    4511: 'value',
+    4512: 'value',
+    4513: 'read_only',
+    4514: 'read_only',
+    4515: 'synonyms',
+    4516: 'synonyms',
+    4517: 'synonyms',
+    4518: 'synonyms',
+    4519: 'synonyms',
+    4520: 'synonyms',
+    4521: 'synonyms',
+    4522: 'config_type',
+    4523: 'config_type',
+    4524: 'documentation',
+    4525: 'documentation',
+    4526: 'documentation',
+    4527: 'documentation',
+    4528: 'documentation',
+    4529: 'documentation',
+    4530: 'documentation',
+    4531: 'name',
+    4532: 'value',
+    4533: 'read_only',
+    4534: 'read_only',
+    4535: 'synonyms',
+    4536: 'synonyms',
+    4537: 'synonyms',
+    4538: 'synonyms',
+    4539: 'synonyms',
+    4540: 'config_type',
+    4541: 'config_type',
+    4542: 'documentation',
+    4543: 'documentation',
+    4544: 'name',
+    4545: 'value',
+    4546: 'read_only',
+    4547: 'read_only',
+    4548: 'synonyms',
+    4549: 'synonyms',
+    4550: 'synonyms',
+    4551: 'synonyms',
+    4552: 'synonyms',
+    4553: '(tagged fields)',
+    4554: '(tagged fields)',
+    4555: '(tagged fields)',
+    4556: '(tagged fields)',
+    4557: '(tagged fields)',
+    4614: 'error_code',
+    4615: 'error_code',
+    4616: 'error_message',
+    4617: 'error_message',
+    4618: 'error_message',
+    4619: 'error_message',
+    4620: 'error_message',
+    4621: 'error_message',
+    4622: 'resource_type',
+    4623: 'resource_type',
+    4624: 'resource_name',
+    4625: 'resource_name',
+    4626: 'resource_name',
+    4627: 'resource_name',
+    4628: 'resource_name',
+    4629: 'resource_name',
+    4630: 'configs',
+    4631: 'configs',
+    4632: 'configs',
+    4633: 'configs',
+    4634: 'configs',
+    4635: 'configs',
+    4636: 'configs',
+    4637: 'configs',
+    4638: 'error_code',
+    4639: 'error_code',
+    4640: 'error_message',
+    4641: 'resource_type',
+    4642: 'resource_type',
+    4643: 'resource_name',
+    4644: 'configs',
+    4645: 'configs',
+    4646: 'configs',
+    4647: 'configs',
+    4648: 'configs',
+    4649: '(tagged fields)',
+    4650: '(tagged fields)',
+    4651: '(tagged fields)',
+    4652: '(tagged fields)',
+    4653: '(tagged fields)',
+    4697: 'throttle_time_ms',
+    4698: 'throttle_time_ms',
+    4699: 'results',
+    4700: 'results',
+    4701: 'results',
+    4702: 'results',
+    4703: 'results',
+    4704: 'results',
+    4705: 'results',
+    4706: 'results',
+    4707: 'throttle_time_ms',
+    4708: 'throttle_time_ms',
+    4709: 'results',
+    4710: 'results',
+    4711: 'results',
+    4712: 'results',
+    4713: 'results',
+    4714: '(tagged fields)',
+    4715: '(tagged fields)',
+    4716: '(tagged fields)',
+    4717: '(tagged fields)',
+    4718: '(tagged fields)',
+    4740: 'partition_index',
+    4741: 'partition_index',
+    4742: '(tagged fields)',
+    4743: '(tagged fields)',
+    4744: '(tagged fields)',
+    4745: '(tagged fields)',
+    4779: 'topic_name',
+    4780: 'topic_name',
+    4781: 'topic_name',
+    4782: 'topic_name',
+    4783: 'topic_name',
+    4784: 'topic_name',
+    4785: 'partitions',
+    4786: 'partitions',
+    4787: 'partitions',
+    4788: 'partitions',
+    4789: 'partitions',
+    4790: 'partitions',
+    4791: 'partitions',
+    4792: '(tagged fields)',
+    4793: '(tagged fields)',
+    4794: '(tagged fields)',
+    4795: '(tagged fields)',
+    4827: 'topics',
+    4828: 'topics',
+    4829: 'topics',
+    4830: 'topics',
+    4831: 'topics',
+    4832: 'topics',
+    4833: 'topics',
+    4834: '(tagged fields)',
+    4835: '(tagged fields)',
+    4836: '(tagged fields)',
+    4837: '(tagged fields)',
+    4881: 'replica_id',
+    4882: 'replica_id',
+    4883: 'replica_directory_id',
+    4884: 'replica_directory_id',
+    4885: 'log_end_offset',
+    4886: 'log_end_offset',
+    4887: 'log_end_offset',
+    4888: 'replica_id',
+    4889: 'replica_id',
+    4890: 'replica_id',
+    4891: 'replica_id',
+    4892: 'replica_id',
+    4893: '(tagged fields)',
+    4894: '(tagged fields)',
+    4895: '(tagged fields)',
+    4896: '(tagged fields)',
+    4963: 'partition_index',
+    4964: 'partition_index',
+    4965: 'error_message',
+    4966: 'error_message',
+    4967: 'error_message',
+    4968: 'error_message',
+    4969: 'error_message',
+    4970: 'error_message',
+    4971: 'leader_id',
+    4972: 'leader_id',
+    4973: 'current_voters',
+    4974: 'current_voters',
+    4975: 'current_voters',
+    4976: 'current_voters',
+    4977: 'current_voters',
+    4978: 'current_voters',
+    4979: 'current_voters',
+    4980: 'observers',
+    4981: 'observers',
+    4982: 'observers',
+    4983: 'observers',
+    4984: 'observers',
+    4985: 'observers',
+    4986: 'observers',
+    4987: 'observers',
+    4988: 'partition_index',
+    4989: 'partition_index',
+    4990: 'current_voters',
+    4991: 'current_voters',
+    4992: 'current_voters',
+    4993: 'current_voters',
+    4994: 'current_voters',
+    4995: 'current_voters',
+    4996: 'current_voters',
+    4997: 'observers',
+    4998: 'observers',
+    4999: 'observers',
+    5000: 'observers',
+    5001: 'observers',
+    5002: 'observers',
+    5003: 'observers',
     5004: '(tagged fields)',
     5005: '(tagged fields)',
     5006: '(tagged fields)',
-    5051: 'name',
-    5052: 'name',
-    5053: 'name',
-    5054: 'name',
-    5055: 'name',
-    5056: 'name',
-    5057: 'value',
-    5058: 'value',
-    5059: 'value',
-    5060: 'value',
-    5061: 'value',
-    5062: 'value',
-    5063: 'source',
-    5064: 'source',
-    5065: 'source',
-    5066: 'name',
-    5067: 'value',
-    5068: 'source',
-    5069: 'source',
-    5070: '(tagged fields)',
-    5071: '(tagged fields)',
-    5072: '(tagged fields)',
-    5073: '(tagged fields)',
-    5074: '(tagged fields)',
-    5160: 'name',
-    5161: 'name',
-    5162: 'name',
-    5163: 'name',
-    5164: 'name',
-    5165: 'name',
-    5166: 'value',
-    5167: 'value',
-    5168: 'value',
-    5169: 'value',
-    5170: 'value',
-    5171: 'value',
-    5172: 'read_only',
-    5173: 'read_only',
-    5174: 'synonyms',
-    5175: 'synonyms',
-    5176: 'synonyms',
-    5177: 'synonyms',
-    5178: 'synonyms',
-    5179: 'synonyms',
-    5180: 'synonyms',
-    5181: 'synonyms',
-    5182: 'synonyms',
-    5183: 'synonyms',
-    5184: 'config_type',
-    5185: 'config_type',
-    5186: 'documentation',
-    5187: 'documentation',
-    5188: 'documentation',
-    5189: 'documentation',
-    5190: 'documentation',
-    5191: 'documentation',
-    5192: 'documentation',
-    5193: 'name',
-    5194: 'value',
-    5195: 'read_only',
-    5196: 'read_only',
-    5197: 'synonyms',
-    5198: 'synonyms',
-    5199: 'synonyms',
-    5200: 'synonyms',
-    5201: 'synonyms',
-    5202: 'config_type',
-    5203: 'config_type',
-    5204: 'documentation',
-    5205: 'documentation',
-    5206: 'name',
-    5207: 'value',
-    5208: 'read_only',
-    5209: 'read_only',
-    5210: 'synonyms',
-    5211: 'synonyms',
-    5212: 'synonyms',
-    5213: 'synonyms',
-    5214: 'synonyms',
-    5215: '(tagged fields)',
-    5216: '(tagged fields)',
-    5217: '(tagged fields)',
-    5218: '(tagged fields)',
-    5219: '(tagged fields)',
-    5284: 'error_code',
-    5285: 'error_code',
-    5286: 'error_message',
-    5287: 'error_message',
-    5288: 'error_message',
-    5289: 'error_message',
-    5290: 'error_message',
-    5291: 'error_message',
-    5292: 'resource_type',
-    5293: 'resource_type',
-    5294: 'resource_name',
-    5295: 'resource_name',
-    5296: 'resource_name',
-    5297: 'resource_name',
-    5298: 'resource_name',
-    5299: 'resource_name',
-    5300: 'configs',
-    5301: 'configs',
-    5302: 'configs',
-    5303: 'configs',
-    5304: 'configs',
-    5305: 'configs',
-    5306: 'configs',
-    5307: 'configs',
-    5308: 'configs',
-    5309: 'configs',
-    5310: 'configs',
-    5311: 'error_code',
-    5312: 'error_code',
-    5313: 'error_message',
-    5314: 'resource_type',
-    5315: 'resource_type',
-    5316: 'resource_name',
-    5317: 'configs',
-    5318: 'configs',
-    5319: 'configs',
-    5320: 'configs',
-    5321: 'configs',
-    5322: '(tagged fields)',
-    5323: '(tagged fields)',
-    5324: '(tagged fields)',
-    5325: '(tagged fields)',
-    5326: '(tagged fields)',
-    5372: 'throttle_time_ms',
-    5373: 'throttle_time_ms',
-    5374: 'results',
-    5375: 'results',
-    5376: 'results',
-    5377: 'results',
-    5378: 'results',
-    5379: 'results',
-    5380: 'results',
-    5381: 'results',
-    5382: 'results',
-    5383: 'results',
-    5384: 'results',
-    5385: 'throttle_time_ms',
-    5386: 'throttle_time_ms',
-    5387: 'results',
-    5388: 'results',
-    5389: 'results',
-    5390: 'results',
-    5391: 'results',
-    5392: '(tagged fields)',
-    5393: '(tagged fields)',
-    5394: '(tagged fields)',
-    5395: '(tagged fields)',
-    5396: '(tagged fields)',
-    5418: 'partition_index',
-    5419: 'partition_index',
-    5420: '(tagged fields)',
-    5421: '(tagged fields)',
-    5422: '(tagged fields)',
-    5423: '(tagged fields)',
-    5462: 'topic_name',
-    5463: 'topic_name',
-    5464: 'topic_name',
-    5465: 'topic_name',
-    5466: 'topic_name',
-    5467: 'topic_name',
-    5468: 'partitions',
-    5469: 'partitions',
-    5470: 'partitions',
-    5471: 'partitions',
-    5472: 'partitions',
-    5473: 'partitions',
-    5474: 'partitions',
-    5475: 'partitions',
-    5476: 'partitions',
-    5477: 'partitions',
-    5478: '(tagged fields)',
-    5479: '(tagged fields)',
-    5480: '(tagged fields)',
-    5481: '(tagged fields)',
-    5515: 'topics',
-    5516: 'topics',
-    5517: 'topics',
-    5518: 'topics',
-    5519: 'topics',
-    5520: 'topics',
-    5521: 'topics',
-    5522: 'topics',
+    5007: '(tagged fields)',
+    5041: 'topic_name',
+    5042: 'topic_name',
+    5043: 'topic_name',
+    5044: 'topic_name',
+    5045: 'topic_name',
+    5046: 'topic_name',
+    5047: 'partitions',
+    5048: 'partitions',
+    5049: 'partitions',
+    5050: 'partitions',
+    5051: 'partitions',
+    5052: 'partitions',
+    5053: 'partitions',
+    5054: '(tagged fields)',
+    5055: '(tagged fields)',
+    5056: '(tagged fields)',
+    5057: '(tagged fields)',
+    5092: 'name',
+    5093: 'name',
+    5094: 'name',
+    5095: 'name',
+    5096: 'name',
+    5097: 'name',
+    5098: 'host',
+    5099: 'host',
+    5100: 'host',
+    5101: 'host',
+    5102: 'host',
+    5103: 'host',
+    5104: 'port',
+    5105: 'port',
+    5106: '(tagged fields)',
+    5107: '(tagged fields)',
+    5108: '(tagged fields)',
+    5109: '(tagged fields)',
+    5141: 'node_id',
+    5142: 'node_id',
+    5143: 'listeners',
+    5144: 'listeners',
+    5145: 'listeners',
+    5146: 'listeners',
+    5147: 'listeners',
+    5148: 'listeners',
+    5149: 'listeners',
+    5150: '(tagged fields)',
+    5151: '(tagged fields)',
+    5152: '(tagged fields)',
+    5153: '(tagged fields)',
+    5211: 'error_code',
+    5212: 'error_code',
+    5213: 'error_message',
+    5214: 'error_message',
+    5215: 'error_message',
+    5216: 'error_message',
+    5217: 'error_message',
+    5218: 'error_message',
+    5219: 'topics',
+    5220: 'topics',
+    5221: 'topics',
+    5222: 'topics',
+    5223: 'topics',
+    5224: 'topics',
+    5225: 'topics',
+    5226: 'nodes',
+    5227: 'nodes',
+    5228: 'nodes',
+    5229: 'nodes',
+    5230: 'nodes',
+    5231: 'nodes',
+    5232: 'nodes',
+    5233: 'nodes',
+    5234: 'error_code',
+    5235: 'error_code',
+    5236: 'topics',
+    5237: 'topics',
+    5238: 'topics',
+    5239: 'topics',
+    5240: 'topics',
+    5241: 'topics',
+    5242: 'topics',
+    5243: '(tagged fields)',
+    5244: '(tagged fields)',
+    5245: '(tagged fields)',
+    5246: '(tagged fields)',
+    5273: 'candidate_id',
+    5274: 'candidate_id',
+    5275: 'candidate_directory_id',
+    5276: 'candidate_directory_id',
+    5277: '(tagged fields)',
+    5278: '(tagged fields)',
+    5279: '(tagged fields)',
+    5280: '(tagged fields)',
+    5326: 'partition_index',
+    5327: 'partition_index',
+    5328: 'preferred_candidates',
+    5329: 'preferred_candidates',
+    5330: 'preferred_candidates',
+    5331: 'preferred_candidates',
+    5332: 'preferred_candidates',
+    5333: 'preferred_candidates',
+    5334: 'preferred_candidates',
+    5335: 'preferred_candidates',
+    5336: 'partition_index',
+    5337: 'partition_index',
+    5338: 'preferred_successors',
+    5339: 'preferred_successors',
+    5340: 'preferred_successors',
+    5341: '(tagged fields)',
+    5342: '(tagged fields)',
+    5343: '(tagged fields)',
+    5344: '(tagged fields)',
+    5345: '(tagged fields)',
+    5388: 'topic_name',
+    5389: 'topic_name',
+    5390: 'topic_name',
+    5391: 'topic_name',
+    5392: 'topic_name',
+    5393: 'topic_name',
+    5394: 'partitions',
+    5395: 'partitions',
+    5396: 'partitions',
+    5397: 'partitions',
+    5398: 'partitions',
+    5399: 'partitions',
+    5400: 'partitions',
+    5401: 'partitions',
+    5402: 'topic_name',
+    5403: 'partitions',
+    5404: 'partitions',
+    5405: 'partitions',
+    5406: 'partitions',
+    5407: 'partitions',
+    5408: '(tagged fields)',
+    5409: '(tagged fields)',
+    5410: '(tagged fields)',
+    5411: '(tagged fields)',
+    5412: '(tagged fields)',
+    5447: 'name',
+    5448: 'name',
+    5449: 'name',
+    5450: 'name',
+    5451: 'name',
+    5452: 'name',
+    5453: 'host',
+    5454: 'host',
+    5455: 'host',
+    5456: 'host',
+    5457: 'host',
+    5458: 'host',
+    5459: 'port',
+    5460: 'port',
+    5461: '(tagged fields)',
+    5462: '(tagged fields)',
+    5463: '(tagged fields)',
+    5464: '(tagged fields)',
+    5517: 'cluster_id',
+    5518: 'cluster_id',
+    5519: 'cluster_id',
+    5520: 'cluster_id',
+    5521: 'cluster_id',
+    5522: 'cluster_id',
     5523: 'topics',
     5524: 'topics',
-    5525: '(tagged fields)',
-    5526: '(tagged fields)',
-    5527: '(tagged fields)',
-    5528: '(tagged fields)',
-    5574: 'replica_id',
-    5575: 'replica_id',
-    5576: 'replica_directory_id',
-    5577: 'replica_directory_id',
-    5578: 'replica_directory_id',
-    5579: 'replica_directory_id',
-    5580: 'replica_directory_id',
-    5581: 'log_end_offset',
-    5582: 'log_end_offset',
-    5583: 'log_end_offset',
-    5584: 'replica_id',
-    5585: 'replica_id',
-    5586: 'replica_id',
-    5587: 'replica_id',
-    5588: 'replica_id',
-    5589: '(tagged fields)',
-    5590: '(tagged fields)',
-    5591: '(tagged fields)',
-    5592: '(tagged fields)',
-    5670: 'partition_index',
-    5671: 'partition_index',
-    5672: 'error_message',
-    5673: 'error_message',
-    5674: 'error_message',
-    5675: 'error_message',
-    5676: 'error_message',
-    5677: 'error_message',
-    5678: 'leader_id',
-    5679: 'leader_id',
-    5680: 'current_voters',
-    5681: 'current_voters',
-    5682: 'current_voters',
-    5683: 'current_voters',
-    5684: 'current_voters',
-    5685: 'current_voters',
-    5686: 'current_voters',
-    5687: 'current_voters',
-    5688: 'current_voters',
-    5689: 'current_voters',
-    5690: 'observers',
-    5691: 'observers',
-    5692: 'observers',
-    5693: 'observers',
-    5694: 'observers',
-    5695: 'observers',
-    5696: 'observers',
-    5697: 'observers',
-    5698: 'observers',
-    5699: 'observers',
-    5700: 'observers',
-    5701: 'partition_index',
-    5702: 'partition_index',
-    5703: 'current_voters',
-    5704: 'current_voters',
-    5705: 'current_voters',
-    5706: 'current_voters',
-    5707: 'current_voters',
-    5708: 'current_voters',
-    5709: 'current_voters',
-    5710: 'current_voters',
-    5711: 'current_voters',
-    5712: 'current_voters',
-    5713: 'observers',
-    5714: 'observers',
-    5715: 'observers',
-    5716: 'observers',
-    5717: 'observers',
-    5718: 'observers',
-    5719: 'observers',
-    5720: 'observers',
-    5721: 'observers',
-    5722: 'observers',
-    5723: '(tagged fields)',
-    5724: '(tagged fields)',
-    5725: '(tagged fields)',
-    5726: '(tagged fields)',
-    5765: 'topic_name',
-    5766: 'topic_name',
-    5767: 'topic_name',
-    5768: 'topic_name',
-    5769: 'topic_name',
-    5770: 'topic_name',
-    5771: 'partitions',
-    5772: 'partitions',
-    5773: 'partitions',
-    5774: 'partitions',
-    5775: 'partitions',
-    5776: 'partitions',
-    5777: 'partitions',
-    5778: 'partitions',
-    5779: 'partitions',
-    5780: 'partitions',
+    5525: 'topics',
+    5526: 'topics',
+    5527: 'topics',
+    5528: 'topics',
+    5529: 'topics',
+    5530: 'leader_endpoints',
+    5531: 'leader_endpoints',
+    5532: 'leader_endpoints',
+    5533: 'leader_endpoints',
+    5534: 'leader_endpoints',
+    5535: 'leader_endpoints',
+    5536: 'leader_endpoints',
+    5537: 'leader_endpoints',
+    5538: 'cluster_id',
+    5539: 'topics',
+    5540: 'topics',
+    5541: 'topics',
+    5542: 'topics',
+    5543: 'topics',
+    5544: '(tagged fields)',
+    5545: '(tagged fields)',
+    5546: '(tagged fields)',
+    5547: '(tagged fields)',
+    5548: '(tagged fields)',
+    5577: 'partition_index',
+    5578: 'partition_index',
+    5579: '(tagged fields)',
+    5580: '(tagged fields)',
+    5581: '(tagged fields)',
+    5582: '(tagged fields)',
+    5583: '(tagged fields)',
+    5626: 'topic_name',
+    5627: 'topic_name',
+    5628: 'topic_name',
+    5629: 'topic_name',
+    5630: 'topic_name',
+    5631: 'topic_name',
+    5632: 'partitions',
+    5633: 'partitions',
+    5634: 'partitions',
+    5635: 'partitions',
+    5636: 'partitions',
+    5637: 'partitions',
+    5638: 'partitions',
+    5639: 'partitions',
+    5640: 'topic_name',
+    5641: 'partitions',
+    5642: 'partitions',
+    5643: 'partitions',
+    5644: 'partitions',
+    5645: 'partitions',
+    5646: '(tagged fields)',
+    5647: '(tagged fields)',
+    5648: '(tagged fields)',
+    5649: '(tagged fields)',
+    5650: '(tagged fields)',
+    5683: 'node_id',
+    5684: 'node_id',
+    5685: 'host',
+    5686: 'host',
+    5687: 'host',
+    5688: 'host',
+    5689: 'host',
+    5690: 'host',
+    5691: 'port',
+    5692: 'port',
+    5693: '(tagged fields)',
+    5694: '(tagged fields)',
+    5695: '(tagged fields)',
+    5696: '(tagged fields)',
+    5755: 'error_code',
+    5756: 'error_code',
+    5757: 'topics',
+    5758: 'topics',
+    5759: 'topics',
+    5760: 'topics',
+    5761: 'topics',
+    5762: 'topics',
+    5763: 'topics',
+    5764: 'topics',
+    5765: 'error_code',
+    5766: 'error_code',
+    5767: 'topics',
+    5768: 'topics',
+    5769: 'topics',
+    5770: 'topics',
+    5771: 'topics',
+    5772: '(tagged fields)',
+    5773: '(tagged fields)',
+    5774: '(tagged fields)',
+    5775: '(tagged fields)',
+    5776: '(tagged fields)',
+    5777: '(tagged fields)',
+    5778: '(tagged fields)',
+    5779: '(tagged fields)',
+    5780: '(tagged fields)',
     5781: '(tagged fields)',
     5782: '(tagged fields)',
     5783: '(tagged fields)',
     5784: '(tagged fields)',
-    5825: 'name',
-    5826: 'name',
-    5827: 'name',
-    5828: 'name',
-    5829: 'name',
-    5830: 'name',
-    5831: 'host',
-    5832: 'host',
-    5833: 'host',
-    5834: 'host',
-    5835: 'host',
-    5836: 'host',
-    5837: 'port',
-    5838: 'port',
-    5839: '(tagged fields)',
-    5840: '(tagged fields)',
-    5841: '(tagged fields)',
-    5842: '(tagged fields)',
-    5876: 'node_id',
-    5877: 'node_id',
-    5878: 'listeners',
-    5879: 'listeners',
-    5880: 'listeners',
-    5881: 'listeners',
-    5882: 'listeners',
-    5883: 'listeners',
-    5884: 'listeners',
-    5885: 'listeners',
-    5886: 'listeners',
-    5887: 'listeners',
-    5888: '(tagged fields)',
-    5889: '(tagged fields)',
-    5890: '(tagged fields)',
-    5891: '(tagged fields)',
-    5958: 'error_code',
-    5959: 'error_code',
-    5960: 'error_message',
-    5961: 'error_message',
-    5962: 'error_message',
-    5963: 'error_message',
-    5964: 'error_message',
-    5965: 'error_message',
-    5966: 'topics',
-    5967: 'topics',
-    5968: 'topics',
-    5969: 'topics',
-    5970: 'topics',
-    5971: 'topics',
-    5972: 'topics',
-    5973: 'topics',
-    5974: 'topics',
-    5975: 'topics',
-    5976: 'nodes',
-    5977: 'nodes',
-    5978: 'nodes',
-    5979: 'nodes',
-    5980: 'nodes',
-    5981: 'nodes',
-    5982: 'nodes',
-    5983: 'nodes',
-    5984: 'nodes',
-    5985: 'nodes',
-    5986: 'nodes',
-    5987: 'error_code',
-    5988: 'error_code',
-    5989: 'topics',
-    5990: 'topics',
-    5991: 'topics',
-    5992: 'topics',
-    5993: 'topics',
-    5994: 'topics',
-    5995: 'topics',
-    5996: 'topics',
-    5997: 'topics',
-    5998: 'topics',
-    5999: '(tagged fields)',
-    6000: '(tagged fields)',
-    6001: '(tagged fields)',
-    6002: '(tagged fields)',
-    6031: 'candidate_id',
-    6032: 'candidate_id',
-    6033: 'candidate_directory_id',
-    6034: 'candidate_directory_id',
-    6035: 'candidate_directory_id',
-    6036: 'candidate_directory_id',
-    6037: 'candidate_directory_id',
-    6038: '(tagged fields)',
-    6039: '(tagged fields)',
-    6040: '(tagged fields)',
-    6041: '(tagged fields)',
-    6089: 'partition_index',
-    6090: 'partition_index',
-    6091: 'preferred_candidates',
-    6092: 'preferred_candidates',
-    6093: 'preferred_candidates',
-    6094: 'preferred_candidates',
-    6095: 'preferred_candidates',
-    6096: 'preferred_candidates',
-    6097: 'preferred_candidates',
-    6098: 'preferred_candidates',
-    6099: 'preferred_candidates',
-    6100: 'preferred_candidates',
-    6101: 'preferred_candidates',
-    6102: 'partition_index',
-    6103: 'partition_index',
-    6104: 'preferred_successors',
-    6105: 'preferred_successors',
-    6106: 'preferred_successors',
-    6107: '(tagged fields)',
-    6108: '(tagged fields)',
-    6109: '(tagged fields)',
-    6110: '(tagged fields)',
-    6111: '(tagged fields)',
-    6159: 'topic_name',
-    6160: 'topic_name',
-    6161: 'topic_name',
-    6162: 'topic_name',
-    6163: 'topic_name',
-    6164: 'topic_name',
-    6165: 'partitions',
-    6166: 'partitions',
-    6167: 'partitions',
-    6168: 'partitions',
-    6169: 'partitions',
-    6170: 'partitions',
+    5785: '(tagged fields)',
+    5786: 'node_endpoints',
+    5787: 'node_endpoints',
+    5788: 'node_endpoints',
+    5789: 'node_endpoints',
+    5790: 'node_endpoints',
+    5791: 'node_endpoints',
+    5792: 'node_endpoints',
+    5793: 'node_endpoints',
+    5794: 'node_endpoints',
+    5795: '(tagged fields)',
+    5826: 'request_data',
+    5827: 'request_data',
+    5828: 'request_data',
+    5829: 'request_data',
+    5830: 'request_data',
+    5831: 'request_data',
+    5832: 'request_data',
+    5833: 'request_data',
+    5834: 'request_data',
+    5835: 'request_principal',
+    5836: 'request_principal',
+    5837: 'request_principal',
+    5838: 'request_principal',
+    5839: 'request_principal',
+    5840: 'request_principal',
+    5841: 'request_principal',
+    5842: 'request_principal',
+    5843: 'request_principal',
+    5844: 'client_host_address',
+    5845: 'client_host_address',
+    5846: 'client_host_address',
+    5847: 'client_host_address',
+    5848: 'client_host_address',
+    5849: 'client_host_address',
+    5850: 'client_host_address',
+    5851: 'client_host_address',
+    5852: 'client_host_address',
+    5853: '(tagged fields)',
+    5854: '(tagged fields)',
+    5855: '(tagged fields)',
+    5856: '(tagged fields)',
+    5884: 'response_data',
+    5885: 'response_data',
+    5886: 'response_data',
+    5887: 'response_data',
+    5888: 'response_data',
+    5889: 'response_data',
+    5890: 'response_data',
+    5891: 'response_data',
+    5892: 'response_data',
+    5893: 'error_code',
+    5894: 'error_code',
+    5895: '(tagged fields)',
+    5896: '(tagged fields)',
+    5897: '(tagged fields)',
+    5898: '(tagged fields)',
+    5922: 'replica_id',
+    5923: 'replica_id',
+    5924: '(tagged fields)',
+    5925: '(tagged fields)',
+    5926: '(tagged fields)',
+    5927: '(tagged fields)',
+    5996: 'partition',
+    5997: 'partition',
+    5998: 'partition',
+    5999: 'partition',
+    6000: 'partition',
+    6001: 'partition',
+    6002: 'partition',
+    6003: 'partition',
+    6004: 'partition',
+    6005: 'partition',
+    6006: 'partition',
+    6007: '(tagged fields)',
+    6008: '(tagged fields)',
+    6009: '(tagged fields)',
+    6010: '(tagged fields)',
+    6011: '(tagged fields)',
+    6012: '(tagged fields)',
+    6013: '(tagged fields)',
+    6014: '(tagged fields)',
+    6015: '(tagged fields)',
+    6016: '(tagged fields)',
+    6017: '(tagged fields)',
+    6018: '(tagged fields)',
+    6019: '(tagged fields)',
+    6020: '(tagged fields)',
+    6021: 'replica_directory_id',
+    6022: 'replica_directory_id',
+    6023: 'replica_directory_id',
+    6024: 'replica_directory_id',
+    6025: '(tagged fields)',
+    6026: 'high_watermark',
+    6027: 'high_watermark',
+    6028: 'high_watermark',
+    6029: 'high_watermark',
+    6030: '(tagged fields)',
+    6084: 'topic_id',
+    6085: 'topic_id',
+    6086: 'partitions',
+    6087: 'partitions',
+    6088: 'partitions',
+    6089: 'partitions',
+    6090: 'partitions',
+    6091: 'partitions',
+    6092: 'partitions',
+    6093: 'partitions',
+    6094: 'topic',
+    6095: 'topic',
+    6096: 'topic',
+    6097: 'topic',
+    6098: 'topic',
+    6099: 'topic',
+    6100: 'partitions',
+    6101: 'partitions',
+    6102: 'partitions',
+    6103: 'partitions',
+    6104: 'partitions',
+    6105: 'partitions',
+    6106: 'partitions',
+    6107: 'partitions',
+    6108: 'topic',
+    6109: 'partitions',
+    6110: 'partitions',
+    6111: 'partitions',
+    6112: 'partitions',
+    6113: 'partitions',
+    6114: '(tagged fields)',
+    6115: '(tagged fields)',
+    6116: '(tagged fields)',
+    6117: '(tagged fields)',
+    6118: '(tagged fields)',
+    6169: 'topic_id',
+    6170: 'topic_id',
     6171: 'partitions',
     6172: 'partitions',
     6173: 'partitions',
     6174: 'partitions',
     6175: 'partitions',
-    6176: 'topic_name',
-    6177: 'partitions',
-    6178: 'partitions',
-    6179: 'partitions',
-    6180: 'partitions',
-    6181: 'partitions',
-    6182: '(tagged fields)',
-    6183: '(tagged fields)',
-    6184: '(tagged fields)',
-    6185: '(tagged fields)',
-    6186: '(tagged fields)',
-    6227: 'name',
-    6228: 'name',
-    6229: 'name',
-    6230: 'name',
-    6231: 'name',
-    6232: 'name',
-    6233: 'host',
-    6234: 'host',
-    6235: 'host',
-    6236: 'host',
-    6237: 'host',
-    6238: 'host',
-    6239: 'port',
-    6240: 'port',
-    6241: '(tagged fields)',
-    6242: '(tagged fields)',
-    6243: '(tagged fields)',
-    6244: '(tagged fields)',
-    6304: 'cluster_id',
-    6305: 'cluster_id',
-    6306: 'cluster_id',
-    6307: 'cluster_id',
-    6308: 'cluster_id',
-    6309: 'cluster_id',
-    6310: 'topics',
-    6311: 'topics',
-    6312: 'topics',
-    6313: 'topics',
-    6314: 'topics',
-    6315: 'topics',
-    6316: 'topics',
-    6317: 'topics',
-    6318: 'topics',
-    6319: 'topics',
-    6320: 'leader_endpoints',
-    6321: 'leader_endpoints',
-    6322: 'leader_endpoints',
-    6323: 'leader_endpoints',
-    6324: 'leader_endpoints',
-    6325: 'leader_endpoints',
-    6326: 'leader_endpoints',
-    6327: 'leader_endpoints',
-    6328: 'leader_endpoints',
-    6329: 'leader_endpoints',
-    6330: 'leader_endpoints',
-    6331: 'cluster_id',
-    6332: 'topics',
-    6333: 'topics',
+    6176: 'partitions',
+    6177: 'topic',
+    6178: 'topic',
+    6179: 'topic',
+    6180: 'topic',
+    6181: 'topic',
+    6182: 'topic',
+    6183: 'partitions',
+    6184: 'partitions',
+    6185: 'partitions',
+    6186: 'partitions',
+    6187: 'partitions',
+    6188: 'partitions',
+    6189: 'topic',
+    6190: 'partitions',
+    6191: 'partitions',
+    6192: 'partitions',
+    6193: '(tagged fields)',
+    6194: '(tagged fields)',
+    6195: '(tagged fields)',
+    6196: '(tagged fields)',
+    6197: '(tagged fields)',
+    6327: 'replica_id',
+    6328: 'replica_id',
+    6329: 'max_wait_ms',
+    6330: 'max_wait_ms',
+    6331: 'max_wait_ms',
+    6332: 'session_id',
+    6333: 'session_id',
     6334: 'topics',
     6335: 'topics',
     6336: 'topics',
-    6337: '(tagged fields)',
-    6338: '(tagged fields)',
-    6339: '(tagged fields)',
-    6340: '(tagged fields)',
-    6341: '(tagged fields)',
-    6370: 'partition_index',
-    6371: 'partition_index',
-    6372: '(tagged fields)',
+    6337: 'topics',
+    6338: 'topics',
+    6339: 'topics',
+    6340: 'topics',
+    6341: 'topics',
+    6342: 'topics',
+    6343: 'topics',
+    6344: 'topics',
+    6345: 'topics',
+    6346: 'topics',
+    6347: 'topics',
+    6348: 'topics',
+    6349: 'forgotten_topics_data',
+    6350: 'forgotten_topics_data',
+    6351: 'forgotten_topics_data',
+    6352: 'forgotten_topics_data',
+    6353: 'forgotten_topics_data',
+    6354: 'forgotten_topics_data',
+    6355: 'forgotten_topics_data',
+    6356: 'forgotten_topics_data',
+    6357: 'forgotten_topics_data',
+    6358: 'forgotten_topics_data',
+    6359: 'forgotten_topics_data',
+    6360: 'forgotten_topics_data',
+    6361: 'forgotten_topics_data',
+    6362: 'forgotten_topics_data',
+    6363: 'forgotten_topics_data',
+    6364: 'rack_id',
+    6365: 'rack_id',
+    6366: 'rack_id',
+    6367: 'rack_id',
+    6368: 'rack_id',
+    6369: 'rack_id',
+    6370: 'rack_id',
+    6371: 'rack_id',
+    6372: 'rack_id',
     6373: '(tagged fields)',
     6374: '(tagged fields)',
     6375: '(tagged fields)',
     6376: '(tagged fields)',
-    6424: 'topic_name',
-    6425: 'topic_name',
-    6426: 'topic_name',
-    6427: 'topic_name',
-    6428: 'topic_name',
-    6429: 'topic_name',
-    6430: 'partitions',
-    6431: 'partitions',
-    6432: 'partitions',
-    6433: 'partitions',
-    6434: 'partitions',
-    6435: 'partitions',
-    6436: 'partitions',
-    6437: 'partitions',
-    6438: 'partitions',
-    6439: 'partitions',
-    6440: 'partitions',
-    6441: 'topic_name',
-    6442: 'partitions',
-    6443: 'partitions',
-    6444: 'partitions',
-    6445: 'partitions',
-    6446: 'partitions',
-    6447: '(tagged fields)',
-    6448: '(tagged fields)',
-    6449: '(tagged fields)',
-    6450: '(tagged fields)',
-    6451: '(tagged fields)',
-    6487: 'node_id',
-    6488: 'node_id',
-    6489: 'host',
-    6490: 'host',
-    6491: 'host',
-    6492: 'host',
-    6493: 'host',
-    6494: 'host',
-    6495: 'port',
-    6496: 'port',
-    6497: '(tagged fields)',
-    6498: '(tagged fields)',
-    6499: '(tagged fields)',
-    6500: '(tagged fields)',
-    6563: 'error_code',
-    6564: 'error_code',
-    6565: 'topics',
-    6566: 'topics',
-    6567: 'topics',
-    6568: 'topics',
-    6569: 'topics',
-    6570: 'topics',
-    6571: 'topics',
-    6572: 'topics',
-    6573: 'topics',
-    6574: 'topics',
-    6575: 'topics',
-    6576: 'error_code',
-    6577: 'error_code',
-    6578: 'topics',
-    6579: 'topics',
-    6580: 'topics',
-    6581: 'topics',
-    6582: 'topics',
-    6583: '(tagged fields)',
-    6584: '(tagged fields)',
-    6585: '(tagged fields)',
-    6586: '(tagged fields)',
-    6587: '(tagged fields)',
-    6588: '(tagged fields)',
-    6589: '(tagged fields)',
-    6590: '(tagged fields)',
-    6591: '(tagged fields)',
-    6592: '(tagged fields)',
-    6593: '(tagged fields)',
-    6594: '(tagged fields)',
-    6595: '(tagged fields)',
-    6596: '(tagged fields)',
-    6597: '(tagged fields)',
-    6598: '(tagged fields)',
-    6599: '(tagged fields)',
-    6600: '(tagged fields)',
-    6601: 'node_endpoints',
-    6602: 'node_endpoints',
-    6603: 'node_endpoints',
-    6604: 'node_endpoints',
-    6605: 'node_endpoints',
-    6606: 'node_endpoints',
-    6607: 'node_endpoints',
-    6608: 'node_endpoints',
-    6609: 'node_endpoints',
-    6610: 'node_endpoints',
-    6611: 'node_endpoints',
-    6612: 'node_endpoints',
-    6613: '(tagged fields)',
-    6644: 'request_data',
-    6645: 'request_data',
-    6646: 'request_data',
-    6647: 'request_data',
-    6648: 'request_data',
-    6649: 'request_data',
-    6650: 'request_data',
-    6651: 'request_data',
-    6652: 'request_data',
-    6653: 'request_principal',
-    6654: 'request_principal',
-    6655: 'request_principal',
-    6656: 'request_principal',
-    6657: 'request_principal',
-    6658: 'request_principal',
-    6659: 'request_principal',
-    6660: 'request_principal',
-    6661: 'request_principal',
-    6662: 'client_host_address',
-    6663: 'client_host_address',
-    6664: 'client_host_address',
-    6665: 'client_host_address',
-    6666: 'client_host_address',
-    6667: 'client_host_address',
-    6668: 'client_host_address',
-    6669: 'client_host_address',
-    6670: 'client_host_address',
-    6671: '(tagged fields)',
-    6672: '(tagged fields)',
-    6673: '(tagged fields)',
-    6674: '(tagged fields)',
-    6702: 'response_data',
-    6703: 'response_data',
-    6704: 'response_data',
-    6705: 'response_data',
-    6706: 'response_data',
-    6707: 'response_data',
-    6708: 'response_data',
-    6709: 'response_data',
-    6710: 'response_data',
-    6711: 'error_code',
-    6712: 'error_code',
-    6713: '(tagged fields)',
-    6714: '(tagged fields)',
-    6715: '(tagged fields)',
+    6377: '(tagged fields)',
+    6378: '(tagged fields)',
+    6379: '(tagged fields)',
+    6380: '(tagged fields)',
+    6381: '(tagged fields)',
+    6382: '(tagged fields)',
+    6383: '(tagged fields)',
+    6384: '(tagged fields)',
+    6385: '(tagged fields)',
+    6386: '(tagged fields)',
+    6387: 'cluster_id',
+    6388: 'cluster_id',
+    6389: 'cluster_id',
+    6390: 'cluster_id',
+    6391: 'cluster_id',
+    6392: 'cluster_id',
+    6393: 'cluster_id',
+    6394: 'cluster_id',
+    6395: '(tagged fields)',
+    6396: 'replica_state',
+    6397: 'replica_state',
+    6398: 'replica_state',
+    6399: '(tagged fields)',
+    6423: 'epoch',
+    6424: 'epoch',
+    6425: '(tagged fields)',
+    6426: '(tagged fields)',
+    6427: '(tagged fields)',
+    6428: '(tagged fields)',
+    6455: 'leader_id',
+    6456: 'leader_id',
+    6457: '(tagged fields)',
+    6458: '(tagged fields)',
+    6459: '(tagged fields)',
+    6460: '(tagged fields)',
+    6487: 'end_offset',
+    6488: 'end_offset',
+    6489: '(tagged fields)',
+    6490: '(tagged fields)',
+    6491: '(tagged fields)',
+    6492: '(tagged fields)',
+    6520: 'producer_id',
+    6521: 'producer_id',
+    6522: '(tagged fields)',
+    6523: '(tagged fields)',
+    6524: '(tagged fields)',
+    6525: '(tagged fields)',
+    6526: '(tagged fields)',
+    6647: 'partition_index',
+    6648: 'partition_index',
+    6649: 'aborted_transactions',
+    6650: 'aborted_transactions',
+    6651: 'aborted_transactions',
+    6652: 'aborted_transactions',
+    6653: 'aborted_transactions',
+    6654: 'aborted_transactions',
+    6655: 'aborted_transactions',
+    6656: 'aborted_transactions',
+    6657: 'aborted_transactions',
+    6658: 'aborted_transactions',
+    6659: 'preferred_read_replica',
+    6660: 'preferred_read_replica',
+    6661: 'records',
+    6662: 'records',
+    6663: 'records',
+    6664: 'records',
+    6665: 'records',
+    6666: 'records',
+    6667: 'records',
+    6668: 'records',
+    6669: 'records',
+    6670: 'records',
+    6671: 'partition_index',
+    6672: 'partition_index',
+    6673: 'aborted_transactions',
+    6674: 'aborted_transactions',
+    6675: 'aborted_transactions',
+    6676: 'aborted_transactions',
+    6677: 'aborted_transactions',
+    6678: 'aborted_transactions',
+    6679: 'aborted_transactions',
+    6680: 'aborted_transactions',
+    6681: 'preferred_read_replica',
+    6682: 'preferred_read_replica',
+    6683: 'records',
+    6684: 'records',
+    6685: 'partition_index',
+    6686: 'partition_index',
+    6687: 'partition_index',
+    6688: 'log_start_offset',
+    6689: 'log_start_offset',
+    6690: 'aborted_transactions',
+    6691: 'aborted_transactions',
+    6692: 'aborted_transactions',
+    6693: 'aborted_transactions',
+    6694: 'aborted_transactions',
+    6695: 'aborted_transactions',
+    6696: 'aborted_transactions',
+    6697: 'aborted_transactions',
+    6698: 'records',
+    6699: '(tagged fields)',
+    6700: '(tagged fields)',
+    6701: '(tagged fields)',
+    6702: '(tagged fields)',
+    6703: '(tagged fields)',
+    6704: '(tagged fields)',
+    6705: '(tagged fields)',
+    6706: '(tagged fields)',
+    6707: '(tagged fields)',
+    6708: '(tagged fields)',
+    6709: '(tagged fields)',
+    6710: '(tagged fields)',
+    6711: '(tagged fields)',
+    6712: '(tagged fields)',
+    6713: 'diverging_epoch',
+    6714: 'diverging_epoch',
+    6715: 'diverging_epoch',
     6716: '(tagged fields)',
-    6740: 'replica_id',
-    6741: 'replica_id',
-    6742: '(tagged fields)',
-    6743: '(tagged fields)',
-    6744: '(tagged fields)',
-    6745: '(tagged fields)',
-    6816: 'partition',
-    6817: 'partition',
-    6818: 'partition',
-    6819: 'partition',
-    6820: 'partition',
-    6821: 'partition',
-    6822: 'partition',
-    6823: 'partition',
-    6824: 'partition',
-    6825: 'partition',
-    6826: 'partition',
-    6827: '(tagged fields)',
-    6828: '(tagged fields)',
-    6829: '(tagged fields)',
-    6830: '(tagged fields)',
-    6831: '(tagged fields)',
-    6832: '(tagged fields)',
-    6833: '(tagged fields)',
-    6834: '(tagged fields)',
-    6835: '(tagged fields)',
-    6836: '(tagged fields)',
-    6837: '(tagged fields)',
-    6838: '(tagged fields)',
-    6839: '(tagged fields)',
-    6840: '(tagged fields)',
-    6841: '(tagged fields)',
-    6842: '(tagged fields)',
-    6843: '(tagged fields)',
-    6844: '(tagged fields)',
-    6845: 'replica_directory_id',
-    6846: 'replica_directory_id',
-    6847: 'replica_directory_id',
-    6848: 'replica_directory_id',
-    6849: 'replica_directory_id',
-    6850: 'replica_directory_id',
-    6851: 'replica_directory_id',
-    6852: '(tagged fields)',
-    6853: 'high_watermark',
-    6854: 'high_watermark',
-    6855: 'high_watermark',
-    6856: 'high_watermark',
-    6857: '(tagged fields)',
-    6920: 'topic_id',
-    6921: 'topic_id',
-    6922: 'topic_id',
-    6923: 'topic_id',
-    6924: 'topic_id',
-    6925: 'partitions',
-    6926: 'partitions',
-    6927: 'partitions',
-    6928: 'partitions',
-    6929: 'partitions',
-    6930: 'partitions',
-    6931: 'partitions',
-    6932: 'partitions',
-    6933: 'partitions',
-    6934: 'partitions',
-    6935: 'partitions',
-    6936: 'topic',
-    6937: 'topic',
-    6938: 'topic',
-    6939: 'topic',
-    6940: 'topic',
-    6941: 'topic',
-    6942: 'partitions',
-    6943: 'partitions',
-    6944: 'partitions',
-    6945: 'partitions',
-    6946: 'partitions',
-    6947: 'partitions',
-    6948: 'partitions',
-    6949: 'partitions',
-    6950: 'partitions',
-    6951: 'partitions',
-    6952: 'partitions',
-    6953: 'topic',
-    6954: 'partitions',
-    6955: 'partitions',
-    6956: 'partitions',
-    6957: 'partitions',
-    6958: 'partitions',
-    6959: '(tagged fields)',
-    6960: '(tagged fields)',
-    6961: '(tagged fields)',
-    6962: '(tagged fields)',
-    6963: '(tagged fields)',
-    7023: 'topic_id',
-    7024: 'topic_id',
-    7025: 'topic_id',
-    7026: 'topic_id',
-    7027: 'topic_id',
-    7028: 'partitions',
-    7029: 'partitions',
-    7030: 'partitions',
-    7031: 'partitions',
-    7032: 'partitions',
-    7033: 'partitions',
-    7034: 'partitions',
-    7035: 'partitions',
-    7036: 'partitions',
-    7037: 'topic',
-    7038: 'topic',
-    7039: 'topic',
-    7040: 'topic',
-    7041: 'topic',
-    7042: 'topic',
-    7043: 'partitions',
-    7044: 'partitions',
-    7045: 'partitions',
-    7046: 'partitions',
-    7047: 'partitions',
-    7048: 'partitions',
-    7049: 'partitions',
-    7050: 'partitions',
-    7051: 'partitions',
-    7052: 'topic',
-    7053: 'partitions',
-    7054: 'partitions',
-    7055: 'partitions',
-    7056: '(tagged fields)',
-    7057: '(tagged fields)',
-    7058: '(tagged fields)',
-    7059: '(tagged fields)',
-    7060: '(tagged fields)',
-    7207: 'max_wait_ms',
-    7208: 'max_wait_ms',
-    7209: 'topics',
-    7210: 'topics',
-    7211: 'topics',
-    7212: 'topics',
-    7213: 'topics',
-    7214: 'topics',
-    7215: 'topics',
-    7216: 'topics',
-    7217: 'topics',
-    7218: 'topics',
-    7219: 'forgotten_topics_data',
-    7220: 'forgotten_topics_data',
-    7221: 'forgotten_topics_data',
-    7222: 'forgotten_topics_data',
-    7223: 'forgotten_topics_data',
-    7224: 'forgotten_topics_data',
-    7225: 'forgotten_topics_data',
-    7226: 'forgotten_topics_data',
-    7227: 'forgotten_topics_data',
-    7228: 'forgotten_topics_data',
-    7229: 'rack_id',
-    7230: 'rack_id',
-    7231: 'rack_id',
-    7232: 'rack_id',
-    7233: 'rack_id',
-    7234: 'rack_id',
-    7235: 'rack_id',
-    7236: 'replica_id',
-    7237: 'replica_id',
-    7238: 'topics',
-    7239: 'topics',
-    7240: 'topics',
-    7241: 'topics',
-    7242: 'topics',
-    7243: 'topics',
-    7244: 'topics',
-    7245: 'topics',
-    7246: 'topics',
-    7247: 'topics',
-    7248: 'forgotten_topics_data',
-    7249: 'forgotten_topics_data',
-    7250: 'forgotten_topics_data',
-    7251: 'forgotten_topics_data',
-    7252: 'forgotten_topics_data',
-    7253: 'forgotten_topics_data',
-    7254: 'forgotten_topics_data',
-    7255: 'forgotten_topics_data',
-    7256: 'forgotten_topics_data',
-    7257: 'forgotten_topics_data',
-    7258: 'rack_id',
-    7259: 'rack_id',
-    7260: 'rack_id',
-    7261: 'rack_id',
-    7262: 'rack_id',
-    7263: 'rack_id',
-    7264: 'rack_id',
-    7265: 'replica_id',
-    7266: 'replica_id',
-    7267: 'topics',
-    7268: 'topics',
-    7269: 'topics',
-    7270: 'topics',
-    7271: 'topics',
-    7272: 'forgotten_topics_data',
-    7273: 'forgotten_topics_data',
-    7274: 'forgotten_topics_data',
-    7275: 'forgotten_topics_data',
-    7276: 'forgotten_topics_data',
-    7277: 'rack_id',
-    7278: 'rack_id',
-    7279: 'replica_id',
-    7280: 'replica_id',
-    7281: 'topics',
-    7282: 'topics',
-    7283: 'topics',
-    7284: 'topics',
-    7285: 'topics',
-    7286: 'forgotten_topics_data',
-    7287: 'forgotten_topics_data',
-    7288: 'forgotten_topics_data',
-    7289: 'forgotten_topics_data',
-    7290: 'forgotten_topics_data',
-    7291: 'forgotten_topics_data',
-    7292: 'replica_id',
-    7293: 'replica_id',
-    7294: 'topics',
-    7295: 'topics',
-    7296: 'topics',
-    7297: 'topics',
-    7298: 'topics',
-    7299: '(tagged fields)',
-    7300: '(tagged fields)',
-    7301: '(tagged fields)',
-    7302: '(tagged fields)',
-    7303: '(tagged fields)',
-    7304: '(tagged fields)',
-    7305: '(tagged fields)',
-    7306: '(tagged fields)',
-    7307: '(tagged fields)',
-    7308: '(tagged fields)',
-    7309: '(tagged fields)',
-    7310: '(tagged fields)',
-    7311: '(tagged fields)',
-    7312: '(tagged fields)',
-    7313: '(tagged fields)',
-    7314: '(tagged fields)',
-    7315: '(tagged fields)',
-    7316: '(tagged fields)',
-    7317: 'cluster_id',
-    7318: 'cluster_id',
-    7319: 'cluster_id',
-    7320: 'cluster_id',
-    7321: 'cluster_id',
-    7322: 'cluster_id',
-    7323: 'cluster_id',
-    7324: 'cluster_id',
-    7325: '(tagged fields)',
-    7326: 'replica_state',
-    7327: 'replica_state',
-    7328: 'replica_state',
-    7329: '(tagged fields)',
-    7353: 'epoch',
-    7354: 'epoch',
-    7355: '(tagged fields)',
-    7356: '(tagged fields)',
-    7357: '(tagged fields)',
-    7358: '(tagged fields)',
-    7385: 'leader_id',
-    7386: 'leader_id',
-    7387: '(tagged fields)',
-    7388: '(tagged fields)',
-    7389: '(tagged fields)',
-    7390: '(tagged fields)',
-    7417: 'end_offset',
-    7418: 'end_offset',
-    7419: '(tagged fields)',
-    7420: '(tagged fields)',
-    7421: '(tagged fields)',
-    7422: '(tagged fields)',
-    7450: 'producer_id',
-    7451: 'producer_id',
-    7452: '(tagged fields)',
-    7453: '(tagged fields)',
-    7454: '(tagged fields)',
-    7455: '(tagged fields)',
-    7456: '(tagged fields)',
-    7579: 'partition_index',
-    7580: 'partition_index',
-    7581: 'aborted_transactions',
-    7582: 'aborted_transactions',
-    7583: 'aborted_transactions',
-    7584: 'aborted_transactions',
-    7585: 'aborted_transactions',
-    7586: 'aborted_transactions',
-    7587: 'aborted_transactions',
-    7588: 'aborted_transactions',
-    7589: 'aborted_transactions',
-    7590: 'aborted_transactions',
-    7591: 'aborted_transactions',
-    7592: 'aborted_transactions',
-    7593: 'aborted_transactions',
-    7594: 'preferred_read_replica',
-    7595: 'preferred_read_replica',
-    7596: 'records',
-    7597: 'records',
-    7598: 'records',
-    7599: 'records',
-    7600: 'records',
-    7601: 'records',
-    7602: 'records',
-    7603: 'records',
-    7604: 'records',
-    7605: 'records',
-    7606: 'partition_index',
-    7607: 'partition_index',
-    7608: 'aborted_transactions',
-    7609: 'aborted_transactions',
-    7610: 'aborted_transactions',
-    7611: 'aborted_transactions',
-    7612: 'aborted_transactions',
-    7613: 'aborted_transactions',
-    7614: 'aborted_transactions',
-    7615: 'aborted_transactions',
-    7616: 'preferred_read_replica',
-    7617: 'preferred_read_replica',
-    7618: 'records',
-    7619: 'records',
-    7620: 'partition_index',
-    7621: 'partition_index',
-    7622: 'aborted_transactions',
-    7623: 'aborted_transactions',
-    7624: 'aborted_transactions',
-    7625: 'aborted_transactions',
-    7626: 'aborted_transactions',
-    7627: 'aborted_transactions',
-    7628: 'aborted_transactions',
-    7629: 'aborted_transactions',
-    7630: 'records',
-    7631: 'records',
-    7632: 'partition_index',
-    7633: 'partition_index',
-    7634: 'aborted_transactions',
-    7635: 'aborted_transactions',
-    7636: 'aborted_transactions',
-    7637: 'aborted_transactions',
-    7638: 'aborted_transactions',
-    7639: 'aborted_transactions',
-    7640: 'aborted_transactions',
-    7641: 'aborted_transactions',
-    7642: 'records',
-    7643: '(tagged fields)',
-    7644: '(tagged fields)',
-    7645: '(tagged fields)',
-    7646: '(tagged fields)',
-    7647: '(tagged fields)',
-    7648: '(tagged fields)',
-    7649: '(tagged fields)',
-    7650: '(tagged fields)',
-    7651: '(tagged fields)',
-    7652: '(tagged fields)',
-    7653: '(tagged fields)',
-    7654: '(tagged fields)',
-    7655: '(tagged fields)',
-    7656: '(tagged fields)',
-    7657: '(tagged fields)',
-    7658: '(tagged fields)',
-    7659: '(tagged fields)',
-    7660: '(tagged fields)',
-    7661: 'diverging_epoch',
-    7662: 'diverging_epoch',
-    7663: 'diverging_epoch',
+    6717: 'current_leader',
+    6718: 'current_leader',
+    6719: 'current_leader',
+    6720: '(tagged fields)',
+    6721: 'snapshot_id',
+    6722: 'snapshot_id',
+    6723: 'snapshot_id',
+    6724: '(tagged fields)',
+    6778: 'topic_id',
+    6779: 'topic_id',
+    6780: 'partitions',
+    6781: 'partitions',
+    6782: 'partitions',
+    6783: 'partitions',
+    6784: 'partitions',
+    6785: 'partitions',
+    6786: 'partitions',
+    6787: 'partitions',
+    6788: 'topic',
+    6789: 'topic',
+    6790: 'topic',
+    6791: 'topic',
+    6792: 'topic',
+    6793: 'topic',
+    6794: 'partitions',
+    6795: 'partitions',
+    6796: 'partitions',
+    6797: 'partitions',
+    6798: 'partitions',
+    6799: 'partitions',
+    6800: 'partitions',
+    6801: 'partitions',
+    6802: 'topic',
+    6803: 'partitions',
+    6804: 'partitions',
+    6805: 'partitions',
+    6806: 'partitions',
+    6807: 'partitions',
+    6808: '(tagged fields)',
+    6809: '(tagged fields)',
+    6810: '(tagged fields)',
+    6811: '(tagged fields)',
+    6812: '(tagged fields)',
+    6850: 'node_id',
+    6851: 'node_id',
+    6852: 'host',
+    6853: 'host',
+    6854: 'host',
+    6855: 'host',
+    6856: 'host',
+    6857: 'host',
+    6858: 'port',
+    6859: 'port',
+    6860: 'rack',
+    6861: 'rack',
+    6862: 'rack',
+    6863: 'rack',
+    6864: 'rack',
+    6865: 'rack',
+    6866: '(tagged fields)',
+    6867: '(tagged fields)',
+    6868: '(tagged fields)',
+    6869: '(tagged fields)',
+    6940: 'throttle_time_ms',
+    6941: 'throttle_time_ms',
+    6942: 'responses',
+    6943: 'responses',
+    6944: 'responses',
+    6945: 'responses',
+    6946: 'responses',
+    6947: 'responses',
+    6948: 'responses',
+    6949: 'responses',
+    6950: 'throttle_time_ms',
+    6951: 'throttle_time_ms',
+    6952: 'responses',
+    6953: 'responses',
+    6954: 'responses',
+    6955: 'responses',
+    6956: 'responses',
+    6957: 'responses',
+    6958: 'throttle_time_ms',
+    6959: 'throttle_time_ms',
+    6960: 'responses',
+    6961: 'responses',
+    6962: 'responses',
+    6963: 'responses',
+    6964: 'responses',
+    6965: '(tagged fields)',
+    6966: '(tagged fields)',
+    6967: '(tagged fields)',
+    6968: '(tagged fields)',
+    6969: '(tagged fields)',
+    6970: '(tagged fields)',
+    6971: '(tagged fields)',
+    6972: '(tagged fields)',
+    6973: '(tagged fields)',
+    6974: '(tagged fields)',
+    6975: '(tagged fields)',
+    6976: '(tagged fields)',
+    6977: '(tagged fields)',
+    6978: '(tagged fields)',
+    6979: 'node_endpoints',
+    6980: 'node_endpoints',
+    6981: 'node_endpoints',
+    6982: 'node_endpoints',
+    6983: 'node_endpoints',
+    6984: 'node_endpoints',
+    6985: 'node_endpoints',
+    6986: 'node_endpoints',
+    6987: 'node_endpoints',
+    6988: '(tagged fields)',
+    7012: 'end_offset',
+    7013: 'end_offset',
+    7014: '(tagged fields)',
+    7015: '(tagged fields)',
+    7016: '(tagged fields)',
+    7017: '(tagged fields)',
+    7062: 'partition',
+    7063: 'partition',
+    7064: 'snapshot_id',
+    7065: 'position',
+    7066: 'position',
+    7067: '(tagged fields)',
+    7068: '(tagged fields)',
+    7069: '(tagged fields)',
+    7070: '(tagged fields)',
+    7071: '(tagged fields)',
+    7072: '(tagged fields)',
+    7073: '(tagged fields)',
+    7074: '(tagged fields)',
+    7075: '(tagged fields)',
+    7076: '(tagged fields)',
+    7077: '(tagged fields)',
+    7078: '(tagged fields)',
+    7079: '(tagged fields)',
+    7080: 'replica_directory_id',
+    7081: 'replica_directory_id',
+    7082: 'replica_directory_id',
+    7083: 'replica_directory_id',
+    7084: '(tagged fields)',
+    7118: 'name',
+    7119: 'name',
+    7120: 'name',
+    7121: 'name',
+    7122: 'name',
+    7123: 'name',
+    7124: 'partitions',
+    7125: 'partitions',
+    7126: 'partitions',
+    7127: 'partitions',
+    7128: 'partitions',
+    7129: 'partitions',
+    7130: 'partitions',
+    7131: '(tagged fields)',
+    7132: '(tagged fields)',
+    7133: '(tagged fields)',
+    7134: '(tagged fields)',
+    7182: 'replica_id',
+    7183: 'replica_id',
+    7184: 'topics',
+    7185: 'topics',
+    7186: 'topics',
+    7187: 'topics',
+    7188: 'topics',
+    7189: 'topics',
+    7190: 'topics',
+    7191: '(tagged fields)',
+    7192: '(tagged fields)',
+    7193: '(tagged fields)',
+    7194: '(tagged fields)',
+    7195: '(tagged fields)',
+    7196: '(tagged fields)',
+    7197: '(tagged fields)',
+    7198: '(tagged fields)',
+    7199: '(tagged fields)',
+    7200: '(tagged fields)',
+    7201: '(tagged fields)',
+    7202: '(tagged fields)',
+    7203: '(tagged fields)',
+    7204: 'cluster_id',
+    7205: 'cluster_id',
+    7206: 'cluster_id',
+    7207: 'cluster_id',
+    7208: 'cluster_id',
+    7209: 'cluster_id',
+    7210: 'cluster_id',
+    7211: 'cluster_id',
+    7212: '(tagged fields)',
+    7236: 'end_offset',
+    7237: 'end_offset',
+    7238: '(tagged fields)',
+    7239: '(tagged fields)',
+    7240: '(tagged fields)',
+    7241: '(tagged fields)',
+    7268: 'leader_id',
+    7269: 'leader_id',
+    7270: '(tagged fields)',
+    7271: '(tagged fields)',
+    7272: '(tagged fields)',
+    7273: '(tagged fields)',
+    7322: 'index',
+    7323: 'index',
+    7324: 'snapshot_id',
+    7325: 'size',
+    7326: 'size',
+    7327: 'unaligned_records',
+    7328: 'unaligned_records',
+    7329: 'unaligned_records',
+    7330: 'unaligned_records',
+    7331: 'unaligned_records',
+    7332: 'unaligned_records',
+    7333: 'unaligned_records',
+    7334: 'unaligned_records',
+    7335: 'unaligned_records',
+    7336: '(tagged fields)',
+    7337: '(tagged fields)',
+    7338: '(tagged fields)',
+    7339: '(tagged fields)',
+    7340: '(tagged fields)',
+    7341: '(tagged fields)',
+    7342: '(tagged fields)',
+    7343: '(tagged fields)',
+    7344: '(tagged fields)',
+    7345: '(tagged fields)',
+    7346: '(tagged fields)',
+    7347: '(tagged fields)',
+    7348: '(tagged fields)',
+    7349: 'current_leader',
+    7350: 'current_leader',
+    7351: 'current_leader',
+    7352: '(tagged fields)',
+    7386: 'name',
+    7387: 'name',
+    7388: 'name',
+    7389: 'name',
+    7390: 'name',
+    7391: 'name',
+    7392: 'partitions',
+    7393: 'partitions',
+    7394: 'partitions',
+    7395: 'partitions',
+    7396: 'partitions',
+    7397: 'partitions',
+    7398: 'partitions',
+    7399: '(tagged fields)',
+    7400: '(tagged fields)',
+    7401: '(tagged fields)',
+    7402: '(tagged fields)',
+    7435: 'node_id',
+    7436: 'node_id',
+    7437: 'host',
+    7438: 'host',
+    7439: 'host',
+    7440: 'host',
+    7441: 'host',
+    7442: 'host',
+    7443: 'port',
+    7444: 'port',
+    7445: '(tagged fields)',
+    7446: '(tagged fields)',
+    7447: '(tagged fields)',
+    7448: '(tagged fields)',
+    7500: 'throttle_time_ms',
+    7501: 'throttle_time_ms',
+    7502: 'topics',
+    7503: 'topics',
+    7504: 'topics',
+    7505: 'topics',
+    7506: 'topics',
+    7507: 'topics',
+    7508: 'topics',
+    7509: '(tagged fields)',
+    7510: '(tagged fields)',
+    7511: '(tagged fields)',
+    7512: '(tagged fields)',
+    7513: '(tagged fields)',
+    7514: '(tagged fields)',
+    7515: '(tagged fields)',
+    7516: '(tagged fields)',
+    7517: '(tagged fields)',
+    7518: '(tagged fields)',
+    7519: '(tagged fields)',
+    7520: '(tagged fields)',
+    7521: '(tagged fields)',
+    7522: 'node_endpoints',
+    7523: 'node_endpoints',
+    7524: 'node_endpoints',
+    7525: 'node_endpoints',
+    7526: 'node_endpoints',
+    7527: 'node_endpoints',
+    7528: 'node_endpoints',
+    7529: 'node_endpoints',
+    7530: 'node_endpoints',
+    7531: '(tagged fields)',
+    7570: 'name',
+    7571: 'name',
+    7572: 'name',
+    7573: 'name',
+    7574: 'name',
+    7575: 'name',
+    7576: 'config_operation',
+    7577: 'config_operation',
+    7578: 'value',
+    7579: 'value',
+    7580: 'value',
+    7581: 'value',
+    7582: 'value',
+    7583: 'value',
+    7584: 'value',
+    7585: 'name',
+    7586: 'config_operation',
+    7587: 'config_operation',
+    7588: 'value',
+    7589: '(tagged fields)',
+    7590: '(tagged fields)',
+    7591: '(tagged fields)',
+    7592: '(tagged fields)',
+    7593: '(tagged fields)',
+    7640: 'resource_type',
+    7641: 'resource_type',
+    7642: 'resource_name',
+    7643: 'resource_name',
+    7644: 'resource_name',
+    7645: 'resource_name',
+    7646: 'resource_name',
+    7647: 'resource_name',
+    7648: 'configs',
+    7649: 'configs',
+    7650: 'configs',
+    7651: 'configs',
+    7652: 'configs',
+    7653: 'configs',
+    7654: 'configs',
+    7655: 'configs',
+    7656: 'resource_type',
+    7657: 'resource_type',
+    7658: 'resource_name',
+    7659: 'configs',
+    7660: 'configs',
+    7661: 'configs',
+    7662: 'configs',
+    7663: 'configs',
     7664: '(tagged fields)',
-    7665: 'current_leader',
-    7666: 'current_leader',
-    7667: 'current_leader',
+    7665: '(tagged fields)',
+    7666: '(tagged fields)',
+    7667: '(tagged fields)',
     7668: '(tagged fields)',
-    7669: 'snapshot_id',
-    7670: 'snapshot_id',
-    7671: 'snapshot_id',
-    7672: '(tagged fields)',
-    7735: 'topic_id',
-    7736: 'topic_id',
-    7737: 'topic_id',
-    7738: 'topic_id',
-    7739: 'topic_id',
-    7740: 'partitions',
-    7741: 'partitions',
-    7742: 'partitions',
-    7743: 'partitions',
-    7744: 'partitions',
-    7745: 'partitions',
-    7746: 'partitions',
-    7747: 'partitions',
-    7748: 'partitions',
-    7749: 'partitions',
-    7750: 'partitions',
-    7751: 'topic',
-    7752: 'topic',
-    7753: 'topic',
-    7754: 'topic',
-    7755: 'topic',
-    7756: 'topic',
-    7757: 'partitions',
-    7758: 'partitions',
-    7759: 'partitions',
-    7760: 'partitions',
-    7761: 'partitions',
-    7762: 'partitions',
-    7763: 'partitions',
-    7764: 'partitions',
-    7765: 'partitions',
-    7766: 'partitions',
-    7767: 'partitions',
-    7768: 'topic',
-    7769: 'partitions',
-    7770: 'partitions',
-    7771: 'partitions',
-    7772: 'partitions',
-    7773: 'partitions',
-    7774: '(tagged fields)',
-    7775: '(tagged fields)',
-    7776: '(tagged fields)',
-    7777: '(tagged fields)',
-    7778: '(tagged fields)',
-    7822: 'node_id',
-    7823: 'node_id',
-    7824: 'host',
-    7825: 'host',
-    7826: 'host',
-    7827: 'host',
-    7828: 'host',
-    7829: 'host',
-    7830: 'port',
-    7831: 'port',
-    7832: 'rack',
-    7833: 'rack',
-    7834: 'rack',
-    7835: 'rack',
-    7836: 'rack',
-    7837: 'rack',
-    7838: '(tagged fields)',
-    7839: '(tagged fields)',
-    7840: '(tagged fields)',
-    7841: '(tagged fields)',
-    7916: 'throttle_time_ms',
-    7917: 'throttle_time_ms',
-    7918: 'responses',
-    7919: 'responses',
-    7920: 'responses',
-    7921: 'responses',
-    7922: 'responses',
-    7923: 'responses',
-    7924: 'responses',
-    7925: 'responses',
-    7926: 'responses',
-    7927: 'responses',
-    7928: 'responses',
-    7929: 'throttle_time_ms',
-    7930: 'throttle_time_ms',
-    7931: 'responses',
-    7932: 'responses',
-    7933: 'responses',
-    7934: 'responses',
-    7935: 'responses',
-    7936: 'responses',
-    7937: 'throttle_time_ms',
-    7938: 'throttle_time_ms',
-    7939: 'responses',
-    7940: 'responses',
-    7941: 'responses',
-    7942: 'responses',
-    7943: 'responses',
-    7944: '(tagged fields)',
-    7945: '(tagged fields)',
-    7946: '(tagged fields)',
-    7947: '(tagged fields)',
-    7948: '(tagged fields)',
-    7949: '(tagged fields)',
-    7950: '(tagged fields)',
-    7951: '(tagged fields)',
-    7952: '(tagged fields)',
-    7953: '(tagged fields)',
-    7954: '(tagged fields)',
-    7955: '(tagged fields)',
-    7956: '(tagged fields)',
-    7957: '(tagged fields)',
-    7958: '(tagged fields)',
-    7959: '(tagged fields)',
-    7960: '(tagged fields)',
-    7961: '(tagged fields)',
-    7962: 'node_endpoints',
-    7963: 'node_endpoints',
-    7964: 'node_endpoints',
-    7965: 'node_endpoints',
-    7966: 'node_endpoints',
-    7967: 'node_endpoints',
-    7968: 'node_endpoints',
-    7969: 'node_endpoints',
-    7970: 'node_endpoints',
-    7971: 'node_endpoints',
-    7972: 'node_endpoints',
-    7973: 'node_endpoints',
+    7712: 'resources',
+    7713: 'resources',
+    7714: 'resources',
+    7715: 'resources',
+    7716: 'resources',
+    7717: 'resources',
+    7718: 'resources',
+    7719: 'validate_only',
+    7720: 'validate_only',
+    7721: 'validate_only',
+    7722: 'resources',
+    7723: 'resources',
+    7724: 'resources',
+    7725: 'resources',
+    7726: 'resources',
+    7727: 'validate_only',
+    7728: 'validate_only',
+    7729: '(tagged fields)',
+    7730: '(tagged fields)',
+    7731: '(tagged fields)',
+    7732: '(tagged fields)',
+    7733: '(tagged fields)',
+    7776: 'error_code',
+    7777: 'error_code',
+    7778: 'error_message',
+    7779: 'error_message',
+    7780: 'error_message',
+    7781: 'error_message',
+    7782: 'error_message',
+    7783: 'error_message',
+    7784: 'resource_type',
+    7785: 'resource_type',
+    7786: 'resource_name',
+    7787: 'resource_name',
+    7788: 'resource_name',
+    7789: 'resource_name',
+    7790: 'resource_name',
+    7791: 'resource_name',
+    7792: 'resource_name',
+    7793: 'error_code',
+    7794: 'error_code',
+    7795: 'error_message',
+    7796: 'resource_type',
+    7797: 'resource_type',
+    7798: 'resource_name',
+    7799: '(tagged fields)',
+    7800: '(tagged fields)',
+    7801: '(tagged fields)',
+    7802: '(tagged fields)',
+    7803: '(tagged fields)',
+    7847: 'throttle_time_ms',
+    7848: 'throttle_time_ms',
+    7849: 'responses',
+    7850: 'responses',
+    7851: 'responses',
+    7852: 'responses',
+    7853: 'responses',
+    7854: 'responses',
+    7855: 'responses',
+    7856: 'responses',
+    7857: 'throttle_time_ms',
+    7858: 'throttle_time_ms',
+    7859: 'responses',
+    7860: 'responses',
+    7861: 'responses',
+    7862: 'responses',
+    7863: 'responses',
+    7864: '(tagged fields)',
+    7865: '(tagged fields)',
+    7866: '(tagged fields)',
+    7867: '(tagged fields)',
+    7868: '(tagged fields)',
+    7942: 'transactional_id',
+    7943: 'transactional_id',
+    7944: 'transactional_id',
+    7945: 'transactional_id',
+    7946: 'transactional_id',
+    7947: 'transactional_id',
+    7948: 'transaction_timeout_ms',
+    7949: 'transaction_timeout_ms',
+    7950: 'transaction_timeout_ms',
+    7951: 'transactional_id',
+    7952: 'transactional_id',
+    7953: 'transactional_id',
+    7954: 'transactional_id',
+    7955: 'transactional_id',
+    7956: 'transactional_id',
+    7957: 'transaction_timeout_ms',
+    7958: 'transaction_timeout_ms',
+    7959: 'transaction_timeout_ms',
+    7960: 'transactional_id',
+    7961: 'transactional_id',
+    7962: 'transactional_id',
+    7963: 'transactional_id',
+    7964: 'transactional_id',
+    7965: 'transactional_id',
+    7966: 'transaction_timeout_ms',
+    7967: 'transaction_timeout_ms',
+    7968: 'transaction_timeout_ms',
+    7969: 'transactional_id',
+    7970: 'transaction_timeout_ms',
+    7971: 'transaction_timeout_ms',
+    7972: '(tagged fields)',
+    7973: '(tagged fields)',
     7974: '(tagged fields)',
-    7998: 'end_offset',
-    7999: 'end_offset',
-    8000: '(tagged fields)',
-    8001: '(tagged fields)',
-    8002: '(tagged fields)',
-    8003: '(tagged fields)',
-    8050: 'partition',
-    8051: 'partition',
-    8052: 'snapshot_id',
-    8053: 'position',
-    8054: 'position',
-    8055: '(tagged fields)',
-    8056: '(tagged fields)',
-    8057: '(tagged fields)',
-    8058: '(tagged fields)',
-    8059: '(tagged fields)',
-    8060: '(tagged fields)',
-    8061: '(tagged fields)',
-    8062: '(tagged fields)',
-    8063: '(tagged fields)',
-    8064: '(tagged fields)',
+    7975: '(tagged fields)',
+    7976: '(tagged fields)',
+    8020: 'throttle_time_ms',
+    8021: 'throttle_time_ms',
+    8022: 'throttle_time_ms',
+    8023: 'throttle_time_ms',
+    8024: 'throttle_time_ms',
+    8025: '(tagged fields)',
+    8026: '(tagged fields)',
+    8027: '(tagged fields)',
+    8028: '(tagged fields)',
+    8029: '(tagged fields)',
+    8060: 'partition_index',
+    8061: 'partition_index',
+    8062: 'partition_index',
+    8063: 'partition_index',
+    8064: 'partition_index',
     8065: '(tagged fields)',
     8066: '(tagged fields)',
     8067: '(tagged fields)',
     8068: '(tagged fields)',
     8069: '(tagged fields)',
-    8070: '(tagged fields)',
-    8071: '(tagged fields)',
-    8072: 'replica_directory_id',
-    8073: 'replica_directory_id',
-    8074: 'replica_directory_id',
-    8075: 'replica_directory_id',
-    8076: 'replica_directory_id',
-    8077: 'replica_directory_id',
-    8078: 'replica_directory_id',
-    8079: '(tagged fields)',
-    8118: 'name',
-    8119: 'name',
-    8120: 'name',
-    8121: 'name',
-    8122: 'name',
-    8123: 'name',
+    8112: 'name',
+    8113: 'name',
+    8114: 'name',
+    8115: 'name',
+    8116: 'name',
+    8117: 'name',
+    8118: 'partitions',
+    8119: 'partitions',
+    8120: 'partitions',
+    8121: 'partitions',
+    8122: 'partitions',
+    8123: 'partitions',
     8124: 'partitions',
     8125: 'partitions',
-    8126: 'partitions',
+    8126: 'name',
     8127: 'partitions',
     8128: 'partitions',
     8129: 'partitions',
     8130: 'partitions',
     8131: 'partitions',
-    8132: 'partitions',
-    8133: 'partitions',
+    8132: '(tagged fields)',
+    8133: '(tagged fields)',
     8134: '(tagged fields)',
     8135: '(tagged fields)',
     8136: '(tagged fields)',
-    8137: '(tagged fields)',
-    8190: 'replica_id',
-    8191: 'replica_id',
-    8192: 'topics',
-    8193: 'topics',
-    8194: 'topics',
-    8195: 'topics',
-    8196: 'topics',
-    8197: 'topics',
-    8198: 'topics',
-    8199: 'topics',
-    8200: 'topics',
-    8201: 'topics',
-    8202: '(tagged fields)',
-    8203: '(tagged fields)',
-    8204: '(tagged fields)',
-    8205: '(tagged fields)',
-    8206: '(tagged fields)',
-    8207: '(tagged fields)',
-    8208: '(tagged fields)',
-    8209: '(tagged fields)',
-    8210: '(tagged fields)',
-    8211: '(tagged fields)',
-    8212: '(tagged fields)',
-    8213: '(tagged fields)',
-    8214: '(tagged fields)',
-    8215: '(tagged fields)',
-    8216: '(tagged fields)',
-    8217: '(tagged fields)',
-    8218: '(tagged fields)',
-    8219: 'cluster_id',
-    8220: 'cluster_id',
-    8221: 'cluster_id',
-    8222: 'cluster_id',
-    8223: 'cluster_id',
-    8224: 'cluster_id',
-    8225: 'cluster_id',
-    8226: 'cluster_id',
-    8227: '(tagged fields)',
-    8251: 'end_offset',
-    8252: 'end_offset',
-    8253: '(tagged fields)',
-    8254: '(tagged fields)',
-    8255: '(tagged fields)',
-    8256: '(tagged fields)',
-    8283: 'leader_id',
-    8284: 'leader_id',
+    8200: 'replica_id',
+    8201: 'replica_id',
+    8202: 'topics',
+    8203: 'topics',
+    8204: 'topics',
+    8205: 'topics',
+    8206: 'topics',
+    8207: 'topics',
+    8208: 'topics',
+    8209: 'timeout_ms',
+    8210: 'timeout_ms',
+    8211: 'timeout_ms',
+    8212: 'replica_id',
+    8213: 'replica_id',
+    8214: 'topics',
+    8215: 'topics',
+    8216: 'topics',
+    8217: 'topics',
+    8218: 'topics',
+    8219: 'topics',
+    8220: 'topics',
+    8221: 'topics',
+    8222: 'replica_id',
+    8223: 'replica_id',
+    8224: 'topics',
+    8225: 'topics',
+    8226: 'topics',
+    8227: 'topics',
+    8228: 'topics',
+    8229: 'topics',
+    8230: 'replica_id',
+    8231: 'replica_id',
+    8232: 'topics',
+    8233: 'topics',
+    8234: 'topics',
+    8235: 'topics',
+    8236: 'topics',
+    8237: '(tagged fields)',
+    8238: '(tagged fields)',
+    8239: '(tagged fields)',
+    8240: '(tagged fields)',
+    8241: '(tagged fields)',
+    8278: 'partition_index',
+    8279: 'partition_index',
+    8280: 'partition_index',
+    8281: 'partition_index',
+    8282: 'partition_index',
+    8283: '(tagged fields)',
+    8284: '(tagged fields)',
     8285: '(tagged fields)',
     8286: '(tagged fields)',
     8287: '(tagged fields)',
-    8288: '(tagged fields)',
-    8337: 'index',
-    8338: 'index',
-    8339: 'snapshot_id',
-    8340: 'size',
-    8341: 'size',
-    8342: 'unaligned_records',
-    8343: 'unaligned_records',
-    8344: 'unaligned_records',
-    8345: 'unaligned_records',
-    8346: 'unaligned_records',
-    8347: 'unaligned_records',
-    8348: 'unaligned_records',
-    8349: 'unaligned_records',
-    8350: 'unaligned_records',
+    8330: 'name',
+    8331: 'name',
+    8332: 'name',
+    8333: 'name',
+    8334: 'name',
+    8335: 'name',
+    8336: 'partitions',
+    8337: 'partitions',
+    8338: 'partitions',
+    8339: 'partitions',
+    8340: 'partitions',
+    8341: 'partitions',
+    8342: 'partitions',
+    8343: 'partitions',
+    8344: 'name',
+    8345: 'partitions',
+    8346: 'partitions',
+    8347: 'partitions',
+    8348: 'partitions',
+    8349: 'partitions',
+    8350: '(tagged fields)',
     8351: '(tagged fields)',
     8352: '(tagged fields)',
     8353: '(tagged fields)',
     8354: '(tagged fields)',
-    8355: '(tagged fields)',
-    8356: '(tagged fields)',
-    8357: '(tagged fields)',
-    8358: '(tagged fields)',
-    8359: '(tagged fields)',
-    8360: '(tagged fields)',
-    8361: '(tagged fields)',
-    8362: '(tagged fields)',
-    8363: '(tagged fields)',
-    8364: '(tagged fields)',
-    8365: '(tagged fields)',
-    8366: '(tagged fields)',
-    8367: '(tagged fields)',
-    8368: 'current_leader',
-    8369: 'current_leader',
-    8370: 'current_leader',
-    8371: '(tagged fields)',
-    8410: 'name',
-    8411: 'name',
-    8412: 'name',
-    8413: 'name',
-    8414: 'name',
-    8415: 'name',
-    8416: 'partitions',
-    8417: 'partitions',
-    8418: 'partitions',
-    8419: 'partitions',
-    8420: 'partitions',
-    8421: 'partitions',
-    8422: 'partitions',
-    8423: 'partitions',
-    8424: 'partitions',
-    8425: 'partitions',
+    8403: 'throttle_time_ms',
+    8404: 'throttle_time_ms',
+    8405: 'topics',
+    8406: 'topics',
+    8407: 'topics',
+    8408: 'topics',
+    8409: 'topics',
+    8410: 'topics',
+    8411: 'topics',
+    8412: 'topics',
+    8413: 'throttle_time_ms',
+    8414: 'throttle_time_ms',
+    8415: 'topics',
+    8416: 'topics',
+    8417: 'topics',
+    8418: 'topics',
+    8419: 'topics',
+    8420: 'topics',
+    8421: 'topics',
+    8422: 'topics',
+    8423: 'topics',
+    8424: 'topics',
+    8425: 'topics',
     8426: '(tagged fields)',
     8427: '(tagged fields)',
     8428: '(tagged fields)',
     8429: '(tagged fields)',
-    8465: 'node_id',
-    8466: 'node_id',
-    8467: 'host',
-    8468: 'host',
-    8469: 'host',
-    8470: 'host',
-    8471: 'host',
-    8472: 'host',
-    8473: 'port',
-    8474: 'port',
-    8475: '(tagged fields)',
-    8476: '(tagged fields)',
-    8477: '(tagged fields)',
-    8478: '(tagged fields)',
-    8534: 'throttle_time_ms',
-    8535: 'throttle_time_ms',
-    8536: 'topics',
-    8537: 'topics',
-    8538: 'topics',
-    8539: 'topics',
-    8540: 'topics',
-    8541: 'topics',
-    8542: 'topics',
-    8543: 'topics',
-    8544: 'topics',
-    8545: 'topics',
-    8546: '(tagged fields)',
-    8547: '(tagged fields)',
-    8548: '(tagged fields)',
-    8549: '(tagged fields)',
-    8550: '(tagged fields)',
-    8551: '(tagged fields)',
-    8552: '(tagged fields)',
-    8553: '(tagged fields)',
-    8554: '(tagged fields)',
-    8555: '(tagged fields)',
-    8556: '(tagged fields)',
-    8557: '(tagged fields)',
-    8558: '(tagged fields)',
-    8559: '(tagged fields)',
-    8560: '(tagged fields)',
-    8561: '(tagged fields)',
-    8562: '(tagged fields)',
-    8563: 'node_endpoints',
-    8564: 'node_endpoints',
-    8565: 'node_endpoints',
-    8566: 'node_endpoints',
-    8567: 'node_endpoints',
-    8568: 'node_endpoints',
-    8569: 'node_endpoints',
-    8570: 'node_endpoints',
-    8571: 'node_endpoints',
-    8572: 'node_endpoints',
-    8573: 'node_endpoints',
-    8574: 'node_endpoints',
-    8575: '(tagged fields)',
-    8620: 'name',
-    8621: 'name',
-    8622: 'name',
-    8623: 'name',
-    8624: 'name',
-    8625: 'name',
-    8626: 'config_operation',
-    8627: 'config_operation',
-    8628: 'value',
-    8629: 'value',
-    8630: 'value',
-    8631: 'value',
-    8632: 'value',
-    8633: 'value',
-    8634: 'value',
-    8635: 'name',
-    8636: 'config_operation',
-    8637: 'config_operation',
-    8638: 'value',
-    8639: '(tagged fields)',
-    8640: '(tagged fields)',
-    8641: '(tagged fields)',
-    8642: '(tagged fields)',
-    8643: '(tagged fields)',
-    8695: 'resource_type',
-    8696: 'resource_type',
-    8697: 'resource_name',
-    8698: 'resource_name',
-    8699: 'resource_name',
-    8700: 'resource_name',
-    8701: 'resource_name',
-    8702: 'resource_name',
-    8703: 'configs',
-    8704: 'configs',
-    8705: 'configs',
-    8706: 'configs',
-    8707: 'configs',
-    8708: 'configs',
-    8709: 'configs',
-    8710: 'configs',
-    8711: 'configs',
-    8712: 'configs',
-    8713: 'configs',
-    8714: 'resource_type',
-    8715: 'resource_type',
-    8716: 'resource_name',
-    8717: 'configs',
-    8718: 'configs',
-    8719: 'configs',
-    8720: 'configs',
-    8721: 'configs',
-    8722: '(tagged fields)',
-    8723: '(tagged fields)',
-    8724: '(tagged fields)',
-    8725: '(tagged fields)',
-    8726: '(tagged fields)',
-    8772: 'resources',
-    8773: 'resources',
-    8774: 'resources',
-    8775: 'resources',
-    8776: 'resources',
-    8777: 'resources',
-    8778: 'resources',
-    8779: 'resources',
-    8780: 'resources',
-    8781: 'resources',
-    8782: 'validate_only',
-    8783: 'validate_only',
-    8784: 'validate_only',
-    8785: 'resources',
-    8786: 'resources',
-    8787: 'resources',
-    8788: 'resources',
-    8789: 'resources',
-    8790: 'validate_only',
-    8791: 'validate_only',
-    8792: '(tagged fields)',
-    8793: '(tagged fields)',
-    8794: '(tagged fields)',
-    8795: '(tagged fields)',
-    8796: '(tagged fields)',
-    8845: 'error_code',
-    8846: 'error_code',
-    8847: 'error_message',
-    8848: 'error_message',
-    8849: 'error_message',
-    8850: 'error_message',
-    8851: 'error_message',
-    8852: 'error_message',
-    8853: 'resource_type',
-    8854: 'resource_type',
-    8855: 'resource_name',
-    8856: 'resource_name',
-    8857: 'resource_name',
-    8858: 'resource_name',
-    8859: 'resource_name',
-    8860: 'resource_name',
-    8861: 'resource_name',
-    8862: 'error_code',
-    8863: 'error_code',
-    8864: 'error_message',
-    8865: 'resource_type',
-    8866: 'resource_type',
-    8867: 'resource_name',
-    8868: '(tagged fields)',
-    8869: '(tagged fields)',
-    8870: '(tagged fields)',
-    8871: '(tagged fields)',
-    8872: '(tagged fields)',
-    8918: 'throttle_time_ms',
-    8919: 'throttle_time_ms',
-    8920: 'responses',
-    8921: 'responses',
-    8922: 'responses',
-    8923: 'responses',
-    8924: 'responses',
-    8925: 'responses',
-    8926: 'responses',
-    8927: 'responses',
-    8928: 'responses',
-    8929: 'responses',
-    8930: 'responses',
-    8931: 'throttle_time_ms',
-    8932: 'throttle_time_ms',
-    8933: 'responses',
-    8934: 'responses',
-    8935: 'responses',
-    8936: 'responses',
-    8937: 'responses',
-    8938: '(tagged fields)',
-    8939: '(tagged fields)',
-    8940: '(tagged fields)',
-    8941: '(tagged fields)',
-    8942: '(tagged fields)',
-    9025: 'transactional_id',
-    9026: 'transactional_id',
-    9027: 'transactional_id',
-    9028: 'transactional_id',
-    9029: 'transactional_id',
-    9030: 'transactional_id',
-    9031: 'transaction_timeout_ms',
-    9032: 'transaction_timeout_ms',
-    9033: 'transaction_timeout_ms',
-    9034: 'transactional_id',
-    9035: 'transactional_id',
-    9036: 'transactional_id',
-    9037: 'transactional_id',
-    9038: 'transactional_id',
-    9039: 'transactional_id',
-    9040: 'transaction_timeout_ms',
-    9041: 'transaction_timeout_ms',
-    9042: 'transaction_timeout_ms',
-    9043: 'transactional_id',
-    9044: 'transactional_id',
-    9045: 'transactional_id',
-    9046: 'transactional_id',
-    9047: 'transactional_id',
-    9048: 'transactional_id',
-    9049: 'transaction_timeout_ms',
-    9050: 'transaction_timeout_ms',
-    9051: 'transaction_timeout_ms',
-    9052: 'transactional_id',
-    9053: 'transaction_timeout_ms',
-    9054: 'transaction_timeout_ms',
-    9055: '(tagged fields)',
-    9056: '(tagged fields)',
-    9057: '(tagged fields)',
-    9058: '(tagged fields)',
-    9059: '(tagged fields)',
-    9103: 'throttle_time_ms',
-    9104: 'throttle_time_ms',
-    9105: 'throttle_time_ms',
-    9106: 'throttle_time_ms',
-    9107: 'throttle_time_ms',
-    9108: '(tagged fields)',
-    9109: '(tagged fields)',
-    9110: '(tagged fields)',
-    9111: '(tagged fields)',
-    9112: '(tagged fields)',
-    9143: 'partition_index',
-    9144: 'partition_index',
-    9145: 'partition_index',
-    9146: 'partition_index',
-    9147: 'partition_index',
-    9148: '(tagged fields)',
-    9149: '(tagged fields)',
-    9150: '(tagged fields)',
-    9151: '(tagged fields)',
-    9152: '(tagged fields)',
-    9200: 'name',
-    9201: 'name',
-    9202: 'name',
-    9203: 'name',
-    9204: 'name',
-    9205: 'name',
-    9206: 'partitions',
-    9207: 'partitions',
-    9208: 'partitions',
-    9209: 'partitions',
-    9210: 'partitions',
-    9211: 'partitions',
-    9212: 'partitions',
-    9213: 'partitions',
-    9214: 'partitions',
-    9215: 'partitions',
-    9216: 'partitions',
-    9217: 'name',
-    9218: 'partitions',
-    9219: 'partitions',
-    9220: 'partitions',
-    9221: 'partitions',
-    9222: 'partitions',
-    9223: '(tagged fields)',
-    9224: '(tagged fields)',
-    9225: '(tagged fields)',
-    9226: '(tagged fields)',
-    9227: '(tagged fields)',
-    9295: 'replica_id',
-    9296: 'replica_id',
-    9297: 'topics',
-    9298: 'topics',
-    9299: 'topics',
-    9300: 'topics',
-    9301: 'topics',
-    9302: 'topics',
-    9303: 'topics',
-    9304: 'topics',
-    9305: 'topics',
-    9306: 'topics',
-    9307: 'timeout_ms',
-    9308: 'timeout_ms',
-    9309: 'timeout_ms',
-    9310: 'replica_id',
-    9311: 'replica_id',
-    9312: 'topics',
-    9313: 'topics',
-    9314: 'topics',
-    9315: 'topics',
-    9316: 'topics',
-    9317: 'topics',
-    9318: 'topics',
-    9319: 'topics',
-    9320: 'topics',
-    9321: 'topics',
-    9322: 'topics',
-    9323: 'replica_id',
-    9324: 'replica_id',
-    9325: 'topics',
-    9326: 'topics',
-    9327: 'topics',
-    9328: 'topics',
-    9329: 'topics',
-    9330: 'topics',
-    9331: 'replica_id',
-    9332: 'replica_id',
-    9333: 'topics',
-    9334: 'topics',
-    9335: 'topics',
-    9336: 'topics',
-    9337: 'topics',
-    9338: '(tagged fields)',
-    9339: '(tagged fields)',
-    9340: '(tagged fields)',
-    9341: '(tagged fields)',
-    9342: '(tagged fields)',
-    9379: 'partition_index',
-    9380: 'partition_index',
-    9381: 'partition_index',
-    9382: 'partition_index',
-    9383: 'partition_index',
-    9384: '(tagged fields)',
-    9385: '(tagged fields)',
-    9386: '(tagged fields)',
-    9387: '(tagged fields)',
-    9388: '(tagged fields)',
-    9436: 'name',
-    9437: 'name',
-    9438: 'name',
-    9439: 'name',
-    9440: 'name',
-    9441: 'name',
-    9442: 'partitions',
-    9443: 'partitions',
-    9444: 'partitions',
-    9445: 'partitions',
-    9446: 'partitions',
-    9447: 'partitions',
-    9448: 'partitions',
-    9449: 'partitions',
-    9450: 'partitions',
-    9451: 'partitions',
-    9452: 'partitions',
-    9453: 'name',
-    9454: 'partitions',
-    9455: 'partitions',
-    9456: 'partitions',
-    9457: 'partitions',
-    9458: 'partitions',
-    9459: '(tagged fields)',
-    9460: '(tagged fields)',
-    9461: '(tagged fields)',
-    9462: '(tagged fields)',
-    9463: '(tagged fields)',
-    9514: 'throttle_time_ms',
-    9515: 'throttle_time_ms',
-    9516: 'topics',
-    9517: 'topics',
-    9518: 'topics',
-    9519: 'topics',
-    9520: 'topics',
-    9521: 'topics',
-    9522: 'topics',
-    9523: 'topics',
-    9524: 'topics',
-    9525: 'topics',
-    9526: 'topics',
-    9527: 'throttle_time_ms',
-    9528: 'throttle_time_ms',
-    9529: 'topics',
-    9530: 'topics',
-    9531: 'topics',
-    9532: 'topics',
-    9533: 'topics',
-    9534: 'topics',
-    9535: 'topics',
-    9536: 'topics',
-    9537: 'topics',
-    9538: 'topics',
-    9539: 'topics',
-    9540: '(tagged fields)',
-    9541: '(tagged fields)',
-    9542: '(tagged fields)',
-    9543: '(tagged fields)',
-    9544: '(tagged fields)',
-    9590: 'topic_id',
-    9591: 'topic_id',
-    9592: 'topic_id',
-    9593: 'topic_id',
-    9594: 'topic_id',
-    9595: 'name',
-    9596: 'name',
-    9597: 'name',
-    9598: 'name',
-    9599: 'name',
-    9600: 'name',
-    9601: 'name',
-    9602: 'name',
-    9603: 'name',
-    9604: 'name',
-    9605: 'name',
-    9606: 'name',
-    9607: 'name',
-    9608: 'name',
-    9609: 'name',
-    9610: '(tagged fields)',
-    9611: '(tagged fields)',
-    9612: '(tagged fields)',
-    9613: '(tagged fields)',
-    9614: '(tagged fields)',
-    9724: 'topics',
-    9725: 'topics',
-    9726: 'topics',
-    9727: 'topics',
-    9728: 'topics',
-    9729: 'topics',
-    9730: 'topics',
-    9731: 'topics',
-    9732: 'topics',
-    9733: 'topics',
-    9734: 'topics',
-    9735: 'topics',
-    9736: 'topics',
-    9737: 'allow_auto_topic_creation',
-    9738: 'allow_auto_topic_creation',
-    9739: 'allow_auto_topic_creation',
-    9740: 'topics',
-    9741: 'topics',
-    9742: 'topics',
-    9743: 'topics',
-    9744: 'topics',
-    9745: 'topics',
-    9746: 'topics',
-    9747: 'topics',
-    9748: 'topics',
-    9749: 'topics',
-    9750: 'topics',
-    9751: 'topics',
-    9752: 'topics',
-    9753: 'allow_auto_topic_creation',
-    9754: 'allow_auto_topic_creation',
-    9755: 'allow_auto_topic_creation',
-    9756: 'topics',
-    9757: 'topics',
-    9758: 'topics',
-    9759: 'topics',
-    9760: 'topics',
-    9761: 'topics',
-    9762: 'topics',
-    9763: 'topics',
-    9764: 'allow_auto_topic_creation',
-    9765: 'allow_auto_topic_creation',
-    9766: 'allow_auto_topic_creation',
-    9767: 'topics',
-    9768: 'topics',
-    9769: 'topics',
-    9770: 'topics',
-    9771: 'topics',
-    9772: 'topics',
-    9773: 'topics',
-    9774: 'topics',
-    9775: 'allow_auto_topic_creation',
-    9776: 'allow_auto_topic_creation',
-    9777: 'allow_auto_topic_creation',
-    9778: 'topics',
-    9779: 'topics',
-    9780: 'topics',
-    9781: 'topics',
-    9782: 'topics',
-    9783: 'topics',
-    9784: 'topics',
-    9785: 'topics',
-    9786: 'topics',
-    9787: 'topics',
-    9788: 'topics',
-    9789: 'topics',
-    9790: 'topics',
-    9791: 'topics',
-    9792: '(tagged fields)',
-    9793: '(tagged fields)',
-    9794: '(tagged fields)',
-    9795: '(tagged fields)',
-    9796: '(tagged fields)',
-    9849: 'node_id',
-    9850: 'node_id',
-    9851: 'host',
-    9852: 'host',
-    9853: 'host',
-    9854: 'host',
-    9855: 'host',
-    9856: 'host',
-    9857: 'port',
-    9858: 'port',
-    9859: 'rack',
-    9860: 'rack',
-    9861: 'rack',
-    9862: 'rack',
-    9863: 'rack',
-    9864: 'rack',
-    9865: 'rack',
-    9866: 'node_id',
-    9867: 'node_id',
-    9868: 'host',
-    9869: 'port',
-    9870: 'port',
-    9871: 'rack',
-    9872: 'rack',
-    9873: 'node_id',
-    9874: 'node_id',
-    9875: 'host',
-    9876: 'port',
-    9877: 'port',
-    9878: '(tagged fields)',
-    9879: '(tagged fields)',
-    9880: '(tagged fields)',
-    9881: '(tagged fields)',
-    9882: '(tagged fields)',
-    9970: 'error_code',
-    9971: 'error_code',
-    9972: 'replica_nodes',
-    9973: 'replica_nodes',
-    9974: 'replica_nodes',
-    9975: 'replica_nodes',
-    9976: 'replica_nodes',
-    9977: 'replica_nodes',
-    9978: 'replica_nodes',
-    9979: 'replica_nodes',
-    9980: 'isr_nodes',
-    9981: 'isr_nodes',
-    9982: 'isr_nodes',
-    9983: 'isr_nodes',
-    9984: 'isr_nodes',
-    9985: 'isr_nodes',
-    9986: 'isr_nodes',
-    9987: 'isr_nodes',
-    9988: 'offline_replicas',
-    9989: 'offline_replicas',
-    9990: 'offline_replicas',
-    9991: 'offline_replicas',
-    9992: 'offline_replicas',
-    9993: 'offline_replicas',
-    9994: 'offline_replicas',
-    9995: 'offline_replicas',
-    9996: 'offline_replicas',
-    9997: 'error_code',
-    9998: 'error_code',
-    9999: 'replica_nodes',
-    10000: 'replica_nodes',
-    10001: 'replica_nodes',
-    10002: 'isr_nodes',
-    10003: 'isr_nodes',
-    10004: 'isr_nodes',
-    10005: 'offline_replicas',
-    10006: 'offline_replicas',
-    10007: 'offline_replicas',
-    10008: 'offline_replicas',
-    10009: 'error_code',
-    10010: 'error_code',
-    10011: 'replica_nodes',
-    10012: 'replica_nodes',
-    10013: 'replica_nodes',
-    10014: 'isr_nodes',
-    10015: 'isr_nodes',
-    10016: 'isr_nodes',
-    10017: 'offline_replicas',
-    10018: 'offline_replicas',
-    10019: 'offline_replicas',
-    10020: 'offline_replicas',
-    10021: 'error_code',
-    10022: 'error_code',
-    10023: 'replica_nodes',
-    10024: 'replica_nodes',
-    10025: 'replica_nodes',
-    10026: 'isr_nodes',
-    10027: 'isr_nodes',
-    10028: 'isr_nodes',
+    8430: '(tagged fields)',
+    8468: 'topic_id',
+    8469: 'topic_id',
+    8470: 'name',
+    8471: 'name',
+    8472: 'name',
+    8473: 'name',
+    8474: 'name',
+    8475: 'name',
+    8476: 'name',
+    8477: 'name',
+    8478: 'name',
+    8479: 'name',
+    8480: 'name',
+    8481: 'name',
+    8482: 'name',
+    8483: 'name',
+    8484: 'name',
+    8485: '(tagged fields)',
+    8486: '(tagged fields)',
+    8487: '(tagged fields)',
+    8488: '(tagged fields)',
+    8489: '(tagged fields)',
+    8595: 'topics',
+    8596: 'topics',
+    8597: 'topics',
+    8598: 'topics',
+    8599: 'topics',
+    8600: 'topics',
+    8601: 'topics',
+    8602: 'topics',
+    8603: 'topics',
+    8604: 'topics',
+    8605: 'allow_auto_topic_creation',
+    8606: 'allow_auto_topic_creation',
+    8607: 'allow_auto_topic_creation',
+    8608: 'topics',
+    8609: 'topics',
+    8610: 'topics',
+    8611: 'topics',
+    8612: 'topics',
+    8613: 'topics',
+    8614: 'topics',
+    8615: 'topics',
+    8616: 'topics',
+    8617: 'topics',
+    8618: 'allow_auto_topic_creation',
+    8619: 'allow_auto_topic_creation',
+    8620: 'allow_auto_topic_creation',
+    8621: 'topics',
+    8622: 'topics',
+    8623: 'topics',
+    8624: 'topics',
+    8625: 'topics',
+    8626: 'topics',
+    8627: 'topics',
+    8628: 'topics',
+    8629: 'allow_auto_topic_creation',
+    8630: 'allow_auto_topic_creation',
+    8631: 'allow_auto_topic_creation',
+    8632: 'topics',
+    8633: 'topics',
+    8634: 'topics',
+    8635: 'topics',
+    8636: 'topics',
+    8637: 'topics',
+    8638: 'topics',
+    8639: 'topics',
+    8640: 'allow_auto_topic_creation',
+    8641: 'allow_auto_topic_creation',
+    8642: 'allow_auto_topic_creation',
+    8643: 'topics',
+    8644: 'topics',
+    8645: 'topics',
+    8646: 'topics',
+    8647: 'topics',
+    8648: 'topics',
+    8649: 'topics',
+    8650: 'topics',
+    8651: 'topics',
+    8652: 'topics',
+    8653: 'topics',
+    8654: 'topics',
+    8655: 'topics',
+    8656: 'topics',
+    8657: '(tagged fields)',
+    8658: '(tagged fields)',
+    8659: '(tagged fields)',
+    8660: '(tagged fields)',
+    8661: '(tagged fields)',
+    8708: 'node_id',
+    8709: 'node_id',
+    8710: 'host',
+    8711: 'host',
+    8712: 'host',
+    8713: 'host',
+    8714: 'host',
+    8715: 'host',
+    8716: 'port',
+    8717: 'port',
+    8718: 'rack',
+    8719: 'rack',
+    8720: 'rack',
+    8721: 'rack',
+    8722: 'rack',
+    8723: 'rack',
+    8724: 'rack',
+    8725: 'node_id',
+    8726: 'node_id',
+    8727: 'host',
+    8728: 'port',
+    8729: 'port',
+    8730: 'rack',
+    8731: 'rack',
+    8732: 'node_id',
+    8733: 'node_id',
+    8734: 'host',
+    8735: 'port',
+    8736: 'port',
+    8737: '(tagged fields)',
+    8738: '(tagged fields)',
+    8739: '(tagged fields)',
+    8740: '(tagged fields)',
+    8741: '(tagged fields)',
+    8823: 'error_code',
+    8824: 'error_code',
+    8825: 'replica_nodes',
+    8826: 'replica_nodes',
+    8827: 'replica_nodes',
+    8828: 'replica_nodes',
+    8829: 'replica_nodes',
+    8830: 'isr_nodes',
+    8831: 'isr_nodes',
+    8832: 'isr_nodes',
+    8833: 'isr_nodes',
+    8834: 'isr_nodes',
+    8835: 'offline_replicas',
+    8836: 'offline_replicas',
+    8837: 'offline_replicas',
+    8838: 'offline_replicas',
+    8839: 'offline_replicas',
+    8840: 'offline_replicas',
+    8841: 'error_code',
+    8842: 'error_code',
+    8843: 'replica_nodes',
+    8844: 'replica_nodes',
+    8845: 'replica_nodes',
+    8846: 'isr_nodes',
+    8847: 'isr_nodes',
+    8848: 'isr_nodes',
+    8849: 'offline_replicas',
+    8850: 'offline_replicas',
+    8851: 'offline_replicas',
+    8852: 'offline_replicas',
+    8853: 'error_code',
+    8854: 'error_code',
+    8855: 'replica_nodes',
+    8856: 'replica_nodes',
+    8857: 'replica_nodes',
+    8858: 'isr_nodes',
+    8859: 'isr_nodes',
+    8860: 'isr_nodes',
+    8861: 'offline_replicas',
+    8862: 'offline_replicas',
+    8863: 'offline_replicas',
+    8864: 'offline_replicas',
+    8865: 'error_code',
+    8866: 'error_code',
+    8867: 'replica_nodes',
+    8868: 'replica_nodes',
+    8869: 'replica_nodes',
+    8870: 'isr_nodes',
+    8871: 'isr_nodes',
+    8872: 'isr_nodes',
+    8873: '(tagged fields)',
+    8874: '(tagged fields)',
+    8875: '(tagged fields)',
+    8876: '(tagged fields)',
+    8877: '(tagged fields)',
+    8983: 'error_code',
+    8984: 'error_code',
+    8985: 'name',
+    8986: 'name',
+    8987: 'name',
+    8988: 'name',
+    8989: 'name',
+    8990: 'name',
+    8991: 'topic_id',
+    8992: 'topic_id',
+    8993: 'is_internal',
+    8994: 'is_internal',
+    8995: 'partitions',
+    8996: 'partitions',
+    8997: 'partitions',
+    8998: 'partitions',
+    8999: 'partitions',
+    9000: 'partitions',
+    9001: 'partitions',
+    9002: 'topic_authorized_operations',
+    9003: 'topic_authorized_operations',
+    9004: 'topic_authorized_operations',
+    9005: 'error_code',
+    9006: 'error_code',
+    9007: 'name',
+    9008: 'name',
+    9009: 'name',
+    9010: 'name',
+    9011: 'name',
+    9012: 'name',
+    9013: 'topic_id',
+    9014: 'topic_id',
+    9015: 'is_internal',
+    9016: 'is_internal',
+    9017: 'partitions',
+    9018: 'partitions',
+    9019: 'partitions',
+    9020: 'partitions',
+    9021: 'partitions',
+    9022: 'partitions',
+    9023: 'partitions',
+    9024: 'topic_authorized_operations',
+    9025: 'topic_authorized_operations',
+    9026: 'topic_authorized_operations',
+    9027: 'error_code',
+    9028: 'error_code',
+    9029: 'name',
+    9030: 'name',
+    9031: 'name',
+    9032: 'name',
+    9033: 'name',
+    9034: 'name',
+    9035: 'is_internal',
+    9036: 'is_internal',
+    9037: 'partitions',
+    9038: 'partitions',
+    9039: 'partitions',
+    9040: 'partitions',
+    9041: 'partitions',
+    9042: 'partitions',
+    9043: 'partitions',
+    9044: 'topic_authorized_operations',
+    9045: 'topic_authorized_operations',
+    9046: 'topic_authorized_operations',
+    9047: 'error_code',
+    9048: 'error_code',
+    9049: 'name',
+    9050: 'name',
+    9051: 'is_internal',
+    9052: 'is_internal',
+    9053: 'partitions',
+    9054: 'partitions',
+    9055: 'partitions',
+    9056: 'partitions',
+    9057: 'partitions',
+    9058: 'partitions',
+    9059: 'topic_authorized_operations',
+    9060: 'topic_authorized_operations',
+    9061: '(tagged fields)',
+    9062: '(tagged fields)',
+    9063: '(tagged fields)',
+    9064: '(tagged fields)',
+    9065: '(tagged fields)',
+    9202: 'throttle_time_ms',
+    9203: 'throttle_time_ms',
+    9204: 'brokers',
+    9205: 'brokers',
+    9206: 'brokers',
+    9207: 'brokers',
+    9208: 'brokers',
+    9209: 'brokers',
+    9210: 'brokers',
+    9211: 'cluster_id',
+    9212: 'cluster_id',
+    9213: 'cluster_id',
+    9214: 'cluster_id',
+    9215: 'cluster_id',
+    9216: 'cluster_id',
+    9217: 'controller_id',
+    9218: 'controller_id',
+    9219: 'topics',
+    9220: 'topics',
+    9221: 'topics',
+    9222: 'topics',
+    9223: 'topics',
+    9224: 'topics',
+    9225: 'topics',
+    9226: 'error_code',
+    9227: 'error_code',
+    9228: 'error_code',
+    9229: 'error_code',
+    9230: 'throttle_time_ms',
+    9231: 'throttle_time_ms',
+    9232: 'brokers',
+    9233: 'brokers',
+    9234: 'brokers',
+    9235: 'brokers',
+    9236: 'brokers',
+    9237: 'brokers',
+    9238: 'brokers',
+    9239: 'brokers',
+    9240: 'brokers',
+    9241: 'brokers',
+    9242: 'brokers',
+    9243: 'brokers',
+    9244: 'brokers',
+    9245: 'brokers',
+    9246: 'brokers',
+    9247: 'cluster_id',
+    9248: 'cluster_id',
+    9249: 'cluster_id',
+    9250: 'cluster_id',
+    9251: 'cluster_id',
+    9252: 'cluster_id',
+    9253: 'cluster_id',
+    9254: 'cluster_id',
+    9255: 'cluster_id',
+    9256: 'cluster_id',
+    9257: 'controller_id',
+    9258: 'controller_id',
+    9259: 'topics',
+    9260: 'topics',
+    9261: 'topics',
+    9262: 'topics',
+    9263: 'topics',
+    9264: 'topics',
+    9265: 'topics',
+    9266: 'topics',
+    9267: 'topics',
+    9268: 'topics',
+    9269: 'topics',
+    9270: 'topics',
+    9271: 'topics',
+    9272: 'topics',
+    9273: 'topics',
+    9274: 'cluster_authorized_operations',
+    9275: 'cluster_authorized_operations',
+    9276: '(tagged fields)',
+    9277: '(tagged fields)',
+    9278: '(tagged fields)',
+    9279: '(tagged fields)',
+    9280: '(tagged fields)',
+    9307: 'partition',
+    9308: 'partition',
+    9309: '(tagged fields)',
+    9310: '(tagged fields)',
+    9311: '(tagged fields)',
+    9312: '(tagged fields)',
+    9313: '(tagged fields)',
+    9356: 'topic',
+    9357: 'topic',
+    9358: 'topic',
+    9359: 'topic',
+    9360: 'topic',
+    9361: 'topic',
+    9362: 'partitions',
+    9363: 'partitions',
+    9364: 'partitions',
+    9365: 'partitions',
+    9366: 'partitions',
+    9367: 'partitions',
+    9368: 'partitions',
+    9369: 'partitions',
+    9370: 'topic',
+    9371: 'partitions',
+    9372: 'partitions',
+    9373: 'partitions',
+    9374: 'partitions',
+    9375: 'partitions',
+    9376: '(tagged fields)',
+    9377: '(tagged fields)',
+    9378: '(tagged fields)',
+    9379: '(tagged fields)',
+    9380: '(tagged fields)',
+    9429: 'replica_id',
+    9430: 'replica_id',
+    9431: 'topics',
+    9432: 'topics',
+    9433: 'topics',
+    9434: 'topics',
+    9435: 'topics',
+    9436: 'topics',
+    9437: 'topics',
+    9438: 'topics',
+    9439: 'replica_id',
+    9440: 'replica_id',
+    9441: 'topics',
+    9442: 'topics',
+    9443: 'topics',
+    9444: 'topics',
+    9445: 'topics',
+    9446: 'topics',
+    9447: 'topics',
+    9448: 'topics',
+    9449: 'topics',
+    9450: 'topics',
+    9451: 'topics',
+    9452: '(tagged fields)',
+    9453: '(tagged fields)',
+    9454: '(tagged fields)',
+    9455: '(tagged fields)',
+    9456: '(tagged fields)',
+    9485: 'error_code',
+    9486: 'error_code',
+    9487: '(tagged fields)',
+    9488: '(tagged fields)',
+    9489: '(tagged fields)',
+    9490: '(tagged fields)',
+    9491: '(tagged fields)',
+    9534: 'topic',
+    9535: 'topic',
+    9536: 'topic',
+    9537: 'topic',
+    9538: 'topic',
+    9539: 'topic',
+    9540: 'partitions',
+    9541: 'partitions',
+    9542: 'partitions',
+    9543: 'partitions',
+    9544: 'partitions',
+    9545: 'partitions',
+    9546: 'partitions',
+    9547: 'partitions',
+    9548: 'topic',
+    9549: 'partitions',
+    9550: 'partitions',
+    9551: 'partitions',
+    9552: 'partitions',
+    9553: 'partitions',
+    9554: '(tagged fields)',
+    9555: '(tagged fields)',
+    9556: '(tagged fields)',
+    9557: '(tagged fields)',
+    9558: '(tagged fields)',
+    9602: 'throttle_time_ms',
+    9603: 'throttle_time_ms',
+    9604: 'topics',
+    9605: 'topics',
+    9606: 'topics',
+    9607: 'topics',
+    9608: 'topics',
+    9609: 'topics',
+    9610: 'topics',
+    9611: 'topics',
+    9612: 'throttle_time_ms',
+    9613: 'throttle_time_ms',
+    9614: 'topics',
+    9615: 'topics',
+    9616: 'topics',
+    9617: 'topics',
+    9618: 'topics',
+    9619: '(tagged fields)',
+    9620: '(tagged fields)',
+    9621: '(tagged fields)',
+    9622: '(tagged fields)',
+    9623: '(tagged fields)',
+    9654: 'index',
+    9655: 'index',
+    9656: 'records',
+    9657: 'records',
+    9658: 'records',
+    9659: 'records',
+    9660: 'records',
+    9661: 'records',
+    9662: 'records',
+    9663: 'records',
+    9664: 'records',
+    9665: 'records',
+    9666: 'index',
+    9667: 'index',
+    9668: 'records',
+    9669: '(tagged fields)',
+    9670: '(tagged fields)',
+    9671: '(tagged fields)',
+    9672: '(tagged fields)',
+    9673: '(tagged fields)',
+    9727: 'topic_id',
+    9728: 'topic_id',
+    9729: 'partition_data',
+    9730: 'partition_data',
+    9731: 'partition_data',
+    9732: 'partition_data',
+    9733: 'partition_data',
+    9734: 'partition_data',
+    9735: 'partition_data',
+    9736: 'partition_data',
+    9737: 'name',
+    9738: 'name',
+    9739: 'name',
+    9740: 'name',
+    9741: 'name',
+    9742: 'name',
+    9743: 'partition_data',
+    9744: 'partition_data',
+    9745: 'partition_data',
+    9746: 'partition_data',
+    9747: 'partition_data',
+    9748: 'partition_data',
+    9749: 'partition_data',
+    9750: 'partition_data',
+    9751: 'name',
+    9752: 'partition_data',
+    9753: 'partition_data',
+    9754: 'partition_data',
+    9755: 'partition_data',
+    9756: 'partition_data',
+    9757: '(tagged fields)',
+    9758: '(tagged fields)',
+    9759: '(tagged fields)',
+    9760: '(tagged fields)',
+    9761: '(tagged fields)',
+    9813: 'transactional_id',
+    9814: 'transactional_id',
+    9815: 'transactional_id',
+    9816: 'transactional_id',
+    9817: 'transactional_id',
+    9818: 'transactional_id',
+    9819: 'acks',
+    9820: 'acks',
+    9821: 'topic_data',
+    9822: 'topic_data',
+    9823: 'topic_data',
+    9824: 'topic_data',
+    9825: 'topic_data',
+    9826: 'topic_data',
+    9827: 'topic_data',
+    9828: 'topic_data',
+    9829: 'transactional_id',
+    9830: 'acks',
+    9831: 'acks',
+    9832: 'topic_data',
+    9833: 'topic_data',
+    9834: 'topic_data',
+    9835: 'topic_data',
+    9836: 'topic_data',
+    9837: '(tagged fields)',
+    9838: '(tagged fields)',
+    9839: '(tagged fields)',
+    9840: '(tagged fields)',
+    9841: '(tagged fields)',
+    9874: 'batch_index',
+    9875: 'batch_index',
+    9876: 'batch_index_error_message',
+    9877: 'batch_index_error_message',
+    9878: 'batch_index_error_message',
+    9879: 'batch_index_error_message',
+    9880: 'batch_index_error_message',
+    9881: 'batch_index_error_message',
+    9882: 'batch_index_error_message',
+    9883: 'batch_index',
+    9884: 'batch_index',
+    9885: 'batch_index_error_message',
+    9886: '(tagged fields)',
+    9887: '(tagged fields)',
+    9888: '(tagged fields)',
+    9889: '(tagged fields)',
+    9890: '(tagged fields)',
+    9917: 'leader_id',
+    9918: 'leader_id',
+    9919: '(tagged fields)',
+    9920: '(tagged fields)',
+    9921: '(tagged fields)',
+    9922: '(tagged fields)',
+    9993: 'index',
+    9994: 'index',
+    9995: 'record_errors',
+    9996: 'record_errors',
+    9997: 'record_errors',
+    9998: 'record_errors',
+    9999: 'record_errors',
+    10000: 'record_errors',
+    10001: 'record_errors',
+    10002: 'error_message',
+    10003: 'error_message',
+    10004: 'error_message',
+    10005: 'error_message',
+    10006: 'error_message',
+    10007: 'error_message',
+    10008: 'error_message',
+    10009: 'index',
+    10010: 'index',
+    10011: 'record_errors',
+    10012: 'record_errors',
+    10013: 'record_errors',
+    10014: 'record_errors',
+    10015: 'record_errors',
+    10016: 'error_message',
+    10017: 'error_message',
+    10018: 'index',
+    10019: 'index',
+    10020: 'index',
+    10021: 'index',
+    10022: 'index',
+    10023: '(tagged fields)',
+    10024: '(tagged fields)',
+    10025: '(tagged fields)',
+    10026: '(tagged fields)',
+    10027: '(tagged fields)',
+    10028: '(tagged fields)',
     10029: '(tagged fields)',
     10030: '(tagged fields)',
     10031: '(tagged fields)',
     10032: '(tagged fields)',
     10033: '(tagged fields)',
-    10158: 'error_code',
-    10159: 'error_code',
-    10160: 'name',
-    10161: 'name',
-    10162: 'name',
-    10163: 'name',
-    10164: 'name',
-    10165: 'name',
-    10166: 'topic_id',
-    10167: 'topic_id',
-    10168: 'topic_id',
-    10169: 'topic_id',
-    10170: 'topic_id',
-    10171: 'is_internal',
-    10172: 'is_internal',
-    10173: 'partitions',
-    10174: 'partitions',
-    10175: 'partitions',
-    10176: 'partitions',
-    10177: 'partitions',
-    10178: 'partitions',
-    10179: 'partitions',
-    10180: 'partitions',
-    10181: 'partitions',
-    10182: 'partitions',
-    10183: 'topic_authorized_operations',
-    10184: 'topic_authorized_operations',
-    10185: 'topic_authorized_operations',
-    10186: 'error_code',
-    10187: 'error_code',
-    10188: 'name',
-    10189: 'name',
-    10190: 'name',
-    10191: 'name',
-    10192: 'name',
-    10193: 'name',
-    10194: 'topic_id',
-    10195: 'topic_id',
-    10196: 'topic_id',
-    10197: 'topic_id',
-    10198: 'topic_id',
-    10199: 'is_internal',
-    10200: 'is_internal',
-    10201: 'partitions',
-    10202: 'partitions',
-    10203: 'partitions',
-    10204: 'partitions',
-    10205: 'partitions',
-    10206: 'partitions',
-    10207: 'partitions',
-    10208: 'partitions',
-    10209: 'partitions',
-    10210: 'partitions',
-    10211: 'topic_authorized_operations',
-    10212: 'topic_authorized_operations',
-    10213: 'topic_authorized_operations',
-    10214: 'error_code',
-    10215: 'error_code',
-    10216: 'name',
-    10217: 'name',
-    10218: 'name',
-    10219: 'name',
-    10220: 'name',
-    10221: 'name',
-    10222: 'is_internal',
-    10223: 'is_internal',
-    10224: 'partitions',
-    10225: 'partitions',
-    10226: 'partitions',
-    10227: 'partitions',
-    10228: 'partitions',
-    10229: 'partitions',
-    10230: 'partitions',
-    10231: 'partitions',
-    10232: 'partitions',
-    10233: 'partitions',
-    10234: 'topic_authorized_operations',
-    10235: 'topic_authorized_operations',
-    10236: 'topic_authorized_operations',
-    10237: 'error_code',
-    10238: 'error_code',
-    10239: 'name',
-    10240: 'is_internal',
-    10241: 'is_internal',
-    10242: 'partitions',
-    10243: 'partitions',
-    10244: 'partitions',
-    10245: 'partitions',
-    10246: 'partitions',
-    10247: 'topic_authorized_operations',
-    10248: 'topic_authorized_operations',
-    10249: 'topic_authorized_operations',
-    10250: 'error_code',
-    10251: 'error_code',
-    10252: 'name',
-    10253: 'is_internal',
-    10254: 'is_internal',
-    10255: 'partitions',
-    10256: 'partitions',
-    10257: 'partitions',
-    10258: 'partitions',
-    10259: 'partitions',
-    10260: 'partitions',
-    10261: 'error_code',
-    10262: 'error_code',
-    10263: 'name',
-    10264: 'partitions',
-    10265: 'partitions',
-    10266: 'partitions',
-    10267: 'partitions',
-    10268: 'partitions',
+    10034: '(tagged fields)',
+    10035: '(tagged fields)',
+    10036: '(tagged fields)',
+    10037: 'current_leader',
+    10038: 'current_leader',
+    10039: 'current_leader',
+    10040: '(tagged fields)',
+    10094: 'topic_id',
+    10095: 'topic_id',
+    10096: 'partition_responses',
+    10097: 'partition_responses',
+    10098: 'partition_responses',
+    10099: 'partition_responses',
+    10100: 'partition_responses',
+    10101: 'partition_responses',
+    10102: 'partition_responses',
+    10103: 'partition_responses',
+    10104: 'name',
+    10105: 'name',
+    10106: 'name',
+    10107: 'name',
+    10108: 'name',
+    10109: 'name',
+    10110: 'partition_responses',
+    10111: 'partition_responses',
+    10112: 'partition_responses',
+    10113: 'partition_responses',
+    10114: 'partition_responses',
+    10115: 'partition_responses',
+    10116: 'partition_responses',
+    10117: 'partition_responses',
+    10118: 'name',
+    10119: 'partition_responses',
+    10120: 'partition_responses',
+    10121: 'partition_responses',
+    10122: 'partition_responses',
+    10123: 'partition_responses',
+    10124: '(tagged fields)',
+    10125: '(tagged fields)',
+    10126: '(tagged fields)',
+    10127: '(tagged fields)',
+    10128: '(tagged fields)',
+    10166: 'node_id',
+    10167: 'node_id',
+    10168: 'host',
+    10169: 'host',
+    10170: 'host',
+    10171: 'host',
+    10172: 'host',
+    10173: 'host',
+    10174: 'port',
+    10175: 'port',
+    10176: 'rack',
+    10177: 'rack',
+    10178: 'rack',
+    10179: 'rack',
+    10180: 'rack',
+    10181: 'rack',
+    10182: '(tagged fields)',
+    10183: '(tagged fields)',
+    10184: '(tagged fields)',
+    10185: '(tagged fields)',
+    10244: 'responses',
+    10245: 'responses',
+    10246: 'responses',
+    10247: 'responses',
+    10248: 'responses',
+    10249: 'responses',
+    10250: 'responses',
+    10251: 'throttle_time_ms',
+    10252: 'throttle_time_ms',
+    10253: 'throttle_time_ms',
+    10254: 'responses',
+    10255: 'responses',
+    10256: 'responses',
+    10257: 'responses',
+    10258: 'responses',
+    10259: 'throttle_time_ms',
+    10260: 'throttle_time_ms',
+    10261: '(tagged fields)',
+    10262: '(tagged fields)',
+    10263: '(tagged fields)',
+    10264: '(tagged fields)',
+    10265: '(tagged fields)',
+    10266: '(tagged fields)',
+    10267: '(tagged fields)',
+    10268: '(tagged fields)',
     10269: '(tagged fields)',
     10270: '(tagged fields)',
     10271: '(tagged fields)',
     10272: '(tagged fields)',
     10273: '(tagged fields)',
-    10452: 'throttle_time_ms',
-    10453: 'throttle_time_ms',
-    10454: 'brokers',
-    10455: 'brokers',
-    10456: 'brokers',
-    10457: 'brokers',
-    10458: 'brokers',
-    10459: 'brokers',
-    10460: 'brokers',
-    10461: 'brokers',
-    10462: 'brokers',
-    10463: 'brokers',
-    10464: 'cluster_id',
-    10465: 'cluster_id',
-    10466: 'cluster_id',
-    10467: 'cluster_id',
-    10468: 'cluster_id',
-    10469: 'cluster_id',
-    10470: 'controller_id',
-    10471: 'controller_id',
-    10472: 'topics',
-    10473: 'topics',
-    10474: 'topics',
-    10475: 'topics',
-    10476: 'topics',
-    10477: 'topics',
-    10478: 'topics',
-    10479: 'topics',
-    10480: 'topics',
-    10481: 'topics',
-    10482: 'error_code',
-    10483: 'error_code',
-    10484: 'error_code',
-    10485: 'throttle_time_ms',
-    10486: 'throttle_time_ms',
-    10487: 'brokers',
-    10488: 'brokers',
-    10489: 'brokers',
-    10490: 'brokers',
-    10491: 'brokers',
-    10492: 'brokers',
-    10493: 'brokers',
-    10494: 'brokers',
-    10495: 'brokers',
-    10496: 'brokers',
-    10497: 'cluster_id',
-    10498: 'cluster_id',
-    10499: 'cluster_id',
-    10500: 'cluster_id',
-    10501: 'cluster_id',
-    10502: 'cluster_id',
-    10503: 'controller_id',
-    10504: 'controller_id',
-    10505: 'topics',
-    10506: 'topics',
-    10507: 'topics',
-    10508: 'topics',
-    10509: 'topics',
-    10510: 'topics',
-    10511: 'topics',
-    10512: 'topics',
-    10513: 'topics',
-    10514: 'topics',
-    10515: 'topics',
-    10516: 'throttle_time_ms',
-    10517: 'throttle_time_ms',
-    10518: 'brokers',
-    10519: 'brokers',
-    10520: 'brokers',
-    10521: 'brokers',
-    10522: 'brokers',
-    10523: 'brokers',
-    10524: 'brokers',
-    10525: 'brokers',
-    10526: 'brokers',
-    10527: 'brokers',
-    10528: 'cluster_id',
-    10529: 'cluster_id',
-    10530: 'cluster_id',
-    10531: 'cluster_id',
-    10532: 'cluster_id',
-    10533: 'cluster_id',
-    10534: 'controller_id',
-    10535: 'controller_id',
-    10536: 'topics',
-    10537: 'topics',
-    10538: 'topics',
-    10539: 'topics',
-    10540: 'topics',
-    10541: 'topics',
-    10542: 'topics',
-    10543: 'topics',
-    10544: 'topics',
-    10545: 'topics',
-    10546: 'cluster_authorized_operations',
-    10547: 'cluster_authorized_operations',
-    10548: 'cluster_authorized_operations',
-    10549: 'throttle_time_ms',
-    10550: 'throttle_time_ms',
-    10551: 'brokers',
-    10552: 'brokers',
-    10553: 'brokers',
-    10554: 'brokers',
-    10555: 'brokers',
-    10556: 'cluster_id',
-    10557: 'controller_id',
-    10558: 'controller_id',
-    10559: 'topics',
-    10560: 'topics',
-    10561: 'topics',
-    10562: 'topics',
-    10563: 'topics',
-    10564: 'cluster_authorized_operations',
-    10565: 'cluster_authorized_operations',
-    10566: 'cluster_authorized_operations',
-    10567: 'throttle_time_ms',
-    10568: 'throttle_time_ms',
-    10569: 'brokers',
-    10570: 'brokers',
-    10571: 'brokers',
-    10572: 'brokers',
-    10573: 'brokers',
-    10574: 'cluster_id',
-    10575: 'controller_id',
-    10576: 'controller_id',
-    10577: 'topics',
-    10578: 'topics',
-    10579: 'topics',
-    10580: 'topics',
-    10581: 'topics',
-    10582: 'topics',
-    10583: 'brokers',
-    10584: 'brokers',
-    10585: 'brokers',
-    10586: 'brokers',
-    10587: 'brokers',
-    10588: 'cluster_id',
-    10589: 'controller_id',
-    10590: 'controller_id',
-    10591: 'topics',
-    10592: 'topics',
-    10593: 'topics',
-    10594: 'topics',
-    10595: 'topics',
-    10596: 'topics',
-    10597: 'brokers',
-    10598: 'brokers',
-    10599: 'brokers',
-    10600: 'brokers',
-    10601: 'brokers',
-    10602: 'controller_id',
-    10603: 'controller_id',
-    10604: 'topics',
-    10605: 'topics',
-    10606: 'topics',
-    10607: 'topics',
-    10608: 'topics',
-    10609: 'topics',
-    10610: 'brokers',
-    10611: 'brokers',
-    10612: 'brokers',
-    10613: 'brokers',
-    10614: 'brokers',
-    10615: 'topics',
-    10616: 'topics',
-    10617: 'topics',
-    10618: 'topics',
-    10619: 'topics',
-    10620: '(tagged fields)',
-    10621: '(tagged fields)',
-    10622: '(tagged fields)',
-    10623: '(tagged fields)',
-    10624: '(tagged fields)',
-    10651: 'partition',
-    10652: 'partition',
-    10653: '(tagged fields)',
-    10654: '(tagged fields)',
-    10655: '(tagged fields)',
-    10656: '(tagged fields)',
-    10657: '(tagged fields)',
-    10705: 'topic',
-    10706: 'topic',
-    10707: 'topic',
-    10708: 'topic',
-    10709: 'topic',
-    10710: 'topic',
-    10711: 'partitions',
-    10712: 'partitions',
-    10713: 'partitions',
-    10714: 'partitions',
-    10715: 'partitions',
-    10716: 'partitions',
-    10717: 'partitions',
-    10718: 'partitions',
-    10719: 'partitions',
-    10720: 'partitions',
-    10721: 'partitions',
-    10722: 'topic',
-    10723: 'partitions',
-    10724: 'partitions',
-    10725: 'partitions',
-    10726: 'partitions',
-    10727: 'partitions',
-    10728: '(tagged fields)',
-    10729: '(tagged fields)',
-    10730: '(tagged fields)',
-    10731: '(tagged fields)',
-    10732: '(tagged fields)',
-    10783: 'replica_id',
-    10784: 'replica_id',
-    10785: 'topics',
-    10786: 'topics',
-    10787: 'topics',
-    10788: 'topics',
-    10789: 'topics',
-    10790: 'topics',
-    10791: 'topics',
-    10792: 'topics',
-    10793: 'topics',
-    10794: 'topics',
-    10795: 'topics',
-    10796: 'replica_id',
-    10797: 'replica_id',
-    10798: 'topics',
-    10799: 'topics',
-    10800: 'topics',
-    10801: 'topics',
-    10802: 'topics',
-    10803: 'topics',
-    10804: 'topics',
-    10805: 'topics',
-    10806: 'topics',
-    10807: 'topics',
-    10808: 'topics',
-    10809: '(tagged fields)',
-    10810: '(tagged fields)',
-    10811: '(tagged fields)',
-    10812: '(tagged fields)',
-    10813: '(tagged fields)',
-    10842: 'error_code',
-    10843: 'error_code',
-    10844: '(tagged fields)',
-    10845: '(tagged fields)',
-    10846: '(tagged fields)',
-    10847: '(tagged fields)',
-    10848: '(tagged fields)',
-    10896: 'topic',
-    10897: 'topic',
-    10898: 'topic',
-    10899: 'topic',
-    10900: 'topic',
-    10901: 'topic',
-    10902: 'partitions',
-    10903: 'partitions',
-    10904: 'partitions',
-    10905: 'partitions',
-    10906: 'partitions',
-    10907: 'partitions',
-    10908: 'partitions',
-    10909: 'partitions',
-    10910: 'partitions',
-    10911: 'partitions',
-    10912: 'partitions',
-    10913: 'topic',
-    10914: 'partitions',
-    10915: 'partitions',
-    10916: 'partitions',
-    10917: 'partitions',
-    10918: 'partitions',
-    10919: '(tagged fields)',
-    10920: '(tagged fields)',
-    10921: '(tagged fields)',
-    10922: '(tagged fields)',
-    10923: '(tagged fields)',
-    10969: 'throttle_time_ms',
-    10970: 'throttle_time_ms',
-    10971: 'topics',
-    10972: 'topics',
-    10973: 'topics',
-    10974: 'topics',
-    10975: 'topics',
-    10976: 'topics',
-    10977: 'topics',
-    10978: 'topics',
-    10979: 'topics',
-    10980: 'topics',
-    10981: 'topics',
-    10982: 'throttle_time_ms',
-    10983: 'throttle_time_ms',
-    10984: 'topics',
-    10985: 'topics',
-    10986: 'topics',
-    10987: 'topics',
-    10988: 'topics',
-    10989: '(tagged fields)',
-    10990: '(tagged fields)',
-    10991: '(tagged fields)',
-    10992: '(tagged fields)',
-    10993: '(tagged fields)',
-    11024: 'index',
-    11025: 'index',
-    11026: 'records',
-    11027: 'records',
-    11028: 'records',
-    11029: 'records',
-    11030: 'records',
-    11031: 'records',
-    11032: 'records',
-    11033: 'records',
-    11034: 'records',
-    11035: 'records',
-    11036: 'index',
-    11037: 'index',
-    11038: 'records',
-    11039: '(tagged fields)',
-    11040: '(tagged fields)',
+    10274: '(tagged fields)',
+    10275: 'node_endpoints',
+    10276: 'node_endpoints',
+    10277: 'node_endpoints',
+    10278: 'node_endpoints',
+    10279: 'node_endpoints',
+    10280: 'node_endpoints',
+    10281: 'node_endpoints',
+    10282: 'node_endpoints',
+    10283: 'node_endpoints',
+    10284: '(tagged fields)',
+    10319: 'cluster_id',
+    10320: 'cluster_id',
+    10321: 'cluster_id',
+    10322: 'cluster_id',
+    10323: 'cluster_id',
+    10324: 'cluster_id',
+    10325: 'voter_id',
+    10326: 'voter_id',
+    10327: 'voter_directory_id',
+    10328: 'voter_directory_id',
+    10329: '(tagged fields)',
+    10330: '(tagged fields)',
+    10331: '(tagged fields)',
+    10332: '(tagged fields)',
+    10364: 'throttle_time_ms',
+    10365: 'throttle_time_ms',
+    10366: 'error_message',
+    10367: 'error_message',
+    10368: 'error_message',
+    10369: 'error_message',
+    10370: 'error_message',
+    10371: 'error_message',
+    10372: '(tagged fields)',
+    10373: '(tagged fields)',
+    10374: '(tagged fields)',
+    10375: '(tagged fields)',
+    10407: 'request_api_key',
+    10408: 'request_api_key',
+    10409: 'client_id',
+    10410: '(tagged fields)',
+    10411: '(tagged fields)',
+    10412: '(tagged fields)',
+    10413: '(tagged fields)',
+    10414: '(tagged fields)',
+    10439: 'correlation_id',
+    10440: 'correlation_id',
+    10441: '(tagged fields)',
+    10442: '(tagged fields)',
+    10443: '(tagged fields)',
+    10444: '(tagged fields)',
+    10445: '(tagged fields)',
+    10487: 'feature',
+    10488: 'feature',
+    10489: 'feature',
+    10490: 'feature',
+    10491: 'feature',
+    10492: 'feature',
+    10493: 'max_version_level',
+    10494: 'max_version_level',
+    10495: 'max_version_level',
+    10496: 'feature',
+    10497: 'feature',
+    10498: 'feature',
+    10499: 'feature',
+    10500: 'feature',
+    10501: 'feature',
+    10502: 'max_version_level',
+    10503: 'max_version_level',
+    10504: '(tagged fields)',
+    10505: '(tagged fields)',
+    10506: '(tagged fields)',
+    10507: '(tagged fields)',
+    10556: 'timeout_ms',
+    10557: 'timeout_ms',
+    10558: 'feature_updates',
+    10559: 'feature_updates',
+    10560: 'feature_updates',
+    10561: 'feature_updates',
+    10562: 'feature_updates',
+    10563: 'feature_updates',
+    10564: 'feature_updates',
+    10565: 'validate_only',
+    10566: 'validate_only',
+    10567: 'validate_only',
+    10568: 'timeout_ms',
+    10569: 'timeout_ms',
+    10570: 'feature_updates',
+    10571: 'feature_updates',
+    10572: 'feature_updates',
+    10573: 'feature_updates',
+    10574: 'feature_updates',
+    10575: 'feature_updates',
+    10576: 'feature_updates',
+    10577: '(tagged fields)',
+    10578: '(tagged fields)',
+    10579: '(tagged fields)',
+    10580: '(tagged fields)',
+    10612: 'feature',
+    10613: 'feature',
+    10614: 'feature',
+    10615: 'feature',
+    10616: 'feature',
+    10617: 'feature',
+    10618: 'error_code',
+    10619: 'error_code',
+    10620: 'error_message',
+    10621: 'error_message',
+    10622: 'error_message',
+    10623: 'error_message',
+    10624: 'error_message',
+    10625: 'error_message',
+    10626: '(tagged fields)',
+    10627: '(tagged fields)',
+    10628: '(tagged fields)',
+    10629: '(tagged fields)',
+    10678: 'throttle_time_ms',
+    10679: 'throttle_time_ms',
+    10680: 'error_message',
+    10681: 'error_message',
+    10682: 'error_message',
+    10683: 'error_message',
+    10684: 'error_message',
+    10685: 'error_message',
+    10686: 'error_message',
+    10687: 'throttle_time_ms',
+    10688: 'throttle_time_ms',
+    10689: 'error_message',
+    10690: 'error_message',
+    10691: 'error_message',
+    10692: 'error_message',
+    10693: 'error_message',
+    10694: 'error_message',
+    10695: 'results',
+    10696: 'results',
+    10697: 'results',
+    10698: 'results',
+    10699: 'results',
+    10700: 'results',
+    10701: 'results',
+    10702: '(tagged fields)',
+    10703: '(tagged fields)',
+    10704: '(tagged fields)',
+    10705: '(tagged fields)',
+    10737: 'name',
+    10738: 'name',
+    10739: 'name',
+    10740: 'name',
+    10741: 'name',
+    10742: 'name',
+    10743: 'host',
+    10744: 'host',
+    10745: 'host',
+    10746: 'host',
+    10747: 'host',
+    10748: 'host',
+    10749: 'port',
+    10750: 'port',
+    10751: '(tagged fields)',
+    10752: '(tagged fields)',
+    10753: '(tagged fields)',
+    10754: '(tagged fields)',
+    10781: 'min_supported_version',
+    10782: 'min_supported_version',
+    10783: '(tagged fields)',
+    10784: '(tagged fields)',
+    10785: '(tagged fields)',
+    10786: '(tagged fields)',
+    10837: 'cluster_id',
+    10838: 'cluster_id',
+    10839: 'cluster_id',
+    10840: 'cluster_id',
+    10841: 'cluster_id',
+    10842: 'cluster_id',
+    10843: 'current_leader_epoch',
+    10844: 'current_leader_epoch',
+    10845: 'voter_directory_id',
+    10846: 'voter_directory_id',
+    10847: 'listeners',
+    10848: 'listeners',
+    10849: 'listeners',
+    10850: 'listeners',
+    10851: 'listeners',
+    10852: 'listeners',
+    10853: 'listeners',
+    10854: 'k_raft_version_feature',
+    10855: '(tagged fields)',
+    10856: '(tagged fields)',
+    10857: '(tagged fields)',
+    10858: '(tagged fields)',
+    10890: 'leader_id',
+    10891: 'leader_id',
+    10892: 'host',
+    10893: 'host',
+    10894: 'host',
+    10895: 'host',
+    10896: 'host',
+    10897: 'host',
+    10898: 'port',
+    10899: 'port',
+    10900: '(tagged fields)',
+    10901: '(tagged fields)',
+    10902: '(tagged fields)',
+    10903: '(tagged fields)',
+    10943: 'throttle_time_ms',
+    10944: 'throttle_time_ms',
+    10945: '(tagged fields)',
+    10946: '(tagged fields)',
+    10947: '(tagged fields)',
+    10948: '(tagged fields)',
+    10949: '(tagged fields)',
+    10950: '(tagged fields)',
+    10951: '(tagged fields)',
+    10952: '(tagged fields)',
+    10953: '(tagged fields)',
+    10954: '(tagged fields)',
+    10955: '(tagged fields)',
+    10956: '(tagged fields)',
+    10957: '(tagged fields)',
+    10958: 'current_leader',
+    10959: 'current_leader',
+    10960: 'current_leader',
+    10961: '(tagged fields)',
+    11021: 'partition_index',
+    11022: 'partition_index',
+    11023: 'replica_directory_id',
+    11024: 'replica_directory_id',
+    11025: 'voter_directory_id',
+    11026: 'voter_directory_id',
+    11027: 'last_offset_epoch',
+    11028: 'last_offset_epoch',
+    11029: 'last_offset_epoch',
+    11030: 'partition_index',
+    11031: 'partition_index',
+    11032: 'replica_directory_id',
+    11033: 'replica_directory_id',
+    11034: 'voter_directory_id',
+    11035: 'voter_directory_id',
+    11036: 'last_offset_epoch',
+    11037: 'last_offset_epoch',
+    11038: 'last_offset_epoch',
+    11039: 'partition_index',
+    11040: 'partition_index',
     11041: '(tagged fields)',
     11042: '(tagged fields)',
     11043: '(tagged fields)',
-    11106: 'topic_id',
-    11107: 'topic_id',
-    11108: 'topic_id',
-    11109: 'topic_id',
-    11110: 'topic_id',
-    11111: 'partition_data',
-    11112: 'partition_data',
-    11113: 'partition_data',
-    11114: 'partition_data',
-    11115: 'partition_data',
-    11116: 'partition_data',
-    11117: 'partition_data',
-    11118: 'partition_data',
-    11119: 'partition_data',
-    11120: 'partition_data',
-    11121: 'partition_data',
-    11122: 'name',
-    11123: 'name',
-    11124: 'name',
-    11125: 'name',
-    11126: 'name',
-    11127: 'name',
-    11128: 'partition_data',
-    11129: 'partition_data',
-    11130: 'partition_data',
-    11131: 'partition_data',
-    11132: 'partition_data',
-    11133: 'partition_data',
-    11134: 'partition_data',
-    11135: 'partition_data',
-    11136: 'partition_data',
-    11137: 'partition_data',
-    11138: 'partition_data',
-    11139: 'name',
-    11140: 'partition_data',
-    11141: 'partition_data',
-    11142: 'partition_data',
-    11143: 'partition_data',
-    11144: 'partition_data',
-    11145: '(tagged fields)',
-    11146: '(tagged fields)',
-    11147: '(tagged fields)',
-    11148: '(tagged fields)',
-    11149: '(tagged fields)',
-    11206: 'transactional_id',
-    11207: 'transactional_id',
-    11208: 'transactional_id',
-    11209: 'transactional_id',
-    11210: 'transactional_id',
-    11211: 'transactional_id',
-    11212: 'acks',
-    11213: 'acks',
-    11214: 'topic_data',
-    11215: 'topic_data',
-    11216: 'topic_data',
-    11217: 'topic_data',
-    11218: 'topic_data',
-    11219: 'topic_data',
-    11220: 'topic_data',
-    11221: 'topic_data',
-    11222: 'topic_data',
-    11223: 'topic_data',
-    11224: 'topic_data',
-    11225: 'transactional_id',
-    11226: 'acks',
-    11227: 'acks',
-    11228: 'topic_data',
-    11229: 'topic_data',
-    11230: 'topic_data',
-    11231: 'topic_data',
-    11232: 'topic_data',
-    11233: '(tagged fields)',
-    11234: '(tagged fields)',
-    11235: '(tagged fields)',
-    11236: '(tagged fields)',
-    11237: '(tagged fields)',
-    11273: 'batch_index',
-    11274: 'batch_index',
-    11275: 'batch_index_error_message',
-    11276: 'batch_index_error_message',
-    11277: 'batch_index_error_message',
-    11278: 'batch_index_error_message',
-    11279: 'batch_index_error_message',
-    11280: 'batch_index_error_message',
-    11281: 'batch_index_error_message',
-    11282: 'batch_index',
-    11283: 'batch_index',
-    11284: 'batch_index_error_message',
-    11285: '(tagged fields)',
-    11286: '(tagged fields)',
-    11287: '(tagged fields)',
-    11288: '(tagged fields)',
-    11289: '(tagged fields)',
-    11316: 'leader_id',
-    11317: 'leader_id',
-    11318: '(tagged fields)',
-    11319: '(tagged fields)',
-    11320: '(tagged fields)',
-    11321: '(tagged fields)',
-    11397: 'index',
-    11398: 'index',
-    11399: 'record_errors',
-    11400: 'record_errors',
-    11401: 'record_errors',
-    11402: 'record_errors',
-    11403: 'record_errors',
-    11404: 'record_errors',
-    11405: 'record_errors',
-    11406: 'record_errors',
-    11407: 'record_errors',
-    11408: 'record_errors',
-    11409: 'error_message',
-    11410: 'error_message',
-    11411: 'error_message',
-    11412: 'error_message',
-    11413: 'error_message',
-    11414: 'error_message',
-    11415: 'error_message',
-    11416: 'index',
-    11417: 'index',
-    11418: 'record_errors',
-    11419: 'record_errors',
-    11420: 'record_errors',
-    11421: 'record_errors',
-    11422: 'record_errors',
-    11423: 'error_message',
-    11424: 'error_message',
-    11425: 'index',
-    11426: 'index',
-    11427: 'index',
-    11428: 'index',
-    11429: 'index',
-    11430: '(tagged fields)',
-    11431: '(tagged fields)',
-    11432: '(tagged fields)',
-    11433: '(tagged fields)',
-    11434: '(tagged fields)',
+    11044: '(tagged fields)',
+    11078: 'topic_name',
+    11079: 'topic_name',
+    11080: 'topic_name',
+    11081: 'topic_name',
+    11082: 'topic_name',
+    11083: 'topic_name',
+    11084: 'partitions',
+    11085: 'partitions',
+    11086: 'partitions',
+    11087: 'partitions',
+    11088: 'partitions',
+    11089: 'partitions',
+    11090: 'partitions',
+    11091: '(tagged fields)',
+    11092: '(tagged fields)',
+    11093: '(tagged fields)',
+    11094: '(tagged fields)',
+    11145: 'cluster_id',
+    11146: 'cluster_id',
+    11147: 'cluster_id',
+    11148: 'cluster_id',
+    11149: 'cluster_id',
+    11150: 'cluster_id',
+    11151: 'voter_id',
+    11152: 'voter_id',
+    11153: 'topics',
+    11154: 'topics',
+    11155: 'topics',
+    11156: 'topics',
+    11157: 'topics',
+    11158: 'topics',
+    11159: 'topics',
+    11160: 'topics',
+    11161: 'cluster_id',
+    11162: 'cluster_id',
+    11163: 'cluster_id',
+    11164: 'cluster_id',
+    11165: 'cluster_id',
+    11166: 'cluster_id',
+    11167: 'topics',
+    11168: 'topics',
+    11169: 'topics',
+    11170: 'topics',
+    11171: 'topics',
+    11172: 'topics',
+    11173: 'topics',
+    11174: '(tagged fields)',
+    11175: '(tagged fields)',
+    11176: '(tagged fields)',
+    11177: '(tagged fields)',
+    11207: 'partition_index',
+    11208: 'partition_index',
+    11209: '(tagged fields)',
+    11210: '(tagged fields)',
+    11211: '(tagged fields)',
+    11212: '(tagged fields)',
+    11246: 'topic_name',
+    11247: 'topic_name',
+    11248: 'topic_name',
+    11249: 'topic_name',
+    11250: 'topic_name',
+    11251: 'topic_name',
+    11252: 'partitions',
+    11253: 'partitions',
+    11254: 'partitions',
+    11255: 'partitions',
+    11256: 'partitions',
+    11257: 'partitions',
+    11258: 'partitions',
+    11259: '(tagged fields)',
+    11260: '(tagged fields)',
+    11261: '(tagged fields)',
+    11262: '(tagged fields)',
+    11295: 'node_id',
+    11296: 'node_id',
+    11297: 'host',
+    11298: 'host',
+    11299: 'host',
+    11300: 'host',
+    11301: 'host',
+    11302: 'host',
+    11303: 'port',
+    11304: 'port',
+    11305: '(tagged fields)',
+    11306: '(tagged fields)',
+    11307: '(tagged fields)',
+    11308: '(tagged fields)',
+    11358: 'error_code',
+    11359: 'error_code',
+    11360: 'topics',
+    11361: 'topics',
+    11362: 'topics',
+    11363: 'topics',
+    11364: 'topics',
+    11365: 'topics',
+    11366: 'topics',
+    11367: '(tagged fields)',
+    11368: '(tagged fields)',
+    11369: '(tagged fields)',
+    11370: '(tagged fields)',
+    11371: '(tagged fields)',
+    11372: '(tagged fields)',
+    11373: '(tagged fields)',
+    11374: '(tagged fields)',
+    11375: '(tagged fields)',
+    11376: '(tagged fields)',
+    11377: '(tagged fields)',
+    11378: '(tagged fields)',
+    11379: '(tagged fields)',
+    11380: 'node_endpoints',
+    11381: 'node_endpoints',
+    11382: 'node_endpoints',
+    11383: 'node_endpoints',
+    11384: 'node_endpoints',
+    11385: 'node_endpoints',
+    11386: 'node_endpoints',
+    11387: 'node_endpoints',
+    11388: 'node_endpoints',
+    11389: '(tagged fields)',
+    11427: 'cluster_id',
+    11428: 'cluster_id',
+    11429: 'cluster_id',
+    11430: 'cluster_id',
+    11431: 'cluster_id',
+    11432: 'cluster_id',
+    11433: 'leader_id',
+    11434: 'leader_id',
     11435: '(tagged fields)',
     11436: '(tagged fields)',
     11437: '(tagged fields)',
     11438: '(tagged fields)',
-    11439: '(tagged fields)',
-    11440: '(tagged fields)',
-    11441: '(tagged fields)',
-    11442: '(tagged fields)',
-    11443: '(tagged fields)',
-    11444: '(tagged fields)',
-    11445: '(tagged fields)',
-    11446: '(tagged fields)',
-    11447: '(tagged fields)',
-    11448: 'current_leader',
-    11449: 'current_leader',
-    11450: 'current_leader',
-    11451: '(tagged fields)',
-    11514: 'topic_id',
-    11515: 'topic_id',
-    11516: 'topic_id',
-    11517: 'topic_id',
-    11518: 'topic_id',
-    11519: 'partition_responses',
-    11520: 'partition_responses',
-    11521: 'partition_responses',
-    11522: 'partition_responses',
-    11523: 'partition_responses',
-    11524: 'partition_responses',
-    11525: 'partition_responses',
-    11526: 'partition_responses',
-    11527: 'partition_responses',
-    11528: 'partition_responses',
-    11529: 'partition_responses',
-    11530: 'name',
-    11531: 'name',
-    11532: 'name',
-    11533: 'name',
-    11534: 'name',
-    11535: 'name',
-    11536: 'partition_responses',
-    11537: 'partition_responses',
-    11538: 'partition_responses',
-    11539: 'partition_responses',
-    11540: 'partition_responses',
-    11541: 'partition_responses',
-    11542: 'partition_responses',
-    11543: 'partition_responses',
-    11544: 'partition_responses',
-    11545: 'partition_responses',
-    11546: 'partition_responses',
-    11547: 'name',
-    11548: 'partition_responses',
-    11549: 'partition_responses',
-    11550: 'partition_responses',
-    11551: 'partition_responses',
-    11552: 'partition_responses',
-    11553: '(tagged fields)',
-    11554: '(tagged fields)',
-    11555: '(tagged fields)',
-    11556: '(tagged fields)',
-    11557: '(tagged fields)',
-    11601: 'node_id',
-    11602: 'node_id',
-    11603: 'host',
-    11604: 'host',
-    11605: 'host',
-    11606: 'host',
-    11607: 'host',
-    11608: 'host',
-    11609: 'port',
-    11610: 'port',
-    11611: 'rack',
-    11612: 'rack',
-    11613: 'rack',
-    11614: 'rack',
-    11615: 'rack',
-    11616: 'rack',
-    11617: '(tagged fields)',
-    11618: '(tagged fields)',
-    11619: '(tagged fields)',
-    11620: '(tagged fields)',
-    11683: 'responses',
-    11684: 'responses',
-    11685: 'responses',
-    11686: 'responses',
-    11687: 'responses',
-    11688: 'responses',
-    11689: 'responses',
-    11690: 'responses',
-    11691: 'responses',
-    11692: 'responses',
-    11693: 'throttle_time_ms',
-    11694: 'throttle_time_ms',
-    11695: 'throttle_time_ms',
-    11696: 'responses',
-    11697: 'responses',
-    11698: 'responses',
-    11699: 'responses',
-    11700: 'responses',
-    11701: 'throttle_time_ms',
-    11702: 'throttle_time_ms',
+    11464: 'start_offset',
+    11465: 'start_offset',
+    11466: '(tagged fields)',
+    11467: '(tagged fields)',
+    11468: '(tagged fields)',
+    11469: '(tagged fields)',
+    11514: 'error_code',
+    11515: 'error_code',
+    11516: 'error_message',
+    11517: 'error_message',
+    11518: 'error_message',
+    11519: 'error_message',
+    11520: 'error_message',
+    11521: 'error_message',
+    11522: 'start_offset',
+    11523: 'start_offset',
+    11524: 'chunks',
+    11525: 'chunks',
+    11526: 'chunks',
+    11527: 'chunks',
+    11528: 'chunks',
+    11529: 'chunks',
+    11530: 'chunks',
+    11531: '(tagged fields)',
+    11532: '(tagged fields)',
+    11533: '(tagged fields)',
+    11534: '(tagged fields)',
+    11574: 'cluster_id',
+    11575: 'cluster_id',
+    11576: 'cluster_id',
+    11577: 'cluster_id',
+    11578: 'cluster_id',
+    11579: 'cluster_id',
+    11580: 'command',
+    11581: 'command',
+    11582: 'command',
+    11583: 'command',
+    11584: 'command',
+    11585: 'command',
+    11586: 'args',
+    11587: 'args',
+    11588: 'args',
+    11589: 'args',
+    11590: 'args',
+    11591: 'args',
+    11592: 'timeout_ms',
+    11593: 'timeout_ms',
+    11594: '(tagged fields)',
+    11595: '(tagged fields)',
+    11596: '(tagged fields)',
+    11597: '(tagged fields)',
+    11621: 'leader_id',
+    11622: 'leader_id',
+    11623: '(tagged fields)',
+    11624: '(tagged fields)',
+    11625: '(tagged fields)',
+    11626: '(tagged fields)',
+    11679: 'error_code',
+    11680: 'error_code',
+    11681: 'error_message',
+    11682: 'error_message',
+    11683: 'error_message',
+    11684: 'error_message',
+    11685: 'error_message',
+    11686: 'error_message',
+    11687: 'base_offset',
+    11688: 'base_offset',
+    11689: 'result',
+    11690: 'result',
+    11691: 'result',
+    11692: 'result',
+    11693: 'result',
+    11694: 'result',
+    11695: '(tagged fields)',
+    11696: '(tagged fields)',
+    11697: '(tagged fields)',
+    11698: '(tagged fields)',
+    11699: '(tagged fields)',
+    11700: '(tagged fields)',
+    11701: '(tagged fields)',
+    11702: '(tagged fields)',
     11703: '(tagged fields)',
     11704: '(tagged fields)',
     11705: '(tagged fields)',
     11706: '(tagged fields)',
     11707: '(tagged fields)',
-    11708: '(tagged fields)',
-    11709: '(tagged fields)',
-    11710: '(tagged fields)',
+    11708: 'current_leader',
+    11709: 'current_leader',
+    11710: 'current_leader',
     11711: '(tagged fields)',
-    11712: '(tagged fields)',
-    11713: '(tagged fields)',
-    11714: '(tagged fields)',
-    11715: '(tagged fields)',
-    11716: '(tagged fields)',
-    11717: '(tagged fields)',
-    11718: '(tagged fields)',
-    11719: '(tagged fields)',
-    11720: '(tagged fields)',
-    11721: 'node_endpoints',
-    11722: 'node_endpoints',
-    11723: 'node_endpoints',
-    11724: 'node_endpoints',
-    11725: 'node_endpoints',
-    11726: 'node_endpoints',
-    11727: 'node_endpoints',
-    11728: 'node_endpoints',
-    11729: 'node_endpoints',
-    11730: 'node_endpoints',
-    11731: 'node_endpoints',
-    11732: 'node_endpoints',
-    11733: '(tagged fields)',
-    11773: 'cluster_id',
-    11774: 'cluster_id',
-    11775: 'cluster_id',
-    11776: 'cluster_id',
-    11777: 'cluster_id',
-    11778: 'cluster_id',
-    11779: 'voter_id',
-    11780: 'voter_id',
-    11781: 'voter_directory_id',
-    11782: 'voter_directory_id',
-    11783: 'voter_directory_id',
-    11784: 'voter_directory_id',
-    11785: 'voter_directory_id',
-    11786: '(tagged fields)',
-    11787: '(tagged fields)',
-    11788: '(tagged fields)',
-    11789: '(tagged fields)',
-    11824: 'throttle_time_ms',
-    11825: 'throttle_time_ms',
-    11826: 'error_message',
-    11827: 'error_message',
-    11828: 'error_message',
-    11829: 'error_message',
-    11830: 'error_message',
-    11831: 'error_message',
-    11832: '(tagged fields)',
-    11833: '(tagged fields)',
-    11834: '(tagged fields)',
-    11835: '(tagged fields)',
-    11867: 'request_api_key',
-    11868: 'request_api_key',
-    11869: 'client_id',
-    11870: '(tagged fields)',
-    11871: '(tagged fields)',
-    11872: '(tagged fields)',
-    11873: '(tagged fields)',
-    11874: '(tagged fields)',
-    11899: 'correlation_id',
-    11900: 'correlation_id',
-    11901: '(tagged fields)',
-    11902: '(tagged fields)',
-    11903: '(tagged fields)',
-    11904: '(tagged fields)',
-    11905: '(tagged fields)',
-    11953: 'feature',
-    11954: 'feature',
-    11955: 'feature',
-    11956: 'feature',
-    11957: 'feature',
-    11958: 'feature',
-    11959: 'max_version_level',
-    11960: 'max_version_level',
-    11961: 'max_version_level',
-    11962: 'feature',
-    11963: 'feature',
-    11964: 'feature',
-    11965: 'feature',
-    11966: 'feature',
-    11967: 'feature',
-    11968: 'max_version_level',
-    11969: 'max_version_level',
-    11970: '(tagged fields)',
-    11971: '(tagged fields)',
-    11972: '(tagged fields)',
-    11973: '(tagged fields)',
-    12026: 'timeout_ms',
-    12027: 'timeout_ms',
-    12028: 'feature_updates',
-    12029: 'feature_updates',
-    12030: 'feature_updates',
-    12031: 'feature_updates',
-    12032: 'feature_updates',
-    12033: 'feature_updates',
-    12034: 'feature_updates',
-    12035: 'feature_updates',
-    12036: 'feature_updates',
-    12037: 'feature_updates',
-    12038: 'validate_only',
-    12039: 'validate_only',
-    12040: 'validate_only',
-    12041: 'timeout_ms',
-    12042: 'timeout_ms',
-    12043: 'feature_updates',
-    12044: 'feature_updates',
-    12045: 'feature_updates',
-    12046: 'feature_updates',
-    12047: 'feature_updates',
-    12048: 'feature_updates',
-    12049: 'feature_updates',
-    12050: 'feature_updates',
-    12051: 'feature_updates',
-    12052: 'feature_updates',
-    12053: '(tagged fields)',
-    12054: '(tagged fields)',
-    12055: '(tagged fields)',
-    12056: '(tagged fields)',
-    12094: 'feature',
-    12095: 'feature',
-    12096: 'feature',
-    12097: 'feature',
-    12098: 'feature',
-    12099: 'feature',
-    12100: 'error_code',
-    12101: 'error_code',
-    12102: 'error_message',
-    12103: 'error_message',
-    12104: 'error_message',
-    12105: 'error_message',
-    12106: 'error_message',
-    12107: 'error_message',
-    12108: '(tagged fields)',
-    12109: '(tagged fields)',
-    12110: '(tagged fields)',
-    12111: '(tagged fields)',
-    12168: 'throttle_time_ms',
-    12169: 'throttle_time_ms',
-    12170: 'error_message',
-    12171: 'error_message',
-    12172: 'error_message',
-    12173: 'error_message',
-    12174: 'error_message',
-    12175: 'error_message',
-    12176: 'error_message',
-    12177: 'throttle_time_ms',
-    12178: 'throttle_time_ms',
-    12179: 'error_message',
-    12180: 'error_message',
-    12181: 'error_message',
-    12182: 'error_message',
-    12183: 'error_message',
-    12184: 'error_message',
-    12185: 'results',
-    12186: 'results',
-    12187: 'results',
-    12188: 'results',
-    12189: 'results',
-    12190: 'results',
-    12191: 'results',
-    12192: 'results',
-    12193: 'results',
-    12194: 'results',
-    12195: '(tagged fields)',
-    12196: '(tagged fields)',
-    12197: '(tagged fields)',
-    12198: '(tagged fields)',
-    12236: 'name',
-    12237: 'name',
-    12238: 'name',
-    12239: 'name',
-    12240: 'name',
-    12241: 'name',
-    12242: 'host',
-    12243: 'host',
-    12244: 'host',
-    12245: 'host',
-    12246: 'host',
-    12247: 'host',
-    12248: 'port',
-    12249: 'port',
-    12250: '(tagged fields)',
-    12251: '(tagged fields)',
-    12252: '(tagged fields)',
-    12253: '(tagged fields)',
-    12280: 'min_supported_version',
-    12281: 'min_supported_version',
-    12282: '(tagged fields)',
-    12283: '(tagged fields)',
-    12284: '(tagged fields)',
-    12285: '(tagged fields)',
-    12343: 'cluster_id',
-    12344: 'cluster_id',
-    12345: 'cluster_id',
-    12346: 'cluster_id',
-    12347: 'cluster_id',
-    12348: 'cluster_id',
-    12349: 'current_leader_epoch',
-    12350: 'current_leader_epoch',
-    12351: 'voter_directory_id',
-    12352: 'voter_directory_id',
-    12353: 'voter_directory_id',
-    12354: 'voter_directory_id',
-    12355: 'voter_directory_id',
-    12356: 'listeners',
-    12357: 'listeners',
-    12358: 'listeners',
-    12359: 'listeners',
-    12360: 'listeners',
-    12361: 'listeners',
-    12362: 'listeners',
-    12363: 'listeners',
-    12364: 'listeners',
-    12365: 'listeners',
-    12366: 'k_raft_version_feature',
-    12367: '(tagged fields)',
-    12368: '(tagged fields)',
-    12369: '(tagged fields)',
-    12370: '(tagged fields)',
-    12405: 'leader_id',
-    12406: 'leader_id',
-    12407: 'host',
-    12408: 'host',
-    12409: 'host',
-    12410: 'host',
-    12411: 'host',
-    12412: 'host',
-    12413: 'port',
-    12414: 'port',
-    12415: '(tagged fields)',
-    12416: '(tagged fields)',
-    12417: '(tagged fields)',
-    12418: '(tagged fields)',
-    12458: 'throttle_time_ms',
-    12459: 'throttle_time_ms',
-    12460: '(tagged fields)',
-    12461: '(tagged fields)',
-    12462: '(tagged fields)',
-    12463: '(tagged fields)',
-    12464: '(tagged fields)',
-    12465: '(tagged fields)',
-    12466: '(tagged fields)',
-    12467: '(tagged fields)',
-    12468: '(tagged fields)',
-    12469: '(tagged fields)',
-    12470: '(tagged fields)',
-    12471: '(tagged fields)',
-    12472: '(tagged fields)',
-    12473: '(tagged fields)',
-    12474: '(tagged fields)',
-    12475: '(tagged fields)',
-    12476: '(tagged fields)',
-    12477: 'current_leader',
-    12478: 'current_leader',
-    12479: 'current_leader',
-    12480: '(tagged fields)',
-    12548: 'partition_index',
-    12549: 'partition_index',
-    12550: 'replica_directory_id',
-    12551: 'replica_directory_id',
-    12552: 'replica_directory_id',
-    12553: 'replica_directory_id',
-    12554: 'replica_directory_id',
-    12555: 'voter_directory_id',
-    12556: 'voter_directory_id',
-    12557: 'voter_directory_id',
-    12558: 'voter_directory_id',
-    12559: 'voter_directory_id',
-    12560: 'last_offset_epoch',
-    12561: 'last_offset_epoch',
-    12562: 'last_offset_epoch',
-    12563: 'partition_index',
-    12564: 'partition_index',
-    12565: 'replica_directory_id',
-    12566: 'replica_directory_id',
-    12567: 'replica_directory_id',
-    12568: 'replica_directory_id',
-    12569: 'replica_directory_id',
-    12570: 'voter_directory_id',
-    12571: 'voter_directory_id',
-    12572: 'voter_directory_id',
-    12573: 'voter_directory_id',
-    12574: 'voter_directory_id',
-    12575: 'last_offset_epoch',
-    12576: 'last_offset_epoch',
-    12577: 'last_offset_epoch',
-    12578: 'partition_index',
-    12579: 'partition_index',
-    12580: '(tagged fields)',
-    12581: '(tagged fields)',
-    12582: '(tagged fields)',
-    12583: '(tagged fields)',
-    12622: 'topic_name',
-    12623: 'topic_name',
-    12624: 'topic_name',
-    12625: 'topic_name',
-    12626: 'topic_name',
-    12627: 'topic_name',
-    12628: 'partitions',
-    12629: 'partitions',
-    12630: 'partitions',
-    12631: 'partitions',
-    12632: 'partitions',
-    12633: 'partitions',
-    12634: 'partitions',
-    12635: 'partitions',
-    12636: 'partitions',
-    12637: 'partitions',
-    12638: '(tagged fields)',
-    12639: '(tagged fields)',
-    12640: '(tagged fields)',
-    12641: '(tagged fields)',
-    12702: 'cluster_id',
-    12703: 'cluster_id',
-    12704: 'cluster_id',
-    12705: 'cluster_id',
-    12706: 'cluster_id',
-    12707: 'cluster_id',
-    12708: 'voter_id',
-    12709: 'voter_id',
-    12710: 'topics',
-    12711: 'topics',
-    12712: 'topics',
-    12713: 'topics',
-    12714: 'topics',
-    12715: 'topics',
-    12716: 'topics',
-    12717: 'topics',
-    12718: 'topics',
-    12719: 'topics',
-    12720: 'topics',
-    12721: 'cluster_id',
-    12722: 'cluster_id',
-    12723: 'cluster_id',
-    12724: 'cluster_id',
-    12725: 'cluster_id',
-    12726: 'cluster_id',
-    12727: 'topics',
-    12728: 'topics',
-    12729: 'topics',
-    12730: 'topics',
-    12731: 'topics',
-    12732: 'topics',
-    12733: 'topics',
-    12734: 'topics',
-    12735: 'topics',
-    12736: 'topics',
-    12737: '(tagged fields)',
-    12738: '(tagged fields)',
-    12739: '(tagged fields)',
-    12740: '(tagged fields)',
-    12770: 'partition_index',
-    12771: 'partition_index',
-    12772: '(tagged fields)',
-    12773: '(tagged fields)',
-    12774: '(tagged fields)',
-    12775: '(tagged fields)',
-    12814: 'topic_name',
-    12815: 'topic_name',
-    12816: 'topic_name',
-    12817: 'topic_name',
-    12818: 'topic_name',
-    12819: 'topic_name',
-    12820: 'partitions',
-    12821: 'partitions',
-    12822: 'partitions',
-    12823: 'partitions',
-    12824: 'partitions',
-    12825: 'partitions',
-    12826: 'partitions',
-    12827: 'partitions',
-    12828: 'partitions',
-    12829: 'partitions',
-    12830: '(tagged fields)',
-    12831: '(tagged fields)',
-    12832: '(tagged fields)',
-    12833: '(tagged fields)',
-    12869: 'node_id',
-    12870: 'node_id',
-    12871: 'host',
-    12872: 'host',
-    12873: 'host',
-    12874: 'host',
-    12875: 'host',
-    12876: 'host',
-    12877: 'port',
-    12878: 'port',
-    12879: '(tagged fields)',
-    12880: '(tagged fields)',
-    12881: '(tagged fields)',
-    12882: '(tagged fields)',
-    12936: 'error_code',
-    12937: 'error_code',
-    12938: 'topics',
-    12939: 'topics',
-    12940: 'topics',
-    12941: 'topics',
-    12942: 'topics',
-    12943: 'topics',
-    12944: 'topics',
-    12945: 'topics',
-    12946: 'topics',
-    12947: 'topics',
-    12948: '(tagged fields)',
-    12949: '(tagged fields)',
-    12950: '(tagged fields)',
-    12951: '(tagged fields)',
-    12952: '(tagged fields)',
-    12953: '(tagged fields)',
-    12954: '(tagged fields)',
-    12955: '(tagged fields)',
-    12956: '(tagged fields)',
-    12957: '(tagged fields)',
-    12958: '(tagged fields)',
-    12959: '(tagged fields)',
-    12960: '(tagged fields)',
-    12961: '(tagged fields)',
-    12962: '(tagged fields)',
-    12963: '(tagged fields)',
-    12964: '(tagged fields)',
-    12965: 'node_endpoints',
-    12966: 'node_endpoints',
-    12967: 'node_endpoints',
-    12968: 'node_endpoints',
-    12969: 'node_endpoints',
-    12970: 'node_endpoints',
-    12971: 'node_endpoints',
-    12972: 'node_endpoints',
-    12973: 'node_endpoints',
-    12974: 'node_endpoints',
-    12975: 'node_endpoints',
-    12976: 'node_endpoints',
-    12977: '(tagged fields)',
-    13018: 'cluster_id',
-    13019: 'cluster_id',
-    13020: 'cluster_id',
-    13021: 'cluster_id',
-    13022: 'cluster_id',
-    13023: 'cluster_id',
-    13024: 'leader_id',
-    13025: 'leader_id',
-    13026: '(tagged fields)',
-    13027: '(tagged fields)',
-    13028: '(tagged fields)',
-    13029: '(tagged fields)',
-    13055: 'start_offset',
-    13056: 'start_offset',
-    13057: '(tagged fields)',
-    13058: '(tagged fields)',
-    13059: '(tagged fields)',
-    13060: '(tagged fields)',
-    13110: 'error_code',
-    13111: 'error_code',
-    13112: 'error_message',
-    13113: 'error_message',
-    13114: 'error_message',
-    13115: 'error_message',
-    13116: 'error_message',
-    13117: 'error_message',
-    13118: 'start_offset',
-    13119: 'start_offset',
-    13120: 'chunks',
-    13121: 'chunks',
-    13122: 'chunks',
-    13123: 'chunks',
-    13124: 'chunks',
-    13125: 'chunks',
-    13126: 'chunks',
-    13127: 'chunks',
-    13128: 'chunks',
-    13129: 'chunks',
-    13130: '(tagged fields)',
-    13131: '(tagged fields)',
-    13132: '(tagged fields)',
-    13133: '(tagged fields)',
-    13182: 'cluster_id',
-    13183: 'cluster_id',
-    13184: 'cluster_id',
-    13185: 'cluster_id',
-    13186: 'cluster_id',
-    13187: 'cluster_id',
-    13188: 'command',
-    13189: 'command',
-    13190: 'command',
-    13191: 'command',
-    13192: 'command',
-    13193: 'command',
-    13194: 'args',
-    13195: 'args',
-    13196: 'args',
-    13197: 'args',
-    13198: 'args',
-    13199: 'args',
-    13200: 'timeout_ms',
-    13201: 'timeout_ms',
-    13202: '(tagged fields)',
-    13203: '(tagged fields)',
-    13204: '(tagged fields)',
-    13205: '(tagged fields)',
-    13229: 'leader_id',
-    13230: 'leader_id',
-    13231: '(tagged fields)',
-    13232: '(tagged fields)',
-    13233: '(tagged fields)',
-    13234: '(tagged fields)',
-    13293: 'error_code',
-    13294: 'error_code',
-    13295: 'error_message',
-    13296: 'error_message',
-    13297: 'error_message',
-    13298: 'error_message',
-    13299: 'error_message',
-    13300: 'error_message',
-    13301: 'base_offset',
-    13302: 'base_offset',
-    13303: 'result',
-    13304: 'result',
-    13305: 'result',
-    13306: 'result',
-    13307: 'result',
-    13308: 'result',
-    13309: '(tagged fields)',
-    13310: '(tagged fields)',
-    13311: '(tagged fields)',
-    13312: '(tagged fields)',
-    13313: '(tagged fields)',
-    13314: '(tagged fields)',
-    13315: '(tagged fields)',
-    13316: '(tagged fields)',
-    13317: '(tagged fields)',
-    13318: '(tagged fields)',
-    13319: '(tagged fields)',
-    13320: '(tagged fields)',
-    13321: '(tagged fields)',
-    13322: '(tagged fields)',
-    13323: '(tagged fields)',
-    13324: '(tagged fields)',
-    13325: '(tagged fields)',
-    13326: 'current_leader',
-    13327: 'current_leader',
-    13328: 'current_leader',
-    13329: '(tagged fields)',
 }
