@@ -1,9 +1,11 @@
 """The codec's speed: ``python -m metalog.protocol.kafka.bench``.
 
 Prints encode+decode round trips per second, whole frames through ``wire``
-(header included), for the two messages on the broker's hot paths: a
-Produce v9 request carrying one 1 KiB record batch, and a Fetch v12
-response carrying one 1 KiB batch for one partition. Records are bytes the
+(header included), for the messages on the broker's hot paths: a
+Produce v9 request carrying one 1 KiB record batch, a Fetch v12
+response carrying one 1 KiB batch for one partition, and a replica's Fetch
+v17 request as a follower sends it (one partition, its directory id and the
+ReplicaState and ClusterId tagged fields). Records are bytes the
 codec does not look into, so their content does not matter here.
 """
 
@@ -15,9 +17,12 @@ from collections.abc import Callable
 
 from metalog.protocol.kafka import messages as m
 from metalog.protocol.kafka import wire
+from metalog.protocol.kafka.edge_quorum import METADATA_TOPIC_ID
+from metalog.protocol.kafka.primitives import Message
 
 BATCH_BYTES = 1024
 SUPPORTED = {0: (3, 13), 1: (4, 18)}
+REPLICA_DIRECTORY_ID = bytes(range(16))  # any 16 bytes but the all-zero UUID
 
 
 def produce_v9() -> tuple[wire.RequestHeader, m.ProduceRequest]:
@@ -52,8 +57,19 @@ def fetch_v12() -> tuple[wire.RequestHeader, m.FetchResponse]:
     return wire.RequestHeader(1, 12, 1, "bench"), body
 
 
-def produce_round_trip() -> Callable[[], object]:
-    header, body = produce_v9()
+def replica_fetch_v17() -> tuple[wire.RequestHeader, m.FetchRequest]:
+    body = m.FetchRequest(
+        cluster_id="metalog-bench-cluster1", replica_state=m.FetchRequestReplicaState(replica_id=2, replica_epoch=-1),
+        max_wait_ms=500, min_bytes=1, max_bytes=1 << 20,
+        topics=[m.FetchRequestFetchTopic(topic_id=METADATA_TOPIC_ID, partitions=[m.FetchRequestFetchPartition(
+            partition=0, current_leader_epoch=3, fetch_offset=123_456, last_fetched_epoch=3, log_start_offset=0,
+            partition_max_bytes=1 << 20, replica_directory_id=REPLICA_DIRECTORY_ID)])],
+    )
+    return wire.RequestHeader(1, 17, 1, "node-2"), body
+
+
+def request_round_trip(made: Callable[[], tuple[wire.RequestHeader, Message]]) -> Callable[[], object]:
+    header, body = made()
 
     def once() -> object:
         frame = wire.encode_request(header, body)
@@ -97,8 +113,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="encode+decode per second of the Kafka codec")
     parser.add_argument("--seconds", type=float, default=3.0, help="time per message (default 3)")
     args = parser.parse_args(argv)
-    for name, once in (("Produce v9 request, one 1 KiB batch", produce_round_trip()),
-                       ("Fetch v12 response, one 1 KiB batch", fetch_round_trip())):
+    for name, once in (("Produce v9 request, one 1 KiB batch", request_round_trip(produce_v9)),
+                       ("Fetch v12 response, one 1 KiB batch", fetch_round_trip()),
+                       ("replica Fetch v17 request", request_round_trip(replica_fetch_v17))):
         rate = rate_per_s(once, args.seconds)
         print(f"{name}: {rate:,.0f} encode+decode/s ({1e6 / rate:.1f} us each)")
 

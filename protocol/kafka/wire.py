@@ -210,13 +210,14 @@ def decode_response(frame: bytes | bytearray | memoryview, api_key: int, api_ver
         raise KafkaDecodeError(f"a response header takes 4 bytes, the frame has {len(buf)}")
     (correlation_id,) = I32.unpack_from(buf, 0)
     pos = 4
-    if response_header_version(api_key, api_version) >= 1 and len(buf) > pos and buf[pos] == 0:
-        pos += 1  # no tagged field in the header: the common case, no call
-    elif response_header_version(api_key, api_version) >= 1:
-        try:
-            pos = skip_tags(buf, pos)
-        except (Malformed, IndexError) as exc:
-            raise KafkaDecodeError(f"response header's tagged fields: {exc or 'the frame ends inside them'}")
+    if response_header_version(api_key, api_version) >= 1:
+        if len(buf) > pos and buf[pos] == 0:
+            pos += 1  # no tagged field in the header: the common case, no call
+        else:
+            try:
+                pos = skip_tags(buf, pos)
+            except (Malformed, IndexError) as exc:
+                raise KafkaDecodeError(f"response header's tagged fields: {exc or 'the frame ends inside them'}")
     if api_key == API_VERSIONS_KEY and len(buf) >= pos + 2 and I16.unpack_from(buf, pos)[0] == UNSUPPORTED_VERSION:
         api_version = 0
     body = body_type.decode(buf[pos:], api_version)
