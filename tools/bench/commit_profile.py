@@ -58,7 +58,7 @@ STAGES = [
 # first requests) are left out of the printed table, not out of the JSON.
 CODEC_ROW_COUNT_MIN = 10
 
-# The codec's work on one commit's path: (whose, operation, api, times per commit).
+# The codec's work on one commit's path, one frame each: (whose, operation, api).
 # The leader reads the Produce and one replica's Fetch and writes their
 # answers; that follower reads the Fetch answer and writes its next Fetch.
 CODEC_PATH = [
@@ -110,7 +110,7 @@ def follow(trace_dir: str, ops: list) -> dict[str, Any]:
     and the client's (send ns, answer ns, base offset) per write."""
     nodes: dict[int, dict[str, _Series]] = {}
     for path in glob.glob(os.path.join(trace_dir, "node-*.json")):
-        nid = int(os.path.basename(path)[len("node-"):-len(".json")])
+        nid = _node_id(path)
         nodes[nid] = _index(load(path))
     leaders = [nid for nid, ev in nodes.items() if ev["produce_reply"].ns]
     if len(leaders) != 1:
@@ -162,11 +162,16 @@ def follow(trace_dir: str, ops: list) -> dict[str, Any]:
             "codec_ns": _codec(trace_dir, leader)}
 
 
+def _node_id(path: str) -> int:
+    """The node of a trace file, node-<id>.json."""
+    return int(os.path.basename(path)[len("node-"):-len(".json")])
+
+
 def _codec(trace_dir: str, leader: int) -> dict[tuple[str, str, int], list[int]]:
     """Codec durations (ns) by (leader|follower, operation, api key), the followers' pooled."""
     out: dict[tuple[str, str, int], list[int]] = defaultdict(list)
     for path in glob.glob(os.path.join(trace_dir, "node-*.json")):
-        whose = "leader" if int(os.path.basename(path)[len("node-"):-len(".json")]) == leader else "follower"
+        whose = "leader" if _node_id(path) == leader else "follower"
         for (op, api_key), durations in load_codec(path).items():
             out[(whose, op, api_key)].extend(durations)
     return dict(out)
