@@ -23,6 +23,44 @@ apt_best_effort() {
     || echo "run.sh: could not install $pkgs; the tests that need $cmd will fail" >&2
 }
 
+# venv_python: the interpreter the virtualenv is made from. METALOG_PYTHON
+# if set; else the distribution's own /usr/bin/python3 when it is 3.11+ with
+# venv: Debian and Ubuntu build it with PGO and LTO and link libpython into
+# the binary, where a default pyenv or source build has neither (the brokers
+# spend about 70% of their CPU in the interpreter: docs/bench.md, "The
+# interpreter"); else python3 on PATH.
+venv_python() {
+  local p
+  for p in "${METALOG_PYTHON:-}" /usr/bin/python3 "$(command -v python3 || true)"; do
+    if [ -n "$p" ] && [ -x "$p" ] && "$p" -c \
+        'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1; then
+      echo "$p"
+      return 0
+    fi
+  done
+  echo "run.sh: no Python 3.11+ with venv found (set METALOG_PYTHON)" >&2
+  return 1
+}
+
+# make_venv: .venv from venv_python; an existing one made from another
+# interpreter is made again (its packages are reinstalled below).
+make_venv() {
+  local py want have=""
+  py="$(venv_python)"
+  want="$("$py" -c 'import os, sys; print(os.path.realpath(sys.executable))')"
+  if [ -x .venv/bin/python ]; then
+    have="$(.venv/bin/python -c 'import os, sys; print(os.path.realpath(sys._base_executable))' 2>/dev/null || true)"
+  fi
+  if [ -n "$have" ] && [ "$have" = "$want" ]; then
+    return 0
+  fi
+  if [ -n "$have" ] || [ -e .venv ]; then
+    echo "run.sh: .venv was made from ${have:-an unusable interpreter}; making it again from $want" >&2
+    rm -rf .venv
+  fi
+  "$py" -m venv .venv
+}
+
 setup() {
   if ! command -v java >/dev/null 2>&1; then
     echo "run.sh: Java not found; installing a JRE for Spark" >&2
@@ -38,9 +76,7 @@ setup() {
   apt_best_effort kcat "kcat" "kcat, Kafka's command-line client, for tests/kafka_clients"
   # nft makes the drill's packet faults inside network namespaces.
   apt_best_effort nft "nftables iproute2" "nftables, for the drill's packet faults"
-  if [ ! -x .venv/bin/python ]; then
-    python3 -m venv .venv
-  fi
+  make_venv
   # setuptools with pip, before the project: the editable install and
   # tests/integration/test_wheel.py build with the venv's own setuptools.
   .venv/bin/python -m pip install -q --upgrade pip 'setuptools>=68' >/dev/null

@@ -57,6 +57,7 @@ DEFAULT_WRITE_HIGH_WATER_BYTES = 1 << 20
 TCP_INFO_BYTES = 256  # room for Linux's struct tcp_info
 TCPI_BYTES_ACKED_OFFSET = 120  # its tcpi_bytes_acked (Linux 4.2 and later), a u64
 LEFT_AFTER_ANSWER = "the peer left after our answer to its ClientHello"
+_SSL_EOFS = (ssl.SSLEOFError, ssl.SSLZeroReturnError)  # the peer left: no protocol error of its own
 
 
 def _dup_fd(transport: Any) -> int:
@@ -144,10 +145,13 @@ class Connection(asyncio.Protocol):
             # the address's back-off only once the peer has had our answer to its
             # ClientHello (what a handshake flood does: costly for us, free for it), as
             # protocol errors and stalls do.
+            # An EOF reaches us as an SSLEOFError or SSLZeroReturnError on some Python
+            # builds (Debian's 3.11.2), as a plain OSError or EOFError on others.
             timed_out = is_handshake_timeout(exc)
-            left = not isinstance(exc, ssl.SSLError) and not timed_out and self._peer_had_our_answer()
+            protocol_error = isinstance(exc, ssl.SSLError) and not isinstance(exc, _SSL_EOFS)
+            left = not protocol_error and not timed_out and self._peer_had_our_answer()
             listener.failed(self, "tls_handshake_failed",
-                            count=isinstance(exc, ssl.SSLError) or timed_out or left,
+                            count=protocol_error or timed_out or left,
                             reason=LEFT_AFTER_ANSWER if left else handshake_failure_reason(exc))
             # close, not abort: the TLS alert (unknown CA, expired...) reaches the
             # client, which can then tell its user why.

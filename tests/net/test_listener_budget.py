@@ -141,7 +141,7 @@ async def test_a_stranger_leaving_after_our_answer_to_its_client_hello_counts_to
         _, w = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.31", 0))
         w.close()  # connect and close
         await wait_for_condition(lambda: st.failures_total["tls_handshake_failed"] == 1, 10, "the reset seen")
-        assert "connection_backoff" not in st.failures_total
+        assert "connection_backoff" not in st.failures_total, log.named("tls_handshake_failed")
         r, w = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.32", 0))
         w.write(client_hello())
         assert await r.read(1 << 16)  # the server's answer: a key exchange and a signature

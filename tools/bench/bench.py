@@ -535,12 +535,24 @@ def bench_catchup(args, root: str, report: dict) -> None:
 
 # ------------------------------------------------------------------ report
 def machine() -> dict:
-    info = {"nproc": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+    # The interpreter's build moves every figure (docs/bench.md, "The interpreter"): say which ran.
+    info = {"nproc": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "python_executable": os.path.realpath(sys.executable), "libpython": _libpython()}
     try:
         info["lscpu"] = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout.splitlines()[:10]
     except (OSError, subprocess.SubprocessError):
         pass
     return info
+
+
+def _libpython() -> str:
+    """'shared' when libpython is a shared library of this process (a default pyenv or source
+    build: no PGO, no LTO), 'static' when linked into the binary (Debian's and Ubuntu's)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return "shared" if "libpython" in f.read() else "static"
+    except OSError:
+        return "unknown"
 
 
 def _progress(text: str) -> None:
