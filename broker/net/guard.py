@@ -220,3 +220,4 @@ class ListenerStats:
         self.delayed_now = 0  # connections accepted and waiting for their turn
         self.accept_pauses_total = 0  # times accepting stopped because max_delayed_connections waited
         self.connections_now = 0
+        self.syn_banned_now = 0  # addresses in back-off the kernel drops before accept (syn_filter)

@@ -25,6 +25,12 @@ socket and before its TLS handshake, whether and when it starts:
   ``metalog.broker.net.tls_transport``, not on the loop). When
   ``max_delayed_connections`` wait, the listener stops accepting: the rest
   wait in the kernel's backlog, then in the peer's SYN retries;
+* **dropped by the kernel** (never accepted): while an address is in
+  back-off, a socket filter on the listening socket drops its packets, so
+  its new connections wait in its own SYN retries instead of costing an
+  accept and a close each (``failed_connection_backoff_drops_syns``;
+  Linux, IPv4: ``metalog.broker.net.syn_filter``). A connection of it that
+  arrived before the filter is held as above;
 * the ``exempt_hosts`` (the quorum's own peers) are never delayed or
   refused.
 
@@ -55,6 +61,7 @@ from metalog.broker.net.backoff import AddressPolicy, RateSlots
 from metalog.broker.net.guard import HandshakePacer, ListenerStats, RefusalLog, meter_handshakes
 from metalog.broker.net.library_logging import library_logger
 from metalog.broker.net.server import Connection
+from metalog.broker.net.syn_filter import SynBans, detach as detach_filter
 from metalog.broker.net.tls_transport import TlsSocketTransport
 
 ACCEPT_BATCH_MAX = 64  # sockets accepted per readiness callback: other callbacks run between batches
@@ -82,6 +89,7 @@ class ListenerLimits:
     failed_connections_before_backoff: int = 5
     failed_connection_backoff_ms: int = 1000
     failed_connection_backoff_max_ms: int = 60_000
+    failed_connection_backoff_drops_syns: bool = True  # the kernel drops their SYNs meanwhile (syn_filter)
     ssl_handshake_loop_share: float = 0.25  # of a core for handshakes (the handshake thread's); 0: not paced
     max_delayed_connections: int = 1024  # accepted and waiting; above it accepting stops
     exempt_hosts: frozenset[str] = frozenset()  # names or addresses never delayed or refused (the peers)
@@ -132,6 +140,11 @@ class Listener:
         self._listener_slots = RateSlots(rate, max(1, int(rate)))
         self.pacer = HandshakePacer(limits.ssl_handshake_loop_share if tls is not None else 0.0)
         self._arrived: set[str] = set()  # peers counted at accept whose Connection is not made yet
+        # Addresses in back-off, dropped by the kernel before accept (metalog.broker.net.syn_filter).
+        self.bans = SynBans(lambda where, exc: self._log.warning(
+            "syn_filter_failed", listener=where, error=str(exc),
+            action="addresses in back-off are refused at accept instead"),
+            on_change=lambda banned: setattr(self.stats, "syn_banned_now", banned))
         self._tasks: set[asyncio.Task] = set()
         self._sweeper: asyncio.Task | None = None
 
@@ -150,6 +163,7 @@ class Listener:
         self._sweeper = asyncio.ensure_future(self._sweep())
 
     def close(self) -> None:
+        self.bans.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
         for t in list(self._tasks):
@@ -294,6 +308,8 @@ class Listener:
         backoff_ms = self.addresses.failed(host, asyncio.get_running_loop().time())
         if backoff_ms is not None:
             pace = self.addresses.get(host)
+            if pace is not None:
+                self.bans.ban(host, pace.blocked_until_s)
             self.stats.failures_total["connection_backoff"] += 1
             self.refusals.event("connection_backoff", host, address=host, backoff_ms=backoff_ms,
                                 failures=pace.failures if pace is not None else 0)
@@ -404,6 +420,8 @@ class _Acceptor:
         host = str(addr[0]) if isinstance(addr, tuple) else "?"
         peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else "?"
         listener = self._listener
+        if listener.bans.used:  # it inherited the listening socket's program: established ones never run it
+            detach_filter(sock)
         if listener.refuse_at_accept(host, peer) is not None:
             sock.close()
             return
@@ -582,6 +600,9 @@ async def listen(host: str, port: int, make_connection: Callable[[], Connection]
     await listener.resolve_exempt()
     acceptors = [_Acceptor(sock, make_connection, listener) for sock in await _listening_sockets(host, port)]
     listener.acceptors.extend(acceptors)
+    if listener.limits.failed_connection_backoff_drops_syns:
+        for a in acceptors:
+            listener.bans.add_socket(a.sock)
     for a in acceptors:
         a.resume()
     listener.start()

@@ -127,6 +127,10 @@ class NetworkConfig:
     failed_connection_backoff_ms: int = setting(
         1000, "first delay period for such an address; doubles per further failure", gt=0)
     failed_connection_backoff_max_ms: int = setting(60_000, "cap of that delay period", gt=0)
+    failed_connection_backoff_drops_syns: bool = setting(
+        True, "during its delay period the kernel drops such an address's new connections before accept "
+              "(a socket filter on the listener, Linux and IPv4: a flood from it costs no accept, its "
+              "client's SYN retries are its wait); false: they are accepted, and all but one closed")
     # Connection-rate limits (KIP-612): a connection above a rate is accepted and held (nothing read, no
     # handshake) until its turn, not refused. The voters' hosts are exempt from every connection limit.
     max_connection_creation_rate: float = setting(

@@ -56,6 +56,7 @@ def listener_limits(cfg: BrokerConfig) -> ListenerLimits:
         failed_connections_before_backoff=net.failed_connections_before_backoff,
         failed_connection_backoff_ms=net.failed_connection_backoff_ms,
         failed_connection_backoff_max_ms=net.failed_connection_backoff_max_ms,
+        failed_connection_backoff_drops_syns=net.failed_connection_backoff_drops_syns,
         max_connection_creation_rate=net.max_connection_creation_rate,
         connection_creation_rate_per_ip=net.connection_creation_rate_per_ip,
         ssl_handshake_loop_share=net.ssl_handshake_loop_share, max_delayed_connections=net.max_delayed_connections,

@@ -372,6 +372,9 @@ class ListenerCollector:
                            "Connections accepted and waiting for their turn", lambda s: s.delayed_now)
         yield per_listener(GaugeMetricFamily, "metalog_listener_connections_open",
                            "Open connections", lambda s: s.connections_now)
+        yield per_listener(GaugeMetricFamily, "metalog_listener_syn_filtered_addresses",
+                           "Addresses in back-off whose packets the kernel drops before accept (IPv4 listeners "
+                           "on Linux)", lambda s: s.syn_banned_now)
         if self.meter is not None:
             yield CounterMetricFamily("metalog_tls_handshake_seconds", "CPU time spent in TLS handshakes, "
                                       "in the handshake threads and on the loop (server side, every listener)",

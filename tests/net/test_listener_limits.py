@@ -133,7 +133,8 @@ async def test_a_peers_address_is_exempt_from_rates_caps_and_back_off():
 
 async def test_an_address_that_keeps_failing_is_delayed_for_its_back_off():
     """Its next connection waits (accepted, nothing read); a second one meanwhile is closed."""
-    limits = ListenerLimits(failed_connections_before_backoff=2, failed_connection_backoff_ms=1000, **NO_RATES)
+    limits = ListenerLimits(failed_connections_before_backoff=2, failed_connection_backoff_ms=1000,
+                            failed_connection_backoff_drops_syns=False, **NO_RATES)  # kernel drops: test_syn_filter
     server, port, started, log = await start(limits)
     try:
         for _ in range(2):
@@ -221,6 +222,7 @@ async def test_exempt_host_names_are_resolved_to_addresses():
 
 async def test_a_waiting_connection_whose_client_gave_up_is_dropped_without_a_start():
     limits = ListenerLimits(failed_connections_before_backoff=1, failed_connection_backoff_ms=60_000,
+                            failed_connection_backoff_drops_syns=False,
                             connections_max_idle_ms=400, **NO_RATES)  # the sweep runs every 0.1 s
     server, port, started, log = await start(limits)
     try:

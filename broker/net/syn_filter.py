@@ -1,0 +1,156 @@
+"""Addresses in back-off turned away by the kernel, before accept (issue 34).
+
+A listener's back-off (``metalog.broker.net.backoff.AddressPolicy``) lets
+one connection of an address that keeps failing wait out the period and
+refuses the rest at accept. Under a flood that refusal is the whole cost:
+an accept, a close with the unread ClientHello (a reset) and the Python
+between them, about 0.1 ms each on the loop the commits run on, a
+thousand times a second. ``SynFilter`` moves it into the kernel: a
+classic BPF program on the listening socket (``SO_ATTACH_FILTER``) drops
+every packet from the addresses in back-off, so their SYNs are never
+answered and their connections never reach the accept queue. The client's
+SYN retransmissions (1 s, then 3 s, 7 s ...) are its wait: KIP-612's
+throttling by delaying accept, at no cost to us.
+
+* Linux and IPv4 listeners only (elsewhere, and on IPv6 listeners, the
+  refusal stays at accept). The program compares the source address
+  (``SKF_NET_OFF + 12``) with each banned address in turn: two
+  instructions per address, at most ``ADDRESSES_MAX`` of them (the most
+  recently banned), far below the kernel's 4,096.
+* An accepted socket inherits its listener's program: ``detach()`` takes
+  it off, so established connections never run the list.
+* The list changes as back-offs start and end; the program is rebuilt at
+  most once per ``REBUILD_INTERVAL_S`` (``program()`` is pure; the
+  listener schedules ``attach``).
+* The exempt hosts (the voters) are never banned: the listener never
+  puts them in back-off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import math
+import socket
+import struct
+import sys
+from typing import Callable
+
+ADDRESSES_MAX = 1024  # banned addresses in one program: 2 instructions each, under BPF_MAXINSNS (4096)
+REBUILD_INTERVAL_S = 0.1  # at most this often a new program is attached
+
+SO_ATTACH_FILTER = getattr(socket, "SO_ATTACH_FILTER", 26)
+SO_DETACH_FILTER = getattr(socket, "SO_DETACH_FILTER", 27)
+_SKF_NET_OFF = -0x100000  # classic BPF: offsets from the network header
+_LD_W_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS
+_JEQ_K = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
+_RET_K = 0x06  # BPF_RET | BPF_K
+_INSN = struct.Struct("<HBBI")  # struct sock_filter: code, jt, jf, k
+_KEEP = 0xFFFF_FFFF  # return value: keep the whole packet
+_DROP = 0
+
+
+def supported(sock: socket.socket) -> bool:
+    """Whether this listening socket can carry a program (Linux, IPv4)."""
+    return sys.platform.startswith("linux") and sock.family == socket.AF_INET
+
+
+def program(addresses: list[str]) -> bytes:
+    """The instructions dropping every packet from `addresses` (IPv4, at most ADDRESSES_MAX)."""
+    if len(addresses) > ADDRESSES_MAX:
+        raise ValueError(f"{len(addresses)} addresses, at most {ADDRESSES_MAX} in one program")
+    parts = [_INSN.pack(_LD_W_ABS, 0, 0, (_SKF_NET_OFF + 12) & 0xFFFF_FFFF)]  # A = source address
+    for host in addresses:
+        k = int.from_bytes(socket.inet_aton(host), "big")
+        parts.append(_INSN.pack(_JEQ_K, 0, 1, k))  # equal: the next instruction, else skip it
+        parts.append(_INSN.pack(_RET_K, 0, 0, _DROP))
+    parts.append(_INSN.pack(_RET_K, 0, 0, _KEEP))
+    return b"".join(parts)
+
+
+def attach(sock: socket.socket, addresses: list[str]) -> None:
+    """Put the program for `addresses` on `sock` (none: take it off). Raises OSError."""
+    if not addresses:
+        detach(sock)
+        return
+    code = program(addresses)
+    buf = ctypes.create_string_buffer(code, len(code))
+    # struct sock_fprog: unsigned short len; (padding); struct sock_filter *filter
+    fprog = struct.pack("HL", len(code) // _INSN.size, ctypes.addressof(buf))
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+
+
+def detach(sock: socket.socket) -> None:
+    """Take a program off `sock` (none there: nothing happens)."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
+    except OSError:  # ENOENT: no program on it
+        pass
+
+
+class SynBans:
+    """The addresses in back-off, kept in the programs of a listener's IPv4 sockets.
+
+    ``ban(host, until_s)`` as a back-off starts; the programs are rebuilt
+    at most once per ``REBUILD_INTERVAL_S`` and again when the earliest
+    back-off ends (times are the running loop's)."""
+
+    def __init__(self, on_error: Callable[[str, OSError], None], on_change: Callable[[int], None] = lambda n: None):
+        self._on_error = on_error  # attaching failed: the refusals stay at accept
+        self._on_change = on_change  # told how many addresses the programs hold after each rebuild
+        self.sockets: list[socket.socket] = []
+        self.until_s: dict[str, float] = {}  # banned address -> end of its back-off; oldest ban first
+        self.banned_now = 0  # addresses in the programs now
+        self.used = False  # a program was attached once: accepted sockets are detached
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_s = math.inf
+        self._last_s = -math.inf
+
+    def add_socket(self, sock: socket.socket) -> None:
+        if supported(sock):
+            self.sockets.append(sock)
+
+    def ban(self, host: str, until_s: float) -> None:
+        if not self.sockets:
+            return
+        try:
+            socket.inet_aton(host)
+        except OSError:
+            return  # not an IPv4 address
+        self.until_s.pop(host, None)
+        self.until_s[host] = until_s
+        self._schedule(max(asyncio.get_running_loop().time(), self._last_s + REBUILD_INTERVAL_S))
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _schedule(self, at_s: float) -> None:
+        if self._timer is not None:
+            if self._timer_s <= at_s:
+                return
+            self._timer.cancel()
+        self._timer_s = at_s
+        self._timer = asyncio.get_running_loop().call_at(at_s, self._refresh)
+
+    def _refresh(self) -> None:
+        self._timer = None
+        now_s = asyncio.get_running_loop().time()
+        for host in [h for h, u in self.until_s.items() if u <= now_s]:
+            del self.until_s[host]
+        hosts = list(self.until_s)[-ADDRESSES_MAX:]
+        for sock in self.sockets:
+            if sock.fileno() < 0:
+                continue
+            try:
+                attach(sock, hosts)
+            except OSError as exc:
+                self._on_error(f"{sock.getsockname()}", exc)
+                return
+        self.used = self.used or bool(hosts)
+        self.banned_now = len(hosts)
+        self._on_change(len(hosts))
+        self._last_s = now_s
+        if self.until_s:
+            self._schedule(max(min(self.until_s.values()), now_s + REBUILD_INTERVAL_S))

@@ -1,0 +1,95 @@
+"""Addresses in back-off are dropped by the kernel before accept (issue 34,
+metalog.broker.net.syn_filter): their SYNs go unanswered while the back-off
+lasts, every other address connects, and the listener accepts nothing of
+theirs. Real sockets on loopback addresses (127.0.0.x)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from metalog.broker.net import syn_filter
+from metalog.broker.net.listener import ListenerLimits
+from tests.net.helpers import wait_for_condition
+from tests.net.test_listener_limits import NO_RATES, closed_by_server, connect, made, start
+
+CONNECT_WAIT_S = 0.5  # a SYN the kernel drops is retried after 1 s: no answer within this
+
+
+def try_connect(port: int, source: str) -> str:
+    """'connected', or why not (a dropped SYN: 'timeout')."""
+    with socket.socket() as s:
+        s.bind((source, 0))
+        s.settimeout(CONNECT_WAIT_S)
+        try:
+            s.connect(("127.0.0.1", port))
+        except TimeoutError:
+            return "timeout"
+        except OSError as exc:
+            return type(exc).__name__
+        return "connected"
+
+
+def test_the_program_drops_the_banned_addresses_syns_and_no_other():
+    with socket.socket() as lsock:
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(16)
+        port = lsock.getsockname()[1]
+        assert syn_filter.supported(lsock)
+        syn_filter.attach(lsock, ["127.0.0.51", *(f"10.9.{i // 250}.{i % 250}" for i in range(1000))])
+        assert try_connect(port, "127.0.0.51") == "timeout"
+        assert try_connect(port, "127.0.0.52") == "connected"
+        syn_filter.attach(lsock, [])  # no addresses: the program comes off
+        assert try_connect(port, "127.0.0.51") == "connected"
+
+
+def test_a_program_is_bounded_and_ipv6_listeners_get_none():
+    with pytest.raises(ValueError, match="at most 1024"):
+        syn_filter.program([f"10.0.{i // 250}.{i % 250}" for i in range(syn_filter.ADDRESSES_MAX + 1)])
+    assert len(syn_filter.program(["10.0.0.1"])) == 4 * 8  # load, compare, drop, keep
+    with socket.socket(socket.AF_INET6) as s6:
+        assert not syn_filter.supported(s6)
+
+
+async def test_an_address_in_back_off_is_dropped_by_the_kernel_until_the_back_off_ends():
+    limits = ListenerLimits(failed_connections_before_backoff=1, failed_connection_backoff_ms=1500, **NO_RATES)
+    server, port, started, log = await start(limits)
+    st = server.listener.stats
+    try:
+        r, w = await connect(port, "127.0.0.41")
+        w.write(b"\xff\xff\xff\xf0")  # a bad frame: one failure starts the back-off
+        assert await closed_by_server(r)
+        w.close()
+        await wait_for_condition(lambda: st.syn_banned_now == 1, 5, "the address in the filter")
+        before = len(started)
+        assert await asyncio.to_thread(try_connect, port, "127.0.0.41") == "timeout"
+        _, w2 = await connect(port, "127.0.0.42")  # another address: accepted and started at once
+        await wait_for_condition(lambda: made(started) == before + 1, 5, "the other address's connection")
+        assert started[-1][1].peer_host == "127.0.0.42"
+        assert not st.refused_total and not st.delayed_total  # the banned one never reached accept
+        w2.close()
+        await wait_for_condition(lambda: st.syn_banned_now == 0, 5, "the back-off over")
+        assert await asyncio.to_thread(try_connect, port, "127.0.0.41") == "connected"
+        assert log.named("connection_backoff")[0]["address"] == "127.0.0.41"
+    finally:
+        server.close()
+
+
+async def test_with_the_setting_off_the_address_is_held_at_accept_instead():
+    limits = ListenerLimits(failed_connections_before_backoff=1, failed_connection_backoff_ms=60_000,
+                            failed_connection_backoff_drops_syns=False, **NO_RATES)
+    server, port, started, log = await start(limits)
+    st = server.listener.stats
+    try:
+        r, w = await connect(port, "127.0.0.43")
+        w.write(b"\xff\xff\xff\xf0")
+        assert await closed_by_server(r)
+        w.close()
+        await wait_for_condition(lambda: log.named("connection_backoff"), 5, "the back-off line")
+        assert await asyncio.to_thread(try_connect, port, "127.0.0.43") == "connected"  # accepted, then held
+        await wait_for_condition(lambda: st.delayed_total["backoff"] == 1, 5, "held")
+        assert st.syn_banned_now == 0 and not server.listener.bans.sockets
+    finally:
+        server.close()
