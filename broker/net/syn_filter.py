@@ -96,7 +96,7 @@ class SynBans:
     back-off ends (times are the running loop's)."""
 
     def __init__(self, on_error: Callable[[str, OSError], None], on_change: Callable[[int], None] = lambda n: None):
-        self._on_error = on_error  # attaching failed: the refusals stay at accept
+        self._on_error = on_error  # attaching failed (then no more programs: the refusals stay at accept)
         self._on_change = on_change  # told how many addresses the programs hold after each rebuild
         self.sockets: list[socket.socket] = []
         self.until_s: dict[str, float] = {}  # banned address -> end of its back-off; oldest ban first
@@ -145,8 +145,14 @@ class SynBans:
                 continue
             try:
                 attach(sock, hosts)
-            except OSError as exc:
+            except OSError as exc:  # a kernel or sandbox without socket filters: logged once, then off
                 self._on_error(f"{sock.getsockname()}", exc)
+                for s in self.sockets:
+                    detach(s)
+                self.sockets.clear()
+                self.until_s.clear()
+                self.banned_now = 0
+                self._on_change(0)
                 return
         self.used = self.used or bool(hosts)
         self.banned_now = len(hosts)

@@ -15,6 +15,7 @@ from metalog.broker.net.listener import ListenerLimits
 from tests.net.helpers import wait_for_condition
 from tests.net.test_listener_limits import NO_RATES, closed_by_server, connect, made, start
 
+SO_LOCK_FILTER = 44  # Linux: the socket's filter can no longer be changed
 CONNECT_WAIT_S = 0.5  # a SYN the kernel drops is retried after 1 s: no answer within this
 
 
@@ -93,3 +94,21 @@ async def test_with_the_setting_off_the_address_is_held_at_accept_instead():
         assert st.syn_banned_now == 0 and not server.listener.bans.sockets
     finally:
         server.close()
+
+
+
+async def test_a_kernel_that_refuses_the_program_leaves_the_refusals_at_accept_and_says_so_once():
+    errors: list[OSError] = []
+    bans = syn_filter.SynBans(lambda where, exc: errors.append(exc))
+    with socket.socket() as lsock:
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(4)
+        syn_filter.attach(lsock, ["10.0.0.1"])
+        lsock.setsockopt(socket.SOL_SOCKET, SO_LOCK_FILTER, 1)  # now no program may change: EPERM
+        bans.add_socket(lsock)
+        bans.ban("127.0.0.44", asyncio.get_running_loop().time() + 60)
+        await wait_for_condition(lambda: errors, 5, "the refresh")
+        assert isinstance(errors[0], PermissionError) and not bans.sockets and bans.banned_now == 0
+        bans.ban("127.0.0.45", asyncio.get_running_loop().time() + 60)  # off now: no refresh, nothing to say
+        assert not bans.until_s and bans._timer is None and len(errors) == 1
+    bans.close()
