@@ -221,3 +221,4 @@ class ListenerStats:
         self.accept_pauses_total = 0  # times accepting stopped because max_delayed_connections waited
         self.connections_now = 0
         self.syn_banned_now = 0  # addresses in back-off the kernel drops before accept (syn_filter)
+        self.syn_sheds_total = 0  # times the kernel dropped strangers' SYNs for a while (a full handshake queue)

@@ -143,8 +143,7 @@ class Listener:
         # Addresses in back-off, dropped by the kernel before accept (metalog.broker.net.syn_filter).
         self.bans = SynBans(lambda where, exc: self._log.warning(
             "syn_filter_failed", listener=where, error=str(exc),
-            action="addresses in back-off are refused at accept instead"),
-            on_change=lambda banned: setattr(self.stats, "syn_banned_now", banned))
+            action="addresses in back-off are refused at accept instead"), self.stats, self.exempt)
         self._tasks: set[asyncio.Task] = set()
         self._sweeper: asyncio.Task | None = None
 
@@ -204,8 +203,10 @@ class Listener:
         return why
 
     def refuse_queue_full(self, host: str, peer: str) -> None:
-        """A stranger arriving while the handshake queue is full: closed at once."""
+        """A stranger arriving while the handshake queue is full: closed at once, and the
+        kernel drops the strangers' SYNs for a while (``SynBans.shed``)."""
         self.stats.refused_total["handshake_queue_full"] += 1
+        self.bans.shed()
         self.refusals.event("connection_refused", host, peer=peer, reason="handshake queue full",
                             limit="handshake_queue_full", waiting=self.stats.delayed_now)
 
@@ -290,6 +291,7 @@ class Listener:
 
     def succeeded(self, conn: Connection) -> None:
         self.addresses.succeeded(conn.peer_host)
+        self.bans.know(conn.peer_host)
 
     def failed(self, conn: Connection, event: str, count: bool = True, **fields: Any) -> None:
         """A failed handshake: logged (boundedly); `count`s toward the address's back-off."""

@@ -24,6 +24,12 @@ throttling by delaying accept, at no cost to us.
   listener schedules ``attach``).
 * The exempt hosts (the voters) are never banned: the listener never
   puts them in back-off.
+* **Shedding**: a stranger that finds the handshake queue full would cost
+  an accept and a close too. For ``SHED_HOLD_S`` after one did (the queue
+  drains meanwhile) the program turns around: it keeps the packets of the
+  exempt hosts and of the ``KNOWN_MAX`` addresses that last completed a
+  handshake, and drops everyone else's, so a flood's new connections wait
+  in their SYN retries while known clients and peers still connect.
 """
 
 from __future__ import annotations
@@ -34,10 +40,12 @@ import math
 import socket
 import struct
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 ADDRESSES_MAX = 1024  # banned addresses in one program: 2 instructions each, under BPF_MAXINSNS (4096)
 REBUILD_INTERVAL_S = 0.1  # at most this often a new program is attached
+KNOWN_MAX = 512  # addresses with a completed handshake let through while shedding (most recent)
+SHED_HOLD_S = 0.25  # strangers dropped this long after the handshake queue was full (it drains meanwhile)
 
 SO_ATTACH_FILTER = getattr(socket, "SO_ATTACH_FILTER", 26)
 SO_DETACH_FILTER = getattr(socket, "SO_DETACH_FILTER", 27)
@@ -55,25 +63,27 @@ def supported(sock: socket.socket) -> bool:
     return sys.platform.startswith("linux") and sock.family == socket.AF_INET
 
 
-def program(addresses: list[str]) -> bytes:
-    """The instructions dropping every packet from `addresses` (IPv4, at most ADDRESSES_MAX)."""
+def program(addresses: list[str], keep_listed: bool = False) -> bytes:
+    """The instructions dropping every packet from `addresses` (IPv4, at most
+    ADDRESSES_MAX) or, `keep_listed`, every packet from any other address."""
     if len(addresses) > ADDRESSES_MAX:
         raise ValueError(f"{len(addresses)} addresses, at most {ADDRESSES_MAX} in one program")
+    listed, other = (_KEEP, _DROP) if keep_listed else (_DROP, _KEEP)
     parts = [_INSN.pack(_LD_W_ABS, 0, 0, (_SKF_NET_OFF + 12) & 0xFFFF_FFFF)]  # A = source address
     for host in addresses:
         k = int.from_bytes(socket.inet_aton(host), "big")
         parts.append(_INSN.pack(_JEQ_K, 0, 1, k))  # equal: the next instruction, else skip it
-        parts.append(_INSN.pack(_RET_K, 0, 0, _DROP))
-    parts.append(_INSN.pack(_RET_K, 0, 0, _KEEP))
+        parts.append(_INSN.pack(_RET_K, 0, 0, listed))
+    parts.append(_INSN.pack(_RET_K, 0, 0, other))
     return b"".join(parts)
 
 
-def attach(sock: socket.socket, addresses: list[str]) -> None:
-    """Put the program for `addresses` on `sock` (none: take it off). Raises OSError."""
-    if not addresses:
+def attach(sock: socket.socket, addresses: list[str], keep_listed: bool = False) -> None:
+    """Put the program for `addresses` on `sock` (no addresses to drop: take it off). Raises OSError."""
+    if not addresses and not keep_listed:
         detach(sock)
         return
-    code = program(addresses)
+    code = program(addresses, keep_listed)
     buf = ctypes.create_string_buffer(code, len(code))
     # struct sock_fprog: unsigned short len; (padding); struct sock_filter *filter
     fprog = struct.pack("HL", len(code) // _INSN.size, ctypes.addressof(buf))
@@ -88,19 +98,31 @@ def detach(sock: socket.socket) -> None:
         pass
 
 
+def _ipv4(host: str) -> bool:
+    try:
+        socket.inet_aton(host)
+    except OSError:
+        return False
+    return True
+
+
 class SynBans:
-    """The addresses in back-off, kept in the programs of a listener's IPv4 sockets.
+    """What a listener's IPv4 sockets drop in the kernel: the addresses in
+    back-off (``ban``) and, for ``SHED_HOLD_S`` after a stranger found the
+    handshake queue full (``shed``), every address but the exempt and the
+    known ones (``know``: a completed handshake). Programs are rebuilt at
+    most once per ``REBUILD_INTERVAL_S`` and again when the earliest
+    back-off or the shedding ends (times are the running loop's)."""
 
-    ``ban(host, until_s)`` as a back-off starts; the programs are rebuilt
-    at most once per ``REBUILD_INTERVAL_S`` and again when the earliest
-    back-off ends (times are the running loop's)."""
-
-    def __init__(self, on_error: Callable[[str, OSError], None], on_change: Callable[[int], None] = lambda n: None):
+    def __init__(self, on_error: Callable[[str, OSError], None], stats: Any, always: set[str]):
         self._on_error = on_error  # attaching failed (then no more programs: the refusals stay at accept)
-        self._on_change = on_change  # told how many addresses the programs hold after each rebuild
+        self._stats = stats  # ListenerStats: syn_banned_now, syn_sheds_total
+        self._always = always  # the exempt addresses (the listener's set, filled as names resolve)
         self.sockets: list[socket.socket] = []
         self.until_s: dict[str, float] = {}  # banned address -> end of its back-off; oldest ban first
-        self.banned_now = 0  # addresses in the programs now
+        self.known: dict[str, None] = {}  # addresses with a completed handshake; least recent first
+        self.shed_until_s = -math.inf
+        self.shed_hold_s = SHED_HOLD_S
         self.used = False  # a program was attached once: accepted sockets are detached
         self._timer: asyncio.TimerHandle | None = None
         self._timer_s = math.inf
@@ -111,20 +133,38 @@ class SynBans:
             self.sockets.append(sock)
 
     def ban(self, host: str, until_s: float) -> None:
-        if not self.sockets:
+        if not self.sockets or not _ipv4(host):
             return
-        try:
-            socket.inet_aton(host)
-        except OSError:
-            return  # not an IPv4 address
         self.until_s.pop(host, None)
         self.until_s[host] = until_s
-        self._schedule(max(asyncio.get_running_loop().time(), self._last_s + REBUILD_INTERVAL_S))
+        self._soon()
+
+    def know(self, host: str) -> None:
+        """`host` completed a handshake: it gets through while the listener sheds."""
+        if not self.sockets or host in self._always or not _ipv4(host):
+            return
+        if host in self.known:
+            del self.known[host]  # to the end: the most recent
+        elif len(self.known) >= KNOWN_MAX:
+            del self.known[next(iter(self.known))]
+        self.known[host] = None
+
+    def shed(self) -> None:
+        """A stranger found the handshake queue full: strangers' SYNs are dropped for a while."""
+        now_s = asyncio.get_running_loop().time()
+        if not self.sockets or self.shed_until_s > now_s:
+            return
+        self.shed_until_s = now_s + self.shed_hold_s
+        self._stats.syn_sheds_total += 1
+        self._soon()
 
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def _soon(self) -> None:
+        self._schedule(max(asyncio.get_running_loop().time(), self._last_s + REBUILD_INTERVAL_S))
 
     def _schedule(self, at_s: float) -> None:
         if self._timer is not None:
@@ -139,24 +179,33 @@ class SynBans:
         now_s = asyncio.get_running_loop().time()
         for host in [h for h, u in self.until_s.items() if u <= now_s]:
             del self.until_s[host]
-        hosts = list(self.until_s)[-ADDRESSES_MAX:]
+        shedding = self.shed_until_s > now_s
+        if shedding:
+            hosts = [*(h for h in self._always if _ipv4(h)), *self.known][-ADDRESSES_MAX:]
+        else:
+            hosts = list(self.until_s)[-ADDRESSES_MAX:]
         for sock in self.sockets:
             if sock.fileno() < 0:
                 continue
             try:
-                attach(sock, hosts)
+                attach(sock, hosts, keep_listed=shedding)
             except OSError as exc:  # a kernel or sandbox without socket filters: logged once, then off
-                self._on_error(f"{sock.getsockname()}", exc)
-                for s in self.sockets:
-                    detach(s)
-                self.sockets.clear()
-                self.until_s.clear()
-                self.banned_now = 0
-                self._on_change(0)
+                self._off(sock, exc)
                 return
-        self.used = self.used or bool(hosts)
-        self.banned_now = len(hosts)
-        self._on_change(len(hosts))
+        self.used = self.used or shedding or bool(hosts)
+        self._stats.syn_banned_now = 0 if shedding else len(hosts)
         self._last_s = now_s
+        ends = [self.shed_until_s] if shedding else []
         if self.until_s:
-            self._schedule(max(min(self.until_s.values()), now_s + REBUILD_INTERVAL_S))
+            ends.append(min(self.until_s.values()))
+        if ends:
+            self._schedule(max(min(ends), now_s + REBUILD_INTERVAL_S))
+
+    def _off(self, sock: socket.socket, exc: OSError) -> None:
+        self._on_error(f"{sock.getsockname()}", exc)
+        for s in self.sockets:
+            detach(s)
+        self.sockets.clear()
+        self.until_s.clear()
+        self.known.clear()
+        self._stats.syn_banned_now = 0

@@ -375,6 +375,9 @@ class ListenerCollector:
         yield per_listener(GaugeMetricFamily, "metalog_listener_syn_filtered_addresses",
                            "Addresses in back-off whose packets the kernel drops before accept (IPv4 listeners "
                            "on Linux)", lambda s: s.syn_banned_now)
+        yield per_listener(CounterMetricFamily, "metalog_listener_syn_sheds",
+                           "Times the handshake queue was full and the kernel dropped new connections of "
+                           "strangers (neither exempt nor known) for a while", lambda s: s.syn_sheds_total)
         if self.meter is not None:
             yield CounterMetricFamily("metalog_tls_handshake_seconds", "CPU time spent in TLS handshakes, "
                                       "in the handshake threads and on the loop (server side, every listener)",

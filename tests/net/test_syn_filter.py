@@ -11,8 +11,12 @@ import socket
 import pytest
 
 from metalog.broker.net import syn_filter
+from metalog.broker.net.guard import ListenerStats
 from metalog.broker.net.listener import ListenerLimits
-from tests.net.helpers import wait_for_condition
+from metalog.broker.net.tls import TlsFiles, TlsPaths
+from metalog.tools.cluster import certs
+from tests.net.flat_server import serve_flat as serve
+from tests.net.helpers import ListLogger, wait_for_condition
 from tests.net.test_listener_limits import NO_RATES, closed_by_server, connect, made, start
 
 SO_LOCK_FILTER = 44  # Linux: the socket's filter can no longer be changed
@@ -99,7 +103,8 @@ async def test_with_the_setting_off_the_address_is_held_at_accept_instead():
 
 async def test_a_kernel_that_refuses_the_program_leaves_the_refusals_at_accept_and_says_so_once():
     errors: list[OSError] = []
-    bans = syn_filter.SynBans(lambda where, exc: errors.append(exc))
+    stats = ListenerStats()
+    bans = syn_filter.SynBans(lambda where, exc: errors.append(exc), stats, set())
     with socket.socket() as lsock:
         lsock.bind(("127.0.0.1", 0))
         lsock.listen(4)
@@ -108,7 +113,39 @@ async def test_a_kernel_that_refuses_the_program_leaves_the_refusals_at_accept_a
         bans.add_socket(lsock)
         bans.ban("127.0.0.44", asyncio.get_running_loop().time() + 60)
         await wait_for_condition(lambda: errors, 5, "the refresh")
-        assert isinstance(errors[0], PermissionError) and not bans.sockets and bans.banned_now == 0
+        assert isinstance(errors[0], PermissionError) and not bans.sockets and stats.syn_banned_now == 0
         bans.ban("127.0.0.45", asyncio.get_running_loop().time() + 60)  # off now: no refresh, nothing to say
         assert not bans.until_s and bans._timer is None and len(errors) == 1
     bans.close()
+
+
+async def test_a_full_handshake_queue_sheds_strangers_in_the_kernel_but_not_peers_or_known_clients(tmp_path):
+    """While the queue is full a stranger costs an accept and a close; for a while after, the
+    kernel drops strangers' SYNs instead, and the exempt and known addresses still connect."""
+    d = str(tmp_path)
+    certs.cluster_certs(d, {1: ["127.0.0.1"]})
+    tls = TlsFiles(TlsPaths(f"{d}/ca.crt", f"{d}/node-1.crt", f"{d}/node-1.key"))
+    limits = ListenerLimits(ssl_handshake_loop_share=0.0001, exempt_hosts=frozenset({"127.0.0.1"}), **NO_RATES)
+    server = await serve("127.0.0.1", 0, lambda c, h, b: None, tls=tls, limits=limits, logger=ListLogger())
+    port = server.sockets[0].getsockname()[1]
+    listener, st = server.listener, server.listener.stats
+    listener.bans.shed_hold_s = 3.0  # long enough to check while it lasts, on a loaded machine too
+    listener.bans.know("127.0.0.63")  # as a completed handshake would
+    strangers = []
+    try:
+        async with asyncio.timeout(20):
+            while not st.refused_total["handshake_queue_full"]:
+                strangers.append(await connect(port, "127.0.0.60"))
+        await wait_for_condition(lambda: listener.bans.used, 5, "the shedding program")
+        assert st.syn_sheds_total == 1
+        assert await asyncio.to_thread(try_connect, port, "127.0.0.62") == "timeout"  # a stranger
+        assert await asyncio.to_thread(try_connect, port, "127.0.0.1") == "connected"  # a peer
+        assert await asyncio.to_thread(try_connect, port, "127.0.0.63") == "connected"  # a known client
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + 10
+        while await asyncio.to_thread(try_connect, port, "127.0.0.62") != "connected":  # the window ends
+            assert loop.time() < deadline_s, "strangers still shed"
+    finally:
+        for _, w in strangers:
+            w.close()
+        server.close()
