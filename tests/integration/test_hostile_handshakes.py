@@ -5,7 +5,8 @@ flood) opens 600 new connections a second from 127.0.2.x, each replaying a
 ClientHello, for a few seconds. Meanwhile an established client keeps
 committing: every commit must be answered within a deadline, with no error.
 Afterwards the broker's log holds a bounded number of refusal lines with the
-counts in summary lines, and its metrics show the handshakes it paced.
+counts in summary lines, and its metrics show the handshakes it paced and the
+windows in which the kernel dropped the strangers' SYNs.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ def test_an_established_client_is_answered_through_a_handshake_flood(make_cluste
     delayed = metric(cluster, 1, 'metalog_listener_connections_delayed_total{listener="binary",'
                                  'reason="handshake_budget"}')
     assert delayed > 0
+    # and the queue filled: the kernel dropped strangers' SYNs for a while (metalog.broker.net.syn_filter)
+    assert metric(cluster, 1, 'metalog_listener_syn_sheds_total{listener="binary"}') > 0
     # thousands of failed handshakes, a bounded number of log lines: a few per interval, then a summary
     def summaries():
         return [e for e in cluster.read_log_lines(1) if e.get("event") == "connection_refusals_summary"

@@ -68,6 +68,9 @@ WARMUP_S = 2.0  # the attack runs this long before the client measures
 FLOOD_GIVE_UP_S = 2.0  # a flood connection not done by then is dropped by the attacker
 FLOOD_INFLIGHT_MAX = 4000  # attacker's open flood connections (its file descriptors)
 REFUSED_REASONS = ("handshake_queue_full", "backoff")  # the leader's refusals before a handshake, told in the report
+# What the leader's kernel dropped for it (metalog.broker.net.syn_filter), told in the report too.
+SHEDS_METRIC = 'metalog_listener_syn_sheds_total{listener="binary"}'
+BANNED_METRIC = 'metalog_listener_syn_filtered_addresses{listener="binary"}'
 LOG_EVENTS = ("tls_handshake_failed", "bad_frame", "bad_header", "connection_idle_closed", "connection_refused",
               "connection_backoff", "connection_refusals_summary")
 
@@ -336,6 +339,7 @@ def _attack(cluster: LocalCluster, leader: int, kind: str, amount: int, duration
     log_before = _event_counts(cluster, leader)
     hs_before = _metric(cluster, leader, "metalog_tls_handshake_seconds_total")
     refused_before = _refused(cluster, leader)
+    sheds_before = _metric(cluster, leader, SHEDS_METRIC) or 0.0
     attacker = subprocess.Popen([sys.executable, "-m", "metalog.tools.bench.hostile", "attacker", kind, host,
                                  str(port), str(amount), str(duration_s + WARMUP_S + 1), bad], cwd=REPO_ROOT,
                                 stdout=subprocess.PIPE, text=True)
@@ -351,7 +355,10 @@ def _attack(cluster: LocalCluster, leader: int, kind: str, amount: int, duration
     share = None if hs_before is None or hs_after is None else round((hs_after - hs_before) / window_s, 3)
     refused_after = _refused(cluster, leader)
     refused = {why: refused_after[why] - refused_before[why] for why in REFUSED_REASONS}
+    kernel = {"shed_windows": (_metric(cluster, leader, SHEDS_METRIC) or 0.0) - sheds_before,
+              "addresses_in_back_off_at_the_end": _metric(cluster, leader, BANNED_METRIC) or 0.0}
     return {"attack": kind, "amount": amount, "under_attack": under, "leader_refused": refused,
+            "leader_kernel_drops": kernel,
             "attacker": json.loads(out.strip().splitlines()[-1]) if out.strip() else {},
             "leader_handshake_loop_share": share,
             "leader_log_lines": {e: log_after[e] - log_before[e] for e in LOG_EVENTS}}
@@ -412,7 +419,8 @@ def format_report(result: dict) -> str:
                      f"{u['errors']} errors; p99 {a['p99_ratio']}x idle (goal <= 2x), commits "
                      f"{a['commits_share']} of idle (goal >= 0.8); leader: CPU {u.get('leader_cpu')} of a core, "
                      f"{a['leader_handshake_loop_share']} of a core in TLS handshakes, {logged} refusal log "
-                     f"lines, refused before a handshake {a.get('leader_refused')}; "
+                     f"lines, refused before a handshake {a.get('leader_refused')}, dropped by the kernel "
+                     f"{a.get('leader_kernel_drops')}; "
                      f"attacker CPU {a['attacker'].get('cpu_per_s')} of a core")
     return "\n".join(lines)
 
