@@ -38,6 +38,9 @@ METER_DECAY_S = 1.0  # the meter's memory: "the share of the last second"
 MEAN_DECAY_S = 30.0  # the memory of the mean cost of a handshake
 DEFAULT_HANDSHAKE_COST_S = 0.001  # until measured: a full TLS 1.3 handshake on one core, about 1 ms
 PACER_BURST = 2  # handshakes that may start back to back after a quiet period
+OUTCOME_DECAY_S = 5.0  # the pacer's memory of how its handshakes ended
+OUTCOMES_MIN = 4.0  # fewer (decayed) outcomes than this: the whole share
+FAILING_SHARE_MIN = 0.2  # of the share, while every handshake fails (a flood)
 
 
 class HandshakeMeter:
@@ -123,21 +126,56 @@ def meter_handshakes(ctx: ssl.SSLContext) -> ssl.SSLContext:
 
 
 class HandshakePacer:
-    """When the next handshake may start, keeping handshakes under ``share`` of the loop."""
+    """When the next handshake may start, keeping handshakes under ``share`` of the loop.
 
-    def __init__(self, share: float, meter: HandshakeMeter = HANDSHAKE_METER):
+    The share shrinks while the handshakes it starts fail: to
+    ``share * max(FAILING_SHARE_MIN, the share of them that succeeded)`` over
+    about the last ``OUTCOME_DECAY_S``. A reconnect storm of real clients
+    keeps the whole budget; a flood, whose handshakes never complete, gets
+    a fifth of it (and its addresses the back-off)."""
+
+    def __init__(self, share: float, meter: HandshakeMeter = HANDSHAKE_METER,
+                 clock: Callable[[], float] = time.monotonic):
         if not 0 <= share <= 1:
             raise ValueError(f"share must be in [0, 1], got {share}")
         self.share = share
         self._meter = meter
         self._next_s = -math.inf
+        self._clock = clock
+        self._ok = 0.0  # handshakes that completed, decayed over OUTCOME_DECAY_S
+        self._failed = 0.0  # ... that failed in a way that counts toward a back-off
+        self._at_s = clock()
+
+    def ended(self, ok: bool) -> None:
+        """A handshake this pacer started completed (`ok`) or failed."""
+        self._decay()
+        if ok:
+            self._ok += 1
+        else:
+            self._failed += 1
+
+    def _decay(self) -> None:
+        now_s = self._clock()
+        if now_s > self._at_s:
+            f = math.exp(-(now_s - self._at_s) / OUTCOME_DECAY_S)
+            self._ok *= f
+            self._failed *= f
+            self._at_s = now_s
+
+    def effective_share(self) -> float:
+        """The share now: smaller while most recent handshakes failed."""
+        self._decay()
+        ended = self._ok + self._failed
+        if ended < OUTCOMES_MIN:
+            return self.share
+        return self.share * max(FAILING_SHARE_MIN, self._ok / ended)
 
     def next_start_s(self, now_s: float) -> float:
         """The earliest time (>= now_s) the next handshake may start; 0 share: always now."""
         if not self.share:
             return now_s
         at_s = max(now_s, self._next_s)
-        over = self._meter.share() - self.share
+        over = self._meter.share() - self.effective_share()
         if over > 0:  # costlier than the mean said: wait until the excess has decayed
             at_s = max(at_s, now_s + over * METER_DECAY_S)
         return at_s
@@ -146,13 +184,13 @@ class HandshakePacer:
         """Handshakes a second the share allows at the measured mean cost (0 share: unbounded)."""
         if not self.share:
             return math.inf
-        return self.share / self._meter.mean_cost_s()
+        return self.effective_share() / self._meter.mean_cost_s()
 
     def took(self, now_s: float) -> None:
         """A handshake starts now."""
         self._meter.started()
         if self.share:
-            interval_s = self._meter.mean_cost_s() / self.share
+            interval_s = self._meter.mean_cost_s() / self.effective_share()
             self._next_s = max(self._next_s, now_s - (PACER_BURST - 1) * interval_s) + interval_s
 
 

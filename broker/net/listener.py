@@ -66,6 +66,7 @@ from metalog.broker.net.tls_transport import TlsSocketTransport
 
 ACCEPT_BATCH_MAX = 64  # sockets accepted per readiness callback: other callbacks run between batches
 STARTS_PER_TURN_MAX = 16  # delayed connections started per timer callback
+KNOWN_ADDRESSES_MAX = 512  # addresses remembered for a completed handshake (the most recent)
 ACCEPT_RETRY_S = 0.1  # after accept() fails (out of file descriptors): try again this much later
 LISTEN_BACKLOG = 1024  # the kernel's queue of connections we have not accepted yet (capped by somaxconn)
 TCP_ESTABLISHED = 1  # tcp_info.tcpi_state of a connection its peer has not closed (Linux)
@@ -140,10 +141,13 @@ class Listener:
         self._listener_slots = RateSlots(rate, max(1, int(rate)))
         self.pacer = HandshakePacer(limits.ssl_handshake_loop_share if tls is not None else 0.0)
         self._arrived: set[str] = set()  # peers counted at accept whose Connection is not made yet
+        # Addresses that completed a handshake lately (least recent first, at most KNOWN_ADDRESSES_MAX):
+        # they go ahead of strangers for the handshake budget, and through while the kernel sheds.
+        self.known: dict[str, None] = {}
         # Addresses in back-off, dropped by the kernel before accept (metalog.broker.net.syn_filter).
         self.bans = SynBans(lambda where, exc: self._log.warning(
             "syn_filter_failed", listener=where, error=str(exc),
-            action="addresses in back-off are refused at accept instead"), self.stats, self.exempt)
+            action="addresses in back-off are refused at accept instead"), self.stats, self.exempt, self.known)
         self._tasks: set[asyncio.Task] = set()
         self._sweeper: asyncio.Task | None = None
 
@@ -290,14 +294,25 @@ class Listener:
             del self.per_ip[host]
 
     def succeeded(self, conn: Connection) -> None:
-        self.addresses.succeeded(conn.peer_host)
-        self.bans.know(conn.peer_host)
+        host = conn.peer_host
+        self.addresses.succeeded(host)
+        if host in self.exempt:
+            return
+        if host in self.known:
+            del self.known[host]  # to the end: the most recent
+        elif len(self.known) >= KNOWN_ADDRESSES_MAX:
+            del self.known[next(iter(self.known))]
+        self.known[host] = None
+        if self.tls is not None:
+            self.pacer.ended(True)
 
     def failed(self, conn: Connection, event: str, count: bool = True, **fields: Any) -> None:
         """A failed handshake: logged (boundedly); `count`s toward the address's back-off."""
         self.refused(event, conn.peer_host, peer=conn.peer, **fields)
         if count:
             self.record_failure(conn.peer_host)
+            if conn.peer_host not in self.exempt:
+                self.pacer.ended(False)
 
     def refused(self, event: str, host: str, /, **fields: Any) -> None:
         """Bad input or a failure from `host`: counted, and logged within the log's bounds."""
@@ -344,6 +359,7 @@ class _Acceptor:
         self._loop = asyncio.get_running_loop()
         self._waiting: list[_Waiting] = []  # heap by due time: the address's or the listener's slot
         self._ready: collections.deque[_Waiting] = collections.deque()  # due, waiting for the handshake pacer
+        self._ready_known: collections.deque[_Waiting] = collections.deque()  # ... of known addresses: first
         self._seq = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_s = 0.0
@@ -352,7 +368,7 @@ class _Acceptor:
 
     @property
     def delayed(self) -> int:
-        return len(self._waiting) + len(self._ready)
+        return len(self._waiting) + len(self._ready) + len(self._ready_known)
 
     def resume(self) -> None:
         if not self._accepting and not self._closed:
@@ -369,11 +385,12 @@ class _Acceptor:
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
-        for w in [*self._waiting, *self._ready]:
+        for w in [*self._waiting, *self._ready, *self._ready_known]:
             w.sock.close()
             self._listener.uncount_arrival(w.host, w.peer)
         self._waiting.clear()
         self._ready.clear()
+        self._ready_known.clear()
         self.sock.close()
 
     def drop_abandoned(self) -> None:
@@ -427,7 +444,7 @@ class _Acceptor:
         if listener.refuse_at_accept(host, peer) is not None:
             sock.close()
             return
-        if host not in listener.exempt and self._queue_full():
+        if host not in listener.exempt and host not in listener.known and self._queue_full():
             listener.refuse_queue_full(host, peer)
             sock.close()
             return
@@ -456,7 +473,7 @@ class _Acceptor:
                 w.due_s = due_s
                 heapq.heappush(self._waiting, w)
                 return
-        self._ready.append(w)
+        (self._ready_known if w.host in self._listener.known else self._ready).append(w)
 
     def _pump(self) -> None:
         self._timer = None
@@ -475,15 +492,16 @@ class _Acceptor:
     def _pump_ready(self, now_s: float) -> None:
         listener = self._listener
         for _ in range(STARTS_PER_TURN_MAX):
-            if not self._ready:
+            ready = self._ready_known or self._ready  # known addresses go ahead of strangers
+            if not ready:
                 return
-            w = self._ready[0]
+            w = ready[0]
             if listener.handshake_due_s(w.host, now_s) > now_s:
                 if not w.paced:
                     w.paced = True
                     listener.stats.delayed_total["handshake_budget"] += 1
                 return
-            self._ready.popleft()
+            ready.popleft()
             if _abandoned(w.sock):  # its peer gave up while it waited: no handshake for nobody
                 self._drop(w)
                 continue
@@ -492,8 +510,9 @@ class _Acceptor:
     def _schedule(self) -> None:
         self._listener.stats.delayed_now = self.delayed
         now_s = self._loop.time()
-        if self._ready:
-            at_s = max(self._listener.handshake_due_s(self._ready[0].host, now_s), now_s + 0.0005)
+        ready = self._ready_known or self._ready
+        if ready:
+            at_s = max(self._listener.handshake_due_s(ready[0].host, now_s), now_s + 0.0005)
         elif self._waiting:
             at_s = self._waiting[0].due_s
         else:

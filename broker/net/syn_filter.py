@@ -27,8 +27,8 @@ throttling by delaying accept, at no cost to us.
 * **Shedding**: a stranger that finds the handshake queue full would cost
   an accept and a close too. For ``SHED_HOLD_S`` after one did (the queue
   drains meanwhile) the program turns around: it keeps the packets of the
-  exempt hosts and of the ``KNOWN_MAX`` addresses that last completed a
-  handshake, and drops everyone else's, so a flood's new connections wait
+  exempt hosts and of the addresses that last completed a handshake (the
+  listener's ``known``, at most 512), and drops everyone else's, so a flood's new connections wait
   in their SYN retries while known clients and peers still connect.
 """
 
@@ -44,7 +44,6 @@ from typing import Any, Callable
 
 ADDRESSES_MAX = 1024  # banned addresses in one program: 2 instructions each, under BPF_MAXINSNS (4096)
 REBUILD_INTERVAL_S = 0.1  # at most this often a new program is attached
-KNOWN_MAX = 512  # addresses with a completed handshake let through while shedding (most recent)
 SHED_HOLD_S = 0.25  # strangers dropped this long after the handshake queue was full (it drains meanwhile)
 
 SO_ATTACH_FILTER = getattr(socket, "SO_ATTACH_FILTER", 26)
@@ -110,17 +109,18 @@ class SynBans:
     """What a listener's IPv4 sockets drop in the kernel: the addresses in
     back-off (``ban``) and, for ``SHED_HOLD_S`` after a stranger found the
     handshake queue full (``shed``), every address but the exempt and the
-    known ones (``know``: a completed handshake). Programs are rebuilt at
+    known ones (a completed handshake). Programs are rebuilt at
     most once per ``REBUILD_INTERVAL_S`` and again when the earliest
     back-off or the shedding ends (times are the running loop's)."""
 
-    def __init__(self, on_error: Callable[[str, OSError], None], stats: Any, always: set[str]):
+    def __init__(self, on_error: Callable[[str, OSError], None], stats: Any, always: set[str],
+                 known: dict[str, None]):
         self._on_error = on_error  # attaching failed (then no more programs: the refusals stay at accept)
         self._stats = stats  # ListenerStats: syn_banned_now, syn_sheds_total
         self._always = always  # the exempt addresses (the listener's set, filled as names resolve)
+        self._known = known  # addresses with a completed handshake (the listener's, least recent first)
         self.sockets: list[socket.socket] = []
         self.until_s: dict[str, float] = {}  # banned address -> end of its back-off; oldest ban first
-        self.known: dict[str, None] = {}  # addresses with a completed handshake; least recent first
         self.shed_until_s = -math.inf
         self.shed_hold_s = SHED_HOLD_S
         self.used = False  # a program was attached once: accepted sockets are detached
@@ -138,16 +138,6 @@ class SynBans:
         self.until_s.pop(host, None)
         self.until_s[host] = until_s
         self._soon()
-
-    def know(self, host: str) -> None:
-        """`host` completed a handshake: it gets through while the listener sheds."""
-        if not self.sockets or host in self._always or not _ipv4(host):
-            return
-        if host in self.known:
-            del self.known[host]  # to the end: the most recent
-        elif len(self.known) >= KNOWN_MAX:
-            del self.known[next(iter(self.known))]
-        self.known[host] = None
 
     def shed(self) -> None:
         """A stranger found the handshake queue full: strangers' SYNs are dropped for a while."""
@@ -181,7 +171,8 @@ class SynBans:
             del self.until_s[host]
         shedding = self.shed_until_s > now_s
         if shedding:
-            hosts = [*(h for h in self._always if _ipv4(h)), *self.known][-ADDRESSES_MAX:]
+            hosts = [*(h for h in self._always if _ipv4(h)), *(h for h in self._known if _ipv4(h))]
+            hosts = hosts[-ADDRESSES_MAX:]
         else:
             hosts = list(self.until_s)[-ADDRESSES_MAX:]
         for sock in self.sockets:
@@ -207,5 +198,4 @@ class SynBans:
             detach(s)
         self.sockets.clear()
         self.until_s.clear()
-        self.known.clear()
         self._stats.syn_banned_now = 0

@@ -141,7 +141,8 @@ class NetworkConfig:
                "wait their turn (Kafka's connection_creation_rate quota of an IP)", ge=0, note="0 = no limit")
     ssl_handshake_loop_share: float = setting(
         0.25, "share of one core TLS handshakes of new connections may take (measured; they run in a "
-              "handshake thread); more wait their turn, so a handshake flood cannot starve open connections",
+              "handshake thread), down to a fifth of it while most of them fail; more wait their turn, "
+              "addresses with a completed handshake first, so a handshake flood cannot starve open connections",
         ge=0, le=1,
         note="0 = not paced")
     max_delayed_connections: int = setting(

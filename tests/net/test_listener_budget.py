@@ -8,7 +8,8 @@ import ssl
 import pytest
 
 from metalog.broker.net.channel import PeerChannel
-from metalog.broker.net.guard import HANDSHAKE_METER, HandshakeMeter, HandshakePacer, TimedSSLObject
+from metalog.broker.net.guard import (FAILING_SHARE_MIN, HANDSHAKE_METER, HandshakeMeter, HandshakePacer,
+                                      TimedSSLObject)
 from metalog.broker.net.listener import ListenerLimits
 from metalog.broker.net.tls import TlsFiles, TlsPaths
 from metalog.protocol import messages as m
@@ -153,3 +154,25 @@ async def test_a_stranger_leaving_after_our_answer_to_its_client_hello_counts_to
         assert server.listener.addresses.get("127.0.0.31").failures == 0
     finally:
         server.close()
+
+
+def test_the_share_shrinks_while_handshakes_fail_and_comes_back_as_they_succeed():
+    """A flood's handshakes never complete: the pacer gives it a fifth of the share. A
+    reconnect storm of real clients completes its handshakes and keeps the whole share."""
+    clock = Clock()
+    meter = HandshakeMeter(clock)
+    pacer = HandshakePacer(0.25, meter, clock=clock)
+    assert pacer.effective_share() == 0.25
+    for _ in range(3):
+        pacer.ended(False)
+    assert pacer.effective_share() == 0.25  # too few to judge
+    for _ in range(20):
+        pacer.ended(False)
+    assert pacer.effective_share() == pytest.approx(0.25 * FAILING_SHARE_MIN)
+    rate_failing = pacer.rate_per_s()
+    for _ in range(23):
+        pacer.ended(True)
+    assert pacer.effective_share() == pytest.approx(0.125)  # half of them completed
+    assert pacer.rate_per_s() == pytest.approx(rate_failing * 0.5 / FAILING_SHARE_MIN)
+    clock.now_s += 60  # long after: the outcomes are forgotten, the whole share again
+    assert pacer.effective_share() == 0.25

@@ -104,7 +104,7 @@ async def test_with_the_setting_off_the_address_is_held_at_accept_instead():
 async def test_a_kernel_that_refuses_the_program_leaves_the_refusals_at_accept_and_says_so_once():
     errors: list[OSError] = []
     stats = ListenerStats()
-    bans = syn_filter.SynBans(lambda where, exc: errors.append(exc), stats, set())
+    bans = syn_filter.SynBans(lambda where, exc: errors.append(exc), stats, set(), {})
     with socket.socket() as lsock:
         lsock.bind(("127.0.0.1", 0))
         lsock.listen(4)
@@ -121,7 +121,8 @@ async def test_a_kernel_that_refuses_the_program_leaves_the_refusals_at_accept_a
 
 async def test_a_full_handshake_queue_sheds_strangers_in_the_kernel_but_not_peers_or_known_clients(tmp_path):
     """While the queue is full a stranger costs an accept and a close; for a while after, the
-    kernel drops strangers' SYNs instead, and the exempt and known addresses still connect."""
+    kernel drops strangers' SYNs instead, and the exempt and known addresses still connect (a
+    known one waits for the handshake budget ahead of the strangers, not refused by the full queue)."""
     d = str(tmp_path)
     certs.cluster_certs(d, {1: ["127.0.0.1"]})
     tls = TlsFiles(TlsPaths(f"{d}/ca.crt", f"{d}/node-1.crt", f"{d}/node-1.key"))
@@ -130,7 +131,7 @@ async def test_a_full_handshake_queue_sheds_strangers_in_the_kernel_but_not_peer
     port = server.sockets[0].getsockname()[1]
     listener, st = server.listener, server.listener.stats
     listener.bans.shed_hold_s = 3.0  # long enough to check while it lasts, on a loaded machine too
-    listener.bans.know("127.0.0.63")  # as a completed handshake would
+    listener.known["127.0.0.63"] = None  # as a completed handshake would
     strangers = []
     try:
         async with asyncio.timeout(20):
@@ -140,7 +141,10 @@ async def test_a_full_handshake_queue_sheds_strangers_in_the_kernel_but_not_peer
         assert st.syn_sheds_total == 1
         assert await asyncio.to_thread(try_connect, port, "127.0.0.62") == "timeout"  # a stranger
         assert await asyncio.to_thread(try_connect, port, "127.0.0.1") == "connected"  # a peer
-        assert await asyncio.to_thread(try_connect, port, "127.0.0.63") == "connected"  # a known client
+        refused, waiting = st.refused_total["handshake_queue_full"], st.delayed_now
+        strangers.append(await connect(port, "127.0.0.63"))  # a known client: through the kernel...
+        await wait_for_condition(lambda: st.delayed_now == waiting + 1, 5, "the known client queued")
+        assert st.refused_total["handshake_queue_full"] == refused  # ...and queued ahead, not refused
         loop = asyncio.get_running_loop()
         deadline_s = loop.time() + 10
         while await asyncio.to_thread(try_connect, port, "127.0.0.62") != "connected":  # the window ends
