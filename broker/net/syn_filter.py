@@ -1,11 +1,13 @@
-"""Addresses in back-off turned away by the kernel, before accept (issue 34).
+"""Connections turned away by the kernel, before accept (issue 34): the
+addresses in back-off always, and every stranger while the handshake queue
+is full.
 
 A listener's back-off (``metalog.broker.net.backoff.AddressPolicy``) lets
 one connection of an address that keeps failing wait out the period and
 refuses the rest at accept. Under a flood that refusal is the whole cost:
 an accept, a close with the unread ClientHello (a reset) and the Python
 between them, about 0.1 ms each on the loop the commits run on, a
-thousand times a second. ``SynFilter`` moves it into the kernel: a
+thousand times a second. ``SynBans`` moves it into the kernel: a
 classic BPF program on the listening socket (``SO_ATTACH_FILTER``) drops
 every packet from the addresses in back-off, so their SYNs are never
 answered and their connections never reach the accept queue. The client's
@@ -28,8 +30,9 @@ throttling by delaying accept, at no cost to us.
   an accept and a close too. For ``SHED_HOLD_S`` after one did (the queue
   drains meanwhile) the program turns around: it keeps the packets of the
   exempt hosts and of the addresses that last completed a handshake (the
-  listener's ``known``, at most 512), and drops everyone else's, so a flood's new connections wait
-  in their SYN retries while known clients and peers still connect.
+  listener's ``known``, at most 512), and drops everyone else's, so a
+  flood's new connections wait in their SYN retries while known clients
+  and peers still connect.
 """
 
 from __future__ import annotations
@@ -170,9 +173,10 @@ class SynBans:
         for host in [h for h, u in self.until_s.items() if u <= now_s]:
             del self.until_s[host]
         shedding = self.shed_until_s > now_s
-        if shedding:
-            hosts = [*(h for h in self._always if _ipv4(h)), *(h for h in self._known if _ipv4(h))]
-            hosts = hosts[-ADDRESSES_MAX:]
+        if shedding:  # the exempt addresses first: never cut
+            hosts = [h for h in self._always if _ipv4(h)][:ADDRESSES_MAX]
+            known = [h for h in self._known if _ipv4(h)]
+            hosts += known[max(0, len(known) - (ADDRESSES_MAX - len(hosts))):]  # the most recent
         else:
             hosts = list(self.until_s)[-ADDRESSES_MAX:]
         for sock in self.sockets:
@@ -184,7 +188,7 @@ class SynBans:
                 self._off(sock, exc)
                 return
         self.used = self.used or shedding or bool(hosts)
-        self._stats.syn_banned_now = 0 if shedding else len(hosts)
+        self._stats.syn_banned_now = min(len(self.until_s), ADDRESSES_MAX)
         self._last_s = now_s
         ends = [self.shed_until_s] if shedding else []
         if self.until_s:
