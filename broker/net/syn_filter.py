@@ -149,9 +149,13 @@ class SynBans:
             return
         self.shed_until_s = now_s + self.shed_hold_s
         self._stats.syn_sheds_total += 1
-        self._soon()
+        # At once, not at the rebuild rate: every millisecond until then is another accept and
+        # close of the flood's. At most one such rebuild per window.
+        self.close()
+        self._refresh()
 
     def close(self) -> None:
+        """Cancel the pending rebuild (the listener closes; or shed rebuilds now)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
