@@ -146,7 +146,7 @@ class Connection(asyncio.Protocol):
             # ClientHello (what a handshake flood does: costly for us, free for it), as
             # protocol errors and stalls do.
             # An EOF reaches us as an SSLEOFError or SSLZeroReturnError on some Python
-            # builds (Debian's 3.11.2), as a plain OSError or EOFError on others.
+            # builds (Debian's 3.11.2), as an error that is no SSLError on others.
             timed_out = is_handshake_timeout(exc)
             protocol_error = isinstance(exc, ssl.SSLError) and not isinstance(exc, _SSL_EOFS)
             left = not protocol_error and not timed_out and self._peer_had_our_answer()
