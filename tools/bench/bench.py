@@ -662,7 +662,8 @@ def cmd_bench(args) -> int:
             from metalog.tools.bench import hostile  # on use: every metalog command imports this module
 
             _progress("hostile: idle, 200 hostile connections, a flood of 1000 new connections/s")
-            report["hostile"] = hostile.run(200, 1000, 2.0 if args.smoke else 8.0, os.path.join(root, "hostile"))
+            report["hostile"] = hostile.run(200, 1000, 2.0 if args.smoke else 8.0, os.path.join(root, "hostile"),
+                                            rounds=1 if args.smoke else 3)
         scale_sections = [SCALE_SECTIONS[s] for s in sections if s in SCALE_SECTIONS]
         if scale_sections:
             from metalog.tools.bench import catchup as scale_catchup  # on use: every metalog command imports this module
