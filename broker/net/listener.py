@@ -7,12 +7,14 @@ socket and before its TLS handshake, whether and when it starts:
 
 * **refused** (closed at once, before any handshake) above
   ``max_connections`` open-or-waiting connections on the listener or
-  ``max_connections_per_ip`` from one address, and while the handshake
-  queue is full: as many connections wait for the handshake pacer as it
-  starts in ``HANDSHAKE_QUEUE_WAIT_S`` (a flood's connections cost an
-  accept and a close instead of a wait the client gives up on, and a peer
-  never waits behind them: holding them in the kernel's backlog would hold
-  the peers too);
+  ``max_connections_per_ip`` from one address, and a stranger while the
+  handshake queue is full: as many connections wait for the handshake
+  pacer as it starts in ``HANDSHAKE_QUEUE_WAIT_S`` (a flood's connections
+  cost an accept and a close instead of a wait the client gives up on, and
+  a peer never waits behind them: holding them in the kernel's backlog
+  would hold the peers too). Addresses that completed a handshake lately
+  (``known``) wait in a queue of their own that goes first and is never
+  full;
 * **delayed** (held, accepted but not read from, no handshake, as KIP-612
   throttles) until its address's slot comes up: at most
   ``connection_creation_rate_per_ip`` new connections a second from one
@@ -30,7 +32,9 @@ socket and before its TLS handshake, whether and when it starts:
   its new connections wait in its own SYN retries instead of costing an
   accept and a close each (``failed_connection_backoff_drops_syns``;
   Linux, IPv4: ``metalog.broker.net.syn_filter``). A connection of it that
-  arrived before the filter is held as above;
+  arrived before the filter is held as above. And for a while after a
+  stranger found the handshake queue full, the filter drops every address
+  but the exempt and known ones;
 * the ``exempt_hosts`` (the quorum's own peers) are never delayed or
   refused.
 
@@ -144,10 +148,11 @@ class Listener:
         # Addresses that completed a handshake lately (least recent first, at most KNOWN_ADDRESSES_MAX):
         # they go ahead of strangers for the handshake budget, and through while the kernel sheds.
         self.known: dict[str, None] = {}
-        # Addresses in back-off, dropped by the kernel before accept (metalog.broker.net.syn_filter).
+        # What the kernel drops before accept (metalog.broker.net.syn_filter): addresses in
+        # back-off, and strangers for a while after one found the handshake queue full.
         self.bans = SynBans(lambda where, exc: self._log.warning(
             "syn_filter_failed", listener=where, error=str(exc),
-            action="addresses in back-off are refused at accept instead"), self.stats, self.exempt, self.known)
+            action="refusals stay at accept"), self.stats, self.exempt, self.known)
         self._tasks: set[asyncio.Task] = set()
         self._sweeper: asyncio.Task | None = None
 
