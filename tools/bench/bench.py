@@ -546,8 +546,8 @@ def machine() -> dict:
 
 
 def _libpython() -> str:
-    """'shared' when libpython is a shared library of this process (a default pyenv or source
-    build: no PGO, no LTO), 'static' when linked into the binary (Debian's and Ubuntu's)."""
+    """'shared' when libpython is a shared library of this process (pyenv's and the official
+    Docker images' builds), 'static' when it is linked into the binary (Debian's and Ubuntu's)."""
     try:
         with open("/proc/self/maps") as f:
             return "shared" if "libpython" in f.read() else "static"
