@@ -31,7 +31,10 @@ def run_bench(tmp_path, *extra: str) -> dict:
 
 def test_smoke_all_sections(tmp_path, capsys):
     report = run_bench(tmp_path, "--only", "throughput,light,failover,catchup", "--duration-s", "1",
-                       "--light-duration-s", "1")
+                       "--light-duration-s", "1", "--light-rounds", "2")
+    # The one-client section takes its own rounds (--smoke's --rounds is 1).
+    assert len(report["throughput"]["rounds"]) == 1 and len(report["light"]["rounds"]) == 2
+    assert report["settings"]["light_rounds"] == 2
     thr = report["throughput"]["best"]
     assert thr["clients"] == 50 and thr["ops"] > 0 and thr["errors"] == 0
     assert thr["p50_ms"] <= thr["p99_ms"] <= thr["p99_9_ms"] <= thr["max_ms"]
