@@ -146,3 +146,10 @@ def test_smoke_profile_commit(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "commit profile:" in out and "next Fetch written -> leader read it" in out
     assert "the codec on one commit's path" in out
+
+
+def test_light_rounds_below_one_is_refused(tmp_path, capsys):
+    rc = main(["bench", "--only", "light", "--light-rounds", "0", "--dir", str(tmp_path / "clusters")])
+    assert rc == 2
+    assert "--light-rounds must be at least 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "clusters").exists()  # refused before any cluster was made

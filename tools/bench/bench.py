@@ -631,6 +631,10 @@ def cmd_bench(args) -> int:
         for k, v in SMOKE.items():
             if getattr(args, k) == _DEFAULTS[k]:
                 setattr(args, k, v)
+    if args.light_rounds is not None and args.light_rounds < 1:
+        print(f"metalog bench: --light-rounds must be at least 1, got {args.light_rounds}", file=sys.stderr)
+        return 2
+    args.light_rounds = args.light_rounds or LIGHT_ROUNDS_PER_ROUND * args.rounds  # the report's settings name it
     sections = [s.strip() for s in args.only.split(",")] if args.only else ["throughput", "light", "failover",
                                                                            "catchup"]
     unknown = set(sections) - {"throughput", "light", "failover", "catchup", "profile", "hostile", *SCALE_SECTIONS}
@@ -656,8 +660,7 @@ def cmd_bench(args) -> int:
         if "throughput" in sections:
             bench_load(args, root, args.clients, args.rounds, "throughput", report)
         if "light" in sections:
-            light_rounds = args.light_rounds or LIGHT_ROUNDS_PER_ROUND * args.rounds
-            bench_load(light_args, root, 1, light_rounds, "light", report)
+            bench_load(light_args, root, 1, args.light_rounds, "light", report)
         if "failover" in sections:
             bench_failover(args, root, report)
         if "catchup" in sections:
