@@ -25,7 +25,7 @@ from metalog.broker.net.kafka_conn import serve_kafka
 from metalog.broker.server.kafka.dispatch import KafkaDispatch
 from metalog.broker.server.produce import PrebuiltProduce
 from metalog.protocol import messages as m
-from metalog.protocol.kafka import edge
+from metalog.protocol.kafka import edge, edge_client
 from metalog.protocol.kafka import messages as km
 from metalog.protocol.kafka import wire
 from metalog.storage.batch import decode_full_records, decode_header
@@ -105,7 +105,10 @@ def _kio_read(cls, frame: bytes, pos: int):
 
 
 @pytest.mark.parametrize("request_body,_answer,_read", CASES, ids=IDS)
-def test_the_frames_our_client_sends_are_kafkas(request_body, _answer, _read):
+def test_the_frames_our_client_sends_are_kafkas(request_body, _answer, _read, monkeypatch):
+    # A Produce's batch carries the wall clock's ms, and this builds the request twice
+    # (the frame, then `meant`): one clock for both, or a tick between them differs.
+    monkeypatch.setattr(edge_client, "time", SimpleNamespace(time=lambda: 1_764_000_000.123))
     e, frame = edge.encode_request(request_body, 4242, "metalog-client")
     assert struct.unpack_from(">i", frame)[0] == len(frame) - 4
     meant = e.request_to_kafka(request_body)
