@@ -606,10 +606,11 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-# The one-client section's rounds per --rounds: one client's 5 s windows swing by
-# a third between minutes on a small shared machine (the 1000 clients' by about
-# 7%), so its median-low round needs more of them to say which side is faster.
-LIGHT_ROUNDS_PER_ROUND = 3
+# The one-client section's rounds, at least (or --rounds, if more): one client's 5 s
+# windows swing by a third between minutes on a small shared machine (the 1000
+# clients' by about 7%), so its median-low round needs more of them to say which
+# side is faster.
+LIGHT_ROUNDS_MIN = 6
 
 SMOKE = dict(clients=50, duration_s=2.0, warmup_s=0.5, light_duration_s=1.0, failovers=2, failover_clients=10,
              catchup_records=2000, catchup_keys=50, rounds=1, light_rounds=1)
@@ -634,7 +635,7 @@ def cmd_bench(args) -> int:
     if args.light_rounds is not None and args.light_rounds < 1:
         print(f"metalog bench: --light-rounds must be at least 1, got {args.light_rounds}", file=sys.stderr)
         return 2
-    args.light_rounds = args.light_rounds or LIGHT_ROUNDS_PER_ROUND * args.rounds  # the report's settings name it
+    args.light_rounds = args.light_rounds or max(args.rounds, LIGHT_ROUNDS_MIN)  # the report's settings name it
     sections = [s.strip() for s in args.only.split(",")] if args.only else ["throughput", "light", "failover",
                                                                            "catchup"]
     unknown = set(sections) - {"throughput", "light", "failover", "catchup", "profile", "hostile", *SCALE_SECTIONS}
@@ -727,8 +728,8 @@ def register_cli(subparsers) -> None:
     p.add_argument("--load-procs", type=int, default=d["load_procs"], help="load generator processes")
     p.add_argument("--rounds", type=int, default=d["rounds"], help="interleaved rounds per system")
     p.add_argument("--light-rounds", type=int, default=d["light_rounds"],
-                   help=f"interleaved rounds per system of the one-client section (default: {LIGHT_ROUNDS_PER_ROUND}"
-                        " x --rounds): its 5 s windows swing by a third on a small shared machine")
+                   help=f"interleaved rounds per system of the one-client section (default: --rounds, at least "
+                        f"{LIGHT_ROUNDS_MIN}): its 5 s windows swing by a third on a small shared machine")
     p.add_argument("--failovers", type=int, default=d["failovers"], help="leader kills")
     p.add_argument("--failover-clients", type=int, default=d["failover_clients"])
     p.add_argument("--election-timeout-ms", type=int, default=d["election_timeout_ms"])
