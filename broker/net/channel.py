@@ -30,8 +30,8 @@ import itertools
 import random
 import ssl
 import time
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
 from metalog.broker.net import codec_clock
 from metalog.broker.net.backoff import Backoff
@@ -142,6 +142,49 @@ class _ClientProtocol(asyncio.Protocol):
         self.can_write.set()
 
 
+class _Answer(Protocol):
+    """Where a request's answer goes: an asyncio Future (``request``) or a
+    ``_CallbackAnswer`` (``request_now``)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: Any) -> None: ...
+
+    def set_exception(self, exception: BaseException) -> None: ...
+
+
+class _CallbackAnswer:
+    """``request_now``'s answer: the callback, run at once with the answer,
+    a loop turn later with a failure; once."""
+
+    __slots__ = ("_channel", "_loop", "_on_answer", "_done", "timer")
+
+    def __init__(self, channel: PeerChannel, loop: asyncio.AbstractEventLoop,
+                 on_answer: Callable[[m.Body | None, BaseException | None], None]):
+        self._channel = channel
+        self._loop = loop
+        self._on_answer = on_answer
+        self._done = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def _finish(self) -> None:
+        self._done = True
+        self._channel._outstanding -= 1
+        if self.timer is not None:
+            self.timer.cancel()
+
+    def set_result(self, result: Any) -> None:
+        self._finish()
+        self._on_answer(result, None)
+
+    def set_exception(self, exception: BaseException) -> None:
+        self._finish()
+        self._loop.call_soon(self._on_answer, None, exception)
+
+
 class PeerChannel:
     """Requests to one peer over one reused TCP connection.
 
@@ -193,8 +236,8 @@ class PeerChannel:
         self._connecting: asyncio.Future | None = None
         self._failures = 0  # consecutive failed connects / losses, drives the backoff
         self._next_connect_at_s = 0.0  # loop.time() before which we do not connect
-        # correlation id -> (future, the request's edge: what reads the answer)
-        self._pending: dict[int, tuple[asyncio.Future, edge.Edge]] = {}
+        # correlation id -> (its future or callback, the request's edge: what reads the answer)
+        self._pending: dict[int, tuple[_Answer, edge.Edge]] = {}
         self._outstanding = 0  # requests inside request(), connected or not
         self._ids = itertools.count(1)
         self._closed = False
@@ -207,42 +250,38 @@ class PeerChannel:
     def outstanding(self) -> int:
         return self._outstanding
 
-    def request_eager(self, api_key: int, body: m.Body, timeout_ms: int) -> Coroutine[Any, Any, m.Body]:
-        """As ``request``, but when the connection is up and writable the
-        request is written NOW, before this returns, rather than when the
-        returned coroutine first runs (a loop turn later if it is made a task):
-        a follower's next Fetch leaves as soon as its flush completes, ahead of
-        whatever else that loop turn does. Otherwise it is ``request`` itself.
-        Await (or close) the result: it holds the request's slot."""
+    def request_now(self, api_key: int, body: m.Body, timeout_ms: int,
+                    on_answer: Callable[[m.Body | None, BaseException | None], None]) -> bool:
+        """Write the request now and hand its answer to `on_answer(body, None)`
+        in the turn that reads it, with no task or future in between (a
+        follower's Fetch answer is on the commit path). Failures (timeout,
+        loss, a garbled answer) come as `on_answer(None, exc)` a loop turn
+        later, never inside the call that caused them. False, with nothing
+        written, when the connection is not up and writable now: then use
+        ``request``, which connects and waits."""
         proto = self._proto
         if (self._closed or self._outstanding >= self.max_queued_requests or proto is None or proto.lost
                 or not proto.can_write.is_set() or proto.transport is None or proto.transport.is_closing()):
-            return self.request(api_key, body, timeout_ms)
+            return False
         loop = asyncio.get_running_loop()
-        deadline_s = loop.time() + timeout_ms / 1000
+        answer = _CallbackAnswer(self, loop, on_answer)
         self._outstanding += 1
         try:
-            corr, fut = self._write(loop, proto, api_key, body)
+            corr = self._write_entry(proto, api_key, body, answer)
         except BaseException:
             self._outstanding -= 1
             raise
-        return self._answer(fut, corr, deadline_s, api_key, timeout_ms)
-
-    async def _answer(self, fut: asyncio.Future, corr: int, deadline_s: float, api_key: int,
-                      timeout_ms: int) -> m.Body:
-        """The answer to a request request_eager wrote."""
-        loop = asyncio.get_running_loop()
-        timer = loop.call_at(deadline_s, self._expire, corr, api_key, timeout_ms)
-        try:
-            return await fut
-        finally:
-            timer.cancel()
-            self._pending.pop(corr, None)
-            self._outstanding -= 1
+        answer.timer = loop.call_at(loop.time() + timeout_ms / 1000, self._expire, corr, api_key, timeout_ms)
+        return True
 
     def _write(self, loop: asyncio.AbstractEventLoop, proto: _ClientProtocol, api_key: int,
                body: m.Body) -> tuple[int, asyncio.Future]:
         """Write one request on a live connection: (correlation id, answer future)."""
+        fut = loop.create_future()
+        return self._write_entry(proto, api_key, body, fut), fut
+
+    def _write_entry(self, proto: _ClientProtocol, api_key: int, body: m.Body, answer: _Answer) -> int:
+        """Encode and write one request; `answer` gets its result. Returns the correlation id."""
         corr = next(self._ids)
         if corr > _MAX_CORRELATION_ID:
             self._ids = itertools.count(1)
@@ -254,10 +293,9 @@ class PeerChannel:
             meter.codec_sample(codec_clock.ENCODE_REQUEST, how.api_key, time.perf_counter_ns() - started_ns)
         if how.api_key != api_key:
             raise InvariantViolation(f"{type(body).__name__} travels as api {how.api_key}, asked as {api_key}")
-        fut = loop.create_future()
-        self._pending[corr] = (fut, how)
+        self._pending[corr] = (answer, how)
         proto.transport.write(frame)
-        return corr, fut
+        return corr
 
     async def request(self, api_key: int, body: m.Body, timeout_ms: int) -> m.Body:
         if self._closed:

@@ -30,7 +30,12 @@ from metalog.protocol import messages as m
 from metalog.protocol.apis import REQUEST_API_KEY, ApiKey
 from metalog.protocol.errors import Errors
 from metalog.protocol.kafka.errors import KafkaDecodeError
+from metalog.protocol.invariants import InvariantViolation
 from metalog.protocol.kafka.framing import ProtocolError
+
+# What a peer's request may fail with (timeouts, refused connections, resets,
+# a peer's garbled answer): the core hears RequestFailed. Anything else is a bug.
+_PEER_FAILURES = (NetError, ProtocolError, KafkaDecodeError, OSError, asyncio.TimeoutError)
 
 
 def tls_files(cfg: BrokerConfig, log: Any) -> Any:
@@ -69,7 +74,8 @@ class PeerCore(Protocol):
 class Outbound:
     def __init__(self, core: PeerCore, peers: PeerPool, node_id: int, gate: Gate, trace: CommitTrace | None,
                  logger: Any, *, step: Callable[[qa.Event], None],
-                 spawn: Callable[[Coroutine[Any, Any, None]], None]):
+                 spawn: Callable[[Coroutine[Any, Any, None]], None],
+                 fail: Callable[[str, str, BaseException | None], None]):
         self._core = core
         self._peers = peers
         self._node_id = node_id
@@ -78,12 +84,15 @@ class Outbound:
         self._log = logger
         self._step = step  # steps the core with an event
         self._spawn = spawn  # runs a background task whose failure is fatal
+        self._fail = fail  # fail-stop (cause, reason, exc): a bug met while stepping with an answer
         self._voter_set_seen: VoterSet | None = None  # the voter set the peers and the gate were last given
         self._leader_endpoints_seen: Any = None  # the leader_endpoints last applied to the peers
 
     # ------------------------------------------------------------ requests
     def send_now(self, a: qa.SendRequest) -> None:
-        """Write the request now if its connection is up; the answer is awaited by a background task."""
+        """Write the request now if its connection is up, its answer stepping
+        the core in the turn that reads it; otherwise a background task
+        connects, writes and awaits it."""
         api_key = REQUEST_API_KEY[type(a.request)]
         trace = self._trace
         fetch = a.request if trace is not None and isinstance(a.request, m.FetchRequest) else None
@@ -92,25 +101,43 @@ class Outbound:
         try:
             channel = self._peers.channel(a.destination)
         except KeyError:
-            answer = None
-        else:
-            answer = channel.request_eager(api_key, a.request, a.timeout_ms)
+            self._spawn(self._await_answer(a, None))
+            return
+
+        def on_answer(response: m.Body | None, exc: BaseException | None) -> None:
+            try:
+                self._answered(a, response, exc)
+            except Exception as err:  # noqa: BLE001 - as a background task's failure: fatal
+                self._fail("task_failed", f"answer to {type(a.request).__name__} from node {a.destination} "
+                           f"failed: {type(err).__name__}: {err}", err)
+
+        # (a task per request cost a follower ~4% of its CPU and a loop turn per Fetch answer)
+        if channel.request_now(api_key, a.request, a.timeout_ms, on_answer):
             if trace is not None and fetch is not None:
                 trace.mark("fetch_sent", fetch.fetch_offset, a.destination)
-        self._spawn(self._await_answer(a, answer))
+            return
+        self._spawn(self._await_answer(a, channel.request(api_key, a.request, a.timeout_ms)))
 
     async def _await_answer(self, a: qa.SendRequest, answer: Any) -> None:
-        step = self._step
         if answer is None:
             # A voter the log names without an endpoint we know: nothing to send
             # to, as if it were unreachable (the core retries or gives up).
-            step(qa.RequestFailed(now_ms(), a.request_id, a.destination, f"no address known for node {a.destination}"))
+            self._step(qa.RequestFailed(now_ms(), a.request_id, a.destination,
+                                        f"no address known for node {a.destination}"))
             return
         try:
             response = await answer
-        except (NetError, ProtocolError, KafkaDecodeError, OSError, asyncio.TimeoutError) as exc:
-            # timeouts, refused connections, resets, a peer's garbled answer;
-            # anything else is a bug and escapes to the task's end (fatal).
+        except _PEER_FAILURES as exc:
+            self._answered(a, None, exc)
+            return
+        self._answered(a, response, None)
+
+    def _answered(self, a: qa.SendRequest, response: m.Body | None, exc: BaseException | None) -> None:
+        """Step the core with the request's one answer (api rule 4)."""
+        step = self._step
+        if exc is not None:
+            if not isinstance(exc, _PEER_FAILURES):
+                raise exc  # anything else is a bug: fatal
             step(qa.RequestFailed(now_ms(), a.request_id, a.destination, f"{type(exc).__name__}: {exc}"))
             return
         if isinstance(response, m.ErrorResponse) and response.error_code != Errors.UNSUPPORTED_VERSION:
@@ -119,6 +146,8 @@ class Outbound:
             step(qa.RequestFailed(now_ms(), a.request_id, a.destination,
                                   f"peer answered error {response.error_code}: {response.error_message}"))
             return
+        if response is None:
+            raise InvariantViolation(f"no answer and no error for request {a.request_id}")
         trace = self._trace
         if trace is not None and type(response) is m.FetchResponse and response.records:
             received_ns = time.monotonic_ns()

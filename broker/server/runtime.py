@@ -248,7 +248,7 @@ class Broker:
         self.tls = tls_files(cfg, self.log)
         self.peers = peer_pool(cfg, self.voters, self.tls)
         self.outbound = Outbound(self.core, self.peers, cfg.node_id, self.gate, self.trace, self.log,
-                                 step=self.step, spawn=self._tasks.spawn)
+                                 step=self.step, spawn=self._tasks.spawn, fail=self.fail)
         # The gate's voters are the log's (KIP-853) before the listener serves: a voter the
         # config does not name (added later) is not refused as "not a voter" meanwhile --
         # a Kafka controller takes that CLUSTER_AUTHORIZATION_FAILED for a fatal error.

@@ -52,6 +52,23 @@ from metalog.storage.segments.segment import BatchInfo, Segment, SegmentRef
 from metalog.storage.segments.segment_table import SegmentTable
 
 
+class _Tail:
+    """The last append's batches (SegmentedLog._tail)."""
+
+    __slots__ = ("base_offset", "next_offset", "data", "_sound")
+
+    def __init__(self, base_offset: int, next_offset: int, data: bytes):
+        self.base_offset = base_offset
+        self.next_offset = next_offset
+        self.data = data
+        self._sound: bool | None = None  # CRCs checked yet? (once, at the first read that verifies)
+
+    def sound(self) -> bool:
+        if self._sound is None:
+            self._sound = B.batches_sound(self.data)
+        return self._sound
+
+
 class SegmentedLog:
     """Append-only log of record batches in segment files (see module docstring)."""
 
@@ -78,6 +95,12 @@ class SegmentedLog:
         # Called (owner thread, no lock held) after a roll sealed a segment;
         # must not block: the scrubber's only sets an Event (set_seal_listener).
         self._on_seal: Callable[[], None] | None = None
+        # The last append, while it ends the log: a read of exactly its
+        # batches (a leader's answers to the replicas its append woke, every
+        # replica applying what it committed) is served from memory, CRC-checked
+        # once rather than read back and checked on every read. A disk that
+        # later damages the copy on it is the scrubber's and later reads' to find.
+        self._tail: _Tail | None = None
 
     # ------------------------------------------------------------------ open
     @classmethod
@@ -187,6 +210,7 @@ class SegmentedLog:
         ones .corrupt and truncates the log to the last good batch before
         report.position."""
         self._check_usable()
+        self._tail = None
         state = self._quarantine.at_run_time(report)
         if self._table.end_offset < self._table.log_start_offset:
             self.truncate_fully(self._table.log_start_offset)
@@ -291,6 +315,7 @@ class SegmentedLog:
             active.note_appended(plan.headers, active.size_bytes - n)
             t.end_offset = plan.next_offset
             t.last_epoch = plan.last_epoch
+        self._tail = _Tail(end, plan.next_offset, data if type(data) is bytes else bytes(data))
         return plan.headers
 
     def _write_or_roll_back(self, active: Segment, view: memoryview, plan: AppendPlan) -> None:
@@ -392,6 +417,11 @@ class SegmentedLog:
         end_offset = min(end_offset, self._table.end_offset)
         if start_offset >= end_offset:
             return b""
+        tail = self._tail
+        if tail is not None and start_offset == tail.base_offset and end_offset == tail.next_offset \
+                and len(tail.data) <= bytes_max and (not (self._verify_reads if verify is None else verify)
+                                                     or tail.sound()):
+            return tail.data  # (a read of a damaged tail goes to the file, whose read says where)
         return read_range(self._table, start_offset, end_offset, bytes_max,
                           self._verify_reads if verify is None else verify)
 
@@ -429,6 +459,7 @@ class SegmentedLog:
         (check log_end_offset). A no-op when end_offset >= log_end_offset.
         """
         self._check_usable()
+        self._tail = None
         if end_offset >= self._table.end_offset:
             return
         if end_offset < self._table.log_start_offset:
@@ -441,6 +472,7 @@ class SegmentedLog:
         (after installing a snapshot). Crash-safe: an interrupted call is
         finished by the next open()."""
         self._check_usable()
+        self._tail = None
         if new_start_offset < 0:
             raise ValueError(f"truncate_fully({new_start_offset}): offset must be >= 0")
         truncation.restart_empty(self._table, self._rp, self._dir, new_start_offset)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from typing import Any
 
 import pytest
 import uvloop
@@ -329,35 +330,43 @@ def test_works_on_uvloop():
     assert offsets == list(range(10))
 
 
-async def test_request_eager_writes_before_it_is_awaited_once_connected(parking_server):
-    """On a live connection request_eager puts the request on the wire before
-    the caller awaits anything (a follower's next Fetch is not a loop turn
-    late); the returned coroutine still gets that request's own answer and
-    frees its slot. Without a connection it is plain request(): nothing is
-    written until it runs."""
+async def test_request_now_writes_at_once_and_answers_in_the_turn_that_reads(parking_server):
+    """On a live connection request_now puts the request on the wire before it
+    returns (a follower's next Fetch is not a loop turn late) and hands the
+    answer to its callback from the read itself, with no task between; the
+    slot is freed first. A timeout reaches the callback as an error, a loop
+    turn after the timer, and closes the connection (answers come in order).
+    Without a connection it refuses and writes nothing: the caller uses
+    request(), which connects."""
     server, handler, _ = parking_server
+    fresh = PeerChannel("127.0.0.1", port_of(server))
+    assert not fresh.request_now(ApiKey.PRODUCE, produce(8), 5000, lambda body, exc: None)
+    assert fresh.outstanding == 0
+    await fresh.close()
+
     ch = PeerChannel("127.0.0.1", port_of(server), client_id="t")
     first = asyncio.ensure_future(ch.request(ApiKey.PRODUCE, produce(0), 5000))  # connects
     await wait_for_condition(lambda: len(handler.parked) == 1, what="the first request")
     conn, header, _ = handler.parked[0]
     conn.send_response(header.correlation_id, m.ProduceResponse(base_offset=0))
     assert (await first).base_offset == 0
-    answer = ch.request_eager(ApiKey.PRODUCE, produce(7), 5000)
-    assert ch.outstanding == 1  # written and waiting, though nobody awaited yet
-    await wait_for_condition(lambda: len(handler.parked) == 2, what="the eager request to arrive unawaited")
+
+    answers: list[tuple[Any, Any, int]] = []
+    assert ch.request_now(ApiKey.PRODUCE, produce(7), 5000,
+                          lambda body, exc: answers.append((body, exc, ch.outstanding)))
+    assert ch.outstanding == 1 and answers == []  # written and waiting
+    await wait_for_condition(lambda: len(handler.parked) == 2, what="the request to arrive")
     conn, header, body = handler.parked[1]
     assert values_of(body) == [b"7"]
     conn.send_response(header.correlation_id, m.ProduceResponse(base_offset=7))
-    assert (await answer).base_offset == 7
-    assert ch.outstanding == 0
-    await ch.close()
+    await wait_for_condition(lambda: answers, what="the callback")
+    (resp, exc, outstanding), = answers
+    assert resp.base_offset == 7 and exc is None and outstanding == 0
 
-    fresh = PeerChannel("127.0.0.1", port_of(server))
-    lazy = fresh.request_eager(ApiKey.PRODUCE, produce(8), 5000)
-    assert fresh.outstanding == 0  # not connected: nothing happens until it runs
-    task = asyncio.ensure_future(lazy)
-    await wait_for_condition(lambda: len(handler.parked) == 3, what="the lazy request once it runs")
-    conn, header, _ = handler.parked[2]
-    conn.send_response(header.correlation_id, m.ProduceResponse(base_offset=8))
-    assert (await task).base_offset == 8
-    await fresh.close()
+    answers.clear()
+    assert ch.request_now(ApiKey.PRODUCE, produce(9), 50, lambda body, exc: answers.append((body, exc, 0)))
+    await wait_for_condition(lambda: answers, what="the timeout")
+    (resp, exc, _), = answers
+    assert resp is None and isinstance(exc, RequestTimeout) and "no answer within timeout_ms=50" in str(exc)
+    assert ch.outstanding == 0 and not ch.connected  # the connection closed behind it
+    await ch.close()

@@ -113,6 +113,31 @@ def test_append_refuses_bad_input_and_leaves_the_log_unchanged(tmp_path):
     log.close()
 
 
+def test_the_last_append_is_read_from_memory_until_the_log_moves(tmp_path):
+    """A read of exactly the last append (a leader answering the replicas it
+    woke, a replica applying what it just committed) is served from the
+    bytes the append wrote, CRC-checked once, not read back: damage the disk
+    did to them afterwards is found by the next read that goes to the file,
+    once another append or a truncation moved the log on."""
+    log = open_log(tmp_path, verify_appends=False)
+    log.append(batch(0))
+    size = len(batch(0))
+    log.append(batch(3))
+    with open(tmp_path / segment_file_name(0), "r+b") as f:  # the disk damages the newest batch
+        f.seek(size + size - 1)
+        f.write(bytes([batch(3)[-1] ^ 1]))
+    assert log.read(3, 6, 1 << 20) == batch(3)  # the append's own bytes
+    with pytest.raises(CorruptBatchError, match="base offset 3"):
+        log.read(0, 6, 1 << 20)  # a wider read goes to the file, and finds the damage
+    log.append(batch(6))
+    with pytest.raises(CorruptBatchError, match=r"at byte %d \(base offset 3\): CRC mismatch" % size):
+        log.read(3, 6, 1 << 20)
+    assert log.read(6, 9, 1 << 20) == batch(6)
+    log.truncate_to(6)  # a truncation forgets the last append: nothing past the end is served
+    assert log.read(6, 9, 1 << 20) == b""
+    log.close()
+
+
 def test_append_without_crc_checks_still_refuses_malformed_batches_and_reads_verify(tmp_path):
     """verify_appends=False (the broker's log: its caller checked the CRC where
     the bytes crossed the network, or encoded them itself) drops only the CRC
