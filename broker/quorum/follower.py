@@ -192,10 +192,11 @@ class FollowerState(RoleState):
         if (self.leader_id < 0 or vs.kraft_version != 1 or vs.unknown or not cfg.listeners
                 or ctx.shutting_down or ctx.electorate.directory_id == m.NO_DIRECTORY_ID):
             return None
-        listeners = [m.RaftListener(*ln) for ln in cfg.listeners]
+        # (asked at every step's deadlines: nothing is built before it is needed)
         if ctx.electorate.is_voter:
             if self.voter_updated or tuple(vs.endpoints.get(ctx.electorate.node_id, ())) == cfg.listeners:
                 return None
+            listeners = [m.RaftListener(*ln) for ln in cfg.listeners]
             return m.UpdateRaftVoterRequest(
                 cluster_id=cfg.cluster_id, current_leader_epoch=self.epoch, voter_id=ctx.electorate.node_id,
                 voter_directory_id=ctx.electorate.directory_id, listeners=listeners)
@@ -208,7 +209,8 @@ class FollowerState(RoleState):
             return m.RemoveRaftVoterRequest(cluster_id=cfg.cluster_id, voter_id=ctx.electorate.node_id,
                                             voter_directory_id=stale, timeout_ms=timeout_ms)
         return m.AddRaftVoterRequest(cluster_id=cfg.cluster_id, voter_id=ctx.electorate.node_id,
-                                     voter_directory_id=ctx.electorate.directory_id, listeners=listeners,
+                                     voter_directory_id=ctx.electorate.directory_id,
+                                     listeners=[m.RaftListener(*ln) for ln in cfg.listeners],
                                      timeout_ms=timeout_ms)
 
     def on_membership_answer(self, request_id: int, resp: m.Body, now_ms: int) -> None:

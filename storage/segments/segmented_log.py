@@ -25,6 +25,7 @@ flush, recovery point, table. ``sealed_segments()`` and
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import os
 import threading
@@ -52,8 +53,14 @@ from metalog.storage.segments.segment import BatchInfo, Segment, SegmentRef
 from metalog.storage.segments.segment_table import SegmentTable
 
 
-class _Tail:
-    """The last append's batches (SegmentedLog._tail)."""
+# The appends a read may be served from memory: the last (a leader's apply of
+# what it just committed) and the one before (a follower learns that commit
+# with the next records, appended in the same step, then applies it).
+RECENT_APPENDS_MAX = 4
+
+
+class _Recent:
+    """One recent append's batches (SegmentedLog._recent)."""
 
     __slots__ = ("base_offset", "next_offset", "data", "_sound")
 
@@ -95,12 +102,12 @@ class SegmentedLog:
         # Called (owner thread, no lock held) after a roll sealed a segment;
         # must not block: the scrubber's only sets an Event (set_seal_listener).
         self._on_seal: Callable[[], None] | None = None
-        # The last append, while it ends the log: a read of exactly its
-        # batches (a leader's answers to the replicas its append woke, every
-        # replica applying what it committed) is served from memory, CRC-checked
-        # once rather than read back and checked on every read. A disk that
-        # later damages the copy on it is the scrubber's and later reads' to find.
-        self._tail: _Tail | None = None
+        # The last few appends (oldest first, contiguous, ending the log): a
+        # read of exactly one of them (every replica applying what it just
+        # committed) is served from memory, CRC-checked once rather than read
+        # back and checked again. A disk that later damages the copy on it is
+        # the scrubber's, and later reads', to find.
+        self._recent: collections.deque[_Recent] = collections.deque(maxlen=RECENT_APPENDS_MAX)
 
     # ------------------------------------------------------------------ open
     @classmethod
@@ -210,7 +217,7 @@ class SegmentedLog:
         ones .corrupt and truncates the log to the last good batch before
         report.position."""
         self._check_usable()
-        self._tail = None
+        self._recent.clear()
         state = self._quarantine.at_run_time(report)
         if self._table.end_offset < self._table.log_start_offset:
             self.truncate_fully(self._table.log_start_offset)
@@ -315,7 +322,7 @@ class SegmentedLog:
             active.note_appended(plan.headers, active.size_bytes - n)
             t.end_offset = plan.next_offset
             t.last_epoch = plan.last_epoch
-        self._tail = _Tail(end, plan.next_offset, data if type(data) is bytes else bytes(data))
+        self._recent.append(_Recent(end, plan.next_offset, data if type(data) is bytes else bytes(data)))
         return plan.headers
 
     def _write_or_roll_back(self, active: Segment, view: memoryview, plan: AppendPlan) -> None:
@@ -417,11 +424,12 @@ class SegmentedLog:
         end_offset = min(end_offset, self._table.end_offset)
         if start_offset >= end_offset:
             return b""
-        tail = self._tail
-        if tail is not None and start_offset == tail.base_offset and end_offset == tail.next_offset \
-                and len(tail.data) <= bytes_max and (not (self._verify_reads if verify is None else verify)
-                                                     or tail.sound()):
-            return tail.data  # (a read of a damaged tail goes to the file, whose read says where)
+        for recent in reversed(self._recent):
+            if recent.base_offset == start_offset:
+                if recent.next_offset == end_offset and len(recent.data) <= bytes_max and (
+                        not (self._verify_reads if verify is None else verify) or recent.sound()):
+                    return recent.data  # (a read of damaged bytes goes to the file, whose read says where)
+                break
         return read_range(self._table, start_offset, end_offset, bytes_max,
                           self._verify_reads if verify is None else verify)
 
@@ -459,7 +467,7 @@ class SegmentedLog:
         (check log_end_offset). A no-op when end_offset >= log_end_offset.
         """
         self._check_usable()
-        self._tail = None
+        self._recent.clear()
         if end_offset >= self._table.end_offset:
             return
         if end_offset < self._table.log_start_offset:
@@ -472,7 +480,7 @@ class SegmentedLog:
         (after installing a snapshot). Crash-safe: an interrupted call is
         finished by the next open()."""
         self._check_usable()
-        self._tail = None
+        self._recent.clear()
         if new_start_offset < 0:
             raise ValueError(f"truncate_fully({new_start_offset}): offset must be >= 0")
         truncation.restart_empty(self._table, self._rp, self._dir, new_start_offset)

@@ -9,6 +9,7 @@ import pytest
 
 from metalog.storage.batch import HEADER_SIZE, CorruptBatchError, decode_header, encode_batch
 from metalog.storage.segments import SegmentedLog, segment_file_name
+from metalog.storage.segments.segmented_log import RECENT_APPENDS_MAX
 from tests.storage.helpers import RecordingLogger, append_batches, base_offsets, batch
 
 BATCH_BYTES = len(batch(0))  # 142: 3 records of 20 bytes
@@ -113,12 +114,12 @@ def test_append_refuses_bad_input_and_leaves_the_log_unchanged(tmp_path):
     log.close()
 
 
-def test_the_last_append_is_read_from_memory_until_the_log_moves(tmp_path):
-    """A read of exactly the last append (a leader answering the replicas it
-    woke, a replica applying what it just committed) is served from the
-    bytes the append wrote, CRC-checked once, not read back: damage the disk
-    did to them afterwards is found by the next read that goes to the file,
-    once another append or a truncation moved the log on."""
+def test_recent_appends_are_read_from_memory_until_the_log_moves_on(tmp_path):
+    """A read of exactly one of the last few appends (a replica applying what
+    it just committed) is served from the bytes the append wrote, CRC-checked
+    once, not read back: damage the disk did to them afterwards is found by
+    the next read that goes to the file: a wider one, or once
+    RECENT_APPENDS_MAX more appends or a truncation moved the log on."""
     log = open_log(tmp_path, verify_appends=False)
     log.append(batch(0))
     size = len(batch(0))
@@ -129,12 +130,17 @@ def test_the_last_append_is_read_from_memory_until_the_log_moves(tmp_path):
     assert log.read(3, 6, 1 << 20) == batch(3)  # the append's own bytes
     with pytest.raises(CorruptBatchError, match="base offset 3"):
         log.read(0, 6, 1 << 20)  # a wider read goes to the file, and finds the damage
-    log.append(batch(6))
+    offset = 6
+    for _ in range(RECENT_APPENDS_MAX - 1):
+        log.append(batch(offset))
+        offset += 3
+    assert log.read(3, 6, 1 << 20) == batch(3)  # still among the recent appends
+    log.append(batch(offset))
     with pytest.raises(CorruptBatchError, match=r"at byte %d \(base offset 3\): CRC mismatch" % size):
         log.read(3, 6, 1 << 20)
-    assert log.read(6, 9, 1 << 20) == batch(6)
-    log.truncate_to(6)  # a truncation forgets the last append: nothing past the end is served
-    assert log.read(6, 9, 1 << 20) == b""
+    assert log.read(offset, offset + 3, 1 << 20) == batch(offset)
+    log.truncate_to(offset)  # a truncation forgets the recent appends: nothing past the end is served
+    assert log.read(offset, offset + 3, 1 << 20) == b""
     log.close()
 
 
