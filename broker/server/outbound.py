@@ -3,9 +3,11 @@ the peers are.
 
 A request is written at once if its connection is up (a follower's next
 Fetch leaves before the loop turn applies committed records or answers
-anyone else); a background task awaits the answer and steps the core with
-``ResponseReceived`` or ``RequestFailed`` (api rule 4: exactly one of them
-per request).
+anyone else), and its answer steps the core with ``ResponseReceived`` from
+the read that brings it (``PeerChannel.request_now``); a failure steps it
+with ``RequestFailed`` a loop turn later (api rule 4: exactly one of them
+per request). A request whose connection is not up is connected, written
+and awaited by a background task.
 
 The peers' addresses start as the config's voters and follow the core: a
 voter set in the log (KIP-853) names each voter's listeners, and a leader
@@ -85,6 +87,7 @@ class Outbound:
         self._step = step  # steps the core with an event
         self._spawn = spawn  # runs a background task whose failure is fatal
         self._fail = fail  # fail-stop (cause, reason, exc): a bug met while stepping with an answer
+        self._stopped = False  # stopping, past the drain: answers are dropped (see stop)
         self._voter_set_seen: VoterSet | None = None  # the voter set the peers and the gate were last given
         self._leader_endpoints_seen: Any = None  # the leader_endpoints last applied to the peers
 
@@ -105,6 +108,8 @@ class Outbound:
             return
 
         def on_answer(response: m.Body | None, exc: BaseException | None) -> None:
+            if self._stopped:
+                return
             try:
                 self._answered(a, response, exc)
             except Exception as err:  # noqa: BLE001 - as a background task's failure: fatal
@@ -117,6 +122,12 @@ class Outbound:
                 trace.mark("fetch_sent", fetch.fetch_offset, a.destination)
             return
         self._spawn(self._await_answer(a, channel.request(api_key, a.request, a.timeout_ms)))
+
+    def stop(self) -> None:
+        """The broker is stopping, past its drain: answers still coming (the
+        channels' close fails those in flight) no longer step the core, as
+        the background tasks awaiting the others are cancelled."""
+        self._stopped = True
 
     async def _await_answer(self, a: qa.SendRequest, answer: Any) -> None:
         if answer is None:

@@ -296,6 +296,7 @@ class Broker:
             await self.admin_runner.cleanup()
         if self.booted:
             self.flusher.abandon()
+        self.outbound.stop()  # peers' answers no longer step the core, as the tasks below no longer do
         self._tasks.cancel()
         if self.booted:
             self._maintenance.cancel_check()
@@ -369,10 +370,9 @@ class Broker:
         self.step(qa.Tick(now_ms(), wall_clock_ms()))
 
     def _execute(self, a: qa.Action) -> None:
-        """One action of the core. The commit path's four first, by exact type
-        (an isinstance miss also looks up __class__: a chain of them cost 1.3x,
-        a `match` 2.2x); then isinstance, which mypy narrows both ways, ending
-        in assert_never: an action type no branch handles is a type error."""
+        """One action of the core. The commit path's four first, by exact type (an isinstance
+        miss also looks up __class__: a chain of them cost 1.3x, a `match` 2.2x); then isinstance,
+        which mypy narrows both ways, ending in assert_never: an unhandled action type is a type error."""
         if type(a) is qa.Respond:
             token = a.token
             self._unanswered_produce.discard(token)
