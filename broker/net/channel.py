@@ -274,12 +274,6 @@ class PeerChannel:
         answer.timer = loop.call_at(loop.time() + timeout_ms / 1000, self._expire, corr, api_key, timeout_ms)
         return True
 
-    def _write(self, loop: asyncio.AbstractEventLoop, proto: _ClientProtocol, api_key: int,
-               body: m.Body) -> tuple[int, asyncio.Future]:
-        """Write one request on a live connection: (correlation id, answer future)."""
-        fut = loop.create_future()
-        return self._write_entry(proto, api_key, body, fut), fut
-
     def _write_entry(self, proto: _ClientProtocol, api_key: int, body: m.Body, answer: _Answer) -> int:
         """Encode and write one request; `answer` gets its result. Returns the correlation id."""
         corr = next(self._ids)
@@ -326,7 +320,8 @@ class PeerChannel:
                     # TLS 1.3 refusal of our certificate (see connection_lost), seen first here.
                     raise TlsHandshakeError(f"TLS handshake with {self.peer} failed: {_REFUSED_DURING_HANDSHAKE}")
                 raise ConnectionLost(f"connection to {self.peer} closed before the request was written")
-            corr, fut = self._write(loop, proto, api_key, body)
+            fut = loop.create_future()
+            corr = self._write_entry(proto, api_key, body, fut)
             timer = loop.call_at(deadline_s, self._expire, corr, api_key, timeout_ms)
             try:
                 return await fut

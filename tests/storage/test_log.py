@@ -119,7 +119,8 @@ def test_recent_appends_are_read_from_memory_until_the_log_moves_on(tmp_path):
     it just committed) is served from the bytes the append wrote, CRC-checked
     once, not read back: damage the disk did to them afterwards is found by
     the next read that goes to the file: a wider one, or once
-    RECENT_APPENDS_MAX more appends or a truncation moved the log on."""
+    RECENT_APPENDS_MAX more appends moved the log on. A truncation's cut
+    bytes are never served from memory."""
     log = open_log(tmp_path, verify_appends=False)
     log.append(batch(0))
     size = len(batch(0))
@@ -139,8 +140,10 @@ def test_recent_appends_are_read_from_memory_until_the_log_moves_on(tmp_path):
     with pytest.raises(CorruptBatchError, match=r"at byte %d \(base offset 3\): CRC mismatch" % size):
         log.read(3, 6, 1 << 20)
     assert log.read(offset, offset + 3, 1 << 20) == batch(offset)
-    log.truncate_to(offset)  # a truncation forgets the recent appends: nothing past the end is served
+    log.truncate_to(offset)  # cut, then other bytes at the same offsets: never the old ones from memory
     assert log.read(offset, offset + 3, 1 << 20) == b""
+    log.append(batch(offset, epoch=2))
+    assert log.read(offset, offset + 3, 1 << 20) == batch(offset, epoch=2) != batch(offset)
     log.close()
 
 
