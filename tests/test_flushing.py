@@ -78,6 +78,18 @@ async def test_a_flush_asked_mid_step_starts_when_the_driver_says_the_step_is_do
     flusher, host = _flusher(False, threads)
     flusher.request(executing=True)
     assert host.flushed_ends == [] and threads == []
-    flusher.start_if_wanted()
+    # True: the sync ran here and its end reached the host (the driver's
+    # follower then leaves the step's bookkeeping to the FlushCompleted step's).
+    assert flusher.start_if_wanted() is True
     assert host.flushed_ends == [10]
+    assert flusher.start_if_wanted() is False  # nothing wanted: nothing ran
+    flusher.close()
+
+
+async def test_start_if_wanted_is_false_when_the_sync_went_to_the_flush_thread():
+    threads: list[str] = []
+    flusher, host = _flusher(True, threads)
+    flusher.request(executing=True)
+    assert flusher.start_if_wanted() is False  # its end comes back to the loop later
+    await wait_for_condition(lambda: host.flushed_ends == [10], timeout_s=10, what="the flush reported")
     flusher.close()

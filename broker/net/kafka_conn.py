@@ -83,7 +83,7 @@ class AnswerWrites:
     def __init__(self) -> None:
         self.depth = 0
         self.dirty: list[KafkaConnection] = []  # bounded: one entry per connection answered in the scope
-        self._then: list[Callable[[], None]] = []  # bounded: distinct callables, one per broker in a process
+        self._then: list[Callable[[], object]] = []  # bounded: distinct callables, one per broker in a process
 
     def __enter__(self) -> None:
         self.depth += 1
@@ -107,7 +107,7 @@ class AnswerWrites:
             for conn in dirty:
                 conn._write_out()
 
-    def after_writes(self, fn: Callable[[], None]) -> None:
+    def after_writes(self, fn: Callable[[], object]) -> None:
         """Call `fn` once the scope's answers are written (now, outside any
         scope): a leader's fdatasync starts after the answers that carry its
         records to the followers, not before them."""

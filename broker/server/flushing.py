@@ -60,6 +60,7 @@ class Flusher:
         # With leader_flush_thread a leader's fdatasyncs run here, one at a time (group commit never overlaps them).
         self._flush_thread = _FlushThread()
         self.start_wanted = False  # a FlushLog of the current step, started when the step ends
+        self.completions = 0  # flushes whose end stepped the core (FlushCompleted)
         self._abandoned = False  # stopping is past its drain: completions are no longer fed
 
     def request(self, executing: bool) -> None:
@@ -74,11 +75,16 @@ class Flusher:
             else:
                 self.start()
 
-    def start_if_wanted(self) -> None:
-        """Start the flush the step asked for (the driver calls this once the step's sends are out)."""
+    def start_if_wanted(self) -> bool:
+        """Start the flush the step asked for (the driver calls this once the
+        step's sends are out). True when it ran here and its end stepped the
+        core (FlushCompleted): not on the flush thread, not failed."""
         if self.start_wanted and self._host.fatal is None:
             self.start_wanted = False
+            completions = self.completions
             self.start()
+            return self.completions != completions
+        return False
 
     def start(self) -> None:
         """Start one fdatasync now, in this loop turn (not a task that starts
@@ -148,6 +154,7 @@ class Flusher:
         if self._trace is not None:
             self._trace.mark("flush_done", flushed)
         host.flushed(flushed)
+        self.completions += 1
         if gc.flush_completed():
             host.release_writes()
         if self._failed():  # the step or the writes may have failed the broker

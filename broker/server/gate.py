@@ -4,7 +4,8 @@ else sees it (the quorum core included).
 Decisions come from ``metalog.broker.controller.acl`` (pure policy); this module keeps them
 cheap on the hot path and bounded: the view of the ACLs is rebuilt only when
 the controller's committed ACLs change, each connection caches its decisions
-per (api, command) under one view, a super user's client requests skip the
+per (api, command), and a replica's Fetch per (api, claimed id), under one
+view, a super user's client requests skip the
 ACL walk, and each connection logs one ``authorization_failed`` event per
 distinct denial (at most 64).
 """
@@ -20,7 +21,10 @@ from metalog.protocol import messages as m
 from metalog.protocol.apis import APIS, ApiKey
 from metalog.protocol.errors import Errors
 
-MAX_CACHED_PER_CONNECTION = 64  # command names come from the client: bounded
+MAX_CACHED_PER_CONNECTION = 64  # command names and claimed replica ids come from the client: bounded
+# Replica claims judged by the one id in the body (acl._check_replica against
+# the view), so cached per (api, id) like a client's decisions.
+_REPLICA_ID_APIS = frozenset({ApiKey.FETCH, ApiKey.OFFSET_FOR_LEADER_EPOCH})
 
 
 def peer_host(peer: str) -> str:
@@ -79,12 +83,17 @@ class Gate:
         if is_super and not claims_replica:
             return None  # the hot path of the admin/bench clients: no ACL walk
         view = self.view()
-        if claims_replica:  # depends on the ids in the body: decided each time
+        if claims_replica and api_key not in _REPLICA_ID_APIS:  # elections, snapshots: judged each time
             return authz.authorize(conn.principal, host, api_key, body, view)
         if decided_under is not view:
             decisions.clear()
             facts[2] = view
-        key = (api_key, body.command if api_key is ApiKey.CONTROLLER_COMMAND else None)
+        if claims_replica:
+            # A replica's Fetch (its steady stream): the decision is the
+            # certificate's against the one id claimed, under this view.
+            key = (api_key, body.replica_id)
+        else:
+            key = (api_key, body.command if api_key is ApiKey.CONTROLLER_COMMAND else None)
         if key in decisions:
             return decisions[key]
         denial = authz.authorize(conn.principal, host, api_key, body, view)

@@ -161,9 +161,7 @@ class Broker:
         self.fatal: str | None = None
         self._follow_up: list[qa.Event] = []  # fed right after the current step's actions
         self._executing = False  # inside the action loop of a step
-        # Why /health answers "degraded" (503) while the broker still serves:
-        # key -> human-readable reason (corruption found, quarantine, divergence ...).
-        self.health_problems: dict[str, str] = {}
+        self.health_problems: dict[str, str] = {}  # why /health answers "degraded" (503): key -> reason
         # Set when a write or fsync failed: writes are answered KAFKA_STORAGE_ERROR.
         self.storage_error: str | None = None
         self.stopped = asyncio.Event()
@@ -482,7 +480,8 @@ class Broker:
             # A follower syncs on this thread, and its next Fetch (which is
             # what lets the leader commit) waits for the sync: sync before
             # applying what this step's HW committed, not after.
-            self.flusher.start_if_wanted()
+            if self.flusher.start_if_wanted():
+                return  # the sync's own step (FlushCompleted) ended with all of the below, for the newer state
         self.outbound.follow_core()
         exposed = (core.role, core.epoch, core.leader_id)  # (str(role) only when it changed)
         if exposed != self._last_exposed:

@@ -55,12 +55,13 @@ from metalog.storage.segments.segment_table import SegmentTable
 
 # The appends a read may be served from memory: the last (a leader's apply of
 # what it just committed) and the one before (a follower learns that commit
-# with the next records, appended in the same step, then applies it).
+# with the next records, appended in the same step, then applies it); a read
+# of several of them in a row (a follower learning two commits at once).
 RECENT_APPENDS_MAX = 4
 
 
 class _Recent:
-    """One recent append's batches (SegmentedLog._recent)."""
+    """One recent append's batches."""
 
     __slots__ = ("base_offset", "next_offset", "data", "_sound")
 
@@ -74,6 +75,44 @@ class _Recent:
         if self._sound is None:
             self._sound = B.batches_sound(self.data)
         return self._sound
+
+
+class RecentAppends:
+    """The last few appends of a log, oldest first, contiguous, ending it
+    (the log clears them when it cuts its end): a read of one or several of
+    them, whole (every replica applying what it just committed), is served
+    from memory, CRC-checked once rather than read back and checked again. A
+    disk that later damages the copy on it is the scrubber's, and later
+    reads', to find."""
+
+    def __init__(self) -> None:
+        self._appends: collections.deque[_Recent] = collections.deque(maxlen=RECENT_APPENDS_MAX)
+
+    def add(self, base_offset: int, next_offset: int, data: bytes) -> None:
+        self._appends.append(_Recent(base_offset, next_offset, data))
+
+    def clear(self) -> None:
+        self._appends.clear()
+
+    def read(self, start_offset: int, end_offset: int, bytes_max: int, verify: bool) -> bytes | None:
+        """[start_offset, end_offset) from appends that tile it exactly, at
+        most bytes_max, or None: the file's read then. With `verify`, only
+        appends whose CRCs checked out (a read of damaged bytes goes to the
+        file, whose read says where)."""
+        parts: list[bytes] = []
+        size = 0
+        for recent in self._appends:
+            if not parts and recent.base_offset != start_offset:
+                continue
+            size += len(recent.data)
+            if size > bytes_max or (verify and not recent.sound()):
+                return None
+            parts.append(recent.data)
+            if recent.next_offset >= end_offset:
+                if recent.next_offset != end_offset:
+                    return None
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+        return None
 
 
 class SegmentedLog:
@@ -102,12 +141,7 @@ class SegmentedLog:
         # Called (owner thread, no lock held) after a roll sealed a segment;
         # must not block: the scrubber's only sets an Event (set_seal_listener).
         self._on_seal: Callable[[], None] | None = None
-        # The last few appends (oldest first, contiguous, ending the log): a
-        # read of exactly one of them (every replica applying what it just
-        # committed) is served from memory, CRC-checked once rather than read
-        # back and checked again. A disk that later damages the copy on it is
-        # the scrubber's, and later reads', to find.
-        self._recent: collections.deque[_Recent] = collections.deque(maxlen=RECENT_APPENDS_MAX)
+        self._recent = RecentAppends()  # the last few appends, read from memory
 
     # ------------------------------------------------------------------ open
     @classmethod
@@ -322,7 +356,7 @@ class SegmentedLog:
             active.note_appended(plan.headers, active.size_bytes - n)
             t.end_offset = plan.next_offset
             t.last_epoch = plan.last_epoch
-        self._recent.append(_Recent(end, plan.next_offset, data if type(data) is bytes else bytes(data)))
+        self._recent.add(end, plan.next_offset, data if type(data) is bytes else bytes(data))
         return plan.headers
 
     def _write_or_roll_back(self, active: Segment, view: memoryview, plan: AppendPlan) -> None:
@@ -424,14 +458,11 @@ class SegmentedLog:
         end_offset = min(end_offset, self._table.end_offset)
         if start_offset >= end_offset:
             return b""
-        for recent in reversed(self._recent):
-            if recent.base_offset == start_offset:
-                if recent.next_offset == end_offset and len(recent.data) <= bytes_max and (
-                        not (self._verify_reads if verify is None else verify) or recent.sound()):
-                    return recent.data  # (a read of damaged bytes goes to the file, whose read says where)
-                break
-        return read_range(self._table, start_offset, end_offset, bytes_max,
-                          self._verify_reads if verify is None else verify)
+        verify = self._verify_reads if verify is None else verify
+        data = self._recent.read(start_offset, end_offset, bytes_max, verify)
+        if data is not None:
+            return data
+        return read_range(self._table, start_offset, end_offset, bytes_max, verify)
 
     def iter_batch_headers(self, start_offset: int | None = None) -> Iterator[BatchInfo]:
         """Header of every batch from the one containing start_offset (default:

@@ -146,3 +146,26 @@ async def test_refused_requests_never_reach_the_core_and_acls_take_effect_once_c
         assert (await alice.call(broker, ApiKey.PRODUCE, produce, 9)).error_code == 29
     finally:
         await broker.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_replicas_fetch_decision_is_kept_per_claimed_id(tmp_path):
+    """The gate keeps a connection's replica Fetch decisions (its steady
+    stream costs a lookup), but per claimed id: node 2's certificate is let
+    through as replica 2 every time, and refused as replica 3 on the same
+    connection, before and after its allowed Fetches."""
+    broker = await _started_broker(tmp_path)
+    try:
+        core = broker.core
+        epoch, leo = core.epoch, core.log_end_offset
+        n2 = FakeConn(node_principal(2))
+        as_3 = (await n2.call(broker, ApiKey.FETCH, _fetch(3, leo, epoch), 1))
+        assert as_3.error_code == Errors.CLUSTER_AUTHORIZATION_FAILED
+        assert "as replica 3: the certificate is for node 2" in as_3.error_message
+        for cid in (2, 3):
+            assert (await n2.call(broker, ApiKey.FETCH, _fetch(2, leo, epoch), cid)).error_code == Errors.NONE
+        as_3 = (await n2.call(broker, ApiKey.FETCH, _fetch(3, leo, epoch), 4))
+        assert as_3.error_code == Errors.CLUSTER_AUTHORIZATION_FAILED
+        assert [r.replica_id for r in core.describe_quorum(0).observers] == [2]  # only the allowed claims reached the core
+    finally:
+        await broker.stop()

@@ -115,12 +115,12 @@ def test_append_refuses_bad_input_and_leaves_the_log_unchanged(tmp_path):
 
 
 def test_recent_appends_are_read_from_memory_until_the_log_moves_on(tmp_path):
-    """A read of exactly one of the last few appends (a replica applying what
-    it just committed) is served from the bytes the append wrote, CRC-checked
-    once, not read back: damage the disk did to them afterwards is found by
-    the next read that goes to the file: a wider one, or once
-    RECENT_APPENDS_MAX more appends moved the log on. A truncation's cut
-    bytes are never served from memory."""
+    """A read of one or several of the last few appends, whole (a replica
+    applying what it just committed), is served from the bytes the appends
+    wrote, CRC-checked once, not read back: damage the disk did to them
+    afterwards is found by the next read that goes to the file: one that
+    starts before them, or once RECENT_APPENDS_MAX more appends moved the log
+    on. A truncation's cut bytes are never served from memory."""
     log = open_log(tmp_path, verify_appends=False)
     log.append(batch(0))
     size = len(batch(0))
@@ -129,13 +129,14 @@ def test_recent_appends_are_read_from_memory_until_the_log_moves_on(tmp_path):
         f.seek(size + size - 1)
         f.write(bytes([batch(3)[-1] ^ 1]))
     assert log.read(3, 6, 1 << 20) == batch(3)  # the append's own bytes
-    with pytest.raises(CorruptBatchError, match="base offset 3"):
-        log.read(0, 6, 1 << 20)  # a wider read goes to the file, and finds the damage
+    assert log.read(0, 6, 1 << 20) == batch(0) + batch(3)  # two appends in a row
     offset = 6
     for _ in range(RECENT_APPENDS_MAX - 1):
         log.append(batch(offset))
         offset += 3
-    assert log.read(3, 6, 1 << 20) == batch(3)  # still among the recent appends
+    with pytest.raises(CorruptBatchError, match="base offset 3"):
+        log.read(0, 6, 1 << 20)  # batch 0 left the memory: the file's read
+    assert log.read(3, 9, 1 << 20) == batch(3) + batch(6)  # still among the recent appends
     log.append(batch(offset))
     with pytest.raises(CorruptBatchError, match=r"at byte %d \(base offset 3\): CRC mismatch" % size):
         log.read(3, 6, 1 << 20)
