@@ -55,7 +55,7 @@ def test_smoke_all_sections(tmp_path, capsys):
 
 
 def test_smoke_vs_etcd(tmp_path, capsys):
-    report = run_bench(tmp_path, "--only", "throughput", "--vs", "etcd", "--duration-s", "1")
+    report = run_bench(tmp_path, "--only", "throughput", "--vs", "etcd", "--duration-s", "1", "--rounds", "3")
     table = capsys.readouterr()
     if bench_etcd.etcd_binary() is None:
         assert report["etcd"] == {"available": False, "why": "no etcd binary on PATH"}
@@ -68,6 +68,29 @@ def test_smoke_vs_etcd(tmp_path, capsys):
     # the same run also shows metalog without TLS, for TLS's cost
     plain = report["throughput"]["plaintext_best"]
     assert plain["ops"] > 0 and plain["errors"] == 0 and "metalog plain throughput (50 cl)" in table.out
+    # each round runs the systems in the reverse order of the round before
+    order = [line.split(": ")[0].split(" ", 4)[-1] for line in table.err.splitlines()
+             if line.startswith("[bench] throughput round")]
+    assert order == ["metalog TLS", "metalog plaintext", "etcd", "etcd", "metalog plaintext", "metalog TLS",
+                     "metalog TLS", "metalog plaintext", "etcd"]
+    # and each round's metalog run is paired with that round's etcd run
+    paired = report["throughput"]["paired"]
+    assert paired["rounds"] == 3 and 0 <= paired["both_below"] <= paired["p50_below"] <= 3
+    assert f"metalog's p50 below etcd's in {paired['p50_below']} of 3" in table.out
+
+
+def test_paired_rounds_compare_each_round_with_its_own_etcd_run():
+    def run(p50, p99, rate):
+        return {"p50_ms": p50, "p99_ms": p99, "records_per_s": rate}
+
+    metalog = [run(2.0, 6.0, 400), run(3.0, 7.0, 300), run(2.5, 9.0, 350)]
+    etcd = [run(2.5, 8.0, 380), run(2.8, 8.0, 320), run(3.0, 8.0, 310)]
+    paired = bench.paired_rounds(metalog, etcd)
+    assert (paired["rounds"], paired["p50_below"], paired["p99_below"], paired["both_below"]) == (3, 2, 2, 1)
+    assert paired["median_p50_ratio"] == 1.2  # of 1.25, 0.933, 1.2
+    assert paired["median_p99_ratio"] == 1.143  # of 1.333, 1.143, 0.889
+    assert paired["median_throughput_ratio"] == 1.053  # of 1.053, 0.9375, 1.129
+    assert bench.paired_rounds([], etcd) == {"rounds": 0}
 
 
 def test_unknown_section_is_refused(capsys):

@@ -36,6 +36,7 @@ import os
 import platform
 import select
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -294,38 +295,27 @@ def _metalog_target(cluster: LocalCluster) -> dict:
 
 # ------------------------------------------------------------------ sections
 def bench_load(args, root: str, clients: int, rounds: int, label: str, report: dict) -> None:
-    """Throughput/latency rounds for metalog and (with --vs etcd) etcd, interleaved."""
+    """Throughput/latency rounds for metalog and (with --vs etcd) etcd, interleaved:
+    each round runs every system once, in the reverse order of the round
+    before (so neither always runs first, on a machine whose speed drifts)."""
     runs: dict[str, list[dict]] = {"metalog": [], "etcd": [], "plaintext": []}
     cert_dir = os.path.join(root, "certs")  # one CA for every cluster of the run, etcd's too
-    variants = [("metalog", False)] + ([("plaintext", True)] if args.vs == "etcd" or args.plaintext else [])
+    systems = ["metalog"] + (["plaintext"] if args.vs == "etcd" or args.plaintext else [])
+    if args.vs == "etcd" and report["etcd"]["available"]:
+        systems.append("etcd")
     for r in range(rounds):
-        for key, insecure in variants:
-            cluster = metalog_cluster(os.path.join(root, f"{label}-{key}-{r}"), insecure=insecure, cert_dir=cert_dir)
-            try:
-                _start(cluster)
-                target = _metalog_target(cluster)
-                if getattr(args, "produce_inflight_max", None):
-                    target["produce_inflight_max"] = args.produce_inflight_max
-                res = run_load(target, clients, args.load_procs, args.warmup_s, args.duration_s,
-                               args.value_bytes, f"{label}{r}")
-            finally:
-                cluster.stop()
+        for key in (systems if r % 2 == 0 else systems[::-1]):
+            if key == "etcd":
+                res = _etcd_round(args, root, clients, label, r, cert_dir)
+                _progress(f"{label} round {r + 1}/{rounds} etcd: {res['records_per_s']} rec/s "
+                          f"p50 {res['p50_ms']} p99 {res['p99_ms']} ms")
+            else:
+                res = _metalog_round(args, root, clients, label, r, cert_dir, insecure=key == "plaintext")
+                what = "metalog TLS" if key == "metalog" else "metalog plaintext"
+                _progress(f"{label} round {r + 1}/{rounds} {what}: {res['records_per_s']} rec/s "
+                          f"p50 {res['p50_ms']} p99 {res['p99_ms']} ms, "
+                          f"{res.get('records_per_request', '?')} records per request")
             runs[key].append(res)
-            what = "metalog TLS" if key == "metalog" else "metalog plaintext"
-            _progress(f"{label} round {r + 1}/{rounds} {what}: {res['records_per_s']} rec/s p99 {res['p99_ms']} ms, "
-                      f"{res.get('records_per_request', '?')} records per request")
-        if args.vs == "etcd" and report["etcd"]["available"]:
-            etcd = bench_etcd.EtcdCluster(os.path.join(root, f"{label}-etcd-{r}"), cert_dir=cert_dir)
-            try:
-                etcd.start()
-                leader = etcd.wait_ready()
-                res = run_load({"system": "etcd", "url": etcd.client_url(leader), "tls": etcd.client_tls()},
-                               clients, args.load_procs, args.warmup_s, args.duration_s, args.value_bytes,
-                               f"{label}{r}")
-            finally:
-                etcd.stop()
-            runs["etcd"].append(res)
-            _progress(f"{label} round {r + 1}/{rounds} etcd: {res['records_per_s']} rec/s p99 {res['p99_ms']} ms")
     report[label] = {"rounds": runs["metalog"], "best": _best(runs["metalog"]), "tls": True}
     if runs["plaintext"]:
         report[label]["plaintext_rounds"] = runs["plaintext"]
@@ -333,6 +323,53 @@ def bench_load(args, root: str, clients: int, rounds: int, label: str, report: d
     if runs["etcd"]:
         report[label]["etcd_rounds"] = runs["etcd"]
         report[label]["etcd_best"] = _best(runs["etcd"])
+        report[label]["paired"] = paired_rounds(runs["metalog"], runs["etcd"])
+
+
+def _metalog_round(args, root: str, clients: int, label: str, r: int, cert_dir: str, insecure: bool) -> dict:
+    key = "plaintext" if insecure else "metalog"
+    cluster = metalog_cluster(os.path.join(root, f"{label}-{key}-{r}"), insecure=insecure, cert_dir=cert_dir)
+    try:
+        _start(cluster)
+        target = _metalog_target(cluster)
+        if getattr(args, "produce_inflight_max", None):
+            target["produce_inflight_max"] = args.produce_inflight_max
+        return run_load(target, clients, args.load_procs, args.warmup_s, args.duration_s,
+                        args.value_bytes, f"{label}{r}")
+    finally:
+        cluster.stop()
+
+
+def _etcd_round(args, root: str, clients: int, label: str, r: int, cert_dir: str) -> dict:
+    etcd = bench_etcd.EtcdCluster(os.path.join(root, f"{label}-etcd-{r}"), cert_dir=cert_dir)
+    try:
+        etcd.start()
+        leader = etcd.wait_ready()
+        return run_load({"system": "etcd", "url": etcd.client_url(leader), "tls": etcd.client_tls()},
+                        clients, args.load_procs, args.warmup_s, args.duration_s, args.value_bytes, f"{label}{r}")
+    finally:
+        etcd.stop()
+
+
+def paired_rounds(metalog: list[dict], etcd: list[dict]) -> dict:
+    """Each round's metalog run against the etcd run of the same round (run
+    next to each other, so a machine whose speed drifts hits both alike):
+    in how many rounds metalog's p50 and p99 are below etcd's, and the median
+    of the rounds' ratios (etcd's figure / metalog's: above 1, metalog is ahead)."""
+    pairs = [(m, e) for m, e in zip(metalog, etcd) if m["p50_ms"] and m["p99_ms"] and m["records_per_s"]]
+    if not pairs:
+        return {"rounds": 0}
+
+    def ratios(key: str, etcd_over_metalog: bool = True) -> list[float]:
+        return [e[key] / m[key] if etcd_over_metalog else m[key] / e[key] for m, e in pairs]
+
+    return {"rounds": len(pairs),
+            "p50_below": sum(m["p50_ms"] < e["p50_ms"] for m, e in pairs),
+            "p99_below": sum(m["p99_ms"] < e["p99_ms"] for m, e in pairs),
+            "both_below": sum(m["p50_ms"] < e["p50_ms"] and m["p99_ms"] < e["p99_ms"] for m, e in pairs),
+            "median_p50_ratio": round(statistics.median(ratios("p50_ms")), 3),
+            "median_p99_ratio": round(statistics.median(ratios("p99_ms")), 3),
+            "median_throughput_ratio": round(statistics.median(ratios("records_per_s", False)), 3)}
 
 
 def _best(rounds: list[dict]) -> dict:
@@ -583,6 +620,12 @@ def format_table(report: dict) -> str:
             ratio = round(m["records_per_s"] / e["records_per_s"], 2) if e["records_per_s"] else None
             p99 = round(e["p99_ms"] / m["p99_ms"], 2) if m["p99_ms"] else None
             lines.append(f"{'  ratio metalog/etcd (TLS)':28}  {ratio!s:>10}  (etcd p99 / metalog p99: {p99})")
+            pr = sec.get("paired", {})
+            if pr.get("rounds"):
+                lines.append(f"  paired rounds (TLS): metalog's p50 below etcd's in {pr['p50_below']} of "
+                             f"{pr['rounds']}, p99 in {pr['p99_below']}, both in {pr['both_below']}; median "
+                             f"etcd/metalog p50 {pr['median_p50_ratio']}, p99 {pr['median_p99_ratio']}, "
+                             f"records/s metalog/etcd {pr['median_throughput_ratio']}")
     if "failover" in report:
         f = report["failover"]
         lines.append(f"failover: {f['kills']} kill -9 of the leader, next commit after p50 {f['p50_ms']} ms, "
