@@ -4,10 +4,10 @@ else sees it (the quorum core included).
 Decisions come from ``metalog.broker.controller.acl`` (pure policy); this module keeps them
 cheap on the hot path and bounded: the view of the ACLs is rebuilt only when
 the controller's committed ACLs change, each connection caches its decisions
-per (api, command), and a replica's Fetch per (api, claimed id), under one
-view, a super user's client requests skip the
-ACL walk, and each connection logs one ``authorization_failed`` event per
-distinct denial (at most 64).
+under one view (a client's per (api, command), a replica's Fetch per (api,
+claimed id)), a super user's client requests skip the ACL walk, and each
+connection logs one ``authorization_failed`` event per distinct denial (at
+most 64).
 """
 
 from __future__ import annotations
