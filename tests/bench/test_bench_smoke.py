@@ -91,6 +91,9 @@ def test_paired_rounds_compare_each_round_with_its_own_etcd_run():
     assert paired["median_p99_ratio"] == 1.143  # of 1.333, 1.143, 0.889
     assert paired["median_throughput_ratio"] == 1.053  # of 1.053, 0.9375, 1.129
     assert bench.paired_rounds([], etcd) == {"rounds": 0}
+    # a round in which etcd committed nothing (no percentiles) is left out, not a crash
+    silent = {"p50_ms": None, "p99_ms": None, "records_per_s": 0.0}
+    assert bench.paired_rounds(metalog, [silent] + etcd[1:])["rounds"] == 2
 
 
 def test_unknown_section_is_refused(capsys):

@@ -356,7 +356,9 @@ def paired_rounds(metalog: list[dict], etcd: list[dict]) -> dict:
     next to each other, so a machine whose speed drifts hits both alike):
     in how many rounds metalog's p50 and p99 are below etcd's, and the median
     of the rounds' ratios (etcd's figure / metalog's: above 1, metalog is ahead)."""
-    pairs = [(m, e) for m, e in zip(metalog, etcd) if m["p50_ms"] and m["p99_ms"] and m["records_per_s"]]
+    # A round in which either side committed nothing has no figures to compare: left out.
+    pairs = [(m, e) for m, e in zip(metalog, etcd)
+             if all(run[k] for run in (m, e) for k in ("p50_ms", "p99_ms", "records_per_s"))]
     if not pairs:
         return {"rounds": 0}
 
