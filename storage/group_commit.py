@@ -8,6 +8,11 @@ Adaptive by default (``linger_ms`` = 0): while the disk is idle a write is
 appended at the end of the event-loop turn it arrived in (everything read in
 that turn joins it); while an fdatasync runs, writes wait and go out as one
 batch when it completes, and one fdatasync covers every append before it.
+A writer alone (the last batch held one request) is not kept for the rest
+of the turn: its write is appended once the read that carried it is done
+(the frames read with it join it), at most once a turn. The rest of a turn
+is other connections' reads and due timers, a peer's Fetch among them: one
+client's commit waited behind them (docs/bench.md).
 ``linger_ms`` > 0 replaces that with a fixed window. ``batch_records_max``
 records end a batch at once. Flushes never overlap: a flush asked for while
 one runs is remembered and run right after it.
@@ -37,6 +42,7 @@ class Arm(enum.Enum):
     """What `offer` asks the driver to do."""
 
     APPEND_NOW = "append_now"  # call take() and append right away
+    END_OF_READ = "end_of_read"  # call take() once the read that carried it is done; then turn_ended() next turn
     END_OF_TURN = "end_of_turn"  # call take() at the end of this event-loop turn
     LINGER = "linger"  # call take() after linger_ms
     WAIT = "wait"  # nothing: a timer is armed already, or the running flush's completion takes it
@@ -51,6 +57,8 @@ class GroupCommit(Generic[TokenT]):
         self._pending: list[tuple[TokenT, list[bytes]]] = []
         self.pending_records = 0
         self._armed = False  # the driver holds a linger timer or end-of-turn callback for take()
+        self._lone = True  # the last batch held one request (nobody else writes): the next needs no turn's wait
+        self._read_given = False  # END_OF_READ was given this turn (turn_ended() clears it)
         self.flush_running = False
         self._flush_wanted = False
 
@@ -69,10 +77,18 @@ class GroupCommit(Generic[TokenT]):
         if self.linger_ms > 0:
             self._armed = True
             return Arm.LINGER
-        if not self.flush_running:
-            self._armed = True
-            return Arm.END_OF_TURN
-        return Arm.WAIT  # the disk is busy: flush_completed() releases the batch
+        if self.flush_running:
+            return Arm.WAIT  # the disk is busy: flush_completed() releases the batch
+        self._armed = True
+        if self._lone and not self._read_given:
+            self._read_given = True
+            return Arm.END_OF_READ
+        return Arm.END_OF_TURN
+
+    def turn_ended(self) -> None:
+        """The event-loop turn that was given END_OF_READ is over: the next
+        lone writer may have one too."""
+        self._read_given = False
 
     def take(self) -> tuple[list[tuple[TokenT, int]], list[bytes]] | None:
         """Everything queued as one batch: (waiters as (token, record count),
@@ -83,6 +99,7 @@ class GroupCommit(Generic[TokenT]):
             return None
         pending, self._pending = self._pending, []
         self.pending_records = 0
+        self._lone = len(pending) == 1
         waiters = [(token, len(recs)) for token, recs in pending]
         records = [r for _token, recs in pending for r in recs]
         return waiters, records

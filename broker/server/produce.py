@@ -3,7 +3,7 @@
 A Produce request is checked (records given, producer fields well formed)
 and queued in group commit (``metalog.storage.group_commit``): when the
 disk is idle the queue is appended at the end of the loop turn it arrived
-in; while a flush runs it waits and becomes one batch when the flush
+in (a writer alone: once the read that carried it is done); while a flush runs it waits and becomes one batch when the flush
 completes (or after ``append_linger_ms`` if that is set above 0). The
 batch is handed to the core as ONE ``ClientAppend`` (one append, one
 flush), and each request is answered when the core acknowledges it.
@@ -34,6 +34,7 @@ import asyncio
 from typing import Any, Awaitable, Callable, Container, Coroutine, NamedTuple, Protocol, cast
 
 from metalog.broker.net.channel import NetError, PeerPool
+from metalog.broker.net.kafka_conn import answer_writes
 from metalog.broker.quorum import api as qa
 from metalog.broker.server.clocks import now_ms, wall_clock_ms
 from metalog.broker.server.idempotence import (REBUILD_READ_BYTES, ProducerGuard, ProducerIdAllocator, refusal,
@@ -228,6 +229,10 @@ class ProducePath:
         elif arm is Arm.LINGER:
             self._linger_handle = asyncio.get_running_loop().call_later(
                 self.group_commit.linger_ms / 1000, self.flush)
+        elif arm is Arm.END_OF_READ:
+            # After the frames of this read (a connection's answer scope), or now outside one.
+            asyncio.get_running_loop().call_soon(self.group_commit.turn_ended)
+            answer_writes.after_writes(self.flush)
         elif arm is Arm.END_OF_TURN:
             self._linger_handle = asyncio.get_running_loop().call_soon(self.flush)
 

@@ -7,12 +7,47 @@ import pytest
 from metalog.storage.group_commit import Arm, GroupCommit
 
 
+def _busy(gc: GroupCommit) -> GroupCommit:
+    """`gc` after a batch of two requests: writers are not alone."""
+    gc.offer("x", [b"x"])
+    gc.offer("y", [b"y"])
+    gc.take()
+    gc.turn_ended()
+    return gc
+
+
 def test_idle_disk_appends_at_the_end_of_the_turn_and_joins_the_turns_writes():
-    gc = GroupCommit(linger_ms=0, batch_records_max=100)
+    gc = _busy(GroupCommit(linger_ms=0, batch_records_max=100))
     assert gc.offer("a", [b"1"]) is Arm.END_OF_TURN
     assert gc.offer("b", [b"2", b"3"]) is Arm.WAIT  # already armed: joins the batch
     assert gc.take() == ([("a", 1), ("b", 2)], [b"1", b"2", b"3"])
     assert gc.take() is None and gc.pending_records == 0
+
+
+def test_a_lone_writer_is_appended_once_its_read_is_done_at_most_once_a_turn():
+    gc = GroupCommit(linger_ms=0, batch_records_max=100)
+    assert gc.offer("a", [b"1"]) is Arm.END_OF_READ  # an idle broker: nobody else writes
+    assert gc.offer("b", [b"2"]) is Arm.WAIT  # a frame of the same read joins it
+    assert gc.take() == ([("a", 1), ("b", 1)], [b"1", b"2"])
+    gc.turn_ended()
+    assert gc.offer("c", [b"3"]) is Arm.END_OF_TURN  # the last batch held two requests
+    assert gc.take() == ([("c", 1)], [b"3"])
+    assert gc.offer("d", [b"4"]) is Arm.END_OF_READ  # alone again
+    assert gc.take() == ([("d", 1)], [b"4"])
+    # A second lone writer in the same turn (another connection's read) waits for the turn's end,
+    # where every connection read meanwhile joins it.
+    assert gc.offer("e", [b"5"]) is Arm.END_OF_TURN
+    assert gc.take() == ([("e", 1)], [b"5"])
+    gc.turn_ended()
+    assert gc.offer("f", [b"6"]) is Arm.END_OF_READ
+
+
+def test_a_lone_writer_still_waits_for_a_running_flush():
+    gc = GroupCommit(linger_ms=0, batch_records_max=100)
+    assert gc.request_flush()
+    gc.flush_starting()
+    assert gc.offer("a", [b"1"]) is Arm.WAIT
+    assert gc.flush_completed() is True
 
 
 def test_while_a_flush_runs_writes_wait_and_go_out_as_one_batch_when_it_completes():
@@ -35,7 +70,7 @@ def test_nothing_waiting_after_a_flush_means_no_batch():
 
 def test_a_write_armed_before_the_flush_is_left_to_its_own_callback():
     gc = GroupCommit(linger_ms=0, batch_records_max=100)
-    assert gc.offer("a", [b"1"]) is Arm.END_OF_TURN
+    assert gc.offer("a", [b"1"]) is Arm.END_OF_READ
     assert gc.request_flush()
     gc.flush_starting()
     assert gc.flush_completed() is False  # the end-of-turn callback takes it
