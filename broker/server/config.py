@@ -242,6 +242,12 @@ class BrokerConfig:
         10_000, "net new objects between young garbage collections (Python's first gc threshold, 700 by "
                 "default): a broker allocates for every request, and at 700 it spent several percent of "
                 "its CPU collecting (docs/bench.md)", gt=0)
+    leader_slice_us: int = setting(
+        100, "the scheduler slice (Linux 6.12+) the event-loop thread asks for while this node leads; the "
+             "kernel's default while it follows. A short slice runs the leader first when a peer's Fetch "
+             "wakes it and keeps the peers its writes wake from taking its core mid-commit, where brokers "
+             "share cores (docs/bench.md); its CPU share is unchanged. 0 = the kernel's default always",
+        ge=0, le=100_000)
     quorum: QuorumConfig = dataclasses.field(default_factory=QuorumConfig)
     storage: StorageConfig = dataclasses.field(default_factory=StorageConfig)
     network: NetworkConfig = dataclasses.field(default_factory=NetworkConfig)
@@ -311,6 +317,8 @@ class BrokerConfig:
         voters = self.voter_endpoints()
         if not voters:
             raise _SettingError("voters", "at least one voter is required")
+        if 0 < self.leader_slice_us < 100:
+            raise _SettingError("leader_slice_us", "0 (the kernel's default) or 100-100000: the kernel's range")
         self.quorum = dataclasses.replace(self.quorum, node_id=self.node_id, voters=tuple(sorted(voters)),
                                           cluster_id=self.cluster_id, voters_are_bootstrap=self.dynamic_voters,
                                           voter_endpoints=tuple((nid, "CONTROLLER", ep.host, ep.port)

@@ -76,11 +76,13 @@ from metalog.broker.server.flushing import Flusher, Unlinker
 from metalog.broker.server.gate import Gate
 from metalog.broker.server.idempotence import ProducerGuard
 from metalog.broker.server.inbound import RequestRouter, listener_limits
+from metalog.broker.server.leader_slice import LeaderSlice
 from metalog.broker.server.kafka.dispatch import start_controller_listener, start_kafka_listener
 from metalog.broker.server.maintenance import Maintenance
 from metalog.broker.server.metrics import BrokerMetrics, raft_view
 from metalog.broker.server.outbound import Outbound, peer_pool, tls_files
 from metalog.broker.server.produce import ProducePath, leader_asker, rebuild_producer_state
+from metalog.broker.server.role_changes import RoleChanges
 from metalog.broker.server.recovery import (PARTITION_DIR, LocalState, StartupError, no_copy_message,
                                             recover_local_state)
 from metalog.broker.server.snapshot_work import SnapshotWork
@@ -156,7 +158,7 @@ class Broker:
                                           generation=cfg.storage.snapshot_generation,
                                           cpu_share=cfg.storage.snapshot_cpu_share)
         self._tasks = BackgroundTasks(self.fail)
-        self._last_exposed: tuple[Any, int, int] | None = None
+        self._roles = RoleChanges(self.log, self.metrics, LeaderSlice(cfg.leader_slice_us, self.log))
         self.stopping = False
         self.fatal: str | None = None
         self._follow_up: list[qa.Event] = []  # fed right after the current step's actions
@@ -483,14 +485,7 @@ class Broker:
             if self.flusher.start_if_wanted():
                 return  # the sync's own step (FlushCompleted) ended with all of the below, for the newer state
         self.outbound.follow_core()
-        exposed = (core.role, core.epoch, core.leader_id)  # (str(role) only when it changed)
-        if exposed != self._last_exposed:
-            self._last_exposed = exposed
-            role = str(exposed[0])
-            self.log.info("role_changed", role=role, epoch=core.epoch, leader_id=core.leader_id,
-                          high_watermark=core.high_watermark)
-            self.metrics.set_role(role, core.epoch)
-            self.metrics.raft.on_role(role)
+        self._roles.observe(core)  # the log line, the role metrics, the leader's scheduler slice
         hw = core.high_watermark
         if core.is_leader:
             self.metrics.raft.on_high_watermark(hw)

@@ -102,6 +102,8 @@ def test_set_overrides_the_file_in_either_spelling(tmp_path, override, in_file):
     ({"log_level": "loud"}, "log_level: must be one of debug/info/warning/error, got 'loud'"),
     ({"cluster_id": " "}, "cluster_id: must not be empty"),
     ({"node_id": -1}, "node_id: must be >= 0, got -1"),
+    ({"leader_slice_us": 50}, "leader_slice_us: 0 (the kernel's default) or 100-100000: the kernel's range"),
+    ({"leader_slice_us": 200_000}, "leader_slice_us: must be <= 100000, got 200000"),
 ])
 def test_a_bad_value_is_refused_naming_the_key_as_written(data, message):
     with pytest.raises(ConfigError) as err:

@@ -312,3 +312,33 @@ async def test_restarted_old_leader_truncates_its_uncommitted_tail_and_catches_u
     values = {v for _, _, v in logs[leader]}
     assert not any(v.startswith(b"doomed-") for v in values), "an uncommitted record survived"
     assert all(v in values for v in acked)
+
+
+def _loop_thread_slice_ns(pid: int) -> int | None:
+    """The scheduler slice of a broker's event-loop thread (its main thread), from /proc."""
+    with open(f"/proc/{pid}/task/{pid}/sched") as f:
+        for line in f:
+            if line.startswith("se.slice"):
+                return int(line.split(":")[1])
+    return None
+
+
+async def test_the_leaders_loop_thread_asks_for_a_short_slice_and_the_next_leader_takes_it_over(make_cluster):
+    """leader_slice_us (default 100): the leader's event-loop thread has that
+    slice, a follower's the kernel's default; after a kill -9 the new leader's has it."""
+    cluster = make_cluster(voters=3, **FAST)
+    leader, _epoch = await asyncio.to_thread(cluster.wait_for_leader, 20)
+    if _loop_thread_slice_ns(cluster.running_pid(leader)) is None:  # a kernel before EEVDF slices (6.6)
+        pytest.fail("this kernel shows no se.slice in /proc/<pid>/sched: the test needs Linux 6.6+")
+
+    def slices() -> dict[int, int | None]:
+        return {n: _loop_thread_slice_ns(pid) for n in cluster.nodes if (pid := cluster.running_pid(n))}
+
+    await asyncio.to_thread(cluster.wait_for, lambda: slices().get(leader) == 100_000, 10, "the leader's slice")
+    followers = [n for n in cluster.nodes if n != leader]
+    default_ns = slices()[followers[0]]
+    assert default_ns != 100_000 and all(slices()[n] == default_ns for n in followers)
+    cluster.kill(leader)
+    new_leader, _ = await asyncio.to_thread(cluster.wait_for_leader, 10, {leader})
+    await asyncio.to_thread(cluster.wait_for, lambda: slices().get(new_leader) == 100_000, 10, "the new leader's slice")
+    assert [n for n, s in slices().items() if s == 100_000] == [new_leader]
