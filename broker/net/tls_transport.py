@@ -44,9 +44,9 @@ from metalog.broker.net.guard import HANDSHAKE_METER, HandshakeMeter
 HANDSHAKE_STEPS_MAX = 16  # a TLS 1.2 or 1.3 server handshake takes 2-4 steps; more is a peer playing games
 TLS_RECORD_BYTES_MAX = 16 * 1024  # plaintext bytes of a full TLS record
 # Per recv call: one record's plaintext, the most one SSL_read returns. Not more: CPython
-# allocates the whole size before the read and shrinks it after, and a buffer above glibc's
-# mmap threshold (128 KiB) cost an mmap, a page fault and an mremap on every read (256 KiB:
-# 35 us a read against 11 us, docs/bench.md).
+# allocates the whole size before the read and shrinks it after, and while glibc's mmap
+# threshold is at its initial 128 KiB a larger buffer costs an mmap, a page fault, an mremap
+# and a munmap on every read (256 KiB: 35 us a read against 11 us, docs/bench.md).
 RECV_BYTES = TLS_RECORD_BYTES_MAX
 READ_BYTES_PER_CALL_MAX = 1 << 20  # per readiness callback: other callbacks run between such batches
 DEFAULT_HIGH_WATER_BYTES = 64 * 1024  # asyncio's defaults for a transport's write buffer

@@ -3,8 +3,9 @@
 A Produce request is checked (records given, producer fields well formed)
 and queued in group commit (``metalog.storage.group_commit``): when the
 disk is idle the queue is appended at the end of the loop turn it arrived
-in (a writer alone: once the read that carried it is done); while a flush runs it waits and becomes one batch when the flush
-completes (or after ``append_linger_ms`` if that is set above 0). The
+in (a writer alone: once the read that carried it is done); while a flush
+runs it waits and becomes one batch when the flush completes (or after
+``append_linger_ms`` if that is set above 0). The
 batch is handed to the core as ONE ``ClientAppend`` (one append, one
 flush), and each request is answered when the core acknowledges it.
 
