@@ -43,6 +43,7 @@ import yaml
 from metalog.broker.net.principal import Principal
 from metalog.broker.quorum.api import QuorumConfig
 from metalog.broker.quorum.settings import SettingSpec, check_settings, setting, setting_fields
+from metalog.broker.server.leader_slice import SLICE_US_MAX, SLICE_US_MIN
 from metalog.protocol.invariants import InvariantViolation, invariant
 
 
@@ -247,7 +248,7 @@ class BrokerConfig:
              "kernel's default while it follows. A short slice runs the leader first when a peer's Fetch "
              "wakes it and keeps the peers its writes wake from taking its core mid-commit, where brokers "
              "share cores (docs/bench.md); its CPU share is unchanged. 0 = the kernel's default always",
-        ge=0, le=100_000)
+        ge=0, le=SLICE_US_MAX)
     quorum: QuorumConfig = dataclasses.field(default_factory=QuorumConfig)
     storage: StorageConfig = dataclasses.field(default_factory=StorageConfig)
     network: NetworkConfig = dataclasses.field(default_factory=NetworkConfig)
@@ -317,8 +318,9 @@ class BrokerConfig:
         voters = self.voter_endpoints()
         if not voters:
             raise _SettingError("voters", "at least one voter is required")
-        if 0 < self.leader_slice_us < 100:
-            raise _SettingError("leader_slice_us", "0 (the kernel's default) or 100-100000: the kernel's range")
+        if 0 < self.leader_slice_us < SLICE_US_MIN:
+            raise _SettingError("leader_slice_us", f"0 (the kernel's default) or {SLICE_US_MIN}-{SLICE_US_MAX}: "
+                                                   "the kernel's range")
         self.quorum = dataclasses.replace(self.quorum, node_id=self.node_id, voters=tuple(sorted(voters)),
                                           cluster_id=self.cluster_id, voters_are_bootstrap=self.dynamic_voters,
                                           voter_endpoints=tuple((nid, "CONTROLLER", ep.host, ep.port)

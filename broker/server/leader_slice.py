@@ -27,7 +27,8 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
-from typing import Any
+import sys
+from typing import Any, Callable
 
 SLICE_US_MIN = 100  # the kernel clamps a fair task's slice to 0.1-100 ms
 SLICE_US_MAX = 100_000
@@ -48,7 +49,7 @@ class _SchedAttr(ctypes.Structure):
 def set_thread_slice_ns(slice_ns: int) -> str | None:
     """Ask for `slice_ns` (0: the kernel's default) for the calling thread,
     keeping its policy and nice value. None when done, else why not."""
-    numbers = _SYSCALLS.get(platform.machine()) if hasattr(os, "sched_getaffinity") else None
+    numbers = _SYSCALLS.get(platform.machine()) if sys.platform.startswith("linux") else None
     if numbers is None:
         return f"no sched_setattr on {platform.system()} {platform.machine()}"
     setattr_nr, getattr_nr = numbers
@@ -70,7 +71,8 @@ def set_thread_slice_ns(slice_ns: int) -> str | None:
 class LeaderSlice:
     """The event-loop thread's slice follows the role (see the module doc)."""
 
-    def __init__(self, slice_us: int, logger: Any, set_slice_ns: Any = set_thread_slice_ns):
+    def __init__(self, slice_us: int, logger: Any,
+                 set_slice_ns: Callable[[int], str | None] = set_thread_slice_ns):
         if not (slice_us == 0 or SLICE_US_MIN <= slice_us <= SLICE_US_MAX):
             raise ValueError(f"leader_slice_us must be 0 or {SLICE_US_MIN}-{SLICE_US_MAX}, got {slice_us}")
         self._slice_ns = slice_us * 1000
